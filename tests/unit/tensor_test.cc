@@ -1,0 +1,37 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/half.h"
+#include "core/tensor.h"
+
+namespace vlm {
+namespace {
+
+TEST(DType, NamesRoundTrip) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI64, DType::kBool}) {
+    DType back;
+    ASSERT_TRUE(dtype_from_name(dtype_name(t), &back));
+    EXPECT_EQ(back, t);
+  }
+  DType x;
+  EXPECT_FALSE(dtype_from_name("F8_E4M3X", &x));
+}
+
+TEST(Half, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is exactly halfway between two bf16 values: ties to even (down to 1.0).
+  EXPECT_EQ(f32_to_bf16(1.0f + 1.0f / 256), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+  EXPECT_FLOAT_EQ(bf16_to_f32(0x4049), 3.140625f);
+}
+
+TEST(Half, F16Decodes) {
+  EXPECT_FLOAT_EQ(f16_to_f32(0x3c00), 1.0f);
+  EXPECT_FLOAT_EQ(f16_to_f32(0xc000), -2.0f);
+  EXPECT_FLOAT_EQ(f16_to_f32(0x0001), 5.960464477539063e-08f);  // smallest subnormal
+  EXPECT_TRUE(std::isinf(f16_to_f32(0x7c00)));
+}
+
+}  // namespace
+}  // namespace vlm
