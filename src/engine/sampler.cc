@@ -1,1 +1,102 @@
-// placeholder: replaced by the real implementation
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace vlm {
+
+Sampler::Sampler(int64_t vocab_size, const ResolvedSampling& params)
+    : vocab_(vocab_size), p_(params), rng_(params.seed), seen_(vocab_size, 0),
+      counts_(vocab_size, 0), idx_(vocab_size), probs_(vocab_size) {
+  seen_list_.reserve(1024);
+  out_list_.reserve(1024);
+}
+
+void Sampler::add_prompt(std::span<const int32_t> ids) {
+  for (int32_t id : ids) {
+    if (id >= 0 && id < vocab_ && !seen_[id]) {
+      seen_[id] = 1;
+      seen_list_.push_back(id);
+    }
+  }
+}
+
+void Sampler::apply_penalties(float* logits) const {
+  if (p_.repetition_penalty != 1.0) {
+    const float rp = static_cast<float>(p_.repetition_penalty);
+    for (int32_t id : seen_list_) logits[id] = logits[id] < 0 ? logits[id] * rp : logits[id] / rp;
+  }
+  if (p_.presence_penalty != 0.0 || p_.frequency_penalty != 0.0) {
+    for (int32_t id : out_list_) {
+      logits[id] -= static_cast<float>(p_.presence_penalty + p_.frequency_penalty * counts_[id]);
+    }
+  }
+}
+
+int32_t Sampler::sample(float* logits) {
+  apply_penalties(logits);
+  int32_t chosen = 0;
+  if (p_.greedy) {
+    chosen = static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
+  } else {
+    const float inv_t = static_cast<float>(1.0 / p_.temperature);
+    int64_t n = vocab_;
+    std::iota(idx_.begin(), idx_.end(), 0);
+    auto by_logit_desc = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    if (p_.top_k > 0 && p_.top_k < n) {
+      std::nth_element(idx_.begin(), idx_.begin() + p_.top_k - 1, idx_.end(), by_logit_desc);
+      // transformers keeps every token whose logit ties the k-th one.
+      const float kth = logits[idx_[p_.top_k - 1]];
+      n = std::partition(idx_.begin(), idx_.end(), [&](int32_t i) { return logits[i] >= kth; }) -
+          idx_.begin();
+    }
+    std::sort(idx_.begin(), idx_.begin() + n, by_logit_desc);
+    // Softmax over the candidates (temperature applied to logits, as TemperatureLogitsWarper).
+    const float mx = logits[idx_[0]] * inv_t;
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += (probs_[i] = std::exp(logits[idx_[i]] * inv_t - mx));
+    for (int64_t i = 0; i < n; ++i) probs_[i] = static_cast<float>(probs_[i] / sum);
+    if (p_.top_p < 1.0) {
+      // Keep the smallest prefix whose mass reaches top_p (at least one token).
+      double cum = 0;
+      int64_t keep = n;
+      for (int64_t i = 0; i < n; ++i) {
+        cum += probs_[i];
+        if (cum >= p_.top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+      n = keep;
+    }
+    if (p_.min_p > 0.0) {
+      const float thr = static_cast<float>(p_.min_p) * probs_[0];
+      int64_t keep = 1;
+      while (keep < n && probs_[keep] >= thr) ++keep;
+      n = keep;
+    }
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) total += probs_[i];
+    std::uniform_real_distribution<double> u(0.0, total);
+    double r = u(rng_);
+    chosen = idx_[n - 1];
+    for (int64_t i = 0; i < n; ++i) {
+      r -= probs_[i];
+      if (r < 0) {
+        chosen = idx_[i];
+        break;
+      }
+    }
+  }
+  if (counts_[chosen]++ == 0) out_list_.push_back(chosen);
+  if (!seen_[chosen]) {
+    seen_[chosen] = 1;
+    seen_list_.push_back(chosen);
+  }
+  return chosen;
+}
+
+}  // namespace vlm

@@ -1,1 +1,198 @@
-// placeholder: replaced by the real implementation
+#include "model/qwen3vl_config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace vlm {
+namespace {
+
+using nlohmann::json;
+
+// Reads an integer field; missing → default (or error when required); wrong type → error.
+Status get_int(const json& j, const char* key, int64_t* out, bool required, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    return required ? invalid_argument(where + ": missing required field '" + key + "'") : ok_status();
+  }
+  if (!it->is_number_integer()) return invalid_argument(where + ": field '" + key + "' must be an integer");
+  *out = it->get<int64_t>();
+  return ok_status();
+}
+
+Status get_double(const json& j, const char* key, double* out, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_number()) return invalid_argument(where + ": field '" + key + "' must be a number");
+  *out = it->get<double>();
+  return ok_status();
+}
+
+Status get_int_list(const json& j, const char* key, std::vector<int64_t>* out, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (it->is_number_integer()) {
+    *out = {it->get<int64_t>()};
+    return ok_status();
+  }
+  if (!it->is_array()) return invalid_argument(where + ": field '" + key + "' must be a list of integers");
+  out->clear();
+  for (const auto& v : *it) {
+    if (!v.is_number_integer()) return invalid_argument(where + ": field '" + key + "' must be a list of integers");
+    out->push_back(v.get<int64_t>());
+  }
+  return ok_status();
+}
+
+Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLTextConfig* c) {
+  VLM_RETURN_IF_ERROR(get_int(t, "hidden_size", &c->hidden_size, true, where));
+  VLM_RETURN_IF_ERROR(get_int(t, "intermediate_size", &c->intermediate_size, true, where));
+  VLM_RETURN_IF_ERROR(get_int(t, "num_hidden_layers", &c->num_hidden_layers, true, where));
+  VLM_RETURN_IF_ERROR(get_int(t, "num_attention_heads", &c->num_attention_heads, true, where));
+  c->num_key_value_heads = c->num_attention_heads;
+  VLM_RETURN_IF_ERROR(get_int(t, "num_key_value_heads", &c->num_key_value_heads, false, where));
+  VLM_RETURN_IF_ERROR(get_int(t, "vocab_size", &c->vocab_size, true, where));
+  c->max_position_embeddings = 32768;
+  VLM_RETURN_IF_ERROR(get_int(t, "max_position_embeddings", &c->max_position_embeddings, false, where));
+  VLM_RETURN_IF_ERROR(get_double(t, "rms_norm_eps", &c->rms_norm_eps, where));
+  VLM_RETURN_IF_ERROR(get_double(t, "rope_theta", &c->rope_theta, where));
+  if (c->num_attention_heads <= 0 || c->hidden_size <= 0) {
+    return invalid_argument(where + ": hidden_size and num_attention_heads must be positive");
+  }
+  // Qwen3VLTextConfig defaults head_dim to 128; a flat Qwen3-style config derives it.
+  c->head_dim = nested ? 128 : c->hidden_size / c->num_attention_heads;
+  VLM_RETURN_IF_ERROR(get_int(t, "head_dim", &c->head_dim, false, where));
+  // Rope settings: v4 spells them rope_scaling (theta beside it), v5 rope_parameters (theta inside).
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    auto it = t.find(key);
+    if (it == t.end() || it->is_null()) continue;
+    if (!it->is_object()) return invalid_argument(where + ": '" + key + "' must be an object");
+    VLM_RETURN_IF_ERROR(get_double(*it, "rope_theta", &c->rope_theta, where + "." + key));
+    VLM_RETURN_IF_ERROR(get_int_list(*it, "mrope_section", &c->mrope_section, where + "." + key));
+    auto type = it->find("rope_type");
+    if (type == it->end()) type = it->find("type");
+    if (type != it->end() && type->is_string() && *type != "default" && *type != "mrope") {
+      return unimplemented(where + ": rope type '" + type->get<std::string>() + "' is not supported");
+    }
+  }
+  if (auto it = t.find("hidden_act"); it != t.end() && it->is_string()) c->hidden_act = *it;
+  if (auto it = t.find("attention_bias"); it != t.end() && it->is_boolean()) c->attention_bias = *it;
+
+  // Invariants the decoder relies on.
+  if (c->num_key_value_heads <= 0 || c->num_attention_heads % c->num_key_value_heads != 0) {
+    return invalid_argument(where + ": num_attention_heads must be a multiple of num_key_value_heads");
+  }
+  if (c->head_dim <= 0 || c->head_dim % 2 != 0) return invalid_argument(where + ": head_dim must be even");
+  if (c->mrope_section.empty()) {
+    // Qwen3-VL's rotary defaults to [24, 20, 20]; a plain Qwen3 model is 1-D RoPE (all T axis).
+    c->mrope_section = {c->head_dim / 2, 0, 0};
+  }
+  int64_t sum = 0;
+  for (int64_t s : c->mrope_section) sum += s;
+  if (c->mrope_section.size() != 3 || sum != c->head_dim / 2) {
+    return invalid_argument(where + ": mrope_section must have 3 entries summing to head_dim/2 (" +
+                            std::to_string(c->head_dim / 2) + ")");
+  }
+  if (c->hidden_act != "silu") return unimplemented(where + ": hidden_act '" + c->hidden_act + "' is not supported");
+  if (c->attention_bias) return unimplemented(where + ": attention_bias=true is not supported");
+  return ok_status();
+}
+
+Status parse_vision(const json& v, const std::string& where, Qwen3VLVisionConfig* c) {
+  VLM_RETURN_IF_ERROR(get_int(v, "depth", &c->depth, false, where));
+  VLM_RETURN_IF_ERROR(get_int(v, "hidden_size", &c->hidden_size, false, where));
+  VLM_RETURN_IF_ERROR(get_int(v, "num_heads", &c->num_heads, false, where));
+  VLM_RETURN_IF_ERROR(get_int(v, "intermediate_size", &c->intermediate_size, false, where));
+  VLM_RETURN_IF_ERROR(get_int(v, "patch_size", &c->patch_size, false, where));
+  VLM_RETURN_IF_ERROR(get_int(v, "temporal_patch_size", &c->temporal_patch_size, false, where));
+  VLM_RETURN_IF_ERROR(get_int(v, "spatial_merge_size", &c->spatial_merge_size, false, where));
+  VLM_RETURN_IF_ERROR(get_int(v, "in_channels", &c->in_channels, false, where));
+  VLM_RETURN_IF_ERROR(get_int(v, "out_hidden_size", &c->out_hidden_size, false, where));
+  VLM_RETURN_IF_ERROR(get_int(v, "num_position_embeddings", &c->num_position_embeddings, false, where));
+  VLM_RETURN_IF_ERROR(get_int_list(v, "deepstack_visual_indexes", &c->deepstack_visual_indexes, where));
+  if (auto it = v.find("hidden_act"); it != v.end() && it->is_string()) c->hidden_act = *it;
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::string> read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return not_found("cannot open " + path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) return data_loss("cannot read " + path);
+  return ss.str();
+}
+
+Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::string& source) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument(source + ": not valid JSON");
+  if (!j.is_object()) return invalid_argument(source + ": top level must be a JSON object");
+  Qwen3VLConfig c;
+  auto tc = j.find("text_config");
+  const json& text_json = (tc != j.end() && tc->is_object()) ? *tc : j;
+  VLM_RETURN_IF_ERROR(parse_text(text_json, source + (&text_json != &j ? ": text_config" : ""),
+                                     &text_json != &j, &c.text_config));
+  if (auto vc = j.find("vision_config"); vc != j.end() && vc->is_object()) {
+    c.has_vision = true;
+    VLM_RETURN_IF_ERROR(parse_vision(*vc, source + ": vision_config", &c.vision_config));
+  }
+  // transformers 4.57 ties the head when the TEXT config says so (get_text_config()), and
+  // Qwen3VLConfig / Qwen3VLTextConfig both default to false; published checkpoints write both.
+  bool tie = false;
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && it->is_boolean()) tie = *it;
+  if (auto it = text_json.find("tie_word_embeddings"); it != text_json.end() && it->is_boolean()) tie = *it;
+  c.tie_word_embeddings = tie;
+  VLM_RETURN_IF_ERROR(get_int(j, "image_token_id", &c.image_token_id, false, source));
+  VLM_RETURN_IF_ERROR(get_int(j, "video_token_id", &c.video_token_id, false, source));
+  VLM_RETURN_IF_ERROR(get_int(j, "vision_start_token_id", &c.vision_start_token_id, false, source));
+  VLM_RETURN_IF_ERROR(get_int(j, "vision_end_token_id", &c.vision_end_token_id, false, source));
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (auto it = j.find(key); it != j.end() && it->is_string()) c.torch_dtype = *it;
+  }
+  return c;
+}
+
+Result<Qwen3VLConfig> load_qwen3vl_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  VLM_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  return parse_qwen3vl_config(text, path);
+}
+
+Result<GenerationConfig> parse_generation_config(const std::string& text, const std::string& source) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid_argument(source + ": not a valid JSON object");
+  GenerationConfig g;
+  VLM_RETURN_IF_ERROR(get_int_list(j, "eos_token_id", &g.eos_token_id, source));
+  int64_t v = 0;
+  if (j.contains("bos_token_id") && !j["bos_token_id"].is_null()) {
+    VLM_RETURN_IF_ERROR(get_int(j, "bos_token_id", &v, true, source));
+    g.bos_token_id = v;
+  }
+  if (j.contains("pad_token_id") && !j["pad_token_id"].is_null()) {
+    VLM_RETURN_IF_ERROR(get_int(j, "pad_token_id", &v, true, source));
+    g.pad_token_id = v;
+  }
+  if (j.contains("max_new_tokens") && !j["max_new_tokens"].is_null()) {
+    VLM_RETURN_IF_ERROR(get_int(j, "max_new_tokens", &v, true, source));
+    g.max_new_tokens = v;
+  }
+  if (auto it = j.find("do_sample"); it != j.end() && it->is_boolean()) g.do_sample = *it;
+  VLM_RETURN_IF_ERROR(get_double(j, "temperature", &g.temperature, source));
+  VLM_RETURN_IF_ERROR(get_int(j, "top_k", &g.top_k, false, source));
+  VLM_RETURN_IF_ERROR(get_double(j, "top_p", &g.top_p, source));
+  VLM_RETURN_IF_ERROR(get_double(j, "min_p", &g.min_p, source));
+  VLM_RETURN_IF_ERROR(get_double(j, "repetition_penalty", &g.repetition_penalty, source));
+  return g;
+}
+
+Result<GenerationConfig> load_generation_config(const std::string& dir) {
+  const std::string path = dir + "/generation_config.json";
+  std::ifstream probe(path);
+  if (!probe) return GenerationConfig{};
+  VLM_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  return parse_generation_config(text, path);
+}
+
+}  // namespace vlm

@@ -1,0 +1,65 @@
+// vlm public API: load a Qwen3-VL checkpoint directory and run it.
+// An Engine is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "vlm/request.h"
+#include "vlm/status.h"
+#include "vlm/tokenizer.h"
+
+namespace vlm {
+
+struct EngineOptions {
+  std::string model_dir;     // config.json + *.safetensors (+ tokenizer.json, generation_config.json)
+  int n_threads = 0;         // 0 = all hardware threads
+  int64_t max_context = 0;   // KV cache limit in tokens; 0 = the model's max_position_embeddings
+  int64_t prefill_chunk = 256;  // tokens per forward pass during prefill
+  bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
+  std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" to force a level
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> load(const EngineOptions& options);
+  ~Engine();
+
+  // The tokenizer from the model directory; null when it has none (require_tokenizer=false).
+  const Tokenizer* tokenizer() const;
+  int64_t vocab_size() const;
+  int64_t max_context() const;
+  // eos ids from generation_config.json (else the tokenizer's eos token).
+  const std::vector<int32_t>& eos_token_ids() const;
+  // "avx512", "avx2" or "generic": the matmul kernels in use.
+  const char* cpu_isa() const;
+  int n_threads() const;
+
+  // Logits [ids.size(), vocab_size()] (row-major) for a raw id sequence, from a fresh cache.
+  Result<std::vector<float>> logits(std::span<const int32_t> ids);
+
+  // Generates a reply. on_token is called for each sampled token with the newly complete text;
+  // returning false stops generation (finish reason stays kNone).
+  Result<GenerateResult> generate(const GenerateRequest& request,
+                                  const std::function<bool(const TokenEvent&)>& on_token = {});
+
+  struct Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Peak resident set size of this process in bytes (for summaries and benchmarks).
+int64_t peak_rss_bytes();
+
+}  // namespace vlm
+
+namespace vlm {
+// Writes a float32 array as a NumPy .npy file (C order), e.g. logits [rows, vocab].
+Status save_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
+}  // namespace vlm

@@ -1,0 +1,50 @@
+// vlm public API: what a generation request asks for and what comes back.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vlm {
+
+// Unset fields take the model's generation_config.json value (transformers' defaults otherwise).
+struct SamplingParams {
+  std::optional<double> temperature;         // 0 → greedy
+  std::optional<int64_t> top_k;              // 0 → off
+  std::optional<double> top_p;               // 1 → off
+  std::optional<double> min_p;               // 0 → off
+  std::optional<double> repetition_penalty;  // 1 → off; HF semantics (divide positive logits)
+  double presence_penalty = 0.0;             // OpenAI semantics, over generated tokens
+  double frequency_penalty = 0.0;            // OpenAI semantics, over generated tokens
+  std::optional<uint64_t> seed;              // same seed + same request → same output
+  std::optional<bool> do_sample;             // false → greedy regardless of temperature
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  std::optional<int64_t> max_new_tokens;  // default: generation_config, else 256
+  std::vector<std::string> stop;          // stop strings; the reply ends before the first match
+  std::vector<int32_t> stop_token_ids;    // in addition to the model's eos ids
+  bool ignore_eos = false;                // keep going past eos (benchmarks)
+};
+
+enum class FinishReason { kNone, kStop, kLength };
+
+// One streamed piece of the reply.
+struct TokenEvent {
+  int32_t token_id = -1;  // the id just sampled
+  std::string text;       // newly complete text (never half a UTF-8 character; may be empty)
+};
+
+struct GenerateResult {
+  std::vector<int32_t> output_ids;  // generated ids (including a final eos, if any)
+  std::string text;                 // decoded reply without special tokens and stop string
+  FinishReason finish_reason = FinishReason::kNone;
+  int64_t prompt_tokens = 0;
+  double prefill_ms = 0;
+  double decode_ms = 0;  // from the first to the last generated token
+};
+
+}  // namespace vlm

@@ -1,0 +1,49 @@
+// A persistent pool of worker threads for data-parallel loops.
+// One caller at a time: parallel_for is not re-entrant (the engine thread is the only caller).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace vlm {
+
+class ThreadPool {
+ public:
+  // n_threads counts the calling thread: n_threads - 1 workers are started. 0 = hardware threads.
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int n_threads() const { return n_threads_; }
+
+  // Calls fn(begin, end, thread_index) over [0, n) split into contiguous chunks, one per thread
+  // (chunks are multiples of `grain` except the last). Blocks until all chunks are done.
+  // fn must not throw. Allocates nothing.
+  void parallel_for(int64_t n, int64_t grain,
+                    const std::function<void(int64_t, int64_t, int)>& fn);
+
+ private:
+  void worker_loop(int index);
+  void run_chunk(int index);
+
+  int n_threads_ = 1;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_start_;
+  std::condition_variable cv_done_;
+  uint64_t generation_ = 0;   // bumped per parallel_for; workers wake on change
+  int pending_ = 0;           // workers still running the current job
+  bool stop_ = false;
+  // The current job (valid while pending_ > 0).
+  const std::function<void(int64_t, int64_t, int)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  int64_t chunk_ = 0;
+};
+
+}  // namespace vlm

@@ -1,0 +1,241 @@
+// Engine: model loading and the single-sequence generate loop.
+#include "vlm/engine.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <random>
+
+#include "core/thread_pool.h"
+#include "engine/sampler.h"
+#include "engine/stop_matcher.h"
+#include "io/npy.h"
+#include "io/safetensors.h"
+#include "model/qwen3vl_config.h"
+#include "model/qwen3vl_weights.h"
+#include "model/text_decoder.h"
+
+namespace vlm {
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+struct Engine::Impl {
+  EngineOptions opts;
+  Qwen3VLConfig cfg;
+  GenerationConfig gen;
+  std::unique_ptr<WeightStore> store;
+  TextWeights weights;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<TextDecoder> decoder;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<int32_t> eos_ids;
+  int64_t max_context = 0;
+  ops::Isa isa = ops::Isa::kGeneric;
+  KvCache cache;
+  std::vector<float> logits;      // [prefill_chunk, vocab] (kAll) or [vocab]
+  std::vector<int64_t> pos;       // [prefill_chunk] text positions (T = H = W)
+
+  // Makes sure the cache holds `n` positions; grows (never shrinks) between requests.
+  void reserve_cache(int64_t n) {
+    if (cache.capacity < n) cache.allocate(cfg.text_config, n);
+  }
+
+  // Runs ids[0, n) from cache slot `first`; logits of the last (or every) row into `logits`.
+  Status run(const int32_t* ids, int64_t n, int64_t first, LogitRows rows, float* out) {
+    for (int64_t i = 0; i < n; ++i) pos[i] = first + i;
+    Positions3 p{pos.data(), pos.data(), pos.data()};
+    return decoder->forward(ids, n, p, first, cache, rows, out);
+  }
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
+  namespace fs = std::filesystem;
+  auto impl = std::make_unique<Impl>();
+  impl->opts = options;
+  const std::string& dir = options.model_dir;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return not_found("model directory " + dir + " does not exist");
+  VLM_ASSIGN_OR_RETURN(impl->cfg, load_qwen3vl_config(dir));
+  VLM_ASSIGN_OR_RETURN(impl->gen, load_generation_config(dir));
+  {
+    VLM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(dir));
+    impl->store = std::make_unique<WeightStore>(std::move(store));
+  }
+  VLM_ASSIGN_OR_RETURN(impl->weights, load_text_weights(*impl->store, impl->cfg));
+  if (fs::exists(fs::path(dir) / "tokenizer.json", ec)) {
+    VLM_ASSIGN_OR_RETURN(impl->tokenizer, Tokenizer::load(dir));
+  } else if (options.require_tokenizer) {
+    return not_found(dir + "/tokenizer.json not found (the model directory needs its tokenizer)");
+  }
+  const Qwen3VLTextConfig& t = impl->cfg.text_config;
+  for (int64_t id : impl->gen.eos_token_id) impl->eos_ids.push_back(static_cast<int32_t>(id));
+  if (impl->eos_ids.empty() && impl->tokenizer && impl->tokenizer->eos_token_id()) {
+    impl->eos_ids.push_back(*impl->tokenizer->eos_token_id());
+  }
+  impl->max_context = options.max_context > 0
+                          ? std::min(options.max_context, t.max_position_embeddings)
+                          : t.max_position_embeddings;
+  const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
+  impl->isa = ops::detected_isa();
+  if (!options.cpu_isa.empty()) {
+    bool found = false;
+    for (ops::Isa isa : ops::runnable_isas()) {
+      if (options.cpu_isa == ops::isa_name(isa)) {
+        impl->isa = isa;
+        found = true;
+      }
+    }
+    if (!found) {
+      return invalid_argument("cpu ISA '" + options.cpu_isa +
+                              "' is unknown or not supported by this CPU (generic, avx2, avx512)");
+    }
+  }
+  impl->pool = std::make_unique<ThreadPool>(options.n_threads);
+  impl->decoder = std::make_unique<TextDecoder>(impl->cfg, impl->weights, *impl->pool, chunk);
+  impl->decoder->set_isa(impl->isa);
+  impl->logits.resize(static_cast<size_t>(t.vocab_size));
+  impl->pos.resize(chunk);
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+const Tokenizer* Engine::tokenizer() const { return impl_->tokenizer.get(); }
+int64_t Engine::vocab_size() const { return impl_->cfg.text_config.vocab_size; }
+int64_t Engine::max_context() const { return impl_->max_context; }
+const std::vector<int32_t>& Engine::eos_token_ids() const { return impl_->eos_ids; }
+const char* Engine::cpu_isa() const { return ops::isa_name(impl_->isa); }
+int Engine::n_threads() const { return impl_->pool->n_threads(); }
+
+Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids) {
+  Impl& m = *impl_;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t V = m.cfg.text_config.vocab_size;
+  if (n == 0) return invalid_argument("no token ids given");
+  if (n > m.max_context) {
+    return out_of_range(std::to_string(n) + " ids exceed the context of " + std::to_string(m.max_context));
+  }
+  m.reserve_cache(n);
+  std::vector<float> out(static_cast<size_t>(n * V));
+  const int64_t chunk = m.decoder->max_chunk();
+  for (int64_t first = 0; first < n; first += chunk) {
+    const int64_t len = std::min(chunk, n - first);
+    VLM_RETURN_IF_ERROR(m.run(ids.data() + first, len, first, LogitRows::kAll, out.data() + first * V));
+  }
+  return out;
+}
+
+Result<GenerateResult> Engine::generate(const GenerateRequest& req,
+                                        const std::function<bool(const TokenEvent&)>& on_token) {
+  Impl& m = *impl_;
+  using Clock = std::chrono::steady_clock;
+  const int64_t V = m.cfg.text_config.vocab_size;
+  const int64_t n_prompt = static_cast<int64_t>(req.prompt_ids.size());
+  if (n_prompt == 0) return invalid_argument("the prompt is empty");
+  const int64_t max_new = req.max_new_tokens.value_or(m.gen.max_new_tokens.value_or(256));
+  if (max_new < 0) return invalid_argument("max_new_tokens must be >= 0");
+  if (n_prompt + max_new > m.max_context) {
+    return out_of_range("prompt (" + std::to_string(n_prompt) + " tokens) + max_new_tokens (" +
+                        std::to_string(max_new) + ") exceeds the context of " +
+                        std::to_string(m.max_context) + " tokens");
+  }
+  // Resolve sampling: request → generation_config.json → transformers defaults.
+  const SamplingParams& sp = req.sampling;
+  ResolvedSampling rs;
+  rs.temperature = sp.temperature.value_or(m.gen.temperature);
+  rs.top_k = sp.top_k.value_or(m.gen.top_k);
+  rs.top_p = sp.top_p.value_or(m.gen.top_p);
+  rs.min_p = sp.min_p.value_or(m.gen.min_p);
+  rs.repetition_penalty = sp.repetition_penalty.value_or(m.gen.repetition_penalty);
+  rs.presence_penalty = sp.presence_penalty;
+  rs.frequency_penalty = sp.frequency_penalty;
+  rs.greedy = !sp.do_sample.value_or(m.gen.do_sample || sp.temperature.has_value()) || rs.temperature <= 0;
+  rs.seed = sp.seed.has_value() ? *sp.seed : std::random_device{}();
+  if (rs.temperature < 0) return invalid_argument("temperature must be >= 0");
+  if (rs.top_k < 0) return invalid_argument("top_k must be >= 0");
+  if (!(rs.top_p > 0 && rs.top_p <= 1)) return invalid_argument("top_p must be in (0, 1]");
+  if (!(rs.min_p >= 0 && rs.min_p <= 1)) return invalid_argument("min_p must be in [0, 1]");
+  if (!(rs.repetition_penalty > 0)) return invalid_argument("repetition_penalty must be > 0");
+  for (int32_t id : req.prompt_ids) {
+    if (id < 0 || id >= V) {
+      return invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary");
+    }
+  }
+  if (!req.stop.empty() && m.tokenizer == nullptr) {
+    return invalid_argument("stop strings need the model's tokenizer");
+  }
+
+  GenerateResult res;
+  res.prompt_tokens = n_prompt;
+  m.reserve_cache(n_prompt + max_new);
+  Sampler sampler(V, rs);
+  sampler.add_prompt(req.prompt_ids);
+  std::vector<int32_t> stop_ids = m.eos_ids;
+  stop_ids.insert(stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
+  StopMatcher stops(req.stop);
+  std::unique_ptr<IncrementalDetokenizer> detok;
+  if (m.tokenizer) detok = std::make_unique<IncrementalDetokenizer>(*m.tokenizer, true);
+  res.output_ids.reserve(static_cast<size_t>(max_new));
+
+  // Prefill in chunks; only the last chunk needs logits.
+  auto t0 = Clock::now();
+  const int64_t chunk = m.decoder->max_chunk();
+  for (int64_t first = 0; first < n_prompt; first += chunk) {
+    const int64_t len = std::min(chunk, n_prompt - first);
+    const bool last = first + len == n_prompt;
+    VLM_RETURN_IF_ERROR(m.run(req.prompt_ids.data() + first, len, first,
+                              last ? LogitRows::kLast : LogitRows::kNone, m.logits.data()));
+  }
+  auto t1 = Clock::now();
+  res.prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+
+  int64_t pos = n_prompt;
+  for (int64_t step = 0; step < max_new; ++step) {
+    const int32_t id = sampler.sample(m.logits.data());
+    res.output_ids.push_back(id);
+    const bool is_stop_id =
+        !req.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+    TokenEvent ev;
+    ev.token_id = id;
+    if (detok && !is_stop_id) ev.text = stops.push(detok->push(id));
+    if (on_token && !on_token(ev)) break;
+    if (is_stop_id || stops.stopped()) {
+      res.finish_reason = FinishReason::kStop;
+      break;
+    }
+    if (step + 1 == max_new) {
+      res.finish_reason = FinishReason::kLength;
+      break;
+    }
+    VLM_RETURN_IF_ERROR(m.run(&id, 1, pos, LogitRows::kLast, m.logits.data()));
+    ++pos;
+  }
+  if (max_new == 0) res.finish_reason = FinishReason::kLength;
+  if (detok && !stops.stopped()) {
+    std::string tail = stops.push(detok->flush());
+    tail += stops.flush();
+    if (!tail.empty() && on_token) {
+      TokenEvent ev;
+      ev.text = tail;
+      on_token(ev);
+    }
+  }
+  res.text = stops.emitted();
+  res.decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+  return res;
+}
+
+}  // namespace vlm
+
+namespace vlm {
+Status save_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape) {
+  return write_npy_f32(path, data, shape);
+}
+}  // namespace vlm

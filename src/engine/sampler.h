@@ -1,0 +1,48 @@
+// Token sampling with the transformers processor order: repetition penalty → (presence,
+// frequency penalties, OpenAI-style) → temperature → top-k → top-p → min-p → draw.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace vlm {
+
+struct ResolvedSampling {
+  bool greedy = true;
+  double temperature = 1.0;
+  int64_t top_k = 0;  // 0 = off
+  double top_p = 1.0;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  // Buffers are sized for the vocabulary once; sample() allocates nothing.
+  Sampler(int64_t vocab_size, const ResolvedSampling& params);
+
+  // Records prompt ids (for the repetition penalty, which in transformers covers the prompt).
+  void add_prompt(std::span<const int32_t> ids);
+  // Picks the next id from logits [vocab] (modified in place) and records it as generated.
+  int32_t sample(float* logits);
+
+ private:
+  void apply_penalties(float* logits) const;
+
+  int64_t vocab_;
+  ResolvedSampling p_;
+  std::mt19937_64 rng_;
+  std::vector<uint8_t> seen_;       // [vocab] in prompt or output (repetition penalty)
+  std::vector<int32_t> counts_;     // [vocab] times generated (presence / frequency)
+  std::vector<int32_t> seen_list_;  // ids with seen_ set, to visit only those
+  std::vector<int32_t> out_list_;   // ids with counts_ > 0
+  std::vector<int32_t> idx_;        // [vocab] candidate ids
+  std::vector<float> probs_;        // [vocab] candidate probabilities
+};
+
+}  // namespace vlm

@@ -1,0 +1,27 @@
+// CPU matmul kernels, one namespace per ISA level. Only src/ops/ calls these.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace vlm::kernels {
+
+// y[m, n] (row stride ldy) = sum_k x[m, k] * w[n, k] for m in [0, M), n in [n0, n1).
+// x: [M, K] f32 contiguous; w: [N, K] in wtype (F32, BF16 or F16).
+// scratch: optional f32 buffer of scratch_rows * K floats (per calling thread) used to convert a
+// block of weight rows once when M is large; may be null.
+namespace generic {
+void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w, int64_t n0,
+                 int64_t n1, float* y, int64_t ldy, float* scratch, int64_t scratch_rows);
+}  // namespace generic
+namespace avx2 {
+void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w, int64_t n0,
+                 int64_t n1, float* y, int64_t ldy, float* scratch, int64_t scratch_rows);
+}  // namespace avx2
+namespace avx512 {
+void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w, int64_t n0,
+                 int64_t n1, float* y, int64_t ldy, float* scratch, int64_t scratch_rows);
+}  // namespace avx512
+
+}  // namespace vlm::kernels

@@ -1,0 +1,104 @@
+// The one place that picks a kernel for an op: by weight dtype and CPU ISA level.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "ops/ops.h"
+
+namespace vlm::ops {
+namespace {
+
+Isa detect_hardware() {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma")) {
+    return Isa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    return Isa::kAvx2;
+  }
+#endif
+  return Isa::kGeneric;
+}
+
+Isa detect_capped() {
+  Isa hw = detect_hardware();
+  const char* env = std::getenv("VLM_CPU_ISA");
+  if (env == nullptr || *env == '\0') return hw;
+  Isa want = hw;
+  if (std::strcmp(env, "generic") == 0) want = Isa::kGeneric;
+  if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
+  if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
+  // The variable only lowers the level: asking for more than the CPU has keeps the hardware level.
+  return static_cast<int>(want) < static_cast<int>(hw) ? want : hw;
+}
+
+// Weight rows converted per block when many x rows share them (see matmul_kernel.inc).
+constexpr int64_t kScratchRows = 16;
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kGeneric: return "generic";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+Isa detected_isa() {
+  static const Isa isa = detect_capped();
+  return isa;
+}
+
+std::vector<Isa> runnable_isas() {
+  std::vector<Isa> out;
+  Isa hw = detect_hardware();
+  for (Isa i : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
+    if (static_cast<int>(i) <= static_cast<int>(hw)) out.push_back(i);
+  }
+  return out;
+}
+
+Status check_linear_weight(const TensorView& w, int64_t in_features) {
+  if (w.rank() != 2) return invalid_argument("linear weight must be 2-D, got " + shape_to_string(w.shape));
+  if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
+    return invalid_argument(std::string("unsupported weight dtype ") + dtype_name(w.dtype));
+  }
+  if (w.dim(1) != in_features) {
+    return invalid_argument("linear weight " + shape_to_string(w.shape) + " does not take " +
+                            std::to_string(in_features) + " inputs");
+  }
+  return ok_status();
+}
+
+void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
+            Isa isa) {
+  const int64_t N = w.dim(0);
+  auto* kernel = &kernels::generic::matmul_rows;
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (isa == Isa::kAvx512) kernel = &kernels::avx512::matmul_rows;
+  if (isa == Isa::kAvx2) kernel = &kernels::avx2::matmul_rows;
+#endif
+  const bool want_scratch = M >= 8 && w.dtype != DType::kF32;
+  // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads.
+  pool.parallel_for(N, 16, [&](int64_t n0, int64_t n1, int) {
+    // NOTE: thread_local scratch grows once to the largest K seen, then is reused: steady-state
+    // decoding allocates nothing (M == 1 never asks for scratch at all).
+    thread_local std::vector<float> scratch;
+    float* s = nullptr;
+    if (want_scratch) {
+      if (scratch.size() < static_cast<size_t>(kScratchRows * K)) scratch.resize(kScratchRows * K);
+      s = scratch.data();
+    }
+    kernel(x, M, K, w.dtype, w.data, n0, n1, y, N, s, kScratchRows);
+  });
+}
+
+}  // namespace vlm::ops

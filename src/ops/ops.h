@@ -1,0 +1,55 @@
+// The op API the model calls. Every op has a scalar reference in ops/ref/ (the test oracle);
+// dispatch to per-ISA kernels happens in ops/dispatch.cc only.
+//
+// Activations are f32, row-major, contiguous. Weights are TensorViews in their stored dtype.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "vlm/status.h"
+
+namespace vlm::ops {
+
+enum class Isa { kGeneric, kAvx2, kAvx512 };
+
+const char* isa_name(Isa isa);
+// Best ISA level this CPU supports, capped by the VLM_CPU_ISA environment variable
+// (generic | avx2 | avx512), read once.
+Isa detected_isa();
+// All ISA levels this CPU can run (for tests), lowest first.
+std::vector<Isa> runnable_isas();
+
+// Checks that w is a 2-D F32/BF16/F16 matrix with `in_features` columns.
+Status check_linear_weight(const TensorView& w, int64_t in_features);
+
+// y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16 or F16. Threads split N.
+void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
+            Isa isa = detected_isa());
+
+// Per row: y = x / sqrt(mean(x²) + eps) * w.  x, y: [rows, n] (may alias); w: [n] f32.
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y);
+
+// out[i, :] = table[ids[i], :] converted to f32. table: [vocab, n] F32/BF16/F16.
+void embedding_lookup(const TensorView& table, const int32_t* ids, int64_t count, float* out);
+
+// gate_up: [rows, 2·n] holding gate in [0, n) and up in [n, 2n) per row; out[rows, n] =
+// silu(gate) * up.
+void silu_mul(const float* gate, const float* up, int64_t count, float* out);
+
+// Rotates x [tokens, n_heads, head_dim] in place with NeoX (rotate-half) pairing (d, d + half).
+// cos, sin: [tokens, head_dim / 2] angles for the first half (the second half repeats them).
+void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* cos,
+               const float* sin);
+
+// Causal GQA attention for a chunk of queries against a contiguous KV cache of one layer.
+// q: [n_q, n_heads, head_dim] for positions first_pos .. first_pos + n_q - 1.
+// k_cache, v_cache: [capacity, n_kv_heads, head_dim], filled for positions 0 .. first_pos + n_q - 1.
+// out: [n_q, n_heads, head_dim]. Flash-style: online softmax, no score matrix.
+void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
+                      const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                      float scale, float* out, ThreadPool& pool);
+
+}  // namespace vlm::ops

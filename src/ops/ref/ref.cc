@@ -1,0 +1,64 @@
+#include "ops/ref/ref.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/half.h"
+
+namespace vlm::ops::ref {
+namespace {
+
+float weight_at(const TensorView& w, int64_t i) {
+  switch (w.dtype) {
+    case DType::kF32: return static_cast<const float*>(w.data)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
+    default: return NAN;
+  }
+}
+
+}  // namespace
+
+void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y) {
+  const int64_t N = w.dim(0);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += static_cast<double>(x[m * K + k]) * weight_at(w, n * K + k);
+      y[m * N + n] = static_cast<float>(s);
+    }
+  }
+}
+
+void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
+                      const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                      float scale, float* out) {
+  const int64_t group = n_heads / n_kv_heads;
+  const int64_t kv_stride = n_kv_heads * head_dim;
+  for (int64_t i = 0; i < n_q; ++i) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t kvh = h / group;
+      const int64_t n_keys = first_pos + i + 1;
+      std::vector<double> p(n_keys);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < n_keys; ++j) {
+        double s = 0;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          s += static_cast<double>(q[(i * n_heads + h) * head_dim + d]) *
+               k_cache[j * kv_stride + kvh * head_dim + d];
+        }
+        p[j] = s * scale;
+        mx = std::max(mx, p[j]);
+      }
+      double sum = 0;
+      for (auto& v : p) sum += (v = std::exp(v - mx));
+      for (int64_t d = 0; d < head_dim; ++d) {
+        double acc = 0;
+        for (int64_t j = 0; j < n_keys; ++j) acc += p[j] * v_cache[j * kv_stride + kvh * head_dim + d];
+        out[(i * n_heads + h) * head_dim + d] = static_cast<float>(acc / sum);
+      }
+    }
+  }
+}
+
+}  // namespace vlm::ops::ref

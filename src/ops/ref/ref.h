@@ -1,0 +1,18 @@
+// Scalar reference implementations: the oracle the kernels are tested against. Never optimised.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace vlm::ops::ref {
+
+// y[M, N] = x[M, K] · w[N, K]^T, accumulated in double.
+void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y);
+
+// Causal attention with an explicit softmax over the whole score row (double precision).
+void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
+                      const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                      float scale, float* out);
+
+}  // namespace vlm::ops::ref

@@ -1,0 +1,174 @@
+#include "tokenizer/chat_json.h"
+
+#include <charconv>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace vlm {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+void dump_string(const std::string& s, std::string* out) {
+  *out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          *out += buf;
+        } else {
+          *out += static_cast<char>(c);
+        }
+    }
+  }
+  *out += '"';
+}
+
+void dump_python(const ojson& j, std::string* out) {
+  switch (j.type()) {
+    case ojson::value_t::object: {
+      *out += '{';
+      bool first = true;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!first) *out += ", ";
+        first = false;
+        dump_string(it.key(), out);
+        *out += ": ";
+        dump_python(it.value(), out);
+      }
+      *out += '}';
+      break;
+    }
+    case ojson::value_t::array: {
+      *out += '[';
+      for (size_t i = 0; i < j.size(); ++i) {
+        if (i) *out += ", ";
+        dump_python(j[i], out);
+      }
+      *out += ']';
+      break;
+    }
+    case ojson::value_t::string: dump_string(j.get<std::string>(), out); break;
+    case ojson::value_t::boolean: *out += j.get<bool>() ? "true" : "false"; break;
+    case ojson::value_t::null: *out += "null"; break;
+    case ojson::value_t::number_float: {
+      // Python's repr: shortest round-trip digits, always with a '.' or an exponent.
+      char buf[64];
+      auto r = std::to_chars(buf, buf + sizeof buf, j.get<double>());
+      std::string s(buf, r.ptr);
+      if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+      *out += s;
+      break;
+    }
+    default: *out += j.dump(); break;  // integers
+  }
+}
+
+Status parse_content(const ojson& c, size_t index, ChatMessage* m) {
+  const std::string where = "messages[" + std::to_string(index) + "]";
+  if (c.is_string()) {
+    m->content_is_text = true;
+    m->text = c.get<std::string>();
+    return ok_status();
+  }
+  m->content_is_text = false;
+  if (c.is_null()) return ok_status();
+  if (!c.is_array()) return invalid_argument(where + ".content must be a string, a list or null");
+  for (size_t i = 0; i < c.size(); ++i) {
+    const ojson& part = c[i];
+    if (!part.is_object()) {
+      return invalid_argument(where + ".content[" + std::to_string(i) + "] must be an object");
+    }
+    const std::string type = part.value("type", std::string());
+    ChatPart p;
+    if (type == "image" || type == "image_url" || part.contains("image") || part.contains("image_url")) {
+      p.type = ChatPart::Type::kImage;
+    } else if (type == "video" || part.contains("video")) {
+      p.type = ChatPart::Type::kVideo;
+    } else if (part.contains("text")) {
+      if (!part["text"].is_string()) {
+        return invalid_argument(where + ".content[" + std::to_string(i) + "].text must be a string");
+      }
+      p.type = ChatPart::Type::kText;
+      p.text = part["text"].get<std::string>();
+    } else {
+      return invalid_argument(where + ".content[" + std::to_string(i) + "]: unknown part type '" +
+                              type + "'");
+    }
+    m->parts.push_back(std::move(p));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::string> python_style_json(std::string_view json_text) {
+  ojson j = ojson::parse(json_text, nullptr, false);
+  if (j.is_discarded()) return invalid_argument("not valid JSON");
+  std::string out;
+  dump_python(j, &out);
+  return out;
+}
+
+Result<ParsedChat> parse_chat_json(std::string_view messages_json, std::string_view tools_json) {
+  ojson msgs = ojson::parse(messages_json, nullptr, false);
+  if (msgs.is_discarded()) return invalid_argument("messages: not valid JSON");
+  if (!msgs.is_array()) return invalid_argument("messages must be a list");
+  ParsedChat out;
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const ojson& jm = msgs[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!jm.is_object()) return invalid_argument(where + " must be an object");
+    auto role = jm.find("role");
+    if (role == jm.end() || !role->is_string()) return invalid_argument(where + ".role must be a string");
+    ChatMessage m;
+    m.role = role->get<std::string>();
+    auto content = jm.find("content");
+    VLM_RETURN_IF_ERROR(parse_content(content == jm.end() ? ojson() : *content, i, &m));
+    if (auto tc = jm.find("tool_calls"); tc != jm.end() && !tc->is_null()) {
+      if (!tc->is_array()) return invalid_argument(where + ".tool_calls must be a list");
+      for (const ojson& call : *tc) {
+        const ojson& f = (call.is_object() && call.contains("function")) ? call["function"] : call;
+        if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) {
+          return invalid_argument(where + ".tool_calls: each call needs a function name");
+        }
+        ChatToolCall c;
+        c.name = f["name"].get<std::string>();
+        if (auto a = f.find("arguments"); a != f.end()) {
+          if (a->is_string()) {
+            c.arguments = a->get<std::string>();
+          } else {
+            dump_python(*a, &c.arguments);
+          }
+        }
+        m.tool_calls.push_back(std::move(c));
+      }
+    }
+    out.messages.push_back(std::move(m));
+  }
+  if (!tools_json.empty()) {
+    ojson tools = ojson::parse(tools_json, nullptr, false);
+    if (tools.is_discarded() || !(tools.is_array() || tools.is_null())) {
+      return invalid_argument("tools must be a JSON list");
+    }
+    if (tools.is_array()) {
+      for (const ojson& t : tools) {
+        std::string s;
+        dump_python(t, &s);
+        out.tools_json.push_back(std::move(s));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace vlm

@@ -1,0 +1,28 @@
+// OpenAI / transformers style chat JSON → ChatMessage list for render_chat.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "vlm/chat.h"
+#include "vlm/status.h"
+
+namespace vlm {
+
+struct ParsedChat {
+  std::vector<ChatMessage> messages;
+  std::vector<std::string> tools_json;  // each tool as the template's `tojson` writes it
+};
+
+// messages_json: a JSON array of {"role", "content" (string | list of parts | null),
+// "tool_calls"?}. Parts: {"type": "text", "text"}, {"type": "image" | "image_url", ...},
+// {"type": "video", ...}; classified as the template does (an "image"/"image_url" key also marks an
+// image). tools_json: empty or a JSON array of tool definitions. Errors say which message is bad.
+Result<ParsedChat> parse_chat_json(std::string_view messages_json, std::string_view tools_json = {});
+
+// JSON text as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators, key
+// order kept): what transformers' `tojson` filter produces. `json_text` must be valid JSON.
+Result<std::string> python_style_json(std::string_view json_text);
+
+}  // namespace vlm

@@ -1,0 +1,241 @@
+// The `vlm` command line: run, tokenize, detokenize, logits.
+// Uses only the public API (include/vlm). Every error: one line on stderr, exit code 1.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "vlm/chat.h"
+#include "vlm/engine.h"
+#include "vlm/tokenizer.h"
+
+namespace {
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "vlm: error: %s\n", msg.c_str());
+  return 1;
+}
+
+int fail(const vlm::Status& s) { return fail(s.message()); }
+
+// "1,2,3" or "[1, 2, 3]" → ids.
+bool parse_ids(const std::string& text, std::vector<int32_t>* out, std::string* err) {
+  std::string s;
+  for (char c : text) s += (c == '[' || c == ']' || c == ',') ? ' ' : c;
+  std::istringstream in(s);
+  std::string tok;
+  while (in >> tok) {
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(tok.c_str(), &end, 10);
+    if (*end != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
+      *err = "'" + tok + "' is not a token id";
+      return false;
+    }
+    out->push_back(static_cast<int32_t>(v));
+  }
+  if (out->empty()) {
+    *err = "no token ids given";
+    return false;
+  }
+  return true;
+}
+
+std::string json_ids(const std::vector<int32_t>& ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(ids[i]);
+  }
+  return s + "]";
+}
+
+struct RunArgs {
+  std::string model;
+  std::string prompt;
+  std::string system;
+  bool raw = false;
+  int64_t max_new_tokens = -1;
+  double temperature = -1, top_p = -1, min_p = -1, repetition_penalty = -1;
+  double presence_penalty = 0, frequency_penalty = 0;
+  int64_t top_k = -1;
+  int64_t seed = -1;
+  bool greedy = false, ignore_eos = false;
+  std::vector<std::string> stop;
+  int threads = 0;
+  int64_t ctx = 0;
+};
+
+int cmd_run(const RunArgs& a) {
+  vlm::EngineOptions opts;
+  opts.model_dir = a.model;
+  opts.n_threads = a.threads;
+  opts.max_context = a.ctx;
+  auto engine_or = vlm::Engine::load(opts);
+  if (!engine_or.ok()) return fail(engine_or.status());
+  vlm::Engine& engine = **engine_or;
+
+  std::string prompt_text = a.prompt;
+  if (!a.raw) {
+    std::vector<vlm::ChatMessage> msgs;
+    if (!a.system.empty()) msgs.push_back({.role = "system", .text = a.system});
+    msgs.push_back({.role = "user", .text = a.prompt});
+    prompt_text = vlm::render_chat(msgs, {});
+  }
+  vlm::GenerateRequest req;
+  req.prompt_ids = engine.tokenizer()->encode(prompt_text);
+  if (a.max_new_tokens >= 0) req.max_new_tokens = a.max_new_tokens;
+  auto& s = req.sampling;
+  if (a.temperature >= 0) s.temperature = a.temperature;
+  if (a.top_k >= 0) s.top_k = a.top_k;
+  if (a.top_p >= 0) s.top_p = a.top_p;
+  if (a.min_p >= 0) s.min_p = a.min_p;
+  if (a.repetition_penalty >= 0) s.repetition_penalty = a.repetition_penalty;
+  s.presence_penalty = a.presence_penalty;
+  s.frequency_penalty = a.frequency_penalty;
+  if (a.seed >= 0) s.seed = static_cast<uint64_t>(a.seed);
+  if (a.greedy) s.do_sample = false;
+  req.stop = a.stop;
+  req.ignore_eos = a.ignore_eos;
+
+  auto res = engine.generate(req, [](const vlm::TokenEvent& ev) {
+    if (!ev.text.empty()) {
+      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  });
+  std::fputc('\n', stdout);
+  if (!res.ok()) return fail(res.status());
+  const auto& r = *res;
+  const double n_gen = static_cast<double>(r.output_ids.size());
+  // Decode rate counts the tokens produced by decode steps (the first comes from prefill).
+  const double decode_tps = n_gen > 1 && r.decode_ms > 0 ? (n_gen - 1) / (r.decode_ms / 1000) : 0;
+  std::fprintf(stderr,
+               "vlm: prompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
+               "decode %.2f tok/s | peak RSS %.1f MiB | %s x%d\n",
+               static_cast<long long>(r.prompt_tokens),
+               r.prefill_ms > 0 ? r.prompt_tokens / (r.prefill_ms / 1000) : 0.0, r.prefill_ms,
+               static_cast<long long>(r.output_ids.size()), decode_tps,
+               vlm::peak_rss_bytes() / 1048576.0, engine.cpu_isa(), engine.n_threads());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"vlm: run Qwen3-VL models from Hugging Face checkpoints"};
+  app.require_subcommand(1);
+
+  RunArgs ra;
+  auto* run = app.add_subcommand("run", "Generate a reply to a prompt, streamed to stdout");
+  run->add_option("-m,--model", ra.model, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
+  run->add_option("-p,--prompt", ra.prompt, "User message")->required();
+  run->add_option("--system", ra.system, "System message");
+  run->add_flag("--raw", ra.raw, "Feed the prompt as is, without the chat template");
+  run->add_option("-n,--max-new-tokens", ra.max_new_tokens, "Tokens to generate at most");
+  run->add_option("--temperature", ra.temperature, "Sampling temperature (0 = greedy)");
+  run->add_option("--top-k", ra.top_k, "Top-k (0 = off)");
+  run->add_option("--top-p", ra.top_p, "Top-p (1 = off)");
+  run->add_option("--min-p", ra.min_p, "Min-p (0 = off)");
+  run->add_option("--repetition-penalty", ra.repetition_penalty, "Repetition penalty (1 = off)");
+  run->add_option("--presence-penalty", ra.presence_penalty, "Presence penalty");
+  run->add_option("--frequency-penalty", ra.frequency_penalty, "Frequency penalty");
+  run->add_option("--seed", ra.seed, "Random seed");
+  run->add_flag("--greedy", ra.greedy, "Greedy decoding");
+  run->add_option("--stop", ra.stop, "Stop string (repeatable)");
+  run->add_flag("--ignore-eos", ra.ignore_eos, "Do not stop at end-of-sequence tokens");
+  run->add_option("-t,--threads", ra.threads, "Threads (0 = all)");
+  run->add_option("-c,--ctx", ra.ctx, "Context limit in tokens (0 = model maximum)");
+
+  std::string tk_model, tk_text, tk_file;
+  bool tk_split = false;
+  auto* tokenize = app.add_subcommand("tokenize", "Print the token ids of a text as JSON");
+  tokenize->add_option("-m,--model", tk_model, "Directory with tokenizer.json")->required();
+  auto* tk_text_opt = tokenize->add_option("--text", tk_text, "Text to tokenize");
+  auto* tk_file_opt = tokenize->add_option("--file", tk_file, "File whose contents to tokenize");
+  tk_text_opt->excludes(tk_file_opt);
+  tokenize->add_flag("--split-special", tk_split, "Treat special-token text as plain text");
+
+  std::string dt_model, dt_ids;
+  bool dt_skip = false;
+  auto* detokenize = app.add_subcommand("detokenize", "Print the text of token ids");
+  detokenize->add_option("-m,--model", dt_model, "Directory with tokenizer.json")->required();
+  detokenize->add_option("--ids", dt_ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
+  detokenize->add_flag("--skip-special", dt_skip, "Drop special tokens");
+
+  std::string lg_model, lg_ids, lg_out;
+  int lg_threads = 0;
+  auto* logits = app.add_subcommand("logits", "Write float32 logits [positions, vocab] as .npy");
+  logits->add_option("-m,--model", lg_model, "Checkpoint directory (config.json + weights)")->required();
+  logits->add_option("--ids", lg_ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
+  logits->add_option("--out", lg_out, "Output .npy file")->required();
+  logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return fail(e.what());
+  }
+
+  if (*run) return cmd_run(ra);
+
+  if (*tokenize) {
+    if (tk_text_opt->count() == 0 && tk_file_opt->count() == 0) return fail("give --text or --file");
+    std::string text = tk_text;
+    if (tk_file_opt->count()) {
+      std::ifstream f(tk_file, std::ios::binary);
+      if (!f) return fail("cannot open " + tk_file);
+      std::ostringstream ss;
+      ss << f.rdbuf();
+      text = ss.str();
+    }
+    auto tok = vlm::Tokenizer::load(tk_model);
+    if (!tok.ok()) return fail(tok.status());
+    std::printf("%s\n", json_ids((*tok)->encode(text, tk_split)).c_str());
+    return 0;
+  }
+
+  if (*detokenize) {
+    std::vector<int32_t> ids;
+    std::string err;
+    if (!parse_ids(dt_ids, &ids, &err)) return fail(err);
+    auto tok = vlm::Tokenizer::load(dt_model);
+    if (!tok.ok()) return fail(tok.status());
+    for (int32_t id : ids) {
+      if (id >= (*tok)->vocab_size()) return fail("token id " + std::to_string(id) + " is outside the vocabulary");
+    }
+    std::string text = (*tok)->decode(ids, dt_skip);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fputc('\n', stdout);
+    return 0;
+  }
+
+  if (*logits) {
+    std::vector<int32_t> ids;
+    std::string err;
+    if (!parse_ids(lg_ids, &ids, &err)) return fail(err);
+    vlm::EngineOptions opts;
+    opts.model_dir = lg_model;
+    opts.n_threads = lg_threads;
+    opts.require_tokenizer = false;
+    opts.max_context = static_cast<int64_t>(ids.size());
+    auto engine = vlm::Engine::load(opts);
+    if (!engine.ok()) return fail(engine.status());
+    auto out = (*engine)->logits(ids);
+    if (!out.ok()) return fail(out.status());
+    vlm::Status st = vlm::save_npy_f32(lg_out, out->data(),
+                                       {static_cast<int64_t>(ids.size()), (*engine)->vocab_size()});
+    if (!st.ok()) return fail(st);
+    return 0;
+  }
+  return 0;
+}
