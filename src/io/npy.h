@@ -1,0 +1,39 @@
+// NumPy .npy files: the exchange format for reference logits and activations dumped by the
+// Python scripts (np.save) and compared against by `vlm logits` and the model tests.
+// Only what those need: write float32, read float32 / int32 / int64, C order, little-endian.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "vlm/status.h"
+
+namespace vlm {
+
+// Writes `data` [prod(shape)] as a C-order '<f4' .npy (format version 1.0, header padded to 64
+// bytes as numpy pads it). An empty shape writes a 0-d array holding data[0].
+Status write_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
+
+// A whole array read from a .npy file, converted to one of two host types.
+struct NpyArray {
+  DType dtype = DType::kF32;   // kF32 for '<f4'; kI64 for '<i4' (widened) and '<i8'
+  std::vector<int64_t> shape;  // outermost first; empty for a 0-d array
+  std::vector<float> f32;      // [numel] when dtype == kF32, else empty
+  std::vector<int64_t> i64;    // [numel] when dtype == kI64, else empty
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+// Reads a .npy file of format version 1.0, 2.0 or 3.0 with descr '<f4', '<i4' or '<i8' and
+// fortran_order False. Anything else (other dtypes, Fortran order, pickled objects, a header that
+// is not the dict numpy writes, data shorter or longer than the shape needs) is an error naming
+// the file. Never reads outside the file.
+Result<NpyArray> read_npy(const std::string& path);
+
+}  // namespace vlm
