@@ -110,6 +110,7 @@ int cmd_run(const RunArgs& a) {
     return true;
   });
   std::fputc('\n', stdout);
+  std::fflush(stdout);
   if (!res.ok()) return fail(res.status());
   const auto& r = *res;
   const double n_gen = static_cast<double>(r.output_ids.size());

@@ -1,0 +1,99 @@
+// config.json / generation_config.json parsing: both rope spellings, defaults, bad values.
+#include <gtest/gtest.h>
+
+#include "model/qwen3vl_config.h"
+
+namespace vlm {
+namespace {
+
+std::string text_config(const std::string& extra) {
+  return R"({"text_config": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 1024)" + extra + "}}";
+}
+
+TEST(Config, V4RopeScalingSpelling) {
+  auto c = parse_qwen3vl_config(text_config(R"(, "head_dim": 128, "rope_theta": 5000000.0,
+      "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": true})"),
+                                "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->text_config.head_dim, 128);
+  EXPECT_DOUBLE_EQ(c->text_config.rope_theta, 5e6);
+  EXPECT_EQ(c->text_config.mrope_section, (std::vector<int64_t>{24, 20, 20}));
+  EXPECT_FALSE(c->tie_word_embeddings);  // Qwen3VLConfig's default
+}
+
+TEST(Config, V5RopeParametersSpelling) {
+  auto c = parse_qwen3vl_config(text_config(R"(, "head_dim": 128,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [24, 20, 20]}},
+      "tie_word_embeddings": true, "dummy": {)"),
+                                "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_DOUBLE_EQ(c->text_config.rope_theta, 1e6);
+  EXPECT_EQ(c->text_config.mrope_section, (std::vector<int64_t>{24, 20, 20}));
+  EXPECT_TRUE(c->tie_word_embeddings);
+}
+
+TEST(Config, HeadDimDefaultsTo128InQwen3VLTextConfig) {
+  auto c = parse_qwen3vl_config(text_config(""), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->text_config.head_dim, 128);
+  EXPECT_EQ(c->text_config.mrope_section, (std::vector<int64_t>{64, 0, 0}));
+}
+
+TEST(Config, TextConfigTieWinsOverTopLevel) {
+  auto c = parse_qwen3vl_config(
+      R"({"tie_word_embeddings": true, "text_config": {"hidden_size": 64, "intermediate_size": 64,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 10, "head_dim": 32,
+      "tie_word_embeddings": false}})",
+      "c.json");
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->tie_word_embeddings);
+}
+
+TEST(Config, ErrorsNameTheFileAndField) {
+  auto bad_json = parse_qwen3vl_config("{", "/x/config.json");
+  ASSERT_FALSE(bad_json.ok());
+  EXPECT_NE(bad_json.status().message().find("/x/config.json"), std::string::npos);
+
+  auto missing = parse_qwen3vl_config(R"({"text_config": {"hidden_size": 8}})", "/x/config.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("intermediate_size"), std::string::npos);
+
+  auto wrong_type = parse_qwen3vl_config(text_config(R"(, "head_dim": "128")"), "/x/config.json");
+  ASSERT_FALSE(wrong_type.ok());
+  EXPECT_NE(wrong_type.status().message().find("head_dim"), std::string::npos);
+
+  auto bad_section = parse_qwen3vl_config(
+      text_config(R"(, "head_dim": 128, "rope_scaling": {"mrope_section": [24, 20, 21]})"), "c.json");
+  ASSERT_FALSE(bad_section.ok());
+  EXPECT_NE(bad_section.status().message().find("mrope_section"), std::string::npos);
+
+  auto bad_gqa = parse_qwen3vl_config(
+      R"({"text_config": {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 1,
+      "num_attention_heads": 3, "num_key_value_heads": 2, "vocab_size": 10}})", "c.json");
+  EXPECT_FALSE(bad_gqa.ok());
+
+  auto yarn = parse_qwen3vl_config(
+      text_config(R"(, "rope_scaling": {"rope_type": "yarn", "mrope_section": [24, 20, 20]})"), "c.json");
+  ASSERT_FALSE(yarn.ok());
+  EXPECT_EQ(yarn.status().code(), StatusCode::kUnimplemented);
+}
+
+TEST(GenerationConfig, ReadsSamplingDefaultsAndEosList) {
+  auto g = parse_generation_config(
+      R"({"bos_token_id": 151643, "pad_token_id": 151643, "do_sample": true,
+      "eos_token_id": [151645, 151643], "temperature": 0.7, "top_k": 20, "top_p": 0.8})", "g.json");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->eos_token_id, (std::vector<int64_t>{151645, 151643}));
+  EXPECT_TRUE(g->do_sample);
+  EXPECT_DOUBLE_EQ(g->temperature, 0.7);
+  EXPECT_EQ(g->top_k, 20);
+  EXPECT_DOUBLE_EQ(g->top_p, 0.8);
+  auto single = parse_generation_config(R"({"eos_token_id": 2})", "g.json");
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(single->eos_token_id, (std::vector<int64_t>{2}));
+  EXPECT_FALSE(parse_generation_config("[]", "g.json").ok());
+}
+
+}  // namespace
+}  // namespace vlm

@@ -1,0 +1,134 @@
+// Sampling: greedy, determinism by seed, each filter and penalty on hand-made logits.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "engine/stop_matcher.h"
+
+namespace vlm {
+namespace {
+
+ResolvedSampling sampled(uint64_t seed) {
+  ResolvedSampling p;
+  p.greedy = false;
+  p.seed = seed;
+  return p;
+}
+
+std::map<int32_t, int> histogram(const ResolvedSampling& p, const std::vector<float>& logits, int n) {
+  Sampler s(static_cast<int64_t>(logits.size()), p);
+  std::map<int32_t, int> h;
+  for (int i = 0; i < n; ++i) {
+    std::vector<float> l = logits;
+    h[s.sample(l.data())]++;
+  }
+  return h;
+}
+
+TEST(Sampler, GreedyPicksArgmax) {
+  ResolvedSampling p;
+  Sampler s(5, p);
+  std::vector<float> l = {0.1f, 3.f, -1.f, 2.9f, 0.f};
+  EXPECT_EQ(s.sample(l.data()), 1);
+}
+
+TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {
+  std::vector<float> logits(50, 0.f);  // uniform: every draw is pure chance
+  auto run = [&](uint64_t seed) {
+    Sampler s(50, sampled(seed));
+    std::vector<int32_t> out;
+    for (int i = 0; i < 40; ++i) {
+      auto l = logits;
+      out.push_back(s.sample(l.data()));
+    }
+    return out;
+  };
+  EXPECT_EQ(run(7), run(7));
+  EXPECT_NE(run(7), run(8));
+}
+
+TEST(Sampler, TopKKeepsOnlyTheKBest) {
+  auto p = sampled(1);
+  p.top_k = 2;
+  auto h = histogram(p, {0.f, 1.f, 2.f, 1.5f, -3.f}, 400);
+  for (const auto& [id, n] : h) EXPECT_TRUE(id == 2 || id == 3) << id;
+  EXPECT_EQ(h.size(), 2u);
+}
+
+TEST(Sampler, TopPKeepsSmallestPrefixReachingMass) {
+  auto p = sampled(2);
+  p.top_p = 0.5;
+  // probs ∝ e^[3, 2, 0, 0] ≈ [0.70, 0.26, 0.02, 0.02]: 0.70 ≥ 0.5, so only id 0 remains.
+  auto h = histogram(p, {3.f, 2.f, 0.f, 0.f}, 200);
+  EXPECT_EQ(h.size(), 1u);
+  EXPECT_EQ(h.begin()->first, 0);
+  p.top_p = 0.8;  // needs ids 0 and 1
+  h = histogram(p, {3.f, 2.f, 0.f, 0.f}, 400);
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_EQ(h.count(2) + h.count(3), 0u);
+}
+
+TEST(Sampler, MinPDropsTokensBelowFractionOfBest) {
+  auto p = sampled(3);
+  p.min_p = 0.2;
+  // probs relative to the best: e^0=1, e^-1=0.37, e^-2=0.14 (< 0.2, dropped), e^-5 dropped.
+  auto h = histogram(p, {0.f, -1.f, -2.f, -5.f}, 400);
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_TRUE(h.count(0) && h.count(1));
+}
+
+TEST(Sampler, TemperatureSharpens) {
+  auto p = sampled(4);
+  p.temperature = 0.05;  // logit gap 1 → probability ratio e^20
+  auto h = histogram(p, {1.f, 0.f}, 200);
+  EXPECT_EQ(h[0], 200);
+}
+
+TEST(Sampler, RepetitionPenaltyCoversPromptLikeTransformers) {
+  ResolvedSampling p;
+  p.repetition_penalty = 2.0;
+  Sampler s(3, p);
+  s.add_prompt(std::vector<int32_t>{0});
+  std::vector<float> l = {3.f, 2.f, -1.f};  // id 0: 3 / 2 = 1.5 < 2 → id 1 wins
+  EXPECT_EQ(s.sample(l.data()), 1);
+  EXPECT_FLOAT_EQ(l[0], 1.5f);
+  std::vector<float> l2 = {-1.f, -1.5f, -3.f};  // ids 0 and 1 now seen: -2, -3 → id 0 (-2) wins
+  EXPECT_EQ(s.sample(l2.data()), 0);
+  EXPECT_FLOAT_EQ(l2[1], -3.f);  // negative logits are multiplied
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
+  ResolvedSampling p;
+  p.presence_penalty = 0.5;
+  p.frequency_penalty = 0.25;
+  Sampler s(2, p);
+  std::vector<float> l = {1.f, 0.6f};
+  EXPECT_EQ(s.sample(l.data()), 0);  // nothing generated yet: no penalty
+  std::vector<float> l2 = {1.f, 0.6f};
+  EXPECT_EQ(s.sample(l2.data()), 1);  // id 0: 1 - 0.5 - 0.25 = 0.25 < 0.6
+  EXPECT_FLOAT_EQ(l2[0], 0.25f);
+}
+
+TEST(StopMatcher, HoldsBackPossiblePrefixAndCutsAtStop) {
+  StopMatcher m({"END", "\n\n"});
+  EXPECT_EQ(m.push("Hello E"), "Hello ");  // "E" may start "END"
+  EXPECT_EQ(m.push("N"), "");
+  EXPECT_EQ(m.push("Dless"), "");          // "END" found: stop, drop the rest
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.emitted(), "Hello ");
+}
+
+TEST(StopMatcher, ReleasesFalseAlarmAndFlushes) {
+  StopMatcher m({"END"});
+  EXPECT_EQ(m.push("a EN"), "a ");
+  EXPECT_EQ(m.push("x"), "ENx");
+  EXPECT_EQ(m.push("E"), "");
+  EXPECT_EQ(m.flush(), "E");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.emitted(), "a ENxE");
+}
+
+}  // namespace
+}  // namespace vlm
