@@ -139,7 +139,20 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   const int64_t V = m.cfg.text_config.vocab_size;
   const int64_t n_prompt = static_cast<int64_t>(req.prompt_ids.size());
   if (n_prompt == 0) return invalid_argument("the prompt is empty");
-  const int64_t max_new = req.max_new_tokens.value_or(m.gen.max_new_tokens.value_or(256));
+  for (int32_t id : req.prompt_ids) {
+    if (id < 0 || id >= V) {
+      return invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary");
+    }
+  }
+  if (n_prompt >= m.max_context) {
+    return out_of_range("the prompt (" + std::to_string(n_prompt) +
+                        " tokens) does not fit the context of " + std::to_string(m.max_context) +
+                        " tokens");
+  }
+  // An explicit max_new_tokens must fit; the default shrinks to the room left in the context.
+  const int64_t max_new = req.max_new_tokens.has_value()
+                              ? *req.max_new_tokens
+                              : std::min(m.gen.max_new_tokens.value_or(256), m.max_context - n_prompt);
   if (max_new < 0) return invalid_argument("max_new_tokens must be >= 0");
   if (n_prompt + max_new > m.max_context) {
     return out_of_range("prompt (" + std::to_string(n_prompt) + " tokens) + max_new_tokens (" +
@@ -163,11 +176,6 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   if (!(rs.top_p > 0 && rs.top_p <= 1)) return invalid_argument("top_p must be in (0, 1]");
   if (!(rs.min_p >= 0 && rs.min_p <= 1)) return invalid_argument("min_p must be in [0, 1]");
   if (!(rs.repetition_penalty > 0)) return invalid_argument("repetition_penalty must be > 0");
-  for (int32_t id : req.prompt_ids) {
-    if (id < 0 || id >= V) {
-      return invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary");
-    }
-  }
   if (!req.stop.empty() && m.tokenizer == nullptr) {
     return invalid_argument("stop strings need the model's tokenizer");
   }

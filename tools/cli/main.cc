@@ -177,6 +177,12 @@ int main(int argc, char** argv) {
   logits->add_option("--out", lg_out, "Output .npy file")->required();
   logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
 
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string cmd = argv[1];
+    if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits") {
+      return fail("unknown command '" + cmd + "' (commands: run, tokenize, detokenize, logits)");
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
