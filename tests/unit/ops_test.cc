@@ -37,20 +37,7 @@ WeightBuf make_weight(DType dt, int64_t N, int64_t K, uint32_t seed) {
   } else {
     b.u16.resize(N * K);
     for (int64_t i = 0; i < N * K; ++i) {
-      if (dt == DType::kBF16) {
-        b.u16[i] = f32_to_bf16(b.f32[i]);
-      } else {  // F16: exact for these values after rounding through bf16 range? use a table-free
-                // route: values are small, so encode via the bf16 value's nearest f16 by search.
-        float f = bf16_to_f32(f32_to_bf16(b.f32[i]));
-        // f has 8 significant bits: representable exactly in f16 for |f| in [2^-14, 65504].
-        uint32_t u;
-        std::memcpy(&u, &f, 4);
-        uint32_t sign = (u >> 16) & 0x8000u;
-        int32_t exp = static_cast<int32_t>((u >> 23) & 0xff) - 127 + 15;
-        uint32_t mant = (u >> 13) & 0x3ffu;
-        b.u16[i] = (exp <= 0) ? static_cast<uint16_t>(sign)
-                              : static_cast<uint16_t>(sign | (exp << 10) | mant);
-      }
+      b.u16[i] = dt == DType::kBF16 ? f32_to_bf16(b.f32[i]) : f32_to_f16(b.f32[i]);
     }
     b.view.data = b.u16.data();
   }

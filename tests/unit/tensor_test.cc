@@ -33,5 +33,23 @@ TEST(Half, F16Decodes) {
   EXPECT_TRUE(std::isinf(f16_to_f32(0x7c00)));
 }
 
+TEST(Half, F16EncodeRoundTripsEveryF16Value) {
+  // Every finite f16 decodes to an f32 that must encode back to the same bits.
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0) continue;  // NaN payloads
+    ASSERT_EQ(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))), h) << std::hex << h;
+  }
+}
+
+TEST(Half, F16EncodeRoundsToNearestEven) {
+  EXPECT_EQ(f32_to_f16(1.0f + 1.0f / 2048), 0x3c00);      // halfway: down to even
+  EXPECT_EQ(f32_to_f16(1.0f + 3.0f / 2048), 0x3c02);      // halfway: up to even
+  EXPECT_EQ(f32_to_f16(1.0f + 1.5f / 2048), 0x3c01);      // above halfway
+  EXPECT_EQ(f32_to_f16(70000.f), 0x7c00);                 // overflow → inf
+  EXPECT_EQ(f32_to_f16(1e-9f), 0x0000);                   // underflow → 0
+  EXPECT_EQ(f32_to_f16(3.0e-8f), 0x0001);                 // rounds to the smallest subnormal
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(NAN))));
+}
+
 }  // namespace
 }  // namespace vlm

@@ -1,6 +1,7 @@
-// The `vlm` command line: run, tokenize, detokenize, logits.
+// The `vlm` command line: run, tokenize, detokenize, logits, bench.
 // Uses only the public API (include/vlm). Every error: one line on stderr, exit code 1.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -126,6 +127,71 @@ int cmd_run(const RunArgs& a) {
   return 0;
 }
 
+struct BenchArgs {
+  std::string model;
+  int64_t prompt_tokens = 128;
+  int64_t gen_tokens = 32;
+  int reps = 3;
+  int threads = 0;
+  std::string json_out;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Prefill and decode throughput on a synthetic prompt (ids spread over the vocabulary), greedy,
+// never stopping early. Reports median, min and max over the repetitions.
+int cmd_bench(const BenchArgs& a) {
+  vlm::EngineOptions opts;
+  opts.model_dir = a.model;
+  opts.n_threads = a.threads;
+  opts.require_tokenizer = false;
+  opts.max_context = a.prompt_tokens + a.gen_tokens + 1;
+  auto engine_or = vlm::Engine::load(opts);
+  if (!engine_or.ok()) return fail(engine_or.status());
+  vlm::Engine& engine = **engine_or;
+  if (a.prompt_tokens < 1 || a.gen_tokens < 2 || a.reps < 1) {
+    return fail("need --prompt-tokens >= 1, --gen-tokens >= 2, --reps >= 1");
+  }
+  vlm::GenerateRequest req;
+  for (int64_t i = 0; i < a.prompt_tokens; ++i) {
+    req.prompt_ids.push_back(static_cast<int32_t>((i * 7919 + 13) % std::min<int64_t>(engine.vocab_size(), 150000)));
+  }
+  req.max_new_tokens = a.gen_tokens;
+  req.ignore_eos = true;
+  req.sampling.do_sample = false;
+  std::vector<double> pp, tg;
+  for (int r = 0; r < a.reps; ++r) {
+    auto res = engine.generate(req);
+    if (!res.ok()) return fail(res.status());
+    pp.push_back(a.prompt_tokens / (res->prefill_ms / 1000));
+    tg.push_back((res->output_ids.size() - 1) / (res->decode_ms / 1000));
+  }
+  auto row = [](const char* name, const std::vector<double>& v) {
+    std::printf("| %-22s | %10.2f | %10.2f | %10.2f |\n", name, median(v),
+                *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
+  };
+  std::printf("| %-22s | %10s | %10s | %10s |\n", "tok/s", "median", "min", "max");
+  std::printf("|------------------------|------------|------------|------------|\n");
+  row(("prefill " + std::to_string(a.prompt_tokens)).c_str(), pp);
+  row(("decode " + std::to_string(a.gen_tokens)).c_str(), tg);
+  std::printf("threads %d, kernels %s, peak RSS %.1f MiB, %d reps\n", engine.n_threads(),
+              engine.cpu_isa(), vlm::peak_rss_bytes() / 1048576.0, a.reps);
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    f << "{\"prompt_tokens\": " << a.prompt_tokens << ", \"gen_tokens\": " << a.gen_tokens
+      << ", \"reps\": " << a.reps << ", \"threads\": " << engine.n_threads()
+      << ", \"isa\": \"" << engine.cpu_isa() << "\", \"prefill_tok_s_median\": " << median(pp)
+      << ", \"decode_tok_s_median\": " << median(tg)
+      << ", \"peak_rss_bytes\": " << vlm::peak_rss_bytes() << "}\n";
+    if (!f) return fail("cannot write " + a.json_out);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,10 +245,19 @@ int main(int argc, char** argv) {
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
-    if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits") {
-      return fail("unknown command '" + cmd + "' (commands: run, tokenize, detokenize, logits)");
+    if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits" && cmd != "bench") {
+      return fail("unknown command '" + cmd + "' (commands: run, tokenize, detokenize, logits, bench)");
     }
   }
+  BenchArgs ba;
+  auto* bench = app.add_subcommand("bench", "Measure prefill and decode tok/s on a synthetic prompt");
+  bench->add_option("-m,--model", ba.model, "Checkpoint directory")->required();
+  bench->add_option("-p,--prompt-tokens", ba.prompt_tokens, "Prompt length in tokens");
+  bench->add_option("-n,--gen-tokens", ba.gen_tokens, "Tokens to generate");
+  bench->add_option("-r,--reps", ba.reps, "Repetitions (median, min, max reported)");
+  bench->add_option("-t,--threads", ba.threads, "Threads (0 = all)");
+  bench->add_option("--json", ba.json_out, "Also write the medians as JSON to this file");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -194,6 +269,7 @@ int main(int argc, char** argv) {
   }
 
   if (*run) return cmd_run(ra);
+  if (*bench) return cmd_bench(ba);
 
   if (*tokenize) {
     if (tk_text_opt->count() == 0 && tk_file_opt->count() == 0) return fail("give --text or --file");
