@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Write a random-weight Qwen3-VL checkpoint with the real published shapes and file layout.
+
+    python3 scripts/make_random_checkpoint.py --out /work/ckpt-2b --shape 2b   # also 4b, 8b
+
+Output folder (same files as a Hugging Face Qwen3-VL-*-Instruct repository):
+    config.json, generation_config.json, preprocessor_config.json,
+    video_preprocessor_config.json, chat_template.json, tokenizer.json, tokenizer_config.json,
+    model-0000N-of-0000M.safetensors (BF16, about 2 GB each), model.safetensors.index.json
+
+Needs only numpy (no torch, no safetensors package): the safetensors files are written by
+write_safetensors() below.  Values: float32 N(0, 0.02) rounded to bfloat16 (round to nearest
+even on the top 16 bits); norm weights 1 + N(0, 0.02).  Each tensor has its own random stream
+seeded from (--seed, crc32(name)), so the values do not depend on the shard layout.
+
+Shapes follow /work/shared/design/qwen3-vl.md §1.1 and §7.1; tensor names are the ones
+transformers 4.57 expects (model.visual.*, model.language_model.*, lm_head.weight only when
+the embeddings are not tied).  The tokenizer comes from ../shared/data/tokenizer (next to the
+repository) and the chat template from tests/model/fixtures/chat_template/chat_template.jinja.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import struct
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SHARED = REPO.parent / "shared"
+TEMPLATE_PATH = REPO / "tests" / "model" / "fixtures" / "chat_template" / "chat_template.jinja"
+
+# design §1.1 (Qwen3-VL-{2B,4B,8B}-Instruct config.json values)
+SHAPES = {
+    "2b": dict(layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, intermediate=6144,
+               tie=True, v_depth=24, v_hidden=1024, v_heads=16, v_intermediate=4096,
+               deepstack=[5, 11, 17], params=2_127_532_032),
+    "4b": dict(layers=36, hidden=2560, heads=32, kv_heads=8, head_dim=128, intermediate=9728,
+               tie=True, v_depth=24, v_hidden=1024, v_heads=16, v_intermediate=4096,
+               deepstack=[5, 11, 17], params=4_437_815_808),
+    "8b": dict(layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
+               tie=False, v_depth=27, v_hidden=1152, v_heads=16, v_intermediate=4304,
+               deepstack=[8, 16, 24], params=8_767_123_696),
+}
+VOCAB = 151936
+PATCH, TEMPORAL, MERGE, IN_CH, POS_EMB = 16, 2, 2, 3, 2304
+MAX_SHARD_BYTES = 2_000_000_000
+CHUNK = 1 << 24  # elements generated per numpy call
+
+
+def tensor_table(s: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) in transformers' state_dict order."""
+    t: list[tuple[str, tuple[int, ...]]] = []
+    D, I, out = s["v_hidden"], s["v_intermediate"], s["hidden"]
+    M = D * MERGE * MERGE
+    v = "model.visual."
+    t += [(v + "patch_embed.proj.weight", (D, IN_CH, TEMPORAL, PATCH, PATCH)),
+          (v + "patch_embed.proj.bias", (D,)),
+          (v + "pos_embed.weight", (POS_EMB, D))]
+    for b in range(s["v_depth"]):
+        p = f"{v}blocks.{b}."
+        t += [(p + "norm1.weight", (D,)), (p + "norm1.bias", (D,)),
+              (p + "norm2.weight", (D,)), (p + "norm2.bias", (D,)),
+              (p + "attn.qkv.weight", (3 * D, D)), (p + "attn.qkv.bias", (3 * D,)),
+              (p + "attn.proj.weight", (D, D)), (p + "attn.proj.bias", (D,)),
+              (p + "mlp.linear_fc1.weight", (I, D)), (p + "mlp.linear_fc1.bias", (I,)),
+              (p + "mlp.linear_fc2.weight", (D, I)), (p + "mlp.linear_fc2.bias", (D,))]
+    # main merger: LayerNorm over D before the 2x2 shuffle; DeepStack mergers: over 4D after it
+    mergers = [(v + "merger.", D)] + [(f"{v}deepstack_merger_list.{k}.", M)
+                                       for k in range(len(s["deepstack"]))]
+    for p, norm_dim in mergers:
+        t += [(p + "norm.weight", (norm_dim,)), (p + "norm.bias", (norm_dim,)),
+              (p + "linear_fc1.weight", (M, M)), (p + "linear_fc1.bias", (M,)),
+              (p + "linear_fc2.weight", (out, M)), (p + "linear_fc2.bias", (out,))]
+    H, nh, nkv, hd, FF = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["intermediate"]
+    lm = "model.language_model."
+    t.append((lm + "embed_tokens.weight", (VOCAB, H)))
+    for layer in range(s["layers"]):
+        p = f"{lm}layers.{layer}."
+        t += [(p + "self_attn.q_proj.weight", (nh * hd, H)),
+              (p + "self_attn.k_proj.weight", (nkv * hd, H)),
+              (p + "self_attn.v_proj.weight", (nkv * hd, H)),
+              (p + "self_attn.o_proj.weight", (H, nh * hd)),
+              (p + "self_attn.q_norm.weight", (hd,)),
+              (p + "self_attn.k_norm.weight", (hd,)),
+              (p + "mlp.gate_proj.weight", (FF, H)),
+              (p + "mlp.up_proj.weight", (FF, H)),
+              (p + "mlp.down_proj.weight", (H, FF)),
+              (p + "input_layernorm.weight", (H,)),
+              (p + "post_attention_layernorm.weight", (H,))]
+    t.append((lm + "norm.weight", (H,)))
+    if not s["tie"]:
+        t.append(("lm_head.weight", (VOCAB, H)))
+    return t
+
+
+def numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even (no NaNs expected)."""
+    u = x.view(np.uint32)
+    u = u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
+    return (u >> np.uint32(16)).astype(np.uint16)
+
+
+class _Buffers:
+    """Chunk buffers reused for every tensor (avoids 64 MB allocations per chunk)."""
+
+    def __init__(self, n: int):
+        self.f32 = np.empty(n, dtype=np.float32)
+        self.tmp = np.empty(n, dtype=np.uint32)
+        self.bf16 = np.empty(n, dtype=np.uint16)
+
+
+def write_tensor_data(f, name: str, shape, seed: int, bufs: _Buffers) -> None:
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    is_norm_weight = name.endswith(".weight") and "norm" in name.split(".")[-2]
+    left = numel(shape)
+    while left:
+        n = min(left, CHUNK)
+        x, tmp, out = bufs.f32[:n], bufs.tmp[:n], bufs.bf16[:n]
+        rng.standard_normal(out=x, dtype=np.float32)
+        np.multiply(x, np.float32(0.02), out=x)
+        if is_norm_weight:
+            np.add(x, np.float32(1.0), out=x)
+        # in-place version of f32_to_bf16_bits(x)
+        u = x.view(np.uint32)
+        np.right_shift(u, np.uint32(16), out=tmp)
+        np.bitwise_and(tmp, np.uint32(1), out=tmp)
+        np.add(tmp, np.uint32(0x7FFF), out=tmp)
+        np.add(u, tmp, out=u)
+        np.right_shift(u, np.uint32(16), out=u)
+        np.copyto(out, u, casting="unsafe")
+        f.write(out.data)
+        left -= n
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], seed: int,
+                      progress) -> None:
+    """Minimal safetensors writer: u64 LE header size, JSON header (padded with spaces to a
+    multiple of 8), then the raw little-endian tensor bytes back to back."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in tensors:
+        nbytes = 2 * numel(shape)
+        header[name] = {"dtype": "BF16", "shape": list(shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hb += b" " * (-len(hb) % 8)
+    bufs = _Buffers(CHUNK)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for name, shape in tensors:
+            write_tensor_data(f, name, shape, seed, bufs)
+            progress(2 * numel(shape))
+
+
+def shard(tensors, max_bytes: int) -> list[list]:
+    shards, cur, size = [], [], 0
+    for name, shape in tensors:
+        nbytes = 2 * numel(shape)
+        if cur and size + nbytes > max_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append((name, shape))
+        size += nbytes
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def config_json(s: dict) -> dict:
+    return {
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "image_token_id": 151655,
+        "model_type": "qwen3_vl",
+        "text_config": {
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "bos_token_id": 151643,
+            "dtype": "bfloat16",
+            "eos_token_id": 151645,
+            "head_dim": s["head_dim"],
+            "hidden_act": "silu",
+            "hidden_size": s["hidden"],
+            "initializer_range": 0.02,
+            "intermediate_size": s["intermediate"],
+            "max_position_embeddings": 262144,
+            "model_type": "qwen3_vl_text",
+            "num_attention_heads": s["heads"],
+            "num_hidden_layers": s["layers"],
+            "num_key_value_heads": s["kv_heads"],
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20],
+                             "rope_type": "default"},
+            "rope_theta": 5000000,
+            "tie_word_embeddings": s["tie"],
+            "use_cache": True,
+            "vocab_size": VOCAB,
+        },
+        "tie_word_embeddings": s["tie"],
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.57.1",
+        "video_token_id": 151656,
+        "vision_config": {
+            "deepstack_visual_indexes": list(s["deepstack"]),
+            "depth": s["v_depth"],
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_size": s["v_hidden"],
+            "in_channels": IN_CH,
+            "initializer_range": 0.02,
+            "intermediate_size": s["v_intermediate"],
+            "model_type": "qwen3_vl",
+            "num_heads": s["v_heads"],
+            "num_position_embeddings": POS_EMB,
+            "out_hidden_size": s["hidden"],
+            "patch_size": PATCH,
+            "spatial_merge_size": MERGE,
+            "temporal_patch_size": TEMPORAL,
+        },
+        "vision_end_token_id": 151653,
+        "vision_start_token_id": 151652,
+    }
+
+
+GENERATION_CONFIG = {  # design §6.4
+    "bos_token_id": 151643,
+    "do_sample": True,
+    "eos_token_id": [151645, 151643],
+    "pad_token_id": 151643,
+    "temperature": 0.7,
+    "top_k": 20,
+    "top_p": 0.8,
+    "transformers_version": "4.57.1",
+}
+PREPROCESSOR_CONFIG = {  # design §2.1
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "patch_size": PATCH,
+    "temporal_patch_size": TEMPORAL,
+    "merge_size": MERGE,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor",
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+}
+VIDEO_PREPROCESSOR_CONFIG = {  # design §2.1
+    "size": {"longest_edge": 25165824, "shortest_edge": 4096},
+    "patch_size": PATCH,
+    "temporal_patch_size": TEMPORAL,
+    "merge_size": MERGE,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor",
+    "video_processor_type": "Qwen3VLVideoProcessor",
+}
+
+
+def dump(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="output folder (created)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="2b")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED,
+                    help="the shared/ folder beside the repository (tokenizer data)")
+    ap.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES)
+    args = ap.parse_args()
+
+    s = SHAPES[args.shape]
+    tensors = tensor_table(s)
+    total_params = sum(numel(shape) for _, shape in tensors)
+    if total_params != s["params"]:
+        raise SystemExit(f"parameter count {total_params} != expected {s['params']}")
+    total_bytes = 2 * total_params
+    tok_dir = args.shared / "data" / "tokenizer"
+    template = TEMPLATE_PATH.read_text(encoding="utf-8")
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    for old in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
+        old.unlink()
+
+    dump(out / "config.json", config_json(s))
+    dump(out / "generation_config.json", GENERATION_CONFIG)
+    dump(out / "preprocessor_config.json", PREPROCESSOR_CONFIG)
+    dump(out / "video_preprocessor_config.json", VIDEO_PREPROCESSOR_CONFIG)
+    dump(out / "chat_template.json", {"chat_template": template})
+    shutil.copyfile(tok_dir / "tokenizer.json", out / "tokenizer.json")
+    tok_cfg = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tok_cfg["chat_template"] = template  # the Qwen3-VL Instruct template, not Qwen3 text's
+    dump(out / "tokenizer_config.json", tok_cfg)
+
+    shards = shard(tensors, args.max_shard_bytes)
+    n = len(shards)
+    weight_map = {}
+    t0 = time.time()
+    done = [0, 0]  # bytes written, last printed percentage step
+
+    def progress(nbytes: int) -> None:
+        done[0] += nbytes
+        step = done[0] * 20 // total_bytes
+        if step != done[1]:
+            done[1] = step
+            el = time.time() - t0
+            print(f"  {done[0] / 1e9:6.2f} / {total_bytes / 1e9:.2f} GB  {el:6.1f}s  "
+                  f"{done[0] / 1e6 / max(el, 1e-9):6.0f} MB/s", flush=True)
+
+    print(f"{args.shape}: {len(tensors)} tensors, {total_params:,} params, "
+          f"{total_bytes / 1e9:.2f} GB in {n} shard(s) -> {out}", flush=True)
+    for i, part in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{n:05d}.safetensors"
+        write_safetensors(out / fname, part, args.seed, progress)
+        for name, _ in part:
+            weight_map[name] = fname
+    index = {"metadata": {"total_size": total_bytes},
+             "weight_map": dict(sorted(weight_map.items()))}
+    dump(out / "model.safetensors.index.json", index)
+    print(f"done in {time.time() - t0:.1f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
