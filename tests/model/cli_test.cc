@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "io/npy.h"
+#include "test_util.h"
 #include "vlm/tokenizer.h"
 
 namespace vlm {
@@ -24,20 +25,10 @@ struct CliResult {
   std::string out, err;
 };
 
-fs::path temp_path(const std::string& name) {
-  return fs::temp_directory_path() / ("vlm_cli_" + std::to_string(::getpid()) + "_" + name);
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Runs `vlm ARGS` (ARGS already shell-quoted), capturing stdout and stderr.
 CliResult vlm(const std::string& args) {
-  const fs::path err = temp_path("stderr");
+  test_util::TempDir tmp;
+  const fs::path err = tmp.file("stderr");
   CliResult r;
   FILE* p = ::popen((kCli + " " + args + " 2>" + err.string()).c_str(), "r");
   if (p == nullptr) return r;
@@ -46,8 +37,7 @@ CliResult vlm(const std::string& args) {
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
   int status = ::pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = slurp(err);
-  fs::remove(err);
+  r.err = test_util::read_file(err);
   return r;
 }
 
@@ -76,10 +66,10 @@ TEST(Cli, TokenizeAndDetokenize) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out, "[151644]\n");
 
-  const fs::path file = temp_path("text.txt");
+  test_util::TempDir tmp;
+  const std::string file = tmp.file("text.txt");
   std::ofstream(file) << "一只猫在沙发上";
-  r = vlm("tokenize -m " + quote(kTokenizerDir) + " --file " + quote(file.string()));
-  fs::remove(file);
+  r = vlm("tokenize -m " + quote(kTokenizerDir) + " --file " + quote(file));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "[102292, 100472, 18493, 117733]\n");
 
@@ -93,14 +83,14 @@ TEST(Cli, TokenizeAndDetokenize) {
 
 TEST(Cli, LogitsWritesTheReferenceLogits) {
   const std::string dir = kFixtures + "/text-f32-untied";
-  auto ref = nlohmann::json::parse(slurp(dir + "/reference.json"));
+  auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
   const auto& entry = ref["logits"][1];
-  const fs::path out = temp_path("logits.npy");
+  test_util::TempDir tmp;
+  const std::string out = tmp.file("logits.npy");
   CliResult r = vlm("logits -m " + quote(dir) + " --ids " + join_ids(entry["ids"]) + " --out " +
-              quote(out.string()));
+                    quote(out));
   ASSERT_EQ(r.code, 0) << r.err;
-  auto got = read_npy(out.string());
-  fs::remove(out);
+  auto got = read_npy(out);
   auto want = read_npy(dir + "/" + entry["file"].get<std::string>());
   ASSERT_TRUE(got.ok() && want.ok());
   ASSERT_EQ(got->shape, want->shape);
@@ -140,21 +130,18 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
 class CliRun : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = temp_path("model");
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
     const std::string src = kFixtures + "/tiny-fullvocab-bf16";
     for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "reference.json"}) {
       fs::create_symlink(fs::absolute(src + "/" + f), dir_ / f);
     }
     fs::create_symlink(fs::absolute(kTokenizerDir + "/tokenizer.json"), dir_ / "tokenizer.json");
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  test_util::TempDir tmp_;
+  const fs::path& dir_ = tmp_.path();
 };
 
 TEST_F(CliRun, GreedyReplyEqualsTransformersContinuation) {
-  auto ref = nlohmann::json::parse(slurp(dir_ / "reference.json"));
+  auto ref = nlohmann::json::parse(test_util::read_file(dir_ / "reference.json"));
   const auto& g = ref["greedy"][0];
   auto prompt_ids = g["prompt_ids"].get<std::vector<int32_t>>();
   // vlm computes in f32: compare with transformers' f32 run of the same bf16 weights.

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "io/safetensors.h"
+#include "test_util.h"
 #include "vlm/engine.h"
 
 namespace vlm {
@@ -15,15 +16,7 @@ const std::string kFixture = std::string(VLM_FIXTURES_DIR) + "/text-f32-untied";
 
 class LoaderTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("vlm_loader_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    fs::copy_file(kFixture + "/config.json", dir_ / "config.json");
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { fs::copy_file(kFixture + "/config.json", dir_ / "config.json"); }
 
   // Writes model.safetensors holding the fixture's tensors after `edit` changed the list.
   void write_weights(
@@ -45,7 +38,8 @@ class LoaderTest : public ::testing::Test {
     return e.ok() ? ok_status() : e.status();
   }
 
-  fs::path dir_;
+  test_util::TempDir tmp_;
+  const fs::path& dir_ = tmp_.path();
 };
 
 TEST_F(LoaderTest, IntactCopyLoads) {

@@ -83,8 +83,14 @@ int cmd_run(const RunArgs& a) {
   std::string prompt_text = a.prompt;
   if (!a.raw) {
     std::vector<vlm::ChatMessage> msgs;
-    if (!a.system.empty()) msgs.push_back({.role = "system", .text = a.system});
-    msgs.push_back({.role = "user", .text = a.prompt});
+    auto text_message = [](const char* role, const std::string& text) {
+      vlm::ChatMessage m;
+      m.role = role;
+      m.text = text;
+      return m;
+    };
+    if (!a.system.empty()) msgs.push_back(text_message("system", a.system));
+    msgs.push_back(text_message("user", a.prompt));
     prompt_text = vlm::render_chat(msgs, {});
   }
   vlm::GenerateRequest req;
