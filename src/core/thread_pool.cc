@@ -42,8 +42,7 @@ void ThreadPool::worker_loop(int index) {
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain,
-                              const std::function<void(int64_t, int64_t, int)>& fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, RangeFn fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   int64_t n_grains = (n + grain - 1) / grain;

@@ -5,12 +5,28 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 namespace vlm {
+
+// A non-owning reference to a callable with signature void(int64_t begin, int64_t end, int thread).
+// Unlike std::function it never allocates, whatever the lambda captures: parallel_for runs on every
+// matmul of every decode step, which must not touch the heap.
+class RangeFn {
+ public:
+  template <typename F>
+  RangeFn(const F& f)  // NOLINT: implicit, so call sites pass lambdas directly
+      : obj_(&f), call_([](const void* o, int64_t b, int64_t e, int t) {
+          (*static_cast<const F*>(o))(b, e, t);
+        }) {}
+  void operator()(int64_t b, int64_t e, int t) const { call_(obj_, b, e, t); }
+
+ private:
+  const void* obj_;
+  void (*call_)(const void*, int64_t, int64_t, int);
+};
 
 class ThreadPool {
  public:
@@ -25,8 +41,7 @@ class ThreadPool {
   // Calls fn(begin, end, thread_index) over [0, n) split into contiguous chunks, one per thread
   // (chunks are multiples of `grain` except the last). Blocks until all chunks are done.
   // fn must not throw. Allocates nothing.
-  void parallel_for(int64_t n, int64_t grain,
-                    const std::function<void(int64_t, int64_t, int)>& fn);
+  void parallel_for(int64_t n, int64_t grain, RangeFn fn);
 
  private:
   void worker_loop(int index);
@@ -41,7 +56,7 @@ class ThreadPool {
   int pending_ = 0;           // workers still running the current job
   bool stop_ = false;
   // The current job (valid while pending_ > 0).
-  const std::function<void(int64_t, int64_t, int)>* fn_ = nullptr;
+  const RangeFn* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t chunk_ = 0;
 };
