@@ -6,8 +6,8 @@ PKGS=(
   build-essential cmake ninja-build ccache pkg-config
   libgtest-dev libgmock-dev
   libpcre2-dev libutf8proc-dev
+  libturbojpeg0-dev libspng-dev libwebp-dev libgif-dev libstb-dev
   nlohmann-json3-dev libcli11-dev
-  python3 python3-numpy
 )
 missing=()
 for p in "${PKGS[@]}"; do
