@@ -24,7 +24,77 @@ Result<std::vector<float>> load_vector(const WeightStore& s, const std::string& 
   return out;
 }
 
+Result<TensorView> load_matrix(const WeightStore& s, const std::string& name, int64_t rows,
+                               int64_t cols) {
+  return s.get(name, {rows, cols}, kFloatTypes);
+}
+
+Status load_merger(const WeightStore& s, const std::string& p, int64_t norm_dim, int64_t wide,
+                   int64_t out, VisionMergerWeights* m) {
+  VLM_ASSIGN_OR_RETURN(m->norm_w, load_vector(s, p + "norm.weight", norm_dim));
+  VLM_ASSIGN_OR_RETURN(m->norm_b, load_vector(s, p + "norm.bias", norm_dim));
+  VLM_ASSIGN_OR_RETURN(m->fc1, load_matrix(s, p + "linear_fc1.weight", wide, wide));
+  VLM_ASSIGN_OR_RETURN(m->fc1_b, load_vector(s, p + "linear_fc1.bias", wide));
+  VLM_ASSIGN_OR_RETURN(m->fc2, load_matrix(s, p + "linear_fc2.weight", out, wide));
+  VLM_ASSIGN_OR_RETURN(m->fc2_b, load_vector(s, p + "linear_fc2.bias", out));
+  return ok_status();
+}
+
 }  // namespace
+
+Result<VisionWeights> load_vision_weights(const WeightStore& s, const Qwen3VLConfig& cfg) {
+  const Qwen3VLVisionConfig& v = cfg.vision_config;
+  const std::string p = s.has("model.visual.patch_embed.proj.weight") ? "model.visual." : "visual.";
+  const int64_t D = v.hidden_size, I = v.intermediate_size;
+  const int64_t m2 = v.spatial_merge_size * v.spatial_merge_size;
+  const int64_t patch_in = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
+  VisionWeights w;
+  VLM_ASSIGN_OR_RETURN(TensorView pe, s.get(p + "patch_embed.proj.weight",
+                                            {D, v.in_channels, v.temporal_patch_size, v.patch_size,
+                                             v.patch_size},
+                                            kFloatTypes));
+  w.patch_embed = pe;
+  w.patch_embed.shape = {D, patch_in};  // the Conv3d with stride = kernel is this one matmul
+  VLM_ASSIGN_OR_RETURN(w.patch_embed_b, load_vector(s, p + "patch_embed.proj.bias", D));
+  {
+    VLM_ASSIGN_OR_RETURN(TensorView pos, s.get(p + "pos_embed.weight", {v.num_position_embeddings, D},
+                                               kFloatTypes));
+    // f32 copy: the interpolation weights and sum are built in f32 (design note §3.2).
+    w.pos_embed.resize(static_cast<size_t>(pos.numel()));
+    for (int64_t i = 0; i < pos.numel(); ++i) {
+      switch (pos.dtype) {
+        case DType::kF32: w.pos_embed[i] = static_cast<const float*>(pos.data)[i]; break;
+        case DType::kBF16: w.pos_embed[i] = bf16_to_f32(static_cast<const uint16_t*>(pos.data)[i]); break;
+        case DType::kF16: w.pos_embed[i] = f16_to_f32(static_cast<const uint16_t*>(pos.data)[i]); break;
+        default: break;
+      }
+    }
+  }
+  w.blocks.resize(v.depth);
+  for (int64_t b = 0; b < v.depth; ++b) {
+    const std::string bp = p + "blocks." + std::to_string(b) + ".";
+    VisionBlockWeights& B = w.blocks[b];
+    VLM_ASSIGN_OR_RETURN(B.norm1_w, load_vector(s, bp + "norm1.weight", D));
+    VLM_ASSIGN_OR_RETURN(B.norm1_b, load_vector(s, bp + "norm1.bias", D));
+    VLM_ASSIGN_OR_RETURN(B.qkv, load_matrix(s, bp + "attn.qkv.weight", 3 * D, D));
+    VLM_ASSIGN_OR_RETURN(B.qkv_b, load_vector(s, bp + "attn.qkv.bias", 3 * D));
+    VLM_ASSIGN_OR_RETURN(B.proj, load_matrix(s, bp + "attn.proj.weight", D, D));
+    VLM_ASSIGN_OR_RETURN(B.proj_b, load_vector(s, bp + "attn.proj.bias", D));
+    VLM_ASSIGN_OR_RETURN(B.norm2_w, load_vector(s, bp + "norm2.weight", D));
+    VLM_ASSIGN_OR_RETURN(B.norm2_b, load_vector(s, bp + "norm2.bias", D));
+    VLM_ASSIGN_OR_RETURN(B.fc1, load_matrix(s, bp + "mlp.linear_fc1.weight", I, D));
+    VLM_ASSIGN_OR_RETURN(B.fc1_b, load_vector(s, bp + "mlp.linear_fc1.bias", I));
+    VLM_ASSIGN_OR_RETURN(B.fc2, load_matrix(s, bp + "mlp.linear_fc2.weight", D, I));
+    VLM_ASSIGN_OR_RETURN(B.fc2_b, load_vector(s, bp + "mlp.linear_fc2.bias", D));
+  }
+  VLM_RETURN_IF_ERROR(load_merger(s, p + "merger.", D, D * m2, v.out_hidden_size, &w.merger));
+  w.deepstack_mergers.resize(v.deepstack_visual_indexes.size());
+  for (size_t k = 0; k < w.deepstack_mergers.size(); ++k) {
+    VLM_RETURN_IF_ERROR(load_merger(s, p + "deepstack_merger_list." + std::to_string(k) + ".",
+                                    D * m2, D * m2, v.out_hidden_size, &w.deepstack_mergers[k]));
+  }
+  return w;
+}
 
 Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig& cfg) {
   const Qwen3VLTextConfig& t = cfg.text_config;

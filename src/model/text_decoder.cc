@@ -60,7 +60,8 @@ void TextDecoder::rope_tables(const Positions3& pos, int64_t n) {
 }
 
 Status TextDecoder::forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
-                            KvCache& cache, LogitRows rows, float* logits) {
+                            KvCache& cache, LogitRows rows, float* logits,
+                            const VisionRows* vision) {
   if (n <= 0) return invalid_argument("forward: no tokens");
   if (n > max_chunk_) return internal_error("forward: chunk larger than the scratch buffers");
   if (first + n > cache.capacity) {
@@ -80,6 +81,12 @@ Status TextDecoder::forward(const int32_t* ids, int64_t n, const Positions3& pos
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   ops::embedding_lookup(w_.embed_tokens, ids, n, x_.data());
+  if (vision != nullptr) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t r = vision->feature_row[i];
+      if (r >= 0) std::copy_n(vision->embeds + r * H, H, x_.data() + i * H);
+    }
+  }
   rope_tables(pos, n);
 
   for (size_t l = 0; l < w_.layers.size(); ++l) {
@@ -108,6 +115,15 @@ Status TextDecoder::forward(const int32_t* ids, int64_t n, const Positions3& pos
     ops::silu_mul(gate_.data(), up_.data(), n * I, gate_.data());
     ops::matmul(gate_.data(), n, I, L.down_proj, tmp_.data(), pool_, isa_);
     for (int64_t i = 0; i < n * H; ++i) x_[i] += tmp_[i];
+    if (vision != nullptr && l < vision->deepstack.size()) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t r = vision->feature_row[i];
+        if (r < 0) continue;
+        const float* ds = vision->deepstack[l] + r * H;
+        float* xr = x_.data() + i * H;
+        for (int64_t d = 0; d < H; ++d) xr[d] += ds[d];
+      }
+    }
   }
 
   if (rows == LogitRows::kNone) return ok_status();

@@ -32,6 +32,15 @@ struct Positions3 {
   const int64_t* w = nullptr;  // [n]
 };
 
+// Image features for the rows of one forward call. Rows that hold an image pad take the merger
+// output instead of their token embedding, and after decoder layer l < deepstack.size() get
+// deepstack[l] added (DeepStack injection, visual positions only).
+struct VisionRows {
+  const int32_t* feature_row = nullptr;  // [n]: row into the feature matrices, or -1 for text
+  const float* embeds = nullptr;         // [features, hidden]
+  std::vector<const float*> deepstack;   // each [features, hidden]
+};
+
 // Which rows get logits.
 enum class LogitRows { kNone, kLast, kAll };
 
@@ -46,8 +55,9 @@ class TextDecoder {
   // Runs n ≤ max_chunk tokens occupying cache slots [first, first + n) at the given positions,
   // after which the cache holds slots [0, first + n). Writes logits to `logits`: [1, vocab] for
   // kLast, [n, vocab] for kAll.
+  // `vision` may be null (text only).
   Status forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
-                 KvCache& cache, LogitRows rows, float* logits);
+                 KvCache& cache, LogitRows rows, float* logits, const VisionRows* vision = nullptr);
 
   // ISA used for matmuls (defaults to the detected one; tests force lower levels).
   void set_isa(ops::Isa isa) { isa_ = isa; }

@@ -29,6 +29,18 @@ Status check_linear_weight(const TensorView& w, int64_t in_features);
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa = detected_isa());
 
+// Per row: y = (x - mean) / sqrt(var + eps) * w + b (nn.LayerNorm). x, y: [rows, n] (may alias).
+void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
+                float* y);
+
+// y[r, :] += bias for every row r. y: [rows, n].
+void add_bias(float* y, const float* bias, int64_t rows, int64_t n);
+
+// In place: x = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (gelu_pytorch_tanh).
+void gelu_tanh(float* x, int64_t count);
+// In place: x = 0.5·x·(1 + erf(x / √2)) (nn.GELU(), exact).
+void gelu_erf(float* x, int64_t count);
+
 // Per row: y = x / sqrt(mean(x²) + eps) * w.  x, y: [rows, n] (may alias); w: [n] f32.
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y);
 
@@ -51,5 +63,10 @@ void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, cons
 void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
                       const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                       float scale, float* out, ThreadPool& pool);
+
+// Bidirectional multi-head attention within one segment (one image): every query sees every key.
+// q, k, v: [n, n_heads, head_dim] contiguous; out: [n, n_heads, head_dim].
+void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
+                    int64_t head_dim, float scale, float* out, ThreadPool& pool);
 
 }  // namespace vlm::ops

@@ -20,6 +20,45 @@ void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps
   }
 }
 
+void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
+                float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    // Two passes (mean, then variance of the centred values), as torch's CPU kernel is accurate
+    // for rows with a large mean.
+    double mean = 0;
+    for (int64_t i = 0; i < n; ++i) mean += xr[i];
+    mean /= static_cast<double>(n);
+    double var = 0;
+    for (int64_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= static_cast<double>(n);
+    const float mu = static_cast<float>(mean);
+    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+    for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] - mu) * inv * w[i] + b[i];
+  }
+}
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * n;
+    for (int64_t i = 0; i < n; ++i) yr[i] += bias[i];
+  }
+}
+
+void gelu_tanh(float* x, int64_t count) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = x[i];
+    x[i] = 0.5f * v * (1.f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+  }
+}
+
+void gelu_erf(float* x, int64_t count) {
+  constexpr float kInvSqrt2 = 0.7071067811865476f;
+  for (int64_t i = 0; i < count; ++i) x[i] = 0.5f * x[i] * (1.f + std::erf(x[i] * kInvSqrt2));
+}
+
 void embedding_lookup(const TensorView& table, const int32_t* ids, int64_t count, float* out) {
   const int64_t n = table.dim(1);
   for (int64_t i = 0; i < count; ++i) {
@@ -73,43 +112,63 @@ void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, cons
   }
 }
 
+namespace {
+
+// Online-softmax attention of one query row against keys [0, n_keys): running max m, running sum
+// l and an f32 accumulator o, so memory stays O(head_dim) whatever the context length.
+inline void attend_row(const float* qv, const float* k, const float* v, int64_t kv_stride,
+                       int64_t n_keys, int64_t head_dim, float scale, float* o) {
+  std::fill(o, o + head_dim, 0.f);
+  float m = -INFINITY;
+  float l = 0.f;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const float* kv = k + j * kv_stride;
+    float s = 0.f;
+    for (int64_t d = 0; d < head_dim; ++d) s += qv[d] * kv[d];
+    s *= scale;
+    const float* vv = v + j * kv_stride;
+    if (s > m) {
+      const float corr = std::exp(m - s);  // exp(-inf) = 0 on the first key
+      l = l * corr + 1.f;
+      for (int64_t d = 0; d < head_dim; ++d) o[d] = o[d] * corr + vv[d];
+      m = s;
+    } else {
+      const float p = std::exp(s - m);
+      l += p;
+      for (int64_t d = 0; d < head_dim; ++d) o[d] += p * vv[d];
+    }
+  }
+  const float inv = 1.f / l;
+  for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+}
+
+}  // namespace
+
 void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
                       const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                       float scale, float* out, ThreadPool& pool) {
   const int64_t group = n_heads / n_kv_heads;
   const int64_t kv_stride = n_kv_heads * head_dim;
-  // One work item = (query token, head). Each keeps a running max, a running sum and an f32
-  // accumulator (online softmax), so memory stays O(head_dim) whatever the context length.
   pool.parallel_for(n_q * n_heads, 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / n_heads;
       const int64_t h = item % n_heads;
-      const int64_t kvh = h / group;
-      const float* qv = q + (i * n_heads + h) * head_dim;
-      float* o = out + (i * n_heads + h) * head_dim;
-      std::fill(o, o + head_dim, 0.f);
-      float m = -INFINITY;
-      float l = 0.f;
-      const int64_t n_keys = first_pos + i + 1;
-      for (int64_t j = 0; j < n_keys; ++j) {
-        const float* kv = k_cache + j * kv_stride + kvh * head_dim;
-        float s = 0.f;
-        for (int64_t d = 0; d < head_dim; ++d) s += qv[d] * kv[d];
-        s *= scale;
-        const float* vv = v_cache + j * kv_stride + kvh * head_dim;
-        if (s > m) {
-          const float corr = std::exp(m - s);  // exp(-inf) = 0 on the first key
-          l = l * corr + 1.f;
-          for (int64_t d = 0; d < head_dim; ++d) o[d] = o[d] * corr + vv[d];
-          m = s;
-        } else {
-          const float p = std::exp(s - m);
-          l += p;
-          for (int64_t d = 0; d < head_dim; ++d) o[d] += p * vv[d];
-        }
-      }
-      const float inv = 1.f / l;
-      for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+      const int64_t kv_off = (h / group) * head_dim;
+      attend_row(q + (i * n_heads + h) * head_dim, k_cache + kv_off, v_cache + kv_off, kv_stride,
+                 first_pos + i + 1, head_dim, scale, out + (i * n_heads + h) * head_dim);
+    }
+  });
+}
+
+void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
+                    int64_t head_dim, float scale, float* out, ThreadPool& pool) {
+  const int64_t stride = n_heads * head_dim;
+  pool.parallel_for(n * n_heads, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t i = item / n_heads;
+      const int64_t h = item % n_heads;
+      attend_row(q + i * stride + h * head_dim, k + h * head_dim, v + h * head_dim, stride, n,
+                 head_dim, scale, out + i * stride + h * head_dim);
     }
   });
 }

@@ -92,6 +92,50 @@ TEST(Attention, CausalGqaMatchesReference) {
   }
 }
 
+TEST(Attention, BidirectionalMatchesReference) {
+  ThreadPool pool(2);
+  for (int64_t n : {1, 5, 33}) {
+    const int64_t heads = 3, hd = 16;
+    auto q = randn(n * heads * hd, 5), k = randn(n * heads * hd, 6), v = randn(n * heads * hd, 7);
+    std::vector<float> out(q.size()), want(q.size());
+    ops::attention_full(q.data(), k.data(), v.data(), n, heads, hd, 0.25f, out.data(), pool);
+    ops::ref::attention_full(q.data(), k.data(), v.data(), n, heads, hd, 0.25f, want.data());
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5f) << n << " " << i;
+  }
+}
+
+TEST(LayerNorm, MatchesFormulaWithLargeMean) {
+  std::vector<float> x = randn(2 * 7, 8);
+  for (auto& v : x) v += 1000.f;  // a large offset must not hurt the variance
+  std::vector<float> w(7), b(7), y(14);
+  for (int i = 0; i < 7; ++i) {
+    w[i] = 0.5f + i;
+    b[i] = -0.25f * i;
+  }
+  ops::layer_norm(x.data(), w.data(), b.data(), 2, 7, 1e-6f, y.data());
+  for (int r = 0; r < 2; ++r) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < 7; ++i) mean += x[r * 7 + i] / 7.0;
+    for (int i = 0; i < 7; ++i) var += (x[r * 7 + i] - mean) * (x[r * 7 + i] - mean) / 7.0;
+    for (int i = 0; i < 7; ++i) {
+      EXPECT_NEAR(y[r * 7 + i], (x[r * 7 + i] - mean) / std::sqrt(var + 1e-6) * w[i] + b[i], 1e-3);
+    }
+  }
+}
+
+TEST(Gelu, TanhAndErfForms) {
+  std::vector<float> x = {-3.f, -0.5f, 0.f, 0.7f, 2.f};
+  auto t = x, e = x;
+  ops::gelu_tanh(t.data(), 5);
+  ops::gelu_erf(e.data(), 5);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    EXPECT_NEAR(e[i], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))), 1e-6);
+    EXPECT_NEAR(t[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-6);
+  }
+  EXPECT_NE(t[3], e[3]);  // the two forms really differ
+}
+
 TEST(RmsNorm, MatchesFormula) {
   auto x = randn(3 * 10, 4);
   std::vector<float> w(10, 0.5f), y(30);

@@ -61,4 +61,30 @@ void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const floa
   }
 }
 
+void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
+                    int64_t head_dim, float scale, float* out) {
+  const int64_t stride = n_heads * head_dim;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      std::vector<double> p(n);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          s += static_cast<double>(q[i * stride + h * head_dim + d]) * k[j * stride + h * head_dim + d];
+        }
+        p[j] = s * scale;
+        mx = std::max(mx, p[j]);
+      }
+      double sum = 0;
+      for (auto& x : p) sum += (x = std::exp(x - mx));
+      for (int64_t d = 0; d < head_dim; ++d) {
+        double acc = 0;
+        for (int64_t j = 0; j < n; ++j) acc += p[j] * v[j * stride + h * head_dim + d];
+        out[i * stride + h * head_dim + d] = static_cast<float>(acc / sum);
+      }
+    }
+  }
+}
+
 }  // namespace vlm::ops::ref

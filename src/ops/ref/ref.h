@@ -15,4 +15,8 @@ void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const floa
                       const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                       float scale, float* out);
 
+// Bidirectional attention over n tokens, explicit softmax in double. q, k, v, out: [n, heads, hd].
+void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
+                    int64_t head_dim, float scale, float* out);
+
 }  // namespace vlm::ops::ref

@@ -1,0 +1,62 @@
+#include "model/mrope_positions.h"
+
+#include <algorithm>
+
+namespace vlm {
+
+Result<RopeIndex> compute_rope_index(std::span<const int32_t> ids, std::span<const GridThw> grids,
+                                     int64_t image_token_id, int64_t merge_size) {
+  RopeIndex r;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  r.t.reserve(n);
+  r.h.reserve(n);
+  r.w.reserve(n);
+  int64_t next = 0;  // next free position (= max position so far + 1)
+  auto push_text = [&](int64_t count) {
+    for (int64_t i = 0; i < count; ++i, ++next) {
+      r.t.push_back(next);
+      r.h.push_back(next);
+      r.w.push_back(next);
+    }
+  };
+  int64_t st = 0;
+  for (size_t img = 0; img < grids.size(); ++img) {
+    int64_t ed = st;
+    while (ed < n && ids[ed] != image_token_id) ++ed;
+    if (ed == n) {
+      return invalid_argument("the prompt has " + std::to_string(img) + " image placeholder runs for " +
+                              std::to_string(grids.size()) + " images");
+    }
+    const GridThw& g = grids[img];
+    const int64_t gh = g.h / merge_size, gw = g.w / merge_size;
+    const int64_t count = g.t * gh * gw;
+    if (ed + count > n) return invalid_argument("image " + std::to_string(img) + ": too few image pads");
+    for (int64_t i = 0; i < count; ++i) {
+      if (ids[ed + i] != image_token_id) {
+        return invalid_argument("image " + std::to_string(img) + " needs " + std::to_string(count) +
+                                " consecutive image pads");
+      }
+    }
+    push_text(ed - st);
+    const int64_t s = next;
+    for (int64_t tt = 0; tt < g.t; ++tt) {
+      for (int64_t y = 0; y < gh; ++y) {
+        for (int64_t x = 0; x < gw; ++x) {
+          r.t.push_back(s + tt);
+          r.h.push_back(s + y);
+          r.w.push_back(s + x);
+        }
+      }
+    }
+    next = s + std::max({g.t, gh, gw});
+    st = ed + count;
+  }
+  if (std::find(ids.begin() + st, ids.end(), image_token_id) != ids.end()) {
+    return invalid_argument("the prompt has more image pads than the images given");
+  }
+  push_text(n - st);
+  r.delta = next - n;
+  return r;
+}
+
+}  // namespace vlm

@@ -1,0 +1,57 @@
+// Qwen3-VL vision tower on the CPU: patch embedding, interpolated learned positions, 2-D rotary,
+// pre-norm ViT blocks with attention kept inside each image, the patch merger and the DeepStack
+// mergers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/qwen3vl_config.h"
+#include "model/qwen3vl_weights.h"
+#include "ops/ops.h"
+
+namespace vlm {
+
+// Grid of one image in patch units (image_grid_thw): t temporal groups of h × w patches.
+struct GridThw {
+  int64_t t = 1, h = 0, w = 0;
+  int64_t patches() const { return t * h * w; }
+};
+
+struct VisionOutput {
+  int64_t tokens = 0;                          // merged tokens = patches / merge²
+  std::vector<float> embeds;                   // [tokens, out_hidden]: replaces the image pads
+  std::vector<std::vector<float>> deepstack;   // per DeepStack tap: [tokens, out_hidden]
+};
+
+class VisionEncoder {
+ public:
+  VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ThreadPool& pool);
+
+  void set_isa(ops::Isa isa) { isa_ = isa; }
+
+  // Encodes one image. pixel_values: [grid.patches(), 3·T·P·P] in merge order (the processor's
+  // layout). Every temporal group attends only within itself, as transformers' cu_seqlens do.
+  Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out);
+
+  // Intermediate values for parity debugging: the input of block 0 (patch embed + positions),
+  // filled by the last encode() when `keep_block0_input` is set.
+  bool keep_block0_input = false;
+  std::vector<float> block0_input;  // [patches, D]
+
+ private:
+  void add_position_embedding(const GridThw& grid, float* x) const;
+  void rotary_tables(const GridThw& grid, std::vector<float>* cos, std::vector<float>* sin) const;
+  void run_merger(const VisionMergerWeights& m, bool postshuffle_norm, const float* x,
+                  int64_t patches, float* out);
+
+  const Qwen3VLVisionConfig& cfg_;
+  const VisionWeights& w_;
+  ThreadPool& pool_;
+  ops::Isa isa_ = ops::detected_isa();
+  int64_t grid_side_ = 0;        // sqrt(num_position_embeddings)
+  std::vector<float> inv_freq_;  // [head_dim / 4] rotary frequencies per axis
+};
+
+}  // namespace vlm
