@@ -1,5 +1,6 @@
 #include "model/qwen3vl_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -111,6 +112,26 @@ Status parse_vision(const json& v, const std::string& where, Qwen3VLVisionConfig
   VLM_RETURN_IF_ERROR(get_int(v, "num_position_embeddings", &c->num_position_embeddings, false, where));
   VLM_RETURN_IF_ERROR(get_int_list(v, "deepstack_visual_indexes", &c->deepstack_visual_indexes, where));
   if (auto it = v.find("hidden_act"); it != v.end() && it->is_string()) c->hidden_act = *it;
+  // Invariants the vision encoder relies on.
+  if (c->depth <= 0 || c->hidden_size <= 0 || c->num_heads <= 0 || c->intermediate_size <= 0) {
+    return invalid_argument(where + ": depth, hidden_size, num_heads and intermediate_size must be positive");
+  }
+  if (c->hidden_size % c->num_heads != 0 || (c->hidden_size / c->num_heads) % 4 != 0) {
+    return invalid_argument(where + ": hidden_size / num_heads must be a multiple of 4 (2-D rotary)");
+  }
+  const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(c->num_position_embeddings))));
+  if (c->num_position_embeddings <= 0 || side * side != c->num_position_embeddings) {
+    return invalid_argument(where + ": num_position_embeddings must be a perfect square");
+  }
+  if (c->spatial_merge_size <= 0 || c->patch_size <= 0 || c->temporal_patch_size <= 0) {
+    return invalid_argument(where + ": patch_size, temporal_patch_size, spatial_merge_size must be positive");
+  }
+  for (int64_t k : c->deepstack_visual_indexes) {
+    if (k < 0 || k >= c->depth) return invalid_argument(where + ": deepstack_visual_indexes out of range");
+  }
+  if (c->hidden_act != "gelu_pytorch_tanh") {
+    return unimplemented(where + ": vision hidden_act '" + c->hidden_act + "' is not supported");
+  }
   return ok_status();
 }
 
@@ -137,6 +158,12 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
   if (auto vc = j.find("vision_config"); vc != j.end() && vc->is_object()) {
     c.has_vision = true;
     VLM_RETURN_IF_ERROR(parse_vision(*vc, source + ": vision_config", &c.vision_config));
+    if (c.vision_config.out_hidden_size != c.text_config.hidden_size) {
+      return invalid_argument(source + ": vision_config.out_hidden_size must equal text hidden_size");
+    }
+    if (c.vision_config.deepstack_visual_indexes.size() > static_cast<size_t>(c.text_config.num_hidden_layers)) {
+      return invalid_argument(source + ": more DeepStack taps than decoder layers");
+    }
   }
   // transformers 4.57 ties the head when the TEXT config says so (get_text_config()), and
   // Qwen3VLConfig / Qwen3VLTextConfig both default to false; published checkpoints write both.

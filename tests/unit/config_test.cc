@@ -79,6 +79,27 @@ TEST(Config, ErrorsNameTheFileAndField) {
   EXPECT_EQ(yarn.status().code(), StatusCode::kUnimplemented);
 }
 
+TEST(Config, VisionConfigIsReadAndChecked) {
+  const std::string text = R"("text_config": {"hidden_size": 64, "intermediate_size": 64,
+      "num_hidden_layers": 4, "num_attention_heads": 2, "vocab_size": 10, "head_dim": 32})";
+  auto vision = [&](const std::string& v) {
+    return parse_qwen3vl_config("{" + text + R"(, "vision_config": {"depth": 4, "hidden_size": 32,
+        "num_heads": 2, "intermediate_size": 64, "patch_size": 16, "temporal_patch_size": 2,
+        "spatial_merge_size": 2, "out_hidden_size": 64, "num_position_embeddings": 2304,
+        "deepstack_visual_indexes": [0, 1, 3], "hidden_act": "gelu_pytorch_tanh")" + v + "}}",
+                                "c.json");
+  };
+  auto ok = vision("");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_TRUE(ok->has_vision);
+  EXPECT_EQ(ok->vision_config.deepstack_visual_indexes, (std::vector<int64_t>{0, 1, 3}));
+  EXPECT_EQ(ok->vision_config.num_position_embeddings, 2304);
+  EXPECT_FALSE(vision(R"(, "num_position_embeddings": 2000)").ok());  // not a square
+  EXPECT_FALSE(vision(R"(, "deepstack_visual_indexes": [0, 9])").ok());  // past the depth
+  EXPECT_FALSE(vision(R"(, "out_hidden_size": 32)").ok());  // must feed the text hidden size
+  EXPECT_FALSE(vision(R"(, "num_heads": 3)").ok());
+}
+
 TEST(GenerationConfig, ReadsSamplingDefaultsAndEosList) {
   auto g = parse_generation_config(
       R"({"bos_token_id": 151643, "pad_token_id": 151643, "do_sample": true,
