@@ -249,9 +249,12 @@ Result<NpyArray> read_npy(const std::string& path) {
   } else if (descr == "<i8") {
     out.dtype = DType::kI64;
     item = 8;
+  } else if (descr == "|u1" || descr == "<u1") {
+    out.dtype = DType::kU8;
+    item = 1;
   } else {
     return invalid_argument(path + ": unsupported dtype '" + descr +
-                            "' (supported: '<f4', '<i4', '<i8')");
+                            "' (supported: '<f4', '<i4', '<i8', '|u1')");
   }
   if (fortran_order) {
     return invalid_argument(path + ": Fortran-order arrays are not supported (save C order)");
@@ -277,6 +280,8 @@ Result<NpyArray> read_npy(const std::string& path) {
   } else if (descr == "<i8") {
     out.i64.resize(numel);
     if (numel > 0) std::memcpy(out.i64.data(), src, nbytes);
+  } else if (out.dtype == DType::kU8) {
+    out.u8.assign(src, src + numel);
   } else {
     out.i64.resize(numel);
     for (uint64_t i = 0; i < numel; ++i) {

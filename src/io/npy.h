@@ -1,6 +1,7 @@
 // NumPy .npy files: the exchange format for reference logits and activations dumped by the
 // Python scripts (np.save) and compared against by `vlm logits` and the model tests.
-// Only what those need: write float32, read float32 / int32 / int64, C order, little-endian.
+// Only what those need: write float32, read float32 / int32 / int64 / uint8, C order,
+// little-endian.
 #pragma once
 
 #include <cstdint>
@@ -16,12 +17,13 @@ namespace vlm {
 // bytes as numpy pads it). An empty shape writes a 0-d array holding data[0].
 Status write_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
 
-// A whole array read from a .npy file, converted to one of two host types.
+// A whole array read from a .npy file, converted to one of three host types.
 struct NpyArray {
-  DType dtype = DType::kF32;   // kF32 for '<f4'; kI64 for '<i4' (widened) and '<i8'
+  DType dtype = DType::kF32;   // kF32 for '<f4'; kI64 for '<i4' (widened) and '<i8'; kU8 for '|u1'
   std::vector<int64_t> shape;  // outermost first; empty for a 0-d array
   std::vector<float> f32;      // [numel] when dtype == kF32, else empty
   std::vector<int64_t> i64;    // [numel] when dtype == kI64, else empty
+  std::vector<uint8_t> u8;     // [numel] when dtype == kU8, else empty (images: [h, w, 3])
 
   int64_t numel() const {
     int64_t n = 1;
@@ -30,7 +32,8 @@ struct NpyArray {
   }
 };
 
-// Reads a .npy file of format version 1.0, 2.0 or 3.0 with descr '<f4', '<i4' or '<i8' and
+// Reads a .npy file of format version 1.0, 2.0 or 3.0 with descr '<f4', '<i4', '<i8' or '|u1'
+// ('<u1' is accepted too: numpy writes '|u1', byte order being moot for one byte) and
 // fortran_order False. Anything else (other dtypes, Fortran order, pickled objects, a header that
 // is not the dict numpy writes, data shorter or longer than the shape needs) is an error naming
 // the file. Never reads outside the file.

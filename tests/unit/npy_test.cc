@@ -131,6 +131,36 @@ TEST(Npy, ReadsInt32And64AsInt64) {
   EXPECT_EQ(r8->i64, i8);
 }
 
+// Images are stored as numpy uint8, which numpy spells '|u1' (no byte order); '<u1' also occurs.
+TEST(Npy, ReadsUint8) {
+  TempDir dir;
+  const std::vector<uint8_t> u1 = {0, 1, 127, 128, 254, 255};
+  write_bytes(dir.file("u1.npy"),
+              npy_v1("{'descr': '|u1', 'fortran_order': False, 'shape': (1, 2, 3), }\n", raw(u1)));
+  auto r = read_npy(dir.file("u1.npy"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->dtype, DType::kU8);
+  EXPECT_EQ(r->shape, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(r->u8, u1);
+  EXPECT_TRUE(r->f32.empty());
+  EXPECT_TRUE(r->i64.empty());
+
+  write_bytes(dir.file("le.npy"),
+              npy_v1("{'descr': '<u1', 'fortran_order': False, 'shape': (2,), }\n", "\x07\xf0"));
+  auto le = read_npy(dir.file("le.npy"));
+  ASSERT_TRUE(le.ok()) << le.status().message();
+  EXPECT_EQ(le->u8, (std::vector<uint8_t>{7, 240}));
+
+  // One byte short of [2, 2].
+  write_bytes(dir.file("short.npy"),
+              npy_v1("{'descr': '|u1', 'fortran_order': False, 'shape': (2, 2), }\n", "abc"));
+  expect_error(read_npy(dir.file("short.npy")), {"short.npy", "3 bytes", "needs 4"});
+  // Signed bytes are not uint8.
+  write_bytes(dir.file("i1.npy"),
+              npy_v1("{'descr': '|i1', 'fortran_order': False, 'shape': (1,), }\n", "x"));
+  expect_error(read_npy(dir.file("i1.npy")), {"i1.npy", "'|i1'"});
+}
+
 TEST(Npy, ReadsVersion2) {
   TempDir dir;
   const std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }\n";

@@ -1,0 +1,85 @@
+// Qwen3-VL image preprocessing: smart resize to a multiple of patch*merge, antialiased bicubic
+// resampling, normalisation, temporal duplication and patch flattening in merge order.
+//
+// The reference is transformers 4.57.1's Qwen2VLImageProcessorFast (the processor Qwen3-VL's
+// preprocessor_config.json selects), design doc qwen3-vl.md §2. Pixels are bit-exact with it: the
+// resize is torchvision's uint8 antialiased bicubic (vision/resize.h) and the normalisation is the
+// same float32 expression. The one deliberate difference is in smart_resize for images with a
+// side shorter than factor/2 (see there).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "vision/image.h"
+#include "vlm/status.h"
+
+namespace vlm {
+
+// Field names follow preprocessor_config.json. The defaults are the Qwen3-VL checkpoints' values.
+struct PreprocessOptions {
+  int64_t min_pixels = 65536;     // size.shortest_edge: a PIXEL COUNT (64 tokens), not an edge
+  int64_t max_pixels = 16777216;  // size.longest_edge: a pixel count (16384 tokens)
+  int64_t patch_size = 16;
+  int64_t merge_size = 2;
+  int64_t temporal_patch_size = 2;
+  float mean[3] = {0.5f, 0.5f, 0.5f};   // image_mean, R G B
+  float std[3] = {0.5f, 0.5f, 0.5f};    // image_std, R G B
+  double rescale_factor = 1.0 / 255.0;  // rescale_factor (transformers' default, 1/255)
+};
+
+// Output size (height, width) for an h x w image: both multiples of `factor` (patch * merge),
+// aspect ratio kept as closely as possible, pixel count within [min_pixels, max_pixels].
+// Follows transformers 4.57.1's smart_resize exactly (float64 math, Python round-half-to-even,
+// error when max(h,w)/min(h,w) > 200, floor branch clamped to >= factor), with one change taken
+// from qwen-vl-utils: the rounded sides are clamped to >= factor before the min/max tests.
+// transformers does not raise for tiny images; a side <= factor/2 rounds to 0 there (16/32 = 0.5
+// rounds to even), which sends the image to the min_pixels branch regardless of its size. The two
+// rules differ only when a side is <= factor/2 and factor * (rounded other side) >= min_pixels,
+// e.g. 10x600 with min_pixels 4096: transformers 32x512, vlm 32x608 (what qwen-vl-utils, the
+// training pipeline, produces); with min_pixels 0 transformers returns a 0 side and then fails,
+// vlm returns 32x608. At the default min_pixels this needs a side <= 16 px and an aspect ratio
+// above ~128. We prefer the clamp because transformers' answer there is a gross distortion
+// (10x600 at min_pixels 1 becomes 32x32) that the model never saw in training.
+// Errors (kInvalidArgument): non-positive sides or factor, max_pixels <= 0, min_pixels < 0, sides
+// or budgets too large for exact float64 math (> 2^24 px a side, > 2^48 px), aspect ratio > 200.
+Result<std::pair<int64_t, int64_t>> smart_resize(int64_t h, int64_t w, int64_t factor,
+                                                 int64_t min_pixels, int64_t max_pixels);
+
+struct PreprocessedImage {
+  int64_t grid_t = 0, grid_h = 0, grid_w = 0;  // image_grid_thw, in patches (not merged)
+  int64_t resized_h = 0, resized_w = 0;        // pixels; resized_h = grid_h * patch_size
+  int64_t merge_size = 2;
+  // [grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size * patch_size], rows in merge
+  // order (design §2.7): row ((t*(gh/m) + bh)*(gw/m) + bw)*m*m + ih*m + iw is the patch at
+  // y0 = (bh*m + ih)*P, x0 = (bw*m + iw)*P; column ((c*T + tt)*P + py)*P + px.
+  std::vector<float> pixel_values;
+
+  // Number of <|image_pad|> tokens: grid_t * grid_h * grid_w / merge_size^2.
+  int64_t num_tokens() const { return grid_t * grid_h * grid_w / (merge_size * merge_size); }
+};
+
+// smart_resize, resize_bicubic_antialias, then (u8 - mean*255) / (std*255) in float32 per channel
+// (the fast processor's fused rescale+normalise), the image repeated temporal_patch_size times
+// (grid_t = 1), flattened as above. `pool` splits the resize and the flattening across threads.
+// Errors: kInvalidArgument for an empty or inconsistent image, bad options or a smart_resize error;
+// kResourceExhausted when the output cannot be allocated.
+Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOptions& opt,
+                                           ThreadPool* pool = nullptr);
+
+// Reads preprocessor_config.json text. Pixel budget: top-level min_pixels / max_pixels when present
+// (transformers lets them override size), else size.shortest_edge / size.longest_edge. Also reads
+// patch_size, temporal_patch_size, merge_size, image_mean, image_std (3 numbers or 1 broadcast) and
+// rescale_factor. Keys that are absent (or null) keep the PreprocessOptions defaults (the Qwen3-VL
+// values; transformers' class defaults would be Qwen2-VL's instead). Rejects (kInvalidArgument or
+// kUnimplemented, message prefixed with `source`) malformed JSON, wrong types, non-positive sizes,
+// a zero std, a `size` without both edges, and settings this engine does not implement: do_resize,
+// do_rescale or do_normalize false, resample other than 3 (bicubic), or an image_processor_type
+// other than Qwen2VLImageProcessor(Fast).
+Result<PreprocessOptions> parse_preprocessor_config(const std::string& json_text,
+                                                    const std::string& source);
+
+}  // namespace vlm
