@@ -1,0 +1,174 @@
+// BMP via stb_image (Debian's libstb-dev ships the header; its compiled libstb is not linked, so
+// the implementation is compiled here, BMP-only and with internal linkage).
+//
+// stb trusts the file more than we want: it pads a short file with zero bytes instead of failing,
+// and reads palette entries it never filled when an index or the pixel-data offset is out of range.
+// So a small header check runs first: dimensions against the limits, RLE refused by name, the
+// pixel data required to be present, and palette indices required to be inside the palette.
+#include <bit>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "vision/image_decode.h"
+
+#define STB_IMAGE_IMPLEMENTATION
+#define STB_IMAGE_STATIC  // our private copy: no clash if libstb.so is ever linked too
+#define STBI_ONLY_BMP
+#define STBI_NO_STDIO
+#define STBI_NO_LINEAR
+#define STBI_NO_HDR
+#define STBI_NO_FAILURE_STRINGS  // our header check gives the useful messages
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"  // the static API we do not call
+#include <stb/stb_image.h>
+#pragma GCC diagnostic pop
+
+namespace vlm::image_decode_internal {
+
+namespace {
+
+constexpr ImageFormat kFmt = ImageFormat::kBmp;
+
+uint32_t le16(const uint8_t* p) { return p[0] | (uint32_t{p[1]} << 8); }
+uint32_t le32(const uint8_t* p) { return le16(p) | (le16(p + 2) << 16); }
+
+struct StbFree {
+  void operator()(stbi_uc* p) const { stbi_image_free(p); }
+};
+
+// What the header check learns. Offsets and sizes are those stb itself will use.
+struct BmpLayout {
+  int64_t width = 0;
+  int64_t height = 0;  // absolute value; negative in the file means top-down rows
+  int bpp = 0;
+  int64_t data_offset = 0;
+  int64_t row_bytes = 0;            // including the padding to 4 bytes
+  int64_t palette_size = 0;         // entries, for bpp <= 8
+  int channel_bits[3] = {8, 8, 8};  // R, G, B mask widths; 5 or 6 for 16-bit files
+};
+
+Result<BmpLayout> check_bmp_header(const uint8_t* data, size_t size,
+                                   const ImageDecodeLimits& limits) {
+  // 14-byte file header, then an info header whose first field is its own size.
+  if (size < 26) return format_error(kFmt, "truncated header (" + std::to_string(size) + " bytes)");
+  BmpLayout l;
+  l.data_offset = le32(data + 10);
+  const uint32_t hsz = le32(data + 14);
+  uint32_t compression = 0;
+  if (hsz == 12) {  // OS/2 BITMAPCOREHEADER: 16-bit unsigned sides
+    l.width = le16(data + 18);
+    l.height = le16(data + 20);
+    l.bpp = static_cast<int>(le16(data + 24));
+  } else if (hsz == 40 || hsz == 56 || hsz == 108 || hsz == 124) {
+    if (size < 14 + static_cast<size_t>(hsz)) return format_error(kFmt, "truncated header");
+    l.width = static_cast<int32_t>(le32(data + 18));
+    l.height = std::llabs(static_cast<int32_t>(le32(data + 22)));
+    l.bpp = static_cast<int>(le16(data + 28));
+    compression = le32(data + 30);
+  } else {
+    return format_error(kFmt, "unsupported header size " + std::to_string(hsz));
+  }
+  VLM_RETURN_IF_ERROR(check_dimensions(kFmt, l.width, l.height, limits));
+  if (compression == 1 || compression == 2) {
+    return format_error(kFmt, "RLE-compressed BMP is not supported");
+  }
+  if (compression != 0 && compression != 3) {
+    return format_error(kFmt, "unsupported compression " + std::to_string(compression));
+  }
+  if (l.bpp != 1 && l.bpp != 4 && l.bpp != 8 && l.bpp != 16 && l.bpp != 24 && l.bpp != 32) {
+    return format_error(kFmt, "unsupported bit depth " + std::to_string(l.bpp));
+  }
+  if (l.bpp == 16) {
+    // BI_RGB is 5-5-5; BI_BITFIELDS masks follow the 40-byte header or sit inside V4/V5 ones,
+    // at the same offset either way.
+    uint32_t masks[3] = {0x7C00, 0x03E0, 0x001F};
+    if (compression == 3) {
+      if (hsz == 12 || size < 66) return format_error(kFmt, "truncated bit-field masks");
+      for (int c = 0; c < 3; ++c) masks[c] = le32(data + 54 + 4 * c);
+    }
+    for (int c = 0; c < 3; ++c) l.channel_bits[c] = std::popcount(masks[c]);
+  }
+  l.row_bytes = (l.width * l.bpp + 31) / 32 * 4;
+  if (l.bpp <= 8) {
+    // stb's rule: the palette fills the gap between the headers and the pixel data.
+    const int64_t gap = l.data_offset - 14 - hsz;
+    l.palette_size = hsz == 12 ? (l.data_offset - 14 - 24) / 3 : gap / 4;
+    if (gap < 0 || l.palette_size < 1 || l.palette_size > 256) {
+      return format_error(
+          kFmt, "invalid palette (pixel data offset " + std::to_string(l.data_offset) + ")");
+    }
+  }
+  const int64_t need = l.data_offset + l.row_bytes * l.height;  // sides <= max_side: no overflow
+  if (l.data_offset < 14 + static_cast<int64_t>(hsz) || need > static_cast<int64_t>(size)) {
+    return format_error(kFmt, "truncated file (pixel data needs " + std::to_string(need) +
+                                  " bytes, file has " + std::to_string(size) + ")");
+  }
+  return l;
+}
+
+// Every index must name a palette entry (1-bit images with a 1-entry palette included).
+Status check_palette_indices(const uint8_t* data, const BmpLayout& l) {
+  if (l.palette_size >= (int64_t{1} << l.bpp)) return ok_status();
+  for (int64_t y = 0; y < l.height; ++y) {
+    const uint8_t* row = data + l.data_offset + y * l.row_bytes;
+    for (int64_t x = 0; x < l.width; ++x) {
+      const int64_t bit = x * l.bpp;
+      const int v = (row[bit / 8] >> (8 - l.bpp - static_cast<int>(bit % 8))) & ((1 << l.bpp) - 1);
+      if (v >= l.palette_size) {
+        return format_error(kFmt, "palette index " + std::to_string(v) +
+                                      " out of range (palette has " +
+                                      std::to_string(l.palette_size) + " colours)");
+      }
+    }
+  }
+  return ok_status();
+}
+
+// stb widens an n-bit channel by bit replication ((v << 3) | (v >> 2) for 5 bits); PIL's BGR;15
+// and BGR;16 unpackers compute v * 255 / (2^n - 1), rounding down, which is up to 1 lower. The top
+// n bits of stb's byte are v, so a table maps one to the other exactly.
+void rescale_like_pil(const BmpLayout& l, uint8_t* rgb, int64_t n_pixels) {
+  uint8_t lut[3][256];
+  bool any = false;
+  for (int c = 0; c < 3; ++c) {
+    const int bits = l.channel_bits[c];
+    for (int s = 0; s < 256; ++s) {
+      lut[c][s] = (bits == 5 || bits == 6)
+                      ? static_cast<uint8_t>((s >> (8 - bits)) * 255 / ((1 << bits) - 1))
+                      : static_cast<uint8_t>(s);
+    }
+    any = any || bits == 5 || bits == 6;
+  }
+  if (!any) return;
+  for (int64_t i = 0; i < n_pixels; ++i, rgb += 3) {
+    for (int c = 0; c < 3; ++c) rgb[c] = lut[c][rgb[c]];
+  }
+}
+
+}  // namespace
+
+Result<Image> decode_bmp(const uint8_t* data, size_t size, const ImageDecodeLimits& limits) {
+  VLM_ASSIGN_OR_RETURN(BmpLayout layout, check_bmp_header(data, size, limits));
+  if (layout.bpp <= 8) VLM_RETURN_IF_ERROR(check_palette_indices(data, layout));
+  if (size > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return format_error(kFmt, "file too large for the decoder");
+  }
+  int w = 0, h = 0, channels = 0;
+  // stb allocates its own buffer (it cannot decode into ours), so BMP costs one extra copy.
+  std::unique_ptr<stbi_uc, StbFree> pixels(
+      stbi_load_from_memory(data, static_cast<int>(size), &w, &h, &channels, 3));
+  if (!pixels) return format_error(kFmt, "corrupt or unsupported file");
+  if (w != layout.width || h != layout.height) {
+    return internal_error("BMP: decoder disagrees with the header about the image size");
+  }
+  VLM_ASSIGN_OR_RETURN(Image img, allocate_image(kFmt, w, h));
+  std::memcpy(img.rgb.data(), pixels.get(), img.rgb.size());
+  if (layout.bpp == 16) rescale_like_pil(layout, img.rgb.data(), img.width * img.height);
+  return img;
+}
+
+}  // namespace vlm::image_decode_internal
