@@ -33,6 +33,8 @@ class Engine {
   const Tokenizer* tokenizer() const;
   int64_t vocab_size() const;
   int64_t max_context() const;
+  // True when the checkpoint has a vision tower (images accepted).
+  bool has_vision() const;
   // eos ids from generation_config.json (else the tokenizer's eos token).
   const std::vector<int32_t>& eos_token_ids() const;
   // "avx512", "avx2" or "generic": the matmul kernels in use.
@@ -41,6 +43,12 @@ class Engine {
 
   // Logits [ids.size(), vocab_size()] (row-major) for a raw id sequence, from a fresh cache.
   Result<std::vector<float>> logits(std::span<const int32_t> ids);
+
+  // With images: `ids` hold a single image pad per image (as the chat template renders it); the
+  // engine expands them. Returns logits for every position of the expanded sequence and, in
+  // `expanded_ids` when given, that sequence.
+  Result<std::vector<float>> logits(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
+                                    std::vector<int32_t>* expanded_ids = nullptr);
 
   // Generates a reply. on_token is called for each sampled token with the newly complete text;
   // returning false stops generation (finish reason stays kNone).

@@ -21,8 +21,20 @@ struct SamplingParams {
   std::optional<bool> do_sample;             // false → greedy regardless of temperature
 };
 
+// One image of a request: a file path or the encoded bytes (JPEG, PNG, WebP, GIF, BMP).
+struct ImageInput {
+  std::string path;
+  std::vector<uint8_t> bytes;  // used when path is empty
+  // Pixel budget of the resize (smart_resize); unset: the model's preprocessor_config.json.
+  std::optional<int64_t> min_pixels;
+  std::optional<int64_t> max_pixels;
+};
+
 struct GenerateRequest {
+  // Token ids as the chat template renders them: each image is <|vision_start|><|image_pad|>
+  // <|vision_end|> with a SINGLE pad, which the engine expands to the image's token count.
   std::vector<int32_t> prompt_ids;
+  std::vector<ImageInput> images;  // one per image pad, in prompt order
   SamplingParams sampling;
   std::optional<int64_t> max_new_tokens;  // default: generation_config, else 256
   std::vector<std::string> stop;          // stop strings; the reply ends before the first match
@@ -34,7 +46,7 @@ enum class FinishReason { kNone, kStop, kLength };
 
 // One streamed piece of the reply.
 struct TokenEvent {
-  int32_t token_id = -1;  // the id just sampled
+  int32_t token_id = -1;  // the id just sampled; -1 for the final flush of held-back text
   std::string text;       // newly complete text (never half a UTF-8 character; may be empty)
 };
 
@@ -42,8 +54,12 @@ struct GenerateResult {
   std::vector<int32_t> output_ids;  // generated ids (including a final eos, if any)
   std::string text;                 // decoded reply without special tokens and stop string
   FinishReason finish_reason = FinishReason::kNone;
-  int64_t prompt_tokens = 0;
-  double prefill_ms = 0;
+  int64_t prompt_tokens = 0;  // after image pad expansion
+  int64_t vision_tokens = 0;  // image tokens among them
+  double image_decode_ms = 0;
+  double preprocess_ms = 0;
+  double vision_encode_ms = 0;
+  double prefill_ms = 0;  // the text decoder's prefill (vision encoding not included)
   double decode_ms = 0;  // from the first to the last generated token
 };
 

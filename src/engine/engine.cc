@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/thread_pool.h"
+#include "engine/multimodal.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 #include "io/npy.h"
@@ -16,6 +17,8 @@
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
 #include "model/text_decoder.h"
+#include "model/vision_encoder.h"
+#include "vision/preprocess.h"
 
 namespace vlm {
 
@@ -31,8 +34,12 @@ struct Engine::Impl {
   GenerationConfig gen;
   std::unique_ptr<WeightStore> store;
   TextWeights weights;
+  VisionWeights vision_weights;
+  bool has_vision = false;
+  PreprocessOptions preprocess;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<TextDecoder> decoder;
+  std::unique_ptr<VisionEncoder> vision;
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> eos_ids;
   int64_t max_context = 0;
@@ -46,11 +53,57 @@ struct Engine::Impl {
     if (cache.capacity < n) cache.allocate(cfg.text_config, n);
   }
 
-  // Runs ids[0, n) from cache slot `first`; logits of the last (or every) row into `logits`.
-  Status run(const int32_t* ids, int64_t n, int64_t first, LogitRows rows, float* out) {
-    for (int64_t i = 0; i < n; ++i) pos[i] = first + i;
+  // Runs the whole prompt from cache slot 0 in chunks. rows: kLast → logits of the last position
+  // into `out` [vocab]; kAll → every position into `out` [n, vocab].
+  Status prefill(const PreparedPrompt& p, LogitRows rows, float* out) {
+    const int64_t n = static_cast<int64_t>(p.ids.size());
+    const int64_t chunk = decoder->max_chunk();
+    const int64_t V = cfg.text_config.vocab_size;
+    for (int64_t first = 0; first < n; first += chunk) {
+      const int64_t len = std::min(chunk, n - first);
+      const bool last = first + len == n;
+      Positions3 pos{p.rope.t.data() + first, p.rope.h.data() + first, p.rope.w.data() + first};
+      VisionRows vr;
+      if (p.vision_tokens > 0) vr = p.rows_for_chunk(first);
+      LogitRows want = rows == LogitRows::kAll ? LogitRows::kAll : (last ? rows : LogitRows::kNone);
+      float* dst = rows == LogitRows::kAll ? out + first * V : out;
+      VLM_RETURN_IF_ERROR(decoder->forward(p.ids.data() + first, len, pos, first, cache, want, dst,
+                                           p.vision_tokens > 0 ? &vr : nullptr));
+    }
+    return ok_status();
+  }
+
+  // One decode step: token `id` at cache slot `slot`, rotary position slot + delta on all axes.
+  Status step(int32_t id, int64_t slot, int64_t delta, float* out) {
+    pos[0] = slot + delta;
     Positions3 p{pos.data(), pos.data(), pos.data()};
-    return decoder->forward(ids, n, p, first, cache, rows, out);
+    return decoder->forward(&id, 1, p, slot, cache, LogitRows::kLast, out);
+  }
+
+  // Expands images, encodes them, computes positions; text-only prompts get 1-D positions.
+  Status prepare(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
+                 PreparedPrompt* p) {
+    const int64_t V = cfg.text_config.vocab_size;
+    for (int32_t id : ids) {
+      if (id < 0 || id >= V) {
+        return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                std::to_string(V) + ")");
+      }
+    }
+    const bool has_pads = std::find(ids.begin(), ids.end(), static_cast<int32_t>(cfg.image_token_id)) != ids.end();
+    if (!images.empty() || (has_pads && has_vision)) {
+      if (!has_vision) return invalid_argument("this checkpoint has no vision tower: images are not supported");
+      return prepare_multimodal(ids, images, cfg, preprocess, *vision, *pool, p);
+    }
+    p->ids.assign(ids.begin(), ids.end());
+    p->feature_row.assign(ids.size(), -1);
+    const int64_t n = static_cast<int64_t>(ids.size());
+    p->rope.t.resize(n);
+    for (int64_t i = 0; i < n; ++i) p->rope.t[i] = i;
+    p->rope.h = p->rope.t;
+    p->rope.w = p->rope.t;
+    p->rope.delta = 0;
+    return ok_status();
   }
 };
 
@@ -71,6 +124,21 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     impl->store = std::make_unique<WeightStore>(std::move(store));
   }
   VLM_ASSIGN_OR_RETURN(impl->weights, load_text_weights(*impl->store, impl->cfg));
+  // A Qwen3-VL checkpoint carries its vision tower; a plain Qwen3 text export does not.
+  impl->has_vision = impl->cfg.has_vision && (impl->store->has("model.visual.patch_embed.proj.weight") ||
+                                              impl->store->has("visual.patch_embed.proj.weight"));
+  if (impl->has_vision) {
+    VLM_ASSIGN_OR_RETURN(impl->vision_weights, load_vision_weights(*impl->store, impl->cfg));
+    const fs::path pp = fs::path(dir) / "preprocessor_config.json";
+    if (fs::exists(pp, ec)) {
+      VLM_ASSIGN_OR_RETURN(std::string text, read_text_file(pp.string()));
+      VLM_ASSIGN_OR_RETURN(impl->preprocess, parse_preprocessor_config(text, pp.string()));
+    }
+    // The vision config's geometry wins over defaults (the two must agree in real checkpoints).
+    impl->preprocess.patch_size = impl->cfg.vision_config.patch_size;
+    impl->preprocess.merge_size = impl->cfg.vision_config.spatial_merge_size;
+    impl->preprocess.temporal_patch_size = impl->cfg.vision_config.temporal_patch_size;
+  }
   if (fs::exists(fs::path(dir) / "tokenizer.json", ec)) {
     VLM_ASSIGN_OR_RETURN(impl->tokenizer, Tokenizer::load(dir));
   } else if (options.require_tokenizer) {
@@ -102,6 +170,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
   impl->decoder = std::make_unique<TextDecoder>(impl->cfg, impl->weights, *impl->pool, chunk);
   impl->decoder->set_isa(impl->isa);
+  if (impl->has_vision) {
+    impl->vision = std::make_unique<VisionEncoder>(impl->cfg, impl->vision_weights, *impl->pool);
+    impl->vision->set_isa(impl->isa);
+  }
   impl->logits.resize(static_cast<size_t>(t.vocab_size));
   impl->pos.resize(chunk);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -113,22 +185,27 @@ int64_t Engine::max_context() const { return impl_->max_context; }
 const std::vector<int32_t>& Engine::eos_token_ids() const { return impl_->eos_ids; }
 const char* Engine::cpu_isa() const { return ops::isa_name(impl_->isa); }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
+bool Engine::has_vision() const { return impl_->has_vision; }
 
 Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids) {
+  return logits(ids, {}, nullptr);
+}
+
+Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
+                                          const std::vector<ImageInput>& images,
+                                          std::vector<int32_t>* expanded_ids) {
   Impl& m = *impl_;
-  const int64_t n = static_cast<int64_t>(ids.size());
-  const int64_t V = m.cfg.text_config.vocab_size;
-  if (n == 0) return invalid_argument("no token ids given");
+  if (ids.empty()) return invalid_argument("no token ids given");
+  PreparedPrompt p;
+  VLM_RETURN_IF_ERROR(m.prepare(ids, images, &p));
+  const int64_t n = static_cast<int64_t>(p.ids.size());
   if (n > m.max_context) {
-    return out_of_range(std::to_string(n) + " ids exceed the context of " + std::to_string(m.max_context));
+    return out_of_range(std::to_string(n) + " tokens exceed the context of " + std::to_string(m.max_context));
   }
   m.reserve_cache(n);
-  std::vector<float> out(static_cast<size_t>(n * V));
-  const int64_t chunk = m.decoder->max_chunk();
-  for (int64_t first = 0; first < n; first += chunk) {
-    const int64_t len = std::min(chunk, n - first);
-    VLM_RETURN_IF_ERROR(m.run(ids.data() + first, len, first, LogitRows::kAll, out.data() + first * V));
-  }
+  std::vector<float> out(static_cast<size_t>(n * m.cfg.text_config.vocab_size));
+  VLM_RETURN_IF_ERROR(m.prefill(p, LogitRows::kAll, out.data()));
+  if (expanded_ids) *expanded_ids = p.ids;
   return out;
 }
 
@@ -137,28 +214,8 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   Impl& m = *impl_;
   using Clock = std::chrono::steady_clock;
   const int64_t V = m.cfg.text_config.vocab_size;
-  const int64_t n_prompt = static_cast<int64_t>(req.prompt_ids.size());
-  if (n_prompt == 0) return invalid_argument("the prompt is empty");
-  for (int32_t id : req.prompt_ids) {
-    if (id < 0 || id >= V) {
-      return invalid_argument("prompt token id " + std::to_string(id) + " is outside the vocabulary");
-    }
-  }
-  if (n_prompt >= m.max_context) {
-    return out_of_range("the prompt (" + std::to_string(n_prompt) +
-                        " tokens) does not fit the context of " + std::to_string(m.max_context) +
-                        " tokens");
-  }
-  // An explicit max_new_tokens must fit; the default shrinks to the room left in the context.
-  const int64_t max_new = req.max_new_tokens.has_value()
-                              ? *req.max_new_tokens
-                              : std::min(m.gen.max_new_tokens.value_or(256), m.max_context - n_prompt);
-  if (max_new < 0) return invalid_argument("max_new_tokens must be >= 0");
-  if (n_prompt + max_new > m.max_context) {
-    return out_of_range("prompt (" + std::to_string(n_prompt) + " tokens) + max_new_tokens (" +
-                        std::to_string(max_new) + ") exceeds the context of " +
-                        std::to_string(m.max_context) + " tokens");
-  }
+  if (req.prompt_ids.empty()) return invalid_argument("the prompt is empty");
+  // Validate the cheap things before decoding and encoding any image.
   // Resolve sampling: request → generation_config.json → transformers defaults.
   const SamplingParams& sp = req.sampling;
   ResolvedSampling rs;
@@ -181,10 +238,32 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   }
 
   GenerateResult res;
+  PreparedPrompt prompt;
+  VLM_RETURN_IF_ERROR(m.prepare(req.prompt_ids, req.images, &prompt));
+  res.vision_tokens = prompt.vision_tokens;
+  res.image_decode_ms = prompt.decode_ms;
+  res.preprocess_ms = prompt.preprocess_ms;
+  res.vision_encode_ms = prompt.encode_ms;
+  const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
+  if (n_prompt >= m.max_context) {
+    return out_of_range("the prompt (" + std::to_string(n_prompt) +
+                        " tokens) does not fit the context of " + std::to_string(m.max_context) +
+                        " tokens");
+  }
+  // An explicit max_new_tokens must fit; the default shrinks to the room left in the context.
+  const int64_t max_new = req.max_new_tokens.has_value()
+                              ? *req.max_new_tokens
+                              : std::min(m.gen.max_new_tokens.value_or(256), m.max_context - n_prompt);
+  if (max_new < 0) return invalid_argument("max_new_tokens must be >= 0");
+  if (n_prompt + max_new > m.max_context) {
+    return out_of_range("prompt (" + std::to_string(n_prompt) + " tokens) + max_new_tokens (" +
+                        std::to_string(max_new) + ") exceeds the context of " +
+                        std::to_string(m.max_context) + " tokens");
+  }
   res.prompt_tokens = n_prompt;
   m.reserve_cache(n_prompt + max_new);
   Sampler sampler(V, rs);
-  sampler.add_prompt(req.prompt_ids);
+  sampler.add_prompt(prompt.ids);
   std::vector<int32_t> stop_ids = m.eos_ids;
   stop_ids.insert(stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
   StopMatcher stops(req.stop);
@@ -192,15 +271,8 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   if (m.tokenizer) detok = std::make_unique<IncrementalDetokenizer>(*m.tokenizer, true);
   res.output_ids.reserve(static_cast<size_t>(max_new));
 
-  // Prefill in chunks; only the last chunk needs logits.
   auto t0 = Clock::now();
-  const int64_t chunk = m.decoder->max_chunk();
-  for (int64_t first = 0; first < n_prompt; first += chunk) {
-    const int64_t len = std::min(chunk, n_prompt - first);
-    const bool last = first + len == n_prompt;
-    VLM_RETURN_IF_ERROR(m.run(req.prompt_ids.data() + first, len, first,
-                              last ? LogitRows::kLast : LogitRows::kNone, m.logits.data()));
-  }
+  VLM_RETURN_IF_ERROR(m.prefill(prompt, LogitRows::kLast, m.logits.data()));
   auto t1 = Clock::now();
   res.prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
 
@@ -222,7 +294,7 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
       res.finish_reason = FinishReason::kLength;
       break;
     }
-    VLM_RETURN_IF_ERROR(m.run(&id, 1, pos, LogitRows::kLast, m.logits.data()));
+    VLM_RETURN_IF_ERROR(m.step(id, pos, prompt.rope.delta, m.logits.data()));
     ++pos;
   }
   if (max_new == 0) res.finish_reason = FinishReason::kLength;

@@ -161,9 +161,6 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
     if (c.vision_config.out_hidden_size != c.text_config.hidden_size) {
       return invalid_argument(source + ": vision_config.out_hidden_size must equal text hidden_size");
     }
-    if (c.vision_config.deepstack_visual_indexes.size() > static_cast<size_t>(c.text_config.num_hidden_layers)) {
-      return invalid_argument(source + ": more DeepStack taps than decoder layers");
-    }
   }
   // transformers 4.57 ties the head when the TEXT config says so (get_text_config()), and
   // Qwen3VLConfig / Qwen3VLTextConfig both default to false; published checkpoints write both.
