@@ -105,7 +105,7 @@ Status TextDecoder::forward(const int32_t* ids, int64_t n, const Positions3& pos
     float* vc = cache.v_layer(static_cast<int64_t>(l));
     std::copy(k_.begin(), k_.begin() + n * kvd, kc + first * kvd);
     std::copy(v_.begin(), v_.begin() + n * kvd, vc + first * kvd);
-    ops::attention_causal(q_.data(), n, first, kc, vc, nh, nkv, hd, scale, attn_.data(), pool_);
+    ops::attention_causal(q_.data(), n, first, kc, vc, nh, nkv, hd, scale, attn_.data(), pool_, isa_);
     ops::matmul(attn_.data(), n, qd, L.o_proj, tmp_.data(), pool_, isa_);
     for (int64_t i = 0; i < n * H; ++i) x_[i] += tmp_[i];
     // MLP block.

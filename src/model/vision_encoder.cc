@@ -147,7 +147,7 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
     for (int64_t t = 0; t < g.t; ++t) {  // one attention segment per temporal group
       const int64_t off = t * per_frame * D;
       ops::attention_full(q.data() + off, k.data() + off, v.data() + off, per_frame, nh, hd, scale,
-                          attn.data() + off, pool_);
+                          attn.data() + off, pool_, isa_);
     }
     ops::matmul(attn.data(), S, D, B.proj, tmp.data(), pool_, isa_);
     ops::add_bias(tmp.data(), B.proj_b.data(), S, D);

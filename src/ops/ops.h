@@ -62,11 +62,12 @@ void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, cons
 // out: [n_q, n_heads, head_dim]. Flash-style: online softmax, no score matrix.
 void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
                       const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                      float scale, float* out, ThreadPool& pool);
+                      float scale, float* out, ThreadPool& pool, Isa isa = detected_isa());
 
 // Bidirectional multi-head attention within one segment (one image): every query sees every key.
 // q, k, v: [n, n_heads, head_dim] contiguous; out: [n, n_heads, head_dim].
 void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
-                    int64_t head_dim, float scale, float* out, ThreadPool& pool);
+                    int64_t head_dim, float scale, float* out, ThreadPool& pool,
+                    Isa isa = detected_isa());
 
 }  // namespace vlm::ops

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/cpu/attention.h"
 #include "ops/ops.h"
 
 namespace vlm::ops {
@@ -114,7 +115,10 @@ void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, cons
 
 namespace {
 
-// Online-softmax attention of one query row against keys [0, n_keys): running max m, running sum
+using AttendFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float,
+                          float*);
+
+// Scalar online-softmax attention of one query row against keys [0, n_keys): running max m, running sum
 // l and an f32 accumulator o, so memory stays O(head_dim) whatever the context length.
 inline void attend_row(const float* qv, const float* k, const float* v, int64_t kv_stride,
                        int64_t n_keys, int64_t head_dim, float scale, float* o) {
@@ -142,32 +146,47 @@ inline void attend_row(const float* qv, const float* k, const float* v, int64_t 
   for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
 }
 
+// The vectorised tile kernel for the CPU's ISA level when head_dim suits it, else the scalar row.
+AttendFn pick_attend(int64_t head_dim, Isa isa) {
+  if (head_dim % 8 != 0 || head_dim > kernels::kMaxHeadDim) return &attend_row;
+#if defined(VLM_HAVE_X86_DISPATCH)
+  switch (isa) {
+    case Isa::kAvx512: return &kernels::avx512::attend_row;
+    case Isa::kAvx2: return &kernels::avx2::attend_row;
+    case Isa::kGeneric: break;
+  }
+#endif
+  return &kernels::generic::attend_row;
+}
+
 }  // namespace
 
 void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
                       const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                      float scale, float* out, ThreadPool& pool) {
+                      float scale, float* out, ThreadPool& pool, Isa isa) {
   const int64_t group = n_heads / n_kv_heads;
   const int64_t kv_stride = n_kv_heads * head_dim;
+  const AttendFn attend = pick_attend(head_dim, isa);
   pool.parallel_for(n_q * n_heads, 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / n_heads;
       const int64_t h = item % n_heads;
       const int64_t kv_off = (h / group) * head_dim;
-      attend_row(q + (i * n_heads + h) * head_dim, k_cache + kv_off, v_cache + kv_off, kv_stride,
+      attend(q + (i * n_heads + h) * head_dim, k_cache + kv_off, v_cache + kv_off, kv_stride,
                  first_pos + i + 1, head_dim, scale, out + (i * n_heads + h) * head_dim);
     }
   });
 }
 
 void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
-                    int64_t head_dim, float scale, float* out, ThreadPool& pool) {
+                    int64_t head_dim, float scale, float* out, ThreadPool& pool, Isa isa) {
   const int64_t stride = n_heads * head_dim;
+  const AttendFn attend = pick_attend(head_dim, isa);
   pool.parallel_for(n * n_heads, 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / n_heads;
       const int64_t h = item % n_heads;
-      attend_row(q + i * stride + h * head_dim, k + h * head_dim, v + h * head_dim, stride, n,
+      attend(q + i * stride + h * head_dim, k + h * head_dim, v + h * head_dim, stride, n,
                  head_dim, scale, out + i * stride + h * head_dim);
     }
   });

@@ -73,10 +73,13 @@ TEST_P(MatmulTest, MatchesReferenceOnOddShapes) {
 INSTANTIATE_TEST_SUITE_P(EveryIsa, MatmulTest, ::testing::ValuesIn(ops::runnable_isas()),
                          [](const auto& info) { return std::string(ops::isa_name(info.param)); });
 
-TEST(Attention, CausalGqaMatchesReference) {
+class AttentionTest : public ::testing::TestWithParam<ops::Isa> {};
+
+TEST_P(AttentionTest, CausalGqaMatchesReference) {
   ThreadPool pool(2);
-  for (int64_t head_dim : {16, 128}) {
-    for (int64_t first_pos : {0, 5}) {
+  // 12: scalar path (not a multiple of 8); 72 (the 8B vision head): odd number of 8-vectors.
+  for (int64_t head_dim : {12, 16, 72, 128}) {
+    for (int64_t first_pos : {0, 5, 100}) {  // 100: keys span two 64-key tiles
       const int64_t n_q = 7, n_heads = 4, n_kv = 2, total = first_pos + n_q;
       auto q = randn(n_q * n_heads * head_dim, 1);
       auto k = randn(total * n_kv * head_dim, 2);
@@ -84,7 +87,7 @@ TEST(Attention, CausalGqaMatchesReference) {
       std::vector<float> out(q.size()), want(q.size());
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
       ops::attention_causal(q.data(), n_q, first_pos, k.data(), v.data(), n_heads, n_kv, head_dim,
-                            scale, out.data(), pool);
+                            scale, out.data(), pool, GetParam());
       ops::ref::attention_causal(q.data(), n_q, first_pos, k.data(), v.data(), n_heads, n_kv,
                                  head_dim, scale, want.data());
       for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5f) << i;
@@ -92,17 +95,20 @@ TEST(Attention, CausalGqaMatchesReference) {
   }
 }
 
-TEST(Attention, BidirectionalMatchesReference) {
+TEST_P(AttentionTest, BidirectionalMatchesReference) {
   ThreadPool pool(2);
-  for (int64_t n : {1, 5, 33}) {
-    const int64_t heads = 3, hd = 16;
+  for (int64_t n : {1, 5, 33, 130}) {  // 130 keys: two full 64-key tiles and a tail
+    const int64_t heads = 3, hd = 24;
     auto q = randn(n * heads * hd, 5), k = randn(n * heads * hd, 6), v = randn(n * heads * hd, 7);
     std::vector<float> out(q.size()), want(q.size());
-    ops::attention_full(q.data(), k.data(), v.data(), n, heads, hd, 0.25f, out.data(), pool);
+    ops::attention_full(q.data(), k.data(), v.data(), n, heads, hd, 0.25f, out.data(), pool, GetParam());
     ops::ref::attention_full(q.data(), k.data(), v.data(), n, heads, hd, 0.25f, want.data());
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5f) << n << " " << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryIsa, AttentionTest, ::testing::ValuesIn(ops::runnable_isas()),
+                         [](const auto& info) { return std::string(ops::isa_name(info.param)); });
 
 TEST(LayerNorm, MatchesFormulaWithLargeMean) {
   std::vector<float> x = randn(2 * 7, 8);

@@ -55,8 +55,23 @@ std::string json_ids(const std::vector<int32_t>& ids) {
   return s + "]";
 }
 
+std::vector<vlm::ImageInput> image_inputs(const std::vector<std::string>& paths, int64_t min_pixels,
+                                          int64_t max_pixels) {
+  std::vector<vlm::ImageInput> out;
+  for (const auto& p : paths) {
+    vlm::ImageInput in;
+    in.path = p;
+    if (min_pixels > 0) in.min_pixels = min_pixels;
+    if (max_pixels > 0) in.max_pixels = max_pixels;
+    out.push_back(std::move(in));
+  }
+  return out;
+}
+
 struct RunArgs {
   std::string model;
+  std::vector<std::string> images;
+  int64_t min_pixels = -1, max_pixels = -1;
   std::string prompt;
   std::string system;
   bool raw = false;
@@ -90,11 +105,18 @@ int cmd_run(const RunArgs& a) {
       return m;
     };
     if (!a.system.empty()) msgs.push_back(text_message("system", a.system));
-    msgs.push_back(text_message("user", a.prompt));
+    vlm::ChatMessage user = text_message("user", a.prompt);
+    if (!a.images.empty()) {  // images first, then the question (the usual Qwen-VL layout)
+      user.content_is_text = false;
+      for (size_t i = 0; i < a.images.size(); ++i) user.parts.push_back({vlm::ChatPart::Type::kImage, {}});
+      user.parts.push_back({vlm::ChatPart::Type::kText, a.prompt});
+    }
+    msgs.push_back(user);
     prompt_text = vlm::render_chat(msgs, {});
   }
   vlm::GenerateRequest req;
   req.prompt_ids = engine.tokenizer()->encode(prompt_text);
+  req.images = image_inputs(a.images, a.min_pixels, a.max_pixels);
   if (a.max_new_tokens >= 0) req.max_new_tokens = a.max_new_tokens;
   auto& s = req.sampling;
   if (a.temperature >= 0) s.temperature = a.temperature;
@@ -123,10 +145,19 @@ int cmd_run(const RunArgs& a) {
   const double n_gen = static_cast<double>(r.output_ids.size());
   // Decode rate counts the tokens produced by decode steps (the first comes from prefill).
   const double decode_tps = n_gen > 1 && r.decode_ms > 0 ? (n_gen - 1) / (r.decode_ms / 1000) : 0;
+  std::string images;
+  if (!req.images.empty()) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "images %zu: %lld vision tokens, decode %.0f ms, preprocess %.0f ms, encode %.0f ms | ",
+                  req.images.size(), static_cast<long long>(r.vision_tokens), r.image_decode_ms,
+                  r.preprocess_ms, r.vision_encode_ms);
+    images = buf;
+  }
   std::fprintf(stderr,
-               "vlm: prompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
+               "vlm: %sprompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
                "decode %.2f tok/s | peak RSS %.1f MiB | %s x%d\n",
-               static_cast<long long>(r.prompt_tokens),
+               images.c_str(), static_cast<long long>(r.prompt_tokens),
                r.prefill_ms > 0 ? r.prompt_tokens / (r.prefill_ms / 1000) : 0.0, r.prefill_ms,
                static_cast<long long>(r.output_ids.size()), decode_tps,
                vlm::peak_rss_bytes() / 1048576.0, engine.cpu_isa(), engine.n_threads());
@@ -208,6 +239,9 @@ int main(int argc, char** argv) {
   auto* run = app.add_subcommand("run", "Generate a reply to a prompt, streamed to stdout");
   run->add_option("-m,--model", ra.model, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
   run->add_option("-p,--prompt", ra.prompt, "User message")->required();
+  run->add_option("--image", ra.images, "Image file (JPEG, PNG, WebP, GIF, BMP); repeatable");
+  run->add_option("--min-pixels", ra.min_pixels, "Resize budget: least pixels per image");
+  run->add_option("--max-pixels", ra.max_pixels, "Resize budget: most pixels per image");
   run->add_option("--system", ra.system, "System message");
   run->add_flag("--raw", ra.raw, "Feed the prompt as is, without the chat template");
   run->add_option("-n,--max-new-tokens", ra.max_new_tokens, "Tokens to generate at most");
@@ -242,11 +276,17 @@ int main(int argc, char** argv) {
   detokenize->add_flag("--skip-special", dt_skip, "Drop special tokens");
 
   std::string lg_model, lg_ids, lg_out;
+  std::vector<std::string> lg_images;
+  int64_t lg_min_pixels = -1, lg_max_pixels = -1;
   int lg_threads = 0;
   auto* logits = app.add_subcommand("logits", "Write float32 logits [positions, vocab] as .npy");
   logits->add_option("-m,--model", lg_model, "Checkpoint directory (config.json + weights)")->required();
   logits->add_option("--ids", lg_ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
   logits->add_option("--out", lg_out, "Output .npy file")->required();
+  logits->add_option("--image", lg_images,
+                     "Image for each <|image_pad|> id in --ids (a single pad per image; expanded)");
+  logits->add_option("--min-pixels", lg_min_pixels, "Resize budget: least pixels per image");
+  logits->add_option("--max-pixels", lg_max_pixels, "Resize budget: most pixels per image");
   logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
 
   if (argc > 1 && argv[1][0] != '-') {
@@ -316,13 +356,13 @@ int main(int argc, char** argv) {
     opts.model_dir = lg_model;
     opts.n_threads = lg_threads;
     opts.require_tokenizer = false;
-    opts.max_context = static_cast<int64_t>(ids.size());
     auto engine = vlm::Engine::load(opts);
     if (!engine.ok()) return fail(engine.status());
-    auto out = (*engine)->logits(ids);
+    std::vector<int32_t> expanded;
+    auto out = (*engine)->logits(ids, image_inputs(lg_images, lg_min_pixels, lg_max_pixels), &expanded);
     if (!out.ok()) return fail(out.status());
-    vlm::Status st = vlm::save_npy_f32(lg_out, out->data(),
-                                       {static_cast<int64_t>(ids.size()), (*engine)->vocab_size()});
+    vlm::Status st = vlm::save_npy_f32(
+        lg_out, out->data(), {static_cast<int64_t>(expanded.size()), (*engine)->vocab_size()});
     if (!st.ok()) return fail(st);
     return 0;
   }

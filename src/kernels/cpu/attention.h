@@ -1,0 +1,26 @@
+// CPU attention kernels, one namespace per ISA level. Only src/ops/ calls these.
+#pragma once
+
+#include <cstdint>
+
+namespace vlm::kernels {
+
+// Largest head_dim the vectorised kernel takes (it also needs head_dim % 8 == 0).
+constexpr int64_t kMaxHeadDim = 256;
+
+// out[head_dim] = softmax(scale · q·kᵀ) · v over keys j ∈ [0, n_keys), key j at k + j·kv_stride
+// (same for v). q, out: [head_dim].
+namespace generic {
+void attend_row(const float* q, const float* k, const float* v, int64_t kv_stride, int64_t n_keys,
+                int64_t head_dim, float scale, float* out);
+}  // namespace generic
+namespace avx2 {
+void attend_row(const float* q, const float* k, const float* v, int64_t kv_stride, int64_t n_keys,
+                int64_t head_dim, float scale, float* out);
+}  // namespace avx2
+namespace avx512 {
+void attend_row(const float* q, const float* k, const float* v, int64_t kv_stride, int64_t n_keys,
+                int64_t head_dim, float scale, float* out);
+}  // namespace avx512
+
+}  // namespace vlm::kernels
