@@ -35,6 +35,11 @@ Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageI
       ++i;
       continue;
     }
+    // transformers only treats pads right after <|vision_start|> as an image.
+    if (i == 0 || ids[i - 1] != static_cast<int32_t>(cfg.vision_start_token_id)) {
+      return invalid_argument("an <|image_pad|> at position " + std::to_string(i) +
+                              " does not follow <|vision_start|>");
+    }
     size_t j = i;
     while (j < ids.size() && ids[j] == pad) ++j;
     runs.emplace_back(i, j);
@@ -106,7 +111,8 @@ Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageI
     out->feature_row.push_back(-1);
   }
   out->vision_tokens = feature;
-  VLM_ASSIGN_OR_RETURN(out->rope, compute_rope_index(out->ids, grids, pad, merge));
+  VLM_ASSIGN_OR_RETURN(out->rope, compute_rope_index(out->ids, grids, pad,
+                                                     cfg.vision_start_token_id, merge));
   return ok_status();
 }
 

@@ -5,9 +5,19 @@
 namespace vlm {
 
 Result<RopeIndex> compute_rope_index(std::span<const int32_t> ids, std::span<const GridThw> grids,
-                                     int64_t image_token_id, int64_t merge_size) {
+                                     int64_t image_token_id, int64_t vision_start_token_id,
+                                     int64_t merge_size) {
   RopeIndex r;
   const int64_t n = static_cast<int64_t>(ids.size());
+  size_t n_images = 0;
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    if (ids[i] == vision_start_token_id && ids[i + 1] == image_token_id) ++n_images;
+  }
+  if (n_images > grids.size()) {
+    return invalid_argument("the prompt has " + std::to_string(n_images) + " images but " +
+                            std::to_string(grids.size()) + " image grids were given");
+  }
+  grids = grids.first(n_images);
   r.t.reserve(n);
   r.h.reserve(n);
   r.w.reserve(n);
@@ -50,9 +60,6 @@ Result<RopeIndex> compute_rope_index(std::span<const int32_t> ids, std::span<con
     }
     next = s + std::max({g.t, gh, gw});
     st = ed + count;
-  }
-  if (std::find(ids.begin() + st, ids.end(), image_token_id) != ids.end()) {
-    return invalid_argument("the prompt has more image pads than the images given");
   }
   push_text(n - st);
   r.delta = next - n;
