@@ -55,6 +55,15 @@ class Engine {
   Result<GenerateResult> generate(const GenerateRequest& request,
                                   const std::function<bool(const TokenEvent&)>& on_token = {});
 
+  // Decodes, preprocesses and encodes one image through the vision tower, and reports the cost
+  // (for benchmarks: the text decoder does not run).
+  struct ImageTimings {
+    int64_t vision_tokens = 0;
+    int64_t resized_h = 0, resized_w = 0;
+    double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
+  };
+  Result<ImageTimings> encode_image(const ImageInput& image);
+
   struct Impl;
 
  private:

@@ -166,6 +166,7 @@ int cmd_run(const RunArgs& a) {
 
 struct BenchArgs {
   std::string model;
+  std::vector<std::string> images;
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 32;
   int reps = 3;
@@ -179,6 +180,34 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Vision cost per image: decode + preprocess, and the vision tower, median/min/max over reps.
+int bench_images(vlm::Engine& engine, const BenchArgs& a) {
+  std::printf("| %-28s | %6s | %12s | %12s | %12s | %12s |\n", "image", "tokens", "resized",
+              "decode+pre ms", "encode ms", "encode min");
+  std::printf("|------------------------------|--------|--------------|--------------|--------------|--------------|\n");
+  for (const auto& path : a.images) {
+    vlm::ImageInput in;
+    in.path = path;
+    std::vector<double> pre, enc;
+    vlm::Engine::ImageTimings t;
+    for (int r = 0; r < a.reps; ++r) {
+      auto res = engine.encode_image(in);
+      if (!res.ok()) return fail(res.status().with_context(path));
+      t = *res;
+      pre.push_back(t.decode_ms + t.preprocess_ms);
+      enc.push_back(t.encode_ms);
+    }
+    const std::string name = path.substr(path.find_last_of('/') + 1);
+    const std::string resized = std::to_string(t.resized_w) + "x" + std::to_string(t.resized_h);
+    std::printf("| %-28s | %6lld | %12s | %12.1f | %12.1f | %12.1f |\n", name.c_str(),
+                static_cast<long long>(t.vision_tokens), resized.c_str(), median(pre), median(enc),
+                *std::min_element(enc.begin(), enc.end()));
+  }
+  std::printf("threads %d, kernels %s, peak RSS %.1f MiB, %d reps\n", engine.n_threads(),
+              engine.cpu_isa(), vlm::peak_rss_bytes() / 1048576.0, a.reps);
+  return 0;
+}
+
 // Prefill and decode throughput on a synthetic prompt (ids spread over the vocabulary), greedy,
 // never stopping early. Reports median, min and max over the repetitions.
 int cmd_bench(const BenchArgs& a) {
@@ -190,6 +219,7 @@ int cmd_bench(const BenchArgs& a) {
   auto engine_or = vlm::Engine::load(opts);
   if (!engine_or.ok()) return fail(engine_or.status());
   vlm::Engine& engine = **engine_or;
+  if (!a.images.empty()) return bench_images(engine, a);
   if (a.prompt_tokens < 1 || a.gen_tokens < 2 || a.reps < 1) {
     return fail("need --prompt-tokens >= 1, --gen-tokens >= 2, --reps >= 1");
   }
@@ -303,6 +333,7 @@ int main(int argc, char** argv) {
   bench->add_option("-r,--reps", ba.reps, "Repetitions (median, min, max reported)");
   bench->add_option("-t,--threads", ba.threads, "Threads (0 = all)");
   bench->add_option("--json", ba.json_out, "Also write the medians as JSON to this file");
+  bench->add_option("--image", ba.images, "Measure the vision path on these images instead");
 
   try {
     app.parse(argc, argv);
