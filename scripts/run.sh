@@ -18,7 +18,8 @@ if [ $# -eq 0 ] || [[ " $* " != *" -m "* && " $* " != *" --model "* ]]; then
     ln -sf "$PWD/tests/model/fixtures/tiny-fullvocab-bf16/$f" "$model/$f"
   done
   ln -sf "$(cd ../shared/data/tokenizer && pwd)/tokenizer.json" "$model/tokenizer.json"
-  [ $# -eq 0 ] && set -- -p "Describe a photo of a cat on a sofa." -n 32 --greedy
+  [ $# -eq 0 ] && set -- --image ../shared/data/images/cat_chelsea.png -p "Describe this image." \
+    -n 32 --greedy
   set -- -m "$model" "$@"
 fi
 exec "$BUILD_DIR/tools/cli/vlm" run "$@"
