@@ -22,6 +22,9 @@ Usage:
 Nothing is downloaded: configs are built in code, the tokenizer comes from
 ../shared/data/tokenizer/tokenizer.json (next to the repository).
 
+The image-prompt checkpoint (tests/model/fixtures/vision-f32) is built by
+scripts/make_vision_reference.py, which imports the helpers below.
+
 GREEDY: transformers' ``min_new_tokens`` works by masking the EOS logits, which would make the
 reference differ from a plain argmax whenever EOS happens to win.  Instead the EOS ids are
 removed from the generation config for the reference run (the saved generation_config.json keeps
@@ -70,21 +73,26 @@ TINY_VISION = dict(depth=2, hidden_size=16, num_heads=2, intermediate_size=32, p
                    hidden_act="gelu_pytorch_tanh", num_position_embeddings=64,
                    deepstack_visual_indexes=[0, 1])
 
-# intermediate 384 (not 512) keeps all fixtures under the 20 MB budget.
-HD128_TEXT = dict(vocab_size=1024, hidden_size=256, intermediate_size=384, num_hidden_layers=2,
+# hidden 128 with 4 heads x head_dim 128: q_proj is [512, 128] and o_proj [128, 512], so the
+# attention width differs from the hidden size as in the real 4B model (q 4096, hidden 2560).
+# The small hidden size also keeps all fixtures under the 20 MB budget.
+HD128_TEXT = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=1, head_dim=128, rope_theta=5e6,
                   mrope_section=[24, 20, 20], tie=True)
 
 CHECKPOINTS = {
+    # hd128: with hidden 128 and the tied head, N(0, 0.1) matrices leave the residual stream
+    # dominated by the input embedding and greedy decoding repeats the last token; matrices at
+    # 0.2 (embedding 0.1) give diverse, mostly tie-free paths.
     "text-f32-hd128-tied": dict(text=HD128_TEXT, dtype="float32", ids="small", seed=1000,
-                                std=0.1),
+                                std=0.2, embed_std=0.1),
     "text-f32-untied": dict(text=dict(vocab_size=1024, hidden_size=128, intermediate_size=256,
                                       num_hidden_layers=3, num_attention_heads=4,
                                       num_key_value_heads=2, head_dim=32, rope_theta=1e6,
                                       mrope_section=[8, 4, 4], tie=False),
                             dtype="float32", ids="small", seed=2000, std=0.1),
-    "text-bf16-hd128": dict(text=HD128_TEXT, dtype="bfloat16", ids="small", seed=3000, std=0.1,
-                            f32ref=True),
+    "text-bf16-hd128": dict(text=HD128_TEXT, dtype="bfloat16", ids="small", seed=3000, std=0.2,
+                            embed_std=0.1, f32ref=True),
     "tiny-fullvocab-bf16": dict(text=dict(vocab_size=151936, hidden_size=16, intermediate_size=32,
                                           num_hidden_layers=1, num_attention_heads=2,
                                           num_key_value_heads=1, head_dim=16, rope_theta=5e6,
@@ -124,7 +132,8 @@ def make_config(spec: dict) -> Qwen3VLConfig:
                       "mrope_interleaved": True},
         tie_word_embeddings=t["tie"], bos_token_id=ids["bos"], eos_token_id=ids["eos"][0],
         initializer_range=0.02, use_cache=True)
-    vision_config = dict(TINY_VISION, out_hidden_size=t["hidden_size"], initializer_range=0.02)
+    vision_config = dict(spec.get("vision", TINY_VISION), out_hidden_size=t["hidden_size"],
+                         initializer_range=0.02)
     cfg = Qwen3VLConfig(text_config=text_config, vision_config=vision_config,
                         image_token_id=ids["image"], video_token_id=ids["video"],
                         vision_start_token_id=ids["vision_start"],
@@ -141,10 +150,12 @@ def is_norm(name: str) -> bool:
 
 @torch.no_grad()
 def init_weights(model: torch.nn.Module, seed: int, std: float,
-                 embed_std: float | None = None) -> None:
+                 embed_std: float | None = None, vision_std: float = 0.05,
+                 pos_embed_std: float | None = None) -> None:
     """Deterministic init: N(0, std) for text matrices and embeddings (N(0, embed_std) for the
-    embeddings when given), N(0, 0.05) for vision matrices, 1 + N(0, 0.1) for norm weights,
-    N(0, 0.02) for biases."""
+    embeddings when given), N(0, vision_std) for vision matrices (N(0, pos_embed_std) for the
+    vision position-embedding table when given), 1 + N(0, 0.1) for norm weights, N(0, 0.02)
+    for biases."""
     g = torch.Generator().manual_seed(seed)
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):  # tied: listed once
         noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
@@ -152,8 +163,10 @@ def init_weights(model: torch.nn.Module, seed: int, std: float,
             val = 1.0 + 0.1 * noise
         elif name.endswith(".bias"):
             val = 0.02 * noise
+        elif name.endswith("visual.pos_embed.weight") and pos_embed_std is not None:
+            val = pos_embed_std * noise
         elif ".visual." in name or name.startswith("model.visual"):
-            val = 0.05 * noise
+            val = vision_std * noise
         elif name.endswith("embed_tokens.weight") and embed_std is not None:
             val = embed_std * noise
         else:
@@ -172,7 +185,8 @@ def build_and_save(name: str, spec: dict, seed: int, out: Path) -> None:
     cfg = make_config(spec)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(cfg)
-    init_weights(model, seed, spec["std"], spec.get("embed_std"))
+    init_weights(model, seed, spec["std"], spec.get("embed_std"), spec.get("vision_std", 0.05),
+                 spec.get("pos_embed_std"))
     if spec["text"]["tie"]:
         assert model.lm_head.weight is model.model.language_model.embed_tokens.weight
     if spec["dtype"] == "bfloat16":
@@ -193,17 +207,23 @@ def load(out: Path, dtype: torch.dtype):
 
 
 @torch.no_grad()
-def forward_logits(model, ids: list[int]) -> np.ndarray:
+def forward_logits(model, ids: list[int], **extra) -> np.ndarray:
+    """One plain forward over ids; extra model inputs (pixel_values, image_grid_thw) pass
+    through."""
     x = torch.tensor([ids], dtype=torch.long)
-    out = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False)
+    out = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False, **extra)
     return out.logits[0].float().numpy()
 
 
 @torch.no_grad()
-def greedy(model, ids: list[int], n: int) -> tuple[list[int], list[float], int]:
+def greedy(model, ids: list[int], n: int, forbid: frozenset = frozenset(),
+           **extra) -> tuple[list[int], list[float], int | None]:
     """Pure argmax decoding of n tokens via model.generate (EOS disabled).  Returns the new ids,
     the top1-top2 gap at each step, and how many steps disagree with a teacher-forced full
-    forward (0 expected in float32; a near tie can flip in bfloat16)."""
+    forward (0 expected in float32; a near tie can flip in bfloat16).  Extra model inputs
+    (pixel_values, image_grid_thw) pass through.  If an id in forbid was generated, the
+    teacher-forced check is skipped and None returned in its place (an image pad in the output
+    would make the full forward fail)."""
     gc = copy.deepcopy(model.generation_config)
     gc.eos_token_id = None
     gc.do_sample = False
@@ -217,7 +237,7 @@ def greedy(model, ids: list[int], n: int) -> tuple[list[int], list[float], int]:
     try:
         x = torch.tensor([ids], dtype=torch.long)
         out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=gc,
-                             output_scores=True, return_dict_in_generate=True)
+                             output_scores=True, return_dict_in_generate=True, **extra)
     finally:
         model.generation_config = saved
     new = out.sequences[0, len(ids):].tolist()
@@ -228,7 +248,9 @@ def greedy(model, ids: list[int], n: int) -> tuple[list[int], list[float], int]:
         top2 = torch.topk(row, 2).values
         assert int(row.argmax()) == new[step]
         margins.append(float(top2[0] - top2[1]))
-    full = forward_logits(model, ids + new)
+    if forbid & set(new):
+        return new, margins, None
+    full = forward_logits(model, ids + new, **extra)
     tf = full[len(ids) - 1:-1].argmax(-1).tolist()
     mismatches = sum(int(a != b) for a, b in zip(tf, new))
     return new, margins, mismatches
