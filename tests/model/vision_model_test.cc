@@ -1,0 +1,284 @@
+// Images through the whole model against transformers (tests/model/fixtures/vision-f32, made by
+// scripts/make_vision_reference.py): preprocessing, vision tower stages, DeepStack features,
+// 3-D positions, multimodal logits and greedy continuations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/thread_pool.h"
+#include "io/npy.h"
+#include "io/safetensors.h"
+#include "model/mrope_positions.h"
+#include "model/qwen3vl_config.h"
+#include "model/qwen3vl_weights.h"
+#include "model/vision_encoder.h"
+#include "ops/ops.h"
+#include "test_util.h"
+#include "vision/image_decode.h"
+#include "vision/preprocess.h"
+#include "vlm/engine.h"
+
+namespace vlm {
+namespace {
+
+const std::string kDir = std::string(VLM_FIXTURES_DIR) + "/vision-f32";
+const std::string kImages = std::string(VLM_SHARED_DIR) + "/data/images";
+
+const nlohmann::json& ref() {
+  static const nlohmann::json r = nlohmann::json::parse(test_util::read_file(kDir + "/reference.json"));
+  return r;
+}
+
+NpyArray npy(const nlohmann::json& entry) {
+  auto a = read_npy(kDir + "/" + entry["file"].get<std::string>());
+  EXPECT_TRUE(a.ok()) << a.status().message();
+  return a.ok() ? std::move(a).value() : NpyArray{};
+}
+
+// max |a − b| / max |b|.
+double rel_err(const float* a, const std::vector<float>& b) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return num / den;
+}
+
+std::string image_path(const std::string& name) {
+  const std::string src = ref()["images"][name]["source"];
+  return (src.rfind("synthetic", 0) == 0 ? kDir : kImages) + "/" + src;
+}
+
+ImageInput image_input(const std::string& name) {
+  const auto& im = ref()["images"][name];
+  ImageInput in;
+  in.path = image_path(name);
+  in.min_pixels = im["min_pixels"].get<int64_t>();
+  in.max_pixels = im["max_pixels"].get<int64_t>();
+  return in;
+}
+
+// f32 everywhere, the same math as transformers' eager f32 run: only summation order differs.
+constexpr double kTol = 1e-4;
+
+class VisionStages : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = load_qwen3vl_config(kDir);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    cfg_ = *c;
+    auto s = WeightStore::open_dir(kDir);
+    ASSERT_TRUE(s.ok());
+    store_ = std::make_unique<WeightStore>(std::move(s).value());
+    auto w = load_vision_weights(*store_, cfg_);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    weights_ = std::move(w).value();
+  }
+
+  PreprocessedImage preprocess(const std::string& name) {
+    const auto& im = ref()["images"][name];
+    auto img = load_image_file(image_path(name));
+    EXPECT_TRUE(img.ok()) << img.status().message();
+    PreprocessOptions o;
+    o.min_pixels = im["min_pixels"].get<int64_t>();
+    o.max_pixels = im["max_pixels"].get<int64_t>();
+    auto p = preprocess_image(*img, o);
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    return std::move(p).value();
+  }
+
+  Qwen3VLConfig cfg_;
+  std::unique_ptr<WeightStore> store_;
+  VisionWeights weights_;
+  ThreadPool pool_{2};
+};
+
+TEST_F(VisionStages, PreprocessingMatchesTheProcessor) {
+  int with_pixels = 0;
+  for (const auto& [name, im] : ref()["images"].items()) {
+    PreprocessedImage p = preprocess(name);
+    EXPECT_EQ((std::vector<int64_t>{p.grid_t, p.grid_h, p.grid_w}),
+              im["image_grid_thw"].get<std::vector<int64_t>>()) << name;
+    EXPECT_EQ((std::vector<int64_t>{p.resized_h, p.resized_w}), im["resized_hw"].get<std::vector<int64_t>>())
+        << name;
+    if (!im["pixel_values"].is_null()) {
+      NpyArray want = npy(im["pixel_values"]);
+      ASSERT_EQ(want.f32.size(), p.pixel_values.size()) << name;
+      EXPECT_LE(rel_err(p.pixel_values.data(), want.f32), 1e-6) << name;
+      ++with_pixels;
+    }
+  }
+  EXPECT_EQ(with_pixels, 2);
+}
+
+TEST_F(VisionStages, EncoderStagesAndDeepStackMatch) {
+  for (ops::Isa isa : ops::runnable_isas()) {
+    VisionEncoder enc(cfg_, weights_, pool_);
+    enc.set_isa(isa);
+    enc.keep_block0_input = true;
+    for (const auto& c : ref()["cases"]) {
+      std::vector<float> embeds, block0;
+      std::vector<std::vector<float>> ds(cfg_.vision_config.deepstack_visual_indexes.size());
+      for (const auto& name : c["images"]) {
+        PreprocessedImage p = preprocess(name);
+        VisionOutput out;
+        ASSERT_TRUE(enc.encode(p.pixel_values.data(), {p.grid_t, p.grid_h, p.grid_w}, &out).ok());
+        embeds.insert(embeds.end(), out.embeds.begin(), out.embeds.end());
+        for (size_t k = 0; k < ds.size(); ++k) ds[k].insert(ds[k].end(), out.deepstack[k].begin(), out.deepstack[k].end());
+        block0.insert(block0.end(), enc.block0_input.begin(), enc.block0_input.end());
+      }
+      const std::string what = c["name"].get<std::string>() + " " + ops::isa_name(isa);
+      NpyArray want = npy(c["image_embeds"]);
+      ASSERT_EQ(embeds.size(), want.f32.size()) << what;
+      EXPECT_LE(rel_err(embeds.data(), want.f32), kTol) << what;
+      ASSERT_EQ(c["deepstack"].size(), ds.size());
+      for (size_t k = 0; k < ds.size(); ++k) {
+        NpyArray d = npy(c["deepstack"][k]);
+        ASSERT_EQ(ds[k].size(), d.f32.size()) << what << " tap " << k;
+        EXPECT_LE(rel_err(ds[k].data(), d.f32), kTol) << what << " tap " << k;
+      }
+      if (c.contains("vision_debug")) {
+        NpyArray b0 = npy(c["vision_debug"]["block0_input"]);
+        ASSERT_EQ(block0.size(), b0.f32.size());
+        EXPECT_LE(rel_err(block0.data(), b0.f32), 1e-5) << what << " patch embed + positions";
+      }
+    }
+  }
+}
+
+TEST(VisionPositions, RopeIndexMatchesTransformers) {
+  const auto& r = ref();
+  const int64_t pad = 1000, start = 1002;
+  auto check = [&](const std::vector<int32_t>& ids, const std::vector<GridThw>& grids,
+                   const NpyArray& want_pos, int64_t want_delta, const std::string& what) {
+    auto got = compute_rope_index(ids, grids, pad, start, 2);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status().message();
+    const size_t n = ids.size();
+    ASSERT_EQ(want_pos.i64.size(), 3 * n) << what;
+    std::vector<int64_t> flat(got->t);
+    flat.insert(flat.end(), got->h.begin(), got->h.end());
+    flat.insert(flat.end(), got->w.begin(), got->w.end());
+    EXPECT_EQ(flat, want_pos.i64) << what;
+    EXPECT_EQ(got->delta, want_delta) << what;
+  };
+  for (const auto& c : r["cases"]) {
+    std::vector<GridThw> grids;
+    for (const auto& name : c["images"]) {
+      auto g = r["images"][name]["image_grid_thw"].get<std::vector<int64_t>>();
+      grids.push_back({g[0], g[1], g[2]});
+    }
+    check(c["input_ids"].get<std::vector<int32_t>>(), grids, npy(c["position_ids"]),
+          c["rope_deltas"].get<int64_t>(), c["name"]);
+  }
+  for (const auto& c : r["rope_index_cases"]) {
+    std::vector<GridThw> grids;
+    if (!c["image_grid_thw"].is_null()) {
+      for (const auto& g : c["image_grid_thw"]) grids.push_back({g[0], g[1], g[2]});
+    }
+    NpyArray pos;
+    for (const auto& axis : c["position_ids"]) {
+      auto v = axis.get<std::vector<int64_t>>();
+      pos.i64.insert(pos.i64.end(), v.begin(), v.end());
+    }
+    check(c["input_ids"].get<std::vector<int32_t>>(), grids, pos, c["rope_deltas"].get<int64_t>(),
+          c["name"]);
+  }
+}
+
+std::unique_ptr<Engine> engine(ops::Isa isa) {
+  EngineOptions o;
+  o.model_dir = kDir;
+  o.require_tokenizer = false;
+  o.n_threads = 2;
+  o.prefill_chunk = 16;  // prompts span several chunks: images split across chunk borders
+  o.cpu_isa = ops::isa_name(isa);
+  auto e = Engine::load(o);
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+class VisionModel : public ::testing::TestWithParam<ops::Isa> {};
+
+TEST_P(VisionModel, MultimodalLogitsMatchTransformers) {
+  auto e = engine(GetParam());
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(e->has_vision());
+  for (const auto& c : ref()["cases"]) {
+    std::vector<ImageInput> images;
+    for (const auto& name : c["images"]) images.push_back(image_input(name));
+    std::vector<int32_t> expanded;
+    auto got = e->logits(c["prompt_ids"].get<std::vector<int32_t>>(), images, &expanded);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_EQ(expanded, c["input_ids"].get<std::vector<int32_t>>()) << c["name"];
+    NpyArray want = npy(c["logits"]);
+    ASSERT_EQ(got->size(), want.f32.size()) << c["name"];
+    EXPECT_LE(rel_err(got->data(), want.f32), kTol) << c["name"];
+  }
+}
+
+TEST_P(VisionModel, GreedyContinuationsMatchTransformers) {
+  auto e = engine(GetParam());
+  ASSERT_NE(e, nullptr);
+  for (const auto& c : ref()["cases"]) {
+    GenerateRequest req;
+    req.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
+    for (const auto& name : c["images"]) req.images.push_back(image_input(name));
+    req.max_new_tokens = c["greedy"]["max_new_tokens"].get<int64_t>();
+    req.sampling.do_sample = false;
+    req.ignore_eos = true;
+    auto res = e->generate(req);
+    ASSERT_TRUE(res.ok()) << res.status().message();
+    auto want = c["greedy"]["output_ids"].get<std::vector<int32_t>>();
+    ASSERT_GE(want.size(), 32u);
+    EXPECT_EQ(res->output_ids, want) << c["name"];
+    EXPECT_EQ(res->vision_tokens, static_cast<int64_t>(std::count(
+                                      c["input_ids"].begin(), c["input_ids"].end(), 1000)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryIsa, VisionModel, ::testing::ValuesIn(ops::runnable_isas()),
+                         [](const auto& info) { return std::string(ops::isa_name(info.param)); });
+
+TEST(VisionRequests, BadImagesAndPromptsGetClearErrors) {
+  auto e = engine(ops::detected_isa());
+  ASSERT_NE(e, nullptr);
+  const std::vector<int32_t> one_image = {10, 1002, 1000, 1003, 11};
+  GenerateRequest req;
+  req.prompt_ids = one_image;
+  req.max_new_tokens = 2;
+  // No image for the placeholder.
+  auto r = e->generate(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("1 image placeholders"), std::string::npos) << r.status().message();
+  // A broken image names itself.
+  ImageInput broken;
+  broken.bytes = {0x89, 'P', 'N', 'G', 1, 2, 3};
+  req.images = {broken};
+  r = e->generate(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("image 1"), std::string::npos) << r.status().message();
+  // A missing file names its path.
+  ImageInput missing;
+  missing.path = "/nonexistent/cat.png";
+  req.images = {missing};
+  r = e->generate(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("/nonexistent/cat.png"), std::string::npos);
+  // Two images for one placeholder.
+  req.images = {image_input("tiny"), image_input("tall")};
+  EXPECT_FALSE(e->generate(req).ok());
+  // A pad without <|vision_start|> before it.
+  req.prompt_ids = {10, 1000, 11};
+  req.images = {image_input("tiny")};
+  EXPECT_FALSE(e->generate(req).ok());
+  // The engine still works.
+  req.prompt_ids = one_image;
+  auto ok = e->generate(req);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->vision_tokens, 6);
+}
+
+}  // namespace
+}  // namespace vlm
