@@ -159,6 +159,22 @@ AttendFn pick_attend(int64_t head_dim, Isa isa) {
   return &kernels::generic::attend_row;
 }
 
+using SoftmaxFn = void (*)(float*, int64_t, float);
+
+SoftmaxFn pick_softmax(Isa isa) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  switch (isa) {
+    case Isa::kAvx512: return &kernels::avx512::softmax_row;
+    case Isa::kAvx2: return &kernels::avx2::softmax_row;
+    case Isa::kGeneric: break;
+  }
+#endif
+  return &kernels::generic::softmax_row;
+}
+
+// Below this many tokens per segment the per-row tile kernel is used.
+constexpr int64_t kBlockedMinTokens = 64;
+
 }  // namespace
 
 void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
@@ -181,15 +197,45 @@ void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const floa
 void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
                     int64_t head_dim, float scale, float* out, ThreadPool& pool, Isa isa) {
   const int64_t stride = n_heads * head_dim;
-  const AttendFn attend = pick_attend(head_dim, isa);
-  pool.parallel_for(n * n_heads, 1, [&](int64_t begin, int64_t end, int) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t i = item / n_heads;
-      const int64_t h = item % n_heads;
-      attend(q + i * stride + h * head_dim, k + h * head_dim, v + h * head_dim, stride, n,
-                 head_dim, scale, out + i * stride + h * head_dim);
+  if (n < kBlockedMinTokens || head_dim % 8 != 0) {
+    const AttendFn attend = pick_attend(head_dim, isa);
+    pool.parallel_for(n * n_heads, 1, [&](int64_t begin, int64_t end, int) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t i = item / n_heads;
+        const int64_t h = item % n_heads;
+        attend(q + i * stride + h * head_dim, k + h * head_dim, v + h * head_dim, stride, n,
+               head_dim, scale, out + i * stride + h * head_dim);
+      }
+    });
+    return;
+  }
+  // Long segments (a whole image): per head, blocks of kQueryBlock queries go through the matmul
+  // kernels — scores [block, n] = Q·Kᵀ, a row softmax, then out = P·V — so the work runs at GEMM
+  // speed. Memory is O(block · n): the n × n score matrix is never built.
+  constexpr int64_t kQueryBlock = 64;
+  const SoftmaxFn softmax = pick_softmax(isa);
+  std::vector<float> qh(n * head_dim), kh(n * head_dim), vt(head_dim * n);
+  std::vector<float> scores(kQueryBlock * n), oh(kQueryBlock * head_dim);
+  const TensorView k_view{DType::kF32, {n, head_dim}, kh.data()};
+  const TensorView vt_view{DType::kF32, {head_dim, n}, vt.data()};
+  for (int64_t h = 0; h < n_heads; ++h) {
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(q + i * stride + h * head_dim, head_dim, qh.data() + i * head_dim);
+      std::copy_n(k + i * stride + h * head_dim, head_dim, kh.data() + i * head_dim);
+      for (int64_t d = 0; d < head_dim; ++d) vt[d * n + i] = v[i * stride + h * head_dim + d];
     }
-  });
+    for (int64_t q0 = 0; q0 < n; q0 += kQueryBlock) {
+      const int64_t m = std::min(kQueryBlock, n - q0);
+      matmul(qh.data() + q0 * head_dim, m, head_dim, k_view, scores.data(), pool, isa);
+      pool.parallel_for(m, 4, [&](int64_t b, int64_t e, int) {
+        for (int64_t r = b; r < e; ++r) softmax(scores.data() + r * n, n, scale);
+      });
+      matmul(scores.data(), m, n, vt_view, oh.data(), pool, isa);
+      for (int64_t r = 0; r < m; ++r) {
+        std::copy_n(oh.data() + r * head_dim, head_dim, out + (q0 + r) * stride + h * head_dim);
+      }
+    }
+  }
 }
 
 }  // namespace vlm::ops
