@@ -102,6 +102,34 @@ TEST(Cli, LogitsWritesTheReferenceLogits) {
   EXPECT_LE(max_diff, 1e-4f * max_ref);
 }
 
+TEST(Cli, LogitsWithAnImageExpandThePadAndMatchTransformers) {
+  const std::string dir = kFixtures + "/vision-f32";
+  auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
+  for (const auto& c : ref["cases"]) {
+    if (c["name"] != "tall") continue;
+    const auto& im = ref["images"]["tall"];
+    test_util::TempDir tmp;
+    const std::string out = tmp.file("logits.npy");
+    CliResult r = vlm("logits -m " + quote(dir) + " --ids " + join_ids(c["prompt_ids"]) + " --image " +
+                      quote(dir + "/" + im["source"].get<std::string>()) + " --min-pixels " +
+                      std::to_string(im["min_pixels"].get<int64_t>()) + " --max-pixels " +
+                      std::to_string(im["max_pixels"].get<int64_t>()) + " --out " + quote(out));
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto got = read_npy(out);
+    auto want = read_npy(dir + "/" + c["logits"]["file"].get<std::string>());
+    ASSERT_TRUE(got.ok() && want.ok());
+    ASSERT_EQ(got->shape, want->shape);  // one row per position of the EXPANDED prompt
+    float max_ref = 0, max_diff = 0;
+    for (size_t i = 0; i < got->f32.size(); ++i) {
+      max_ref = std::max(max_ref, std::fabs(want->f32[i]));
+      max_diff = std::max(max_diff, std::fabs(got->f32[i] - want->f32[i]));
+    }
+    EXPECT_LE(max_diff, 1e-4f * max_ref);
+    return;
+  }
+  FAIL() << "no 'tall' case in the fixture";
+}
+
 TEST(Cli, ErrorsAreOneLineAndNonZero) {
   const std::string dir = kFixtures + "/text-f32-untied";
   struct Case {
@@ -116,6 +144,11 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"tokenize -m " + quote(kTokenizerDir), "--text or --file"},
       {"detokenize -m " + quote(kTokenizerDir) + " --ids 99999999", "outside the vocabulary"},
       {"frobnicate", "frobnicate"},
+      {"logits -m " + quote(kFixtures + "/vision-f32") + " --ids 10,1002,1000,1003 --image /nonexistent/x.png --out /tmp/x.npy",
+       "/nonexistent/x.png"},
+      {"logits -m " + quote(kFixtures + "/vision-f32") + " --ids 10,11 --image " +
+           quote(kFixtures + "/vision-f32/synthetic_tiny.png") + " --out /tmp/x.npy",
+       "0 image placeholders"},
   };
   for (const auto& c : cases) {
     CliResult r = vlm(c.args);
@@ -160,6 +193,18 @@ TEST_F(CliRun, GreedyReplyEqualsTransformersContinuation) {
     EXPECT_NE(r.err.find(s), std::string::npos) << r.err;
   }
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+TEST_F(CliRun, ImageQuestionReportsVisionWork) {
+  const std::string cat = std::string(VLM_SHARED_DIR) + "/data/images/cat_chelsea.png";
+  CliResult r = vlm("run -m " + quote(dir_.string()) + " --image " + quote(cat) +
+                    " -p 'What is this?' -n 4 --greedy");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // 451×300 → 448×288 at the default budget: 28 × 18 patches → 126 tokens.
+  EXPECT_NE(r.err.find("images 1: 126 vision tokens"), std::string::npos) << r.err;
+  for (const char* s : {"decode ", "preprocess ", "encode "}) EXPECT_NE(r.err.find(s), std::string::npos);
+  // The rendered chat is 15 ids, one of them the single image pad; expanded: 14 + 126 = 140.
+  EXPECT_NE(r.err.find("prompt 140 tokens"), std::string::npos) << r.err;
 }
 
 TEST_F(CliRun, ChatTemplateStopStringsAndSeeds) {
