@@ -1,6 +1,7 @@
 // Helpers shared by the tests.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -44,6 +45,13 @@ inline std::string read_file(const std::filesystem::path& p) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// Writes `bytes` to `path` (replacing it) and fails the calling test when that does not work.
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
 }
 
 }  // namespace vlm::test_util

@@ -20,16 +20,8 @@ namespace fs = std::filesystem;
 
 using ::vlm::test_util::TempDir;
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using ::vlm::test_util::read_file;
+using ::vlm::test_util::write_bytes;
 
 template <typename T>
 std::string raw(const std::vector<T>& v) {
@@ -64,7 +56,7 @@ TEST(Npy, RoundTripShapes) {
     const std::string path = dir.file("a.npy");
     ASSERT_TRUE(write_npy_f32(path, data.data(), shape).ok());
     // numpy aligns the data start to 64 bytes; so does the writer.
-    const std::string bytes = read_bytes(path);
+    const std::string bytes = read_file(path);
     ASSERT_GE(bytes.size(), 10u);
     const size_t header_len =
         static_cast<uint8_t>(bytes[8]) | (static_cast<size_t>(static_cast<uint8_t>(bytes[9])) << 8);
@@ -84,7 +76,7 @@ TEST(Npy, WriterHeaderText) {
   TempDir dir;
   const float v[3] = {1, 2, 3};
   ASSERT_TRUE(write_npy_f32(dir.file("a.npy"), v, {3}).ok());
-  const std::string bytes = read_bytes(dir.file("a.npy"));
+  const std::string bytes = read_file(dir.file("a.npy"));
   EXPECT_EQ(bytes.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8));
   EXPECT_EQ(bytes.substr(10, 57), "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }");
 }

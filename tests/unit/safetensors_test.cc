@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "core/half.h"
-
 #include "test_util.h"
 
 namespace vlm {
@@ -28,16 +27,8 @@ namespace fs = std::filesystem;
 
 using ::vlm::test_util::TempDir;
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using ::vlm::test_util::read_file;
+using ::vlm::test_util::write_bytes;
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
@@ -105,7 +96,7 @@ TEST(Safetensors, RoundTripF32Bf16F16) {
                                 {{"format", "pt"}})
                   .ok());
   // The data section starts 8-byte aligned, as the reference writer pads it.
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = read_file(path);
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes.data(), 8);
   EXPECT_EQ(header_len % 8, 0u);
@@ -276,7 +267,7 @@ TEST(SafetensorsError, TruncatedData) {
   ASSERT_TRUE(
       write_safetensors(path, {{"a", view(DType::kF32, {4}, a)}, {"b", view(DType::kF32, {4}, b)}})
           .ok());
-  std::string bytes = read_bytes(path);
+  std::string bytes = read_file(path);
   bytes.resize(bytes.size() - 6);  // cut in the middle of "b", the last tensor
   expect_error(open_raw(dir, bytes, "cut.safetensors"),
                {"cut.safetensors", "tensor 'b'", "beyond", "truncated"});
@@ -291,7 +282,7 @@ TEST(SafetensorsError, EveryTruncationFails) {
   ASSERT_TRUE(
       write_safetensors(path, {{"a", view(DType::kF32, {3}, a)}, {"b", view(DType::kBF16, {2}, b)}})
           .ok());
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = read_file(path);
   for (size_t n = 0; n < bytes.size(); ++n) {
     auto f = open_raw(dir, bytes.substr(0, n), "prefix.safetensors");
     EXPECT_FALSE(f.ok()) << "prefix of " << n << " bytes accepted";
@@ -309,7 +300,7 @@ TEST(SafetensorsError, ByteMutationsNeverCrash) {
   ASSERT_TRUE(
       write_safetensors(path, {{"a", view(DType::kF32, {3}, a)}, {"b", view(DType::kBF16, {2}, b)}})
           .ok());
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = read_file(path);
   const char kValues[] = {'\0', '\xff', '9', '"', '-', '[', '{', ' ', '1', 'e'};
   for (size_t pos = 0; pos < bytes.size(); ++pos) {
     for (char v : kValues) {
