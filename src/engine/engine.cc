@@ -18,7 +18,6 @@
 #include "model/qwen3vl_weights.h"
 #include "model/text_decoder.h"
 #include "model/vision_encoder.h"
-#include "vision/image_decode.h"
 #include "vision/preprocess.h"
 
 namespace vlm {
@@ -213,29 +212,17 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
 Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
   Impl& m = *impl_;
   if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower");
-  using Clock = std::chrono::steady_clock;
-  auto ms = [](Clock::time_point a) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - a).count();
-  };
-  ImageTimings t;
-  auto t0 = Clock::now();
-  Result<Image> img = image.path.empty() ? decode_image(image.bytes.data(), image.bytes.size())
-                                         : load_image_file(image.path);
-  if (!img.ok()) return img.status();
-  t.decode_ms = ms(t0);
-  t0 = Clock::now();
-  PreprocessOptions opt = m.preprocess;
-  if (image.min_pixels) opt.min_pixels = *image.min_pixels;
-  if (image.max_pixels) opt.max_pixels = *image.max_pixels;
-  VLM_ASSIGN_OR_RETURN(PreprocessedImage pre, preprocess_image(*img, opt, m.pool.get()));
-  t.preprocess_ms = ms(t0);
-  t.resized_h = pre.resized_h;
-  t.resized_w = pre.resized_w;
-  t0 = Clock::now();
+  GridThw grid;
   VisionOutput out;
-  VLM_RETURN_IF_ERROR(m.vision->encode(pre.pixel_values.data(), {pre.grid_t, pre.grid_h, pre.grid_w}, &out));
-  t.encode_ms = ms(t0);
+  ImageCost cost;
+  VLM_RETURN_IF_ERROR(encode_image_input(image, m.preprocess, *m.vision, *m.pool, &grid, &out, &cost));
+  ImageTimings t;
   t.vision_tokens = out.tokens;
+  t.resized_h = cost.resized_h;
+  t.resized_w = cost.resized_w;
+  t.decode_ms = cost.decode_ms;
+  t.preprocess_ms = cost.preprocess_ms;
+  t.encode_ms = cost.encode_ms;
   return t;
 }
 

@@ -13,6 +13,33 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+Status encode_image_input(const ImageInput& in, const PreprocessOptions& preprocess,
+                          VisionEncoder& encoder, ThreadPool& pool, GridThw* grid,
+                          VisionOutput* out, ImageCost* cost) {
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
+  Result<Image> img = in.path.empty() ? decode_image(in.bytes.data(), in.bytes.size())
+                                      : load_image_file(in.path);
+  if (!img.ok()) return img.status();
+  cost->decode_ms = ms_since(t0);
+
+  t0 = Clock::now();
+  PreprocessOptions opt = preprocess;
+  if (in.min_pixels) opt.min_pixels = *in.min_pixels;
+  if (in.max_pixels) opt.max_pixels = *in.max_pixels;
+  Result<PreprocessedImage> pre = preprocess_image(*img, opt, &pool);
+  if (!pre.ok()) return pre.status();
+  cost->preprocess_ms = ms_since(t0);
+  cost->resized_h = pre->resized_h;
+  cost->resized_w = pre->resized_w;
+
+  t0 = Clock::now();
+  *grid = GridThw{pre->grid_t, pre->grid_h, pre->grid_w};
+  VLM_RETURN_IF_ERROR(encoder.encode(pre->pixel_values.data(), *grid, out));
+  cost->encode_ms = ms_since(t0);
+  return ok_status();
+}
+
 VisionRows PreparedPrompt::rows_for_chunk(int64_t first) const {
   VisionRows r;
   r.feature_row = feature_row.data() + first;
@@ -24,7 +51,6 @@ VisionRows PreparedPrompt::rows_for_chunk(int64_t first) const {
 Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
                           const Qwen3VLConfig& cfg, const PreprocessOptions& preprocess,
                           VisionEncoder& encoder, ThreadPool& pool, PreparedPrompt* out) {
-  using Clock = std::chrono::steady_clock;
   const int32_t pad = static_cast<int32_t>(cfg.image_token_id);
   const int64_t merge = cfg.vision_config.spatial_merge_size;
 
@@ -57,25 +83,13 @@ Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageI
   for (size_t k = 0; k < images.size(); ++k) {
     const ImageInput& in = images[k];
     const std::string what = "image " + std::to_string(k + 1) + (in.path.empty() ? "" : " (" + in.path + ")");
-    auto t0 = Clock::now();
-    Result<Image> img = in.path.empty() ? decode_image(in.bytes.data(), in.bytes.size())
-                                        : load_image_file(in.path);
-    if (!img.ok()) return img.status().with_context(what);
-    out->decode_ms += ms_since(t0);
-
-    t0 = Clock::now();
-    PreprocessOptions opt = preprocess;
-    if (in.min_pixels) opt.min_pixels = *in.min_pixels;
-    if (in.max_pixels) opt.max_pixels = *in.max_pixels;
-    Result<PreprocessedImage> pre = preprocess_image(*img, opt, &pool);
-    if (!pre.ok()) return pre.status().with_context(what);
-    out->preprocess_ms += ms_since(t0);
-
-    t0 = Clock::now();
-    GridThw g{pre->grid_t, pre->grid_h, pre->grid_w};
+    GridThw g;
     VisionOutput vo;
-    VLM_RETURN_IF_ERROR(encoder.encode(pre->pixel_values.data(), g, &vo).with_context(what));
-    out->encode_ms += ms_since(t0);
+    ImageCost cost;
+    VLM_RETURN_IF_ERROR(encode_image_input(in, preprocess, encoder, pool, &g, &vo, &cost).with_context(what));
+    out->decode_ms += cost.decode_ms;
+    out->preprocess_ms += cost.preprocess_ms;
+    out->encode_ms += cost.encode_ms;
     grids.push_back(g);
     out->embeds.insert(out->embeds.end(), vo.embeds.begin(), vo.embeds.end());
     for (size_t d = 0; d < vo.deepstack.size(); ++d) {

@@ -1,5 +1,6 @@
 #include "ops/ref/ref.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -30,6 +31,31 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y)
   }
 }
 
+namespace {
+
+// One query row against keys [0, n_keys) at k + j·stride / v + j·stride, explicit softmax in
+// double precision.
+void attend_row(const float* q, const float* k, const float* v, int64_t stride, int64_t n_keys,
+                int64_t head_dim, float scale, float* out) {
+  std::vector<double> p(n_keys);
+  double mx = -INFINITY;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    double s = 0;
+    for (int64_t d = 0; d < head_dim; ++d) s += static_cast<double>(q[d]) * k[j * stride + d];
+    p[j] = s * scale;
+    mx = std::max(mx, p[j]);
+  }
+  double sum = 0;
+  for (auto& x : p) sum += (x = std::exp(x - mx));
+  for (int64_t d = 0; d < head_dim; ++d) {
+    double acc = 0;
+    for (int64_t j = 0; j < n_keys; ++j) acc += p[j] * v[j * stride + d];
+    out[d] = static_cast<float>(acc / sum);
+  }
+}
+
+}  // namespace
+
 void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
                       const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                       float scale, float* out) {
@@ -37,26 +63,9 @@ void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const floa
   const int64_t kv_stride = n_kv_heads * head_dim;
   for (int64_t i = 0; i < n_q; ++i) {
     for (int64_t h = 0; h < n_heads; ++h) {
-      const int64_t kvh = h / group;
-      const int64_t n_keys = first_pos + i + 1;
-      std::vector<double> p(n_keys);
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < n_keys; ++j) {
-        double s = 0;
-        for (int64_t d = 0; d < head_dim; ++d) {
-          s += static_cast<double>(q[(i * n_heads + h) * head_dim + d]) *
-               k_cache[j * kv_stride + kvh * head_dim + d];
-        }
-        p[j] = s * scale;
-        mx = std::max(mx, p[j]);
-      }
-      double sum = 0;
-      for (auto& v : p) sum += (v = std::exp(v - mx));
-      for (int64_t d = 0; d < head_dim; ++d) {
-        double acc = 0;
-        for (int64_t j = 0; j < n_keys; ++j) acc += p[j] * v_cache[j * kv_stride + kvh * head_dim + d];
-        out[(i * n_heads + h) * head_dim + d] = static_cast<float>(acc / sum);
-      }
+      const int64_t off = (h / group) * head_dim;
+      attend_row(q + (i * n_heads + h) * head_dim, k_cache + off, v_cache + off, kv_stride,
+                 first_pos + i + 1, head_dim, scale, out + (i * n_heads + h) * head_dim);
     }
   }
 }
@@ -66,23 +75,8 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
   const int64_t stride = n_heads * head_dim;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < n_heads; ++h) {
-      std::vector<double> p(n);
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        double s = 0;
-        for (int64_t d = 0; d < head_dim; ++d) {
-          s += static_cast<double>(q[i * stride + h * head_dim + d]) * k[j * stride + h * head_dim + d];
-        }
-        p[j] = s * scale;
-        mx = std::max(mx, p[j]);
-      }
-      double sum = 0;
-      for (auto& x : p) sum += (x = std::exp(x - mx));
-      for (int64_t d = 0; d < head_dim; ++d) {
-        double acc = 0;
-        for (int64_t j = 0; j < n; ++j) acc += p[j] * v[j * stride + h * head_dim + d];
-        out[i * stride + h * head_dim + d] = static_cast<float>(acc / sum);
-      }
+      attend_row(q + i * stride + h * head_dim, k + h * head_dim, v + h * head_dim, stride, n,
+                 head_dim, scale, out + i * stride + h * head_dim);
     }
   }
 }
