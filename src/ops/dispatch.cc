@@ -39,7 +39,8 @@ Isa detect_capped() {
 }
 
 // Weight rows converted per block when many x rows share them (see matmul_kernel.inc).
-constexpr int64_t kScratchRows = 16;
+// 32 = the packed kernel's panel width (kernels/cpu/matmul.h).
+constexpr int64_t kScratchRows = 32;
 
 }  // namespace
 
@@ -86,7 +87,7 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
   if (isa == Isa::kAvx512) kernel = &kernels::avx512::matmul_rows;
   if (isa == Isa::kAvx2) kernel = &kernels::avx2::matmul_rows;
 #endif
-  const bool want_scratch = M >= 8 && w.dtype != DType::kF32;
+  const bool want_scratch = (M >= 8 && w.dtype != DType::kF32) || M >= kernels::kPackedMinRows;
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads.
   pool.parallel_for(N, 16, [&](int64_t n0, int64_t n1, int) {
     // NOTE: thread_local scratch grows once to the largest K seen, then is reused: steady-state

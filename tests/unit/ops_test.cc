@@ -51,9 +51,9 @@ TEST_P(MatmulTest, MatchesReferenceOnOddShapes) {
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int64_t M : {1, 2, 3, 4, 5, 9, 17}) {
+    for (int64_t M : {1, 2, 3, 4, 5, 9, 17, 32, 38}) {  // ≥ 32: the packed kernel
       for (int64_t K : {1, 15, 16, 33, 130}) {
-        for (int64_t N : {1, 3, 5, 17, 40}) {
+        for (int64_t N : {1, 3, 5, 17, 40, 70}) {
           auto w = make_weight(dt, N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
           auto x = randn(M * K, static_cast<uint32_t>(K + 3));
           std::vector<float> y(M * N, NAN), want(M * N);

@@ -11,6 +11,10 @@ namespace vlm::kernels {
 // x: [M, K] f32 contiguous; w: [N, K] in wtype (F32, BF16 or F16).
 // scratch: optional f32 buffer of scratch_rows * K floats (per calling thread) used to convert a
 // block of weight rows once when M is large; may be null.
+// From this many x rows on, matmul_rows uses a packed outer-product kernel; it then needs
+// scratch_rows >= 32.
+constexpr int64_t kPackedMinRows = 32;
+
 namespace generic {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w, int64_t n0,
                  int64_t n1, float* y, int64_t ldy, float* scratch, int64_t scratch_rows);
