@@ -1,0 +1,34 @@
+// One request as the scheduler sees it: token counts and a state, nothing else (no token ids, no
+// tensors). Following vLLM v1 (vllm/v1/request.py), the scheduler counts tokens, not phases: a
+// request still needs `num_tokens - num_computed_tokens` tokens computed. While that is > 1 it is
+// prefilling (a fresh prompt, a later chunk of one, or a recompute after preemption); when it is
+// exactly 1 it is decoding (the last sampled token has no KV yet).
+#pragma once
+
+#include <cstdint>
+
+namespace vlm {
+
+struct SchedRequest {
+  enum class State {
+    kWaiting,    // queued, never ran
+    kRunning,    // in the running set; holds KV blocks
+    kPreempted,  // back in the waiting queue (at the front), blocks freed, recomputes from 0
+    kFinished,   // done or aborted; the scheduler has dropped it
+  };
+
+  int64_t id = 0;
+  int64_t num_prompt_tokens = 0;
+  int64_t num_tokens = 0;           // prompt + generated so far
+  int64_t num_computed_tokens = 0;  // tokens whose KV is in the cache
+  int64_t max_tokens = 0;           // prompt + max new tokens: the most num_tokens can grow to
+  State state = State::kWaiting;
+  int64_t arrival = 0;  // 0, 1, 2, ... in order of Scheduler::add
+
+  // Tokens still to compute before the next token can be sampled.
+  int64_t num_remaining() const { return num_tokens - num_computed_tokens; }
+  bool is_prefilling() const { return num_remaining() > 1; }
+  bool is_decoding() const { return num_remaining() == 1; }
+};
+
+}  // namespace vlm

@@ -1,0 +1,209 @@
+#include "sched/scheduler.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/check.h"
+
+namespace vlm {
+
+Result<Scheduler> Scheduler::create(const SchedulerConfig& c) {
+  if (c.num_blocks <= 0) return invalid_argument("scheduler: num_blocks must be > 0");
+  if (c.block_size <= 0) return invalid_argument("scheduler: block_size must be > 0");
+  if (c.max_num_seqs <= 0) return invalid_argument("scheduler: max_num_seqs must be > 0");
+  if (c.max_waiting <= 0) return invalid_argument("scheduler: max_waiting must be > 0");
+  // NOTE: as in vLLM's SchedulerConfig check, the budget must cover one decode token for every
+  // running request, or a full running set could starve its own decodes.
+  if (c.max_batched_tokens < c.max_num_seqs) {
+    return invalid_argument("scheduler: max_batched_tokens (" +
+                            std::to_string(c.max_batched_tokens) + ") must be >= max_num_seqs (" +
+                            std::to_string(c.max_num_seqs) + ")");
+  }
+  return Scheduler(c);
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config)
+    : config_(config), kv_(config.num_blocks, config.block_size) {}
+
+Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_tokens) {
+  const std::string what = "request " + std::to_string(id);
+  if (requests_.count(id) != 0) return invalid_argument(what + ": duplicate id");
+  if (num_prompt_tokens < 1) return invalid_argument(what + ": empty prompt");
+  if (max_tokens <= num_prompt_tokens) {
+    return invalid_argument(what + ": max_tokens (" + std::to_string(max_tokens) +
+                            ") must exceed the prompt (" + std::to_string(num_prompt_tokens) +
+                            " tokens)");
+  }
+  // A request must fit the cache alone at its largest, or preemption could never make room for it.
+  if (kv_.blocks_for(max_tokens) > config_.num_blocks) {
+    return out_of_range(what + ": " + std::to_string(max_tokens) + " tokens need " +
+                        std::to_string(kv_.blocks_for(max_tokens)) +
+                        " KV blocks but the whole cache has " + std::to_string(config_.num_blocks) +
+                        " (of " + std::to_string(config_.block_size) +
+                        " tokens); shorten the prompt or max_tokens");
+  }
+  if (num_waiting() >= config_.max_waiting) {
+    return Status(StatusCode::kResourceExhausted,
+                  what + ": waiting queue full (" + std::to_string(config_.max_waiting) + ")");
+  }
+  SchedRequest r;
+  r.id = id;
+  r.num_prompt_tokens = num_prompt_tokens;
+  r.num_tokens = num_prompt_tokens;
+  r.max_tokens = max_tokens;
+  r.state = SchedRequest::State::kWaiting;
+  r.arrival = next_arrival_++;
+  requests_.emplace(id, r);
+  waiting_.push_back(id);
+  return ok_status();
+}
+
+void Scheduler::abort(int64_t id) { remove(id); }
+
+void Scheduler::finish(int64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  it->second.state = SchedRequest::State::kFinished;
+  remove(id);
+}
+
+void Scheduler::remove(int64_t id) {
+  if (requests_.erase(id) == 0) return;
+  kv_.free(id);
+  if (auto it = std::find(running_.begin(), running_.end(), id); it != running_.end()) {
+    running_.erase(it);
+  }
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), id); it != waiting_.end()) {
+    waiting_.erase(it);
+  }
+}
+
+const SchedRequest* Scheduler::find(int64_t id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : &it->second;
+}
+
+// NOTE: the order of the two policies is vLLM v1's (vllm/v1/core/sched/scheduler.py): running
+// requests first, then waiting ones, and no admission in a step that had to preempt (memory is
+// short; admitting would only feed the next preemption).
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int64_t budget = config_.max_batched_tokens;
+  schedule_running(&out, &budget);
+  if (out.preempted.empty()) schedule_waiting(&out, &budget);
+  for (const ScheduledItem& item : out.items) out.total_tokens += item.num_tokens;
+  return out;
+}
+
+int64_t Scheduler::prefill_chunk(const SchedRequest& r, int64_t budget, bool alone) const {
+  const int64_t need = r.num_remaining();
+  if (need <= budget) return need;
+  if (config_.chunked_prefill) return budget;  // the rest follows in later steps
+  // NOTE: without chunking a prefill is all or nothing. One larger than the whole budget (a long
+  // prompt, or a recompute after preemption that also covers generated tokens) could then never
+  // run, so it runs alone, over budget, when nothing else is running; FCFS admission holds later
+  // requests back meanwhile, so the running set drains and it cannot starve. vLLM instead rejects
+  // max_model_len > max_num_batched_tokens at startup; we keep the engine usable instead.
+  return alone ? need : 0;
+}
+
+// Policy 1: every running request gets the tokens it still needs. Decodes go first so that a
+// long prefill chunk never delays tokens users are waiting on (Sarathi-Serve's stall-free
+// batching; vLLM V0's chunked-prefill scheduler also takes decodes first). Within each group the
+// oldest goes first, and KV shortage preempts the newest (vLLM v1).
+void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget) {
+  std::vector<int64_t> order;
+  order.reserve(running_.size());
+  for (int64_t id : running_) {
+    if (requests_.at(id).is_decoding()) order.push_back(id);
+  }
+  for (int64_t id : running_) {
+    if (requests_.at(id).is_prefilling()) order.push_back(id);
+  }
+  for (int64_t id : order) {
+    SchedRequest& r = requests_.at(id);
+    if (r.state != SchedRequest::State::kRunning) continue;  // preempted earlier in this step
+    const bool alone = out->items.empty() && running_.size() == 1;
+    const int64_t n = prefill_chunk(r, *budget, alone);
+    if (n <= 0) continue;
+    if (!reserve_or_preempt(r, n, out, budget)) continue;
+    out->items.push_back({id, r.num_computed_tokens, n});
+    *budget -= n;
+  }
+}
+
+bool Scheduler::reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out,
+                                   int64_t* budget) {
+  // Terminates: each failure removes one running request, and r itself is among them. A request
+  // alone always fits (add() checked blocks_for(max_tokens) <= num_blocks), so preempting r
+  // means older requests hold the blocks and were scheduled: the step is never empty.
+  while (!kv_.reserve(r.id, r.num_computed_tokens + n).ok()) {
+    VLM_CHECK(!running_.empty(), "scheduler: a running request is missing from the running set");
+    const int64_t victim = running_.back();
+    preempt(victim, out, budget);
+    if (victim == r.id) return false;
+  }
+  return true;
+}
+
+// Recompute-style preemption (vLLM v1 `_preempt_request`): drop the KV, requeue at the FRONT so
+// the request keeps its FCFS priority, and prefill everything (prompt + generated) again later.
+void Scheduler::preempt(int64_t id, SchedulerOutput* out, int64_t* budget) {
+  SchedRequest& v = requests_.at(id);
+  kv_.free(id);
+  v.num_computed_tokens = 0;
+  v.state = SchedRequest::State::kPreempted;
+  running_.erase(std::find(running_.begin(), running_.end(), id));
+  waiting_.push_front(id);
+  out->preempted.push_back(id);
+  // A newer request may already have been given tokens this step (a decode, when an older
+  // prefill needs the blocks): withdraw them and give its budget back.
+  auto it = std::find_if(out->items.begin(), out->items.end(),
+                         [id](const ScheduledItem& item) { return item.request_id == id; });
+  if (it != out->items.end()) {
+    *budget += it->num_tokens;
+    out->items.erase(it);
+  }
+}
+
+// Policy 2: admit waiting requests in FCFS order while a sequence slot, budget and free blocks for
+// their first chunk remain. The head that does not fit stops admission: no overtaking, so a big
+// request cannot be starved by a stream of small ones.
+void Scheduler::schedule_waiting(SchedulerOutput* out, int64_t* budget) {
+  while (!waiting_.empty() && num_running() < config_.max_num_seqs) {
+    SchedRequest& r = requests_.at(waiting_.front());
+    const int64_t n = prefill_chunk(r, *budget, /*alone=*/running_.empty());
+    if (n <= 0) break;
+    if (!kv_.can_reserve(r.id, r.num_computed_tokens + n)) break;  // admission by free blocks
+    VLM_CHECK(kv_.reserve(r.id, r.num_computed_tokens + n).ok(), "reserve after can_reserve");
+    waiting_.pop_front();
+    running_.push_back(r.id);
+    r.state = SchedRequest::State::kRunning;
+    out->items.push_back({r.id, r.num_computed_tokens, n});
+    *budget -= n;
+  }
+}
+
+void Scheduler::update(const std::vector<std::pair<int64_t, int64_t>>& computed) {
+  for (const auto& [id, n] : computed) {
+    auto it = requests_.find(id);
+    if (it == requests_.end() || it->second.state != SchedRequest::State::kRunning) continue;
+    SchedRequest& r = it->second;
+    VLM_CHECK(n >= 0 && r.num_computed_tokens + n <= r.num_tokens,
+              "scheduler update: more tokens computed than the request has");
+    VLM_CHECK(kv_.blocks_for(r.num_computed_tokens + n) <=
+                  static_cast<int32_t>(kv_.block_table(id).size()),
+              "scheduler update: tokens computed beyond the blocks scheduled for them");
+    r.num_computed_tokens += n;
+  }
+}
+
+void Scheduler::append_token(int64_t id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;  // aborted meanwhile
+  SchedRequest& r = it->second;
+  VLM_CHECK(r.num_tokens < r.max_tokens, "append_token past max_tokens: call finish() instead");
+  ++r.num_tokens;
+}
+
+}  // namespace vlm

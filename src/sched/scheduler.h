@@ -1,0 +1,109 @@
+// The request scheduler for continuous batching (vLLM v1 style; style.md convention 8): each step
+// hands every runnable request a token count within one token budget. Chunked prefill and
+// preemption both follow from that rule; there is no prefill or decode "phase".
+//
+// Plain data in, plain data out (convention 9): no tensors, no threads. The engine thread owns a
+// Scheduler and drives it once per step:
+//   out = schedule();                 // who computes which tokens this step
+//   ... run the model on `out` ...
+//   update({{id, n}, ...});           // those tokens now have KV in the cache
+//   append_token(id) / finish(id);    // a sampled token joined, or the request is done
+// Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "sched/request.h"
+#include "vlm/status.h"
+
+namespace vlm {
+
+struct SchedulerConfig {
+  int32_t num_blocks = 0;             // KV blocks in the cache
+  int32_t block_size = 16;            // tokens per block
+  int64_t max_num_seqs = 64;          // most requests in the running set
+  int64_t max_batched_tokens = 2048;  // token budget of one step (must be >= max_num_seqs)
+  bool chunked_prefill = true;        // split long prefills across steps
+  int64_t max_waiting = 256;          // add() beyond this many queued requests: ResourceExhausted
+};
+
+// Compute tokens [first_token, first_token + num_tokens) of `request_id` this step.
+struct ScheduledItem {
+  int64_t request_id = 0;
+  int64_t first_token = 0;  // == the request's num_computed_tokens when scheduled
+  int64_t num_tokens = 0;   // >= 1
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledItem> items;  // decodes first, then prefill chunks (see schedule())
+  std::vector<int64_t> preempted;    // ids preempted this step (blocks freed, back in the queue)
+  int64_t total_tokens = 0;          // sum of items[i].num_tokens
+};
+
+class Scheduler {
+ public:
+  // Checks every field: a non-positive size or limit, or max_batched_tokens < max_num_seqs (each
+  // running decode must fit one step's budget), is invalid_argument.
+  static Result<Scheduler> create(const SchedulerConfig& config);
+
+  // Queues a request. invalid_argument: duplicate id, num_prompt_tokens < 1, or
+  // max_tokens <= num_prompt_tokens (a prefill always samples one token). OutOfRange: max_tokens
+  // needs more blocks than the whole cache, so it could never run. ResourceExhausted: the waiting
+  // queue holds max_waiting requests (the server answers 429).
+  Status add(int64_t id, int64_t num_prompt_tokens, int64_t max_tokens);
+  // Cancels a request (client disconnect) in any state and frees its blocks now. Unknown: no-op.
+  void abort(int64_t id);
+
+  // One step. Never exceeds max_batched_tokens, with one documented exception: without chunked
+  // prefill, a prefill larger than the whole budget runs alone when nothing else is running
+  // (otherwise it could never run). Schedules something whenever any request has work.
+  SchedulerOutput schedule();
+
+  // After the step ran: num_computed_tokens += n for each (id, n). Ids no longer running (aborted
+  // or preempted since) are skipped.
+  void update(const std::vector<std::pair<int64_t, int64_t>>& computed);
+  // A sampled token joined the request (num_tokens += 1). The engine calls finish() instead once
+  // num_tokens has reached max_tokens.
+  void append_token(int64_t id);
+  // Done (eos, stop string or length): frees its blocks and drops the request. Unknown: no-op.
+  void finish(int64_t id);
+
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int32_t kv_blocks_used() const { return kv_.pool().num_used(); }
+  int32_t kv_blocks_total() const { return kv_.pool().num_blocks(); }
+  // nullptr once finished or aborted. Valid until the next add/abort/finish.
+  const SchedRequest* find(int64_t id) const;
+  // The request's KV blocks, in token order (empty when it holds none).
+  const std::vector<int32_t>& block_table(int64_t id) const { return kv_.block_table(id); }
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  // The policies schedule() runs, in order.
+  void schedule_running(SchedulerOutput* out, int64_t* budget);
+  void schedule_waiting(SchedulerOutput* out, int64_t* budget);
+
+  // Tokens to give a request that still needs `r.num_remaining()`, within `budget`.
+  int64_t prefill_chunk(const SchedRequest& r, int64_t budget, bool alone) const;
+  // Reserves blocks for r's first `n` uncomputed tokens, preempting the newest running request
+  // until it fits. False when r itself had to be preempted.
+  bool reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out, int64_t* budget);
+  void preempt(int64_t id, SchedulerOutput* out, int64_t* budget);
+  void remove(int64_t id);
+
+  SchedulerConfig config_;
+  KvCacheManager kv_;
+  std::unordered_map<int64_t, SchedRequest> requests_;  // every live request, by id
+  std::vector<int64_t> running_;                        // oldest admitted first
+  std::deque<int64_t> waiting_;                         // FCFS; preempted requests at the front
+  int64_t next_arrival_ = 0;
+};
+
+}  // namespace vlm

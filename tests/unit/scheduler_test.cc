@@ -1,0 +1,452 @@
+// The continuous-batching scheduler with fake requests: token budget, decode priority, chunked
+// prefill, FCFS admission by free blocks, preemption, abort/finish, and a seeded simulation that
+// checks the invariants every step.
+#include "sched/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace vlm {
+namespace {
+
+using State = SchedRequest::State;
+
+Scheduler make(const SchedulerConfig& c) {
+  Result<Scheduler> s = Scheduler::create(c);
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  return std::move(s).value();
+}
+
+SchedulerConfig config(int32_t num_blocks, int32_t block_size, int64_t max_num_seqs,
+                       int64_t max_batched_tokens, bool chunked = true) {
+  SchedulerConfig c;
+  c.num_blocks = num_blocks;
+  c.block_size = block_size;
+  c.max_num_seqs = max_num_seqs;
+  c.max_batched_tokens = max_batched_tokens;
+  c.chunked_prefill = chunked;
+  return c;
+}
+
+const ScheduledItem* item_of(const SchedulerOutput& out, int64_t id) {
+  for (const ScheduledItem& i : out.items) {
+    if (i.request_id == id) return &i;
+  }
+  return nullptr;
+}
+
+std::vector<int64_t> ids_of(const SchedulerOutput& out) {
+  std::vector<int64_t> ids;
+  for (const ScheduledItem& i : out.items) ids.push_back(i.request_id);
+  return ids;
+}
+
+// The engine's part of a step: every scheduled token gets computed; a request that has caught up
+// samples one token and finishes once it reaches max_tokens. Returns the ids that finished.
+std::vector<int64_t> run_step(Scheduler& s, const SchedulerOutput& out) {
+  std::vector<std::pair<int64_t, int64_t>> computed;
+  for (const ScheduledItem& i : out.items) computed.emplace_back(i.request_id, i.num_tokens);
+  s.update(computed);
+  std::vector<int64_t> finished;
+  for (const ScheduledItem& i : out.items) {
+    const SchedRequest* r = s.find(i.request_id);
+    if (r == nullptr || r->num_computed_tokens < r->num_tokens) continue;
+    s.append_token(i.request_id);
+    if (r->num_tokens == r->max_tokens) {
+      s.finish(i.request_id);
+      finished.push_back(i.request_id);
+    }
+  }
+  return finished;
+}
+
+TEST(Scheduler, CreateValidatesConfig) {
+  EXPECT_TRUE(Scheduler::create(config(8, 16, 4, 64)).ok());
+  const SchedulerConfig bad[] = {config(0, 16, 4, 64), config(8, 0, 4, 64), config(8, 16, 0, 64),
+                                 config(8, 16, 4, 0), config(8, 16, 8, 4)};
+  for (const SchedulerConfig& c : bad) {
+    Result<Scheduler> s = Scheduler::create(c);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  }
+  SchedulerConfig no_queue = config(8, 16, 4, 64);
+  no_queue.max_waiting = 0;
+  EXPECT_EQ(Scheduler::create(no_queue).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Scheduler, AddRejectsBadImpossibleAndOverflowingRequests) {
+  SchedulerConfig c = config(4, 16, 4, 64);  // 64 tokens of cache
+  c.max_waiting = 2;
+  Scheduler s = make(c);
+  EXPECT_EQ(s.add(1, 0, 5).code(), StatusCode::kInvalidArgument);    // empty prompt
+  EXPECT_EQ(s.add(1, 10, 10).code(), StatusCode::kInvalidArgument);  // no room to generate
+  const Status impossible = s.add(1, 10, 65);                        // 5 blocks > 4
+  EXPECT_EQ(impossible.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(impossible.message().find("KV blocks"), std::string::npos) << impossible.message();
+  ASSERT_TRUE(s.add(1, 10, 64).ok());  // exactly the whole cache: allowed
+  EXPECT_EQ(s.add(1, 5, 8).code(), StatusCode::kInvalidArgument);  // duplicate id
+  ASSERT_TRUE(s.add(2, 5, 8).ok());
+  EXPECT_EQ(s.add(3, 5, 8).code(), StatusCode::kResourceExhausted);  // queue full
+  EXPECT_EQ(s.num_waiting(), 2);
+  s.schedule();  // admits both, which empties the queue
+  EXPECT_EQ(s.num_waiting(), 0);
+  EXPECT_TRUE(s.add(3, 5, 8).ok());
+}
+
+TEST(Scheduler, ChunkedPrefillTilesThePromptExactly) {
+  Scheduler s = make(config(64, 16, 4, 32));
+  ASSERT_TRUE(s.add(1, 100, 103).ok());
+  std::vector<ScheduledItem> seen;
+  for (int step = 0; step < 20 && s.find(1) != nullptr; ++step) {
+    const SchedulerOutput out = s.schedule();
+    EXPECT_LE(out.total_tokens, 32);
+    ASSERT_EQ(out.items.size(), 1u);
+    seen.push_back(out.items[0]);
+    // The blocks reserved cover exactly what is being computed.
+    EXPECT_EQ(static_cast<int64_t>(s.block_table(1).size()),
+              (out.items[0].first_token + out.items[0].num_tokens + 15) / 16);
+    run_step(s, out);
+  }
+  ASSERT_EQ(s.find(1), nullptr) << "never finished";
+  const std::vector<std::pair<int64_t, int64_t>> want = {{0, 32}, {32, 32}, {64, 32},
+                                                         {96, 4}, {100, 1}, {101, 1}};
+  ASSERT_EQ(seen.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(seen[i].first_token, want[i].first) << i;
+    EXPECT_EQ(seen[i].num_tokens, want[i].second) << i;
+  }
+  EXPECT_EQ(s.kv_blocks_used(), 0);
+}
+
+TEST(Scheduler, WithoutChunkingPrefillIsAllOrNothingAndOversizeRunsAlone) {
+  Scheduler s = make(config(64, 16, 4, 64, /*chunked=*/false));
+  ASSERT_TRUE(s.add(1, 40, 42).ok());
+  ASSERT_TRUE(s.add(2, 40, 42).ok());
+  SchedulerOutput out = s.schedule();
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1}));  // 2 would need 40 of the 24 left: not split
+  EXPECT_EQ(out.total_tokens, 40);
+  run_step(s, out);
+  out = s.schedule();
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(item_of(out, 2)->num_tokens, 40);
+
+  // A prompt larger than the whole budget waits until nothing else runs, then runs alone.
+  Scheduler t = make(config(64, 16, 4, 64, /*chunked=*/false));
+  ASSERT_TRUE(t.add(4, 10, 14).ok());
+  ASSERT_TRUE(t.add(5, 100, 101).ok());
+  bool big_ran = false;
+  for (int step = 0; step < 20 && t.find(5) != nullptr; ++step) {
+    out = t.schedule();
+    if (const ScheduledItem* big = item_of(out, 5)) {
+      EXPECT_EQ(out.items.size(), 1u);
+      EXPECT_EQ(big->num_tokens, 100);
+      EXPECT_EQ(t.find(4), nullptr);
+      big_ran = true;
+    } else {
+      EXPECT_LE(out.total_tokens, 64);
+    }
+    run_step(t, out);
+  }
+  EXPECT_TRUE(big_ran);
+}
+
+TEST(Scheduler, DecodesGetTheirTokenBeforePrefills) {
+  Scheduler s = make(config(256, 16, 8, 16));
+  for (int64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, 4, 100).ok());
+  run_step(s, s.schedule());  // all three prefilled (12 tokens): now decoding
+  ASSERT_TRUE(s.add(10, 200, 201).ok());
+  int prefill_steps = 0;
+  while (s.find(10) != nullptr && s.find(10)->num_computed_tokens < 200) {
+    const SchedulerOutput out = s.schedule();
+    ASSERT_EQ(out.items.size(), 4u);
+    for (size_t i = 0; i < 3; ++i) {  // the decodes come first, one token each
+      EXPECT_EQ(out.items[i].num_tokens, 1);
+      EXPECT_NE(out.items[i].request_id, 10);
+    }
+    EXPECT_EQ(out.items[3].request_id, 10);
+    const int64_t left = 200 - s.find(10)->num_computed_tokens;
+    EXPECT_EQ(out.items[3].num_tokens, std::min<int64_t>(left, 16 - 3));  // the rest of the budget
+    EXPECT_LE(out.total_tokens, 16);
+    run_step(s, out);
+    ASSERT_LT(++prefill_steps, 100);
+  }
+  EXPECT_EQ(prefill_steps, (200 + 12) / 13);
+}
+
+TEST(Scheduler, TokenBudgetIsFilledButNeverExceeded) {
+  Scheduler s = make(config(256, 16, 16, 50));
+  for (int64_t id = 0; id < 10; ++id) ASSERT_TRUE(s.add(id, 30, 40).ok());
+  SchedulerOutput out = s.schedule();
+  EXPECT_EQ(out.total_tokens, 50);  // 30 + a 20-token first chunk of the next
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{0, 1}));
+  for (int step = 0; step < 200 && (s.num_running() + s.num_waiting()) > 0; ++step) {
+    int64_t sum = 0;
+    for (const ScheduledItem& i : out.items) sum += i.num_tokens;
+    EXPECT_EQ(sum, out.total_tokens);
+    EXPECT_LE(out.total_tokens, 50);
+    EXPECT_GT(out.total_tokens, 0);
+    run_step(s, out);
+    out = s.schedule();
+  }
+  EXPECT_EQ(s.num_running() + s.num_waiting(), 0);
+}
+
+TEST(Scheduler, MaxNumSeqsCapsTheRunningSet) {
+  Scheduler s = make(config(64, 16, 2, 64));
+  for (int64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, 4, 6).ok());
+  SchedulerOutput out = s.schedule();
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(s.num_running(), 2);
+  EXPECT_EQ(s.num_waiting(), 1);
+  while (s.find(1) != nullptr) {
+    EXPECT_EQ(item_of(out, 3), nullptr);
+    EXPECT_LE(s.num_running(), 2);
+    run_step(s, out);
+    out = s.schedule();
+  }
+  EXPECT_NE(item_of(out, 3), nullptr);  // a slot opened: admitted the next step
+}
+
+TEST(Scheduler, AdmissionNeedsFreeBlocksAndTheHeadBlocksLaterRequests) {
+  Scheduler s = make(config(8, 16, 8, 512));  // 128 tokens of cache
+  ASSERT_TRUE(s.add(1, 64, 70).ok());
+  run_step(s, s.schedule());           // 1 holds 4 blocks, then 5 for its first decode
+  ASSERT_TRUE(s.add(2, 80, 90).ok());  // needs 5 blocks: only 3 free
+  ASSERT_TRUE(s.add(3, 10, 12).ok());  // needs 1 block: would fit, but must not overtake 2
+  for (int step = 0; step < 3; ++step) {
+    const SchedulerOutput out = s.schedule();
+    EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1}));
+    EXPECT_EQ(s.find(2)->state, State::kWaiting);
+    EXPECT_EQ(s.find(3)->state, State::kWaiting);
+    EXPECT_EQ(s.kv_blocks_used(), 5);
+    run_step(s, out);
+  }
+  s.finish(1);
+  EXPECT_EQ(s.kv_blocks_used(), 0);
+  const SchedulerOutput out = s.schedule();
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{2, 3}));  // FCFS order
+  EXPECT_EQ(s.kv_blocks_used(), 6);
+}
+
+TEST(Scheduler, PreemptsTheNewestWhichRecomputesFromTheFrontOfTheQueue) {
+  Scheduler s = make(config(4, 4, 4, 64));  // 16 tokens of cache
+  ASSERT_TRUE(s.add(1, 7, 12).ok());
+  ASSERT_TRUE(s.add(2, 7, 12).ok());
+  run_step(s, s.schedule());  // both prefilled: 2 blocks each, 8 tokens each
+  run_step(s, s.schedule());  // one decode each: 9 tokens, 8 computed; still 2 blocks each
+  ASSERT_EQ(s.kv_blocks_used(), 4);
+  ASSERT_TRUE(s.add(3, 3, 5).ok());  // queued behind: the preempted request must go ahead of it
+
+  SchedulerOutput out = s.schedule();  // 1 needs a third block: none free
+  EXPECT_EQ(out.preempted, (std::vector<int64_t>{2}));
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1}));  // and no admission in a preempting step
+  const SchedRequest* b = s.find(2);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->state, State::kPreempted);
+  EXPECT_EQ(b->num_computed_tokens, 0);
+  EXPECT_EQ(b->num_tokens, 9);
+  EXPECT_TRUE(s.block_table(2).empty());
+  EXPECT_EQ(s.kv_blocks_used(), 3);
+  EXPECT_EQ(s.num_waiting(), 2);
+
+  bool recomputed = false;
+  std::vector<int64_t> admitted_after;  // order in which 2 and 3 next appear
+  for (int step = 0; step < 50 && s.num_running() + s.num_waiting() > 0; ++step) {
+    run_step(s, out);
+    out = s.schedule();
+    for (const ScheduledItem& i : out.items) {
+      if (i.request_id == 2 && !recomputed) {
+        EXPECT_EQ(i.first_token, 0);
+        EXPECT_EQ(i.num_tokens, 9);  // prompt and both generated tokens, from scratch
+        recomputed = true;
+      }
+      if (i.request_id != 1 && std::find(admitted_after.begin(), admitted_after.end(),
+                                         i.request_id) == admitted_after.end()) {
+        admitted_after.push_back(i.request_id);
+      }
+    }
+  }
+  EXPECT_TRUE(recomputed);
+  EXPECT_EQ(admitted_after, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(s.num_running() + s.num_waiting(), 0);  // everything finished
+  EXPECT_EQ(s.kv_blocks_used(), 0);
+}
+
+TEST(Scheduler, TheNewestPreemptsItselfAndOlderRequestsKeepRunning) {
+  Scheduler s = make(config(4, 4, 4, 64));
+  ASSERT_TRUE(s.add(1, 3, 8).ok());
+  ASSERT_TRUE(s.add(2, 12, 16).ok());
+  run_step(s, s.schedule());  // 1 block + 3 blocks: the cache is full
+  const SchedulerOutput out = s.schedule();
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1}));
+  EXPECT_EQ(out.preempted, (std::vector<int64_t>{2}));
+  EXPECT_EQ(s.find(1)->state, State::kRunning);
+  EXPECT_EQ(s.find(2)->state, State::kPreempted);
+  SchedulerOutput next = out;
+  for (int step = 0; step < 50 && s.num_running() + s.num_waiting() > 0; ++step) {
+    run_step(s, next);
+    next = s.schedule();
+  }
+  EXPECT_EQ(s.num_running() + s.num_waiting(), 0);
+  EXPECT_EQ(s.kv_blocks_used(), 0);
+}
+
+TEST(Scheduler, AbortFreesBlocksAtOnceAndLeavesOthersAlone) {
+  Scheduler s = make(config(16, 16, 4, 256));
+  ASSERT_TRUE(s.add(1, 40, 60).ok());
+  ASSERT_TRUE(s.add(2, 20, 60).ok());
+  run_step(s, s.schedule());
+  ASSERT_EQ(s.kv_blocks_used(), 3 + 2);
+  const std::vector<int32_t> table1 = s.block_table(1);
+  const int64_t computed1 = s.find(1)->num_computed_tokens;
+
+  s.abort(2);
+  EXPECT_EQ(s.kv_blocks_used(), 3);
+  EXPECT_EQ(s.find(2), nullptr);
+  EXPECT_TRUE(s.block_table(2).empty());
+  EXPECT_EQ(s.num_running(), 1);
+  EXPECT_EQ(s.block_table(1), table1);
+  s.abort(99);  // unknown: no-op
+  EXPECT_EQ(s.kv_blocks_used(), 3);
+
+  ASSERT_TRUE(s.add(3, 10, 20).ok());
+  s.abort(3);  // still waiting: leaves the queue
+  EXPECT_EQ(s.num_waiting(), 0);
+  SchedulerOutput out = s.schedule();
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1}));
+  EXPECT_EQ(out.items[0].first_token, computed1);
+
+  s.abort(1);  // aborted between schedule() and update(): the update is ignored
+  run_step(s, out);
+  EXPECT_EQ(s.kv_blocks_used(), 0);
+  EXPECT_EQ(s.num_running(), 0);
+}
+
+TEST(Scheduler, FinishFreesBlocks) {
+  Scheduler s = make(config(16, 16, 4, 256));
+  ASSERT_TRUE(s.add(1, 40, 60).ok());
+  ASSERT_TRUE(s.add(2, 20, 60).ok());
+  run_step(s, s.schedule());
+  EXPECT_EQ(s.kv_blocks_used(), 5);
+  s.finish(1);
+  EXPECT_EQ(s.kv_blocks_used(), 2);
+  EXPECT_EQ(s.find(1), nullptr);
+  EXPECT_EQ(s.num_running(), 1);
+  EXPECT_EQ(s.kv_blocks_total(), 16);
+}
+
+// Many requests of random sizes arriving over time, some aborted, driven to completion; every
+// step checks the budget, the block accounting and that the work in flight makes progress.
+class SchedulerSimulation : public ::testing::TestWithParam<std::pair<bool, uint32_t>> {};
+
+TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
+  const auto [chunked, seed] = GetParam();
+  SchedulerConfig c = config(32, 16, 8, 128, chunked);  // 512 tokens: preemption is common
+  c.max_waiting = 24;
+  Scheduler s = make(c);
+  std::mt19937 rng(seed);
+  auto uniform = [&rng](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+
+  constexpr int64_t kRequests = 300;
+  std::vector<std::pair<int64_t, int64_t>> pending;  // (prompt, max_tokens), in id order
+  for (int64_t i = 0; i < kRequests; ++i) {
+    const int64_t prompt = uniform(1, 300);
+    pending.emplace_back(prompt, prompt + uniform(1, 120));
+  }
+  std::set<int64_t> live, finished, aborted;
+  int64_t next = 0, preemptions = 0, rejected = 0;
+  constexpr int kMaxSteps = 20000;
+  int step = 0;
+  for (; step < kMaxSteps; ++step) {
+    if (next == kRequests && live.empty()) break;
+    for (int64_t k = uniform(0, 3); k > 0 && next < kRequests; --k) {
+      const Status st = s.add(next, pending[next].first, pending[next].second);
+      if (st.code() == StatusCode::kResourceExhausted) {
+        ++rejected;  // the client retries later
+        break;
+      }
+      ASSERT_TRUE(st.ok()) << st.message();
+      live.insert(next++);
+    }
+    if (!live.empty() && uniform(0, 199) == 0) {  // a client disconnects now and then
+      auto it = live.begin();
+      std::advance(it, uniform(0, static_cast<int64_t>(live.size()) - 1));
+      s.abort(*it);
+      aborted.insert(*it);
+      live.erase(it);
+    }
+
+    const SchedulerOutput out = s.schedule();
+    preemptions += static_cast<int64_t>(out.preempted.size());
+    // Budget, with the one documented exception: an oversize unchunked prefill alone.
+    int64_t sum = 0;
+    std::set<int64_t> ids;
+    for (const ScheduledItem& i : out.items) {
+      sum += i.num_tokens;
+      ASSERT_TRUE(ids.insert(i.request_id).second) << "scheduled twice";
+      const SchedRequest* r = s.find(i.request_id);
+      ASSERT_NE(r, nullptr);
+      EXPECT_EQ(r->state, State::kRunning);
+      EXPECT_GE(i.num_tokens, 1);
+      EXPECT_EQ(i.first_token, r->num_computed_tokens);
+      EXPECT_LE(i.first_token + i.num_tokens, r->num_tokens);
+      EXPECT_GE(static_cast<int64_t>(s.block_table(i.request_id).size()) * 16,
+                i.first_token + i.num_tokens);
+    }
+    EXPECT_EQ(sum, out.total_tokens);
+    if (chunked || out.items.size() > 1) {
+      ASSERT_LE(out.total_tokens, c.max_batched_tokens) << "step " << step;
+    }
+    if (!live.empty()) ASSERT_FALSE(out.items.empty()) << "livelock at step " << step;
+    EXPECT_LE(s.num_running(), c.max_num_seqs);
+    for (int64_t id : out.preempted) {
+      ASSERT_NE(s.find(id), nullptr);
+      EXPECT_EQ(s.find(id)->state, State::kPreempted);
+      EXPECT_EQ(ids.count(id), 0u);
+    }
+    // Block accounting: the pool's used count is exactly the sum of the tables.
+    int64_t table_blocks = 0;
+    for (int64_t id : live) {
+      const SchedRequest* r = s.find(id);
+      ASSERT_NE(r, nullptr) << id;
+      const int64_t held = static_cast<int64_t>(s.block_table(id).size());
+      table_blocks += held;
+      if (r->state != State::kRunning) EXPECT_EQ(held, 0);
+    }
+    ASSERT_EQ(table_blocks, s.kv_blocks_used());
+    EXPECT_EQ(s.num_running() + s.num_waiting(), static_cast<int64_t>(live.size()));
+
+    for (int64_t id : run_step(s, out)) {
+      live.erase(id);
+      finished.insert(id);
+    }
+    for (int64_t id : live) {  // each request's blocks cover its computed tokens
+      const SchedRequest* r = s.find(id);
+      EXPECT_GE(static_cast<int64_t>(s.block_table(id).size()) * 16, r->num_computed_tokens);
+    }
+  }
+  ASSERT_LT(step, kMaxSteps) << "requests starved: " << live.size() << " never finished";
+  EXPECT_EQ(static_cast<int64_t>(finished.size() + aborted.size()), kRequests);
+  EXPECT_EQ(s.kv_blocks_used(), 0);
+  EXPECT_EQ(s.num_running(), 0);
+  EXPECT_EQ(s.num_waiting(), 0);
+  EXPECT_GT(preemptions, 0) << "the simulation should exercise preemption";
+  RecordProperty("steps", step);
+  RecordProperty("preemptions", static_cast<int>(preemptions));
+  EXPECT_GT(rejected, 0) << "the simulation should exercise the full queue";
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerSimulation,
+                         ::testing::Values(std::make_pair(true, 1u), std::make_pair(true, 2u),
+                                           std::make_pair(false, 3u), std::make_pair(false, 4u)));
+
+}  // namespace
+}  // namespace vlm
