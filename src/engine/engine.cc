@@ -50,7 +50,7 @@ struct Engine::Impl {
 
   // Makes sure the cache holds `n` positions; grows (never shrinks) between requests.
   void reserve_cache(int64_t n) {
-    if (cache.capacity < n) cache.allocate(cfg.text_config, n);
+    if (cache.capacity() < n) cache.allocate(cfg.text_config, 1, n);
   }
 
   // Runs the whole prompt from cache slot 0 in chunks. rows: kLast → logits of the last position

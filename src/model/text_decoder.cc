@@ -5,10 +5,11 @@
 
 namespace vlm {
 
-void KvCache::allocate(const Qwen3VLTextConfig& c, int64_t cap) {
-  capacity = cap;
+void KvCache::allocate(const Qwen3VLTextConfig& c, int64_t blocks, int64_t block) {
+  num_blocks = blocks;
+  block_size = block;
   row = c.num_key_value_heads * c.head_dim;
-  const size_t n = static_cast<size_t>(c.num_hidden_layers * cap * row);
+  const size_t n = static_cast<size_t>(c.num_hidden_layers * blocks * block * row);
   k.assign(n, 0.f);
   v.assign(n, 0.f);
 }
@@ -44,6 +45,9 @@ TextDecoder::TextDecoder(const Qwen3VLConfig& cfg, const TextWeights& w, ThreadP
   up_.resize(max_chunk * I);
   cos_.resize(max_chunk * half);
   sin_.resize(max_chunk * half);
+  pos_t_.resize(max_chunk);
+  pos_h_.resize(max_chunk);
+  pos_w_.resize(max_chunk);
 }
 
 void TextDecoder::rope_tables(const Positions3& pos, int64_t n) {
@@ -62,75 +66,126 @@ void TextDecoder::rope_tables(const Positions3& pos, int64_t n) {
 Status TextDecoder::forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
                             KvCache& cache, LogitRows rows, float* logits,
                             const VisionRows* vision) {
-  if (n <= 0) return invalid_argument("forward: no tokens");
-  if (n > max_chunk_) return internal_error("forward: chunk larger than the scratch buffers");
-  if (first + n > cache.capacity) {
-    return out_of_range("sequence of " + std::to_string(first + n) +
-                        " tokens exceeds the KV cache capacity " + std::to_string(cache.capacity));
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    if (ids[i] < 0 || ids[i] >= cfg_.vocab_size) {
-      return invalid_argument("token id " + std::to_string(ids[i]) + " is outside the vocabulary [0, " +
-                              std::to_string(cfg_.vocab_size) + ")");
-    }
-  }
+  if (cache.num_blocks != 1) return internal_error("forward: expects a single-block cache");
+  static const int32_t kBlock0 = 0;
+  SeqChunk c;
+  c.ids = ids;
+  c.n = n;
+  c.first = first;
+  c.pos = pos;
+  c.block_table = &kBlock0;
+  c.num_table_blocks = 1;
+  c.vision = vision;
+  c.rows = rows;
+  return forward_batch(&c, 1, cache, logits);
+}
+
+Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCache& cache,
+                                  float* logits) {
   const int64_t H = cfg_.hidden_size, nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads,
                 hd = cfg_.head_dim, I = cfg_.intermediate_size;
-  const int64_t qd = nh * hd, kvd = nkv * hd;
+  const int64_t qd = nh * hd, kvd = nkv * hd, bs = cache.block_size;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  ops::embedding_lookup(w_.embed_tokens, ids, n, x_.data());
-  if (vision != nullptr) {
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t r = vision->feature_row[i];
-      if (r >= 0) std::copy_n(vision->embeds + r * H, H, x_.data() + i * H);
+  // Validate, then lay the chunks' tokens out one after another: rows [off_c, off_c + n_c).
+  int64_t T = 0;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const SeqChunk& ch = chunks[c];
+    if (ch.n <= 0) return invalid_argument("forward: a chunk has no tokens");
+    if (ch.first + ch.n > ch.num_table_blocks * bs) {
+      return out_of_range("sequence of " + std::to_string(ch.first + ch.n) +
+                          " tokens exceeds its KV cache blocks (" +
+                          std::to_string(ch.num_table_blocks * bs) + " positions)");
     }
+    for (int64_t b = 0; b < ch.num_table_blocks; ++b) {
+      if (ch.block_table[b] < 0 || ch.block_table[b] >= cache.num_blocks) {
+        return internal_error("forward: block id outside the KV cache");
+      }
+    }
+    for (int64_t i = 0; i < ch.n; ++i) {
+      if (ch.ids[i] < 0 || ch.ids[i] >= cfg_.vocab_size) {
+        return invalid_argument("token id " + std::to_string(ch.ids[i]) +
+                                " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
+      }
+    }
+    T += ch.n;
   }
-  rope_tables(pos, n);
+  if (T > max_chunk_) return internal_error("forward: batch larger than the scratch buffers");
+
+  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
+    const SeqChunk& ch = chunks[c];
+    ops::embedding_lookup(w_.embed_tokens, ch.ids, ch.n, x_.data() + off * H);
+    if (ch.vision != nullptr) {
+      for (int64_t i = 0; i < ch.n; ++i) {
+        const int32_t r = ch.vision->feature_row[i];
+        if (r >= 0) std::copy_n(ch.vision->embeds + r * H, H, x_.data() + (off + i) * H);
+      }
+    }
+    std::copy_n(ch.pos.t, ch.n, pos_t_.data() + off);
+    std::copy_n(ch.pos.h, ch.n, pos_h_.data() + off);
+    std::copy_n(ch.pos.w, ch.n, pos_w_.data() + off);
+  }
+  rope_tables(Positions3{pos_t_.data(), pos_h_.data(), pos_w_.data()}, T);
 
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const TextLayerWeights& L = w_.layers[l];
-    // Attention block.
-    ops::rms_norm(x_.data(), L.input_layernorm.data(), n, H, eps, xn_.data());
-    ops::matmul(xn_.data(), n, H, L.q_proj, q_.data(), pool_, isa_);
-    ops::matmul(xn_.data(), n, H, L.k_proj, k_.data(), pool_, isa_);
-    ops::matmul(xn_.data(), n, H, L.v_proj, v_.data(), pool_, isa_);
+    // Attention block: projections for all tokens of all chunks at once.
+    ops::rms_norm(x_.data(), L.input_layernorm.data(), T, H, eps, xn_.data());
+    ops::matmul(xn_.data(), T, H, L.q_proj, q_.data(), pool_, isa_);
+    ops::matmul(xn_.data(), T, H, L.k_proj, k_.data(), pool_, isa_);
+    ops::matmul(xn_.data(), T, H, L.v_proj, v_.data(), pool_, isa_);
     // q/k RMSNorm over each head's head_dim values, BEFORE rotary.
-    ops::rms_norm(q_.data(), L.q_norm.data(), n * nh, hd, eps, q_.data());
-    ops::rms_norm(k_.data(), L.k_norm.data(), n * nkv, hd, eps, k_.data());
-    ops::rope_neox(q_.data(), n, nh, hd, cos_.data(), sin_.data());
-    ops::rope_neox(k_.data(), n, nkv, hd, cos_.data(), sin_.data());
+    ops::rms_norm(q_.data(), L.q_norm.data(), T * nh, hd, eps, q_.data());
+    ops::rms_norm(k_.data(), L.k_norm.data(), T * nkv, hd, eps, k_.data());
+    ops::rope_neox(q_.data(), T, nh, hd, cos_.data(), sin_.data());
+    ops::rope_neox(k_.data(), T, nkv, hd, cos_.data(), sin_.data());
     float* kc = cache.k_layer(static_cast<int64_t>(l));
     float* vc = cache.v_layer(static_cast<int64_t>(l));
-    std::copy(k_.begin(), k_.begin() + n * kvd, kc + first * kvd);
-    std::copy(v_.begin(), v_.begin() + n * kvd, vc + first * kvd);
-    ops::attention_causal(q_.data(), n, first, kc, vc, nh, nkv, hd, scale, attn_.data(), pool_, isa_);
-    ops::matmul(attn_.data(), n, qd, L.o_proj, tmp_.data(), pool_, isa_);
-    for (int64_t i = 0; i < n * H; ++i) x_[i] += tmp_[i];
+    for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
+      const SeqChunk& ch = chunks[c];
+      for (int64_t i = 0; i < ch.n; ++i) {  // K/V rows into the sequence's blocks
+        const int64_t p = ch.first + i;
+        const int64_t slot = static_cast<int64_t>(ch.block_table[p / bs]) * bs + p % bs;
+        std::copy_n(k_.data() + (off + i) * kvd, kvd, kc + slot * kvd);
+        std::copy_n(v_.data() + (off + i) * kvd, kvd, vc + slot * kvd);
+      }
+      ops::attention_paged(q_.data() + off * qd, ch.n, ch.first, kc, vc, ch.block_table, bs, nh,
+                           nkv, hd, scale, attn_.data() + off * qd, pool_, isa_);
+    }
+    ops::matmul(attn_.data(), T, qd, L.o_proj, tmp_.data(), pool_, isa_);
+    for (int64_t i = 0; i < T * H; ++i) x_[i] += tmp_[i];
     // MLP block.
-    ops::rms_norm(x_.data(), L.post_attention_layernorm.data(), n, H, eps, xn_.data());
-    ops::matmul(xn_.data(), n, H, L.gate_proj, gate_.data(), pool_, isa_);
-    ops::matmul(xn_.data(), n, H, L.up_proj, up_.data(), pool_, isa_);
-    ops::silu_mul(gate_.data(), up_.data(), n * I, gate_.data());
-    ops::matmul(gate_.data(), n, I, L.down_proj, tmp_.data(), pool_, isa_);
-    for (int64_t i = 0; i < n * H; ++i) x_[i] += tmp_[i];
-    if (vision != nullptr && l < vision->deepstack.size()) {
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t r = vision->feature_row[i];
+    ops::rms_norm(x_.data(), L.post_attention_layernorm.data(), T, H, eps, xn_.data());
+    ops::matmul(xn_.data(), T, H, L.gate_proj, gate_.data(), pool_, isa_);
+    ops::matmul(xn_.data(), T, H, L.up_proj, up_.data(), pool_, isa_);
+    ops::silu_mul(gate_.data(), up_.data(), T * I, gate_.data());
+    ops::matmul(gate_.data(), T, I, L.down_proj, tmp_.data(), pool_, isa_);
+    for (int64_t i = 0; i < T * H; ++i) x_[i] += tmp_[i];
+    // DeepStack: after decoder layer l, image rows get that tap's features.
+    for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
+      const VisionRows* vis = chunks[c].vision;
+      if (vis == nullptr || l >= vis->deepstack.size()) continue;
+      for (int64_t i = 0; i < chunks[c].n; ++i) {
+        const int32_t r = vis->feature_row[i];
         if (r < 0) continue;
-        const float* ds = vision->deepstack[l] + r * H;
-        float* xr = x_.data() + i * H;
+        const float* ds = vis->deepstack[l] + r * H;
+        float* xr = x_.data() + (off + i) * H;
         for (int64_t d = 0; d < H; ++d) xr[d] += ds[d];
       }
     }
   }
 
-  if (rows == LogitRows::kNone) return ok_status();
-  const int64_t row0 = rows == LogitRows::kLast ? n - 1 : 0;
-  const int64_t n_rows = rows == LogitRows::kLast ? 1 : n;
-  ops::rms_norm(x_.data() + row0 * H, w_.norm.data(), n_rows, H, eps, xn_.data());
-  ops::matmul(xn_.data(), n_rows, H, w_.lm_head, logits, pool_, isa_);
+  // Final norm and head only for the rows that want logits, gathered into xn_.
+  int64_t n_rows = 0;
+  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
+    const SeqChunk& ch = chunks[c];
+    const int64_t row0 = ch.rows == LogitRows::kLast ? off + ch.n - 1 : off;
+    const int64_t rows = ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
+    ops::rms_norm(x_.data() + row0 * H, w_.norm.data(), rows, H, eps, xn_.data() + n_rows * H);
+    n_rows += rows;
+  }
+  if (n_rows > 0) ops::matmul(xn_.data(), n_rows, H, w_.lm_head, logits, pool_, isa_);
   return ok_status();
 }
 

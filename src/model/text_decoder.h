@@ -1,5 +1,5 @@
 // Qwen3 text decoder of Qwen3-VL on the CPU: RMSNorm, per-head q/k RMSNorm, GQA attention with
-// interleaved M-RoPE, SwiGLU MLP, a contiguous f32 KV cache.
+// interleaved M-RoPE, SwiGLU MLP, a paged f32 KV cache; several sequences share one pass.
 #pragma once
 
 #include <cstdint>
@@ -12,16 +12,20 @@
 
 namespace vlm {
 
-// One sequence's KV cache: K and V per layer, [capacity, n_kv_heads * head_dim] f32 each.
+// The KV cache in blocks: K and V per layer, [num_blocks, block_size, n_kv_heads · head_dim] f32.
+// A sequence owns blocks through its block table (src/kv decides which). One sequence in one
+// block of `capacity` positions is the plain contiguous cache.
 struct KvCache {
-  int64_t capacity = 0;  // positions
-  int64_t row = 0;       // n_kv_heads * head_dim
-  std::vector<float> k;  // [layers, capacity, row]
-  std::vector<float> v;  // [layers, capacity, row]
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;  // positions per block
+  int64_t row = 0;         // n_kv_heads · head_dim
+  std::vector<float> k;    // [layers, num_blocks, block_size, row]
+  std::vector<float> v;    // [layers, num_blocks, block_size, row]
 
-  void allocate(const Qwen3VLTextConfig& c, int64_t capacity);
-  float* k_layer(int64_t l) { return k.data() + l * capacity * row; }
-  float* v_layer(int64_t l) { return v.data() + l * capacity * row; }
+  void allocate(const Qwen3VLTextConfig& c, int64_t num_blocks, int64_t block_size);
+  int64_t capacity() const { return num_blocks * block_size; }
+  float* k_layer(int64_t l) { return k.data() + l * num_blocks * block_size * row; }
+  float* v_layer(int64_t l) { return v.data() + l * num_blocks * block_size * row; }
 };
 
 // 3-D M-RoPE position ids (T, H, W) of a run of tokens; text tokens carry the same value on all
@@ -44,6 +48,19 @@ struct VisionRows {
 // Which rows get logits.
 enum class LogitRows { kNone, kLast, kAll };
 
+// One sequence's share of a batched forward pass: n tokens at sequence positions
+// [first, first + n), whose K/V go to the blocks of `block_table`.
+struct SeqChunk {
+  const int32_t* ids = nullptr;  // [n]
+  int64_t n = 0;
+  int64_t first = 0;             // tokens of this sequence already in the cache
+  Positions3 pos;                // rotary positions of the n tokens
+  const int32_t* block_table = nullptr;
+  int64_t num_table_blocks = 0;  // must cover first + n positions
+  const VisionRows* vision = nullptr;  // image rows of this chunk, or null
+  LogitRows rows = LogitRows::kNone;
+};
+
 class TextDecoder {
  public:
   // Scratch is sized for `max_chunk` tokens per forward call, once: forward() allocates nothing.
@@ -52,10 +69,12 @@ class TextDecoder {
   int64_t max_chunk() const { return max_chunk_; }
   int64_t vocab_size() const { return cfg_.vocab_size; }
 
-  // Runs n ≤ max_chunk tokens occupying cache slots [first, first + n) at the given positions,
-  // after which the cache holds slots [0, first + n). Writes logits to `logits`: [1, vocab] for
-  // kLast, [n, vocab] for kAll.
-  // `vision` may be null (text only).
+  // Runs every chunk in one pass (one matmul per weight for all their tokens; Σ n ≤ max_chunk).
+  // Logits go to `logits` in chunk order: 1 row for kLast, n rows for kAll, none for kNone.
+  Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCache& cache, float* logits);
+
+  // One sequence in a single-block cache: n tokens at slots [first, first + n). `vision` may be
+  // null (text only).
   Status forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
                  KvCache& cache, LogitRows rows, float* logits, const VisionRows* vision = nullptr);
 
@@ -84,6 +103,7 @@ class TextDecoder {
   std::vector<float> up_;    // [chunk, intermediate]
   std::vector<float> cos_;   // [chunk, head_dim / 2]
   std::vector<float> sin_;   // [chunk, head_dim / 2]
+  std::vector<int64_t> pos_t_, pos_h_, pos_w_;  // [chunk] positions of all chunks, concatenated
 };
 
 }  // namespace vlm

@@ -56,13 +56,14 @@ void silu_mul(const float* gate, const float* up, int64_t count, float* out);
 void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* cos,
                const float* sin);
 
-// Causal GQA attention for a chunk of queries against a contiguous KV cache of one layer.
-// q: [n_q, n_heads, head_dim] for positions first_pos .. first_pos + n_q - 1.
-// k_cache, v_cache: [capacity, n_kv_heads, head_dim], filled for positions 0 .. first_pos + n_q - 1.
-// out: [n_q, n_heads, head_dim]. Flash-style: online softmax, no score matrix.
-void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
-                      const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                      float scale, float* out, ThreadPool& pool, Isa isa = detected_isa());
+// Causal GQA attention of one sequence's chunk against a PAGED KV cache of one layer.
+// q: [n_q, n_heads, head_dim] for positions first_pos .. first_pos + n_q - 1; position p's K/V
+// row lives at row (block_table[p / block_size] · block_size + p % block_size) of k_pool / v_pool
+// (rows n_kv_heads · head_dim floats wide). out: [n_q, n_heads, head_dim].
+void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
+                     const float* v_pool, const int32_t* block_table, int64_t block_size,
+                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
+                     ThreadPool& pool, Isa isa = detected_isa());
 
 // Bidirectional multi-head attention within one segment (one image): every query sees every key.
 // q, k, v: [n, n_heads, head_dim] contiguous; out: [n, n_heads, head_dim].

@@ -177,19 +177,47 @@ constexpr int64_t kBlockedMinTokens = 64;
 
 }  // namespace
 
-void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
-                      const float* v_cache, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                      float scale, float* out, ThreadPool& pool, Isa isa) {
+void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
+                     const float* v_pool, const int32_t* block_table, int64_t block_size,
+                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
+                     ThreadPool& pool, Isa isa) {
   const int64_t group = n_heads / n_kv_heads;
   const int64_t kv_stride = n_kv_heads * head_dim;
-  const AttendFn attend = pick_attend(head_dim, isa);
+  using PagedFn = void (*)(const float*, const float*, const float*, const int32_t*, int64_t,
+                           int64_t, int64_t, int64_t, float, float*);
+  PagedFn paged = &kernels::generic::attend_row_paged;
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (isa == Isa::kAvx512) paged = &kernels::avx512::attend_row_paged;
+  if (isa == Isa::kAvx2) paged = &kernels::avx2::attend_row_paged;
+#endif
+  const bool vector_ok = head_dim % 8 == 0 && head_dim <= kernels::kMaxHeadDim;
   pool.parallel_for(n_q * n_heads, 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / n_heads;
       const int64_t h = item % n_heads;
       const int64_t kv_off = (h / group) * head_dim;
-      attend(q + (i * n_heads + h) * head_dim, k_cache + kv_off, v_cache + kv_off, kv_stride,
-                 first_pos + i + 1, head_dim, scale, out + (i * n_heads + h) * head_dim);
+      const float* qv = q + (i * n_heads + h) * head_dim;
+      float* o = out + (i * n_heads + h) * head_dim;
+      const int64_t n_keys = first_pos + i + 1;
+      if (vector_ok) {
+        paged(qv, k_pool + kv_off, v_pool + kv_off, block_table, block_size, kv_stride, n_keys,
+              head_dim, scale, o);
+      } else if (n_keys <= block_size) {  // one block holds every key: contiguous
+        const int64_t base = static_cast<int64_t>(block_table[0]) * block_size * kv_stride;
+        attend_row(qv, k_pool + base + kv_off, v_pool + base + kv_off, kv_stride, n_keys, head_dim,
+                   scale, o);
+      } else {
+        // Rare shapes (head_dim not a multiple of 8) across several blocks: gather the keys.
+        thread_local std::vector<float> kg, vg;
+        kg.resize(n_keys * head_dim);
+        vg.resize(n_keys * head_dim);
+        for (int64_t j = 0; j < n_keys; ++j) {
+          const int64_t row = static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
+          std::copy_n(k_pool + row * kv_stride + kv_off, head_dim, kg.data() + j * head_dim);
+          std::copy_n(v_pool + row * kv_stride + kv_off, head_dim, vg.data() + j * head_dim);
+        }
+        attend_row(qv, kg.data(), vg.data(), head_dim, n_keys, head_dim, scale, o);
+      }
     }
   });
 }

@@ -49,7 +49,7 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
     ThreadPool pool(2);
     TextDecoder dec(*cfg, *w, pool, 16);
     KvCache cache;
-    cache.allocate(cfg->text_config, 64);
+    cache.allocate(cfg->text_config, 1, 64);
     std::vector<float> logits(cfg->text_config.vocab_size);
     std::vector<int32_t> ids = {5, 9, 70, 300, 4, 8, 12, 16, 20, 24, 28, 32};
     std::vector<int64_t> pos(16);

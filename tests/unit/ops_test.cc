@@ -87,11 +87,43 @@ TEST_P(AttentionTest, CausalGqaMatchesReference) {
       auto v = randn(total * n_kv * head_dim, 3);
       std::vector<float> out(q.size()), want(q.size());
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      ops::attention_causal(q.data(), n_q, first_pos, k.data(), v.data(), n_heads, n_kv, head_dim,
-                            scale, out.data(), pool, GetParam());
+      const int32_t one_block = 0;  // the whole cache as one block: the contiguous layout
+      ops::attention_paged(q.data(), n_q, first_pos, k.data(), v.data(), &one_block, total,
+                           n_heads, n_kv, head_dim, scale, out.data(), pool, GetParam());
       ops::ref::attention_causal(q.data(), n_q, first_pos, k.data(), v.data(), n_heads, n_kv,
                                  head_dim, scale, want.data());
       for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5f) << i;
+    }
+  }
+}
+
+TEST_P(AttentionTest, PagedEqualsContiguous) {
+  // The same keys scattered over shuffled blocks of a pool give the same result as a contiguous
+  // cache, for block sizes that do and do not divide the length, and head dims on both paths.
+  ThreadPool pool(2);
+  for (int64_t head_dim : {12, 32}) {
+    for (int64_t block_size : {4, 16}) {
+      const int64_t n_q = 5, first = 70, total = first + n_q, heads = 4, n_kv = 2;
+      const int64_t row = n_kv * head_dim, n_blocks = (total + block_size - 1) / block_size;
+      auto q = randn(n_q * heads * head_dim, 11);
+      auto k = randn(total * row, 12), v = randn(total * row, 13);
+      std::vector<int32_t> table(n_blocks);
+      for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>(n_blocks + 1 - b);  // reversed, offset
+      std::vector<float> kp((n_blocks + 2) * block_size * row, NAN), vp(kp.size(), NAN);
+      for (int64_t p = 0; p < total; ++p) {
+        const int64_t r = table[p / block_size] * block_size + p % block_size;
+        std::copy_n(k.data() + p * row, row, kp.data() + r * row);
+        std::copy_n(v.data() + p * row, row, vp.data() + r * row);
+      }
+      std::vector<float> got(q.size()), want(q.size());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      ops::attention_paged(q.data(), n_q, first, kp.data(), vp.data(), table.data(), block_size,
+                           heads, n_kv, head_dim, scale, got.data(), pool, GetParam());
+      ops::ref::attention_causal(q.data(), n_q, first, k.data(), v.data(), heads, n_kv, head_dim,
+                                 scale, want.data());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-5f) << "hd " << head_dim << " bs " << block_size << " " << i;
+      }
     }
   }
 }
