@@ -1,0 +1,159 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+namespace vlm {
+
+std::string prometheus_number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  // Shortest round-trip form: counters print as "3", not "3.000000".
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, end);
+}
+
+std::string prometheus_escape_label(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string prometheus_escape_help(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void Counter::inc(std::string_view label_value, double v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = values_.find(label_value);
+  if (it == values_.end()) it = values_.emplace(std::string(label_value), 0.0).first;
+  it->second += v;
+}
+
+double Counter::value(std::string_view label_value) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = values_.find(label_value);
+  return it == values_.end() ? 0.0 : it->second;
+}
+
+void Counter::render(const std::string& name, std::string* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // An unlabelled counter shows 0 before its first increment, so dashboards see
+  // the series.
+  if (label_name_.empty() && values_.empty()) {
+    out->append(name).append(" 0\n");
+    return;
+  }
+  for (const auto& [label, v] : values_) {
+    // Appends piecewise: GCC 12's -Wrestrict misfires on long operator+ chains.
+    out->append(name);
+    if (!label_name_.empty()) {
+      out->append("{").append(label_name_).append("=\"");
+      out->append(prometheus_escape_label(label)).append("\"}");
+    }
+    out->append(" ").append(prometheus_number(v)).append("\n");
+  }
+}
+
+Histogram::Histogram(std::vector<double> upper_bounds) : bounds_(std::move(upper_bounds)) {
+  // Sorted and deduplicated here rather than rejected: bounds are code
+  // constants, not input.
+  std::sort(bounds_.begin(), bounds_.end());
+  bounds_.erase(std::unique(bounds_.begin(), bounds_.end()), bounds_.end());
+  if (!bounds_.empty() && std::isinf(bounds_.back())) bounds_.pop_back();  // +Inf is implicit
+  buckets_ = std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1);
+}
+
+void Histogram::observe(double v) {
+  // First bound >= v: Prometheus buckets are "less than or equal".
+  const size_t i =
+      static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(v, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t Histogram::cumulative_count(size_t i) const {
+  uint64_t c = 0;
+  for (size_t k = 0; k <= i && k <= bounds_.size(); ++k) {
+    c += buckets_[k].load(std::memory_order_relaxed);
+  }
+  return c;
+}
+
+void Histogram::render(const std::string& name, std::string* out) const {
+  // Read buckets once and derive _count from them, so one scrape is
+  // self-consistent even while other threads observe (the +Inf bucket must
+  // equal _count).
+  uint64_t cum = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cum += buckets_[i].load(std::memory_order_relaxed);
+    const std::string le = i < bounds_.size() ? prometheus_number(bounds_[i]) : "+Inf";
+    out->append(name).append("_bucket{le=\"").append(le).append("\"} ");
+    out->append(std::to_string(cum)).append("\n");
+  }
+  out->append(name).append("_sum ").append(prometheus_number(sum())).append("\n");
+  out->append(name).append("_count ").append(std::to_string(cum)).append("\n");
+}
+
+Counter& MetricsRegistry::counter(std::string name, std::string help, std::string label_name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry e{std::move(name), std::move(help), "counter", nullptr, nullptr, nullptr};
+  e.counter = std::make_unique<Counter>(std::move(label_name));
+  entries_.push_back(std::move(e));
+  return *entries_.back().counter;
+}
+
+Gauge& MetricsRegistry::gauge(std::string name, std::string help) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry e{std::move(name), std::move(help), "gauge", nullptr, nullptr, nullptr};
+  e.gauge = std::make_unique<Gauge>();
+  entries_.push_back(std::move(e));
+  return *entries_.back().gauge;
+}
+
+Histogram& MetricsRegistry::histogram(std::string name, std::string help,
+                                      std::vector<double> upper_bounds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry e{std::move(name), std::move(help), "histogram", nullptr, nullptr, nullptr};
+  e.histogram = std::make_unique<Histogram>(std::move(upper_bounds));
+  entries_.push_back(std::move(e));
+  return *entries_.back().histogram;
+}
+
+std::string MetricsRegistry::render() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (const Entry& e : entries_) {
+    out.append("# HELP ").append(e.name).append(" ").append(prometheus_escape_help(e.help));
+    out.append("\n# TYPE ").append(e.name).append(" ").append(e.type).append("\n");
+    if (e.counter) e.counter->render(e.name, &out);
+    if (e.gauge) out.append(e.name).append(" ").append(prometheus_number(e.gauge->value())) += "\n";
+    if (e.histogram) e.histogram->render(e.name, &out);
+  }
+  return out;
+}
+
+}  // namespace vlm

@@ -1,0 +1,556 @@
+#include "server/openai_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "server/base64.h"
+#include "tokenizer/chat_json.h"
+
+namespace vlm {
+namespace {
+
+// Ordered, so messages and tools are handed to parse_chat_json (and rendered by
+// the template's tojson) with the client's key order, and responses list "id"
+// first as OpenAI's do.
+using ojson = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+ApiError bad_request(std::string message, std::string param) {
+  return ApiError{400, "invalid_request_error", std::move(message), std::move(param)};
+}
+
+// Dumps without throwing on invalid UTF-8 (model text is checked upstream;
+// never crash here).
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+// Field readers: absent and null leave *out untouched; a wrong type or range is
+// a 400 naming it.
+std::optional<ApiError> read_bool(const ojson& obj, const char* key, const std::string& param,
+                                  bool* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return bad_request("'" + param + "' must be a boolean", param);
+  *out = it->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_int(const ojson& obj, const char* key, const std::string& param,
+                                 int64_t lo, int64_t hi, std::optional<int64_t>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) return bad_request("'" + param + "' must be an integer", param);
+  // Unsigned values above int64 range do not fit any of our fields.
+  if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX}) {
+    return bad_request("'" + param + "' is out of range", param);
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return bad_request("'" + param + "' must be in [" + std::to_string(lo) + ", " +
+                           std::to_string(hi) + "], got " + std::to_string(v),
+                       param);
+  }
+  *out = v;
+  return std::nullopt;
+}
+
+// Reads a number in [lo, hi] (or (lo, hi] when lo_open).
+std::optional<ApiError> read_number(const ojson& obj, const char* key, double lo, bool lo_open,
+                                    double hi, std::optional<double>* out) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  const std::string param = key;
+  if (!it->is_number()) return bad_request("'" + param + "' must be a number", param);
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v > hi || (lo_open ? v <= lo : v < lo)) {
+    // Appended piecewise: GCC 12's -Wrestrict misfires on `"(" + std::string`
+    // chains.
+    std::string range(lo_open ? "(" : "[");
+    range.append(ojson(lo).dump()).append(", ");
+    range.append(std::isinf(hi) ? std::string("inf") : ojson(hi).dump());
+    range.append(std::isinf(hi) ? ")" : "]");
+    return bad_request("'" + param + "' must be in " + range + ", got " + it->dump(), param);
+  }
+  *out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_pixels(const ojson& obj, const std::string& prefix,
+                                    std::optional<int64_t>* min_px,
+                                    std::optional<int64_t>* max_px) {
+  constexpr int64_t kMax = int64_t{1} << 40;
+  if (auto e = read_int(obj, "min_pixels", prefix + "min_pixels", 1, kMax, min_px)) return e;
+  if (auto e = read_int(obj, "max_pixels", prefix + "max_pixels", 1, kMax, max_px)) return e;
+  if (*min_px && *max_px && **min_px > **max_px) {
+    return bad_request("'" + prefix + "min_pixels' exceeds max_pixels", prefix + "min_pixels");
+  }
+  return std::nullopt;
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decodes a file URL path; false on a bad escape or an encoded NUL.
+bool percent_decode(std::string_view in, std::string* out) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      *out += in[i];
+      continue;
+    }
+    if (i + 2 >= in.size()) return false;
+    const int hi = hex_value(in[i + 1]), lo = hex_value(in[i + 2]);
+    if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) return false;
+    *out += static_cast<char>(hi * 16 + lo);
+    i += 2;
+  }
+  return true;
+}
+
+// True when `p` equals `root` or lies below it, comparing whole path components
+// (so /data2 is not under /data).
+bool path_under(const fs::path& p, const fs::path& root) {
+  auto [root_end, p_it] = std::mismatch(root.begin(), root.end(), p.begin(), p.end());
+  if (root_end == root.end()) return true;
+  // weakly_canonical keeps a trailing separator as an empty last component.
+  return std::next(root_end) == root.end() && root_end->empty();
+}
+
+// Resolves one image URL into `img` (or a RemoteImage). `param` names the part
+// for errors.
+std::optional<ApiError> resolve_image_url(const std::string& url, const std::string& param,
+                                          const ApiLimits& limits, const MediaPolicy& media,
+                                          size_t index, ImageInput* img,
+                                          std::vector<RemoteImage>* remote) {
+  if (url.rfind("data:", 0) == 0) {
+    const size_t comma = url.find(',');
+    if (comma == std::string::npos) return bad_request("malformed data URL in " + param, param);
+    const std::string_view header = std::string_view(url).substr(5, comma - 5);
+    if (header.size() < 7 || header.substr(header.size() - 7) != ";base64") {
+      return bad_request("data URL in " + param + " must be base64 (data:image/...;base64,...)",
+                         param);
+    }
+    const std::string_view payload = std::string_view(url).substr(comma + 1);
+    // Checked before decoding so an oversized image is never allocated.
+    if (base64_decoded_size(payload) > limits.max_image_bytes) {
+      return ApiError{413, "invalid_request_error",
+                      "image in " + param + " is larger than " +
+                          std::to_string(limits.max_image_bytes) + " bytes",
+                      param};
+    }
+    auto bytes = base64_decode(payload);
+    if (!bytes.ok()) {
+      return bad_request("invalid base64 in " + param + ": " + bytes.status().message(), param);
+    }
+    img->bytes = std::move(bytes).value();
+    return std::nullopt;
+  }
+  if (url.rfind("file://", 0) == 0) {
+    if (media.allowed_local_path.empty()) {
+      return bad_request("file:// image URLs are not enabled on this server (" + param + ")",
+                         param);
+    }
+    std::string_view rest = std::string_view(url).substr(7);
+    if (rest.rfind("localhost/", 0) == 0) rest.remove_prefix(9);
+    std::string raw;
+    if (rest.empty() || rest[0] != '/' || !percent_decode(rest, &raw)) {
+      return bad_request("malformed file URL in " + param + " (want file:///absolute/path)", param);
+    }
+    std::error_code ec;
+    const fs::path root = fs::weakly_canonical(media.allowed_local_path, ec);
+    if (ec) return ApiError{500, "internal_error", "cannot resolve the allowed media path", ""};
+    // Resolves ".." and every symlink of the existing prefix, so neither can
+    // escape the root.
+    const fs::path p = fs::weakly_canonical(fs::path(raw), ec);
+    if (ec || !path_under(p, root)) {
+      return bad_request("file URL in " + param + " is outside the allowed directory", param);
+    }
+    if (!fs::is_regular_file(p, ec)) return bad_request("no such image file: " + url, param);
+    const auto size = fs::file_size(p, ec);
+    if (!ec && size > limits.max_image_bytes) {
+      return ApiError{413, "invalid_request_error",
+                      "image in " + param + " is larger than " +
+                          std::to_string(limits.max_image_bytes) + " bytes",
+                      param};
+    }
+    img->path = p.string();
+    return std::nullopt;
+  }
+  if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) {
+    if (!media.allow_remote) {
+      return bad_request(
+          "remote image URLs are not enabled on this server; "
+          "send the image as a "
+          "data:image/...;base64 URL (" +
+              param + ")",
+          param);
+    }
+    remote->push_back(RemoteImage{index, url});
+    return std::nullopt;
+  }
+  return bad_request("unsupported image URL in " + param +
+                         " (use data:image/...;base64,..., file:// or http(s)://)",
+                     param);
+}
+
+// Walks every image part in prompt order (the order render_chat emits image
+// pads).
+std::optional<ApiError> collect_images(const ojson& messages, const ApiLimits& limits,
+                                       const MediaPolicy& media,
+                                       const std::optional<int64_t>& min_px,
+                                       const std::optional<int64_t>& max_px,
+                                       ChatCompletionRequest* req) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    if (!m.is_object()) continue;  // parse_chat_json reports it
+    auto content = m.find("content");
+    if (content == m.end() || !content->is_array()) continue;
+    for (size_t j = 0; j < content->size(); ++j) {
+      const ojson& part = (*content)[j];
+      if (!part.is_object()) continue;
+      const std::string param =
+          "messages[" + std::to_string(i) + "].content[" + std::to_string(j) + "]";
+      const std::string type =
+          part.contains("type") && part["type"].is_string() ? part["type"].get<std::string>() : "";
+      // Same classification as parse_chat_json, so images line up with the
+      // template's pads.
+      const bool is_image = type == "image" || type == "image_url" || part.contains("image") ||
+                            part.contains("image_url");
+      if (!is_image) {
+        if (type == "video" || part.contains("video")) {
+          return bad_request("video input is not supported (" + param + ")", param);
+        }
+        continue;
+      }
+      std::string url, url_param;
+      if (auto it = part.find("image_url"); it != part.end()) {
+        url_param = param + ".image_url";
+        if (it->is_string()) {
+          url = it->get<std::string>();
+        } else if (it->is_object() && it->contains("url") && (*it)["url"].is_string()) {
+          url = (*it)["url"].get<std::string>();
+          // "detail" (auto/low/high) is accepted for compatibility; the pixel
+          // budget decides.
+          if (auto d = it->find("detail"); d != it->end() && !d->is_null() && !d->is_string()) {
+            return bad_request("'" + url_param + ".detail' must be a string",
+                               url_param + ".detail");
+          }
+        } else {
+          return bad_request("'" + url_param + "' must be a string or {\"url\": string}",
+                             url_param);
+        }
+      } else if (auto im = part.find("image"); im != part.end() && im->is_string()) {
+        url_param = param + ".image";
+        url = im->get<std::string>();
+      } else {
+        return bad_request("image part " + param + " needs an image_url or image string", param);
+      }
+      if (static_cast<int64_t>(req->images.size()) >= limits.max_images) {
+        return bad_request(
+            "too many images: at most " + std::to_string(limits.max_images) + " per request",
+            "messages");
+      }
+      ImageInput img;
+      img.min_pixels = min_px;
+      img.max_pixels = max_px;
+      std::optional<int64_t> part_min, part_max;
+      if (auto e = read_pixels(part, param + ".", &part_min, &part_max)) return e;
+      if (part_min) img.min_pixels = part_min;
+      if (part_max) img.max_pixels = part_max;
+      if (img.min_pixels && img.max_pixels && *img.min_pixels > *img.max_pixels) {
+        return bad_request("min_pixels exceeds max_pixels for " + param, param + ".min_pixels");
+      }
+      if (auto e = resolve_image_url(url, url_param, limits, media, req->images.size(), &img,
+                                     &req->remote_images)) {
+        return e;
+      }
+      req->images.push_back(std::move(img));
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_stop(const ojson& body, std::vector<std::string>* out) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) {
+    if (it->get<std::string>().empty()) return bad_request("'stop' must not be empty", "stop");
+    out->push_back(it->get<std::string>());
+    return std::nullopt;
+  }
+  if (!it->is_array()) return bad_request("'stop' must be a string or a list of strings", "stop");
+  if (it->size() > 4) return bad_request("'stop' takes at most 4 sequences", "stop");
+  for (const ojson& s : *it) {
+    // An empty stop string would end every reply before its first token.
+    if (!s.is_string() || s.get<std::string>().empty()) {
+      return bad_request("'stop' must be a list of non-empty strings", "stop");
+    }
+    out->push_back(s.get<std::string>());
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
+                                   const MediaPolicy& media, ChatCompletionRequest* req) {
+  if (!body.is_object()) return bad_request("the request body must be a JSON object", "");
+
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return bad_request("'model' must be a string", "model");
+    req->model = it->get<std::string>();
+  }
+  auto msgs = body.find("messages");
+  if (msgs == body.end() || msgs->is_null()) {
+    return bad_request("'messages' is required", "messages");
+  }
+  if (!msgs->is_array() || msgs->empty()) {
+    return bad_request("'messages' must be a non-empty list", "messages");
+  }
+  std::string tools_text;
+  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+    if (!t->is_array()) return bad_request("'tools' must be a list", "tools");
+    tools_text = dump(*t);
+  }
+  auto chat = parse_chat_json(dump(*msgs), tools_text);
+  if (!chat.ok()) {
+    const std::string& m = chat.status().message();
+    return bad_request(m, m.rfind("tools", 0) == 0 ? "tools" : "messages");
+  }
+  req->messages = std::move(chat->messages);
+  req->tools_json = std::move(chat->tools_json);
+
+  if (auto e = read_bool(body, "stream", "stream", &req->stream)) return e;
+  if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
+    if (!so->is_object())
+      return bad_request("'stream_options' must be an object", "stream_options");
+    if (auto e =
+            read_bool(*so, "include_usage", "stream_options.include_usage", &req->include_usage)) {
+      return e;
+    }
+  }
+
+  constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+  std::optional<int64_t> max_tokens, max_completion_tokens;
+  if (auto e = read_int(body, "max_tokens", "max_tokens", 1, kI64Max, &max_tokens)) return e;
+  if (auto e = read_int(body, "max_completion_tokens", "max_completion_tokens", 1, kI64Max,
+                        &max_completion_tokens)) {
+    return e;
+  }
+  // max_completion_tokens is OpenAI's newer name; it wins when a client sends
+  // both.
+  req->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+
+  SamplingParams& s = req->sampling;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (auto e = read_number(body, "temperature", 0.0, false, 2.0, &s.temperature)) return e;
+  if (auto e = read_number(body, "top_p", 0.0, true, 1.0, &s.top_p)) return e;
+  if (auto e = read_number(body, "min_p", 0.0, false, 1.0, &s.min_p)) return e;
+  if (auto e = read_number(body, "repetition_penalty", 0.0, true, kInf, &s.repetition_penalty)) {
+    return e;
+  }
+  std::optional<double> presence, frequency;
+  if (auto e = read_number(body, "presence_penalty", -2.0, false, 2.0, &presence)) return e;
+  if (auto e = read_number(body, "frequency_penalty", -2.0, false, 2.0, &frequency)) return e;
+  if (presence) s.presence_penalty = *presence;
+  if (frequency) s.frequency_penalty = *frequency;
+  std::optional<int64_t> top_k;
+  if (auto e = read_int(body, "top_k", "top_k", -1, kI64Max, &top_k)) return e;
+  if (top_k) s.top_k = *top_k < 0 ? 0 : *top_k;  // vLLM's -1 "off" is our 0
+  std::optional<int64_t> seed;
+  if (auto e =
+          read_int(body, "seed", "seed", std::numeric_limits<int64_t>::min(), kI64Max, &seed)) {
+    return e;
+  }
+  if (seed) s.seed = static_cast<uint64_t>(*seed);
+
+  if (auto e = read_stop(body, &req->stop)) return e;
+
+  std::optional<int64_t> n, top_logprobs;
+  if (auto e = read_int(body, "n", "n", 1, limits.max_n, &n)) return e;
+  if (n) req->n = static_cast<int>(*n);
+  if (auto e = read_bool(body, "logprobs", "logprobs", &req->logprobs)) return e;
+  if (auto e = read_int(body, "top_logprobs", "top_logprobs", 0, 20, &top_logprobs)) return e;
+  if (top_logprobs) {
+    if (*top_logprobs > 0 && !req->logprobs) {
+      return bad_request("'top_logprobs' requires 'logprobs': true", "top_logprobs");
+    }
+    req->top_logprobs = static_cast<int>(*top_logprobs);
+  }
+
+  std::optional<int64_t> min_px, max_px;
+  if (auto e = read_pixels(body, "", &min_px, &max_px)) return e;
+  return collect_images(*msgs, limits, media, min_px, max_px, req);
+}
+
+ojson usage_object(const Usage& u) {
+  ojson j;
+  j["prompt_tokens"] = u.prompt_tokens;
+  j["completion_tokens"] = u.completion_tokens;
+  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  return j;
+}
+
+ojson token_bytes(const std::string& t) {
+  ojson b = ojson::array();
+  for (unsigned char c : t) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+ojson logprobs_object(const std::vector<TokenLogprob>& lps) {
+  ojson content = ojson::array();
+  for (const TokenLogprob& t : lps) {
+    ojson e;
+    e["token"] = t.token;
+    e["logprob"] = t.logprob;
+    e["bytes"] = token_bytes(t.token);
+    ojson tops = ojson::array();
+    for (const TopLogprob& tp : t.top_logprobs) {
+      ojson o;
+      o["token"] = tp.token;
+      o["logprob"] = tp.logprob;
+      o["bytes"] = token_bytes(tp.token);
+      tops.push_back(std::move(o));
+    }
+    e["top_logprobs"] = std::move(tops);
+    content.push_back(std::move(e));
+  }
+  ojson j;
+  j["content"] = std::move(content);
+  return j;
+}
+
+ojson finish_json(std::optional<FinishReason> r) {
+  if (!r) return nullptr;
+  auto s = finish_reason_string(*r);
+  return s ? ojson(*s) : ojson(nullptr);
+}
+
+ojson envelope(const std::string& id, const char* object, int64_t created,
+               const std::string& model) {
+  ojson j;
+  j["id"] = id;
+  j["object"] = object;
+  j["created"] = created;
+  j["model"] = model;
+  return j;
+}
+
+}  // namespace
+
+std::string api_error_json(const ApiError& e) {
+  ojson err;
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? ojson(nullptr) : ojson(e.param);
+  err["code"] = nullptr;
+  ojson j;
+  j["error"] = std::move(err);
+  return dump(j);
+}
+
+ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
+                                                       const ApiLimits& limits,
+                                                       const MediaPolicy& media) {
+  ojson j;
+  try {
+    j = ojson::parse(body);
+  } catch (const ojson::parse_error& e) {
+    // e.what() names the byte position ("parse error at line 1, column 12:
+    // ...").
+    return bad_request(std::string("malformed JSON body: ") + e.what(), "");
+  }
+  ChatCompletionRequest req;
+  if (auto e = parse_into(j, limits, media, &req)) return *e;
+  return req;
+}
+
+ApiError body_too_large(const ApiLimits& limits) {
+  return ApiError{413, "invalid_request_error",
+                  "request body is larger than " + std::to_string(limits.max_body_bytes) + " bytes",
+                  ""};
+}
+
+std::optional<std::string> finish_reason_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kNone:
+      break;
+  }
+  return std::nullopt;
+}
+
+std::string chat_completion_json(const std::string& id, const std::string& model, int64_t created,
+                                 const std::vector<CompletionChoice>& choices, const Usage& usage) {
+  ojson j = envelope(id, "chat.completion", created, model);
+  ojson arr = ojson::array();
+  for (const CompletionChoice& c : choices) {
+    ojson msg;
+    msg["role"] = "assistant";
+    msg["content"] = c.text;
+    ojson o;
+    o["index"] = c.index;
+    o["message"] = std::move(msg);
+    o["logprobs"] = c.logprobs ? logprobs_object(*c.logprobs) : ojson(nullptr);
+    o["finish_reason"] = finish_json(c.finish_reason);
+    arr.push_back(std::move(o));
+  }
+  j["choices"] = std::move(arr);
+  j["usage"] = usage_object(usage);
+  return dump(j);
+}
+
+std::string chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                            int index, const std::string& delta_text,
+                            const std::optional<std::string>& role,
+                            const std::optional<FinishReason>& finish_reason) {
+  ojson j = envelope(id, "chat.completion.chunk", created, model);
+  ojson delta = ojson::object();
+  if (role) delta["role"] = *role;
+  if (role || !delta_text.empty()) delta["content"] = delta_text;
+  ojson c;
+  c["index"] = index;
+  c["delta"] = std::move(delta);
+  c["logprobs"] = nullptr;
+  c["finish_reason"] = finish_json(finish_reason);
+  j["choices"] = ojson::array({std::move(c)});
+  return dump(j);
+}
+
+std::string usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                             const Usage& usage) {
+  ojson j = envelope(id, "chat.completion.chunk", created, model);
+  j["choices"] = ojson::array();
+  j["usage"] = usage_object(usage);
+  return dump(j);
+}
+
+std::string sse_event(const std::string& json) { return "data: " + json + "\n\n"; }
+
+std::string sse_done() { return "data: [DONE]\n\n"; }
+
+std::string models_list_json(const std::vector<std::string>& ids, int64_t created) {
+  ojson data = ojson::array();
+  for (const std::string& id : ids) {
+    ojson m;
+    m["id"] = id;
+    m["object"] = "model";
+    m["created"] = created;
+    m["owned_by"] = "vlm";
+    data.push_back(std::move(m));
+  }
+  ojson j;
+  j["object"] = "list";
+  j["data"] = std::move(data);
+  return dump(j);
+}
+
+}  // namespace vlm

@@ -1,0 +1,184 @@
+// OpenAI-compatible API translation: HTTP request bodies → engine structs and
+// engine results → response JSON / server-sent events. Pure functions, no
+// sockets: the HTTP layer calls these.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "vlm/chat.h"
+#include "vlm/request.h"
+
+namespace vlm {
+
+// An error as the client sees it: the HTTP status and OpenAI's error object.
+struct ApiError {
+  int http_status = 400;
+  std::string type;  // "invalid_request_error", "not_found_error",
+                     // "rate_limit_error", ...
+  std::string message;
+  std::string param;  // the offending field ("temperature",
+                      // "messages[0].content[1]"); "" → null
+};
+
+// {"error": {"message", "type", "param", "code"}}; param is null when empty,
+// code is null.
+std::string api_error_json(const ApiError& e);
+
+// Either a value or an ApiError. Separate from Result<T> because a request
+// failure needs the HTTP status and the field name, which Status does not
+// carry.
+template <typename T>
+class ApiResult {
+ public:
+  ApiResult(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
+  ApiResult(ApiError error) : v_(std::move(error)) {}  // NOLINT: implicit by design
+  bool ok() const { return std::holds_alternative<T>(v_); }
+  const ApiError& error() const { return std::get<ApiError>(v_); }
+  T& value() & { return std::get<T>(v_); }
+  const T& value() const& { return std::get<T>(v_); }
+  T&& value() && { return std::get<T>(std::move(v_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+
+ private:
+  std::variant<T, ApiError> v_;
+};
+
+struct ApiLimits {
+  size_t max_body_bytes = size_t{32} << 20;  // enforced by the HTTP layer (see body_too_large)
+  int max_n = 8;
+  int max_images = 16;
+  size_t max_image_bytes = size_t{20} << 20;  // per image, after base64 decoding
+};
+
+// Where images may come from.
+struct MediaPolicy {
+  // file:// URLs are allowed only when set, and only for files whose canonical
+  // path (symlinks and
+  // ".." resolved) lies under this directory's canonical path.
+  std::string allowed_local_path;
+  // http(s):// URLs are accepted (and handed back in remote_images for the
+  // caller to fetch) only when true; this layer never fetches anything.
+  bool allow_remote = false;
+};
+
+// An http(s) image the caller must fetch and store into
+// images[image_index].bytes.
+struct RemoteImage {
+  size_t image_index = 0;
+  std::string url;
+};
+
+struct ChatCompletionRequest {
+  std::string model;
+  std::vector<ChatMessage> messages;
+  std::vector<std::string> tools_json;  // as render_chat's ChatTemplateOptions wants them
+  std::vector<ImageInput> images;       // in prompt order (one per image part)
+  std::vector<RemoteImage> remote_images;
+  SamplingParams sampling;
+  std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens
+  std::vector<std::string> stop;
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;
+  int top_logprobs = 0;
+};
+
+// Parses and validates a POST /v1/chat/completions body. Every failure is an
+// ApiError (400 with `param` naming the field, 413 for an image over
+// limits.max_image_bytes); nothing throws.
+//
+// Accepted: messages (required non-empty list; content a string, null or a list
+// of parts: text,
+// {"type":"image_url","image_url":{"url","detail"?}} or "image_url": "<url>",
+// and qwen-vl-utils'
+// {"type":"image","image":"<url>"}), tools, model, stream,
+// stream_options.include_usage, max_tokens / max_completion_tokens (> 0; the
+// latter wins), temperature [0,2], top_p (0,1], top_k (int >= -1; -1 and 0 mean
+// off and become 0), min_p [0,1], presence_penalty and frequency_penalty
+// [-2,2], repetition_penalty (> 0), seed (int; negative seeds keep their
+// two's-complement bits), stop (string or list of <= 4 non-empty strings), n
+// (1..max_n), logprobs, top_logprobs (0..20, requires logprobs). A null value
+// counts as absent; unknown fields are ignored (clients send extras such as
+// "user").
+//
+// Pixel budgets: top-level min_pixels / max_pixels apply to every image; the
+// same keys on an image part (qwen-vl-utils style: {"type":"image","image":...,
+// "max_pixels": N}) override them for that image. Positive integers, min <=
+// max.
+//
+// Image URLs: data:<mime>;base64,<strict base64> → ImageInput.bytes;
+// file://[localhost]/path → ImageInput.path (see MediaPolicy); http(s):// →
+// RemoteImage when allowed. Videos are refused.
+ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
+                                                       const ApiLimits& limits,
+                                                       const MediaPolicy& media);
+
+// 413 for a body over ApiLimits::max_body_bytes (the HTTP layer checks the
+// size).
+ApiError body_too_large(const ApiLimits& limits = {});
+
+// ---- Responses ----
+
+struct TopLogprob {
+  std::string token;
+  double logprob = 0.0;
+};
+
+struct TokenLogprob {
+  std::string token;
+  double logprob = 0.0;
+  std::vector<TopLogprob> top_logprobs;
+};
+
+struct CompletionChoice {
+  int index = 0;
+  std::string text;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::optional<std::vector<TokenLogprob>> logprobs;  // set when the request asked for them
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// "stop", "length", or std::nullopt for kNone (JSON null).
+std::optional<std::string> finish_reason_string(FinishReason r);
+
+// Non-streaming response: object "chat.completion".
+std::string chat_completion_json(const std::string& id, const std::string& model, int64_t created,
+                                 const std::vector<CompletionChoice>& choices, const Usage& usage);
+
+// One streaming chunk: object "chat.completion.chunk" with choices[0].delta.
+// The delta holds "role" when given and "content" when delta_text is non-empty
+// or a role is given (OpenAI's first chunk is
+// {"role":"assistant","content":""}); the last chunk carries finish_reason and
+// may have an empty delta.
+std::string chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                            int index, const std::string& delta_text,
+                            const std::optional<std::string>& role = std::nullopt,
+                            const std::optional<FinishReason>& finish_reason = std::nullopt);
+
+// The final chunk of a stream with stream_options.include_usage: empty choices
+// plus usage.
+std::string usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                             const Usage& usage);
+
+// Server-sent event framing: "data: <json>\n\n" and the terminator "data:
+// [DONE]\n\n".
+std::string sse_event(const std::string& json);
+std::string sse_done();
+
+// GET /v1/models:
+// {"object":"list","data":[{"id","object":"model","created","owned_by":"vlm"}]}.
+std::string models_list_json(const std::vector<std::string>& ids, int64_t created);
+
+}  // namespace vlm

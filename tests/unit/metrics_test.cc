@@ -1,0 +1,101 @@
+#include "server/metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+#include <vector>
+
+namespace vlm {
+namespace {
+
+TEST(MetricsTest, RendersExactExpositionText) {
+  MetricsRegistry reg;
+  Counter& requests = reg.counter("vlm_requests_total", "Requests by outcome.", "outcome");
+  Gauge& running = reg.gauge("vlm_running", "Running requests.");
+  Histogram& ttft = reg.histogram("vlm_ttft_seconds", "Time to first token.", {0.25, 0.5, 1.0});
+  requests.inc("ok");
+  requests.inc("ok");
+  requests.inc("error");
+  running.set(5);
+  running.dec(2);
+  // Exactly representable values so the sum prints exactly; 0.25 lands in
+  // le="0.25" (<=).
+  for (double v : {0.125, 0.25, 0.5, 4.0}) ttft.observe(v);
+
+  EXPECT_EQ(reg.render(),
+            "# HELP vlm_requests_total Requests by outcome.\n"
+            "# TYPE vlm_requests_total counter\n"
+            "vlm_requests_total{outcome=\"error\"} 1\n"
+            "vlm_requests_total{outcome=\"ok\"} 2\n"
+            "# HELP vlm_running Running requests.\n"
+            "# TYPE vlm_running gauge\n"
+            "vlm_running 3\n"
+            "# HELP vlm_ttft_seconds Time to first token.\n"
+            "# TYPE vlm_ttft_seconds histogram\n"
+            "vlm_ttft_seconds_bucket{le=\"0.25\"} 2\n"
+            "vlm_ttft_seconds_bucket{le=\"0.5\"} 3\n"
+            "vlm_ttft_seconds_bucket{le=\"1\"} 3\n"
+            "vlm_ttft_seconds_bucket{le=\"+Inf\"} 4\n"
+            "vlm_ttft_seconds_sum 4.875\n"
+            "vlm_ttft_seconds_count 4\n");
+}
+
+TEST(MetricsTest, HistogramBucketsAreCumulative) {
+  Histogram h({1, 2, 3});
+  for (double v : {0.5, 1.5, 1.7, 2.5, 9.0, 10.0}) h.observe(v);
+  EXPECT_EQ(h.cumulative_count(0), 1u);
+  EXPECT_EQ(h.cumulative_count(1), 3u);
+  EXPECT_EQ(h.cumulative_count(2), 4u);
+  EXPECT_EQ(h.cumulative_count(3), 6u);  // +Inf
+  EXPECT_EQ(h.count(), 6u);
+  EXPECT_DOUBLE_EQ(h.sum(), 25.2);
+}
+
+TEST(MetricsTest, UnlabelledCounterAndEscaping) {
+  MetricsRegistry reg;
+  reg.counter("vlm_prompt_tokens_total", "Prompt tokens.\nBack\\slash");
+  Counter& c = reg.counter("vlm_odd_total", "Odd labels.", "why");
+  c.inc("a\"b\\c\nd", 2.5);
+  EXPECT_EQ(reg.render(),
+            "# HELP vlm_prompt_tokens_total Prompt tokens.\\nBack\\\\slash\n"
+            "# TYPE vlm_prompt_tokens_total counter\n"
+            "vlm_prompt_tokens_total 0\n"
+            "# HELP vlm_odd_total Odd labels.\n"
+            "# TYPE vlm_odd_total counter\n"
+            "vlm_odd_total{why=\"a\\\"b\\\\c\\nd\"} 2.5\n");
+  EXPECT_EQ(prometheus_number(INFINITY), "+Inf");
+  EXPECT_EQ(prometheus_number(0.1), "0.1");
+  EXPECT_EQ(prometheus_number(1234567), "1234567");
+}
+
+TEST(MetricsTest, ConcurrentUpdatesSumCorrectly) {
+  MetricsRegistry reg;
+  Counter& c = reg.counter("c_total", "c", "outcome");
+  Counter& plain = reg.counter("p_total", "p");
+  Gauge& g = reg.gauge("g", "g");
+  Histogram& h = reg.histogram("h", "h", {0.5});
+  constexpr int kThreads = 4, kIters = 20000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kIters; ++i) {
+        c.inc(t % 2 == 0 ? "ok" : "error");
+        plain.inc();
+        g.inc();
+        h.observe(i % 2 == 0 ? 0.25 : 1.0);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(c.value("ok"), 2.0 * kIters);
+  EXPECT_EQ(c.value("error"), 2.0 * kIters);
+  EXPECT_EQ(plain.value(), 1.0 * kThreads * kIters);
+  EXPECT_EQ(g.value(), 1.0 * kThreads * kIters);
+  EXPECT_EQ(h.count(), uint64_t{kThreads} * kIters);
+  EXPECT_EQ(h.cumulative_count(0), uint64_t{kThreads} * kIters / 2);
+  EXPECT_DOUBLE_EQ(h.sum(), kThreads * (kIters / 2) * 1.25);
+}
+
+}  // namespace
+}  // namespace vlm

@@ -1,0 +1,381 @@
+#include "server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "server/base64.h"
+#include "test_util.h"
+
+namespace vlm {
+namespace {
+
+using json = nlohmann::json;
+
+// Any bytes will do: decoding the image is not this layer's job. A PNG
+// signature plus a little.
+const std::string kFakePng = std::string("\x89PNG\r\n\x1a\n", 8) + "IHDR-not-really-an-image";
+
+std::string data_url(const std::string& bytes) {
+  return "data:image/png;base64," + base64_encode(bytes);
+}
+
+// A one-user-message body with the given content parts and extra top-level
+// fields.
+std::string body_with(const json& content, const json& extra = json::object()) {
+  json b = extra;
+  b["messages"] = json::array({{{"role", "user"}, {"content", content}}});
+  return b.dump();
+}
+
+ApiResult<ChatCompletionRequest> parse(const std::string& body, const ApiLimits& limits = {},
+                                       const MediaPolicy& media = {}) {
+  return parse_chat_completion(body, limits, media);
+}
+
+// Expects a failure with this status and param.
+void expect_error(const std::string& body, int status, const std::string& param,
+                  const ApiLimits& limits = {}, const MediaPolicy& media = {}) {
+  auto r = parse(body, limits, media);
+  ASSERT_FALSE(r.ok()) << body;
+  EXPECT_EQ(r.error().http_status, status) << body << " → " << r.error().message;
+  EXPECT_EQ(r.error().param, param) << body << " → " << r.error().message;
+  EXPECT_EQ(r.error().type, "invalid_request_error");
+}
+
+TEST(OpenAiApiTest, FullValidRequest) {
+  json body = {
+      {"model", "qwen3-vl"},
+      {"messages",
+       {{{"role", "system"}, {"content", "Be brief."}},
+        {{"role", "user"},
+         {"content",
+          {{{"type", "text"}, {"text", "What is this?"}},
+           {{"type", "image_url"},
+            {"image_url", {{"url", data_url(kFakePng)}, {"detail", "high"}}}},
+           {{"type", "image"}, {"image", data_url("xyz")}, {"max_pixels", 50176}}}}}}},
+      {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+      {"stream", true},
+      {"stream_options", {{"include_usage", true}}},
+      {"max_tokens", 10},
+      {"temperature", 0.7},
+      {"top_p", 0.9},
+      {"top_k", 20},
+      {"min_p", 0.05},
+      {"presence_penalty", 0.5},
+      {"frequency_penalty", -0.5},
+      {"repetition_penalty", 1.1},
+      {"seed", 42},
+      {"stop", {"END", "###"}},
+      {"n", 2},
+      {"logprobs", true},
+      {"top_logprobs", 5},
+      {"min_pixels", 3136},
+      {"max_pixels", 1003520},
+      {"user", "ignored-extra-field"},
+  };
+  auto r = parse(body.dump());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const ChatCompletionRequest& q = r.value();
+  EXPECT_EQ(q.model, "qwen3-vl");
+  ASSERT_EQ(q.messages.size(), 2u);
+  EXPECT_EQ(q.messages[0].text, "Be brief.");
+  ASSERT_EQ(q.messages[1].parts.size(), 3u);
+  EXPECT_EQ(q.messages[1].parts[1].type, ChatPart::Type::kImage);
+  EXPECT_EQ(q.tools_json.size(), 1u);
+  ASSERT_EQ(q.images.size(), 2u);
+  EXPECT_EQ(std::string(q.images[0].bytes.begin(), q.images[0].bytes.end()), kFakePng);
+  EXPECT_EQ(q.images[0].min_pixels, 3136);
+  EXPECT_EQ(q.images[0].max_pixels, 1003520);
+  EXPECT_EQ(std::string(q.images[1].bytes.begin(), q.images[1].bytes.end()), "xyz");
+  EXPECT_EQ(q.images[1].min_pixels, 3136);
+  EXPECT_EQ(q.images[1].max_pixels,
+            50176);  // the part's budget overrides the request's
+  EXPECT_TRUE(q.remote_images.empty());
+  EXPECT_TRUE(q.stream);
+  EXPECT_TRUE(q.include_usage);
+  EXPECT_EQ(q.max_tokens, 10);
+  EXPECT_EQ(q.sampling.temperature, 0.7);
+  EXPECT_EQ(q.sampling.top_p, 0.9);
+  EXPECT_EQ(q.sampling.top_k, 20);
+  EXPECT_EQ(q.sampling.min_p, 0.05);
+  EXPECT_EQ(q.sampling.presence_penalty, 0.5);
+  EXPECT_EQ(q.sampling.frequency_penalty, -0.5);
+  EXPECT_EQ(q.sampling.repetition_penalty, 1.1);
+  EXPECT_EQ(q.sampling.seed, 42u);
+  EXPECT_EQ(q.stop, (std::vector<std::string>{"END", "###"}));
+  EXPECT_EQ(q.n, 2);
+  EXPECT_TRUE(q.logprobs);
+  EXPECT_EQ(q.top_logprobs, 5);
+}
+
+TEST(OpenAiApiTest, MinimalRequestDefaultsAndNulls) {
+  auto r = parse(body_with("hi", {{"temperature", nullptr}, {"stop", nullptr}, {"top_k", -1}}));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_FALSE(r->sampling.temperature.has_value());
+  EXPECT_EQ(r->sampling.top_k, 0);  // -1 means off, which the engine spells 0
+  EXPECT_EQ(r->n, 1);
+  EXPECT_FALSE(r->stream);
+  EXPECT_FALSE(r->max_tokens.has_value());
+  EXPECT_TRUE(r->images.empty());
+}
+
+TEST(OpenAiApiTest, StopAsStringAndMaxCompletionTokens) {
+  auto r = parse(body_with("hi", {{"stop", "\n\n"}, {"max_completion_tokens", 7}}));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->stop, std::vector<std::string>{"\n\n"});
+  EXPECT_EQ(r->max_tokens, 7);
+  // Both names: the newer max_completion_tokens wins.
+  auto both = parse(body_with("hi", {{"max_tokens", 3}, {"max_completion_tokens", 9}}));
+  ASSERT_TRUE(both.ok());
+  EXPECT_EQ(both->max_tokens, 9);
+}
+
+TEST(OpenAiApiTest, InvalidFieldsNameTheirParam) {
+  const std::pair<json, std::string> cases[] = {
+      {{{"model", 3}}, "model"},
+      {{{"stream", "yes"}}, "stream"},
+      {{{"stream_options", 1}}, "stream_options"},
+      {{{"stream_options", {{"include_usage", 1}}}}, "stream_options.include_usage"},
+      {{{"max_tokens", 0}}, "max_tokens"},
+      {{{"max_tokens", 1.5}}, "max_tokens"},
+      {{{"max_completion_tokens", -3}}, "max_completion_tokens"},
+      {{{"temperature", 2.5}}, "temperature"},
+      {{{"temperature", "hot"}}, "temperature"},
+      {{{"temperature", -0.1}}, "temperature"},
+      {{{"top_p", 0}}, "top_p"},
+      {{{"top_p", 1.01}}, "top_p"},
+      {{{"top_k", -2}}, "top_k"},
+      {{{"top_k", 2.5}}, "top_k"},
+      {{{"min_p", 1.5}}, "min_p"},
+      {{{"presence_penalty", 2.1}}, "presence_penalty"},
+      {{{"frequency_penalty", -3}}, "frequency_penalty"},
+      {{{"repetition_penalty", 0}}, "repetition_penalty"},
+      {{{"seed", "x"}}, "seed"},
+      {{{"stop", 5}}, "stop"},
+      {{{"stop", {"a", "b", "c", "d", "e"}}}, "stop"},
+      {{{"stop", {"a", 1}}}, "stop"},
+      {{{"stop", ""}}, "stop"},
+      {{{"n", 0}}, "n"},
+      {{{"n", 9}}, "n"},
+      {{{"logprobs", 1}}, "logprobs"},
+      {{{"top_logprobs", 21}}, "top_logprobs"},
+      {{{"top_logprobs", 2}}, "top_logprobs"},  // without logprobs
+      {{{"min_pixels", 0}}, "min_pixels"},
+      {{{"max_pixels", "big"}}, "max_pixels"},
+      {{{"min_pixels", 100}, {"max_pixels", 10}}, "min_pixels"},
+      {{{"tools", "none"}}, "tools"},
+  };
+  for (const auto& [extra, param] : cases) expect_error(body_with("hi", extra), 400, param);
+}
+
+TEST(OpenAiApiTest, BadMessages) {
+  expect_error("{}", 400, "messages");
+  expect_error(R"({"messages": []})", 400, "messages");
+  expect_error(R"({"messages": "hi"})", 400, "messages");
+  expect_error(R"({"messages": [{"content": "no role"}]})", 400, "messages");
+  expect_error(R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages");
+  expect_error("[1, 2]", 400, "");
+  expect_error(body_with(json::array({{{"type", "video"}, {"video", "file:///v.mp4"}}})), 400,
+               "messages[0].content[0]");
+}
+
+TEST(OpenAiApiTest, MalformedJsonNamesThePosition) {
+  auto r = parse(R"({"messages": [}")");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().http_status, 400);
+  EXPECT_EQ(r.error().type, "invalid_request_error");
+  EXPECT_NE(r.error().message.find("column"), std::string::npos) << r.error().message;
+}
+
+json image_part(const std::string& url) {
+  return json::array({{{"type", "image_url"}, {"image_url", {{"url", url}}}}});
+}
+
+TEST(OpenAiApiTest, BadBase64AndDataUrls) {
+  const std::string param = "messages[0].content[0].image_url";
+  for (const char* bad :
+       {"data:image/png;base64,Zg", "data:image/png;base64,Zm9v\n", "data:image/png;base64,Zm9*"}) {
+    auto r = parse(body_with(image_part(bad)));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().http_status, 400);
+    EXPECT_EQ(r.error().param, param);
+    EXPECT_EQ(r.error().message.rfind("invalid base64 in " + param, 0), 0u) << r.error().message;
+  }
+  expect_error(body_with(image_part("data:image/png,rawbytes")), 400, param);
+  expect_error(body_with(image_part("data:image/png;base64")), 400, param);
+  expect_error(body_with(image_part("ftp://x/y.png")), 400, param);
+  expect_error(body_with(json::array({{{"type", "image_url"}, {"image_url", 5}}})), 400, param);
+  expect_error(body_with(json::array({{{"type", "image"}}})), 400, "messages[0].content[0]");
+}
+
+TEST(OpenAiApiTest, ImageUrlAsPlainString) {
+  auto r = parse(body_with(json::array({{{"type", "image_url"}, {"image_url", data_url("ab")}}})));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->images.size(), 1u);
+  EXPECT_EQ(r->images[0].bytes.size(), 2u);
+}
+
+TEST(OpenAiApiTest, ImageLimits) {
+  ApiLimits limits;
+  limits.max_images = 2;
+  limits.max_image_bytes = 10;
+  json three = json::array();
+  for (int i = 0; i < 3; ++i) three.push_back(image_part(data_url("a"))[0]);
+  expect_error(body_with(three), 400, "messages", limits);
+  three.erase(2);
+  EXPECT_TRUE(parse(body_with(three), limits).ok());
+  // 11 bytes: over the per-image limit → 413; 10 is fine.
+  expect_error(body_with(image_part(data_url("12345678901"))), 413,
+               "messages[0].content[0].image_url", limits);
+  EXPECT_TRUE(parse(body_with(image_part(data_url("1234567890"))), limits).ok());
+  // Images across messages count together, in prompt order.
+  json b;
+  b["messages"] = json::array({{{"role", "user"}, {"content", image_part(data_url("x"))}},
+                               {{"role", "assistant"}, {"content", "ok"}},
+                               {{"role", "user"}, {"content", image_part(data_url("yz"))}}});
+  auto r = parse(b.dump(), limits);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->images.size(), 2u);
+  EXPECT_EQ(r->images[0].bytes.size(), 1u);
+  EXPECT_EQ(r->images[1].bytes.size(), 2u);
+}
+
+TEST(OpenAiApiTest, FileUrls) {
+  test_util::TempDir root, outside;
+  std::filesystem::create_directories(root.path() / "sub");
+  test_util::write_bytes(root.file("sub/a.png"), kFakePng);
+  test_util::write_bytes(outside.file("b.png"), kFakePng);
+  const std::string param = "messages[0].content[0].image_url";
+
+  // Not enabled at all.
+  expect_error(body_with(image_part("file://" + root.file("sub/a.png"))), 400, param);
+
+  MediaPolicy media;
+  media.allowed_local_path = root.str();
+  auto ok = parse(body_with(image_part("file://" + root.file("sub/a.png"))), {}, media);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  ASSERT_EQ(ok->images.size(), 1u);
+  EXPECT_EQ(std::filesystem::path(ok->images[0].path),
+            std::filesystem::weakly_canonical(root.file("sub/a.png")));
+  EXPECT_TRUE(ok->images[0].bytes.empty());
+  // file://localhost/ and percent escapes.
+  std::filesystem::copy_file(root.file("sub/a.png"), root.file("sub/a b.png"));
+  EXPECT_TRUE(
+      parse(body_with(image_part("file://localhost" + root.str() + "/sub/a%20b.png")), {}, media)
+          .ok());
+
+  // Outside the root, a ".." escape, a symlink out, a sibling whose name
+  // extends the root's.
+  expect_error(body_with(image_part("file://" + outside.file("b.png"))), 400, param, {}, media);
+  expect_error(body_with(image_part("file://" + root.str() + "/sub/../../" +
+                                    outside.path().filename().string() + "/b.png")),
+               400, param, {}, media);
+  std::filesystem::create_symlink(outside.file("b.png"), root.file("link.png"));
+  expect_error(body_with(image_part("file://" + root.file("link.png"))), 400, param, {}, media);
+  const std::string sibling = root.str() + "x";
+  std::filesystem::create_directories(sibling);
+  test_util::write_bytes(sibling + "/c.png", kFakePng);
+  expect_error(body_with(image_part("file://" + sibling + "/c.png")), 400, param, {}, media);
+  std::filesystem::remove_all(sibling);
+  // ".." that stays inside is fine; a missing file and a relative URL are not.
+  EXPECT_TRUE(
+      parse(body_with(image_part("file://" + root.str() + "/sub/../sub/a.png")), {}, media).ok());
+  expect_error(body_with(image_part("file://" + root.file("missing.png"))), 400, param, {}, media);
+  expect_error(body_with(image_part("file://relative/a.png")), 400, param, {}, media);
+}
+
+TEST(OpenAiApiTest, RemoteUrls) {
+  const std::string url = "https://example.com/cat.png";
+  expect_error(body_with(image_part(url)), 400, "messages[0].content[0].image_url");
+  MediaPolicy media;
+  media.allow_remote = true;
+  json parts = image_part(data_url("a"));
+  parts.push_back(image_part(url)[0]);
+  auto r = parse(body_with(parts), {}, media);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->images.size(), 2u);
+  ASSERT_EQ(r->remote_images.size(), 1u);
+  EXPECT_EQ(r->remote_images[0].image_index, 1u);
+  EXPECT_EQ(r->remote_images[0].url, url);
+}
+
+TEST(OpenAiApiTest, ErrorJson) {
+  json e = json::parse(api_error_json({400, "invalid_request_error", "bad", "temperature"}));
+  EXPECT_EQ(e["error"]["message"], "bad");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["error"]["param"], "temperature");
+  EXPECT_TRUE(e["error"].contains("code"));
+  json n = json::parse(api_error_json({404, "not_found_error", "no model", ""}));
+  EXPECT_TRUE(n["error"]["param"].is_null());
+  ApiError big = body_too_large();
+  EXPECT_EQ(big.http_status, 413);
+}
+
+TEST(OpenAiApiTest, CompletionJson) {
+  CompletionChoice c0{0, "Hello", FinishReason::kStop, std::nullopt};
+  CompletionChoice c1{1, "Hi", FinishReason::kLength,
+                      std::vector<TokenLogprob>{{"Hi", -0.5, {{"Hi", -0.5}, {"Hey", -1.5}}}}};
+  json j = json::parse(chat_completion_json("chatcmpl-1", "qwen", 1700000000, {c0, c1}, {12, 3}));
+  EXPECT_EQ(j["id"], "chatcmpl-1");
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["created"], 1700000000);
+  EXPECT_EQ(j["model"], "qwen");
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(j["choices"][1]["finish_reason"], "length");
+  const json& lp = j["choices"][1]["logprobs"]["content"][0];
+  EXPECT_EQ(lp["token"], "Hi");
+  EXPECT_EQ(lp["logprob"], -0.5);
+  EXPECT_EQ(lp["bytes"], json::array({72, 105}));
+  EXPECT_EQ(lp["top_logprobs"][1]["token"], "Hey");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 12);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(j["usage"]["total_tokens"], 15);
+}
+
+TEST(OpenAiApiTest, ChunksAndSse) {
+  json first = json::parse(chat_chunk_json("c", "m", 5, 0, "", std::string("assistant")));
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(first["choices"][0]["delta"]["content"], "");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+
+  json mid = json::parse(chat_chunk_json("c", "m", 5, 1, "tok"));
+  EXPECT_EQ(mid["choices"][0]["index"], 1);
+  EXPECT_EQ(mid["choices"][0]["delta"]["content"], "tok");
+  EXPECT_FALSE(mid["choices"][0]["delta"].contains("role"));
+
+  json last = json::parse(chat_chunk_json("c", "m", 5, 0, "", std::nullopt, FinishReason::kStop));
+  EXPECT_TRUE(last["choices"][0]["delta"].is_object());
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+
+  json usage = json::parse(usage_chunk_json("c", "m", 5, {4, 2}));
+  EXPECT_EQ(usage["object"], "chat.completion.chunk");
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 6);
+
+  EXPECT_EQ(sse_event("{\"a\":1}"), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
+  // Invalid UTF-8 from a buggy caller must not throw out of the builder.
+  EXPECT_NO_THROW(chat_chunk_json("c", "m", 5, 0, "\xff"));
+}
+
+TEST(OpenAiApiTest, ModelsList) {
+  json j = json::parse(models_list_json({"qwen3-vl-2b", "other"}, 7));
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 2u);
+  EXPECT_EQ(j["data"][0]["id"], "qwen3-vl-2b");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][1]["created"], 7);
+}
+
+}  // namespace
+}  // namespace vlm
