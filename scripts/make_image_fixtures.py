@@ -23,7 +23,7 @@ What it writes:
   files the decoder must refuse, "expect_error" with the reason.
 
 Usage:
-    /work/refenv/bin/python scripts/make_image_fixtures.py
+    python scripts/make_image_fixtures.py
 
 Deterministic: fixed seeds, fixed encoder settings. Re-running with the same Pillow/libjpeg-turbo/
 libwebp gives the same bytes; the goldens are recomputed from whatever bytes are on disk.

@@ -32,7 +32,7 @@ answers and their pixels are taken from torchvision's resize at vlm's size.
 The 8 shared photos (../shared/data/images) are referenced by path; their PIL-decoded bytes are
 fingerprinted (FNV-1a 64) so the C++ test can tell a decoder difference from a resize difference.
 
-Usage: /work/refenv/bin/python scripts/make_preprocess_reference.py
+Usage: python scripts/make_preprocess_reference.py
 """
 
 import json

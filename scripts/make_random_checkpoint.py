@@ -13,7 +13,7 @@ write_safetensors() below.  Values: float32 N(0, 0.02) rounded to bfloat16 (roun
 even on the top 16 bits); norm weights 1 + N(0, 0.02).  Each tensor has its own random stream
 seeded from (--seed, crc32(name)), so the values do not depend on the shard layout.
 
-Shapes follow /work/shared/design/qwen3-vl.md §1.1 and §7.1; tensor names are the ones
+Shapes follow ../shared/design/qwen3-vl.md §1.1 and §7.1; tensor names are the ones
 transformers 4.57 expects (model.visual.*, model.language_model.*, lm_head.weight only when
 the embeddings are not tied).  The tokenizer comes from ../shared/data/tokenizer (next to the
 repository) and the chat template from tests/model/fixtures/chat_template/chat_template.jinja.

@@ -15,9 +15,9 @@ What it writes (all on CPU, deterministic for a given transformers/torch version
   template stored in chat_template/chat_template.jinja.
 
 Usage:
-    /work/refenv/bin/python scripts/make_reference.py            # everything
-    /work/refenv/bin/python scripts/make_reference.py --only chat
-    /work/refenv/bin/python scripts/make_reference.py --only text-f32-untied
+    python scripts/make_reference.py            # everything
+    python scripts/make_reference.py --only chat
+    python scripts/make_reference.py --only text-f32-untied
 
 Nothing is downloaded: configs are built in code, the tokenizer comes from
 ../shared/data/tokenizer/tokenizer.json (next to the repository).

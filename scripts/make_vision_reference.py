@@ -20,7 +20,7 @@ preprocessor settings (patch 16, temporal patch 2, merge 2, mean = std = 0.5, bi
 small per-call pixel budget (min_pixels / max_pixels) so the fixtures stay small.
 
 Usage:
-    /work/refenv/bin/python scripts/make_vision_reference.py            # about 10 s
+    python scripts/make_vision_reference.py            # about 10 s
 
 Source images come from ../shared/data/images (next to the repository).  Nothing is
 downloaded.  Prompts use the small ids of the 1024-vocabulary fixtures (pad 0, bos 1, eos 2,
