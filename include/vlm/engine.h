@@ -67,6 +67,7 @@ class Engine {
   struct Impl;
 
  private:
+  friend class EngineCore;  // continuous batching runs on the same model (src/engine)
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

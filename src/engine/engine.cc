@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/thread_pool.h"
+#include "engine/engine_impl.h"
 #include "engine/multimodal.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
@@ -28,84 +29,6 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-struct Engine::Impl {
-  EngineOptions opts;
-  Qwen3VLConfig cfg;
-  GenerationConfig gen;
-  std::unique_ptr<WeightStore> store;
-  TextWeights weights;
-  VisionWeights vision_weights;
-  bool has_vision = false;
-  PreprocessOptions preprocess;
-  std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<TextDecoder> decoder;
-  std::unique_ptr<VisionEncoder> vision;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::vector<int32_t> eos_ids;
-  int64_t max_context = 0;
-  ops::Isa isa = ops::Isa::kGeneric;
-  KvCache cache;
-  std::vector<float> logits;      // [prefill_chunk, vocab] (kAll) or [vocab]
-  std::vector<int64_t> pos;       // [prefill_chunk] text positions (T = H = W)
-
-  // Makes sure the cache holds `n` positions; grows (never shrinks) between requests.
-  void reserve_cache(int64_t n) {
-    if (cache.capacity() < n) cache.allocate(cfg.text_config, 1, n);
-  }
-
-  // Runs the whole prompt from cache slot 0 in chunks. rows: kLast → logits of the last position
-  // into `out` [vocab]; kAll → every position into `out` [n, vocab].
-  Status prefill(const PreparedPrompt& p, LogitRows rows, float* out) {
-    const int64_t n = static_cast<int64_t>(p.ids.size());
-    const int64_t chunk = decoder->max_chunk();
-    const int64_t V = cfg.text_config.vocab_size;
-    for (int64_t first = 0; first < n; first += chunk) {
-      const int64_t len = std::min(chunk, n - first);
-      const bool last = first + len == n;
-      Positions3 pos{p.rope.t.data() + first, p.rope.h.data() + first, p.rope.w.data() + first};
-      VisionRows vr;
-      if (p.vision_tokens > 0) vr = p.rows_for_chunk(first);
-      LogitRows want = rows == LogitRows::kAll ? LogitRows::kAll : (last ? rows : LogitRows::kNone);
-      float* dst = rows == LogitRows::kAll ? out + first * V : out;
-      VLM_RETURN_IF_ERROR(decoder->forward(p.ids.data() + first, len, pos, first, cache, want, dst,
-                                           p.vision_tokens > 0 ? &vr : nullptr));
-    }
-    return ok_status();
-  }
-
-  // One decode step: token `id` at cache slot `slot`, rotary position slot + delta on all axes.
-  Status step(int32_t id, int64_t slot, int64_t delta, float* out) {
-    pos[0] = slot + delta;
-    Positions3 p{pos.data(), pos.data(), pos.data()};
-    return decoder->forward(&id, 1, p, slot, cache, LogitRows::kLast, out);
-  }
-
-  // Expands images, encodes them, computes positions; text-only prompts get 1-D positions.
-  Status prepare(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
-                 PreparedPrompt* p) {
-    const int64_t V = cfg.text_config.vocab_size;
-    for (int32_t id : ids) {
-      if (id < 0 || id >= V) {
-        return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                std::to_string(V) + ")");
-      }
-    }
-    const bool has_pads = std::find(ids.begin(), ids.end(), static_cast<int32_t>(cfg.image_token_id)) != ids.end();
-    if (!images.empty() || (has_pads && has_vision)) {
-      if (!has_vision) return invalid_argument("this checkpoint has no vision tower: images are not supported");
-      return prepare_multimodal(ids, images, cfg, preprocess, *vision, *pool, p);
-    }
-    p->ids.assign(ids.begin(), ids.end());
-    p->feature_row.assign(ids.size(), -1);
-    const int64_t n = static_cast<int64_t>(ids.size());
-    p->rope.t.resize(n);
-    for (int64_t i = 0; i < n; ++i) p->rope.t[i] = i;
-    p->rope.h = p->rope.t;
-    p->rope.w = p->rope.t;
-    p->rope.delta = 0;
-    return ok_status();
-  }
-};
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
@@ -233,23 +156,7 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   const int64_t V = m.cfg.text_config.vocab_size;
   if (req.prompt_ids.empty()) return invalid_argument("the prompt is empty");
   // Validate the cheap things before decoding and encoding any image.
-  // Resolve sampling: request → generation_config.json → transformers defaults.
-  const SamplingParams& sp = req.sampling;
-  ResolvedSampling rs;
-  rs.temperature = sp.temperature.value_or(m.gen.temperature);
-  rs.top_k = sp.top_k.value_or(m.gen.top_k);
-  rs.top_p = sp.top_p.value_or(m.gen.top_p);
-  rs.min_p = sp.min_p.value_or(m.gen.min_p);
-  rs.repetition_penalty = sp.repetition_penalty.value_or(m.gen.repetition_penalty);
-  rs.presence_penalty = sp.presence_penalty;
-  rs.frequency_penalty = sp.frequency_penalty;
-  rs.greedy = !sp.do_sample.value_or(m.gen.do_sample || sp.temperature.has_value()) || rs.temperature <= 0;
-  rs.seed = sp.seed.has_value() ? *sp.seed : std::random_device{}();
-  if (rs.temperature < 0) return invalid_argument("temperature must be >= 0");
-  if (rs.top_k < 0) return invalid_argument("top_k must be >= 0");
-  if (!(rs.top_p > 0 && rs.top_p <= 1)) return invalid_argument("top_p must be in (0, 1]");
-  if (!(rs.min_p >= 0 && rs.min_p <= 1)) return invalid_argument("min_p must be in [0, 1]");
-  if (!(rs.repetition_penalty > 0)) return invalid_argument("repetition_penalty must be > 0");
+  VLM_ASSIGN_OR_RETURN(ResolvedSampling rs, m.resolve_sampling(req.sampling));
   if (!req.stop.empty() && m.tokenizer == nullptr) {
     return invalid_argument("stop strings need the model's tokenizer");
   }
