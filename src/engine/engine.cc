@@ -6,20 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <random>
 
-#include "core/thread_pool.h"
 #include "engine/engine_impl.h"
-#include "engine/multimodal.h"
-#include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 #include "io/npy.h"
-#include "io/safetensors.h"
-#include "model/qwen3vl_config.h"
-#include "model/qwen3vl_weights.h"
-#include "model/text_decoder.h"
-#include "model/vision_encoder.h"
-#include "vision/preprocess.h"
 
 namespace vlm {
 
@@ -28,7 +18,6 @@ int64_t peak_rss_bytes() {
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
-
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
