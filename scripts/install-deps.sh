@@ -7,7 +7,7 @@ PKGS=(
   libgtest-dev libgmock-dev
   libpcre2-dev libutf8proc-dev
   libturbojpeg0-dev libspng-dev libwebp-dev libgif-dev libstb-dev
-  nlohmann-json3-dev libcli11-dev
+  nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
 )
 missing=()
 for p in "${PKGS[@]}"; do

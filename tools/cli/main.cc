@@ -12,6 +12,7 @@
 
 #include "vlm/chat.h"
 #include "vlm/engine.h"
+#include "vlm/server.h"
 #include "vlm/tokenizer.h"
 
 namespace {
@@ -321,8 +322,9 @@ int main(int argc, char** argv) {
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
-    if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits" && cmd != "bench") {
-      return fail("unknown command '" + cmd + "' (commands: run, tokenize, detokenize, logits, bench)");
+    if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits" && cmd != "bench" &&
+        cmd != "serve") {
+      return fail("unknown command '" + cmd + "' (commands: run, serve, tokenize, detokenize, logits, bench)");
     }
   }
   BenchArgs ba;
@@ -335,6 +337,21 @@ int main(int argc, char** argv) {
   bench->add_option("--json", ba.json_out, "Also write the medians as JSON to this file");
   bench->add_option("--image", ba.images, "Measure the vision path on these images instead");
 
+  vlm::ServeOptions so;
+  auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (continuous batching)");
+  serve->add_option("-m,--model", so.engine.model_dir, "Checkpoint directory")->required();
+  serve->add_option("--host", so.host, "Address to listen on (default 127.0.0.1)");
+  serve->add_option("--port", so.port, "Port (default 8080; 0 = any free port)");
+  serve->add_option("--served-model-name", so.model_name, "Name reported by /v1/models");
+  serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
+  serve->add_option("--allowed-media-path", so.allowed_media_path, "Folder file:// images may come from");
+  serve->add_option("--max-num-seqs", so.max_num_seqs, "Sequences per batch step");
+  serve->add_option("--max-batched-tokens", so.max_batched_tokens, "Tokens per batch step");
+  serve->add_option("--block-size", so.block_size, "KV cache block size in tokens");
+  serve->add_option("--num-blocks", so.num_blocks, "KV cache blocks (0 = from the context)");
+  serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
+  serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -346,6 +363,16 @@ int main(int argc, char** argv) {
   }
 
   if (*run) return cmd_run(ra);
+  if (*serve) {
+    so.engine.prefill_chunk = std::max<int64_t>(so.engine.prefill_chunk, so.max_batched_tokens);
+    auto server = vlm::Server::create(so);
+    if (!server.ok()) return fail(server.status());
+    std::fprintf(stderr, "vlm: serving on http://%s:%d (OpenAI API at /v1)\n", so.host.c_str(),
+                 (*server)->port());
+    vlm::Status st = (*server)->run();
+    if (!st.ok()) return fail(st);
+    return 0;
+  }
   if (*bench) return cmd_bench(ba);
 
   if (*tokenize) {

@@ -1,0 +1,215 @@
+// `vlm serve` over HTTP on 127.0.0.1: chat completions (plain and streamed), concurrency, errors
+// with their statuses, metrics. The model is the full-vocabulary tiny fixture with the real
+// tokenizer beside it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "server/httplib_config.h"
+#include "test_util.h"
+#include "vlm/chat.h"
+#include "vlm/engine.h"
+#include "vlm/server.h"
+
+namespace vlm {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tmp_ = new test_util::TempDir();
+    const std::string src = std::string(VLM_FIXTURES_DIR) + "/tiny-fullvocab-bf16";
+    for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+      fs::create_symlink(fs::absolute(src + "/" + f), tmp_->path() / f);
+    }
+    fs::create_symlink(fs::absolute(std::string(VLM_SHARED_DIR) + "/data/tokenizer/tokenizer.json"),
+                       tmp_->path() / "tokenizer.json");
+    ServeOptions o;
+    o.engine.model_dir = tmp_->str();
+    o.engine.n_threads = 2;
+    o.engine.max_context = 512;
+    o.port = 0;
+    o.model_name = "tiny";
+    o.max_num_seqs = 4;  // 8 concurrent requests: half of them queue and join later
+    o.max_batched_tokens = 64;
+    o.block_size = 8;
+    auto s = Server::create(o);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(s).value().release();
+    thread_ = new std::thread([] { server_->run(); });
+  }
+  static void TearDownTestSuite() {
+    server_->stop();
+    thread_->join();
+    delete thread_;
+    delete server_;
+    delete tmp_;
+  }
+
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+
+  static json chat_body(const std::string& text, int max_tokens, bool stream = false) {
+    return json{{"model", "tiny"},
+                {"messages", json::array({json{{"role", "user"}, {"content", text}}})},
+                {"max_tokens", max_tokens},
+                {"temperature", 0},
+                {"stream", stream}};
+  }
+
+  // What the same request gives through the engine directly (greedy, same template).
+  static std::string reference_reply(const std::string& text, int max_tokens) {
+    static std::unique_ptr<Engine> engine = [] {
+      EngineOptions o;
+      o.model_dir = tmp_->str();
+      o.max_context = 512;
+      return std::move(Engine::load(o)).value();
+    }();
+    ChatMessage m;
+    m.role = "user";
+    m.text = text;
+    GenerateRequest r;
+    r.prompt_ids = engine->tokenizer()->encode(render_chat({m}, {}));
+    r.max_new_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    return engine->generate(r)->text;
+  }
+
+  static std::string stream_text(const std::string& sse, bool* saw_done, std::string* finish) {
+    std::string text;
+    size_t pos = 0;
+    while ((pos = sse.find("data: ", pos)) != std::string::npos) {
+      const size_t end = sse.find("\n\n", pos);
+      const std::string payload = sse.substr(pos + 6, end - pos - 6);
+      pos = end;
+      if (payload == "[DONE]") {
+        *saw_done = true;
+        continue;
+      }
+      json j = json::parse(payload);
+      if (j["choices"].empty()) continue;  // the usage chunk
+      const json& d = j["choices"][0]["delta"];
+      if (d.contains("content")) text += d["content"].get<std::string>();
+      if (!j["choices"][0]["finish_reason"].is_null()) *finish = j["choices"][0]["finish_reason"];
+    }
+    return text;
+  }
+
+  static test_util::TempDir* tmp_;
+  static Server* server_;
+  static std::thread* thread_;
+};
+
+test_util::TempDir* ServerTest::tmp_ = nullptr;
+Server* ServerTest::server_ = nullptr;
+std::thread* ServerTest::thread_ = nullptr;
+
+TEST_F(ServerTest, HealthAndModels) {
+  auto c = client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "tiny");
+}
+
+TEST_F(ServerTest, PlainAndStreamedRepliesEqualTheEngine) {
+  const std::string want = reference_reply("Describe a cat.", 12);
+  auto c = client();
+  auto r = c.Post("/v1/chat/completions", chat_body("Describe a cat.", 12).dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], want);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+
+  json body = chat_body("Describe a cat.", 12, true);
+  body["stream_options"] = {{"include_usage", true}};
+  auto s = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200);
+  bool done = false;
+  std::string finish;
+  EXPECT_EQ(stream_text(s->body, &done, &finish), want);
+  EXPECT_TRUE(done);
+  EXPECT_EQ(finish, "length");
+  EXPECT_NE(s->body.find("\"usage\""), std::string::npos);
+}
+
+TEST_F(ServerTest, ConcurrentStreamsEqualSequentialReplies) {
+  const int kN = 8;
+  std::vector<std::string> want(kN), got(kN);
+  for (int i = 0; i < kN; ++i) want[i] = reference_reply("Question number " + std::to_string(i), 6 + i % 3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kN; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = client();
+      auto s = c.Post("/v1/chat/completions",
+                      chat_body("Question number " + std::to_string(i), 6 + i % 3, true).dump(),
+                      "application/json");
+      if (!s || s->status != 200) return;
+      bool done = false;
+      std::string finish;
+      got[i] = stream_text(s->body, &done, &finish);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(ServerTest, BadRequestsGetTheirStatusAndTheServerStaysUp) {
+  auto c = client();
+  struct Case {
+    std::string body;
+    int status;
+    std::string needle;
+  } cases[] = {
+      {"{bad json", 400, "malformed JSON"},
+      {R"({"messages": "hi"})", 400, "messages"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400, "temperature"},
+      {R"({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})", 404, "gpt-9"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}]})",
+       400, "base64"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, {"type": "text", "text": "x"}]}]})",
+       400, "image"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400, "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000})", 400, "context"},
+  };
+  for (const auto& k : cases) {
+    auto r = c.Post("/v1/chat/completions", k.body, "application/json");
+    ASSERT_TRUE(r) << k.body;
+    EXPECT_EQ(r->status, k.status) << k.body << " → " << r->body;
+    EXPECT_NE(r->body.find(k.needle), std::string::npos) << k.body << " → " << r->body;
+    EXPECT_TRUE(json::parse(r->body).contains("error")) << r->body;
+  }
+  auto ok = c.Post("/v1/chat/completions", chat_body("still there?", 3).dump(), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(ServerTest, MetricsReportRequestsAndKvBlocks) {
+  auto c = client();
+  auto r = c.Post("/v1/chat/completions", chat_body("count me", 2).dump(), "application/json");
+  ASSERT_TRUE(r);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* s : {"vlm_requests_total{outcome=\"ok\"}", "vlm_time_to_first_token_seconds_bucket",
+                        "vlm_kv_cache_blocks_total", "vlm_kv_cache_blocks_used 0",
+                        "vlm_generation_tokens_total"}) {
+    EXPECT_NE(m->body.find(s), std::string::npos) << s << "\n" << m->body;
+  }
+}
+
+}  // namespace
+}  // namespace vlm
