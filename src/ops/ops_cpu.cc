@@ -146,30 +146,37 @@ inline void attend_row(const float* qv, const float* k, const float* v, int64_t 
   for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
 }
 
-// The vectorised tile kernel for the CPU's ISA level when head_dim suits it, else the scalar row.
-AttendFn pick_attend(int64_t head_dim, Isa isa) {
-  if (head_dim % 8 != 0 || head_dim > kernels::kMaxHeadDim) return &attend_row;
+// The attention kernels of one ISA level: the one place that picks them.
+struct AttentionKernels {
+  AttendFn attend_row;
+  void (*attend_row_paged)(const float*, const float*, const float*, const int32_t*, int64_t,
+                           int64_t, int64_t, int64_t, float, float*);
+  void (*softmax_row)(float*, int64_t, float);
+};
+
+const AttentionKernels& attention_kernels(Isa isa) {
+  static const AttentionKernels kGeneric = {&kernels::generic::attend_row,
+                                            &kernels::generic::attend_row_paged,
+                                            &kernels::generic::softmax_row};
 #if defined(VLM_HAVE_X86_DISPATCH)
+  static const AttentionKernels kAvx2 = {&kernels::avx2::attend_row,
+                                         &kernels::avx2::attend_row_paged,
+                                         &kernels::avx2::softmax_row};
+  static const AttentionKernels kAvx512 = {&kernels::avx512::attend_row,
+                                           &kernels::avx512::attend_row_paged,
+                                           &kernels::avx512::softmax_row};
   switch (isa) {
-    case Isa::kAvx512: return &kernels::avx512::attend_row;
-    case Isa::kAvx2: return &kernels::avx2::attend_row;
+    case Isa::kAvx512: return kAvx512;
+    case Isa::kAvx2: return kAvx2;
     case Isa::kGeneric: break;
   }
 #endif
-  return &kernels::generic::attend_row;
+  return kGeneric;
 }
 
-using SoftmaxFn = void (*)(float*, int64_t, float);
-
-SoftmaxFn pick_softmax(Isa isa) {
-#if defined(VLM_HAVE_X86_DISPATCH)
-  switch (isa) {
-    case Isa::kAvx512: return &kernels::avx512::softmax_row;
-    case Isa::kAvx2: return &kernels::avx2::softmax_row;
-    case Isa::kGeneric: break;
-  }
-#endif
-  return &kernels::generic::softmax_row;
+// The vectorised kernels need head_dim a multiple of 8 (and not above kMaxHeadDim).
+bool vector_head_dim(int64_t head_dim) {
+  return head_dim % 8 == 0 && head_dim <= kernels::kMaxHeadDim;
 }
 
 // Below this many tokens per segment the per-row tile kernel is used.
@@ -183,14 +190,8 @@ void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float
                      ThreadPool& pool, Isa isa) {
   const int64_t group = n_heads / n_kv_heads;
   const int64_t kv_stride = n_kv_heads * head_dim;
-  using PagedFn = void (*)(const float*, const float*, const float*, const int32_t*, int64_t,
-                           int64_t, int64_t, int64_t, float, float*);
-  PagedFn paged = &kernels::generic::attend_row_paged;
-#if defined(VLM_HAVE_X86_DISPATCH)
-  if (isa == Isa::kAvx512) paged = &kernels::avx512::attend_row_paged;
-  if (isa == Isa::kAvx2) paged = &kernels::avx2::attend_row_paged;
-#endif
-  const bool vector_ok = head_dim % 8 == 0 && head_dim <= kernels::kMaxHeadDim;
+  const auto paged = attention_kernels(isa).attend_row_paged;
+  const bool vector_ok = vector_head_dim(head_dim);
   pool.parallel_for(n_q * n_heads, 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / n_heads;
@@ -226,7 +227,7 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
                     int64_t head_dim, float scale, float* out, ThreadPool& pool, Isa isa) {
   const int64_t stride = n_heads * head_dim;
   if (n < kBlockedMinTokens || head_dim % 8 != 0) {
-    const AttendFn attend = pick_attend(head_dim, isa);
+    const AttendFn attend = vector_head_dim(head_dim) ? attention_kernels(isa).attend_row : &attend_row;
     pool.parallel_for(n * n_heads, 1, [&](int64_t begin, int64_t end, int) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t i = item / n_heads;
@@ -241,7 +242,7 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
   // kernels — scores [block, n] = Q·Kᵀ, a row softmax, then out = P·V — so the work runs at GEMM
   // speed. Memory is O(block · n): the n × n score matrix is never built.
   constexpr int64_t kQueryBlock = 64;
-  const SoftmaxFn softmax = pick_softmax(isa);
+  const auto softmax = attention_kernels(isa).softmax_row;
   std::vector<float> qh(n * head_dim), kh(n * head_dim), vt(head_dim * n);
   std::vector<float> scores(kQueryBlock * n), oh(kQueryBlock * head_dim);
   const TensorView k_view{DType::kF32, {n, head_dim}, kh.data()};
