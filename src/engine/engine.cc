@@ -126,15 +126,8 @@ Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
   if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower");
   GridThw grid;
   VisionOutput out;
-  ImageCost cost;
-  VLM_RETURN_IF_ERROR(encode_image_input(image, m.preprocess, *m.vision, *m.pool, &grid, &out, &cost));
   ImageTimings t;
-  t.vision_tokens = out.tokens;
-  t.resized_h = cost.resized_h;
-  t.resized_w = cost.resized_w;
-  t.decode_ms = cost.decode_ms;
-  t.preprocess_ms = cost.preprocess_ms;
-  t.encode_ms = cost.encode_ms;
+  VLM_RETURN_IF_ERROR(encode_image_input(image, m.preprocess, *m.vision, *m.pool, &grid, &out, &t));
   return t;
 }
 

@@ -15,7 +15,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 Status encode_image_input(const ImageInput& in, const PreprocessOptions& preprocess,
                           VisionEncoder& encoder, ThreadPool& pool, GridThw* grid,
-                          VisionOutput* out, ImageCost* cost) {
+                          VisionOutput* out, Engine::ImageTimings* cost) {
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
   Result<Image> img = in.path.empty() ? decode_image(in.bytes.data(), in.bytes.size())
@@ -37,6 +37,7 @@ Status encode_image_input(const ImageInput& in, const PreprocessOptions& preproc
   *grid = GridThw{pre->grid_t, pre->grid_h, pre->grid_w};
   VLM_RETURN_IF_ERROR(encoder.encode(pre->pixel_values.data(), *grid, out));
   cost->encode_ms = ms_since(t0);
+  cost->vision_tokens = out->tokens;
   return ok_status();
 }
 
@@ -85,7 +86,7 @@ Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageI
     const std::string what = "image " + std::to_string(k + 1) + (in.path.empty() ? "" : " (" + in.path + ")");
     GridThw g;
     VisionOutput vo;
-    ImageCost cost;
+    Engine::ImageTimings cost;
     VLM_RETURN_IF_ERROR(encode_image_input(in, preprocess, encoder, pool, &g, &vo, &cost).with_context(what));
     out->decode_ms += cost.decode_ms;
     out->preprocess_ms += cost.preprocess_ms;

@@ -12,6 +12,7 @@
 #include "model/text_decoder.h"
 #include "model/vision_encoder.h"
 #include "vision/preprocess.h"
+#include "vlm/engine.h"
 #include "vlm/request.h"
 
 namespace vlm {
@@ -29,17 +30,12 @@ struct PreparedPrompt {
   VisionRows rows_for_chunk(int64_t first) const;
 };
 
-// Cost of getting one image through the vision tower, in ms.
-struct ImageCost {
-  double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
-  int64_t resized_h = 0, resized_w = 0;
-};
-
 // Decodes (bytes or path), preprocesses with `preprocess` overridden by the image's own pixel
-// budget, and encodes one image. Errors are not yet prefixed with which image it was.
+// budget, and encodes one image; `cost` gets the times, resized size and token count. Errors are
+// not yet prefixed with which image it was.
 Status encode_image_input(const ImageInput& in, const PreprocessOptions& preprocess,
                           VisionEncoder& encoder, ThreadPool& pool, GridThw* grid,
-                          VisionOutput* out, ImageCost* cost);
+                          VisionOutput* out, Engine::ImageTimings* cost);
 
 // Decodes and preprocesses every image, runs the vision encoder, expands each single image pad
 // (a run of one) to the image's token count, and computes positions. A prompt whose pad runs do
