@@ -24,6 +24,15 @@ struct EngineOptions {
   std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" to force a level
 };
 
+// Continuous batching (EngineCore, `vlm serve`): the per-step limits and the paged KV cache.
+struct BatchingOptions {
+  int32_t block_size = 16;
+  int32_t num_blocks = 0;             // 0: max_num_seqs × the full context, capped at 2 GiB of KV
+  int64_t max_num_seqs = 16;
+  int64_t max_batched_tokens = 256;   // ≤ the engine's prefill_chunk (its scratch size)
+  int64_t max_waiting = 256;
+};
+
 class Engine {
  public:
   static Result<std::unique_ptr<Engine>> load(const EngineOptions& options);

@@ -17,11 +17,7 @@ struct ServeOptions {
   std::string model_name;           // reported by /v1/models; default: the model directory's name
   std::string api_key;              // when set, requests need "Authorization: Bearer <key>"
   std::string allowed_media_path;   // file:// image URLs are served only from under this folder
-  int64_t max_num_seqs = 16;        // continuous batching: sequences per step
-  int64_t max_batched_tokens = 256; // tokens per step (≤ engine.prefill_chunk)
-  int32_t block_size = 16;          // KV cache block, in tokens
-  int32_t num_blocks = 0;           // 0: sized from max_num_seqs × context (capped at 2 GiB)
-  int64_t max_waiting = 256;        // queued requests beyond this get 429
+  BatchingOptions batching;         // max_batched_tokens ≤ engine.prefill_chunk; a full queue → 429
   int http_threads = 16;
 };
 

@@ -46,15 +46,15 @@ struct EngineCore::State {
   std::unordered_map<int64_t, std::unique_ptr<Req>> reqs;  // engine thread only
 };
 
-EngineCore::EngineCore(Engine& engine, const EngineCoreOptions& opts, Scheduler sched)
+EngineCore::EngineCore(Engine& engine, const BatchingOptions& opts, Scheduler sched)
     : engine_(engine), opts_(opts), st_(std::make_unique<State>()) {
   st_->sched = std::make_unique<Scheduler>(std::move(sched));
 }
 
-Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const EngineCoreOptions& o) {
+Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const BatchingOptions& o) {
   Engine::Impl& m = *engine.impl_;
   const Qwen3VLTextConfig& t = m.cfg.text_config;
-  EngineCoreOptions opts = o;
+  BatchingOptions opts = o;
   if (opts.max_batched_tokens > m.decoder->max_chunk()) {
     return invalid_argument("max_batched_tokens (" + std::to_string(opts.max_batched_tokens) +
                             ") exceeds the engine's prefill chunk (" +

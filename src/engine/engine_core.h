@@ -29,18 +29,11 @@ struct CoreEvent {
   int64_t completion_tokens = 0;
 };
 
-struct EngineCoreOptions {
-  int32_t block_size = 16;
-  int32_t num_blocks = 0;             // 0: enough for max_num_seqs × the model's max context
-  int64_t max_num_seqs = 16;
-  int64_t max_batched_tokens = 256;   // ≤ the engine's prefill_chunk (its scratch size)
-  int64_t max_waiting = 256;
-};
 
 class EngineCore {
  public:
   // Takes over `engine` (do not call its generate/logits while the core runs).
-  static Result<std::unique_ptr<EngineCore>> create(Engine& engine, const EngineCoreOptions& opts);
+  static Result<std::unique_ptr<EngineCore>> create(Engine& engine, const BatchingOptions& opts);
   ~EngineCore();  // stops the engine thread; unfinished requests get no further events
 
   // Queues a request; `on_event` is called on the engine thread for every token and once with
@@ -62,7 +55,7 @@ class EngineCore {
   struct State;
 
  private:
-  EngineCore(Engine& engine, const EngineCoreOptions& opts, Scheduler sched);
+  EngineCore(Engine& engine, const BatchingOptions& opts, Scheduler sched);
   void loop();
   void step();
   void run_batch(const SchedulerOutput& out);
@@ -70,7 +63,7 @@ class EngineCore {
   void publish_stats_locked();  // stats ← scheduler, with the state lock held  // req: the engine thread's record (engine_core.cc)
 
   Engine& engine_;
-  EngineCoreOptions opts_;
+  BatchingOptions opts_;
   std::unique_ptr<State> st_;
   std::thread thread_;
 };

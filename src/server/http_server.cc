@@ -258,13 +258,7 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->opts = options;
   VLM_ASSIGN_OR_RETURN(impl->engine, Engine::load(options.engine));
   if (impl->engine->tokenizer() == nullptr) return not_found("the model directory has no tokenizer.json");
-  EngineCoreOptions co;
-  co.block_size = options.block_size;
-  co.num_blocks = options.num_blocks;
-  co.max_num_seqs = options.max_num_seqs;
-  co.max_batched_tokens = options.max_batched_tokens;
-  co.max_waiting = options.max_waiting;
-  VLM_ASSIGN_OR_RETURN(impl->core, EngineCore::create(*impl->engine, co));
+  VLM_ASSIGN_OR_RETURN(impl->core, EngineCore::create(*impl->engine, options.batching));
   impl->model_name = options.model_name.empty()
                          ? std::filesystem::path(options.engine.model_dir).filename().string()
                          : options.model_name;

@@ -87,7 +87,7 @@ TEST(EngineCore, SixteenConcurrentRequestsEqualSequentialOnes) {
   auto reqs = requests(16, 8);
   std::vector<std::vector<int32_t>> want;
   for (const auto& r : reqs) want.push_back(engine->generate(r)->output_ids);
-  EngineCoreOptions o;
+  BatchingOptions o;
   o.block_size = 4;
   o.max_num_seqs = 8;          // half wait at first: they join as others leave
   o.max_batched_tokens = 48;   // long prompts are prefilled in chunks beside running decodes
@@ -105,7 +105,7 @@ TEST(EngineCore, PreemptionUnderKvPressureKeepsResultsExact) {
   auto reqs = requests(12, 10);
   std::vector<std::vector<int32_t>> want;
   for (const auto& r : reqs) want.push_back(engine->generate(r)->output_ids);
-  EngineCoreOptions o;
+  BatchingOptions o;
   o.block_size = 4;
   o.num_blocks = 16;  // 64 positions for up to 8 sequences of up to ~52 tokens: must preempt
   o.max_num_seqs = 8;
@@ -144,7 +144,7 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
   }
   std::vector<std::vector<int32_t>> want;
   for (const auto& r : reqs) want.push_back(engine->generate(r)->output_ids);
-  EngineCoreOptions o;
+  BatchingOptions o;
   o.block_size = 8;
   o.max_batched_tokens = 24;  // images split across chunks next to other requests' decodes
   auto core = EngineCore::create(*engine, o);
@@ -155,7 +155,7 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
 TEST(EngineCore, AbortFreesBlocksAndBadRequestsFailAlone) {
   auto engine = load("text-f32-untied");
   ASSERT_NE(engine, nullptr);
-  EngineCoreOptions o;
+  BatchingOptions o;
   o.block_size = 4;
   o.max_batched_tokens = 1000;  // more than the engine's scratch (prefill_chunk 64): refused
   EXPECT_FALSE(EngineCore::create(*engine, o).ok());

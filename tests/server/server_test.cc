@@ -35,9 +35,9 @@ class ServerTest : public ::testing::Test {
     o.engine.max_context = 512;
     o.port = 0;
     o.model_name = "tiny";
-    o.max_num_seqs = 4;  // 8 concurrent requests: half of them queue and join later
-    o.max_batched_tokens = 64;
-    o.block_size = 8;
+    o.batching.max_num_seqs = 4;  // 8 concurrent requests: half of them queue and join later
+    o.batching.max_batched_tokens = 64;
+    o.batching.block_size = 8;
     auto s = Server::create(o);
     ASSERT_TRUE(s.ok()) << s.status().message();
     server_ = std::move(s).value().release();

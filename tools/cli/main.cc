@@ -345,10 +345,10 @@ int main(int argc, char** argv) {
   serve->add_option("--served-model-name", so.model_name, "Name reported by /v1/models");
   serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
   serve->add_option("--allowed-media-path", so.allowed_media_path, "Folder file:// images may come from");
-  serve->add_option("--max-num-seqs", so.max_num_seqs, "Sequences per batch step");
-  serve->add_option("--max-batched-tokens", so.max_batched_tokens, "Tokens per batch step");
-  serve->add_option("--block-size", so.block_size, "KV cache block size in tokens");
-  serve->add_option("--num-blocks", so.num_blocks, "KV cache blocks (0 = from the context)");
+  serve->add_option("--max-num-seqs", so.batching.max_num_seqs, "Sequences per batch step");
+  serve->add_option("--max-batched-tokens", so.batching.max_batched_tokens, "Tokens per batch step");
+  serve->add_option("--block-size", so.batching.block_size, "KV cache block size in tokens");
+  serve->add_option("--num-blocks", so.batching.num_blocks, "KV cache blocks (0 = from the context)");
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
 
@@ -364,7 +364,7 @@ int main(int argc, char** argv) {
 
   if (*run) return cmd_run(ra);
   if (*serve) {
-    so.engine.prefill_chunk = std::max<int64_t>(so.engine.prefill_chunk, so.max_batched_tokens);
+    so.engine.prefill_chunk = std::max<int64_t>(so.engine.prefill_chunk, so.batching.max_batched_tokens);
     auto server = vlm::Server::create(so);
     if (!server.ok()) return fail(server.status());
     std::fprintf(stderr, "vlm: serving on http://%s:%d (OpenAI API at /v1)\n", so.host.c_str(),
