@@ -87,7 +87,6 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     impl->vision->set_isa(impl->isa);
   }
   impl->logits.resize(static_cast<size_t>(t.vocab_size));
-  impl->pos.resize(chunk);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 

@@ -39,7 +39,7 @@ struct Engine::Impl {
   ops::Isa isa = ops::Isa::kGeneric;
   KvCache cache;
   std::vector<float> logits;      // [prefill_chunk, vocab] (kAll) or [vocab]
-  std::vector<int64_t> pos;       // [prefill_chunk] text positions (T = H = W)
+  int64_t step_pos = 0;           // the rotary position of a decode step (T = H = W)
 
   // Makes sure the cache holds `n` positions; grows (never shrinks) between requests.
   void reserve_cache(int64_t n) {
@@ -68,8 +68,8 @@ struct Engine::Impl {
 
   // One decode step: token `id` at cache slot `slot`, rotary position slot + delta on all axes.
   Status step(int32_t id, int64_t slot, int64_t delta, float* out) {
-    pos[0] = slot + delta;
-    Positions3 p{pos.data(), pos.data(), pos.data()};
+    step_pos = slot + delta;
+    Positions3 p{&step_pos, &step_pos, &step_pos};
     return decoder->forward(&id, 1, p, slot, cache, LogitRows::kLast, out);
   }
 
