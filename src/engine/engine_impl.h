@@ -38,7 +38,7 @@ struct Engine::Impl {
   int64_t max_context = 0;
   ops::Isa isa = ops::Isa::kGeneric;
   KvCache cache;
-  std::vector<float> logits;      // [prefill_chunk, vocab] (kAll) or [vocab]
+  std::vector<float> logits;      // [vocab]: the last position of generate()'s steps
   int64_t step_pos = 0;           // the rotary position of a decode step (T = H = W)
 
   // Makes sure the cache holds `n` positions; grows (never shrinks) between requests.
