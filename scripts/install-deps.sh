@@ -8,6 +8,8 @@ PKGS=(
   libpcre2-dev libutf8proc-dev
   libturbojpeg0-dev libspng-dev libwebp-dev libgif-dev libstb-dev
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev
+  python3-venv python3-pip
+  libxxhash-dev
 )
 missing=()
 for p in "${PKGS[@]}"; do

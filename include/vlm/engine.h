@@ -30,7 +30,8 @@ struct BatchingOptions {
   int32_t num_blocks = 0;             // 0: max_num_seqs × the full context, capped at 2 GiB of KV
   int64_t max_num_seqs = 16;
   int64_t max_batched_tokens = 256;   // ≤ the engine's prefill_chunk (its scratch size)
-  int64_t max_waiting = 256;
+  int64_t max_waiting = 256;          // queued (not yet running) requests; beyond: ResourceExhausted
+  int64_t vision_cache_mib = 512;     // vision-encoder outputs kept for images that come back
 };
 
 class Engine {

@@ -40,6 +40,10 @@ struct GenerateRequest {
   std::vector<std::string> stop;          // stop strings; the reply ends before the first match
   std::vector<int32_t> stop_token_ids;    // in addition to the model's eos ids
   bool ignore_eos = false;                // keep going past eos (benchmarks)
+  // >= 0 (continuous batching only): each token comes with its log-probability under the model
+  // (log-softmax of the raw logits, before penalties, temperature and truncation, as vLLM
+  // reports them) and the `logprobs` most likely tokens at that step.
+  int32_t logprobs = -1;
 };
 
 enum class FinishReason { kNone, kStop, kLength };

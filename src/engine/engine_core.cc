@@ -1,19 +1,38 @@
 #include "engine/engine_core.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 
 #include "engine/engine_impl.h"
 #include "engine/stop_matcher.h"
+#include "engine/vision_cache.h"
 
 namespace vlm {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
 
 // One request as the engine thread sees it.
 struct Req {
   int64_t id = 0;
   GenerateRequest request;
   std::function<void(const CoreEvent&)> on_event;
+  // Made on the submitting thread: image pad runs and the staged images (pixels or cached
+  // features); the expanded prompt length and the token budget.
+  std::vector<std::pair<size_t, size_t>> runs;
+  std::vector<StagedImage> images;
+  int64_t prompt_len = 0;
+  int64_t max_new = 0;
+  Clock::time_point submitted;
+  double preprocess_ms = 0, encode_ms = 0, queue_ms = -1;
+  int64_t images_cached = 0;
+
   PreparedPrompt prompt;
   std::vector<int32_t> ids;          // prompt + generated
   std::vector<int32_t> feature_row;  // [ids.size()]: image feature row or -1
@@ -21,10 +40,39 @@ struct Req {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<IncrementalDetokenizer> detok;
   std::unique_ptr<StopMatcher> stops;
-  int64_t max_new = 0;
   int64_t generated = 0;
   bool admitted = false;
 };
+
+// log-softmax of `row` at `chosen` and the k best entries (id, log-probability), best first
+// (ties: the lower id).
+void token_logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, CoreEvent* ev) {
+  float mx = row[0];
+  for (int64_t i = 1; i < V; ++i) mx = std::max(mx, row[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
+  const float lse = mx + static_cast<float>(std::log(sum));
+  ev->logprob = row[chosen] - lse;
+  ev->top_logprobs.clear();
+  if (k <= 0) return;
+  auto better = [](const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  };
+  auto& top = ev->top_logprobs;  // a min-heap of the k best under `better`
+  for (int64_t i = 0; i < V; ++i) {
+    std::pair<int32_t, float> c{static_cast<int32_t>(i), row[i]};
+    if (static_cast<int32_t>(top.size()) < k) {
+      top.push_back(c);
+      std::push_heap(top.begin(), top.end(), better);
+    } else if (better(c, top.front())) {
+      std::pop_heap(top.begin(), top.end(), better);
+      top.back() = c;
+      std::push_heap(top.begin(), top.end(), better);
+    }
+  }
+  std::sort_heap(top.begin(), top.end(), better);
+  for (auto& t : top) t.second -= lse;
+}
 
 }  // namespace
 
@@ -32,6 +80,8 @@ struct EngineCore::State {
   std::unique_ptr<Scheduler> sched;
   KvCache cache;
   std::vector<float> logits;  // [max_num_seqs, vocab]
+  std::vector<float> raw_row;  // [vocab]: a row before the sampler's penalties (logprobs)
+  std::unique_ptr<VisionCache> vision_cache;
 
   mutable std::mutex mu;
   std::condition_variable cv;       // wakes the engine thread
@@ -73,11 +123,15 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   sc.block_size = opts.block_size;
   sc.max_num_seqs = opts.max_num_seqs;
   sc.max_batched_tokens = opts.max_batched_tokens;
-  sc.max_waiting = opts.max_waiting;
+  // submit() bounds the queue (429 there); preempted requests may take the scheduler's waiting
+  // queue past it, which must not fail them.
+  sc.max_waiting = opts.max_waiting + opts.max_num_seqs + 1;
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
   std::unique_ptr<EngineCore> core(new EngineCore(engine, opts, std::move(sched)));
   core->st_->cache.allocate(t, opts.num_blocks, opts.block_size);
   core->st_->logits.resize(static_cast<size_t>(opts.max_num_seqs * t.vocab_size));
+  core->st_->raw_row.resize(static_cast<size_t>(t.vocab_size));
+  core->st_->vision_cache = std::make_unique<VisionCache>(static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);
   core->st_->stats.kv_blocks_total = opts.num_blocks;
   core->thread_ = std::thread([c = core.get()] { c->loop(); });
   return core;
@@ -95,18 +149,65 @@ EngineCore::~EngineCore() {
 Result<int64_t> EngineCore::submit(GenerateRequest request,
                                    std::function<void(const CoreEvent&)> on_event) {
   Engine::Impl& m = *engine_.impl_;
+  const auto submitted = Clock::now();
   if (request.prompt_ids.empty()) return invalid_argument("the prompt is empty");
+  const int64_t V = m.cfg.text_config.vocab_size;
+  for (int32_t id : request.prompt_ids) {
+    if (id < 0 || id >= V) {
+      return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                              std::to_string(V) + ")");
+    }
+  }
   VLM_ASSIGN_OR_RETURN(ResolvedSampling rs, m.resolve_sampling(request.sampling));
   if (!request.stop.empty() && m.tokenizer == nullptr) {
     return invalid_argument("stop strings need the model's tokenizer");
   }
+  if (request.logprobs > 20) return invalid_argument("at most 20 top logprobs per token");
   auto r = std::make_unique<Req>();
-  r->sampler = std::make_unique<Sampler>(m.cfg.text_config.vocab_size, rs);
+  r->submitted = submitted;
+
+  // Images: read, decode and preprocess here, on the caller's thread (or find them cached).
+  const bool has_pads = std::find(request.prompt_ids.begin(), request.prompt_ids.end(),
+                                  static_cast<int32_t>(m.cfg.image_token_id)) != request.prompt_ids.end();
+  if (!request.images.empty() || (has_pads && m.has_vision)) {
+    if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower: images are not supported");
+    VLM_ASSIGN_OR_RETURN(r->runs, find_image_runs(request.prompt_ids, m.cfg, request.images.size()));
+    r->images.resize(request.images.size());
+    for (size_t k = 0; k < request.images.size(); ++k) {
+      const ImageInput& in = request.images[k];
+      const std::string what = "image " + std::to_string(k + 1) + (in.path.empty() ? "" : " (" + in.path + ")");
+      VLM_RETURN_IF_ERROR(stage_image(in, m.preprocess, st_->vision_cache.get(), nullptr, &r->images[k])
+                              .with_context(what));
+      r->preprocess_ms += r->images[k].decode_ms + r->images[k].preprocess_ms;
+    }
+    request.images.clear();  // the staged copies are all that is needed now
+  }
+  r->prompt_len = r->runs.empty() ? static_cast<int64_t>(request.prompt_ids.size())
+                                  : expanded_length(request.prompt_ids.size(), r->runs, r->images);
+  const int64_t n = r->prompt_len;
+  r->max_new = request.max_new_tokens.value_or(
+      std::min(m.gen.max_new_tokens.value_or(256), m.max_context - n));
+  if (r->max_new < 1 || n + r->max_new > m.max_context) {
+    return out_of_range("prompt (" + std::to_string(n) + " tokens) + max_new_tokens (" +
+                        std::to_string(r->max_new) + ") does not fit the context of " +
+                        std::to_string(m.max_context) + " tokens");
+  }
+  const int64_t need = (n + r->max_new + opts_.block_size - 1) / opts_.block_size;
+  if (need > opts_.num_blocks) {
+    return out_of_range("prompt (" + std::to_string(n) + " tokens) + max_new_tokens (" +
+                        std::to_string(r->max_new) + ") need " + std::to_string(need) +
+                        " KV blocks but the whole cache has " + std::to_string(opts_.num_blocks));
+  }
+
+  r->sampler = std::make_unique<Sampler>(V, rs);
   r->request = std::move(request);
   r->on_event = std::move(on_event);
   std::lock_guard<std::mutex> lock(st_->mu);
-  if (static_cast<int64_t>(st_->inbox.size()) >= opts_.max_waiting) {
-    return Status(StatusCode::kResourceExhausted, "the request queue is full");
+  // Queued = submitted and not running: the inbox, plus what the engine thread holds but has
+  // not scheduled yet.
+  if (st_->in_flight - st_->stats.running >= opts_.max_waiting) {
+    return Status(StatusCode::kResourceExhausted, "the request queue is full (" +
+                                                      std::to_string(opts_.max_waiting) + " waiting)");
   }
   r->id = st_->next_id++;
   const int64_t id = r->id;
@@ -123,8 +224,17 @@ void EngineCore::abort(int64_t id) {
 }
 
 EngineCore::Stats EngineCore::stats() const {
-  std::lock_guard<std::mutex> lock(st_->mu);
-  return st_->stats;
+  Stats out;
+  {
+    std::lock_guard<std::mutex> lock(st_->mu);
+    out = st_->stats;
+  }
+  const VisionCache::Stats vc = st_->vision_cache->stats();
+  out.vision_cache_hits = vc.hits;
+  out.vision_cache_misses = vc.misses;
+  out.vision_cache_entries = vc.entries;
+  out.vision_cache_bytes = static_cast<int64_t>(vc.bytes);
+  return out;
 }
 
 void EngineCore::wait_idle() {
@@ -151,8 +261,14 @@ void EngineCore::finish(void* req, CoreEvent ev) {
   Req& r = *static_cast<Req*>(req);
   ev.request_id = r.id;
   ev.finished = true;
-  ev.prompt_tokens = static_cast<int64_t>(r.prompt.ids.size());
+  ev.prompt_tokens = r.prompt_len;
   ev.completion_tokens = r.generated;
+  ev.queue_ms = std::max(r.queue_ms, 0.0);
+  ev.preprocess_ms = r.preprocess_ms;
+  ev.encode_ms = r.encode_ms;
+  ev.images = static_cast<int64_t>(r.runs.size());
+  ev.images_cached = r.images_cached;
+  ev.image_tokens = r.prompt.vision_tokens;
   if (r.admitted) s.sched->finish(r.id);
   r.on_event(ev);
   const int64_t id = r.id;
@@ -169,8 +285,65 @@ void EngineCore::publish_stats_locked() {
   s.stats.kv_blocks_used = s.sched->kv_blocks_used();
 }
 
-void EngineCore::step() {
+// Hands the requests not yet admitted to the scheduler, first come first served: their images
+// are encoded (vision tower, or the cache) and the prompt assembled. One request per step may
+// encode, so running requests keep decoding between long image encodes.
+void EngineCore::admit() {
   Engine::Impl& m = *engine_.impl_;
+  State& s = *st_;
+  std::vector<int64_t> to_admit;
+  for (auto& [id, r] : s.reqs) {
+    if (!r->admitted) to_admit.push_back(id);
+  }
+  std::sort(to_admit.begin(), to_admit.end());
+  bool encoded = false;
+  for (int64_t id : to_admit) {
+    Req& r = *s.reqs[id];
+    Status st;
+    if (!r.runs.empty()) {
+      bool needs_encode = false;
+      for (StagedImage& img : r.images) {
+        if (!img.encoded) img.encoded = s.vision_cache->get(img.key);  // encoded meanwhile?
+        if (!img.encoded) needs_encode = true;
+      }
+      if (needs_encode && encoded) break;  // next step
+      for (size_t k = 0; k < r.images.size() && st.ok(); ++k) {
+        StagedImage& img = r.images[k];
+        const bool hit = img.encoded != nullptr;
+        s.vision_cache->count(hit);
+        if (hit) {
+          ++r.images_cached;
+          continue;
+        }
+        st = encode_staged_image(*m.vision, &img, &r.encode_ms).with_context("image " + std::to_string(k + 1));
+        if (st.ok()) s.vision_cache->put(img.key, img.encoded);
+      }
+      encoded = encoded || needs_encode;
+      if (st.ok()) st = assemble_multimodal(r.request.prompt_ids, r.runs, r.images, m.cfg, &r.prompt);
+      r.images.clear();  // the prompt holds the features now
+    } else {
+      st = m.prepare(r.request.prompt_ids, {}, &r.prompt);
+    }
+    if (st.ok()) st = s.sched->add(id, r.prompt_len, r.prompt_len + r.max_new);
+    if (!st.ok()) {
+      CoreEvent ev;
+      ev.error = st;
+      finish(&r, ev);
+      continue;
+    }
+    r.admitted = true;
+    r.ids = r.prompt.ids;
+    r.feature_row = r.prompt.feature_row;
+    r.pos_t = r.prompt.rope.t;
+    r.pos_h = r.prompt.rope.h;
+    r.pos_w = r.prompt.rope.w;
+    r.sampler->add_prompt(r.ids);
+    if (m.tokenizer) r.detok = std::make_unique<IncrementalDetokenizer>(*m.tokenizer, true);
+    r.stops = std::make_unique<StopMatcher>(r.request.stop);
+  }
+}
+
+void EngineCore::step() {
   State& s = *st_;
 
   // 1. Take new requests and aborts.
@@ -191,42 +364,7 @@ void EngineCore::step() {
     publish_stats_locked();
     if (--s.in_flight == 0) s.cv_idle.notify_all();
   }
-  std::vector<int64_t> to_admit;
-  for (auto& [id, r] : s.reqs) {
-    if (!r->admitted) to_admit.push_back(id);
-  }
-  std::sort(to_admit.begin(), to_admit.end());  // FCFS by submission order
-  for (int64_t id : to_admit) {
-    Req& r = *s.reqs[id];
-    // Images are encoded here, on the engine thread, when the request is admitted.
-    Status st = m.prepare(r.request.prompt_ids, r.request.images, &r.prompt);
-    const int64_t n = static_cast<int64_t>(r.prompt.ids.size());
-    if (st.ok()) {
-      r.max_new = r.request.max_new_tokens.value_or(
-          std::min(m.gen.max_new_tokens.value_or(256), m.max_context - n));
-      if (r.max_new < 1 || n + r.max_new > m.max_context) {
-        st = out_of_range("prompt (" + std::to_string(n) + " tokens) + max_new_tokens (" +
-                          std::to_string(r.max_new) + ") does not fit the context of " +
-                          std::to_string(m.max_context) + " tokens");
-      }
-    }
-    if (st.ok()) st = s.sched->add(id, n, n + r.max_new);
-    if (!st.ok()) {
-      CoreEvent ev;
-      ev.error = st;
-      finish(&r, ev);
-      continue;
-    }
-    r.admitted = true;
-    r.ids = r.prompt.ids;
-    r.feature_row = r.prompt.feature_row;
-    r.pos_t = r.prompt.rope.t;
-    r.pos_h = r.prompt.rope.h;
-    r.pos_w = r.prompt.rope.w;
-    r.sampler->add_prompt(r.ids);
-    if (m.tokenizer) r.detok = std::make_unique<IncrementalDetokenizer>(*m.tokenizer, true);
-    r.stops = std::make_unique<StopMatcher>(r.request.stop);
-  }
+  admit();
 
   // 2. Schedule this step.
   SchedulerOutput out = s.sched->schedule();
@@ -252,6 +390,7 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
   for (size_t i = 0; i < out.items.size(); ++i) {
     const ScheduledItem& it = out.items[i];
     Req& r = *s.reqs[it.request_id];
+    if (r.queue_ms < 0) r.queue_ms = ms_between(r.submitted, Clock::now()) - r.encode_ms;
     const auto& table = s.sched->block_table(it.request_id);
     SeqChunk& c = chunks[i];
     c.ids = r.ids.data() + it.first_token;
@@ -289,7 +428,9 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
   for (size_t i = 0; i < out.items.size(); ++i) {
     if (chunks[i].rows == LogitRows::kNone) continue;
     Req& r = *s.reqs[out.items[i].request_id];
-    const int32_t id = r.sampler->sample(s.logits.data() + (row++) * V);
+    float* logits = s.logits.data() + (row++) * V;
+    if (r.request.logprobs >= 0) std::copy(logits, logits + V, s.raw_row.begin());
+    const int32_t id = r.sampler->sample(logits);
     r.ids.push_back(id);
     r.feature_row.push_back(-1);
     const int64_t p = static_cast<int64_t>(r.ids.size()) - 1 + r.prompt.rope.delta;
@@ -305,6 +446,7 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
     CoreEvent ev;
     ev.request_id = r.id;
     ev.token_id = id;
+    if (r.request.logprobs >= 0) token_logprobs(s.raw_row.data(), V, id, r.request.logprobs, &ev);
     if (r.detok && !is_stop) ev.text = r.stops->push(r.detok->push(id));
     const bool stopped = is_stop || r.stops->stopped();
     const bool length = r.generated >= r.max_new;

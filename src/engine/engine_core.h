@@ -9,6 +9,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 #include <thread>
 #include <unordered_map>
 
@@ -27,6 +29,15 @@ struct CoreEvent {
   Status error;            // non-ok: the request failed (finished is true)
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  // With request.logprobs >= 0, on token events: the token's log-probability and the most likely
+  // alternatives (id, log-probability), best first.
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+  // On the final event: where the request's time went.
+  double queue_ms = 0;       // submit → first forward pass, image encoding excluded
+  double preprocess_ms = 0;  // image decode + preprocess (on the submitting thread)
+  double encode_ms = 0;      // vision tower (images not found in the cache)
+  int64_t images = 0, images_cached = 0, image_tokens = 0;
 };
 
 
@@ -37,7 +48,10 @@ class EngineCore {
   ~EngineCore();  // stops the engine thread; unfinished requests get no further events
 
   // Queues a request; `on_event` is called on the engine thread for every token and once with
-  // finished = true. Validation errors return here; later failures arrive as an error event.
+  // finished = true. Runs on the caller's thread: validation, and reading, decoding and
+  // preprocessing the images (or finding them in the vision cache), so a bad image, a prompt
+  // over the context or a full queue (ResourceExhausted) is an error here. Later failures (engine
+  // faults) arrive as an error event.
   Result<int64_t> submit(GenerateRequest request, std::function<void(const CoreEvent&)> on_event);
   // Cancels a request (e.g. the client went away): its KV blocks are freed at the next step and
   // it gets no more events. Unknown or finished ids are ignored.
@@ -47,6 +61,8 @@ class EngineCore {
   struct Stats {
     int64_t running = 0, waiting = 0, kv_blocks_used = 0, kv_blocks_total = 0, steps = 0,
             preemptions = 0;
+    int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0;
+    int64_t vision_cache_bytes = 0;
   };
   Stats stats() const;
   // Blocks until no request is queued or running (tests).
@@ -59,8 +75,9 @@ class EngineCore {
   void loop();
   void step();
   void run_batch(const SchedulerOutput& out);
-  void finish(void* req, CoreEvent ev);
-  void publish_stats_locked();  // stats ← scheduler, with the state lock held  // req: the engine thread's record (engine_core.cc)
+  void admit();
+  void finish(void* req, CoreEvent ev);  // req: the engine thread's record (engine_core.cc)
+  void publish_stats_locked();           // stats ← scheduler, with the state lock held
 
   Engine& engine_;
   BatchingOptions opts_;

@@ -7,39 +7,13 @@
 namespace vlm {
 namespace {
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
 }  // namespace
-
-Status encode_image_input(const ImageInput& in, const PreprocessOptions& preprocess,
-                          VisionEncoder& encoder, ThreadPool& pool, GridThw* grid,
-                          VisionOutput* out, Engine::ImageTimings* cost) {
-  using Clock = std::chrono::steady_clock;
-  auto t0 = Clock::now();
-  Result<Image> img = in.path.empty() ? decode_image(in.bytes.data(), in.bytes.size())
-                                      : load_image_file(in.path);
-  if (!img.ok()) return img.status();
-  cost->decode_ms = ms_since(t0);
-
-  t0 = Clock::now();
-  PreprocessOptions opt = preprocess;
-  if (in.min_pixels) opt.min_pixels = *in.min_pixels;
-  if (in.max_pixels) opt.max_pixels = *in.max_pixels;
-  Result<PreprocessedImage> pre = preprocess_image(*img, opt, &pool);
-  if (!pre.ok()) return pre.status();
-  cost->preprocess_ms = ms_since(t0);
-  cost->resized_h = pre->resized_h;
-  cost->resized_w = pre->resized_w;
-
-  t0 = Clock::now();
-  *grid = GridThw{pre->grid_t, pre->grid_h, pre->grid_w};
-  VLM_RETURN_IF_ERROR(encoder.encode(pre->pixel_values.data(), *grid, out));
-  cost->encode_ms = ms_since(t0);
-  cost->vision_tokens = out->tokens;
-  return ok_status();
-}
 
 VisionRows PreparedPrompt::rows_for_chunk(int64_t first) const {
   VisionRows r;
@@ -49,14 +23,11 @@ VisionRows PreparedPrompt::rows_for_chunk(int64_t first) const {
   return r;
 }
 
-Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
-                          const Qwen3VLConfig& cfg, const PreprocessOptions& preprocess,
-                          VisionEncoder& encoder, ThreadPool& pool, PreparedPrompt* out) {
+Result<std::vector<std::pair<size_t, size_t>>> find_image_runs(std::span<const int32_t> ids,
+                                                               const Qwen3VLConfig& cfg,
+                                                               size_t num_images) {
   const int32_t pad = static_cast<int32_t>(cfg.image_token_id);
-  const int64_t merge = cfg.vision_config.spatial_merge_size;
-
-  // Image pad runs in the prompt: one per image.
-  std::vector<std::pair<size_t, size_t>> runs;  // [begin, end)
+  std::vector<std::pair<size_t, size_t>> runs;
   for (size_t i = 0; i < ids.size();) {
     if (ids[i] != pad) {
       ++i;
@@ -72,39 +43,93 @@ Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageI
     runs.emplace_back(i, j);
     i = j;
   }
-  if (runs.size() != images.size()) {
+  if (runs.size() != num_images) {
     return invalid_argument("the prompt has " + std::to_string(runs.size()) +
-                            " image placeholders (<|image_pad|>) but " + std::to_string(images.size()) +
+                            " image placeholders (<|image_pad|>) but " + std::to_string(num_images) +
                             " images were given");
   }
+  return runs;
+}
 
+Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, VisionCache* cache,
+                   ThreadPool* pool, StagedImage* out) {
+  PreprocessOptions opt = preprocess;
+  if (in.min_pixels) opt.min_pixels = *in.min_pixels;
+  if (in.max_pixels) opt.max_pixels = *in.max_pixels;
+
+  auto t0 = Clock::now();
+  std::vector<uint8_t> file;
+  if (!in.path.empty()) {
+    VLM_ASSIGN_OR_RETURN(file, read_image_file(in.path));
+  }
+  std::span<const uint8_t> bytes = in.path.empty() ? std::span<const uint8_t>(in.bytes) : file;
+  out->key = VisionCacheKey::of(bytes, opt.min_pixels, opt.max_pixels);
+  if (cache != nullptr && (out->encoded = cache->get(out->key)) != nullptr) {
+    out->tokens = out->encoded->out.tokens;
+    out->resized_h = out->encoded->grid.h * opt.patch_size;
+    out->resized_w = out->encoded->grid.w * opt.patch_size;
+    return ok_status();
+  }
+  Result<Image> img = decode_image(bytes.data(), bytes.size());
+  if (!img.ok()) {
+    return in.path.empty() ? img.status() : img.status().with_context("image '" + in.path + "'");
+  }
+  out->decode_ms = ms_since(t0);
+
+  t0 = Clock::now();
+  VLM_ASSIGN_OR_RETURN(out->pixels, preprocess_image(*img, opt, pool));
+  out->preprocess_ms = ms_since(t0);
+  out->tokens = out->pixels.num_tokens();
+  out->resized_h = out->pixels.resized_h;
+  out->resized_w = out->pixels.resized_w;
+  return ok_status();
+}
+
+Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* encode_ms) {
+  if (img->encoded) return ok_status();
+  const auto t0 = Clock::now();
+  auto enc = std::make_shared<EncodedImage>();
+  const PreprocessedImage& p = img->pixels;
+  enc->grid = GridThw{p.grid_t, p.grid_h, p.grid_w};
+  VLM_RETURN_IF_ERROR(encoder.encode(p.pixel_values.data(), enc->grid, &enc->out));
+  img->encoded = std::move(enc);
+  img->pixels = PreprocessedImage{};  // the pixels are no longer needed
+  *encode_ms += ms_since(t0);
+  return ok_status();
+}
+
+int64_t expanded_length(size_t num_ids, std::span<const std::pair<size_t, size_t>> runs,
+                        std::span<const StagedImage> images) {
+  int64_t n = static_cast<int64_t>(num_ids);
+  for (size_t k = 0; k < runs.size(); ++k) {
+    n += images[k].tokens - static_cast<int64_t>(runs[k].second - runs[k].first);
+  }
+  return n;
+}
+
+Status assemble_multimodal(std::span<const int32_t> ids,
+                           std::span<const std::pair<size_t, size_t>> runs,
+                           std::span<const StagedImage> images, const Qwen3VLConfig& cfg,
+                           PreparedPrompt* out) {
+  const int32_t pad = static_cast<int32_t>(cfg.image_token_id);
   std::vector<GridThw> grids;
   out->embeds.clear();
   out->deepstack.assign(cfg.vision_config.deepstack_visual_indexes.size(), {});
   for (size_t k = 0; k < images.size(); ++k) {
-    const ImageInput& in = images[k];
-    const std::string what = "image " + std::to_string(k + 1) + (in.path.empty() ? "" : " (" + in.path + ")");
-    GridThw g;
-    VisionOutput vo;
-    Engine::ImageTimings cost;
-    VLM_RETURN_IF_ERROR(encode_image_input(in, preprocess, encoder, pool, &g, &vo, &cost).with_context(what));
-    out->decode_ms += cost.decode_ms;
-    out->preprocess_ms += cost.preprocess_ms;
-    out->encode_ms += cost.encode_ms;
-    grids.push_back(g);
-    out->embeds.insert(out->embeds.end(), vo.embeds.begin(), vo.embeds.end());
-    for (size_t d = 0; d < vo.deepstack.size(); ++d) {
-      out->deepstack[d].insert(out->deepstack[d].end(), vo.deepstack[d].begin(), vo.deepstack[d].end());
-    }
+    const EncodedImage& e = *images[k].encoded;
     const size_t have = runs[k].second - runs[k].first;
-    if (have != 1 && have != static_cast<size_t>(vo.tokens)) {
-      return invalid_argument(what + " needs " + std::to_string(vo.tokens) +
+    if (have != 1 && have != static_cast<size_t>(e.out.tokens)) {
+      return invalid_argument("image " + std::to_string(k + 1) + " needs " + std::to_string(e.out.tokens) +
                               " image tokens; the prompt has a run of " + std::to_string(have) +
                               " pads (give one pad per image and vlm expands it)");
     }
+    grids.push_back(e.grid);
+    out->embeds.insert(out->embeds.end(), e.out.embeds.begin(), e.out.embeds.end());
+    for (size_t d = 0; d < e.out.deepstack.size() && d < out->deepstack.size(); ++d) {
+      out->deepstack[d].insert(out->deepstack[d].end(), e.out.deepstack[d].begin(), e.out.deepstack[d].end());
+    }
   }
 
-  // Expand each run to its image's token count.
   out->ids.clear();
   out->feature_row.clear();
   size_t prev = 0;
@@ -114,8 +139,7 @@ Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageI
       out->ids.push_back(ids[i]);
       out->feature_row.push_back(-1);
     }
-    const int64_t n = grids[k].patches() / (merge * merge);
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < images[k].encoded->out.tokens; ++i) {
       out->ids.push_back(pad);
       out->feature_row.push_back(feature++);
     }
@@ -126,9 +150,41 @@ Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageI
     out->feature_row.push_back(-1);
   }
   out->vision_tokens = feature;
-  VLM_ASSIGN_OR_RETURN(out->rope, compute_rope_index(out->ids, grids, pad,
-                                                     cfg.vision_start_token_id, merge));
+  VLM_ASSIGN_OR_RETURN(out->rope, compute_rope_index(out->ids, grids, pad, cfg.vision_start_token_id,
+                                                     cfg.vision_config.spatial_merge_size));
   return ok_status();
+}
+
+Status encode_image_input(const ImageInput& in, const PreprocessOptions& preprocess,
+                          VisionEncoder& encoder, ThreadPool& pool, GridThw* grid,
+                          VisionOutput* out, Engine::ImageTimings* cost) {
+  StagedImage s;
+  VLM_RETURN_IF_ERROR(stage_image(in, preprocess, nullptr, &pool, &s));
+  cost->decode_ms = s.decode_ms;
+  cost->preprocess_ms = s.preprocess_ms;
+  cost->resized_h = s.resized_h;
+  cost->resized_w = s.resized_w;
+  VLM_RETURN_IF_ERROR(encode_staged_image(encoder, &s, &cost->encode_ms));
+  *grid = s.encoded->grid;
+  *out = s.encoded->out;
+  cost->vision_tokens = out->tokens;
+  return ok_status();
+}
+
+Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
+                          const Qwen3VLConfig& cfg, const PreprocessOptions& preprocess,
+                          VisionEncoder& encoder, ThreadPool& pool, PreparedPrompt* out) {
+  VLM_ASSIGN_OR_RETURN(auto runs, find_image_runs(ids, cfg, images.size()));
+  std::vector<StagedImage> staged(images.size());
+  for (size_t k = 0; k < images.size(); ++k) {
+    const std::string what = "image " + std::to_string(k + 1) +
+                             (images[k].path.empty() ? "" : " (" + images[k].path + ")");
+    VLM_RETURN_IF_ERROR(stage_image(images[k], preprocess, nullptr, &pool, &staged[k]).with_context(what));
+    VLM_RETURN_IF_ERROR(encode_staged_image(encoder, &staged[k], &out->encode_ms).with_context(what));
+    out->decode_ms += staged[k].decode_ms;
+    out->preprocess_ms += staged[k].preprocess_ms;
+  }
+  return assemble_multimodal(ids, runs, staged, cfg, out);
 }
 
 }  // namespace vlm

@@ -1,12 +1,19 @@
 // Turns a prompt with single image pads plus its images into what the decoder runs: the
 // expanded ids, 3-D positions, and the vision features each image row takes.
+//
+// The work is split by where it runs in the server (design/style.md §3): stage_image (read,
+// hash, decode, preprocess) runs on the submitting HTTP thread; encode_staged_image (the vision
+// tower) and assemble_multimodal run on the engine thread.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "engine/vision_cache.h"
 #include "model/mrope_positions.h"
 #include "model/qwen3vl_config.h"
 #include "model/text_decoder.h"
@@ -30,16 +37,50 @@ struct PreparedPrompt {
   VisionRows rows_for_chunk(int64_t first) const;
 };
 
-// Decodes (bytes or path), preprocesses with `preprocess` overridden by the image's own pixel
-// budget, and encodes one image; `cost` gets the times, resized size and token count. Errors are
-// not yet prefixed with which image it was.
+// The [begin, end) runs of <|image_pad|> in a prompt, one per image. Errors: a pad that does not
+// follow <|vision_start|>, or a run count that differs from `num_images`.
+Result<std::vector<std::pair<size_t, size_t>>> find_image_runs(std::span<const int32_t> ids,
+                                                               const Qwen3VLConfig& cfg,
+                                                               size_t num_images);
+
+// One image made ready before the engine thread sees it: the cached encoder output when the
+// cache has it, else the preprocessed pixels.
+struct StagedImage {
+  VisionCacheKey key;
+  std::shared_ptr<const EncodedImage> encoded;  // set: nothing left to compute
+  PreprocessedImage pixels;                     // when encoded is null
+  int64_t tokens = 0;                           // merged image tokens
+  int64_t resized_h = 0, resized_w = 0;
+  double decode_ms = 0, preprocess_ms = 0;      // 0 on a cache hit
+};
+
+// Reads (path) or takes (bytes) the image, and looks it up in `cache` (may be null); on a miss
+// decodes and preprocesses it with `preprocess` overridden by the image's own pixel budget.
+// `pool` may be null (single-threaded resize). Errors are not prefixed with which image it was.
+Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, VisionCache* cache,
+                   ThreadPool* pool, StagedImage* out);
+
+// Runs the vision tower on a staged image that has no encoder output yet (a no-op otherwise).
+Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* encode_ms);
+
+// Expands each run of `runs` to its image's token count, copies the features and computes the
+// positions. Every image must be encoded.
+Status assemble_multimodal(std::span<const int32_t> ids,
+                           std::span<const std::pair<size_t, size_t>> runs,
+                           std::span<const StagedImage> images, const Qwen3VLConfig& cfg,
+                           PreparedPrompt* out);
+
+// The length of the prompt once each run is expanded to `images[k].tokens`.
+int64_t expanded_length(size_t num_ids, std::span<const std::pair<size_t, size_t>> runs,
+                        std::span<const StagedImage> images);
+
+// Decodes, preprocesses and encodes one image; `cost` gets the times, resized size and token
+// count (for `vlm bench --image`).
 Status encode_image_input(const ImageInput& in, const PreprocessOptions& preprocess,
                           VisionEncoder& encoder, ThreadPool& pool, GridThw* grid,
                           VisionOutput* out, Engine::ImageTimings* cost);
 
-// Decodes and preprocesses every image, runs the vision encoder, expands each single image pad
-// (a run of one) to the image's token count, and computes positions. A prompt whose pad runs do
-// not match the images is an error naming the mismatch.
+// All of the above on one thread, without a cache (Engine::generate / logits).
 Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
                           const Qwen3VLConfig& cfg, const PreprocessOptions& preprocess,
                           VisionEncoder& encoder, ThreadPool& pool, PreparedPrompt* out);

@@ -185,6 +185,10 @@ Result<Image> decode_image(const uint8_t* data, size_t size, const ImageDecodeLi
   return internal_error("unhandled image format");
 }
 
+Result<std::vector<uint8_t>> read_image_file(const std::string& path, const ImageDecodeLimits& limits) {
+  return read_file_bytes(path, limits.max_bytes);
+}
+
 Result<Image> load_image_file(const std::string& path, const ImageDecodeLimits& limits) {
   VLM_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file_bytes(path, limits.max_bytes));
   Result<Image> img = decode_image(bytes.data(), bytes.size(), limits);

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "vision/image.h"
 #include "vlm/status.h"
@@ -36,6 +37,10 @@ enum class ImageFormat { kJpeg, kPng, kWebp, kGif, kBmp };
 // unsupported or over-limit input (the message starts with the format name), kResourceExhausted
 // when the pixel buffer cannot be allocated.
 Result<Image> decode_image(const uint8_t* data, size_t size, const ImageDecodeLimits& limits = {});
+
+// Reads an image file's bytes (at most limits.max_bytes). Errors name the path (kNotFound when it
+// does not exist).
+Result<std::vector<uint8_t>> read_image_file(const std::string& path, const ImageDecodeLimits& limits = {});
 
 // Reads `path` and decodes it. Errors name the path (kNotFound when it does not exist).
 Result<Image> load_image_file(const std::string& path, const ImageDecodeLimits& limits = {});

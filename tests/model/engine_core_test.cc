@@ -3,7 +3,12 @@
 // preemption — and an aborted request frees its KV blocks without disturbing the others.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
 #include <map>
+#include <set>
+#include <tuple>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -150,6 +155,139 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
   auto core = EngineCore::create(*engine, o);
   ASSERT_TRUE(core.ok());
   EXPECT_EQ(run_concurrently(**core, reqs), want);
+
+  // The vision cache: each distinct (file, pixel budget) is encoded once; every other use of it,
+  // including all of the second round, is a hit, and the replies do not change.
+  std::set<std::tuple<std::string, int64_t, int64_t>> distinct;
+  int64_t total = 0;
+  for (const auto& r : reqs) {
+    for (const auto& in : r.images) distinct.emplace(in.path, *in.min_pixels, *in.max_pixels);
+    total += static_cast<int64_t>(r.images.size());
+  }
+  EngineCore::Stats st = (*core)->stats();
+  EXPECT_EQ(st.vision_cache_misses, static_cast<int64_t>(distinct.size()));
+  EXPECT_EQ(st.vision_cache_hits, total - static_cast<int64_t>(distinct.size()));
+  EXPECT_EQ(st.vision_cache_entries, static_cast<int64_t>(distinct.size()));
+  EXPECT_EQ(run_concurrently(**core, reqs), want);
+  st = (*core)->stats();
+  EXPECT_EQ(st.vision_cache_misses, static_cast<int64_t>(distinct.size()));
+  EXPECT_EQ(st.vision_cache_hits, 2 * total - static_cast<int64_t>(distinct.size()));
+
+  // A broken image is refused at submit, naming the image.
+  GenerateRequest bad = reqs[0];
+  bad.images[0].path.clear();
+  bad.images[0].bytes = {0x89, 'P', 'N', 'G', 1, 2, 3};
+  auto bad_id = (*core)->submit(bad, [](const CoreEvent&) {});
+  ASSERT_FALSE(bad_id.ok());
+  EXPECT_NE(bad_id.status().message().find("image 1"), std::string::npos) << bad_id.status().message();
+}
+
+TEST(EngineCore, VisionCacheIsBoundedInBytes) {
+  auto engine = load("vision-f32");
+  ASSERT_NE(engine, nullptr);
+  BatchingOptions o;
+  o.block_size = 8;
+  o.max_batched_tokens = 64;
+  o.vision_cache_mib = 0;  // nothing fits: every image is encoded again
+  auto core = EngineCore::create(*engine, o);
+  ASSERT_TRUE(core.ok());
+  auto ref = nlohmann::json::parse(test_util::read_file(kFixtures + "/vision-f32/reference.json"));
+  GenerateRequest r;
+  r.prompt_ids = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  ImageInput in;
+  in.path = kFixtures + "/vision-f32/synthetic_tiny.png";
+  r.images = {in};
+  r.max_new_tokens = 2;
+  const auto first = run_concurrently(**core, {r, r});
+  EXPECT_EQ(first[0], first[1]);
+  EXPECT_EQ((*core)->stats().vision_cache_hits, 0);
+  EXPECT_EQ((*core)->stats().vision_cache_misses, 2);
+  EXPECT_EQ((*core)->stats().vision_cache_entries, 0);
+}
+
+// Logprobs: log-softmax of the raw logits, checked against Engine::logits on the same sequence.
+TEST(EngineCore, LogprobsAreTheModelsLogSoftmax) {
+  auto engine = load("text-f32-untied");
+  ASSERT_NE(engine, nullptr);
+  GenerateRequest r = requests(3, 6)[2];
+  r.logprobs = 4;
+  r.sampling.repetition_penalty = 1.3;  // penalties change sampling, never the reported logprobs
+  BatchingOptions o;
+  o.block_size = 8;
+  o.max_batched_tokens = 64;
+  auto core = EngineCore::create(*engine, o);
+  ASSERT_TRUE(core.ok());
+  std::vector<CoreEvent> events;
+  std::mutex mu;
+  ASSERT_TRUE((*core)->submit(r, [&](const CoreEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (ev.token_id >= 0) events.push_back(ev);
+  }).ok());
+  (*core)->wait_idle();
+  ASSERT_EQ(events.size(), static_cast<size_t>(*r.max_new_tokens));
+  std::vector<int32_t> seq = r.prompt_ids;
+  for (const auto& ev : events) seq.push_back(ev.token_id);
+  auto logits = engine->logits(seq);
+  ASSERT_TRUE(logits.ok());
+  const int64_t V = engine->vocab_size();
+  for (size_t t = 0; t < events.size(); ++t) {
+    const float* row = logits->data() + (r.prompt_ids.size() - 1 + t) * V;
+    double mx = row[0], sum = 0;
+    for (int64_t i = 0; i < V; ++i) mx = std::max<double>(mx, row[i]);
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - mx);
+    const double lse = mx + std::log(sum);
+    const CoreEvent& ev = events[t];
+    EXPECT_NEAR(ev.logprob, row[ev.token_id] - lse, 1e-4) << "token " << t;
+    ASSERT_EQ(ev.top_logprobs.size(), 4u);
+    std::vector<int32_t> order(V);
+    for (int64_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
+    std::partial_sort(order.begin(), order.begin() + 4, order.end(),
+                      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (int k = 0; k < 4; ++k) {
+      EXPECT_EQ(ev.top_logprobs[k].first, order[k]) << "token " << t << " rank " << k;
+      EXPECT_NEAR(ev.top_logprobs[k].second, row[order[k]] - lse, 1e-4);
+    }
+  }
+}
+
+// The queue is bounded: past max_waiting queued requests, submit says ResourceExhausted (the
+// server's 429) and the queued ones still finish.
+TEST(EngineCore, FullQueueRefusesAtSubmit) {
+  auto engine = load("text-f32-untied");
+  ASSERT_NE(engine, nullptr);
+  BatchingOptions o;
+  o.block_size = 8;
+  o.max_batched_tokens = 64;
+  o.max_num_seqs = 1;
+  o.max_waiting = 2;
+  auto core = EngineCore::create(*engine, o);
+  ASSERT_TRUE(core.ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  int tokens = 0, finished = 0;
+  auto on_event = [&](const CoreEvent& ev) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (ev.token_id >= 0) ++tokens;
+    if (ev.finished) ++finished;
+    cv.notify_all();
+  };
+  auto reqs = requests(4, 8);
+  reqs[0].max_new_tokens = 400;  // runs until aborted below
+  auto running = (*core)->submit(reqs[0], on_event);
+  ASSERT_TRUE(running.ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return tokens >= 2; });  // the step of token 1 has published its stats
+  }
+  ASSERT_EQ((*core)->stats().running, 1);
+  EXPECT_TRUE((*core)->submit(reqs[1], on_event).ok());
+  EXPECT_TRUE((*core)->submit(reqs[2], on_event).ok());
+  auto refused = (*core)->submit(reqs[3], on_event);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  (*core)->abort(*running);
+  (*core)->wait_idle();
+  EXPECT_EQ(finished, 2);
 }
 
 TEST(EngineCore, AbortFreesBlocksAndBadRequestsFailAlone) {
@@ -181,19 +319,25 @@ TEST(EngineCore, AbortFreesBlocksAndBadRequestsFailAlone) {
     cv.wait(lock, [&] { return long_tokens >= 5; });
   }
   EXPECT_GT(core.stats().kv_blocks_used, 0);
-  // A bad request (token id outside the vocabulary) fails on its own.
+  // A bad request (token id outside the vocabulary) is refused at submit; the running one goes on.
   GenerateRequest bad;
   bad.prompt_ids = {1, 5000};
-  CoreEvent bad_ev;
-  auto bad_id = core.submit(bad, [&](const CoreEvent& ev) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (ev.finished) bad_ev = ev;
-  });
-  ASSERT_TRUE(bad_id.ok());
+  auto bad_id = core.submit(bad, [](const CoreEvent&) {});
+  ASSERT_FALSE(bad_id.ok());
+  EXPECT_NE(bad_id.status().message().find("outside the vocabulary"), std::string::npos);
+  // So is one that cannot fit the context, counted with its generation budget.
+  GenerateRequest too_long = requests(1, 1)[0];
+  too_long.max_new_tokens = engine->max_context();
+  auto too_long_id = core.submit(too_long, [](const CoreEvent&) {});
+  ASSERT_FALSE(too_long_id.ok());
+  EXPECT_EQ(too_long_id.status().code(), StatusCode::kOutOfRange);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    const int seen = long_tokens;
+    cv.wait(lock, [&] { return long_tokens >= seen + 3; });
+  }
   core.abort(*long_id);
   core.wait_idle();
-  EXPECT_FALSE(bad_ev.error.ok());
-  EXPECT_NE(bad_ev.error.message().find("outside the vocabulary"), std::string::npos);
   EXPECT_FALSE(long_finished);  // aborted requests get no final event
   EXPECT_EQ(core.stats().kv_blocks_used, 0);
   // Invalid sampling is refused at submit.
