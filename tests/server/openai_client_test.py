@@ -1,0 +1,676 @@
+#!/usr/bin/env python3
+"""`vlm serve` driven by the official OpenAI Python client, /metrics read by prometheus_client.
+
+The server runs as a subprocess on the full-vocabulary tiny fixture (random weights, the real
+Qwen3 tokenizer), so replies are gibberish: the tests check structure, counts and equalities
+between runs, never words. Registered with CTest by tests/CMakeLists.txt (label `server`):
+
+  python3 tests/server/openai_client_test.py --vlm BUILD/tools/cli/vlm \\
+      --model-dir tests/model/fixtures/tiny-fullvocab-bf16 --shared-dir ../shared [unittest args]
+
+Needs the packages pinned in scripts/requirements-test.txt (scripts/test.sh makes the venv).
+"""
+
+import argparse
+import base64
+import concurrent.futures
+import http.client
+import json
+import os
+import re
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+
+import numpy as np
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+ARGS = argparse.Namespace(vlm=None, model_dir=None, shared_dir=None)
+REPO = Path(__file__).resolve().parents[2]
+SMALL_PNG = REPO / "tests/unit/fixtures/images/png_rgb.png"  # 37x23 RGB
+MODEL = "tiny"
+CTX = 512
+TIMEOUT = 60.0
+
+
+def png_bytes(width, height, pixel):
+    """A solid-colour RGB PNG, encoded with the standard library only."""
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row = b"\x00" + bytes(pixel) * width
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(row * height)) + chunk(b"IEND", b""))
+
+
+def data_url(png):
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def user(content):
+    return [{"role": "user", "content": content}]
+
+
+def image_part(url):
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+class VlmServer:
+    """One `vlm serve` subprocess on a free port; its output goes to a log file."""
+
+    def __init__(self, model_dir, workdir, name, extra_args=()):
+        self.log_path = Path(workdir) / f"{name}.log"
+        self.log = open(self.log_path, "wb")
+        cmd = [ARGS.vlm, "serve", "-m", str(model_dir), "--port", "0", "--served-model-name", MODEL,
+               "-t", "2", "-c", str(CTX), "--max-num-seqs", "4", "--max-batched-tokens", "64",
+               "--block-size", "8", *extra_args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.port = None
+        deadline = time.monotonic() + TIMEOUT
+        while self.port is None:
+            m = re.search(r"serving on http://[^\s:]+:(\d+)", self.log_path.read_text(errors="replace"))
+            if m:
+                self.port = int(m.group(1))
+            elif self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"vlm serve did not start:\n{self.output()}")
+            else:
+                time.sleep(0.05)
+        while True:
+            try:
+                with urllib.request.urlopen(self.url("/health"), timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"vlm serve never answered /health:\n{self.output()}")
+            time.sleep(0.05)
+
+    def url(self, path):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def output(self):
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+class OpenAIClientTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = Path(tempfile.mkdtemp(prefix="vlm_openai_test_"))
+        cls.model_dir = cls.tmp / "model"
+        cls.model_dir.mkdir()
+        src = Path(ARGS.model_dir).resolve()
+        for f in ("config.json", "generation_config.json", "model.safetensors"):
+            (cls.model_dir / f).symlink_to(src / f)
+        (cls.model_dir / "tokenizer.json").symlink_to(
+            (Path(ARGS.shared_dir) / "data/tokenizer/tokenizer.json").resolve())
+        cls.media_dir = cls.tmp / "media"
+        cls.media_dir.mkdir()
+        cls.png = SMALL_PNG.read_bytes()
+        cls.server = VlmServer(cls.model_dir, cls.tmp, "server",
+                               ["--allowed-media-path", str(cls.media_dir)])
+
+    @classmethod
+    def tearDownClass(cls):
+        alive = cls.server.proc.poll() is None
+        cls.server.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        if not alive:
+            raise AssertionError(f"vlm serve exited during the tests:\n{cls.server.output()}")
+
+    # ----- helpers -----
+
+    def client(self, server=None, api_key="x"):
+        server = server or self.server
+        c = openai.OpenAI(base_url=server.url("/v1"), api_key=api_key, max_retries=0, timeout=TIMEOUT)
+        self.addCleanup(c.close)
+        return c
+
+    def chat(self, messages, **kw):
+        kw.setdefault("temperature", 0)
+        return self.client().chat.completions.create(model=MODEL, messages=messages, **kw)
+
+    def greedy(self, text, max_tokens, **kw):
+        r = self.chat(user(text), max_tokens=max_tokens, extra_body={"ignore_eos": True}, **kw)
+        return r.choices[0].message.content
+
+    def raw_post(self, path, body, headers=None):
+        """(status, parsed JSON body or raw bytes) of a POST sent without the OpenAI client."""
+        h = {"Content-Type": "application/json", **(headers or {})}
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=TIMEOUT)
+        try:
+            conn.request("POST", path, body=body, headers=h)
+            r = conn.getresponse()
+            data = r.read()
+        finally:
+            conn.close()
+        try:
+            return r.status, json.loads(data)
+        except ValueError:
+            return r.status, data
+
+    def metrics(self, server=None):
+        """{(sample name, sorted label items): value} and {family name: type} of GET /metrics."""
+        with urllib.request.urlopen((server or self.server).url("/metrics"), timeout=TIMEOUT) as r:
+            self.assertEqual(r.status, 200)
+            text = r.read().decode()
+        samples, types = {}, {}
+        for fam in text_string_to_metric_families(text):
+            # The parser drops a counter's _total suffix from the family name; keep the exposed one.
+            types[fam.name + "_total" if fam.type == "counter" else fam.name] = fam.type
+            for s in fam.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return samples, types
+
+    @staticmethod
+    def value(samples, name, **labels):
+        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def wait_idle(self, timeout=20.0):
+        """Waits until no request runs or waits and no KV block is held; returns the metrics."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m, _ = self.metrics()
+            if (self.value(m, "vlm_num_requests_running") == 0 and
+                    self.value(m, "vlm_num_requests_waiting") == 0 and
+                    self.value(m, "vlm_kv_cache_blocks_used") == 0):
+                return m
+            if time.monotonic() > deadline:
+                self.fail(f"server not idle after {timeout} s: running/waiting/kv_used = "
+                          f"{self.value(m, 'vlm_num_requests_running')}/"
+                          f"{self.value(m, 'vlm_num_requests_waiting')}/"
+                          f"{self.value(m, 'vlm_kv_cache_blocks_used')}")
+            time.sleep(0.05)
+
+    def check_usage(self, usage, max_tokens=None):
+        self.assertGreater(usage.prompt_tokens, 0)
+        self.assertGreaterEqual(usage.completion_tokens, 0)
+        self.assertEqual(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens)
+        if max_tokens is not None:
+            self.assertLessEqual(usage.completion_tokens, max_tokens)
+
+    def expect_status(self, exc_type, status, fn):
+        with self.assertRaises(exc_type) as cm:
+            fn()
+        self.assertEqual(cm.exception.status_code, status)
+        body = cm.exception.body
+        self.assertIsInstance(body, dict, f"error body is not a JSON object: {body!r}")
+        self.assertIsInstance(body.get("message"), str, body)
+        return cm.exception
+
+    def vlm_tool(self, *args):
+        r = subprocess.run([ARGS.vlm, *args], capture_output=True, text=True, timeout=TIMEOUT)
+        self.assertEqual(r.returncode, 0, f"vlm {' '.join(args[:1])} failed: {r.stderr}")
+        return r.stdout
+
+    # ----- models, plain and streamed chat -----
+
+    def test_models_list(self):
+        ids = [m.id for m in self.client().models.list()]
+        self.assertEqual(ids, [MODEL])
+
+    def test_chat_plain(self):
+        r = self.chat(user("Describe a cat."), max_tokens=12)
+        self.assertEqual(r.object, "chat.completion")
+        self.assertEqual(r.model, MODEL)
+        self.assertEqual(len(r.choices), 1)
+        c = r.choices[0]
+        self.assertEqual(c.index, 0)
+        self.assertEqual(c.message.role, "assistant")
+        self.assertIsInstance(c.message.content, str)
+        self.assertIn(c.finish_reason, {"stop", "length"})
+        self.check_usage(r.usage, max_tokens=12)
+        if c.finish_reason == "length":
+            self.assertEqual(r.usage.completion_tokens, 12)
+
+    def test_chat_stream_equals_plain(self):
+        want = self.chat(user("Tell me about the sea."), max_tokens=20)
+        stream = self.client().chat.completions.create(
+            model=MODEL, messages=user("Tell me about the sea."), max_tokens=20, temperature=0,
+            stream=True, stream_options={"include_usage": True})
+        text, finish, usage, n_chunks = "", None, None, 0
+        for chunk in stream:
+            n_chunks += 1
+            self.assertEqual(chunk.object, "chat.completion.chunk")
+            if chunk.usage is not None:
+                self.assertEqual(chunk.choices, [])
+                usage = chunk.usage
+                continue
+            self.assertEqual(len(chunk.choices), 1)
+            self.assertIsNone(usage, "content after the usage chunk")
+            text += chunk.choices[0].delta.content or ""
+            if chunk.choices[0].finish_reason is not None:
+                finish = chunk.choices[0].finish_reason
+        self.assertEqual(text, want.choices[0].message.content)
+        self.assertEqual(finish, want.choices[0].finish_reason)
+        self.assertIsNotNone(usage, "no usage chunk with stream_options.include_usage")
+        self.assertEqual(usage.prompt_tokens, want.usage.prompt_tokens)
+        self.assertEqual(usage.completion_tokens, want.usage.completion_tokens)
+        self.assertEqual(usage.total_tokens, want.usage.total_tokens)
+
+    def test_chat_images_count_as_prompt_tokens(self):
+        url = data_url(self.png)
+        none = self.chat(user("What is this?"), max_tokens=2)
+        one = self.chat(user([image_part(url), {"type": "text", "text": "What is this?"}]), max_tokens=2)
+        two = self.chat(user([image_part(url), image_part(url), {"type": "text", "text": "What is this?"}]),
+                        max_tokens=2)
+        per_image = one.usage.prompt_tokens - none.usage.prompt_tokens
+        self.assertGreaterEqual(per_image, 16, "an image should add many tokens")
+        self.assertEqual(two.usage.prompt_tokens - none.usage.prompt_tokens, 2 * per_image)
+        for r in (one, two):
+            self.check_usage(r.usage, max_tokens=2)
+
+    def test_chat_stop_strings(self):
+        prompt = "Write a long story about a lighthouse."
+        full = self.greedy(prompt, 24)
+        self.assertGreaterEqual(len(full), 8, f"reply too short to cut: {full!r}")
+        mid = len(full) // 2
+        stop = full[mid:mid + 3]
+        r = self.chat(user(prompt), max_tokens=24, stop=[stop], extra_body={"ignore_eos": True})
+        self.assertEqual(r.choices[0].message.content, full[:full.find(stop)], f"stop={stop!r}")
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_chat_seed_determinism(self):
+        def sample(seed):
+            return self.chat(user("Pick random words."), max_tokens=32, temperature=1.0, seed=seed,
+                             extra_body={"ignore_eos": True}).choices[0].message.content
+
+        a, b, c = sample(1234), sample(1234), sample(1235)
+        self.assertEqual(a, b)
+        self.assertNotEqual(a, c)
+
+    def test_chat_max_tokens_length(self):
+        r = self.chat(user("Count to one hundred."), max_tokens=5, extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.completion_tokens, 5)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+
+    def test_chat_n2(self):
+        msgs = user("Name two colours.")
+        r = self.chat(msgs, max_tokens=10, temperature=1.0, seed=7, n=2, extra_body={"ignore_eos": True})
+        self.assertEqual([c.index for c in r.choices], [0, 1])
+        self.assertEqual(r.usage.completion_tokens, 20)
+        # Choice i samples with seed + i.
+        for i, c in enumerate(r.choices):
+            single = self.chat(msgs, max_tokens=10, temperature=1.0, seed=7 + i,
+                               extra_body={"ignore_eos": True})
+            self.assertEqual(c.message.content, single.choices[0].message.content, f"choice {i}")
+        g = self.chat(msgs, max_tokens=10, n=2)
+        want = self.chat(msgs, max_tokens=10)
+        self.assertEqual([c.message.content for c in g.choices], [want.choices[0].message.content] * 2)
+        self.assertEqual(g.usage.completion_tokens, 2 * want.usage.completion_tokens)
+        self.assertEqual(g.usage.prompt_tokens, want.usage.prompt_tokens)
+
+    def test_chat_logprobs(self):
+        r = self.chat(user("Describe a dog."), max_tokens=8, logprobs=True, top_logprobs=3,
+                      extra_body={"ignore_eos": True})
+        c = r.choices[0]
+        self.assertIsNotNone(c.logprobs, "no logprobs in the choice")
+        content = c.logprobs.content
+        self.assertEqual(len(content), r.usage.completion_tokens)
+        plain = self.chat(user("Describe a dog."), max_tokens=8, extra_body={"ignore_eos": True})
+        self.assertEqual(c.message.content, plain.choices[0].message.content)
+        for j, e in enumerate(content):
+            self.assertIsInstance(e.token, str)
+            self.assertTrue(all(isinstance(b, int) and 0 <= b < 256 for b in e.bytes), e.bytes)
+            self.assertLessEqual(e.logprob, 0.0)
+            self.assertEqual(len(e.top_logprobs), 3, f"token {j}")
+            tops = [t.logprob for t in e.top_logprobs]
+            self.assertEqual(tops, sorted(tops, reverse=True), f"token {j}: not sorted")
+            self.assertTrue(all(t <= 0.0 for t in tops))
+            # Greedy: the chosen token is the most likely one.
+            self.assertAlmostEqual(e.logprob, tops[0], delta=1e-4, msg=f"token {j}")
+            self.assertEqual(e.token, e.top_logprobs[0].token, f"token {j}")
+
+    # ----- /v1/completions -----
+
+    def test_completions_logprobs_match_model_logits(self):
+        prompt_ids = json.loads(self.vlm_tool("tokenize", "-m", str(self.model_dir),
+                                              "--text", "The quick brown fox"))
+        n_gen = 6
+        r = self.client().completions.create(model=MODEL, prompt=prompt_ids, max_tokens=n_gen,
+                                             temperature=0, logprobs=3, extra_body={"ignore_eos": True})
+        self.assertEqual(r.object, "text_completion")
+        lp = r.choices[0].logprobs
+        self.assertIsNotNone(lp, "no logprobs in the choice")
+        self.assertEqual(len(lp.tokens), n_gen)
+        self.assertEqual(len(lp.token_logprobs), n_gen)
+        self.assertEqual(len(lp.top_logprobs), n_gen)
+        self.assertEqual(len(lp.text_offset), n_gen)
+        self.assertEqual(lp.text_offset, sorted(lp.text_offset))
+        # The model's own logits (vlm logits, single-sequence path), one step at a time.
+        ids = list(prompt_ids)
+        out = self.tmp / "logits.npy"
+        for i in range(n_gen):
+            self.vlm_tool("logits", "-m", str(self.model_dir), "--ids", ",".join(map(str, ids)),
+                          "--out", str(out), "-t", "2")
+            row = np.load(out)[-1].astype(np.float64)
+            ls = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+            top = np.sort(ls)[::-1][:3]
+            self.assertAlmostEqual(lp.token_logprobs[i], top[0], delta=1e-3, msg=f"step {i}")
+            got = sorted(lp.top_logprobs[i].values(), reverse=True)
+            self.assertTrue(1 <= len(got) <= 3, lp.top_logprobs[i])
+            self.assertAlmostEqual(got[0], top[0], delta=1e-3, msg=f"step {i}")
+            for v in got:  # tokens with equal text may share one key, so compare as a subset
+                self.assertLess(np.abs(top - v).min(), 1e-3, f"step {i}: {v} not in top-3 {top}")
+            ids.append(int(np.argmax(ls)))
+        text = self.vlm_tool("detokenize", "-m", str(self.model_dir),
+                             "--ids", ",".join(map(str, ids[len(prompt_ids):])))
+        self.assertEqual(r.choices[0].text, text[:-1])  # vlm detokenize ends with one newline
+
+    def test_completions_prompt_string_plain_and_stream(self):
+        c = self.client()
+        r = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=0,
+                                 echo=False)
+        self.assertEqual(r.object, "text_completion")
+        self.assertEqual(len(r.choices), 1)
+        self.assertEqual(r.choices[0].index, 0)
+        self.assertIn(r.choices[0].finish_reason, {"stop", "length"})
+        self.check_usage(r.usage, max_tokens=10)
+        self.assertFalse(r.choices[0].text.startswith("Once upon a time"), "echo=False echoed the prompt")
+        text, finish = "", None
+        for chunk in c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10,
+                                          temperature=0, stream=True):
+            for ch in chunk.choices:
+                text += ch.text
+                finish = ch.finish_reason or finish
+        self.assertEqual(text, r.choices[0].text)
+        self.assertEqual(finish, r.choices[0].finish_reason)
+        # max_tokens defaults to 16, like OpenAI's legacy API.
+        d = c.completions.create(model=MODEL, prompt="Once upon a time", temperature=0,
+                                 extra_body={"ignore_eos": True})
+        self.assertEqual(d.usage.completion_tokens, 16)
+        self.assertEqual(d.choices[0].finish_reason, "length")
+
+    def test_completions_prompt_token_ids(self):
+        text = "A list of fruits:"
+        ids = json.loads(self.vlm_tool("tokenize", "-m", str(self.model_dir), "--text", text))
+        c = self.client()
+        by_text = c.completions.create(model=MODEL, prompt=text, max_tokens=8, temperature=0)
+        by_ids = c.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+        self.assertEqual(by_ids.usage.prompt_tokens, len(ids))
+        self.assertEqual(by_text.usage.prompt_tokens, len(ids))
+        self.assertEqual(by_ids.choices[0].text, by_text.choices[0].text)
+
+    def test_completions_n2_and_prompt_list(self):
+        c = self.client()
+        prompts = ["The weather today", "My favourite book"]
+        r = c.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=6, temperature=0,
+                                 extra_body={"ignore_eos": True})
+        self.assertEqual([ch.index for ch in r.choices], [0, 1, 2, 3])
+        self.assertEqual(r.usage.completion_tokens, 4 * 6)
+        for p, prompt in enumerate(prompts):
+            want = c.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                                        extra_body={"ignore_eos": True}).choices[0].text
+            # choice index = prompt_index * n + i
+            self.assertEqual([r.choices[2 * p].text, r.choices[2 * p + 1].text], [want, want], prompt)
+
+    # ----- errors -----
+
+    def test_error_auth_401(self):
+        srv = VlmServer(self.model_dir, self.tmp, "server_auth", ["--api-key", "sekret"])
+        self.addCleanup(srv.stop)
+        wrong, right = self.client(srv, "wrong"), self.client(srv, "sekret")
+        e = self.expect_status(openai.AuthenticationError, 401, lambda: wrong.chat.completions.create(
+            model=MODEL, messages=user("hi"), max_tokens=2))
+        self.assertEqual(e.body.get("type"), "authentication_error")
+        self.expect_status(openai.AuthenticationError, 401, lambda: wrong.models.list())
+        ok = right.chat.completions.create(model=MODEL, messages=user("hi"), max_tokens=2)
+        self.assertEqual(len(ok.choices), 1)
+        self.assertEqual([m.id for m in right.models.list()], [MODEL])
+
+    def test_error_unknown_model_404(self):
+        e = self.expect_status(openai.NotFoundError, 404, lambda: self.client().chat.completions.create(
+            model="gpt-9", messages=user("hi"), max_tokens=2))
+        self.assertIn("gpt-9", e.body["message"])
+
+    def test_error_body_too_large_413(self):
+        # 33 MiB, over the 32 MiB limit. Headers first: a server that refuses by Content-Length
+        # answers before the body, one that reads it first gets it.
+        body = b'{"messages": "' + b"a" * (33 << 20) + b'"}'
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=TIMEOUT)
+        self.addCleanup(conn.close)
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders()
+        if not select.select([conn.sock], [], [], 2.0)[0]:
+            try:
+                conn.send(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        r = conn.getresponse()
+        self.assertEqual(r.status, 413)
+        r.read()
+
+    def test_error_malformed_json_400(self):
+        status, body = self.raw_post("/v1/chat/completions", b"{bad json")
+        self.assertEqual(status, 400)
+        self.assertIn("error", body)
+        self.assertEqual(body["error"]["type"], "invalid_request_error")
+
+    def test_error_wrong_types_400(self):
+        e = self.expect_status(openai.BadRequestError, 400, lambda: self.client().chat.completions.create(
+            model=MODEL, messages=user("hi"), max_tokens=2, temperature="hot"))
+        self.assertIn("temperature", e.body["message"])
+        self.expect_status(openai.BadRequestError, 400, lambda: self.client().chat.completions.create(
+            model=MODEL, messages="hi", max_tokens=2))
+        self.expect_status(openai.BadRequestError, 400, lambda: self.client().chat.completions.create(
+            model=MODEL, messages=user("hi"), max_tokens="many"))
+
+    def test_error_bad_base64_400(self):
+        e = self.expect_status(openai.BadRequestError, 400, lambda: self.chat(
+            user([image_part("data:image/png;base64,@@@not base64@@@"), {"type": "text", "text": "x"}]),
+            max_tokens=2))
+        self.assertIn("base64", e.body["message"])
+
+    def test_error_undecodable_image_400(self):
+        garbage = bytes(range(256)) * 4
+        self.expect_status(openai.BadRequestError, 400, lambda: self.chat(
+            user([image_part(data_url(garbage)), {"type": "text", "text": "x"}]), max_tokens=2))
+
+    def test_error_prompt_longer_than_context_400(self):
+        words = " ".join(f"word{i}" for i in range(3000))
+        e = self.expect_status(openai.BadRequestError, 400,
+                               lambda: self.chat(user(words), max_tokens=4))
+        self.assertIn("context", e.body["message"])
+
+    def test_error_remote_image_url_refused(self):
+        self.expect_status(openai.BadRequestError, 400, lambda: self.chat(
+            user([image_part("http://127.0.0.1:9/cat.png"), {"type": "text", "text": "x"}]), max_tokens=2))
+
+    def test_error_file_url_outside_allowed_path_refused(self):
+        outside = self.tmp / "outside.png"  # beside the allowed folder
+        outside.write_bytes(self.png)
+        (self.media_dir / "escape.png").symlink_to(outside)
+        self.addCleanup((self.media_dir / "escape.png").unlink)
+        for url in (outside.as_uri(),                            # plainly outside
+                    f"file://{self.media_dir}/../outside.png",   # climbs out with ..
+                    (self.media_dir / "escape.png").as_uri()):   # a symlink inside pointing out
+            with self.subTest(url=url):
+                self.expect_status(openai.BadRequestError, 400, lambda: self.chat(
+                    user([image_part(url), {"type": "text", "text": "x"}]), max_tokens=2))
+
+    def test_file_url_inside_allowed_path_works(self):
+        inside = self.media_dir / "inside.png"
+        inside.write_bytes(self.png)
+        r = self.chat(user([image_part(inside.as_uri()), {"type": "text", "text": "x"}]), max_tokens=2)
+        want = self.chat(user([image_part(data_url(self.png)), {"type": "text", "text": "x"}]), max_tokens=2)
+        self.assertEqual(r.usage.prompt_tokens, want.usage.prompt_tokens)
+        self.assertEqual(r.choices[0].message.content, want.choices[0].message.content)
+
+    # ----- /metrics -----
+
+    def test_metrics_families_present(self):
+        _, types = self.metrics()
+        want = {
+            "vlm_requests_total": "counter",
+            "vlm_prompt_tokens_total": "counter",
+            "vlm_generation_tokens_total": "counter",
+            "vlm_time_to_first_token_seconds": "histogram",
+            "vlm_inter_token_latency_seconds": "histogram",
+            "vlm_e2e_request_latency_seconds": "histogram",
+            "vlm_num_requests_running": "gauge",
+            "vlm_num_requests_waiting": "gauge",
+            "vlm_kv_cache_blocks_used": "gauge",
+            "vlm_kv_cache_blocks_total": "gauge",
+            "vlm_request_queue_time_seconds": "histogram",
+            "vlm_image_preprocess_seconds": "histogram",
+            "vlm_vision_encode_seconds": "histogram",
+            "vlm_image_tokens_total": "counter",
+            "vlm_vision_cache_hits_total": "counter",
+            "vlm_vision_cache_misses_total": "counter",
+        }
+        missing = sorted(n for n in want if n not in types)
+        self.assertEqual(missing, [], "metric families missing from /metrics")
+        self.assertEqual({n: types[n] for n in want}, want)
+
+    def test_metrics_counters_increase(self):
+        before = self.wait_idle()
+        r = self.chat(user("Count my tokens."), max_tokens=7, extra_body={"ignore_eos": True})
+        want = {
+            ("vlm_generation_tokens_total", ()): r.usage.completion_tokens,
+            ("vlm_prompt_tokens_total", ()): r.usage.prompt_tokens,
+            ("vlm_requests_total", (("outcome", "ok"),)): 1,
+            ("vlm_time_to_first_token_seconds_count", ()): 1,
+            ("vlm_e2e_request_latency_seconds_count", ()): 1,
+            ("vlm_inter_token_latency_seconds_count", ()): r.usage.completion_tokens - 1,
+        }
+        deadline = time.monotonic() + 5
+        while True:  # counters may be bumped just after the reply is written
+            after, _ = self.metrics()
+            got = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in want}
+            if all(got[k] >= want[k] for k in want) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertEqual(got, want)
+        self.assertGreater(self.value(after, "vlm_kv_cache_blocks_total"), 0)
+
+    def test_metrics_vision_cache_hit(self):
+        url = data_url(png_bytes(48, 40, (os.getpid() % 251, 17, 201)))  # an image no other test sends
+        msgs = user([image_part(url), {"type": "text", "text": "Again?"}])
+        m0 = self.wait_idle()
+        _, types = self.metrics()
+        for n in ("vlm_vision_cache_hits_total", "vlm_vision_cache_misses_total", "vlm_image_tokens_total",
+                  "vlm_vision_encode_seconds", "vlm_image_preprocess_seconds"):
+            self.assertIn(n, types, f"{n} missing from /metrics")
+        first = self.chat(msgs, max_tokens=2)
+        m1 = self.wait_idle()
+        second = self.chat(msgs, max_tokens=2)
+        m2 = self.wait_idle()
+
+        def delta(a, b, name):
+            return self.value(b, name) - self.value(a, name)
+
+        self.assertEqual(delta(m0, m1, "vlm_vision_cache_misses_total"), 1)
+        self.assertEqual(delta(m0, m1, "vlm_vision_cache_hits_total"), 0)
+        self.assertEqual(delta(m1, m2, "vlm_vision_cache_hits_total"), 1)
+        self.assertEqual(delta(m1, m2, "vlm_vision_cache_misses_total"), 0)
+        self.assertGreaterEqual(delta(m0, m1, "vlm_vision_encode_seconds_count"), 1)
+        self.assertGreaterEqual(delta(m0, m1, "vlm_image_preprocess_seconds_count"), 1)
+        image_tokens = delta(m0, m1, "vlm_image_tokens_total")
+        self.assertGreater(image_tokens, 0)
+        self.assertLess(image_tokens, first.usage.prompt_tokens)
+        self.assertEqual(delta(m1, m2, "vlm_image_tokens_total"), image_tokens)
+        self.assertEqual(second.usage.prompt_tokens, first.usage.prompt_tokens)
+        self.assertEqual(second.choices[0].message.content, first.choices[0].message.content)
+
+    # ----- concurrency and cancellation -----
+
+    def test_concurrent_streams_equal_sequential(self):
+        prompts = [f"Question number {i}: what comes next?" for i in range(16)]
+        want = [self.greedy(p, 16) for p in prompts]
+
+        def stream(p):
+            c = openai.OpenAI(base_url=self.server.url("/v1"), api_key="x", max_retries=0, timeout=TIMEOUT)
+            try:
+                text = ""
+                for chunk in c.chat.completions.create(model=MODEL, messages=user(p), max_tokens=16,
+                                                       temperature=0, stream=True,
+                                                       extra_body={"ignore_eos": True}):
+                    for ch in chunk.choices:
+                        text += ch.delta.content or ""
+                return text
+            finally:
+                c.close()
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            got = list(pool.map(stream, prompts))
+        for i, (g, w) in enumerate(zip(got, want)):
+            self.assertEqual(g, w, f"request {i}")
+
+    def test_cancel_mid_stream_frees_kv(self):
+        before = self.wait_idle()
+        cancelled0 = self.value(before, "vlm_requests_total", outcome="cancelled")
+        stream = self.client().chat.completions.create(
+            model=MODEL, messages=user("Go on forever."), max_tokens=450, temperature=0, stream=True,
+            extra_body={"ignore_eos": True})
+        it = iter(stream)
+        next(it)
+        next(it)
+        stream.close()
+        deadline = time.monotonic() + 20
+        while True:
+            m, _ = self.metrics()
+            state = (self.value(m, "vlm_kv_cache_blocks_used"), self.value(m, "vlm_num_requests_running"),
+                     self.value(m, "vlm_requests_total", outcome="cancelled") - cancelled0)
+            if state == (0, 0, 1):
+                break
+            if time.monotonic() > deadline:
+                self.fail(f"after the client left: kv_used, running, cancelled delta = {state}")
+            time.sleep(0.05)
+        # The request was cut short, not run to the end.
+        self.assertLess(self.value(m, "vlm_generation_tokens_total") -
+                        self.value(before, "vlm_generation_tokens_total"), 450)
+
+    # ----- last (unittest runs methods in name order) -----
+
+    def test_zz_server_still_up(self):
+        self.assertIsNone(self.server.proc.poll(), self.server.output())
+        with urllib.request.urlopen(self.server.url("/health"), timeout=TIMEOUT) as r:
+            self.assertEqual(r.status, 200)
+        r = self.chat(user("Still there?"), max_tokens=3)
+        self.assertEqual(len(r.choices), 1)
+        self.check_usage(r.usage, max_tokens=3)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vlm", required=True, help="the vlm binary")
+    ap.add_argument("--model-dir", required=True, help="tests/model/fixtures/tiny-fullvocab-bf16")
+    ap.add_argument("--shared-dir", required=True, help="../shared (for data/tokenizer/tokenizer.json)")
+    args, rest = ap.parse_known_args()
+    # Talk to 127.0.0.1 directly even where HTTP(S)_PROXY is set (CI with a package proxy).
+    for k in ("NO_PROXY", "no_proxy"):
+        os.environ[k] = ",".join(filter(None, [os.environ.get(k, ""), "127.0.0.1", "localhost"]))
+    ARGS.vlm = str(Path(args.vlm).resolve())
+    ARGS.model_dir = args.model_dir
+    ARGS.shared_dir = args.shared_dir
+    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
