@@ -1,0 +1,821 @@
+#!/usr/bin/env python3
+"""Serving load generator for `vlm serve` (or any OpenAI-compatible chat server).
+
+Runs a closed-loop concurrency sweep with an image+text chat workload and reports, per
+concurrency level, requests/s, output tok/s and TTFT / TPOT / ITL / end-to-end latency
+percentiles as a markdown table (stdout), a JSON file and a PNG plot.
+
+Each request streams (`stream: true`, `stream_options.include_usage`), decodes greedily
+(`temperature: 0`) and asks for exactly `--output-len` tokens (`max_tokens` plus the vLLM-style
+`ignore_eos: true`). Every request carries a distinct JPEG made deterministically from the
+photos in ../shared/data/images (random crop, resize, flip, brightness), so a server that caches
+vision-encoder outputs by image content never gets a repeat.
+
+Metric definitions follow vLLM's benchmarks/benchmark_serving.py:
+  TTFT  first non-empty content chunk - request start
+  TPOT  (e2e - TTFT) / (completion_tokens - 1), requests with more than one token
+  ITL   gaps between successive non-empty content chunks (all requests pooled)
+  E2E   last byte of the stream - request start
+  req/s = completed requests / level wall time; output tok/s = sum of completion_tokens / level
+  wall time (the level's wall time runs from its first request's start to its last one's end).
+
+Dependencies: scripts/requirements-bench.txt (httpx, numpy, matplotlib, pillow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import datetime as _dt
+import hashlib
+import io
+import json
+import math
+import random
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+DEFAULT_IMAGES = SCRIPT_DIR.parent.parent / "shared" / "data" / "images"
+IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"}
+PERCENTILES = (50, 90, 99)
+
+FILLER = (
+    "the quick brown fox jumps over a lazy dog while seven bright stars drift across an old "
+    "harbour near quiet hills where painters gather morning light on wooden boats and green "
+    "fields beside the river carry soft winds through tall grass under a pale blue sky"
+).split()
+
+
+# --------------------------------------------------------------------------- workload
+
+
+def load_photos(images_dir: Path):
+    from PIL import Image
+
+    files = sorted(p for p in images_dir.iterdir() if p.suffix.lower() in IMAGE_EXTS)
+    if not files:
+        raise SystemExit(f"bench_serve: no images in {images_dir}")
+    photos = []
+    for p in files:
+        with Image.open(p) as im:
+            photos.append((p.name, im.convert("RGB")))
+    return photos
+
+
+class ImageMaker:
+    """Deterministic, distinct JPEGs: image i depends only on (seed, i, size, the photos)."""
+
+    def __init__(self, photos, size: tuple[int, int], seed: int, quality: int):
+        self.photos = photos
+        self.size = size
+        self.seed = seed
+        self.quality = quality
+        self.seen: set[str] = set()
+
+    def _render(self, rng: random.Random) -> bytes:
+        from PIL import Image, ImageEnhance
+
+        _, src = self.photos[rng.randrange(len(self.photos))]
+        w, h = src.size
+        tw, th = self.size
+        # Random crop: 30-100% of the area, aspect near the target's.
+        area = w * h * rng.uniform(0.3, 1.0)
+        aspect = (tw / th) * math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        cw = max(8, min(w, int(round(math.sqrt(area * aspect)))))
+        ch = max(8, min(h, int(round(math.sqrt(area / aspect)))))
+        x = rng.randint(0, w - cw)
+        y = rng.randint(0, h - ch)
+        im = src.crop((x, y, x + cw, y + ch)).resize((tw, th), Image.BICUBIC)
+        if rng.random() < 0.5:
+            im = im.transpose(Image.FLIP_LEFT_RIGHT)
+        im = ImageEnhance.Brightness(im).enhance(rng.uniform(0.85, 1.15))
+        buf = io.BytesIO()
+        im.save(buf, format="JPEG", quality=self.quality)
+        return buf.getvalue()
+
+    def make(self, index: int) -> bytes:
+        for attempt in range(100):
+            rng = random.Random(f"{self.seed}:{index}:{attempt}")
+            data = self._render(rng)
+            digest = hashlib.sha256(data).hexdigest()
+            if digest not in self.seen:
+                self.seen.add(digest)
+                return data
+        raise RuntimeError("could not make a distinct image")
+
+
+def make_prompt(words: int, index: int) -> str:
+    question = "Describe this image in one sentence."
+    if words <= 0:
+        return question
+    rng = random.Random(index)
+    start = rng.randrange(len(FILLER))
+    filler = " ".join(FILLER[(start + k) % len(FILLER)] for k in range(words))
+    return f"{question} Context: {filler}."
+
+
+def build_body(args, model: str, index: int, images: ImageMaker | None) -> tuple[bytes, int]:
+    text = make_prompt(args.prompt_words, index)
+    image_bytes = 0
+    if images is None:
+        content: Any = text
+    else:
+        jpeg = images.make(index)
+        image_bytes = len(jpeg)
+        url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+        content = [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": text},
+        ]
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": args.output_len,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return json.dumps(body).encode("utf-8"), image_bytes
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass
+class RequestResult:
+    index: int
+    ok: bool = False
+    error: str = ""
+    start: float = 0.0  # perf_counter seconds
+    first_chunk: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # every non-empty content chunk
+    end: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    image_bytes: int = 0
+    output_chars: int = 0
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_chunk is None else self.first_chunk - self.start
+
+    @property
+    def output_tokens(self) -> int:
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return len(self.chunk_times)  # no usage chunk: fall back to chunks seen
+
+    @property
+    def tpot(self) -> float | None:
+        n = self.output_tokens
+        if self.ttft is None or n <= 1:
+            return None
+        return (self.e2e - self.ttft) / (n - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.chunk_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+def _error_text(obj: Any) -> str:
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or err)
+    return str(err if err is not None else obj)
+
+
+async def _stream_request(client: httpx.AsyncClient, url: str, headers: dict, body: bytes,
+                          res: RequestResult) -> None:
+    async with client.stream("POST", url, content=body, headers=headers) as resp:
+        if resp.status_code != 200:
+            raw = (await resp.aread()).decode("utf-8", "replace")
+            try:
+                msg = _error_text(json.loads(raw))
+            except ValueError:
+                msg = raw.strip()[:300]
+            res.error = f"HTTP {resp.status_code}: {msg}"
+            return
+        done = False
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                done = True
+                break
+            try:
+                obj = json.loads(payload)
+            except ValueError:
+                res.error = f"bad SSE payload: {payload[:200]}"
+                return
+            if "error" in obj:
+                res.error = "stream error: " + _error_text(obj)
+                return
+            now = time.perf_counter()
+            for choice in obj.get("choices") or []:
+                delta = choice.get("delta") or {}
+                text = delta.get("content")
+                if text:
+                    if res.first_chunk is None:
+                        res.first_chunk = now
+                    res.chunk_times.append(now)
+                    res.output_chars += len(text)
+                if choice.get("finish_reason"):
+                    res.finish_reason = choice["finish_reason"]
+            usage = obj.get("usage")
+            if usage:
+                res.prompt_tokens = usage.get("prompt_tokens")
+                res.completion_tokens = usage.get("completion_tokens")
+        if not done:
+            res.error = "stream ended without [DONE]"
+            return
+        if res.first_chunk is None:
+            res.error = "no content in the reply"
+            return
+        res.ok = True
+
+
+async def send_request(client: httpx.AsyncClient, url: str, headers: dict, body: bytes,
+                       index: int, image_bytes: int, timeout: float) -> RequestResult:
+    res = RequestResult(index=index, image_bytes=image_bytes)
+    res.start = time.perf_counter()
+    try:
+        await asyncio.wait_for(_stream_request(client, url, headers, body, res), timeout)
+    except asyncio.TimeoutError:
+        res.error = f"timeout after {timeout:g} s"
+    except httpx.HTTPError as e:
+        res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    except Exception as e:  # noqa: BLE001 - a request never takes the sweep down
+        res.error = f"{type(e).__name__}: {e}"
+    res.end = time.perf_counter()
+    if res.error:
+        res.ok = False
+    return res
+
+
+# --------------------------------------------------------------------------- /metrics
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+async def scrape_metrics(client: httpx.AsyncClient, base: str) -> dict[str, Any] | None:
+    """{"samples": {name{labels}: value}, "types": {family: counter|gauge|histogram|...}}."""
+    try:
+        r = await client.get(base + "/metrics", timeout=10.0)
+        if r.status_code != 200:
+            return None
+    except httpx.HTTPError:
+        return None
+    out: dict[str, float] = {}
+    types: dict[str, str] = {}
+    for line in r.text.splitlines():
+        if line.startswith("# TYPE "):
+            parts = line.split()
+            if len(parts) >= 4:
+                types[parts[2]] = parts[3]
+            continue
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+        except ValueError:
+            pass
+    return {"samples": out, "types": types}
+
+
+def _family(name: str, types: dict[str, str]) -> tuple[str, str | None]:
+    """The metric family a sample belongs to and its declared type."""
+    if name in types:
+        return name, types[name]
+    for suffix in ("_bucket", "_sum", "_count", "_total", "_created"):
+        if name.endswith(suffix) and name[: -len(suffix)] in types:
+            return name[: -len(suffix)], types[name[: -len(suffix)]]
+    return name, None
+
+
+def metrics_delta(before: dict | None, after: dict | None) -> dict[str, Any]:
+    """Deltas of counters and of histogram/summary _sum/_count (buckets left out), and gauges
+    after the level. Types come from the # TYPE lines; untyped samples count as counters when
+    their name ends in _total."""
+    if not before or not after:
+        return {}
+    types = after["types"]
+    prev = before["samples"]
+    deltas, gauges = {}, {}
+    for k, v in after["samples"].items():
+        name = k.split("{", 1)[0]
+        _, kind = _family(name, types)
+        if name.endswith("_bucket"):
+            continue
+        cumulative = (kind == "counter" or (kind in ("histogram", "summary")
+                                            and name.endswith(("_sum", "_count")))
+                      or (kind is None and name.endswith("_total")))
+        if cumulative:
+            deltas[k] = v - prev.get(k, 0.0)
+        else:
+            gauges[k] = v
+    return {"deltas": deltas, "gauges_after": gauges}
+
+
+def _sum_matching(d: dict[str, float], pred) -> float | None:
+    vals = [v for k, v in d.items() if pred(k.split("{", 1)[0])]
+    return sum(vals) if vals else None
+
+
+def highlight_metrics(delta: dict[str, Any]) -> dict[str, float | None]:
+    d = delta.get("deltas", {})
+    out = {
+        "vision_cache_hits": _sum_matching(d, lambda n: n == "vlm_vision_cache_hits_total"),
+        "vision_cache_misses": _sum_matching(d, lambda n: n == "vlm_vision_cache_misses_total"),
+        "preemptions": _sum_matching(d, lambda n: "preempt" in n and n.endswith("_total")),
+    }
+    # Server-side means over the level of every histogram (TTFT, ITL, E2E, queue time, image
+    # preprocess / encode where the server has them), from the _sum/_count deltas.
+    means = {}
+    for k, v in d.items():
+        if "{" not in k and k.endswith("_sum"):
+            c = d.get(k[:-4] + "_count")
+            if c:
+                means[k[:-4]] = v / c
+    out["histogram_means"] = means
+    return out
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def stats(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
+    if not values:
+        return {"n": 0, "mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    a = np.asarray(values, dtype=np.float64) * scale
+    out: dict[str, float | None] = {"n": int(a.size), "mean": float(a.mean())}
+    for p in PERCENTILES:
+        out[f"p{p}"] = float(np.percentile(a, p))
+    return out
+
+
+def summarize(conc: int, results: list[RequestResult], output_len: int) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    t0 = min(r.start for r in results)
+    t1 = max(r.end for r in results)
+    duration = t1 - t0
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    short = [r for r in ok if r.completion_tokens is not None and r.completion_tokens != output_len]
+    return {
+        "concurrency": conc,
+        "num_requests": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration if duration > 0 else 0.0,
+        "output_throughput": out_tokens / duration if duration > 0 else 0.0,
+        "input_throughput": in_tokens / duration if duration > 0 else 0.0,
+        "total_output_tokens": out_tokens,
+        "total_prompt_tokens": in_tokens,
+        "mean_prompt_tokens": in_tokens / len(ok) if ok else None,
+        "requests_not_output_len": len(short),
+        "missing_usage": sum(1 for r in ok if r.completion_tokens is None),
+        "ttft_ms": stats([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": stats([r.tpot for r in ok if r.tpot is not None]),
+        "itl_ms": stats([g for r in ok for g in r.itls]),
+        "e2e_ms": stats([r.e2e for r in ok]),
+        "failures": [f"#{r.index}: {r.error}" for r in results if not r.ok],
+        "requests": [
+            {
+                "index": r.index,
+                "ok": r.ok,
+                "error": r.error or None,
+                "start_s": r.start - t0,
+                "ttft_s": r.ttft,
+                "e2e_s": r.e2e,
+                "chunk_times_s": [t - r.start for t in r.chunk_times],
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+                "finish_reason": r.finish_reason,
+                "image_bytes": r.image_bytes,
+                "output_chars": r.output_chars,
+            }
+            for r in results
+        ],
+    }
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def _trio(s: dict) -> str:
+    return " / ".join(_fmt(s.get(f"p{p}")) for p in PERCENTILES)
+
+
+def _count(v: float | None) -> str:
+    return "–" if v is None else f"{v:.0f}"
+
+
+def markdown_table(levels: list[dict]) -> str:
+    show_cache = any(l["server"].get("vision_cache_hits") is not None
+                     or l["server"].get("vision_cache_misses") is not None for l in levels)
+    show_preempt = any(l["server"].get("preemptions") is not None for l in levels)
+    head = ["conc", "reqs", "fail", "req/s", "out tok/s",
+            "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "ITL ms p50/p90/p99",
+            "E2E ms p50/p90/p99"]
+    if show_cache:
+        head.append("vision cache hit/miss")
+    if show_preempt:
+        head.append("preempted")
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for l in levels:
+        row = [str(l["concurrency"]), str(l["num_requests"]), str(l["failed"]),
+               f"{l['request_throughput']:.3f}", f"{l['output_throughput']:.2f}",
+               _trio(l["ttft_ms"]), _trio(l["tpot_ms"]), _trio(l["itl_ms"]), _trio(l["e2e_ms"])]
+        if show_cache:
+            row.append(f"{_count(l['server'].get('vision_cache_hits'))} / "
+                       f"{_count(l['server'].get('vision_cache_misses'))}")
+        if show_preempt:
+            row.append(_count(l["server"].get("preemptions")))
+        rows.append("| " + " | ".join(row) + " |")
+    return "\n".join(rows)
+
+
+def plot(levels: list[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    conc = [l["concurrency"] for l in levels]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    fig.suptitle(title, fontsize=10)
+
+    ax = axes[0][0]
+    ax.plot(conc, [l["request_throughput"] for l in levels], "o-", color="tab:blue",
+            label="requests/s")
+    ax.set_ylabel("requests/s", color="tab:blue")
+    ax.set_ylim(bottom=0)
+    ax2 = ax.twinx()
+    ax2.plot(conc, [l["output_throughput"] for l in levels], "s--", color="tab:orange",
+             label="output tok/s")
+    ax2.set_ylabel("output tok/s", color="tab:orange")
+    ax2.set_ylim(bottom=0)
+    ax.set_title("throughput")
+    lines = ax.get_lines() + ax2.get_lines()
+    ax.legend(lines, [ln.get_label() for ln in lines], loc="upper left", fontsize=8)
+
+    panels = [(axes[0][1], "ttft_ms", "TTFT"), (axes[1][0], "tpot_ms", "TPOT"),
+              (axes[1][1], "e2e_ms", "end-to-end latency")]
+    for ax, key, name in panels:
+        for p, style in ((50, "o-"), (99, "s--")):
+            xs = [c for c, l in zip(conc, levels) if l[key].get(f"p{p}") is not None]
+            ys = [l[key][f"p{p}"] for l in levels if l[key].get(f"p{p}") is not None]
+            ax.plot(xs, ys, style, label=f"p{p}")
+        vals = [l[key].get(f"p{p}") for l in levels for p in (50, 99)]
+        vals = [v for v in vals if v is not None and v > 0]
+        if not vals:
+            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center")
+        elif max(vals) / min(vals) > 20:
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_title(f"{name} (ms)")
+        ax.set_ylabel("ms")
+        if vals:
+            ax.legend(fontsize=8)
+
+    for ax in (axes[0][0], axes[0][1], axes[1][0], axes[1][1]):
+        ax.set_xscale("log", base=2)
+        ax.set_xlim(min(conc) / 1.25, max(conc) * 1.25)
+        ax.set_xticks(conc)
+        ax.set_xticklabels([str(c) for c in conc])
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- server process
+
+
+class ServerProcess:
+    """Starts `vlm serve -m DIR --port 0 ...`, learns the port from its log line."""
+
+    def __init__(self, vlm: str, model: str, serve_args: str, log_path: str):
+        extra = shlex.split(serve_args)
+        cmd = [vlm, "serve", "-m", model]
+        if "--port" not in extra:
+            cmd += ["--port", "0"]
+        cmd += extra
+        self.cmd = cmd
+        self.log_path = log_path
+        self.log = open(log_path, "w", encoding="utf-8")
+        self.url: str | None = None
+        self._found = threading.Event()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, errors="replace")
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.write(line)
+            self.log.flush()
+            m = re.search(r"serving on (http://\S+?)(?:\s|$)", line)
+            if m and self.url is None:
+                self.url = m.group(1).rstrip("/")
+                self._found.set()
+        self._found.set()
+
+    def wait_url(self, timeout: float) -> str:
+        self._found.wait(timeout)
+        if self.url is None:
+            raise SystemExit(f"bench_serve: the server did not report its address "
+                             f"(exit code {self.proc.poll()}); log: {self.log_path}\n"
+                             + self.tail())
+        return self.url
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "".join(Path(self.log_path).read_text(errors="replace").splitlines(True)[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._thread.join(2)
+        self.log.close()
+
+
+async def wait_health(client: httpx.AsyncClient, base: str, timeout: float,
+                      server: ServerProcess | None) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if server is not None and server.proc.poll() is not None:
+            raise SystemExit(f"bench_serve: the server exited with code {server.proc.returncode}"
+                             f"\n{server.tail()}")
+        try:
+            r = await client.get(base + "/health", timeout=5.0)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            last = f"{type(e).__name__}: {e}"
+        await asyncio.sleep(0.5)
+    raise SystemExit(f"bench_serve: {base}/health not ready after {timeout:g} s ({last})")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Concurrency sweep against an OpenAI-compatible chat server (vlm serve).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("server")
+    g.add_argument("--base-url", default="http://127.0.0.1:8080",
+                   help="a running server (ignored with --vlm)")
+    g.add_argument("--vlm", help="start this vlm binary instead (needs --model)")
+    g.add_argument("--model", help="checkpoint directory for --vlm")
+    g.add_argument("--serve-args", default="", help='extra `vlm serve` flags, e.g. "-t 2"')
+    g.add_argument("--server-log", help="where the started server's output goes; "
+                   "a temporary file if unset")
+    g.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds to wait for /health")
+    g.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
+    g.add_argument("--model-name", help="'model' in the requests; /v1/models' first id if unset")
+    w = p.add_argument_group("workload")
+    w.add_argument("--concurrency", default="1,2,4,8,16",
+                   help="comma-separated levels (requests in flight)")
+    w.add_argument("--requests-per-level", type=int, default=0,
+                   help="requests per level (0: 2 x concurrency, at least 4)")
+    w.add_argument("--output-len", type=int, default=32, help="max_tokens (with ignore_eos)")
+    w.add_argument("--image-size", default="448x448", help="WxH of each generated JPEG")
+    w.add_argument("--no-image", action="store_true", help="text-only requests")
+    w.add_argument("--images-dir", default=str(DEFAULT_IMAGES), help="source photos")
+    w.add_argument("--jpeg-quality", type=int, default=90)
+    w.add_argument("--prompt-words", type=int, default=0,
+                   help="filler words appended to the question")
+    w.add_argument("--warmup", type=int, default=1,
+                   help="warm-up requests (sequential, not measured) before the sweep")
+    w.add_argument("--seed", type=int, default=0, help="seed for the generated images")
+    w.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds before one request counts as failed")
+    o = p.add_argument_group("output")
+    o.add_argument("--out-json", default="bench_serve.json", help="'' to skip")
+    o.add_argument("--out-png", default="bench_serve.png", help="'' to skip")
+    o.add_argument("--quiet", action="store_true", help="no per-level progress on stderr")
+    args = p.parse_args(argv)
+    try:
+        args.levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    except ValueError:
+        p.error("--concurrency takes comma-separated integers")
+    if not args.levels or min(args.levels) < 1:
+        p.error("--concurrency levels must be >= 1")
+    m = re.fullmatch(r"(\d+)[xX](\d+)", args.image_size)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        p.error("--image-size takes WxH, e.g. 448x448")
+    args.size = (int(m.group(1)), int(m.group(2)))
+    if args.output_len < 1:
+        p.error("--output-len must be >= 1")
+    if args.vlm and not args.model:
+        p.error("--vlm needs --model")
+    return args
+
+
+def log(args, msg: str) -> None:
+    if not args.quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(SCRIPT_DIR), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+async def run(args: argparse.Namespace, server: ServerProcess | None) -> int:
+    base = args.base_url.rstrip("/")
+    max_conc = max(args.levels)
+    limits = httpx.Limits(max_connections=max_conc + 4, max_keepalive_connections=max_conc + 4,
+                          keepalive_expiry=4.0)
+    headers = {"Content-Type": "application/json"}
+    if args.api_key:
+        headers["Authorization"] = f"Bearer {args.api_key}"
+    timeout = httpx.Timeout(args.timeout, connect=30.0)
+    # Two clients: the measured chat requests get their own connection pool, and /health,
+    # /v1/models and /metrics go over another, so a GET never shares (and changes the TCP
+    # state of) a connection that a measured request then reuses.
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client, \
+            httpx.AsyncClient(timeout=30.0, headers=headers) as side:
+        await wait_health(side, base, args.startup_timeout, server)
+        model = args.model_name
+        served_ids: list[str] = []
+        try:
+            r = await side.get(base + "/v1/models", timeout=10.0)
+            served_ids = [m.get("id") for m in r.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        if model is None:
+            model = served_ids[0] if served_ids else "default"
+        log(args, f"bench_serve: {base}, model {model!r}")
+
+        images = None
+        if not args.no_image:
+            images = ImageMaker(load_photos(Path(args.images_dir)), args.size, args.seed,
+                                args.jpeg_quality)
+        url = base + "/v1/chat/completions"
+        next_index = 0
+
+        warmups = []
+        for _ in range(max(0, args.warmup)):
+            body, nbytes = build_body(args, model, next_index, images)
+            res = await send_request(client, url, {}, body, next_index, nbytes, args.timeout)
+            next_index += 1
+            warmups.append({"ok": res.ok, "error": res.error or None, "e2e_s": res.e2e,
+                            "ttft_s": res.ttft, "completion_tokens": res.completion_tokens})
+            log(args, f"  warm-up: {'ok' if res.ok else 'FAILED ' + res.error} "
+                      f"({res.e2e:.2f} s)")
+
+        levels = []
+        for conc in args.levels:
+            n = args.requests_per_level if args.requests_per_level > 0 else max(4, 2 * conc)
+            # Build every body (and image) before the clock starts.
+            bodies = []
+            for _ in range(n):
+                bodies.append((next_index, *build_body(args, model, next_index, images)))
+                next_index += 1
+            before = await scrape_metrics(side, base)
+            sem = asyncio.Semaphore(conc)
+
+            async def one(idx: int, body: bytes, nbytes: int) -> RequestResult:
+                async with sem:
+                    return await send_request(client, url, {}, body, idx, nbytes, args.timeout)
+
+            log(args, f"  concurrency {conc}: {n} requests ...")
+            results = await asyncio.gather(*(one(i, b, nb) for i, b, nb in bodies))
+            after = await scrape_metrics(side, base)
+            summary = summarize(conc, list(results), args.output_len)
+            delta = metrics_delta(before, after)
+            summary["server"] = highlight_metrics(delta)
+            summary["server_metrics"] = delta
+            levels.append(summary)
+            log(args, f"    {summary['completed']} ok, {summary['failed']} failed, "
+                      f"{summary['duration_s']:.2f} s, {summary['request_throughput']:.3f} req/s, "
+                      f"{summary['output_throughput']:.2f} out tok/s")
+            for f in summary["failures"][:5]:
+                log(args, f"    failure {f}")
+
+    table = markdown_table(levels)
+    print(table)
+    notes = []
+    short = sum(l["requests_not_output_len"] for l in levels)
+    if short:
+        notes.append(f"{short} completed requests did not generate exactly {args.output_len} "
+                     f"tokens (does the server honour ignore_eos?)")
+    missing = sum(l["missing_usage"] for l in levels)
+    if missing:
+        notes.append(f"{missing} replies had no usage chunk; their token counts are content "
+                     f"chunks")
+    failed = sum(l["failed"] for l in levels)
+    if failed:
+        notes.append(f"{failed} requests failed (messages in the JSON file)")
+    for nline in notes:
+        print(f"\nNote: {nline}")
+
+    img = "no image" if args.no_image else f"{args.size[0]}x{args.size[1]} JPEG"
+    title = (f"vlm serve — {model} — {img}, {args.prompt_words} filler words, "
+             f"{args.output_len} output tokens — {_dt.date.today().isoformat()}")
+    report = {
+        "command": [sys.executable] + sys.argv,
+        "command_line": shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "date": _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds"),
+        "repo_commit": git_commit(),
+        "base_url": base,
+        "model": model,
+        "served_model_ids": served_ids,
+        "server_command": server.cmd if server else None,
+        "config": {k: v for k, v in vars(args).items() if k not in ("levels", "size")},
+        "percentile_method": "numpy.percentile, linear interpolation",
+        "warmup": warmups,
+        "levels": levels,
+        "notes": notes,
+    }
+    if args.out_json:
+        Path(args.out_json).write_text(json.dumps(report, indent=1))
+        log(args, f"wrote {args.out_json}")
+    if args.out_png:
+        try:
+            plot(levels, args.out_png, title)
+            log(args, f"wrote {args.out_png}")
+        except Exception as e:  # noqa: BLE001 - the table and JSON are already out
+            print(f"bench_serve: could not draw {args.out_png}: {type(e).__name__}: {e}",
+                  file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    server = None
+    if args.vlm:
+        log_path = args.server_log or tempfile.mkstemp(prefix="vlm-serve-", suffix=".log")[1]
+        server = ServerProcess(args.vlm, args.model, args.serve_args, log_path)
+        log(args, f"bench_serve: started {shlex.join(server.cmd)} (log: {log_path})")
+        try:
+            args.base_url = server.wait_url(args.startup_timeout)
+        except SystemExit:
+            server.stop()
+            raise
+    try:
+        return asyncio.run(run(args, server))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
