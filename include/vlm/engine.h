@@ -32,6 +32,9 @@ struct BatchingOptions {
   int64_t max_batched_tokens = 256;   // ≤ the engine's prefill_chunk (its scratch size)
   int64_t max_waiting = 256;          // queued (not yet running) requests; beyond: ResourceExhausted
   int64_t vision_cache_mib = 512;     // vision-encoder outputs kept for images that come back
+  // When a request arrives at an idle engine, wait up to this long for others to arrive so they
+  // prefill together (0: start at once).
+  int64_t batch_wait_ms = 0;
 };
 
 class Engine {

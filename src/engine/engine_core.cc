@@ -52,6 +52,7 @@ void token_logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, Core
   double sum = 0;
   for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
   const float lse = mx + static_cast<float>(std::log(sum));
+  ev->has_logprobs = true;
   ev->logprob = row[chosen] - lse;
   ev->top_logprobs.clear();
   if (k <= 0) return;
@@ -250,6 +251,13 @@ void EngineCore::loop() {
         return st_->stop || !st_->inbox.empty() || !st_->aborts.empty() || !st_->reqs.empty();
       });
       if (st_->stop) return;
+      // The batching window: an idle engine gives a first arrival's companions a moment.
+      if (opts_.batch_wait_ms > 0 && st_->reqs.empty()) {
+        st_->cv.wait_for(lock, std::chrono::milliseconds(opts_.batch_wait_ms), [&] {
+          return st_->stop || static_cast<int64_t>(st_->inbox.size()) >= opts_.max_num_seqs;
+        });
+        if (st_->stop) return;
+      }
     }
     step();
   }

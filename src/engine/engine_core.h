@@ -31,6 +31,7 @@ struct CoreEvent {
   int64_t completion_tokens = 0;
   // With request.logprobs >= 0, on token events: the token's log-probability and the most likely
   // alternatives (id, log-probability), best first.
+  bool has_logprobs = false;
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top_logprobs;
   // On the final event: where the request's time went.

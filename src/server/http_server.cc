@@ -7,6 +7,7 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <unordered_map>
 
 #include "engine/engine_core.h"
 #include "server/httplib_config.h"
@@ -88,13 +89,23 @@ struct Server::Impl {
   Counter* requests = nullptr;
   Counter* prompt_tokens = nullptr;
   Counter* generated_tokens = nullptr;
+  Counter* image_tokens = nullptr;
+  Counter* images = nullptr;
+  Counter* cache_hits = nullptr;
+  Counter* cache_misses = nullptr;
+  Counter* preemptions = nullptr;
   Histogram* ttft = nullptr;
   Histogram* itl = nullptr;
   Histogram* e2e = nullptr;
+  Histogram* queue_time = nullptr;
+  Histogram* preprocess_time = nullptr;
+  Histogram* encode_time = nullptr;
   Gauge* running = nullptr;
   Gauge* waiting = nullptr;
   Gauge* kv_used = nullptr;
   Gauge* kv_total = nullptr;
+  std::mutex mirror_mu;  // counters mirrored from EngineCore::Stats at scrape time
+  EngineCore::Stats mirrored;
 
   void reply_error(httplib::Response& res, const ApiError& e, const char* outcome) {
     res.status = e.http_status;
@@ -111,9 +122,160 @@ struct Server::Impl {
     return false;
   }
 
+  // Checks shared by both endpoints; false when an error reply was written.
+  bool check_common(const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return false;
+    if (req.body.size() > limits.max_body_bytes) {
+      reply_error(res, body_too_large(limits), "bad_request");
+      return false;
+    }
+    return true;
+  }
+  bool check_model(const std::string& model, httplib::Response& res) {
+    if (model.empty() || model == model_name) return true;
+    reply_error(res, ApiError{404, "not_found_error", "model '" + model + "' is not served here (serving '" + model_name + "')", "model"}, "bad_request");
+    return false;
+  }
+
+  GenerateRequest base_request(const CommonRequest& c) const {
+    GenerateRequest g;
+    g.sampling = c.sampling;
+    g.max_new_tokens = c.max_tokens;
+    g.stop = c.stop;
+    g.ignore_eos = c.ignore_eos;
+    return g;
+  }
+
+  void scrape_metrics();
   void chat(const httplib::Request& req, httplib::Response& res);
+  void completions(const httplib::Request& req, httplib::Response& res);
   void register_routes();
 };
+
+namespace {
+
+// One choice of a response (one engine request).
+struct ChoiceState {
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  FinishReason reason = FinishReason::kNone;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  bool finished = false;
+  Clock::time_point last_token;
+  bool has_token = false;
+};
+
+// One HTTP request fanned out to its choices (n, and prompts for /v1/completions): submits them
+// to the engine core, receives their events on one channel, keeps each choice's text and
+// logprobs, and records the latency metrics.
+class Fanout {
+ public:
+  Fanout(Server::Impl& s, Clock::time_point t0) : s_(s), t0_(t0), channel_(std::make_shared<Channel>()) {}
+  ~Fanout() { abort_unfinished(); }
+
+  // Submits every request; on an error the ones already submitted are aborted.
+  Status submit(std::vector<GenerateRequest> reqs) {
+    for (GenerateRequest& g : reqs) {
+      auto id = s_.core->submit(std::move(g), [ch = channel_](const CoreEvent& ev) { ch->push(ev); });
+      if (!id.ok()) {
+        abort_unfinished();
+        return id.status();
+      }
+      index_[*id] = static_cast<int>(ids_.size());
+      ids_.push_back(*id);
+    }
+    choices.resize(ids_.size());
+    return ok_status();
+  }
+
+  bool done() const { return finished_ == ids_.size(); }
+
+  // Waits for the next event; returns its choice index (the event is in *ev).
+  int next(CoreEvent* ev) {
+    *ev = channel_->pop();
+    const int i = index_.at(ev->request_id);
+    ChoiceState& c = choices[i];
+    if (ev->token_id >= 0) {
+      const auto now = Clock::now();
+      if (!any_token_) s_.ttft->observe(seconds_since(t0_));
+      if (c.has_token) s_.itl->observe(std::chrono::duration<double>(now - c.last_token).count());
+      any_token_ = c.has_token = true;
+      c.last_token = now;
+      if (ev->has_logprobs) {
+        const Tokenizer& tok = *s_.engine->tokenizer();
+        TokenLogprob t{tok.token_bytes(ev->token_id), ev->logprob, {}};
+        for (const auto& [id, lp] : ev->top_logprobs) t.top_logprobs.push_back(TopLogprob{tok.token_bytes(id), lp});
+        c.logprobs.push_back(std::move(t));
+      }
+    }
+    c.text += ev->text;
+    if (ev->finished) {
+      c.finished = true;
+      ++finished_;
+      c.reason = ev->reason;
+      c.prompt_tokens = ev->prompt_tokens;
+      c.completion_tokens = ev->completion_tokens;
+      if (ev->error.ok()) {
+        s_.prompt_tokens->inc(static_cast<double>(ev->prompt_tokens));
+        s_.generated_tokens->inc(static_cast<double>(ev->completion_tokens));
+        s_.queue_time->observe(ev->queue_ms / 1e3);
+        if (ev->images > 0) {
+          s_.images->inc(static_cast<double>(ev->images));
+          s_.image_tokens->inc(static_cast<double>(ev->image_tokens));
+          if (ev->images > ev->images_cached || ev->preprocess_ms > 0) s_.preprocess_time->observe(ev->preprocess_ms / 1e3);
+          if (ev->images > ev->images_cached) s_.encode_time->observe(ev->encode_ms / 1e3);
+        }
+      }
+    }
+    return i;
+  }
+
+  void abort_unfinished() {
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      if (i >= choices.size() || !choices[i].finished) s_.core->abort(ids_[i]);
+    }
+    finished_ = ids_.size();
+  }
+
+  void observe_e2e() const { s_.e2e->observe(seconds_since(t0_)); }
+
+  std::vector<ChoiceState> choices;
+
+ private:
+  Server::Impl& s_;
+  Clock::time_point t0_;
+  std::shared_ptr<Channel> channel_;
+  std::vector<int64_t> ids_;
+  std::unordered_map<int64_t, int> index_;
+  size_t finished_ = 0;
+  bool any_token_ = false;
+};
+
+// Usage: prompt tokens once per distinct prompt (choices p*n .. p*n+n-1 share one), completion
+// tokens over all choices.
+Usage usage_of(const std::vector<ChoiceState>& choices, int n) {
+  Usage u;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i % static_cast<size_t>(n) == 0) u.prompt_tokens += choices[i].prompt_tokens;
+    u.completion_tokens += choices[i].completion_tokens;
+  }
+  return u;
+}
+
+}  // namespace
+
+void Server::Impl::scrape_metrics() {
+  EngineCore::Stats st = core->stats();
+  running->set(static_cast<double>(st.running));
+  waiting->set(static_cast<double>(st.waiting));
+  kv_used->set(static_cast<double>(st.kv_blocks_used));
+  kv_total->set(static_cast<double>(st.kv_blocks_total));
+  std::lock_guard<std::mutex> lock(mirror_mu);
+  cache_hits->inc(static_cast<double>(st.vision_cache_hits - mirrored.vision_cache_hits));
+  cache_misses->inc(static_cast<double>(st.vision_cache_misses - mirrored.vision_cache_misses));
+  preemptions->inc(static_cast<double>(st.preemptions - mirrored.preemptions));
+  mirrored = st;
+}
 
 void Server::Impl::register_routes() {
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -124,128 +286,222 @@ void Server::Impl::register_routes() {
     res.set_content(models_list_json({model_name}, created), "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    EngineCore::Stats st = core->stats();
-    running->set(static_cast<double>(st.running));
-    waiting->set(static_cast<double>(st.waiting));
-    kv_used->set(static_cast<double>(st.kv_blocks_used));
-    kv_total->set(static_cast<double>(st.kv_blocks_total));
+    scrape_metrics();
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
   http.Post("/v1/chat/completions",
             [this](const httplib::Request& req, httplib::Response& res) { chat(req, res); });
+  http.Post("/v1/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
 }
 
 void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   const auto t0 = Clock::now();
-  if (!authorized(req, res)) return;
-  if (req.body.size() > limits.max_body_bytes) return reply_error(res, body_too_large(limits), "bad_request");
+  if (!check_common(req, res)) return;
   auto parsed = parse_chat_completion(req.body, limits, media);
   if (!parsed.ok()) return reply_error(res, parsed.error(), "bad_request");
   ChatCompletionRequest& cr = parsed.value();
-  if (!cr.model.empty() && cr.model != model_name) {
-    return reply_error(res, ApiError{404, "not_found_error", "model '" + cr.model + "' is not served here (serving '" + model_name + "')", "model"}, "bad_request");
-  }
-  if (cr.n != 1) {
-    return reply_error(res, ApiError{400, "invalid_request_error", "n > 1 is not supported yet", "n"}, "bad_request");
-  }
-  if (cr.logprobs) {
-    return reply_error(res, ApiError{400, "invalid_request_error", "logprobs are not supported yet", "logprobs"}, "bad_request");
-  }
+  if (!check_model(cr.model, res)) return;
   if (!cr.remote_images.empty()) {
     return reply_error(res, ApiError{400, "invalid_request_error", "remote image URLs are not fetched", "messages"}, "bad_request");
   }
   ChatTemplateOptions topts;
   topts.tools_json = cr.tools_json;
-  const std::string prompt = render_chat(cr.messages, topts);
-  GenerateRequest g;
-  g.prompt_ids = engine->tokenizer()->encode(prompt);
+  GenerateRequest g = base_request(cr);
+  g.prompt_ids = engine->tokenizer()->encode(render_chat(cr.messages, topts));
   g.images = std::move(cr.images);
-  g.sampling = cr.sampling;
-  g.max_new_tokens = cr.max_tokens;
-  g.stop = cr.stop;
-
-  auto channel = std::make_shared<Channel>();
-  auto id = core->submit(std::move(g), [channel](const CoreEvent& ev) { channel->push(ev); });
-  if (!id.ok()) return reply_error(res, error_from(id.status()), "rejected");
+  g.logprobs = cr.logprobs ? cr.top_logprobs : -1;
+  // n choices: the same prompt n times; with a seed, choice i samples with seed + i. The first
+  // request stages (preprocesses) the images; the vision cache serves the others.
+  std::vector<GenerateRequest> reqs(static_cast<size_t>(cr.n), g);
+  for (int i = 0; i < cr.n; ++i) {
+    if (g.sampling.seed) reqs[i].sampling.seed = *g.sampling.seed + static_cast<uint64_t>(i);
+  }
+  auto fan = std::make_shared<Fanout>(*this, t0);
+  if (Status st = fan->submit(std::move(reqs)); !st.ok()) return reply_error(res, error_from(st), "rejected");
   const std::string rid = "chatcmpl-" + std::to_string(next_id++);
   const int64_t created_now = static_cast<int64_t>(std::time(nullptr));
+  const bool want_logprobs = cr.logprobs;
+  const int n = cr.n;
 
   if (!cr.stream) {
-    std::string text;
     CoreEvent ev;
-    bool first = true;
-    auto last = t0;
-    do {
-      ev = channel->pop();
-      if (ev.token_id >= 0) {
-        (first ? ttft : itl)->observe(seconds_since(first ? t0 : last));
-        first = false;
-        last = Clock::now();
+    while (!fan->done()) {
+      fan->next(&ev);
+      if (!ev.error.ok()) {
+        fan->abort_unfinished();
+        return reply_error(res, error_from(ev.error), "failed");
       }
-      text += ev.text;
-    } while (!ev.finished);
-    if (!ev.error.ok()) return reply_error(res, error_from(ev.error), "failed");
-    prompt_tokens->inc(static_cast<double>(ev.prompt_tokens));
-    generated_tokens->inc(static_cast<double>(ev.completion_tokens));
-    e2e->observe(seconds_since(t0));
+    }
+    std::vector<CompletionChoice> out;
+    for (int i = 0; i < n; ++i) {
+      CompletionChoice c;
+      c.index = i;
+      c.text = fan->choices[i].text;
+      c.finish_reason = fan->choices[i].reason;
+      if (want_logprobs) c.logprobs = fan->choices[i].logprobs;
+      out.push_back(std::move(c));
+    }
+    fan->observe_e2e();
     requests->inc("ok");
-    CompletionChoice choice;
-    choice.text = text;
-    choice.finish_reason = ev.reason;
-    res.set_content(chat_completion_json(rid, model_name, created_now, {choice},
-                                         Usage{ev.prompt_tokens, ev.completion_tokens}),
+    res.set_content(chat_completion_json(rid, model_name, created_now, out, usage_of(fan->choices, n)),
                     "application/json");
     return;
   }
 
   // Streaming: one SSE chunk per event; a failed write means the client left → abort.
   const bool include_usage = cr.include_usage;
-  const int64_t core_id = *id;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, channel, rid, created_now, include_usage, core_id, t0](size_t, httplib::DataSink& sink) {
+      [this, fan, rid, created_now, include_usage, want_logprobs, n](size_t, httplib::DataSink& sink) {
         auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-        if (!write(sse_event(chat_chunk_json(rid, model_name, created_now, 0, "", std::string("assistant"))))) {
-          core->abort(core_id);
+        auto cancelled = [&] {
+          fan->abort_unfinished();
           requests->inc("cancelled");
           return false;
-        }
-        bool first = true;
-        auto last = t0;
-        for (;;) {
-          CoreEvent ev = channel->pop();
-          if (ev.token_id >= 0) {
-            (first ? ttft : itl)->observe(seconds_since(first ? t0 : last));
-            first = false;
-            last = Clock::now();
+        };
+        for (int i = 0; i < n; ++i) {
+          if (!write(sse_event(chat_chunk_json(rid, model_name, created_now, i, "", std::string("assistant"))))) {
+            return cancelled();
           }
+        }
+        CoreEvent ev;
+        while (!fan->done()) {
+          const int i = fan->next(&ev);
           if (!ev.error.ok()) {
+            fan->abort_unfinished();
             write(sse_event(api_error_json(error_from(ev.error))));
             write(sse_done());
             requests->inc("failed");
             sink.done();
             return true;
           }
-          if (!ev.text.empty() && !write(sse_event(chat_chunk_json(rid, model_name, created_now, 0, ev.text)))) {
-            core->abort(core_id);
-            requests->inc("cancelled");
-            return false;
+          const bool has_lp = want_logprobs && ev.token_id >= 0;
+          std::vector<TokenLogprob> lp;
+          if (has_lp) lp.push_back(fan->choices[i].logprobs.back());
+          if ((!ev.text.empty() || has_lp) &&
+              !write(sse_event(chat_chunk_json(rid, model_name, created_now, i, ev.text, std::nullopt,
+                                               std::nullopt, has_lp ? &lp : nullptr)))) {
+            return cancelled();
           }
-          if (ev.finished) {
-            write(sse_event(chat_chunk_json(rid, model_name, created_now, 0, "", std::nullopt, ev.reason)));
-            if (include_usage) {
-              write(sse_event(usage_chunk_json(rid, model_name, created_now,
-                                               Usage{ev.prompt_tokens, ev.completion_tokens})));
-            }
+          if (ev.finished &&
+              !write(sse_event(chat_chunk_json(rid, model_name, created_now, i, "", std::nullopt, ev.reason)))) {
+            return cancelled();
+          }
+        }
+        if (include_usage) write(sse_event(usage_chunk_json(rid, model_name, created_now, usage_of(fan->choices, n))));
+        write(sse_done());
+        fan->observe_e2e();
+        requests->inc("ok");
+        sink.done();
+        return true;
+      });
+}
+
+void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
+  const auto t0 = Clock::now();
+  if (!check_common(req, res)) return;
+  auto parsed = parse_completion(req.body, limits);
+  if (!parsed.ok()) return reply_error(res, parsed.error(), "bad_request");
+  CompletionRequest& cr = parsed.value();
+  if (!check_model(cr.model, res)) return;
+  const Tokenizer& tok = *engine->tokenizer();
+  std::vector<GenerateRequest> reqs;
+  std::vector<std::string> echo;  // per choice: the prompt's text when echo is on
+  for (const CompletionRequest::Prompt& p : cr.prompts) {
+    GenerateRequest g = base_request(cr);
+    g.prompt_ids = p.is_ids ? p.ids : tok.encode(p.text);
+    g.logprobs = cr.logprobs.value_or(-1);
+    for (int i = 0; i < cr.n; ++i) {
+      reqs.push_back(g);
+      if (g.sampling.seed) reqs.back().sampling.seed = *g.sampling.seed + static_cast<uint64_t>(i);
+      echo.push_back(!cr.echo ? std::string() : p.is_ids ? tok.decode(p.ids) : p.text);
+    }
+  }
+  auto fan = std::make_shared<Fanout>(*this, t0);
+  if (Status st = fan->submit(std::move(reqs)); !st.ok()) return reply_error(res, error_from(st), "rejected");
+  const std::string rid = "cmpl-" + std::to_string(next_id++);
+  const int64_t created_now = static_cast<int64_t>(std::time(nullptr));
+  const bool want_logprobs = cr.logprobs.has_value();
+  const int n = cr.n;
+
+  if (!cr.stream) {
+    CoreEvent ev;
+    while (!fan->done()) {
+      fan->next(&ev);
+      if (!ev.error.ok()) {
+        fan->abort_unfinished();
+        return reply_error(res, error_from(ev.error), "failed");
+      }
+    }
+    std::vector<CompletionChoice> out;
+    std::vector<size_t> offsets;
+    for (size_t i = 0; i < fan->choices.size(); ++i) {
+      CompletionChoice c;
+      c.index = static_cast<int>(i);
+      c.text = echo[i] + fan->choices[i].text;
+      c.finish_reason = fan->choices[i].reason;
+      if (want_logprobs) c.logprobs = fan->choices[i].logprobs;
+      offsets.push_back(echo[i].size());
+      out.push_back(std::move(c));
+    }
+    fan->observe_e2e();
+    requests->inc("ok");
+    res.set_content(completion_json(rid, model_name, created_now, out, usage_of(fan->choices, n), offsets),
+                    "application/json");
+    return;
+  }
+
+  const bool include_usage = cr.include_usage;
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, fan, rid, created_now, include_usage, want_logprobs, n, echo](size_t, httplib::DataSink& sink) {
+        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+        auto cancelled = [&] {
+          fan->abort_unfinished();
+          requests->inc("cancelled");
+          return false;
+        };
+        std::vector<size_t> offset(echo.size());
+        for (size_t i = 0; i < echo.size(); ++i) {
+          offset[i] = echo[i].size();
+          if (!echo[i].empty() && !write(sse_event(completion_chunk_json(rid, model_name, created_now, static_cast<int>(i), echo[i])))) {
+            return cancelled();
+          }
+        }
+        CoreEvent ev;
+        while (!fan->done()) {
+          const int i = fan->next(&ev);
+          if (!ev.error.ok()) {
+            fan->abort_unfinished();
+            write(sse_event(api_error_json(error_from(ev.error))));
             write(sse_done());
-            prompt_tokens->inc(static_cast<double>(ev.prompt_tokens));
-            generated_tokens->inc(static_cast<double>(ev.completion_tokens));
-            e2e->observe(seconds_since(t0));
-            requests->inc("ok");
+            requests->inc("failed");
             sink.done();
             return true;
           }
+          const bool has_lp = want_logprobs && ev.token_id >= 0;
+          std::vector<TokenLogprob> lp;
+          if (has_lp) lp.push_back(fan->choices[i].logprobs.back());
+          if ((!ev.text.empty() || has_lp) &&
+              !write(sse_event(completion_chunk_json(rid, model_name, created_now, i, ev.text, std::nullopt,
+                                                     has_lp ? &lp : nullptr, offset[i])))) {
+            return cancelled();
+          }
+          if (has_lp) offset[i] += lp[0].token.size();
+          if (ev.finished &&
+              !write(sse_event(completion_chunk_json(rid, model_name, created_now, i, "", ev.reason)))) {
+            return cancelled();
+          }
         }
+        if (include_usage) {
+          write(sse_event(usage_chunk_json(rid, model_name, created_now, usage_of(fan->choices, n), "text_completion")));
+        }
+        write(sse_done());
+        fan->observe_e2e();
+        requests->inc("ok");
+        sink.done();
+        return true;
       });
 }
 
@@ -269,14 +525,28 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->requests = &m.counter("vlm_requests_total", "Requests by outcome", "outcome");
   impl->prompt_tokens = &m.counter("vlm_prompt_tokens_total", "Prompt tokens (image tokens included)");
   impl->generated_tokens = &m.counter("vlm_generation_tokens_total", "Generated tokens");
+  impl->image_tokens = &m.counter("vlm_image_tokens_total", "Image tokens among the prompt tokens");
+  impl->images = &m.counter("vlm_images_total", "Images in requests");
+  impl->cache_hits = &m.counter("vlm_vision_cache_hits_total", "Images served from the vision-encoder cache");
+  impl->cache_misses = &m.counter("vlm_vision_cache_misses_total", "Images run through the vision encoder");
+  impl->preemptions = &m.counter("vlm_preemptions_total", "Requests preempted (KV cache full) and recomputed");
   const std::vector<double> lat = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
   impl->ttft = &m.histogram("vlm_time_to_first_token_seconds", "Time to first token", lat);
   impl->itl = &m.histogram("vlm_inter_token_latency_seconds", "Time between tokens", lat);
   impl->e2e = &m.histogram("vlm_e2e_request_latency_seconds", "End-to-end request latency", lat);
+  impl->queue_time = &m.histogram("vlm_request_queue_time_seconds",
+                                  "Submit to first forward pass, image encoding excluded", lat);
+  impl->preprocess_time = &m.histogram("vlm_image_preprocess_seconds",
+                                       "Image decode + preprocess per request (HTTP thread)", lat);
+  impl->encode_time = &m.histogram("vlm_vision_encode_seconds",
+                                   "Vision encoder time per request (cache misses)", lat);
   impl->running = &m.gauge("vlm_num_requests_running", "Requests in the running batch");
   impl->waiting = &m.gauge("vlm_num_requests_waiting", "Requests waiting to be scheduled");
   impl->kv_used = &m.gauge("vlm_kv_cache_blocks_used", "KV cache blocks in use");
-  impl->kv_total = &m.gauge("vlm_kv_cache_blocks_total", "KV cache blocks in total");
+  impl->kv_total = &m.gauge("vlm_kv_cache_blocks_capacity", "KV cache blocks in total");
+  // Each SSE chunk is its own small write: without TCP_NODELAY, Nagle's algorithm holds the
+  // first token back ~40 ms behind the headers.
+  impl->http.set_tcp_nodelay(true);
   impl->http.new_task_queue = [n = options.http_threads] { return new httplib::ThreadPool(n); };
   impl->http.set_payload_max_length(impl->limits.max_body_bytes + 1);
   impl->register_routes();

@@ -297,34 +297,12 @@ std::optional<ApiError> read_stop(const ojson& body, std::vector<std::string>* o
   return std::nullopt;
 }
 
-std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
-                                   const MediaPolicy& media, ChatCompletionRequest* req) {
-  if (!body.is_object()) return bad_request("the request body must be a JSON object", "");
-
+// The fields chat and text completions share (model, streaming, budget, sampling, stop, n).
+std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits, CommonRequest* req) {
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) return bad_request("'model' must be a string", "model");
     req->model = it->get<std::string>();
   }
-  auto msgs = body.find("messages");
-  if (msgs == body.end() || msgs->is_null()) {
-    return bad_request("'messages' is required", "messages");
-  }
-  if (!msgs->is_array() || msgs->empty()) {
-    return bad_request("'messages' must be a non-empty list", "messages");
-  }
-  std::string tools_text;
-  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
-    if (!t->is_array()) return bad_request("'tools' must be a list", "tools");
-    tools_text = dump(*t);
-  }
-  auto chat = parse_chat_json(dump(*msgs), tools_text);
-  if (!chat.ok()) {
-    const std::string& m = chat.status().message();
-    return bad_request(m, m.rfind("tools", 0) == 0 ? "tools" : "messages");
-  }
-  req->messages = std::move(chat->messages);
-  req->tools_json = std::move(chat->tools_json);
-
   if (auto e = read_bool(body, "stream", "stream", &req->stream)) return e;
   if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
     if (!so->is_object())
@@ -344,7 +322,7 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
   }
   // max_completion_tokens is OpenAI's newer name; it wins when a client sends
   // both.
-  req->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+  if (max_completion_tokens || max_tokens) req->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
 
   SamplingParams& s = req->sampling;
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -371,9 +349,37 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
 
   if (auto e = read_stop(body, &req->stop)) return e;
 
-  std::optional<int64_t> n, top_logprobs;
+  std::optional<int64_t> n;
   if (auto e = read_int(body, "n", "n", 1, limits.max_n, &n)) return e;
   if (n) req->n = static_cast<int>(*n);
+  return read_bool(body, "ignore_eos", "ignore_eos", &req->ignore_eos);
+}
+
+std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
+                                   const MediaPolicy& media, ChatCompletionRequest* req) {
+  if (!body.is_object()) return bad_request("the request body must be a JSON object", "");
+  auto msgs = body.find("messages");
+  if (msgs == body.end() || msgs->is_null()) {
+    return bad_request("'messages' is required", "messages");
+  }
+  if (!msgs->is_array() || msgs->empty()) {
+    return bad_request("'messages' must be a non-empty list", "messages");
+  }
+  std::string tools_text;
+  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
+    if (!t->is_array()) return bad_request("'tools' must be a list", "tools");
+    tools_text = dump(*t);
+  }
+  auto chat = parse_chat_json(dump(*msgs), tools_text);
+  if (!chat.ok()) {
+    const std::string& m = chat.status().message();
+    return bad_request(m, m.rfind("tools", 0) == 0 ? "tools" : "messages");
+  }
+  req->messages = std::move(chat->messages);
+  req->tools_json = std::move(chat->tools_json);
+  if (auto e = parse_common(body, limits, req)) return e;
+
+  std::optional<int64_t> top_logprobs;
   if (auto e = read_bool(body, "logprobs", "logprobs", &req->logprobs)) return e;
   if (auto e = read_int(body, "top_logprobs", "top_logprobs", 0, 20, &top_logprobs)) return e;
   if (top_logprobs) {
@@ -386,6 +392,68 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
   std::optional<int64_t> min_px, max_px;
   if (auto e = read_pixels(body, "", &min_px, &max_px)) return e;
   return collect_images(*msgs, limits, media, min_px, max_px, req);
+}
+
+// One prompt of /v1/completions: a string or a non-empty list of token ids.
+std::optional<ApiError> read_prompt(const ojson& p, const std::string& param,
+                                    CompletionRequest::Prompt* out) {
+  if (p.is_string()) {
+    out->text = p.get<std::string>();
+    return std::nullopt;
+  }
+  if (!p.is_array() || p.empty()) {
+    return bad_request("'" + param + "' must be a string or a non-empty list of token ids", param);
+  }
+  out->is_ids = true;
+  for (const ojson& t : p) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+      return bad_request("'" + param + "' must hold non-negative integer token ids", param);
+    }
+    out->ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_completion_into(const ojson& body, const ApiLimits& limits,
+                                              CompletionRequest* req) {
+  if (!body.is_object()) return bad_request("the request body must be a JSON object", "");
+  auto prompt = body.find("prompt");
+  if (prompt == body.end() || prompt->is_null()) return bad_request("'prompt' is required", "prompt");
+  // A list of strings or of id lists is a batch; a list of integers is one prompt.
+  const bool batch = prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number();
+  if (batch) {
+    if (prompt->size() > static_cast<size_t>(limits.max_n)) {
+      return bad_request("'prompt' takes at most " + std::to_string(limits.max_n) + " prompts", "prompt");
+    }
+    for (size_t i = 0; i < prompt->size(); ++i) {
+      CompletionRequest::Prompt p;
+      if (auto e = read_prompt((*prompt)[i], "prompt[" + std::to_string(i) + "]", &p)) return e;
+      req->prompts.push_back(std::move(p));
+    }
+  } else {
+    CompletionRequest::Prompt p;
+    if (auto e = read_prompt(*prompt, "prompt", &p)) return e;
+    req->prompts.push_back(std::move(p));
+  }
+  req->max_tokens = 16;  // OpenAI's default for this endpoint
+  if (auto e = parse_common(body, limits, req)) return e;
+  if (req->prompts.size() * static_cast<size_t>(req->n) > static_cast<size_t>(limits.max_n)) {
+    return bad_request("prompts x n must not exceed " + std::to_string(limits.max_n), "n");
+  }
+  if (auto e = read_bool(body, "echo", "echo", &req->echo)) return e;
+  std::optional<int64_t> logprobs;
+  if (auto e = read_int(body, "logprobs", "logprobs", 0, 20, &logprobs)) return e;
+  if (logprobs) req->logprobs = static_cast<int>(*logprobs);
+  if (req->echo && req->logprobs) {
+    return bad_request("'echo' with 'logprobs' (prompt logprobs) is not supported", "echo");
+  }
+  if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) {
+    return bad_request("'suffix' is not supported", "suffix");
+  }
+  std::optional<int64_t> best_of;
+  if (auto e = read_int(body, "best_of", "best_of", 1, limits.max_n, &best_of)) return e;
+  if (best_of && *best_of != req->n) return bad_request("'best_of' other than n is not supported", "best_of");
+  return std::nullopt;
 }
 
 ojson usage_object(const Usage& u) {
@@ -422,6 +490,27 @@ ojson logprobs_object(const std::vector<TokenLogprob>& lps) {
   }
   ojson j;
   j["content"] = std::move(content);
+  return j;
+}
+
+// The legacy completions layout: parallel lists, alternatives as {token: logprob} objects.
+ojson legacy_logprobs_object(const std::vector<TokenLogprob>& lps, size_t offset) {
+  ojson tokens = ojson::array(), values = ojson::array(), tops = ojson::array(),
+        offsets = ojson::array();
+  for (const TokenLogprob& t : lps) {
+    tokens.push_back(t.token);
+    values.push_back(t.logprob);
+    ojson top = ojson::object();
+    for (const TopLogprob& tp : t.top_logprobs) top[tp.token] = tp.logprob;
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += t.token.size();
+  }
+  ojson j;
+  j["tokens"] = std::move(tokens);
+  j["token_logprobs"] = std::move(values);
+  j["top_logprobs"] = std::move(tops);
+  j["text_offset"] = std::move(offsets);
   return j;
 }
 
@@ -470,6 +559,18 @@ ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
   return req;
 }
 
+ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits) {
+  ojson j;
+  try {
+    j = ojson::parse(body);
+  } catch (const ojson::parse_error& e) {
+    return bad_request(std::string("malformed JSON body: ") + e.what(), "");
+  }
+  CompletionRequest req;
+  if (auto e = parse_completion_into(j, limits, &req)) return *e;
+  return req;
+}
+
 ApiError body_too_large(const ApiLimits& limits) {
   return ApiError{413, "invalid_request_error",
                   "request body is larger than " + std::to_string(limits.max_body_bytes) + " bytes",
@@ -511,7 +612,8 @@ std::string chat_completion_json(const std::string& id, const std::string& model
 std::string chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
                             int index, const std::string& delta_text,
                             const std::optional<std::string>& role,
-                            const std::optional<FinishReason>& finish_reason) {
+                            const std::optional<FinishReason>& finish_reason,
+                            const std::vector<TokenLogprob>* logprobs) {
   ojson j = envelope(id, "chat.completion.chunk", created, model);
   ojson delta = ojson::object();
   if (role) delta["role"] = *role;
@@ -519,17 +621,51 @@ std::string chat_chunk_json(const std::string& id, const std::string& model, int
   ojson c;
   c["index"] = index;
   c["delta"] = std::move(delta);
-  c["logprobs"] = nullptr;
+  c["logprobs"] = logprobs ? logprobs_object(*logprobs) : ojson(nullptr);
   c["finish_reason"] = finish_json(finish_reason);
   j["choices"] = ojson::array({std::move(c)});
   return dump(j);
 }
 
 std::string usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                             const Usage& usage) {
-  ojson j = envelope(id, "chat.completion.chunk", created, model);
+                             const Usage& usage, const char* object) {
+  ojson j = envelope(id, object, created, model);
   j["choices"] = ojson::array();
   j["usage"] = usage_object(usage);
+  return dump(j);
+}
+
+std::string completion_json(const std::string& id, const std::string& model, int64_t created,
+                            const std::vector<CompletionChoice>& choices, const Usage& usage,
+                            const std::vector<size_t>& text_offset0) {
+  ojson j = envelope(id, "text_completion", created, model);
+  ojson arr = ojson::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const CompletionChoice& c = choices[i];
+    ojson o;
+    o["text"] = c.text;
+    o["index"] = c.index;
+    o["logprobs"] = c.logprobs ? legacy_logprobs_object(*c.logprobs, i < text_offset0.size() ? text_offset0[i] : 0)
+                               : ojson(nullptr);
+    o["finish_reason"] = finish_json(c.finish_reason);
+    arr.push_back(std::move(o));
+  }
+  j["choices"] = std::move(arr);
+  j["usage"] = usage_object(usage);
+  return dump(j);
+}
+
+std::string completion_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                                  int index, const std::string& text,
+                                  const std::optional<FinishReason>& finish_reason,
+                                  const std::vector<TokenLogprob>* logprobs, size_t text_offset0) {
+  ojson j = envelope(id, "text_completion", created, model);
+  ojson c;
+  c["text"] = text;
+  c["index"] = index;
+  c["logprobs"] = logprobs ? legacy_logprobs_object(*logprobs, text_offset0) : ojson(nullptr);
+  c["finish_reason"] = finish_json(finish_reason);
+  j["choices"] = ojson::array({std::move(c)});
   return dump(j);
 }
 

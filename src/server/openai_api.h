@@ -75,20 +75,37 @@ struct RemoteImage {
   std::string url;
 };
 
-struct ChatCompletionRequest {
+// The fields chat and text completions share.
+struct CommonRequest {
   std::string model;
-  std::vector<ChatMessage> messages;
-  std::vector<std::string> tools_json;  // as render_chat's ChatTemplateOptions wants them
-  std::vector<ImageInput> images;       // in prompt order (one per image part)
-  std::vector<RemoteImage> remote_images;
   SamplingParams sampling;
   std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens
   std::vector<std::string> stop;
   int n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // vLLM's extension: generate max_tokens regardless of eos
+};
+
+struct ChatCompletionRequest : CommonRequest {
+  std::vector<ChatMessage> messages;
+  std::vector<std::string> tools_json;  // as render_chat's ChatTemplateOptions wants them
+  std::vector<ImageInput> images;       // in prompt order (one per image part)
+  std::vector<RemoteImage> remote_images;
   bool logprobs = false;
   int top_logprobs = 0;
+};
+
+// POST /v1/completions (OpenAI's legacy text API): each prompt is text or token ids.
+struct CompletionRequest : CommonRequest {
+  struct Prompt {
+    std::string text;             // used when ids is empty
+    std::vector<int32_t> ids;
+    bool is_ids = false;
+  };
+  std::vector<Prompt> prompts;    // one or more; choices are prompt_index * n + i
+  bool echo = false;              // the reply starts with the prompt's text
+  std::optional<int> logprobs;    // 0..20: logprobs with this many alternatives
 };
 
 // Parses and validates a POST /v1/chat/completions body. Every failure is an
@@ -121,6 +138,12 @@ ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
                                                        const ApiLimits& limits,
                                                        const MediaPolicy& media);
 
+// Parses a POST /v1/completions body: prompt (required: a string, a list of strings, a list of
+// token ids or a list of such lists; at most limits.max_n prompts), the sampling fields above,
+// max_tokens (default 16, as OpenAI's), n, stream, stream_options, stop, seed, echo,
+// logprobs (integer 0..20), ignore_eos. suffix and best_of other than n are refused.
+ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits);
+
 // 413 for a body over ApiLimits::max_body_bytes (the HTTP layer checks the
 // size).
 ApiError body_too_large(const ApiLimits& limits = {});
@@ -132,6 +155,8 @@ struct TopLogprob {
   double logprob = 0.0;
 };
 
+// token: the token's bytes (may be part of a UTF-8 character; JSON "token" gets U+FFFD for
+// those, "bytes" the exact values).
 struct TokenLogprob {
   std::string token;
   double logprob = 0.0;
@@ -162,15 +187,31 @@ std::string chat_completion_json(const std::string& id, const std::string& model
 // or a role is given (OpenAI's first chunk is
 // {"role":"assistant","content":""}); the last chunk carries finish_reason and
 // may have an empty delta.
+// `logprobs`, when given, are the tokens this chunk covers.
 std::string chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
                             int index, const std::string& delta_text,
                             const std::optional<std::string>& role = std::nullopt,
-                            const std::optional<FinishReason>& finish_reason = std::nullopt);
+                            const std::optional<FinishReason>& finish_reason = std::nullopt,
+                            const std::vector<TokenLogprob>* logprobs = nullptr);
 
 // The final chunk of a stream with stream_options.include_usage: empty choices
-// plus usage.
+// plus usage. `object` is "chat.completion.chunk" or "text_completion".
 std::string usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                             const Usage& usage);
+                             const Usage& usage, const char* object = "chat.completion.chunk");
+
+// POST /v1/completions response: object "text_completion"; logprobs in the legacy layout
+// {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}. `text_offset0` is
+// where the choice's generated text starts within its text (the prompt's length with echo).
+std::string completion_json(const std::string& id, const std::string& model, int64_t created,
+                            const std::vector<CompletionChoice>& choices, const Usage& usage,
+                            const std::vector<size_t>& text_offset0 = {});
+
+// One streaming chunk of /v1/completions (object "text_completion", choices[0].text).
+std::string completion_chunk_json(const std::string& id, const std::string& model, int64_t created,
+                                  int index, const std::string& text,
+                                  const std::optional<FinishReason>& finish_reason = std::nullopt,
+                                  const std::vector<TokenLogprob>* logprobs = nullptr,
+                                  size_t text_offset0 = 0);
 
 // Server-sent event framing: "data: <json>\n\n" and the terminator "data:
 // [DONE]\n\n".

@@ -536,7 +536,7 @@ class OpenAIClientTest(unittest.TestCase):
             "vlm_num_requests_running": "gauge",
             "vlm_num_requests_waiting": "gauge",
             "vlm_kv_cache_blocks_used": "gauge",
-            "vlm_kv_cache_blocks_total": "gauge",
+            "vlm_kv_cache_blocks_capacity": "gauge",
             "vlm_request_queue_time_seconds": "histogram",
             "vlm_image_preprocess_seconds": "histogram",
             "vlm_vision_encode_seconds": "histogram",
@@ -567,7 +567,7 @@ class OpenAIClientTest(unittest.TestCase):
                 break
             time.sleep(0.05)
         self.assertEqual(got, want)
-        self.assertGreater(self.value(after, "vlm_kv_cache_blocks_total"), 0)
+        self.assertGreater(self.value(after, "vlm_kv_cache_blocks_capacity"), 0)
 
     def test_metrics_vision_cache_hit(self):
         url = data_url(png_bytes(48, 40, (os.getpid() % 251, 17, 201)))  # an image no other test sends

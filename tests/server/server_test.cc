@@ -35,7 +35,7 @@ class ServerTest : public ::testing::Test {
     o.engine.max_context = 512;
     o.port = 0;
     o.model_name = "tiny";
-    o.batching.max_num_seqs = 4;  // 8 concurrent requests: half of them queue and join later
+    o.batching.max_num_seqs = 4;  // 16 concurrent requests: most of them queue and join later
     o.batching.max_batched_tokens = 64;
     o.batching.block_size = 8;
     auto s = Server::create(o);
@@ -148,7 +148,7 @@ TEST_F(ServerTest, PlainAndStreamedRepliesEqualTheEngine) {
 }
 
 TEST_F(ServerTest, ConcurrentStreamsEqualSequentialReplies) {
-  const int kN = 8;
+  const int kN = 16;
   std::vector<std::string> want(kN), got(kN);
   for (int i = 0; i < kN; ++i) want[i] = reference_reply("Question number " + std::to_string(i), 6 + i % 3);
   std::vector<std::thread> threads;
@@ -183,16 +183,28 @@ TEST_F(ServerTest, BadRequestsGetTheirStatusAndTheServerStaysUp) {
        400, "base64"},
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, {"type": "text", "text": "x"}]}]})",
        400, "image"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", 400, "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "n": 9})", 400, "n"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", 400, "logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000})", 400, "context"},
   };
-  for (const auto& k : cases) {
-    auto r = c.Post("/v1/chat/completions", k.body, "application/json");
+  Case completion_cases[] = {
+      {R"({"max_tokens": 3})", 400, "prompt"},
+      {R"({"prompt": [1, -2]})", 400, "token ids"},
+      {R"({"prompt": [151936]})", 400, "vocabulary"},
+      {R"({"prompt": "x", "suffix": "y"})", 400, "suffix"},
+      {R"({"prompt": "x", "echo": true, "logprobs": 1})", 400, "echo"},
+      {R"({"prompt": ["a", "b", "c"], "n": 3})", 400, "n"},
+      {R"({"prompt": "x", "max_tokens": 100000})", 400, "context"},
+  };
+  auto check = [&](const char* path, const Case& k) {
+    auto r = c.Post(path, k.body, "application/json");
     ASSERT_TRUE(r) << k.body;
     EXPECT_EQ(r->status, k.status) << k.body << " → " << r->body;
     EXPECT_NE(r->body.find(k.needle), std::string::npos) << k.body << " → " << r->body;
     EXPECT_TRUE(json::parse(r->body).contains("error")) << r->body;
-  }
+  };
+  for (const auto& k : cases) check("/v1/chat/completions", k);
+  for (const auto& k : completion_cases) check("/v1/completions", k);
   auto ok = c.Post("/v1/chat/completions", chat_body("still there?", 3).dump(), "application/json");
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
@@ -205,7 +217,7 @@ TEST_F(ServerTest, MetricsReportRequestsAndKvBlocks) {
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
   for (const char* s : {"vlm_requests_total{outcome=\"ok\"}", "vlm_time_to_first_token_seconds_bucket",
-                        "vlm_kv_cache_blocks_total", "vlm_kv_cache_blocks_used 0",
+                        "vlm_kv_cache_blocks_capacity", "vlm_kv_cache_blocks_used 0",
                         "vlm_generation_tokens_total"}) {
     EXPECT_NE(m->body.find(s), std::string::npos) << s << "\n" << m->body;
   }

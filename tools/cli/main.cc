@@ -349,6 +349,11 @@ int main(int argc, char** argv) {
   serve->add_option("--max-batched-tokens", so.batching.max_batched_tokens, "Tokens per batch step");
   serve->add_option("--block-size", so.batching.block_size, "KV cache block size in tokens");
   serve->add_option("--num-blocks", so.batching.num_blocks, "KV cache blocks (0 = from the context)");
+  serve->add_option("--max-waiting", so.batching.max_waiting, "Queued requests before 429 (default 256)");
+  serve->add_option("--batch-wait-ms", so.batching.batch_wait_ms,
+                    "Batching window: an idle engine waits this long for more arrivals (default 0)");
+  serve->add_option("--vision-cache-mib", so.batching.vision_cache_mib,
+                    "Memory for cached vision-encoder outputs (default 512; 0 = off)");
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
 
