@@ -17,6 +17,8 @@ struct ServeOptions {
   std::string model_name;           // reported by /v1/models; default: the model directory's name
   std::string api_key;              // when set, requests need "Authorization: Bearer <key>"
   std::string allowed_media_path;   // file:// image URLs are served only from under this folder
+  bool allow_remote_media = false;  // fetch http(s):// image URLs (off: they are refused)
+  int remote_media_timeout_s = 10;  // per fetch: connect and read timeouts
   BatchingOptions batching;         // max_batched_tokens ≤ engine.prefill_chunk; a full queue → 429
   int http_threads = 16;
 };

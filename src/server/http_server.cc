@@ -71,6 +71,41 @@ ApiError error_from(const Status& s) {
   return e;
 }
 
+// GETs an http(s) image URL (redirects followed, at most `max_bytes`); failures are 400s that
+// name the URL.
+ApiResult<std::vector<uint8_t>> fetch_image(const std::string& url, size_t max_bytes, int timeout_s) {
+  auto fail = [&](const std::string& why) {
+    return ApiError{400, "invalid_request_error", "cannot fetch image " + url + ": " + why, "messages"};
+  };
+  const size_t scheme_end = url.find("://");
+  const size_t path_start = url.find('/', scheme_end + 3);
+  const std::string origin = url.substr(0, path_start);
+  const std::string path = path_start == std::string::npos ? "/" : url.substr(path_start);
+  if (origin.size() <= scheme_end + 3) return fail("no host");
+  httplib::Client client(origin);
+  if (!client.is_valid()) return fail("bad URL");
+  client.set_connection_timeout(timeout_s, 0);
+  client.set_read_timeout(timeout_s, 0);
+  client.set_follow_location(true);
+  std::vector<uint8_t> bytes;
+  bool too_large = false;
+  auto r = client.Get(path, [&](const char* data, size_t n) {
+    if (bytes.size() + n > max_bytes) {
+      too_large = true;
+      return false;
+    }
+    bytes.insert(bytes.end(), data, data + n);
+    return true;
+  });
+  if (too_large) {
+    return ApiError{413, "invalid_request_error",
+                    "image " + url + " is larger than " + std::to_string(max_bytes) + " bytes", "messages"};
+  }
+  if (!r) return fail(httplib::to_string(r.error()));
+  if (r->status != 200) return fail("HTTP status " + std::to_string(r->status));
+  return bytes;
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -302,8 +337,10 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   if (!parsed.ok()) return reply_error(res, parsed.error(), "bad_request");
   ChatCompletionRequest& cr = parsed.value();
   if (!check_model(cr.model, res)) return;
-  if (!cr.remote_images.empty()) {
-    return reply_error(res, ApiError{400, "invalid_request_error", "remote image URLs are not fetched", "messages"}, "bad_request");
+  for (const RemoteImage& ri : cr.remote_images) {  // only present with --allow-remote-media
+    auto bytes = fetch_image(ri.url, limits.max_image_bytes, opts.remote_media_timeout_s);
+    if (!bytes.ok()) return reply_error(res, bytes.error(), "bad_request");
+    cr.images[ri.image_index].bytes = std::move(bytes).value();
   }
   ChatTemplateOptions topts;
   topts.tools_json = cr.tools_json;
@@ -521,6 +558,7 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   if (impl->model_name.empty()) impl->model_name = "vlm";
   impl->created = static_cast<int64_t>(std::time(nullptr));
   impl->media.allowed_local_path = options.allowed_media_path;
+  impl->media.allow_remote = options.allow_remote_media;
   auto& m = impl->metrics;
   impl->requests = &m.counter("vlm_requests_total", "Requests by outcome", "outcome");
   impl->prompt_tokens = &m.counter("vlm_prompt_tokens_total", "Prompt tokens (image tokens included)");

@@ -210,6 +210,80 @@ TEST_F(ServerTest, BadRequestsGetTheirStatusAndTheServerStaysUp) {
   EXPECT_EQ(ok->status, 200);
 }
 
+std::string base64_encode(const std::string& in) {
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t v = static_cast<uint8_t>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<uint8_t>(in[i + 1]) << 8;
+    if (i + 2 < in.size()) v |= static_cast<uint8_t>(in[i + 2]);
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < in.size() ? kAlphabet[(v >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? kAlphabet[v & 63] : '=';
+  }
+  return out;
+}
+
+// --allow-remote-media: http(s) image URLs are fetched (here from a local HTTP server) and give
+// what the same bytes give as a data: URL; fetch failures are 400s naming the URL.
+TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
+  const std::string png = test_util::read_file(std::string(VLM_FIXTURES_DIR) + "/vision-f32/synthetic_tiny.png");
+  httplib::Server media;
+  media.Get("/cat.png", [&](const httplib::Request&, httplib::Response& res) { res.set_content(png, "image/png"); });
+  media.Get("/big.png", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(std::string((size_t{20} << 20) + 1, 'x'), "image/png");
+  });
+  const int media_port = media.bind_to_any_port("127.0.0.1");
+  std::thread media_thread([&] { media.listen_after_bind(); });
+
+  ServeOptions o;
+  o.engine.model_dir = tmp_->str();
+  o.engine.n_threads = 2;
+  o.engine.max_context = 512;
+  o.port = 0;
+  o.model_name = "tiny";
+  o.allow_remote_media = true;
+  auto remote = Server::create(o);
+  ASSERT_TRUE(remote.ok()) << remote.status().message();
+  std::thread remote_thread([&] { (*remote)->run(); });
+
+  auto ask = [](int port, const std::string& url) {
+    json body = chat_body("What is this?", 2);
+    body["messages"][0]["content"] = json::array(
+        {json{{"type", "image_url"}, {"image_url", {{"url", url}}}}, json{{"type", "text"}, {"text", "What is this?"}}});
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    return c.Post("/v1/chat/completions", body.dump(), "application/json");
+  };
+  const std::string base = "http://127.0.0.1:" + std::to_string(media_port);
+  auto fetched = ask((*remote)->port(), base + "/cat.png");
+  auto inline_png = ask((*remote)->port(), "data:image/png;base64," + base64_encode(png));
+  ASSERT_TRUE(fetched && inline_png);
+  ASSERT_EQ(fetched->status, 200) << fetched->body;
+  ASSERT_EQ(inline_png->status, 200) << inline_png->body;
+  EXPECT_EQ(json::parse(fetched->body)["usage"], json::parse(inline_png->body)["usage"]);
+  EXPECT_EQ(json::parse(fetched->body)["choices"][0]["message"]["content"],
+            json::parse(inline_png->body)["choices"][0]["message"]["content"]);
+  auto missing = ask((*remote)->port(), base + "/nope.png");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 400);
+  EXPECT_NE(missing->body.find("HTTP status 404"), std::string::npos) << missing->body;
+  auto big = ask((*remote)->port(), base + "/big.png");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413) << big->body;
+  // The default server refuses the same URL without fetching it.
+  auto refused = ask(server_->port(), base + "/cat.png");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_NE(refused->body.find("not enabled"), std::string::npos) << refused->body;
+
+  (*remote)->stop();
+  remote_thread.join();
+  media.stop();
+  media_thread.join();
+}
+
 TEST_F(ServerTest, MetricsReportRequestsAndKvBlocks) {
   auto c = client();
   auto r = c.Post("/v1/chat/completions", chat_body("count me", 2).dump(), "application/json");
