@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,15 +22,21 @@ struct ServeOptions {
   int remote_media_timeout_s = 10;  // per fetch: connect and read timeouts
   BatchingOptions batching;         // max_batched_tokens ≤ engine.prefill_chunk; a full queue → 429
   int http_threads = 16;
+  // Called on the loading thread before the model loads (tests hold loading with it to see the
+  // 503s); empty by default.
+  std::function<void()> before_load;
 };
 
 class Server {
  public:
-  // Loads the model, starts the engine thread and binds the socket (no requests served yet).
+  // Binds the socket and starts loading the model on a background thread (no requests served
+  // until run()). While the model loads, /health and every API route answer 503.
   static Result<std::unique_ptr<Server>> create(const ServeOptions& options);
   ~Server();
   int port() const;
-  // Serves until stop() (blocking).
+  // Blocks until the model is loaded (ok) or failed to load (its error).
+  Status wait_until_loaded();
+  // Serves until stop() (blocking); returns the load error if the model fails to load.
   Status run();
   void stop();
 

@@ -7,6 +7,7 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "engine/engine_core.h"
@@ -112,6 +113,14 @@ struct Server::Impl {
   ServeOptions opts;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<EngineCore> core;
+  // Loading runs on `loader`; `ready` turns true once engine and core exist (then they never
+  // change), so handlers check it before touching them.
+  std::thread loader;
+  std::atomic<bool> ready{false};
+  std::mutex load_mu;
+  std::condition_variable load_cv;
+  bool load_done = false;
+  Status load_status;
   httplib::Server http;
   int port = 0;
   std::string model_name;
@@ -157,8 +166,34 @@ struct Server::Impl {
     return false;
   }
 
+  void load() {
+    if (opts.before_load) opts.before_load();
+    Status st = [&]() -> Status {
+      VLM_ASSIGN_OR_RETURN(engine, Engine::load(opts.engine));
+      if (engine->tokenizer() == nullptr) return not_found("the model directory has no tokenizer.json");
+      VLM_ASSIGN_OR_RETURN(core, EngineCore::create(*engine, opts.batching));
+      return ok_status();
+    }();
+    ready = st.ok();
+    std::lock_guard<std::mutex> lock(load_mu);
+    load_status = st;
+    load_done = true;
+    load_cv.notify_all();
+  }
+
+  // 503 while the model loads (or after it failed to); false when that reply was written.
+  bool check_ready(httplib::Response& res) {
+    if (ready) return true;
+    res.status = 503;
+    res.set_header("Retry-After", "1");
+    res.set_content(api_error_json(ApiError{503, "service_unavailable", "the model is loading", ""}),
+                    "application/json");
+    return false;
+  }
+
   // Checks shared by both endpoints; false when an error reply was written.
   bool check_common(const httplib::Request& req, httplib::Response& res) {
+    if (!check_ready(res)) return false;
     if (!authorized(req, res)) return false;
     if (req.body.size() > limits.max_body_bytes) {
       reply_error(res, body_too_large(limits), "bad_request");
@@ -314,14 +349,16 @@ void Server::Impl::scrape_metrics() {
 
 void Server::Impl::register_routes() {
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content("{\"status\": \"ok\"}", "application/json");
+    if (ready) return res.set_content("{\"status\": \"ok\"}", "application/json");
+    res.status = 503;
+    res.set_content("{\"status\": \"loading\"}", "application/json");
   });
   http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
+    if (!check_ready(res) || !authorized(req, res)) return;
     res.set_content(models_list_json({model_name}, created), "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    scrape_metrics();
+    if (ready) scrape_metrics();
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
   http.Post("/v1/chat/completions",
@@ -544,14 +581,14 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+  if (impl_ && impl_->loader.joinable()) impl_->loader.join();
+}
 
 Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
-  VLM_ASSIGN_OR_RETURN(impl->engine, Engine::load(options.engine));
-  if (impl->engine->tokenizer() == nullptr) return not_found("the model directory has no tokenizer.json");
-  VLM_ASSIGN_OR_RETURN(impl->core, EngineCore::create(*impl->engine, options.batching));
   impl->model_name = options.model_name.empty()
                          ? std::filesystem::path(options.engine.model_dir).filename().string()
                          : options.model_name;
@@ -596,13 +633,33 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   if (impl->port <= 0) {
     return invalid_argument("cannot listen on " + options.host + ":" + std::to_string(options.port));
   }
+  Impl* raw = impl.get();
+  impl->loader = std::thread([raw] { raw->load(); });
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
 int Server::port() const { return impl_->port; }
 
+Status Server::wait_until_loaded() {
+  std::unique_lock<std::mutex> lock(impl_->load_mu);
+  impl_->load_cv.wait(lock, [&] { return impl_->load_done; });
+  return impl_->load_status;
+}
+
 Status Server::run() {
-  if (!impl_->http.listen_after_bind()) return internal_error("the HTTP server stopped with an error");
+  // A failed load stops the listener, so run() returns the load error.
+  std::atomic<bool> listening_done{false};
+  std::thread watcher([&] {
+    if (wait_until_loaded().ok()) return;
+    while (!listening_done && !impl_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    impl_->http.stop();
+  });
+  const bool ok = impl_->http.listen_after_bind();
+  listening_done = true;
+  watcher.join();
+  Status load = wait_until_loaded();
+  if (!load.ok()) return load;
+  if (!ok) return internal_error("the HTTP server stopped with an error");
   return ok_status();
 }
 

@@ -3,7 +3,9 @@
 // tokenizer beside it.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -40,6 +42,8 @@ class ServerTest : public ::testing::Test {
     o.batching.block_size = 8;
     auto s = Server::create(o);
     ASSERT_TRUE(s.ok()) << s.status().message();
+    Status loaded = (*s)->wait_until_loaded();
+    ASSERT_TRUE(loaded.ok()) << loaded.message();
     server_ = std::move(s).value().release();
     thread_ = new std::thread([] { server_->run(); });
   }
@@ -246,6 +250,7 @@ TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
   o.allow_remote_media = true;
   auto remote = Server::create(o);
   ASSERT_TRUE(remote.ok()) << remote.status().message();
+  ASSERT_TRUE((*remote)->wait_until_loaded().ok());
   std::thread remote_thread([&] { (*remote)->run(); });
 
   auto ask = [](int port, const std::string& url) {
@@ -282,6 +287,61 @@ TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
   remote_thread.join();
   media.stop();
   media_thread.join();
+}
+
+// While the model loads, /health and the API answer 503; a model that fails to load makes run()
+// return that error.
+TEST_F(ServerTest, Answers503WhileLoadingAndRunReportsLoadFailure) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  ServeOptions o;
+  o.engine.model_dir = tmp_->str();
+  o.engine.n_threads = 2;
+  o.engine.max_context = 512;
+  o.port = 0;
+  o.model_name = "tiny";
+  o.before_load = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return release; });
+  };
+  auto s = Server::create(o);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  std::thread t([&] { (*s)->run(); });
+  httplib::Client c("127.0.0.1", (*s)->port());
+  auto h = c.Get("/health");
+  for (int i = 0; i < 200 && !h; ++i) {  // until the listener is up
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    h = c.Get("/health");
+  }
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 503);
+  auto r = c.Post("/v1/chat/completions", chat_body("hi", 2).dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_TRUE(json::parse(r->body).contains("error"));
+  EXPECT_EQ(c.Get("/v1/models")->status, 503);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  ASSERT_TRUE((*s)->wait_until_loaded().ok());
+  EXPECT_EQ(c.Get("/health")->status, 200);
+  auto ok = c.Post("/v1/chat/completions", chat_body("hi", 2).dump(), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  (*s)->stop();
+  t.join();
+
+  ServeOptions bad = o;
+  bad.before_load = nullptr;
+  bad.engine.model_dir = tmp_->str() + "/no-such-model";
+  auto b = Server::create(bad);
+  ASSERT_TRUE(b.ok());
+  Status st = (*b)->run();  // returns by itself: the load fails
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("no-such-model"), std::string::npos) << st.message();
 }
 
 TEST_F(ServerTest, MetricsReportRequestsAndKvBlocks) {

@@ -373,8 +373,8 @@ int main(int argc, char** argv) {
     so.engine.prefill_chunk = std::max<int64_t>(so.engine.prefill_chunk, so.batching.max_batched_tokens);
     auto server = vlm::Server::create(so);
     if (!server.ok()) return fail(server.status());
-    std::fprintf(stderr, "vlm: serving on http://%s:%d (OpenAI API at /v1)\n", so.host.c_str(),
-                 (*server)->port());
+    std::fprintf(stderr, "vlm: serving on http://%s:%d (OpenAI API at /v1; /health says 503 until the model is loaded)\n",
+                 so.host.c_str(), (*server)->port());
     vlm::Status st = (*server)->run();
     if (!st.ok()) return fail(st);
     return 0;
