@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -332,6 +333,68 @@ Usage usage_of(const std::vector<ChoiceState>& choices, int n) {
   return u;
 }
 
+// Waits for every choice to finish; the first error aborts the rest and is returned.
+Status collect(Fanout& fan) {
+  CoreEvent ev;
+  while (!fan.done()) {
+    fan.next(&ev);
+    if (!ev.error.ok()) {
+      fan.abort_unfinished();
+      return ev.error;
+    }
+  }
+  return ok_status();
+}
+
+// How one endpoint words its stream.
+struct SseFormat {
+  std::vector<std::string> prologue;  // chunks before any token (chat: each choice's role)
+  bool logprobs = false;
+  // A chunk for choice i: new text and, with logprobs, the token it came with.
+  std::function<std::string(int, const std::string&, const std::vector<TokenLogprob>*)> chunk;
+  std::function<std::string(int, FinishReason)> finish;  // choice i finished
+  std::function<std::string(const Usage&)> usage;          // empty: no usage chunk
+};
+
+// Streams a fanned-out request as server-sent events, ending with [DONE]. A failed write means
+// the client left: the requests are aborted (their KV blocks freed at the next step).
+bool stream_sse(Server::Impl& s, Fanout& fan, int n, const SseFormat& f, httplib::DataSink& sink) {
+  auto write = [&](const std::string& str) { return sink.write(str.data(), str.size()); };
+  auto cancelled = [&] {
+    fan.abort_unfinished();
+    s.requests->inc("cancelled");
+    return false;
+  };
+  for (const std::string& c : f.prologue) {
+    if (!write(sse_event(c))) return cancelled();
+  }
+  CoreEvent ev;
+  while (!fan.done()) {
+    const int i = fan.next(&ev);
+    if (!ev.error.ok()) {
+      fan.abort_unfinished();
+      write(sse_event(api_error_json(error_from(ev.error))));
+      write(sse_done());
+      s.requests->inc("failed");
+      sink.done();
+      return true;
+    }
+    const bool has_lp = f.logprobs && ev.token_id >= 0;
+    std::vector<TokenLogprob> lp;
+    if (has_lp) lp.push_back(fan.choices[i].logprobs.back());
+    if ((!ev.text.empty() || has_lp) && !write(sse_event(f.chunk(i, ev.text, has_lp ? &lp : nullptr)))) {
+      return cancelled();
+    }
+    if (ev.finished && !write(sse_event(f.finish(i, ev.reason)))) return cancelled();
+  }
+  if (f.usage) write(sse_event(f.usage(usage_of(fan.choices, n))));
+  write(sse_done());
+  fan.observe_e2e();
+  s.requests->inc("ok");
+  sink.done();
+  return true;
+}
+
 }  // namespace
 
 void Server::Impl::scrape_metrics() {
@@ -399,14 +462,7 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   const int n = cr.n;
 
   if (!cr.stream) {
-    CoreEvent ev;
-    while (!fan->done()) {
-      fan->next(&ev);
-      if (!ev.error.ok()) {
-        fan->abort_unfinished();
-        return reply_error(res, error_from(ev.error), "failed");
-      }
-    }
+    if (Status st = collect(*fan); !st.ok()) return reply_error(res, error_from(st), "failed");
     std::vector<CompletionChoice> out;
     for (int i = 0; i < n; ++i) {
       CompletionChoice c;
@@ -423,53 +479,21 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
     return;
   }
 
-  // Streaming: one SSE chunk per event; a failed write means the client left → abort.
-  const bool include_usage = cr.include_usage;
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, fan, rid, created_now, include_usage, want_logprobs, n](size_t, httplib::DataSink& sink) {
-        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-        auto cancelled = [&] {
-          fan->abort_unfinished();
-          requests->inc("cancelled");
-          return false;
-        };
-        for (int i = 0; i < n; ++i) {
-          if (!write(sse_event(chat_chunk_json(rid, model_name, created_now, i, "", std::string("assistant"))))) {
-            return cancelled();
-          }
-        }
-        CoreEvent ev;
-        while (!fan->done()) {
-          const int i = fan->next(&ev);
-          if (!ev.error.ok()) {
-            fan->abort_unfinished();
-            write(sse_event(api_error_json(error_from(ev.error))));
-            write(sse_done());
-            requests->inc("failed");
-            sink.done();
-            return true;
-          }
-          const bool has_lp = want_logprobs && ev.token_id >= 0;
-          std::vector<TokenLogprob> lp;
-          if (has_lp) lp.push_back(fan->choices[i].logprobs.back());
-          if ((!ev.text.empty() || has_lp) &&
-              !write(sse_event(chat_chunk_json(rid, model_name, created_now, i, ev.text, std::nullopt,
-                                               std::nullopt, has_lp ? &lp : nullptr)))) {
-            return cancelled();
-          }
-          if (ev.finished &&
-              !write(sse_event(chat_chunk_json(rid, model_name, created_now, i, "", std::nullopt, ev.reason)))) {
-            return cancelled();
-          }
-        }
-        if (include_usage) write(sse_event(usage_chunk_json(rid, model_name, created_now, usage_of(fan->choices, n))));
-        write(sse_done());
-        fan->observe_e2e();
-        requests->inc("ok");
-        sink.done();
-        return true;
-      });
+  auto f = std::make_shared<SseFormat>();
+  for (int i = 0; i < n; ++i) f->prologue.push_back(chat_chunk_json(rid, model_name, created_now, i, "", std::string("assistant")));
+  f->logprobs = want_logprobs;
+  f->chunk = [=, this](int i, const std::string& text, const std::vector<TokenLogprob>* lp) {
+    return chat_chunk_json(rid, model_name, created_now, i, text, std::nullopt, std::nullopt, lp);
+  };
+  f->finish = [=, this](int i, FinishReason r) {
+    return chat_chunk_json(rid, model_name, created_now, i, "", std::nullopt, r);
+  };
+  if (cr.include_usage) {
+    f->usage = [=, this](const Usage& u) { return usage_chunk_json(rid, model_name, created_now, u); };
+  }
+  res.set_chunked_content_provider("text/event-stream", [this, fan, f, n](size_t, httplib::DataSink& sink) {
+    return stream_sse(*this, *fan, n, *f, sink);
+  });
 }
 
 void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
@@ -500,14 +524,7 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
   const int n = cr.n;
 
   if (!cr.stream) {
-    CoreEvent ev;
-    while (!fan->done()) {
-      fan->next(&ev);
-      if (!ev.error.ok()) {
-        fan->abort_unfinished();
-        return reply_error(res, error_from(ev.error), "failed");
-      }
-    }
+    if (Status st = collect(*fan); !st.ok()) return reply_error(res, error_from(st), "failed");
     std::vector<CompletionChoice> out;
     std::vector<size_t> offsets;
     for (size_t i = 0; i < fan->choices.size(); ++i) {
@@ -526,57 +543,30 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     return;
   }
 
-  const bool include_usage = cr.include_usage;
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, fan, rid, created_now, include_usage, want_logprobs, n, echo](size_t, httplib::DataSink& sink) {
-        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-        auto cancelled = [&] {
-          fan->abort_unfinished();
-          requests->inc("cancelled");
-          return false;
-        };
-        std::vector<size_t> offset(echo.size());
-        for (size_t i = 0; i < echo.size(); ++i) {
-          offset[i] = echo[i].size();
-          if (!echo[i].empty() && !write(sse_event(completion_chunk_json(rid, model_name, created_now, static_cast<int>(i), echo[i])))) {
-            return cancelled();
-          }
-        }
-        CoreEvent ev;
-        while (!fan->done()) {
-          const int i = fan->next(&ev);
-          if (!ev.error.ok()) {
-            fan->abort_unfinished();
-            write(sse_event(api_error_json(error_from(ev.error))));
-            write(sse_done());
-            requests->inc("failed");
-            sink.done();
-            return true;
-          }
-          const bool has_lp = want_logprobs && ev.token_id >= 0;
-          std::vector<TokenLogprob> lp;
-          if (has_lp) lp.push_back(fan->choices[i].logprobs.back());
-          if ((!ev.text.empty() || has_lp) &&
-              !write(sse_event(completion_chunk_json(rid, model_name, created_now, i, ev.text, std::nullopt,
-                                                     has_lp ? &lp : nullptr, offset[i])))) {
-            return cancelled();
-          }
-          if (has_lp) offset[i] += lp[0].token.size();
-          if (ev.finished &&
-              !write(sse_event(completion_chunk_json(rid, model_name, created_now, i, "", ev.reason)))) {
-            return cancelled();
-          }
-        }
-        if (include_usage) {
-          write(sse_event(usage_chunk_json(rid, model_name, created_now, usage_of(fan->choices, n), "text_completion")));
-        }
-        write(sse_done());
-        fan->observe_e2e();
-        requests->inc("ok");
-        sink.done();
-        return true;
-      });
+  // text_offset of each choice's next token: where its generated text has reached.
+  auto offset = std::make_shared<std::vector<size_t>>();
+  auto f = std::make_shared<SseFormat>();
+  for (size_t i = 0; i < echo.size(); ++i) {
+    offset->push_back(echo[i].size());
+    if (!echo[i].empty()) f->prologue.push_back(completion_chunk_json(rid, model_name, created_now, static_cast<int>(i), echo[i]));
+  }
+  f->logprobs = want_logprobs;
+  f->chunk = [=, this](int i, const std::string& text, const std::vector<TokenLogprob>* lp) {
+    std::string c = completion_chunk_json(rid, model_name, created_now, i, text, std::nullopt, lp, (*offset)[i]);
+    if (lp) (*offset)[i] += (*lp)[0].token.size();
+    return c;
+  };
+  f->finish = [=, this](int i, FinishReason r) {
+    return completion_chunk_json(rid, model_name, created_now, i, "", r);
+  };
+  if (cr.include_usage) {
+    f->usage = [=, this](const Usage& u) {
+      return usage_chunk_json(rid, model_name, created_now, u, "text_completion");
+    };
+  }
+  res.set_chunked_content_provider("text/event-stream", [this, fan, f, n](size_t, httplib::DataSink& sink) {
+    return stream_sse(*this, *fan, n, *f, sink);
+  });
 }
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
