@@ -340,6 +340,92 @@ TEST(OpenAiApiTest, CompletionJson) {
   EXPECT_EQ(j["usage"]["total_tokens"], 15);
 }
 
+TEST(OpenAiApiTest, TextCompletionRequests) {
+  auto one = parse_completion(R"({"prompt": "Once", "ignore_eos": true, "seed": 3, "n": 2})", {});
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  ASSERT_EQ(one->prompts.size(), 1u);
+  EXPECT_FALSE(one->prompts[0].is_ids);
+  EXPECT_EQ(one->prompts[0].text, "Once");
+  EXPECT_EQ(one->max_tokens, 16);  // OpenAI's default for this endpoint
+  EXPECT_TRUE(one->ignore_eos);
+  EXPECT_EQ(one->n, 2);
+  EXPECT_EQ(*one->sampling.seed, 3u);
+  EXPECT_FALSE(one->logprobs.has_value());
+
+  auto ids = parse_completion(R"({"prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 2})", {});
+  ASSERT_TRUE(ids.ok()) << ids.error().message;
+  ASSERT_EQ(ids->prompts.size(), 1u);
+  EXPECT_TRUE(ids->prompts[0].is_ids);
+  EXPECT_EQ(ids->prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(ids->max_tokens, 4);
+  EXPECT_EQ(ids->logprobs, 2);
+
+  auto batch = parse_completion(R"({"prompt": ["a", [7, 8]], "echo": true})", {});
+  ASSERT_TRUE(batch.ok()) << batch.error().message;
+  ASSERT_EQ(batch->prompts.size(), 2u);
+  EXPECT_EQ(batch->prompts[0].text, "a");
+  EXPECT_EQ(batch->prompts[1].ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_TRUE(batch->echo);
+
+  struct Bad {
+    const char* body;
+    const char* param;
+  } bad[] = {
+      {R"({"max_tokens": 2})", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": []})", "prompt"},
+      {R"({"prompt": [1, "x"]})", "prompt"},
+      {R"({"prompt": ["a", 5]})", "prompt[1]"},
+      {R"({"prompt": "a", "logprobs": 21})", "logprobs"},
+      {R"({"prompt": "a", "echo": true, "logprobs": 0})", "echo"},
+      {R"({"prompt": "a", "suffix": "b"})", "suffix"},
+      {R"({"prompt": "a", "best_of": 2})", "best_of"},
+      {R"({"prompt": ["a", "b", "c"], "n": 3})", "n"},
+      {R"({"prompt": "a", "ignore_eos": 1})", "ignore_eos"},
+      {R"({"prompt": "a", "temperature": -1})", "temperature"},
+  };
+  for (const Bad& b : bad) {
+    auto r = parse_completion(b.body, {});
+    ASSERT_FALSE(r.ok()) << b.body;
+    EXPECT_EQ(r.error().http_status, 400) << b.body;
+    EXPECT_EQ(r.error().param, b.param) << b.body << " → " << r.error().message;
+  }
+  EXPECT_FALSE(parse_completion("{nope", {}).ok());
+}
+
+TEST(OpenAiApiTest, TextCompletionJsonAndChunks) {
+  CompletionChoice c{0, "Echo: Hi", FinishReason::kLength,
+                     std::vector<TokenLogprob>{{"Hi", -0.5, {{"Hi", -0.5}, {"Hey", -1.5}}}, {"\xe4", -2.0, {}}}};
+  json j = json::parse(completion_json("cmpl-1", "m", 7, {c}, {5, 2}, {6}));
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], "Echo: Hi");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  const json& lp = j["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"][0], "Hi");
+  EXPECT_EQ(lp["tokens"][1], "\xef\xbf\xbd");  // half a UTF-8 character → U+FFFD, never a throw
+  EXPECT_EQ(lp["token_logprobs"], json::array({-0.5, -2.0}));
+  EXPECT_EQ(lp["top_logprobs"][0]["Hey"], -1.5);
+  EXPECT_EQ(lp["text_offset"], json::array({6, 8}));  // after the echoed prompt, then + "Hi"
+  EXPECT_EQ(j["usage"]["total_tokens"], 7);
+
+  std::vector<TokenLogprob> one{{"Hi", -0.5, {}}};
+  json chunk = json::parse(completion_chunk_json("cmpl-1", "m", 7, 3, "Hi", std::nullopt, &one, 10));
+  EXPECT_EQ(chunk["object"], "text_completion");
+  EXPECT_EQ(chunk["choices"][0]["index"], 3);
+  EXPECT_EQ(chunk["choices"][0]["text"], "Hi");
+  EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["text_offset"][0], 10);
+  json last = json::parse(completion_chunk_json("cmpl-1", "m", 7, 0, "", FinishReason::kStop));
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(last["choices"][0]["logprobs"].is_null());
+  json usage = json::parse(usage_chunk_json("cmpl-1", "m", 7, {3, 4}, "text_completion"));
+  EXPECT_EQ(usage["object"], "text_completion");
+  EXPECT_TRUE(usage["choices"].empty());
+  // Chat chunks carry the logprobs of the token they hold.
+  json cc = json::parse(chat_chunk_json("c", "m", 5, 1, "Hi", std::nullopt, std::nullopt, &one));
+  EXPECT_EQ(cc["choices"][0]["logprobs"]["content"][0]["token"], "Hi");
+}
+
 TEST(OpenAiApiTest, ChunksAndSse) {
   json first = json::parse(chat_chunk_json("c", "m", 5, 0, "", std::string("assistant")));
   EXPECT_EQ(first["object"], "chat.completion.chunk");
