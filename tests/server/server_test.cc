@@ -31,12 +31,7 @@ class ServerTest : public ::testing::Test {
     }
     fs::create_symlink(fs::absolute(std::string(VLM_SHARED_DIR) + "/data/tokenizer/tokenizer.json"),
                        tmp_->path() / "tokenizer.json");
-    ServeOptions o;
-    o.engine.model_dir = tmp_->str();
-    o.engine.n_threads = 2;
-    o.engine.max_context = 512;
-    o.port = 0;
-    o.model_name = "tiny";
+    ServeOptions o = tiny_options();
     o.batching.max_num_seqs = 4;  // 16 concurrent requests: most of them queue and join later
     o.batching.max_batched_tokens = 64;
     o.batching.block_size = 8;
@@ -46,6 +41,16 @@ class ServerTest : public ::testing::Test {
     ASSERT_TRUE(loaded.ok()) << loaded.message();
     server_ = std::move(s).value().release();
     thread_ = new std::thread([] { server_->run(); });
+  }
+  // A server on any free port for the tiny model in tmp_, served as "tiny".
+  static ServeOptions tiny_options() {
+    ServeOptions o;
+    o.engine.model_dir = tmp_->str();
+    o.engine.n_threads = 2;
+    o.engine.max_context = 512;
+    o.port = 0;
+    o.model_name = "tiny";
+    return o;
   }
   static void TearDownTestSuite() {
     server_->stop();
@@ -241,12 +246,7 @@ TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
   const int media_port = media.bind_to_any_port("127.0.0.1");
   std::thread media_thread([&] { media.listen_after_bind(); });
 
-  ServeOptions o;
-  o.engine.model_dir = tmp_->str();
-  o.engine.n_threads = 2;
-  o.engine.max_context = 512;
-  o.port = 0;
-  o.model_name = "tiny";
+  ServeOptions o = tiny_options();
   o.allow_remote_media = true;
   auto remote = Server::create(o);
   ASSERT_TRUE(remote.ok()) << remote.status().message();
@@ -295,12 +295,7 @@ TEST_F(ServerTest, Answers503WhileLoadingAndRunReportsLoadFailure) {
   std::mutex mu;
   std::condition_variable cv;
   bool release = false;
-  ServeOptions o;
-  o.engine.model_dir = tmp_->str();
-  o.engine.n_threads = 2;
-  o.engine.max_context = 512;
-  o.port = 0;
-  o.model_name = "tiny";
+  ServeOptions o = tiny_options();
   o.before_load = [&] {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return release; });
