@@ -22,6 +22,9 @@ struct TensorView {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;  // outermost first, row-major contiguous
   const void* data = nullptr;  // not owned
+  // kI8 linear weights only: [shape[0]] f32 scales, one per output row, so that row n is
+  // data[n, :] · scale[n] (weight-only INT8, see ops::quantize_int8). Not owned; null otherwise.
+  const float* scale = nullptr;
 
   int64_t numel() const {
     int64_t n = 1;

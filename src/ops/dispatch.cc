@@ -69,8 +69,12 @@ std::vector<Isa> runnable_isas() {
 
 Status check_linear_weight(const TensorView& w, int64_t in_features) {
   if (w.rank() != 2) return invalid_argument("linear weight must be 2-D, got " + shape_to_string(w.shape));
-  if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
+  if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16 &&
+      w.dtype != DType::kI8) {
     return invalid_argument(std::string("unsupported weight dtype ") + dtype_name(w.dtype));
+  }
+  if (w.dtype == DType::kI8 && w.scale == nullptr) {
+    return invalid_argument("I8 linear weight " + shape_to_string(w.shape) + " has no per-row scales");
   }
   if (w.dim(1) != in_features) {
     return invalid_argument("linear weight " + shape_to_string(w.shape) + " does not take " +
@@ -98,7 +102,7 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
       if (scratch.size() < static_cast<size_t>(kScratchRows * K)) scratch.resize(kScratchRows * K);
       s = scratch.data();
     }
-    kernel(x, M, K, w.dtype, w.data, n0, n1, y, N, s, kScratchRows);
+    kernel(x, M, K, w.dtype, w.data, w.scale, n0, n1, y, N, s, kScratchRows);
   });
 }
 

@@ -22,12 +22,21 @@ Isa detected_isa();
 // All ISA levels this CPU can run (for tests), lowest first.
 std::vector<Isa> runnable_isas();
 
-// Checks that w is a 2-D F32/BF16/F16 matrix with `in_features` columns.
+// Checks that w is a 2-D F32/BF16/F16 matrix, or I8 with per-row scales, with `in_features`
+// columns.
 Status check_linear_weight(const TensorView& w, int64_t in_features);
 
-// y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16 or F16. Threads split N.
+// y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16, F16, or I8 with w.scale set (row n of w is
+// w[n, :] · scale[n]). Threads split N.
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa = detected_isa());
+
+// Weight-only INT8, symmetric, one scale per output row (channel) of an nn.Linear weight:
+//   scale[n] = max_k |w[n, k]| / 127,  q[n, k] = clamp(round_half_even(w[n, k] / scale[n]), ±127)
+// (all f32 arithmetic), so |w[n, k] - q[n, k] · scale[n]| <= scale[n] / 2. A row of zeros (or of
+// values too small for a normal scale) gets scale 0 and q 0. w: [N, K] F32/BF16/F16; q: [N, K];
+// scale: [N]. Fails on a non-finite weight or another dtype. Threads split N.
+Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& pool);
 
 // Per row: y = (x - mean) / sqrt(var + eps) * w + b (nn.LayerNorm). x, y: [rows, n] (may alias).
 void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,

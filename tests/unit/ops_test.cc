@@ -74,6 +74,130 @@ TEST_P(MatmulTest, MatchesReferenceOnOddShapes) {
 INSTANTIATE_TEST_SUITE_P(EveryIsa, MatmulTest, ::testing::ValuesIn(ops::runnable_isas()),
                          [](const auto& info) { return std::string(ops::isa_name(info.param)); });
 
+// An [N, K] weight quantized to I8 by ops::quantize_int8. Rows get different magnitudes (so a
+// wrong scale index shows), and row 1 is all zeros (scale 0) when N > 1.
+struct Int8Buf {
+  std::vector<float> f32;
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  TensorView view;
+};
+
+Int8Buf make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
+  Int8Buf b;
+  b.f32 = randn(N * K, seed);
+  for (int64_t n = 0; n < N; ++n) {
+    const float mag = n == 1 ? 0.f : 0.25f * static_cast<float>(1 + n % 7);
+    for (int64_t k = 0; k < K; ++k) b.f32[n * K + k] *= mag;
+  }
+  b.q.resize(N * K);
+  b.scale.resize(N);
+  TensorView src{DType::kF32, {N, K}, b.f32.data()};
+  ThreadPool pool(2);
+  EXPECT_TRUE(ops::quantize_int8(src, b.q.data(), b.scale.data(), pool).ok());
+  b.view.dtype = DType::kI8;
+  b.view.shape = {N, K};
+  b.view.data = b.q.data();
+  b.view.scale = b.scale.data();
+  return b;
+}
+
+TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
+  // M = 1..5: the register kernel with the scale applied per output; 8..31: rows widened to
+  // q · scale in blocks; ≥ 32: the packed panel. K: tails of the 16-lane loop; N: of the 4-row one.
+  ThreadPool pool(2);
+  const ops::Isa isa = GetParam();
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 38}) {
+    for (int64_t K : {1, 15, 16, 17, 33, 130}) {
+      for (int64_t N : {1, 3, 5, 17, 40, 70}) {
+        auto w = make_int8_weight(N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
+        auto x = randn(M * K, static_cast<uint32_t>(K + 3));
+        std::vector<float> y(M * N, NAN), want(M * N);
+        ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
+        ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
+        ops::ref::matmul(x.data(), M, K, w.view, want.data());
+        // As for the float types (f32 accumulation of K products), with weights up to 1.75× larger.
+        const float tol = 2e-5f * static_cast<float>(K) + 1e-5f;
+        for (int64_t i = 0; i < M * N; ++i) {
+          ASSERT_NEAR(y[i], want[i], tol) << ops::isa_name(isa) << " M=" << M << " K=" << K
+                                          << " N=" << N << " i=" << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantizeInt8, ExactValuesAndTiesToEven) {
+  // Row 0: max 127 → scale exactly 1, so q is w rounded half to even. Row 1: max 254 → scale 2.
+  // Row 2: zeros → scale 0, q 0. Every value is exact in F32, BF16 and F16.
+  const std::vector<float> w = {127, -127, 63.5f, 0.5f, 1.5f, -2.5f, 0, 1,
+                                254, 1, 3, -5, 2, -254, 0.5f, 100,
+                                0, 0, 0, 0, 0, 0, 0, 0};
+  const std::vector<int8_t> want_q = {127, -127, 64, 0, 2, -2, 0, 1,
+                                      127, 0, 2, -2, 1, -127, 0, 50,
+                                      0, 0, 0, 0, 0, 0, 0, 0};
+  const std::vector<float> want_scale = {1.f, 2.f, 0.f};
+  ThreadPool pool(2);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> h(w.size());
+    for (size_t i = 0; i < w.size(); ++i) h[i] = dt == DType::kBF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+    TensorView v{dt, {3, 8}, dt == DType::kF32 ? static_cast<const void*>(w.data()) : h.data()};
+    std::vector<int8_t> q(24, 99);
+    std::vector<float> scale(3, NAN);
+    ASSERT_TRUE(ops::quantize_int8(v, q.data(), scale.data(), pool).ok()) << dtype_name(dt);
+    EXPECT_EQ(q, want_q) << dtype_name(dt);
+    EXPECT_EQ(scale, want_scale) << dtype_name(dt);
+  }
+}
+
+TEST(QuantizeInt8, RoundTripErrorIsAtMostHalfAStep) {
+  ThreadPool pool(2);
+  const int64_t N = 37, K = 1001;
+  auto w = randn(N * K, 21);
+  for (int64_t n = 0; n < N; ++n) {
+    const float mag = n == 5 ? 0.f : std::ldexp(1.f, static_cast<int>(n % 13) - 6);  // 2^-6 .. 2^6
+    for (int64_t k = 0; k < K; ++k) w[n * K + k] *= mag;
+  }
+  w[3 * K + 17] = 1e4f;  // one outlier: the rest of its row gets a coarse grid
+  std::vector<int8_t> q(N * K);
+  std::vector<float> scale(N);
+  TensorView v{DType::kF32, {N, K}, w.data()};
+  ASSERT_TRUE(ops::quantize_int8(v, q.data(), scale.data(), pool).ok());
+  for (int64_t n = 0; n < N; ++n) {
+    float amax = 0;
+    int qmax = 0;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(w[n * K + k]));
+    EXPECT_EQ(scale[n], amax / 127.f) << n;
+    for (int64_t k = 0; k < K; ++k) {
+      const int qi = q[n * K + k];
+      ASSERT_GE(qi, -127);
+      ASSERT_LE(qi, 127);
+      qmax = std::max(qmax, std::abs(qi));
+      // w / scale carries one f32 rounding (≤ 127 · 2^-24 ≈ 7.6e-6 steps) on top of the half step.
+      const double err = std::fabs(static_cast<double>(w[n * K + k]) - qi * static_cast<double>(scale[n]));
+      ASSERT_LE(err, scale[n] * (0.5 + 1e-5)) << n << " " << k;
+    }
+    EXPECT_EQ(qmax, n == 5 ? 0 : 127) << n;  // the largest |w| lands on ±127
+  }
+}
+
+TEST(QuantizeInt8, RefusesNonFiniteAndNonFloatWeights) {
+  ThreadPool pool(2);
+  std::vector<float> w(2 * 4, 1.f);
+  std::vector<int8_t> q(8);
+  std::vector<float> scale(2);
+  w[6] = INFINITY;
+  Status s = ops::quantize_int8(TensorView{DType::kF32, {2, 4}, w.data()}, q.data(), scale.data(), pool);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("row 1"), std::string::npos) << s.message();
+  w[6] = NAN;
+  EXPECT_FALSE(ops::quantize_int8(TensorView{DType::kF32, {2, 4}, w.data()}, q.data(), scale.data(), pool).ok());
+  EXPECT_FALSE(ops::quantize_int8(TensorView{DType::kI8, {2, 4}, q.data()}, q.data(), scale.data(), pool).ok());
+  EXPECT_FALSE(ops::quantize_int8(TensorView{DType::kF32, {8}, w.data()}, q.data(), scale.data(), pool).ok());
+  // A matmul weight in I8 needs its scales.
+  EXPECT_FALSE(ops::check_linear_weight(TensorView{DType::kI8, {2, 4}, q.data()}, 4).ok());
+}
+
 class AttentionTest : public ::testing::TestWithParam<ops::Isa> {};
 
 TEST_P(AttentionTest, CausalGqaMatchesReference) {

@@ -8,7 +8,8 @@
 namespace vlm::kernels {
 
 // y[m, n] (row stride ldy) = sum_k x[m, k] * w[n, k] for m in [0, M), n in [n0, n1).
-// x: [M, K] f32 contiguous; w: [N, K] in wtype (F32, BF16 or F16).
+// x: [M, K] f32 contiguous; w: [N, K] in wtype (F32, BF16, F16 or I8).
+// scale: [N] f32 per-row scales when wtype is I8 (row n of w is w[n, :] · scale[n]); else null.
 // scratch: optional f32 buffer of scratch_rows * K floats (per calling thread) used to convert a
 // block of weight rows once when M is large; may be null.
 // From this many x rows on, matmul_rows uses a packed outer-product kernel; it then needs
@@ -16,16 +17,19 @@ namespace vlm::kernels {
 constexpr int64_t kPackedMinRows = 32;
 
 namespace generic {
-void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w, int64_t n0,
-                 int64_t n1, float* y, int64_t ldy, float* scratch, int64_t scratch_rows);
+void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
+                 const float* scale, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
+                 int64_t scratch_rows);
 }  // namespace generic
 namespace avx2 {
-void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w, int64_t n0,
-                 int64_t n1, float* y, int64_t ldy, float* scratch, int64_t scratch_rows);
+void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
+                 const float* scale, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
+                 int64_t scratch_rows);
 }  // namespace avx2
 namespace avx512 {
-void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w, int64_t n0,
-                 int64_t n1, float* y, int64_t ldy, float* scratch, int64_t scratch_rows);
+void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
+                 const float* scale, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
+                 int64_t scratch_rows);
 }  // namespace avx512
 
 }  // namespace vlm::kernels

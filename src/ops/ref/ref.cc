@@ -9,11 +9,14 @@
 namespace vlm::ops::ref {
 namespace {
 
-float weight_at(const TensorView& w, int64_t i) {
+// Element (n, k) of an [N, K] weight; I8 is q · scale[n], exact in double.
+double weight_at(const TensorView& w, int64_t n, int64_t k) {
+  const int64_t i = n * w.dim(1) + k;
   switch (w.dtype) {
     case DType::kF32: return static_cast<const float*>(w.data)[i];
     case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
     case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
+    case DType::kI8: return static_cast<double>(static_cast<const int8_t*>(w.data)[i]) * w.scale[n];
     default: return NAN;
   }
 }
@@ -25,7 +28,7 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y)
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       double s = 0;
-      for (int64_t k = 0; k < K; ++k) s += static_cast<double>(x[m * K + k]) * weight_at(w, n * K + k);
+      for (int64_t k = 0; k < K; ++k) s += static_cast<double>(x[m * K + k]) * weight_at(w, n, k);
       y[m * N + n] = static_cast<float>(s);
     }
   }

@@ -7,7 +7,7 @@
 
 namespace vlm::ops::ref {
 
-// y[M, N] = x[M, K] · w[N, K]^T, accumulated in double.
+// y[M, N] = x[M, K] · w[N, K]^T, accumulated in double. I8 weights: w[n, k] = q · scale[n].
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y);
 
 // Causal attention with an explicit softmax over the whole score row (double precision).
