@@ -22,6 +22,11 @@ struct EngineOptions {
   int64_t prefill_chunk = 256;  // tokens per forward pass during prefill
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
   std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" to force a level
+  // Weight quantization done at load time: "" = weights as stored; "int8" = the text decoder's
+  // linear weights (q/k/v/o, gate/up/down, lm_head) as INT8 with one f32 scale per output row,
+  // in memory the engine owns. The embedding lookup and the vision tower stay as stored.
+  // Other values are refused (InvalidArgument).
+  std::string quant;
 };
 
 // Continuous batching (EngineCore, `vlm serve`): the per-step limits and the paged KV cache.
@@ -52,6 +57,8 @@ class Engine {
   const std::vector<int32_t>& eos_token_ids() const;
   // "avx512", "avx2" or "generic": the matmul kernels in use.
   const char* cpu_isa() const;
+  // The weight quantization in use: "" (as stored) or "int8".
+  const std::string& quant() const;
   int n_threads() const;
 
   // Logits [ids.size(), vocab_size()] (row-major) for a raw id sequence, from a fresh cache.

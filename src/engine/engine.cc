@@ -28,6 +28,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   impl->opts = options;
   const std::string& dir = options.model_dir;
   std::error_code ec;
+  VLM_ASSIGN_OR_RETURN(const WeightQuant quant, parse_weight_quant(options.quant));
   if (!fs::is_directory(dir, ec)) return not_found("model directory " + dir + " does not exist");
   VLM_ASSIGN_OR_RETURN(impl->cfg, load_qwen3vl_config(dir));
   VLM_ASSIGN_OR_RETURN(impl->gen, load_generation_config(dir));
@@ -80,6 +81,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     }
   }
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
+  VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, quant, *impl->pool)
+                          .with_context("quantizing the text decoder to " + options.quant));
   impl->decoder = std::make_unique<TextDecoder>(impl->cfg, impl->weights, *impl->pool, chunk);
   impl->decoder->set_isa(impl->isa);
   if (impl->has_vision) {
@@ -95,6 +98,7 @@ int64_t Engine::vocab_size() const { return impl_->cfg.text_config.vocab_size; }
 int64_t Engine::max_context() const { return impl_->max_context; }
 const std::vector<int32_t>& Engine::eos_token_ids() const { return impl_->eos_ids; }
 const char* Engine::cpu_isa() const { return ops::isa_name(impl_->isa); }
+const std::string& Engine::quant() const { return impl_->opts.quant; }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
 bool Engine::has_vision() const { return impl_->has_vision; }
 

@@ -1,6 +1,7 @@
 #include "model/qwen3vl_weights.h"
 
 #include "core/half.h"
+#include "ops/ops.h"
 
 namespace vlm {
 namespace {
@@ -133,6 +134,53 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
     VLM_ASSIGN_OR_RETURN(w.lm_head, s.get("lm_head.weight", {t.vocab_size, H}, kFloatTypes));
   }
   return w;
+}
+
+Result<WeightQuant> parse_weight_quant(const std::string& name) {
+  if (name.empty()) return WeightQuant::kNone;
+  if (name == "int8") return WeightQuant::kInt8;
+  return invalid_argument("unknown quantization '" + name +
+                          "' (supported: \"int8\"; empty keeps the weights as stored)");
+}
+
+Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool) {
+  switch (quant) {
+    case WeightQuant::kNone: return ok_status();
+    case WeightQuant::kInt8: break;
+  }
+  // Works on a copy (views and small norm vectors) so a failure leaves *w as it was.
+  TextWeights qw = *w;
+  auto storage = std::make_shared<std::vector<Int8Weight>>();
+  storage->reserve(qw.layers.size() * 7 + 1);
+  auto quantize = [&](TensorView* v, const std::string& name) -> Status {
+    Int8Weight& q = storage->emplace_back();
+    q.q.resize(static_cast<size_t>(v->numel()));
+    q.scale.resize(static_cast<size_t>(v->dim(0)));
+    VLM_RETURN_IF_ERROR(ops::quantize_int8(*v, q.q.data(), q.scale.data(), pool).with_context(name));
+    TensorView out;
+    out.dtype = DType::kI8;
+    out.shape = v->shape;
+    out.data = q.q.data();
+    out.scale = q.scale.data();
+    *v = std::move(out);
+    return ok_status();
+  };
+  for (size_t l = 0; l < qw.layers.size(); ++l) {
+    TextLayerWeights& L = qw.layers[l];
+    const std::string p = "layer " + std::to_string(l) + " ";
+    VLM_RETURN_IF_ERROR(quantize(&L.q_proj, p + "q_proj"));
+    VLM_RETURN_IF_ERROR(quantize(&L.k_proj, p + "k_proj"));
+    VLM_RETURN_IF_ERROR(quantize(&L.v_proj, p + "v_proj"));
+    VLM_RETURN_IF_ERROR(quantize(&L.o_proj, p + "o_proj"));
+    VLM_RETURN_IF_ERROR(quantize(&L.gate_proj, p + "gate_proj"));
+    VLM_RETURN_IF_ERROR(quantize(&L.up_proj, p + "up_proj"));
+    VLM_RETURN_IF_ERROR(quantize(&L.down_proj, p + "down_proj"));
+  }
+  // Tied: lm_head is a second view of the embedding table; only that view becomes I8.
+  VLM_RETURN_IF_ERROR(quantize(&qw.lm_head, "lm_head"));
+  qw.int8_storage = std::move(storage);
+  *w = std::move(qw);
+  return ok_status();
 }
 
 }  // namespace vlm

@@ -1,8 +1,13 @@
 // Qwen3-VL weights: views into the mmap'd checkpoint (no copies), plus f32 copies of the small
-// norm vectors. Shapes are [out, in] as stored (nn.Linear layout).
+// norm vectors. Shapes are [out, in] as stored (nn.Linear layout). With --quant int8 the text
+// decoder's linear weights become I8 views into buffers the TextWeights own (quantize_text_weights).
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
+
+#include "core/thread_pool.h"
 
 #include "core/tensor.h"
 #include "io/safetensors.h"
@@ -25,11 +30,20 @@ struct TextLayerWeights {
   TensorView down_proj;                         // [hidden, intermediate]
 };
 
+// One linear weight quantized to INT8 at load time: w[n, k] ≈ q[n, k] · scale[n].
+struct Int8Weight {
+  std::vector<int8_t> q;      // [N, K]
+  std::vector<float> scale;   // [N]
+};
+
 struct TextWeights {
-  TensorView embed_tokens;  // [vocab, hidden]
+  TensorView embed_tokens;  // [vocab, hidden]; always as stored (the lookup stays exact)
   std::vector<TextLayerWeights> layers;
   std::vector<float> norm;  // [hidden]
-  TensorView lm_head;       // [vocab, hidden]; = embed_tokens when tied
+  TensorView lm_head;       // [vocab, hidden]; = embed_tokens when tied (until quantized)
+  // Owns the buffers of the I8 views above once quantize_text_weights ran; null before. Shared so
+  // copies and moves of TextWeights keep the views valid.
+  std::shared_ptr<const std::vector<Int8Weight>> int8_storage;
 };
 
 struct VisionBlockWeights {
@@ -66,6 +80,18 @@ struct VisionWeights {
 // Loads and checks every text-decoder tensor (name, shape, dtype). The store must outlive the
 // returned views. Errors name the file and the tensor.
 Result<TextWeights> load_text_weights(const WeightStore& store, const Qwen3VLConfig& cfg);
+
+// Weight quantization chosen at load time (EngineOptions::quant).
+enum class WeightQuant { kNone, kInt8 };
+
+// "" → kNone, "int8" → kInt8; InvalidArgument naming the accepted values otherwise.
+Result<WeightQuant> parse_weight_quant(const std::string& name);
+
+// kInt8: replaces q/k/v/o, gate/up/down of every layer and lm_head (also when tied: the tied
+// embedding is quantized as lm_head only, embed_tokens keeps the stored table for lookups) with
+// per-output-row INT8 copies (ops::quantize_int8) owned by `w`. kNone: nothing. The vision tower
+// is not touched.
+Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool);
 
 // Loads and checks every vision-tower tensor ("model.visual.*").
 Result<VisionWeights> load_vision_weights(const WeightStore& store, const Qwen3VLConfig& cfg);

@@ -38,7 +38,10 @@ TEST(Allocation, CounterSeesAllocations) {
 }
 
 TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
-  for (const char* name : {"text-bf16-hd128", "text-f32-untied"}) {
+  // text-f32-untied also with INT8 weights (--quant int8: owned I8 copies, per-row scales).
+  for (auto [name, quant] : {std::pair{"text-bf16-hd128", WeightQuant::kNone},
+                             std::pair{"text-f32-untied", WeightQuant::kNone},
+                             std::pair{"text-f32-untied", WeightQuant::kInt8}}) {
     const std::string dir = std::string(VLM_FIXTURES_DIR) + "/" + name;
     auto cfg = load_qwen3vl_config(dir);
     ASSERT_TRUE(cfg.ok());
@@ -47,6 +50,7 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
     auto w = load_text_weights(*store, *cfg);
     ASSERT_TRUE(w.ok());
     ThreadPool pool(2);
+    ASSERT_TRUE(quantize_text_weights(&*w, quant, pool).ok());
     TextDecoder dec(*cfg, *w, pool, 16);
     KvCache cache;
     cache.allocate(cfg->text_config, 1, 64);
@@ -69,7 +73,7 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
     if (s.ok()) s = run(ids.data(), 12, 0);  // a second prefill reuses everything too
     g_counting = false;
     ASSERT_TRUE(s.ok()) << s.message();
-    EXPECT_EQ(g_allocations.load(), 0) << name;
+    EXPECT_EQ(g_allocations.load(), 0) << name << (quant == WeightQuant::kInt8 ? " int8" : "");
   }
 }
 
