@@ -102,6 +102,34 @@ TEST(Cli, LogitsWritesTheReferenceLogits) {
   EXPECT_LE(max_diff, 1e-4f * max_ref);
 }
 
+TEST(Cli, QuantInt8LogitsAndBench) {
+  // --quant int8 reaches the engine: logits move off the reference, but only by the INT8 noise
+  // (quant_test measures ≤ 4.4e-2 · max|logit| at worst on these fixtures).
+  const std::string dir = kFixtures + "/text-f32-untied";
+  auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
+  const auto& entry = ref["logits"][2];
+  test_util::TempDir tmp;
+  const std::string out = tmp.file("logits.npy");
+  CliResult r = vlm("logits -m " + quote(dir) + " --ids " + join_ids(entry["ids"]) + " --out " +
+                    quote(out) + " --quant int8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto got = read_npy(out);
+  auto want = read_npy(dir + "/" + entry["file"].get<std::string>());
+  ASSERT_TRUE(got.ok() && want.ok());
+  ASSERT_EQ(got->shape, want->shape);
+  float max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < got->f32.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(want->f32[i]));
+    max_diff = std::max(max_diff, std::fabs(got->f32[i] - want->f32[i]));
+  }
+  EXPECT_GT(max_diff, 1e-3f * max_ref);
+  EXPECT_LE(max_diff, 1e-1f * max_ref);
+
+  r = vlm("bench -m " + quote(dir) + " -p 8 -n 4 -r 1 -t 2 --quant int8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(" int8, peak RSS"), std::string::npos) << r.out;
+}
+
 TEST(Cli, LogitsWithAnImageExpandThePadAndMatchTransformers) {
   const std::string dir = kFixtures + "/vision-f32";
   auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
@@ -144,6 +172,8 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"tokenize -m " + quote(kTokenizerDir), "--text or --file"},
       {"detokenize -m " + quote(kTokenizerDir) + " --ids 99999999", "outside the vocabulary"},
       {"frobnicate", "frobnicate"},
+      {"logits -m " + quote(dir) + " --ids 1 --out /tmp/x.npy --quant int4", "unknown quantization 'int4'"},
+      {"bench -m " + quote(dir) + " --quant fp8", "unknown quantization 'fp8'"},
       {"logits -m " + quote(kFixtures + "/vision-f32") + " --ids 10,1002,1000,1003 --image /nonexistent/x.png --out /tmp/x.npy",
        "/nonexistent/x.png"},
       {"logits -m " + quote(kFixtures + "/vision-f32") + " --ids 10,11 --image " +

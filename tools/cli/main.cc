@@ -69,6 +69,11 @@ std::vector<vlm::ImageInput> image_inputs(const std::vector<std::string>& paths,
   return out;
 }
 
+// " int8" when the weights were quantized at load, else "" (appended to the kernel level).
+std::string quant_suffix(const vlm::Engine& engine) {
+  return engine.quant().empty() ? std::string() : " " + engine.quant();
+}
+
 struct RunArgs {
   std::string model;
   std::vector<std::string> images;
@@ -85,6 +90,7 @@ struct RunArgs {
   std::vector<std::string> stop;
   int threads = 0;
   int64_t ctx = 0;
+  std::string quant;
 };
 
 int cmd_run(const RunArgs& a) {
@@ -92,6 +98,7 @@ int cmd_run(const RunArgs& a) {
   opts.model_dir = a.model;
   opts.n_threads = a.threads;
   opts.max_context = a.ctx;
+  opts.quant = a.quant;
   auto engine_or = vlm::Engine::load(opts);
   if (!engine_or.ok()) return fail(engine_or.status());
   vlm::Engine& engine = **engine_or;
@@ -157,11 +164,12 @@ int cmd_run(const RunArgs& a) {
   }
   std::fprintf(stderr,
                "vlm: %sprompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
-               "decode %.2f tok/s | peak RSS %.1f MiB | %s x%d\n",
+               "decode %.2f tok/s | peak RSS %.1f MiB | %s%s x%d\n",
                images.c_str(), static_cast<long long>(r.prompt_tokens),
                r.prefill_ms > 0 ? r.prompt_tokens / (r.prefill_ms / 1000) : 0.0, r.prefill_ms,
                static_cast<long long>(r.output_ids.size()), decode_tps,
-               vlm::peak_rss_bytes() / 1048576.0, engine.cpu_isa(), engine.n_threads());
+               vlm::peak_rss_bytes() / 1048576.0, engine.cpu_isa(), quant_suffix(engine).c_str(),
+               engine.n_threads());
   return 0;
 }
 
@@ -173,6 +181,7 @@ struct BenchArgs {
   int reps = 3;
   int threads = 0;
   std::string json_out;
+  std::string quant;
 };
 
 double median(std::vector<double> v) {
@@ -204,8 +213,9 @@ int bench_images(vlm::Engine& engine, const BenchArgs& a) {
                 static_cast<long long>(t.vision_tokens), resized.c_str(), median(pre), median(enc),
                 *std::min_element(enc.begin(), enc.end()));
   }
-  std::printf("threads %d, kernels %s, peak RSS %.1f MiB, %d reps\n", engine.n_threads(),
-              engine.cpu_isa(), vlm::peak_rss_bytes() / 1048576.0, a.reps);
+  std::printf("threads %d, kernels %s%s, peak RSS %.1f MiB, %d reps\n", engine.n_threads(),
+              engine.cpu_isa(), quant_suffix(engine).c_str(), vlm::peak_rss_bytes() / 1048576.0,
+              a.reps);
   return 0;
 }
 
@@ -217,6 +227,7 @@ int cmd_bench(const BenchArgs& a) {
   opts.n_threads = a.threads;
   opts.require_tokenizer = false;
   opts.max_context = a.prompt_tokens + a.gen_tokens + 1;
+  opts.quant = a.quant;
   auto engine_or = vlm::Engine::load(opts);
   if (!engine_or.ok()) return fail(engine_or.status());
   vlm::Engine& engine = **engine_or;
@@ -246,13 +257,15 @@ int cmd_bench(const BenchArgs& a) {
   std::printf("|------------------------|------------|------------|------------|\n");
   row(("prefill " + std::to_string(a.prompt_tokens)).c_str(), pp);
   row(("decode " + std::to_string(a.gen_tokens)).c_str(), tg);
-  std::printf("threads %d, kernels %s, peak RSS %.1f MiB, %d reps\n", engine.n_threads(),
-              engine.cpu_isa(), vlm::peak_rss_bytes() / 1048576.0, a.reps);
+  std::printf("threads %d, kernels %s%s, peak RSS %.1f MiB, %d reps\n", engine.n_threads(),
+              engine.cpu_isa(), quant_suffix(engine).c_str(), vlm::peak_rss_bytes() / 1048576.0,
+              a.reps);
   if (!a.json_out.empty()) {
     std::ofstream f(a.json_out);
     f << "{\"prompt_tokens\": " << a.prompt_tokens << ", \"gen_tokens\": " << a.gen_tokens
       << ", \"reps\": " << a.reps << ", \"threads\": " << engine.n_threads()
-      << ", \"isa\": \"" << engine.cpu_isa() << "\", \"prefill_tok_s_median\": " << median(pp)
+      << ", \"isa\": \"" << engine.cpu_isa() << "\", \"quant\": \"" << engine.quant()
+      << "\", \"prefill_tok_s_median\": " << median(pp)
       << ", \"decode_tok_s_median\": " << median(tg)
       << ", \"peak_rss_bytes\": " << vlm::peak_rss_bytes() << "}\n";
     if (!f) return fail("cannot write " + a.json_out);
@@ -261,6 +274,9 @@ int cmd_bench(const BenchArgs& a) {
 }
 
 }  // namespace
+
+constexpr const char* kQuantHelp =
+    "Quantize the text decoder's linear weights at load: int8 (one scale per output row)";
 
 int main(int argc, char** argv) {
   CLI::App app{"vlm: run Qwen3-VL models from Hugging Face checkpoints"};
@@ -289,6 +305,7 @@ int main(int argc, char** argv) {
   run->add_flag("--ignore-eos", ra.ignore_eos, "Do not stop at end-of-sequence tokens");
   run->add_option("-t,--threads", ra.threads, "Threads (0 = all)");
   run->add_option("-c,--ctx", ra.ctx, "Context limit in tokens (0 = model maximum)");
+  run->add_option("--quant", ra.quant, kQuantHelp);
 
   std::string tk_model, tk_text, tk_file;
   bool tk_split = false;
@@ -310,6 +327,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> lg_images;
   int64_t lg_min_pixels = -1, lg_max_pixels = -1;
   int lg_threads = 0;
+  std::string lg_quant;
   auto* logits = app.add_subcommand("logits", "Write float32 logits [positions, vocab] as .npy");
   logits->add_option("-m,--model", lg_model, "Checkpoint directory (config.json + weights)")->required();
   logits->add_option("--ids", lg_ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
@@ -319,6 +337,7 @@ int main(int argc, char** argv) {
   logits->add_option("--min-pixels", lg_min_pixels, "Resize budget: least pixels per image");
   logits->add_option("--max-pixels", lg_max_pixels, "Resize budget: most pixels per image");
   logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
+  logits->add_option("--quant", lg_quant, kQuantHelp);
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
@@ -336,6 +355,7 @@ int main(int argc, char** argv) {
   bench->add_option("-t,--threads", ba.threads, "Threads (0 = all)");
   bench->add_option("--json", ba.json_out, "Also write the medians as JSON to this file");
   bench->add_option("--image", ba.images, "Measure the vision path on these images instead");
+  bench->add_option("--quant", ba.quant, kQuantHelp);
 
   vlm::ServeOptions so;
   auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (continuous batching)");
@@ -357,6 +377,7 @@ int main(int argc, char** argv) {
                     "Memory for cached vision-encoder outputs (default 512; 0 = off)");
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
+  serve->add_option("--quant", so.engine.quant, kQuantHelp);
 
   try {
     app.parse(argc, argv);
@@ -420,6 +441,7 @@ int main(int argc, char** argv) {
     opts.model_dir = lg_model;
     opts.n_threads = lg_threads;
     opts.require_tokenizer = false;
+    opts.quant = lg_quant;
     auto engine = vlm::Engine::load(opts);
     if (!engine.ok()) return fail(engine.status());
     std::vector<int32_t> expanded;
