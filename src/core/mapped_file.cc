@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 
@@ -81,6 +82,19 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     path_ = std::move(other.path_);
   }
   return *this;
+}
+
+bool MappedFile::release_pages(const void* p, size_t n) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (data_ == nullptr || b < data_ || n > size_ || b - data_ > static_cast<std::ptrdiff_t>(size_ - n)) {
+    return false;
+  }
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(b) + page - 1) / page * page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(b) + n) / page * page;
+  // The mapping is read-only and never written, so dropping pages loses nothing.
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  return true;
 }
 
 void MappedFile::reset() {

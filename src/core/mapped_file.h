@@ -33,6 +33,13 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Drops this process's resident copy of the whole pages inside [p, p + n) (madvise DONTNEED).
+  // The bytes stay valid and unchanged: a later read faults them back in from the file. For ranges
+  // that will not be read again soon (weights quantized into the heap at load), so they stop
+  // counting in this process's RSS. Returns false, doing nothing, when the range is not inside
+  // this mapping.
+  bool release_pages(const void* p, size_t n) const;
+
  private:
   void reset();
 

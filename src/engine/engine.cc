@@ -81,7 +81,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     }
   }
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
-  VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, quant, *impl->pool)
+  VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, quant, *impl->pool, impl->store.get())
                           .with_context("quantizing the text decoder to " + options.quant));
   impl->decoder = std::make_unique<TextDecoder>(impl->cfg, impl->weights, *impl->pool, chunk);
   impl->decoder->set_isa(impl->isa);

@@ -396,6 +396,12 @@ Result<TensorView> WeightStore::get(const std::string& name) const {
   return files_[it->second].get(name);
 }
 
+void WeightStore::release_pages(const TensorView& v) const {
+  for (const SafetensorsFile& f : files_) {
+    if (f.release_pages(v.data, v.nbytes())) return;
+  }
+}
+
 Result<TensorView> WeightStore::get(const std::string& name,
                                     const std::vector<int64_t>& expected_shape,
                                     std::initializer_list<DType> allowed) const {

@@ -48,6 +48,8 @@ class SafetensorsFile {
   size_t num_tensors() const { return tensors_.size(); }
   // The optional "__metadata__" string map (e.g. {"format": "pt"}).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // See MappedFile::release_pages; false when the range is not in this file.
+  bool release_pages(const void* p, size_t n) const { return file_.release_pages(p, n); }
 
  private:
   struct Entry {
@@ -92,6 +94,9 @@ class WeightStore {
   std::string file_of(const std::string& name) const;
   // The opened shard files (one for an unsharded checkpoint), in shard-name order.
   const std::vector<SafetensorsFile>& files() const { return files_; }
+  // MappedFile::release_pages for a view this store handed out (no-op for any other memory): its
+  // bytes stay readable, but stop counting in RSS until read again.
+  void release_pages(const TensorView& v) const;
 
  private:
   WeightStore() = default;

@@ -143,7 +143,8 @@ Result<WeightQuant> parse_weight_quant(const std::string& name) {
                           "' (supported: \"int8\"; empty keeps the weights as stored)");
 }
 
-Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool) {
+Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
+                             const WeightStore* store) {
   switch (quant) {
     case WeightQuant::kNone: return ok_status();
     case WeightQuant::kInt8: break;
@@ -157,6 +158,7 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
     q.q.resize(static_cast<size_t>(v->numel()));
     q.scale.resize(static_cast<size_t>(v->dim(0)));
     VLM_RETURN_IF_ERROR(ops::quantize_int8(*v, q.q.data(), q.scale.data(), pool).with_context(name));
+    if (store != nullptr) store->release_pages(*v);
     TensorView out;
     out.dtype = DType::kI8;
     out.shape = v->shape;

@@ -90,8 +90,11 @@ Result<WeightQuant> parse_weight_quant(const std::string& name);
 // kInt8: replaces q/k/v/o, gate/up/down of every layer and lm_head (also when tied: the tied
 // embedding is quantized as lm_head only, embed_tokens keeps the stored table for lookups) with
 // per-output-row INT8 copies (ops::quantize_int8) owned by `w`. kNone: nothing. The vision tower
-// is not touched.
-Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool);
+// is not touched. With `store` (the one the views came from), each source weight's pages are
+// released (WeightStore::release_pages) once quantized, so the process holds the INT8 copy rather
+// than both; the bytes stay readable (the embedding lookup faults back the rows it reads).
+Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
+                             const WeightStore* store = nullptr);
 
 // Loads and checks every vision-tower tensor ("model.visual.*").
 Result<VisionWeights> load_vision_weights(const WeightStore& store, const Qwen3VLConfig& cfg);

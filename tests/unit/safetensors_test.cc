@@ -182,6 +182,27 @@ TEST(WeightStore, SingleFile) {
   EXPECT_TRUE(store->get("layer.weight", {2, 3}, {}).ok());
 }
 
+TEST(WeightStore, ReleasedPagesStayReadableAndOtherMemoryIsLeftAlone) {
+  TempDir dir;
+  std::vector<float> w(5 * 4096 + 3);  // several pages, not page-aligned at either end
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 1000) + 0.5f;
+  ASSERT_TRUE(write_safetensors(dir.file("model.safetensors"),
+                                {{"w", view(DType::kF32, {static_cast<int64_t>(w.size())}, w.data())}})
+                  .ok());
+  auto store = WeightStore::open_dir(dir.str());
+  ASSERT_TRUE(store.ok());
+  auto t = store->get("w");
+  ASSERT_TRUE(t.ok());
+  const float* p = static_cast<const float*>(t->data);
+  ASSERT_EQ(std::memcmp(p, w.data(), w.size() * 4), 0);  // resident now
+  store->release_pages(*t);
+  EXPECT_EQ(std::memcmp(p, w.data(), w.size() * 4), 0);  // faulted back in from the file
+  // Heap memory is not the store's: releasing it must not drop (zero) anything.
+  std::vector<float> heap = w;
+  store->release_pages(view(DType::kF32, {static_cast<int64_t>(heap.size())}, heap.data()));
+  EXPECT_EQ(heap, w);
+}
+
 // Two shards plus an index, as transformers writes a sharded checkpoint.
 void write_sharded(const TempDir& dir, const float* a, const uint16_t* b, const float* c) {
   ASSERT_TRUE(
