@@ -56,14 +56,19 @@ Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& p
     std::vector<float> row(static_cast<size_t>(K));  // load time: one buffer per chunk is fine
     for (int64_t n = n0; n < n1; ++n) {
       widen_row(w, n, row.data());
-      float amax = 0.f;
-      bool finite = true;
+      // max |w| on the bit patterns: with the sign cleared, integer order is float order, and
+      // inf / NaN are the patterns >= 0x7f800000. (An integer max vectorises; a float max or a
+      // std::isfinite test does not, and this loop sees every weight of the model.)
+      uint32_t amax_bits = 0;
       for (int64_t k = 0; k < K; ++k) {
-        finite &= std::isfinite(row[k]);
-        amax = std::max(amax, std::fabs(row[k]));
+        uint32_t b;
+        std::memcpy(&b, &row[k], sizeof(b));
+        amax_bits = std::max(amax_bits, b & 0x7fffffffu);
       }
+      float amax;
+      std::memcpy(&amax, &amax_bits, sizeof(amax));
       int8_t* qr = q + n * K;
-      if (!finite) {
+      if (amax_bits >= 0x7f800000u) {
         bad_row.store(n);
         scale[n] = 0.f;
         std::memset(qr, 0, static_cast<size_t>(K));
@@ -76,11 +81,15 @@ Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& p
         std::memset(qr, 0, static_cast<size_t>(K));
         continue;
       }
-      for (int64_t k = 0; k < K; ++k) {
-        // |row[k] / s| ≤ 127 up to rounding of s (more only when s is subnormal): the clamp keeps
+      // Locals, not captures or vector members: an int8 store may alias any memory, so the
+      // compiler would otherwise reload them every iteration and not vectorise.
+      const int64_t cols = K;
+      const float* src = row.data();
+      for (int64_t k = 0; k < cols; ++k) {
+        // |src[k] / s| ≤ 127 up to rounding of s (more only when s is subnormal): the clamp keeps
         // it in [-127, 127], so -128 never appears and the grid is symmetric.
-        const float r = std::clamp(round_half_even(row[k] / s), -127.f, 127.f);
-        qr[k] = static_cast<int8_t>(r);
+        const float r = std::clamp(round_half_even(src[k] / s), -127.f, 127.f);
+        qr[k] = static_cast<int8_t>(static_cast<int32_t>(r));
       }
     }
   });
