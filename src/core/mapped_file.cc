@@ -86,7 +86,8 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 
 bool MappedFile::release_pages(const void* p, size_t n) const {
   const auto* b = static_cast<const uint8_t*>(p);
-  if (data_ == nullptr || b < data_ || n > size_ || b - data_ > static_cast<std::ptrdiff_t>(size_ - n)) {
+  if (data_ == nullptr || b < data_ || n > size_ ||
+      b - data_ > static_cast<std::ptrdiff_t>(size_ - n)) {
     return false;
   }
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));

@@ -157,7 +157,8 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
     Int8Weight& q = storage->emplace_back();
     q.q.resize(static_cast<size_t>(v->numel()));
     q.scale.resize(static_cast<size_t>(v->dim(0)));
-    VLM_RETURN_IF_ERROR(ops::quantize_int8(*v, q.q.data(), q.scale.data(), pool).with_context(name));
+    VLM_RETURN_IF_ERROR(
+        ops::quantize_int8(*v, q.q.data(), q.scale.data(), pool).with_context(name));
     if (store != nullptr) store->release_pages(*v);
     TensorView out;
     out.dtype = DType::kI8;

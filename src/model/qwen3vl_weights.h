@@ -1,6 +1,7 @@
 // Qwen3-VL weights: views into the mmap'd checkpoint (no copies), plus f32 copies of the small
 // norm vectors. Shapes are [out, in] as stored (nn.Linear layout). With --quant int8 the text
-// decoder's linear weights become I8 views into buffers the TextWeights own (quantize_text_weights).
+// decoder's linear weights become I8 views into buffers the TextWeights own
+// (quantize_text_weights).
 #pragma once
 
 #include <memory>

@@ -74,7 +74,8 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
     return invalid_argument(std::string("unsupported weight dtype ") + dtype_name(w.dtype));
   }
   if (w.dtype == DType::kI8 && w.scale == nullptr) {
-    return invalid_argument("I8 linear weight " + shape_to_string(w.shape) + " has no per-row scales");
+    return invalid_argument("I8 linear weight " + shape_to_string(w.shape) +
+                            " has no per-row scales");
   }
   if (w.dim(1) != in_features) {
     return invalid_argument("linear weight " + shape_to_string(w.shape) + " does not take " +

@@ -45,7 +45,10 @@ void widen_row(const TensorView& w, int64_t n, float* out) {
 }  // namespace
 
 Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& pool) {
-  if (w.rank() != 2) return invalid_argument("int8 quantization needs a 2-D weight, got " + shape_to_string(w.shape));
+  if (w.rank() != 2) {
+    return invalid_argument("int8 quantization needs a 2-D weight, got " +
+                            shape_to_string(w.shape));
+  }
   if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
     return invalid_argument(std::string("int8 quantization takes F32/BF16/F16 weights, not ") +
                             dtype_name(w.dtype));

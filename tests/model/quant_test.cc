@@ -41,9 +41,11 @@ std::vector<std::vector<int32_t>> prompts(const std::string& dir, int64_t vocab)
   const nlohmann::json ref = nlohmann::json::parse(ss.str());
   std::vector<std::vector<int32_t>> out;
   for (const auto& e : ref["logits"]) out.push_back(e["ids"].get<std::vector<int32_t>>());
-  for (int64_t stride : {7919, 104729, 1299709}) {  // primes: 3 × 64 ids spread over the vocabulary
+  for (int64_t stride : {7919, 104729, 1299709}) {  // primes: 64 ids spread over the vocabulary
     std::vector<int32_t> spread;
-    for (int64_t i = 0; i < 64; ++i) spread.push_back(static_cast<int32_t>((i * stride + 13) % vocab));
+    for (int64_t i = 0; i < 64; ++i) {
+      spread.push_back(static_cast<int32_t>((i * stride + 13) % vocab));
+    }
     out.push_back(spread);
   }
   return out;
@@ -84,7 +86,7 @@ TEST_P(Int8AccuracyTest, LogitsStayCloseToUnquantized) {
   const int64_t V = ref->vocab_size();
   int64_t positions = 0, agree = 0;
   double sum_abs = 0, max_abs = 0, max_logit = 0;
-  double flipped_margin = 0;  // the largest unquantized top-1 − top-2 margin of a flipped position
+  double flipped_margin = 0;  // largest unquantized top-1 − top-2 margin of a flipped position
   std::vector<double> margins;  // unquantized top-1 − top-2 margin per position
   int64_t count = 0;
   for (const auto& ids : prompts(dir, V)) {
@@ -105,7 +107,9 @@ TEST_P(Int8AccuracyTest, LogitsStayCloseToUnquantized) {
         max_logit = std::max(max_logit, std::fabs(static_cast<double>(ra[v])));
       }
       double second = -INFINITY;
-      for (int64_t v = 0; v < V; ++v) if (v != ia) second = std::max(second, static_cast<double>(ra[v]));
+      for (int64_t v = 0; v < V; ++v) {
+        if (v != ia) second = std::max(second, static_cast<double>(ra[v]));
+      }
       margins.push_back(ra[ia] - second);
       if (ia != ib) flipped_margin = std::max(flipped_margin, ra[ia] - second);
       count += V;

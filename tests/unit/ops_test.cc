@@ -104,7 +104,8 @@ Int8Buf make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
 
 TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
   // M = 1..5: the register kernel with the scale applied per output; 8..31: rows widened to
-  // q · scale in blocks; ≥ 32: the packed panel. K: tails of the 16-lane loop; N: of the 4-row one.
+  // q · scale in blocks; ≥ 32: the packed panel. K: tails of the 16-lane loop; N: of the 8- and
+  // 4-row steps.
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
   for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 38}) {
@@ -116,7 +117,7 @@ TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
         ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
         ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
         ops::ref::matmul(x.data(), M, K, w.view, want.data());
-        // As for the float types (f32 accumulation of K products), with weights up to 1.75× larger.
+        // As for the float types (f32 sums of K products), with weights up to 1.75× larger.
         const float tol = 2e-5f * static_cast<float>(K) + 1e-5f;
         for (int64_t i = 0; i < M * N; ++i) {
           ASSERT_NEAR(y[i], want[i], tol) << ops::isa_name(isa) << " M=" << M << " K=" << K
@@ -140,7 +141,9 @@ TEST(QuantizeInt8, ExactValuesAndTiesToEven) {
   ThreadPool pool(2);
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     std::vector<uint16_t> h(w.size());
-    for (size_t i = 0; i < w.size(); ++i) h[i] = dt == DType::kBF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+    for (size_t i = 0; i < w.size(); ++i) {
+      h[i] = dt == DType::kBF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+    }
     TensorView v{dt, {3, 8}, dt == DType::kF32 ? static_cast<const void*>(w.data()) : h.data()};
     std::vector<int8_t> q(24, 99);
     std::vector<float> scale(3, NAN);
@@ -174,7 +177,8 @@ TEST(QuantizeInt8, RoundTripErrorIsAtMostHalfAStep) {
       ASSERT_LE(qi, 127);
       qmax = std::max(qmax, std::abs(qi));
       // w / scale carries one f32 rounding (≤ 127 · 2^-24 ≈ 7.6e-6 steps) on top of the half step.
-      const double err = std::fabs(static_cast<double>(w[n * K + k]) - qi * static_cast<double>(scale[n]));
+      const double err =
+          std::fabs(static_cast<double>(w[n * K + k]) - qi * static_cast<double>(scale[n]));
       ASSERT_LE(err, scale[n] * (0.5 + 1e-5)) << n << " " << k;
     }
     EXPECT_EQ(qmax, n == 5 ? 0 : 127) << n;  // the largest |w| lands on ±127
@@ -187,13 +191,16 @@ TEST(QuantizeInt8, RefusesNonFiniteAndNonFloatWeights) {
   std::vector<int8_t> q(8);
   std::vector<float> scale(2);
   w[6] = INFINITY;
-  Status s = ops::quantize_int8(TensorView{DType::kF32, {2, 4}, w.data()}, q.data(), scale.data(), pool);
+  auto quantize = [&](const TensorView& v) {
+    return ops::quantize_int8(v, q.data(), scale.data(), pool);
+  };
+  Status s = quantize(TensorView{DType::kF32, {2, 4}, w.data()});
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("row 1"), std::string::npos) << s.message();
   w[6] = NAN;
-  EXPECT_FALSE(ops::quantize_int8(TensorView{DType::kF32, {2, 4}, w.data()}, q.data(), scale.data(), pool).ok());
-  EXPECT_FALSE(ops::quantize_int8(TensorView{DType::kI8, {2, 4}, q.data()}, q.data(), scale.data(), pool).ok());
-  EXPECT_FALSE(ops::quantize_int8(TensorView{DType::kF32, {8}, w.data()}, q.data(), scale.data(), pool).ok());
+  EXPECT_FALSE(quantize(TensorView{DType::kF32, {2, 4}, w.data()}).ok());
+  EXPECT_FALSE(quantize(TensorView{DType::kI8, {2, 4}, q.data()}).ok());
+  EXPECT_FALSE(quantize(TensorView{DType::kF32, {8}, w.data()}).ok());
   // A matmul weight in I8 needs its scales.
   EXPECT_FALSE(ops::check_linear_weight(TensorView{DType::kI8, {2, 4}, q.data()}, 4).ok());
 }

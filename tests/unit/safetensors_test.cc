@@ -186,9 +186,10 @@ TEST(WeightStore, ReleasedPagesStayReadableAndOtherMemoryIsLeftAlone) {
   TempDir dir;
   std::vector<float> w(5 * 4096 + 3);  // several pages, not page-aligned at either end
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 1000) + 0.5f;
-  ASSERT_TRUE(write_safetensors(dir.file("model.safetensors"),
-                                {{"w", view(DType::kF32, {static_cast<int64_t>(w.size())}, w.data())}})
-                  .ok());
+  const int64_t n = static_cast<int64_t>(w.size());
+  ASSERT_TRUE(
+      write_safetensors(dir.file("model.safetensors"), {{"w", view(DType::kF32, {n}, w.data())}})
+          .ok());
   auto store = WeightStore::open_dir(dir.str());
   ASSERT_TRUE(store.ok());
   auto t = store->get("w");
