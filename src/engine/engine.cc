@@ -154,21 +154,7 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   res.preprocess_ms = prompt.preprocess_ms;
   res.vision_encode_ms = prompt.encode_ms;
   const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
-  if (n_prompt >= m.max_context) {
-    return out_of_range("the prompt (" + std::to_string(n_prompt) +
-                        " tokens) does not fit the context of " + std::to_string(m.max_context) +
-                        " tokens");
-  }
-  // An explicit max_new_tokens must fit; the default shrinks to the room left in the context.
-  const int64_t max_new = req.max_new_tokens.has_value()
-                              ? *req.max_new_tokens
-                              : std::min(m.gen.max_new_tokens.value_or(256), m.max_context - n_prompt);
-  if (max_new < 0) return invalid_argument("max_new_tokens must be >= 0");
-  if (n_prompt + max_new > m.max_context) {
-    return out_of_range("prompt (" + std::to_string(n_prompt) + " tokens) + max_new_tokens (" +
-                        std::to_string(max_new) + ") exceeds the context of " +
-                        std::to_string(m.max_context) + " tokens");
-  }
+  VLM_ASSIGN_OR_RETURN(const int64_t max_new, m.generation_budget(n_prompt, req.max_new_tokens));
   res.prompt_tokens = n_prompt;
   m.reserve_cache(n_prompt + max_new);
   Sampler sampler(V, rs);

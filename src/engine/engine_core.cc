@@ -152,13 +152,7 @@ Result<int64_t> EngineCore::submit(GenerateRequest request,
   Engine::Impl& m = *engine_.impl_;
   const auto submitted = Clock::now();
   if (request.prompt_ids.empty()) return invalid_argument("the prompt is empty");
-  const int64_t V = m.cfg.text_config.vocab_size;
-  for (int32_t id : request.prompt_ids) {
-    if (id < 0 || id >= V) {
-      return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                              std::to_string(V) + ")");
-    }
-  }
+  VLM_RETURN_IF_ERROR(m.check_prompt_ids(request.prompt_ids));
   VLM_ASSIGN_OR_RETURN(ResolvedSampling rs, m.resolve_sampling(request.sampling));
   if (!request.stop.empty() && m.tokenizer == nullptr) {
     return invalid_argument("stop strings need the model's tokenizer");
@@ -168,10 +162,8 @@ Result<int64_t> EngineCore::submit(GenerateRequest request,
   r->submitted = submitted;
 
   // Images: read, decode and preprocess here, on the caller's thread (or find them cached).
-  const bool has_pads = std::find(request.prompt_ids.begin(), request.prompt_ids.end(),
-                                  static_cast<int32_t>(m.cfg.image_token_id)) != request.prompt_ids.end();
-  if (!request.images.empty() || (has_pads && m.has_vision)) {
-    if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower: images are not supported");
+  VLM_ASSIGN_OR_RETURN(const bool multimodal, m.is_multimodal(request.prompt_ids, request.images));
+  if (multimodal) {
     VLM_ASSIGN_OR_RETURN(r->runs, find_image_runs(request.prompt_ids, m.cfg, request.images.size()));
     r->images.resize(request.images.size());
     for (size_t k = 0; k < request.images.size(); ++k) {
@@ -185,22 +177,12 @@ Result<int64_t> EngineCore::submit(GenerateRequest request,
   }
   r->prompt_len = r->runs.empty() ? static_cast<int64_t>(request.prompt_ids.size())
                                   : expanded_length(request.prompt_ids.size(), r->runs, r->images);
-  const int64_t n = r->prompt_len;
-  r->max_new = request.max_new_tokens.value_or(
-      std::min(m.gen.max_new_tokens.value_or(256), m.max_context - n));
-  if (r->max_new < 1 || n + r->max_new > m.max_context) {
-    return out_of_range("prompt (" + std::to_string(n) + " tokens) + max_new_tokens (" +
-                        std::to_string(r->max_new) + ") does not fit the context of " +
-                        std::to_string(m.max_context) + " tokens");
-  }
-  const int64_t need = (n + r->max_new + opts_.block_size - 1) / opts_.block_size;
-  if (need > opts_.num_blocks) {
-    return out_of_range("prompt (" + std::to_string(n) + " tokens) + max_new_tokens (" +
-                        std::to_string(r->max_new) + ") need " + std::to_string(need) +
-                        " KV blocks but the whole cache has " + std::to_string(opts_.num_blocks));
-  }
+  VLM_ASSIGN_OR_RETURN(r->max_new, m.generation_budget(r->prompt_len, request.max_new_tokens));
+  // The scheduler samples at least one token per request.
+  if (r->max_new < 1) return invalid_argument("max_new_tokens must be >= 1");
+  VLM_RETURN_IF_ERROR(st_->sched->check_fits(r->prompt_len + r->max_new));
 
-  r->sampler = std::make_unique<Sampler>(V, rs);
+  r->sampler = std::make_unique<Sampler>(m.cfg.text_config.vocab_size, rs);
   r->request = std::move(request);
   r->on_event = std::move(on_event);
   std::lock_guard<std::mutex> lock(st_->mu);

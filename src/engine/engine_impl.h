@@ -93,9 +93,7 @@ struct Engine::Impl {
     return rs;
   }
 
-  // Expands images, encodes them, computes positions; text-only prompts get 1-D positions.
-  Status prepare(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
-                 PreparedPrompt* p) {
+  Status check_prompt_ids(std::span<const int32_t> ids) const {
     const int64_t V = cfg.text_config.vocab_size;
     for (int32_t id : ids) {
       if (id < 0 || id >= V) {
@@ -103,11 +101,45 @@ struct Engine::Impl {
                                 std::to_string(V) + ")");
       }
     }
+    return ok_status();
+  }
+
+  // Whether the prompt goes the multimodal way: it has images, or image pads on a checkpoint
+  // with a vision tower (on a text-only one, pads are ordinary tokens). Images without a vision
+  // tower are an error.
+  Result<bool> is_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images) const {
     const bool has_pads = std::find(ids.begin(), ids.end(), static_cast<int32_t>(cfg.image_token_id)) != ids.end();
-    if (!images.empty() || (has_pads && has_vision)) {
-      if (!has_vision) return invalid_argument("this checkpoint has no vision tower: images are not supported");
-      return prepare_multimodal(ids, images, cfg, preprocess, *vision, *pool, p);
+    if (!images.empty() && !has_vision) {
+      return invalid_argument("this checkpoint has no vision tower: images are not supported");
     }
+    return !images.empty() || (has_pads && has_vision);
+  }
+
+  // max_new_tokens for a prompt of n tokens: the request's, else generation_config's shrunk to
+  // the room left in the context; both must fit the context with the prompt.
+  Result<int64_t> generation_budget(int64_t n, std::optional<int64_t> requested) const {
+    if (n >= max_context) {
+      return out_of_range("the prompt (" + std::to_string(n) + " tokens) does not fit the context of " +
+                          std::to_string(max_context) + " tokens");
+    }
+    const int64_t max_new = requested.has_value()
+                                ? *requested
+                                : std::min(gen.max_new_tokens.value_or(256), max_context - n);
+    if (max_new < 0) return invalid_argument("max_new_tokens must be >= 0");
+    if (n + max_new > max_context) {
+      return out_of_range("prompt (" + std::to_string(n) + " tokens) + max_new_tokens (" +
+                          std::to_string(max_new) + ") exceeds the context of " +
+                          std::to_string(max_context) + " tokens");
+    }
+    return max_new;
+  }
+
+  // Expands images, encodes them, computes positions; text-only prompts get 1-D positions.
+  Status prepare(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
+                 PreparedPrompt* p) {
+    VLM_RETURN_IF_ERROR(check_prompt_ids(ids));
+    VLM_ASSIGN_OR_RETURN(const bool multimodal, is_multimodal(ids, images));
+    if (multimodal) return prepare_multimodal(ids, images, cfg, preprocess, *vision, *pool, p);
     p->ids.assign(ids.begin(), ids.end());
     p->feature_row.assign(ids.size(), -1);
     const int64_t n = static_cast<int64_t>(ids.size());

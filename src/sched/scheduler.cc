@@ -25,6 +25,18 @@ Result<Scheduler> Scheduler::create(const SchedulerConfig& c) {
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), kv_(config.num_blocks, config.block_size) {}
 
+Status Scheduler::check_fits(int64_t max_tokens) const {
+  // A request must fit the cache alone at its largest, or preemption could never make room for it.
+  if (kv_.blocks_for(max_tokens) > config_.num_blocks) {
+    return out_of_range(std::to_string(max_tokens) + " tokens need " +
+                        std::to_string(kv_.blocks_for(max_tokens)) +
+                        " KV blocks but the whole cache has " + std::to_string(config_.num_blocks) +
+                        " (of " + std::to_string(config_.block_size) +
+                        " tokens); shorten the prompt or max_tokens");
+  }
+  return ok_status();
+}
+
 Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_tokens) {
   const std::string what = "request " + std::to_string(id);
   if (requests_.count(id) != 0) return invalid_argument(what + ": duplicate id");
@@ -34,14 +46,7 @@ Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_tokens)
                             ") must exceed the prompt (" + std::to_string(num_prompt_tokens) +
                             " tokens)");
   }
-  // A request must fit the cache alone at its largest, or preemption could never make room for it.
-  if (kv_.blocks_for(max_tokens) > config_.num_blocks) {
-    return out_of_range(what + ": " + std::to_string(max_tokens) + " tokens need " +
-                        std::to_string(kv_.blocks_for(max_tokens)) +
-                        " KV blocks but the whole cache has " + std::to_string(config_.num_blocks) +
-                        " (of " + std::to_string(config_.block_size) +
-                        " tokens); shorten the prompt or max_tokens");
-  }
+  VLM_RETURN_IF_ERROR(check_fits(max_tokens).with_context(what));
   if (num_waiting() >= config_.max_waiting) {
     return Status(StatusCode::kResourceExhausted,
                   what + ": waiting queue full (" + std::to_string(config_.max_waiting) + ")");

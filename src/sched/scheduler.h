@@ -56,6 +56,9 @@ class Scheduler {
   // needs more blocks than the whole cache, so it could never run. ResourceExhausted: the waiting
   // queue holds max_waiting requests (the server answers 429).
   Status add(int64_t id, int64_t num_prompt_tokens, int64_t max_tokens);
+  // OutOfRange when a request of max_tokens could never run: it needs more blocks than the whole
+  // cache. Reads only the fixed configuration, so any thread may ask (EngineCore::submit does).
+  Status check_fits(int64_t max_tokens) const;
   // Cancels a request (client disconnect) in any state and frees its blocks now. Unknown: no-op.
   void abort(int64_t id);
 

@@ -290,6 +290,29 @@ TEST(EngineCore, FullQueueRefusesAtSubmit) {
   EXPECT_EQ(finished, 2);
 }
 
+// A request that could never fit the whole KV cache is refused at submit (the scheduler's own
+// check), and one that fits exactly is served.
+TEST(EngineCore, RequestLargerThanTheKvCacheIsRefusedAtSubmit) {
+  auto engine = load("text-f32-untied");
+  ASSERT_NE(engine, nullptr);
+  BatchingOptions o;
+  o.block_size = 4;
+  o.num_blocks = 4;  // 16 tokens in all
+  o.max_batched_tokens = 64;
+  auto core = EngineCore::create(*engine, o);
+  ASSERT_TRUE(core.ok());
+  GenerateRequest r = requests(1, 0)[0];  // a 1-token prompt
+  r.max_new_tokens = 16;
+  auto refused = (*core)->submit(r, [](const CoreEvent&) {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(refused.status().message().find("KV blocks"), std::string::npos) << refused.status().message();
+  r.max_new_tokens = 15;
+  EXPECT_EQ(run_concurrently(**core, {r}).at(0).size(), 15u);
+  r.max_new_tokens = 0;
+  EXPECT_FALSE((*core)->submit(r, [](const CoreEvent&) {}).ok());  // nothing to sample
+}
+
 TEST(EngineCore, AbortFreesBlocksAndBadRequestsFailAlone) {
   auto engine = load("text-f32-untied");
   ASSERT_NE(engine, nullptr);
