@@ -322,6 +322,14 @@ class Fanout {
   bool any_token_ = false;
 };
 
+// The n choices of one prompt; with a seed, choice i samples with seed + i.
+void add_choices(const GenerateRequest& g, int n, std::vector<GenerateRequest>* out) {
+  for (int i = 0; i < n; ++i) {
+    out->push_back(g);
+    if (g.sampling.seed) out->back().sampling.seed = *g.sampling.seed + static_cast<uint64_t>(i);
+  }
+}
+
 // Usage: prompt tokens once per distinct prompt (choices p*n .. p*n+n-1 share one), completion
 // tokens over all choices.
 Usage usage_of(const std::vector<ChoiceState>& choices, int n) {
@@ -448,12 +456,9 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   g.prompt_ids = engine->tokenizer()->encode(render_chat(cr.messages, topts));
   g.images = std::move(cr.images);
   g.logprobs = cr.logprobs ? cr.top_logprobs : -1;
-  // n choices: the same prompt n times; with a seed, choice i samples with seed + i. The first
-  // request stages (preprocesses) the images; the vision cache serves the others.
-  std::vector<GenerateRequest> reqs(static_cast<size_t>(cr.n), g);
-  for (int i = 0; i < cr.n; ++i) {
-    if (g.sampling.seed) reqs[i].sampling.seed = *g.sampling.seed + static_cast<uint64_t>(i);
-  }
+  // The first choice stages (preprocesses) the images; the vision cache serves the others.
+  std::vector<GenerateRequest> reqs;
+  add_choices(g, cr.n, &reqs);
   auto fan = std::make_shared<Fanout>(*this, t0);
   if (Status st = fan->submit(std::move(reqs)); !st.ok()) return reply_error(res, error_from(st), "rejected");
   const std::string rid = "chatcmpl-" + std::to_string(next_id++);
@@ -510,11 +515,8 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     GenerateRequest g = base_request(cr);
     g.prompt_ids = p.is_ids ? p.ids : tok.encode(p.text);
     g.logprobs = cr.logprobs.value_or(-1);
-    for (int i = 0; i < cr.n; ++i) {
-      reqs.push_back(g);
-      if (g.sampling.seed) reqs.back().sampling.seed = *g.sampling.seed + static_cast<uint64_t>(i);
-      echo.push_back(!cr.echo ? std::string() : p.is_ids ? tok.decode(p.ids) : p.text);
-    }
+    add_choices(g, cr.n, &reqs);
+    echo.insert(echo.end(), cr.n, !cr.echo ? std::string() : p.is_ids ? tok.decode(p.ids) : p.text);
   }
   auto fan = std::make_shared<Fanout>(*this, t0);
   if (Status st = fan->submit(std::move(reqs)); !st.ok()) return reply_error(res, error_from(st), "rejected");
