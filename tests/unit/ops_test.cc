@@ -51,9 +51,10 @@ TEST_P(MatmulTest, MatchesReferenceOnOddShapes) {
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    // M ≥ 32: the packed kernel (AVX-512 tiles of 12 rows: 45 = 3 tiles + 9); K > 256: several
-    // K blocks of its panel, the last with a tail of the 16-wide transpose.
-    for (int64_t M : {1, 2, 3, 4, 5, 9, 17, 32, 38, 45}) {
+    // M ≥ 32: the packed kernel (AVX-512 tiles of 12 rows: 45 = 3 tiles + 9; from 256 rows
+    // K-block-major); K > 256: several K blocks of its panel, the last with a tail of the
+    // 16-wide transpose.
+    for (int64_t M : {1, 2, 3, 4, 5, 9, 17, 32, 38, 45, 260}) {
       for (int64_t K : {1, 15, 16, 33, 130, 300}) {
         for (int64_t N : {1, 3, 5, 17, 40, 70}) {
           auto w = make_weight(dt, N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
@@ -110,7 +111,7 @@ TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
   // 4-row steps.
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
-  for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 38, 45}) {
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 38, 45, 260}) {
     for (int64_t K : {1, 15, 16, 17, 33, 130, 300}) {
       for (int64_t N : {1, 3, 5, 17, 40, 70}) {
         auto w = make_int8_weight(N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
