@@ -132,9 +132,11 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
     const TextLayerWeights& L = w_.layers[l];
     // Attention block: projections for all tokens of all chunks at once.
     ops::rms_norm(x_.data(), L.input_layernorm.data(), T, H, eps, xn_.data());
-    ops::matmul(xn_.data(), T, H, L.q_proj, q_.data(), pool_, isa_);
-    ops::matmul(xn_.data(), T, H, L.k_proj, k_.data(), pool_, isa_);
-    ops::matmul(xn_.data(), T, H, L.v_proj, v_.data(), pool_, isa_);
+    {
+      const TensorView* ws[] = {&L.q_proj, &L.k_proj, &L.v_proj};
+      float* ys[] = {q_.data(), k_.data(), v_.data()};
+      ops::matmul_multi(xn_.data(), T, H, ws, ys, pool_, isa_);
+    }
     // q/k RMSNorm over each head's head_dim values, BEFORE rotary.
     ops::rms_norm(q_.data(), L.q_norm.data(), T * nh, hd, eps, q_.data());
     ops::rms_norm(k_.data(), L.k_norm.data(), T * nkv, hd, eps, k_.data());
@@ -157,8 +159,11 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
     for (int64_t i = 0; i < T * H; ++i) x_[i] += tmp_[i];
     // MLP block.
     ops::rms_norm(x_.data(), L.post_attention_layernorm.data(), T, H, eps, xn_.data());
-    ops::matmul(xn_.data(), T, H, L.gate_proj, gate_.data(), pool_, isa_);
-    ops::matmul(xn_.data(), T, H, L.up_proj, up_.data(), pool_, isa_);
+    {
+      const TensorView* ws[] = {&L.gate_proj, &L.up_proj};
+      float* ys[] = {gate_.data(), up_.data()};
+      ops::matmul_multi(xn_.data(), T, H, ws, ys, pool_, isa_);
+    }
     ops::silu_mul(gate_.data(), up_.data(), T * I, gate_.data());
     ops::matmul(gate_.data(), T, I, L.down_proj, tmp_.data(), pool_, isa_);
     for (int64_t i = 0; i < T * H; ++i) x_[i] += tmp_[i];

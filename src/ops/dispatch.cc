@@ -86,15 +86,27 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
 
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa) {
-  const int64_t N = w.dim(0);
+  const TensorView* ws[] = {&w};
+  float* ys[] = {y};
+  matmul_multi(x, M, K, ws, ys, pool, isa);
+}
+
+void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
+                  std::span<float* const> ys, ThreadPool& pool, Isa isa) {
   auto* kernel = &kernels::generic::matmul_rows;
 #if defined(VLM_HAVE_X86_DISPATCH)
   if (isa == Isa::kAvx512) kernel = &kernels::avx512::matmul_rows;
   if (isa == Isa::kAvx2) kernel = &kernels::avx2::matmul_rows;
 #endif
-  const bool want_scratch = (M >= 8 && w.dtype != DType::kF32) || M >= kernels::kPackedMinRows;
-  // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads.
-  pool.parallel_for(N, 16, [&](int64_t n0, int64_t n1, int) {
+  int64_t total = 0;
+  bool want_scratch = M >= kernels::kPackedMinRows;
+  for (const TensorView* w : ws) {
+    total += w->dim(0);
+    want_scratch = want_scratch || (M >= 8 && w->dtype != DType::kF32);
+  }
+  // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
+  // thread's range of the stacked rows may span several weights: each part runs on its own.
+  pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int) {
     // NOTE: thread_local scratch grows once to the largest K seen, then is reused: steady-state
     // decoding allocates nothing (M == 1 never asks for scratch at all).
     thread_local std::vector<float> scratch;
@@ -103,7 +115,14 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
       if (scratch.size() < static_cast<size_t>(kScratchRows * K)) scratch.resize(kScratchRows * K);
       s = scratch.data();
     }
-    kernel(x, M, K, w.dtype, w.data, w.scale, n0, n1, y, N, s, kScratchRows);
+    int64_t off = 0;
+    for (size_t i = 0; i < ws.size() && off < n1; ++i) {
+      const TensorView& w = *ws[i];
+      const int64_t N = w.dim(0);
+      const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
+      if (b < e) kernel(x, M, K, w.dtype, w.data, w.scale, b - off, e - off, ys[i], N, s, kScratchRows);
+      off += N;
+    }
   });
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -30,6 +31,12 @@ Status check_linear_weight(const TensorView& w, int64_t in_features);
 // w[n, :] · scale[n]). Threads split N.
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa = detected_isa());
+
+// ys[i][M, N_i] = x[M, K] · ws[i][N_i, K]^T for every i: one pass of the threads over the stacked
+// rows of all the weights (q/k/v, gate/up), so a decode step streams them as one matrix, with one
+// fork/join instead of one per weight. Each ws[i] as for matmul; ys[i] has row stride N_i.
+void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
+                  std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa());
 
 // Weight-only INT8, symmetric, one scale per output row (channel) of an nn.Linear weight:
 //   scale[n] = max_k |w[n, k]| / 127,  q[n, k] = clamp(round_half_even(w[n, k] / scale[n]), ±127)

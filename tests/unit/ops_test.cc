@@ -131,6 +131,30 @@ TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
   }
 }
 
+TEST_P(MatmulTest, MultiEqualsSeparateMatmuls) {
+  // Stacked weights of different heights and dtypes (a thread's share spans weight boundaries):
+  // each output equals its own matmul exactly (the same kernel runs on the same rows).
+  ThreadPool pool(2);
+  const ops::Isa isa = GetParam();
+  for (int64_t M : {1, 3, 9, 40}) {
+    const int64_t K = 70;
+    auto a = make_weight(DType::kBF16, 37, K, 1), b = make_weight(DType::kF32, 5, K, 2);
+    auto c = make_int8_weight(50, K, 3);
+    auto x = randn(M * K, 4);
+    const TensorView* ws[] = {&a.view, &b.view, &c.view};
+    std::vector<float> ya(M * 37, NAN), yb(M * 5, NAN), yc(M * 50, NAN);
+    float* ys[] = {ya.data(), yb.data(), yc.data()};
+    ops::matmul_multi(x.data(), M, K, ws, ys, pool, isa);
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> want(M * ws[i]->dim(0));
+      ops::matmul(x.data(), M, K, *ws[i], want.data(), pool, isa);
+      for (size_t j = 0; j < want.size(); ++j) {
+        ASSERT_EQ(ys[i][j], want[j]) << ops::isa_name(isa) << " M=" << M << " w" << i << " " << j;
+      }
+    }
+  }
+}
+
 TEST(QuantizeInt8, ExactValuesAndTiesToEven) {
   // Row 0: max 127 → scale exactly 1, so q is w rounded half to even. Row 1: max 254 → scale 2.
   // Row 2: zeros → scale 0, q 0. Every value is exact in F32, BF16 and F16.
