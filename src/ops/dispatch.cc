@@ -91,39 +91,65 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
   matmul_multi(x, M, K, ws, ys, pool, isa);
 }
 
+namespace {
+
+using MatmulRowsFn = decltype(&kernels::generic::matmul_rows);
+
+MatmulRowsFn matmul_kernel(Isa isa) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (isa == Isa::kAvx512) return &kernels::avx512::matmul_rows;
+  if (isa == Isa::kAvx2) return &kernels::avx2::matmul_rows;
+#endif
+  return &kernels::generic::matmul_rows;
+}
+
+// The calling thread's scratch for the kernels, or null when this (M, dtype) needs none.
+// NOTE: thread_local, grown once to the largest K seen, then reused: steady-state decoding
+// allocates nothing (M == 1 never asks for scratch at all).
+float* kernel_scratch(bool wanted, int64_t K) {
+  if (!wanted) return nullptr;
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(kScratchRows * K)) scratch.resize(kScratchRows * K);
+  return scratch.data();
+}
+
+bool wants_scratch(int64_t M, DType wtype) {
+  return M >= kernels::kPackedMinRows || (M >= 8 && wtype != DType::kF32);
+}
+
+}  // namespace
+
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa) {
-  auto* kernel = &kernels::generic::matmul_rows;
-#if defined(VLM_HAVE_X86_DISPATCH)
-  if (isa == Isa::kAvx512) kernel = &kernels::avx512::matmul_rows;
-  if (isa == Isa::kAvx2) kernel = &kernels::avx2::matmul_rows;
-#endif
+  const MatmulRowsFn kernel = matmul_kernel(isa);
   int64_t total = 0;
-  bool want_scratch = M >= kernels::kPackedMinRows;
+  bool want_scratch = false;
   for (const TensorView* w : ws) {
     total += w->dim(0);
-    want_scratch = want_scratch || (M >= 8 && w->dtype != DType::kF32);
+    want_scratch = want_scratch || wants_scratch(M, w->dtype);
   }
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
   // thread's range of the stacked rows may span several weights: each part runs on its own.
   pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int) {
-    // NOTE: thread_local scratch grows once to the largest K seen, then is reused: steady-state
-    // decoding allocates nothing (M == 1 never asks for scratch at all).
-    thread_local std::vector<float> scratch;
-    float* s = nullptr;
-    if (want_scratch) {
-      if (scratch.size() < static_cast<size_t>(kScratchRows * K)) scratch.resize(kScratchRows * K);
-      s = scratch.data();
-    }
+    float* s = kernel_scratch(want_scratch, K);
     int64_t off = 0;
     for (size_t i = 0; i < ws.size() && off < n1; ++i) {
       const TensorView& w = *ws[i];
       const int64_t N = w.dim(0);
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
-      if (b < e) kernel(x, M, K, w.dtype, w.data, w.scale, b - off, e - off, ys[i], N, s, kScratchRows);
+      if (b < e) {
+        kernel(x, M, K, w.dtype, w.data, w.scale, b - off, e - off, ys[i], N, s, kScratchRows);
+      }
       off += N;
     }
   });
+}
+
+void matmul_on_this_thread(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
+                           Isa isa) {
+  const int64_t N = w.dim(0);
+  matmul_kernel(isa)(x, M, K, w.dtype, w.data, w.scale, 0, N, y, N,
+                     kernel_scratch(wants_scratch(M, w.dtype), K), kScratchRows);
 }
 
 }  // namespace vlm::ops

@@ -38,6 +38,10 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa());
 
+// matmul on the calling thread only: for work already split over the pool (attention heads).
+void matmul_on_this_thread(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
+                           Isa isa = detected_isa());
+
 // Weight-only INT8, symmetric, one scale per output row (channel) of an nn.Linear weight:
 //   scale[n] = max_k |w[n, k]| / 127,  q[n, k] = clamp(round_half_even(w[n, k] / scale[n]), ±127)
 // (all f32 arithmetic), so |w[n, k] - q[n, k] · scale[n]| <= scale[n] / 2. A row of zeros (or of

@@ -238,33 +238,39 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
     });
     return;
   }
-  // Long segments (a whole image): per head, blocks of kQueryBlock queries go through the matmul
-  // kernels — scores [block, n] = Q·Kᵀ, a row softmax, then out = P·V — so the work runs at GEMM
-  // speed. Memory is O(block · n): the n × n score matrix is never built.
+  // Long segments (a whole image): the heads are split over the threads; per head, blocks of
+  // kQueryBlock queries go through the matmul kernels on that thread — scores [block, n] = Q·Kᵀ,
+  // a row softmax, then out = P·V — so the work runs at GEMM speed with one fork/join per call.
+  // Memory is O(block · n) per thread: the n × n score matrix is never built.
   constexpr int64_t kQueryBlock = 64;
   const auto softmax = attention_kernels(isa).softmax_row;
-  std::vector<float> qh(n * head_dim), kh(n * head_dim), vt(head_dim * n);
-  std::vector<float> scores(kQueryBlock * n), oh(kQueryBlock * head_dim);
-  const TensorView k_view{DType::kF32, {n, head_dim}, kh.data()};
-  const TensorView vt_view{DType::kF32, {head_dim, n}, vt.data()};
-  for (int64_t h = 0; h < n_heads; ++h) {
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(q + i * stride + h * head_dim, head_dim, qh.data() + i * head_dim);
-      std::copy_n(k + i * stride + h * head_dim, head_dim, kh.data() + i * head_dim);
-      for (int64_t d = 0; d < head_dim; ++d) vt[d * n + i] = v[i * stride + h * head_dim + d];
-    }
-    for (int64_t q0 = 0; q0 < n; q0 += kQueryBlock) {
-      const int64_t m = std::min(kQueryBlock, n - q0);
-      matmul(qh.data() + q0 * head_dim, m, head_dim, k_view, scores.data(), pool, isa);
-      pool.parallel_for(m, 4, [&](int64_t b, int64_t e, int) {
-        for (int64_t r = b; r < e; ++r) softmax(scores.data() + r * n, n, scale);
-      });
-      matmul(scores.data(), m, n, vt_view, oh.data(), pool, isa);
-      for (int64_t r = 0; r < m; ++r) {
-        std::copy_n(oh.data() + r * head_dim, head_dim, out + (q0 + r) * stride + h * head_dim);
+  pool.parallel_for(n_heads, 1, [&](int64_t h0, int64_t h1, int) {
+    // NOTE: thread_local buffers grow to the largest segment seen, then are reused.
+    thread_local std::vector<float> qh, kh, vt, scores, oh;
+    qh.resize(n * head_dim);
+    kh.resize(n * head_dim);
+    vt.resize(head_dim * n);
+    scores.resize(kQueryBlock * n);
+    oh.resize(kQueryBlock * head_dim);
+    const TensorView k_view{DType::kF32, {n, head_dim}, kh.data()};
+    const TensorView vt_view{DType::kF32, {head_dim, n}, vt.data()};
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(q + i * stride + h * head_dim, head_dim, qh.data() + i * head_dim);
+        std::copy_n(k + i * stride + h * head_dim, head_dim, kh.data() + i * head_dim);
+        for (int64_t d = 0; d < head_dim; ++d) vt[d * n + i] = v[i * stride + h * head_dim + d];
+      }
+      for (int64_t q0 = 0; q0 < n; q0 += kQueryBlock) {
+        const int64_t m = std::min(kQueryBlock, n - q0);
+        matmul_on_this_thread(qh.data() + q0 * head_dim, m, head_dim, k_view, scores.data(), isa);
+        for (int64_t r = 0; r < m; ++r) softmax(scores.data() + r * n, n, scale);
+        matmul_on_this_thread(scores.data(), m, n, vt_view, oh.data(), isa);
+        for (int64_t r = 0; r < m; ++r) {
+          std::copy_n(oh.data() + r * head_dim, head_dim, out + (q0 + r) * stride + h * head_dim);
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace vlm::ops

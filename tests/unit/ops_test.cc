@@ -288,7 +288,8 @@ TEST_P(AttentionTest, PagedEqualsContiguous) {
 
 TEST_P(AttentionTest, BidirectionalMatchesReference) {
   ThreadPool pool(2);
-  for (int64_t n : {1, 5, 33, 130}) {  // 130 keys: two full 64-key tiles and a tail
+  // 130 keys: two full 64-key tiles and a tail; 300: P·V runs over two K blocks of the matmul.
+  for (int64_t n : {1, 5, 33, 130, 300}) {
     const int64_t heads = 3, hd = 24;
     auto q = randn(n * heads * hd, 5), k = randn(n * heads * hd, 6), v = randn(n * heads * hd, 7);
     std::vector<float> out(q.size()), want(q.size());
