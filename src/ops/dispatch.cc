@@ -103,16 +103,6 @@ MatmulRowsFn matmul_kernel(Isa isa) {
   return &kernels::generic::matmul_rows;
 }
 
-// The calling thread's scratch for the kernels, or null when this (M, dtype) needs none.
-// NOTE: thread_local, grown once to the largest K seen, then reused: steady-state decoding
-// allocates nothing (M == 1 never asks for scratch at all).
-float* kernel_scratch(bool wanted, int64_t K) {
-  if (!wanted) return nullptr;
-  thread_local std::vector<float> scratch;
-  if (scratch.size() < static_cast<size_t>(kScratchRows * K)) scratch.resize(kScratchRows * K);
-  return scratch.data();
-}
-
 bool wants_scratch(int64_t M, DType wtype) {
   return M >= kernels::kPackedMinRows || (M >= 8 && wtype != DType::kF32);
 }
@@ -128,10 +118,14 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
     total += w->dim(0);
     want_scratch = want_scratch || wants_scratch(M, w->dtype);
   }
+  // (A named reference: inside the lambda, the thread_local itself would name each worker's own.)
+  thread_local PerThreadBuffers scratch_tls;
+  PerThreadBuffers& scratch = scratch_tls;
+  if (want_scratch) scratch.reserve(pool.n_threads(), matmul_scratch_floats(K));
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
   // thread's range of the stacked rows may span several weights: each part runs on its own.
-  pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int) {
-    float* s = kernel_scratch(want_scratch, K);
+  pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int t) {
+    float* s = want_scratch ? scratch.get(t) : nullptr;
     int64_t off = 0;
     for (size_t i = 0; i < ws.size() && off < n1; ++i) {
       const TensorView& w = *ws[i];
@@ -145,11 +139,12 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   });
 }
 
+int64_t matmul_scratch_floats(int64_t K) { return kScratchRows * K; }
+
 void matmul_on_this_thread(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
-                           Isa isa) {
+                           float* scratch, Isa isa) {
   const int64_t N = w.dim(0);
-  matmul_kernel(isa)(x, M, K, w.dtype, w.data, w.scale, 0, N, y, N,
-                     kernel_scratch(wants_scratch(M, w.dtype), K), kScratchRows);
+  matmul_kernel(isa)(x, M, K, w.dtype, w.data, w.scale, 0, N, y, N, scratch, kScratchRows);
 }
 
 }  // namespace vlm::ops

@@ -192,7 +192,13 @@ void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float
   const int64_t kv_stride = n_kv_heads * head_dim;
   const auto paged = attention_kernels(isa).attend_row_paged;
   const bool vector_ok = vector_head_dim(head_dim);
-  pool.parallel_for(n_q * n_heads, 1, [&](int64_t begin, int64_t end, int) {
+  // Rare shapes (head_dim not a multiple of 8) across several blocks gather each thread's keys.
+  thread_local PerThreadBuffers gather_tls;
+  PerThreadBuffers& gather = gather_tls;  // the caller's, also inside the lambda
+  if (!vector_ok && first_pos + n_q > block_size) {
+    gather.reserve(pool.n_threads(), static_cast<size_t>(2 * (first_pos + n_q) * head_dim));
+  }
+  pool.parallel_for(n_q * n_heads, 1, [&](int64_t begin, int64_t end, int t) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / n_heads;
       const int64_t h = item % n_heads;
@@ -208,16 +214,14 @@ void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float
         attend_row(qv, k_pool + base + kv_off, v_pool + base + kv_off, kv_stride, n_keys, head_dim,
                    scale, o);
       } else {
-        // Rare shapes (head_dim not a multiple of 8) across several blocks: gather the keys.
-        thread_local std::vector<float> kg, vg;
-        kg.resize(n_keys * head_dim);
-        vg.resize(n_keys * head_dim);
+        float* const kg = gather.get(t);
+        float* const vg = kg + n_keys * head_dim;
         for (int64_t j = 0; j < n_keys; ++j) {
           const int64_t row = static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
-          std::copy_n(k_pool + row * kv_stride + kv_off, head_dim, kg.data() + j * head_dim);
-          std::copy_n(v_pool + row * kv_stride + kv_off, head_dim, vg.data() + j * head_dim);
+          std::copy_n(k_pool + row * kv_stride + kv_off, head_dim, kg + j * head_dim);
+          std::copy_n(v_pool + row * kv_stride + kv_off, head_dim, vg + j * head_dim);
         }
-        attend_row(qv, kg.data(), vg.data(), head_dim, n_keys, head_dim, scale, o);
+        attend_row(qv, kg, vg, head_dim, n_keys, head_dim, scale, o);
       }
     }
   });
@@ -244,29 +248,34 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
   // Memory is O(block · n) per thread: the n × n score matrix is never built.
   constexpr int64_t kQueryBlock = 64;
   const auto softmax = attention_kernels(isa).softmax_row;
-  pool.parallel_for(n_heads, 1, [&](int64_t h0, int64_t h1, int) {
-    // NOTE: thread_local buffers grow to the largest segment seen, then are reused.
-    thread_local std::vector<float> qh, kh, vt, scores, oh;
-    qh.resize(n * head_dim);
-    kh.resize(n * head_dim);
-    vt.resize(head_dim * n);
-    scores.resize(kQueryBlock * n);
-    oh.resize(kQueryBlock * head_dim);
-    const TensorView k_view{DType::kF32, {n, head_dim}, kh.data()};
-    const TensorView vt_view{DType::kF32, {head_dim, n}, vt.data()};
+  // Per thread: q, k, vᵀ of one head, a block of scores, its output and the matmul scratch.
+  const int64_t mm_scratch = std::max(matmul_scratch_floats(head_dim), matmul_scratch_floats(n));
+  const int64_t per_thread = 3 * n * head_dim + kQueryBlock * n + kQueryBlock * head_dim + mm_scratch;
+  thread_local PerThreadBuffers bufs_tls;
+  PerThreadBuffers& bufs = bufs_tls;  // the caller's, also inside the lambda
+  bufs.reserve(pool.n_threads(), static_cast<size_t>(per_thread));
+  pool.parallel_for(n_heads, 1, [&](int64_t h0, int64_t h1, int t) {
+    float* const qh = bufs.get(t);
+    float* const kh = qh + n * head_dim;
+    float* const vt = kh + n * head_dim;
+    float* const scores = vt + n * head_dim;
+    float* const oh = scores + kQueryBlock * n;
+    float* const scratch = oh + kQueryBlock * head_dim;
+    const TensorView k_view{DType::kF32, {n, head_dim}, kh};
+    const TensorView vt_view{DType::kF32, {head_dim, n}, vt};
     for (int64_t h = h0; h < h1; ++h) {
       for (int64_t i = 0; i < n; ++i) {
-        std::copy_n(q + i * stride + h * head_dim, head_dim, qh.data() + i * head_dim);
-        std::copy_n(k + i * stride + h * head_dim, head_dim, kh.data() + i * head_dim);
+        std::copy_n(q + i * stride + h * head_dim, head_dim, qh + i * head_dim);
+        std::copy_n(k + i * stride + h * head_dim, head_dim, kh + i * head_dim);
         for (int64_t d = 0; d < head_dim; ++d) vt[d * n + i] = v[i * stride + h * head_dim + d];
       }
       for (int64_t q0 = 0; q0 < n; q0 += kQueryBlock) {
         const int64_t m = std::min(kQueryBlock, n - q0);
-        matmul_on_this_thread(qh.data() + q0 * head_dim, m, head_dim, k_view, scores.data(), isa);
-        for (int64_t r = 0; r < m; ++r) softmax(scores.data() + r * n, n, scale);
-        matmul_on_this_thread(scores.data(), m, n, vt_view, oh.data(), isa);
+        matmul_on_this_thread(qh + q0 * head_dim, m, head_dim, k_view, scores, scratch, isa);
+        for (int64_t r = 0; r < m; ++r) softmax(scores + r * n, n, scale);
+        matmul_on_this_thread(scores, m, n, vt_view, oh, scratch, isa);
         for (int64_t r = 0; r < m; ++r) {
-          std::copy_n(oh.data() + r * head_dim, head_dim, out + (q0 + r) * stride + h * head_dim);
+          std::copy_n(oh + r * head_dim, head_dim, out + (q0 + r) * stride + h * head_dim);
         }
       }
     }
