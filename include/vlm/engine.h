@@ -23,9 +23,11 @@ struct EngineOptions {
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
   std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" to force a level
   // Weight quantization done at load time: "" = weights as stored; "int8" = the text decoder's
-  // linear weights (q/k/v/o, gate/up/down, lm_head) as INT8 with one f32 scale per output row,
-  // in memory the engine owns. The embedding lookup and the vision tower stay as stored.
-  // Other values are refused (InvalidArgument).
+  // linear weights (q/k/v/o, gate/up/down, lm_head) as INT8 with one f32 scale per output row;
+  // "int4" = the same weights as INT4 with one f32 scale per 32 inputs (every input dimension
+  // must be a multiple of 32, as in all Qwen3-VL models). Either in memory the engine owns. The
+  // embedding lookup and the vision tower stay as stored. Other values are refused
+  // (InvalidArgument).
   std::string quant;
 };
 
@@ -57,7 +59,7 @@ class Engine {
   const std::vector<int32_t>& eos_token_ids() const;
   // "avx512", "avx2" or "generic": the matmul kernels in use.
   const char* cpu_isa() const;
-  // The weight quantization in use: "" (as stored) or "int8".
+  // The weight quantization in use: "" (as stored), "int8" or "int4".
   const std::string& quant() const;
   int n_threads() const;
 

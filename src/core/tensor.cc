@@ -12,10 +12,18 @@ size_t dtype_size(DType t) {
     case DType::kI32: return 4;
     case DType::kI16: return 2;
     case DType::kI8: return 1;
+    case DType::kI4: return 1;  // two elements
     case DType::kU8: return 1;
     case DType::kBool: return 1;
   }
   return 0;
+}
+
+int64_t dtype_block(DType t) { return t == DType::kI4 ? 2 : 1; }
+
+size_t dtype_nbytes(DType t, int64_t numel) {
+  const int64_t block = dtype_block(t);
+  return static_cast<size_t>((numel + block - 1) / block) * dtype_size(t);
 }
 
 const char* dtype_name(DType t) {
@@ -28,6 +36,7 @@ const char* dtype_name(DType t) {
     case DType::kI32: return "I32";
     case DType::kI16: return "I16";
     case DType::kI8: return "I8";
+    case DType::kI4: return "I4";
     case DType::kU8: return "U8";
     case DType::kBool: return "BOOL";
   }

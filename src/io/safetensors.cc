@@ -477,6 +477,10 @@ Status write_safetensors(const std::string& path,
     const std::string where = tensor_prefix(path, name);
     if (name == "__metadata__") return invalid_argument(where + ": reserved name");
     if (!seen.emplace(name, i).second) return invalid_argument(where + ": duplicate name");
+    // Packed sub-byte weights (made at load time) have no safetensors dtype.
+    if (dtype_block(v.dtype) != 1) {
+      return invalid_argument(where + ": " + dtype_name(v.dtype) + " is not a safetensors dtype");
+    }
     uint64_t n = dtype_size(v.dtype);
     for (int64_t d : v.shape) {
       if (d < 0) return invalid_argument(where + ": negative dim in " + shape_to_string(v.shape));

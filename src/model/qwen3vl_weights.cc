@@ -139,8 +139,9 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
 Result<WeightQuant> parse_weight_quant(const std::string& name) {
   if (name.empty()) return WeightQuant::kNone;
   if (name == "int8") return WeightQuant::kInt8;
+  if (name == "int4") return WeightQuant::kInt4;
   return invalid_argument("unknown quantization '" + name +
-                          "' (supported: \"int8\"; empty keeps the weights as stored)");
+                          "' (supported: \"int8\", \"int4\"; empty keeps the weights as stored)");
 }
 
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
@@ -148,23 +149,37 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
   switch (quant) {
     case WeightQuant::kNone: return ok_status();
     case WeightQuant::kInt8: break;
+    case WeightQuant::kInt4: break;
   }
   // Works on a copy (views and small norm vectors) so a failure leaves *w as it was.
   TextWeights qw = *w;
-  auto storage = std::make_shared<std::vector<Int8Weight>>();
-  storage->reserve(qw.layers.size() * 7 + 1);
+  auto int8 = std::make_shared<std::vector<Int8Weight>>();
+  auto int4 = std::make_shared<std::vector<Int4Weight>>();
+  if (quant == WeightQuant::kInt8) int8->reserve(qw.layers.size() * 7 + 1);
+  if (quant == WeightQuant::kInt4) int4->reserve(qw.layers.size() * 7 + 1);
   auto quantize = [&](TensorView* v, const std::string& name) -> Status {
-    Int8Weight& q = storage->emplace_back();
-    q.q.resize(static_cast<size_t>(v->numel()));
-    q.scale.resize(static_cast<size_t>(v->dim(0)));
-    VLM_RETURN_IF_ERROR(
-        ops::quantize_int8(*v, q.q.data(), q.scale.data(), pool).with_context(name));
-    if (store != nullptr) store->release_pages(*v);
     TensorView out;
-    out.dtype = DType::kI8;
     out.shape = v->shape;
-    out.data = q.q.data();
-    out.scale = q.scale.data();
+    if (quant == WeightQuant::kInt8) {
+      Int8Weight& q = int8->emplace_back();
+      q.q.resize(static_cast<size_t>(v->numel()));
+      q.scale.resize(static_cast<size_t>(v->dim(0)));
+      VLM_RETURN_IF_ERROR(
+          ops::quantize_int8(*v, q.q.data(), q.scale.data(), pool).with_context(name));
+      out.dtype = DType::kI8;
+      out.data = q.q.data();
+      out.scale = q.scale.data();
+    } else {
+      Int4Weight& q = int4->emplace_back();
+      q.q.resize(dtype_nbytes(DType::kI4, v->numel()));
+      q.scale.resize(static_cast<size_t>(v->dim(0) * (v->dim(1) / kInt4Group)));
+      VLM_RETURN_IF_ERROR(
+          ops::quantize_int4(*v, q.q.data(), q.scale.data(), pool).with_context(name));
+      out.dtype = DType::kI4;
+      out.data = q.q.data();
+      out.scale = q.scale.data();
+    }
+    if (store != nullptr) store->release_pages(*v);
     *v = std::move(out);
     return ok_status();
   };
@@ -179,9 +194,10 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
     VLM_RETURN_IF_ERROR(quantize(&L.up_proj, p + "up_proj"));
     VLM_RETURN_IF_ERROR(quantize(&L.down_proj, p + "down_proj"));
   }
-  // Tied: lm_head is a second view of the embedding table; only that view becomes I8.
+  // Tied: lm_head is a second view of the embedding table; only that view is quantized.
   VLM_RETURN_IF_ERROR(quantize(&qw.lm_head, "lm_head"));
-  qw.int8_storage = std::move(storage);
+  if (quant == WeightQuant::kInt8) qw.int8_storage = std::move(int8);
+  if (quant == WeightQuant::kInt4) qw.int4_storage = std::move(int4);
   *w = std::move(qw);
   return ok_status();
 }

@@ -1,6 +1,6 @@
 // Qwen3-VL weights: views into the mmap'd checkpoint (no copies), plus f32 copies of the small
-// norm vectors. Shapes are [out, in] as stored (nn.Linear layout). With --quant int8 the text
-// decoder's linear weights become I8 views into buffers the TextWeights own
+// norm vectors. Shapes are [out, in] as stored (nn.Linear layout). With --quant int8 / int4 the
+// text decoder's linear weights become I8 / I4 views into buffers the TextWeights own
 // (quantize_text_weights).
 #pragma once
 
@@ -37,14 +37,23 @@ struct Int8Weight {
   std::vector<float> scale;   // [N]
 };
 
+// One linear weight quantized to INT4 at load time: w[n, k] ≈ q[n, k] · scale[n, k / 32], q
+// packed two per byte as core/tensor.h documents for DType::kI4.
+struct Int4Weight {
+  std::vector<uint8_t> q;     // [N, K / 2]
+  std::vector<float> scale;   // [N, K / 32]
+};
+
 struct TextWeights {
   TensorView embed_tokens;  // [vocab, hidden]; always as stored (the lookup stays exact)
   std::vector<TextLayerWeights> layers;
   std::vector<float> norm;  // [hidden]
   TensorView lm_head;       // [vocab, hidden]; = embed_tokens when tied (until quantized)
-  // Owns the buffers of the I8 views above once quantize_text_weights ran; null before. Shared so
-  // copies and moves of TextWeights keep the views valid.
+  // Own the buffers of the I8 / I4 views above once quantize_text_weights ran (the one of the
+  // chosen quantization); null before. Shared so copies and moves of TextWeights keep the views
+  // valid.
   std::shared_ptr<const std::vector<Int8Weight>> int8_storage;
+  std::shared_ptr<const std::vector<Int4Weight>> int4_storage;
 };
 
 struct VisionBlockWeights {
@@ -83,17 +92,21 @@ struct VisionWeights {
 Result<TextWeights> load_text_weights(const WeightStore& store, const Qwen3VLConfig& cfg);
 
 // Weight quantization chosen at load time (EngineOptions::quant).
-enum class WeightQuant { kNone, kInt8 };
+enum class WeightQuant { kNone, kInt8, kInt4 };
 
-// "" → kNone, "int8" → kInt8; InvalidArgument naming the accepted values otherwise.
+// "" → kNone, "int8" → kInt8, "int4" → kInt4; InvalidArgument naming the accepted values
+// otherwise.
 Result<WeightQuant> parse_weight_quant(const std::string& name);
 
 // kInt8: replaces q/k/v/o, gate/up/down of every layer and lm_head (also when tied: the tied
 // embedding is quantized as lm_head only, embed_tokens keeps the stored table for lookups) with
-// per-output-row INT8 copies (ops::quantize_int8) owned by `w`. kNone: nothing. The vision tower
-// is not touched. With `store` (the one the views came from), each source weight's pages are
-// released (WeightStore::release_pages) once quantized, so the process holds the INT8 copy rather
-// than both; the bytes stay readable (the embedding lookup faults back the rows it reads).
+// per-output-row INT8 copies (ops::quantize_int8) owned by `w`. kInt4: the same weights become
+// INT4 copies with one scale per 32 inputs (ops::quantize_int4; every input dimension must be a
+// multiple of 32, which all Qwen3-VL sizes are). kNone: nothing. The vision tower is not
+// touched. With `store` (the one the views came from), each source weight's pages are released
+// (WeightStore::release_pages) once quantized, so the process holds the quantized copy rather
+// than both; the bytes stay readable (the embedding lookup faults back the rows it reads). On
+// error *w is left as it was.
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
                              const WeightStore* store = nullptr);
 

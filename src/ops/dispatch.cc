@@ -70,12 +70,21 @@ std::vector<Isa> runnable_isas() {
 Status check_linear_weight(const TensorView& w, int64_t in_features) {
   if (w.rank() != 2) return invalid_argument("linear weight must be 2-D, got " + shape_to_string(w.shape));
   if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16 &&
-      w.dtype != DType::kI8) {
+      w.dtype != DType::kI8 && w.dtype != DType::kI4) {
     return invalid_argument(std::string("unsupported weight dtype ") + dtype_name(w.dtype));
   }
   if (w.dtype == DType::kI8 && w.scale == nullptr) {
     return invalid_argument("I8 linear weight " + shape_to_string(w.shape) +
                             " has no per-row scales");
+  }
+  if (w.dtype == DType::kI4 && w.scale == nullptr) {
+    return invalid_argument("I4 linear weight " + shape_to_string(w.shape) +
+                            " has no group scales");
+  }
+  if (w.dtype == DType::kI4 && w.dim(1) % kInt4Group != 0) {
+    return invalid_argument("I4 linear weight " + shape_to_string(w.shape) +
+                            " has a row length that is not a multiple of " +
+                            std::to_string(kInt4Group));
   }
   if (w.dim(1) != in_features) {
     return invalid_argument("linear weight " + shape_to_string(w.shape) + " does not take " +
@@ -107,21 +116,70 @@ bool wants_scratch(int64_t M, DType wtype) {
   return M >= kernels::kPackedMinRows || (M >= 8 && wtype != DType::kF32);
 }
 
+// From this many x rows on, I4 weights are widened to BF16 for the BF16 kernel (below).
+constexpr int64_t kInt4WidenMinRows = 8;
+
+struct Int4Kernels {
+  decltype(&kernels::generic::matmul_rows_q4) matmul;
+  decltype(&kernels::generic::dequantize_rows_q4_bf16) widen;
+};
+
+Int4Kernels int4_kernels(Isa isa) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (isa == Isa::kAvx512) {
+    return {&kernels::avx512::matmul_rows_q4, &kernels::avx512::dequantize_rows_q4_bf16};
+  }
+  if (isa == Isa::kAvx2) {
+    return {&kernels::avx2::matmul_rows_q4, &kernels::avx2::dequantize_rows_q4_bf16};
+  }
+#endif
+  return {&kernels::generic::matmul_rows_q4, &kernels::generic::dequantize_rows_q4_bf16};
+}
+
+// Rows [n0, n1) of y = x · w^T for I4 weights. Few x rows (decode): the INT4 kernel streams the
+// packed rows. Many: blocks of kScratchRows rows are widened to BF16 in `rows` ([32, K] BF16
+// bits) and run through `kernel` as BF16 weights, so INT4 prefill costs the BF16 GEMM plus one
+// widening of the weights (N · K, against its M · N · K).
+// NOTE(vlm): BF16, not f32: rounding q · scale to BF16 moves a weight by at most 2^-9 of itself,
+// far below the INT4 step (the ops tests bound it), and it lets the BF16 GEMM serve INT4 too.
+void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w, int64_t n0,
+                      int64_t n1, float* y, const Int4Kernels& k4, MatmulRowsFn kernel,
+                      uint16_t* rows, float* scratch) {
+  const int64_t N = w.dim(0);
+  const auto* q = static_cast<const uint8_t*>(w.data);
+  if (M < kInt4WidenMinRows) {
+    k4.matmul(x, M, K, q, w.scale, n0, n1, y, N);
+    return;
+  }
+  for (int64_t nb = n0; nb < n1; nb += kScratchRows) {
+    const int64_t ne = std::min(n1, nb + kScratchRows);
+    k4.widen(q, w.scale, K, nb, ne, rows);
+    kernel(x, M, K, DType::kBF16, rows, nullptr, 0, ne - nb, y + nb, N, scratch, kScratchRows);
+  }
+}
+
 }  // namespace
 
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa) {
   const MatmulRowsFn kernel = matmul_kernel(isa);
+  const Int4Kernels k4 = int4_kernels(isa);
   int64_t total = 0;
-  bool want_scratch = false;
+  bool want_scratch = false, widen_int4 = false;
   for (const TensorView* w : ws) {
     total += w->dim(0);
     want_scratch = want_scratch || wants_scratch(M, w->dtype);
+    widen_int4 = widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows);
   }
+  // Per thread: the kernels' scratch, then (I4 prefill) kScratchRows BF16 rows of K.
+  const int64_t scratch_floats = matmul_scratch_floats(K);
   // (A named reference: inside the lambda, the thread_local itself would name each worker's own.)
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;
-  if (want_scratch) scratch.reserve(pool.n_threads(), matmul_scratch_floats(K));
+  if (want_scratch || widen_int4) {
+    const int64_t rows_floats = widen_int4 ? (kScratchRows * K + 1) / 2 : 0;
+    scratch.reserve(pool.n_threads(), static_cast<size_t>(scratch_floats + rows_floats));
+  }
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
   // thread's range of the stacked rows may span several weights: each part runs on its own.
   pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int t) {
@@ -131,7 +189,10 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       const TensorView& w = *ws[i];
       const int64_t N = w.dim(0);
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
-      if (b < e) {
+      if (b < e && w.dtype == DType::kI4) {
+        auto* rows = widen_int4 ? reinterpret_cast<uint16_t*>(s + scratch_floats) : nullptr;
+        matmul_int4_rows(x, M, K, w, b - off, e - off, ys[i], k4, kernel, rows, s);
+      } else if (b < e) {
         kernel(x, M, K, w.dtype, w.data, w.scale, b - off, e - off, ys[i], N, s, kScratchRows);
       }
       off += N;

@@ -23,12 +23,13 @@ Isa detected_isa();
 // All ISA levels this CPU can run (for tests), lowest first.
 std::vector<Isa> runnable_isas();
 
-// Checks that w is a 2-D F32/BF16/F16 matrix, or I8 with per-row scales, with `in_features`
-// columns.
+// Checks that w is a 2-D F32/BF16/F16 matrix, or I8 with per-row scales, or I4 with group
+// scales (and a multiple of kInt4Group columns), with `in_features` columns.
 Status check_linear_weight(const TensorView& w, int64_t in_features);
 
-// y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16, F16, or I8 with w.scale set (row n of w is
-// w[n, :] · scale[n]). Threads split N.
+// y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16, F16, I8 with w.scale set (row n of w is
+// w[n, :] · scale[n]), or I4 with w.scale set (w[n, k] = q[n, k] · scale[n, k / 32]; from 8 x
+// rows on, blocks of 32 I4 rows are widened to BF16 and run by the BF16 kernel). Threads split N.
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa = detected_isa());
 
@@ -50,6 +51,18 @@ void matmul_on_this_thread(const float* x, int64_t M, int64_t K, const TensorVie
 // values too small for a normal scale) gets scale 0 and q 0. w: [N, K] F32/BF16/F16; q: [N, K];
 // scale: [N]. Fails on a non-finite weight or another dtype. Threads split N.
 Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& pool);
+
+// Weight-only INT4, symmetric (no zero point), one scale per group of kInt4Group (32) consecutive
+// inputs of a row: for group g of row n, scale[n, g] is the candidate among
+//   max|w| / 7,  −w_max / 8,  −w_max / 8.5   (w_max: the group's largest-|w| weight, signed)
+// whose q[n, k] = clamp(round_half_even(w[n, k] / scale[n, g]), −8, 7) has the smallest
+// Σ_k (w − q·scale)² (f32; see the NOTE in quantize.cc), so |w − q·scale| <= |scale| / 2 for
+// every w with w / scale in [−8.5, 7.5] (the others are clamped). A scale may be negative; a
+// group of zeros (or of values too small for a normal scale) gets scale 0 and q 0.
+// w: [N, K] F32/BF16/F16 with K a multiple of 32; q: [N, K / 2] bytes packed as TensorView
+// documents for kI4; scale: [N, K / 32]. Fails on a non-finite weight, another dtype or K.
+// Threads split N.
+Status quantize_int4(const TensorView& w, uint8_t* q, float* scale, ThreadPool& pool);
 
 // Per row: y = (x - mean) / sqrt(var + eps) * w + b (nn.LayerNorm). x, y: [rows, n] (may alias).
 void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,

@@ -38,10 +38,13 @@ TEST(Allocation, CounterSeesAllocations) {
 }
 
 TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
-  // text-f32-untied also with INT8 weights (--quant int8: owned I8 copies, per-row scales).
+  // text-f32-untied also with INT8 weights (--quant int8: owned I8 copies, per-row scales) and
+  // INT4 weights (--quant int4: decode runs the INT4 kernel, the 12-token prefill widens blocks
+  // of rows to BF16 in per-thread buffers that grow once).
   for (auto [name, quant] : {std::pair{"text-bf16-hd128", WeightQuant::kNone},
                              std::pair{"text-f32-untied", WeightQuant::kNone},
-                             std::pair{"text-f32-untied", WeightQuant::kInt8}}) {
+                             std::pair{"text-f32-untied", WeightQuant::kInt8},
+                             std::pair{"text-f32-untied", WeightQuant::kInt4}}) {
     const std::string dir = std::string(VLM_FIXTURES_DIR) + "/" + name;
     auto cfg = load_qwen3vl_config(dir);
     ASSERT_TRUE(cfg.ok());
@@ -73,7 +76,9 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
     if (s.ok()) s = run(ids.data(), 12, 0);  // a second prefill reuses everything too
     g_counting = false;
     ASSERT_TRUE(s.ok()) << s.message();
-    EXPECT_EQ(g_allocations.load(), 0) << name << (quant == WeightQuant::kInt8 ? " int8" : "");
+    EXPECT_EQ(g_allocations.load(), 0)
+        << name << (quant == WeightQuant::kInt8 ? " int8" : "")
+        << (quant == WeightQuant::kInt4 ? " int4" : "");
   }
 }
 

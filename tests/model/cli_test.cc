@@ -130,6 +130,36 @@ TEST(Cli, QuantInt8LogitsAndBench) {
   EXPECT_NE(r.out.find(" int8, peak RSS"), std::string::npos) << r.out;
 }
 
+TEST(Cli, QuantInt4LogitsAndBench) {
+  // --quant int4 reaches the engine: logits move off the reference by the INT4 noise (quant_test
+  // measures ≤ 0.54 · max|logit| at worst on this fixture, 12× int8's on average).
+  const std::string dir = kFixtures + "/text-f32-untied";
+  auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
+  const auto& entry = ref["logits"][2];
+  test_util::TempDir tmp;
+  const std::string out = tmp.file("logits.npy");
+  CliResult r = vlm("logits -m " + quote(dir) + " --ids " + join_ids(entry["ids"]) + " --out " +
+                    quote(out) + " --quant int4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto got = read_npy(out);
+  auto want = read_npy(dir + "/" + entry["file"].get<std::string>());
+  ASSERT_TRUE(got.ok() && want.ok());
+  ASSERT_EQ(got->shape, want->shape);
+  float max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < got->f32.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(want->f32[i]));
+    max_diff = std::max(max_diff, std::fabs(got->f32[i] - want->f32[i]));
+  }
+  EXPECT_GT(max_diff, 5e-2f * max_ref);
+  EXPECT_LE(max_diff, 8e-1f * max_ref);
+
+  r = vlm("bench -m " + quote(dir) + " -p 8 -n 4 -r 1 -t 2 --quant int4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(" int4, peak RSS"), std::string::npos) << r.out;
+  r = vlm("bench --help");
+  EXPECT_NE(r.out.find("int4 (one scale per 32 inputs)"), std::string::npos) << r.out;
+}
+
 TEST(Cli, LogitsWithAnImageExpandThePadAndMatchTransformers) {
   const std::string dir = kFixtures + "/vision-f32";
   auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
@@ -172,8 +202,8 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"tokenize -m " + quote(kTokenizerDir), "--text or --file"},
       {"detokenize -m " + quote(kTokenizerDir) + " --ids 99999999", "outside the vocabulary"},
       {"frobnicate", "frobnicate"},
-      {"logits -m " + quote(dir) + " --ids 1 --out /tmp/x.npy --quant int4",
-       "unknown quantization 'int4'"},
+      {"logits -m " + quote(dir) + " --ids 1 --out /tmp/x.npy --quant int3",
+       "unknown quantization 'int3'"},
       {"bench -m " + quote(dir) + " --quant fp8", "unknown quantization 'fp8'"},
       {"logits -m " + quote(kFixtures + "/vision-f32") + " --ids 10,1002,1000,1003 --image /nonexistent/x.png --out /tmp/x.npy",
        "/nonexistent/x.png"},

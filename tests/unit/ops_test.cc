@@ -8,6 +8,7 @@
 
 #include "core/half.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"
 #include "ops/ops.h"
 #include "ops/ref/ref.h"
 
@@ -230,6 +231,264 @@ TEST(QuantizeInt8, RefusesNonFiniteAndNonFloatWeights) {
   EXPECT_FALSE(quantize(TensorView{DType::kF32, {8}, w.data()}).ok());
   // A matmul weight in I8 needs its scales.
   EXPECT_FALSE(ops::check_linear_weight(TensorView{DType::kI8, {2, 4}, q.data()}, 4).ok());
+}
+
+// An [N, K] weight quantized to I4 by ops::quantize_int4. Rows get different magnitudes (so a
+// wrong scale index shows), row 1 is all zeros (scale 0) when N > 1, and group 0 of row 0 has an
+// outlier (a coarse grid there, clamping in the −w_max candidates).
+struct Int4Buf {
+  std::vector<float> f32;
+  std::vector<uint8_t> q;
+  std::vector<float> scale;
+  TensorView view;
+};
+
+Int4Buf make_int4_weight(int64_t N, int64_t K, uint32_t seed) {
+  Int4Buf b;
+  b.f32 = randn(N * K, seed);
+  for (int64_t n = 0; n < N; ++n) {
+    const float mag = n == 1 ? 0.f : 0.25f * static_cast<float>(1 + n % 7);
+    for (int64_t k = 0; k < K; ++k) b.f32[n * K + k] *= mag;
+  }
+  b.f32[5] = 8.f;
+  b.q.resize(N * K / 2);
+  b.scale.resize(N * K / kInt4Group);
+  TensorView src{DType::kF32, {N, K}, b.f32.data()};
+  ThreadPool pool(2);
+  EXPECT_TRUE(ops::quantize_int4(src, b.q.data(), b.scale.data(), pool).ok());
+  b.view.dtype = DType::kI4;
+  b.view.shape = {N, K};
+  b.view.data = b.q.data();
+  b.view.scale = b.scale.data();
+  return b;
+}
+
+TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
+  // M = 1..7: the INT4 register kernel (4-row x steps, then 3/2/1; 8-, 4- and 1-row w steps);
+  // 8 and up: blocks of 32 rows widened to BF16 for the BF16 kernel (blocked from 8, packed from
+  // 32 x rows). K: 1, 3 and 5 groups of 32; N: tails of the 8- and 4-row steps and of the 32-row
+  // blocks.
+  ThreadPool pool(2);
+  const ops::Isa isa = GetParam();
+  for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 17, 32, 33, 38}) {
+    for (int64_t K : {32, 96, 160}) {
+      for (int64_t N : {1, 3, 5, 9, 17, 40, 70}) {
+        auto w = make_int4_weight(N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
+        auto x = randn(M * K, static_cast<uint32_t>(K + 3));
+        std::vector<float> y(M * N, NAN), want(M * N);
+        ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
+        ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
+        ops::ref::matmul(x.data(), M, K, w.view, want.data());
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = 0; n < N; ++n) {
+            // Bounds from a = Σ_k |x w|: f32 products and sums carry ≤ (K + 1) · 2^-24 · a
+            // (taken 4× for margin). Widened to BF16 (M ≥ 8), each weight moves by ≤ 2^-9 of
+            // itself (round to nearest); 2^-8 also covers a BF16 GEMM that rounds x to BF16.
+            double a = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              a += std::fabs(static_cast<double>(x[m * K + k]) * ops::ref::int4_at(w.view, n, k) *
+                             w.scale[n * (K / kInt4Group) + k / kInt4Group]);
+            }
+            const double rel = static_cast<double>(K) * std::ldexp(1.0, -22) +
+                               (M >= 8 ? std::ldexp(1.0, -8) : 0.0);
+            const int64_t i = m * N + n;
+            ASSERT_NEAR(y[i], want[i], rel * a + 1e-6)
+                << ops::isa_name(isa) << " M=" << M << " K=" << K << " N=" << N << " m=" << m
+                << " n=" << n;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MatmulInt4, RefusesBadWeights) {
+  std::vector<uint8_t> q(64);
+  std::vector<float> scale(4);
+  TensorView w{DType::kI4, {2, 64}, q.data()};
+  EXPECT_FALSE(ops::check_linear_weight(w, 64).ok());  // no scales
+  w.scale = scale.data();
+  EXPECT_TRUE(ops::check_linear_weight(w, 64).ok());
+  EXPECT_FALSE(ops::check_linear_weight(w, 32).ok());
+  TensorView odd{DType::kI4, {2, 48}, q.data(), scale.data()};
+  Status s = ops::check_linear_weight(odd, 48);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("multiple of 32"), std::string::npos) << s.message();
+}
+
+TEST(DequantizeInt4, EveryIsaWidensToRoundedBf16) {
+  // Each kernel's BF16 rows are f32_to_bf16(q · scale) exactly, on the rows the op layer feeds to
+  // the BF16 kernel.
+  const int64_t N = 7, K = 96;
+  auto w = make_int4_weight(N, K, 77);
+  using Fn = void (*)(const uint8_t*, const float*, int64_t, int64_t, int64_t, uint16_t*);
+  std::vector<std::pair<const char*, Fn>> fns = {
+      {"generic", &kernels::generic::dequantize_rows_q4_bf16}};
+#if defined(__x86_64__)
+  for (ops::Isa isa : ops::runnable_isas()) {
+    if (isa == ops::Isa::kAvx2) fns.push_back({"avx2", &kernels::avx2::dequantize_rows_q4_bf16});
+    if (isa == ops::Isa::kAvx512) {
+      fns.push_back({"avx512", &kernels::avx512::dequantize_rows_q4_bf16});
+    }
+  }
+#endif
+  for (auto [name, fn] : fns) {
+    std::vector<uint16_t> out((N - 2) * K, 0xffff);
+    fn(w.q.data(), w.scale.data(), K, 2, N, out.data());  // rows 2..6
+    for (int64_t n = 2; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = static_cast<float>(ops::ref::int4_at(w.view, n, k)) *
+                        w.scale[n * (K / kInt4Group) + k / kInt4Group];
+        ASSERT_EQ(out[(n - 2) * K + k], f32_to_bf16(v)) << name << " n=" << n << " k=" << k;
+      }
+    }
+  }
+}
+
+// Σ_k (w − q·scale)² of group g of row n, in double.
+double int4_group_sse(const std::vector<float>& w, const TensorView& q, int64_t n, int64_t g) {
+  const int64_t K = q.dim(1);
+  double e = 0;
+  for (int64_t k = g * kInt4Group; k < (g + 1) * kInt4Group; ++k) {
+    const double d = w[n * K + k] - ops::ref::int4_at(q, n, k) *
+                                        static_cast<double>(q.scale[n * (K / kInt4Group) + g]);
+    e += d * d;
+  }
+  return e;
+}
+
+TEST(QuantizeInt4, ExactOnTheGridAndZeroGroups) {
+  // Every weight is q · step with q in −8..7 and a power-of-two step, exact in F32, BF16 and F16.
+  // Group 0 (step 1) reaches ±7: max|w| / 7 is exact. Group 1 (step 2^-3) and group 2 (step 4)
+  // reach −8 and nothing past ±7 otherwise: −w_max / 8 is exact. Group 3 is zeros: scale 0, q 0.
+  // Row 1 is row 0 negated, except that the −8s stay (+8 is off the grid).
+  const int64_t K = 4 * kInt4Group;
+  std::vector<float> w(2 * K);
+  const float step[4] = {1.f, 0.125f, 4.f, 0.f};
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t g = k / kInt4Group, j = k % kInt4Group;
+    int q = static_cast<int>((j * 5 + g) % 15) - 7;  // −7..7
+    if (j == 3) q = 7;
+    if (g == 1 && j == 9) q = -8;
+    if (g == 1 && j == 3) q = 5;  // no +7 in group 1: its extreme is the −8
+    if (g == 2 && j == 9) q = -8;
+    if (g == 3) q = 0;
+    w[k] = static_cast<float>(q) * step[g];
+    w[K + k] = static_cast<float>(q == -8 ? -8 : -q) * step[g];
+  }
+  ThreadPool pool(2);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> h(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      h[i] = dt == DType::kBF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+    }
+    TensorView v{dt, {2, K}, dt == DType::kF32 ? static_cast<const void*>(w.data()) : h.data()};
+    std::vector<uint8_t> q(K, 0x5a);
+    std::vector<float> scale(8, NAN);
+    ASSERT_TRUE(ops::quantize_int4(v, q.data(), scale.data(), pool).ok()) << dtype_name(dt);
+    TensorView qv{DType::kI4, {2, K}, q.data(), scale.data()};
+    for (int64_t n = 0; n < 2; ++n) {
+      for (int64_t k = 0; k < K; ++k) {
+        const double got = ops::ref::int4_at(qv, n, k) * static_cast<double>(scale[n * 4 + k / 32]);
+        ASSERT_EQ(got, w[n * K + k]) << dtype_name(dt) << " n=" << n << " k=" << k;
+      }
+      EXPECT_EQ(scale[n * 4 + 3], 0.f) << dtype_name(dt);
+      for (int64_t k = 3 * kInt4Group; k < K; ++k) EXPECT_EQ(ops::ref::int4_at(qv, n, k), 0);
+    }
+    // Exact candidates have error 0, and the first of equal errors wins.
+    for (int64_t n = 0; n < 2; ++n) {
+      EXPECT_EQ(scale[n * 4 + 0], 1.f) << dtype_name(dt);
+      EXPECT_EQ(scale[n * 4 + 1], 0.125f) << dtype_name(dt);
+      EXPECT_EQ(scale[n * 4 + 2], 4.f) << dtype_name(dt);
+    }
+  }
+}
+
+TEST(QuantizeInt4, RoundTripErrorIsAtMostHalfAStepAndNoWorseThanMaxOver7) {
+  ThreadPool pool(2);
+  const int64_t N = 37, K = 1024;
+  auto w = randn(N * K, 21);
+  for (int64_t n = 0; n < N; ++n) {
+    const float mag = n == 5 ? 0.f : std::ldexp(1.f, static_cast<int>(n % 13) - 6);  // 2^-6 .. 2^6
+    for (int64_t k = 0; k < K; ++k) w[n * K + k] *= mag;
+  }
+  w[3 * K + 17] = 1e4f;   // one outlier: the rest of its group gets a coarse grid
+  w[4 * K + 40] = -1e4f;  // and a negative one
+  std::vector<uint8_t> q(N * K / 2);
+  std::vector<float> scale(N * K / kInt4Group);
+  TensorView v{DType::kF32, {N, K}, w.data()};
+  ASSERT_TRUE(ops::quantize_int4(v, q.data(), scale.data(), pool).ok());
+  TensorView qv{DType::kI4, {N, K}, q.data(), scale.data()};
+  const int64_t G = K / kInt4Group;
+  int64_t negative_scales = 0, clamped = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t g = 0; g < G; ++g) {
+      const float s = scale[n * G + g];
+      float amax = 0;
+      for (int64_t k = g * kInt4Group; k < (g + 1) * kInt4Group; ++k) {
+        amax = std::max(amax, std::fabs(w[n * K + k]));
+      }
+      if (n == 5) {
+        ASSERT_EQ(s, 0.f);
+        continue;
+      }
+      negative_scales += s < 0;
+      // The scale is one of the three candidates: |s| = max|w| / 7, / 8 or / 8.5.
+      const float as = std::fabs(s);
+      ASSERT_TRUE(as == amax / 7.f || as == amax / 8.f || as == amax / 8.5f) << n << " " << g;
+      for (int64_t k = g * kInt4Group; k < (g + 1) * kInt4Group; ++k) {
+        const int qi = ops::ref::int4_at(qv, n, k);
+        ASSERT_GE(qi, -8);
+        ASSERT_LE(qi, 7);
+        const double r = static_cast<double>(w[n * K + k]) / s;
+        const double err =
+            std::fabs(static_cast<double>(w[n * K + k]) - qi * static_cast<double>(s));
+        if (r >= -8.5 && r <= 7.5) {
+          // w / s carries one f32 rounding (≤ 8.5 · 2^-24 steps) on top of the half step.
+          ASSERT_LE(err, as * (0.5 + 1e-5)) << n << " " << k;
+        } else {
+          ++clamped;
+          ASSERT_EQ(qi, r < 0 ? -8 : 7) << n << " " << k;
+        }
+      }
+      // The search never does worse than the plain max|w| / 7 grid (up to f32 rounding of the
+      // errors it compares).
+      const float s7 = amax / 7.f;
+      double e7 = 0;
+      for (int64_t k = g * kInt4Group; k < (g + 1) * kInt4Group; ++k) {
+        const double qk = std::nearbyint(static_cast<double>(w[n * K + k] / s7));
+        const double d = w[n * K + k] - qk * s7;
+        e7 += d * d;
+      }
+      ASSERT_LE(int4_group_sse(w, qv, n, g), e7 * (1 + 1e-5) + 1e-30) << n << " " << g;
+    }
+  }
+  EXPECT_GT(negative_scales, 0);  // −w_max / 8 (or 8.5) with a positive w_max was picked
+  EXPECT_GT(clamped, 0);          // and so was 8.5 with a far end to clip
+}
+
+TEST(QuantizeInt4, RefusesNonFiniteBadShapesAndNonFloatWeights) {
+  ThreadPool pool(2);
+  std::vector<float> w(2 * 64, 1.f);
+  std::vector<uint8_t> q(64);
+  std::vector<float> scale(4);
+  w[100] = INFINITY;
+  auto quantize = [&](const TensorView& v) {
+    return ops::quantize_int4(v, q.data(), scale.data(), pool);
+  };
+  Status s = quantize(TensorView{DType::kF32, {2, 64}, w.data()});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("row 1"), std::string::npos) << s.message();
+  w[100] = NAN;
+  EXPECT_FALSE(quantize(TensorView{DType::kF32, {2, 64}, w.data()}).ok());
+  w[100] = 1.f;
+  EXPECT_TRUE(quantize(TensorView{DType::kF32, {2, 64}, w.data()}).ok());
+  s = quantize(TensorView{DType::kF32, {4, 32 + 16}, w.data()});  // K not a multiple of 32
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("multiple of 32"), std::string::npos) << s.message();
+  EXPECT_FALSE(quantize(TensorView{DType::kF32, {2, 63}, w.data()}).ok());  // odd K
+  EXPECT_FALSE(quantize(TensorView{DType::kI8, {2, 64}, q.data()}).ok());
+  EXPECT_FALSE(quantize(TensorView{DType::kF32, {128}, w.data()}).ok());
 }
 
 class AttentionTest : public ::testing::TestWithParam<ops::Isa> {};

@@ -626,6 +626,8 @@ TEST(SafetensorsWriter, RejectsBadInput) {
                {path, "reserved"});
   expect_error(write_safetensors(path, {{"x", view(DType::kF32, {-1}, v)}}), {path, "negative"});
   expect_error(write_safetensors(path, {{"x", view(DType::kF32, {2}, nullptr)}}), {path, "null"});
+  expect_error(write_safetensors(path, {{"x", view(DType::kI4, {2, 32}, v)}}),
+               {path, "tensor 'x'", "I4 is not a safetensors dtype"});
   expect_error(write_safetensors(path, {{"\xff", view(DType::kF32, {1}, v)}}), {path});
   EXPECT_FALSE(fs::exists(path));
   EXPECT_FALSE(fs::exists(path + ".tmp"));

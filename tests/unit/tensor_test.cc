@@ -16,6 +16,22 @@ TEST(DType, NamesRoundTrip) {
   }
   DType x;
   EXPECT_FALSE(dtype_from_name("F8_E4M3X", &x));
+  // I4 is made at load time only: no safetensors file may claim it.
+  EXPECT_STREQ(dtype_name(DType::kI4), "I4");
+  EXPECT_FALSE(dtype_from_name("I4", &x));
+}
+
+TEST(DType, ByteSizesKnowInt4IsHalfAByte) {
+  EXPECT_EQ(dtype_nbytes(DType::kBF16, 6), 12u);
+  EXPECT_EQ(dtype_nbytes(DType::kI8, 6), 6u);
+  EXPECT_EQ(dtype_nbytes(DType::kI4, 6), 3u);
+  EXPECT_EQ(dtype_nbytes(DType::kI4, 7), 4u);  // a partial byte still takes the byte
+  EXPECT_EQ(dtype_block(DType::kI4), 2);
+  EXPECT_EQ(dtype_block(DType::kI8), 1);
+  TensorView v{DType::kI4, {2048, 6144}, nullptr};
+  EXPECT_EQ(v.nbytes(), 2048u * 6144 / 2);
+  v.dtype = DType::kF32;
+  EXPECT_EQ(v.nbytes(), 2048u * 6144 * 4);
 }
 
 TEST(Half, Bf16RoundsToNearestEven) {

@@ -69,7 +69,8 @@ std::vector<vlm::ImageInput> image_inputs(const std::vector<std::string>& paths,
   return out;
 }
 
-// " int8" when the weights were quantized at load, else "" (appended to the kernel level).
+// " int8" / " int4" when the weights were quantized at load, else "" (appended to the kernel
+// level).
 std::string quant_suffix(const vlm::Engine& engine) {
   return engine.quant().empty() ? std::string() : " " + engine.quant();
 }
@@ -276,7 +277,8 @@ int cmd_bench(const BenchArgs& a) {
 }  // namespace
 
 constexpr const char* kQuantHelp =
-    "Quantize the text decoder's linear weights at load: int8 (one scale per output row)";
+    "Quantize the text decoder's linear weights at load: int8 (one scale per output row) or "
+    "int4 (one scale per 32 inputs)";
 
 int main(int argc, char** argv) {
   CLI::App app{"vlm: run Qwen3-VL models from Hugging Face checkpoints"};

@@ -32,4 +32,31 @@ void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* 
                  int64_t scratch_rows);
 }  // namespace avx512
 
+// INT4 weights (DType::kI4), for few x rows (decode): y[m, n] (row stride ldy) =
+// sum_k x[m, k] · q[n, k] · scale[n, k / 32] for m in [0, M), n in [n0, n1). x: [M, K] f32
+// contiguous, K a multiple of kInt4Group; w: [N, K / 2] packed bytes (layout in core/tensor.h);
+// scale: [N, K / 32] f32. Kernel body: matmul_q4_kernel.inc.
+//
+// dequantize_rows_q4_bf16: out[n - n0, k] = bf16(q[n, k] · scale[n, k / 32]) (the f32 product,
+// rounded to nearest even) for n in [n0, n1); out: [n1 - n0, K]. The op layer feeds blocks of
+// rows widened this way to matmul_rows (BF16) when there are many x rows.
+namespace generic {
+void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* scale,
+                    int64_t n0, int64_t n1, float* y, int64_t ldy);
+void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, int64_t n0,
+                             int64_t n1, uint16_t* out);
+}  // namespace generic
+namespace avx2 {
+void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* scale,
+                    int64_t n0, int64_t n1, float* y, int64_t ldy);
+void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, int64_t n0,
+                             int64_t n1, uint16_t* out);
+}  // namespace avx2
+namespace avx512 {
+void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* scale,
+                    int64_t n0, int64_t n1, float* y, int64_t ldy);
+void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, int64_t n0,
+                             int64_t n1, uint16_t* out);
+}  // namespace avx512
+
 }  // namespace vlm::kernels

@@ -9,7 +9,8 @@
 namespace vlm::ops::ref {
 namespace {
 
-// Element (n, k) of an [N, K] weight; I8 is q · scale[n], exact in double.
+// Element (n, k) of an [N, K] weight; I8 is q · scale[n], I4 q · scale[n, k / 32], exact in
+// double.
 double weight_at(const TensorView& w, int64_t n, int64_t k) {
   const int64_t i = n * w.dim(1) + k;
   switch (w.dtype) {
@@ -17,11 +18,24 @@ double weight_at(const TensorView& w, int64_t n, int64_t k) {
     case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
     case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
     case DType::kI8: return static_cast<double>(static_cast<const int8_t*>(w.data)[i]) * w.scale[n];
+    case DType::kI4:
+      return int4_at(w, n, k) *
+             static_cast<double>(w.scale[n * (w.dim(1) / kInt4Group) + k / kInt4Group]);
     default: return NAN;
   }
 }
 
 }  // namespace
+
+int int4_at(const TensorView& w, int64_t n, int64_t k) {
+  // Group g = k / 32 is 16 bytes; its byte j holds element j (low nibble) and j + 16 (high).
+  const int64_t half = kInt4Group / 2;
+  const int64_t g = k / kInt4Group, j = k % kInt4Group;
+  const auto* row = static_cast<const uint8_t*>(w.data) + n * (w.dim(1) / 2);
+  const uint8_t byte = row[g * half + j % half];
+  const int nibble = j < half ? (byte & 0xf) : (byte >> 4);
+  return nibble >= 8 ? nibble - 16 : nibble;
+}
 
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y) {
   const int64_t N = w.dim(0);

@@ -7,8 +7,12 @@
 
 namespace vlm::ops::ref {
 
-// y[M, N] = x[M, K] · w[N, K]^T, accumulated in double. I8 weights: w[n, k] = q · scale[n].
+// y[M, N] = x[M, K] · w[N, K]^T, accumulated in double. I8 weights: w[n, k] = q · scale[n];
+// I4 weights: w[n, k] = int4_at(w, n, k) · scale[n, k / 32].
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y);
+
+// q[n, k] (−8..7) of an I4 weight [N, K], read from its packed bytes (layout in core/tensor.h).
+int int4_at(const TensorView& w, int64_t n, int64_t k);
 
 // Causal attention with an explicit softmax over the whole score row (double precision).
 void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
