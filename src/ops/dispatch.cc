@@ -137,9 +137,9 @@ Int4Kernels int4_kernels(Isa isa) {
 }
 
 // Rows [n0, n1) of y = x · w^T for I4 weights. Few x rows (decode): the INT4 kernel streams the
-// packed rows. Many: blocks of kScratchRows rows are widened to BF16 in `rows` ([32, K] BF16
-// bits) and run through `kernel` as BF16 weights, so INT4 prefill costs the BF16 GEMM plus one
-// widening of the weights (N · K, against its M · N · K).
+// packed rows. From kPackedMinRows rows the packed GEMM takes I4 directly. In between: blocks of
+// kScratchRows rows are widened to BF16 in `rows` ([32, K] BF16 bits) and run through `kernel`
+// as BF16 weights.
 // NOTE(vlm): BF16, not f32: rounding q · scale to BF16 moves a weight by at most 2^-9 of itself,
 // far below the INT4 step (the ops tests bound it), and it lets the BF16 GEMM serve INT4 too.
 void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w, int64_t n0,
@@ -149,6 +149,10 @@ void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w,
   const auto* q = static_cast<const uint8_t*>(w.data);
   if (M < kInt4WidenMinRows) {
     k4.matmul(x, M, K, q, w.scale, n0, n1, y, N);
+    return;
+  }
+  if (M >= kernels::kPackedMinRows) {  // the packed GEMM widens I4 into its panel itself
+    kernel(x, M, K, DType::kI4, q, w.scale, n0, n1, y, N, scratch, kScratchRows);
     return;
   }
   for (int64_t nb = n0; nb < n1; nb += kScratchRows) {
@@ -169,7 +173,8 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   for (const TensorView* w : ws) {
     total += w->dim(0);
     want_scratch = want_scratch || wants_scratch(M, w->dtype);
-    widen_int4 = widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows);
+    widen_int4 = widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows &&
+                                M < kernels::kPackedMinRows);
   }
   // Per thread: the kernels' scratch, then (I4 prefill) kScratchRows BF16 rows of K.
   const int64_t scratch_floats = matmul_scratch_floats(K);

@@ -270,8 +270,10 @@ TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
   // blocks.
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
-  for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 17, 32, 33, 38}) {
-    for (int64_t K : {32, 96, 160}) {
+  // M ≥ 32: the packed GEMM widens I4 into its panel (K = 288: two K blocks; M = 45 and 260:
+  // several 12-row tiles and both loop orders).
+  for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 17, 32, 33, 38, 45, 260}) {
+    for (int64_t K : {32, 96, 160, 288}) {
       for (int64_t N : {1, 3, 5, 9, 17, 40, 70}) {
         auto w = make_int4_weight(N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
         auto x = randn(M * K, static_cast<uint32_t>(K + 3));

@@ -8,8 +8,9 @@
 namespace vlm::kernels {
 
 // y[m, n] (row stride ldy) = sum_k x[m, k] * w[n, k] for m in [0, M), n in [n0, n1).
-// x: [M, K] f32 contiguous; w: [N, K] in wtype (F32, BF16, F16 or I8).
-// scale: [N] f32 per-row scales when wtype is I8 (row n of w is w[n, :] · scale[n]); else null.
+// x: [M, K] f32 contiguous; w: [N, K] in wtype (F32, BF16, F16 or I8; I4 on the packed path
+// only, i.e. from kPackedMinRows rows with scratch). scale: [N] f32 per-row scales when wtype is
+// I8 (row n of w is w[n, :] · scale[n]); I4: [N, K / 32] group scales; else null.
 // scratch: optional f32 buffer of scratch_rows * K floats (per calling thread) used to convert a
 // block of weight rows once when M is large; may be null.
 // From this many x rows on, matmul_rows uses a packed outer-product kernel; it then needs
@@ -39,7 +40,8 @@ void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* 
 //
 // dequantize_rows_q4_bf16: out[n - n0, k] = bf16(q[n, k] · scale[n, k / 32]) (the f32 product,
 // rounded to nearest even) for n in [n0, n1); out: [n1 - n0, K]. The op layer feeds blocks of
-// rows widened this way to matmul_rows (BF16) when there are many x rows.
+// rows widened this way to matmul_rows (BF16) for 8 .. kPackedMinRows - 1 x rows; from
+// kPackedMinRows on, matmul_rows widens I4 straight into its f32 panel.
 namespace generic {
 void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* scale,
                     int64_t n0, int64_t n1, float* y, int64_t ldy);
