@@ -186,4 +186,19 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
   return ok_status();
 }
 
+int64_t text_linear_weight_bytes(const TextWeights& w) {
+  auto bytes = [](const TensorView& v) {
+    const int64_t scales = v.scale != nullptr ? v.dim(0) * static_cast<int64_t>(sizeof(float)) : 0;
+    return static_cast<int64_t>(v.nbytes()) + scales;
+  };
+  int64_t total = bytes(w.lm_head);
+  for (const TextLayerWeights& l : w.layers) {
+    for (const TensorView* v : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj,
+                                &l.up_proj, &l.down_proj}) {
+      total += bytes(*v);
+    }
+  }
+  return total;
+}
+
 }  // namespace vlm
