@@ -62,6 +62,10 @@ class Engine {
   // The weight quantization in use: "" (as stored), "int8" or "int4".
   const std::string& quant() const;
   int n_threads() const;
+  // Bytes of weights one decode step streams from memory: the text decoder's linear weights
+  // (q/k/v/o, gate/up/down, lm_head) as held, i.e. after --quant (quantized data + scales).
+  // Decode is memory-bound, so this × tok/s is the bandwidth it achieves (`vlm bench`).
+  int64_t decode_weight_bytes() const;
 
   // Logits [ids.size(), vocab_size()] (row-major) for a raw id sequence, from a fresh cache.
   Result<std::vector<float>> logits(std::span<const int32_t> ids);

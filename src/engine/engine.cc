@@ -100,6 +100,7 @@ const std::vector<int32_t>& Engine::eos_token_ids() const { return impl_->eos_id
 const char* Engine::cpu_isa() const { return ops::isa_name(impl_->isa); }
 const std::string& Engine::quant() const { return impl_->opts.quant; }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
+int64_t Engine::decode_weight_bytes() const { return text_linear_weight_bytes(impl_->weights); }
 bool Engine::has_vision() const { return impl_->has_vision; }
 
 Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids) {

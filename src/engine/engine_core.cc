@@ -436,6 +436,7 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
     CoreEvent ev;
     ev.request_id = r.id;
     ev.token_id = id;
+    ev.step = s.stats.steps;  // written only on this thread
     if (r.request.logprobs >= 0) token_logprobs(s.raw_row.data(), V, id, r.request.logprobs, &ev);
     if (r.detok && !is_stop) ev.text = r.stops->push(r.detok->push(id));
     const bool stopped = is_stop || r.stops->stopped();

@@ -110,6 +110,12 @@ Result<WeightQuant> parse_weight_quant(const std::string& name);
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
                              const WeightStore* store = nullptr);
 
+// Bytes one decode step reads from the text decoder's linear weights as held in memory: q/k/v/o
+// and gate/up/down of every layer and lm_head (once, also when tied), each as stored or as
+// quantized (INT8 data plus its f32 row scales). Not counted: the one embedding row a step looks
+// up, the norm vectors and the KV cache. `vlm bench` divides it into the measured bandwidth.
+int64_t text_linear_weight_bytes(const TextWeights& w);
+
 // Loads and checks every vision-tower tensor ("model.visual.*").
 Result<VisionWeights> load_vision_weights(const WeightStore& store, const Qwen3VLConfig& cfg);
 

@@ -1,12 +1,14 @@
-// The `vlm` binary end to end: tokenize, detokenize, logits, run, and its errors.
+// The `vlm` binary end to end: tokenize, detokenize, logits, run, bench, and its errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
 #include "io/npy.h"
 #include "test_util.h"
@@ -205,6 +207,14 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"logits -m " + quote(dir) + " --ids 1 --out /tmp/x.npy --quant int3",
        "unknown quantization 'int3'"},
       {"bench -m " + quote(dir) + " --quant fp8", "unknown quantization 'fp8'"},
+      {"bench -m " + quote(dir) + " -p 0", "-p: '0' is not a positive integer"},
+      {"bench -m " + quote(dir) + " -p abc", "-p: 'abc' is not a positive integer"},
+      {"bench -m " + quote(dir) + " -p 128,,512", "-p: '' is not a positive integer"},
+      {"bench -m " + quote(dir) + " -n 4,-2", "-n: '-2' is not a positive integer"},
+      {"bench -m " + quote(dir) + " --batch 1,x", "--batch: 'x' is not a positive integer"},
+      {"bench -m " + quote(dir) + " --synthetic-image 448", "is not WIDTHxHEIGHT"},
+      {"bench -m " + quote(dir) + " -r 0", "at least 1 repetition"},
+      {"bench -p 8", "-m is required"},
       {"logits -m " + quote(kFixtures + "/vision-f32") + " --ids 10,1002,1000,1003 --image /nonexistent/x.png --out /tmp/x.npy",
        "/nonexistent/x.png"},
       {"logits -m " + quote(kFixtures + "/vision-f32") + " --ids 10,11 --image " +
@@ -218,6 +228,158 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << " → " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << " → " << r.err;
   }
+}
+
+// `vlm bench --json FILE`: every measurement with its kind, size, repetitions, median/min/max
+// and unit, plus what was measured on what. No timing assertions.
+void expect_row_figures(const nlohmann::json& r, size_t reps) {
+  EXPECT_EQ(r["reps"].get<size_t>(), reps) << r;
+  EXPECT_EQ(r["samples"].size(), reps) << r;
+  for (const char* k : {"kind", "unit", "size", "median", "min", "max"}) {
+    EXPECT_TRUE(r.contains(k)) << k << " in " << r;
+  }
+  const double lo = r["min"], mid = r["median"], hi = r["max"];
+  EXPECT_TRUE(std::isfinite(lo) && std::isfinite(hi)) << r;
+  EXPECT_GT(lo, 0) << r;
+  EXPECT_LE(lo, mid) << r;
+  EXPECT_LE(mid, hi) << r;
+}
+
+std::vector<nlohmann::json> rows_of(const nlohmann::json& j, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  for (const auto& r : j["results"]) {
+    if (r["kind"] == kind) out.push_back(r);
+  }
+  return out;
+}
+
+TEST(Cli, BenchCommaListsWriteEveryMeasurementAsJson) {
+  const std::string dir = kFixtures + "/text-f32-untied";
+  test_util::TempDir tmp;
+  const std::string out = tmp.file("bench.json");
+  CliResult r = vlm("bench -m " + quote(dir) + " -p 8,16 -n 4,6 --gen-prompt 5 -r 2 -t 2 --json " +
+                    quote(out));
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The table: a header, a separator and one row per figure; then the summary lines.
+  EXPECT_NE(r.out.find("| test "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| prefill "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| decode weight stream "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("peak RSS"), std::string::npos) << r.out;
+
+  auto j = nlohmann::json::parse(test_util::read_file(out));
+  EXPECT_EQ(j["model"], dir);
+  for (const char* k : {"isa", "quant", "threads", "peak_rss_bytes", "decode_weight_bytes", "date",
+                        "commit", "cpu", "command", "reps", "warmup"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(j["threads"], 2);
+  EXPECT_EQ(j["reps"], 2);
+  EXPECT_EQ(j["warmup"], true);
+  EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0);
+  EXPECT_GT(j["decode_weight_bytes"].get<int64_t>(), 0);
+  auto prefill = rows_of(j, "prefill");
+  ASSERT_EQ(prefill.size(), 2u);
+  EXPECT_EQ(prefill[0]["size"], 8);
+  EXPECT_EQ(prefill[1]["size"], 16);
+  auto decode = rows_of(j, "decode");
+  ASSERT_EQ(decode.size(), 2u);
+  EXPECT_EQ(decode[0]["size"], 4);
+  EXPECT_EQ(decode[1]["size"], 6);
+  EXPECT_EQ(decode[0]["prompt_tokens"], 5);
+  auto bw = rows_of(j, "decode_bandwidth");
+  ASSERT_EQ(bw.size(), 2u);
+  EXPECT_EQ(bw[0]["weight_bytes"], j["decode_weight_bytes"]);
+  EXPECT_FALSE(bw[0].contains("share_of_read"));  // no --membw: nothing to divide by
+  for (const auto& row : j["results"]) {
+    expect_row_figures(row, 2);
+    EXPECT_EQ(row["unit"], row["kind"] == "decode_bandwidth" ? "GB/s" : "tok/s");
+  }
+  // Nothing else was asked for: no vision, batched or memory rows.
+  EXPECT_EQ(j["results"].size(), 6u);
+
+  // --json -: the JSON alone on stdout, the table on stderr.
+  r = vlm("bench -m " + quote(dir) + " -p 8 -r 1 -t 1 --no-warmup --json -");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto k = nlohmann::json::parse(r.out);
+  EXPECT_EQ(k["warmup"], false);
+  ASSERT_EQ(rows_of(k, "prefill").size(), 1u);
+  expect_row_figures(rows_of(k, "prefill")[0], 1);
+  EXPECT_NE(r.err.find("| prefill "), std::string::npos) << r.err;
+}
+
+TEST(Cli, BenchBatchedDecodeAndMemoryBandwidth) {
+  const std::string dir = kFixtures + "/text-f32-untied";
+  test_util::TempDir tmp;
+  const std::string out = tmp.file("bench.json");
+  // --batch 2 measures batch 1 too (the baseline); -n 3 without -p: single-sequence decode and
+  // batched decode, no prefill rows.
+  CliResult r = vlm("bench -m " + quote(dir) + " --batch 2 -n 3 --gen-prompt 8 -r 1 -t 2 " +
+                    "--membw-mib 8 --json " + quote(out));
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(test_util::read_file(out));
+  auto batched = rows_of(j, "batched_decode");
+  ASSERT_EQ(batched.size(), 2u);
+  EXPECT_EQ(batched[0]["batch"], 1);
+  EXPECT_EQ(batched[1]["batch"], 2);
+  EXPECT_EQ(batched[0]["window_tokens"], 3);  // one sequence: its 3 decode steps
+  EXPECT_LE(batched[1]["window_tokens"].get<int64_t>(), 6);
+  for (const auto& b : batched) {
+    expect_row_figures(b, 1);
+    EXPECT_EQ(b["gen_tokens"], 3);
+    EXPECT_EQ(b["prompt_tokens"], 8);
+    EXPECT_GT(b["speedup_vs_batch1"].get<double>(), 0);
+  }
+  EXPECT_NE(r.out.find("the output tok/s of 1 sequence"), std::string::npos) << r.out;
+  auto read = rows_of(j, "membw_read"), copy = rows_of(j, "membw_copy");
+  ASSERT_EQ(read.size(), 1u);
+  ASSERT_EQ(copy.size(), 1u);
+  EXPECT_EQ(read[0]["bytes"], 8 << 20);
+  EXPECT_EQ(read[0]["unit"], "GB/s");
+  expect_row_figures(read[0], 5);  // at least 5 passes: the probe is cheap
+  expect_row_figures(copy[0], 5);
+  EXPECT_EQ(rows_of(j, "decode").size(), 1u);
+  EXPECT_EQ(rows_of(j, "prefill").size(), 0u);
+  EXPECT_EQ(j["results"].size(), 6u);  // + decode_bandwidth
+
+  // The probe alone needs no model; with -n it also gives decode's share of the bandwidth.
+  r = vlm("bench --membw-mib 4 -r 1 -t 1 --json -");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto k = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(k["model"].is_null());
+  EXPECT_EQ(rows_of(k, "membw_read").size(), 1u);
+  r = vlm("bench -m " + quote(dir) + " -n 4 --membw --membw-mib 4 -r 1 -t 1 --json -");
+  ASSERT_EQ(r.code, 0) << r.err;
+  k = nlohmann::json::parse(r.out);
+  auto bw = rows_of(k, "decode_bandwidth");
+  ASSERT_EQ(bw.size(), 1u);
+  EXPECT_GT(bw[0]["share_of_read"].get<double>(), 0);
+  EXPECT_GT(bw[0]["share_of_copy"].get<double>(), 0);
+  EXPECT_NE(r.err.find("% of the read bandwidth"), std::string::npos) << r.err;
+}
+
+TEST(Cli, BenchVisionOnFilesAndSyntheticImages) {
+  const std::string dir = kFixtures + "/vision-f32";
+  CliResult r = vlm("bench -m " + quote(dir) + " --synthetic-image 64x48 --image " +
+                    quote(dir + "/synthetic_tiny.png") + " -r 2 -t 2 --json -");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  auto enc = rows_of(j, "vision_encode"), pre = rows_of(j, "image_preprocess");
+  ASSERT_EQ(enc.size(), 2u);
+  ASSERT_EQ(pre.size(), 2u);
+  EXPECT_EQ(enc[0]["image"], "synthetic 64x48");
+  EXPECT_EQ(enc[1]["image"], "synthetic_tiny.png");
+  for (const auto& e : enc) {
+    expect_row_figures(e, 2);
+    EXPECT_EQ(e["unit"], "ms");
+    EXPECT_GT(e["tokens"].get<int64_t>(), 0);
+    EXPECT_EQ(e["size"], std::to_string(e["resized_w"].get<int64_t>()) + "x" +
+                             std::to_string(e["resized_h"].get<int64_t>()));
+  }
+  // The same generated image every time: same size, same token count.
+  CliResult again = vlm("bench -m " + quote(dir) + " --synthetic-image 64x48 -r 1 --json -");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(rows_of(nlohmann::json::parse(again.out), "vision_encode")[0]["tokens"],
+            enc[0]["tokens"]);
 }
 
 // The full-vocabulary tiny checkpoint with the real tokenizer beside it, as a user's directory.

@@ -15,6 +15,7 @@
 
 #include "engine/engine_core.h"
 #include "test_util.h"
+#include "vlm/bench.h"
 #include "vlm/engine.h"
 
 namespace vlm {
@@ -372,6 +373,46 @@ TEST(EngineCore, AbortFreesBlocksAndBadRequestsFailAlone) {
   std::vector<std::vector<int32_t>> want;
   for (const auto& r : reqs) want.push_back(engine->generate(r)->output_ids);
   EXPECT_EQ(run_concurrently(core, reqs), want);
+}
+
+// The batched-decode benchmark (vlm/bench.h) counts the tokens sampled after every request has
+// its first one. No timing assertions.
+TEST(EngineCore, BatchedDecodeBenchCountsTheDecodeWindow) {
+  auto engine = load("vision-f32");  // a vocabulary with image pads: the prompts must avoid them
+  ASSERT_NE(engine, nullptr);
+  for (int64_t id : synthetic_prompt_ids(500, engine->vocab_size(), 7)) {
+    ASSERT_TRUE(id >= 3 && id < engine->vocab_size() - 32) << id;
+  }
+  BatchedDecodeOptions o;
+  o.prompt_tokens = 20;
+  o.gen_tokens = 5;
+  o.reps = 2;
+  o.max_batched_tokens = 64;
+  o.batch = 1;  // one sequence: its gen_tokens decode steps exactly
+  auto one = bench_batched_decode(*engine, o);
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  ASSERT_EQ(one->size(), 2u);
+  for (const auto& r : *one) {
+    EXPECT_EQ(r.tokens, 5);
+    EXPECT_GE(r.decode_ms, 0);
+    EXPECT_GT(r.first_tokens_ms, 0);
+  }
+  // Three sequences queued together prefill in one step (60 ≤ 64 tokens), then decode together:
+  // 3 × 5 tokens, unless the engine started before the last was queued (then fewer count).
+  o.batch = 3;
+  o.reps = 1;
+  auto three = bench_batched_decode(*engine, o);
+  ASSERT_TRUE(three.ok()) << three.status().message();
+  ASSERT_EQ(three->size(), 1u);
+  EXPECT_LE((*three)[0].tokens, 15);
+  EXPECT_GE((*three)[0].tokens, 5);
+  // The engine is usable again afterwards.
+  GenerateRequest r;
+  r.prompt_ids = synthetic_prompt_ids(4, engine->vocab_size());
+  r.max_new_tokens = 2;
+  EXPECT_TRUE(engine->generate(r).ok());
+  o.batch = 0;
+  EXPECT_FALSE(bench_batched_decode(*engine, o).ok());
 }
 
 }  // namespace

@@ -423,5 +423,29 @@ TEST(Int8Weights, UnknownQuantizationIsRefused) {
   }
 }
 
+// What a decode step streams: every linear weight of the text decoder once (lm_head once, tied or
+// not), at 4 bytes per f32 weight, 1 byte per INT8 weight plus a 4-byte scale per row, or half a
+// byte per INT4 weight plus a 4-byte scale per 32 weights.
+TEST(Int8Weights, DecodeWeightBytesCountTheLinearWeightsAsHeld) {
+  for (const char* name : {"text-f32-untied", "text-f32-hd128-tied"}) {
+    const std::string dir = kFixtures + "/" + name;
+    auto cfg = load_qwen3vl_config(dir);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+    const Qwen3VLTextConfig& t = cfg->text_config;
+    const int64_t q = t.num_attention_heads * t.head_dim, kv = t.num_key_value_heads * t.head_dim;
+    const int64_t H = t.hidden_size, I = t.intermediate_size;
+    const int64_t params = t.num_hidden_layers * (q * H + 2 * kv * H + H * q + 3 * I * H) +
+                           t.vocab_size * H;
+    const int64_t rows = t.num_hidden_layers * (q + 2 * kv + H + 2 * I + H) + t.vocab_size;
+    auto f32 = load_engine(dir, "");
+    auto i8 = load_engine(dir, "int8");
+    auto i4 = load_engine(dir, "int4");
+    ASSERT_TRUE(f32 && i8 && i4);
+    EXPECT_EQ(f32->decode_weight_bytes(), 4 * params) << name;
+    EXPECT_EQ(i8->decode_weight_bytes(), params + 4 * rows) << name;
+    EXPECT_EQ(i4->decode_weight_bytes(), params / 2 + 4 * (params / kInt4Group)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace vlm

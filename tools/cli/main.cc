@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "bench.h"
+#include "options.h"
 #include "vlm/chat.h"
 #include "vlm/engine.h"
 #include "vlm/server.h"
@@ -174,111 +176,7 @@ int cmd_run(const RunArgs& a) {
   return 0;
 }
 
-struct BenchArgs {
-  std::string model;
-  std::vector<std::string> images;
-  int64_t prompt_tokens = 128;
-  int64_t gen_tokens = 32;
-  int reps = 3;
-  int threads = 0;
-  std::string json_out;
-  std::string quant;
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Vision cost per image: decode + preprocess, and the vision tower, median/min/max over reps.
-int bench_images(vlm::Engine& engine, const BenchArgs& a) {
-  std::printf("| %-28s | %6s | %12s | %12s | %12s | %12s |\n", "image", "tokens", "resized",
-              "decode+pre ms", "encode ms", "encode min");
-  std::printf("|------------------------------|--------|--------------|--------------|--------------|--------------|\n");
-  for (const auto& path : a.images) {
-    vlm::ImageInput in;
-    in.path = path;
-    std::vector<double> pre, enc;
-    vlm::Engine::ImageTimings t;
-    for (int r = 0; r < a.reps; ++r) {
-      auto res = engine.encode_image(in);
-      if (!res.ok()) return fail(res.status().with_context(path));
-      t = *res;
-      pre.push_back(t.decode_ms + t.preprocess_ms);
-      enc.push_back(t.encode_ms);
-    }
-    const std::string name = path.substr(path.find_last_of('/') + 1);
-    const std::string resized = std::to_string(t.resized_w) + "x" + std::to_string(t.resized_h);
-    std::printf("| %-28s | %6lld | %12s | %12.1f | %12.1f | %12.1f |\n", name.c_str(),
-                static_cast<long long>(t.vision_tokens), resized.c_str(), median(pre), median(enc),
-                *std::min_element(enc.begin(), enc.end()));
-  }
-  std::printf("threads %d, kernels %s%s, peak RSS %.1f MiB, %d reps\n", engine.n_threads(),
-              engine.cpu_isa(), quant_suffix(engine).c_str(), vlm::peak_rss_bytes() / 1048576.0,
-              a.reps);
-  return 0;
-}
-
-// Prefill and decode throughput on a synthetic prompt (ids spread over the vocabulary), greedy,
-// never stopping early. Reports median, min and max over the repetitions.
-int cmd_bench(const BenchArgs& a) {
-  vlm::EngineOptions opts;
-  opts.model_dir = a.model;
-  opts.n_threads = a.threads;
-  opts.require_tokenizer = false;
-  opts.max_context = a.prompt_tokens + a.gen_tokens + 1;
-  opts.quant = a.quant;
-  auto engine_or = vlm::Engine::load(opts);
-  if (!engine_or.ok()) return fail(engine_or.status());
-  vlm::Engine& engine = **engine_or;
-  if (!a.images.empty()) return bench_images(engine, a);
-  if (a.prompt_tokens < 1 || a.gen_tokens < 2 || a.reps < 1) {
-    return fail("need --prompt-tokens >= 1, --gen-tokens >= 2, --reps >= 1");
-  }
-  vlm::GenerateRequest req;
-  for (int64_t i = 0; i < a.prompt_tokens; ++i) {
-    req.prompt_ids.push_back(static_cast<int32_t>((i * 7919 + 13) % std::min<int64_t>(engine.vocab_size(), 150000)));
-  }
-  req.max_new_tokens = a.gen_tokens;
-  req.ignore_eos = true;
-  req.sampling.do_sample = false;
-  std::vector<double> pp, tg;
-  for (int r = 0; r < a.reps; ++r) {
-    auto res = engine.generate(req);
-    if (!res.ok()) return fail(res.status());
-    pp.push_back(a.prompt_tokens / (res->prefill_ms / 1000));
-    tg.push_back((res->output_ids.size() - 1) / (res->decode_ms / 1000));
-  }
-  auto row = [](const char* name, const std::vector<double>& v) {
-    std::printf("| %-22s | %10.2f | %10.2f | %10.2f |\n", name, median(v),
-                *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
-  };
-  std::printf("| %-22s | %10s | %10s | %10s |\n", "tok/s", "median", "min", "max");
-  std::printf("|------------------------|------------|------------|------------|\n");
-  row(("prefill " + std::to_string(a.prompt_tokens)).c_str(), pp);
-  row(("decode " + std::to_string(a.gen_tokens)).c_str(), tg);
-  std::printf("threads %d, kernels %s%s, peak RSS %.1f MiB, %d reps\n", engine.n_threads(),
-              engine.cpu_isa(), quant_suffix(engine).c_str(), vlm::peak_rss_bytes() / 1048576.0,
-              a.reps);
-  if (!a.json_out.empty()) {
-    std::ofstream f(a.json_out);
-    f << "{\"prompt_tokens\": " << a.prompt_tokens << ", \"gen_tokens\": " << a.gen_tokens
-      << ", \"reps\": " << a.reps << ", \"threads\": " << engine.n_threads()
-      << ", \"isa\": \"" << engine.cpu_isa() << "\", \"quant\": \"" << engine.quant()
-      << "\", \"prefill_tok_s_median\": " << median(pp)
-      << ", \"decode_tok_s_median\": " << median(tg)
-      << ", \"peak_rss_bytes\": " << vlm::peak_rss_bytes() << "}\n";
-    if (!f) return fail("cannot write " + a.json_out);
-  }
-  return 0;
-}
-
 }  // namespace
-
-constexpr const char* kQuantHelp =
-    "Quantize the text decoder's linear weights at load: int8 (one scale per output row) or "
-    "int4 (one scale per 32 inputs)";
 
 int main(int argc, char** argv) {
   CLI::App app{"vlm: run Qwen3-VL models from Hugging Face checkpoints"};
@@ -307,7 +205,7 @@ int main(int argc, char** argv) {
   run->add_flag("--ignore-eos", ra.ignore_eos, "Do not stop at end-of-sequence tokens");
   run->add_option("-t,--threads", ra.threads, "Threads (0 = all)");
   run->add_option("-c,--ctx", ra.ctx, "Context limit in tokens (0 = model maximum)");
-  run->add_option("--quant", ra.quant, kQuantHelp);
+  run->add_option("--quant", ra.quant, vlm::cli::kQuantHelp);
 
   std::string tk_model, tk_text, tk_file;
   bool tk_split = false;
@@ -339,7 +237,7 @@ int main(int argc, char** argv) {
   logits->add_option("--min-pixels", lg_min_pixels, "Resize budget: least pixels per image");
   logits->add_option("--max-pixels", lg_max_pixels, "Resize budget: most pixels per image");
   logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
-  logits->add_option("--quant", lg_quant, kQuantHelp);
+  logits->add_option("--quant", lg_quant, vlm::cli::kQuantHelp);
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
@@ -348,16 +246,12 @@ int main(int argc, char** argv) {
       return fail("unknown command '" + cmd + "' (commands: run, serve, tokenize, detokenize, logits, bench)");
     }
   }
-  BenchArgs ba;
-  auto* bench = app.add_subcommand("bench", "Measure prefill and decode tok/s on a synthetic prompt");
-  bench->add_option("-m,--model", ba.model, "Checkpoint directory")->required();
-  bench->add_option("-p,--prompt-tokens", ba.prompt_tokens, "Prompt length in tokens");
-  bench->add_option("-n,--gen-tokens", ba.gen_tokens, "Tokens to generate");
-  bench->add_option("-r,--reps", ba.reps, "Repetitions (median, min, max reported)");
-  bench->add_option("-t,--threads", ba.threads, "Threads (0 = all)");
-  bench->add_option("--json", ba.json_out, "Also write the medians as JSON to this file");
-  bench->add_option("--image", ba.images, "Measure the vision path on these images instead");
-  bench->add_option("--quant", ba.quant, kQuantHelp);
+  vlm_cli::BenchArgs ba;
+  auto* bench = app.add_subcommand(
+      "bench", "Benchmark: prefill, decode, vision, batched decode and memory bandwidth "
+               "(median, min, max; table and JSON)");
+  vlm_cli::add_bench_options(bench, &ba);
+  for (int i = 0; i < argc; ++i) ba.command += (i ? " " : "") + std::string(argv[i]);
 
   vlm::ServeOptions so;
   auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (continuous batching)");
@@ -379,7 +273,7 @@ int main(int argc, char** argv) {
                     "Memory for cached vision-encoder outputs (default 512; 0 = off)");
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
-  serve->add_option("--quant", so.engine.quant, kQuantHelp);
+  serve->add_option("--quant", so.engine.quant, vlm::cli::kQuantHelp);
 
   try {
     app.parse(argc, argv);
@@ -402,7 +296,7 @@ int main(int argc, char** argv) {
     if (!st.ok()) return fail(st);
     return 0;
   }
-  if (*bench) return cmd_bench(ba);
+  if (*bench) return vlm_cli::run_bench(ba);
 
   if (*tokenize) {
     if (tk_text_opt->count() == 0 && tk_file_opt->count() == 0) return fail("give --text or --file");

@@ -1,0 +1,543 @@
+#include "bench.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "build_info.h"
+#include "options.h"
+#include "vlm/bench.h"
+#include "vlm/engine.h"
+
+namespace vlm_cli {
+
+namespace {
+
+// ordered: the JSON keeps the order written (kind, unit, figures first), for people reading it.
+using json = nlohmann::ordered_json;
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "vlm: error: %s\n", msg.c_str());
+  return 1;
+}
+
+// "128,512,2048" → {128, 512, 2048}: every item a positive integer, at least one.
+bool parse_sizes(const char* flag, const std::string& text, std::vector<int64_t>* out,
+                 std::string* err) {
+  size_t at = 0;
+  for (;;) {
+    const size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? comma : comma - at);
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0 || v < 1 || v > (1ll << 40)) {
+      *err = std::string(flag) + ": '" + item + "' is not a positive integer (give a comma " +
+             "list such as 128,512,2048)";
+      return false;
+    }
+    out->push_back(v);
+    if (comma == std::string::npos) return true;
+    at = comma + 1;
+  }
+}
+
+// "448x448" → 448, 448.
+bool parse_image_size(const std::string& text, int* w, int* h, std::string* err) {
+  int cw = 0, ch = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%dx%d%c", &cw, &ch, &tail) != 2 || cw < 1 || ch < 1 ||
+      cw > 16384 || ch > 16384) {
+    *err = "--synthetic-image: '" + text + "' is not WIDTHxHEIGHT (1 to 16384 each, e.g. 448x448)";
+    return false;
+  }
+  *w = cw;
+  *h = ch;
+  return true;
+}
+
+// A deterministic w × h picture as a 24-bit BMP file in memory: colour ramps plus pixel noise
+// (xorshift32, fixed seed), so it is neither flat nor random. The vision tower's cost depends
+// only on the size; BMP keeps the CLI free of image encoders (its decode is cheaper than a JPEG's).
+std::vector<uint8_t> synthetic_bmp(int w, int h) {
+  const uint32_t stride = (3u * static_cast<uint32_t>(w) + 3u) & ~3u;
+  const uint32_t pixels = stride * static_cast<uint32_t>(h);
+  std::vector<uint8_t> f(54 + pixels, 0);
+  auto put32 = [&f](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) f[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  };
+  f[0] = 'B';
+  f[1] = 'M';
+  put32(2, 54 + pixels);  // file size
+  put32(10, 54);          // pixel data offset
+  put32(14, 40);          // BITMAPINFOHEADER
+  put32(18, static_cast<uint32_t>(w));
+  put32(22, static_cast<uint32_t>(h));  // positive: rows stored bottom-up
+  f[26] = 1;                            // planes
+  f[28] = 24;                           // bits per pixel, no compression
+  put32(34, pixels);
+  put32(38, 2835);  // 72 dpi
+  put32(42, 2835);
+  uint32_t rng = 0x9e3779b9u;
+  auto noise = [&rng] {
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return static_cast<int>(rng & 31) - 16;
+  };
+  auto clamp = [](int v) { return static_cast<uint8_t>(std::clamp(v, 0, 255)); };
+  for (int y = 0; y < h; ++y) {
+    uint8_t* row = f.data() + 54 + static_cast<size_t>(h - 1 - y) * stride;
+    for (int x = 0; x < w; ++x) {
+      const int r = x * 255 / std::max(1, w - 1), g = y * 255 / std::max(1, h - 1);
+      const int b = ((x / 16 + y / 16) % 2) * 160 + 48;  // a 16-pixel checkerboard
+      row[3 * x + 0] = clamp(b + noise());  // BMP stores B, G, R
+      row[3 * x + 1] = clamp(g + noise());
+      row[3 * x + 2] = clamp(r + noise());
+    }
+  }
+  return f;
+}
+
+struct Summary {
+  double median = 0, min = 0, max = 0;
+};
+
+Summary summarize(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  s.min = v.front();
+  s.max = v.back();
+  return s;
+}
+
+// One line of the table and one entry of the JSON "results".
+struct Row {
+  std::string kind;  // JSON "kind": prefill, decode, vision_encode, ...
+  std::string test;  // table: what was measured
+  std::string size;  // table: at what size
+  std::string unit;  // tok/s, ms, GB/s
+  std::vector<double> samples;
+  json fields = json::object();  // JSON: "size" and the kind's own fields
+};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string number(double v, const std::string& unit) {
+  return fmt(unit == "ms" ? "%.1f" : "%.2f", v);
+}
+
+void print_table(FILE* out, const std::vector<Row>& rows) {
+  std::vector<std::vector<std::string>> cells = {{"test", "size", "median", "min", "max", "unit"}};
+  for (const Row& r : rows) {
+    const Summary s = summarize(r.samples);
+    cells.push_back({r.test, r.size, number(s.median, r.unit), number(s.min, r.unit),
+                     number(s.max, r.unit), r.unit});
+  }
+  std::vector<size_t> width(6, 0);
+  for (const auto& line : cells) {
+    for (size_t c = 0; c < 6; ++c) width[c] = std::max(width[c], line[c].size());
+  }
+  auto print_line = [&](const std::vector<std::string>& line) {
+    for (size_t c = 0; c < 6; ++c) {
+      const bool right = c >= 2 && c <= 4;  // numbers
+      std::fprintf(out, "| %*s%s%*s ", right ? static_cast<int>(width[c] - line[c].size()) : 0,
+                   "", line[c].c_str(),
+                   right ? 0 : static_cast<int>(width[c] - line[c].size()), "");
+    }
+    std::fprintf(out, "|\n");
+  };
+  print_line(cells[0]);
+  for (size_t c = 0; c < 6; ++c) {
+    const bool right = c >= 2 && c <= 4;
+    std::fprintf(out, "|%s%s", std::string(width[c] + 1, '-').c_str(), right ? ":" : "-");
+  }
+  std::fprintf(out, "|\n");
+  for (size_t i = 1; i < cells.size(); ++i) print_line(cells[i]);
+}
+
+json row_json(const Row& r) {
+  const Summary s = summarize(r.samples);
+  json j = {{"kind", r.kind}, {"unit", r.unit}, {"reps", r.samples.size()},
+            {"median", s.median}, {"min", s.min}, {"max", s.max}, {"samples", r.samples}};
+  for (auto it = r.fields.begin(); it != r.fields.end(); ++it) j[it.key()] = it.value();
+  return j;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// "model name" of the first processor in /proc/cpuinfo; "" when there is none.
+std::string cpu_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    return line.substr(line.find_first_not_of(" \t", colon + 1));
+  }
+  return "";
+}
+
+void progress(const std::string& what, const BenchArgs& a) {
+  std::fprintf(stderr, "vlm bench: %s: %s%d reps\n", what.c_str(),
+               a.no_warmup ? "" : "warmup + ", a.reps);
+}
+
+vlm::GenerateRequest synthetic_request(const vlm::Engine& e, int64_t prompt, int64_t new_tokens) {
+  vlm::GenerateRequest req;
+  req.prompt_ids = vlm::synthetic_prompt_ids(prompt, e.vocab_size());
+  req.max_new_tokens = new_tokens;
+  req.ignore_eos = true;
+  req.sampling.do_sample = false;
+  return req;
+}
+
+// Prefill of a `size`-token prompt (one generated token, so no decode step), tok/s per rep.
+vlm::Result<std::vector<double>> bench_prefill(vlm::Engine& e, int64_t size, const BenchArgs& a) {
+  const vlm::GenerateRequest req = synthetic_request(e, size, 1);
+  std::vector<double> out;
+  for (int r = a.no_warmup ? 0 : -1; r < a.reps; ++r) {
+    auto res = e.generate(req);
+    if (!res.ok()) return res.status();
+    if (r >= 0) out.push_back(static_cast<double>(size) / (res->prefill_ms / 1000));
+  }
+  return out;
+}
+
+// `n` decode steps after a `prompt`-token prefill (n + 1 tokens: the first comes from the
+// prefill), tok/s per rep. The warmup makes one decode step.
+vlm::Result<std::vector<double>> bench_decode(vlm::Engine& e, int64_t prompt, int64_t n,
+                                              const BenchArgs& a) {
+  std::vector<double> out;
+  for (int r = a.no_warmup ? 0 : -1; r < a.reps; ++r) {
+    auto res = e.generate(synthetic_request(e, prompt, r < 0 ? 2 : n + 1));
+    if (!res.ok()) return res.status();
+    const double steps = static_cast<double>(res->output_ids.size()) - 1;
+    if (r >= 0) out.push_back(steps / (res->decode_ms / 1000));
+  }
+  return out;
+}
+
+struct ImageCase {
+  std::string name;  // file name or "synthetic WxH"
+  vlm::ImageInput input;
+};
+
+// Vision tower ms and image decode + preprocess ms per rep of one image, as two rows.
+vlm::Status bench_image(vlm::Engine& e, const ImageCase& img, const BenchArgs& a,
+                        std::vector<Row>* rows) {
+  std::vector<double> enc, pre;
+  vlm::Engine::ImageTimings t;
+  for (int r = a.no_warmup ? 0 : -1; r < a.reps; ++r) {
+    auto res = e.encode_image(img.input);
+    if (!res.ok()) return res.status().with_context(img.name);
+    t = *res;
+    if (r < 0) continue;
+    enc.push_back(t.encode_ms);
+    pre.push_back(t.decode_ms + t.preprocess_ms);
+  }
+  const std::string resized = std::to_string(t.resized_w) + "x" + std::to_string(t.resized_h);
+  const std::string size = img.name + " -> " + resized + ", " + std::to_string(t.vision_tokens) +
+                           " tokens";
+  json f = {{"size", resized}, {"image", img.name}, {"resized_w", t.resized_w},
+            {"resized_h", t.resized_h}, {"tokens", t.vision_tokens}};
+  rows->push_back({"vision_encode", "vision encode", size, "ms", enc, f});
+  rows->push_back({"image_preprocess", "image decode + preprocess", size, "ms", pre, f});
+  return vlm::ok_status();
+}
+
+}  // namespace
+
+void add_bench_options(CLI::App* b, BenchArgs* a) {
+  b->add_option("-m,--model", a->model, "Checkpoint directory (needed for all but --membw)");
+  b->add_option("-p,--prompt-tokens", a->prompt_sizes,
+                "Prefill sizes in tokens, a comma list (default run: 128,512,2048)");
+  b->add_option("-n,--gen-tokens", a->gen_sizes,
+                "Decode lengths in tokens, a comma list (default run: 128)");
+  b->add_option("--gen-prompt", a->gen_prompt,
+                "Prompt tokens before each decode measurement (default: the first -p, else 128)");
+  b->add_option("--image", a->images, "Measure the vision path on this image file; repeatable");
+  b->add_option("--synthetic-image", a->synthetic_images,
+                "Measure the vision path on a generated WxH image; repeatable (default run: "
+                "448x448 and 1280x960 when the model has a vision tower)");
+  b->add_option("--min-pixels", a->min_pixels, "Resize budget of the images: least pixels");
+  b->add_option("--max-pixels", a->max_pixels, "Resize budget of the images: most pixels");
+  b->add_option("--batch", a->batch_sizes,
+                "Batched decode through the continuous-batching engine at these concurrencies, "
+                "a comma list (1 is always added as the baseline), e.g. 1,8");
+  b->add_flag("--membw", a->membw,
+              "Measure the memory read and copy bandwidth (in the default run)");
+  b->add_option("--membw-mib", a->membw_mib,
+                "--membw with buffers of this many MiB (default: 4 x the L3 cache, at least 256; "
+                "2048 if the L3 size is unknown)");
+  b->add_option("-r,--reps", a->reps, "Repetitions of each measurement (median, min, max)");
+  b->add_flag("--no-warmup", a->no_warmup, "Skip the untimed run before each measurement");
+  b->add_option("-t,--threads", a->threads, "Threads (0 = all)");
+  b->add_option("--quant", a->quant, vlm::cli::kQuantHelp);
+  b->add_option("--json", a->json_out,
+                "Also write every measurement as JSON to this file ('-': to stdout, with the "
+                "table on stderr)");
+}
+
+int run_bench(const BenchArgs& a) {
+  std::string err;
+  std::vector<int64_t> prompts, gens, batches;
+  if (!a.prompt_sizes.empty() && !parse_sizes("-p", a.prompt_sizes, &prompts, &err)) {
+    return fail(err);
+  }
+  if (!a.gen_sizes.empty() && !parse_sizes("-n", a.gen_sizes, &gens, &err)) return fail(err);
+  if (!a.batch_sizes.empty() && !parse_sizes("--batch", a.batch_sizes, &batches, &err)) {
+    return fail(err);
+  }
+  std::vector<ImageCase> images;
+  for (const std::string& s : a.synthetic_images) {
+    int w = 0, h = 0;
+    if (!parse_image_size(s, &w, &h, &err)) return fail(err);
+    ImageCase c{"synthetic " + s, {}};
+    c.input.bytes = synthetic_bmp(w, h);
+    images.push_back(std::move(c));
+  }
+  for (const std::string& p : a.images) {
+    ImageCase c{p.substr(p.find_last_of('/') + 1), {}};
+    c.input.path = p;
+    images.push_back(std::move(c));
+  }
+  for (ImageCase& c : images) {
+    if (a.min_pixels > 0) c.input.min_pixels = a.min_pixels;
+    if (a.max_pixels > 0) c.input.max_pixels = a.max_pixels;
+  }
+  if (a.reps < 1) return fail("-r: need at least 1 repetition");
+  if (a.gen_prompt < 0) return fail("--gen-prompt: need a positive number of tokens");
+  if (a.membw_mib < 0) return fail("--membw-mib: need a positive size");
+
+  // With no selection, the default run: issue 5's sizes, the two standard images, the probe.
+  bool membw = a.membw || a.membw_mib > 0;
+  const bool selected = !prompts.empty() || !gens.empty() || !batches.empty() || !images.empty() ||
+                        membw;
+  const bool default_run = !selected;
+  if (default_run) {
+    prompts = {128, 512, 2048};
+    gens = {128};
+    membw = true;
+  }
+  if (!batches.empty() && gens.empty()) gens = {128};
+  if (!batches.empty() && std::find(batches.begin(), batches.end(), 1) == batches.end()) {
+    batches.insert(batches.begin(), 1);
+  }
+  const bool decode = default_run || !a.gen_sizes.empty();
+  const int64_t gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !prompts.empty() ? prompts[0] : 128;
+  const bool needs_model = !prompts.empty() || decode || !batches.empty() || !images.empty() ||
+                           default_run;
+  if (needs_model && a.model.empty()) {
+    return fail("bench: -m is required (all but --membw need a model)");
+  }
+
+  std::vector<Row> rows;
+  std::vector<std::string> notes;
+  json info = {{"model", a.model.empty() ? json(nullptr) : json(a.model)}, {"isa", nullptr},
+               {"quant", nullptr}, {"threads", nullptr}, {"decode_weight_bytes", nullptr}};
+  int threads = a.threads;
+  std::string kernels;
+  int64_t weight_bytes = 0;
+  std::vector<size_t> decode_rows;  // rows[] indices of the decode measurements
+
+  if (!a.model.empty() && needs_model) {
+    int64_t max_gen = 1;
+    for (int64_t n : gens) max_gen = std::max(max_gen, n);
+    int64_t ctx = gen_prompt + max_gen + 1;
+    for (int64_t p : prompts) ctx = std::max(ctx, p + 1);
+    vlm::EngineOptions opts;
+    opts.model_dir = a.model;
+    opts.n_threads = a.threads;
+    opts.require_tokenizer = false;
+    opts.max_context = ctx;
+    opts.quant = a.quant;
+    auto engine_or = vlm::Engine::load(opts);
+    if (!engine_or.ok()) return fail(engine_or.status().message());
+    vlm::Engine& engine = **engine_or;
+    threads = engine.n_threads();
+    weight_bytes = engine.decode_weight_bytes();
+    kernels = std::string(engine.cpu_isa()) + (engine.quant().empty() ? "" : " " + engine.quant());
+    info["isa"] = engine.cpu_isa();
+    info["quant"] = engine.quant();
+    info["threads"] = threads;
+    info["decode_weight_bytes"] = weight_bytes;
+    if (default_run && engine.has_vision()) {
+      for (const char* s : {"448x448", "1280x960"}) {
+        int w = 0, h = 0;
+        parse_image_size(s, &w, &h, &err);
+        ImageCase c{std::string("synthetic ") + s, {}};
+        c.input.bytes = synthetic_bmp(w, h);
+        images.push_back(std::move(c));
+      }
+    } else if (default_run) {
+      notes.push_back("vision: not measured (the checkpoint has no vision tower)");
+    }
+
+    for (int64_t p : prompts) {
+      progress("prefill " + std::to_string(p) + " tokens", a);
+      auto s = bench_prefill(engine, p, a);
+      if (!s.ok()) return fail(s.status().with_context("prefill " + std::to_string(p)).message());
+      rows.push_back({"prefill", "prefill", std::to_string(p) + " tokens", "tok/s", *s,
+                      {{"size", p}, {"prompt_tokens", p}}});
+    }
+    for (int64_t n : gens) {
+      if (!decode) break;
+      progress("decode " + std::to_string(n) + " tokens after " + std::to_string(gen_prompt), a);
+      auto s = bench_decode(engine, gen_prompt, n, a);
+      if (!s.ok()) return fail(s.status().with_context("decode " + std::to_string(n)).message());
+      decode_rows.push_back(rows.size());
+      rows.push_back({"decode", "decode",
+                      std::to_string(n) + " tokens after " + std::to_string(gen_prompt), "tok/s",
+                      *s, {{"size", n}, {"gen_tokens", n}, {"prompt_tokens", gen_prompt}}});
+    }
+    for (const ImageCase& img : images) {
+      progress("vision " + img.name, a);
+      vlm::Status st = bench_image(engine, img, a, &rows);
+      if (!st.ok()) return fail(st.message());
+    }
+    for (int64_t n : gens) {
+      if (batches.empty()) break;
+      double single = 0;
+      for (int64_t b : batches) {
+        progress("batched decode, batch " + std::to_string(b) + " x " + std::to_string(n) +
+                     " tokens after " + std::to_string(gen_prompt),
+                 a);
+        vlm::BatchedDecodeOptions bo;
+        bo.batch = static_cast<int>(b);
+        bo.prompt_tokens = gen_prompt;
+        bo.gen_tokens = n;
+        bo.reps = a.reps;
+        bo.warmup = !a.no_warmup;
+        auto res = vlm::bench_batched_decode(engine, bo);
+        if (!res.ok()) {
+          return fail(res.status().with_context("batched decode " + std::to_string(b)).message());
+        }
+        std::vector<double> tok_s, first_ms;
+        int64_t tokens = 0;
+        for (const auto& r : *res) {
+          tok_s.push_back(r.tok_s());
+          first_ms.push_back(r.first_tokens_ms);
+          tokens = r.tokens;
+        }
+        const double median = summarize(tok_s).median;
+        if (b == 1) single = median;
+        json f = {{"size", b}, {"batch", b}, {"gen_tokens", n}, {"prompt_tokens", gen_prompt},
+                  {"window_tokens", tokens}, {"first_tokens_ms", first_ms}};
+        if (single > 0) f["speedup_vs_batch1"] = median / single;
+        rows.push_back({"batched_decode", "batched decode",
+                        std::to_string(b) + " x " + std::to_string(n) + " tokens after " +
+                            std::to_string(gen_prompt),
+                        "tok/s", tok_s, f});
+        if (b != 1 && single > 0) {
+          notes.push_back("batched decode " + std::to_string(b) + " x " + std::to_string(n) + ": " +
+                          fmt("%.2f", median / single) + "x the output tok/s of 1 sequence");
+        }
+      }
+    }
+  }
+  // Before the probe, whose buffers would count.
+  const int64_t peak_rss = vlm::peak_rss_bytes();
+
+  Summary read{}, copy{};
+  const int membw_reps = std::max(a.reps, 5);  // cheap (well under a second a pass) and noisy
+  if (membw) {
+    vlm::MemoryBandwidthOptions mo;
+    mo.bytes = a.membw_mib > 0 ? a.membw_mib << 20 : 0;
+    mo.n_threads = threads;
+    mo.reps = membw_reps;
+    const int64_t bytes = mo.bytes > 0 ? mo.bytes : vlm::default_membw_bytes();
+    std::fprintf(stderr, "vlm bench: memory bandwidth, 2 x %lld MiB: %d reps\n",
+                 static_cast<long long>(bytes >> 20), mo.reps);
+    auto bw = vlm::measure_memory_bandwidth(mo);
+    if (!bw.ok()) return fail(bw.status().message());
+    threads = bw->n_threads;
+    const std::string size = std::to_string(bw->bytes >> 20) + " MiB, " +
+                             std::to_string(bw->n_threads) +
+                             (bw->n_threads == 1 ? " thread" : " threads");
+    const json f = {{"size", bw->bytes}, {"bytes", bw->bytes}, {"threads", bw->n_threads},
+                    {"l3_bytes", vlm::last_level_cache_bytes()}};
+    rows.push_back({"membw_read", "memory read (sum)", size, "GB/s", bw->read_gb_s, f});
+    rows.push_back({"membw_copy", "memory copy (read + write)", size, "GB/s", bw->copy_gb_s, f});
+    read = summarize(bw->read_gb_s);
+    copy = summarize(bw->copy_gb_s);
+  }
+  // Decode streams every linear weight once per token: bytes × tok/s is its bandwidth.
+  for (size_t i : decode_rows) {
+    const Row d = rows[i];
+    std::vector<double> gb_s;
+    for (double v : d.samples) gb_s.push_back(static_cast<double>(weight_bytes) * v / 1e9);
+    const double median = summarize(gb_s).median;
+    json f = {{"size", d.fields.at("size")}, {"gen_tokens", d.fields.at("gen_tokens")},
+              {"prompt_tokens", d.fields.at("prompt_tokens")}, {"weight_bytes", weight_bytes}};
+    const double wb = static_cast<double>(weight_bytes);
+    std::string note = "decode " + d.size + ": " +
+                       (wb >= 1e9 ? fmt("%.2f GB", wb / 1e9) : fmt("%.2f MB", wb / 1e6)) +
+                       " of weights per token x " + fmt("%.2f", summarize(d.samples).median) +
+                       " tok/s = " + fmt("%.2f", median) + " GB/s";
+    if (membw && read.median > 0) {
+      f["share_of_read"] = median / read.median;
+      f["share_of_copy"] = median / copy.median;
+      note += ", " + fmt("%.0f", 100 * median / read.median) + "% of the read bandwidth, " +
+              fmt("%.0f", 100 * median / copy.median) + "% of memcpy's read + write";
+    }
+    rows.push_back({"decode_bandwidth", "decode weight stream", d.size, "GB/s", gb_s, f});
+    notes.push_back(note);
+  }
+
+  const std::string commit = vlm_build_commit();
+  const std::string date = utc_now();
+  FILE* out = a.json_out == "-" ? stderr : stdout;
+  print_table(out, rows);
+  for (const std::string& n : notes) std::fprintf(out, "%s\n", n.c_str());
+  std::fprintf(out, "threads %d, kernels %s, peak RSS %.1f MiB | %d rep%s%s: median, min, max%s |",
+               threads, kernels.empty() ? "-" : kernels.c_str(), peak_rss / 1048576.0, a.reps,
+               a.reps == 1 ? "" : "s", a.no_warmup ? "" : " after a warmup",
+               membw ? fmt(" (memory: %.0f passes)", membw_reps).c_str() : "");
+  std::fprintf(out, " %s | commit %s | %s\n", a.model.empty() ? "no model" : a.model.c_str(),
+               commit.empty() ? "unknown" : commit.c_str(), date.c_str());
+
+  if (!a.json_out.empty()) {
+    json j = {{"tool", "vlm bench"}, {"command", a.command},
+              {"commit", commit.empty() ? json(nullptr) : json(commit)}, {"date", date},
+              {"cpu", cpu_name()}, {"l3_bytes", vlm::last_level_cache_bytes()},
+              {"reps", a.reps}, {"warmup", !a.no_warmup}, {"gen_prompt_tokens", gen_prompt},
+              {"peak_rss_bytes", peak_rss}};
+    for (auto it = info.begin(); it != info.end(); ++it) j[it.key()] = it.value();
+    j["threads"] = threads;
+    j["results"] = json::array();
+    for (const Row& r : rows) j["results"].push_back(row_json(r));
+    const std::string text = j.dump(1) + "\n";
+    if (a.json_out == "-") {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    } else {
+      std::ofstream f(a.json_out);
+      f << text;
+      if (!f) return fail("cannot write " + a.json_out);
+    }
+  }
+  return 0;
+}
+
+}  // namespace vlm_cli

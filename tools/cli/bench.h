@@ -1,0 +1,38 @@
+// `vlm bench`: prefill, decode, vision, batched-decode and memory-bandwidth figures, each the
+// median, min and max of repetitions after a warmup, as a markdown table and JSON.
+// Methodology: docs/benchmarks.md.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vlm_cli {
+
+struct BenchArgs {
+  std::string model;
+  std::string prompt_sizes;  // -p "128,512,2048"; "" = not given
+  std::string gen_sizes;     // -n "128"
+  std::string batch_sizes;   // --batch "1,8"
+  int64_t gen_prompt = 0;    // prompt before the decode measurements; 0 = the first -p, else 128
+  std::vector<std::string> images;
+  std::vector<std::string> synthetic_images;  // "448x448"
+  int64_t min_pixels = -1, max_pixels = -1;
+  int reps = 3;
+  bool no_warmup = false;
+  int threads = 0;
+  std::string quant;
+  bool membw = false;
+  int64_t membw_mib = 0;  // 0 = default_membw_bytes()
+  std::string json_out;   // a file, or "-" for stdout (the table then goes to stderr)
+  std::string command;    // the command line, recorded in the JSON
+};
+
+// Declares the `bench` options on `cmd`, writing into `a`.
+void add_bench_options(CLI::App* cmd, BenchArgs* a);
+
+// Runs the benchmark; returns the process exit code (errors: one line on stderr, 1).
+int run_bench(const BenchArgs& a);
+
+}  // namespace vlm_cli
