@@ -181,6 +181,77 @@ bool vector_head_dim(int64_t head_dim) {
 
 // Below this many tokens per segment the per-row tile kernel is used.
 constexpr int64_t kBlockedMinTokens = 64;
+// Query rows per block of the blocked (GEMM) attention paths.
+constexpr int64_t kQueryBlock = 64;
+
+// Causal attention of a long prefill chunk through the matmul kernels, as attention_full does
+// for images: the heads are split over the threads; per head the keys 0 .. first_pos + n_q are
+// gathered from the paged cache once (K as rows, V transposed), then per block of kQueryBlock
+// queries: scores = Q·Kᵀ over the keys the block's last query sees, each row's softmax over its
+// own causal prefix (the rest of the row zeroed), out = P·V. The per-row kernel streams every
+// key once per query at vector-FMA speed on one row; here each key is reused by 64 queries in
+// registers.
+void attention_causal_blocked(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
+                              const float* v_pool, const int32_t* block_table, int64_t block_size,
+                              int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                              float* out, ThreadPool& pool, Isa isa) {
+  const int64_t group = n_heads / n_kv_heads, kv_stride = n_kv_heads * head_dim;
+  const int64_t q_stride = n_heads * head_dim, n_keys = first_pos + n_q;
+  const auto softmax = attention_kernels(isa).softmax_row;
+  // Per thread: K [n_keys, hd], Vᵀ [hd, n_keys], a block's Vᵀ [hd, nk], Q block, scores, output
+  // block and the matmul scratch.
+  const int64_t mm_scratch =
+      std::max(matmul_scratch_floats(head_dim), matmul_scratch_floats(n_keys));
+  const int64_t per_thread = 3 * n_keys * head_dim + 2 * kQueryBlock * head_dim +
+                             kQueryBlock * n_keys + mm_scratch;
+  thread_local PerThreadBuffers bufs_tls;
+  PerThreadBuffers& bufs = bufs_tls;  // the caller's, also inside the lambda
+  bufs.reserve(pool.n_threads(), static_cast<size_t>(per_thread));
+  pool.parallel_for(n_heads, 1, [&](int64_t h0, int64_t h1, int t) {
+    float* const kh = bufs.get(t);
+    float* const vt = kh + n_keys * head_dim;
+    float* const vtb = vt + n_keys * head_dim;
+    float* const qh = vtb + n_keys * head_dim;
+    float* const oh = qh + kQueryBlock * head_dim;
+    float* const scores = oh + kQueryBlock * head_dim;
+    float* const scratch = scores + kQueryBlock * n_keys;
+    int64_t gathered = -1;  // the KV head now in kh / vt
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t kvh = h / group;
+      if (kvh != gathered) {
+        for (int64_t j = 0; j < n_keys; ++j) {
+          const int64_t row =
+              static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
+          const float* kr = k_pool + row * kv_stride + kvh * head_dim;
+          const float* vr = v_pool + row * kv_stride + kvh * head_dim;
+          std::copy_n(kr, head_dim, kh + j * head_dim);
+          for (int64_t d = 0; d < head_dim; ++d) vt[d * n_keys + j] = vr[d];
+        }
+        gathered = kvh;
+      }
+      for (int64_t q0 = 0; q0 < n_q; q0 += kQueryBlock) {
+        const int64_t m = std::min(kQueryBlock, n_q - q0);
+        const int64_t nk = first_pos + q0 + m;  // keys the block's last query sees
+        for (int64_t r = 0; r < m; ++r) {
+          std::copy_n(q + (q0 + r) * q_stride + h * head_dim, head_dim, qh + r * head_dim);
+        }
+        const TensorView k_view{DType::kF32, {nk, head_dim}, kh};
+        matmul_on_this_thread(qh, m, head_dim, k_view, scores, scratch, isa);
+        for (int64_t r = 0; r < m; ++r) {
+          const int64_t visible = first_pos + q0 + r + 1;
+          softmax(scores + r * nk, visible, scale);
+          std::fill(scores + r * nk + visible, scores + (r + 1) * nk, 0.f);
+        }
+        for (int64_t d = 0; d < head_dim; ++d) std::copy_n(vt + d * n_keys, nk, vtb + d * nk);
+        const TensorView vt_view{DType::kF32, {head_dim, nk}, vtb};
+        matmul_on_this_thread(scores, m, nk, vt_view, oh, scratch, isa);
+        for (int64_t r = 0; r < m; ++r) {
+          std::copy_n(oh + r * head_dim, head_dim, out + (q0 + r) * q_stride + h * head_dim);
+        }
+      }
+    }
+  });
+}
 
 }  // namespace
 
@@ -192,6 +263,11 @@ void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float
   const int64_t kv_stride = n_kv_heads * head_dim;
   const auto paged = attention_kernels(isa).attend_row_paged;
   const bool vector_ok = vector_head_dim(head_dim);
+  if (n_q >= kBlockedMinTokens && vector_ok) {
+    attention_causal_blocked(q, n_q, first_pos, k_pool, v_pool, block_table, block_size, n_heads,
+                             n_kv_heads, head_dim, scale, out, pool, isa);
+    return;
+  }
   // Rare shapes (head_dim not a multiple of 8) across several blocks gather each thread's keys.
   thread_local PerThreadBuffers gather_tls;
   PerThreadBuffers& gather = gather_tls;  // the caller's, also inside the lambda
@@ -246,7 +322,6 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
   // kQueryBlock queries go through the matmul kernels on that thread — scores [block, n] = Q·Kᵀ,
   // a row softmax, then out = P·V — so the work runs at GEMM speed with one fork/join per call.
   // Memory is O(block · n) per thread: the n × n score matrix is never built.
-  constexpr int64_t kQueryBlock = 64;
   const auto softmax = attention_kernels(isa).softmax_row;
   // Per thread: q, k, vᵀ of one head, a block of scores, its output and the matmul scratch.
   const int64_t mm_scratch = std::max(matmul_scratch_floats(head_dim), matmul_scratch_floats(n));

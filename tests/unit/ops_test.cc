@@ -516,6 +516,42 @@ TEST_P(AttentionTest, CausalGqaMatchesReference) {
   }
 }
 
+TEST_P(AttentionTest, LongPrefillChunksMatchReference) {
+  // From 64 queries the chunk goes through the blocked (GEMM) path: chunks of 64, 130 (blocks of
+  // 64 + 64 + 2) and 200 queries after 0 or 37 cached positions, over a shuffled paged cache,
+  // with GQA (6 heads on 2 KV heads) and a head_dim on each vector path.
+  ThreadPool pool(2);
+  for (int64_t head_dim : {16, 72}) {
+    for (int64_t n_q : {64, 130, 200}) {
+      for (int64_t first_pos : {0, 37}) {
+        const int64_t heads = 6, n_kv = 2, total = first_pos + n_q, block_size = 16;
+        const int64_t row = n_kv * head_dim, n_blocks = (total + block_size - 1) / block_size;
+        auto q = randn(n_q * heads * head_dim, 21);
+        auto k = randn(total * row, 22), v = randn(total * row, 23);
+        std::vector<int32_t> table(n_blocks);
+        for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>(n_blocks - b);
+        std::vector<float> kp((n_blocks + 1) * block_size * row, NAN), vp(kp.size(), NAN);
+        for (int64_t p = 0; p < total; ++p) {
+          const int64_t r = table[p / block_size] * block_size + p % block_size;
+          std::copy_n(k.data() + p * row, row, kp.data() + r * row);
+          std::copy_n(v.data() + p * row, row, vp.data() + r * row);
+        }
+        std::vector<float> got(q.size(), NAN), want(q.size());
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        ops::attention_paged(q.data(), n_q, first_pos, kp.data(), vp.data(), table.data(),
+                             block_size, heads, n_kv, head_dim, scale, got.data(), pool,
+                             GetParam());
+        ops::ref::attention_causal(q.data(), n_q, first_pos, k.data(), v.data(), heads, n_kv,
+                                   head_dim, scale, want.data());
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_NEAR(got[i], want[i], 1e-5f)
+              << "hd " << head_dim << " n_q " << n_q << " first " << first_pos << " i " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(AttentionTest, PagedEqualsContiguous) {
   // The same keys scattered over shuffled blocks of a pool give the same result as a contiguous
   // cache, for block sizes that do and do not divide the length, and head dims on both paths.
