@@ -131,15 +131,15 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const TextLayerWeights& L = w_.layers[l];
     // Attention block: projections for all tokens of all chunks at once.
-    ops::rms_norm(x_.data(), L.input_layernorm.data(), T, H, eps, xn_.data());
+    ops::rms_norm(x_.data(), L.input_layernorm.data(), T, H, eps, xn_.data(), pool_, isa_);
     ops::matmul(xn_.data(), T, H, L.q_proj, q_.data(), pool_, isa_);
     ops::matmul(xn_.data(), T, H, L.k_proj, k_.data(), pool_, isa_);
     ops::matmul(xn_.data(), T, H, L.v_proj, v_.data(), pool_, isa_);
     // q/k RMSNorm over each head's head_dim values, BEFORE rotary.
-    ops::rms_norm(q_.data(), L.q_norm.data(), T * nh, hd, eps, q_.data());
-    ops::rms_norm(k_.data(), L.k_norm.data(), T * nkv, hd, eps, k_.data());
-    ops::rope_neox(q_.data(), T, nh, hd, cos_.data(), sin_.data());
-    ops::rope_neox(k_.data(), T, nkv, hd, cos_.data(), sin_.data());
+    ops::rms_norm(q_.data(), L.q_norm.data(), T * nh, hd, eps, q_.data(), pool_, isa_);
+    ops::rms_norm(k_.data(), L.k_norm.data(), T * nkv, hd, eps, k_.data(), pool_, isa_);
+    ops::rope_neox(q_.data(), T, nh, hd, cos_.data(), sin_.data(), pool_, isa_);
+    ops::rope_neox(k_.data(), T, nkv, hd, cos_.data(), sin_.data(), pool_, isa_);
     float* kc = cache.k_layer(static_cast<int64_t>(l));
     float* vc = cache.v_layer(static_cast<int64_t>(l));
     for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
@@ -156,10 +156,11 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
     ops::matmul(attn_.data(), T, qd, L.o_proj, tmp_.data(), pool_, isa_);
     for (int64_t i = 0; i < T * H; ++i) x_[i] += tmp_[i];
     // MLP block.
-    ops::rms_norm(x_.data(), L.post_attention_layernorm.data(), T, H, eps, xn_.data());
+    ops::rms_norm(x_.data(), L.post_attention_layernorm.data(), T, H, eps, xn_.data(), pool_,
+                  isa_);
     ops::matmul(xn_.data(), T, H, L.gate_proj, gate_.data(), pool_, isa_);
     ops::matmul(xn_.data(), T, H, L.up_proj, up_.data(), pool_, isa_);
-    ops::silu_mul(gate_.data(), up_.data(), T * I, gate_.data());
+    ops::silu_mul(gate_.data(), up_.data(), T * I, gate_.data(), pool_, isa_);
     ops::matmul(gate_.data(), T, I, L.down_proj, tmp_.data(), pool_, isa_);
     for (int64_t i = 0; i < T * H; ++i) x_[i] += tmp_[i];
     // DeepStack: after decoder layer l, image rows get that tap's features.
@@ -182,7 +183,8 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
     const SeqChunk& ch = chunks[c];
     const int64_t row0 = ch.rows == LogitRows::kLast ? off + ch.n - 1 : off;
     const int64_t rows = ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
-    ops::rms_norm(x_.data() + row0 * H, w_.norm.data(), rows, H, eps, xn_.data() + n_rows * H);
+    ops::rms_norm(x_.data() + row0 * H, w_.norm.data(), rows, H, eps, xn_.data() + n_rows * H,
+                  pool_, isa_);
     n_rows += rows;
   }
   if (n_rows > 0) ops::matmul(xn_.data(), n_rows, H, w_.lm_head, logits, pool_, isa_);
