@@ -132,11 +132,18 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
   out->embeds.assign(static_cast<size_t>(out->tokens * out_h), 0.f);
   out->deepstack.assign(w_.deepstack_mergers.size(), {});
 
+  // NOTE(vlm): every residual add runs fused into the LayerNorm after it (ops::add_layer_norm:
+  // x += delta + bias, xn = LN(x) in one pass over x): the attention's into norm2, the MLP's into
+  // the next block's norm1. The bias adds of the linear layers ride along the same way.
   const int64_t per_frame = g.h * g.w;
-  for (size_t b = 0; b < w_.blocks.size(); ++b) {
-    const VisionBlockWeights& B = w_.blocks[b];
-    ops::layer_norm(x.data(), B.norm1_w.data(), B.norm1_b.data(), S, D, 1e-6f, xn.data(), pool_,
+  const size_t n_blocks = w_.blocks.size();
+  if (n_blocks > 0) {
+    const VisionBlockWeights& B0 = w_.blocks[0];
+    ops::layer_norm(x.data(), B0.norm1_w.data(), B0.norm1_b.data(), S, D, 1e-6f, xn.data(), pool_,
                     isa_);
+  }
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const VisionBlockWeights& B = w_.blocks[b];
     ops::matmul(xn.data(), S, D, B.qkv, qkv.data(), pool_, isa_);
     ops::add_bias(qkv.data(), B.qkv_b.data(), S, 3 * D);
     for (int64_t i = 0; i < S; ++i) {  // [S, 3, heads, hd] → three [S, heads, hd]
@@ -153,16 +160,19 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
                           attn.data() + off, pool_, isa_);
     }
     ops::matmul(attn.data(), S, D, B.proj, tmp.data(), pool_, isa_);
-    ops::add_bias(tmp.data(), B.proj_b.data(), S, D);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    ops::add_layer_norm(x.data(), tmp.data(), B.proj_b.data(), B.norm2_w.data(), B.norm2_b.data(),
+                        S, D, 1e-6f, xn.data(), pool_, isa_);
 
-    ops::layer_norm(x.data(), B.norm2_w.data(), B.norm2_b.data(), S, D, 1e-6f, xn.data(), pool_,
-                    isa_);
     ops::matmul(xn.data(), S, D, B.fc1, mlp.data(), pool_, isa_);
     ops::gelu_tanh(mlp.data(), B.fc1_b.data(), S, I, pool_, isa_);  // fc1's bias add fused
     ops::matmul(mlp.data(), S, I, B.fc2, tmp.data(), pool_, isa_);
-    ops::add_bias(tmp.data(), B.fc2_b.data(), S, D);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    if (b + 1 < n_blocks) {
+      const VisionBlockWeights& N = w_.blocks[b + 1];
+      ops::add_layer_norm(x.data(), tmp.data(), B.fc2_b.data(), N.norm1_w.data(),
+                          N.norm1_b.data(), S, D, 1e-6f, xn.data(), pool_, isa_);
+    } else {
+      ops::add_residual(x.data(), tmp.data(), B.fc2_b.data(), S, D, pool_, isa_);
+    }
 
     // DeepStack taps: the hidden state after block b, through that tap's own merger.
     for (size_t tap = 0; tap < cfg_.deepstack_visual_indexes.size(); ++tap) {
