@@ -195,19 +195,25 @@ struct AttentionKernels {
   void (*attend_row_paged)(const float*, const float*, const float*, const int32_t*, int64_t,
                            int64_t, int64_t, int64_t, float, float*);
   void (*softmax_row)(float*, int64_t, float);
+  void (*attend_group_partial)(const float*, int64_t, const float*, const float*, const int32_t*,
+                               int64_t, int64_t, int64_t, int64_t, int64_t, float, float*,
+                               int64_t);
 };
 
 const AttentionKernels& attention_kernels(Isa isa) {
   static const AttentionKernels kGeneric = {&kernels::generic::attend_row,
                                             &kernels::generic::attend_row_paged,
-                                            &kernels::generic::softmax_row};
+                                            &kernels::generic::softmax_row,
+                                            &kernels::generic::attend_group_partial};
 #if defined(VLM_HAVE_X86_DISPATCH)
   static const AttentionKernels kAvx2 = {&kernels::avx2::attend_row,
                                          &kernels::avx2::attend_row_paged,
-                                         &kernels::avx2::softmax_row};
+                                         &kernels::avx2::softmax_row,
+                                         &kernels::avx2::attend_group_partial};
   static const AttentionKernels kAvx512 = {&kernels::avx512::attend_row,
                                            &kernels::avx512::attend_row_paged,
-                                           &kernels::avx512::softmax_row};
+                                           &kernels::avx512::softmax_row,
+                                           &kernels::avx512::attend_group_partial};
   switch (isa) {
     case Isa::kAvx512: return kAvx512;
     case Isa::kAvx2: return kAvx2;
@@ -225,6 +231,69 @@ bool vector_head_dim(int64_t head_dim) {
 // Below this many tokens per segment the per-row tile kernel is used.
 constexpr int64_t kBlockedMinTokens = 64;
 
+// Split-K decode: a single query row over more than kSplitMinKeys keys has its key range cut into
+// chunks of at least kSplitMinChunk keys (a multiple of the kernel's 64-key tile), at most
+// kMaxSplits of them.
+constexpr int64_t kSplitMinKeys = 1024;
+constexpr int64_t kSplitMinChunk = 256;
+constexpr int64_t kMaxSplits = 64;
+
+// NOTE(vlm): decode attention of one long sequence has only n_heads independent rows, too few to
+// keep many threads busy, and reads the whole KV cache of the layer. Split-K (FlashDecoding)
+// gives every (GQA group, key chunk) pair to a thread: each computes the unnormalised partial
+// state (acc, max m, sum l) of its chunk for all query heads of the group, loading each K/V row
+// once for the group; the caller then merges the chunks per head:
+//   M = max_c m_c,  out = Σ_c e^(m_c − M)·acc_c / Σ_c e^(m_c − M)·l_c.
+// The chunking depends only on the context length, never on the thread count, so results are
+// the same on any machine.
+void attention_decode_split(const float* q, int64_t n_keys, const float* k_pool,
+                            const float* v_pool, const int32_t* block_table, int64_t block_size,
+                            int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                            float* out, ThreadPool& pool, Isa isa) {
+  const int64_t group = n_heads / n_kv_heads, kv_stride = n_kv_heads * head_dim;
+  const int64_t part_row = head_dim + 2;
+  constexpr int64_t kTile = 64;
+  const int64_t per_split = (n_keys + kMaxSplits - 1) / kMaxSplits;
+  const int64_t chunk = std::max(kSplitMinChunk, (per_split + kTile - 1) / kTile * kTile);
+  const int64_t n_split = (n_keys + chunk - 1) / chunk;
+  const int64_t sub_groups = (group + kernels::kMaxGroup - 1) / kernels::kMaxGroup;
+  // Partial states [n_heads, n_split, head_dim + 2] of the calling thread: sized once per model
+  // shape for the most chunks, so steady-state decoding allocates nothing.
+  thread_local std::vector<float> parts;
+  const size_t need = static_cast<size_t>(n_heads * kMaxSplits * part_row);
+  if (parts.size() < need) parts.resize(need);
+  float* part = parts.data();
+  const auto kernel = attention_kernels(isa).attend_group_partial;
+  pool.parallel_for(n_kv_heads * sub_groups * n_split, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t c = item % n_split, gi = item / n_split;
+      const int64_t kvh = gi / sub_groups;
+      const int64_t h0 = kvh * group + (gi % sub_groups) * kernels::kMaxGroup;
+      const int64_t nq = std::min(kernels::kMaxGroup, (kvh + 1) * group - h0);
+      const int64_t j0 = c * chunk, j1 = std::min(n_keys, j0 + chunk);
+      kernel(q + h0 * head_dim, nq, k_pool + kvh * head_dim, v_pool + kvh * head_dim, block_table,
+             block_size, kv_stride, j0, j1, head_dim, scale, part + (h0 * n_split + c) * part_row,
+             n_split * part_row);
+    }
+  });
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const float* ph = part + h * n_split * part_row;
+    float M = -INFINITY;
+    for (int64_t c = 0; c < n_split; ++c) M = std::max(M, ph[c * part_row + head_dim]);
+    float* o = out + h * head_dim;
+    std::fill(o, o + head_dim, 0.f);
+    float L = 0.f;
+    for (int64_t c = 0; c < n_split; ++c) {
+      const float* pc = ph + c * part_row;
+      const float w = std::exp(pc[head_dim] - M);
+      L += w * pc[head_dim + 1];
+      for (int64_t d = 0; d < head_dim; ++d) o[d] += w * pc[d];
+    }
+    const float inv = 1.f / L;
+    for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+  }
+}
+
 }  // namespace
 
 void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
@@ -235,6 +304,11 @@ void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float
   const int64_t kv_stride = n_kv_heads * head_dim;
   const auto paged = attention_kernels(isa).attend_row_paged;
   const bool vector_ok = vector_head_dim(head_dim);
+  if (n_q == 1 && first_pos + 1 > kSplitMinKeys && vector_ok) {
+    attention_decode_split(q, first_pos + 1, k_pool, v_pool, block_table, block_size, n_heads,
+                           n_kv_heads, head_dim, scale, out, pool, isa);
+    return;
+  }
   pool.parallel_for(n_q * n_heads, 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / n_heads;
