@@ -128,20 +128,29 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
   }
   rope_tables(Positions3{pos_t_.data(), pos_h_.data(), pos_w_.data()}, T);
 
+  // NOTE(vlm): each layer's MLP output (tmp_) is added to the residual stream by the next norm
+  // (ops::add_rms_norm: one pass instead of two), the next layer's input norm or the final norm.
+  // Only DeepStack layers add it on their own, because the image features go in after it.
+  bool pending = false;  // tmp_ still has to be added to x_
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const TextLayerWeights& L = w_.layers[l];
     // Attention block: projections for all tokens of all chunks at once.
-    ops::rms_norm(x_.data(), L.input_layernorm.data(), T, H, eps, xn_.data());
+    if (pending) {
+      ops::add_rms_norm(x_.data(), tmp_.data(), L.input_layernorm.data(), T, H, eps, xn_.data(),
+                        pool_, isa_);
+    } else {
+      ops::rms_norm(x_.data(), L.input_layernorm.data(), T, H, eps, xn_.data(), pool_, isa_);
+    }
     {
       const TensorView* ws[] = {&L.q_proj, &L.k_proj, &L.v_proj};
       float* ys[] = {q_.data(), k_.data(), v_.data()};
       ops::matmul_multi(xn_.data(), T, H, ws, ys, pool_, isa_);
     }
-    // q/k RMSNorm over each head's head_dim values, BEFORE rotary.
-    ops::rms_norm(q_.data(), L.q_norm.data(), T * nh, hd, eps, q_.data());
-    ops::rms_norm(k_.data(), L.k_norm.data(), T * nkv, hd, eps, k_.data());
-    ops::rope_neox(q_.data(), T, nh, hd, cos_.data(), sin_.data());
-    ops::rope_neox(k_.data(), T, nkv, hd, cos_.data(), sin_.data());
+    // q/k RMSNorm over each head's head_dim values, then rotary: one pass over q and one over k.
+    ops::qk_norm_rope(q_.data(), T, nh, hd, L.q_norm.data(), eps, cos_.data(), sin_.data(), pool_,
+                      isa_);
+    ops::qk_norm_rope(k_.data(), T, nkv, hd, L.k_norm.data(), eps, cos_.data(), sin_.data(),
+                      pool_, isa_);
     float* kc = cache.k_layer(static_cast<int64_t>(l));
     float* vc = cache.v_layer(static_cast<int64_t>(l));
     for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
@@ -156,18 +165,26 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
                            nkv, hd, scale, attn_.data() + off * qd, pool_, isa_);
     }
     ops::matmul(attn_.data(), T, qd, L.o_proj, tmp_.data(), pool_, isa_);
-    for (int64_t i = 0; i < T * H; ++i) x_[i] += tmp_[i];
-    // MLP block.
-    ops::rms_norm(x_.data(), L.post_attention_layernorm.data(), T, H, eps, xn_.data());
+    // MLP block: residual add fused into its norm; SwiGLU in place in gate_.
+    ops::add_rms_norm(x_.data(), tmp_.data(), L.post_attention_layernorm.data(), T, H, eps,
+                      xn_.data(), pool_, isa_);
     {
       const TensorView* ws[] = {&L.gate_proj, &L.up_proj};
       float* ys[] = {gate_.data(), up_.data()};
       ops::matmul_multi(xn_.data(), T, H, ws, ys, pool_, isa_);
     }
-    ops::silu_mul(gate_.data(), up_.data(), T * I, gate_.data());
+    ops::silu_mul(gate_.data(), up_.data(), T * I, gate_.data(), pool_, isa_);
     ops::matmul(gate_.data(), T, I, L.down_proj, tmp_.data(), pool_, isa_);
-    for (int64_t i = 0; i < T * H; ++i) x_[i] += tmp_[i];
+    pending = true;
     // DeepStack: after decoder layer l, image rows get that tap's features.
+    bool deepstack = false;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      const VisionRows* vis = chunks[c].vision;
+      deepstack = deepstack || (vis != nullptr && l < vis->deepstack.size());
+    }
+    if (!deepstack) continue;
+    ops::add_residual(x_.data(), tmp_.data(), nullptr, T, H, pool_, isa_);
+    pending = false;
     for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
       const VisionRows* vis = chunks[c].vision;
       if (vis == nullptr || l >= vis->deepstack.size()) continue;
@@ -181,13 +198,20 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
     }
   }
 
-  // Final norm and head only for the rows that want logits, gathered into xn_.
+  // Final norm and head only for the rows that want logits, gathered into xn_ (the last layer's
+  // residual add, when pending, only for those rows too).
   int64_t n_rows = 0;
   for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
     const SeqChunk& ch = chunks[c];
     const int64_t row0 = ch.rows == LogitRows::kLast ? off + ch.n - 1 : off;
     const int64_t rows = ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
-    ops::rms_norm(x_.data() + row0 * H, w_.norm.data(), rows, H, eps, xn_.data() + n_rows * H);
+    if (pending) {
+      ops::add_rms_norm(x_.data() + row0 * H, tmp_.data() + row0 * H, w_.norm.data(), rows, H, eps,
+                        xn_.data() + n_rows * H, pool_, isa_);
+    } else {
+      ops::rms_norm(x_.data() + row0 * H, w_.norm.data(), rows, H, eps, xn_.data() + n_rows * H,
+                    pool_, isa_);
+    }
     n_rows += rows;
   }
   if (n_rows > 0) ops::matmul(xn_.data(), n_rows, H, w_.lm_head, logits, pool_, isa_);

@@ -92,14 +92,16 @@ void VisionEncoder::run_merger(const VisionMergerWeights& mw, bool postshuffle_n
   // Each run of merge² consecutive rows (one 2×2 block) is one token of width merge²·D.
   std::vector<float> normed(static_cast<size_t>(patches * D));
   if (postshuffle_norm) {
-    ops::layer_norm(x, mw.norm_w.data(), mw.norm_b.data(), tokens, wide, 1e-6f, normed.data());
+    ops::layer_norm(x, mw.norm_w.data(), mw.norm_b.data(), tokens, wide, 1e-6f, normed.data(),
+                    pool_, isa_);
   } else {
-    ops::layer_norm(x, mw.norm_w.data(), mw.norm_b.data(), patches, D, 1e-6f, normed.data());
+    ops::layer_norm(x, mw.norm_w.data(), mw.norm_b.data(), patches, D, 1e-6f, normed.data(),
+                    pool_, isa_);
   }
   std::vector<float> hidden(static_cast<size_t>(tokens * wide));
   ops::matmul(normed.data(), tokens, wide, mw.fc1, hidden.data(), pool_, isa_);
-  ops::add_bias(hidden.data(), mw.fc1_b.data(), tokens, wide);
-  ops::gelu_erf(hidden.data(), tokens * wide);  // both mergers use nn.GELU() (exact erf)
+  // Both mergers use nn.GELU() (exact erf); fc1's bias add is fused into it.
+  ops::gelu_erf(hidden.data(), mw.fc1_b.data(), tokens, wide, pool_, isa_);
   ops::matmul(hidden.data(), tokens, wide, mw.fc2, out, pool_, isa_);
   ops::add_bias(out, mw.fc2_b.data(), tokens, cfg_.out_hidden_size);
 }
@@ -130,10 +132,18 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
   out->embeds.assign(static_cast<size_t>(out->tokens * out_h), 0.f);
   out->deepstack.assign(w_.deepstack_mergers.size(), {});
 
+  // NOTE(vlm): every residual add runs fused into the LayerNorm after it (ops::add_layer_norm:
+  // x += delta + bias, xn = LN(x) in one pass over x): the attention's into norm2, the MLP's into
+  // the next block's norm1. The bias adds of the linear layers ride along the same way.
   const int64_t per_frame = g.h * g.w;
-  for (size_t b = 0; b < w_.blocks.size(); ++b) {
+  const size_t n_blocks = w_.blocks.size();
+  if (n_blocks > 0) {
+    const VisionBlockWeights& B0 = w_.blocks[0];
+    ops::layer_norm(x.data(), B0.norm1_w.data(), B0.norm1_b.data(), S, D, 1e-6f, xn.data(), pool_,
+                    isa_);
+  }
+  for (size_t b = 0; b < n_blocks; ++b) {
     const VisionBlockWeights& B = w_.blocks[b];
-    ops::layer_norm(x.data(), B.norm1_w.data(), B.norm1_b.data(), S, D, 1e-6f, xn.data());
     ops::matmul(xn.data(), S, D, B.qkv, qkv.data(), pool_, isa_);
     ops::add_bias(qkv.data(), B.qkv_b.data(), S, 3 * D);
     for (int64_t i = 0; i < S; ++i) {  // [S, 3, heads, hd] → three [S, heads, hd]
@@ -142,24 +152,27 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
       std::copy(r + D, r + 2 * D, k.data() + i * D);
       std::copy(r + 2 * D, r + 3 * D, v.data() + i * D);
     }
-    ops::rope_neox(q.data(), S, nh, hd, cos.data(), sin.data());
-    ops::rope_neox(k.data(), S, nh, hd, cos.data(), sin.data());
+    ops::rope_neox(q.data(), S, nh, hd, cos.data(), sin.data(), pool_, isa_);
+    ops::rope_neox(k.data(), S, nh, hd, cos.data(), sin.data(), pool_, isa_);
     for (int64_t t = 0; t < g.t; ++t) {  // one attention segment per temporal group
       const int64_t off = t * per_frame * D;
       ops::attention_full(q.data() + off, k.data() + off, v.data() + off, per_frame, nh, hd, scale,
                           attn.data() + off, pool_, isa_);
     }
     ops::matmul(attn.data(), S, D, B.proj, tmp.data(), pool_, isa_);
-    ops::add_bias(tmp.data(), B.proj_b.data(), S, D);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    ops::add_layer_norm(x.data(), tmp.data(), B.proj_b.data(), B.norm2_w.data(), B.norm2_b.data(),
+                        S, D, 1e-6f, xn.data(), pool_, isa_);
 
-    ops::layer_norm(x.data(), B.norm2_w.data(), B.norm2_b.data(), S, D, 1e-6f, xn.data());
     ops::matmul(xn.data(), S, D, B.fc1, mlp.data(), pool_, isa_);
-    ops::add_bias(mlp.data(), B.fc1_b.data(), S, I);
-    ops::gelu_tanh(mlp.data(), S * I);
+    ops::gelu_tanh(mlp.data(), B.fc1_b.data(), S, I, pool_, isa_);  // fc1's bias add fused
     ops::matmul(mlp.data(), S, I, B.fc2, tmp.data(), pool_, isa_);
-    ops::add_bias(tmp.data(), B.fc2_b.data(), S, D);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    if (b + 1 < n_blocks) {
+      const VisionBlockWeights& N = w_.blocks[b + 1];
+      ops::add_layer_norm(x.data(), tmp.data(), B.fc2_b.data(), N.norm1_w.data(),
+                          N.norm1_b.data(), S, D, 1e-6f, xn.data(), pool_, isa_);
+    } else {
+      ops::add_residual(x.data(), tmp.data(), B.fc2_b.data(), S, D, pool_, isa_);
+    }
 
     // DeepStack taps: the hidden state after block b, through that tap's own merger.
     for (size_t tap = 0; tap < cfg_.deepstack_visual_indexes.size(); ++tap) {

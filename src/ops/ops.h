@@ -64,32 +64,60 @@ Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& p
 // Threads split N.
 Status quantize_int4(const TensorView& w, uint8_t* q, float* scale, ThreadPool& pool);
 
-// Per row: y = (x - mean) / sqrt(var + eps) * w + b (nn.LayerNorm). x, y: [rows, n] (may alias).
-void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
-                float* y);
-
 // y[r, :] += bias for every row r. y: [rows, n].
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n);
 
-// In place: x = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (gelu_pytorch_tanh).
-void gelu_tanh(float* x, int64_t count);
-// In place: x = 0.5·x·(1 + erf(x / √2)) (nn.GELU(), exact).
-void gelu_erf(float* x, int64_t count);
-
-// Per row: y = x / sqrt(mean(x²) + eps) * w.  x, y: [rows, n] (may alias); w: [n] f32.
-void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y);
 
 // out[i, :] = table[ids[i], :] converted to f32. table: [vocab, n] F32/BF16/F16.
 void embedding_lookup(const TensorView& table, const int32_t* ids, int64_t count, float* out);
 
-// gate_up: [rows, 2·n] holding gate in [0, n) and up in [n, 2n) per row; out[rows, n] =
-// silu(gate) * up.
-void silu_mul(const float* gate, const float* up, int64_t count, float* out);
+// ---- Small ops: norms, activations, rotary ----
+// Per-ISA vector kernels (kernels/cpu/eltwise_kernel.inc), each tested against its scalar loop in
+// ops/ref/. Rows (or, for the element-wise ops, runs of elements) are split over the pool's
+// threads once there is enough work; a decode step's single row runs on the calling thread.
+// Accuracy against std::exp / std::tanh / std::erf: tests/unit/ops_test.cc (Eltwise*).
+
+// Per row: y = x / sqrt(mean(x²) + eps) * w.  x, y: [rows, n] (may alias); w: [n] f32.
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y,
+              ThreadPool& pool, Isa isa = detected_isa());
+// The residual add fused into the norm after it: per row, x += delta, then y = rms_norm(x).
+// x: [rows, n] updated in place; delta, y: [rows, n].
+void add_rms_norm(float* x, const float* delta, const float* w, int64_t rows, int64_t n, float eps,
+                  float* y, ThreadPool& pool, Isa isa = detected_isa());
+
+// Per row: y = (x - mean) / sqrt(var + eps) * w + b (nn.LayerNorm). x, y: [rows, n] (may alias).
+void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
+                float* y, ThreadPool& pool, Isa isa = detected_isa());
+// Per row: x += delta + delta_bias (delta_bias [n] may be null), then y = layer_norm(x).
+void add_layer_norm(float* x, const float* delta, const float* delta_bias, const float* w,
+                    const float* b, int64_t rows, int64_t n, float eps, float* y, ThreadPool& pool,
+                    Isa isa = detected_isa());
+// The residual add alone: x[rows, n] += delta + delta_bias (delta_bias [n] may be null).
+void add_residual(float* x, const float* delta, const float* delta_bias, int64_t rows, int64_t n,
+                  ThreadPool& pool, Isa isa = detected_isa());
+
+// In place on y[rows, n]: y = gelu(y + bias) with bias [n] (null: none): the bias add of the
+// linear layer before it, fused. gelu_tanh is gelu_pytorch_tanh,
+// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))); gelu_erf is nn.GELU(), 0.5·x·(1 + erf(x / √2)).
+void gelu_tanh(float* y, const float* bias, int64_t rows, int64_t n, ThreadPool& pool,
+               Isa isa = detected_isa());
+void gelu_erf(float* y, const float* bias, int64_t rows, int64_t n, ThreadPool& pool,
+              Isa isa = detected_isa());
+
+// out[i] = silu(gate[i]) * up[i] = gate / (1 + e^−gate) * up for i < count (SwiGLU; out may
+// alias gate or up).
+void silu_mul(const float* gate, const float* up, int64_t count, float* out, ThreadPool& pool,
+              Isa isa = detected_isa());
 
 // Rotates x [tokens, n_heads, head_dim] in place with NeoX (rotate-half) pairing (d, d + half).
 // cos, sin: [tokens, head_dim / 2] angles for the first half (the second half repeats them).
 void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* cos,
-               const float* sin);
+               const float* sin, ThreadPool& pool, Isa isa = detected_isa());
+// Qwen3's per-head q/k RMSNorm (weight w [head_dim], over each head's head_dim values) followed
+// by rope_neox, in one pass over x [tokens, n_heads, head_dim] (in place).
+void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
+                  float eps, const float* cos, const float* sin, ThreadPool& pool,
+                  Isa isa = detected_isa());
 
 // Causal GQA attention of one sequence's chunk against a PAGED KV cache of one layer.
 // q: [n_q, n_heads, head_dim] for positions first_pos .. first_pos + n_q - 1; position p's K/V

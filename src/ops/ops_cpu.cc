@@ -1,43 +1,124 @@
-// CPU implementations of the small ops (plain loops the compiler vectorises at the baseline ISA;
-// they are a few percent of the time next to matmul).
+// CPU implementations of the small ops and attention: the per-ISA kernel tables are picked here
+// (kernels/cpu/eltwise.h, attention.h); embedding lookup and bias add stay plain loops.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "core/half.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/eltwise.h"
 #include "ops/ops.h"
 
 namespace vlm::ops {
+namespace {
 
-void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    float* yr = y + r * n;
-    float ss = 0.f;
-    for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-    for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] * inv) * w[i];
+// The element-wise kernels of one ISA level: the one place that picks them.
+const kernels::EltwiseKernels& eltwise(Isa isa) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  switch (isa) {
+    case Isa::kAvx512: return kernels::avx512::eltwise_kernels();
+    case Isa::kAvx2: return kernels::avx2::eltwise_kernels();
+    case Isa::kGeneric: break;
   }
+#endif
+  return kernels::generic::eltwise_kernels();
+}
+
+// NOTE(vlm): below ~32 K floats per thread, waking the pool costs more than the work saves, so
+// a decode step's single rows (and small prefill chunks) run on the calling thread.
+constexpr int64_t kMinFloatsPerThread = 32 * 1024;
+
+// fn(r0, r1) over row ranges of [0, rows) of n floats each, split over the pool.
+template <class F>
+void for_rows(ThreadPool& pool, int64_t rows, int64_t n, const F& fn) {
+  const int64_t grain = std::max<int64_t>(1, kMinFloatsPerThread / std::max<int64_t>(n, 1));
+  if (rows <= grain) {
+    fn(0, rows);
+    return;
+  }
+  pool.parallel_for(rows, grain, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); });
+}
+
+}  // namespace
+
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y,
+              ThreadPool& pool, Isa isa) {
+  const auto k = eltwise(isa).rms_norm;
+  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) {
+    k(x + r0 * n, w, r1 - r0, n, eps, y + r0 * n);
+  });
+}
+
+void add_rms_norm(float* x, const float* delta, const float* w, int64_t rows, int64_t n, float eps,
+                  float* y, ThreadPool& pool, Isa isa) {
+  const auto k = eltwise(isa).add_rms_norm;
+  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) {
+    k(x + r0 * n, delta + r0 * n, w, r1 - r0, n, eps, y + r0 * n);
+  });
 }
 
 void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
-                float* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    float* yr = y + r * n;
-    // Two passes (mean, then variance of the centred values), as torch's CPU kernel is accurate
-    // for rows with a large mean.
-    double mean = 0;
-    for (int64_t i = 0; i < n; ++i) mean += xr[i];
-    mean /= static_cast<double>(n);
-    double var = 0;
-    for (int64_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-    var /= static_cast<double>(n);
-    const float mu = static_cast<float>(mean);
-    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
-    for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] - mu) * inv * w[i] + b[i];
-  }
+                float* y, ThreadPool& pool, Isa isa) {
+  const auto k = eltwise(isa).layer_norm;
+  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) {
+    k(x + r0 * n, w, b, r1 - r0, n, eps, y + r0 * n);
+  });
+}
+
+void add_layer_norm(float* x, const float* delta, const float* delta_bias, const float* w,
+                    const float* b, int64_t rows, int64_t n, float eps, float* y, ThreadPool& pool,
+                    Isa isa) {
+  const auto k = eltwise(isa).add_layer_norm;
+  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) {
+    k(x + r0 * n, delta + r0 * n, delta_bias, w, b, r1 - r0, n, eps, y + r0 * n);
+  });
+}
+
+void add_residual(float* x, const float* delta, const float* delta_bias, int64_t rows, int64_t n,
+                  ThreadPool& pool, Isa isa) {
+  const auto k = eltwise(isa).add_rows;
+  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) {
+    k(x + r0 * n, delta + r0 * n, delta_bias, r1 - r0, n);
+  });
+}
+
+void gelu_tanh(float* y, const float* bias, int64_t rows, int64_t n, ThreadPool& pool, Isa isa) {
+  const auto k = eltwise(isa).gelu_tanh;
+  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) { k(y + r0 * n, bias, r1 - r0, n); });
+}
+
+void gelu_erf(float* y, const float* bias, int64_t rows, int64_t n, ThreadPool& pool, Isa isa) {
+  const auto k = eltwise(isa).gelu_erf;
+  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) { k(y + r0 * n, bias, r1 - r0, n); });
+}
+
+void silu_mul(const float* gate, const float* up, int64_t count, float* out, ThreadPool& pool,
+              Isa isa) {
+  // Split in runs of 1024 (a multiple of every vector width) treated as rows.
+  constexpr int64_t kRun = 1024;
+  const auto k = eltwise(isa).silu_mul;
+  for_rows(pool, (count + kRun - 1) / kRun, kRun, [&](int64_t r0, int64_t r1) {
+    const int64_t i0 = r0 * kRun, i1 = std::min(count, r1 * kRun);
+    k(gate + i0, up + i0, i1 - i0, out + i0);
+  });
+}
+
+void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* cos,
+               const float* sin, ThreadPool& pool, Isa isa) {
+  const int64_t half = head_dim / 2, row = n_heads * head_dim;
+  const auto k = eltwise(isa).rope_neox;
+  for_rows(pool, tokens, row, [&](int64_t t0, int64_t t1) {
+    k(x + t0 * row, t1 - t0, n_heads, head_dim, cos + t0 * half, sin + t0 * half);
+  });
+}
+
+void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
+                  float eps, const float* cos, const float* sin, ThreadPool& pool, Isa isa) {
+  const int64_t half = head_dim / 2, row = n_heads * head_dim;
+  const auto k = eltwise(isa).qk_norm_rope;
+  for_rows(pool, tokens, row, [&](int64_t t0, int64_t t1) {
+    k(x + t0 * row, t1 - t0, n_heads, head_dim, w, eps, cos + t0 * half, sin + t0 * half);
+  });
 }
 
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
@@ -45,19 +126,6 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
     float* yr = y + r * n;
     for (int64_t i = 0; i < n; ++i) yr[i] += bias[i];
   }
-}
-
-void gelu_tanh(float* x, int64_t count) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = x[i];
-    x[i] = 0.5f * v * (1.f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
-  }
-}
-
-void gelu_erf(float* x, int64_t count) {
-  constexpr float kInvSqrt2 = 0.7071067811865476f;
-  for (int64_t i = 0; i < count; ++i) x[i] = 0.5f * x[i] * (1.f + std::erf(x[i] * kInvSqrt2));
 }
 
 void embedding_lookup(const TensorView& table, const int32_t* ids, int64_t count, float* out) {
@@ -84,31 +152,6 @@ void embedding_lookup(const TensorView& table, const int32_t* ids, int64_t count
       default:
         std::fill(o, o + n, 0.f);  // rejected at load time; never reached
         break;
-    }
-  }
-}
-
-void silu_mul(const float* gate, const float* up, int64_t count, float* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
-}
-
-void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* cos,
-               const float* sin) {
-  const int64_t half = head_dim / 2;
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* c = cos + t * half;
-    const float* s = sin + t * half;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = x + (t * n_heads + h) * head_dim;
-      for (int64_t d = 0; d < half; ++d) {
-        const float a = v[d];
-        const float b = v[d + half];
-        v[d] = a * c[d] - b * s[d];
-        v[d + half] = b * c[d] + a * s[d];
-      }
     }
   }
 }
@@ -152,19 +195,25 @@ struct AttentionKernels {
   void (*attend_row_paged)(const float*, const float*, const float*, const int32_t*, int64_t,
                            int64_t, int64_t, int64_t, float, float*);
   void (*softmax_row)(float*, int64_t, float);
+  void (*attend_group_partial)(const float*, int64_t, const float*, const float*, const int32_t*,
+                               int64_t, int64_t, int64_t, int64_t, int64_t, float, float*,
+                               int64_t);
 };
 
 const AttentionKernels& attention_kernels(Isa isa) {
   static const AttentionKernels kGeneric = {&kernels::generic::attend_row,
                                             &kernels::generic::attend_row_paged,
-                                            &kernels::generic::softmax_row};
+                                            &kernels::generic::softmax_row,
+                                            &kernels::generic::attend_group_partial};
 #if defined(VLM_HAVE_X86_DISPATCH)
   static const AttentionKernels kAvx2 = {&kernels::avx2::attend_row,
                                          &kernels::avx2::attend_row_paged,
-                                         &kernels::avx2::softmax_row};
+                                         &kernels::avx2::softmax_row,
+                                         &kernels::avx2::attend_group_partial};
   static const AttentionKernels kAvx512 = {&kernels::avx512::attend_row,
                                            &kernels::avx512::attend_row_paged,
-                                           &kernels::avx512::softmax_row};
+                                           &kernels::avx512::softmax_row,
+                                           &kernels::avx512::attend_group_partial};
   switch (isa) {
     case Isa::kAvx512: return kAvx512;
     case Isa::kAvx2: return kAvx2;
@@ -253,6 +302,69 @@ void attention_causal_blocked(const float* q, int64_t n_q, int64_t first_pos, co
   });
 }
 
+// Split-K decode: a single query row over more than kSplitMinKeys keys has its key range cut into
+// chunks of at least kSplitMinChunk keys (a multiple of the kernel's 64-key tile), at most
+// kMaxSplits of them.
+constexpr int64_t kSplitMinKeys = 1024;
+constexpr int64_t kSplitMinChunk = 256;
+constexpr int64_t kMaxSplits = 64;
+
+// NOTE(vlm): decode attention of one long sequence has only n_heads independent rows, too few to
+// keep many threads busy, and reads the whole KV cache of the layer. Split-K (FlashDecoding)
+// gives every (GQA group, key chunk) pair to a thread: each computes the unnormalised partial
+// state (acc, max m, sum l) of its chunk for all query heads of the group, loading each K/V row
+// once for the group; the caller then merges the chunks per head:
+//   M = max_c m_c,  out = Σ_c e^(m_c − M)·acc_c / Σ_c e^(m_c − M)·l_c.
+// The chunking depends only on the context length, never on the thread count, so results are
+// the same on any machine.
+void attention_decode_split(const float* q, int64_t n_keys, const float* k_pool,
+                            const float* v_pool, const int32_t* block_table, int64_t block_size,
+                            int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                            float* out, ThreadPool& pool, Isa isa) {
+  const int64_t group = n_heads / n_kv_heads, kv_stride = n_kv_heads * head_dim;
+  const int64_t part_row = head_dim + 2;
+  constexpr int64_t kTile = 64;
+  const int64_t per_split = (n_keys + kMaxSplits - 1) / kMaxSplits;
+  const int64_t chunk = std::max(kSplitMinChunk, (per_split + kTile - 1) / kTile * kTile);
+  const int64_t n_split = (n_keys + chunk - 1) / chunk;
+  const int64_t sub_groups = (group + kernels::kMaxGroup - 1) / kernels::kMaxGroup;
+  // Partial states [n_heads, n_split, head_dim + 2] of the calling thread: sized once per model
+  // shape for the most chunks, so steady-state decoding allocates nothing.
+  thread_local std::vector<float> parts;
+  const size_t need = static_cast<size_t>(n_heads * kMaxSplits * part_row);
+  if (parts.size() < need) parts.resize(need);
+  float* part = parts.data();
+  const auto kernel = attention_kernels(isa).attend_group_partial;
+  pool.parallel_for(n_kv_heads * sub_groups * n_split, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t c = item % n_split, gi = item / n_split;
+      const int64_t kvh = gi / sub_groups;
+      const int64_t h0 = kvh * group + (gi % sub_groups) * kernels::kMaxGroup;
+      const int64_t nq = std::min(kernels::kMaxGroup, (kvh + 1) * group - h0);
+      const int64_t j0 = c * chunk, j1 = std::min(n_keys, j0 + chunk);
+      kernel(q + h0 * head_dim, nq, k_pool + kvh * head_dim, v_pool + kvh * head_dim, block_table,
+             block_size, kv_stride, j0, j1, head_dim, scale, part + (h0 * n_split + c) * part_row,
+             n_split * part_row);
+    }
+  });
+  for (int64_t h = 0; h < n_heads; ++h) {
+    const float* ph = part + h * n_split * part_row;
+    float M = -INFINITY;
+    for (int64_t c = 0; c < n_split; ++c) M = std::max(M, ph[c * part_row + head_dim]);
+    float* o = out + h * head_dim;
+    std::fill(o, o + head_dim, 0.f);
+    float L = 0.f;
+    for (int64_t c = 0; c < n_split; ++c) {
+      const float* pc = ph + c * part_row;
+      const float w = std::exp(pc[head_dim] - M);
+      L += w * pc[head_dim + 1];
+      for (int64_t d = 0; d < head_dim; ++d) o[d] += w * pc[d];
+    }
+    const float inv = 1.f / L;
+    for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv;
+  }
+}
+
 }  // namespace
 
 void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
@@ -266,6 +378,11 @@ void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float
   if (n_q >= kBlockedMinTokens && vector_ok) {
     attention_causal_blocked(q, n_q, first_pos, k_pool, v_pool, block_table, block_size, n_heads,
                              n_kv_heads, head_dim, scale, out, pool, isa);
+    return;
+  }
+  if (n_q == 1 && first_pos + 1 > kSplitMinKeys && vector_ok) {
+    attention_decode_split(q, first_pos + 1, k_pool, v_pool, block_table, block_size, n_heads,
+                           n_kv_heads, head_dim, scale, out, pool, isa);
     return;
   }
   // Rare shapes (head_dim not a multiple of 8) across several blocks gather each thread's keys.

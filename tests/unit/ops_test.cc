@@ -3,12 +3,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/half.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/eltwise.h"
 #include "ops/ops.h"
 #include "ops/ref/ref.h"
 
@@ -583,6 +586,51 @@ TEST_P(AttentionTest, PagedEqualsContiguous) {
   }
 }
 
+TEST_P(AttentionTest, SplitKDecodeMatchesReference) {
+  // One query over more than 1024 keys takes the split-K path: the key range in chunks of >= 256
+  // (contexts with odd tails), GQA groups of 1, 2, 3 and 8, and of 12 and 14 (more than the
+  // kernel's 8 at once: 8 + 4, 8 + 6), a paged cache with shuffled blocks of 16 and one
+  // contiguous block.
+  ThreadPool pool(3);
+  struct Shape {
+    int64_t heads, n_kv, hd;
+  };
+  for (Shape sh : {Shape{4, 4, 16}, Shape{4, 2, 72}, Shape{6, 2, 32}, Shape{8, 1, 128},
+                   Shape{12, 1, 32}, Shape{14, 1, 16}}) {
+    for (int64_t total : {1025, 1100, 2037, 20001}) {
+      if (total > 3000 && sh.hd != 128) continue;  // the many-chunk case once is enough
+      for (int64_t block_size : {int64_t{16}, total}) {
+        const int64_t row = sh.n_kv * sh.hd, n_blocks = (total + block_size - 1) / block_size;
+        auto q = randn(sh.heads * sh.hd, 61);
+        auto k = randn(total * row, 62), v = randn(total * row, 63);
+        // Scores spread over a wide range, so chunk maxima differ and the merge's rescaling shows.
+        for (auto& x : q) x *= 2.f;
+        std::vector<int32_t> table(n_blocks);
+        for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>((b * 7) % n_blocks);
+        if (n_blocks % 7 == 0) std::iota(table.begin(), table.end(), 0);  // keep it a permutation
+        std::vector<float> kp(n_blocks * block_size * row, NAN), vp(kp.size(), NAN);
+        for (int64_t p = 0; p < total; ++p) {
+          const int64_t r = table[p / block_size] * block_size + p % block_size;
+          std::copy_n(k.data() + p * row, row, kp.data() + r * row);
+          std::copy_n(v.data() + p * row, row, vp.data() + r * row);
+        }
+        std::vector<float> got(q.size(), NAN), want(q.size());
+        const float scale = 1.0f / std::sqrt(static_cast<float>(sh.hd));
+        ops::attention_paged(q.data(), 1, total - 1, kp.data(), vp.data(), table.data(),
+                             block_size, sh.heads, sh.n_kv, sh.hd, scale, got.data(), pool,
+                             GetParam());
+        ops::ref::attention_causal(q.data(), 1, total - 1, k.data(), v.data(), sh.heads, sh.n_kv,
+                                   sh.hd, scale, want.data());
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_NEAR(got[i], want[i], 1e-5f) << "heads " << sh.heads << " kv " << sh.n_kv
+                                              << " hd " << sh.hd << " keys " << total << " bs "
+                                              << block_size << " " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(AttentionTest, BidirectionalMatchesReference) {
   ThreadPool pool(2);
   // 130 keys: two full 64-key tiles and a tail; 300: P·V runs over two K blocks of the matmul.
@@ -631,6 +679,280 @@ TEST(Softmax, VectorisedExpMatchesDoublePrecision) {
   }
 }
 
+// ---- Element-wise kernels (kernels/cpu/eltwise_kernel.inc) ----
+
+const kernels::EltwiseKernels& eltwise_table(ops::Isa isa) {
+#if defined(__x86_64__)
+  if (isa == ops::Isa::kAvx512) return kernels::avx512::eltwise_kernels();
+  if (isa == ops::Isa::kAvx2) return kernels::avx2::eltwise_kernels();
+#endif
+  return kernels::generic::eltwise_kernels();
+}
+
+// Arguments for the transcendentals: a dense sweep of [lo, hi] and an odd count (a vector tail).
+std::vector<float> sweep(float lo, float hi, int64_t n) {
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = lo + (hi - lo) * static_cast<float>(i) / (n - 1);
+  return x;
+}
+
+// Measured errors of one function against the truth (double) and against the scalar reference
+// (f32 std:: functions). rel: |got − truth| / |truth| where |truth| ≥ rel_floor (ref_rel: the same
+// for the scalar reference, for comparison); abs: relative to max(1, |x|) (GELU and SiLU grow
+// like x).
+struct ErrStats {
+  double max_rel = 0, ref_rel = 0, max_abs = 0, max_abs_vs_ref = 0;
+};
+
+ErrStats measure(const std::vector<float>& x, const std::vector<float>& got,
+                 const std::vector<float>& ref, double (*truth)(double), double rel_floor) {
+  ErrStats e;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double t = truth(x[i]);
+    const double scale = std::max(1.0, std::fabs(static_cast<double>(x[i])));
+    const double d = std::fabs(got[i] - t);
+    if (std::fabs(t) >= rel_floor) {
+      e.max_rel = std::max(e.max_rel, d / std::fabs(t));
+      e.ref_rel = std::max(e.ref_rel, std::fabs(ref[i] - t) / std::fabs(t));
+    }
+    e.max_abs = std::max(e.max_abs, d / scale);
+    e.max_abs_vs_ref = std::max(e.max_abs_vs_ref, std::fabs(got[i] - ref[i]) / scale);
+  }
+  return e;
+}
+
+void report(const char* what, ops::Isa isa, const ErrStats& e, bool with_abs = true) {
+  std::printf("  %-9s %-7s max rel %.2e (std:: f32 %.2e)", what, ops::isa_name(isa), e.max_rel,
+              e.ref_rel);
+  if (with_abs) {
+    std::printf("  max abs/max(1,|x|) %.2e  vs std:: f32 %.2e", e.max_abs, e.max_abs_vs_ref);
+  }
+  std::printf("\n");
+}
+
+double gelu_tanh_d(double v) {
+  return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+}
+double gelu_erf_d(double v) { return 0.5 * v * std::erfc(-v / std::sqrt(2.0)); }
+double silu_d(double v) { return v / (1 + std::exp(-v)); }
+double exp_d(double v) { return std::exp(v); }
+
+class EltwiseTest : public ::testing::TestWithParam<ops::Isa> {};
+
+// NOTE(vlm): the bounds below are about twice the measured errors (the test prints them). 1 ulp
+// of f32 is 6e-8 relative near 1 and 1.2e-7 just above a power of two. The GELUs' relative error
+// peaks (~1e-6) at x ≈ −3.4, where the function's condition number (x·f'/f ≈ 12) turns the f32
+// rounding of the exp argument into ~2e-6; the f32 std:: forms are worse there (1 + tanh / 1 + erf
+// cancel), so against them the absolute error is what is bounded.
+TEST_P(EltwiseTest, ExpIsWithinTwoUlp) {
+  const auto& k = eltwise_table(GetParam());
+  auto x = sweep(-87.f, 88.7f, 200003);
+  std::vector<float> y(x.size()), ref(x.size());
+  k.exp(x.data(), static_cast<int64_t>(x.size()), y.data());
+  for (size_t i = 0; i < x.size(); ++i) ref[i] = std::exp(x[i]);
+  const ErrStats e = measure(x, y, ref, &exp_d, 0);
+  report("exp", GetParam(), e, /*with_abs=*/false);
+  EXPECT_LE(e.max_rel, 2.4e-7);
+  // Overflow to inf, gradual underflow to 0, NaN propagates (as std::exp).
+  std::vector<float> edge = {88.8f, 1e30f, INFINITY, -95.f, -104.f, -1e30f, -INFINITY, NAN}, ye(8);
+  k.exp(edge.data(), 8, ye.data());
+  EXPECT_EQ(ye[0], INFINITY);
+  EXPECT_EQ(ye[1], INFINITY);
+  EXPECT_EQ(ye[2], INFINITY);
+  EXPECT_NEAR(ye[3], std::exp(-95.f), 2e-45f);  // subnormal
+  EXPECT_EQ(ye[4], 0.f);
+  EXPECT_EQ(ye[5], 0.f);
+  EXPECT_EQ(ye[6], 0.f);
+  EXPECT_TRUE(std::isnan(ye[7]));
+}
+
+TEST_P(EltwiseTest, GeluTanhMatchesStdTanh) {
+  const ops::Isa isa = GetParam();
+  ThreadPool pool(2);
+  auto x = sweep(-12.f, 12.f, 100001);
+  auto y = x, ref = x;
+  ops::gelu_tanh(y.data(), nullptr, 1, static_cast<int64_t>(y.size()), pool, isa);
+  ops::ref::gelu_tanh(ref.data(), static_cast<int64_t>(ref.size()));
+  const ErrStats e = measure(x, y, ref, &gelu_tanh_d, 1e-3);
+  report("gelu_tanh", isa, e);
+  EXPECT_LE(e.max_rel, 2.5e-6);
+  EXPECT_LE(e.max_abs, 2.5e-7);
+  EXPECT_LE(e.max_abs_vs_ref, 2.5e-7);
+  std::vector<float> special = {NAN, INFINITY, 1e30f, -1e30f};
+  ops::gelu_tanh(special.data(), nullptr, 1, 4, pool, isa);
+  EXPECT_TRUE(std::isnan(special[0]));
+  EXPECT_EQ(special[1], INFINITY);
+  EXPECT_EQ(special[2], 1e30f);
+  EXPECT_EQ(special[3], 0.f);
+}
+
+TEST_P(EltwiseTest, GeluErfMatchesStdErf) {
+  const ops::Isa isa = GetParam();
+  ThreadPool pool(2);
+  auto x = sweep(-12.f, 12.f, 100001);
+  auto y = x, ref = x;
+  ops::gelu_erf(y.data(), nullptr, 1, static_cast<int64_t>(y.size()), pool, isa);
+  ops::ref::gelu_erf(ref.data(), static_cast<int64_t>(ref.size()));
+  const ErrStats e = measure(x, y, ref, &gelu_erf_d, 1e-3);
+  report("gelu_erf", isa, e);
+  EXPECT_LE(e.max_rel, 2.5e-6);
+  EXPECT_LE(e.max_abs, 2.5e-7);
+  EXPECT_LE(e.max_abs_vs_ref, 2.5e-7);
+  std::vector<float> special = {NAN, 1e30f, -1e30f};
+  ops::gelu_erf(special.data(), nullptr, 1, 3, pool, isa);
+  EXPECT_TRUE(std::isnan(special[0]));
+  EXPECT_EQ(special[1], 1e30f);
+  EXPECT_EQ(special[2], 0.f);
+}
+
+TEST_P(EltwiseTest, SiluMulMatchesStdExp) {
+  const ops::Isa isa = GetParam();
+  ThreadPool pool(2);
+  auto g = sweep(-90.f, 90.f, 100001);
+  std::vector<float> up(g.size(), 1.f), y(g.size()), ref(g.size());
+  ops::silu_mul(g.data(), up.data(), static_cast<int64_t>(g.size()), y.data(), pool, isa);
+  ops::ref::silu_mul(g.data(), up.data(), static_cast<int64_t>(g.size()), ref.data());
+  const ErrStats e = measure(g, y, ref, &silu_d, 1e-3);
+  report("silu", isa, e);
+  EXPECT_LE(e.max_rel, 5e-7);
+  EXPECT_LE(e.max_abs, 2.5e-7);
+  EXPECT_LE(e.max_abs_vs_ref, 2.5e-7);
+}
+
+// Shapes for the row ops: n with every tail of the 16-float vector, rows across the split.
+const int64_t kRowNs[] = {1, 7, 16, 17, 33, 100, 1027};
+const int64_t kRowCounts[] = {1, 3, 70};
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], tol * std::max(1.f, std::fabs(want[i]))) << what << " i=" << i;
+  }
+}
+
+TEST_P(EltwiseTest, BiasGeluAndSiluRowsMatchReference) {
+  const ops::Isa isa = GetParam();
+  ThreadPool pool(2);
+  for (int64_t n : kRowNs) {
+    for (int64_t rows : kRowCounts) {
+      const std::string what = std::string(ops::isa_name(isa)) + " n=" + std::to_string(n) +
+                               " rows=" + std::to_string(rows);
+      auto y = randn(rows * n, 31), bias = randn(n, 32), up = randn(rows * n, 33);
+      for (auto& v : y) v *= 3.f;
+      for (int tanh_form = 0; tanh_form < 2; ++tanh_form) {
+        auto got = y, want = y;
+        ops::add_bias(want.data(), bias.data(), rows, n);
+        if (tanh_form) {
+          ops::gelu_tanh(got.data(), bias.data(), rows, n, pool, isa);
+          ops::ref::gelu_tanh(want.data(), rows * n);
+        } else {
+          ops::gelu_erf(got.data(), bias.data(), rows, n, pool, isa);
+          ops::ref::gelu_erf(want.data(), rows * n);
+        }
+        expect_close(got, want, 5e-7f, what + (tanh_form ? " tanh" : " erf"));
+      }
+      std::vector<float> got(rows * n), want(rows * n);
+      ops::silu_mul(y.data(), up.data(), rows * n, got.data(), pool, isa);
+      ops::ref::silu_mul(y.data(), up.data(), rows * n, want.data());
+      expect_close(got, want, 5e-7f, what + " silu");
+      auto inplace = y;  // out aliasing gate, as the decoder calls it
+      ops::silu_mul(inplace.data(), up.data(), rows * n, inplace.data(), pool, isa);
+      expect_close(inplace, want, 5e-7f, what + " silu in place");
+    }
+  }
+}
+
+TEST_P(EltwiseTest, NormsMatchReference) {
+  const ops::Isa isa = GetParam();
+  ThreadPool pool(2);
+  for (int64_t n : kRowNs) {
+    for (int64_t rows : kRowCounts) {
+      const std::string what = std::string(ops::isa_name(isa)) + " n=" + std::to_string(n) +
+                               " rows=" + std::to_string(rows);
+      auto x = randn(rows * n, 41), delta = randn(rows * n, 42), w = randn(n, 43),
+           b = randn(n, 44), db = randn(n, 45);
+      // Row r has mean 100·r: LayerNorm must not lose the variance to a large mean.
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t i = 0; i < n; ++i) x[r * n + i] += 100.f * static_cast<float>(r);
+      }
+      // f32 sums of n squares (the reference's sum is sequential): ~n·eps relative at worst.
+      const float tol = 2e-7f * static_cast<float>(std::max<int64_t>(n, 16));
+      std::vector<float> got(rows * n), want(rows * n);
+      ops::rms_norm(x.data(), w.data(), rows, n, 1e-6f, got.data(), pool, isa);
+      ops::ref::rms_norm(x.data(), w.data(), rows, n, 1e-6f, want.data());
+      expect_close(got, want, tol, what + " rms_norm");
+      ops::layer_norm(x.data(), w.data(), b.data(), rows, n, 1e-6f, got.data(), pool, isa);
+      ops::ref::layer_norm(x.data(), w.data(), b.data(), rows, n, 1e-6f, want.data());
+      // The mean of row r (100·r) is exact in f32 to 2^-17 relative; deviations are O(1).
+      expect_close(got, want, tol + 2e-5f, what + " layer_norm");
+
+      auto xg = x, xw = x;
+      ops::add_rms_norm(xg.data(), delta.data(), w.data(), rows, n, 1e-6f, got.data(), pool, isa);
+      ops::ref::add_rms_norm(xw.data(), delta.data(), w.data(), rows, n, 1e-6f, want.data());
+      EXPECT_EQ(xg, xw) << what << " add_rms_norm residual";
+      expect_close(got, want, tol, what + " add_rms_norm");
+      for (const float* bias : {static_cast<const float*>(nullptr), std::as_const(db).data()}) {
+        xg = x;
+        xw = x;
+        ops::add_layer_norm(xg.data(), delta.data(), bias, w.data(), b.data(), rows, n, 1e-6f,
+                            got.data(), pool, isa);
+        ops::ref::add_layer_norm(xw.data(), delta.data(), bias, w.data(), b.data(), rows, n,
+                                 1e-6f, want.data());
+        EXPECT_EQ(xg, xw) << what << " add_layer_norm residual";
+        expect_close(got, want, tol + 2e-5f, what + " add_layer_norm");
+        xg = x;
+        xw = x;
+        ops::add_residual(xg.data(), delta.data(), bias, rows, n, pool, isa);
+        ops::ref::add_rows(xw.data(), delta.data(), bias, rows, n);
+        EXPECT_EQ(xg, xw) << what << " add_residual";
+      }
+      // In place (y aliases x), as the decoder's q/k norms used to run.
+      auto inplace = x;
+      ops::rms_norm(inplace.data(), w.data(), rows, n, 1e-6f, inplace.data(), pool, isa);
+      ops::ref::rms_norm(x.data(), w.data(), rows, n, 1e-6f, want.data());
+      expect_close(inplace, want, tol, what + " rms_norm in place");
+    }
+  }
+}
+
+TEST_P(EltwiseTest, RopeAndFusedQkNormRopeMatchReference) {
+  const ops::Isa isa = GetParam();
+  ThreadPool pool(2);
+  // 16: half a vector; 72: the 8B vision head (half = 36, a tail of 4); 128: the text head.
+  for (int64_t hd : {4, 16, 34, 72, 128}) {
+    for (int64_t tokens : {1, 5, 300}) {
+      for (int64_t heads : {1, 3}) {
+        const std::string what = std::string(ops::isa_name(isa)) + " hd=" + std::to_string(hd) +
+                                 " tokens=" + std::to_string(tokens) + " heads=" +
+                                 std::to_string(heads);
+        const int64_t half = hd / 2;
+        auto x = randn(tokens * heads * hd, 51), w = randn(hd, 52), ang = randn(tokens * half, 53);
+        std::vector<float> c(ang.size()), s(ang.size());
+        for (size_t i = 0; i < ang.size(); ++i) {
+          c[i] = std::cos(3.f * ang[i]);
+          s[i] = std::sin(3.f * ang[i]);
+        }
+        auto got = x, want = x;
+        ops::rope_neox(got.data(), tokens, heads, hd, c.data(), s.data(), pool, isa);
+        ops::ref::rope_neox(want.data(), tokens, heads, hd, c.data(), s.data());
+        expect_close(got, want, 1e-6f, what + " rope");
+        got = x;
+        want = x;
+        ops::qk_norm_rope(got.data(), tokens, heads, hd, w.data(), 1e-6f, c.data(), s.data(), pool,
+                          isa);
+        ops::ref::qk_norm_rope(want.data(), tokens, heads, hd, w.data(), 1e-6f, c.data(),
+                               s.data());
+        expect_close(got, want, 2e-6f, what + " qk_norm_rope");
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryIsa, EltwiseTest, ::testing::ValuesIn(ops::runnable_isas()),
+                         [](const auto& info) { return std::string(ops::isa_name(info.param)); });
+
+// The scalar references against their formulas (the oracle's own check).
 TEST(LayerNorm, MatchesFormulaWithLargeMean) {
   std::vector<float> x = randn(2 * 7, 8);
   for (auto& v : x) v += 1000.f;  // a large offset must not hurt the variance
@@ -639,7 +961,7 @@ TEST(LayerNorm, MatchesFormulaWithLargeMean) {
     w[i] = 0.5f + i;
     b[i] = -0.25f * i;
   }
-  ops::layer_norm(x.data(), w.data(), b.data(), 2, 7, 1e-6f, y.data());
+  ops::ref::layer_norm(x.data(), w.data(), b.data(), 2, 7, 1e-6f, y.data());
   for (int r = 0; r < 2; ++r) {
     double mean = 0, var = 0;
     for (int i = 0; i < 7; ++i) mean += x[r * 7 + i] / 7.0;
@@ -653,8 +975,8 @@ TEST(LayerNorm, MatchesFormulaWithLargeMean) {
 TEST(Gelu, TanhAndErfForms) {
   std::vector<float> x = {-3.f, -0.5f, 0.f, 0.7f, 2.f};
   auto t = x, e = x;
-  ops::gelu_tanh(t.data(), 5);
-  ops::gelu_erf(e.data(), 5);
+  ops::ref::gelu_tanh(t.data(), 5);
+  ops::ref::gelu_erf(e.data(), 5);
   for (size_t i = 0; i < x.size(); ++i) {
     const double v = x[i];
     EXPECT_NEAR(e[i], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))), 1e-6);
@@ -666,7 +988,7 @@ TEST(Gelu, TanhAndErfForms) {
 TEST(RmsNorm, MatchesFormula) {
   auto x = randn(3 * 10, 4);
   std::vector<float> w(10, 0.5f), y(30);
-  ops::rms_norm(x.data(), w.data(), 3, 10, 1e-6f, y.data());
+  ops::ref::rms_norm(x.data(), w.data(), 3, 10, 1e-6f, y.data());
   for (int r = 0; r < 3; ++r) {
     double ss = 0;
     for (int i = 0; i < 10; ++i) ss += x[r * 10 + i] * x[r * 10 + i];
@@ -679,7 +1001,7 @@ TEST(RopeNeox, RotatesHalvesAsPairs) {
   // One token, one head, head_dim 4: pairs (0,2) and (1,3) rotate by the given angles.
   std::vector<float> x = {1, 2, 3, 4};
   std::vector<float> c = {std::cos(0.5f), std::cos(1.0f)}, s = {std::sin(0.5f), std::sin(1.0f)};
-  ops::rope_neox(x.data(), 1, 1, 4, c.data(), s.data());
+  ops::ref::rope_neox(x.data(), 1, 1, 4, c.data(), s.data());
   EXPECT_NEAR(x[0], 1 * c[0] - 3 * s[0], 1e-6);
   EXPECT_NEAR(x[2], 3 * c[0] + 1 * s[0], 1e-6);
   EXPECT_NEAR(x[1], 2 * c[1] - 4 * s[1], 1e-6);

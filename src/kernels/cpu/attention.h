@@ -7,12 +7,18 @@ namespace vlm::kernels {
 
 // Largest head_dim the vectorised kernel takes (it also needs head_dim % 8 == 0).
 constexpr int64_t kMaxHeadDim = 256;
+// Most query heads attend_group_partial takes at once (larger GQA groups go in several calls).
+constexpr int64_t kMaxGroup = 8;
 
 // attend_row_paged: as attend_row with key j at row (block_table[j / block_size] · block_size +
 // j % block_size) of k / v (rows kv_stride floats apart): a paged KV cache.
 // softmax_row: x[i] ← exp(scale·x[i] − max) / Σ, in place over n values.
 // attend_row: out[head_dim] = softmax(scale · q·kᵀ) · v over keys j ∈ [0, n_keys), key j at k + j·kv_stride
 // (same for v). q, out: [head_dim].
+// attend_group_partial: split-K decode. n_q_heads ≤ kMaxGroup query rows (q, head_dim apart)
+// sharing one KV head, against keys [j0, j1) of a paged cache (as attend_row_paged). For query i,
+// with s_j = scale·q_i·k_j: part[i] = [acc (head_dim floats) = Σ_j e^(s_j − m)·v_j, m = max_j s_j,
+// l = Σ_j e^(s_j − m)], part_stride floats apart; the caller merges the key ranges.
 namespace generic {
 void softmax_row(float* x, int64_t n, float scale);
 void attend_row_paged(const float* q, const float* k, const float* v, const int32_t* block_table,
@@ -20,6 +26,10 @@ void attend_row_paged(const float* q, const float* k, const float* v, const int3
                       float scale, float* out);
 void attend_row(const float* q, const float* k, const float* v, int64_t kv_stride, int64_t n_keys,
                 int64_t head_dim, float scale, float* out);
+void attend_group_partial(const float* q, int64_t n_q_heads, const float* k, const float* v,
+                          const int32_t* block_table, int64_t block_size, int64_t kv_stride,
+                          int64_t j0, int64_t j1, int64_t head_dim, float scale, float* part,
+                          int64_t part_stride);
 }  // namespace generic
 namespace avx2 {
 void softmax_row(float* x, int64_t n, float scale);
@@ -28,6 +38,10 @@ void attend_row_paged(const float* q, const float* k, const float* v, const int3
                       float scale, float* out);
 void attend_row(const float* q, const float* k, const float* v, int64_t kv_stride, int64_t n_keys,
                 int64_t head_dim, float scale, float* out);
+void attend_group_partial(const float* q, int64_t n_q_heads, const float* k, const float* v,
+                          const int32_t* block_table, int64_t block_size, int64_t kv_stride,
+                          int64_t j0, int64_t j1, int64_t head_dim, float scale, float* part,
+                          int64_t part_stride);
 }  // namespace avx2
 namespace avx512 {
 void softmax_row(float* x, int64_t n, float scale);
@@ -36,6 +50,10 @@ void attend_row_paged(const float* q, const float* k, const float* v, const int3
                       float scale, float* out);
 void attend_row(const float* q, const float* k, const float* v, int64_t kv_stride, int64_t n_keys,
                 int64_t head_dim, float scale, float* out);
+void attend_group_partial(const float* q, int64_t n_q_heads, const float* k, const float* v,
+                          const int32_t* block_table, int64_t block_size, int64_t kv_stride,
+                          int64_t j0, int64_t j1, int64_t head_dim, float scale, float* part,
+                          int64_t part_stride);
 }  // namespace avx512
 
 }  // namespace vlm::kernels

@@ -23,4 +23,24 @@ void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const floa
 void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
                     int64_t head_dim, float scale, float* out);
 
+// The small ops as plain scalar loops over f32 with std::exp / std::erf / std::tanh (LayerNorm
+// accumulates in double). Shapes and aliasing as in ops.h.
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y);
+void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
+                float* y);
+void gelu_tanh(float* x, int64_t count);
+void gelu_erf(float* x, int64_t count);
+void silu_mul(const float* gate, const float* up, int64_t count, float* out);
+void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* cos,
+               const float* sin);
+// x[rows, n] += delta (+ bias[n] when not null).
+void add_rows(float* x, const float* delta, const float* bias, int64_t rows, int64_t n);
+// The fused ops, composed from the ones above in the order the model used to call them.
+void add_rms_norm(float* x, const float* delta, const float* w, int64_t rows, int64_t n, float eps,
+                  float* y);
+void add_layer_norm(float* x, const float* delta, const float* delta_bias, const float* w,
+                    const float* b, int64_t rows, int64_t n, float eps, float* y);
+void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
+                  float eps, const float* cos, const float* sin);
+
 }  // namespace vlm::ops::ref

@@ -1,0 +1,3 @@
+// The element-wise kernels built for the avx512 ISA level (flags set in src/CMakeLists.txt).
+#define VLM_KERNEL_NS avx512
+#include "kernels/cpu/eltwise_kernel.inc"

@@ -1,0 +1,3 @@
+// The element-wise kernels built for the generic ISA level (flags set in src/CMakeLists.txt).
+#define VLM_KERNEL_NS generic
+#include "kernels/cpu/eltwise_kernel.inc"
