@@ -160,6 +160,7 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   m.reserve_cache(n_prompt + max_new);
   Sampler sampler(V, rs);
   sampler.add_prompt(prompt.ids);
+  sampler.reserve_generated(max_new);
   std::vector<int32_t> stop_ids = m.eos_ids;
   stop_ids.insert(stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
   StopMatcher stops(req.stop);

@@ -83,6 +83,13 @@ struct EngineCore::State {
   std::vector<float> logits;  // [max_num_seqs, vocab]
   std::vector<float> raw_row;  // [vocab]: a row before the sampler's penalties (logprobs)
   std::unique_ptr<VisionCache> vision_cache;
+  // Per-step scratch of the engine thread, kept so that their memory is reused: steady-state
+  // decode steps allocate nothing (tests/model/alloc_test.cc).
+  SchedulerOutput sched_out;
+  std::vector<SeqChunk> chunks;
+  std::vector<VisionRows> vision;
+  std::vector<std::pair<int64_t, int64_t>> computed;
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // lent to each token event
 
   mutable std::mutex mu;
   std::condition_variable cv;       // wakes the engine thread
@@ -260,11 +267,16 @@ void EngineCore::finish(void* req, CoreEvent ev) {
   ev.images_cached = r.images_cached;
   ev.image_tokens = r.prompt.vision_tokens;
   if (r.admitted) s.sched->finish(r.id);
+  {
+    // Published before the final event: a client that reads /metrics right after its reply
+    // sees the request's blocks returned.
+    std::lock_guard<std::mutex> lock(s.mu);
+    publish_stats_locked();
+  }
   r.on_event(ev);
   const int64_t id = r.id;
   s.reqs.erase(id);
   std::lock_guard<std::mutex> lock(s.mu);
-  publish_stats_locked();
   if (--s.in_flight == 0) s.cv_idle.notify_all();
 }
 
@@ -322,12 +334,18 @@ void EngineCore::admit() {
       continue;
     }
     r.admitted = true;
+    // Room for every token the request may reach: sampling appends without reallocating.
+    const size_t total = static_cast<size_t>(r.prompt_len + r.max_new);
+    for (auto* v : {&r.pos_t, &r.pos_h, &r.pos_w}) v->reserve(total);
+    r.ids.reserve(total);
+    r.feature_row.reserve(total);
     r.ids = r.prompt.ids;
     r.feature_row = r.prompt.feature_row;
     r.pos_t = r.prompt.rope.t;
     r.pos_h = r.prompt.rope.h;
     r.pos_w = r.prompt.rope.w;
     r.sampler->add_prompt(r.ids);
+    r.sampler->reserve_generated(r.max_new);
     if (m.tokenizer) r.detok = std::make_unique<IncrementalDetokenizer>(*m.tokenizer, true);
     r.stops = std::make_unique<StopMatcher>(r.request.stop);
   }
@@ -336,15 +354,14 @@ void EngineCore::admit() {
 void EngineCore::step() {
   State& s = *st_;
 
-  // 1. Take new requests and aborts.
-  std::deque<std::unique_ptr<Req>> incoming;
+  // 1. Take new requests and aborts (moved over under the lock: a local deque would allocate).
   std::vector<int64_t> aborts;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    incoming.swap(s.inbox);
+    for (auto& r : s.inbox) s.reqs[r->id] = std::move(r);
+    s.inbox.clear();
     aborts.swap(s.aborts);
   }
-  for (auto& r : incoming) s.reqs[r->id] = std::move(r);
   for (int64_t id : aborts) {
     auto it = s.reqs.find(id);
     if (it == s.reqs.end()) continue;
@@ -357,7 +374,8 @@ void EngineCore::step() {
   admit();
 
   // 2. Schedule this step.
-  SchedulerOutput out = s.sched->schedule();
+  SchedulerOutput& out = s.sched_out;
+  s.sched->schedule(&out);
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.stats.preemptions += static_cast<int64_t>(out.preempted.size());
@@ -375,8 +393,10 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
   if (out.items.empty()) return;
 
   // 3. One forward pass over every scheduled chunk.
-  std::vector<SeqChunk> chunks(out.items.size());
-  std::vector<VisionRows> vision(out.items.size());
+  std::vector<SeqChunk>& chunks = s.chunks;
+  std::vector<VisionRows>& vision = s.vision;
+  chunks.assign(out.items.size(), SeqChunk{});
+  if (vision.size() < out.items.size()) vision.resize(out.items.size());
   for (size_t i = 0; i < out.items.size(); ++i) {
     const ScheduledItem& it = out.items[i];
     Req& r = *s.reqs[it.request_id];
@@ -392,6 +412,7 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
     if (r.prompt.vision_tokens > 0 && c.first < static_cast<int64_t>(r.prompt.ids.size())) {
       vision[i].feature_row = r.feature_row.data() + c.first;
       vision[i].embeds = r.prompt.embeds.data();
+      vision[i].deepstack.clear();
       for (const auto& d : r.prompt.deepstack) vision[i].deepstack.push_back(d.data());
       c.vision = &vision[i];
     }
@@ -409,7 +430,8 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
     }
     return;
   }
-  std::vector<std::pair<int64_t, int64_t>> computed;
+  std::vector<std::pair<int64_t, int64_t>>& computed = s.computed;
+  computed.clear();
   for (const auto& it : out.items) computed.emplace_back(it.request_id, it.num_tokens);
   s.sched->update(computed);
 
@@ -437,12 +459,14 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
     ev.request_id = r.id;
     ev.token_id = id;
     ev.step = s.stats.steps;  // written only on this thread
+    ev.top_logprobs.swap(s.top_logprobs);  // reuse the list's memory; handed back below
     if (r.request.logprobs >= 0) token_logprobs(s.raw_row.data(), V, id, r.request.logprobs, &ev);
     if (r.detok && !is_stop) ev.text = r.stops->push(r.detok->push(id));
     const bool stopped = is_stop || r.stops->stopped();
     const bool length = r.generated >= r.max_new;
     if (!stopped && !length) {
       r.on_event(ev);
+      s.top_logprobs.swap(ev.top_logprobs);
       continue;
     }
     if (r.detok && !r.stops->stopped()) {
@@ -450,7 +474,8 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
       ev.text += r.stops->flush();
     }
     ev.reason = stopped ? FinishReason::kStop : FinishReason::kLength;
-    finish(&r, ev);
+    finish(&r, ev);  // takes a copy
+    s.top_logprobs.swap(ev.top_logprobs);
   }
 }
 

@@ -22,6 +22,13 @@ void Sampler::add_prompt(std::span<const int32_t> ids) {
   }
 }
 
+void Sampler::reserve_generated(int64_t max_new) {
+  const int64_t n = std::min(std::max<int64_t>(max_new, 0), vocab_);
+  const int64_t seen = static_cast<int64_t>(seen_list_.size());
+  seen_list_.reserve(static_cast<size_t>(std::min(vocab_, seen + n)));
+  out_list_.reserve(static_cast<size_t>(n));
+}
+
 void Sampler::apply_penalties(float* logits) const {
   if (p_.repetition_penalty != 1.0) {
     const float rp = static_cast<float>(p_.repetition_penalty);

@@ -28,6 +28,9 @@ class Sampler {
 
   // Records prompt ids (for the repetition penalty, which in transformers covers the prompt).
   void add_prompt(std::span<const int32_t> ids);
+  // Makes room for `max_new` more generated ids in the penalty lists, so that sample() allocates
+  // nothing however many distinct ids come out (call after add_prompt).
+  void reserve_generated(int64_t max_new);
   // Picks the next id from logits [vocab] (modified in place) and records it as generated.
   int32_t sample(float* logits);
 

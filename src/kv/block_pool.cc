@@ -63,22 +63,21 @@ bool KvCacheManager::can_reserve(int64_t seq, int64_t total_tokens) const {
   return blocks_for(total_tokens) - have <= pool_.num_free();
 }
 
-Status KvCacheManager::reserve(int64_t seq, int64_t total_tokens) {
+Status KvCacheManager::reserve(int64_t seq, int64_t total_tokens, int64_t max_tokens) {
   Seq* s = find(seq);
   const int32_t have = s ? static_cast<int32_t>(s->blocks.size()) : 0;
   const int32_t need = blocks_for(total_tokens) - have;
-  if (need <= 0) {
-    if (s == nullptr) seqs_.push_back({seq, {}});
-    return ok_status();
+  if (need > 0 && need > pool_.num_free()) {
+    return pool_.allocate(need, nullptr);  // the pool's ResourceExhausted; nothing changes
   }
-  std::vector<int32_t> got;
-  VLM_RETURN_IF_ERROR(pool_.allocate(need, &got));
   if (s == nullptr) {
     seqs_.push_back({seq, {}});
     s = &seqs_.back();
+    s->blocks.reserve(blocks_for(std::max(total_tokens, max_tokens)));
   }
-  s->blocks.insert(s->blocks.end(), got.begin(), got.end());
-  return ok_status();
+  // NOTE(vlm): blocks go straight into the table (no temporary): a decode step that crosses a
+  // block boundary allocates no heap memory.
+  return need > 0 ? pool_.allocate(need, &s->blocks) : ok_status();
 }
 
 void KvCacheManager::free(int64_t seq) {

@@ -44,8 +44,9 @@ class KvCacheManager {
     return static_cast<int32_t>((tokens + block_size_ - 1) / block_size_);
   }
   // Grows `seq`'s table so it can hold `total_tokens`; all or nothing (ResourceExhausted when the
-  // pool is short, leaving the table as it was). A new seq id starts an empty table.
-  Status reserve(int64_t seq, int64_t total_tokens);
+  // pool is short, leaving the table as it was). A new seq id starts an empty table, with room
+  // for the blocks of `max_tokens` when given, so the table never reallocates while it grows.
+  Status reserve(int64_t seq, int64_t total_tokens, int64_t max_tokens = 0);
   // Frees every block of `seq` (a finished, cancelled or preempted sequence). Unknown ids: no-op.
   void free(int64_t seq);
   // The block table of `seq` (empty when unknown).

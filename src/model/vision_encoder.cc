@@ -145,12 +145,13 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
   for (size_t b = 0; b < n_blocks; ++b) {
     const VisionBlockWeights& B = w_.blocks[b];
     ops::matmul(xn.data(), S, D, B.qkv, qkv.data(), pool_, isa_);
-    ops::add_bias(qkv.data(), B.qkv_b.data(), S, 3 * D);
-    for (int64_t i = 0; i < S; ++i) {  // [S, 3, heads, hd] → three [S, heads, hd]
+    const float* qkv_b = B.qkv_b.data();
+    for (int64_t i = 0; i < S; ++i) {  // [S, 3, heads, hd] + bias → three [S, heads, hd]
       const float* r = qkv.data() + i * 3 * D;
-      std::copy(r, r + D, q.data() + i * D);
-      std::copy(r + D, r + 2 * D, k.data() + i * D);
-      std::copy(r + 2 * D, r + 3 * D, v.data() + i * D);
+      float* dst[3] = {q.data() + i * D, k.data() + i * D, v.data() + i * D};
+      for (int64_t part = 0; part < 3; ++part) {
+        for (int64_t d = 0; d < D; ++d) dst[part][d] = r[part * D + d] + qkv_b[part * D + d];
+      }
     }
     ops::rope_neox(q.data(), S, nh, hd, cos.data(), sin.data(), pool_, isa_);
     ops::rope_neox(k.data(), S, nh, hd, cos.data(), sin.data(), pool_, isa_);

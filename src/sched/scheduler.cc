@@ -93,11 +93,18 @@ const SchedRequest* Scheduler::find(int64_t id) const {
 // short; admitting would only feed the next preemption).
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
-  int64_t budget = config_.max_batched_tokens;
-  schedule_running(&out, &budget);
-  if (out.preempted.empty()) schedule_waiting(&out, &budget);
-  for (const ScheduledItem& item : out.items) out.total_tokens += item.num_tokens;
+  schedule(&out);
   return out;
+}
+
+void Scheduler::schedule(SchedulerOutput* out) {
+  out->items.clear();
+  out->preempted.clear();
+  out->total_tokens = 0;
+  int64_t budget = config_.max_batched_tokens;
+  schedule_running(out, &budget);
+  if (out->preempted.empty()) schedule_waiting(out, &budget);
+  for (const ScheduledItem& item : out->items) out->total_tokens += item.num_tokens;
 }
 
 int64_t Scheduler::prefill_chunk(const SchedRequest& r, int64_t budget, bool alone) const {
@@ -117,8 +124,8 @@ int64_t Scheduler::prefill_chunk(const SchedRequest& r, int64_t budget, bool alo
 // batching; vLLM V0's chunked-prefill scheduler also takes decodes first). Within each group the
 // oldest goes first, and KV shortage preempts the newest (vLLM v1).
 void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget) {
-  std::vector<int64_t> order;
-  order.reserve(running_.size());
+  std::vector<int64_t>& order = order_;
+  order.clear();
   for (int64_t id : running_) {
     if (requests_.at(id).is_decoding()) order.push_back(id);
   }
@@ -142,7 +149,7 @@ bool Scheduler::reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* 
   // Terminates: each failure removes one running request, and r itself is among them. A request
   // alone always fits (add() checked blocks_for(max_tokens) <= num_blocks), so preempting r
   // means older requests hold the blocks and were scheduled: the step is never empty.
-  while (!kv_.reserve(r.id, r.num_computed_tokens + n).ok()) {
+  while (!kv_.reserve(r.id, r.num_computed_tokens + n, r.max_tokens).ok()) {
     VLM_CHECK(!running_.empty(), "scheduler: a running request is missing from the running set");
     const int64_t victim = running_.back();
     preempt(victim, out, budget);
@@ -180,7 +187,8 @@ void Scheduler::schedule_waiting(SchedulerOutput* out, int64_t* budget) {
     const int64_t n = prefill_chunk(r, *budget, /*alone=*/running_.empty());
     if (n <= 0) break;
     if (!kv_.can_reserve(r.id, r.num_computed_tokens + n)) break;  // admission by free blocks
-    VLM_CHECK(kv_.reserve(r.id, r.num_computed_tokens + n).ok(), "reserve after can_reserve");
+    VLM_CHECK(kv_.reserve(r.id, r.num_computed_tokens + n, r.max_tokens).ok(),
+              "reserve after can_reserve");
     waiting_.pop_front();
     running_.push_back(r.id);
     r.state = SchedRequest::State::kRunning;

@@ -66,6 +66,9 @@ class Scheduler {
   // prefill, a prefill larger than the whole budget runs alone when nothing else is running
   // (otherwise it could never run). Schedules something whenever any request has work.
   SchedulerOutput schedule();
+  // The same into *out, reusing its vectors' memory: the engine keeps one SchedulerOutput so that
+  // steady-state steps allocate nothing.
+  void schedule(SchedulerOutput* out);
 
   // After the step ran: num_computed_tokens += n for each (id, n). Ids no longer running (aborted
   // or preempted since) are skipped.
@@ -106,6 +109,7 @@ class Scheduler {
   std::unordered_map<int64_t, SchedRequest> requests_;  // every live request, by id
   std::vector<int64_t> running_;                        // oldest admitted first
   std::deque<int64_t> waiting_;                         // FCFS; preempted requests at the front
+  std::vector<int64_t> order_;  // schedule_running's scratch (kept: its memory is reused)
   int64_t next_arrival_ = 0;
 };
 

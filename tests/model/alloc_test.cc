@@ -1,16 +1,21 @@
-// Steady-state decoding allocates nothing: every heap allocation in this binary is counted while a
-// flag is up, around decode steps of the text decoder (after one warm-up step).
+// Steady-state decoding allocates nothing (style.md convention 10): every heap allocation in this
+// binary, on any thread, is counted while a flag is up, around decode steps after a warm-up —
+// of the text decoder alone (short and long contexts, the latter through split-K attention), of
+// Engine::generate and of the EngineCore's batched steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <new>
 
 #include "core/thread_pool.h"
+#include "engine/engine_core.h"
 #include "io/safetensors.h"
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
 #include "model/text_decoder.h"
+#include "vlm/engine.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -80,6 +85,154 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
         << name << (quant == WeightQuant::kInt8 ? " int8" : "")
         << (quant == WeightQuant::kInt4 ? " int4" : "");
   }
+}
+
+TEST(Allocation, LongContextDecodeStepsAllocateNothing) {
+  // Contexts past 1024 keys take split-K decode attention (partial states in a per-thread buffer
+  // sized once per model shape).
+  const std::string dir = std::string(VLM_FIXTURES_DIR) + "/text-f32-untied";
+  auto cfg = load_qwen3vl_config(dir);
+  ASSERT_TRUE(cfg.ok());
+  auto store = WeightStore::open_dir(dir);
+  ASSERT_TRUE(store.ok());
+  auto w = load_text_weights(*store, *cfg);
+  ASSERT_TRUE(w.ok());
+  ThreadPool pool(2);
+  TextDecoder dec(*cfg, *w, pool, 64);
+  KvCache cache;
+  cache.allocate(cfg->text_config, 1, 1200);
+  std::vector<float> logits(cfg->text_config.vocab_size);
+  std::vector<int32_t> ids(64);
+  for (int64_t i = 0; i < 64; ++i) ids[i] = static_cast<int32_t>(3 + (i * 37) % 900);
+  std::vector<int64_t> pos(64);
+  auto run = [&](int64_t n, int64_t first) {
+    for (int64_t i = 0; i < n; ++i) pos[i] = first + i;
+    Positions3 p3{pos.data(), pos.data(), pos.data()};
+    return dec.forward(ids.data(), n, p3, first, cache, LogitRows::kLast, logits.data());
+  };
+  int64_t first = 0;
+  for (; first + 64 <= 1088; first += 64) ASSERT_TRUE(run(64, first).ok());
+  ASSERT_TRUE(run(1, first++).ok());  // warm-up: the first split-K step sizes its buffer
+
+  g_allocations = 0;
+  g_counting = true;
+  Status s;
+  for (int64_t step = 0; step < 20 && s.ok(); ++step) s = run(1, first++);
+  g_counting = false;
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(g_allocations.load(), 0);
+}
+
+std::unique_ptr<Engine> load_engine(const std::string& name) {
+  EngineOptions o;
+  o.model_dir = std::string(VLM_FIXTURES_DIR) + "/" + name;
+  o.require_tokenizer = false;
+  o.n_threads = 2;
+  o.prefill_chunk = 64;
+  auto e = Engine::load(o);
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+// Greedy, and sampling with every filter and penalty on.
+std::vector<SamplingParams> sampling_cases() {
+  SamplingParams greedy;
+  greedy.do_sample = false;
+  SamplingParams sampled;
+  sampled.do_sample = true;
+  sampled.temperature = 0.8;
+  sampled.top_k = 40;
+  sampled.top_p = 0.9;
+  sampled.min_p = 0.01;
+  sampled.repetition_penalty = 1.1;
+  sampled.presence_penalty = 0.5;
+  sampled.frequency_penalty = 0.25;
+  sampled.seed = 7;
+  return {greedy, sampled};
+}
+
+TEST(Allocation, GenerateDecodeStepsAllocateNothing) {
+  // Counted from the 3rd token's callback to the 40th's: 37 decode steps with sampling.
+  for (const char* name : {"text-f32-untied", "text-bf16-hd128"}) {
+    auto engine = load_engine(name);
+    ASSERT_NE(engine, nullptr);
+    for (const SamplingParams& sp : sampling_cases()) {
+      GenerateRequest req;
+      for (int i = 0; i < 21; ++i) req.prompt_ids.push_back(5 + (i * 53) % 700);
+      req.max_new_tokens = 40;
+      req.ignore_eos = true;
+      req.sampling = sp;
+      int64_t seen = 0, counted = -1;
+      auto res = engine->generate(req, [&](const TokenEvent&) {
+        ++seen;
+        if (seen == 3) {
+          g_allocations = 0;
+          g_counting = true;
+        }
+        if (seen == 40) {
+          g_counting = false;
+          counted = g_allocations.load();
+        }
+        return true;
+      });
+      g_counting = false;
+      ASSERT_TRUE(res.ok()) << res.status().message();
+      ASSERT_EQ(seen, 40);
+      EXPECT_EQ(counted, 0) << name << (sp.do_sample.value_or(false) ? " sampled" : " greedy");
+    }
+  }
+}
+
+TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
+  // Three requests decode together (one greedy, one sampled, one with top logprobs); counting
+  // runs from the step where each has 3 tokens until the shortest is 2 tokens from its end, on
+  // the engine thread (events come from there).
+  auto engine = load_engine("text-f32-untied");
+  ASSERT_NE(engine, nullptr);
+  constexpr int kReqs = 3;
+  BatchingOptions bo;
+  bo.num_blocks = 64;
+  bo.max_num_seqs = kReqs;
+  bo.max_batched_tokens = 64;
+  bo.batch_wait_ms = 60000;  // the idle engine starts once all kReqs are queued: they run together
+  auto core = EngineCore::create(*engine, bo);
+  ASSERT_TRUE(core.ok()) << core.status().message();
+  const auto samplings = sampling_cases();
+  const int64_t max_new[kReqs] = {45, 50, 55};
+  std::atomic<int64_t> counts[kReqs] = {};
+  std::atomic<int64_t> counted{-1};
+  std::atomic<bool> started{false}, stopped{false};
+  std::vector<GenerateRequest> reqs(kReqs);
+  for (int r = 0; r < kReqs; ++r) {
+    for (int i = 0; i < 5 + 14 * r; ++i) reqs[r].prompt_ids.push_back(7 + (i * 61 + r) % 800);
+    reqs[r].max_new_tokens = max_new[r];
+    reqs[r].ignore_eos = true;
+    reqs[r].sampling = samplings[r % 2];
+    if (r == 2) reqs[r].logprobs = 3;
+  }
+  auto on_event = [&](int r, const CoreEvent& ev) {
+    if (ev.token_id < 0) return;
+    counts[r].fetch_add(1);
+    bool all = true;
+    for (int i = 0; i < kReqs; ++i) all = all && counts[i].load() >= 3;
+    if (all && !started.exchange(true)) {
+      g_allocations = 0;
+      g_counting = true;
+    }
+    if (started && counts[0].load() >= max_new[0] - 2 && !stopped.exchange(true)) {
+      g_counting = false;
+      counted = g_allocations.load();
+    }
+  };
+  for (int r = 0; r < kReqs; ++r) {
+    auto id = (*core)->submit(reqs[r], [&on_event, r](const CoreEvent& ev) { on_event(r, ev); });
+    ASSERT_TRUE(id.ok()) << id.status().message();
+  }
+  (*core)->wait_idle();
+  g_counting = false;
+  for (int r = 0; r < kReqs; ++r) EXPECT_EQ(counts[r].load(), max_new[r]) << r;
+  ASSERT_TRUE(stopped.load());
+  EXPECT_EQ(counted.load(), 0);
 }
 
 }  // namespace

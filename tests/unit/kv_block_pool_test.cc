@@ -65,6 +65,24 @@ TEST(KvCacheManager, TablesGrowByBlockAndFreeAll) {
   EXPECT_EQ(kv.pool().num_free(), 8);
 }
 
+TEST(KvCacheManager, TableSizedForMaxTokensNeverMoves) {
+  // With max_tokens given at the first reserve, growing the table to it keeps its memory (decode
+  // steps that cross a block boundary allocate nothing); a refused reserve of a new id leaves no
+  // table behind.
+  KvCacheManager kv(/*num_blocks=*/16, /*block_size=*/4);
+  ASSERT_TRUE(kv.reserve(3, 5, /*max_tokens=*/40).ok());
+  const int32_t* data = kv.block_table(3).data();
+  EXPECT_GE(kv.block_table(3).capacity(), 10u);
+  for (int64_t t = 6; t <= 40; ++t) {
+    ASSERT_TRUE(kv.reserve(3, t, 40).ok());
+    EXPECT_EQ(kv.block_table(3).data(), data) << t;
+  }
+  EXPECT_EQ(kv.block_table(3).size(), 10u);
+  EXPECT_EQ(kv.reserve(4, 4 * 7, 4 * 7).code(), StatusCode::kResourceExhausted);  // 6 free
+  EXPECT_TRUE(kv.block_table(4).empty());
+  EXPECT_EQ(kv.pool().num_used(), 10);
+}
+
 TEST(KvCacheManager, RandomTrafficNeverLeaksOrSharesBlocks) {
   KvCacheManager kv(64, 16);
   std::mt19937 rng(3);
