@@ -21,9 +21,9 @@ struct MembwSamples {
   uint64_t checksum = 0;          // what the read passes summed (keeps the reads from vanishing)
 };
 
-// Allocates two buffers of `bytes` (rounded up to 4 KiB), writes them once on the threads that
-// will read them (first touch), runs one untimed pass of each kernel and then `reps` timed passes
-// of each. Every pass gives each thread of `pool` one contiguous slice. The read kernel sums
+// Allocates two buffers of `bytes` (rounded up to 4 KiB), writes them once (first touch), runs
+// one untimed pass of each kernel and then `reps` timed passes of each. In every pass the threads
+// of `pool` claim page-aligned slices (parallel_for's chunks). The read kernel sums
 // 64-byte lines with 16-byte vector adds (SSE2 / NEON at the baseline ISA: no per-ISA build
 // needed to reach the memory roof). ResourceExhausted when the buffers cannot be allocated.
 Result<MembwSamples> measure_membw(int64_t bytes, int reps, ThreadPool& pool);
