@@ -15,7 +15,7 @@ Isa detect_hardware() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma")) {
+      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
     return Isa::kAvx512;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
