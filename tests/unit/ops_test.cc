@@ -329,7 +329,7 @@ TEST(DequantizeInt4, EveryIsaWidensToRoundedBf16) {
   using Fn = void (*)(const uint8_t*, const float*, int64_t, int64_t, int64_t, uint16_t*);
   std::vector<std::pair<const char*, Fn>> fns = {
       {"generic", &kernels::generic::dequantize_rows_q4_bf16}};
-#if defined(__x86_64__)
+#if defined(VLM_HAVE_X86_DISPATCH)
   for (ops::Isa isa : ops::runnable_isas()) {
     if (isa == ops::Isa::kAvx2) fns.push_back({"avx2", &kernels::avx2::dequantize_rows_q4_bf16});
     if (isa == ops::Isa::kAvx512) {
@@ -662,7 +662,7 @@ TEST(Softmax, VectorisedExpMatchesDoublePrecision) {
   for (auto& w : want) w /= sum;
   using Fn = void (*)(float*, int64_t, float);
   std::vector<std::pair<const char*, Fn>> fns = {{"generic", &kernels::generic::softmax_row}};
-#if defined(__x86_64__)
+#if defined(VLM_HAVE_X86_DISPATCH)
   for (ops::Isa isa : ops::runnable_isas()) {
     if (isa == ops::Isa::kAvx2) fns.push_back({"avx2", &kernels::avx2::softmax_row});
     if (isa == ops::Isa::kAvx512) fns.push_back({"avx512", &kernels::avx512::softmax_row});
@@ -682,7 +682,7 @@ TEST(Softmax, VectorisedExpMatchesDoublePrecision) {
 // ---- Element-wise kernels (kernels/cpu/eltwise_kernel.inc) ----
 
 const kernels::EltwiseKernels& eltwise_table(ops::Isa isa) {
-#if defined(__x86_64__)
+#if defined(VLM_HAVE_X86_DISPATCH)
   if (isa == ops::Isa::kAvx512) return kernels::avx512::eltwise_kernels();
   if (isa == ops::Isa::kAvx2) return kernels::avx2::eltwise_kernels();
 #endif
