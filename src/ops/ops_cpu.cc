@@ -233,6 +233,27 @@ constexpr int64_t kBlockedMinTokens = 64;
 // Query rows per block of the blocked (GEMM) attention paths.
 constexpr int64_t kQueryBlock = 64;
 
+// One block of m query rows of one head through the matmul kernels, on the calling thread:
+// scores [m, nk] = Q·Kᵀ with qh [m, hd] and kh [nk, hd] (rows); row r's softmax over its first
+// min(nk, visible0 + r) keys, the rest of the row zeroed (visible0 >= nk: every key, else a
+// causal prefix); then P·V with vt = Vᵀ [hd, nk], the block's rows written to out at row stride
+// out_stride. scores: m · nk floats; oh: m · hd; scratch: the matmul's.
+void attend_query_block(const float* qh, int64_t m, const float* kh, const float* vt, int64_t nk,
+                        int64_t head_dim, float scale, int64_t visible0, float* scores, float* oh,
+                        float* scratch, float* out, int64_t out_stride, Isa isa) {
+  const auto softmax = attention_kernels(isa).softmax_row;
+  const TensorView k_view{DType::kF32, {nk, head_dim}, kh};
+  matmul_on_this_thread(qh, m, head_dim, k_view, scores, scratch, isa);
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t visible = std::min(nk, visible0 + r);
+    softmax(scores + r * nk, visible, scale);
+    std::fill(scores + r * nk + visible, scores + (r + 1) * nk, 0.f);
+  }
+  const TensorView vt_view{DType::kF32, {head_dim, nk}, vt};
+  matmul_on_this_thread(scores, m, nk, vt_view, oh, scratch, isa);
+  for (int64_t r = 0; r < m; ++r) std::copy_n(oh + r * head_dim, head_dim, out + r * out_stride);
+}
+
 // Causal attention of a long prefill chunk through the matmul kernels, as attention_full does
 // for images: the heads are split over the threads; per head the keys 0 .. first_pos + n_q are
 // gathered from the paged cache once (K as rows, V transposed), then per block of kQueryBlock
@@ -246,7 +267,6 @@ void attention_causal_blocked(const float* q, int64_t n_q, int64_t first_pos, co
                               float* out, ThreadPool& pool, Isa isa) {
   const int64_t group = n_heads / n_kv_heads, kv_stride = n_kv_heads * head_dim;
   const int64_t q_stride = n_heads * head_dim, n_keys = first_pos + n_q;
-  const auto softmax = attention_kernels(isa).softmax_row;
   // Per thread: K [n_keys, hd], Vᵀ [hd, n_keys], a block's Vᵀ [hd, nk], Q block, scores, output
   // block and the matmul scratch.
   const int64_t mm_scratch =
@@ -284,19 +304,9 @@ void attention_causal_blocked(const float* q, int64_t n_q, int64_t first_pos, co
         for (int64_t r = 0; r < m; ++r) {
           std::copy_n(q + (q0 + r) * q_stride + h * head_dim, head_dim, qh + r * head_dim);
         }
-        const TensorView k_view{DType::kF32, {nk, head_dim}, kh};
-        matmul_on_this_thread(qh, m, head_dim, k_view, scores, scratch, isa);
-        for (int64_t r = 0; r < m; ++r) {
-          const int64_t visible = first_pos + q0 + r + 1;
-          softmax(scores + r * nk, visible, scale);
-          std::fill(scores + r * nk + visible, scores + (r + 1) * nk, 0.f);
-        }
         for (int64_t d = 0; d < head_dim; ++d) std::copy_n(vt + d * n_keys, nk, vtb + d * nk);
-        const TensorView vt_view{DType::kF32, {head_dim, nk}, vtb};
-        matmul_on_this_thread(scores, m, nk, vt_view, oh, scratch, isa);
-        for (int64_t r = 0; r < m; ++r) {
-          std::copy_n(oh + r * head_dim, head_dim, out + (q0 + r) * q_stride + h * head_dim);
-        }
+        attend_query_block(qh, m, kh, vtb, nk, head_dim, scale, first_pos + q0 + 1, scores, oh,
+                           scratch, out + q0 * q_stride + h * head_dim, q_stride, isa);
       }
     }
   });
@@ -439,7 +449,6 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
   // kQueryBlock queries go through the matmul kernels on that thread — scores [block, n] = Q·Kᵀ,
   // a row softmax, then out = P·V — so the work runs at GEMM speed with one fork/join per call.
   // Memory is O(block · n) per thread: the n × n score matrix is never built.
-  const auto softmax = attention_kernels(isa).softmax_row;
   // Per thread: q, k, vᵀ of one head, a block of scores, its output and the matmul scratch.
   const int64_t mm_scratch = std::max(matmul_scratch_floats(head_dim), matmul_scratch_floats(n));
   const int64_t per_thread = 3 * n * head_dim + kQueryBlock * n + kQueryBlock * head_dim + mm_scratch;
@@ -453,8 +462,6 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
     float* const scores = vt + n * head_dim;
     float* const oh = scores + kQueryBlock * n;
     float* const scratch = oh + kQueryBlock * head_dim;
-    const TensorView k_view{DType::kF32, {n, head_dim}, kh};
-    const TensorView vt_view{DType::kF32, {head_dim, n}, vt};
     for (int64_t h = h0; h < h1; ++h) {
       for (int64_t i = 0; i < n; ++i) {
         std::copy_n(q + i * stride + h * head_dim, head_dim, qh + i * head_dim);
@@ -463,12 +470,8 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
       }
       for (int64_t q0 = 0; q0 < n; q0 += kQueryBlock) {
         const int64_t m = std::min(kQueryBlock, n - q0);
-        matmul_on_this_thread(qh + q0 * head_dim, m, head_dim, k_view, scores, scratch, isa);
-        for (int64_t r = 0; r < m; ++r) softmax(scores + r * n, n, scale);
-        matmul_on_this_thread(scores, m, n, vt_view, oh, scratch, isa);
-        for (int64_t r = 0; r < m; ++r) {
-          std::copy_n(oh + r * head_dim, head_dim, out + (q0 + r) * stride + h * head_dim);
-        }
+        attend_query_block(qh + q0 * head_dim, m, kh, vt, n, head_dim, scale, /*visible0=*/n,
+                           scores, oh, scratch, out + q0 * stride + h * head_dim, stride, isa);
       }
     }
   });
