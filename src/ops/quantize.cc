@@ -39,16 +39,35 @@ void widen_row(const TensorView& w, int64_t n, float* out) {
       return;
     }
     default:
-      return;  // rejected by quantize_int8 before any row is read
+      return;  // rejected by check_quantizable before any row is read
   }
 }
 
 // The sign-magnitude bits of f (sign cleared): integer order is float order, and inf / NaN are
-// the patterns >= 0x7f800000.
+// the patterns >= 0x7f800000. (A max over these vectorises; a float max or a std::isfinite test
+// does not, and the quantizers see every weight of the model.)
 inline uint32_t abs_bits(float f) {
   uint32_t b;
   std::memcpy(&b, &f, sizeof(b));
   return b & 0x7fffffffu;
+}
+
+// What both quantizers accept: a 2-D F32/BF16/F16 weight. what: "int8" / "int4".
+Status check_quantizable(const TensorView& w, const char* what) {
+  if (w.rank() != 2) {
+    return invalid_argument(std::string(what) + " quantization needs a 2-D weight, got " +
+                            shape_to_string(w.shape));
+  }
+  if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
+    return invalid_argument(std::string(what) + " quantization takes F32/BF16/F16 weights, not " +
+                            dtype_name(w.dtype));
+  }
+  return ok_status();
+}
+
+Status non_finite_row(const TensorView& w, const char* what, int64_t row) {
+  return invalid_argument(std::string(what) + " quantization: row " + std::to_string(row) +
+                          " of a " + shape_to_string(w.shape) + " weight has a non-finite value");
 }
 
 // NOTE(vlm): the INT4 scale of a group is the one among three candidates whose q gives the
@@ -106,29 +125,16 @@ float quantize_group_int4(const float* v, int32_t* q) {
 }  // namespace
 
 Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& pool) {
-  if (w.rank() != 2) {
-    return invalid_argument("int8 quantization needs a 2-D weight, got " +
-                            shape_to_string(w.shape));
-  }
-  if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
-    return invalid_argument(std::string("int8 quantization takes F32/BF16/F16 weights, not ") +
-                            dtype_name(w.dtype));
-  }
+  VLM_RETURN_IF_ERROR(check_quantizable(w, "int8"));
   const int64_t N = w.dim(0), K = w.dim(1);
   std::atomic<int64_t> bad_row{-1};
   pool.parallel_for(N, 16, [&](int64_t n0, int64_t n1, int) {
     std::vector<float> row(static_cast<size_t>(K));  // load time: one buffer per chunk is fine
     for (int64_t n = n0; n < n1; ++n) {
       widen_row(w, n, row.data());
-      // max |w| on the bit patterns: with the sign cleared, integer order is float order, and
-      // inf / NaN are the patterns >= 0x7f800000. (An integer max vectorises; a float max or a
-      // std::isfinite test does not, and this loop sees every weight of the model.)
+      // max |w| on the bit patterns (abs_bits), which also finds inf / NaN.
       uint32_t amax_bits = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        uint32_t b;
-        std::memcpy(&b, &row[k], sizeof(b));
-        amax_bits = std::max(amax_bits, b & 0x7fffffffu);
-      }
+      for (int64_t k = 0; k < K; ++k) amax_bits = std::max(amax_bits, abs_bits(row[k]));
       float amax;
       std::memcpy(&amax, &amax_bits, sizeof(amax));
       int8_t* qr = q + n * K;
@@ -157,22 +163,12 @@ Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& p
       }
     }
   });
-  if (bad_row.load() >= 0) {
-    return invalid_argument("int8 quantization: row " + std::to_string(bad_row.load()) + " of a " +
-                            shape_to_string(w.shape) + " weight has a non-finite value");
-  }
+  if (bad_row.load() >= 0) return non_finite_row(w, "int8", bad_row.load());
   return ok_status();
 }
 
 Status quantize_int4(const TensorView& w, uint8_t* q, float* scale, ThreadPool& pool) {
-  if (w.rank() != 2) {
-    return invalid_argument("int4 quantization needs a 2-D weight, got " +
-                            shape_to_string(w.shape));
-  }
-  if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16) {
-    return invalid_argument(std::string("int4 quantization takes F32/BF16/F16 weights, not ") +
-                            dtype_name(w.dtype));
-  }
+  VLM_RETURN_IF_ERROR(check_quantizable(w, "int4"));
   const int64_t N = w.dim(0), K = w.dim(1);
   if (K % kInt4Group != 0) {
     return invalid_argument("int4 quantization needs the input dimension to be a multiple of " +
@@ -207,10 +203,7 @@ Status quantize_int4(const TensorView& w, uint8_t* q, float* scale, ThreadPool& 
       }
     }
   });
-  if (bad_row.load() >= 0) {
-    return invalid_argument("int4 quantization: row " + std::to_string(bad_row.load()) + " of a " +
-                            shape_to_string(w.shape) + " weight has a non-finite value");
-  }
+  if (bad_row.load() >= 0) return non_finite_row(w, "int4", bad_row.load());
   return ok_status();
 }
 
