@@ -83,82 +83,66 @@ TEST(Cli, TokenizeAndDetokenize) {
   EXPECT_EQ(r.out, "user\n");
 }
 
-TEST(Cli, LogitsWritesTheReferenceLogits) {
-  const std::string dir = kFixtures + "/text-f32-untied";
+// max |got − want| and max |want| of `vlm logits` against a reference logits file.
+struct LogitsError {
+  float max_diff = -1.f;  // stays negative when the run fails
+  float max_ref = 0.f;
+};
+
+// Runs `vlm logits` (with `flags`) on the ids of logits entry `index` of the fixture's
+// reference.json and compares the written file with that entry's reference logits.
+void cli_logits_error(const std::string& dir, int index, const std::string& flags,
+                      LogitsError* e) {
   auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
-  const auto& entry = ref["logits"][1];
+  const auto& entry = ref["logits"][index];
   test_util::TempDir tmp;
   const std::string out = tmp.file("logits.npy");
   CliResult r = vlm("logits -m " + quote(dir) + " --ids " + join_ids(entry["ids"]) + " --out " +
-                    quote(out));
+                    quote(out) + flags);
   ASSERT_EQ(r.code, 0) << r.err;
   auto got = read_npy(out);
   auto want = read_npy(dir + "/" + entry["file"].get<std::string>());
   ASSERT_TRUE(got.ok() && want.ok());
   ASSERT_EQ(got->shape, want->shape);
-  float max_ref = 0, max_diff = 0;
+  e->max_diff = 0.f;
   for (size_t i = 0; i < got->f32.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(want->f32[i]));
-    max_diff = std::max(max_diff, std::fabs(got->f32[i] - want->f32[i]));
+    e->max_ref = std::max(e->max_ref, std::fabs(want->f32[i]));
+    e->max_diff = std::max(e->max_diff, std::fabs(got->f32[i] - want->f32[i]));
   }
-  EXPECT_LE(max_diff, 1e-4f * max_ref);
+}
+
+TEST(Cli, LogitsWritesTheReferenceLogits) {
+  LogitsError e;
+  cli_logits_error(kFixtures + "/text-f32-untied", 1, "", &e);
+  ASSERT_GE(e.max_diff, 0.f);
+  EXPECT_LE(e.max_diff, 1e-4f * e.max_ref);
+}
+
+// `--quant Q` reaches the engine: the logits of `vlm logits` move off the reference by more than
+// `min_rel` and at most `max_rel` of max|logit|, and `vlm bench` reports the quantization.
+void expect_quant_reaches_the_engine(const std::string& quant, float min_rel, float max_rel) {
+  const std::string dir = kFixtures + "/text-f32-untied";
+  LogitsError e;
+  cli_logits_error(dir, 2, " --quant " + quant, &e);
+  ASSERT_GE(e.max_diff, 0.f) << quant;
+  EXPECT_GT(e.max_diff, min_rel * e.max_ref) << quant;
+  EXPECT_LE(e.max_diff, max_rel * e.max_ref) << quant;
+
+  CliResult r = vlm("bench -m " + quote(dir) + " -p 8 -n 4 -r 1 -t 2 --quant " + quant);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(" " + quant + ", peak RSS"), std::string::npos) << r.out;
 }
 
 TEST(Cli, QuantInt8LogitsAndBench) {
-  // --quant int8 reaches the engine: logits move off the reference, but only by the INT8 noise
-  // (quant_test measures ≤ 4.4e-2 · max|logit| at worst on these fixtures).
-  const std::string dir = kFixtures + "/text-f32-untied";
-  auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
-  const auto& entry = ref["logits"][2];
-  test_util::TempDir tmp;
-  const std::string out = tmp.file("logits.npy");
-  CliResult r = vlm("logits -m " + quote(dir) + " --ids " + join_ids(entry["ids"]) + " --out " +
-                    quote(out) + " --quant int8");
-  ASSERT_EQ(r.code, 0) << r.err;
-  auto got = read_npy(out);
-  auto want = read_npy(dir + "/" + entry["file"].get<std::string>());
-  ASSERT_TRUE(got.ok() && want.ok());
-  ASSERT_EQ(got->shape, want->shape);
-  float max_ref = 0, max_diff = 0;
-  for (size_t i = 0; i < got->f32.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(want->f32[i]));
-    max_diff = std::max(max_diff, std::fabs(got->f32[i] - want->f32[i]));
-  }
-  EXPECT_GT(max_diff, 1e-3f * max_ref);
-  EXPECT_LE(max_diff, 1e-1f * max_ref);
-
-  r = vlm("bench -m " + quote(dir) + " -p 8 -n 4 -r 1 -t 2 --quant int8");
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find(" int8, peak RSS"), std::string::npos) << r.out;
+  // INT8 noise: quant_test measures ≤ 4.4e-2 · max|logit| at worst on these fixtures.
+  expect_quant_reaches_the_engine("int8", 1e-3f, 1e-1f);
 }
 
 TEST(Cli, QuantInt4LogitsAndBench) {
-  // --quant int4 reaches the engine: logits move off the reference by the INT4 noise (quant_test
-  // measures ≤ 0.54 · max|logit| at worst on this fixture, 12× int8's on average).
-  const std::string dir = kFixtures + "/text-f32-untied";
-  auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
-  const auto& entry = ref["logits"][2];
-  test_util::TempDir tmp;
-  const std::string out = tmp.file("logits.npy");
-  CliResult r = vlm("logits -m " + quote(dir) + " --ids " + join_ids(entry["ids"]) + " --out " +
-                    quote(out) + " --quant int4");
-  ASSERT_EQ(r.code, 0) << r.err;
-  auto got = read_npy(out);
-  auto want = read_npy(dir + "/" + entry["file"].get<std::string>());
-  ASSERT_TRUE(got.ok() && want.ok());
-  ASSERT_EQ(got->shape, want->shape);
-  float max_ref = 0, max_diff = 0;
-  for (size_t i = 0; i < got->f32.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(want->f32[i]));
-    max_diff = std::max(max_diff, std::fabs(got->f32[i] - want->f32[i]));
-  }
-  EXPECT_GT(max_diff, 5e-2f * max_ref);
-  EXPECT_LE(max_diff, 8e-1f * max_ref);
-
-  r = vlm("bench -m " + quote(dir) + " -p 8 -n 4 -r 1 -t 2 --quant int4");
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find(" int4, peak RSS"), std::string::npos) << r.out;
-  r = vlm("bench --help");
+  // INT4 noise: quant_test measures ≤ 0.54 · max|logit| at worst on this fixture, 12× int8's on
+  // average.
+  expect_quant_reaches_the_engine("int4", 5e-2f, 8e-1f);
+  CliResult r = vlm("bench --help");
   EXPECT_NE(r.out.find("int4 (one scale per 32 inputs)"), std::string::npos) << r.out;
 }
 

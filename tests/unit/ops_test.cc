@@ -90,13 +90,19 @@ struct Int8Buf {
   TensorView view;
 };
 
-Int8Buf make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
-  Int8Buf b;
-  b.f32 = randn(N * K, seed);
+// [N, K] normal values, row n scaled by 0.25 · (1 + n % 7) except row 1, all zeros.
+std::vector<float> varied_rows(int64_t N, int64_t K, uint32_t seed) {
+  std::vector<float> w = randn(N * K, seed);
   for (int64_t n = 0; n < N; ++n) {
     const float mag = n == 1 ? 0.f : 0.25f * static_cast<float>(1 + n % 7);
-    for (int64_t k = 0; k < K; ++k) b.f32[n * K + k] *= mag;
+    for (int64_t k = 0; k < K; ++k) w[n * K + k] *= mag;
   }
+  return w;
+}
+
+Int8Buf make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
+  Int8Buf b;
+  b.f32 = varied_rows(N, K, seed);
   b.q.resize(N * K);
   b.scale.resize(N);
   TensorView src{DType::kF32, {N, K}, b.f32.data()};
@@ -110,9 +116,10 @@ Int8Buf make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
 }
 
 TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
-  // M = 1..5: the register kernel with the scale applied per output; 8..31: rows widened to
-  // q · scale in blocks; ≥ 32: the packed panel. K: tails of the 16-lane loop; N: of the 8- and
-  // 4-row steps.
+  // M = 1: the register kernel with the scale applied per output; 2..31: AVX-512's 4 × 6 tiles
+  // over weight-row groups (elsewhere up to 5 the register kernel, from 8 rows widened to
+  // q · scale in blocks); ≥ 32: the packed panel. K: tails of the 16-lane loop; N: of the 8-,
+  // 6- and 4-row steps.
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
   for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 38, 45, 260}) {
@@ -248,11 +255,7 @@ struct Int4Buf {
 
 Int4Buf make_int4_weight(int64_t N, int64_t K, uint32_t seed) {
   Int4Buf b;
-  b.f32 = randn(N * K, seed);
-  for (int64_t n = 0; n < N; ++n) {
-    const float mag = n == 1 ? 0.f : 0.25f * static_cast<float>(1 + n % 7);
-    for (int64_t k = 0; k < K; ++k) b.f32[n * K + k] *= mag;
-  }
+  b.f32 = varied_rows(N, K, seed);
   b.f32[5] = 8.f;
   b.q.resize(N * K / 2);
   b.scale.resize(N * K / kInt4Group);
@@ -268,13 +271,12 @@ Int4Buf make_int4_weight(int64_t N, int64_t K, uint32_t seed) {
 
 TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
   // M = 1..7: the INT4 register kernel (4-row x steps, then 3/2/1; 8-, 4- and 1-row w steps);
-  // 8 and up: blocks of 32 rows widened to BF16 for the BF16 kernel (blocked from 8, packed from
-  // 32 x rows). K: 1, 3 and 5 groups of 32; N: tails of the 8- and 4-row steps and of the 32-row
+  // 8..31: blocks of 32 rows widened to BF16 for the BF16 kernel; ≥ 32: the packed GEMM widens
+  // I4 into its panel (K = 288: two K blocks; M = 45 and 260: several 12-row tiles and both loop
+  // orders). K: 1, 3, 5 and 9 groups of 32; N: tails of the 8- and 4-row steps and of the 32-row
   // blocks.
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
-  // M ≥ 32: the packed GEMM widens I4 into its panel (K = 288: two K blocks; M = 45 and 260:
-  // several 12-row tiles and both loop orders).
   for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 17, 32, 33, 38, 45, 260}) {
     for (int64_t K : {32, 96, 160, 288}) {
       for (int64_t N : {1, 3, 5, 9, 17, 40, 70}) {
