@@ -650,18 +650,9 @@ INSTANTIATE_TEST_SUITE_P(EveryIsa, AttentionTest, ::testing::ValuesIn(ops::runna
                          [](const auto& info) { return std::string(ops::isa_name(info.param)); });
 
 TEST(Softmax, VectorisedExpMatchesDoublePrecision) {
-  // Scores spread over the whole range softmax meets, including far below the max (underflow)
-  // and a tail that is not a multiple of 8.
-  std::vector<float> x(203);
-  std::mt19937 rng(9);
-  std::uniform_real_distribution<float> u(-120.f, 40.f);
-  for (auto& v : x) v = u(rng);
-  const float scale = 0.7f;
-  std::vector<double> want(x.size());
-  double mx = -INFINITY, sum = 0;
-  for (float v : x) mx = std::max(mx, static_cast<double>(v) * scale);
-  for (size_t i = 0; i < x.size(); ++i) sum += (want[i] = std::exp(x[i] * static_cast<double>(scale) - mx));
-  for (auto& w : want) w /= sum;
+  // Scores spread over the whole range softmax meets, including far below the max (underflow);
+  // lengths that end in every part of the kernels (16-wide body, 8-wide step, scalar tail), with
+  // the row's max either anywhere or in the scalar tail.
   using Fn = void (*)(float*, int64_t, float);
   std::vector<std::pair<const char*, Fn>> fns = {{"generic", &kernels::generic::softmax_row}};
 #if defined(VLM_HAVE_X86_DISPATCH)
@@ -670,13 +661,30 @@ TEST(Softmax, VectorisedExpMatchesDoublePrecision) {
     if (isa == ops::Isa::kAvx512) fns.push_back({"avx512", &kernels::avx512::softmax_row});
   }
 #endif
-  for (auto [name, fn] : fns) {
-    auto y = x;
-    fn(y.data(), static_cast<int64_t>(y.size()), scale);
-    for (size_t i = 0; i < y.size(); ++i) {
-      // The f32 argument scale·x − max (|·| ≤ 30 here) carries ≤ 30 · 2^-24 ≈ 1.8e-6 of rounding,
-      // which exp turns into the same relative error: allow 5e-6.
-      ASSERT_NEAR(y[i], want[i], 5e-6 * want[i] + 1e-12) << name << " " << i;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-120.f, 40.f);
+  for (int64_t n : {1, 7, 8, 16, 23, 203}) {
+    for (bool max_in_tail : {false, true}) {
+      std::vector<float> x(n);
+      for (auto& v : x) v = u(rng);
+      if (max_in_tail) x[n - 1] = 45.f;
+      const float scale = 0.7f;
+      std::vector<double> want(x.size());
+      double mx = -INFINITY, sum = 0;
+      for (float v : x) mx = std::max(mx, static_cast<double>(v) * scale);
+      for (size_t i = 0; i < x.size(); ++i) {
+        sum += (want[i] = std::exp(x[i] * static_cast<double>(scale) - mx));
+      }
+      for (auto& w : want) w /= sum;
+      for (auto [name, fn] : fns) {
+        auto y = x;
+        fn(y.data(), n, scale);
+        for (size_t i = 0; i < y.size(); ++i) {
+          // The f32 argument scale·x − max (|·| ≤ 32 here) carries ≤ 32 · 2^-24 ≈ 1.9e-6 of
+          // rounding, which exp turns into the same relative error: allow 5e-6.
+          ASSERT_NEAR(y[i], want[i], 5e-6 * want[i] + 1e-12) << name << " n " << n << " " << i;
+        }
+      }
     }
   }
 }
