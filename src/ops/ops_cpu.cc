@@ -7,6 +7,7 @@
 #include "core/half.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/eltwise.h"
+#include "kernels/cpu/matmul.h"
 #include "ops/ops.h"
 
 namespace vlm::ops {
@@ -194,26 +195,40 @@ struct AttentionKernels {
   AttendFn attend_row;
   void (*attend_row_paged)(const float*, const float*, const float*, const int32_t*, int64_t,
                            int64_t, int64_t, int64_t, float, float*);
-  void (*softmax_row)(float*, int64_t, float);
+  float (*softmax_exp_row)(float*, int64_t, float);
   void (*attend_group_partial)(const float*, int64_t, const float*, const float*, const int32_t*,
                                int64_t, int64_t, int64_t, int64_t, int64_t, float, float*,
                                int64_t);
+  // The blocked paths' GEMMs against K and V packed once per head (kernels/cpu/matmul.h).
+  void (*pack_b_rows)(const float*, int64_t, int64_t, int64_t, float*);
+  void (*pack_b_cols)(const float*, int64_t, int64_t, int64_t, float*);
+  void (*matmul_prepacked)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, int64_t,
+                           float*, int64_t);
 };
 
 const AttentionKernels& attention_kernels(Isa isa) {
   static const AttentionKernels kGeneric = {&kernels::generic::attend_row,
                                             &kernels::generic::attend_row_paged,
-                                            &kernels::generic::softmax_row,
-                                            &kernels::generic::attend_group_partial};
+                                            &kernels::generic::softmax_exp_row,
+                                            &kernels::generic::attend_group_partial,
+                                            &kernels::generic::pack_b_rows,
+                                            &kernels::generic::pack_b_cols,
+                                            &kernels::generic::matmul_prepacked};
 #if defined(VLM_HAVE_X86_DISPATCH)
   static const AttentionKernels kAvx2 = {&kernels::avx2::attend_row,
                                          &kernels::avx2::attend_row_paged,
-                                         &kernels::avx2::softmax_row,
-                                         &kernels::avx2::attend_group_partial};
+                                         &kernels::avx2::softmax_exp_row,
+                                         &kernels::avx2::attend_group_partial,
+                                         &kernels::avx2::pack_b_rows,
+                                         &kernels::avx2::pack_b_cols,
+                                         &kernels::avx2::matmul_prepacked};
   static const AttentionKernels kAvx512 = {&kernels::avx512::attend_row,
                                            &kernels::avx512::attend_row_paged,
-                                           &kernels::avx512::softmax_row,
-                                           &kernels::avx512::attend_group_partial};
+                                           &kernels::avx512::softmax_exp_row,
+                                           &kernels::avx512::attend_group_partial,
+                                           &kernels::avx512::pack_b_rows,
+                                           &kernels::avx512::pack_b_cols,
+                                           &kernels::avx512::matmul_prepacked};
   switch (isa) {
     case Isa::kAvx512: return kAvx512;
     case Isa::kAvx2: return kAvx2;
@@ -230,83 +245,82 @@ bool vector_head_dim(int64_t head_dim) {
 
 // Below this many tokens per segment the per-row tile kernel is used.
 constexpr int64_t kBlockedMinTokens = 64;
-// Query rows per block of the blocked (GEMM) attention paths.
-constexpr int64_t kQueryBlock = 64;
+// Query rows per block of the blocked (GEMM) attention paths: a multiple of every ISA's tile
+// height (12 / 3 / 2 rows), so no block but a segment's last one runs a short tile; its scores
+// (48 · keys floats) stay in L2 up to several thousand keys.
+constexpr int64_t kQueryBlock = 48;
 
 // One block of m query rows of one head through the matmul kernels, on the calling thread:
-// scores [m, nk] = Q·Kᵀ with qh [m, hd] and kh [nk, hd] (rows); row r's softmax over its first
-// min(nk, visible0 + r) keys, the rest of the row zeroed (visible0 >= nk: every key, else a
-// causal prefix); then P·V with vt = Vᵀ [hd, nk], the block's rows written to out at row stride
-// out_stride. scores: m · nk floats; oh: m · hd; scratch: the matmul's.
-void attend_query_block(const float* qh, int64_t m, const float* kh, const float* vt, int64_t nk,
-                        int64_t head_dim, float scale, int64_t visible0, float* scores, float* oh,
-                        float* scratch, float* out, int64_t out_stride, Isa isa) {
-  const auto softmax = attention_kernels(isa).softmax_row;
-  const TensorView k_view{DType::kF32, {nk, head_dim}, kh};
-  matmul_on_this_thread(qh, m, head_dim, k_view, scores, scratch, isa);
+// scores [m, nk] = Q·Kᵀ with Q's rows at qh (ldq floats apart) and K packed (pack_b_rows) as
+// kp; row r's exp(scale·s − max) over its first min(nk, visible0 + r) keys, the rest of the row
+// zeroed (visible0 >= nk: every key, else a causal prefix); then P·V against V packed
+// (pack_b_cols, for vp_keys >= nk keys) as vp, written to out (row stride out_stride) and each
+// row scaled by 1 / its Σ — hd multiplies a row instead of nk. scores: m · nk floats.
+void attend_query_block(const float* qh, int64_t ldq, int64_t m, const float* kp, const float* vp,
+                        int64_t vp_keys, int64_t nk, int64_t head_dim, float scale,
+                        int64_t visible0, float* scores, float* out, int64_t out_stride, Isa isa) {
+  const AttentionKernels& kern = attention_kernels(isa);
+  kern.matmul_prepacked(qh, ldq, m, head_dim, kp, head_dim, nk, scores, nk);
+  float inv[kQueryBlock];
   for (int64_t r = 0; r < m; ++r) {
     const int64_t visible = std::min(nk, visible0 + r);
-    softmax(scores + r * nk, visible, scale);
+    inv[r] = 1.f / kern.softmax_exp_row(scores + r * nk, visible, scale);
     std::fill(scores + r * nk + visible, scores + (r + 1) * nk, 0.f);
   }
-  const TensorView vt_view{DType::kF32, {head_dim, nk}, vt};
-  matmul_on_this_thread(scores, m, nk, vt_view, oh, scratch, isa);
-  for (int64_t r = 0; r < m; ++r) std::copy_n(oh + r * head_dim, head_dim, out + r * out_stride);
+  kern.matmul_prepacked(scores, nk, m, nk, vp, vp_keys, head_dim, out, out_stride);
+  for (int64_t r = 0; r < m; ++r) {
+    float* o = out + r * out_stride;
+    for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv[r];
+  }
 }
 
 // Causal attention of a long prefill chunk through the matmul kernels, as attention_full does
 // for images: the heads are split over the threads; per head the keys 0 .. first_pos + n_q are
-// gathered from the paged cache once (K as rows, V transposed), then per block of kQueryBlock
+// gathered from the paged cache and packed once (K and V), then per block of kQueryBlock
 // queries: scores = Q·Kᵀ over the keys the block's last query sees, each row's softmax over its
 // own causal prefix (the rest of the row zeroed), out = P·V. The per-row kernel streams every
-// key once per query at vector-FMA speed on one row; here each key is reused by 64 queries in
-// registers.
+// key once per query at vector-FMA speed on one row; here each key is reused by a block of
+// queries in registers.
 void attention_causal_blocked(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
                               const float* v_pool, const int32_t* block_table, int64_t block_size,
                               int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                               float* out, ThreadPool& pool, Isa isa) {
+  const AttentionKernels& kern = attention_kernels(isa);
   const int64_t group = n_heads / n_kv_heads, kv_stride = n_kv_heads * head_dim;
   const int64_t q_stride = n_heads * head_dim, n_keys = first_pos + n_q;
-  // Per thread: K [n_keys, hd], Vᵀ [hd, n_keys], a block's Vᵀ [hd, nk], Q block, scores, output
-  // block and the matmul scratch.
-  const int64_t mm_scratch =
-      std::max(matmul_scratch_floats(head_dim), matmul_scratch_floats(n_keys));
-  const int64_t per_thread = 3 * n_keys * head_dim + 2 * kQueryBlock * head_dim +
-                             kQueryBlock * n_keys + mm_scratch;
+  // Per thread: the gathered K and V rows [n_keys, hd], both packed, and a block's scores.
+  const int64_t packed_k = kernels::prepacked_floats(n_keys, head_dim);
+  const int64_t packed_v = kernels::prepacked_floats(head_dim, n_keys);
+  const int64_t per_thread = 2 * n_keys * head_dim + packed_k + packed_v + kQueryBlock * n_keys;
   thread_local PerThreadBuffers bufs_tls;
   PerThreadBuffers& bufs = bufs_tls;  // the caller's, also inside the lambda
   bufs.reserve(pool.n_threads(), static_cast<size_t>(per_thread));
   pool.parallel_for(n_heads, 1, [&](int64_t h0, int64_t h1, int t) {
     float* const kh = bufs.get(t);
-    float* const vt = kh + n_keys * head_dim;
-    float* const vtb = vt + n_keys * head_dim;
-    float* const qh = vtb + n_keys * head_dim;
-    float* const oh = qh + kQueryBlock * head_dim;
-    float* const scores = oh + kQueryBlock * head_dim;
-    float* const scratch = scores + kQueryBlock * n_keys;
-    int64_t gathered = -1;  // the KV head now in kh / vt
+    float* const vh = kh + n_keys * head_dim;
+    float* const kp = vh + n_keys * head_dim;
+    float* const vp = kp + packed_k;
+    float* const scores = vp + packed_v;
+    int64_t gathered = -1;  // the KV head now in kp / vp
     for (int64_t h = h0; h < h1; ++h) {
       const int64_t kvh = h / group;
       if (kvh != gathered) {
         for (int64_t j = 0; j < n_keys; ++j) {
           const int64_t row =
               static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
-          const float* kr = k_pool + row * kv_stride + kvh * head_dim;
-          const float* vr = v_pool + row * kv_stride + kvh * head_dim;
-          std::copy_n(kr, head_dim, kh + j * head_dim);
-          for (int64_t d = 0; d < head_dim; ++d) vt[d * n_keys + j] = vr[d];
+          std::copy_n(k_pool + row * kv_stride + kvh * head_dim, head_dim, kh + j * head_dim);
+          std::copy_n(v_pool + row * kv_stride + kvh * head_dim, head_dim, vh + j * head_dim);
         }
+        kern.pack_b_rows(kh, head_dim, n_keys, head_dim, kp);
+        kern.pack_b_cols(vh, head_dim, head_dim, n_keys, vp);
         gathered = kvh;
       }
       for (int64_t q0 = 0; q0 < n_q; q0 += kQueryBlock) {
         const int64_t m = std::min(kQueryBlock, n_q - q0);
         const int64_t nk = first_pos + q0 + m;  // keys the block's last query sees
-        for (int64_t r = 0; r < m; ++r) {
-          std::copy_n(q + (q0 + r) * q_stride + h * head_dim, head_dim, qh + r * head_dim);
-        }
-        for (int64_t d = 0; d < head_dim; ++d) std::copy_n(vt + d * n_keys, nk, vtb + d * nk);
-        attend_query_block(qh, m, kh, vtb, nk, head_dim, scale, first_pos + q0 + 1, scores, oh,
-                           scratch, out + q0 * q_stride + h * head_dim, q_stride, isa);
+        attend_query_block(q + q0 * q_stride + h * head_dim, q_stride, m, kp, vp, n_keys, nk,
+                           head_dim, scale, first_pos + q0 + 1, scores,
+                           out + q0 * q_stride + h * head_dim, q_stride, isa);
       }
     }
   });
@@ -445,33 +459,30 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
     });
     return;
   }
-  // Long segments (a whole image): the heads are split over the threads; per head, blocks of
-  // kQueryBlock queries go through the matmul kernels on that thread — scores [block, n] = Q·Kᵀ,
-  // a row softmax, then out = P·V — so the work runs at GEMM speed with one fork/join per call.
-  // Memory is O(block · n) per thread: the n × n score matrix is never built.
-  // Per thread: q, k, vᵀ of one head, a block of scores, its output and the matmul scratch.
-  const int64_t mm_scratch = std::max(matmul_scratch_floats(head_dim), matmul_scratch_floats(n));
-  const int64_t per_thread = 3 * n * head_dim + kQueryBlock * n + kQueryBlock * head_dim + mm_scratch;
+  // Long segments (a whole image): the heads are split over the threads; per head, K and V are
+  // packed once, then blocks of kQueryBlock queries go through the matmul kernels on that
+  // thread — scores [block, n] = Q·Kᵀ, a row softmax, then out = P·V — so the work runs at GEMM
+  // speed with one fork/join per call. Memory is O(block · n) per thread: the n × n score matrix
+  // is never built.
+  const AttentionKernels& kern = attention_kernels(isa);
+  const int64_t packed_k = kernels::prepacked_floats(n, head_dim);
+  const int64_t packed_v = kernels::prepacked_floats(head_dim, n);
+  const int64_t per_thread = packed_k + packed_v + kQueryBlock * n;
   thread_local PerThreadBuffers bufs_tls;
   PerThreadBuffers& bufs = bufs_tls;  // the caller's, also inside the lambda
   bufs.reserve(pool.n_threads(), static_cast<size_t>(per_thread));
   pool.parallel_for(n_heads, 1, [&](int64_t h0, int64_t h1, int t) {
-    float* const qh = bufs.get(t);
-    float* const kh = qh + n * head_dim;
-    float* const vt = kh + n * head_dim;
-    float* const scores = vt + n * head_dim;
-    float* const oh = scores + kQueryBlock * n;
-    float* const scratch = oh + kQueryBlock * head_dim;
+    float* const kp = bufs.get(t);
+    float* const vp = kp + packed_k;
+    float* const scores = vp + packed_v;
     for (int64_t h = h0; h < h1; ++h) {
-      for (int64_t i = 0; i < n; ++i) {
-        std::copy_n(q + i * stride + h * head_dim, head_dim, qh + i * head_dim);
-        std::copy_n(k + i * stride + h * head_dim, head_dim, kh + i * head_dim);
-        for (int64_t d = 0; d < head_dim; ++d) vt[d * n + i] = v[i * stride + h * head_dim + d];
-      }
+      kern.pack_b_rows(k + h * head_dim, stride, n, head_dim, kp);
+      kern.pack_b_cols(v + h * head_dim, stride, head_dim, n, vp);
       for (int64_t q0 = 0; q0 < n; q0 += kQueryBlock) {
         const int64_t m = std::min(kQueryBlock, n - q0);
-        attend_query_block(qh + q0 * head_dim, m, kh, vt, n, head_dim, scale, /*visible0=*/n,
-                           scores, oh, scratch, out + q0 * stride + h * head_dim, stride, isa);
+        attend_query_block(q + q0 * stride + h * head_dim, stride, m, kp, vp, n, n, head_dim,
+                           scale, /*visible0=*/n, scores, out + q0 * stride + h * head_dim, stride,
+                           isa);
       }
     }
   });

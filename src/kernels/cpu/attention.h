@@ -12,7 +12,8 @@ constexpr int64_t kMaxGroup = 8;
 
 // attend_row_paged: as attend_row with key j at row (block_table[j / block_size] · block_size +
 // j % block_size) of k / v (rows kv_stride floats apart): a paged KV cache.
-// softmax_row: x[i] ← exp(scale·x[i] − max) / Σ, in place over n values.
+// softmax_exp_row: x[i] ← exp(scale·x[i] − max) in place over n values; returns their sum Σ
+// (the caller scales by 1 / Σ where it is cheapest: after P·V, per output row).
 // attend_row: out[head_dim] = softmax(scale · q·kᵀ) · v over keys j ∈ [0, n_keys), key j at k + j·kv_stride
 // (same for v). q, out: [head_dim].
 // attend_group_partial: split-K decode. n_q_heads ≤ kMaxGroup query rows (q, head_dim apart)
@@ -20,7 +21,7 @@ constexpr int64_t kMaxGroup = 8;
 // with s_j = scale·q_i·k_j: part[i] = [acc (head_dim floats) = Σ_j e^(s_j − m)·v_j, m = max_j s_j,
 // l = Σ_j e^(s_j − m)], part_stride floats apart; the caller merges the key ranges.
 namespace generic {
-void softmax_row(float* x, int64_t n, float scale);
+float softmax_exp_row(float* x, int64_t n, float scale);
 void attend_row_paged(const float* q, const float* k, const float* v, const int32_t* block_table,
                       int64_t block_size, int64_t kv_stride, int64_t n_keys, int64_t head_dim,
                       float scale, float* out);
@@ -32,7 +33,7 @@ void attend_group_partial(const float* q, int64_t n_q_heads, const float* k, con
                           int64_t part_stride);
 }  // namespace generic
 namespace avx2 {
-void softmax_row(float* x, int64_t n, float scale);
+float softmax_exp_row(float* x, int64_t n, float scale);
 void attend_row_paged(const float* q, const float* k, const float* v, const int32_t* block_table,
                       int64_t block_size, int64_t kv_stride, int64_t n_keys, int64_t head_dim,
                       float scale, float* out);
@@ -44,7 +45,7 @@ void attend_group_partial(const float* q, int64_t n_q_heads, const float* k, con
                           int64_t part_stride);
 }  // namespace avx2
 namespace avx512 {
-void softmax_row(float* x, int64_t n, float scale);
+float softmax_exp_row(float* x, int64_t n, float scale);
 void attend_row_paged(const float* q, const float* k, const float* v, const int32_t* block_table,
                       int64_t block_size, int64_t kv_stride, int64_t n_keys, int64_t head_dim,
                       float scale, float* out);

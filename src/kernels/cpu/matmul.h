@@ -17,20 +17,43 @@ namespace vlm::kernels {
 // scratch_rows >= 32.
 constexpr int64_t kPackedMinRows = 32;
 
+// A right-hand side packed once and multiplied many times (attention's K and V, reused by every
+// block of queries of a head): B [N, K] f32 as the packed GEMM's panels of 32 rows, K-major —
+// packed[(n / 32) · 32 · K + k · 32 + n % 32] = B[n, k], zero for n >= N; prepacked_floats(N, K)
+// floats.
+//   pack_b_rows: B[n, k] = b[n · ldb + k] (B given as N rows, e.g. keys × head_dim);
+//   pack_b_cols: B[n, k] = b[k · ldb + n] (Bᵀ given as K rows, e.g. V for P·V);
+//   matmul_prepacked: y[m, n] (row stride ldy) = Σ_{k < K} x[m · ldx + k] · B[n, k] for m < M,
+//     n < N, with B packed for packed_k >= K columns (so K may be a prefix: causal blocks) and
+//     N <= the packed rows. On the calling thread; writes only y's N columns.
+constexpr int64_t prepacked_floats(int64_t N, int64_t K) { return (N + 31) / 32 * 32 * K; }
+
 namespace generic {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
                  const float* scale, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
+void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
+void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
+void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const float* packed,
+                      int64_t packed_k, int64_t N, float* y, int64_t ldy);
 }  // namespace generic
 namespace avx2 {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
                  const float* scale, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
+void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
+void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
+void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const float* packed,
+                      int64_t packed_k, int64_t N, float* y, int64_t ldy);
 }  // namespace avx2
 namespace avx512 {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
                  const float* scale, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
+void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
+void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
+void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const float* packed,
+                      int64_t packed_k, int64_t N, float* y, int64_t ldy);
 }  // namespace avx512
 
 // INT4 weights (DType::kI4), for few x rows (decode): y[m, n] (row stride ldy) =
