@@ -83,6 +83,13 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
   VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, quant, *impl->pool, impl->store.get())
                           .with_context("quantizing the text decoder to " + options.quant));
+  if (!options.mmap_weights) {
+    VLM_ASSIGN_OR_RETURN(
+        impl->weight_pages,
+        copy_weights_to_huge_pages(&impl->weights,
+                                   impl->has_vision ? &impl->vision_weights : nullptr,
+                                   *impl->store));
+  }
   impl->decoder = std::make_unique<TextDecoder>(impl->cfg, impl->weights, *impl->pool, chunk);
   impl->decoder->set_isa(impl->isa);
   if (impl->has_vision) {

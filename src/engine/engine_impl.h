@@ -26,6 +26,7 @@ struct Engine::Impl {
   Qwen3VLConfig cfg;
   GenerationConfig gen;
   std::unique_ptr<WeightStore> store;
+  HugePageBuffer weight_pages;  // the weights' bytes unless EngineOptions::mmap_weights
   TextWeights weights;
   VisionWeights vision_weights;
   bool has_vision = false;

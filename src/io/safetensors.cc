@@ -402,6 +402,18 @@ void WeightStore::release_pages(const TensorView& v) const {
   }
 }
 
+bool WeightStore::holds(const void* p, size_t n) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (const SafetensorsFile& f : files_) {
+    const uint8_t* d = f.mapped_data();
+    if (d != nullptr && b >= d && n <= f.mapped_size() &&
+        static_cast<size_t>(b - d) <= f.mapped_size() - n) {
+      return true;
+    }
+  }
+  return false;
+}
+
 Result<TensorView> WeightStore::get(const std::string& name,
                                     const std::vector<int64_t>& expected_shape,
                                     std::initializer_list<DType> allowed) const {

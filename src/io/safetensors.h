@@ -50,6 +50,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // See MappedFile::release_pages; false when the range is not in this file.
   bool release_pages(const void* p, size_t n) const { return file_.release_pages(p, n); }
+  // The whole file's mapping.
+  const uint8_t* mapped_data() const { return file_.data(); }
+  size_t mapped_size() const { return file_.size(); }
 
  private:
   struct Entry {
@@ -97,6 +100,8 @@ class WeightStore {
   // MappedFile::release_pages for a view this store handed out (no-op for any other memory): its
   // bytes stay readable, but stop counting in RSS until read again.
   void release_pages(const TensorView& v) const;
+  // Whether [p, p + n) lies inside one of the shards' mappings (a view this store handed out).
+  bool holds(const void* p, size_t n) const;
 
  private:
   WeightStore() = default;

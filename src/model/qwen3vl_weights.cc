@@ -1,5 +1,8 @@
 #include "model/qwen3vl_weights.h"
 
+#include <cstring>
+#include <map>
+
 #include "core/half.h"
 #include "ops/ops.h"
 
@@ -42,6 +45,53 @@ Status load_merger(const WeightStore& s, const std::string& p, int64_t norm_dim,
 }
 
 }  // namespace
+
+Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeights* vision,
+                                                  const WeightStore& store) {
+  // embed_tokens only as lm_head's bytes (tied, not quantized): alone it serves one row per
+  // token, which the file mapping does as well, and a quantized tied lm_head released its pages.
+  std::vector<TensorView*> views = {&text->lm_head};
+  if (text->embed_tokens.data == text->lm_head.data) views.push_back(&text->embed_tokens);
+  for (TextLayerWeights& L : text->layers) {
+    for (TensorView* v : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj,
+                          &L.down_proj}) {
+      views.push_back(v);
+    }
+  }
+  if (vision != nullptr) {
+    views.push_back(&vision->patch_embed);
+    for (VisionBlockWeights& B : vision->blocks) {
+      for (TensorView* v : {&B.qkv, &B.proj, &B.fc1, &B.fc2}) views.push_back(v);
+    }
+    views.push_back(&vision->merger.fc1);
+    views.push_back(&vision->merger.fc2);
+    for (VisionMergerWeights& M : vision->deepstack_mergers) {
+      views.push_back(&M.fc1);
+      views.push_back(&M.fc2);
+    }
+  }
+  // Distinct source ranges, each at a 64-byte aligned offset of the buffer.
+  constexpr size_t kAlign = 64;
+  std::map<const void*, size_t> offset_of;  // source bytes -> offset in the buffer
+  size_t total = 0;
+  for (TensorView* v : views) {
+    if (v->data == nullptr || !store.holds(v->data, v->nbytes())) continue;
+    if (offset_of.emplace(v->data, total).second) {
+      total += (v->nbytes() + kAlign - 1) / kAlign * kAlign;
+    }
+  }
+  VLM_ASSIGN_OR_RETURN(HugePageBuffer buf, HugePageBuffer::allocate(total));
+  std::map<const void*, TensorView> copied;  // source bytes -> the source view
+  for (TensorView* v : views) {
+    auto it = offset_of.find(v->data);
+    if (it == offset_of.end()) continue;
+    const void* src = v->data;
+    if (copied.emplace(src, *v).second) std::memcpy(buf.data() + it->second, src, v->nbytes());
+    v->data = buf.data() + it->second;
+  }
+  for (const auto& [src, view] : copied) store.release_pages(view);
+  return buf;
+}
 
 Result<VisionWeights> load_vision_weights(const WeightStore& s, const Qwen3VLConfig& cfg) {
   const Qwen3VLVisionConfig& v = cfg.vision_config;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/huge_page_buffer.h"
 #include "core/thread_pool.h"
 
 #include "core/tensor.h"
@@ -115,6 +116,15 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
 // quantized (INT8 data plus its f32 row scales). Not counted: the one embedding row a step looks
 // up, the norm vectors and the KV cache. `vlm bench` divides it into the measured bandwidth.
 int64_t text_linear_weight_bytes(const TextWeights& w);
+
+// Copies every matmul weight view of `text` and `vision` that still points into `store`'s
+// mappings (all of them as loaded; after quantize_text_weights the text linear weights point to
+// their own buffers and are skipped; embed_tokens only when it is a tied lm_head) onto 2 MiB pages (HugePageBuffer, see its NOTE on why), repoints the
+// views there and releases the file pages (WeightStore::release_pages), so the process holds
+// one copy. Views sharing their bytes (a tied lm_head and embed_tokens) share the copy. Returns
+// the buffer, which must outlive the views; vision may be null.
+Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeights* vision,
+                                                  const WeightStore& store);
 
 // Loads and checks every vision-tower tensor ("model.visual.*").
 Result<VisionWeights> load_vision_weights(const WeightStore& store, const Qwen3VLConfig& cfg);

@@ -23,6 +23,7 @@ struct BenchArgs {
   bool no_warmup = false;
   int threads = 0;
   std::string quant;
+  bool mmap = false;
   bool membw = false;
   int64_t membw_mib = 0;  // 0 = default_membw_bytes()
   std::string json_out;   // a file, or "-" for stdout (the table then goes to stderr)

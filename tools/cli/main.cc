@@ -94,6 +94,7 @@ struct RunArgs {
   int threads = 0;
   int64_t ctx = 0;
   std::string quant;
+  bool mmap = false;
 };
 
 int cmd_run(const RunArgs& a) {
@@ -102,6 +103,7 @@ int cmd_run(const RunArgs& a) {
   opts.n_threads = a.threads;
   opts.max_context = a.ctx;
   opts.quant = a.quant;
+  opts.mmap_weights = a.mmap;
   auto engine_or = vlm::Engine::load(opts);
   if (!engine_or.ok()) return fail(engine_or.status());
   vlm::Engine& engine = **engine_or;
@@ -206,6 +208,7 @@ int main(int argc, char** argv) {
   run->add_option("-t,--threads", ra.threads, "Threads (0 = all)");
   run->add_option("-c,--ctx", ra.ctx, "Context limit in tokens (0 = model maximum)");
   run->add_option("--quant", ra.quant, vlm::cli::kQuantHelp);
+  run->add_flag("--mmap", ra.mmap, vlm::cli::kMmapHelp);
 
   std::string tk_model, tk_text, tk_file;
   bool tk_split = false;
@@ -228,6 +231,7 @@ int main(int argc, char** argv) {
   int64_t lg_min_pixels = -1, lg_max_pixels = -1;
   int lg_threads = 0;
   std::string lg_quant;
+  bool lg_mmap = false;
   auto* logits = app.add_subcommand("logits", "Write float32 logits [positions, vocab] as .npy");
   logits->add_option("-m,--model", lg_model, "Checkpoint directory (config.json + weights)")->required();
   logits->add_option("--ids", lg_ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
@@ -238,6 +242,7 @@ int main(int argc, char** argv) {
   logits->add_option("--max-pixels", lg_max_pixels, "Resize budget: most pixels per image");
   logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
   logits->add_option("--quant", lg_quant, vlm::cli::kQuantHelp);
+  logits->add_flag("--mmap", lg_mmap, vlm::cli::kMmapHelp);
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
@@ -274,6 +279,7 @@ int main(int argc, char** argv) {
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
   serve->add_option("--quant", so.engine.quant, vlm::cli::kQuantHelp);
+  serve->add_flag("--mmap", so.engine.mmap_weights, vlm::cli::kMmapHelp);
 
   try {
     app.parse(argc, argv);
@@ -338,6 +344,7 @@ int main(int argc, char** argv) {
     opts.n_threads = lg_threads;
     opts.require_tokenizer = false;
     opts.quant = lg_quant;
+    opts.mmap_weights = lg_mmap;
     auto engine = vlm::Engine::load(opts);
     if (!engine.ok()) return fail(engine.status());
     std::vector<int32_t> expanded;

@@ -7,4 +7,9 @@ inline constexpr const char* kQuantHelp =
     "Quantize the text decoder's linear weights at load: int8 (one scale per output row) or "
     "int4 (one scale per 32 inputs)";
 
+inline constexpr const char* kMmapHelp =
+    "Serve the weights straight from the checkpoint's file mapping (faster start-up, page cache "
+    "shared between processes) instead of copying them onto 2 MiB pages (~15% faster prefill "
+    "and decode)";
+
 }  // namespace vlm::cli

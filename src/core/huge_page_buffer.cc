@@ -1,0 +1,58 @@
+#include "core/huge_page_buffer.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace vlm {
+
+Result<HugePageBuffer> HugePageBuffer::allocate(size_t bytes) {
+  HugePageBuffer b;
+  if (bytes == 0) return b;
+  const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  // One extra huge page of slack so that an aligned start exists inside the mapping.
+  const size_t map_size = size + kHugePage;
+  void* p = ::mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return Status(StatusCode::kResourceExhausted,
+                  "cannot map " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
+  }
+  b.map_ = static_cast<uint8_t*>(p);
+  b.map_size_ = map_size;
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(p) + kHugePage - 1) / kHugePage * kHugePage;
+  b.data_ = reinterpret_cast<uint8_t*>(start);
+  b.size_ = size;
+  // Advice only: without THP support the call fails and the memory stays ordinary pages.
+  ::madvise(b.data_, b.size_, MADV_HUGEPAGE);
+  return b;
+}
+
+HugePageBuffer::~HugePageBuffer() { reset(); }
+
+HugePageBuffer::HugePageBuffer(HugePageBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      map_(std::exchange(other.map_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      map_size_(std::exchange(other.map_size_, 0)) {}
+
+HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    data_ = std::exchange(other.data_, nullptr);
+    map_ = std::exchange(other.map_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    map_size_ = std::exchange(other.map_size_, 0);
+  }
+  return *this;
+}
+
+void HugePageBuffer::reset() {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+  data_ = map_ = nullptr;
+  size_ = map_size_ = 0;
+}
+
+}  // namespace vlm
