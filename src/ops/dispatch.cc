@@ -177,7 +177,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
                                 M < kernels::kPackedMinRows);
   }
   // Per thread: the kernels' scratch, then (I4 prefill) kScratchRows BF16 rows of K.
-  const int64_t scratch_floats = matmul_scratch_floats(K);
+  const int64_t scratch_floats = kScratchRows * K;
   // (A named reference: inside the lambda, the thread_local itself would name each worker's own.)
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;
@@ -203,14 +203,6 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       off += N;
     }
   });
-}
-
-int64_t matmul_scratch_floats(int64_t K) { return kScratchRows * K; }
-
-void matmul_on_this_thread(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
-                           float* scratch, Isa isa) {
-  const int64_t N = w.dim(0);
-  matmul_kernel(isa)(x, M, K, w.dtype, w.data, w.scale, 0, N, y, N, scratch, kScratchRows);
 }
 
 }  // namespace vlm::ops

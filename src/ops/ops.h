@@ -39,12 +39,6 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa());
 
-// matmul on the calling thread only: for work already split over the pool (attention heads).
-// scratch: matmul_scratch_floats(K) floats of the calling thread's.
-int64_t matmul_scratch_floats(int64_t K);
-void matmul_on_this_thread(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
-                           float* scratch, Isa isa = detected_isa());
-
 // Weight-only INT8, symmetric, one scale per output row (channel) of an nn.Linear weight:
 //   scale[n] = max_k |w[n, k]| / 127,  q[n, k] = clamp(round_half_even(w[n, k] / scale[n]), ±127)
 // (all f32 arithmetic), so |w[n, k] - q[n, k] · scale[n]| <= scale[n] / 2. A row of zeros (or of
