@@ -396,9 +396,11 @@ Result<TensorView> WeightStore::get(const std::string& name) const {
   return files_[it->second].get(name);
 }
 
-void WeightStore::release_pages(const TensorView& v) const {
+void WeightStore::release_pages(const TensorView& v) const { release_pages(v.data, v.nbytes()); }
+
+void WeightStore::release_pages(const void* p, size_t n) const {
   for (const SafetensorsFile& f : files_) {
-    if (f.release_pages(v.data, v.nbytes())) return;
+    if (f.release_pages(p, n)) return;
   }
 }
 

@@ -100,6 +100,8 @@ class WeightStore {
   // MappedFile::release_pages for a view this store handed out (no-op for any other memory): its
   // bytes stay readable, but stop counting in RSS until read again.
   void release_pages(const TensorView& v) const;
+  // The same for any byte range inside one shard's mapping.
+  void release_pages(const void* p, size_t n) const;
   // Whether [p, p + n) lies inside one of the shards' mappings (a view this store handed out).
   bool holds(const void* p, size_t n) const;
 

@@ -1,5 +1,6 @@
 #include "model/qwen3vl_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -81,15 +82,25 @@ Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeigh
     }
   }
   VLM_ASSIGN_OR_RETURN(HugePageBuffer buf, HugePageBuffer::allocate(total));
-  std::map<const void*, TensorView> copied;  // source bytes -> the source view
+  // Copied a slice at a time, each slice's file pages released right after: the process never
+  // holds much more than one copy of the weights (peak RSS).
+  constexpr size_t kSlice = size_t{64} << 20;
+  for (const auto& [src, offset] : offset_of) {
+    size_t bytes = 0;
+    for (const TensorView* v : views) {
+      if (v->data == src) bytes = v->nbytes();
+    }
+    const auto* from = static_cast<const uint8_t*>(src);
+    for (size_t done = 0; done < bytes; done += kSlice) {
+      const size_t n = std::min(kSlice, bytes - done);
+      std::memcpy(buf.data() + offset + done, from + done, n);
+      store.release_pages(from + done, n);
+    }
+  }
   for (TensorView* v : views) {
     auto it = offset_of.find(v->data);
-    if (it == offset_of.end()) continue;
-    const void* src = v->data;
-    if (copied.emplace(src, *v).second) std::memcpy(buf.data() + it->second, src, v->nbytes());
-    v->data = buf.data() + it->second;
+    if (it != offset_of.end()) v->data = buf.data() + it->second;
   }
-  for (const auto& [src, view] : copied) store.release_pages(view);
   return buf;
 }
 
