@@ -30,7 +30,7 @@ struct EngineOptions {
   // (InvalidArgument).
   std::string quant;
   // false (default): the matmul weights the engine uses as stored are copied at load onto 2 MiB
-  // pages it owns (~15% faster prefill and decode than 4 KiB page-cache pages; see
+  // pages it owns (8-17% faster prefill and decode than 4 KiB page-cache pages; see
   // core/huge_page_buffer.h), and the file pages are released. true: they are served straight
   // from the file mapping — faster start-up, and the page cache is shared with other processes.
   bool mmap_weights = false;

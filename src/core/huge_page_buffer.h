@@ -16,7 +16,7 @@ namespace vlm {
 // NOTE(vlm): why. The GEMM's panel build and the decode kernels read 8-32 weight rows at once,
 // and a BF16 row of the 2B model is 4 KiB: on the file mapping (4 KiB page-cache pages) every row
 // is its own page, so each panel costs dozens of TLB misses and the hardware prefetchers stop at
-// every row's end. Copied onto 2 MiB pages, prefill and decode of the 2B shape ran ~15% faster
+// every row's end. Copied onto 2 MiB pages, prefill and decode of the 2B shape ran 8-17% faster
 // (docs/benchmarks.md).
 //
 // Move-only; the bytes stay at the same address until the owner is destroyed.

@@ -9,7 +9,7 @@ inline constexpr const char* kQuantHelp =
 
 inline constexpr const char* kMmapHelp =
     "Serve the weights straight from the checkpoint's file mapping (faster start-up, page cache "
-    "shared between processes) instead of copying them onto 2 MiB pages (~15% faster prefill "
+    "shared between processes) instead of copying them onto 2 MiB pages (~10% faster prefill "
     "and decode)";
 
 }  // namespace vlm::cli
