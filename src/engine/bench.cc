@@ -2,9 +2,9 @@
 #include "vlm/bench.h"
 
 #include <algorithm>
-#include <chrono>
 #include <mutex>
 
+#include "core/clock.h"
 #include "core/membw.h"
 #include "core/thread_pool.h"
 #include "engine/engine_core.h"
@@ -12,12 +12,6 @@
 namespace vlm {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 struct TokenMark {
   int64_t step = 0;  // CoreEvent::step

@@ -4,9 +4,9 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 
+#include "core/clock.h"
 #include "engine/engine_impl.h"
 #include "engine/stop_matcher.h"
 #include "io/npy.h"
@@ -145,7 +145,6 @@ Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
 Result<GenerateResult> Engine::generate(const GenerateRequest& req,
                                         const std::function<bool(const TokenEvent&)>& on_token) {
   Impl& m = *impl_;
-  using Clock = std::chrono::steady_clock;
   const int64_t V = m.cfg.text_config.vocab_size;
   if (req.prompt_ids.empty()) return invalid_argument("the prompt is empty");
   // Validate the cheap things before decoding and encoding any image.
@@ -178,7 +177,7 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   auto t0 = Clock::now();
   VLM_RETURN_IF_ERROR(m.prefill(prompt, LogitRows::kLast, m.logits.data()));
   auto t1 = Clock::now();
-  res.prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  res.prefill_ms = ms_between(t0, t1);
 
   int64_t pos = n_prompt;
   for (int64_t step = 0; step < max_new; ++step) {
@@ -212,7 +211,7 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
     }
   }
   res.text = stops.emitted();
-  res.decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+  res.decode_ms = ms_since(t1);
   return res;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/clock.h"
 #include "engine/engine_impl.h"
 #include "engine/stop_matcher.h"
 #include "engine/vision_cache.h"
@@ -11,12 +12,6 @@
 namespace vlm {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 // One request as the engine thread sees it.
 struct Req {

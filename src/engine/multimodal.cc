@@ -1,20 +1,9 @@
 #include "engine/multimodal.h"
 
-#include <chrono>
-
+#include "core/clock.h"
 #include "vision/image_decode.h"
 
 namespace vlm {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-}  // namespace
-
 VisionRows PreparedPrompt::rows_for_chunk(int64_t first) const {
   VisionRows r;
   r.feature_row = feature_row.data() + first;
