@@ -81,15 +81,6 @@ TEST_P(MatmulTest, MatchesReferenceOnOddShapes) {
 INSTANTIATE_TEST_SUITE_P(EveryIsa, MatmulTest, ::testing::ValuesIn(ops::runnable_isas()),
                          [](const auto& info) { return std::string(ops::isa_name(info.param)); });
 
-// An [N, K] weight quantized to I8 by ops::quantize_int8. Rows get different magnitudes (so a
-// wrong scale index shows), and row 1 is all zeros (scale 0) when N > 1.
-struct Int8Buf {
-  std::vector<float> f32;
-  std::vector<int8_t> q;
-  std::vector<float> scale;
-  TensorView view;
-};
-
 // [N, K] normal values, row n scaled by 0.25 · (1 + n % 7) except row 1, all zeros.
 std::vector<float> varied_rows(int64_t N, int64_t K, uint32_t seed) {
   std::vector<float> w = randn(N * K, seed);
@@ -100,19 +91,38 @@ std::vector<float> varied_rows(int64_t N, int64_t K, uint32_t seed) {
   return w;
 }
 
-Int8Buf make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
-  Int8Buf b;
-  b.f32 = varied_rows(N, K, seed);
-  b.q.resize(N * K);
-  b.scale.resize(N);
+// An [N, K] f32 weight (f32) quantized by ops::quantize_int8 / quantize_int4 into q (Q: int8_t /
+// uint8_t) and scale, and the matmul view of the result.
+template <class Q>
+struct QuantBuf {
+  std::vector<float> f32;
+  std::vector<Q> q;
+  std::vector<float> scale;
+  TensorView view;
+};
+
+template <class Q, class Quantize>
+QuantBuf<Q> quantized_weight(std::vector<float> f32, int64_t N, int64_t K, DType dtype,
+                             size_t scales, Quantize quantize) {
+  QuantBuf<Q> b;
+  b.f32 = std::move(f32);
+  b.q.resize(dtype_nbytes(dtype, N * K));
+  b.scale.resize(scales);
   TensorView src{DType::kF32, {N, K}, b.f32.data()};
   ThreadPool pool(2);
-  EXPECT_TRUE(ops::quantize_int8(src, b.q.data(), b.scale.data(), pool).ok());
-  b.view.dtype = DType::kI8;
+  EXPECT_TRUE(quantize(src, b.q.data(), b.scale.data(), pool).ok());
+  b.view.dtype = dtype;
   b.view.shape = {N, K};
   b.view.data = b.q.data();
   b.view.scale = b.scale.data();
   return b;
+}
+
+// An [N, K] weight quantized to I8. Rows get different magnitudes (so a wrong scale index
+// shows), and row 1 is all zeros (scale 0) when N > 1.
+QuantBuf<int8_t> make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
+  return quantized_weight<int8_t>(varied_rows(N, K, seed), N, K, DType::kI8, N,
+                                  &ops::quantize_int8);
 }
 
 TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
@@ -312,30 +322,13 @@ TEST(QuantizeInt8, RefusesNonFiniteAndNonFloatWeights) {
   EXPECT_FALSE(ops::check_linear_weight(TensorView{DType::kI8, {2, 4}, q.data()}, 4).ok());
 }
 
-// An [N, K] weight quantized to I4 by ops::quantize_int4. Rows get different magnitudes (so a
-// wrong scale index shows), row 1 is all zeros (scale 0) when N > 1, and group 0 of row 0 has an
-// outlier (a coarse grid there, clamping in the −w_max candidates).
-struct Int4Buf {
-  std::vector<float> f32;
-  std::vector<uint8_t> q;
-  std::vector<float> scale;
-  TensorView view;
-};
-
-Int4Buf make_int4_weight(int64_t N, int64_t K, uint32_t seed) {
-  Int4Buf b;
-  b.f32 = varied_rows(N, K, seed);
-  b.f32[5] = 8.f;
-  b.q.resize(N * K / 2);
-  b.scale.resize(N * K / kInt4Group);
-  TensorView src{DType::kF32, {N, K}, b.f32.data()};
-  ThreadPool pool(2);
-  EXPECT_TRUE(ops::quantize_int4(src, b.q.data(), b.scale.data(), pool).ok());
-  b.view.dtype = DType::kI4;
-  b.view.shape = {N, K};
-  b.view.data = b.q.data();
-  b.view.scale = b.scale.data();
-  return b;
+// An [N, K] weight quantized to I4: as make_int8_weight, and group 0 of row 0 has an outlier (a
+// coarse grid there, clamping in the −w_max candidates).
+QuantBuf<uint8_t> make_int4_weight(int64_t N, int64_t K, uint32_t seed) {
+  std::vector<float> f32 = varied_rows(N, K, seed);
+  f32[5] = 8.f;
+  return quantized_weight<uint8_t>(std::move(f32), N, K, DType::kI4, N * K / kInt4Group,
+                                   &ops::quantize_int4);
 }
 
 TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
