@@ -72,12 +72,15 @@ Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeigh
     }
   }
   // Distinct source ranges, each at a 64-byte aligned offset of the buffer.
+  struct Range {
+    size_t offset, bytes;
+  };
   constexpr size_t kAlign = 64;
-  std::map<const void*, size_t> offset_of;  // source bytes -> offset in the buffer
+  std::map<const void*, Range> ranges;  // source bytes -> where they go
   size_t total = 0;
   for (TensorView* v : views) {
     if (v->data == nullptr || !store.holds(v->data, v->nbytes())) continue;
-    if (offset_of.emplace(v->data, total).second) {
+    if (ranges.emplace(v->data, Range{total, v->nbytes()}).second) {
       total += (v->nbytes() + kAlign - 1) / kAlign * kAlign;
     }
   }
@@ -85,21 +88,17 @@ Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeigh
   // Copied a slice at a time, each slice's file pages released right after: the process never
   // holds much more than one copy of the weights (peak RSS).
   constexpr size_t kSlice = size_t{64} << 20;
-  for (const auto& [src, offset] : offset_of) {
-    size_t bytes = 0;
-    for (const TensorView* v : views) {
-      if (v->data == src) bytes = v->nbytes();
-    }
+  for (const auto& [src, r] : ranges) {
     const auto* from = static_cast<const uint8_t*>(src);
-    for (size_t done = 0; done < bytes; done += kSlice) {
-      const size_t n = std::min(kSlice, bytes - done);
-      std::memcpy(buf.data() + offset + done, from + done, n);
+    for (size_t done = 0; done < r.bytes; done += kSlice) {
+      const size_t n = std::min(kSlice, r.bytes - done);
+      std::memcpy(buf.data() + r.offset + done, from + done, n);
       store.release_pages(from + done, n);
     }
   }
   for (TensorView* v : views) {
-    auto it = offset_of.find(v->data);
-    if (it != offset_of.end()) v->data = buf.data() + it->second;
+    auto it = ranges.find(v->data);
+    if (it != ranges.end()) v->data = buf.data() + it->second.offset;
   }
   return buf;
 }
