@@ -11,8 +11,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/engine_core.h"
-#include "io/safetensors.h"
-#include "model/qwen3vl_config.h"
+#include "model/fixture_model.h"
 #include "model/qwen3vl_weights.h"
 #include "model/text_decoder.h"
 #include "vlm/engine.h"
@@ -50,19 +49,14 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
                              std::pair{"text-f32-untied", WeightQuant::kNone},
                              std::pair{"text-f32-untied", WeightQuant::kInt8},
                              std::pair{"text-f32-untied", WeightQuant::kInt4}}) {
-    const std::string dir = std::string(VLM_FIXTURES_DIR) + "/" + name;
-    auto cfg = load_qwen3vl_config(dir);
-    ASSERT_TRUE(cfg.ok());
-    auto store = WeightStore::open_dir(dir);
-    ASSERT_TRUE(store.ok());
-    auto w = load_text_weights(*store, *cfg);
-    ASSERT_TRUE(w.ok());
+    auto m = test_util::load_fixture_model(std::string(VLM_FIXTURES_DIR) + "/" + name);
+    ASSERT_TRUE(m.ok()) << m.status().message();
     ThreadPool pool(2);
-    ASSERT_TRUE(quantize_text_weights(&*w, quant, pool).ok());
-    TextDecoder dec(*cfg, *w, pool, 16);
+    ASSERT_TRUE(quantize_text_weights(&m->text, quant, pool).ok());
+    TextDecoder dec(m->cfg, m->text, pool, 16);
     KvCache cache;
-    cache.allocate(cfg->text_config, 1, 64);
-    std::vector<float> logits(cfg->text_config.vocab_size);
+    cache.allocate(m->cfg.text_config, 1, 64);
+    std::vector<float> logits(m->cfg.text_config.vocab_size);
     std::vector<int32_t> ids = {5, 9, 70, 300, 4, 8, 12, 16, 20, 24, 28, 32};
     std::vector<int64_t> pos(16);
     auto run = [&](const int32_t* p, int64_t n, int64_t first) {
@@ -90,18 +84,13 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
 TEST(Allocation, LongContextDecodeStepsAllocateNothing) {
   // Contexts past 1024 keys take split-K decode attention (partial states in a per-thread buffer
   // sized once per model shape).
-  const std::string dir = std::string(VLM_FIXTURES_DIR) + "/text-f32-untied";
-  auto cfg = load_qwen3vl_config(dir);
-  ASSERT_TRUE(cfg.ok());
-  auto store = WeightStore::open_dir(dir);
-  ASSERT_TRUE(store.ok());
-  auto w = load_text_weights(*store, *cfg);
-  ASSERT_TRUE(w.ok());
+  auto m = test_util::load_fixture_model(std::string(VLM_FIXTURES_DIR) + "/text-f32-untied");
+  ASSERT_TRUE(m.ok()) << m.status().message();
   ThreadPool pool(2);
-  TextDecoder dec(*cfg, *w, pool, 64);
+  TextDecoder dec(m->cfg, m->text, pool, 64);
   KvCache cache;
-  cache.allocate(cfg->text_config, 1, 1200);
-  std::vector<float> logits(cfg->text_config.vocab_size);
+  cache.allocate(m->cfg.text_config, 1, 1200);
+  std::vector<float> logits(m->cfg.text_config.vocab_size);
   std::vector<int32_t> ids(64);
   for (int64_t i = 0; i < 64; ++i) ids[i] = static_cast<int32_t>(3 + (i * 37) % 900);
   std::vector<int64_t> pos(64);

@@ -7,28 +7,17 @@
 #include <cmath>
 
 #include "core/thread_pool.h"
-#include "io/safetensors.h"
 #include "kv/block_pool.h"
-#include "model/qwen3vl_config.h"
-#include "model/qwen3vl_weights.h"
+#include "model/fixture_model.h"
 #include "model/text_decoder.h"
 
 namespace vlm {
 namespace {
 
-struct Model {
-  Qwen3VLConfig cfg;
-  std::unique_ptr<WeightStore> store;
-  TextWeights w;
-};
+using Model = test_util::FixtureModel;
 
 Model load(const std::string& name) {
-  Model m;
-  const std::string dir = std::string(VLM_FIXTURES_DIR) + "/" + name;
-  m.cfg = *load_qwen3vl_config(dir);
-  m.store = std::make_unique<WeightStore>(std::move(WeightStore::open_dir(dir)).value());
-  m.w = *load_text_weights(*m.store, m.cfg);
-  return m;
+  return test_util::load_fixture_model(std::string(VLM_FIXTURES_DIR) + "/" + name).value();
 }
 
 struct Seq {
@@ -42,7 +31,7 @@ int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max
 // Greedy decode of one sequence alone (contiguous cache); returns the logits of every step.
 std::vector<std::vector<float>> alone(const Model& m, std::vector<int32_t> ids, int steps) {
   ThreadPool pool(2);
-  TextDecoder dec(m.cfg, m.w, pool, 64);
+  TextDecoder dec(m.cfg, m.text, pool, 64);
   KvCache cache;
   cache.allocate(m.cfg.text_config, 1, 64);
   const int64_t V = m.cfg.text_config.vocab_size;
@@ -82,7 +71,7 @@ TEST(Batch, PagedBatchEqualsSequencesAlone) {
     for (const auto& p : prompts) want.push_back(alone(m, p, kSteps));
 
     ThreadPool pool(2);
-    TextDecoder dec(m.cfg, m.w, pool, 64);
+    TextDecoder dec(m.cfg, m.text, pool, 64);
     KvCache cache;
     cache.allocate(m.cfg.text_config, /*num_blocks=*/24, /*block_size=*/4);
     KvCacheManager kv(24, 4);

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "io/safetensors.h"
+#include "model/fixture_model.h"
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
 #include "ops/ops.h"
@@ -289,13 +289,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, QuantNllTest, ::testing::ValuesIn(kNllCases),
 
 TEST(Int8Weights, LinearWeightsAndLmHeadBecomeI8WhileTheEmbeddingStays) {
   for (const char* name : {"text-bf16-hd128", "text-f32-untied"}) {
-    const std::string dir = kFixtures + "/" + name;
-    auto cfg = load_qwen3vl_config(dir);
-    ASSERT_TRUE(cfg.ok());
-    auto store = WeightStore::open_dir(dir);
-    ASSERT_TRUE(store.ok());
-    auto w = load_text_weights(*store, *cfg);
-    ASSERT_TRUE(w.ok());
+    auto m = test_util::load_fixture_model(kFixtures + "/" + name);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    TextWeights* w = &m->text;
     const TensorView embed = w->embed_tokens;
     ThreadPool pool(2);
     ASSERT_TRUE(quantize_text_weights(&*w, WeightQuant::kInt8, pool).ok());
@@ -325,13 +321,9 @@ TEST(Int8Weights, LinearWeightsAndLmHeadBecomeI8WhileTheEmbeddingStays) {
 
 TEST(Int4Weights, LinearWeightsAndLmHeadBecomeI4WhileTheEmbeddingStays) {
   for (const char* name : {"text-bf16-hd128", "text-f32-untied"}) {
-    const std::string dir = kFixtures + "/" + name;
-    auto cfg = load_qwen3vl_config(dir);
-    ASSERT_TRUE(cfg.ok());
-    auto store = WeightStore::open_dir(dir);
-    ASSERT_TRUE(store.ok());
-    auto w = load_text_weights(*store, *cfg);
-    ASSERT_TRUE(w.ok());
+    auto m = test_util::load_fixture_model(kFixtures + "/" + name);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    TextWeights* w = &m->text;
     const TensorView embed = w->embed_tokens;
     ThreadPool pool(2);
     // The same weights as INT8, for the byte count below.

@@ -6,8 +6,7 @@
 #include <vector>
 
 #include "core/huge_page_buffer.h"
-#include "io/safetensors.h"
-#include "model/qwen3vl_config.h"
+#include "model/fixture_model.h"
 #include "model/qwen3vl_weights.h"
 #include "vlm/engine.h"
 
@@ -64,16 +63,13 @@ std::vector<const TensorView*> matmul_views(const TextWeights& t, const VisionWe
 
 TEST(CopyWeightsToHugePages, MovesEveryMatmulWeightOutOfTheFileWithTheSameBytes) {
   for (const char* name : {"text-f32-untied", "text-f32-hd128-tied", "vision-f32"}) {
-    const std::string dir = kFixtures + "/" + name;
-    auto cfg = load_qwen3vl_config(dir);
-    ASSERT_TRUE(cfg.ok()) << cfg.status().message();
-    auto store = WeightStore::open_dir(dir);
-    ASSERT_TRUE(store.ok()) << store.status().message();
-    auto text = load_text_weights(*store, *cfg);
-    ASSERT_TRUE(text.ok()) << text.status().message();
+    auto m = test_util::load_fixture_model(kFixtures + "/" + name);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    TextWeights* text = &m->text;
+    const WeightStore* store = m->store.get();
     const bool vision = std::string(name) == "vision-f32";
     Result<VisionWeights> vw = VisionWeights{};
-    if (vision) vw = load_vision_weights(*store, *cfg);
+    if (vision) vw = load_vision_weights(*store, m->cfg);
     ASSERT_TRUE(vw.ok()) << vw.status().message();
     const bool tied = text->lm_head.data == text->embed_tokens.data;
     if (std::string(name) == "text-f32-untied") EXPECT_FALSE(tied);
@@ -109,13 +105,10 @@ TEST(CopyWeightsToHugePages, MovesEveryMatmulWeightOutOfTheFileWithTheSameBytes)
 }
 
 TEST(CopyWeightsToHugePages, QuantizedWeightsStayInTheirOwnBuffers) {
-  const std::string dir = kFixtures + "/text-f32-hd128-tied";
-  auto cfg = load_qwen3vl_config(dir);
-  ASSERT_TRUE(cfg.ok());
-  auto store = WeightStore::open_dir(dir);
-  ASSERT_TRUE(store.ok());
-  auto text = load_text_weights(*store, *cfg);
-  ASSERT_TRUE(text.ok());
+  auto m = test_util::load_fixture_model(kFixtures + "/text-f32-hd128-tied");
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  TextWeights* text = &m->text;
+  const WeightStore* store = m->store.get();
   ThreadPool pool(1);
   ASSERT_TRUE(quantize_text_weights(&*text, WeightQuant::kInt8, pool, &*store).ok());
   const TextWeights quantized = *text;
