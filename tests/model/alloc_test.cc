@@ -112,16 +112,7 @@ TEST(Allocation, LongContextDecodeStepsAllocateNothing) {
   EXPECT_EQ(g_allocations.load(), 0);
 }
 
-std::unique_ptr<Engine> load_engine(const std::string& name) {
-  EngineOptions o;
-  o.model_dir = std::string(VLM_FIXTURES_DIR) + "/" + name;
-  o.require_tokenizer = false;
-  o.n_threads = 2;
-  o.prefill_chunk = 64;
-  auto e = Engine::load(o);
-  EXPECT_TRUE(e.ok()) << e.status().message();
-  return e.ok() ? std::move(e).value() : nullptr;
-}
+using test_util::load_fixture_engine;
 
 // Greedy, and sampling with every filter and penalty on.
 std::vector<SamplingParams> sampling_cases() {
@@ -143,7 +134,7 @@ std::vector<SamplingParams> sampling_cases() {
 TEST(Allocation, GenerateDecodeStepsAllocateNothing) {
   // Counted from the 3rd token's callback to the 40th's: 37 decode steps with sampling.
   for (const char* name : {"text-f32-untied", "text-bf16-hd128"}) {
-    auto engine = load_engine(name);
+    auto engine = load_fixture_engine(name);
     ASSERT_NE(engine, nullptr);
     for (const SamplingParams& sp : sampling_cases()) {
       GenerateRequest req;
@@ -176,7 +167,7 @@ TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
   // Three requests decode together (one greedy, one sampled, one with top logprobs); counting
   // runs from the step where each has 3 tokens until the shortest is 2 tokens from its end, on
   // the engine thread (events come from there).
-  auto engine = load_engine("text-f32-untied");
+  auto engine = load_fixture_engine("text-f32-untied");
   ASSERT_NE(engine, nullptr);
   constexpr int kReqs = 3;
   BatchingOptions bo;

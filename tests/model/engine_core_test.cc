@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "engine/engine_core.h"
+#include "model/fixture_model.h"
 #include "test_util.h"
 #include "vlm/bench.h"
 #include "vlm/engine.h"
@@ -23,16 +24,7 @@ namespace {
 
 const std::string kFixtures = VLM_FIXTURES_DIR;
 
-std::unique_ptr<Engine> load(const std::string& name) {
-  EngineOptions o;
-  o.model_dir = kFixtures + "/" + name;
-  o.require_tokenizer = false;
-  o.n_threads = 2;
-  o.prefill_chunk = 64;
-  auto e = Engine::load(o);
-  EXPECT_TRUE(e.ok()) << e.status().message();
-  return e.ok() ? std::move(e).value() : nullptr;
-}
+using test_util::load_fixture_engine;
 
 std::vector<GenerateRequest> requests(int n, int max_new) {
   std::vector<GenerateRequest> out;
@@ -88,7 +80,7 @@ std::vector<std::vector<int32_t>> run_concurrently(EngineCore& core,
 }
 
 TEST(EngineCore, SixteenConcurrentRequestsEqualSequentialOnes) {
-  auto engine = load("text-f32-untied");
+  auto engine = load_fixture_engine("text-f32-untied");
   ASSERT_NE(engine, nullptr);
   auto reqs = requests(16, 8);
   std::vector<std::vector<int32_t>> want;
@@ -106,7 +98,7 @@ TEST(EngineCore, SixteenConcurrentRequestsEqualSequentialOnes) {
 }
 
 TEST(EngineCore, PreemptionUnderKvPressureKeepsResultsExact) {
-  auto engine = load("text-f32-untied");
+  auto engine = load_fixture_engine("text-f32-untied");
   ASSERT_NE(engine, nullptr);
   auto reqs = requests(12, 10);
   std::vector<std::vector<int32_t>> want;
@@ -125,7 +117,7 @@ TEST(EngineCore, PreemptionUnderKvPressureKeepsResultsExact) {
 }
 
 TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
-  auto engine = load("vision-f32");
+  auto engine = load_fixture_engine("vision-f32");
   ASSERT_NE(engine, nullptr);
   auto ref = nlohmann::json::parse(test_util::read_file(kFixtures + "/vision-f32/reference.json"));
   std::vector<GenerateRequest> reqs;
@@ -184,7 +176,7 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
 }
 
 TEST(EngineCore, VisionCacheIsBoundedInBytes) {
-  auto engine = load("vision-f32");
+  auto engine = load_fixture_engine("vision-f32");
   ASSERT_NE(engine, nullptr);
   BatchingOptions o;
   o.block_size = 8;
@@ -208,7 +200,7 @@ TEST(EngineCore, VisionCacheIsBoundedInBytes) {
 
 // Logprobs: log-softmax of the raw logits, checked against Engine::logits on the same sequence.
 TEST(EngineCore, LogprobsAreTheModelsLogSoftmax) {
-  auto engine = load("text-f32-untied");
+  auto engine = load_fixture_engine("text-f32-untied");
   ASSERT_NE(engine, nullptr);
   GenerateRequest r = requests(3, 6)[2];
   r.logprobs = 4;
@@ -254,7 +246,7 @@ TEST(EngineCore, LogprobsAreTheModelsLogSoftmax) {
 // The queue is bounded: past max_waiting queued requests, submit says ResourceExhausted (the
 // server's 429) and the queued ones still finish.
 TEST(EngineCore, FullQueueRefusesAtSubmit) {
-  auto engine = load("text-f32-untied");
+  auto engine = load_fixture_engine("text-f32-untied");
   ASSERT_NE(engine, nullptr);
   BatchingOptions o;
   o.block_size = 8;
@@ -294,7 +286,7 @@ TEST(EngineCore, FullQueueRefusesAtSubmit) {
 // A request that could never fit the whole KV cache is refused at submit (the scheduler's own
 // check), and one that fits exactly is served.
 TEST(EngineCore, RequestLargerThanTheKvCacheIsRefusedAtSubmit) {
-  auto engine = load("text-f32-untied");
+  auto engine = load_fixture_engine("text-f32-untied");
   ASSERT_NE(engine, nullptr);
   BatchingOptions o;
   o.block_size = 4;
@@ -315,7 +307,7 @@ TEST(EngineCore, RequestLargerThanTheKvCacheIsRefusedAtSubmit) {
 }
 
 TEST(EngineCore, AbortFreesBlocksAndBadRequestsFailAlone) {
-  auto engine = load("text-f32-untied");
+  auto engine = load_fixture_engine("text-f32-untied");
   ASSERT_NE(engine, nullptr);
   BatchingOptions o;
   o.block_size = 4;
@@ -378,7 +370,7 @@ TEST(EngineCore, AbortFreesBlocksAndBadRequestsFailAlone) {
 // The batched-decode benchmark (vlm/bench.h) counts the tokens sampled after every request has
 // its first one. No timing assertions.
 TEST(EngineCore, BatchedDecodeBenchCountsTheDecodeWindow) {
-  auto engine = load("vision-f32");  // a vocabulary with image pads: the prompts must avoid them
+  auto engine = load_fixture_engine("vision-f32");  // a vocabulary with image pads: the prompts must avoid them
   ASSERT_NE(engine, nullptr);
   for (int64_t id : synthetic_prompt_ids(500, engine->vocab_size(), 7)) {
     ASSERT_TRUE(id >= 3 && id < engine->vocab_size() - 32) << id;

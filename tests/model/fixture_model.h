@@ -2,12 +2,15 @@
 // its config, weight store and text-decoder weights.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <memory>
 #include <string>
 
 #include "io/safetensors.h"
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
+#include "vlm/engine.h"
 #include "vlm/status.h"
 
 namespace vlm::test_util {
@@ -26,6 +29,19 @@ inline Result<FixtureModel> load_fixture_model(const std::string& dir) {
   m.store = std::make_unique<WeightStore>(std::move(store));
   VLM_ASSIGN_OR_RETURN(m.text, load_text_weights(*m.store, m.cfg));
   return m;
+}
+
+// An Engine over the fixture VLM_FIXTURES_DIR/name: 2 threads, no tokenizer needed, prefill
+// chunks of 64 tokens. Null (and a failed EXPECT naming the error) when it does not load.
+inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name) {
+  EngineOptions o;
+  o.model_dir = std::string(VLM_FIXTURES_DIR) + "/" + name;
+  o.require_tokenizer = false;
+  o.n_threads = 2;
+  o.prefill_chunk = 64;
+  auto e = Engine::load(o);
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  return e.ok() ? std::move(e).value() : nullptr;
 }
 
 }  // namespace vlm::test_util
