@@ -118,6 +118,24 @@ TEST(Cli, LogitsWritesTheReferenceLogits) {
   EXPECT_LE(e.max_diff, 1e-4f * e.max_ref);
 }
 
+TEST(Cli, MmapWeightsGiveTheSameLogitsAndBenchSaysSo) {
+  // --mmap serves the weights from the file mapping instead of the copy on 2 MiB pages: the same
+  // bytes, so the same logits to the bit; bench names the mode.
+  const std::string dir = kFixtures + "/text-f32-untied";
+  LogitsError copied, mapped;
+  cli_logits_error(dir, 1, "", &copied);
+  cli_logits_error(dir, 1, " --mmap", &mapped);
+  ASSERT_GE(mapped.max_diff, 0.f);
+  EXPECT_EQ(mapped.max_diff, copied.max_diff);
+  EXPECT_LE(mapped.max_diff, 1e-4f * mapped.max_ref);
+  CliResult r = vlm("bench -m " + quote(dir) + " -p 8 -n 4 -r 1 -t 2 --mmap");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("weights mmap'd, peak RSS"), std::string::npos) << r.out;
+  r = vlm("bench -m " + quote(dir) + " -p 8 -n 4 -r 1 -t 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("mmap'd"), std::string::npos) << r.out;
+}
+
 // `--quant Q` reaches the engine: the logits of `vlm logits` move off the reference by more than
 // `min_rel` and at most `max_rel` of max|logit|, and `vlm bench` reports the quantization.
 void expect_quant_reaches_the_engine(const std::string& quant, float min_rel, float max_rel) {
@@ -253,10 +271,11 @@ TEST(Cli, BenchCommaListsWriteEveryMeasurementAsJson) {
   auto j = nlohmann::json::parse(test_util::read_file(out));
   EXPECT_EQ(j["model"], dir);
   for (const char* k : {"isa", "quant", "threads", "peak_rss_bytes", "decode_weight_bytes", "date",
-                        "commit", "cpu", "command", "reps", "warmup"}) {
+                        "commit", "cpu", "command", "reps", "warmup", "mmap_weights"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   EXPECT_EQ(j["threads"], 2);
+  EXPECT_EQ(j["mmap_weights"], false);
   EXPECT_EQ(j["reps"], 2);
   EXPECT_EQ(j["warmup"], true);
   EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0);
