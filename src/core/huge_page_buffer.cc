@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -12,6 +13,10 @@ namespace vlm {
 Result<HugePageBuffer> HugePageBuffer::allocate(size_t bytes) {
   HugePageBuffer b;
   if (bytes == 0) return b;
+  if (bytes > std::numeric_limits<size_t>::max() - 2 * kHugePage) {
+    return Status(StatusCode::kResourceExhausted,
+                  "cannot map " + std::to_string(bytes) + " bytes: too large");
+  }
   const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
   // One extra huge page of slack so that an aligned start exists inside the mapping.
   const size_t map_size = size + kHugePage;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/huge_page_buffer.h"
@@ -28,6 +29,14 @@ TEST(HugePageBuffer, AlignedWholeHugePagesAndWritable) {
     }
     HugePageBuffer moved = std::move(b).value();
     EXPECT_GE(moved.size(), bytes);
+  }
+  // Sizes no address space holds (and one whose rounding up would wrap) are refused by size.
+  for (size_t bytes : {size_t{1} << 60, std::numeric_limits<size_t>::max()}) {
+    auto huge = HugePageBuffer::allocate(bytes);
+    ASSERT_FALSE(huge.ok()) << bytes;
+    EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_NE(huge.status().message().find(std::to_string(bytes)), std::string::npos)
+        << huge.status().message();
   }
   auto empty = HugePageBuffer::allocate(0);
   ASSERT_TRUE(empty.ok());
