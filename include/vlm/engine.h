@@ -21,7 +21,7 @@ struct EngineOptions {
   int64_t max_context = 0;   // KV cache limit in tokens; 0 = the model's max_position_embeddings
   int64_t prefill_chunk = 256;  // tokens per forward pass during prefill
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
-  std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" to force a level
+  std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" | "avx512vnni" to force a level
   // Weight quantization done at load time: "" = weights as stored; "int8" = the text decoder's
   // linear weights (q/k/v/o, gate/up/down, lm_head) as INT8 with one f32 scale per output row;
   // "int4" = the same weights as INT4 with one f32 scale per 32 inputs (every input dimension

@@ -16,7 +16,7 @@ Isa detect_hardware() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-    return Isa::kAvx512;
+    return __builtin_cpu_supports("avx512vnni") ? Isa::kAvx512Vnni : Isa::kAvx512;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c")) {
@@ -34,6 +34,7 @@ Isa detect_capped() {
   if (std::strcmp(env, "generic") == 0) want = Isa::kGeneric;
   if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
   if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
+  if (std::strcmp(env, "avx512vnni") == 0) want = Isa::kAvx512Vnni;
   // The variable only lowers the level: asking for more than the CPU has keeps the hardware level.
   return static_cast<int>(want) < static_cast<int>(hw) ? want : hw;
 }
@@ -49,6 +50,7 @@ const char* isa_name(Isa isa) {
     case Isa::kGeneric: return "generic";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Vnni: return "avx512vnni";
   }
   return "?";
 }
@@ -61,7 +63,7 @@ Isa detected_isa() {
 std::vector<Isa> runnable_isas() {
   std::vector<Isa> out;
   Isa hw = detect_hardware();
-  for (Isa i : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa i : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}) {
     if (static_cast<int>(i) <= static_cast<int>(hw)) out.push_back(i);
   }
   return out;
@@ -93,6 +95,16 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
   return ok_status();
 }
 
+bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  return isa == Isa::kAvx512Vnni && M >= kernels::kPackedMinRows && K % kernels::kQ8Block == 0 &&
+         (wtype == DType::kI8 || wtype == DType::kI4);
+#else
+  (void)isa, (void)M, (void)K, (void)wtype;
+  return false;
+#endif
+}
+
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa) {
   const TensorView* ws[] = {&w};
@@ -106,7 +118,7 @@ using MatmulRowsFn = decltype(&kernels::generic::matmul_rows);
 
 MatmulRowsFn matmul_kernel(Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  if (isa == Isa::kAvx512) return &kernels::avx512::matmul_rows;
+  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni) return &kernels::avx512::matmul_rows;
   if (isa == Isa::kAvx2) return &kernels::avx2::matmul_rows;
 #endif
   return &kernels::generic::matmul_rows;
@@ -126,7 +138,7 @@ struct Int4Kernels {
 
 Int4Kernels int4_kernels(Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  if (isa == Isa::kAvx512) {
+  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni) {
     return {&kernels::avx512::matmul_rows_q4, &kernels::avx512::dequantize_rows_q4_bf16};
   }
   if (isa == Isa::kAvx2) {
@@ -162,6 +174,32 @@ void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w,
   }
 }
 
+// x quantized once per call for the weights that take INT8 activations (matmul_quantizes_x).
+struct QuantizedX {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+
+  kernels::Q8Rows quantize(const float* x, int64_t M, int64_t K, ThreadPool& pool) {
+    const int64_t blocks = K / kernels::kQ8Block;
+    // Grow only: a steady decode / prefill loop allocates nothing.
+    if (q.size() < static_cast<size_t>(M * K)) q.resize(M * K);
+    if (scale.size() < static_cast<size_t>(M * blocks)) {
+      scale.resize(M * blocks);
+      sum.resize(M * blocks);
+    }
+#if defined(VLM_HAVE_X86_DISPATCH)
+    pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
+      kernels::avx512vnni::quantize_rows_q8(x + m0 * K, m1 - m0, K, q.data() + m0 * K,
+                                            scale.data() + m0 * blocks, sum.data() + m0 * blocks);
+    });
+#else
+    (void)x, (void)pool;
+#endif
+    return {q.data(), scale.data(), sum.data()};
+  }
+};
+
 }  // namespace
 
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
@@ -169,15 +207,18 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   const MatmulRowsFn kernel = matmul_kernel(isa);
   const Int4Kernels k4 = int4_kernels(isa);
   int64_t total = 0;
-  bool want_scratch = false, widen_int4 = false;
+  bool want_scratch = false, widen_int4 = false, quantize_x = false;
   for (const TensorView* w : ws) {
     total += w->dim(0);
+    quantize_x = quantize_x || matmul_quantizes_x(isa, M, K, w->dtype);
     want_scratch = want_scratch || wants_scratch(M, w->dtype);
     widen_int4 = widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows &&
                                 M < kernels::kPackedMinRows);
   }
   // Per thread: the kernels' scratch, then (I4 prefill) kScratchRows BF16 rows of K.
   const int64_t scratch_floats = kScratchRows * K;
+  static_assert(kernels::q8_scratch_bytes(kernels::kQ8Block) <= kScratchRows * kernels::kQ8Block * 4,
+                "the INT8-activation panel fits the kernels' scratch (both grow with K)");
   // (A named reference: inside the lambda, the thread_local itself would name each worker's own.)
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;
@@ -185,6 +226,9 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
     const int64_t rows_floats = widen_int4 ? (kScratchRows * K + 1) / 2 : 0;
     scratch.reserve(pool.n_threads(), static_cast<size_t>(scratch_floats + rows_floats));
   }
+  thread_local QuantizedX qx_tls;
+  kernels::Q8Rows qx{};
+  if (quantize_x) qx = qx_tls.quantize(x, M, K, pool);
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
   // thread's range of the stacked rows may span several weights: each part runs on its own.
   pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int t) {
@@ -194,7 +238,12 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       const TensorView& w = *ws[i];
       const int64_t N = w.dim(0);
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
-      if (b < e && w.dtype == DType::kI4) {
+      if (b < e && quantize_x && matmul_quantizes_x(isa, M, K, w.dtype)) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+        kernels::avx512vnni::matmul_rows_q8(qx, M, K, w.dtype, w.data, w.scale, b - off, e - off,
+                                            ys[i], N, s);
+#endif
+      } else if (b < e && w.dtype == DType::kI4) {
         auto* rows = widen_int4 ? reinterpret_cast<uint16_t*>(s + scratch_floats) : nullptr;
         matmul_int4_rows(x, M, K, w, b - off, e - off, ys[i], k4, kernel, rows, s);
       } else if (b < e) {

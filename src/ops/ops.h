@@ -14,11 +14,13 @@
 
 namespace vlm::ops {
 
-enum class Isa { kGeneric, kAvx2, kAvx512 };
+// kAvx512Vnni runs the kAvx512 kernels, except that prefill matmuls with I8 / I4 weights
+// quantize x to INT8 and use vpdpbusd (matmul_quantizes_x).
+enum class Isa { kGeneric, kAvx2, kAvx512, kAvx512Vnni };
 
 const char* isa_name(Isa isa);
 // Best ISA level this CPU supports, capped by the VLM_CPU_ISA environment variable
-// (generic | avx2 | avx512), read once.
+// (generic | avx2 | avx512 | avx512vnni), read once.
 Isa detected_isa();
 // All ISA levels this CPU can run (for tests), lowest first.
 std::vector<Isa> runnable_isas();
@@ -38,6 +40,11 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
 // fork/join instead of one per weight. Each ws[i] as for matmul; ys[i] has row stride N_i.
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa());
+
+// Whether matmul at this level quantizes x (Q8_0-like blocks of 32 per row, then INT8 dot
+// products; see kernels/cpu/matmul.h) for a weight of dtype wtype: on kAvx512Vnni, for I8 and I4
+// weights, from kernels::kPackedMinRows x rows, with K a multiple of 32. Elsewhere x stays f32.
+bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype);
 
 // Weight-only INT8, symmetric, one scale per output row (channel) of an nn.Linear weight:
 //   scale[n] = max_k |w[n, k]| / 127,  q[n, k] = clamp(round_half_even(w[n, k] / scale[n]), ±127)

@@ -17,7 +17,8 @@ namespace {
 const kernels::EltwiseKernels& eltwise(Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   switch (isa) {
-    case Isa::kAvx512: return kernels::avx512::eltwise_kernels();
+    case Isa::kAvx512:
+    case Isa::kAvx512Vnni: return kernels::avx512::eltwise_kernels();
     case Isa::kAvx2: return kernels::avx2::eltwise_kernels();
     case Isa::kGeneric: break;
   }
@@ -230,7 +231,8 @@ const AttentionKernels& attention_kernels(Isa isa) {
                                            &kernels::avx512::pack_b_cols,
                                            &kernels::avx512::matmul_prepacked};
   switch (isa) {
-    case Isa::kAvx512: return kAvx512;
+    case Isa::kAvx512:
+    case Isa::kAvx512Vnni: return kAvx512;
     case Isa::kAvx2: return kAvx2;
     case Isa::kGeneric: break;
   }

@@ -1,6 +1,8 @@
-// --quant int8 / int4 against the unquantized model on the tiny fixtures: how far weight-only INT8
-// (one scale per output row) and INT4 (one scale per 32 inputs), quantized at load, move the
-// logits and the likelihood of a fixed text, and what the loader quantizes.
+// --quant int8 / int4 against the unquantized model on the tiny fixtures: how far INT8 (one scale
+// per output row) and INT4 (one scale per 32 inputs) weights, quantized at load, move the logits
+// and the likelihood of a fixed text, and what the loader quantizes. Both ways prefill runs them
+// are measured: with f32 activations (every level below avx512vnni) and with activations
+// quantized to INT8 blocks (avx512vnni; ops::matmul_quantizes_x).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,9 +22,26 @@ namespace {
 
 const std::string kFixtures = VLM_FIXTURES_DIR;
 
-std::unique_ptr<Engine> load_engine(const std::string& dir, const std::string& quant) {
+// How prefill multiplies quantized weights, and the cpu_isa that selects it.
+enum class Activations { kF32, kInt8 };
+
+const char* activations_name(Activations a) { return a == Activations::kF32 ? "f32" : "int8"; }
+
+// The level to run `a` at: the best one below avx512vnni for f32, avx512vnni for INT8; "" when
+// this CPU has none.
+std::string isa_for(Activations a) {
+  std::string best;
+  for (ops::Isa isa : ops::runnable_isas()) {
+    if ((isa == ops::Isa::kAvx512Vnni) == (a == Activations::kInt8)) best = ops::isa_name(isa);
+  }
+  return best;
+}
+
+std::unique_ptr<Engine> load_engine(const std::string& dir, const std::string& quant,
+                                    const std::string& isa = "") {
   EngineOptions o;
   o.model_dir = dir;
+  o.cpu_isa = isa;
   o.n_threads = 2;
   o.require_tokenizer = false;
   o.quant = quant;
@@ -55,11 +74,15 @@ std::vector<std::vector<int32_t>> prompts(const std::string& dir, int64_t vocab)
 
 struct Case {
   std::string fixture;
+  Activations activations;
   double min_top1;      // fraction of positions whose argmax is unchanged
   double max_mean_rel;  // mean |Δlogit| / max |logit| over every logit of every prompt
+  double max_flipped;   // no argmax flip with a wider top-2 margin (/ max |logit|)
 };
 
-std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.fixture; }
+std::ostream& operator<<(std::ostream& os, const Case& c) {
+  return os << c.fixture << " (" << activations_name(c.activations) << " activations)";
+}
 
 // How far the logits of `q` are from those of `ref` over every position of every prompt.
 struct Agreement {
@@ -69,11 +92,10 @@ struct Agreement {
   double max_rel = 0;         // max |Δlogit| / max |logit|
   double flipped_margin = 0;  // largest unquantized top-1 − top-2 margin of a flipped position,
                               // / max |logit|
-  int64_t near_ties = 0;      // positions whose margin is <= kMaxFlippedMargin · max |logit|
+  int64_t near_ties = 0;      // positions whose margin is <= kNearTie · max |logit|
 };
 
-constexpr double kMaxFlippedMargin = 3e-2;
-constexpr double kMaxInt4FlippedMargin = 0.3;  // see the INT4 NOTE below
+constexpr double kNearTie = 3e-2;  // margins counted as near-ties in the printout
 
 Agreement compare_logits(Engine& ref, Engine& q, const std::string& dir) {
   const int64_t V = ref.vocab_size();
@@ -114,33 +136,37 @@ Agreement compare_logits(Engine& ref, Engine& q, const std::string& dir) {
   r.mean_rel = sum_abs / count / max_logit;
   r.max_rel = max_abs / max_logit;
   r.flipped_margin = flipped_margin / max_logit;
-  for (double m : margins) r.near_ties += m / max_logit <= kMaxFlippedMargin;
+  for (double m : margins) r.near_ties += m / max_logit <= kNearTie;
   return r;
 }
 
-void print_agreement(const char* quant, const std::string& fixture, const Agreement& a) {
-  std::printf("[%s] %-20s positions %3lld  top-1 agreement %.4f  mean|d|/max|logit| %.3e  "
-              "max|d|/max|logit| %.3e  largest flipped margin / max|logit| %.3e  positions with "
-              "margin <= %.0e max|logit|: %lld\n",
-              quant, fixture.c_str(), static_cast<long long>(a.positions), a.top1, a.mean_rel,
-              a.max_rel, a.flipped_margin, kMaxFlippedMargin, static_cast<long long>(a.near_ties));
+void print_agreement(const char* quant, const Case& c, const Agreement& a) {
+  std::printf("[%s, %s act] %-20s positions %3lld  top-1 agreement %.4f  mean|d|/max|logit| "
+              "%.3e  max|d|/max|logit| %.3e  largest flipped margin / max|logit| %.3e  positions "
+              "with margin <= %.0e max|logit|: %lld\n",
+              quant, activations_name(c.activations), c.fixture.c_str(),
+              static_cast<long long>(a.positions), a.top1, a.mean_rel, a.max_rel, a.flipped_margin,
+              kNearTie, static_cast<long long>(a.near_ties));
 }
 
-// Loads the fixture as stored and with `quant` weights and checks the quantized logits against
-// the case's bounds (and `max_flipped`: no argmax flip with a wider top-2 margin).
-void expect_close_to_unquantized(const Case& c, const char* quant, double max_flipped) {
+// Loads the fixture as stored and with `quant` weights (at the case's activation mode) and checks
+// the quantized logits against the case's bounds.
+void expect_close_to_unquantized(const Case& c, const char* quant) {
+  const std::string isa = isa_for(c.activations);
+  if (isa.empty()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI (INT8 activations)";
   const std::string dir = kFixtures + "/" + c.fixture;
-  auto ref = load_engine(dir, "");
-  auto q = load_engine(dir, quant);
+  auto ref = load_engine(dir, "", isa);
+  auto q = load_engine(dir, quant, isa);
   ASSERT_NE(ref, nullptr);
   ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->cpu_isa(), isa);
   const Agreement a = compare_logits(*ref, *q, dir);
-  print_agreement(quant, c.fixture, a);
+  print_agreement(quant, c, a);
   EXPECT_GE(a.top1, c.min_top1);
   EXPECT_LE(a.mean_rel, c.max_mean_rel);
   // Only near-ties flip: a position whose top-2 margin is a sizeable part of the logit range
   // keeps its argmax.
-  EXPECT_LE(a.flipped_margin, max_flipped);
+  EXPECT_LE(a.flipped_margin, c.max_flipped);
   EXPECT_GT(a.mean_rel, 0.0);  // the engine really ran quantized weights
 }
 
@@ -152,62 +178,79 @@ std::string fixture_test_name(const Info& info) {
   return n;
 }
 
+template <class Info>
+std::string case_test_name(const Info& info) {
+  return fixture_test_name(info) + "_" + activations_name(info.param.activations) + "_act";
+}
+
 class Int8AccuracyTest : public ::testing::TestWithParam<Case> {};
 
-// NOTE(vlm): bounds, from these prompts (260 positions; 193 for tiny-fullvocab). Measured
-// (identical on generic, avx2 and avx512 to the digits shown):
-//   fixture               top-1   mean|Δ|/max|logit|  max|Δ|/max|logit|  largest flipped margin
-//   text-f32-hd128-tied   94.6%   4.6e-3              4.4e-2             1.4e-2
-//   text-f32-untied       96.2%   5.1e-3              4.3e-2             1.4e-2
-//   text-bf16-hd128       96.9%   4.4e-3              3.2e-2             7.1e-3
-//   tiny-fullvocab-bf16   97.9%   2.0e-3              4.1e-2             6.4e-3
+// NOTE(vlm): bounds, from these prompts (260 positions; 193 for tiny-fullvocab). Measured with
+// f32 activations (identical on generic, avx2 and avx512 to the digits shown) | with INT8
+// activations (avx512vnni):
+//   fixture               top-1           mean|Δ|/max|logit|  max|Δ|/max|logit|  largest flipped
+//   text-f32-hd128-tied   94.6% | 92.7%   4.6e-3 | 5.8e-3     4.4e-2 | 4.6e-2    1.4e-2 | 1.6e-2
+//   text-f32-untied       96.2% | 91.9%   5.1e-3 | 6.6e-3     4.3e-2 | 5.3e-2    1.4e-2 | 3.0e-2
+//   text-bf16-hd128       96.9% | 96.2%   4.4e-3 | 5.6e-3     3.2e-2 | 5.0e-2    7.1e-3 | 1.1e-2
+//   tiny-fullvocab-bf16   97.9% | 97.9%   2.0e-3 | 2.5e-3     4.1e-2 | 4.2e-2    6.4e-3 | 6.4e-3
 // Per-row INT8 leaves each weight within half a step (max|row| / 254): for these N(0, 0.1²)
 // rows about 0.6% rms of the weight scale, which carries through to ~0.5% of max|logit| on
-// average. Random-weight models are full of near-ties (37–47% of positions have a top-2 margin
-// under 3% of max|logit|) and only those flip (the largest flipped margin is 1.4%); a trained
-// model's margins are usually much wider. We require ≥ 92% top-1 (measured ≥ 94.6%), mean error
-// ≤ 1e-2 (2× the largest measured) and no flip with a margin above 3% of max|logit| (2×).
+// average. INT8 activations (blocks of 32 at 127 levels: ~0.5% rms of a Gaussian row) add about
+// as much again. Random-weight models are full of near-ties (37–47% of positions have a top-2
+// margin under 3% of max|logit|) and only those flip; a trained model's margins are usually
+// much wider. We require, with f32 activations, ≥ 92% top-1 (measured ≥ 94.6%), mean error
+// ≤ 1e-2 (2× the largest measured) and no flip with a margin above 3% of max|logit| (2×); with
+// INT8 activations ≥ 88% top-1 (measured ≥ 91.9%), mean error ≤ 1.3e-2 and no flip above 6%
+// (each 2× the largest measured).
 TEST_P(Int8AccuracyTest, LogitsStayCloseToUnquantized) {
-  expect_close_to_unquantized(GetParam(), "int8", kMaxFlippedMargin);
+  expect_close_to_unquantized(GetParam(), "int8");
 }
 
 const Case kCases[] = {
-    {"text-f32-hd128-tied", 0.92, 1e-2},
-    {"text-f32-untied", 0.92, 1e-2},
-    {"text-bf16-hd128", 0.92, 1e-2},
-    {"tiny-fullvocab-bf16", 0.92, 1e-2},
+    {"text-f32-hd128-tied", Activations::kF32, 0.92, 1e-2, 3e-2},
+    {"text-f32-untied", Activations::kF32, 0.92, 1e-2, 3e-2},
+    {"text-bf16-hd128", Activations::kF32, 0.92, 1e-2, 3e-2},
+    {"tiny-fullvocab-bf16", Activations::kF32, 0.92, 1e-2, 3e-2},
+    {"text-f32-hd128-tied", Activations::kInt8, 0.88, 1.3e-2, 6e-2},
+    {"text-f32-untied", Activations::kInt8, 0.88, 1.3e-2, 6e-2},
+    {"text-bf16-hd128", Activations::kInt8, 0.88, 1.3e-2, 6e-2},
+    {"tiny-fullvocab-bf16", Activations::kInt8, 0.88, 1.3e-2, 6e-2},
 };
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Int8AccuracyTest, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return fixture_test_name(info); });
+                         [](const auto& info) { return case_test_name(info); });
 
 class Int4AccuracyTest : public ::testing::TestWithParam<Case> {};
 
-// NOTE(vlm): INT4 bounds, from the same prompts (260 positions). Measured (identical on generic,
-// avx2 and avx512 to the digits shown):
-//   fixture               top-1   mean|Δ|/max|logit|  max|Δ|/max|logit|  largest flipped margin
-//   text-f32-hd128-tied   50.4%   5.5e-2              0.39               0.16
-//   text-f32-untied       46.5%   6.4e-2              0.54               0.21
-//   text-bf16-hd128       51.2%   5.3e-2              0.39               0.17
+// NOTE(vlm): INT4 bounds, from the same prompts (260 positions). Measured with f32 activations
+// (identical on generic, avx2 and avx512 to the digits shown) | with INT8 activations:
+//   fixture               top-1           mean|Δ|/max|logit|  max|Δ|/max|logit|  largest flipped
+//   text-f32-hd128-tied   50.4% | 49.2%   5.5e-2 | 5.5e-2     0.39 | 0.39        0.16 | 0.16
+//   text-f32-untied       46.5% | 45.8%   6.4e-2 | 6.4e-2     0.54 | 0.55        0.21 | 0.21
+//   text-bf16-hd128       51.2% | 51.2%   5.3e-2 | 5.3e-2     0.39 | 0.38        0.17 | 0.17
 // (with max|w| / 7 as the only scale candidate: 39–41% top-1, 6.2e-2–7.3e-2 mean error).
 // Groups of 32 at 4 bits leave ~8.3% rms weight error on these N(0, σ²) rows (13× INT8's
-// per-row 0.6%), and the logit error grows in proportion (12× INT8's); with 37–42% of positions
-// within 3% of max|logit| of a tie, half the argmaxes of these random-weight models move. We
-// require ≥ 42% top-1 (measured ≥ 46.5%; the max|w|/7-only grid fails it), mean error ≤ 8e-2
-// (1.25× the largest measured) and no flip with a margin above 0.3 max|logit| (1.4×).
+// per-row 0.6%), and the logit error grows in proportion (12× INT8's); INT8 activations add
+// next to nothing to that. With 37–42% of positions within 3% of max|logit| of a tie, half the
+// argmaxes of these random-weight models move. We require ≥ 42% top-1 (measured ≥ 45.8%; the
+// max|w|/7-only grid fails it), mean error ≤ 8e-2 (1.25× the largest measured) and no flip with
+// a margin above 0.3 max|logit| (1.4×), in both modes.
 TEST_P(Int4AccuracyTest, LogitsStayCloseToUnquantized) {
-  expect_close_to_unquantized(GetParam(), "int4", kMaxInt4FlippedMargin);
+  expect_close_to_unquantized(GetParam(), "int4");
 }
 
 // tiny-fullvocab-bf16 (hidden 16) cannot be INT4: its rows are shorter than one group.
 const Case kInt4Cases[] = {
-    {"text-f32-hd128-tied", 0.42, 8e-2},
-    {"text-f32-untied", 0.42, 8e-2},
-    {"text-bf16-hd128", 0.42, 8e-2},
+    {"text-f32-hd128-tied", Activations::kF32, 0.42, 8e-2, 0.3},
+    {"text-f32-untied", Activations::kF32, 0.42, 8e-2, 0.3},
+    {"text-bf16-hd128", Activations::kF32, 0.42, 8e-2, 0.3},
+    {"text-f32-hd128-tied", Activations::kInt8, 0.42, 8e-2, 0.3},
+    {"text-f32-untied", Activations::kInt8, 0.42, 8e-2, 0.3},
+    {"text-bf16-hd128", Activations::kInt8, 0.42, 8e-2, 0.3},
 };
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Int4AccuracyTest, ::testing::ValuesIn(kInt4Cases),
-                         [](const auto& info) { return fixture_test_name(info); });
+                         [](const auto& info) { return case_test_name(info); });
 
 // Mean negative log-likelihood (nats per token) of the fixture's greedy continuations (prompt +
 // 40 tokens generated by transformers, reference.json "greedy"), teacher-forced: one forward over
@@ -241,36 +284,43 @@ double mean_nll(Engine& e, const std::string& dir) {
 
 struct NllCase {
   std::string fixture;
+  Activations activations;
   double max_int8_increase;  // nats per token over the unquantized model's NLL
   double max_int4_increase;
 };
 
-std::ostream& operator<<(std::ostream& os, const NllCase& c) { return os << c.fixture; }
+std::ostream& operator<<(std::ostream& os, const NllCase& c) {
+  return os << c.fixture << " (" << activations_name(c.activations) << " activations)";
+}
 
 class QuantNllTest : public ::testing::TestWithParam<NllCase> {};
 
-// NOTE(vlm): measured (identical on generic, avx2 and avx512), nats per token over 80 tokens:
-//   fixture               stored   int8 Δ    int4 Δ   (int4 Δ with max|w|/7 as the only scale)
-//   text-f32-hd128-tied   3.8461   −0.0017   +0.155   (+0.425)
-//   text-f32-untied       3.8467   −0.0025   +0.338   (+0.393)
-//   text-bf16-hd128       3.8349   +0.0029   +0.204   (+0.289)
+// NOTE(vlm): measured with f32 activations (identical on generic, avx2 and avx512) | with INT8
+// activations (avx512vnni), nats per token over 80 tokens:
+//   fixture               stored   int8 Δ              int4 Δ           (int4 Δ, max|w|/7 only)
+//   text-f32-hd128-tied   3.8461   −0.0017 | −0.0048   +0.155 | +0.153  (+0.425)
+//   text-f32-untied       3.8467   −0.0025 | +0.0025   +0.338 | +0.338  (+0.393)
+//   text-bf16-hd128       3.8349   +0.0029 | +0.0050   +0.204 | +0.206  (+0.289)
 // The continuations are the unquantized model's own greedy picks (transformers' run of the same
-// weights), so quantization noise can only blur them: INT8 stays within 0.003 nats, INT4 pays
-// 0.16–0.34. Bounds: INT8 0.02 (7× its largest |Δ|); INT4 about 1.5× the measured increase
+// weights), so quantization noise can only blur them: INT8 stays within 0.005 nats, INT4 pays
+// 0.15–0.34. Bounds: INT8 0.02 (4× its largest |Δ|); INT4 about 1.5× the measured increase
 // per fixture (the max|w|/7-only grid fails the first).
 TEST_P(QuantNllTest, LikelihoodOfTheGreedyTextStaysCloseToUnquantized) {
   const NllCase& c = GetParam();
+  const std::string isa = isa_for(c.activations);
+  if (isa.empty()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI (INT8 activations)";
   const std::string dir = kFixtures + "/" + c.fixture;
-  auto ref = load_engine(dir, "");
-  auto q8 = load_engine(dir, "int8");
-  auto q4 = load_engine(dir, "int4");
+  auto ref = load_engine(dir, "", isa);
+  auto q8 = load_engine(dir, "int8", isa);
+  auto q4 = load_engine(dir, "int4", isa);
   ASSERT_NE(ref, nullptr);
   ASSERT_NE(q8, nullptr);
   ASSERT_NE(q4, nullptr);
   const double nll_ref = mean_nll(*ref, dir), nll8 = mean_nll(*q8, dir), nll4 = mean_nll(*q4, dir);
-  std::printf("[nll] %-20s mean NLL of the greedy text (nats/token): stored %.4f  int8 %.4f "
+  std::printf("[nll, %s act] %-20s mean NLL of the greedy text (nats/token): stored %.4f  int8 %.4f "
               "(%+.4f)  int4 %.4f (%+.4f)\n",
-              c.fixture.c_str(), nll_ref, nll8, nll8 - nll_ref, nll4, nll4 - nll_ref);
+              activations_name(c.activations), c.fixture.c_str(), nll_ref, nll8, nll8 - nll_ref, nll4, nll4 - nll_ref);
+  RecordProperty("activations", activations_name(c.activations));
   RecordProperty("nll_stored", std::to_string(nll_ref));
   RecordProperty("nll_int8", std::to_string(nll8));
   RecordProperty("nll_int4", std::to_string(nll4));
@@ -279,13 +329,16 @@ TEST_P(QuantNllTest, LikelihoodOfTheGreedyTextStaysCloseToUnquantized) {
 }
 
 const NllCase kNllCases[] = {
-    {"text-f32-hd128-tied", 0.02, 0.25},
-    {"text-f32-untied", 0.02, 0.5},
-    {"text-bf16-hd128", 0.02, 0.3},
+    {"text-f32-hd128-tied", Activations::kF32, 0.02, 0.25},
+    {"text-f32-untied", Activations::kF32, 0.02, 0.5},
+    {"text-bf16-hd128", Activations::kF32, 0.02, 0.3},
+    {"text-f32-hd128-tied", Activations::kInt8, 0.02, 0.25},
+    {"text-f32-untied", Activations::kInt8, 0.02, 0.5},
+    {"text-bf16-hd128", Activations::kInt8, 0.02, 0.3},
 };
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, QuantNllTest, ::testing::ValuesIn(kNllCases),
-                         [](const auto& info) { return fixture_test_name(info); });
+                         [](const auto& info) { return case_test_name(info); });
 
 TEST(Int8Weights, LinearWeightsAndLmHeadBecomeI8WhileTheEmbeddingStays) {
   for (const char* name : {"text-bf16-hd128", "text-f32-untied"}) {

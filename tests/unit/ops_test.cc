@@ -1,10 +1,12 @@
 // Every op against the scalar reference, on shapes with odd tails, on every ISA this CPU runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -125,6 +127,50 @@ QuantBuf<int8_t> make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
                                   &ops::quantize_int8);
 }
 
+// Weight (n, k) of an I8 / I4 weight in double: q · its scale.
+double quantized_weight_at(const TensorView& w, int64_t n, int64_t k) {
+  const int64_t K = w.dim(1);
+  if (w.dtype == DType::kI8) {
+    return static_cast<const int8_t*>(w.data)[n * K + k] * static_cast<double>(w.scale[n]);
+  }
+  return ops::ref::int4_at(w, n, k) * static_cast<double>(w.scale[n * (K / kInt4Group) + k / 32]);
+}
+
+// y from a matmul that quantizes x (ops::matmul_quantizes_x): it must equal ref::matmul_q8 up to
+// the f32 rounding of each block's product (·x scale ·weight scale) and of their sum, and the
+// f32-activation reference up to the activation rounding Σ_k |w[n, k]| · xscale[m, k / 32] / 2.
+void expect_q8_matmul(const std::vector<float>& x, int64_t M, int64_t K, const TensorView& w,
+                      const std::vector<float>& y, const std::string& what) {
+  const int64_t N = w.dim(0), blocks = K / kernels::kQ8Block;
+  std::vector<int8_t> q(M * K);
+  std::vector<float> xs(M * blocks);
+  std::vector<int32_t> xsum(M * blocks);
+  ops::ref::quantize_rows_q8(x.data(), M, K, q.data(), xs.data(), xsum.data());
+  std::vector<float> want_q8(M * N), want_f32(M * N);
+  ops::ref::matmul_q8(x.data(), M, K, w, want_q8.data());
+  ops::ref::matmul(x.data(), M, K, w, want_f32.data());
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double terms = 0, rounding = 0, a = 0;  // Σ_b |block product|, activation error bound, Σ|x w|
+      for (int64_t b = 0; b < blocks; ++b) {
+        double dot = 0;
+        for (int64_t k = b * 32; k < (b + 1) * 32; ++k) {
+          const double wk = quantized_weight_at(w, n, k);
+          dot += q[m * K + k] * wk;
+          rounding += std::fabs(wk) * xs[m * blocks + b] / 2;
+          a += std::fabs(x[m * K + k] * wk);
+        }
+        terms += std::fabs(dot * xs[m * blocks + b]);
+      }
+      const int64_t i = m * N + n;
+      ASSERT_NEAR(y[i], want_q8[i], static_cast<double>(blocks + 4) * std::ldexp(terms, -22) + 1e-7)
+          << what << " m=" << m << " n=" << n;
+      ASSERT_NEAR(y[i], want_f32[i], rounding + K * std::ldexp(a, -22) + 1e-6)
+          << what << " m=" << m << " n=" << n;
+    }
+  }
+}
+
 TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
   // M = 1: the register kernel with the scale applied per output; 2..31: AVX-512's 4 × 6 tiles
   // over weight-row groups (elsewhere up to 5 the register kernel, from 8 rows widened to
@@ -133,13 +179,19 @@ TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
   for (int64_t M : {1, 2, 3, 4, 5, 8, 9, 17, 32, 33, 38, 45, 260}) {
-    for (int64_t K : {1, 15, 16, 17, 33, 130, 300}) {
+    for (int64_t K : {1, 15, 16, 17, 33, 64, 130, 300}) {
       for (int64_t N : {1, 3, 5, 17, 40, 70}) {
         auto w = make_int8_weight(N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
         auto x = randn(M * K, static_cast<uint32_t>(K + 3));
         std::vector<float> y(M * N, NAN), want(M * N);
         ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
         ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
+        if (ops::matmul_quantizes_x(isa, M, K, DType::kI8)) {  // K = 64 from 32 rows on VNNI
+          expect_q8_matmul(x, M, K, w.view, y, std::string(ops::isa_name(isa)) + " M=" +
+                                                   std::to_string(M) + " K=" + std::to_string(K) +
+                                                   " N=" + std::to_string(N));
+          continue;
+        }
         ops::ref::matmul(x.data(), M, K, w.view, want.data());
         // As for the float types (f32 sums of K products), with weights up to 1.75× larger.
         const float tol = 2e-5f * static_cast<float>(K) + 1e-5f;
@@ -157,8 +209,8 @@ TEST_P(MatmulTest, MultiEqualsSeparateMatmuls) {
   // each output equals its own matmul exactly (the same kernel runs on the same rows).
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
-  for (int64_t M : {1, 3, 9, 40}) {
-    const int64_t K = 70;
+  // (K = 64 at 40 rows: the INT8 weights take quantized x on VNNI, the others f32.)
+  for (auto [M, K] : {std::pair<int64_t, int64_t>{1, 70}, {3, 70}, {9, 70}, {40, 70}, {40, 64}}) {
     auto a = make_weight(DType::kBF16, 37, K, 1), b = make_weight(DType::kF32, 5, K, 2);
     auto c = make_int8_weight(50, K, 3);
     auto x = randn(M * K, 4);
@@ -185,7 +237,7 @@ struct PrepackedKernels {
 
 PrepackedKernels prepacked_kernels(ops::Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  if (isa == ops::Isa::kAvx512) {
+  if (isa == ops::Isa::kAvx512 || isa == ops::Isa::kAvx512Vnni) {
     return {&kernels::avx512::pack_b_rows, &kernels::avx512::pack_b_cols,
             &kernels::avx512::matmul_prepacked};
   }
@@ -347,6 +399,12 @@ TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
         std::vector<float> y(M * N, NAN), want(M * N);
         ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
         ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
+        if (ops::matmul_quantizes_x(isa, M, K, DType::kI4)) {  // from 32 rows on VNNI
+          expect_q8_matmul(x, M, K, w.view, y, std::string(ops::isa_name(isa)) + " M=" +
+                                                   std::to_string(M) + " K=" + std::to_string(K) +
+                                                   " N=" + std::to_string(N));
+          continue;
+        }
         ops::ref::matmul(x.data(), M, K, w.view, want.data());
         for (int64_t m = 0; m < M; ++m) {
           for (int64_t n = 0; n < N; ++n) {
@@ -369,6 +427,77 @@ TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
       }
     }
   }
+}
+
+TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
+  // The INT8-activation GEMM where the level has it (else the test checks the level declines):
+  // 6-row tiles and their tails (M = 32 .. 45), K-block-major order (300), K past one 1024-value
+  // panel block and an 8-run tail of a 16-run chunk (1056, 2080), N tails of the 32-row panel.
+  ThreadPool pool(2);
+  const ops::Isa isa = GetParam();
+  bool ran = false;
+  for (DType dt : {DType::kI8, DType::kI4}) {
+    for (int64_t M : {32, 37, 45, 300}) {
+      for (int64_t K : {32, 96, 1056, 2080}) {
+        for (int64_t N : {1, 17, 33, 70}) {
+          if (!ops::matmul_quantizes_x(isa, M, K, dt)) continue;
+          ran = true;
+          const auto seed = static_cast<uint32_t>(M * 131 + K * 7 + N);
+          auto w8 = make_int8_weight(N, K, seed);
+          auto w4 = make_int4_weight(N, K, seed);
+          const TensorView& w = dt == DType::kI8 ? w8.view : w4.view;
+          auto x = randn(M * K, static_cast<uint32_t>(K + 5));
+          for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;  // a zero block (scale 0)
+          x[K + 3] = 40.f;                              // an outlier in row 1's first block
+          std::vector<float> y(M * N, NAN);
+          ops::matmul(x.data(), M, K, w, y.data(), pool, isa);
+          expect_q8_matmul(x, M, K, w, y, std::string(dtype_name(dt)) + " M=" + std::to_string(M) +
+                                              " K=" + std::to_string(K) + " N=" + std::to_string(N));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(ran, isa == ops::Isa::kAvx512Vnni) << ops::isa_name(isa);
+  // Never for float weights, short x, or K off the 32-value blocks.
+  EXPECT_FALSE(ops::matmul_quantizes_x(isa, 64, 64, DType::kBF16));
+  EXPECT_FALSE(ops::matmul_quantizes_x(isa, 31, 64, DType::kI8));
+  EXPECT_FALSE(ops::matmul_quantizes_x(isa, 64, 48, DType::kI8));
+}
+
+TEST(QuantizeRowsQ8, KernelMatchesReferenceExactly) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  const auto isas = ops::runnable_isas();
+  if (std::find(isas.begin(), isas.end(), ops::Isa::kAvx512Vnni) == isas.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  }
+  const int64_t M = 5, K = 160;
+  auto x = randn(M * K, 9);
+  for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;                       // zero block
+  for (int64_t k = 32; k < 64; ++k) x[k] = 1e-39f * (k % 3);        // subnormal: scale 0
+  for (int64_t k = 64; k < 96; ++k) x[k] = (k % 5 - 2) * 0.5f;      // ties: 63.5 → 64, −63.5
+  x[96] = 1e30f;                                                    // huge, the rest round to 0
+  x[K + 7] = -3.f;                                                  // the max is negative
+  std::vector<int8_t> q(M * K, 99), want_q(M * K);
+  std::vector<float> s(M * K / 32, NAN), want_s(M * K / 32);
+  std::vector<int32_t> sum(M * K / 32, 7), want_sum(M * K / 32);
+  kernels::avx512vnni::quantize_rows_q8(x.data(), M, K, q.data(), s.data(), sum.data());
+  ops::ref::quantize_rows_q8(x.data(), M, K, want_q.data(), want_s.data(), want_sum.data());
+  EXPECT_EQ(q, want_q);
+  EXPECT_EQ(s, want_s);
+  EXPECT_EQ(sum, want_sum);
+  EXPECT_EQ(s[0], 0.f);
+  EXPECT_EQ(s[1], 0.f);
+  EXPECT_EQ(q[66], -64);  // −0.5 · 127 / 1 = −63.5 → −64 (ties to even)
+  EXPECT_EQ(q[68], 64);   // 63.5 → 64
+  EXPECT_EQ(q[96], 127);
+  for (int64_t k = 0; k < 32; ++k) {
+    const int32_t v = q[K + k];
+    EXPECT_LE(std::abs(v), 127);
+    EXPECT_NEAR(v * s[K / 32], x[K + k], s[K / 32] / 2 * 1.0001f) << k;  // row 1, block 0
+  }
+#else
+  GTEST_SKIP() << "no x86 dispatch in this build";
+#endif
 }
 
 TEST(MatmulInt4, RefusesBadWeights) {
@@ -720,7 +849,7 @@ TEST(Softmax, VectorisedExpAndSumMatchDoublePrecision) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   for (ops::Isa isa : ops::runnable_isas()) {
     if (isa == ops::Isa::kAvx2) fns.push_back({"avx2", &kernels::avx2::softmax_exp_row});
-    if (isa == ops::Isa::kAvx512) fns.push_back({"avx512", &kernels::avx512::softmax_exp_row});
+    if (isa == ops::Isa::kAvx512 || isa == ops::Isa::kAvx512Vnni) fns.push_back({"avx512", &kernels::avx512::softmax_exp_row});
   }
 #endif
   std::mt19937 rng(9);
@@ -757,7 +886,7 @@ TEST(Softmax, VectorisedExpAndSumMatchDoublePrecision) {
 
 const kernels::EltwiseKernels& eltwise_table(ops::Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  if (isa == ops::Isa::kAvx512) return kernels::avx512::eltwise_kernels();
+  if (isa == ops::Isa::kAvx512 || isa == ops::Isa::kAvx512Vnni) return kernels::avx512::eltwise_kernels();
   if (isa == ops::Isa::kAvx2) return kernels::avx2::eltwise_kernels();
 #endif
   return kernels::generic::eltwise_kernels();

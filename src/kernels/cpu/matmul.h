@@ -84,4 +84,39 @@ void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, in
                              int64_t n1, uint16_t* out);
 }  // namespace avx512
 
+// INT8 activations for INT8 / INT4 weights (the AVX-512 VNNI level: vpdpbusd multiplies 64 byte
+// pairs per instruction, 4× the multiply-adds of an f32 FMA). x is quantized per row in blocks
+// of kQ8Block values, as llama.cpp's Q8_0:
+//   scale[m, b] = amax / 127 (amax = max |x[m, 32b .. 32b + 32)|), q[m, k] = round_half_even(
+//   x[m, k] · (127 / amax)) in −127..127, sum[m, b] = Σ q over the block;
+// a block whose amax is below the smallest normal float (or zero) gets scale 0 and q 0.
+// Then y[m, n] = Σ_b scale[m, b] · Σ_{k in b} q[m, k] · wq[n, k] · wscale, with the block's dot
+// product exact in int32 and wscale = scale[n] (I8) or scale[n, b] (I4: kQ8Block = kInt4Group,
+// so an activation block is a weight group). The weights go into the VNNI unsigned operand
+// offset by their zero point (I8: q + 128, I4: q + 8); the block's Σ q of x takes the offset
+// back out.
+constexpr int64_t kQ8Block = 32;
+static_assert(kQ8Block == kInt4Group, "an activation block is one INT4 weight group");
+// x quantized as above: q [M, K] (row stride K), scale and sum [M, K / kQ8Block].
+struct Q8Rows {
+  const int8_t* q;
+  const float* scale;
+  const int32_t* sum;
+};
+// Per-thread scratch bytes matmul_rows_q8 needs for a row length K.
+constexpr int64_t q8_scratch_bytes(int64_t K) {
+  const int64_t kc = K < 1024 ? K : 1024;  // the kernel's K block
+  return 32 * kc + 32 * (kc / kQ8Block) * 4 + 64;
+}
+namespace avx512vnni {
+// x: [M, K] f32 contiguous, K a multiple of kQ8Block; q / scale / sum as Q8Rows.
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
+                      int32_t* sum);
+// y[m, n] (row stride ldy) for m < M, n in [n0, n1) as above; wtype kI8 or kI4 (w, wscale as
+// for matmul_rows); scratch: q8_scratch_bytes(K) bytes on the calling thread.
+void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
+                    const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                    void* scratch);
+}  // namespace avx512vnni
+
 }  // namespace vlm::kernels

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/half.h"
@@ -35,6 +36,53 @@ int int4_at(const TensorView& w, int64_t n, int64_t k) {
   const uint8_t byte = row[g * half + j % half];
   const int nibble = j < half ? (byte & 0xf) : (byte >> 4);
   return nibble >= 8 ? nibble - 16 : nibble;
+}
+
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
+                      int32_t* sum) {
+  constexpr int64_t kBlock = 32;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < K / kBlock; ++b) {
+      const float* xb = x + m * K + b * kBlock;
+      float amax = 0.f;
+      for (int64_t k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(xb[k]));
+      const bool normal = amax >= std::numeric_limits<float>::min();
+      const float inv = normal ? 127.f / amax : 0.f;
+      int32_t s = 0;
+      for (int64_t k = 0; k < kBlock; ++k) {
+        const auto v = static_cast<int32_t>(std::nearbyint(xb[k] * inv));  // ties to even
+        q[m * K + b * kBlock + k] = static_cast<int8_t>(std::clamp(v, -127, 127));
+        s += q[m * K + b * kBlock + k];
+      }
+      scale[m * (K / kBlock) + b] = normal ? amax / 127.f : 0.f;
+      sum[m * (K / kBlock) + b] = s;
+    }
+  }
+}
+
+void matmul_q8(const float* x, int64_t M, int64_t K, const TensorView& w, float* y) {
+  constexpr int64_t kBlock = 32;
+  const int64_t N = w.dim(0), blocks = K / kBlock;
+  std::vector<int8_t> q(M * K);
+  std::vector<float> scale(M * blocks);
+  std::vector<int32_t> sum(M * blocks);
+  quantize_rows_q8(x, M, K, q.data(), scale.data(), sum.data());
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int64_t dot = 0;
+        for (int64_t k = b * kBlock; k < (b + 1) * kBlock; ++k) {
+          const int wq = w.dtype == DType::kI8 ? static_cast<const int8_t*>(w.data)[n * K + k]
+                                               : int4_at(w, n, k);
+          dot += static_cast<int64_t>(q[m * K + k]) * wq;
+        }
+        const double ws = w.dtype == DType::kI8 ? w.scale[n] : w.scale[n * blocks + b];
+        acc += static_cast<double>(dot) * scale[m * blocks + b] * ws;
+      }
+      y[m * N + n] = static_cast<float>(acc);
+    }
+  }
 }
 
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y) {

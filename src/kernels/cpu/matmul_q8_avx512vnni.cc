@@ -1,0 +1,284 @@
+// INT8 / INT4 weights × INT8 activations on AVX-512 VNNI (semantics in kernels/cpu/matmul.h).
+// Compiled for that level only (CMake gives *_avx512vnni.cc -mavx512vnni on top of AVX-512).
+//
+// Many x rows (prefill) only: 32 weight rows at a time are widened to bytes (plus their zero
+// point) and transposed into a panel whose 128 bytes per 4 values of K are 32 columns × 4
+// consecutive weights, the layout vpdpbusd takes: each 4-byte run of an x row, broadcast to 16
+// lanes, multiplies 16 columns × 4 weights into 16 int32 sums. A tile of kTileRows x rows × 32
+// columns keeps its int32 block sums and its f32 totals in registers; at the end of each
+// 32-value block the int32 sums turn into f32, times the block's x scale (and for INT4 the
+// group's weight scales), and add into the totals.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/transpose_avx512.h"
+
+namespace vlm::kernels::avx512vnni {
+namespace {
+
+constexpr int64_t kPanel = 32;          // weight rows (output columns) per panel: 2 zmm of lanes
+constexpr int64_t kBlockK = 1024;       // values of K per panel block: 32 KiB of bytes, in L1
+constexpr int64_t kPanelStep = kPanel * 4;  // panel bytes per 4 values of K
+constexpr int kStepsPerBlock = static_cast<int>(kQ8Block / 4);  // vpdpbusd steps per x block
+static_assert(q8_scratch_bytes(kBlockK) == kPanel * kBlockK + kPanel * (kBlockK / kQ8Block) * 4 + 64,
+              "matmul.h's scratch size is this kernel's panel, its scales and an alignment");
+// NOTE(vlm): 6 rows × 2 vectors of int32 block sums + as many f32 totals + 2 panel vectors + 2
+// INT4 scale vectors = 28 of the 32 zmm. vpdpbusd issues 2 per cycle here (~700 GOPS per core,
+// 4× the f32 FMA's multiply-adds); the block's conversion (cvt + mul + FMA per accumulator)
+// adds 3 instructions to its 8 vpdpbusd.
+constexpr int kTileRows = 6;
+// From this many x rows, blocks are visited K-block-major (as matmul_kernel.inc's run_packed).
+constexpr int64_t kKBlockMajorMinRows = 256;
+
+// The two weight types: I8 rows of K bytes (zero point 128: byte ^ 0x80 = q + 128) and one scale
+// per row; I4 rows of K / 2 bytes (layout in core/tensor.h; zero point 8: nibble ^ 8 = q + 8)
+// and one scale per group of 32.
+struct I8 {
+  static constexpr int32_t kZero = 128;
+  static constexpr bool kGroupScales = false;
+  static constexpr int64_t row_bytes(int64_t K) { return K; }
+};
+struct I4 {
+  static constexpr int32_t kZero = 8;
+  static constexpr bool kGroupScales = true;
+  static constexpr int64_t row_bytes(int64_t K) { return K / 2; }
+};
+
+// The offset bytes of one weight row for K values [k, k + 4·nd) (nd = 16 or 8 runs of 4), as 16
+// int32 lanes (run j in lane j; lanes >= nd unspecified).
+template <class W>
+inline __m512i weight_runs(const uint8_t* row, int64_t k, int nd) {
+  if constexpr (std::is_same_v<W, I8>) {
+    const __m512i b = _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << nd) - 1), row + k);
+    return _mm512_xor_si512(b, _mm512_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    // 2·nd packed bytes hold groups k / 32 (and k / 32 + 1): byte j of a group is element j
+    // (low nibble) and j + 16 (high). Widened: [lo(g), hi(g), lo(g + 1), hi(g + 1)] per 16 bytes.
+    const __mmask32 m = nd == 16 ? 0xffffffffu : 0xffffu;
+    const __m256i b = _mm256_xor_si256(_mm256_maskz_loadu_epi8(m, row + k / 2),
+                                       _mm256_set1_epi8(static_cast<char>(0x88)));
+    const __m256i lo = _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0f));
+    // (The all-lanes maskz forms compile to the plain instructions; the unmasked intrinsics trip
+    // GCC 12's -Wmaybe-uninitialized on their _mm512_undefined_* pass-through operand.)
+    const __m512i z = _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(lo), hi, 1);
+    return _mm512_maskz_shuffle_i64x2(0xff, z, z, 0xd8);  // 128-bit lanes 0, 2, 1, 3
+  }
+}
+
+// panel[(k - k0) / 4 · 128 + j · 4 + r] = offset weight (nb + j, k + r) for k in [k0, k0 + kc),
+// j < 32 (rows >= cols: zero); scales (I4): [kc / 32][32] group scales, (I8) [32] row scales,
+// zero past cols.
+template <class W>
+void build_panel(const uint8_t* w, const float* wscale, int64_t K, int64_t nb, int64_t cols,
+                 int64_t k0, int64_t kc, uint8_t* panel, float* scales) {
+  const int64_t rb = W::row_bytes(K);
+  for (int64_t half = 0; half < kPanel; half += 16) {
+    for (int64_t kk = 0; kk < kc; kk += 64) {
+      const int nd = static_cast<int>(std::min<int64_t>(16, (kc - kk) / 4));
+      __m512i v[16];
+      for (int64_t j = 0; j < 16; ++j) {
+        const int64_t n = half + j;
+        if (n < cols) {
+          const uint8_t* row = w + (nb + n) * rb;
+          __builtin_prefetch(row + W::row_bytes(k0 + kk + 128), 0, 3);
+          v[j] = weight_runs<W>(row, k0 + kk, nd);
+        } else {
+          v[j] = _mm512_setzero_si512();
+        }
+      }
+      transpose16x16_epi32(v);
+      for (int i = 0; i < nd; ++i) {
+        _mm512_storeu_si512(panel + (kk / 4 + i) * kPanelStep + half * 4, v[i]);
+      }
+    }
+  }
+  if constexpr (W::kGroupScales) {
+    const int64_t groups = K / kQ8Block;
+    for (int64_t g = 0; g < kc / kQ8Block; ++g) {
+      for (int64_t j = 0; j < kPanel; ++j) {
+        scales[g * kPanel + j] = j < cols ? wscale[(nb + j) * groups + k0 / kQ8Block + g] : 0.f;
+      }
+    }
+  } else {
+    for (int64_t j = 0; j < kPanel; ++j) scales[j] = j < cols ? wscale[nb + j] : 0.f;
+  }
+}
+
+inline __mmask16 column_mask(int64_t cols, int v) {
+  const int64_t c = std::clamp<int64_t>(cols - 16 * v, 0, 16);
+  return static_cast<__mmask16>((1u << c) - 1);
+}
+
+// MR x rows (q at xq, row stride ldx, from the block's first value; their block scales / sums at
+// xs / xsum, row stride ldg) × the panel's 32 columns over `blocks` x blocks. y (row stride ldy)
+// gets the result (first) or adds it; only its first cols columns are touched.
+template <class W, int MR>
+inline void micro(const int8_t* xq, int64_t ldx, const float* xs, const int32_t* xsum,
+                  int64_t ldg, const uint8_t* panel, const float* scales, int64_t blocks,
+                  bool first, float* y, int64_t ldy, int64_t cols) {
+  __m512 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i dot[MR][2];
+    for (int i = 0; i < MR; ++i) {
+      // Σ (q_w + zero) · q_x = Σ q_w · q_x + zero · Σ q_x: start from −zero · Σ q_x.
+      dot[i][0] = dot[i][1] = _mm512_set1_epi32(-W::kZero * xsum[i * ldg + b]);
+    }
+    const uint8_t* pb = panel + b * kStepsPerBlock * kPanelStep;
+    const int8_t* xb = xq + b * kQ8Block;
+    for (int s = 0; s < kStepsPerBlock; ++s) {
+      const __m512i p0 = _mm512_loadu_si512(pb + s * kPanelStep);
+      const __m512i p1 = _mm512_loadu_si512(pb + s * kPanelStep + 64);
+      for (int i = 0; i < MR; ++i) {
+        int32_t run;
+        std::memcpy(&run, xb + i * ldx + 4 * s, 4);
+        const __m512i xr = _mm512_set1_epi32(run);
+        dot[i][0] = _mm512_dpbusd_epi32(dot[i][0], p0, xr);
+        dot[i][1] = _mm512_dpbusd_epi32(dot[i][1], p1, xr);
+      }
+    }
+    if constexpr (W::kGroupScales) {
+      const __m512 s0 = _mm512_loadu_ps(scales + b * kPanel);
+      const __m512 s1 = _mm512_loadu_ps(scales + b * kPanel + 16);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 sx = _mm512_set1_ps(xs[i * ldg + b]);
+        acc[i][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][0]), sx), s0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][1]), sx), s1, acc[i][1]);
+      }
+    } else {
+      for (int i = 0; i < MR; ++i) {
+        const __m512 sx = _mm512_set1_ps(xs[i * ldg + b]);
+        acc[i][0] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][0]), sx, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][1]), sx, acc[i][1]);
+      }
+    }
+  }
+  for (int v = 0; v < 2; ++v) {
+    const __mmask16 m = column_mask(cols, v);
+    const __m512 rs = W::kGroupScales ? _mm512_set1_ps(1.f) : _mm512_loadu_ps(scales + 16 * v);
+    for (int i = 0; i < MR; ++i) {
+      __m512 out = W::kGroupScales ? acc[i][v] : _mm512_mul_ps(acc[i][v], rs);
+      if (!first) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, y + i * ldy + 16 * v));
+      _mm512_mask_storeu_ps(y + i * ldy + 16 * v, m, out);
+    }
+  }
+}
+
+// The M % kTileRows x rows after the full tiles.
+template <class W, int MR = kTileRows - 1>
+inline void tail_rows(int64_t r, const int8_t* xq, int64_t ldx, const float* xs,
+                      const int32_t* xsum, int64_t ldg, const uint8_t* panel, const float* scales,
+                      int64_t blocks, bool first, float* y, int64_t ldy, int64_t cols) {
+  if constexpr (MR > 0) {
+    if (r == MR) {
+      micro<W, MR>(xq, ldx, xs, xsum, ldg, panel, scales, blocks, first, y, ldy, cols);
+    } else {
+      tail_rows<W, MR - 1>(r, xq, ldx, xs, xsum, ldg, panel, scales, blocks, first, y, ldy, cols);
+    }
+  }
+}
+
+struct Block {
+  int64_t nb, cols, k0;
+};
+
+// Prefetches (into L2) part `part` of `parts` of the weight lines block `b` will read.
+template <class W>
+inline void prefetch_block(const uint8_t* w, int64_t K, const Block& b, int64_t part,
+                           int64_t parts) {
+  const int64_t rb = W::row_bytes(K);
+  const int64_t first = W::row_bytes(b.k0), count = W::row_bytes(std::min(kBlockK, K - b.k0));
+  const int64_t lines_per_row = (count + 63) / 64, total = b.cols * lines_per_row;
+  for (int64_t i = total * part / parts; i < total * (part + 1) / parts; ++i) {
+    __builtin_prefetch(w + (b.nb + i / lines_per_row) * rb + first + (i % lines_per_row) * 64, 0,
+                       2);
+  }
+}
+
+template <class W>
+void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* wscale, int64_t n0,
+         int64_t n1, float* y, int64_t ldy, void* scratch) {
+  auto* panel = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
+  auto* scales = reinterpret_cast<float*>(panel + kPanel * std::min(K, kBlockK));
+  const int64_t ldg = K / kQ8Block;
+  const bool k_major = M >= kKBlockMajorMinRows;
+  const int64_t n_panels = (n1 - n0 + kPanel - 1) / kPanel, n_kblocks = (K + kBlockK - 1) / kBlockK;
+  const int64_t count = n_panels * n_kblocks;
+  const auto nth = [&](int64_t i) {
+    const int64_t p = k_major ? i % n_panels : i / n_kblocks;
+    const int64_t kb = k_major ? i / n_panels : i % n_kblocks;
+    const int64_t nb = n0 + p * kPanel;
+    return Block{nb, std::min(kPanel, n1 - nb), kb * kBlockK};
+  };
+  const int64_t tiles = (M + kTileRows - 1) / kTileRows;
+  for (int64_t i = 0; i < count; ++i) {
+    const Block b = nth(i);
+    const int64_t kc = std::min(kBlockK, K - b.k0), blocks = kc / kQ8Block;
+    build_panel<W>(w, wscale, K, b.nb, b.cols, b.k0, kc, panel, scales);
+    const bool first = b.k0 == 0;
+    const int64_t g0 = b.k0 / kQ8Block;
+    int64_t m = 0;
+    for (int64_t t = 0; m + kTileRows <= M; m += kTileRows, ++t) {
+      if (i + 1 < count) prefetch_block<W>(w, K, nth(i + 1), t, tiles);
+      micro<W, kTileRows>(x.q + m * K + b.k0, K, x.scale + m * ldg + g0, x.sum + m * ldg + g0, ldg,
+                          panel, scales, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
+    }
+    if (m < M && i + 1 < count) prefetch_block<W>(w, K, nth(i + 1), tiles - 1, tiles);
+    tail_rows<W>(M - m, x.q + m * K + b.k0, K, x.scale + m * ldg + g0, x.sum + m * ldg + g0, ldg,
+                 panel, scales, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
+  }
+}
+
+}  // namespace
+
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
+                      int32_t* sum) {
+  const int64_t blocks = K / kQ8Block;
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + m * K + b * kQ8Block;
+      const __m512 a = _mm512_loadu_ps(xb), c = _mm512_loadu_ps(xb + 16);
+      float lanes[16];
+      _mm512_storeu_ps(lanes, _mm512_maskz_max_ps(0xffff, _mm512_and_ps(a, abs_mask),
+                                                 _mm512_and_ps(c, abs_mask)));
+      float amax = 0.f;
+      for (float l : lanes) amax = std::max(amax, l);
+      // (Written so that a NaN amax also takes the zero branch.)
+      const bool normal = amax >= 1.17549435e-38f;  // FLT_MIN
+      const float inv = normal ? 127.f / amax : 0.f;
+      // vcvtps2dq rounds to nearest even (the default MXCSR mode).
+      const __m512i qa = _mm512_maskz_cvtps_epi32(0xffff, _mm512_mul_ps(a, _mm512_set1_ps(inv)));
+      const __m512i qc = _mm512_maskz_cvtps_epi32(0xffff, _mm512_mul_ps(c, _mm512_set1_ps(inv)));
+      int8_t* qb = q + m * K + b * kQ8Block;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_maskz_cvtsepi32_epi8(0xffff, qa));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_maskz_cvtsepi32_epi8(0xffff, qc));
+      scale[m * blocks + b] = normal ? amax / 127.f : 0.f;
+      int32_t parts[16];
+      _mm512_storeu_si512(parts, _mm512_add_epi32(qa, qc));
+      int32_t total = 0;
+      for (int32_t p : parts) total += p;
+      sum[m * blocks + b] = total;
+    }
+  }
+}
+
+void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
+                    const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                    void* scratch) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  if (wtype == DType::kI8) {
+    run<I8>(x, M, K, wb, wscale, n0, n1, y, ldy, scratch);
+  } else if (wtype == DType::kI4) {
+    run<I4>(x, M, K, wb, wscale, n0, n1, y, ldy, scratch);
+  }
+}
+
+}  // namespace vlm::kernels::avx512vnni
