@@ -97,8 +97,10 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
 
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  return isa == Isa::kAvx512Vnni && M >= kernels::kPackedMinRows && K % kernels::kQ8Block == 0 &&
-         (wtype == DType::kI8 || wtype == DType::kI4);
+  // I8 decode streams half of BF16's bytes and is memory-bound with f32 x already; I4 decode was
+  // not (79% of the read bandwidth), and its own VNNI kernel runs from one row.
+  if (isa != Isa::kAvx512Vnni || K % kernels::kQ8Block != 0) return false;
+  return (wtype == DType::kI8 && M >= kernels::kPackedMinRows) || wtype == DType::kI4;
 #else
   (void)isa, (void)M, (void)K, (void)wtype;
   return false;
@@ -213,12 +215,13 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
     quantize_x = quantize_x || matmul_quantizes_x(isa, M, K, w->dtype);
     want_scratch = want_scratch || wants_scratch(M, w->dtype);
     widen_int4 = widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows &&
-                                M < kernels::kPackedMinRows);
+                                M < kernels::kPackedMinRows &&
+                                !matmul_quantizes_x(isa, M, K, w->dtype));
   }
   // Per thread: the kernels' scratch, then (I4 prefill) kScratchRows BF16 rows of K.
-  const int64_t scratch_floats = kScratchRows * K;
-  static_assert(kernels::q8_scratch_bytes(kernels::kQ8Block) <= kScratchRows * kernels::kQ8Block * 4,
-                "the INT8-activation panel fits the kernels' scratch (both grow with K)");
+  const int64_t scratch_floats =
+      std::max(kScratchRows * K, quantize_x ? (kernels::q8_scratch_bytes(M, K) + 3) / 4 : 0);
+  want_scratch = want_scratch || quantize_x;
   // (A named reference: inside the lambda, the thread_local itself would name each worker's own.)
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;

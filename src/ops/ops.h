@@ -42,8 +42,9 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa());
 
 // Whether matmul at this level quantizes x (Q8_0-like blocks of 32 per row, then INT8 dot
-// products; see kernels/cpu/matmul.h) for a weight of dtype wtype: on kAvx512Vnni, for I8 and I4
-// weights, from kernels::kPackedMinRows x rows, with K a multiple of 32. Elsewhere x stays f32.
+// products; see kernels/cpu/matmul.h) for a weight of dtype wtype: on kAvx512Vnni with K a
+// multiple of 32, for I8 weights from kernels::kPackedMinRows x rows (prefill) and for I4
+// weights at any M (decode too). Elsewhere x stays f32.
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype);
 
 // Weight-only INT8, symmetric, one scale per output row (channel) of an nn.Linear weight:

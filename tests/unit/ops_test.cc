@@ -139,6 +139,9 @@ double quantized_weight_at(const TensorView& w, int64_t n, int64_t k) {
 // y from a matmul that quantizes x (ops::matmul_quantizes_x): it must equal ref::matmul_q8 up to
 // the f32 rounding of each block's product (·x scale ·weight scale) and of their sum, and the
 // f32-activation reference up to the activation rounding Σ_k |w[n, k]| · xscale[m, k / 32] / 2.
+// The INT4 decode kernel turns partial sums of 8 products into f32 before adding a group's four,
+// and those carry the zero point (Σ (q_w + 8) · q_x): its rounding is relative to
+// Σ (|q_w| + 16) · |q_x| per block rather than to |Σ q_w · q_x|.
 void expect_q8_matmul(const std::vector<float>& x, int64_t M, int64_t K, const TensorView& w,
                       const std::vector<float>& y, const std::string& what) {
   const int64_t N = w.dim(0), blocks = K / kernels::kQ8Block;
@@ -151,16 +154,21 @@ void expect_q8_matmul(const std::vector<float>& x, int64_t M, int64_t K, const T
   ops::ref::matmul(x.data(), M, K, w, want_f32.data());
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
-      double terms = 0, rounding = 0, a = 0;  // Σ_b |block product|, activation error bound, Σ|x w|
+      // Σ_b |block product| (with the zero point's share for INT4), activation error bound, Σ|x w|
+      double terms = 0, rounding = 0, a = 0;
       for (int64_t b = 0; b < blocks; ++b) {
-        double dot = 0;
+        double dot = 0, offset = 0;
         for (int64_t k = b * 32; k < (b + 1) * 32; ++k) {
           const double wk = quantized_weight_at(w, n, k);
           dot += q[m * K + k] * wk;
+          if (w.dtype == DType::kI4) {
+            offset += std::fabs(q[m * K + k] * wk) +
+                      16 * std::fabs(q[m * K + k] * static_cast<double>(w.scale[n * blocks + b]));
+          }
           rounding += std::fabs(wk) * xs[m * blocks + b] / 2;
           a += std::fabs(x[m * K + k] * wk);
         }
-        terms += std::fabs(dot * xs[m * blocks + b]);
+        terms += (w.dtype == DType::kI4 ? offset : std::fabs(dot)) * xs[m * blocks + b];
       }
       const int64_t i = m * N + n;
       ASSERT_NEAR(y[i], want_q8[i], static_cast<double>(blocks + 4) * std::ldexp(terms, -22) + 1e-7)
@@ -399,7 +407,7 @@ TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
         std::vector<float> y(M * N, NAN), want(M * N);
         ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
         ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
-        if (ops::matmul_quantizes_x(isa, M, K, DType::kI4)) {  // from 32 rows on VNNI
+        if (ops::matmul_quantizes_x(isa, M, K, DType::kI4)) {  // every M on VNNI
           expect_q8_matmul(x, M, K, w.view, y, std::string(ops::isa_name(isa)) + " M=" +
                                                    std::to_string(M) + " K=" + std::to_string(K) +
                                                    " N=" + std::to_string(N));
@@ -430,14 +438,17 @@ TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
 }
 
 TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
-  // The INT8-activation GEMM where the level has it (else the test checks the level declines):
-  // 6-row tiles and their tails (M = 32 .. 45), K-block-major order (300), K past one 1024-value
-  // panel block and an 8-run tail of a 16-run chunk (1056, 2080), N tails of the 32-row panel.
+  // The INT8-activation kernels where the level has them (else the test checks the level
+  // declines). GEMM (M >= 32): 6-row tiles and their tails (32 .. 45), K-block-major order
+  // (300), K past one 1024-value panel block and an 8-run tail of a 16-run chunk (1056, 2080), N
+  // tails of the 32-row panel. INT4 decode (M < 32): 8-row (M <= 2) and 4-row weight steps and
+  // their 1-row tails (N = 17, 33, 70), 1..4-row x groups, chunks of 4 groups with 1 or 3 left
+  // (K = 32, 96, 1056 = 8 chunks + 1 group, 2080).
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
   bool ran = false;
   for (DType dt : {DType::kI8, DType::kI4}) {
-    for (int64_t M : {32, 37, 45, 300}) {
+    for (int64_t M : {1, 2, 3, 5, 9, 31, 32, 37, 45, 300}) {
       for (int64_t K : {32, 96, 1056, 2080}) {
         for (int64_t N : {1, 17, 33, 70}) {
           if (!ops::matmul_quantizes_x(isa, M, K, dt)) continue;
@@ -448,7 +459,7 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
           const TensorView& w = dt == DType::kI8 ? w8.view : w4.view;
           auto x = randn(M * K, static_cast<uint32_t>(K + 5));
           for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;  // a zero block (scale 0)
-          x[K + 3] = 40.f;                              // an outlier in row 1's first block
+          if (M > 1) x[K + 3] = 40.f;                   // an outlier in row 1's first block
           std::vector<float> y(M * N, NAN);
           ops::matmul(x.data(), M, K, w, y.data(), pool, isa);
           expect_q8_matmul(x, M, K, w, y, std::string(dtype_name(dt)) + " M=" + std::to_string(M) +

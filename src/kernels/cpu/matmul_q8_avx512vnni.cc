@@ -26,7 +26,7 @@ constexpr int64_t kPanel = 32;          // weight rows (output columns) per pane
 constexpr int64_t kBlockK = 1024;       // values of K per panel block: 32 KiB of bytes, in L1
 constexpr int64_t kPanelStep = kPanel * 4;  // panel bytes per 4 values of K
 constexpr int kStepsPerBlock = static_cast<int>(kQ8Block / 4);  // vpdpbusd steps per x block
-static_assert(q8_scratch_bytes(kBlockK) == kPanel * kBlockK + kPanel * (kBlockK / kQ8Block) * 4 + 64,
+static_assert(q8_scratch_bytes(kPackedMinRows, kBlockK) == kPanel * kBlockK + kPanel * (kBlockK / kQ8Block) * 4 + 64,
               "matmul.h's scratch size is this kernel's panel, its scales and an alignment");
 // NOTE(vlm): 6 rows × 2 vectors of int32 block sums + as many f32 totals + 2 panel vectors + 2
 // INT4 scale vectors = 28 of the 32 zmm. vpdpbusd issues 2 per cycle here (~700 GOPS per core,
@@ -236,6 +236,107 @@ void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* w
   }
 }
 
+// ---- INT4 weights, few x rows (decode, batched decode) ----
+// No panel: weight rows stream as stored, 64 packed bytes (4 groups, 128 values of K) per step.
+// One zmm of them splits into lo (byte 16g + j = q[32g + j] + 8) and hi (q[32g + 16 + j] + 8), so
+// vpdpbusd against x bytes laid out the same way leaves group g's sum in lanes 4g .. 4g + 3.
+// prepare_decode_x lays x out so once per call: per row and 128-value chunk, kDecodeChunkBytes
+// = [lo-ordered x 64 B][hi-ordered x 64 B][−8 · Σq_x of group g in lane 4g (int32) 64 B]
+// [group g's x scale in lanes 4g .. 4g + 3 (f32) 64 B], zero past K.
+constexpr int64_t kChunk = 4 * kQ8Block;
+constexpr int64_t kDecodeChunkBytes = 256;
+static_assert(q8_decode_x_bytes(1, kChunk) == kDecodeChunkBytes, "matmul.h's decode x size");
+
+void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out) {
+  const int64_t groups = K / kQ8Block, chunks = (groups + 3) / 4;
+  std::memset(out, 0, M * chunks * kDecodeChunkBytes);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* c = out + (m * chunks + g / 4) * kDecodeChunkBytes;
+      const int64_t slot = g % 4;
+      std::memcpy(c + 16 * slot, x.q + m * K + g * kQ8Block, 16);
+      std::memcpy(c + 64 + 16 * slot, x.q + m * K + g * kQ8Block + 16, 16);
+      const int32_t corr = -I4::kZero * x.sum[m * groups + g];
+      std::memcpy(c + 128 + 16 * slot, &corr, 4);
+      for (int l = 0; l < 4; ++l) std::memcpy(c + 192 + 16 * slot + 4 * l, &x.scale[m * groups + g], 4);
+    }
+  }
+}
+
+inline float hsum(__m512 v) {
+  const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0),
+                                 _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+// MR x rows (decode layout at dx, row stride dstride bytes) × NR weight rows of K / 2 bytes.
+template <int MR, int NR>
+inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
+                         const float* wscale, int64_t K, float* y, int64_t ldy) {
+  static_assert(MR * NR <= 16, "accumulators stay in registers");
+  const int64_t rb = K / 2, groups = K / kQ8Block, chunks = (groups + 3) / 4;
+  const __m512i lanes_of_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t g0 = 4 * c, rem = std::min<int64_t>(4, groups - g0);
+    const __mmask64 bmask = rem == 4 ? ~__mmask64{0} : (__mmask64{1} << (16 * rem)) - 1;
+    const auto smask = static_cast<__mmask8>((1u << rem) - 1);
+    // As the other decode kernels: the same column of the next NR rows, one line per chunk.
+    for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + NR) * rb + c * 64, 0, 3);
+    for (int j = 0; j < NR; ++j) {
+      const __m512i b = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bmask, w + j * rb + c * 64),
+                                         _mm512_set1_epi8(static_cast<char>(0x88)));
+      const __m512i lo = _mm512_and_si512(b, _mm512_set1_epi8(0x0f));
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(0x0f));
+      const __m512 sw = _mm512_maskz_permutexvar_ps(
+          0xffff, lanes_of_group,
+          _mm512_maskz_broadcast_f32x4(0xffff, _mm_maskz_loadu_ps(smask, wscale + j * groups + g0)));
+      for (int i = 0; i < MR; ++i) {
+        const uint8_t* xc = dx + i * dstride + c * kDecodeChunkBytes;
+        __m512i d = _mm512_loadu_si512(xc + 128);
+        d = _mm512_dpbusd_epi32(d, lo, _mm512_loadu_si512(xc));
+        d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(xc + 64));
+        acc[i][j] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, d),
+                                    _mm512_mul_ps(sw, _mm512_loadu_ps(xc + 192)), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum(acc[i][j]);
+}
+
+// Weight rows outermost (each group of NR rows is read from memory once and stays in L1 while
+// every 4-row group of x runs over it), x rows inner.
+template <int NR>
+void run_decode(const uint8_t* dx, int64_t M, int64_t K, const uint8_t* w, const float* wscale,
+                int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  constexpr int kMaxMR = 16 / NR;
+  const int64_t rb = K / 2, groups = K / kQ8Block;
+  const int64_t dstride = (groups + 3) / 4 * kDecodeChunkBytes;
+  const auto step = [&]<int R>(int64_t n) {
+    for (int64_t m = 0; m < M; m += kMaxMR) {
+      const uint8_t* xm = dx + m * dstride;
+      const uint8_t* wn = w + n * rb;
+      const float* sn = wscale + n * groups;
+      float* ym = y + m * ldy + n;
+      switch (std::min<int64_t>(kMaxMR, M - m)) {
+        case 1: decode_micro<1, R>(xm, dstride, wn, sn, K, ym, ldy); break;
+        case 2: if constexpr (kMaxMR >= 2) decode_micro<2, R>(xm, dstride, wn, sn, K, ym, ldy); break;
+        case 3: if constexpr (kMaxMR >= 3) decode_micro<3, R>(xm, dstride, wn, sn, K, ym, ldy); break;
+        case 4: if constexpr (kMaxMR >= 4) decode_micro<4, R>(xm, dstride, wn, sn, K, ym, ldy); break;
+        default: break;
+      }
+    }
+  };
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) step.template operator()<NR>(n);
+  for (; n < n1; ++n) step.template operator()<1>(n);
+}
+
 }  // namespace
 
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
@@ -274,6 +375,16 @@ void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const vo
                     const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch) {
   const auto* wb = static_cast<const uint8_t*>(w);
+  if (wtype == DType::kI4 && M < kPackedMinRows) {
+    auto* dx = static_cast<uint8_t*>(scratch);
+    prepare_decode_x(x, M, K, dx);
+    if (M <= 2) {
+      run_decode<8>(dx, M, K, wb, wscale, n0, n1, y, ldy);
+    } else {
+      run_decode<4>(dx, M, K, wb, wscale, n0, n1, y, ldy);
+    }
+    return;
+  }
   if (wtype == DType::kI8) {
     run<I8>(x, M, K, wb, wscale, n0, n1, y, ldy, scratch);
   } else if (wtype == DType::kI4) {
