@@ -34,6 +34,10 @@ struct EngineOptions {
   // core/huge_page_buffer.h), and the file pages are released. true: they are served straight
   // from the file mapping — faster start-up, and the page cache is shared with other processes.
   bool mmap_weights = false;
+  // true: the vision encoder's matmuls run in FP16 arithmetic where the CPU has AVX-512 FP16
+  // (x and each run of 32 products rounded to FP16, the runs summed in f32; twice the multiply
+  // rate of f32 FMA; see kernels/cpu/matmul.h). Ignored elsewhere (vision_fp16() says which).
+  bool vision_fp16 = false;
 };
 
 // Continuous batching (EngineCore, `vlm serve`): the per-step limits and the paged KV cache.
@@ -62,8 +66,11 @@ class Engine {
   bool has_vision() const;
   // eos ids from generation_config.json (else the tokenizer's eos token).
   const std::vector<int32_t>& eos_token_ids() const;
-  // "avx512", "avx2" or "generic": the matmul kernels in use.
+  // "avx512vnni", "avx512", "avx2" or "generic": the matmul kernels in use.
   const char* cpu_isa() const;
+  // Whether the vision encoder runs FP16 arithmetic (EngineOptions::vision_fp16 on a CPU that
+  // has it).
+  bool vision_fp16() const;
   // The weight quantization in use: "" (as stored), "int8" or "int4".
   const std::string& quant() const;
   int n_threads() const;

@@ -95,6 +95,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   if (impl->has_vision) {
     impl->vision = std::make_unique<VisionEncoder>(impl->cfg, impl->vision_weights, *impl->pool);
     impl->vision->set_isa(impl->isa);
+    impl->vision->set_fp16(options.vision_fp16);
   }
   impl->logits.resize(static_cast<size_t>(t.vocab_size));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -106,6 +107,7 @@ int64_t Engine::max_context() const { return impl_->max_context; }
 const std::vector<int32_t>& Engine::eos_token_ids() const { return impl_->eos_ids; }
 const char* Engine::cpu_isa() const { return ops::isa_name(impl_->isa); }
 const std::string& Engine::quant() const { return impl_->opts.quant; }
+bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vision->fp16(); }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
 int64_t Engine::decode_weight_bytes() const { return text_linear_weight_bytes(impl_->weights); }
 bool Engine::has_vision() const { return impl_->has_vision; }

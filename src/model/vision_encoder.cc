@@ -85,6 +85,14 @@ void VisionEncoder::rotary_tables(const GridThw& g, std::vector<float>* cos,
   }
 }
 
+void VisionEncoder::linear(const float* x, int64_t M, int64_t K, const TensorView& w, float* y) {
+  if (fp16_) {
+    ops::matmul_f16(x, M, K, w, y, pool_, isa_);
+  } else {
+    ops::matmul(x, M, K, w, y, pool_, isa_);
+  }
+}
+
 void VisionEncoder::run_merger(const VisionMergerWeights& mw, bool postshuffle_norm, const float* x,
                                int64_t patches, float* out) {
   const int64_t D = cfg_.hidden_size, m2 = cfg_.spatial_merge_size * cfg_.spatial_merge_size;
@@ -99,10 +107,10 @@ void VisionEncoder::run_merger(const VisionMergerWeights& mw, bool postshuffle_n
                     pool_, isa_);
   }
   std::vector<float> hidden(static_cast<size_t>(tokens * wide));
-  ops::matmul(normed.data(), tokens, wide, mw.fc1, hidden.data(), pool_, isa_);
+  linear(normed.data(), tokens, wide, mw.fc1, hidden.data());
   // Both mergers use nn.GELU() (exact erf); fc1's bias add is fused into it.
   ops::gelu_erf(hidden.data(), mw.fc1_b.data(), tokens, wide, pool_, isa_);
-  ops::matmul(hidden.data(), tokens, wide, mw.fc2, out, pool_, isa_);
+  linear(hidden.data(), tokens, wide, mw.fc2, out);
   ops::add_bias(out, mw.fc2_b.data(), tokens, cfg_.out_hidden_size);
 }
 
@@ -122,7 +130,7 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
   std::vector<float> attn(x.size()), mlp(static_cast<size_t>(S * I));
   std::vector<float> cos, sin;
 
-  ops::matmul(pixel_values, S, patch_in, w_.patch_embed, x.data(), pool_, isa_);
+  linear(pixel_values, S, patch_in, w_.patch_embed, x.data());
   ops::add_bias(x.data(), w_.patch_embed_b.data(), S, D);
   add_position_embedding(g, x.data());
   if (keep_block0_input) block0_input = x;
@@ -144,7 +152,7 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
   }
   for (size_t b = 0; b < n_blocks; ++b) {
     const VisionBlockWeights& B = w_.blocks[b];
-    ops::matmul(xn.data(), S, D, B.qkv, qkv.data(), pool_, isa_);
+    linear(xn.data(), S, D, B.qkv, qkv.data());
     const float* qkv_b = B.qkv_b.data();
     for (int64_t i = 0; i < S; ++i) {  // [S, 3, heads, hd] + bias → three [S, heads, hd]
       const float* r = qkv.data() + i * 3 * D;
@@ -160,13 +168,13 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
       ops::attention_full(q.data() + off, k.data() + off, v.data() + off, per_frame, nh, hd, scale,
                           attn.data() + off, pool_, isa_);
     }
-    ops::matmul(attn.data(), S, D, B.proj, tmp.data(), pool_, isa_);
+    linear(attn.data(), S, D, B.proj, tmp.data());
     ops::add_layer_norm(x.data(), tmp.data(), B.proj_b.data(), B.norm2_w.data(), B.norm2_b.data(),
                         S, D, 1e-6f, xn.data(), pool_, isa_);
 
-    ops::matmul(xn.data(), S, D, B.fc1, mlp.data(), pool_, isa_);
+    linear(xn.data(), S, D, B.fc1, mlp.data());
     ops::gelu_tanh(mlp.data(), B.fc1_b.data(), S, I, pool_, isa_);  // fc1's bias add fused
-    ops::matmul(mlp.data(), S, I, B.fc2, tmp.data(), pool_, isa_);
+    linear(mlp.data(), S, I, B.fc2, tmp.data());
     if (b + 1 < n_blocks) {
       const VisionBlockWeights& N = w_.blocks[b + 1];
       ops::add_layer_norm(x.data(), tmp.data(), B.fc2_b.data(), N.norm1_w.data(),

@@ -30,6 +30,9 @@ class VisionEncoder {
   VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ThreadPool& pool);
 
   void set_isa(ops::Isa isa) { isa_ = isa; }
+  // FP16 arithmetic for the matmuls (ops::matmul_f16) where the CPU has it.
+  void set_fp16(bool on) { fp16_ = on; }
+  bool fp16() const { return fp16_ && ops::matmul_runs_f16(isa_, 32, 32, DType::kBF16); }
 
   // Encodes one image. pixel_values: [grid.patches(), 3·T·P·P] in merge order (the processor's
   // layout). Every temporal group attends only within itself, as transformers' cu_seqlens do.
@@ -43,6 +46,8 @@ class VisionEncoder {
  private:
   void add_position_embedding(const GridThw& grid, float* x) const;
   void rotary_tables(const GridThw& grid, std::vector<float>* cos, std::vector<float>* sin) const;
+  // y = x · wᵀ through ops::matmul, or ops::matmul_f16 when fp16_.
+  void linear(const float* x, int64_t M, int64_t K, const TensorView& w, float* y);
   void run_merger(const VisionMergerWeights& m, bool postshuffle_norm, const float* x,
                   int64_t patches, float* out);
 
@@ -50,6 +55,7 @@ class VisionEncoder {
   const VisionWeights& w_;
   ThreadPool& pool_;
   ops::Isa isa_ = ops::detected_isa();
+  bool fp16_ = false;
   int64_t grid_side_ = 0;        // sqrt(num_position_embeddings)
   std::vector<float> inv_freq_;  // [head_dim / 4] rotary frequencies per axis
 };

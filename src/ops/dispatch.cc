@@ -95,6 +95,44 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
   return ok_status();
 }
 
+bool matmul_runs_f16(Isa isa, int64_t M, int64_t K, DType wtype) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  static const bool has_fp16 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512fp16") != 0;
+  }();
+  return has_fp16 && (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni) &&
+         M >= kernels::kPackedMinRows && K % kernels::kF16Run == 0 &&
+         (wtype == DType::kF32 || wtype == DType::kBF16 || wtype == DType::kF16);
+#else
+  (void)isa, (void)M, (void)K, (void)wtype;
+  return false;
+#endif
+}
+
+void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
+                ThreadPool& pool, Isa isa) {
+  if (!matmul_runs_f16(isa, M, K, w.dtype)) return matmul(x, M, K, w, y, pool, isa);
+#if defined(VLM_HAVE_X86_DISPATCH)
+  // x in FP16 once per call (grow-only, as the other scratch), then threads split N.
+  thread_local std::vector<uint32_t> xh_tls;
+  std::vector<uint32_t>& xh = xh_tls;
+  const int64_t ldx = kernels::avx512fp16::f16_x_stride(K);
+  if (xh.size() < static_cast<size_t>(M * ldx)) xh.resize(M * ldx);
+  pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
+    kernels::avx512fp16::convert_rows_f16(x + m0 * K, m1 - m0, K, xh.data() + m0 * ldx);
+  });
+  thread_local PerThreadBuffers scratch_tls;
+  PerThreadBuffers& scratch = scratch_tls;
+  scratch.reserve(pool.n_threads(), static_cast<size_t>(kernels::f16_scratch_bytes(K) + 3) / 4);
+  const int64_t N = w.dim(0);
+  pool.parallel_for(N, 32, [&](int64_t n0, int64_t n1, int t) {  // 32: the kernel's panel
+    kernels::avx512fp16::matmul_rows_f16(xh.data(), M, K, w.dtype, w.data, n0, n1, y, N,
+                                         scratch.get(t));
+  });
+#endif
+}
+
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   // I8 decode streams half of BF16's bytes and is memory-bound with f32 x already; I4 decode was

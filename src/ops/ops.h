@@ -41,6 +41,15 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa());
 
+// Whether matmul_f16 runs FP16 arithmetic (kernels/cpu/matmul.h) for these shapes: on a CPU with
+// AVX-512 FP16 at level kAvx512 or above, for F32 / BF16 / F16 weights, from kPackedMinRows x
+// rows, with K a multiple of 32.
+bool matmul_runs_f16(Isa isa, int64_t M, int64_t K, DType wtype);
+// matmul with FP16 arithmetic where matmul_runs_f16 says so, else exactly matmul. Opt-in (the
+// vision encoder's --vision-fp16): x and each run of 32 products are rounded to FP16.
+void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
+                ThreadPool& pool, Isa isa = detected_isa());
+
 // Whether matmul at this level quantizes x (Q8_0-like blocks of 32 per row, then INT8 dot
 // products; see kernels/cpu/matmul.h) for a weight of dtype wtype: on kAvx512Vnni with K a
 // multiple of 32, for I8 weights from kernels::kPackedMinRows x rows (prefill) and for I4

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/npy.h"
+#include "ops/ops.h"
 #include "test_util.h"
 #include "vlm/tokenizer.h"
 
@@ -378,11 +379,17 @@ TEST(Cli, BenchVisionOnFilesAndSyntheticImages) {
     EXPECT_EQ(e["size"], std::to_string(e["resized_w"].get<int64_t>()) + "x" +
                              std::to_string(e["resized_h"].get<int64_t>()));
   }
+  EXPECT_EQ(j["vision_fp16"], false);
   // The same generated image every time: same size, same token count.
   CliResult again = vlm("bench -m " + quote(dir) + " --synthetic-image 64x48 -r 1 --json -");
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_EQ(rows_of(nlohmann::json::parse(again.out), "vision_encode")[0]["tokens"],
             enc[0]["tokens"]);
+  // --vision-fp16 reaches the engine where the CPU has AVX-512 FP16, and the JSON says which.
+  CliResult f16 = vlm("bench -m " + quote(dir) + " --synthetic-image 64x48 -r 1 -t 2 --vision-fp16 --json -");
+  ASSERT_EQ(f16.code, 0) << f16.err;
+  EXPECT_EQ(nlohmann::json::parse(f16.out)["vision_fp16"],
+            ops::matmul_runs_f16(ops::detected_isa(), 32, 32, DType::kF32));
 }
 
 // The full-vocabulary tiny checkpoint with the real tokenizer beside it, as a user's directory.

@@ -511,6 +511,75 @@ TEST(QuantizeRowsQ8, KernelMatchesReferenceExactly) {
 #endif
 }
 
+TEST_P(MatmulTest, Fp16ArithmeticMatchesAnExactEmulation) {
+  // ops::matmul_f16 where the level runs it (else it must equal ops::matmul exactly). The
+  // reference emulates the arithmetic matmul.h states: x and the weights rounded to FP16, each
+  // run of 32 products accumulated by FP16 FMAs (each a*b + c exact in double, then one rounding
+  // to FP16), the runs' sums added — here in double, so the kernel may differ by its f32
+  // additions only. M: 9-row tiles and tails, K-block-major order (300); K: past one 512-value
+  // panel block (544, 1056); N: tails of the 32-row panel.
+  ThreadPool pool(2);
+  const ops::Isa isa = GetParam();
+  bool ran = false;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t M : {8, 32, 41, 300}) {
+      for (int64_t K : {32, 64, 544, 1056}) {
+        for (int64_t N : {1, 17, 33, 70}) {
+          if (M * K * N > 6'000'000) continue;  // the emulation is slow; 300 × 544 × 33 stays
+          auto w = make_weight(dt, N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
+          auto x = randn(M * K, static_cast<uint32_t>(K + 11));
+          std::vector<float> y(M * N, NAN), plain(M * N, NAN);
+          ops::matmul_f16(x.data(), M, K, w.view, y.data(), pool, isa);
+          if (!ops::matmul_runs_f16(isa, M, K, dt)) {
+            ops::matmul(x.data(), M, K, w.view, plain.data(), pool, isa);
+            ASSERT_EQ(y, plain) << ops::isa_name(isa) << " M=" << M << " K=" << K;
+            continue;
+          }
+          ran = true;
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              double total = 0, mag = 0;
+              for (int64_t r = 0; r < K; r += 32) {
+                _Float16 h = 0;
+                for (int64_t k = r; k < r + 32; ++k) {
+                  const auto xk = static_cast<_Float16>(x[m * K + k]);
+                  const float wf = dt == DType::kF32    ? w.f32[n * K + k]
+                                   : dt == DType::kBF16 ? bf16_to_f32(w.u16[n * K + k])
+                                                        : f16_to_f32(w.u16[n * K + k]);
+                  const auto wk = static_cast<_Float16>(wf);
+                  h = static_cast<_Float16>(static_cast<double>(xk) * static_cast<double>(wk) +
+                                            static_cast<double>(h));
+                }
+                total += static_cast<double>(h);
+                mag += std::fabs(static_cast<double>(h));
+              }
+              ASSERT_NEAR(y[m * N + n], total, static_cast<double>(K / 32 + 2) * std::ldexp(mag, -23))
+                  << dtype_name(dt) << " M=" << M << " K=" << K << " N=" << N << " m=" << m
+                  << " n=" << n;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (ran) {
+    // And FP16 arithmetic is close to f32: within ~2^-9 of Σ|x w| on these normal values.
+    const int64_t M = 40, K = 1024, N = 20;
+    auto w = make_weight(DType::kBF16, N, K, 5);
+    auto x = randn(M * K, 6);
+    std::vector<float> y(M * N), want(M * N);
+    ops::matmul_f16(x.data(), M, K, w.view, y.data(), pool, isa);
+    ops::ref::matmul(x.data(), M, K, w.view, want.data());
+    for (int64_t i = 0; i < M * N; ++i) {
+      double a = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        a += std::fabs(x[(i / N) * K + k] * static_cast<double>(bf16_to_f32(w.u16[(i % N) * K + k])));
+      }
+      ASSERT_NEAR(y[i], want[i], a * std::ldexp(1.0, -9)) << i;
+    }
+  }
+}
+
 TEST(MatmulInt4, RefusesBadWeights) {
   std::vector<uint8_t> q(64);
   std::vector<float> scale(4);

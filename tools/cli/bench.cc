@@ -296,6 +296,7 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("-t,--threads", a->threads, "Threads (0 = all)");
   b->add_option("--quant", a->quant, vlm::cli::kQuantHelp);
   b->add_flag("--mmap", a->mmap, vlm::cli::kMmapHelp);
+  b->add_flag("--vision-fp16", a->vision_fp16, vlm::cli::kVisionFp16Help);
   b->add_option("--json", a->json_out,
                 "Also write every measurement as JSON to this file ('-': to stdout, with the "
                 "table on stderr)");
@@ -375,15 +376,17 @@ int run_bench(const BenchArgs& a) {
     opts.max_context = ctx;
     opts.quant = a.quant;
     opts.mmap_weights = a.mmap;
+    opts.vision_fp16 = a.vision_fp16;
     auto engine_or = vlm::Engine::load(opts);
     if (!engine_or.ok()) return fail(engine_or.status().message());
     vlm::Engine& engine = **engine_or;
     threads = engine.n_threads();
     weight_bytes = engine.decode_weight_bytes();
     kernels = std::string(engine.cpu_isa()) + (engine.quant().empty() ? "" : " " + engine.quant()) +
-              (a.mmap ? ", weights mmap'd" : "");
+              (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
     info["isa"] = engine.cpu_isa();
     info["mmap_weights"] = a.mmap;
+    info["vision_fp16"] = engine.vision_fp16();
     info["quant"] = engine.quant();
     info["threads"] = threads;
     info["decode_weight_bytes"] = weight_bytes;

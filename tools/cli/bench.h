@@ -24,6 +24,7 @@ struct BenchArgs {
   int threads = 0;
   std::string quant;
   bool mmap = false;
+  bool vision_fp16 = false;
   bool membw = false;
   int64_t membw_mib = 0;  // 0 = default_membw_bytes()
   std::string json_out;   // a file, or "-" for stdout (the table then goes to stderr)

@@ -95,6 +95,7 @@ struct RunArgs {
   int64_t ctx = 0;
   std::string quant;
   bool mmap = false;
+  bool vision_fp16 = false;
 };
 
 int cmd_run(const RunArgs& a) {
@@ -104,6 +105,7 @@ int cmd_run(const RunArgs& a) {
   opts.max_context = a.ctx;
   opts.quant = a.quant;
   opts.mmap_weights = a.mmap;
+  opts.vision_fp16 = a.vision_fp16;
   auto engine_or = vlm::Engine::load(opts);
   if (!engine_or.ok()) return fail(engine_or.status());
   vlm::Engine& engine = **engine_or;
@@ -209,6 +211,7 @@ int main(int argc, char** argv) {
   run->add_option("-c,--ctx", ra.ctx, "Context limit in tokens (0 = model maximum)");
   run->add_option("--quant", ra.quant, vlm::cli::kQuantHelp);
   run->add_flag("--mmap", ra.mmap, vlm::cli::kMmapHelp);
+  run->add_flag("--vision-fp16", ra.vision_fp16, vlm::cli::kVisionFp16Help);
 
   std::string tk_model, tk_text, tk_file;
   bool tk_split = false;
@@ -280,6 +283,7 @@ int main(int argc, char** argv) {
   serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
   serve->add_option("--quant", so.engine.quant, vlm::cli::kQuantHelp);
   serve->add_flag("--mmap", so.engine.mmap_weights, vlm::cli::kMmapHelp);
+  serve->add_flag("--vision-fp16", so.engine.vision_fp16, vlm::cli::kVisionFp16Help);
 
   try {
     app.parse(argc, argv);
