@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/panel_blocks.h"
 #include "kernels/cpu/transpose_avx512.h"
 
 namespace vlm::kernels::avx512fp16 {
@@ -30,7 +31,6 @@ static_assert(f16_scratch_bytes(kBlockK) == kPanel * kBlockK * 2 + 64,
 // about half the FP16 peak. Tried, slower: 12 rows × 64 columns (24 half sums, totals in y),
 // 14 rows × 32 (totals in y).
 constexpr int kTileRows = 9;
-constexpr int64_t kKBlockMajorMinRows = 256;  // as matmul_kernel.inc's run_packed
 
 // 16 weights of row n from k as f32 (F32: as stored; BF16: the bits shifted up; F16: converted).
 inline __m512 load16(const void* w, DType wtype, int64_t K, int64_t n, int64_t k) {
@@ -128,20 +128,12 @@ inline void tail_rows(int64_t r, const uint32_t* xh, int64_t ldx, const _Float16
   }
 }
 
-struct Block {
-  int64_t nb, cols, k0;
-};
-
-// Prefetches (into L2) part `part` of `parts` of the weight lines block `b` will read.
-inline void prefetch_block(const void* w, DType wtype, int64_t K, const Block& b, int64_t part,
-                           int64_t parts) {
-  const int64_t per_line = wtype == DType::kF32 ? 16 : 32;  // weights per 64-byte line
-  const int64_t count = std::min(kBlockK, K - b.k0);
-  const int64_t lines_per_row = (count + per_line - 1) / per_line, total = b.cols * lines_per_row;
-  for (int64_t i = total * part / parts; i < total * (part + 1) / parts; ++i) {
-    __builtin_prefetch(
-        row_at(w, wtype, K, b.nb + i / lines_per_row, b.k0 + (i % lines_per_row) * per_line), 0, 2);
-  }
+// Prefetches (into L2) part `part` of `parts` of the weight lines block b will read.
+inline void prefetch_block(const void* w, DType wtype, int64_t K, const PanelBlock& b,
+                           int64_t part, int64_t parts) {
+  const int64_t bytes = wtype == DType::kF32 ? 4 : 2;
+  prefetch_panel_block(static_cast<const char*>(w), K * bytes, b, std::min(kBlockK, K - b.k0),
+                       bytes, 1, part, parts);
 }
 
 }  // namespace
@@ -170,27 +162,19 @@ void matmul_rows_f16(const uint32_t* xh, int64_t M, int64_t K, DType wtype, cons
   auto* panel = reinterpret_cast<_Float16*>((reinterpret_cast<uintptr_t>(scratch) + 63) &
                                             ~uintptr_t{63});
   const int64_t ldx = f16_x_stride(K);
-  const bool k_major = M >= kKBlockMajorMinRows;
-  const int64_t n_panels = (n1 - n0 + kPanel - 1) / kPanel, n_kblocks = (K + kBlockK - 1) / kBlockK;
-  const int64_t count = n_panels * n_kblocks;
-  const auto nth = [&](int64_t i) {
-    const int64_t p = k_major ? i % n_panels : i / n_kblocks;
-    const int64_t kb = k_major ? i / n_panels : i % n_kblocks;
-    const int64_t nb = n0 + p * kPanel;
-    return Block{nb, std::min(kPanel, n1 - nb), kb * kBlockK};
-  };
-  const int64_t tiles = (M + kTileRows - 1) / kTileRows;
+  const PanelBlocks blocks(M, n0, n1, K, kPanel, kBlockK);
+  const int64_t count = blocks.count(), tiles = (M + kTileRows - 1) / kTileRows;
   for (int64_t i = 0; i < count; ++i) {
-    const Block b = nth(i);
+    const PanelBlock b = blocks[i];
     const int64_t kc = std::min(kBlockK, K - b.k0);
     build_panel(w, wtype, K, b.nb, b.cols, b.k0, kc, panel);
     const bool first = b.k0 == 0;
     int64_t m = 0;
     for (int64_t t = 0; m + kTileRows <= M; m += kTileRows, ++t) {
-      if (i + 1 < count) prefetch_block(w, wtype, K, nth(i + 1), t, tiles);
+      if (i + 1 < count) prefetch_block(w, wtype, K, blocks[i + 1], t, tiles);
       micro<kTileRows>(xh + m * ldx + b.k0, ldx, panel, kc, first, y + m * ldy + b.nb, ldy, b.cols);
     }
-    if (m < M && i + 1 < count) prefetch_block(w, wtype, K, nth(i + 1), tiles - 1, tiles);
+    if (m < M && i + 1 < count) prefetch_block(w, wtype, K, blocks[i + 1], tiles - 1, tiles);
     tail_rows(M - m, xh + m * ldx + b.k0, ldx, panel, kc, first, y + m * ldy + b.nb, ldy, b.cols);
   }
 }

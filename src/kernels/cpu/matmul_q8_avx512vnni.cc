@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/panel_blocks.h"
 #include "kernels/cpu/transpose_avx512.h"
 
 namespace vlm::kernels::avx512vnni {
@@ -33,8 +34,6 @@ static_assert(q8_scratch_bytes(kPackedMinRows, kBlockK) == kPanel * kBlockK + kP
 // 4× the f32 FMA's multiply-adds); the block's conversion (cvt + mul + FMA per accumulator)
 // adds 3 instructions to its 8 vpdpbusd.
 constexpr int kTileRows = 6;
-// From this many x rows, blocks are visited K-block-major (as matmul_kernel.inc's run_packed).
-constexpr int64_t kKBlockMajorMinRows = 256;
 
 // The two weight types: I8 rows of K bytes (zero point 128: byte ^ 0x80 = q + 128) and one scale
 // per row; I4 rows of K / 2 bytes (layout in core/tensor.h; zero point 8: nibble ^ 8 = q + 8)
@@ -185,21 +184,12 @@ inline void tail_rows(int64_t r, const int8_t* xq, int64_t ldx, const float* xs,
   }
 }
 
-struct Block {
-  int64_t nb, cols, k0;
-};
-
-// Prefetches (into L2) part `part` of `parts` of the weight lines block `b` will read.
+// Prefetches (into L2) part `part` of `parts` of the weight lines block b will read.
 template <class W>
-inline void prefetch_block(const uint8_t* w, int64_t K, const Block& b, int64_t part,
+inline void prefetch_block(const uint8_t* w, int64_t K, const PanelBlock& b, int64_t part,
                            int64_t parts) {
-  const int64_t rb = W::row_bytes(K);
-  const int64_t first = W::row_bytes(b.k0), count = W::row_bytes(std::min(kBlockK, K - b.k0));
-  const int64_t lines_per_row = (count + 63) / 64, total = b.cols * lines_per_row;
-  for (int64_t i = total * part / parts; i < total * (part + 1) / parts; ++i) {
-    __builtin_prefetch(w + (b.nb + i / lines_per_row) * rb + first + (i % lines_per_row) * 64, 0,
-                       2);
-  }
+  prefetch_panel_block(reinterpret_cast<const char*>(w), W::row_bytes(K), b,
+                       std::min(kBlockK, K - b.k0), W::row_bytes(2), 2, part, parts);
 }
 
 template <class W>
@@ -208,29 +198,21 @@ void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* w
   auto* panel = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
   auto* scales = reinterpret_cast<float*>(panel + kPanel * std::min(K, kBlockK));
   const int64_t ldg = K / kQ8Block;
-  const bool k_major = M >= kKBlockMajorMinRows;
-  const int64_t n_panels = (n1 - n0 + kPanel - 1) / kPanel, n_kblocks = (K + kBlockK - 1) / kBlockK;
-  const int64_t count = n_panels * n_kblocks;
-  const auto nth = [&](int64_t i) {
-    const int64_t p = k_major ? i % n_panels : i / n_kblocks;
-    const int64_t kb = k_major ? i / n_panels : i % n_kblocks;
-    const int64_t nb = n0 + p * kPanel;
-    return Block{nb, std::min(kPanel, n1 - nb), kb * kBlockK};
-  };
-  const int64_t tiles = (M + kTileRows - 1) / kTileRows;
+  const PanelBlocks order(M, n0, n1, K, kPanel, kBlockK);
+  const int64_t count = order.count(), tiles = (M + kTileRows - 1) / kTileRows;
   for (int64_t i = 0; i < count; ++i) {
-    const Block b = nth(i);
+    const PanelBlock b = order[i];
     const int64_t kc = std::min(kBlockK, K - b.k0), blocks = kc / kQ8Block;
     build_panel<W>(w, wscale, K, b.nb, b.cols, b.k0, kc, panel, scales);
     const bool first = b.k0 == 0;
     const int64_t g0 = b.k0 / kQ8Block;
     int64_t m = 0;
     for (int64_t t = 0; m + kTileRows <= M; m += kTileRows, ++t) {
-      if (i + 1 < count) prefetch_block<W>(w, K, nth(i + 1), t, tiles);
+      if (i + 1 < count) prefetch_block<W>(w, K, order[i + 1], t, tiles);
       micro<W, kTileRows>(x.q + m * K + b.k0, K, x.scale + m * ldg + g0, x.sum + m * ldg + g0, ldg,
                           panel, scales, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
     }
-    if (m < M && i + 1 < count) prefetch_block<W>(w, K, nth(i + 1), tiles - 1, tiles);
+    if (m < M && i + 1 < count) prefetch_block<W>(w, K, order[i + 1], tiles - 1, tiles);
     tail_rows<W>(M - m, x.q + m * K + b.k0, K, x.scale + m * ldg + g0, x.sum + m * ldg + g0, ldg,
                  panel, scales, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
   }
