@@ -14,8 +14,8 @@
 
 namespace vlm::ops {
 
-// kAvx512Vnni runs the kAvx512 kernels, except that prefill matmuls with I8 / I4 weights
-// quantize x to INT8 and use vpdpbusd (matmul_quantizes_x).
+// kAvx512Vnni runs the kAvx512 kernels, except that matmuls with I8 weights (prefill) and I4
+// weights (prefill and decode) quantize x to INT8 and use vpdpbusd (matmul_quantizes_x).
 enum class Isa { kGeneric, kAvx2, kAvx512, kAvx512Vnni };
 
 const char* isa_name(Isa isa);
@@ -46,7 +46,8 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
 // rows, with K a multiple of 32.
 bool matmul_runs_f16(Isa isa, int64_t M, int64_t K, DType wtype);
 // matmul with FP16 arithmetic where matmul_runs_f16 says so, else exactly matmul. Opt-in (the
-// vision encoder's --vision-fp16): x and each run of 32 products are rounded to FP16.
+// vision encoder's --vision-fp16): x, the weights and each run of 32 products are rounded to
+// FP16.
 void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
                 ThreadPool& pool, Isa isa = detected_isa());
 

@@ -134,15 +134,15 @@ constexpr int64_t kF16Run = 32;
 // Per-thread scratch bytes matmul_rows_f16 needs for a row length K.
 constexpr int64_t f16_scratch_bytes(int64_t K) { return 32 * (K < 512 ? K : 512) * 2 + 64; }
 namespace avx512fp16 {
-// Row stride of convert_rows_f16's output: rows K values (4 bytes each) apart would put the 12 rows
+// Row stride of convert_rows_f16's output: rows K values (4 bytes each) apart would put the rows
 // a tile broadcasts from into one L1 set when K · 4 is a multiple of 4 KiB.
 constexpr int64_t f16_x_stride(int64_t K) { return K + 16; }
 // out[m · f16_x_stride(K) + k] = the FP16 bits of x[m, k] (round to nearest even), twice (low and
 // high 16 bits), for m < M, k < K.
 void convert_rows_f16(const float* x, int64_t M, int64_t K, uint32_t* out);
 // y[m, n] (row stride ldy) = Σ_k x[m, k] · w[n, k] as above, for m < M, n in [n0, n1). xh: M
-// rows as convert_rows_f16 writes them; w: [N, K] F32, BF16 or F16 (wtype); K a multiple of kF16Run;
-// scratch: f16_scratch_bytes(K) bytes on the calling thread.
+// rows as convert_rows_f16 writes them; w: [N, K] F32, BF16 or F16 (wtype); K a multiple of
+// kF16Run; scratch: f16_scratch_bytes(K) bytes on the calling thread.
 void matmul_rows_f16(const uint32_t* xh, int64_t M, int64_t K, DType wtype, const void* w,
                      int64_t n0, int64_t n1, float* y, int64_t ldy, void* scratch);
 }  // namespace avx512fp16

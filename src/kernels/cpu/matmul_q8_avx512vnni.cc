@@ -1,13 +1,13 @@
 // INT8 / INT4 weights × INT8 activations on AVX-512 VNNI (semantics in kernels/cpu/matmul.h).
 // Compiled for that level only (CMake gives *_avx512vnni.cc -mavx512vnni on top of AVX-512).
 //
-// Many x rows (prefill) only: 32 weight rows at a time are widened to bytes (plus their zero
-// point) and transposed into a panel whose 128 bytes per 4 values of K are 32 columns × 4
-// consecutive weights, the layout vpdpbusd takes: each 4-byte run of an x row, broadcast to 16
-// lanes, multiplies 16 columns × 4 weights into 16 int32 sums. A tile of kTileRows x rows × 32
-// columns keeps its int32 block sums and its f32 totals in registers; at the end of each
-// 32-value block the int32 sums turn into f32, times the block's x scale (and for INT4 the
-// group's weight scales), and add into the totals.
+// Many x rows (prefill; INT4 with few rows has the decode kernel further down): 32 weight rows
+// at a time are widened to bytes (plus their zero point) and transposed into a panel whose 128
+// bytes per 4 values of K are 32 columns × 4 consecutive weights, the layout vpdpbusd takes:
+// each 4-byte run of an x row, broadcast to 16 lanes, multiplies 16 columns × 4 weights into 16
+// int32 sums. A tile of kTileRows x rows × 32 columns keeps its int32 block sums and its f32
+// totals in registers; at the end of each 32-value block the int32 sums turn into f32, times the
+// block's x scale (and for INT4 the group's weight scales), and add into the totals.
 
 #include <immintrin.h>
 
@@ -27,7 +27,8 @@ constexpr int64_t kPanel = 32;          // weight rows (output columns) per pane
 constexpr int64_t kBlockK = 1024;       // values of K per panel block: 32 KiB of bytes, in L1
 constexpr int64_t kPanelStep = kPanel * 4;  // panel bytes per 4 values of K
 constexpr int kStepsPerBlock = static_cast<int>(kQ8Block / 4);  // vpdpbusd steps per x block
-static_assert(q8_scratch_bytes(kPackedMinRows, kBlockK) == kPanel * kBlockK + kPanel * (kBlockK / kQ8Block) * 4 + 64,
+static_assert(q8_scratch_bytes(kPackedMinRows, kBlockK) ==
+                  kPanel * kBlockK + kPanel * (kBlockK / kQ8Block) * 4 + 64,
               "matmul.h's scratch size is this kernel's panel, its scales and an alignment");
 // NOTE(vlm): 6 rows × 2 vectors of int32 block sums + as many f32 totals + 2 panel vectors + 2
 // INT4 scale vectors = 28 of the 32 zmm. vpdpbusd issues 2 per cycle here (~700 GOPS per core,
