@@ -219,6 +219,7 @@ struct QuantizedX {
   std::vector<int8_t> q;
   std::vector<float> scale;
   std::vector<int32_t> sum;
+  std::vector<uint8_t> decode;
 
   kernels::Q8Rows quantize(const float* x, int64_t M, int64_t K, ThreadPool& pool) {
     const int64_t blocks = K / kernels::kQ8Block;
@@ -236,7 +237,16 @@ struct QuantizedX {
 #else
     (void)x, (void)pool;
 #endif
-    return {q.data(), scale.data(), sum.data()};
+    kernels::Q8Rows rows{q.data(), scale.data(), sum.data()};
+    if (M < kernels::kPackedMinRows) {  // INT4 decode (I8 takes quantized x only from there on)
+      const auto bytes = static_cast<size_t>(kernels::q8_decode_x_bytes(M, K));
+      if (decode.size() < bytes) decode.resize(bytes);
+#if defined(VLM_HAVE_X86_DISPATCH)
+      kernels::avx512vnni::prepare_decode_x(rows, M, K, decode.data());
+#endif
+      rows.decode = decode.data();
+    }
+    return rows;
   }
 };
 
@@ -257,9 +267,9 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
                                 !matmul_quantizes_x(isa, M, K, w->dtype));
   }
   // Per thread: the kernels' scratch, then (I4 prefill) kScratchRows BF16 rows of K.
-  const int64_t scratch_floats =
-      std::max(kScratchRows * K, quantize_x ? (kernels::q8_scratch_bytes(M, K) + 3) / 4 : 0);
-  want_scratch = want_scratch || quantize_x;
+  const int64_t scratch_floats = kScratchRows * K;
+  static_assert(kernels::q8_scratch_bytes(kernels::kQ8Block) <= kScratchRows * kernels::kQ8Block * 4,
+                "the INT8-activation panel fits the kernels' scratch (and grows slower with K)");
   // (A named reference: inside the lambda, the thread_local itself would name each worker's own.)
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;

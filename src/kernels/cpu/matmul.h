@@ -97,29 +97,33 @@ void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, in
 // back out.
 constexpr int64_t kQ8Block = 32;
 static_assert(kQ8Block == kInt4Group, "an activation block is one INT4 weight group");
-// x quantized as above: q [M, K] (row stride K), scale and sum [M, K / kQ8Block].
+// x quantized as above: q [M, K] (row stride K), scale and sum [M, K / kQ8Block]; below
+// kPackedMinRows rows also `decode`, the same x as prepare_decode_x lays it out for the INT4
+// decode kernel (null otherwise).
 struct Q8Rows {
   const int8_t* q;
   const float* scale;
   const int32_t* sum;
+  const uint8_t* decode = nullptr;
 };
 // Bytes of x as the INT4 decode kernel lays it out (M rows of K, in 256-byte chunks of 128).
 constexpr int64_t q8_decode_x_bytes(int64_t M, int64_t K) { return M * ((K + 127) / 128) * 256; }
-// Per-thread scratch bytes matmul_rows_q8 needs for M x rows of length K.
-constexpr int64_t q8_scratch_bytes(int64_t M, int64_t K) {
+// Per-thread scratch bytes matmul_rows_q8 needs for a row length K (the GEMM's panel).
+constexpr int64_t q8_scratch_bytes(int64_t K) {
   const int64_t kc = K < 1024 ? K : 1024;  // the GEMM's K block
-  const int64_t panel = 32 * kc + 32 * (kc / kQ8Block) * 4 + 64;
-  const int64_t decode = q8_decode_x_bytes(M < kPackedMinRows ? M : 0, K);
-  return panel > decode ? panel : decode;
+  return 32 * kc + 32 * (kc / kQ8Block) * 4 + 64;
 }
 namespace avx512vnni {
 // x: [M, K] f32 contiguous, K a multiple of kQ8Block; q / scale / sum as Q8Rows.
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
                       int32_t* sum);
+// out: q8_decode_x_bytes(M, K) bytes, x (q, scale, sum of M rows) in the INT4 decode kernel's
+// layout; once per matmul call, shared by every thread and weight.
+void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
 // y[m, n] (row stride ldy) for m < M, n in [n0, n1) as above; wtype kI8 or kI4 (w, wscale as
-// for matmul_rows); scratch: q8_scratch_bytes(M, K) bytes on the calling thread. I8 needs
+// for matmul_rows); scratch: q8_scratch_bytes(K) bytes on the calling thread. I8 needs
 // M >= kPackedMinRows (the byte-panel GEMM); I4 takes any M (below kPackedMinRows it streams the
-// packed rows instead).
+// packed rows instead, over x.decode).
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
                     const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);

@@ -27,7 +27,7 @@ constexpr int64_t kPanel = 32;          // weight rows (output columns) per pane
 constexpr int64_t kBlockK = 1024;       // values of K per panel block: 32 KiB of bytes, in L1
 constexpr int64_t kPanelStep = kPanel * 4;  // panel bytes per 4 values of K
 constexpr int kStepsPerBlock = static_cast<int>(kQ8Block / 4);  // vpdpbusd steps per x block
-static_assert(q8_scratch_bytes(kPackedMinRows, kBlockK) ==
+static_assert(q8_scratch_bytes(kBlockK) ==
                   kPanel * kBlockK + kPanel * (kBlockK / kQ8Block) * 4 + 64,
               "matmul.h's scratch size is this kernel's panel, its scales and an alignment");
 // NOTE(vlm): 6 rows × 2 vectors of int32 block sums + as many f32 totals + 2 panel vectors + 2
@@ -223,28 +223,13 @@ void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* w
 // No panel: weight rows stream as stored, 64 packed bytes (4 groups, 128 values of K) per step.
 // One zmm of them splits into lo (byte 16g + j = q[32g + j] + 8) and hi (q[32g + 16 + j] + 8), so
 // vpdpbusd against x bytes laid out the same way leaves group g's sum in lanes 4g .. 4g + 3.
-// prepare_decode_x lays x out so once per call: per row and 128-value chunk, kDecodeChunkBytes
+// prepare_decode_x lays x out so (once per call, in ops/dispatch.cc): per row and 128-value chunk,
+// kDecodeChunkBytes
 // = [lo-ordered x 64 B][hi-ordered x 64 B][−8 · Σq_x of group g in lane 4g (int32) 64 B]
 // [group g's x scale in lanes 4g .. 4g + 3 (f32) 64 B], zero past K.
 constexpr int64_t kChunk = 4 * kQ8Block;
 constexpr int64_t kDecodeChunkBytes = 256;
 static_assert(q8_decode_x_bytes(1, kChunk) == kDecodeChunkBytes, "matmul.h's decode x size");
-
-void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out) {
-  const int64_t groups = K / kQ8Block, chunks = (groups + 3) / 4;
-  std::memset(out, 0, M * chunks * kDecodeChunkBytes);
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t g = 0; g < groups; ++g) {
-      uint8_t* c = out + (m * chunks + g / 4) * kDecodeChunkBytes;
-      const int64_t slot = g % 4;
-      std::memcpy(c + 16 * slot, x.q + m * K + g * kQ8Block, 16);
-      std::memcpy(c + 64 + 16 * slot, x.q + m * K + g * kQ8Block + 16, 16);
-      const int32_t corr = -I4::kZero * x.sum[m * groups + g];
-      std::memcpy(c + 128 + 16 * slot, &corr, 4);
-      for (int l = 0; l < 4; ++l) std::memcpy(c + 192 + 16 * slot + 4 * l, &x.scale[m * groups + g], 4);
-    }
-  }
-}
 
 inline float hsum(__m512 v) {
   const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0),
@@ -322,6 +307,22 @@ void run_decode(const uint8_t* dx, int64_t M, int64_t K, const uint8_t* w, const
 
 }  // namespace
 
+void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out) {
+  const int64_t groups = K / kQ8Block, chunks = (groups + 3) / 4;
+  std::memset(out, 0, M * chunks * kDecodeChunkBytes);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* c = out + (m * chunks + g / 4) * kDecodeChunkBytes;
+      const int64_t slot = g % 4;
+      std::memcpy(c + 16 * slot, x.q + m * K + g * kQ8Block, 16);
+      std::memcpy(c + 64 + 16 * slot, x.q + m * K + g * kQ8Block + 16, 16);
+      const int32_t corr = -I4::kZero * x.sum[m * groups + g];
+      std::memcpy(c + 128 + 16 * slot, &corr, 4);
+      for (int l = 0; l < 4; ++l) std::memcpy(c + 192 + 16 * slot + 4 * l, &x.scale[m * groups + g], 4);
+    }
+  }
+}
+
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
                       int32_t* sum) {
   const int64_t blocks = K / kQ8Block;
@@ -359,12 +360,10 @@ void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const vo
                     void* scratch) {
   const auto* wb = static_cast<const uint8_t*>(w);
   if (wtype == DType::kI4 && M < kPackedMinRows) {
-    auto* dx = static_cast<uint8_t*>(scratch);
-    prepare_decode_x(x, M, K, dx);
     if (M <= 2) {
-      run_decode<8>(dx, M, K, wb, wscale, n0, n1, y, ldy);
+      run_decode<8>(x.decode, M, K, wb, wscale, n0, n1, y, ldy);
     } else {
-      run_decode<4>(dx, M, K, wb, wscale, n0, n1, y, ldy);
+      run_decode<4>(x.decode, M, K, wb, wscale, n0, n1, y, ldy);
     }
     return;
   }
