@@ -132,8 +132,8 @@ inline void tail_rows(int64_t r, const uint32_t* xh, int64_t ldx, const _Float16
 inline void prefetch_block(const void* w, DType wtype, int64_t K, const PanelBlock& b,
                            int64_t part, int64_t parts) {
   const int64_t bytes = wtype == DType::kF32 ? 4 : 2;
-  prefetch_panel_block(static_cast<const char*>(w), K * bytes, b, std::min(kBlockK, K - b.k0),
-                       bytes, 1, part, parts);
+  prefetch_panel_block(static_cast<const char*>(w), K * bytes, b, b.k0 * bytes,
+                       std::min(kBlockK, K - b.k0) * bytes, part, parts);
 }
 
 }  // namespace

@@ -189,8 +189,8 @@ inline void tail_rows(int64_t r, const int8_t* xq, int64_t ldx, const float* xs,
 template <class W>
 inline void prefetch_block(const uint8_t* w, int64_t K, const PanelBlock& b, int64_t part,
                            int64_t parts) {
-  prefetch_panel_block(reinterpret_cast<const char*>(w), W::row_bytes(K), b,
-                       std::min(kBlockK, K - b.k0), W::row_bytes(2), 2, part, parts);
+  prefetch_panel_block(reinterpret_cast<const char*>(w), W::row_bytes(K), b, W::row_bytes(b.k0),
+                       W::row_bytes(std::min(kBlockK, K - b.k0)), part, parts);
 }
 
 template <class W>

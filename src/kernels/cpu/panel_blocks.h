@@ -49,12 +49,10 @@ class PanelBlocks {
 };
 
 // Prefetches (into L2) part `part` of `parts` of the 64-byte lines block b reads from a weight
-// whose row n starts at w + n · row_bytes and holds K values [k0, k0 + count) at byte offsets
-// [k0 · num / den, (k0 + count) · num / den) (num / den: bytes per value, e.g. 1 / 2 for INT4).
+// whose row n starts at w + n · row_bytes: bytes [first, first + bytes) of rows b.nb .. b.nb +
+// b.cols (first, bytes: the block's K values [b.k0, b.k0 + its K block) in that weight's bytes).
 inline void prefetch_panel_block(const char* w, int64_t row_bytes, const PanelBlock& b,
-                                 int64_t count, int64_t num, int64_t den, int64_t part,
-                                 int64_t parts) {
-  const int64_t first = b.k0 * num / den, bytes = count * num / den;
+                                 int64_t first, int64_t bytes, int64_t part, int64_t parts) {
   const int64_t lines_per_row = (bytes + 63) / 64, total = b.cols * lines_per_row;
   for (int64_t i = total * part / parts; i < total * (part + 1) / parts; ++i) {
     __builtin_prefetch(w + (b.nb + i / lines_per_row) * row_bytes + first + (i % lines_per_row) * 64,
