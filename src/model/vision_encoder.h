@@ -32,7 +32,7 @@ class VisionEncoder {
   void set_isa(ops::Isa isa) { isa_ = isa; }
   // FP16 arithmetic for the matmuls (ops::matmul_f16) where the CPU has it.
   void set_fp16(bool on) { fp16_ = on; }
-  bool fp16() const { return fp16_ && ops::matmul_runs_f16(isa_, 32, 32, DType::kBF16); }
+  bool fp16() const { return fp16_ && ops::has_fp16_arithmetic(isa_); }
 
   // Encodes one image. pixel_values: [grid.patches(), 3·T·P·P] in merge order (the processor's
   // layout). Every temporal group attends only within itself, as transformers' cu_seqlens do.

@@ -95,19 +95,23 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
   return ok_status();
 }
 
-bool matmul_runs_f16(Isa isa, int64_t M, int64_t K, DType wtype) {
+bool has_fp16_arithmetic(Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  static const bool has_fp16 = [] {
+  static const bool cpu = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512fp16") != 0;
   }();
-  return has_fp16 && (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni) &&
-         M >= kernels::kPackedMinRows && K % kernels::kF16Run == 0 &&
-         (wtype == DType::kF32 || wtype == DType::kBF16 || wtype == DType::kF16);
+  return cpu && (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni);
 #else
-  (void)isa, (void)M, (void)K, (void)wtype;
+  (void)isa;
   return false;
 #endif
+}
+
+bool matmul_runs_f16(Isa isa, int64_t M, int64_t K, DType wtype) {
+  return has_fp16_arithmetic(isa) && M >= kernels::kPackedMinRows &&
+         K % kernels::kF16Run == 0 &&
+         (wtype == DType::kF32 || wtype == DType::kBF16 || wtype == DType::kF16);
 }
 
 void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,

@@ -41,9 +41,11 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa());
 
-// Whether matmul_f16 runs FP16 arithmetic (kernels/cpu/matmul.h) for these shapes: on a CPU with
-// AVX-512 FP16 at level kAvx512 or above, for F32 / BF16 / F16 weights, from kPackedMinRows x
-// rows, with K a multiple of 32.
+// Whether this level can run FP16 arithmetic (kernels/cpu/matmul.h): a CPU with AVX-512 FP16, at
+// level kAvx512 or above.
+bool has_fp16_arithmetic(Isa isa);
+// Whether matmul_f16 runs FP16 arithmetic for these shapes: where has_fp16_arithmetic, for F32 /
+// BF16 / F16 weights, from kPackedMinRows x rows, with K a multiple of 32.
 bool matmul_runs_f16(Isa isa, int64_t M, int64_t K, DType wtype);
 // matmul with FP16 arithmetic where matmul_runs_f16 says so, else exactly matmul. Opt-in (the
 // vision encoder's --vision-fp16): x, the weights and each run of 32 products are rounded to
