@@ -35,8 +35,9 @@ struct EngineOptions {
   // from the file mapping — faster start-up, and the page cache is shared with other processes.
   bool mmap_weights = false;
   // true: the vision encoder's matmuls run in FP16 arithmetic where the CPU has AVX-512 FP16
-  // (x and each run of 32 products rounded to FP16, the runs summed in f32; twice the multiply
-  // rate of f32 FMA; see kernels/cpu/matmul.h). Ignored elsewhere (vision_fp16() says which).
+  // (x, the weights and each run of 32 products rounded to FP16, the runs summed in f32; twice
+  // the multiply rate of f32 FMA; see kernels/cpu/matmul.h). Ignored elsewhere (vision_fp16()
+  // says which).
   bool vision_fp16 = false;
 };
 
