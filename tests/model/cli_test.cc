@@ -467,5 +467,44 @@ TEST_F(CliRun, ChatTemplateStopStringsAndSeeds) {
   EXPECT_EQ(stopped.out, reply.substr(0, at) + "\n");
 }
 
+// The README's main command (scripts/run.sh) asks the default model about examples/shapes.png;
+// every question scripts/train_tiny_vlm.py recorded beside it must get the true answer.
+TEST(Cli, DefaultModelAnswersTheReadmeExample) {
+  const std::string image = std::string(VLM_REPO_DIR) + "/examples/shapes.png";
+  const auto qas =
+      nlohmann::json::parse(test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/shapes.json"));
+  ASSERT_GE(qas.size(), 3u);
+  for (const auto& qa : qas) {
+    CliResult r = vlm("run --greedy -n 32 -t 2 --image " + quote(image) + " -p " +
+                      quote(qa["question"].get<std::string>()));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, qa["answer"].get<std::string>() + "\n") << qa["question"];
+  }
+}
+
+// The shipped default model (models/tiny-qwen3vl, scripts/train_tiny_vlm.py) answers questions
+// about scenes generated with a seed its training never used (tests/model/fixtures/shapes-qa,
+// written by the same script with transformers' greedy answers). vlm, run without -m, must give
+// transformers' answer to every question, so its accuracy is transformers' accuracy.
+TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenScenes) {
+  const std::string dir = kFixtures + "/shapes-qa";
+  const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
+  int right = 0, total = 0;
+  for (const auto& c : cases["cases"]) {
+    CliResult r = vlm("run --greedy -n 32 -t 2 --image " + quote(dir + "/" + c["image"].get<std::string>()) +
+                      " -p " + quote(c["question"].get<std::string>()));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n")
+        << c["image"] << ": " << c["question"];
+    right += r.out == c["truth"].get<std::string>() + "\n";
+    ++total;
+  }
+  ASSERT_GT(total, 0);
+  const double acc = static_cast<double>(right) / total;
+  std::printf("[shapes-qa] vlm accuracy %.3f, transformers %.3f over %d unseen scenes\n", acc,
+              cases["transformers_accuracy"].get<double>(), total);
+  EXPECT_GE(acc, cases["transformers_accuracy"].get<double>());
+}
+
 }  // namespace
 }  // namespace vlm

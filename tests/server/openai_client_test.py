@@ -3,7 +3,9 @@
 
 The server runs as a subprocess on the full-vocabulary tiny fixture (random weights, the real
 Qwen3 tokenizer), so replies are gibberish: the tests check structure, counts and equalities
-between runs, never words. Registered with CTest by tests/CMakeLists.txt (label `server`):
+between runs, never words. DefaultModelTest alone runs `vlm serve` without -m, on the shipped
+tiny shapes model, and checks words: its answers about held-out pictures must be transformers'.
+Registered with CTest by tests/CMakeLists.txt (label `server`):
 
   python3 tests/server/openai_client_test.py --vlm BUILD/tools/cli/vlm \\
       --model-dir tests/model/fixtures/tiny-fullvocab-bf16 --shared-dir ../shared [unittest args]
@@ -72,7 +74,8 @@ class VlmServer:
     def __init__(self, model_dir, workdir, name, extra_args=()):
         self.log_path = Path(workdir) / f"{name}.log"
         self.log = open(self.log_path, "wb")
-        cmd = [ARGS.vlm, "serve", "-m", str(model_dir), "--port", "0", "--served-model-name", MODEL,
+        model = [] if model_dir is None else ["-m", str(model_dir)]  # None: vlm's default model
+        cmd = [ARGS.vlm, "serve", *model, "--port", "0", "--served-model-name", MODEL,
                "-t", "2", "-c", str(CTX), "--max-num-seqs", "4", "--max-batched-tokens", "64",
                "--block-size", "8", *extra_args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -655,6 +658,38 @@ class OpenAIClientTest(unittest.TestCase):
         r = self.chat(user("Still there?"), max_tokens=3)
         self.assertEqual(len(r.choices), 1)
         self.check_usage(r.usage, max_tokens=3)
+
+
+class DefaultModelTest(unittest.TestCase):
+    """`vlm serve` without -m serves the shipped tiny model (models/tiny-qwen3vl), which answers
+    questions about pictures of shapes. The held-out scenes of tests/model/fixtures/shapes-qa are
+    asked all at once (continuous batching mixes them): every greedy reply must be the answer
+    transformers gave for that scene."""
+
+    def test_answers_equal_transformers_under_concurrency(self):
+        fixture = REPO / "tests/model/fixtures/shapes-qa"
+        cases = json.loads((fixture / "cases.json").read_text())["cases"]
+        tmp = Path(tempfile.mkdtemp(prefix="vlm_default_model_test_"))
+        server = VlmServer(None, tmp, "server_default")
+        try:
+            client = openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0,
+                                   timeout=TIMEOUT)
+
+            def ask(case):
+                url = data_url((fixture / case["image"]).read_bytes())
+                r = client.chat.completions.create(
+                    model=MODEL, temperature=0, max_tokens=32,
+                    messages=user([image_part(url), {"type": "text", "text": case["question"]}]))
+                return r.choices[0].message.content
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                replies = list(pool.map(ask, cases))
+            client.close()
+            for case, reply in zip(cases, replies):
+                self.assertEqual(reply, case["transformers"], f"{case['image']}: {case['question']}")
+        finally:
+            server.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():

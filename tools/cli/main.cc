@@ -188,7 +188,10 @@ int main(int argc, char** argv) {
 
   RunArgs ra;
   auto* run = app.add_subcommand("run", "Generate a reply to a prompt, streamed to stdout");
-  run->add_option("-m,--model", ra.model, "Checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
+  ra.model = VLM_DEFAULT_MODEL_DIR;
+  run->add_option("-m,--model", ra.model,
+                  "Checkpoint directory (config.json, *.safetensors, tokenizer.json); default: the "
+                  "tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR ")");
   run->add_option("-p,--prompt", ra.prompt, "User message")->required();
   run->add_option("--image", ra.images, "Image file (JPEG, PNG, WebP, GIF, BMP); repeatable");
   run->add_option("--min-pixels", ra.min_pixels, "Resize budget: least pixels per image");
@@ -263,7 +266,9 @@ int main(int argc, char** argv) {
 
   vlm::ServeOptions so;
   auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (continuous batching)");
-  serve->add_option("-m,--model", so.engine.model_dir, "Checkpoint directory")->required();
+  so.engine.model_dir = VLM_DEFAULT_MODEL_DIR;
+  serve->add_option("-m,--model", so.engine.model_dir,
+                    "Checkpoint directory; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR ")");
   serve->add_option("--host", so.host, "Address to listen on (default 127.0.0.1)");
   serve->add_option("--port", so.port, "Port (default 8080; 0 = any free port)");
   serve->add_option("--served-model-name", so.model_name, "Name reported by /v1/models");
