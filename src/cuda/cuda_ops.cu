@@ -1,0 +1,205 @@
+// CUDA kernels for src/cuda/cuda_ops.h. One block per row for the per-row ops (256 threads, f32
+// sums reduced through shared memory); grid-stride loops for the element-wise ones.
+#include "cuda/cuda_ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+namespace vlm::cuda {
+namespace {
+
+Status from(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return ok_status();
+  return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+__device__ inline float load(const float* p, int64_t i) { return p[i]; }
+__device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
+__device__ inline void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+constexpr int kRowThreads = 256;
+
+// The block's sum of v (every thread gets it).
+__device__ float block_sum(float v) {
+  __shared__ float part[kRowThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int i = 0; i < kRowThreads / 32; ++i) s += part[i];
+  __syncthreads();  // part is reused by the next call
+  return s;
+}
+
+template <typename T>
+__global__ void rms_norm_kernel(const T* x, const float* w, int64_t n, float eps, T* y) {
+  const T* xr = x + blockIdx.x * n;
+  T* yr = y + blockIdx.x * n;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = load(xr, i);
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(yr, i, load(xr, i) * inv * w[i]);
+}
+
+template <typename T>
+__global__ void add_rms_norm_kernel(T* x, const T* delta, const float* w, int64_t n, float eps, T* y) {
+  T* xr = x + blockIdx.x * n;
+  const T* dr = delta + blockIdx.x * n;
+  T* yr = y + blockIdx.x * n;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    store(xr, i, load(xr, i) + load(dr, i));
+    const float v = load(xr, i);  // the stored (rounded) residual, as the next layer reads it
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(yr, i, load(xr, i) * inv * w[i]);
+}
+
+template <typename T>
+__global__ void silu_mul_kernel(const T* gate, const T* up, int64_t count, T* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = load(gate, i);
+    store(out, i, g / (1.f + expf(-g)) * load(up, i));
+  }
+}
+
+template <typename Tt, typename To>
+__global__ void gather_kernel(const Tt* table, const int32_t* ids, int64_t n, To* out) {
+  const Tt* row = table + static_cast<int64_t>(ids[blockIdx.x]) * n;
+  To* o = out + blockIdx.x * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(o, i, load(row, i));
+}
+
+unsigned grid_for(int64_t count) {
+  const int64_t blocks = (count + kRowThreads - 1) / kRowThreads;
+  return static_cast<unsigned>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
+}
+
+Status check_rows(int64_t rows, const char* op) {
+  if (rows < 0 || rows > 0x7fffffff) return invalid_argument(std::string(op) + ": bad row count");
+  return ok_status();
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+std::string device_description(int index) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, index) != cudaSuccess) return "unknown CUDA device";
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor,
+                static_cast<double>(p.totalGlobalMem) / (1ull << 30));
+  return buf;
+}
+
+Status DeviceBuffer::allocate(size_t bytes, DeviceBuffer* out) {
+  DeviceBuffer b;
+  if (bytes > 0) {
+    if (Status s = from(cudaMalloc(&b.ptr_, bytes), "cudaMalloc"); !s.ok()) return s;
+  }
+  b.bytes_ = bytes;
+  *out = std::move(b);
+  return ok_status();
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+Status DeviceBuffer::upload(const void* host, size_t bytes) {
+  if (bytes > bytes_) return invalid_argument("upload larger than the device buffer");
+  return from(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice), "upload");
+}
+
+Status DeviceBuffer::download(void* host, size_t bytes) const {
+  if (bytes > bytes_) return invalid_argument("download larger than the device buffer");
+  return from(cudaMemcpy(host, ptr_, bytes, cudaMemcpyDeviceToHost), "download");
+}
+
+Status synchronize() { return from(cudaDeviceSynchronize(), "synchronize"); }
+
+Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y, DType t) {
+  if (Status s = check_rows(rows, "rms_norm"); !s.ok()) return s;
+  if (rows == 0) return ok_status();
+  if (t == DType::kF32) {
+    rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<const float*>(x), w, n, eps, static_cast<float*>(y));
+  } else {
+    rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<const __nv_bfloat16*>(x), w, n, eps,
+                                           static_cast<__nv_bfloat16*>(y));
+  }
+  return from(cudaGetLastError(), "rms_norm launch");
+}
+
+Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, int64_t n, float eps,
+                    void* y, DType t) {
+  if (Status s = check_rows(rows, "add_rms_norm"); !s.ok()) return s;
+  if (rows == 0) return ok_status();
+  if (t == DType::kF32) {
+    add_rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<float*>(x), static_cast<const float*>(delta),
+                                               w, n, eps, static_cast<float*>(y));
+  } else {
+    add_rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<__nv_bfloat16*>(x),
+                                               static_cast<const __nv_bfloat16*>(delta), w, n, eps,
+                                               static_cast<__nv_bfloat16*>(y));
+  }
+  return from(cudaGetLastError(), "add_rms_norm launch");
+}
+
+Status silu_mul(const void* gate, const void* up, int64_t count, void* out, DType t) {
+  if (count <= 0) return ok_status();
+  if (t == DType::kF32) {
+    silu_mul_kernel<<<grid_for(count), kRowThreads>>>(static_cast<const float*>(gate),
+                                                      static_cast<const float*>(up), count,
+                                                      static_cast<float*>(out));
+  } else {
+    silu_mul_kernel<<<grid_for(count), kRowThreads>>>(static_cast<const __nv_bfloat16*>(gate),
+                                                      static_cast<const __nv_bfloat16*>(up), count,
+                                                      static_cast<__nv_bfloat16*>(out));
+  }
+  return from(cudaGetLastError(), "silu_mul launch");
+}
+
+Status embedding_gather(const void* table, DType table_t, const int32_t* ids, int64_t count,
+                        int64_t n, void* out, DType out_t) {
+  if (Status s = check_rows(count, "embedding_gather"); !s.ok()) return s;
+  if (count == 0) return ok_status();
+  const bool tf = table_t == DType::kF32, of = out_t == DType::kF32;
+  const auto* tf32 = static_cast<const float*>(table);
+  const auto* tb16 = static_cast<const __nv_bfloat16*>(table);
+  auto* of32 = static_cast<float*>(out);
+  auto* ob16 = static_cast<__nv_bfloat16*>(out);
+  if (tf && of) gather_kernel<<<count, kRowThreads>>>(tf32, ids, n, of32);
+  if (tf && !of) gather_kernel<<<count, kRowThreads>>>(tf32, ids, n, ob16);
+  if (!tf && of) gather_kernel<<<count, kRowThreads>>>(tb16, ids, n, of32);
+  if (!tf && !of) gather_kernel<<<count, kRowThreads>>>(tb16, ids, n, ob16);
+  return from(cudaGetLastError(), "embedding_gather launch");
+}
+
+}  // namespace vlm::cuda

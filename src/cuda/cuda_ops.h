@@ -1,0 +1,62 @@
+#pragma once
+// The CUDA backend's small ops (issue 7), first part: device memory, and the element-wise and
+// per-row ops of the decoder (RMSNorm, residual add + RMSNorm, SwiGLU, embedding gather).
+// Pointers are device pointers; activations are F32 or BF16 (DType), every sum is f32, and the
+// results are rounded once to the activation type. The CPU reference is src/ops/ref.
+//
+// Built only when CMake finds nvcc (VLM_HAVE_CUDA); nothing here needs a GPU to compile, and
+// device_count() answers 0 where there is none (no driver, no device), so tests skip.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "vlm/status.h"
+
+namespace vlm::cuda {
+
+// Devices the runtime sees; 0 where there is no driver or no device (never an error).
+int device_count();
+// "NVIDIA H200 (sm_90, 139.8 GiB)" for device `index`.
+std::string device_description(int index);
+
+// A device allocation, freed on destruction.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static Status allocate(size_t bytes, DeviceBuffer* out);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  Status upload(const void* host, size_t bytes);          // synchronous, from offset 0
+  Status download(void* host, size_t bytes) const;        // synchronous, from offset 0
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+enum class DType { kF32, kBF16 };
+
+// All ops run on the default stream and return the launch's error, if any; call synchronize()
+// to see errors of the work itself.
+Status synchronize();
+
+// y[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, rows of n values; w is f32[n]. y may alias x.
+Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y, DType t);
+// x[r] += delta[r] (rounded to the activation type, as the CPU path stores the residual), then
+// y[r] = rms_norm(x[r]).
+Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, int64_t n, float eps,
+                    void* y, DType t);
+// out = silu(gate) * up, element-wise over count values.
+Status silu_mul(const void* gate, const void* up, int64_t count, void* out, DType t);
+// out[i] = table[ids[i]] (rows of n values; the table in table_t, out in out_t). ids must be in
+// range: the caller checks them on the host.
+Status embedding_gather(const void* table, DType table_t, const int32_t* ids, int64_t count,
+                        int64_t n, void* out, DType out_t);
+
+}  // namespace vlm::cuda

@@ -1,0 +1,194 @@
+// The CUDA backend's small ops (src/cuda/cuda_ops.h) against the CPU reference (src/ops/ref), in
+// F32 and BF16 activations. Without a CUDA device every test reports skipped, never passed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "cuda/cuda_ops.h"
+#include "ops/ref/ref.h"
+
+namespace vlm::cuda {
+namespace {
+
+#define SKIP_WITHOUT_DEVICE() \
+  if (device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+std::vector<float> random_values(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Values as the device holds them: f32, or rounded to BF16 (and read back as f32 on the host).
+struct Act {
+  DType t;
+  size_t bytes(size_t n) const { return n * (t == DType::kF32 ? 4 : 2); }
+  std::vector<uint8_t> encode(const std::vector<float>& v) const {
+    std::vector<uint8_t> out(bytes(v.size()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (t == DType::kF32) {
+        std::memcpy(out.data() + 4 * i, &v[i], 4);
+      } else {
+        const uint16_t h = f32_to_bf16(v[i]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+      }
+    }
+    return out;
+  }
+  std::vector<float> decode(const std::vector<uint8_t>& b) const {
+    std::vector<float> out(b.size() / (t == DType::kF32 ? 4 : 2));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (t == DType::kF32) {
+        std::memcpy(&out[i], b.data() + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, b.data() + 2 * i, 2);
+        out[i] = bf16_to_f32(h);
+      }
+    }
+    return out;
+  }
+  std::vector<float> round(const std::vector<float>& v) const { return decode(encode(v)); }
+  // |device - reference| allowed: the f32 arithmetic's relative bound `rel` (sums in another
+  // order, rsqrtf and expf within 2 ulp), plus, in BF16, one BF16 ulp (2^-7 relative) where the
+  // two f32 results round to neighbouring BF16 values.
+  float tol(float ref, float rel) const {
+    return ((t == DType::kF32 ? 0.f : 1.f / 128) + rel) * std::fabs(ref) + 1e-6f;
+  }
+};
+
+DeviceBuffer upload(const std::vector<uint8_t>& host) {
+  DeviceBuffer b;
+  EXPECT_TRUE(DeviceBuffer::allocate(host.size(), &b).ok());
+  EXPECT_TRUE(b.upload(host.data(), host.size()).ok());
+  return b;
+}
+
+DeviceBuffer upload_f32(const std::vector<float>& host) {
+  std::vector<uint8_t> bytes(host.size() * 4);
+  std::memcpy(bytes.data(), host.data(), bytes.size());
+  return upload(bytes);
+}
+
+std::vector<uint8_t> download(const DeviceBuffer& b) {
+  std::vector<uint8_t> host(b.bytes());
+  EXPECT_TRUE(b.download(host.data(), host.size()).ok());
+  return host;
+}
+
+constexpr float kU = 1.f / (1 << 24);  // f32 unit roundoff
+
+// A sum of n squares in f32 is within n·u of exact whatever the order, so two orders differ by
+// at most 2n·u; rsqrt halves that, and the scaling adds a few roundings.
+float rms_rel(int64_t n) { return (static_cast<float>(n) + 8) * kU; }
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const Act& a,
+                  float rel, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= a.tol(want[i], rel))) {
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", reference " << want[i];
+      ++bad;
+    }
+  }
+}
+
+class CudaOps : public ::testing::TestWithParam<DType> {};
+
+TEST(CudaDevice, CountAndDescription) {
+  SKIP_WITHOUT_DEVICE();
+  EXPECT_GT(device_count(), 0);
+  EXPECT_NE(device_description(0).find("sm_"), std::string::npos) << device_description(0);
+}
+
+TEST_P(CudaOps, RmsNormMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  for (int64_t n : {1, 17, 256, 2048, 4100}) {
+    for (int64_t rows : {1, 3, 7}) {
+      const auto x = a.round(random_values(rows * n, 1, 3.f));
+      const auto w = random_values(n, 2);
+      std::vector<float> want(x.size());
+      ops::ref::rms_norm(x.data(), w.data(), rows, n, 1e-6f, want.data());
+      DeviceBuffer dx = upload(a.encode(x)), dw = upload_f32(w), dy;
+      ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(x.size()), &dy).ok());
+      ASSERT_TRUE(rms_norm(dx.data(), static_cast<const float*>(dw.data()), rows, n, 1e-6f,
+                           dy.data(), a.t).ok());
+      ASSERT_TRUE(synchronize().ok());
+      expect_close(a.decode(download(dy)), a.round(want), a, rms_rel(n), "rms_norm");
+    }
+  }
+}
+
+TEST_P(CudaOps, AddRmsNormMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t rows = 5, n = 1000;
+  auto x = a.round(random_values(rows * n, 3));
+  const auto delta = a.round(random_values(rows * n, 4));
+  const auto w = random_values(n, 5);
+  DeviceBuffer dx = upload(a.encode(x)), dd = upload(a.encode(delta)), dw = upload_f32(w), dy;
+  ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(x.size()), &dy).ok());
+  ASSERT_TRUE(add_rms_norm(dx.data(), dd.data(), static_cast<const float*>(dw.data()), rows, n,
+                           1e-6f, dy.data(), a.t).ok());
+  ASSERT_TRUE(synchronize().ok());
+  // The reference on what the device stores: the residual rounded to the activation type.
+  std::vector<float> sum(x.size());
+  for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + delta[i];
+  sum = a.round(sum);
+  std::vector<float> want(x.size());
+  ops::ref::rms_norm(sum.data(), w.data(), rows, n, 1e-6f, want.data());
+  expect_close(a.decode(download(dx)), sum, a, 0.f, "residual");
+  expect_close(a.decode(download(dy)), a.round(want), a, rms_rel(n), "norm");
+}
+
+TEST_P(CudaOps, SiluMulMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  for (int64_t count : {1, 1000, 70001}) {
+    const auto g = a.round(random_values(count, 6, 4.f));
+    const auto u = a.round(random_values(count, 7));
+    std::vector<float> want(count);
+    ops::ref::silu_mul(g.data(), u.data(), count, want.data());
+    DeviceBuffer dg = upload(a.encode(g)), du = upload(a.encode(u)), dy;
+    ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(count), &dy).ok());
+    ASSERT_TRUE(silu_mul(dg.data(), du.data(), count, dy.data(), a.t).ok());
+    ASSERT_TRUE(synchronize().ok());
+    expect_close(a.decode(download(dy)), a.round(want), a, 8 * kU, "silu_mul");
+  }
+}
+
+TEST_P(CudaOps, EmbeddingGatherCopiesRows) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t vocab = 50, n = 300;
+  const auto table = random_values(vocab * n, 8);
+  const std::vector<int32_t> ids = {0, 49, 7, 7, 23};
+  std::vector<uint8_t> id_bytes(ids.size() * 4);
+  std::memcpy(id_bytes.data(), ids.data(), id_bytes.size());
+  DeviceBuffer dt = upload(Act{DType::kBF16}.encode(table)), di = upload(id_bytes), dy;
+  ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(ids.size() * n), &dy).ok());
+  ASSERT_TRUE(embedding_gather(dt.data(), DType::kBF16, static_cast<const int32_t*>(di.data()),
+                               static_cast<int64_t>(ids.size()), n, dy.data(), a.t).ok());
+  ASSERT_TRUE(synchronize().ok());
+  const auto rounded = Act{DType::kBF16}.round(table);
+  std::vector<float> want;
+  for (int32_t id : ids) {
+    want.insert(want.end(), rounded.begin() + id * n, rounded.begin() + (id + 1) * n);
+  }
+  EXPECT_EQ(a.decode(download(dy)), want);  // BF16 values are exact in both types
+}
+
+INSTANTIATE_TEST_SUITE_P(Activations, CudaOps, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const auto& info) { return info.param == DType::kF32 ? "F32" : "BF16"; });
+
+}  // namespace
+}  // namespace vlm::cuda
