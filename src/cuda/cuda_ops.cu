@@ -71,6 +71,38 @@ __global__ void silu_mul_kernel(const T* gate, const T* up, int64_t count, T* ou
   }
 }
 
+template <typename T>
+__global__ void qk_norm_rope_kernel(T* x, int64_t rows, int64_t n_heads, int64_t head_dim,
+                                    const float* w, float eps, const float* cos, const float* sin) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t half = head_dim / 2;
+  T* v = x + row * head_dim;
+  const float* c = cos + (row / n_heads) * half;
+  const float* s = sin + (row / n_heads) * half;
+  float ss = 0.f;
+  for (int64_t d = lane; d < head_dim; d += 32) {
+    const float a = load(v, d);
+    ss += a * a;
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = rsqrtf(ss / static_cast<float>(head_dim) + eps);
+  for (int64_t d = lane; d < half; d += 32) {
+    const float a = load(v, d) * inv * w[d];
+    const float b = load(v, d + half) * inv * w[d + half];
+    store(v, d, a * c[d] - b * s[d]);
+    store(v, d + half, b * c[d] + a * s[d]);
+  }
+}
+
+template <typename T>
+__global__ void add_rows_at_kernel(T* x, const int32_t* rows, const T* delta, int64_t n) {
+  T* xr = x + static_cast<int64_t>(rows[blockIdx.x]) * n;
+  const T* dr = delta + blockIdx.x * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(xr, i, load(xr, i) + load(dr, i));
+}
+
 template <typename Tt, typename To>
 __global__ void gather_kernel(const Tt* table, const int32_t* ids, int64_t n, To* out) {
   const Tt* row = table + static_cast<int64_t>(ids[blockIdx.x]) * n;
@@ -184,6 +216,38 @@ Status silu_mul(const void* gate, const void* up, int64_t count, void* out, DTyp
                                                       static_cast<__nv_bfloat16*>(out));
   }
   return from(cudaGetLastError(), "silu_mul launch");
+}
+
+Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
+                    float eps, const float* cos, const float* sin, DType t) {
+  if (head_dim % 2 != 0) return invalid_argument("qk_norm_rope: odd head_dim");
+  const int64_t rows = tokens * n_heads;
+  if (Status s = check_rows(rows, "qk_norm_rope"); !s.ok()) return s;
+  if (rows == 0) return ok_status();
+  constexpr int kWarps = kRowThreads / 32;
+  const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  if (t == DType::kF32) {
+    qk_norm_rope_kernel<<<blocks, kRowThreads>>>(static_cast<float*>(x), rows, n_heads, head_dim, w,
+                                                 eps, cos, sin);
+  } else {
+    qk_norm_rope_kernel<<<blocks, kRowThreads>>>(static_cast<__nv_bfloat16*>(x), rows, n_heads,
+                                                 head_dim, w, eps, cos, sin);
+  }
+  return from(cudaGetLastError(), "qk_norm_rope launch");
+}
+
+Status add_rows_at(void* x, const int32_t* rows, const void* delta, int64_t count, int64_t n,
+                   DType t) {
+  if (Status s = check_rows(count, "add_rows_at"); !s.ok()) return s;
+  if (count == 0) return ok_status();
+  if (t == DType::kF32) {
+    add_rows_at_kernel<<<count, kRowThreads>>>(static_cast<float*>(x), rows,
+                                               static_cast<const float*>(delta), n);
+  } else {
+    add_rows_at_kernel<<<count, kRowThreads>>>(static_cast<__nv_bfloat16*>(x), rows,
+                                               static_cast<const __nv_bfloat16*>(delta), n);
+  }
+  return from(cudaGetLastError(), "add_rows_at launch");
 }
 
 Status embedding_gather(const void* table, DType table_t, const int32_t* ids, int64_t count,

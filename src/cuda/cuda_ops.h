@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA backend's small ops (issue 7), first part: device memory, and the element-wise and
-// per-row ops of the decoder (RMSNorm, residual add + RMSNorm, SwiGLU, embedding gather).
+// per-row ops of the decoder (RMSNorm, residual add + RMSNorm, q/k norm + rotary, SwiGLU,
+// DeepStack row adds, embedding gather).
 // Pointers are device pointers; activations are F32 or BF16 (DType), every sum is f32, and the
 // results are rounded once to the activation type. The CPU reference is src/ops/ref.
 //
@@ -54,6 +55,15 @@ Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, in
                     void* y, DType t);
 // out = silu(gate) * up, element-wise over count values.
 Status silu_mul(const void* gate, const void* up, int64_t count, void* out, DType t);
+// Qwen3's per-head q/k RMSNorm (weight w f32[head_dim]) then NeoX rotary, in place over x
+// [tokens, n_heads, head_dim]; cos, sin f32 [tokens, head_dim / 2] (the M-RoPE angles, as the CPU
+// path builds them). One warp per head; the normalised values stay f32 until the rotation.
+Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
+                    float eps, const float* cos, const float* sin, DType t);
+// x[rows[i]] += delta[i] for i < count (rows of n values): DeepStack's adds of the vision
+// features at the image positions. The rows must be distinct and in range (checked on the host).
+Status add_rows_at(void* x, const int32_t* rows, const void* delta, int64_t count, int64_t n,
+                   DType t);
 // out[i] = table[ids[i]] (rows of n values; the table in table_t, out in out_t). ids must be in
 // range: the caller checks them on the host.
 Status embedding_gather(const void* table, DType table_t, const int32_t* ids, int64_t count,

@@ -166,6 +166,61 @@ TEST_P(CudaOps, SiluMulMatchesReference) {
   }
 }
 
+TEST_P(CudaOps, QkNormRopeMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  for (int64_t head_dim : {64, 128}) {
+    for (int64_t heads : {2, 16}) {
+      const int64_t tokens = 5, half = head_dim / 2;
+      const auto x = a.round(random_values(tokens * heads * head_dim, 9, 2.f));
+      const auto w = random_values(head_dim, 10);
+      std::vector<float> cos(tokens * half), sin(tokens * half);
+      const auto angle = random_values(cos.size(), 11, 3.f);
+      for (size_t i = 0; i < cos.size(); ++i) {
+        cos[i] = std::cos(angle[i]);
+        sin[i] = std::sin(angle[i]);
+      }
+      std::vector<float> want = x;
+      ops::ref::qk_norm_rope(want.data(), tokens, heads, head_dim, w.data(), 1e-6f, cos.data(),
+                             sin.data());
+      DeviceBuffer dx = upload(a.encode(x)), dw = upload_f32(w), dc = upload_f32(cos),
+                   ds = upload_f32(sin);
+      ASSERT_TRUE(qk_norm_rope(dx.data(), tokens, heads, head_dim,
+                               static_cast<const float*>(dw.data()), 1e-6f,
+                               static_cast<const float*>(dc.data()),
+                               static_cast<const float*>(ds.data()), a.t).ok());
+      ASSERT_TRUE(synchronize().ok());
+      // The rotation sums two products of values up to max|x·w|: bound it by the row's scale.
+      std::vector<float> got = a.decode(download(dx));
+      const auto ref = a.round(want);
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float scale = std::fabs(ref[i]) + 4.f;
+        ASSERT_LE(std::fabs(got[i] - ref[i]), a.tol(scale, rms_rel(head_dim) + 8 * kU))
+            << "head_dim " << head_dim << " heads " << heads << " [" << i << "]";
+      }
+    }
+  }
+}
+
+TEST_P(CudaOps, AddRowsAtAddsTheDeepStackFeatures) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t seq = 12, n = 520;
+  const std::vector<int32_t> rows = {2, 3, 4, 9};
+  auto x = a.round(random_values(seq * n, 12));
+  const auto delta = a.round(random_values(rows.size() * n, 13));
+  std::vector<uint8_t> row_bytes(rows.size() * 4);
+  std::memcpy(row_bytes.data(), rows.data(), row_bytes.size());
+  DeviceBuffer dx = upload(a.encode(x)), dr = upload(row_bytes), dd = upload(a.encode(delta));
+  ASSERT_TRUE(add_rows_at(dx.data(), static_cast<const int32_t*>(dr.data()), dd.data(),
+                          static_cast<int64_t>(rows.size()), n, a.t).ok());
+  ASSERT_TRUE(synchronize().ok());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int64_t j = 0; j < n; ++j) x[rows[i] * n + j] += delta[i * n + j];
+  }
+  expect_close(a.decode(download(dx)), a.round(x), a, 0.f, "add_rows_at");  // other rows untouched
+}
+
 TEST_P(CudaOps, EmbeddingGatherCopiesRows) {
   SKIP_WITHOUT_DEVICE();
   const Act a{GetParam()};
