@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "core/half.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/gemm.h"
 #include "ops/ref/ref.h"
 
 namespace vlm::cuda {
@@ -240,6 +242,42 @@ TEST_P(CudaOps, EmbeddingGatherCopiesRows) {
     want.insert(want.end(), rounded.begin() + id * n, rounded.begin() + (id + 1) * n);
   }
   EXPECT_EQ(a.decode(download(dy)), want);  // BF16 values are exact in both types
+}
+
+// y = x·Wᵀ through cuBLAS against a double-precision product of the same BF16 inputs. Bound: f32
+// sums in any order are within (K + 2)·u·Σ|x·w| of exact, plus, for a BF16 y, one BF16 ulp.
+TEST_P(CudaOps, GemmMatchesAnExactProduct) {
+  SKIP_WITHOUT_DEVICE();
+  const Act y_t{GetParam()};
+  const Act bf16{DType::kBF16};
+  std::unique_ptr<Gemm> gemm;
+  ASSERT_TRUE(Gemm::create(&gemm).ok());
+  for (int64_t M : {1, 7, 64}) {
+    for (int64_t N : {1, 33, 256}) {
+      for (int64_t K : {64, 136, 1024}) {
+        const auto x = bf16.round(random_values(M * K, 14));
+        const auto w = bf16.round(random_values(N * K, 15, 0.05f));
+        DeviceBuffer dx = upload(bf16.encode(x)), dw = upload(bf16.encode(w)), dy;
+        ASSERT_TRUE(DeviceBuffer::allocate(y_t.bytes(M * N), &dy).ok());
+        ASSERT_TRUE(gemm->matmul(dx.data(), dw.data(), M, N, K, dy.data(), y_t.t).ok());
+        ASSERT_TRUE(synchronize().ok());
+        const auto got = y_t.decode(download(dy));
+        for (int64_t i = 0; i < M; ++i) {
+          for (int64_t j = 0; j < N; ++j) {
+            double exact = 0, mag = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              exact += static_cast<double>(x[i * K + k]) * w[j * K + k];
+              mag += std::fabs(static_cast<double>(x[i * K + k]) * w[j * K + k]);
+            }
+            const double bound = (K + 2) * static_cast<double>(kU) * mag +
+                                 (y_t.t == DType::kBF16 ? std::fabs(exact) / 128 : 0.0) + 1e-7;
+            ASSERT_LE(std::fabs(got[i * N + j] - exact), bound)
+                << "M " << M << " N " << N << " K " << K << " at (" << i << ", " << j << ")";
+          }
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, CudaOps, ::testing::Values(DType::kF32, DType::kBF16),

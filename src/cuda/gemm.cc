@@ -1,0 +1,49 @@
+// cuBLAS behind src/cuda/gemm.h. Row-major y = x·Wᵀ is column-major yᵀ = W·xᵀ, where W's
+// row-major [N, K] storage is a column-major [K, N] matrix used transposed.
+#include "cuda/gemm.h"
+
+#include <cublas_v2.h>
+
+#include <limits>
+#include <string>
+
+namespace vlm::cuda {
+namespace {
+
+Status from(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return ok_status();
+  return internal_error(std::string("cuBLAS ") + what + ": " + cublasGetStatusString(s));
+}
+
+}  // namespace
+
+Status Gemm::create(std::unique_ptr<Gemm>* out) {
+  std::unique_ptr<Gemm> g(new Gemm());
+  cublasHandle_t h = nullptr;
+  if (Status s = from(cublasCreate(&h), "create"); !s.ok()) return s;
+  g->handle_ = h;
+  *out = std::move(g);
+  return ok_status();
+}
+
+Gemm::~Gemm() {
+  if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+}
+
+Status Gemm::matmul(const void* x, const void* w, int64_t M, int64_t N, int64_t K, void* y,
+                    DType y_t) {
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (M < 0 || N < 0 || K < 0 || M > kMax || N > kMax || K > kMax) {
+    return invalid_argument("gemm: shape out of range");
+  }
+  if (M == 0 || N == 0) return ok_status();
+  const float alpha = 1.f, beta = 0.f;
+  const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
+  return from(cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, m, n, k,
+                           &alpha, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, y,
+                           y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT),
+              "GemmEx");
+}
+
+}  // namespace vlm::cuda

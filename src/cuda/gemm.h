@@ -1,0 +1,29 @@
+#pragma once
+// The CUDA backend's matrix products (issue 7): y[M, N] = x[M, K] · W[N, K]ᵀ, with W as the
+// checkpoint stores a linear layer (row-major [out, in]), BF16 inputs and f32 accumulation,
+// through cuBLAS. Device pointers; the default stream.
+#include <cstdint>
+#include <memory>
+
+#include "cuda/cuda_ops.h"
+#include "vlm/status.h"
+
+namespace vlm::cuda {
+
+class Gemm {
+ public:
+  static Status create(std::unique_ptr<Gemm>* out);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // x BF16 [M, K] row-major, w BF16 [N, K] row-major, y [M, N] row-major in y_t (F32 or BF16,
+  // rounded once from the f32 sums).
+  Status matmul(const void* x, const void* w, int64_t M, int64_t N, int64_t K, void* y, DType y_t);
+
+ private:
+  Gemm() = default;
+  void* handle_ = nullptr;  // cublasHandle_t
+};
+
+}  // namespace vlm::cuda
