@@ -103,6 +103,42 @@ __global__ void add_rows_at_kernel(T* x, const int32_t* rows, const T* delta, in
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(xr, i, load(xr, i) + load(dr, i));
 }
 
+constexpr int kMaxHeadDim = 256;
+
+template <typename T>
+__global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v, int64_t n_kv,
+                                 int64_t first_pos, bool causal, int64_t n_heads, int64_t group,
+                                 int64_t head_dim, float scale, T* out) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= n_q * n_heads) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t i = row / n_heads, h = row % n_heads;
+  const int64_t kv_stride = (n_heads / group) * head_dim;
+  const int64_t kv_off = (h / group) * head_dim;
+  const int per = static_cast<int>(head_dim / 32);  // values per lane: lane + 32·j
+  float qr[kMaxHeadDim / 32], acc[kMaxHeadDim / 32];
+  for (int j = 0; j < per; ++j) {
+    qr[j] = load(q, row * head_dim + lane + 32 * j) * scale;
+    acc[j] = 0.f;
+  }
+  const int64_t seen = causal ? (first_pos + i + 1 < n_kv ? first_pos + i + 1 : n_kv) : n_kv;
+  float m = -INFINITY, l = 0.f;
+  for (int64_t p = 0; p < seen; ++p) {
+    const int64_t base = p * kv_stride + kv_off;
+    float s = 0.f;
+    for (int j = 0; j < per; ++j) s += qr[j] * load(k, base + lane + 32 * j);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float m_new = fmaxf(m, s);
+    const float keep = expf(m - m_new);  // 0 for the first key (m = -inf)
+    const float e = expf(s - m_new);
+    l = l * keep + e;
+    for (int j = 0; j < per; ++j) acc[j] = acc[j] * keep + e * load(v, base + lane + 32 * j);
+    m = m_new;
+  }
+  const float inv = seen > 0 ? 1.f / l : 0.f;
+  for (int j = 0; j < per; ++j) store(out, row * head_dim + lane + 32 * j, acc[j] * inv);
+}
+
 template <typename Tt, typename To>
 __global__ void gather_kernel(const Tt* table, const int32_t* ids, int64_t n, To* out) {
   const Tt* row = table + static_cast<int64_t>(ids[blockIdx.x]) * n;
@@ -248,6 +284,35 @@ Status add_rows_at(void* x, const int32_t* rows, const void* delta, int64_t coun
                                                static_cast<const __nv_bfloat16*>(delta), n);
   }
   return from(cudaGetLastError(), "add_rows_at launch");
+}
+
+Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
+                 int64_t first_pos, bool causal, int64_t n_heads, int64_t n_kv_heads,
+                 int64_t head_dim, float scale, void* out, DType t) {
+  if (head_dim <= 0 || head_dim % 32 != 0 || head_dim > kMaxHeadDim) {
+    return invalid_argument("attention: head_dim must be a multiple of 32 up to 256");
+  }
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
+    return invalid_argument("attention: n_heads must be a multiple of n_kv_heads");
+  }
+  const int64_t rows = n_q * n_heads;
+  if (Status s = check_rows(rows, "attention"); !s.ok()) return s;
+  if (rows == 0) return ok_status();
+  constexpr int kWarps = kRowThreads / 32;
+  const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  const int64_t group = n_heads / n_kv_heads;
+  if (t == DType::kF32) {
+    attention_kernel<<<blocks, kRowThreads>>>(
+        static_cast<const float*>(q), n_q, static_cast<const float*>(k),
+        static_cast<const float*>(v), n_kv, first_pos, causal, n_heads, group, head_dim, scale,
+        static_cast<float*>(out));
+  } else {
+    attention_kernel<<<blocks, kRowThreads>>>(
+        static_cast<const __nv_bfloat16*>(q), n_q, static_cast<const __nv_bfloat16*>(k),
+        static_cast<const __nv_bfloat16*>(v), n_kv, first_pos, causal, n_heads, group, head_dim,
+        scale, static_cast<__nv_bfloat16*>(out));
+  }
+  return from(cudaGetLastError(), "attention launch");
 }
 
 Status embedding_gather(const void* table, DType table_t, const int32_t* ids, int64_t count,

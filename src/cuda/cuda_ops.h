@@ -64,6 +64,15 @@ Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, 
 // features at the image positions. The rows must be distinct and in range (checked on the host).
 Status add_rows_at(void* x, const int32_t* rows, const void* delta, int64_t count, int64_t n,
                    DType t);
+// Attention with an online softmax (f32 scores, sums and output accumulators), one warp per
+// (query, head); GQA maps head h to KV head h / (n_heads / n_kv_heads). q, out [n_q, n_heads,
+// head_dim]; k, v [n_kv, n_kv_heads, head_dim] (head_dim a multiple of 32, at most 256).
+// causal: query i sees keys 0 .. first_pos + i (the KV cache of one sequence, contiguous);
+// otherwise every query sees all n_kv keys (the vision encoder's bidirectional attention).
+// The first, plain version: the flash-style tiled prefill and split-K paged decode come next.
+Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
+                 int64_t first_pos, bool causal, int64_t n_heads, int64_t n_kv_heads,
+                 int64_t head_dim, float scale, void* out, DType t);
 // out[i] = table[ids[i]] (rows of n values; the table in table_t, out in out_t). ids must be in
 // range: the caller checks them on the host.
 Status embedding_gather(const void* table, DType table_t, const int32_t* ids, int64_t count,

@@ -2,6 +2,7 @@
 // F32 and BF16 activations. Without a CUDA device every test reports skipped, never passed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -242,6 +243,57 @@ TEST_P(CudaOps, EmbeddingGatherCopiesRows) {
     want.insert(want.end(), rounded.begin() + id * n, rounded.begin() + (id + 1) * n);
   }
   EXPECT_EQ(a.decode(download(dy)), want);  // BF16 values are exact in both types
+}
+
+// Causal (a prefill chunk after first_pos cached tokens, and one decode step) with GQA, and the
+// vision encoder's bidirectional attention, against the double-precision reference. Bound: the
+// output is a convex combination of v, and the f32 online softmax is within a few roundings per
+// key of exact: (keys + 16)·4u·max|v|, plus one BF16 ulp in BF16.
+TEST_P(CudaOps, AttentionMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  struct Case { int64_t n_q, first_pos, heads, kv_heads, head_dim; bool causal; };
+  for (const Case& c : {Case{9, 0, 4, 2, 64, true}, Case{5, 37, 8, 2, 128, true},
+                        Case{1, 300, 16, 8, 128, true}, Case{1, 0, 2, 1, 256, true},
+                        Case{23, 0, 4, 4, 32, false}, Case{64, 0, 16, 16, 96, false}}) {
+    const int64_t n_kv = c.causal ? c.first_pos + c.n_q : c.n_q;
+    const auto q = a.round(random_values(c.n_q * c.heads * c.head_dim, 16, 2.f));
+    const auto k = a.round(random_values(n_kv * c.kv_heads * c.head_dim, 17, 2.f));
+    const auto v = a.round(random_values(n_kv * c.kv_heads * c.head_dim, 18));
+    const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> want(q.size());
+    if (c.causal) {
+      ops::ref::attention_causal(q.data(), c.n_q, c.first_pos, k.data(), v.data(), c.heads,
+                                 c.kv_heads, c.head_dim, scale, want.data());
+    } else {
+      ops::ref::attention_full(q.data(), k.data(), v.data(), c.n_q, c.heads, c.head_dim, scale,
+                               want.data());
+    }
+    DeviceBuffer dq = upload(a.encode(q)), dk = upload(a.encode(k)), dv = upload(a.encode(v)), dy;
+    ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q.size()), &dy).ok());
+    ASSERT_TRUE(attention(dq.data(), c.n_q, dk.data(), dv.data(), n_kv, c.first_pos, c.causal,
+                          c.heads, c.kv_heads, c.head_dim, scale, dy.data(), a.t).ok());
+    ASSERT_TRUE(synchronize().ok());
+    float vmax = 0.f;
+    for (float x : v) vmax = std::max(vmax, std::fabs(x));
+    const auto got = a.decode(download(dy));
+    const auto ref = a.round(want);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float bound = static_cast<float>(n_kv + 16) * 4 * kU * vmax +
+                          (a.t == DType::kBF16 ? std::fabs(ref[i]) / 128 : 0.f) + 1e-6f;
+      ASSERT_LE(std::fabs(got[i] - ref[i]), bound)
+          << "n_q " << c.n_q << " first_pos " << c.first_pos << " heads " << c.heads << "/"
+          << c.kv_heads << " head_dim " << c.head_dim << " [" << i << "]";
+    }
+  }
+}
+
+// Shapes are checked on the host, before any launch: this one runs without a GPU too.
+TEST(CudaAttention, RejectsBadShapes) {
+  EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 2, 48, 1.f, nullptr,
+                         DType::kF32).ok());  // head_dim not a multiple of 32
+  EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 3, 64, 1.f, nullptr,
+                         DType::kF32).ok());  // heads not a multiple of KV heads
 }
 
 // y = x·Wᵀ through cuBLAS against a double-precision product of the same BF16 inputs. Bound: f32
