@@ -139,6 +139,40 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
   for (int j = 0; j < per; ++j) store(out, row * head_dim + lane + 32 * j, acc[j] * inv);
 }
 
+// (value, index) pairs: the larger value wins, the lower index among equals; NaN loses.
+__device__ inline bool better(float v, int32_t i, float bv, int32_t bi) {
+  if (isnan(v)) return false;
+  if (isnan(bv)) return true;
+  return v > bv || (v == bv && i < bi);
+}
+
+__global__ void argmax_kernel(const float* logits, int64_t n, int32_t* ids) {
+  __shared__ float best_v[kRowThreads];
+  __shared__ int32_t best_i[kRowThreads];
+  const float* row = logits + blockIdx.x * n;
+  float bv = NAN;
+  int32_t bi = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if (better(row[i], static_cast<int32_t>(i), bv, bi)) {
+      bv = row[i];
+      bi = static_cast<int32_t>(i);
+    }
+  }
+  best_v[threadIdx.x] = bv;
+  best_i[threadIdx.x] = bi;
+  __syncthreads();
+  for (int stride = kRowThreads / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride &&
+        better(best_v[threadIdx.x + stride], best_i[threadIdx.x + stride], best_v[threadIdx.x],
+               best_i[threadIdx.x])) {
+      best_v[threadIdx.x] = best_v[threadIdx.x + stride];
+      best_i[threadIdx.x] = best_i[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ids[blockIdx.x] = best_i[0];
+}
+
 template <typename Tt, typename To>
 __global__ void gather_kernel(const Tt* table, const int32_t* ids, int64_t n, To* out) {
   const Tt* row = table + static_cast<int64_t>(ids[blockIdx.x]) * n;
@@ -313,6 +347,14 @@ Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64
         scale, static_cast<__nv_bfloat16*>(out));
   }
   return from(cudaGetLastError(), "attention launch");
+}
+
+Status argmax_rows(const float* logits, int64_t rows, int64_t n, int32_t* ids) {
+  if (Status s = check_rows(rows, "argmax_rows"); !s.ok()) return s;
+  if (n <= 0 || n > 0x7fffffff) return invalid_argument("argmax_rows: bad row length");
+  if (rows == 0) return ok_status();
+  argmax_kernel<<<rows, kRowThreads>>>(logits, n, ids);
+  return from(cudaGetLastError(), "argmax_rows launch");
 }
 
 Status embedding_gather(const void* table, DType table_t, const int32_t* ids, int64_t count,

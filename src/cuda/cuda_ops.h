@@ -73,6 +73,9 @@ Status add_rows_at(void* x, const int32_t* rows, const void* delta, int64_t coun
 Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
                  int64_t first_pos, bool causal, int64_t n_heads, int64_t n_kv_heads,
                  int64_t head_dim, float scale, void* out, DType t);
+// Greedy sampling on the device: ids[r] = the index of row r's largest logit (the lowest index
+// among equal ones, as std::max_element; NaN never wins). logits f32 [rows, n].
+Status argmax_rows(const float* logits, int64_t rows, int64_t n, int32_t* ids);
 // out[i] = table[ids[i]] (rows of n values; the table in table_t, out in out_t). ids must be in
 // range: the caller checks them on the host.
 Status embedding_gather(const void* table, DType table_t, const int32_t* ids, int64_t count,

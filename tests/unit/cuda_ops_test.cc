@@ -288,6 +288,33 @@ TEST_P(CudaOps, AttentionMatchesReference) {
   }
 }
 
+// Greedy sampling: the first largest logit of each row, as std::max_element picks it, with ties
+// and NaN planted.
+TEST(CudaSampling, ArgmaxRowsPicksTheFirstLargest) {
+  SKIP_WITHOUT_DEVICE();
+  const int64_t rows = 6, n = 151936;  // Qwen3's vocabulary
+  auto logits = random_values(rows * n, 19, 3.f);
+  logits[1 * n + 5] = logits[1 * n + 90000] = 100.f;  // a tie: the lower index wins
+  logits[2 * n + 7] = std::nanf("");                   // NaN never wins
+  logits[3 * n + n - 1] = 100.f;                        // the last element
+  for (int64_t i = 0; i < n; ++i) logits[4 * n + i] = -1.f;  // all equal: index 0
+  DeviceBuffer dl = upload_f32(logits), di;
+  ASSERT_TRUE(DeviceBuffer::allocate(rows * 4, &di).ok());
+  ASSERT_TRUE(argmax_rows(static_cast<const float*>(dl.data()), rows, n,
+                          static_cast<int32_t*>(di.data())).ok());
+  ASSERT_TRUE(synchronize().ok());
+  std::vector<int32_t> got(rows);
+  ASSERT_TRUE(di.download(got.data(), rows * 4).ok());
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t want = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = logits[r * n + i];
+      if (!std::isnan(x) && (want < 0 || x > logits[r * n + want])) want = i;
+    }
+    EXPECT_EQ(got[r], want) << "row " << r;
+  }
+}
+
 // Shapes are checked on the host, before any launch: this one runs without a GPU too.
 TEST(CudaAttention, RejectsBadShapes) {
   EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 2, 48, 1.f, nullptr,
