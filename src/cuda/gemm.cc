@@ -30,8 +30,9 @@ Gemm::~Gemm() {
   if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
 }
 
-Status Gemm::matmul(const void* x, const void* w, int64_t M, int64_t N, int64_t K, void* y,
-                    DType y_t) {
+Status Gemm::matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t N, int64_t K,
+                    void* y, DType y_t) {
+  if (in_t == DType::kF32 && y_t != DType::kF32) return invalid_argument("gemm: F32 inputs give F32");
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   if (M < 0 || N < 0 || K < 0 || M > kMax || N > kMax || K > kMax) {
     return invalid_argument("gemm: shape out of range");
@@ -39,8 +40,9 @@ Status Gemm::matmul(const void* x, const void* w, int64_t M, int64_t N, int64_t 
   if (M == 0 || N == 0) return ok_status();
   const float alpha = 1.f, beta = 0.f;
   const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
+  const cudaDataType_t in = in_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   return from(cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, m, n, k,
-                           &alpha, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, y,
+                           &alpha, w, in, k, x, in, k, &beta, y,
                            y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT),
               "GemmEx");

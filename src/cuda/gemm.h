@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA backend's matrix products (issue 7): y[M, N] = x[M, K] · W[N, K]ᵀ, with W as the
-// checkpoint stores a linear layer (row-major [out, in]), BF16 inputs and f32 accumulation,
-// through cuBLAS. Device pointers; the default stream.
+// checkpoint stores a linear layer (row-major [out, in]), BF16 or F32 inputs and f32
+// accumulation (never TF32), through cuBLAS. Device pointers; the default stream.
 #include <cstdint>
 #include <memory>
 
@@ -17,9 +17,10 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // x BF16 [M, K] row-major, w BF16 [N, K] row-major, y [M, N] row-major in y_t (F32 or BF16,
-  // rounded once from the f32 sums).
-  Status matmul(const void* x, const void* w, int64_t M, int64_t N, int64_t K, void* y, DType y_t);
+  // x [M, K] and w [N, K] row-major, both in in_t; y [M, N] row-major in y_t, rounded once from
+  // the f32 sums. BF16 inputs give F32 or BF16 y; F32 inputs give F32 y.
+  Status matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t N, int64_t K, void* y,
+                DType y_t);
 
  private:
   Gemm() = default;
