@@ -13,6 +13,7 @@
 #include "core/half.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/gemm.h"
+#include "cuda/weights.h"
 #include "ops/ref/ref.h"
 
 namespace vlm::cuda {
@@ -313,6 +314,52 @@ TEST(CudaSampling, ArgmaxRowsPicksTheFirstLargest) {
     }
     EXPECT_EQ(got[r], want) << "row " << r;
   }
+}
+
+// The weights' device bytes are made on the host: these run without a GPU too.
+TEST(CudaWeights, DeviceBytesConvertAsTorchCasts) {
+  // 1 + 3·2^-8 is a BF16 tie whose even neighbour is the upper one (truncation would go down).
+  const std::vector<float> f32 = {1.f, -2.5f, 1.01171875f, 3.14159f, 0.f, -1e-30f};
+  TensorView w{vlm::DType::kF32, {2, 3}, f32.data()};
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(device_bytes(w, DType::kBF16, &bytes).ok());
+  ASSERT_EQ(bytes.size(), 12u);
+  for (size_t i = 0; i < f32.size(); ++i) {
+    uint16_t h;
+    std::memcpy(&h, bytes.data() + 2 * i, 2);
+    EXPECT_EQ(h, f32_to_bf16(f32[i])) << i;
+  }
+  uint16_t tie;
+  std::memcpy(&tie, bytes.data() + 4, 2);
+  EXPECT_EQ(bf16_to_f32(tie), 1.015625f);
+  ASSERT_TRUE(device_bytes(w, DType::kF32, &bytes).ok());
+  EXPECT_EQ(std::memcmp(bytes.data(), f32.data(), bytes.size()), 0);
+
+  std::vector<uint16_t> bf16(f32.size()), f16(f32.size());
+  for (size_t i = 0; i < f32.size(); ++i) {
+    bf16[i] = f32_to_bf16(f32[i]);
+    f16[i] = f32_to_f16(f32[i]);
+  }
+  ASSERT_TRUE(device_bytes(TensorView{vlm::DType::kBF16, {6}, bf16.data()}, DType::kBF16, &bytes).ok());
+  EXPECT_EQ(std::memcmp(bytes.data(), bf16.data(), bytes.size()), 0);  // copied as stored
+  ASSERT_TRUE(device_bytes(TensorView{vlm::DType::kF16, {6}, f16.data()}, DType::kF32, &bytes).ok());
+  for (size_t i = 0; i < f16.size(); ++i) {
+    float v;
+    std::memcpy(&v, bytes.data() + 4 * i, 4);
+    EXPECT_EQ(v, f16_to_f32(f16[i])) << i;
+  }
+  const std::vector<int8_t> i8(6, 1);
+  const Status s = device_bytes(TensorView{vlm::DType::kI8, {6}, i8.data()}, DType::kBF16, &bytes);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("I8"), std::string::npos) << s.message();
+}
+
+TEST(CudaWeights, UploadRoundTrips) {
+  SKIP_WITHOUT_DEVICE();
+  const auto f32 = random_values(1000, 20);
+  DeviceBuffer d;
+  ASSERT_TRUE(upload_tensor(TensorView{vlm::DType::kF32, {10, 100}, f32.data()}, DType::kBF16, &d).ok());
+  EXPECT_EQ(Act{DType::kBF16}.decode(download(d)), Act{DType::kBF16}.round(f32));
 }
 
 // Shapes are checked on the host, before any launch: this one runs without a GPU too.
