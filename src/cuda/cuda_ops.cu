@@ -21,15 +21,22 @@ __device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
 __device__ inline void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 constexpr int kRowThreads = 256;
+constexpr int kWarpsPerBlock = kRowThreads / 32;
+
+// The warp's sum of v (every lane gets it).
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 // The block's sum of v (every thread gets it).
 __device__ float block_sum(float v) {
-  __shared__ float part[kRowThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __shared__ float part[kWarpsPerBlock];
+  v = warp_sum(v);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
   __syncthreads();
   float s = 0.f;
-  for (int i = 0; i < kRowThreads / 32; ++i) s += part[i];
+  for (int i = 0; i < kWarpsPerBlock; ++i) s += part[i];
   __syncthreads();  // part is reused by the next call
   return s;
 }
@@ -86,8 +93,7 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t rows, int64_t n_heads, int64_t
     const float a = load(v, d);
     ss += a * a;
   }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float inv = rsqrtf(ss / static_cast<float>(head_dim) + eps);
+  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(head_dim) + eps);
   for (int64_t d = lane; d < half; d += 32) {
     const float a = load(v, d) * inv * w[d];
     const float b = load(v, d + half) * inv * w[d + half];
@@ -127,7 +133,7 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
     const int64_t base = p * kv_stride + kv_off;
     float s = 0.f;
     for (int j = 0; j < per; ++j) s += qr[j] * load(k, base + lane + 32 * j);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     const float m_new = fmaxf(m, s);
     const float keep = expf(m - m_new);  // 0 for the first key (m = -inf)
     const float e = expf(s - m_new);
@@ -178,6 +184,21 @@ __global__ void gather_kernel(const Tt* table, const int32_t* ids, int64_t n, To
   const Tt* row = table + static_cast<int64_t>(ids[blockIdx.x]) * n;
   To* o = out + blockIdx.x * n;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(o, i, load(row, i));
+}
+
+// Blocks for one warp per row.
+unsigned warp_row_blocks(int64_t rows) {
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+// Calls f with a value of the activation type: float or __nv_bfloat16.
+template <typename F>
+void with_act(DType t, F&& f) {
+  if (t == DType::kF32) {
+    f(float{});
+  } else {
+    f(__nv_bfloat16{});
+  }
 }
 
 unsigned grid_for(int64_t count) {
@@ -250,12 +271,10 @@ Status synchronize() { return from(cudaDeviceSynchronize(), "synchronize"); }
 Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y, DType t) {
   if (Status s = check_rows(rows, "rms_norm"); !s.ok()) return s;
   if (rows == 0) return ok_status();
-  if (t == DType::kF32) {
-    rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<const float*>(x), w, n, eps, static_cast<float*>(y));
-  } else {
-    rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<const __nv_bfloat16*>(x), w, n, eps,
-                                           static_cast<__nv_bfloat16*>(y));
-  }
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<const T*>(x), w, n, eps, static_cast<T*>(y));
+  });
   return from(cudaGetLastError(), "rms_norm launch");
 }
 
@@ -263,28 +282,22 @@ Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, in
                     void* y, DType t) {
   if (Status s = check_rows(rows, "add_rms_norm"); !s.ok()) return s;
   if (rows == 0) return ok_status();
-  if (t == DType::kF32) {
-    add_rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<float*>(x), static_cast<const float*>(delta),
-                                               w, n, eps, static_cast<float*>(y));
-  } else {
-    add_rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<__nv_bfloat16*>(x),
-                                               static_cast<const __nv_bfloat16*>(delta), w, n, eps,
-                                               static_cast<__nv_bfloat16*>(y));
-  }
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    add_rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<T*>(x), static_cast<const T*>(delta), w,
+                                               n, eps, static_cast<T*>(y));
+  });
   return from(cudaGetLastError(), "add_rms_norm launch");
 }
 
 Status silu_mul(const void* gate, const void* up, int64_t count, void* out, DType t) {
   if (count <= 0) return ok_status();
-  if (t == DType::kF32) {
-    silu_mul_kernel<<<grid_for(count), kRowThreads>>>(static_cast<const float*>(gate),
-                                                      static_cast<const float*>(up), count,
-                                                      static_cast<float*>(out));
-  } else {
-    silu_mul_kernel<<<grid_for(count), kRowThreads>>>(static_cast<const __nv_bfloat16*>(gate),
-                                                      static_cast<const __nv_bfloat16*>(up), count,
-                                                      static_cast<__nv_bfloat16*>(out));
-  }
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    silu_mul_kernel<<<grid_for(count), kRowThreads>>>(static_cast<const T*>(gate),
+                                                      static_cast<const T*>(up), count,
+                                                      static_cast<T*>(out));
+  });
   return from(cudaGetLastError(), "silu_mul launch");
 }
 
@@ -294,15 +307,11 @@ Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, 
   const int64_t rows = tokens * n_heads;
   if (Status s = check_rows(rows, "qk_norm_rope"); !s.ok()) return s;
   if (rows == 0) return ok_status();
-  constexpr int kWarps = kRowThreads / 32;
-  const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
-  if (t == DType::kF32) {
-    qk_norm_rope_kernel<<<blocks, kRowThreads>>>(static_cast<float*>(x), rows, n_heads, head_dim, w,
-                                                 eps, cos, sin);
-  } else {
-    qk_norm_rope_kernel<<<blocks, kRowThreads>>>(static_cast<__nv_bfloat16*>(x), rows, n_heads,
-                                                 head_dim, w, eps, cos, sin);
-  }
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    qk_norm_rope_kernel<<<warp_row_blocks(rows), kRowThreads>>>(static_cast<T*>(x), rows, n_heads,
+                                                                head_dim, w, eps, cos, sin);
+  });
   return from(cudaGetLastError(), "qk_norm_rope launch");
 }
 
@@ -310,13 +319,11 @@ Status add_rows_at(void* x, const int32_t* rows, const void* delta, int64_t coun
                    DType t) {
   if (Status s = check_rows(count, "add_rows_at"); !s.ok()) return s;
   if (count == 0) return ok_status();
-  if (t == DType::kF32) {
-    add_rows_at_kernel<<<count, kRowThreads>>>(static_cast<float*>(x), rows,
-                                               static_cast<const float*>(delta), n);
-  } else {
-    add_rows_at_kernel<<<count, kRowThreads>>>(static_cast<__nv_bfloat16*>(x), rows,
-                                               static_cast<const __nv_bfloat16*>(delta), n);
-  }
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    add_rows_at_kernel<<<count, kRowThreads>>>(static_cast<T*>(x), rows, static_cast<const T*>(delta),
+                                               n);
+  });
   return from(cudaGetLastError(), "add_rows_at launch");
 }
 
@@ -332,20 +339,13 @@ Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64
   const int64_t rows = n_q * n_heads;
   if (Status s = check_rows(rows, "attention"); !s.ok()) return s;
   if (rows == 0) return ok_status();
-  constexpr int kWarps = kRowThreads / 32;
-  const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   const int64_t group = n_heads / n_kv_heads;
-  if (t == DType::kF32) {
-    attention_kernel<<<blocks, kRowThreads>>>(
-        static_cast<const float*>(q), n_q, static_cast<const float*>(k),
-        static_cast<const float*>(v), n_kv, first_pos, causal, n_heads, group, head_dim, scale,
-        static_cast<float*>(out));
-  } else {
-    attention_kernel<<<blocks, kRowThreads>>>(
-        static_cast<const __nv_bfloat16*>(q), n_q, static_cast<const __nv_bfloat16*>(k),
-        static_cast<const __nv_bfloat16*>(v), n_kv, first_pos, causal, n_heads, group, head_dim,
-        scale, static_cast<__nv_bfloat16*>(out));
-  }
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    attention_kernel<<<warp_row_blocks(rows), kRowThreads>>>(
+        static_cast<const T*>(q), n_q, static_cast<const T*>(k), static_cast<const T*>(v), n_kv,
+        first_pos, causal, n_heads, group, head_dim, scale, static_cast<T*>(out));
+  });
   return from(cudaGetLastError(), "attention launch");
 }
 
@@ -361,15 +361,14 @@ Status embedding_gather(const void* table, DType table_t, const int32_t* ids, in
                         int64_t n, void* out, DType out_t) {
   if (Status s = check_rows(count, "embedding_gather"); !s.ok()) return s;
   if (count == 0) return ok_status();
-  const bool tf = table_t == DType::kF32, of = out_t == DType::kF32;
-  const auto* tf32 = static_cast<const float*>(table);
-  const auto* tb16 = static_cast<const __nv_bfloat16*>(table);
-  auto* of32 = static_cast<float*>(out);
-  auto* ob16 = static_cast<__nv_bfloat16*>(out);
-  if (tf && of) gather_kernel<<<count, kRowThreads>>>(tf32, ids, n, of32);
-  if (tf && !of) gather_kernel<<<count, kRowThreads>>>(tf32, ids, n, ob16);
-  if (!tf && of) gather_kernel<<<count, kRowThreads>>>(tb16, ids, n, of32);
-  if (!tf && !of) gather_kernel<<<count, kRowThreads>>>(tb16, ids, n, ob16);
+  with_act(table_t, [&](auto a) {
+    with_act(out_t, [&](auto b) {
+      using Tt = decltype(a);
+      using To = decltype(b);
+      gather_kernel<<<count, kRowThreads>>>(static_cast<const Tt*>(table), ids, n,
+                                            static_cast<To*>(out));
+    });
+  });
   return from(cudaGetLastError(), "embedding_gather launch");
 }
 
