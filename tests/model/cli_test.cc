@@ -467,6 +467,11 @@ TEST_F(CliRun, ChatTemplateStopStringsAndSeeds) {
   EXPECT_EQ(stopped.out, reply.substr(0, at) + "\n");
 }
 
+// Asks the default model (no -m) one question about one picture, greedily.
+CliResult ask_default_model(const std::string& image, const std::string& question) {
+  return vlm("run --greedy -n 32 -t 2 --image " + quote(image) + " -p " + quote(question));
+}
+
 // The README's main command (scripts/run.sh) asks the default model about examples/shapes.png;
 // every question scripts/train_tiny_vlm.py recorded beside it must get the true answer.
 TEST(Cli, DefaultModelAnswersTheReadmeExample) {
@@ -475,8 +480,7 @@ TEST(Cli, DefaultModelAnswersTheReadmeExample) {
       nlohmann::json::parse(test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/shapes.json"));
   ASSERT_GE(qas.size(), 3u);
   for (const auto& qa : qas) {
-    CliResult r = vlm("run --greedy -n 32 -t 2 --image " + quote(image) + " -p " +
-                      quote(qa["question"].get<std::string>()));
+    CliResult r = ask_default_model(image, qa["question"].get<std::string>());
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, qa["answer"].get<std::string>() + "\n") << qa["question"];
   }
@@ -491,8 +495,8 @@ TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenScenes) {
   const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
   int right = 0, total = 0;
   for (const auto& c : cases["cases"]) {
-    CliResult r = vlm("run --greedy -n 32 -t 2 --image " + quote(dir + "/" + c["image"].get<std::string>()) +
-                      " -p " + quote(c["question"].get<std::string>()));
+    CliResult r = ask_default_model(dir + "/" + c["image"].get<std::string>(),
+                                    c["question"].get<std::string>());
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n")
         << c["image"] << ": " << c["question"];
