@@ -102,11 +102,37 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t rows, int64_t n_heads, int64_t
   }
 }
 
-template <typename T>
-__global__ void add_rows_at_kernel(T* x, const int32_t* rows, const T* delta, int64_t n) {
+template <typename T, typename D>
+__global__ void add_rows_at_kernel(T* x, const int32_t* rows, const D* delta, int64_t n) {
   T* xr = x + static_cast<int64_t>(rows[blockIdx.x]) * n;
-  const T* dr = delta + blockIdx.x * n;
+  const D* dr = delta + blockIdx.x * n;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(xr, i, load(xr, i) + load(dr, i));
+}
+
+template <typename T, typename S>
+__global__ void set_rows_at_kernel(T* x, const int32_t* rows, const S* src, int64_t n) {
+  T* xr = x + static_cast<int64_t>(rows[blockIdx.x]) * n;
+  const S* sr = src + blockIdx.x * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(xr, i, load(sr, i));
+}
+
+template <typename T>
+__global__ void add_inplace_kernel(T* x, const T* delta, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    store(x, i, load(x, i) + load(delta, i));
+  }
+}
+
+template <typename T>
+__global__ void kv_store_kernel(const T* k, const T* v, const int32_t* slots, int64_t row,
+                                T* k_cache, T* v_cache) {
+  const int64_t dst = static_cast<int64_t>(slots[blockIdx.x]) * row;
+  const int64_t src = blockIdx.x * row;
+  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
+    k_cache[dst + i] = k[src + i];
+    v_cache[dst + i] = v[src + i];
+  }
 }
 
 constexpr int kMaxHeadDim = 256;
@@ -144,6 +170,91 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
   const float inv = seen > 0 ? 1.f / l : 0.f;
   for (int j = 0; j < per; ++j) store(out, row * head_dim + lane + 32 * j, acc[j] * inv);
 }
+
+// Paged attention: one warp per (query, head, split); see paged_attention() in cuda_ops.h.
+// Split `sp` covers keys [sp·split_len, min((sp + 1)·split_len, seen)). With one split the warp
+// writes the normalised output; otherwise its running max m, sum l and unnormalised accumulator
+// go to partial[(row · splits + sp) · (head_dim + 2)] = {m, l, acc[head_dim]}.
+template <typename T>
+__global__ void paged_attention_kernel(const T* q, int64_t rows, const int32_t* tok_seq,
+                                       const int32_t* tok_pos, const int32_t* tables,
+                                       int64_t table_stride, int64_t bs, const T* kc, const T* vc,
+                                       int64_t n_heads, int64_t group, int64_t head_dim,
+                                       float scale, int64_t splits, int64_t split_len,
+                                       float* partial, T* out) {
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int64_t row = warp / splits, sp = warp % splits;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t i = row / n_heads, h = row % n_heads;
+  const int64_t kvd = (n_heads / group) * head_dim;
+  const int64_t kv_off = (h / group) * head_dim;
+  const int32_t* table = tables + static_cast<int64_t>(tok_seq[i]) * table_stride;
+  const int64_t seen = static_cast<int64_t>(tok_pos[i]) + 1;
+  const int64_t begin = sp * split_len;
+  const int64_t end = begin + split_len < seen ? begin + split_len : seen;
+  const int per = static_cast<int>(head_dim / 32);
+  float qr[kMaxHeadDim / 32], acc[kMaxHeadDim / 32];
+  for (int j = 0; j < per; ++j) {
+    qr[j] = load(q, row * head_dim + lane + 32 * j) * scale;
+    acc[j] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  for (int64_t p = begin; p < end; ++p) {
+    const int64_t base = (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * kvd + kv_off;
+    float s = 0.f;
+    for (int j = 0; j < per; ++j) s += qr[j] * load(kc, base + lane + 32 * j);
+    s = warp_sum(s);
+    const float m_new = fmaxf(m, s);
+    const float keep = expf(m - m_new);
+    const float e = expf(s - m_new);
+    l = l * keep + e;
+    for (int j = 0; j < per; ++j) acc[j] = acc[j] * keep + e * load(vc, base + lane + 32 * j);
+    m = m_new;
+  }
+  if (splits == 1) {
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int j = 0; j < per; ++j) store(out, row * head_dim + lane + 32 * j, acc[j] * inv);
+    return;
+  }
+  float* part = partial + (row * splits + sp) * (head_dim + 2);
+  if (lane == 0) {
+    part[0] = m;
+    part[1] = l;
+  }
+  for (int j = 0; j < per; ++j) part[2 + lane + 32 * j] = acc[j];
+}
+
+// Merges the splits of each (query, head) row: one warp per row.
+template <typename T>
+__global__ void attention_combine_kernel(const float* partial, int64_t rows, int64_t splits,
+                                         int64_t head_dim, T* out) {
+  const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const float* part = partial + row * splits * (head_dim + 2);
+  float M = -INFINITY;
+  for (int64_t sp = 0; sp < splits; ++sp) M = fmaxf(M, part[sp * (head_dim + 2)]);
+  float l = 0.f;
+  for (int64_t sp = 0; sp < splits; ++sp) {
+    const float* p = part + sp * (head_dim + 2);
+    if (p[1] > 0.f) l += p[1] * expf(p[0] - M);
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  for (int64_t d = lane; d < head_dim; d += 32) {
+    float a = 0.f;
+    for (int64_t sp = 0; sp < splits; ++sp) {
+      const float* p = part + sp * (head_dim + 2);
+      if (p[1] > 0.f) a += p[2 + d] * expf(p[0] - M);
+    }
+    store(out, row * head_dim + d, a * inv);
+  }
+}
+
+constexpr int64_t kMaxSplits = 32;
+constexpr int64_t kSplitMinKeys = 256;
+// (query, head) rows from which one split each already gives the GPU enough warps.
+constexpr int64_t kSplitRowLimit = 1024;
 
 // (value, index) pairs: the larger value wins, the lower index among equals; NaN loses.
 __device__ inline bool better(float v, int32_t i, float bv, int32_t bi) {
@@ -315,16 +426,57 @@ Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, 
   return from(cudaGetLastError(), "qk_norm_rope launch");
 }
 
-Status add_rows_at(void* x, const int32_t* rows, const void* delta, int64_t count, int64_t n,
-                   DType t) {
+Status add_rows_at(void* x, const int32_t* rows, const void* delta, DType delta_t, int64_t count,
+                   int64_t n, DType t) {
   if (Status s = check_rows(count, "add_rows_at"); !s.ok()) return s;
   if (count == 0) return ok_status();
   with_act(t, [&](auto a) {
-    using T = decltype(a);
-    add_rows_at_kernel<<<count, kRowThreads>>>(static_cast<T*>(x), rows, static_cast<const T*>(delta),
-                                               n);
+    with_act(delta_t, [&](auto b) {
+      using T = decltype(a);
+      using D = decltype(b);
+      add_rows_at_kernel<<<count, kRowThreads>>>(static_cast<T*>(x), rows,
+                                                 static_cast<const D*>(delta), n);
+    });
   });
   return from(cudaGetLastError(), "add_rows_at launch");
+}
+
+Status set_rows_at(void* x, const int32_t* rows, const void* src, DType src_t, int64_t count,
+                   int64_t n, DType t) {
+  if (Status s = check_rows(count, "set_rows_at"); !s.ok()) return s;
+  if (count == 0) return ok_status();
+  with_act(t, [&](auto a) {
+    with_act(src_t, [&](auto b) {
+      using T = decltype(a);
+      using S = decltype(b);
+      set_rows_at_kernel<<<count, kRowThreads>>>(static_cast<T*>(x), rows,
+                                                 static_cast<const S*>(src), n);
+    });
+  });
+  return from(cudaGetLastError(), "set_rows_at launch");
+}
+
+Status add_inplace(void* x, const void* delta, int64_t count, DType t) {
+  if (count <= 0) return ok_status();
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    add_inplace_kernel<<<grid_for(count), kRowThreads>>>(static_cast<T*>(x),
+                                                         static_cast<const T*>(delta), count);
+  });
+  return from(cudaGetLastError(), "add_inplace launch");
+}
+
+Status kv_store(const void* k, const void* v, const int32_t* slots, int64_t tokens, int64_t row,
+                void* k_cache, void* v_cache, DType t) {
+  if (Status s = check_rows(tokens, "kv_store"); !s.ok()) return s;
+  if (tokens == 0) return ok_status();
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    kv_store_kernel<<<tokens, kRowThreads>>>(static_cast<const T*>(k), static_cast<const T*>(v),
+                                             slots, row, static_cast<T*>(k_cache),
+                                             static_cast<T*>(v_cache));
+  });
+  return from(cudaGetLastError(), "kv_store launch");
 }
 
 Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
@@ -347,6 +499,50 @@ Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64
         first_pos, causal, n_heads, group, head_dim, scale, static_cast<T*>(out));
   });
   return from(cudaGetLastError(), "attention launch");
+}
+
+int64_t attention_splits(int64_t rows, int64_t max_seen) {
+  if (rows >= kSplitRowLimit || max_seen <= 2 * kSplitMinKeys) return 1;
+  const int64_t s = (max_seen + kSplitMinKeys - 1) / kSplitMinKeys;
+  return s < kMaxSplits ? s : kMaxSplits;
+}
+
+int64_t paged_attention_scratch_floats(int64_t head_dim) {
+  return kSplitRowLimit * kMaxSplits * (head_dim + 2);
+}
+
+Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
+                       const int32_t* tok_pos, const int32_t* block_tables, int64_t table_stride,
+                       int64_t block_size, const void* k_cache, const void* v_cache,
+                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                       int64_t max_seen, float* partial, void* out, DType t) {
+  if (head_dim <= 0 || head_dim % 32 != 0 || head_dim > kMaxHeadDim) {
+    return invalid_argument("paged_attention: head_dim must be a multiple of 32 up to 256");
+  }
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
+    return invalid_argument("paged_attention: n_heads must be a multiple of n_kv_heads");
+  }
+  if (block_size <= 0) return invalid_argument("paged_attention: block_size must be positive");
+  const int64_t rows = tokens * n_heads;
+  if (Status s = check_rows(rows * kMaxSplits, "paged_attention"); !s.ok()) return s;
+  if (rows == 0) return ok_status();
+  const int64_t splits = attention_splits(rows, max_seen);
+  if (splits > 1 && partial == nullptr) return invalid_argument("paged_attention: no scratch");
+  const int64_t split_len = (max_seen + splits - 1) / splits;
+  const int64_t group = n_heads / n_kv_heads;
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    paged_attention_kernel<<<warp_row_blocks(rows * splits), kRowThreads>>>(
+        static_cast<const T*>(q), rows, tok_seq, tok_pos, block_tables, table_stride, block_size,
+        static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), n_heads, group, head_dim,
+        scale, splits, split_len, partial, static_cast<T*>(out));
+    if (splits > 1) {
+      attention_combine_kernel<<<warp_row_blocks(rows), kRowThreads>>>(partial, rows, splits,
+                                                                       head_dim,
+                                                                       static_cast<T*>(out));
+    }
+  });
+  return from(cudaGetLastError(), "paged_attention launch");
 }
 
 Status argmax_rows(const float* logits, int64_t rows, int64_t n, int32_t* ids) {

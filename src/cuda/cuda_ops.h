@@ -60,10 +60,21 @@ Status silu_mul(const void* gate, const void* up, int64_t count, void* out, DTyp
 // path builds them). One warp per head; the normalised values stay f32 until the rotation.
 Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
                     float eps, const float* cos, const float* sin, DType t);
-// x[rows[i]] += delta[i] for i < count (rows of n values): DeepStack's adds of the vision
-// features at the image positions. The rows must be distinct and in range (checked on the host).
-Status add_rows_at(void* x, const int32_t* rows, const void* delta, int64_t count, int64_t n,
-                   DType t);
+// x[rows[i]] += delta[i] for i < count (rows of n values; delta in delta_t): DeepStack's adds of
+// the vision features at the image positions. The rows must be distinct and in range (checked on
+// the host).
+Status add_rows_at(void* x, const int32_t* rows, const void* delta, DType delta_t, int64_t count,
+                   int64_t n, DType t);
+// x[rows[i]] = src[i] (rows of n values; src in src_t): the merger's features replace the image
+// pads' embeddings.
+Status set_rows_at(void* x, const int32_t* rows, const void* src, DType src_t, int64_t count,
+                   int64_t n, DType t);
+// x += delta, element-wise over count values (a residual add no norm follows).
+Status add_inplace(void* x, const void* delta, int64_t count, DType t);
+// The K and V rows of `tokens` tokens into the paged cache: k_cache[slots[i]] = k[i] and the same
+// for v (rows of `row` values, row = n_kv_heads · head_dim; slot = block · block_size + offset).
+Status kv_store(const void* k, const void* v, const int32_t* slots, int64_t tokens, int64_t row,
+                void* k_cache, void* v_cache, DType t);
 // Attention with an online softmax (f32 scores, sums and output accumulators), one warp per
 // (query, head); GQA maps head h to KV head h / (n_heads / n_kv_heads). q, out [n_q, n_heads,
 // head_dim]; k, v [n_kv, n_kv_heads, head_dim] (head_dim a multiple of 32, at most 256).
@@ -73,6 +84,25 @@ Status add_rows_at(void* x, const int32_t* rows, const void* delta, int64_t coun
 Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
                  int64_t first_pos, bool causal, int64_t n_heads, int64_t n_kv_heads,
                  int64_t head_dim, float scale, void* out, DType t);
+// Causal GQA attention of a varlen batch against the paged KV cache (after kv_store of the
+// batch's own K/V): query token i (of `tokens`, in sequence tok_seq[i], at position tok_pos[i])
+// sees that sequence's keys 0 .. tok_pos[i], found through its block table (row tok_seq[i] of
+// block_tables, table_stride entries apart). q, out [tokens, n_heads, head_dim]; caches
+// [blocks · block_size, n_kv_heads · head_dim]. Online softmax in f32, one warp per (query, head,
+// split): when few (query, head) rows are there to fill the GPU (decode) and the context is
+// long, the keys are split into attention_splits() parts whose partial results (m, l, acc) go to
+// `partial` and are merged by a second kernel (flash-decoding). max_seen: the largest
+// tok_pos + 1. partial: f32, at least paged_attention_scratch_floats(head_dim) values.
+Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
+                       const int32_t* tok_pos, const int32_t* block_tables, int64_t table_stride,
+                       int64_t block_size, const void* k_cache, const void* v_cache,
+                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                       int64_t max_seen, float* partial, void* out, DType t);
+// How many parts paged_attention splits each (query, head)'s keys into: 1 when rows = tokens ·
+// n_heads already fill the GPU or the context is short, else up to 32 parts of >= 256 keys.
+int64_t attention_splits(int64_t rows, int64_t max_seen);
+// The f32 scratch paged_attention may use for head_dim, whatever the batch.
+int64_t paged_attention_scratch_floats(int64_t head_dim);
 // Greedy sampling on the device: ids[r] = the index of row r's largest logit (the lowest index
 // among equal ones, as std::max_element; NaN never wins). logits f32 [rows, n].
 Status argmax_rows(const float* logits, int64_t rows, int64_t n, int32_t* ids);

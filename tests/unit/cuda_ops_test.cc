@@ -211,18 +211,138 @@ TEST_P(CudaOps, AddRowsAtAddsTheDeepStackFeatures) {
   const Act a{GetParam()};
   const int64_t seq = 12, n = 520;
   const std::vector<int32_t> rows = {2, 3, 4, 9};
-  auto x = a.round(random_values(seq * n, 12));
-  const auto delta = a.round(random_values(rows.size() * n, 13));
   std::vector<uint8_t> row_bytes(rows.size() * 4);
   std::memcpy(row_bytes.data(), rows.data(), row_bytes.size());
-  DeviceBuffer dx = upload(a.encode(x)), dr = upload(row_bytes), dd = upload(a.encode(delta));
-  ASSERT_TRUE(add_rows_at(dx.data(), static_cast<const int32_t*>(dr.data()), dd.data(),
-                          static_cast<int64_t>(rows.size()), n, a.t).ok());
+  DeviceBuffer dr = upload(row_bytes);
+  for (const Act d : {a, Act{DType::kF32}}) {  // features in the activation type, or f32
+    auto x = a.round(random_values(seq * n, 12));
+    const auto delta = d.round(random_values(rows.size() * n, 13));
+    DeviceBuffer dx = upload(a.encode(x)), dd = upload(d.encode(delta));
+    ASSERT_TRUE(add_rows_at(dx.data(), static_cast<const int32_t*>(dr.data()), dd.data(), d.t,
+                            static_cast<int64_t>(rows.size()), n, a.t).ok());
+    ASSERT_TRUE(synchronize().ok());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      for (int64_t j = 0; j < n; ++j) x[rows[i] * n + j] += delta[i * n + j];
+    }
+    expect_close(a.decode(download(dx)), a.round(x), a, 0.f, "add_rows_at");  // others untouched
+  }
+}
+
+// The merger's f32 features replace the image pads' rows; the other rows stay as they were.
+TEST_P(CudaOps, SetRowsAtReplacesTheImageRows) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t seq = 10, n = 300;
+  const std::vector<int32_t> rows = {1, 5, 6};
+  std::vector<uint8_t> row_bytes(rows.size() * 4);
+  std::memcpy(row_bytes.data(), rows.data(), row_bytes.size());
+  auto x = a.round(random_values(seq * n, 30));
+  const auto src = random_values(rows.size() * n, 31);
+  DeviceBuffer dx = upload(a.encode(x)), dr = upload(row_bytes), ds = upload_f32(src);
+  ASSERT_TRUE(set_rows_at(dx.data(), static_cast<const int32_t*>(dr.data()), ds.data(),
+                          DType::kF32, static_cast<int64_t>(rows.size()), n, a.t).ok());
   ASSERT_TRUE(synchronize().ok());
   for (size_t i = 0; i < rows.size(); ++i) {
-    for (int64_t j = 0; j < n; ++j) x[rows[i] * n + j] += delta[i * n + j];
+    std::copy_n(src.begin() + i * n, n, x.begin() + rows[i] * n);
   }
-  expect_close(a.decode(download(dx)), a.round(x), a, 0.f, "add_rows_at");  // other rows untouched
+  EXPECT_EQ(a.decode(download(dx)), a.round(x));
+}
+
+TEST_P(CudaOps, AddInplaceAddsElementwise) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t count = 70001;
+  auto x = a.round(random_values(count, 32));
+  const auto d = a.round(random_values(count, 33));
+  DeviceBuffer dx = upload(a.encode(x)), dd = upload(a.encode(d));
+  ASSERT_TRUE(add_inplace(dx.data(), dd.data(), count, a.t).ok());
+  ASSERT_TRUE(synchronize().ok());
+  for (int64_t i = 0; i < count; ++i) x[i] += d[i];
+  expect_close(a.decode(download(dx)), a.round(x), a, 0.f, "add_inplace");
+}
+
+// A varlen batch over the paged cache, as the decoder runs it: a prefill chunk after cached
+// tokens, a long decode step (split along the keys and merged) and a short one, each sequence's
+// blocks scattered through the pool. The batch's own K/V go in through kv_store; the outputs
+// are checked against the double-precision reference on each sequence's contiguous K/V, with the
+// bound of AttentionMatchesReference.
+TEST_P(CudaOps, PagedAttentionMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t heads = 8, kv_heads = 2, hd = 128, kvd = kv_heads * hd, bs = 16;
+  struct Seq { int64_t first, n; };
+  const std::vector<Seq> seqs = {{20, 7}, {1500, 1}, {3, 1}};
+  int64_t max_blocks = 0, tokens = 0, max_seen = 0;
+  for (const Seq& s : seqs) {
+    max_blocks = std::max(max_blocks, (s.first + s.n + bs - 1) / bs);
+    tokens += s.n;
+    max_seen = std::max(max_seen, s.first + s.n);
+  }
+  ASSERT_GT(attention_splits(tokens * heads, max_seen), 1);  // the long step is split
+  const int64_t pool_blocks = max_blocks * static_cast<int64_t>(seqs.size()) + 5;
+  std::vector<int32_t> perm(pool_blocks);
+  for (int64_t b = 0; b < pool_blocks; ++b) perm[b] = static_cast<int32_t>(b);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(34));
+  std::vector<int32_t> tables(seqs.size() * max_blocks, -1);
+  std::vector<float> kpool(pool_blocks * bs * kvd, 0.f), vpool(kpool.size(), 0.f);
+  std::vector<float> q_all, k_new, v_new, want;
+  std::vector<int32_t> slots, tok_seq, tok_pos;
+  float vmax = 0.f;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t n_kv = seqs[s].first + seqs[s].n, n = seqs[s].n;
+    for (int64_t b = 0; b < (n_kv + bs - 1) / bs; ++b) {
+      tables[s * max_blocks + b] = perm[s * max_blocks + b];
+    }
+    const auto q = a.round(random_values(n * heads * hd, 35 + 3 * s, 2.f));
+    const auto k = a.round(random_values(n_kv * kvd, 36 + 3 * s, 2.f));
+    const auto v = a.round(random_values(n_kv * kvd, 37 + 3 * s));
+    for (float x : v) vmax = std::max(vmax, std::fabs(x));
+    for (int64_t p = 0; p < n_kv; ++p) {
+      const int64_t slot = tables[s * max_blocks + p / bs] * bs + p % bs;
+      if (p < seqs[s].first) {  // cached before this step
+        std::copy_n(k.begin() + p * kvd, kvd, kpool.begin() + slot * kvd);
+        std::copy_n(v.begin() + p * kvd, kvd, vpool.begin() + slot * kvd);
+      } else {  // this step's tokens
+        k_new.insert(k_new.end(), k.begin() + p * kvd, k.begin() + (p + 1) * kvd);
+        v_new.insert(v_new.end(), v.begin() + p * kvd, v.begin() + (p + 1) * kvd);
+        slots.push_back(static_cast<int32_t>(slot));
+        tok_seq.push_back(static_cast<int32_t>(s));
+        tok_pos.push_back(static_cast<int32_t>(p));
+      }
+    }
+    q_all.insert(q_all.end(), q.begin(), q.end());
+    std::vector<float> out(q.size());
+    ops::ref::attention_causal(q.data(), n, seqs[s].first, k.data(), v.data(), heads, kv_heads,
+                               hd, 1.f / std::sqrt(static_cast<float>(hd)), out.data());
+    want.insert(want.end(), out.begin(), out.end());
+  }
+  auto ints = [](const std::vector<int32_t>& v) {
+    std::vector<uint8_t> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    return upload(b);
+  };
+  DeviceBuffer dq = upload(a.encode(q_all)), dk = upload(a.encode(k_new)),
+               dv = upload(a.encode(v_new)), dkc = upload(a.encode(kpool)),
+               dvc = upload(a.encode(vpool)), dslots = ints(slots), dseq = ints(tok_seq),
+               dpos = ints(tok_pos), dtab = ints(tables), dpart, dy;
+  ASSERT_TRUE(DeviceBuffer::allocate(paged_attention_scratch_floats(hd) * 4, &dpart).ok());
+  ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q_all.size()), &dy).ok());
+  ASSERT_TRUE(kv_store(dk.data(), dv.data(), static_cast<const int32_t*>(dslots.data()), tokens,
+                       kvd, dkc.data(), dvc.data(), a.t).ok());
+  ASSERT_TRUE(paged_attention(dq.data(), tokens, static_cast<const int32_t*>(dseq.data()),
+                              static_cast<const int32_t*>(dpos.data()),
+                              static_cast<const int32_t*>(dtab.data()), max_blocks, bs, dkc.data(),
+                              dvc.data(), heads, kv_heads, hd,
+                              1.f / std::sqrt(static_cast<float>(hd)), max_seen,
+                              static_cast<float*>(dpart.data()), dy.data(), a.t).ok());
+  ASSERT_TRUE(synchronize().ok());
+  const auto got = a.decode(download(dy));
+  const auto ref = a.round(want);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float bound = static_cast<float>(max_seen + 16) * 4 * kU * vmax +
+                        (a.t == DType::kBF16 ? std::fabs(ref[i]) / 128 : 0.f) + 1e-6f;
+    ASSERT_LE(std::fabs(got[i] - ref[i]), bound) << "[" << i << "] token " << i / (heads * hd);
+  }
 }
 
 TEST_P(CudaOps, EmbeddingGatherCopiesRows) {
@@ -368,6 +488,14 @@ TEST(CudaAttention, RejectsBadShapes) {
                          DType::kF32).ok());  // head_dim not a multiple of 32
   EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 3, 64, 1.f, nullptr,
                          DType::kF32).ok());  // heads not a multiple of KV heads
+  EXPECT_FALSE(paged_attention(nullptr, 1, nullptr, nullptr, nullptr, 1, 16, nullptr, nullptr, 4,
+                               2, 80, 1.f, 1, nullptr, nullptr, DType::kF32).ok());
+  EXPECT_FALSE(paged_attention(nullptr, 1, nullptr, nullptr, nullptr, 1, 0, nullptr, nullptr, 4,
+                               2, 64, 1.f, 1, nullptr, nullptr, DType::kF32).ok());  // block 0
+  // A long decode step is split only when the batch leaves warps idle.
+  EXPECT_EQ(attention_splits(32, 100), 1);
+  EXPECT_GT(attention_splits(32, 8192), 1);
+  EXPECT_EQ(attention_splits(4096, 8192), 1);
 }
 
 // y = x·Wᵀ through cuBLAS against a double-precision product of the same inputs: y in the
