@@ -39,12 +39,24 @@ struct EngineOptions {
   // the multiply rate of f32 FMA; see kernels/cpu/matmul.h). Ignored elsewhere (vision_fp16()
   // says which).
   bool vision_fp16 = false;
+  // Where the text decoder runs: "cpu" (default) or "cuda" (the first NVIDIA GPU; only in builds
+  // with the CUDA backend, else InvalidArgument). On "cuda" the weights are uploaded once, the KV
+  // cache lives in GPU memory and the vision tower still runs on the CPU. --quant is CPU-only.
+  std::string device = "cpu";
+  // "cuda": weights and activations in "bf16" (default, as transformers runs in bfloat16) or
+  // "f32" (every product and activation in f32, to compare against float32 references).
+  std::string gpu_dtype = "bf16";
+  // "cuda": the share of the GPU's memory the process may take (weights, scratch and the KV
+  // cache); `vlm serve` sizes its KV cache to it unless BatchingOptions::num_blocks is set.
+  double gpu_memory_utilization = 0.9;
 };
 
 // Continuous batching (EngineCore, `vlm serve`): the per-step limits and the paged KV cache.
 struct BatchingOptions {
   int32_t block_size = 16;
-  int32_t num_blocks = 0;             // 0: max_num_seqs × the full context, capped at 2 GiB of KV
+  // 0: max_num_seqs × the full context, capped at 2 GiB of KV on the CPU and at
+  // EngineOptions::gpu_memory_utilization of the GPU's memory on "cuda".
+  int32_t num_blocks = 0;
   int64_t max_num_seqs = 16;
   int64_t max_batched_tokens = 256;   // ≤ the engine's prefill_chunk (its scratch size)
   int64_t max_waiting = 256;          // queued (not yet running) requests; beyond: ResourceExhausted
@@ -74,6 +86,8 @@ class Engine {
   bool vision_fp16() const;
   // The weight quantization in use: "" (as stored), "int8" or "int4".
   const std::string& quant() const;
+  // Where the text decoder runs: "cpu", or the GPU as "NVIDIA H200 (sm_90, 139.8 GiB), bf16".
+  std::string device() const;
   int n_threads() const;
   // Bytes of weights one decode step streams from memory: the text decoder's linear weights
   // (q/k/v/o, gate/up/down, lm_head) as held, i.e. after --quant (quantized data + scales).

@@ -147,10 +147,11 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
   const int64_t i = row / n_heads, h = row % n_heads;
   const int64_t kv_stride = (n_heads / group) * head_dim;
   const int64_t kv_off = (h / group) * head_dim;
-  const int per = static_cast<int>(head_dim / 32);  // values per lane: lane + 32·j
+  const int per = static_cast<int>((head_dim + 31) / 32);  // values per lane: lane + 32·j < head_dim
   float qr[kMaxHeadDim / 32], acc[kMaxHeadDim / 32];
-  for (int j = 0; j < per; ++j) {
-    qr[j] = load(q, row * head_dim + lane + 32 * j) * scale;
+  for (int j = 0; j < per; ++j) {  // lanes past head_dim hold zeros and store nothing
+    const int64_t d = lane + 32 * j;
+    qr[j] = d < head_dim ? load(q, row * head_dim + d) * scale : 0.f;
     acc[j] = 0.f;
   }
   const int64_t seen = causal ? (first_pos + i + 1 < n_kv ? first_pos + i + 1 : n_kv) : n_kv;
@@ -158,17 +159,23 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
   for (int64_t p = 0; p < seen; ++p) {
     const int64_t base = p * kv_stride + kv_off;
     float s = 0.f;
-    for (int j = 0; j < per; ++j) s += qr[j] * load(k, base + lane + 32 * j);
+    for (int j = 0; j < per; ++j) {
+      if (lane + 32 * j < head_dim) s += qr[j] * load(k, base + lane + 32 * j);
+    }
     s = warp_sum(s);
     const float m_new = fmaxf(m, s);
     const float keep = expf(m - m_new);  // 0 for the first key (m = -inf)
     const float e = expf(s - m_new);
     l = l * keep + e;
-    for (int j = 0; j < per; ++j) acc[j] = acc[j] * keep + e * load(v, base + lane + 32 * j);
+    for (int j = 0; j < per; ++j) {
+      if (lane + 32 * j < head_dim) acc[j] = acc[j] * keep + e * load(v, base + lane + 32 * j);
+    }
     m = m_new;
   }
   const float inv = seen > 0 ? 1.f / l : 0.f;
-  for (int j = 0; j < per; ++j) store(out, row * head_dim + lane + 32 * j, acc[j] * inv);
+  for (int j = 0; j < per; ++j) {
+    if (lane + 32 * j < head_dim) store(out, row * head_dim + lane + 32 * j, acc[j] * inv);
+  }
 }
 
 // Paged attention: one warp per (query, head, split); see paged_attention() in cuda_ops.h.
@@ -193,28 +200,35 @@ __global__ void paged_attention_kernel(const T* q, int64_t rows, const int32_t* 
   const int64_t seen = static_cast<int64_t>(tok_pos[i]) + 1;
   const int64_t begin = sp * split_len;
   const int64_t end = begin + split_len < seen ? begin + split_len : seen;
-  const int per = static_cast<int>(head_dim / 32);
+  const int per = static_cast<int>((head_dim + 31) / 32);
   float qr[kMaxHeadDim / 32], acc[kMaxHeadDim / 32];
-  for (int j = 0; j < per; ++j) {
-    qr[j] = load(q, row * head_dim + lane + 32 * j) * scale;
+  for (int j = 0; j < per; ++j) {  // lanes past head_dim hold zeros and store nothing
+    const int64_t d = lane + 32 * j;
+    qr[j] = d < head_dim ? load(q, row * head_dim + d) * scale : 0.f;
     acc[j] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
   for (int64_t p = begin; p < end; ++p) {
     const int64_t base = (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * kvd + kv_off;
     float s = 0.f;
-    for (int j = 0; j < per; ++j) s += qr[j] * load(kc, base + lane + 32 * j);
+    for (int j = 0; j < per; ++j) {
+      if (lane + 32 * j < head_dim) s += qr[j] * load(kc, base + lane + 32 * j);
+    }
     s = warp_sum(s);
     const float m_new = fmaxf(m, s);
     const float keep = expf(m - m_new);
     const float e = expf(s - m_new);
     l = l * keep + e;
-    for (int j = 0; j < per; ++j) acc[j] = acc[j] * keep + e * load(vc, base + lane + 32 * j);
+    for (int j = 0; j < per; ++j) {
+      if (lane + 32 * j < head_dim) acc[j] = acc[j] * keep + e * load(vc, base + lane + 32 * j);
+    }
     m = m_new;
   }
   if (splits == 1) {
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    for (int j = 0; j < per; ++j) store(out, row * head_dim + lane + 32 * j, acc[j] * inv);
+    for (int j = 0; j < per; ++j) {
+      if (lane + 32 * j < head_dim) store(out, row * head_dim + lane + 32 * j, acc[j] * inv);
+    }
     return;
   }
   float* part = partial + (row * splits + sp) * (head_dim + 2);
@@ -222,7 +236,9 @@ __global__ void paged_attention_kernel(const T* q, int64_t rows, const int32_t* 
     part[0] = m;
     part[1] = l;
   }
-  for (int j = 0; j < per; ++j) part[2 + lane + 32 * j] = acc[j];
+  for (int j = 0; j < per; ++j) {
+    if (lane + 32 * j < head_dim) part[2 + lane + 32 * j] = acc[j];
+  }
 }
 
 // Merges the splits of each (query, head) row: one warp per row.
@@ -340,6 +356,14 @@ std::string device_description(int index) {
   std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor,
                 static_cast<double>(p.totalGlobalMem) / (1ull << 30));
   return buf;
+}
+
+Status memory_info(int64_t* free_bytes, int64_t* total_bytes) {
+  size_t f = 0, t = 0;
+  if (Status s = from(cudaMemGetInfo(&f, &t), "cudaMemGetInfo"); !s.ok()) return s;
+  *free_bytes = static_cast<int64_t>(f);
+  *total_bytes = static_cast<int64_t>(t);
+  return ok_status();
 }
 
 Status DeviceBuffer::allocate(size_t bytes, DeviceBuffer* out) {
@@ -482,8 +506,8 @@ Status kv_store(const void* k, const void* v, const int32_t* slots, int64_t toke
 Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
                  int64_t first_pos, bool causal, int64_t n_heads, int64_t n_kv_heads,
                  int64_t head_dim, float scale, void* out, DType t) {
-  if (head_dim <= 0 || head_dim % 32 != 0 || head_dim > kMaxHeadDim) {
-    return invalid_argument("attention: head_dim must be a multiple of 32 up to 256");
+  if (head_dim <= 0 || head_dim > kMaxHeadDim) {
+    return invalid_argument("attention: head_dim must be in 1..256");
   }
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
     return invalid_argument("attention: n_heads must be a multiple of n_kv_heads");
@@ -516,8 +540,8 @@ Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
                        int64_t block_size, const void* k_cache, const void* v_cache,
                        int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                        int64_t max_seen, float* partial, void* out, DType t) {
-  if (head_dim <= 0 || head_dim % 32 != 0 || head_dim > kMaxHeadDim) {
-    return invalid_argument("paged_attention: head_dim must be a multiple of 32 up to 256");
+  if (head_dim <= 0 || head_dim > kMaxHeadDim) {
+    return invalid_argument("paged_attention: head_dim must be in 1..256");
   }
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
     return invalid_argument("paged_attention: n_heads must be a multiple of n_kv_heads");

@@ -20,6 +20,9 @@ int device_count();
 // "NVIDIA H200 (sm_90, 139.8 GiB)" for device `index`.
 std::string device_description(int index);
 
+// Free and total bytes of the current device's memory.
+Status memory_info(int64_t* free_bytes, int64_t* total_bytes);
+
 // A device allocation, freed on destruction.
 class DeviceBuffer {
  public:
@@ -77,7 +80,7 @@ Status kv_store(const void* k, const void* v, const int32_t* slots, int64_t toke
                 void* k_cache, void* v_cache, DType t);
 // Attention with an online softmax (f32 scores, sums and output accumulators), one warp per
 // (query, head); GQA maps head h to KV head h / (n_heads / n_kv_heads). q, out [n_q, n_heads,
-// head_dim]; k, v [n_kv, n_kv_heads, head_dim] (head_dim a multiple of 32, at most 256).
+// head_dim]; k, v [n_kv, n_kv_heads, head_dim] (head_dim at most 256).
 // causal: query i sees keys 0 .. first_pos + i (the KV cache of one sequence, contiguous);
 // otherwise every query sees all n_kv keys (the vision encoder's bidirectional attention).
 // The first, plain version: the flash-style tiled prefill and split-K paged decode come next.

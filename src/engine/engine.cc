@@ -10,6 +10,9 @@
 #include "engine/engine_impl.h"
 #include "engine/stop_matcher.h"
 #include "io/npy.h"
+#ifdef VLM_HAVE_CUDA
+#include "cuda/cuda_decoder.h"
+#endif
 
 namespace vlm {
 
@@ -29,6 +32,25 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   const std::string& dir = options.model_dir;
   std::error_code ec;
   VLM_ASSIGN_OR_RETURN(const WeightQuant quant, parse_weight_quant(options.quant));
+  const bool on_gpu = options.device == "cuda";
+  if (!on_gpu && options.device != "cpu" && !options.device.empty()) {
+    return invalid_argument("unknown device '" + options.device + "' (cpu or cuda)");
+  }
+  if (on_gpu) {
+#ifndef VLM_HAVE_CUDA
+    return invalid_argument("this vlm was built without the CUDA backend (nvcc was not found)");
+#endif
+    if (quant != WeightQuant::kNone) {
+      return invalid_argument("--quant " + options.quant + " is CPU-only for now; the GPU runs " +
+                              "the weights as stored, in bf16 or f32");
+    }
+    if (options.gpu_dtype != "bf16" && options.gpu_dtype != "f32") {
+      return invalid_argument("gpu dtype '" + options.gpu_dtype + "' is not bf16 or f32");
+    }
+    if (!(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1)) {
+      return invalid_argument("gpu memory utilization must be in (0, 1]");
+    }
+  }
   if (!fs::is_directory(dir, ec)) return not_found("model directory " + dir + " does not exist");
   VLM_ASSIGN_OR_RETURN(impl->cfg, load_qwen3vl_config(dir));
   VLM_ASSIGN_OR_RETURN(impl->gen, load_generation_config(dir));
@@ -83,15 +105,24 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
   VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, quant, *impl->pool, impl->store.get())
                           .with_context("quantizing the text decoder to " + options.quant));
-  if (!options.mmap_weights) {
+  if (!options.mmap_weights && !on_gpu) {
     VLM_ASSIGN_OR_RETURN(
         impl->weight_pages,
         copy_weights_to_huge_pages(&impl->weights,
                                    impl->has_vision ? &impl->vision_weights : nullptr,
                                    *impl->store));
   }
-  impl->decoder = std::make_unique<TextDecoder>(impl->cfg, impl->weights, *impl->pool, chunk);
-  impl->decoder->set_isa(impl->isa);
+  if (on_gpu) {
+#ifdef VLM_HAVE_CUDA
+    cuda::CudaDecoderOptions go;
+    go.max_chunk = chunk;
+    go.f32 = options.gpu_dtype == "f32";
+    VLM_ASSIGN_OR_RETURN(impl->gpu, cuda::make_cuda_decoder(impl->cfg, impl->weights, go));
+#endif
+  } else {
+    impl->decoder = std::make_unique<TextDecoder>(impl->cfg, impl->weights, *impl->pool, chunk);
+    impl->decoder->set_isa(impl->isa);
+  }
   if (impl->has_vision) {
     impl->vision = std::make_unique<VisionEncoder>(impl->cfg, impl->vision_weights, *impl->pool);
     impl->vision->set_isa(impl->isa);
@@ -109,7 +140,10 @@ const char* Engine::cpu_isa() const { return ops::isa_name(impl_->isa); }
 const std::string& Engine::quant() const { return impl_->opts.quant; }
 bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vision->fp16(); }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
-int64_t Engine::decode_weight_bytes() const { return text_linear_weight_bytes(impl_->weights); }
+int64_t Engine::decode_weight_bytes() const {
+  return impl_->gpu ? impl_->gpu->decode_weight_bytes() : text_linear_weight_bytes(impl_->weights);
+}
+std::string Engine::device() const { return impl_->gpu ? impl_->gpu->description() : "cpu"; }
 bool Engine::has_vision() const { return impl_->has_vision; }
 
 Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids) {
@@ -127,7 +161,7 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
   if (n > m.max_context) {
     return out_of_range(std::to_string(n) + " tokens exceed the context of " + std::to_string(m.max_context));
   }
-  m.reserve_cache(n);
+  VLM_RETURN_IF_ERROR(m.reserve_cache(n));
   std::vector<float> out(static_cast<size_t>(n * m.cfg.text_config.vocab_size));
   VLM_RETURN_IF_ERROR(m.prefill(p, LogitRows::kAll, out.data()));
   if (expanded_ids) *expanded_ids = p.ids;
@@ -165,7 +199,7 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
   const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
   VLM_ASSIGN_OR_RETURN(const int64_t max_new, m.generation_budget(n_prompt, req.max_new_tokens));
   res.prompt_tokens = n_prompt;
-  m.reserve_cache(n_prompt + max_new);
+  VLM_RETURN_IF_ERROR(m.reserve_cache(n_prompt + max_new));
   Sampler sampler(V, rs);
   sampler.add_prompt(prompt.ids);
   sampler.reserve_generated(max_new);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "core/clock.h"
 #include "engine/engine_impl.h"
@@ -108,17 +109,31 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   Engine::Impl& m = *engine.impl_;
   const Qwen3VLTextConfig& t = m.cfg.text_config;
   BatchingOptions opts = o;
-  if (opts.max_batched_tokens > m.decoder->max_chunk()) {
+  if (opts.max_batched_tokens > m.max_chunk()) {
     return invalid_argument("max_batched_tokens (" + std::to_string(opts.max_batched_tokens) +
                             ") exceeds the engine's prefill chunk (" +
-                            std::to_string(m.decoder->max_chunk()) + ")");
+                            std::to_string(m.max_chunk()) + ")");
   }
   if (opts.block_size <= 0) return invalid_argument("block_size must be positive");
+  const int64_t blocks_per_seq = (m.max_context + opts.block_size - 1) / opts.block_size;
+  if (opts.num_blocks <= 0 && m.gpu != nullptr) {
+    // Every sequence at full context, within the share of GPU memory the options allow (vLLM's
+    // gpu_memory_utilization): the KV cache takes what the weights and scratch leave.
+    const int64_t fit = m.gpu->cache_budget_bytes(m.opts.gpu_memory_utilization) /
+                        m.gpu->block_bytes(opts.block_size);
+    opts.num_blocks = static_cast<int32_t>(std::min<int64_t>(
+        {opts.max_num_seqs * blocks_per_seq, fit, std::numeric_limits<int32_t>::max()}));
+    if (opts.num_blocks <= 0) {
+      return Status(StatusCode::kResourceExhausted,
+                    "no GPU memory is left for the KV cache under the memory utilization " +
+                        std::to_string(m.opts.gpu_memory_utilization));
+    }
+  }
   if (opts.num_blocks <= 0) {
     // Room for every sequence at full context, capped at 2 GiB of f32 K and V.
     const int64_t per_block = t.num_hidden_layers * opts.block_size * t.num_key_value_heads *
                               t.head_dim * 4 * 2;
-    const int64_t want = opts.max_num_seqs * ((m.max_context + opts.block_size - 1) / opts.block_size);
+    const int64_t want = opts.max_num_seqs * blocks_per_seq;
     opts.num_blocks = static_cast<int32_t>(std::min<int64_t>(want, (int64_t{2} << 30) / per_block));
   }
   SchedulerConfig sc;
@@ -131,7 +146,11 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   sc.max_waiting = opts.max_waiting + opts.max_num_seqs + 1;
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
   std::unique_ptr<EngineCore> core(new EngineCore(engine, opts, std::move(sched)));
-  core->st_->cache.allocate(t, opts.num_blocks, opts.block_size);
+  if (m.gpu != nullptr) {
+    VLM_RETURN_IF_ERROR(m.gpu->allocate_cache(opts.num_blocks, opts.block_size));
+  } else {
+    core->st_->cache.allocate(t, opts.num_blocks, opts.block_size);
+  }
   core->st_->logits.resize(static_cast<size_t>(opts.max_num_seqs * t.vocab_size));
   core->st_->raw_row.resize(static_cast<size_t>(t.vocab_size));
   core->st_->vision_cache = std::make_unique<VisionCache>(static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);
@@ -413,8 +432,10 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
     }
     c.rows = c.first + c.n == static_cast<int64_t>(r.ids.size()) ? LogitRows::kLast : LogitRows::kNone;
   }
-  Status st = m.decoder->forward_batch(chunks.data(), static_cast<int64_t>(chunks.size()), s.cache,
-                                       s.logits.data());
+  const int64_t n_chunks = static_cast<int64_t>(chunks.size());
+  Status st = m.gpu != nullptr ? m.gpu->forward_batch(chunks.data(), n_chunks, s.logits.data())
+                               : m.decoder->forward_batch(chunks.data(), n_chunks, s.cache,
+                                                          s.logits.data());
   if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
     for (const auto& it : out.items) {
       auto f = s.reqs.find(it.request_id);

@@ -13,6 +13,7 @@
 #include "engine/sampler.h"
 #include "io/safetensors.h"
 #include "model/qwen3vl_config.h"
+#include "model/device_decoder.h"
 #include "model/qwen3vl_weights.h"
 #include "model/text_decoder.h"
 #include "model/vision_encoder.h"
@@ -32,7 +33,9 @@ struct Engine::Impl {
   bool has_vision = false;
   PreprocessOptions preprocess;
   std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<TextDecoder> decoder;
+  std::unique_ptr<TextDecoder> decoder;   // on the CPU; null when the GPU runs the decoder
+  std::unique_ptr<DeviceDecoder> gpu;     // EngineOptions::device == "cuda"
+  std::vector<int32_t> gpu_table;         // 0, 1, 2, …: a single sequence over the GPU's blocks
   std::unique_ptr<VisionEncoder> vision;
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> eos_ids;
@@ -42,16 +45,46 @@ struct Engine::Impl {
   std::vector<float> logits;      // [vocab]: the last position of generate()'s steps
   int64_t step_pos = 0;           // the rotary position of a decode step (T = H = W)
 
+  int64_t max_chunk() const { return gpu ? gpu->max_chunk() : decoder->max_chunk(); }
+
   // Makes sure the cache holds `n` positions; grows (never shrinks) between requests.
-  void reserve_cache(int64_t n) {
-    if (cache.capacity() < n) cache.allocate(cfg.text_config, 1, n);
+  Status reserve_cache(int64_t n) {
+    if (gpu == nullptr) {
+      if (cache.capacity() < n) cache.allocate(cfg.text_config, 1, n);
+      return ok_status();
+    }
+    if (gpu->cache_blocks() * gpu->cache_block_size() < n) {
+      constexpr int64_t kBlock = 16;
+      VLM_RETURN_IF_ERROR(gpu->allocate_cache((n + kBlock - 1) / kBlock, kBlock));
+    }
+    gpu_table.resize(static_cast<size_t>(gpu->cache_blocks()));
+    for (size_t b = 0; b < gpu_table.size(); ++b) gpu_table[b] = static_cast<int32_t>(b);
+    return ok_status();
+  }
+
+  // One sequence's n tokens at cache slots [first, first + n): TextDecoder::forward on the CPU,
+  // or a one-chunk batch over the GPU's blocks in order.
+  Status forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first, LogitRows rows,
+                 float* out, const VisionRows* vision) {
+    if (gpu == nullptr) return decoder->forward(ids, n, pos, first, cache, rows, out, vision);
+    SeqChunk c;
+    c.ids = ids;
+    c.n = n;
+    c.first = first;
+    c.pos = pos;
+    c.block_table = gpu_table.data();
+    c.num_table_blocks = std::min<int64_t>(static_cast<int64_t>(gpu_table.size()),
+                                           (first + n + gpu->cache_block_size() - 1) / gpu->cache_block_size());
+    c.vision = vision;
+    c.rows = rows;
+    return gpu->forward_batch(&c, 1, out);
   }
 
   // Runs the whole prompt from cache slot 0 in chunks. rows: kLast → logits of the last position
   // into `out` [vocab]; kAll → every position into `out` [n, vocab].
   Status prefill(const PreparedPrompt& p, LogitRows rows, float* out) {
     const int64_t n = static_cast<int64_t>(p.ids.size());
-    const int64_t chunk = decoder->max_chunk();
+    const int64_t chunk = max_chunk();
     const int64_t V = cfg.text_config.vocab_size;
     for (int64_t first = 0; first < n; first += chunk) {
       const int64_t len = std::min(chunk, n - first);
@@ -61,8 +94,8 @@ struct Engine::Impl {
       if (p.vision_tokens > 0) vr = p.rows_for_chunk(first);
       LogitRows want = rows == LogitRows::kAll ? LogitRows::kAll : (last ? rows : LogitRows::kNone);
       float* dst = rows == LogitRows::kAll ? out + first * V : out;
-      VLM_RETURN_IF_ERROR(decoder->forward(p.ids.data() + first, len, pos, first, cache, want, dst,
-                                           p.vision_tokens > 0 ? &vr : nullptr));
+      VLM_RETURN_IF_ERROR(forward(p.ids.data() + first, len, pos, first, want, dst,
+                                  p.vision_tokens > 0 ? &vr : nullptr));
     }
     return ok_status();
   }
@@ -71,7 +104,7 @@ struct Engine::Impl {
   Status step(int32_t id, int64_t slot, int64_t delta, float* out) {
     step_pos = slot + delta;
     Positions3 p{&step_pos, &step_pos, &step_pos};
-    return decoder->forward(&id, 1, p, slot, cache, LogitRows::kLast, out);
+    return forward(&id, 1, p, slot, LogitRows::kLast, out, nullptr);
   }
 
   // Request → generation_config.json → transformers defaults; checks ranges.

@@ -14,24 +14,70 @@ void KvCache::allocate(const Qwen3VLTextConfig& c, int64_t blocks, int64_t block
   v.assign(n, 0.f);
 }
 
-TextDecoder::TextDecoder(const Qwen3VLConfig& cfg, const TextWeights& w, ThreadPool& pool,
-                         int64_t max_chunk)
-    : cfg_(cfg.text_config), w_(w), pool_(pool), max_chunk_(max_chunk) {
-  const int64_t half = cfg_.head_dim / 2;
+MropeTables::MropeTables(const Qwen3VLTextConfig& c) {
+  const int64_t half = c.head_dim / 2;
   // inv_freq[j] = theta^(-2j / head_dim), as transformers computes it (float32 result).
   inv_freq_.resize(half);
   for (int64_t j = 0; j < half; ++j) {
-    const float e = static_cast<float>(2 * j) / static_cast<float>(cfg_.head_dim);
-    inv_freq_[j] = static_cast<float>(1.0 / std::pow(cfg_.rope_theta, static_cast<double>(e)));
+    const float e = static_cast<float>(2 * j) / static_cast<float>(c.head_dim);
+    inv_freq_[j] = static_cast<float>(1.0 / std::pow(c.rope_theta, static_cast<double>(e)));
   }
   // Interleaved M-RoPE (apply_interleaved_mrope): frequency j takes the H position when
   // j % 3 == 1 and j < 3·sec_H, the W position when j % 3 == 2 and j < 3·sec_W, else T.
   axis_of_.assign(half, 0);
-  const int64_t sec_h = cfg_.mrope_section[1], sec_w = cfg_.mrope_section[2];
+  const int64_t sec_h = c.mrope_section[1], sec_w = c.mrope_section[2];
   for (int64_t j = 0; j < half; ++j) {
     if (j % 3 == 1 && j < 3 * sec_h) axis_of_[j] = 1;
     if (j % 3 == 2 && j < 3 * sec_w) axis_of_[j] = 2;
   }
+}
+
+void MropeTables::compute(const Positions3& pos, int64_t n, float* cos, float* sin) const {
+  const int64_t h = half();
+  for (int64_t i = 0; i < n; ++i) {
+    const float p[3] = {static_cast<float>(pos.t[i]), static_cast<float>(pos.h[i]),
+                        static_cast<float>(pos.w[i])};
+    for (int64_t j = 0; j < h; ++j) {
+      const float a = p[axis_of_[j]] * inv_freq_[j];  // one f32 product, as torch's matmul
+      cos[i * h + j] = std::cos(a);
+      sin[i * h + j] = std::sin(a);
+    }
+  }
+}
+
+Status check_chunks(const SeqChunk* chunks, int64_t n_chunks, const Qwen3VLTextConfig& c,
+                    int64_t cache_blocks, int64_t bs, int64_t max_chunk, int64_t* tokens) {
+  int64_t T = 0;
+  for (int64_t i = 0; i < n_chunks; ++i) {
+    const SeqChunk& ch = chunks[i];
+    if (ch.n <= 0) return invalid_argument("forward: a chunk has no tokens");
+    if (ch.first + ch.n > ch.num_table_blocks * bs) {
+      return out_of_range("sequence of " + std::to_string(ch.first + ch.n) +
+                          " tokens exceeds its KV cache blocks (" +
+                          std::to_string(ch.num_table_blocks * bs) + " positions)");
+    }
+    for (int64_t b = 0; b < ch.num_table_blocks; ++b) {
+      if (ch.block_table[b] < 0 || ch.block_table[b] >= cache_blocks) {
+        return internal_error("forward: block id outside the KV cache");
+      }
+    }
+    for (int64_t k = 0; k < ch.n; ++k) {
+      if (ch.ids[k] < 0 || ch.ids[k] >= c.vocab_size) {
+        return invalid_argument("token id " + std::to_string(ch.ids[k]) +
+                                " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+      }
+    }
+    T += ch.n;
+  }
+  if (T > max_chunk) return internal_error("forward: batch larger than the scratch buffers");
+  *tokens = T;
+  return ok_status();
+}
+
+TextDecoder::TextDecoder(const Qwen3VLConfig& cfg, const TextWeights& w, ThreadPool& pool,
+                         int64_t max_chunk)
+    : cfg_(cfg.text_config), w_(w), pool_(pool), max_chunk_(max_chunk), rope_(cfg.text_config) {
+  const int64_t half = cfg_.head_dim / 2;
   const int64_t H = cfg_.hidden_size, qd = cfg_.num_attention_heads * cfg_.head_dim,
                 kvd = cfg_.num_key_value_heads * cfg_.head_dim, I = cfg_.intermediate_size;
   x_.resize(max_chunk * H);
@@ -48,19 +94,6 @@ TextDecoder::TextDecoder(const Qwen3VLConfig& cfg, const TextWeights& w, ThreadP
   pos_t_.resize(max_chunk);
   pos_h_.resize(max_chunk);
   pos_w_.resize(max_chunk);
-}
-
-void TextDecoder::rope_tables(const Positions3& pos, int64_t n) {
-  const int64_t half = cfg_.head_dim / 2;
-  for (int64_t i = 0; i < n; ++i) {
-    const float p[3] = {static_cast<float>(pos.t[i]), static_cast<float>(pos.h[i]),
-                        static_cast<float>(pos.w[i])};
-    for (int64_t j = 0; j < half; ++j) {
-      const float a = p[axis_of_[j]] * inv_freq_[j];  // one f32 product, as torch's matmul
-      cos_[i * half + j] = std::cos(a);
-      sin_[i * half + j] = std::sin(a);
-    }
-  }
 }
 
 Status TextDecoder::forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
@@ -90,28 +123,7 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
 
   // Validate, then lay the chunks' tokens out one after another: rows [off_c, off_c + n_c).
   int64_t T = 0;
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const SeqChunk& ch = chunks[c];
-    if (ch.n <= 0) return invalid_argument("forward: a chunk has no tokens");
-    if (ch.first + ch.n > ch.num_table_blocks * bs) {
-      return out_of_range("sequence of " + std::to_string(ch.first + ch.n) +
-                          " tokens exceeds its KV cache blocks (" +
-                          std::to_string(ch.num_table_blocks * bs) + " positions)");
-    }
-    for (int64_t b = 0; b < ch.num_table_blocks; ++b) {
-      if (ch.block_table[b] < 0 || ch.block_table[b] >= cache.num_blocks) {
-        return internal_error("forward: block id outside the KV cache");
-      }
-    }
-    for (int64_t i = 0; i < ch.n; ++i) {
-      if (ch.ids[i] < 0 || ch.ids[i] >= cfg_.vocab_size) {
-        return invalid_argument("token id " + std::to_string(ch.ids[i]) +
-                                " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
-      }
-    }
-    T += ch.n;
-  }
-  if (T > max_chunk_) return internal_error("forward: batch larger than the scratch buffers");
+  VLM_RETURN_IF_ERROR(check_chunks(chunks, n_chunks, cfg_, cache.num_blocks, bs, max_chunk_, &T));
 
   for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
     const SeqChunk& ch = chunks[c];
@@ -126,7 +138,7 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCa
     std::copy_n(ch.pos.h, ch.n, pos_h_.data() + off);
     std::copy_n(ch.pos.w, ch.n, pos_w_.data() + off);
   }
-  rope_tables(Positions3{pos_t_.data(), pos_h_.data(), pos_w_.data()}, T);
+  rope_.compute(Positions3{pos_t_.data(), pos_h_.data(), pos_w_.data()}, T, cos_.data(), sin_.data());
 
   // NOTE(vlm): each layer's MLP output (tmp_) is added to the residual stream by the next norm
   // (ops::add_rms_norm: one pass instead of two), the next layer's input norm or the final norm.

@@ -61,6 +61,25 @@ struct SeqChunk {
   LogitRows rows = LogitRows::kNone;
 };
 
+// cos and sin of Qwen3-VL's interleaved M-RoPE angles for a run of positions, [n, head_dim / 2]
+// each, in f32 as transformers computes them (the CPU and CUDA decoders both use these).
+class MropeTables {
+ public:
+  explicit MropeTables(const Qwen3VLTextConfig& c);
+  int64_t half() const { return static_cast<int64_t>(inv_freq_.size()); }
+  void compute(const Positions3& pos, int64_t n, float* cos, float* sin) const;
+
+ private:
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+  std::vector<int> axis_of_;     // [head_dim / 2]: 0 = T, 1 = H, 2 = W (interleaved layout)
+};
+
+// Checks a batch of chunks before a forward pass (every backend): token ids in the vocabulary,
+// block tables covering first + n positions with ids in [0, cache_blocks), Σ n ≤ max_chunk.
+// Returns Σ n in *tokens.
+Status check_chunks(const SeqChunk* chunks, int64_t n_chunks, const Qwen3VLTextConfig& c,
+                    int64_t cache_blocks, int64_t block_size, int64_t max_chunk, int64_t* tokens);
+
 class TextDecoder {
  public:
   // Scratch is sized for `max_chunk` tokens per forward call, once: forward() allocates nothing.
@@ -82,15 +101,12 @@ class TextDecoder {
   void set_isa(ops::Isa isa) { isa_ = isa; }
 
  private:
-  void rope_tables(const Positions3& pos, int64_t n);
-
   const Qwen3VLTextConfig& cfg_;
   const TextWeights& w_;
   ThreadPool& pool_;
   int64_t max_chunk_;
   ops::Isa isa_ = ops::detected_isa();
-  std::vector<float> inv_freq_;   // [head_dim / 2]
-  std::vector<int> axis_of_;      // [head_dim / 2]: 0 = T, 1 = H, 2 = W (interleaved layout)
+  MropeTables rope_;
   // Scratch, [max_chunk, ...]:
   std::vector<float> x_;     // [chunk, hidden] residual stream
   std::vector<float> xn_;    // [chunk, hidden] normed

@@ -376,6 +376,7 @@ TEST_P(CudaOps, AttentionMatchesReference) {
   struct Case { int64_t n_q, first_pos, heads, kv_heads, head_dim; bool causal; };
   for (const Case& c : {Case{9, 0, 4, 2, 64, true}, Case{5, 37, 8, 2, 128, true},
                         Case{1, 300, 16, 8, 128, true}, Case{1, 0, 2, 1, 256, true},
+                        Case{6, 4, 2, 1, 16, true},  // head_dim under a warp (tiny fixture)
                         Case{23, 0, 4, 4, 32, false}, Case{64, 0, 16, 16, 96, false}}) {
     const int64_t n_kv = c.causal ? c.first_pos + c.n_q : c.n_q;
     const auto q = a.round(random_values(c.n_q * c.heads * c.head_dim, 16, 2.f));
@@ -484,12 +485,12 @@ TEST(CudaWeights, UploadRoundTrips) {
 
 // Shapes are checked on the host, before any launch: this one runs without a GPU too.
 TEST(CudaAttention, RejectsBadShapes) {
-  EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 2, 48, 1.f, nullptr,
-                         DType::kF32).ok());  // head_dim not a multiple of 32
+  EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 2, 320, 1.f, nullptr,
+                         DType::kF32).ok());  // head_dim over 256
   EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 3, 64, 1.f, nullptr,
                          DType::kF32).ok());  // heads not a multiple of KV heads
   EXPECT_FALSE(paged_attention(nullptr, 1, nullptr, nullptr, nullptr, 1, 16, nullptr, nullptr, 4,
-                               2, 80, 1.f, 1, nullptr, nullptr, DType::kF32).ok());
+                               2, 512, 1.f, 1, nullptr, nullptr, DType::kF32).ok());
   EXPECT_FALSE(paged_attention(nullptr, 1, nullptr, nullptr, nullptr, 1, 0, nullptr, nullptr, 4,
                                2, 64, 1.f, 1, nullptr, nullptr, DType::kF32).ok());  // block 0
   // A long decode step is split only when the batch leaves warps idle.

@@ -297,6 +297,7 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("--quant", a->quant, vlm::cli::kQuantHelp);
   b->add_flag("--mmap", a->mmap, vlm::cli::kMmapHelp);
   b->add_flag("--vision-fp16", a->vision_fp16, vlm::cli::kVisionFp16Help);
+  vlm::cli::add_device_options(b, &a->device);
   b->add_option("--json", a->json_out,
                 "Also write every measurement as JSON to this file ('-': to stdout, with the "
                 "table on stderr)");
@@ -369,7 +370,7 @@ int run_bench(const BenchArgs& a) {
     for (int64_t n : gens) max_gen = std::max(max_gen, n);
     int64_t ctx = gen_prompt + max_gen + 1;
     for (int64_t p : prompts) ctx = std::max(ctx, p + 1);
-    vlm::EngineOptions opts;
+    vlm::EngineOptions opts = a.device;
     opts.model_dir = a.model;
     opts.n_threads = a.threads;
     opts.require_tokenizer = false;
@@ -382,9 +383,11 @@ int run_bench(const BenchArgs& a) {
     vlm::Engine& engine = **engine_or;
     threads = engine.n_threads();
     weight_bytes = engine.decode_weight_bytes();
-    kernels = std::string(engine.cpu_isa()) + (engine.quant().empty() ? "" : " " + engine.quant()) +
+    kernels = (engine.device() == "cpu" ? "" : engine.device() + " + ") +
+              std::string(engine.cpu_isa()) + (engine.quant().empty() ? "" : " " + engine.quant()) +
               (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
     info["isa"] = engine.cpu_isa();
+    info["device"] = engine.device();
     info["mmap_weights"] = a.mmap;
     info["vision_fp16"] = engine.vision_fp16();
     info["quant"] = engine.quant();

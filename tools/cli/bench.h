@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "vlm/engine.h"
+
 namespace vlm_cli {
 
 struct BenchArgs {
@@ -25,6 +27,7 @@ struct BenchArgs {
   std::string quant;
   bool mmap = false;
   bool vision_fp16 = false;
+  vlm::EngineOptions device;  // --device and the GPU options
   bool membw = false;
   int64_t membw_mib = 0;  // 0 = default_membw_bytes()
   std::string json_out;   // a file, or "-" for stdout (the table then goes to stderr)

@@ -96,10 +96,11 @@ struct RunArgs {
   std::string quant;
   bool mmap = false;
   bool vision_fp16 = false;
+  vlm::EngineOptions device;  // --device and the GPU options
 };
 
 int cmd_run(const RunArgs& a) {
-  vlm::EngineOptions opts;
+  vlm::EngineOptions opts = a.device;
   opts.model_dir = a.model;
   opts.n_threads = a.threads;
   opts.max_context = a.ctx;
@@ -175,7 +176,9 @@ int cmd_run(const RunArgs& a) {
                images.c_str(), static_cast<long long>(r.prompt_tokens),
                r.prefill_ms > 0 ? r.prompt_tokens / (r.prefill_ms / 1000) : 0.0, r.prefill_ms,
                static_cast<long long>(r.output_ids.size()), decode_tps,
-               vlm::peak_rss_bytes() / 1048576.0, engine.cpu_isa(), quant_suffix(engine).c_str(),
+               vlm::peak_rss_bytes() / 1048576.0,
+               engine.device() == "cpu" ? engine.cpu_isa() : engine.device().c_str(),
+               quant_suffix(engine).c_str(),
                engine.n_threads());
   return 0;
 }
@@ -215,6 +218,7 @@ int main(int argc, char** argv) {
   run->add_option("--quant", ra.quant, vlm::cli::kQuantHelp);
   run->add_flag("--mmap", ra.mmap, vlm::cli::kMmapHelp);
   run->add_flag("--vision-fp16", ra.vision_fp16, vlm::cli::kVisionFp16Help);
+  vlm::cli::add_device_options(run, &ra.device);
 
   std::string tk_model, tk_text, tk_file;
   bool tk_split = false;
@@ -249,6 +253,8 @@ int main(int argc, char** argv) {
   logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
   logits->add_option("--quant", lg_quant, vlm::cli::kQuantHelp);
   logits->add_flag("--mmap", lg_mmap, vlm::cli::kMmapHelp);
+  vlm::EngineOptions lg_device;
+  vlm::cli::add_device_options(logits, &lg_device);
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
@@ -289,6 +295,7 @@ int main(int argc, char** argv) {
   serve->add_option("--quant", so.engine.quant, vlm::cli::kQuantHelp);
   serve->add_flag("--mmap", so.engine.mmap_weights, vlm::cli::kMmapHelp);
   serve->add_flag("--vision-fp16", so.engine.vision_fp16, vlm::cli::kVisionFp16Help);
+  vlm::cli::add_device_options(serve, &so.engine);
 
   try {
     app.parse(argc, argv);
@@ -348,7 +355,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> ids;
     std::string err;
     if (!parse_ids(lg_ids, &ids, &err)) return fail(err);
-    vlm::EngineOptions opts;
+    vlm::EngineOptions opts = lg_device;
     opts.model_dir = lg_model;
     opts.n_threads = lg_threads;
     opts.require_tokenizer = false;

@@ -1,0 +1,332 @@
+// The CUDA text decoder (src/cuda/cuda_decoder.h): TextDecoder::forward_batch step by step, on
+// the device. Per call the host builds the small tables (token ids, M-RoPE cos/sin, KV slots,
+// block tables, image rows) and uploads them; everything else stays on the device until the
+// logits come back.
+#include "cuda/cuda_decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_ops.h"
+#include "cuda/gemm.h"
+#include "cuda/weights.h"
+
+namespace vlm::cuda {
+namespace {
+
+struct Layer {
+  DeviceBuffer input_ln, q, k, v, q_norm, k_norm, o, post_ln, gate, up, down;
+};
+
+// A device buffer that grows (never shrinks) to the bytes asked.
+Status ensure(DeviceBuffer* b, size_t bytes) {
+  if (b->bytes() >= bytes) return ok_status();
+  return DeviceBuffer::allocate(bytes, b);
+}
+
+Status upload_f32(const std::vector<float>& v, DeviceBuffer* out) {
+  VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(v.size() * 4, out));
+  return out->upload(v.data(), v.size() * 4);
+}
+
+template <typename T>
+Status upload_vec(const std::vector<T>& v, DeviceBuffer* b) {
+  if (v.empty()) return ok_status();
+  VLM_RETURN_IF_ERROR(ensure(b, v.size() * sizeof(T)));
+  return b->upload(v.data(), v.size() * sizeof(T));
+}
+
+const int32_t* i32(const DeviceBuffer& b) { return static_cast<const int32_t*>(b.data()); }
+float* f32p(const DeviceBuffer& b) { return static_cast<float*>(b.data()); }
+
+class CudaDecoder final : public DeviceDecoder {
+ public:
+  CudaDecoder(const Qwen3VLConfig& cfg, const CudaDecoderOptions& o)
+      : c_(cfg.text_config), opts_(o), act_(o.f32 ? DType::kF32 : DType::kBF16), rope_(c_) {}
+
+  Status init(const TextWeights& w) {
+    if (device_count() == 0) return invalid_argument("no CUDA device is visible to this process");
+    if (c_.head_dim % 2 != 0 || c_.head_dim > 256) {
+      return invalid_argument("the CUDA backend needs an even head_dim up to 256, not " +
+                              std::to_string(c_.head_dim));
+    }
+    VLM_RETURN_IF_ERROR(Gemm::create(&gemm_));
+    // up(): a weight onto the device; decode reads every linear weight once per step.
+    auto up = [&](const TensorView& t, DeviceBuffer* b, const char* name) -> Status {
+      VLM_RETURN_IF_ERROR(upload_tensor(t, act_, b).with_context(name));
+      decode_bytes_ += static_cast<int64_t>(b->bytes());
+      return ok_status();
+    };
+    VLM_RETURN_IF_ERROR(upload_tensor(w.embed_tokens, act_, &embed_).with_context("embed_tokens"));
+    tied_ = w.lm_head.data == w.embed_tokens.data;
+    if (tied_) {
+      decode_bytes_ += static_cast<int64_t>(embed_.bytes());
+    } else {
+      VLM_RETURN_IF_ERROR(up(w.lm_head, &lm_head_, "lm_head"));
+    }
+    VLM_RETURN_IF_ERROR(upload_f32(w.norm, &norm_));
+    layers_.resize(w.layers.size());
+    for (size_t l = 0; l < w.layers.size(); ++l) {
+      const TextLayerWeights& s = w.layers[l];
+      Layer& d = layers_[l];
+      VLM_RETURN_IF_ERROR(upload_f32(s.input_layernorm, &d.input_ln));
+      VLM_RETURN_IF_ERROR(upload_f32(s.post_attention_layernorm, &d.post_ln));
+      VLM_RETURN_IF_ERROR(upload_f32(s.q_norm, &d.q_norm));
+      VLM_RETURN_IF_ERROR(upload_f32(s.k_norm, &d.k_norm));
+      VLM_RETURN_IF_ERROR(up(s.q_proj, &d.q, "q_proj"));
+      VLM_RETURN_IF_ERROR(up(s.k_proj, &d.k, "k_proj"));
+      VLM_RETURN_IF_ERROR(up(s.v_proj, &d.v, "v_proj"));
+      VLM_RETURN_IF_ERROR(up(s.o_proj, &d.o, "o_proj"));
+      VLM_RETURN_IF_ERROR(up(s.gate_proj, &d.gate, "gate_proj"));
+      VLM_RETURN_IF_ERROR(up(s.up_proj, &d.up, "up_proj"));
+      VLM_RETURN_IF_ERROR(up(s.down_proj, &d.down, "down_proj"));
+    }
+    // Scratch for max_chunk tokens.
+    const int64_t C = opts_.max_chunk, H = c_.hidden_size, I = c_.intermediate_size;
+    const int64_t qd = c_.num_attention_heads * c_.head_dim;
+    const int64_t kvd = c_.num_key_value_heads * c_.head_dim;
+    const size_t a = act_ == DType::kF32 ? 4 : 2;
+    for (auto [buf, n] : {std::pair{&x_, C * H}, {&xn_, C * H}, {&q_, C * qd}, {&k_, C * kvd},
+                          {&v_, C * kvd}, {&attn_, C * qd}, {&tmp_, C * H}, {&gate_, C * I},
+                          {&up_, C * I}}) {
+      VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(static_cast<size_t>(n) * a, buf));
+    }
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * rope_.half() * 4, &cos_));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * rope_.half() * 4, &sin_));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * 5 * 4, &ints_));
+    VLM_RETURN_IF_ERROR(
+        DeviceBuffer::allocate(paged_attention_scratch_floats(c_.head_dim) * 4, &partial_));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * c_.vocab_size * 4, &logits_));
+    VLM_RETURN_IF_ERROR(synchronize());
+    description_ = device_description(0) + (act_ == DType::kF32 ? ", f32" : ", bf16");
+    return ok_status();
+  }
+
+  int64_t max_chunk() const override { return opts_.max_chunk; }
+  int64_t block_bytes(int64_t block_size) const override {
+    return c_.num_hidden_layers * 2 * block_size * c_.num_key_value_heads * c_.head_dim *
+           (act_ == DType::kF32 ? 4 : 2);
+  }
+  int64_t cache_budget_bytes(double utilization) const override {
+    int64_t free_b = 0, total = 0;
+    if (!memory_info(&free_b, &total).ok()) return 0;
+    const int64_t cache_now = static_cast<int64_t>(k_cache_.bytes() + v_cache_.bytes());
+    const int64_t used_other = total - free_b - cache_now;
+    return std::max<int64_t>(0, static_cast<int64_t>(utilization * static_cast<double>(total)) -
+                                    used_other);
+  }
+  Status allocate_cache(int64_t num_blocks, int64_t block_size) override {
+    if (num_blocks <= 0 || block_size <= 0) return invalid_argument("KV cache: no blocks");
+    k_cache_ = DeviceBuffer();
+    v_cache_ = DeviceBuffer();
+    blocks_ = bs_ = 0;
+    const size_t half = static_cast<size_t>(block_bytes(block_size) / 2) * num_blocks;
+    Status s = DeviceBuffer::allocate(half, &k_cache_);
+    if (s.ok()) s = DeviceBuffer::allocate(half, &v_cache_);
+    if (!s.ok()) {
+      k_cache_ = DeviceBuffer();
+      return Status(StatusCode::kResourceExhausted,
+                    "KV cache of " + std::to_string(num_blocks) + " blocks (" +
+                        std::to_string(2 * half >> 20) + " MiB) does not fit the GPU: " + s.message());
+    }
+    blocks_ = num_blocks;
+    bs_ = block_size;
+    return ok_status();
+  }
+  int64_t cache_blocks() const override { return blocks_; }
+  int64_t cache_block_size() const override { return bs_; }
+  std::string description() const override { return description_; }
+  int64_t decode_weight_bytes() const override { return decode_bytes_; }
+
+  Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits) override;
+
+ private:
+  // Layer l's K (or V) cache: [blocks · block_size, n_kv_heads · head_dim].
+  void* cache_layer(const DeviceBuffer& b, int64_t l) const {
+    const size_t per = b.bytes() / static_cast<size_t>(c_.num_hidden_layers);
+    return static_cast<char*>(b.data()) + per * static_cast<size_t>(l);
+  }
+  Status gemm(const void* x, const DeviceBuffer& w, int64_t M, int64_t N, int64_t K, void* y) {
+    return gemm_->matmul(x, w.data(), act_, M, N, K, y, act_);
+  }
+
+  const Qwen3VLTextConfig c_;
+  CudaDecoderOptions opts_;
+  DType act_;
+  MropeTables rope_;
+  std::unique_ptr<Gemm> gemm_;
+  std::string description_;
+  int64_t decode_bytes_ = 0;
+  bool tied_ = false;
+  DeviceBuffer embed_, lm_head_, norm_;
+  std::vector<Layer> layers_;
+  DeviceBuffer x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, cos_, sin_, partial_, logits_;
+  DeviceBuffer ints_;                    // [5, max_chunk]: ids, slots, tok_seq, tok_pos, logit rows
+  DeviceBuffer tables_;                  // [n_chunks, table_stride] block tables
+  DeviceBuffer vis_rows_, vis_feats_;    // image rows, [1 + taps, rows, hidden] f32 features
+  DeviceBuffer k_cache_, v_cache_;       // [layers, blocks · block_size, kvd] each
+  int64_t blocks_ = 0, bs_ = 0;
+  // Host staging, reused across calls.
+  std::vector<int32_t> h_ints_, h_tables_, h_vis_rows_;
+  std::vector<float> h_cos_, h_sin_, h_feats_;
+  std::vector<int64_t> h_pos_t_, h_pos_h_, h_pos_w_;
+};
+
+Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits) {
+  if (blocks_ == 0) return internal_error("forward: the KV cache is not allocated");
+  const int64_t H = c_.hidden_size, nh = c_.num_attention_heads, nkv = c_.num_key_value_heads,
+                hd = c_.head_dim, I = c_.intermediate_size, V = c_.vocab_size;
+  const int64_t qd = nh * hd, kvd = nkv * hd, C = opts_.max_chunk;
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  int64_t T = 0;
+  VLM_RETURN_IF_ERROR(check_chunks(chunks, n_chunks, c_, blocks_, bs_, C, &T));
+
+  // Host tables: ids | slots | tok_seq | tok_pos | logit rows, each max_chunk ints.
+  h_ints_.assign(static_cast<size_t>(5 * C), 0);
+  int32_t* ids = h_ints_.data();
+  int32_t* slots = ids + C;
+  int32_t* tok_seq = ids + 2 * C;
+  int32_t* tok_pos = ids + 3 * C;
+  int32_t* sel = ids + 4 * C;
+  h_pos_t_.resize(T);
+  h_pos_h_.resize(T);
+  h_pos_w_.resize(T);
+  int64_t stride = 1, max_seen = 0, n_sel = 0;
+  for (int64_t c = 0; c < n_chunks; ++c) stride = std::max(stride, chunks[c].num_table_blocks);
+  h_tables_.assign(static_cast<size_t>(n_chunks * stride), 0);
+  h_vis_rows_.clear();
+  size_t taps = 0;
+  bool any_vision = false;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    if (chunks[c].vision == nullptr) continue;
+    if (any_vision && chunks[c].vision->deepstack.size() != taps) {
+      return internal_error("forward: image chunks with different DeepStack depths");
+    }
+    any_vision = true;
+    taps = chunks[c].vision->deepstack.size();
+  }
+  // Image features of the rows that take them: [1 + taps][rows][H] f32, gathered below.
+  std::vector<std::pair<const VisionRows*, int32_t>> vis_src;
+  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
+    const SeqChunk& ch = chunks[c];
+    std::copy_n(ch.block_table, ch.num_table_blocks, h_tables_.data() + c * stride);
+    std::copy_n(ch.ids, ch.n, ids + off);
+    std::copy_n(ch.pos.t, ch.n, h_pos_t_.data() + off);
+    std::copy_n(ch.pos.h, ch.n, h_pos_h_.data() + off);
+    std::copy_n(ch.pos.w, ch.n, h_pos_w_.data() + off);
+    for (int64_t i = 0; i < ch.n; ++i) {
+      const int64_t p = ch.first + i;
+      slots[off + i] = static_cast<int32_t>(ch.block_table[p / bs_] * bs_ + p % bs_);
+      tok_seq[off + i] = static_cast<int32_t>(c);
+      tok_pos[off + i] = static_cast<int32_t>(p);
+      if (ch.vision != nullptr && ch.vision->feature_row[i] >= 0) {
+        h_vis_rows_.push_back(static_cast<int32_t>(off + i));
+        vis_src.emplace_back(ch.vision, ch.vision->feature_row[i]);
+      }
+    }
+    max_seen = std::max(max_seen, ch.first + ch.n);
+    if (ch.rows == LogitRows::kLast) sel[n_sel++] = static_cast<int32_t>(off + ch.n - 1);
+    if (ch.rows == LogitRows::kAll) {
+      for (int64_t i = 0; i < ch.n; ++i) sel[n_sel++] = static_cast<int32_t>(off + i);
+    }
+  }
+  const int64_t n_vis = static_cast<int64_t>(h_vis_rows_.size());
+  if (n_vis > 0) {
+    h_feats_.resize(static_cast<size_t>((1 + taps) * n_vis * H));
+    for (int64_t r = 0; r < n_vis; ++r) {
+      const VisionRows* vr = vis_src[r].first;
+      const int64_t f = vis_src[r].second;
+      std::copy_n(vr->embeds + f * H, H, h_feats_.data() + r * H);
+      for (size_t t = 0; t < taps; ++t) {
+        std::copy_n(vr->deepstack[t] + f * H, H, h_feats_.data() + ((1 + t) * n_vis + r) * H);
+      }
+    }
+    VLM_RETURN_IF_ERROR(upload_vec(h_vis_rows_, &vis_rows_));
+    VLM_RETURN_IF_ERROR(upload_vec(h_feats_, &vis_feats_));
+  }
+  const int64_t half = rope_.half();
+  h_cos_.resize(static_cast<size_t>(T * half));
+  h_sin_.resize(static_cast<size_t>(T * half));
+  rope_.compute(Positions3{h_pos_t_.data(), h_pos_h_.data(), h_pos_w_.data()}, T, h_cos_.data(),
+                h_sin_.data());
+  VLM_RETURN_IF_ERROR(ints_.upload(h_ints_.data(), h_ints_.size() * 4));
+  VLM_RETURN_IF_ERROR(upload_vec(h_tables_, &tables_));
+  VLM_RETURN_IF_ERROR(cos_.upload(h_cos_.data(), h_cos_.size() * 4));
+  VLM_RETURN_IF_ERROR(sin_.upload(h_sin_.data(), h_sin_.size() * 4));
+  const int32_t* d_ids = i32(ints_);
+  const int32_t* d_slots = d_ids + C;
+  const int32_t* d_seq = d_ids + 2 * C;
+  const int32_t* d_pos = d_ids + 3 * C;
+  const int32_t* d_sel = d_ids + 4 * C;
+  auto feats = [&](size_t k) { return f32p(vis_feats_) + k * n_vis * H; };
+
+  VLM_RETURN_IF_ERROR(embedding_gather(embed_.data(), act_, d_ids, T, H, x_.data(), act_));
+  if (n_vis > 0) {
+    VLM_RETURN_IF_ERROR(set_rows_at(x_.data(), i32(vis_rows_), feats(0), DType::kF32, n_vis, H, act_));
+  }
+  bool pending = false;  // tmp_ still has to be added to x_ (as in TextDecoder)
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    if (pending) {
+      VLM_RETURN_IF_ERROR(add_rms_norm(x_.data(), tmp_.data(), f32p(L.input_ln), T, H, eps,
+                                       xn_.data(), act_));
+    } else {
+      VLM_RETURN_IF_ERROR(rms_norm(x_.data(), f32p(L.input_ln), T, H, eps, xn_.data(), act_));
+    }
+    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.q, T, qd, H, q_.data()));
+    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.k, T, kvd, H, k_.data()));
+    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.v, T, kvd, H, v_.data()));
+    VLM_RETURN_IF_ERROR(qk_norm_rope(q_.data(), T, nh, hd, f32p(L.q_norm), eps, f32p(cos_),
+                                     f32p(sin_), act_));
+    VLM_RETURN_IF_ERROR(qk_norm_rope(k_.data(), T, nkv, hd, f32p(L.k_norm), eps, f32p(cos_),
+                                     f32p(sin_), act_));
+    void* kc = cache_layer(k_cache_, static_cast<int64_t>(l));
+    void* vc = cache_layer(v_cache_, static_cast<int64_t>(l));
+    VLM_RETURN_IF_ERROR(kv_store(k_.data(), v_.data(), d_slots, T, kvd, kc, vc, act_));
+    VLM_RETURN_IF_ERROR(paged_attention(q_.data(), T, d_seq, d_pos, i32(tables_), stride, bs_, kc,
+                                        vc, nh, nkv, hd, scale, max_seen, f32p(partial_),
+                                        attn_.data(), act_));
+    VLM_RETURN_IF_ERROR(gemm(attn_.data(), L.o, T, H, qd, tmp_.data()));
+    VLM_RETURN_IF_ERROR(add_rms_norm(x_.data(), tmp_.data(), f32p(L.post_ln), T, H, eps,
+                                     xn_.data(), act_));
+    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.gate, T, I, H, gate_.data()));
+    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.up, T, I, H, up_.data()));
+    VLM_RETURN_IF_ERROR(silu_mul(gate_.data(), up_.data(), T * I, gate_.data(), act_));
+    VLM_RETURN_IF_ERROR(gemm(gate_.data(), L.down, T, H, I, tmp_.data()));
+    pending = true;
+    if (n_vis > 0 && l < taps) {  // DeepStack: after decoder layer l, the image rows get tap l
+      VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), T * H, act_));
+      pending = false;
+      VLM_RETURN_IF_ERROR(add_rows_at(x_.data(), i32(vis_rows_), feats(1 + l), DType::kF32,
+                                      n_vis, H, act_));
+    }
+  }
+  if (n_sel > 0) {
+    if (pending) VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), T * H, act_));
+    // The rows that want logits, gathered into xn_, normed, then the head.
+    VLM_RETURN_IF_ERROR(embedding_gather(x_.data(), act_, d_sel, n_sel, H, xn_.data(), act_));
+    VLM_RETURN_IF_ERROR(rms_norm(xn_.data(), f32p(norm_), n_sel, H, eps, xn_.data(), act_));
+    const DeviceBuffer& head = tied_ ? embed_ : lm_head_;
+    VLM_RETURN_IF_ERROR(
+        gemm_->matmul(xn_.data(), head.data(), act_, n_sel, V, H, logits_.data(), DType::kF32));
+    VLM_RETURN_IF_ERROR(logits_.download(logits, static_cast<size_t>(n_sel * V) * 4));
+  }
+  return synchronize();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceDecoder>> make_cuda_decoder(const Qwen3VLConfig& cfg,
+                                                         const TextWeights& w,
+                                                         const CudaDecoderOptions& opts) {
+  if (opts.max_chunk <= 0) return invalid_argument("max_chunk must be positive");
+  auto d = std::make_unique<CudaDecoder>(cfg, opts);
+  VLM_RETURN_IF_ERROR(d->init(w).with_context("loading the text decoder onto the GPU"));
+  return std::unique_ptr<DeviceDecoder>(std::move(d));
+}
+
+}  // namespace vlm::cuda
