@@ -1,35 +1,54 @@
 #!/usr/bin/env bash
 # The device check for the CUDA backend (issue 7), run through the `device` tool on a lent GPU.
-# The device image has nvcc, CMake and ninja but not the CPU build's Debian packages, so the test
-# binary is built here and carried (the CUDA runtime is linked into it statically):
-#   here:   cmake --build build --target cuda_ops_test
-#   device: run(command="bash scripts/cuda_device_check.sh", carry=["build/tests/cuda_ops_test"])
-# Writes the GPU description, the test log and the GoogleTest XML under $OUT and prints a short
-# table last. Exits non-zero when a test fails or none ran.
+# The device image has nvcc, CMake, ninja and PyTorch + transformers but not the CPU build's
+# Debian packages, so the binaries are built here and carried with the libraries they load:
+#   here:   bash scripts/cuda_device_prepare.sh
+#   device: run(command="bash scripts/cuda_device_check.sh", carry=["build/device"], timeout_s=590)
+# Runs the GPU tests (cuda_ops_test: every kernel against the CPU reference; cuda_model_test: the
+# transformers fixtures on the GPU), then, unless VLM_SKIP_BENCH=1, the side-by-side benchmark
+# (scripts/bench_cuda.py: vlm against transformers generate on a random Qwen3-VL-8B). Writes the
+# logs, GoogleTest XML and benchmark JSON under $OUT and prints a short table last. Exits
+# non-zero when a test fails, is skipped (the binary saw no GPU) or none ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/vlm-cuda-check}
+D=${VLM_DEVICE_DIR:-build/device}
 mkdir -p "$OUT"
-BIN=${BIN:-build/tests/cuda_ops_test}
-if [ ! -x "$BIN" ]; then
-  echo "no $BIN: build it here (cmake --build build --target cuda_ops_test) and carry it" >&2
+if [ ! -x "$D/bin/cuda_ops_test" ]; then
+  echo "no $D/bin: run scripts/cuda_device_prepare.sh here and carry $D" >&2
   exit 2
 fi
-# cuBLAS is linked dynamically: the toolkit's copy, else the one PyTorch's wheels bring.
+# The carried libraries first; cuBLAS from the toolkit, else from PyTorch's wheels.
+LIBS="$PWD/$D/lib"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
          "$(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null)"; do
-  [ -n "$d" ] && [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+  [ -n "$d" ] && [ -d "$d" ] && LIBS="$LIBS:$d"
 done
-export LD_LIBRARY_PATH
+export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export VLM_FIXTURES_DIR="$PWD/tests/model/fixtures" VLM_REPO_DIR="$PWD" VLM_SHARED_DIR="$PWD/$D/shared"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \
   > "$OUT/gpu.csv" 2>&1 || echo "no nvidia-smi" > "$OUT/gpu.csv"
-"$BIN" --gtest_output="xml:$OUT/cuda_ops_test.xml" > "$OUT/cuda_ops_test.log" 2>&1
-rc=$?
-tail -n 40 "$OUT/cuda_ops_test.log"
+
+status=0
+for t in cuda_ops_test cuda_model_test; do
+  timeout 240 "$D/bin/$t" --gtest_output="xml:$OUT/$t.xml" > "$OUT/$t.log" 2>&1
+  rc=$?
+  echo "$t: exit $rc"
+  grep -E "^\[  (FAILED|SKIPPED) |Failure|error" "$OUT/$t.log" | head -n 30
+  # Skipped tests mean the binary saw no GPU: a failed check here.
+  if [ "$rc" -ne 0 ] || grep -q "SKIPPED \]" "$OUT/$t.log"; then status=1; fi
+done
+
+if [ "${VLM_SKIP_BENCH:-0}" != 1 ]; then
+  PYTHONUNBUFFERED=1 timeout 420 python3 scripts/bench_cuda.py --vlm "$D/bin/vlm" --out "$OUT" \
+    2>&1 | tee "$OUT/bench.log" | tail -n 40
+fi
+
 echo
-echo "| GPU | tests | failures | skipped | exit |"
+echo "| GPU | test binary | tests | failures | skipped |"
 echo "|---|---|---|---|---|"
-python3 - "$OUT/cuda_ops_test.xml" "$(tail -n 1 "$OUT/gpu.csv")" "$rc" <<'PY'
+for t in cuda_ops_test cuda_model_test; do
+  python3 - "$OUT/$t.xml" "$(tail -n 1 "$OUT/gpu.csv")" "$t" <<'PY'
 import sys, xml.etree.ElementTree as ET
 try:
     root = ET.parse(sys.argv[1]).getroot()
@@ -37,7 +56,8 @@ try:
     s = sum(c.get("result") == "skipped" for c in root.iter("testcase"))
 except (OSError, ET.ParseError):
     t = f = s = "?"
-print(f"| {sys.argv[2]} | {t} | {f} | {s} | {sys.argv[3]} |")
+print(f"| {sys.argv[2]} | {sys.argv[3]} | {t} | {f} | {s} |")
 PY
-# Skipped tests mean the binary saw no GPU: that is a failed check here.
-if [ "$rc" -ne 0 ] || grep -q "SKIPPED \]" "$OUT/cuda_ops_test.log"; then exit 1; fi
+done
+[ -f "$OUT/bench_table.md" ] && cat "$OUT/bench_table.md"
+exit $status

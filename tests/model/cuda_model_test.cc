@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -26,7 +27,16 @@ namespace {
 #define SKIP_WITHOUT_DEVICE() \
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
-const std::string kFixtures = VLM_FIXTURES_DIR;
+// The device check (scripts/cuda_device_check.sh) runs this binary from another checkout path:
+// VLM_FIXTURES_DIR, VLM_REPO_DIR and VLM_SHARED_DIR in the environment override the paths the
+// build compiled in.
+std::string dir_from_env(const char* name, const char* compiled) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 ? v : compiled;
+}
+const std::string kFixtures = dir_from_env("VLM_FIXTURES_DIR", VLM_FIXTURES_DIR);
+const std::string kRepo = dir_from_env("VLM_REPO_DIR", VLM_REPO_DIR);
+const std::string kShared = dir_from_env("VLM_SHARED_DIR", VLM_SHARED_DIR);
 
 nlohmann::json reference(const std::string& dir) {
   return nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
@@ -155,7 +165,7 @@ TEST(CudaVisionModel, MultimodalLogitsAndGreedyMatchTransformers) {
     const auto& im = ref["images"][name];
     const std::string src = im["source"];
     ImageInput in;
-    in.path = (src.rfind("synthetic", 0) == 0 ? dir : std::string(VLM_SHARED_DIR) + "/data/images") +
+    in.path = (src.rfind("synthetic", 0) == 0 ? dir : kShared + "/data/images") +
               "/" + src;
     in.min_pixels = im["min_pixels"].get<int64_t>();
     in.max_pixels = im["max_pixels"].get<int64_t>();
@@ -186,7 +196,7 @@ TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
   SKIP_WITHOUT_DEVICE();
   const std::string scenes = kFixtures + "/shapes-qa";
   EngineOptions o;
-  o.model_dir = std::string(VLM_REPO_DIR) + "/models/tiny-qwen3vl";
+  o.model_dir = kRepo + "/models/tiny-qwen3vl";
   o.n_threads = 2;
   o.device = "cuda";
   o.gpu_dtype = "f32";

@@ -298,6 +298,8 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_flag("--mmap", a->mmap, vlm::cli::kMmapHelp);
   b->add_flag("--vision-fp16", a->vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(b, &a->device);
+  b->add_option("--prefill-chunk", a->device.prefill_chunk,
+                "Tokens per forward pass in prefill (default 256; larger fills a GPU better)");
   b->add_option("--json", a->json_out,
                 "Also write every measurement as JSON to this file ('-': to stdout, with the "
                 "table on stderr)");
@@ -438,6 +440,7 @@ int run_bench(const BenchArgs& a) {
         bo.batch = static_cast<int>(b);
         bo.prompt_tokens = gen_prompt;
         bo.gen_tokens = n;
+        bo.max_batched_tokens = a.device.prefill_chunk;  // a step takes what a forward pass can
         bo.reps = a.reps;
         bo.warmup = !a.no_warmup;
         auto res = vlm::bench_batched_decode(engine, bo);
