@@ -40,8 +40,9 @@ struct EngineOptions {
   // says which).
   bool vision_fp16 = false;
   // Where the text decoder runs: "cpu" (default) or "cuda" (the first NVIDIA GPU; only in builds
-  // with the CUDA backend, else InvalidArgument). On "cuda" the weights are uploaded once, the KV
-  // cache lives in GPU memory and the vision tower still runs on the CPU. --quant is CPU-only.
+  // with the CUDA backend, else InvalidArgument). On "cuda" the text decoder and the vision tower
+  // run on the GPU, the weights uploaded once and the KV cache in GPU memory; image decoding and
+  // preprocessing stay on the CPU. --quant is CPU-only.
   std::string device = "cpu";
   // "cuda": weights and activations in "bf16" (default, as transformers runs in bfloat16) or
   // "f32" (every product and activation in f32, to compare against float32 references).

@@ -299,14 +299,14 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     VLM_RETURN_IF_ERROR(gemm(gate_.data(), L.down, T, H, I, tmp_.data()));
     pending = true;
     if (n_vis > 0 && l < taps) {  // DeepStack: after decoder layer l, the image rows get tap l
-      VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), T * H, act_));
+      VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
       pending = false;
       VLM_RETURN_IF_ERROR(add_rows_at(x_.data(), i32(vis_rows_), feats(1 + l), DType::kF32,
                                       n_vis, H, act_));
     }
   }
   if (n_sel > 0) {
-    if (pending) VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), T * H, act_));
+    if (pending) VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
     // The rows that want logits, gathered into xn_, normed, then the head.
     VLM_RETURN_IF_ERROR(embedding_gather(x_.data(), act_, d_sel, n_sel, H, xn_.data(), act_));
     VLM_RETURN_IF_ERROR(rms_norm(xn_.data(), f32p(norm_), n_sel, H, eps, xn_.data(), act_));

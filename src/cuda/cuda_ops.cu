@@ -88,15 +88,18 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t rows, int64_t n_heads, int64_t
   T* v = x + row * head_dim;
   const float* c = cos + (row / n_heads) * half;
   const float* s = sin + (row / n_heads) * half;
-  float ss = 0.f;
-  for (int64_t d = lane; d < head_dim; d += 32) {
-    const float a = load(v, d);
-    ss += a * a;
+  float inv = 1.f;
+  if (w != nullptr) {
+    float ss = 0.f;
+    for (int64_t d = lane; d < head_dim; d += 32) {
+      const float a = load(v, d);
+      ss += a * a;
+    }
+    inv = rsqrtf(warp_sum(ss) / static_cast<float>(head_dim) + eps);
   }
-  const float inv = rsqrtf(warp_sum(ss) / static_cast<float>(head_dim) + eps);
   for (int64_t d = lane; d < half; d += 32) {
-    const float a = load(v, d) * inv * w[d];
-    const float b = load(v, d + half) * inv * w[d + half];
+    const float a = w != nullptr ? load(v, d) * inv * w[d] : load(v, d);
+    const float b = w != nullptr ? load(v, d + half) * inv * w[d + half] : load(v, d + half);
     store(v, d, a * c[d] - b * s[d]);
     store(v, d + half, b * c[d] + a * s[d]);
   }
@@ -116,11 +119,77 @@ __global__ void set_rows_at_kernel(T* x, const int32_t* rows, const S* src, int6
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(xr, i, load(sr, i));
 }
 
-template <typename T>
-__global__ void add_inplace_kernel(T* x, const T* delta, int64_t count) {
+template <typename T, typename D>
+__global__ void add_inplace_kernel(T* x, const D* delta, int64_t count) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     store(x, i, load(x, i) + load(delta, i));
+  }
+}
+
+template <typename S, typename D>
+__global__ void convert_kernel(const S* src, int64_t count, D* dst) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    store(dst, i, load(src, i));
+  }
+}
+
+template <typename T>
+__global__ void add_bias_kernel(T* x, const float* bias, int64_t n) {
+  T* xr = x + blockIdx.x * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(xr, i, load(xr, i) + bias[i]);
+}
+
+// LayerNorm of one row already summed in place: mean, then the biased variance, both f32.
+template <typename T>
+__device__ void layer_norm_row(const T* xr, const float* w, const float* b, int64_t n, float eps,
+                               T* yr) {
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += load(xr, i);
+  const float mean = block_sum(s) / static_cast<float>(n);
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float d = load(xr, i) - mean;
+    ss += d * d;
+  }
+  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    store(yr, i, (load(xr, i) - mean) * inv * w[i] + b[i]);
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_kernel(const T* x, const float* w, const float* b, int64_t n, float eps,
+                                  T* y) {
+  layer_norm_row(x + blockIdx.x * n, w, b, n, eps, y + blockIdx.x * n);
+}
+
+template <typename T>
+__global__ void add_layer_norm_kernel(T* x, const T* delta, const float* bias, const float* w,
+                                      const float* b, int64_t n, float eps, T* y) {
+  T* xr = x + blockIdx.x * n;
+  const T* dr = delta + blockIdx.x * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    store(xr, i, load(xr, i) + (load(dr, i) + (bias != nullptr ? bias[i] : 0.f)));
+  }
+  if (y == nullptr) return;
+  __syncthreads();  // the row's stored values, written by other threads, are read below
+  layer_norm_row(xr, w, b, n, eps, y + blockIdx.x * n);
+}
+
+template <typename T>
+__global__ void bias_gelu_kernel(T* x, const float* bias, int64_t n, bool tanh_form) {
+  T* xr = x + blockIdx.x * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = load(xr, i) + (bias != nullptr ? bias[i] : 0.f);
+    float g;
+    if (tanh_form) {
+      g = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    } else {
+      g = 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
+    }
+    store(xr, i, g);
   }
 }
 
@@ -480,14 +549,74 @@ Status set_rows_at(void* x, const int32_t* rows, const void* src, DType src_t, i
   return from(cudaGetLastError(), "set_rows_at launch");
 }
 
-Status add_inplace(void* x, const void* delta, int64_t count, DType t) {
+Status add_inplace(void* x, const void* delta, DType delta_t, int64_t count, DType t) {
   if (count <= 0) return ok_status();
   with_act(t, [&](auto a) {
-    using T = decltype(a);
-    add_inplace_kernel<<<grid_for(count), kRowThreads>>>(static_cast<T*>(x),
-                                                         static_cast<const T*>(delta), count);
+    with_act(delta_t, [&](auto d) {
+      using T = decltype(a);
+      using D = decltype(d);
+      add_inplace_kernel<<<grid_for(count), kRowThreads>>>(static_cast<T*>(x),
+                                                           static_cast<const D*>(delta), count);
+    });
   });
   return from(cudaGetLastError(), "add_inplace launch");
+}
+
+Status convert(const void* src, DType src_t, int64_t count, void* dst, DType dst_t) {
+  if (count <= 0) return ok_status();
+  with_act(src_t, [&](auto a) {
+    with_act(dst_t, [&](auto b) {
+      using S = decltype(a);
+      using D = decltype(b);
+      convert_kernel<<<grid_for(count), kRowThreads>>>(static_cast<const S*>(src), count,
+                                                       static_cast<D*>(dst));
+    });
+  });
+  return from(cudaGetLastError(), "convert launch");
+}
+
+Status add_bias(void* x, const float* bias, int64_t rows, int64_t n, DType t) {
+  if (Status s = check_rows(rows, "add_bias"); !s.ok()) return s;
+  if (rows == 0) return ok_status();
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    add_bias_kernel<<<rows, kRowThreads>>>(static_cast<T*>(x), bias, n);
+  });
+  return from(cudaGetLastError(), "add_bias launch");
+}
+
+Status layer_norm(const void* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
+                  void* y, DType t) {
+  if (Status s = check_rows(rows, "layer_norm"); !s.ok()) return s;
+  if (rows == 0) return ok_status();
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    layer_norm_kernel<<<rows, kRowThreads>>>(static_cast<const T*>(x), w, b, n, eps,
+                                             static_cast<T*>(y));
+  });
+  return from(cudaGetLastError(), "layer_norm launch");
+}
+
+Status add_layer_norm(void* x, const void* delta, const float* bias, const float* w,
+                      const float* b, int64_t rows, int64_t n, float eps, void* y, DType t) {
+  if (Status s = check_rows(rows, "add_layer_norm"); !s.ok()) return s;
+  if (rows == 0) return ok_status();
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    add_layer_norm_kernel<<<rows, kRowThreads>>>(static_cast<T*>(x), static_cast<const T*>(delta),
+                                                 bias, w, b, n, eps, static_cast<T*>(y));
+  });
+  return from(cudaGetLastError(), "add_layer_norm launch");
+}
+
+Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh, DType t) {
+  if (Status s = check_rows(rows, "bias_gelu"); !s.ok()) return s;
+  if (rows == 0) return ok_status();
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    bias_gelu_kernel<<<rows, kRowThreads>>>(static_cast<T*>(x), bias, n, tanh);
+  });
+  return from(cudaGetLastError(), "bias_gelu launch");
 }
 
 Status kv_store(const void* k, const void* v, const int32_t* slots, int64_t tokens, int64_t row,

@@ -58,8 +58,8 @@ Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, in
                     void* y, DType t);
 // out = silu(gate) * up, element-wise over count values.
 Status silu_mul(const void* gate, const void* up, int64_t count, void* out, DType t);
-// Qwen3's per-head q/k RMSNorm (weight w f32[head_dim]) then NeoX rotary, in place over x
-// [tokens, n_heads, head_dim]; cos, sin f32 [tokens, head_dim / 2] (the M-RoPE angles, as the CPU
+// Qwen3's per-head q/k RMSNorm (weight w f32[head_dim]; w null: no norm, only the rotary, as the
+// vision tower's) then NeoX rotary, in place over x [tokens, n_heads, head_dim]; cos, sin f32 [tokens, head_dim / 2] (the M-RoPE angles, as the CPU
 // path builds them). One warp per head; the normalised values stay f32 until the rotation.
 Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
                     float eps, const float* cos, const float* sin, DType t);
@@ -72,8 +72,23 @@ Status add_rows_at(void* x, const int32_t* rows, const void* delta, DType delta_
 // pads' embeddings.
 Status set_rows_at(void* x, const int32_t* rows, const void* src, DType src_t, int64_t count,
                    int64_t n, DType t);
-// x += delta, element-wise over count values (a residual add no norm follows).
-Status add_inplace(void* x, const void* delta, int64_t count, DType t);
+// x += delta, element-wise over count values (delta in delta_t): a residual add no norm follows.
+Status add_inplace(void* x, const void* delta, DType delta_t, int64_t count, DType t);
+// dst = src element-wise, from src_t to dst_t (rounded once).
+Status convert(const void* src, DType src_t, int64_t count, void* dst, DType dst_t);
+// x[r] += bias (f32 [n]) for every row r of `rows`.
+Status add_bias(void* x, const float* bias, int64_t rows, int64_t n, DType t);
+// LayerNorm per row of n values: y = (x − mean) · rsqrt(var + eps) · w + b (w, b f32 [n]; the
+// biased variance, as torch). y may alias x.
+Status layer_norm(const void* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
+                  void* y, DType t);
+// Per row: x += delta + bias (bias f32 [n], may be null; x stored rounded), then, when y is not
+// null, y = layer_norm(x) with w, b (the vision blocks' residual add fused into the next norm).
+Status add_layer_norm(void* x, const void* delta, const float* bias, const float* w,
+                      const float* b, int64_t rows, int64_t n, float eps, void* y, DType t);
+// In place: x = gelu(x + bias) per row (bias f32 [n], may be null); tanh: gelu_pytorch_tanh,
+// else nn.GELU()'s exact erf form.
+Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh, DType t);
 // The K and V rows of `tokens` tokens into the paged cache: k_cache[slots[i]] = k[i] and the same
 // for v (rows of `row` values, row = n_kv_heads · head_dim; slot = block · block_size + offset).
 Status kv_store(const void* k, const void* v, const int32_t* slots, int64_t tokens, int64_t row,

@@ -12,6 +12,7 @@
 #include "io/npy.h"
 #ifdef VLM_HAVE_CUDA
 #include "cuda/cuda_decoder.h"
+#include "cuda/cuda_vision.h"
 #endif
 
 namespace vlm {
@@ -127,6 +128,14 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     impl->vision = std::make_unique<VisionEncoder>(impl->cfg, impl->vision_weights, *impl->pool);
     impl->vision->set_isa(impl->isa);
     impl->vision->set_fp16(options.vision_fp16);
+#ifdef VLM_HAVE_CUDA
+    if (on_gpu) {
+      VLM_ASSIGN_OR_RETURN(impl->gpu_vision,
+                           cuda::make_cuda_vision_encoder(impl->cfg, impl->vision_weights,
+                                                          *impl->vision, options.gpu_dtype == "f32"));
+      impl->vision->set_device(impl->gpu_vision.get());
+    }
+#endif
   }
   impl->logits.resize(static_cast<size_t>(t.vocab_size));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));

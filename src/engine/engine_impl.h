@@ -37,6 +37,7 @@ struct Engine::Impl {
   std::unique_ptr<DeviceDecoder> gpu;     // EngineOptions::device == "cuda"
   std::vector<int32_t> gpu_table;         // 0, 1, 2, …: a single sequence over the GPU's blocks
   std::unique_ptr<VisionEncoder> vision;
+  std::unique_ptr<DeviceVisionEncoder> gpu_vision;  // "cuda": runs `vision`'s encode (uses it)
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> eos_ids;
   int64_t max_context = 0;

@@ -120,6 +120,7 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
     return invalid_argument("image grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
                             std::to_string(g.w) + ") is not a positive multiple of the merge size");
   }
+  if (device_ != nullptr) return device_->encode(pixel_values, g, out);
   const int64_t S = g.patches(), D = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int64_t nh = cfg_.num_heads, hd = D / nh, out_h = cfg_.out_hidden_size;
   const int64_t patch_in = w_.patch_embed.dim(1);

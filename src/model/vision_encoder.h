@@ -25,6 +25,15 @@ struct VisionOutput {
   std::vector<std::vector<float>> deepstack;   // per DeepStack tap: [tokens, out_hidden]
 };
 
+// The vision tower on an accelerator (the CUDA backend): VisionEncoder::encode hands its work to
+// one when set_device() gave it one.
+class DeviceVisionEncoder {
+ public:
+  virtual ~DeviceVisionEncoder() = default;
+  // As VisionEncoder::encode, on a grid VisionEncoder already checked.
+  virtual Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out) = 0;
+};
+
 class VisionEncoder {
  public:
   VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ThreadPool& pool);
@@ -38,14 +47,22 @@ class VisionEncoder {
   // layout). Every temporal group attends only within itself, as transformers' cu_seqlens do.
   Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out);
 
+  // Runs encode() on `device` from now on (null: back on the CPU). Not owned.
+  void set_device(DeviceVisionEncoder* device) { device_ = device; }
+  bool on_device() const { return device_ != nullptr; }
+
+  // The host-side tables a device encoder needs too: adds the interpolated learned position
+  // embedding of `grid` to x [patches, D] (merge order); the 2-D rotary cos/sin [patches,
+  // head_dim / 2].
+  void add_position_embedding(const GridThw& grid, float* x) const;
+  void rotary_tables(const GridThw& grid, std::vector<float>* cos, std::vector<float>* sin) const;
+
   // Intermediate values for parity debugging: the input of block 0 (patch embed + positions),
   // filled by the last encode() when `keep_block0_input` is set.
   bool keep_block0_input = false;
   std::vector<float> block0_input;  // [patches, D]
 
  private:
-  void add_position_embedding(const GridThw& grid, float* x) const;
-  void rotary_tables(const GridThw& grid, std::vector<float>* cos, std::vector<float>* sin) const;
   // y = x · wᵀ through ops::matmul, or ops::matmul_f16 when fp16_.
   void linear(const float* x, int64_t M, int64_t K, const TensorView& w, float* y);
   void run_merger(const VisionMergerWeights& m, bool postshuffle_norm, const float* x,
@@ -56,6 +73,7 @@ class VisionEncoder {
   ThreadPool& pool_;
   ops::Isa isa_ = ops::detected_isa();
   bool fp16_ = false;
+  DeviceVisionEncoder* device_ = nullptr;
   int64_t grid_side_ = 0;        // sqrt(num_position_embeddings)
   std::vector<float> inv_freq_;  // [head_dim / 4] rotary frequencies per axis
 };

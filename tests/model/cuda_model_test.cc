@@ -1,8 +1,9 @@
-// The model on the GPU (EngineOptions::device = "cuda") against transformers: the text and image
-// fixtures' logits and greedy continuations, and the shipped shapes model answering 100 unseen
-// scenes through continuous batching exactly as transformers did. The vision tower runs on the
-// CPU; the text decoder, its paged KV cache and DeepStack on the GPU. Without a CUDA device every
-// test here reports skipped, never passed.
+// The model on the GPU (EngineOptions::device = "cuda") against transformers: the vision tower's
+// merger and DeepStack outputs, the text and image fixtures' logits and greedy continuations, and
+// the shipped shapes model answering 100 unseen scenes through continuous batching exactly as
+// transformers did. Image decoding and preprocessing run on the CPU; the vision tower, the text
+// decoder, its paged KV cache and DeepStack on the GPU. Without a CUDA device every test here
+// reports skipped, never passed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,8 +16,14 @@
 #include <vector>
 
 #include "cuda/cuda_ops.h"
+#include "cuda/cuda_vision.h"
 #include "engine/engine_core.h"
 #include "io/npy.h"
+#include "io/safetensors.h"
+#include "model/qwen3vl_config.h"
+#include "model/vision_encoder.h"
+#include "vision/image_decode.h"
+#include "vision/preprocess.h"
 #include "test_util.h"
 #include "vlm/chat.h"
 #include "vlm/engine.h"
@@ -153,8 +160,56 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTextGreedy,
                            return n;
                          });
 
-// Images: the CPU vision tower's features replace the pads on the GPU and DeepStack adds them
-// after the first decoder layers; prompts span several 16-token chunks, images cut across them.
+// The vision tower alone on the GPU (f32): merger and DeepStack outputs of every fixture image
+// against transformers', at the CPU tower's 1e-4.
+TEST(CudaVisionModel, EncoderOutputsMatchTransformers) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string dir = kFixtures + "/vision-f32";
+  const auto ref = reference(dir);
+  auto cfg = load_qwen3vl_config(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+  auto store = WeightStore::open_dir(dir);
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  auto w = load_vision_weights(*store, *cfg);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ThreadPool pool(2);
+  VisionEncoder host(*cfg, *w, pool);
+  auto gpu = cuda::make_cuda_vision_encoder(*cfg, *w, host, /*f32=*/true);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+  host.set_device(gpu->get());
+  for (const auto& c : ref["cases"]) {
+    std::vector<float> embeds;
+    std::vector<std::vector<float>> ds(cfg->vision_config.deepstack_visual_indexes.size());
+    for (const auto& name : c["images"]) {
+      const auto& im = ref["images"][name.get<std::string>()];
+      const std::string src = im["source"];
+      auto img = load_image_file((src.rfind("synthetic", 0) == 0 ? dir : kShared + "/data/images") +
+                                 "/" + src);
+      ASSERT_TRUE(img.ok()) << img.status().message();
+      PreprocessOptions o;
+      o.min_pixels = im["min_pixels"].get<int64_t>();
+      o.max_pixels = im["max_pixels"].get<int64_t>();
+      auto p = preprocess_image(*img, o);
+      ASSERT_TRUE(p.ok()) << p.status().message();
+      VisionOutput out;
+      ASSERT_TRUE(host.encode(p->pixel_values.data(), {p->grid_t, p->grid_h, p->grid_w}, &out).ok());
+      embeds.insert(embeds.end(), out.embeds.begin(), out.embeds.end());
+      for (size_t k = 0; k < ds.size(); ++k) {
+        ds[k].insert(ds[k].end(), out.deepstack[k].begin(), out.deepstack[k].end());
+      }
+    }
+    EXPECT_LE(rel_err(embeds, npy(dir + "/" + c["image_embeds"]["file"].get<std::string>())), kTolF32)
+        << c["name"];
+    ASSERT_EQ(c["deepstack"].size(), ds.size());
+    for (size_t k = 0; k < ds.size(); ++k) {
+      EXPECT_LE(rel_err(ds[k], npy(dir + "/" + c["deepstack"][k]["file"].get<std::string>())), kTolF32)
+          << c["name"] << " tap " << k;
+    }
+  }
+}
+
+// Images through the engine: the GPU vision tower's features replace the pads and DeepStack adds
+// them after the first decoder layers; prompts span several 16-token chunks, images cut across them.
 TEST(CudaVisionModel, MultimodalLogitsAndGreedyMatchTransformers) {
   SKIP_WITHOUT_DEVICE();
   const std::string dir = kFixtures + "/vision-f32";

@@ -206,6 +206,93 @@ TEST_P(CudaOps, QkNormRopeMatchesReference) {
   }
 }
 
+// The vision tower's ops: LayerNorm, its fused residual add (with the linear layer's bias), the
+// bias + GELU of both forms, the bias add, and the rotary without a norm. LayerNorm's bound:
+// mean and variance in f32 over n values, (2n + 16)·u relative to the row's scale.
+TEST_P(CudaOps, VisionOpsMatchReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t rows = 6, n = 1152;
+  const float rel = (2.f * n + 16) * kU;
+  const auto x = a.round(random_values(rows * n, 40, 2.f));
+  const auto delta = a.round(random_values(rows * n, 41));
+  const auto w = random_values(n, 42), b = random_values(n, 43), bias = random_values(n, 44);
+  auto close_scaled = [&](const std::vector<float>& got, const std::vector<float>& want,
+                          float scale_floor, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float tol = a.tol(std::fabs(want[i]) + scale_floor, rel);
+      ASSERT_LE(std::fabs(got[i] - want[i]), tol) << what << "[" << i << "]";
+    }
+  };
+  {  // layer_norm
+    std::vector<float> want(x.size());
+    ops::ref::layer_norm(x.data(), w.data(), b.data(), rows, n, 1e-6f, want.data());
+    DeviceBuffer dx = upload(a.encode(x)), dw = upload_f32(w), db = upload_f32(b), dy;
+    ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(x.size()), &dy).ok());
+    ASSERT_TRUE(layer_norm(dx.data(), static_cast<const float*>(dw.data()),
+                           static_cast<const float*>(db.data()), rows, n, 1e-6f, dy.data(), a.t).ok());
+    ASSERT_TRUE(synchronize().ok());
+    close_scaled(a.decode(download(dy)), a.round(want), 4.f, "layer_norm");
+  }
+  {  // add_layer_norm: the residual as stored, then its norm
+    std::vector<float> sum(x.size());
+    for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + (delta[i] + bias[i % n]);
+    sum = a.round(sum);
+    std::vector<float> want(x.size());
+    ops::ref::layer_norm(sum.data(), w.data(), b.data(), rows, n, 1e-6f, want.data());
+    DeviceBuffer dx = upload(a.encode(x)), dd = upload(a.encode(delta)), dw = upload_f32(w),
+                 db = upload_f32(b), dbias = upload_f32(bias), dy;
+    ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(x.size()), &dy).ok());
+    ASSERT_TRUE(add_layer_norm(dx.data(), dd.data(), static_cast<const float*>(dbias.data()),
+                               static_cast<const float*>(dw.data()),
+                               static_cast<const float*>(db.data()), rows, n, 1e-6f, dy.data(),
+                               a.t).ok());
+    ASSERT_TRUE(synchronize().ok());
+    expect_close(a.decode(download(dx)), sum, a, 2 * kU, "add_layer_norm residual");
+    close_scaled(a.decode(download(dy)), a.round(want), 4.f, "add_layer_norm");
+  }
+  for (bool tanh : {true, false}) {  // bias_gelu
+    std::vector<float> want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] + bias[i % n];
+    if (tanh) {
+      ops::ref::gelu_tanh(want.data(), static_cast<int64_t>(want.size()));
+    } else {
+      ops::ref::gelu_erf(want.data(), static_cast<int64_t>(want.size()));
+    }
+    DeviceBuffer dx = upload(a.encode(x)), dbias = upload_f32(bias);
+    ASSERT_TRUE(bias_gelu(dx.data(), static_cast<const float*>(dbias.data()), rows, n, tanh, a.t).ok());
+    ASSERT_TRUE(synchronize().ok());
+    close_scaled(a.decode(download(dx)), a.round(want), 1.f, tanh ? "gelu_tanh" : "gelu_erf");
+  }
+  {  // add_bias
+    std::vector<float> want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] + bias[i % n];
+    DeviceBuffer dx = upload(a.encode(x)), dbias = upload_f32(bias);
+    ASSERT_TRUE(add_bias(dx.data(), static_cast<const float*>(dbias.data()), rows, n, a.t).ok());
+    ASSERT_TRUE(synchronize().ok());
+    expect_close(a.decode(download(dx)), a.round(want), a, kU, "add_bias");
+  }
+  {  // rotary alone (w null), head_dim 72 as the vision tower's 1152 / 16
+    const int64_t tokens = 5, heads = 16, hd = 72, half = hd / 2;
+    const auto q = a.round(random_values(tokens * heads * hd, 45, 2.f));
+    std::vector<float> cos(tokens * half), sin(tokens * half);
+    const auto angle = random_values(cos.size(), 46, 3.f);
+    for (size_t i = 0; i < cos.size(); ++i) {
+      cos[i] = std::cos(angle[i]);
+      sin[i] = std::sin(angle[i]);
+    }
+    std::vector<float> want = q;
+    ops::ref::rope_neox(want.data(), tokens, heads, hd, cos.data(), sin.data());
+    DeviceBuffer dq = upload(a.encode(q)), dc = upload_f32(cos), ds = upload_f32(sin);
+    ASSERT_TRUE(qk_norm_rope(dq.data(), tokens, heads, hd, nullptr, 0.f,
+                             static_cast<const float*>(dc.data()),
+                             static_cast<const float*>(ds.data()), a.t).ok());
+    ASSERT_TRUE(synchronize().ok());
+    close_scaled(a.decode(download(dq)), a.round(want), 4.f, "rope");
+  }
+}
+
 TEST_P(CudaOps, AddRowsAtAddsTheDeepStackFeatures) {
   SKIP_WITHOUT_DEVICE();
   const Act a{GetParam()};
@@ -255,7 +342,7 @@ TEST_P(CudaOps, AddInplaceAddsElementwise) {
   auto x = a.round(random_values(count, 32));
   const auto d = a.round(random_values(count, 33));
   DeviceBuffer dx = upload(a.encode(x)), dd = upload(a.encode(d));
-  ASSERT_TRUE(add_inplace(dx.data(), dd.data(), count, a.t).ok());
+  ASSERT_TRUE(add_inplace(dx.data(), dd.data(), a.t, count, a.t).ok());
   ASSERT_TRUE(synchronize().ok());
   for (int64_t i = 0; i < count; ++i) x[i] += d[i];
   expect_close(a.decode(download(dx)), a.round(x), a, 0.f, "add_inplace");
