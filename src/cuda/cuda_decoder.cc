@@ -141,7 +141,8 @@ class CudaDecoder final : public DeviceDecoder {
   std::string description() const override { return description_; }
   int64_t decode_weight_bytes() const override { return decode_bytes_; }
 
-  Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits) override;
+  Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits,
+                       int32_t* argmax) override;
 
  private:
   // Layer l's K (or V) cache: [blocks · block_size, n_kv_heads · head_dim].
@@ -175,7 +176,8 @@ class CudaDecoder final : public DeviceDecoder {
   std::vector<int64_t> h_pos_t_, h_pos_h_, h_pos_w_;
 };
 
-Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits) {
+Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits,
+                                  int32_t* argmax) {
   if (blocks_ == 0) return internal_error("forward: the KV cache is not allocated");
   const int64_t H = c_.hidden_size, nh = c_.num_attention_heads, nkv = c_.num_key_value_heads,
                 hd = c_.head_dim, I = c_.intermediate_size, V = c_.vocab_size;
@@ -313,7 +315,22 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     const DeviceBuffer& head = tied_ ? embed_ : lm_head_;
     VLM_RETURN_IF_ERROR(
         gemm_->matmul(xn_.data(), head.data(), act_, n_sel, V, H, logits_.data(), DType::kF32));
-    VLM_RETURN_IF_ERROR(logits_.download(logits, static_cast<size_t>(n_sel * V) * 4));
+    if (argmax != nullptr) {
+      int32_t* d_argmax = static_cast<int32_t*>(ints_.data()) + 4 * C;  // the row list is spent
+      VLM_RETURN_IF_ERROR(argmax_rows(f32p(logits_), n_sel, V, d_argmax));
+      VLM_RETURN_IF_ERROR(
+          copy_to_host(argmax, d_argmax, static_cast<size_t>(n_sel) * sizeof(int32_t)));
+    }
+    // The rows the caller wants in full, one run per chunk (all of them when no argmax).
+    for (int64_t c = 0, row = 0; c < n_chunks; ++c) {
+      const SeqChunk& ch = chunks[c];
+      const int64_t rows = ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
+      if (rows > 0 && (argmax == nullptr || !ch.argmax_only)) {
+        VLM_RETURN_IF_ERROR(copy_to_host(logits + row * V, f32p(logits_) + row * V,
+                                        static_cast<size_t>(rows * V) * 4));
+      }
+      row += rows;
+    }
   }
   return synchronize();
 }

@@ -470,6 +470,10 @@ Status DeviceBuffer::download(void* host, size_t bytes) const {
   return from(cudaMemcpy(host, ptr_, bytes, cudaMemcpyDeviceToHost), "download");
 }
 
+Status copy_to_host(void* host, const void* device, size_t bytes) {
+  return from(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "copy to host");
+}
+
 Status synchronize() { return from(cudaDeviceSynchronize(), "synchronize"); }
 
 Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y, DType t) {

@@ -44,6 +44,9 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Synchronous copy of `bytes` from device memory at `device` to host memory.
+Status copy_to_host(void* host, const void* device, size_t bytes);
+
 enum class DType { kF32, kBF16 };
 
 // All ops run on the default stream and return the launch's error, if any; call synchronize()

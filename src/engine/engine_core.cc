@@ -78,6 +78,7 @@ struct EngineCore::State {
   KvCache cache;
   std::vector<float> logits;  // [max_num_seqs, vocab]
   std::vector<float> raw_row;  // [vocab]: a row before the sampler's penalties (logprobs)
+  std::vector<int32_t> argmax;  // [max_num_seqs]: each logit row's argmax (GPU)
   std::unique_ptr<VisionCache> vision_cache;
   // Per-step scratch of the engine thread, kept so that their memory is reused: steady-state
   // decode steps allocate nothing (tests/model/alloc_test.cc).
@@ -153,6 +154,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   }
   core->st_->logits.resize(static_cast<size_t>(opts.max_num_seqs * t.vocab_size));
   core->st_->raw_row.resize(static_cast<size_t>(t.vocab_size));
+  core->st_->argmax.resize(static_cast<size_t>(opts.max_num_seqs));
   core->st_->vision_cache = std::make_unique<VisionCache>(static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);
   core->st_->stats.kv_blocks_total = opts.num_blocks;
   core->thread_ = std::thread([c = core.get()] { c->loop(); });
@@ -431,9 +433,12 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
       c.vision = &vision[i];
     }
     c.rows = c.first + c.n == static_cast<int64_t>(r.ids.size()) ? LogitRows::kLast : LogitRows::kNone;
+    c.argmax_only = m.gpu != nullptr && r.sampler->plain_greedy() && r.request.logprobs < 0;
   }
   const int64_t n_chunks = static_cast<int64_t>(chunks.size());
-  Status st = m.gpu != nullptr ? m.gpu->forward_batch(chunks.data(), n_chunks, s.logits.data())
+  // On the GPU the argmax of every logit row comes back too, and greedy rows stay there.
+  Status st = m.gpu != nullptr ? m.gpu->forward_batch(chunks.data(), n_chunks, s.logits.data(),
+                                                      s.argmax.data())
                                : m.decoder->forward_batch(chunks.data(), n_chunks, s.cache,
                                                           s.logits.data());
   if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
@@ -456,9 +461,16 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
   for (size_t i = 0; i < out.items.size(); ++i) {
     if (chunks[i].rows == LogitRows::kNone) continue;
     Req& r = *s.reqs[out.items[i].request_id];
-    float* logits = s.logits.data() + (row++) * V;
-    if (r.request.logprobs >= 0) std::copy(logits, logits + V, s.raw_row.begin());
-    const int32_t id = r.sampler->sample(logits);
+    float* logits = s.logits.data() + row * V;
+    int32_t id = 0;
+    if (chunks[i].argmax_only) {  // greedy, picked on the device
+      id = s.argmax[row];
+      r.sampler->record(id);
+    } else {
+      if (r.request.logprobs >= 0) std::copy(logits, logits + V, s.raw_row.begin());
+      id = r.sampler->sample(logits);
+    }
+    ++row;
     r.ids.push_back(id);
     r.feature_row.push_back(-1);
     const int64_t p = static_cast<int64_t>(r.ids.size()) - 1 + r.prompt.rope.delta;

@@ -98,12 +98,16 @@ int32_t Sampler::sample(float* logits) {
       }
     }
   }
-  if (counts_[chosen]++ == 0) out_list_.push_back(chosen);
-  if (!seen_[chosen]) {
-    seen_[chosen] = 1;
-    seen_list_.push_back(chosen);
-  }
+  record(chosen);
   return chosen;
+}
+
+void Sampler::record(int32_t id) {
+  if (counts_[id]++ == 0) out_list_.push_back(id);
+  if (!seen_[id]) {
+    seen_[id] = 1;
+    seen_list_.push_back(id);
+  }
 }
 
 }  // namespace vlm

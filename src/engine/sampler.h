@@ -33,6 +33,14 @@ class Sampler {
   void reserve_generated(int64_t max_new);
   // Picks the next id from logits [vocab] (modified in place) and records it as generated.
   int32_t sample(float* logits);
+  // Greedy with no penalty: the pick is the logits' argmax (the first largest), which a device
+  // may compute itself (then record() it).
+  bool plain_greedy() const {
+    return p_.greedy && p_.repetition_penalty == 1.0 && p_.presence_penalty == 0.0 &&
+           p_.frequency_penalty == 0.0;
+  }
+  // Records `id` as generated, as sample() does with its pick.
+  void record(int32_t id);
 
  private:
   void apply_penalties(float* logits) const;

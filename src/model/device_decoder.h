@@ -29,8 +29,11 @@ class DeviceDecoder {
   virtual int64_t cache_block_size() const = 0;
 
   // TextDecoder::forward_batch over this decoder's cache: logits (f32, host memory) in chunk
-  // order, 1 row for kLast, n rows for kAll.
-  virtual Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits) = 0;
+  // order, 1 row for kLast, n rows for kAll. With `argmax` (one id per logit row, the same order)
+  // every logit row's argmax (the first largest) is returned too, and the rows of argmax_only
+  // chunks are not copied into `logits` (their place there is left as it was).
+  virtual Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits,
+                               int32_t* argmax = nullptr) = 0;
 
   // "NVIDIA H200 (sm_90, 139.8 GiB), bf16"
   virtual std::string description() const = 0;

@@ -59,6 +59,10 @@ struct SeqChunk {
   int64_t num_table_blocks = 0;  // must cover first + n positions
   const VisionRows* vision = nullptr;  // image rows of this chunk, or null
   LogitRows rows = LogitRows::kNone;
+  // The caller needs only the argmax of this chunk's logit rows (greedy sampling, no penalty, no
+  // logprobs). A device backend then leaves the rows on the device and returns their argmax;
+  // the CPU decoder ignores it.
+  bool argmax_only = false;
 };
 
 // cos and sin of Qwen3-VL's interleaved M-RoPE angles for a run of positions, [n, head_dim / 2]

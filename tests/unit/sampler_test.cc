@@ -34,6 +34,28 @@ TEST(Sampler, GreedyPicksArgmax) {
   EXPECT_EQ(s.sample(l.data()), 1);
 }
 
+// A device's argmax stands in for sample() only for plain greedy; record() keeps the penalty
+// state as sample() would have, so later picks agree.
+TEST(Sampler, RecordKeepsPenaltiesAsSampleDoes) {
+  ResolvedSampling p;
+  p.greedy = true;
+  EXPECT_TRUE(Sampler(8, p).plain_greedy());
+  p.repetition_penalty = 2.0;
+  EXPECT_FALSE(Sampler(8, p).plain_greedy());
+  Sampler a(4, p), b(4, p);
+  std::vector<float> first = {1.f, 3.f, 2.f, 0.f};
+  const int32_t id = a.sample(first.data());
+  ASSERT_EQ(id, 1);
+  b.record(id);
+  // Token 1 is penalised to 2.5 in both: 2 (2.8) wins; without the record, 1 (3.0) would.
+  std::vector<float> next_a = {1.f, 5.f, 2.8f, 0.f}, next_b = next_a;
+  EXPECT_EQ(a.sample(next_a.data()), 2);
+  EXPECT_EQ(b.sample(next_b.data()), 2);
+  ResolvedSampling q;
+  q.greedy = false;
+  EXPECT_FALSE(Sampler(8, q).plain_greedy());
+}
+
 TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {
   std::vector<float> logits(50, 0.f);  // uniform: every draw is pure chance
   auto run = [&](uint64_t seed) {
