@@ -89,6 +89,13 @@ class Engine {
   const std::string& quant() const;
   // Where the text decoder runs: "cpu", or the GPU as "NVIDIA H200 (sm_90, 139.8 GiB), bf16".
   std::string device() const;
+  // On "cuda": the GPU's utilisation (-1 when the driver does not report it) and memory in use
+  // and in total (bytes, every process), from NVML. False on the CPU or without NVML.
+  struct GpuStats {
+    double utilization_percent = -1;
+    int64_t memory_used = 0, memory_total = 0;
+  };
+  bool gpu_stats(GpuStats* out) const;
   int n_threads() const;
   // Bytes of weights one decode step streams from memory: the text decoder's linear weights
   // (q/k/v/o, gate/up/down, lm_head) as held, i.e. after --quant (quantized data + scales).

@@ -13,6 +13,7 @@
 #ifdef VLM_HAVE_CUDA
 #include "cuda/cuda_decoder.h"
 #include "cuda/cuda_vision.h"
+#include "cuda/nvml.h"
 #endif
 
 namespace vlm {
@@ -153,6 +154,21 @@ int64_t Engine::decode_weight_bytes() const {
   return impl_->gpu ? impl_->gpu->decode_weight_bytes() : text_linear_weight_bytes(impl_->weights);
 }
 std::string Engine::device() const { return impl_->gpu ? impl_->gpu->description() : "cpu"; }
+
+bool Engine::gpu_stats(GpuStats* out) const {
+#ifdef VLM_HAVE_CUDA
+  if (impl_->gpu == nullptr) return false;
+  auto s = cuda::read_gpu_stats(0);
+  if (!s.ok()) return false;
+  out->utilization_percent = s->utilization_percent;
+  out->memory_used = s->memory_used;
+  out->memory_total = s->memory_total;
+  return true;
+#else
+  (void)out;
+  return false;
+#endif
+}
 bool Engine::has_vision() const { return impl_->has_vision; }
 
 Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids) {

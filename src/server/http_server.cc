@@ -149,6 +149,9 @@ struct Server::Impl {
   Gauge* waiting = nullptr;
   Gauge* kv_used = nullptr;
   Gauge* kv_total = nullptr;
+  Gauge* gpu_util = nullptr;  // these three: only with --device cuda
+  Gauge* gpu_mem_used = nullptr;
+  Gauge* gpu_mem_total = nullptr;
   std::mutex mirror_mu;  // counters mirrored from EngineCore::Stats at scrape time
   EngineCore::Stats mirrored;
 
@@ -411,6 +414,12 @@ void Server::Impl::scrape_metrics() {
   waiting->set(static_cast<double>(st.waiting));
   kv_used->set(static_cast<double>(st.kv_blocks_used));
   kv_total->set(static_cast<double>(st.kv_blocks_total));
+  Engine::GpuStats g;
+  if (gpu_util != nullptr && engine->gpu_stats(&g)) {  // on "cuda": NVML's view of the device
+    gpu_util->set(g.utilization_percent);
+    gpu_mem_used->set(static_cast<double>(g.memory_used));
+    gpu_mem_total->set(static_cast<double>(g.memory_total));
+  }
   std::lock_guard<std::mutex> lock(mirror_mu);
   cache_hits->inc(static_cast<double>(st.vision_cache_hits - mirrored.vision_cache_hits));
   cache_misses->inc(static_cast<double>(st.vision_cache_misses - mirrored.vision_cache_misses));
@@ -611,6 +620,12 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->waiting = &m.gauge("vlm_num_requests_waiting", "Requests waiting to be scheduled");
   impl->kv_used = &m.gauge("vlm_kv_cache_blocks_used", "KV cache blocks in use");
   impl->kv_total = &m.gauge("vlm_kv_cache_blocks_capacity", "KV cache blocks in total");
+  if (options.engine.device == "cuda") {
+    impl->gpu_util = &m.gauge("vlm_gpu_utilization_percent",
+                              "GPU busy share over NVML's last sample period (-1: not reported)");
+    impl->gpu_mem_used = &m.gauge("vlm_gpu_memory_used_bytes", "GPU memory in use (all processes)");
+    impl->gpu_mem_total = &m.gauge("vlm_gpu_memory_total_bytes", "GPU memory in total");
+  }
   // Each SSE chunk is its own small write: without TCP_NODELAY, Nagle's algorithm holds the
   // first token back ~40 ms behind the headers.
   impl->http.set_tcp_nodelay(true);

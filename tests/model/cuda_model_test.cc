@@ -264,6 +264,10 @@ TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
   ASSERT_TRUE(core_or.ok()) << core_or.status().message();
   EngineCore& core = **core_or;
   EXPECT_GT(core.stats().kv_blocks_total, 0);
+  Engine::GpuStats g;  // what /metrics reports on "cuda"
+  ASSERT_TRUE(engine.gpu_stats(&g)) << "NVML did not answer";
+  EXPECT_GT(g.memory_used, 0);
+  EXPECT_LE(g.memory_used, g.memory_total);
 
   const auto cases = nlohmann::json::parse(test_util::read_file(scenes + "/cases.json"))["cases"];
   ASSERT_EQ(cases.size(), 100u);
@@ -323,6 +327,11 @@ TEST(CudaOptions, UnsupportedCombinationsAreRefused) {
   e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("unknown device"), std::string::npos);
+  o.device = "cpu";  // the CPU engine reports no GPU figures
+  auto cpu = Engine::load(o);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  Engine::GpuStats g;
+  EXPECT_FALSE((*cpu)->gpu_stats(&g));
   if (cuda::device_count() == 0) {  // no GPU: a clear error, not a crash
     o.device = "cuda";
     e = Engine::load(o);
