@@ -17,8 +17,9 @@
 namespace vlm::cuda {
 namespace {
 
+// One decoder layer's weights; q|k|v and gate|up stacked so one product computes each group.
 struct Layer {
-  DeviceBuffer input_ln, q, k, v, q_norm, k_norm, o, post_ln, gate, up, down;
+  DeviceBuffer input_ln, qkv, q_norm, k_norm, o, post_ln, gate_up, down;
 };
 
 // A device buffer that grows (never shrinks) to the bytes asked.
@@ -60,6 +61,12 @@ class CudaDecoder final : public DeviceDecoder {
       decode_bytes_ += static_cast<int64_t>(b->bytes());
       return ok_status();
     };
+    auto stacked = [&](const std::vector<const TensorView*>& ts, DeviceBuffer* b,
+                       const char* name) -> Status {
+      VLM_RETURN_IF_ERROR(upload_stacked(ts, act_, b).with_context(name));
+      decode_bytes_ += static_cast<int64_t>(b->bytes());
+      return ok_status();
+    };
     VLM_RETURN_IF_ERROR(upload_tensor(w.embed_tokens, act_, &embed_).with_context("embed_tokens"));
     tied_ = w.lm_head.data == w.embed_tokens.data;
     if (tied_) {
@@ -76,12 +83,9 @@ class CudaDecoder final : public DeviceDecoder {
       VLM_RETURN_IF_ERROR(upload_f32(s.post_attention_layernorm, &d.post_ln));
       VLM_RETURN_IF_ERROR(upload_f32(s.q_norm, &d.q_norm));
       VLM_RETURN_IF_ERROR(upload_f32(s.k_norm, &d.k_norm));
-      VLM_RETURN_IF_ERROR(up(s.q_proj, &d.q, "q_proj"));
-      VLM_RETURN_IF_ERROR(up(s.k_proj, &d.k, "k_proj"));
-      VLM_RETURN_IF_ERROR(up(s.v_proj, &d.v, "v_proj"));
+      VLM_RETURN_IF_ERROR(stacked({&s.q_proj, &s.k_proj, &s.v_proj}, &d.qkv, "q/k/v_proj"));
       VLM_RETURN_IF_ERROR(up(s.o_proj, &d.o, "o_proj"));
-      VLM_RETURN_IF_ERROR(up(s.gate_proj, &d.gate, "gate_proj"));
-      VLM_RETURN_IF_ERROR(up(s.up_proj, &d.up, "up_proj"));
+      VLM_RETURN_IF_ERROR(stacked({&s.gate_proj, &s.up_proj}, &d.gate_up, "gate/up_proj"));
       VLM_RETURN_IF_ERROR(up(s.down_proj, &d.down, "down_proj"));
     }
     // Scratch for max_chunk tokens.
@@ -89,9 +93,9 @@ class CudaDecoder final : public DeviceDecoder {
     const int64_t qd = c_.num_attention_heads * c_.head_dim;
     const int64_t kvd = c_.num_key_value_heads * c_.head_dim;
     const size_t a = act_ == DType::kF32 ? 4 : 2;
-    for (auto [buf, n] : {std::pair{&x_, C * H}, {&xn_, C * H}, {&q_, C * qd}, {&k_, C * kvd},
-                          {&v_, C * kvd}, {&attn_, C * qd}, {&tmp_, C * H}, {&gate_, C * I},
-                          {&up_, C * I}}) {
+    for (auto [buf, n] : {std::pair{&x_, C * H}, {&xn_, C * H}, {&qkv_, C * (qd + 2 * kvd)},
+                          {&q_, C * qd}, {&attn_, C * qd}, {&tmp_, C * H}, {&gate_up_, C * 2 * I},
+                          {&mlp_, C * I}}) {
       VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(static_cast<size_t>(n) * a, buf));
     }
     VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * rope_.half() * 4, &cos_));
@@ -130,7 +134,8 @@ class CudaDecoder final : public DeviceDecoder {
       k_cache_ = DeviceBuffer();
       return Status(StatusCode::kResourceExhausted,
                     "KV cache of " + std::to_string(num_blocks) + " blocks (" +
-                        std::to_string(2 * half >> 20) + " MiB) does not fit the GPU: " + s.message());
+                        std::to_string(2 * half >> 20) +
+                        " MiB) does not fit the GPU: " + s.message());
     }
     blocks_ = num_blocks;
     bs_ = block_size;
@@ -164,7 +169,7 @@ class CudaDecoder final : public DeviceDecoder {
   bool tied_ = false;
   DeviceBuffer embed_, lm_head_, norm_;
   std::vector<Layer> layers_;
-  DeviceBuffer x_, xn_, q_, k_, v_, attn_, tmp_, gate_, up_, cos_, sin_, partial_, logits_;
+  DeviceBuffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_, cos_, sin_, partial_, logits_;
   DeviceBuffer ints_;                    // [5, max_chunk]: ids, slots, tok_seq, tok_pos, logit rows
   DeviceBuffer tables_;                  // [n_chunks, table_stride] block tables
   DeviceBuffer vis_rows_, vis_feats_;    // image rows, [1 + taps, rows, hidden] f32 features
@@ -268,7 +273,8 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
 
   VLM_RETURN_IF_ERROR(embedding_gather(embed_.data(), act_, d_ids, T, H, x_.data(), act_));
   if (n_vis > 0) {
-    VLM_RETURN_IF_ERROR(set_rows_at(x_.data(), i32(vis_rows_), feats(0), DType::kF32, n_vis, H, act_));
+    VLM_RETURN_IF_ERROR(
+        set_rows_at(x_.data(), i32(vis_rows_), feats(0), DType::kF32, n_vis, H, act_));
   }
   bool pending = false;  // tmp_ still has to be added to x_ (as in TextDecoder)
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -279,26 +285,22 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     } else {
       VLM_RETURN_IF_ERROR(rms_norm(x_.data(), f32p(L.input_ln), T, H, eps, xn_.data(), act_));
     }
-    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.q, T, qd, H, q_.data()));
-    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.k, T, kvd, H, k_.data()));
-    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.v, T, kvd, H, v_.data()));
-    VLM_RETURN_IF_ERROR(qk_norm_rope(q_.data(), T, nh, hd, f32p(L.q_norm), eps, f32p(cos_),
-                                     f32p(sin_), act_));
-    VLM_RETURN_IF_ERROR(qk_norm_rope(k_.data(), T, nkv, hd, f32p(L.k_norm), eps, f32p(cos_),
-                                     f32p(sin_), act_));
+    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.qkv, T, qd + 2 * kvd, H, qkv_.data()));
     void* kc = cache_layer(k_cache_, static_cast<int64_t>(l));
     void* vc = cache_layer(v_cache_, static_cast<int64_t>(l));
-    VLM_RETURN_IF_ERROR(kv_store(k_.data(), v_.data(), d_slots, T, kvd, kc, vc, act_));
+    // q/k norms and rotary; q to q_, K and V straight into their cache slots.
+    VLM_RETURN_IF_ERROR(qkv_rope_store(qkv_.data(), T, nh, nkv, hd, f32p(L.q_norm), f32p(L.k_norm),
+                                       eps, f32p(cos_), f32p(sin_), d_slots, q_.data(), kc, vc,
+                                       act_));
     VLM_RETURN_IF_ERROR(paged_attention(q_.data(), T, d_seq, d_pos, i32(tables_), stride, bs_, kc,
                                         vc, nh, nkv, hd, scale, max_seen, f32p(partial_),
                                         attn_.data(), act_));
     VLM_RETURN_IF_ERROR(gemm(attn_.data(), L.o, T, H, qd, tmp_.data()));
     VLM_RETURN_IF_ERROR(add_rms_norm(x_.data(), tmp_.data(), f32p(L.post_ln), T, H, eps,
                                      xn_.data(), act_));
-    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.gate, T, I, H, gate_.data()));
-    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.up, T, I, H, up_.data()));
-    VLM_RETURN_IF_ERROR(silu_mul(gate_.data(), up_.data(), T * I, gate_.data(), act_));
-    VLM_RETURN_IF_ERROR(gemm(gate_.data(), L.down, T, H, I, tmp_.data()));
+    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.gate_up, T, 2 * I, H, gate_up_.data()));
+    VLM_RETURN_IF_ERROR(silu_mul_rows(gate_up_.data(), T, I, mlp_.data(), act_));
+    VLM_RETURN_IF_ERROR(gemm(mlp_.data(), L.down, T, H, I, tmp_.data()));
     pending = true;
     if (n_vis > 0 && l < taps) {  // DeepStack: after decoder layer l, the image rows get tap l
       VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
@@ -324,7 +326,8 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     // The rows the caller wants in full, one run per chunk (all of them when no argmax).
     for (int64_t c = 0, row = 0; c < n_chunks; ++c) {
       const SeqChunk& ch = chunks[c];
-      const int64_t rows = ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
+      const int64_t rows =
+          ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
       if (rows > 0 && (argmax == nullptr || !ch.argmax_only)) {
         VLM_RETURN_IF_ERROR(copy_to_host(logits + row * V, f32p(logits_) + row * V,
                                         static_cast<size_t>(rows * V) * 4));

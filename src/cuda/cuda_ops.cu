@@ -69,12 +69,26 @@ __global__ void add_rms_norm_kernel(T* x, const T* delta, const float* w, int64_
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(yr, i, load(xr, i) * inv * w[i]);
 }
 
+// Per-head RMSNorm (w null: none) then NeoX rotary of one head of head_dim values, src → dst
+// (may alias), by one warp.
 template <typename T>
-__global__ void silu_mul_kernel(const T* gate, const T* up, int64_t count, T* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = load(gate, i);
-    store(out, i, g / (1.f + expf(-g)) * load(up, i));
+__device__ void norm_rope_head(const T* src, T* dst, int64_t head_dim, const float* w, float eps,
+                               const float* c, const float* s, int lane) {
+  const int64_t half = head_dim / 2;
+  float inv = 1.f;
+  if (w != nullptr) {
+    float ss = 0.f;
+    for (int64_t d = lane; d < head_dim; d += 32) {
+      const float a = load(src, d);
+      ss += a * a;
+    }
+    inv = rsqrtf(warp_sum(ss) / static_cast<float>(head_dim) + eps);
+  }
+  for (int64_t d = lane; d < half; d += 32) {
+    const float a = w != nullptr ? load(src, d) * inv * w[d] : load(src, d);
+    const float b = w != nullptr ? load(src, d + half) * inv * w[d + half] : load(src, d + half);
+    store(dst, d, a * c[d] - b * s[d]);
+    store(dst, d + half, b * c[d] + a * s[d]);
   }
 }
 
@@ -83,25 +97,45 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t rows, int64_t n_heads, int64_t
                                     const float* w, float eps, const float* cos, const float* sin) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
-  const int lane = threadIdx.x & 31;
   const int64_t half = head_dim / 2;
   T* v = x + row * head_dim;
-  const float* c = cos + (row / n_heads) * half;
-  const float* s = sin + (row / n_heads) * half;
-  float inv = 1.f;
-  if (w != nullptr) {
-    float ss = 0.f;
-    for (int64_t d = lane; d < head_dim; d += 32) {
-      const float a = load(v, d);
-      ss += a * a;
-    }
-    inv = rsqrtf(warp_sum(ss) / static_cast<float>(head_dim) + eps);
+  norm_rope_head(v, v, head_dim, w, eps, cos + (row / n_heads) * half, sin + (row / n_heads) * half,
+                 threadIdx.x & 31);
+}
+
+template <typename T>
+__global__ void qkv_rope_store_kernel(const T* qkv, int64_t tokens, int64_t n_heads,
+                                      int64_t n_kv, int64_t head_dim, const float* q_norm,
+                                      const float* k_norm, float eps, const float* cos,
+                                      const float* sin, const int32_t* slots, T* q, T* kc, T* vc) {
+  const int64_t heads = n_heads + 2 * n_kv;
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (warp >= tokens * heads) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t i = warp / heads, j = warp % heads, half = head_dim / 2;
+  const T* src = qkv + (i * heads + j) * head_dim;
+  const float* c = cos + i * half;
+  const float* s = sin + i * half;
+  const int64_t kvd = n_kv * head_dim;
+  if (j < n_heads) {
+    norm_rope_head(src, q + (i * n_heads + j) * head_dim, head_dim, q_norm, eps, c, s, lane);
+  } else if (j < n_heads + n_kv) {
+    T* dst = kc + static_cast<int64_t>(slots[i]) * kvd + (j - n_heads) * head_dim;
+    norm_rope_head(src, dst, head_dim, k_norm, eps, c, s, lane);
+  } else {
+    T* dst = vc + static_cast<int64_t>(slots[i]) * kvd + (j - n_heads - n_kv) * head_dim;
+    for (int64_t d = lane; d < head_dim; d += 32) dst[d] = src[d];
   }
-  for (int64_t d = lane; d < half; d += 32) {
-    const float a = w != nullptr ? load(v, d) * inv * w[d] : load(v, d);
-    const float b = w != nullptr ? load(v, d + half) * inv * w[d + half] : load(v, d + half);
-    store(v, d, a * c[d] - b * s[d]);
-    store(v, d + half, b * c[d] + a * s[d]);
+}
+
+template <typename T>
+__global__ void silu_mul_rows_kernel(const T* gu, int64_t rows, int64_t n, T* out) {
+  const int64_t count = rows * n;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / n, i = e % n;
+    const float g = load(gu, r * 2 * n + i);
+    store(out, e, g / (1.f + expf(-g)) * load(gu, r * 2 * n + n + i));
   }
 }
 
@@ -190,17 +224,6 @@ __global__ void bias_gelu_kernel(T* x, const float* bias, int64_t n, bool tanh_f
       g = 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
     }
     store(xr, i, g);
-  }
-}
-
-template <typename T>
-__global__ void kv_store_kernel(const T* k, const T* v, const int32_t* slots, int64_t row,
-                                T* k_cache, T* v_cache) {
-  const int64_t dst = static_cast<int64_t>(slots[blockIdx.x]) * row;
-  const int64_t src = blockIdx.x * row;
-  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    k_cache[dst + i] = k[src + i];
-    v_cache[dst + i] = v[src + i];
   }
 }
 
@@ -498,17 +521,6 @@ Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, in
   return from(cudaGetLastError(), "add_rms_norm launch");
 }
 
-Status silu_mul(const void* gate, const void* up, int64_t count, void* out, DType t) {
-  if (count <= 0) return ok_status();
-  with_act(t, [&](auto a) {
-    using T = decltype(a);
-    silu_mul_kernel<<<grid_for(count), kRowThreads>>>(static_cast<const T*>(gate),
-                                                      static_cast<const T*>(up), count,
-                                                      static_cast<T*>(out));
-  });
-  return from(cudaGetLastError(), "silu_mul launch");
-}
-
 Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
                     float eps, const float* cos, const float* sin, DType t) {
   if (head_dim % 2 != 0) return invalid_argument("qk_norm_rope: odd head_dim");
@@ -521,6 +533,33 @@ Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, 
                                                                 head_dim, w, eps, cos, sin);
   });
   return from(cudaGetLastError(), "qk_norm_rope launch");
+}
+
+Status qkv_rope_store(const void* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                      int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
+                      const float* cos, const float* sin, const int32_t* slots, void* q,
+                      void* k_cache, void* v_cache, DType t) {
+  if (head_dim % 2 != 0) return invalid_argument("qkv_rope_store: odd head_dim");
+  const int64_t warps = tokens * (n_heads + 2 * n_kv_heads);
+  if (Status s = check_rows(warps, "qkv_rope_store"); !s.ok()) return s;
+  if (warps == 0) return ok_status();
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    qkv_rope_store_kernel<<<warp_row_blocks(warps), kRowThreads>>>(
+        static_cast<const T*>(qkv), tokens, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps,
+        cos, sin, slots, static_cast<T*>(q), static_cast<T*>(k_cache), static_cast<T*>(v_cache));
+  });
+  return from(cudaGetLastError(), "qkv_rope_store launch");
+}
+
+Status silu_mul_rows(const void* gu, int64_t rows, int64_t n, void* out, DType t) {
+  if (rows <= 0 || n <= 0) return ok_status();
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    silu_mul_rows_kernel<<<grid_for(rows * n), kRowThreads>>>(static_cast<const T*>(gu), rows, n,
+                                                              static_cast<T*>(out));
+  });
+  return from(cudaGetLastError(), "silu_mul_rows launch");
 }
 
 Status add_rows_at(void* x, const int32_t* rows, const void* delta, DType delta_t, int64_t count,
@@ -621,19 +660,6 @@ Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh,
     bias_gelu_kernel<<<rows, kRowThreads>>>(static_cast<T*>(x), bias, n, tanh);
   });
   return from(cudaGetLastError(), "bias_gelu launch");
-}
-
-Status kv_store(const void* k, const void* v, const int32_t* slots, int64_t tokens, int64_t row,
-                void* k_cache, void* v_cache, DType t) {
-  if (Status s = check_rows(tokens, "kv_store"); !s.ok()) return s;
-  if (tokens == 0) return ok_status();
-  with_act(t, [&](auto a) {
-    using T = decltype(a);
-    kv_store_kernel<<<tokens, kRowThreads>>>(static_cast<const T*>(k), static_cast<const T*>(v),
-                                             slots, row, static_cast<T*>(k_cache),
-                                             static_cast<T*>(v_cache));
-  });
-  return from(cudaGetLastError(), "kv_store launch");
 }
 
 Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,

@@ -1,7 +1,7 @@
 #pragma once
-// The CUDA backend's small ops (issue 7), first part: device memory, and the element-wise and
-// per-row ops of the decoder (RMSNorm, residual add + RMSNorm, q/k norm + rotary, SwiGLU,
-// DeepStack row adds, embedding gather).
+// The CUDA backend's ops (issue 7) other than the matrix products (gemm.h): device memory, the
+// element-wise and per-row ops of the decoder and the vision tower, attention over contiguous or
+// paged K/V, and greedy sampling.
 // Pointers are device pointers; activations are F32 or BF16 (DType), every sum is f32, and the
 // results are rounded once to the activation type. The CPU reference is src/ops/ref.
 //
@@ -59,13 +59,24 @@ Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float ep
 // y[r] = rms_norm(x[r]).
 Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, int64_t n, float eps,
                     void* y, DType t);
-// out = silu(gate) * up, element-wise over count values.
-Status silu_mul(const void* gate, const void* up, int64_t count, void* out, DType t);
 // Qwen3's per-head q/k RMSNorm (weight w f32[head_dim]; w null: no norm, only the rotary, as the
-// vision tower's) then NeoX rotary, in place over x [tokens, n_heads, head_dim]; cos, sin f32 [tokens, head_dim / 2] (the M-RoPE angles, as the CPU
-// path builds them). One warp per head; the normalised values stay f32 until the rotation.
+// vision tower's) then NeoX rotary, in place over x [tokens, n_heads, head_dim]; cos, sin f32
+// [tokens, head_dim / 2] (the M-RoPE angles, as the CPU path builds them). One warp per head;
+// the normalised values stay f32 until the rotation.
 Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
                     float eps, const float* cos, const float* sin, DType t);
+// The attention input of a decoder layer from one fused q|k|v product, in one pass: qkv [tokens,
+// (n_heads + 2·n_kv_heads)·head_dim] row-major (q heads, then k heads, then v heads). q heads get
+// q_norm + rotary into q [tokens, n_heads, head_dim]; k heads k_norm + rotary, and v heads as
+// they are, into the paged caches at slots[i] (rows of n_kv_heads·head_dim). One warp per
+// (token, head), as qk_norm_rope.
+Status qkv_rope_store(const void* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                      int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
+                      const float* cos, const float* sin, const int32_t* slots, void* q,
+                      void* k_cache, void* v_cache, DType t);
+// SwiGLU from one fused gate|up product: gu [rows, 2·n] (gate then up per row);
+// out [rows, n] = silu(gate) · up.
+Status silu_mul_rows(const void* gu, int64_t rows, int64_t n, void* out, DType t);
 // x[rows[i]] += delta[i] for i < count (rows of n values; delta in delta_t): DeepStack's adds of
 // the vision features at the image positions. The rows must be distinct and in range (checked on
 // the host).
@@ -92,26 +103,22 @@ Status add_layer_norm(void* x, const void* delta, const float* bias, const float
 // In place: x = gelu(x + bias) per row (bias f32 [n], may be null); tanh: gelu_pytorch_tanh,
 // else nn.GELU()'s exact erf form.
 Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh, DType t);
-// The K and V rows of `tokens` tokens into the paged cache: k_cache[slots[i]] = k[i] and the same
-// for v (rows of `row` values, row = n_kv_heads · head_dim; slot = block · block_size + offset).
-Status kv_store(const void* k, const void* v, const int32_t* slots, int64_t tokens, int64_t row,
-                void* k_cache, void* v_cache, DType t);
 // Attention with an online softmax (f32 scores, sums and output accumulators), one warp per
 // (query, head); GQA maps head h to KV head h / (n_heads / n_kv_heads). q, out [n_q, n_heads,
 // head_dim]; k, v [n_kv, n_kv_heads, head_dim] (head_dim at most 256).
 // causal: query i sees keys 0 .. first_pos + i (the KV cache of one sequence, contiguous);
 // otherwise every query sees all n_kv keys (the vision encoder's bidirectional attention).
-// The first, plain version: the flash-style tiled prefill and split-K paged decode come next.
+// The vision tower uses it; the decoder uses paged_attention.
 Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
                  int64_t first_pos, bool causal, int64_t n_heads, int64_t n_kv_heads,
                  int64_t head_dim, float scale, void* out, DType t);
-// Causal GQA attention of a varlen batch against the paged KV cache (after kv_store of the
-// batch's own K/V): query token i (of `tokens`, in sequence tok_seq[i], at position tok_pos[i])
-// sees that sequence's keys 0 .. tok_pos[i], found through its block table (row tok_seq[i] of
-// block_tables, table_stride entries apart). q, out [tokens, n_heads, head_dim]; caches
-// [blocks · block_size, n_kv_heads · head_dim]. Online softmax in f32, one warp per (query, head,
-// split): when few (query, head) rows are there to fill the GPU (decode) and the context is
-// long, the keys are split into attention_splits() parts whose partial results (m, l, acc) go to
+// Causal GQA attention of a varlen batch against the paged KV cache (after qkv_rope_store put
+// the batch's own K/V in their slots): query token i (of `tokens`, in sequence tok_seq[i], at
+// position tok_pos[i]) sees that sequence's keys 0 .. tok_pos[i], found through its block
+// table (row tok_seq[i] of block_tables, table_stride entries apart). q, out [tokens, n_heads,
+// head_dim]; caches [blocks · block_size, n_kv_heads · head_dim]. Online softmax in f32, one warp
+// per (query, head, split): when few (query, head) rows are there to fill the GPU (decode) and
+// the context is long, the keys are split into attention_splits() parts whose partial results (m, l, acc) go to
 // `partial` and are merged by a second kernel (flash-decoding). max_seen: the largest
 // tok_pos + 1. partial: f32, at least paged_attention_scratch_floats(head_dim) values.
 Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,

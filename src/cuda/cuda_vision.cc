@@ -88,7 +88,8 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
   // y = x · w[row0 : row0 + N]ᵀ: a slice of rows of a stored [*, K] weight.
   Status linear(const void* x, const DeviceBuffer& w, int64_t row0, int64_t M, int64_t N,
                 int64_t K, void* y, DType y_t) {
-    const char* wp = static_cast<const char*>(w.data()) + row0 * K * static_cast<int64_t>(act_bytes());
+    const char* wp =
+        static_cast<const char*>(w.data()) + row0 * K * static_cast<int64_t>(act_bytes());
     return gemm_->matmul(x, wp, act_, M, N, K, y, y_t);
   }
   Status run_merger(const Merger& m, bool postshuffle, int64_t patches, std::vector<float>* out);
@@ -136,7 +137,8 @@ Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, Vi
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t a = act_bytes();
   for (auto [buf, bytes] : {std::pair{&pix_, S * patch_in_ * 4}, {&pix_act_, S * patch_in_ * a},
-                            {&pos_, S * D * 4}, {&cos_, S * (hd / 2) * 4}, {&sin_, S * (hd / 2) * 4},
+                            {&pos_, S * D * 4}, {&cos_, S * (hd / 2) * 4},
+                            {&sin_, S * (hd / 2) * 4},
                             {&x_, S * D * a}, {&xn_, S * D * a}, {&tmp_, S * D * a},
                             {&q_, S * D * a}, {&k_, S * D * a}, {&v_, S * D * a},
                             {&attn_, S * D * a}, {&mlp_, S * I * a}, {&m_norm_, S * D * a},
@@ -173,8 +175,10 @@ Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, Vi
       VLM_RETURN_IF_ERROR(linear(xn_.data(), B.qkv, p * D, S, D, D, parts[p], act_));
       VLM_RETURN_IF_ERROR(add_bias(parts[p], f32p(B.qkv_b) + p * D, S, D, act_));
     }
-    VLM_RETURN_IF_ERROR(qk_norm_rope(q_.data(), S, nh, hd, nullptr, 0.f, f32p(cos_), f32p(sin_), act_));
-    VLM_RETURN_IF_ERROR(qk_norm_rope(k_.data(), S, nh, hd, nullptr, 0.f, f32p(cos_), f32p(sin_), act_));
+    for (const DeviceBuffer* x : {&q_, &k_}) {  // rotary only (no per-head norm in the tower)
+      VLM_RETURN_IF_ERROR(
+          qk_norm_rope(x->data(), S, nh, hd, nullptr, 0.f, f32p(cos_), f32p(sin_), act_));
+    }
     for (int64_t t = 0; t < g.t; ++t) {  // one attention segment per temporal group
       const size_t off = static_cast<size_t>(t * per_frame * D) * a;
       auto at = [&](const DeviceBuffer& buf) { return static_cast<char*>(buf.data()) + off; };
@@ -197,7 +201,8 @@ Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, Vi
     }
     for (size_t tap = 0; tap < c_.deepstack_visual_indexes.size(); ++tap) {
       if (c_.deepstack_visual_indexes[tap] == static_cast<int64_t>(b)) {
-        VLM_RETURN_IF_ERROR(run_merger(deepstack_[tap], /*postshuffle=*/true, S, &out->deepstack[tap]));
+        VLM_RETURN_IF_ERROR(
+            run_merger(deepstack_[tap], /*postshuffle=*/true, S, &out->deepstack[tap]));
       }
     }
   }

@@ -50,4 +50,17 @@ Status upload_tensor(const TensorView& w, DType target, DeviceBuffer* out) {
   return out->upload(bytes.data(), bytes.size());
 }
 
+Status upload_stacked(const std::vector<const TensorView*>& ws, DType target, DeviceBuffer* out) {
+  std::vector<uint8_t> all, one;
+  for (const TensorView* w : ws) {
+    if (w->rank() != 2 || w->dim(1) != ws.front()->dim(1)) {
+      return invalid_argument("stacked weights must be [N, K] with one K");
+    }
+    if (Status s = device_bytes(*w, target, &one); !s.ok()) return s;
+    all.insert(all.end(), one.begin(), one.end());
+  }
+  if (Status s = DeviceBuffer::allocate(all.size(), out); !s.ok()) return s;
+  return out->upload(all.data(), all.size());
+}
+
 }  // namespace vlm::cuda

@@ -16,5 +16,8 @@ namespace vlm::cuda {
 Status device_bytes(const TensorView& w, DType target, std::vector<uint8_t>* out);
 // device_bytes, then one allocation and copy.
 Status upload_tensor(const TensorView& w, DType target, DeviceBuffer* out);
+// Several [N_i, K] weights stacked along their rows into one [Σ N_i, K] (one product computes all
+// their outputs side by side: q|k|v, gate|up). They must share K.
+Status upload_stacked(const std::vector<const TensorView*>& ws, DType target, DeviceBuffer* out);
 
 }  // namespace vlm::cuda

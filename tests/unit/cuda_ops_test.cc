@@ -154,22 +154,6 @@ TEST_P(CudaOps, AddRmsNormMatchesReference) {
   expect_close(a.decode(download(dy)), a.round(want), a, rms_rel(n), "norm");
 }
 
-TEST_P(CudaOps, SiluMulMatchesReference) {
-  SKIP_WITHOUT_DEVICE();
-  const Act a{GetParam()};
-  for (int64_t count : {1, 1000, 70001}) {
-    const auto g = a.round(random_values(count, 6, 4.f));
-    const auto u = a.round(random_values(count, 7));
-    std::vector<float> want(count);
-    ops::ref::silu_mul(g.data(), u.data(), count, want.data());
-    DeviceBuffer dg = upload(a.encode(g)), du = upload(a.encode(u)), dy;
-    ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(count), &dy).ok());
-    ASSERT_TRUE(silu_mul(dg.data(), du.data(), count, dy.data(), a.t).ok());
-    ASSERT_TRUE(synchronize().ok());
-    expect_close(a.decode(download(dy)), a.round(want), a, 8 * kU, "silu_mul");
-  }
-}
-
 TEST_P(CudaOps, QkNormRopeMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   const Act a{GetParam()};
@@ -293,6 +277,80 @@ TEST_P(CudaOps, VisionOpsMatchReference) {
   }
 }
 
+// The decoder layer's fused step after the q|k|v product: q heads normed and rotated into q, k
+// heads normed and rotated into their cache slots, v heads copied to theirs; other slots
+// untouched. Against the reference qk_norm_rope on each part.
+TEST_P(CudaOps, QkvRopeStoreMatchesTheSeparateOps) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t tokens = 4, nh = 8, nkv = 2, hd = 128, half = hd / 2, kvd = nkv * hd;
+  const int64_t width = (nh + 2 * nkv) * hd, pool_rows = 40;
+  const auto qkv = a.round(random_values(tokens * width, 50, 2.f));
+  const auto qw = random_values(hd, 51), kw = random_values(hd, 52);
+  std::vector<float> cos(tokens * half), sin(tokens * half);
+  const auto angle = random_values(cos.size(), 53, 3.f);
+  for (size_t i = 0; i < cos.size(); ++i) {
+    cos[i] = std::cos(angle[i]);
+    sin[i] = std::sin(angle[i]);
+  }
+  const std::vector<int32_t> slots = {7, 31, 0, 12};
+  std::vector<float> q(tokens * nh * hd), k(tokens * kvd), v(tokens * kvd);
+  for (int64_t i = 0; i < tokens; ++i) {
+    std::copy_n(qkv.begin() + i * width, nh * hd, q.begin() + i * nh * hd);
+    std::copy_n(qkv.begin() + i * width + nh * hd, kvd, k.begin() + i * kvd);
+    std::copy_n(qkv.begin() + i * width + nh * hd + kvd, kvd, v.begin() + i * kvd);
+  }
+  ops::ref::qk_norm_rope(q.data(), tokens, nh, hd, qw.data(), 1e-6f, cos.data(), sin.data());
+  ops::ref::qk_norm_rope(k.data(), tokens, nkv, hd, kw.data(), 1e-6f, cos.data(), sin.data());
+  const auto pool0 = a.round(random_values(pool_rows * kvd, 54));
+  std::vector<float> kwant = pool0, vwant = pool0;
+  for (int64_t i = 0; i < tokens; ++i) {
+    std::copy_n(k.begin() + i * kvd, kvd, kwant.begin() + slots[i] * kvd);
+    std::copy_n(v.begin() + i * kvd, kvd, vwant.begin() + slots[i] * kvd);
+  }
+  std::vector<uint8_t> slot_bytes(slots.size() * 4);
+  std::memcpy(slot_bytes.data(), slots.data(), slot_bytes.size());
+  DeviceBuffer dqkv = upload(a.encode(qkv)), dqw = upload_f32(qw), dkw = upload_f32(kw),
+               dc = upload_f32(cos), ds = upload_f32(sin), dslots = upload(slot_bytes),
+               dkc = upload(a.encode(pool0)), dvc = upload(a.encode(pool0)), dq;
+  ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q.size()), &dq).ok());
+  ASSERT_TRUE(qkv_rope_store(dqkv.data(), tokens, nh, nkv, hd, static_cast<const float*>(dqw.data()),
+                             static_cast<const float*>(dkw.data()), 1e-6f,
+                             static_cast<const float*>(dc.data()),
+                             static_cast<const float*>(ds.data()),
+                             static_cast<const int32_t*>(dslots.data()), dq.data(), dkc.data(),
+                             dvc.data(), a.t).ok());
+  ASSERT_TRUE(synchronize().ok());
+  auto check = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    const auto ref = a.round(want);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_LE(std::fabs(got[i] - ref[i]), a.tol(std::fabs(ref[i]) + 4.f, rms_rel(hd) + 8 * kU))
+          << what << "[" << i << "]";
+    }
+  };
+  check(a.decode(download(dq)), q, "q");
+  check(a.decode(download(dkc)), kwant, "k cache");
+  EXPECT_EQ(a.decode(download(dvc)), a.round(vwant));  // v: copied as is
+}
+
+TEST_P(CudaOps, SiluMulRowsMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t rows = 7, n = 3001;
+  const auto gu = a.round(random_values(rows * 2 * n, 55, 4.f));
+  std::vector<float> g(rows * n), u(rows * n), want(rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(gu.begin() + r * 2 * n, n, g.begin() + r * n);
+    std::copy_n(gu.begin() + r * 2 * n + n, n, u.begin() + r * n);
+  }
+  ops::ref::silu_mul(g.data(), u.data(), rows * n, want.data());
+  DeviceBuffer dgu = upload(a.encode(gu)), dy;
+  ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(want.size()), &dy).ok());
+  ASSERT_TRUE(silu_mul_rows(dgu.data(), rows, n, dy.data(), a.t).ok());
+  ASSERT_TRUE(synchronize().ok());
+  expect_close(a.decode(download(dy)), a.round(want), a, 8 * kU, "silu_mul_rows");
+}
+
 TEST_P(CudaOps, AddRowsAtAddsTheDeepStackFeatures) {
   SKIP_WITHOUT_DEVICE();
   const Act a{GetParam()};
@@ -350,7 +408,7 @@ TEST_P(CudaOps, AddInplaceAddsElementwise) {
 
 // A varlen batch over the paged cache, as the decoder runs it: a prefill chunk after cached
 // tokens, a long decode step (split along the keys and merged) and a short one, each sequence's
-// blocks scattered through the pool. The batch's own K/V go in through kv_store; the outputs
+// blocks scattered through the pool (the batch's own K/V already in their slots). The outputs
 // are checked against the double-precision reference on each sequence's contiguous K/V, with the
 // bound of AttentionMatchesReference.
 TEST_P(CudaOps, PagedAttentionMatchesReference) {
@@ -372,8 +430,8 @@ TEST_P(CudaOps, PagedAttentionMatchesReference) {
   std::shuffle(perm.begin(), perm.end(), std::mt19937(34));
   std::vector<int32_t> tables(seqs.size() * max_blocks, -1);
   std::vector<float> kpool(pool_blocks * bs * kvd, 0.f), vpool(kpool.size(), 0.f);
-  std::vector<float> q_all, k_new, v_new, want;
-  std::vector<int32_t> slots, tok_seq, tok_pos;
+  std::vector<float> q_all, want;
+  std::vector<int32_t> tok_seq, tok_pos;
   float vmax = 0.f;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const int64_t n_kv = seqs[s].first + seqs[s].n, n = seqs[s].n;
@@ -386,13 +444,9 @@ TEST_P(CudaOps, PagedAttentionMatchesReference) {
     for (float x : v) vmax = std::max(vmax, std::fabs(x));
     for (int64_t p = 0; p < n_kv; ++p) {
       const int64_t slot = tables[s * max_blocks + p / bs] * bs + p % bs;
-      if (p < seqs[s].first) {  // cached before this step
-        std::copy_n(k.begin() + p * kvd, kvd, kpool.begin() + slot * kvd);
-        std::copy_n(v.begin() + p * kvd, kvd, vpool.begin() + slot * kvd);
-      } else {  // this step's tokens
-        k_new.insert(k_new.end(), k.begin() + p * kvd, k.begin() + (p + 1) * kvd);
-        v_new.insert(v_new.end(), v.begin() + p * kvd, v.begin() + (p + 1) * kvd);
-        slots.push_back(static_cast<int32_t>(slot));
+      std::copy_n(k.begin() + p * kvd, kvd, kpool.begin() + slot * kvd);
+      std::copy_n(v.begin() + p * kvd, kvd, vpool.begin() + slot * kvd);
+      if (p >= seqs[s].first) {  // this step's tokens
         tok_seq.push_back(static_cast<int32_t>(s));
         tok_pos.push_back(static_cast<int32_t>(p));
       }
@@ -408,14 +462,11 @@ TEST_P(CudaOps, PagedAttentionMatchesReference) {
     std::memcpy(b.data(), v.data(), b.size());
     return upload(b);
   };
-  DeviceBuffer dq = upload(a.encode(q_all)), dk = upload(a.encode(k_new)),
-               dv = upload(a.encode(v_new)), dkc = upload(a.encode(kpool)),
-               dvc = upload(a.encode(vpool)), dslots = ints(slots), dseq = ints(tok_seq),
-               dpos = ints(tok_pos), dtab = ints(tables), dpart, dy;
+  DeviceBuffer dq = upload(a.encode(q_all)), dkc = upload(a.encode(kpool)),
+               dvc = upload(a.encode(vpool)), dseq = ints(tok_seq), dpos = ints(tok_pos),
+               dtab = ints(tables), dpart, dy;
   ASSERT_TRUE(DeviceBuffer::allocate(paged_attention_scratch_floats(hd) * 4, &dpart).ok());
   ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q_all.size()), &dy).ok());
-  ASSERT_TRUE(kv_store(dk.data(), dv.data(), static_cast<const int32_t*>(dslots.data()), tokens,
-                       kvd, dkc.data(), dvc.data(), a.t).ok());
   ASSERT_TRUE(paged_attention(dq.data(), tokens, static_cast<const int32_t*>(dseq.data()),
                               static_cast<const int32_t*>(dpos.data()),
                               static_cast<const int32_t*>(dtab.data()), max_blocks, bs, dkc.data(),
