@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda/cuda_ops.h"
+#include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
 #include "cuda/weights.h"
 
@@ -21,6 +22,9 @@ namespace {
 struct Layer {
   DeviceBuffer input_ln, qkv, q_norm, k_norm, o, post_ln, gate_up, down;
 };
+
+// Chunks from this many tokens make a forward pass a prefill step (flash attention).
+constexpr int64_t kFlashMinTokens = 16;
 
 // A device buffer that grows (never shrinks) to the bytes asked.
 Status ensure(DeviceBuffer* b, size_t bytes) {
@@ -100,7 +104,7 @@ class CudaDecoder final : public DeviceDecoder {
     }
     VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * rope_.half() * 4, &cos_));
     VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * rope_.half() * 4, &sin_));
-    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * 5 * 4, &ints_));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * 7 * 4, &ints_));
     VLM_RETURN_IF_ERROR(
         DeviceBuffer::allocate(paged_attention_scratch_floats(c_.head_dim) * 4, &partial_));
     VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * c_.vocab_size * 4, &logits_));
@@ -170,13 +174,15 @@ class CudaDecoder final : public DeviceDecoder {
   DeviceBuffer embed_, lm_head_, norm_;
   std::vector<Layer> layers_;
   DeviceBuffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_, cos_, sin_, partial_, logits_;
-  DeviceBuffer ints_;                    // [5, max_chunk]: ids, slots, tok_seq, tok_pos, logit rows
+  // [7, max_chunk]: ids, slots, tok_seq, tok_pos, logit rows, then flash query tiles (2 each).
+  DeviceBuffer ints_;
   DeviceBuffer tables_;                  // [n_chunks, table_stride] block tables
   DeviceBuffer vis_rows_, vis_feats_;    // image rows, [1 + taps, rows, hidden] f32 features
   DeviceBuffer k_cache_, v_cache_;       // [layers, blocks · block_size, kvd] each
   int64_t blocks_ = 0, bs_ = 0;
   // Host staging, reused across calls.
   std::vector<int32_t> h_ints_, h_tables_, h_vis_rows_;
+  std::vector<int64_t> h_chunk_off_, h_chunk_n_;
   std::vector<float> h_cos_, h_sin_, h_feats_;
   std::vector<int64_t> h_pos_t_, h_pos_h_, h_pos_w_;
 };
@@ -192,8 +198,9 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
   int64_t T = 0;
   VLM_RETURN_IF_ERROR(check_chunks(chunks, n_chunks, c_, blocks_, bs_, C, &T));
 
-  // Host tables: ids | slots | tok_seq | tok_pos | logit rows, each max_chunk ints.
-  h_ints_.assign(static_cast<size_t>(5 * C), 0);
+  // Host tables: ids | slots | tok_seq | tok_pos | logit rows, each max_chunk ints, then the
+  // flash query tiles.
+  h_ints_.assign(static_cast<size_t>(7 * C), 0);
   int32_t* ids = h_ints_.data();
   int32_t* slots = ids + C;
   int32_t* tok_seq = ids + 2 * C;
@@ -240,6 +247,22 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     if (ch.rows == LogitRows::kAll) {
       for (int64_t i = 0; i < ch.n; ++i) sel[n_sel++] = static_cast<int32_t>(off + i);
     }
+  }
+  // Prefill steps (a chunk of kFlashMinTokens or more) run attention on the tensor cores, in
+  // BF16; decode steps keep the warp-per-row kernel, split along long contexts.
+  int64_t longest = 0;
+  h_chunk_off_.clear();
+  h_chunk_n_.clear();
+  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
+    longest = std::max(longest, chunks[c].n);
+    h_chunk_off_.push_back(off);
+    h_chunk_n_.push_back(chunks[c].n);
+  }
+  int64_t n_tiles = 0;
+  const bool flash =
+      act_ == DType::kBF16 && flash_attention_supports(hd) && longest >= kFlashMinTokens;
+  if (flash) {
+    n_tiles = flash_query_tiles(h_chunk_off_.data(), h_chunk_n_.data(), n_chunks, ids + 5 * C);
   }
   const int64_t n_vis = static_cast<int64_t>(h_vis_rows_.size());
   if (n_vis > 0) {
@@ -292,9 +315,15 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     VLM_RETURN_IF_ERROR(qkv_rope_store(qkv_.data(), T, nh, nkv, hd, f32p(L.q_norm), f32p(L.k_norm),
                                        eps, f32p(cos_), f32p(sin_), d_slots, q_.data(), kc, vc,
                                        act_));
-    VLM_RETURN_IF_ERROR(paged_attention(q_.data(), T, d_seq, d_pos, i32(tables_), stride, bs_, kc,
-                                        vc, nh, nkv, hd, scale, max_seen, f32p(partial_),
-                                        attn_.data(), act_));
+    if (flash) {
+      VLM_RETURN_IF_ERROR(flash_attention_paged(q_.data(), d_ids + 5 * C, n_tiles, d_seq, d_pos,
+                                                i32(tables_), stride, bs_, kc, vc, nh, nkv, hd,
+                                                scale, attn_.data()));
+    } else {
+      VLM_RETURN_IF_ERROR(paged_attention(q_.data(), T, d_seq, d_pos, i32(tables_), stride, bs_,
+                                          kc, vc, nh, nkv, hd, scale, max_seen, f32p(partial_),
+                                          attn_.data(), act_));
+    }
     VLM_RETURN_IF_ERROR(gemm(attn_.data(), L.o, T, H, qd, tmp_.data()));
     VLM_RETURN_IF_ERROR(add_rms_norm(x_.data(), tmp_.data(), f32p(L.post_ln), T, H, eps,
                                      xn_.data(), act_));

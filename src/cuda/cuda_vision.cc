@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda/cuda_ops.h"
+#include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
 #include "cuda/weights.h"
 
@@ -182,8 +183,13 @@ Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, Vi
     for (int64_t t = 0; t < g.t; ++t) {  // one attention segment per temporal group
       const size_t off = static_cast<size_t>(t * per_frame * D) * a;
       auto at = [&](const DeviceBuffer& buf) { return static_cast<char*>(buf.data()) + off; };
-      VLM_RETURN_IF_ERROR(attention(at(q_), per_frame, at(k_), at(v_), per_frame, 0, false, nh, nh,
-                                    hd, scale, at(attn_), act_));
+      if (act_ == DType::kBF16 && flash_attention_supports(hd)) {  // on the tensor cores
+        VLM_RETURN_IF_ERROR(flash_attention_full(at(q_), at(k_), at(v_), per_frame, nh, hd, scale,
+                                                 at(attn_)));
+      } else {
+        VLM_RETURN_IF_ERROR(attention(at(q_), per_frame, at(k_), at(v_), per_frame, 0, false, nh,
+                                      nh, hd, scale, at(attn_), act_));
+      }
     }
     VLM_RETURN_IF_ERROR(linear(attn_.data(), B.proj, 0, S, D, D, tmp_.data(), act_));
     VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), f32p(B.proj_b), f32p(B.norm2_w),

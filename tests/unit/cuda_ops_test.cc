@@ -12,6 +12,7 @@
 
 #include "core/half.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
 #include "cuda/weights.h"
 #include "ops/ref/ref.h"
@@ -215,7 +216,8 @@ TEST_P(CudaOps, VisionOpsMatchReference) {
     DeviceBuffer dx = upload(a.encode(x)), dw = upload_f32(w), db = upload_f32(b), dy;
     ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(x.size()), &dy).ok());
     ASSERT_TRUE(layer_norm(dx.data(), static_cast<const float*>(dw.data()),
-                           static_cast<const float*>(db.data()), rows, n, 1e-6f, dy.data(), a.t).ok());
+                           static_cast<const float*>(db.data()), rows, n, 1e-6f, dy.data(),
+                           a.t).ok());
     ASSERT_TRUE(synchronize().ok());
     close_scaled(a.decode(download(dy)), a.round(want), 4.f, "layer_norm");
   }
@@ -245,7 +247,8 @@ TEST_P(CudaOps, VisionOpsMatchReference) {
       ops::ref::gelu_erf(want.data(), static_cast<int64_t>(want.size()));
     }
     DeviceBuffer dx = upload(a.encode(x)), dbias = upload_f32(bias);
-    ASSERT_TRUE(bias_gelu(dx.data(), static_cast<const float*>(dbias.data()), rows, n, tanh, a.t).ok());
+    ASSERT_TRUE(
+        bias_gelu(dx.data(), static_cast<const float*>(dbias.data()), rows, n, tanh, a.t).ok());
     ASSERT_TRUE(synchronize().ok());
     close_scaled(a.decode(download(dx)), a.round(want), 1.f, tanh ? "gelu_tanh" : "gelu_erf");
   }
@@ -314,14 +317,16 @@ TEST_P(CudaOps, QkvRopeStoreMatchesTheSeparateOps) {
                dc = upload_f32(cos), ds = upload_f32(sin), dslots = upload(slot_bytes),
                dkc = upload(a.encode(pool0)), dvc = upload(a.encode(pool0)), dq;
   ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q.size()), &dq).ok());
-  ASSERT_TRUE(qkv_rope_store(dqkv.data(), tokens, nh, nkv, hd, static_cast<const float*>(dqw.data()),
+  ASSERT_TRUE(qkv_rope_store(dqkv.data(), tokens, nh, nkv, hd,
+                             static_cast<const float*>(dqw.data()),
                              static_cast<const float*>(dkw.data()), 1e-6f,
                              static_cast<const float*>(dc.data()),
                              static_cast<const float*>(ds.data()),
                              static_cast<const int32_t*>(dslots.data()), dq.data(), dkc.data(),
                              dvc.data(), a.t).ok());
   ASSERT_TRUE(synchronize().ok());
-  auto check = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  auto check = [&](const std::vector<float>& got, const std::vector<float>& want,
+                   const char* what) {
     const auto ref = a.round(want);
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_LE(std::fabs(got[i] - ref[i]), a.tol(std::fabs(ref[i]) + 4.f, rms_rel(hd) + 8 * kU))
@@ -406,80 +411,159 @@ TEST_P(CudaOps, AddInplaceAddsElementwise) {
   expect_close(a.decode(download(dx)), a.round(x), a, 0.f, "add_inplace");
 }
 
-// A varlen batch over the paged cache, as the decoder runs it: a prefill chunk after cached
-// tokens, a long decode step (split along the keys and merged) and a short one, each sequence's
-// blocks scattered through the pool (the batch's own K/V already in their slots). The outputs
-// are checked against the double-precision reference on each sequence's contiguous K/V, with the
-// bound of AttentionMatchesReference.
+DeviceBuffer upload_ints(const std::vector<int32_t>& v) {
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return upload(b);
+}
+
+// A varlen batch over the paged cache, as the decoder runs it: each sequence's `first` cached
+// tokens and this step's `n`, its blocks scattered through the pool, every K/V row already in its
+// slot; with the double-precision reference output of each sequence on its contiguous K/V.
+struct PagedBatch {
+  struct Seq { int64_t first, n; };
+  int64_t heads, kv_heads, hd, bs = 16;
+  int64_t max_blocks = 0, tokens = 0, max_seen = 0;
+  float vmax = 0.f;
+  std::vector<int64_t> chunk_off, chunk_n;
+  std::vector<float> want;
+  DeviceBuffer q, k_cache, v_cache, tok_seq, tok_pos, tables;
+
+  PagedBatch(const Act& a, int64_t heads_, int64_t kv_heads_, int64_t hd_,
+             const std::vector<Seq>& seqs)
+      : heads(heads_), kv_heads(kv_heads_), hd(hd_) {
+    const int64_t kvd = kv_heads * hd;
+    for (const Seq& s : seqs) {
+      max_blocks = std::max(max_blocks, (s.first + s.n + bs - 1) / bs);
+      chunk_off.push_back(tokens);
+      chunk_n.push_back(s.n);
+      tokens += s.n;
+      max_seen = std::max(max_seen, s.first + s.n);
+    }
+    const int64_t pool_blocks = max_blocks * static_cast<int64_t>(seqs.size()) + 5;
+    std::vector<int32_t> perm(pool_blocks);
+    for (int64_t b = 0; b < pool_blocks; ++b) perm[b] = static_cast<int32_t>(b);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(34));
+    std::vector<int32_t> table(seqs.size() * max_blocks, -1), seq_of, pos_of;
+    std::vector<float> kpool(pool_blocks * bs * kvd, 0.f), vpool(kpool.size(), 0.f), q_all;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int64_t n_kv = seqs[s].first + seqs[s].n, n = seqs[s].n;
+      for (int64_t b = 0; b < (n_kv + bs - 1) / bs; ++b) {
+        table[s * max_blocks + b] = perm[s * max_blocks + b];
+      }
+      const auto qs = a.round(random_values(n * heads * hd, 35 + 3 * s, 2.f));
+      const auto ks = a.round(random_values(n_kv * kvd, 36 + 3 * s, 2.f));
+      const auto vs = a.round(random_values(n_kv * kvd, 37 + 3 * s));
+      for (float x : vs) vmax = std::max(vmax, std::fabs(x));
+      for (int64_t p = 0; p < n_kv; ++p) {
+        const int64_t slot = table[s * max_blocks + p / bs] * bs + p % bs;
+        std::copy_n(ks.begin() + p * kvd, kvd, kpool.begin() + slot * kvd);
+        std::copy_n(vs.begin() + p * kvd, kvd, vpool.begin() + slot * kvd);
+        if (p >= seqs[s].first) {  // this step's tokens
+          seq_of.push_back(static_cast<int32_t>(s));
+          pos_of.push_back(static_cast<int32_t>(p));
+        }
+      }
+      q_all.insert(q_all.end(), qs.begin(), qs.end());
+      std::vector<float> out(qs.size());
+      ops::ref::attention_causal(qs.data(), n, seqs[s].first, ks.data(), vs.data(), heads,
+                                 kv_heads, hd, scale(), out.data());
+      want.insert(want.end(), out.begin(), out.end());
+    }
+    q = upload(a.encode(q_all));
+    k_cache = upload(a.encode(kpool));
+    v_cache = upload(a.encode(vpool));
+    tok_seq = upload_ints(seq_of);
+    tok_pos = upload_ints(pos_of);
+    tables = upload_ints(table);
+  }
+  float scale() const { return 1.f / std::sqrt(static_cast<float>(hd)); }
+  const int32_t* seq_ptr() const { return static_cast<const int32_t*>(tok_seq.data()); }
+  const int32_t* pos_ptr() const { return static_cast<const int32_t*>(tok_pos.data()); }
+  const int32_t* table_ptr() const { return static_cast<const int32_t*>(tables.data()); }
+  // got against the reference: the f32 online softmax's (keys + 16)·4u·max|v|, plus `extra`
+  // (BF16 probabilities) and one BF16 ulp of the output in BF16.
+  void check(const Act& a, const std::vector<float>& got, float extra) const {
+    const auto ref = a.round(want);
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float bound = static_cast<float>(max_seen + 16) * 4 * kU * vmax + extra +
+                          (a.t == DType::kBF16 ? std::fabs(ref[i]) / 128 : 0.f) + 1e-6f;
+      ASSERT_LE(std::fabs(got[i] - ref[i]), bound) << "[" << i << "] token " << i / (heads * hd);
+    }
+  }
+};
+
+// A prefill chunk after cached tokens, a long decode step (split along the keys and merged) and
+// a short one, through the warp-per-row kernel.
 TEST_P(CudaOps, PagedAttentionMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   const Act a{GetParam()};
-  const int64_t heads = 8, kv_heads = 2, hd = 128, kvd = kv_heads * hd, bs = 16;
-  struct Seq { int64_t first, n; };
-  const std::vector<Seq> seqs = {{20, 7}, {1500, 1}, {3, 1}};
-  int64_t max_blocks = 0, tokens = 0, max_seen = 0;
-  for (const Seq& s : seqs) {
-    max_blocks = std::max(max_blocks, (s.first + s.n + bs - 1) / bs);
-    tokens += s.n;
-    max_seen = std::max(max_seen, s.first + s.n);
-  }
-  ASSERT_GT(attention_splits(tokens * heads, max_seen), 1);  // the long step is split
-  const int64_t pool_blocks = max_blocks * static_cast<int64_t>(seqs.size()) + 5;
-  std::vector<int32_t> perm(pool_blocks);
-  for (int64_t b = 0; b < pool_blocks; ++b) perm[b] = static_cast<int32_t>(b);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937(34));
-  std::vector<int32_t> tables(seqs.size() * max_blocks, -1);
-  std::vector<float> kpool(pool_blocks * bs * kvd, 0.f), vpool(kpool.size(), 0.f);
-  std::vector<float> q_all, want;
-  std::vector<int32_t> tok_seq, tok_pos;
-  float vmax = 0.f;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    const int64_t n_kv = seqs[s].first + seqs[s].n, n = seqs[s].n;
-    for (int64_t b = 0; b < (n_kv + bs - 1) / bs; ++b) {
-      tables[s * max_blocks + b] = perm[s * max_blocks + b];
-    }
-    const auto q = a.round(random_values(n * heads * hd, 35 + 3 * s, 2.f));
-    const auto k = a.round(random_values(n_kv * kvd, 36 + 3 * s, 2.f));
-    const auto v = a.round(random_values(n_kv * kvd, 37 + 3 * s));
-    for (float x : v) vmax = std::max(vmax, std::fabs(x));
-    for (int64_t p = 0; p < n_kv; ++p) {
-      const int64_t slot = tables[s * max_blocks + p / bs] * bs + p % bs;
-      std::copy_n(k.begin() + p * kvd, kvd, kpool.begin() + slot * kvd);
-      std::copy_n(v.begin() + p * kvd, kvd, vpool.begin() + slot * kvd);
-      if (p >= seqs[s].first) {  // this step's tokens
-        tok_seq.push_back(static_cast<int32_t>(s));
-        tok_pos.push_back(static_cast<int32_t>(p));
-      }
-    }
-    q_all.insert(q_all.end(), q.begin(), q.end());
-    std::vector<float> out(q.size());
-    ops::ref::attention_causal(q.data(), n, seqs[s].first, k.data(), v.data(), heads, kv_heads,
-                               hd, 1.f / std::sqrt(static_cast<float>(hd)), out.data());
-    want.insert(want.end(), out.begin(), out.end());
-  }
-  auto ints = [](const std::vector<int32_t>& v) {
-    std::vector<uint8_t> b(v.size() * 4);
-    std::memcpy(b.data(), v.data(), b.size());
-    return upload(b);
-  };
-  DeviceBuffer dq = upload(a.encode(q_all)), dkc = upload(a.encode(kpool)),
-               dvc = upload(a.encode(vpool)), dseq = ints(tok_seq), dpos = ints(tok_pos),
-               dtab = ints(tables), dpart, dy;
-  ASSERT_TRUE(DeviceBuffer::allocate(paged_attention_scratch_floats(hd) * 4, &dpart).ok());
-  ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q_all.size()), &dy).ok());
-  ASSERT_TRUE(paged_attention(dq.data(), tokens, static_cast<const int32_t*>(dseq.data()),
-                              static_cast<const int32_t*>(dpos.data()),
-                              static_cast<const int32_t*>(dtab.data()), max_blocks, bs, dkc.data(),
-                              dvc.data(), heads, kv_heads, hd,
-                              1.f / std::sqrt(static_cast<float>(hd)), max_seen,
+  const PagedBatch b(a, 8, 2, 128, {{20, 7}, {1500, 1}, {3, 1}});
+  ASSERT_GT(attention_splits(b.tokens * b.heads, b.max_seen), 1);  // the long step is split
+  DeviceBuffer dpart, dy;
+  ASSERT_TRUE(DeviceBuffer::allocate(paged_attention_scratch_floats(b.hd) * 4, &dpart).ok());
+  ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(b.want.size()), &dy).ok());
+  ASSERT_TRUE(paged_attention(b.q.data(), b.tokens, b.seq_ptr(), b.pos_ptr(), b.table_ptr(),
+                              b.max_blocks, b.bs, b.k_cache.data(), b.v_cache.data(), b.heads,
+                              b.kv_heads, b.hd, b.scale(), b.max_seen,
                               static_cast<float*>(dpart.data()), dy.data(), a.t).ok());
   ASSERT_TRUE(synchronize().ok());
-  const auto got = a.decode(download(dy));
-  const auto ref = a.round(want);
-  for (size_t i = 0; i < got.size(); ++i) {
-    const float bound = static_cast<float>(max_seen + 16) * 4 * kU * vmax +
-                        (a.t == DType::kBF16 ? std::fabs(ref[i]) / 128 : 0.f) + 1e-6f;
-    ASSERT_LE(std::fabs(got[i] - ref[i]), bound) << "[" << i << "] token " << i / (heads * hd);
+  b.check(a, a.decode(download(dy)), 0.f);
+}
+
+// The tensor-core prefill (BF16): long chunks cut into several 64-query tiles with a partial
+// last one, after cached tokens and from position 0, a decode token in the same batch, GQA 4:1
+// and 2:1, head_dim 128, 64 and 72 (padded to 80). P is rounded to BF16 before P·V: up to
+// 2^-8·max|v| more.
+TEST(CudaFlash, PagedPrefillMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{DType::kBF16};
+  struct Shape { int64_t heads, kv_heads, hd; };
+  for (const Shape& sh : {Shape{8, 2, 128}, Shape{4, 1, 64}, Shape{4, 2, 72}}) {
+    const PagedBatch b(a, sh.heads, sh.kv_heads, sh.hd, {{37, 100}, {0, 70}, {300, 1}, {5, 64}});
+    std::vector<int32_t> tiles(2 * b.tokens);
+    const int64_t n_tiles = flash_query_tiles(b.chunk_off.data(), b.chunk_n.data(),
+                                              static_cast<int64_t>(b.chunk_n.size()), tiles.data());
+    ASSERT_EQ(n_tiles, 2 + 2 + 1 + 1);
+    tiles.resize(2 * n_tiles);
+    DeviceBuffer dtiles = upload_ints(tiles), dy;
+    ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(b.want.size()), &dy).ok());
+    ASSERT_TRUE(flash_attention_paged(b.q.data(), static_cast<const int32_t*>(dtiles.data()),
+                                      n_tiles, b.seq_ptr(), b.pos_ptr(), b.table_ptr(),
+                                      b.max_blocks, b.bs, b.k_cache.data(), b.v_cache.data(),
+                                      b.heads, b.kv_heads, b.hd, b.scale(), dy.data()).ok());
+    ASSERT_TRUE(synchronize().ok());
+    b.check(a, a.decode(download(dy)), b.vmax / 256);
+  }
+}
+
+// The vision tower's bidirectional attention on the tensor cores: one frame of 150 patches (three
+// tiles, the last partial), head_dim 72 (the 8B tower's) and 64 (2B/4B).
+TEST(CudaFlash, FullAttentionMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{DType::kBF16};
+  for (int64_t hd : {72, 64}) {
+    const int64_t n = 150, heads = 4;
+    const auto q = a.round(random_values(n * heads * hd, 60, 2.f));
+    const auto k = a.round(random_values(n * heads * hd, 61, 2.f));
+    const auto v = a.round(random_values(n * heads * hd, 62));
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    std::vector<float> want(q.size());
+    ops::ref::attention_full(q.data(), k.data(), v.data(), n, heads, hd, scale, want.data());
+    DeviceBuffer dq = upload(a.encode(q)), dk = upload(a.encode(k)), dv = upload(a.encode(v)), dy;
+    ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q.size()), &dy).ok());
+    ASSERT_TRUE(flash_attention_full(dq.data(), dk.data(), dv.data(), n, heads, hd, scale,
+                                     dy.data()).ok());
+    ASSERT_TRUE(synchronize().ok());
+    float vmax = 0.f;
+    for (float x : v) vmax = std::max(vmax, std::fabs(x));
+    const auto got = a.decode(download(dy));
+    const auto ref = a.round(want);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float bound = (n + 16) * 4 * kU * vmax + vmax / 256 + std::fabs(ref[i]) / 128 + 1e-6f;
+      ASSERT_LE(std::fabs(got[i] - ref[i]), bound) << "head_dim " << hd << " [" << i << "]";
+    }
   }
 }
 
@@ -635,6 +719,16 @@ TEST(CudaAttention, RejectsBadShapes) {
   EXPECT_EQ(attention_splits(32, 100), 1);
   EXPECT_GT(attention_splits(32, 8192), 1);
   EXPECT_EQ(attention_splits(4096, 8192), 1);
+  EXPECT_FALSE(flash_attention_paged(nullptr, nullptr, 1, nullptr, nullptr, nullptr, 1, 16,
+                                     nullptr, nullptr, 4, 2, 256, 1.f, nullptr).ok());  // > 128
+  EXPECT_FALSE(flash_attention_paged(nullptr, nullptr, 1, nullptr, nullptr, nullptr, 1, 16,
+                                     nullptr, nullptr, 4, 3, 128, 1.f, nullptr).ok());  // GQA
+  // Query tiles: runs of up to 64 tokens of one chunk.
+  const int64_t off[] = {0, 130, 131}, n[] = {130, 1, 64};
+  int32_t tiles[2 * 5];
+  ASSERT_EQ(flash_query_tiles(off, n, 3, tiles), 5);
+  const int32_t want[] = {0, 64, 64, 64, 128, 2, 130, 1, 131, 64};
+  EXPECT_TRUE(std::equal(tiles, tiles + 10, want));
 }
 
 // y = x·Wᵀ through cuBLAS against a double-precision product of the same inputs: y in the
