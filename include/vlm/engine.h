@@ -50,6 +50,9 @@ struct EngineOptions {
   // "cuda": the share of the GPU's memory the process may take (weights, scratch and the KV
   // cache); `vlm serve` sizes its KV cache to it unless BatchingOptions::num_blocks is set.
   double gpu_memory_utilization = 0.9;
+  // "cuda": decode steps (one new token per sequence) are captured as CUDA graphs, one per
+  // batch-size bucket, and replayed (false: every kernel launched each step).
+  bool cuda_graphs = true;
 };
 
 // Continuous batching (EngineCore, `vlm serve`): the per-step limits and the paged KV cache.
@@ -96,6 +99,8 @@ class Engine {
     int64_t memory_used = 0, memory_total = 0;
   };
   bool gpu_stats(GpuStats* out) const;
+  // Forward passes replayed from CUDA graphs so far (0 on the CPU).
+  int64_t cuda_graph_replays() const;
   int n_threads() const;
   // Bytes of weights one decode step streams from memory: the text decoder's linear weights
   // (q/k/v/o, gate/up/down, lm_head) as held, i.e. after --quant (quantized data + scales).

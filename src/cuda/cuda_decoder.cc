@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <iterator>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "cuda/cuda_ops.h"
 #include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
+#include "cuda/stream.h"
 #include "cuda/weights.h"
 
 namespace vlm::cuda {
@@ -35,13 +38,6 @@ Status ensure(DeviceBuffer* b, size_t bytes) {
 Status upload_f32(const std::vector<float>& v, DeviceBuffer* out) {
   VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(v.size() * 4, out));
   return out->upload(v.data(), v.size() * 4);
-}
-
-template <typename T>
-Status upload_vec(const std::vector<T>& v, DeviceBuffer* b) {
-  if (v.empty()) return ok_status();
-  VLM_RETURN_IF_ERROR(ensure(b, v.size() * sizeof(T)));
-  return b->upload(v.data(), v.size() * sizeof(T));
 }
 
 const int32_t* i32(const DeviceBuffer& b) { return static_cast<const int32_t*>(b.data()); }
@@ -102,14 +98,18 @@ class CudaDecoder final : public DeviceDecoder {
                           {&mlp_, C * I}}) {
       VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(static_cast<size_t>(n) * a, buf));
     }
-    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * rope_.half() * 4, &cos_));
-    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * rope_.half() * 4, &sin_));
-    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * 7 * 4, &ints_));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(2 * C * rope_.half() * 4, &rope_dev_));
+    VLM_RETURN_IF_ERROR(PinnedBuffer::allocate(2 * C * rope_.half() * 4, &rope_host_));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(kIntRows * C * 4, &ints_));
+    VLM_RETURN_IF_ERROR(PinnedBuffer::allocate(kIntRows * C * 4, &ints_host_));
+    VLM_RETURN_IF_ERROR(PinnedBuffer::allocate(C * 4, &argmax_host_));
     VLM_RETURN_IF_ERROR(
         DeviceBuffer::allocate(paged_attention_scratch_floats(c_.head_dim) * 4, &partial_));
     VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * c_.vocab_size * 4, &logits_));
+    VLM_RETURN_IF_ERROR(Stream::create(&stream_));
     VLM_RETURN_IF_ERROR(synchronize());
-    description_ = device_description(0) + (act_ == DType::kF32 ? ", f32" : ", bf16");
+    description_ = device_description(0) + (act_ == DType::kF32 ? ", f32" : ", bf16") +
+                   (opts_.graphs ? ", CUDA graphs" : "");
     return ok_status();
   }
 
@@ -126,34 +126,30 @@ class CudaDecoder final : public DeviceDecoder {
     return std::max<int64_t>(0, static_cast<int64_t>(utilization * static_cast<double>(total)) -
                                     used_other);
   }
-  Status allocate_cache(int64_t num_blocks, int64_t block_size) override {
-    if (num_blocks <= 0 || block_size <= 0) return invalid_argument("KV cache: no blocks");
-    k_cache_ = DeviceBuffer();
-    v_cache_ = DeviceBuffer();
-    blocks_ = bs_ = 0;
-    const size_t half = static_cast<size_t>(block_bytes(block_size) / 2) * num_blocks;
-    Status s = DeviceBuffer::allocate(half, &k_cache_);
-    if (s.ok()) s = DeviceBuffer::allocate(half, &v_cache_);
-    if (!s.ok()) {
-      k_cache_ = DeviceBuffer();
-      return Status(StatusCode::kResourceExhausted,
-                    "KV cache of " + std::to_string(num_blocks) + " blocks (" +
-                        std::to_string(2 * half >> 20) +
-                        " MiB) does not fit the GPU: " + s.message());
-    }
-    blocks_ = num_blocks;
-    bs_ = block_size;
-    return ok_status();
-  }
+  Status allocate_cache(int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq) override;
   int64_t cache_blocks() const override { return blocks_; }
   int64_t cache_block_size() const override { return bs_; }
   std::string description() const override { return description_; }
   int64_t decode_weight_bytes() const override { return decode_bytes_; }
+  int64_t graph_replays() const override { return replays_; }
 
   Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits,
                        int32_t* argmax) override;
 
  private:
+  // What one forward pass launches, once the tables are on the device.
+  struct Pass {
+    int64_t rows = 0;       // token rows (a graph's bucket: padded)
+    int64_t n_sel = 0;      // rows that get logits
+    bool sel_all = false;   // the logit rows are rows 0 .. n_sel − 1 (decode)
+    int64_t stride = 0;     // block-table entries per sequence
+    int64_t max_seen = 0;   // bound on the keys a query sees (sets the attention splits)
+    int64_t n_tiles = 0;    // flash query tiles; 0: the warp kernel
+    int64_t n_vis = 0;      // image rows
+    size_t taps = 0;        // DeepStack features per image row
+    bool argmax = false;
+  };
+  Status enqueue(const Pass& p);
   // Layer l's K (or V) cache: [blocks · block_size, n_kv_heads · head_dim].
   void* cache_layer(const DeviceBuffer& b, int64_t l) const {
     const size_t per = b.bytes() / static_cast<size_t>(c_.num_hidden_layers);
@@ -162,142 +158,104 @@ class CudaDecoder final : public DeviceDecoder {
   Status gemm(const void* x, const DeviceBuffer& w, int64_t M, int64_t N, int64_t K, void* y) {
     return gemm_->matmul(x, w.data(), act_, M, N, K, y, act_);
   }
+  int32_t* host_ints(int row) const {
+    return static_cast<int32_t*>(ints_host_.data()) + row * opts_.max_chunk;
+  }
+  const int32_t* dev_ints(int row) const {
+    return static_cast<const int32_t*>(ints_.data()) + row * opts_.max_chunk;
+  }
+  // The smallest graph bucket holding `rows` decode rows, or 0 when none does.
+  int64_t bucket_for(int64_t rows) const {
+    for (int64_t b : kBuckets) {
+      if (b >= rows && b <= opts_.max_chunk) return b;
+    }
+    return 0;
+  }
+
+  // Rows of the int tables (each max_chunk long): ids, KV slots, sequence and position of each
+  // token, the logit rows, then the flash query tiles (two rows: pairs).
+  static constexpr int kIds = 0, kSlots = 1, kSeq = 2, kPos = 3, kSel = 4, kTiles = 5;
+  static constexpr int kIntRows = 7;
+  static constexpr int64_t kBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256};
 
   const Qwen3VLTextConfig c_;
   CudaDecoderOptions opts_;
   DType act_;
   MropeTables rope_;
   std::unique_ptr<Gemm> gemm_;
+  std::unique_ptr<Stream> stream_;
   std::string description_;
   int64_t decode_bytes_ = 0;
   bool tied_ = false;
   DeviceBuffer embed_, lm_head_, norm_;
   std::vector<Layer> layers_;
-  DeviceBuffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_, cos_, sin_, partial_, logits_;
-  // [7, max_chunk]: ids, slots, tok_seq, tok_pos, logit rows, then flash query tiles (2 each).
-  DeviceBuffer ints_;
-  DeviceBuffer tables_;                  // [n_chunks, table_stride] block tables
+  DeviceBuffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_, partial_, logits_;
+  DeviceBuffer rope_dev_, ints_, tables_;  // uploaded per pass from the pinned copies below
+  PinnedBuffer rope_host_, ints_host_, tables_host_, argmax_host_;
   DeviceBuffer vis_rows_, vis_feats_;    // image rows, [1 + taps, rows, hidden] f32 features
-  DeviceBuffer k_cache_, v_cache_;       // [layers, blocks · block_size, kvd] each
-  int64_t blocks_ = 0, bs_ = 0;
+  DeviceBuffer k_cache_, v_cache_;       // [layers, (blocks + 1) · block_size, kvd] each
+  int64_t blocks_ = 0, bs_ = 0, max_table_ = 0;  // block `blocks_` is the padding rows' scratch
+  // Decode graphs by bucket; a bucket is captured the second time it runs (the first loads
+  // every kernel and lets cuBLAS pick its algorithms eagerly).
+  std::vector<std::unique_ptr<Graph>> graphs_;  // [kBuckets]
+  std::vector<uint8_t> warmed_;                 // [kBuckets]
+  bool graphs_broken_ = false;
+  int64_t replays_ = 0;
   // Host staging, reused across calls.
-  std::vector<int32_t> h_ints_, h_tables_, h_vis_rows_;
+  std::vector<int32_t> h_vis_rows_;
   std::vector<int64_t> h_chunk_off_, h_chunk_n_;
-  std::vector<float> h_cos_, h_sin_, h_feats_;
+  std::vector<float> h_feats_;
   std::vector<int64_t> h_pos_t_, h_pos_h_, h_pos_w_;
 };
 
-Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits,
-                                  int32_t* argmax) {
-  if (blocks_ == 0) return internal_error("forward: the KV cache is not allocated");
+Status CudaDecoder::allocate_cache(int64_t num_blocks, int64_t block_size,
+                                   int64_t max_blocks_per_seq) {
+  if (num_blocks <= 0 || block_size <= 0 || max_blocks_per_seq <= 0) {
+    return invalid_argument("KV cache: no blocks");
+  }
+  graphs_.clear();  // they hold the old buffers' addresses
+  warmed_.clear();
+  k_cache_ = DeviceBuffer();
+  v_cache_ = DeviceBuffer();
+  blocks_ = bs_ = max_table_ = 0;
+  // One block more than asked: the scratch slots of a decode graph's padding rows.
+  const size_t half = static_cast<size_t>(block_bytes(block_size) / 2) * (num_blocks + 1);
+  const size_t table_bytes = static_cast<size_t>(opts_.max_chunk * max_blocks_per_seq) * 4;
+  Status s = DeviceBuffer::allocate(half, &k_cache_);
+  if (s.ok()) s = DeviceBuffer::allocate(half, &v_cache_);
+  if (s.ok()) s = DeviceBuffer::allocate(table_bytes, &tables_);
+  if (s.ok()) s = PinnedBuffer::allocate(table_bytes, &tables_host_);
+  if (!s.ok()) {
+    k_cache_ = DeviceBuffer();
+    v_cache_ = DeviceBuffer();
+    return Status(StatusCode::kResourceExhausted,
+                  "KV cache of " + std::to_string(num_blocks) + " blocks (" +
+                      std::to_string(2 * half >> 20) + " MiB) does not fit the GPU: " +
+                      s.message());
+  }
+  blocks_ = num_blocks;
+  bs_ = block_size;
+  max_table_ = max_blocks_per_seq;
+  graphs_.resize(std::size(kBuckets));
+  warmed_.assign(std::size(kBuckets), 0);
+  return ok_status();
+}
+
+Status CudaDecoder::enqueue(const Pass& p) {
   const int64_t H = c_.hidden_size, nh = c_.num_attention_heads, nkv = c_.num_key_value_heads,
                 hd = c_.head_dim, I = c_.intermediate_size, V = c_.vocab_size;
-  const int64_t qd = nh * hd, kvd = nkv * hd, C = opts_.max_chunk;
+  const int64_t qd = nh * hd, kvd = nkv * hd, T = p.rows;
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  int64_t T = 0;
-  VLM_RETURN_IF_ERROR(check_chunks(chunks, n_chunks, c_, blocks_, bs_, C, &T));
+  const float* cos = f32p(rope_dev_);
+  const float* sin = cos + opts_.max_chunk * rope_.half();
+  const int32_t* tables = i32(tables_);
+  auto feats = [&](size_t k) { return f32p(vis_feats_) + k * p.n_vis * H; };
 
-  // Host tables: ids | slots | tok_seq | tok_pos | logit rows, each max_chunk ints, then the
-  // flash query tiles.
-  h_ints_.assign(static_cast<size_t>(7 * C), 0);
-  int32_t* ids = h_ints_.data();
-  int32_t* slots = ids + C;
-  int32_t* tok_seq = ids + 2 * C;
-  int32_t* tok_pos = ids + 3 * C;
-  int32_t* sel = ids + 4 * C;
-  h_pos_t_.resize(T);
-  h_pos_h_.resize(T);
-  h_pos_w_.resize(T);
-  int64_t stride = 1, max_seen = 0, n_sel = 0;
-  for (int64_t c = 0; c < n_chunks; ++c) stride = std::max(stride, chunks[c].num_table_blocks);
-  h_tables_.assign(static_cast<size_t>(n_chunks * stride), 0);
-  h_vis_rows_.clear();
-  size_t taps = 0;
-  bool any_vision = false;
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    if (chunks[c].vision == nullptr) continue;
-    if (any_vision && chunks[c].vision->deepstack.size() != taps) {
-      return internal_error("forward: image chunks with different DeepStack depths");
-    }
-    any_vision = true;
-    taps = chunks[c].vision->deepstack.size();
-  }
-  // Image features of the rows that take them: [1 + taps][rows][H] f32, gathered below.
-  std::vector<std::pair<const VisionRows*, int32_t>> vis_src;
-  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
-    const SeqChunk& ch = chunks[c];
-    std::copy_n(ch.block_table, ch.num_table_blocks, h_tables_.data() + c * stride);
-    std::copy_n(ch.ids, ch.n, ids + off);
-    std::copy_n(ch.pos.t, ch.n, h_pos_t_.data() + off);
-    std::copy_n(ch.pos.h, ch.n, h_pos_h_.data() + off);
-    std::copy_n(ch.pos.w, ch.n, h_pos_w_.data() + off);
-    for (int64_t i = 0; i < ch.n; ++i) {
-      const int64_t p = ch.first + i;
-      slots[off + i] = static_cast<int32_t>(ch.block_table[p / bs_] * bs_ + p % bs_);
-      tok_seq[off + i] = static_cast<int32_t>(c);
-      tok_pos[off + i] = static_cast<int32_t>(p);
-      if (ch.vision != nullptr && ch.vision->feature_row[i] >= 0) {
-        h_vis_rows_.push_back(static_cast<int32_t>(off + i));
-        vis_src.emplace_back(ch.vision, ch.vision->feature_row[i]);
-      }
-    }
-    max_seen = std::max(max_seen, ch.first + ch.n);
-    if (ch.rows == LogitRows::kLast) sel[n_sel++] = static_cast<int32_t>(off + ch.n - 1);
-    if (ch.rows == LogitRows::kAll) {
-      for (int64_t i = 0; i < ch.n; ++i) sel[n_sel++] = static_cast<int32_t>(off + i);
-    }
-  }
-  // Prefill steps (a chunk of kFlashMinTokens or more) run attention on the tensor cores, in
-  // BF16; decode steps keep the warp-per-row kernel, split along long contexts.
-  int64_t longest = 0;
-  h_chunk_off_.clear();
-  h_chunk_n_.clear();
-  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
-    longest = std::max(longest, chunks[c].n);
-    h_chunk_off_.push_back(off);
-    h_chunk_n_.push_back(chunks[c].n);
-  }
-  int64_t n_tiles = 0;
-  const bool flash =
-      act_ == DType::kBF16 && flash_attention_supports(hd) && longest >= kFlashMinTokens;
-  if (flash) {
-    n_tiles = flash_query_tiles(h_chunk_off_.data(), h_chunk_n_.data(), n_chunks, ids + 5 * C);
-  }
-  const int64_t n_vis = static_cast<int64_t>(h_vis_rows_.size());
-  if (n_vis > 0) {
-    h_feats_.resize(static_cast<size_t>((1 + taps) * n_vis * H));
-    for (int64_t r = 0; r < n_vis; ++r) {
-      const VisionRows* vr = vis_src[r].first;
-      const int64_t f = vis_src[r].second;
-      std::copy_n(vr->embeds + f * H, H, h_feats_.data() + r * H);
-      for (size_t t = 0; t < taps; ++t) {
-        std::copy_n(vr->deepstack[t] + f * H, H, h_feats_.data() + ((1 + t) * n_vis + r) * H);
-      }
-    }
-    VLM_RETURN_IF_ERROR(upload_vec(h_vis_rows_, &vis_rows_));
-    VLM_RETURN_IF_ERROR(upload_vec(h_feats_, &vis_feats_));
-  }
-  const int64_t half = rope_.half();
-  h_cos_.resize(static_cast<size_t>(T * half));
-  h_sin_.resize(static_cast<size_t>(T * half));
-  rope_.compute(Positions3{h_pos_t_.data(), h_pos_h_.data(), h_pos_w_.data()}, T, h_cos_.data(),
-                h_sin_.data());
-  VLM_RETURN_IF_ERROR(ints_.upload(h_ints_.data(), h_ints_.size() * 4));
-  VLM_RETURN_IF_ERROR(upload_vec(h_tables_, &tables_));
-  VLM_RETURN_IF_ERROR(cos_.upload(h_cos_.data(), h_cos_.size() * 4));
-  VLM_RETURN_IF_ERROR(sin_.upload(h_sin_.data(), h_sin_.size() * 4));
-  const int32_t* d_ids = i32(ints_);
-  const int32_t* d_slots = d_ids + C;
-  const int32_t* d_seq = d_ids + 2 * C;
-  const int32_t* d_pos = d_ids + 3 * C;
-  const int32_t* d_sel = d_ids + 4 * C;
-  auto feats = [&](size_t k) { return f32p(vis_feats_) + k * n_vis * H; };
-
-  VLM_RETURN_IF_ERROR(embedding_gather(embed_.data(), act_, d_ids, T, H, x_.data(), act_));
-  if (n_vis > 0) {
+  VLM_RETURN_IF_ERROR(embedding_gather(embed_.data(), act_, dev_ints(kIds), T, H, x_.data(), act_));
+  if (p.n_vis > 0) {
     VLM_RETURN_IF_ERROR(
-        set_rows_at(x_.data(), i32(vis_rows_), feats(0), DType::kF32, n_vis, H, act_));
+        set_rows_at(x_.data(), i32(vis_rows_), feats(0), DType::kF32, p.n_vis, H, act_));
   }
   bool pending = false;  // tmp_ still has to be added to x_ (as in TextDecoder)
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -313,16 +271,15 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     void* vc = cache_layer(v_cache_, static_cast<int64_t>(l));
     // q/k norms and rotary; q to q_, K and V straight into their cache slots.
     VLM_RETURN_IF_ERROR(qkv_rope_store(qkv_.data(), T, nh, nkv, hd, f32p(L.q_norm), f32p(L.k_norm),
-                                       eps, f32p(cos_), f32p(sin_), d_slots, q_.data(), kc, vc,
-                                       act_));
-    if (flash) {
-      VLM_RETURN_IF_ERROR(flash_attention_paged(q_.data(), d_ids + 5 * C, n_tiles, d_seq, d_pos,
-                                                i32(tables_), stride, bs_, kc, vc, nh, nkv, hd,
-                                                scale, attn_.data()));
+                                       eps, cos, sin, dev_ints(kSlots), q_.data(), kc, vc, act_));
+    if (p.n_tiles > 0) {
+      VLM_RETURN_IF_ERROR(flash_attention_paged(q_.data(), dev_ints(kTiles), p.n_tiles,
+                                                dev_ints(kSeq), dev_ints(kPos), tables, p.stride,
+                                                bs_, kc, vc, nh, nkv, hd, scale, attn_.data()));
     } else {
-      VLM_RETURN_IF_ERROR(paged_attention(q_.data(), T, d_seq, d_pos, i32(tables_), stride, bs_,
-                                          kc, vc, nh, nkv, hd, scale, max_seen, f32p(partial_),
-                                          attn_.data(), act_));
+      VLM_RETURN_IF_ERROR(paged_attention(q_.data(), T, dev_ints(kSeq), dev_ints(kPos), tables,
+                                          p.stride, bs_, kc, vc, nh, nkv, hd, scale, p.max_seen,
+                                          f32p(partial_), attn_.data(), act_));
     }
     VLM_RETURN_IF_ERROR(gemm(attn_.data(), L.o, T, H, qd, tmp_.data()));
     VLM_RETURN_IF_ERROR(add_rms_norm(x_.data(), tmp_.data(), f32p(L.post_ln), T, H, eps,
@@ -331,40 +288,217 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     VLM_RETURN_IF_ERROR(silu_mul_rows(gate_up_.data(), T, I, mlp_.data(), act_));
     VLM_RETURN_IF_ERROR(gemm(mlp_.data(), L.down, T, H, I, tmp_.data()));
     pending = true;
-    if (n_vis > 0 && l < taps) {  // DeepStack: after decoder layer l, the image rows get tap l
+    if (p.n_vis > 0 && l < p.taps) {  // DeepStack: after decoder layer l, the image rows get tap l
       VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
       pending = false;
       VLM_RETURN_IF_ERROR(add_rows_at(x_.data(), i32(vis_rows_), feats(1 + l), DType::kF32,
-                                      n_vis, H, act_));
+                                      p.n_vis, H, act_));
     }
   }
-  if (n_sel > 0) {
-    if (pending) VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
-    // The rows that want logits, gathered into xn_, normed, then the head.
-    VLM_RETURN_IF_ERROR(embedding_gather(x_.data(), act_, d_sel, n_sel, H, xn_.data(), act_));
-    VLM_RETURN_IF_ERROR(rms_norm(xn_.data(), f32p(norm_), n_sel, H, eps, xn_.data(), act_));
-    const DeviceBuffer& head = tied_ ? embed_ : lm_head_;
+  if (p.n_sel == 0) return ok_status();
+  // The rows that want logits, normed into xn_ (gathered there unless they are all rows), then
+  // the head, in f32.
+  if (pending) VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
+  if (p.sel_all) {
+    VLM_RETURN_IF_ERROR(rms_norm(x_.data(), f32p(norm_), p.n_sel, H, eps, xn_.data(), act_));
+  } else {
     VLM_RETURN_IF_ERROR(
-        gemm_->matmul(xn_.data(), head.data(), act_, n_sel, V, H, logits_.data(), DType::kF32));
-    if (argmax != nullptr) {
-      int32_t* d_argmax = static_cast<int32_t*>(ints_.data()) + 4 * C;  // the row list is spent
-      VLM_RETURN_IF_ERROR(argmax_rows(f32p(logits_), n_sel, V, d_argmax));
-      VLM_RETURN_IF_ERROR(
-          copy_to_host(argmax, d_argmax, static_cast<size_t>(n_sel) * sizeof(int32_t)));
+        embedding_gather(x_.data(), act_, dev_ints(kSel), p.n_sel, H, xn_.data(), act_));
+    VLM_RETURN_IF_ERROR(rms_norm(xn_.data(), f32p(norm_), p.n_sel, H, eps, xn_.data(), act_));
+  }
+  const DeviceBuffer& head = tied_ ? embed_ : lm_head_;
+  VLM_RETURN_IF_ERROR(
+      gemm_->matmul(xn_.data(), head.data(), act_, p.n_sel, V, H, logits_.data(), DType::kF32));
+  if (p.argmax) {
+    // The logit-row list is spent: its device row takes the argmax.
+    VLM_RETURN_IF_ERROR(argmax_rows(f32p(logits_), p.n_sel, V,
+                                    const_cast<int32_t*>(dev_ints(kSel))));
+  }
+  return ok_status();
+}
+
+Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits,
+                                  int32_t* argmax) {
+  if (blocks_ == 0) return internal_error("forward: the KV cache is not allocated");
+  const int64_t H = c_.hidden_size, V = c_.vocab_size, C = opts_.max_chunk;
+  int64_t T = 0;
+  VLM_RETURN_IF_ERROR(check_chunks(chunks, n_chunks, c_, blocks_, bs_, C, &T));
+  StreamScope on_stream(stream_->get());
+
+  // A decode step (one token per sequence, no image) within a bucket runs as a CUDA graph: the
+  // rows padded to the bucket, the block tables to max_table_ entries.
+  bool decode = opts_.graphs && !graphs_broken_;
+  int64_t stride = 1, max_seen = 0, longest = 0;
+  bool any_vision = false;
+  size_t taps = 0;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const SeqChunk& ch = chunks[c];
+    if (ch.num_table_blocks > max_table_) {
+      return internal_error("forward: a block table is longer than the cache was sized for");
     }
-    // The rows the caller wants in full, one run per chunk (all of them when no argmax).
-    for (int64_t c = 0, row = 0; c < n_chunks; ++c) {
-      const SeqChunk& ch = chunks[c];
-      const int64_t rows =
-          ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
-      if (rows > 0 && (argmax == nullptr || !ch.argmax_only)) {
-        VLM_RETURN_IF_ERROR(copy_to_host(logits + row * V, f32p(logits_) + row * V,
-                                        static_cast<size_t>(rows * V) * 4));
+    stride = std::max(stride, ch.num_table_blocks);
+    max_seen = std::max(max_seen, ch.first + ch.n);
+    longest = std::max(longest, ch.n);
+    decode = decode && ch.n == 1 && ch.vision == nullptr && ch.rows == LogitRows::kLast;
+    if (ch.vision == nullptr) continue;
+    if (any_vision && ch.vision->deepstack.size() != taps) {
+      return internal_error("forward: image chunks with different DeepStack depths");
+    }
+    any_vision = true;
+    taps = ch.vision->deepstack.size();
+  }
+  const int64_t bucket = decode ? bucket_for(T) : 0;
+  const size_t bi = static_cast<size_t>(
+      std::find(std::begin(kBuckets), std::end(kBuckets), bucket) - std::begin(kBuckets));
+  const int64_t rows = bucket > 0 ? bucket : T;
+  if (bucket > 0) stride = max_table_;
+
+  // Host tables, in pinned memory.
+  int32_t* ids = host_ints(kIds);
+  int32_t* slots = host_ints(kSlots);
+  int32_t* tok_seq = host_ints(kSeq);
+  int32_t* tok_pos = host_ints(kPos);
+  int32_t* sel = host_ints(kSel);
+  int32_t* table = static_cast<int32_t*>(tables_host_.data());
+  h_pos_t_.resize(rows);
+  h_pos_h_.resize(rows);
+  h_pos_w_.resize(rows);
+  h_vis_rows_.clear();
+  std::vector<std::pair<const VisionRows*, int32_t>> vis_src;
+  int64_t n_sel = 0;
+  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
+    const SeqChunk& ch = chunks[c];
+    std::copy_n(ch.block_table, ch.num_table_blocks, table + c * stride);
+    std::copy_n(ch.ids, ch.n, ids + off);
+    std::copy_n(ch.pos.t, ch.n, h_pos_t_.data() + off);
+    std::copy_n(ch.pos.h, ch.n, h_pos_h_.data() + off);
+    std::copy_n(ch.pos.w, ch.n, h_pos_w_.data() + off);
+    for (int64_t i = 0; i < ch.n; ++i) {
+      const int64_t p = ch.first + i;
+      slots[off + i] = static_cast<int32_t>(ch.block_table[p / bs_] * bs_ + p % bs_);
+      tok_seq[off + i] = static_cast<int32_t>(c);
+      tok_pos[off + i] = static_cast<int32_t>(p);
+      if (ch.vision != nullptr && ch.vision->feature_row[i] >= 0) {
+        h_vis_rows_.push_back(static_cast<int32_t>(off + i));
+        vis_src.emplace_back(ch.vision, ch.vision->feature_row[i]);
       }
-      row += rows;
+    }
+    if (ch.rows == LogitRows::kLast) sel[n_sel++] = static_cast<int32_t>(off + ch.n - 1);
+    if (ch.rows == LogitRows::kAll) {
+      for (int64_t i = 0; i < ch.n; ++i) sel[n_sel++] = static_cast<int32_t>(off + i);
     }
   }
-  return synchronize();
+  for (int64_t r = T; r < rows; ++r) {  // a graph's padding rows: token 0 at position 0, whose
+    ids[r] = 0;                         // K/V go to the scratch block
+    slots[r] = static_cast<int32_t>(blocks_ * bs_);
+    tok_seq[r] = static_cast<int32_t>(r);
+    tok_pos[r] = 0;
+    table[r * stride] = static_cast<int32_t>(blocks_);
+    h_pos_t_[r] = h_pos_h_[r] = h_pos_w_[r] = 0;
+  }
+  Pass pass;
+  pass.rows = rows;
+  pass.stride = stride;
+  pass.argmax = argmax != nullptr || bucket > 0;
+  if (bucket > 0) {
+    pass.n_sel = rows;
+    pass.sel_all = true;
+    pass.max_seen = max_table_ * bs_;  // fixed per graph; each query splits its own keys
+  } else {
+    pass.n_sel = n_sel;
+    pass.max_seen = max_seen;
+    // Prefill steps (a chunk of kFlashMinTokens or more) run attention on the tensor cores, in
+    // BF16; decode steps keep the warp-per-row kernel, split along long contexts.
+    if (act_ == DType::kBF16 && flash_attention_supports(c_.head_dim) &&
+        longest >= kFlashMinTokens) {
+      h_chunk_off_.clear();
+      h_chunk_n_.clear();
+      for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
+        h_chunk_off_.push_back(off);
+        h_chunk_n_.push_back(chunks[c].n);
+      }
+      pass.n_tiles =
+          flash_query_tiles(h_chunk_off_.data(), h_chunk_n_.data(), n_chunks, host_ints(kTiles));
+    }
+  }
+  const int64_t half = rope_.half();
+  float* cos = static_cast<float*>(rope_host_.data());
+  rope_.compute(Positions3{h_pos_t_.data(), h_pos_h_.data(), h_pos_w_.data()}, rows, cos,
+                cos + C * half);
+
+  // Uploads on the stream; image features (rare, prefill only) by plain copies.
+  pass.n_vis = static_cast<int64_t>(h_vis_rows_.size());
+  pass.taps = taps;
+  if (pass.n_vis > 0) {
+    h_feats_.resize(static_cast<size_t>((1 + taps) * pass.n_vis * H));
+    for (int64_t r = 0; r < pass.n_vis; ++r) {
+      const VisionRows* vr = vis_src[r].first;
+      const int64_t f = vis_src[r].second;
+      std::copy_n(vr->embeds + f * H, H, h_feats_.data() + r * H);
+      for (size_t t = 0; t < taps; ++t) {
+        std::copy_n(vr->deepstack[t] + f * H, H, h_feats_.data() + ((1 + t) * pass.n_vis + r) * H);
+      }
+    }
+    VLM_RETURN_IF_ERROR(ensure(&vis_rows_, h_vis_rows_.size() * 4));
+    VLM_RETURN_IF_ERROR(vis_rows_.upload(h_vis_rows_.data(), h_vis_rows_.size() * 4));
+    VLM_RETURN_IF_ERROR(ensure(&vis_feats_, h_feats_.size() * 4));
+    VLM_RETURN_IF_ERROR(vis_feats_.upload(h_feats_.data(), h_feats_.size() * 4));
+  }
+  VLM_RETURN_IF_ERROR(copy_to_device_async(ints_.data(), ints_host_.data(), ints_host_.bytes()));
+  VLM_RETURN_IF_ERROR(copy_to_device_async(tables_.data(), table,
+                                           static_cast<size_t>(rows * stride) * 4));
+  VLM_RETURN_IF_ERROR(copy_to_device_async(rope_dev_.data(), cos, static_cast<size_t>(rows * half) * 4));
+  VLM_RETURN_IF_ERROR(copy_to_device_async(f32p(rope_dev_) + C * half, cos + C * half,
+                                           static_cast<size_t>(rows * half) * 4));
+
+  // The pass: a graph replay, a capture, or plain launches.
+  bool ran = false;
+  if (bucket > 0 && graphs_[bi] == nullptr && warmed_[bi]) {
+    VLM_RETURN_IF_ERROR(stream_synchronize());  // nothing of ours may be pending in the capture
+    Status st = Graph::begin_capture();
+    if (st.ok()) {
+      const Status work = enqueue(pass);
+      st = Graph::end_capture(&graphs_[bi]);
+      if (st.ok()) st = work;
+    }
+    if (!st.ok()) {  // keep serving without graphs
+      std::fprintf(stderr, "vlm: CUDA graph capture failed, decoding without graphs: %s\n",
+                   st.message().c_str());
+      graphs_broken_ = true;
+      graphs_[bi].reset();
+    }
+  }
+  if (bucket > 0 && graphs_[bi] != nullptr) {
+    VLM_RETURN_IF_ERROR(graphs_[bi]->launch());
+    ++replays_;
+    ran = true;
+  }
+  if (!ran) {
+    VLM_RETURN_IF_ERROR(enqueue(pass));
+    if (bucket > 0) warmed_[bi] = 1;
+  }
+
+  // Results: the argmax of the real rows, and the logit rows the caller wants in full (one run
+  // per chunk; all of them without `argmax`).
+  if (pass.argmax && argmax != nullptr) {
+    VLM_RETURN_IF_ERROR(copy_to_host_async(argmax_host_.data(), dev_ints(kSel),
+                                           static_cast<size_t>(n_sel) * 4));
+  }
+  for (int64_t c = 0, row = 0; c < n_chunks; ++c) {
+    const SeqChunk& ch = chunks[c];
+    const int64_t n_rows =
+        ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
+    if (n_rows > 0 && (argmax == nullptr || !ch.argmax_only)) {
+      VLM_RETURN_IF_ERROR(copy_to_host_async(logits + row * V, f32p(logits_) + row * V,
+                                             static_cast<size_t>(n_rows * V) * 4));
+    }
+    row += n_rows;
+  }
+  VLM_RETURN_IF_ERROR(stream_synchronize());
+  if (argmax != nullptr) {
+    std::copy_n(static_cast<const int32_t*>(argmax_host_.data()), n_sel, argmax);
+  }
+  return ok_status();
 }
 
 }  // namespace

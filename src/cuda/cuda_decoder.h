@@ -16,6 +16,8 @@ struct CudaDecoderOptions {
   // false: weights and activations in BF16 (as transformers runs the model in bfloat16); true:
   // F32 throughout (to compare against transformers' float32 logits).
   bool f32 = false;
+  // Decode steps (one token per sequence) run as CUDA graphs, one per batch-size bucket.
+  bool graphs = true;
 };
 
 // Uploads `w` (F32, BF16 or F16 as stored; quantized weights are refused) onto the current

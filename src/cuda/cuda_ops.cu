@@ -15,6 +15,9 @@ Status from(cudaError_t e, const char* what) {
   return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
+thread_local cudaStream_t t_stream = nullptr;  // set_stream(); null: the legacy default stream
+cudaStream_t stream() { return t_stream; }
+
 __device__ inline float load(const float* p, int64_t i) { return p[i]; }
 __device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 __device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
@@ -271,7 +274,8 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
 }
 
 // Paged attention: one warp per (query, head, split); see paged_attention() in cuda_ops.h.
-// Split `sp` covers keys [sp·split_len, min((sp + 1)·split_len, seen)). With one split the warp
+// Split `sp` covers keys [sp·split_len, min((sp + 1)·split_len, seen)), split_len = ⌈seen /
+// splits⌉ for this query's own `seen` (so a captured launch serves every context length). With one split the warp
 // writes the normalised output; otherwise its running max m, sum l and unnormalised accumulator
 // go to partial[(row · splits + sp) · (head_dim + 2)] = {m, l, acc[head_dim]}.
 template <typename T>
@@ -279,8 +283,7 @@ __global__ void paged_attention_kernel(const T* q, int64_t rows, const int32_t* 
                                        const int32_t* tok_pos, const int32_t* tables,
                                        int64_t table_stride, int64_t bs, const T* kc, const T* vc,
                                        int64_t n_heads, int64_t group, int64_t head_dim,
-                                       float scale, int64_t splits, int64_t split_len,
-                                       float* partial, T* out) {
+                                       float scale, int64_t splits, float* partial, T* out) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int64_t row = warp / splits, sp = warp % splits;
   if (row >= rows) return;
@@ -290,6 +293,7 @@ __global__ void paged_attention_kernel(const T* q, int64_t rows, const int32_t* 
   const int64_t kv_off = (h / group) * head_dim;
   const int32_t* table = tables + static_cast<int64_t>(tok_seq[i]) * table_stride;
   const int64_t seen = static_cast<int64_t>(tok_pos[i]) + 1;
+  const int64_t split_len = (seen + splits - 1) / splits;
   const int64_t begin = sp * split_len;
   const int64_t end = begin + split_len < seen ? begin + split_len : seen;
   const int per = static_cast<int>((head_dim + 31) / 32);
@@ -497,6 +501,9 @@ Status copy_to_host(void* host, const void* device, size_t bytes) {
   return from(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "copy to host");
 }
 
+void set_stream(void* s) { t_stream = static_cast<cudaStream_t>(s); }
+void* current_stream() { return t_stream; }
+
 Status synchronize() { return from(cudaDeviceSynchronize(), "synchronize"); }
 
 Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y, DType t) {
@@ -504,7 +511,7 @@ Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float ep
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<const T*>(x), w, n, eps, static_cast<T*>(y));
+    rms_norm_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<const T*>(x), w, n, eps, static_cast<T*>(y));
   });
   return from(cudaGetLastError(), "rms_norm launch");
 }
@@ -515,7 +522,7 @@ Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, in
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    add_rms_norm_kernel<<<rows, kRowThreads>>>(static_cast<T*>(x), static_cast<const T*>(delta), w,
+    add_rms_norm_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<T*>(x), static_cast<const T*>(delta), w,
                                                n, eps, static_cast<T*>(y));
   });
   return from(cudaGetLastError(), "add_rms_norm launch");
@@ -529,7 +536,7 @@ Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, 
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    qk_norm_rope_kernel<<<warp_row_blocks(rows), kRowThreads>>>(static_cast<T*>(x), rows, n_heads,
+    qk_norm_rope_kernel<<<warp_row_blocks(rows), kRowThreads, 0, stream()>>>(static_cast<T*>(x), rows, n_heads,
                                                                 head_dim, w, eps, cos, sin);
   });
   return from(cudaGetLastError(), "qk_norm_rope launch");
@@ -545,7 +552,7 @@ Status qkv_rope_store(const void* qkv, int64_t tokens, int64_t n_heads, int64_t 
   if (warps == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    qkv_rope_store_kernel<<<warp_row_blocks(warps), kRowThreads>>>(
+    qkv_rope_store_kernel<<<warp_row_blocks(warps), kRowThreads, 0, stream()>>>(
         static_cast<const T*>(qkv), tokens, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps,
         cos, sin, slots, static_cast<T*>(q), static_cast<T*>(k_cache), static_cast<T*>(v_cache));
   });
@@ -556,7 +563,7 @@ Status silu_mul_rows(const void* gu, int64_t rows, int64_t n, void* out, DType t
   if (rows <= 0 || n <= 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    silu_mul_rows_kernel<<<grid_for(rows * n), kRowThreads>>>(static_cast<const T*>(gu), rows, n,
+    silu_mul_rows_kernel<<<grid_for(rows * n), kRowThreads, 0, stream()>>>(static_cast<const T*>(gu), rows, n,
                                                               static_cast<T*>(out));
   });
   return from(cudaGetLastError(), "silu_mul_rows launch");
@@ -570,7 +577,7 @@ Status add_rows_at(void* x, const int32_t* rows, const void* delta, DType delta_
     with_act(delta_t, [&](auto b) {
       using T = decltype(a);
       using D = decltype(b);
-      add_rows_at_kernel<<<count, kRowThreads>>>(static_cast<T*>(x), rows,
+      add_rows_at_kernel<<<count, kRowThreads, 0, stream()>>>(static_cast<T*>(x), rows,
                                                  static_cast<const D*>(delta), n);
     });
   });
@@ -585,7 +592,7 @@ Status set_rows_at(void* x, const int32_t* rows, const void* src, DType src_t, i
     with_act(src_t, [&](auto b) {
       using T = decltype(a);
       using S = decltype(b);
-      set_rows_at_kernel<<<count, kRowThreads>>>(static_cast<T*>(x), rows,
+      set_rows_at_kernel<<<count, kRowThreads, 0, stream()>>>(static_cast<T*>(x), rows,
                                                  static_cast<const S*>(src), n);
     });
   });
@@ -598,7 +605,7 @@ Status add_inplace(void* x, const void* delta, DType delta_t, int64_t count, DTy
     with_act(delta_t, [&](auto d) {
       using T = decltype(a);
       using D = decltype(d);
-      add_inplace_kernel<<<grid_for(count), kRowThreads>>>(static_cast<T*>(x),
+      add_inplace_kernel<<<grid_for(count), kRowThreads, 0, stream()>>>(static_cast<T*>(x),
                                                            static_cast<const D*>(delta), count);
     });
   });
@@ -611,7 +618,7 @@ Status convert(const void* src, DType src_t, int64_t count, void* dst, DType dst
     with_act(dst_t, [&](auto b) {
       using S = decltype(a);
       using D = decltype(b);
-      convert_kernel<<<grid_for(count), kRowThreads>>>(static_cast<const S*>(src), count,
+      convert_kernel<<<grid_for(count), kRowThreads, 0, stream()>>>(static_cast<const S*>(src), count,
                                                        static_cast<D*>(dst));
     });
   });
@@ -623,7 +630,7 @@ Status add_bias(void* x, const float* bias, int64_t rows, int64_t n, DType t) {
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    add_bias_kernel<<<rows, kRowThreads>>>(static_cast<T*>(x), bias, n);
+    add_bias_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<T*>(x), bias, n);
   });
   return from(cudaGetLastError(), "add_bias launch");
 }
@@ -634,7 +641,7 @@ Status layer_norm(const void* x, const float* w, const float* b, int64_t rows, i
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    layer_norm_kernel<<<rows, kRowThreads>>>(static_cast<const T*>(x), w, b, n, eps,
+    layer_norm_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<const T*>(x), w, b, n, eps,
                                              static_cast<T*>(y));
   });
   return from(cudaGetLastError(), "layer_norm launch");
@@ -646,7 +653,7 @@ Status add_layer_norm(void* x, const void* delta, const float* bias, const float
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    add_layer_norm_kernel<<<rows, kRowThreads>>>(static_cast<T*>(x), static_cast<const T*>(delta),
+    add_layer_norm_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<T*>(x), static_cast<const T*>(delta),
                                                  bias, w, b, n, eps, static_cast<T*>(y));
   });
   return from(cudaGetLastError(), "add_layer_norm launch");
@@ -657,7 +664,7 @@ Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh,
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    bias_gelu_kernel<<<rows, kRowThreads>>>(static_cast<T*>(x), bias, n, tanh);
+    bias_gelu_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<T*>(x), bias, n, tanh);
   });
   return from(cudaGetLastError(), "bias_gelu launch");
 }
@@ -677,7 +684,7 @@ Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64
   const int64_t group = n_heads / n_kv_heads;
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    attention_kernel<<<warp_row_blocks(rows), kRowThreads>>>(
+    attention_kernel<<<warp_row_blocks(rows), kRowThreads, 0, stream()>>>(
         static_cast<const T*>(q), n_q, static_cast<const T*>(k), static_cast<const T*>(v), n_kv,
         first_pos, causal, n_heads, group, head_dim, scale, static_cast<T*>(out));
   });
@@ -711,16 +718,15 @@ Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
   if (rows == 0) return ok_status();
   const int64_t splits = attention_splits(rows, max_seen);
   if (splits > 1 && partial == nullptr) return invalid_argument("paged_attention: no scratch");
-  const int64_t split_len = (max_seen + splits - 1) / splits;
   const int64_t group = n_heads / n_kv_heads;
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    paged_attention_kernel<<<warp_row_blocks(rows * splits), kRowThreads>>>(
+    paged_attention_kernel<<<warp_row_blocks(rows * splits), kRowThreads, 0, stream()>>>(
         static_cast<const T*>(q), rows, tok_seq, tok_pos, block_tables, table_stride, block_size,
         static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), n_heads, group, head_dim,
-        scale, splits, split_len, partial, static_cast<T*>(out));
+        scale, splits, partial, static_cast<T*>(out));
     if (splits > 1) {
-      attention_combine_kernel<<<warp_row_blocks(rows), kRowThreads>>>(partial, rows, splits,
+      attention_combine_kernel<<<warp_row_blocks(rows), kRowThreads, 0, stream()>>>(partial, rows, splits,
                                                                        head_dim,
                                                                        static_cast<T*>(out));
     }
@@ -732,7 +738,7 @@ Status argmax_rows(const float* logits, int64_t rows, int64_t n, int32_t* ids) {
   if (Status s = check_rows(rows, "argmax_rows"); !s.ok()) return s;
   if (n <= 0 || n > 0x7fffffff) return invalid_argument("argmax_rows: bad row length");
   if (rows == 0) return ok_status();
-  argmax_kernel<<<rows, kRowThreads>>>(logits, n, ids);
+  argmax_kernel<<<rows, kRowThreads, 0, stream()>>>(logits, n, ids);
   return from(cudaGetLastError(), "argmax_rows launch");
 }
 
@@ -744,7 +750,7 @@ Status embedding_gather(const void* table, DType table_t, const int32_t* ids, in
     with_act(out_t, [&](auto b) {
       using Tt = decltype(a);
       using To = decltype(b);
-      gather_kernel<<<count, kRowThreads>>>(static_cast<const Tt*>(table), ids, n,
+      gather_kernel<<<count, kRowThreads, 0, stream()>>>(static_cast<const Tt*>(table), ids, n,
                                             static_cast<To*>(out));
     });
   });

@@ -49,9 +49,13 @@ Status copy_to_host(void* host, const void* device, size_t bytes);
 
 enum class DType { kF32, kBF16 };
 
-// All ops run on the default stream and return the launch's error, if any; call synchronize()
-// to see errors of the work itself.
-Status synchronize();
+// Every op launches on the calling thread's current stream (set_stream; null, the default: the
+// legacy default stream) and returns the launch's error, if any; call synchronize() to see errors
+// of the work itself. DeviceBuffer's copies are synchronous on the legacy stream, which waits for
+// (and is waited for by) blocking streams.
+void set_stream(void* stream);  // a cudaStream_t
+void* current_stream();
+Status synchronize();  // the whole device
 
 // y[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, rows of n values; w is f32[n]. y may alias x.
 Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y, DType t);
@@ -120,7 +124,7 @@ Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64
 // per (query, head, split): when few (query, head) rows are there to fill the GPU (decode) and
 // the context is long, the keys are split into attention_splits() parts whose partial results (m, l, acc) go to
 // `partial` and are merged by a second kernel (flash-decoding). max_seen: the largest
-// tok_pos + 1. partial: f32, at least paged_attention_scratch_floats(head_dim) values.
+// tok_pos + 1, or any bound on it (it sets the number of splits; each query splits its own keys). partial: f32, at least paged_attention_scratch_floats(head_dim) values.
 Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
                        const int32_t* tok_pos, const int32_t* block_tables, int64_t table_stride,
                        int64_t block_size, const void* k_cache, const void* v_cache,

@@ -5,6 +5,8 @@
 // P·V. O lives in shared memory in f32 between tiles.
 #include "cuda/flash_attention.h"
 
+#include "cuda/cuda_ops.h"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -245,7 +247,7 @@ Status flash_attention_paged(const void* q, const int32_t* tiles, int64_t n_tile
     const size_t smem = sizeof(Smem<HD>);
     VLM_RETURN_IF_ERROR(prepare<flash_paged_kernel<HD>>(smem));
     flash_paged_kernel<HD><<<dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(n_heads)),
-                             kThreads, smem>>>(
+                             kThreads, smem, static_cast<cudaStream_t>(current_stream())>>>(
         static_cast<const bf16*>(q), tiles, tok_seq, tok_pos, block_tables, table_stride,
         block_size, static_cast<const bf16*>(k_cache), static_cast<const bf16*>(v_cache), n_heads,
         n_heads / n_kv_heads, head_dim, scale, static_cast<bf16*>(out));
@@ -263,7 +265,7 @@ Status flash_attention_full(const void* q, const void* k, const void* v, int64_t
     const size_t smem = sizeof(Smem<HD>);
     VLM_RETURN_IF_ERROR(prepare<flash_full_kernel<HD>>(smem));
     const unsigned tiles = static_cast<unsigned>((n + kTile - 1) / kTile);
-    flash_full_kernel<HD><<<dim3(tiles, static_cast<unsigned>(n_heads)), kThreads, smem>>>(
+    flash_full_kernel<HD><<<dim3(tiles, static_cast<unsigned>(n_heads)), kThreads, smem, static_cast<cudaStream_t>(current_stream())>>>(
         static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), n,
         n_heads, head_dim, scale, static_cast<bf16*>(out));
     return from(cudaGetLastError(), "flash_attention_full launch");

@@ -4,8 +4,8 @@
 // head). P is rounded to BF16 for the P·V product, as FlashAttention does. Two uses:
 //   - the decoder's prefill over the paged KV cache (causal, GQA, varlen batch);
 //   - the vision tower's bidirectional attention inside one frame (contiguous K/V).
-// head_dim up to 128 (padded to a multiple of 16 inside the kernel). Device pointers, the default
-// stream.
+// head_dim up to 128 (padded to a multiple of 16 inside the kernel). Device pointers, the current
+// stream (cuda_ops.h).
 #include <cstdint>
 
 #include "vlm/status.h"

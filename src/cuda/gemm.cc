@@ -22,6 +22,12 @@ Status Gemm::create(std::unique_ptr<Gemm>* out) {
   cublasHandle_t h = nullptr;
   if (Status s = from(cublasCreate(&h), "create"); !s.ok()) return s;
   g->handle_ = h;
+  constexpr size_t kWorkspace = size_t{32} << 20;  // what cuBLAS asks for on Hopper, with room
+  if (Status s = DeviceBuffer::allocate(kWorkspace, &g->workspace_); !s.ok()) return s;
+  if (Status s = from(cublasSetWorkspace(h, g->workspace_.data(), kWorkspace), "workspace");
+      !s.ok()) {
+    return s;
+  }
   *out = std::move(g);
   return ok_status();
 }
@@ -41,7 +47,16 @@ Status Gemm::matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t
   const float alpha = 1.f, beta = 0.f;
   const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
   const cudaDataType_t in = in_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
-  return from(cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, m, n, k,
+  auto* h = static_cast<cublasHandle_t>(handle_);
+  if (void* st = current_stream(); st != stream_ || !stream_set_) {
+    // cublasSetStream resets the workspace to cuBLAS's own pool: ours goes back at once.
+    VLM_RETURN_IF_ERROR(from(cublasSetStream(h, static_cast<cudaStream_t>(st)), "stream"));
+    VLM_RETURN_IF_ERROR(
+        from(cublasSetWorkspace(h, workspace_.data(), workspace_.bytes()), "workspace"));
+    stream_ = st;
+    stream_set_ = true;
+  }
+  return from(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k,
                            &alpha, w, in, k, x, in, k, &beta, y,
                            y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT),

@@ -1,7 +1,8 @@
 #pragma once
 // The CUDA backend's matrix products (issue 7): y[M, N] = x[M, K] · W[N, K]ᵀ, with W as the
 // checkpoint stores a linear layer (row-major [out, in]), BF16 or F32 inputs and f32
-// accumulation (never TF32), through cuBLAS. Device pointers; the default stream.
+// accumulation (never TF32), through cuBLAS. Device pointers; the calling thread's current
+// stream (cuda_ops.h).
 #include <cstdint>
 #include <memory>
 
@@ -25,6 +26,10 @@ class Gemm {
  private:
   Gemm() = default;
   void* handle_ = nullptr;  // cublasHandle_t
+  // cuBLAS's workspace, set once so that no product allocates (a CUDA graph capture may hold it).
+  DeviceBuffer workspace_;
+  void* stream_ = nullptr;  // the stream the handle is on (cudaStream_t)
+  bool stream_set_ = false;
 };
 
 }  // namespace vlm::cuda

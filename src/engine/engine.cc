@@ -119,6 +119,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     cuda::CudaDecoderOptions go;
     go.max_chunk = chunk;
     go.f32 = options.gpu_dtype == "f32";
+    go.graphs = options.cuda_graphs;
     VLM_ASSIGN_OR_RETURN(impl->gpu, cuda::make_cuda_decoder(impl->cfg, impl->weights, go));
 #endif
   } else {
@@ -154,6 +155,10 @@ int64_t Engine::decode_weight_bytes() const {
   return impl_->gpu ? impl_->gpu->decode_weight_bytes() : text_linear_weight_bytes(impl_->weights);
 }
 std::string Engine::device() const { return impl_->gpu ? impl_->gpu->description() : "cpu"; }
+
+int64_t Engine::cuda_graph_replays() const {
+  return impl_->gpu ? impl_->gpu->graph_replays() : 0;
+}
 
 bool Engine::gpu_stats(GpuStats* out) const {
 #ifdef VLM_HAVE_CUDA

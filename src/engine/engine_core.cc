@@ -148,7 +148,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
   std::unique_ptr<EngineCore> core(new EngineCore(engine, opts, std::move(sched)));
   if (m.gpu != nullptr) {
-    VLM_RETURN_IF_ERROR(m.gpu->allocate_cache(opts.num_blocks, opts.block_size));
+    VLM_RETURN_IF_ERROR(m.gpu->allocate_cache(opts.num_blocks, opts.block_size, blocks_per_seq));
   } else {
     core->st_->cache.allocate(t, opts.num_blocks, opts.block_size);
   }

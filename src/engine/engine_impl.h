@@ -56,7 +56,8 @@ struct Engine::Impl {
     }
     if (gpu->cache_blocks() * gpu->cache_block_size() < n) {
       constexpr int64_t kBlock = 16;
-      VLM_RETURN_IF_ERROR(gpu->allocate_cache((n + kBlock - 1) / kBlock, kBlock));
+      const int64_t blocks = (n + kBlock - 1) / kBlock;
+      VLM_RETURN_IF_ERROR(gpu->allocate_cache(blocks, kBlock, blocks));
     }
     gpu_table.resize(static_cast<size_t>(gpu->cache_blocks()));
     for (size_t b = 0; b < gpu_table.size(); ++b) gpu_table[b] = static_cast<int32_t>(b);

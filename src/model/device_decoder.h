@@ -22,9 +22,10 @@ class DeviceDecoder {
   // Bytes the KV cache may take so that the process uses at most `utilization` of the device's
   // memory, counting what is allocated now (weights, scratch, a previous cache being replaced).
   virtual int64_t cache_budget_bytes(double utilization) const = 0;
-  // (Re)allocates the KV cache: num_blocks blocks of block_size positions. The old one is freed
-  // first, so its contents are gone.
-  virtual Status allocate_cache(int64_t num_blocks, int64_t block_size) = 0;
+  // (Re)allocates the KV cache: num_blocks blocks of block_size positions, for block tables of
+  // at most max_blocks_per_seq entries. The old one is freed first, so its contents are gone.
+  virtual Status allocate_cache(int64_t num_blocks, int64_t block_size,
+                                int64_t max_blocks_per_seq) = 0;
   virtual int64_t cache_blocks() const = 0;
   virtual int64_t cache_block_size() const = 0;
 
@@ -39,6 +40,8 @@ class DeviceDecoder {
   virtual std::string description() const = 0;
   // Bytes of the linear weights a decode step reads (q/k/v/o, gate/up/down, lm_head).
   virtual int64_t decode_weight_bytes() const = 0;
+  // Forward passes replayed from captured CUDA graphs so far.
+  virtual int64_t graph_replays() const = 0;
 };
 
 }  // namespace vlm

@@ -304,7 +304,55 @@ TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
     EXPECT_EQ(text[ids[i]], cases[i]["transformers"].get<std::string>()) << "scene " << i;
     right += text[ids[i]] == cases[i]["truth"].get<std::string>();
   }
-  std::printf("shapes-qa on %s: %d/100 right\n", engine.device().c_str(), right);
+  std::printf("shapes-qa on %s: %d/100 right, %lld passes from CUDA graphs\n",
+              engine.device().c_str(), right, static_cast<long long>(engine.cuda_graph_replays()));
+  EXPECT_GT(engine.cuda_graph_replays(), 0);  // the decode steps ran as graphs
+}
+
+// CUDA graphs change nothing but the launches: the same 24 greedy continuations in BF16 (many
+// batch sizes as requests finish) with graphs and without, token for token.
+TEST(CudaServing, GraphsGiveTheSameTokensAsPlainLaunches) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string dir = kFixtures + "/text-bf16-hd128";
+  const auto ref = reference(dir);
+  std::vector<std::vector<int32_t>> runs[2];
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    EngineOptions o;
+    o.model_dir = dir;
+    o.require_tokenizer = false;
+    o.n_threads = 2;
+    o.device = "cuda";
+    o.cuda_graphs = graphs == 1;
+    auto loaded = Engine::load(o);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    BatchingOptions b;
+    b.max_num_seqs = 24;
+    auto core = EngineCore::create(**loaded, b);
+    ASSERT_TRUE(core.ok()) << core.status().message();
+    std::mutex mu;
+    std::map<int64_t, std::vector<int32_t>> got;
+    std::vector<int64_t> ids;
+    const auto prompt = ref["logits"][2]["ids"].get<std::vector<int32_t>>();  // 60 ids
+    ASSERT_GE(prompt.size(), 32u);
+    for (int i = 0; i < 24; ++i) {
+      GenerateRequest req;
+      req.prompt_ids.assign(prompt.begin(), prompt.begin() + 8 + i);  // 24 different prompts
+      req.sampling.do_sample = false;
+      req.ignore_eos = true;
+      req.max_new_tokens = 8 + 2 * i;  // they finish one after another
+      auto id = (*core)->submit(std::move(req), [&](const CoreEvent& ev) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (ev.token_id >= 0) got[ev.request_id].push_back(ev.token_id);
+      });
+      ASSERT_TRUE(id.ok()) << id.status().message();
+      ids.push_back(*id);
+    }
+    (*core)->wait_idle();
+    for (int64_t id : ids) runs[graphs].push_back(got[id]);
+    if (graphs == 1) EXPECT_GT((*loaded)->cuda_graph_replays(), 0);
+    if (graphs == 0) EXPECT_EQ((*loaded)->cuda_graph_replays(), 0);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
 }
 
 // Options the GPU path refuses, with or without a GPU.

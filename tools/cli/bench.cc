@@ -469,6 +469,11 @@ int run_bench(const BenchArgs& a) {
         }
       }
     }
+    if (engine.device() != "cpu") {
+      info["cuda_graph_replays"] = engine.cuda_graph_replays();
+      notes.push_back("forward passes replayed from CUDA graphs: " +
+                      std::to_string(engine.cuda_graph_replays()));
+    }
   }
   // Before the probe, whose buffers would count.
   const int64_t peak_rss = vlm::peak_rss_bytes();

@@ -31,6 +31,8 @@ inline void add_device_options(CLI::App* app, EngineOptions* o) {
   app->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "cuda: share of the GPU's memory for weights, scratch and the KV cache "
                   "(default 0.9)");
+  app->add_flag("!--no-cuda-graphs", o->cuda_graphs,
+                "cuda: launch every kernel of each decode step instead of replaying CUDA graphs");
 }
 
 }  // namespace vlm::cli

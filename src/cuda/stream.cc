@@ -1,0 +1,100 @@
+#include "cuda/stream.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace vlm::cuda {
+namespace {
+
+Status from(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return ok_status();
+  return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+cudaStream_t cur() { return static_cast<cudaStream_t>(current_stream()); }
+
+}  // namespace
+
+Status Stream::create(std::unique_ptr<Stream>* out) {
+  std::unique_ptr<Stream> s(new Stream());
+  cudaStream_t h = nullptr;
+  VLM_RETURN_IF_ERROR(from(cudaStreamCreate(&h), "stream create"));
+  s->s_ = h;
+  *out = std::move(s);
+  return ok_status();
+}
+
+Stream::~Stream() {
+  if (s_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(s_));
+}
+
+Status PinnedBuffer::allocate(size_t bytes, PinnedBuffer* out) {
+  PinnedBuffer b;
+  if (bytes > 0) VLM_RETURN_IF_ERROR(from(cudaMallocHost(&b.p_, bytes), "cudaMallocHost"));
+  b.bytes_ = bytes;
+  *out = std::move(b);
+  return ok_status();
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (p_ != nullptr) cudaFreeHost(p_);
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (p_ != nullptr) cudaFreeHost(p_);
+    p_ = o.p_;
+    bytes_ = o.bytes_;
+    o.p_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+Status copy_to_device_async(void* device, const void* host, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  return from(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, cur()), "copy to device");
+}
+
+Status copy_to_host_async(void* host, const void* device, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  return from(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, cur()), "copy to host");
+}
+
+Status stream_synchronize() { return from(cudaStreamSynchronize(cur()), "stream synchronize"); }
+
+Status Graph::begin_capture() {
+  return from(cudaStreamBeginCapture(cur(), cudaStreamCaptureModeThreadLocal), "begin capture");
+}
+
+Status Graph::end_capture(std::unique_ptr<Graph>* out) {
+  cudaGraph_t g = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(cur(), &g);
+  if (end != cudaSuccess) {
+    if (g != nullptr) cudaGraphDestroy(g);
+    cudaGetLastError();  // a failed capture's error is not sticky; clear it
+    return from(end, "end capture");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  if (inst != cudaSuccess) {
+    cudaGetLastError();
+    return from(inst, "graph instantiate");
+  }
+  std::unique_ptr<Graph> graph(new Graph());
+  graph->exec_ = exec;
+  *out = std::move(graph);
+  return ok_status();
+}
+
+Graph::~Graph() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+
+Status Graph::launch() const {
+  return from(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cur()), "graph launch");
+}
+
+}  // namespace vlm::cuda
