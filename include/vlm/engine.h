@@ -42,7 +42,8 @@ struct EngineOptions {
   // Where the text decoder runs: "cpu" (default) or "cuda" (the first NVIDIA GPU; only in builds
   // with the CUDA backend, else InvalidArgument). On "cuda" the text decoder and the vision tower
   // run on the GPU, the weights uploaded once and the KV cache in GPU memory; image decoding and
-  // preprocessing stay on the CPU. --quant is CPU-only.
+  // preprocessing stay on the CPU. --quant int8 runs there as weight-only INT8 (BF16 or F32
+  // activations); int4 is CPU-only.
   std::string device = "cpu";
   // "cuda": weights and activations in "bf16" (default, as transformers runs in bfloat16) or
   // "f32" (every product and activation in f32, to compare against float32 references).

@@ -15,15 +15,25 @@
 #include "cuda/cuda_ops.h"
 #include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
+#include "cuda/int8_gemm.h"
 #include "cuda/stream.h"
 #include "cuda/weights.h"
 
 namespace vlm::cuda {
 namespace {
 
+// A linear layer's weight [n, k] as the device holds it: in the activation type, or INT8 with one
+// f32 scale per output row (--quant int8).
+struct Linear {
+  DeviceBuffer w, scale;
+  bool int8 = false;
+  int64_t n = 0, k = 0;
+};
+
 // One decoder layer's weights; q|k|v and gate|up stacked so one product computes each group.
 struct Layer {
-  DeviceBuffer input_ln, qkv, q_norm, k_norm, o, post_ln, gate_up, down;
+  DeviceBuffer input_ln, q_norm, k_norm, post_ln;
+  Linear qkv, o, gate_up, down;
 };
 
 // Chunks from this many tokens make a forward pass a prefill step (flash attention).
@@ -38,6 +48,29 @@ Status ensure(DeviceBuffer* b, size_t bytes) {
 Status upload_f32(const std::vector<float>& v, DeviceBuffer* out) {
   VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(v.size() * 4, out));
   return out->upload(v.data(), v.size() * 4);
+}
+
+// Linear layers stacked by rows (q|k|v, gate|up): all stored as F32 / BF16 / F16 (kept in the
+// activation type), or all INT8 with per-row scales (kept so).
+Status upload_linear(const std::vector<const TensorView*>& ts, DType act, Linear* out) {
+  out->k = ts.front()->dim(1);
+  out->n = 0;
+  for (const TensorView* t : ts) out->n += t->dim(0);
+  out->int8 = ts.front()->dtype == vlm::DType::kI8;
+  if (!out->int8) return upload_stacked(ts, act, &out->w);
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  for (const TensorView* t : ts) {
+    if (t->dtype != vlm::DType::kI8 || t->scale == nullptr || t->dim(1) != out->k) {
+      return invalid_argument("stacked INT8 weights must all be INT8 [N, K] with scales");
+    }
+    const auto* d = static_cast<const int8_t*>(t->data);
+    q.insert(q.end(), d, d + t->numel());
+    scale.insert(scale.end(), t->scale, t->scale + t->dim(0));
+  }
+  VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(q.size(), &out->w));
+  VLM_RETURN_IF_ERROR(out->w.upload(q.data(), q.size()));
+  return upload_f32(scale, &out->scale);
 }
 
 const int32_t* i32(const DeviceBuffer& b) { return static_cast<const int32_t*>(b.data()); }
@@ -55,16 +88,12 @@ class CudaDecoder final : public DeviceDecoder {
                               std::to_string(c_.head_dim));
     }
     VLM_RETURN_IF_ERROR(Gemm::create(&gemm_));
-    // up(): a weight onto the device; decode reads every linear weight once per step.
-    auto up = [&](const TensorView& t, DeviceBuffer* b, const char* name) -> Status {
-      VLM_RETURN_IF_ERROR(upload_tensor(t, act_, b).with_context(name));
-      decode_bytes_ += static_cast<int64_t>(b->bytes());
-      return ok_status();
-    };
-    auto stacked = [&](const std::vector<const TensorView*>& ts, DeviceBuffer* b,
-                       const char* name) -> Status {
-      VLM_RETURN_IF_ERROR(upload_stacked(ts, act_, b).with_context(name));
-      decode_bytes_ += static_cast<int64_t>(b->bytes());
+    // up(): linear weights onto the device, stacked by rows; decode reads each once per step.
+    auto up = [&](const std::vector<const TensorView*>& ts, Linear* out,
+                  const char* name) -> Status {
+      VLM_RETURN_IF_ERROR(upload_linear(ts, act_, out).with_context(name));
+      decode_bytes_ += static_cast<int64_t>(out->w.bytes() + out->scale.bytes());
+      any_int8_ = any_int8_ || out->int8;
       return ok_status();
     };
     VLM_RETURN_IF_ERROR(upload_tensor(w.embed_tokens, act_, &embed_).with_context("embed_tokens"));
@@ -72,7 +101,7 @@ class CudaDecoder final : public DeviceDecoder {
     if (tied_) {
       decode_bytes_ += static_cast<int64_t>(embed_.bytes());
     } else {
-      VLM_RETURN_IF_ERROR(up(w.lm_head, &lm_head_, "lm_head"));
+      VLM_RETURN_IF_ERROR(up({&w.lm_head}, &lm_head_, "lm_head"));
     }
     VLM_RETURN_IF_ERROR(upload_f32(w.norm, &norm_));
     layers_.resize(w.layers.size());
@@ -83,10 +112,14 @@ class CudaDecoder final : public DeviceDecoder {
       VLM_RETURN_IF_ERROR(upload_f32(s.post_attention_layernorm, &d.post_ln));
       VLM_RETURN_IF_ERROR(upload_f32(s.q_norm, &d.q_norm));
       VLM_RETURN_IF_ERROR(upload_f32(s.k_norm, &d.k_norm));
-      VLM_RETURN_IF_ERROR(stacked({&s.q_proj, &s.k_proj, &s.v_proj}, &d.qkv, "q/k/v_proj"));
-      VLM_RETURN_IF_ERROR(up(s.o_proj, &d.o, "o_proj"));
-      VLM_RETURN_IF_ERROR(stacked({&s.gate_proj, &s.up_proj}, &d.gate_up, "gate/up_proj"));
-      VLM_RETURN_IF_ERROR(up(s.down_proj, &d.down, "down_proj"));
+      VLM_RETURN_IF_ERROR(up({&s.q_proj, &s.k_proj, &s.v_proj}, &d.qkv, "q/k/v_proj"));
+      VLM_RETURN_IF_ERROR(up({&s.o_proj}, &d.o, "o_proj"));
+      VLM_RETURN_IF_ERROR(up({&s.gate_proj, &s.up_proj}, &d.gate_up, "gate/up_proj"));
+      VLM_RETURN_IF_ERROR(up({&s.down_proj}, &d.down, "down_proj"));
+    }
+    if (any_int8_) {
+      VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(
+          static_cast<size_t>(kInt8ScratchElems) * (act_ == DType::kF32 ? 4 : 2), &int8_scratch_));
     }
     // Scratch for max_chunk tokens.
     const int64_t C = opts_.max_chunk, H = c_.hidden_size, I = c_.intermediate_size;
@@ -155,8 +188,14 @@ class CudaDecoder final : public DeviceDecoder {
     const size_t per = b.bytes() / static_cast<size_t>(c_.num_hidden_layers);
     return static_cast<char*>(b.data()) + per * static_cast<size_t>(l);
   }
-  Status gemm(const void* x, const DeviceBuffer& w, int64_t M, int64_t N, int64_t K, void* y) {
-    return gemm_->matmul(x, w.data(), act_, M, N, K, y, act_);
+  // y[M, L.n] = x[M, L.k] · Lᵀ, y in y_t.
+  Status linear(const void* x, const Linear& L, int64_t M, void* y, DType y_t) {
+    if (L.int8) {
+      return int8_matmul(*gemm_, x, act_, static_cast<const int8_t*>(L.w.data()),
+                         static_cast<const float*>(L.scale.data()), M, L.n, L.k, y, y_t,
+                         int8_scratch_.data());
+    }
+    return gemm_->matmul(x, L.w.data(), act_, M, L.n, L.k, y, y_t);
   }
   int32_t* host_ints(int row) const {
     return static_cast<int32_t*>(ints_host_.data()) + row * opts_.max_chunk;
@@ -186,8 +225,9 @@ class CudaDecoder final : public DeviceDecoder {
   std::unique_ptr<Stream> stream_;
   std::string description_;
   int64_t decode_bytes_ = 0;
-  bool tied_ = false;
-  DeviceBuffer embed_, lm_head_, norm_;
+  bool tied_ = false, any_int8_ = false;
+  DeviceBuffer embed_, norm_, int8_scratch_;
+  Linear lm_head_;  // unless tied_ (then the embedding table, as stored)
   std::vector<Layer> layers_;
   DeviceBuffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_, partial_, logits_;
   DeviceBuffer rope_dev_, ints_, tables_;  // uploaded per pass from the pinned copies below
@@ -244,7 +284,7 @@ Status CudaDecoder::allocate_cache(int64_t num_blocks, int64_t block_size,
 Status CudaDecoder::enqueue(const Pass& p) {
   const int64_t H = c_.hidden_size, nh = c_.num_attention_heads, nkv = c_.num_key_value_heads,
                 hd = c_.head_dim, I = c_.intermediate_size, V = c_.vocab_size;
-  const int64_t qd = nh * hd, kvd = nkv * hd, T = p.rows;
+  const int64_t T = p.rows;
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* cos = f32p(rope_dev_);
@@ -266,7 +306,7 @@ Status CudaDecoder::enqueue(const Pass& p) {
     } else {
       VLM_RETURN_IF_ERROR(rms_norm(x_.data(), f32p(L.input_ln), T, H, eps, xn_.data(), act_));
     }
-    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.qkv, T, qd + 2 * kvd, H, qkv_.data()));
+    VLM_RETURN_IF_ERROR(linear(xn_.data(), L.qkv, T, qkv_.data(), act_));
     void* kc = cache_layer(k_cache_, static_cast<int64_t>(l));
     void* vc = cache_layer(v_cache_, static_cast<int64_t>(l));
     // q/k norms and rotary; q to q_, K and V straight into their cache slots.
@@ -281,12 +321,12 @@ Status CudaDecoder::enqueue(const Pass& p) {
                                           p.stride, bs_, kc, vc, nh, nkv, hd, scale, p.max_seen,
                                           f32p(partial_), attn_.data(), act_));
     }
-    VLM_RETURN_IF_ERROR(gemm(attn_.data(), L.o, T, H, qd, tmp_.data()));
+    VLM_RETURN_IF_ERROR(linear(attn_.data(), L.o, T, tmp_.data(), act_));
     VLM_RETURN_IF_ERROR(add_rms_norm(x_.data(), tmp_.data(), f32p(L.post_ln), T, H, eps,
                                      xn_.data(), act_));
-    VLM_RETURN_IF_ERROR(gemm(xn_.data(), L.gate_up, T, 2 * I, H, gate_up_.data()));
+    VLM_RETURN_IF_ERROR(linear(xn_.data(), L.gate_up, T, gate_up_.data(), act_));
     VLM_RETURN_IF_ERROR(silu_mul_rows(gate_up_.data(), T, I, mlp_.data(), act_));
-    VLM_RETURN_IF_ERROR(gemm(mlp_.data(), L.down, T, H, I, tmp_.data()));
+    VLM_RETURN_IF_ERROR(linear(mlp_.data(), L.down, T, tmp_.data(), act_));
     pending = true;
     if (p.n_vis > 0 && l < p.taps) {  // DeepStack: after decoder layer l, the image rows get tap l
       VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
@@ -306,9 +346,12 @@ Status CudaDecoder::enqueue(const Pass& p) {
         embedding_gather(x_.data(), act_, dev_ints(kSel), p.n_sel, H, xn_.data(), act_));
     VLM_RETURN_IF_ERROR(rms_norm(xn_.data(), f32p(norm_), p.n_sel, H, eps, xn_.data(), act_));
   }
-  const DeviceBuffer& head = tied_ ? embed_ : lm_head_;
-  VLM_RETURN_IF_ERROR(
-      gemm_->matmul(xn_.data(), head.data(), act_, p.n_sel, V, H, logits_.data(), DType::kF32));
+  if (tied_) {
+    VLM_RETURN_IF_ERROR(
+        gemm_->matmul(xn_.data(), embed_.data(), act_, p.n_sel, V, H, logits_.data(), DType::kF32));
+  } else {
+    VLM_RETURN_IF_ERROR(linear(xn_.data(), lm_head_, p.n_sel, logits_.data(), DType::kF32));
+  }
   if (p.argmax) {
     // The logit-row list is spent: its device row takes the argmax.
     VLM_RETURN_IF_ERROR(argmax_rows(f32p(logits_), p.n_sel, V,

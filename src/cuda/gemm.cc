@@ -37,10 +37,11 @@ Gemm::~Gemm() {
 }
 
 Status Gemm::matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t N, int64_t K,
-                    void* y, DType y_t) {
+                    void* y, DType y_t, int64_t ldy) {
   if (in_t == DType::kF32 && y_t != DType::kF32) return invalid_argument("gemm: F32 inputs give F32");
   constexpr int64_t kMax = std::numeric_limits<int>::max();
-  if (M < 0 || N < 0 || K < 0 || M > kMax || N > kMax || K > kMax) {
+  if (ldy == 0) ldy = N;
+  if (M < 0 || N < 0 || K < 0 || M > kMax || N > kMax || K > kMax || ldy < N || ldy > kMax) {
     return invalid_argument("gemm: shape out of range");
   }
   if (M == 0 || N == 0) return ok_status();
@@ -58,7 +59,8 @@ Status Gemm::matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t
   }
   return from(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k,
                            &alpha, w, in, k, x, in, k, &beta, y,
-                           y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
+                           y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldy),
+                           CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT),
               "GemmEx");
 }

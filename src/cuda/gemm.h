@@ -20,8 +20,9 @@ class Gemm {
 
   // x [M, K] and w [N, K] row-major, both in in_t; y [M, N] row-major in y_t, rounded once from
   // the f32 sums. BF16 inputs give F32 or BF16 y; F32 inputs give F32 y.
+  // ldy: elements between rows of y (0: N), so that y may be a column block of a wider matrix.
   Status matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t N, int64_t K, void* y,
-                DType y_t);
+                DType y_t, int64_t ldy = 0);
 
  private:
   Gemm() = default;

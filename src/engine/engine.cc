@@ -42,9 +42,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
 #ifndef VLM_HAVE_CUDA
     return invalid_argument("this vlm was built without the CUDA backend (nvcc was not found)");
 #endif
-    if (quant != WeightQuant::kNone) {
-      return invalid_argument("--quant " + options.quant + " is CPU-only for now; the GPU runs " +
-                              "the weights as stored, in bf16 or f32");
+    if (quant == WeightQuant::kInt4) {
+      return invalid_argument("--quant int4 is CPU-only for now; the GPU runs the weights as "
+                              "stored (bf16 or f32) or as int8");
     }
     if (options.gpu_dtype != "bf16" && options.gpu_dtype != "f32") {
       return invalid_argument("gpu dtype '" + options.gpu_dtype + "' is not bf16 or f32");

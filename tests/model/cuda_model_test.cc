@@ -355,13 +355,44 @@ TEST(CudaServing, GraphsGiveTheSameTokensAsPlainLaunches) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
+// --quant int8 on the GPU in f32 is the CPU's INT8 model with f32 activations (generic kernels):
+// the same quantized weights and f32 sums, so the logits agree to the f32 tolerance. Prompts of
+// 1, 7 and 60 tokens in 16-token chunks take both INT8 paths (direct and dequantized).
+TEST(CudaQuant, Int8LogitsMatchTheCpuInt8Model) {
+  SKIP_WITHOUT_DEVICE();
+  for (const char* fixture : {"text-f32-untied", "text-bf16-hd128"}) {
+    const std::string dir = kFixtures + "/" + fixture;
+    EngineOptions o;
+    o.model_dir = dir;
+    o.require_tokenizer = false;
+    o.n_threads = 2;
+    o.prefill_chunk = 16;
+    o.quant = "int8";
+    o.cpu_isa = "generic";
+    auto cpu = Engine::load(o);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+    o.device = "cuda";
+    o.gpu_dtype = "f32";
+    auto gpu = Engine::load(o);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().message();
+    EXPECT_EQ((*gpu)->decode_weight_bytes(), (*cpu)->decode_weight_bytes());  // INT8 + scales
+    for (const auto& entry : reference(dir)["logits"]) {
+      const auto ids = entry["ids"].get<std::vector<int32_t>>();
+      auto want = (*cpu)->logits(ids);
+      auto got = (*gpu)->logits(ids);
+      ASSERT_TRUE(want.ok() && got.ok());
+      EXPECT_LE(rel_err(*got, *want), kTolF32) << fixture << ", " << ids.size() << " ids";
+    }
+  }
+}
+
 // Options the GPU path refuses, with or without a GPU.
 TEST(CudaOptions, UnsupportedCombinationsAreRefused) {
   EngineOptions o;
   o.model_dir = kFixtures + "/text-f32-untied";
   o.require_tokenizer = false;
   o.device = "cuda";
-  o.quant = "int8";
+  o.quant = "int4";
   auto e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("CPU-only"), std::string::npos) << e.status().message();

@@ -14,6 +14,7 @@
 #include "cuda/cuda_ops.h"
 #include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
+#include "cuda/int8_gemm.h"
 #include "cuda/weights.h"
 #include "ops/ref/ref.h"
 
@@ -772,6 +773,58 @@ TEST_P(CudaOps, GemmMatchesAnExactProduct) {
   ASSERT_TRUE(Gemm::create(&gemm).ok());
   check_gemm(*gemm, Act{DType::kBF16}, y_t);
   if (y_t.t == DType::kF32) check_gemm(*gemm, Act{DType::kF32}, y_t);
+}
+
+// Weight-only INT8 (--quant int8): the direct kernel (M up to 8) and the dequantize + cuBLAS path
+// (larger M, several row blocks when N·K passes the scratch), against a double product of x and
+// the dequantized weights q·s. Bound as GemmMatchesAnExactProduct, plus, where the dequantized
+// weights are rounded to BF16 (BF16 x on the second path), 2^-8·Σ|x·q·s|.
+TEST_P(CudaOps, Int8MatmulMatchesAnExactProduct) {
+  SKIP_WITHOUT_DEVICE();
+  const Act x_t{GetParam()};
+  std::unique_ptr<Gemm> gemm;
+  ASSERT_TRUE(Gemm::create(&gemm).ok());
+  DeviceBuffer scratch;
+  ASSERT_TRUE(DeviceBuffer::allocate(kInt8ScratchElems * 4, &scratch).ok());
+  struct Shape { int64_t M, N, K; };
+  for (const Shape& sh : {Shape{1, 300, 4096}, Shape{3, 77, 128}, Shape{8, 64, 512},
+                          Shape{40, 33, 256}, Shape{9, 4100, 8192}}) {
+    std::mt19937 rng(70);
+    std::uniform_int_distribution<int> qd(-127, 127);
+    std::vector<int8_t> q(sh.N * sh.K);
+    for (auto& v : q) v = static_cast<int8_t>(qd(rng));
+    const auto scale = random_values(sh.N, 71, 0.01f);
+    const auto x = x_t.round(random_values(sh.M * sh.K, 72));
+    std::vector<uint8_t> qb(q.size());
+    std::memcpy(qb.data(), q.data(), q.size());
+    DeviceBuffer dx = upload(x_t.encode(x)), dq = upload(qb), ds = upload_f32(scale);
+    for (const Act y_t : {Act{DType::kF32}, Act{DType::kBF16}}) {
+      DeviceBuffer dy;
+      ASSERT_TRUE(DeviceBuffer::allocate(y_t.bytes(sh.M * sh.N), &dy).ok());
+      ASSERT_TRUE(int8_matmul(*gemm, dx.data(), x_t.t, static_cast<const int8_t*>(dq.data()),
+                              static_cast<const float*>(ds.data()), sh.M, sh.N, sh.K, dy.data(),
+                              y_t.t, scratch.data()).ok());
+      ASSERT_TRUE(synchronize().ok());
+      const auto got = y_t.decode(download(dy));
+      const bool rounded_w = sh.M > kInt8DirectRows && x_t.t == DType::kBF16;
+      for (int64_t i = 0; i < sh.M; ++i) {
+        for (int64_t j = 0; j < sh.N; ++j) {
+          double exact = 0, mag = 0;
+          for (int64_t k = 0; k < sh.K; ++k) {
+            const double w = static_cast<double>(q[j * sh.K + k]) * scale[j];
+            exact += x[i * sh.K + k] * w;
+            mag += std::fabs(x[i * sh.K + k] * w);
+          }
+          const double bound = (sh.K + 3) * static_cast<double>(kU) * mag +
+                               (rounded_w ? mag / 256 : 0.0) +
+                               (y_t.t == DType::kBF16 ? std::fabs(exact) / 128 : 0.0) + 1e-7;
+          ASSERT_LE(std::fabs(got[i * sh.N + j] - exact), bound)
+              << "M " << sh.M << " N " << sh.N << " K " << sh.K << " at (" << i << ", " << j
+              << ")";
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, CudaOps, ::testing::Values(DType::kF32, DType::kBF16),
