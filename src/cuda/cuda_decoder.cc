@@ -16,6 +16,7 @@
 #include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
 #include "cuda/int8_gemm.h"
+#include "cuda/sampling.h"
 #include "cuda/stream.h"
 #include "cuda/weights.h"
 
@@ -135,7 +136,7 @@ class CudaDecoder final : public DeviceDecoder {
     VLM_RETURN_IF_ERROR(PinnedBuffer::allocate(2 * C * rope_.half() * 4, &rope_host_));
     VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(kIntRows * C * 4, &ints_));
     VLM_RETURN_IF_ERROR(PinnedBuffer::allocate(kIntRows * C * 4, &ints_host_));
-    VLM_RETURN_IF_ERROR(PinnedBuffer::allocate(C * 4, &argmax_host_));
+    VLM_RETURN_IF_ERROR(PinnedBuffer::allocate(2 * C * 4, &argmax_host_));  // argmax | drawn
     VLM_RETURN_IF_ERROR(
         DeviceBuffer::allocate(paged_attention_scratch_floats(c_.head_dim) * 4, &partial_));
     VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * c_.vocab_size * 4, &logits_));
@@ -159,7 +160,8 @@ class CudaDecoder final : public DeviceDecoder {
     return std::max<int64_t>(0, static_cast<int64_t>(utilization * static_cast<double>(total)) -
                                     used_other);
   }
-  Status allocate_cache(int64_t num_blocks, int64_t block_size, int64_t max_blocks_per_seq) override;
+  Status allocate_cache(int64_t num_blocks, int64_t block_size,
+                        int64_t max_blocks_per_seq) override;
   int64_t cache_blocks() const override { return blocks_; }
   int64_t cache_block_size() const override { return bs_; }
   std::string description() const override { return description_; }
@@ -233,6 +235,7 @@ class CudaDecoder final : public DeviceDecoder {
   DeviceBuffer rope_dev_, ints_, tables_;  // uploaded per pass from the pinned copies below
   PinnedBuffer rope_host_, ints_host_, tables_host_, argmax_host_;
   DeviceBuffer vis_rows_, vis_feats_;    // image rows, [1 + taps, rows, hidden] f32 features
+  DeviceBuffer samples_, penalties_, sampled_;  // the device draws: settings, penalties, ids
   DeviceBuffer k_cache_, v_cache_;       // [layers, (blocks + 1) · block_size, kvd] each
   int64_t blocks_ = 0, bs_ = 0, max_table_ = 0;  // block `blocks_` is the padding rows' scratch
   // Decode graphs by bucket; a bucket is captured the second time it runs (the first loads
@@ -243,6 +246,8 @@ class CudaDecoder final : public DeviceDecoder {
   int64_t replays_ = 0;
   // Host staging, reused across calls.
   std::vector<int32_t> h_vis_rows_;
+  std::vector<SampleParams> h_samples_;
+  std::vector<PenaltyEntry> h_penalties_;
   std::vector<int64_t> h_chunk_off_, h_chunk_n_;
   std::vector<float> h_feats_;
   std::vector<int64_t> h_pos_t_, h_pos_h_, h_pos_w_;
@@ -490,7 +495,8 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
   VLM_RETURN_IF_ERROR(copy_to_device_async(ints_.data(), ints_host_.data(), ints_host_.bytes()));
   VLM_RETURN_IF_ERROR(copy_to_device_async(tables_.data(), table,
                                            static_cast<size_t>(rows * stride) * 4));
-  VLM_RETURN_IF_ERROR(copy_to_device_async(rope_dev_.data(), cos, static_cast<size_t>(rows * half) * 4));
+  VLM_RETURN_IF_ERROR(
+      copy_to_device_async(rope_dev_.data(), cos, static_cast<size_t>(rows * half) * 4));
   VLM_RETURN_IF_ERROR(copy_to_device_async(f32p(rope_dev_) + C * half, cos + C * half,
                                            static_cast<size_t>(rows * half) * 4));
 
@@ -521,17 +527,65 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     if (bucket > 0) warmed_[bi] = 1;
   }
 
-  // Results: the argmax of the real rows, and the logit rows the caller wants in full (one run
-  // per chunk; all of them without `argmax`).
+  // Draws on the device for the chunks that asked (their logit rows are penalised in place).
+  h_samples_.clear();
+  h_penalties_.clear();
+  if (argmax != nullptr) {
+    for (int64_t c = 0, row = 0; c < n_chunks; ++c) {
+      const SeqChunk& ch = chunks[c];
+      if (ch.sample != nullptr && ch.rows == LogitRows::kLast) {
+        const DeviceSample& d = *ch.sample;
+        SampleParams sp;
+        sp.row = static_cast<int32_t>(row);
+        sp.top_k = d.top_k;
+        sp.inv_temperature = d.inv_temperature;
+        sp.top_p = d.top_p;
+        sp.min_p = d.min_p;
+        sp.u = d.u;
+        sp.penalty_begin = static_cast<int32_t>(h_penalties_.size());
+        for (int64_t e = 0; e < d.n_penalties; ++e) {
+          h_penalties_.push_back(
+              {d.penalties[e].id, d.penalties[e].repetition, d.penalties[e].subtract});
+        }
+        sp.penalty_end = static_cast<int32_t>(h_penalties_.size());
+        h_samples_.push_back(sp);
+      }
+      row += ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
+    }
+  }
+  if (!h_samples_.empty()) {
+    const size_t pbytes = std::max<size_t>(h_penalties_.size(), 1) * sizeof(PenaltyEntry);
+    VLM_RETURN_IF_ERROR(ensure(&samples_, h_samples_.size() * sizeof(SampleParams)));
+    VLM_RETURN_IF_ERROR(ensure(&penalties_, pbytes));
+    VLM_RETURN_IF_ERROR(ensure(&sampled_, h_samples_.size() * 4));
+    VLM_RETURN_IF_ERROR(
+        samples_.upload(h_samples_.data(), h_samples_.size() * sizeof(SampleParams)));
+    if (!h_penalties_.empty()) {
+      VLM_RETURN_IF_ERROR(
+          penalties_.upload(h_penalties_.data(), h_penalties_.size() * sizeof(PenaltyEntry)));
+    }
+    VLM_RETURN_IF_ERROR(sample_rows(f32p(logits_), V,
+                                    static_cast<const SampleParams*>(samples_.data()),
+                                    static_cast<int64_t>(h_samples_.size()),
+                                    static_cast<const PenaltyEntry*>(penalties_.data()),
+                                    static_cast<int32_t*>(sampled_.data())));
+  }
+
+  // Results: the argmax of the real rows (the drawn ids of sampled ones), and the logit rows the
+  // caller wants in full (one run per chunk; all of them without `argmax`).
   if (pass.argmax && argmax != nullptr) {
     VLM_RETURN_IF_ERROR(copy_to_host_async(argmax_host_.data(), dev_ints(kSel),
                                            static_cast<size_t>(n_sel) * 4));
+  }
+  if (!h_samples_.empty()) {
+    VLM_RETURN_IF_ERROR(copy_to_host_async(static_cast<int32_t*>(argmax_host_.data()) + C,
+                                           sampled_.data(), h_samples_.size() * 4));
   }
   for (int64_t c = 0, row = 0; c < n_chunks; ++c) {
     const SeqChunk& ch = chunks[c];
     const int64_t n_rows =
         ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
-    if (n_rows > 0 && (argmax == nullptr || !ch.argmax_only)) {
+    if (n_rows > 0 && (argmax == nullptr || (!ch.argmax_only && ch.sample == nullptr))) {
       VLM_RETURN_IF_ERROR(copy_to_host_async(logits + row * V, f32p(logits_) + row * V,
                                              static_cast<size_t>(n_rows * V) * 4));
     }
@@ -539,7 +593,9 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
   }
   VLM_RETURN_IF_ERROR(stream_synchronize());
   if (argmax != nullptr) {
-    std::copy_n(static_cast<const int32_t*>(argmax_host_.data()), n_sel, argmax);
+    const auto* host = static_cast<const int32_t*>(argmax_host_.data());
+    std::copy_n(host, n_sel, argmax);
+    for (size_t j = 0; j < h_samples_.size(); ++j) argmax[h_samples_[j].row] = host[C + j];
   }
   return ok_status();
 }

@@ -78,7 +78,9 @@ struct EngineCore::State {
   KvCache cache;
   std::vector<float> logits;  // [max_num_seqs, vocab]
   std::vector<float> raw_row;  // [vocab]: a row before the sampler's penalties (logprobs)
-  std::vector<int32_t> argmax;  // [max_num_seqs]: each logit row's argmax (GPU)
+  std::vector<int32_t> argmax;  // [max_num_seqs]: each logit row's argmax or draw (GPU)
+  std::vector<DeviceSample> samples;                 // per chunk: a draw on the GPU
+  std::vector<std::vector<DevicePenalty>> penalties;  // its penalties
   std::unique_ptr<VisionCache> vision_cache;
   // Per-step scratch of the engine thread, kept so that their memory is reused: steady-state
   // decode steps allocate nothing (tests/model/alloc_test.cc).
@@ -413,6 +415,10 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
   std::vector<VisionRows>& vision = s.vision;
   chunks.assign(out.items.size(), SeqChunk{});
   if (vision.size() < out.items.size()) vision.resize(out.items.size());
+  if (s.samples.size() < out.items.size()) {
+    s.samples.resize(out.items.size());
+    s.penalties.resize(out.items.size());
+  }
   for (size_t i = 0; i < out.items.size(); ++i) {
     const ScheduledItem& it = out.items[i];
     Req& r = *s.reqs[it.request_id];
@@ -433,7 +439,15 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
       c.vision = &vision[i];
     }
     c.rows = c.first + c.n == static_cast<int64_t>(r.ids.size()) ? LogitRows::kLast : LogitRows::kNone;
-    c.argmax_only = m.gpu != nullptr && r.sampler->plain_greedy() && r.request.logprobs < 0;
+    // On the GPU a logit row stays there unless logprobs want it: greedy takes the argmax, the
+    // rest a draw made there with this request's settings.
+    if (m.gpu != nullptr && c.rows == LogitRows::kLast && r.request.logprobs < 0) {
+      c.argmax_only = r.sampler->plain_greedy();
+      if (!c.argmax_only) {
+        r.sampler->device_draw(&s.samples[i], &s.penalties[i]);
+        c.sample = &s.samples[i];
+      }
+    }
   }
   const int64_t n_chunks = static_cast<int64_t>(chunks.size());
   // On the GPU the argmax of every logit row comes back too, and greedy rows stay there.
@@ -463,7 +477,7 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
     Req& r = *s.reqs[out.items[i].request_id];
     float* logits = s.logits.data() + row * V;
     int32_t id = 0;
-    if (chunks[i].argmax_only) {  // greedy, picked on the device
+    if (chunks[i].argmax_only || chunks[i].sample != nullptr) {  // picked on the device
       id = s.argmax[row];
       r.sampler->record(id);
     } else {

@@ -102,6 +102,33 @@ int32_t Sampler::sample(float* logits) {
   return chosen;
 }
 
+void Sampler::device_draw(DeviceSample* out, std::vector<DevicePenalty>* penalties) {
+  *out = DeviceSample{};
+  if (p_.greedy) {
+    out->top_k = 1;
+  } else {
+    out->top_k = static_cast<int32_t>(p_.top_k);
+    out->inv_temperature = static_cast<float>(1.0 / p_.temperature);
+    out->top_p = static_cast<float>(p_.top_p);
+    out->min_p = static_cast<float>(p_.min_p);
+    out->u = static_cast<float>(std::uniform_real_distribution<double>(0.0, 1.0)(rng_));
+  }
+  penalties->clear();
+  const bool rep = p_.repetition_penalty != 1.0;
+  const bool sub = p_.presence_penalty != 0.0 || p_.frequency_penalty != 0.0;
+  if (rep || sub) {
+    for (int32_t id : seen_list_) {  // the generated ids are among the seen ones
+      const int32_t n = counts_[id];
+      if (!rep && n == 0) continue;
+      penalties->push_back(
+          {id, static_cast<float>(p_.repetition_penalty),
+           n > 0 && sub ? static_cast<float>(p_.presence_penalty + p_.frequency_penalty * n) : 0.f});
+    }
+  }
+  out->penalties = penalties->data();
+  out->n_penalties = static_cast<int64_t>(penalties->size());
+}
+
 void Sampler::record(int32_t id) {
   if (counts_[id]++ == 0) out_list_.push_back(id);
   if (!seen_[id]) {

@@ -7,6 +7,8 @@
 #include <span>
 #include <vector>
 
+#include "model/text_decoder.h"
+
 namespace vlm {
 
 struct ResolvedSampling {
@@ -41,6 +43,9 @@ class Sampler {
   }
   // Records `id` as generated, as sample() does with its pick.
   void record(int32_t id);
+  // The next draw for a device to make (then record() its pick): the penalties of the ids seen
+  // so far, the filters, and u from this sampler's generator. Greedy is top-k 1 at temperature 1.
+  void device_draw(DeviceSample* out, std::vector<DevicePenalty>* penalties);
 
  private:
   void apply_penalties(float* logits) const;

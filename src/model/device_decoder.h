@@ -31,8 +31,9 @@ class DeviceDecoder {
 
   // TextDecoder::forward_batch over this decoder's cache: logits (f32, host memory) in chunk
   // order, 1 row for kLast, n rows for kAll. With `argmax` (one id per logit row, the same order)
-  // every logit row's argmax (the first largest) is returned too, and the rows of argmax_only
-  // chunks are not copied into `logits` (their place there is left as it was).
+  // every logit row's argmax (the first largest) is returned too, or for chunks with `sample` the
+  // token drawn; the rows of argmax_only and sample chunks are not copied into `logits` (their
+  // place there is left as it was).
   virtual Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, float* logits,
                                int32_t* argmax = nullptr) = 0;
 

@@ -45,6 +45,20 @@ struct VisionRows {
   std::vector<const float*> deepstack;   // each [features, hidden]
 };
 
+// A chunk's next token drawn on the device (SeqChunk::sample), as the engine's Sampler would:
+// penalties, temperature, top-k, top-p, min-p, and the uniform draw u in [0, 1).
+struct DevicePenalty {
+  int32_t id;
+  float repetition;  // logit < 0 ? logit · r : logit / r (1: none)
+  float subtract;    // presence + frequency · count (0: none)
+};
+struct DeviceSample {
+  int32_t top_k = 0;
+  float inv_temperature = 1, top_p = 1, min_p = 0, u = 0;
+  const DevicePenalty* penalties = nullptr;  // distinct ids
+  int64_t n_penalties = 0;
+};
+
 // Which rows get logits.
 enum class LogitRows { kNone, kLast, kAll };
 
@@ -63,6 +77,9 @@ struct SeqChunk {
   // logprobs). A device backend then leaves the rows on the device and returns their argmax;
   // the CPU decoder ignores it.
   bool argmax_only = false;
+  // Or: the caller wants a token drawn with these settings from the (kLast) logit row; a device
+  // backend draws it and leaves the row on the device. The CPU decoder ignores it.
+  const DeviceSample* sample = nullptr;
 };
 
 // cos and sin of Qwen3-VL's interleaved M-RoPE angles for a run of positions, [n, head_dim / 2]

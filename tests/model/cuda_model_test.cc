@@ -386,6 +386,62 @@ TEST(CudaQuant, Int8LogitsMatchTheCpuInt8Model) {
   }
 }
 
+// Sampling on the device through the serving engine: top-k 1 at any temperature is greedy, so
+// those requests must give the greedy tokens exactly; full sampling with a seed (temperature,
+// top-p, min-p, penalties) gives the same tokens twice and stays in the vocabulary.
+TEST(CudaServing, DeviceSamplingIsGreedyAtTopK1AndReproducible) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string dir = kFixtures + "/text-bf16-hd128";
+  EngineOptions o;
+  o.model_dir = dir;
+  o.require_tokenizer = false;
+  o.n_threads = 2;
+  o.device = "cuda";
+  auto loaded = Engine::load(o);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  auto core = EngineCore::create(**loaded, BatchingOptions{});
+  ASSERT_TRUE(core.ok()) << core.status().message();
+  const auto prompt = reference(dir)["logits"][2]["ids"].get<std::vector<int32_t>>();
+  auto run = [&](const SamplingParams& sp) {
+    GenerateRequest req;
+    req.prompt_ids = prompt;
+    req.sampling = sp;
+    req.ignore_eos = true;
+    req.max_new_tokens = 24;
+    std::mutex mu;
+    std::vector<int32_t> tokens;
+    auto id = (*core)->submit(std::move(req), [&](const CoreEvent& ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (ev.token_id >= 0) tokens.push_back(ev.token_id);
+    });
+    EXPECT_TRUE(id.ok()) << id.status().message();
+    (*core)->wait_idle();
+    return tokens;
+  };
+  SamplingParams greedy;
+  greedy.do_sample = false;
+  SamplingParams top1;
+  top1.do_sample = true;
+  top1.temperature = 0.7;
+  top1.top_k = 1;
+  top1.seed = 3;
+  const auto g = run(greedy);
+  ASSERT_EQ(g.size(), 24u);
+  EXPECT_EQ(run(top1), g);
+  SamplingParams full;
+  full.do_sample = true;
+  full.temperature = 1.2;
+  full.top_p = 0.9;
+  full.min_p = 0.02;
+  full.repetition_penalty = 1.1;
+  full.frequency_penalty = 0.3;
+  full.seed = 11;
+  const auto a = run(full), b = run(full);
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(a.size(), 24u);
+  for (int32_t t : a) EXPECT_TRUE(t >= 0 && t < (*loaded)->vocab_size());
+}
+
 // Options the GPU path refuses, with or without a GPU.
 TEST(CudaOptions, UnsupportedCombinationsAreRefused) {
   EngineOptions o;

@@ -15,6 +15,7 @@
 #include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
 #include "cuda/int8_gemm.h"
+#include "cuda/sampling.h"
 #include "cuda/weights.h"
 #include "ops/ref/ref.h"
 
@@ -773,6 +774,112 @@ TEST_P(CudaOps, GemmMatchesAnExactProduct) {
   ASSERT_TRUE(Gemm::create(&gemm).ok());
   check_gemm(*gemm, Act{DType::kBF16}, y_t);
   if (y_t.t == DType::kF32) check_gemm(*gemm, Act{DType::kF32}, y_t);
+}
+
+// The host Sampler's filters in double: penalties, temperature, top-k (ties with the k-th kept),
+// softmax, the shortest top-p prefix by falling logit, min-p; the kept tokens' probabilities,
+// renormalised (0 elsewhere).
+std::vector<double> host_distribution(std::vector<float> l, const SampleParams& p,
+                                      const std::vector<PenaltyEntry>& pens) {
+  for (const PenaltyEntry& e : pens) {
+    l[e.id] = l[e.id] < 0 ? l[e.id] * e.repetition : l[e.id] / e.repetition;
+    l[e.id] -= e.subtract;
+  }
+  const int64_t V = static_cast<int64_t>(l.size());
+  std::vector<int32_t> idx(V);
+  for (int64_t i = 0; i < V; ++i) idx[i] = static_cast<int32_t>(i);
+  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+  int64_t n = V;
+  if (p.top_k > 0 && p.top_k < V) {
+    n = p.top_k;
+    while (n < V && l[idx[n]] == l[idx[p.top_k - 1]]) ++n;
+  }
+  std::vector<double> q(V, 0.0), w(n);
+  double z = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] = std::exp((l[idx[i]] - l[idx[0]]) * static_cast<double>(p.inv_temperature));
+    z += w[i];
+  }
+  int64_t keep = n;
+  if (p.top_p < 1) {
+    double cum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      cum += w[i] / z;
+      if (cum >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  int64_t kept = 1;
+  while (kept < keep && w[kept] >= p.min_p) ++kept;
+  double total = 0;
+  for (int64_t i = 0; i < kept; ++i) total += w[i];
+  for (int64_t i = 0; i < kept; ++i) q[idx[i]] = w[i] / total;
+  return q;
+}
+
+// Draws on the device at N stratified u = (j + 0.5) / N: walking the kept tokens in id order,
+// token i is drawn N·q_i times give or take one, where q is the host's filtered distribution,
+// and never outside the host's kept set. Penalties, temperature, top-k, top-p, min-p and greedy
+// (top-k 1) each change the set.
+TEST(CudaSampling, DrawsFollowTheHostSamplersFilters) {
+  SKIP_WITHOUT_DEVICE();
+  const int64_t V = 1000, N = 4000;
+  const auto logits = random_values(V, 80, 2.f);
+  std::vector<PenaltyEntry> pens;
+  for (int32_t id : {3, 17, 250, 999}) pens.push_back({id, 1.3f, id == 17 ? 0.5f : 0.f});
+  struct Case { int32_t top_k; float inv_t, top_p, min_p; bool penalised; };
+  for (const Case& c : {Case{0, 1.f, 1.f, 0.f, false}, Case{0, 1.f / 0.7f, 1.f, 0.f, true},
+                        Case{20, 1.f, 1.f, 0.f, false}, Case{0, 1.f, 0.8f, 0.f, false},
+                        Case{50, 1.f / 1.3f, 0.9f, 0.05f, true}, Case{1, 1.f, 1.f, 0.f, true}}) {
+    std::vector<float> rows;
+    std::vector<SampleParams> params(N);
+    std::vector<PenaltyEntry> all_pens;
+    for (int64_t j = 0; j < N; ++j) {
+      rows.insert(rows.end(), logits.begin(), logits.end());
+      SampleParams& p = params[j];
+      p.row = static_cast<int32_t>(j);
+      p.top_k = c.top_k;
+      p.inv_temperature = c.inv_t;
+      p.top_p = c.top_p;
+      p.min_p = c.min_p;
+      p.u = (static_cast<float>(j) + 0.5f) / N;
+      p.penalty_begin = static_cast<int32_t>(all_pens.size());
+      if (c.penalised) all_pens.insert(all_pens.end(), pens.begin(), pens.end());
+      p.penalty_end = static_cast<int32_t>(all_pens.size());
+    }
+    if (all_pens.empty()) all_pens.push_back({0, 1.f, 0.f});  // a buffer to point at
+    const auto q =
+        host_distribution(logits, params[0], c.penalised ? pens : std::vector<PenaltyEntry>{});
+    std::vector<uint8_t> pb(params.size() * sizeof(SampleParams));
+    std::vector<uint8_t> eb(all_pens.size() * sizeof(PenaltyEntry));
+    std::memcpy(pb.data(), params.data(), pb.size());
+    std::memcpy(eb.data(), all_pens.data(), eb.size());
+    DeviceBuffer dl = upload_f32(rows), dp = upload(pb), de = upload(eb), dids;
+    ASSERT_TRUE(DeviceBuffer::allocate(N * 4, &dids).ok());
+    ASSERT_TRUE(sample_rows(static_cast<float*>(dl.data()), V,
+                            static_cast<const SampleParams*>(dp.data()), N,
+                            static_cast<const PenaltyEntry*>(de.data()),
+                            static_cast<int32_t*>(dids.data())).ok());
+    ASSERT_TRUE(synchronize().ok());
+    const auto bytes = download(dids);
+    std::vector<int64_t> count(V, 0);
+    for (int64_t j = 0; j < N; ++j) {
+      int32_t id;
+      std::memcpy(&id, bytes.data() + 4 * j, 4);
+      ASSERT_TRUE(id >= 0 && id < V) << id;
+      ++count[id];
+    }
+    for (int64_t i = 0; i < V; ++i) {
+      if (q[i] == 0) {
+        ASSERT_EQ(count[i], 0) << "token " << i << " is filtered out on the host";
+      } else {
+        ASSERT_LE(std::fabs(static_cast<double>(count[i]) - N * q[i]), 1.5 + N * 1e-4)
+            << "token " << i << " top_k " << c.top_k << " top_p " << c.top_p;
+      }
+    }
+  }
 }
 
 // Weight-only INT8 (--quant int8): the direct kernel (M up to 8) and the dequantize + cuBLAS path

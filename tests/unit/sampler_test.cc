@@ -56,6 +56,54 @@ TEST(Sampler, RecordKeepsPenaltiesAsSampleDoes) {
   EXPECT_FALSE(Sampler(8, q).plain_greedy());
 }
 
+// What a device draws from: the settings, u from the seeded generator, and one penalty entry per
+// seen id (repetition for all, presence + frequency · count for the generated ones).
+TEST(Sampler, DeviceDrawCarriesTheSettingsAndPenalties) {
+  ResolvedSampling p;
+  p.greedy = false;
+  p.temperature = 0.5;
+  p.top_k = 7;
+  p.top_p = 0.9;
+  p.min_p = 0.1;
+  p.repetition_penalty = 1.5;
+  p.presence_penalty = 0.25;
+  p.frequency_penalty = 0.5;
+  p.seed = 9;
+  Sampler a(16, p), b(16, p);
+  for (Sampler* s : {&a, &b}) {
+    const int32_t prompt[] = {2, 5};
+    s->add_prompt(prompt);
+    s->record(5);
+    s->record(5);
+    s->record(9);
+  }
+  DeviceSample da, db;
+  std::vector<DevicePenalty> pa, pb;
+  a.device_draw(&da, &pa);
+  b.device_draw(&db, &pb);
+  EXPECT_EQ(da.top_k, 7);
+  EXPECT_FLOAT_EQ(da.inv_temperature, 2.f);
+  EXPECT_FLOAT_EQ(da.top_p, 0.9f);
+  EXPECT_FLOAT_EQ(da.min_p, 0.1f);
+  EXPECT_TRUE(da.u >= 0.f && da.u < 1.f);
+  EXPECT_EQ(da.u, db.u);  // same seed, same draw
+  ASSERT_EQ(da.n_penalties, 3);
+  std::map<int32_t, std::pair<float, float>> got;
+  for (const DevicePenalty& e : pa) got[e.id] = {e.repetition, e.subtract};
+  EXPECT_EQ(got[2], std::make_pair(1.5f, 0.f));          // prompt only: repetition
+  EXPECT_EQ(got[5], std::make_pair(1.5f, 0.25f + 1.f));  // generated twice
+  EXPECT_EQ(got[9], std::make_pair(1.5f, 0.75f));        // generated once
+  DeviceSample next;
+  a.device_draw(&next, &pa);
+  EXPECT_NE(next.u, da.u);  // the generator moves on
+  ResolvedSampling g;
+  g.greedy = true;
+  Sampler greedy(16, g);
+  greedy.device_draw(&next, &pa);
+  EXPECT_EQ(next.top_k, 1);  // greedy: the best token
+  EXPECT_EQ(next.n_penalties, 0);
+}
+
 TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {
   std::vector<float> logits(50, 0.f);  // uniform: every draw is pure chance
   auto run = [&](uint64_t seed) {
