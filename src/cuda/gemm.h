@@ -1,10 +1,13 @@
 #pragma once
 // The CUDA backend's matrix products (issue 7): y[M, N] = x[M, K] · W[N, K]ᵀ, with W as the
 // checkpoint stores a linear layer (row-major [out, in]), BF16 or F32 inputs and f32
-// accumulation (never TF32), through cuBLAS. Device pointers; the calling thread's current
-// stream (cuda_ops.h).
+// accumulation (never TF32), through cuBLASLt with the algorithm its heuristic picks for each
+// shape (asked once per shape and kept); cublasGemmEx where cuBLASLt offers none. Device
+// pointers; the calling thread's current stream (cuda_ops.h).
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <tuple>
 
 #include "cuda/cuda_ops.h"
 #include "vlm/status.h"
@@ -25,8 +28,15 @@ class Gemm {
                 DType y_t, int64_t ldy = 0);
 
  private:
+  // One shape's cuBLASLt descriptors and chosen algorithm (opaque here: cublasLt types).
+  struct Plan;
+  using Shape = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int>;  // M, N, K, ldy, in, out
+  Plan* plan_for(const Shape& shape);
+
   Gemm() = default;
   void* handle_ = nullptr;  // cublasHandle_t
+  void* lt_ = nullptr;      // cublasLtHandle_t
+  std::map<Shape, std::unique_ptr<Plan>> plans_;
   // cuBLAS's workspace, set once so that no product allocates (a CUDA graph capture may hold it).
   DeviceBuffer workspace_;
   void* stream_ = nullptr;  // the stream the handle is on (cudaStream_t)
