@@ -14,6 +14,7 @@
 
 #include "cuda/cuda_ops.h"
 #include "cuda/flash_attention.h"
+#include "cuda/fp8.h"
 #include "cuda/gemm.h"
 #include "cuda/int8_gemm.h"
 #include "cuda/sampling.h"
@@ -23,11 +24,11 @@
 namespace vlm::cuda {
 namespace {
 
-// A linear layer's weight [n, k] as the device holds it: in the activation type, or INT8 with one
-// f32 scale per output row (--quant int8).
+// A linear layer's weight [n, k] as the device holds it: in the activation type, INT8 with one
+// f32 scale per output row (--quant int8), or E4M3 with one f32 scale (--quant fp8).
 struct Linear {
   DeviceBuffer w, scale;
-  bool int8 = false;
+  bool int8 = false, fp8 = false;
   int64_t n = 0, k = 0;
 };
 
@@ -52,13 +53,26 @@ Status upload_f32(const std::vector<float>& v, DeviceBuffer* out) {
 }
 
 // Linear layers stacked by rows (q|k|v, gate|up): all stored as F32 / BF16 / F16 (kept in the
-// activation type), or all INT8 with per-row scales (kept so).
-Status upload_linear(const std::vector<const TensorView*>& ts, DType act, Linear* out) {
+// activation type, or with fp8 quantized to E4M3 on the device, one scale for the stack), or all
+// INT8 with per-row scales (kept so).
+Status upload_linear(const std::vector<const TensorView*>& ts, DType act, bool fp8, Linear* out) {
   out->k = ts.front()->dim(1);
   out->n = 0;
   for (const TensorView* t : ts) out->n += t->dim(0);
   out->int8 = ts.front()->dtype == vlm::DType::kI8;
-  if (!out->int8) return upload_stacked(ts, act, &out->w);
+  if (!out->int8 && !fp8) return upload_stacked(ts, act, &out->w);
+  if (!out->int8) {
+    DeviceBuffer wide, amax;
+    VLM_RETURN_IF_ERROR(upload_stacked(ts, act, &wide));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(static_cast<size_t>(out->n * out->k), &out->w));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(4, &out->scale));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(4, &amax));
+    VLM_RETURN_IF_ERROR(quantize_fp8(wide.data(), act, out->n * out->k,
+                                     static_cast<float*>(amax.data()),
+                                     static_cast<float*>(out->scale.data()), out->w.data()));
+    out->fp8 = true;
+    return synchronize();  // before `wide` and `amax` go
+  }
   std::vector<int8_t> q;
   std::vector<float> scale;
   for (const TensorView* t : ts) {
@@ -90,9 +104,9 @@ class CudaDecoder final : public DeviceDecoder {
     }
     VLM_RETURN_IF_ERROR(Gemm::create(&gemm_));
     // up(): linear weights onto the device, stacked by rows; decode reads each once per step.
-    auto up = [&](const std::vector<const TensorView*>& ts, Linear* out,
-                  const char* name) -> Status {
-      VLM_RETURN_IF_ERROR(upload_linear(ts, act_, out).with_context(name));
+    auto up = [&](const std::vector<const TensorView*>& ts, Linear* out, const char* name,
+                  bool fp8 = false) -> Status {
+      VLM_RETURN_IF_ERROR(upload_linear(ts, act_, fp8, out).with_context(name));
       decode_bytes_ += static_cast<int64_t>(out->w.bytes() + out->scale.bytes());
       any_int8_ = any_int8_ || out->int8;
       return ok_status();
@@ -113,10 +127,11 @@ class CudaDecoder final : public DeviceDecoder {
       VLM_RETURN_IF_ERROR(upload_f32(s.post_attention_layernorm, &d.post_ln));
       VLM_RETURN_IF_ERROR(upload_f32(s.q_norm, &d.q_norm));
       VLM_RETURN_IF_ERROR(upload_f32(s.k_norm, &d.k_norm));
-      VLM_RETURN_IF_ERROR(up({&s.q_proj, &s.k_proj, &s.v_proj}, &d.qkv, "q/k/v_proj"));
-      VLM_RETURN_IF_ERROR(up({&s.o_proj}, &d.o, "o_proj"));
-      VLM_RETURN_IF_ERROR(up({&s.gate_proj, &s.up_proj}, &d.gate_up, "gate/up_proj"));
-      VLM_RETURN_IF_ERROR(up({&s.down_proj}, &d.down, "down_proj"));
+      const bool f8 = opts_.fp8;  // the layers' products; the head stays as stored
+      VLM_RETURN_IF_ERROR(up({&s.q_proj, &s.k_proj, &s.v_proj}, &d.qkv, "q/k/v_proj", f8));
+      VLM_RETURN_IF_ERROR(up({&s.o_proj}, &d.o, "o_proj", f8));
+      VLM_RETURN_IF_ERROR(up({&s.gate_proj, &s.up_proj}, &d.gate_up, "gate/up_proj", f8));
+      VLM_RETURN_IF_ERROR(up({&s.down_proj}, &d.down, "down_proj", f8));
     }
     if (any_int8_) {
       VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(
@@ -140,9 +155,18 @@ class CudaDecoder final : public DeviceDecoder {
     VLM_RETURN_IF_ERROR(
         DeviceBuffer::allocate(paged_attention_scratch_floats(c_.head_dim) * 4, &partial_));
     VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(C * c_.vocab_size * 4, &logits_));
+    if (opts_.fp8 && !layers_.empty()) {
+      VLM_RETURN_IF_ERROR(
+          DeviceBuffer::allocate(static_cast<size_t>(C * std::max({H, qd, I})), &fp8_x_));
+      VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(2 * 4, &fp8_scales_));
+      // One product now, so that a GPU or cuBLASLt without FP8 fails at load, saying so.
+      VLM_RETURN_IF_ERROR(linear(xn_.data(), layers_.front().o, 1, tmp_.data(), act_)
+                              .with_context("--quant fp8 on this GPU"));
+    }
     VLM_RETURN_IF_ERROR(Stream::create(&stream_));
     VLM_RETURN_IF_ERROR(synchronize());
     description_ = device_description(0) + (act_ == DType::kF32 ? ", f32" : ", bf16") +
+                   (opts_.fp8 ? ", fp8 weights" : "") +
                    (opts_.graphs ? ", CUDA graphs" : "");
     return ok_status();
   }
@@ -190,8 +214,14 @@ class CudaDecoder final : public DeviceDecoder {
     const size_t per = b.bytes() / static_cast<size_t>(c_.num_hidden_layers);
     return static_cast<char*>(b.data()) + per * static_cast<size_t>(l);
   }
-  // y[M, L.n] = x[M, L.k] · Lᵀ, y in y_t.
+  // y[M, L.n] = x[M, L.k] · Lᵀ, y in y_t (BF16 for FP8 weights).
   Status linear(const void* x, const Linear& L, int64_t M, void* y, DType y_t) {
+    if (L.fp8) {
+      float* amax = f32p(fp8_scales_);
+      VLM_RETURN_IF_ERROR(quantize_fp8(x, act_, M * L.k, amax, amax + 1, fp8_x_.data()));
+      return gemm_->matmul_fp8(fp8_x_.data(), amax + 1, L.w.data(),
+                               static_cast<const float*>(L.scale.data()), M, L.n, L.k, y);
+    }
     if (L.int8) {
       return int8_matmul(*gemm_, x, act_, static_cast<const int8_t*>(L.w.data()),
                          static_cast<const float*>(L.scale.data()), M, L.n, L.k, y, y_t,
@@ -229,6 +259,7 @@ class CudaDecoder final : public DeviceDecoder {
   int64_t decode_bytes_ = 0;
   bool tied_ = false, any_int8_ = false;
   DeviceBuffer embed_, norm_, int8_scratch_;
+  DeviceBuffer fp8_x_, fp8_scales_;  // --quant fp8: a product's E4M3 activations, amax | scale
   Linear lm_head_;  // unless tied_ (then the embedding table, as stored)
   std::vector<Layer> layers_;
   DeviceBuffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_, partial_, logits_;

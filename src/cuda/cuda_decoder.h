@@ -18,6 +18,9 @@ struct CudaDecoderOptions {
   bool f32 = false;
   // Decode steps (one token per sequence) run as CUDA graphs, one per batch-size bucket.
   bool graphs = true;
+  // The layers' products in FP8 (E4M3, one scale per weight and per activation tensor); BF16
+  // activations only.
+  bool fp8 = false;
 };
 
 // Uploads `w` (F32, BF16 or F16 as stored; quantized weights are refused) onto the current

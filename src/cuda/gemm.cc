@@ -126,4 +126,28 @@ Status Gemm::matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t
               "GemmEx");
 }
 
+Status Gemm::matmul_fp8(const void* x, const float* x_scale, const void* w, const float* w_scale,
+                        int64_t M, int64_t N, int64_t K, void* y) {
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (M < 0 || N < 0 || K < 0 || M > kMax || N > kMax || K > kMax || K % 16 != 0) {
+    return invalid_argument("fp8 gemm: shape out of range (K must be a multiple of 16)");
+  }
+  if (M == 0 || N == 0) return ok_status();
+  Plan* p = plan_for(Shape{M, N, K, N, static_cast<int>(CUDA_R_8F_E4M3),
+                           static_cast<int>(CUDA_R_16BF)});
+  if (!p->usable) return unimplemented("cuBLASLt has no FP8 (E4M3) algorithm for this shape");
+  // The scales are read on the device when the product runs (a graph replays the same buffers).
+  const auto a_scale = CUBLASLT_MATMUL_DESC_A_SCALE_POINTER;
+  const auto b_scale = CUBLASLT_MATMUL_DESC_B_SCALE_POINTER;
+  VLM_RETURN_IF_ERROR(from(
+      cublasLtMatmulDescSetAttribute(p->op, a_scale, &w_scale, sizeof w_scale), "fp8 A scale"));
+  VLM_RETURN_IF_ERROR(from(
+      cublasLtMatmulDescSetAttribute(p->op, b_scale, &x_scale, sizeof x_scale), "fp8 B scale"));
+  const float alpha = 1.f, beta = 0.f;
+  return from(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p->op, &alpha, w, p->a, x, p->b,
+                             &beta, y, p->c, y, p->c, &p->algo, workspace_.data(),
+                             workspace_.bytes(), static_cast<cudaStream_t>(current_stream())),
+              "fp8 matmul");
+}
+
 }  // namespace vlm::cuda

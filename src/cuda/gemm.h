@@ -26,6 +26,10 @@ class Gemm {
   // ldy: elements between rows of y (0: N), so that y may be a column block of a wider matrix.
   Status matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t N, int64_t K, void* y,
                 DType y_t, int64_t ldy = 0);
+  // The FP8 product (fp8.h): x [M, K] and w [N, K] in E4M3 with device scales (value = e4m3 ·
+  // scale), y [M, N] BF16. An error where cuBLASLt has no FP8 algorithm for the shape.
+  Status matmul_fp8(const void* x, const float* x_scale, const void* w, const float* w_scale,
+                    int64_t M, int64_t N, int64_t K, void* y);
 
  private:
   // One shape's cuBLASLt descriptors and chosen algorithm (opaque here: cublasLt types).

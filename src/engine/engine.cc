@@ -33,8 +33,13 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   impl->opts = options;
   const std::string& dir = options.model_dir;
   std::error_code ec;
-  VLM_ASSIGN_OR_RETURN(const WeightQuant quant, parse_weight_quant(options.quant));
+  // fp8 is the GPU's own quantization (done there at upload); the rest are the CPU's.
+  const bool fp8 = options.quant == "fp8";
+  VLM_ASSIGN_OR_RETURN(const WeightQuant quant, parse_weight_quant(fp8 ? "" : options.quant));
   const bool on_gpu = options.device == "cuda";
+  if (fp8 && (!on_gpu || options.gpu_dtype != "bf16")) {
+    return invalid_argument("--quant fp8 needs --device cuda with bf16 activations");
+  }
   if (!on_gpu && options.device != "cpu" && !options.device.empty()) {
     return invalid_argument("unknown device '" + options.device + "' (cpu or cuda)");
   }
@@ -120,6 +125,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     go.max_chunk = chunk;
     go.f32 = options.gpu_dtype == "f32";
     go.graphs = options.cuda_graphs;
+    go.fp8 = fp8;
     VLM_ASSIGN_OR_RETURN(impl->gpu, cuda::make_cuda_decoder(impl->cfg, impl->weights, go));
 #endif
   } else {

@@ -201,7 +201,8 @@ Result<WeightQuant> parse_weight_quant(const std::string& name) {
   if (name == "int8") return WeightQuant::kInt8;
   if (name == "int4") return WeightQuant::kInt4;
   return invalid_argument("unknown quantization '" + name +
-                          "' (supported: \"int8\", \"int4\"; empty keeps the weights as stored)");
+                          "' (supported: \"int8\", \"int4\", and \"fp8\" on the GPU; empty keeps "
+                          "the weights as stored)");
 }
 
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,

@@ -442,7 +442,7 @@ TEST(Int8Weights, UnknownQuantizationIsRefused) {
   EngineOptions o;
   o.model_dir = kFixtures + "/text-f32-untied";
   o.require_tokenizer = false;
-  for (const char* bad : {"int2", "INT8", "INT4", "q4_0", "fp8"}) {
+  for (const char* bad : {"int2", "INT8", "INT4", "q4_0", "FP8", "fp16"}) {
     o.quant = bad;
     auto e = Engine::load(o);
     ASSERT_FALSE(e.ok()) << bad;

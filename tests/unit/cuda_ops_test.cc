@@ -1,5 +1,6 @@
 // The CUDA backend's small ops (src/cuda/cuda_ops.h) against the CPU reference (src/ops/ref), in
 // F32 and BF16 activations. Without a CUDA device every test reports skipped, never passed.
+#include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "core/half.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/flash_attention.h"
+#include "cuda/fp8.h"
 #include "cuda/gemm.h"
 #include "cuda/int8_gemm.h"
 #include "cuda/sampling.h"
@@ -929,6 +931,67 @@ TEST_P(CudaOps, Int8MatmulMatchesAnExactProduct) {
               << "M " << sh.M << " N " << sh.N << " K " << sh.K << " at (" << i << ", " << j
               << ")";
         }
+      }
+    }
+  }
+}
+
+// --quant fp8: both operands quantized on the device to E4M3 with a per-tensor scale (max|v| /
+// 448), then the cuBLASLt FP8 product in BF16. Checked against a double product of the values
+// quantized on the host with the same conversion: the scales must agree exactly, the product to
+// (K + 3)·u·Σ|x̂ŵ| plus one BF16 ulp.
+TEST(CudaFp8, QuantizedProductMatchesTheQuantizedValues) {
+  SKIP_WITHOUT_DEVICE();
+  std::unique_ptr<Gemm> gemm;
+  ASSERT_TRUE(Gemm::create(&gemm).ok());
+  struct Shape { int64_t M, N, K; };
+  for (const Shape& sh : {Shape{1, 256, 4096}, Shape{16, 96, 128}, Shape{40, 512, 1024}}) {
+    const Act bf{DType::kBF16};
+    const auto x = bf.round(random_values(sh.M * sh.K, 90));
+    const auto w = bf.round(random_values(sh.N * sh.K, 91, 0.05f));
+    auto quantize = [](const std::vector<float>& v, float* scale) {
+      float amax = 0.f;
+      for (float f : v) amax = std::max(amax, std::fabs(f));
+      *scale = amax > 0 ? amax / 448.f : 1.f;
+      const float inv = 1.f / *scale;
+      std::vector<float> q(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        const __nv_fp8_storage_t b = __nv_cvt_float_to_fp8(v[i] * inv, __NV_SATFINITE, __NV_E4M3);
+        q[i] = static_cast<float>(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
+      }
+      return q;
+    };
+    float sx = 0, sw = 0;
+    const auto qx = quantize(x, &sx), qw = quantize(w, &sw);
+    DeviceBuffer dx = upload(bf.encode(x)), dw = upload(bf.encode(w)), dqx, dqw, dsc, dy;
+    ASSERT_TRUE(DeviceBuffer::allocate(x.size(), &dqx).ok());
+    ASSERT_TRUE(DeviceBuffer::allocate(w.size(), &dqw).ok());
+    ASSERT_TRUE(DeviceBuffer::allocate(4 * 4, &dsc).ok());
+    ASSERT_TRUE(DeviceBuffer::allocate(bf.bytes(sh.M * sh.N), &dy).ok());
+    float* sc = static_cast<float*>(dsc.data());  // amax x | scale x | amax w | scale w
+    ASSERT_TRUE(quantize_fp8(dx.data(), DType::kBF16, sh.M * sh.K, sc, sc + 1, dqx.data()).ok());
+    ASSERT_TRUE(quantize_fp8(dw.data(), DType::kBF16, sh.N * sh.K, sc + 2, sc + 3, dqw.data()).ok());
+    ASSERT_TRUE(gemm->matmul_fp8(dqx.data(), sc + 1, dqw.data(), sc + 3, sh.M, sh.N, sh.K,
+                                 dy.data()).ok());
+    ASSERT_TRUE(synchronize().ok());
+    std::vector<float> scales(4);
+    const auto sb = download(dsc);
+    std::memcpy(scales.data(), sb.data(), 16);
+    ASSERT_EQ(scales[1], sx);
+    ASSERT_EQ(scales[3], sw);
+    const auto got = bf.decode(download(dy));
+    for (int64_t i = 0; i < sh.M; ++i) {
+      for (int64_t j = 0; j < sh.N; ++j) {
+        double exact = 0, mag = 0;
+        for (int64_t k = 0; k < sh.K; ++k) {
+          const double p = static_cast<double>(qx[i * sh.K + k]) * sx * qw[j * sh.K + k] * sw;
+          exact += p;
+          mag += std::fabs(p);
+        }
+        const double bound = (sh.K + 3) * static_cast<double>(kU) * mag + std::fabs(exact) / 128 +
+                             1e-6;
+        ASSERT_LE(std::fabs(got[i * sh.N + j] - exact), bound)
+            << "M " << sh.M << " N " << sh.N << " K " << sh.K << " at (" << i << ", " << j << ")";
       }
     }
   }

@@ -8,8 +8,9 @@
 namespace vlm::cli {
 
 inline constexpr const char* kQuantHelp =
-    "Quantize the text decoder's linear weights at load: int8 (one scale per output row) or "
-    "int4 (one scale per 32 inputs)";
+    "Quantize the text decoder's linear weights at load: int8 (one scale per output row), int4 "
+    "(one scale per 32 inputs) on the CPU only, or fp8 (E4M3 weights and activations, one scale "
+    "per tensor) with --device cuda only";
 
 inline constexpr const char* kMmapHelp =
     "Serve the weights straight from the checkpoint's file mapping (faster start-up, page cache "
