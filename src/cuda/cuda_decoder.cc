@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <iterator>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -142,8 +142,13 @@ class CudaDecoder final : public DeviceDecoder {
     const int64_t qd = c_.num_attention_heads * c_.head_dim;
     const int64_t kvd = c_.num_key_value_heads * c_.head_dim;
     const size_t a = act_ == DType::kF32 ? 4 : 2;
-    for (auto [buf, n] : {std::pair{&x_, C * H}, {&xn_, C * H}, {&qkv_, C * (qd + 2 * kvd)},
-                          {&q_, C * qd}, {&attn_, C * qd}, {&tmp_, C * H}, {&gate_up_, C * 2 * I},
+    for (auto [buf, n] : {std::pair{&x_, C * H},
+                          {&xn_, C * H},
+                          {&qkv_, C * (qd + 2 * kvd)},
+                          {&q_, C * qd},
+                          {&attn_, C * qd},
+                          {&tmp_, C * H},
+                          {&gate_up_, C * 2 * I},
                           {&mlp_, C * I}}) {
       VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(static_cast<size_t>(n) * a, buf));
     }
@@ -166,8 +171,7 @@ class CudaDecoder final : public DeviceDecoder {
     VLM_RETURN_IF_ERROR(Stream::create(&stream_));
     VLM_RETURN_IF_ERROR(synchronize());
     description_ = device_description(0) + (act_ == DType::kF32 ? ", f32" : ", bf16") +
-                   (opts_.fp8 ? ", fp8 weights" : "") +
-                   (opts_.graphs ? ", CUDA graphs" : "");
+                   (opts_.fp8 ? ", fp8 weights" : "") + (opts_.graphs ? ", CUDA graphs" : "");
     return ok_status();
   }
 
@@ -181,8 +185,8 @@ class CudaDecoder final : public DeviceDecoder {
     if (!memory_info(&free_b, &total).ok()) return 0;
     const int64_t cache_now = static_cast<int64_t>(k_cache_.bytes() + v_cache_.bytes());
     const int64_t used_other = total - free_b - cache_now;
-    return std::max<int64_t>(0, static_cast<int64_t>(utilization * static_cast<double>(total)) -
-                                    used_other);
+    return std::max<int64_t>(
+        0, static_cast<int64_t>(utilization * static_cast<double>(total)) - used_other);
   }
   Status allocate_cache(int64_t num_blocks, int64_t block_size,
                         int64_t max_blocks_per_seq) override;
@@ -198,14 +202,14 @@ class CudaDecoder final : public DeviceDecoder {
  private:
   // What one forward pass launches, once the tables are on the device.
   struct Pass {
-    int64_t rows = 0;       // token rows (a graph's bucket: padded)
-    int64_t n_sel = 0;      // rows that get logits
-    bool sel_all = false;   // the logit rows are rows 0 .. n_sel − 1 (decode)
-    int64_t stride = 0;     // block-table entries per sequence
-    int64_t max_seen = 0;   // bound on the keys a query sees (sets the attention splits)
-    int64_t n_tiles = 0;    // flash query tiles; 0: the warp kernel
-    int64_t n_vis = 0;      // image rows
-    size_t taps = 0;        // DeepStack features per image row
+    int64_t rows = 0;      // token rows (a graph's bucket: padded)
+    int64_t n_sel = 0;     // rows that get logits
+    bool sel_all = false;  // the logit rows are rows 0 .. n_sel − 1 (decode)
+    int64_t stride = 0;    // block-table entries per sequence
+    int64_t max_seen = 0;  // bound on the keys a query sees (sets the attention splits)
+    int64_t n_tiles = 0;   // flash query tiles; 0: the warp kernel
+    int64_t n_vis = 0;     // image rows
+    size_t taps = 0;       // DeepStack features per image row
     bool argmax = false;
   };
   Status enqueue(const Pass& p);
@@ -260,14 +264,14 @@ class CudaDecoder final : public DeviceDecoder {
   bool tied_ = false, any_int8_ = false;
   DeviceBuffer embed_, norm_, int8_scratch_;
   DeviceBuffer fp8_x_, fp8_scales_;  // --quant fp8: a product's E4M3 activations, amax | scale
-  Linear lm_head_;  // unless tied_ (then the embedding table, as stored)
+  Linear lm_head_;                   // unless tied_ (then the embedding table, as stored)
   std::vector<Layer> layers_;
   DeviceBuffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_, partial_, logits_;
   DeviceBuffer rope_dev_, ints_, tables_;  // uploaded per pass from the pinned copies below
   PinnedBuffer rope_host_, ints_host_, tables_host_, argmax_host_;
-  DeviceBuffer vis_rows_, vis_feats_;    // image rows, [1 + taps, rows, hidden] f32 features
+  DeviceBuffer vis_rows_, vis_feats_;           // image rows, [1 + taps, rows, hidden] f32 features
   DeviceBuffer samples_, penalties_, sampled_;  // the device draws: settings, penalties, ids
-  DeviceBuffer k_cache_, v_cache_;       // [layers, (blocks + 1) · block_size, kvd] each
+  DeviceBuffer k_cache_, v_cache_;              // [layers, (blocks + 1) · block_size, kvd] each
   int64_t blocks_ = 0, bs_ = 0, max_table_ = 0;  // block `blocks_` is the padding rows' scratch
   // Decode graphs by bucket; a bucket is captured the second time it runs (the first loads
   // every kernel and lets cuBLAS pick its algorithms eagerly).
@@ -304,10 +308,9 @@ Status CudaDecoder::allocate_cache(int64_t num_blocks, int64_t block_size,
   if (!s.ok()) {
     k_cache_ = DeviceBuffer();
     v_cache_ = DeviceBuffer();
-    return Status(StatusCode::kResourceExhausted,
-                  "KV cache of " + std::to_string(num_blocks) + " blocks (" +
-                      std::to_string(2 * half >> 20) + " MiB) does not fit the GPU: " +
-                      s.message());
+    return Status(StatusCode::kResourceExhausted, "KV cache of " + std::to_string(num_blocks) +
+                                                      " blocks (" + std::to_string(2 * half >> 20) +
+                                                      " MiB) does not fit the GPU: " + s.message());
   }
   blocks_ = num_blocks;
   bs_ = block_size;
@@ -337,8 +340,8 @@ Status CudaDecoder::enqueue(const Pass& p) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (pending) {
-      VLM_RETURN_IF_ERROR(add_rms_norm(x_.data(), tmp_.data(), f32p(L.input_ln), T, H, eps,
-                                       xn_.data(), act_));
+      VLM_RETURN_IF_ERROR(
+          add_rms_norm(x_.data(), tmp_.data(), f32p(L.input_ln), T, H, eps, xn_.data(), act_));
     } else {
       VLM_RETURN_IF_ERROR(rms_norm(x_.data(), f32p(L.input_ln), T, H, eps, xn_.data(), act_));
     }
@@ -358,8 +361,8 @@ Status CudaDecoder::enqueue(const Pass& p) {
                                           f32p(partial_), attn_.data(), act_));
     }
     VLM_RETURN_IF_ERROR(linear(attn_.data(), L.o, T, tmp_.data(), act_));
-    VLM_RETURN_IF_ERROR(add_rms_norm(x_.data(), tmp_.data(), f32p(L.post_ln), T, H, eps,
-                                     xn_.data(), act_));
+    VLM_RETURN_IF_ERROR(
+        add_rms_norm(x_.data(), tmp_.data(), f32p(L.post_ln), T, H, eps, xn_.data(), act_));
     VLM_RETURN_IF_ERROR(linear(xn_.data(), L.gate_up, T, gate_up_.data(), act_));
     VLM_RETURN_IF_ERROR(silu_mul_rows(gate_up_.data(), T, I, mlp_.data(), act_));
     VLM_RETURN_IF_ERROR(linear(mlp_.data(), L.down, T, tmp_.data(), act_));
@@ -367,8 +370,8 @@ Status CudaDecoder::enqueue(const Pass& p) {
     if (p.n_vis > 0 && l < p.taps) {  // DeepStack: after decoder layer l, the image rows get tap l
       VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
       pending = false;
-      VLM_RETURN_IF_ERROR(add_rows_at(x_.data(), i32(vis_rows_), feats(1 + l), DType::kF32,
-                                      p.n_vis, H, act_));
+      VLM_RETURN_IF_ERROR(
+          add_rows_at(x_.data(), i32(vis_rows_), feats(1 + l), DType::kF32, p.n_vis, H, act_));
     }
   }
   if (p.n_sel == 0) return ok_status();
@@ -390,8 +393,8 @@ Status CudaDecoder::enqueue(const Pass& p) {
   }
   if (p.argmax) {
     // The logit-row list is spent: its device row takes the argmax.
-    VLM_RETURN_IF_ERROR(argmax_rows(f32p(logits_), p.n_sel, V,
-                                    const_cast<int32_t*>(dev_ints(kSel))));
+    VLM_RETURN_IF_ERROR(
+        argmax_rows(f32p(logits_), p.n_sel, V, const_cast<int32_t*>(dev_ints(kSel))));
   }
   return ok_status();
 }
@@ -524,8 +527,8 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     VLM_RETURN_IF_ERROR(vis_feats_.upload(h_feats_.data(), h_feats_.size() * 4));
   }
   VLM_RETURN_IF_ERROR(copy_to_device_async(ints_.data(), ints_host_.data(), ints_host_.bytes()));
-  VLM_RETURN_IF_ERROR(copy_to_device_async(tables_.data(), table,
-                                           static_cast<size_t>(rows * stride) * 4));
+  VLM_RETURN_IF_ERROR(
+      copy_to_device_async(tables_.data(), table, static_cast<size_t>(rows * stride) * 4));
   VLM_RETURN_IF_ERROR(
       copy_to_device_async(rope_dev_.data(), cos, static_cast<size_t>(rows * half) * 4));
   VLM_RETURN_IF_ERROR(copy_to_device_async(f32p(rope_dev_) + C * half, cos + C * half,
@@ -605,8 +608,8 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
   // Results: the argmax of the real rows (the drawn ids of sampled ones), and the logit rows the
   // caller wants in full (one run per chunk; all of them without `argmax`).
   if (pass.argmax && argmax != nullptr) {
-    VLM_RETURN_IF_ERROR(copy_to_host_async(argmax_host_.data(), dev_ints(kSel),
-                                           static_cast<size_t>(n_sel) * 4));
+    VLM_RETURN_IF_ERROR(
+        copy_to_host_async(argmax_host_.data(), dev_ints(kSel), static_cast<size_t>(n_sel) * 4));
   }
   if (!h_samples_.empty()) {
     VLM_RETURN_IF_ERROR(copy_to_host_async(static_cast<int32_t*>(argmax_host_.data()) + C,

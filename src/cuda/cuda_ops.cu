@@ -1,27 +1,18 @@
 // CUDA kernels for src/cuda/cuda_ops.h. One block per row for the per-row ops (256 threads, f32
 // sums reduced through shared memory); grid-stride loops for the element-wise ones.
-#include "cuda/cuda_ops.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 
+#include "cuda/cuda_ops.h"
+#include "cuda/device_math.cuh"
+#include "cuda/runtime.h"
+
 namespace vlm::cuda {
 namespace {
 
-Status from(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return ok_status();
-  return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
-
 thread_local cudaStream_t t_stream = nullptr;  // set_stream(); null: the legacy default stream
-cudaStream_t stream() { return t_stream; }
-
-__device__ inline float load(const float* p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ inline void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 constexpr int kRowThreads = 256;
 constexpr int kWarpsPerBlock = kRowThreads / 32;
@@ -58,7 +49,8 @@ __global__ void rms_norm_kernel(const T* x, const float* w, int64_t n, float eps
 }
 
 template <typename T>
-__global__ void add_rms_norm_kernel(T* x, const T* delta, const float* w, int64_t n, float eps, T* y) {
+__global__ void add_rms_norm_kernel(T* x, const T* delta, const float* w, int64_t n, float eps,
+                                    T* y) {
   T* xr = x + blockIdx.x * n;
   const T* dr = delta + blockIdx.x * n;
   T* yr = y + blockIdx.x * n;
@@ -107,10 +99,10 @@ __global__ void qk_norm_rope_kernel(T* x, int64_t rows, int64_t n_heads, int64_t
 }
 
 template <typename T>
-__global__ void qkv_rope_store_kernel(const T* qkv, int64_t tokens, int64_t n_heads,
-                                      int64_t n_kv, int64_t head_dim, const float* q_norm,
-                                      const float* k_norm, float eps, const float* cos,
-                                      const float* sin, const int32_t* slots, T* q, T* kc, T* vc) {
+__global__ void qkv_rope_store_kernel(const T* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv,
+                                      int64_t head_dim, const float* q_norm, const float* k_norm,
+                                      float eps, const float* cos, const float* sin,
+                                      const int32_t* slots, T* q, T* kc, T* vc) {
   const int64_t heads = n_heads + 2 * n_kv;
   const int64_t warp = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   if (warp >= tokens * heads) return;
@@ -242,7 +234,8 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
   const int64_t i = row / n_heads, h = row % n_heads;
   const int64_t kv_stride = (n_heads / group) * head_dim;
   const int64_t kv_off = (h / group) * head_dim;
-  const int per = static_cast<int>((head_dim + 31) / 32);  // values per lane: lane + 32·j < head_dim
+  const int per =
+      static_cast<int>((head_dim + 31) / 32);  // values per lane: lane + 32·j < head_dim
   float qr[kMaxHeadDim / 32], acc[kMaxHeadDim / 32];
   for (int j = 0; j < per; ++j) {  // lanes past head_dim hold zeros and store nothing
     const int64_t d = lane + 32 * j;
@@ -275,9 +268,9 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
 
 // Paged attention: one warp per (query, head, split); see paged_attention() in cuda_ops.h.
 // Split `sp` covers keys [sp·split_len, min((sp + 1)·split_len, seen)), split_len = ⌈seen /
-// splits⌉ for this query's own `seen` (so a captured launch serves every context length). With one split the warp
-// writes the normalised output; otherwise its running max m, sum l and unnormalised accumulator
-// go to partial[(row · splits + sp) · (head_dim + 2)] = {m, l, acc[head_dim]}.
+// splits⌉ for this query's own `seen` (so a captured launch serves every context length). With one
+// split the warp writes the normalised output; otherwise its running max m, sum l and unnormalised
+// accumulator go to partial[(row · splits + sp) · (head_dim + 2)] = {m, l, acc[head_dim]}.
 template <typename T>
 __global__ void paged_attention_kernel(const T* q, int64_t rows, const int32_t* tok_seq,
                                        const int32_t* tok_pos, const int32_t* tables,
@@ -391,9 +384,8 @@ __global__ void argmax_kernel(const float* logits, int64_t n, int32_t* ids) {
   best_i[threadIdx.x] = bi;
   __syncthreads();
   for (int stride = kRowThreads / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride &&
-        better(best_v[threadIdx.x + stride], best_i[threadIdx.x + stride], best_v[threadIdx.x],
-               best_i[threadIdx.x])) {
+    if (threadIdx.x < stride && better(best_v[threadIdx.x + stride], best_i[threadIdx.x + stride],
+                                       best_v[threadIdx.x], best_i[threadIdx.x])) {
       best_v[threadIdx.x] = best_v[threadIdx.x + stride];
       best_i[threadIdx.x] = best_i[threadIdx.x + stride];
     }
@@ -414,20 +406,7 @@ unsigned warp_row_blocks(int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
-// Calls f with a value of the activation type: float or __nv_bfloat16.
-template <typename F>
-void with_act(DType t, F&& f) {
-  if (t == DType::kF32) {
-    f(float{});
-  } else {
-    f(__nv_bfloat16{});
-  }
-}
-
-unsigned grid_for(int64_t count) {
-  const int64_t blocks = (count + kRowThreads - 1) / kRowThreads;
-  return static_cast<unsigned>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
-}
+unsigned grid_for(int64_t count) { return cuda::grid_for(count, kRowThreads); }
 
 Status check_rows(int64_t rows, const char* op) {
   if (rows < 0 || rows > 0x7fffffff) return invalid_argument(std::string(op) + ": bad row count");
@@ -456,7 +435,7 @@ std::string device_description(int index) {
 
 Status memory_info(int64_t* free_bytes, int64_t* total_bytes) {
   size_t f = 0, t = 0;
-  if (Status s = from(cudaMemGetInfo(&f, &t), "cudaMemGetInfo"); !s.ok()) return s;
+  if (Status s = cuda_status(cudaMemGetInfo(&f, &t), "cudaMemGetInfo"); !s.ok()) return s;
   *free_bytes = static_cast<int64_t>(f);
   *total_bytes = static_cast<int64_t>(t);
   return ok_status();
@@ -465,7 +444,7 @@ Status memory_info(int64_t* free_bytes, int64_t* total_bytes) {
 Status DeviceBuffer::allocate(size_t bytes, DeviceBuffer* out) {
   DeviceBuffer b;
   if (bytes > 0) {
-    if (Status s = from(cudaMalloc(&b.ptr_, bytes), "cudaMalloc"); !s.ok()) return s;
+    if (Status s = cuda_status(cudaMalloc(&b.ptr_, bytes), "cudaMalloc"); !s.ok()) return s;
   }
   b.bytes_ = bytes;
   *out = std::move(b);
@@ -489,31 +468,33 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 Status DeviceBuffer::upload(const void* host, size_t bytes) {
   if (bytes > bytes_) return invalid_argument("upload larger than the device buffer");
-  return from(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice), "upload");
+  return cuda_status(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice), "upload");
 }
 
 Status DeviceBuffer::download(void* host, size_t bytes) const {
   if (bytes > bytes_) return invalid_argument("download larger than the device buffer");
-  return from(cudaMemcpy(host, ptr_, bytes, cudaMemcpyDeviceToHost), "download");
+  return cuda_status(cudaMemcpy(host, ptr_, bytes, cudaMemcpyDeviceToHost), "download");
 }
 
 Status copy_to_host(void* host, const void* device, size_t bytes) {
-  return from(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "copy to host");
+  return cuda_status(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "copy to host");
 }
 
 void set_stream(void* s) { t_stream = static_cast<cudaStream_t>(s); }
 void* current_stream() { return t_stream; }
 
-Status synchronize() { return from(cudaDeviceSynchronize(), "synchronize"); }
+Status synchronize() { return cuda_status(cudaDeviceSynchronize(), "synchronize"); }
 
-Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y, DType t) {
+Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y,
+                DType t) {
   if (Status s = check_rows(rows, "rms_norm"); !s.ok()) return s;
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    rms_norm_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<const T*>(x), w, n, eps, static_cast<T*>(y));
+    rms_norm_kernel<<<rows, kRowThreads, 0, launch_stream()>>>(static_cast<const T*>(x), w, n, eps,
+                                                               static_cast<T*>(y));
   });
-  return from(cudaGetLastError(), "rms_norm launch");
+  return cuda_status(cudaGetLastError(), "rms_norm launch");
 }
 
 Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, int64_t n, float eps,
@@ -522,10 +503,10 @@ Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, in
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    add_rms_norm_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<T*>(x), static_cast<const T*>(delta), w,
-                                               n, eps, static_cast<T*>(y));
+    add_rms_norm_kernel<<<rows, kRowThreads, 0, launch_stream()>>>(
+        static_cast<T*>(x), static_cast<const T*>(delta), w, n, eps, static_cast<T*>(y));
   });
-  return from(cudaGetLastError(), "add_rms_norm launch");
+  return cuda_status(cudaGetLastError(), "add_rms_norm launch");
 }
 
 Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
@@ -536,10 +517,10 @@ Status qk_norm_rope(void* x, int64_t tokens, int64_t n_heads, int64_t head_dim, 
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    qk_norm_rope_kernel<<<warp_row_blocks(rows), kRowThreads, 0, stream()>>>(static_cast<T*>(x), rows, n_heads,
-                                                                head_dim, w, eps, cos, sin);
+    qk_norm_rope_kernel<<<warp_row_blocks(rows), kRowThreads, 0, launch_stream()>>>(
+        static_cast<T*>(x), rows, n_heads, head_dim, w, eps, cos, sin);
   });
-  return from(cudaGetLastError(), "qk_norm_rope launch");
+  return cuda_status(cudaGetLastError(), "qk_norm_rope launch");
 }
 
 Status qkv_rope_store(const void* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
@@ -552,21 +533,21 @@ Status qkv_rope_store(const void* qkv, int64_t tokens, int64_t n_heads, int64_t 
   if (warps == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    qkv_rope_store_kernel<<<warp_row_blocks(warps), kRowThreads, 0, stream()>>>(
-        static_cast<const T*>(qkv), tokens, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps,
-        cos, sin, slots, static_cast<T*>(q), static_cast<T*>(k_cache), static_cast<T*>(v_cache));
+    qkv_rope_store_kernel<<<warp_row_blocks(warps), kRowThreads, 0, launch_stream()>>>(
+        static_cast<const T*>(qkv), tokens, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, cos,
+        sin, slots, static_cast<T*>(q), static_cast<T*>(k_cache), static_cast<T*>(v_cache));
   });
-  return from(cudaGetLastError(), "qkv_rope_store launch");
+  return cuda_status(cudaGetLastError(), "qkv_rope_store launch");
 }
 
 Status silu_mul_rows(const void* gu, int64_t rows, int64_t n, void* out, DType t) {
   if (rows <= 0 || n <= 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    silu_mul_rows_kernel<<<grid_for(rows * n), kRowThreads, 0, stream()>>>(static_cast<const T*>(gu), rows, n,
-                                                              static_cast<T*>(out));
+    silu_mul_rows_kernel<<<grid_for(rows * n), kRowThreads, 0, launch_stream()>>>(
+        static_cast<const T*>(gu), rows, n, static_cast<T*>(out));
   });
-  return from(cudaGetLastError(), "silu_mul_rows launch");
+  return cuda_status(cudaGetLastError(), "silu_mul_rows launch");
 }
 
 Status add_rows_at(void* x, const int32_t* rows, const void* delta, DType delta_t, int64_t count,
@@ -577,11 +558,11 @@ Status add_rows_at(void* x, const int32_t* rows, const void* delta, DType delta_
     with_act(delta_t, [&](auto b) {
       using T = decltype(a);
       using D = decltype(b);
-      add_rows_at_kernel<<<count, kRowThreads, 0, stream()>>>(static_cast<T*>(x), rows,
-                                                 static_cast<const D*>(delta), n);
+      add_rows_at_kernel<<<count, kRowThreads, 0, launch_stream()>>>(
+          static_cast<T*>(x), rows, static_cast<const D*>(delta), n);
     });
   });
-  return from(cudaGetLastError(), "add_rows_at launch");
+  return cuda_status(cudaGetLastError(), "add_rows_at launch");
 }
 
 Status set_rows_at(void* x, const int32_t* rows, const void* src, DType src_t, int64_t count,
@@ -592,11 +573,11 @@ Status set_rows_at(void* x, const int32_t* rows, const void* src, DType src_t, i
     with_act(src_t, [&](auto b) {
       using T = decltype(a);
       using S = decltype(b);
-      set_rows_at_kernel<<<count, kRowThreads, 0, stream()>>>(static_cast<T*>(x), rows,
-                                                 static_cast<const S*>(src), n);
+      set_rows_at_kernel<<<count, kRowThreads, 0, launch_stream()>>>(static_cast<T*>(x), rows,
+                                                                     static_cast<const S*>(src), n);
     });
   });
-  return from(cudaGetLastError(), "set_rows_at launch");
+  return cuda_status(cudaGetLastError(), "set_rows_at launch");
 }
 
 Status add_inplace(void* x, const void* delta, DType delta_t, int64_t count, DType t) {
@@ -605,11 +586,11 @@ Status add_inplace(void* x, const void* delta, DType delta_t, int64_t count, DTy
     with_act(delta_t, [&](auto d) {
       using T = decltype(a);
       using D = decltype(d);
-      add_inplace_kernel<<<grid_for(count), kRowThreads, 0, stream()>>>(static_cast<T*>(x),
-                                                           static_cast<const D*>(delta), count);
+      add_inplace_kernel<<<grid_for(count), kRowThreads, 0, launch_stream()>>>(
+          static_cast<T*>(x), static_cast<const D*>(delta), count);
     });
   });
-  return from(cudaGetLastError(), "add_inplace launch");
+  return cuda_status(cudaGetLastError(), "add_inplace launch");
 }
 
 Status convert(const void* src, DType src_t, int64_t count, void* dst, DType dst_t) {
@@ -618,11 +599,11 @@ Status convert(const void* src, DType src_t, int64_t count, void* dst, DType dst
     with_act(dst_t, [&](auto b) {
       using S = decltype(a);
       using D = decltype(b);
-      convert_kernel<<<grid_for(count), kRowThreads, 0, stream()>>>(static_cast<const S*>(src), count,
-                                                       static_cast<D*>(dst));
+      convert_kernel<<<grid_for(count), kRowThreads, 0, launch_stream()>>>(
+          static_cast<const S*>(src), count, static_cast<D*>(dst));
     });
   });
-  return from(cudaGetLastError(), "convert launch");
+  return cuda_status(cudaGetLastError(), "convert launch");
 }
 
 Status add_bias(void* x, const float* bias, int64_t rows, int64_t n, DType t) {
@@ -630,9 +611,9 @@ Status add_bias(void* x, const float* bias, int64_t rows, int64_t n, DType t) {
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    add_bias_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<T*>(x), bias, n);
+    add_bias_kernel<<<rows, kRowThreads, 0, launch_stream()>>>(static_cast<T*>(x), bias, n);
   });
-  return from(cudaGetLastError(), "add_bias launch");
+  return cuda_status(cudaGetLastError(), "add_bias launch");
 }
 
 Status layer_norm(const void* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
@@ -641,22 +622,22 @@ Status layer_norm(const void* x, const float* w, const float* b, int64_t rows, i
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    layer_norm_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<const T*>(x), w, b, n, eps,
-                                             static_cast<T*>(y));
+    layer_norm_kernel<<<rows, kRowThreads, 0, launch_stream()>>>(static_cast<const T*>(x), w, b, n,
+                                                                 eps, static_cast<T*>(y));
   });
-  return from(cudaGetLastError(), "layer_norm launch");
+  return cuda_status(cudaGetLastError(), "layer_norm launch");
 }
 
-Status add_layer_norm(void* x, const void* delta, const float* bias, const float* w,
-                      const float* b, int64_t rows, int64_t n, float eps, void* y, DType t) {
+Status add_layer_norm(void* x, const void* delta, const float* bias, const float* w, const float* b,
+                      int64_t rows, int64_t n, float eps, void* y, DType t) {
   if (Status s = check_rows(rows, "add_layer_norm"); !s.ok()) return s;
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    add_layer_norm_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<T*>(x), static_cast<const T*>(delta),
-                                                 bias, w, b, n, eps, static_cast<T*>(y));
+    add_layer_norm_kernel<<<rows, kRowThreads, 0, launch_stream()>>>(
+        static_cast<T*>(x), static_cast<const T*>(delta), bias, w, b, n, eps, static_cast<T*>(y));
   });
-  return from(cudaGetLastError(), "add_layer_norm launch");
+  return cuda_status(cudaGetLastError(), "add_layer_norm launch");
 }
 
 Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh, DType t) {
@@ -664,9 +645,9 @@ Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh,
   if (rows == 0) return ok_status();
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    bias_gelu_kernel<<<rows, kRowThreads, 0, stream()>>>(static_cast<T*>(x), bias, n, tanh);
+    bias_gelu_kernel<<<rows, kRowThreads, 0, launch_stream()>>>(static_cast<T*>(x), bias, n, tanh);
   });
-  return from(cudaGetLastError(), "bias_gelu launch");
+  return cuda_status(cudaGetLastError(), "bias_gelu launch");
 }
 
 Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
@@ -684,11 +665,11 @@ Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64
   const int64_t group = n_heads / n_kv_heads;
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    attention_kernel<<<warp_row_blocks(rows), kRowThreads, 0, stream()>>>(
+    attention_kernel<<<warp_row_blocks(rows), kRowThreads, 0, launch_stream()>>>(
         static_cast<const T*>(q), n_q, static_cast<const T*>(k), static_cast<const T*>(v), n_kv,
         first_pos, causal, n_heads, group, head_dim, scale, static_cast<T*>(out));
   });
-  return from(cudaGetLastError(), "attention launch");
+  return cuda_status(cudaGetLastError(), "attention launch");
 }
 
 int64_t attention_splits(int64_t rows, int64_t max_seen) {
@@ -721,25 +702,24 @@ Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
   const int64_t group = n_heads / n_kv_heads;
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    paged_attention_kernel<<<warp_row_blocks(rows * splits), kRowThreads, 0, stream()>>>(
+    paged_attention_kernel<<<warp_row_blocks(rows * splits), kRowThreads, 0, launch_stream()>>>(
         static_cast<const T*>(q), rows, tok_seq, tok_pos, block_tables, table_stride, block_size,
         static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), n_heads, group, head_dim,
         scale, splits, partial, static_cast<T*>(out));
     if (splits > 1) {
-      attention_combine_kernel<<<warp_row_blocks(rows), kRowThreads, 0, stream()>>>(partial, rows, splits,
-                                                                       head_dim,
-                                                                       static_cast<T*>(out));
+      attention_combine_kernel<<<warp_row_blocks(rows), kRowThreads, 0, launch_stream()>>>(
+          partial, rows, splits, head_dim, static_cast<T*>(out));
     }
   });
-  return from(cudaGetLastError(), "paged_attention launch");
+  return cuda_status(cudaGetLastError(), "paged_attention launch");
 }
 
 Status argmax_rows(const float* logits, int64_t rows, int64_t n, int32_t* ids) {
   if (Status s = check_rows(rows, "argmax_rows"); !s.ok()) return s;
   if (n <= 0 || n > 0x7fffffff) return invalid_argument("argmax_rows: bad row length");
   if (rows == 0) return ok_status();
-  argmax_kernel<<<rows, kRowThreads, 0, stream()>>>(logits, n, ids);
-  return from(cudaGetLastError(), "argmax_rows launch");
+  argmax_kernel<<<rows, kRowThreads, 0, launch_stream()>>>(logits, n, ids);
+  return cuda_status(cudaGetLastError(), "argmax_rows launch");
 }
 
 Status embedding_gather(const void* table, DType table_t, const int32_t* ids, int64_t count,
@@ -750,11 +730,11 @@ Status embedding_gather(const void* table, DType table_t, const int32_t* ids, in
     with_act(out_t, [&](auto b) {
       using Tt = decltype(a);
       using To = decltype(b);
-      gather_kernel<<<count, kRowThreads, 0, stream()>>>(static_cast<const Tt*>(table), ids, n,
-                                            static_cast<To*>(out));
+      gather_kernel<<<count, kRowThreads, 0, launch_stream()>>>(static_cast<const Tt*>(table), ids,
+                                                                n, static_cast<To*>(out));
     });
   });
-  return from(cudaGetLastError(), "embedding_gather launch");
+  return cuda_status(cudaGetLastError(), "embedding_gather launch");
 }
 
 }  // namespace vlm::cuda

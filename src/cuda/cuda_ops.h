@@ -29,15 +29,18 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   static Status allocate(size_t bytes, DeviceBuffer* out);
   ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   void* data() const { return ptr_; }
   size_t bytes() const { return bytes_; }
-  Status upload(const void* host, size_t bytes);          // synchronous, from offset 0
-  Status download(void* host, size_t bytes) const;        // synchronous, from offset 0
+  Status upload(const void* host, size_t bytes);    // synchronous, from offset 0
+  Status download(void* host, size_t bytes) const;  // synchronous, from offset 0
 
  private:
   void* ptr_ = nullptr;
@@ -58,7 +61,8 @@ void* current_stream();
 Status synchronize();  // the whole device
 
 // y[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, rows of n values; w is f32[n]. y may alias x.
-Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y, DType t);
+Status rms_norm(const void* x, const float* w, int64_t rows, int64_t n, float eps, void* y,
+                DType t);
 // x[r] += delta[r] (rounded to the activation type, as the CPU path stores the residual), then
 // y[r] = rms_norm(x[r]).
 Status add_rms_norm(void* x, const void* delta, const float* w, int64_t rows, int64_t n, float eps,
@@ -102,8 +106,8 @@ Status layer_norm(const void* x, const float* w, const float* b, int64_t rows, i
                   void* y, DType t);
 // Per row: x += delta + bias (bias f32 [n], may be null; x stored rounded), then, when y is not
 // null, y = layer_norm(x) with w, b (the vision blocks' residual add fused into the next norm).
-Status add_layer_norm(void* x, const void* delta, const float* bias, const float* w,
-                      const float* b, int64_t rows, int64_t n, float eps, void* y, DType t);
+Status add_layer_norm(void* x, const void* delta, const float* bias, const float* w, const float* b,
+                      int64_t rows, int64_t n, float eps, void* y, DType t);
 // In place: x = gelu(x + bias) per row (bias f32 [n], may be null); tanh: gelu_pytorch_tanh,
 // else nn.GELU()'s exact erf form.
 Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh, DType t);
@@ -122,9 +126,10 @@ Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64
 // table (row tok_seq[i] of block_tables, table_stride entries apart). q, out [tokens, n_heads,
 // head_dim]; caches [blocks · block_size, n_kv_heads · head_dim]. Online softmax in f32, one warp
 // per (query, head, split): when few (query, head) rows are there to fill the GPU (decode) and
-// the context is long, the keys are split into attention_splits() parts whose partial results (m, l, acc) go to
-// `partial` and are merged by a second kernel (flash-decoding). max_seen: the largest
-// tok_pos + 1, or any bound on it (it sets the number of splits; each query splits its own keys). partial: f32, at least paged_attention_scratch_floats(head_dim) values.
+// the context is long, the keys are split into attention_splits() parts whose partial results (m,
+// l, acc) go to `partial` and are merged by a second kernel (flash-decoding). max_seen: the largest
+// tok_pos + 1, or any bound on it (it sets the number of splits; each query splits its own keys).
+// partial: f32, at least paged_attention_scratch_floats(head_dim) values.
 Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
                        const int32_t* tok_pos, const int32_t* block_tables, int64_t table_stride,
                        int64_t block_size, const void* k_cache, const void* v_cache,

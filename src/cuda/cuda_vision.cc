@@ -55,14 +55,18 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
       const VisionBlockWeights& s = w.blocks[i];
       Block& d = blocks_[i];
       const std::string at = "vision block " + std::to_string(i);
-      for (auto [src, dst] : {std::pair{&s.norm1_w, &d.norm1_w}, {&s.norm1_b, &d.norm1_b},
-                              {&s.qkv_b, &d.qkv_b}, {&s.proj_b, &d.proj_b},
-                              {&s.norm2_w, &d.norm2_w}, {&s.norm2_b, &d.norm2_b},
-                              {&s.fc1_b, &d.fc1_b}, {&s.fc2_b, &d.fc2_b}}) {
+      for (auto [src, dst] : {std::pair{&s.norm1_w, &d.norm1_w},
+                              {&s.norm1_b, &d.norm1_b},
+                              {&s.qkv_b, &d.qkv_b},
+                              {&s.proj_b, &d.proj_b},
+                              {&s.norm2_w, &d.norm2_w},
+                              {&s.norm2_b, &d.norm2_b},
+                              {&s.fc1_b, &d.fc1_b},
+                              {&s.fc2_b, &d.fc2_b}}) {
         VLM_RETURN_IF_ERROR(upload_f32(*src, dst));
       }
-      for (auto [src, dst] : {std::pair{&s.qkv, &d.qkv}, {&s.proj, &d.proj}, {&s.fc1, &d.fc1},
-                              {&s.fc2, &d.fc2}}) {
+      for (auto [src, dst] :
+           {std::pair{&s.qkv, &d.qkv}, {&s.proj, &d.proj}, {&s.fc1, &d.fc1}, {&s.fc2, &d.fc2}}) {
         VLM_RETURN_IF_ERROR(upload_tensor(*src, act_, dst).with_context(at));
       }
     }
@@ -87,8 +91,8 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
   }
   size_t act_bytes() const { return act_ == DType::kF32 ? 4 : 2; }
   // y = x · w[row0 : row0 + N]ᵀ: a slice of rows of a stored [*, K] weight.
-  Status linear(const void* x, const DeviceBuffer& w, int64_t row0, int64_t M, int64_t N,
-                int64_t K, void* y, DType y_t) {
+  Status linear(const void* x, const DeviceBuffer& w, int64_t row0, int64_t M, int64_t N, int64_t K,
+                void* y, DType y_t) {
     const char* wp =
         static_cast<const char*>(w.data()) + row0 * K * static_cast<int64_t>(act_bytes());
     return gemm_->matmul(x, wp, act_, M, N, K, y, y_t);
@@ -124,8 +128,8 @@ Status CudaVisionEncoder::run_merger(const Merger& m, bool postshuffle, int64_t 
   }
   VLM_RETURN_IF_ERROR(linear(m_norm_.data(), m.fc1, 0, tokens, wide, wide, m_hidden_.data(), act_));
   VLM_RETURN_IF_ERROR(bias_gelu(m_hidden_.data(), f32p(m.fc1_b), tokens, wide, false, act_));
-  VLM_RETURN_IF_ERROR(linear(m_hidden_.data(), m.fc2, 0, tokens, out_h, wide, m_out_.data(),
-                             DType::kF32));
+  VLM_RETURN_IF_ERROR(
+      linear(m_hidden_.data(), m.fc2, 0, tokens, out_h, wide, m_out_.data(), DType::kF32));
   VLM_RETURN_IF_ERROR(add_bias(m_out_.data(), f32p(m.fc2_b), tokens, out_h, DType::kF32));
   out->resize(static_cast<size_t>(tokens * out_h));
   return m_out_.download(out->data(), out->size() * 4);
@@ -137,13 +141,22 @@ Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, Vi
   const int64_t nh = c_.num_heads, hd = D / nh, out_h = c_.out_hidden_size;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t a = act_bytes();
-  for (auto [buf, bytes] : {std::pair{&pix_, S * patch_in_ * 4}, {&pix_act_, S * patch_in_ * a},
-                            {&pos_, S * D * 4}, {&cos_, S * (hd / 2) * 4},
+  for (auto [buf, bytes] : {std::pair{&pix_, S * patch_in_ * 4},
+                            {&pix_act_, S * patch_in_ * a},
+                            {&pos_, S * D * 4},
+                            {&cos_, S * (hd / 2) * 4},
                             {&sin_, S * (hd / 2) * 4},
-                            {&x_, S * D * a}, {&xn_, S * D * a}, {&tmp_, S * D * a},
-                            {&q_, S * D * a}, {&k_, S * D * a}, {&v_, S * D * a},
-                            {&attn_, S * D * a}, {&mlp_, S * I * a}, {&m_norm_, S * D * a},
-                            {&m_hidden_, S * D * a}, {&m_out_, (S / (m * m)) * out_h * 4}}) {
+                            {&x_, S * D * a},
+                            {&xn_, S * D * a},
+                            {&tmp_, S * D * a},
+                            {&q_, S * D * a},
+                            {&k_, S * D * a},
+                            {&v_, S * D * a},
+                            {&attn_, S * D * a},
+                            {&mlp_, S * I * a},
+                            {&m_norm_, S * D * a},
+                            {&m_hidden_, S * D * a},
+                            {&m_out_, (S / (m * m)) * out_h * 4}}) {
     VLM_RETURN_IF_ERROR(ensure(buf, static_cast<size_t>(bytes)));
   }
   // Host tables: the interpolated positions (added to zeros) and the rotary angles.
@@ -165,8 +178,8 @@ Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, Vi
   const int64_t per_frame = g.h * g.w;
   const size_t n_blocks = blocks_.size();
   if (n_blocks > 0) {
-    VLM_RETURN_IF_ERROR(layer_norm(x_.data(), f32p(blocks_[0].norm1_w), f32p(blocks_[0].norm1_b),
-                                   S, D, kEps, xn_.data(), act_));
+    VLM_RETURN_IF_ERROR(layer_norm(x_.data(), f32p(blocks_[0].norm1_w), f32p(blocks_[0].norm1_b), S,
+                                   D, kEps, xn_.data(), act_));
   }
   for (size_t b = 0; b < n_blocks; ++b) {
     const Block& B = blocks_[b];
@@ -184,8 +197,8 @@ Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, Vi
       const size_t off = static_cast<size_t>(t * per_frame * D) * a;
       auto at = [&](const DeviceBuffer& buf) { return static_cast<char*>(buf.data()) + off; };
       if (act_ == DType::kBF16 && flash_attention_supports(hd)) {  // on the tensor cores
-        VLM_RETURN_IF_ERROR(flash_attention_full(at(q_), at(k_), at(v_), per_frame, nh, hd, scale,
-                                                 at(attn_)));
+        VLM_RETURN_IF_ERROR(
+            flash_attention_full(at(q_), at(k_), at(v_), per_frame, nh, hd, scale, at(attn_)));
       } else {
         VLM_RETURN_IF_ERROR(attention(at(q_), per_frame, at(k_), at(v_), per_frame, 0, false, nh,
                                       nh, hd, scale, at(attn_), act_));
@@ -202,8 +215,8 @@ Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, Vi
       VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), f32p(B.fc2_b), f32p(N.norm1_w),
                                          f32p(N.norm1_b), S, D, kEps, xn_.data(), act_));
     } else {
-      VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), f32p(B.fc2_b), nullptr, nullptr,
-                                         S, D, kEps, nullptr, act_));
+      VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), f32p(B.fc2_b), nullptr, nullptr, S,
+                                         D, kEps, nullptr, act_));
     }
     for (size_t tap = 0; tap < c_.deepstack_visual_indexes.size(); ++tap) {
       if (c_.deepstack_visual_indexes[tap] == static_cast<int64_t>(b)) {

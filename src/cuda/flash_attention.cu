@@ -1,12 +1,8 @@
 // Flash attention with WMMA (src/cuda/flash_attention.h). One CTA of 4 warps takes 64 queries of
 // one head; warp w owns query rows 16w .. 16w + 15. Per key tile of 64: the CTA loads K and V
 // into shared memory (zeros past the last key), each warp computes its S = Q·Kᵀ rows on the
-// tensor cores, updates its rows' running max and sum, writes P in BF16, rescales its O rows and adds
-// P·V. O lives in shared memory in f32 between tiles.
-#include "cuda/flash_attention.h"
-
-#include "cuda/cuda_ops.h"
-
+// tensor cores, updates its rows' running max and sum, writes P in BF16, rescales its O rows and
+// adds P·V. O lives in shared memory in f32 between tiles.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -14,27 +10,27 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/cuda_ops.h"
+#include "cuda/device_math.cuh"
+#include "cuda/flash_attention.h"
+#include "cuda/runtime.h"
+
 namespace vlm::cuda {
 namespace {
 
 namespace wmma = nvcuda::wmma;
 using bf16 = __nv_bfloat16;
 
-constexpr int kTile = 64;     // queries per CTA and keys per step
-constexpr int kWarps = 4;     // 16 query rows each
+constexpr int kTile = 64;  // queries per CTA and keys per step
+constexpr int kWarps = 4;  // 16 query rows each
 constexpr int kThreads = 32 * kWarps;
-
-Status from(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return ok_status();
-  return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
 
 // Where the keys come from: the paged cache through a block table, or contiguous rows.
 struct KeySource {
   const bf16* k;
   const bf16* v;
-  int64_t row;            // elements between consecutive slots / tokens
-  const int32_t* table;   // paged: this sequence's block table; null: contiguous
+  int64_t row;           // elements between consecutive slots / tokens
+  const int32_t* table;  // paged: this sequence's block table; null: contiguous
   int64_t block_size;
   __device__ int64_t offset(int64_t p) const {
     const int64_t slot =
@@ -190,8 +186,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t nq = n - q0 < kTile ? n - q0 : kTile;
   KeySource keys{k, v, n_heads * hd, nullptr, 1};
-  flash_tile<HD>(sm, q, q0, nq, blockIdx.y, n_heads, hd, nullptr, false, keys, blockIdx.y, n,
-                 scale, out);
+  flash_tile<HD>(sm, q, q0, nq, blockIdx.y, n_heads, hd, nullptr, false, keys, blockIdx.y, n, scale,
+                 out);
 }
 
 // Launches with HD the head_dim rounded up to 16 (64, 80, 96, 112 or 128).
@@ -210,7 +206,7 @@ template <auto Kernel>
 Status prepare(size_t smem) {
   static const cudaError_t e = cudaFuncSetAttribute(
       Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  return from(e, "flash attention shared memory");
+  return cuda_status(e, "flash attention shared memory");
 }
 
 }  // namespace
@@ -232,10 +228,9 @@ int64_t flash_query_tiles(const int64_t* chunk_off, const int64_t* chunk_n, int6
 
 Status flash_attention_paged(const void* q, const int32_t* tiles, int64_t n_tiles,
                              const int32_t* tok_seq, const int32_t* tok_pos,
-                             const int32_t* block_tables, int64_t table_stride,
-                             int64_t block_size, const void* k_cache, const void* v_cache,
-                             int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
-                             void* out) {
+                             const int32_t* block_tables, int64_t table_stride, int64_t block_size,
+                             const void* k_cache, const void* v_cache, int64_t n_heads,
+                             int64_t n_kv_heads, int64_t head_dim, float scale, void* out) {
   if (!flash_attention_supports(head_dim)) return invalid_argument("flash attention: head_dim");
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || block_size <= 0) {
     return invalid_argument("flash attention: bad heads or block size");
@@ -247,16 +242,16 @@ Status flash_attention_paged(const void* q, const int32_t* tiles, int64_t n_tile
     const size_t smem = sizeof(Smem<HD>);
     VLM_RETURN_IF_ERROR(prepare<flash_paged_kernel<HD>>(smem));
     flash_paged_kernel<HD><<<dim3(static_cast<unsigned>(n_tiles), static_cast<unsigned>(n_heads)),
-                             kThreads, smem, static_cast<cudaStream_t>(current_stream())>>>(
+                             kThreads, smem, launch_stream()>>>(
         static_cast<const bf16*>(q), tiles, tok_seq, tok_pos, block_tables, table_stride,
         block_size, static_cast<const bf16*>(k_cache), static_cast<const bf16*>(v_cache), n_heads,
         n_heads / n_kv_heads, head_dim, scale, static_cast<bf16*>(out));
-    return from(cudaGetLastError(), "flash_attention_paged launch");
+    return cuda_status(cudaGetLastError(), "flash_attention_paged launch");
   });
 }
 
-Status flash_attention_full(const void* q, const void* k, const void* v, int64_t n,
-                            int64_t n_heads, int64_t head_dim, float scale, void* out) {
+Status flash_attention_full(const void* q, const void* k, const void* v, int64_t n, int64_t n_heads,
+                            int64_t head_dim, float scale, void* out) {
   if (!flash_attention_supports(head_dim)) return invalid_argument("flash attention: head_dim");
   if (n <= 0) return ok_status();
   if (n_heads > 65535) return invalid_argument("flash attention: grid");
@@ -265,10 +260,11 @@ Status flash_attention_full(const void* q, const void* k, const void* v, int64_t
     const size_t smem = sizeof(Smem<HD>);
     VLM_RETURN_IF_ERROR(prepare<flash_full_kernel<HD>>(smem));
     const unsigned tiles = static_cast<unsigned>((n + kTile - 1) / kTile);
-    flash_full_kernel<HD><<<dim3(tiles, static_cast<unsigned>(n_heads)), kThreads, smem, static_cast<cudaStream_t>(current_stream())>>>(
-        static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v), n,
-        n_heads, head_dim, scale, static_cast<bf16*>(out));
-    return from(cudaGetLastError(), "flash_attention_full launch");
+    flash_full_kernel<HD>
+        <<<dim3(tiles, static_cast<unsigned>(n_heads)), kThreads, smem, launch_stream()>>>(
+            static_cast<const bf16*>(q), static_cast<const bf16*>(k), static_cast<const bf16*>(v),
+            n, n_heads, head_dim, scale, static_cast<bf16*>(out));
+    return cuda_status(cudaGetLastError(), "flash_attention_full launch");
   });
 }
 

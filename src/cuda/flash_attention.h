@@ -26,14 +26,13 @@ int64_t flash_query_tiles(const int64_t* chunk_off, const int64_t* chunk_n, int6
 // pairs from flash_query_tiles, on the device.
 Status flash_attention_paged(const void* q, const int32_t* tiles, int64_t n_tiles,
                              const int32_t* tok_seq, const int32_t* tok_pos,
-                             const int32_t* block_tables, int64_t table_stride,
-                             int64_t block_size, const void* k_cache, const void* v_cache,
-                             int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
-                             void* out);
+                             const int32_t* block_tables, int64_t table_stride, int64_t block_size,
+                             const void* k_cache, const void* v_cache, int64_t n_heads,
+                             int64_t n_kv_heads, int64_t head_dim, float scale, void* out);
 
 // Bidirectional attention of n tokens over the same n (one image frame): q, k, v, out
 // [n, n_heads, head_dim] BF16.
-Status flash_attention_full(const void* q, const void* k, const void* v, int64_t n,
-                            int64_t n_heads, int64_t head_dim, float scale, void* out);
+Status flash_attention_full(const void* q, const void* k, const void* v, int64_t n, int64_t n_heads,
+                            int64_t head_dim, float scale, void* out);
 
 }  // namespace vlm::cuda

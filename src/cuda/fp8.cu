@@ -1,32 +1,19 @@
 // E4M3 quantization kernels (src/cuda/fp8.h).
-#include "cuda/fp8.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "cuda/device_math.cuh"
+#include "cuda/fp8.h"
+#include "cuda/runtime.h"
+
 namespace vlm::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr float kE4M3Max = 448.f;
-
-Status from(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return ok_status();
-  return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
-
-cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
-
-__device__ inline float ld(const float* p, int64_t i) { return p[i]; }
-__device__ inline float ld(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-
-unsigned grid_for(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
-}
 
 // *amax = max |x| (non-negative floats order as their bit patterns, so an integer max works).
 template <typename T>
@@ -35,7 +22,7 @@ __global__ void amax_kernel(const T* x, int64_t count, float* amax) {
   float m = 0.f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    m = fmaxf(m, fabsf(ld(x, i)));
+    m = fmaxf(m, fabsf(load(x, i)));
   }
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
@@ -56,7 +43,7 @@ __global__ void to_fp8_kernel(const T* x, int64_t count, const float* scale,
   const float inv = 1.f / *scale;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __nv_cvt_float_to_fp8(ld(x, i) * inv, __NV_SATFINITE, __NV_E4M3);
+    out[i] = __nv_cvt_float_to_fp8(load(x, i) * inv, __NV_SATFINITE, __NV_E4M3);
   }
 }
 
@@ -64,20 +51,22 @@ __global__ void to_fp8_kernel(const T* x, int64_t count, const float* scale,
 
 Status quantize_fp8(const void* x, DType x_t, int64_t count, float* amax, float* scale, void* out) {
   if (count <= 0) return ok_status();
-  VLM_RETURN_IF_ERROR(from(cudaMemsetAsync(amax, 0, sizeof(float), stream()), "fp8 amax reset"));
-  const unsigned grid = grid_for(count);
+  VLM_RETURN_IF_ERROR(
+      cuda_status(cudaMemsetAsync(amax, 0, sizeof(float), launch_stream()), "fp8 amax reset"));
+  const unsigned grid = grid_for(count, kThreads, 4096);
   auto* q = static_cast<__nv_fp8_storage_t*>(out);
   if (x_t == DType::kF32) {
-    amax_kernel<<<grid, kThreads, 0, stream()>>>(static_cast<const float*>(x), count, amax);
-    scale_kernel<<<1, 1, 0, stream()>>>(amax, scale);
-    to_fp8_kernel<<<grid, kThreads, 0, stream()>>>(static_cast<const float*>(x), count, scale, q);
+    amax_kernel<<<grid, kThreads, 0, launch_stream()>>>(static_cast<const float*>(x), count, amax);
+    scale_kernel<<<1, 1, 0, launch_stream()>>>(amax, scale);
+    to_fp8_kernel<<<grid, kThreads, 0, launch_stream()>>>(static_cast<const float*>(x), count,
+                                                          scale, q);
   } else {
     const auto* xb = static_cast<const __nv_bfloat16*>(x);
-    amax_kernel<<<grid, kThreads, 0, stream()>>>(xb, count, amax);
-    scale_kernel<<<1, 1, 0, stream()>>>(amax, scale);
-    to_fp8_kernel<<<grid, kThreads, 0, stream()>>>(xb, count, scale, q);
+    amax_kernel<<<grid, kThreads, 0, launch_stream()>>>(xb, count, amax);
+    scale_kernel<<<1, 1, 0, launch_stream()>>>(amax, scale);
+    to_fp8_kernel<<<grid, kThreads, 0, launch_stream()>>>(xb, count, scale, q);
   }
-  return from(cudaGetLastError(), "quantize_fp8 launch");
+  return cuda_status(cudaGetLastError(), "quantize_fp8 launch");
 }
 
 }  // namespace vlm::cuda

@@ -90,7 +90,8 @@ Gemm::~Gemm() {
 
 Status Gemm::matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t N, int64_t K,
                     void* y, DType y_t, int64_t ldy) {
-  if (in_t == DType::kF32 && y_t != DType::kF32) return invalid_argument("gemm: F32 inputs give F32");
+  if (in_t == DType::kF32 && y_t != DType::kF32)
+    return invalid_argument("gemm: F32 inputs give F32");
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   if (ldy == 0) ldy = N;
   if (M < 0 || N < 0 || K < 0 || M > kMax || N > kMax || K > kMax || ldy < N || ldy > kMax) {
@@ -118,11 +119,9 @@ Status Gemm::matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t
     if (st == CUBLAS_STATUS_SUCCESS) return ok_status();
     p->usable = false;  // this shape goes the cublasGemmEx way from now on
   }
-  return from(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k,
-                           &alpha, w, in, k, x, in, k, &beta, y,
-                           y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldy),
-                           CUBLAS_COMPUTE_32F,
-                           CUBLAS_GEMM_DEFAULT),
+  return from(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in, k, x, in, k, &beta,
+                           y, y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldy),
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               "GemmEx");
 }
 
@@ -133,16 +132,16 @@ Status Gemm::matmul_fp8(const void* x, const float* x_scale, const void* w, cons
     return invalid_argument("fp8 gemm: shape out of range (K must be a multiple of 16)");
   }
   if (M == 0 || N == 0) return ok_status();
-  Plan* p = plan_for(Shape{M, N, K, N, static_cast<int>(CUDA_R_8F_E4M3),
-                           static_cast<int>(CUDA_R_16BF)});
+  Plan* p =
+      plan_for(Shape{M, N, K, N, static_cast<int>(CUDA_R_8F_E4M3), static_cast<int>(CUDA_R_16BF)});
   if (!p->usable) return unimplemented("cuBLASLt has no FP8 (E4M3) algorithm for this shape");
   // The scales are read on the device when the product runs (a graph replays the same buffers).
   const auto a_scale = CUBLASLT_MATMUL_DESC_A_SCALE_POINTER;
   const auto b_scale = CUBLASLT_MATMUL_DESC_B_SCALE_POINTER;
-  VLM_RETURN_IF_ERROR(from(
-      cublasLtMatmulDescSetAttribute(p->op, a_scale, &w_scale, sizeof w_scale), "fp8 A scale"));
-  VLM_RETURN_IF_ERROR(from(
-      cublasLtMatmulDescSetAttribute(p->op, b_scale, &x_scale, sizeof x_scale), "fp8 B scale"));
+  VLM_RETURN_IF_ERROR(from(cublasLtMatmulDescSetAttribute(p->op, a_scale, &w_scale, sizeof w_scale),
+                           "fp8 A scale"));
+  VLM_RETURN_IF_ERROR(from(cublasLtMatmulDescSetAttribute(p->op, b_scale, &x_scale, sizeof x_scale),
+                           "fp8 B scale"));
   const float alpha = 1.f, beta = 0.f;
   return from(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p->op, &alpha, w, p->a, x, p->b,
                              &beta, y, p->c, y, p->c, &p->algo, workspace_.data(),

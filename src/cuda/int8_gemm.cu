@@ -1,25 +1,15 @@
 // Weight-only INT8 products (src/cuda/int8_gemm.h).
-#include "cuda/int8_gemm.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <string>
 
+#include "cuda/device_math.cuh"
+#include "cuda/int8_gemm.h"
+#include "cuda/runtime.h"
+
 namespace vlm::cuda {
 namespace {
-
-Status from(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return ok_status();
-  return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
-
-cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
-
-__device__ inline float ld(const float* p, int64_t i) { return p[i]; }
-__device__ inline float ld(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ inline void st(float* p, int64_t i, float v) { p[i] = v; }
-__device__ inline void st(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -44,7 +34,7 @@ __global__ void int8_direct_kernel(const X* x, const int8_t* q, const float* sca
       const X* xr = x + m * K + k;
       float s = 0.f;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) s += static_cast<float>(w[j]) * ld(xr, j);
+      for (int j = 0; j < 16; ++j) s += static_cast<float>(w[j]) * load(xr, j);
       acc[m] += s;
     }
   }
@@ -53,7 +43,7 @@ __global__ void int8_direct_kernel(const X* x, const int8_t* q, const float* sca
     if (m >= M) break;
     float v = acc[m];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) st(y, m * N + n, v * scale[n]);
+    if (lane == 0) store(y, m * N + n, v * scale[n]);
   }
 }
 
@@ -63,16 +53,7 @@ __global__ void dequant_kernel(const int8_t* q, const float* scale, int64_t rows
   const int64_t count = rows * K;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < count;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    st(w, e, static_cast<float>(q[e]) * scale[e / K]);
-  }
-}
-
-template <typename F>
-void with_type(DType t, F&& f) {
-  if (t == DType::kF32) {
-    f(float{});
-  } else {
-    f(__nv_bfloat16{});
+    store(w, e, static_cast<float>(q[e]) * scale[e / K]);
   }
 }
 
@@ -85,15 +66,15 @@ Status int8_matmul_direct(const void* x, DType x_t, const int8_t* q, const float
                             " and K a multiple of 16");
   }
   const unsigned blocks = static_cast<unsigned>((N + kWarps - 1) / kWarps);
-  with_type(x_t, [&](auto xa) {
-    with_type(y_t, [&](auto ya) {
+  with_act(x_t, [&](auto xa) {
+    with_act(y_t, [&](auto ya) {
       using X = decltype(xa);
       using Y = decltype(ya);
-      int8_direct_kernel<<<blocks, kThreads, 0, stream()>>>(
+      int8_direct_kernel<<<blocks, kThreads, 0, launch_stream()>>>(
           static_cast<const X*>(x), q, scale, static_cast<int>(M), N, K, static_cast<Y*>(y));
     });
   });
-  return from(cudaGetLastError(), "int8_matmul_direct launch");
+  return cuda_status(cudaGetLastError(), "int8_matmul_direct launch");
 }
 
 Status int8_matmul(Gemm& gemm, const void* x, DType x_t, const int8_t* q, const float* scale,
@@ -110,12 +91,12 @@ Status int8_matmul(Gemm& gemm, const void* x, DType x_t, const int8_t* q, const 
     const int64_t count = rows * K;
     const unsigned grid =
         static_cast<unsigned>(count / kThreads + 1 < 65535 ? count / kThreads + 1 : 65535);
-    with_type(x_t, [&](auto a) {
+    with_act(x_t, [&](auto a) {
       using T = decltype(a);
-      dequant_kernel<<<grid, kThreads, 0, stream()>>>(q + n0 * K, scale + n0, rows, K,
-                                                      static_cast<T*>(scratch));
+      dequant_kernel<<<grid, kThreads, 0, launch_stream()>>>(q + n0 * K, scale + n0, rows, K,
+                                                             static_cast<T*>(scratch));
     });
-    VLM_RETURN_IF_ERROR(from(cudaGetLastError(), "int8 dequantize launch"));
+    VLM_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "int8 dequantize launch"));
     // Columns n0 .. n0 + rows of y: row stride N.
     VLM_RETURN_IF_ERROR(gemm.matmul(x, scratch, x_t, M, rows, K,
                                     static_cast<char*>(y) + n0 * static_cast<int64_t>(y_elem), y_t,

@@ -40,8 +40,8 @@ const Nvml& nvml() {
         dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
     n.utilization = reinterpret_cast<int (*)(NvmlDevice, NvmlUtilization*)>(
         dlsym(lib, "nvmlDeviceGetUtilizationRates"));
-    n.memory = reinterpret_cast<int (*)(NvmlDevice, NvmlMemory*)>(
-        dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+    n.memory =
+        reinterpret_cast<int (*)(NvmlDevice, NvmlMemory*)>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
     if (n.init == nullptr || n.handle_by_index == nullptr || n.memory == nullptr) {
       n.error = "NVML lacks the entry points vlm reads";
     } else if (int rc = n.init(); rc != 0) {
@@ -58,8 +58,8 @@ Result<GpuStats> read_gpu_stats(int index) {
   if (!n.error.empty()) return Status(StatusCode::kUnimplemented, n.error);
   NvmlDevice dev = nullptr;
   if (int rc = n.handle_by_index(static_cast<unsigned int>(index), &dev); rc != 0) {
-    return internal_error("NVML: no device " + std::to_string(index) + " (" +
-                          std::to_string(rc) + ")");
+    return internal_error("NVML: no device " + std::to_string(index) + " (" + std::to_string(rc) +
+                          ")");
   }
   GpuStats s;
   NvmlMemory mem{};

@@ -1,24 +1,20 @@
 // Sampling kernels (src/cuda/sampling.h). One CTA of 1024 threads per row: block reductions for
 // the max and the sums, a radix select for the top-k threshold, a bit-by-bit search for the
 // top-p threshold, and a block scan over contiguous id ranges for the draw.
-#include "cuda/sampling.h"
-
 #include <cuda_runtime.h>
 
 #include <string>
 
 #include "cuda/cuda_ops.h"
+#include "cuda/device_math.cuh"
+#include "cuda/runtime.h"
+#include "cuda/sampling.h"
 
 namespace vlm::cuda {
 namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-
-Status from(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return ok_status();
-  return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
 
 // Order-preserving map of floats to unsigned keys (larger float, larger key).
 __device__ inline uint32_t key_of(float f) {
@@ -210,10 +206,9 @@ Status sample_rows(float* logits, int64_t vocab, const SampleParams* params, int
   if (vocab <= 0 || vocab > 0x7fffffff || n > 0x7fffffff) {
     return invalid_argument("sample_rows: bad shape");
   }
-  sample_kernel<<<static_cast<unsigned>(n), kThreads, 0,
-                  static_cast<cudaStream_t>(current_stream())>>>(logits, vocab, params, penalties,
-                                                                 ids);
-  return from(cudaGetLastError(), "sample_rows launch");
+  sample_kernel<<<static_cast<unsigned>(n), kThreads, 0, launch_stream()>>>(logits, vocab, params,
+                                                                            penalties, ids);
+  return cuda_status(cudaGetLastError(), "sample_rows launch");
 }
 
 }  // namespace vlm::cuda

@@ -20,12 +20,12 @@ struct PenaltyEntry {
 
 // One row to draw from (plain data, copied to the device as is).
 struct SampleParams {
-  int32_t row = 0;          // the logit row
-  int32_t top_k = 0;        // 0: off (ties with the k-th logit stay, as transformers keeps them)
+  int32_t row = 0;    // the logit row
+  int32_t top_k = 0;  // 0: off (ties with the k-th logit stay, as transformers keeps them)
   float inv_temperature = 1;
-  float top_p = 1;          // 1: off
-  float min_p = 0;          // 0: off
-  float u = 0;              // the draw, uniform in [0, 1)
+  float top_p = 1;                             // 1: off
+  float min_p = 0;                             // 0: off
+  float u = 0;                                 // the draw, uniform in [0, 1)
   int32_t penalty_begin = 0, penalty_end = 0;  // this row's entries in the penalty array
 };
 

@@ -4,22 +4,14 @@
 
 #include <string>
 
+#include "cuda/runtime.h"
+
 namespace vlm::cuda {
-namespace {
-
-Status from(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return ok_status();
-  return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
-
-cudaStream_t cur() { return static_cast<cudaStream_t>(current_stream()); }
-
-}  // namespace
 
 Status Stream::create(std::unique_ptr<Stream>* out) {
   std::unique_ptr<Stream> s(new Stream());
   cudaStream_t h = nullptr;
-  VLM_RETURN_IF_ERROR(from(cudaStreamCreate(&h), "stream create"));
+  VLM_RETURN_IF_ERROR(cuda_status(cudaStreamCreate(&h), "stream create"));
   s->s_ = h;
   *out = std::move(s);
   return ok_status();
@@ -31,7 +23,7 @@ Stream::~Stream() {
 
 Status PinnedBuffer::allocate(size_t bytes, PinnedBuffer* out) {
   PinnedBuffer b;
-  if (bytes > 0) VLM_RETURN_IF_ERROR(from(cudaMallocHost(&b.p_, bytes), "cudaMallocHost"));
+  if (bytes > 0) VLM_RETURN_IF_ERROR(cuda_status(cudaMallocHost(&b.p_, bytes), "cudaMallocHost"));
   b.bytes_ = bytes;
   *out = std::move(b);
   return ok_status();
@@ -54,34 +46,39 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
 
 Status copy_to_device_async(void* device, const void* host, size_t bytes) {
   if (bytes == 0) return ok_status();
-  return from(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, cur()), "copy to device");
+  return cuda_status(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, launch_stream()),
+                     "copy to device");
 }
 
 Status copy_to_host_async(void* host, const void* device, size_t bytes) {
   if (bytes == 0) return ok_status();
-  return from(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, cur()), "copy to host");
+  return cuda_status(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, launch_stream()),
+                     "copy to host");
 }
 
-Status stream_synchronize() { return from(cudaStreamSynchronize(cur()), "stream synchronize"); }
+Status stream_synchronize() {
+  return cuda_status(cudaStreamSynchronize(launch_stream()), "stream synchronize");
+}
 
 Status Graph::begin_capture() {
-  return from(cudaStreamBeginCapture(cur(), cudaStreamCaptureModeThreadLocal), "begin capture");
+  return cuda_status(cudaStreamBeginCapture(launch_stream(), cudaStreamCaptureModeThreadLocal),
+                     "begin capture");
 }
 
 Status Graph::end_capture(std::unique_ptr<Graph>* out) {
   cudaGraph_t g = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(cur(), &g);
+  const cudaError_t end = cudaStreamEndCapture(launch_stream(), &g);
   if (end != cudaSuccess) {
     if (g != nullptr) cudaGraphDestroy(g);
     cudaGetLastError();  // a failed capture's error is not sticky; clear it
-    return from(end, "end capture");
+    return cuda_status(end, "end capture");
   }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
   cudaGraphDestroy(g);
   if (inst != cudaSuccess) {
     cudaGetLastError();
-    return from(inst, "graph instantiate");
+    return cuda_status(inst, "graph instantiate");
   }
   std::unique_ptr<Graph> graph(new Graph());
   graph->exec_ = exec;
@@ -94,7 +91,8 @@ Graph::~Graph() {
 }
 
 Status Graph::launch() const {
-  return from(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cur()), "graph launch");
+  return cuda_status(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), launch_stream()),
+                     "graph launch");
 }
 
 }  // namespace vlm::cuda

@@ -43,7 +43,10 @@ class PinnedBuffer {
   PinnedBuffer() = default;
   static Status allocate(size_t bytes, PinnedBuffer* out);
   ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; o.bytes_ = 0; }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
+    o.p_ = nullptr;
+    o.bytes_ = 0;
+  }
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
   void* data() const { return p_; }
   size_t bytes() const { return bytes_; }

@@ -15,10 +15,14 @@ Status device_bytes(const TensorView& w, DType target, std::vector<uint8_t>* out
       read = [](const void* p, int64_t i) { return static_cast<const float*>(p)[i]; };
       break;
     case vlm::DType::kBF16:
-      read = [](const void* p, int64_t i) { return bf16_to_f32(static_cast<const uint16_t*>(p)[i]); };
+      read = [](const void* p, int64_t i) {
+        return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+      };
       break;
     case vlm::DType::kF16:
-      read = [](const void* p, int64_t i) { return f16_to_f32(static_cast<const uint16_t*>(p)[i]); };
+      read = [](const void* p, int64_t i) {
+        return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+      };
       break;
     default:
       return unimplemented(std::string("CUDA backend: weights stored as ") + dtype_name(w.dtype) +

@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <condition_variable>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -23,9 +23,9 @@
 #include "io/safetensors.h"
 #include "model/qwen3vl_config.h"
 #include "model/vision_encoder.h"
+#include "test_util.h"
 #include "vision/image_decode.h"
 #include "vision/preprocess.h"
-#include "test_util.h"
 #include "vlm/chat.h"
 #include "vlm/engine.h"
 
@@ -50,15 +50,21 @@ nlohmann::json reference(const std::string& dir) {
   return nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
 }
 
-std::unique_ptr<Engine> gpu_engine(const std::string& dir, const std::string& dtype,
-                                   int64_t chunk = 16) {
+// The options of a model on the GPU: 2 CPU threads (preprocessing), no tokenizer needed.
+EngineOptions gpu_options(const std::string& dir, const std::string& dtype = "bf16") {
   EngineOptions o;
   o.model_dir = dir;
   o.require_tokenizer = false;
   o.n_threads = 2;
-  o.prefill_chunk = chunk;  // several chunks per prompt: chunked prefill over the paged cache
   o.device = "cuda";
   o.gpu_dtype = dtype;
+  return o;
+}
+
+std::unique_ptr<Engine> gpu_engine(const std::string& dir, const std::string& dtype,
+                                   int64_t chunk = 16) {
+  EngineOptions o = gpu_options(dir, dtype);
+  o.prefill_chunk = chunk;  // several chunks per prompt: chunked prefill over the paged cache
   auto e = Engine::load(o);
   EXPECT_TRUE(e.ok()) << e.status().message();
   return e.ok() ? std::move(e).value() : nullptr;
@@ -123,7 +129,8 @@ INSTANTIATE_TEST_SUITE_P(
                       TextCase{"tiny-fullvocab-bf16", "bf16", "file", kTolBf16}),
     [](const auto& info) {
       std::string n = info.param.fixture + "_" + info.param.dtype;
-      for (auto& ch : n) if (ch == '-') ch = '_';
+      for (auto& ch : n)
+        if (ch == '-') ch = '_';
       return n;
     });
 
@@ -157,7 +164,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTextGreedy,
                                            "text-bf16-hd128"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           for (auto& ch : n) if (ch == '-') ch = '_';
+                           for (auto& ch : n)
+                             if (ch == '-') ch = '_';
                            return n;
                          });
 
@@ -193,24 +201,28 @@ TEST(CudaVisionModel, EncoderOutputsMatchTransformers) {
       auto p = preprocess_image(*img, o);
       ASSERT_TRUE(p.ok()) << p.status().message();
       VisionOutput out;
-      ASSERT_TRUE(host.encode(p->pixel_values.data(), {p->grid_t, p->grid_h, p->grid_w}, &out).ok());
+      ASSERT_TRUE(
+          host.encode(p->pixel_values.data(), {p->grid_t, p->grid_h, p->grid_w}, &out).ok());
       embeds.insert(embeds.end(), out.embeds.begin(), out.embeds.end());
       for (size_t k = 0; k < ds.size(); ++k) {
         ds[k].insert(ds[k].end(), out.deepstack[k].begin(), out.deepstack[k].end());
       }
     }
-    EXPECT_LE(rel_err(embeds, npy(dir + "/" + c["image_embeds"]["file"].get<std::string>())), kTolF32)
+    EXPECT_LE(rel_err(embeds, npy(dir + "/" + c["image_embeds"]["file"].get<std::string>())),
+              kTolF32)
         << c["name"];
     ASSERT_EQ(c["deepstack"].size(), ds.size());
     for (size_t k = 0; k < ds.size(); ++k) {
-      EXPECT_LE(rel_err(ds[k], npy(dir + "/" + c["deepstack"][k]["file"].get<std::string>())), kTolF32)
+      EXPECT_LE(rel_err(ds[k], npy(dir + "/" + c["deepstack"][k]["file"].get<std::string>())),
+                kTolF32)
           << c["name"] << " tap " << k;
     }
   }
 }
 
 // Images through the engine: the GPU vision tower's features replace the pads and DeepStack adds
-// them after the first decoder layers; prompts span several 16-token chunks, images cut across them.
+// them after the first decoder layers; prompts span several 16-token chunks, images cut across
+// them.
 TEST(CudaVisionModel, MultimodalLogitsAndGreedyMatchTransformers) {
   SKIP_WITHOUT_DEVICE();
   const std::string dir = kFixtures + "/vision-f32";
@@ -221,8 +233,7 @@ TEST(CudaVisionModel, MultimodalLogitsAndGreedyMatchTransformers) {
     const auto& im = ref["images"][name];
     const std::string src = im["source"];
     ImageInput in;
-    in.path = (src.rfind("synthetic", 0) == 0 ? dir : kShared + "/data/images") +
-              "/" + src;
+    in.path = (src.rfind("synthetic", 0) == 0 ? dir : kShared + "/data/images") + "/" + src;
     in.min_pixels = im["min_pixels"].get<int64_t>();
     in.max_pixels = im["max_pixels"].get<int64_t>();
     return in;
@@ -251,11 +262,8 @@ TEST(CudaVisionModel, MultimodalLogitsAndGreedyMatchTransformers) {
 TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
   SKIP_WITHOUT_DEVICE();
   const std::string scenes = kFixtures + "/shapes-qa";
-  EngineOptions o;
-  o.model_dir = kRepo + "/models/tiny-qwen3vl";
-  o.n_threads = 2;
-  o.device = "cuda";
-  o.gpu_dtype = "f32";
+  EngineOptions o = gpu_options(kRepo + "/models/tiny-qwen3vl", "f32");
+  o.require_tokenizer = true;
   auto loaded = Engine::load(o);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   Engine& engine = **loaded;
@@ -318,11 +326,7 @@ TEST(CudaServing, GraphsGiveTheSameTokensAsPlainLaunches) {
   const auto ref = reference(dir);
   std::vector<std::vector<int32_t>> runs[2];
   for (int graphs = 0; graphs < 2; ++graphs) {
-    EngineOptions o;
-    o.model_dir = dir;
-    o.require_tokenizer = false;
-    o.n_threads = 2;
-    o.device = "cuda";
+    EngineOptions o = gpu_options(dir);
     o.cuda_graphs = graphs == 1;
     auto loaded = Engine::load(o);
     ASSERT_TRUE(loaded.ok()) << loaded.status().message();
@@ -363,17 +367,14 @@ TEST(CudaQuant, Int8LogitsMatchTheCpuInt8Model) {
   SKIP_WITHOUT_DEVICE();
   for (const char* fixture : {"text-f32-untied", "text-bf16-hd128"}) {
     const std::string dir = kFixtures + "/" + fixture;
-    EngineOptions o;
-    o.model_dir = dir;
-    o.require_tokenizer = false;
-    o.n_threads = 2;
+    EngineOptions o = gpu_options(dir, "f32");
     o.prefill_chunk = 16;
     o.quant = "int8";
+    o.device = "cpu";
     o.cpu_isa = "generic";
     auto cpu = Engine::load(o);
     ASSERT_TRUE(cpu.ok()) << cpu.status().message();
     o.device = "cuda";
-    o.gpu_dtype = "f32";
     auto gpu = Engine::load(o);
     ASSERT_TRUE(gpu.ok()) << gpu.status().message();
     EXPECT_EQ((*gpu)->decode_weight_bytes(), (*cpu)->decode_weight_bytes());  // INT8 + scales
@@ -393,12 +394,7 @@ TEST(CudaQuant, Int8LogitsMatchTheCpuInt8Model) {
 TEST(CudaServing, DeviceSamplingIsGreedyAtTopK1AndReproducible) {
   SKIP_WITHOUT_DEVICE();
   const std::string dir = kFixtures + "/text-bf16-hd128";
-  EngineOptions o;
-  o.model_dir = dir;
-  o.require_tokenizer = false;
-  o.n_threads = 2;
-  o.device = "cuda";
-  auto loaded = Engine::load(o);
+  auto loaded = Engine::load(gpu_options(dir));
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   auto core = EngineCore::create(**loaded, BatchingOptions{});
   ASSERT_TRUE(core.ok()) << core.status().message();
@@ -453,12 +449,8 @@ TEST(CudaQuant, Fp8LogitsStayCloseToBf16) {
   for (const char* fixture : {"text-f32-untied", "text-bf16-hd128"}) {
     const std::string dir = kFixtures + "/" + fixture;
     auto bf16 = gpu_engine(dir, "bf16");
-    EngineOptions o;
-    o.model_dir = dir;
-    o.require_tokenizer = false;
-    o.n_threads = 2;
+    EngineOptions o = gpu_options(dir);
     o.prefill_chunk = 16;
-    o.device = "cuda";
     o.quant = "fp8";
     auto fp8 = Engine::load(o);
     ASSERT_NE(bf16, nullptr);
@@ -495,10 +487,7 @@ TEST(CudaQuant, Fp8LogitsStayCloseToBf16) {
 
 // Options the GPU path refuses, with or without a GPU.
 TEST(CudaOptions, UnsupportedCombinationsAreRefused) {
-  EngineOptions o;
-  o.model_dir = kFixtures + "/text-f32-untied";
-  o.require_tokenizer = false;
-  o.device = "cuda";
+  EngineOptions o = gpu_options(kFixtures + "/text-f32-untied");
   o.quant = "int4";
   auto e = Engine::load(o);
   ASSERT_FALSE(e.ok());
@@ -528,7 +517,8 @@ TEST(CudaOptions, UnsupportedCombinationsAreRefused) {
     o.device = "cuda";
     e = Engine::load(o);
     ASSERT_FALSE(e.ok());
-    EXPECT_NE(e.status().message().find("no CUDA device"), std::string::npos) << e.status().message();
+    EXPECT_NE(e.status().message().find("no CUDA device"), std::string::npos)
+        << e.status().message();
   }
 }
 

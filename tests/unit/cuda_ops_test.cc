@@ -1,5 +1,7 @@
 // The CUDA backend's small ops (src/cuda/cuda_ops.h) against the CPU reference (src/ops/ref), in
 // F32 and BF16 activations. Without a CUDA device every test reports skipped, never passed.
+#include "cuda/cuda_ops.h"
+
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "core/half.h"
-#include "cuda/cuda_ops.h"
 #include "cuda/flash_attention.h"
 #include "cuda/fp8.h"
 #include "cuda/gemm.h"
@@ -73,6 +74,20 @@ struct Act {
   }
 };
 
+// Rotary tables of random angles: cos and sin [count].
+struct Rotary {
+  std::vector<float> cos, sin;
+};
+Rotary random_rotary(size_t count, uint32_t seed) {
+  Rotary r{std::vector<float>(count), std::vector<float>(count)};
+  const auto angle = random_values(count, seed, 3.f);
+  for (size_t i = 0; i < count; ++i) {
+    r.cos[i] = std::cos(angle[i]);
+    r.sin[i] = std::sin(angle[i]);
+  }
+  return r;
+}
+
 DeviceBuffer upload(const std::vector<uint8_t>& host) {
   DeviceBuffer b;
   EXPECT_TRUE(DeviceBuffer::allocate(host.size(), &b).ok());
@@ -129,8 +144,9 @@ TEST_P(CudaOps, RmsNormMatchesReference) {
       ops::ref::rms_norm(x.data(), w.data(), rows, n, 1e-6f, want.data());
       DeviceBuffer dx = upload(a.encode(x)), dw = upload_f32(w), dy;
       ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(x.size()), &dy).ok());
-      ASSERT_TRUE(rms_norm(dx.data(), static_cast<const float*>(dw.data()), rows, n, 1e-6f,
-                           dy.data(), a.t).ok());
+      ASSERT_TRUE(
+          rms_norm(dx.data(), static_cast<const float*>(dw.data()), rows, n, 1e-6f, dy.data(), a.t)
+              .ok());
       ASSERT_TRUE(synchronize().ok());
       expect_close(a.decode(download(dy)), a.round(want), a, rms_rel(n), "rms_norm");
     }
@@ -147,7 +163,8 @@ TEST_P(CudaOps, AddRmsNormMatchesReference) {
   DeviceBuffer dx = upload(a.encode(x)), dd = upload(a.encode(delta)), dw = upload_f32(w), dy;
   ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(x.size()), &dy).ok());
   ASSERT_TRUE(add_rms_norm(dx.data(), dd.data(), static_cast<const float*>(dw.data()), rows, n,
-                           1e-6f, dy.data(), a.t).ok());
+                           1e-6f, dy.data(), a.t)
+                  .ok());
   ASSERT_TRUE(synchronize().ok());
   // The reference on what the device stores: the residual rounded to the activation type.
   std::vector<float> sum(x.size());
@@ -167,12 +184,7 @@ TEST_P(CudaOps, QkNormRopeMatchesReference) {
       const int64_t tokens = 5, half = head_dim / 2;
       const auto x = a.round(random_values(tokens * heads * head_dim, 9, 2.f));
       const auto w = random_values(head_dim, 10);
-      std::vector<float> cos(tokens * half), sin(tokens * half);
-      const auto angle = random_values(cos.size(), 11, 3.f);
-      for (size_t i = 0; i < cos.size(); ++i) {
-        cos[i] = std::cos(angle[i]);
-        sin[i] = std::sin(angle[i]);
-      }
+      const auto [cos, sin] = random_rotary(tokens * half, 11);
       std::vector<float> want = x;
       ops::ref::qk_norm_rope(want.data(), tokens, heads, head_dim, w.data(), 1e-6f, cos.data(),
                              sin.data());
@@ -181,7 +193,8 @@ TEST_P(CudaOps, QkNormRopeMatchesReference) {
       ASSERT_TRUE(qk_norm_rope(dx.data(), tokens, heads, head_dim,
                                static_cast<const float*>(dw.data()), 1e-6f,
                                static_cast<const float*>(dc.data()),
-                               static_cast<const float*>(ds.data()), a.t).ok());
+                               static_cast<const float*>(ds.data()), a.t)
+                      .ok());
       ASSERT_TRUE(synchronize().ok());
       // The rotation sums two products of values up to max|x·w|: bound it by the row's scale.
       std::vector<float> got = a.decode(download(dx));
@@ -220,8 +233,8 @@ TEST_P(CudaOps, VisionOpsMatchReference) {
     DeviceBuffer dx = upload(a.encode(x)), dw = upload_f32(w), db = upload_f32(b), dy;
     ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(x.size()), &dy).ok());
     ASSERT_TRUE(layer_norm(dx.data(), static_cast<const float*>(dw.data()),
-                           static_cast<const float*>(db.data()), rows, n, 1e-6f, dy.data(),
-                           a.t).ok());
+                           static_cast<const float*>(db.data()), rows, n, 1e-6f, dy.data(), a.t)
+                    .ok());
     ASSERT_TRUE(synchronize().ok());
     close_scaled(a.decode(download(dy)), a.round(want), 4.f, "layer_norm");
   }
@@ -236,8 +249,8 @@ TEST_P(CudaOps, VisionOpsMatchReference) {
     ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(x.size()), &dy).ok());
     ASSERT_TRUE(add_layer_norm(dx.data(), dd.data(), static_cast<const float*>(dbias.data()),
                                static_cast<const float*>(dw.data()),
-                               static_cast<const float*>(db.data()), rows, n, 1e-6f, dy.data(),
-                               a.t).ok());
+                               static_cast<const float*>(db.data()), rows, n, 1e-6f, dy.data(), a.t)
+                    .ok());
     ASSERT_TRUE(synchronize().ok());
     expect_close(a.decode(download(dx)), sum, a, 2 * kU, "add_layer_norm residual");
     close_scaled(a.decode(download(dy)), a.round(want), 4.f, "add_layer_norm");
@@ -267,18 +280,14 @@ TEST_P(CudaOps, VisionOpsMatchReference) {
   {  // rotary alone (w null), head_dim 72 as the vision tower's 1152 / 16
     const int64_t tokens = 5, heads = 16, hd = 72, half = hd / 2;
     const auto q = a.round(random_values(tokens * heads * hd, 45, 2.f));
-    std::vector<float> cos(tokens * half), sin(tokens * half);
-    const auto angle = random_values(cos.size(), 46, 3.f);
-    for (size_t i = 0; i < cos.size(); ++i) {
-      cos[i] = std::cos(angle[i]);
-      sin[i] = std::sin(angle[i]);
-    }
+    const auto [cos, sin] = random_rotary(tokens * half, 46);
     std::vector<float> want = q;
     ops::ref::rope_neox(want.data(), tokens, heads, hd, cos.data(), sin.data());
     DeviceBuffer dq = upload(a.encode(q)), dc = upload_f32(cos), ds = upload_f32(sin);
     ASSERT_TRUE(qk_norm_rope(dq.data(), tokens, heads, hd, nullptr, 0.f,
                              static_cast<const float*>(dc.data()),
-                             static_cast<const float*>(ds.data()), a.t).ok());
+                             static_cast<const float*>(ds.data()), a.t)
+                    .ok());
     ASSERT_TRUE(synchronize().ok());
     close_scaled(a.decode(download(dq)), a.round(want), 4.f, "rope");
   }
@@ -294,12 +303,7 @@ TEST_P(CudaOps, QkvRopeStoreMatchesTheSeparateOps) {
   const int64_t width = (nh + 2 * nkv) * hd, pool_rows = 40;
   const auto qkv = a.round(random_values(tokens * width, 50, 2.f));
   const auto qw = random_values(hd, 51), kw = random_values(hd, 52);
-  std::vector<float> cos(tokens * half), sin(tokens * half);
-  const auto angle = random_values(cos.size(), 53, 3.f);
-  for (size_t i = 0; i < cos.size(); ++i) {
-    cos[i] = std::cos(angle[i]);
-    sin[i] = std::sin(angle[i]);
-  }
+  const auto [cos, sin] = random_rotary(tokens * half, 53);
   const std::vector<int32_t> slots = {7, 31, 0, 12};
   std::vector<float> q(tokens * nh * hd), k(tokens * kvd), v(tokens * kvd);
   for (int64_t i = 0; i < tokens; ++i) {
@@ -321,13 +325,13 @@ TEST_P(CudaOps, QkvRopeStoreMatchesTheSeparateOps) {
                dc = upload_f32(cos), ds = upload_f32(sin), dslots = upload(slot_bytes),
                dkc = upload(a.encode(pool0)), dvc = upload(a.encode(pool0)), dq;
   ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q.size()), &dq).ok());
-  ASSERT_TRUE(qkv_rope_store(dqkv.data(), tokens, nh, nkv, hd,
-                             static_cast<const float*>(dqw.data()),
-                             static_cast<const float*>(dkw.data()), 1e-6f,
-                             static_cast<const float*>(dc.data()),
-                             static_cast<const float*>(ds.data()),
-                             static_cast<const int32_t*>(dslots.data()), dq.data(), dkc.data(),
-                             dvc.data(), a.t).ok());
+  ASSERT_TRUE(
+      qkv_rope_store(dqkv.data(), tokens, nh, nkv, hd, static_cast<const float*>(dqw.data()),
+                     static_cast<const float*>(dkw.data()), 1e-6f,
+                     static_cast<const float*>(dc.data()), static_cast<const float*>(ds.data()),
+                     static_cast<const int32_t*>(dslots.data()), dq.data(), dkc.data(), dvc.data(),
+                     a.t)
+          .ok());
   ASSERT_TRUE(synchronize().ok());
   auto check = [&](const std::vector<float>& got, const std::vector<float>& want,
                    const char* what) {
@@ -373,7 +377,8 @@ TEST_P(CudaOps, AddRowsAtAddsTheDeepStackFeatures) {
     const auto delta = d.round(random_values(rows.size() * n, 13));
     DeviceBuffer dx = upload(a.encode(x)), dd = upload(d.encode(delta));
     ASSERT_TRUE(add_rows_at(dx.data(), static_cast<const int32_t*>(dr.data()), dd.data(), d.t,
-                            static_cast<int64_t>(rows.size()), n, a.t).ok());
+                            static_cast<int64_t>(rows.size()), n, a.t)
+                    .ok());
     ASSERT_TRUE(synchronize().ok());
     for (size_t i = 0; i < rows.size(); ++i) {
       for (int64_t j = 0; j < n; ++j) x[rows[i] * n + j] += delta[i * n + j];
@@ -393,8 +398,9 @@ TEST_P(CudaOps, SetRowsAtReplacesTheImageRows) {
   auto x = a.round(random_values(seq * n, 30));
   const auto src = random_values(rows.size() * n, 31);
   DeviceBuffer dx = upload(a.encode(x)), dr = upload(row_bytes), ds = upload_f32(src);
-  ASSERT_TRUE(set_rows_at(dx.data(), static_cast<const int32_t*>(dr.data()), ds.data(),
-                          DType::kF32, static_cast<int64_t>(rows.size()), n, a.t).ok());
+  ASSERT_TRUE(set_rows_at(dx.data(), static_cast<const int32_t*>(dr.data()), ds.data(), DType::kF32,
+                          static_cast<int64_t>(rows.size()), n, a.t)
+                  .ok());
   ASSERT_TRUE(synchronize().ok());
   for (size_t i = 0; i < rows.size(); ++i) {
     std::copy_n(src.begin() + i * n, n, x.begin() + rows[i] * n);
@@ -425,7 +431,9 @@ DeviceBuffer upload_ints(const std::vector<int32_t>& v) {
 // tokens and this step's `n`, its blocks scattered through the pool, every K/V row already in its
 // slot; with the double-precision reference output of each sequence on its contiguous K/V.
 struct PagedBatch {
-  struct Seq { int64_t first, n; };
+  struct Seq {
+    int64_t first, n;
+  };
   int64_t heads, kv_heads, hd, bs = 16;
   int64_t max_blocks = 0, tokens = 0, max_seen = 0;
   float vmax = 0.f;
@@ -470,8 +478,8 @@ struct PagedBatch {
       }
       q_all.insert(q_all.end(), qs.begin(), qs.end());
       std::vector<float> out(qs.size());
-      ops::ref::attention_causal(qs.data(), n, seqs[s].first, ks.data(), vs.data(), heads,
-                                 kv_heads, hd, scale(), out.data());
+      ops::ref::attention_causal(qs.data(), n, seqs[s].first, ks.data(), vs.data(), heads, kv_heads,
+                                 hd, scale(), out.data());
       want.insert(want.end(), out.begin(), out.end());
     }
     q = upload(a.encode(q_all));
@@ -511,7 +519,8 @@ TEST_P(CudaOps, PagedAttentionMatchesReference) {
   ASSERT_TRUE(paged_attention(b.q.data(), b.tokens, b.seq_ptr(), b.pos_ptr(), b.table_ptr(),
                               b.max_blocks, b.bs, b.k_cache.data(), b.v_cache.data(), b.heads,
                               b.kv_heads, b.hd, b.scale(), b.max_seen,
-                              static_cast<float*>(dpart.data()), dy.data(), a.t).ok());
+                              static_cast<float*>(dpart.data()), dy.data(), a.t)
+                  .ok());
   ASSERT_TRUE(synchronize().ok());
   b.check(a, a.decode(download(dy)), 0.f);
 }
@@ -523,7 +532,9 @@ TEST_P(CudaOps, PagedAttentionMatchesReference) {
 TEST(CudaFlash, PagedPrefillMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   const Act a{DType::kBF16};
-  struct Shape { int64_t heads, kv_heads, hd; };
+  struct Shape {
+    int64_t heads, kv_heads, hd;
+  };
   for (const Shape& sh : {Shape{8, 2, 128}, Shape{4, 1, 64}, Shape{4, 2, 72}}) {
     const PagedBatch b(a, sh.heads, sh.kv_heads, sh.hd, {{37, 100}, {0, 70}, {300, 1}, {5, 64}});
     std::vector<int32_t> tiles(2 * b.tokens);
@@ -536,7 +547,8 @@ TEST(CudaFlash, PagedPrefillMatchesReference) {
     ASSERT_TRUE(flash_attention_paged(b.q.data(), static_cast<const int32_t*>(dtiles.data()),
                                       n_tiles, b.seq_ptr(), b.pos_ptr(), b.table_ptr(),
                                       b.max_blocks, b.bs, b.k_cache.data(), b.v_cache.data(),
-                                      b.heads, b.kv_heads, b.hd, b.scale(), dy.data()).ok());
+                                      b.heads, b.kv_heads, b.hd, b.scale(), dy.data())
+                    .ok());
     ASSERT_TRUE(synchronize().ok());
     b.check(a, a.decode(download(dy)), b.vmax / 256);
   }
@@ -557,8 +569,8 @@ TEST(CudaFlash, FullAttentionMatchesReference) {
     ops::ref::attention_full(q.data(), k.data(), v.data(), n, heads, hd, scale, want.data());
     DeviceBuffer dq = upload(a.encode(q)), dk = upload(a.encode(k)), dv = upload(a.encode(v)), dy;
     ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q.size()), &dy).ok());
-    ASSERT_TRUE(flash_attention_full(dq.data(), dk.data(), dv.data(), n, heads, hd, scale,
-                                     dy.data()).ok());
+    ASSERT_TRUE(
+        flash_attention_full(dq.data(), dk.data(), dv.data(), n, heads, hd, scale, dy.data()).ok());
     ASSERT_TRUE(synchronize().ok());
     float vmax = 0.f;
     for (float x : v) vmax = std::max(vmax, std::fabs(x));
@@ -582,7 +594,8 @@ TEST_P(CudaOps, EmbeddingGatherCopiesRows) {
   DeviceBuffer dt = upload(Act{DType::kBF16}.encode(table)), di = upload(id_bytes), dy;
   ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(ids.size() * n), &dy).ok());
   ASSERT_TRUE(embedding_gather(dt.data(), DType::kBF16, static_cast<const int32_t*>(di.data()),
-                               static_cast<int64_t>(ids.size()), n, dy.data(), a.t).ok());
+                               static_cast<int64_t>(ids.size()), n, dy.data(), a.t)
+                  .ok());
   ASSERT_TRUE(synchronize().ok());
   const auto rounded = Act{DType::kBF16}.round(table);
   std::vector<float> want;
@@ -599,7 +612,10 @@ TEST_P(CudaOps, EmbeddingGatherCopiesRows) {
 TEST_P(CudaOps, AttentionMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   const Act a{GetParam()};
-  struct Case { int64_t n_q, first_pos, heads, kv_heads, head_dim; bool causal; };
+  struct Case {
+    int64_t n_q, first_pos, heads, kv_heads, head_dim;
+    bool causal;
+  };
   for (const Case& c : {Case{9, 0, 4, 2, 64, true}, Case{5, 37, 8, 2, 128, true},
                         Case{1, 300, 16, 8, 128, true}, Case{1, 0, 2, 1, 256, true},
                         Case{6, 4, 2, 1, 16, true},  // head_dim under a warp (tiny fixture)
@@ -620,7 +636,8 @@ TEST_P(CudaOps, AttentionMatchesReference) {
     DeviceBuffer dq = upload(a.encode(q)), dk = upload(a.encode(k)), dv = upload(a.encode(v)), dy;
     ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q.size()), &dy).ok());
     ASSERT_TRUE(attention(dq.data(), c.n_q, dk.data(), dv.data(), n_kv, c.first_pos, c.causal,
-                          c.heads, c.kv_heads, c.head_dim, scale, dy.data(), a.t).ok());
+                          c.heads, c.kv_heads, c.head_dim, scale, dy.data(), a.t)
+                    .ok());
     ASSERT_TRUE(synchronize().ok());
     float vmax = 0.f;
     for (float x : v) vmax = std::max(vmax, std::fabs(x));
@@ -642,14 +659,15 @@ TEST(CudaSampling, ArgmaxRowsPicksTheFirstLargest) {
   SKIP_WITHOUT_DEVICE();
   const int64_t rows = 6, n = 151936;  // Qwen3's vocabulary
   auto logits = random_values(rows * n, 19, 3.f);
-  logits[1 * n + 5] = logits[1 * n + 90000] = 100.f;  // a tie: the lower index wins
-  logits[2 * n + 7] = std::nanf("");                   // NaN never wins
-  logits[3 * n + n - 1] = 100.f;                        // the last element
+  logits[1 * n + 5] = logits[1 * n + 90000] = 100.f;         // a tie: the lower index wins
+  logits[2 * n + 7] = std::nanf("");                         // NaN never wins
+  logits[3 * n + n - 1] = 100.f;                             // the last element
   for (int64_t i = 0; i < n; ++i) logits[4 * n + i] = -1.f;  // all equal: index 0
   DeviceBuffer dl = upload_f32(logits), di;
   ASSERT_TRUE(DeviceBuffer::allocate(rows * 4, &di).ok());
-  ASSERT_TRUE(argmax_rows(static_cast<const float*>(dl.data()), rows, n,
-                          static_cast<int32_t*>(di.data())).ok());
+  ASSERT_TRUE(
+      argmax_rows(static_cast<const float*>(dl.data()), rows, n, static_cast<int32_t*>(di.data()))
+          .ok());
   ASSERT_TRUE(synchronize().ok());
   std::vector<int32_t> got(rows);
   ASSERT_TRUE(di.download(got.data(), rows * 4).ok());
@@ -687,9 +705,11 @@ TEST(CudaWeights, DeviceBytesConvertAsTorchCasts) {
     bf16[i] = f32_to_bf16(f32[i]);
     f16[i] = f32_to_f16(f32[i]);
   }
-  ASSERT_TRUE(device_bytes(TensorView{vlm::DType::kBF16, {6}, bf16.data()}, DType::kBF16, &bytes).ok());
+  ASSERT_TRUE(
+      device_bytes(TensorView{vlm::DType::kBF16, {6}, bf16.data()}, DType::kBF16, &bytes).ok());
   EXPECT_EQ(std::memcmp(bytes.data(), bf16.data(), bytes.size()), 0);  // copied as stored
-  ASSERT_TRUE(device_bytes(TensorView{vlm::DType::kF16, {6}, f16.data()}, DType::kF32, &bytes).ok());
+  ASSERT_TRUE(
+      device_bytes(TensorView{vlm::DType::kF16, {6}, f16.data()}, DType::kF32, &bytes).ok());
   for (size_t i = 0; i < f16.size(); ++i) {
     float v;
     std::memcpy(&v, bytes.data() + 4 * i, 4);
@@ -705,28 +725,35 @@ TEST(CudaWeights, UploadRoundTrips) {
   SKIP_WITHOUT_DEVICE();
   const auto f32 = random_values(1000, 20);
   DeviceBuffer d;
-  ASSERT_TRUE(upload_tensor(TensorView{vlm::DType::kF32, {10, 100}, f32.data()}, DType::kBF16, &d).ok());
+  ASSERT_TRUE(
+      upload_tensor(TensorView{vlm::DType::kF32, {10, 100}, f32.data()}, DType::kBF16, &d).ok());
   EXPECT_EQ(Act{DType::kBF16}.decode(download(d)), Act{DType::kBF16}.round(f32));
 }
 
 // Shapes are checked on the host, before any launch: this one runs without a GPU too.
 TEST(CudaAttention, RejectsBadShapes) {
   EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 2, 320, 1.f, nullptr,
-                         DType::kF32).ok());  // head_dim over 256
+                         DType::kF32)
+                   .ok());  // head_dim over 256
   EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 3, 64, 1.f, nullptr,
-                         DType::kF32).ok());  // heads not a multiple of KV heads
-  EXPECT_FALSE(paged_attention(nullptr, 1, nullptr, nullptr, nullptr, 1, 16, nullptr, nullptr, 4,
-                               2, 512, 1.f, 1, nullptr, nullptr, DType::kF32).ok());
-  EXPECT_FALSE(paged_attention(nullptr, 1, nullptr, nullptr, nullptr, 1, 0, nullptr, nullptr, 4,
-                               2, 64, 1.f, 1, nullptr, nullptr, DType::kF32).ok());  // block 0
+                         DType::kF32)
+                   .ok());  // heads not a multiple of KV heads
+  EXPECT_FALSE(paged_attention(nullptr, 1, nullptr, nullptr, nullptr, 1, 16, nullptr, nullptr, 4, 2,
+                               512, 1.f, 1, nullptr, nullptr, DType::kF32)
+                   .ok());
+  EXPECT_FALSE(paged_attention(nullptr, 1, nullptr, nullptr, nullptr, 1, 0, nullptr, nullptr, 4, 2,
+                               64, 1.f, 1, nullptr, nullptr, DType::kF32)
+                   .ok());  // block 0
   // A long decode step is split only when the batch leaves warps idle.
   EXPECT_EQ(attention_splits(32, 100), 1);
   EXPECT_GT(attention_splits(32, 8192), 1);
   EXPECT_EQ(attention_splits(4096, 8192), 1);
-  EXPECT_FALSE(flash_attention_paged(nullptr, nullptr, 1, nullptr, nullptr, nullptr, 1, 16,
-                                     nullptr, nullptr, 4, 2, 256, 1.f, nullptr).ok());  // > 128
-  EXPECT_FALSE(flash_attention_paged(nullptr, nullptr, 1, nullptr, nullptr, nullptr, 1, 16,
-                                     nullptr, nullptr, 4, 3, 128, 1.f, nullptr).ok());  // GQA
+  EXPECT_FALSE(flash_attention_paged(nullptr, nullptr, 1, nullptr, nullptr, nullptr, 1, 16, nullptr,
+                                     nullptr, 4, 2, 256, 1.f, nullptr)
+                   .ok());  // > 128
+  EXPECT_FALSE(flash_attention_paged(nullptr, nullptr, 1, nullptr, nullptr, nullptr, 1, 16, nullptr,
+                                     nullptr, 4, 3, 128, 1.f, nullptr)
+                   .ok());  // GQA
   // Query tiles: runs of up to 64 tokens of one chunk.
   const int64_t off[] = {0, 130, 131}, n[] = {130, 1, 64};
   int32_t tiles[2 * 5];
@@ -831,7 +858,11 @@ TEST(CudaSampling, DrawsFollowTheHostSamplersFilters) {
   const auto logits = random_values(V, 80, 2.f);
   std::vector<PenaltyEntry> pens;
   for (int32_t id : {3, 17, 250, 999}) pens.push_back({id, 1.3f, id == 17 ? 0.5f : 0.f});
-  struct Case { int32_t top_k; float inv_t, top_p, min_p; bool penalised; };
+  struct Case {
+    int32_t top_k;
+    float inv_t, top_p, min_p;
+    bool penalised;
+  };
   for (const Case& c : {Case{0, 1.f, 1.f, 0.f, false}, Case{0, 1.f / 0.7f, 1.f, 0.f, true},
                         Case{20, 1.f, 1.f, 0.f, false}, Case{0, 1.f, 0.8f, 0.f, false},
                         Case{50, 1.f / 1.3f, 0.9f, 0.05f, true}, Case{1, 1.f, 1.f, 0.f, true}}) {
@@ -863,7 +894,8 @@ TEST(CudaSampling, DrawsFollowTheHostSamplersFilters) {
     ASSERT_TRUE(sample_rows(static_cast<float*>(dl.data()), V,
                             static_cast<const SampleParams*>(dp.data()), N,
                             static_cast<const PenaltyEntry*>(de.data()),
-                            static_cast<int32_t*>(dids.data())).ok());
+                            static_cast<int32_t*>(dids.data()))
+                    .ok());
     ASSERT_TRUE(synchronize().ok());
     const auto bytes = download(dids);
     std::vector<int64_t> count(V, 0);
@@ -895,7 +927,9 @@ TEST_P(CudaOps, Int8MatmulMatchesAnExactProduct) {
   ASSERT_TRUE(Gemm::create(&gemm).ok());
   DeviceBuffer scratch;
   ASSERT_TRUE(DeviceBuffer::allocate(kInt8ScratchElems * 4, &scratch).ok());
-  struct Shape { int64_t M, N, K; };
+  struct Shape {
+    int64_t M, N, K;
+  };
   for (const Shape& sh : {Shape{1, 300, 4096}, Shape{3, 77, 128}, Shape{8, 64, 512},
                           Shape{40, 33, 256}, Shape{9, 4100, 8192}}) {
     std::mt19937 rng(70);
@@ -912,7 +946,8 @@ TEST_P(CudaOps, Int8MatmulMatchesAnExactProduct) {
       ASSERT_TRUE(DeviceBuffer::allocate(y_t.bytes(sh.M * sh.N), &dy).ok());
       ASSERT_TRUE(int8_matmul(*gemm, dx.data(), x_t.t, static_cast<const int8_t*>(dq.data()),
                               static_cast<const float*>(ds.data()), sh.M, sh.N, sh.K, dy.data(),
-                              y_t.t, scratch.data()).ok());
+                              y_t.t, scratch.data())
+                      .ok());
       ASSERT_TRUE(synchronize().ok());
       const auto got = y_t.decode(download(dy));
       const bool rounded_w = sh.M > kInt8DirectRows && x_t.t == DType::kBF16;
@@ -928,8 +963,7 @@ TEST_P(CudaOps, Int8MatmulMatchesAnExactProduct) {
                                (rounded_w ? mag / 256 : 0.0) +
                                (y_t.t == DType::kBF16 ? std::fabs(exact) / 128 : 0.0) + 1e-7;
           ASSERT_LE(std::fabs(got[i * sh.N + j] - exact), bound)
-              << "M " << sh.M << " N " << sh.N << " K " << sh.K << " at (" << i << ", " << j
-              << ")";
+              << "M " << sh.M << " N " << sh.N << " K " << sh.K << " at (" << i << ", " << j << ")";
         }
       }
     }
@@ -944,7 +978,9 @@ TEST(CudaFp8, QuantizedProductMatchesTheQuantizedValues) {
   SKIP_WITHOUT_DEVICE();
   std::unique_ptr<Gemm> gemm;
   ASSERT_TRUE(Gemm::create(&gemm).ok());
-  struct Shape { int64_t M, N, K; };
+  struct Shape {
+    int64_t M, N, K;
+  };
   for (const Shape& sh : {Shape{1, 256, 4096}, Shape{16, 96, 128}, Shape{40, 512, 1024}}) {
     const Act bf{DType::kBF16};
     const auto x = bf.round(random_values(sh.M * sh.K, 90));
@@ -970,9 +1006,10 @@ TEST(CudaFp8, QuantizedProductMatchesTheQuantizedValues) {
     ASSERT_TRUE(DeviceBuffer::allocate(bf.bytes(sh.M * sh.N), &dy).ok());
     float* sc = static_cast<float*>(dsc.data());  // amax x | scale x | amax w | scale w
     ASSERT_TRUE(quantize_fp8(dx.data(), DType::kBF16, sh.M * sh.K, sc, sc + 1, dqx.data()).ok());
-    ASSERT_TRUE(quantize_fp8(dw.data(), DType::kBF16, sh.N * sh.K, sc + 2, sc + 3, dqw.data()).ok());
-    ASSERT_TRUE(gemm->matmul_fp8(dqx.data(), sc + 1, dqw.data(), sc + 3, sh.M, sh.N, sh.K,
-                                 dy.data()).ok());
+    ASSERT_TRUE(
+        quantize_fp8(dw.data(), DType::kBF16, sh.N * sh.K, sc + 2, sc + 3, dqw.data()).ok());
+    ASSERT_TRUE(
+        gemm->matmul_fp8(dqx.data(), sc + 1, dqw.data(), sc + 3, sh.M, sh.N, sh.K, dy.data()).ok());
     ASSERT_TRUE(synchronize().ok());
     std::vector<float> scales(4);
     const auto sb = download(dsc);
@@ -988,8 +1025,8 @@ TEST(CudaFp8, QuantizedProductMatchesTheQuantizedValues) {
           exact += p;
           mag += std::fabs(p);
         }
-        const double bound = (sh.K + 3) * static_cast<double>(kU) * mag + std::fabs(exact) / 128 +
-                             1e-6;
+        const double bound =
+            (sh.K + 3) * static_cast<double>(kU) * mag + std::fabs(exact) / 128 + 1e-6;
         ASSERT_LE(std::fabs(got[i * sh.N + j] - exact), bound)
             << "M " << sh.M << " N " << sh.N << " K " << sh.K << " at (" << i << ", " << j << ")";
       }
@@ -998,7 +1035,9 @@ TEST(CudaFp8, QuantizedProductMatchesTheQuantizedValues) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, CudaOps, ::testing::Values(DType::kF32, DType::kBF16),
-                         [](const auto& info) { return info.param == DType::kF32 ? "F32" : "BF16"; });
+                         [](const auto& info) {
+                           return info.param == DType::kF32 ? "F32" : "BF16";
+                         });
 
 }  // namespace
 }  // namespace vlm::cuda

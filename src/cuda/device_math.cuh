@@ -1,0 +1,35 @@
+#pragma once
+// Device-side helpers shared by src/cuda's kernels: F32 / BF16 loads and stores through f32
+// (stores round to nearest even once), a launch over either activation type, and grid sizes.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_ops.h"
+
+namespace vlm::cuda {
+
+__device__ inline float load(const float* p, int64_t i) { return p[i]; }
+__device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
+__device__ inline void store(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+// Calls f with a value of the activation type: float or __nv_bfloat16.
+template <typename F>
+void with_act(DType t, F&& f) {
+  if (t == DType::kF32) {
+    f(float{});
+  } else {
+    f(__nv_bfloat16{});
+  }
+}
+
+// Blocks of `threads` for a grid-stride loop over count values (at least 1, at most `cap`).
+inline unsigned grid_for(int64_t count, int threads, int64_t cap = 65535) {
+  const int64_t blocks = (count + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
+}
+
+}  // namespace vlm::cuda

@@ -1,0 +1,20 @@
+#pragma once
+// Helpers shared by src/cuda's own translation units (not used above the CUDA layer): CUDA
+// runtime errors as Status, and the stream every launch goes to (cuda_ops.h: set_stream).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/cuda_ops.h"
+#include "vlm/status.h"
+
+namespace vlm::cuda {
+
+inline Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return ok_status();
+  return internal_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+inline cudaStream_t launch_stream() { return static_cast<cudaStream_t>(current_stream()); }
+
+}  // namespace vlm::cuda
