@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -273,10 +275,10 @@ class CudaDecoder final : public DeviceDecoder {
   DeviceBuffer samples_, penalties_, sampled_;  // the device draws: settings, penalties, ids
   DeviceBuffer k_cache_, v_cache_;              // [layers, (blocks + 1) · block_size, kvd] each
   int64_t blocks_ = 0, bs_ = 0, max_table_ = 0;  // block `blocks_` is the padding rows' scratch
-  // Decode graphs by bucket; a bucket is captured the second time it runs (the first loads
+  // Decode graphs by (rows bucket, table width); one is captured the second time its shape runs
   // every kernel and lets cuBLAS pick its algorithms eagerly).
-  std::vector<std::unique_ptr<Graph>> graphs_;  // [kBuckets]
-  std::vector<uint8_t> warmed_;                 // [kBuckets]
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Graph>> graphs_;
+  std::set<std::pair<int64_t, int64_t>> warmed_;
   bool graphs_broken_ = false;
   int64_t replays_ = 0;
   // Host staging, reused across calls.
@@ -315,8 +317,6 @@ Status CudaDecoder::allocate_cache(int64_t num_blocks, int64_t block_size,
   blocks_ = num_blocks;
   bs_ = block_size;
   max_table_ = max_blocks_per_seq;
-  graphs_.resize(std::size(kBuckets));
-  warmed_.assign(std::size(kBuckets), 0);
   return ok_status();
 }
 
@@ -408,7 +408,8 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
   StreamScope on_stream(stream_->get());
 
   // A decode step (one token per sequence, no image) within a bucket runs as a CUDA graph: the
-  // rows padded to the bucket, the block tables to max_table_ entries.
+  // rows padded to the bucket, the block tables to the next power of two (at least 16) of the
+  // longest one, so a graph serves a range of context lengths without copying full-width tables.
   bool decode = opts_.graphs && !graphs_broken_;
   int64_t stride = 1, max_seen = 0, longest = 0;
   bool any_vision = false;
@@ -430,10 +431,13 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     taps = ch.vision->deepstack.size();
   }
   const int64_t bucket = decode ? bucket_for(T) : 0;
-  const size_t bi = static_cast<size_t>(
-      std::find(std::begin(kBuckets), std::end(kBuckets), bucket) - std::begin(kBuckets));
   const int64_t rows = bucket > 0 ? bucket : T;
-  if (bucket > 0) stride = max_table_;
+  if (bucket > 0) {
+    int64_t width = 16;
+    while (width < stride) width *= 2;
+    stride = std::min(width, max_table_);
+  }
+  const std::pair<int64_t, int64_t> shape{bucket, stride};
 
   // Host tables, in pinned memory.
   int32_t* ids = host_ints(kIds);
@@ -485,7 +489,7 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
   if (bucket > 0) {
     pass.n_sel = rows;
     pass.sel_all = true;
-    pass.max_seen = max_table_ * bs_;  // fixed per graph; each query splits its own keys
+    pass.max_seen = stride * bs_;  // fixed per graph; each query splits its own keys
   } else {
     pass.n_sel = n_sel;
     pass.max_seen = max_seen;
@@ -535,30 +539,30 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
                                            static_cast<size_t>(rows * half) * 4));
 
   // The pass: a graph replay, a capture, or plain launches.
-  bool ran = false;
-  if (bucket > 0 && graphs_[bi] == nullptr && warmed_[bi]) {
+  auto graph = graphs_.find(shape);
+  if (bucket > 0 && graph == graphs_.end() && warmed_.count(shape) > 0) {
     VLM_RETURN_IF_ERROR(stream_synchronize());  // nothing of ours may be pending in the capture
+    std::unique_ptr<Graph> captured;
     Status st = Graph::begin_capture();
     if (st.ok()) {
       const Status work = enqueue(pass);
-      st = Graph::end_capture(&graphs_[bi]);
+      st = Graph::end_capture(&captured);
       if (st.ok()) st = work;
     }
-    if (!st.ok()) {  // keep serving without graphs
+    if (st.ok()) {
+      graph = graphs_.emplace(shape, std::move(captured)).first;
+    } else {  // keep serving without graphs
       std::fprintf(stderr, "vlm: CUDA graph capture failed, decoding without graphs: %s\n",
                    st.message().c_str());
       graphs_broken_ = true;
-      graphs_[bi].reset();
     }
   }
-  if (bucket > 0 && graphs_[bi] != nullptr) {
-    VLM_RETURN_IF_ERROR(graphs_[bi]->launch());
+  if (bucket > 0 && graph != graphs_.end()) {
+    VLM_RETURN_IF_ERROR(graph->second->launch());
     ++replays_;
-    ran = true;
-  }
-  if (!ran) {
+  } else {
     VLM_RETURN_IF_ERROR(enqueue(pass));
-    if (bucket > 0) warmed_[bi] = 1;
+    if (bucket > 0) warmed_.insert(shape);
   }
 
   // Draws on the device for the chunks that asked (their logit rows are penalised in place).

@@ -16,7 +16,8 @@ struct CudaDecoderOptions {
   // false: weights and activations in BF16 (as transformers runs the model in bfloat16); true:
   // F32 throughout (to compare against transformers' float32 logits).
   bool f32 = false;
-  // Decode steps (one token per sequence) run as CUDA graphs, one per batch-size bucket.
+  // Decode steps (one token per sequence) run as CUDA graphs, one per batch-size bucket and
+  // block-table width.
   bool graphs = true;
   // The layers' products in FP8 (E4M3, one scale per weight and per activation tensor); BF16
   // activations only.
