@@ -41,10 +41,11 @@ struct EngineOptions {
   bool vision_fp16 = false;
   // Where the text decoder runs: "cpu" (default) or "cuda" (the first NVIDIA GPU; only in builds
   // with the CUDA backend, else InvalidArgument). On "cuda" the text decoder and the vision tower
-  // run on the GPU, the weights uploaded once and the KV cache in GPU memory; image decoding and
-  // preprocessing stay on the CPU. --quant int8 runs there as weight-only INT8 (BF16 or F32
-  // activations); int4 is CPU-only; "fp8" (GPU only, BF16) runs the layers' products in E4M3 on
-  // the tensor cores, weights and activations with one scale per tensor.
+  // run on the GPU, the weights uploaded once and the KV cache in GPU memory; images are decoded
+  // and resized on the CPU, normalised and patchified on the GPU. --quant int8 runs there as
+  // weight-only INT8 (BF16 or F32 activations); int4 is CPU-only; "fp8" (GPU only, BF16) runs the
+  // layers' products in E4M3 on the tensor cores, weights and activations with one scale per
+  // tensor.
   std::string device = "cpu";
   // "cuda": weights and activations in "bf16" (default, as transformers runs in bfloat16) or
   // "f32" (every product and activation in f32, to compare against float32 references).

@@ -156,6 +156,21 @@ __global__ void add_inplace_kernel(T* x, const D* delta, int64_t count) {
   }
 }
 
+template <typename T>
+__global__ void patchify_kernel(const uint8_t* rgb, const float* lut, int64_t grid_w, int64_t P,
+                               int64_t M, int64_t TP, int64_t count, T* out) {
+  const int64_t cols = 3 * TP * P * P, width = grid_w * P;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / cols, col = e % cols;
+    const int64_t px = col % P, py = (col / P) % P, c = col / (P * P * TP);  // slot: any
+    const int64_t block = r / (M * M), in_block = r % (M * M);
+    const int64_t bh = block / (grid_w / M), bw = block % (grid_w / M);
+    const int64_t y = (bh * M + in_block / M) * P + py, x = (bw * M + in_block % M) * P + px;
+    store(out, e, lut[c * 256 + rgb[(y * width + x) * 3 + c]]);
+  }
+}
+
 template <typename S, typename D>
 __global__ void convert_kernel(const S* src, int64_t count, D* dst) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
@@ -591,6 +606,21 @@ Status add_inplace(void* x, const void* delta, DType delta_t, int64_t count, DTy
     });
   });
   return cuda_status(cudaGetLastError(), "add_inplace launch");
+}
+
+Status patchify_rgb(const uint8_t* rgb, const float* lut, int64_t grid_h, int64_t grid_w,
+                    int64_t patch, int64_t merge, int64_t temporal, void* out, DType t) {
+  if (grid_h % merge != 0 || grid_w % merge != 0 || patch <= 0 || temporal <= 0) {
+    return invalid_argument("patchify_rgb: bad grid");
+  }
+  const int64_t count = grid_h * grid_w * 3 * temporal * patch * patch;
+  if (count <= 0) return ok_status();
+  with_act(t, [&](auto a) {
+    using T = decltype(a);
+    patchify_kernel<<<grid_for(count), kRowThreads, 0, launch_stream()>>>(
+        rgb, lut, grid_w, patch, merge, temporal, count, static_cast<T*>(out));
+  });
+  return cuda_status(cudaGetLastError(), "patchify_rgb launch");
 }
 
 Status convert(const void* src, DType src_t, int64_t count, void* dst, DType dst_t) {

@@ -96,6 +96,11 @@ Status set_rows_at(void* x, const int32_t* rows, const void* src, DType src_t, i
                    int64_t n, DType t);
 // x += delta, element-wise over count values (delta in delta_t): a residual add no norm follows.
 Status add_inplace(void* x, const void* delta, DType delta_t, int64_t count, DType t);
+// The processor's normalise + patchify on the device: rgb [h, w, 3] bytes (h = grid_h·P,
+// w = grid_w·P) into out [grid_h·grid_w, 3·T·P·P] rows in merge order (preprocess.h's layout),
+// value lut[c·256 + byte], each patch repeated over the T temporal slots.
+Status patchify_rgb(const uint8_t* rgb, const float* lut, int64_t grid_h, int64_t grid_w,
+                    int64_t patch, int64_t merge, int64_t temporal, void* out, DType t);
 // dst = src element-wise, from src_t to dst_t (rounded once).
 Status convert(const void* src, DType src_t, int64_t count, void* dst, DType dst_t);
 // x[r] += bias (f32 [n]) for every row r of `rows`.

@@ -79,6 +79,8 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
   }
 
   Status encode(const float* pixel_values, const GridThw& g, VisionOutput* out) override;
+  Status encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& g,
+                    VisionOutput* out) override;
 
  private:
   Status upload_merger(const VisionMergerWeights& s, Merger* d) {
@@ -98,6 +100,10 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
     return gemm_->matmul(x, wp, act_, M, N, K, y, y_t);
   }
   Status run_merger(const Merger& m, bool postshuffle, int64_t patches, std::vector<float>* out);
+  // Scratch for S patches and the host tables (positions, rotary) of grid g.
+  Status prepare(const GridThw& g);
+  // The tower from the patches in pix_act_ on.
+  Status run(const GridThw& g, VisionOutput* out);
 
   const Qwen3VLVisionConfig& c_;
   const VisionEncoder& host_;
@@ -109,7 +115,7 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
   Merger merger_;
   std::vector<Merger> deepstack_;
   // Scratch, grown to the largest image so far.
-  DeviceBuffer pix_, pix_act_, pos_, cos_, sin_, x_, xn_, tmp_, q_, k_, v_, attn_, mlp_;
+  DeviceBuffer pix_, pix_act_, rgb_, lut_, pos_, cos_, sin_, x_, xn_, tmp_, q_, k_, v_, attn_, mlp_;
   DeviceBuffer m_norm_, m_hidden_, m_out_;
   std::vector<float> h_pos_, h_cos_, h_sin_;
 };
@@ -136,39 +142,57 @@ Status CudaVisionEncoder::run_merger(const Merger& m, bool postshuffle, int64_t 
 }
 
 Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {
+  VLM_RETURN_IF_ERROR(prepare(g));
+  const int64_t S = g.patches();
+  VLM_RETURN_IF_ERROR(ensure(&pix_, static_cast<size_t>(S * patch_in_) * 4));
+  VLM_RETURN_IF_ERROR(pix_.upload(pixel_values, static_cast<size_t>(S * patch_in_) * 4));
+  VLM_RETURN_IF_ERROR(convert(pix_.data(), DType::kF32, S * patch_in_, pix_act_.data(), act_));
+  return run(g, out);
+}
+
+Status CudaVisionEncoder::encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& g,
+                                     VisionOutput* out) {
+  VLM_RETURN_IF_ERROR(prepare(g));
+  const int64_t P = c_.patch_size, T = c_.temporal_patch_size;
+  if (3 * T * P * P != patch_in_) return invalid_argument("encode_rgb: patch size mismatch");
+  const size_t bytes = static_cast<size_t>(g.h * P * g.w * P * 3);
+  VLM_RETURN_IF_ERROR(ensure(&rgb_, bytes));
+  VLM_RETURN_IF_ERROR(rgb_.upload(rgb, bytes));
+  VLM_RETURN_IF_ERROR(ensure(&lut_, 3 * 256 * 4));
+  VLM_RETURN_IF_ERROR(lut_.upload(lut, 3 * 256 * 4));
+  VLM_RETURN_IF_ERROR(patchify_rgb(static_cast<const uint8_t*>(rgb_.data()), f32p(lut_), g.h, g.w,
+                                   P, c_.spatial_merge_size, T, pix_act_.data(), act_));
+  return run(g, out);
+}
+
+Status CudaVisionEncoder::prepare(const GridThw& g) {
   const int64_t m = c_.spatial_merge_size;
   const int64_t S = g.patches(), D = c_.hidden_size, I = c_.intermediate_size;
   const int64_t nh = c_.num_heads, hd = D / nh, out_h = c_.out_hidden_size;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t a = act_bytes();
-  for (auto [buf, bytes] : {std::pair{&pix_, S * patch_in_ * 4},
-                            {&pix_act_, S * patch_in_ * a},
-                            {&pos_, S * D * 4},
-                            {&cos_, S * (hd / 2) * 4},
-                            {&sin_, S * (hd / 2) * 4},
-                            {&x_, S * D * a},
-                            {&xn_, S * D * a},
-                            {&tmp_, S * D * a},
-                            {&q_, S * D * a},
-                            {&k_, S * D * a},
-                            {&v_, S * D * a},
-                            {&attn_, S * D * a},
-                            {&mlp_, S * I * a},
-                            {&m_norm_, S * D * a},
-                            {&m_hidden_, S * D * a},
-                            {&m_out_, (S / (m * m)) * out_h * 4}}) {
+  for (auto [buf, bytes] : {std::pair{&pix_act_, S * patch_in_ * a}, {&pos_, S * D * 4},
+                            {&cos_, S * (hd / 2) * 4}, {&sin_, S * (hd / 2) * 4},
+                            {&x_, S * D * a}, {&xn_, S * D * a}, {&tmp_, S * D * a},
+                            {&q_, S * D * a}, {&k_, S * D * a}, {&v_, S * D * a},
+                            {&attn_, S * D * a}, {&mlp_, S * I * a}, {&m_norm_, S * D * a},
+                            {&m_hidden_, S * D * a}, {&m_out_, (S / (m * m)) * out_h * 4}}) {
     VLM_RETURN_IF_ERROR(ensure(buf, static_cast<size_t>(bytes)));
   }
   // Host tables: the interpolated positions (added to zeros) and the rotary angles.
   h_pos_.assign(static_cast<size_t>(S * D), 0.f);
   host_.add_position_embedding(g, h_pos_.data());
   host_.rotary_tables(g, &h_cos_, &h_sin_);
-  VLM_RETURN_IF_ERROR(pix_.upload(pixel_values, static_cast<size_t>(S * patch_in_) * 4));
   VLM_RETURN_IF_ERROR(pos_.upload(h_pos_.data(), h_pos_.size() * 4));
   VLM_RETURN_IF_ERROR(cos_.upload(h_cos_.data(), h_cos_.size() * 4));
-  VLM_RETURN_IF_ERROR(sin_.upload(h_sin_.data(), h_sin_.size() * 4));
+  return sin_.upload(h_sin_.data(), h_sin_.size() * 4);
+}
 
-  VLM_RETURN_IF_ERROR(convert(pix_.data(), DType::kF32, S * patch_in_, pix_act_.data(), act_));
+Status CudaVisionEncoder::run(const GridThw& g, VisionOutput* out) {
+  const int64_t m = c_.spatial_merge_size;
+  const int64_t S = g.patches(), D = c_.hidden_size, I = c_.intermediate_size;
+  const int64_t nh = c_.num_heads, hd = D / nh;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t a = act_bytes();
   VLM_RETURN_IF_ERROR(linear(pix_act_.data(), patch_, 0, S, D, patch_in_, x_.data(), act_));
   VLM_RETURN_IF_ERROR(add_bias(x_.data(), f32p(patch_b_), S, D, act_));
   VLM_RETURN_IF_ERROR(add_inplace(x_.data(), pos_.data(), DType::kF32, S * D, act_));

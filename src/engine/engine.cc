@@ -142,6 +142,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
                            cuda::make_cuda_vision_encoder(impl->cfg, impl->vision_weights,
                                                           *impl->vision, options.gpu_dtype == "f32"));
       impl->vision->set_device(impl->gpu_vision.get());
+      impl->preprocess.patchify = false;  // the resized image goes up; the GPU patchifies it
     }
 #endif
   }

@@ -80,7 +80,11 @@ Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* enc
   auto enc = std::make_shared<EncodedImage>();
   const PreprocessedImage& p = img->pixels;
   enc->grid = GridThw{p.grid_t, p.grid_h, p.grid_w};
-  VLM_RETURN_IF_ERROR(encoder.encode(p.pixel_values.data(), enc->grid, &enc->out));
+  if (p.pixel_values.empty() && !p.resized_rgb.empty()) {  // patchified on the GPU
+    VLM_RETURN_IF_ERROR(encoder.encode_rgb(p.resized_rgb.data(), p.lut.data(), enc->grid, &enc->out));
+  } else {
+    VLM_RETURN_IF_ERROR(encoder.encode(p.pixel_values.data(), enc->grid, &enc->out));
+  }
   img->encoded = std::move(enc);
   img->pixels = PreprocessedImage{};  // the pixels are no longer needed
   *encode_ms += ms_since(t0);

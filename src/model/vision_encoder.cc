@@ -114,12 +114,31 @@ void VisionEncoder::run_merger(const VisionMergerWeights& mw, bool postshuffle_n
   ops::add_bias(out, mw.fc2_b.data(), tokens, cfg_.out_hidden_size);
 }
 
-Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {
-  const int64_t m = cfg_.spatial_merge_size;
+namespace {
+
+Status check_grid(const GridThw& g, int64_t m) {
   if (g.t < 1 || g.h < m || g.w < m || g.h % m != 0 || g.w % m != 0) {
     return invalid_argument("image grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
                             std::to_string(g.w) + ") is not a positive multiple of the merge size");
   }
+  return ok_status();
+}
+
+}  // namespace
+
+Status VisionEncoder::encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& g,
+                                 VisionOutput* out) {
+  VLM_RETURN_IF_ERROR(check_grid(g, cfg_.spatial_merge_size));
+  if (device_ == nullptr) {
+    return internal_error("an image without pixel values reached the CPU vision tower");
+  }
+  if (g.t != 1) return invalid_argument("encode_rgb: one frame per image");
+  return device_->encode_rgb(rgb, lut, g, out);
+}
+
+Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {
+  const int64_t m = cfg_.spatial_merge_size;
+  VLM_RETURN_IF_ERROR(check_grid(g, m));
   if (device_ != nullptr) return device_->encode(pixel_values, g, out);
   const int64_t S = g.patches(), D = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int64_t nh = cfg_.num_heads, hd = D / nh, out_h = cfg_.out_hidden_size;

@@ -32,6 +32,11 @@ class DeviceVisionEncoder {
   virtual ~DeviceVisionEncoder() = default;
   // As VisionEncoder::encode, on a grid VisionEncoder already checked.
   virtual Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out) = 0;
+  // The same from the resized image itself, rgb [grid.h · P, grid.w · P, 3] bytes: normalised
+  // through lut [3 · 256] (preprocess's normalization_lut) and patchified on the device, each
+  // patch repeated over the temporal_patch_size frames as the processor does.
+  virtual Status encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& grid,
+                            VisionOutput* out) = 0;
 };
 
 class VisionEncoder {
@@ -46,6 +51,10 @@ class VisionEncoder {
   // Encodes one image. pixel_values: [grid.patches(), 3·T·P·P] in merge order (the processor's
   // layout). Every temporal group attends only within itself, as transformers' cu_seqlens do.
   Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out);
+
+  // An image preprocessed without patchify (PreprocessOptions::patchify false): only with a
+  // device encoder (DeviceVisionEncoder::encode_rgb); an error on the CPU.
+  Status encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& grid, VisionOutput* out);
 
   // Runs encode() on `device` from now on (null: back on the CPU). Not owned.
   void set_device(DeviceVisionEncoder* device) { device_ = device; }

@@ -109,6 +109,18 @@ Result<std::pair<int64_t, int64_t>> smart_resize(int64_t h, int64_t w, int64_t f
   return std::make_pair(h_bar, w_bar);
 }
 
+void normalization_lut(const PreprocessOptions& opt, float lut[3 * 256]) {
+  // The fast processor fuses rescale and normalise: mean and std are scaled by 1/rescale_factor
+  // (float32 tensor times a Python float, so float32 * float32), then (x - mean) / std in float32.
+  // A 256-entry table per channel holds exactly those values.
+  const float inv_rescale = static_cast<float>(1.0 / opt.rescale_factor);
+  for (int c = 0; c < 3; ++c) {
+    const float mean = opt.mean[c] * inv_rescale;
+    const float stdv = opt.std[c] * inv_rescale;
+    for (int v = 0; v < 256; ++v) lut[c * 256 + v] = (static_cast<float>(v) - mean) / stdv;
+  }
+}
+
 Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOptions& opt,
                                            ThreadPool* pool) {
   if (img.width <= 0 || img.height <= 0 ||
@@ -140,22 +152,19 @@ Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOpt
       resized = resize_bicubic_antialias(img, rh, rw, pool);
       src = &resized;
     }
-    out.pixel_values.resize(static_cast<size_t>(rows * cols));
+    if (opt.patchify) out.pixel_values.resize(static_cast<size_t>(rows * cols));
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::kResourceExhausted,
                   "preprocess: out of memory for a " + std::to_string(rw) + "x" +
                       std::to_string(rh) + " image (" + std::to_string(rows) + " patches)");
   }
 
-  // The fast processor fuses rescale and normalise: mean and std are scaled by 1/rescale_factor
-  // (float32 tensor times a Python float, so float32 * float32), then (x - mean) / std in float32.
-  // A 256-entry table per channel holds exactly those values.
-  const float inv_rescale = static_cast<float>(1.0 / opt.rescale_factor);
   float lut[3][256];
-  for (int c = 0; c < 3; ++c) {
-    const float mean = opt.mean[c] * inv_rescale;
-    const float stdv = opt.std[c] * inv_rescale;
-    for (int v = 0; v < 256; ++v) lut[c][v] = (static_cast<float>(v) - mean) / stdv;
+  normalization_lut(opt, &lut[0][0]);
+  if (!opt.patchify) {  // a device normalises and patchifies (see PreprocessOptions)
+    out.resized_rgb = src == &img ? img.rgb : std::move(resized.rgb);
+    out.lut.assign(&lut[0][0], &lut[0][0] + 3 * 256);
+    return out;
   }
 
   // Row r in merge order -> patch origin; temporal slot 0 is filled from the image, slots 1..T-1

@@ -29,7 +29,15 @@ struct PreprocessOptions {
   float mean[3] = {0.5f, 0.5f, 0.5f};   // image_mean, R G B
   float std[3] = {0.5f, 0.5f, 0.5f};    // image_std, R G B
   double rescale_factor = 1.0 / 255.0;  // rescale_factor (transformers' default, 1/255)
+  // false: preprocess_image stops after the resize and keeps the resized RGB (a GPU vision
+  // tower normalises and patchifies it there: a quarter of the bytes to upload). vlm sets it on
+  // --device cuda; preprocessor_config.json does not.
+  bool patchify = true;
 };
+
+// The fused rescale + normalise of each channel's 256 byte values, exactly as preprocess_image
+// applies it: lut[c * 256 + v] = (v − mean_c / rescale) / (std_c / rescale) in float32.
+void normalization_lut(const PreprocessOptions& opt, float lut[3 * 256]);
 
 // Output size (height, width) for an h x w image: both multiples of `factor` (patch * merge),
 // aspect ratio kept as closely as possible, pixel count within [min_pixels, max_pixels].
@@ -57,6 +65,10 @@ struct PreprocessedImage {
   // order (design §2.7): row ((t*(gh/m) + bh)*(gw/m) + bw)*m*m + ih*m + iw is the patch at
   // y0 = (bh*m + ih)*P, x0 = (bw*m + iw)*P; column ((c*T + tt)*P + py)*P + px.
   std::vector<float> pixel_values;
+  // With PreprocessOptions::patchify false, instead of pixel_values: the resized image
+  // [resized_h, resized_w, 3] and its normalisation table (normalization_lut).
+  std::vector<uint8_t> resized_rgb;
+  std::vector<float> lut;  // [3 * 256]
 
   // Number of <|image_pad|> tokens: grid_t * grid_h * grid_w / merge_size^2.
   int64_t num_tokens() const { return grid_t * grid_h * grid_w / (merge_size * merge_size); }

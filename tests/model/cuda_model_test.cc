@@ -200,9 +200,16 @@ TEST(CudaVisionModel, EncoderOutputsMatchTransformers) {
       o.max_pixels = im["max_pixels"].get<int64_t>();
       auto p = preprocess_image(*img, o);
       ASSERT_TRUE(p.ok()) << p.status().message();
-      VisionOutput out;
-      ASSERT_TRUE(
-          host.encode(p->pixel_values.data(), {p->grid_t, p->grid_h, p->grid_w}, &out).ok());
+      VisionOutput out, from_rgb;
+      const GridThw grid{p->grid_t, p->grid_h, p->grid_w};
+      ASSERT_TRUE(host.encode(p->pixel_values.data(), grid, &out).ok());
+      // The resized image patchified on the GPU gives the same patches, so the same outputs.
+      o.patchify = false;
+      auto r = preprocess_image(*img, o);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      ASSERT_TRUE(host.encode_rgb(r->resized_rgb.data(), r->lut.data(), grid, &from_rgb).ok());
+      EXPECT_EQ(from_rgb.embeds, out.embeds);
+      EXPECT_EQ(from_rgb.deepstack, out.deepstack);
       embeds.insert(embeds.end(), out.embeds.begin(), out.embeds.end());
       for (size_t k = 0; k < ds.size(); ++k) {
         ds[k].insert(ds[k].end(), out.deepstack[k].begin(), out.deepstack[k].end());

@@ -403,6 +403,41 @@ TEST(Preprocess, TemporalCopiesAndTokenCount) {
   }
 }
 
+// patchify = false (what a GPU vision tower takes): the resized image and the normalisation
+// table instead of the patches; normalising and patchifying them by the layout of preprocess.h
+// (written out here) gives the patchify = true output exactly. Both the resized case and the
+// already-right-size one (no resize).
+TEST(Preprocess, WithoutPatchifyKeepsTheResizedImageAndItsTable) {
+  const Image src = image_from_npy(kFixtures + "/src_pv_70x100.npy");
+  for (int64_t min_pixels : {int64_t{1024}, int64_t{200000}}) {
+    PreprocessOptions opt = budget(min_pixels, 16777216);
+    opt.mean[1] = 0.4f;  // distinct channels
+    opt.std[2] = 0.3f;
+    auto full = preprocess_image(src, opt);
+    opt.patchify = false;
+    auto rgb = preprocess_image(src, opt);
+    ASSERT_TRUE(full.ok() && rgb.ok());
+    EXPECT_TRUE(rgb->pixel_values.empty());
+    ASSERT_EQ(rgb->lut.size(), 3u * 256u);
+    ASSERT_EQ(static_cast<int64_t>(rgb->resized_rgb.size()), rgb->resized_h * rgb->resized_w * 3);
+    EXPECT_EQ(rgb->grid_h, full->grid_h);
+    EXPECT_EQ(rgb->grid_w, full->grid_w);
+    const int64_t P = 16, M = 2, T = 2, cols = 3 * T * P * P, gw = rgb->grid_w;
+    std::vector<float> patches(full->pixel_values.size());
+    for (int64_t r = 0; r < rgb->grid_h * gw; ++r) {
+      const int64_t block = r / (M * M), in_block = r % (M * M);
+      const int64_t y0 = (block / (gw / M) * M + in_block / M) * P;
+      const int64_t x0 = (block % (gw / M) * M + in_block % M) * P;
+      for (int64_t col = 0; col < cols; ++col) {
+        const int64_t px = col % P, py = col / P % P, c = col / (P * P * T);
+        const uint8_t v = rgb->resized_rgb[((y0 + py) * rgb->resized_w + x0 + px) * 3 + c];
+        patches[r * cols + col] = rgb->lut[c * 256 + v];
+      }
+    }
+    EXPECT_EQ(patches, full->pixel_values) << "min_pixels " << min_pixels;
+  }
+}
+
 TEST(Preprocess, RejectsBadInput) {
   Image empty;
   EXPECT_EQ(preprocess_image(empty, {}).status().code(), StatusCode::kInvalidArgument);
