@@ -3,7 +3,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <type_traits>
 
 #include "cuda/cuda_ops.h"
 #include "cuda/device_math.cuh"
@@ -158,7 +160,7 @@ __global__ void add_inplace_kernel(T* x, const D* delta, int64_t count) {
 
 template <typename T>
 __global__ void patchify_kernel(const uint8_t* rgb, const float* lut, int64_t grid_w, int64_t P,
-                               int64_t M, int64_t TP, int64_t count, T* out) {
+                                int64_t M, int64_t TP, int64_t count, T* out) {
   const int64_t cols = 3 * TP * P * P, width = grid_w * P;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < count;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -281,67 +283,89 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
   }
 }
 
-// Paged attention: one warp per (query, head, split); see paged_attention() in cuda_ops.h.
-// Split `sp` covers keys [sp·split_len, min((sp + 1)·split_len, seen)), split_len = ⌈seen /
-// splits⌉ for this query's own `seen` (so a captured launch serves every context length). With one
-// split the warp writes the normalised output; otherwise its running max m, sum l and unnormalised
-// accumulator go to partial[(row · splits + sp) · (head_dim + 2)] = {m, l, acc[head_dim]}.
-template <typename T>
-__global__ void paged_attention_kernel(const T* q, int64_t rows, const int32_t* tok_seq,
+// Paged attention: one warp per (query, G heads that share a KV head, split); see
+// paged_attention() in cuda_ops.h. Each K and V row is read once for the G heads (GQA). PER:
+// values per lane (head_dim ≤ 32·PER). Split `sp` covers keys [sp·split_len, min((sp + 1)·
+// split_len, seen)), split_len = ⌈seen / splits⌉ for this query's own `seen` (so a captured
+// launch serves every context length). With one split the warp writes the normalised outputs;
+// otherwise each head's running max m, sum l and unnormalised accumulator go to
+// partial[(row · splits + sp) · (head_dim + 2)] = {m, l, acc[head_dim]}, row = query · n_heads +
+// head.
+template <typename T, int G, int PER>
+__global__ void paged_attention_kernel(const T* q, int64_t tokens, const int32_t* tok_seq,
                                        const int32_t* tok_pos, const int32_t* tables,
                                        int64_t table_stride, int64_t bs, const T* kc, const T* vc,
                                        int64_t n_heads, int64_t group, int64_t head_dim,
                                        float scale, int64_t splits, float* partial, T* out) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
-  const int64_t row = warp / splits, sp = warp % splits;
-  if (row >= rows) return;
+  const int64_t slots = n_heads / G;  // head groups per query
+  const int64_t unit = warp / splits, sp = warp % splits;
+  if (unit >= tokens * slots) return;
   const int lane = threadIdx.x & 31;
-  const int64_t i = row / n_heads, h = row % n_heads;
+  const int64_t i = unit / slots, h0 = (unit % slots) * G;
   const int64_t kvd = (n_heads / group) * head_dim;
-  const int64_t kv_off = (h / group) * head_dim;
+  const int64_t kv_off = (h0 / group) * head_dim;  // G divides group: one KV head for all G
   const int32_t* table = tables + static_cast<int64_t>(tok_seq[i]) * table_stride;
   const int64_t seen = static_cast<int64_t>(tok_pos[i]) + 1;
   const int64_t split_len = (seen + splits - 1) / splits;
   const int64_t begin = sp * split_len;
   const int64_t end = begin + split_len < seen ? begin + split_len : seen;
-  const int per = static_cast<int>((head_dim + 31) / 32);
-  float qr[kMaxHeadDim / 32], acc[kMaxHeadDim / 32];
-  for (int j = 0; j < per; ++j) {  // lanes past head_dim hold zeros and store nothing
-    const int64_t d = lane + 32 * j;
-    qr[j] = d < head_dim ? load(q, row * head_dim + d) * scale : 0.f;
-    acc[j] = 0.f;
+  float qr[G][PER], acc[G][PER], m[G], l[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {  // lanes past head_dim hold zeros and store nothing
+      const int64_t d = lane + 32 * j;
+      qr[g][j] = d < head_dim ? load(q, ((i * n_heads) + h0 + g) * head_dim + d) * scale : 0.f;
+      acc[g][j] = 0.f;
+    }
   }
-  float m = -INFINITY, l = 0.f;
   for (int64_t p = begin; p < end; ++p) {
     const int64_t base = (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * kvd + kv_off;
-    float s = 0.f;
-    for (int j = 0; j < per; ++j) {
-      if (lane + 32 * j < head_dim) s += qr[j] * load(kc, base + lane + 32 * j);
+    float kr[PER], vr[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const bool in = lane + 32 * j < head_dim;
+      kr[j] = in ? load(kc, base + lane + 32 * j) : 0.f;
+      vr[j] = in ? load(vc, base + lane + 32 * j) : 0.f;
     }
-    s = warp_sum(s);
-    const float m_new = fmaxf(m, s);
-    const float keep = expf(m - m_new);
-    const float e = expf(s - m_new);
-    l = l * keep + e;
-    for (int j = 0; j < per; ++j) {
-      if (lane + 32 * j < head_dim) acc[j] = acc[j] * keep + e * load(vc, base + lane + 32 * j);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < PER; ++j) s += qr[g][j] * kr[j];
+      s = warp_sum(s);
+      const float m_new = fmaxf(m[g], s);
+      const float keep = expf(m[g] - m_new);
+      const float e = expf(s - m_new);
+      l[g] = l[g] * keep + e;
+#pragma unroll
+      for (int j = 0; j < PER; ++j) acc[g][j] = acc[g][j] * keep + e * vr[j];
+      m[g] = m_new;
     }
-    m = m_new;
   }
-  if (splits == 1) {
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    for (int j = 0; j < per; ++j) {
-      if (lane + 32 * j < head_dim) store(out, row * head_dim + lane + 32 * j, acc[j] * inv);
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int64_t row = i * n_heads + h0 + g;
+    if (splits == 1) {
+      const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+#pragma unroll
+      for (int j = 0; j < PER; ++j) {
+        if (lane + 32 * j < head_dim) store(out, row * head_dim + lane + 32 * j, acc[g][j] * inv);
+      }
+      continue;
     }
-    return;
-  }
-  float* part = partial + (row * splits + sp) * (head_dim + 2);
-  if (lane == 0) {
-    part[0] = m;
-    part[1] = l;
-  }
-  for (int j = 0; j < per; ++j) {
-    if (lane + 32 * j < head_dim) part[2 + lane + 32 * j] = acc[j];
+    float* part = partial + (row * splits + sp) * (head_dim + 2);
+    if (lane == 0) {
+      part[0] = m[g];
+      part[1] = l[g];
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      if (lane + 32 * j < head_dim) part[2 + lane + 32 * j] = acc[g][j];
+    }
   }
 }
 
@@ -373,7 +397,8 @@ __global__ void attention_combine_kernel(const float* partial, int64_t rows, int
 
 constexpr int64_t kMaxSplits = 32;
 constexpr int64_t kSplitMinKeys = 256;
-// (query, head) rows from which one split each already gives the GPU enough warps.
+// Warps (query × KV-head group) from which one split each already keeps the GPU busy; below,
+// splits are added up to about this many warps.
 constexpr int64_t kSplitRowLimit = 1024;
 
 // (value, index) pairs: the larger value wins, the lower index among equals; NaN loses.
@@ -702,14 +727,31 @@ Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64
   return cuda_status(cudaGetLastError(), "attention launch");
 }
 
-int64_t attention_splits(int64_t rows, int64_t max_seen) {
-  if (rows >= kSplitRowLimit || max_seen <= 2 * kSplitMinKeys) return 1;
-  const int64_t s = (max_seen + kSplitMinKeys - 1) / kSplitMinKeys;
-  return s < kMaxSplits ? s : kMaxSplits;
+int64_t attention_splits(int64_t units, int64_t max_seen) {
+  if (units >= kSplitRowLimit || max_seen <= 2 * kSplitMinKeys) return 1;
+  const int64_t by_keys = (max_seen + kSplitMinKeys - 1) / kSplitMinKeys;
+  const int64_t by_warps = (kSplitRowLimit + units - 1) / units;
+  return std::min({by_keys, by_warps, kMaxSplits});
 }
 
 int64_t paged_attention_scratch_floats(int64_t head_dim) {
   return kSplitRowLimit * kMaxSplits * (head_dim + 2);
+}
+
+// Calls f with integral constants G ∈ {1, 2, 4, 8} and PER ∈ {1, 2, 4, 8} (values per lane:
+// head_dim up to 32, 64, 128, 256), the smallest PER that holds `per`.
+template <typename F>
+void with_group_per(int g, int per, F&& f) {
+  auto with_per = [&](auto gc) {
+    if (per <= 1) return f(gc, std::integral_constant<int, 1>{});
+    if (per <= 2) return f(gc, std::integral_constant<int, 2>{});
+    if (per <= 4) return f(gc, std::integral_constant<int, 4>{});
+    return f(gc, std::integral_constant<int, 8>{});
+  };
+  if (g == 8) return with_per(std::integral_constant<int, 8>{});
+  if (g == 4) return with_per(std::integral_constant<int, 4>{});
+  if (g == 2) return with_per(std::integral_constant<int, 2>{});
+  return with_per(std::integral_constant<int, 1>{});
 }
 
 Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
@@ -727,15 +769,25 @@ Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
   const int64_t rows = tokens * n_heads;
   if (Status s = check_rows(rows * kMaxSplits, "paged_attention"); !s.ok()) return s;
   if (rows == 0) return ok_status();
-  const int64_t splits = attention_splits(rows, max_seen);
-  if (splits > 1 && partial == nullptr) return invalid_argument("paged_attention: no scratch");
   const int64_t group = n_heads / n_kv_heads;
+  // G heads per warp: the whole GQA group when it is 2, 4 or 8 (K/V read once for all), else 1.
+  const int g = group == 2 || group == 4 || group == 8 ? static_cast<int>(group) : 1;
+  const int64_t splits = attention_splits(tokens * (n_heads / g), max_seen);
+  if (splits > 1 && partial == nullptr) return invalid_argument("paged_attention: no scratch");
+  const int per = static_cast<int>((head_dim + 31) / 32);
   with_act(t, [&](auto a) {
     using T = decltype(a);
-    paged_attention_kernel<<<warp_row_blocks(rows * splits), kRowThreads, 0, launch_stream()>>>(
-        static_cast<const T*>(q), rows, tok_seq, tok_pos, block_tables, table_stride, block_size,
-        static_cast<const T*>(k_cache), static_cast<const T*>(v_cache), n_heads, group, head_dim,
-        scale, splits, partial, static_cast<T*>(out));
+    auto launch = [&](auto kernel, int gg) {
+      kernel<<<warp_row_blocks(tokens * (n_heads / gg) * splits), kRowThreads, 0,
+               launch_stream()>>>(static_cast<const T*>(q), tokens, tok_seq, tok_pos, block_tables,
+                                  table_stride, block_size, static_cast<const T*>(k_cache),
+                                  static_cast<const T*>(v_cache), n_heads, group, head_dim, scale,
+                                  splits, partial, static_cast<T*>(out));
+    };
+    with_group_per(g, per, [&](auto gc, auto pc) {
+      launch(paged_attention_kernel<T, decltype(gc)::value, decltype(pc)::value>,
+             decltype(gc)::value);
+    });
     if (splits > 1) {
       attention_combine_kernel<<<warp_row_blocks(rows), kRowThreads, 0, launch_stream()>>>(
           partial, rows, splits, head_dim, static_cast<T*>(out));

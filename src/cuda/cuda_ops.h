@@ -130,19 +130,22 @@ Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64
 // position tok_pos[i]) sees that sequence's keys 0 .. tok_pos[i], found through its block
 // table (row tok_seq[i] of block_tables, table_stride entries apart). q, out [tokens, n_heads,
 // head_dim]; caches [blocks · block_size, n_kv_heads · head_dim]. Online softmax in f32, one warp
-// per (query, head, split): when few (query, head) rows are there to fill the GPU (decode) and
-// the context is long, the keys are split into attention_splits() parts whose partial results (m,
-// l, acc) go to `partial` and are merged by a second kernel (flash-decoding). max_seen: the largest
-// tok_pos + 1, or any bound on it (it sets the number of splits; each query splits its own keys).
-// partial: f32, at least paged_attention_scratch_floats(head_dim) values.
+// per (query, GQA head group, split), each K/V row read once for the group: when few warps are
+// there to fill the GPU (decode) and the context is long, the keys are split into
+// attention_splits() parts whose partial results (m, l, acc) go to `partial` and are merged by a
+// second kernel (flash-decoding). max_seen: the largest tok_pos + 1, or any bound on it (it sets
+// the number of splits; each query splits its own keys). partial: f32, at least
+// paged_attention_scratch_floats(head_dim) values.
 Status paged_attention(const void* q, int64_t tokens, const int32_t* tok_seq,
                        const int32_t* tok_pos, const int32_t* block_tables, int64_t table_stride,
                        int64_t block_size, const void* k_cache, const void* v_cache,
                        int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                        int64_t max_seen, float* partial, void* out, DType t);
-// How many parts paged_attention splits each (query, head)'s keys into: 1 when rows = tokens ·
-// n_heads already fill the GPU or the context is short, else up to 32 parts of >= 256 keys.
-int64_t attention_splits(int64_t rows, int64_t max_seen);
+// How many parts paged_attention splits each query's keys into, for `units` warps before the
+// split (queries × KV-head groups) and contexts up to max_seen: 1 when the warps already fill the
+// GPU or the context is short (≤ 512), else enough parts of ≥ 256 keys to bring the warps to about
+// 1024, at most 32.
+int64_t attention_splits(int64_t units, int64_t max_seen);
 // The f32 scratch paged_attention may use for head_dim, whatever the batch.
 int64_t paged_attention_scratch_floats(int64_t head_dim);
 // Greedy sampling on the device: ids[r] = the index of row r's largest logit (the lowest index

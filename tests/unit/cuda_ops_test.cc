@@ -511,18 +511,23 @@ struct PagedBatch {
 TEST_P(CudaOps, PagedAttentionMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   const Act a{GetParam()};
-  const PagedBatch b(a, 8, 2, 128, {{20, 7}, {1500, 1}, {3, 1}});
-  ASSERT_GT(attention_splits(b.tokens * b.heads, b.max_seen), 1);  // the long step is split
-  DeviceBuffer dpart, dy;
-  ASSERT_TRUE(DeviceBuffer::allocate(paged_attention_scratch_floats(b.hd) * 4, &dpart).ok());
-  ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(b.want.size()), &dy).ok());
-  ASSERT_TRUE(paged_attention(b.q.data(), b.tokens, b.seq_ptr(), b.pos_ptr(), b.table_ptr(),
-                              b.max_blocks, b.bs, b.k_cache.data(), b.v_cache.data(), b.heads,
-                              b.kv_heads, b.hd, b.scale(), b.max_seen,
-                              static_cast<float*>(dpart.data()), dy.data(), a.t)
-                  .ok());
-  ASSERT_TRUE(synchronize().ok());
-  b.check(a, a.decode(download(dy)), 0.f);
+  // A warp per GQA group of 4, 1 (MHA), 8 and 3 (not a power of two: a warp per head), with
+  // head_dim 128, 64, 256 and 96.
+  struct Shape { int64_t heads, kv_heads, hd; };
+  for (const Shape& sh : {Shape{8, 2, 128}, Shape{4, 4, 64}, Shape{16, 2, 256}, Shape{6, 2, 96}}) {
+    const PagedBatch b(a, sh.heads, sh.kv_heads, sh.hd, {{20, 7}, {1500, 1}, {3, 1}});
+    ASSERT_GT(attention_splits(b.tokens * b.kv_heads, b.max_seen), 1);  // the long step splits
+    DeviceBuffer dpart, dy;
+    ASSERT_TRUE(DeviceBuffer::allocate(paged_attention_scratch_floats(b.hd) * 4, &dpart).ok());
+    ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(b.want.size()), &dy).ok());
+    ASSERT_TRUE(paged_attention(b.q.data(), b.tokens, b.seq_ptr(), b.pos_ptr(), b.table_ptr(),
+                                b.max_blocks, b.bs, b.k_cache.data(), b.v_cache.data(), b.heads,
+                                b.kv_heads, b.hd, b.scale(), b.max_seen,
+                                static_cast<float*>(dpart.data()), dy.data(), a.t)
+                    .ok());
+    ASSERT_TRUE(synchronize().ok());
+    b.check(a, a.decode(download(dy)), 0.f);
+  }
 }
 
 // The tensor-core prefill (BF16): long chunks cut into several 64-query tiles with a partial
