@@ -516,6 +516,10 @@ Status DeviceBuffer::download(void* host, size_t bytes) const {
   return cuda_status(cudaMemcpy(host, ptr_, bytes, cudaMemcpyDeviceToHost), "download");
 }
 
+Status copy_to_device(void* device, const void* host, size_t bytes) {
+  return cuda_status(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "copy to device");
+}
+
 Status copy_to_host(void* host, const void* device, size_t bytes) {
   return cuda_status(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "copy to host");
 }

@@ -49,6 +49,8 @@ class DeviceBuffer {
 
 // Synchronous copy of `bytes` from device memory at `device` to host memory.
 Status copy_to_host(void* host, const void* device, size_t bytes);
+// Synchronous copy of `bytes` from host memory to device memory at `device`.
+Status copy_to_device(void* device, const void* host, size_t bytes);
 
 enum class DType { kF32, kBF16 };
 

@@ -79,8 +79,7 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
   }
 
   Status encode(const float* pixel_values, const GridThw& g, VisionOutput* out) override;
-  Status encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& g,
-                    VisionOutput* out) override;
+  Status encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out) override;
 
  private:
   Status upload_merger(const VisionMergerWeights& s, Merger* d) {
@@ -99,11 +98,13 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
         static_cast<const char*>(w.data()) + row0 * K * static_cast<int64_t>(act_bytes());
     return gemm_->matmul(x, wp, act_, M, N, K, y, y_t);
   }
-  Status run_merger(const Merger& m, bool postshuffle, int64_t patches, std::vector<float>* out);
-  // Scratch for S patches and the host tables (positions, rotary) of grid g.
-  Status prepare(const GridThw& g);
-  // The tower from the patches in pix_act_ on.
-  Status run(const GridThw& g, VisionOutput* out);
+  // A merger over all rows of x_; image i's tokens go to (out[i].*field).
+  Status run_merger(const Merger& m, bool postshuffle, const std::vector<GridThw>& grids,
+                    VisionOutput* out, int64_t tap);
+  // Scratch for the images' patches side by side and the host tables (positions, rotary).
+  Status prepare(const std::vector<GridThw>& grids);
+  // The tower from the patches in pix_act_ on; out[i] for grids[i].
+  Status run(const std::vector<GridThw>& grids, VisionOutput* out);
 
   const Qwen3VLVisionConfig& c_;
   const VisionEncoder& host_;
@@ -117,14 +118,18 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
   // Scratch, grown to the largest image so far.
   DeviceBuffer pix_, pix_act_, rgb_, lut_, pos_, cos_, sin_, x_, xn_, tmp_, q_, k_, v_, attn_, mlp_;
   DeviceBuffer m_norm_, m_hidden_, m_out_;
-  std::vector<float> h_pos_, h_cos_, h_sin_;
+  std::vector<float> h_pos_, h_cos_, h_sin_, h_cos1_, h_sin1_, h_merged_;
 };
 
-Status CudaVisionEncoder::run_merger(const Merger& m, bool postshuffle, int64_t patches,
-                                     std::vector<float>* out) {
+Status CudaVisionEncoder::run_merger(const Merger& m, bool postshuffle,
+                                     const std::vector<GridThw>& grids, VisionOutput* out,
+                                     int64_t tap) {
   const int64_t D = c_.hidden_size, m2 = c_.spatial_merge_size * c_.spatial_merge_size;
+  int64_t patches = 0;
+  for (const GridThw& g : grids) patches += g.patches();
   const int64_t tokens = patches / m2, wide = D * m2, out_h = c_.out_hidden_size;
-  // Each run of merge² consecutive rows (one 2×2 block) is one token of width merge²·D.
+  // Each run of merge² consecutive rows (one 2×2 block) is one token of width merge²·D; no block
+  // straddles two images (each image's patches are a multiple of merge²).
   if (postshuffle) {
     VLM_RETURN_IF_ERROR(layer_norm(x_.data(), f32p(m.norm_w), f32p(m.norm_b), tokens, wide, kEps,
                                    m_norm_.data(), act_));
@@ -137,59 +142,104 @@ Status CudaVisionEncoder::run_merger(const Merger& m, bool postshuffle, int64_t 
   VLM_RETURN_IF_ERROR(
       linear(m_hidden_.data(), m.fc2, 0, tokens, out_h, wide, m_out_.data(), DType::kF32));
   VLM_RETURN_IF_ERROR(add_bias(m_out_.data(), f32p(m.fc2_b), tokens, out_h, DType::kF32));
-  out->resize(static_cast<size_t>(tokens * out_h));
-  return m_out_.download(out->data(), out->size() * 4);
+  h_merged_.resize(static_cast<size_t>(tokens * out_h));
+  VLM_RETURN_IF_ERROR(m_out_.download(h_merged_.data(), h_merged_.size() * 4));
+  int64_t first = 0;
+  for (size_t i = 0; i < grids.size(); ++i) {
+    const int64_t n = grids[i].patches() / m2;
+    std::vector<float>& dst = tap < 0 ? out[i].embeds : out[i].deepstack[static_cast<size_t>(tap)];
+    dst.assign(h_merged_.begin() + first * out_h, h_merged_.begin() + (first + n) * out_h);
+    first += n;
+  }
+  return ok_status();
 }
 
 Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {
-  VLM_RETURN_IF_ERROR(prepare(g));
+  VLM_RETURN_IF_ERROR(prepare({g}));
   const int64_t S = g.patches();
   VLM_RETURN_IF_ERROR(ensure(&pix_, static_cast<size_t>(S * patch_in_) * 4));
   VLM_RETURN_IF_ERROR(pix_.upload(pixel_values, static_cast<size_t>(S * patch_in_) * 4));
   VLM_RETURN_IF_ERROR(convert(pix_.data(), DType::kF32, S * patch_in_, pix_act_.data(), act_));
-  return run(g, out);
+  return run({g}, out);
 }
 
-Status CudaVisionEncoder::encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& g,
-                                     VisionOutput* out) {
-  VLM_RETURN_IF_ERROR(prepare(g));
+Status CudaVisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out) {
+  if (n <= 0) return ok_status();
   const int64_t P = c_.patch_size, T = c_.temporal_patch_size;
-  if (3 * T * P * P != patch_in_) return invalid_argument("encode_rgb: patch size mismatch");
-  const size_t bytes = static_cast<size_t>(g.h * P * g.w * P * 3);
+  if (3 * T * P * P != patch_in_) return invalid_argument("encode_rgb_batch: patch size mismatch");
+  std::vector<GridThw> grids;
+  size_t bytes = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    grids.push_back(images[i].grid);
+    bytes += static_cast<size_t>(images[i].grid.h * P * images[i].grid.w * P * 3);
+  }
+  VLM_RETURN_IF_ERROR(prepare(grids));
   VLM_RETURN_IF_ERROR(ensure(&rgb_, bytes));
-  VLM_RETURN_IF_ERROR(rgb_.upload(rgb, bytes));
-  VLM_RETURN_IF_ERROR(ensure(&lut_, 3 * 256 * 4));
-  VLM_RETURN_IF_ERROR(lut_.upload(lut, 3 * 256 * 4));
-  VLM_RETURN_IF_ERROR(patchify_rgb(static_cast<const uint8_t*>(rgb_.data()), f32p(lut_), g.h, g.w,
-                                   P, c_.spatial_merge_size, T, pix_act_.data(), act_));
-  return run(g, out);
+  VLM_RETURN_IF_ERROR(ensure(&lut_, static_cast<size_t>(n) * 3 * 256 * 4));
+  size_t at = 0;
+  int64_t row = 0;
+  for (int64_t i = 0; i < n; ++i) {  // each image's bytes and table, then its patches in place
+    const GridThw& g = images[i].grid;
+    const size_t b = static_cast<size_t>(g.h * P * g.w * P * 3);
+    auto* rgb = static_cast<uint8_t*>(rgb_.data()) + at;
+    float* lut = static_cast<float*>(lut_.data()) + i * 3 * 256;
+    VLM_RETURN_IF_ERROR(copy_to_device(rgb, images[i].rgb, b));
+    VLM_RETURN_IF_ERROR(copy_to_device(lut, images[i].lut, 3 * 256 * 4));
+    char* pix = static_cast<char*>(pix_act_.data()) + row * patch_in_ * act_bytes();
+    VLM_RETURN_IF_ERROR(patchify_rgb(rgb, lut, g.h, g.w, P, c_.spatial_merge_size, T, pix, act_));
+    at += b;
+    row += g.patches();
+  }
+  return run(grids, out);
 }
 
-Status CudaVisionEncoder::prepare(const GridThw& g) {
+Status CudaVisionEncoder::prepare(const std::vector<GridThw>& grids) {
   const int64_t m = c_.spatial_merge_size;
-  const int64_t S = g.patches(), D = c_.hidden_size, I = c_.intermediate_size;
+  const int64_t D = c_.hidden_size, I = c_.intermediate_size;
   const int64_t nh = c_.num_heads, hd = D / nh, out_h = c_.out_hidden_size;
+  int64_t S = 0;
+  for (const GridThw& g : grids) S += g.patches();
   const size_t a = act_bytes();
-  for (auto [buf, bytes] : {std::pair{&pix_act_, S * patch_in_ * a}, {&pos_, S * D * 4},
-                            {&cos_, S * (hd / 2) * 4}, {&sin_, S * (hd / 2) * 4},
-                            {&x_, S * D * a}, {&xn_, S * D * a}, {&tmp_, S * D * a},
-                            {&q_, S * D * a}, {&k_, S * D * a}, {&v_, S * D * a},
-                            {&attn_, S * D * a}, {&mlp_, S * I * a}, {&m_norm_, S * D * a},
-                            {&m_hidden_, S * D * a}, {&m_out_, (S / (m * m)) * out_h * 4}}) {
+  for (auto [buf, bytes] : {std::pair{&pix_act_, S * patch_in_ * a},
+                            {&pos_, S * D * 4},
+                            {&cos_, S * (hd / 2) * 4},
+                            {&sin_, S * (hd / 2) * 4},
+                            {&x_, S * D * a},
+                            {&xn_, S * D * a},
+                            {&tmp_, S * D * a},
+                            {&q_, S * D * a},
+                            {&k_, S * D * a},
+                            {&v_, S * D * a},
+                            {&attn_, S * D * a},
+                            {&mlp_, S * I * a},
+                            {&m_norm_, S * D * a},
+                            {&m_hidden_, S * D * a},
+                            {&m_out_, (S / (m * m)) * out_h * 4}}) {
     VLM_RETURN_IF_ERROR(ensure(buf, static_cast<size_t>(bytes)));
   }
-  // Host tables: the interpolated positions (added to zeros) and the rotary angles.
+  // Host tables, image after image: the interpolated positions (added to zeros) and the rotary
+  // angles.
   h_pos_.assign(static_cast<size_t>(S * D), 0.f);
-  host_.add_position_embedding(g, h_pos_.data());
-  host_.rotary_tables(g, &h_cos_, &h_sin_);
+  h_cos_.clear();
+  h_sin_.clear();
+  int64_t row = 0;
+  for (const GridThw& g : grids) {
+    host_.add_position_embedding(g, h_pos_.data() + row * D);
+    host_.rotary_tables(g, &h_cos1_, &h_sin1_);
+    h_cos_.insert(h_cos_.end(), h_cos1_.begin(), h_cos1_.end());
+    h_sin_.insert(h_sin_.end(), h_sin1_.begin(), h_sin1_.end());
+    row += g.patches();
+  }
   VLM_RETURN_IF_ERROR(pos_.upload(h_pos_.data(), h_pos_.size() * 4));
   VLM_RETURN_IF_ERROR(cos_.upload(h_cos_.data(), h_cos_.size() * 4));
   return sin_.upload(h_sin_.data(), h_sin_.size() * 4);
 }
 
-Status CudaVisionEncoder::run(const GridThw& g, VisionOutput* out) {
+Status CudaVisionEncoder::run(const std::vector<GridThw>& grids, VisionOutput* out) {
   const int64_t m = c_.spatial_merge_size;
-  const int64_t S = g.patches(), D = c_.hidden_size, I = c_.intermediate_size;
+  int64_t S = 0;
+  for (const GridThw& g : grids) S += g.patches();
+  const int64_t D = c_.hidden_size, I = c_.intermediate_size;
   const int64_t nh = c_.num_heads, hd = D / nh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t a = act_bytes();
@@ -197,9 +247,10 @@ Status CudaVisionEncoder::run(const GridThw& g, VisionOutput* out) {
   VLM_RETURN_IF_ERROR(add_bias(x_.data(), f32p(patch_b_), S, D, act_));
   VLM_RETURN_IF_ERROR(add_inplace(x_.data(), pos_.data(), DType::kF32, S * D, act_));
 
-  out->tokens = S / (m * m);
-  out->deepstack.assign(deepstack_.size(), {});
-  const int64_t per_frame = g.h * g.w;
+  for (size_t i = 0; i < grids.size(); ++i) {
+    out[i].tokens = grids[i].patches() / (m * m);
+    out[i].deepstack.assign(deepstack_.size(), {});
+  }
   const size_t n_blocks = blocks_.size();
   if (n_blocks > 0) {
     VLM_RETURN_IF_ERROR(layer_norm(x_.data(), f32p(blocks_[0].norm1_w), f32p(blocks_[0].norm1_b), S,
@@ -217,15 +268,20 @@ Status CudaVisionEncoder::run(const GridThw& g, VisionOutput* out) {
       VLM_RETURN_IF_ERROR(
           qk_norm_rope(x->data(), S, nh, hd, nullptr, 0.f, f32p(cos_), f32p(sin_), act_));
     }
-    for (int64_t t = 0; t < g.t; ++t) {  // one attention segment per temporal group
-      const size_t off = static_cast<size_t>(t * per_frame * D) * a;
-      auto at = [&](const DeviceBuffer& buf) { return static_cast<char*>(buf.data()) + off; };
-      if (act_ == DType::kBF16 && flash_attention_supports(hd)) {  // on the tensor cores
-        VLM_RETURN_IF_ERROR(
-            flash_attention_full(at(q_), at(k_), at(v_), per_frame, nh, hd, scale, at(attn_)));
-      } else {
-        VLM_RETURN_IF_ERROR(attention(at(q_), per_frame, at(k_), at(v_), per_frame, 0, false, nh,
-                                      nh, hd, scale, at(attn_), act_));
+    // One attention segment per temporal group of each image.
+    for (int64_t i = 0, first = 0; i < static_cast<int64_t>(grids.size());
+         first += grids[i].patches(), ++i) {
+      const int64_t per_frame = grids[i].h * grids[i].w;
+      for (int64_t t = 0; t < grids[i].t; ++t) {
+        const size_t off = static_cast<size_t>((first + t * per_frame) * D) * a;
+        auto at = [&](const DeviceBuffer& buf) { return static_cast<char*>(buf.data()) + off; };
+        if (act_ == DType::kBF16 && flash_attention_supports(hd)) {  // on the tensor cores
+          VLM_RETURN_IF_ERROR(
+              flash_attention_full(at(q_), at(k_), at(v_), per_frame, nh, hd, scale, at(attn_)));
+        } else {
+          VLM_RETURN_IF_ERROR(attention(at(q_), per_frame, at(k_), at(v_), per_frame, 0, false, nh,
+                                        nh, hd, scale, at(attn_), act_));
+        }
       }
     }
     VLM_RETURN_IF_ERROR(linear(attn_.data(), B.proj, 0, S, D, D, tmp_.data(), act_));
@@ -244,12 +300,12 @@ Status CudaVisionEncoder::run(const GridThw& g, VisionOutput* out) {
     }
     for (size_t tap = 0; tap < c_.deepstack_visual_indexes.size(); ++tap) {
       if (c_.deepstack_visual_indexes[tap] == static_cast<int64_t>(b)) {
-        VLM_RETURN_IF_ERROR(
-            run_merger(deepstack_[tap], /*postshuffle=*/true, S, &out->deepstack[tap]));
+        VLM_RETURN_IF_ERROR(run_merger(deepstack_[tap], /*postshuffle=*/true, grids, out,
+                                       static_cast<int64_t>(tap)));
       }
     }
   }
-  VLM_RETURN_IF_ERROR(run_merger(merger_, /*postshuffle=*/false, S, &out->embeds));
+  VLM_RETURN_IF_ERROR(run_merger(merger_, /*postshuffle=*/false, grids, out, -1));
   return synchronize();
 }
 

@@ -89,6 +89,8 @@ struct EngineCore::State {
   std::vector<VisionRows> vision;
   std::vector<std::pair<int64_t, int64_t>> computed;
   std::vector<std::pair<int32_t, float>> top_logprobs;  // lent to each token event
+  std::vector<StagedImage*> batch_images;  // admit(): images encoded together on the GPU
+  std::vector<double*> batch_ms;           // their requests' encode_ms
 
   mutable std::mutex mu;
   std::condition_variable cv;       // wakes the engine thread
@@ -317,6 +319,35 @@ void EngineCore::admit() {
   }
   std::sort(to_admit.begin(), to_admit.end());
   bool encoded = false;
+  // On the GPU the images of the requests being admitted go through the tower together, up to a
+  // budget of patches; a failed batch leaves them to the one-by-one path below, which reports the
+  // error to the request it belongs to.
+  std::vector<StagedImage*>& batch = s.batch_images;
+  std::vector<double*>& batch_ms = s.batch_ms;
+  batch.clear();
+  batch_ms.clear();
+  if (m.gpu_vision != nullptr) {
+    constexpr int64_t kBatchPatches = 32768;
+    int64_t patches = 0;
+    for (int64_t id : to_admit) {
+      Req& r = *s.reqs[id];
+      for (StagedImage& img : r.images) {
+        if (!img.encoded) img.encoded = s.vision_cache->get(img.key);
+        if (img.encoded) continue;
+        const PreprocessedImage& p = img.pixels;
+        const int64_t n = p.grid_t * p.grid_h * p.grid_w;
+        if (!batch.empty() && patches + n > kBatchPatches) break;
+        batch.push_back(&img);
+        batch_ms.push_back(&r.encode_ms);
+        patches += n;
+      }
+    }
+    if (!batch.empty() && encode_staged_images(*m.vision, batch, batch_ms.data()).ok()) {
+      encoded = true;
+    } else {
+      batch.clear();
+    }
+  }
   for (int64_t id : to_admit) {
     Req& r = *s.reqs[id];
     Status st;
@@ -329,13 +360,17 @@ void EngineCore::admit() {
       if (needs_encode && encoded) break;  // next step
       for (size_t k = 0; k < r.images.size() && st.ok(); ++k) {
         StagedImage& img = r.images[k];
-        const bool hit = img.encoded != nullptr;
+        const bool fresh = std::find(batch.begin(), batch.end(), &img) != batch.end();
+        const bool hit = img.encoded != nullptr && !fresh;
         s.vision_cache->count(hit);
         if (hit) {
           ++r.images_cached;
           continue;
         }
-        st = encode_staged_image(*m.vision, &img, &r.encode_ms).with_context("image " + std::to_string(k + 1));
+        if (!fresh) {
+          st = encode_staged_image(*m.vision, &img, &r.encode_ms)
+                   .with_context("image " + std::to_string(k + 1));
+        }
         if (st.ok()) s.vision_cache->put(img.key, img.encoded);
       }
       encoded = encoded || needs_encode;

@@ -81,13 +81,51 @@ Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* enc
   const PreprocessedImage& p = img->pixels;
   enc->grid = GridThw{p.grid_t, p.grid_h, p.grid_w};
   if (p.pixel_values.empty() && !p.resized_rgb.empty()) {  // patchified on the GPU
-    VLM_RETURN_IF_ERROR(encoder.encode_rgb(p.resized_rgb.data(), p.lut.data(), enc->grid, &enc->out));
+    const RgbImage rgb{p.resized_rgb.data(), p.lut.data(), enc->grid};
+    VLM_RETURN_IF_ERROR(encoder.encode_rgb_batch(&rgb, 1, &enc->out));
   } else {
     VLM_RETURN_IF_ERROR(encoder.encode(p.pixel_values.data(), enc->grid, &enc->out));
   }
   img->encoded = std::move(enc);
   img->pixels = PreprocessedImage{};  // the pixels are no longer needed
   *encode_ms += ms_since(t0);
+  return ok_status();
+}
+
+Status encode_staged_images(VisionEncoder& encoder, std::span<StagedImage* const> images,
+                            double* const* encode_ms) {
+  std::vector<size_t> batch;  // the resized images a device patchifies, in one pass
+  for (size_t i = 0; i < images.size(); ++i) {
+    const StagedImage& img = *images[i];
+    if (img.encoded) continue;
+    if (encoder.on_device() && img.pixels.pixel_values.empty() && !img.pixels.resized_rgb.empty()) {
+      batch.push_back(i);
+    } else {
+      VLM_RETURN_IF_ERROR(encode_staged_image(encoder, images[i], encode_ms[i]));
+    }
+  }
+  if (batch.empty()) return ok_status();
+  const auto t0 = Clock::now();
+  std::vector<RgbImage> rgb;
+  std::vector<VisionOutput> outs(batch.size());
+  int64_t patches = 0;
+  for (size_t i : batch) {
+    const PreprocessedImage& p = images[i]->pixels;
+    rgb.push_back({p.resized_rgb.data(), p.lut.data(), GridThw{p.grid_t, p.grid_h, p.grid_w}});
+    patches += rgb.back().grid.patches();
+  }
+  VLM_RETURN_IF_ERROR(
+      encoder.encode_rgb_batch(rgb.data(), static_cast<int64_t>(rgb.size()), outs.data()));
+  const double ms = ms_since(t0);
+  for (size_t j = 0; j < batch.size(); ++j) {
+    StagedImage& img = *images[batch[j]];
+    auto enc = std::make_shared<EncodedImage>();
+    enc->grid = rgb[j].grid;
+    enc->out = std::move(outs[j]);
+    img.encoded = std::move(enc);
+    img.pixels = PreprocessedImage{};
+    *encode_ms[batch[j]] += ms * static_cast<double>(rgb[j].grid.patches()) / patches;
+  }
   return ok_status();
 }
 

@@ -54,6 +54,11 @@ struct StagedImage {
   double decode_ms = 0, preprocess_ms = 0;      // 0 on a cache hit
 };
 
+// Encodes the staged images not yet encoded: on a device encoder all the resized ones in one
+// pass of the tower, the rest one by one. encode_ms[i] += image i's share of the time (by patches).
+Status encode_staged_images(VisionEncoder& encoder, std::span<StagedImage* const> images,
+                            double* const* encode_ms);
+
 // Reads (path) or takes (bytes) the image, and looks it up in `cache` (may be null); on a miss
 // decodes and preprocesses it with `preprocess` overridden by the image's own pixel budget.
 // `pool` may be null (single-threaded resize). Errors are not prefixed with which image it was.

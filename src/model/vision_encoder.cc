@@ -126,14 +126,15 @@ Status check_grid(const GridThw& g, int64_t m) {
 
 }  // namespace
 
-Status VisionEncoder::encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& g,
-                                 VisionOutput* out) {
-  VLM_RETURN_IF_ERROR(check_grid(g, cfg_.spatial_merge_size));
+Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    VLM_RETURN_IF_ERROR(check_grid(images[i].grid, cfg_.spatial_merge_size));
+    if (images[i].grid.t != 1) return invalid_argument("encode_rgb_batch: one frame per image");
+  }
   if (device_ == nullptr) {
     return internal_error("an image without pixel values reached the CPU vision tower");
   }
-  if (g.t != 1) return invalid_argument("encode_rgb: one frame per image");
-  return device_->encode_rgb(rgb, lut, g, out);
+  return device_->encode_rgb_batch(images, n, out);
 }
 
 Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {

@@ -25,6 +25,14 @@ struct VisionOutput {
   std::vector<std::vector<float>> deepstack;   // per DeepStack tap: [tokens, out_hidden]
 };
 
+// A resized image for a device to normalise and patchify itself (PreprocessOptions::patchify
+// false): its bytes, its normalisation table and its grid (one frame).
+struct RgbImage {
+  const uint8_t* rgb = nullptr;
+  const float* lut = nullptr;
+  GridThw grid;
+};
+
 // The vision tower on an accelerator (the CUDA backend): VisionEncoder::encode hands its work to
 // one when set_device() gave it one.
 class DeviceVisionEncoder {
@@ -32,11 +40,12 @@ class DeviceVisionEncoder {
   virtual ~DeviceVisionEncoder() = default;
   // As VisionEncoder::encode, on a grid VisionEncoder already checked.
   virtual Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out) = 0;
-  // The same from the resized image itself, rgb [grid.h · P, grid.w · P, 3] bytes: normalised
-  // through lut [3 · 256] (preprocess's normalization_lut) and patchified on the device, each
-  // patch repeated over the temporal_patch_size frames as the processor does.
-  virtual Status encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& grid,
-                            VisionOutput* out) = 0;
+  // The same from resized images themselves, in one pass of the tower (their patches side by
+  // side, attention within each image's frames): out[i] for images[i]. Each image's rgb is
+  // [grid.h · P, grid.w · P, 3] bytes, normalised through its lut [3 · 256] (preprocess's
+  // normalization_lut) and patchified on the device, each patch repeated over the
+  // temporal_patch_size frames as the processor does.
+  virtual Status encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out) = 0;
 };
 
 class VisionEncoder {
@@ -52,9 +61,9 @@ class VisionEncoder {
   // layout). Every temporal group attends only within itself, as transformers' cu_seqlens do.
   Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out);
 
-  // An image preprocessed without patchify (PreprocessOptions::patchify false): only with a
-  // device encoder (DeviceVisionEncoder::encode_rgb); an error on the CPU.
-  Status encode_rgb(const uint8_t* rgb, const float* lut, const GridThw& grid, VisionOutput* out);
+  // Images preprocessed without patchify (PreprocessOptions::patchify false), in one pass: only
+  // with a device encoder (DeviceVisionEncoder::encode_rgb_batch); an error on the CPU.
+  Status encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out);
 
   // Runs encode() on `device` from now on (null: back on the CPU). Not owned.
   void set_device(DeviceVisionEncoder* device) { device_ = device; }

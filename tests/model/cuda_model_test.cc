@@ -186,6 +186,9 @@ TEST(CudaVisionModel, EncoderOutputsMatchTransformers) {
   auto gpu = cuda::make_cuda_vision_encoder(*cfg, *w, host, /*f32=*/true);
   ASSERT_TRUE(gpu.ok()) << gpu.status().message();
   host.set_device(gpu->get());
+  // Every image of every case, kept resized for the batched pass at the end.
+  std::vector<PreprocessedImage> kept;
+  std::vector<VisionOutput> single;
   for (const auto& c : ref["cases"]) {
     std::vector<float> embeds;
     std::vector<std::vector<float>> ds(cfg->vision_config.deepstack_visual_indexes.size());
@@ -207,9 +210,12 @@ TEST(CudaVisionModel, EncoderOutputsMatchTransformers) {
       o.patchify = false;
       auto r = preprocess_image(*img, o);
       ASSERT_TRUE(r.ok()) << r.status().message();
-      ASSERT_TRUE(host.encode_rgb(r->resized_rgb.data(), r->lut.data(), grid, &from_rgb).ok());
+      const RgbImage one{r->resized_rgb.data(), r->lut.data(), grid};
+      ASSERT_TRUE(host.encode_rgb_batch(&one, 1, &from_rgb).ok());
       EXPECT_EQ(from_rgb.embeds, out.embeds);
       EXPECT_EQ(from_rgb.deepstack, out.deepstack);
+      kept.push_back(std::move(r).value());
+      single.push_back(out);
       embeds.insert(embeds.end(), out.embeds.begin(), out.embeds.end());
       for (size_t k = 0; k < ds.size(); ++k) {
         ds[k].insert(ds[k].end(), out.deepstack[k].begin(), out.deepstack[k].end());
@@ -223,6 +229,22 @@ TEST(CudaVisionModel, EncoderOutputsMatchTransformers) {
       EXPECT_LE(rel_err(ds[k], npy(dir + "/" + c["deepstack"][k]["file"].get<std::string>())),
                 kTolF32)
           << c["name"] << " tap " << k;
+    }
+  }
+  // All of them in one pass of the tower (different sizes side by side): each image's outputs
+  // as on its own, to the f32 tolerance (the products' blocking may differ with the row count).
+  std::vector<RgbImage> batch;
+  for (const PreprocessedImage& p : kept) {
+    batch.push_back({p.resized_rgb.data(), p.lut.data(), GridThw{p.grid_t, p.grid_h, p.grid_w}});
+  }
+  std::vector<VisionOutput> outs(batch.size());
+  ASSERT_TRUE(host.encode_rgb_batch(batch.data(), static_cast<int64_t>(batch.size()), outs.data())
+                  .ok());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    EXPECT_EQ(outs[i].tokens, single[i].tokens);
+    EXPECT_LE(rel_err(outs[i].embeds, single[i].embeds), kTolF32) << "image " << i;
+    for (size_t k = 0; k < single[i].deepstack.size(); ++k) {
+      EXPECT_LE(rel_err(outs[i].deepstack[k], single[i].deepstack[k]), kTolF32) << "image " << i;
     }
   }
 }
