@@ -33,6 +33,9 @@ from pathlib import Path
 import torch
 
 PROMPT, GEN, BATCHES, REPS = 512, 128, (1, 8, 32, 128), 3
+# vlm bench's own JSON files go here (their contents are copied into $OUT/bench.json): the
+# device tool brings back at most 8 files from $OUT.
+WORK = Path("/tmp/vlm-bench-work")
 
 
 def timed(fn, reps: int = 10, warmup: int = 3) -> float:
@@ -110,8 +113,8 @@ def hf_generate(model, batches) -> dict:
     return out
 
 
-def vlm_bench(vlm: str, ckpt: Path, out: Path) -> dict:
-    js = out / "vlm_bench.json"
+def vlm_bench(vlm: str, ckpt: Path) -> dict:
+    js = WORK / "vlm_bench.json"
     cmd = [vlm, "bench", "-m", str(ckpt), "--device", "cuda", "--prefill-chunk", "2048",
            "-p", "512,2048", "-n", str(GEN), "--gen-prompt", str(PROMPT),
            "--batch", ",".join(str(b) for b in BATCHES if b > 1),
@@ -122,9 +125,9 @@ def vlm_bench(vlm: str, ckpt: Path, out: Path) -> dict:
     return json.loads(js.read_text())
 
 
-def vlm_bench_quant(vlm: str, ckpt: Path, out: Path, quant: str) -> dict:
+def vlm_bench_quant(vlm: str, ckpt: Path, quant: str) -> dict:
     """Prefill 2048 and single-stream decode with --quant int8 (weight-only) or fp8 (E4M3)."""
-    js = out / f"vlm_bench_{quant}.json"
+    js = WORK / f"vlm_bench_{quant}.json"
     cmd = [vlm, "bench", "-m", str(ckpt), "--device", "cuda", "--quant", quant,
            "--prefill-chunk", "2048", "-p", "2048", "-n", str(GEN), "--gen-prompt", str(PROMPT),
            "-r", str(REPS), "--json", str(js)]
@@ -189,6 +192,13 @@ def report(res: dict) -> list[str]:
     return table + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
 
 
+def save(res: dict, out: Path) -> None:
+    """Writes what is measured so far (a run cut short by its time limit still leaves it)."""
+    (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
+    if "vlm" in res:
+        (out / "bench_table.md").write_text("\n".join(report(res)) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vlm", required=True)
@@ -196,25 +206,26 @@ def main() -> int:
     ap.add_argument("--ckpt", type=Path, default=Path("/tmp/qwen3vl-8b-random"))
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
     res = {"limits": gpu_limits()}
     print(json.dumps(res["limits"]), flush=True)
+    save(res, a.out)
     model = make_model()
     model.save_pretrained(a.ckpt, max_shard_size="5GB")
     res["transformers"] = hf_generate(model, BATCHES)
+    save(res, a.out)
     del model
     gc.collect()
     torch.cuda.empty_cache()
-    v = vlm_bench(a.vlm, a.ckpt, a.out)
-    res["vlm"] = v
+    res["vlm"] = vlm_bench(a.vlm, a.ckpt)
+    save(res, a.out)
     for quant in ("int8", "fp8"):
         try:
-            res[f"vlm_{quant}"] = vlm_bench_quant(a.vlm, a.ckpt, a.out, quant)
+            res[f"vlm_{quant}"] = vlm_bench_quant(a.vlm, a.ckpt, quant)
         except subprocess.CalledProcessError as e:  # keep the rest of the table
             print(f"--quant {quant} failed: {e}", flush=True)
-    table = report(res)
-    (a.out / "bench_table.md").write_text("\n".join(table) + "\n")
-    (a.out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
-    print("\n".join(table))
+        save(res, a.out)
+    print("\n".join(report(res)))
     return 0
 
 
