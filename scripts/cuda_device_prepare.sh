@@ -23,4 +23,6 @@ for im in ref["images"].values():
     if not im["source"].startswith("synthetic"):
         shutil.copy(f"../shared/data/images/{im['source']}", sys.argv[1])
 PY
+# Symbols are not needed there; the working tree that travels is capped at 64 MiB.
+strip --strip-unneeded "$D"/bin/* "$D"/lib/* 2>/dev/null || true
 du -sh "$D"
