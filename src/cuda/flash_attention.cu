@@ -53,10 +53,22 @@ struct Smem {
 };
 
 // Copies `rows` rows of `hd` BF16 values (the rest of HD and of kTile zero) into dst[kTile][HD];
-// row r comes from src + offset(r).
+// row r comes from src + offset(r). With hd a multiple of 8 (every Qwen3-VL head: 128, 72, 64)
+// in 16-byte pieces (rows then start 16-byte aligned: offsets are multiples of hd), else value by
+// value.
 template <int HD, typename Offset>
 __device__ void load_tile(bf16 (*dst)[HD], const bf16* src, int64_t rows, int64_t hd,
                           Offset offset) {
+  if (hd % 8 == 0) {
+    constexpr int kPieces = HD / 8;  // HD is a multiple of 16
+    for (int e = threadIdx.x; e < kTile * kPieces; e += kThreads) {
+      const int r = e / kPieces, d = (e % kPieces) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < rows && d < hd) v = *reinterpret_cast<const uint4*>(src + offset(r) + d);
+      *reinterpret_cast<uint4*>(&dst[r][d]) = v;
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < kTile * HD; e += kThreads) {
     const int r = e / HD, d = e % HD;
     dst[r][d] = (r < rows && d < hd) ? src[offset(r) + d] : __float2bfloat16_rn(0.f);

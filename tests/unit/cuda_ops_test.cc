@@ -532,15 +532,15 @@ TEST_P(CudaOps, PagedAttentionMatchesReference) {
 
 // The tensor-core prefill (BF16): long chunks cut into several 64-query tiles with a partial
 // last one, after cached tokens and from position 0, a decode token in the same batch, GQA 4:1
-// and 2:1, head_dim 128, 64 and 72 (padded to 80). P is rounded to BF16 before P·V: up to
-// 2^-8·max|v| more.
+// and 2:1, head_dim 128, 64 and 72 (padded to 80; 16-byte tile loads) and 36 (value by value).
+// P is rounded to BF16 before P·V: up to 2^-8·max|v| more.
 TEST(CudaFlash, PagedPrefillMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   const Act a{DType::kBF16};
   struct Shape {
     int64_t heads, kv_heads, hd;
   };
-  for (const Shape& sh : {Shape{8, 2, 128}, Shape{4, 1, 64}, Shape{4, 2, 72}}) {
+  for (const Shape& sh : {Shape{8, 2, 128}, Shape{4, 1, 64}, Shape{4, 2, 72}, Shape{4, 2, 36}}) {
     const PagedBatch b(a, sh.heads, sh.kv_heads, sh.hd, {{37, 100}, {0, 70}, {300, 1}, {5, 64}});
     std::vector<int32_t> tiles(2 * b.tokens);
     const int64_t n_tiles = flash_query_tiles(b.chunk_off.data(), b.chunk_n.data(),
