@@ -291,6 +291,41 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
 // otherwise each head's running max m, sum l and unnormalised accumulator go to
 // partial[(row · splits + sp) · (head_dim + 2)] = {m, l, acc[head_dim]}, row = query · n_heads +
 // head.
+// This lane's run of PER consecutive values at p (d0 = lane · PER < head_dim): one vector load
+// when the whole run is inside head_dim and aligned (head_dim a multiple of PER), else value by
+// value with zeros past head_dim.
+template <int PER>
+__device__ inline void load_run(const __nv_bfloat16* p, int64_t d0, int64_t head_dim, float* o) {
+  if (head_dim % PER == 0 && d0 + PER <= head_dim) {
+    if constexpr (PER == 8) {
+      const uint4 v = *reinterpret_cast<const uint4*>(p);
+      const auto* b = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o[j] = __bfloat162float(b[j]);
+      return;
+    } else if constexpr (PER == 4) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      const auto* b = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) o[j] = __bfloat162float(b[j]);
+      return;
+    } else if constexpr (PER == 2) {
+      const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(p);
+      o[0] = __low2float(v);
+      o[1] = __high2float(v);
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < PER; ++j) o[j] = d0 + j < head_dim ? __bfloat162float(p[j]) : 0.f;
+}
+
+template <int PER>
+__device__ inline void load_run(const float* p, int64_t d0, int64_t head_dim, float* o) {
+#pragma unroll
+  for (int j = 0; j < PER; ++j) o[j] = d0 + j < head_dim ? p[j] : 0.f;
+}
+
 template <typename T, int G, int PER>
 __global__ void paged_attention_kernel(const T* q, int64_t tokens, const int32_t* tok_seq,
                                        const int32_t* tok_pos, const int32_t* tables,
@@ -302,6 +337,8 @@ __global__ void paged_attention_kernel(const T* q, int64_t tokens, const int32_t
   const int64_t unit = warp / splits, sp = warp % splits;
   if (unit >= tokens * slots) return;
   const int lane = threadIdx.x & 31;
+  const int64_t d0 = static_cast<int64_t>(lane) * PER;  // this lane's values: d0 .. d0 + PER
+  const bool active = d0 < head_dim;
   const int64_t i = unit / slots, h0 = (unit % slots) * G;
   const int64_t kvd = (n_heads / group) * head_dim;
   const int64_t kv_off = (h0 / group) * head_dim;  // G divides group: one KV head for all G
@@ -315,21 +352,24 @@ __global__ void paged_attention_kernel(const T* q, int64_t tokens, const int32_t
   for (int g = 0; g < G; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
+    if (active) {
+      load_run<PER>(q + ((i * n_heads) + h0 + g) * head_dim + d0, d0, head_dim, qr[g]);
+    }
 #pragma unroll
     for (int j = 0; j < PER; ++j) {  // lanes past head_dim hold zeros and store nothing
-      const int64_t d = lane + 32 * j;
-      qr[g][j] = d < head_dim ? load(q, ((i * n_heads) + h0 + g) * head_dim + d) * scale : 0.f;
+      qr[g][j] = active ? qr[g][j] * scale : 0.f;
       acc[g][j] = 0.f;
     }
   }
   for (int64_t p = begin; p < end; ++p) {
     const int64_t base = (static_cast<int64_t>(table[p / bs]) * bs + p % bs) * kvd + kv_off;
     float kr[PER], vr[PER];
+    if (active) {
+      load_run<PER>(kc + base + d0, d0, head_dim, kr);
+      load_run<PER>(vc + base + d0, d0, head_dim, vr);
+    } else {
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const bool in = lane + 32 * j < head_dim;
-      kr[j] = in ? load(kc, base + lane + 32 * j) : 0.f;
-      vr[j] = in ? load(vc, base + lane + 32 * j) : 0.f;
+      for (int j = 0; j < PER; ++j) kr[j] = vr[j] = 0.f;
     }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -353,7 +393,7 @@ __global__ void paged_attention_kernel(const T* q, int64_t tokens, const int32_t
       const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
 #pragma unroll
       for (int j = 0; j < PER; ++j) {
-        if (lane + 32 * j < head_dim) store(out, row * head_dim + lane + 32 * j, acc[g][j] * inv);
+        if (d0 + j < head_dim) store(out, row * head_dim + d0 + j, acc[g][j] * inv);
       }
       continue;
     }
@@ -364,7 +404,7 @@ __global__ void paged_attention_kernel(const T* q, int64_t tokens, const int32_t
     }
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-      if (lane + 32 * j < head_dim) part[2 + lane + 32 * j] = acc[g][j];
+      if (d0 + j < head_dim) part[2 + d0 + j] = acc[g][j];
     }
   }
 }
