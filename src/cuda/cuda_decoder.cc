@@ -43,17 +43,6 @@ struct Layer {
 // Chunks from this many tokens make a forward pass a prefill step (flash attention).
 constexpr int64_t kFlashMinTokens = 16;
 
-// A device buffer that grows (never shrinks) to the bytes asked.
-Status ensure(DeviceBuffer* b, size_t bytes) {
-  if (b->bytes() >= bytes) return ok_status();
-  return DeviceBuffer::allocate(bytes, b);
-}
-
-Status upload_f32(const std::vector<float>& v, DeviceBuffer* out) {
-  VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(v.size() * 4, out));
-  return out->upload(v.data(), v.size() * 4);
-}
-
 // Linear layers stacked by rows (q|k|v, gate|up): all stored as F32 / BF16 / F16 (kept in the
 // activation type, or with fp8 quantized to E4M3 on the device, one scale for the stack), or all
 // INT8 with per-row scales (kept so).
@@ -87,11 +76,8 @@ Status upload_linear(const std::vector<const TensorView*>& ts, DType act, bool f
   }
   VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(q.size(), &out->w));
   VLM_RETURN_IF_ERROR(out->w.upload(q.data(), q.size()));
-  return upload_f32(scale, &out->scale);
+  return DeviceBuffer::upload_f32(scale, &out->scale);
 }
-
-const int32_t* i32(const DeviceBuffer& b) { return static_cast<const int32_t*>(b.data()); }
-float* f32p(const DeviceBuffer& b) { return static_cast<float*>(b.data()); }
 
 class CudaDecoder final : public DeviceDecoder {
  public:
@@ -120,15 +106,15 @@ class CudaDecoder final : public DeviceDecoder {
     } else {
       VLM_RETURN_IF_ERROR(up({&w.lm_head}, &lm_head_, "lm_head"));
     }
-    VLM_RETURN_IF_ERROR(upload_f32(w.norm, &norm_));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(w.norm, &norm_));
     layers_.resize(w.layers.size());
     for (size_t l = 0; l < w.layers.size(); ++l) {
       const TextLayerWeights& s = w.layers[l];
       Layer& d = layers_[l];
-      VLM_RETURN_IF_ERROR(upload_f32(s.input_layernorm, &d.input_ln));
-      VLM_RETURN_IF_ERROR(upload_f32(s.post_attention_layernorm, &d.post_ln));
-      VLM_RETURN_IF_ERROR(upload_f32(s.q_norm, &d.q_norm));
-      VLM_RETURN_IF_ERROR(upload_f32(s.k_norm, &d.k_norm));
+      VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(s.input_layernorm, &d.input_ln));
+      VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(s.post_attention_layernorm, &d.post_ln));
+      VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(s.q_norm, &d.q_norm));
+      VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(s.k_norm, &d.k_norm));
       const bool f8 = opts_.fp8;  // the layers' products; the head stays as stored
       VLM_RETURN_IF_ERROR(up({&s.q_proj, &s.k_proj, &s.v_proj}, &d.qkv, "q/k/v_proj", f8));
       VLM_RETURN_IF_ERROR(up({&s.o_proj}, &d.o, "o_proj", f8));
@@ -223,7 +209,7 @@ class CudaDecoder final : public DeviceDecoder {
   // y[M, L.n] = x[M, L.k] · Lᵀ, y in y_t (BF16 for FP8 weights).
   Status linear(const void* x, const Linear& L, int64_t M, void* y, DType y_t) {
     if (L.fp8) {
-      float* amax = f32p(fp8_scales_);
+      float* amax = fp8_scales_.as<float>();
       VLM_RETURN_IF_ERROR(quantize_fp8(x, act_, M * L.k, amax, amax + 1, fp8_x_.data()));
       return gemm_->matmul_fp8(fp8_x_.data(), amax + 1, L.w.data(),
                                static_cast<const float*>(L.scale.data()), M, L.n, L.k, y);
@@ -239,7 +225,7 @@ class CudaDecoder final : public DeviceDecoder {
     return static_cast<int32_t*>(ints_host_.data()) + row * opts_.max_chunk;
   }
   const int32_t* dev_ints(int row) const {
-    return static_cast<const int32_t*>(ints_.data()) + row * opts_.max_chunk;
+    return ints_.as<const int32_t>() + row * opts_.max_chunk;
   }
   // The smallest graph bucket holding `rows` decode rows, or 0 when none does.
   int64_t bucket_for(int64_t rows) const {
@@ -326,31 +312,32 @@ Status CudaDecoder::enqueue(const Pass& p) {
   const int64_t T = p.rows;
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const float* cos = f32p(rope_dev_);
+  const float* cos = rope_dev_.as<float>();
   const float* sin = cos + opts_.max_chunk * rope_.half();
-  const int32_t* tables = i32(tables_);
-  auto feats = [&](size_t k) { return f32p(vis_feats_) + k * p.n_vis * H; };
+  const int32_t* tables = tables_.as<const int32_t>();
+  auto feats = [&](size_t k) { return vis_feats_.as<float>() + k * p.n_vis * H; };
 
   VLM_RETURN_IF_ERROR(embedding_gather(embed_.data(), act_, dev_ints(kIds), T, H, x_.data(), act_));
   if (p.n_vis > 0) {
-    VLM_RETURN_IF_ERROR(
-        set_rows_at(x_.data(), i32(vis_rows_), feats(0), DType::kF32, p.n_vis, H, act_));
+    VLM_RETURN_IF_ERROR(set_rows_at(x_.data(), vis_rows_.as<const int32_t>(), feats(0), DType::kF32,
+                                    p.n_vis, H, act_));
   }
   bool pending = false;  // tmp_ still has to be added to x_ (as in TextDecoder)
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (pending) {
-      VLM_RETURN_IF_ERROR(
-          add_rms_norm(x_.data(), tmp_.data(), f32p(L.input_ln), T, H, eps, xn_.data(), act_));
+      VLM_RETURN_IF_ERROR(add_rms_norm(x_.data(), tmp_.data(), L.input_ln.as<float>(), T, H, eps,
+                                       xn_.data(), act_));
     } else {
-      VLM_RETURN_IF_ERROR(rms_norm(x_.data(), f32p(L.input_ln), T, H, eps, xn_.data(), act_));
+      VLM_RETURN_IF_ERROR(rms_norm(x_.data(), L.input_ln.as<float>(), T, H, eps, xn_.data(), act_));
     }
     VLM_RETURN_IF_ERROR(linear(xn_.data(), L.qkv, T, qkv_.data(), act_));
     void* kc = cache_layer(k_cache_, static_cast<int64_t>(l));
     void* vc = cache_layer(v_cache_, static_cast<int64_t>(l));
     // q/k norms and rotary; q to q_, K and V straight into their cache slots.
-    VLM_RETURN_IF_ERROR(qkv_rope_store(qkv_.data(), T, nh, nkv, hd, f32p(L.q_norm), f32p(L.k_norm),
-                                       eps, cos, sin, dev_ints(kSlots), q_.data(), kc, vc, act_));
+    VLM_RETURN_IF_ERROR(qkv_rope_store(qkv_.data(), T, nh, nkv, hd, L.q_norm.as<float>(),
+                                       L.k_norm.as<float>(), eps, cos, sin, dev_ints(kSlots),
+                                       q_.data(), kc, vc, act_));
     if (p.n_tiles > 0) {
       VLM_RETURN_IF_ERROR(flash_attention_paged(q_.data(), dev_ints(kTiles), p.n_tiles,
                                                 dev_ints(kSeq), dev_ints(kPos), tables, p.stride,
@@ -358,11 +345,11 @@ Status CudaDecoder::enqueue(const Pass& p) {
     } else {
       VLM_RETURN_IF_ERROR(paged_attention(q_.data(), T, dev_ints(kSeq), dev_ints(kPos), tables,
                                           p.stride, bs_, kc, vc, nh, nkv, hd, scale, p.max_seen,
-                                          f32p(partial_), attn_.data(), act_));
+                                          partial_.as<float>(), attn_.data(), act_));
     }
     VLM_RETURN_IF_ERROR(linear(attn_.data(), L.o, T, tmp_.data(), act_));
     VLM_RETURN_IF_ERROR(
-        add_rms_norm(x_.data(), tmp_.data(), f32p(L.post_ln), T, H, eps, xn_.data(), act_));
+        add_rms_norm(x_.data(), tmp_.data(), L.post_ln.as<float>(), T, H, eps, xn_.data(), act_));
     VLM_RETURN_IF_ERROR(linear(xn_.data(), L.gate_up, T, gate_up_.data(), act_));
     VLM_RETURN_IF_ERROR(silu_mul_rows(gate_up_.data(), T, I, mlp_.data(), act_));
     VLM_RETURN_IF_ERROR(linear(mlp_.data(), L.down, T, tmp_.data(), act_));
@@ -370,8 +357,8 @@ Status CudaDecoder::enqueue(const Pass& p) {
     if (p.n_vis > 0 && l < p.taps) {  // DeepStack: after decoder layer l, the image rows get tap l
       VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
       pending = false;
-      VLM_RETURN_IF_ERROR(
-          add_rows_at(x_.data(), i32(vis_rows_), feats(1 + l), DType::kF32, p.n_vis, H, act_));
+      VLM_RETURN_IF_ERROR(add_rows_at(x_.data(), vis_rows_.as<const int32_t>(), feats(1 + l),
+                                      DType::kF32, p.n_vis, H, act_));
     }
   }
   if (p.n_sel == 0) return ok_status();
@@ -379,11 +366,11 @@ Status CudaDecoder::enqueue(const Pass& p) {
   // the head, in f32.
   if (pending) VLM_RETURN_IF_ERROR(add_inplace(x_.data(), tmp_.data(), act_, T * H, act_));
   if (p.sel_all) {
-    VLM_RETURN_IF_ERROR(rms_norm(x_.data(), f32p(norm_), p.n_sel, H, eps, xn_.data(), act_));
+    VLM_RETURN_IF_ERROR(rms_norm(x_.data(), norm_.as<float>(), p.n_sel, H, eps, xn_.data(), act_));
   } else {
     VLM_RETURN_IF_ERROR(
         embedding_gather(x_.data(), act_, dev_ints(kSel), p.n_sel, H, xn_.data(), act_));
-    VLM_RETURN_IF_ERROR(rms_norm(xn_.data(), f32p(norm_), p.n_sel, H, eps, xn_.data(), act_));
+    VLM_RETURN_IF_ERROR(rms_norm(xn_.data(), norm_.as<float>(), p.n_sel, H, eps, xn_.data(), act_));
   }
   if (tied_) {
     VLM_RETURN_IF_ERROR(
@@ -394,7 +381,7 @@ Status CudaDecoder::enqueue(const Pass& p) {
   if (p.argmax) {
     // The logit-row list is spent: its device row takes the argmax.
     VLM_RETURN_IF_ERROR(
-        argmax_rows(f32p(logits_), p.n_sel, V, const_cast<int32_t*>(dev_ints(kSel))));
+        argmax_rows(logits_.as<float>(), p.n_sel, V, const_cast<int32_t*>(dev_ints(kSel))));
   }
   return ok_status();
 }
@@ -525,9 +512,9 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
         std::copy_n(vr->deepstack[t] + f * H, H, h_feats_.data() + ((1 + t) * pass.n_vis + r) * H);
       }
     }
-    VLM_RETURN_IF_ERROR(ensure(&vis_rows_, h_vis_rows_.size() * 4));
+    VLM_RETURN_IF_ERROR(vis_rows_.reserve(h_vis_rows_.size() * 4));
     VLM_RETURN_IF_ERROR(vis_rows_.upload(h_vis_rows_.data(), h_vis_rows_.size() * 4));
-    VLM_RETURN_IF_ERROR(ensure(&vis_feats_, h_feats_.size() * 4));
+    VLM_RETURN_IF_ERROR(vis_feats_.reserve(h_feats_.size() * 4));
     VLM_RETURN_IF_ERROR(vis_feats_.upload(h_feats_.data(), h_feats_.size() * 4));
   }
   VLM_RETURN_IF_ERROR(copy_to_device_async(ints_.data(), ints_host_.data(), ints_host_.bytes()));
@@ -535,7 +522,7 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
       copy_to_device_async(tables_.data(), table, static_cast<size_t>(rows * stride) * 4));
   VLM_RETURN_IF_ERROR(
       copy_to_device_async(rope_dev_.data(), cos, static_cast<size_t>(rows * half) * 4));
-  VLM_RETURN_IF_ERROR(copy_to_device_async(f32p(rope_dev_) + C * half, cos + C * half,
+  VLM_RETURN_IF_ERROR(copy_to_device_async(rope_dev_.as<float>() + C * half, cos + C * half,
                                            static_cast<size_t>(rows * half) * 4));
 
   // The pass: a graph replay, a capture, or plain launches.
@@ -593,16 +580,16 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
   }
   if (!h_samples_.empty()) {
     const size_t pbytes = std::max<size_t>(h_penalties_.size(), 1) * sizeof(PenaltyEntry);
-    VLM_RETURN_IF_ERROR(ensure(&samples_, h_samples_.size() * sizeof(SampleParams)));
-    VLM_RETURN_IF_ERROR(ensure(&penalties_, pbytes));
-    VLM_RETURN_IF_ERROR(ensure(&sampled_, h_samples_.size() * 4));
+    VLM_RETURN_IF_ERROR(samples_.reserve(h_samples_.size() * sizeof(SampleParams)));
+    VLM_RETURN_IF_ERROR(penalties_.reserve(pbytes));
+    VLM_RETURN_IF_ERROR(sampled_.reserve(h_samples_.size() * 4));
     VLM_RETURN_IF_ERROR(
         samples_.upload(h_samples_.data(), h_samples_.size() * sizeof(SampleParams)));
     if (!h_penalties_.empty()) {
       VLM_RETURN_IF_ERROR(
           penalties_.upload(h_penalties_.data(), h_penalties_.size() * sizeof(PenaltyEntry)));
     }
-    VLM_RETURN_IF_ERROR(sample_rows(f32p(logits_), V,
+    VLM_RETURN_IF_ERROR(sample_rows(logits_.as<float>(), V,
                                     static_cast<const SampleParams*>(samples_.data()),
                                     static_cast<int64_t>(h_samples_.size()),
                                     static_cast<const PenaltyEntry*>(penalties_.data()),
@@ -624,7 +611,7 @@ Status CudaDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, floa
     const int64_t n_rows =
         ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
     if (n_rows > 0 && (argmax == nullptr || (!ch.argmax_only && ch.sample == nullptr))) {
-      VLM_RETURN_IF_ERROR(copy_to_host_async(logits + row * V, f32p(logits_) + row * V,
+      VLM_RETURN_IF_ERROR(copy_to_host_async(logits + row * V, logits_.as<float>() + row * V,
                                              static_cast<size_t>(n_rows * V) * 4));
     }
     row += n_rows;

@@ -546,6 +546,16 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   return *this;
 }
 
+Status DeviceBuffer::reserve(size_t bytes) {
+  if (bytes_ >= bytes) return ok_status();
+  return allocate(bytes, this);
+}
+
+Status DeviceBuffer::upload_f32(const std::vector<float>& v, DeviceBuffer* out) {
+  VLM_RETURN_IF_ERROR(allocate(v.size() * 4, out));
+  return out->upload(v.data(), v.size() * 4);
+}
+
 Status DeviceBuffer::upload(const void* host, size_t bytes) {
   if (bytes > bytes_) return invalid_argument("upload larger than the device buffer");
   return cuda_status(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice), "upload");

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "vlm/status.h"
 
@@ -38,9 +39,17 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   void* data() const { return ptr_; }
+  template <typename T>
+  T* as() const {  // the allocation as T*
+    return static_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
+  // Grows the allocation (contents lost) when it is smaller than `bytes`; never shrinks it.
+  Status reserve(size_t bytes);
   Status upload(const void* host, size_t bytes);    // synchronous, from offset 0
   Status download(void* host, size_t bytes) const;  // synchronous, from offset 0
+  // Allocates v.size() floats and copies v there.
+  static Status upload_f32(const std::vector<float>& v, DeviceBuffer* out);
 
  private:
   void* ptr_ = nullptr;

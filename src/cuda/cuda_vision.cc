@@ -23,18 +23,6 @@ struct Merger {
   DeviceBuffer norm_w, norm_b, fc1, fc1_b, fc2, fc2_b;
 };
 
-Status upload_f32(const std::vector<float>& v, DeviceBuffer* out) {
-  VLM_RETURN_IF_ERROR(DeviceBuffer::allocate(v.size() * 4, out));
-  return out->upload(v.data(), v.size() * 4);
-}
-
-Status ensure(DeviceBuffer* b, size_t bytes) {
-  if (b->bytes() >= bytes) return ok_status();
-  return DeviceBuffer::allocate(bytes, b);
-}
-
-const float* f32p(const DeviceBuffer& b) { return static_cast<const float*>(b.data()); }
-
 class CudaVisionEncoder final : public DeviceVisionEncoder {
  public:
   CudaVisionEncoder(const Qwen3VLConfig& cfg, const VisionEncoder& host, bool f32)
@@ -49,7 +37,7 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
     VLM_RETURN_IF_ERROR(Gemm::create(&gemm_));
     VLM_RETURN_IF_ERROR(upload_tensor(w.patch_embed, act_, &patch_).with_context("patch_embed"));
     patch_in_ = w.patch_embed.dim(1);
-    VLM_RETURN_IF_ERROR(upload_f32(w.patch_embed_b, &patch_b_));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(w.patch_embed_b, &patch_b_));
     blocks_.resize(w.blocks.size());
     for (size_t i = 0; i < w.blocks.size(); ++i) {
       const VisionBlockWeights& s = w.blocks[i];
@@ -63,7 +51,7 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
                               {&s.norm2_b, &d.norm2_b},
                               {&s.fc1_b, &d.fc1_b},
                               {&s.fc2_b, &d.fc2_b}}) {
-        VLM_RETURN_IF_ERROR(upload_f32(*src, dst));
+        VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(*src, dst));
       }
       for (auto [src, dst] :
            {std::pair{&s.qkv, &d.qkv}, {&s.proj, &d.proj}, {&s.fc1, &d.fc1}, {&s.fc2, &d.fc2}}) {
@@ -83,10 +71,10 @@ class CudaVisionEncoder final : public DeviceVisionEncoder {
 
  private:
   Status upload_merger(const VisionMergerWeights& s, Merger* d) {
-    VLM_RETURN_IF_ERROR(upload_f32(s.norm_w, &d->norm_w));
-    VLM_RETURN_IF_ERROR(upload_f32(s.norm_b, &d->norm_b));
-    VLM_RETURN_IF_ERROR(upload_f32(s.fc1_b, &d->fc1_b));
-    VLM_RETURN_IF_ERROR(upload_f32(s.fc2_b, &d->fc2_b));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(s.norm_w, &d->norm_w));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(s.norm_b, &d->norm_b));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(s.fc1_b, &d->fc1_b));
+    VLM_RETURN_IF_ERROR(DeviceBuffer::upload_f32(s.fc2_b, &d->fc2_b));
     VLM_RETURN_IF_ERROR(upload_tensor(s.fc1, act_, &d->fc1).with_context("merger fc1"));
     return upload_tensor(s.fc2, act_, &d->fc2).with_context("merger fc2");
   }
@@ -131,17 +119,17 @@ Status CudaVisionEncoder::run_merger(const Merger& m, bool postshuffle,
   // Each run of merge² consecutive rows (one 2×2 block) is one token of width merge²·D; no block
   // straddles two images (each image's patches are a multiple of merge²).
   if (postshuffle) {
-    VLM_RETURN_IF_ERROR(layer_norm(x_.data(), f32p(m.norm_w), f32p(m.norm_b), tokens, wide, kEps,
-                                   m_norm_.data(), act_));
+    VLM_RETURN_IF_ERROR(layer_norm(x_.data(), m.norm_w.as<float>(), m.norm_b.as<float>(), tokens,
+                                   wide, kEps, m_norm_.data(), act_));
   } else {
-    VLM_RETURN_IF_ERROR(layer_norm(x_.data(), f32p(m.norm_w), f32p(m.norm_b), patches, D, kEps,
-                                   m_norm_.data(), act_));
+    VLM_RETURN_IF_ERROR(layer_norm(x_.data(), m.norm_w.as<float>(), m.norm_b.as<float>(), patches,
+                                   D, kEps, m_norm_.data(), act_));
   }
   VLM_RETURN_IF_ERROR(linear(m_norm_.data(), m.fc1, 0, tokens, wide, wide, m_hidden_.data(), act_));
-  VLM_RETURN_IF_ERROR(bias_gelu(m_hidden_.data(), f32p(m.fc1_b), tokens, wide, false, act_));
+  VLM_RETURN_IF_ERROR(bias_gelu(m_hidden_.data(), m.fc1_b.as<float>(), tokens, wide, false, act_));
   VLM_RETURN_IF_ERROR(
       linear(m_hidden_.data(), m.fc2, 0, tokens, out_h, wide, m_out_.data(), DType::kF32));
-  VLM_RETURN_IF_ERROR(add_bias(m_out_.data(), f32p(m.fc2_b), tokens, out_h, DType::kF32));
+  VLM_RETURN_IF_ERROR(add_bias(m_out_.data(), m.fc2_b.as<float>(), tokens, out_h, DType::kF32));
   h_merged_.resize(static_cast<size_t>(tokens * out_h));
   VLM_RETURN_IF_ERROR(m_out_.download(h_merged_.data(), h_merged_.size() * 4));
   int64_t first = 0;
@@ -157,7 +145,7 @@ Status CudaVisionEncoder::run_merger(const Merger& m, bool postshuffle,
 Status CudaVisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {
   VLM_RETURN_IF_ERROR(prepare({g}));
   const int64_t S = g.patches();
-  VLM_RETURN_IF_ERROR(ensure(&pix_, static_cast<size_t>(S * patch_in_) * 4));
+  VLM_RETURN_IF_ERROR(pix_.reserve(static_cast<size_t>(S * patch_in_) * 4));
   VLM_RETURN_IF_ERROR(pix_.upload(pixel_values, static_cast<size_t>(S * patch_in_) * 4));
   VLM_RETURN_IF_ERROR(convert(pix_.data(), DType::kF32, S * patch_in_, pix_act_.data(), act_));
   return run({g}, out);
@@ -174,15 +162,15 @@ Status CudaVisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, Vi
     bytes += static_cast<size_t>(images[i].grid.h * P * images[i].grid.w * P * 3);
   }
   VLM_RETURN_IF_ERROR(prepare(grids));
-  VLM_RETURN_IF_ERROR(ensure(&rgb_, bytes));
-  VLM_RETURN_IF_ERROR(ensure(&lut_, static_cast<size_t>(n) * 3 * 256 * 4));
+  VLM_RETURN_IF_ERROR(rgb_.reserve(bytes));
+  VLM_RETURN_IF_ERROR(lut_.reserve(static_cast<size_t>(n) * 3 * 256 * 4));
   size_t at = 0;
   int64_t row = 0;
   for (int64_t i = 0; i < n; ++i) {  // each image's bytes and table, then its patches in place
     const GridThw& g = images[i].grid;
     const size_t b = static_cast<size_t>(g.h * P * g.w * P * 3);
     auto* rgb = static_cast<uint8_t*>(rgb_.data()) + at;
-    float* lut = static_cast<float*>(lut_.data()) + i * 3 * 256;
+    float* lut = lut_.as<float>() + i * 3 * 256;
     VLM_RETURN_IF_ERROR(copy_to_device(rgb, images[i].rgb, b));
     VLM_RETURN_IF_ERROR(copy_to_device(lut, images[i].lut, 3 * 256 * 4));
     char* pix = static_cast<char*>(pix_act_.data()) + row * patch_in_ * act_bytes();
@@ -215,7 +203,7 @@ Status CudaVisionEncoder::prepare(const std::vector<GridThw>& grids) {
                             {&m_norm_, S * D * a},
                             {&m_hidden_, S * D * a},
                             {&m_out_, (S / (m * m)) * out_h * 4}}) {
-    VLM_RETURN_IF_ERROR(ensure(buf, static_cast<size_t>(bytes)));
+    VLM_RETURN_IF_ERROR(buf->reserve(static_cast<size_t>(bytes)));
   }
   // Host tables, image after image: the interpolated positions (added to zeros) and the rotary
   // angles.
@@ -244,7 +232,7 @@ Status CudaVisionEncoder::run(const std::vector<GridThw>& grids, VisionOutput* o
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t a = act_bytes();
   VLM_RETURN_IF_ERROR(linear(pix_act_.data(), patch_, 0, S, D, patch_in_, x_.data(), act_));
-  VLM_RETURN_IF_ERROR(add_bias(x_.data(), f32p(patch_b_), S, D, act_));
+  VLM_RETURN_IF_ERROR(add_bias(x_.data(), patch_b_.as<float>(), S, D, act_));
   VLM_RETURN_IF_ERROR(add_inplace(x_.data(), pos_.data(), DType::kF32, S * D, act_));
 
   for (size_t i = 0; i < grids.size(); ++i) {
@@ -253,8 +241,8 @@ Status CudaVisionEncoder::run(const std::vector<GridThw>& grids, VisionOutput* o
   }
   const size_t n_blocks = blocks_.size();
   if (n_blocks > 0) {
-    VLM_RETURN_IF_ERROR(layer_norm(x_.data(), f32p(blocks_[0].norm1_w), f32p(blocks_[0].norm1_b), S,
-                                   D, kEps, xn_.data(), act_));
+    VLM_RETURN_IF_ERROR(layer_norm(x_.data(), blocks_[0].norm1_w.as<float>(),
+                                   blocks_[0].norm1_b.as<float>(), S, D, kEps, xn_.data(), act_));
   }
   for (size_t b = 0; b < n_blocks; ++b) {
     const Block& B = blocks_[b];
@@ -262,11 +250,11 @@ Status CudaVisionEncoder::run(const std::vector<GridThw>& grids, VisionOutput* o
     void* parts[3] = {q_.data(), k_.data(), v_.data()};
     for (int64_t p = 0; p < 3; ++p) {
       VLM_RETURN_IF_ERROR(linear(xn_.data(), B.qkv, p * D, S, D, D, parts[p], act_));
-      VLM_RETURN_IF_ERROR(add_bias(parts[p], f32p(B.qkv_b) + p * D, S, D, act_));
+      VLM_RETURN_IF_ERROR(add_bias(parts[p], B.qkv_b.as<float>() + p * D, S, D, act_));
     }
     for (const DeviceBuffer* x : {&q_, &k_}) {  // rotary only (no per-head norm in the tower)
-      VLM_RETURN_IF_ERROR(
-          qk_norm_rope(x->data(), S, nh, hd, nullptr, 0.f, f32p(cos_), f32p(sin_), act_));
+      VLM_RETURN_IF_ERROR(qk_norm_rope(x->data(), S, nh, hd, nullptr, 0.f, cos_.as<float>(),
+                                       sin_.as<float>(), act_));
     }
     // One attention segment per temporal group of each image.
     for (int64_t i = 0, first = 0; i < static_cast<int64_t>(grids.size());
@@ -285,18 +273,20 @@ Status CudaVisionEncoder::run(const std::vector<GridThw>& grids, VisionOutput* o
       }
     }
     VLM_RETURN_IF_ERROR(linear(attn_.data(), B.proj, 0, S, D, D, tmp_.data(), act_));
-    VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), f32p(B.proj_b), f32p(B.norm2_w),
-                                       f32p(B.norm2_b), S, D, kEps, xn_.data(), act_));
+    VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), B.proj_b.as<float>(),
+                                       B.norm2_w.as<float>(), B.norm2_b.as<float>(), S, D, kEps,
+                                       xn_.data(), act_));
     VLM_RETURN_IF_ERROR(linear(xn_.data(), B.fc1, 0, S, I, D, mlp_.data(), act_));
-    VLM_RETURN_IF_ERROR(bias_gelu(mlp_.data(), f32p(B.fc1_b), S, I, true, act_));
+    VLM_RETURN_IF_ERROR(bias_gelu(mlp_.data(), B.fc1_b.as<float>(), S, I, true, act_));
     VLM_RETURN_IF_ERROR(linear(mlp_.data(), B.fc2, 0, S, D, I, tmp_.data(), act_));
     if (b + 1 < n_blocks) {
       const Block& N = blocks_[b + 1];
-      VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), f32p(B.fc2_b), f32p(N.norm1_w),
-                                         f32p(N.norm1_b), S, D, kEps, xn_.data(), act_));
+      VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), B.fc2_b.as<float>(),
+                                         N.norm1_w.as<float>(), N.norm1_b.as<float>(), S, D, kEps,
+                                         xn_.data(), act_));
     } else {
-      VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), f32p(B.fc2_b), nullptr, nullptr, S,
-                                         D, kEps, nullptr, act_));
+      VLM_RETURN_IF_ERROR(add_layer_norm(x_.data(), tmp_.data(), B.fc2_b.as<float>(), nullptr,
+                                         nullptr, S, D, kEps, nullptr, act_));
     }
     for (size_t tap = 0; tap < c_.deepstack_visual_indexes.size(); ++tap) {
       if (c_.deepstack_visual_indexes[tap] == static_cast<int64_t>(b)) {
