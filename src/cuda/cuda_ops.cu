@@ -648,13 +648,11 @@ Status add_rows_at(void* x, const int32_t* rows, const void* delta, DType delta_
                    int64_t n, DType t) {
   if (Status s = check_rows(count, "add_rows_at"); !s.ok()) return s;
   if (count == 0) return ok_status();
-  with_act(t, [&](auto a) {
-    with_act(delta_t, [&](auto b) {
-      using T = decltype(a);
-      using D = decltype(b);
-      add_rows_at_kernel<<<count, kRowThreads, 0, launch_stream()>>>(
-          static_cast<T*>(x), rows, static_cast<const D*>(delta), n);
-    });
+  with_acts(t, delta_t, [&](auto a, auto b) {
+    using T = decltype(a);
+    using D = decltype(b);
+    add_rows_at_kernel<<<count, kRowThreads, 0, launch_stream()>>>(static_cast<T*>(x), rows,
+                                                                   static_cast<const D*>(delta), n);
   });
   return cuda_status(cudaGetLastError(), "add_rows_at launch");
 }
@@ -663,26 +661,22 @@ Status set_rows_at(void* x, const int32_t* rows, const void* src, DType src_t, i
                    int64_t n, DType t) {
   if (Status s = check_rows(count, "set_rows_at"); !s.ok()) return s;
   if (count == 0) return ok_status();
-  with_act(t, [&](auto a) {
-    with_act(src_t, [&](auto b) {
-      using T = decltype(a);
-      using S = decltype(b);
-      set_rows_at_kernel<<<count, kRowThreads, 0, launch_stream()>>>(static_cast<T*>(x), rows,
-                                                                     static_cast<const S*>(src), n);
-    });
+  with_acts(t, src_t, [&](auto a, auto b) {
+    using T = decltype(a);
+    using S = decltype(b);
+    set_rows_at_kernel<<<count, kRowThreads, 0, launch_stream()>>>(static_cast<T*>(x), rows,
+                                                                   static_cast<const S*>(src), n);
   });
   return cuda_status(cudaGetLastError(), "set_rows_at launch");
 }
 
 Status add_inplace(void* x, const void* delta, DType delta_t, int64_t count, DType t) {
   if (count <= 0) return ok_status();
-  with_act(t, [&](auto a) {
-    with_act(delta_t, [&](auto d) {
-      using T = decltype(a);
-      using D = decltype(d);
-      add_inplace_kernel<<<grid_for(count), kRowThreads, 0, launch_stream()>>>(
-          static_cast<T*>(x), static_cast<const D*>(delta), count);
-    });
+  with_acts(t, delta_t, [&](auto a, auto d) {
+    using T = decltype(a);
+    using D = decltype(d);
+    add_inplace_kernel<<<grid_for(count), kRowThreads, 0, launch_stream()>>>(
+        static_cast<T*>(x), static_cast<const D*>(delta), count);
   });
   return cuda_status(cudaGetLastError(), "add_inplace launch");
 }
@@ -704,13 +698,11 @@ Status patchify_rgb(const uint8_t* rgb, const float* lut, int64_t grid_h, int64_
 
 Status convert(const void* src, DType src_t, int64_t count, void* dst, DType dst_t) {
   if (count <= 0) return ok_status();
-  with_act(src_t, [&](auto a) {
-    with_act(dst_t, [&](auto b) {
-      using S = decltype(a);
-      using D = decltype(b);
-      convert_kernel<<<grid_for(count), kRowThreads, 0, launch_stream()>>>(
-          static_cast<const S*>(src), count, static_cast<D*>(dst));
-    });
+  with_acts(src_t, dst_t, [&](auto a, auto b) {
+    using S = decltype(a);
+    using D = decltype(b);
+    convert_kernel<<<grid_for(count), kRowThreads, 0, launch_stream()>>>(
+        static_cast<const S*>(src), count, static_cast<D*>(dst));
   });
   return cuda_status(cudaGetLastError(), "convert launch");
 }
@@ -862,13 +854,11 @@ Status embedding_gather(const void* table, DType table_t, const int32_t* ids, in
                         int64_t n, void* out, DType out_t) {
   if (Status s = check_rows(count, "embedding_gather"); !s.ok()) return s;
   if (count == 0) return ok_status();
-  with_act(table_t, [&](auto a) {
-    with_act(out_t, [&](auto b) {
-      using Tt = decltype(a);
-      using To = decltype(b);
-      gather_kernel<<<count, kRowThreads, 0, launch_stream()>>>(static_cast<const Tt*>(table), ids,
-                                                                n, static_cast<To*>(out));
-    });
+  with_acts(table_t, out_t, [&](auto a, auto b) {
+    using Tt = decltype(a);
+    using To = decltype(b);
+    gather_kernel<<<count, kRowThreads, 0, launch_stream()>>>(static_cast<const Tt*>(table), ids, n,
+                                                              static_cast<To*>(out));
   });
   return cuda_status(cudaGetLastError(), "embedding_gather launch");
 }

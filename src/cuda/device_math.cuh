@@ -26,6 +26,12 @@ void with_act(DType t, F&& f) {
   }
 }
 
+// Calls f with values of two activation types (float or __nv_bfloat16 each): mixed-type ops.
+template <typename F>
+void with_acts(DType t, DType u, F&& f) {
+  with_act(t, [&](auto a) { with_act(u, [&](auto b) { f(a, b); }); });
+}
+
 // Blocks of `threads` for a grid-stride loop over count values (at least 1, at most `cap`).
 inline unsigned grid_for(int64_t count, int threads, int64_t cap = 65535) {
   const int64_t blocks = (count + threads - 1) / threads;

@@ -66,13 +66,11 @@ Status int8_matmul_direct(const void* x, DType x_t, const int8_t* q, const float
                             " and K a multiple of 16");
   }
   const unsigned blocks = static_cast<unsigned>((N + kWarps - 1) / kWarps);
-  with_act(x_t, [&](auto xa) {
-    with_act(y_t, [&](auto ya) {
-      using X = decltype(xa);
-      using Y = decltype(ya);
-      int8_direct_kernel<<<blocks, kThreads, 0, launch_stream()>>>(
-          static_cast<const X*>(x), q, scale, static_cast<int>(M), N, K, static_cast<Y*>(y));
-    });
+  with_acts(x_t, y_t, [&](auto xa, auto ya) {
+    using X = decltype(xa);
+    using Y = decltype(ya);
+    int8_direct_kernel<<<blocks, kThreads, 0, launch_stream()>>>(
+        static_cast<const X*>(x), q, scale, static_cast<int>(M), N, K, static_cast<Y*>(y));
   });
   return cuda_status(cudaGetLastError(), "int8_matmul_direct launch");
 }
