@@ -427,6 +427,27 @@ DeviceBuffer upload_ints(const std::vector<int32_t>& v) {
   return upload(b);
 }
 
+// Attention output against the double-precision reference: the output is a convex combination
+// of v, and the f32 online softmax is within a few roundings per key of exact, so (keys + 16)·4u·
+// max|v|, plus `extra` (BF16 probabilities in flash attention) and, in BF16, one BF16 ulp.
+void expect_attention_close(const Act& a, const std::vector<float>& got,
+                            const std::vector<float>& want, int64_t keys, float vmax, float extra,
+                            const std::string& what) {
+  const auto ref = a.round(want);
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float bound = static_cast<float>(keys + 16) * 4 * kU * vmax + extra +
+                        (a.t == DType::kBF16 ? std::fabs(ref[i]) / 128 : 0.f) + 1e-6f;
+    ASSERT_LE(std::fabs(got[i] - ref[i]), bound) << what << " [" << i << "]";
+  }
+}
+
+float max_abs(const std::vector<float>& v) {
+  float m = 0.f;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
 // A varlen batch over the paged cache, as the decoder runs it: each sequence's `first` cached
 // tokens and this step's `n`, its blocks scattered through the pool, every K/V row already in its
 // slot; with the double-precision reference output of each sequence on its contiguous K/V.
@@ -466,7 +487,7 @@ struct PagedBatch {
       const auto qs = a.round(random_values(n * heads * hd, 35 + 3 * s, 2.f));
       const auto ks = a.round(random_values(n_kv * kvd, 36 + 3 * s, 2.f));
       const auto vs = a.round(random_values(n_kv * kvd, 37 + 3 * s));
-      for (float x : vs) vmax = std::max(vmax, std::fabs(x));
+      vmax = std::max(vmax, max_abs(vs));
       for (int64_t p = 0; p < n_kv; ++p) {
         const int64_t slot = table[s * max_blocks + p / bs] * bs + p % bs;
         std::copy_n(ks.begin() + p * kvd, kvd, kpool.begin() + slot * kvd);
@@ -493,16 +514,11 @@ struct PagedBatch {
   const int32_t* seq_ptr() const { return static_cast<const int32_t*>(tok_seq.data()); }
   const int32_t* pos_ptr() const { return static_cast<const int32_t*>(tok_pos.data()); }
   const int32_t* table_ptr() const { return static_cast<const int32_t*>(tables.data()); }
-  // got against the reference: the f32 online softmax's (keys + 16)·4u·max|v|, plus `extra`
-  // (BF16 probabilities) and one BF16 ulp of the output in BF16.
+  // got against the reference (expect_attention_close over max_seen keys).
   void check(const Act& a, const std::vector<float>& got, float extra) const {
-    const auto ref = a.round(want);
-    ASSERT_EQ(got.size(), ref.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      const float bound = static_cast<float>(max_seen + 16) * 4 * kU * vmax + extra +
-                          (a.t == DType::kBF16 ? std::fabs(ref[i]) / 128 : 0.f) + 1e-6f;
-      ASSERT_LE(std::fabs(got[i] - ref[i]), bound) << "[" << i << "] token " << i / (heads * hd);
-    }
+    expect_attention_close(a, got, want, max_seen, vmax, extra,
+                           "heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) +
+                               " head_dim " + std::to_string(hd));
   }
 };
 
@@ -513,7 +529,9 @@ TEST_P(CudaOps, PagedAttentionMatchesReference) {
   const Act a{GetParam()};
   // A warp per GQA group of 4, 1 (MHA), 8 and 3 (not a power of two: a warp per head), with
   // head_dim 128, 64, 256 and 96.
-  struct Shape { int64_t heads, kv_heads, hd; };
+  struct Shape {
+    int64_t heads, kv_heads, hd;
+  };
   for (const Shape& sh : {Shape{8, 2, 128}, Shape{4, 4, 64}, Shape{16, 2, 256}, Shape{6, 2, 96}}) {
     const PagedBatch b(a, sh.heads, sh.kv_heads, sh.hd, {{20, 7}, {1500, 1}, {3, 1}});
     ASSERT_GT(attention_splits(b.tokens * b.kv_heads, b.max_seen), 1);  // the long step splits
@@ -577,14 +595,9 @@ TEST(CudaFlash, FullAttentionMatchesReference) {
     ASSERT_TRUE(
         flash_attention_full(dq.data(), dk.data(), dv.data(), n, heads, hd, scale, dy.data()).ok());
     ASSERT_TRUE(synchronize().ok());
-    float vmax = 0.f;
-    for (float x : v) vmax = std::max(vmax, std::fabs(x));
-    const auto got = a.decode(download(dy));
-    const auto ref = a.round(want);
-    for (size_t i = 0; i < got.size(); ++i) {
-      const float bound = (n + 16) * 4 * kU * vmax + vmax / 256 + std::fabs(ref[i]) / 128 + 1e-6f;
-      ASSERT_LE(std::fabs(got[i] - ref[i]), bound) << "head_dim " << hd << " [" << i << "]";
-    }
+    const float vmax = max_abs(v);
+    expect_attention_close(a, a.decode(download(dy)), want, n, vmax, vmax / 256,
+                           "head_dim " + std::to_string(hd));
   }
 }
 
@@ -611,9 +624,8 @@ TEST_P(CudaOps, EmbeddingGatherCopiesRows) {
 }
 
 // Causal (a prefill chunk after first_pos cached tokens, and one decode step) with GQA, and the
-// vision encoder's bidirectional attention, against the double-precision reference. Bound: the
-// output is a convex combination of v, and the f32 online softmax is within a few roundings per
-// key of exact: (keys + 16)·4u·max|v|, plus one BF16 ulp in BF16.
+// vision encoder's bidirectional attention, against the double-precision reference
+// (expect_attention_close's bound).
 TEST_P(CudaOps, AttentionMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   const Act a{GetParam()};
@@ -644,17 +656,11 @@ TEST_P(CudaOps, AttentionMatchesReference) {
                           c.heads, c.kv_heads, c.head_dim, scale, dy.data(), a.t)
                     .ok());
     ASSERT_TRUE(synchronize().ok());
-    float vmax = 0.f;
-    for (float x : v) vmax = std::max(vmax, std::fabs(x));
-    const auto got = a.decode(download(dy));
-    const auto ref = a.round(want);
-    for (size_t i = 0; i < got.size(); ++i) {
-      const float bound = static_cast<float>(n_kv + 16) * 4 * kU * vmax +
-                          (a.t == DType::kBF16 ? std::fabs(ref[i]) / 128 : 0.f) + 1e-6f;
-      ASSERT_LE(std::fabs(got[i] - ref[i]), bound)
-          << "n_q " << c.n_q << " first_pos " << c.first_pos << " heads " << c.heads << "/"
-          << c.kv_heads << " head_dim " << c.head_dim << " [" << i << "]";
-    }
+    expect_attention_close(a, a.decode(download(dy)), want, n_kv, max_abs(v), 0.f,
+                           "n_q " + std::to_string(c.n_q) + " first_pos " +
+                               std::to_string(c.first_pos) + " heads " + std::to_string(c.heads) +
+                               "/" + std::to_string(c.kv_heads) + " head_dim " +
+                               std::to_string(c.head_dim));
   }
 }
 
