@@ -8,7 +8,7 @@ percentiles as a markdown table (stdout), a JSON file and a PNG plot.
 Each request streams (`stream: true`, `stream_options.include_usage`), decodes greedily
 (`temperature: 0`) and asks for exactly `--output-len` tokens (`max_tokens` plus the vLLM-style
 `ignore_eos: true`). Every request carries a distinct JPEG made deterministically from the
-photos in ../shared/data/images (random crop, resize, flip, brightness), so a server that caches
+photos in tests/data/images (random crop, resize, flip, brightness), so a server that caches
 vision-encoder outputs by image content never gets a repeat.
 
 Metric definitions follow vLLM's benchmarks/benchmark_serving.py:
@@ -48,7 +48,7 @@ import httpx
 import numpy as np
 
 SCRIPT_DIR = Path(__file__).resolve().parent
-DEFAULT_IMAGES = SCRIPT_DIR.parent.parent / "shared" / "data" / "images"
+DEFAULT_IMAGES = SCRIPT_DIR.parent / "tests" / "data" / "images"
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"}
 PERCENTILES = (50, 90, 99)
 

@@ -25,7 +25,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
   [ -n "$d" ] && [ -d "$d" ] && LIBS="$LIBS:$d"
 done
 export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export VLM_FIXTURES_DIR="$PWD/tests/model/fixtures" VLM_REPO_DIR="$PWD" VLM_SHARED_DIR="$PWD/$D/shared"
+export VLM_FIXTURES_DIR="$PWD/tests/model/fixtures" VLM_REPO_DIR="$PWD" VLM_TESTDATA_DIR="$PWD/tests/data"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \
   > "$OUT/gpu.csv" 2>&1 || echo "no nvidia-smi" > "$OUT/gpu.csv"
 

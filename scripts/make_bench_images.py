@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Make the two standard benchmark images (JPEG) from the shared photos.
+"""Make the two standard benchmark images (JPEG) from the test photos.
 
-  /work/benchenv/bin/python scripts/make_bench_images.py --out /work/bench-images
+  BENCH_VENV/bin/python scripts/make_bench_images.py --out BENCH_IMAGES
 
 writes astronaut_448x448.jpg (astronaut_eileen_collins.png, 512×512, resized) and
 retina_1280x960.jpg (retina_2560x1600.jpg, centre-cropped to 4:3, resized), both baseline JPEG,
-quality 90, 4:2:0, from ../shared/data/images next to the repository (--images to change). Both
+quality 90, 4:2:0, from tests/data/images (--images to change). Both
 sizes are multiples of 32, so Qwen3-VL's default resize keeps them: 196 and 1200 vision tokens.
 These are the files `vlm bench --image` and scripts/compare_llamacpp.py take when both engines
 must read the same JPEG; `vlm bench --synthetic-image 448x448` needs no file at all (a generated
@@ -39,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     repo = Path(__file__).resolve().parent.parent
-    ap.add_argument("--images", type=Path, default=repo.parent / "shared" / "data" / "images")
+    ap.add_argument("--images", type=Path, default=repo / "tests" / "data" / "images")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,7 @@ What it writes:
   - BMP: 1, 8, 16 (5-5-5 and 5-6-5), 24 and 32-bit, top-down.
   Files PIL cannot write (16-bit colour PNG, interlaced PNG, hand-built GIFs, 16-bit BMP) come
   from the small encoders below; the YCCK JPEG from the system's libturbojpeg through ctypes.
-* expected.json: for each fixture and for every image in ../shared/data/images (next to the
-  repository), what ``PIL.Image.open(f).convert("RGB")`` gives -- width, height, the sum of the
+* expected.json: for each fixture and for every photo in tests/data/images, what ``PIL.Image.open(f).convert("RGB")`` gives -- width, height, the sum of the
   RGB bytes, the weighted sum  sum(byte[i] * (i % 251 + 1)),  and a few sample pixels -- or, for
   files the decoder must refuse, "expect_error" with the reason.
 
@@ -45,7 +44,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "unit" / "fixtures" / "images"
-SHARED_IMAGES = ROOT.parent / "shared" / "data" / "images"
+PHOTO_DIR = ROOT / "tests" / "data" / "images"
 W, H = 37, 23
 
 
@@ -402,7 +401,7 @@ def main() -> int:
                  "difference per byte allowed (0: bit-exact).",
         "pillow": PIL.__version__,
         "fixtures": {},
-        "shared": {},
+        "photos": {},
     }
     for name in sorted(fixtures):
         if name in EXPECT_ERROR:
@@ -415,13 +414,13 @@ def main() -> int:
                     pass
         else:
             doc["fixtures"][name] = golden(fixtures[name])
-    for p in sorted(SHARED_IMAGES.iterdir()):
+    for p in sorted(PHOTO_DIR.iterdir()):
         if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp"):
-            doc["shared"][p.name] = golden(p.read_bytes())
+            doc["photos"][p.name] = golden(p.read_bytes())
     (OUT / "expected.json").write_text(json.dumps(doc, indent=1) + "\n")
     total = sum(p.stat().st_size for p in OUT.iterdir())
     print(f"wrote {len(fixtures)} fixtures + expected.json to {OUT} ({total} bytes); "
-          f"{len(doc['shared'])} shared images")
+          f"{len(doc['photos'])} photos")
     return 0
 
 

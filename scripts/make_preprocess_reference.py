@@ -29,7 +29,7 @@ with). The two agree except when a side <= factor/2 and factor * (other side) >=
 such cases are recorded with both
 answers and their pixels are taken from torchvision's resize at vlm's size.
 
-The 8 shared photos (../shared/data/images) are referenced by path; their PIL-decoded bytes are
+The 8 test photos (tests/data/images) are referenced by path; their PIL-decoded bytes are
 fingerprinted (FNV-1a 64) so the C++ test can tell a decoder difference from a resize difference.
 
 Usage: python scripts/make_preprocess_reference.py
@@ -52,7 +52,7 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "unit", "fixtures", "preprocess")
-SHARED_IMAGES = os.path.join(os.path.dirname(ROOT), "shared", "data", "images")
+PHOTO_DIR = os.path.join(ROOT, "tests", "data", "images")
 
 PATCH, TEMPORAL, MERGE = 16, 2, 2
 FACTOR = PATCH * MERGE
@@ -143,7 +143,7 @@ def torchvision_resize(img_hwc, out_h, out_w):
     return r.permute(1, 2, 0).contiguous().numpy()
 
 
-# (name, (h, w) or shared file, min_pixels, max_pixels, store pixel_values, why)
+# (name, (h, w) or photo file, min_pixels, max_pixels, store pixel_values, why)
 SYNTHETIC = [
     ("tiny_20x30", (20, 30), 16384, DEFAULT_MAX, False, "tiny image, min_pixels upscaling 5x"),
     ("tiny_1x1", (1, 1), 4096, DEFAULT_MAX, False, "1x1 source, every output pixel is the source"),
@@ -240,7 +240,7 @@ def main():
         cases.append(case)
 
     for fname, mn, mx in PHOTOS:
-        pil = Image.open(os.path.join(SHARED_IMAGES, fname)).convert("RGB")
+        pil = Image.open(os.path.join(PHOTO_DIR, fname)).convert("RGB")
         img = np.asarray(pil, dtype=np.uint8)
         h, w = img.shape[:2]
         name = os.path.splitext(fname)[0] + "_" + os.path.splitext(fname)[1][1:]
@@ -248,7 +248,7 @@ def main():
         assert tuple(hf) == vlm_smart_resize(h, w, FACTOR, mn, mx)
         pv, grid, resized = run_processor(img, mn, mx)
         cases.append({
-            "name": name, "why": "shared photo, small pixel budget", "shared_image": fname,
+            "name": name, "why": "test photo, small pixel budget", "photo": fname,
             "source_fnv1a64": fnv1a64(img.tobytes()), "height": h, "width": w,
             "min_pixels": mn, "max_pixels": mx, "transformers_resized": list(hf),
             "resized": list(hf), "reference": "Qwen2VLImageProcessorFast",

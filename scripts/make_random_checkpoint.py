@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a random-weight Qwen3-VL checkpoint with the real published shapes and file layout.
 
-    python3 scripts/make_random_checkpoint.py --out /work/ckpt-2b --shape 2b   # also 4b, 8b
+    python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 2b   # also 4b, 8b
 
 Output folder (same files as a Hugging Face Qwen3-VL-*-Instruct repository):
     config.json, generation_config.json, preprocessor_config.json,
@@ -13,10 +13,10 @@ write_safetensors() below.  Values: float32 N(0, 0.02) rounded to bfloat16 (roun
 even on the top 16 bits); norm weights 1 + N(0, 0.02).  Each tensor has its own random stream
 seeded from (--seed, crc32(name)), so the values do not depend on the shard layout.
 
-Shapes follow ../shared/design/qwen3-vl.md §1.1 and §7.1; tensor names are the ones
-transformers 4.57 expects (model.visual.*, model.language_model.*, lm_head.weight only when
-the embeddings are not tied).  The tokenizer comes from ../shared/data/tokenizer (next to the
-repository) and the chat template from tests/model/fixtures/chat_template/chat_template.jinja.
+Shapes are the published Qwen3-VL-{2B,4B,8B}-Instruct config.json values; tensor names are the
+ones transformers 4.57 expects (model.visual.*, model.language_model.*, lm_head.weight only when
+the embeddings are not tied).  The tokenizer comes from tests/data/tokenizer and the chat
+template from tests/model/fixtures/chat_template/chat_template.jinja.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SHARED = REPO.parent / "shared"
+TOKENIZER_DIR = REPO / "tests" / "data" / "tokenizer"
 TEMPLATE_PATH = REPO / "tests" / "model" / "fixtures" / "chat_template" / "chat_template.jinja"
 
-# design §1.1 (Qwen3-VL-{2B,4B,8B}-Instruct config.json values)
+# Qwen3-VL-{2B,4B,8B}-Instruct config.json values
 SHAPES = {
     "2b": dict(layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, intermediate=6144,
                tie=True, v_depth=24, v_hidden=1024, v_heads=16, v_intermediate=4096,
@@ -236,7 +236,7 @@ def config_json(s: dict) -> dict:
     }
 
 
-GENERATION_CONFIG = {  # design §6.4
+GENERATION_CONFIG = {  # as the Instruct checkpoints publish it
     "bos_token_id": 151643,
     "do_sample": True,
     "eos_token_id": [151645, 151643],
@@ -246,7 +246,7 @@ GENERATION_CONFIG = {  # design §6.4
     "top_p": 0.8,
     "transformers_version": "4.57.1",
 }
-PREPROCESSOR_CONFIG = {  # design §2.1
+PREPROCESSOR_CONFIG = {  # the checkpoints' preprocessor_config.json
     "size": {"longest_edge": 16777216, "shortest_edge": 65536},
     "patch_size": PATCH,
     "temporal_patch_size": TEMPORAL,
@@ -256,7 +256,7 @@ PREPROCESSOR_CONFIG = {  # design §2.1
     "processor_class": "Qwen3VLProcessor",
     "image_processor_type": "Qwen2VLImageProcessorFast",
 }
-VIDEO_PREPROCESSOR_CONFIG = {  # design §2.1
+VIDEO_PREPROCESSOR_CONFIG = {  # the checkpoints' video_preprocessor_config.json
     "size": {"longest_edge": 25165824, "shortest_edge": 4096},
     "patch_size": PATCH,
     "temporal_patch_size": TEMPORAL,
@@ -277,8 +277,6 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True, help="output folder (created)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="2b")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED,
-                    help="the shared/ folder beside the repository (tokenizer data)")
     ap.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES)
     args = ap.parse_args()
 
@@ -288,7 +286,7 @@ def main() -> int:
     if total_params != s["params"]:
         raise SystemExit(f"parameter count {total_params} != expected {s['params']}")
     total_bytes = 2 * total_params
-    tok_dir = args.shared / "data" / "tokenizer"
+    tok_dir = TOKENIZER_DIR
     template = TEMPLATE_PATH.read_text(encoding="utf-8")
 
     out: Path = args.out

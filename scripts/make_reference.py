@@ -20,7 +20,7 @@ Usage:
     python scripts/make_reference.py --only text-f32-untied
 
 Nothing is downloaded: configs are built in code, the tokenizer comes from
-../shared/data/tokenizer/tokenizer.json (next to the repository).
+tests/data/tokenizer/tokenizer.json.
 
 The image-prompt checkpoint (tests/model/fixtures/vision-f32) is built by
 scripts/make_vision_reference.py, which imports the helpers below.
@@ -52,11 +52,12 @@ from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen3VLConf
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "model" / "fixtures"
-DEFAULT_SHARED = REPO.parent / "shared"
+TESTDATA = REPO / "tests" / "data"
+TOKENIZER_JSON = TESTDATA / "tokenizer" / "tokenizer.json"
 CHAT_DIR = FIXTURES / "chat_template"
 TEMPLATE_PATH = CHAT_DIR / "chat_template.jinja"
 
-# Real Qwen3 / Qwen3-VL special ids (design §6.2).
+# Real Qwen3 / Qwen3-VL special ids (tests/data/tokenizer/README.md).
 QWEN_IDS = dict(bos=151643, eos=[151645, 151643], pad=151643, image=151655, video=151656,
                 vision_start=151652, vision_end=151653)
 # Small-vocabulary checkpoints: ids 0..2 are pad/bos/eos, 1000..1003 the vision specials,
@@ -270,13 +271,12 @@ def random_prompt(rng: np.random.Generator, n: int) -> list[int]:
     return rng.integers(PROMPT_ID_RANGE[0], PROMPT_ID_RANGE[1], size=n).tolist()
 
 
-def chat_prompts(shared: Path) -> list[dict]:
+def chat_prompts() -> list[dict]:
     """Chat-formatted prompts for the full-vocabulary model: text rendered with the Qwen3-VL
     template, ids from the real tokenizer.json via `tokenizers`."""
     from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(shared / "data" / "tokenizer" / "tokenizer.json"))
-    ptf = PreTrainedTokenizerFast(tokenizer_file=str(shared / "data" / "tokenizer" /
-                                                     "tokenizer.json"))
+    tok = Tokenizer.from_file(str(TOKENIZER_JSON))
+    ptf = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_JSON))
     template = TEMPLATE_PATH.read_text(encoding="utf-8")
     convs = [
         [{"role": "user", "content": "What is the capital of France?"}],
@@ -292,12 +292,12 @@ def chat_prompts(shared: Path) -> list[dict]:
     return res
 
 
-def make_checkpoint(name: str, spec: dict, shared: Path) -> dict:
+def make_checkpoint(name: str, spec: dict) -> dict:
     out = FIXTURES / name
     dtype = torch.bfloat16 if spec["dtype"] == "bfloat16" else torch.float32
     rng = np.random.default_rng(spec["seed"])
     if spec["ids"] == "qwen":
-        chats = chat_prompts(shared)
+        chats = chat_prompts()
         # One 1-token prompt only: each row is 151936 floats (0.6 MB), the fixture budget is 20 MB.
         logit_prompts = [chats[0]["ids"][:1]]
         greedy_prompts = [c["ids"] for c in chats]
@@ -518,10 +518,9 @@ OLLAMA_CHECKS = [
 ]
 
 
-def make_chat_fixtures(shared: Path) -> None:
+def make_chat_fixtures() -> None:
     template = TEMPLATE_PATH.read_text(encoding="utf-8")
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(shared / "data" / "tokenizer" /
-                                                     "tokenizer.json"))
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_JSON))
 
     def render(messages, agp, vision_id=False, tools=None):
         kw = {}
@@ -553,8 +552,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", action="append", default=None,
                     help="'chat' or a checkpoint name (repeatable); default: everything")
-    ap.add_argument("--shared", type=Path, default=DEFAULT_SHARED,
-                    help="the shared/ folder beside the repository (tokenizer data)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -564,10 +561,10 @@ def main() -> int:
         ap.error(f"unknown --only {sorted(unknown)}")
     t0 = time.time()
     if only is None or "chat" in only:
-        make_chat_fixtures(args.shared)
+        make_chat_fixtures()
     for name, spec in CHECKPOINTS.items():
         if only is None or name in only:
-            make_checkpoint(name, spec, args.shared)
+            make_checkpoint(name, spec)
     print(f"done in {time.time() - t0:.1f}s")
     return 0
 

@@ -22,7 +22,7 @@ small per-call pixel budget (min_pixels / max_pixels) so the fixtures stay small
 Usage:
     python scripts/make_vision_reference.py            # about 10 s
 
-Source images come from ../shared/data/images (next to the repository).  Nothing is
+Source images come from tests/data/images.  Nothing is
 downloaded.  Prompts use the small ids of the 1024-vocabulary fixtures (pad 0, bos 1, eos 2,
 image 1000, video 1001, vision_start 1002, vision_end 1003) with a fake chat layout
 (TEMPLATE_IDS below) in place of <|im_start|>, <|im_end|>, newline, user, assistant.
@@ -69,7 +69,7 @@ SPEC = dict(text=dict(vocab_size=1024, hidden_size=64, intermediate_size=128,
             # scales make most seeds loop or near-tie under greedy decoding.
             std=0.4, embed_std=0.2, vision_std=0.2, pos_embed_std=3.0)
 
-# Qwen3-VL preprocessor_config.json (design §2.1); budgets are overridden per call.
+# Qwen3-VL preprocessor_config.json; budgets are overridden per call.
 PROCESSOR = dict(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3,
                  image_std=[0.5] * 3, size={"shortest_edge": 65536, "longest_edge": 16777216})
 
@@ -119,12 +119,12 @@ def write_synthetic_images() -> None:
     synthetic_image(36, 360, seed=2).save(OUT / "synthetic_tall.png", format="PNG")
 
 
-def preprocess(shared: Path) -> dict:
+def preprocess() -> dict:
     proc = Qwen2VLImageProcessorFast(**PROCESSOR)
     assert proc.resample == 3 and proc.do_rescale and proc.do_normalize and proc.do_convert_rgb
     res = {}
     for name, (source, max_pixels) in IMAGES.items():
-        folder = OUT if source.startswith("synthetic_") else shared / "data" / "images"
+        folder = OUT if source.startswith("synthetic_") else mr.TESTDATA / "images"
         with Image.open(folder / source) as im:
             original_mode = im.mode
             rgb = im.convert("RGB")
@@ -283,7 +283,7 @@ def rope_index_cases(model) -> list[dict]:
     vs, pad, ve = IMG
     a, b = 21, 22  # any text ids
     specs = [
-        # design §5.2: 3 text (the 3rd is vision_start), grid (1, 8, 12) = 24 pads, 2 text.
+        # get_rope_index's worked example: 3 text (the 3rd is vision_start), grid (1, 8, 12) = 24 pads, 2 text.
         ("design_5_2_worked_example", [a, b, vs] + [pad] * 24 + [ve, a], [[1, 8, 12]], True,
          None),
         ("image_at_start", [vs] + [pad] * 6 + [ve, a, b], [[1, 4, 6]], True, None),
@@ -324,9 +324,7 @@ def save(name: str, arr: np.ndarray, dtype) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shared", type=Path, default=mr.DEFAULT_SHARED,
-                    help="the shared/ folder beside the repository (test images)")
-    args = ap.parse_args()
+    ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     t0 = time.time()
@@ -335,7 +333,7 @@ def main() -> int:
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
     write_synthetic_images()
-    images = preprocess(args.shared)
+    images = preprocess()
     all_cases = cases()
     inputs = [case_inputs(c, images) for c in all_cases]
     ckpt = Path(tempfile.mkdtemp(prefix="vision-f32-")) / "ckpt"

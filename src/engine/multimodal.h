@@ -1,7 +1,7 @@
 // Turns a prompt with single image pads plus its images into what the decoder runs: the
 // expanded ids, 3-D positions, and the vision features each image row takes.
 //
-// The work is split by where it runs in the server (design/style.md §3): stage_image (read,
+// The work is split by where it runs in the server (docs/architecture.md): stage_image (read,
 // hash, decode, preprocess) runs on the submitting HTTP thread; encode_staged_image (the vision
 // tower) and assemble_multimodal run on the engine thread.
 #pragma once

@@ -1,4 +1,4 @@
-// The request scheduler for continuous batching (vLLM v1 style; style.md convention 8): each step
+// The request scheduler for continuous batching (vLLM v1 style): each step
 // hands every runnable request a token count within one token budget. Chunked prefill and
 // preemption both follow from that rule; there is no prefill or decode "phase".
 //

@@ -1,6 +1,6 @@
 // `vlm serve`: HTTP threads parse, render the chat template and tokenize; the EngineCore thread
 // schedules, runs and samples; tokens come back through a per-request channel and are written
-// as JSON or server-sent events (design/style.md §3, "one request, from HTTP to token").
+// as JSON or server-sent events (docs/architecture.md).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -2,7 +2,7 @@
 // resampling, normalisation, temporal duplication and patch flattening in merge order.
 //
 // The reference is transformers 4.57.1's Qwen2VLImageProcessorFast (the processor Qwen3-VL's
-// preprocessor_config.json selects), design doc qwen3-vl.md §2. Pixels are bit-exact with it: the
+// preprocessor_config.json selects). Pixels are bit-exact with it: the
 // resize is torchvision's uint8 antialiased bicubic (vision/resize.h) and the normalisation is the
 // same float32 expression. The one deliberate difference is in smart_resize for images with a
 // side shorter than factor/2 (see there).
@@ -62,7 +62,7 @@ struct PreprocessedImage {
   int64_t resized_h = 0, resized_w = 0;        // pixels; resized_h = grid_h * patch_size
   int64_t merge_size = 2;
   // [grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size * patch_size], rows in merge
-  // order (design §2.7): row ((t*(gh/m) + bh)*(gw/m) + bw)*m*m + ih*m + iw is the patch at
+  // order: row ((t*(gh/m) + bh)*(gw/m) + bw)*m*m + ih*m + iw is the patch at
   // y0 = (bh*m + ih)*P, x0 = (bw*m + iw)*P; column ((c*T + tt)*P + py)*P + px.
   std::vector<float> pixel_values;
   // With PreprocessOptions::patchify false, instead of pixel_values: the resized image

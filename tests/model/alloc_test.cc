@@ -1,4 +1,4 @@
-// Steady-state decoding allocates nothing (style.md convention 10): every heap allocation in this
+// Steady-state decoding allocates nothing: every heap allocation in this
 // binary, on any thread, is counted while a flag is up, around decode steps after a warm-up —
 // of the text decoder alone (short and long contexts, the latter through split-K attention), of
 // Engine::generate and of the EngineCore's batched steps.

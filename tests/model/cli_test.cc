@@ -21,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kCli = VLM_CLI_PATH;
 const std::string kFixtures = VLM_FIXTURES_DIR;
-const std::string kTokenizerDir = std::string(VLM_SHARED_DIR) + "/data/tokenizer";
+const std::string kTokenizerDir = std::string(VLM_TESTDATA_DIR) + "/tokenizer";
 
 struct CliResult {
   int code = -1;
@@ -430,7 +430,7 @@ TEST_F(CliRun, GreedyReplyEqualsTransformersContinuation) {
 }
 
 TEST_F(CliRun, ImageQuestionReportsVisionWork) {
-  const std::string cat = std::string(VLM_SHARED_DIR) + "/data/images/cat_chelsea.png";
+  const std::string cat = std::string(VLM_TESTDATA_DIR) + "/images/cat_chelsea.png";
   CliResult r = vlm("run -m " + quote(dir_.string()) + " --image " + quote(cat) +
                     " -p 'What is this?' -n 4 --greedy");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -36,7 +36,7 @@ namespace {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 // The device check (scripts/cuda_device_check.sh) runs this binary from another checkout path:
-// VLM_FIXTURES_DIR, VLM_REPO_DIR and VLM_SHARED_DIR in the environment override the paths the
+// VLM_FIXTURES_DIR, VLM_REPO_DIR and VLM_TESTDATA_DIR in the environment override the paths the
 // build compiled in.
 std::string dir_from_env(const char* name, const char* compiled) {
   const char* v = std::getenv(name);
@@ -44,7 +44,7 @@ std::string dir_from_env(const char* name, const char* compiled) {
 }
 const std::string kFixtures = dir_from_env("VLM_FIXTURES_DIR", VLM_FIXTURES_DIR);
 const std::string kRepo = dir_from_env("VLM_REPO_DIR", VLM_REPO_DIR);
-const std::string kShared = dir_from_env("VLM_SHARED_DIR", VLM_SHARED_DIR);
+const std::string kTestData = dir_from_env("VLM_TESTDATA_DIR", VLM_TESTDATA_DIR);
 
 nlohmann::json reference(const std::string& dir) {
   return nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
@@ -195,7 +195,7 @@ TEST(CudaVisionModel, EncoderOutputsMatchTransformers) {
     for (const auto& name : c["images"]) {
       const auto& im = ref["images"][name.get<std::string>()];
       const std::string src = im["source"];
-      auto img = load_image_file((src.rfind("synthetic", 0) == 0 ? dir : kShared + "/data/images") +
+      auto img = load_image_file((src.rfind("synthetic", 0) == 0 ? dir : kTestData + "/images") +
                                  "/" + src);
       ASSERT_TRUE(img.ok()) << img.status().message();
       PreprocessOptions o;
@@ -262,7 +262,7 @@ TEST(CudaVisionModel, MultimodalLogitsAndGreedyMatchTransformers) {
     const auto& im = ref["images"][name];
     const std::string src = im["source"];
     ImageInput in;
-    in.path = (src.rfind("synthetic", 0) == 0 ? dir : kShared + "/data/images") + "/" + src;
+    in.path = (src.rfind("synthetic", 0) == 0 ? dir : kTestData + "/images") + "/" + src;
     in.min_pixels = im["min_pixels"].get<int64_t>();
     in.max_pixels = im["max_pixels"].get<int64_t>();
     return in;

@@ -129,7 +129,7 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
       const std::string src = im["source"];
       ImageInput in;
       in.path = (src.rfind("synthetic", 0) == 0 ? kFixtures + "/vision-f32"
-                                                 : std::string(VLM_SHARED_DIR) + "/data/images") +
+                                                 : std::string(VLM_TESTDATA_DIR) + "/images") +
                 "/" + src;
       in.min_pixels = im["min_pixels"].get<int64_t>();
       in.max_pixels = im["max_pixels"].get<int64_t>();

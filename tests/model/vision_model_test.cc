@@ -23,7 +23,7 @@ namespace vlm {
 namespace {
 
 const std::string kDir = std::string(VLM_FIXTURES_DIR) + "/vision-f32";
-const std::string kImages = std::string(VLM_SHARED_DIR) + "/data/images";
+const std::string kImages = std::string(VLM_TESTDATA_DIR) + "/images";
 
 const nlohmann::json& ref() {
   static const nlohmann::json r = nlohmann::json::parse(test_util::read_file(kDir + "/reference.json"));

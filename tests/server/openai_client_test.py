@@ -8,7 +8,7 @@ tiny shapes model, and checks words: its answers about held-out pictures must be
 Registered with CTest by tests/CMakeLists.txt (label `server`):
 
   python3 tests/server/openai_client_test.py --vlm BUILD/tools/cli/vlm \\
-      --model-dir tests/model/fixtures/tiny-fullvocab-bf16 --shared-dir ../shared [unittest args]
+      --model-dir tests/model/fixtures/tiny-fullvocab-bf16 [unittest args]
 
 Needs the packages pinned in scripts/requirements-test.txt (scripts/test.sh makes the venv).
 """
@@ -37,7 +37,7 @@ import numpy as np
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-ARGS = argparse.Namespace(vlm=None, model_dir=None, shared_dir=None)
+ARGS = argparse.Namespace(vlm=None, model_dir=None)
 REPO = Path(__file__).resolve().parents[2]
 SMALL_PNG = REPO / "tests/unit/fixtures/images/png_rgb.png"  # 37x23 RGB
 MODEL = "tiny"
@@ -130,7 +130,7 @@ class OpenAIClientTest(unittest.TestCase):
         for f in ("config.json", "generation_config.json", "model.safetensors"):
             (cls.model_dir / f).symlink_to(src / f)
         (cls.model_dir / "tokenizer.json").symlink_to(
-            (Path(ARGS.shared_dir) / "data/tokenizer/tokenizer.json").resolve())
+            REPO / "tests/data/tokenizer/tokenizer.json")
         cls.media_dir = cls.tmp / "media"
         cls.media_dir.mkdir()
         cls.png = SMALL_PNG.read_bytes()
@@ -696,14 +696,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vlm", required=True, help="the vlm binary")
     ap.add_argument("--model-dir", required=True, help="tests/model/fixtures/tiny-fullvocab-bf16")
-    ap.add_argument("--shared-dir", required=True, help="../shared (for data/tokenizer/tokenizer.json)")
     args, rest = ap.parse_known_args()
     # Talk to 127.0.0.1 directly even where HTTP(S)_PROXY is set (CI with a package proxy).
     for k in ("NO_PROXY", "no_proxy"):
         os.environ[k] = ",".join(filter(None, [os.environ.get(k, ""), "127.0.0.1", "localhost"]))
     ARGS.vlm = str(Path(args.vlm).resolve())
     ARGS.model_dir = args.model_dir
-    ARGS.shared_dir = args.shared_dir
     unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
 
 

@@ -23,29 +23,46 @@ using nlohmann::json;
 
 class ServerTest : public ::testing::Test {
  protected:
+  // The model is the tiny fixture with the real tokenizer, linked into tmp_;
+  // VLM_SERVER_TEST_MODEL_DIR names another directory instead (a CTest case gives an empty one:
+  // every test must then fail with the load error, and none may touch a server that is not there).
   static void SetUpTestSuite() {
     tmp_ = new test_util::TempDir();
-    const std::string src = std::string(VLM_FIXTURES_DIR) + "/tiny-fullvocab-bf16";
-    for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
-      fs::create_symlink(fs::absolute(src + "/" + f), tmp_->path() / f);
+    const char* dir = std::getenv("VLM_SERVER_TEST_MODEL_DIR");
+    if (dir != nullptr && *dir != 0) {
+      model_dir_ = dir;
+    } else {
+      model_dir_ = tmp_->str();
+      const std::string src = std::string(VLM_FIXTURES_DIR) + "/tiny-fullvocab-bf16";
+      for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+        fs::create_symlink(fs::absolute(src + "/" + f), tmp_->path() / f);
+      }
+      fs::create_symlink(fs::absolute(std::string(VLM_TESTDATA_DIR) + "/tokenizer/tokenizer.json"),
+                         tmp_->path() / "tokenizer.json");
     }
-    fs::create_symlink(fs::absolute(std::string(VLM_SHARED_DIR) + "/data/tokenizer/tokenizer.json"),
-                       tmp_->path() / "tokenizer.json");
     ServeOptions o = tiny_options();
     o.batching.max_num_seqs = 4;  // 16 concurrent requests: most of them queue and join later
     o.batching.max_batched_tokens = 64;
     o.batching.block_size = 8;
     auto s = Server::create(o);
-    ASSERT_TRUE(s.ok()) << s.status().message();
-    Status loaded = (*s)->wait_until_loaded();
-    ASSERT_TRUE(loaded.ok()) << loaded.message();
+    if (!s.ok()) {
+      setup_error_ = "the server did not start: " + s.status().message();
+      return;
+    }
+    if (Status loaded = (*s)->wait_until_loaded(); !loaded.ok()) {
+      setup_error_ = "the model did not load: " + loaded.message();
+      return;
+    }
     server_ = std::move(s).value().release();
     thread_ = new std::thread([] { server_->run(); });
   }
-  // A server on any free port for the tiny model in tmp_, served as "tiny".
+  void SetUp() override {
+    if (!setup_error_.empty()) GTEST_FAIL() << setup_error_;
+  }
+  // A server on any free port for the tiny model in model_dir_, served as "tiny".
   static ServeOptions tiny_options() {
     ServeOptions o;
-    o.engine.model_dir = tmp_->str();
+    o.engine.model_dir = model_dir_;
     o.engine.n_threads = 2;
     o.engine.max_context = 512;
     o.port = 0;
@@ -53,8 +70,10 @@ class ServerTest : public ::testing::Test {
     return o;
   }
   static void TearDownTestSuite() {
-    server_->stop();
-    thread_->join();
+    if (server_ != nullptr) {
+      server_->stop();
+      thread_->join();
+    }
     delete thread_;
     delete server_;
     delete tmp_;
@@ -78,7 +97,7 @@ class ServerTest : public ::testing::Test {
   static std::string reference_reply(const std::string& text, int max_tokens) {
     static std::unique_ptr<Engine> engine = [] {
       EngineOptions o;
-      o.model_dir = tmp_->str();
+      o.model_dir = model_dir_;
       o.max_context = 512;
       return std::move(Engine::load(o)).value();
     }();
@@ -113,11 +132,15 @@ class ServerTest : public ::testing::Test {
   }
 
   static test_util::TempDir* tmp_;
+  static std::string model_dir_;
+  static std::string setup_error_;
   static Server* server_;
   static std::thread* thread_;
 };
 
 test_util::TempDir* ServerTest::tmp_ = nullptr;
+std::string ServerTest::model_dir_;
+std::string ServerTest::setup_error_;
 Server* ServerTest::server_ = nullptr;
 std::thread* ServerTest::thread_ = nullptr;
 

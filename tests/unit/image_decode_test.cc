@@ -1,4 +1,4 @@
-// Image decoding: every fixture and shared photo must decode to exactly the RGB bytes PIL's
+// Image decoding: every fixture and test photo must decode to exactly the RGB bytes PIL's
 // Image.open(f).convert("RGB") gives (goldens in fixtures/images/expected.json, written by
 // scripts/make_image_fixtures.py), and every bad input must fail with a message that says what
 // is wrong -- never a crash (this binary is also run under AddressSanitizer).
@@ -27,7 +27,7 @@ using nlohmann::json;
 
 // VLM_FIXTURES_DIR is tests/model/fixtures; the image fixtures sit beside it under unit/.
 const std::string kFixtureDir = std::string(VLM_FIXTURES_DIR) + "/../../unit/fixtures/images";
-const std::string kSharedDir = std::string(VLM_SHARED_DIR) + "/data/images";
+const std::string kPhotoDir = std::string(VLM_TESTDATA_DIR) + "/images";
 
 std::vector<uint8_t> read_bytes(const std::string& path) {
   std::string s = test_util::read_file(path);
@@ -88,7 +88,7 @@ void expect_matches_pil(const Image& img, const json& want) {
 TEST(ImageDecode, GoldensArePresent) {
   ASSERT_TRUE(expected().is_object()) << "cannot read " << kFixtureDir << "/expected.json";
   EXPECT_GE(names_in("fixtures").size(), 30u);
-  EXPECT_EQ(names_in("shared").size(), 8u);  // every photo in shared/data/images
+  EXPECT_EQ(names_in("photos").size(), 8u);  // every photo in tests/data/images
 }
 
 class FixtureTest : public testing::TestWithParam<std::string> {};
@@ -110,14 +110,14 @@ TEST_P(FixtureTest, MatchesPil) {
   expect_matches_pil(*img, want);
 }
 
-class SharedImageTest : public testing::TestWithParam<std::string> {};
+class PhotoTest : public testing::TestWithParam<std::string> {};
 
-TEST_P(SharedImageTest, MatchesPil) {
+TEST_P(PhotoTest, MatchesPil) {
   // Includes the greyscale PNG whose iCCP libpng calls "known incorrect sRGB profile" and the
   // 2560x1600 progressive 4:2:2 JPEG.
-  Result<Image> img = load_image_file(kSharedDir + "/" + GetParam());
+  Result<Image> img = load_image_file(kPhotoDir + "/" + GetParam());
   ASSERT_TRUE(img.ok()) << img.status().message();
-  expect_matches_pil(*img, expected()["shared"][GetParam()]);
+  expect_matches_pil(*img, expected()["photos"][GetParam()]);
 }
 
 std::string param_name(const testing::TestParamInfo<std::string>& info) {
@@ -130,11 +130,11 @@ std::string param_name(const testing::TestParamInfo<std::string>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, testing::ValuesIn(names_in("fixtures")),
                          param_name);
-INSTANTIATE_TEST_SUITE_P(Shared, SharedImageTest, testing::ValuesIn(names_in("shared")),
+INSTANTIATE_TEST_SUITE_P(Photos, PhotoTest, testing::ValuesIn(names_in("photos")),
                          param_name);
 
 TEST(ImageDecode, FromMemoryEqualsFromFile) {
-  const std::string path = kSharedDir + "/rocket_falcon9.jpg";
+  const std::string path = kPhotoDir + "/rocket_falcon9.jpg";
   std::vector<uint8_t> bytes = read_bytes(path);
   Result<Image> a = decode_image(bytes.data(), bytes.size());
   Result<Image> b = load_image_file(path);
@@ -198,7 +198,7 @@ TEST(ImageDecodeErrors, TruncatedSharedImages) {
   for (const char* name : {"cat_chelsea.png", "cat_chelsea.webp", "astronaut_eileen_collins.png",
                            "rocket_falcon9.jpg", "document_scan_page.png", "retina_2560x1600.jpg",
                            "coffee_cup.png", "document_screenshot.png"}) {
-    std::vector<uint8_t> bytes = read_bytes(kSharedDir + "/" + name);
+    std::vector<uint8_t> bytes = read_bytes(kPhotoDir + "/" + name);
     ASSERT_GT(bytes.size(), 1000u) << name;
     const std::string format = std::string(name).ends_with(".png")    ? "PNG"
                                : std::string(name).ends_with(".webp") ? "WebP"
@@ -336,7 +336,7 @@ size_t find_idat(const std::vector<uint8_t>& png) {
 }
 
 TEST(ImageDecodeErrors, CorruptPngMiddle) {
-  const std::vector<uint8_t> good = read_bytes(kSharedDir + "/cat_chelsea.png");
+  const std::vector<uint8_t> good = read_bytes(kPhotoDir + "/cat_chelsea.png");
   const size_t idat = find_idat(good);
   ASSERT_GT(idat, 0u);
   const uint32_t idat_len =

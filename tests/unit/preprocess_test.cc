@@ -4,7 +4,7 @@
 //
 // Resize tolerance: exact. Every resized pixel must equal the reference (max |diff| 0 LSB, 100%
 // identical) whenever our decoder produced the same source bytes as PIL (always, for the synthetic
-// sources stored as .npy; checked by fingerprint for the shared photos). The resampler reproduces
+// sources stored as .npy; checked by fingerprint for the test photos). The resampler reproduces
 // ATen's fixed-point arithmetic step for step, so any difference is a bug, not rounding noise.
 #include "vision/preprocess.h"
 
@@ -29,7 +29,7 @@ namespace {
 using nlohmann::json;
 
 const std::string kFixtures = VLM_FIXTURES_DIR "/../../unit/fixtures/preprocess";
-const std::string kSharedImages = VLM_SHARED_DIR "/data/images";
+const std::string kPhotos = VLM_TESTDATA_DIR "/images";
 
 const json& cases_json() {
   static const json j = [] {
@@ -203,8 +203,8 @@ TEST(Preprocess, MatchesTransformersCases) {
     SCOPED_TRACE(name);
     Image src;
     bool same_source = true;
-    if (c.contains("shared_image")) {
-      auto loaded = load_image_file(kSharedImages + "/" + c["shared_image"].get<std::string>());
+    if (c.contains("photo")) {
+      auto loaded = load_image_file(kPhotos + "/" + c["photo"].get<std::string>());
       ASSERT_TRUE(loaded.ok()) << loaded.status().message();
       src = std::move(*loaded);
       const std::string got = hex64(fnv1a64(src.rgb));
@@ -251,7 +251,7 @@ TEST(Preprocess, MatchesTransformersCases) {
       continue;
     }
 
-    // pixel_values = normalised reference pixels in merge order (design §2.7 closed form),
+    // pixel_values = normalised reference pixels in merge order (the merge-order closed form in vision/preprocess.h),
     // computed here independently of preprocess.cc's loop.
     const int64_t gh = pre->grid_h, gw = pre->grid_w, P = 16, T = 2, cols = 3 * T * P * P;
     ASSERT_EQ(static_cast<int64_t>(pre->pixel_values.size()), gh * gw * cols);
@@ -545,10 +545,10 @@ TEST(PreprocessorConfig, Errors) {
   }
 }
 
-// Not a benchmark gate: prints how long the big shared photo takes. At the default budget the
+// Not a benchmark gate: prints how long the big test photo takes. At the default budget the
 // 2560x1600 photo is already aligned (no resize), so a downscaling budget is timed as well.
 TEST(Preprocess, TimingBigPhoto) {
-  auto img = load_image_file(kSharedImages + "/retina_2560x1600.jpg");
+  auto img = load_image_file(kPhotos + "/retina_2560x1600.jpg");
   ASSERT_TRUE(img.ok()) << img.status().message();
   ThreadPool pool(0);
   struct Run {
