@@ -1,6 +1,7 @@
 #include "engine/engine_core.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -13,6 +14,12 @@
 namespace vlm {
 
 namespace {
+
+int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // One request as the engine thread sees it.
 struct Req {
@@ -98,6 +105,7 @@ struct EngineCore::State {
   std::deque<std::unique_ptr<Req>> inbox;
   std::vector<int64_t> aborts;
   bool stop = false;
+  std::atomic<int64_t> heartbeat_ns{0};  // steady_clock, set by the engine thread
   int64_t next_id = 1;
   int64_t in_flight = 0;  // submitted and not yet finished / aborted
   Stats stats;
@@ -161,6 +169,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   core->st_->argmax.resize(static_cast<size_t>(opts.max_num_seqs));
   core->st_->vision_cache = std::make_unique<VisionCache>(static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);
   core->st_->stats.kv_blocks_total = opts.num_blocks;
+  core->st_->heartbeat_ns = steady_now_ns();
   core->thread_ = std::thread([c = core.get()] { c->loop(); });
   return core;
 }
@@ -252,13 +261,20 @@ void EngineCore::wait_idle() {
   st_->cv_idle.wait(lock, [&] { return st_->in_flight == 0; });
 }
 
+std::chrono::steady_clock::time_point EngineCore::last_heartbeat() const {
+  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(st_->heartbeat_ns.load()));
+}
+
 void EngineCore::loop() {
   for (;;) {
+    st_->heartbeat_ns = steady_now_ns();
     {
       std::unique_lock<std::mutex> lock(st_->mu);
-      st_->cv.wait(lock, [&] {
+      auto has_work = [&] {
         return st_->stop || !st_->inbox.empty() || !st_->aborts.empty() || !st_->reqs.empty();
-      });
+      };
+      // An idle engine still wakes every second, so that its heartbeat shows it is alive.
+      if (!st_->cv.wait_for(lock, std::chrono::seconds(1), has_work)) continue;
       if (st_->stop) return;
       // The batching window: an idle engine gives a first arrival's companions a moment.
       if (opts_.batch_wait_ms > 0 && st_->reqs.empty()) {

@@ -3,6 +3,7 @@
 // the scheduler, the paged KV cache and the model; other threads only submit and abort.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -67,6 +68,9 @@ class EngineCore {
     int64_t vision_cache_bytes = 0;
   };
   Stats stats() const;
+  // When the engine loop last finished a step or an idle wait (it wakes at least every second):
+  // a loop that stops beating is stuck.
+  std::chrono::steady_clock::time_point last_heartbeat() const;
   // Blocks until no request is queued or running (tests).
   void wait_idle();
 
