@@ -21,7 +21,17 @@ struct ServeOptions {
   bool allow_remote_media = false;  // fetch http(s):// image URLs (off: they are refused)
   int remote_media_timeout_s = 10;  // per fetch: connect and read timeouts
   BatchingOptions batching;         // max_batched_tokens ≤ engine.prefill_chunk; a full queue → 429
-  int http_threads = 16;
+  // The HTTP transport (docs/architecture.md, "Serving").
+  int http_threads = 8;             // workers: JSON, chat template, tokenizer, image decoding
+  int io_threads = 2;               // sockets, /health, /metrics, writing replies
+  int max_connections = 4096;       // open at once; beyond: 503 and close
+  double header_timeout_s = 10;     // a request's header, from its first byte (or the connection)
+  double keep_alive_timeout_s = 75; // an idle connection between requests
+  double body_timeout_s = 60;       // a request's whole body
+  double write_timeout_s = 60;      // a reply write that makes no progress
+  double health_timeout_s = 30;     // /health is 503 when the engine loop has not beaten for this
+  double shutdown_timeout_s = 30;   // draining: how long running requests may still take
+  bool handle_signals = false;      // SIGTERM / SIGINT drain the server (run() then returns ok)
   // Called on the loading thread before the model loads (tests hold loading with it to see the
   // 503s); empty by default.
   std::function<void()> before_load;
@@ -36,9 +46,14 @@ class Server {
   int port() const;
   // Blocks until the model is loaded (ok) or failed to load (its error).
   Status wait_until_loaded();
-  // Serves until stop() (blocking); returns the load error if the model fails to load.
+  // Serves until stop() or the end of a drain (blocking); returns the load error if the model
+  // fails to load.
   Status run();
+  // Stops at once: every connection is closed, unfinished requests are cancelled.
   void stop();
+  // Drains: /health turns 503, new API requests get 503, running requests finish (cancelled
+  // after shutdown_timeout_s), then run() returns. What SIGTERM does with handle_signals.
+  void drain();
 
   struct Impl;
 

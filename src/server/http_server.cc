@@ -1,18 +1,18 @@
-// `vlm serve`: HTTP threads parse, render the chat template and tokenize; the EngineCore thread
-// schedules, runs and samples; tokens come back through a per-request channel and are written
-// as JSON or server-sent events (docs/architecture.md).
-#include <atomic>
+// `vlm serve`: the OpenAI API over the event-driven transport (server/http_transport). Worker
+// threads parse, render the chat template, tokenize and submit; the EngineCore thread schedules,
+// runs and samples; its events are posted to the request's connection, which formats and writes
+// them as JSON or server-sent events (docs/architecture.md, "Serving").
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
+#include <csignal>
 #include <filesystem>
-#include <functional>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
 
 #include "engine/engine_core.h"
-#include "server/httplib_config.h"
+#include "server/http_client.h"
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "vlm/chat.h"
@@ -22,108 +22,99 @@ namespace vlm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using http::HttpExchange;
+using http::HttpResponse;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Events of one request, from the engine thread to the HTTP thread that waits for them.
-struct Channel {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<CoreEvent> events;
-
-  void push(const CoreEvent& ev) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      events.push_back(ev);
-    }
-    cv.notify_one();
-  }
-  CoreEvent pop() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return !events.empty(); });
-    CoreEvent ev = std::move(events.front());
-    events.pop_front();
-    return ev;
-  }
-};
-
 int status_for(const Status& s) {
   switch (s.code()) {
-    case StatusCode::kOk: return 200;
-    case StatusCode::kInvalidArgument: return 400;
-    case StatusCode::kNotFound: return 404;
-    case StatusCode::kDataLoss: return 400;
-    case StatusCode::kOutOfRange: return 400;
-    case StatusCode::kResourceExhausted: return 429;
-    case StatusCode::kUnimplemented: return 501;
-    case StatusCode::kInternal: return 500;
+    case StatusCode::kOk:
+      return 200;
+    case StatusCode::kInvalidArgument:
+      return 400;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kDataLoss:
+      return 400;
+    case StatusCode::kOutOfRange:
+      return 400;
+    case StatusCode::kResourceExhausted:
+      return 429;
+    case StatusCode::kUnimplemented:
+      return 501;
+    case StatusCode::kInternal:
+      return 500;
   }
   return 500;
+}
+
+const char* error_type(int status) {
+  return status == 401   ? "authentication_error"
+         : status == 404 ? "not_found_error"
+         : status == 429 ? "rate_limit_error"
+         : status >= 500 ? "server_error"
+                         : "invalid_request_error";
 }
 
 ApiError error_from(const Status& s) {
   ApiError e;
   e.http_status = status_for(s);
-  e.type = e.http_status == 429 ? "rate_limit_error"
-           : e.http_status >= 500 ? "server_error"
-                                  : "invalid_request_error";
+  e.type = error_type(e.http_status);
   e.message = s.message();
   return e;
 }
 
-// GETs an http(s) image URL (redirects followed, at most `max_bytes`); failures are 400s that
-// name the URL.
-ApiResult<std::vector<uint8_t>> fetch_image(const std::string& url, size_t max_bytes, int timeout_s) {
-  auto fail = [&](const std::string& why) {
-    return ApiError{400, "invalid_request_error", "cannot fetch image " + url + ": " + why, "messages"};
-  };
-  const size_t scheme_end = url.find("://");
-  const size_t path_start = url.find('/', scheme_end + 3);
-  const std::string origin = url.substr(0, path_start);
-  const std::string path = path_start == std::string::npos ? "/" : url.substr(path_start);
-  if (origin.size() <= scheme_end + 3) return fail("no host");
-  httplib::Client client(origin);
-  if (!client.is_valid()) return fail("bad URL");
-  client.set_connection_timeout(timeout_s, 0);
-  client.set_read_timeout(timeout_s, 0);
-  client.set_follow_location(true);
-  std::vector<uint8_t> bytes;
-  bool too_large = false;
-  auto r = client.Get(path, [&](const char* data, size_t n) {
-    if (bytes.size() + n > max_bytes) {
-      too_large = true;
-      return false;
-    }
-    bytes.insert(bytes.end(), data, data + n);
-    return true;
-  });
-  if (too_large) {
+HttpResponse json_response(int status, std::string body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  return r;
+}
+
+HttpResponse error_response(const ApiError& e) {
+  HttpResponse r = json_response(e.http_status, api_error_json(e));
+  if (e.http_status == 429 || e.http_status == 503) r.headers.push_back({"Retry-After", "1"});
+  return r;
+}
+
+// GETs an http(s) image URL; failures are 400s (413 when too large) that name the URL.
+ApiResult<std::vector<uint8_t>> fetch_image(const std::string& url, size_t max_bytes,
+                                            int timeout_s) {
+  http::FetchResult f = http::fetch_url(url, max_bytes, timeout_s);
+  if (f.ok) return std::move(f.body);
+  if (f.too_large) {
     return ApiError{413, "invalid_request_error",
-                    "image " + url + " is larger than " + std::to_string(max_bytes) + " bytes", "messages"};
+                    "image " + url + " is larger than " + std::to_string(max_bytes) + " bytes",
+                    "messages"};
   }
-  if (!r) return fail(httplib::to_string(r.error()));
-  if (r->status != 200) return fail("HTTP status " + std::to_string(r->status));
-  return bytes;
+  return ApiError{400, "invalid_request_error", "cannot fetch image " + url + ": " + f.error,
+                  "messages"};
 }
 
 }  // namespace
 
 struct Server::Impl {
   ServeOptions opts;
+  // Declared first, so destroyed last: connections still being torn down may hold callbacks
+  // into the members below only until the engine core (which calls them) is gone.
+  std::unique_ptr<http::HttpServer> http;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<EngineCore> core;
   // Loading runs on `loader`; `ready` turns true once engine and core exist (then they never
   // change), so handlers check it before touching them.
   std::thread loader;
   std::atomic<bool> ready{false};
+  std::atomic<bool> draining{false};
   std::mutex load_mu;
   std::condition_variable load_cv;
   bool load_done = false;
   Status load_status;
-  httplib::Server http;
-  int port = 0;
+  std::unique_ptr<boost::asio::signal_set> signals;
+  std::unique_ptr<boost::asio::steady_timer> drain_timer;
+  Clock::time_point drain_deadline;
   std::string model_name;
   int64_t created = 0;
   std::atomic<int64_t> next_id{1};
@@ -139,6 +130,7 @@ struct Server::Impl {
   Counter* cache_hits = nullptr;
   Counter* cache_misses = nullptr;
   Counter* preemptions = nullptr;
+  Counter* conns_rejected = nullptr;
   Histogram* ttft = nullptr;
   Histogram* itl = nullptr;
   Histogram* e2e = nullptr;
@@ -149,32 +141,25 @@ struct Server::Impl {
   Gauge* waiting = nullptr;
   Gauge* kv_used = nullptr;
   Gauge* kv_total = nullptr;
+  Gauge* conns_open = nullptr;
   Gauge* gpu_util = nullptr;  // these three: only with --device cuda
   Gauge* gpu_mem_used = nullptr;
   Gauge* gpu_mem_total = nullptr;
   std::mutex mirror_mu;  // counters mirrored from EngineCore::Stats at scrape time
   EngineCore::Stats mirrored;
+  int64_t mirrored_rejected = 0;
 
-  void reply_error(httplib::Response& res, const ApiError& e, const char* outcome) {
-    res.status = e.http_status;
-    if (e.http_status == 429) res.set_header("Retry-After", "1");
-    res.set_content(api_error_json(e), "application/json");
+  void reply_error(HttpExchange& ex, const ApiError& e, const char* outcome) {
+    ex.respond(error_response(e));
     requests->inc(outcome);
-  }
-
-  bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (opts.api_key.empty()) return true;
-    if (req.get_header_value("Authorization") == "Bearer " + opts.api_key) return true;
-    ApiError e{401, "authentication_error", "missing or wrong API key", ""};
-    reply_error(res, e, "unauthorized");
-    return false;
   }
 
   void load() {
     if (opts.before_load) opts.before_load();
     Status st = [&]() -> Status {
       VLM_ASSIGN_OR_RETURN(engine, Engine::load(opts.engine));
-      if (engine->tokenizer() == nullptr) return not_found("the model directory has no tokenizer.json");
+      if (engine->tokenizer() == nullptr)
+        return not_found("the model directory has no tokenizer.json");
       VLM_ASSIGN_OR_RETURN(core, EngineCore::create(*engine, opts.batching));
       return ok_status();
     }();
@@ -185,29 +170,54 @@ struct Server::Impl {
     load_cv.notify_all();
   }
 
-  // 503 while the model loads (or after it failed to); false when that reply was written.
-  bool check_ready(httplib::Response& res) {
-    if (ready) return true;
-    res.status = 503;
-    res.set_header("Retry-After", "1");
-    res.set_content(api_error_json(ApiError{503, "service_unavailable", "the model is loading", ""}),
-                    "application/json");
-    return false;
+  // Before an API request's body is read: loading or draining (503, and close while draining),
+  // then the API key (401, compared in constant time).
+  std::optional<HttpResponse> gate(const http::HttpRequest& head) {
+    if (draining) {
+      HttpResponse r =
+          error_response(ApiError{503, "server_error", "the server is shutting down", ""});
+      r.close = true;
+      requests->inc("rejected");
+      return r;
+    }
+    if (!ready) {
+      return error_response(ApiError{503, "server_error", "the model is loading", ""});
+    }
+    if (!opts.api_key.empty() &&
+        !http::constant_time_equal(head.header("Authorization"), "Bearer " + opts.api_key)) {
+      requests->inc("unauthorized");
+      return error_response(ApiError{401, "authentication_error", "missing or wrong API key", ""});
+    }
+    return std::nullopt;
   }
 
-  // Checks shared by both endpoints; false when an error reply was written.
-  bool check_common(const httplib::Request& req, httplib::Response& res) {
-    if (!check_ready(res)) return false;
-    if (!authorized(req, res)) return false;
-    if (req.body.size() > limits.max_body_bytes) {
-      reply_error(res, body_too_large(limits), "bad_request");
-      return false;
+  // /health: 200 only while loaded, not draining, and the engine loop beats.
+  HttpResponse health() const {
+    auto status = [](int code, const std::string& s, const std::string& reason = "") {
+      std::string body = "{\"status\": \"" + s + "\"";
+      if (!reason.empty()) body += ", \"reason\": \"" + reason + "\"";
+      HttpResponse r = json_response(code, body + "}");
+      if (code != 200) r.headers.push_back({"Retry-After", "1"});
+      return r;
+    };
+    if (!ready) return status(503, "loading");
+    if (draining) return status(503, "draining");
+    const double silent = seconds_since(core->last_heartbeat());
+    if (silent > opts.health_timeout_s) {
+      return status(503, "unhealthy",
+                    "the engine loop has made no progress for " +
+                        std::to_string(static_cast<int>(silent)) + " s");
     }
-    return true;
+    return status(200, "ok");
   }
-  bool check_model(const std::string& model, httplib::Response& res) {
+
+  bool check_model(const std::string& model, HttpExchange& ex) {
     if (model.empty() || model == model_name) return true;
-    reply_error(res, ApiError{404, "not_found_error", "model '" + model + "' is not served here (serving '" + model_name + "')", "model"}, "bad_request");
+    reply_error(ex,
+                ApiError{404, "not_found_error",
+                         "model '" + model + "' is not served here (serving '" + model_name + "')",
+                         "model"},
+                "bad_request");
     return false;
   }
 
@@ -221,9 +231,11 @@ struct Server::Impl {
   }
 
   void scrape_metrics();
-  void chat(const httplib::Request& req, httplib::Response& res);
-  void completions(const httplib::Request& req, httplib::Response& res);
+  void chat(const std::shared_ptr<HttpExchange>& ex);
+  void completions(const std::shared_ptr<HttpExchange>& ex);
   void register_routes();
+  void begin_drain();
+  void check_drained();
 };
 
 namespace {
@@ -239,88 +251,222 @@ struct ChoiceState {
   bool has_token = false;
 };
 
-// One HTTP request fanned out to its choices (n, and prompts for /v1/completions): submits them
-// to the engine core, receives their events on one channel, keeps each choice's text and
-// logprobs, and records the latency metrics.
-class Fanout {
- public:
-  Fanout(Server::Impl& s, Clock::time_point t0) : s_(s), t0_(t0), channel_(std::make_shared<Channel>()) {}
-  ~Fanout() { abort_unfinished(); }
+// Usage: prompt tokens once per distinct prompt (choices p*n .. p*n+n-1 share one), completion
+// tokens over all choices.
+Usage usage_of(const std::vector<ChoiceState>& choices, int n) {
+  Usage u;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i % static_cast<size_t>(n) == 0) u.prompt_tokens += choices[i].prompt_tokens;
+    u.completion_tokens += choices[i].completion_tokens;
+  }
+  return u;
+}
 
-  // Submits every request; on an error the ones already submitted are aborted.
-  Status submit(std::vector<GenerateRequest> reqs) {
-    for (GenerateRequest& g : reqs) {
-      auto id = s_.core->submit(std::move(g), [ch = channel_](const CoreEvent& ev) { ch->push(ev); });
-      if (!id.ok()) {
-        abort_unfinished();
-        return id.status();
-      }
-      index_[*id] = static_cast<int>(ids_.size());
-      ids_.push_back(*id);
+// How one endpoint words its reply.
+struct ReplyFormat {
+  bool stream = false;
+  bool logprobs = false;
+  int n = 1;  // choices per prompt
+  // Streaming: chunks before any token (chat: each choice's role), a chunk for choice i's new
+  // text (with logprobs, the token it came with), choice i's finish, the usage chunk (empty:
+  // none).
+  std::vector<std::string> prologue;
+  std::function<std::string(int, const std::string&, const std::vector<TokenLogprob>*)> chunk;
+  std::function<std::string(int, FinishReason)> finish;
+  std::function<std::string(const Usage&)> usage;
+  // Not streaming: the whole response.
+  std::function<std::string(const std::vector<ChoiceState>&, const Usage&)> whole;
+};
+
+// One HTTP request fanned out to its choices (n, and prompts for /v1/completions). Submits them
+// to the engine core (on the worker thread that parsed the request); the engine thread's events
+// are queued and handed to the connection's strand, which keeps each choice's text and logprobs,
+// records the latency metrics and writes the reply. A client that goes away aborts every
+// unfinished choice.
+class Fanout : public std::enable_shared_from_this<Fanout> {
+ public:
+  Fanout(Server::Impl& s, std::shared_ptr<HttpExchange> ex, Clock::time_point t0, ReplyFormat f)
+      : s_(s), ex_(std::move(ex)), t0_(t0), f_(std::move(f)) {}
+
+  // Submits every request and starts the reply; an error aborts the ones already submitted and
+  // is the reply.
+  void start(std::vector<GenerateRequest> reqs) {
+    ex_->on_close([w = weak_from_this()] {
+      if (auto self = w.lock()) self->client_gone();
+    });
+    if (ex_->closed()) {  // gone while the request was parsed: nothing to run
+      s_.requests->inc("cancelled");
+      return;
     }
-    choices.resize(ids_.size());
-    return ok_status();
+    choices_.resize(reqs.size());
+    ids_.assign(reqs.size(), -1);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      auto id =
+          s_.core->submit(std::move(reqs[i]), [self = shared_from_this(), i](const CoreEvent& ev) {
+            self->on_event(static_cast<int>(i), ev);
+          });
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!id.ok()) {
+        abort_locked();
+        if (!done_) {
+          done_ = true;
+          s_.reply_error(*ex_, error_from(id.status()), "rejected");
+        }
+        return;
+      }
+      ids_[i] = *id;
+      if (done_) {  // the client left meanwhile
+        s_.core->abort(*id);
+        return;
+      }
+    }
+    if (f_.stream) {
+      ex_->start_stream(200, "text/event-stream");
+      std::string pro;
+      for (const std::string& c : f_.prologue) pro += sse_event(c);
+      if (!pro.empty()) ex_->write(std::move(pro));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      started_ = true;
+      scheduled_ = true;
+    }
+    ex_->post([self = shared_from_this()] { self->drain(); });  // events that came meanwhile
   }
 
-  bool done() const { return finished_ == ids_.size(); }
+ private:
+  // Engine thread.
+  void on_event(int i, const CoreEvent& ev) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.emplace_back(i, ev);
+      if (scheduled_ || !started_) return;
+      scheduled_ = true;
+    }
+    ex_->post([self = shared_from_this()] { self->drain(); });
+  }
 
-  // Waits for the next event; returns its choice index (the event is in *ev).
-  int next(CoreEvent* ev) {
-    *ev = channel_->pop();
-    const int i = index_.at(ev->request_id);
-    ChoiceState& c = choices[i];
-    if (ev->token_id >= 0) {
+  // The connection's strand.
+  void drain() {
+    std::vector<std::pair<int, CoreEvent>> batch;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batch.swap(events_);
+      scheduled_ = false;
+      if (done_) return;
+    }
+    std::string out;  // one write for everything this drain produces
+    for (auto& [i, ev] : batch) {
+      if (!handle(i, ev, &out)) return;
+    }
+    if (!out.empty()) ex_->write(std::move(out));
+  }
+
+  // False once the reply is complete (or failed).
+  bool handle(int i, const CoreEvent& ev, std::string* out) {
+    ChoiceState& c = choices_[i];
+    if (!ev.error.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_ = true;
+        abort_locked();
+      }
+      s_.requests->inc("failed");
+      if (f_.stream) {
+        *out += sse_event(api_error_json(error_from(ev.error))) + sse_done();
+        ex_->write(std::move(*out));
+        ex_->finish();
+      } else {
+        ex_->respond(error_response(error_from(ev.error)));
+      }
+      return false;
+    }
+    const bool has_token = ev.token_id >= 0;
+    if (has_token) {
       const auto now = Clock::now();
       if (!any_token_) s_.ttft->observe(seconds_since(t0_));
       if (c.has_token) s_.itl->observe(std::chrono::duration<double>(now - c.last_token).count());
       any_token_ = c.has_token = true;
       c.last_token = now;
-      if (ev->has_logprobs) {
+      if (ev.has_logprobs) {
         const Tokenizer& tok = *s_.engine->tokenizer();
-        TokenLogprob t{tok.token_bytes(ev->token_id), ev->logprob, {}};
-        for (const auto& [id, lp] : ev->top_logprobs) t.top_logprobs.push_back(TopLogprob{tok.token_bytes(id), lp});
+        TokenLogprob t{tok.token_bytes(ev.token_id), ev.logprob, {}};
+        for (const auto& [id, lp] : ev.top_logprobs)
+          t.top_logprobs.push_back(TopLogprob{tok.token_bytes(id), lp});
         c.logprobs.push_back(std::move(t));
       }
     }
-    c.text += ev->text;
-    if (ev->finished) {
-      c.finished = true;
-      ++finished_;
-      c.reason = ev->reason;
-      c.prompt_tokens = ev->prompt_tokens;
-      c.completion_tokens = ev->completion_tokens;
-      if (ev->error.ok()) {
-        s_.prompt_tokens->inc(static_cast<double>(ev->prompt_tokens));
-        s_.generated_tokens->inc(static_cast<double>(ev->completion_tokens));
-        s_.queue_time->observe(ev->queue_ms / 1e3);
-        if (ev->images > 0) {
-          s_.images->inc(static_cast<double>(ev->images));
-          s_.image_tokens->inc(static_cast<double>(ev->image_tokens));
-          if (ev->images > ev->images_cached || ev->preprocess_ms > 0) s_.preprocess_time->observe(ev->preprocess_ms / 1e3);
-          if (ev->images > ev->images_cached) s_.encode_time->observe(ev->encode_ms / 1e3);
-        }
+    c.text += ev.text;
+    if (f_.stream) {
+      const bool with_lp = f_.logprobs && has_token;
+      if (!ev.text.empty() || with_lp) {
+        std::vector<TokenLogprob> lp;
+        if (with_lp) lp.push_back(c.logprobs.back());
+        *out += sse_event(f_.chunk(i, ev.text, with_lp ? &lp : nullptr));
       }
     }
-    return i;
-  }
-
-  void abort_unfinished() {
-    for (size_t i = 0; i < ids_.size(); ++i) {
-      if (i >= choices.size() || !choices[i].finished) s_.core->abort(ids_[i]);
+    if (!ev.finished) return true;
+    c.finished = true;
+    c.reason = ev.reason;
+    c.prompt_tokens = ev.prompt_tokens;
+    c.completion_tokens = ev.completion_tokens;
+    s_.prompt_tokens->inc(static_cast<double>(ev.prompt_tokens));
+    s_.generated_tokens->inc(static_cast<double>(ev.completion_tokens));
+    s_.queue_time->observe(ev.queue_ms / 1e3);
+    if (ev.images > 0) {
+      s_.images->inc(static_cast<double>(ev.images));
+      s_.image_tokens->inc(static_cast<double>(ev.image_tokens));
+      if (ev.images > ev.images_cached || ev.preprocess_ms > 0)
+        s_.preprocess_time->observe(ev.preprocess_ms / 1e3);
+      if (ev.images > ev.images_cached) s_.encode_time->observe(ev.encode_ms / 1e3);
     }
-    finished_ = ids_.size();
+    if (f_.stream) *out += sse_event(f_.finish(i, ev.reason));
+    if (++finished_ < choices_.size()) return true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    s_.e2e->observe(seconds_since(t0_));
+    s_.requests->inc("ok");
+    const Usage usage = usage_of(choices_, f_.n);
+    if (f_.stream) {
+      if (f_.usage) *out += sse_event(f_.usage(usage));
+      *out += sse_done();
+      ex_->write(std::move(*out));
+      ex_->finish();
+    } else {
+      ex_->respond(json_response(200, f_.whole(choices_, usage)));
+    }
+    return false;
   }
 
-  void observe_e2e() const { s_.e2e->observe(seconds_since(t0_)); }
+  // The connection closed before the reply was complete.
+  void client_gone() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return;
+      done_ = true;
+      abort_locked();
+    }
+    s_.requests->inc("cancelled");
+  }
 
-  std::vector<ChoiceState> choices;
+  void abort_locked() {
+    for (int64_t id : ids_) {
+      if (id >= 0) s_.core->abort(id);  // finished ids are ignored there
+    }
+  }
 
- private:
   Server::Impl& s_;
+  std::shared_ptr<HttpExchange> ex_;
   Clock::time_point t0_;
-  std::shared_ptr<Channel> channel_;
+  ReplyFormat f_;
+  std::mutex mu_;  // the fields up to done_ (engine thread, worker, strand)
+  std::vector<std::pair<int, CoreEvent>> events_;
   std::vector<int64_t> ids_;
-  std::unordered_map<int64_t, int> index_;
+  bool started_ = false, scheduled_ = false, done_ = false;
+  // The strand's own.
+  std::vector<ChoiceState> choices_;
   size_t finished_ = 0;
   bool any_token_ = false;
 };
@@ -333,82 +479,17 @@ void add_choices(const GenerateRequest& g, int n, std::vector<GenerateRequest>* 
   }
 }
 
-// Usage: prompt tokens once per distinct prompt (choices p*n .. p*n+n-1 share one), completion
-// tokens over all choices.
-Usage usage_of(const std::vector<ChoiceState>& choices, int n) {
-  Usage u;
-  for (size_t i = 0; i < choices.size(); ++i) {
-    if (i % static_cast<size_t>(n) == 0) u.prompt_tokens += choices[i].prompt_tokens;
-    u.completion_tokens += choices[i].completion_tokens;
-  }
-  return u;
-}
-
-// Waits for every choice to finish; the first error aborts the rest and is returned.
-Status collect(Fanout& fan) {
-  CoreEvent ev;
-  while (!fan.done()) {
-    fan.next(&ev);
-    if (!ev.error.ok()) {
-      fan.abort_unfinished();
-      return ev.error;
-    }
-  }
-  return ok_status();
-}
-
-// How one endpoint words its stream.
-struct SseFormat {
-  std::vector<std::string> prologue;  // chunks before any token (chat: each choice's role)
-  bool logprobs = false;
-  // A chunk for choice i: new text and, with logprobs, the token it came with.
-  std::function<std::string(int, const std::string&, const std::vector<TokenLogprob>*)> chunk;
-  std::function<std::string(int, FinishReason)> finish;  // choice i finished
-  std::function<std::string(const Usage&)> usage;          // empty: no usage chunk
-};
-
-// Streams a fanned-out request as server-sent events, ending with [DONE]. A failed write means
-// the client left: the requests are aborted (their KV blocks freed at the next step).
-bool stream_sse(Server::Impl& s, Fanout& fan, int n, const SseFormat& f, httplib::DataSink& sink) {
-  auto write = [&](const std::string& str) { return sink.write(str.data(), str.size()); };
-  auto cancelled = [&] {
-    fan.abort_unfinished();
-    s.requests->inc("cancelled");
-    return false;
-  };
-  for (const std::string& c : f.prologue) {
-    if (!write(sse_event(c))) return cancelled();
-  }
-  CoreEvent ev;
-  while (!fan.done()) {
-    const int i = fan.next(&ev);
-    if (!ev.error.ok()) {
-      fan.abort_unfinished();
-      write(sse_event(api_error_json(error_from(ev.error))));
-      write(sse_done());
-      s.requests->inc("failed");
-      sink.done();
-      return true;
-    }
-    const bool has_lp = f.logprobs && ev.token_id >= 0;
-    std::vector<TokenLogprob> lp;
-    if (has_lp) lp.push_back(fan.choices[i].logprobs.back());
-    if ((!ev.text.empty() || has_lp) && !write(sse_event(f.chunk(i, ev.text, has_lp ? &lp : nullptr)))) {
-      return cancelled();
-    }
-    if (ev.finished && !write(sse_event(f.finish(i, ev.reason)))) return cancelled();
-  }
-  if (f.usage) write(sse_event(f.usage(usage_of(fan.choices, n))));
-  write(sse_done());
-  fan.observe_e2e();
-  s.requests->inc("ok");
-  sink.done();
-  return true;
-}
-
 }  // namespace
 
 void Server::Impl::scrape_metrics() {
+  conns_open->set(static_cast<double>(http->open_connections()));
+  {
+    std::lock_guard<std::mutex> lock(mirror_mu);
+    const int64_t rej = http->rejected_connections();
+    conns_rejected->inc(static_cast<double>(rej - mirrored_rejected));
+    mirrored_rejected = rej;
+  }
+  if (!ready) return;
   EngineCore::Stats st = core->stats();
   running->set(static_cast<double>(st.running));
   waiting->set(static_cast<double>(st.waiting));
@@ -428,35 +509,40 @@ void Server::Impl::scrape_metrics() {
 }
 
 void Server::Impl::register_routes() {
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (ready) return res.set_content("{\"status\": \"ok\"}", "application/json");
-    res.status = 503;
-    res.set_content("{\"status\": \"loading\"}", "application/json");
+  using http::RunOn;
+  auto api_gate = [this](const http::HttpRequest& head) { return gate(head); };
+  http->route("GET", "/health", RunOn::kIoThread,
+              [this](std::shared_ptr<HttpExchange> ex) { ex->respond(health()); });
+  http->route("GET", "/metrics", RunOn::kIoThread, [this](std::shared_ptr<HttpExchange> ex) {
+    scrape_metrics();
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4";
+    r.body = metrics.render();
+    ex->respond(std::move(r));
   });
-  http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!check_ready(res) || !authorized(req, res)) return;
-    res.set_content(models_list_json({model_name}, created), "application/json");
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    if (ready) scrape_metrics();
-    res.set_content(metrics.render(), "text/plain; version=0.0.4");
-  });
-  http.Post("/v1/chat/completions",
-            [this](const httplib::Request& req, httplib::Response& res) { chat(req, res); });
-  http.Post("/v1/completions",
-            [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
+  http->route(
+      "GET", "/v1/models", RunOn::kIoThread,
+      [this](std::shared_ptr<HttpExchange> ex) {
+        ex->respond(json_response(200, models_list_json({model_name}, created)));
+      },
+      api_gate);
+  http->route(
+      "POST", "/v1/chat/completions", RunOn::kWorker,
+      [this](std::shared_ptr<HttpExchange> ex) { chat(ex); }, api_gate);
+  http->route(
+      "POST", "/v1/completions", RunOn::kWorker,
+      [this](std::shared_ptr<HttpExchange> ex) { completions(ex); }, api_gate);
 }
 
-void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   const auto t0 = Clock::now();
-  if (!check_common(req, res)) return;
-  auto parsed = parse_chat_completion(req.body, limits, media);
-  if (!parsed.ok()) return reply_error(res, parsed.error(), "bad_request");
+  auto parsed = parse_chat_completion(ex->request().body, limits, media);
+  if (!parsed.ok()) return reply_error(*ex, parsed.error(), "bad_request");
   ChatCompletionRequest& cr = parsed.value();
-  if (!check_model(cr.model, res)) return;
+  if (!check_model(cr.model, *ex)) return;
   for (const RemoteImage& ri : cr.remote_images) {  // only present with --allow-remote-media
     auto bytes = fetch_image(ri.url, limits.max_image_bytes, opts.remote_media_timeout_s);
-    if (!bytes.ok()) return reply_error(res, bytes.error(), "bad_request");
+    if (!bytes.ok()) return reply_error(*ex, bytes.error(), "bad_request");
     cr.images[ri.image_index].bytes = std::move(bytes).value();
   }
   ChatTemplateOptions topts;
@@ -468,55 +554,53 @@ void Server::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   // The first choice stages (preprocesses) the images; the vision cache serves the others.
   std::vector<GenerateRequest> reqs;
   add_choices(g, cr.n, &reqs);
-  auto fan = std::make_shared<Fanout>(*this, t0);
-  if (Status st = fan->submit(std::move(reqs)); !st.ok()) return reply_error(res, error_from(st), "rejected");
   const std::string rid = "chatcmpl-" + std::to_string(next_id++);
   const int64_t created_now = static_cast<int64_t>(std::time(nullptr));
-  const bool want_logprobs = cr.logprobs;
   const int n = cr.n;
 
-  if (!cr.stream) {
-    if (Status st = collect(*fan); !st.ok()) return reply_error(res, error_from(st), "failed");
-    std::vector<CompletionChoice> out;
-    for (int i = 0; i < n; ++i) {
-      CompletionChoice c;
-      c.index = i;
-      c.text = fan->choices[i].text;
-      c.finish_reason = fan->choices[i].reason;
-      if (want_logprobs) c.logprobs = fan->choices[i].logprobs;
-      out.push_back(std::move(c));
+  ReplyFormat f;
+  f.stream = cr.stream;
+  f.logprobs = cr.logprobs;
+  f.n = n;
+  if (cr.stream) {
+    for (int i = 0; i < n; ++i)
+      f.prologue.push_back(
+          chat_chunk_json(rid, model_name, created_now, i, "", std::string("assistant")));
+    f.chunk = [=, this](int i, const std::string& text, const std::vector<TokenLogprob>* lp) {
+      return chat_chunk_json(rid, model_name, created_now, i, text, std::nullopt, std::nullopt, lp);
+    };
+    f.finish = [=, this](int i, FinishReason r) {
+      return chat_chunk_json(rid, model_name, created_now, i, "", std::nullopt, r);
+    };
+    if (cr.include_usage) {
+      f.usage = [=, this](const Usage& u) {
+        return usage_chunk_json(rid, model_name, created_now, u);
+      };
     }
-    fan->observe_e2e();
-    requests->inc("ok");
-    res.set_content(chat_completion_json(rid, model_name, created_now, out, usage_of(fan->choices, n)),
-                    "application/json");
-    return;
+  } else {
+    f.whole = [=, this, want_logprobs = cr.logprobs](const std::vector<ChoiceState>& choices,
+                                                     const Usage& u) {
+      std::vector<CompletionChoice> out;
+      for (int i = 0; i < n; ++i) {
+        CompletionChoice c;
+        c.index = i;
+        c.text = choices[i].text;
+        c.finish_reason = choices[i].reason;
+        if (want_logprobs) c.logprobs = choices[i].logprobs;
+        out.push_back(std::move(c));
+      }
+      return chat_completion_json(rid, model_name, created_now, out, u);
+    };
   }
-
-  auto f = std::make_shared<SseFormat>();
-  for (int i = 0; i < n; ++i) f->prologue.push_back(chat_chunk_json(rid, model_name, created_now, i, "", std::string("assistant")));
-  f->logprobs = want_logprobs;
-  f->chunk = [=, this](int i, const std::string& text, const std::vector<TokenLogprob>* lp) {
-    return chat_chunk_json(rid, model_name, created_now, i, text, std::nullopt, std::nullopt, lp);
-  };
-  f->finish = [=, this](int i, FinishReason r) {
-    return chat_chunk_json(rid, model_name, created_now, i, "", std::nullopt, r);
-  };
-  if (cr.include_usage) {
-    f->usage = [=, this](const Usage& u) { return usage_chunk_json(rid, model_name, created_now, u); };
-  }
-  res.set_chunked_content_provider("text/event-stream", [this, fan, f, n](size_t, httplib::DataSink& sink) {
-    return stream_sse(*this, *fan, n, *f, sink);
-  });
+  std::make_shared<Fanout>(*this, ex, t0, std::move(f))->start(std::move(reqs));
 }
 
-void Server::Impl::completions(const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
   const auto t0 = Clock::now();
-  if (!check_common(req, res)) return;
-  auto parsed = parse_completion(req.body, limits);
-  if (!parsed.ok()) return reply_error(res, parsed.error(), "bad_request");
+  auto parsed = parse_completion(ex->request().body, limits);
+  if (!parsed.ok()) return reply_error(*ex, parsed.error(), "bad_request");
   CompletionRequest& cr = parsed.value();
-  if (!check_model(cr.model, res)) return;
+  if (!check_model(cr.model, *ex)) return;
   const Tokenizer& tok = *engine->tokenizer();
   std::vector<GenerateRequest> reqs;
   std::vector<std::string> echo;  // per choice: the prompt's text when echo is on
@@ -527,64 +611,85 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
     add_choices(g, cr.n, &reqs);
     echo.insert(echo.end(), cr.n, !cr.echo ? std::string() : p.is_ids ? tok.decode(p.ids) : p.text);
   }
-  auto fan = std::make_shared<Fanout>(*this, t0);
-  if (Status st = fan->submit(std::move(reqs)); !st.ok()) return reply_error(res, error_from(st), "rejected");
   const std::string rid = "cmpl-" + std::to_string(next_id++);
   const int64_t created_now = static_cast<int64_t>(std::time(nullptr));
   const bool want_logprobs = cr.logprobs.has_value();
-  const int n = cr.n;
 
-  if (!cr.stream) {
-    if (Status st = collect(*fan); !st.ok()) return reply_error(res, error_from(st), "failed");
-    std::vector<CompletionChoice> out;
-    std::vector<size_t> offsets;
-    for (size_t i = 0; i < fan->choices.size(); ++i) {
-      CompletionChoice c;
-      c.index = static_cast<int>(i);
-      c.text = echo[i] + fan->choices[i].text;
-      c.finish_reason = fan->choices[i].reason;
-      if (want_logprobs) c.logprobs = fan->choices[i].logprobs;
-      offsets.push_back(echo[i].size());
-      out.push_back(std::move(c));
+  ReplyFormat f;
+  f.stream = cr.stream;
+  f.logprobs = want_logprobs;
+  f.n = cr.n;
+  if (cr.stream) {
+    // text_offset of each choice's next token: where its generated text has reached (only the
+    // connection's strand touches it).
+    auto offset = std::make_shared<std::vector<size_t>>();
+    for (size_t i = 0; i < echo.size(); ++i) {
+      offset->push_back(echo[i].size());
+      if (!echo[i].empty())
+        f.prologue.push_back(
+            completion_chunk_json(rid, model_name, created_now, static_cast<int>(i), echo[i]));
     }
-    fan->observe_e2e();
-    requests->inc("ok");
-    res.set_content(completion_json(rid, model_name, created_now, out, usage_of(fan->choices, n), offsets),
-                    "application/json");
-    return;
-  }
-
-  // text_offset of each choice's next token: where its generated text has reached.
-  auto offset = std::make_shared<std::vector<size_t>>();
-  auto f = std::make_shared<SseFormat>();
-  for (size_t i = 0; i < echo.size(); ++i) {
-    offset->push_back(echo[i].size());
-    if (!echo[i].empty()) f->prologue.push_back(completion_chunk_json(rid, model_name, created_now, static_cast<int>(i), echo[i]));
-  }
-  f->logprobs = want_logprobs;
-  f->chunk = [=, this](int i, const std::string& text, const std::vector<TokenLogprob>* lp) {
-    std::string c = completion_chunk_json(rid, model_name, created_now, i, text, std::nullopt, lp, (*offset)[i]);
-    if (lp) (*offset)[i] += (*lp)[0].token.size();
-    return c;
-  };
-  f->finish = [=, this](int i, FinishReason r) {
-    return completion_chunk_json(rid, model_name, created_now, i, "", r);
-  };
-  if (cr.include_usage) {
-    f->usage = [=, this](const Usage& u) {
-      return usage_chunk_json(rid, model_name, created_now, u, "text_completion");
+    f.chunk = [=, this](int i, const std::string& text, const std::vector<TokenLogprob>* lp) {
+      std::string c = completion_chunk_json(rid, model_name, created_now, i, text, std::nullopt, lp,
+                                            (*offset)[i]);
+      if (lp) (*offset)[i] += (*lp)[0].token.size();
+      return c;
+    };
+    f.finish = [=, this](int i, FinishReason r) {
+      return completion_chunk_json(rid, model_name, created_now, i, "", r);
+    };
+    if (cr.include_usage) {
+      f.usage = [=, this](const Usage& u) {
+        return usage_chunk_json(rid, model_name, created_now, u, "text_completion");
+      };
+    }
+  } else {
+    f.whole = [=, this](const std::vector<ChoiceState>& choices, const Usage& u) {
+      std::vector<CompletionChoice> out;
+      std::vector<size_t> offsets;
+      for (size_t i = 0; i < choices.size(); ++i) {
+        CompletionChoice c;
+        c.index = static_cast<int>(i);
+        c.text = echo[i] + choices[i].text;
+        c.finish_reason = choices[i].reason;
+        if (want_logprobs) c.logprobs = choices[i].logprobs;
+        offsets.push_back(echo[i].size());
+        out.push_back(std::move(c));
+      }
+      return completion_json(rid, model_name, created_now, out, u, offsets);
     };
   }
-  res.set_chunked_content_provider("text/event-stream", [this, fan, f, n](size_t, httplib::DataSink& sink) {
-    return stream_sse(*this, *fan, n, *f, sink);
+  std::make_shared<Fanout>(*this, ex, t0, std::move(f))->start(std::move(reqs));
+}
+
+// Draining: every 50 ms, stop once no request is being answered; at the deadline, stop anyway
+// (closing the connections cancels what is left).
+void Server::Impl::begin_drain() {
+  if (draining.exchange(true)) return;
+  drain_deadline = Clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(opts.shutdown_timeout_s * 1000));
+  drain_timer = std::make_unique<boost::asio::steady_timer>(http->io_context());
+  check_drained();
+}
+
+void Server::Impl::check_drained() {
+  if (http->active_requests() == 0 || Clock::now() >= drain_deadline) {
+    http->stop();
+    return;
+  }
+  drain_timer->expires_after(std::chrono::milliseconds(50));
+  drain_timer->async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) check_drained();
   });
 }
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Server::~Server() {
+  if (!impl_) return;
   stop();
-  if (impl_ && impl_->loader.joinable()) impl_->loader.join();
+  if (impl_->loader.joinable()) impl_->loader.join();
+  impl_->core.reset();  // no more engine events into the connections
 }
 
 Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
@@ -599,53 +704,62 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->media.allow_remote = options.allow_remote_media;
   auto& m = impl->metrics;
   impl->requests = &m.counter("vlm_requests_total", "Requests by outcome", "outcome");
-  impl->prompt_tokens = &m.counter("vlm_prompt_tokens_total", "Prompt tokens (image tokens included)");
+  impl->prompt_tokens =
+      &m.counter("vlm_prompt_tokens_total", "Prompt tokens (image tokens included)");
   impl->generated_tokens = &m.counter("vlm_generation_tokens_total", "Generated tokens");
   impl->image_tokens = &m.counter("vlm_image_tokens_total", "Image tokens among the prompt tokens");
   impl->images = &m.counter("vlm_images_total", "Images in requests");
-  impl->cache_hits = &m.counter("vlm_vision_cache_hits_total", "Images served from the vision-encoder cache");
-  impl->cache_misses = &m.counter("vlm_vision_cache_misses_total", "Images run through the vision encoder");
-  impl->preemptions = &m.counter("vlm_preemptions_total", "Requests preempted (KV cache full) and recomputed");
+  impl->cache_hits =
+      &m.counter("vlm_vision_cache_hits_total", "Images served from the vision-encoder cache");
+  impl->cache_misses =
+      &m.counter("vlm_vision_cache_misses_total", "Images run through the vision encoder");
+  impl->preemptions =
+      &m.counter("vlm_preemptions_total", "Requests preempted (KV cache full) and recomputed");
+  impl->conns_rejected = &m.counter("vlm_http_connections_rejected_total",
+                                    "Connections turned away with 503 at --max-connections");
   const std::vector<double> lat = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
   impl->ttft = &m.histogram("vlm_time_to_first_token_seconds", "Time to first token", lat);
   impl->itl = &m.histogram("vlm_inter_token_latency_seconds", "Time between tokens", lat);
   impl->e2e = &m.histogram("vlm_e2e_request_latency_seconds", "End-to-end request latency", lat);
   impl->queue_time = &m.histogram("vlm_request_queue_time_seconds",
                                   "Submit to first forward pass, image encoding excluded", lat);
-  impl->preprocess_time = &m.histogram("vlm_image_preprocess_seconds",
-                                       "Image decode + preprocess per request (HTTP thread)", lat);
+  impl->preprocess_time = &m.histogram(
+      "vlm_image_preprocess_seconds", "Image decode + preprocess per request (worker thread)", lat);
   impl->encode_time = &m.histogram("vlm_vision_encode_seconds",
                                    "Vision encoder time per request (cache misses)", lat);
   impl->running = &m.gauge("vlm_num_requests_running", "Requests in the running batch");
   impl->waiting = &m.gauge("vlm_num_requests_waiting", "Requests waiting to be scheduled");
   impl->kv_used = &m.gauge("vlm_kv_cache_blocks_used", "KV cache blocks in use");
   impl->kv_total = &m.gauge("vlm_kv_cache_blocks_capacity", "KV cache blocks in total");
+  impl->conns_open = &m.gauge("vlm_http_connections_open", "Open HTTP connections");
   if (options.engine.device == "cuda") {
     impl->gpu_util = &m.gauge("vlm_gpu_utilization_percent",
                               "GPU busy share over NVML's last sample period (-1: not reported)");
     impl->gpu_mem_used = &m.gauge("vlm_gpu_memory_used_bytes", "GPU memory in use (all processes)");
     impl->gpu_mem_total = &m.gauge("vlm_gpu_memory_total_bytes", "GPU memory in total");
   }
-  // Each SSE chunk is its own small write: without TCP_NODELAY, Nagle's algorithm holds the
-  // first token back ~40 ms behind the headers.
-  impl->http.set_tcp_nodelay(true);
-  impl->http.new_task_queue = [n = options.http_threads] { return new httplib::ThreadPool(n); };
-  impl->http.set_payload_max_length(impl->limits.max_body_bytes + 1);
+  http::TransportOptions t;
+  t.limits.max_body_bytes = impl->limits.max_body_bytes;
+  t.io_threads = options.io_threads;
+  t.worker_threads = options.http_threads;
+  t.max_connections = options.max_connections;
+  t.header_timeout_s = options.header_timeout_s;
+  t.keep_alive_timeout_s = options.keep_alive_timeout_s;
+  t.body_timeout_s = options.body_timeout_s;
+  t.write_timeout_s = options.write_timeout_s;
+  t.error_content_type = "application/json";
+  t.error_body = [](int status, const std::string& message) {
+    return api_error_json(ApiError{status, error_type(status), message, ""});
+  };
+  impl->http = std::make_unique<http::HttpServer>(std::move(t));
   impl->register_routes();
-  if (options.port == 0) {
-    impl->port = impl->http.bind_to_any_port(options.host);
-  } else {
-    impl->port = impl->http.bind_to_port(options.host, options.port) ? options.port : -1;
-  }
-  if (impl->port <= 0) {
-    return invalid_argument("cannot listen on " + options.host + ":" + std::to_string(options.port));
-  }
+  VLM_RETURN_IF_ERROR(impl->http->listen(options.host, options.port));
   Impl* raw = impl.get();
   impl->loader = std::thread([raw] { raw->load(); });
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
-int Server::port() const { return impl_->port; }
+int Server::port() const { return impl_->http->port(); }
 
 Status Server::wait_until_loaded() {
   std::unique_lock<std::mutex> lock(impl_->load_mu);
@@ -654,24 +768,44 @@ Status Server::wait_until_loaded() {
 }
 
 Status Server::run() {
-  // A failed load stops the listener, so run() returns the load error.
-  std::atomic<bool> listening_done{false};
+  Impl& m = *impl_;
+  if (m.opts.handle_signals) {
+    // The first SIGTERM / SIGINT drains; a second one stops at once.
+    m.signals = std::make_unique<boost::asio::signal_set>(m.http->io_context(), SIGINT, SIGTERM);
+    std::function<void(const boost::system::error_code&, int)> on_signal =
+        [&m, &on_signal](const boost::system::error_code& ec, int sig) {
+          if (ec) return;
+          if (m.draining) {
+            std::fprintf(stderr, "vlm: signal %d again: stopping now\n", sig);
+            m.http->stop();
+            return;
+          }
+          std::fprintf(stderr, "vlm: signal %d: draining (at most %.0f s)\n", sig,
+                       m.opts.shutdown_timeout_s);
+          m.begin_drain();
+          m.signals->async_wait(on_signal);
+        };
+    m.signals->async_wait(on_signal);
+  }
+  // A failed load stops the server, so run() returns the load error.
   std::thread watcher([&] {
-    if (wait_until_loaded().ok()) return;
-    while (!listening_done && !impl_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    impl_->http.stop();
+    if (!wait_until_loaded().ok()) m.http->stop();
   });
-  const bool ok = impl_->http.listen_after_bind();
-  listening_done = true;
+  m.http->run();
+  // run() returns after stop() (or the end of a drain); the watcher ends once loading has.
   watcher.join();
+  m.signals.reset();
   Status load = wait_until_loaded();
   if (!load.ok()) return load;
-  if (!ok) return internal_error("the HTTP server stopped with an error");
   return ok_status();
 }
 
 void Server::stop() {
-  if (impl_) impl_->http.stop();
+  if (impl_ && impl_->http) impl_->http->stop();
+}
+
+void Server::drain() {
+  boost::asio::post(impl_->http->io_context(), [m = impl_.get()] { m->begin_drain(); });
 }
 
 }  // namespace vlm

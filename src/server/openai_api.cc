@@ -571,12 +571,6 @@ ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLi
   return req;
 }
 
-ApiError body_too_large(const ApiLimits& limits) {
-  return ApiError{413, "invalid_request_error",
-                  "request body is larger than " + std::to_string(limits.max_body_bytes) + " bytes",
-                  ""};
-}
-
 std::optional<std::string> finish_reason_string(FinishReason r) {
   switch (r) {
     case FinishReason::kStop:

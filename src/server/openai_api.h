@@ -51,7 +51,7 @@ class ApiResult {
 };
 
 struct ApiLimits {
-  size_t max_body_bytes = size_t{32} << 20;  // enforced by the HTTP layer (see body_too_large)
+  size_t max_body_bytes = size_t{32} << 20;  // decoded; enforced by the HTTP transport
   int max_n = 8;
   int max_images = 16;
   size_t max_image_bytes = size_t{20} << 20;  // per image, after base64 decoding
@@ -143,10 +143,6 @@ ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
 // max_tokens (default 16, as OpenAI's), n, stream, stream_options, stop, seed, echo,
 // logprobs (integer 0..20), ignore_eos. suffix and best_of other than n are refused.
 ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits);
-
-// 413 for a body over ApiLimits::max_body_bytes (the HTTP layer checks the
-// size).
-ApiError body_too_large(const ApiLimits& limits = {});
 
 // ---- Responses ----
 

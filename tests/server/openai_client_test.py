@@ -19,7 +19,6 @@ import concurrent.futures
 import http.client
 import json
 import os
-import re
 import select
 import shutil
 import struct
@@ -35,14 +34,16 @@ from pathlib import Path
 
 import numpy as np
 import openai
-from prometheus_client.parser import text_string_to_metric_families
+
+import serve_util
+from serve_util import MODEL, REPO, TIMEOUT
 
 ARGS = argparse.Namespace(vlm=None, model_dir=None)
-REPO = Path(__file__).resolve().parents[2]
 SMALL_PNG = REPO / "tests/unit/fixtures/images/png_rgb.png"  # 37x23 RGB
-MODEL = "tiny"
-CTX = 512
-TIMEOUT = 60.0
+
+
+def VlmServer(model_dir, workdir, name, extra_args=()):
+    return serve_util.VlmServer(ARGS.vlm, model_dir, workdir, name, extra_args)
 
 
 def png_bytes(width, height, pixel):
@@ -68,69 +69,12 @@ def image_part(url):
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-class VlmServer:
-    """One `vlm serve` subprocess on a free port; its output goes to a log file."""
-
-    def __init__(self, model_dir, workdir, name, extra_args=()):
-        self.log_path = Path(workdir) / f"{name}.log"
-        self.log = open(self.log_path, "wb")
-        model = [] if model_dir is None else ["-m", str(model_dir)]  # None: vlm's default model
-        cmd = [ARGS.vlm, "serve", *model, "--port", "0", "--served-model-name", MODEL,
-               "-t", "2", "-c", str(CTX), "--max-num-seqs", "4", "--max-batched-tokens", "64",
-               "--block-size", "8", *extra_args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        self.port = None
-        deadline = time.monotonic() + TIMEOUT
-        while self.port is None:
-            m = re.search(r"serving on http://[^\s:]+:(\d+)", self.log_path.read_text(errors="replace"))
-            if m:
-                self.port = int(m.group(1))
-            elif self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"vlm serve did not start:\n{self.output()}")
-            else:
-                time.sleep(0.05)
-        while True:
-            try:
-                with urllib.request.urlopen(self.url("/health"), timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"vlm serve never answered /health:\n{self.output()}")
-            time.sleep(0.05)
-
-    def url(self, path):
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def output(self):
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
 class OpenAIClientTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
         cls.tmp = Path(tempfile.mkdtemp(prefix="vlm_openai_test_"))
-        cls.model_dir = cls.tmp / "model"
-        cls.model_dir.mkdir()
-        src = Path(ARGS.model_dir).resolve()
-        for f in ("config.json", "generation_config.json", "model.safetensors"):
-            (cls.model_dir / f).symlink_to(src / f)
-        (cls.model_dir / "tokenizer.json").symlink_to(
-            REPO / "tests/data/tokenizer/tokenizer.json")
+        cls.model_dir = serve_util.make_model_dir(ARGS.model_dir, cls.tmp / "model")
         cls.media_dir = cls.tmp / "media"
         cls.media_dir.mkdir()
         cls.png = SMALL_PNG.read_bytes()
@@ -178,20 +122,9 @@ class OpenAIClientTest(unittest.TestCase):
 
     def metrics(self, server=None):
         """{(sample name, sorted label items): value} and {family name: type} of GET /metrics."""
-        with urllib.request.urlopen((server or self.server).url("/metrics"), timeout=TIMEOUT) as r:
-            self.assertEqual(r.status, 200)
-            text = r.read().decode()
-        samples, types = {}, {}
-        for fam in text_string_to_metric_families(text):
-            # The parser drops a counter's _total suffix from the family name; keep the exposed one.
-            types[fam.name + "_total" if fam.type == "counter" else fam.name] = fam.type
-            for s in fam.samples:
-                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-        return samples, types
+        return serve_util.metrics(server or self.server)
 
-    @staticmethod
-    def value(samples, name, **labels):
-        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    value = staticmethod(serve_util.value)
 
     def wait_idle(self, timeout=20.0):
         """Waits until no request runs or waits and no KV block is held; returns the metrics."""

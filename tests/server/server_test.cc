@@ -9,7 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "server/httplib_config.h"
+#include "server/http_transport.h"
+#include "server/test_http_client.h"
 #include "test_util.h"
 #include "vlm/chat.h"
 #include "vlm/engine.h"
@@ -79,11 +80,7 @@ class ServerTest : public ::testing::Test {
     delete tmp_;
   }
 
-  httplib::Client client() {
-    httplib::Client c("127.0.0.1", server_->port());
-    c.set_read_timeout(60, 0);
-    return c;
-  }
+  test_http::Client client() { return test_http::Client(server_->port()); }
 
   static json chat_body(const std::string& text, int max_tokens, bool stream = false) {
     return json{{"model", "tiny"},
@@ -261,13 +258,27 @@ std::string base64_encode(const std::string& in) {
 // what the same bytes give as a data: URL; fetch failures are 400s naming the URL.
 TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
   const std::string png = test_util::read_file(std::string(VLM_FIXTURES_DIR) + "/vision-f32/synthetic_tiny.png");
-  httplib::Server media;
-  media.Get("/cat.png", [&](const httplib::Request&, httplib::Response& res) { res.set_content(png, "image/png"); });
-  media.Get("/big.png", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(std::string((size_t{20} << 20) + 1, 'x'), "image/png");
+  // The media server is vlm's own HTTP transport.
+  http::HttpServer media(http::TransportOptions{});
+  auto serve = [](std::string body) {
+    return [body](std::shared_ptr<http::HttpExchange> ex) {
+      http::HttpResponse r;
+      r.content_type = "image/png";
+      r.body = body;
+      ex->respond(std::move(r));
+    };
+  };
+  media.route("GET", "/cat.png", http::RunOn::kIoThread, serve(png));
+  media.route("GET", "/big.png", http::RunOn::kIoThread, serve(std::string((size_t{20} << 20) + 1, 'x')));
+  media.route("GET", "/moved.png", http::RunOn::kIoThread, [](std::shared_ptr<http::HttpExchange> ex) {
+    http::HttpResponse r;
+    r.status = 302;
+    r.headers.push_back({"Location", "/cat.png"});
+    ex->respond(std::move(r));
   });
-  const int media_port = media.bind_to_any_port("127.0.0.1");
-  std::thread media_thread([&] { media.listen_after_bind(); });
+  ASSERT_TRUE(media.listen("127.0.0.1", 0).ok());
+  const int media_port = media.port();
+  std::thread media_thread([&] { media.run(); });
 
   ServeOptions o = tiny_options();
   o.allow_remote_media = true;
@@ -280,9 +291,7 @@ TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
     json body = chat_body("What is this?", 2);
     body["messages"][0]["content"] = json::array(
         {json{{"type", "image_url"}, {"image_url", {{"url", url}}}}, json{{"type", "text"}, {"text", "What is this?"}}});
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(60, 0);
-    return c.Post("/v1/chat/completions", body.dump(), "application/json");
+    return test_http::Client(port).Post("/v1/chat/completions", body.dump(), "application/json");
   };
   const std::string base = "http://127.0.0.1:" + std::to_string(media_port);
   auto fetched = ask((*remote)->port(), base + "/cat.png");
@@ -293,6 +302,11 @@ TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
   EXPECT_EQ(json::parse(fetched->body)["usage"], json::parse(inline_png->body)["usage"]);
   EXPECT_EQ(json::parse(fetched->body)["choices"][0]["message"]["content"],
             json::parse(inline_png->body)["choices"][0]["message"]["content"]);
+  auto redirected = ask((*remote)->port(), base + "/moved.png");
+  ASSERT_TRUE(redirected);
+  ASSERT_EQ(redirected->status, 200) << redirected->body;
+  EXPECT_EQ(json::parse(redirected->body)["choices"][0]["message"]["content"],
+            json::parse(fetched->body)["choices"][0]["message"]["content"]);
   auto missing = ask((*remote)->port(), base + "/nope.png");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 400);
@@ -326,7 +340,7 @@ TEST_F(ServerTest, Answers503WhileLoadingAndRunReportsLoadFailure) {
   auto s = Server::create(o);
   ASSERT_TRUE(s.ok()) << s.status().message();
   std::thread t([&] { (*s)->run(); });
-  httplib::Client c("127.0.0.1", (*s)->port());
+  test_http::Client c((*s)->port());
   auto h = c.Get("/health");
   for (int i = 0; i < 200 && !h; ++i) {  // until the listener is up
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -296,6 +296,24 @@ int main(int argc, char** argv) {
   serve->add_flag("--mmap", so.engine.mmap_weights, vlm::cli::kMmapHelp);
   serve->add_flag("--vision-fp16", so.engine.vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(serve, &so.engine);
+  serve->add_option("--http-threads", so.http_threads,
+                    "Worker threads for request parsing, chat templates, tokenizing and image decoding "
+                    "(default 8)");
+  serve->add_option("--io-threads", so.io_threads, "Threads for sockets, /health, /metrics and replies (default 2)");
+  serve->add_option("--max-connections", so.max_connections,
+                    "Open connections at once; beyond: 503 and close (default 4096)");
+  serve->add_option("--header-timeout", so.header_timeout_s,
+                    "Seconds a request's header may take from its first byte (default 10)");
+  serve->add_option("--keep-alive-timeout", so.keep_alive_timeout_s,
+                    "Seconds an idle keep-alive connection stays open (default 75)");
+  serve->add_option("--body-timeout", so.body_timeout_s, "Seconds a request's body may take (default 60)");
+  serve->add_option("--write-timeout", so.write_timeout_s,
+                    "Seconds a reply write may make no progress before the connection closes (default 60)");
+  serve->add_option("--health-timeout", so.health_timeout_s,
+                    "/health is 503 when the engine loop made no progress for this many seconds (default 30)");
+  serve->add_option("--shutdown-timeout", so.shutdown_timeout_s,
+                    "On SIGTERM/SIGINT, seconds running requests may take before they are cancelled "
+                    "(default 30)");
 
   try {
     app.parse(argc, argv);
@@ -310,6 +328,7 @@ int main(int argc, char** argv) {
   if (*run) return cmd_run(ra);
   if (*serve) {
     so.engine.prefill_chunk = std::max<int64_t>(so.engine.prefill_chunk, so.batching.max_batched_tokens);
+    so.handle_signals = true;
     auto server = vlm::Server::create(so);
     if (!server.ok()) return fail(server.status());
     std::fprintf(stderr, "vlm: serving on http://%s:%d (OpenAI API at /v1; /health says 503 until the model is loaded)\n",
