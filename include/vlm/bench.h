@@ -37,7 +37,7 @@ int64_t last_level_cache_bytes();
 int64_t default_membw_bytes();
 
 // Each pass gives each thread one contiguous slice; the buffers are written once (first touch)
-// on the threads that read them later. GB = 1e9 bytes. ResourceExhausted if allocation fails.
+// on the threads that read them later. GB = 1e9 bytes. kUnavailable if allocation fails.
 Result<MemoryBandwidth> measure_memory_bandwidth(const MemoryBandwidthOptions& options);
 
 // ---- Batched decode through the continuous-batching core (EngineCore).

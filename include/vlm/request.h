@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace vlm {
@@ -19,6 +20,9 @@ struct SamplingParams {
   double frequency_penalty = 0.0;            // OpenAI semantics, over generated tokens
   std::optional<uint64_t> seed;              // same seed + same request → same output
   std::optional<bool> do_sample;             // false → greedy regardless of temperature
+  // (token id, bias): added to that token's logit before the penalties and the temperature
+  // (OpenAI semantics; -100 bans a token, 100 all but forces it); greedy picks see it too.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // One image of a request: a file path or the encoded bytes (JPEG, PNG, WebP, GIF, BMP).

@@ -20,6 +20,9 @@ struct ServeOptions {
   std::string allowed_media_path;   // file:// image URLs are served only from under this folder
   bool allow_remote_media = false;  // fetch http(s):// image URLs (off: they are refused)
   int remote_media_timeout_s = 10;  // per fetch: connect and read timeouts
+  // Per image: a request's min_pixels / max_pixels above it are refused (400). The default is the
+  // Qwen3-VL processor's own largest budget (16,384 tokens).
+  int64_t max_image_pixels = 16777216;
   BatchingOptions batching;         // max_batched_tokens ≤ engine.prefill_chunk; a full queue → 429
   // The HTTP transport (docs/architecture.md, "Serving").
   int http_threads = 8;             // workers: JSON, chat template, tokenizer, image decoding

@@ -14,7 +14,8 @@ enum class StatusCode {
   kNotFound,         // missing file or tensor
   kDataLoss,         // corrupt or truncated file
   kOutOfRange,       // e.g. prompt longer than the context
-  kResourceExhausted,
+  kResourceExhausted,  // a request queue is full (the server's 429)
+  kUnavailable,        // out of memory or cache right now; retrying later may work (503)
   kUnimplemented,
   kInternal,
 };
@@ -45,6 +46,7 @@ inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::mov
 inline Status data_loss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // Either a value or a non-ok Status.

@@ -14,7 +14,7 @@ Result<HugePageBuffer> HugePageBuffer::allocate(size_t bytes) {
   HugePageBuffer b;
   if (bytes == 0) return b;
   if (bytes > std::numeric_limits<size_t>::max() - 2 * kHugePage) {
-    return Status(StatusCode::kResourceExhausted,
+    return Status(StatusCode::kUnavailable,
                   "cannot map " + std::to_string(bytes) + " bytes: too large");
   }
   const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
@@ -22,7 +22,7 @@ Result<HugePageBuffer> HugePageBuffer::allocate(size_t bytes) {
   const size_t map_size = size + kHugePage;
   void* p = ::mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    return Status(StatusCode::kResourceExhausted,
+    return Status(StatusCode::kUnavailable,
                   "cannot map " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
   }
   b.map_ = static_cast<uint8_t*>(p);

@@ -24,7 +24,7 @@ class HugePageBuffer {
  public:
   static constexpr size_t kHugePage = size_t{2} << 20;
 
-  // ResourceExhausted naming the size when the mapping fails or the size cannot be rounded up to
+  // kUnavailable naming the size when the mapping fails or the size cannot be rounded up to
   // whole huge pages; bytes == 0 gives an empty buffer.
   static Result<HugePageBuffer> allocate(size_t bytes);
 

@@ -73,7 +73,7 @@ Result<MembwSamples> measure_membw(int64_t bytes, int reps, ThreadPool& pool) {
   Buffer src(static_cast<uint8_t*>(std::aligned_alloc(kPage, static_cast<size_t>(size))));
   Buffer dst(static_cast<uint8_t*>(std::aligned_alloc(kPage, static_cast<size_t>(size))));
   if (src == nullptr || dst == nullptr) {
-    return Status(StatusCode::kResourceExhausted,
+    return Status(StatusCode::kUnavailable,
                   "cannot allocate 2 × " + std::to_string(size >> 20) +
                       " MiB for the bandwidth probe (use a smaller size)");
   }

@@ -25,7 +25,7 @@ struct MembwSamples {
 // one untimed pass of each kernel and then `reps` timed passes of each. In every pass the threads
 // of `pool` claim page-aligned slices (parallel_for's chunks). The read kernel sums
 // 64-byte lines with 16-byte vector adds (SSE2 / NEON at the baseline ISA: no per-ISA build
-// needed to reach the memory roof). ResourceExhausted when the buffers cannot be allocated.
+// needed to reach the memory roof). kUnavailable when the buffers cannot be allocated.
 Result<MembwSamples> measure_membw(int64_t bytes, int reps, ThreadPool& pool);
 
 }  // namespace vlm

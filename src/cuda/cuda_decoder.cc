@@ -296,7 +296,7 @@ Status CudaDecoder::allocate_cache(int64_t num_blocks, int64_t block_size,
   if (!s.ok()) {
     k_cache_ = DeviceBuffer();
     v_cache_ = DeviceBuffer();
-    return Status(StatusCode::kResourceExhausted, "KV cache of " + std::to_string(num_blocks) +
+    return Status(StatusCode::kUnavailable, "KV cache of " + std::to_string(num_blocks) +
                                                       " blocks (" + std::to_string(2 * half >> 20) +
                                                       " MiB) does not fit the GPU: " + s.message());
   }

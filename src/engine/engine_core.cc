@@ -83,10 +83,10 @@ void token_logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, Core
 struct EngineCore::State {
   std::unique_ptr<Scheduler> sched;
   KvCache cache;
-  std::vector<float> logits;  // [max_num_seqs, vocab]
-  std::vector<float> raw_row;  // [vocab]: a row before the sampler's penalties (logprobs)
-  std::vector<int32_t> argmax;  // [max_num_seqs]: each logit row's argmax or draw (GPU)
-  std::vector<DeviceSample> samples;                 // per chunk: a draw on the GPU
+  std::vector<float> logits;          // [max_num_seqs, vocab]
+  std::vector<float> raw_row;         // [vocab]: a row before the sampler's penalties (logprobs)
+  std::vector<int32_t> argmax;        // [max_num_seqs]: each logit row's argmax or draw (GPU)
+  std::vector<DeviceSample> samples;  // per chunk: a draw on the GPU
   std::vector<std::vector<DevicePenalty>> penalties;  // its penalties
   std::unique_ptr<VisionCache> vision_cache;
   // Per-step scratch of the engine thread, kept so that their memory is reused: steady-state
@@ -144,8 +144,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   }
   if (opts.num_blocks <= 0) {
     // Room for every sequence at full context, capped at 2 GiB of f32 K and V.
-    const int64_t per_block = t.num_hidden_layers * opts.block_size * t.num_key_value_heads *
-                              t.head_dim * 4 * 2;
+    const int64_t per_block =
+        t.num_hidden_layers * opts.block_size * t.num_key_value_heads * t.head_dim * 4 * 2;
     const int64_t want = opts.max_num_seqs * blocks_per_seq;
     opts.num_blocks = static_cast<int32_t>(std::min<int64_t>(want, (int64_t{2} << 30) / per_block));
   }
@@ -167,7 +167,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   core->st_->logits.resize(static_cast<size_t>(opts.max_num_seqs * t.vocab_size));
   core->st_->raw_row.resize(static_cast<size_t>(t.vocab_size));
   core->st_->argmax.resize(static_cast<size_t>(opts.max_num_seqs));
-  core->st_->vision_cache = std::make_unique<VisionCache>(static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);
+  core->st_->vision_cache = std::make_unique<VisionCache>(
+      static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);
   core->st_->stats.kv_blocks_total = opts.num_blocks;
   core->st_->heartbeat_ns = steady_now_ns();
   core->thread_ = std::thread([c = core.get()] { c->loop(); });
@@ -200,13 +201,20 @@ Result<int64_t> EngineCore::submit(GenerateRequest request,
   // Images: read, decode and preprocess here, on the caller's thread (or find them cached).
   VLM_ASSIGN_OR_RETURN(const bool multimodal, m.is_multimodal(request.prompt_ids, request.images));
   if (multimodal) {
-    VLM_ASSIGN_OR_RETURN(r->runs, find_image_runs(request.prompt_ids, m.cfg, request.images.size()));
+    VLM_ASSIGN_OR_RETURN(r->runs,
+                         find_image_runs(request.prompt_ids, m.cfg, request.images.size()));
     r->images.resize(request.images.size());
+    // What the images may take of the context: all of it but the text (each image is a single
+    // pad until expanded) and the one token every request generates. Each image is priced from
+    // its header before it is decoded.
+    int64_t room =
+        m.max_context - 1 -
+        (static_cast<int64_t>(request.prompt_ids.size()) - static_cast<int64_t>(r->runs.size()));
     for (size_t k = 0; k < request.images.size(); ++k) {
-      const ImageInput& in = request.images[k];
-      const std::string what = "image " + std::to_string(k + 1) + (in.path.empty() ? "" : " (" + in.path + ")");
-      VLM_RETURN_IF_ERROR(stage_image(in, m.preprocess, st_->vision_cache.get(), nullptr, &r->images[k])
-                              .with_context(what));
+      VLM_RETURN_IF_ERROR(stage_image(request.images[k], m.preprocess, st_->vision_cache.get(),
+                                      nullptr, &r->images[k], std::max<int64_t>(room, 0))
+                              .with_context("image " + std::to_string(k + 1)));
+      room -= r->images[k].tokens;
       r->preprocess_ms += r->images[k].decode_ms + r->images[k].preprocess_ms;
     }
     request.images.clear();  // the staged copies are all that is needed now
@@ -225,8 +233,8 @@ Result<int64_t> EngineCore::submit(GenerateRequest request,
   // Queued = submitted and not running: the inbox, plus what the engine thread holds but has
   // not scheduled yet.
   if (st_->in_flight - st_->stats.running >= opts_.max_waiting) {
-    return Status(StatusCode::kResourceExhausted, "the request queue is full (" +
-                                                      std::to_string(opts_.max_waiting) + " waiting)");
+    return Status(StatusCode::kResourceExhausted,
+                  "the request queue is full (" + std::to_string(opts_.max_waiting) + " waiting)");
   }
   r->id = st_->next_id++;
   const int64_t id = r->id;
@@ -390,7 +398,8 @@ void EngineCore::admit() {
         if (st.ok()) s.vision_cache->put(img.key, img.encoded);
       }
       encoded = encoded || needs_encode;
-      if (st.ok()) st = assemble_multimodal(r.request.prompt_ids, r.runs, r.images, m.cfg, &r.prompt);
+      if (st.ok())
+        st = assemble_multimodal(r.request.prompt_ids, r.runs, r.images, m.cfg, &r.prompt);
       r.images.clear();  // the prompt holds the features now
     } else {
       st = m.prepare(r.request.prompt_ids, {}, &r.prompt);
@@ -479,7 +488,8 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
     c.ids = r.ids.data() + it.first_token;
     c.n = it.num_tokens;
     c.first = it.first_token;
-    c.pos = Positions3{r.pos_t.data() + c.first, r.pos_h.data() + c.first, r.pos_w.data() + c.first};
+    c.pos =
+        Positions3{r.pos_t.data() + c.first, r.pos_h.data() + c.first, r.pos_w.data() + c.first};
     c.block_table = table.data();
     c.num_table_blocks = static_cast<int64_t>(table.size());
     if (r.prompt.vision_tokens > 0 && c.first < static_cast<int64_t>(r.prompt.ids.size())) {
@@ -489,10 +499,12 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
       for (const auto& d : r.prompt.deepstack) vision[i].deepstack.push_back(d.data());
       c.vision = &vision[i];
     }
-    c.rows = c.first + c.n == static_cast<int64_t>(r.ids.size()) ? LogitRows::kLast : LogitRows::kNone;
+    c.rows =
+        c.first + c.n == static_cast<int64_t>(r.ids.size()) ? LogitRows::kLast : LogitRows::kNone;
     // On the GPU a logit row stays there unless logprobs want it: greedy takes the argmax, the
     // rest a draw made there with this request's settings.
-    if (m.gpu != nullptr && c.rows == LogitRows::kLast && r.request.logprobs < 0) {
+    if (m.gpu != nullptr && c.rows == LogitRows::kLast && r.request.logprobs < 0 &&
+        r.sampler->device_can_draw()) {
       c.argmax_only = r.sampler->plain_greedy();
       if (!c.argmax_only) {
         r.sampler->device_draw(&s.samples[i], &s.penalties[i]);
@@ -502,10 +514,9 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
   }
   const int64_t n_chunks = static_cast<int64_t>(chunks.size());
   // On the GPU the argmax of every logit row comes back too, and greedy rows stay there.
-  Status st = m.gpu != nullptr ? m.gpu->forward_batch(chunks.data(), n_chunks, s.logits.data(),
-                                                      s.argmax.data())
-                               : m.decoder->forward_batch(chunks.data(), n_chunks, s.cache,
-                                                          s.logits.data());
+  Status st = m.gpu != nullptr
+                  ? m.gpu->forward_batch(chunks.data(), n_chunks, s.logits.data(), s.argmax.data())
+                  : m.decoder->forward_batch(chunks.data(), n_chunks, s.cache, s.logits.data());
   if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
     for (const auto& it : out.items) {
       auto f = s.reqs.find(it.request_id);
@@ -544,14 +555,16 @@ void EngineCore::run_batch(const SchedulerOutput& out) {
     r.pos_w.push_back(p);
     ++r.generated;
     s.sched->append_token(r.id);
-    const bool is_stop = !r.request.ignore_eos &&
-                         (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) != m.eos_ids.end() ||
-                          std::find(r.request.stop_token_ids.begin(), r.request.stop_token_ids.end(),
-                                    id) != r.request.stop_token_ids.end());
+    const bool is_stop =
+        !r.request.ignore_eos &&
+        (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) != m.eos_ids.end() ||
+         std::find(r.request.stop_token_ids.begin(), r.request.stop_token_ids.end(), id) !=
+             r.request.stop_token_ids.end());
     CoreEvent ev;
     ev.request_id = r.id;
     ev.token_id = id;
-    ev.step = s.stats.steps;  // written only on this thread
+    ev.stop_token = is_stop;
+    ev.step = s.stats.steps;               // written only on this thread
     ev.top_logprobs.swap(s.top_logprobs);  // reuse the list's memory; handed back below
     if (r.request.logprobs >= 0) token_logprobs(s.raw_row.data(), V, id, r.request.logprobs, &ev);
     if (r.detok && !is_stop) ev.text = r.stops->push(r.detok->push(id));

@@ -24,6 +24,7 @@ namespace vlm {
 struct CoreEvent {
   int64_t request_id = 0;
   int32_t token_id = -1;   // -1: no new token (final flush or error)
+  bool stop_token = false;  // the token is an eos or stop id: it ends the reply, not part of it
   int64_t step = 0;        // with a token: the engine step (Stats::steps) that sampled it
   std::string text;        // newly complete text
   bool finished = false;

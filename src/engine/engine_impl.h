@@ -121,6 +121,15 @@ struct Engine::Impl {
     rs.frequency_penalty = sp.frequency_penalty;
     rs.greedy = !sp.do_sample.value_or(gen.do_sample || sp.temperature.has_value()) || rs.temperature <= 0;
     rs.seed = sp.seed.has_value() ? *sp.seed : std::random_device{}();
+    const int64_t V = cfg.text_config.vocab_size;
+    for (const auto& [id, bias] : sp.logit_bias) {
+      if (id < 0 || id >= V) {
+        return invalid_argument("logit_bias: token id " + std::to_string(id) +
+                                " is outside the vocabulary [0, " + std::to_string(V) + ")");
+      }
+      if (!(bias >= -100 && bias <= 100)) return invalid_argument("logit_bias values must be in [-100, 100]");
+    }
+    rs.logit_bias = sp.logit_bias;
     if (rs.temperature < 0) return invalid_argument("temperature must be >= 0");
     if (rs.top_k < 0) return invalid_argument("top_k must be >= 0");
     if (!(rs.top_p > 0 && rs.top_p <= 1)) return invalid_argument("top_p must be in (0, 1]");
@@ -161,11 +170,12 @@ struct Engine::Impl {
     const int64_t max_new = requested.has_value()
                                 ? *requested
                                 : std::min(gen.max_new_tokens.value_or(256), max_context - n);
-    if (max_new < 0) return invalid_argument("max_new_tokens must be >= 0");
-    if (n + max_new > max_context) {
-      return out_of_range("prompt (" + std::to_string(n) + " tokens) + max_new_tokens (" +
-                          std::to_string(max_new) + ") exceeds the context of " +
-                          std::to_string(max_context) + " tokens");
+    if (max_new < 0) return invalid_argument("max_tokens must be >= 0");
+    if (max_new > max_context - n) {  // n < max_context here: no overflow whatever max_new is
+      return out_of_range("the prompt (" + std::to_string(n) + " tokens) and max_tokens (" +
+                          std::to_string(max_new) + ") exceed the context of " +
+                          std::to_string(max_context) + " tokens (at most " +
+                          std::to_string(max_context - n) + " tokens can be generated)");
     }
     return max_new;
   }

@@ -34,17 +34,24 @@ Result<std::vector<std::pair<size_t, size_t>>> find_image_runs(std::span<const i
   }
   if (runs.size() != num_images) {
     return invalid_argument("the prompt has " + std::to_string(runs.size()) +
-                            " image placeholders (<|image_pad|>) but " + std::to_string(num_images) +
-                            " images were given");
+                            " image placeholders (<|image_pad|>) but " +
+                            std::to_string(num_images) + " images were given");
   }
   return runs;
 }
 
 Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, VisionCache* cache,
-                   ThreadPool* pool, StagedImage* out) {
+                   ThreadPool* pool, StagedImage* out, int64_t max_tokens) {
   PreprocessOptions opt = preprocess;
   if (in.min_pixels) opt.min_pixels = *in.min_pixels;
   if (in.max_pixels) opt.max_pixels = *in.max_pixels;
+  auto over_budget = [&](int64_t tokens, const std::string& what) -> Status {
+    if (max_tokens < 0 || tokens <= max_tokens) return ok_status();
+    return out_of_range(what + " takes " + std::to_string(tokens) +
+                        " tokens at the pixel budget [" + std::to_string(opt.min_pixels) + ", " +
+                        std::to_string(opt.max_pixels) + "], more than the " +
+                        std::to_string(max_tokens) + " the context leaves for it");
+  };
 
   auto t0 = Clock::now();
   std::vector<uint8_t> file;
@@ -57,16 +64,23 @@ Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, Vi
     out->tokens = out->encoded->out.tokens;
     out->resized_h = out->encoded->grid.h * opt.patch_size;
     out->resized_w = out->encoded->grid.w * opt.patch_size;
-    return ok_status();
+    return over_budget(out->tokens, "the image");
   }
-  Result<Image> img = decode_image(bytes.data(), bytes.size());
-  if (!img.ok()) {
-    return in.path.empty() ? img.status() : img.status().with_context("image '" + in.path + "'");
-  }
+  // Priced from the header, before a pixel is decoded: what smart_resize will make of it.
+  ImageDecodeLimits limits;
+  limits.on_size = [&](int64_t width, int64_t height) -> Status {
+    if (max_tokens < 0) return ok_status();
+    const int64_t factor = opt.patch_size * opt.merge_size;
+    VLM_ASSIGN_OR_RETURN(auto hw,
+                         smart_resize(height, width, factor, opt.min_pixels, opt.max_pixels));
+    return over_budget(hw.first / factor * (hw.second / factor),
+                       "the " + std::to_string(width) + "x" + std::to_string(height) + " image");
+  };
+  VLM_ASSIGN_OR_RETURN(Image img, decode_image(bytes.data(), bytes.size(), limits));
   out->decode_ms = ms_since(t0);
 
   t0 = Clock::now();
-  VLM_ASSIGN_OR_RETURN(out->pixels, preprocess_image(*img, opt, pool));
+  VLM_ASSIGN_OR_RETURN(out->pixels, preprocess_image(img, opt, pool));
   out->preprocess_ms = ms_since(t0);
   out->tokens = out->pixels.num_tokens();
   out->resized_h = out->pixels.resized_h;
@@ -150,14 +164,16 @@ Status assemble_multimodal(std::span<const int32_t> ids,
     const EncodedImage& e = *images[k].encoded;
     const size_t have = runs[k].second - runs[k].first;
     if (have != 1 && have != static_cast<size_t>(e.out.tokens)) {
-      return invalid_argument("image " + std::to_string(k + 1) + " needs " + std::to_string(e.out.tokens) +
+      return invalid_argument("image " + std::to_string(k + 1) + " needs " +
+                              std::to_string(e.out.tokens) +
                               " image tokens; the prompt has a run of " + std::to_string(have) +
                               " pads (give one pad per image and vlm expands it)");
     }
     grids.push_back(e.grid);
     out->embeds.insert(out->embeds.end(), e.out.embeds.begin(), e.out.embeds.end());
     for (size_t d = 0; d < e.out.deepstack.size() && d < out->deepstack.size(); ++d) {
-      out->deepstack[d].insert(out->deepstack[d].end(), e.out.deepstack[d].begin(), e.out.deepstack[d].end());
+      out->deepstack[d].insert(out->deepstack[d].end(), e.out.deepstack[d].begin(),
+                               e.out.deepstack[d].end());
     }
   }
 
@@ -181,8 +197,9 @@ Status assemble_multimodal(std::span<const int32_t> ids,
     out->feature_row.push_back(-1);
   }
   out->vision_tokens = feature;
-  VLM_ASSIGN_OR_RETURN(out->rope, compute_rope_index(out->ids, grids, pad, cfg.vision_start_token_id,
-                                                     cfg.vision_config.spatial_merge_size));
+  VLM_ASSIGN_OR_RETURN(out->rope,
+                       compute_rope_index(out->ids, grids, pad, cfg.vision_start_token_id,
+                                          cfg.vision_config.spatial_merge_size));
   return ok_status();
 }
 
@@ -210,8 +227,10 @@ Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageI
   for (size_t k = 0; k < images.size(); ++k) {
     const std::string what = "image " + std::to_string(k + 1) +
                              (images[k].path.empty() ? "" : " (" + images[k].path + ")");
-    VLM_RETURN_IF_ERROR(stage_image(images[k], preprocess, nullptr, &pool, &staged[k]).with_context(what));
-    VLM_RETURN_IF_ERROR(encode_staged_image(encoder, &staged[k], &out->encode_ms).with_context(what));
+    VLM_RETURN_IF_ERROR(
+        stage_image(images[k], preprocess, nullptr, &pool, &staged[k]).with_context(what));
+    VLM_RETURN_IF_ERROR(
+        encode_staged_image(encoder, &staged[k], &out->encode_ms).with_context(what));
     out->decode_ms += staged[k].decode_ms;
     out->preprocess_ms += staged[k].preprocess_ms;
   }

@@ -61,9 +61,11 @@ Status encode_staged_images(VisionEncoder& encoder, std::span<StagedImage* const
 
 // Reads (path) or takes (bytes) the image, and looks it up in `cache` (may be null); on a miss
 // decodes and preprocesses it with `preprocess` overridden by the image's own pixel budget.
-// `pool` may be null (single-threaded resize). Errors are not prefixed with which image it was.
+// `pool` may be null (single-threaded resize). With max_tokens >= 0, an image that would take
+// more tokens is refused (kOutOfRange) from its header's size and the budget, before it is
+// decoded or resized. Errors are not prefixed with which image it was.
 Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, VisionCache* cache,
-                   ThreadPool* pool, StagedImage* out);
+                   ThreadPool* pool, StagedImage* out, int64_t max_tokens = -1);
 
 // Runs the vision tower on a staged image that has no encoder output yet (a no-op otherwise).
 Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* encode_ms);

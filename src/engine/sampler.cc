@@ -30,6 +30,7 @@ void Sampler::reserve_generated(int64_t max_new) {
 }
 
 void Sampler::apply_penalties(float* logits) const {
+  for (const auto& [id, bias] : p_.logit_bias) logits[id] += bias;
   if (p_.repetition_penalty != 1.0) {
     const float rp = static_cast<float>(p_.repetition_penalty);
     for (int32_t id : seen_list_) logits[id] = logits[id] < 0 ? logits[id] * rp : logits[id] / rp;

@@ -21,6 +21,7 @@ struct ResolvedSampling {
   double presence_penalty = 0.0;
   double frequency_penalty = 0.0;
   uint64_t seed = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // ids within the vocabulary
 };
 
 class Sampler {
@@ -35,12 +36,15 @@ class Sampler {
   void reserve_generated(int64_t max_new);
   // Picks the next id from logits [vocab] (modified in place) and records it as generated.
   int32_t sample(float* logits);
-  // Greedy with no penalty: the pick is the logits' argmax (the first largest), which a device
-  // may compute itself (then record() it).
+  // Greedy with no penalty and no logit bias: the pick is the logits' argmax (the first
+  // largest), which a device may compute itself (then record() it).
   bool plain_greedy() const {
     return p_.greedy && p_.repetition_penalty == 1.0 && p_.presence_penalty == 0.0 &&
-           p_.frequency_penalty == 0.0;
+           p_.frequency_penalty == 0.0 && p_.logit_bias.empty();
   }
+  // Whether device_draw() can stand for sample(): not with a logit bias (the device draw has
+  // none), whose rows come to the host.
+  bool device_can_draw() const { return p_.logit_bias.empty(); }
   // Records `id` as generated, as sample() does with its pick.
   void record(int32_t id);
   // The next draw for a device to make (then record() its pick): the penalties of the ids seen
@@ -48,7 +52,7 @@ class Sampler {
   void device_draw(DeviceSample* out, std::vector<DevicePenalty>* penalties);
 
  private:
-  void apply_penalties(float* logits) const;
+  void apply_penalties(float* logits) const;  // logit bias first, then the penalties
 
   int64_t vocab_;
   ResolvedSampling p_;

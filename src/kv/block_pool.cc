@@ -15,7 +15,7 @@ BlockPool::BlockPool(int32_t num_blocks) : ref_(std::max(0, num_blocks), 0) {
 Status BlockPool::allocate(int32_t n, std::vector<int32_t>* out) {
   if (n < 0) return invalid_argument("negative block count");
   if (n > num_free()) {
-    return Status(StatusCode::kResourceExhausted,
+    return Status(StatusCode::kUnavailable,
                   "KV cache: " + std::to_string(n) + " blocks needed, " + std::to_string(num_free()) +
                       " free of " + std::to_string(num_blocks()));
   }
@@ -68,7 +68,7 @@ Status KvCacheManager::reserve(int64_t seq, int64_t total_tokens, int64_t max_to
   const int32_t have = s ? static_cast<int32_t>(s->blocks.size()) : 0;
   const int32_t need = blocks_for(total_tokens) - have;
   if (need > 0 && need > pool_.num_free()) {
-    return pool_.allocate(need, nullptr);  // the pool's ResourceExhausted; nothing changes
+    return pool_.allocate(need, nullptr);  // the pool's kUnavailable; nothing changes
   }
   if (s == nullptr) {
     seqs_.push_back({seq, {}});

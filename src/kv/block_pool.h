@@ -18,7 +18,7 @@ class BlockPool {
   int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
   int32_t num_used() const { return num_blocks() - num_free(); }
 
-  // Takes n blocks (ref count 1 each) or, when fewer than n are free, none: ResourceExhausted.
+  // Takes n blocks (ref count 1 each) or, when fewer than n are free, none: kUnavailable.
   Status allocate(int32_t n, std::vector<int32_t>* out);
   // Adds a reference (a block shared by two sequences).
   void retain(int32_t block);
@@ -43,7 +43,7 @@ class KvCacheManager {
   int32_t blocks_for(int64_t tokens) const {
     return static_cast<int32_t>((tokens + block_size_ - 1) / block_size_);
   }
-  // Grows `seq`'s table so it can hold `total_tokens`; all or nothing (ResourceExhausted when the
+  // Grows `seq`'s table so it can hold `total_tokens`; all or nothing (kUnavailable when the
   // pool is short, leaving the table as it was). A new seq id starts an empty table, with room
   // for the blocks of `max_tokens` when given, so the table never reallocates while it grows.
   Status reserve(int64_t seq, int64_t total_tokens, int64_t max_tokens = 0);

@@ -6,6 +6,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <csignal>
+#include <deque>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "vision/image_decode.h"
 #include "vlm/chat.h"
 #include "vlm/server.h"
 
@@ -27,44 +29,6 @@ using http::HttpResponse;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-int status_for(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kOk:
-      return 200;
-    case StatusCode::kInvalidArgument:
-      return 400;
-    case StatusCode::kNotFound:
-      return 404;
-    case StatusCode::kDataLoss:
-      return 400;
-    case StatusCode::kOutOfRange:
-      return 400;
-    case StatusCode::kResourceExhausted:
-      return 429;
-    case StatusCode::kUnimplemented:
-      return 501;
-    case StatusCode::kInternal:
-      return 500;
-  }
-  return 500;
-}
-
-const char* error_type(int status) {
-  return status == 401   ? "authentication_error"
-         : status == 404 ? "not_found_error"
-         : status == 429 ? "rate_limit_error"
-         : status >= 500 ? "server_error"
-                         : "invalid_request_error";
-}
-
-ApiError error_from(const Status& s) {
-  ApiError e;
-  e.http_status = status_for(s);
-  e.type = error_type(e.http_status);
-  e.message = s.message();
-  return e;
 }
 
 HttpResponse json_response(int status, std::string body) {
@@ -160,6 +124,7 @@ struct Server::Impl {
       VLM_ASSIGN_OR_RETURN(engine, Engine::load(opts.engine));
       if (engine->tokenizer() == nullptr)
         return not_found("the model directory has no tokenizer.json");
+      limits.vocab_size = engine->vocab_size();  // set before `ready`, read after it
       VLM_ASSIGN_OR_RETURN(core, EngineCore::create(*engine, opts.batching));
       return ok_status();
     }();
@@ -226,6 +191,7 @@ struct Server::Impl {
     g.sampling = c.sampling;
     g.max_new_tokens = c.max_tokens;
     g.stop = c.stop;
+    g.stop_token_ids = c.stop_token_ids;
     g.ignore_eos = c.ignore_eos;
     return g;
   }
@@ -243,7 +209,13 @@ namespace {
 // One choice of a response (one engine request).
 struct ChoiceState {
   std::string text;
+  // Logprob entries whose bytes the text has reached, in order; their bytes concatenate to a
+  // prefix of `text` (to all of it once the choice finished). Later ones wait in `pending`: the
+  // stop matcher may be holding their text back, and those that turn out to be the stop string
+  // (or the stop token) are never listed, as OpenAI does.
   std::vector<TokenLogprob> logprobs;
+  std::deque<TokenLogprob> pending;
+  size_t listed_bytes = 0;  // bytes of text the entries in `logprobs` cover
   FinishReason reason = FinishReason::kNone;
   int64_t prompt_tokens = 0, completion_tokens = 0;
   bool finished = false;
@@ -310,7 +282,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
         abort_locked();
         if (!done_) {
           done_ = true;
-          s_.reply_error(*ex_, error_from(id.status()), "rejected");
+          s_.reply_error(*ex_, api_error_from(id.status()), "rejected");
         }
         return;
       }
@@ -373,11 +345,11 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       }
       s_.requests->inc("failed");
       if (f_.stream) {
-        *out += sse_event(api_error_json(error_from(ev.error))) + sse_done();
+        *out += sse_event(api_error_json(api_error_from(ev.error))) + sse_done();
         ex_->write(std::move(*out));
         ex_->finish();
       } else {
-        ex_->respond(error_response(error_from(ev.error)));
+        ex_->respond(error_response(api_error_from(ev.error)));
       }
       return false;
     }
@@ -388,21 +360,25 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       if (c.has_token) s_.itl->observe(std::chrono::duration<double>(now - c.last_token).count());
       any_token_ = c.has_token = true;
       c.last_token = now;
-      if (ev.has_logprobs) {
+      if (ev.has_logprobs && !ev.stop_token) {
+        // The entry's bytes are what the token adds to the text: nothing for a special token
+        // (the reply skips them).
         const Tokenizer& tok = *s_.engine->tokenizer();
-        TokenLogprob t{tok.token_bytes(ev.token_id), ev.logprob, {}};
+        TokenLogprob t{
+            tok.is_special(ev.token_id) ? "" : tok.token_bytes(ev.token_id), ev.logprob, {}};
         for (const auto& [id, lp] : ev.top_logprobs)
           t.top_logprobs.push_back(TopLogprob{tok.token_bytes(id), lp});
-        c.logprobs.push_back(std::move(t));
+        c.pending.push_back(std::move(t));
       }
     }
     c.text += ev.text;
+    const size_t first_new = c.logprobs.size();
+    release_logprobs(c, ev.finished);
     if (f_.stream) {
-      const bool with_lp = f_.logprobs && has_token;
-      if (!ev.text.empty() || with_lp) {
-        std::vector<TokenLogprob> lp;
-        if (with_lp) lp.push_back(c.logprobs.back());
-        *out += sse_event(f_.chunk(i, ev.text, with_lp ? &lp : nullptr));
+      const std::vector<TokenLogprob> lp(c.logprobs.begin() + static_cast<ptrdiff_t>(first_new),
+                                         c.logprobs.end());
+      if (!ev.text.empty() || !lp.empty()) {
+        *out += sse_event(f_.chunk(i, ev.text, f_.logprobs ? &lp : nullptr));
       }
     }
     if (!ev.finished) return true;
@@ -438,6 +414,23 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       ex_->respond(json_response(200, f_.whole(choices_, usage)));
     }
     return false;
+  }
+
+  // Moves the pending logprob entries the text has reached into c.logprobs. At the end, the text
+  // is final: an entry it covers only in part (a token the stop string begins in) keeps the
+  // bytes that are in the text, and the rest are dropped.
+  static void release_logprobs(ChoiceState& c, bool final) {
+    while (!c.pending.empty()) {
+      TokenLogprob& e = c.pending.front();
+      if (c.listed_bytes + e.token.size() > c.text.size()) {
+        if (!final || c.listed_bytes >= c.text.size()) break;
+        e.token.resize(c.text.size() - c.listed_bytes);
+      }
+      c.listed_bytes += e.token.size();
+      c.logprobs.push_back(std::move(e));
+      c.pending.pop_front();
+    }
+    if (final) c.pending.clear();
   }
 
   // The connection closed before the reply was complete.
@@ -545,6 +538,23 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
     if (!bytes.ok()) return reply_error(*ex, bytes.error(), "bad_request");
     cr.images[ri.image_index].bytes = std::move(bytes).value();
   }
+  // file:// images are read here, so that nothing below (messages included) sees the server's
+  // path: errors name the image by its place in the request.
+  for (size_t k = 0; k < cr.images.size(); ++k) {
+    ImageInput& img = cr.images[k];
+    if (img.path.empty()) continue;
+    auto bytes = read_image_file(img.path);
+    if (!bytes.ok()) {
+      return reply_error(
+          *ex,
+          ApiError{400, "invalid_request_error",
+                   "image " + std::to_string(k + 1) + ": the file:// image cannot be read",
+                   "messages"},
+          "bad_request");
+    }
+    img.bytes = std::move(bytes).value();
+    img.path.clear();
+  }
   ChatTemplateOptions topts;
   topts.tools_json = cr.tools_json;
   GenerateRequest g = base_request(cr);
@@ -632,7 +642,9 @@ void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
     f.chunk = [=, this](int i, const std::string& text, const std::vector<TokenLogprob>* lp) {
       std::string c = completion_chunk_json(rid, model_name, created_now, i, text, std::nullopt, lp,
                                             (*offset)[i]);
-      if (lp) (*offset)[i] += (*lp)[0].token.size();
+      if (lp) {
+        for (const TokenLogprob& e : *lp) (*offset)[i] += e.token.size();
+      }
       return c;
     };
     f.finish = [=, this](int i, FinishReason r) {
@@ -702,6 +714,8 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->created = static_cast<int64_t>(std::time(nullptr));
   impl->media.allowed_local_path = options.allowed_media_path;
   impl->media.allow_remote = options.allow_remote_media;
+  impl->limits.max_image_pixels = options.max_image_pixels;
+  impl->limits.max_queue = options.batching.max_waiting;
   auto& m = impl->metrics;
   impl->requests = &m.counter("vlm_requests_total", "Requests by outcome", "outcome");
   impl->prompt_tokens =
@@ -749,7 +763,7 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   t.write_timeout_s = options.write_timeout_s;
   t.error_content_type = "application/json";
   t.error_body = [](int status, const std::string& message) {
-    return api_error_json(ApiError{status, error_type(status), message, ""});
+    return api_error_json(ApiError{status, api_error_type(status), message, ""});
   };
   impl->http = std::make_unique<http::HttpServer>(std::move(t));
   impl->register_routes();

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "core/json_depth.h"
 #include "server/base64.h"
 #include "tokenizer/chat_json.h"
 
@@ -27,6 +28,71 @@ ApiError bad_request(std::string message, std::string param) {
 // Dumps without throwing on invalid UTF-8 (model text is checked upstream;
 // never crash here).
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+// Parses a request body into an object: the nesting is bounded before the parser (or anything
+// recursive) sees it, and malformed JSON is a 400 naming the position.
+std::optional<ApiError> parse_body(std::string_view body, ojson* out) {
+  if (json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth) {
+    return bad_request(
+        "the request JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels", "");
+  }
+  try {
+    *out = ojson::parse(body);
+  } catch (const ojson::exception& e) {
+    // A syntax error names the byte position ("parse error at line 1, column 12: ..."); a number
+    // too large for a double (1e400) is an out_of_range.
+    return bad_request(std::string("malformed JSON body: ") + e.what(), "");
+  }
+  if (!out->is_object()) return bad_request("the request body must be a JSON object", "");
+  return std::nullopt;
+}
+
+// The request fields, by endpoint. Every field a request carries is one of these, or it is
+// refused by name: a parameter that would change the output must never be ignored silently.
+// clang-format off
+constexpr std::string_view kCommonFields[] = {
+    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
+    "stop_token_ids", "n", "logit_bias", "ignore_eos"};
+constexpr std::string_view kChatFields[] = {
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
+    "logprobs", "top_logprobs", "response_format", "modalities", "min_pixels", "max_pixels"};
+constexpr std::string_view kCompletionFields[] = {"prompt", "echo", "logprobs", "best_of",
+                                                  "suffix"};
+// Accepted and ignored: they do not change the output.
+constexpr std::string_view kNoOpFields[] = {
+    "user", "store", "metadata", "service_tier", "safety_identifier", "prompt_cache_key"};
+// OpenAI and vLLM parameters that would change the output and are not implemented.
+constexpr std::string_view kUnsupportedFields[] = {
+    "audio", "prediction", "reasoning_effort", "web_search_options", "functions",
+    "function_call", "verbosity", "echo", "skip_special_tokens", "include_stop_str_in_output",
+    "min_tokens", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+    "continue_final_message", "use_beam_search", "length_penalty", "prompt_logprobs",
+    "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "documents",
+    "mm_processor_kwargs", "priority", "return_tokens_as_token_ids",
+    "spaces_between_special_tokens", "return_token_ids", "thinking", "include_reasoning",
+    "max_thinking_tokens"};
+// clang-format on
+
+template <size_t N>
+bool listed(std::string_view key, const std::string_view (&list)[N]) {
+  return std::find(std::begin(list), std::end(list), key) != std::end(list);
+}
+
+// 400 for the first field of `body` the endpoint does not read (after the common ones).
+template <size_t N>
+std::optional<ApiError> check_fields(const ojson& body, const std::string_view (&endpoint)[N]) {
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    if (listed(k, kCommonFields) || listed(k, endpoint) || listed(k, kNoOpFields)) continue;
+    if (listed(k, kUnsupportedFields)) {
+      return bad_request("'" + k + "' is not supported by this server", k);
+    }
+    return bad_request("unknown field '" + k + "'", k);
+  }
+  return std::nullopt;
+}
 
 // Field readers: absent and null leave *out untouched; a wrong type or range is
 // a 400 naming it.
@@ -79,10 +145,11 @@ std::optional<ApiError> read_number(const ojson& obj, const char* key, double lo
   return std::nullopt;
 }
 
+// min_pixels / max_pixels of a resize budget, each at most the server's per-image cap.
 std::optional<ApiError> read_pixels(const ojson& obj, const std::string& prefix,
-                                    std::optional<int64_t>* min_px,
+                                    const ApiLimits& limits, std::optional<int64_t>* min_px,
                                     std::optional<int64_t>* max_px) {
-  constexpr int64_t kMax = int64_t{1} << 40;
+  const int64_t kMax = limits.max_image_pixels > 0 ? limits.max_image_pixels : int64_t{1} << 40;
   if (auto e = read_int(obj, "min_pixels", prefix + "min_pixels", 1, kMax, min_px)) return e;
   if (auto e = read_int(obj, "max_pixels", prefix + "max_pixels", 1, kMax, max_px)) return e;
   if (*min_px && *max_px && **min_px > **max_px) {
@@ -261,7 +328,7 @@ std::optional<ApiError> collect_images(const ojson& messages, const ApiLimits& l
       img.min_pixels = min_px;
       img.max_pixels = max_px;
       std::optional<int64_t> part_min, part_max;
-      if (auto e = read_pixels(part, param + ".", &part_min, &part_max)) return e;
+      if (auto e = read_pixels(part, param + ".", limits, &part_min, &part_max)) return e;
       if (part_min) img.min_pixels = part_min;
       if (part_max) img.max_pixels = part_max;
       if (img.min_pixels && img.max_pixels && *img.min_pixels > *img.max_pixels) {
@@ -273,6 +340,74 @@ std::optional<ApiError> collect_images(const ojson& messages, const ApiLimits& l
       }
       req->images.push_back(std::move(img));
     }
+  }
+  return std::nullopt;
+}
+
+// vLLM's stop_token_ids: a list of token ids within the vocabulary (when it is known).
+std::optional<ApiError> read_token_ids(const ojson& body, const char* key, const ApiLimits& limits,
+                                       std::vector<int32_t>* out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  const std::string param = key;
+  if (!it->is_array()) return bad_request("'" + param + "' must be a list of token ids", param);
+  for (const ojson& t : *it) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        (limits.vocab_size > 0 ? t.get<int64_t>() >= limits.vocab_size
+                               : t.get<int64_t>() > INT32_MAX)) {
+      return bad_request(
+          "'" + param + "' must hold token ids in [0, " +
+              std::to_string(limits.vocab_size > 0 ? limits.vocab_size : int64_t{INT32_MAX} + 1) +
+              "), got " + t.dump(),
+          param);
+    }
+    out->push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}; ids outside the vocabulary are a 400
+// that lists them.
+std::optional<ApiError> read_logit_bias(const ojson& body, const ApiLimits& limits,
+                                        std::vector<std::pair<int32_t, float>>* out) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) {
+    return bad_request("'logit_bias' must be an object of token id to bias", "logit_bias");
+  }
+  std::string bad_keys, out_of_vocab;
+  for (auto b = it->begin(); b != it->end(); ++b) {
+    const std::string& k = b.key();
+    int64_t id = -1;
+    const bool digits = !k.empty() && k.size() <= 10 && std::all_of(k.begin(), k.end(), [](char c) {
+      return c >= '0' && c <= '9';
+    });
+    if (digits) id = std::stoll(k);
+    if (!digits || id > INT32_MAX) {
+      bad_keys += (bad_keys.empty() ? "'" : ", '") + k + "'";
+      continue;
+    }
+    if (limits.vocab_size > 0 && id >= limits.vocab_size) {
+      out_of_vocab += (out_of_vocab.empty() ? "" : ", ") + k;
+      continue;
+    }
+    if (!b->is_number() || !(b->get<double>() >= -100 && b->get<double>() <= 100)) {
+      return bad_request("'logit_bias' values must be numbers in [-100, 100], got " + b->dump() +
+                             " for token " + k,
+                         "logit_bias");
+    }
+    out->emplace_back(static_cast<int32_t>(id), static_cast<float>(b->get<double>()));
+  }
+  if (!bad_keys.empty()) {
+    return bad_request(
+        "'logit_bias' keys must be token ids (non-negative integers), got " + bad_keys,
+        "logit_bias");
+  }
+  if (!out_of_vocab.empty()) {
+    return bad_request("'logit_bias' token ids " + out_of_vocab +
+                           " are outside the vocabulary of " + std::to_string(limits.vocab_size) +
+                           " tokens",
+                       "logit_bias");
   }
   return std::nullopt;
 }
@@ -298,15 +433,26 @@ std::optional<ApiError> read_stop(const ojson& body, std::vector<std::string>* o
 }
 
 // The fields chat and text completions share (model, streaming, budget, sampling, stop, n).
-std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits, CommonRequest* req) {
+std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits,
+                                     CommonRequest* req) {
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) return bad_request("'model' must be a string", "model");
     req->model = it->get<std::string>();
   }
   if (auto e = read_bool(body, "stream", "stream", &req->stream)) return e;
   if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
-    if (!so->is_object())
+    if (!req->stream) {
+      return bad_request("'stream_options' is only allowed with 'stream': true", "stream_options");
+    }
+    if (!so->is_object()) {
       return bad_request("'stream_options' must be an object", "stream_options");
+    }
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      if (it.key() != "include_usage") {
+        return bad_request("'stream_options." + it.key() + "' is not supported by this server",
+                           "stream_options." + it.key());
+      }
+    }
     if (auto e =
             read_bool(*so, "include_usage", "stream_options.include_usage", &req->include_usage)) {
       return e;
@@ -322,7 +468,8 @@ std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits,
   }
   // max_completion_tokens is OpenAI's newer name; it wins when a client sends
   // both.
-  if (max_completion_tokens || max_tokens) req->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+  if (max_completion_tokens || max_tokens)
+    req->max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
 
   SamplingParams& s = req->sampling;
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -348,6 +495,8 @@ std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits,
   if (seed) s.seed = static_cast<uint64_t>(*seed);
 
   if (auto e = read_stop(body, &req->stop)) return e;
+  if (auto e = read_token_ids(body, "stop_token_ids", limits, &req->stop_token_ids)) return e;
+  if (auto e = read_logit_bias(body, limits, &s.logit_bias)) return e;
 
   std::optional<int64_t> n;
   if (auto e = read_int(body, "n", "n", 1, limits.max_n, &n)) return e;
@@ -355,9 +504,59 @@ std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits,
   return read_bool(body, "ignore_eos", "ignore_eos", &req->ignore_eos);
 }
 
+// Requests (prompts x n) beyond what the server's queue holds could never be admitted: a 400
+// saying so, not a 429 that retrying cannot cure.
+std::optional<ApiError> check_queue(int64_t requests, const ApiLimits& limits) {
+  if (limits.max_queue > 0 && requests > limits.max_queue) {
+    return bad_request("the request needs " + std::to_string(requests) +
+                           " sequences (prompts x n) but this server queues at most " +
+                           std::to_string(limits.max_queue) + " (--max-waiting)",
+                       "n");
+  }
+  return std::nullopt;
+}
+
+// Chat-only parameters that select behaviour this server has one way of: accepted when they ask
+// for that way, refused by name otherwise.
+std::optional<ApiError> check_chat_modes(const ojson& body) {
+  if (auto rf = body.find("response_format"); rf != body.end() && !rf->is_null()) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string()) {
+      return bad_request("'response_format' must be an object with a string 'type'",
+                         "response_format");
+    }
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type != "text") {
+      return bad_request(
+          "response_format type '" + type + "' is not supported by this server (only 'text')",
+          "response_format");
+    }
+  }
+  if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
+    if (!(tc->is_string() && tc->get<std::string>() == "auto")) {
+      return bad_request(
+          "tool_choice " + tc->dump() + " is not supported by this server (only \"auto\")",
+          "tool_choice");
+    }
+  }
+  if (auto p = body.find("parallel_tool_calls"); p != body.end() && !p->is_null()) {
+    if (!(p->is_boolean() && p->get<bool>())) {
+      return bad_request("'parallel_tool_calls' other than true is not supported by this server",
+                         "parallel_tool_calls");
+    }
+  }
+  if (auto m = body.find("modalities"); m != body.end() && !m->is_null()) {
+    if (*m != ojson::array({"text"})) {
+      return bad_request("modalities " + m->dump() + " are not supported (only [\"text\"])",
+                         "modalities");
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
                                    const MediaPolicy& media, ChatCompletionRequest* req) {
-  if (!body.is_object()) return bad_request("the request body must be a JSON object", "");
+  if (auto e = check_fields(body, kChatFields)) return e;
+  if (auto e = check_chat_modes(body)) return e;
   auto msgs = body.find("messages");
   if (msgs == body.end() || msgs->is_null()) {
     return bad_request("'messages' is required", "messages");
@@ -365,12 +564,12 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
   if (!msgs->is_array() || msgs->empty()) {
     return bad_request("'messages' must be a non-empty list", "messages");
   }
-  std::string tools_text;
+  const ojson* tools = nullptr;
   if (auto t = body.find("tools"); t != body.end() && !t->is_null()) {
     if (!t->is_array()) return bad_request("'tools' must be a list", "tools");
-    tools_text = dump(*t);
+    tools = &*t;
   }
-  auto chat = parse_chat_json(dump(*msgs), tools_text);
+  auto chat = parse_chat_json(*msgs, tools);
   if (!chat.ok()) {
     const std::string& m = chat.status().message();
     return bad_request(m, m.rfind("tools", 0) == 0 ? "tools" : "messages");
@@ -378,6 +577,7 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
   req->messages = std::move(chat->messages);
   req->tools_json = std::move(chat->tools_json);
   if (auto e = parse_common(body, limits, req)) return e;
+  if (auto e = check_queue(req->n, limits)) return e;
 
   std::optional<int64_t> top_logprobs;
   if (auto e = read_bool(body, "logprobs", "logprobs", &req->logprobs)) return e;
@@ -390,7 +590,7 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
   }
 
   std::optional<int64_t> min_px, max_px;
-  if (auto e = read_pixels(body, "", &min_px, &max_px)) return e;
+  if (auto e = read_pixels(body, "", limits, &min_px, &max_px)) return e;
   return collect_images(*msgs, limits, media, min_px, max_px, req);
 }
 
@@ -416,14 +616,16 @@ std::optional<ApiError> read_prompt(const ojson& p, const std::string& param,
 
 std::optional<ApiError> parse_completion_into(const ojson& body, const ApiLimits& limits,
                                               CompletionRequest* req) {
-  if (!body.is_object()) return bad_request("the request body must be a JSON object", "");
+  if (auto e = check_fields(body, kCompletionFields)) return e;
   auto prompt = body.find("prompt");
-  if (prompt == body.end() || prompt->is_null()) return bad_request("'prompt' is required", "prompt");
+  if (prompt == body.end() || prompt->is_null())
+    return bad_request("'prompt' is required", "prompt");
   // A list of strings or of id lists is a batch; a list of integers is one prompt.
   const bool batch = prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number();
   if (batch) {
     if (prompt->size() > static_cast<size_t>(limits.max_n)) {
-      return bad_request("'prompt' takes at most " + std::to_string(limits.max_n) + " prompts", "prompt");
+      return bad_request("'prompt' takes at most " + std::to_string(limits.max_n) + " prompts",
+                         "prompt");
     }
     for (size_t i = 0; i < prompt->size(); ++i) {
       CompletionRequest::Prompt p;
@@ -440,6 +642,7 @@ std::optional<ApiError> parse_completion_into(const ojson& body, const ApiLimits
   if (req->prompts.size() * static_cast<size_t>(req->n) > static_cast<size_t>(limits.max_n)) {
     return bad_request("prompts x n must not exceed " + std::to_string(limits.max_n), "n");
   }
+  if (auto e = check_queue(static_cast<int64_t>(req->prompts.size()) * req->n, limits)) return e;
   if (auto e = read_bool(body, "echo", "echo", &req->echo)) return e;
   std::optional<int64_t> logprobs;
   if (auto e = read_int(body, "logprobs", "logprobs", 0, 20, &logprobs)) return e;
@@ -452,7 +655,8 @@ std::optional<ApiError> parse_completion_into(const ojson& body, const ApiLimits
   }
   std::optional<int64_t> best_of;
   if (auto e = read_int(body, "best_of", "best_of", 1, limits.max_n, &best_of)) return e;
-  if (best_of && *best_of != req->n) return bad_request("'best_of' other than n is not supported", "best_of");
+  if (best_of && *best_of != req->n)
+    return bad_request("'best_of' other than n is not supported", "best_of");
   return std::nullopt;
 }
 
@@ -532,6 +736,44 @@ ojson envelope(const std::string& id, const char* object, int64_t created,
 
 }  // namespace
 
+const char* api_error_type(int http_status) {
+  return http_status == 401   ? "authentication_error"
+         : http_status == 404 ? "not_found_error"
+         : http_status == 429 ? "rate_limit_error"
+         : http_status >= 500 ? "server_error"
+                              : "invalid_request_error";
+}
+
+ApiError api_error_from(const Status& s) {
+  int status = 500;
+  switch (s.code()) {
+    case StatusCode::kOk:
+      status = 200;
+      break;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kDataLoss:
+    case StatusCode::kOutOfRange:
+      status = 400;
+      break;
+    case StatusCode::kNotFound:
+      status = 404;
+      break;
+    case StatusCode::kResourceExhausted:
+      status = 429;
+      break;
+    case StatusCode::kUnavailable:
+      status = 503;
+      break;
+    case StatusCode::kUnimplemented:
+      status = 501;
+      break;
+    case StatusCode::kInternal:
+      status = 500;
+      break;
+  }
+  return ApiError{status, api_error_type(status), s.message(), ""};
+}
+
 std::string api_error_json(const ApiError& e) {
   ojson err;
   err["message"] = e.message;
@@ -547,13 +789,7 @@ ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
                                                        const ApiLimits& limits,
                                                        const MediaPolicy& media) {
   ojson j;
-  try {
-    j = ojson::parse(body);
-  } catch (const ojson::parse_error& e) {
-    // e.what() names the byte position ("parse error at line 1, column 12:
-    // ...").
-    return bad_request(std::string("malformed JSON body: ") + e.what(), "");
-  }
+  if (auto e = parse_body(body, &j)) return *e;
   ChatCompletionRequest req;
   if (auto e = parse_into(j, limits, media, &req)) return *e;
   return req;
@@ -561,11 +797,7 @@ ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
 
 ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits) {
   ojson j;
-  try {
-    j = ojson::parse(body);
-  } catch (const ojson::parse_error& e) {
-    return bad_request(std::string("malformed JSON body: ") + e.what(), "");
-  }
+  if (auto e = parse_body(body, &j)) return *e;
   CompletionRequest req;
   if (auto e = parse_completion_into(j, limits, &req)) return *e;
   return req;
@@ -639,7 +871,8 @@ std::string completion_json(const std::string& id, const std::string& model, int
     ojson o;
     o["text"] = c.text;
     o["index"] = c.index;
-    o["logprobs"] = c.logprobs ? legacy_logprobs_object(*c.logprobs, i < text_offset0.size() ? text_offset0[i] : 0)
+    o["logprobs"] = c.logprobs ? legacy_logprobs_object(
+                                     *c.logprobs, i < text_offset0.size() ? text_offset0[i] : 0)
                                : ojson(nullptr);
     o["finish_reason"] = finish_json(c.finish_reason);
     arr.push_back(std::move(o));

@@ -13,6 +13,7 @@
 
 #include "vlm/chat.h"
 #include "vlm/request.h"
+#include "vlm/status.h"
 
 namespace vlm {
 
@@ -29,6 +30,15 @@ struct ApiError {
 // {"error": {"message", "type", "param", "code"}}; param is null when empty,
 // code is null.
 std::string api_error_json(const ApiError& e);
+
+// OpenAI's error type for an HTTP status ("invalid_request_error", "authentication_error",
+// "not_found_error", "rate_limit_error", "server_error").
+const char* api_error_type(int http_status);
+
+// An engine error as the client sees it: invalid input and what does not fit are 400, a full
+// queue 429 (rate limit), memory or cache running out right now 503 (the server adds Retry-After),
+// a bug 500.
+ApiError api_error_from(const Status& s);
 
 // Either a value or an ApiError. Separate from Result<T> because a request
 // failure needs the HTTP status and the field name, which Status does not
@@ -55,6 +65,9 @@ struct ApiLimits {
   int max_n = 8;
   int max_images = 16;
   size_t max_image_bytes = size_t{20} << 20;  // per image, after base64 decoding
+  int64_t max_image_pixels = 0;  // per image: min_pixels / max_pixels above it are 400s (0: none)
+  int64_t vocab_size = 0;        // logit_bias / stop_token_ids ids must be below it (0: unchecked)
+  int64_t max_queue = 0;         // prompts x n above it are 400s (0: unchecked)
 };
 
 // Where images may come from.
@@ -81,6 +94,7 @@ struct CommonRequest {
   SamplingParams sampling;
   std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens
   std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;  // vLLM's extension
   int n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
@@ -99,13 +113,13 @@ struct ChatCompletionRequest : CommonRequest {
 // POST /v1/completions (OpenAI's legacy text API): each prompt is text or token ids.
 struct CompletionRequest : CommonRequest {
   struct Prompt {
-    std::string text;             // used when ids is empty
+    std::string text;  // used when ids is empty
     std::vector<int32_t> ids;
     bool is_ids = false;
   };
-  std::vector<Prompt> prompts;    // one or more; choices are prompt_index * n + i
-  bool echo = false;              // the reply starts with the prompt's text
-  std::optional<int> logprobs;    // 0..20: logprobs with this many alternatives
+  std::vector<Prompt> prompts;  // one or more; choices are prompt_index * n + i
+  bool echo = false;            // the reply starts with the prompt's text
+  std::optional<int> logprobs;  // 0..20: logprobs with this many alternatives
 };
 
 // Parses and validates a POST /v1/chat/completions body. Every failure is an

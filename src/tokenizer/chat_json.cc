@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "core/json_depth.h"
+
 namespace vlm {
 namespace {
 
@@ -13,13 +15,27 @@ void dump_string(const std::string& s, std::string* out) {
   *out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           char buf[8];
@@ -57,9 +73,15 @@ void dump_python(const ojson& j, std::string* out) {
       *out += ']';
       break;
     }
-    case ojson::value_t::string: dump_string(j.get<std::string>(), out); break;
-    case ojson::value_t::boolean: *out += j.get<bool>() ? "true" : "false"; break;
-    case ojson::value_t::null: *out += "null"; break;
+    case ojson::value_t::string:
+      dump_string(j.get<std::string>(), out);
+      break;
+    case ojson::value_t::boolean:
+      *out += j.get<bool>() ? "true" : "false";
+      break;
+    case ojson::value_t::null:
+      *out += "null";
+      break;
     case ojson::value_t::number_float: {
       // Python's repr: shortest round-trip digits, always with a '.' or an exponent.
       char buf[64];
@@ -69,7 +91,9 @@ void dump_python(const ojson& j, std::string* out) {
       *out += s;
       break;
     }
-    default: *out += j.dump(); break;  // integers
+    default:
+      *out += j.dump();
+      break;  // integers
   }
 }
 
@@ -88,15 +112,18 @@ Status parse_content(const ojson& c, size_t index, ChatMessage* m) {
     if (!part.is_object()) {
       return invalid_argument(where + ".content[" + std::to_string(i) + "] must be an object");
     }
-    const std::string type = part.value("type", std::string());
+    auto t = part.find("type");
+    const std::string type = t != part.end() && t->is_string() ? t->get<std::string>() : "";
     ChatPart p;
-    if (type == "image" || type == "image_url" || part.contains("image") || part.contains("image_url")) {
+    if (type == "image" || type == "image_url" || part.contains("image") ||
+        part.contains("image_url")) {
       p.type = ChatPart::Type::kImage;
     } else if (type == "video" || part.contains("video")) {
       p.type = ChatPart::Type::kVideo;
     } else if (part.contains("text")) {
       if (!part["text"].is_string()) {
-        return invalid_argument(where + ".content[" + std::to_string(i) + "].text must be a string");
+        return invalid_argument(where + ".content[" + std::to_string(i) +
+                                "].text must be a string");
       }
       p.type = ChatPart::Type::kText;
       p.text = part["text"].get<std::string>();
@@ -112,6 +139,9 @@ Status parse_content(const ojson& c, size_t index, ChatMessage* m) {
 }  // namespace
 
 Result<std::string> python_style_json(std::string_view json_text) {
+  if (json_nesting_depth(json_text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return invalid_argument("JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
   ojson j = ojson::parse(json_text, nullptr, false);
   if (j.is_discarded()) return invalid_argument("not valid JSON");
   std::string out;
@@ -120,8 +150,23 @@ Result<std::string> python_style_json(std::string_view json_text) {
 }
 
 Result<ParsedChat> parse_chat_json(std::string_view messages_json, std::string_view tools_json) {
+  for (std::string_view text : {messages_json, tools_json}) {
+    if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+      return invalid_argument("JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                              " levels");
+    }
+  }
   ojson msgs = ojson::parse(messages_json, nullptr, false);
   if (msgs.is_discarded()) return invalid_argument("messages: not valid JSON");
+  ojson tools;
+  if (!tools_json.empty()) {
+    tools = ojson::parse(tools_json, nullptr, false);
+    if (tools.is_discarded()) return invalid_argument("tools must be a JSON list");
+  }
+  return parse_chat_json(msgs, tools_json.empty() ? nullptr : &tools);
+}
+
+Result<ParsedChat> parse_chat_json(const ojson& msgs, const ojson* tools) {
   if (!msgs.is_array()) return invalid_argument("messages must be a list");
   ParsedChat out;
   for (size_t i = 0; i < msgs.size(); ++i) {
@@ -129,7 +174,8 @@ Result<ParsedChat> parse_chat_json(std::string_view messages_json, std::string_v
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!jm.is_object()) return invalid_argument(where + " must be an object");
     auto role = jm.find("role");
-    if (role == jm.end() || !role->is_string()) return invalid_argument(where + ".role must be a string");
+    if (role == jm.end() || !role->is_string())
+      return invalid_argument(where + ".role must be a string");
     ChatMessage m;
     m.role = role->get<std::string>();
     auto content = jm.find("content");
@@ -155,13 +201,11 @@ Result<ParsedChat> parse_chat_json(std::string_view messages_json, std::string_v
     }
     out.messages.push_back(std::move(m));
   }
-  if (!tools_json.empty()) {
-    ojson tools = ojson::parse(tools_json, nullptr, false);
-    if (tools.is_discarded() || !(tools.is_array() || tools.is_null())) {
+  if (tools != nullptr) {
+    if (!(tools->is_array() || tools->is_null()))
       return invalid_argument("tools must be a JSON list");
-    }
-    if (tools.is_array()) {
-      for (const ojson& t : tools) {
+    if (tools->is_array()) {
+      for (const ojson& t : *tools) {
         std::string s;
         dump_python(t, &s);
         out.tools_json.push_back(std::move(s));

@@ -34,16 +34,6 @@ std::optional<ImageFormat> sniff_format(const uint8_t* p, size_t n) {
 }
 
 // Up to 8 leading bytes as hex, so an "unknown format" error shows what the input actually was.
-std::string hex_prefix(const uint8_t* p, size_t n) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n && i < 8; ++i) {
-    if (i) s += ' ';
-    s += kHex[p[i] >> 4];
-    s += kHex[p[i] & 15];
-  }
-  return s;
-}
 
 // Closes the descriptor on every return path.
 class FdCloser {
@@ -81,7 +71,7 @@ Result<std::vector<uint8_t>> read_file_bytes(const std::string& path, int64_t ma
   try {
     bytes.resize(static_cast<size_t>(st.st_size));
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kResourceExhausted, "out of memory reading image '" + path + "'");
+    return Status(StatusCode::kUnavailable, "out of memory reading image '" + path + "'");
   }
   size_t done = 0;
   while (done < bytes.size()) {
@@ -139,7 +129,7 @@ Status check_dimensions(ImageFormat format, int64_t width, int64_t height,
                                     " pixels) exceeds the limit of " +
                                     std::to_string(limits.max_pixels) + " pixels");
   }
-  return ok_status();
+  return limits.on_size ? limits.on_size(width, height) : ok_status();
 }
 
 Result<Image> allocate_image(ImageFormat format, int64_t width, int64_t height) {
@@ -149,7 +139,7 @@ Result<Image> allocate_image(ImageFormat format, int64_t width, int64_t height) 
   try {
     img.rgb.resize(static_cast<size_t>(width) * static_cast<size_t>(height) * 3);
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kResourceExhausted,
+    return Status(StatusCode::kUnavailable,
                   std::string(image_format_name(format)) + ": out of memory for a " +
                       std::to_string(width) + "x" + std::to_string(height) + " image");
   }
@@ -166,9 +156,7 @@ Result<Image> decode_image(const uint8_t* data, size_t size, const ImageDecodeLi
   }
   std::optional<ImageFormat> format = sniff_format(data, size);
   if (!format) {
-    return invalid_argument("unrecognised image format (expected JPEG, PNG, WebP, GIF or BMP; " +
-                            std::to_string(size) + " bytes starting " + hex_prefix(data, size) +
-                            ")");
+    return invalid_argument("unrecognised image format (expected JPEG, PNG, WebP, GIF or BMP)");
   }
   switch (*format) {
     case ImageFormat::kJpeg:

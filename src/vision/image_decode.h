@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,14 +29,18 @@ struct ImageDecodeLimits {
   int64_t max_pixels = 50'000'000;  // width * height
   int64_t max_side = 32768;         // width and height, each
   int64_t max_bytes = 64 << 20;     // encoded input size
+  // Called with the image's size once its header is read, before any pixel buffer exists (after
+  // the checks above); an error it returns is the decode's. The engine prices an image in tokens
+  // here, so that an image the context cannot hold is refused before it is decoded.
+  std::function<Status(int64_t width, int64_t height)> on_size;
 };
 
 enum class ImageFormat { kJpeg, kPng, kWebp, kGif, kBmp };
 
 // Decodes one image (the first frame of an animation) from memory. The format is sniffed from the
 // magic bytes, never from a file name. Errors: kInvalidArgument for unknown, corrupt, truncated,
-// unsupported or over-limit input (the message starts with the format name), kResourceExhausted
-// when the pixel buffer cannot be allocated.
+// unsupported or over-limit input (the message starts with the format name), kUnavailable when the
+// pixel buffer cannot be allocated. Messages never quote the input's bytes.
 Result<Image> decode_image(const uint8_t* data, size_t size, const ImageDecodeLimits& limits = {});
 
 // Reads an image file's bytes (at most limits.max_bytes). Errors name the path (kNotFound when it
@@ -66,7 +71,7 @@ Status format_error(ImageFormat format, const std::string& what);
 Status check_dimensions(ImageFormat format, int64_t width, int64_t height,
                         const ImageDecodeLimits& limits);
 
-// An Image of width x height with a zero-filled rgb buffer; fails with kResourceExhausted instead
+// An Image of width x height with a zero-filled rgb buffer; fails with kUnavailable instead
 // of throwing when memory runs out. Call check_dimensions first.
 Result<Image> allocate_image(ImageFormat format, int64_t width, int64_t height);
 

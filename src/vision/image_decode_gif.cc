@@ -137,7 +137,7 @@ Result<Image> decode_gif(const uint8_t* data, size_t size, const ImageDecodeLimi
   // index (convert("RGB") shows the table colour, not a background).
   const size_t n_pixels = static_cast<size_t>(width) * static_cast<size_t>(height);
   std::unique_ptr<uint8_t[]> index(new (std::nothrow) uint8_t[n_pixels]);
-  if (!index) return Status(StatusCode::kResourceExhausted, "GIF: out of memory (index buffer)");
+  if (!index) return Status(StatusCode::kUnavailable, "GIF: out of memory (index buffer)");
   std::memset(index.get(), transparent >= 0 ? transparent : 0, n_pixels);
 
   // Interlaced frames arrive in four passes: rows 0, 8, 16...; 4, 12...; 2, 6...; 1, 3...

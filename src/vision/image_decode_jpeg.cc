@@ -84,7 +84,7 @@ Result<Image> decode_jpeg(const uint8_t* data, size_t size, const ImageDecodeLim
   if (cmyk) {
     // libjpeg cannot convert CMYK to RGB itself; decode to CMYK and apply PIL's formula.
     cmyk_buf.reset(new (std::nothrow) uint8_t[static_cast<size_t>(width) * height * 4]);
-    if (!cmyk_buf) return Status(StatusCode::kResourceExhausted, "JPEG: out of memory (CMYK)");
+    if (!cmyk_buf) return Status(StatusCode::kUnavailable, "JPEG: out of memory (CMYK)");
     rc = tjDecompress2(tj.get(), src, src_size, cmyk_buf.get(), width, width * 4, height, TJPF_CMYK,
                        flags);
   } else {

@@ -70,7 +70,7 @@ void convert_16bit(const uint8_t* raw, int64_t n_pixels, uint8_t color_type, uin
 
 Result<Image> decode_png(const uint8_t* data, size_t size, const ImageDecodeLimits& limits) {
   std::unique_ptr<spng_ctx, SpngDeleter> ctx(spng_ctx_new(0));
-  if (!ctx) return Status(StatusCode::kResourceExhausted, "PNG: cannot create decoder");
+  if (!ctx) return Status(StatusCode::kUnavailable, "PNG: cannot create decoder");
 
   // spng's own guards, in case a caller raises our limits: PNG caps sides at 2^31 - 1; no chunk
   // can be longer than the input; decompressed ancillary data (iCCP, zTXt...) is capped too.
@@ -108,7 +108,7 @@ Result<Image> decode_png(const uint8_t* data, size_t size, const ImageDecodeLimi
     err = spng_decoded_image_size(ctx.get(), SPNG_FMT_RAW, &raw_size);
     if (err != 0) return format_error(kFmt, "cannot size image: " + spng_message(err));
     std::unique_ptr<uint8_t[]> raw(new (std::nothrow) uint8_t[raw_size]);
-    if (!raw) return Status(StatusCode::kResourceExhausted, "PNG: out of memory (16-bit)");
+    if (!raw) return Status(StatusCode::kUnavailable, "PNG: out of memory (16-bit)");
     err = spng_decode_image(ctx.get(), raw.get(), raw_size, SPNG_FMT_RAW, 0);
     if (err != 0) return format_error(kFmt, "cannot decode image data: " + spng_message(err));
     convert_16bit(raw.get(), n_pixels, ihdr.color_type, img.rgb.data());

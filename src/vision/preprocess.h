@@ -78,7 +78,7 @@ struct PreprocessedImage {
 // (the fast processor's fused rescale+normalise), the image repeated temporal_patch_size times
 // (grid_t = 1), flattened as above. `pool` splits the resize and the flattening across threads.
 // Errors: kInvalidArgument for an empty or inconsistent image, bad options or a smart_resize error;
-// kResourceExhausted when the output cannot be allocated.
+// kUnavailable when the output cannot be allocated.
 Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOptions& opt,
                                            ThreadPool* pool = nullptr);
 

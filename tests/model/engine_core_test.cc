@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -173,6 +174,70 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
   auto bad_id = (*core)->submit(bad, [](const CoreEvent&) {});
   ASSERT_FALSE(bad_id.ok());
   EXPECT_NE(bad_id.status().message().find("image 1"), std::string::npos) << bad_id.status().message();
+}
+
+// An image is priced in tokens from its header before it is decoded or resized: one the context
+// cannot hold is refused at submit (400 upstream) without a pixel of work. The 32x32 PNG at a
+// budget of 1e8 pixels would be upscaled to ~97,000 tokens; the other is a 4000x4000 PNG header
+// with no pixel data at all (decoding it would fail differently).
+TEST(EngineCore, ImagesArePricedBeforeTheyAreDecoded) {
+  auto engine = load_fixture_engine("vision-f32");
+  ASSERT_NE(engine, nullptr);
+  BatchingOptions o;
+  o.max_batched_tokens = 64;
+  auto core = EngineCore::create(*engine, o);
+  ASSERT_TRUE(core.ok()) << core.status().message();
+  GenerateRequest r;
+  r.prompt_ids = {5, 6, 1002, 1000, 1003, 7};  // text, vision_start, one image pad, vision_end, text
+  ImageInput small;
+  const std::string png = test_util::read_file(kFixtures + "/../../unit/fixtures/images/png_rgb.png");
+  small.bytes.assign(png.begin(), png.end());
+  small.min_pixels = 100000000;
+  small.max_pixels = 100000000;
+  GenerateRequest upscaled = r;
+  upscaled.images = {small};
+  auto refused = (*core)->submit(upscaled, [](const CoreEvent&) {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(refused.status().message().find("image 1"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("tokens at the pixel budget"), std::string::npos)
+      << refused.status().message();
+  // A header that promises 4000x4000 and nothing else: priced (and refused) from the header.
+  std::string header = png.substr(0, 33);  // signature + IHDR chunk
+  auto put32 = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) header[at + i] = static_cast<char>(v >> (24 - 8 * i));
+  };
+  put32(16, 4000);
+  put32(20, 4000);
+  ImageInput big;
+  big.bytes.assign(header.begin(), header.end());
+  GenerateRequest huge = r;
+  huge.images = {big};
+  auto priced = (*core)->submit(huge, [](const CoreEvent&) {});
+  ASSERT_FALSE(priced.ok());
+  EXPECT_NE(priced.status().message().find("4000x4000"), std::string::npos) << priced.status().message();
+  EXPECT_NE(priced.status().message().find("tokens at the pixel budget"), std::string::npos)
+      << priced.status().message();
+  EXPECT_EQ(std::string(priced.status().message()).find("/"), std::string::npos)
+      << "no path in the message: " << priced.status().message();
+}
+
+// max_tokens near INT64_MAX is checked without overflow: refused, the number shown as sent.
+TEST(EngineCore, HugeMaxTokensIsRefusedWithoutOverflow) {
+  auto engine = load_fixture_engine("text-f32-untied");
+  ASSERT_NE(engine, nullptr);
+  BatchingOptions o;
+  o.max_batched_tokens = 64;
+  auto core = EngineCore::create(*engine, o);
+  ASSERT_TRUE(core.ok()) << core.status().message();
+  GenerateRequest r = requests(1, 1)[0];
+  r.max_new_tokens = std::numeric_limits<int64_t>::max();
+  auto refused = (*core)->submit(r, [](const CoreEvent&) {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(refused.status().message().find("9223372036854775807"), std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(refused.status().message().find("-"), std::string::npos) << refused.status().message();
 }
 
 TEST(EngineCore, VisionCacheIsBoundedInBytes) {

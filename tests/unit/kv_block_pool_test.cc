@@ -18,7 +18,7 @@ TEST(BlockPool, AllocatesAllOrNothingAndRecycles) {
   EXPECT_EQ(pool.num_free(), 1);
   std::vector<int32_t> b;
   Status s = pool.allocate(2, &b);
-  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("2 blocks needed, 1 free of 4"), std::string::npos) << s.message();
   EXPECT_TRUE(b.empty());  // nothing taken on failure
   pool.release({a[1]});
@@ -55,7 +55,7 @@ TEST(KvCacheManager, TablesGrowByBlockAndFreeAll) {
   EXPECT_TRUE(kv.can_reserve(9, 16 * 5));
   EXPECT_FALSE(kv.can_reserve(9, 16 * 6));
   Status s = kv.reserve(9, 16 * 6);  // needs 5 more, 4 free: refused, table unchanged
-  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_EQ(kv.block_table(9).size(), 1u);
   kv.free(7);
   EXPECT_TRUE(kv.block_table(7).empty());
@@ -78,7 +78,7 @@ TEST(KvCacheManager, TableSizedForMaxTokensNeverMoves) {
     EXPECT_EQ(kv.block_table(3).data(), data) << t;
   }
   EXPECT_EQ(kv.block_table(3).size(), 10u);
-  EXPECT_EQ(kv.reserve(4, 4 * 7, 4 * 7).code(), StatusCode::kResourceExhausted);  // 6 free
+  EXPECT_EQ(kv.reserve(4, 4 * 7, 4 * 7).code(), StatusCode::kUnavailable);  // 6 free
   EXPECT_TRUE(kv.block_table(4).empty());
   EXPECT_EQ(kv.pool().num_used(), 10);
 }

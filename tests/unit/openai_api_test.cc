@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -138,7 +139,7 @@ TEST(OpenAiApiTest, InvalidFieldsNameTheirParam) {
       {{{"model", 3}}, "model"},
       {{{"stream", "yes"}}, "stream"},
       {{{"stream_options", 1}}, "stream_options"},
-      {{{"stream_options", {{"include_usage", 1}}}}, "stream_options.include_usage"},
+      {{{"stream", true}, {"stream_options", {{"include_usage", 1}}}}, "stream_options.include_usage"},
       {{{"max_tokens", 0}}, "max_tokens"},
       {{{"max_tokens", 1.5}}, "max_tokens"},
       {{{"max_completion_tokens", -3}}, "max_completion_tokens"},
@@ -171,6 +172,127 @@ TEST(OpenAiApiTest, InvalidFieldsNameTheirParam) {
   for (const auto& [extra, param] : cases) expect_error(body_with("hi", extra), 400, param);
 }
 
+// Fields are read or refused by name: nothing that would change the output is ignored.
+TEST(OpenAiApiTest, EveryFieldIsReadOrRefusedByName) {
+  const std::pair<json, std::string> refused[] = {
+      {{{"temprature", 0.5}}, "temprature"},  // a typo is not silently ignored
+      {{{"reasoning_effort", "high"}}, "reasoning_effort"},
+      {{{"functions", json::array()}}, "functions"},
+      {{{"min_tokens", 3}}, "min_tokens"},
+      {{{"skip_special_tokens", false}}, "skip_special_tokens"},
+      {{{"echo", true}}, "echo"},  // an extension of vLLM's chat, not served here
+      {{{"audio", {{"voice", "x"}}}}, "audio"},
+      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"response_format", {{"type", "sound"}}}}, "response_format"},
+      {{{"response_format", "text"}}, "response_format"},
+      {{{"tool_choice", "required"}}, "tool_choice"},
+      {{{"tool_choice", "none"}}, "tool_choice"},
+      {{{"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}, "tool_choice"},
+      {{{"parallel_tool_calls", false}}, "parallel_tool_calls"},
+      {{{"modalities", {"text", "audio"}}}, "modalities"},
+      {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},  // without stream
+      {{{"stream", false}, {"stream_options", {{"include_usage", false}}}}, "stream_options"},
+      {{{"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}},
+       "stream_options.continuous_usage_stats"},
+      {{{"logit_bias", {{"abc", 1}}}}, "logit_bias"},
+      {{{"logit_bias", {{"-5", 1}}}}, "logit_bias"},
+      {{{"logit_bias", {{"5", 101}}}}, "logit_bias"},
+      {{{"logit_bias", {{"5", "x"}}}}, "logit_bias"},
+      {{{"logit_bias", json::array({1})}}, "logit_bias"},
+      {{{"stop_token_ids", {1, -1}}}, "stop_token_ids"},
+  };
+  for (const auto& [extra, param] : refused) {
+    auto r = parse(body_with("hi", extra));
+    ASSERT_FALSE(r.ok()) << extra.dump();
+    EXPECT_EQ(r.error().http_status, 400) << extra.dump();
+    EXPECT_EQ(r.error().param, param) << extra.dump() << " → " << r.error().message;
+    EXPECT_NE(r.error().message.find(param.substr(0, param.find('.'))), std::string::npos)
+        << r.error().message;
+  }
+  // Accepted: fields that do not change the output, and the one mode of each selector served.
+  auto ok = parse(body_with("hi", {{"user", "u1"},
+                                   {"store", false},
+                                   {"metadata", {{"k", "v"}}},
+                                   {"service_tier", "auto"},
+                                   {"response_format", {{"type", "text"}}},
+                                   {"tool_choice", "auto"},
+                                   {"parallel_tool_calls", true},
+                                   {"modalities", {"text"}},
+                                   {"stream", true},
+                                   {"stream_options", {{"include_usage", true}}},
+                                   {"logit_bias", {{"7", -100}, {"12", 2.5}}},
+                                   {"stop_token_ids", {3, 4}}}));
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  auto bias = ok->sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{7, -100.f}, {12, 2.5f}}));
+  EXPECT_EQ(ok->stop_token_ids, (std::vector<int32_t>{3, 4}));
+  EXPECT_TRUE(ok->include_usage);
+}
+
+TEST(OpenAiApiTest, LimitsFromTheServer) {
+  ApiLimits limits;
+  limits.vocab_size = 100;
+  limits.max_queue = 3;
+  limits.max_image_pixels = 1 << 20;
+  // Ids outside the vocabulary are listed.
+  auto lb = parse(body_with("hi", {{"logit_bias", {{"5", 1}, {"100", 1}, {"250", -1}}}}), limits);
+  ASSERT_FALSE(lb.ok());
+  EXPECT_EQ(lb.error().param, "logit_bias");
+  EXPECT_NE(lb.error().message.find("100, 250"), std::string::npos) << lb.error().message;
+  expect_error(body_with("hi", {{"stop_token_ids", {100}}}), 400, "stop_token_ids", limits);
+  // n beyond the queue could never be admitted: 400 (not a 429 that retries cannot cure).
+  auto q = parse(body_with("hi", {{"n", 4}}), limits);
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(q.error().http_status, 400);
+  EXPECT_EQ(q.error().param, "n");
+  EXPECT_NE(q.error().message.find("--max-waiting"), std::string::npos) << q.error().message;
+  EXPECT_TRUE(parse(body_with("hi", {{"n", 3}}), limits).ok());
+  // Pixel budgets above the server's per-image cap.
+  expect_error(body_with("hi", {{"min_pixels", (1 << 20) + 1}}), 400, "min_pixels", limits);
+  expect_error(body_with("hi", {{"max_pixels", int64_t{1} << 30}}), 400, "max_pixels", limits);
+  expect_error(body_with(json::array({{{"type", "image"}, {"image", data_url(kFakePng)}, {"min_pixels", 100000000}}})),
+               400, "messages[0].content[0].min_pixels", limits);
+  EXPECT_TRUE(parse(body_with("hi", {{"max_pixels", 1 << 20}}), limits).ok());
+  // Completions: prompts x n against the queue too.
+  auto c = parse_completion(R"({"prompt": ["a", "b"], "n": 2})", limits);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().param, "n");
+}
+
+// JSON nested deeper than kMaxJsonDepth is refused before anything walks it (a 60 KB body of
+// 30,000 levels used to crash the server in a recursive re-serialization).
+TEST(OpenAiApiTest, DeepNestingIsRefusedBeforeParsing) {
+  for (const char* field : {"messages", "content", "tools"}) {
+    std::string deep;
+    for (int i = 0; i < 100000; ++i) deep += '[';
+    for (int i = 0; i < 100000; ++i) deep += ']';
+    std::string body;
+    if (std::string(field) == "messages") {
+      body = "{\"messages\": " + deep + "}";
+    } else if (std::string(field) == "content") {
+      body = "{\"messages\": [{\"role\": \"user\", \"content\": " + deep + "}]}";
+    } else {
+      body = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": " + deep + "}";
+    }
+    auto r = parse(body);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_EQ(r.error().http_status, 400);
+    EXPECT_NE(r.error().message.find("deeper than 64"), std::string::npos) << r.error().message;
+    auto c = parse_completion("{\"prompt\": " + deep + "}", {});
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.error().message.find("deeper than 64"), std::string::npos) << c.error().message;
+  }
+  // Brackets inside strings do not count; 64 levels are fine.
+  std::string tools = "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": ";
+  for (int i = 0; i < 60; ++i) tools += "{\"a\": ";
+  tools += "\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"";
+  for (int i = 0; i < 60; ++i) tools += "}";
+  tools += "}}]";
+  auto ok = parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": " + tools + "}");
+  EXPECT_TRUE(ok.ok()) << ok.error().message;
+}
+
 TEST(OpenAiApiTest, BadMessages) {
   expect_error("{}", 400, "messages");
   expect_error(R"({"messages": []})", 400, "messages");
@@ -188,6 +310,17 @@ TEST(OpenAiApiTest, MalformedJsonNamesThePosition) {
   EXPECT_EQ(r.error().http_status, 400);
   EXPECT_EQ(r.error().type, "invalid_request_error");
   EXPECT_NE(r.error().message.find("column"), std::string::npos) << r.error().message;
+  // A number beyond a double is malformed too (the parser throws a different exception for it;
+  // found by the fuzz target).
+  for (const char* body : {R"({"messages": [{"role": "user", "content": "x"}], "temperature": 1e400})",
+                           R"({"messages": [{"role": "user", "content": "x"}], "seed": -1e999})"}) {
+    auto big = parse(body);
+    ASSERT_FALSE(big.ok()) << body;
+    EXPECT_EQ(big.error().http_status, 400);
+    auto c = parse_completion(R"({"prompt": [[1, 41e308]]})", {});
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.error().http_status, 400);
+  }
 }
 
 json image_part(const std::string& url) {
@@ -310,6 +443,19 @@ TEST(OpenAiApiTest, ErrorJson) {
   EXPECT_TRUE(e["error"].contains("code"));
   json n = json::parse(api_error_json({404, "not_found_error", "no model", ""}));
   EXPECT_TRUE(n["error"]["param"].is_null());
+}
+
+// Engine errors by kind: a full queue is the 429, running out of memory or cache right now 503.
+TEST(OpenAiApiTest, EngineErrorsMapToTheirStatus) {
+  EXPECT_EQ(api_error_from(Status(StatusCode::kResourceExhausted, "queue full")).http_status, 429);
+  EXPECT_EQ(api_error_from(Status(StatusCode::kResourceExhausted, "q")).type, "rate_limit_error");
+  const ApiError oom = api_error_from(unavailable("PNG: out of memory"));
+  EXPECT_EQ(oom.http_status, 503);
+  EXPECT_EQ(oom.type, "server_error");
+  EXPECT_EQ(oom.message, "PNG: out of memory");
+  EXPECT_EQ(api_error_from(out_of_range("too long")).http_status, 400);
+  EXPECT_EQ(api_error_from(invalid_argument("bad")).type, "invalid_request_error");
+  EXPECT_EQ(api_error_from(internal_error("bug")).http_status, 500);
 }
 
 TEST(OpenAiApiTest, CompletionJson) {

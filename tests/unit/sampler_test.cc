@@ -56,6 +56,30 @@ TEST(Sampler, RecordKeepsPenaltiesAsSampleDoes) {
   EXPECT_FALSE(Sampler(8, q).plain_greedy());
 }
 
+// logit_bias is added to the logits before anything else (OpenAI semantics): +100 all but forces
+// a token, -100 bans the argmax; greedy picks see it, and a device cannot stand in for it.
+TEST(Sampler, LogitBiasShiftsTheLogitsFirst) {
+  ResolvedSampling p;
+  p.logit_bias = {{3, 100.f}};
+  Sampler forced(5, p);
+  EXPECT_FALSE(forced.plain_greedy());
+  EXPECT_FALSE(forced.device_can_draw());
+  std::vector<float> l = {0.1f, 3.f, -1.f, 2.9f, 0.f};
+  EXPECT_EQ(forced.sample(l.data()), 3);
+  p.logit_bias = {{1, -100.f}};
+  std::vector<float> l2 = {0.1f, 3.f, -1.f, 2.9f, 0.f};
+  EXPECT_EQ(Sampler(5, p).sample(l2.data()), 3);  // the argmax is banned: the runner-up
+  // Sampling: a banned token never comes out; a small bias moves the odds.
+  ResolvedSampling q = sampled(7);
+  q.logit_bias = {{0, -100.f}};
+  auto h = histogram(q, {2.f, 2.f, 2.f}, 600);
+  EXPECT_EQ(h.count(0), 0u);
+  EXPECT_GT(h[1], 200);
+  EXPECT_GT(h[2], 200);
+  ResolvedSampling none = sampled(7);
+  EXPECT_TRUE(Sampler(3, none).device_can_draw());
+}
+
 // What a device draws from: the settings, u from the seeded generator, and one penalty entry per
 // seen id (repetition for all, presence + frequency · count for the generated ones).
 TEST(Sampler, DeviceDrawCarriesTheSettingsAndPenalties) {

@@ -281,6 +281,9 @@ int main(int argc, char** argv) {
   serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
   serve->add_option("--allowed-media-path", so.allowed_media_path, "Folder file:// images may come from");
   serve->add_flag("--allow-remote-media", so.allow_remote_media, "Fetch http(s):// image URLs (off by default)");
+  serve->add_option("--max-image-pixels", so.max_image_pixels,
+                    "Largest resize budget (pixels) a request may ask of one image with min_pixels / "
+                    "max_pixels (default 16777216)");
   serve->add_option("--max-num-seqs", so.batching.max_num_seqs, "Sequences per batch step");
   serve->add_option("--max-batched-tokens", so.batching.max_batched_tokens, "Tokens per batch step");
   serve->add_option("--block-size", so.batching.block_size, "KV cache block size in tokens");
