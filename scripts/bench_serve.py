@@ -149,6 +149,9 @@ def build_body(args, model: str, index: int, images: ImageMaker | None) -> tuple
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if getattr(args, "logprobs", 0):
+        body["logprobs"] = True
+        body["top_logprobs"] = args.logprobs
     return json.dumps(body).encode("utf-8"), image_bytes
 
 
@@ -449,6 +452,7 @@ def markdown_table(levels: list[dict]) -> str:
     show_cache = any(l["server"].get("vision_cache_hits") is not None
                      or l["server"].get("vision_cache_misses") is not None for l in levels)
     show_preempt = any(l["server"].get("preemptions") is not None for l in levels)
+    show_step = any("vlm_engine_step_seconds" in l["server"].get("histogram_means", {}) for l in levels)
     head = ["conc", "reqs", "fail", "req/s", "out tok/s",
             "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "ITL ms p50/p90/p99",
             "E2E ms p50/p90/p99"]
@@ -456,6 +460,8 @@ def markdown_table(levels: list[dict]) -> str:
         head.append("vision cache hit/miss")
     if show_preempt:
         head.append("preempted")
+    if show_step:
+        head.append("engine step ms (mean)")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for l in levels:
         row = [str(l["concurrency"]), str(l["num_requests"]), str(l["failed"]),
@@ -466,6 +472,9 @@ def markdown_table(levels: list[dict]) -> str:
                        f"{_count(l['server'].get('vision_cache_misses'))}")
         if show_preempt:
             row.append(_count(l["server"].get("preemptions")))
+        if show_step:
+            step = l["server"].get("histogram_means", {}).get("vlm_engine_step_seconds")
+            row.append("—" if step is None else f"{step * 1000:.2f}")
         rows.append("| " + " | ".join(row) + " |")
     return "\n".join(rows)
 
@@ -631,6 +640,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     w.add_argument("--output-len", type=int, default=32, help="max_tokens (with ignore_eos)")
     w.add_argument("--image-size", default="448x448", help="WxH of each generated JPEG")
     w.add_argument("--no-image", action="store_true", help="text-only requests")
+    w.add_argument("--logprobs", type=int, default=0,
+                   help="ask for logprobs with this many top alternatives per token (0: none)")
     w.add_argument("--images-dir", default=str(DEFAULT_IMAGES), help="source photos")
     w.add_argument("--jpeg-quality", type=int, default=90)
     w.add_argument("--prompt-words", type=int, default=0,

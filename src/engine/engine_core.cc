@@ -118,7 +118,8 @@ EngineCore::EngineCore(Engine& engine, const BatchingOptions& opts, Scheduler sc
   st_->sched = std::make_unique<Scheduler>(std::move(sched));
 }
 
-Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const BatchingOptions& o) {
+Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const BatchingOptions& o,
+                                                       std::function<void(double)> on_step) {
   Engine::Impl& m = *engine.impl_;
   const Qwen3VLTextConfig& t = m.cfg.text_config;
   BatchingOptions opts = o;
@@ -159,6 +160,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   sc.max_waiting = opts.max_waiting + opts.max_num_seqs + 1;
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
   std::unique_ptr<EngineCore> core(new EngineCore(engine, opts, std::move(sched)));
+  core->on_step_ = std::move(on_step);
   if (m.gpu != nullptr) {
     VLM_RETURN_IF_ERROR(m.gpu->allocate_cache(opts.num_blocks, opts.block_size, blocks_per_seq));
   } else {
@@ -431,6 +433,7 @@ void EngineCore::admit() {
 
 void EngineCore::step() {
   State& s = *st_;
+  const auto t0 = std::chrono::steady_clock::now();
 
   // 1. Take new requests and aborts (moved over under the lock: a local deque would allocate).
   std::vector<int64_t> aborts;
@@ -460,8 +463,13 @@ void EngineCore::step() {
     if (!out.items.empty()) ++s.stats.steps;
   }
   run_batch(out);
-  std::lock_guard<std::mutex> lock(s.mu);
-  publish_stats_locked();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    publish_stats_locked();
+  }
+  if (on_step_ && !out.items.empty()) {
+    on_step_(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
 }
 
 void EngineCore::run_batch(const SchedulerOutput& out) {

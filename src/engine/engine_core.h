@@ -48,7 +48,10 @@ struct CoreEvent {
 class EngineCore {
  public:
   // Takes over `engine` (do not call its generate/logits while the core runs).
-  static Result<std::unique_ptr<EngineCore>> create(Engine& engine, const BatchingOptions& opts);
+  // `on_step`, when set, is called on the engine thread after every step that ran the model,
+  // with the step's wall time in seconds (the server's step-time histogram).
+  static Result<std::unique_ptr<EngineCore>> create(Engine& engine, const BatchingOptions& opts,
+                                                    std::function<void(double)> on_step = nullptr);
   ~EngineCore();  // stops the engine thread; unfinished requests get no further events
 
   // Queues a request; `on_event` is called on the engine thread for every token and once with
@@ -79,6 +82,7 @@ class EngineCore {
 
  private:
   EngineCore(Engine& engine, const BatchingOptions& opts, Scheduler sched);
+  std::function<void(double)> on_step_;
   void loop();
   void step();
   void run_batch(const SchedulerOutput& out);

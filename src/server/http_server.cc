@@ -101,6 +101,7 @@ struct Server::Impl {
   Histogram* queue_time = nullptr;
   Histogram* preprocess_time = nullptr;
   Histogram* encode_time = nullptr;
+  Histogram* step_time = nullptr;
   Gauge* running = nullptr;
   Gauge* waiting = nullptr;
   Gauge* kv_used = nullptr;
@@ -125,7 +126,8 @@ struct Server::Impl {
       if (engine->tokenizer() == nullptr)
         return not_found("the model directory has no tokenizer.json");
       limits.vocab_size = engine->vocab_size();  // set before `ready`, read after it
-      VLM_ASSIGN_OR_RETURN(core, EngineCore::create(*engine, opts.batching));
+      VLM_ASSIGN_OR_RETURN(core, EngineCore::create(*engine, opts.batching,
+                                                    [h = step_time](double s) { h->observe(s); }));
       return ok_status();
     }();
     ready = st.ok();
@@ -741,6 +743,9 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
       "vlm_image_preprocess_seconds", "Image decode + preprocess per request (worker thread)", lat);
   impl->encode_time = &m.histogram("vlm_vision_encode_seconds",
                                    "Vision encoder time per request (cache misses)", lat);
+  impl->step_time =
+      &m.histogram("vlm_engine_step_seconds", "Engine step wall time (steps that ran the model)",
+                   {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
   impl->running = &m.gauge("vlm_num_requests_running", "Requests in the running batch");
   impl->waiting = &m.gauge("vlm_num_requests_waiting", "Requests waiting to be scheduled");
   impl->kv_used = &m.gauge("vlm_kv_cache_blocks_used", "KV cache blocks in use");
