@@ -1,7 +1,10 @@
 // vlm public API: load a Qwen3-VL checkpoint directory and run it.
-// An Engine is used by one thread at a time.
+// Every request runs through the Engine's one engine core (continuous batching on its own
+// thread): submit, generate and logits may be called from many threads at once, and their
+// requests share the core's forward passes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,6 +17,23 @@
 #include "vlm/tokenizer.h"
 
 namespace vlm {
+
+// The engine core: the per-step limits, the paged KV cache and the queue. Every request runs
+// through it (Engine::submit, generate, logits).
+struct BatchingOptions {
+  int32_t block_size = 16;
+  // 0: max_num_seqs × the full context, capped at 4 GiB of f32 K and V on the CPU (reserved at
+  // load, resident as blocks are first used) and at EngineOptions::gpu_memory_utilization of the
+  // GPU's memory on "cuda".
+  int32_t num_blocks = 0;
+  int64_t max_num_seqs = 16;
+  int64_t max_batched_tokens = 0;     // tokens per step; 0: the prefill chunk (at most that)
+  int64_t max_waiting = 256;          // queued (not yet running) requests; beyond: ResourceExhausted
+  int64_t vision_cache_mib = 512;     // vision-encoder outputs kept for images that come back
+  // When a request arrives at an idle engine, wait up to this long for others to arrive so they
+  // prefill together (0: start at once).
+  int64_t batch_wait_ms = 0;
+};
 
 struct EngineOptions {
   std::string model_dir;     // config.json + *.safetensors (+ tokenizer.json, generation_config.json)
@@ -56,21 +76,43 @@ struct EngineOptions {
   // "cuda": decode steps (one new token per sequence) are captured as CUDA graphs, one per
   // batch-size bucket, and replayed (false: every kernel launched each step).
   bool cuda_graphs = true;
+  BatchingOptions batching;
+  // Called on the engine thread after every step that ran the model, with its wall time in
+  // seconds (e.g. a step-time histogram); must not block.
+  std::function<void(double seconds)> on_step;
 };
 
-// Continuous batching (EngineCore, `vlm serve`): the per-step limits and the paged KV cache.
-struct BatchingOptions {
-  int32_t block_size = 16;
-  // 0: max_num_seqs × the full context, capped at 2 GiB of KV on the CPU and at
-  // EngineOptions::gpu_memory_utilization of the GPU's memory on "cuda".
-  int32_t num_blocks = 0;
-  int64_t max_num_seqs = 16;
-  int64_t max_batched_tokens = 256;   // ≤ the engine's prefill_chunk (its scratch size)
-  int64_t max_waiting = 256;          // queued (not yet running) requests; beyond: ResourceExhausted
-  int64_t vision_cache_mib = 512;     // vision-encoder outputs kept for images that come back
-  // When a request arrives at an idle engine, wait up to this long for others to arrive so they
-  // prefill together (0: start at once).
-  int64_t batch_wait_ms = 0;
+class OutputProcessor;
+
+// The results of one request submitted to the engine (Engine::submit), piece by piece. Pieces are
+// made on the consuming thread: detokenizing, stop strings and logprob entries happen in next()
+// / try_next(), never on the engine thread. One consumer at a time; cancel() may come from any
+// thread.
+class RequestStream {
+ public:
+  ~RequestStream();  // cancels the request if it has not finished
+  int64_t id() const;
+  // The most tokens the request may sample (GenerateRequest::max_new_tokens as resolved at
+  // submit).
+  int64_t max_new_tokens() const;
+  // The next piece; blocks until the engine has produced it. False once the final piece has been
+  // returned, or after cancel().
+  bool next(RequestOutput* out);
+  // The same without waiting: false when no piece is ready now.
+  bool try_next(RequestOutput* out);
+  // Stops the request (e.g. the client went away): its KV blocks are freed at the engine's next
+  // step and no further piece comes.
+  void cancel();
+
+  struct State;  // shared with the engine thread
+  RequestStream(std::shared_ptr<State> state, std::unique_ptr<OutputProcessor> processor);
+
+ private:
+  bool take(RequestOutput* out, bool wait);
+  std::shared_ptr<State> state_;
+  std::unique_ptr<OutputProcessor> proc_;
+  int64_t consumed_ = 0;  // tokens taken from the state
+  bool done_ = false;     // the final piece was returned, or the stream was cancelled
 };
 
 class Engine {
@@ -119,13 +161,36 @@ class Engine {
   Result<std::vector<float>> logits(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
                                     std::vector<int32_t>* expanded_ids = nullptr);
 
-  // Generates a reply. on_token is called for each sampled token with the newly complete text;
-  // returning false stops generation (finish reason stays kNone).
+  // Queues a request for the engine core and returns its stream. Runs on the caller's thread:
+  // validation, and reading, decoding and preprocessing the images (or finding them in the vision
+  // cache), so a bad request, one over the context or a full queue (ResourceExhausted) is an
+  // error here. `notify`, when set, is called on the engine thread whenever new pieces are ready
+  // (it must not block: an event-driven consumer schedules try_next() on its own thread).
+  Result<std::unique_ptr<RequestStream>> submit(GenerateRequest request,
+                                                std::function<void()> notify = {});
+
+  // Generates a reply (submit, then the stream to its end). on_token is called for each sampled
+  // token with the newly complete text; returning false stops generation (finish reason stays
+  // kNone).
   Result<GenerateResult> generate(const GenerateRequest& request,
                                   const std::function<bool(const TokenEvent&)>& on_token = {});
 
+  // The engine core's state, for metrics and tests.
+  struct CoreStats {
+    int64_t running = 0, waiting = 0, kv_blocks_used = 0, kv_blocks_total = 0, steps = 0,
+            preemptions = 0;
+    int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0;
+    int64_t vision_cache_bytes = 0;
+  };
+  CoreStats core_stats() const;
+  // When the engine loop last finished a step or an idle wait (it wakes at least every second):
+  // a loop that stops beating is stuck.
+  std::chrono::steady_clock::time_point last_heartbeat() const;
+  // Blocks until no request is queued or running.
+  void wait_idle();
+
   // Decodes, preprocesses and encodes one image through the vision tower, and reports the cost
-  // (for benchmarks: the text decoder does not run).
+  // (for benchmarks: the text decoder does not run). Runs on the engine thread between steps.
   struct ImageTimings {
     int64_t vision_tokens = 0;
     int64_t resized_h = 0, resized_w = 0;
@@ -136,17 +201,9 @@ class Engine {
   struct Impl;
 
  private:
-  friend class EngineCore;  // continuous batching runs on the same model (src/engine)
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
-// Peak resident set size of this process in bytes (for summaries and benchmarks).
-int64_t peak_rss_bytes();
-
 }  // namespace vlm
 
-namespace vlm {
-// Writes a float32 array as a NumPy .npy file (C order), e.g. logits [rows, vocab].
-Status save_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
-}  // namespace vlm

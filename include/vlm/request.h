@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "vlm/status.h"
+
 namespace vlm {
 
 // Unset fields take the model's generation_config.json value (transformers' defaults otherwise).
@@ -40,17 +42,67 @@ struct GenerateRequest {
   std::vector<int32_t> prompt_ids;
   std::vector<ImageInput> images;  // one per image pad, in prompt order
   SamplingParams sampling;
-  std::optional<int64_t> max_new_tokens;  // default: generation_config, else 256
+  // The generation budget: the new tokens the request may sample (at least 1; the stop token
+  // counts). Default: generation_config's, else 256, shrunk to what the context leaves.
+  std::optional<int64_t> max_new_tokens;
   std::vector<std::string> stop;          // stop strings; the reply ends before the first match
   std::vector<int32_t> stop_token_ids;    // in addition to the model's eos ids
   bool ignore_eos = false;                // keep going past eos (benchmarks)
-  // >= 0 (continuous batching only): each token comes with its log-probability under the model
-  // (log-softmax of the raw logits, before penalties, temperature and truncation, as vLLM
-  // reports them) and the `logprobs` most likely tokens at that step.
+  // 0..20: each token comes with its log-probability under the model (log-softmax of the raw
+  // logits, before the logit bias, penalties, temperature and truncation, as vLLM reports them)
+  // and the `logprobs` most likely tokens at that step. -1: none.
   int32_t logprobs = -1;
 };
 
+// A token's log-probability as the caller sees it: `token` holds the bytes the token adds to the
+// reply's text (may be part of a UTF-8 character; empty for a special token, which the text
+// skips), and the most likely alternatives at its step, best first (their own bytes).
+struct TopLogprob {
+  std::string token;
+  double logprob = 0.0;
+  int32_t token_id = -1;
+};
+struct TokenLogprob {
+  std::string token;
+  double logprob = 0.0;
+  std::vector<TopLogprob> top_logprobs;
+  int32_t token_id = -1;
+  int64_t rank = 0;  // 1: the most likely token at its step; 1 + the tokens more likely
+};
+
+// Where a request's time went, and its token counts.
+struct RequestStats {
+  int64_t prompt_tokens = 0;      // after image pads are expanded
+  int64_t completion_tokens = 0;  // tokens sampled (a stop token included)
+  int64_t vision_tokens = 0;      // image tokens among the prompt's
+  int64_t images = 0, images_cached = 0;  // cached: found in the vision-encoder cache
+  double queue_ms = 0;            // submit → first forward pass, image encoding excluded
+  double image_decode_ms = 0;     // reading and decoding the images (the submitting thread)
+  double preprocess_ms = 0;       // resizing and normalising them (the submitting thread)
+  double encode_ms = 0;           // the vision tower (images not found in the cache)
+  double prefill_ms = 0;          // first forward pass → first token
+  double decode_ms = 0;           // first token → last token
+};
+
 enum class FinishReason { kNone, kStop, kLength };
+
+// One piece of a request's stream (Engine::submit): a sampled token and the text it completes, or
+// the final piece. The text is whole UTF-8 characters; text that might begin a stop string is
+// held back until it cannot, and a stop string and what follows it never appear.
+struct RequestOutput {
+  int32_t token_id = -1;  // -1: no token (the final flush, an error, a cancel)
+  std::string text;       // new text (may be empty)
+  // With GenerateRequest::logprobs >= 0: the entries whose bytes the text has now reached; over
+  // the whole stream their bytes add up to the text exactly (a stop token, and the tokens of a
+  // stop string, are not listed).
+  std::vector<TokenLogprob> logprobs;
+  int64_t step = 0;        // with a token: the engine step that sampled it
+  int64_t step_end_ns = 0;  // when that step ended (steady_clock, nanoseconds since its epoch)
+  bool finished = false;   // the last piece
+  FinishReason finish_reason = FinishReason::kNone;
+  Status error;            // non-ok: the request failed (finished)
+  RequestStats stats;      // complete on the final piece; token counts so far before it
+};
 
 // One streamed piece of the reply.
 struct TokenEvent {

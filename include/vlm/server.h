@@ -23,7 +23,6 @@ struct ServeOptions {
   // Per image: a request's min_pixels / max_pixels above it are refused (400). The default is the
   // Qwen3-VL processor's own largest budget (16,384 tokens).
   int64_t max_image_pixels = 16777216;
-  BatchingOptions batching;         // max_batched_tokens ≤ engine.prefill_chunk; a full queue → 429
   // The HTTP transport (docs/architecture.md, "Serving").
   int http_threads = 8;             // workers: JSON, chat template, tokenizer, image decoding
   int io_threads = 2;               // sockets, /health, /metrics, writing replies

@@ -1,15 +1,11 @@
-// Engine: model loading and the single-sequence generate loop.
+// Engine: model loading, and the calls that run requests through its engine core.
 #include "vlm/engine.h"
-
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <filesystem>
 
 #include "core/clock.h"
 #include "engine/engine_impl.h"
-#include "engine/stop_matcher.h"
-#include "io/npy.h"
 #ifdef VLM_HAVE_CUDA
 #include "cuda/cuda_decoder.h"
 #include "cuda/cuda_vision.h"
@@ -17,12 +13,6 @@
 #endif
 
 namespace vlm {
-
-int64_t peak_rss_bytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
-}
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
@@ -146,7 +136,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     }
 #endif
   }
-  impl->logits.resize(static_cast<size_t>(t.vocab_size));
+  VLM_ASSIGN_OR_RETURN(impl->core, EngineCore::create(*impl, options.batching, options.on_step));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -190,108 +180,84 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids) {
 Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
                                           const std::vector<ImageInput>& images,
                                           std::vector<int32_t>* expanded_ids) {
-  Impl& m = *impl_;
   if (ids.empty()) return invalid_argument("no token ids given");
-  PreparedPrompt p;
-  VLM_RETURN_IF_ERROR(m.prepare(ids, images, &p));
-  const int64_t n = static_cast<int64_t>(p.ids.size());
-  if (n > m.max_context) {
-    return out_of_range(std::to_string(n) + " tokens exceed the context of " + std::to_string(m.max_context));
+  GenerateRequest req;
+  req.prompt_ids.assign(ids.begin(), ids.end());
+  req.images = images;
+  req.max_new_tokens = 1;  // the request ends with the token after the prompt
+  req.ignore_eos = true;
+  req.sampling.do_sample = false;
+  std::vector<float> out;
+  std::vector<int32_t> expanded;
+  VLM_ASSIGN_OR_RETURN(auto stream, impl_->core->submit(std::move(req), {}, {&out, &expanded}));
+  RequestOutput piece;
+  while (stream->next(&piece)) {
+    if (!piece.error.ok()) return piece.error;
   }
-  VLM_RETURN_IF_ERROR(m.reserve_cache(n));
-  std::vector<float> out(static_cast<size_t>(n * m.cfg.text_config.vocab_size));
-  VLM_RETURN_IF_ERROR(m.prefill(p, LogitRows::kAll, out.data()));
-  if (expanded_ids) *expanded_ids = p.ids;
+  if (expanded_ids) *expanded_ids = std::move(expanded);
   return out;
 }
 
 Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
   Impl& m = *impl_;
   if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower");
-  GridThw grid;
-  VisionOutput out;
+  // On the engine thread, between steps: the tower and the thread pool are the core's.
+  Status st;
   ImageTimings t;
-  VLM_RETURN_IF_ERROR(encode_image_input(image, m.preprocess, *m.vision, *m.pool, &grid, &out, &t));
+  m.core->run_on_engine_thread([&] {
+    GridThw grid;
+    VisionOutput out;
+    st = encode_image_input(image, m.preprocess, *m.vision, *m.pool, &grid, &out, &t);
+  });
+  VLM_RETURN_IF_ERROR(st);
   return t;
 }
 
+Result<std::unique_ptr<RequestStream>> Engine::submit(GenerateRequest request,
+                                                      std::function<void()> notify) {
+  return impl_->core->submit(std::move(request), std::move(notify));
+}
+
+Engine::CoreStats Engine::core_stats() const { return impl_->core->stats(); }
+std::chrono::steady_clock::time_point Engine::last_heartbeat() const {
+  return impl_->core->last_heartbeat();
+}
+void Engine::wait_idle() { impl_->core->wait_idle(); }
+
 Result<GenerateResult> Engine::generate(const GenerateRequest& req,
                                         const std::function<bool(const TokenEvent&)>& on_token) {
-  Impl& m = *impl_;
-  const int64_t V = m.cfg.text_config.vocab_size;
-  if (req.prompt_ids.empty()) return invalid_argument("the prompt is empty");
-  // Validate the cheap things before decoding and encoding any image.
-  VLM_ASSIGN_OR_RETURN(ResolvedSampling rs, m.resolve_sampling(req.sampling));
-  if (!req.stop.empty() && m.tokenizer == nullptr) {
-    return invalid_argument("stop strings need the model's tokenizer");
-  }
-
+  VLM_ASSIGN_OR_RETURN(auto stream, submit(req));
   GenerateResult res;
-  PreparedPrompt prompt;
-  VLM_RETURN_IF_ERROR(m.prepare(req.prompt_ids, req.images, &prompt));
-  res.vision_tokens = prompt.vision_tokens;
-  res.image_decode_ms = prompt.decode_ms;
-  res.preprocess_ms = prompt.preprocess_ms;
-  res.vision_encode_ms = prompt.encode_ms;
-  const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
-  VLM_ASSIGN_OR_RETURN(const int64_t max_new, m.generation_budget(n_prompt, req.max_new_tokens));
-  res.prompt_tokens = n_prompt;
-  VLM_RETURN_IF_ERROR(m.reserve_cache(n_prompt + max_new));
-  Sampler sampler(V, rs);
-  sampler.add_prompt(prompt.ids);
-  sampler.reserve_generated(max_new);
-  std::vector<int32_t> stop_ids = m.eos_ids;
-  stop_ids.insert(stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
-  StopMatcher stops(req.stop);
-  std::unique_ptr<IncrementalDetokenizer> detok;
-  if (m.tokenizer) detok = std::make_unique<IncrementalDetokenizer>(*m.tokenizer, true);
-  res.output_ids.reserve(static_cast<size_t>(max_new));
-
-  auto t0 = Clock::now();
-  VLM_RETURN_IF_ERROR(m.prefill(prompt, LogitRows::kLast, m.logits.data()));
-  auto t1 = Clock::now();
-  res.prefill_ms = ms_between(t0, t1);
-
-  int64_t pos = n_prompt;
-  for (int64_t step = 0; step < max_new; ++step) {
-    const int32_t id = sampler.sample(m.logits.data());
-    res.output_ids.push_back(id);
-    const bool is_stop_id =
-        !req.ignore_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-    TokenEvent ev;
-    ev.token_id = id;
-    if (detok && !is_stop_id) ev.text = stops.push(detok->push(id));
-    if (on_token && !on_token(ev)) break;
-    if (is_stop_id || stops.stopped()) {
-      res.finish_reason = FinishReason::kStop;
-      break;
+  res.output_ids.reserve(static_cast<size_t>(stream->max_new_tokens()));
+  RequestOutput piece;
+  while (stream->next(&piece)) {
+    if (!piece.error.ok()) return piece.error;
+    if (piece.token_id >= 0) res.output_ids.push_back(piece.token_id);
+    res.text += piece.text;
+    if (piece.finished) {
+      res.finish_reason = piece.finish_reason;
+      const RequestStats& st = piece.stats;
+      res.prompt_tokens = st.prompt_tokens;
+      res.vision_tokens = st.vision_tokens;
+      res.image_decode_ms = st.image_decode_ms;
+      res.preprocess_ms = st.preprocess_ms;
+      res.vision_encode_ms = st.encode_ms;
+      res.prefill_ms = st.prefill_ms;
+      res.decode_ms = st.decode_ms;
     }
-    if (step + 1 == max_new) {
-      res.finish_reason = FinishReason::kLength;
-      break;
-    }
-    VLM_RETURN_IF_ERROR(m.step(id, pos, prompt.rope.delta, m.logits.data()));
-    ++pos;
-  }
-  if (max_new == 0) res.finish_reason = FinishReason::kLength;
-  if (detok && !stops.stopped()) {
-    std::string tail = stops.push(detok->flush());
-    tail += stops.flush();
-    if (!tail.empty() && on_token) {
+    // The callback sees each token with its text, then (after a token) a final flush.
+    if (on_token && (piece.token_id >= 0 || !piece.text.empty())) {
       TokenEvent ev;
-      ev.text = tail;
-      on_token(ev);
+      ev.token_id = piece.token_id;
+      ev.text = piece.text;
+      if (!on_token(ev)) {
+        stream->cancel();
+        res.finish_reason = FinishReason::kNone;
+        break;
+      }
     }
   }
-  res.text = stops.emitted();
-  res.decode_ms = ms_since(t1);
   return res;
 }
 
-}  // namespace vlm
-
-namespace vlm {
-Status save_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape) {
-  return write_npy_f32(path, data, shape);
-}
 }  // namespace vlm

@@ -2,14 +2,20 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cmath>
+#include <condition_variable>
+#include <deque>
 #include <limits>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
 
 #include "core/clock.h"
 #include "engine/engine_impl.h"
-#include "engine/stop_matcher.h"
+#include "engine/model_runner.h"
+#include "engine/output_processor.h"
+#include "engine/request_stream.h"
 #include "engine/vision_cache.h"
+#include "sched/scheduler.h"
 
 namespace vlm {
 
@@ -21,114 +27,83 @@ int64_t steady_now_ns() {
       .count();
 }
 
-// One request as the engine thread sees it.
+// One request as the engine sees it: what submit() made of it on the caller's thread (image pad
+// runs, staged images, the expanded length and the budget), the runner's state once admitted,
+// and the stream its tokens go to.
 struct Req {
-  int64_t id = 0;
-  GenerateRequest request;
-  std::function<void(const CoreEvent&)> on_event;
-  // Made on the submitting thread: image pad runs and the staged images (pixels or cached
-  // features); the expanded prompt length and the token budget.
+  RunnerRequest run;
+  std::vector<int32_t> prompt_ids;  // as submitted (single image pads)
+  std::vector<int32_t> stop_ids;    // eos ids and the request's stop ids (empty with ignore_eos)
   std::vector<std::pair<size_t, size_t>> runs;
   std::vector<StagedImage> images;
   int64_t prompt_len = 0;
-  int64_t max_new = 0;
-  Clock::time_point submitted;
-  double preprocess_ms = 0, encode_ms = 0, queue_ms = -1;
-  int64_t images_cached = 0;
-
-  PreparedPrompt prompt;
-  std::vector<int32_t> ids;          // prompt + generated
-  std::vector<int32_t> feature_row;  // [ids.size()]: image feature row or -1
-  std::vector<int64_t> pos_t, pos_h, pos_w;
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<IncrementalDetokenizer> detok;
-  std::unique_ptr<StopMatcher> stops;
+  int64_t max_new_tokens = 0;
   int64_t generated = 0;
-  bool admitted = false;
+  Clock::time_point submitted;
+  double image_decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
+  int64_t images_cached = 0;
+  bool admitted = false, forwarded = false;
+  std::shared_ptr<RequestStream::State> stream;
+  std::vector<int32_t>* expanded_ids = nullptr;
 };
-
-// log-softmax of `row` at `chosen` and the k best entries (id, log-probability), best first
-// (ties: the lower id).
-void token_logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, CoreEvent* ev) {
-  float mx = row[0];
-  for (int64_t i = 1; i < V; ++i) mx = std::max(mx, row[i]);
-  double sum = 0;
-  for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
-  const float lse = mx + static_cast<float>(std::log(sum));
-  ev->has_logprobs = true;
-  ev->logprob = row[chosen] - lse;
-  ev->top_logprobs.clear();
-  if (k <= 0) return;
-  auto better = [](const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
-    return a.second > b.second || (a.second == b.second && a.first < b.first);
-  };
-  auto& top = ev->top_logprobs;  // a min-heap of the k best under `better`
-  for (int64_t i = 0; i < V; ++i) {
-    std::pair<int32_t, float> c{static_cast<int32_t>(i), row[i]};
-    if (static_cast<int32_t>(top.size()) < k) {
-      top.push_back(c);
-      std::push_heap(top.begin(), top.end(), better);
-    } else if (better(c, top.front())) {
-      std::pop_heap(top.begin(), top.end(), better);
-      top.back() = c;
-      std::push_heap(top.begin(), top.end(), better);
-    }
-  }
-  std::sort_heap(top.begin(), top.end(), better);
-  for (auto& t : top) t.second -= lse;
-}
 
 }  // namespace
 
-struct EngineCore::State {
-  std::unique_ptr<Scheduler> sched;
-  KvCache cache;
-  std::vector<float> logits;          // [max_num_seqs, vocab]
-  std::vector<float> raw_row;         // [vocab]: a row before the sampler's penalties (logprobs)
-  std::vector<int32_t> argmax;        // [max_num_seqs]: each logit row's argmax or draw (GPU)
-  std::vector<DeviceSample> samples;  // per chunk: a draw on the GPU
-  std::vector<std::vector<DevicePenalty>> penalties;  // its penalties
-  std::unique_ptr<VisionCache> vision_cache;
-  // Per-step scratch of the engine thread, kept so that their memory is reused: steady-state
-  // decode steps allocate nothing (tests/model/alloc_test.cc).
-  SchedulerOutput sched_out;
-  std::vector<SeqChunk> chunks;
-  std::vector<VisionRows> vision;
-  std::vector<std::pair<int64_t, int64_t>> computed;
-  std::vector<std::pair<int32_t, float>> top_logprobs;  // lent to each token event
-  std::vector<StagedImage*> batch_images;  // admit(): images encoded together on the GPU
-  std::vector<double*> batch_ms;           // their requests' encode_ms
-
+// What submitting threads and streams share with the engine thread: the inbox, the aborts, the
+// counters. Streams hold it weakly (a cancel after the core is gone does nothing).
+struct EngineCore::Shared {
   mutable std::mutex mu;
   std::condition_variable cv;       // wakes the engine thread
   std::condition_variable cv_idle;  // wakes wait_idle()
   std::deque<std::unique_ptr<Req>> inbox;
   std::vector<int64_t> aborts;
+  std::vector<std::function<void()>> tasks;  // run_on_engine_thread()
   bool stop = false;
-  std::atomic<int64_t> heartbeat_ns{0};  // steady_clock, set by the engine thread
   int64_t next_id = 1;
   int64_t in_flight = 0;  // submitted and not yet finished / aborted
-  Stats stats;
+  Engine::CoreStats stats;
+  std::atomic<int64_t> heartbeat_ns{0};  // steady_clock, set by the engine thread
 
-  std::unordered_map<int64_t, std::unique_ptr<Req>> reqs;  // engine thread only
+  void abort(int64_t id) {
+    std::lock_guard<std::mutex> lock(mu);
+    aborts.push_back(id);
+    cv.notify_all();
+  }
 };
 
-EngineCore::EngineCore(Engine& engine, const BatchingOptions& opts, Scheduler sched)
-    : engine_(engine), opts_(opts), st_(std::make_unique<State>()) {
-  st_->sched = std::make_unique<Scheduler>(std::move(sched));
-}
+// The engine thread's own.
+struct EngineCore::State {
+  std::unique_ptr<Scheduler> sched;
+  KvCache cache;  // on the CPU (the GPU decoder owns its cache)
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<VisionCache> vision_cache;
+  std::unordered_map<int64_t, std::unique_ptr<Req>> reqs;
+  std::function<RunnerRequest*(int64_t)> find;  // reqs → the runner's view
+  // Per-step scratch, kept so that its memory is reused: steady-state decode steps allocate
+  // nothing (tests/model/alloc_test.cc).
+  SchedulerOutput sched_out;
+  ModelRunnerOutput run_out;
+  std::vector<std::pair<int64_t, int64_t>> computed;
+  std::vector<int64_t> aborts;
+  std::vector<StagedImage*> batch_images;  // admit(): images encoded together on the GPU
+  std::vector<double*> batch_ms;           // their requests' encode_ms
+  int64_t steps = 0;
+};
 
-Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const BatchingOptions& o,
+EngineCore::EngineCore(Engine::Impl& engine, const BatchingOptions& opts)
+    : m_(engine), opts_(opts), shared_(std::make_shared<Shared>()), st_(std::make_unique<State>()) {}
+
+Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const BatchingOptions& o,
                                                        std::function<void(double)> on_step) {
-  Engine::Impl& m = *engine.impl_;
   const Qwen3VLTextConfig& t = m.cfg.text_config;
   BatchingOptions opts = o;
+  if (opts.max_batched_tokens <= 0) opts.max_batched_tokens = m.max_chunk();
   if (opts.max_batched_tokens > m.max_chunk()) {
     return invalid_argument("max_batched_tokens (" + std::to_string(opts.max_batched_tokens) +
-                            ") exceeds the engine's prefill chunk (" +
-                            std::to_string(m.max_chunk()) + ")");
+                            ") exceeds the engine's prefill chunk (" + std::to_string(m.max_chunk()) + ")");
   }
   if (opts.block_size <= 0) return invalid_argument("block_size must be positive");
+  if (opts.max_num_seqs <= 0) return invalid_argument("max_num_seqs must be positive");
   const int64_t blocks_per_seq = (m.max_context + opts.block_size - 1) / opts.block_size;
   if (opts.num_blocks <= 0 && m.gpu != nullptr) {
     // Every sequence at full context, within the share of GPU memory the options allow (vLLM's
@@ -138,17 +113,17 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
     opts.num_blocks = static_cast<int32_t>(std::min<int64_t>(
         {opts.max_num_seqs * blocks_per_seq, fit, std::numeric_limits<int32_t>::max()}));
     if (opts.num_blocks <= 0) {
-      return Status(StatusCode::kResourceExhausted,
-                    "no GPU memory is left for the KV cache under the memory utilization " +
-                        std::to_string(m.opts.gpu_memory_utilization));
+      return unavailable("no GPU memory is left for the KV cache under the memory utilization " +
+                         std::to_string(m.opts.gpu_memory_utilization));
     }
   }
   if (opts.num_blocks <= 0) {
-    // Room for every sequence at full context, capped at 2 GiB of f32 K and V.
-    const int64_t per_block =
-        t.num_hidden_layers * opts.block_size * t.num_key_value_heads * t.head_dim * 4 * 2;
+    // Room for every sequence at full context, capped at 4 GiB of f32 K and V (reserved, and
+    // resident only as blocks are first used).
+    const int64_t per_block = t.num_hidden_layers * opts.block_size * t.num_key_value_heads * t.head_dim * 4 * 2;
     const int64_t want = opts.max_num_seqs * blocks_per_seq;
-    opts.num_blocks = static_cast<int32_t>(std::min<int64_t>(want, (int64_t{2} << 30) / per_block));
+    opts.num_blocks = static_cast<int32_t>(
+        std::max<int64_t>(1, std::min<int64_t>(want, (int64_t{4} << 30) / per_block)));
   }
   SchedulerConfig sc;
   sc.num_blocks = opts.num_blocks;
@@ -159,36 +134,39 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine& engine, const Bat
   // queue past it, which must not fail them.
   sc.max_waiting = opts.max_waiting + opts.max_num_seqs + 1;
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
-  std::unique_ptr<EngineCore> core(new EngineCore(engine, opts, std::move(sched)));
+  std::unique_ptr<EngineCore> core(new EngineCore(m, opts));
   core->on_step_ = std::move(on_step);
+  State& s = *core->st_;
+  s.sched = std::make_unique<Scheduler>(std::move(sched));
   if (m.gpu != nullptr) {
     VLM_RETURN_IF_ERROR(m.gpu->allocate_cache(opts.num_blocks, opts.block_size, blocks_per_seq));
   } else {
-    core->st_->cache.allocate(t, opts.num_blocks, opts.block_size);
+    s.cache.allocate(t, opts.num_blocks, opts.block_size);
   }
-  core->st_->logits.resize(static_cast<size_t>(opts.max_num_seqs * t.vocab_size));
-  core->st_->raw_row.resize(static_cast<size_t>(t.vocab_size));
-  core->st_->argmax.resize(static_cast<size_t>(opts.max_num_seqs));
-  core->st_->vision_cache = std::make_unique<VisionCache>(
+  s.runner = std::make_unique<ModelRunner>(m, &s.cache, opts.max_num_seqs);
+  s.run_out.sampled.reserve(static_cast<size_t>(opts.max_num_seqs));
+  s.vision_cache = std::make_unique<VisionCache>(
       static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);
-  core->st_->stats.kv_blocks_total = opts.num_blocks;
-  core->st_->heartbeat_ns = steady_now_ns();
+  s.find = [&s](int64_t id) -> RunnerRequest* { return &s.reqs.at(id)->run; };
+  core->shared_->stats.kv_blocks_total = opts.num_blocks;
+  core->shared_->heartbeat_ns = steady_now_ns();
   core->thread_ = std::thread([c = core.get()] { c->loop(); });
   return core;
 }
 
 EngineCore::~EngineCore() {
   {
-    std::lock_guard<std::mutex> lock(st_->mu);
-    st_->stop = true;
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->stop = true;
   }
-  st_->cv.notify_all();
+  shared_->cv.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
-Result<int64_t> EngineCore::submit(GenerateRequest request,
-                                   std::function<void(const CoreEvent&)> on_event) {
-  Engine::Impl& m = *engine_.impl_;
+Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest request,
+                                                          std::function<void()> notify,
+                                                          PromptOutputs prompt) {
+  Engine::Impl& m = m_;
   const auto submitted = Clock::now();
   if (request.prompt_ids.empty()) return invalid_argument("the prompt is empty");
   VLM_RETURN_IF_ERROR(m.check_prompt_ids(request.prompt_ids));
@@ -196,67 +174,79 @@ Result<int64_t> EngineCore::submit(GenerateRequest request,
   if (!request.stop.empty() && m.tokenizer == nullptr) {
     return invalid_argument("stop strings need the model's tokenizer");
   }
-  if (request.logprobs > 20) return invalid_argument("at most 20 top logprobs per token");
+  if (request.logprobs > kMaxTopLogprobs) {
+    return invalid_argument("at most " + std::to_string(kMaxTopLogprobs) + " top logprobs per token");
+  }
   auto r = std::make_unique<Req>();
   r->submitted = submitted;
 
   // Images: read, decode and preprocess here, on the caller's thread (or find them cached).
   VLM_ASSIGN_OR_RETURN(const bool multimodal, m.is_multimodal(request.prompt_ids, request.images));
   if (multimodal) {
-    VLM_ASSIGN_OR_RETURN(r->runs,
-                         find_image_runs(request.prompt_ids, m.cfg, request.images.size()));
+    VLM_ASSIGN_OR_RETURN(r->runs, find_image_runs(request.prompt_ids, m.cfg, request.images.size()));
     r->images.resize(request.images.size());
     // What the images may take of the context: all of it but the text (each image is a single
     // pad until expanded) and the one token every request generates. Each image is priced from
     // its header before it is decoded.
-    int64_t room =
-        m.max_context - 1 -
-        (static_cast<int64_t>(request.prompt_ids.size()) - static_cast<int64_t>(r->runs.size()));
+    int64_t room = m.max_context - 1 -
+                   (static_cast<int64_t>(request.prompt_ids.size()) - static_cast<int64_t>(r->runs.size()));
     for (size_t k = 0; k < request.images.size(); ++k) {
-      VLM_RETURN_IF_ERROR(stage_image(request.images[k], m.preprocess, st_->vision_cache.get(),
-                                      nullptr, &r->images[k], std::max<int64_t>(room, 0))
+      VLM_RETURN_IF_ERROR(stage_image(request.images[k], m.preprocess, st_->vision_cache.get(), nullptr,
+                                      &r->images[k], std::max<int64_t>(room, 0))
                               .with_context("image " + std::to_string(k + 1)));
       room -= r->images[k].tokens;
-      r->preprocess_ms += r->images[k].decode_ms + r->images[k].preprocess_ms;
+      r->image_decode_ms += r->images[k].decode_ms;
+      r->preprocess_ms += r->images[k].preprocess_ms;
     }
-    request.images.clear();  // the staged copies are all that is needed now
   }
   r->prompt_len = r->runs.empty() ? static_cast<int64_t>(request.prompt_ids.size())
                                   : expanded_length(request.prompt_ids.size(), r->runs, r->images);
-  VLM_ASSIGN_OR_RETURN(r->max_new, m.generation_budget(r->prompt_len, request.max_new_tokens));
+  VLM_ASSIGN_OR_RETURN(r->max_new_tokens, m.generation_budget(r->prompt_len, request.max_new_tokens));
   // The scheduler samples at least one token per request.
-  if (r->max_new < 1) return invalid_argument("max_new_tokens must be >= 1");
-  VLM_RETURN_IF_ERROR(st_->sched->check_fits(r->prompt_len + r->max_new));
+  if (r->max_new_tokens < 1) return invalid_argument("max_tokens must be >= 1");
+  VLM_RETURN_IF_ERROR(st_->sched->check_fits(r->prompt_len + r->max_new_tokens));
 
-  r->sampler = std::make_unique<Sampler>(m.cfg.text_config.vocab_size, rs);
-  r->request = std::move(request);
-  r->on_event = std::move(on_event);
-  std::lock_guard<std::mutex> lock(st_->mu);
+  r->run.sampler = std::make_unique<Sampler>(m.cfg.text_config.vocab_size, rs);
+  r->run.logprobs = request.logprobs;
+  if (prompt.logits != nullptr) {
+    prompt.logits->assign(static_cast<size_t>(r->prompt_len * m.cfg.text_config.vocab_size), 0.f);
+    r->run.prompt_logits = prompt.logits->data();
+  }
+  r->expanded_ids = prompt.expanded_ids;
+  if (!request.ignore_eos) {
+    r->stop_ids = m.eos_ids;
+    r->stop_ids.insert(r->stop_ids.end(), request.stop_token_ids.begin(), request.stop_token_ids.end());
+  }
+  r->prompt_ids = std::move(request.prompt_ids);
+  auto stream = std::make_shared<RequestStream::State>();
+  stream->reserve(r->max_new_tokens, std::max(request.logprobs, 0));
+  stream->notify = std::move(notify);
+  stream->abort = [w = std::weak_ptr<Shared>(shared_)](int64_t id) {
+    if (auto s = w.lock()) s->abort(id);
+  };
+  r->stream = stream;
+  auto processor = std::make_unique<OutputProcessor>(m.tokenizer.get(), request.stop, request.logprobs);
+
+  Shared& sh = *shared_;
+  std::lock_guard<std::mutex> lock(sh.mu);
   // Queued = submitted and not running: the inbox, plus what the engine thread holds but has
   // not scheduled yet.
-  if (st_->in_flight - st_->stats.running >= opts_.max_waiting) {
+  if (sh.in_flight - sh.stats.running >= opts_.max_waiting) {
     return Status(StatusCode::kResourceExhausted,
                   "the request queue is full (" + std::to_string(opts_.max_waiting) + " waiting)");
   }
-  r->id = st_->next_id++;
-  const int64_t id = r->id;
-  st_->inbox.push_back(std::move(r));
-  ++st_->in_flight;
-  st_->cv.notify_all();
-  return id;
+  r->run.id = stream->id = sh.next_id++;
+  sh.inbox.push_back(std::move(r));
+  ++sh.in_flight;
+  sh.cv.notify_all();
+  return std::make_unique<RequestStream>(std::move(stream), std::move(processor));
 }
 
-void EngineCore::abort(int64_t id) {
-  std::lock_guard<std::mutex> lock(st_->mu);
-  st_->aborts.push_back(id);
-  st_->cv.notify_all();
-}
-
-EngineCore::Stats EngineCore::stats() const {
-  Stats out;
+Engine::CoreStats EngineCore::stats() const {
+  Engine::CoreStats out;
   {
-    std::lock_guard<std::mutex> lock(st_->mu);
-    out = st_->stats;
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    out = shared_->stats;
   }
   const VisionCache::Stats vc = st_->vision_cache->stats();
   out.vision_cache_hits = vc.hits;
@@ -266,78 +256,127 @@ EngineCore::Stats EngineCore::stats() const {
   return out;
 }
 
-void EngineCore::wait_idle() {
-  std::unique_lock<std::mutex> lock(st_->mu);
-  st_->cv_idle.wait(lock, [&] { return st_->in_flight == 0; });
+std::chrono::steady_clock::time_point EngineCore::last_heartbeat() const {
+  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(shared_->heartbeat_ns.load()));
 }
 
-std::chrono::steady_clock::time_point EngineCore::last_heartbeat() const {
-  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(st_->heartbeat_ns.load()));
+void EngineCore::run_on_engine_thread(const std::function<void()>& fn) {
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  bool done = false;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->tasks.push_back([&] {
+      fn();
+      std::lock_guard<std::mutex> done_lock(done_mu);
+      done = true;
+      done_cv.notify_all();
+    });
+  }
+  shared_->cv.notify_all();
+  std::unique_lock<std::mutex> lock(done_mu);
+  done_cv.wait(lock, [&] { return done; });
+}
+
+void EngineCore::wait_idle() {
+  std::unique_lock<std::mutex> lock(shared_->mu);
+  shared_->cv_idle.wait(lock, [&] { return shared_->in_flight == 0; });
 }
 
 void EngineCore::loop() {
+  Shared& sh = *shared_;
+  std::vector<std::function<void()>> tasks;
   for (;;) {
-    st_->heartbeat_ns = steady_now_ns();
+    sh.heartbeat_ns = steady_now_ns();
     {
-      std::unique_lock<std::mutex> lock(st_->mu);
+      std::unique_lock<std::mutex> lock(sh.mu);
       auto has_work = [&] {
-        return st_->stop || !st_->inbox.empty() || !st_->aborts.empty() || !st_->reqs.empty();
+        return sh.stop || !sh.inbox.empty() || !sh.aborts.empty() || !sh.tasks.empty() ||
+               !st_->reqs.empty();
       };
       // An idle engine still wakes every second, so that its heartbeat shows it is alive.
-      if (!st_->cv.wait_for(lock, std::chrono::seconds(1), has_work)) continue;
-      if (st_->stop) return;
+      if (!sh.cv.wait_for(lock, std::chrono::seconds(1), has_work)) continue;
+      if (sh.stop) return;
+      tasks.swap(sh.tasks);
+    }
+    for (auto& task : tasks) task();
+    tasks.clear();
+    {
+      std::unique_lock<std::mutex> lock(sh.mu);
       // The batching window: an idle engine gives a first arrival's companions a moment.
-      if (opts_.batch_wait_ms > 0 && st_->reqs.empty()) {
-        st_->cv.wait_for(lock, std::chrono::milliseconds(opts_.batch_wait_ms), [&] {
-          return st_->stop || static_cast<int64_t>(st_->inbox.size()) >= opts_.max_num_seqs;
+      if (opts_.batch_wait_ms > 0 && st_->reqs.empty() && !sh.inbox.empty()) {
+        sh.cv.wait_for(lock, std::chrono::milliseconds(opts_.batch_wait_ms), [&] {
+          return sh.stop || static_cast<int64_t>(sh.inbox.size()) >= opts_.max_num_seqs;
         });
-        if (st_->stop) return;
+        if (sh.stop) return;
       }
     }
     step();
   }
 }
 
-// Delivers the final event of `r` and forgets it (its blocks go back to the pool).
-void EngineCore::finish(void* req, CoreEvent ev) {
+namespace {
+
+// Appends a sampled token to its stream (the arrays were sized at submit: no allocation).
+void append_token_locked(RequestStream::State& ss, const SampledToken& t, bool stop, int64_t step,
+                         int64_t now_ns) {
+  RawToken& raw = ss.tokens[ss.published];
+  raw.token = t.token;
+  raw.num_top = t.num_top;
+  raw.logprob = t.logprob;
+  raw.rank = t.rank;
+  raw.stop_token = stop;
+  raw.step = step;
+  raw.step_end_ns = now_ns;
+  for (int32_t j = 0; j < t.num_top; ++j) {
+    ss.tops[ss.published * ss.top_k + j] = {t.top[j].first, t.top[j].second};
+  }
+  ++ss.published;
+}
+
+}  // namespace
+
+// Ends request `req`: the stream learns why (a finish reason, or an error) — with its last token
+// when `last` is set, so that the consumer sees the two together — and the engine forgets it (its
+// blocks go back to the pool).
+void EngineCore::end(void* req, FinishReason reason, const Status& error, const SampledToken* last,
+                     int64_t step, int64_t now_ns) {
   State& s = *st_;
   Req& r = *static_cast<Req*>(req);
-  ev.request_id = r.id;
-  ev.finished = true;
-  ev.prompt_tokens = r.prompt_len;
-  ev.completion_tokens = r.generated;
-  ev.queue_ms = std::max(r.queue_ms, 0.0);
-  ev.preprocess_ms = r.preprocess_ms;
-  ev.encode_ms = r.encode_ms;
-  ev.images = static_cast<int64_t>(r.runs.size());
-  ev.images_cached = r.images_cached;
-  ev.image_tokens = r.prompt.vision_tokens;
-  if (r.admitted) s.sched->finish(r.id);
+  const int64_t id = r.run.id;
+  if (r.admitted) s.sched->finish(id);
   {
-    // Published before the final event: a client that reads /metrics right after its reply
+    // Published before the stream hears: a client that reads /metrics right after its reply
     // sees the request's blocks returned.
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::lock_guard<std::mutex> lock(shared_->mu);
     publish_stats_locked();
   }
-  r.on_event(ev);
-  const int64_t id = r.id;
+  RequestStream::State& ss = *r.stream;
+  {
+    std::lock_guard<std::mutex> lock(ss.mu);
+    if (last != nullptr) append_token_locked(ss, *last, reason == FinishReason::kStop, step, now_ns);
+    ss.finished = true;
+    ss.reason = reason;
+    ss.error = error;
+  }
+  ss.cv.notify_all();
+  if (ss.notify) ss.notify();
   s.reqs.erase(id);
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (--s.in_flight == 0) s.cv_idle.notify_all();
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  if (--shared_->in_flight == 0) shared_->cv_idle.notify_all();
 }
 
 void EngineCore::publish_stats_locked() {
-  State& s = *st_;
-  s.stats.running = s.sched->num_running();
-  s.stats.waiting = s.sched->num_waiting();
-  s.stats.kv_blocks_used = s.sched->kv_blocks_used();
+  shared_->stats.running = st_->sched->num_running();
+  shared_->stats.waiting = st_->sched->num_waiting();
+  shared_->stats.kv_blocks_used = st_->sched->kv_blocks_used();
 }
 
 // Hands the requests not yet admitted to the scheduler, first come first served: their images
 // are encoded (vision tower, or the cache) and the prompt assembled. One request per step may
 // encode, so running requests keep decoding between long image encodes.
 void EngineCore::admit() {
-  Engine::Impl& m = *engine_.impl_;
+  Engine::Impl& m = m_;
   State& s = *st_;
   std::vector<int64_t> to_admit;
   for (auto& [id, r] : s.reqs) {
@@ -377,6 +416,7 @@ void EngineCore::admit() {
   for (int64_t id : to_admit) {
     Req& r = *s.reqs[id];
     Status st;
+    PreparedPrompt prompt;
     if (!r.runs.empty()) {
       bool needs_encode = false;
       for (StagedImage& img : r.images) {
@@ -394,202 +434,127 @@ void EngineCore::admit() {
           continue;
         }
         if (!fresh) {
-          st = encode_staged_image(*m.vision, &img, &r.encode_ms)
-                   .with_context("image " + std::to_string(k + 1));
+          st = encode_staged_image(*m.vision, &img, &r.encode_ms).with_context("image " + std::to_string(k + 1));
         }
         if (st.ok()) s.vision_cache->put(img.key, img.encoded);
       }
       encoded = encoded || needs_encode;
-      if (st.ok())
-        st = assemble_multimodal(r.request.prompt_ids, r.runs, r.images, m.cfg, &r.prompt);
+      if (st.ok()) st = assemble_multimodal(r.prompt_ids, r.runs, r.images, m.cfg, &prompt);
       r.images.clear();  // the prompt holds the features now
     } else {
-      st = m.prepare(r.request.prompt_ids, {}, &r.prompt);
+      Engine::Impl::prepare_text(r.prompt_ids, &prompt);
     }
-    if (st.ok()) st = s.sched->add(id, r.prompt_len, r.prompt_len + r.max_new);
+    if (st.ok()) st = s.sched->add(id, r.prompt_len, r.max_new_tokens);
     if (!st.ok()) {
-      CoreEvent ev;
-      ev.error = st;
-      finish(&r, ev);
+      end(&r, FinishReason::kNone, st);
       continue;
     }
     r.admitted = true;
-    // Room for every token the request may reach: sampling appends without reallocating.
-    const size_t total = static_cast<size_t>(r.prompt_len + r.max_new);
-    for (auto* v : {&r.pos_t, &r.pos_h, &r.pos_w}) v->reserve(total);
-    r.ids.reserve(total);
-    r.feature_row.reserve(total);
-    r.ids = r.prompt.ids;
-    r.feature_row = r.prompt.feature_row;
-    r.pos_t = r.prompt.rope.t;
-    r.pos_h = r.prompt.rope.h;
-    r.pos_w = r.prompt.rope.w;
-    r.sampler->add_prompt(r.ids);
-    r.sampler->reserve_generated(r.max_new);
-    if (m.tokenizer) r.detok = std::make_unique<IncrementalDetokenizer>(*m.tokenizer, true);
-    r.stops = std::make_unique<StopMatcher>(r.request.stop);
+    if (r.expanded_ids != nullptr) *r.expanded_ids = prompt.ids;
+    RequestStream::State& ss = *r.stream;
+    {
+      std::lock_guard<std::mutex> lock(ss.mu);
+      RequestStats& t = ss.stats;
+      t.prompt_tokens = r.prompt_len;
+      t.vision_tokens = prompt.vision_tokens;
+      t.images = static_cast<int64_t>(r.runs.size());
+      t.images_cached = r.images_cached;
+      t.image_decode_ms = r.image_decode_ms;
+      t.preprocess_ms = r.preprocess_ms;
+      t.encode_ms = r.encode_ms;
+    }
+    r.run.start(std::move(prompt), r.max_new_tokens);
+    r.prompt_ids = {};  // the runner's ids hold the prompt now
   }
 }
 
 void EngineCore::step() {
   State& s = *st_;
-  const auto t0 = std::chrono::steady_clock::now();
+  Shared& sh = *shared_;
+  const auto t0 = Clock::now();
 
   // 1. Take new requests and aborts (moved over under the lock: a local deque would allocate).
-  std::vector<int64_t> aborts;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
-    for (auto& r : s.inbox) s.reqs[r->id] = std::move(r);
-    s.inbox.clear();
-    aborts.swap(s.aborts);
+    std::lock_guard<std::mutex> lock(sh.mu);
+    for (auto& r : sh.inbox) s.reqs[r->run.id] = std::move(r);
+    sh.inbox.clear();
+    s.aborts.swap(sh.aborts);
   }
-  for (int64_t id : aborts) {
+  for (int64_t id : s.aborts) {
     auto it = s.reqs.find(id);
     if (it == s.reqs.end()) continue;
     if (it->second->admitted) s.sched->abort(id);
     s.reqs.erase(it);
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::lock_guard<std::mutex> lock(sh.mu);
     publish_stats_locked();
-    if (--s.in_flight == 0) s.cv_idle.notify_all();
+    if (--sh.in_flight == 0) sh.cv_idle.notify_all();
   }
+  s.aborts.clear();
   admit();
 
   // 2. Schedule this step.
   SchedulerOutput& out = s.sched_out;
   s.sched->schedule(&out);
   {
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.stats.preemptions += static_cast<int64_t>(out.preempted.size());
-    if (!out.items.empty()) ++s.stats.steps;
+    std::lock_guard<std::mutex> lock(sh.mu);
+    sh.stats.preemptions += static_cast<int64_t>(out.preempted.size());
+    if (!out.items.empty()) sh.stats.steps = ++s.steps;
   }
-  run_batch(out);
+  if (!out.items.empty()) {
+    const int64_t now_ns = steady_now_ns();
+    for (const ScheduledItem& it : out.items) {
+      Req& r = *s.reqs.at(it.request_id);
+      if (r.forwarded) continue;
+      r.forwarded = true;
+      std::lock_guard<std::mutex> lock(r.stream->mu);
+      r.stream->stats.queue_ms = std::max(0.0, ms_between(r.submitted, t0) - r.encode_ms);
+      r.stream->first_forward_ns = now_ns;
+    }
+
+    // 3. The model: one forward pass, then a token for every chunk that reached its end.
+    Status st = s.runner->execute(out, *s.sched, s.find, &s.run_out);
+    if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
+      for (const auto& it : out.items) {
+        auto f = s.reqs.find(it.request_id);
+        if (f != s.reqs.end()) end(f->second.get(), FinishReason::kNone, st);
+      }
+    } else {
+      update(s.steps);
+    }
+  }
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::lock_guard<std::mutex> lock(sh.mu);
     publish_stats_locked();
   }
-  if (on_step_ && !out.items.empty()) {
-    on_step_(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  if (on_step_ && !out.items.empty()) on_step_(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
-void EngineCore::run_batch(const SchedulerOutput& out) {
-  Engine::Impl& m = *engine_.impl_;
+// After the forward pass: the scheduler learns what was computed, each sampled token goes to its
+// stream, and requests that hit a stop token or their budget end.
+void EngineCore::update(int64_t step_index) {
   State& s = *st_;
-  const int64_t V = m.cfg.text_config.vocab_size;
-  if (out.items.empty()) return;
-
-  // 3. One forward pass over every scheduled chunk.
-  std::vector<SeqChunk>& chunks = s.chunks;
-  std::vector<VisionRows>& vision = s.vision;
-  chunks.assign(out.items.size(), SeqChunk{});
-  if (vision.size() < out.items.size()) vision.resize(out.items.size());
-  if (s.samples.size() < out.items.size()) {
-    s.samples.resize(out.items.size());
-    s.penalties.resize(out.items.size());
-  }
-  for (size_t i = 0; i < out.items.size(); ++i) {
-    const ScheduledItem& it = out.items[i];
-    Req& r = *s.reqs[it.request_id];
-    if (r.queue_ms < 0) r.queue_ms = ms_between(r.submitted, Clock::now()) - r.encode_ms;
-    const auto& table = s.sched->block_table(it.request_id);
-    SeqChunk& c = chunks[i];
-    c.ids = r.ids.data() + it.first_token;
-    c.n = it.num_tokens;
-    c.first = it.first_token;
-    c.pos =
-        Positions3{r.pos_t.data() + c.first, r.pos_h.data() + c.first, r.pos_w.data() + c.first};
-    c.block_table = table.data();
-    c.num_table_blocks = static_cast<int64_t>(table.size());
-    if (r.prompt.vision_tokens > 0 && c.first < static_cast<int64_t>(r.prompt.ids.size())) {
-      vision[i].feature_row = r.feature_row.data() + c.first;
-      vision[i].embeds = r.prompt.embeds.data();
-      vision[i].deepstack.clear();
-      for (const auto& d : r.prompt.deepstack) vision[i].deepstack.push_back(d.data());
-      c.vision = &vision[i];
-    }
-    c.rows =
-        c.first + c.n == static_cast<int64_t>(r.ids.size()) ? LogitRows::kLast : LogitRows::kNone;
-    // On the GPU a logit row stays there unless logprobs want it: greedy takes the argmax, the
-    // rest a draw made there with this request's settings.
-    if (m.gpu != nullptr && c.rows == LogitRows::kLast && r.request.logprobs < 0 &&
-        r.sampler->device_can_draw()) {
-      c.argmax_only = r.sampler->plain_greedy();
-      if (!c.argmax_only) {
-        r.sampler->device_draw(&s.samples[i], &s.penalties[i]);
-        c.sample = &s.samples[i];
-      }
-    }
-  }
-  const int64_t n_chunks = static_cast<int64_t>(chunks.size());
-  // On the GPU the argmax of every logit row comes back too, and greedy rows stay there.
-  Status st = m.gpu != nullptr
-                  ? m.gpu->forward_batch(chunks.data(), n_chunks, s.logits.data(), s.argmax.data())
-                  : m.decoder->forward_batch(chunks.data(), n_chunks, s.cache, s.logits.data());
-  if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
-    for (const auto& it : out.items) {
-      auto f = s.reqs.find(it.request_id);
-      if (f == s.reqs.end()) continue;
-      CoreEvent ev;
-      ev.error = st;
-      finish(f->second.get(), ev);
-    }
-    return;
-  }
+  const SchedulerOutput& out = s.sched_out;
   std::vector<std::pair<int64_t, int64_t>>& computed = s.computed;
   computed.clear();
   for (const auto& it : out.items) computed.emplace_back(it.request_id, it.num_tokens);
   s.sched->update(computed);
-
-  // 4. Sample for every chunk that reached the end of its sequence.
-  int64_t row = 0;
-  for (size_t i = 0; i < out.items.size(); ++i) {
-    if (chunks[i].rows == LogitRows::kNone) continue;
-    Req& r = *s.reqs[out.items[i].request_id];
-    float* logits = s.logits.data() + row * V;
-    int32_t id = 0;
-    if (chunks[i].argmax_only || chunks[i].sample != nullptr) {  // picked on the device
-      id = s.argmax[row];
-      r.sampler->record(id);
-    } else {
-      if (r.request.logprobs >= 0) std::copy(logits, logits + V, s.raw_row.begin());
-      id = r.sampler->sample(logits);
-    }
-    ++row;
-    r.ids.push_back(id);
-    r.feature_row.push_back(-1);
-    const int64_t p = static_cast<int64_t>(r.ids.size()) - 1 + r.prompt.rope.delta;
-    r.pos_t.push_back(p);
-    r.pos_h.push_back(p);
-    r.pos_w.push_back(p);
+  const int64_t now_ns = steady_now_ns();
+  for (const SampledToken& t : s.run_out.sampled) {
+    Req& r = *s.reqs.at(t.request_id);
     ++r.generated;
-    s.sched->append_token(r.id);
-    const bool is_stop =
-        !r.request.ignore_eos &&
-        (std::find(m.eos_ids.begin(), m.eos_ids.end(), id) != m.eos_ids.end() ||
-         std::find(r.request.stop_token_ids.begin(), r.request.stop_token_ids.end(), id) !=
-             r.request.stop_token_ids.end());
-    CoreEvent ev;
-    ev.request_id = r.id;
-    ev.token_id = id;
-    ev.stop_token = is_stop;
-    ev.step = s.stats.steps;               // written only on this thread
-    ev.top_logprobs.swap(s.top_logprobs);  // reuse the list's memory; handed back below
-    if (r.request.logprobs >= 0) token_logprobs(s.raw_row.data(), V, id, r.request.logprobs, &ev);
-    if (r.detok && !is_stop) ev.text = r.stops->push(r.detok->push(id));
-    const bool stopped = is_stop || r.stops->stopped();
-    const bool length = r.generated >= r.max_new;
-    if (!stopped && !length) {
-      r.on_event(ev);
-      s.top_logprobs.swap(ev.top_logprobs);
+    s.sched->append_token(t.request_id);
+    const bool stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end();
+    if (stop || r.generated >= r.max_new_tokens) {
+      end(&r, stop ? FinishReason::kStop : FinishReason::kLength, ok_status(), &t, step_index, now_ns);
       continue;
     }
-    if (r.detok && !r.stops->stopped()) {
-      ev.text += r.stops->push(r.detok->flush());
-      ev.text += r.stops->flush();
+    RequestStream::State& ss = *r.stream;
+    {
+      std::lock_guard<std::mutex> lock(ss.mu);
+      append_token_locked(ss, t, false, step_index, now_ns);
     }
-    ev.reason = stopped ? FinishReason::kStop : FinishReason::kLength;
-    finish(&r, ev);  // takes a copy
-    s.top_logprobs.swap(ev.top_logprobs);
+    ss.cv.notify_all();
+    if (ss.notify) ss.notify();
   }
 }
 

@@ -1,5 +1,5 @@
-// Engine internals shared by engine.cc (one request at a time) and engine_core.cc (continuous
-// batching). Not part of the public API.
+// Engine internals: the loaded model, shared by engine.cc (loading, the public API) and the engine
+// core (engine_core.cc, model_runner.cc). Not part of the public API.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "engine/engine_core.h"
 #include "engine/multimodal.h"
 #include "engine/sampler.h"
 #include "io/safetensors.h"
@@ -35,79 +36,16 @@ struct Engine::Impl {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<TextDecoder> decoder;   // on the CPU; null when the GPU runs the decoder
   std::unique_ptr<DeviceDecoder> gpu;     // EngineOptions::device == "cuda"
-  std::vector<int32_t> gpu_table;         // 0, 1, 2, …: a single sequence over the GPU's blocks
   std::unique_ptr<VisionEncoder> vision;
   std::unique_ptr<DeviceVisionEncoder> gpu_vision;  // "cuda": runs `vision`'s encode (uses it)
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> eos_ids;
   int64_t max_context = 0;
   ops::Isa isa = ops::Isa::kGeneric;
-  KvCache cache;
-  std::vector<float> logits;      // [vocab]: the last position of generate()'s steps
-  int64_t step_pos = 0;           // the rotary position of a decode step (T = H = W)
+  // Last: made over everything above and stopped (its thread joined) before any of it goes.
+  std::unique_ptr<EngineCore> core;
 
   int64_t max_chunk() const { return gpu ? gpu->max_chunk() : decoder->max_chunk(); }
-
-  // Makes sure the cache holds `n` positions; grows (never shrinks) between requests.
-  Status reserve_cache(int64_t n) {
-    if (gpu == nullptr) {
-      if (cache.capacity() < n) cache.allocate(cfg.text_config, 1, n);
-      return ok_status();
-    }
-    if (gpu->cache_blocks() * gpu->cache_block_size() < n) {
-      constexpr int64_t kBlock = 16;
-      const int64_t blocks = (n + kBlock - 1) / kBlock;
-      VLM_RETURN_IF_ERROR(gpu->allocate_cache(blocks, kBlock, blocks));
-    }
-    gpu_table.resize(static_cast<size_t>(gpu->cache_blocks()));
-    for (size_t b = 0; b < gpu_table.size(); ++b) gpu_table[b] = static_cast<int32_t>(b);
-    return ok_status();
-  }
-
-  // One sequence's n tokens at cache slots [first, first + n): TextDecoder::forward on the CPU,
-  // or a one-chunk batch over the GPU's blocks in order.
-  Status forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first, LogitRows rows,
-                 float* out, const VisionRows* vision) {
-    if (gpu == nullptr) return decoder->forward(ids, n, pos, first, cache, rows, out, vision);
-    SeqChunk c;
-    c.ids = ids;
-    c.n = n;
-    c.first = first;
-    c.pos = pos;
-    c.block_table = gpu_table.data();
-    c.num_table_blocks = std::min<int64_t>(static_cast<int64_t>(gpu_table.size()),
-                                           (first + n + gpu->cache_block_size() - 1) / gpu->cache_block_size());
-    c.vision = vision;
-    c.rows = rows;
-    return gpu->forward_batch(&c, 1, out);
-  }
-
-  // Runs the whole prompt from cache slot 0 in chunks. rows: kLast → logits of the last position
-  // into `out` [vocab]; kAll → every position into `out` [n, vocab].
-  Status prefill(const PreparedPrompt& p, LogitRows rows, float* out) {
-    const int64_t n = static_cast<int64_t>(p.ids.size());
-    const int64_t chunk = max_chunk();
-    const int64_t V = cfg.text_config.vocab_size;
-    for (int64_t first = 0; first < n; first += chunk) {
-      const int64_t len = std::min(chunk, n - first);
-      const bool last = first + len == n;
-      Positions3 pos{p.rope.t.data() + first, p.rope.h.data() + first, p.rope.w.data() + first};
-      VisionRows vr;
-      if (p.vision_tokens > 0) vr = p.rows_for_chunk(first);
-      LogitRows want = rows == LogitRows::kAll ? LogitRows::kAll : (last ? rows : LogitRows::kNone);
-      float* dst = rows == LogitRows::kAll ? out + first * V : out;
-      VLM_RETURN_IF_ERROR(forward(p.ids.data() + first, len, pos, first, want, dst,
-                                  p.vision_tokens > 0 ? &vr : nullptr));
-    }
-    return ok_status();
-  }
-
-  // One decode step: token `id` at cache slot `slot`, rotary position slot + delta on all axes.
-  Status step(int32_t id, int64_t slot, int64_t delta, float* out) {
-    step_pos = slot + delta;
-    Positions3 p{&step_pos, &step_pos, &step_pos};
-    return forward(&id, 1, p, slot, LogitRows::kLast, out, nullptr);
-  }
 
   // Request → generation_config.json → transformers defaults; checks ranges.
   Result<ResolvedSampling> resolve_sampling(const SamplingParams& sp) const {
@@ -180,12 +118,8 @@ struct Engine::Impl {
     return max_new;
   }
 
-  // Expands images, encodes them, computes positions; text-only prompts get 1-D positions.
-  Status prepare(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
-                 PreparedPrompt* p) {
-    VLM_RETURN_IF_ERROR(check_prompt_ids(ids));
-    VLM_ASSIGN_OR_RETURN(const bool multimodal, is_multimodal(ids, images));
-    if (multimodal) return prepare_multimodal(ids, images, cfg, preprocess, *vision, *pool, p);
+  // A text-only prompt as the decoder runs it: the ids, no image rows, 1-D positions.
+  static void prepare_text(std::span<const int32_t> ids, PreparedPrompt* p) {
     p->ids.assign(ids.begin(), ids.end());
     p->feature_row.assign(ids.size(), -1);
     const int64_t n = static_cast<int64_t>(ids.size());
@@ -194,7 +128,6 @@ struct Engine::Impl {
     p->rope.h = p->rope.t;
     p->rope.w = p->rope.t;
     p->rope.delta = 0;
-    return ok_status();
   }
 };
 

@@ -219,22 +219,4 @@ Status encode_image_input(const ImageInput& in, const PreprocessOptions& preproc
   return ok_status();
 }
 
-Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
-                          const Qwen3VLConfig& cfg, const PreprocessOptions& preprocess,
-                          VisionEncoder& encoder, ThreadPool& pool, PreparedPrompt* out) {
-  VLM_ASSIGN_OR_RETURN(auto runs, find_image_runs(ids, cfg, images.size()));
-  std::vector<StagedImage> staged(images.size());
-  for (size_t k = 0; k < images.size(); ++k) {
-    const std::string what = "image " + std::to_string(k + 1) +
-                             (images[k].path.empty() ? "" : " (" + images[k].path + ")");
-    VLM_RETURN_IF_ERROR(
-        stage_image(images[k], preprocess, nullptr, &pool, &staged[k]).with_context(what));
-    VLM_RETURN_IF_ERROR(
-        encode_staged_image(encoder, &staged[k], &out->encode_ms).with_context(what));
-    out->decode_ms += staged[k].decode_ms;
-    out->preprocess_ms += staged[k].preprocess_ms;
-  }
-  return assemble_multimodal(ids, runs, staged, cfg, out);
-}
-
 }  // namespace vlm

@@ -1,9 +1,9 @@
 // Turns a prompt with single image pads plus its images into what the decoder runs: the
 // expanded ids, 3-D positions, and the vision features each image row takes.
 //
-// The work is split by where it runs in the server (docs/architecture.md): stage_image (read,
-// hash, decode, preprocess) runs on the submitting HTTP thread; encode_staged_image (the vision
-// tower) and assemble_multimodal run on the engine thread.
+// The work is split by where it runs (docs/architecture.md): stage_image (read, hash, decode,
+// preprocess) runs on the thread that submits the request; encode_staged_image (the vision tower)
+// and assemble_multimodal run on the engine thread.
 #pragma once
 
 #include <cstdint>
@@ -86,10 +86,5 @@ int64_t expanded_length(size_t num_ids, std::span<const std::pair<size_t, size_t
 Status encode_image_input(const ImageInput& in, const PreprocessOptions& preprocess,
                           VisionEncoder& encoder, ThreadPool& pool, GridThw* grid,
                           VisionOutput* out, Engine::ImageTimings* cost);
-
-// All of the above on one thread, without a cache (Engine::generate / logits).
-Status prepare_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
-                          const Qwen3VLConfig& cfg, const PreprocessOptions& preprocess,
-                          VisionEncoder& encoder, ThreadPool& pool, PreparedPrompt* out);
 
 }  // namespace vlm

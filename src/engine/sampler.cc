@@ -130,6 +130,43 @@ void Sampler::device_draw(DeviceSample* out, std::vector<DevicePenalty>* penalti
   out->n_penalties = static_cast<int64_t>(penalties->size());
 }
 
+void Sampler::logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, float* logprob,
+                       int64_t* rank, std::pair<int32_t, float>* top, int32_t* num_top) {
+  float mx = row[0];
+  for (int64_t i = 1; i < V; ++i) mx = std::max(mx, row[i]);
+  double sum = 0;
+  const float at = row[chosen];
+  int64_t above = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    sum += std::exp(static_cast<double>(row[i] - mx));
+    above += row[i] > at;
+  }
+  const float lse = mx + static_cast<float>(std::log(sum));
+  *logprob = at - lse;
+  *rank = above + 1;
+  *num_top = 0;
+  if (k <= 0) return;
+  auto better = [](const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  };
+  // A min-heap (under `better`) of the k best so far, in top[0, n).
+  int32_t n = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    const std::pair<int32_t, float> c{static_cast<int32_t>(i), row[i]};
+    if (n < k) {
+      top[n++] = c;
+      std::push_heap(top, top + n, better);
+    } else if (better(c, top[0])) {
+      std::pop_heap(top, top + n, better);
+      top[n - 1] = c;
+      std::push_heap(top, top + n, better);
+    }
+  }
+  std::sort_heap(top, top + n, better);
+  for (int32_t j = 0; j < n; ++j) top[j].second -= lse;
+  *num_top = n;
+}
+
 void Sampler::record(int32_t id) {
   if (counts_[id]++ == 0) out_list_.push_back(id);
   if (!seen_[id]) {

@@ -1,7 +1,7 @@
 // NumPy .npy files: the exchange format for reference logits and activations dumped by the
-// Python scripts (np.save) and compared against by `vlm logits` and the model tests.
-// Only what those need: write float32, read float32 / int32 / int64 / uint8, C order,
-// little-endian.
+// Python scripts (np.save) and compared against by the model tests. Only what those need: read
+// float32 / int32 / int64 / uint8, C order, little-endian (`vlm logits` writes them with
+// tools/cli/npy_writer.h).
 #pragma once
 
 #include <cstdint>
@@ -12,10 +12,6 @@
 #include "vlm/status.h"
 
 namespace vlm {
-
-// Writes `data` [prod(shape)] as a C-order '<f4' .npy (format version 1.0, header padded to 64
-// bytes as numpy pads it). An empty shape writes a 0-d array holding data[0].
-Status write_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
 
 // A whole array read from a .npy file, converted to one of three host types.
 struct NpyArray {

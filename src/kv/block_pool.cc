@@ -63,7 +63,7 @@ bool KvCacheManager::can_reserve(int64_t seq, int64_t total_tokens) const {
   return blocks_for(total_tokens) - have <= pool_.num_free();
 }
 
-Status KvCacheManager::reserve(int64_t seq, int64_t total_tokens, int64_t max_tokens) {
+Status KvCacheManager::reserve(int64_t seq, int64_t total_tokens, int64_t token_limit) {
   Seq* s = find(seq);
   const int32_t have = s ? static_cast<int32_t>(s->blocks.size()) : 0;
   const int32_t need = blocks_for(total_tokens) - have;
@@ -73,7 +73,7 @@ Status KvCacheManager::reserve(int64_t seq, int64_t total_tokens, int64_t max_to
   if (s == nullptr) {
     seqs_.push_back({seq, {}});
     s = &seqs_.back();
-    s->blocks.reserve(blocks_for(std::max(total_tokens, max_tokens)));
+    s->blocks.reserve(blocks_for(std::max(total_tokens, token_limit)));
   }
   // NOTE(vlm): blocks go straight into the table (no temporary): a decode step that crosses a
   // block boundary allocates no heap memory.

@@ -45,8 +45,9 @@ class KvCacheManager {
   }
   // Grows `seq`'s table so it can hold `total_tokens`; all or nothing (kUnavailable when the
   // pool is short, leaving the table as it was). A new seq id starts an empty table, with room
-  // for the blocks of `max_tokens` when given, so the table never reallocates while it grows.
-  Status reserve(int64_t seq, int64_t total_tokens, int64_t max_tokens = 0);
+  // for the blocks of `token_limit` (the most tokens the sequence will hold: its prompt and its
+  // max_new_tokens) when given, so the table never reallocates while it grows.
+  Status reserve(int64_t seq, int64_t total_tokens, int64_t token_limit = 0);
   // Frees every block of `seq` (a finished, cancelled or preempted sequence). Unknown ids: no-op.
   void free(int64_t seq);
   // The block table of `seq` (empty when unknown).

@@ -21,7 +21,10 @@ struct SchedRequest {
   int64_t num_prompt_tokens = 0;
   int64_t num_tokens = 0;           // prompt + generated so far
   int64_t num_computed_tokens = 0;  // tokens whose KV is in the cache
-  int64_t max_tokens = 0;           // prompt + max new tokens: the most num_tokens can grow to
+  int64_t max_new_tokens = 0;       // the generation budget: tokens it may sample
+
+  // The most num_tokens can grow to.
+  int64_t num_tokens_limit() const { return num_prompt_tokens + max_new_tokens; }
   State state = State::kWaiting;
   int64_t arrival = 0;  // 0, 1, 2, ... in order of Scheduler::add
 

@@ -25,11 +25,11 @@ Result<Scheduler> Scheduler::create(const SchedulerConfig& c) {
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), kv_(config.num_blocks, config.block_size) {}
 
-Status Scheduler::check_fits(int64_t max_tokens) const {
+Status Scheduler::check_fits(int64_t num_tokens) const {
   // A request must fit the cache alone at its largest, or preemption could never make room for it.
-  if (kv_.blocks_for(max_tokens) > config_.num_blocks) {
-    return out_of_range(std::to_string(max_tokens) + " tokens need " +
-                        std::to_string(kv_.blocks_for(max_tokens)) +
+  if (kv_.blocks_for(num_tokens) > config_.num_blocks) {
+    return out_of_range(std::to_string(num_tokens) + " tokens need " +
+                        std::to_string(kv_.blocks_for(num_tokens)) +
                         " KV blocks but the whole cache has " + std::to_string(config_.num_blocks) +
                         " (of " + std::to_string(config_.block_size) +
                         " tokens); shorten the prompt or max_tokens");
@@ -37,16 +37,14 @@ Status Scheduler::check_fits(int64_t max_tokens) const {
   return ok_status();
 }
 
-Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_tokens) {
+Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tokens) {
   const std::string what = "request " + std::to_string(id);
   if (requests_.count(id) != 0) return invalid_argument(what + ": duplicate id");
   if (num_prompt_tokens < 1) return invalid_argument(what + ": empty prompt");
-  if (max_tokens <= num_prompt_tokens) {
-    return invalid_argument(what + ": max_tokens (" + std::to_string(max_tokens) +
-                            ") must exceed the prompt (" + std::to_string(num_prompt_tokens) +
-                            " tokens)");
+  if (max_new_tokens < 1) {
+    return invalid_argument(what + ": max_new_tokens must be >= 1 (a prefill always samples one token)");
   }
-  VLM_RETURN_IF_ERROR(check_fits(max_tokens).with_context(what));
+  VLM_RETURN_IF_ERROR(check_fits(num_prompt_tokens + max_new_tokens).with_context(what));
   if (num_waiting() >= config_.max_waiting) {
     return Status(StatusCode::kResourceExhausted,
                   what + ": waiting queue full (" + std::to_string(config_.max_waiting) + ")");
@@ -55,7 +53,7 @@ Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_tokens)
   r.id = id;
   r.num_prompt_tokens = num_prompt_tokens;
   r.num_tokens = num_prompt_tokens;
-  r.max_tokens = max_tokens;
+  r.max_new_tokens = max_new_tokens;
   r.state = SchedRequest::State::kWaiting;
   r.arrival = next_arrival_++;
   requests_.emplace(id, r);
@@ -147,9 +145,9 @@ void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget) {
 bool Scheduler::reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out,
                                    int64_t* budget) {
   // Terminates: each failure removes one running request, and r itself is among them. A request
-  // alone always fits (add() checked blocks_for(max_tokens) <= num_blocks), so preempting r
+  // alone always fits (add() checked its blocks at its limit <= num_blocks), so preempting r
   // means older requests hold the blocks and were scheduled: the step is never empty.
-  while (!kv_.reserve(r.id, r.num_computed_tokens + n, r.max_tokens).ok()) {
+  while (!kv_.reserve(r.id, r.num_computed_tokens + n, r.num_tokens_limit()).ok()) {
     VLM_CHECK(!running_.empty(), "scheduler: a running request is missing from the running set");
     const int64_t victim = running_.back();
     preempt(victim, out, budget);
@@ -187,7 +185,7 @@ void Scheduler::schedule_waiting(SchedulerOutput* out, int64_t* budget) {
     const int64_t n = prefill_chunk(r, *budget, /*alone=*/running_.empty());
     if (n <= 0) break;
     if (!kv_.can_reserve(r.id, r.num_computed_tokens + n)) break;  // admission by free blocks
-    VLM_CHECK(kv_.reserve(r.id, r.num_computed_tokens + n, r.max_tokens).ok(),
+    VLM_CHECK(kv_.reserve(r.id, r.num_computed_tokens + n, r.num_tokens_limit()).ok(),
               "reserve after can_reserve");
     waiting_.pop_front();
     running_.push_back(r.id);
@@ -215,7 +213,7 @@ void Scheduler::append_token(int64_t id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;  // aborted meanwhile
   SchedRequest& r = it->second;
-  VLM_CHECK(r.num_tokens < r.max_tokens, "append_token past max_tokens: call finish() instead");
+  VLM_CHECK(r.num_tokens < r.num_tokens_limit(), "append_token past max_new_tokens: call finish() instead");
   ++r.num_tokens;
 }
 

@@ -51,14 +51,15 @@ class Scheduler {
   // running decode must fit one step's budget), is invalid_argument.
   static Result<Scheduler> create(const SchedulerConfig& config);
 
-  // Queues a request. invalid_argument: duplicate id, num_prompt_tokens < 1, or
-  // max_tokens <= num_prompt_tokens (a prefill always samples one token). OutOfRange: max_tokens
-  // needs more blocks than the whole cache, so it could never run. ResourceExhausted: the waiting
-  // queue holds max_waiting requests (the server answers 429).
-  Status add(int64_t id, int64_t num_prompt_tokens, int64_t max_tokens);
-  // OutOfRange when a request of max_tokens could never run: it needs more blocks than the whole
-  // cache. Reads only the fixed configuration, so any thread may ask (EngineCore::submit does).
-  Status check_fits(int64_t max_tokens) const;
+  // Queues a request that may sample max_new_tokens tokens. invalid_argument: duplicate id,
+  // num_prompt_tokens < 1, or max_new_tokens < 1 (a prefill always samples one token).
+  // OutOfRange: prompt + max_new_tokens need more blocks than the whole cache, so it could never
+  // run. ResourceExhausted: the waiting queue holds max_waiting requests (the server answers 429).
+  Status add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tokens);
+  // OutOfRange when a request that may reach num_tokens tokens could never run: it needs more
+  // blocks than the whole cache. Reads only the fixed configuration, so any thread may ask
+  // (EngineCore::submit does).
+  Status check_fits(int64_t num_tokens) const;
   // Cancels a request (client disconnect) in any state and frees its blocks now. Unknown: no-op.
   void abort(int64_t id);
 
@@ -74,7 +75,7 @@ class Scheduler {
   // or preempted since) are skipped.
   void update(const std::vector<std::pair<int64_t, int64_t>>& computed);
   // A sampled token joined the request (num_tokens += 1). The engine calls finish() instead once
-  // num_tokens has reached max_tokens.
+  // num_tokens has reached num_prompt_tokens + max_new_tokens.
   void append_token(int64_t id);
   // Done (eos, stop string or length): frees its blocks and drops the request. Unknown: no-op.
   void finish(int64_t id);

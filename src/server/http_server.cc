@@ -1,17 +1,17 @@
 // `vlm serve`: the OpenAI API over the event-driven transport (server/http_transport). Worker
-// threads parse, render the chat template, tokenize and submit; the EngineCore thread schedules,
-// runs and samples; its events are posted to the request's connection, which formats and writes
-// them as JSON or server-sent events (docs/architecture.md, "Serving").
+// threads parse, render the chat template, tokenize and submit; the engine thread schedules,
+// runs and samples; its wake-ups are posted to the request's connection, which reads the
+// requests' streams (detokenizing there) and writes them as JSON or server-sent events
+// (docs/architecture.md, "Serving").
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
-#include <deque>
 #include <filesystem>
 #include <mutex>
 #include <thread>
 
-#include "engine/engine_core.h"
 #include "server/http_client.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
@@ -63,12 +63,11 @@ ApiResult<std::vector<uint8_t>> fetch_image(const std::string& url, size_t max_b
 struct Server::Impl {
   ServeOptions opts;
   // Declared first, so destroyed last: connections still being torn down may hold callbacks
-  // into the members below only until the engine core (which calls them) is gone.
+  // into the members below only until the engine (whose thread calls them) is gone.
   std::unique_ptr<http::HttpServer> http;
   std::unique_ptr<Engine> engine;
-  std::unique_ptr<EngineCore> core;
-  // Loading runs on `loader`; `ready` turns true once engine and core exist (then they never
-  // change), so handlers check it before touching them.
+  // Loading runs on `loader`; `ready` turns true once the engine exists (then it never
+  // changes), so handlers check it before touching it.
   std::thread loader;
   std::atomic<bool> ready{false};
   std::atomic<bool> draining{false};
@@ -110,8 +109,8 @@ struct Server::Impl {
   Gauge* gpu_util = nullptr;  // these three: only with --device cuda
   Gauge* gpu_mem_used = nullptr;
   Gauge* gpu_mem_total = nullptr;
-  std::mutex mirror_mu;  // counters mirrored from EngineCore::Stats at scrape time
-  EngineCore::Stats mirrored;
+  std::mutex mirror_mu;  // counters mirrored from Engine::CoreStats at scrape time
+  Engine::CoreStats mirrored;
   int64_t mirrored_rejected = 0;
 
   void reply_error(HttpExchange& ex, const ApiError& e, const char* outcome) {
@@ -122,12 +121,12 @@ struct Server::Impl {
   void load() {
     if (opts.before_load) opts.before_load();
     Status st = [&]() -> Status {
-      VLM_ASSIGN_OR_RETURN(engine, Engine::load(opts.engine));
+      EngineOptions eo = opts.engine;
+      eo.on_step = [h = step_time](double s) { h->observe(s); };
+      VLM_ASSIGN_OR_RETURN(engine, Engine::load(eo));
       if (engine->tokenizer() == nullptr)
         return not_found("the model directory has no tokenizer.json");
       limits.vocab_size = engine->vocab_size();  // set before `ready`, read after it
-      VLM_ASSIGN_OR_RETURN(core, EngineCore::create(*engine, opts.batching,
-                                                    [h = step_time](double s) { h->observe(s); }));
       return ok_status();
     }();
     ready = st.ok();
@@ -169,7 +168,7 @@ struct Server::Impl {
     };
     if (!ready) return status(503, "loading");
     if (draining) return status(503, "draining");
-    const double silent = seconds_since(core->last_heartbeat());
+    const double silent = seconds_since(engine->last_heartbeat());
     if (silent > opts.health_timeout_s) {
       return status(503, "unhealthy",
                     "the engine loop has made no progress for " +
@@ -211,13 +210,7 @@ namespace {
 // One choice of a response (one engine request).
 struct ChoiceState {
   std::string text;
-  // Logprob entries whose bytes the text has reached, in order; their bytes concatenate to a
-  // prefix of `text` (to all of it once the choice finished). Later ones wait in `pending`: the
-  // stop matcher may be holding their text back, and those that turn out to be the stop string
-  // (or the stop token) are never listed, as OpenAI does.
-  std::vector<TokenLogprob> logprobs;
-  std::deque<TokenLogprob> pending;
-  size_t listed_bytes = 0;  // bytes of text the entries in `logprobs` cover
+  std::vector<TokenLogprob> logprobs;  // with logprobs: their bytes add up to `text`
   FinishReason reason = FinishReason::kNone;
   int64_t prompt_tokens = 0, completion_tokens = 0;
   bool finished = false;
@@ -253,18 +246,20 @@ struct ReplyFormat {
 };
 
 // One HTTP request fanned out to its choices (n, and prompts for /v1/completions). Submits them
-// to the engine core (on the worker thread that parsed the request); the engine thread's events
-// are queued and handed to the connection's strand, which keeps each choice's text and logprobs,
-// records the latency metrics and writes the reply. A client that goes away aborts every
-// unfinished choice.
+// to the engine (on the worker thread that parsed the request) and keeps their streams; when the
+// engine has new tokens it wakes the connection's strand, which takes each stream's pieces (text
+// and logprob entries, made there by the stream), records the latency metrics and writes the
+// reply. A client that goes away cancels every unfinished choice. The exchange holds the Fanout
+// until it is answered or closed.
 class Fanout : public std::enable_shared_from_this<Fanout> {
  public:
   Fanout(Server::Impl& s, std::shared_ptr<HttpExchange> ex, Clock::time_point t0, ReplyFormat f)
       : s_(s), ex_(std::move(ex)), t0_(t0), f_(std::move(f)) {}
 
-  // Submits every request and starts the reply; an error aborts the ones already submitted and
+  // Submits every request and starts the reply; an error cancels the ones already submitted and
   // is the reply.
   void start(std::vector<GenerateRequest> reqs) {
+    ex_->hold(shared_from_this());
     ex_->on_close([w = weak_from_this()] {
       if (auto self = w.lock()) self->client_gone();
     });
@@ -273,24 +268,23 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       return;
     }
     choices_.resize(reqs.size());
-    ids_.assign(reqs.size(), -1);
+    streams_.resize(reqs.size());
     for (size_t i = 0; i < reqs.size(); ++i) {
-      auto id =
-          s_.core->submit(std::move(reqs[i]), [self = shared_from_this(), i](const CoreEvent& ev) {
-            self->on_event(static_cast<int>(i), ev);
-          });
+      auto stream = s_.engine->submit(std::move(reqs[i]), [w = weak_from_this()] {
+        if (auto self = w.lock()) self->wake();
+      });
       std::lock_guard<std::mutex> lock(mu_);
-      if (!id.ok()) {
-        abort_locked();
+      if (!stream.ok()) {
+        cancel_locked();
         if (!done_) {
           done_ = true;
-          s_.reply_error(*ex_, api_error_from(id.status()), "rejected");
+          s_.reply_error(*ex_, api_error_from(stream.status()), "rejected");
         }
         return;
       }
-      ids_[i] = *id;
+      streams_[i] = std::move(stream).value();
       if (done_) {  // the client left meanwhile
-        s_.core->abort(*id);
+        cancel_locked();
         return;
       }
     }
@@ -305,100 +299,85 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       started_ = true;
       scheduled_ = true;
     }
-    ex_->post([self = shared_from_this()] { self->drain(); });  // events that came meanwhile
+    ex_->post([self = shared_from_this()] { self->drain(); });  // tokens that came meanwhile
   }
 
  private:
-  // Engine thread.
-  void on_event(int i, const CoreEvent& ev) {
+  // Engine thread: new tokens on some stream.
+  void wake() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      events_.emplace_back(i, ev);
-      if (scheduled_ || !started_) return;
+      if (scheduled_ || !started_ || done_) return;
       scheduled_ = true;
     }
     ex_->post([self = shared_from_this()] { self->drain(); });
   }
 
-  // The connection's strand.
+  // The connection's strand: every piece that is ready, in one write.
   void drain() {
-    std::vector<std::pair<int, CoreEvent>> batch;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      batch.swap(events_);
       scheduled_ = false;
       if (done_) return;
     }
-    std::string out;  // one write for everything this drain produces
-    for (auto& [i, ev] : batch) {
-      if (!handle(i, ev, &out)) return;
+    std::string out;
+    RequestOutput piece;
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      while (!choices_[i].finished && streams_[i]->try_next(&piece)) {
+        if (!handle(static_cast<int>(i), piece, &out)) return;
+      }
     }
     if (!out.empty()) ex_->write(std::move(out));
   }
 
   // False once the reply is complete (or failed).
-  bool handle(int i, const CoreEvent& ev, std::string* out) {
+  bool handle(int i, const RequestOutput& p, std::string* out) {
     ChoiceState& c = choices_[i];
-    if (!ev.error.ok()) {
+    if (!p.error.ok()) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         done_ = true;
-        abort_locked();
+        cancel_locked();
       }
       s_.requests->inc("failed");
       if (f_.stream) {
-        *out += sse_event(api_error_json(api_error_from(ev.error))) + sse_done();
+        *out += sse_event(api_error_json(api_error_from(p.error))) + sse_done();
         ex_->write(std::move(*out));
         ex_->finish();
       } else {
-        ex_->respond(error_response(api_error_from(ev.error)));
+        ex_->respond(error_response(api_error_from(p.error)));
       }
       return false;
     }
-    const bool has_token = ev.token_id >= 0;
-    if (has_token) {
+    if (p.token_id >= 0) {
       const auto now = Clock::now();
       if (!any_token_) s_.ttft->observe(seconds_since(t0_));
       if (c.has_token) s_.itl->observe(std::chrono::duration<double>(now - c.last_token).count());
       any_token_ = c.has_token = true;
       c.last_token = now;
-      if (ev.has_logprobs && !ev.stop_token) {
-        // The entry's bytes are what the token adds to the text: nothing for a special token
-        // (the reply skips them).
-        const Tokenizer& tok = *s_.engine->tokenizer();
-        TokenLogprob t{
-            tok.is_special(ev.token_id) ? "" : tok.token_bytes(ev.token_id), ev.logprob, {}};
-        for (const auto& [id, lp] : ev.top_logprobs)
-          t.top_logprobs.push_back(TopLogprob{tok.token_bytes(id), lp});
-        c.pending.push_back(std::move(t));
-      }
     }
-    c.text += ev.text;
-    const size_t first_new = c.logprobs.size();
-    release_logprobs(c, ev.finished);
-    if (f_.stream) {
-      const std::vector<TokenLogprob> lp(c.logprobs.begin() + static_cast<ptrdiff_t>(first_new),
-                                         c.logprobs.end());
-      if (!ev.text.empty() || !lp.empty()) {
-        *out += sse_event(f_.chunk(i, ev.text, f_.logprobs ? &lp : nullptr));
-      }
+    c.text += p.text;
+    if (f_.logprobs) c.logprobs.insert(c.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
+    if (f_.stream && (!p.text.empty() || (f_.logprobs && !p.logprobs.empty()))) {
+      *out += sse_event(f_.chunk(i, p.text, f_.logprobs ? &p.logprobs : nullptr));
     }
-    if (!ev.finished) return true;
+    if (!p.finished) return true;
+    const RequestStats& st = p.stats;
     c.finished = true;
-    c.reason = ev.reason;
-    c.prompt_tokens = ev.prompt_tokens;
-    c.completion_tokens = ev.completion_tokens;
-    s_.prompt_tokens->inc(static_cast<double>(ev.prompt_tokens));
-    s_.generated_tokens->inc(static_cast<double>(ev.completion_tokens));
-    s_.queue_time->observe(ev.queue_ms / 1e3);
-    if (ev.images > 0) {
-      s_.images->inc(static_cast<double>(ev.images));
-      s_.image_tokens->inc(static_cast<double>(ev.image_tokens));
-      if (ev.images > ev.images_cached || ev.preprocess_ms > 0)
-        s_.preprocess_time->observe(ev.preprocess_ms / 1e3);
-      if (ev.images > ev.images_cached) s_.encode_time->observe(ev.encode_ms / 1e3);
+    c.reason = p.finish_reason;
+    c.prompt_tokens = st.prompt_tokens;
+    c.completion_tokens = st.completion_tokens;
+    s_.prompt_tokens->inc(static_cast<double>(st.prompt_tokens));
+    s_.generated_tokens->inc(static_cast<double>(st.completion_tokens));
+    s_.queue_time->observe(st.queue_ms / 1e3);
+    if (st.images > 0) {
+      s_.images->inc(static_cast<double>(st.images));
+      s_.image_tokens->inc(static_cast<double>(st.vision_tokens));
+      const double pre = st.image_decode_ms + st.preprocess_ms;
+      if (st.images > st.images_cached || pre > 0) s_.preprocess_time->observe(pre / 1e3);
+      if (st.images > st.images_cached) s_.encode_time->observe(st.encode_ms / 1e3);
     }
-    if (f_.stream) *out += sse_event(f_.finish(i, ev.reason));
+    if (f_.stream) *out += sse_event(f_.finish(i, p.finish_reason));
     if (++finished_ < choices_.size()) return true;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -418,37 +397,20 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     return false;
   }
 
-  // Moves the pending logprob entries the text has reached into c.logprobs. At the end, the text
-  // is final: an entry it covers only in part (a token the stop string begins in) keeps the
-  // bytes that are in the text, and the rest are dropped.
-  static void release_logprobs(ChoiceState& c, bool final) {
-    while (!c.pending.empty()) {
-      TokenLogprob& e = c.pending.front();
-      if (c.listed_bytes + e.token.size() > c.text.size()) {
-        if (!final || c.listed_bytes >= c.text.size()) break;
-        e.token.resize(c.text.size() - c.listed_bytes);
-      }
-      c.listed_bytes += e.token.size();
-      c.logprobs.push_back(std::move(e));
-      c.pending.pop_front();
-    }
-    if (final) c.pending.clear();
-  }
-
   // The connection closed before the reply was complete.
   void client_gone() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (done_) return;
       done_ = true;
-      abort_locked();
+      cancel_locked();
     }
     s_.requests->inc("cancelled");
   }
 
-  void abort_locked() {
-    for (int64_t id : ids_) {
-      if (id >= 0) s_.core->abort(id);  // finished ids are ignored there
+  void cancel_locked() {
+    for (auto& st : streams_) {
+      if (st) st->cancel();  // finished streams ignore it
     }
   }
 
@@ -456,9 +418,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   std::shared_ptr<HttpExchange> ex_;
   Clock::time_point t0_;
   ReplyFormat f_;
-  std::mutex mu_;  // the fields up to done_ (engine thread, worker, strand)
-  std::vector<std::pair<int, CoreEvent>> events_;
-  std::vector<int64_t> ids_;
+  std::mutex mu_;  // started_, scheduled_, done_, and streams_ while start() fills it
+  std::vector<std::unique_ptr<RequestStream>> streams_;
   bool started_ = false, scheduled_ = false, done_ = false;
   // The strand's own.
   std::vector<ChoiceState> choices_;
@@ -485,7 +446,7 @@ void Server::Impl::scrape_metrics() {
     mirrored_rejected = rej;
   }
   if (!ready) return;
-  EngineCore::Stats st = core->stats();
+  Engine::CoreStats st = engine->core_stats();
   running->set(static_cast<double>(st.running));
   waiting->set(static_cast<double>(st.waiting));
   kv_used->set(static_cast<double>(st.kv_blocks_used));
@@ -703,7 +664,7 @@ Server::~Server() {
   if (!impl_) return;
   stop();
   if (impl_->loader.joinable()) impl_->loader.join();
-  impl_->core.reset();  // no more engine events into the connections
+  impl_->engine.reset();  // no more engine wake-ups into the connections
 }
 
 Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
@@ -717,7 +678,7 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->media.allowed_local_path = options.allowed_media_path;
   impl->media.allow_remote = options.allow_remote_media;
   impl->limits.max_image_pixels = options.max_image_pixels;
-  impl->limits.max_queue = options.batching.max_waiting;
+  impl->limits.max_queue = options.engine.batching.max_waiting;
   auto& m = impl->metrics;
   impl->requests = &m.counter("vlm_requests_total", "Requests by outcome", "outcome");
   impl->prompt_tokens =

@@ -557,20 +557,29 @@ void HttpExchange::on_close(std::function<void()> fn) {
   if (!closed_) on_close_ = std::move(fn);
 }
 
+void HttpExchange::hold(std::shared_ptr<void> owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!closed_) held_ = std::move(owner);
+}
+
 void HttpExchange::fire_close() {
   std::function<void()> fn;
+  std::shared_ptr<void> held;
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
     fn = std::move(on_close_);
     on_close_ = nullptr;
+    held = std::move(held_);
   }
   if (fn) fn();
-}
+}  // `held` goes here, after the callback
 
 void HttpExchange::complete() {
+  std::shared_ptr<void> held;
   std::lock_guard<std::mutex> lock(mu_);
   on_close_ = nullptr;  // answered: nothing to cancel any more
+  held = std::move(held_);
 }
 
 // ---- HttpServer ----

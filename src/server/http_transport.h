@@ -89,6 +89,9 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   void on_close(std::function<void()> fn);
   // True once the client went away or the connection was closed.
   bool closed() const { return closed_.load(); }
+  // Keeps `owner` (what is answering, e.g. a request's fan-out) alive until the answer is
+  // complete or the connection closes; then it is let go.
+  void hold(std::shared_ptr<void> owner);
 
   HttpExchange(std::shared_ptr<Connection> conn, HttpRequest request);
 
@@ -99,6 +102,7 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   std::atomic<bool> closed_{false};
   std::mutex mu_;
   std::function<void()> on_close_;  // guarded by mu_
+  std::shared_ptr<void> held_;      // guarded by mu_
   void fire_close();
   void complete();  // the answer is out: on_close will not be called
 };

@@ -160,19 +160,6 @@ ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLi
 
 // ---- Responses ----
 
-struct TopLogprob {
-  std::string token;
-  double logprob = 0.0;
-};
-
-// token: the token's bytes (may be part of a UTF-8 character; JSON "token" gets U+FFFD for
-// those, "bytes" the exact values).
-struct TokenLogprob {
-  std::string token;
-  double logprob = 0.0;
-  std::vector<TopLogprob> top_logprobs;
-};
-
 struct CompletionChoice {
   int index = 0;
   std::string text;

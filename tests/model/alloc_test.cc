@@ -1,7 +1,7 @@
-// Steady-state decoding allocates nothing: every heap allocation in this
-// binary, on any thread, is counted while a flag is up, around decode steps after a warm-up —
-// of the text decoder alone (short and long contexts, the latter through split-K attention), of
-// Engine::generate and of the EngineCore's batched steps.
+// Steady-state decoding allocates nothing: every heap allocation in this binary is counted while
+// a flag is up, around decode steps after a warm-up — of the text decoder alone (short and long
+// contexts, the latter through split-K attention), of Engine::generate (the engine thread and the
+// caller's, which reads the stream) and of the engine core's batched steps (the engine thread).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +10,6 @@
 #include <new>
 
 #include "core/thread_pool.h"
-#include "engine/engine_core.h"
 #include "model/fixture_model.h"
 #include "model/qwen3vl_weights.h"
 #include "model/text_decoder.h"
@@ -18,11 +17,16 @@
 
 namespace {
 std::atomic<bool> g_counting{false};
+std::atomic<bool> g_engine_thread_only{false};  // count only where t_engine_thread is set
 std::atomic<int64_t> g_allocations{0};
+thread_local bool t_engine_thread = false;
 }  // namespace
 
 void* operator new(std::size_t n) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+  if (g_counting.load(std::memory_order_relaxed) &&
+      (t_engine_thread || !g_engine_thread_only.load(std::memory_order_relaxed))) {
+    g_allocations.fetch_add(1);
+  }
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
@@ -165,18 +169,17 @@ TEST(Allocation, GenerateDecodeStepsAllocateNothing) {
 
 TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
   // Three requests decode together (one greedy, one sampled, one with top logprobs); counting
-  // runs from the step where each has 3 tokens until the shortest is 2 tokens from its end, on
-  // the engine thread (events come from there).
-  auto engine = load_fixture_engine("text-f32-untied");
-  ASSERT_NE(engine, nullptr);
+  // runs on the engine thread (where `notify` is called, once per token) from the step where each
+  // has 3 tokens until the shortest is 2 tokens from its end. The streams are read afterwards:
+  // their arrays hold every token.
   constexpr int kReqs = 3;
   BatchingOptions bo;
   bo.num_blocks = 64;
   bo.max_num_seqs = kReqs;
   bo.max_batched_tokens = 64;
   bo.batch_wait_ms = 60000;  // the idle engine starts once all kReqs are queued: they run together
-  auto core = EngineCore::create(*engine, bo);
-  ASSERT_TRUE(core.ok()) << core.status().message();
+  auto engine = load_fixture_engine("text-f32-untied", bo);
+  ASSERT_NE(engine, nullptr);
   const auto samplings = sampling_cases();
   const int64_t max_new[kReqs] = {45, 50, 55};
   std::atomic<int64_t> counts[kReqs] = {};
@@ -190,13 +193,14 @@ TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
     reqs[r].sampling = samplings[r % 2];
     if (r == 2) reqs[r].logprobs = 3;
   }
-  auto on_event = [&](int r, const CoreEvent& ev) {
-    if (ev.token_id < 0) return;
+  auto on_token = [&](int r) {
+    t_engine_thread = true;
     counts[r].fetch_add(1);
     bool all = true;
     for (int i = 0; i < kReqs; ++i) all = all && counts[i].load() >= 3;
     if (all && !started.exchange(true)) {
       g_allocations = 0;
+      g_engine_thread_only = true;
       g_counting = true;
     }
     if (started && counts[0].load() >= max_new[0] - 2 && !stopped.exchange(true)) {
@@ -204,13 +208,22 @@ TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
       counted = g_allocations.load();
     }
   };
+  std::vector<std::unique_ptr<RequestStream>> streams;
   for (int r = 0; r < kReqs; ++r) {
-    auto id = (*core)->submit(reqs[r], [&on_event, r](const CoreEvent& ev) { on_event(r, ev); });
-    ASSERT_TRUE(id.ok()) << id.status().message();
+    auto s = engine->submit(reqs[r], [&on_token, r] { on_token(r); });
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    streams.push_back(std::move(s).value());
   }
-  (*core)->wait_idle();
+  engine->wait_idle();
   g_counting = false;
-  for (int r = 0; r < kReqs; ++r) EXPECT_EQ(counts[r].load(), max_new[r]) << r;
+  g_engine_thread_only = false;
+  for (int r = 0; r < kReqs; ++r) {
+    EXPECT_EQ(counts[r].load(), max_new[r]) << r;
+    int64_t tokens = 0;
+    RequestOutput piece;
+    while (streams[r]->next(&piece)) tokens += piece.token_id >= 0;
+    EXPECT_EQ(tokens, max_new[r]) << r;
+  }
   ASSERT_TRUE(stopped.load());
   EXPECT_EQ(counted.load(), 0);
 }

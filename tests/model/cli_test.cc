@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -28,12 +29,12 @@ struct CliResult {
   std::string out, err;
 };
 
-// Runs `vlm ARGS` (ARGS already shell-quoted), capturing stdout and stderr.
-CliResult vlm(const std::string& args) {
+// Runs `PROGRAM ARGS` (ARGS already shell-quoted), capturing stdout and stderr.
+CliResult run_program(const std::string& program, const std::string& args) {
   test_util::TempDir tmp;
   const fs::path err = tmp.file("stderr");
   CliResult r;
-  FILE* p = ::popen((kCli + " " + args + " 2>" + err.string()).c_str(), "r");
+  FILE* p = ::popen((program + " " + args + " 2>" + err.string()).c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
   size_t n;
@@ -43,6 +44,9 @@ CliResult vlm(const std::string& args) {
   r.err = test_util::read_file(err);
   return r;
 }
+
+// Runs `vlm ARGS`.
+CliResult vlm(const std::string& args) { return run_program(kCli, args); }
 
 std::string quote(const std::string& s) {
   std::string q = "'";
@@ -485,6 +489,39 @@ TEST(Cli, DefaultModelAnswersTheReadmeExample) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, qa["answer"].get<std::string>() + "\n") << qa["question"];
   }
+}
+
+// examples/ask.cc embeds the engine through the public API: every question about the README's
+// picture at once, each through its own stream, read as pieces arrive. Each reply must be the one
+// `vlm run` gives to that question alone (and so the true answer).
+TEST(Cli, EmbeddingExampleAnswersEveryQuestionAtOnce) {
+  const std::string image = std::string(VLM_REPO_DIR) + "/examples/shapes.png";
+  const auto qas =
+      nlohmann::json::parse(test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/shapes.json"));
+  ASSERT_GE(qas.size(), 3u);
+  std::string args = quote(std::string(VLM_REPO_DIR) + "/models/tiny-qwen3vl") + " " + quote(image);
+  for (const auto& qa : qas) args += " " + quote(qa["question"].get<std::string>());
+  CliResult r = run_program(VLM_EXAMPLE_ASK_PATH, args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::map<size_t, std::string> replies;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t colon = line.find(": ");
+    ASSERT_NE(colon, std::string::npos) << line;
+    replies[std::stoul(line.substr(0, colon))] = line.substr(colon + 2);
+  }
+  ASSERT_EQ(replies.size(), qas.size()) << r.out;
+  for (size_t i = 0; i < qas.size(); ++i) {
+    CliResult alone = ask_default_model(image, qas[i]["question"].get<std::string>());
+    ASSERT_EQ(alone.code, 0) << alone.err;
+    EXPECT_EQ(replies[i + 1] + "\n", alone.out) << qas[i]["question"];
+    EXPECT_EQ(replies[i + 1], qas[i]["answer"].get<std::string>()) << qas[i]["question"];
+  }
+  // A missing image is an error naming the question, not a crash.
+  r = run_program(VLM_EXAMPLE_ASK_PATH, quote(std::string(VLM_REPO_DIR) + "/models/tiny-qwen3vl") +
+                                            " /nonexistent.png " + quote("What is it?"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("question 1"), std::string::npos) << r.err;
 }
 
 // The shipped default model (models/tiny-qwen3vl, scripts/train_tiny_vlm.py) answers questions

@@ -8,17 +8,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cuda/cuda_ops.h"
 #include "cuda/cuda_vision.h"
-#include "engine/engine_core.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "model/qwen3vl_config.h"
@@ -293,15 +289,11 @@ TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
   const std::string scenes = kFixtures + "/shapes-qa";
   EngineOptions o = gpu_options(kRepo + "/models/tiny-qwen3vl", "f32");
   o.require_tokenizer = true;
+  o.batching.max_num_seqs = 32;
   auto loaded = Engine::load(o);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   Engine& engine = **loaded;
-  BatchingOptions b;
-  b.max_num_seqs = 32;
-  auto core_or = EngineCore::create(engine, b);
-  ASSERT_TRUE(core_or.ok()) << core_or.status().message();
-  EngineCore& core = **core_or;
-  EXPECT_GT(core.stats().kv_blocks_total, 0);
+  EXPECT_GT(engine.core_stats().kv_blocks_total, 0);
   Engine::GpuStats g;  // what /metrics reports on "cuda"
   ASSERT_TRUE(engine.gpu_stats(&g)) << "NVML did not answer";
   EXPECT_GT(g.memory_used, 0);
@@ -309,10 +301,7 @@ TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
 
   const auto cases = nlohmann::json::parse(test_util::read_file(scenes + "/cases.json"))["cases"];
   ASSERT_EQ(cases.size(), 100u);
-  std::mutex mu;
-  std::map<int64_t, std::string> text;
-  std::map<int64_t, Status> errors;
-  std::vector<int64_t> ids;
+  std::vector<std::unique_ptr<RequestStream>> streams;
   for (const auto& c : cases) {
     ChatMessage user;
     user.role = "user";
@@ -326,21 +315,23 @@ TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
     req.images.push_back(in);
     req.sampling.do_sample = false;
     req.max_new_tokens = 40;
-    auto id = core.submit(std::move(req), [&](const CoreEvent& ev) {
-      std::lock_guard<std::mutex> lock(mu);
-      text[ev.request_id] += ev.text;
-      if (ev.finished) errors[ev.request_id] = ev.error;
-    });
-    ASSERT_TRUE(id.ok()) << id.status().message();
-    ids.push_back(*id);
+    auto stream = engine.submit(std::move(req));
+    ASSERT_TRUE(stream.ok()) << stream.status().message();
+    streams.push_back(std::move(stream).value());
   }
-  core.wait_idle();
   int right = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ASSERT_TRUE(errors.count(ids[i])) << "scene " << i << " never finished";
-    EXPECT_TRUE(errors[ids[i]].ok()) << errors[ids[i]].message();
-    EXPECT_EQ(text[ids[i]], cases[i]["transformers"].get<std::string>()) << "scene " << i;
-    right += text[ids[i]] == cases[i]["truth"].get<std::string>();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::string text;
+    bool finished = false;
+    RequestOutput piece;
+    while (streams[i]->next(&piece)) {
+      EXPECT_TRUE(piece.error.ok()) << piece.error.message();
+      text += piece.text;
+      finished = finished || piece.finished;
+    }
+    ASSERT_TRUE(finished) << "scene " << i << " never finished";
+    EXPECT_EQ(text, cases[i]["transformers"].get<std::string>()) << "scene " << i;
+    right += text == cases[i]["truth"].get<std::string>();
   }
   std::printf("shapes-qa on %s: %d/100 right, %lld passes from CUDA graphs\n",
               engine.device().c_str(), right, static_cast<long long>(engine.cuda_graph_replays()));
@@ -357,15 +348,10 @@ TEST(CudaServing, GraphsGiveTheSameTokensAsPlainLaunches) {
   for (int graphs = 0; graphs < 2; ++graphs) {
     EngineOptions o = gpu_options(dir);
     o.cuda_graphs = graphs == 1;
+    o.batching.max_num_seqs = 24;
     auto loaded = Engine::load(o);
     ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    BatchingOptions b;
-    b.max_num_seqs = 24;
-    auto core = EngineCore::create(**loaded, b);
-    ASSERT_TRUE(core.ok()) << core.status().message();
-    std::mutex mu;
-    std::map<int64_t, std::vector<int32_t>> got;
-    std::vector<int64_t> ids;
+    std::vector<std::unique_ptr<RequestStream>> streams;
     const auto prompt = ref["logits"][2]["ids"].get<std::vector<int32_t>>();  // 60 ids
     ASSERT_GE(prompt.size(), 32u);
     for (int i = 0; i < 24; ++i) {
@@ -374,15 +360,18 @@ TEST(CudaServing, GraphsGiveTheSameTokensAsPlainLaunches) {
       req.sampling.do_sample = false;
       req.ignore_eos = true;
       req.max_new_tokens = 8 + 2 * i;  // they finish one after another
-      auto id = (*core)->submit(std::move(req), [&](const CoreEvent& ev) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (ev.token_id >= 0) got[ev.request_id].push_back(ev.token_id);
-      });
-      ASSERT_TRUE(id.ok()) << id.status().message();
-      ids.push_back(*id);
+      auto stream = (*loaded)->submit(std::move(req));
+      ASSERT_TRUE(stream.ok()) << stream.status().message();
+      streams.push_back(std::move(stream).value());
     }
-    (*core)->wait_idle();
-    for (int64_t id : ids) runs[graphs].push_back(got[id]);
+    for (auto& stream : streams) {
+      std::vector<int32_t> tokens;
+      RequestOutput piece;
+      while (stream->next(&piece)) {
+        if (piece.token_id >= 0) tokens.push_back(piece.token_id);
+      }
+      runs[graphs].push_back(tokens);
+    }
     if (graphs == 1) EXPECT_GT((*loaded)->cuda_graph_replays(), 0);
     if (graphs == 0) EXPECT_EQ((*loaded)->cuda_graph_replays(), 0);
   }
@@ -425,8 +414,6 @@ TEST(CudaServing, DeviceSamplingIsGreedyAtTopK1AndReproducible) {
   const std::string dir = kFixtures + "/text-bf16-hd128";
   auto loaded = Engine::load(gpu_options(dir));
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  auto core = EngineCore::create(**loaded, BatchingOptions{});
-  ASSERT_TRUE(core.ok()) << core.status().message();
   const auto prompt = reference(dir)["logits"][2]["ids"].get<std::vector<int32_t>>();
   auto run = [&](const SamplingParams& sp) {
     GenerateRequest req;
@@ -434,15 +421,9 @@ TEST(CudaServing, DeviceSamplingIsGreedyAtTopK1AndReproducible) {
     req.sampling = sp;
     req.ignore_eos = true;
     req.max_new_tokens = 24;
-    std::mutex mu;
-    std::vector<int32_t> tokens;
-    auto id = (*core)->submit(std::move(req), [&](const CoreEvent& ev) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (ev.token_id >= 0) tokens.push_back(ev.token_id);
-    });
-    EXPECT_TRUE(id.ok()) << id.status().message();
-    (*core)->wait_idle();
-    return tokens;
+    auto res = (*loaded)->generate(req);
+    EXPECT_TRUE(res.ok()) << res.status().message();
+    return res.ok() ? res->output_ids : std::vector<int32_t>{};
   };
   SamplingParams greedy;
   greedy.do_sample = false;

@@ -32,9 +32,12 @@ inline Result<FixtureModel> load_fixture_model(const std::string& dir) {
 }
 
 // An Engine over the fixture VLM_FIXTURES_DIR/name: 2 threads, no tokenizer needed, prefill
-// chunks of 64 tokens. Null (and a failed EXPECT naming the error) when it does not load.
-inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name) {
+// chunks of 64 tokens, the engine core's limits from `batching`. Null (and a failed EXPECT
+// naming the error) when it does not load.
+inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name,
+                                                   const BatchingOptions& batching = {}) {
   EngineOptions o;
+  o.batching = batching;
   o.model_dir = std::string(VLM_FIXTURES_DIR) + "/" + name;
   o.require_tokenizer = false;
   o.n_threads = 2;

@@ -297,7 +297,7 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertEqual(len(lp.top_logprobs), n_gen)
         self.assertEqual(len(lp.text_offset), n_gen)
         self.assertEqual(lp.text_offset, sorted(lp.text_offset))
-        # The model's own logits (vlm logits, single-sequence path), one step at a time.
+        # The model's own logits (vlm logits: every position of a fresh prompt), one step at a time.
         ids = list(prompt_ids)
         out = self.tmp / "logits.npy"
         for i in range(n_gen):

@@ -42,9 +42,9 @@ class ServerTest : public ::testing::Test {
                          tmp_->path() / "tokenizer.json");
     }
     ServeOptions o = tiny_options();
-    o.batching.max_num_seqs = 4;  // 16 concurrent requests: most of them queue and join later
-    o.batching.max_batched_tokens = 64;
-    o.batching.block_size = 8;
+    o.engine.batching.max_num_seqs = 4;  // 16 concurrent requests: most of them queue and join later
+    o.engine.batching.max_batched_tokens = 64;
+    o.engine.batching.block_size = 8;
     auto s = Server::create(o);
     if (!s.ok()) {
       setup_error_ = "the server did not start: " + s.status().message();

@@ -1,5 +1,6 @@
 // .npy reader/writer: round trips, byte-exact numpy-style files, and malformed inputs.
 #include "io/npy.h"
+#include "npy_writer.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -54,7 +55,7 @@ TEST(Npy, RoundTripShapes) {
     std::vector<float> data(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) data[i] = 0.25f * static_cast<float>(i) - 1.0f;
     const std::string path = dir.file("a.npy");
-    ASSERT_TRUE(write_npy_f32(path, data.data(), shape).ok());
+    ASSERT_TRUE(vlm_cli::write_npy_f32(path, data.data(), shape).ok());
     // numpy aligns the data start to 64 bytes; so does the writer.
     const std::string bytes = read_file(path);
     ASSERT_GE(bytes.size(), 10u);
@@ -75,7 +76,7 @@ TEST(Npy, RoundTripShapes) {
 TEST(Npy, WriterHeaderText) {
   TempDir dir;
   const float v[3] = {1, 2, 3};
-  ASSERT_TRUE(write_npy_f32(dir.file("a.npy"), v, {3}).ok());
+  ASSERT_TRUE(vlm_cli::write_npy_f32(dir.file("a.npy"), v, {3}).ok());
   const std::string bytes = read_file(dir.file("a.npy"));
   EXPECT_EQ(bytes.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8));
   EXPECT_EQ(bytes.substr(10, 57), "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }");
@@ -249,9 +250,9 @@ TEST(NpyError, MalformedHeader) {
 TEST(NpyWriter, RejectsBadInput) {
   TempDir dir;
   const float v = 1;
-  EXPECT_FALSE(write_npy_f32(dir.file("a.npy"), &v, {-1}).ok());
-  EXPECT_FALSE(write_npy_f32(dir.file("a.npy"), nullptr, {2}).ok());
-  auto s = write_npy_f32(dir.file("no/such/a.npy"), &v, {1});
+  EXPECT_FALSE(vlm_cli::write_npy_f32(dir.file("a.npy"), &v, {-1}).ok());
+  EXPECT_FALSE(vlm_cli::write_npy_f32(dir.file("a.npy"), nullptr, {2}).ok());
+  auto s = vlm_cli::write_npy_f32(dir.file("no/such/a.npy"), &v, {1});
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("no/such/a.npy"), std::string::npos);
 }

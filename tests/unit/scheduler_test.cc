@@ -48,7 +48,7 @@ std::vector<int64_t> ids_of(const SchedulerOutput& out) {
 }
 
 // The engine's part of a step: every scheduled token gets computed; a request that has caught up
-// samples one token and finishes once it reaches max_tokens. Returns the ids that finished.
+// samples one token and finishes once it reaches its token limit. Returns the ids that finished.
 std::vector<int64_t> run_step(Scheduler& s, const SchedulerOutput& out) {
   std::vector<std::pair<int64_t, int64_t>> computed;
   for (const ScheduledItem& i : out.items) computed.emplace_back(i.request_id, i.num_tokens);
@@ -58,7 +58,7 @@ std::vector<int64_t> run_step(Scheduler& s, const SchedulerOutput& out) {
     const SchedRequest* r = s.find(i.request_id);
     if (r == nullptr || r->num_computed_tokens < r->num_tokens) continue;
     s.append_token(i.request_id);
-    if (r->num_tokens == r->max_tokens) {
+    if (r->num_tokens == r->num_tokens_limit()) {
       s.finish(i.request_id);
       finished.push_back(i.request_id);
     }
@@ -85,23 +85,23 @@ TEST(Scheduler, AddRejectsBadImpossibleAndOverflowingRequests) {
   c.max_waiting = 2;
   Scheduler s = make(c);
   EXPECT_EQ(s.add(1, 0, 5).code(), StatusCode::kInvalidArgument);    // empty prompt
-  EXPECT_EQ(s.add(1, 10, 10).code(), StatusCode::kInvalidArgument);  // no room to generate
-  const Status impossible = s.add(1, 10, 65);                        // 5 blocks > 4
+  EXPECT_EQ(s.add(1, 10, 0).code(), StatusCode::kInvalidArgument);  // no room to generate
+  const Status impossible = s.add(1, 10, 55);                        // 5 blocks > 4
   EXPECT_EQ(impossible.code(), StatusCode::kOutOfRange);
   EXPECT_NE(impossible.message().find("KV blocks"), std::string::npos) << impossible.message();
-  ASSERT_TRUE(s.add(1, 10, 64).ok());  // exactly the whole cache: allowed
-  EXPECT_EQ(s.add(1, 5, 8).code(), StatusCode::kInvalidArgument);  // duplicate id
-  ASSERT_TRUE(s.add(2, 5, 8).ok());
-  EXPECT_EQ(s.add(3, 5, 8).code(), StatusCode::kResourceExhausted);  // queue full
+  ASSERT_TRUE(s.add(1, 10, 54).ok());  // exactly the whole cache: allowed
+  EXPECT_EQ(s.add(1, 5, 3).code(), StatusCode::kInvalidArgument);  // duplicate id
+  ASSERT_TRUE(s.add(2, 5, 3).ok());
+  EXPECT_EQ(s.add(3, 5, 3).code(), StatusCode::kResourceExhausted);  // queue full
   EXPECT_EQ(s.num_waiting(), 2);
   s.schedule();  // admits both, which empties the queue
   EXPECT_EQ(s.num_waiting(), 0);
-  EXPECT_TRUE(s.add(3, 5, 8).ok());
+  EXPECT_TRUE(s.add(3, 5, 3).ok());
 }
 
 TEST(Scheduler, ChunkedPrefillTilesThePromptExactly) {
   Scheduler s = make(config(64, 16, 4, 32));
-  ASSERT_TRUE(s.add(1, 100, 103).ok());
+  ASSERT_TRUE(s.add(1, 100, 3).ok());
   std::vector<ScheduledItem> seen;
   for (int step = 0; step < 20 && s.find(1) != nullptr; ++step) {
     const SchedulerOutput out = s.schedule();
@@ -126,8 +126,8 @@ TEST(Scheduler, ChunkedPrefillTilesThePromptExactly) {
 
 TEST(Scheduler, WithoutChunkingPrefillIsAllOrNothingAndOversizeRunsAlone) {
   Scheduler s = make(config(64, 16, 4, 64, /*chunked=*/false));
-  ASSERT_TRUE(s.add(1, 40, 42).ok());
-  ASSERT_TRUE(s.add(2, 40, 42).ok());
+  ASSERT_TRUE(s.add(1, 40, 2).ok());
+  ASSERT_TRUE(s.add(2, 40, 2).ok());
   SchedulerOutput out = s.schedule();
   EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1}));  // 2 would need 40 of the 24 left: not split
   EXPECT_EQ(out.total_tokens, 40);
@@ -138,8 +138,8 @@ TEST(Scheduler, WithoutChunkingPrefillIsAllOrNothingAndOversizeRunsAlone) {
 
   // A prompt larger than the whole budget waits until nothing else runs, then runs alone.
   Scheduler t = make(config(64, 16, 4, 64, /*chunked=*/false));
-  ASSERT_TRUE(t.add(4, 10, 14).ok());
-  ASSERT_TRUE(t.add(5, 100, 101).ok());
+  ASSERT_TRUE(t.add(4, 10, 4).ok());
+  ASSERT_TRUE(t.add(5, 100, 1).ok());
   bool big_ran = false;
   for (int step = 0; step < 20 && t.find(5) != nullptr; ++step) {
     out = t.schedule();
@@ -158,9 +158,9 @@ TEST(Scheduler, WithoutChunkingPrefillIsAllOrNothingAndOversizeRunsAlone) {
 
 TEST(Scheduler, DecodesGetTheirTokenBeforePrefills) {
   Scheduler s = make(config(256, 16, 8, 16));
-  for (int64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, 4, 100).ok());
+  for (int64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, 4, 96).ok());
   run_step(s, s.schedule());  // all three prefilled (12 tokens): now decoding
-  ASSERT_TRUE(s.add(10, 200, 201).ok());
+  ASSERT_TRUE(s.add(10, 200, 1).ok());
   int prefill_steps = 0;
   while (s.find(10) != nullptr && s.find(10)->num_computed_tokens < 200) {
     const SchedulerOutput out = s.schedule();
@@ -181,7 +181,7 @@ TEST(Scheduler, DecodesGetTheirTokenBeforePrefills) {
 
 TEST(Scheduler, TokenBudgetIsFilledButNeverExceeded) {
   Scheduler s = make(config(256, 16, 16, 50));
-  for (int64_t id = 0; id < 10; ++id) ASSERT_TRUE(s.add(id, 30, 40).ok());
+  for (int64_t id = 0; id < 10; ++id) ASSERT_TRUE(s.add(id, 30, 10).ok());
   SchedulerOutput out = s.schedule();
   EXPECT_EQ(out.total_tokens, 50);  // 30 + a 20-token first chunk of the next
   EXPECT_EQ(ids_of(out), (std::vector<int64_t>{0, 1}));
@@ -199,7 +199,7 @@ TEST(Scheduler, TokenBudgetIsFilledButNeverExceeded) {
 
 TEST(Scheduler, MaxNumSeqsCapsTheRunningSet) {
   Scheduler s = make(config(64, 16, 2, 64));
-  for (int64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, 4, 6).ok());
+  for (int64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, 4, 2).ok());
   SchedulerOutput out = s.schedule();
   EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(s.num_running(), 2);
@@ -215,10 +215,10 @@ TEST(Scheduler, MaxNumSeqsCapsTheRunningSet) {
 
 TEST(Scheduler, AdmissionNeedsFreeBlocksAndTheHeadBlocksLaterRequests) {
   Scheduler s = make(config(8, 16, 8, 512));  // 128 tokens of cache
-  ASSERT_TRUE(s.add(1, 64, 70).ok());
+  ASSERT_TRUE(s.add(1, 64, 6).ok());
   run_step(s, s.schedule());           // 1 holds 4 blocks, then 5 for its first decode
-  ASSERT_TRUE(s.add(2, 80, 90).ok());  // needs 5 blocks: only 3 free
-  ASSERT_TRUE(s.add(3, 10, 12).ok());  // needs 1 block: would fit, but must not overtake 2
+  ASSERT_TRUE(s.add(2, 80, 10).ok());  // needs 5 blocks: only 3 free
+  ASSERT_TRUE(s.add(3, 10, 2).ok());  // needs 1 block: would fit, but must not overtake 2
   for (int step = 0; step < 3; ++step) {
     const SchedulerOutput out = s.schedule();
     EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1}));
@@ -236,12 +236,12 @@ TEST(Scheduler, AdmissionNeedsFreeBlocksAndTheHeadBlocksLaterRequests) {
 
 TEST(Scheduler, PreemptsTheNewestWhichRecomputesFromTheFrontOfTheQueue) {
   Scheduler s = make(config(4, 4, 4, 64));  // 16 tokens of cache
-  ASSERT_TRUE(s.add(1, 7, 12).ok());
-  ASSERT_TRUE(s.add(2, 7, 12).ok());
+  ASSERT_TRUE(s.add(1, 7, 5).ok());
+  ASSERT_TRUE(s.add(2, 7, 5).ok());
   run_step(s, s.schedule());  // both prefilled: 2 blocks each, 8 tokens each
   run_step(s, s.schedule());  // one decode each: 9 tokens, 8 computed; still 2 blocks each
   ASSERT_EQ(s.kv_blocks_used(), 4);
-  ASSERT_TRUE(s.add(3, 3, 5).ok());  // queued behind: the preempted request must go ahead of it
+  ASSERT_TRUE(s.add(3, 3, 2).ok());  // queued behind: the preempted request must go ahead of it
 
   SchedulerOutput out = s.schedule();  // 1 needs a third block: none free
   EXPECT_EQ(out.preempted, (std::vector<int64_t>{2}));
@@ -280,8 +280,8 @@ TEST(Scheduler, PreemptsTheNewestWhichRecomputesFromTheFrontOfTheQueue) {
 
 TEST(Scheduler, TheNewestPreemptsItselfAndOlderRequestsKeepRunning) {
   Scheduler s = make(config(4, 4, 4, 64));
-  ASSERT_TRUE(s.add(1, 3, 8).ok());
-  ASSERT_TRUE(s.add(2, 12, 16).ok());
+  ASSERT_TRUE(s.add(1, 3, 5).ok());
+  ASSERT_TRUE(s.add(2, 12, 4).ok());
   run_step(s, s.schedule());  // 1 block + 3 blocks: the cache is full
   const SchedulerOutput out = s.schedule();
   EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1}));
@@ -299,8 +299,8 @@ TEST(Scheduler, TheNewestPreemptsItselfAndOlderRequestsKeepRunning) {
 
 TEST(Scheduler, AbortFreesBlocksAtOnceAndLeavesOthersAlone) {
   Scheduler s = make(config(16, 16, 4, 256));
-  ASSERT_TRUE(s.add(1, 40, 60).ok());
-  ASSERT_TRUE(s.add(2, 20, 60).ok());
+  ASSERT_TRUE(s.add(1, 40, 20).ok());
+  ASSERT_TRUE(s.add(2, 20, 40).ok());
   run_step(s, s.schedule());
   ASSERT_EQ(s.kv_blocks_used(), 3 + 2);
   const std::vector<int32_t> table1 = s.block_table(1);
@@ -315,7 +315,7 @@ TEST(Scheduler, AbortFreesBlocksAtOnceAndLeavesOthersAlone) {
   s.abort(99);  // unknown: no-op
   EXPECT_EQ(s.kv_blocks_used(), 3);
 
-  ASSERT_TRUE(s.add(3, 10, 20).ok());
+  ASSERT_TRUE(s.add(3, 10, 10).ok());
   s.abort(3);  // still waiting: leaves the queue
   EXPECT_EQ(s.num_waiting(), 0);
   SchedulerOutput out = s.schedule();
@@ -330,8 +330,8 @@ TEST(Scheduler, AbortFreesBlocksAtOnceAndLeavesOthersAlone) {
 
 TEST(Scheduler, FinishFreesBlocks) {
   Scheduler s = make(config(16, 16, 4, 256));
-  ASSERT_TRUE(s.add(1, 40, 60).ok());
-  ASSERT_TRUE(s.add(2, 20, 60).ok());
+  ASSERT_TRUE(s.add(1, 40, 20).ok());
+  ASSERT_TRUE(s.add(2, 20, 40).ok());
   run_step(s, s.schedule());
   EXPECT_EQ(s.kv_blocks_used(), 5);
   s.finish(1);
@@ -356,7 +356,7 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
   };
 
   constexpr int64_t kRequests = 300;
-  std::vector<std::pair<int64_t, int64_t>> pending;  // (prompt, max_tokens), in id order
+  std::vector<std::pair<int64_t, int64_t>> pending;  // (prompt, prompt + max new), in id order
   for (int64_t i = 0; i < kRequests; ++i) {
     const int64_t prompt = uniform(1, 300);
     pending.emplace_back(prompt, prompt + uniform(1, 120));
@@ -368,7 +368,7 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
   for (; step < kMaxSteps; ++step) {
     if (next == kRequests && live.empty()) break;
     for (int64_t k = uniform(0, 3); k > 0 && next < kRequests; --k) {
-      const Status st = s.add(next, pending[next].first, pending[next].second);
+      const Status st = s.add(next, pending[next].first, pending[next].second - pending[next].first);
       if (st.code() == StatusCode::kResourceExhausted) {
         ++rejected;  // the client retries later
         break;

@@ -12,7 +12,7 @@
 
 #include "build_info.h"
 #include "options.h"
-#include "vlm/bench.h"
+#include "probes.h"
 #include "vlm/engine.h"
 
 namespace vlm_cli {
@@ -206,7 +206,7 @@ void progress(const std::string& what, const BenchArgs& a) {
 
 vlm::GenerateRequest synthetic_request(const vlm::Engine& e, int64_t prompt, int64_t new_tokens) {
   vlm::GenerateRequest req;
-  req.prompt_ids = vlm::synthetic_prompt_ids(prompt, e.vocab_size());
+  req.prompt_ids = synthetic_prompt_ids(prompt, e.vocab_size());
   req.max_new_tokens = new_tokens;
   req.ignore_eos = true;
   req.sampling.do_sample = false;
@@ -380,6 +380,9 @@ int run_bench(const BenchArgs& a) {
     opts.quant = a.quant;
     opts.mmap_weights = a.mmap;
     opts.vision_fp16 = a.vision_fp16;
+    // The engine core runs every measurement: room for the largest batch at once.
+    for (int64_t b : batches) opts.batching.max_num_seqs = std::max(opts.batching.max_num_seqs, b);
+    opts.batching.max_waiting = std::max<int64_t>(opts.batching.max_waiting, opts.batching.max_num_seqs);
     auto engine_or = vlm::Engine::load(opts);
     if (!engine_or.ok()) return fail(engine_or.status().message());
     vlm::Engine& engine = **engine_or;
@@ -436,14 +439,13 @@ int run_bench(const BenchArgs& a) {
         progress("batched decode, batch " + std::to_string(b) + " x " + std::to_string(n) +
                      " tokens after " + std::to_string(gen_prompt),
                  a);
-        vlm::BatchedDecodeOptions bo;
+        BatchedDecodeOptions bo;
         bo.batch = static_cast<int>(b);
         bo.prompt_tokens = gen_prompt;
         bo.gen_tokens = n;
-        bo.max_batched_tokens = a.device.prefill_chunk;  // a step takes what a forward pass can
         bo.reps = a.reps;
         bo.warmup = !a.no_warmup;
-        auto res = vlm::bench_batched_decode(engine, bo);
+        auto res = bench_batched_decode(engine, bo);
         if (!res.ok()) {
           return fail(res.status().with_context("batched decode " + std::to_string(b)).message());
         }
@@ -476,26 +478,26 @@ int run_bench(const BenchArgs& a) {
     }
   }
   // Before the probe, whose buffers would count.
-  const int64_t peak_rss = vlm::peak_rss_bytes();
+  const int64_t peak_rss = peak_rss_bytes();
 
   Summary read{}, copy{};
   const int membw_reps = std::max(a.reps, 5);  // cheap (well under a second a pass) and noisy
   if (membw) {
-    vlm::MemoryBandwidthOptions mo;
+    MemoryBandwidthOptions mo;
     mo.bytes = a.membw_mib > 0 ? a.membw_mib << 20 : 0;
     mo.n_threads = threads;
     mo.reps = membw_reps;
-    const int64_t bytes = mo.bytes > 0 ? mo.bytes : vlm::default_membw_bytes();
+    const int64_t bytes = mo.bytes > 0 ? mo.bytes : default_membw_bytes();
     std::fprintf(stderr, "vlm bench: memory bandwidth, 2 x %lld MiB: %d reps\n",
                  static_cast<long long>(bytes >> 20), mo.reps);
-    auto bw = vlm::measure_memory_bandwidth(mo);
+    auto bw = measure_memory_bandwidth(mo);
     if (!bw.ok()) return fail(bw.status().message());
     threads = bw->n_threads;
     const std::string size = std::to_string(bw->bytes >> 20) + " MiB, " +
                              std::to_string(bw->n_threads) +
                              (bw->n_threads == 1 ? " thread" : " threads");
     const json f = {{"size", bw->bytes}, {"bytes", bw->bytes}, {"threads", bw->n_threads},
-                    {"l3_bytes", vlm::last_level_cache_bytes()}};
+                    {"l3_bytes", last_level_cache_bytes()}};
     rows.push_back({"membw_read", "memory read (sum)", size, "GB/s", bw->read_gb_s, f});
     rows.push_back({"membw_copy", "memory copy (read + write)", size, "GB/s", bw->copy_gb_s, f});
     read = summarize(bw->read_gb_s);
@@ -539,7 +541,7 @@ int run_bench(const BenchArgs& a) {
   if (!a.json_out.empty()) {
     json j = {{"tool", "vlm bench"}, {"command", a.command},
               {"commit", commit.empty() ? json(nullptr) : json(commit)}, {"date", date},
-              {"cpu", cpu_name()}, {"l3_bytes", vlm::last_level_cache_bytes()},
+              {"cpu", cpu_name()}, {"l3_bytes", last_level_cache_bytes()},
               {"reps", a.reps}, {"warmup", !a.no_warmup}, {"gen_prompt_tokens", gen_prompt},
               {"peak_rss_bytes", peak_rss}};
     for (auto it = info.begin(); it != info.end(); ++it) j[it.key()] = it.value();

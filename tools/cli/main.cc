@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "bench.h"
+#include "npy_writer.h"
 #include "options.h"
+#include "probes.h"
 #include "vlm/chat.h"
 #include "vlm/engine.h"
 #include "vlm/server.h"
@@ -176,7 +178,7 @@ int cmd_run(const RunArgs& a) {
                images.c_str(), static_cast<long long>(r.prompt_tokens),
                r.prefill_ms > 0 ? r.prompt_tokens / (r.prefill_ms / 1000) : 0.0, r.prefill_ms,
                static_cast<long long>(r.output_ids.size()), decode_tps,
-               vlm::peak_rss_bytes() / 1048576.0,
+               vlm_cli::peak_rss_bytes() / 1048576.0,
                engine.device() == "cpu" ? engine.cpu_isa() : engine.device().c_str(),
                quant_suffix(engine).c_str(),
                engine.n_threads());
@@ -284,14 +286,15 @@ int main(int argc, char** argv) {
   serve->add_option("--max-image-pixels", so.max_image_pixels,
                     "Largest resize budget (pixels) a request may ask of one image with min_pixels / "
                     "max_pixels (default 16777216)");
-  serve->add_option("--max-num-seqs", so.batching.max_num_seqs, "Sequences per batch step");
-  serve->add_option("--max-batched-tokens", so.batching.max_batched_tokens, "Tokens per batch step");
-  serve->add_option("--block-size", so.batching.block_size, "KV cache block size in tokens");
-  serve->add_option("--num-blocks", so.batching.num_blocks, "KV cache blocks (0 = from the context)");
-  serve->add_option("--max-waiting", so.batching.max_waiting, "Queued requests before 429 (default 256)");
-  serve->add_option("--batch-wait-ms", so.batching.batch_wait_ms,
+  serve->add_option("--max-num-seqs", so.engine.batching.max_num_seqs, "Sequences per batch step");
+  serve->add_option("--max-batched-tokens", so.engine.batching.max_batched_tokens,
+                    "Tokens per batch step (default: the prefill chunk, 256)");
+  serve->add_option("--block-size", so.engine.batching.block_size, "KV cache block size in tokens");
+  serve->add_option("--num-blocks", so.engine.batching.num_blocks, "KV cache blocks (0 = from the context)");
+  serve->add_option("--max-waiting", so.engine.batching.max_waiting, "Queued requests before 429 (default 256)");
+  serve->add_option("--batch-wait-ms", so.engine.batching.batch_wait_ms,
                     "Batching window: an idle engine waits this long for more arrivals (default 0)");
-  serve->add_option("--vision-cache-mib", so.batching.vision_cache_mib,
+  serve->add_option("--vision-cache-mib", so.engine.batching.vision_cache_mib,
                     "Memory for cached vision-encoder outputs (default 512; 0 = off)");
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
@@ -330,7 +333,7 @@ int main(int argc, char** argv) {
 
   if (*run) return cmd_run(ra);
   if (*serve) {
-    so.engine.prefill_chunk = std::max<int64_t>(so.engine.prefill_chunk, so.batching.max_batched_tokens);
+    so.engine.prefill_chunk = std::max<int64_t>(so.engine.prefill_chunk, so.engine.batching.max_batched_tokens);
     so.handle_signals = true;
     auto server = vlm::Server::create(so);
     if (!server.ok()) return fail(server.status());
@@ -388,7 +391,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> expanded;
     auto out = (*engine)->logits(ids, image_inputs(lg_images, lg_min_pixels, lg_max_pixels), &expanded);
     if (!out.ok()) return fail(out.status());
-    vlm::Status st = vlm::save_npy_f32(
+    vlm::Status st = vlm_cli::write_npy_f32(
         lg_out, out->data(), {static_cast<int64_t>(expanded.size()), (*engine)->vocab_size()});
     if (!st.ok()) return fail(st);
     return 0;

@@ -1,0 +1,82 @@
+// The model side of one engine step (vLLM's ModelRunner): SchedulerOutput → one batch for the
+// device (token ids, 3-D positions, block tables, image rows) → TextDecoder::forward_batch (or
+// the GPU decoder) → sampling → ModelRunnerOutput, plain data. Where sampling runs (the host,
+// or the GPU for greedy picks and the draws it can make) is decided here; so is everything the
+// batch needs of a request's state, which the runner keeps up to date as tokens are sampled.
+// Owns the step's scratch, so that steady-state steps allocate nothing.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "engine/multimodal.h"
+#include "engine/sampler.h"
+#include "model/text_decoder.h"
+#include "sched/scheduler.h"
+#include "vlm/engine.h"
+
+namespace vlm {
+
+// What the runner keeps of a running request: its ids (prompt + sampled), each position's image
+// feature row and 3-D position, the prepared prompt (image features), its sampler, and what the
+// caller asked of the output.
+struct RunnerRequest {
+  int64_t id = 0;
+  PreparedPrompt prompt;
+  std::vector<int32_t> ids;
+  std::vector<int32_t> feature_row;  // [ids.size()]: image feature row or -1
+  std::vector<int64_t> pos_t, pos_h, pos_w;
+  std::unique_ptr<Sampler> sampler;
+  int32_t logprobs = -1;           // top alternatives per sampled token; -1: none
+  float* prompt_logits = nullptr;  // Engine::logits: every prompt position's row [n, vocab]
+
+  // Takes the prepared prompt over, with room for `max_new_tokens` more (sampling then appends
+  // without reallocating).
+  void start(PreparedPrompt p, int64_t max_new_tokens);
+};
+
+// One sampled token.
+struct SampledToken {
+  int64_t request_id = 0;
+  int32_t token = 0;
+  // With the request's logprobs >= 0: the token's log-probability and rank (1: the most likely),
+  // and the most likely tokens.
+  float logprob = 0;
+  int64_t rank = 0;
+  int32_t num_top = 0;
+  std::array<std::pair<int32_t, float>, 20> top;
+};
+
+struct ModelRunnerOutput {
+  std::vector<SampledToken> sampled;  // in schedule order: every chunk that reached its end
+};
+
+class ModelRunner {
+ public:
+  // `cache`: the CPU's paged KV cache (unused on the GPU, whose decoder owns its cache).
+  ModelRunner(Engine::Impl& model, KvCache* cache, int64_t max_num_seqs);
+
+  // Runs the step `sched` describes (block tables from `scheduler`) over the requests `find`
+  // gives by id; each sampled token is appended to its request. An error is an engine fault
+  // (the step's requests fail).
+  Status execute(const SchedulerOutput& sched, const Scheduler& scheduler,
+                 const std::function<RunnerRequest*(int64_t)>& find, ModelRunnerOutput* out);
+
+ private:
+  Engine::Impl& m_;
+  KvCache* cache_;
+  std::vector<SeqChunk> chunks_;
+  std::vector<VisionRows> vision_;
+  std::vector<DeviceSample> samples_;                  // per chunk: a draw on the GPU
+  std::vector<std::vector<DevicePenalty>> penalties_;  // its penalties
+  std::vector<float> logits_;    // [rows, vocab]: the step's logit rows
+  std::vector<int32_t> argmax_;  // [rows]: each row's argmax or draw (GPU)
+  std::vector<float> raw_row_;   // [vocab]: a row before the sampler's changes (logprobs)
+  size_t normal_logit_rows_ = 0;
+};
+
+}  // namespace vlm
