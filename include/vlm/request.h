@@ -97,7 +97,7 @@ struct RequestOutput {
   // stop string, are not listed).
   std::vector<TokenLogprob> logprobs;
   int64_t step = 0;        // with a token: the engine step that sampled it
-  int64_t step_end_ns = 0;  // when that step ended (steady_clock, nanoseconds since its epoch)
+  int64_t sampled_ns = 0;  // when it was sampled (steady_clock, nanoseconds since its epoch)
   bool finished = false;   // the last piece
   FinishReason finish_reason = FinishReason::kNone;
   Status error;            // non-ok: the request failed (finished)

@@ -39,6 +39,10 @@ struct Req {
   int64_t prompt_len = 0;
   int64_t max_new_tokens = 0;
   int64_t generated = 0;
+  // Set by the step that samples the last token (a stop token, or the budget reached): why the
+  // request ends, and when that token was sampled.
+  FinishReason ending = FinishReason::kNone;
+  int64_t last_sampled_ns = 0;
   Clock::time_point submitted;
   double image_decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
   int64_t images_cached = 0;
@@ -319,7 +323,7 @@ namespace {
 
 // Appends a sampled token to its stream (the arrays were sized at submit: no allocation).
 void append_token_locked(RequestStream::State& ss, const SampledToken& t, bool stop, int64_t step,
-                         int64_t now_ns) {
+                         int64_t sampled_ns) {
   RawToken& raw = ss.tokens[ss.published];
   raw.token = t.token;
   raw.num_top = t.num_top;
@@ -327,7 +331,7 @@ void append_token_locked(RequestStream::State& ss, const SampledToken& t, bool s
   raw.rank = t.rank;
   raw.stop_token = stop;
   raw.step = step;
-  raw.step_end_ns = now_ns;
+  raw.sampled_ns = sampled_ns;
   for (int32_t j = 0; j < t.num_top; ++j) {
     ss.tops[ss.published * ss.top_k + j] = {t.top[j].first, t.top[j].second};
   }
@@ -340,7 +344,7 @@ void append_token_locked(RequestStream::State& ss, const SampledToken& t, bool s
 // when `last` is set, so that the consumer sees the two together — and the engine forgets it (its
 // blocks go back to the pool).
 void EngineCore::end(void* req, FinishReason reason, const Status& error, const SampledToken* last,
-                     int64_t step, int64_t now_ns) {
+                     int64_t step, int64_t sampled_ns) {
   State& s = *st_;
   Req& r = *static_cast<Req*>(req);
   const int64_t id = r.run.id;
@@ -354,7 +358,7 @@ void EngineCore::end(void* req, FinishReason reason, const Status& error, const 
   RequestStream::State& ss = *r.stream;
   {
     std::lock_guard<std::mutex> lock(ss.mu);
-    if (last != nullptr) append_token_locked(ss, *last, reason == FinishReason::kStop, step, now_ns);
+    if (last != nullptr) append_token_locked(ss, *last, reason == FinishReason::kStop, step, sampled_ns);
     ss.finished = true;
     ss.reason = reason;
     ss.error = error;
@@ -511,15 +515,36 @@ void EngineCore::step() {
       r.stream->first_forward_ns = now_ns;
     }
 
-    // 3. The model: one forward pass, then a token for every chunk that reached its end.
-    Status st = s.runner->execute(out, *s.sched, s.find, &s.run_out);
+    // 3. The model: one forward pass, then a token for every chunk that reached its end, each
+    // handed to its stream as soon as it is sampled (but a request's last token, which comes
+    // with its end once the scheduler has freed its blocks).
+    const int64_t step_index = s.steps;
+    auto on_sampled = [&](const SampledToken& t) {
+      Req& r = *s.reqs.at(t.request_id);
+      ++r.generated;
+      const int64_t sampled_ns = steady_now_ns();
+      const bool stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end();
+      if (stop || r.generated >= r.max_new_tokens) {
+        r.ending = stop ? FinishReason::kStop : FinishReason::kLength;
+        r.last_sampled_ns = sampled_ns;
+        return;
+      }
+      RequestStream::State& ss = *r.stream;
+      {
+        std::lock_guard<std::mutex> lock(ss.mu);
+        append_token_locked(ss, t, false, step_index, sampled_ns);
+      }
+      ss.cv.notify_all();
+      if (ss.notify) ss.notify();
+    };
+    Status st = s.runner->execute(out, *s.sched, s.find, on_sampled, &s.run_out);
     if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
       for (const auto& it : out.items) {
         auto f = s.reqs.find(it.request_id);
         if (f != s.reqs.end()) end(f->second.get(), FinishReason::kNone, st);
       }
     } else {
-      update(s.steps);
+      update(step_index);
     }
   }
   {
@@ -529,8 +554,8 @@ void EngineCore::step() {
   if (on_step_ && !out.items.empty()) on_step_(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
-// After the forward pass: the scheduler learns what was computed, each sampled token goes to its
-// stream, and requests that hit a stop token or their budget end.
+// After the forward pass: the scheduler learns what was computed and sampled, and requests that
+// hit a stop token or their budget end (their streams get the last token with the end).
 void EngineCore::update(int64_t step_index) {
   State& s = *st_;
   const SchedulerOutput& out = s.sched_out;
@@ -538,23 +563,10 @@ void EngineCore::update(int64_t step_index) {
   computed.clear();
   for (const auto& it : out.items) computed.emplace_back(it.request_id, it.num_tokens);
   s.sched->update(computed);
-  const int64_t now_ns = steady_now_ns();
   for (const SampledToken& t : s.run_out.sampled) {
-    Req& r = *s.reqs.at(t.request_id);
-    ++r.generated;
     s.sched->append_token(t.request_id);
-    const bool stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end();
-    if (stop || r.generated >= r.max_new_tokens) {
-      end(&r, stop ? FinishReason::kStop : FinishReason::kLength, ok_status(), &t, step_index, now_ns);
-      continue;
-    }
-    RequestStream::State& ss = *r.stream;
-    {
-      std::lock_guard<std::mutex> lock(ss.mu);
-      append_token_locked(ss, t, false, step_index, now_ns);
-    }
-    ss.cv.notify_all();
-    if (ss.notify) ss.notify();
+    Req& r = *s.reqs.at(t.request_id);
+    if (r.ending != FinishReason::kNone) end(&r, r.ending, ok_status(), &t, step_index, r.last_sampled_ns);
   }
 }
 

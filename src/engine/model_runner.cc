@@ -32,7 +32,7 @@ ModelRunner::ModelRunner(Engine::Impl& model, KvCache* cache, int64_t max_num_se
 
 Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& scheduler,
                             const std::function<RunnerRequest*(int64_t)>& find,
-                            ModelRunnerOutput* out) {
+                            SampledFn on_sampled, ModelRunnerOutput* out) {
   const int64_t V = m_.cfg.text_config.vocab_size;
   out->sampled.clear();
   if (sched.items.empty()) return ok_status();
@@ -130,6 +130,7 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
     r.pos_t.push_back(p);
     r.pos_h.push_back(p);
     r.pos_w.push_back(p);
+    on_sampled(s);
   }
   if (rows > normal_logit_rows_) {
     logits_.resize(normal_logit_rows_ * static_cast<size_t>(V));

@@ -55,16 +55,33 @@ struct ModelRunnerOutput {
   std::vector<SampledToken> sampled;  // in schedule order: every chunk that reached its end
 };
 
+// Told of each token as soon as it is sampled, before the step's other rows are: the engine
+// core hands it to its stream at once, so that the consumer's work overlaps the rest of the
+// step's sampling (the serial part of a step, when the pool's other threads are idle) instead of
+// the next forward pass. A non-owning reference to a callable, like RangeFn: never allocates.
+class SampledFn {
+ public:
+  template <typename F>
+  SampledFn(const F& f)  // NOLINT: implicit, so call sites pass lambdas directly
+      : obj_(&f), call_([](const void* o, const SampledToken& t) { (*static_cast<const F*>(o))(t); }) {}
+  void operator()(const SampledToken& t) const { call_(obj_, t); }
+
+ private:
+  const void* obj_;
+  void (*call_)(const void*, const SampledToken&);
+};
+
 class ModelRunner {
  public:
   // `cache`: the CPU's paged KV cache (unused on the GPU, whose decoder owns its cache).
   ModelRunner(Engine::Impl& model, KvCache* cache, int64_t max_num_seqs);
 
   // Runs the step `sched` describes (block tables from `scheduler`) over the requests `find`
-  // gives by id; each sampled token is appended to its request. An error is an engine fault
-  // (the step's requests fail).
+  // gives by id; each sampled token is appended to its request and passed to `on_sampled`. An
+  // error is an engine fault (the step's requests fail).
   Status execute(const SchedulerOutput& sched, const Scheduler& scheduler,
-                 const std::function<RunnerRequest*(int64_t)>& find, ModelRunnerOutput* out);
+                 const std::function<RunnerRequest*(int64_t)>& find, SampledFn on_sampled,
+                 ModelRunnerOutput* out);
 
  private:
   Engine::Impl& m_;

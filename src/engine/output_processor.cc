@@ -11,11 +11,11 @@ OutputProcessor::OutputProcessor(const Tokenizer* tokenizer, const std::vector<s
 void OutputProcessor::on_token(const RawToken& t, const TopEntry* tops, RequestOutput* out) {
   out->token_id = t.token;
   out->step = t.step;
-  out->step_end_ns = t.step_end_ns;
+  out->sampled_ns = t.sampled_ns;
   if (stops_.stopped()) return;  // the reply has ended: a late token counts for nothing
   ++tokens_;
-  if (first_step_end_ns_ == 0) first_step_end_ns_ = t.step_end_ns;
-  last_step_end_ns_ = t.step_end_ns;
+  if (first_sampled_ns_ == 0) first_sampled_ns_ = t.sampled_ns;
+  last_sampled_ns_ = t.sampled_ns;
   if (top_k_ >= 0 && !t.stop_token) {
     // The entry's bytes are what the token adds to the text: nothing for a special token (the
     // reply skips them).

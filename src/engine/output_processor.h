@@ -32,8 +32,8 @@ class OutputProcessor {
 
   bool stopped() const { return stops_.stopped(); }
   int64_t tokens() const { return tokens_; }  // tokens seen (a stop token included)
-  int64_t last_step_end_ns() const { return last_step_end_ns_; }
-  int64_t first_step_end_ns() const { return first_step_end_ns_; }
+  int64_t last_sampled_ns() const { return last_sampled_ns_; }
+  int64_t first_sampled_ns() const { return first_sampled_ns_; }
 
  private:
   void release_logprobs(bool final, RequestOutput* out);
@@ -46,7 +46,7 @@ class OutputProcessor {
   size_t listed_bytes_ = 0;  // bytes of text the emitted logprob entries cover
   std::deque<TokenLogprob> pending_;  // entries the text has not reached yet
   int64_t tokens_ = 0;
-  int64_t first_step_end_ns_ = 0, last_step_end_ns_ = 0;
+  int64_t first_sampled_ns_ = 0, last_sampled_ns_ = 0;
 };
 
 }  // namespace vlm

@@ -77,8 +77,8 @@ bool RequestStream::take(RequestOutput* out, bool wait) {
     error = ok_status();
   }
   stats.completion_tokens = proc_->tokens();
-  stats.prefill_ms = ms_between_ns(first_forward_ns, proc_->first_step_end_ns());
-  stats.decode_ms = ms_between_ns(proc_->first_step_end_ns(), proc_->last_step_end_ns());
+  stats.prefill_ms = ms_between_ns(first_forward_ns, proc_->first_sampled_ns());
+  stats.decode_ms = ms_between_ns(proc_->first_sampled_ns(), proc_->last_sampled_ns());
   out->stats = stats;
   if (ended) {
     if (error.ok()) proc_->finish(out);

@@ -33,7 +33,7 @@ struct RawToken {
   int64_t rank;        // 1 + the ids more likely than `token` (with logprobs)
   bool stop_token;     // an eos or stop id: it ends the reply, it is not part of it
   int64_t step;        // the engine step that sampled it
-  int64_t step_end_ns; // when that step ended (steady_clock)
+  int64_t sampled_ns;  // when it was sampled (steady_clock)
 };
 
 struct RequestStream::State {

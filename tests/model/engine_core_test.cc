@@ -469,7 +469,7 @@ TEST(EngineCore, StreamsReportStepsStatsAndNotify) {
     EXPECT_GE(pieces[i].token_id, 0);
     if (i > 0) {
       EXPECT_EQ(pieces[i].step, pieces[i - 1].step + 1);  // one decode step per token
-      EXPECT_GE(pieces[i].step_end_ns, pieces[i - 1].step_end_ns);
+      EXPECT_GE(pieces[i].sampled_ns, pieces[i - 1].sampled_ns);
     }
   }
   const RequestOutput& last = pieces.back();

@@ -182,7 +182,7 @@ vlm::Result<BatchedDecodeRound> run_round(vlm::Engine& engine, const BatchedDeco
     vlm::RequestOutput out;
     while (streams[i]->next(&out)) {
       if (!out.error.ok()) return out.error;
-      if (out.token_id >= 0) marks[i].push_back({out.step, out.step_end_ns});
+      if (out.token_id >= 0) marks[i].push_back({out.step, out.sampled_ns});
     }
   }
   int64_t open_step = 0;

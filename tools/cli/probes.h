@@ -57,9 +57,10 @@ struct BatchedDecodeOptions {
 };
 
 // One round: `batch` greedy ignore_eos requests submitted together, each producing
-// gen_tokens + 1 tokens. The decode window opens when the engine step that gave the last request
-// its first token ends and closes with the round's last token; tokens sampled in the steps in
-// between count (at batch 1: the gen_tokens decode steps, as Engine::generate's decode_ms).
+// gen_tokens + 1 tokens. The decode window opens with the last token sampled in the engine step
+// that gave the last request its first token and closes with the round's last token; tokens
+// sampled in the steps in between count (at batch 1: the gen_tokens decode steps, as
+// Engine::generate's decode_ms).
 struct BatchedDecodeRound {
   int64_t tokens = 0;          // of all requests, inside the window
   double decode_ms = 0;        // the window
