@@ -121,8 +121,8 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
       s.token = r.sampler->sample(logits);
     }
     if (r.logprobs >= 0) {
-      Sampler::logprobs(raw_row_.data(), V, s.token, r.logprobs, &s.logprob, &s.rank, s.top.data(),
-                        &s.num_top);
+      Sampler::logprobs(raw_row_.data(), V, s.token, r.logprobs, m_.isa, &s.logprob, &s.rank,
+                        s.top.data(), &s.num_top);
     }
     r.ids.push_back(s.token);
     r.feature_row.push_back(-1);

@@ -130,18 +130,12 @@ void Sampler::device_draw(DeviceSample* out, std::vector<DevicePenalty>* penalti
   out->n_penalties = static_cast<int64_t>(penalties->size());
 }
 
-void Sampler::logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, float* logprob,
-                       int64_t* rank, std::pair<int32_t, float>* top, int32_t* num_top) {
-  float mx = row[0];
-  for (int64_t i = 1; i < V; ++i) mx = std::max(mx, row[i]);
-  double sum = 0;
+void Sampler::logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, ops::Isa isa,
+                       float* logprob, int64_t* rank, std::pair<int32_t, float>* top,
+                       int32_t* num_top) {
   const float at = row[chosen];
   int64_t above = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    sum += std::exp(static_cast<double>(row[i] - mx));
-    above += row[i] > at;
-  }
-  const float lse = mx + static_cast<float>(std::log(sum));
+  const float lse = ops::logsumexp(row, V, at, &above, isa);
   *logprob = at - lse;
   *rank = above + 1;
   *num_top = 0;
@@ -149,9 +143,11 @@ void Sampler::logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, f
   auto better = [](const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
     return a.second > b.second || (a.second == b.second && a.first < b.first);
   };
-  // A min-heap (under `better`) of the k best so far, in top[0, n).
+  // A min-heap (under `better`) of the k best so far, in top[0, n); once full, a value below the
+  // worst kept is skipped by one comparison.
   int32_t n = 0;
   for (int64_t i = 0; i < V; ++i) {
+    if (n == k && row[i] < top[0].second) continue;
     const std::pair<int32_t, float> c{static_cast<int32_t>(i), row[i]};
     if (n < k) {
       top[n++] = c;

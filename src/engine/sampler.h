@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/text_decoder.h"
+#include "ops/ops.h"
 
 namespace vlm {
 
@@ -50,10 +51,11 @@ class Sampler {
   // The log-probability of `chosen` under the log-softmax of `raw` [vocab] (the logits before
   // bias, penalties and temperature, as vLLM reports them), its rank (1 + the ids strictly more
   // likely, as vLLM's) and the k most likely ids with theirs, best first (ties: the lower id).
-  // One pass for the maximum, one for the sum and the rank, one selection for the top k: no
-  // vocabulary-sized output.
-  static void logprobs(const float* raw, int64_t vocab, int32_t chosen, int32_t k, float* logprob,
-                       int64_t* rank, std::pair<int32_t, float>* top, int32_t* num_top);
+  // One vector pass for the maximum and the rank, one for the sum (ops::logsumexp on `isa`), one
+  // selection for the top k: no vocabulary-sized output.
+  static void logprobs(const float* raw, int64_t vocab, int32_t chosen, int32_t k, ops::Isa isa,
+                       float* logprob, int64_t* rank, std::pair<int32_t, float>* top,
+                       int32_t* num_top);
   // The next draw for a device to make (then record() its pick): the penalties of the ids seen
   // so far, the filters, and u from this sampler's generator. Greedy is top-k 1 at temperature 1.
   void device_draw(DeviceSample* out, std::vector<DevicePenalty>* penalties);

@@ -123,6 +123,11 @@ void gelu_erf(float* y, const float* bias, int64_t rows, int64_t n, ThreadPool& 
 void silu_mul(const float* gate, const float* up, int64_t count, float* out, ThreadPool& pool,
               Isa isa = detected_isa());
 
+// log Σ_i e^x[i] over x[0, n), n >= 1 (the normaliser of a log-softmax: a logit row's log-
+// probabilities are x − lse), and in *above the number of values greater than `at` (a token's
+// rank − 1 when `at` is its logit). One vector pass for the max and the count, one for the sum.
+float logsumexp(const float* x, int64_t n, float at, int64_t* above, Isa isa = detected_isa());
+
 // Rotates x [tokens, n_heads, head_dim] in place with NeoX (rotate-half) pairing (d, d + half).
 // cos, sin: [tokens, head_dim / 2] angles for the first half (the second half repeats them).
 void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* cos,

@@ -43,6 +43,12 @@ void for_rows(ThreadPool& pool, int64_t rows, int64_t n, const F& fn) {
 
 }  // namespace
 
+float logsumexp(const float* x, int64_t n, float at, int64_t* above, Isa isa) {
+  float lse = 0;
+  eltwise(isa).logsumexp_count(x, n, at, &lse, above);
+  return lse;
+}
+
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y,
               ThreadPool& pool, Isa isa) {
   const auto k = eltwise(isa).rms_norm;

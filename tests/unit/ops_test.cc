@@ -1049,6 +1049,48 @@ TEST_P(EltwiseTest, ExpIsWithinTwoUlp) {
   EXPECT_TRUE(std::isnan(ye[7]));
 }
 
+// The log-softmax normaliser of a vocabulary-sized row (as logprobs use it) against a double sum,
+// and the count of values above a threshold against a plain loop; rows of every tail length.
+TEST_P(EltwiseTest, LogsumexpAndCountMatchDouble) {
+  const auto& k = eltwise_table(GetParam());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 4.f);
+  for (int64_t n : {1, 3, 17, 64, 1000, 151936}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = nd(rng);
+    x[n / 2] = 30.f;  // one dominant logit
+    double mx = x[0];
+    for (float v : x) mx = std::max<double>(mx, v);
+    double sum = 0;
+    for (float v : x) sum += std::exp(v - mx);
+    const double want = mx + std::log(sum);
+    const float at = x[n / 3];
+    int64_t want_above = 0;
+    for (float v : x) want_above += v > at;
+    float lse = 0;
+    int64_t above = -1;
+    k.logsumexp_count(x.data(), n, at, &lse, &above);
+    EXPECT_NEAR(lse, want, 4e-6 * std::max(1.0, std::abs(want))) << "n = " << n;
+    EXPECT_EQ(above, want_above) << "n = " << n;
+    // All equal: log(n) above the value, nothing above it.
+    std::vector<float> flat(n, -2.f);
+    k.logsumexp_count(flat.data(), n, -2.f, &lse, &above);
+    EXPECT_NEAR(lse, -2.0 + std::log(static_cast<double>(n)), 4e-6 * std::max(1.0, std::log(n) + 2));
+    EXPECT_EQ(above, 0);
+  }
+  // -inf entries (a masked vocabulary) count for nothing; all -inf is log 0.
+  std::vector<float> masked = {-INFINITY, 1.f, -INFINITY, 1.f};
+  float lse = 0;
+  int64_t above = 0;
+  k.logsumexp_count(masked.data(), 4, -INFINITY, &lse, &above);
+  EXPECT_NEAR(lse, 1.0 + std::log(2.0), 1e-6);
+  EXPECT_EQ(above, 2);
+  std::vector<float> none(5, -INFINITY);
+  k.logsumexp_count(none.data(), 5, 0.f, &lse, &above);
+  EXPECT_EQ(lse, -INFINITY);
+  EXPECT_EQ(above, 0);
+}
+
 TEST_P(EltwiseTest, GeluTanhMatchesStdTanh) {
   const ops::Isa isa = GetParam();
   ThreadPool pool(2);

@@ -12,6 +12,9 @@ namespace vlm::kernels {
 struct EltwiseKernels {
   // y[i] = e^x[i] for i < n (may alias). The vector exp behind silu_mul and the GELUs.
   void (*exp)(const float* x, int64_t n, float* y);
+  // Over x[0, n), n >= 1: *lse = log Σ e^x[i] (the max, then Σ e^(x − max) in f32 lanes over
+  // blocks of 64 values per lane, the blocks summed in double) and *above = #{i : x[i] > at}.
+  void (*logsumexp_count)(const float* x, int64_t n, float at, float* lse, int64_t* above);
   // In place on y[rows, n]: y = gelu_tanh(y + bias) (gelu_pytorch_tanh), bias: [n] or null.
   void (*gelu_tanh)(float* y, const float* bias, int64_t rows, int64_t n);
   // In place on y[rows, n]: y = gelu_erf(y + bias) (nn.GELU(), exact erf form).
