@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""vlm on the GPU against transformers generate on the same GPU, in one run (issue 7).
+"""vlm on the GPU against transformers generate on the same GPU, in one run.
 
     python3 scripts/bench_cuda.py --vlm build/device/bin/vlm --out OUT
 

@@ -6,14 +6,14 @@ It neither contains nor builds llama.cpp: give it the path of a llama.cpp build'
 checkpoint. Each round runs every pair once, alternating which engine goes first, so drift on a
 noisy machine hits both; the table shows medians over the rounds and the vlm / llama.cpp ratio.
 
-  python3 scripts/compare_llamacpp.py --vlm build/tools/cli/vlm --model /work/ckpt-2b \\
-      --llama-bench ~/llama-build/bin/llama-bench \\
-      --pair "bf16=/work/gguf/qwen3vl-2b-bf16.gguf" \\
-      --pair "int8=/work/gguf/qwen3vl-2b-q8_0.gguf=--quant int8" \\
+  python3 scripts/compare_llamacpp.py --vlm build/tools/cli/vlm --model CKPT_DIR \\
+      --llama-bench LLAMA_BUILD/bin/llama-bench \\
+      --pair "bf16=GGUF_DIR/qwen3vl-2b-bf16.gguf" \\
+      --pair "int8=GGUF_DIR/qwen3vl-2b-q8_0.gguf=--quant int8" \\
       -p 128,512,2048 -n 128 -t 2 --rounds 3 \\
-      --mtmd-cli ~/llama-build/bin/llama-mtmd-cli --mmproj /work/gguf/mmproj.gguf \\
-      --image /work/bench-images/astronaut_448x448.jpg \\
-      --image /work/bench-images/retina_1280x960.jpg
+      --mtmd-cli LLAMA_BUILD/bin/llama-mtmd-cli --mmproj GGUF_DIR/mmproj.gguf \\
+      --image IMAGES_DIR/astronaut_448x448.jpg \\
+      --image IMAGES_DIR/retina_1280x960.jpg
 
 A pair is LABEL=GGUF[=EXTRA VLM FLAGS]. Standard library only.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check for the CUDA backend (issue 7), run through the `device` tool on a lent GPU.
+# The device check for the CUDA backend, run through the `device` tool on a lent GPU.
 # The device image has nvcc, CMake, ninja and PyTorch + transformers but not the CPU build's
 # Debian packages, so the binaries are built here and carried with the libraries they load:
 #   here:   bash scripts/cuda_device_prepare.sh

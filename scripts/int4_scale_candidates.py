@@ -5,7 +5,7 @@ src/ops/quantize.cc (kInt4Divisors).
     python3 scripts/int4_scale_candidates.py      # numpy only, a few seconds
 
 Rows: N(0, 0.02^2) rounded to bfloat16 (the values of scripts/make_random_checkpoint.py, so of
-/work/ckpt-2b), and Laplace and Student-t(3) rows, whose heavier tails are closer to trained
+CKPT_DIR), and Laplace and Student-t(3) rows, whose heavier tails are closer to trained
 weights. Each candidate set picks, per group, the scale whose q = clamp(round_half_even(w / s))
 gives the smallest sum (w - q s)^2. A divisor d > 0 means s = max|w| / d; d < 0 means
 s = -w_max / |d| with w_max the largest-|w| weight with its sign (it lands on q = -8, as in

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trains the tiny Qwen3-VL that learns to answer questions about synthetic shape images (issue 6).
+"""Trains the tiny Qwen3-VL that learns to answer questions about synthetic shape images.
 
 Everything is generated here: images of 1-5 coloured shapes on plain backgrounds, chat-formatted
 questions and answers about them, a byte-level BPE tokenizer (the `tokenizers` library, with

@@ -1,4 +1,4 @@
-// Memory on 2 MiB pages for the model's large weights.
+// Memory on 2 MiB pages for the model's large weights and the KV cache.
 #pragma once
 
 #include <cstddef>
@@ -11,7 +11,9 @@ namespace vlm {
 // One anonymous, private, read-write mapping of at least `bytes`, aligned to 2 MiB and advised
 // for transparent huge pages (madvise MADV_HUGEPAGE), so that the kernel backs it with 2 MiB
 // pages where the system allows (THP "always" or "madvise"; with "never" it is ordinary memory
-// and everything still works).
+// and everything still works). Nothing is touched here: pages become resident (zeroed) when first
+// written, and the mapping is not charged against the commit limit (MAP_NORESERVE), so a KV cache
+// reserved for many long sequences costs only the blocks in use.
 //
 // NOTE(vlm): why. The GEMM's panel build and the decode kernels read 8-32 weight rows at once,
 // and a BF16 row of the 2B model is 4 KiB: on the file mapping (4 KiB page-cache pages) every row

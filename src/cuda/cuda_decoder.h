@@ -1,5 +1,5 @@
 #pragma once
-// The Qwen3-VL text decoder on an NVIDIA GPU (issue 7): TextDecoder's forward pass with the
+// The Qwen3-VL text decoder on an NVIDIA GPU: TextDecoder's forward pass with the
 // weights uploaded once, activations in BF16 (or F32) with f32 sums, and a paged KV cache in
 // device memory, behind the engine's DeviceDecoder interface.
 #include <memory>

@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA backend's ops (issue 7) other than the matrix products (gemm.h): device memory, the
+// The CUDA backend's ops other than the matrix products (gemm.h): device memory, the
 // element-wise and per-row ops of the decoder and the vision tower, attention over contiguous or
 // paged K/V, and greedy sampling.
 // Pointers are device pointers; activations are F32 or BF16 (DType), every sum is f32, and the

@@ -1,5 +1,5 @@
 #pragma once
-// The Qwen3-VL vision tower on an NVIDIA GPU (issue 7): VisionEncoder::encode's steps with the
+// The Qwen3-VL vision tower on an NVIDIA GPU: VisionEncoder::encode's steps with the
 // weights uploaded once, activations in BF16 (or F32) with f32 sums, and the merger outputs
 // returned in f32 for the decoder. The position-embedding interpolation and the rotary tables are
 // built on the host by the CPU encoder and uploaded.

@@ -1,5 +1,5 @@
 #pragma once
-// Flash-style attention on the tensor cores (issue 7): BF16 q, K, V, f32 scores and output sums,
+// Flash-style attention on the tensor cores: BF16 q, K, V, f32 scores and output sums,
 // online softmax, tiles of 64 queries × 64 keys per step, one CTA of 4 warps per (query tile,
 // head). P is rounded to BF16 for the P·V product, as FlashAttention does. Two uses:
 //   - the decoder's prefill over the paged KV cache (causal, GQA, varlen batch);

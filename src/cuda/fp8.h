@@ -1,5 +1,5 @@
 #pragma once
-// FP8 (E4M3) products on Hopper's tensor cores (issue 7, --quant fp8): weights and activations
+// FP8 (E4M3) products on Hopper's tensor cores (--quant fp8): weights and activations
 // in E4M3 with one f32 scale per tensor (value = e4m3 · scale, scale = max|x| / 448), f32
 // accumulation, BF16 out, through cuBLASLt. The weights are quantized once at load, on the
 // device; each product's activations are quantized on the fly (max, then convert; no host

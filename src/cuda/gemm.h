@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA backend's matrix products (issue 7): y[M, N] = x[M, K] · W[N, K]ᵀ, with W as the
+// The CUDA backend's matrix products: y[M, N] = x[M, K] · W[N, K]ᵀ, with W as the
 // checkpoint stores a linear layer (row-major [out, in]), BF16 or F32 inputs and f32
 // accumulation (never TF32), through cuBLASLt with the algorithm its heuristic picks for each
 // shape (asked once per shape and kept); cublasGemmEx where cuBLASLt offers none. Device

@@ -1,5 +1,5 @@
 #pragma once
-// Weight-only INT8 products on the GPU (issue 7): y[M, N] = x[M, K] · (q[N, K] · s[N])ᵀ with the
+// Weight-only INT8 products on the GPU: y[M, N] = x[M, K] · (q[N, K] · s[N])ᵀ with the
 // CPU's INT8 layout (ops::quantize_int8: one f32 scale per output row), activations in F32 or
 // BF16 and f32 sums. Decode-sized M reads the INT8 rows straight (half the bytes of BF16);
 // larger M dequantizes row blocks of W into a scratch buffer for cuBLAS.

@@ -1,6 +1,6 @@
 #pragma once
 // GPU utilisation and memory from NVML (the driver's libnvidia-ml.so.1, loaded at run time, so
-// that nothing needs the driver to start), for /metrics (issue 7).
+// that nothing needs the driver to start), for /metrics.
 #include <cstdint>
 
 #include "vlm/status.h"

@@ -1,5 +1,5 @@
 #pragma once
-// Sampling on the GPU (issue 7): repetition / presence / frequency penalties, temperature,
+// Sampling on the GPU: repetition / presence / frequency penalties, temperature,
 // top-k, top-p and min-p over a logit row, then one draw, in the host Sampler's order
 // (src/engine/sampler.h). The draw walks the kept tokens in id order (the host walks them by
 // falling logit), so the two pick from the same distribution but not the same token for a given

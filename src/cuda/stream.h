@@ -1,5 +1,5 @@
 #pragma once
-// Streams, page-locked staging memory, asynchronous copies and CUDA graphs (issue 7): what the
+// Streams, page-locked staging memory, asynchronous copies and CUDA graphs: what the
 // decoder needs to capture a decode step once and replay it. The ops of cuda_ops.h, flash
 // attention and Gemm launch on the calling thread's current stream (set_stream).
 #include <cstddef>

@@ -1,5 +1,5 @@
 #pragma once
-// Checkpoint tensors onto the device (issue 7): the bytes as the CUDA backend keeps them, BF16 or
+// Checkpoint tensors onto the device: the bytes as the CUDA backend keeps them, BF16 or
 // F32, converted on the host from the stored F32, BF16 or F16 (BF16 rounding to nearest even, as
 // torch casts). Uploaded once at load.
 #include <cstdint>

@@ -145,7 +145,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   if (m.gpu != nullptr) {
     VLM_RETURN_IF_ERROR(m.gpu->allocate_cache(opts.num_blocks, opts.block_size, blocks_per_seq));
   } else {
-    s.cache.allocate(t, opts.num_blocks, opts.block_size);
+    VLM_RETURN_IF_ERROR(s.cache.allocate(t, opts.num_blocks, opts.block_size)
+                            .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
   }
   s.runner = std::make_unique<ModelRunner>(m, &s.cache, opts.max_num_seqs);
   s.run_out.sampled.reserve(static_cast<size_t>(opts.max_num_seqs));

@@ -17,11 +17,11 @@
 
 namespace vlm {
 
+struct SampledToken;  // engine/model_runner.h
+
 // What Engine::logits asks of a request besides its stream: every prompt position's logits
 // ([expanded prompt tokens, vocab], sized by submit) and the prompt with its image pads expanded
 // (written by the engine thread before the request's first token).
-struct SampledToken;
-
 struct PromptOutputs {
   std::vector<float>* logits = nullptr;
   std::vector<int32_t>* expanded_ids = nullptr;

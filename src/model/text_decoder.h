@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/huge_page_buffer.h"
 #include "core/thread_pool.h"
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
@@ -14,18 +15,25 @@ namespace vlm {
 
 // The KV cache in blocks: K and V per layer, [num_blocks, block_size, n_kv_heads · head_dim] f32.
 // A sequence owns blocks through its block table (src/kv decides which). One sequence in one
-// block of `capacity` positions is the plain contiguous cache.
+// block of `capacity` positions is the plain contiguous cache. The memory is reserved, not
+// touched: anonymous mappings (on 2 MiB pages where the system allows) whose pages become
+// resident, zeroed, when a block is first written, so a cache sized for many long sequences
+// costs only what is used.
 struct KvCache {
   int64_t num_blocks = 0;
   int64_t block_size = 0;  // positions per block
   int64_t row = 0;         // n_kv_heads · head_dim
-  std::vector<float> k;    // [layers, num_blocks, block_size, row]
-  std::vector<float> v;    // [layers, num_blocks, block_size, row]
 
-  void allocate(const Qwen3VLTextConfig& c, int64_t num_blocks, int64_t block_size);
+  // kUnavailable when the memory cannot be mapped.
+  Status allocate(const Qwen3VLTextConfig& c, int64_t num_blocks, int64_t block_size);
   int64_t capacity() const { return num_blocks * block_size; }
-  float* k_layer(int64_t l) { return k.data() + l * num_blocks * block_size * row; }
-  float* v_layer(int64_t l) { return v.data() + l * num_blocks * block_size * row; }
+  float* k_layer(int64_t l) { return k_ + l * num_blocks * block_size * row; }
+  float* v_layer(int64_t l) { return v_ + l * num_blocks * block_size * row; }
+
+ private:
+  HugePageBuffer k_buf_, v_buf_;  // [layers, num_blocks, block_size, row] f32 each
+  float* k_ = nullptr;
+  float* v_ = nullptr;
 };
 
 // 3-D M-RoPE position ids (T, H, W) of a run of tokens; text tokens carry the same value on all

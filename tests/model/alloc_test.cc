@@ -59,7 +59,7 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
     ASSERT_TRUE(quantize_text_weights(&m->text, quant, pool).ok());
     TextDecoder dec(m->cfg, m->text, pool, 16);
     KvCache cache;
-    cache.allocate(m->cfg.text_config, 1, 64);
+    ASSERT_TRUE(cache.allocate(m->cfg.text_config, 1, 64).ok());
     std::vector<float> logits(m->cfg.text_config.vocab_size);
     std::vector<int32_t> ids = {5, 9, 70, 300, 4, 8, 12, 16, 20, 24, 28, 32};
     std::vector<int64_t> pos(16);
@@ -93,7 +93,7 @@ TEST(Allocation, LongContextDecodeStepsAllocateNothing) {
   ThreadPool pool(2);
   TextDecoder dec(m->cfg, m->text, pool, 64);
   KvCache cache;
-  cache.allocate(m->cfg.text_config, 1, 1200);
+  ASSERT_TRUE(cache.allocate(m->cfg.text_config, 1, 1200).ok());
   std::vector<float> logits(m->cfg.text_config.vocab_size);
   std::vector<int32_t> ids(64);
   for (int64_t i = 0; i < 64; ++i) ids[i] = static_cast<int32_t>(3 + (i * 37) % 900);

@@ -33,9 +33,11 @@ std::vector<std::vector<float>> alone(const Model& m, std::vector<int32_t> ids, 
   ThreadPool pool(2);
   TextDecoder dec(m.cfg, m.text, pool, 64);
   KvCache cache;
-  cache.allocate(m.cfg.text_config, 1, 64);
-  const int64_t V = m.cfg.text_config.vocab_size;
   std::vector<std::vector<float>> out;
+  const Status allocated = cache.allocate(m.cfg.text_config, 1, 64);
+  EXPECT_TRUE(allocated.ok()) << allocated.message();
+  if (!allocated.ok()) return out;
+  const int64_t V = m.cfg.text_config.vocab_size;
   std::vector<int64_t> pos(64);
   for (int64_t i = 0; i < 64; ++i) pos[i] = i;
   std::vector<float> logits(V);
@@ -73,7 +75,7 @@ TEST(Batch, PagedBatchEqualsSequencesAlone) {
     ThreadPool pool(2);
     TextDecoder dec(m.cfg, m.text, pool, 64);
     KvCache cache;
-    cache.allocate(m.cfg.text_config, /*num_blocks=*/24, /*block_size=*/4);
+    ASSERT_TRUE(cache.allocate(m.cfg.text_config, /*num_blocks=*/24, /*block_size=*/4).ok());
     KvCacheManager kv(24, 4);
     std::vector<Seq> seqs(prompts.size());
     for (size_t s = 0; s < prompts.size(); ++s) {

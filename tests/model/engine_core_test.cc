@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -440,6 +441,32 @@ TEST(EngineCore, CancelFreesBlocksAndBadRequestsFailAlone) {
   // And the core still serves.
   auto reqs = requests(3, 4);
   EXPECT_EQ(run_concurrently(*engine, reqs), one_by_one("text-f32-untied", reqs));
+}
+
+long resident_kib() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+// The KV cache is reserved at load, not touched: 2 GiB of blocks for this fixture (3 layers, 2
+// KV heads of 32: 12 KiB of K and V per 16-token block) cost resident memory only as requests
+// write them.
+TEST(EngineCore, KvCacheIsReservedNotResident) {
+  BatchingOptions o;
+  o.block_size = 16;
+  o.num_blocks = 174762;  // 2 GiB / 12 KiB
+  const long before = resident_kib();
+  ASSERT_GT(before, 0);
+  auto engine = load_fixture_engine("text-f32-untied", o);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->core_stats().kv_blocks_total, 174762);
+  auto reqs = requests(4, 8);
+  EXPECT_EQ(run_concurrently(*engine, reqs), one_by_one("text-f32-untied", reqs));
+  const long grown_mib = (resident_kib() - before) / 1024;
+  EXPECT_LT(grown_mib, 256) << "resident memory grew by " << grown_mib << " MiB";
 }
 
 // The stream's pieces: a token per piece with the step that sampled it, stats that add up, the

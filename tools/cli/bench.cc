@@ -336,7 +336,7 @@ int run_bench(const BenchArgs& a) {
   if (a.gen_prompt < 0) return fail("--gen-prompt: need a positive number of tokens");
   if (a.membw_mib < 0) return fail("--membw-mib: need a positive size");
 
-  // With no selection, the default run: issue 5's sizes, the two standard images, the probe.
+  // With no selection, the default run: the standard sizes, the two standard images, the probe.
   bool membw = a.membw || a.membw_mib > 0;
   const bool selected = !prompts.empty() || !gens.empty() || !batches.empty() || !images.empty() ||
                         membw;
