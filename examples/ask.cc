@@ -20,15 +20,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s MODEL_DIR IMAGE QUESTION [QUESTION...]\n", argv[0]);
     return 2;
   }
-  vlm::EngineOptions options;
-  options.model_dir = argv[1];
-  auto engine = vlm::Engine::load(options);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
-    return 1;
-  }
-
   // The engine thread calls `notify` when a stream has new pieces; this thread then reads them.
+  // Declared before the engine, so that they outlive it: the engine may call `notify` until it is
+  // destroyed.
   std::mutex mu;
   std::condition_variable cv;
   bool ready = false;
@@ -37,6 +31,14 @@ int main(int argc, char** argv) {
     ready = true;
     cv.notify_one();
   };
+
+  vlm::EngineOptions options;
+  options.model_dir = argv[1];
+  auto engine = vlm::Engine::load(options);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
+    return 1;
+  }
 
   std::vector<std::unique_ptr<vlm::RequestStream>> streams;
   for (int i = 3; i < argc; ++i) {

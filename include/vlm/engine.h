@@ -22,9 +22,9 @@ namespace vlm {
 // through it (Engine::submit, generate, logits).
 struct BatchingOptions {
   int32_t block_size = 16;
-  // 0: max_num_seqs × the full context, capped at 4 GiB of f32 K and V on the CPU (reserved at
-  // load, resident as blocks are first used) and at EngineOptions::gpu_memory_utilization of the
-  // GPU's memory on "cuda".
+  // 0: max_num_seqs × the full context, on the CPU capped at 4 GiB of f32 K and V but never below
+  // one sequence at the full context (reserved at load, resident as blocks are first written),
+  // on "cuda" at EngineOptions::gpu_memory_utilization of the GPU's memory.
   int32_t num_blocks = 0;
   int64_t max_num_seqs = 16;
   int64_t max_batched_tokens = 0;     // tokens per step; 0: the prefill chunk (at most that)
@@ -152,7 +152,9 @@ class Engine {
   // Decode is memory-bound, so this × tok/s is the bandwidth it achieves (`vlm bench`).
   int64_t decode_weight_bytes() const;
 
-  // Logits [ids.size(), vocab_size()] (row-major) for a raw id sequence, from a fresh cache.
+  // Logits [ids.size(), vocab_size()] (row-major) for a raw id sequence, from a fresh cache: a
+  // request through the engine core that also samples the token after the prompt, so at most
+  // max_context() - 1 ids.
   Result<std::vector<float>> logits(std::span<const int32_t> ids);
 
   // With images: `ids` hold a single image pad per image (as the chat template renders it); the
@@ -165,7 +167,10 @@ class Engine {
   // validation, and reading, decoding and preprocessing the images (or finding them in the vision
   // cache), so a bad request, one over the context or a full queue (ResourceExhausted) is an
   // error here. `notify`, when set, is called on the engine thread whenever new pieces are ready
-  // (it must not block: an event-driven consumer schedules try_next() on its own thread).
+  // (it must not block: an event-driven consumer schedules try_next() on its own thread). It may
+  // be called until the request has ended, or the Engine is destroyed, even after cancel() or the
+  // stream's destruction: what it touches must live that long. A stream may outlive the Engine;
+  // a request the Engine did not finish then ends with an error (kUnavailable).
   Result<std::unique_ptr<RequestStream>> submit(GenerateRequest request,
                                                 std::function<void()> notify = {});
 

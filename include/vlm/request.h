@@ -76,7 +76,9 @@ struct RequestStats {
   int64_t completion_tokens = 0;  // tokens sampled (a stop token included)
   int64_t vision_tokens = 0;      // image tokens among the prompt's
   int64_t images = 0, images_cached = 0;  // cached: found in the vision-encoder cache
-  double queue_ms = 0;            // submit → first forward pass, image encoding excluded
+  // Queued → first forward pass, less the vision tower's time for this request's images (the
+  // image reading, decoding and preprocessing in submit come before the queue).
+  double queue_ms = 0;
   double image_decode_ms = 0;     // reading and decoding the images (the submitting thread)
   double preprocess_ms = 0;       // resizing and normalising them (the submitting thread)
   double encode_ms = 0;           // the vision tower (images not found in the cache)
@@ -106,7 +108,7 @@ struct RequestOutput {
 
 // One streamed piece of the reply.
 struct TokenEvent {
-  int32_t token_id = -1;  // the id just sampled; -1 for the final flush of held-back text
+  int32_t token_id = -1;  // the id just sampled; -1: text released after the last token
   std::string text;       // newly complete text (never half a UTF-8 character; may be empty)
 };
 

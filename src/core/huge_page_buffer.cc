@@ -10,7 +10,7 @@
 
 namespace vlm {
 
-Result<HugePageBuffer> HugePageBuffer::allocate(size_t bytes) {
+Result<HugePageBuffer> HugePageBuffer::allocate(size_t bytes, bool noreserve) {
   HugePageBuffer b;
   if (bytes == 0) return b;
   if (bytes > std::numeric_limits<size_t>::max() - 2 * kHugePage) {
@@ -20,8 +20,8 @@ Result<HugePageBuffer> HugePageBuffer::allocate(size_t bytes) {
   const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
   // One extra huge page of slack so that an aligned start exists inside the mapping.
   const size_t map_size = size + kHugePage;
-  void* p = ::mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (noreserve ? MAP_NORESERVE : 0);
+  void* p = ::mmap(nullptr, map_size, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (p == MAP_FAILED) {
     return Status(StatusCode::kUnavailable,
                   "cannot map " + std::to_string(bytes) + " bytes: " + std::strerror(errno));

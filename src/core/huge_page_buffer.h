@@ -12,8 +12,9 @@ namespace vlm {
 // for transparent huge pages (madvise MADV_HUGEPAGE), so that the kernel backs it with 2 MiB
 // pages where the system allows (THP "always" or "madvise"; with "never" it is ordinary memory
 // and everything still works). Nothing is touched here: pages become resident (zeroed) when first
-// written, and the mapping is not charged against the commit limit (MAP_NORESERVE), so a KV cache
-// reserved for many long sequences costs only the blocks in use.
+// written. With `noreserve` the mapping is not charged against the commit limit either
+// (MAP_NORESERVE): a KV cache reserved for many long sequences then costs only the pages its
+// written blocks fall in; weights, copied in at once, are better refused at load than killed.
 //
 // NOTE(vlm): why. The GEMM's panel build and the decode kernels read 8-32 weight rows at once,
 // and a BF16 row of the 2B model is 4 KiB: on the file mapping (4 KiB page-cache pages) every row
@@ -28,7 +29,7 @@ class HugePageBuffer {
 
   // kUnavailable naming the size when the mapping fails or the size cannot be rounded up to
   // whole huge pages; bytes == 0 gives an empty buffer.
-  static Result<HugePageBuffer> allocate(size_t bytes);
+  static Result<HugePageBuffer> allocate(size_t bytes, bool noreserve = false);
 
   HugePageBuffer() = default;
   ~HugePageBuffer();

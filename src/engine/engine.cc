@@ -72,7 +72,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     impl->preprocess.temporal_patch_size = impl->cfg.vision_config.temporal_patch_size;
   }
   if (fs::exists(fs::path(dir) / "tokenizer.json", ec)) {
-    VLM_ASSIGN_OR_RETURN(impl->tokenizer, Tokenizer::load(dir));
+    VLM_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::load(dir));
+    impl->tokenizer = std::move(tok);
   } else if (options.require_tokenizer) {
     return not_found(dir + "/tokenizer.json not found (the model directory needs its tokenizer)");
   }
@@ -234,18 +235,18 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
     if (!piece.error.ok()) return piece.error;
     if (piece.token_id >= 0) res.output_ids.push_back(piece.token_id);
     res.text += piece.text;
-    if (piece.finished) {
-      res.finish_reason = piece.finish_reason;
-      const RequestStats& st = piece.stats;
-      res.prompt_tokens = st.prompt_tokens;
-      res.vision_tokens = st.vision_tokens;
-      res.image_decode_ms = st.image_decode_ms;
-      res.preprocess_ms = st.preprocess_ms;
-      res.vision_encode_ms = st.encode_ms;
-      res.prefill_ms = st.prefill_ms;
-      res.decode_ms = st.decode_ms;
-    }
-    // The callback sees each token with its text, then (after a token) a final flush.
+    if (piece.finished) res.finish_reason = piece.finish_reason;
+    // Every piece carries the stats so far: a reply stopped by the callback keeps them too.
+    const RequestStats& st = piece.stats;
+    res.prompt_tokens = st.prompt_tokens;
+    res.vision_tokens = st.vision_tokens;
+    res.image_decode_ms = st.image_decode_ms;
+    res.preprocess_ms = st.preprocess_ms;
+    res.vision_encode_ms = st.encode_ms;
+    res.prefill_ms = st.prefill_ms;
+    res.decode_ms = st.decode_ms;
+    // The callback sees each token with the text it completes (the last one with the text held
+    // back until the end); a piece without a token is passed on only when it carries text.
     if (on_token && (piece.token_id >= 0 || !piece.text.empty())) {
       TokenEvent ev;
       ev.token_id = piece.token_id;

@@ -51,6 +51,38 @@ struct Req {
   std::vector<int32_t>* expanded_ids = nullptr;
 };
 
+// Appends a sampled token to its stream (the arrays were sized at submit: no allocation).
+void append_token_locked(RequestStream::State& ss, const SampledToken& t, bool stop, int64_t step,
+                         int64_t sampled_ns) {
+  RawToken& raw = ss.tokens[ss.published];
+  raw.token = t.token;
+  raw.num_top = t.num_top;
+  raw.logprob = t.logprob;
+  raw.rank = t.rank;
+  raw.stop_token = stop;
+  raw.step = step;
+  raw.sampled_ns = sampled_ns;
+  for (int32_t j = 0; j < t.num_top; ++j) {
+    ss.tops[ss.published * ss.top_k + j] = {t.top[j].first, t.top[j].second};
+  }
+  ++ss.published;
+}
+
+// Tells a stream its request ended — with its last token when `last` is set, so that the consumer
+// sees the two together — and wakes its consumer.
+void close_stream(RequestStream::State& ss, FinishReason reason, const Status& error,
+                  const SampledToken* last, int64_t step, int64_t sampled_ns) {
+  {
+    std::lock_guard<std::mutex> lock(ss.mu);
+    if (last != nullptr) append_token_locked(ss, *last, reason == FinishReason::kStop, step, sampled_ns);
+    ss.finished = true;
+    ss.reason = reason;
+    ss.error = error;
+  }
+  ss.cv.notify_all();
+  if (ss.notify) ss.notify();
+}
+
 }  // namespace
 
 // What submitting threads and streams share with the engine thread: the inbox, the aborts, the
@@ -122,12 +154,13 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
     }
   }
   if (opts.num_blocks <= 0) {
-    // Room for every sequence at full context, capped at 4 GiB of f32 K and V (reserved, and
-    // resident only as blocks are first used).
+    // Room for every sequence at full context, capped at 4 GiB of f32 K and V but never below one
+    // sequence at full context (reserved, and resident only as blocks are first written).
     const int64_t per_block = t.num_hidden_layers * opts.block_size * t.num_key_value_heads * t.head_dim * 4 * 2;
     const int64_t want = opts.max_num_seqs * blocks_per_seq;
+    const int64_t capped = std::max(blocks_per_seq, std::min<int64_t>(want, (int64_t{4} << 30) / per_block));
     opts.num_blocks = static_cast<int32_t>(
-        std::max<int64_t>(1, std::min<int64_t>(want, (int64_t{4} << 30) / per_block)));
+        std::clamp<int64_t>(capped, 1, std::numeric_limits<int32_t>::max()));
   }
   SchedulerConfig sc;
   sc.num_blocks = opts.num_blocks;
@@ -160,19 +193,37 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
 }
 
 EngineCore::~EngineCore() {
+  Shared& sh = *shared_;
   {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    shared_->stop = true;
+    std::lock_guard<std::mutex> lock(sh.mu);
+    sh.stop = true;
   }
-  shared_->cv.notify_all();
+  sh.cv.notify_all();
   if (thread_.joinable()) thread_.join();
+  // The engine thread is gone; what it left is settled here. Tasks still queued run on this
+  // thread (the pool is free now); every request not yet ended ends with an error, so that a
+  // reader blocked in next() and wait_idle() return.
+  std::vector<std::function<void()>> tasks;
+  std::deque<std::unique_ptr<Req>> inbox;
+  {
+    std::lock_guard<std::mutex> lock(sh.mu);
+    tasks.swap(sh.tasks);
+    inbox.swap(sh.inbox);
+  }
+  for (auto& task : tasks) task();
+  for (auto& r : inbox) st_->reqs[r->run.id] = std::move(r);
+  const Status stopped = unavailable("the engine stopped before the request finished");
+  for (auto& [id, r] : st_->reqs) close_stream(*r->stream, FinishReason::kNone, stopped, nullptr, 0, 0);
+  st_->reqs.clear();
+  std::lock_guard<std::mutex> lock(sh.mu);
+  sh.in_flight = 0;
+  sh.cv_idle.notify_all();
 }
 
 Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest request,
                                                           std::function<void()> notify,
                                                           PromptOutputs prompt) {
   Engine::Impl& m = m_;
-  const auto submitted = Clock::now();
   if (request.prompt_ids.empty()) return invalid_argument("the prompt is empty");
   VLM_RETURN_IF_ERROR(m.check_prompt_ids(request.prompt_ids));
   VLM_ASSIGN_OR_RETURN(ResolvedSampling rs, m.resolve_sampling(request.sampling));
@@ -183,7 +234,6 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
     return invalid_argument("at most " + std::to_string(kMaxTopLogprobs) + " top logprobs per token");
   }
   auto r = std::make_unique<Req>();
-  r->submitted = submitted;
 
   // Images: read, decode and preprocess here, on the caller's thread (or find them cached).
   VLM_ASSIGN_OR_RETURN(const bool multimodal, m.is_multimodal(request.prompt_ids, request.images));
@@ -230,7 +280,7 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
     if (auto s = w.lock()) s->abort(id);
   };
   r->stream = stream;
-  auto processor = std::make_unique<OutputProcessor>(m.tokenizer.get(), request.stop, request.logprobs);
+  auto processor = std::make_unique<OutputProcessor>(m.tokenizer, request.stop, request.logprobs);
 
   Shared& sh = *shared_;
   std::lock_guard<std::mutex> lock(sh.mu);
@@ -241,6 +291,7 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
                   "the request queue is full (" + std::to_string(opts_.max_waiting) + " waiting)");
   }
   r->run.id = stream->id = sh.next_id++;
+  r->submitted = Clock::now();  // queued from here: the image work above is not queueing
   sh.inbox.push_back(std::move(r));
   ++sh.in_flight;
   sh.cv.notify_all();
@@ -320,26 +371,6 @@ void EngineCore::loop() {
   }
 }
 
-namespace {
-
-// Appends a sampled token to its stream (the arrays were sized at submit: no allocation).
-void append_token_locked(RequestStream::State& ss, const SampledToken& t, bool stop, int64_t step,
-                         int64_t sampled_ns) {
-  RawToken& raw = ss.tokens[ss.published];
-  raw.token = t.token;
-  raw.num_top = t.num_top;
-  raw.logprob = t.logprob;
-  raw.rank = t.rank;
-  raw.stop_token = stop;
-  raw.step = step;
-  raw.sampled_ns = sampled_ns;
-  for (int32_t j = 0; j < t.num_top; ++j) {
-    ss.tops[ss.published * ss.top_k + j] = {t.top[j].first, t.top[j].second};
-  }
-  ++ss.published;
-}
-
-}  // namespace
 
 // Ends request `req`: the stream learns why (a finish reason, or an error) — with its last token
 // when `last` is set, so that the consumer sees the two together — and the engine forgets it (its
@@ -356,16 +387,7 @@ void EngineCore::end(void* req, FinishReason reason, const Status& error, const 
     std::lock_guard<std::mutex> lock(shared_->mu);
     publish_stats_locked();
   }
-  RequestStream::State& ss = *r.stream;
-  {
-    std::lock_guard<std::mutex> lock(ss.mu);
-    if (last != nullptr) append_token_locked(ss, *last, reason == FinishReason::kStop, step, sampled_ns);
-    ss.finished = true;
-    ss.reason = reason;
-    ss.error = error;
-  }
-  ss.cv.notify_all();
-  if (ss.notify) ss.notify();
+  close_stream(*r.stream, reason, error, last, step, sampled_ns);
   s.reqs.erase(id);
   std::lock_guard<std::mutex> lock(shared_->mu);
   if (--shared_->in_flight == 0) shared_->cv_idle.notify_all();
@@ -506,13 +528,14 @@ void EngineCore::step() {
     if (!out.items.empty()) sh.stats.steps = ++s.steps;
   }
   if (!out.items.empty()) {
+    const auto now = Clock::now();  // after admission: its image encodes are behind us
     const int64_t now_ns = steady_now_ns();
     for (const ScheduledItem& it : out.items) {
       Req& r = *s.reqs.at(it.request_id);
       if (r.forwarded) continue;
       r.forwarded = true;
       std::lock_guard<std::mutex> lock(r.stream->mu);
-      r.stream->stats.queue_ms = std::max(0.0, ms_between(r.submitted, t0) - r.encode_ms);
+      r.stream->stats.queue_ms = std::max(0.0, ms_between(r.submitted, now) - r.encode_ms);
       r.stream->first_forward_ns = now_ns;
     }
 

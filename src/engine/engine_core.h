@@ -46,7 +46,7 @@ class EngineCore {
   // and returns when it has run.
   void run_on_engine_thread(const std::function<void()>& fn);
 
-  struct Shared;  // the part streams reach too (aborts), kept alive by them
+  struct Shared;  // the part streams reach too (aborts); they hold it weakly
   struct State;
 
  private:

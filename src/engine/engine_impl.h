@@ -38,7 +38,7 @@ struct Engine::Impl {
   std::unique_ptr<DeviceDecoder> gpu;     // EngineOptions::device == "cuda"
   std::unique_ptr<VisionEncoder> vision;
   std::unique_ptr<DeviceVisionEncoder> gpu_vision;  // "cuda": runs `vision`'s encode (uses it)
-  std::unique_ptr<Tokenizer> tokenizer;
+  std::shared_ptr<const Tokenizer> tokenizer;  // shared with the request streams' processors
   std::vector<int32_t> eos_ids;
   int64_t max_context = 0;
   ops::Isa isa = ops::Isa::kGeneric;

@@ -2,9 +2,9 @@
 
 namespace vlm {
 
-OutputProcessor::OutputProcessor(const Tokenizer* tokenizer, const std::vector<std::string>& stop,
-                                 int32_t top_k)
-    : tok_(tokenizer), stops_(stop), top_k_(top_k) {
+OutputProcessor::OutputProcessor(std::shared_ptr<const Tokenizer> tokenizer,
+                                 const std::vector<std::string>& stop, int32_t top_k)
+    : tok_(std::move(tokenizer)), stops_(stop), top_k_(top_k) {
   if (tok_ != nullptr) detok_ = std::make_unique<IncrementalDetokenizer>(*tok_, true);
 }
 

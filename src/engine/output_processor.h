@@ -19,8 +19,10 @@ namespace vlm {
 
 class OutputProcessor {
  public:
-  // `tokenizer` may be null (no text: token ids only). top_k: GenerateRequest::logprobs.
-  OutputProcessor(const Tokenizer* tokenizer, const std::vector<std::string>& stop, int32_t top_k);
+  // `tokenizer` may be null (no text: token ids only); held, so a stream may outlive its Engine.
+  // top_k: GenerateRequest::logprobs.
+  OutputProcessor(std::shared_ptr<const Tokenizer> tokenizer, const std::vector<std::string>& stop,
+                  int32_t top_k);
 
   // One sampled token (`tops`: its alternatives): its text and the logprob entries that text
   // reaches go into *out (token_id, text, logprobs). After a stop string matched, stopped() is
@@ -38,7 +40,7 @@ class OutputProcessor {
  private:
   void release_logprobs(bool final, RequestOutput* out);
 
-  const Tokenizer* tok_;
+  std::shared_ptr<const Tokenizer> tok_;
   std::unique_ptr<IncrementalDetokenizer> detok_;
   StopMatcher stops_;
   int32_t top_k_;

@@ -148,6 +148,7 @@ void Sampler::logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, o
   int32_t n = 0;
   for (int64_t i = 0; i < V; ++i) {
     if (n == k && row[i] < top[0].second) continue;
+    if (row[i] != row[i]) continue;  // a NaN logit (a broken model) is never a top alternative
     const std::pair<int32_t, float> c{static_cast<int32_t>(i), row[i]};
     if (n < k) {
       top[n++] = c;

@@ -8,8 +8,8 @@ namespace vlm {
 Status KvCache::allocate(const Qwen3VLTextConfig& c, int64_t blocks, int64_t block) {
   const int64_t r = c.num_key_value_heads * c.head_dim;
   const size_t bytes = static_cast<size_t>(c.num_hidden_layers * blocks * block * r) * sizeof(float);
-  VLM_ASSIGN_OR_RETURN(HugePageBuffer k, HugePageBuffer::allocate(bytes));
-  VLM_ASSIGN_OR_RETURN(HugePageBuffer v, HugePageBuffer::allocate(bytes));
+  VLM_ASSIGN_OR_RETURN(HugePageBuffer k, HugePageBuffer::allocate(bytes, /*noreserve=*/true));
+  VLM_ASSIGN_OR_RETURN(HugePageBuffer v, HugePageBuffer::allocate(bytes, /*noreserve=*/true));
   k_buf_ = std::move(k);
   v_buf_ = std::move(v);
   k_ = reinterpret_cast<float*>(k_buf_.data());

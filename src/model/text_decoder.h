@@ -18,7 +18,7 @@ namespace vlm {
 // block of `capacity` positions is the plain contiguous cache. The memory is reserved, not
 // touched: anonymous mappings (on 2 MiB pages where the system allows) whose pages become
 // resident, zeroed, when a block is first written, so a cache sized for many long sequences
-// costs only what is used.
+// costs only the pages (per layer, for K and for V) that its written blocks fall in.
 struct KvCache {
   int64_t num_blocks = 0;
   int64_t block_size = 0;  // positions per block

@@ -259,6 +259,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // Submits every request and starts the reply; an error cancels the ones already submitted and
   // is the reply.
   void start(std::vector<GenerateRequest> reqs) {
+    // Sized before on_close can fire: client_gone() walks streams_ from an I/O thread.
+    choices_.resize(reqs.size());
+    streams_.resize(reqs.size());
     ex_->hold(shared_from_this());
     ex_->on_close([w = weak_from_this()] {
       if (auto self = w.lock()) self->client_gone();
@@ -267,8 +270,6 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       s_.requests->inc("cancelled");
       return;
     }
-    choices_.resize(reqs.size());
-    streams_.resize(reqs.size());
     for (size_t i = 0; i < reqs.size(); ++i) {
       auto stream = s_.engine->submit(std::move(reqs[i]), [w = weak_from_this()] {
         if (auto self = w.lock()) self->wake();

@@ -443,6 +443,60 @@ TEST(EngineCore, CancelFreesBlocksAndBadRequestsFailAlone) {
   EXPECT_EQ(run_concurrently(*engine, reqs), one_by_one("text-f32-untied", reqs));
 }
 
+// A stream may outlive its Engine: a reader blocked in next() when the Engine is destroyed gets
+// the request's end as an error, and a stream nobody read yet still gives its tokens and text
+// (the tokenizer is shared with it) and then the same error.
+TEST(EngineCore, StreamsOutliveTheEngine) {
+  EngineOptions eo;
+  eo.model_dir = std::string(VLM_REPO_DIR) + "/models/tiny-qwen3vl";
+  eo.n_threads = 2;
+  auto loaded = Engine::load(eo);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  std::unique_ptr<Engine> engine = std::move(loaded).value();
+  GenerateRequest r;
+  r.prompt_ids = engine->tokenizer()->encode("Tell me a long story about shapes.");
+  r.max_new_tokens = engine->max_context() - static_cast<int64_t>(r.prompt_ids.size()) - 1;
+  r.ignore_eos = true;
+  auto read = engine->submit(r);
+  auto unread = engine->submit(r);
+  ASSERT_TRUE(read.ok() && unread.ok());
+  std::atomic<int> tokens{0};
+  Drained got;
+  std::thread reader([&] {
+    RequestOutput piece;
+    while ((*read)->next(&piece)) {
+      if (piece.token_id >= 0) tokens.fetch_add(1);
+      if (piece.finished) got.last = piece, got.finished = true;
+    }
+  });
+  while (tokens.load() < 3) std::this_thread::yield();
+  engine.reset();  // stops the engine thread mid-request
+  reader.join();
+  ASSERT_TRUE(got.finished);
+  EXPECT_EQ(got.last.error.code(), StatusCode::kUnavailable) << got.last.error.message();
+  EXPECT_LT(tokens.load(), *r.max_new_tokens);
+  const Drained other = drain(**unread);
+  ASSERT_TRUE(other.finished);
+  EXPECT_EQ(other.last.error.code(), StatusCode::kUnavailable);
+  std::string text;
+  for (const auto& p : other.pieces) text += p.text;
+  EXPECT_EQ(other.tokens.empty(), text.empty());
+}
+
+// Engine::generate stopped by its callback still reports the prompt side of its stats.
+TEST(EngineCore, GenerateStoppedByTheCallbackKeepsItsStats) {
+  auto engine = load_fixture_engine("text-f32-untied");
+  ASSERT_NE(engine, nullptr);
+  GenerateRequest r = requests(3, 20)[2];
+  int seen = 0;
+  auto res = engine->generate(r, [&](const TokenEvent&) { return ++seen < 2; });
+  ASSERT_TRUE(res.ok()) << res.status().message();
+  EXPECT_EQ(res->finish_reason, FinishReason::kNone);
+  EXPECT_EQ(res->output_ids.size(), 2u);
+  EXPECT_EQ(res->prompt_tokens, static_cast<int64_t>(r.prompt_ids.size()));
+  EXPECT_GT(res->prefill_ms, 0);
+}
+
 long resident_kib() {
   std::ifstream f("/proc/self/status");
   for (std::string line; std::getline(f, line);) {

@@ -159,7 +159,7 @@ namespace {
 
 struct TokenMark {
   int64_t step = 0;
-  int64_t end_ns = 0;
+  int64_t sampled_ns = 0;
 };
 
 vlm::Result<BatchedDecodeRound> run_round(vlm::Engine& engine, const BatchedDecodeOptions& o,
@@ -198,9 +198,9 @@ vlm::Result<BatchedDecodeRound> run_round(vlm::Engine& engine, const BatchedDeco
   BatchedDecodeRound round;
   for (const auto& m : marks) {
     for (const TokenMark& t : m) {
-      if (t.step <= open_step) open = std::max(open, t.end_ns);
+      if (t.step <= open_step) open = std::max(open, t.sampled_ns);
       if (t.step > open_step) ++round.tokens;
-      close = std::max(close, t.end_ns);
+      close = std::max(close, t.sampled_ns);
     }
   }
   round.first_tokens_ms = (open - start_ns) / 1e6;
