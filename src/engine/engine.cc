@@ -206,9 +206,15 @@ Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
   Status st;
   ImageTimings t;
   m.core->run_on_engine_thread([&] {
-    GridThw grid;
-    VisionOutput out;
-    st = encode_image_input(image, m.preprocess, *m.vision, *m.pool, &grid, &out, &t);
+    StagedImage s;
+    st = stage_image(image, m.preprocess, nullptr, m.pool.get(), &s);
+    if (!st.ok()) return;
+    t.decode_ms = s.decode_ms;
+    t.preprocess_ms = s.preprocess_ms;
+    t.resized_h = s.resized_h;
+    t.resized_w = s.resized_w;
+    st = encode_staged_image(*m.vision, &s, &t.encode_ms);
+    if (st.ok()) t.vision_tokens = s.encoded->out.tokens;
   });
   VLM_RETURN_IF_ERROR(st);
   return t;

@@ -203,20 +203,4 @@ Status assemble_multimodal(std::span<const int32_t> ids,
   return ok_status();
 }
 
-Status encode_image_input(const ImageInput& in, const PreprocessOptions& preprocess,
-                          VisionEncoder& encoder, ThreadPool& pool, GridThw* grid,
-                          VisionOutput* out, Engine::ImageTimings* cost) {
-  StagedImage s;
-  VLM_RETURN_IF_ERROR(stage_image(in, preprocess, nullptr, &pool, &s));
-  cost->decode_ms = s.decode_ms;
-  cost->preprocess_ms = s.preprocess_ms;
-  cost->resized_h = s.resized_h;
-  cost->resized_w = s.resized_w;
-  VLM_RETURN_IF_ERROR(encode_staged_image(encoder, &s, &cost->encode_ms));
-  *grid = s.encoded->grid;
-  *out = s.encoded->out;
-  cost->vision_tokens = out->tokens;
-  return ok_status();
-}
-
 }  // namespace vlm

@@ -19,7 +19,6 @@
 #include "model/text_decoder.h"
 #include "model/vision_encoder.h"
 #include "vision/preprocess.h"
-#include "vlm/engine.h"
 #include "vlm/request.h"
 
 namespace vlm {
@@ -80,11 +79,5 @@ Status assemble_multimodal(std::span<const int32_t> ids,
 // The length of the prompt once each run is expanded to `images[k].tokens`.
 int64_t expanded_length(size_t num_ids, std::span<const std::pair<size_t, size_t>> runs,
                         std::span<const StagedImage> images);
-
-// Decodes, preprocesses and encodes one image; `cost` gets the times, resized size and token
-// count (for `vlm bench --image`).
-Status encode_image_input(const ImageInput& in, const PreprocessOptions& preprocess,
-                          VisionEncoder& encoder, ThreadPool& pool, GridThw* grid,
-                          VisionOutput* out, Engine::ImageTimings* cost);
 
 }  // namespace vlm

@@ -137,13 +137,19 @@ Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, Vision
   return device_->encode_rgb_batch(images, n, out);
 }
 
+void VisionEncoder::embed_patches(const float* pixel_values, const GridThw& g, float* x) {
+  const int64_t S = g.patches(), D = cfg_.hidden_size;
+  linear(pixel_values, S, w_.patch_embed.dim(1), w_.patch_embed, x);
+  ops::add_bias(x, w_.patch_embed_b.data(), S, D);
+  add_position_embedding(g, x);
+}
+
 Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {
   const int64_t m = cfg_.spatial_merge_size;
   VLM_RETURN_IF_ERROR(check_grid(g, m));
   if (device_ != nullptr) return device_->encode(pixel_values, g, out);
   const int64_t S = g.patches(), D = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int64_t nh = cfg_.num_heads, hd = D / nh, out_h = cfg_.out_hidden_size;
-  const int64_t patch_in = w_.patch_embed.dim(1);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   std::vector<float> x(static_cast<size_t>(S * D)), xn(x.size()), tmp(x.size());
@@ -151,10 +157,7 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
   std::vector<float> attn(x.size()), mlp(static_cast<size_t>(S * I));
   std::vector<float> cos, sin;
 
-  linear(pixel_values, S, patch_in, w_.patch_embed, x.data());
-  ops::add_bias(x.data(), w_.patch_embed_b.data(), S, D);
-  add_position_embedding(g, x.data());
-  if (keep_block0_input) block0_input = x;
+  embed_patches(pixel_values, g, x.data());
   rotary_tables(g, &cos, &sin);
 
   out->tokens = S / (m * m);

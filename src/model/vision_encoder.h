@@ -75,10 +75,9 @@ class VisionEncoder {
   void add_position_embedding(const GridThw& grid, float* x) const;
   void rotary_tables(const GridThw& grid, std::vector<float>* cos, std::vector<float>* sin) const;
 
-  // Intermediate values for parity debugging: the input of block 0 (patch embed + positions),
-  // filled by the last encode() when `keep_block0_input` is set.
-  bool keep_block0_input = false;
-  std::vector<float> block0_input;  // [patches, D]
+  // The input of block 0, as encode() computes it: x [grid.patches(), D] = the patch embedding of
+  // pixel_values (with its bias) plus the position embedding (on the CPU).
+  void embed_patches(const float* pixel_values, const GridThw& grid, float* x);
 
  private:
   // y = x · wᵀ through ops::matmul, or ops::matmul_f16 when fp16_.

@@ -121,7 +121,6 @@ TEST_F(VisionStages, EncoderStagesAndDeepStackMatch) {
   for (ops::Isa isa : ops::runnable_isas()) {
     VisionEncoder enc(cfg_, weights_, pool_);
     enc.set_isa(isa);
-    enc.keep_block0_input = true;
     for (const auto& c : ref()["cases"]) {
       std::vector<float> embeds, block0;
       std::vector<std::vector<float>> ds(cfg_.vision_config.deepstack_visual_indexes.size());
@@ -131,7 +130,10 @@ TEST_F(VisionStages, EncoderStagesAndDeepStackMatch) {
         ASSERT_TRUE(enc.encode(p.pixel_values.data(), {p.grid_t, p.grid_h, p.grid_w}, &out).ok());
         embeds.insert(embeds.end(), out.embeds.begin(), out.embeds.end());
         for (size_t k = 0; k < ds.size(); ++k) ds[k].insert(ds[k].end(), out.deepstack[k].begin(), out.deepstack[k].end());
-        block0.insert(block0.end(), enc.block0_input.begin(), enc.block0_input.end());
+        std::vector<float> b0(static_cast<size_t>(p.grid_t * p.grid_h * p.grid_w *
+                                                  cfg_.vision_config.hidden_size));
+        enc.embed_patches(p.pixel_values.data(), {p.grid_t, p.grid_h, p.grid_w}, b0.data());
+        block0.insert(block0.end(), b0.begin(), b0.end());
       }
       const std::string what = c["name"].get<std::string>() + " " + ops::isa_name(isa);
       NpyArray want = npy(c["image_embeds"]);
