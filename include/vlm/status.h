@@ -68,6 +68,11 @@ class Result {
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
+  // The error with `context` in front (as Status::with_context); a value passes through.
+  Result with_context(const std::string& context) && {
+    if (ok()) return std::move(*this);
+    return std::get<Status>(v_).with_context(context);
+  }
 
  private:
   std::variant<T, Status> v_;

@@ -6,10 +6,9 @@
 
 #include "core/clock.h"
 #include "engine/engine_impl.h"
+#include "ops/cpu_backend.h"
 #ifdef VLM_HAVE_CUDA
-#include "cuda/cuda_decoder.h"
-#include "cuda/cuda_vision.h"
-#include "cuda/nvml.h"
+#include "ops/cuda/cuda_backend.h"
 #endif
 
 namespace vlm {
@@ -17,27 +16,26 @@ namespace vlm {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
-  namespace fs = std::filesystem;
-  auto impl = std::make_unique<Impl>();
-  impl->opts = options;
-  const std::string& dir = options.model_dir;
-  std::error_code ec;
+namespace {
+
+// The options alone, before anything is read: what this build and these values allow.
+Status validate_options(const EngineOptions& options, WeightQuant* quant, bool* fp8,
+                        bool* on_gpu) {
   // fp8 is the GPU's own quantization (done there at upload); the rest are the CPU's.
-  const bool fp8 = options.quant == "fp8";
-  VLM_ASSIGN_OR_RETURN(const WeightQuant quant, parse_weight_quant(fp8 ? "" : options.quant));
-  const bool on_gpu = options.device == "cuda";
-  if (fp8 && (!on_gpu || options.gpu_dtype != "bf16")) {
+  *fp8 = options.quant == "fp8";
+  VLM_ASSIGN_OR_RETURN(*quant, parse_weight_quant(*fp8 ? "" : options.quant));
+  *on_gpu = options.device == "cuda";
+  if (*fp8 && (!*on_gpu || options.gpu_dtype != "bf16")) {
     return invalid_argument("--quant fp8 needs --device cuda with bf16 activations");
   }
-  if (!on_gpu && options.device != "cpu" && !options.device.empty()) {
+  if (!*on_gpu && options.device != "cpu" && !options.device.empty()) {
     return invalid_argument("unknown device '" + options.device + "' (cpu or cuda)");
   }
-  if (on_gpu) {
+  if (*on_gpu) {
 #ifndef VLM_HAVE_CUDA
     return invalid_argument("this vlm was built without the CUDA backend (nvcc was not found)");
 #endif
-    if (quant == WeightQuant::kInt4) {
+    if (*quant == WeightQuant::kInt4) {
       return invalid_argument("--quant int4 is CPU-only for now; the GPU runs the weights as "
                               "stored (bf16 or f32) or as int8");
     }
@@ -48,6 +46,15 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
       return invalid_argument("gpu memory utilization must be in (0, 1]");
     }
   }
+  return ok_status();
+}
+
+// The checkpoint directory: config, generation config, weights (views into the mapping), the
+// preprocessor config and the tokenizer.
+Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
+  namespace fs = std::filesystem;
+  const std::string& dir = options.model_dir;
+  std::error_code ec;
   if (!fs::is_directory(dir, ec)) return not_found("model directory " + dir + " does not exist");
   VLM_ASSIGN_OR_RETURN(impl->cfg, load_qwen3vl_config(dir));
   VLM_ASSIGN_OR_RETURN(impl->gen, load_generation_config(dir));
@@ -77,15 +84,41 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   } else if (options.require_tokenizer) {
     return not_found(dir + "/tokenizer.json not found (the model directory needs its tokenizer)");
   }
-  const Qwen3VLTextConfig& t = impl->cfg.text_config;
   for (int64_t id : impl->gen.eos_token_id) impl->eos_ids.push_back(static_cast<int32_t>(id));
   if (impl->eos_ids.empty() && impl->tokenizer && impl->tokenizer->eos_token_id()) {
     impl->eos_ids.push_back(*impl->tokenizer->eos_token_id());
   }
+  const Qwen3VLTextConfig& t = impl->cfg.text_config;
   impl->max_context = options.max_context > 0
                           ? std::min(options.max_context, t.max_position_embeddings)
                           : t.max_position_embeddings;
-  const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
+  return ok_status();
+}
+
+// The backend the model runs on: the CPU at the chosen ISA level, or the GPU.
+Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options, bool on_gpu,
+                                                    bool fp8, ThreadPool& pool, ops::Isa isa) {
+  if (on_gpu) {
+#ifdef VLM_HAVE_CUDA
+    ops::CudaBackendOptions co;
+    co.f32 = options.gpu_dtype == "f32";
+    co.fp8 = fp8;
+    co.max_tokens = std::max<int64_t>(1, options.prefill_chunk);
+    return ops::make_cuda_backend(co);
+#endif
+  }
+  (void)options, (void)fp8;
+  return std::unique_ptr<ops::Backend>(new ops::CpuBackend(pool, isa));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
+  WeightQuant quant = WeightQuant::kNone;
+  bool fp8 = false, on_gpu = false;
+  VLM_RETURN_IF_ERROR(validate_options(options, &quant, &fp8, &on_gpu));
+  auto impl = std::make_unique<Impl>();
+  impl->opts = options;
   impl->isa = ops::detected_isa();
   if (!options.cpu_isa.empty()) {
     bool found = false;
@@ -100,6 +133,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
                               "' is unknown or not supported by this CPU (generic, avx2, avx512)");
     }
   }
+  VLM_RETURN_IF_ERROR(load_checkpoint(options, impl.get()));
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
   VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, quant, *impl->pool, impl->store.get())
                           .with_context("quantizing the text decoder to " + options.quant));
@@ -110,32 +144,19 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
                                    impl->has_vision ? &impl->vision_weights : nullptr,
                                    *impl->store));
   }
-  if (on_gpu) {
-#ifdef VLM_HAVE_CUDA
-    cuda::CudaDecoderOptions go;
-    go.max_chunk = chunk;
-    go.f32 = options.gpu_dtype == "f32";
-    go.graphs = options.cuda_graphs;
-    go.fp8 = fp8;
-    VLM_ASSIGN_OR_RETURN(impl->gpu, cuda::make_cuda_decoder(impl->cfg, impl->weights, go));
-#endif
-  } else {
-    impl->decoder = std::make_unique<TextDecoder>(impl->cfg, impl->weights, *impl->pool, chunk);
-    impl->decoder->set_isa(impl->isa);
-  }
+  VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, on_gpu, fp8, *impl->pool, impl->isa));
+  const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
+  VLM_ASSIGN_OR_RETURN(impl->decoder,
+                       TextDecoder::create(impl->cfg, impl->weights, *impl->backend, chunk)
+                           .with_context(std::string("loading the text decoder on ") +
+                                         ops::device_name(impl->backend->device())));
   if (impl->has_vision) {
-    impl->vision = std::make_unique<VisionEncoder>(impl->cfg, impl->vision_weights, *impl->pool);
-    impl->vision->set_isa(impl->isa);
-    impl->vision->set_fp16(options.vision_fp16);
-#ifdef VLM_HAVE_CUDA
-    if (on_gpu) {
-      VLM_ASSIGN_OR_RETURN(impl->gpu_vision,
-                           cuda::make_cuda_vision_encoder(impl->cfg, impl->vision_weights,
-                                                          *impl->vision, options.gpu_dtype == "f32"));
-      impl->vision->set_device(impl->gpu_vision.get());
-      impl->preprocess.patchify = false;  // the resized image goes up; the GPU patchifies it
-    }
-#endif
+    VLM_ASSIGN_OR_RETURN(impl->vision, VisionEncoder::create(impl->cfg, impl->vision_weights,
+                                                             *impl->backend, options.vision_fp16)
+                                           .with_context(std::string("loading the vision tower on ") +
+                                                         ops::device_name(impl->backend->device())));
+    // A backend that patchifies takes the resized image (a quarter of the f32 patches' bytes).
+    if (impl->vision->takes_rgb()) impl->preprocess.patchify = false;
   }
   VLM_ASSIGN_OR_RETURN(impl->core, EngineCore::create(*impl, options.batching, options.on_step));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -149,28 +170,18 @@ const char* Engine::cpu_isa() const { return ops::isa_name(impl_->isa); }
 const std::string& Engine::quant() const { return impl_->opts.quant; }
 bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vision->fp16(); }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
-int64_t Engine::decode_weight_bytes() const {
-  return impl_->gpu ? impl_->gpu->decode_weight_bytes() : text_linear_weight_bytes(impl_->weights);
-}
-std::string Engine::device() const { return impl_->gpu ? impl_->gpu->description() : "cpu"; }
+int64_t Engine::decode_weight_bytes() const { return impl_->decoder->decode_weight_bytes(); }
+std::string Engine::device() const { return impl_->backend->description(); }
 
-int64_t Engine::cuda_graph_replays() const {
-  return impl_->gpu ? impl_->gpu->graph_replays() : 0;
-}
+int64_t Engine::cuda_graph_replays() const { return impl_->graph_replays.load(); }
 
 bool Engine::gpu_stats(GpuStats* out) const {
-#ifdef VLM_HAVE_CUDA
-  if (impl_->gpu == nullptr) return false;
-  auto s = cuda::read_gpu_stats(0);
-  if (!s.ok()) return false;
-  out->utilization_percent = s->utilization_percent;
-  out->memory_used = s->memory_used;
-  out->memory_total = s->memory_total;
+  ops::DeviceStats s;
+  if (!impl_->backend->device_stats(&s)) return false;
+  out->utilization_percent = s.utilization_percent;
+  out->memory_used = s.memory_used;
+  out->memory_total = s.memory_total;
   return true;
-#else
-  (void)out;
-  return false;
-#endif
 }
 bool Engine::has_vision() const { return impl_->has_vision; }
 

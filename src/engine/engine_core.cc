@@ -110,7 +110,7 @@ struct EngineCore::Shared {
 // The engine thread's own.
 struct EngineCore::State {
   std::unique_ptr<Scheduler> sched;
-  KvCache cache;  // on the CPU (the GPU decoder owns its cache)
+  KvCache cache;
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<VisionCache> vision_cache;
   std::unordered_map<int64_t, std::unique_ptr<Req>> reqs;
@@ -141,26 +141,32 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   if (opts.block_size <= 0) return invalid_argument("block_size must be positive");
   if (opts.max_num_seqs <= 0) return invalid_argument("max_num_seqs must be positive");
   const int64_t blocks_per_seq = (m.max_context + opts.block_size - 1) / opts.block_size;
-  if (opts.num_blocks <= 0 && m.gpu != nullptr) {
-    // Every sequence at full context, within the share of GPU memory the options allow (vLLM's
-    // gpu_memory_utilization): the KV cache takes what the weights and scratch leave.
-    const int64_t fit = m.gpu->cache_budget_bytes(m.opts.gpu_memory_utilization) /
-                        m.gpu->block_bytes(opts.block_size);
+  const int64_t kv_row = t.num_key_value_heads * t.head_dim;
+  ops::Backend& be = m.decoder->backend();
+  const int64_t per_block = KvCache::block_bytes(t.num_hidden_layers, kv_row, opts.block_size,
+                                                 be.act_dtype());
+  if (opts.num_blocks <= 0 && be.device() != ops::Device::kCpu) {
+    // Every sequence at full context, within the share of device memory the options allow
+    // (vLLM's gpu_memory_utilization): the KV cache takes what the weights and scratch leave.
+    int64_t free_b = 0, total = 0;
+    VLM_RETURN_IF_ERROR(be.memory_info(&free_b, &total));
+    const int64_t budget = static_cast<int64_t>(m.opts.gpu_memory_utilization *
+                                                static_cast<double>(total)) - (total - free_b);
+    const int64_t fit = std::max<int64_t>(budget, 0) / per_block - 1;  // one block is scratch
     opts.num_blocks = static_cast<int32_t>(std::min<int64_t>(
         {opts.max_num_seqs * blocks_per_seq, fit, std::numeric_limits<int32_t>::max()}));
     if (opts.num_blocks <= 0) {
-      return unavailable("no GPU memory is left for the KV cache under the memory utilization " +
+      return unavailable("no device memory is left for the KV cache under the memory utilization " +
                          std::to_string(m.opts.gpu_memory_utilization));
     }
   }
   if (opts.num_blocks <= 0) {
-    // Room for every sequence at full context, capped at 4 GiB of f32 K and V but never below one
+    // Room for every sequence at full context, capped at 4 GiB of K and V but never below one
     // sequence at full context (reserved, and resident only as blocks are first written).
-    const int64_t per_block = t.num_hidden_layers * opts.block_size * t.num_key_value_heads * t.head_dim * 4 * 2;
     const int64_t want = opts.max_num_seqs * blocks_per_seq;
     const int64_t capped = std::max(blocks_per_seq, std::min<int64_t>(want, (int64_t{4} << 30) / per_block));
     opts.num_blocks = static_cast<int32_t>(
-        std::clamp<int64_t>(capped, 1, std::numeric_limits<int32_t>::max()));
+        std::clamp<int64_t>(capped, 1, std::numeric_limits<int32_t>::max() - 1));
   }
   SchedulerConfig sc;
   sc.num_blocks = opts.num_blocks;
@@ -175,13 +181,11 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   core->on_step_ = std::move(on_step);
   State& s = *core->st_;
   s.sched = std::make_unique<Scheduler>(std::move(sched));
-  if (m.gpu != nullptr) {
-    VLM_RETURN_IF_ERROR(m.gpu->allocate_cache(opts.num_blocks, opts.block_size, blocks_per_seq));
-  } else {
-    VLM_RETURN_IF_ERROR(s.cache.allocate(t, opts.num_blocks, opts.block_size)
-                            .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
-  }
-  s.runner = std::make_unique<ModelRunner>(m, &s.cache, opts.max_num_seqs);
+  VLM_RETURN_IF_ERROR(m.decoder->allocate_cache(&s.cache, opts.num_blocks, opts.block_size,
+                                                blocks_per_seq)
+                          .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
+  VLM_ASSIGN_OR_RETURN(s.runner,
+                       ModelRunner::create(m, s.cache, opts.max_num_seqs, blocks_per_seq));
   s.run_out.sampled.reserve(static_cast<size_t>(opts.max_num_seqs));
   s.vision_cache = std::make_unique<VisionCache>(
       static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);
@@ -411,14 +415,14 @@ void EngineCore::admit() {
   }
   std::sort(to_admit.begin(), to_admit.end());
   bool encoded = false;
-  // On the GPU the images of the requests being admitted go through the tower together, up to a
+  // On a device the images of the requests being admitted go through the tower together, up to a
   // budget of patches; a failed batch leaves them to the one-by-one path below, which reports the
   // error to the request it belongs to.
   std::vector<StagedImage*>& batch = s.batch_images;
   std::vector<double*>& batch_ms = s.batch_ms;
   batch.clear();
   batch_ms.clear();
-  if (m.gpu_vision != nullptr) {
+  if (m.vision != nullptr && m.vision->takes_rgb()) {
     constexpr int64_t kBatchPatches = 32768;
     int64_t patches = 0;
     for (int64_t id : to_admit) {

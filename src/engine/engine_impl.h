@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <random>
 #include <span>
@@ -14,10 +15,10 @@
 #include "engine/sampler.h"
 #include "io/safetensors.h"
 #include "model/qwen3vl_config.h"
-#include "model/device_decoder.h"
 #include "model/qwen3vl_weights.h"
 #include "model/text_decoder.h"
 #include "model/vision_encoder.h"
+#include "ops/backend.h"
 #include "vision/preprocess.h"
 #include "vlm/engine.h"
 
@@ -34,10 +35,10 @@ struct Engine::Impl {
   bool has_vision = false;
   PreprocessOptions preprocess;
   std::unique_ptr<ThreadPool> pool;
-  std::unique_ptr<TextDecoder> decoder;   // on the CPU; null when the GPU runs the decoder
-  std::unique_ptr<DeviceDecoder> gpu;     // EngineOptions::device == "cuda"
-  std::unique_ptr<VisionEncoder> vision;
-  std::unique_ptr<DeviceVisionEncoder> gpu_vision;  // "cuda": runs `vision`'s encode (uses it)
+  std::unique_ptr<ops::Backend> backend;  // where the model runs: the CPU, or "cuda"
+  std::unique_ptr<TextDecoder> decoder;
+  std::unique_ptr<VisionEncoder> vision;  // null without a vision tower
+  std::atomic<int64_t> graph_replays{0};  // decode steps replayed from recorded graphs
   std::shared_ptr<const Tokenizer> tokenizer;  // shared with the request streams' processors
   std::vector<int32_t> eos_ids;
   int64_t max_context = 0;
@@ -45,7 +46,7 @@ struct Engine::Impl {
   // Last: made over everything above and stopped (its thread joined) before any of it goes.
   std::unique_ptr<EngineCore> core;
 
-  int64_t max_chunk() const { return gpu ? gpu->max_chunk() : decoder->max_chunk(); }
+  int64_t max_chunk() const { return decoder->max_chunk(); }
 
   // Request → generation_config.json → transformers defaults; checks ranges.
   Result<ResolvedSampling> resolve_sampling(const SamplingParams& sp) const {

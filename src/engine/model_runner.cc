@@ -1,6 +1,7 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "engine/engine_impl.h"
 
@@ -21,13 +22,104 @@ void RunnerRequest::start(PreparedPrompt p, int64_t max_new_tokens) {
   sampler->reserve_generated(max_new_tokens);
 }
 
-ModelRunner::ModelRunner(Engine::Impl& model, KvCache* cache, int64_t max_num_seqs)
-    : m_(model), cache_(cache) {
+namespace {
+
+// Decode steps of these many rows (or fewer, padded up) run as graphs.
+constexpr int64_t kBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256};
+
+}  // namespace
+
+ModelRunner::ModelRunner(Engine::Impl& model, const KvCache& cache, int64_t max_num_seqs,
+                         int64_t max_blocks_per_seq)
+    : m_(model),
+      dec_(*model.decoder),
+      be_(model.decoder->backend()),
+      cache_(cache),
+      max_blocks_per_seq_(max_blocks_per_seq) {
   const int64_t V = m_.cfg.text_config.vocab_size;
   normal_logit_rows_ = static_cast<size_t>(max_num_seqs);
   logits_.resize(normal_logit_rows_ * static_cast<size_t>(V));
-  argmax_.resize(normal_logit_rows_);
   raw_row_.resize(static_cast<size_t>(V));
+  device_sampling_ = be_.has_device_sampling();
+  graphs_ = be_.supports_graphs() && m_.opts.cuda_graphs;
+}
+
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(Engine::Impl& model, const KvCache& cache,
+                                                         int64_t max_num_seqs,
+                                                         int64_t max_blocks_per_seq) {
+  std::unique_ptr<ModelRunner> r(new ModelRunner(model, cache, max_num_seqs, max_blocks_per_seq));
+  const int64_t C = r->dec_.max_chunk(), V = model.cfg.text_config.vocab_size;
+  r->argmax_.resize(static_cast<size_t>(C));
+  r->drawn_.resize(static_cast<size_t>(C));
+  if (r->be_.device() != ops::Device::kCpu) {  // the logits live on the device
+    VLM_ASSIGN_OR_RETURN(r->logits_dev_, r->be_.alloc(C * V, DType::kF32));
+  }
+  if (r->device_sampling_) {
+    VLM_ASSIGN_OR_RETURN(r->argmax_dev_, r->be_.alloc(C, DType::kI32));
+    VLM_ASSIGN_OR_RETURN(r->drawn_dev_, r->be_.alloc(C, DType::kI32));
+  }
+  return r;
+}
+
+int64_t ModelRunner::bucket_for(int64_t rows) const {
+  for (int64_t b : kBuckets) {
+    if (b >= rows && b <= dec_.max_chunk()) return b;
+  }
+  return 0;
+}
+
+Status ModelRunner::run_pass(const Pass& pass, const Padding& pad, ops::Buf logits) {
+  if (pad.rows == 0) return dec_.run(pass, cache_, logits);
+  const std::pair<int64_t, int64_t> shape{pad.rows, pad.table_width};
+  auto graph = graphs_by_shape_.find(shape);
+  if (graph == graphs_by_shape_.end() && warmed_.count(shape) > 0) {
+    // The second time this shape runs (the first let every kernel and the products pick their
+    // algorithms outside a recording): record it.
+    std::unique_ptr<ops::Graph> recorded;
+    Status st = be_.begin_capture();
+    if (st.ok()) {
+      const Status work = dec_.run(pass, cache_, logits);
+      st = be_.end_capture(&recorded);
+      if (st.ok()) st = work;
+    }
+    if (st.ok()) {
+      graph = graphs_by_shape_.emplace(shape, std::move(recorded)).first;
+    } else {  // keep serving without graphs
+      std::fprintf(stderr, "vlm: graph capture failed, decoding without graphs: %s\n",
+                   st.message().c_str());
+      graphs_ = false;
+      return dec_.run(pass, cache_, logits);
+    }
+  }
+  if (graph != graphs_by_shape_.end()) {
+    VLM_RETURN_IF_ERROR(graph->second->launch());
+    m_.graph_replays.fetch_add(1, std::memory_order_relaxed);
+    return ok_status();
+  }
+  warmed_.insert(shape);
+  return dec_.run(pass, cache_, logits);
+}
+
+Status ModelRunner::pick_on_device(int64_t rows) {
+  const int64_t V = m_.cfg.text_config.vocab_size;
+  const ops::Buf logits = logits_dev_.buf();
+  // Every logit row's argmax (the greedy picks), then the draws (which penalise their rows in
+  // place), then the rows the host samples itself.
+  VLM_RETURN_IF_ERROR(be_.argmax_rows(logits, rows, V, argmax_dev_.buf()));
+  if (!draws_.empty()) {
+    const ops::PenaltyEntry none{};
+    const void* pen = penalties_.empty() ? static_cast<const void*>(&none) : penalties_.data();
+    VLM_ASSIGN_OR_RETURN(ops::Buf params, be_.stage(draws_.data(), draws_.size() * sizeof(ops::SampleParams),
+                                                    DType::kU8, &draws_dev_));
+    VLM_ASSIGN_OR_RETURN(ops::Buf penalties,
+                         be_.stage(pen, std::max<size_t>(penalties_.size(), 1) * sizeof(ops::PenaltyEntry),
+                                   DType::kU8, &penalties_dev_));
+    VLM_RETURN_IF_ERROR(be_.sample_rows(logits, V, params, static_cast<int64_t>(draws_.size()),
+                                        penalties, drawn_dev_.buf()));
+    VLM_RETURN_IF_ERROR(be_.to_host(drawn_.data(), drawn_dev_.buf(), draws_.size() * 4));
+  }
+  VLM_RETURN_IF_ERROR(be_.to_host(argmax_.data(), argmax_dev_.buf(), static_cast<size_t>(rows) * 4));
+  return ok_status();
 }
 
 Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& scheduler,
@@ -40,12 +132,13 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
   // 1. The batch: one chunk per scheduled item.
   const size_t n = sched.items.size();
   chunks_.assign(n, SeqChunk{});
+  on_device_.assign(n, 0);
+  draws_.clear();
+  penalties_.clear();
   if (vision_.size() < n) vision_.resize(n);
-  if (samples_.size() < n) {
-    samples_.resize(n);
-    penalties_.resize(n);
-  }
   size_t rows = 0;  // logit rows the forward pass returns
+  bool decode = graphs_;
+  int64_t widest = 1;
   for (size_t i = 0; i < n; ++i) {
     const ScheduledItem& it = sched.items[i];
     RunnerRequest& r = *find(it.request_id);
@@ -69,34 +162,60 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
     c.rows = r.prompt_logits != nullptr && in_prompt ? LogitRows::kAll
              : reaches_end                          ? LogitRows::kLast
                                                     : LogitRows::kNone;
-    rows += c.rows == LogitRows::kAll ? static_cast<size_t>(c.n) : c.rows == LogitRows::kLast ? 1 : 0;
-    // On the GPU a logit row stays there unless the host needs it (logprobs, a logit bias):
+    // On a device a logit row stays there unless the host needs it (logprobs, a logit bias):
     // greedy takes the argmax, the rest a draw made there with this request's settings.
-    if (m_.gpu != nullptr && c.rows == LogitRows::kLast && r.logprobs < 0 &&
+    if (device_sampling_ && c.rows == LogitRows::kLast && r.logprobs < 0 &&
         r.sampler->device_can_draw()) {
-      c.argmax_only = r.sampler->plain_greedy();
-      if (!c.argmax_only) {
-        r.sampler->device_draw(&samples_[i], &penalties_[i]);
-        c.sample = &samples_[i];
+      on_device_[i] = 1;
+      if (!r.sampler->plain_greedy()) {
+        ops::SampleParams sp;
+        r.sampler->device_draw(&sp, &one_penalties_);
+        sp.row = static_cast<int32_t>(rows);
+        sp.penalty_begin = static_cast<int32_t>(penalties_.size());
+        penalties_.insert(penalties_.end(), one_penalties_.begin(), one_penalties_.end());
+        sp.penalty_end = static_cast<int32_t>(penalties_.size());
+        draws_.push_back(sp);
       }
     }
+    rows += static_cast<size_t>(logit_rows(c));
+    decode = decode && c.n == 1 && c.vision == nullptr && c.rows == LogitRows::kLast;
+    widest = std::max(widest, c.num_table_blocks);
   }
   // Every position's row (Engine::logits) needs more room than a step of last rows: grown for
   // that step, given back after it.
-  if (rows > normal_logit_rows_) {
-    logits_.resize(rows * static_cast<size_t>(V));
-    argmax_.resize(rows);
-  }
+  if (rows > normal_logit_rows_) logits_.resize(rows * static_cast<size_t>(V));
 
-  // 2. One forward pass over every chunk; on the GPU the argmax of every logit row comes back
-  // too, and greedy rows stay there.
-  const int64_t n_chunks = static_cast<int64_t>(n);
-  VLM_RETURN_IF_ERROR(m_.gpu != nullptr
-                          ? m_.gpu->forward_batch(chunks_.data(), n_chunks, logits_.data(), argmax_.data())
-                          : m_.decoder->forward_batch(chunks_.data(), n_chunks, *cache_, logits_.data()));
+  // 2. One forward pass over every chunk: a decode step that fits a bucket as a graph, its rows
+  // padded to the bucket and its block tables to the next power of two (at least 16) of the
+  // longest, so that a graph serves a range of context lengths.
+  Padding pad;
+  if (decode) {
+    pad.rows = bucket_for(static_cast<int64_t>(n));
+    int64_t width = 16;
+    while (width < widest) width *= 2;
+    pad.table_width = std::max(widest, std::min(width, max_blocks_per_seq_));
+    if (pad.rows == 0) pad = Padding{};
+  }
+  VLM_RETURN_IF_ERROR(dec_.prepare(chunks_.data(), static_cast<int64_t>(n), cache_, pad, &pass_));
+  const bool host_logits = be_.device() == ops::Device::kCpu;
+  const ops::Buf logits = host_logits ? ops::Buf{logits_.data(), ops::Device::kCpu, DType::kF32}
+                                      : logits_dev_.buf();
+  VLM_RETURN_IF_ERROR(run_pass(pass_, pad, logits));
+  if (!host_logits) {
+    if (device_sampling_) VLM_RETURN_IF_ERROR(pick_on_device(static_cast<int64_t>(rows)));
+    for (size_t i = 0, row = 0; i < n; ++i) {  // the rows the host samples from, to the host
+      const int64_t k = logit_rows(chunks_[i]);
+      if (k > 0 && !on_device_[i]) {
+        VLM_RETURN_IF_ERROR(be_.to_host(logits_.data() + row * V, logits.at(static_cast<int64_t>(row) * V),
+                                        static_cast<size_t>(k * V) * 4));
+      }
+      row += static_cast<size_t>(k);
+    }
+  }
+  VLM_RETURN_IF_ERROR(be_.synchronize());
 
   // 3. A token for every chunk that reached the end of its sequence.
-  size_t row = 0;
+  size_t row = 0, draw = 0;
   for (size_t i = 0; i < n; ++i) {
     const SeqChunk& c = chunks_[i];
     if (c.rows == LogitRows::kNone) continue;
@@ -110,15 +229,15 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
     } else {
       ++row;
     }
-    float* logits = logits_.data() + last * V;
+    float* logits_row = logits_.data() + last * V;
     SampledToken& s = out->sampled.emplace_back();
     s.request_id = r.id;
-    if (c.argmax_only || c.sample != nullptr) {  // picked on the device
-      s.token = argmax_[last];
+    if (on_device_[i]) {  // picked on the device: its argmax, or its draw
+      s.token = r.sampler->plain_greedy() ? argmax_[last] : drawn_[draw++];
       r.sampler->record(s.token);
     } else {
-      if (r.logprobs >= 0) std::copy(logits, logits + V, raw_row_.begin());
-      s.token = r.sampler->sample(logits);
+      if (r.logprobs >= 0) std::copy(logits_row, logits_row + V, raw_row_.begin());
+      s.token = r.sampler->sample(logits_row);
     }
     if (r.logprobs >= 0) {
       Sampler::logprobs(raw_row_.data(), V, s.token, r.logprobs, m_.isa, &s.logprob, &s.rank,

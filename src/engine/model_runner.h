@@ -1,15 +1,19 @@
-// The model side of one engine step (vLLM's ModelRunner): SchedulerOutput → one batch for the
-// device (token ids, 3-D positions, block tables, image rows) → TextDecoder::forward_batch (or
-// the GPU decoder) → sampling → ModelRunnerOutput, plain data. Where sampling runs (the host,
-// or the GPU for greedy picks and the draws it can make) is decided here; so is everything the
-// batch needs of a request's state, which the runner keeps up to date as tokens are sampled.
-// Owns the step's scratch, so that steady-state steps allocate nothing.
+// The model side of one engine step (vLLM's ModelRunner): SchedulerOutput → one batch of chunks
+// (token ids, 3-D positions, block tables, image rows) → TextDecoder::prepare / run on the
+// engine's backend → sampling → ModelRunnerOutput, plain data. Decided here, the same for every
+// backend: where sampling runs (the host, or the device for greedy picks and the draws it can
+// make), and whether a decode step runs as a recorded graph (padded to a bucket; recorded the
+// second time its shape runs, then replayed). So is everything the batch needs of a request's
+// state, which the runner keeps up to date as tokens are sampled. Owns the step's scratch, so
+// that steady-state steps allocate nothing.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -73,8 +77,10 @@ class SampledFn {
 
 class ModelRunner {
  public:
-  // `cache`: the CPU's paged KV cache (unused on the GPU, whose decoder owns its cache).
-  ModelRunner(Engine::Impl& model, KvCache* cache, int64_t max_num_seqs);
+  // `cache`: the paged KV cache (block tables of up to max_blocks_per_seq entries).
+  static Result<std::unique_ptr<ModelRunner>> create(Engine::Impl& model, const KvCache& cache,
+                                                     int64_t max_num_seqs,
+                                                     int64_t max_blocks_per_seq);
 
   // Runs the step `sched` describes (block tables from `scheduler`) over the requests `find`
   // gives by id; each sampled token is appended to its request and passed to `on_sampled`. An
@@ -84,16 +90,39 @@ class ModelRunner {
                  ModelRunnerOutput* out);
 
  private:
+  ModelRunner(Engine::Impl& model, const KvCache& cache, int64_t max_num_seqs,
+              int64_t max_blocks_per_seq);
+  // The pass on the backend: plainly, or as a graph of its shape (recorded the second time the
+  // shape runs, replayed from then on).
+  Status run_pass(const Pass& pass, const Padding& pad, ops::Buf logits);
+  // The smallest graph bucket holding `rows` decode rows, or 0 when none does.
+  int64_t bucket_for(int64_t rows) const;
+  // On the device: the argmax of the pass's logit rows, the draws, and the rows the host
+  // samples itself, to the host.
+  Status pick_on_device(int64_t rows);
+
   Engine::Impl& m_;
-  KvCache* cache_;
+  TextDecoder& dec_;
+  ops::Backend& be_;
+  const KvCache& cache_;
+  int64_t max_blocks_per_seq_;
+  bool device_sampling_ = false;
+  bool graphs_ = false;
   std::vector<SeqChunk> chunks_;
   std::vector<VisionRows> vision_;
-  std::vector<DeviceSample> samples_;                  // per chunk: a draw on the GPU
-  std::vector<std::vector<DevicePenalty>> penalties_;  // its penalties
-  std::vector<float> logits_;    // [rows, vocab]: the step's logit rows
-  std::vector<int32_t> argmax_;  // [rows]: each row's argmax or draw (GPU)
+  std::vector<uint8_t> on_device_;  // per chunk: its token is picked on the device
+  std::vector<ops::SampleParams> draws_;   // the device's draws this step
+  std::vector<ops::PenaltyEntry> penalties_, one_penalties_;
+  std::vector<float> logits_;    // [rows, vocab]: the step's logit rows (on the host)
+  std::vector<int32_t> argmax_;  // [rows]: each row's argmax (device)
+  std::vector<int32_t> drawn_;   // [draws]: the device's draws
   std::vector<float> raw_row_;   // [vocab]: a row before the sampler's changes (logprobs)
   size_t normal_logit_rows_ = 0;
+  Pass pass_;
+  // The backend's buffers where it is not the host: logits [max_chunk, vocab], the picks.
+  ops::Buffer logits_dev_, argmax_dev_, drawn_dev_, draws_dev_, penalties_dev_;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ops::Graph>> graphs_by_shape_;
+  std::set<std::pair<int64_t, int64_t>> warmed_;
 };
 
 }  // namespace vlm

@@ -94,7 +94,7 @@ Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* enc
   auto enc = std::make_shared<EncodedImage>();
   const PreprocessedImage& p = img->pixels;
   enc->grid = GridThw{p.grid_t, p.grid_h, p.grid_w};
-  if (p.pixel_values.empty() && !p.resized_rgb.empty()) {  // patchified on the GPU
+  if (p.pixel_values.empty() && !p.resized_rgb.empty()) {  // patchified by the backend
     const RgbImage rgb{p.resized_rgb.data(), p.lut.data(), enc->grid};
     VLM_RETURN_IF_ERROR(encoder.encode_rgb_batch(&rgb, 1, &enc->out));
   } else {
@@ -112,7 +112,7 @@ Status encode_staged_images(VisionEncoder& encoder, std::span<StagedImage* const
   for (size_t i = 0; i < images.size(); ++i) {
     const StagedImage& img = *images[i];
     if (img.encoded) continue;
-    if (encoder.on_device() && img.pixels.pixel_values.empty() && !img.pixels.resized_rgb.empty()) {
+    if (encoder.takes_rgb() && img.pixels.pixel_values.empty() && !img.pixels.resized_rgb.empty()) {
       batch.push_back(i);
     } else {
       VLM_RETURN_IF_ERROR(encode_staged_image(encoder, images[i], encode_ms[i]));

@@ -103,8 +103,8 @@ int32_t Sampler::sample(float* logits) {
   return chosen;
 }
 
-void Sampler::device_draw(DeviceSample* out, std::vector<DevicePenalty>* penalties) {
-  *out = DeviceSample{};
+void Sampler::device_draw(ops::SampleParams* out, std::vector<ops::PenaltyEntry>* penalties) {
+  *out = ops::SampleParams{};
   if (p_.greedy) {
     out->top_k = 1;
   } else {
@@ -126,8 +126,8 @@ void Sampler::device_draw(DeviceSample* out, std::vector<DevicePenalty>* penalti
            n > 0 && sub ? static_cast<float>(p_.presence_penalty + p_.frequency_penalty * n) : 0.f});
     }
   }
-  out->penalties = penalties->data();
-  out->n_penalties = static_cast<int64_t>(penalties->size());
+  out->penalty_begin = 0;
+  out->penalty_end = static_cast<int32_t>(penalties->size());
 }
 
 void Sampler::logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, ops::Isa isa,

@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "model/text_decoder.h"
+#include "ops/backend.h"
 #include "ops/ops.h"
 
 namespace vlm {
@@ -57,8 +57,9 @@ class Sampler {
                        float* logprob, int64_t* rank, std::pair<int32_t, float>* top,
                        int32_t* num_top);
   // The next draw for a device to make (then record() its pick): the penalties of the ids seen
-  // so far, the filters, and u from this sampler's generator. Greedy is top-k 1 at temperature 1.
-  void device_draw(DeviceSample* out, std::vector<DevicePenalty>* penalties);
+  // so far ([penalty_begin, penalty_end) of *penalties, which is refilled), the filters, and u
+  // from this sampler's generator. Greedy is top-k 1 at temperature 1.
+  void device_draw(ops::SampleParams* out, std::vector<ops::PenaltyEntry>* penalties);
 
  private:
   void apply_penalties(float* logits) const;  // logit bias first, then the penalties

@@ -263,23 +263,4 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
   return ok_status();
 }
 
-int64_t text_linear_weight_bytes(const TextWeights& w) {
-  auto bytes = [](const TensorView& v) {
-    // INT8: one f32 scale per row; INT4: one per group of kInt4Group inputs.
-    const int64_t n_scales = v.scale == nullptr         ? 0
-                             : v.dtype == DType::kI4 ? v.dim(0) * (v.dim(1) / kInt4Group)
-                                                     : v.dim(0);
-    const int64_t scales = n_scales * static_cast<int64_t>(sizeof(float));
-    return static_cast<int64_t>(v.nbytes()) + scales;
-  };
-  int64_t total = bytes(w.lm_head);
-  for (const TextLayerWeights& l : w.layers) {
-    for (const TensorView* v : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj,
-                                &l.up_proj, &l.down_proj}) {
-      total += bytes(*v);
-    }
-  }
-  return total;
-}
-
 }  // namespace vlm

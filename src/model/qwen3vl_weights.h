@@ -111,12 +111,6 @@ Result<WeightQuant> parse_weight_quant(const std::string& name);
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
                              const WeightStore* store = nullptr);
 
-// Bytes one decode step reads from the text decoder's linear weights as held in memory: q/k/v/o
-// and gate/up/down of every layer and lm_head (once, also when tied), each as stored or as
-// quantized (INT8 data plus its f32 row scales). Not counted: the one embedding row a step looks
-// up, the norm vectors and the KV cache. `vlm bench` divides it into the measured bandwidth.
-int64_t text_linear_weight_bytes(const TextWeights& w);
-
 // Copies every matmul weight view of `text` and `vision` that still points into `store`'s
 // mappings (all of them as loaded; after quantize_text_weights the text linear weights point to
 // their own buffers and are skipped; embed_tokens only when it is a tied lm_head) onto 2 MiB pages (HugePageBuffer, see its NOTE on why), repoints the

@@ -2,23 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 namespace vlm {
-
-Status KvCache::allocate(const Qwen3VLTextConfig& c, int64_t blocks, int64_t block) {
-  const int64_t r = c.num_key_value_heads * c.head_dim;
-  const size_t bytes = static_cast<size_t>(c.num_hidden_layers * blocks * block * r) * sizeof(float);
-  VLM_ASSIGN_OR_RETURN(HugePageBuffer k, HugePageBuffer::allocate(bytes, /*noreserve=*/true));
-  VLM_ASSIGN_OR_RETURN(HugePageBuffer v, HugePageBuffer::allocate(bytes, /*noreserve=*/true));
-  k_buf_ = std::move(k);
-  v_buf_ = std::move(v);
-  k_ = reinterpret_cast<float*>(k_buf_.data());
-  v_ = reinterpret_cast<float*>(v_buf_.data());
-  num_blocks = blocks;
-  block_size = block;
-  row = r;
-  return ok_status();
-}
 
 MropeTables::MropeTables(const Qwen3VLTextConfig& c) {
   const int64_t half = c.head_dim / 2;
@@ -80,32 +66,311 @@ Status check_chunks(const SeqChunk* chunks, int64_t n_chunks, const Qwen3VLTextC
   return ok_status();
 }
 
-TextDecoder::TextDecoder(const Qwen3VLConfig& cfg, const TextWeights& w, ThreadPool& pool,
-                         int64_t max_chunk)
-    : cfg_(cfg.text_config), w_(w), pool_(pool), max_chunk_(max_chunk), rope_(cfg.text_config) {
-  const int64_t half = cfg_.head_dim / 2;
-  const int64_t H = cfg_.hidden_size, qd = cfg_.num_attention_heads * cfg_.head_dim,
-                kvd = cfg_.num_key_value_heads * cfg_.head_dim, I = cfg_.intermediate_size;
-  x_.resize(max_chunk * H);
-  xn_.resize(max_chunk * H);
-  q_.resize(max_chunk * qd);
-  k_.resize(max_chunk * kvd);
-  v_.resize(max_chunk * kvd);
-  attn_.resize(max_chunk * qd);
-  tmp_.resize(max_chunk * H);
-  gate_.resize(max_chunk * I);
-  up_.resize(max_chunk * I);
-  cos_.resize(max_chunk * half);
-  sin_.resize(max_chunk * half);
-  pos_t_.resize(max_chunk);
-  pos_h_.resize(max_chunk);
-  pos_w_.resize(max_chunk);
+TextDecoder::TextDecoder(const Qwen3VLConfig& cfg, ops::Backend& be, int64_t max_chunk)
+    : cfg_(cfg.text_config), be_(be), max_chunk_(max_chunk), rope_(cfg.text_config) {}
+
+Result<std::unique_ptr<TextDecoder>> TextDecoder::create(const Qwen3VLConfig& cfg,
+                                                         const TextWeights& w, ops::Backend& be,
+                                                         int64_t max_chunk) {
+  if (max_chunk <= 0) return invalid_argument("max_chunk must be positive");
+  if (cfg.text_config.head_dim % 2 != 0) return invalid_argument("head_dim must be even");
+  std::unique_ptr<TextDecoder> d(new TextDecoder(cfg, be, max_chunk));
+  VLM_RETURN_IF_ERROR(d->init(w));
+  return d;
+}
+
+Status TextDecoder::init(const TextWeights& w) {
+  auto linear = [&](std::initializer_list<const TensorView*> ws, bool layer, const char* name,
+                    std::unique_ptr<ops::Linear>* out) -> Status {
+    ops::LinearOptions o;
+    o.decoder_layer = layer;
+    VLM_ASSIGN_OR_RETURN(*out, be_.linear(std::span<const TensorView* const>(ws.begin(), ws.size()), o)
+                                   .with_context(name));
+    return ok_status();
+  };
+  VLM_RETURN_IF_ERROR(linear({&w.embed_tokens}, false, "embed_tokens", &embed_));
+  if (w.lm_head.data != w.embed_tokens.data) {
+    VLM_RETURN_IF_ERROR(linear({&w.lm_head}, false, "lm_head", &lm_head_));
+  }
+  VLM_ASSIGN_OR_RETURN(norm_, be_.vector(w.norm));
+  layers_.resize(w.layers.size());
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const TextLayerWeights& s = w.layers[l];
+    Layer& d = layers_[l];
+    VLM_ASSIGN_OR_RETURN(d.input_ln, be_.vector(s.input_layernorm));
+    VLM_ASSIGN_OR_RETURN(d.post_ln, be_.vector(s.post_attention_layernorm));
+    VLM_ASSIGN_OR_RETURN(d.q_norm, be_.vector(s.q_norm));
+    VLM_ASSIGN_OR_RETURN(d.k_norm, be_.vector(s.k_norm));
+    VLM_RETURN_IF_ERROR(linear({&s.q_proj, &s.k_proj, &s.v_proj}, true, "q/k/v_proj", &d.qkv));
+    VLM_RETURN_IF_ERROR(linear({&s.o_proj}, true, "o_proj", &d.o));
+    VLM_RETURN_IF_ERROR(linear({&s.gate_proj, &s.up_proj}, true, "gate/up_proj", &d.gate_up));
+    VLM_RETURN_IF_ERROR(linear({&s.down_proj}, true, "down_proj", &d.down));
+  }
+  const int64_t C = max_chunk_, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t qd = cfg_.num_attention_heads * cfg_.head_dim;
+  const int64_t kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+  const DType act = be_.act_dtype();
+  for (auto [buf, n] : {std::pair{&x_, C * H},
+                        {&xn_, C * H},
+                        {&qkv_, C * (qd + 2 * kvd)},
+                        {&q_, C * qd},
+                        {&attn_, C * qd},
+                        {&tmp_, C * H},
+                        {&gate_up_, C * 2 * I},
+                        {&mlp_, C * I}}) {
+    VLM_ASSIGN_OR_RETURN(*buf, be_.alloc(n, act));
+  }
+  VLM_ASSIGN_OR_RETURN(ints_host_, be_.alloc_host(static_cast<size_t>(kIntRows * C) * 4));
+  VLM_ASSIGN_OR_RETURN(ints_, be_.alloc(kIntRows * C, DType::kI32));
+  VLM_ASSIGN_OR_RETURN(rope_host_, be_.alloc_host(static_cast<size_t>(2 * C * rope_.half()) * 4));
+  VLM_ASSIGN_OR_RETURN(rope_dev_, be_.alloc(2 * C * rope_.half(), DType::kF32));
+  for (auto* v : {&seq_row_, &seq_len_, &seq_pos_}) v->resize(static_cast<size_t>(C));
+  for (auto* v : {&pos_t_, &pos_h_, &pos_w_}) v->resize(static_cast<size_t>(C));
+  return reserve_tables(C);
+}
+
+Status TextDecoder::reserve_tables(int64_t entries) {
+  if (entries <= table_cap_) return ok_status();
+  VLM_ASSIGN_OR_RETURN(tables_host_, be_.alloc_host(static_cast<size_t>(entries) * 4));
+  VLM_ASSIGN_OR_RETURN(tables_, be_.alloc(entries, DType::kI32));
+  table_cap_ = entries;
+  return ok_status();
+}
+
+int64_t TextDecoder::decode_weight_bytes() const {
+  int64_t total = lm_head_ ? lm_head_->bytes() : embed_->bytes();
+  for (const Layer& l : layers_) {
+    total += l.qkv->bytes() + l.o->bytes() + l.gate_up->bytes() + l.down->bytes();
+  }
+  return total;
+}
+
+Status TextDecoder::allocate_cache(KvCache* cache, int64_t num_blocks, int64_t block_size,
+                                   int64_t max_blocks_per_seq) {
+  VLM_RETURN_IF_ERROR(reserve_tables(max_chunk_ * std::max<int64_t>(max_blocks_per_seq, 1)));
+  return cache->allocate(be_, cfg_.num_hidden_layers, cfg_.num_key_value_heads * cfg_.head_dim,
+                         num_blocks, block_size);
+}
+
+Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
+                            const Padding& pad, Pass* pass) {
+  const int64_t H = cfg_.hidden_size, C = max_chunk_, bs = cache.block_size();
+  int64_t T = 0;
+  VLM_RETURN_IF_ERROR(check_chunks(chunks, n_chunks, cfg_, cache.num_blocks(), bs, C, &T));
+  const int64_t rows = pad.rows > 0 ? pad.rows : T;
+  if (rows < T || rows > C) return internal_error("forward: padding outside [tokens, max_chunk]");
+  int64_t stride = 1, max_seen = 0;
+  size_t taps = 0;
+  bool any_vision = false;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const SeqChunk& ch = chunks[c];
+    stride = std::max(stride, ch.num_table_blocks);
+    max_seen = std::max(max_seen, ch.first + ch.n);
+    if (pad.rows > 0 && (ch.n != 1 || ch.vision != nullptr || ch.rows != LogitRows::kLast)) {
+      return internal_error("forward: only decode rows (one token, no image, its logits) pad");
+    }
+    if (ch.vision == nullptr) continue;
+    if (any_vision && ch.vision->deepstack.size() != taps) {
+      return internal_error("forward: image chunks with different DeepStack depths");
+    }
+    any_vision = true;
+    taps = ch.vision->deepstack.size();
+  }
+  if (pad.rows > 0) {
+    if (pad.table_width < stride) return internal_error("forward: padding narrower than a table");
+    stride = pad.table_width;
+    max_seen = stride * bs;  // fixed per graph; each query splits its own keys
+  }
+  const int64_t seqs = n_chunks + (rows - T);
+  VLM_RETURN_IF_ERROR(reserve_tables(seqs * stride));
+
+  // The tables, row after row of the batch.
+  int32_t* ints = ints_host_.as<int32_t>();
+  int32_t* ids = ints + kIds * C;
+  int32_t* slots = ints + kSlots * C;
+  int32_t* tok_seq = ints + kSeq * C;
+  int32_t* tok_pos = ints + kPos * C;
+  int32_t* sel = ints + kSel * C;
+  int32_t* vis = ints + kVis * C;
+  int32_t* table = tables_host_.as<int32_t>();
+  int64_t n_sel = 0, n_vis = 0;
+  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
+    const SeqChunk& ch = chunks[c];
+    std::copy_n(ch.block_table, ch.num_table_blocks, table + c * stride);
+    std::copy_n(ch.ids, ch.n, ids + off);
+    std::copy_n(ch.pos.t, ch.n, pos_t_.data() + off);
+    std::copy_n(ch.pos.h, ch.n, pos_h_.data() + off);
+    std::copy_n(ch.pos.w, ch.n, pos_w_.data() + off);
+    seq_row_[c] = static_cast<int32_t>(off);
+    seq_len_[c] = static_cast<int32_t>(ch.n);
+    seq_pos_[c] = static_cast<int32_t>(ch.first);
+    for (int64_t i = 0; i < ch.n; ++i) {
+      const int64_t p = ch.first + i;
+      slots[off + i] = static_cast<int32_t>(ch.block_table[p / bs] * bs + p % bs);
+      tok_seq[off + i] = static_cast<int32_t>(c);
+      tok_pos[off + i] = static_cast<int32_t>(p);
+      if (ch.vision != nullptr && ch.vision->feature_row[i] >= 0) {
+        vis[n_vis++] = static_cast<int32_t>(off + i);
+      }
+    }
+    if (ch.rows == LogitRows::kLast) sel[n_sel++] = static_cast<int32_t>(off + ch.n - 1);
+    if (ch.rows == LogitRows::kAll) {
+      for (int64_t i = 0; i < ch.n; ++i) sel[n_sel++] = static_cast<int32_t>(off + i);
+    }
+  }
+  // A graph's padding rows: token 0 at position 0, whose K/V go to the scratch block.
+  for (int64_t r = T, s = n_chunks; r < rows; ++r, ++s) {
+    ids[r] = 0;
+    slots[r] = static_cast<int32_t>(cache.scratch_block() * bs);
+    tok_seq[r] = static_cast<int32_t>(s);
+    tok_pos[r] = 0;
+    table[s * stride] = static_cast<int32_t>(cache.scratch_block());
+    seq_row_[s] = static_cast<int32_t>(r);
+    seq_len_[s] = 1;
+    seq_pos_[s] = 0;
+    pos_t_[r] = pos_h_[r] = pos_w_[r] = 0;
+    sel[n_sel++] = static_cast<int32_t>(r);
+  }
+  bool sel_all = true;
+  for (int64_t i = 0; i < n_sel && sel_all; ++i) sel_all = sel[i] == i;
+
+  // The image rows' features, [1 + taps, n_vis, H], in the order of their rows.
+  h_feats_.resize(static_cast<size_t>((1 + taps) * n_vis * H));
+  for (int64_t c = 0, off = 0, k = 0; c < n_chunks && n_vis > 0; off += chunks[c].n, ++c) {
+    const VisionRows* vr = chunks[c].vision;
+    if (vr == nullptr) continue;
+    for (int64_t i = 0; i < chunks[c].n; ++i) {
+      const int64_t f = vr->feature_row[i];
+      if (f < 0) continue;
+      std::copy_n(vr->embeds + f * H, H, h_feats_.data() + k * H);
+      for (size_t t = 0; t < taps; ++t) {
+        std::copy_n(vr->deepstack[t] + f * H, H, h_feats_.data() + ((1 + t) * n_vis + k) * H);
+      }
+      ++k;
+    }
+  }
+
+  const int64_t half = rope_.half();
+  float* cos = rope_host_.as<float>();
+  rope_.compute(Positions3{pos_t_.data(), pos_h_.data(), pos_w_.data()}, rows, cos, cos + C * half);
+
+  // To the backend (on the CPU: the host tables themselves).
+  VLM_ASSIGN_OR_RETURN(pass->ints, be_.stage(ints, static_cast<size_t>(kIntRows * C) * 4,
+                                             DType::kI32, &ints_));
+  VLM_ASSIGN_OR_RETURN(pass->rope, be_.stage(cos, static_cast<size_t>(2 * C * half) * 4,
+                                             DType::kF32, &rope_dev_));
+  VLM_ASSIGN_OR_RETURN(ops::Buf tables, be_.stage(table, static_cast<size_t>(seqs * stride) * 4,
+                                                  DType::kI32, &tables_));
+  pass->feats = {};
+  if (n_vis > 0) {
+    VLM_ASSIGN_OR_RETURN(pass->feats, be_.stage(h_feats_.data(), h_feats_.size() * 4,
+                                                DType::kF32, &feats_));
+  }
+  pass->rows = rows;
+  pass->n_sel = n_sel;
+  pass->sel_all = sel_all;
+  pass->n_vis = n_vis;
+  pass->taps = taps;
+  ops::AttentionBatch& a = pass->attn;
+  a.tokens = rows;
+  a.seqs = seqs;
+  a.seq_row = seq_row_.data();
+  a.seq_len = seq_len_.data();
+  a.seq_pos = seq_pos_.data();
+  a.tables_host = table;
+  a.tok_seq = pass->ints.at(kSeq * C);
+  a.tok_pos = pass->ints.at(kPos * C);
+  a.tables = tables;
+  a.stride = stride;
+  a.block_size = bs;
+  a.max_seen = max_seen;
+  a.serial = ++serial_;
+  return ok_status();
+}
+
+Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
+  const int64_t H = cfg_.hidden_size, nh = cfg_.num_attention_heads,
+                nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t C = max_chunk_, T = p.rows;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  auto ints = [&](int row) { return p.ints.at(row * C); };
+  const ops::Buf cos = p.rope, sin = p.rope.at(C * rope_.half());
+  const ops::Buf x = x_.buf(), xn = xn_.buf(), tmp = tmp_.buf();
+  ops::Backend& be = be_;
+
+  VLM_RETURN_IF_ERROR(be.embed(*embed_, ints(kIds), T, x));
+  if (p.n_vis > 0) VLM_RETURN_IF_ERROR(be.set_rows(x, ints(kVis), p.feats, p.n_vis, H));
+  // NOTE(vlm): each layer's MLP output (tmp) is added to the residual stream by the next norm
+  // (add_rms_norm: one pass instead of two). Only DeepStack layers add it on their own, because
+  // the image features go in after it.
+  bool pending = false;  // tmp still has to be added to x
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    const auto li = static_cast<int64_t>(l);
+    if (pending) {
+      VLM_RETURN_IF_ERROR(be.add_rms_norm(x, tmp, L.input_ln, T, H, eps, xn));
+    } else {
+      VLM_RETURN_IF_ERROR(be.rms_norm(x, L.input_ln, T, H, eps, xn));
+    }
+    VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.qkv, qkv_.buf()));
+    // q/k norms and rotary; q to q_, K and V straight into their cache slots.
+    VLM_RETURN_IF_ERROR(be.qkv_rope_store(qkv_.buf(), T, nh, nkv, hd, L.q_norm, L.k_norm, eps, cos,
+                                          sin, ints(kSlots), q_.buf(), cache.k_layer(li),
+                                          cache.v_layer(li)));
+    VLM_RETURN_IF_ERROR(be.paged_attention(q_.buf(), p.attn, cache.k_layer(li), cache.v_layer(li),
+                                           nh, nkv, hd, scale, attn_.buf()));
+    VLM_RETURN_IF_ERROR(be.linear(attn_.buf(), T, *L.o, tmp));
+    VLM_RETURN_IF_ERROR(be.add_rms_norm(x, tmp, L.post_ln, T, H, eps, xn));
+    VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.gate_up, gate_up_.buf()));
+    VLM_RETURN_IF_ERROR(be.silu_mul(gate_up_.buf(), T, I, mlp_.buf()));
+    VLM_RETURN_IF_ERROR(be.linear(mlp_.buf(), T, *L.down, tmp));
+    pending = true;
+    if (p.n_vis > 0 && l < p.taps) {  // DeepStack: after decoder layer l, the image rows get tap l
+      VLM_RETURN_IF_ERROR(be.add(x, tmp, {}, T, H));
+      pending = false;
+      VLM_RETURN_IF_ERROR(be.add_rows(x, ints(kVis), p.feats.at((1 + li) * p.n_vis * H), p.n_vis, H));
+    }
+  }
+  if (p.n_sel == 0) return ok_status();
+  // The rows that want logits, normed into xn (gathered there unless they are rows 0 .. n_sel),
+  // then the head, in f32.
+  if (pending) VLM_RETURN_IF_ERROR(be.add(x, tmp, {}, T, H));
+  if (p.sel_all) {
+    VLM_RETURN_IF_ERROR(be.rms_norm(x, norm_, p.n_sel, H, eps, xn));
+  } else {
+    VLM_RETURN_IF_ERROR(be.gather_rows(x, ints(kSel), p.n_sel, H, xn));
+    VLM_RETURN_IF_ERROR(be.rms_norm(xn, norm_, p.n_sel, H, eps, xn));
+  }
+  return be.linear(xn, p.n_sel, lm_head_ ? *lm_head_ : *embed_, logits);
+}
+
+Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
+                                  ops::Buf logits) {
+  Pass pass;
+  VLM_RETURN_IF_ERROR(prepare(chunks, n_chunks, cache, Padding{}, &pass));
+  VLM_RETURN_IF_ERROR(run(pass, cache, logits));
+  return be_.synchronize();
+}
+
+Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
+                                  float* host_logits) {
+  if (be_.device() == ops::Device::kCpu) {
+    return forward_batch(chunks, n_chunks, cache, ops::Buf{host_logits, ops::Device::kCpu, DType::kF32});
+  }
+  int64_t rows = 0;
+  for (int64_t c = 0; c < n_chunks; ++c) rows += logit_rows(chunks[c]);
+  VLM_ASSIGN_OR_RETURN(ops::Buffer dev, be_.alloc(std::max<int64_t>(rows, 1) * cfg_.vocab_size,
+                                                  DType::kF32));
+  VLM_RETURN_IF_ERROR(forward_batch(chunks, n_chunks, cache, dev.buf()));
+  VLM_RETURN_IF_ERROR(be_.to_host(host_logits, dev.buf(), static_cast<size_t>(rows * cfg_.vocab_size) * 4));
+  return be_.synchronize();
 }
 
 Status TextDecoder::forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
-                            KvCache& cache, LogitRows rows, float* logits,
+                            const KvCache& cache, LogitRows rows, float* logits,
                             const VisionRows* vision) {
-  if (cache.num_blocks != 1) return internal_error("forward: expects a single-block cache");
+  if (cache.num_blocks() != 1) return internal_error("forward: expects a single-block cache");
   static const int32_t kBlock0 = 0;
   SeqChunk c;
   c.ids = ids;
@@ -117,123 +382,6 @@ Status TextDecoder::forward(const int32_t* ids, int64_t n, const Positions3& pos
   c.vision = vision;
   c.rows = rows;
   return forward_batch(&c, 1, cache, logits);
-}
-
-Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCache& cache,
-                                  float* logits) {
-  const int64_t H = cfg_.hidden_size, nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads,
-                hd = cfg_.head_dim, I = cfg_.intermediate_size;
-  const int64_t qd = nh * hd, kvd = nkv * hd, bs = cache.block_size;
-  const float eps = static_cast<float>(cfg_.rms_norm_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-
-  // Validate, then lay the chunks' tokens out one after another: rows [off_c, off_c + n_c).
-  int64_t T = 0;
-  VLM_RETURN_IF_ERROR(check_chunks(chunks, n_chunks, cfg_, cache.num_blocks, bs, max_chunk_, &T));
-
-  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
-    const SeqChunk& ch = chunks[c];
-    ops::embedding_lookup(w_.embed_tokens, ch.ids, ch.n, x_.data() + off * H);
-    if (ch.vision != nullptr) {
-      for (int64_t i = 0; i < ch.n; ++i) {
-        const int32_t r = ch.vision->feature_row[i];
-        if (r >= 0) std::copy_n(ch.vision->embeds + r * H, H, x_.data() + (off + i) * H);
-      }
-    }
-    std::copy_n(ch.pos.t, ch.n, pos_t_.data() + off);
-    std::copy_n(ch.pos.h, ch.n, pos_h_.data() + off);
-    std::copy_n(ch.pos.w, ch.n, pos_w_.data() + off);
-  }
-  rope_.compute(Positions3{pos_t_.data(), pos_h_.data(), pos_w_.data()}, T, cos_.data(), sin_.data());
-
-  // NOTE(vlm): each layer's MLP output (tmp_) is added to the residual stream by the next norm
-  // (ops::add_rms_norm: one pass instead of two), the next layer's input norm or the final norm.
-  // Only DeepStack layers add it on their own, because the image features go in after it.
-  bool pending = false;  // tmp_ still has to be added to x_
-  for (size_t l = 0; l < w_.layers.size(); ++l) {
-    const TextLayerWeights& L = w_.layers[l];
-    // Attention block: projections for all tokens of all chunks at once.
-    if (pending) {
-      ops::add_rms_norm(x_.data(), tmp_.data(), L.input_layernorm.data(), T, H, eps, xn_.data(),
-                        pool_, isa_);
-    } else {
-      ops::rms_norm(x_.data(), L.input_layernorm.data(), T, H, eps, xn_.data(), pool_, isa_);
-    }
-    {
-      const TensorView* ws[] = {&L.q_proj, &L.k_proj, &L.v_proj};
-      float* ys[] = {q_.data(), k_.data(), v_.data()};
-      ops::matmul_multi(xn_.data(), T, H, ws, ys, pool_, isa_);
-    }
-    // q/k RMSNorm over each head's head_dim values, then rotary: one pass over q and one over k.
-    ops::qk_norm_rope(q_.data(), T, nh, hd, L.q_norm.data(), eps, cos_.data(), sin_.data(), pool_,
-                      isa_);
-    ops::qk_norm_rope(k_.data(), T, nkv, hd, L.k_norm.data(), eps, cos_.data(), sin_.data(),
-                      pool_, isa_);
-    float* kc = cache.k_layer(static_cast<int64_t>(l));
-    float* vc = cache.v_layer(static_cast<int64_t>(l));
-    for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
-      const SeqChunk& ch = chunks[c];
-      for (int64_t i = 0; i < ch.n; ++i) {  // K/V rows into the sequence's blocks
-        const int64_t p = ch.first + i;
-        const int64_t slot = static_cast<int64_t>(ch.block_table[p / bs]) * bs + p % bs;
-        std::copy_n(k_.data() + (off + i) * kvd, kvd, kc + slot * kvd);
-        std::copy_n(v_.data() + (off + i) * kvd, kvd, vc + slot * kvd);
-      }
-      ops::attention_paged(q_.data() + off * qd, ch.n, ch.first, kc, vc, ch.block_table, bs, nh,
-                           nkv, hd, scale, attn_.data() + off * qd, pool_, isa_);
-    }
-    ops::matmul(attn_.data(), T, qd, L.o_proj, tmp_.data(), pool_, isa_);
-    // MLP block: residual add fused into its norm; SwiGLU in place in gate_.
-    ops::add_rms_norm(x_.data(), tmp_.data(), L.post_attention_layernorm.data(), T, H, eps,
-                      xn_.data(), pool_, isa_);
-    {
-      const TensorView* ws[] = {&L.gate_proj, &L.up_proj};
-      float* ys[] = {gate_.data(), up_.data()};
-      ops::matmul_multi(xn_.data(), T, H, ws, ys, pool_, isa_);
-    }
-    ops::silu_mul(gate_.data(), up_.data(), T * I, gate_.data(), pool_, isa_);
-    ops::matmul(gate_.data(), T, I, L.down_proj, tmp_.data(), pool_, isa_);
-    pending = true;
-    // DeepStack: after decoder layer l, image rows get that tap's features.
-    bool deepstack = false;
-    for (int64_t c = 0; c < n_chunks; ++c) {
-      const VisionRows* vis = chunks[c].vision;
-      deepstack = deepstack || (vis != nullptr && l < vis->deepstack.size());
-    }
-    if (!deepstack) continue;
-    ops::add_residual(x_.data(), tmp_.data(), nullptr, T, H, pool_, isa_);
-    pending = false;
-    for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
-      const VisionRows* vis = chunks[c].vision;
-      if (vis == nullptr || l >= vis->deepstack.size()) continue;
-      for (int64_t i = 0; i < chunks[c].n; ++i) {
-        const int32_t r = vis->feature_row[i];
-        if (r < 0) continue;
-        const float* ds = vis->deepstack[l] + r * H;
-        float* xr = x_.data() + (off + i) * H;
-        for (int64_t d = 0; d < H; ++d) xr[d] += ds[d];
-      }
-    }
-  }
-
-  // Final norm and head only for the rows that want logits, gathered into xn_ (the last layer's
-  // residual add, when pending, only for those rows too).
-  int64_t n_rows = 0;
-  for (int64_t c = 0, off = 0; c < n_chunks; off += chunks[c].n, ++c) {
-    const SeqChunk& ch = chunks[c];
-    const int64_t row0 = ch.rows == LogitRows::kLast ? off + ch.n - 1 : off;
-    const int64_t rows = ch.rows == LogitRows::kNone ? 0 : (ch.rows == LogitRows::kLast ? 1 : ch.n);
-    if (pending) {
-      ops::add_rms_norm(x_.data() + row0 * H, tmp_.data() + row0 * H, w_.norm.data(), rows, H, eps,
-                        xn_.data() + n_rows * H, pool_, isa_);
-    } else {
-      ops::rms_norm(x_.data() + row0 * H, w_.norm.data(), rows, H, eps, xn_.data() + n_rows * H,
-                    pool_, isa_);
-    }
-    n_rows += rows;
-  }
-  if (n_rows > 0) ops::matmul(xn_.data(), n_rows, H, w_.lm_head, logits, pool_, isa_);
-  return ok_status();
 }
 
 }  // namespace vlm

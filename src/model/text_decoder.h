@@ -1,40 +1,19 @@
-// Qwen3 text decoder of Qwen3-VL on the CPU: RMSNorm, per-head q/k RMSNorm, GQA attention with
-// interleaved M-RoPE, SwiGLU MLP, a paged f32 KV cache; several sequences share one pass.
+// Qwen3 text decoder of Qwen3-VL: RMSNorm, per-head q/k RMSNorm, GQA attention with interleaved
+// M-RoPE, SwiGLU MLP, a paged KV cache; several sequences share one pass. Written once, over the
+// ops::Backend interface (the CPU or the GPU).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "core/huge_page_buffer.h"
-#include "core/thread_pool.h"
+#include <memory>
+
+#include "kv/kv_cache.h"
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
-#include "ops/ops.h"
+#include "ops/backend.h"
 
 namespace vlm {
-
-// The KV cache in blocks: K and V per layer, [num_blocks, block_size, n_kv_heads · head_dim] f32.
-// A sequence owns blocks through its block table (src/kv decides which). One sequence in one
-// block of `capacity` positions is the plain contiguous cache. The memory is reserved, not
-// touched: anonymous mappings (on 2 MiB pages where the system allows) whose pages become
-// resident, zeroed, when a block is first written, so a cache sized for many long sequences
-// costs only the pages (per layer, for K and for V) that its written blocks fall in.
-struct KvCache {
-  int64_t num_blocks = 0;
-  int64_t block_size = 0;  // positions per block
-  int64_t row = 0;         // n_kv_heads · head_dim
-
-  // kUnavailable when the memory cannot be mapped.
-  Status allocate(const Qwen3VLTextConfig& c, int64_t num_blocks, int64_t block_size);
-  int64_t capacity() const { return num_blocks * block_size; }
-  float* k_layer(int64_t l) { return k_ + l * num_blocks * block_size * row; }
-  float* v_layer(int64_t l) { return v_ + l * num_blocks * block_size * row; }
-
- private:
-  HugePageBuffer k_buf_, v_buf_;  // [layers, num_blocks, block_size, row] f32 each
-  float* k_ = nullptr;
-  float* v_ = nullptr;
-};
 
 // 3-D M-RoPE position ids (T, H, W) of a run of tokens; text tokens carry the same value on all
 // three axes.
@@ -53,20 +32,6 @@ struct VisionRows {
   std::vector<const float*> deepstack;   // each [features, hidden]
 };
 
-// A chunk's next token drawn on the device (SeqChunk::sample), as the engine's Sampler would:
-// penalties, temperature, top-k, top-p, min-p, and the uniform draw u in [0, 1).
-struct DevicePenalty {
-  int32_t id;
-  float repetition;  // logit < 0 ? logit · r : logit / r (1: none)
-  float subtract;    // presence + frequency · count (0: none)
-};
-struct DeviceSample {
-  int32_t top_k = 0;
-  float inv_temperature = 1, top_p = 1, min_p = 0, u = 0;
-  const DevicePenalty* penalties = nullptr;  // distinct ids
-  int64_t n_penalties = 0;
-};
-
 // Which rows get logits.
 enum class LogitRows { kNone, kLast, kAll };
 
@@ -81,14 +46,12 @@ struct SeqChunk {
   int64_t num_table_blocks = 0;  // must cover first + n positions
   const VisionRows* vision = nullptr;  // image rows of this chunk, or null
   LogitRows rows = LogitRows::kNone;
-  // The caller needs only the argmax of this chunk's logit rows (greedy sampling, no penalty, no
-  // logprobs). A device backend then leaves the rows on the device and returns their argmax;
-  // the CPU decoder ignores it.
-  bool argmax_only = false;
-  // Or: the caller wants a token drawn with these settings from the (kLast) logit row; a device
-  // backend draws it and leaves the row on the device. The CPU decoder ignores it.
-  const DeviceSample* sample = nullptr;
 };
+
+// Logit rows a chunk gets: 0, 1 or n.
+inline int64_t logit_rows(const SeqChunk& c) {
+  return c.rows == LogitRows::kNone ? 0 : (c.rows == LogitRows::kLast ? 1 : c.n);
+}
 
 // cos and sin of Qwen3-VL's interleaved M-RoPE angles for a run of positions, [n, head_dim / 2]
 // each, in f32 as transformers computes them (the CPU and CUDA decoders both use these).
@@ -103,52 +66,102 @@ class MropeTables {
   std::vector<int> axis_of_;     // [head_dim / 2]: 0 = T, 1 = H, 2 = W (interleaved layout)
 };
 
-// Checks a batch of chunks before a forward pass (every backend): token ids in the vocabulary,
+// Checks a batch of chunks before a forward pass: token ids in the vocabulary,
 // block tables covering first + n positions with ids in [0, cache_blocks), Σ n ≤ max_chunk.
 // Returns Σ n in *tokens.
 Status check_chunks(const SeqChunk* chunks, int64_t n_chunks, const Qwen3VLTextConfig& c,
                     int64_t cache_blocks, int64_t block_size, int64_t max_chunk, int64_t* tokens);
 
+// A graph's shape (the ModelRunner's CUDA graphs): the batch padded to `rows` rows (each extra
+// row a sequence of its own, one token at position 0 whose K/V go to the cache's scratch block)
+// and every block table to `table_width` entries, so that a graph recorded for this shape
+// replays any batch that fits it. rows 0: no padding (the batch as it is).
+struct Padding {
+  int64_t rows = 0;
+  int64_t table_width = 0;
+};
+
+// One forward pass as prepare() laid it out for run(): its tables are in the decoder's buffers.
+struct Pass {
+  int64_t rows = 0;      // token rows (with padding)
+  int64_t n_sel = 0;     // logit rows
+  bool sel_all = false;  // the logit rows are rows 0 .. n_sel − 1 (then no gather)
+  int64_t n_vis = 0;     // image rows
+  size_t taps = 0;       // DeepStack features per image row
+  ops::AttentionBatch attn;
+  // The tables on the backend: int rows (TextDecoder's kIds ..), cos | sin, image features
+  // [1 + taps, n_vis, hidden] f32.
+  ops::Buf ints, rope, feats;
+};
+
+// The Qwen3 text decoder, written once over an ops::Backend: the CPU's kernels or the GPU's.
 class TextDecoder {
  public:
-  // Scratch is sized for `max_chunk` tokens per forward call, once: forward() allocates nothing.
-  TextDecoder(const Qwen3VLConfig& cfg, const TextWeights& w, ThreadPool& pool, int64_t max_chunk);
+  // Weights go to the backend (the CPU views them, a GPU uploads them), and the scratch and the
+  // pass's tables are sized for `max_chunk` tokens, once: a forward pass allocates nothing.
+  static Result<std::unique_ptr<TextDecoder>> create(const Qwen3VLConfig& cfg,
+                                                     const TextWeights& w, ops::Backend& be,
+                                                     int64_t max_chunk);
 
   int64_t max_chunk() const { return max_chunk_; }
   int64_t vocab_size() const { return cfg_.vocab_size; }
+  ops::Backend& backend() const { return be_; }
+  // Bytes of the linear weights a decode step reads (q/k/v/o, gate/up/down and the head).
+  int64_t decode_weight_bytes() const;
+  // A KV cache for this decoder (its rows, in the backend's memory), and room in the pass's
+  // tables for block tables of up to max_blocks_per_seq entries.
+  Status allocate_cache(KvCache* cache, int64_t num_blocks, int64_t block_size,
+                        int64_t max_blocks_per_seq);
 
-  // Runs every chunk in one pass (one matmul per weight for all their tokens; Σ n ≤ max_chunk).
-  // Logits go to `logits` in chunk order: 1 row for kLast, n rows for kAll, none for kNone.
-  Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, KvCache& cache, float* logits);
+  // Builds the pass's tables on the host from the chunks (slot mapping, per-token sequence and
+  // position, block-table rows, logit rows, image rows and their features, the M-RoPE angles),
+  // padded as `pad` says, and copies them to the backend. The chunks' arrays may go afterwards.
+  Status prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
+                 const Padding& pad, Pass* pass);
+  // The layers over a prepared pass: what a graph records. Logits (f32) of the pass's logit
+  // rows go to `logits` [n_sel, vocab], in the backend's memory.
+  Status run(const Pass& pass, const KvCache& cache, ops::Buf logits);
+
+  // prepare + run + synchronize: 1 row for kLast, n rows for kAll, none for kNone, in chunk
+  // order (on the CPU, `logits` is host memory).
+  Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
+                       ops::Buf logits);
+  Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
+                       float* host_logits);
 
   // One sequence in a single-block cache: n tokens at slots [first, first + n). `vision` may be
   // null (text only).
   Status forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
-                 KvCache& cache, LogitRows rows, float* logits, const VisionRows* vision = nullptr);
-
-  // ISA used for matmuls (defaults to the detected one; tests force lower levels).
-  void set_isa(ops::Isa isa) { isa_ = isa; }
+                 const KvCache& cache, LogitRows rows, float* logits,
+                 const VisionRows* vision = nullptr);
 
  private:
-  const Qwen3VLTextConfig& cfg_;
-  const TextWeights& w_;
-  ThreadPool& pool_;
+  struct Layer {
+    ops::Buf input_ln, q_norm, k_norm, post_ln;
+    std::unique_ptr<ops::Linear> qkv, o, gate_up, down;
+  };
+  TextDecoder(const Qwen3VLConfig& cfg, ops::Backend& be, int64_t max_chunk);
+  Status init(const TextWeights& w);
+
+  const Qwen3VLTextConfig cfg_;
+  ops::Backend& be_;
   int64_t max_chunk_;
-  ops::Isa isa_ = ops::detected_isa();
   MropeTables rope_;
-  // Scratch, [max_chunk, ...]:
-  std::vector<float> x_;     // [chunk, hidden] residual stream
-  std::vector<float> xn_;    // [chunk, hidden] normed
-  std::vector<float> q_;     // [chunk, n_heads * head_dim]
-  std::vector<float> k_;     // [chunk, n_kv * head_dim]
-  std::vector<float> v_;     // [chunk, n_kv * head_dim]
-  std::vector<float> attn_;  // [chunk, n_heads * head_dim]
-  std::vector<float> tmp_;   // [chunk, hidden]
-  std::vector<float> gate_;  // [chunk, intermediate]
-  std::vector<float> up_;    // [chunk, intermediate]
-  std::vector<float> cos_;   // [chunk, head_dim / 2]
-  std::vector<float> sin_;   // [chunk, head_dim / 2]
-  std::vector<int64_t> pos_t_, pos_h_, pos_w_;  // [chunk] positions of all chunks, concatenated
+  std::unique_ptr<ops::Linear> embed_, lm_head_;  // lm_head_ null: tied to embed_
+  ops::Buf norm_;
+  std::vector<Layer> layers_;
+  // Activations, [max_chunk, ...] in the backend's type.
+  ops::Buffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_;
+  // The pass's tables: host staging, and the backend's copies (the same memory on the CPU).
+  // ints: ids, slots, token sequence, token position, logit rows, image rows (max_chunk each).
+  static constexpr int kIds = 0, kSlots = 1, kSeq = 2, kPos = 3, kSel = 4, kVis = 5, kIntRows = 6;
+  ops::Buffer ints_host_, ints_, rope_host_, rope_dev_, tables_host_, tables_, feats_;
+  int64_t table_cap_ = 0;  // block-table entries tables_ holds
+  Status reserve_tables(int64_t entries);
+  std::vector<int32_t> seq_row_, seq_len_, seq_pos_;  // [max_chunk]
+  std::vector<int64_t> pos_t_, pos_h_, pos_w_;        // [max_chunk]
+  std::vector<float> h_feats_;                        // image rows' features (prefill only)
+  int64_t serial_ = 0;
 };
 
 }  // namespace vlm

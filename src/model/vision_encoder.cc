@@ -5,8 +5,30 @@
 
 namespace vlm {
 
-VisionEncoder::VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ThreadPool& pool)
-    : cfg_(cfg.vision_config), w_(w), pool_(pool) {
+namespace {
+
+// nn.LayerNorm(eps=1e-6) in every block and merger of the tower (not in the config).
+constexpr float kLayerNormEps = 1e-6f;
+
+Status check_grid(const GridThw& g, int64_t m) {
+  if (g.t < 1 || g.h < m || g.w < m || g.h % m != 0 || g.w % m != 0) {
+    return invalid_argument("image grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
+                            std::to_string(g.w) + ") is not a positive multiple of the merge size");
+  }
+  return ok_status();
+}
+
+int64_t total_patches(const std::vector<GridThw>& grids) {
+  int64_t S = 0;
+  for (const GridThw& g : grids) S += g.patches();
+  return S;
+}
+
+}  // namespace
+
+VisionEncoder::VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ops::Backend& be,
+                             bool fp16)
+    : cfg_(cfg.vision_config), w_(w), be_(be), fp16_(fp16) {
   grid_side_ = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(cfg_.num_position_embeddings))));
   // Qwen3VLVisionRotaryEmbedding(dim = head_dim / 2): inv_freq = 10000^(-2i / dim), i < dim / 2,
   // computed in float32 as torch does.
@@ -17,6 +39,67 @@ VisionEncoder::VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, T
     const float e = static_cast<float>(2 * i) / static_cast<float>(dim);
     inv_freq_[i] = 1.0f / std::pow(10000.0f, e);
   }
+}
+
+Result<std::unique_ptr<VisionEncoder>> VisionEncoder::create(const Qwen3VLConfig& cfg,
+                                                             const VisionWeights& w,
+                                                             ops::Backend& be, bool fp16) {
+  std::unique_ptr<VisionEncoder> e(new VisionEncoder(cfg, w, be, fp16));
+  VLM_RETURN_IF_ERROR(e->init());
+  return e;
+}
+
+Status VisionEncoder::init() {
+  ops::LinearOptions o;
+  o.fp16_arithmetic = fp16_;
+  auto linear = [&](const TensorView& t, const std::string& name,
+                    std::unique_ptr<ops::Linear>* out) -> Status {
+    const TensorView* ws[] = {&t};
+    VLM_ASSIGN_OR_RETURN(*out, be_.linear(ws, o).with_context(name));
+    return ok_status();
+  };
+  VLM_RETURN_IF_ERROR(linear(w_.patch_embed, "patch_embed", &patch_));
+  VLM_ASSIGN_OR_RETURN(patch_b_, be_.vector(w_.patch_embed_b));
+  blocks_.resize(w_.blocks.size());
+  for (size_t i = 0; i < w_.blocks.size(); ++i) {
+    const VisionBlockWeights& s = w_.blocks[i];
+    Block& d = blocks_[i];
+    const std::string at = "vision block " + std::to_string(i);
+    for (auto [src, dst] : {std::pair{&s.norm1_w, &d.norm1_w},
+                            {&s.norm1_b, &d.norm1_b},
+                            {&s.qkv_b, &d.qkv_b},
+                            {&s.proj_b, &d.proj_b},
+                            {&s.norm2_w, &d.norm2_w},
+                            {&s.norm2_b, &d.norm2_b},
+                            {&s.fc1_b, &d.fc1_b},
+                            {&s.fc2_b, &d.fc2_b}}) {
+      VLM_ASSIGN_OR_RETURN(*dst, be_.vector(*src));
+    }
+    VLM_RETURN_IF_ERROR(linear(s.qkv, at + " qkv", &d.qkv));
+    VLM_RETURN_IF_ERROR(linear(s.proj, at + " proj", &d.proj));
+    VLM_RETURN_IF_ERROR(linear(s.fc1, at + " fc1", &d.fc1));
+    VLM_RETURN_IF_ERROR(linear(s.fc2, at + " fc2", &d.fc2));
+  }
+  VLM_RETURN_IF_ERROR(load_merger(w_.merger, &merger_));
+  deepstack_.resize(w_.deepstack_mergers.size());
+  for (size_t i = 0; i < w_.deepstack_mergers.size(); ++i) {
+    VLM_RETURN_IF_ERROR(load_merger(w_.deepstack_mergers[i], &deepstack_[i]));
+  }
+  return be_.synchronize();
+}
+
+Status VisionEncoder::load_merger(const VisionMergerWeights& s, Merger* d) {
+  ops::LinearOptions o;
+  o.fp16_arithmetic = fp16_;
+  VLM_ASSIGN_OR_RETURN(d->norm_w, be_.vector(s.norm_w));
+  VLM_ASSIGN_OR_RETURN(d->norm_b, be_.vector(s.norm_b));
+  VLM_ASSIGN_OR_RETURN(d->fc1_b, be_.vector(s.fc1_b));
+  VLM_ASSIGN_OR_RETURN(d->fc2_b, be_.vector(s.fc2_b));
+  const TensorView* fc1[] = {&s.fc1};
+  const TensorView* fc2[] = {&s.fc2};
+  VLM_ASSIGN_OR_RETURN(d->fc1, be_.linear(fc1, o).with_context("merger fc1"));
+  VLM_ASSIGN_OR_RETURN(d->fc2, be_.linear(fc2, o).with_context("merger fc2"));
+  return ok_status();
 }
 
 // fast_pos_embed_interpolate: bilinear sampling of the learned grid_side × grid_side table with
@@ -64,15 +147,16 @@ void VisionEncoder::rotary_tables(const GridThw& g, std::vector<float>* cos,
   const int64_t m = cfg_.spatial_merge_size, q = static_cast<int64_t>(inv_freq_.size());
   const int64_t half = 2 * q;  // head_dim / 2 angles per patch
   const int64_t per_frame = g.h * g.w;
-  cos->resize(g.patches() * half);
-  sin->resize(g.patches() * half);
+  const size_t base = cos->size();
+  cos->resize(base + g.patches() * half);
+  sin->resize(base + g.patches() * half);
   for (int64_t r = 0; r < per_frame; ++r) {
     const int64_t block = r / (m * m), intra = r % (m * m);
     const int64_t row = (block / (g.w / m)) * m + intra / m;
     const int64_t col = (block % (g.w / m)) * m + intra % m;
     for (int64_t t = 0; t < g.t; ++t) {
-      float* c = cos->data() + (t * per_frame + r) * half;
-      float* s = sin->data() + (t * per_frame + r) * half;
+      float* c = cos->data() + base + (t * per_frame + r) * half;
+      float* s = sin->data() + base + (t * per_frame + r) * half;
       for (int64_t i = 0; i < q; ++i) {
         const float a = static_cast<float>(row) * inv_freq_[i];
         const float b = static_cast<float>(col) * inv_freq_[i];
@@ -85,139 +169,230 @@ void VisionEncoder::rotary_tables(const GridThw& g, std::vector<float>* cos,
   }
 }
 
-void VisionEncoder::linear(const float* x, int64_t M, int64_t K, const TensorView& w, float* y) {
-  if (fp16_) {
-    ops::matmul_f16(x, M, K, w, y, pool_, isa_);
-  } else {
-    ops::matmul(x, M, K, w, y, pool_, isa_);
-  }
-}
-
-void VisionEncoder::run_merger(const VisionMergerWeights& mw, bool postshuffle_norm, const float* x,
-                               int64_t patches, float* out) {
-  const int64_t D = cfg_.hidden_size, m2 = cfg_.spatial_merge_size * cfg_.spatial_merge_size;
-  const int64_t tokens = patches / m2, wide = D * m2;
-  // Each run of merge² consecutive rows (one 2×2 block) is one token of width merge²·D.
-  std::vector<float> normed(static_cast<size_t>(patches * D));
-  if (postshuffle_norm) {
-    ops::layer_norm(x, mw.norm_w.data(), mw.norm_b.data(), tokens, wide, 1e-6f, normed.data(),
-                    pool_, isa_);
-  } else {
-    ops::layer_norm(x, mw.norm_w.data(), mw.norm_b.data(), patches, D, 1e-6f, normed.data(),
-                    pool_, isa_);
-  }
-  std::vector<float> hidden(static_cast<size_t>(tokens * wide));
-  linear(normed.data(), tokens, wide, mw.fc1, hidden.data());
-  // Both mergers use nn.GELU() (exact erf); fc1's bias add is fused into it.
-  ops::gelu_erf(hidden.data(), mw.fc1_b.data(), tokens, wide, pool_, isa_);
-  linear(hidden.data(), tokens, wide, mw.fc2, out);
-  ops::add_bias(out, mw.fc2_b.data(), tokens, cfg_.out_hidden_size);
-}
-
-namespace {
-
-Status check_grid(const GridThw& g, int64_t m) {
-  if (g.t < 1 || g.h < m || g.w < m || g.h % m != 0 || g.w % m != 0) {
-    return invalid_argument("image grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
-                            std::to_string(g.w) + ") is not a positive multiple of the merge size");
-  }
+Status VisionEncoder::grow(ops::Buffer* b, int64_t elems, DType t) {
+  if (b->bytes() >= dtype_nbytes(t, elems) && b->buf().dtype == t) return ok_status();
+  *b = {};
+  VLM_ASSIGN_OR_RETURN(*b, be_.alloc(elems, t));
   return ok_status();
 }
 
-}  // namespace
-
-Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    VLM_RETURN_IF_ERROR(check_grid(images[i].grid, cfg_.spatial_merge_size));
-    if (images[i].grid.t != 1) return invalid_argument("encode_rgb_batch: one frame per image");
+void VisionEncoder::release_host_scratch() {
+  if (be_.device() != ops::Device::kCpu) return;
+  for (ops::Buffer* b : {&pix_, &pix_act_, &rgb_, &lut_, &pos_, &cos_, &sin_, &x_, &xn_, &tmp_,
+                         &qkv_, &q_, &k_, &v_, &attn_, &mlp_, &m_norm_, &m_hidden_, &m_out_}) {
+    *b = {};
   }
-  if (device_ == nullptr) {
-    return internal_error("an image without pixel values reached the CPU vision tower");
-  }
-  return device_->encode_rgb_batch(images, n, out);
+  for (auto* v : {&h_pos_, &h_cos_, &h_sin_}) std::vector<float>().swap(*v);
 }
 
-void VisionEncoder::embed_patches(const float* pixel_values, const GridThw& g, float* x) {
-  const int64_t S = g.patches(), D = cfg_.hidden_size;
-  linear(pixel_values, S, w_.patch_embed.dim(1), w_.patch_embed, x);
-  ops::add_bias(x, w_.patch_embed_b.data(), S, D);
-  add_position_embedding(g, x);
+Status VisionEncoder::prepare(const std::vector<GridThw>& grids) {
+  const int64_t m = cfg_.spatial_merge_size;
+  const int64_t D = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t out_h = cfg_.out_hidden_size, in = patch_->cols();
+  const int64_t S = total_patches(grids);
+  const DType act = be_.act_dtype();
+  for (auto [buf, elems] : {std::pair{&pix_act_, S * in},
+                            {&x_, S * D},
+                            {&xn_, S * D},
+                            {&tmp_, S * D},
+                            {&qkv_, S * 3 * D},
+                            {&q_, S * D},
+                            {&k_, S * D},
+                            {&v_, S * D},
+                            {&attn_, S * D},
+                            {&mlp_, S * I},
+                            {&m_norm_, S * D},
+                            {&m_hidden_, S * D}}) {
+    VLM_RETURN_IF_ERROR(grow(buf, elems, act));
+  }
+  VLM_RETURN_IF_ERROR(grow(&m_out_, (S / (m * m)) * out_h, DType::kF32));
+  // Host tables, image after image: the interpolated positions (added to zeros) and the rotary
+  // angles.
+  h_pos_.assign(static_cast<size_t>(S * D), 0.f);
+  h_cos_.clear();
+  h_sin_.clear();
+  int64_t row = 0;
+  for (const GridThw& g : grids) {
+    add_position_embedding(g, h_pos_.data() + row * D);
+    rotary_tables(g, &h_cos_, &h_sin_);
+    row += g.patches();
+  }
+  VLM_ASSIGN_OR_RETURN(pos_dev_, be_.stage(h_pos_.data(), h_pos_.size() * 4, DType::kF32, &pos_));
+  VLM_ASSIGN_OR_RETURN(cos_dev_, be_.stage(h_cos_.data(), h_cos_.size() * 4, DType::kF32, &cos_));
+  VLM_ASSIGN_OR_RETURN(sin_dev_, be_.stage(h_sin_.data(), h_sin_.size() * 4, DType::kF32, &sin_));
+  return ok_status();
+}
+
+Status VisionEncoder::embed(ops::Buf input, int64_t S) {
+  const int64_t D = cfg_.hidden_size;
+  VLM_RETURN_IF_ERROR(be_.linear(input, S, *patch_, x_.buf()));
+  VLM_RETURN_IF_ERROR(be_.add_bias(x_.buf(), patch_b_, S, D));
+  return be_.add(x_.buf(), pos_dev_, {}, S, D);
 }
 
 Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {
+  VLM_RETURN_IF_ERROR(check_grid(g, cfg_.spatial_merge_size));
+  const std::vector<GridThw> grids{g};
+  VLM_RETURN_IF_ERROR(prepare(grids));
+  const int64_t n = g.patches() * patch_->cols();
+  VLM_ASSIGN_OR_RETURN(ops::Buf pix, be_.stage(pixel_values, static_cast<size_t>(n) * 4,
+                                               DType::kF32, &pix_));
+  ops::Buf input = pix;
+  if (be_.act_dtype() != DType::kF32) {
+    VLM_RETURN_IF_ERROR(be_.convert(pix, n, pix_act_.buf()));
+    input = pix_act_.buf();
+  }
+  const Status st = run(grids, input, out);
+  release_host_scratch();
+  return st;
+}
+
+Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out) {
+  if (n <= 0) return ok_status();
+  const int64_t P = cfg_.patch_size, T = cfg_.temporal_patch_size, m = cfg_.spatial_merge_size;
+  std::vector<GridThw> grids;
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    VLM_RETURN_IF_ERROR(check_grid(images[i].grid, m));
+    if (images[i].grid.t != 1) return invalid_argument("encode_rgb_batch: one frame per image");
+    grids.push_back(images[i].grid);
+    bytes += images[i].grid.h * P * images[i].grid.w * P * 3;
+  }
+  if (!be_.can_patchify()) {
+    return internal_error(std::string("an image without pixel values reached the vision tower on ") +
+                          ops::device_name(be_.device()));
+  }
+  if (3 * T * P * P != patch_->cols()) return invalid_argument("encode_rgb_batch: patch size mismatch");
+  VLM_RETURN_IF_ERROR(prepare(grids));
+  VLM_RETURN_IF_ERROR(grow(&rgb_, bytes, DType::kU8));
+  VLM_RETURN_IF_ERROR(grow(&lut_, n * 3 * 256, DType::kF32));
+  int64_t at = 0, row = 0;
+  for (int64_t i = 0; i < n; ++i) {  // each image's bytes and table, then its patches in place
+    const GridThw& g = images[i].grid;
+    const int64_t b = g.h * P * g.w * P * 3;
+    const ops::Buf rgb = rgb_.at(at), lut = lut_.at(i * 3 * 256);
+    VLM_RETURN_IF_ERROR(be_.to_device(rgb, images[i].rgb, static_cast<size_t>(b)));
+    VLM_RETURN_IF_ERROR(be_.to_device(lut, images[i].lut, 3 * 256 * 4));
+    VLM_RETURN_IF_ERROR(be_.patchify(rgb, lut, g.h, g.w, P, m, T, pix_act_.at(row * patch_->cols())));
+    at += b;
+    row += g.patches();
+  }
+  const Status st = run(grids, pix_act_.buf(), out);
+  release_host_scratch();
+  return st;
+}
+
+Status VisionEncoder::embed_patches(const float* pixel_values, const GridThw& g, float* x) {
+  VLM_RETURN_IF_ERROR(check_grid(g, cfg_.spatial_merge_size));
+  VLM_RETURN_IF_ERROR(prepare({g}));
+  const int64_t S = g.patches(), n = S * patch_->cols();
+  VLM_ASSIGN_OR_RETURN(ops::Buf pix, be_.stage(pixel_values, static_cast<size_t>(n) * 4,
+                                               DType::kF32, &pix_));
+  ops::Buf input = pix;
+  if (be_.act_dtype() != DType::kF32) {
+    VLM_RETURN_IF_ERROR(be_.convert(pix, n, pix_act_.buf()));
+    input = pix_act_.buf();
+  }
+  VLM_RETURN_IF_ERROR(embed(input, S));
+  // To f32 on the host (through tmp_ where the activations are not f32).
+  VLM_RETURN_IF_ERROR(grow(&m_out_, S * cfg_.hidden_size, DType::kF32));
+  VLM_RETURN_IF_ERROR(be_.convert(x_.buf(), S * cfg_.hidden_size, m_out_.buf()));
+  VLM_RETURN_IF_ERROR(be_.to_host(x, m_out_.buf(), static_cast<size_t>(S * cfg_.hidden_size) * 4));
+  VLM_RETURN_IF_ERROR(be_.synchronize());
+  release_host_scratch();
+  return ok_status();
+}
+
+Status VisionEncoder::run_merger(const Merger& mw, bool postshuffle,
+                                 const std::vector<GridThw>& grids, VisionOutput* out,
+                                 int64_t tap) {
+  const int64_t D = cfg_.hidden_size, m2 = cfg_.spatial_merge_size * cfg_.spatial_merge_size;
+  const int64_t patches = total_patches(grids);
+  const int64_t tokens = patches / m2, wide = D * m2, out_h = cfg_.out_hidden_size;
+  // Each run of merge² consecutive rows (one 2×2 block) is one token of width merge²·D; no block
+  // straddles two images (each image's patches are a multiple of merge²).
+  if (postshuffle) {
+    VLM_RETURN_IF_ERROR(be_.layer_norm(x_.buf(), mw.norm_w, mw.norm_b, tokens, wide, kLayerNormEps,
+                                       m_norm_.buf()));
+  } else {
+    VLM_RETURN_IF_ERROR(be_.layer_norm(x_.buf(), mw.norm_w, mw.norm_b, patches, D, kLayerNormEps,
+                                       m_norm_.buf()));
+  }
+  VLM_RETURN_IF_ERROR(be_.linear(m_norm_.buf(), tokens, *mw.fc1, m_hidden_.buf()));
+  // Both mergers use nn.GELU() (exact erf); fc1's bias add is fused into it.
+  VLM_RETURN_IF_ERROR(be_.bias_gelu(m_hidden_.buf(), mw.fc1_b, tokens, wide, /*tanh=*/false));
+  VLM_RETURN_IF_ERROR(be_.linear(m_hidden_.buf(), tokens, *mw.fc2, m_out_.buf()));
+  VLM_RETURN_IF_ERROR(be_.add_bias(m_out_.buf(), mw.fc2_b, tokens, out_h));
+  int64_t first = 0;
+  for (size_t i = 0; i < grids.size(); ++i) {
+    const int64_t n = grids[i].patches() / m2;
+    std::vector<float>& dst = tap < 0 ? out[i].embeds : out[i].deepstack[static_cast<size_t>(tap)];
+    dst.resize(static_cast<size_t>(n * out_h));
+    VLM_RETURN_IF_ERROR(be_.to_host(dst.data(), m_out_.at(first * out_h), dst.size() * 4));
+    first += n;
+  }
+  // The next merger writes m_out_ again: its copies must be done.
+  return be_.synchronize();
+}
+
+Status VisionEncoder::run(const std::vector<GridThw>& grids, ops::Buf input, VisionOutput* out) {
   const int64_t m = cfg_.spatial_merge_size;
-  VLM_RETURN_IF_ERROR(check_grid(g, m));
-  if (device_ != nullptr) return device_->encode(pixel_values, g, out);
-  const int64_t S = g.patches(), D = cfg_.hidden_size, I = cfg_.intermediate_size;
-  const int64_t nh = cfg_.num_heads, hd = D / nh, out_h = cfg_.out_hidden_size;
+  const int64_t S = total_patches(grids);
+  const int64_t D = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t nh = cfg_.num_heads, hd = D / nh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float eps = kLayerNormEps;
+  const ops::Buf x = x_.buf(), xn = xn_.buf(), tmp = tmp_.buf();
+  VLM_RETURN_IF_ERROR(embed(input, S));
+  for (size_t i = 0; i < grids.size(); ++i) {
+    out[i].tokens = grids[i].patches() / (m * m);
+    out[i].deepstack.assign(deepstack_.size(), {});
+  }
 
-  std::vector<float> x(static_cast<size_t>(S * D)), xn(x.size()), tmp(x.size());
-  std::vector<float> qkv(static_cast<size_t>(S * 3 * D)), q(x.size()), k(x.size()), v(x.size());
-  std::vector<float> attn(x.size()), mlp(static_cast<size_t>(S * I));
-  std::vector<float> cos, sin;
-
-  embed_patches(pixel_values, g, x.data());
-  rotary_tables(g, &cos, &sin);
-
-  out->tokens = S / (m * m);
-  out->embeds.assign(static_cast<size_t>(out->tokens * out_h), 0.f);
-  out->deepstack.assign(w_.deepstack_mergers.size(), {});
-
-  // NOTE(vlm): every residual add runs fused into the LayerNorm after it (ops::add_layer_norm:
+  // NOTE(vlm): every residual add runs fused into the LayerNorm after it (add_layer_norm:
   // x += delta + bias, xn = LN(x) in one pass over x): the attention's into norm2, the MLP's into
   // the next block's norm1. The bias adds of the linear layers ride along the same way.
-  const int64_t per_frame = g.h * g.w;
-  const size_t n_blocks = w_.blocks.size();
+  const size_t n_blocks = blocks_.size();
   if (n_blocks > 0) {
-    const VisionBlockWeights& B0 = w_.blocks[0];
-    ops::layer_norm(x.data(), B0.norm1_w.data(), B0.norm1_b.data(), S, D, 1e-6f, xn.data(), pool_,
-                    isa_);
+    VLM_RETURN_IF_ERROR(be_.layer_norm(x, blocks_[0].norm1_w, blocks_[0].norm1_b, S, D, eps, xn));
   }
   for (size_t b = 0; b < n_blocks; ++b) {
-    const VisionBlockWeights& B = w_.blocks[b];
-    linear(xn.data(), S, D, B.qkv, qkv.data());
-    const float* qkv_b = B.qkv_b.data();
-    for (int64_t i = 0; i < S; ++i) {  // [S, 3, heads, hd] + bias → three [S, heads, hd]
-      const float* r = qkv.data() + i * 3 * D;
-      float* dst[3] = {q.data() + i * D, k.data() + i * D, v.data() + i * D};
-      for (int64_t part = 0; part < 3; ++part) {
-        for (int64_t d = 0; d < D; ++d) dst[part][d] = r[part * D + d] + qkv_b[part * D + d];
+    const Block& B = blocks_[b];
+    VLM_RETURN_IF_ERROR(be_.linear(xn, S, *B.qkv, qkv_.buf()));
+    VLM_RETURN_IF_ERROR(be_.split_qkv(qkv_.buf(), B.qkv_b, S, D, q_.buf(), k_.buf(), v_.buf()));
+    VLM_RETURN_IF_ERROR(be_.rope(q_.buf(), S, nh, hd, cos_dev_, sin_dev_));
+    VLM_RETURN_IF_ERROR(be_.rope(k_.buf(), S, nh, hd, cos_dev_, sin_dev_));
+    // One attention segment per temporal group of each image.
+    for (size_t i = 0, first = 0; i < grids.size(); first += grids[i].patches(), ++i) {
+      const int64_t per_frame = grids[i].h * grids[i].w;
+      for (int64_t t = 0; t < grids[i].t; ++t) {
+        const int64_t off = (static_cast<int64_t>(first) + t * per_frame) * D;
+        VLM_RETURN_IF_ERROR(be_.attention_full(q_.at(off), k_.at(off), v_.at(off), per_frame, nh,
+                                               hd, scale, attn_.at(off)));
       }
     }
-    ops::rope_neox(q.data(), S, nh, hd, cos.data(), sin.data(), pool_, isa_);
-    ops::rope_neox(k.data(), S, nh, hd, cos.data(), sin.data(), pool_, isa_);
-    for (int64_t t = 0; t < g.t; ++t) {  // one attention segment per temporal group
-      const int64_t off = t * per_frame * D;
-      ops::attention_full(q.data() + off, k.data() + off, v.data() + off, per_frame, nh, hd, scale,
-                          attn.data() + off, pool_, isa_);
-    }
-    linear(attn.data(), S, D, B.proj, tmp.data());
-    ops::add_layer_norm(x.data(), tmp.data(), B.proj_b.data(), B.norm2_w.data(), B.norm2_b.data(),
-                        S, D, 1e-6f, xn.data(), pool_, isa_);
-
-    linear(xn.data(), S, D, B.fc1, mlp.data());
-    ops::gelu_tanh(mlp.data(), B.fc1_b.data(), S, I, pool_, isa_);  // fc1's bias add fused
-    linear(mlp.data(), S, I, B.fc2, tmp.data());
+    VLM_RETURN_IF_ERROR(be_.linear(attn_.buf(), S, *B.proj, tmp));
+    VLM_RETURN_IF_ERROR(
+        be_.add_layer_norm(x, tmp, B.proj_b, B.norm2_w, B.norm2_b, S, D, eps, xn));
+    VLM_RETURN_IF_ERROR(be_.linear(xn, S, *B.fc1, mlp_.buf()));
+    VLM_RETURN_IF_ERROR(be_.bias_gelu(mlp_.buf(), B.fc1_b, S, I, /*tanh=*/true));
+    VLM_RETURN_IF_ERROR(be_.linear(mlp_.buf(), S, *B.fc2, tmp));
     if (b + 1 < n_blocks) {
-      const VisionBlockWeights& N = w_.blocks[b + 1];
-      ops::add_layer_norm(x.data(), tmp.data(), B.fc2_b.data(), N.norm1_w.data(),
-                          N.norm1_b.data(), S, D, 1e-6f, xn.data(), pool_, isa_);
+      const Block& N = blocks_[b + 1];
+      VLM_RETURN_IF_ERROR(
+          be_.add_layer_norm(x, tmp, B.fc2_b, N.norm1_w, N.norm1_b, S, D, eps, xn));
     } else {
-      ops::add_residual(x.data(), tmp.data(), B.fc2_b.data(), S, D, pool_, isa_);
+      VLM_RETURN_IF_ERROR(be_.add(x, tmp, B.fc2_b, S, D));
     }
-
     // DeepStack taps: the hidden state after block b, through that tap's own merger.
     for (size_t tap = 0; tap < cfg_.deepstack_visual_indexes.size(); ++tap) {
       if (cfg_.deepstack_visual_indexes[tap] == static_cast<int64_t>(b)) {
-        out->deepstack[tap].assign(static_cast<size_t>(out->tokens * out_h), 0.f);
-        run_merger(w_.deepstack_mergers[tap], /*postshuffle_norm=*/true, x.data(), S,
-                   out->deepstack[tap].data());
+        VLM_RETURN_IF_ERROR(run_merger(deepstack_[tap], /*postshuffle=*/true, grids, out,
+                                       static_cast<int64_t>(tap)));
       }
     }
   }
-  run_merger(w_.merger, /*postshuffle_norm=*/false, x.data(), S, out->embeds.data());
-  return ok_status();
+  return run_merger(merger_, /*postshuffle=*/false, grids, out, -1);
 }
 
 }  // namespace vlm

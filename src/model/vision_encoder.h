@@ -1,15 +1,16 @@
-// Qwen3-VL vision tower on the CPU: patch embedding, interpolated learned positions, 2-D rotary,
-// pre-norm ViT blocks with attention kept inside each image, the patch merger and the DeepStack
-// mergers.
+// Qwen3-VL vision tower: patch embedding, interpolated learned positions, 2-D rotary, pre-norm ViT
+// blocks with attention kept inside each image, the patch merger and the DeepStack mergers.
+// Written once, over the ops::Backend interface (the CPU or the GPU).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include <memory>
+
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
-#include "ops/ops.h"
+#include "ops/backend.h"
 
 namespace vlm {
 
@@ -25,7 +26,7 @@ struct VisionOutput {
   std::vector<std::vector<float>> deepstack;   // per DeepStack tap: [tokens, out_hidden]
 };
 
-// A resized image for a device to normalise and patchify itself (PreprocessOptions::patchify
+// A resized image for a backend to normalise and patchify itself (PreprocessOptions::patchify
 // false): its bytes, its normalisation table and its grid (one frame).
 struct RgbImage {
   const uint8_t* rgb = nullptr;
@@ -33,66 +34,82 @@ struct RgbImage {
   GridThw grid;
 };
 
-// The vision tower on an accelerator (the CUDA backend): VisionEncoder::encode hands its work to
-// one when set_device() gave it one.
-class DeviceVisionEncoder {
- public:
-  virtual ~DeviceVisionEncoder() = default;
-  // As VisionEncoder::encode, on a grid VisionEncoder already checked.
-  virtual Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out) = 0;
-  // The same from resized images themselves, in one pass of the tower (their patches side by
-  // side, attention within each image's frames): out[i] for images[i]. Each image's rgb is
-  // [grid.h · P, grid.w · P, 3] bytes, normalised through its lut [3 · 256] (preprocess's
-  // normalization_lut) and patchified on the device, each patch repeated over the
-  // temporal_patch_size frames as the processor does.
-  virtual Status encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out) = 0;
-};
-
 class VisionEncoder {
  public:
-  VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ThreadPool& pool);
+  // The tower's weights go to the backend. fp16: the products in FP16 arithmetic where the
+  // backend has it (the CPU's --vision-fp16).
+  static Result<std::unique_ptr<VisionEncoder>> create(const Qwen3VLConfig& cfg,
+                                                       const VisionWeights& w, ops::Backend& be,
+                                                       bool fp16 = false);
 
-  void set_isa(ops::Isa isa) { isa_ = isa; }
-  // FP16 arithmetic for the matmuls (ops::matmul_f16) where the CPU has it.
-  void set_fp16(bool on) { fp16_ = on; }
-  bool fp16() const { return fp16_ && ops::has_fp16_arithmetic(isa_); }
+  // Whether the products run FP16 arithmetic.
+  bool fp16() const { return fp16_ && be_.has_fp16_arithmetic(); }
+  // Whether the backend takes resized images as they are (encode_rgb_batch) and patchifies them
+  // itself.
+  bool takes_rgb() const { return be_.can_patchify(); }
 
   // Encodes one image. pixel_values: [grid.patches(), 3·T·P·P] in merge order (the processor's
   // layout). Every temporal group attends only within itself, as transformers' cu_seqlens do.
   Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out);
 
-  // Images preprocessed without patchify (PreprocessOptions::patchify false), in one pass: only
-  // with a device encoder (DeviceVisionEncoder::encode_rgb_batch); an error on the CPU.
+  // Resized images (PreprocessOptions::patchify false), in one pass of the tower: their patches
+  // side by side, attention within each image's frames; out[i] for images[i]. Each image's rgb
+  // is [grid.h · P, grid.w · P, 3] bytes, normalised through its lut [3 · 256] (preprocess's
+  // normalization_lut) and patchified by the backend, each patch repeated over the
+  // temporal_patch_size frames as the processor does. Only where takes_rgb().
   Status encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out);
 
-  // Runs encode() on `device` from now on (null: back on the CPU). Not owned.
-  void set_device(DeviceVisionEncoder* device) { device_ = device; }
-  bool on_device() const { return device_ != nullptr; }
-
-  // The host-side tables a device encoder needs too: adds the interpolated learned position
-  // embedding of `grid` to x [patches, D] (merge order); the 2-D rotary cos/sin [patches,
-  // head_dim / 2].
-  void add_position_embedding(const GridThw& grid, float* x) const;
-  void rotary_tables(const GridThw& grid, std::vector<float>* cos, std::vector<float>* sin) const;
-
-  // The input of block 0, as encode() computes it: x [grid.patches(), D] = the patch embedding of
-  // pixel_values (with its bias) plus the position embedding (on the CPU).
-  void embed_patches(const float* pixel_values, const GridThw& grid, float* x);
+  // The input of block 0, as encode() computes it: x [grid.patches(), D] (host, f32) = the patch
+  // embedding of pixel_values (with its bias) plus the interpolated position embedding.
+  Status embed_patches(const float* pixel_values, const GridThw& grid, float* x);
 
  private:
-  // y = x · wᵀ through ops::matmul, or ops::matmul_f16 when fp16_.
-  void linear(const float* x, int64_t M, int64_t K, const TensorView& w, float* y);
-  void run_merger(const VisionMergerWeights& m, bool postshuffle_norm, const float* x,
-                  int64_t patches, float* out);
+  struct Block {
+    ops::Buf norm1_w, norm1_b, qkv_b, proj_b, norm2_w, norm2_b, fc1_b, fc2_b;
+    std::unique_ptr<ops::Linear> qkv, proj, fc1, fc2;
+  };
+  struct Merger {
+    ops::Buf norm_w, norm_b, fc1_b, fc2_b;
+    std::unique_ptr<ops::Linear> fc1, fc2;
+  };
+  VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ops::Backend& be, bool fp16);
+  Status init();
+  Status load_merger(const VisionMergerWeights& s, Merger* d);
+
+  // Adds the interpolated learned position embedding of `grid` to x [patches, D] (merge order);
+  // the 2-D rotary cos/sin [patches, head_dim / 2] (appended).
+  void add_position_embedding(const GridThw& grid, float* x) const;
+  void rotary_tables(const GridThw& grid, std::vector<float>* cos, std::vector<float>* sin) const;
+  // Scratch for S patches; the host tables of the images' positions and rotary, staged.
+  Status prepare(const std::vector<GridThw>& grids);
+  // The tower from the patches in `input` [S, patch_in] (activation type); out[i] for grids[i].
+  Status run(const std::vector<GridThw>& grids, ops::Buf input, VisionOutput* out);
+  // The patch embedding and position of `input` into x_.
+  Status embed(ops::Buf input, int64_t S);
+  Status run_merger(const Merger& m, bool postshuffle, const std::vector<GridThw>& grids,
+                    VisionOutput* out, int64_t tap);
+  // Grows a scratch buffer to `elems` of t.
+  Status grow(ops::Buffer* b, int64_t elems, DType t);
+  // Host memory goes back after each image (a big image's scratch is gigabytes); a device keeps
+  // its grown buffers.
+  void release_host_scratch();
 
   const Qwen3VLVisionConfig& cfg_;
   const VisionWeights& w_;
-  ThreadPool& pool_;
-  ops::Isa isa_ = ops::detected_isa();
+  ops::Backend& be_;
   bool fp16_ = false;
-  DeviceVisionEncoder* device_ = nullptr;
   int64_t grid_side_ = 0;        // sqrt(num_position_embeddings)
   std::vector<float> inv_freq_;  // [head_dim / 4] rotary frequencies per axis
+  std::unique_ptr<ops::Linear> patch_;
+  ops::Buf patch_b_;
+  std::vector<Block> blocks_;
+  Merger merger_;
+  std::vector<Merger> deepstack_;
+  // Scratch, grown to the largest batch of patches so far.
+  ops::Buffer pix_, pix_act_, rgb_, lut_, pos_, cos_, sin_, x_, xn_, tmp_, qkv_, q_, k_, v_, attn_,
+      mlp_, m_norm_, m_hidden_, m_out_;
+  ops::Buf pos_dev_, cos_dev_, sin_dev_;  // the staged host tables
+  std::vector<float> h_pos_, h_cos_, h_sin_;
 };
 
 }  // namespace vlm

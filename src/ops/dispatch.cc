@@ -199,22 +199,21 @@ Int4Kernels int4_kernels(Isa isa) {
 // NOTE(vlm): BF16, not f32: rounding q · scale to BF16 moves a weight by at most 2^-9 of itself,
 // far below the INT4 step (the ops tests bound it), and it lets the BF16 GEMM serve INT4 too.
 void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w, int64_t n0,
-                      int64_t n1, float* y, const Int4Kernels& k4, MatmulRowsFn kernel,
-                      uint16_t* rows, float* scratch) {
-  const int64_t N = w.dim(0);
+                      int64_t n1, float* y, int64_t ldy, const Int4Kernels& k4,
+                      MatmulRowsFn kernel, uint16_t* rows, float* scratch) {
   const auto* q = static_cast<const uint8_t*>(w.data);
   if (M < kInt4WidenMinRows) {
-    k4.matmul(x, M, K, q, w.scale, n0, n1, y, N);
+    k4.matmul(x, M, K, q, w.scale, n0, n1, y, ldy);
     return;
   }
   if (M >= kernels::kPackedMinRows) {  // the packed GEMM widens I4 into its panel itself
-    kernel(x, M, K, DType::kI4, q, w.scale, n0, n1, y, N, scratch, kScratchRows);
+    kernel(x, M, K, DType::kI4, q, w.scale, n0, n1, y, ldy, scratch, kScratchRows);
     return;
   }
   for (int64_t nb = n0; nb < n1; nb += kScratchRows) {
     const int64_t ne = std::min(n1, nb + kScratchRows);
     k4.widen(q, w.scale, K, nb, ne, rows);
-    kernel(x, M, K, DType::kBF16, rows, nullptr, 0, ne - nb, y + nb, N, scratch, kScratchRows);
+    kernel(x, M, K, DType::kBF16, rows, nullptr, 0, ne - nb, y + nb, ldy, scratch, kScratchRows);
   }
 }
 
@@ -257,7 +256,7 @@ struct QuantizedX {
 }  // namespace
 
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
-                  std::span<float* const> ys, ThreadPool& pool, Isa isa) {
+                  std::span<float* const> ys, ThreadPool& pool, Isa isa, int64_t ldy) {
   const MatmulRowsFn kernel = matmul_kernel(isa);
   const Int4Kernels k4 = int4_kernels(isa);
   int64_t total = 0;
@@ -291,18 +290,18 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
     int64_t off = 0;
     for (size_t i = 0; i < ws.size() && off < n1; ++i) {
       const TensorView& w = *ws[i];
-      const int64_t N = w.dim(0);
+      const int64_t N = w.dim(0), ld = ldy > 0 ? ldy : N;
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
       if (b < e && quantize_x && matmul_quantizes_x(isa, M, K, w.dtype)) {
 #if defined(VLM_HAVE_X86_DISPATCH)
         kernels::avx512vnni::matmul_rows_q8(qx, M, K, w.dtype, w.data, w.scale, b - off, e - off,
-                                            ys[i], N, s);
+                                            ys[i], ld, s);
 #endif
       } else if (b < e && w.dtype == DType::kI4) {
         auto* rows = widen_int4 ? reinterpret_cast<uint16_t*>(s + scratch_floats) : nullptr;
-        matmul_int4_rows(x, M, K, w, b - off, e - off, ys[i], k4, kernel, rows, s);
+        matmul_int4_rows(x, M, K, w, b - off, e - off, ys[i], ld, k4, kernel, rows, s);
       } else if (b < e) {
-        kernel(x, M, K, w.dtype, w.data, w.scale, b - off, e - off, ys[i], N, s, kScratchRows);
+        kernel(x, M, K, w.dtype, w.data, w.scale, b - off, e - off, ys[i], ld, s, kScratchRows);
       }
       off += N;
     }

@@ -37,9 +37,11 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
 
 // ys[i][M, N_i] = x[M, K] · ws[i][N_i, K]^T for every i: one pass of the threads over the stacked
 // rows of all the weights (q/k/v, gate/up), so a decode step streams them as one matrix, with one
-// fork/join instead of one per weight. Each ws[i] as for matmul; ys[i] has row stride N_i.
+// fork/join instead of one per weight. Each ws[i] as for matmul; ys[i] has row stride ldy, or
+// N_i when ldy is 0 (ys[i] = y + Σ_{j<i} N_j with ldy = Σ N_j: the outputs side by side).
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
-                  std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa());
+                  std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa(),
+                  int64_t ldy = 0);
 
 // Whether this level can run FP16 arithmetic (kernels/cpu/matmul.h): a CPU with AVX-512 FP16, at
 // level kAvx512 or above.
@@ -137,6 +139,19 @@ void rope_neox(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, cons
 void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
                   float eps, const float* cos, const float* sin, ThreadPool& pool,
                   Isa isa = detected_isa());
+
+// A decoder layer's attention input from one q|k|v product, qkv [tokens, (n_heads + 2·n_kv)·hd]
+// (row-major, q heads then k heads then v heads): q heads get q_norm + rotary (as qk_norm_rope)
+// into q [tokens, n_heads, hd]; k heads k_norm + rotary, and v heads as they are, into rows
+// slots[i] of k_cache / v_cache (rows n_kv·hd floats wide). Threads split the tokens.
+void qkv_rope_store(const float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                    int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
+                    const float* cos, const float* sin, const int32_t* slots, float* q,
+                    float* k_cache, float* v_cache, ThreadPool& pool, Isa isa = detected_isa());
+
+// SwiGLU from one gate|up product: out[r, :] = silu(gu[r, 0:n]) · gu[r, n:2n] for r < rows.
+void silu_mul_rows(const float* gu, int64_t rows, int64_t n, float* out, ThreadPool& pool,
+                   Isa isa = detected_isa());
 
 // Causal GQA attention of one sequence's chunk against a PAGED KV cache of one layer.
 // q: [n_q, n_heads, head_dim] for positions first_pos .. first_pos + n_q - 1; position p's K/V

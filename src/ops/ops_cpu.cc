@@ -129,6 +129,35 @@ void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, c
   });
 }
 
+void qkv_rope_store(const float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                    int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
+                    const float* cos, const float* sin, const int32_t* slots, float* q,
+                    float* k_cache, float* v_cache, ThreadPool& pool, Isa isa) {
+  const int64_t half = head_dim / 2, qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
+  const int64_t row = qd + 2 * kvd;
+  const auto k = eltwise(isa).qk_norm_rope;
+  for_rows(pool, tokens, row, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* src = qkv + t * row;
+      float* qt = q + t * qd;
+      float* kt = k_cache + static_cast<int64_t>(slots[t]) * kvd;
+      std::copy_n(src, qd, qt);
+      std::copy_n(src + qd, kvd, kt);
+      std::copy_n(src + qd + kvd, kvd, v_cache + static_cast<int64_t>(slots[t]) * kvd);
+      k(qt, 1, n_heads, head_dim, q_norm, eps, cos + t * half, sin + t * half);
+      k(kt, 1, n_kv_heads, head_dim, k_norm, eps, cos + t * half, sin + t * half);
+    }
+  });
+}
+
+void silu_mul_rows(const float* gu, int64_t rows, int64_t n, float* out, ThreadPool& pool,
+                   Isa isa) {
+  const auto k = eltwise(isa).silu_mul;
+  for_rows(pool, rows, 2 * n, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) k(gu + r * 2 * n, gu + r * 2 * n + n, n, out + r * n);
+  });
+}
+
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     float* yr = y + r * n;

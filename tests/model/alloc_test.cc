@@ -57,16 +57,16 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
     ASSERT_TRUE(m.ok()) << m.status().message();
     ThreadPool pool(2);
     ASSERT_TRUE(quantize_text_weights(&m->text, quant, pool).ok());
-    TextDecoder dec(m->cfg, m->text, pool, 16);
+    test_util::CpuDecoder dec(m->cfg, m->text, pool, 16);
     KvCache cache;
-    ASSERT_TRUE(cache.allocate(m->cfg.text_config, 1, 64).ok());
+    ASSERT_TRUE(dec.allocate(&cache, 1, 64).ok());
     std::vector<float> logits(m->cfg.text_config.vocab_size);
     std::vector<int32_t> ids = {5, 9, 70, 300, 4, 8, 12, 16, 20, 24, 28, 32};
     std::vector<int64_t> pos(16);
     auto run = [&](const int32_t* p, int64_t n, int64_t first) {
       for (int64_t i = 0; i < n; ++i) pos[i] = first + i;
       Positions3 p3{pos.data(), pos.data(), pos.data()};
-      return dec.forward(p, n, p3, first, cache, LogitRows::kLast, logits.data());
+      return dec->forward(p, n, p3, first, cache, LogitRows::kLast, logits.data());
     };
     // Warm-up: one prefill (per-thread scratch for many-row matmuls grows once) and one step.
     ASSERT_TRUE(run(ids.data(), 12, 0).ok());
@@ -91,9 +91,9 @@ TEST(Allocation, LongContextDecodeStepsAllocateNothing) {
   auto m = test_util::load_fixture_model(std::string(VLM_FIXTURES_DIR) + "/text-f32-untied");
   ASSERT_TRUE(m.ok()) << m.status().message();
   ThreadPool pool(2);
-  TextDecoder dec(m->cfg, m->text, pool, 64);
+  test_util::CpuDecoder dec(m->cfg, m->text, pool, 64);
   KvCache cache;
-  ASSERT_TRUE(cache.allocate(m->cfg.text_config, 1, 1200).ok());
+  ASSERT_TRUE(dec.allocate(&cache, 1, 1200).ok());
   std::vector<float> logits(m->cfg.text_config.vocab_size);
   std::vector<int32_t> ids(64);
   for (int64_t i = 0; i < 64; ++i) ids[i] = static_cast<int32_t>(3 + (i * 37) % 900);
@@ -101,7 +101,7 @@ TEST(Allocation, LongContextDecodeStepsAllocateNothing) {
   auto run = [&](int64_t n, int64_t first) {
     for (int64_t i = 0; i < n; ++i) pos[i] = first + i;
     Positions3 p3{pos.data(), pos.data(), pos.data()};
-    return dec.forward(ids.data(), n, p3, first, cache, LogitRows::kLast, logits.data());
+    return dec->forward(ids.data(), n, p3, first, cache, LogitRows::kLast, logits.data());
   };
   int64_t first = 0;
   for (; first + 64 <= 1088; first += 64) ASSERT_TRUE(run(64, first).ok());

@@ -31,10 +31,10 @@ int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max
 // Greedy decode of one sequence alone (contiguous cache); returns the logits of every step.
 std::vector<std::vector<float>> alone(const Model& m, std::vector<int32_t> ids, int steps) {
   ThreadPool pool(2);
-  TextDecoder dec(m.cfg, m.text, pool, 64);
+  test_util::CpuDecoder dec(m.cfg, m.text, pool, 64);
   KvCache cache;
   std::vector<std::vector<float>> out;
-  const Status allocated = cache.allocate(m.cfg.text_config, 1, 64);
+  const Status allocated = dec.allocate(&cache, 1, 64);
   EXPECT_TRUE(allocated.ok()) << allocated.message();
   if (!allocated.ok()) return out;
   const int64_t V = m.cfg.text_config.vocab_size;
@@ -45,7 +45,7 @@ std::vector<std::vector<float>> alone(const Model& m, std::vector<int32_t> ids, 
   for (int s = 0; s < steps; ++s) {
     const int64_t n = static_cast<int64_t>(ids.size()) - done;
     Positions3 p{pos.data() + done, pos.data() + done, pos.data() + done};
-    EXPECT_TRUE(dec.forward(ids.data() + done, n, p, done, cache, LogitRows::kLast, logits.data()).ok());
+    EXPECT_TRUE(dec->forward(ids.data() + done, n, p, done, cache, LogitRows::kLast, logits.data()).ok());
     done = static_cast<int64_t>(ids.size());
     out.push_back(logits);
     ids.push_back(argmax(logits.data(), V));
@@ -73,9 +73,9 @@ TEST(Batch, PagedBatchEqualsSequencesAlone) {
     for (const auto& p : prompts) want.push_back(alone(m, p, kSteps));
 
     ThreadPool pool(2);
-    TextDecoder dec(m.cfg, m.text, pool, 64);
+    test_util::CpuDecoder dec(m.cfg, m.text, pool, 64);
     KvCache cache;
-    ASSERT_TRUE(cache.allocate(m.cfg.text_config, /*num_blocks=*/24, /*block_size=*/4).ok());
+    ASSERT_TRUE(dec.allocate(&cache, /*num_blocks=*/24, /*block_size=*/4).ok());
     KvCacheManager kv(24, 4);
     std::vector<Seq> seqs(prompts.size());
     for (size_t s = 0; s < prompts.size(); ++s) {
@@ -111,7 +111,7 @@ TEST(Batch, PagedBatchEqualsSequencesAlone) {
         who.push_back(s);
       }
       if (chunks.empty()) break;
-      ASSERT_TRUE(dec.forward_batch(chunks.data(), static_cast<int64_t>(chunks.size()), cache, logits.data()).ok());
+      ASSERT_TRUE(dec->forward_batch(chunks.data(), static_cast<int64_t>(chunks.size()), cache, logits.data()).ok());
       int64_t row = 0;
       for (size_t c = 0; c < chunks.size(); ++c) {
         Seq& q = seqs[who[c]];
@@ -126,6 +126,75 @@ TEST(Batch, PagedBatchEqualsSequencesAlone) {
     }
     for (size_t s = 0; s < seqs.size(); ++s) EXPECT_EQ(step_of[s], kSteps) << name << " seq " << s;
   }
+}
+
+// A decode step padded as a graph's bucket (the ModelRunner's CUDA graphs): extra rows over the
+// cache's scratch block and block tables widened to the bucket's width give the real rows the
+// same logits, bit for bit, and leave the sequences' own cache rows as the plain step does. The
+// CPU backend runs this orchestration in CI, so the GPU's padding is not untested code.
+TEST(Batch, PaddedDecodeStepEqualsThePlainOne) {
+  Model m = load("text-f32-untied");
+  const int64_t V = m.cfg.text_config.vocab_size;
+  ThreadPool pool(2);
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 300, 2, 44}, {8, 9, 10}, {700, 3}};
+  std::vector<std::vector<float>> got[2];
+  for (int padded = 0; padded < 2; ++padded) {
+    test_util::CpuDecoder dec(m.cfg, m.text, pool, 64);
+    KvCache cache;
+    ASSERT_TRUE(dec.allocate(&cache, 24, 4).ok());
+    KvCacheManager kv(24, 4);
+    std::vector<Seq> seqs(prompts.size());
+    std::vector<SeqChunk> chunks;
+    std::vector<float> logits(8 * V);
+    // Prefill each prompt alone, then one decode step of all three together.
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      Seq& q = seqs[s];
+      q.ids = prompts[s];
+      q.pos.resize(16);
+      for (int64_t i = 0; i < 16; ++i) q.pos[i] = i;
+      const auto n = static_cast<int64_t>(q.ids.size());
+      ASSERT_TRUE(kv.reserve(static_cast<int64_t>(s), n + 1).ok());
+      const auto& table = kv.block_table(static_cast<int64_t>(s));
+      SeqChunk c{q.ids.data(), n, 0, Positions3{q.pos.data(), q.pos.data(), q.pos.data()},
+                 table.data(), static_cast<int64_t>(table.size()), nullptr, LogitRows::kLast};
+      ASSERT_TRUE(dec->forward_batch(&c, 1, cache, logits.data()).ok());
+      q.computed = n;
+      q.ids.push_back(argmax(logits.data(), V));
+    }
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      Seq& q = seqs[s];
+      const auto& table = kv.block_table(static_cast<int64_t>(s));
+      chunks.push_back(SeqChunk{q.ids.data() + q.computed, 1, q.computed,
+                                Positions3{q.pos.data() + q.computed, q.pos.data() + q.computed,
+                                           q.pos.data() + q.computed},
+                                table.data(), static_cast<int64_t>(table.size()), nullptr,
+                                LogitRows::kLast});
+    }
+    Pass pass;
+    const Padding pad = padded ? Padding{8, 16} : Padding{};
+    ASSERT_TRUE(dec->prepare(chunks.data(), 3, cache, pad, &pass).ok());
+    EXPECT_EQ(pass.rows, padded ? 8 : 3);
+    EXPECT_TRUE(pass.sel_all);
+    ASSERT_TRUE(dec->run(pass, cache, ops::Buf{logits.data(), ops::Device::kCpu, DType::kF32}).ok());
+    for (int64_t r = 0; r < 3; ++r) got[padded].emplace_back(logits.data() + r * V, logits.data() + (r + 1) * V);
+    // And one more plain step after it: the padded step wrote the sequences' K/V as the plain one.
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      seqs[s].computed += 1;
+      seqs[s].ids.push_back(argmax(got[padded][s].data(), V));
+      ASSERT_TRUE(kv.reserve(static_cast<int64_t>(s), seqs[s].computed + 1).ok());
+      const auto& table = kv.block_table(static_cast<int64_t>(s));
+      chunks[s] = SeqChunk{seqs[s].ids.data() + seqs[s].computed, 1, seqs[s].computed,
+                           Positions3{seqs[s].pos.data() + seqs[s].computed,
+                                      seqs[s].pos.data() + seqs[s].computed,
+                                      seqs[s].pos.data() + seqs[s].computed},
+                           table.data(), static_cast<int64_t>(table.size()), nullptr,
+                           LogitRows::kLast};
+    }
+    ASSERT_TRUE(dec->forward_batch(chunks.data(), 3, cache, logits.data()).ok());
+    for (int64_t r = 0; r < 3; ++r) got[padded].emplace_back(logits.data() + r * V, logits.data() + (r + 1) * V);
+  }
+  ASSERT_EQ(got[0].size(), got[1].size());
+  for (size_t i = 0; i < got[0].size(); ++i) EXPECT_EQ(got[0][i], got[1][i]) << "row " << i;
 }
 
 }  // namespace

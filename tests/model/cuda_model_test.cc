@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ops.h"
-#include "cuda/cuda_vision.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_backend.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "model/qwen3vl_config.h"
@@ -177,11 +177,13 @@ TEST(CudaVisionModel, EncoderOutputsMatchTransformers) {
   ASSERT_TRUE(store.ok()) << store.status().message();
   auto w = load_vision_weights(*store, *cfg);
   ASSERT_TRUE(w.ok()) << w.status().message();
-  ThreadPool pool(2);
-  VisionEncoder host(*cfg, *w, pool);
-  auto gpu = cuda::make_cuda_vision_encoder(*cfg, *w, host, /*f32=*/true);
-  ASSERT_TRUE(gpu.ok()) << gpu.status().message();
-  host.set_device(gpu->get());
+  ops::CudaBackendOptions bo;
+  bo.f32 = true;
+  auto be = ops::make_cuda_backend(bo);
+  ASSERT_TRUE(be.ok()) << be.status().message();
+  auto made = VisionEncoder::create(*cfg, *w, **be);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  VisionEncoder& host = **made;
   // Every image of every case, kept resized for the batched pass at the end.
   std::vector<PreprocessedImage> kept;
   std::vector<VisionOutput> single;

@@ -7,9 +7,13 @@
 #include <memory>
 #include <string>
 
+#include "core/thread_pool.h"
 #include "io/safetensors.h"
+#include "kv/kv_cache.h"
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
+#include "model/text_decoder.h"
+#include "ops/cpu_backend.h"
 #include "vlm/engine.h"
 #include "vlm/status.h"
 
@@ -46,5 +50,23 @@ inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name,
   EXPECT_TRUE(e.ok()) << e.status().message();
   return e.ok() ? std::move(e).value() : nullptr;
 }
+
+// A text decoder on the CPU backend, for the tests that drive TextDecoder directly.
+struct CpuDecoder {
+  CpuDecoder(const Qwen3VLConfig& cfg, const TextWeights& w, ThreadPool& pool, int64_t max_chunk)
+      : be(pool) {
+    auto d = TextDecoder::create(cfg, w, be, max_chunk);
+    EXPECT_TRUE(d.ok()) << d.status().message();
+    if (d.ok()) dec = std::move(*d);
+  }
+  // A cache of `blocks` blocks for this decoder (tables up to `blocks` wide).
+  Status allocate(KvCache* cache, int64_t blocks, int64_t block_size) {
+    return dec->allocate_cache(cache, blocks, block_size, blocks);
+  }
+  TextDecoder* operator->() const { return dec.get(); }
+
+  ops::CpuBackend be;
+  std::unique_ptr<TextDecoder> dec;
+};
 
 }  // namespace vlm::test_util

@@ -13,6 +13,7 @@
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
 #include "model/vision_encoder.h"
+#include "ops/cpu_backend.h"
 #include "ops/ops.h"
 #include "test_util.h"
 #include "vision/image_decode.h"
@@ -119,8 +120,10 @@ TEST_F(VisionStages, PreprocessingMatchesTheProcessor) {
 
 TEST_F(VisionStages, EncoderStagesAndDeepStackMatch) {
   for (ops::Isa isa : ops::runnable_isas()) {
-    VisionEncoder enc(cfg_, weights_, pool_);
-    enc.set_isa(isa);
+    ops::CpuBackend be(pool_, isa);
+    auto made = VisionEncoder::create(cfg_, weights_, be);
+    ASSERT_TRUE(made.ok()) << made.status().message();
+    VisionEncoder& enc = **made;
     for (const auto& c : ref()["cases"]) {
       std::vector<float> embeds, block0;
       std::vector<std::vector<float>> ds(cfg_.vision_config.deepstack_visual_indexes.size());
@@ -132,7 +135,8 @@ TEST_F(VisionStages, EncoderStagesAndDeepStackMatch) {
         for (size_t k = 0; k < ds.size(); ++k) ds[k].insert(ds[k].end(), out.deepstack[k].begin(), out.deepstack[k].end());
         std::vector<float> b0(static_cast<size_t>(p.grid_t * p.grid_h * p.grid_w *
                                                   cfg_.vision_config.hidden_size));
-        enc.embed_patches(p.pixel_values.data(), {p.grid_t, p.grid_h, p.grid_w}, b0.data());
+        ASSERT_TRUE(
+            enc.embed_patches(p.pixel_values.data(), {p.grid_t, p.grid_h, p.grid_w}, b0.data()).ok());
         block0.insert(block0.end(), b0.begin(), b0.end());
       }
       const std::string what = c["name"].get<std::string>() + " " + ops::isa_name(isa);
@@ -156,8 +160,12 @@ TEST_F(VisionStages, EncoderStagesAndDeepStackMatch) {
 
 TEST_F(VisionStages, Fp16ArithmeticStaysCloseToTransformers) {
   // --vision-fp16: the same encoder with its matmuls in FP16 arithmetic (ops::matmul_f16).
-  VisionEncoder enc(cfg_, weights_, pool_), f32(cfg_, weights_, pool_);
-  enc.set_fp16(true);
+  ops::CpuBackend be(pool_);
+  auto made16 = VisionEncoder::create(cfg_, weights_, be, /*fp16=*/true);
+  auto made32 = VisionEncoder::create(cfg_, weights_, be);
+  ASSERT_TRUE(made16.ok() && made32.ok());
+  VisionEncoder& enc = **made16;
+  VisionEncoder& f32 = **made32;
   if (!enc.fp16()) GTEST_SKIP() << "this CPU has no AVX-512 FP16";
   for (const auto& c : ref()["cases"]) {
     std::vector<float> embeds, plain;

@@ -1,6 +1,6 @@
 // The CUDA backend's small ops (src/cuda/cuda_ops.h) against the CPU reference (src/ops/ref), in
 // F32 and BF16 activations. Without a CUDA device every test reports skipped, never passed.
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "core/half.h"
-#include "cuda/flash_attention.h"
-#include "cuda/fp8.h"
-#include "cuda/gemm.h"
-#include "cuda/int8_gemm.h"
-#include "cuda/sampling.h"
-#include "cuda/weights.h"
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/fp8.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/int8_gemm.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/weights.h"
 #include "ops/ref/ref.h"
 
 namespace vlm::cuda {
@@ -623,42 +623,44 @@ TEST_P(CudaOps, EmbeddingGatherCopiesRows) {
   EXPECT_EQ(a.decode(download(dy)), want);  // BF16 values are exact in both types
 }
 
-// Causal (a prefill chunk after first_pos cached tokens, and one decode step) with GQA, and the
-// vision encoder's bidirectional attention, against the double-precision reference
-// (expect_attention_close's bound).
+// The vision encoder's bidirectional attention (with GQA for generality) against the
+// double-precision reference (expect_attention_close's bound).
 TEST_P(CudaOps, AttentionMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   const Act a{GetParam()};
   struct Case {
-    int64_t n_q, first_pos, heads, kv_heads, head_dim;
-    bool causal;
+    int64_t n, heads, kv_heads, head_dim;
   };
-  for (const Case& c : {Case{9, 0, 4, 2, 64, true}, Case{5, 37, 8, 2, 128, true},
-                        Case{1, 300, 16, 8, 128, true}, Case{1, 0, 2, 1, 256, true},
-                        Case{6, 4, 2, 1, 16, true},  // head_dim under a warp (tiny fixture)
-                        Case{23, 0, 4, 4, 32, false}, Case{64, 0, 16, 16, 96, false}}) {
-    const int64_t n_kv = c.causal ? c.first_pos + c.n_q : c.n_q;
-    const auto q = a.round(random_values(c.n_q * c.heads * c.head_dim, 16, 2.f));
-    const auto k = a.round(random_values(n_kv * c.kv_heads * c.head_dim, 17, 2.f));
-    const auto v = a.round(random_values(n_kv * c.kv_heads * c.head_dim, 18));
+  for (const Case& c : {Case{9, 4, 2, 64}, Case{5, 2, 1, 256},
+                        Case{6, 2, 1, 16},  // head_dim under a warp (tiny fixture)
+                        Case{23, 4, 4, 32}, Case{64, 16, 16, 96}}) {
+    const auto q = a.round(random_values(c.n * c.heads * c.head_dim, 16, 2.f));
+    const auto k = a.round(random_values(c.n * c.kv_heads * c.head_dim, 17, 2.f));
+    const auto v = a.round(random_values(c.n * c.kv_heads * c.head_dim, 18));
     const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
-    std::vector<float> want(q.size());
-    if (c.causal) {
-      ops::ref::attention_causal(q.data(), c.n_q, c.first_pos, k.data(), v.data(), c.heads,
-                                 c.kv_heads, c.head_dim, scale, want.data());
-    } else {
-      ops::ref::attention_full(q.data(), k.data(), v.data(), c.n_q, c.heads, c.head_dim, scale,
-                               want.data());
+    // The reference takes one K/V head per head: repeat each KV head over its group.
+    const int64_t group = c.heads / c.kv_heads;
+    std::vector<float> kr(q.size()), vr(q.size());
+    for (int64_t i = 0; i < c.n; ++i) {
+      for (int64_t h = 0; h < c.heads; ++h) {
+        for (int64_t d = 0; d < c.head_dim; ++d) {
+          const int64_t src = (i * c.kv_heads + h / group) * c.head_dim + d;
+          kr[(i * c.heads + h) * c.head_dim + d] = k[src];
+          vr[(i * c.heads + h) * c.head_dim + d] = v[src];
+        }
+      }
     }
+    std::vector<float> want(q.size());
+    ops::ref::attention_full(q.data(), kr.data(), vr.data(), c.n, c.heads, c.head_dim, scale,
+                             want.data());
     DeviceBuffer dq = upload(a.encode(q)), dk = upload(a.encode(k)), dv = upload(a.encode(v)), dy;
     ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(q.size()), &dy).ok());
-    ASSERT_TRUE(attention(dq.data(), c.n_q, dk.data(), dv.data(), n_kv, c.first_pos, c.causal,
-                          c.heads, c.kv_heads, c.head_dim, scale, dy.data(), a.t)
+    ASSERT_TRUE(attention_full(dq.data(), dk.data(), dv.data(), c.n, c.heads, c.kv_heads,
+                               c.head_dim, scale, dy.data(), a.t)
                     .ok());
     ASSERT_TRUE(synchronize().ok());
-    expect_attention_close(a, a.decode(download(dy)), want, n_kv, max_abs(v), 0.f,
-                           "n_q " + std::to_string(c.n_q) + " first_pos " +
-                               std::to_string(c.first_pos) + " heads " + std::to_string(c.heads) +
+    expect_attention_close(a, a.decode(download(dy)), want, c.n, max_abs(v), 0.f,
+                           "n " + std::to_string(c.n) + " heads " + std::to_string(c.heads) +
                                "/" + std::to_string(c.kv_heads) + " head_dim " +
                                std::to_string(c.head_dim));
   }
@@ -743,11 +745,9 @@ TEST(CudaWeights, UploadRoundTrips) {
 
 // Shapes are checked on the host, before any launch: this one runs without a GPU too.
 TEST(CudaAttention, RejectsBadShapes) {
-  EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 2, 320, 1.f, nullptr,
-                         DType::kF32)
+  EXPECT_FALSE(attention_full(nullptr, nullptr, nullptr, 1, 4, 2, 320, 1.f, nullptr, DType::kF32)
                    .ok());  // head_dim over 256
-  EXPECT_FALSE(attention(nullptr, 1, nullptr, nullptr, 1, 0, true, 4, 3, 64, 1.f, nullptr,
-                         DType::kF32)
+  EXPECT_FALSE(attention_full(nullptr, nullptr, nullptr, 1, 4, 3, 64, 1.f, nullptr, DType::kF32)
                    .ok());  // heads not a multiple of KV heads
   EXPECT_FALSE(paged_attention(nullptr, 1, nullptr, nullptr, nullptr, 1, 16, nullptr, nullptr, 4, 2,
                                512, 1.f, 1, nullptr, nullptr, DType::kF32)

@@ -101,8 +101,8 @@ TEST(Sampler, DeviceDrawCarriesTheSettingsAndPenalties) {
     s->record(5);
     s->record(9);
   }
-  DeviceSample da, db;
-  std::vector<DevicePenalty> pa, pb;
+  ops::SampleParams da, db;
+  std::vector<ops::PenaltyEntry> pa, pb;
   a.device_draw(&da, &pa);
   b.device_draw(&db, &pb);
   EXPECT_EQ(da.top_k, 7);
@@ -111,13 +111,14 @@ TEST(Sampler, DeviceDrawCarriesTheSettingsAndPenalties) {
   EXPECT_FLOAT_EQ(da.min_p, 0.1f);
   EXPECT_TRUE(da.u >= 0.f && da.u < 1.f);
   EXPECT_EQ(da.u, db.u);  // same seed, same draw
-  ASSERT_EQ(da.n_penalties, 3);
+  ASSERT_EQ(da.penalty_end - da.penalty_begin, 3);
+  ASSERT_EQ(pa.size(), 3u);
   std::map<int32_t, std::pair<float, float>> got;
-  for (const DevicePenalty& e : pa) got[e.id] = {e.repetition, e.subtract};
+  for (const ops::PenaltyEntry& e : pa) got[e.id] = {e.repetition, e.subtract};
   EXPECT_EQ(got[2], std::make_pair(1.5f, 0.f));          // prompt only: repetition
   EXPECT_EQ(got[5], std::make_pair(1.5f, 0.25f + 1.f));  // generated twice
   EXPECT_EQ(got[9], std::make_pair(1.5f, 0.75f));        // generated once
-  DeviceSample next;
+  ops::SampleParams next;
   a.device_draw(&next, &pa);
   EXPECT_NE(next.u, da.u);  // the generator moves on
   ResolvedSampling g;
@@ -125,7 +126,7 @@ TEST(Sampler, DeviceDrawCarriesTheSettingsAndPenalties) {
   Sampler greedy(16, g);
   greedy.device_draw(&next, &pa);
   EXPECT_EQ(next.top_k, 1);  // greedy: the best token
-  EXPECT_EQ(next.n_penalties, 0);
+  EXPECT_EQ(next.penalty_end - next.penalty_begin, 0);
 }
 
 TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "vlm/status.h"
 
 namespace vlm::cuda {

@@ -5,8 +5,8 @@
 // larger M dequantizes row blocks of W into a scratch buffer for cuBLAS.
 #include <cstdint>
 
-#include "cuda/cuda_ops.h"
-#include "cuda/gemm.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/gemm.h"
 #include "vlm/status.h"
 
 namespace vlm::cuda {

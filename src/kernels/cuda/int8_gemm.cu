@@ -4,9 +4,9 @@
 
 #include <string>
 
-#include "cuda/device_math.cuh"
-#include "cuda/int8_gemm.h"
-#include "cuda/runtime.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/int8_gemm.h"
+#include "kernels/cuda/runtime.h"
 
 namespace vlm::cuda {
 namespace {

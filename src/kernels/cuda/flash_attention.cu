@@ -10,10 +10,10 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/cuda_ops.h"
-#include "cuda/device_math.cuh"
-#include "cuda/flash_attention.h"
-#include "cuda/runtime.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/runtime.h"
 
 namespace vlm::cuda {
 namespace {

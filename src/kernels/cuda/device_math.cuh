@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 
 namespace vlm::cuda {
 

@@ -1,4 +1,4 @@
-#include "cuda/weights.h"
+#include "kernels/cuda/weights.h"
 
 #include <cstring>
 #include <string>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "vlm/status.h"
 
 namespace vlm::cuda {

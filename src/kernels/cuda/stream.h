@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "vlm/status.h"
 
 namespace vlm::cuda {
@@ -59,6 +59,12 @@ class PinnedBuffer {
 // Asynchronous copies on the current stream (host memory pinned for them to overlap).
 Status copy_to_device_async(void* device, const void* host, size_t bytes);
 Status copy_to_host_async(void* host, const void* device, size_t bytes);
+// Device to device on the current stream: `height` rows of `width` bytes, rows `src_pitch` bytes
+// apart in src and `dst_pitch` in dst (a column block of a wider matrix into its own).
+Status copy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                     size_t height);
+// Sets `bytes` of device memory to zero (synchronous).
+Status zero_device(void* device, size_t bytes);
 // Waits for the current stream's work.
 Status stream_synchronize();
 

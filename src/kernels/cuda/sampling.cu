@@ -5,10 +5,10 @@
 
 #include <string>
 
-#include "cuda/cuda_ops.h"
-#include "cuda/device_math.cuh"
-#include "cuda/runtime.h"
-#include "cuda/sampling.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/runtime.h"
+#include "kernels/cuda/sampling.h"
 
 namespace vlm::cuda {
 namespace {

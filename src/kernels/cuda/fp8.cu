@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "cuda/device_math.cuh"
-#include "cuda/fp8.h"
-#include "cuda/runtime.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/fp8.h"
+#include "kernels/cuda/runtime.h"
 
 namespace vlm::cuda {
 namespace {

@@ -1,6 +1,6 @@
 // NVML through dlopen (src/cuda/nvml.h). The few entry points and structs below are NVML's
 // stable C ABI (nvml.h is not part of the toolkit here).
-#include "cuda/nvml.h"
+#include "kernels/cuda/nvml.h"
 
 #include <dlfcn.h>
 

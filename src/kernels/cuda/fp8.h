@@ -6,7 +6,7 @@
 // round trip, so it runs inside a CUDA graph).
 #include <cstdint>
 
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "vlm/status.h"
 
 namespace vlm::cuda {

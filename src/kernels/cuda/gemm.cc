@@ -1,6 +1,6 @@
 // cuBLAS behind src/cuda/gemm.h. Row-major y = x·Wᵀ is column-major yᵀ = W·xᵀ, where W's
 // row-major [N, K] storage is a column-major [K, N] matrix used transposed.
-#include "cuda/gemm.h"
+#include "kernels/cuda/gemm.h"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>

@@ -9,7 +9,7 @@
 #include <memory>
 #include <tuple>
 
-#include "cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "vlm/status.h"
 
 namespace vlm::cuda {

@@ -1,10 +1,10 @@
-#include "cuda/stream.h"
+#include "kernels/cuda/stream.h"
 
 #include <cuda_runtime.h>
 
 #include <string>
 
-#include "cuda/runtime.h"
+#include "kernels/cuda/runtime.h"
 
 namespace vlm::cuda {
 
@@ -54,6 +54,19 @@ Status copy_to_host_async(void* host, const void* device, size_t bytes) {
   if (bytes == 0) return ok_status();
   return cuda_status(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, launch_stream()),
                      "copy to host");
+}
+
+Status copy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                     size_t height) {
+  if (width == 0 || height == 0) return ok_status();
+  return cuda_status(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height,
+                                       cudaMemcpyDeviceToDevice, launch_stream()),
+                     "2-D copy");
+}
+
+Status zero_device(void* device, size_t bytes) {
+  if (bytes == 0) return ok_status();
+  return cuda_status(cudaMemset(device, 0, bytes), "memset");
 }
 
 Status stream_synchronize() {

@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <type_traits>
 
-#include "cuda/cuda_ops.h"
-#include "cuda/device_math.cuh"
-#include "cuda/runtime.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/runtime.h"
 
 namespace vlm::cuda {
 namespace {
@@ -243,12 +243,12 @@ constexpr int kMaxHeadDim = 256;
 
 template <typename T>
 __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v, int64_t n_kv,
-                                 int64_t first_pos, bool causal, int64_t n_heads, int64_t group,
-                                 int64_t head_dim, float scale, T* out) {
+                                 int64_t n_heads, int64_t group, int64_t head_dim, float scale,
+                                 T* out) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= n_q * n_heads) return;
   const int lane = threadIdx.x & 31;
-  const int64_t i = row / n_heads, h = row % n_heads;
+  const int64_t h = row % n_heads;
   const int64_t kv_stride = (n_heads / group) * head_dim;
   const int64_t kv_off = (h / group) * head_dim;
   const int per =
@@ -259,7 +259,7 @@ __global__ void attention_kernel(const T* q, int64_t n_q, const T* k, const T* v
     qr[j] = d < head_dim ? load(q, row * head_dim + d) * scale : 0.f;
     acc[j] = 0.f;
   }
-  const int64_t seen = causal ? (first_pos + i + 1 < n_kv ? first_pos + i + 1 : n_kv) : n_kv;
+  const int64_t seen = n_kv;
   float m = -INFINITY, l = 0.f;
   for (int64_t p = 0; p < seen; ++p) {
     const int64_t base = p * kv_stride + kv_off;
@@ -751,24 +751,23 @@ Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh,
   return cuda_status(cudaGetLastError(), "bias_gelu launch");
 }
 
-Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
-                 int64_t first_pos, bool causal, int64_t n_heads, int64_t n_kv_heads,
-                 int64_t head_dim, float scale, void* out, DType t) {
+Status attention_full(const void* q, const void* k, const void* v, int64_t n, int64_t n_heads,
+                      int64_t n_kv_heads, int64_t head_dim, float scale, void* out, DType t) {
   if (head_dim <= 0 || head_dim > kMaxHeadDim) {
     return invalid_argument("attention: head_dim must be in 1..256");
   }
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
     return invalid_argument("attention: n_heads must be a multiple of n_kv_heads");
   }
-  const int64_t rows = n_q * n_heads;
+  const int64_t rows = n * n_heads;
   if (Status s = check_rows(rows, "attention"); !s.ok()) return s;
   if (rows == 0) return ok_status();
   const int64_t group = n_heads / n_kv_heads;
   with_act(t, [&](auto a) {
     using T = decltype(a);
     attention_kernel<<<warp_row_blocks(rows), kRowThreads, 0, launch_stream()>>>(
-        static_cast<const T*>(q), n_q, static_cast<const T*>(k), static_cast<const T*>(v), n_kv,
-        first_pos, causal, n_heads, group, head_dim, scale, static_cast<T*>(out));
+        static_cast<const T*>(q), n, static_cast<const T*>(k), static_cast<const T*>(v), n, n_heads,
+        group, head_dim, scale, static_cast<T*>(out));
   });
   return cuda_status(cudaGetLastError(), "attention launch");
 }

@@ -127,15 +127,13 @@ Status add_layer_norm(void* x, const void* delta, const float* bias, const float
 // In place: x = gelu(x + bias) per row (bias f32 [n], may be null); tanh: gelu_pytorch_tanh,
 // else nn.GELU()'s exact erf form.
 Status bias_gelu(void* x, const float* bias, int64_t rows, int64_t n, bool tanh, DType t);
-// Attention with an online softmax (f32 scores, sums and output accumulators), one warp per
-// (query, head); GQA maps head h to KV head h / (n_heads / n_kv_heads). q, out [n_q, n_heads,
-// head_dim]; k, v [n_kv, n_kv_heads, head_dim] (head_dim at most 256).
-// causal: query i sees keys 0 .. first_pos + i (the KV cache of one sequence, contiguous);
-// otherwise every query sees all n_kv keys (the vision encoder's bidirectional attention).
-// The vision tower uses it; the decoder uses paged_attention.
-Status attention(const void* q, int64_t n_q, const void* k, const void* v, int64_t n_kv,
-                 int64_t first_pos, bool causal, int64_t n_heads, int64_t n_kv_heads,
-                 int64_t head_dim, float scale, void* out, DType t);
+// Bidirectional attention within n rows (one image frame: every query sees every key) with an
+// online softmax (f32 scores, sums and output accumulators), one warp per (query, head); GQA maps
+// head h to KV head h / (n_heads / n_kv_heads). q, out [n, n_heads, head_dim]; k, v [n,
+// n_kv_heads, head_dim] (head_dim at most 256). The vision tower's attention where flash
+// attention does not apply (F32).
+Status attention_full(const void* q, const void* k, const void* v, int64_t n, int64_t n_heads,
+                      int64_t n_kv_heads, int64_t head_dim, float scale, void* out, DType t);
 // Causal GQA attention of a varlen batch against the paged KV cache (after qkv_rope_store put
 // the batch's own K/V in their slots): query token i (of `tokens`, in sequence tok_seq[i], at
 // position tok_pos[i]) sees that sequence's keys 0 .. tok_pos[i], found through its block

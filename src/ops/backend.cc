@@ -1,0 +1,28 @@
+#include "ops/backend.h"
+
+namespace vlm::ops {
+
+const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+Status Backend::memory_info(int64_t*, int64_t*) const {
+  return unimplemented(std::string("memory_info on ") + device_name(device()));
+}
+bool Backend::device_stats(DeviceStats*) const { return false; }
+Status Backend::patchify(Buf, Buf, int64_t, int64_t, int64_t, int64_t, int64_t, Buf) {
+  return internal_error(std::string("an image without pixel values reached the vision tower on ") +
+                        device_name(device()));
+}
+Status Backend::argmax_rows(Buf, int64_t, int64_t, Buf) {
+  return internal_error(std::string("no sampling on the device on ") + device_name(device()));
+}
+Status Backend::sample_rows(Buf, int64_t, Buf, int64_t, Buf, Buf) {
+  return internal_error(std::string("no sampling on the device on ") + device_name(device()));
+}
+Status Backend::begin_capture() {
+  return internal_error(std::string("no graphs on ") + device_name(device()));
+}
+Status Backend::end_capture(std::unique_ptr<Graph>*) {
+  return internal_error(std::string("no graphs on ") + device_name(device()));
+}
+
+}  // namespace vlm::ops

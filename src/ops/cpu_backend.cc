@@ -1,0 +1,237 @@
+#include "ops/cpu_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/huge_page_buffer.h"
+
+namespace vlm::ops {
+namespace {
+
+// The checkpoint's views themselves (one, or several stacked by rows).
+class CpuLinear final : public Linear {
+ public:
+  CpuLinear(std::vector<TensorView> parts, bool fp16) : parts_(std::move(parts)), fp16_(fp16) {
+    cols_ = parts_.front().dim(1);
+    for (const TensorView& p : parts_) rows_ += p.dim(0);
+    for (const TensorView& p : parts_) ptrs_.push_back(&p);
+  }
+  int64_t bytes() const override {
+    int64_t total = 0;
+    for (const TensorView& v : parts_) {
+      // INT8: one f32 scale per row; INT4: one per group of kInt4Group inputs.
+      const int64_t n_scales = v.scale == nullptr         ? 0
+                               : v.dtype == DType::kI4 ? v.dim(0) * (v.dim(1) / kInt4Group)
+                                                       : v.dim(0);
+      total += static_cast<int64_t>(v.nbytes()) + n_scales * static_cast<int64_t>(sizeof(float));
+    }
+    return total;
+  }
+  const std::vector<TensorView>& parts() const { return parts_; }
+  std::span<const TensorView* const> ptrs() const { return ptrs_; }
+  bool fp16() const { return fp16_; }
+
+ private:
+  std::vector<TensorView> parts_;
+  std::vector<const TensorView*> ptrs_;
+  bool fp16_;
+};
+
+const CpuLinear& cpu(const Linear& l) { return static_cast<const CpuLinear&>(l); }
+float* f(Buf b) { return b.as<float>(); }
+const int32_t* i32(Buf b) { return b.as<const int32_t>(); }
+
+}  // namespace
+
+Result<Buffer> CpuBackend::alloc(int64_t elems, DType t, bool lazy) {
+  const size_t bytes = dtype_nbytes(t, std::max<int64_t>(elems, 0));
+  if (lazy) {
+    VLM_ASSIGN_OR_RETURN(HugePageBuffer mem, HugePageBuffer::allocate(bytes, /*noreserve=*/true));
+    auto owner = std::make_shared<HugePageBuffer>(std::move(mem));
+    return Buffer(Buf{owner->data(), Device::kCpu, t}, bytes, owner);
+  }
+  // calloc: large blocks come straight from the kernel as zero pages, resident only where used
+  // (a block-table buffer sized for the longest context costs what its rows reach).
+  void* p = std::calloc(std::max<size_t>(bytes, 1), 1);
+  if (p == nullptr) return unavailable("out of memory allocating " + std::to_string(bytes) + " bytes");
+  return Buffer(Buf{p, Device::kCpu, t}, bytes, std::shared_ptr<void>(p, std::free));
+}
+
+Result<Buffer> CpuBackend::alloc_host(size_t bytes) {
+  return alloc(static_cast<int64_t>(bytes), DType::kU8, false);
+}
+
+Status CpuBackend::to_device(Buf dst, const void* host, size_t bytes) {
+  if (dst.data != host) std::memcpy(dst.data, host, bytes);
+  return ok_status();
+}
+
+Status CpuBackend::to_host(void* host, Buf src, size_t bytes) {
+  if (src.data != host) std::memcpy(host, src.data, bytes);
+  return ok_status();
+}
+
+Result<Buf> CpuBackend::stage(const void* host, size_t, DType t, Buffer*) {
+  return Buf{const_cast<void*>(host), Device::kCpu, t};
+}
+
+Result<std::unique_ptr<Linear>> CpuBackend::linear(std::span<const TensorView* const> stack,
+                                                   const LinearOptions& opts) {
+  if (stack.empty()) return invalid_argument("a linear layer needs a weight");
+  std::vector<TensorView> parts;
+  for (const TensorView* t : stack) {
+    VLM_RETURN_IF_ERROR(check_linear_weight(*t, stack.front()->dim(1)));
+    parts.push_back(*t);
+  }
+  if (opts.fp16_arithmetic && parts.size() != 1) {
+    return invalid_argument("FP16 arithmetic takes one weight, not a stack");
+  }
+  return std::unique_ptr<Linear>(new CpuLinear(std::move(parts), opts.fp16_arithmetic));
+}
+
+Result<Buf> CpuBackend::vector(const std::vector<float>& v) {
+  return Buf{const_cast<float*>(v.data()), Device::kCpu, DType::kF32};
+}
+
+Status CpuBackend::embed(const Linear& table, Buf ids, int64_t count, Buf out) {
+  embedding_lookup(cpu(table).parts().front(), i32(ids), count, f(out));
+  return ok_status();
+}
+
+Status CpuBackend::rms_norm(Buf x, Buf w, int64_t rows, int64_t n, float eps, Buf y) {
+  ops::rms_norm(f(x), f(w), rows, n, eps, f(y), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::add_rms_norm(Buf x, Buf delta, Buf w, int64_t rows, int64_t n, float eps,
+                                Buf y) {
+  ops::add_rms_norm(f(x), f(delta), f(w), rows, n, eps, f(y), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::add(Buf x, Buf delta, Buf bias, int64_t rows, int64_t n) {
+  add_residual(f(x), f(delta), f(bias), rows, n, pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::linear(Buf x, int64_t M, const Linear& w, Buf y) {
+  const CpuLinear& l = cpu(w);
+  if (l.fp16()) {
+    matmul_f16(f(x), M, l.cols(), l.parts().front(), f(y), pool_, isa_);
+    return ok_status();
+  }
+  // The outputs side by side in y's rows, one pass of the threads over the stacked weights.
+  float* ys[8];
+  const size_t n = l.parts().size();
+  if (n > 8) return internal_error("a linear stack of more than 8 weights");
+  int64_t col = 0;
+  for (size_t i = 0; i < n; ++i) {
+    ys[i] = f(y) + col;
+    col += l.parts()[i].dim(0);
+  }
+  matmul_multi(f(x), M, l.cols(), l.ptrs(), std::span<float* const>(ys, n), pool_, isa_,
+               l.rows());
+  return ok_status();
+}
+
+Status CpuBackend::qkv_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                                  int64_t head_dim, Buf q_norm, Buf k_norm, float eps, Buf cos,
+                                  Buf sin, Buf slots, Buf q, Buf k_cache, Buf v_cache) {
+  ops::qkv_rope_store(f(qkv), tokens, n_heads, n_kv_heads, head_dim, f(q_norm), f(k_norm), eps,
+                      f(cos), f(sin), i32(slots), f(q), f(k_cache), f(v_cache), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache,
+                                   int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                                   float scale, Buf out) {
+  const int64_t qd = n_heads * head_dim;
+  for (int64_t s = 0; s < b.seqs; ++s) {
+    const int64_t row = b.seq_row[s];
+    attention_paged(f(q) + row * qd, b.seq_len[s], b.seq_pos[s], f(k_cache), f(v_cache),
+                    b.tables_host + s * b.stride, b.block_size, n_heads, n_kv_heads, head_dim,
+                    scale, f(out) + row * qd, pool_, isa_);
+  }
+  return ok_status();
+}
+
+Status CpuBackend::silu_mul(Buf gu, int64_t rows, int64_t n, Buf out) {
+  silu_mul_rows(f(gu), rows, n, f(out), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::set_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) {
+  for (int64_t i = 0; i < count; ++i) std::copy_n(f(src) + i * n, n, f(x) + i32(rows)[i] * n);
+  return ok_status();
+}
+
+Status CpuBackend::add_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float* s = f(src) + i * n;
+    float* xr = f(x) + i32(rows)[i] * n;
+    for (int64_t d = 0; d < n; ++d) xr[d] += s[d];
+  }
+  return ok_status();
+}
+
+Status CpuBackend::gather_rows(Buf x, Buf rows, int64_t count, int64_t n, Buf out) {
+  for (int64_t i = 0; i < count; ++i) std::copy_n(f(x) + i32(rows)[i] * n, n, f(out) + i * n);
+  return ok_status();
+}
+
+Status CpuBackend::layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, float eps, Buf y) {
+  ops::layer_norm(f(x), f(w), f(b), rows, n, eps, f(y), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::add_layer_norm(Buf x, Buf delta, Buf bias, Buf w, Buf b, int64_t rows,
+                                  int64_t n, float eps, Buf y) {
+  ops::add_layer_norm(f(x), f(delta), f(bias), f(w), f(b), rows, n, eps, f(y), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::bias_gelu(Buf x, Buf bias, int64_t rows, int64_t n, bool tanh) {
+  if (tanh) {
+    gelu_tanh(f(x), f(bias), rows, n, pool_, isa_);
+  } else {
+    gelu_erf(f(x), f(bias), rows, n, pool_, isa_);
+  }
+  return ok_status();
+}
+
+Status CpuBackend::add_bias(Buf x, Buf bias, int64_t rows, int64_t n) {
+  ops::add_bias(f(x), f(bias), rows, n);
+  return ok_status();
+}
+
+Status CpuBackend::split_qkv(Buf qkv, Buf bias, int64_t rows, int64_t n, Buf q, Buf k, Buf v) {
+  const float* b = f(bias);
+  for (int64_t i = 0; i < rows; ++i) {  // [rows, 3, n] + bias → three [rows, n]
+    const float* r = f(qkv) + i * 3 * n;
+    float* dst[3] = {f(q) + i * n, f(k) + i * n, f(v) + i * n};
+    for (int64_t part = 0; part < 3; ++part) {
+      for (int64_t d = 0; d < n; ++d) dst[part][d] = r[part * n + d] + b[part * n + d];
+    }
+  }
+  return ok_status();
+}
+
+Status CpuBackend::rope(Buf x, int64_t tokens, int64_t n_heads, int64_t head_dim, Buf cos,
+                        Buf sin) {
+  rope_neox(f(x), tokens, n_heads, head_dim, f(cos), f(sin), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::attention_full(Buf q, Buf k, Buf v, int64_t n, int64_t n_heads,
+                                  int64_t head_dim, float scale, Buf out) {
+  ops::attention_full(f(q), f(k), f(v), n, n_heads, head_dim, scale, f(out), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::convert(Buf src, int64_t count, Buf dst) {
+  if (src.data != dst.data) std::copy_n(f(src), count, f(dst));
+  return ok_status();
+}
+
+}  // namespace vlm::ops

@@ -1,0 +1,70 @@
+// The CPU backend: ops.h over the per-ISA kernels of kernels/cpu, f32 activations, the weights
+// as the checkpoint (or the quantizer, or the huge-page copy) holds them — nothing is copied.
+#pragma once
+
+#include "core/thread_pool.h"
+#include "ops/backend.h"
+#include "ops/ops.h"
+
+namespace vlm::ops {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(ThreadPool& pool, Isa isa = detected_isa()) : pool_(pool), isa_(isa) {}
+
+  // The ISA level of every op from now on (tests force lower levels).
+  void set_isa(Isa isa) { isa_ = isa; }
+  Isa isa() const { return isa_; }
+  ThreadPool& pool() const { return pool_; }
+
+  Device device() const override { return Device::kCpu; }
+  DType act_dtype() const override { return DType::kF32; }
+  std::string description() const override { return "cpu"; }
+
+  Result<Buffer> alloc(int64_t elems, DType t, bool lazy) override;
+  Result<Buffer> alloc_host(size_t bytes) override;
+  Status to_device(Buf dst, const void* host, size_t bytes) override;
+  Status to_host(void* host, Buf src, size_t bytes) override;
+  Result<Buf> stage(const void* host, size_t bytes, DType t, Buffer* scratch) override;
+  Status synchronize() override { return ok_status(); }
+
+  Result<std::unique_ptr<Linear>> linear(std::span<const TensorView* const> stack,
+                                         const LinearOptions& opts) override;
+  Result<Buf> vector(const std::vector<float>& v) override;
+
+  Status embed(const Linear& table, Buf ids, int64_t count, Buf out) override;
+  Status rms_norm(Buf x, Buf w, int64_t rows, int64_t n, float eps, Buf y) override;
+  Status add_rms_norm(Buf x, Buf delta, Buf w, int64_t rows, int64_t n, float eps,
+                      Buf y) override;
+  Status add(Buf x, Buf delta, Buf bias, int64_t rows, int64_t n) override;
+  Status linear(Buf x, int64_t M, const Linear& w, Buf y) override;
+  Status qkv_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                        int64_t head_dim, Buf q_norm, Buf k_norm, float eps, Buf cos, Buf sin,
+                        Buf slots, Buf q, Buf k_cache, Buf v_cache) override;
+  Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache,
+                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                         Buf out) override;
+  Status silu_mul(Buf gu, int64_t rows, int64_t n, Buf out) override;
+  Status set_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override;
+  Status add_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override;
+  Status gather_rows(Buf x, Buf rows, int64_t count, int64_t n, Buf out) override;
+
+  Status layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, float eps, Buf y) override;
+  Status add_layer_norm(Buf x, Buf delta, Buf bias, Buf w, Buf b, int64_t rows, int64_t n,
+                        float eps, Buf y) override;
+  Status bias_gelu(Buf x, Buf bias, int64_t rows, int64_t n, bool tanh) override;
+  Status add_bias(Buf x, Buf bias, int64_t rows, int64_t n) override;
+  Status split_qkv(Buf qkv, Buf bias, int64_t rows, int64_t n, Buf q, Buf k, Buf v) override;
+  Status rope(Buf x, int64_t tokens, int64_t n_heads, int64_t head_dim, Buf cos,
+              Buf sin) override;
+  Status attention_full(Buf q, Buf k, Buf v, int64_t n, int64_t n_heads, int64_t head_dim,
+                        float scale, Buf out) override;
+  Status convert(Buf src, int64_t count, Buf dst) override;
+  bool has_fp16_arithmetic() const override { return ops::has_fp16_arithmetic(isa_); }
+
+ private:
+  ThreadPool& pool_;
+  Isa isa_;
+};
+
+}  // namespace vlm::ops
