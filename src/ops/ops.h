@@ -1,5 +1,7 @@
-// The op API the model calls. Every op has a scalar reference in ops/ref/ (the test oracle);
-// dispatch to per-ISA kernels happens in ops/dispatch.cc only.
+// The CPU op API: what CpuBackend (cpu_backend.h) runs the model with, and what the quantizer and
+// the sampler's logprobs call. Every op has a scalar reference in ops/ref/ (the test oracle);
+// dispatch to per-ISA kernels happens here in ops/ only (matmul_cpu.cc, ops_cpu.cc; the ISA
+// level: isa.cc).
 //
 // Activations are f32, row-major, contiguous. Weights are TensorViews in their stored dtype.
 #pragma once

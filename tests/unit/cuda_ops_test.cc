@@ -1,4 +1,4 @@
-// The CUDA backend's small ops (src/cuda/cuda_ops.h) against the CPU reference (src/ops/ref), in
+// The CUDA backend's small ops (src/kernels/cuda/cuda_ops.h) against the CPU reference (src/ops/ref), in
 // F32 and BF16 activations. Without a CUDA device every test reports skipped, never passed.
 #include "kernels/cuda/cuda_ops.h"
 

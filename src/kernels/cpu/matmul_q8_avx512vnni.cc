@@ -223,7 +223,7 @@ void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* w
 // No panel: weight rows stream as stored, 64 packed bytes (4 groups, 128 values of K) per step.
 // One zmm of them splits into lo (byte 16g + j = q[32g + j] + 8) and hi (q[32g + 16 + j] + 8), so
 // vpdpbusd against x bytes laid out the same way leaves group g's sum in lanes 4g .. 4g + 3.
-// prepare_decode_x lays x out so (once per call, in ops/dispatch.cc): per row and 128-value chunk,
+// prepare_decode_x lays x out so (once per call, in ops/matmul_cpu.cc): per row and 128-value chunk,
 // kDecodeChunkBytes
 // = [lo-ordered x 64 B][hi-ordered x 64 B][−8 · Σq_x of group g in lane 4g (int32) 64 B]
 // [group g's x scale in lanes 4g .. 4g + 3 (f32) 64 B], zero past K.

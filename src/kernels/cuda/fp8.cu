@@ -1,4 +1,4 @@
-// E4M3 quantization kernels (src/cuda/fp8.h).
+// E4M3 quantization kernels (src/kernels/cuda/fp8.h).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>

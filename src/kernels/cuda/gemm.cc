@@ -1,4 +1,4 @@
-// cuBLAS behind src/cuda/gemm.h. Row-major y = x·Wᵀ is column-major yᵀ = W·xᵀ, where W's
+// cuBLAS behind src/kernels/cuda/gemm.h. Row-major y = x·Wᵀ is column-major yᵀ = W·xᵀ, where W's
 // row-major [N, K] storage is a column-major [K, N] matrix used transposed.
 #include "kernels/cuda/gemm.h"
 

@@ -1,4 +1,4 @@
-// Weight-only INT8 products (src/cuda/int8_gemm.h).
+// Weight-only INT8 products (src/kernels/cuda/int8_gemm.h).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

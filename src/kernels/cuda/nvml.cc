@@ -1,4 +1,4 @@
-// NVML through dlopen (src/cuda/nvml.h). The few entry points and structs below are NVML's
+// NVML through dlopen (src/kernels/cuda/nvml.h). The few entry points and structs below are NVML's
 // stable C ABI (nvml.h is not part of the toolkit here).
 #include "kernels/cuda/nvml.h"
 

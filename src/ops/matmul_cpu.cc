@@ -1,7 +1,6 @@
-// The one place that picks a kernel for an op: by weight dtype and CPU ISA level.
+// The CPU matmuls: the one place that picks a matmul kernel, by weight dtype and ISA level
+// (plain, stacked, FP16 arithmetic, INT8 activations), and the checks of a linear weight.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -10,64 +9,11 @@
 namespace vlm::ops {
 namespace {
 
-Isa detect_hardware() {
-#if defined(VLM_HAVE_X86_DISPATCH)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-    return __builtin_cpu_supports("avx512vnni") ? Isa::kAvx512Vnni : Isa::kAvx512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
-    return Isa::kAvx2;
-  }
-#endif
-  return Isa::kGeneric;
-}
-
-Isa detect_capped() {
-  Isa hw = detect_hardware();
-  const char* env = std::getenv("VLM_CPU_ISA");
-  if (env == nullptr || *env == '\0') return hw;
-  Isa want = hw;
-  if (std::strcmp(env, "generic") == 0) want = Isa::kGeneric;
-  if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
-  if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
-  if (std::strcmp(env, "avx512vnni") == 0) want = Isa::kAvx512Vnni;
-  // The variable only lowers the level: asking for more than the CPU has keeps the hardware level.
-  return static_cast<int>(want) < static_cast<int>(hw) ? want : hw;
-}
-
 // Weight rows converted per block when many x rows share them (see matmul_kernel.inc).
 // 32 = the packed kernel's panel width (kernels/cpu/matmul.h).
 constexpr int64_t kScratchRows = 32;
 
 }  // namespace
-
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kGeneric: return "generic";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx512Vnni: return "avx512vnni";
-  }
-  return "?";
-}
-
-Isa detected_isa() {
-  static const Isa isa = detect_capped();
-  return isa;
-}
-
-std::vector<Isa> runnable_isas() {
-  std::vector<Isa> out;
-  Isa hw = detect_hardware();
-  for (Isa i : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}) {
-    if (static_cast<int>(i) <= static_cast<int>(hw)) out.push_back(i);
-  }
-  return out;
-}
 
 Status check_linear_weight(const TensorView& w, int64_t in_features) {
   if (w.rank() != 2) return invalid_argument("linear weight must be 2-D, got " + shape_to_string(w.shape));
@@ -93,19 +39,6 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
                             std::to_string(in_features) + " inputs");
   }
   return ok_status();
-}
-
-bool has_fp16_arithmetic(Isa isa) {
-#if defined(VLM_HAVE_X86_DISPATCH)
-  static const bool cpu = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512fp16") != 0;
-  }();
-  return cpu && (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni);
-#else
-  (void)isa;
-  return false;
-#endif
 }
 
 bool matmul_runs_f16(Isa isa, int64_t M, int64_t K, DType wtype) {
