@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "vlm/request.h"
@@ -17,6 +18,23 @@
 #include "vlm/tokenizer.h"
 
 namespace vlm {
+
+// Where the model runs.
+enum class Device { kCpu, kCuda };
+// Weight quantization done at load time (EngineOptions::quant).
+enum class Quant { kNone, kInt8, kInt4, kFp8 };
+// The GPU's weights and activations (EngineOptions::gpu_dtype).
+enum class GpuDtype { kBF16, kF32 };
+
+// The spellings a command line or a configuration file uses, parsed once where the text comes in:
+// "cpu" | "cuda"; "none" | "int8" | "int4" | "fp8"; "bf16" | "f32". InvalidArgument naming the
+// accepted values otherwise.
+const char* device_name(Device d);
+const char* quant_name(Quant q);
+const char* gpu_dtype_name(GpuDtype t);
+Result<Device> parse_device(std::string_view name);
+Result<Quant> parse_quant(std::string_view name);
+Result<GpuDtype> parse_gpu_dtype(std::string_view name);
 
 // The engine core: the per-step limits, the paged KV cache and the queue. Every request runs
 // through it (Engine::submit, generate, logits).
@@ -42,13 +60,12 @@ struct EngineOptions {
   int64_t prefill_chunk = 256;  // tokens per forward pass during prefill
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
   std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" | "avx512vnni" to force a level
-  // Weight quantization done at load time: "" = weights as stored; "int8" = the text decoder's
+  // Weight quantization done at load time: kNone = weights as stored; kInt8 = the text decoder's
   // linear weights (q/k/v/o, gate/up/down, lm_head) as INT8 with one f32 scale per output row;
-  // "int4" = the same weights as INT4 with one f32 scale per 32 inputs (every input dimension
-  // must be a multiple of 32, as in all Qwen3-VL models). Either in memory the engine owns. The
-  // embedding lookup and the vision tower stay as stored. Other values are refused
-  // (InvalidArgument).
-  std::string quant;
+  // kInt4 = the same weights as INT4 with one f32 scale per 32 inputs (every input dimension
+  // must be a multiple of 32, as in all Qwen3-VL models; CPU only). Either in memory the engine
+  // owns. The embedding lookup and the vision tower stay as stored. kFp8: see `device`.
+  Quant quant = Quant::kNone;
   // false (default): the matmul weights the engine uses as stored are copied at load onto 2 MiB
   // pages it owns (8-17% faster prefill and decode than 4 KiB page-cache pages; see
   // core/huge_page_buffer.h), and the file pages are released. true: they are served straight
@@ -59,17 +76,17 @@ struct EngineOptions {
   // the multiply rate of f32 FMA; see kernels/cpu/matmul.h). Ignored elsewhere (vision_fp16()
   // says which).
   bool vision_fp16 = false;
-  // Where the text decoder runs: "cpu" (default) or "cuda" (the first NVIDIA GPU; only in builds
-  // with the CUDA backend, else InvalidArgument). On "cuda" the text decoder and the vision tower
+  // Where the model runs: the CPU (default) or kCuda (the first NVIDIA GPU; only in builds with
+  // the CUDA backend, else InvalidArgument). On kCuda the text decoder and the vision tower
   // run on the GPU, the weights uploaded once and the KV cache in GPU memory; images are decoded
-  // and resized on the CPU, normalised and patchified on the GPU. --quant int8 runs there as
-  // weight-only INT8 (BF16 or F32 activations); int4 is CPU-only; "fp8" (GPU only, BF16) runs the
+  // and resized on the CPU, normalised and patchified on the GPU. kInt8 runs there as
+  // weight-only INT8 (BF16 or F32 activations); kInt4 is CPU-only; kFp8 (GPU only, BF16) runs the
   // layers' products in E4M3 on the tensor cores, weights and activations with one scale per
   // tensor.
-  std::string device = "cpu";
-  // "cuda": weights and activations in "bf16" (default, as transformers runs in bfloat16) or
-  // "f32" (every product and activation in f32, to compare against float32 references).
-  std::string gpu_dtype = "bf16";
+  Device device = Device::kCpu;
+  // kCuda: weights and activations in BF16 (default, as transformers runs in bfloat16) or F32
+  // (every product and activation in f32, to compare against float32 references).
+  GpuDtype gpu_dtype = GpuDtype::kBF16;
   // "cuda": the share of the GPU's memory the process may take (weights, scratch and the KV
   // cache); `vlm serve` sizes its KV cache to it unless BatchingOptions::num_blocks is set.
   double gpu_memory_utilization = 0.9;
@@ -133,8 +150,8 @@ class Engine {
   // Whether the vision encoder runs FP16 arithmetic (EngineOptions::vision_fp16 on a CPU that
   // has it).
   bool vision_fp16() const;
-  // The weight quantization in use: "" (as stored), "int8" or "int4".
-  const std::string& quant() const;
+  // The weight quantization in use.
+  Quant quant() const;
   // Where the text decoder runs: "cpu", or the GPU as "NVIDIA H200 (sm_90, 139.8 GiB), bf16".
   std::string device() const;
   // On "cuda": the GPU's utilisation (-1 when the driver does not report it) and memory in use

@@ -13,40 +13,73 @@
 
 namespace vlm {
 
+const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+const char* quant_name(Quant q) {
+  switch (q) {
+    case Quant::kNone: return "none";
+    case Quant::kInt8: return "int8";
+    case Quant::kInt4: return "int4";
+    case Quant::kFp8: return "fp8";
+  }
+  return "?";
+}
+const char* gpu_dtype_name(GpuDtype t) { return t == GpuDtype::kF32 ? "f32" : "bf16"; }
+
+Result<Device> parse_device(std::string_view name) {
+  for (Device d : {Device::kCpu, Device::kCuda}) {
+    if (name == device_name(d)) return d;
+  }
+  return invalid_argument("unknown device '" + std::string(name) + "' (cpu or cuda)");
+}
+Result<Quant> parse_quant(std::string_view name) {
+  for (Quant q : {Quant::kNone, Quant::kInt8, Quant::kInt4, Quant::kFp8}) {
+    if (name == quant_name(q)) return q;
+  }
+  return invalid_argument("unknown quantization '" + std::string(name) +
+                          "' (none, int8, int4, or fp8 on the GPU)");
+}
+Result<GpuDtype> parse_gpu_dtype(std::string_view name) {
+  for (GpuDtype t : {GpuDtype::kBF16, GpuDtype::kF32}) {
+    if (name == gpu_dtype_name(t)) return t;
+  }
+  return invalid_argument("gpu dtype '" + std::string(name) + "' is not bf16 or f32");
+}
+
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
 namespace {
 
 // The options alone, before anything is read: what this build and these values allow.
-Status validate_options(const EngineOptions& options, WeightQuant* quant, bool* fp8,
-                        bool* on_gpu) {
-  // fp8 is the GPU's own quantization (done there at upload); the rest are the CPU's.
-  *fp8 = options.quant == "fp8";
-  VLM_ASSIGN_OR_RETURN(*quant, parse_weight_quant(*fp8 ? "" : options.quant));
-  *on_gpu = options.device == "cuda";
-  if (*fp8 && (!*on_gpu || options.gpu_dtype != "bf16")) {
+Status validate_options(const EngineOptions& o) {
+  const bool on_gpu = o.device == Device::kCuda;
+  if (o.quant == Quant::kFp8 && (!on_gpu || o.gpu_dtype != GpuDtype::kBF16)) {
     return invalid_argument("--quant fp8 needs --device cuda with bf16 activations");
   }
-  if (!*on_gpu && options.device != "cpu" && !options.device.empty()) {
-    return invalid_argument("unknown device '" + options.device + "' (cpu or cuda)");
-  }
-  if (*on_gpu) {
+  if (on_gpu) {
 #ifndef VLM_HAVE_CUDA
     return invalid_argument("this vlm was built without the CUDA backend (nvcc was not found)");
 #endif
-    if (*quant == WeightQuant::kInt4) {
+    if (o.quant == Quant::kInt4) {
       return invalid_argument("--quant int4 is CPU-only for now; the GPU runs the weights as "
                               "stored (bf16 or f32) or as int8");
     }
-    if (options.gpu_dtype != "bf16" && options.gpu_dtype != "f32") {
-      return invalid_argument("gpu dtype '" + options.gpu_dtype + "' is not bf16 or f32");
-    }
-    if (!(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1)) {
+    if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1)) {
       return invalid_argument("gpu memory utilization must be in (0, 1]");
     }
   }
   return ok_status();
+}
+
+// The CPU's share of the quantization (fp8 is the GPU's own, done there at upload).
+WeightQuant host_quant(Quant q) {
+  switch (q) {
+    case Quant::kInt8: return WeightQuant::kInt8;
+    case Quant::kInt4: return WeightQuant::kInt4;
+    case Quant::kNone:
+    case Quant::kFp8: break;
+  }
+  return WeightQuant::kNone;
 }
 
 // The checkpoint directory: config, generation config, weights (views into the mapping), the
@@ -96,27 +129,25 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
 }
 
 // The backend the model runs on: the CPU at the chosen ISA level, or the GPU.
-Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options, bool on_gpu,
-                                                    bool fp8, ThreadPool& pool, ops::Isa isa) {
-  if (on_gpu) {
+Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options, ThreadPool& pool,
+                                                    ops::Isa isa) {
+  if (options.device == Device::kCuda) {
 #ifdef VLM_HAVE_CUDA
     ops::CudaBackendOptions co;
-    co.f32 = options.gpu_dtype == "f32";
-    co.fp8 = fp8;
+    co.f32 = options.gpu_dtype == GpuDtype::kF32;
+    co.fp8 = options.quant == Quant::kFp8;
     co.max_tokens = std::max<int64_t>(1, options.prefill_chunk);
     return ops::make_cuda_backend(co);
 #endif
   }
-  (void)options, (void)fp8;
   return std::unique_ptr<ops::Backend>(new ops::CpuBackend(pool, isa));
 }
 
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
-  WeightQuant quant = WeightQuant::kNone;
-  bool fp8 = false, on_gpu = false;
-  VLM_RETURN_IF_ERROR(validate_options(options, &quant, &fp8, &on_gpu));
+  VLM_RETURN_IF_ERROR(validate_options(options));
+  const bool on_gpu = options.device == Device::kCuda;
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
   impl->isa = ops::detected_isa();
@@ -135,8 +166,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   }
   VLM_RETURN_IF_ERROR(load_checkpoint(options, impl.get()));
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
-  VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, quant, *impl->pool, impl->store.get())
-                          .with_context("quantizing the text decoder to " + options.quant));
+  VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, host_quant(options.quant), *impl->pool,
+                                            impl->store.get())
+                          .with_context(std::string("quantizing the text decoder to ") +
+                                        quant_name(options.quant)));
   if (!options.mmap_weights && !on_gpu) {
     VLM_ASSIGN_OR_RETURN(
         impl->weight_pages,
@@ -144,7 +177,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
                                    impl->has_vision ? &impl->vision_weights : nullptr,
                                    *impl->store));
   }
-  VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, on_gpu, fp8, *impl->pool, impl->isa));
+  VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, *impl->pool, impl->isa));
   const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
   VLM_ASSIGN_OR_RETURN(impl->decoder,
                        TextDecoder::create(impl->cfg, impl->weights, *impl->backend, chunk)
@@ -167,7 +200,7 @@ int64_t Engine::vocab_size() const { return impl_->cfg.text_config.vocab_size; }
 int64_t Engine::max_context() const { return impl_->max_context; }
 const std::vector<int32_t>& Engine::eos_token_ids() const { return impl_->eos_ids; }
 const char* Engine::cpu_isa() const { return ops::isa_name(impl_->isa); }
-const std::string& Engine::quant() const { return impl_->opts.quant; }
+Quant Engine::quant() const { return impl_->opts.quant; }
 bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vision->fp16(); }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
 int64_t Engine::decode_weight_bytes() const { return impl_->decoder->decode_weight_bytes(); }

@@ -4,6 +4,7 @@
 // (quantize_text_weights).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,16 +89,46 @@ struct VisionWeights {
   std::vector<VisionMergerWeights> deepstack_mergers;  // one per deepstack_visual_indexes entry
 };
 
+// What a weight is to the model.
+enum class WeightKind {
+  kEmbedding,     // embed_tokens: rows looked up
+  kLayerLinear,   // a decoder layer's q/k/v/o, gate/up/down
+  kHead,          // lm_head (a second view of embed_tokens when tied)
+  kVisionLinear,  // the vision tower's and its mergers' products
+  kVector,        // a norm's weight or a bias (f32 copy)
+  kTable,         // the vision tower's learned position table (f32 copy, [positions, D])
+};
+
+// One weight as for_each_weight hands it out: its checkpoint name, the shape the model uses, and
+// where it lives in TextWeights / VisionWeights (`matrix` for the products and the embedding,
+// `values` for f32 copies).
+struct WeightSlot {
+  std::string name;            // the checkpoint's; empty for a tied lm_head
+  std::vector<int64_t> shape;  // as the model uses it
+  std::vector<int64_t> stored_shape;  // the checkpoint's, where it differs (the patch Conv3d)
+  WeightKind kind = WeightKind::kVector;
+  TensorView* matrix = nullptr;
+  std::vector<float>* values = nullptr;
+};
+using WeightFn = std::function<Status(const WeightSlot&)>;
+
+// The one walk over the model's weights, in checkpoint order: loading (load_text_weights,
+// load_vision_weights), quantization and the huge-page copy all go through it (the backends take
+// the weights from the model, which groups them into its products). It visits the layers, blocks
+// and mergers the structs hold (a loader sizes them from the config first); names and shapes come
+// from `cfg` and the prefixes (the text decoder's, e.g. "model.language_model.", and the
+// tower's) and matter to a loader only. `text` or `vision` may be null. The first error stops the
+// walk.
+Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLConfig& cfg,
+                       const std::string& text_prefix, const std::string& vision_prefix,
+                       const WeightFn& fn);
+
 // Loads and checks every text-decoder tensor (name, shape, dtype). The store must outlive the
 // returned views. Errors name the file and the tensor.
 Result<TextWeights> load_text_weights(const WeightStore& store, const Qwen3VLConfig& cfg);
 
-// Weight quantization chosen at load time (EngineOptions::quant).
+// The host's weight quantization at load time (the CPU's; the engine maps EngineOptions::quant).
 enum class WeightQuant { kNone, kInt8, kInt4 };
-
-// "" → kNone, "int8" → kInt8, "int4" → kInt4; InvalidArgument naming the accepted values
-// otherwise.
-Result<WeightQuant> parse_weight_quant(const std::string& name);
 
 // kInt8: replaces q/k/v/o, gate/up/down of every layer and lm_head (also when tied: the tied
 // embedding is quantized as lm_head only, embed_tokens keeps the stored table for lookups) with
@@ -113,8 +144,8 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
 
 // Copies every matmul weight view of `text` and `vision` that still points into `store`'s
 // mappings (all of them as loaded; after quantize_text_weights the text linear weights point to
-// their own buffers and are skipped; embed_tokens only when it is a tied lm_head) onto 2 MiB pages (HugePageBuffer, see its NOTE on why), repoints the
-// views there and releases the file pages (WeightStore::release_pages), so the process holds
+// their own buffers and are skipped; embed_tokens only when it is a tied lm_head) onto 2 MiB
+// pages (HugePageBuffer, see its NOTE on why), repoints the views there and releases the file pages (WeightStore::release_pages), so the process holds
 // one copy. Views sharing their bytes (a tied lm_head and embed_tokens) share the copy. Returns
 // the buffer, which must outlive the views; vision may be null.
 Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeights* vision,

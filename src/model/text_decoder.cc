@@ -353,35 +353,4 @@ Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, cons
   return be_.synchronize();
 }
 
-Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
-                                  float* host_logits) {
-  if (be_.device() == ops::Device::kCpu) {
-    return forward_batch(chunks, n_chunks, cache, ops::Buf{host_logits, ops::Device::kCpu, DType::kF32});
-  }
-  int64_t rows = 0;
-  for (int64_t c = 0; c < n_chunks; ++c) rows += logit_rows(chunks[c]);
-  VLM_ASSIGN_OR_RETURN(ops::Buffer dev, be_.alloc(std::max<int64_t>(rows, 1) * cfg_.vocab_size,
-                                                  DType::kF32));
-  VLM_RETURN_IF_ERROR(forward_batch(chunks, n_chunks, cache, dev.buf()));
-  VLM_RETURN_IF_ERROR(be_.to_host(host_logits, dev.buf(), static_cast<size_t>(rows * cfg_.vocab_size) * 4));
-  return be_.synchronize();
-}
-
-Status TextDecoder::forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
-                            const KvCache& cache, LogitRows rows, float* logits,
-                            const VisionRows* vision) {
-  if (cache.num_blocks() != 1) return internal_error("forward: expects a single-block cache");
-  static const int32_t kBlock0 = 0;
-  SeqChunk c;
-  c.ids = ids;
-  c.n = n;
-  c.first = first;
-  c.pos = pos;
-  c.block_table = &kBlock0;
-  c.num_table_blocks = 1;
-  c.vision = vision;
-  c.rows = rows;
-  return forward_batch(&c, 1, cache, logits);
-}
-
 }  // namespace vlm

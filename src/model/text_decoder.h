@@ -123,17 +123,9 @@ class TextDecoder {
   Status run(const Pass& pass, const KvCache& cache, ops::Buf logits);
 
   // prepare + run + synchronize: 1 row for kLast, n rows for kAll, none for kNone, in chunk
-  // order (on the CPU, `logits` is host memory).
+  // order, into `logits` (the backend's memory).
   Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
                        ops::Buf logits);
-  Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
-                       float* host_logits);
-
-  // One sequence in a single-block cache: n tokens at slots [first, first + n). `vision` may be
-  // null (text only).
-  Status forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
-                 const KvCache& cache, LogitRows rows, float* logits,
-                 const VisionRows* vision = nullptr);
 
  private:
   struct Layer {

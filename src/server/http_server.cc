@@ -713,7 +713,7 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->kv_used = &m.gauge("vlm_kv_cache_blocks_used", "KV cache blocks in use");
   impl->kv_total = &m.gauge("vlm_kv_cache_blocks_capacity", "KV cache blocks in total");
   impl->conns_open = &m.gauge("vlm_http_connections_open", "Open HTTP connections");
-  if (options.engine.device == "cuda") {
+  if (options.engine.device == Device::kCuda) {
     impl->gpu_util = &m.gauge("vlm_gpu_utilization_percent",
                               "GPU busy share over NVML's last sample period (-1: not reported)");
     impl->gpu_mem_used = &m.gauge("vlm_gpu_memory_used_bytes", "GPU memory in use (all processes)");

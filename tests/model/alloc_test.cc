@@ -66,7 +66,7 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
     auto run = [&](const int32_t* p, int64_t n, int64_t first) {
       for (int64_t i = 0; i < n; ++i) pos[i] = first + i;
       Positions3 p3{pos.data(), pos.data(), pos.data()};
-      return dec->forward(p, n, p3, first, cache, LogitRows::kLast, logits.data());
+      return dec.forward(p, n, p3, first, cache, LogitRows::kLast, logits.data());
     };
     // Warm-up: one prefill (per-thread scratch for many-row matmuls grows once) and one step.
     ASSERT_TRUE(run(ids.data(), 12, 0).ok());
@@ -101,7 +101,7 @@ TEST(Allocation, LongContextDecodeStepsAllocateNothing) {
   auto run = [&](int64_t n, int64_t first) {
     for (int64_t i = 0; i < n; ++i) pos[i] = first + i;
     Positions3 p3{pos.data(), pos.data(), pos.data()};
-    return dec->forward(ids.data(), n, p3, first, cache, LogitRows::kLast, logits.data());
+    return dec.forward(ids.data(), n, p3, first, cache, LogitRows::kLast, logits.data());
   };
   int64_t first = 0;
   for (; first + 64 <= 1088; first += 64) ASSERT_TRUE(run(64, first).ok());

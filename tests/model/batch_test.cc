@@ -45,7 +45,7 @@ std::vector<std::vector<float>> alone(const Model& m, std::vector<int32_t> ids, 
   for (int s = 0; s < steps; ++s) {
     const int64_t n = static_cast<int64_t>(ids.size()) - done;
     Positions3 p{pos.data() + done, pos.data() + done, pos.data() + done};
-    EXPECT_TRUE(dec->forward(ids.data() + done, n, p, done, cache, LogitRows::kLast, logits.data()).ok());
+    EXPECT_TRUE(dec.forward(ids.data() + done, n, p, done, cache, LogitRows::kLast, logits.data()).ok());
     done = static_cast<int64_t>(ids.size());
     out.push_back(logits);
     ids.push_back(argmax(logits.data(), V));
@@ -111,7 +111,7 @@ TEST(Batch, PagedBatchEqualsSequencesAlone) {
         who.push_back(s);
       }
       if (chunks.empty()) break;
-      ASSERT_TRUE(dec->forward_batch(chunks.data(), static_cast<int64_t>(chunks.size()), cache, logits.data()).ok());
+      ASSERT_TRUE(dec.forward_batch(chunks.data(), static_cast<int64_t>(chunks.size()), cache, logits.data()).ok());
       int64_t row = 0;
       for (size_t c = 0; c < chunks.size(); ++c) {
         Seq& q = seqs[who[c]];
@@ -157,7 +157,7 @@ TEST(Batch, PaddedDecodeStepEqualsThePlainOne) {
       const auto& table = kv.block_table(static_cast<int64_t>(s));
       SeqChunk c{q.ids.data(), n, 0, Positions3{q.pos.data(), q.pos.data(), q.pos.data()},
                  table.data(), static_cast<int64_t>(table.size()), nullptr, LogitRows::kLast};
-      ASSERT_TRUE(dec->forward_batch(&c, 1, cache, logits.data()).ok());
+      ASSERT_TRUE(dec.forward_batch(&c, 1, cache, logits.data()).ok());
       q.computed = n;
       q.ids.push_back(argmax(logits.data(), V));
     }
@@ -190,7 +190,7 @@ TEST(Batch, PaddedDecodeStepEqualsThePlainOne) {
                            table.data(), static_cast<int64_t>(table.size()), nullptr,
                            LogitRows::kLast};
     }
-    ASSERT_TRUE(dec->forward_batch(chunks.data(), 3, cache, logits.data()).ok());
+    ASSERT_TRUE(dec.forward_batch(chunks.data(), 3, cache, logits.data()).ok());
     for (int64_t r = 0; r < 3; ++r) got[padded].emplace_back(logits.data() + r * V, logits.data() + (r + 1) * V);
   }
   ASSERT_EQ(got[0].size(), got[1].size());

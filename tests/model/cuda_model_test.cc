@@ -52,8 +52,8 @@ EngineOptions gpu_options(const std::string& dir, const std::string& dtype = "bf
   o.model_dir = dir;
   o.require_tokenizer = false;
   o.n_threads = 2;
-  o.device = "cuda";
-  o.gpu_dtype = dtype;
+  o.device = Device::kCuda;
+  o.gpu_dtype = parse_gpu_dtype(dtype).value();
   return o;
 }
 
@@ -389,12 +389,12 @@ TEST(CudaQuant, Int8LogitsMatchTheCpuInt8Model) {
     const std::string dir = kFixtures + "/" + fixture;
     EngineOptions o = gpu_options(dir, "f32");
     o.prefill_chunk = 16;
-    o.quant = "int8";
-    o.device = "cpu";
+    o.quant = Quant::kInt8;
+    o.device = Device::kCpu;
     o.cpu_isa = "generic";
     auto cpu = Engine::load(o);
     ASSERT_TRUE(cpu.ok()) << cpu.status().message();
-    o.device = "cuda";
+    o.device = Device::kCuda;
     auto gpu = Engine::load(o);
     ASSERT_TRUE(gpu.ok()) << gpu.status().message();
     EXPECT_EQ((*gpu)->decode_weight_bytes(), (*cpu)->decode_weight_bytes());  // INT8 + scales
@@ -463,7 +463,7 @@ TEST(CudaQuant, Fp8LogitsStayCloseToBf16) {
     auto bf16 = gpu_engine(dir, "bf16");
     EngineOptions o = gpu_options(dir);
     o.prefill_chunk = 16;
-    o.quant = "fp8";
+    o.quant = Quant::kFp8;
     auto fp8 = Engine::load(o);
     ASSERT_NE(bf16, nullptr);
     ASSERT_TRUE(fp8.ok()) << fp8.status().message();
@@ -500,33 +500,34 @@ TEST(CudaQuant, Fp8LogitsStayCloseToBf16) {
 // Options the GPU path refuses, with or without a GPU.
 TEST(CudaOptions, UnsupportedCombinationsAreRefused) {
   EngineOptions o = gpu_options(kFixtures + "/text-f32-untied");
-  o.quant = "int4";
+  o.quant = Quant::kInt4;
   auto e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("CPU-only"), std::string::npos) << e.status().message();
-  o.quant = "";
-  o.gpu_dtype = "fp8";
+  o.quant = Quant::kNone;
+  o.gpu_dtype = GpuDtype::kF32;
+  o.quant = Quant::kFp8;  // FP8 products take BF16 activations
   e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("fp8"), std::string::npos) << e.status().message();
-  o.gpu_dtype = "bf16";
-  o.device = "cpu";
-  o.quant = "fp8";  // the GPU's own
+  EXPECT_FALSE(parse_gpu_dtype("fp8").ok());  // the spellings are checked where they come in
+  o.gpu_dtype = GpuDtype::kBF16;
+  o.device = Device::kCpu;
+  o.quant = Quant::kFp8;  // the GPU's own
   e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("--device cuda"), std::string::npos) << e.status().message();
-  o.quant = "";
-  o.device = "tpu";
-  e = Engine::load(o);
-  ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.status().message().find("unknown device"), std::string::npos);
-  o.device = "cpu";  // the CPU engine reports no GPU figures
+  o.quant = Quant::kNone;
+  auto tpu = parse_device("tpu");
+  ASSERT_FALSE(tpu.ok());
+  EXPECT_NE(tpu.status().message().find("unknown device"), std::string::npos);
+  o.device = Device::kCpu;  // the CPU engine reports no GPU figures
   auto cpu = Engine::load(o);
   ASSERT_TRUE(cpu.ok()) << cpu.status().message();
   Engine::GpuStats g;
   EXPECT_FALSE((*cpu)->gpu_stats(&g));
   if (cuda::device_count() == 0) {  // no GPU: a clear error, not a crash
-    o.device = "cuda";
+    o.device = Device::kCuda;
     e = Engine::load(o);
     ASSERT_FALSE(e.ok());
     EXPECT_NE(e.status().message().find("no CUDA device"), std::string::npos)

@@ -64,6 +64,25 @@ struct CpuDecoder {
     return dec->allocate_cache(cache, blocks, block_size, blocks);
   }
   TextDecoder* operator->() const { return dec.get(); }
+  // TextDecoder::forward_batch into host logits (the CPU's memory is the backend's).
+  Status forward_batch(const SeqChunk* chunks, int64_t n, const KvCache& cache, float* logits) {
+    return dec->forward_batch(chunks, n, cache, ops::Buf{logits, ops::Device::kCpu, DType::kF32});
+  }
+  // One sequence in a single-block cache: n tokens at slots [first, first + n).
+  Status forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
+                 const KvCache& cache, LogitRows rows, float* logits) {
+    static const int32_t kBlock0 = 0;
+    if (cache.num_blocks() != 1) return internal_error("forward: expects a single-block cache");
+    SeqChunk c;
+    c.ids = ids;
+    c.n = n;
+    c.first = first;
+    c.pos = pos;
+    c.block_table = &kBlock0;
+    c.num_table_blocks = 1;
+    c.rows = rows;
+    return forward_batch(&c, 1, cache, logits);
+  }
 
   ops::CpuBackend be;
   std::unique_ptr<TextDecoder> dec;

@@ -44,7 +44,7 @@ std::unique_ptr<Engine> load_engine(const std::string& dir, const std::string& q
   o.cpu_isa = isa;
   o.n_threads = 2;
   o.require_tokenizer = false;
-  o.quant = quant;
+  o.quant = parse_quant(quant.empty() ? "none" : quant).value();
   // 32-token chunks: the 64-token prompt runs the packed kernel (M = 32), the 60-token one the
   // packed and the blocked (M = 28) kernels, the 7- and 1-token ones the register kernel.
   o.prefill_chunk = 32;
@@ -426,32 +426,32 @@ TEST(Int4Weights, RowsShorterThanAGroupAreRefusedByName) {
   EngineOptions o;
   o.model_dir = kFixtures + "/tiny-fullvocab-bf16";
   o.require_tokenizer = false;
-  o.quant = "int4";
+  o.quant = Quant::kInt4;
   auto e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-  for (const char* part : {"int4", "layer 0 q_proj", "multiple of 32", "[32, 16]"}) {
+  for (const char* part : {"int4", "layers.0.self_attn.q_proj.weight", "multiple of 32", "[32, 16]"}) {
     EXPECT_NE(e.status().message().find(part), std::string::npos) << e.status().message();
   }
 }
 
 TEST(Int8Weights, UnknownQuantizationIsRefused) {
-  EXPECT_TRUE(parse_weight_quant("").ok());
-  EXPECT_EQ(*parse_weight_quant("int8"), WeightQuant::kInt8);
-  EXPECT_EQ(*parse_weight_quant("int4"), WeightQuant::kInt4);
+  EXPECT_EQ(*parse_quant("none"), Quant::kNone);
+  EXPECT_EQ(*parse_quant("int8"), Quant::kInt8);
+  EXPECT_EQ(*parse_quant("int4"), Quant::kInt4);
+  EXPECT_EQ(*parse_quant("fp8"), Quant::kFp8);
+  for (const char* bad : {"", "int2", "INT8", "INT4", "q4_0", "FP8", "fp16"}) {
+    auto q = parse_quant(bad);
+    ASSERT_FALSE(q.ok()) << bad;
+    EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(q.status().message().find(std::string("unknown quantization '") + bad + "'"),
+              std::string::npos)
+        << q.status().message();
+  }
   EngineOptions o;
   o.model_dir = kFixtures + "/text-f32-untied";
   o.require_tokenizer = false;
-  for (const char* bad : {"int2", "INT8", "INT4", "q4_0", "FP8", "fp16"}) {
-    o.quant = bad;
-    auto e = Engine::load(o);
-    ASSERT_FALSE(e.ok()) << bad;
-    EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(e.status().message().find(std::string("unknown quantization '") + bad + "'"),
-              std::string::npos)
-        << e.status().message();
-  }
-  for (const char* good : {"int8", "int4"}) {
+  for (Quant good : {Quant::kInt8, Quant::kInt4}) {
     o.quant = good;
     auto e = Engine::load(o);
     ASSERT_TRUE(e.ok()) << e.status().message();

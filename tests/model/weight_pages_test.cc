@@ -137,7 +137,7 @@ std::vector<float> engine_logits(const std::string& dir, bool mmap, const std::s
   o.model_dir = dir;
   o.n_threads = 2;
   o.require_tokenizer = false;
-  o.quant = quant;
+  o.quant = parse_quant(quant.empty() ? "none" : quant).value();
   o.mmap_weights = mmap;
   auto e = Engine::load(o);
   EXPECT_TRUE(e.ok()) << e.status().message();

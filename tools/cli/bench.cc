@@ -294,7 +294,7 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("-r,--reps", a->reps, "Repetitions of each measurement (median, min, max)");
   b->add_flag("--no-warmup", a->no_warmup, "Skip the untimed run before each measurement");
   b->add_option("-t,--threads", a->threads, "Threads (0 = all)");
-  b->add_option("--quant", a->quant, vlm::cli::kQuantHelp);
+  vlm::cli::add_quant_option(b, &a->quant);
   b->add_flag("--mmap", a->mmap, vlm::cli::kMmapHelp);
   b->add_flag("--vision-fp16", a->vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(b, &a->device);
@@ -389,13 +389,14 @@ int run_bench(const BenchArgs& a) {
     threads = engine.n_threads();
     weight_bytes = engine.decode_weight_bytes();
     kernels = (engine.device() == "cpu" ? "" : engine.device() + " + ") +
-              std::string(engine.cpu_isa()) + (engine.quant().empty() ? "" : " " + engine.quant()) +
+              std::string(engine.cpu_isa()) + (engine.quant() == vlm::Quant::kNone ? std::string()
+                                                         : std::string(" ") + vlm::quant_name(engine.quant())) +
               (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
     info["isa"] = engine.cpu_isa();
     info["device"] = engine.device();
     info["mmap_weights"] = a.mmap;
     info["vision_fp16"] = engine.vision_fp16();
-    info["quant"] = engine.quant();
+    info["quant"] = engine.quant() == vlm::Quant::kNone ? "" : vlm::quant_name(engine.quant());
     info["threads"] = threads;
     info["decode_weight_bytes"] = weight_bytes;
     if (default_run && engine.has_vision()) {

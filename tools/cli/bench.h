@@ -24,7 +24,7 @@ struct BenchArgs {
   int reps = 3;
   bool no_warmup = false;
   int threads = 0;
-  std::string quant;
+  vlm::Quant quant = vlm::Quant::kNone;
   bool mmap = false;
   bool vision_fp16 = false;
   vlm::EngineOptions device;  // --device and the GPU options

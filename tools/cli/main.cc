@@ -76,7 +76,8 @@ std::vector<vlm::ImageInput> image_inputs(const std::vector<std::string>& paths,
 // " int8" / " int4" when the weights were quantized at load, else "" (appended to the kernel
 // level).
 std::string quant_suffix(const vlm::Engine& engine) {
-  return engine.quant().empty() ? std::string() : " " + engine.quant();
+  return engine.quant() == vlm::Quant::kNone ? std::string()
+                                             : std::string(" ") + vlm::quant_name(engine.quant());
 }
 
 struct RunArgs {
@@ -95,7 +96,7 @@ struct RunArgs {
   std::vector<std::string> stop;
   int threads = 0;
   int64_t ctx = 0;
-  std::string quant;
+  vlm::Quant quant = vlm::Quant::kNone;
   bool mmap = false;
   bool vision_fp16 = false;
   vlm::EngineOptions device;  // --device and the GPU options
@@ -217,7 +218,7 @@ int main(int argc, char** argv) {
   run->add_flag("--ignore-eos", ra.ignore_eos, "Do not stop at end-of-sequence tokens");
   run->add_option("-t,--threads", ra.threads, "Threads (0 = all)");
   run->add_option("-c,--ctx", ra.ctx, "Context limit in tokens (0 = model maximum)");
-  run->add_option("--quant", ra.quant, vlm::cli::kQuantHelp);
+  vlm::cli::add_quant_option(run, &ra.quant);
   run->add_flag("--mmap", ra.mmap, vlm::cli::kMmapHelp);
   run->add_flag("--vision-fp16", ra.vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(run, &ra.device);
@@ -242,7 +243,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> lg_images;
   int64_t lg_min_pixels = -1, lg_max_pixels = -1;
   int lg_threads = 0;
-  std::string lg_quant;
+  vlm::Quant lg_quant = vlm::Quant::kNone;
   bool lg_mmap = false;
   auto* logits = app.add_subcommand("logits", "Write float32 logits [positions, vocab] as .npy");
   logits->add_option("-m,--model", lg_model, "Checkpoint directory (config.json + weights)")->required();
@@ -253,7 +254,7 @@ int main(int argc, char** argv) {
   logits->add_option("--min-pixels", lg_min_pixels, "Resize budget: least pixels per image");
   logits->add_option("--max-pixels", lg_max_pixels, "Resize budget: most pixels per image");
   logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
-  logits->add_option("--quant", lg_quant, vlm::cli::kQuantHelp);
+  vlm::cli::add_quant_option(logits, &lg_quant);
   logits->add_flag("--mmap", lg_mmap, vlm::cli::kMmapHelp);
   vlm::EngineOptions lg_device;
   vlm::cli::add_device_options(logits, &lg_device);
@@ -298,7 +299,7 @@ int main(int argc, char** argv) {
                     "Memory for cached vision-encoder outputs (default 512; 0 = off)");
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
-  serve->add_option("--quant", so.engine.quant, vlm::cli::kQuantHelp);
+  vlm::cli::add_quant_option(serve, &so.engine.quant);
   serve->add_flag("--mmap", so.engine.mmap_weights, vlm::cli::kMmapHelp);
   serve->add_flag("--vision-fp16", so.engine.vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(serve, &so.engine);

@@ -2,13 +2,16 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <string_view>
 
 #include "vlm/engine.h"
 
 namespace vlm::cli {
 
 inline constexpr const char* kQuantHelp =
-    "Quantize the text decoder's linear weights at load: int8 (one scale per output row), int4 "
+    "Quantize the text decoder's linear weights at load: none (default), int8 (one scale per "
+    "output row), int4 "
     "(one scale per 32 inputs) on the CPU only, or fp8 (E4M3 weights and activations, one scale "
     "per tensor) with --device cuda only";
 
@@ -21,14 +24,32 @@ inline constexpr const char* kVisionFp16Help =
     "Run the vision encoder's matmuls in FP16 arithmetic on CPUs with AVX-512 FP16 (twice the "
     "multiply rate; activations and runs of 32 products rounded to FP16); ignored elsewhere";
 
+// An option whose text is parsed into an enum once, here, by vlm's own parser (parse_quant,
+// parse_device, ...): a bad value is refused with that parser's message.
+template <typename E>
+void add_enum_option(CLI::App* app, const std::string& name, E* out,
+                     Result<E> (*parse)(std::string_view), const std::string& help) {
+  app->add_option_function<std::string>(
+         name, [out, parse](const std::string& s) { *out = *parse(s); }, help)
+      ->check(CLI::Validator(
+          [parse](std::string& s) {
+            auto r = parse(s);
+            return r.ok() ? std::string() : r.status().message();
+          },
+          "", ""));
+}
+
+// --quant, bound to an engine option's field.
+inline void add_quant_option(CLI::App* app, Quant* q) {
+  add_enum_option(app, "--quant", q, parse_quant, kQuantHelp);
+}
+
 // --device, --gpu-dtype and --gpu-memory-utilization, bound to the engine options' fields.
 inline void add_device_options(CLI::App* app, EngineOptions* o) {
-  app->add_option("--device", o->device,
-                  "Where the text decoder runs: cpu (default) or cuda (the first NVIDIA GPU)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  app->add_option("--gpu-dtype", o->gpu_dtype,
-                  "cuda: weights and activations in bf16 (default) or f32")
-      ->check(CLI::IsMember({"bf16", "f32"}));
+  add_enum_option(app, "--device", &o->device, parse_device,
+                  "Where the model runs: cpu (default) or cuda (the first NVIDIA GPU)");
+  add_enum_option(app, "--gpu-dtype", &o->gpu_dtype, parse_gpu_dtype,
+                  "cuda: weights and activations in bf16 (default) or f32");
   app->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "cuda: share of the GPU's memory for weights, scratch and the KV cache "
                   "(default 0.9)");
