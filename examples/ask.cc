@@ -55,8 +55,7 @@ int main(int argc, char** argv) {
     request.max_new_tokens = 32;
     auto stream = (*engine)->submit(std::move(request), notify);
     if (!stream.ok()) {  // a bad image, a prompt over the context, a full queue
-      std::fprintf(stderr, "error: question %d: %s\n", i - 2,
-                   stream.status().message().c_str());
+      std::fprintf(stderr, "error: question %d: %s\n", i - 2, stream.status().message().c_str());
       return 1;
     }
     streams.push_back(std::move(stream).value());
@@ -77,8 +76,7 @@ int main(int argc, char** argv) {
       while (streams[i]->try_next(&piece)) {
         replies[i] += piece.text;
         if (!piece.error.ok()) {
-          std::fprintf(stderr, "error: question %zu: %s\n", i + 1,
-                       piece.error.message().c_str());
+          std::fprintf(stderr, "error: question %zu: %s\n", i + 1, piece.error.message().c_str());
           return 1;
         }
         if (piece.finished) {

@@ -45,21 +45,22 @@ struct BatchingOptions {
   // on "cuda" at EngineOptions::gpu_memory_utilization of the GPU's memory.
   int32_t num_blocks = 0;
   int64_t max_num_seqs = 16;
-  int64_t max_batched_tokens = 0;     // tokens per step; 0: the prefill chunk (at most that)
-  int64_t max_waiting = 256;          // queued (not yet running) requests; beyond: ResourceExhausted
-  int64_t vision_cache_mib = 512;     // vision-encoder outputs kept for images that come back
+  int64_t max_batched_tokens = 0;  // tokens per step; 0: the prefill chunk (at most that)
+  int64_t max_waiting = 256;       // queued (not yet running) requests; beyond: ResourceExhausted
+  int64_t vision_cache_mib = 512;  // vision-encoder outputs kept for images that come back
   // When a request arrives at an idle engine, wait up to this long for others to arrive so they
   // prefill together (0: start at once).
   int64_t batch_wait_ms = 0;
 };
 
 struct EngineOptions {
-  std::string model_dir;     // config.json + *.safetensors (+ tokenizer.json, generation_config.json)
-  int n_threads = 0;         // 0 = all hardware threads
-  int64_t max_context = 0;   // KV cache limit in tokens; 0 = the model's max_position_embeddings
+  std::string model_dir;  // config.json + *.safetensors (+ tokenizer.json, generation_config.json)
+  int n_threads = 0;      // 0 = all hardware threads
+  int64_t max_context = 0;      // KV cache limit in tokens; 0 = the model's max_position_embeddings
   int64_t prefill_chunk = 256;  // tokens per forward pass during prefill
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
-  std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" | "avx512vnni" to force a level
+  std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" | "avx512vnni" to
+                        // force a level
   // Weight quantization done at load time: kNone = weights as stored; kInt8 = the text decoder's
   // linear weights (q/k/v/o, gate/up/down, lm_head) as INT8 with one f32 scale per output row;
   // kInt4 = the same weights as INT4 with one f32 scale per 32 inputs (every input dimension
@@ -177,7 +178,8 @@ class Engine {
   // With images: `ids` hold a single image pad per image (as the chat template renders it); the
   // engine expands them. Returns logits for every position of the expanded sequence and, in
   // `expanded_ids` when given, that sequence.
-  Result<std::vector<float>> logits(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
+  Result<std::vector<float>> logits(std::span<const int32_t> ids,
+                                    const std::vector<ImageInput>& images,
                                     std::vector<int32_t>* expanded_ids = nullptr);
 
   // Queues a request for the engine core and returns its stream. Runs on the caller's thread:
@@ -228,4 +230,3 @@ class Engine {
 };
 
 }  // namespace vlm
-

@@ -45,9 +45,9 @@ struct GenerateRequest {
   // The generation budget: the new tokens the request may sample (at least 1; the stop token
   // counts). Default: generation_config's, else 256, shrunk to what the context leaves.
   std::optional<int64_t> max_new_tokens;
-  std::vector<std::string> stop;          // stop strings; the reply ends before the first match
-  std::vector<int32_t> stop_token_ids;    // in addition to the model's eos ids
-  bool ignore_eos = false;                // keep going past eos (benchmarks)
+  std::vector<std::string> stop;        // stop strings; the reply ends before the first match
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's eos ids
+  bool ignore_eos = false;              // keep going past eos (benchmarks)
   // 0..20: each token comes with its log-probability under the model (log-softmax of the raw
   // logits, before the logit bias, penalties, temperature and truncation, as vLLM reports them)
   // and the `logprobs` most likely tokens at that step. -1: none.
@@ -72,18 +72,18 @@ struct TokenLogprob {
 
 // Where a request's time went, and its token counts.
 struct RequestStats {
-  int64_t prompt_tokens = 0;      // after image pads are expanded
-  int64_t completion_tokens = 0;  // tokens sampled (a stop token included)
-  int64_t vision_tokens = 0;      // image tokens among the prompt's
+  int64_t prompt_tokens = 0;              // after image pads are expanded
+  int64_t completion_tokens = 0;          // tokens sampled (a stop token included)
+  int64_t vision_tokens = 0;              // image tokens among the prompt's
   int64_t images = 0, images_cached = 0;  // cached: found in the vision-encoder cache
   // Queued → first forward pass, less the vision tower's time for this request's images (the
   // image reading, decoding and preprocessing in submit come before the queue).
   double queue_ms = 0;
-  double image_decode_ms = 0;     // reading and decoding the images (the submitting thread)
-  double preprocess_ms = 0;       // resizing and normalising them (the submitting thread)
-  double encode_ms = 0;           // the vision tower (images not found in the cache)
-  double prefill_ms = 0;          // first forward pass → first token
-  double decode_ms = 0;           // first token → last token
+  double image_decode_ms = 0;  // reading and decoding the images (the submitting thread)
+  double preprocess_ms = 0;    // resizing and normalising them (the submitting thread)
+  double encode_ms = 0;        // the vision tower (images not found in the cache)
+  double prefill_ms = 0;       // first forward pass → first token
+  double decode_ms = 0;        // first token → last token
 };
 
 enum class FinishReason { kNone, kStop, kLength };
@@ -102,8 +102,8 @@ struct RequestOutput {
   int64_t sampled_ns = 0;  // when it was sampled (steady_clock, nanoseconds since its epoch)
   bool finished = false;   // the last piece
   FinishReason finish_reason = FinishReason::kNone;
-  Status error;            // non-ok: the request failed (finished)
-  RequestStats stats;      // complete on the final piece; token counts so far before it
+  Status error;        // non-ok: the request failed (finished)
+  RequestStats stats;  // complete on the final piece; token counts so far before it
 };
 
 // One streamed piece of the reply.
@@ -122,7 +122,7 @@ struct GenerateResult {
   double preprocess_ms = 0;
   double vision_encode_ms = 0;
   double prefill_ms = 0;  // the text decoder's prefill (vision encoding not included)
-  double decode_ms = 0;  // from the first to the last generated token
+  double decode_ms = 0;   // from the first to the last generated token
 };
 
 }  // namespace vlm

@@ -24,16 +24,16 @@ struct ServeOptions {
   // Qwen3-VL processor's own largest budget (16,384 tokens).
   int64_t max_image_pixels = 16777216;
   // The HTTP transport (docs/architecture.md, "Serving").
-  int http_threads = 8;             // workers: JSON, chat template, tokenizer, image decoding
-  int io_threads = 2;               // sockets, /health, /metrics, writing replies
-  int max_connections = 4096;       // open at once; beyond: 503 and close
-  double header_timeout_s = 10;     // a request's header, from its first byte (or the connection)
-  double keep_alive_timeout_s = 75; // an idle connection between requests
-  double body_timeout_s = 60;       // a request's whole body
-  double write_timeout_s = 60;      // a reply write that makes no progress
-  double health_timeout_s = 30;     // /health is 503 when the engine loop has not beaten for this
-  double shutdown_timeout_s = 30;   // draining: how long running requests may still take
-  bool handle_signals = false;      // SIGTERM / SIGINT drain the server (run() then returns ok)
+  int http_threads = 8;              // workers: JSON, chat template, tokenizer, image decoding
+  int io_threads = 2;                // sockets, /health, /metrics, writing replies
+  int max_connections = 4096;        // open at once; beyond: 503 and close
+  double header_timeout_s = 10;      // a request's header, from its first byte (or the connection)
+  double keep_alive_timeout_s = 75;  // an idle connection between requests
+  double body_timeout_s = 60;        // a request's whole body
+  double write_timeout_s = 60;       // a reply write that makes no progress
+  double health_timeout_s = 30;      // /health is 503 when the engine loop has not beaten for this
+  double shutdown_timeout_s = 30;    // draining: how long running requests may still take
+  bool handle_signals = false;       // SIGTERM / SIGINT drain the server (run() then returns ok)
   // Called on the loading thread before the model loads (tests hold loading with it to see the
   // 503s); empty by default.
   std::function<void()> before_load;

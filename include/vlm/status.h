@@ -10,10 +10,10 @@ namespace vlm {
 
 enum class StatusCode {
   kOk,
-  kInvalidArgument,  // bad user input: flags, ids, request fields
-  kNotFound,         // missing file or tensor
-  kDataLoss,         // corrupt or truncated file
-  kOutOfRange,       // e.g. prompt longer than the context
+  kInvalidArgument,    // bad user input: flags, ids, request fields
+  kNotFound,           // missing file or tensor
+  kDataLoss,           // corrupt or truncated file
+  kOutOfRange,         // e.g. prompt longer than the context
   kResourceExhausted,  // a request queue is full (the server's 429)
   kUnavailable,        // out of memory or cache right now; retrying later may work (503)
   kUnimplemented,
@@ -41,7 +41,9 @@ class Status {
 };
 
 inline Status ok_status() { return Status(); }
-inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status invalid_argument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status data_loss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
@@ -53,8 +55,8 @@ inline Status internal_error(std::string m) { return {StatusCode::kInternal, std
 template <typename T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}             // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {}      // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT: implicit by design
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
@@ -81,9 +83,9 @@ class Result {
 }  // namespace vlm
 
 // Propagation helpers (control flow stays visible: they only return).
-#define VLM_RETURN_IF_ERROR(expr)        \
-  do {                                   \
-    ::vlm::Status vlm_status_ = (expr);  \
+#define VLM_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::vlm::Status vlm_status_ = (expr);        \
     if (!vlm_status_.ok()) return vlm_status_; \
   } while (0)
 

@@ -55,9 +55,9 @@ inline uint16_t f32_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
-  if (abs < 0x38800000u) {  // below the smallest normal f16 (2^-14): subnormal or zero
+  if (abs < 0x38800000u) {               // below the smallest normal f16 (2^-14): subnormal or zero
     if (abs < 0x33000000u) return sign;  // < 2^-25 rounds to zero
     // value = mant · 2^(e - 150) and a subnormal f16 is q · 2^-24, so q = mant >> (126 - e).
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;

@@ -4,17 +4,28 @@ namespace vlm {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kF64: return 8;
-    case DType::kI64: return 8;
-    case DType::kI32: return 4;
-    case DType::kI16: return 2;
-    case DType::kI8: return 1;
-    case DType::kI4: return 1;  // two elements
-    case DType::kU8: return 1;
-    case DType::kBool: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kF64:
+      return 8;
+    case DType::kI64:
+      return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kI16:
+      return 2;
+    case DType::kI8:
+      return 1;
+    case DType::kI4:
+      return 1;  // two elements
+    case DType::kU8:
+      return 1;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
@@ -28,23 +39,37 @@ size_t dtype_nbytes(DType t, int64_t numel) {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kF64: return "F64";
-    case DType::kI64: return "I64";
-    case DType::kI32: return "I32";
-    case DType::kI16: return "I16";
-    case DType::kI8: return "I8";
-    case DType::kI4: return "I4";
-    case DType::kU8: return "U8";
-    case DType::kBool: return "BOOL";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kF64:
+      return "F64";
+    case DType::kI64:
+      return "I64";
+    case DType::kI32:
+      return "I32";
+    case DType::kI16:
+      return "I16";
+    case DType::kI8:
+      return "I8";
+    case DType::kI4:
+      return "I4";
+    case DType::kU8:
+      return "U8";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
 
 bool dtype_from_name(std::string_view n, DType* out) {
-  static const struct { const char* name; DType t; } kTable[] = {
+  static const struct {
+    const char* name;
+    DType t;
+  } kTable[] = {
       {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16}, {"F64", DType::kF64},
       {"I64", DType::kI64}, {"I32", DType::kI32},   {"I16", DType::kI16}, {"I8", DType::kI8},
       {"U8", DType::kU8},   {"BOOL", DType::kBool},

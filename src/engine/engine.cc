@@ -16,10 +16,14 @@ namespace vlm {
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 const char* quant_name(Quant q) {
   switch (q) {
-    case Quant::kNone: return "none";
-    case Quant::kInt8: return "int8";
-    case Quant::kInt4: return "int4";
-    case Quant::kFp8: return "fp8";
+    case Quant::kNone:
+      return "none";
+    case Quant::kInt8:
+      return "int8";
+    case Quant::kInt4:
+      return "int4";
+    case Quant::kFp8:
+      return "fp8";
   }
   return "?";
 }
@@ -61,8 +65,9 @@ Status validate_options(const EngineOptions& o) {
     return invalid_argument("this vlm was built without the CUDA backend (nvcc was not found)");
 #endif
     if (o.quant == Quant::kInt4) {
-      return invalid_argument("--quant int4 is CPU-only for now; the GPU runs the weights as "
-                              "stored (bf16 or f32) or as int8");
+      return invalid_argument(
+          "--quant int4 is CPU-only for now; the GPU runs the weights as "
+          "stored (bf16 or f32) or as int8");
     }
     if (!(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1)) {
       return invalid_argument("gpu memory utilization must be in (0, 1]");
@@ -74,10 +79,13 @@ Status validate_options(const EngineOptions& o) {
 // The CPU's share of the quantization (fp8 is the GPU's own, done there at upload).
 WeightQuant host_quant(Quant q) {
   switch (q) {
-    case Quant::kInt8: return WeightQuant::kInt8;
-    case Quant::kInt4: return WeightQuant::kInt4;
+    case Quant::kInt8:
+      return WeightQuant::kInt8;
+    case Quant::kInt4:
+      return WeightQuant::kInt4;
     case Quant::kNone:
-    case Quant::kFp8: break;
+    case Quant::kFp8:
+      break;
   }
   return WeightQuant::kNone;
 }
@@ -97,8 +105,9 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
   }
   VLM_ASSIGN_OR_RETURN(impl->weights, load_text_weights(*impl->store, impl->cfg));
   // A Qwen3-VL checkpoint carries its vision tower; a plain Qwen3 text export does not.
-  impl->has_vision = impl->cfg.has_vision && (impl->store->has("model.visual.patch_embed.proj.weight") ||
-                                              impl->store->has("visual.patch_embed.proj.weight"));
+  impl->has_vision =
+      impl->cfg.has_vision && (impl->store->has("model.visual.patch_embed.proj.weight") ||
+                               impl->store->has("visual.patch_embed.proj.weight"));
   if (impl->has_vision) {
     VLM_ASSIGN_OR_RETURN(impl->vision_weights, load_vision_weights(*impl->store, impl->cfg));
     const fs::path pp = fs::path(dir) / "preprocessor_config.json";
@@ -173,9 +182,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   if (!options.mmap_weights && !on_gpu) {
     VLM_ASSIGN_OR_RETURN(
         impl->weight_pages,
-        copy_weights_to_huge_pages(&impl->weights,
-                                   impl->has_vision ? &impl->vision_weights : nullptr,
-                                   *impl->store));
+        copy_weights_to_huge_pages(
+            &impl->weights, impl->has_vision ? &impl->vision_weights : nullptr, *impl->store));
   }
   VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, *impl->pool, impl->isa));
   const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
@@ -184,10 +192,11 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
                            .with_context(std::string("loading the text decoder on ") +
                                          ops::device_name(impl->backend->device())));
   if (impl->has_vision) {
-    VLM_ASSIGN_OR_RETURN(impl->vision, VisionEncoder::create(impl->cfg, impl->vision_weights,
-                                                             *impl->backend, options.vision_fp16)
-                                           .with_context(std::string("loading the vision tower on ") +
-                                                         ops::device_name(impl->backend->device())));
+    VLM_ASSIGN_OR_RETURN(
+        impl->vision,
+        VisionEncoder::create(impl->cfg, impl->vision_weights, *impl->backend, options.vision_fp16)
+            .with_context(std::string("loading the vision tower on ") +
+                          ops::device_name(impl->backend->device())));
     // A backend that patchifies takes the resized image (a quarter of the f32 patches' bytes).
     if (impl->vision->takes_rgb()) impl->preprocess.patchify = false;
   }

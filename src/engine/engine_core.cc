@@ -74,7 +74,8 @@ void close_stream(RequestStream::State& ss, FinishReason reason, const Status& e
                   const SampledToken* last, int64_t step, int64_t sampled_ns) {
   {
     std::lock_guard<std::mutex> lock(ss.mu);
-    if (last != nullptr) append_token_locked(ss, *last, reason == FinishReason::kStop, step, sampled_ns);
+    if (last != nullptr)
+      append_token_locked(ss, *last, reason == FinishReason::kStop, step, sampled_ns);
     ss.finished = true;
     ss.reason = reason;
     ss.error = error;
@@ -127,7 +128,10 @@ struct EngineCore::State {
 };
 
 EngineCore::EngineCore(Engine::Impl& engine, const BatchingOptions& opts)
-    : m_(engine), opts_(opts), shared_(std::make_shared<Shared>()), st_(std::make_unique<State>()) {}
+    : m_(engine),
+      opts_(opts),
+      shared_(std::make_shared<Shared>()),
+      st_(std::make_unique<State>()) {}
 
 Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const BatchingOptions& o,
                                                        std::function<void(double)> on_step) {
@@ -136,22 +140,24 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   if (opts.max_batched_tokens <= 0) opts.max_batched_tokens = m.max_chunk();
   if (opts.max_batched_tokens > m.max_chunk()) {
     return invalid_argument("max_batched_tokens (" + std::to_string(opts.max_batched_tokens) +
-                            ") exceeds the engine's prefill chunk (" + std::to_string(m.max_chunk()) + ")");
+                            ") exceeds the engine's prefill chunk (" +
+                            std::to_string(m.max_chunk()) + ")");
   }
   if (opts.block_size <= 0) return invalid_argument("block_size must be positive");
   if (opts.max_num_seqs <= 0) return invalid_argument("max_num_seqs must be positive");
   const int64_t blocks_per_seq = (m.max_context + opts.block_size - 1) / opts.block_size;
   const int64_t kv_row = t.num_key_value_heads * t.head_dim;
   ops::Backend& be = m.decoder->backend();
-  const int64_t per_block = KvCache::block_bytes(t.num_hidden_layers, kv_row, opts.block_size,
-                                                 be.act_dtype());
+  const int64_t per_block =
+      KvCache::block_bytes(t.num_hidden_layers, kv_row, opts.block_size, be.act_dtype());
   if (opts.num_blocks <= 0 && be.device() != ops::Device::kCpu) {
     // Every sequence at full context, within the share of device memory the options allow
     // (vLLM's gpu_memory_utilization): the KV cache takes what the weights and scratch leave.
     int64_t free_b = 0, total = 0;
     VLM_RETURN_IF_ERROR(be.memory_info(&free_b, &total));
-    const int64_t budget = static_cast<int64_t>(m.opts.gpu_memory_utilization *
-                                                static_cast<double>(total)) - (total - free_b);
+    const int64_t budget =
+        static_cast<int64_t>(m.opts.gpu_memory_utilization * static_cast<double>(total)) -
+        (total - free_b);
     const int64_t fit = std::max<int64_t>(budget, 0) / per_block - 1;  // one block is scratch
     opts.num_blocks = static_cast<int32_t>(std::min<int64_t>(
         {opts.max_num_seqs * blocks_per_seq, fit, std::numeric_limits<int32_t>::max()}));
@@ -164,7 +170,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
     // Room for every sequence at full context, capped at 4 GiB of K and V but never below one
     // sequence at full context (reserved, and resident only as blocks are first written).
     const int64_t want = opts.max_num_seqs * blocks_per_seq;
-    const int64_t capped = std::max(blocks_per_seq, std::min<int64_t>(want, (int64_t{4} << 30) / per_block));
+    const int64_t capped =
+        std::max(blocks_per_seq, std::min<int64_t>(want, (int64_t{4} << 30) / per_block));
     opts.num_blocks = static_cast<int32_t>(
         std::clamp<int64_t>(capped, 1, std::numeric_limits<int32_t>::max() - 1));
   }
@@ -181,9 +188,9 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   core->on_step_ = std::move(on_step);
   State& s = *core->st_;
   s.sched = std::make_unique<Scheduler>(std::move(sched));
-  VLM_RETURN_IF_ERROR(m.decoder->allocate_cache(&s.cache, opts.num_blocks, opts.block_size,
-                                                blocks_per_seq)
-                          .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
+  VLM_RETURN_IF_ERROR(
+      m.decoder->allocate_cache(&s.cache, opts.num_blocks, opts.block_size, blocks_per_seq)
+          .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
   VLM_ASSIGN_OR_RETURN(s.runner,
                        ModelRunner::create(m, s.cache, opts.max_num_seqs, blocks_per_seq));
   s.run_out.sampled.reserve(static_cast<size_t>(opts.max_num_seqs));
@@ -217,7 +224,8 @@ EngineCore::~EngineCore() {
   for (auto& task : tasks) task();
   for (auto& r : inbox) st_->reqs[r->run.id] = std::move(r);
   const Status stopped = unavailable("the engine stopped before the request finished");
-  for (auto& [id, r] : st_->reqs) close_stream(*r->stream, FinishReason::kNone, stopped, nullptr, 0, 0);
+  for (auto& [id, r] : st_->reqs)
+    close_stream(*r->stream, FinishReason::kNone, stopped, nullptr, 0, 0);
   st_->reqs.clear();
   std::lock_guard<std::mutex> lock(sh.mu);
   sh.in_flight = 0;
@@ -235,23 +243,26 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
     return invalid_argument("stop strings need the model's tokenizer");
   }
   if (request.logprobs > kMaxTopLogprobs) {
-    return invalid_argument("at most " + std::to_string(kMaxTopLogprobs) + " top logprobs per token");
+    return invalid_argument("at most " + std::to_string(kMaxTopLogprobs) +
+                            " top logprobs per token");
   }
   auto r = std::make_unique<Req>();
 
   // Images: read, decode and preprocess here, on the caller's thread (or find them cached).
   VLM_ASSIGN_OR_RETURN(const bool multimodal, m.is_multimodal(request.prompt_ids, request.images));
   if (multimodal) {
-    VLM_ASSIGN_OR_RETURN(r->runs, find_image_runs(request.prompt_ids, m.cfg, request.images.size()));
+    VLM_ASSIGN_OR_RETURN(r->runs,
+                         find_image_runs(request.prompt_ids, m.cfg, request.images.size()));
     r->images.resize(request.images.size());
     // What the images may take of the context: all of it but the text (each image is a single
     // pad until expanded) and the one token every request generates. Each image is priced from
     // its header before it is decoded.
-    int64_t room = m.max_context - 1 -
-                   (static_cast<int64_t>(request.prompt_ids.size()) - static_cast<int64_t>(r->runs.size()));
+    int64_t room =
+        m.max_context - 1 -
+        (static_cast<int64_t>(request.prompt_ids.size()) - static_cast<int64_t>(r->runs.size()));
     for (size_t k = 0; k < request.images.size(); ++k) {
-      VLM_RETURN_IF_ERROR(stage_image(request.images[k], m.preprocess, st_->vision_cache.get(), nullptr,
-                                      &r->images[k], std::max<int64_t>(room, 0))
+      VLM_RETURN_IF_ERROR(stage_image(request.images[k], m.preprocess, st_->vision_cache.get(),
+                                      nullptr, &r->images[k], std::max<int64_t>(room, 0))
                               .with_context("image " + std::to_string(k + 1)));
       room -= r->images[k].tokens;
       r->image_decode_ms += r->images[k].decode_ms;
@@ -260,7 +271,8 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
   }
   r->prompt_len = r->runs.empty() ? static_cast<int64_t>(request.prompt_ids.size())
                                   : expanded_length(request.prompt_ids.size(), r->runs, r->images);
-  VLM_ASSIGN_OR_RETURN(r->max_new_tokens, m.generation_budget(r->prompt_len, request.max_new_tokens));
+  VLM_ASSIGN_OR_RETURN(r->max_new_tokens,
+                       m.generation_budget(r->prompt_len, request.max_new_tokens));
   // The scheduler samples at least one token per request.
   if (r->max_new_tokens < 1) return invalid_argument("max_tokens must be >= 1");
   VLM_RETURN_IF_ERROR(st_->sched->check_fits(r->prompt_len + r->max_new_tokens));
@@ -274,7 +286,8 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
   r->expanded_ids = prompt.expanded_ids;
   if (!request.ignore_eos) {
     r->stop_ids = m.eos_ids;
-    r->stop_ids.insert(r->stop_ids.end(), request.stop_token_ids.begin(), request.stop_token_ids.end());
+    r->stop_ids.insert(r->stop_ids.end(), request.stop_token_ids.begin(),
+                       request.stop_token_ids.end());
   }
   r->prompt_ids = std::move(request.prompt_ids);
   auto stream = std::make_shared<RequestStream::State>();
@@ -317,7 +330,8 @@ Engine::CoreStats EngineCore::stats() const {
 }
 
 std::chrono::steady_clock::time_point EngineCore::last_heartbeat() const {
-  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(shared_->heartbeat_ns.load()));
+  return std::chrono::steady_clock::time_point(
+      std::chrono::nanoseconds(shared_->heartbeat_ns.load()));
 }
 
 void EngineCore::run_on_engine_thread(const std::function<void()>& fn) {
@@ -374,7 +388,6 @@ void EngineCore::loop() {
     step();
   }
 }
-
 
 // Ends request `req`: the stream learns why (a finish reason, or an error) — with its last token
 // when `last` is set, so that the consumer sees the two together — and the engine forgets it (its
@@ -465,7 +478,8 @@ void EngineCore::admit() {
           continue;
         }
         if (!fresh) {
-          st = encode_staged_image(*m.vision, &img, &r.encode_ms).with_context("image " + std::to_string(k + 1));
+          st = encode_staged_image(*m.vision, &img, &r.encode_ms)
+                   .with_context("image " + std::to_string(k + 1));
         }
         if (st.ok()) s.vision_cache->put(img.key, img.encoded);
       }
@@ -551,7 +565,8 @@ void EngineCore::step() {
       Req& r = *s.reqs.at(t.request_id);
       ++r.generated;
       const int64_t sampled_ns = steady_now_ns();
-      const bool stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end();
+      const bool stop =
+          std::find(r.stop_ids.begin(), r.stop_ids.end(), t.token) != r.stop_ids.end();
       if (stop || r.generated >= r.max_new_tokens) {
         r.ending = stop ? FinishReason::kStop : FinishReason::kLength;
         r.last_sampled_ns = sampled_ns;
@@ -579,7 +594,8 @@ void EngineCore::step() {
     std::lock_guard<std::mutex> lock(sh.mu);
     publish_stats_locked();
   }
-  if (on_step_ && !out.items.empty()) on_step_(std::chrono::duration<double>(Clock::now() - t0).count());
+  if (on_step_ && !out.items.empty())
+    on_step_(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 // After the forward pass: the scheduler learns what was computed and sampled, and requests that
@@ -594,7 +610,8 @@ void EngineCore::update(int64_t step_index) {
   for (const SampledToken& t : s.run_out.sampled) {
     s.sched->append_token(t.request_id);
     Req& r = *s.reqs.at(t.request_id);
-    if (r.ending != FinishReason::kNone) end(&r, r.ending, ok_status(), &t, step_index, r.last_sampled_ns);
+    if (r.ending != FinishReason::kNone)
+      end(&r, r.ending, ok_status(), &t, step_index, r.last_sampled_ns);
   }
 }
 

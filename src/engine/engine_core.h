@@ -31,12 +31,14 @@ class EngineCore {
  public:
   // Over the model `engine` has loaded; starts the engine thread. `on_step` (may be empty) gets
   // each step's wall time.
-  static Result<std::unique_ptr<EngineCore>> create(Engine::Impl& engine, const BatchingOptions& opts,
+  static Result<std::unique_ptr<EngineCore>> create(Engine::Impl& engine,
+                                                    const BatchingOptions& opts,
                                                     std::function<void(double)> on_step);
   ~EngineCore();  // stops the engine thread; requests not yet finished get no further output
 
   // Engine::submit (see there).
-  Result<std::unique_ptr<RequestStream>> submit(GenerateRequest request, std::function<void()> notify,
+  Result<std::unique_ptr<RequestStream>> submit(GenerateRequest request,
+                                                std::function<void()> notify,
                                                 PromptOutputs prompt = {});
 
   Engine::CoreStats stats() const;

@@ -37,8 +37,8 @@ struct Engine::Impl {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<ops::Backend> backend;  // where the model runs: the CPU, or "cuda"
   std::unique_ptr<TextDecoder> decoder;
-  std::unique_ptr<VisionEncoder> vision;  // null without a vision tower
-  std::atomic<int64_t> graph_replays{0};  // decode steps replayed from recorded graphs
+  std::unique_ptr<VisionEncoder> vision;       // null without a vision tower
+  std::atomic<int64_t> graph_replays{0};       // decode steps replayed from recorded graphs
   std::shared_ptr<const Tokenizer> tokenizer;  // shared with the request streams' processors
   std::vector<int32_t> eos_ids;
   int64_t max_context = 0;
@@ -58,7 +58,8 @@ struct Engine::Impl {
     rs.repetition_penalty = sp.repetition_penalty.value_or(gen.repetition_penalty);
     rs.presence_penalty = sp.presence_penalty;
     rs.frequency_penalty = sp.frequency_penalty;
-    rs.greedy = !sp.do_sample.value_or(gen.do_sample || sp.temperature.has_value()) || rs.temperature <= 0;
+    rs.greedy =
+        !sp.do_sample.value_or(gen.do_sample || sp.temperature.has_value()) || rs.temperature <= 0;
     rs.seed = sp.seed.has_value() ? *sp.seed : std::random_device{}();
     const int64_t V = cfg.text_config.vocab_size;
     for (const auto& [id, bias] : sp.logit_bias) {
@@ -66,7 +67,8 @@ struct Engine::Impl {
         return invalid_argument("logit_bias: token id " + std::to_string(id) +
                                 " is outside the vocabulary [0, " + std::to_string(V) + ")");
       }
-      if (!(bias >= -100 && bias <= 100)) return invalid_argument("logit_bias values must be in [-100, 100]");
+      if (!(bias >= -100 && bias <= 100))
+        return invalid_argument("logit_bias values must be in [-100, 100]");
     }
     rs.logit_bias = sp.logit_bias;
     if (rs.temperature < 0) return invalid_argument("temperature must be >= 0");
@@ -81,8 +83,8 @@ struct Engine::Impl {
     const int64_t V = cfg.text_config.vocab_size;
     for (int32_t id : ids) {
       if (id < 0 || id >= V) {
-        return invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                std::to_string(V) + ")");
+        return invalid_argument("token id " + std::to_string(id) +
+                                " is outside the vocabulary [0, " + std::to_string(V) + ")");
       }
     }
     return ok_status();
@@ -91,8 +93,10 @@ struct Engine::Impl {
   // Whether the prompt goes the multimodal way: it has images, or image pads on a checkpoint
   // with a vision tower (on a text-only one, pads are ordinary tokens). Images without a vision
   // tower are an error.
-  Result<bool> is_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images) const {
-    const bool has_pads = std::find(ids.begin(), ids.end(), static_cast<int32_t>(cfg.image_token_id)) != ids.end();
+  Result<bool> is_multimodal(std::span<const int32_t> ids,
+                             const std::vector<ImageInput>& images) const {
+    const bool has_pads =
+        std::find(ids.begin(), ids.end(), static_cast<int32_t>(cfg.image_token_id)) != ids.end();
     if (!images.empty() && !has_vision) {
       return invalid_argument("this checkpoint has no vision tower: images are not supported");
     }
@@ -103,8 +107,9 @@ struct Engine::Impl {
   // the room left in the context; both must fit the context with the prompt.
   Result<int64_t> generation_budget(int64_t n, std::optional<int64_t> requested) const {
     if (n >= max_context) {
-      return out_of_range("the prompt (" + std::to_string(n) + " tokens) does not fit the context of " +
-                          std::to_string(max_context) + " tokens");
+      return out_of_range("the prompt (" + std::to_string(n) +
+                          " tokens) does not fit the context of " + std::to_string(max_context) +
+                          " tokens");
     }
     const int64_t max_new = requested.has_value()
                                 ? *requested

@@ -109,16 +109,19 @@ Status ModelRunner::pick_on_device(int64_t rows) {
   if (!draws_.empty()) {
     const ops::PenaltyEntry none{};
     const void* pen = penalties_.empty() ? static_cast<const void*>(&none) : penalties_.data();
-    VLM_ASSIGN_OR_RETURN(ops::Buf params, be_.stage(draws_.data(), draws_.size() * sizeof(ops::SampleParams),
-                                                    DType::kU8, &draws_dev_));
-    VLM_ASSIGN_OR_RETURN(ops::Buf penalties,
-                         be_.stage(pen, std::max<size_t>(penalties_.size(), 1) * sizeof(ops::PenaltyEntry),
-                                   DType::kU8, &penalties_dev_));
+    VLM_ASSIGN_OR_RETURN(ops::Buf params,
+                         be_.stage(draws_.data(), draws_.size() * sizeof(ops::SampleParams),
+                                   DType::kU8, &draws_dev_));
+    VLM_ASSIGN_OR_RETURN(
+        ops::Buf penalties,
+        be_.stage(pen, std::max<size_t>(penalties_.size(), 1) * sizeof(ops::PenaltyEntry),
+                  DType::kU8, &penalties_dev_));
     VLM_RETURN_IF_ERROR(be_.sample_rows(logits, V, params, static_cast<int64_t>(draws_.size()),
                                         penalties, drawn_dev_.buf()));
     VLM_RETURN_IF_ERROR(be_.to_host(drawn_.data(), drawn_dev_.buf(), draws_.size() * 4));
   }
-  VLM_RETURN_IF_ERROR(be_.to_host(argmax_.data(), argmax_dev_.buf(), static_cast<size_t>(rows) * 4));
+  VLM_RETURN_IF_ERROR(
+      be_.to_host(argmax_.data(), argmax_dev_.buf(), static_cast<size_t>(rows) * 4));
   return ok_status();
 }
 
@@ -147,7 +150,8 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
     c.ids = r.ids.data() + it.first_token;
     c.n = it.num_tokens;
     c.first = it.first_token;
-    c.pos = Positions3{r.pos_t.data() + c.first, r.pos_h.data() + c.first, r.pos_w.data() + c.first};
+    c.pos =
+        Positions3{r.pos_t.data() + c.first, r.pos_h.data() + c.first, r.pos_w.data() + c.first};
     c.block_table = table.data();
     c.num_table_blocks = static_cast<int64_t>(table.size());
     if (r.prompt.vision_tokens > 0 && c.first < static_cast<int64_t>(r.prompt.ids.size())) {
@@ -160,8 +164,8 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
     const bool reaches_end = c.first + c.n == static_cast<int64_t>(r.ids.size());
     const bool in_prompt = c.first < static_cast<int64_t>(r.prompt.ids.size());
     c.rows = r.prompt_logits != nullptr && in_prompt ? LogitRows::kAll
-             : reaches_end                          ? LogitRows::kLast
-                                                    : LogitRows::kNone;
+             : reaches_end                           ? LogitRows::kLast
+                                                     : LogitRows::kNone;
     // On a device a logit row stays there unless the host needs it (logprobs, a logit bias):
     // greedy takes the argmax, the rest a draw made there with this request's settings.
     if (device_sampling_ && c.rows == LogitRows::kLast && r.logprobs < 0 &&
@@ -198,15 +202,16 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
   }
   VLM_RETURN_IF_ERROR(dec_.prepare(chunks_.data(), static_cast<int64_t>(n), cache_, pad, &pass_));
   const bool host_logits = be_.device() == ops::Device::kCpu;
-  const ops::Buf logits = host_logits ? ops::Buf{logits_.data(), ops::Device::kCpu, DType::kF32}
-                                      : logits_dev_.buf();
+  const ops::Buf logits =
+      host_logits ? ops::Buf{logits_.data(), ops::Device::kCpu, DType::kF32} : logits_dev_.buf();
   VLM_RETURN_IF_ERROR(run_pass(pass_, pad, logits));
   if (!host_logits) {
     if (device_sampling_) VLM_RETURN_IF_ERROR(pick_on_device(static_cast<int64_t>(rows)));
     for (size_t i = 0, row = 0; i < n; ++i) {  // the rows the host samples from, to the host
       const int64_t k = logit_rows(chunks_[i]);
       if (k > 0 && !on_device_[i]) {
-        VLM_RETURN_IF_ERROR(be_.to_host(logits_.data() + row * V, logits.at(static_cast<int64_t>(row) * V),
+        VLM_RETURN_IF_ERROR(be_.to_host(logits_.data() + row * V,
+                                        logits.at(static_cast<int64_t>(row) * V),
                                         static_cast<size_t>(k * V) * 4));
       }
       row += static_cast<size_t>(k);

@@ -67,7 +67,8 @@ class SampledFn {
  public:
   template <typename F>
   SampledFn(const F& f)  // NOLINT: implicit, so call sites pass lambdas directly
-      : obj_(&f), call_([](const void* o, const SampledToken& t) { (*static_cast<const F*>(o))(t); }) {}
+      : obj_(&f),
+        call_([](const void* o, const SampledToken& t) { (*static_cast<const F*>(o))(t); }) {}
   void operator()(const SampledToken& t) const { call_(obj_, t); }
 
  private:
@@ -110,8 +111,8 @@ class ModelRunner {
   bool graphs_ = false;
   std::vector<SeqChunk> chunks_;
   std::vector<VisionRows> vision_;
-  std::vector<uint8_t> on_device_;  // per chunk: its token is picked on the device
-  std::vector<ops::SampleParams> draws_;   // the device's draws this step
+  std::vector<uint8_t> on_device_;        // per chunk: its token is picked on the device
+  std::vector<ops::SampleParams> draws_;  // the device's draws this step
   std::vector<ops::PenaltyEntry> penalties_, one_penalties_;
   std::vector<float> logits_;    // [rows, vocab]: the step's logit rows (on the host)
   std::vector<int32_t> argmax_;  // [rows]: each row's argmax (device)

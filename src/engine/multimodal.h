@@ -28,7 +28,7 @@ struct PreparedPrompt {
   std::vector<int32_t> feature_row;  // [ids.size()]: row in embeds / deepstack, -1 for text
   std::vector<float> embeds;         // [vision_tokens, hidden]
   std::vector<std::vector<float>> deepstack;  // per tap: [vision_tokens, hidden]
-  RopeIndex rope;                    // 3-D positions and the decode delta
+  RopeIndex rope;                             // 3-D positions and the decode delta
   int64_t vision_tokens = 0;
   double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
 
@@ -50,7 +50,7 @@ struct StagedImage {
   PreprocessedImage pixels;                     // when encoded is null
   int64_t tokens = 0;                           // merged image tokens
   int64_t resized_h = 0, resized_w = 0;
-  double decode_ms = 0, preprocess_ms = 0;      // 0 on a cache hit
+  double decode_ms = 0, preprocess_ms = 0;  // 0 on a cache hit
 };
 
 // Encodes the staged images not yet encoded: on a device encoder all the resized ones in one

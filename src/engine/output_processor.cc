@@ -26,8 +26,8 @@ void OutputProcessor::on_token(const RawToken& t, const TopEntry* tops, RequestO
     e.rank = t.rank;
     for (int32_t j = 0; j < t.num_top; ++j) {
       e.top_logprobs.push_back(
-          TopLogprob{tok_ != nullptr ? tok_->token_bytes(tops[j].id) : std::string(), tops[j].logprob,
-                     tops[j].id});
+          TopLogprob{tok_ != nullptr ? tok_->token_bytes(tops[j].id) : std::string(),
+                     tops[j].logprob, tops[j].id});
     }
     pending_.push_back(std::move(e));
   }

@@ -44,8 +44,8 @@ class OutputProcessor {
   std::unique_ptr<IncrementalDetokenizer> detok_;
   StopMatcher stops_;
   int32_t top_k_;
-  size_t text_bytes_ = 0;    // bytes of text emitted so far
-  size_t listed_bytes_ = 0;  // bytes of text the emitted logprob entries cover
+  size_t text_bytes_ = 0;             // bytes of text emitted so far
+  size_t listed_bytes_ = 0;           // bytes of text the emitted logprob entries cover
   std::deque<TokenLogprob> pending_;  // entries the text has not reached yet
   int64_t tokens_ = 0;
   int64_t first_sampled_ns_ = 0, last_sampled_ns_ = 0;

@@ -6,11 +6,14 @@ namespace vlm {
 
 namespace {
 
-double ms_between_ns(int64_t from, int64_t to) { return from > 0 && to > from ? (to - from) / 1e6 : 0.0; }
+double ms_between_ns(int64_t from, int64_t to) {
+  return from > 0 && to > from ? (to - from) / 1e6 : 0.0;
+}
 
 }  // namespace
 
-RequestStream::RequestStream(std::shared_ptr<State> state, std::unique_ptr<OutputProcessor> processor)
+RequestStream::RequestStream(std::shared_ptr<State> state,
+                             std::unique_ptr<OutputProcessor> processor)
     : state_(std::move(state)), proc_(std::move(processor)) {}
 
 RequestStream::~RequestStream() {

@@ -42,8 +42,8 @@ struct RequestStream::State {
 
   std::mutex mu;  // guards everything below up to `notify`
   std::condition_variable cv;
-  std::unique_ptr<RawToken[]> tokens;                 // [capacity]
-  std::unique_ptr<TopEntry[]> tops;     // [capacity * max(top_k, 0)]
+  std::unique_ptr<RawToken[]> tokens;  // [capacity]
+  std::unique_ptr<TopEntry[]> tops;    // [capacity * max(top_k, 0)]
   int64_t capacity = 0;
   int64_t published = 0;  // tokens the engine has appended
   bool finished = false;  // the engine ended the request (length, stop token or error)
@@ -55,8 +55,8 @@ struct RequestStream::State {
   int64_t first_forward_ns = 0;
 
   std::atomic<bool> cancelled{false};
-  std::function<void()> notify;         // called by the engine thread after appending
-  std::function<void(int64_t)> abort;   // asks the engine to drop request `id`
+  std::function<void()> notify;        // called by the engine thread after appending
+  std::function<void(int64_t)> abort;  // asks the engine to drop request `id`
 
   // At submit: room for `n` tokens of `k` alternatives each (default-initialised, so not
   // written until used).

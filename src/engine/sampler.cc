@@ -7,8 +7,13 @@
 namespace vlm {
 
 Sampler::Sampler(int64_t vocab_size, const ResolvedSampling& params)
-    : vocab_(vocab_size), p_(params), rng_(params.seed), seen_(vocab_size, 0),
-      counts_(vocab_size, 0), idx_(vocab_size), probs_(vocab_size) {
+    : vocab_(vocab_size),
+      p_(params),
+      rng_(params.seed),
+      seen_(vocab_size, 0),
+      counts_(vocab_size, 0),
+      idx_(vocab_size),
+      probs_(vocab_size) {
   seen_list_.reserve(1024);
   out_list_.reserve(1024);
 }
@@ -121,9 +126,10 @@ void Sampler::device_draw(ops::SampleParams* out, std::vector<ops::PenaltyEntry>
     for (int32_t id : seen_list_) {  // the generated ids are among the seen ones
       const int32_t n = counts_[id];
       if (!rep && n == 0) continue;
-      penalties->push_back(
-          {id, static_cast<float>(p_.repetition_penalty),
-           n > 0 && sub ? static_cast<float>(p_.presence_penalty + p_.frequency_penalty * n) : 0.f});
+      penalties->push_back({id, static_cast<float>(p_.repetition_penalty),
+                            n > 0 && sub
+                                ? static_cast<float>(p_.presence_penalty + p_.frequency_penalty * n)
+                                : 0.f});
     }
   }
   out->penalty_begin = 0;

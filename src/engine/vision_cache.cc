@@ -4,7 +4,8 @@
 
 namespace vlm {
 
-VisionCacheKey VisionCacheKey::of(std::span<const uint8_t> bytes, int64_t min_pixels, int64_t max_pixels) {
+VisionCacheKey VisionCacheKey::of(std::span<const uint8_t> bytes, int64_t min_pixels,
+                                  int64_t max_pixels) {
   const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
   VisionCacheKey k;
   k.hash_lo = h.low64;

@@ -53,7 +53,9 @@ class VisionCache {
 
  private:
   struct KeyHash {
-    size_t operator()(const VisionCacheKey& k) const { return static_cast<size_t>(k.hash_lo ^ (k.hash_hi * 31)); }
+    size_t operator()(const VisionCacheKey& k) const {
+      return static_cast<size_t>(k.hash_lo ^ (k.hash_hi * 31));
+    }
   };
   using Lru = std::list<std::pair<VisionCacheKey, std::shared_ptr<const EncodedImage>>>;
 

@@ -15,9 +15,9 @@ BlockPool::BlockPool(int32_t num_blocks) : ref_(std::max(0, num_blocks), 0) {
 Status BlockPool::allocate(int32_t n, std::vector<int32_t>* out) {
   if (n < 0) return invalid_argument("negative block count");
   if (n > num_free()) {
-    return Status(StatusCode::kUnavailable,
-                  "KV cache: " + std::to_string(n) + " blocks needed, " + std::to_string(num_free()) +
-                      " free of " + std::to_string(num_blocks()));
+    return Status(StatusCode::kUnavailable, "KV cache: " + std::to_string(n) + " blocks needed, " +
+                                                std::to_string(num_free()) + " free of " +
+                                                std::to_string(num_blocks()));
   }
   for (int32_t i = 0; i < n; ++i) {
     const int32_t b = free_.back();

@@ -34,13 +34,15 @@ Result<RopeIndex> compute_rope_index(std::span<const int32_t> ids, std::span<con
     int64_t ed = st;
     while (ed < n && ids[ed] != image_token_id) ++ed;
     if (ed == n) {
-      return invalid_argument("the prompt has " + std::to_string(img) + " image placeholder runs for " +
-                              std::to_string(grids.size()) + " images");
+      return invalid_argument("the prompt has " + std::to_string(img) +
+                              " image placeholder runs for " + std::to_string(grids.size()) +
+                              " images");
     }
     const GridThw& g = grids[img];
     const int64_t gh = g.h / merge_size, gw = g.w / merge_size;
     const int64_t count = g.t * gh * gw;
-    if (ed + count > n) return invalid_argument("image " + std::to_string(img) + ": too few image pads");
+    if (ed + count > n)
+      return invalid_argument("image " + std::to_string(img) + ": too few image pads");
     for (int64_t i = 0; i < count; ++i) {
       if (ids[ed + i] != image_token_id) {
         return invalid_argument("image " + std::to_string(img) + " needs " + std::to_string(count) +

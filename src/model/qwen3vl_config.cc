@@ -11,12 +11,15 @@ namespace {
 using nlohmann::json;
 
 // Reads an integer field; missing → default (or error when required); wrong type → error.
-Status get_int(const json& j, const char* key, int64_t* out, bool required, const std::string& where) {
+Status get_int(const json& j, const char* key, int64_t* out, bool required,
+               const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
-    return required ? invalid_argument(where + ": missing required field '" + key + "'") : ok_status();
+    return required ? invalid_argument(where + ": missing required field '" + key + "'")
+                    : ok_status();
   }
-  if (!it->is_number_integer()) return invalid_argument(where + ": field '" + key + "' must be an integer");
+  if (!it->is_number_integer())
+    return invalid_argument(where + ": field '" + key + "' must be an integer");
   *out = it->get<int64_t>();
   return ok_status();
 }
@@ -29,17 +32,20 @@ Status get_double(const json& j, const char* key, double* out, const std::string
   return ok_status();
 }
 
-Status get_int_list(const json& j, const char* key, std::vector<int64_t>* out, const std::string& where) {
+Status get_int_list(const json& j, const char* key, std::vector<int64_t>* out,
+                    const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return ok_status();
   if (it->is_number_integer()) {
     *out = {it->get<int64_t>()};
     return ok_status();
   }
-  if (!it->is_array()) return invalid_argument(where + ": field '" + key + "' must be a list of integers");
+  if (!it->is_array())
+    return invalid_argument(where + ": field '" + key + "' must be a list of integers");
   out->clear();
   for (const auto& v : *it) {
-    if (!v.is_number_integer()) return invalid_argument(where + ": field '" + key + "' must be a list of integers");
+    if (!v.is_number_integer())
+      return invalid_argument(where + ": field '" + key + "' must be a list of integers");
     out->push_back(v.get<int64_t>());
   }
   return ok_status();
@@ -54,7 +60,8 @@ Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLT
   VLM_RETURN_IF_ERROR(get_int(t, "num_key_value_heads", &c->num_key_value_heads, false, where));
   VLM_RETURN_IF_ERROR(get_int(t, "vocab_size", &c->vocab_size, true, where));
   c->max_position_embeddings = 32768;
-  VLM_RETURN_IF_ERROR(get_int(t, "max_position_embeddings", &c->max_position_embeddings, false, where));
+  VLM_RETURN_IF_ERROR(
+      get_int(t, "max_position_embeddings", &c->max_position_embeddings, false, where));
   VLM_RETURN_IF_ERROR(get_double(t, "rms_norm_eps", &c->rms_norm_eps, where));
   VLM_RETURN_IF_ERROR(get_double(t, "rope_theta", &c->rope_theta, where));
   if (c->num_attention_heads <= 0 || c->hidden_size <= 0) {
@@ -63,7 +70,8 @@ Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLT
   // Qwen3VLTextConfig defaults head_dim to 128; a flat Qwen3-style config derives it.
   c->head_dim = nested ? 128 : c->hidden_size / c->num_attention_heads;
   VLM_RETURN_IF_ERROR(get_int(t, "head_dim", &c->head_dim, false, where));
-  // Rope settings: v4 spells them rope_scaling (theta beside it), v5 rope_parameters (theta inside).
+  // Rope settings: v4 spells them rope_scaling (theta beside it), v5 rope_parameters (theta
+  // inside).
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     auto it = t.find(key);
     if (it == t.end() || it->is_null()) continue;
@@ -73,17 +81,21 @@ Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLT
     auto type = it->find("rope_type");
     if (type == it->end()) type = it->find("type");
     if (type != it->end() && type->is_string() && *type != "default" && *type != "mrope") {
-      return unimplemented(where + ": rope type '" + type->get<std::string>() + "' is not supported");
+      return unimplemented(where + ": rope type '" + type->get<std::string>() +
+                           "' is not supported");
     }
   }
   if (auto it = t.find("hidden_act"); it != t.end() && it->is_string()) c->hidden_act = *it;
-  if (auto it = t.find("attention_bias"); it != t.end() && it->is_boolean()) c->attention_bias = *it;
+  if (auto it = t.find("attention_bias"); it != t.end() && it->is_boolean())
+    c->attention_bias = *it;
 
   // Invariants the decoder relies on.
   if (c->num_key_value_heads <= 0 || c->num_attention_heads % c->num_key_value_heads != 0) {
-    return invalid_argument(where + ": num_attention_heads must be a multiple of num_key_value_heads");
+    return invalid_argument(where +
+                            ": num_attention_heads must be a multiple of num_key_value_heads");
   }
-  if (c->head_dim <= 0 || c->head_dim % 2 != 0) return invalid_argument(where + ": head_dim must be even");
+  if (c->head_dim <= 0 || c->head_dim % 2 != 0)
+    return invalid_argument(where + ": head_dim must be even");
   if (c->mrope_section.empty()) {
     // Qwen3-VL's rotary defaults to [24, 20, 20]; a plain Qwen3 model is 1-D RoPE (all T axis).
     c->mrope_section = {c->head_dim / 2, 0, 0};
@@ -94,7 +106,8 @@ Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLT
     return invalid_argument(where + ": mrope_section must have 3 entries summing to head_dim/2 (" +
                             std::to_string(c->head_dim / 2) + ")");
   }
-  if (c->hidden_act != "silu") return unimplemented(where + ": hidden_act '" + c->hidden_act + "' is not supported");
+  if (c->hidden_act != "silu")
+    return unimplemented(where + ": hidden_act '" + c->hidden_act + "' is not supported");
   if (c->attention_bias) return unimplemented(where + ": attention_bias=true is not supported");
   return ok_status();
 }
@@ -109,25 +122,32 @@ Status parse_vision(const json& v, const std::string& where, Qwen3VLVisionConfig
   VLM_RETURN_IF_ERROR(get_int(v, "spatial_merge_size", &c->spatial_merge_size, false, where));
   VLM_RETURN_IF_ERROR(get_int(v, "in_channels", &c->in_channels, false, where));
   VLM_RETURN_IF_ERROR(get_int(v, "out_hidden_size", &c->out_hidden_size, false, where));
-  VLM_RETURN_IF_ERROR(get_int(v, "num_position_embeddings", &c->num_position_embeddings, false, where));
-  VLM_RETURN_IF_ERROR(get_int_list(v, "deepstack_visual_indexes", &c->deepstack_visual_indexes, where));
+  VLM_RETURN_IF_ERROR(
+      get_int(v, "num_position_embeddings", &c->num_position_embeddings, false, where));
+  VLM_RETURN_IF_ERROR(
+      get_int_list(v, "deepstack_visual_indexes", &c->deepstack_visual_indexes, where));
   if (auto it = v.find("hidden_act"); it != v.end() && it->is_string()) c->hidden_act = *it;
   // Invariants the vision encoder relies on.
   if (c->depth <= 0 || c->hidden_size <= 0 || c->num_heads <= 0 || c->intermediate_size <= 0) {
-    return invalid_argument(where + ": depth, hidden_size, num_heads and intermediate_size must be positive");
+    return invalid_argument(
+        where + ": depth, hidden_size, num_heads and intermediate_size must be positive");
   }
   if (c->hidden_size % c->num_heads != 0 || (c->hidden_size / c->num_heads) % 4 != 0) {
-    return invalid_argument(where + ": hidden_size / num_heads must be a multiple of 4 (2-D rotary)");
+    return invalid_argument(where +
+                            ": hidden_size / num_heads must be a multiple of 4 (2-D rotary)");
   }
-  const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(c->num_position_embeddings))));
+  const int64_t side = static_cast<int64_t>(
+      std::llround(std::sqrt(static_cast<double>(c->num_position_embeddings))));
   if (c->num_position_embeddings <= 0 || side * side != c->num_position_embeddings) {
     return invalid_argument(where + ": num_position_embeddings must be a perfect square");
   }
   if (c->spatial_merge_size <= 0 || c->patch_size <= 0 || c->temporal_patch_size <= 0) {
-    return invalid_argument(where + ": patch_size, temporal_patch_size, spatial_merge_size must be positive");
+    return invalid_argument(
+        where + ": patch_size, temporal_patch_size, spatial_merge_size must be positive");
   }
   for (int64_t k : c->deepstack_visual_indexes) {
-    if (k < 0 || k >= c->depth) return invalid_argument(where + ": deepstack_visual_indexes out of range");
+    if (k < 0 || k >= c->depth)
+      return invalid_argument(where + ": deepstack_visual_indexes out of range");
   }
   if (c->hidden_act != "gelu_pytorch_tanh") {
     return unimplemented(where + ": vision hidden_act '" + c->hidden_act + "' is not supported");
@@ -154,19 +174,21 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
   auto tc = j.find("text_config");
   const json& text_json = (tc != j.end() && tc->is_object()) ? *tc : j;
   VLM_RETURN_IF_ERROR(parse_text(text_json, source + (&text_json != &j ? ": text_config" : ""),
-                                     &text_json != &j, &c.text_config));
+                                 &text_json != &j, &c.text_config));
   if (auto vc = j.find("vision_config"); vc != j.end() && vc->is_object()) {
     c.has_vision = true;
     VLM_RETURN_IF_ERROR(parse_vision(*vc, source + ": vision_config", &c.vision_config));
     if (c.vision_config.out_hidden_size != c.text_config.hidden_size) {
-      return invalid_argument(source + ": vision_config.out_hidden_size must equal text hidden_size");
+      return invalid_argument(source +
+                              ": vision_config.out_hidden_size must equal text hidden_size");
     }
   }
   // transformers 4.57 ties the head when the TEXT config says so (get_text_config()), and
   // Qwen3VLConfig / Qwen3VLTextConfig both default to false; published checkpoints write both.
   bool tie = false;
   if (auto it = j.find("tie_word_embeddings"); it != j.end() && it->is_boolean()) tie = *it;
-  if (auto it = text_json.find("tie_word_embeddings"); it != text_json.end() && it->is_boolean()) tie = *it;
+  if (auto it = text_json.find("tie_word_embeddings"); it != text_json.end() && it->is_boolean())
+    tie = *it;
   c.tie_word_embeddings = tie;
   VLM_RETURN_IF_ERROR(get_int(j, "image_token_id", &c.image_token_id, false, source));
   VLM_RETURN_IF_ERROR(get_int(j, "video_token_id", &c.video_token_id, false, source));
@@ -184,9 +206,11 @@ Result<Qwen3VLConfig> load_qwen3vl_config(const std::string& dir) {
   return parse_qwen3vl_config(text, path);
 }
 
-Result<GenerationConfig> parse_generation_config(const std::string& text, const std::string& source) {
+Result<GenerationConfig> parse_generation_config(const std::string& text,
+                                                 const std::string& source) {
   json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return invalid_argument(source + ": not a valid JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return invalid_argument(source + ": not a valid JSON object");
   GenerationConfig g;
   VLM_RETURN_IF_ERROR(get_int_list(j, "eos_token_id", &g.eos_token_id, source));
   int64_t v = 0;

@@ -20,10 +20,17 @@ std::vector<float> to_f32(const TensorView& v) {
   std::vector<float> out(static_cast<size_t>(v.numel()));
   for (size_t i = 0; i < out.size(); ++i) {
     switch (v.dtype) {
-      case DType::kF32: out[i] = static_cast<const float*>(v.data)[i]; break;
-      case DType::kBF16: out[i] = bf16_to_f32(static_cast<const uint16_t*>(v.data)[i]); break;
-      case DType::kF16: out[i] = f16_to_f32(static_cast<const uint16_t*>(v.data)[i]); break;
-      default: break;
+      case DType::kF32:
+        out[i] = static_cast<const float*>(v.data)[i];
+        break;
+      case DType::kBF16:
+        out[i] = bf16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
+        break;
+      case DType::kF16:
+        out[i] = f16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
+        break;
+      default:
+        break;
     }
   }
   return out;
@@ -73,8 +80,8 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
     const int64_t H = t.hidden_size, q_out = t.num_attention_heads * t.head_dim,
                   kv_out = t.num_key_value_heads * t.head_dim, I = t.intermediate_size;
     const WeightKind lin = WeightKind::kLayerLinear;
-    VLM_RETURN_IF_ERROR(matrix(tp + "embed_tokens.weight", {t.vocab_size, H}, WeightKind::kEmbedding,
-                               &text->embed_tokens));
+    VLM_RETURN_IF_ERROR(matrix(tp + "embed_tokens.weight", {t.vocab_size, H},
+                               WeightKind::kEmbedding, &text->embed_tokens));
     for (size_t l = 0; l < text->layers.size(); ++l) {
       const std::string p = tp + "layers." + std::to_string(l) + ".";
       TextLayerWeights& L = text->layers[l];
@@ -154,7 +161,8 @@ Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeigh
   std::vector<TensorView*> views;
   const bool tied = text->embed_tokens.data == text->lm_head.data;
   for_each_weight(text, vision, Qwen3VLConfig{}, "", "", [&](const WeightSlot& w) {
-    if (w.matrix != nullptr && (w.kind != WeightKind::kEmbedding || tied)) views.push_back(w.matrix);
+    if (w.matrix != nullptr && (w.kind != WeightKind::kEmbedding || tied))
+      views.push_back(w.matrix);
     return ok_status();
   });
   // Distinct source ranges, each at a 64-byte aligned offset of the buffer.
@@ -219,9 +227,12 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
                              const WeightStore* store) {
   switch (quant) {
-    case WeightQuant::kNone: return ok_status();
-    case WeightQuant::kInt8: break;
-    case WeightQuant::kInt4: break;
+    case WeightQuant::kNone:
+      return ok_status();
+    case WeightQuant::kInt8:
+      break;
+    case WeightQuant::kInt4:
+      break;
   }
   // Works on a copy (views and small norm vectors) so a failure leaves *w as it was.
   TextWeights qw = *w;
@@ -257,10 +268,11 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
   };
   // Every layer's products and the head. Tied: lm_head is a second view of the embedding table;
   // only that view is quantized.
-  VLM_RETURN_IF_ERROR(for_each_weight(&qw, nullptr, Qwen3VLConfig{}, "", "", [&](const WeightSlot& s) {
-    if (s.kind != WeightKind::kLayerLinear && s.kind != WeightKind::kHead) return ok_status();
-    return quantize(s.matrix, s.name.empty() ? "lm_head" : s.name);
-  }));
+  VLM_RETURN_IF_ERROR(
+      for_each_weight(&qw, nullptr, Qwen3VLConfig{}, "", "", [&](const WeightSlot& s) {
+        if (s.kind != WeightKind::kLayerLinear && s.kind != WeightKind::kHead) return ok_status();
+        return quantize(s.matrix, s.name.empty() ? "lm_head" : s.name);
+      }));
   if (quant == WeightQuant::kInt8) qw.int8_storage = std::move(int8);
   if (quant == WeightQuant::kInt4) qw.int4_storage = std::move(int4);
   *w = std::move(qw);

@@ -10,9 +10,8 @@
 #include <vector>
 
 #include "core/huge_page_buffer.h"
-#include "core/thread_pool.h"
-
 #include "core/tensor.h"
+#include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model/qwen3vl_config.h"
 #include "vlm/status.h"
@@ -35,15 +34,15 @@ struct TextLayerWeights {
 
 // One linear weight quantized to INT8 at load time: w[n, k] ≈ q[n, k] · scale[n].
 struct Int8Weight {
-  std::vector<int8_t> q;      // [N, K]
-  std::vector<float> scale;   // [N]
+  std::vector<int8_t> q;     // [N, K]
+  std::vector<float> scale;  // [N]
 };
 
 // One linear weight quantized to INT4 at load time: w[n, k] ≈ q[n, k] · scale[n, k / 32], q
 // packed two per byte as core/tensor.h documents for DType::kI4.
 struct Int4Weight {
-  std::vector<uint8_t> q;     // [N, K / 2]
-  std::vector<float> scale;   // [N, K / 32]
+  std::vector<uint8_t> q;    // [N, K / 2]
+  std::vector<float> scale;  // [N, K / 32]
 };
 
 struct TextWeights {
@@ -81,9 +80,9 @@ struct VisionMergerWeights {
 };
 
 struct VisionWeights {
-  TensorView patch_embed;               // [D, 3·T·P·P]: the Conv3d kernel flattened (C, T, kh, kw)
-  std::vector<float> patch_embed_b;     // [D]
-  std::vector<float> pos_embed;         // [num_position_embeddings, D] as f32
+  TensorView patch_embed;            // [D, 3·T·P·P]: the Conv3d kernel flattened (C, T, kh, kw)
+  std::vector<float> patch_embed_b;  // [D]
+  std::vector<float> pos_embed;      // [num_position_embeddings, D] as f32
   std::vector<VisionBlockWeights> blocks;
   VisionMergerWeights merger;
   std::vector<VisionMergerWeights> deepstack_mergers;  // one per deepstack_visual_indexes entry
@@ -103,8 +102,8 @@ enum class WeightKind {
 // where it lives in TextWeights / VisionWeights (`matrix` for the products and the embedding,
 // `values` for f32 copies).
 struct WeightSlot {
-  std::string name;            // the checkpoint's; empty for a tied lm_head
-  std::vector<int64_t> shape;  // as the model uses it
+  std::string name;                   // the checkpoint's; empty for a tied lm_head
+  std::vector<int64_t> shape;         // as the model uses it
   std::vector<int64_t> stored_shape;  // the checkpoint's, where it differs (the patch Conv3d)
   WeightKind kind = WeightKind::kVector;
   TensorView* matrix = nullptr;
@@ -145,9 +144,10 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
 // Copies every matmul weight view of `text` and `vision` that still points into `store`'s
 // mappings (all of them as loaded; after quantize_text_weights the text linear weights point to
 // their own buffers and are skipped; embed_tokens only when it is a tied lm_head) onto 2 MiB
-// pages (HugePageBuffer, see its NOTE on why), repoints the views there and releases the file pages (WeightStore::release_pages), so the process holds
-// one copy. Views sharing their bytes (a tied lm_head and embed_tokens) share the copy. Returns
-// the buffer, which must outlive the views; vision may be null.
+// pages (HugePageBuffer, see its NOTE on why), repoints the views there and releases the file pages
+// (WeightStore::release_pages), so the process holds one copy. Views sharing their bytes (a tied
+// lm_head and embed_tokens) share the copy. Returns the buffer, which must outlive the views;
+// vision may be null.
 Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeights* vision,
                                                   const WeightStore& store);
 

@@ -56,7 +56,8 @@ Status check_chunks(const SeqChunk* chunks, int64_t n_chunks, const Qwen3VLTextC
     for (int64_t k = 0; k < ch.n; ++k) {
       if (ch.ids[k] < 0 || ch.ids[k] >= c.vocab_size) {
         return invalid_argument("token id " + std::to_string(ch.ids[k]) +
-                                " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+                                " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                                ")");
       }
     }
     T += ch.n;
@@ -84,8 +85,9 @@ Status TextDecoder::init(const TextWeights& w) {
                     std::unique_ptr<ops::Linear>* out) -> Status {
     ops::LinearOptions o;
     o.decoder_layer = layer;
-    VLM_ASSIGN_OR_RETURN(*out, be_.linear(std::span<const TensorView* const>(ws.begin(), ws.size()), o)
-                                   .with_context(name));
+    VLM_ASSIGN_OR_RETURN(*out,
+                         be_.linear(std::span<const TensorView* const>(ws.begin(), ws.size()), o)
+                             .with_context(name));
     return ok_status();
   };
   VLM_RETURN_IF_ERROR(linear({&w.embed_tokens}, false, "embed_tokens", &embed_));
@@ -255,16 +257,16 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
   rope_.compute(Positions3{pos_t_.data(), pos_h_.data(), pos_w_.data()}, rows, cos, cos + C * half);
 
   // To the backend (on the CPU: the host tables themselves).
-  VLM_ASSIGN_OR_RETURN(pass->ints, be_.stage(ints, static_cast<size_t>(kIntRows * C) * 4,
-                                             DType::kI32, &ints_));
-  VLM_ASSIGN_OR_RETURN(pass->rope, be_.stage(cos, static_cast<size_t>(2 * C * half) * 4,
-                                             DType::kF32, &rope_dev_));
+  VLM_ASSIGN_OR_RETURN(pass->ints,
+                       be_.stage(ints, static_cast<size_t>(kIntRows * C) * 4, DType::kI32, &ints_));
+  VLM_ASSIGN_OR_RETURN(
+      pass->rope, be_.stage(cos, static_cast<size_t>(2 * C * half) * 4, DType::kF32, &rope_dev_));
   VLM_ASSIGN_OR_RETURN(ops::Buf tables, be_.stage(table, static_cast<size_t>(seqs * stride) * 4,
                                                   DType::kI32, &tables_));
   pass->feats = {};
   if (n_vis > 0) {
-    VLM_ASSIGN_OR_RETURN(pass->feats, be_.stage(h_feats_.data(), h_feats_.size() * 4,
-                                                DType::kF32, &feats_));
+    VLM_ASSIGN_OR_RETURN(pass->feats,
+                         be_.stage(h_feats_.data(), h_feats_.size() * 4, DType::kF32, &feats_));
   }
   pass->rows = rows;
   pass->n_sel = n_sel;
@@ -289,8 +291,8 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
 }
 
 Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
-  const int64_t H = cfg_.hidden_size, nh = cfg_.num_attention_heads,
-                nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim, I = cfg_.intermediate_size;
+  const int64_t H = cfg_.hidden_size, nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads,
+                hd = cfg_.head_dim, I = cfg_.intermediate_size;
   const int64_t C = max_chunk_, T = p.rows;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -329,7 +331,8 @@ Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
     if (p.n_vis > 0 && l < p.taps) {  // DeepStack: after decoder layer l, the image rows get tap l
       VLM_RETURN_IF_ERROR(be.add(x, tmp, {}, T, H));
       pending = false;
-      VLM_RETURN_IF_ERROR(be.add_rows(x, ints(kVis), p.feats.at((1 + li) * p.n_vis * H), p.n_vis, H));
+      VLM_RETURN_IF_ERROR(
+          be.add_rows(x, ints(kVis), p.feats.at((1 + li) * p.n_vis * H), p.n_vis, H));
     }
   }
   if (p.n_sel == 0) return ok_status();

@@ -4,9 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
-
 #include <memory>
+#include <vector>
 
 #include "kv/kv_cache.h"
 #include "model/qwen3vl_config.h"
@@ -40,10 +39,10 @@ enum class LogitRows { kNone, kLast, kAll };
 struct SeqChunk {
   const int32_t* ids = nullptr;  // [n]
   int64_t n = 0;
-  int64_t first = 0;             // tokens of this sequence already in the cache
-  Positions3 pos;                // rotary positions of the n tokens
+  int64_t first = 0;  // tokens of this sequence already in the cache
+  Positions3 pos;     // rotary positions of the n tokens
   const int32_t* block_table = nullptr;
-  int64_t num_table_blocks = 0;  // must cover first + n positions
+  int64_t num_table_blocks = 0;        // must cover first + n positions
   const VisionRows* vision = nullptr;  // image rows of this chunk, or null
   LogitRows rows = LogitRows::kNone;
 };
@@ -99,9 +98,8 @@ class TextDecoder {
  public:
   // Weights go to the backend (the CPU views them, a GPU uploads them), and the scratch and the
   // pass's tables are sized for `max_chunk` tokens, once: a forward pass allocates nothing.
-  static Result<std::unique_ptr<TextDecoder>> create(const Qwen3VLConfig& cfg,
-                                                     const TextWeights& w, ops::Backend& be,
-                                                     int64_t max_chunk);
+  static Result<std::unique_ptr<TextDecoder>> create(const Qwen3VLConfig& cfg, const TextWeights& w,
+                                                     ops::Backend& be, int64_t max_chunk);
 
   int64_t max_chunk() const { return max_chunk_; }
   int64_t vocab_size() const { return cfg_.vocab_size; }
@@ -116,8 +114,8 @@ class TextDecoder {
   // Builds the pass's tables on the host from the chunks (slot mapping, per-token sequence and
   // position, block-table rows, logit rows, image rows and their features, the M-RoPE angles),
   // padded as `pad` says, and copies them to the backend. The chunks' arrays may go afterwards.
-  Status prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
-                 const Padding& pad, Pass* pass);
+  Status prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache, const Padding& pad,
+                 Pass* pass);
   // The layers over a prepared pass: what a graph records. Logits (f32) of the pass's logit
   // rows go to `logits` [n_sel, vocab], in the backend's memory.
   Status run(const Pass& pass, const KvCache& cache, ops::Buf logits);

@@ -12,8 +12,9 @@ constexpr float kLayerNormEps = 1e-6f;
 
 Status check_grid(const GridThw& g, int64_t m) {
   if (g.t < 1 || g.h < m || g.w < m || g.h % m != 0 || g.w % m != 0) {
-    return invalid_argument("image grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
-                            std::to_string(g.w) + ") is not a positive multiple of the merge size");
+    return invalid_argument("image grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) +
+                            ", " + std::to_string(g.w) +
+                            ") is not a positive multiple of the merge size");
   }
   return ok_status();
 }
@@ -29,7 +30,8 @@ int64_t total_patches(const std::vector<GridThw>& grids) {
 VisionEncoder::VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ops::Backend& be,
                              bool fp16)
     : cfg_(cfg.vision_config), w_(w), be_(be), fp16_(fp16) {
-  grid_side_ = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(cfg_.num_position_embeddings))));
+  grid_side_ = static_cast<int64_t>(
+      std::llround(std::sqrt(static_cast<double>(cfg_.num_position_embeddings))));
   // Qwen3VLVisionRotaryEmbedding(dim = head_dim / 2): inv_freq = 10000^(-2i / dim), i < dim / 2,
   // computed in float32 as torch does.
   const int64_t head_dim = cfg_.hidden_size / cfg_.num_heads;
@@ -123,7 +125,8 @@ void VisionEncoder::add_position_embedding(const GridThw& g, float* x) const {
       const float xj = linspace(g.w, j);
       const int64_t x0 = static_cast<int64_t>(xj), x1 = std::min(x0 + 1, side - 1);
       const float dx = xj - static_cast<float>(x0);
-      const float w00 = (1 - dy) * (1 - dx), w01 = (1 - dy) * dx, w10 = dy * (1 - dx), w11 = dy * dx;
+      const float w00 = (1 - dy) * (1 - dx), w01 = (1 - dy) * dx, w10 = dy * (1 - dx),
+                  w11 = dy * dx;
       const float* e00 = w_.pos_embed.data() + (y0 * side + x0) * D;
       const float* e01 = w_.pos_embed.data() + (y0 * side + x1) * D;
       const float* e10 = w_.pos_embed.data() + (y1 * side + x0) * D;
@@ -235,8 +238,8 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
   const std::vector<GridThw> grids{g};
   VLM_RETURN_IF_ERROR(prepare(grids));
   const int64_t n = g.patches() * patch_->cols();
-  VLM_ASSIGN_OR_RETURN(ops::Buf pix, be_.stage(pixel_values, static_cast<size_t>(n) * 4,
-                                               DType::kF32, &pix_));
+  VLM_ASSIGN_OR_RETURN(ops::Buf pix,
+                       be_.stage(pixel_values, static_cast<size_t>(n) * 4, DType::kF32, &pix_));
   ops::Buf input = pix;
   if (be_.act_dtype() != DType::kF32) {
     VLM_RETURN_IF_ERROR(be_.convert(pix, n, pix_act_.buf()));
@@ -259,10 +262,12 @@ Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, Vision
     bytes += images[i].grid.h * P * images[i].grid.w * P * 3;
   }
   if (!be_.can_patchify()) {
-    return internal_error(std::string("an image without pixel values reached the vision tower on ") +
-                          ops::device_name(be_.device()));
+    return internal_error(
+        std::string("an image without pixel values reached the vision tower on ") +
+        ops::device_name(be_.device()));
   }
-  if (3 * T * P * P != patch_->cols()) return invalid_argument("encode_rgb_batch: patch size mismatch");
+  if (3 * T * P * P != patch_->cols())
+    return invalid_argument("encode_rgb_batch: patch size mismatch");
   VLM_RETURN_IF_ERROR(prepare(grids));
   VLM_RETURN_IF_ERROR(grow(&rgb_, bytes, DType::kU8));
   VLM_RETURN_IF_ERROR(grow(&lut_, n * 3 * 256, DType::kF32));
@@ -273,7 +278,8 @@ Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, Vision
     const ops::Buf rgb = rgb_.at(at), lut = lut_.at(i * 3 * 256);
     VLM_RETURN_IF_ERROR(be_.to_device(rgb, images[i].rgb, static_cast<size_t>(b)));
     VLM_RETURN_IF_ERROR(be_.to_device(lut, images[i].lut, 3 * 256 * 4));
-    VLM_RETURN_IF_ERROR(be_.patchify(rgb, lut, g.h, g.w, P, m, T, pix_act_.at(row * patch_->cols())));
+    VLM_RETURN_IF_ERROR(
+        be_.patchify(rgb, lut, g.h, g.w, P, m, T, pix_act_.at(row * patch_->cols())));
     at += b;
     row += g.patches();
   }
@@ -286,8 +292,8 @@ Status VisionEncoder::embed_patches(const float* pixel_values, const GridThw& g,
   VLM_RETURN_IF_ERROR(check_grid(g, cfg_.spatial_merge_size));
   VLM_RETURN_IF_ERROR(prepare({g}));
   const int64_t S = g.patches(), n = S * patch_->cols();
-  VLM_ASSIGN_OR_RETURN(ops::Buf pix, be_.stage(pixel_values, static_cast<size_t>(n) * 4,
-                                               DType::kF32, &pix_));
+  VLM_ASSIGN_OR_RETURN(ops::Buf pix,
+                       be_.stage(pixel_values, static_cast<size_t>(n) * 4, DType::kF32, &pix_));
   ops::Buf input = pix;
   if (be_.act_dtype() != DType::kF32) {
     VLM_RETURN_IF_ERROR(be_.convert(pix, n, pix_act_.buf()));
@@ -312,11 +318,11 @@ Status VisionEncoder::run_merger(const Merger& mw, bool postshuffle,
   // Each run of merge² consecutive rows (one 2×2 block) is one token of width merge²·D; no block
   // straddles two images (each image's patches are a multiple of merge²).
   if (postshuffle) {
-    VLM_RETURN_IF_ERROR(be_.layer_norm(x_.buf(), mw.norm_w, mw.norm_b, tokens, wide, kLayerNormEps,
-                                       m_norm_.buf()));
+    VLM_RETURN_IF_ERROR(
+        be_.layer_norm(x_.buf(), mw.norm_w, mw.norm_b, tokens, wide, kLayerNormEps, m_norm_.buf()));
   } else {
-    VLM_RETURN_IF_ERROR(be_.layer_norm(x_.buf(), mw.norm_w, mw.norm_b, patches, D, kLayerNormEps,
-                                       m_norm_.buf()));
+    VLM_RETURN_IF_ERROR(
+        be_.layer_norm(x_.buf(), mw.norm_w, mw.norm_b, patches, D, kLayerNormEps, m_norm_.buf()));
   }
   VLM_RETURN_IF_ERROR(be_.linear(m_norm_.buf(), tokens, *mw.fc1, m_hidden_.buf()));
   // Both mergers use nn.GELU() (exact erf); fc1's bias add is fused into it.
@@ -372,15 +378,13 @@ Status VisionEncoder::run(const std::vector<GridThw>& grids, ops::Buf input, Vis
       }
     }
     VLM_RETURN_IF_ERROR(be_.linear(attn_.buf(), S, *B.proj, tmp));
-    VLM_RETURN_IF_ERROR(
-        be_.add_layer_norm(x, tmp, B.proj_b, B.norm2_w, B.norm2_b, S, D, eps, xn));
+    VLM_RETURN_IF_ERROR(be_.add_layer_norm(x, tmp, B.proj_b, B.norm2_w, B.norm2_b, S, D, eps, xn));
     VLM_RETURN_IF_ERROR(be_.linear(xn, S, *B.fc1, mlp_.buf()));
     VLM_RETURN_IF_ERROR(be_.bias_gelu(mlp_.buf(), B.fc1_b, S, I, /*tanh=*/true));
     VLM_RETURN_IF_ERROR(be_.linear(mlp_.buf(), S, *B.fc2, tmp));
     if (b + 1 < n_blocks) {
       const Block& N = blocks_[b + 1];
-      VLM_RETURN_IF_ERROR(
-          be_.add_layer_norm(x, tmp, B.fc2_b, N.norm1_w, N.norm1_b, S, D, eps, xn));
+      VLM_RETURN_IF_ERROR(be_.add_layer_norm(x, tmp, B.fc2_b, N.norm1_w, N.norm1_b, S, D, eps, xn));
     } else {
       VLM_RETURN_IF_ERROR(be_.add(x, tmp, B.fc2_b, S, D));
     }

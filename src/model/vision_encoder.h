@@ -4,9 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
-
 #include <memory>
+#include <vector>
 
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
@@ -21,9 +20,9 @@ struct GridThw {
 };
 
 struct VisionOutput {
-  int64_t tokens = 0;                          // merged tokens = patches / merge²
-  std::vector<float> embeds;                   // [tokens, out_hidden]: replaces the image pads
-  std::vector<std::vector<float>> deepstack;   // per DeepStack tap: [tokens, out_hidden]
+  int64_t tokens = 0;                         // merged tokens = patches / merge²
+  std::vector<float> embeds;                  // [tokens, out_hidden]: replaces the image pads
+  std::vector<std::vector<float>> deepstack;  // per DeepStack tap: [tokens, out_hidden]
 };
 
 // A resized image for a backend to normalise and patchify itself (PreprocessOptions::patchify

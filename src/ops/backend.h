@@ -185,8 +185,8 @@ class Backend {
   // Causal GQA attention of the batch's rows over the paged caches ([blocks · block_size,
   // n_kv_heads · head_dim] each), after qkv_rope_store put the batch's own K/V there.
   virtual Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache,
-                                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                                 float scale, Buf out) = 0;
+                                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                                 Buf out) = 0;
   // out [rows, n] = silu(gate) · up from gu [rows, 2n] (gate then up in each row).
   virtual Status silu_mul(Buf gu, int64_t rows, int64_t n, Buf out) = 0;
   // x[rows[i]] = src[i] / += src[i] for i < count (rows int32, distinct; src f32 [count, n]):

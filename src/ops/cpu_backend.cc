@@ -21,7 +21,7 @@ class CpuLinear final : public Linear {
     int64_t total = 0;
     for (const TensorView& v : parts_) {
       // INT8: one f32 scale per row; INT4: one per group of kInt4Group inputs.
-      const int64_t n_scales = v.scale == nullptr         ? 0
+      const int64_t n_scales = v.scale == nullptr      ? 0
                                : v.dtype == DType::kI4 ? v.dim(0) * (v.dim(1) / kInt4Group)
                                                        : v.dim(0);
       total += static_cast<int64_t>(v.nbytes()) + n_scales * static_cast<int64_t>(sizeof(float));
@@ -54,7 +54,8 @@ Result<Buffer> CpuBackend::alloc(int64_t elems, DType t, bool lazy) {
   // calloc: large blocks come straight from the kernel as zero pages, resident only where used
   // (a block-table buffer sized for the longest context costs what its rows reach).
   void* p = std::calloc(std::max<size_t>(bytes, 1), 1);
-  if (p == nullptr) return unavailable("out of memory allocating " + std::to_string(bytes) + " bytes");
+  if (p == nullptr)
+    return unavailable("out of memory allocating " + std::to_string(bytes) + " bytes");
   return Buffer(Buf{p, Device::kCpu, t}, bytes, std::shared_ptr<void>(p, std::free));
 }
 
@@ -130,8 +131,7 @@ Status CpuBackend::linear(Buf x, int64_t M, const Linear& w, Buf y) {
     ys[i] = f(y) + col;
     col += l.parts()[i].dim(0);
   }
-  matmul_multi(f(x), M, l.cols(), l.ptrs(), std::span<float* const>(ys, n), pool_, isa_,
-               l.rows());
+  matmul_multi(f(x), M, l.cols(), l.ptrs(), std::span<float* const>(ys, n), pool_, isa_, l.rows());
   return ok_status();
 }
 
@@ -185,8 +185,8 @@ Status CpuBackend::layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, floa
   return ok_status();
 }
 
-Status CpuBackend::add_layer_norm(Buf x, Buf delta, Buf bias, Buf w, Buf b, int64_t rows,
-                                  int64_t n, float eps, Buf y) {
+Status CpuBackend::add_layer_norm(Buf x, Buf delta, Buf bias, Buf w, Buf b, int64_t rows, int64_t n,
+                                  float eps, Buf y) {
   ops::add_layer_norm(f(x), f(delta), f(bias), f(w), f(b), rows, n, eps, f(y), pool_, isa_);
   return ok_status();
 }
@@ -223,8 +223,8 @@ Status CpuBackend::rope(Buf x, int64_t tokens, int64_t n_heads, int64_t head_dim
   return ok_status();
 }
 
-Status CpuBackend::attention_full(Buf q, Buf k, Buf v, int64_t n, int64_t n_heads,
-                                  int64_t head_dim, float scale, Buf out) {
+Status CpuBackend::attention_full(Buf q, Buf k, Buf v, int64_t n, int64_t n_heads, int64_t head_dim,
+                                  float scale, Buf out) {
   ops::attention_full(f(q), f(k), f(v), n, n_heads, head_dim, scale, f(out), pool_, isa_);
   return ok_status();
 }

@@ -34,16 +34,14 @@ class CpuBackend final : public Backend {
 
   Status embed(const Linear& table, Buf ids, int64_t count, Buf out) override;
   Status rms_norm(Buf x, Buf w, int64_t rows, int64_t n, float eps, Buf y) override;
-  Status add_rms_norm(Buf x, Buf delta, Buf w, int64_t rows, int64_t n, float eps,
-                      Buf y) override;
+  Status add_rms_norm(Buf x, Buf delta, Buf w, int64_t rows, int64_t n, float eps, Buf y) override;
   Status add(Buf x, Buf delta, Buf bias, int64_t rows, int64_t n) override;
   Status linear(Buf x, int64_t M, const Linear& w, Buf y) override;
   Status qkv_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                         int64_t head_dim, Buf q_norm, Buf k_norm, float eps, Buf cos, Buf sin,
                         Buf slots, Buf q, Buf k_cache, Buf v_cache) override;
-  Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache,
-                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
-                         Buf out) override;
+  Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache, int64_t n_heads,
+                         int64_t n_kv_heads, int64_t head_dim, float scale, Buf out) override;
   Status silu_mul(Buf gu, int64_t rows, int64_t n, Buf out) override;
   Status set_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override;
   Status add_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override;
@@ -55,8 +53,7 @@ class CpuBackend final : public Backend {
   Status bias_gelu(Buf x, Buf bias, int64_t rows, int64_t n, bool tanh) override;
   Status add_bias(Buf x, Buf bias, int64_t rows, int64_t n) override;
   Status split_qkv(Buf qkv, Buf bias, int64_t rows, int64_t n, Buf q, Buf k, Buf v) override;
-  Status rope(Buf x, int64_t tokens, int64_t n_heads, int64_t head_dim, Buf cos,
-              Buf sin) override;
+  Status rope(Buf x, int64_t tokens, int64_t n_heads, int64_t head_dim, Buf cos, Buf sin) override;
   Status attention_full(Buf q, Buf k, Buf v, int64_t n, int64_t n_heads, int64_t head_dim,
                         float scale, Buf out) override;
   Status convert(Buf src, int64_t count, Buf dst) override;

@@ -41,10 +41,14 @@ Isa detect_capped() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kGeneric: return "generic";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx512Vnni: return "avx512vnni";
+    case Isa::kGeneric:
+      return "generic";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx512Vnni:
+      return "avx512vnni";
   }
   return "?";
 }

@@ -16,7 +16,8 @@ constexpr int64_t kScratchRows = 32;
 }  // namespace
 
 Status check_linear_weight(const TensorView& w, int64_t in_features) {
-  if (w.rank() != 2) return invalid_argument("linear weight must be 2-D, got " + shape_to_string(w.shape));
+  if (w.rank() != 2)
+    return invalid_argument("linear weight must be 2-D, got " + shape_to_string(w.shape));
   if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16 &&
       w.dtype != DType::kI8 && w.dtype != DType::kI4) {
     return invalid_argument(std::string("unsupported weight dtype ") + dtype_name(w.dtype));
@@ -42,8 +43,7 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
 }
 
 bool matmul_runs_f16(Isa isa, int64_t M, int64_t K, DType wtype) {
-  return has_fp16_arithmetic(isa) && M >= kernels::kPackedMinRows &&
-         K % kernels::kF16Run == 0 &&
+  return has_fp16_arithmetic(isa) && M >= kernels::kPackedMinRows && K % kernels::kF16Run == 0 &&
          (wtype == DType::kF32 || wtype == DType::kBF16 || wtype == DType::kF16);
 }
 
@@ -132,8 +132,8 @@ Int4Kernels int4_kernels(Isa isa) {
 // NOTE(vlm): BF16, not f32: rounding q · scale to BF16 moves a weight by at most 2^-9 of itself,
 // far below the INT4 step (the ops tests bound it), and it lets the BF16 GEMM serve INT4 too.
 void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w, int64_t n0,
-                      int64_t n1, float* y, int64_t ldy, const Int4Kernels& k4,
-                      MatmulRowsFn kernel, uint16_t* rows, float* scratch) {
+                      int64_t n1, float* y, int64_t ldy, const Int4Kernels& k4, MatmulRowsFn kernel,
+                      uint16_t* rows, float* scratch) {
   const auto* q = static_cast<const uint8_t*>(w.data);
   if (M < kInt4WidenMinRows) {
     k4.matmul(x, M, K, q, w.scale, n0, n1, y, ldy);
@@ -198,14 +198,15 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
     total += w->dim(0);
     quantize_x = quantize_x || matmul_quantizes_x(isa, M, K, w->dtype);
     want_scratch = want_scratch || wants_scratch(M, w->dtype);
-    widen_int4 = widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows &&
-                                M < kernels::kPackedMinRows &&
-                                !matmul_quantizes_x(isa, M, K, w->dtype));
+    widen_int4 =
+        widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows &&
+                       M < kernels::kPackedMinRows && !matmul_quantizes_x(isa, M, K, w->dtype));
   }
   // Per thread: the kernels' scratch, then (I4 prefill) kScratchRows BF16 rows of K.
   const int64_t scratch_floats = kScratchRows * K;
-  static_assert(kernels::q8_scratch_bytes(kernels::kQ8Block) <= kScratchRows * kernels::kQ8Block * 4,
-                "the INT8-activation panel fits the kernels' scratch (and grows slower with K)");
+  static_assert(
+      kernels::q8_scratch_bytes(kernels::kQ8Block) <= kScratchRows * kernels::kQ8Block * 4,
+      "the INT8-activation panel fits the kernels' scratch (and grows slower with K)");
   // (A named reference: inside the lambda, the thread_local itself would name each worker's own.)
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;

@@ -85,7 +85,6 @@ Status quantize_int4(const TensorView& w, uint8_t* q, float* scale, ThreadPool& 
 // y[r, :] += bias for every row r. y: [rows, n].
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n);
 
-
 // out[i, :] = table[ids[i], :] converted to f32. table: [vocab, n] F32/BF16/F16.
 void embedding_lookup(const TensorView& table, const int32_t* ids, int64_t count, float* out);
 

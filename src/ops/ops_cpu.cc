@@ -18,9 +18,12 @@ const kernels::EltwiseKernels& eltwise(Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   switch (isa) {
     case Isa::kAvx512:
-    case Isa::kAvx512Vnni: return kernels::avx512::eltwise_kernels();
-    case Isa::kAvx2: return kernels::avx2::eltwise_kernels();
-    case Isa::kGeneric: break;
+    case Isa::kAvx512Vnni:
+      return kernels::avx512::eltwise_kernels();
+    case Isa::kAvx2:
+      return kernels::avx2::eltwise_kernels();
+    case Isa::kGeneric:
+      break;
   }
 #endif
   return kernels::generic::eltwise_kernels();
@@ -52,9 +55,8 @@ float logsumexp(const float* x, int64_t n, float at, int64_t* above, Isa isa) {
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* y,
               ThreadPool& pool, Isa isa) {
   const auto k = eltwise(isa).rms_norm;
-  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) {
-    k(x + r0 * n, w, r1 - r0, n, eps, y + r0 * n);
-  });
+  for_rows(pool, rows, n,
+           [&](int64_t r0, int64_t r1) { k(x + r0 * n, w, r1 - r0, n, eps, y + r0 * n); });
 }
 
 void add_rms_norm(float* x, const float* delta, const float* w, int64_t rows, int64_t n, float eps,
@@ -68,9 +70,8 @@ void add_rms_norm(float* x, const float* delta, const float* w, int64_t rows, in
 void layer_norm(const float* x, const float* w, const float* b, int64_t rows, int64_t n, float eps,
                 float* y, ThreadPool& pool, Isa isa) {
   const auto k = eltwise(isa).layer_norm;
-  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) {
-    k(x + r0 * n, w, b, r1 - r0, n, eps, y + r0 * n);
-  });
+  for_rows(pool, rows, n,
+           [&](int64_t r0, int64_t r1) { k(x + r0 * n, w, b, r1 - r0, n, eps, y + r0 * n); });
 }
 
 void add_layer_norm(float* x, const float* delta, const float* delta_bias, const float* w,
@@ -85,9 +86,8 @@ void add_layer_norm(float* x, const float* delta, const float* delta_bias, const
 void add_residual(float* x, const float* delta, const float* delta_bias, int64_t rows, int64_t n,
                   ThreadPool& pool, Isa isa) {
   const auto k = eltwise(isa).add_rows;
-  for_rows(pool, rows, n, [&](int64_t r0, int64_t r1) {
-    k(x + r0 * n, delta + r0 * n, delta_bias, r1 - r0, n);
-  });
+  for_rows(pool, rows, n,
+           [&](int64_t r0, int64_t r1) { k(x + r0 * n, delta + r0 * n, delta_bias, r1 - r0, n); });
 }
 
 void gelu_tanh(float* y, const float* bias, int64_t rows, int64_t n, ThreadPool& pool, Isa isa) {
@@ -195,11 +195,11 @@ void embedding_lookup(const TensorView& table, const int32_t* ids, int64_t count
 
 namespace {
 
-using AttendFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float,
-                          float*);
+using AttendFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                          float, float*);
 
-// Scalar online-softmax attention of one query row against keys [0, n_keys): running max m, running sum
-// l and an f32 accumulator o, so memory stays O(head_dim) whatever the context length.
+// Scalar online-softmax attention of one query row against keys [0, n_keys): running max m, running
+// sum l and an f32 accumulator o, so memory stays O(head_dim) whatever the context length.
 inline void attend_row(const float* qv, const float* k, const float* v, int64_t kv_stride,
                        int64_t n_keys, int64_t head_dim, float scale, float* o) {
   std::fill(o, o + head_dim, 0.f);
@@ -233,8 +233,7 @@ struct AttentionKernels {
                            int64_t, int64_t, int64_t, float, float*);
   float (*softmax_exp_row)(float*, int64_t, float);
   void (*attend_group_partial)(const float*, int64_t, const float*, const float*, const int32_t*,
-                               int64_t, int64_t, int64_t, int64_t, int64_t, float, float*,
-                               int64_t);
+                               int64_t, int64_t, int64_t, int64_t, int64_t, float, float*, int64_t);
   // The blocked paths' GEMMs against K and V packed once per head (kernels/cpu/matmul.h).
   void (*pack_b_rows)(const float*, int64_t, int64_t, int64_t, float*);
   void (*pack_b_cols)(const float*, int64_t, int64_t, int64_t, float*);
@@ -243,33 +242,30 @@ struct AttentionKernels {
 };
 
 const AttentionKernels& attention_kernels(Isa isa) {
-  static const AttentionKernels kGeneric = {&kernels::generic::attend_row,
-                                            &kernels::generic::attend_row_paged,
-                                            &kernels::generic::softmax_exp_row,
-                                            &kernels::generic::attend_group_partial,
-                                            &kernels::generic::pack_b_rows,
-                                            &kernels::generic::pack_b_cols,
-                                            &kernels::generic::matmul_prepacked};
+  static const AttentionKernels kGeneric = {
+      &kernels::generic::attend_row,      &kernels::generic::attend_row_paged,
+      &kernels::generic::softmax_exp_row, &kernels::generic::attend_group_partial,
+      &kernels::generic::pack_b_rows,     &kernels::generic::pack_b_cols,
+      &kernels::generic::matmul_prepacked};
 #if defined(VLM_HAVE_X86_DISPATCH)
-  static const AttentionKernels kAvx2 = {&kernels::avx2::attend_row,
-                                         &kernels::avx2::attend_row_paged,
-                                         &kernels::avx2::softmax_exp_row,
-                                         &kernels::avx2::attend_group_partial,
-                                         &kernels::avx2::pack_b_rows,
-                                         &kernels::avx2::pack_b_cols,
-                                         &kernels::avx2::matmul_prepacked};
-  static const AttentionKernels kAvx512 = {&kernels::avx512::attend_row,
-                                           &kernels::avx512::attend_row_paged,
-                                           &kernels::avx512::softmax_exp_row,
-                                           &kernels::avx512::attend_group_partial,
-                                           &kernels::avx512::pack_b_rows,
-                                           &kernels::avx512::pack_b_cols,
-                                           &kernels::avx512::matmul_prepacked};
+  static const AttentionKernels kAvx2 = {
+      &kernels::avx2::attend_row,      &kernels::avx2::attend_row_paged,
+      &kernels::avx2::softmax_exp_row, &kernels::avx2::attend_group_partial,
+      &kernels::avx2::pack_b_rows,     &kernels::avx2::pack_b_cols,
+      &kernels::avx2::matmul_prepacked};
+  static const AttentionKernels kAvx512 = {
+      &kernels::avx512::attend_row,      &kernels::avx512::attend_row_paged,
+      &kernels::avx512::softmax_exp_row, &kernels::avx512::attend_group_partial,
+      &kernels::avx512::pack_b_rows,     &kernels::avx512::pack_b_cols,
+      &kernels::avx512::matmul_prepacked};
   switch (isa) {
     case Isa::kAvx512:
-    case Isa::kAvx512Vnni: return kAvx512;
-    case Isa::kAvx2: return kAvx2;
-    case Isa::kGeneric: break;
+    case Isa::kAvx512Vnni:
+      return kAvx512;
+    case Isa::kAvx2:
+      return kAvx2;
+    case Isa::kGeneric:
+      break;
   }
 #endif
   return kGeneric;
@@ -471,7 +467,8 @@ void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float
         float* const kg = gather.get(t);
         float* const vg = kg + n_keys * head_dim;
         for (int64_t j = 0; j < n_keys; ++j) {
-          const int64_t row = static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
+          const int64_t row =
+              static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
           std::copy_n(k_pool + row * kv_stride + kv_off, head_dim, kg + j * head_dim);
           std::copy_n(v_pool + row * kv_stride + kv_off, head_dim, vg + j * head_dim);
         }
@@ -485,7 +482,8 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
                     int64_t head_dim, float scale, float* out, ThreadPool& pool, Isa isa) {
   const int64_t stride = n_heads * head_dim;
   if (n < kBlockedMinTokens || head_dim % 8 != 0) {
-    const AttendFn attend = vector_head_dim(head_dim) ? attention_kernels(isa).attend_row : &attend_row;
+    const AttendFn attend =
+        vector_head_dim(head_dim) ? attention_kernels(isa).attend_row : &attend_row;
     pool.parallel_for(n * n_heads, 1, [&](int64_t begin, int64_t end, int) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t i = item / n_heads;
@@ -517,9 +515,8 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
       kern.pack_b_cols(v + h * head_dim, stride, head_dim, n, vp);
       for (int64_t q0 = 0; q0 < n; q0 += kQueryBlock) {
         const int64_t m = std::min(kQueryBlock, n - q0);
-        attend_query_block(q + q0 * stride + h * head_dim, stride, m, kp, vp, n, n, head_dim,
-                           scale, /*visible0=*/n, scores, out + q0 * stride + h * head_dim, stride,
-                           isa);
+        attend_query_block(q + q0 * stride + h * head_dim, stride, m, kp, vp, n, n, head_dim, scale,
+                           /*visible0=*/n, scores, out + q0 * stride + h * head_dim, stride, isa);
       }
     }
   });

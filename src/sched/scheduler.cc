@@ -28,11 +28,10 @@ Scheduler::Scheduler(const SchedulerConfig& config)
 Status Scheduler::check_fits(int64_t num_tokens) const {
   // A request must fit the cache alone at its largest, or preemption could never make room for it.
   if (kv_.blocks_for(num_tokens) > config_.num_blocks) {
-    return out_of_range(std::to_string(num_tokens) + " tokens need " +
-                        std::to_string(kv_.blocks_for(num_tokens)) +
-                        " KV blocks but the whole cache has " + std::to_string(config_.num_blocks) +
-                        " (of " + std::to_string(config_.block_size) +
-                        " tokens); shorten the prompt or max_tokens");
+    return out_of_range(
+        std::to_string(num_tokens) + " tokens need " + std::to_string(kv_.blocks_for(num_tokens)) +
+        " KV blocks but the whole cache has " + std::to_string(config_.num_blocks) + " (of " +
+        std::to_string(config_.block_size) + " tokens); shorten the prompt or max_tokens");
   }
   return ok_status();
 }
@@ -42,7 +41,8 @@ Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tok
   if (requests_.count(id) != 0) return invalid_argument(what + ": duplicate id");
   if (num_prompt_tokens < 1) return invalid_argument(what + ": empty prompt");
   if (max_new_tokens < 1) {
-    return invalid_argument(what + ": max_new_tokens must be >= 1 (a prefill always samples one token)");
+    return invalid_argument(what +
+                            ": max_new_tokens must be >= 1 (a prefill always samples one token)");
   }
   VLM_RETURN_IF_ERROR(check_fits(num_prompt_tokens + max_new_tokens).with_context(what));
   if (num_waiting() >= config_.max_waiting) {
@@ -213,7 +213,8 @@ void Scheduler::append_token(int64_t id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;  // aborted meanwhile
   SchedRequest& r = it->second;
-  VLM_CHECK(r.num_tokens < r.num_tokens_limit(), "append_token past max_new_tokens: call finish() instead");
+  VLM_CHECK(r.num_tokens < r.num_tokens_limit(),
+            "append_token past max_new_tokens: call finish() instead");
   ++r.num_tokens;
 }
 

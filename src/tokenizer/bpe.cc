@@ -1,8 +1,8 @@
 #include "tokenizer/bpe.h"
 
 #include <algorithm>
-#include <limits>
 #include <functional>
+#include <limits>
 
 namespace vlm::tok {
 

@@ -66,12 +66,14 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const ChatTemp
       append_text_parts(messages[0], &out);
       out += "\n\n";
     }
-    out += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-           "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+    out +=
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
     for (const std::string& t : opts.tools_json) out += "\n" + t;
-    out += "\n</tools>\n\nFor each function call, return a json object with function name and "
-           "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-           "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+    out +=
+        "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
   } else if (first_is_system) {
     out += "<|im_start|>system\n";
     append_text_parts(messages[0], &out);
@@ -90,8 +92,8 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const ChatTemp
       append_text_parts(m, &out);
       for (size_t c = 0; c < m.tool_calls.size(); ++c) {
         if (c > 0 || content_truthy(m)) out += "\n";
-        out += "<tool_call>\n{\"name\": \"" + m.tool_calls[c].name + "\", \"arguments\": " +
-               m.tool_calls[c].arguments + "}\n</tool_call>";
+        out += "<tool_call>\n{\"name\": \"" + m.tool_calls[c].name +
+               "\", \"arguments\": " + m.tool_calls[c].arguments + "}\n</tool_call>";
       }
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {

@@ -13,10 +13,9 @@ bool nfc_full(std::string_view s, std::string* out) {
   out->clear();
   utf8proc_uint8_t* dst = nullptr;
   // No UTF8PROC_NULLTERM: the length bounds the input, so U+0000 inside the text survives.
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &dst,
-                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const utf8proc_ssize_t n = utf8proc_map(
+      reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+      &dst, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   if (n < 0) return false;
   out->assign(reinterpret_cast<const char*>(dst), static_cast<size_t>(n));
   std::free(dst);
@@ -81,8 +80,8 @@ class NfcInertTable {
 
   static utf8proc_ssize_t canonical_decomposition(uint32_t cp, utf8proc_int32_t (&buf)[32]) {
     int boundclass = UTF8PROC_BOUNDCLASS_START;
-    return utf8proc_decompose_char(static_cast<utf8proc_int32_t>(cp), buf, 32,
-                                   UTF8PROC_DECOMPOSE, &boundclass);
+    return utf8proc_decompose_char(static_cast<utf8proc_int32_t>(cp), buf, 32, UTF8PROC_DECOMPOSE,
+                                   &boundclass);
   }
   static void utf8_append(uint32_t cp, std::string* out) {
     utf8proc_uint8_t b[4];
@@ -276,8 +275,8 @@ Result<std::unique_ptr<SplitRegex>> SplitRegex::compile(std::string_view pattern
   if (code->code == nullptr) {
     PCRE2_UCHAR buf[256];
     pcre2_get_error_message(err, buf, sizeof(buf));
-    return invalid_argument("split regex does not compile at offset " +
-                            std::to_string(err_offset) + ": " + reinterpret_cast<char*>(buf));
+    return invalid_argument("split regex does not compile at offset " + std::to_string(err_offset) +
+                            ": " + reinterpret_cast<char*>(buf));
   }
   // JIT is an optimisation only: without it (unsupported CPU, or a library built without JIT)
   // the interpreter gives identical matches.

@@ -128,7 +128,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool split_special
   // Added tokens are found in the raw text, leftmost first and longest at a given position (the
   // Rust library's LeftmostLongest Aho-Corasick); the text between them is encoded normally.
   while (i < text.size()) {
-    const std::vector<int32_t>& candidates = im.added_by_first_byte[static_cast<unsigned char>(text[i])];
+    const std::vector<int32_t>& candidates =
+        im.added_by_first_byte[static_cast<unsigned char>(text[i])];
     const Impl::AddedToken* hit = nullptr;
     for (int32_t c : candidates) {  // longest first
       const Impl::AddedToken& t = im.added[c];

@@ -190,8 +190,7 @@ Status load_pre_tokenizer(const json& root, Impl* im) {
         return unimplemented("Split pre-tokenizer other than behavior Isolated, invert false");
       }
       auto p = s->find("pattern");
-      if (p == s->end() || !p->is_object() || !p->contains("Regex") ||
-          !(*p)["Regex"].is_string()) {
+      if (p == s->end() || !p->is_object() || !p->contains("Regex") || !(*p)["Regex"].is_string()) {
         return unimplemented("Split pre-tokenizer without a \"Regex\" pattern");
       }
       pattern = (*p)["Regex"].get<std::string>();

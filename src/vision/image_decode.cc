@@ -139,9 +139,9 @@ Result<Image> allocate_image(ImageFormat format, int64_t width, int64_t height) 
   try {
     img.rgb.resize(static_cast<size_t>(width) * static_cast<size_t>(height) * 3);
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kUnavailable,
-                  std::string(image_format_name(format)) + ": out of memory for a " +
-                      std::to_string(width) + "x" + std::to_string(height) + " image");
+    return Status(StatusCode::kUnavailable, std::string(image_format_name(format)) +
+                                                ": out of memory for a " + std::to_string(width) +
+                                                "x" + std::to_string(height) + " image");
   }
   return img;
 }
@@ -173,7 +173,8 @@ Result<Image> decode_image(const uint8_t* data, size_t size, const ImageDecodeLi
   return internal_error("unhandled image format");
 }
 
-Result<std::vector<uint8_t>> read_image_file(const std::string& path, const ImageDecodeLimits& limits) {
+Result<std::vector<uint8_t>> read_image_file(const std::string& path,
+                                             const ImageDecodeLimits& limits) {
   return read_file_bytes(path, limits.max_bytes);
 }
 

@@ -45,7 +45,8 @@ Result<Image> decode_image(const uint8_t* data, size_t size, const ImageDecodeLi
 
 // Reads an image file's bytes (at most limits.max_bytes). Errors name the path (kNotFound when it
 // does not exist).
-Result<std::vector<uint8_t>> read_image_file(const std::string& path, const ImageDecodeLimits& limits = {});
+Result<std::vector<uint8_t>> read_image_file(const std::string& path,
+                                             const ImageDecodeLimits& limits = {});
 
 // Reads `path` and decodes it. Errors name the path (kNotFound when it does not exist).
 Result<Image> load_image_file(const std::string& path, const ImageDecodeLimits& limits = {});

@@ -154,9 +154,9 @@ Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOpt
     }
     if (opt.patchify) out.pixel_values.resize(static_cast<size_t>(rows * cols));
   } catch (const std::bad_alloc&) {
-    return Status(StatusCode::kUnavailable,
-                  "preprocess: out of memory for a " + std::to_string(rw) + "x" +
-                      std::to_string(rh) + " image (" + std::to_string(rows) + " patches)");
+    return Status(StatusCode::kUnavailable, "preprocess: out of memory for a " +
+                                                std::to_string(rw) + "x" + std::to_string(rh) +
+                                                " image (" + std::to_string(rows) + " patches)");
   }
 
   float lut[3][256];

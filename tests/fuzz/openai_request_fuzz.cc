@@ -25,16 +25,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       vlm::ChatTemplateOptions opts;
       opts.tools_json = r->tools_json;
       const std::string prompt = vlm::render_chat(r->messages, opts);
-      if (r->n < 1 || r->n > limits.max_n || r->images.size() > size_t(limits.max_images)) __builtin_trap();
+      if (r->n < 1 || r->n > limits.max_n || r->images.size() > size_t(limits.max_images))
+        __builtin_trap();
       (void)prompt;
-    } else if (r.error().http_status < 400 || r.error().http_status > 499 || r.error().message.empty()) {
+    } else if (r.error().http_status < 400 || r.error().http_status > 499 ||
+               r.error().message.empty()) {
       __builtin_trap();
     }
   } else {
     auto r = vlm::parse_completion(body, limits);
     if (r.ok()) {
-      if (r->prompts.empty() || r->prompts.size() * size_t(r->n) > size_t(limits.max_n)) __builtin_trap();
-    } else if (r.error().http_status < 400 || r.error().http_status > 499 || r.error().message.empty()) {
+      if (r->prompts.empty() || r->prompts.size() * size_t(r->n) > size_t(limits.max_n))
+        __builtin_trap();
+    } else if (r.error().http_status < 400 || r.error().http_status > 499 ||
+               r.error().message.empty()) {
       __builtin_trap();
     }
   }

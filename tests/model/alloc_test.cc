@@ -79,9 +79,8 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
     if (s.ok()) s = run(ids.data(), 12, 0);  // a second prefill reuses everything too
     g_counting = false;
     ASSERT_TRUE(s.ok()) << s.message();
-    EXPECT_EQ(g_allocations.load(), 0)
-        << name << (quant == WeightQuant::kInt8 ? " int8" : "")
-        << (quant == WeightQuant::kInt4 ? " int4" : "");
+    EXPECT_EQ(g_allocations.load(), 0) << name << (quant == WeightQuant::kInt8 ? " int8" : "")
+                                       << (quant == WeightQuant::kInt4 ? " int4" : "");
   }
 }
 

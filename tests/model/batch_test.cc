@@ -21,12 +21,14 @@ Model load(const std::string& name) {
 }
 
 struct Seq {
-  std::vector<int32_t> ids;   // prompt, then generated tokens appended
-  int64_t computed = 0;       // tokens whose KV is cached
-  std::vector<int64_t> pos;   // positions 0..n-1 (text only: T = H = W)
+  std::vector<int32_t> ids;  // prompt, then generated tokens appended
+  int64_t computed = 0;      // tokens whose KV is cached
+  std::vector<int64_t> pos;  // positions 0..n-1 (text only: T = H = W)
 };
 
-int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max_element(v, v + n) - v); }
+int32_t argmax(const float* v, int64_t n) {
+  return static_cast<int32_t>(std::max_element(v, v + n) - v);
+}
 
 // Greedy decode of one sequence alone (contiguous cache); returns the logits of every step.
 std::vector<std::vector<float>> alone(const Model& m, std::vector<int32_t> ids, int steps) {
@@ -45,7 +47,8 @@ std::vector<std::vector<float>> alone(const Model& m, std::vector<int32_t> ids, 
   for (int s = 0; s < steps; ++s) {
     const int64_t n = static_cast<int64_t>(ids.size()) - done;
     Positions3 p{pos.data() + done, pos.data() + done, pos.data() + done};
-    EXPECT_TRUE(dec.forward(ids.data() + done, n, p, done, cache, LogitRows::kLast, logits.data()).ok());
+    EXPECT_TRUE(
+        dec.forward(ids.data() + done, n, p, done, cache, LogitRows::kLast, logits.data()).ok());
     done = static_cast<int64_t>(ids.size());
     out.push_back(logits);
     ids.push_back(argmax(logits.data(), V));
@@ -102,16 +105,20 @@ TEST(Batch, PagedBatchEqualsSequencesAlone) {
         c.ids = q.ids.data() + q.computed;
         c.n = n;
         c.first = q.computed;
-        c.pos = Positions3{q.pos.data() + q.computed, q.pos.data() + q.computed, q.pos.data() + q.computed};
+        c.pos = Positions3{q.pos.data() + q.computed, q.pos.data() + q.computed,
+                           q.pos.data() + q.computed};
         c.block_table = table.data();
         c.num_table_blocks = static_cast<int64_t>(table.size());
         // A chunk that ends the prompt (or decodes) wants logits; a partial prefill does not.
-        c.rows = q.computed + n == static_cast<int64_t>(q.ids.size()) ? LogitRows::kLast : LogitRows::kNone;
+        c.rows = q.computed + n == static_cast<int64_t>(q.ids.size()) ? LogitRows::kLast
+                                                                      : LogitRows::kNone;
         chunks.push_back(c);
         who.push_back(s);
       }
       if (chunks.empty()) break;
-      ASSERT_TRUE(dec.forward_batch(chunks.data(), static_cast<int64_t>(chunks.size()), cache, logits.data()).ok());
+      ASSERT_TRUE(dec.forward_batch(chunks.data(), static_cast<int64_t>(chunks.size()), cache,
+                                    logits.data())
+                      .ok());
       int64_t row = 0;
       for (size_t c = 0; c < chunks.size(); ++c) {
         Seq& q = seqs[who[c]];
@@ -120,7 +127,8 @@ TEST(Batch, PagedBatchEqualsSequencesAlone) {
         const float* got = logits.data() + row * V;
         ++row;
         const int st = step_of[who[c]]++;
-        EXPECT_LE(rel_err(got, want[who[c]][st]), 1e-5) << name << " seq " << who[c] << " step " << st;
+        EXPECT_LE(rel_err(got, want[who[c]][st]), 1e-5)
+            << name << " seq " << who[c] << " step " << st;
         q.ids.push_back(argmax(got, V));
       }
     }
@@ -155,8 +163,14 @@ TEST(Batch, PaddedDecodeStepEqualsThePlainOne) {
       const auto n = static_cast<int64_t>(q.ids.size());
       ASSERT_TRUE(kv.reserve(static_cast<int64_t>(s), n + 1).ok());
       const auto& table = kv.block_table(static_cast<int64_t>(s));
-      SeqChunk c{q.ids.data(), n, 0, Positions3{q.pos.data(), q.pos.data(), q.pos.data()},
-                 table.data(), static_cast<int64_t>(table.size()), nullptr, LogitRows::kLast};
+      SeqChunk c{q.ids.data(),
+                 n,
+                 0,
+                 Positions3{q.pos.data(), q.pos.data(), q.pos.data()},
+                 table.data(),
+                 static_cast<int64_t>(table.size()),
+                 nullptr,
+                 LogitRows::kLast};
       ASSERT_TRUE(dec.forward_batch(&c, 1, cache, logits.data()).ok());
       q.computed = n;
       q.ids.push_back(argmax(logits.data(), V));
@@ -175,23 +189,30 @@ TEST(Batch, PaddedDecodeStepEqualsThePlainOne) {
     ASSERT_TRUE(dec->prepare(chunks.data(), 3, cache, pad, &pass).ok());
     EXPECT_EQ(pass.rows, padded ? 8 : 3);
     EXPECT_TRUE(pass.sel_all);
-    ASSERT_TRUE(dec->run(pass, cache, ops::Buf{logits.data(), ops::Device::kCpu, DType::kF32}).ok());
-    for (int64_t r = 0; r < 3; ++r) got[padded].emplace_back(logits.data() + r * V, logits.data() + (r + 1) * V);
+    ASSERT_TRUE(
+        dec->run(pass, cache, ops::Buf{logits.data(), ops::Device::kCpu, DType::kF32}).ok());
+    for (int64_t r = 0; r < 3; ++r)
+      got[padded].emplace_back(logits.data() + r * V, logits.data() + (r + 1) * V);
     // And one more plain step after it: the padded step wrote the sequences' K/V as the plain one.
     for (size_t s = 0; s < prompts.size(); ++s) {
       seqs[s].computed += 1;
       seqs[s].ids.push_back(argmax(got[padded][s].data(), V));
       ASSERT_TRUE(kv.reserve(static_cast<int64_t>(s), seqs[s].computed + 1).ok());
       const auto& table = kv.block_table(static_cast<int64_t>(s));
-      chunks[s] = SeqChunk{seqs[s].ids.data() + seqs[s].computed, 1, seqs[s].computed,
-                           Positions3{seqs[s].pos.data() + seqs[s].computed,
-                                      seqs[s].pos.data() + seqs[s].computed,
-                                      seqs[s].pos.data() + seqs[s].computed},
-                           table.data(), static_cast<int64_t>(table.size()), nullptr,
-                           LogitRows::kLast};
+      chunks[s] = SeqChunk{
+          seqs[s].ids.data() + seqs[s].computed,
+          1,
+          seqs[s].computed,
+          Positions3{seqs[s].pos.data() + seqs[s].computed, seqs[s].pos.data() + seqs[s].computed,
+                     seqs[s].pos.data() + seqs[s].computed},
+          table.data(),
+          static_cast<int64_t>(table.size()),
+          nullptr,
+          LogitRows::kLast};
     }
     ASSERT_TRUE(dec.forward_batch(chunks.data(), 3, cache, logits.data()).ok());
-    for (int64_t r = 0; r < 3; ++r) got[padded].emplace_back(logits.data() + r * V, logits.data() + (r + 1) * V);
+    for (int64_t r = 0; r < 3; ++r)
+      got[padded].emplace_back(logits.data() + r * V, logits.data() + (r + 1) * V);
   }
   ASSERT_EQ(got[0].size(), got[1].size());
   for (size_t i = 0; i < got[0].size(); ++i) EXPECT_EQ(got[0][i], got[1][i]) << "row " << i;

@@ -69,7 +69,8 @@ TEST(Cli, TokenizeAndDetokenize) {
   r = vlm("tokenize -m " + quote(kTokenizerDir) + " --text " + quote("<|im_start|>user"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "[151644, 872]\n");
-  r = vlm("tokenize -m " + quote(kTokenizerDir) + " --split-special --text " + quote("<|im_start|>"));
+  r = vlm("tokenize -m " + quote(kTokenizerDir) + " --split-special --text " +
+          quote("<|im_start|>"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out, "[151644]\n");
 
@@ -96,8 +97,7 @@ struct LogitsError {
 
 // Runs `vlm logits` (with `flags`) on the ids of logits entry `index` of the fixture's
 // reference.json and compares the written file with that entry's reference logits.
-void cli_logits_error(const std::string& dir, int index, const std::string& flags,
-                      LogitsError* e) {
+void cli_logits_error(const std::string& dir, int index, const std::string& flags, LogitsError* e) {
   auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
   const auto& entry = ref["logits"][index];
   test_util::TempDir tmp;
@@ -177,10 +177,11 @@ TEST(Cli, LogitsWithAnImageExpandThePadAndMatchTransformers) {
     const auto& im = ref["images"]["tall"];
     test_util::TempDir tmp;
     const std::string out = tmp.file("logits.npy");
-    CliResult r = vlm("logits -m " + quote(dir) + " --ids " + join_ids(c["prompt_ids"]) + " --image " +
-                      quote(dir + "/" + im["source"].get<std::string>()) + " --min-pixels " +
-                      std::to_string(im["min_pixels"].get<int64_t>()) + " --max-pixels " +
-                      std::to_string(im["max_pixels"].get<int64_t>()) + " --out " + quote(out));
+    CliResult r =
+        vlm("logits -m " + quote(dir) + " --ids " + join_ids(c["prompt_ids"]) + " --image " +
+            quote(dir + "/" + im["source"].get<std::string>()) + " --min-pixels " +
+            std::to_string(im["min_pixels"].get<int64_t>()) + " --max-pixels " +
+            std::to_string(im["max_pixels"].get<int64_t>()) + " --out " + quote(out));
     ASSERT_EQ(r.code, 0) << r.err;
     auto got = read_npy(out);
     auto want = read_npy(dir + "/" + c["logits"]["file"].get<std::string>());
@@ -205,7 +206,8 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"logits -m /nonexistent/dir --ids 1 --out /tmp/x.npy", "/nonexistent/dir"},
       {"logits -m " + quote(dir) + " --ids 1,x --out /tmp/x.npy", "'x' is not a token id"},
       {"logits -m " + quote(dir) + " --ids 5000 --out /tmp/x.npy", "outside the vocabulary"},
-      {"logits -m " + quote(dir) + " --ids 1 --out /nonexistent/dir/x.npy", "/nonexistent/dir/x.npy"},
+      {"logits -m " + quote(dir) + " --ids 1 --out /nonexistent/dir/x.npy",
+       "/nonexistent/dir/x.npy"},
       {"run -m " + quote(dir) + " -p hi", "tokenizer.json"},
       {"tokenize -m /nonexistent/tok --text hi", "/nonexistent/tok"},
       {"tokenize -m " + quote(kTokenizerDir), "--text or --file"},
@@ -223,7 +225,8 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"bench -m " + quote(dir) + " --synthetic-image 448", "is not WIDTHxHEIGHT"},
       {"bench -m " + quote(dir) + " -r 0", "at least 1 repetition"},
       {"bench -p 8", "-m is required"},
-      {"logits -m " + quote(kFixtures + "/vision-f32") + " --ids 10,1002,1000,1003 --image /nonexistent/x.png --out /tmp/x.npy",
+      {"logits -m " + quote(kFixtures + "/vision-f32") +
+           " --ids 10,1002,1000,1003 --image /nonexistent/x.png --out /tmp/x.npy",
        "/nonexistent/x.png"},
       {"logits -m " + quote(kFixtures + "/vision-f32") + " --ids 10,11 --image " +
            quote(kFixtures + "/vision-f32/synthetic_tiny.png") + " --out /tmp/x.npy",
@@ -391,7 +394,8 @@ TEST(Cli, BenchVisionOnFilesAndSyntheticImages) {
   EXPECT_EQ(rows_of(nlohmann::json::parse(again.out), "vision_encode")[0]["tokens"],
             enc[0]["tokens"]);
   // --vision-fp16 reaches the engine where the CPU has AVX-512 FP16, and the JSON says which.
-  CliResult f16 = vlm("bench -m " + quote(dir) + " --synthetic-image 64x48 -r 1 -t 2 --vision-fp16 --json -");
+  CliResult f16 =
+      vlm("bench -m " + quote(dir) + " --synthetic-image 64x48 -r 1 -t 2 --vision-fp16 --json -");
   ASSERT_EQ(f16.code, 0) << f16.err;
   EXPECT_EQ(nlohmann::json::parse(f16.out)["vision_fp16"],
             ops::has_fp16_arithmetic(ops::detected_isa()));
@@ -402,7 +406,8 @@ class CliRun : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string src = kFixtures + "/tiny-fullvocab-bf16";
-    for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "reference.json"}) {
+    for (const char* f :
+         {"config.json", "generation_config.json", "model.safetensors", "reference.json"}) {
       fs::create_symlink(fs::absolute(src + "/" + f), dir_ / f);
     }
     fs::create_symlink(fs::absolute(kTokenizerDir + "/tokenizer.json"), dir_ / "tokenizer.json");
@@ -423,7 +428,7 @@ TEST_F(CliRun, GreedyReplyEqualsTransformersContinuation) {
   const std::string prompt = (*tok)->decode(prompt_ids);
   ASSERT_EQ((*tok)->encode(prompt), prompt_ids);
   CliResult r = vlm("run -m " + quote(dir_.string()) + " --raw --greedy --ignore-eos -n " +
-              std::to_string(want_ids.size()) + " -p " + quote(prompt));
+                    std::to_string(want_ids.size()) + " -p " + quote(prompt));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, (*tok)->decode(want_ids, /*skip_special=*/true) + "\n");
   // One summary line on stderr with the figures a user looks for.
@@ -440,7 +445,8 @@ TEST_F(CliRun, ImageQuestionReportsVisionWork) {
   ASSERT_EQ(r.code, 0) << r.err;
   // 451×300 → 448×288 at the default budget: 28 × 18 patches → 126 tokens.
   EXPECT_NE(r.err.find("images 1: 126 vision tokens"), std::string::npos) << r.err;
-  for (const char* s : {"decode ", "preprocess ", "encode "}) EXPECT_NE(r.err.find(s), std::string::npos);
+  for (const char* s : {"decode ", "preprocess ", "encode "})
+    EXPECT_NE(r.err.find(s), std::string::npos);
   // The rendered chat is 15 ids, one of them the single image pad; expanded: 14 + 126 = 140.
   EXPECT_NE(r.err.find("prompt 140 tokens"), std::string::npos) << r.err;
 }
@@ -452,7 +458,8 @@ TEST_F(CliRun, ChatTemplateStopStringsAndSeeds) {
   // <|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n = 9 tokens
   EXPECT_NE(r.err.find("prompt 9 tokens"), std::string::npos) << r.err;
 
-  const std::string base = "run -m " + quote(dir_.string()) + " -p hello -n 12 --ignore-eos "
+  const std::string base = "run -m " + quote(dir_.string()) +
+                           " -p hello -n 12 --ignore-eos "
                            "--temperature 1.0 --top-k 0 ";
   CliResult a = vlm(base + "--seed 5"), b = vlm(base + "--seed 5"), c = vlm(base + "--seed 6");
   ASSERT_EQ(a.code, 0) << a.err;
@@ -466,8 +473,8 @@ TEST_F(CliRun, ChatTemplateStopStringsAndSeeds) {
   ASSERT_GE(reply.size(), 8u);
   const std::string stop = reply.substr(reply.size() / 2, 3);
   const size_t at = reply.find(stop);
-  CliResult stopped = vlm("run -m " + quote(dir_.string()) + " -p hello -n 24 --greedy --ignore-eos --stop " +
-                    quote(stop));
+  CliResult stopped = vlm("run -m " + quote(dir_.string()) +
+                          " -p hello -n 24 --greedy --ignore-eos --stop " + quote(stop));
   ASSERT_EQ(stopped.code, 0) << stopped.err;
   EXPECT_EQ(stopped.out, reply.substr(0, at) + "\n");
 }
@@ -481,8 +488,8 @@ CliResult ask_default_model(const std::string& image, const std::string& questio
 // every question scripts/train_tiny_vlm.py recorded beside it must get the true answer.
 TEST(Cli, DefaultModelAnswersTheReadmeExample) {
   const std::string image = std::string(VLM_REPO_DIR) + "/examples/shapes.png";
-  const auto qas =
-      nlohmann::json::parse(test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/shapes.json"));
+  const auto qas = nlohmann::json::parse(
+      test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/shapes.json"));
   ASSERT_GE(qas.size(), 3u);
   for (const auto& qa : qas) {
     CliResult r = ask_default_model(image, qa["question"].get<std::string>());
@@ -496,8 +503,8 @@ TEST(Cli, DefaultModelAnswersTheReadmeExample) {
 // `vlm run` gives to that question alone (and so the true answer).
 TEST(Cli, EmbeddingExampleAnswersEveryQuestionAtOnce) {
   const std::string image = std::string(VLM_REPO_DIR) + "/examples/shapes.png";
-  const auto qas =
-      nlohmann::json::parse(test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/shapes.json"));
+  const auto qas = nlohmann::json::parse(
+      test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/shapes.json"));
   ASSERT_GE(qas.size(), 3u);
   std::string args = quote(std::string(VLM_REPO_DIR) + "/models/tiny-qwen3vl") + " " + quote(image);
   for (const auto& qa : qas) args += " " + quote(qa["question"].get<std::string>());

@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_ops.h"
-#include "ops/cuda/cuda_backend.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "model/qwen3vl_config.h"
 #include "model/vision_encoder.h"
+#include "ops/cuda/cuda_backend.h"
 #include "test_util.h"
 #include "vision/image_decode.h"
 #include "vision/preprocess.h"
@@ -236,8 +236,8 @@ TEST(CudaVisionModel, EncoderOutputsMatchTransformers) {
     batch.push_back({p.resized_rgb.data(), p.lut.data(), GridThw{p.grid_t, p.grid_h, p.grid_w}});
   }
   std::vector<VisionOutput> outs(batch.size());
-  ASSERT_TRUE(host.encode_rgb_batch(batch.data(), static_cast<int64_t>(batch.size()), outs.data())
-                  .ok());
+  ASSERT_TRUE(
+      host.encode_rgb_batch(batch.data(), static_cast<int64_t>(batch.size()), outs.data()).ok());
   for (size_t i = 0; i < outs.size(); ++i) {
     EXPECT_EQ(outs[i].tokens, single[i].tokens);
     EXPECT_LE(rel_err(outs[i].embeds, single[i].embeds), kTolF32) << "image " << i;

@@ -112,8 +112,8 @@ TEST(EngineCore, SixteenConcurrentRequestsEqualSequentialOnes) {
   const auto want = one_by_one("text-f32-untied", reqs);
   BatchingOptions o;
   o.block_size = 4;
-  o.max_num_seqs = 8;          // half wait at first: they join as others leave
-  o.max_batched_tokens = 48;   // long prompts are prefilled in chunks beside running decodes
+  o.max_num_seqs = 8;         // half wait at first: they join as others leave
+  o.max_batched_tokens = 48;  // long prompts are prefilled in chunks beside running decodes
   auto engine = load_fixture_engine("text-f32-untied", o);
   ASSERT_NE(engine, nullptr);
   EXPECT_EQ(run_concurrently(*engine, reqs), want);
@@ -162,7 +162,7 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
       const std::string src = im["source"];
       ImageInput in;
       in.path = (src.rfind("synthetic", 0) == 0 ? kFixtures + "/vision-f32"
-                                                 : std::string(VLM_TESTDATA_DIR) + "/images") +
+                                                : std::string(VLM_TESTDATA_DIR) + "/images") +
                 "/" + src;
       in.min_pixels = im["min_pixels"].get<int64_t>();
       in.max_pixels = im["max_pixels"].get<int64_t>();
@@ -204,7 +204,8 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
   bad.images[0].bytes = {0x89, 'P', 'N', 'G', 1, 2, 3};
   auto refused = engine->submit(bad);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("image 1"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("image 1"), std::string::npos)
+      << refused.status().message();
 }
 
 // An image is priced in tokens from its header before it is decoded or resized: one the context
@@ -215,9 +216,11 @@ TEST(EngineCore, ImagesArePricedBeforeTheyAreDecoded) {
   auto engine = load_fixture_engine("vision-f32");
   ASSERT_NE(engine, nullptr);
   GenerateRequest r;
-  r.prompt_ids = {5, 6, 1002, 1000, 1003, 7};  // text, vision_start, one image pad, vision_end, text
+  r.prompt_ids = {5,    6,    1002,
+                  1000, 1003, 7};  // text, vision_start, one image pad, vision_end, text
   ImageInput small;
-  const std::string png = test_util::read_file(kFixtures + "/../../unit/fixtures/images/png_rgb.png");
+  const std::string png =
+      test_util::read_file(kFixtures + "/../../unit/fixtures/images/png_rgb.png");
   small.bytes.assign(png.begin(), png.end());
   small.min_pixels = 100000000;
   small.max_pixels = 100000000;
@@ -226,7 +229,8 @@ TEST(EngineCore, ImagesArePricedBeforeTheyAreDecoded) {
   auto refused = engine->submit(upscaled);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kOutOfRange);
-  EXPECT_NE(refused.status().message().find("image 1"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("image 1"), std::string::npos)
+      << refused.status().message();
   EXPECT_NE(refused.status().message().find("tokens at the pixel budget"), std::string::npos)
       << refused.status().message();
   // A header that promises 4000x4000 and nothing else: priced (and refused) from the header.
@@ -242,7 +246,8 @@ TEST(EngineCore, ImagesArePricedBeforeTheyAreDecoded) {
   huge.images = {big};
   auto priced = engine->submit(huge);
   ASSERT_FALSE(priced.ok());
-  EXPECT_NE(priced.status().message().find("4000x4000"), std::string::npos) << priced.status().message();
+  EXPECT_NE(priced.status().message().find("4000x4000"), std::string::npos)
+      << priced.status().message();
   EXPECT_NE(priced.status().message().find("tokens at the pixel budget"), std::string::npos)
       << priced.status().message();
   EXPECT_EQ(std::string(priced.status().message()).find("/"), std::string::npos)
@@ -318,8 +323,9 @@ TEST(EngineCore, LogprobsAreTheModelsLogSoftmax) {
     ASSERT_EQ(e.top_logprobs.size(), 4u);
     std::vector<int32_t> order(V);
     for (int64_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
-    std::partial_sort(order.begin(), order.begin() + 4, order.end(),
-                      [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    std::partial_sort(order.begin(), order.begin() + 4, order.end(), [&](int32_t a, int32_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
     for (int k = 0; k < 4; ++k) {
       EXPECT_EQ(e.top_logprobs[k].token_id, order[k]) << "token " << t << " rank " << k;
       EXPECT_NEAR(e.top_logprobs[k].logprob, row[order[k]] - lse, 1e-4);
@@ -344,7 +350,8 @@ TEST(EngineCore, FullQueueRefusesAtSubmit) {
   auto running = engine->submit(reqs[0]);
   ASSERT_TRUE(running.ok());
   RequestOutput piece;
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE((*running)->next(&piece));  // the step of token 1 has published its stats
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE((*running)->next(&piece));  // the step of token 1 has published its stats
   ASSERT_EQ(engine->core_stats().running, 1);
   auto queued1 = engine->submit(reqs[1]);
   auto queued2 = engine->submit(reqs[2]);
@@ -373,7 +380,8 @@ TEST(EngineCore, RequestLargerThanTheKvCacheIsRefusedAtSubmit) {
   auto refused = engine->submit(r);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kOutOfRange);
-  EXPECT_NE(refused.status().message().find("KV blocks"), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("KV blocks"), std::string::npos)
+      << refused.status().message();
   r.max_new_tokens = 15;
   EXPECT_EQ(run_concurrently(*engine, {r}).at(0).size(), 15u);
   r.max_new_tokens = 0;

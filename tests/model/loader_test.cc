@@ -1,9 +1,10 @@
-// Engine::load on broken checkpoints: each error names the file and the tensor, and nothing crashes.
+// Engine::load on broken checkpoints: each error names the file and the tensor, and nothing
+// crashes.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -54,9 +55,8 @@ TEST_F(LoaderTest, IntactCopyLoads) {
 
 TEST_F(LoaderTest, MissingTensorIsNamed) {
   const std::string victim = "model.language_model.layers.1.mlp.down_proj.weight";
-  write_weights([&](auto& t) {
-    std::erase_if(t, [&](const auto& p) { return p.first == victim; });
-  });
+  write_weights(
+      [&](auto& t) { std::erase_if(t, [&](const auto& p) { return p.first == victim; }); });
   Status s = load();
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
@@ -79,9 +79,8 @@ TEST_F(LoaderTest, WrongShapeNamesFileAndTensor) {
 }
 
 TEST_F(LoaderTest, UntiedCheckpointWithoutLmHeadFails) {
-  write_weights([](auto& t) {
-    std::erase_if(t, [](const auto& p) { return p.first == "lm_head.weight"; });
-  });
+  write_weights(
+      [](auto& t) { std::erase_if(t, [](const auto& p) { return p.first == "lm_head.weight"; }); });
   Status s = load();
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("lm_head.weight"), std::string::npos) << s.message();
@@ -144,10 +143,12 @@ TEST_F(LoaderTest, ShardedCheckpointLoadsAndMatchesSingleFile) {
   std::string index = R"({"metadata": {}, "weight_map": {)";
   bool first = true;
   for (const auto& name : store->names()) {
-    const bool to_a = name.find("layers.0.") != std::string::npos || name.find("embed") != std::string::npos;
+    const bool to_a =
+        name.find("layers.0.") != std::string::npos || name.find("embed") != std::string::npos;
     (to_a ? a : b).emplace_back(name, *store->get(name));
     index += std::string(first ? "" : ", ") + "\"" + name + "\": \"" +
-             (to_a ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors") + "\"";
+             (to_a ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors") +
+             "\"";
     first = false;
   }
   index += "}}";
@@ -201,7 +202,7 @@ TEST_F(LoaderTest, F16CheckpointStaysCloseToF32Reference) {
     }
     std::printf("F16 weights: max |logit error| / max |logit| = %.3g\n", diff / scale);
     EXPECT_LE(diff / scale, 5e-3);  // measured ≤ 1.8e-3
-    EXPECT_GT(diff, 0.0);  // the weights really were rounded
+    EXPECT_GT(diff, 0.0);           // the weights really were rounded
   }
 }
 

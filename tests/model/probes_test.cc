@@ -2,12 +2,13 @@
 // a small buffer, and a read kernel that really reads every byte (its checksum). The
 // batched-decode benchmark: it counts the tokens of its decode window. No timing assertions: the
 // machine is shared.
+#include "probes.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "model/fixture_model.h"
-#include "probes.h"
 
 namespace vlm_cli {
 namespace {

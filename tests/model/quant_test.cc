@@ -141,12 +141,13 @@ Agreement compare_logits(Engine& ref, Engine& q, const std::string& dir) {
 }
 
 void print_agreement(const char* quant, const Case& c, const Agreement& a) {
-  std::printf("[%s, %s act] %-20s positions %3lld  top-1 agreement %.4f  mean|d|/max|logit| "
-              "%.3e  max|d|/max|logit| %.3e  largest flipped margin / max|logit| %.3e  positions "
-              "with margin <= %.0e max|logit|: %lld\n",
-              quant, activations_name(c.activations), c.fixture.c_str(),
-              static_cast<long long>(a.positions), a.top1, a.mean_rel, a.max_rel, a.flipped_margin,
-              kNearTie, static_cast<long long>(a.near_ties));
+  std::printf(
+      "[%s, %s act] %-20s positions %3lld  top-1 agreement %.4f  mean|d|/max|logit| "
+      "%.3e  max|d|/max|logit| %.3e  largest flipped margin / max|logit| %.3e  positions "
+      "with margin <= %.0e max|logit|: %lld\n",
+      quant, activations_name(c.activations), c.fixture.c_str(),
+      static_cast<long long>(a.positions), a.top1, a.mean_rel, a.max_rel, a.flipped_margin,
+      kNearTie, static_cast<long long>(a.near_ties));
 }
 
 // Loads the fixture as stored and with `quant` weights (at the case's activation mode) and checks
@@ -174,7 +175,8 @@ void expect_close_to_unquantized(const Case& c, const char* quant) {
 template <class Info>
 std::string fixture_test_name(const Info& info) {
   std::string n = info.param.fixture;
-  for (auto& ch : n) if (ch == '-') ch = '_';
+  for (auto& ch : n)
+    if (ch == '-') ch = '_';
   return n;
 }
 
@@ -318,9 +320,11 @@ TEST_P(QuantNllTest, LikelihoodOfTheGreedyTextStaysCloseToUnquantized) {
   ASSERT_NE(q8, nullptr);
   ASSERT_NE(q4, nullptr);
   const double nll_ref = mean_nll(*ref, dir), nll8 = mean_nll(*q8, dir), nll4 = mean_nll(*q4, dir);
-  std::printf("[nll, %s act] %-20s mean NLL of the greedy text (nats/token): stored %.4f  int8 %.4f "
-              "(%+.4f)  int4 %.4f (%+.4f)\n",
-              activations_name(c.activations), c.fixture.c_str(), nll_ref, nll8, nll8 - nll_ref, nll4, nll4 - nll_ref);
+  std::printf(
+      "[nll, %s act] %-20s mean NLL of the greedy text (nats/token): stored %.4f  int8 %.4f "
+      "(%+.4f)  int4 %.4f (%+.4f)\n",
+      activations_name(c.activations), c.fixture.c_str(), nll_ref, nll8, nll8 - nll_ref, nll4,
+      nll4 - nll_ref);
   RecordProperty("activations", activations_name(c.activations));
   RecordProperty("nll_stored", std::to_string(nll_ref));
   RecordProperty("nll_int8", std::to_string(nll8));
@@ -353,8 +357,8 @@ TEST(Int8Weights, LinearWeightsAndLmHeadBecomeI8WhileTheEmbeddingStays) {
     EXPECT_EQ(w->embed_tokens.data, embed.data) << name;
     EXPECT_EQ(w->embed_tokens.scale, nullptr) << name;
     for (const TextLayerWeights& L : w->layers) {
-      for (const TensorView* v : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj,
-                                  &L.up_proj, &L.down_proj}) {
+      for (const TensorView* v :
+           {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) {
         EXPECT_EQ(v->dtype, DType::kI8) << name;
         EXPECT_NE(v->scale, nullptr) << name;
       }
@@ -389,8 +393,8 @@ TEST(Int4Weights, LinearWeightsAndLmHeadBecomeI4WhileTheEmbeddingStays) {
     EXPECT_EQ(w->embed_tokens.scale, nullptr) << name;
     int64_t numel = 0;
     for (const TextLayerWeights& L : w->layers) {
-      for (const TensorView* v : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj,
-                                  &L.up_proj, &L.down_proj}) {
+      for (const TensorView* v :
+           {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) {
         EXPECT_EQ(v->dtype, DType::kI4) << name;
         EXPECT_NE(v->scale, nullptr) << name;
         EXPECT_TRUE(ops::check_linear_weight(*v, v->dim(1)).ok()) << name;
@@ -430,7 +434,8 @@ TEST(Int4Weights, RowsShorterThanAGroupAreRefusedByName) {
   auto e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
-  for (const char* part : {"int4", "layers.0.self_attn.q_proj.weight", "multiple of 32", "[32, 16]"}) {
+  for (const char* part :
+       {"int4", "layers.0.self_attn.q_proj.weight", "multiple of 32", "[32, 16]"}) {
     EXPECT_NE(e.status().message().find(part), std::string::npos) << e.status().message();
   }
 }
@@ -470,8 +475,8 @@ TEST(Int8Weights, DecodeWeightBytesCountTheLinearWeightsAsHeld) {
     const Qwen3VLTextConfig& t = cfg->text_config;
     const int64_t q = t.num_attention_heads * t.head_dim, kv = t.num_key_value_heads * t.head_dim;
     const int64_t H = t.hidden_size, I = t.intermediate_size;
-    const int64_t params = t.num_hidden_layers * (q * H + 2 * kv * H + H * q + 3 * I * H) +
-                           t.vocab_size * H;
+    const int64_t params =
+        t.num_hidden_layers * (q * H + 2 * kv * H + H * q + 3 * I * H) + t.vocab_size * H;
     const int64_t rows = t.num_hidden_layers * (q + 2 * kv + H + 2 * I + H) + t.vocab_size;
     auto f32 = load_engine(dir, "");
     auto i8 = load_engine(dir, "int8");

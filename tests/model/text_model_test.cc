@@ -49,8 +49,8 @@ double relative_max_error(const std::vector<float>& a, const std::vector<float>&
 struct Case {
   std::string fixture;
   // Tolerance on logits, relative to max |logit| of the reference.
-  double tol_vs_hf;        // against transformers' logits in the checkpoint dtype
-  double tol_vs_f32ref;    // against transformers in float32 on the same weights (bf16 only)
+  double tol_vs_hf;      // against transformers' logits in the checkpoint dtype
+  double tol_vs_f32ref;  // against transformers in float32 on the same weights (bf16 only)
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.fixture; }
@@ -75,7 +75,8 @@ TEST_P(TextModelTest, LogitsMatchTransformers) {
     ASSERT_TRUE(got.ok()) << got.status().message();
     auto want = read_npy(dir + "/" + entry["file"].get<std::string>());
     ASSERT_TRUE(want.ok()) << want.status().message();
-    ASSERT_EQ(want->shape, (std::vector<int64_t>{static_cast<int64_t>(ids.size()), engine->vocab_size()}));
+    ASSERT_EQ(want->shape,
+              (std::vector<int64_t>{static_cast<int64_t>(ids.size()), engine->vocab_size()}));
     EXPECT_LE(relative_max_error(*got, want->f32), c.tol_vs_hf) << "ids " << ids.size();
     if (entry.contains("file_f32ref")) {
       auto f32ref = read_npy(dir + "/" + entry["file_f32ref"].get<std::string>());
@@ -116,14 +117,16 @@ const Case kCases[] = {
     {"text-bf16-hd128", 5e-2, 1e-4},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, TextModelTest,
-    ::testing::Combine(::testing::ValuesIn(kCases), ::testing::ValuesIn(ops::runnable_isas())),
-    [](const auto& info) {
-      std::string n = std::get<0>(info.param).fixture + "_" + ops::isa_name(std::get<1>(info.param));
-      for (auto& ch : n) if (ch == '-') ch = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, TextModelTest,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::ValuesIn(ops::runnable_isas())),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param).fixture + "_" +
+                                           ops::isa_name(std::get<1>(info.param));
+                           for (auto& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace vlm

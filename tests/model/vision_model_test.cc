@@ -27,7 +27,8 @@ const std::string kDir = std::string(VLM_FIXTURES_DIR) + "/vision-f32";
 const std::string kImages = std::string(VLM_TESTDATA_DIR) + "/images";
 
 const nlohmann::json& ref() {
-  static const nlohmann::json r = nlohmann::json::parse(test_util::read_file(kDir + "/reference.json"));
+  static const nlohmann::json r =
+      nlohmann::json::parse(test_util::read_file(kDir + "/reference.json"));
   return r;
 }
 
@@ -105,8 +106,10 @@ TEST_F(VisionStages, PreprocessingMatchesTheProcessor) {
   for (const auto& [name, im] : ref()["images"].items()) {
     PreprocessedImage p = preprocess(name);
     EXPECT_EQ((std::vector<int64_t>{p.grid_t, p.grid_h, p.grid_w}),
-              im["image_grid_thw"].get<std::vector<int64_t>>()) << name;
-    EXPECT_EQ((std::vector<int64_t>{p.resized_h, p.resized_w}), im["resized_hw"].get<std::vector<int64_t>>())
+              im["image_grid_thw"].get<std::vector<int64_t>>())
+        << name;
+    EXPECT_EQ((std::vector<int64_t>{p.resized_h, p.resized_w}),
+              im["resized_hw"].get<std::vector<int64_t>>())
         << name;
     if (!im["pixel_values"].is_null()) {
       NpyArray want = npy(im["pixel_values"]);
@@ -132,11 +135,13 @@ TEST_F(VisionStages, EncoderStagesAndDeepStackMatch) {
         VisionOutput out;
         ASSERT_TRUE(enc.encode(p.pixel_values.data(), {p.grid_t, p.grid_h, p.grid_w}, &out).ok());
         embeds.insert(embeds.end(), out.embeds.begin(), out.embeds.end());
-        for (size_t k = 0; k < ds.size(); ++k) ds[k].insert(ds[k].end(), out.deepstack[k].begin(), out.deepstack[k].end());
-        std::vector<float> b0(static_cast<size_t>(p.grid_t * p.grid_h * p.grid_w *
-                                                  cfg_.vision_config.hidden_size));
+        for (size_t k = 0; k < ds.size(); ++k)
+          ds[k].insert(ds[k].end(), out.deepstack[k].begin(), out.deepstack[k].end());
+        std::vector<float> b0(
+            static_cast<size_t>(p.grid_t * p.grid_h * p.grid_w * cfg_.vision_config.hidden_size));
         ASSERT_TRUE(
-            enc.embed_patches(p.pixel_values.data(), {p.grid_t, p.grid_h, p.grid_w}, b0.data()).ok());
+            enc.embed_patches(p.pixel_values.data(), {p.grid_t, p.grid_h, p.grid_w}, b0.data())
+                .ok());
         block0.insert(block0.end(), b0.begin(), b0.end());
       }
       const std::string what = c["name"].get<std::string>() + " " + ops::isa_name(isa);
@@ -274,8 +279,8 @@ TEST_P(VisionModel, GreedyContinuationsMatchTransformers) {
     auto want = c["greedy"]["output_ids"].get<std::vector<int32_t>>();
     ASSERT_GE(want.size(), 32u);
     EXPECT_EQ(res->output_ids, want) << c["name"];
-    EXPECT_EQ(res->vision_tokens, static_cast<int64_t>(std::count(
-                                      c["input_ids"].begin(), c["input_ids"].end(), 1000)));
+    EXPECT_EQ(res->vision_tokens,
+              static_cast<int64_t>(std::count(c["input_ids"].begin(), c["input_ids"].end(), 1000)));
   }
 }
 
@@ -292,7 +297,8 @@ TEST(VisionRequests, BadImagesAndPromptsGetClearErrors) {
   // No image for the placeholder.
   auto r = e->generate(req);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("1 image placeholders"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("1 image placeholders"), std::string::npos)
+      << r.status().message();
   // A broken image names itself.
   ImageInput broken;
   broken.bytes = {0x89, 'P', 'N', 'G', 1, 2, 3};

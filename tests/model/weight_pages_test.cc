@@ -48,8 +48,8 @@ TEST(HugePageBuffer, AlignedWholeHugePagesAndWritable) {
 std::vector<const TensorView*> matmul_views(const TextWeights& t, const VisionWeights* v) {
   std::vector<const TensorView*> out = {&t.lm_head};
   for (const TextLayerWeights& L : t.layers) {
-    for (const TensorView* w : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj,
-                                &L.up_proj, &L.down_proj}) {
+    for (const TensorView* w :
+         {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) {
       out.push_back(w);
     }
   }

@@ -1,6 +1,8 @@
 // `vlm serve` over HTTP on 127.0.0.1: chat completions (plain and streamed), concurrency, errors
 // with their statuses, metrics. The model is the full-vocabulary tiny fixture with the real
 // tokenizer beside it.
+#include "vlm/server.h"
+
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -14,7 +16,6 @@
 #include "test_util.h"
 #include "vlm/chat.h"
 #include "vlm/engine.h"
-#include "vlm/server.h"
 
 namespace vlm {
 namespace {
@@ -42,7 +43,8 @@ class ServerTest : public ::testing::Test {
                          tmp_->path() / "tokenizer.json");
     }
     ServeOptions o = tiny_options();
-    o.engine.batching.max_num_seqs = 4;  // 16 concurrent requests: most of them queue and join later
+    o.engine.batching.max_num_seqs =
+        4;  // 16 concurrent requests: most of them queue and join later
     o.engine.batching.max_batched_tokens = 64;
     o.engine.batching.block_size = 8;
     auto s = Server::create(o);
@@ -154,7 +156,8 @@ TEST_F(ServerTest, HealthAndModels) {
 TEST_F(ServerTest, PlainAndStreamedRepliesEqualTheEngine) {
   const std::string want = reference_reply("Describe a cat.", 12);
   auto c = client();
-  auto r = c.Post("/v1/chat/completions", chat_body("Describe a cat.", 12).dump(), "application/json");
+  auto r =
+      c.Post("/v1/chat/completions", chat_body("Describe a cat.", 12).dump(), "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   json j = json::parse(r->body);
@@ -179,7 +182,8 @@ TEST_F(ServerTest, PlainAndStreamedRepliesEqualTheEngine) {
 TEST_F(ServerTest, ConcurrentStreamsEqualSequentialReplies) {
   const int kN = 16;
   std::vector<std::string> want(kN), got(kN);
-  for (int i = 0; i < kN; ++i) want[i] = reference_reply("Question number " + std::to_string(i), 6 + i % 3);
+  for (int i = 0; i < kN; ++i)
+    want[i] = reference_reply("Question number " + std::to_string(i), 6 + i % 3);
   std::vector<std::thread> threads;
   for (int i = 0; i < kN; ++i) {
     threads.emplace_back([&, i] {
@@ -206,7 +210,8 @@ TEST_F(ServerTest, BadRequestsGetTheirStatusAndTheServerStaysUp) {
   } cases[] = {
       {"{bad json", 400, "malformed JSON"},
       {R"({"messages": "hi"})", 400, "messages"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400, "temperature"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"})", 400,
+       "temperature"},
       {R"({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})", 404, "gpt-9"},
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}]})",
        400, "base64"},
@@ -257,7 +262,8 @@ std::string base64_encode(const std::string& in) {
 // --allow-remote-media: http(s) image URLs are fetched (here from a local HTTP server) and give
 // what the same bytes give as a data: URL; fetch failures are 400s naming the URL.
 TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
-  const std::string png = test_util::read_file(std::string(VLM_FIXTURES_DIR) + "/vision-f32/synthetic_tiny.png");
+  const std::string png =
+      test_util::read_file(std::string(VLM_FIXTURES_DIR) + "/vision-f32/synthetic_tiny.png");
   // The media server is vlm's own HTTP transport.
   http::HttpServer media(http::TransportOptions{});
   auto serve = [](std::string body) {
@@ -269,13 +275,15 @@ TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
     };
   };
   media.route("GET", "/cat.png", http::RunOn::kIoThread, serve(png));
-  media.route("GET", "/big.png", http::RunOn::kIoThread, serve(std::string((size_t{20} << 20) + 1, 'x')));
-  media.route("GET", "/moved.png", http::RunOn::kIoThread, [](std::shared_ptr<http::HttpExchange> ex) {
-    http::HttpResponse r;
-    r.status = 302;
-    r.headers.push_back({"Location", "/cat.png"});
-    ex->respond(std::move(r));
-  });
+  media.route("GET", "/big.png", http::RunOn::kIoThread,
+              serve(std::string((size_t{20} << 20) + 1, 'x')));
+  media.route("GET", "/moved.png", http::RunOn::kIoThread,
+              [](std::shared_ptr<http::HttpExchange> ex) {
+                http::HttpResponse r;
+                r.status = 302;
+                r.headers.push_back({"Location", "/cat.png"});
+                ex->respond(std::move(r));
+              });
   ASSERT_TRUE(media.listen("127.0.0.1", 0).ok());
   const int media_port = media.port();
   std::thread media_thread([&] { media.run(); });
@@ -289,8 +297,9 @@ TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
 
   auto ask = [](int port, const std::string& url) {
     json body = chat_body("What is this?", 2);
-    body["messages"][0]["content"] = json::array(
-        {json{{"type", "image_url"}, {"image_url", {{"url", url}}}}, json{{"type", "text"}, {"text", "What is this?"}}});
+    body["messages"][0]["content"] =
+        json::array({json{{"type", "image_url"}, {"image_url", {{"url", url}}}},
+                     json{{"type", "text"}, {"text", "What is this?"}}});
     return test_http::Client(port).Post("/v1/chat/completions", body.dump(), "application/json");
   };
   const std::string base = "http://127.0.0.1:" + std::to_string(media_port);
@@ -382,9 +391,9 @@ TEST_F(ServerTest, MetricsReportRequestsAndKvBlocks) {
   ASSERT_TRUE(r);
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
-  for (const char* s : {"vlm_requests_total{outcome=\"ok\"}", "vlm_time_to_first_token_seconds_bucket",
-                        "vlm_kv_cache_blocks_capacity", "vlm_kv_cache_blocks_used 0",
-                        "vlm_generation_tokens_total"}) {
+  for (const char* s : {"vlm_requests_total{outcome=\"ok\"}",
+                        "vlm_time_to_first_token_seconds_bucket", "vlm_kv_cache_blocks_capacity",
+                        "vlm_kv_cache_blocks_used 0", "vlm_generation_tokens_total"}) {
     EXPECT_NE(m->body.find(s), std::string::npos) << s << "\n" << m->body;
   }
 }

@@ -41,8 +41,10 @@ TEST(ChatJson, RejectsMalformedMessages) {
   EXPECT_FALSE(parse_chat_json("[{\"content\": \"x\"}]").ok());                  // no role
   EXPECT_FALSE(parse_chat_json("[{\"role\": \"user\", \"content\": 3}]").ok());  // bad content
   // A part whose "type" is not a string is an error, not an exception (found by the fuzz target).
-  EXPECT_FALSE(parse_chat_json("[{\"role\": \"user\", \"content\": [{\"type\": {\"url\": 1}}]}]").ok());
-  EXPECT_FALSE(parse_chat_json("[{\"role\": \"user\", \"content\": [{\"type\": 7, \"x\": 1}]}]").ok());
+  EXPECT_FALSE(
+      parse_chat_json("[{\"role\": \"user\", \"content\": [{\"type\": {\"url\": 1}}]}]").ok());
+  EXPECT_FALSE(
+      parse_chat_json("[{\"role\": \"user\", \"content\": [{\"type\": 7, \"x\": 1}]}]").ok());
   auto bad_part = parse_chat_json("[{\"role\": \"user\", \"content\": [{\"type\": \"audio\"}]}]");
   ASSERT_FALSE(bad_part.ok());
   EXPECT_NE(bad_part.status().message().find("messages[0].content[0]"), std::string::npos);

@@ -8,7 +8,8 @@ namespace {
 
 std::string text_config(const std::string& extra) {
   return R"({"text_config": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 1024)" + extra + "}}";
+    "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 1024)" +
+         extra + "}}";
 }
 
 TEST(Config, V4RopeScalingSpelling) {
@@ -64,17 +65,20 @@ TEST(Config, ErrorsNameTheFileAndField) {
   EXPECT_NE(wrong_type.status().message().find("head_dim"), std::string::npos);
 
   auto bad_section = parse_qwen3vl_config(
-      text_config(R"(, "head_dim": 128, "rope_scaling": {"mrope_section": [24, 20, 21]})"), "c.json");
+      text_config(R"(, "head_dim": 128, "rope_scaling": {"mrope_section": [24, 20, 21]})"),
+      "c.json");
   ASSERT_FALSE(bad_section.ok());
   EXPECT_NE(bad_section.status().message().find("mrope_section"), std::string::npos);
 
   auto bad_gqa = parse_qwen3vl_config(
       R"({"text_config": {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 1,
-      "num_attention_heads": 3, "num_key_value_heads": 2, "vocab_size": 10}})", "c.json");
+      "num_attention_heads": 3, "num_key_value_heads": 2, "vocab_size": 10}})",
+      "c.json");
   EXPECT_FALSE(bad_gqa.ok());
 
   auto yarn = parse_qwen3vl_config(
-      text_config(R"(, "rope_scaling": {"rope_type": "yarn", "mrope_section": [24, 20, 20]})"), "c.json");
+      text_config(R"(, "rope_scaling": {"rope_type": "yarn", "mrope_section": [24, 20, 20]})"),
+      "c.json");
   ASSERT_FALSE(yarn.ok());
   EXPECT_EQ(yarn.status().code(), StatusCode::kUnimplemented);
 }
@@ -86,7 +90,8 @@ TEST(Config, VisionConfigIsReadAndChecked) {
     return parse_qwen3vl_config("{" + text + R"(, "vision_config": {"depth": 4, "hidden_size": 32,
         "num_heads": 2, "intermediate_size": 64, "patch_size": 16, "temporal_patch_size": 2,
         "spatial_merge_size": 2, "out_hidden_size": 64, "num_position_embeddings": 2304,
-        "deepstack_visual_indexes": [0, 1, 3], "hidden_act": "gelu_pytorch_tanh")" + v + "}}",
+        "deepstack_visual_indexes": [0, 1, 3], "hidden_act": "gelu_pytorch_tanh")" +
+                                    v + "}}",
                                 "c.json");
   };
   auto ok = vision("");
@@ -94,7 +99,7 @@ TEST(Config, VisionConfigIsReadAndChecked) {
   EXPECT_TRUE(ok->has_vision);
   EXPECT_EQ(ok->vision_config.deepstack_visual_indexes, (std::vector<int64_t>{0, 1, 3}));
   EXPECT_EQ(ok->vision_config.num_position_embeddings, 2304);
-  EXPECT_FALSE(vision(R"(, "num_position_embeddings": 2000)").ok());  // not a square
+  EXPECT_FALSE(vision(R"(, "num_position_embeddings": 2000)").ok());     // not a square
   EXPECT_FALSE(vision(R"(, "deepstack_visual_indexes": [0, 9])").ok());  // past the depth
   EXPECT_FALSE(vision(R"(, "out_hidden_size": 32)").ok());  // must feed the text hidden size
   EXPECT_FALSE(vision(R"(, "num_heads": 3)").ok());
@@ -103,7 +108,8 @@ TEST(Config, VisionConfigIsReadAndChecked) {
 TEST(GenerationConfig, ReadsSamplingDefaultsAndEosList) {
   auto g = parse_generation_config(
       R"({"bos_token_id": 151643, "pad_token_id": 151643, "do_sample": true,
-      "eos_token_id": [151645, 151643], "temperature": 0.7, "top_k": 20, "top_p": 0.8})", "g.json");
+      "eos_token_id": [151645, 151643], "temperature": 0.7, "top_k": 20, "top_p": 0.8})",
+      "g.json");
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->eos_token_id, (std::vector<int64_t>{151645, 151643}));
   EXPECT_TRUE(g->do_sample);

@@ -1,5 +1,6 @@
-// The CUDA backend's small ops (src/kernels/cuda/cuda_ops.h) against the CPU reference (src/ops/ref), in
-// F32 and BF16 activations. Without a CUDA device every test reports skipped, never passed.
+// The CUDA backend's small ops (src/kernels/cuda/cuda_ops.h) against the CPU reference
+// (src/ops/ref), in F32 and BF16 activations. Without a CUDA device every test reports skipped,
+// never passed.
 #include "kernels/cuda/cuda_ops.h"
 
 #include <cuda_fp8.h>
@@ -660,8 +661,8 @@ TEST_P(CudaOps, AttentionMatchesReference) {
                     .ok());
     ASSERT_TRUE(synchronize().ok());
     expect_attention_close(a, a.decode(download(dy)), want, c.n, max_abs(v), 0.f,
-                           "n " + std::to_string(c.n) + " heads " + std::to_string(c.heads) +
-                               "/" + std::to_string(c.kv_heads) + " head_dim " +
+                           "n " + std::to_string(c.n) + " heads " + std::to_string(c.heads) + "/" +
+                               std::to_string(c.kv_heads) + " head_dim " +
                                std::to_string(c.head_dim));
   }
 }

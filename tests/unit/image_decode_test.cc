@@ -130,8 +130,7 @@ std::string param_name(const testing::TestParamInfo<std::string>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, testing::ValuesIn(names_in("fixtures")),
                          param_name);
-INSTANTIATE_TEST_SUITE_P(Photos, PhotoTest, testing::ValuesIn(names_in("photos")),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(Photos, PhotoTest, testing::ValuesIn(names_in("photos")), param_name);
 
 TEST(ImageDecode, FromMemoryEqualsFromFile) {
   const std::string path = kPhotoDir + "/rocket_falcon9.jpg";

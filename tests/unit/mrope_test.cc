@@ -65,8 +65,8 @@ TEST(RopeIndex, MismatchedPadsAreErrors) {
   // Grids beyond the images in the prompt are ignored, as transformers does; so are pads that
   // do not follow a vision start (they are text).
   GridThw small{1, 2, 2};
-  auto extra = compute_rope_index(std::vector<int32_t>{1, kPad, 2}, std::span<const GridThw>(&small, 1),
-                                  kPad, kStart, 2);
+  auto extra = compute_rope_index(std::vector<int32_t>{1, kPad, 2},
+                                  std::span<const GridThw>(&small, 1), kPad, kStart, 2);
   ASSERT_TRUE(extra.ok());
   EXPECT_EQ(extra->t, (std::vector<int64_t>{0, 1, 2}));
 }

@@ -1,6 +1,5 @@
 // .npy reader/writer: round trips, byte-exact numpy-style files, and malformed inputs.
 #include "io/npy.h"
-#include "npy_writer.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "npy_writer.h"
 #include "test_util.h"
 
 namespace vlm {

@@ -139,7 +139,8 @@ TEST(OpenAiApiTest, InvalidFieldsNameTheirParam) {
       {{{"model", 3}}, "model"},
       {{{"stream", "yes"}}, "stream"},
       {{{"stream_options", 1}}, "stream_options"},
-      {{{"stream", true}, {"stream_options", {{"include_usage", 1}}}}, "stream_options.include_usage"},
+      {{{"stream", true}, {"stream_options", {{"include_usage", 1}}}},
+       "stream_options.include_usage"},
       {{{"max_tokens", 0}}, "max_tokens"},
       {{{"max_tokens", 1.5}}, "max_tokens"},
       {{{"max_completion_tokens", -3}}, "max_completion_tokens"},
@@ -251,8 +252,10 @@ TEST(OpenAiApiTest, LimitsFromTheServer) {
   // Pixel budgets above the server's per-image cap.
   expect_error(body_with("hi", {{"min_pixels", (1 << 20) + 1}}), 400, "min_pixels", limits);
   expect_error(body_with("hi", {{"max_pixels", int64_t{1} << 30}}), 400, "max_pixels", limits);
-  expect_error(body_with(json::array({{{"type", "image"}, {"image", data_url(kFakePng)}, {"min_pixels", 100000000}}})),
-               400, "messages[0].content[0].min_pixels", limits);
+  expect_error(
+      body_with(json::array(
+          {{{"type", "image"}, {"image", data_url(kFakePng)}, {"min_pixels", 100000000}}})),
+      400, "messages[0].content[0].min_pixels", limits);
   EXPECT_TRUE(parse(body_with("hi", {{"max_pixels", 1 << 20}}), limits).ok());
   // Completions: prompts x n against the queue too.
   auto c = parse_completion(R"({"prompt": ["a", "b"], "n": 2})", limits);
@@ -289,7 +292,8 @@ TEST(OpenAiApiTest, DeepNestingIsRefusedBeforeParsing) {
   tools += "\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"";
   for (int i = 0; i < 60; ++i) tools += "}";
   tools += "}}]";
-  auto ok = parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": " + tools + "}");
+  auto ok =
+      parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": " + tools + "}");
   EXPECT_TRUE(ok.ok()) << ok.error().message;
 }
 
@@ -312,8 +316,9 @@ TEST(OpenAiApiTest, MalformedJsonNamesThePosition) {
   EXPECT_NE(r.error().message.find("column"), std::string::npos) << r.error().message;
   // A number beyond a double is malformed too (the parser throws a different exception for it;
   // found by the fuzz target).
-  for (const char* body : {R"({"messages": [{"role": "user", "content": "x"}], "temperature": 1e400})",
-                           R"({"messages": [{"role": "user", "content": "x"}], "seed": -1e999})"}) {
+  for (const char* body :
+       {R"({"messages": [{"role": "user", "content": "x"}], "temperature": 1e400})",
+        R"({"messages": [{"role": "user", "content": "x"}], "seed": -1e999})"}) {
     auto big = parse(body);
     ASSERT_FALSE(big.ok()) << body;
     EXPECT_EQ(big.error().http_status, 400);
@@ -538,8 +543,9 @@ TEST(OpenAiApiTest, TextCompletionRequests) {
 }
 
 TEST(OpenAiApiTest, TextCompletionJsonAndChunks) {
-  CompletionChoice c{0, "Echo: Hi", FinishReason::kLength,
-                     std::vector<TokenLogprob>{{"Hi", -0.5, {{"Hi", -0.5}, {"Hey", -1.5}}}, {"\xe4", -2.0, {}}}};
+  CompletionChoice c{
+      0, "Echo: Hi", FinishReason::kLength,
+      std::vector<TokenLogprob>{{"Hi", -0.5, {{"Hi", -0.5}, {"Hey", -1.5}}}, {"\xe4", -2.0, {}}}};
   json j = json::parse(completion_json("cmpl-1", "m", 7, {c}, {5, 2}, {6}));
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["choices"][0]["text"], "Echo: Hi");
@@ -553,7 +559,8 @@ TEST(OpenAiApiTest, TextCompletionJsonAndChunks) {
   EXPECT_EQ(j["usage"]["total_tokens"], 7);
 
   std::vector<TokenLogprob> one{{"Hi", -0.5, {}}};
-  json chunk = json::parse(completion_chunk_json("cmpl-1", "m", 7, 3, "Hi", std::nullopt, &one, 10));
+  json chunk =
+      json::parse(completion_chunk_json("cmpl-1", "m", 7, 3, "Hi", std::nullopt, &one, 10));
   EXPECT_EQ(chunk["object"], "text_completion");
   EXPECT_EQ(chunk["choices"][0]["index"], 3);
   EXPECT_EQ(chunk["choices"][0]["text"], "Hi");

@@ -1,4 +1,6 @@
 // Every op against the scalar reference, on shapes with odd tails, on every ISA this CPU runs.
+#include "ops/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,9 +14,8 @@
 
 #include "core/half.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/eltwise.h"
-#include "ops/ops.h"
+#include "kernels/cpu/matmul.h"
 #include "ops/ref/ref.h"
 
 namespace vlm {
@@ -195,17 +196,17 @@ TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
         ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
         ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
         if (ops::matmul_quantizes_x(isa, M, K, DType::kI8)) {  // K = 64 from 32 rows on VNNI
-          expect_q8_matmul(x, M, K, w.view, y, std::string(ops::isa_name(isa)) + " M=" +
-                                                   std::to_string(M) + " K=" + std::to_string(K) +
-                                                   " N=" + std::to_string(N));
+          expect_q8_matmul(x, M, K, w.view, y,
+                           std::string(ops::isa_name(isa)) + " M=" + std::to_string(M) +
+                               " K=" + std::to_string(K) + " N=" + std::to_string(N));
           continue;
         }
         ops::ref::matmul(x.data(), M, K, w.view, want.data());
         // As for the float types (f32 sums of K products), with weights up to 1.75× larger.
         const float tol = 2e-5f * static_cast<float>(K) + 1e-5f;
         for (int64_t i = 0; i < M * N; ++i) {
-          ASSERT_NEAR(y[i], want[i], tol) << ops::isa_name(isa) << " M=" << M << " K=" << K
-                                          << " N=" << N << " i=" << i;
+          ASSERT_NEAR(y[i], want[i], tol)
+              << ops::isa_name(isa) << " M=" << M << " K=" << K << " N=" << N << " i=" << i;
         }
       }
     }
@@ -308,12 +309,10 @@ TEST_P(MatmulTest, PrepackedMatchesReferenceOnOddShapesAndStrides) {
 TEST(QuantizeInt8, ExactValuesAndTiesToEven) {
   // Row 0: max 127 → scale exactly 1, so q is w rounded half to even. Row 1: max 254 → scale 2.
   // Row 2: zeros → scale 0, q 0. Every value is exact in F32, BF16 and F16.
-  const std::vector<float> w = {127, -127, 63.5f, 0.5f, 1.5f, -2.5f, 0, 1,
-                                254, 1, 3, -5, 2, -254, 0.5f, 100,
-                                0, 0, 0, 0, 0, 0, 0, 0};
-  const std::vector<int8_t> want_q = {127, -127, 64, 0, 2, -2, 0, 1,
-                                      127, 0, 2, -2, 1, -127, 0, 50,
-                                      0, 0, 0, 0, 0, 0, 0, 0};
+  const std::vector<float> w = {127, -127, 63.5f, 0.5f, 1.5f, -2.5f, 0, 1, 254, 1, 3, -5,
+                                2,   -254, 0.5f,  100,  0,    0,     0, 0, 0,   0, 0, 0};
+  const std::vector<int8_t> want_q = {127, -127, 64, 0,  2, -2, 0, 1, 127, 0, 2, -2,
+                                      1,   -127, 0,  50, 0, 0,  0, 0, 0,   0, 0, 0};
   const std::vector<float> want_scale = {1.f, 2.f, 0.f};
   ThreadPool pool(2);
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -408,9 +407,9 @@ TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
         ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
         ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
         if (ops::matmul_quantizes_x(isa, M, K, DType::kI4)) {  // every M on VNNI
-          expect_q8_matmul(x, M, K, w.view, y, std::string(ops::isa_name(isa)) + " M=" +
-                                                   std::to_string(M) + " K=" + std::to_string(K) +
-                                                   " N=" + std::to_string(N));
+          expect_q8_matmul(x, M, K, w.view, y,
+                           std::string(ops::isa_name(isa)) + " M=" + std::to_string(M) +
+                               " K=" + std::to_string(K) + " N=" + std::to_string(N));
           continue;
         }
         ops::ref::matmul(x.data(), M, K, w.view, want.data());
@@ -462,8 +461,9 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
           if (M > 1) x[K + 3] = 40.f;                   // an outlier in row 1's first block
           std::vector<float> y(M * N, NAN);
           ops::matmul(x.data(), M, K, w, y.data(), pool, isa);
-          expect_q8_matmul(x, M, K, w, y, std::string(dtype_name(dt)) + " M=" + std::to_string(M) +
-                                              " K=" + std::to_string(K) + " N=" + std::to_string(N));
+          expect_q8_matmul(x, M, K, w, y,
+                           std::string(dtype_name(dt)) + " M=" + std::to_string(M) +
+                               " K=" + std::to_string(K) + " N=" + std::to_string(N));
         }
       }
     }
@@ -483,11 +483,11 @@ TEST(QuantizeRowsQ8, KernelMatchesReferenceExactly) {
   }
   const int64_t M = 5, K = 160;
   auto x = randn(M * K, 9);
-  for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;                       // zero block
-  for (int64_t k = 32; k < 64; ++k) x[k] = 1e-39f * (k % 3);        // subnormal: scale 0
-  for (int64_t k = 64; k < 96; ++k) x[k] = (k % 5 - 2) * 0.5f;      // ties: 63.5 → 64, −63.5
-  x[96] = 1e30f;                                                    // huge, the rest round to 0
-  x[K + 7] = -3.f;                                                  // the max is negative
+  for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;                  // zero block
+  for (int64_t k = 32; k < 64; ++k) x[k] = 1e-39f * (k % 3);    // subnormal: scale 0
+  for (int64_t k = 64; k < 96; ++k) x[k] = (k % 5 - 2) * 0.5f;  // ties: 63.5 → 64, −63.5
+  x[96] = 1e30f;                                                // huge, the rest round to 0
+  x[K + 7] = -3.f;                                              // the max is negative
   std::vector<int8_t> q(M * K, 99), want_q(M * K);
   std::vector<float> s(M * K / 32, NAN), want_s(M * K / 32);
   std::vector<int32_t> sum(M * K / 32, 7), want_sum(M * K / 32);
@@ -553,7 +553,8 @@ TEST_P(MatmulTest, Fp16ArithmeticMatchesAnExactEmulation) {
                 total += static_cast<double>(h);
                 mag += std::fabs(static_cast<double>(h));
               }
-              ASSERT_NEAR(y[m * N + n], total, static_cast<double>(K / 32 + 2) * std::ldexp(mag, -23))
+              ASSERT_NEAR(y[m * N + n], total,
+                          static_cast<double>(K / 32 + 2) * std::ldexp(mag, -23))
                   << dtype_name(dt) << " M=" << M << " K=" << K << " N=" << N << " m=" << m
                   << " n=" << n;
             }
@@ -573,7 +574,8 @@ TEST_P(MatmulTest, Fp16ArithmeticMatchesAnExactEmulation) {
     for (int64_t i = 0; i < M * N; ++i) {
       double a = 0;
       for (int64_t k = 0; k < K; ++k) {
-        a += std::fabs(x[(i / N) * K + k] * static_cast<double>(bf16_to_f32(w.u16[(i % N) * K + k])));
+        a += std::fabs(x[(i / N) * K + k] *
+                       static_cast<double>(bf16_to_f32(w.u16[(i % N) * K + k])));
       }
       ASSERT_NEAR(y[i], want[i], a * std::ldexp(1.0, -9)) << i;
     }
@@ -783,8 +785,8 @@ TEST_P(AttentionTest, CausalGqaMatchesReference) {
       std::vector<float> out(q.size()), want(q.size());
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
       const int32_t one_block = 0;  // the whole cache as one block: the contiguous layout
-      ops::attention_paged(q.data(), n_q, first_pos, k.data(), v.data(), &one_block, total,
-                           n_heads, n_kv, head_dim, scale, out.data(), pool, GetParam());
+      ops::attention_paged(q.data(), n_q, first_pos, k.data(), v.data(), &one_block, total, n_heads,
+                           n_kv, head_dim, scale, out.data(), pool, GetParam());
       ops::ref::attention_causal(q.data(), n_q, first_pos, k.data(), v.data(), n_heads, n_kv,
                                  head_dim, scale, want.data());
       for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5f) << i;
@@ -839,7 +841,8 @@ TEST_P(AttentionTest, PagedEqualsContiguous) {
       auto q = randn(n_q * heads * head_dim, 11);
       auto k = randn(total * row, 12), v = randn(total * row, 13);
       std::vector<int32_t> table(n_blocks);
-      for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>(n_blocks + 1 - b);  // reversed, offset
+      for (int64_t b = 0; b < n_blocks; ++b)
+        table[b] = static_cast<int32_t>(n_blocks + 1 - b);  // reversed, offset
       std::vector<float> kp((n_blocks + 2) * block_size * row, NAN), vp(kp.size(), NAN);
       for (int64_t p = 0; p < total; ++p) {
         const int64_t r = table[p / block_size] * block_size + p % block_size;
@@ -853,7 +856,8 @@ TEST_P(AttentionTest, PagedEqualsContiguous) {
       ops::ref::attention_causal(q.data(), n_q, first, k.data(), v.data(), heads, n_kv, head_dim,
                                  scale, want.data());
       for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_NEAR(got[i], want[i], 1e-5f) << "hd " << head_dim << " bs " << block_size << " " << i;
+        ASSERT_NEAR(got[i], want[i], 1e-5f)
+            << "hd " << head_dim << " bs " << block_size << " " << i;
       }
     }
   }
@@ -889,15 +893,14 @@ TEST_P(AttentionTest, SplitKDecodeMatchesReference) {
         }
         std::vector<float> got(q.size(), NAN), want(q.size());
         const float scale = 1.0f / std::sqrt(static_cast<float>(sh.hd));
-        ops::attention_paged(q.data(), 1, total - 1, kp.data(), vp.data(), table.data(),
-                             block_size, sh.heads, sh.n_kv, sh.hd, scale, got.data(), pool,
-                             GetParam());
+        ops::attention_paged(q.data(), 1, total - 1, kp.data(), vp.data(), table.data(), block_size,
+                             sh.heads, sh.n_kv, sh.hd, scale, got.data(), pool, GetParam());
         ops::ref::attention_causal(q.data(), 1, total - 1, k.data(), v.data(), sh.heads, sh.n_kv,
                                    sh.hd, scale, want.data());
         for (size_t i = 0; i < got.size(); ++i) {
-          ASSERT_NEAR(got[i], want[i], 1e-5f) << "heads " << sh.heads << " kv " << sh.n_kv
-                                              << " hd " << sh.hd << " keys " << total << " bs "
-                                              << block_size << " " << i;
+          ASSERT_NEAR(got[i], want[i], 1e-5f)
+              << "heads " << sh.heads << " kv " << sh.n_kv << " hd " << sh.hd << " keys " << total
+              << " bs " << block_size << " " << i;
         }
       }
     }
@@ -911,7 +914,8 @@ TEST_P(AttentionTest, BidirectionalMatchesReference) {
     const int64_t heads = 3, hd = 24;
     auto q = randn(n * heads * hd, 5), k = randn(n * heads * hd, 6), v = randn(n * heads * hd, 7);
     std::vector<float> out(q.size()), want(q.size());
-    ops::attention_full(q.data(), k.data(), v.data(), n, heads, hd, 0.25f, out.data(), pool, GetParam());
+    ops::attention_full(q.data(), k.data(), v.data(), n, heads, hd, 0.25f, out.data(), pool,
+                        GetParam());
     ops::ref::attention_full(q.data(), k.data(), v.data(), n, heads, hd, 0.25f, want.data());
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-5f) << n << " " << i;
   }
@@ -929,7 +933,8 @@ TEST(Softmax, VectorisedExpAndSumMatchDoublePrecision) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   for (ops::Isa isa : ops::runnable_isas()) {
     if (isa == ops::Isa::kAvx2) fns.push_back({"avx2", &kernels::avx2::softmax_exp_row});
-    if (isa == ops::Isa::kAvx512 || isa == ops::Isa::kAvx512Vnni) fns.push_back({"avx512", &kernels::avx512::softmax_exp_row});
+    if (isa == ops::Isa::kAvx512 || isa == ops::Isa::kAvx512Vnni)
+      fns.push_back({"avx512", &kernels::avx512::softmax_exp_row});
   }
 #endif
   std::mt19937 rng(9);
@@ -966,7 +971,8 @@ TEST(Softmax, VectorisedExpAndSumMatchDoublePrecision) {
 
 const kernels::EltwiseKernels& eltwise_table(ops::Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  if (isa == ops::Isa::kAvx512 || isa == ops::Isa::kAvx512Vnni) return kernels::avx512::eltwise_kernels();
+  if (isa == ops::Isa::kAvx512 || isa == ops::Isa::kAvx512Vnni)
+    return kernels::avx512::eltwise_kernels();
   if (isa == ops::Isa::kAvx2) return kernels::avx2::eltwise_kernels();
 #endif
   return kernels::generic::eltwise_kernels();
@@ -1075,7 +1081,8 @@ TEST_P(EltwiseTest, LogsumexpAndCountMatchDouble) {
     // All equal: log(n) above the value, nothing above it.
     std::vector<float> flat(n, -2.f);
     k.logsumexp_count(flat.data(), n, -2.f, &lse, &above);
-    EXPECT_NEAR(lse, -2.0 + std::log(static_cast<double>(n)), 4e-6 * std::max(1.0, std::log(n) + 2));
+    EXPECT_NEAR(lse, -2.0 + std::log(static_cast<double>(n)),
+                4e-6 * std::max(1.0, std::log(n) + 2));
     EXPECT_EQ(above, 0);
   }
   // -inf entries (a masked vocabulary) count for nothing; all -inf is log 0.
@@ -1195,8 +1202,8 @@ TEST_P(EltwiseTest, NormsMatchReference) {
     for (int64_t rows : kRowCounts) {
       const std::string what = std::string(ops::isa_name(isa)) + " n=" + std::to_string(n) +
                                " rows=" + std::to_string(rows);
-      auto x = randn(rows * n, 41), delta = randn(rows * n, 42), w = randn(n, 43),
-           b = randn(n, 44), db = randn(n, 45);
+      auto x = randn(rows * n, 41), delta = randn(rows * n, 42), w = randn(n, 43), b = randn(n, 44),
+           db = randn(n, 45);
       // Row r has mean 100·r: LayerNorm must not lose the variance to a large mean.
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t i = 0; i < n; ++i) x[r * n + i] += 100.f * static_cast<float>(r);
@@ -1222,8 +1229,8 @@ TEST_P(EltwiseTest, NormsMatchReference) {
         xw = x;
         ops::add_layer_norm(xg.data(), delta.data(), bias, w.data(), b.data(), rows, n, 1e-6f,
                             got.data(), pool, isa);
-        ops::ref::add_layer_norm(xw.data(), delta.data(), bias, w.data(), b.data(), rows, n,
-                                 1e-6f, want.data());
+        ops::ref::add_layer_norm(xw.data(), delta.data(), bias, w.data(), b.data(), rows, n, 1e-6f,
+                                 want.data());
         EXPECT_EQ(xg, xw) << what << " add_layer_norm residual";
         expect_close(got, want, tol + 2e-5f, what + " add_layer_norm");
         xg = x;
@@ -1249,8 +1256,8 @@ TEST_P(EltwiseTest, RopeAndFusedQkNormRopeMatchReference) {
     for (int64_t tokens : {1, 5, 300}) {
       for (int64_t heads : {1, 3}) {
         const std::string what = std::string(ops::isa_name(isa)) + " hd=" + std::to_string(hd) +
-                                 " tokens=" + std::to_string(tokens) + " heads=" +
-                                 std::to_string(heads);
+                                 " tokens=" + std::to_string(tokens) +
+                                 " heads=" + std::to_string(heads);
         const int64_t half = hd / 2;
         auto x = randn(tokens * heads * hd, 51), w = randn(hd, 52), ang = randn(tokens * half, 53);
         std::vector<float> c(ang.size()), s(ang.size());
@@ -1266,8 +1273,7 @@ TEST_P(EltwiseTest, RopeAndFusedQkNormRopeMatchReference) {
         want = x;
         ops::qk_norm_rope(got.data(), tokens, heads, hd, w.data(), 1e-6f, c.data(), s.data(), pool,
                           isa);
-        ops::ref::qk_norm_rope(want.data(), tokens, heads, hd, w.data(), 1e-6f, c.data(),
-                               s.data());
+        ops::ref::qk_norm_rope(want.data(), tokens, heads, hd, w.data(), 1e-6f, c.data(), s.data());
         expect_close(got, want, 2e-6f, what + " qk_norm_rope");
       }
     }
@@ -1305,7 +1311,8 @@ TEST(Gelu, TanhAndErfForms) {
   for (size_t i = 0; i < x.size(); ++i) {
     const double v = x[i];
     EXPECT_NEAR(e[i], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))), 1e-6);
-    EXPECT_NEAR(t[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-6);
+    EXPECT_NEAR(t[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))),
+                1e-6);
   }
   EXPECT_NE(t[3], e[3]);  // the two forms really differ
 }

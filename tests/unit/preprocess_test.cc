@@ -251,8 +251,8 @@ TEST(Preprocess, MatchesTransformersCases) {
       continue;
     }
 
-    // pixel_values = normalised reference pixels in merge order (the merge-order closed form in vision/preprocess.h),
-    // computed here independently of preprocess.cc's loop.
+    // pixel_values = normalised reference pixels in merge order (the merge-order closed form in
+    // vision/preprocess.h), computed here independently of preprocess.cc's loop.
     const int64_t gh = pre->grid_h, gw = pre->grid_w, P = 16, T = 2, cols = 3 * T * P * P;
     ASSERT_EQ(static_cast<int64_t>(pre->pixel_values.size()), gh * gw * cols);
     int64_t bad = 0;

@@ -1,10 +1,11 @@
 // Sampling: greedy, determinism by seed, each filter and penalty on hand-made logits.
+#include "engine/sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 #include <vector>
 
-#include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 
 namespace vlm {
@@ -17,7 +18,8 @@ ResolvedSampling sampled(uint64_t seed) {
   return p;
 }
 
-std::map<int32_t, int> histogram(const ResolvedSampling& p, const std::vector<float>& logits, int n) {
+std::map<int32_t, int> histogram(const ResolvedSampling& p, const std::vector<float>& logits,
+                                 int n) {
   Sampler s(static_cast<int64_t>(logits.size()), p);
   std::map<int32_t, int> h;
   for (int i = 0; i < n; ++i) {
@@ -210,7 +212,7 @@ TEST(StopMatcher, HoldsBackPossiblePrefixAndCutsAtStop) {
   StopMatcher m({"END", "\n\n"});
   EXPECT_EQ(m.push("Hello E"), "Hello ");  // "E" may start "END"
   EXPECT_EQ(m.push("N"), "");
-  EXPECT_EQ(m.push("Dless"), "");          // "END" found: stop, drop the rest
+  EXPECT_EQ(m.push("Dless"), "");  // "END" found: stop, drop the rest
   EXPECT_TRUE(m.stopped());
   EXPECT_EQ(m.emitted(), "Hello ");
 }

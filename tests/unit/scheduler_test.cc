@@ -84,9 +84,9 @@ TEST(Scheduler, AddRejectsBadImpossibleAndOverflowingRequests) {
   SchedulerConfig c = config(4, 16, 4, 64);  // 64 tokens of cache
   c.max_waiting = 2;
   Scheduler s = make(c);
-  EXPECT_EQ(s.add(1, 0, 5).code(), StatusCode::kInvalidArgument);    // empty prompt
+  EXPECT_EQ(s.add(1, 0, 5).code(), StatusCode::kInvalidArgument);   // empty prompt
   EXPECT_EQ(s.add(1, 10, 0).code(), StatusCode::kInvalidArgument);  // no room to generate
-  const Status impossible = s.add(1, 10, 55);                        // 5 blocks > 4
+  const Status impossible = s.add(1, 10, 55);                       // 5 blocks > 4
   EXPECT_EQ(impossible.code(), StatusCode::kOutOfRange);
   EXPECT_NE(impossible.message().find("KV blocks"), std::string::npos) << impossible.message();
   ASSERT_TRUE(s.add(1, 10, 54).ok());  // exactly the whole cache: allowed
@@ -218,7 +218,7 @@ TEST(Scheduler, AdmissionNeedsFreeBlocksAndTheHeadBlocksLaterRequests) {
   ASSERT_TRUE(s.add(1, 64, 6).ok());
   run_step(s, s.schedule());           // 1 holds 4 blocks, then 5 for its first decode
   ASSERT_TRUE(s.add(2, 80, 10).ok());  // needs 5 blocks: only 3 free
-  ASSERT_TRUE(s.add(3, 10, 2).ok());  // needs 1 block: would fit, but must not overtake 2
+  ASSERT_TRUE(s.add(3, 10, 2).ok());   // needs 1 block: would fit, but must not overtake 2
   for (int step = 0; step < 3; ++step) {
     const SchedulerOutput out = s.schedule();
     EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1}));
@@ -368,7 +368,8 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
   for (; step < kMaxSteps; ++step) {
     if (next == kRequests && live.empty()) break;
     for (int64_t k = uniform(0, 3); k > 0 && next < kRequests; --k) {
-      const Status st = s.add(next, pending[next].first, pending[next].second - pending[next].first);
+      const Status st =
+          s.add(next, pending[next].first, pending[next].second - pending[next].first);
       if (st.code() == StatusCode::kResourceExhausted) {
         ++rejected;  // the client retries later
         break;

@@ -1,9 +1,10 @@
+#include "core/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/half.h"
-#include "core/tensor.h"
 
 namespace vlm {
 namespace {
@@ -58,12 +59,12 @@ TEST(Half, F16EncodeRoundTripsEveryF16Value) {
 }
 
 TEST(Half, F16EncodeRoundsToNearestEven) {
-  EXPECT_EQ(f32_to_f16(1.0f + 1.0f / 2048), 0x3c00);      // halfway: down to even
-  EXPECT_EQ(f32_to_f16(1.0f + 3.0f / 2048), 0x3c02);      // halfway: up to even
-  EXPECT_EQ(f32_to_f16(1.0f + 1.5f / 2048), 0x3c01);      // above halfway
-  EXPECT_EQ(f32_to_f16(70000.f), 0x7c00);                 // overflow → inf
-  EXPECT_EQ(f32_to_f16(1e-9f), 0x0000);                   // underflow → 0
-  EXPECT_EQ(f32_to_f16(3.0e-8f), 0x0001);                 // rounds to the smallest subnormal
+  EXPECT_EQ(f32_to_f16(1.0f + 1.0f / 2048), 0x3c00);  // halfway: down to even
+  EXPECT_EQ(f32_to_f16(1.0f + 3.0f / 2048), 0x3c02);  // halfway: up to even
+  EXPECT_EQ(f32_to_f16(1.0f + 1.5f / 2048), 0x3c01);  // above halfway
+  EXPECT_EQ(f32_to_f16(70000.f), 0x7c00);             // overflow → inf
+  EXPECT_EQ(f32_to_f16(1e-9f), 0x0000);               // underflow → 0
+  EXPECT_EQ(f32_to_f16(3.0e-8f), 0x0001);             // rounds to the smallest subnormal
   EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(NAN))));
 }
 

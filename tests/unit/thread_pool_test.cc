@@ -1,13 +1,13 @@
 // ThreadPool: chunks claimed dynamically cover [0, n) exactly once, in whole grains; the caller's
 // per-thread buffers (PerThreadBuffers) grow only when asked for more.
+#include "core/thread_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <mutex>
 #include <set>
 #include <vector>
-
-#include "core/thread_pool.h"
 
 namespace vlm {
 namespace {

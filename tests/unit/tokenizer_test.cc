@@ -1,5 +1,7 @@
 // Tokenizer goldens: encodings and decodings produced by the Hugging Face Rust tokenizers library
 // (tests/data/tokenizer/README.md), plus streaming, error and concurrency checks.
+#include "vlm/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -15,7 +17,6 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/utf8.h"
-#include "vlm/tokenizer.h"
 
 namespace vlm {
 namespace {
@@ -188,7 +189,9 @@ TEST_F(TokenizerTest, IncrementalHoldsSplitEmoji) {
   IncrementalDetokenizer broken(*tok_);
   EXPECT_EQ(broken.push(ids[0]), "");
   EXPECT_EQ(broken.push(ids[1]), "");
-  EXPECT_EQ(broken.push(*tok_->token_to_id("A")), "\xEF\xBF\xBD" "A");
+  EXPECT_EQ(broken.push(*tok_->token_to_id("A")),
+            "\xEF\xBF\xBD"
+            "A");
   // flush() turns an unfinished tail into U+FFFD.
   EXPECT_EQ(broken.push(ids[0]), "");
   EXPECT_EQ(broken.flush(), "\xEF\xBF\xBD");
@@ -202,13 +205,17 @@ TEST(Utf8, LossyMatchesFromUtf8Lossy) {
     return out;
   };
   const std::string r = "\xEF\xBF\xBD";
-  EXPECT_EQ(lossy("a\x80" "b"), "a" + r + "b");
-  EXPECT_EQ(lossy("\xE2\x82" "A"), r + "A");         // truncated 3-byte: one U+FFFD
-  EXPECT_EQ(lossy("\xF0\x80\x80"), r + r + r);        // F0 80 is not a valid start
-  EXPECT_EQ(lossy("\xED\xA0\x80"), r + r + r);        // surrogate
+  EXPECT_EQ(lossy("a\x80"
+                  "b"),
+            "a" + r + "b");
+  EXPECT_EQ(lossy("\xE2\x82"
+                  "A"),
+            r + "A");                                   // truncated 3-byte: one U+FFFD
+  EXPECT_EQ(lossy("\xF0\x80\x80"), r + r + r);          // F0 80 is not a valid start
+  EXPECT_EQ(lossy("\xED\xA0\x80"), r + r + r);          // surrogate
   EXPECT_EQ(lossy("\xF4\x90\x80\x80"), r + r + r + r);  // above U+10FFFF
-  EXPECT_EQ(lossy("\xC0\xAF"), r + r);                // overlong
-  EXPECT_EQ(lossy("\xF0\x9F\x90"), r);                // truncated at the end
+  EXPECT_EQ(lossy("\xC0\xAF"), r + r);                  // overlong
+  EXPECT_EQ(lossy("\xF0\x9F\x90"), r);                  // truncated at the end
 }
 
 TEST(Pretokenizer, WhitespaceRewrite) {
@@ -222,7 +229,11 @@ TEST(Pretokenizer, WhitespaceRewrite) {
   ASSERT_TRUE(re.ok()) << re.status().message();
   std::vector<std::pair<size_t, size_t>> pieces;
   // U+0085 is White_Space (as in Oniguruma); U+FEFF and U+180E are not.
-  const std::string text = "a\xC2\x85" "b\xEF\xBB\xBF" "c\xE1\xA0\x8E" "d";
+  const std::string text =
+      "a\xC2\x85"
+      "b\xEF\xBB\xBF"
+      "c\xE1\xA0\x8E"
+      "d";
   ASSERT_TRUE((*re)->split(text, &pieces));
   ASSERT_EQ(pieces.size(), 3u);
   EXPECT_EQ(text.substr(pieces[1].first, pieces[1].second - pieces[1].first), "\xC2\x85");
@@ -254,11 +265,12 @@ TEST(Nfc, FastPathMatchesUtf8proc) {
   check(u(0x0CC6) + u(0x0CC2) + u(0x0CD5) + " " + u(0x0DD9) + u(0x0DCF) + u(0x0DCA));
   // Random strings over code points chosen to interact: starters, marks, jamo, singletons.
   const std::vector<uint32_t> pool = {
-      'a', 'e', 'A', ' ', 0x300, 0x301, 0x308, 0x323, 0x327, 0x338, 0x345, 0x3B1, 0x3B9, 0x1100,
-      0x1161, 0x11A7, 0x11A8, 0xAC00, 0xAC01, 0x4E00, 0x1F600, 0x0F71, 0x0F72, 0x0F73, 0x0CC6,
-      0x0CC2, 0x0CD5, 0x0DD9, 0x0DCF, 0x0DCA, 0x212B, 0x2126, 0xE9, 0x1E63, 0x307, 0x3099, 0x304B,
-      0x309A, 0x0627, 0x0653, 0x0654, 0x09C7, 0x09BE, 0x09D7, 0x0B47, 0x0B3E, 0x1025, 0x102E,
-      0x1B05, 0x1B35, 0x110B1, 0x110BA, 0x11131, 0x11127, 0xFB1D, 0x5D9, 0x5B4, 0xF900, 0xFEFF};
+      'a',     'e',     'A',     ' ',     0x300,  0x301,  0x308,  0x323,  0x327,  0x338,
+      0x345,   0x3B1,   0x3B9,   0x1100,  0x1161, 0x11A7, 0x11A8, 0xAC00, 0xAC01, 0x4E00,
+      0x1F600, 0x0F71,  0x0F72,  0x0F73,  0x0CC6, 0x0CC2, 0x0CD5, 0x0DD9, 0x0DCF, 0x0DCA,
+      0x212B,  0x2126,  0xE9,    0x1E63,  0x307,  0x3099, 0x304B, 0x309A, 0x0627, 0x0653,
+      0x0654,  0x09C7,  0x09BE,  0x09D7,  0x0B47, 0x0B3E, 0x1025, 0x102E, 0x1B05, 0x1B35,
+      0x110B1, 0x110BA, 0x11131, 0x11127, 0xFB1D, 0x5D9,  0x5B4,  0xF900, 0xFEFF};
   std::mt19937 rng(3);
   for (int t = 0; t < 20000; ++t) {
     std::string s;
@@ -311,7 +323,10 @@ TEST_F(TokenizerTest, ConcurrentEncode) {
 
 TEST_F(TokenizerTest, OddInputsDoNotCrash) {
   // Invalid UTF-8 is encoded as its lossy decoding; long uniform runs stay single pieces.
-  EXPECT_EQ(tok_->encode("a\xFF" "b"), tok_->encode("a\xEF\xBF\xBD" "b"));
+  EXPECT_EQ(tok_->encode("a\xFF"
+                         "b"),
+            tok_->encode("a\xEF\xBF\xBD"
+                         "b"));
   EXPECT_EQ(tok_->decode(tok_->encode(std::string(100000, ' '))), std::string(100000, ' '));
   const std::string letters(200000, 'x');
   EXPECT_EQ(tok_->decode(tok_->encode(letters)), letters);
@@ -337,9 +352,10 @@ TEST_F(TokenizerTest, EncodeThroughput) {
 class TokenizerErrorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("vlm_tokenizer_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ =
+        fs::temp_directory_path() /
+        ("vlm_tokenizer_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+         "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override {
@@ -380,8 +396,8 @@ TEST_F(TokenizerErrorTest, MissingModel) {
 TEST_F(TokenizerErrorTest, BadMergesAndTypes) {
   const std::string pre =
       R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})";
-  const std::string bad_merge = write(
-      "badmerge.json", R"({)" + pre + R"(, "model": {"type": "BPE", "vocab": {"a": 0, "b": 1},
+  const std::string bad_merge =
+      write("badmerge.json", R"({)" + pre + R"(, "model": {"type": "BPE", "vocab": {"a": 0, "b": 1},
       "merges": ["a c"]}})");
   auto r = Tokenizer::load(bad_merge);
   ASSERT_FALSE(r.ok());
@@ -399,8 +415,7 @@ TEST_F(TokenizerErrorTest, BadMergesAndTypes) {
   EXPECT_NE(r.status().message().find("wrongfield.json"), std::string::npos);
 
   // A minimal valid file loads, with merges in both spellings.
-  const std::string good = write(
-      "tokenizer.json", R"({)" + pre + R"(, "model": {"type": "BPE",
+  const std::string good = write("tokenizer.json", R"({)" + pre + R"(, "model": {"type": "BPE",
       "vocab": {"a": 0, "b": 1, "ab": 2, "abb": 3}, "merges": ["a b", ["ab", "b"]]}})");
   r = Tokenizer::load(dir_.string());
   ASSERT_TRUE(r.ok()) << r.status().message();
@@ -409,8 +424,7 @@ TEST_F(TokenizerErrorTest, BadMergesAndTypes) {
   (void)good;
 
   // A second tokenizer on the same thread must not see the first one's cached pieces.
-  const std::string other = write(
-      "other.json", R"({)" + pre + R"(, "model": {"type": "BPE",
+  const std::string other = write("other.json", R"({)" + pre + R"(, "model": {"type": "BPE",
       "vocab": {"a": 0, "b": 1, "ab": 2, "abb": 3}, "merges": ["a b"]}})");
   auto r2 = Tokenizer::load(other);
   ASSERT_TRUE(r2.ok()) << r2.status().message();

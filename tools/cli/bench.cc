@@ -97,7 +97,7 @@ std::vector<uint8_t> synthetic_bmp(int w, int h) {
     for (int x = 0; x < w; ++x) {
       const int r = x * 255 / std::max(1, w - 1), g = y * 255 / std::max(1, h - 1);
       const int b = ((x / 16 + y / 16) % 2) * 160 + 48;  // a 16-pixel checkerboard
-      row[3 * x + 0] = clamp(b + noise());  // BMP stores B, G, R
+      row[3 * x + 0] = clamp(b + noise());               // BMP stores B, G, R
       row[3 * x + 1] = clamp(g + noise());
       row[3 * x + 2] = clamp(r + noise());
     }
@@ -154,9 +154,8 @@ void print_table(FILE* out, const std::vector<Row>& rows) {
   auto print_line = [&](const std::vector<std::string>& line) {
     for (size_t c = 0; c < 6; ++c) {
       const bool right = c >= 2 && c <= 4;  // numbers
-      std::fprintf(out, "| %*s%s%*s ", right ? static_cast<int>(width[c] - line[c].size()) : 0,
-                   "", line[c].c_str(),
-                   right ? 0 : static_cast<int>(width[c] - line[c].size()), "");
+      std::fprintf(out, "| %*s%s%*s ", right ? static_cast<int>(width[c] - line[c].size()) : 0, "",
+                   line[c].c_str(), right ? 0 : static_cast<int>(width[c] - line[c].size()), "");
     }
     std::fprintf(out, "|\n");
   };
@@ -171,8 +170,8 @@ void print_table(FILE* out, const std::vector<Row>& rows) {
 
 json row_json(const Row& r) {
   const Summary s = summarize(r.samples);
-  json j = {{"kind", r.kind}, {"unit", r.unit}, {"reps", r.samples.size()},
-            {"median", s.median}, {"min", s.min}, {"max", s.max}, {"samples", r.samples}};
+  json j = {{"kind", r.kind}, {"unit", r.unit}, {"reps", r.samples.size()}, {"median", s.median},
+            {"min", s.min},   {"max", s.max},   {"samples", r.samples}};
   for (auto it = r.fields.begin(); it != r.fields.end(); ++it) j[it.key()] = it.value();
   return j;
 }
@@ -200,8 +199,8 @@ std::string cpu_name() {
 }
 
 void progress(const std::string& what, const BenchArgs& a) {
-  std::fprintf(stderr, "vlm bench: %s: %s%d reps\n", what.c_str(),
-               a.no_warmup ? "" : "warmup + ", a.reps);
+  std::fprintf(stderr, "vlm bench: %s: %s%d reps\n", what.c_str(), a.no_warmup ? "" : "warmup + ",
+               a.reps);
 }
 
 vlm::GenerateRequest synthetic_request(const vlm::Engine& e, int64_t prompt, int64_t new_tokens) {
@@ -258,10 +257,13 @@ vlm::Status bench_image(vlm::Engine& e, const ImageCase& img, const BenchArgs& a
     pre.push_back(t.decode_ms + t.preprocess_ms);
   }
   const std::string resized = std::to_string(t.resized_w) + "x" + std::to_string(t.resized_h);
-  const std::string size = img.name + " -> " + resized + ", " + std::to_string(t.vision_tokens) +
-                           " tokens";
-  json f = {{"size", resized}, {"image", img.name}, {"resized_w", t.resized_w},
-            {"resized_h", t.resized_h}, {"tokens", t.vision_tokens}};
+  const std::string size =
+      img.name + " -> " + resized + ", " + std::to_string(t.vision_tokens) + " tokens";
+  json f = {{"size", resized},
+            {"image", img.name},
+            {"resized_w", t.resized_w},
+            {"resized_h", t.resized_h},
+            {"tokens", t.vision_tokens}};
   rows->push_back({"vision_encode", "vision encode", size, "ms", enc, f});
   rows->push_back({"image_preprocess", "image decode + preprocess", size, "ms", pre, f});
   return vlm::ok_status();
@@ -338,8 +340,8 @@ int run_bench(const BenchArgs& a) {
 
   // With no selection, the default run: the standard sizes, the two standard images, the probe.
   bool membw = a.membw || a.membw_mib > 0;
-  const bool selected = !prompts.empty() || !gens.empty() || !batches.empty() || !images.empty() ||
-                        membw;
+  const bool selected =
+      !prompts.empty() || !gens.empty() || !batches.empty() || !images.empty() || membw;
   const bool default_run = !selected;
   if (default_run) {
     prompts = {128, 512, 2048};
@@ -352,16 +354,19 @@ int run_bench(const BenchArgs& a) {
   }
   const bool decode = default_run || !a.gen_sizes.empty();
   const int64_t gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !prompts.empty() ? prompts[0] : 128;
-  const bool needs_model = !prompts.empty() || decode || !batches.empty() || !images.empty() ||
-                           default_run;
+  const bool needs_model =
+      !prompts.empty() || decode || !batches.empty() || !images.empty() || default_run;
   if (needs_model && a.model.empty()) {
     return fail("bench: -m is required (all but --membw need a model)");
   }
 
   std::vector<Row> rows;
   std::vector<std::string> notes;
-  json info = {{"model", a.model.empty() ? json(nullptr) : json(a.model)}, {"isa", nullptr},
-               {"quant", nullptr}, {"threads", nullptr}, {"decode_weight_bytes", nullptr}};
+  json info = {{"model", a.model.empty() ? json(nullptr) : json(a.model)},
+               {"isa", nullptr},
+               {"quant", nullptr},
+               {"threads", nullptr},
+               {"decode_weight_bytes", nullptr}};
   int threads = a.threads;
   std::string kernels;
   int64_t weight_bytes = 0;
@@ -382,16 +387,18 @@ int run_bench(const BenchArgs& a) {
     opts.vision_fp16 = a.vision_fp16;
     // The engine core runs every measurement: room for the largest batch at once.
     for (int64_t b : batches) opts.batching.max_num_seqs = std::max(opts.batching.max_num_seqs, b);
-    opts.batching.max_waiting = std::max<int64_t>(opts.batching.max_waiting, opts.batching.max_num_seqs);
+    opts.batching.max_waiting =
+        std::max<int64_t>(opts.batching.max_waiting, opts.batching.max_num_seqs);
     auto engine_or = vlm::Engine::load(opts);
     if (!engine_or.ok()) return fail(engine_or.status().message());
     vlm::Engine& engine = **engine_or;
     threads = engine.n_threads();
     weight_bytes = engine.decode_weight_bytes();
-    kernels = (engine.device() == "cpu" ? "" : engine.device() + " + ") +
-              std::string(engine.cpu_isa()) + (engine.quant() == vlm::Quant::kNone ? std::string()
-                                                         : std::string(" ") + vlm::quant_name(engine.quant())) +
-              (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
+    kernels =
+        (engine.device() == "cpu" ? "" : engine.device() + " + ") + std::string(engine.cpu_isa()) +
+        (engine.quant() == vlm::Quant::kNone ? std::string()
+                                             : std::string(" ") + vlm::quant_name(engine.quant())) +
+        (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
     info["isa"] = engine.cpu_isa();
     info["device"] = engine.device();
     info["mmap_weights"] = a.mmap;
@@ -415,7 +422,11 @@ int run_bench(const BenchArgs& a) {
       progress("prefill " + std::to_string(p) + " tokens", a);
       auto s = bench_prefill(engine, p, a);
       if (!s.ok()) return fail(s.status().with_context("prefill " + std::to_string(p)).message());
-      rows.push_back({"prefill", "prefill", std::to_string(p) + " tokens", "tok/s", *s,
+      rows.push_back({"prefill",
+                      "prefill",
+                      std::to_string(p) + " tokens",
+                      "tok/s",
+                      *s,
                       {{"size", p}, {"prompt_tokens", p}}});
     }
     for (int64_t n : gens) {
@@ -424,9 +435,12 @@ int run_bench(const BenchArgs& a) {
       auto s = bench_decode(engine, gen_prompt, n, a);
       if (!s.ok()) return fail(s.status().with_context("decode " + std::to_string(n)).message());
       decode_rows.push_back(rows.size());
-      rows.push_back({"decode", "decode",
-                      std::to_string(n) + " tokens after " + std::to_string(gen_prompt), "tok/s",
-                      *s, {{"size", n}, {"gen_tokens", n}, {"prompt_tokens", gen_prompt}}});
+      rows.push_back({"decode",
+                      "decode",
+                      std::to_string(n) + " tokens after " + std::to_string(gen_prompt),
+                      "tok/s",
+                      *s,
+                      {{"size", n}, {"gen_tokens", n}, {"prompt_tokens", gen_prompt}}});
     }
     for (const ImageCase& img : images) {
       progress("vision " + img.name, a);
@@ -459,8 +473,12 @@ int run_bench(const BenchArgs& a) {
         }
         const double median = summarize(tok_s).median;
         if (b == 1) single = median;
-        json f = {{"size", b}, {"batch", b}, {"gen_tokens", n}, {"prompt_tokens", gen_prompt},
-                  {"window_tokens", tokens}, {"first_tokens_ms", first_ms}};
+        json f = {{"size", b},
+                  {"batch", b},
+                  {"gen_tokens", n},
+                  {"prompt_tokens", gen_prompt},
+                  {"window_tokens", tokens},
+                  {"first_tokens_ms", first_ms}};
         if (single > 0) f["speedup_vs_batch1"] = median / single;
         rows.push_back({"batched_decode", "batched decode",
                         std::to_string(b) + " x " + std::to_string(n) + " tokens after " +
@@ -497,7 +515,9 @@ int run_bench(const BenchArgs& a) {
     const std::string size = std::to_string(bw->bytes >> 20) + " MiB, " +
                              std::to_string(bw->n_threads) +
                              (bw->n_threads == 1 ? " thread" : " threads");
-    const json f = {{"size", bw->bytes}, {"bytes", bw->bytes}, {"threads", bw->n_threads},
+    const json f = {{"size", bw->bytes},
+                    {"bytes", bw->bytes},
+                    {"threads", bw->n_threads},
                     {"l3_bytes", last_level_cache_bytes()}};
     rows.push_back({"membw_read", "memory read (sum)", size, "GB/s", bw->read_gb_s, f});
     rows.push_back({"membw_copy", "memory copy (read + write)", size, "GB/s", bw->copy_gb_s, f});
@@ -510,8 +530,10 @@ int run_bench(const BenchArgs& a) {
     std::vector<double> gb_s;
     for (double v : d.samples) gb_s.push_back(static_cast<double>(weight_bytes) * v / 1e9);
     const double median = summarize(gb_s).median;
-    json f = {{"size", d.fields.at("size")}, {"gen_tokens", d.fields.at("gen_tokens")},
-              {"prompt_tokens", d.fields.at("prompt_tokens")}, {"weight_bytes", weight_bytes}};
+    json f = {{"size", d.fields.at("size")},
+              {"gen_tokens", d.fields.at("gen_tokens")},
+              {"prompt_tokens", d.fields.at("prompt_tokens")},
+              {"weight_bytes", weight_bytes}};
     const double wb = static_cast<double>(weight_bytes);
     std::string note = "decode " + d.size + ": " +
                        (wb >= 1e9 ? fmt("%.2f GB", wb / 1e9) : fmt("%.2f MB", wb / 1e6)) +
@@ -540,10 +562,15 @@ int run_bench(const BenchArgs& a) {
                commit.empty() ? "unknown" : commit.c_str(), date.c_str());
 
   if (!a.json_out.empty()) {
-    json j = {{"tool", "vlm bench"}, {"command", a.command},
-              {"commit", commit.empty() ? json(nullptr) : json(commit)}, {"date", date},
-              {"cpu", cpu_name()}, {"l3_bytes", last_level_cache_bytes()},
-              {"reps", a.reps}, {"warmup", !a.no_warmup}, {"gen_prompt_tokens", gen_prompt},
+    json j = {{"tool", "vlm bench"},
+              {"command", a.command},
+              {"commit", commit.empty() ? json(nullptr) : json(commit)},
+              {"date", date},
+              {"cpu", cpu_name()},
+              {"l3_bytes", last_level_cache_bytes()},
+              {"reps", a.reps},
+              {"warmup", !a.no_warmup},
+              {"gen_prompt_tokens", gen_prompt},
               {"peak_rss_bytes", peak_rss}};
     for (auto it = info.begin(); it != info.end(); ++it) j[it.key()] = it.value();
     j["threads"] = threads;

@@ -127,7 +127,8 @@ int cmd_run(const RunArgs& a) {
     vlm::ChatMessage user = text_message("user", a.prompt);
     if (!a.images.empty()) {  // images first, then the question (the usual Qwen-VL layout)
       user.content_is_text = false;
-      for (size_t i = 0; i < a.images.size(); ++i) user.parts.push_back({vlm::ChatPart::Type::kImage, {}});
+      for (size_t i = 0; i < a.images.size(); ++i)
+        user.parts.push_back({vlm::ChatPart::Type::kImage, {}});
       user.parts.push_back({vlm::ChatPart::Type::kText, a.prompt});
     }
     msgs.push_back(user);
@@ -167,10 +168,11 @@ int cmd_run(const RunArgs& a) {
   std::string images;
   if (!req.images.empty()) {
     char buf[256];
-    std::snprintf(buf, sizeof buf,
-                  "images %zu: %lld vision tokens, decode %.0f ms, preprocess %.0f ms, encode %.0f ms | ",
-                  req.images.size(), static_cast<long long>(r.vision_tokens), r.image_decode_ms,
-                  r.preprocess_ms, r.vision_encode_ms);
+    std::snprintf(
+        buf, sizeof buf,
+        "images %zu: %lld vision tokens, decode %.0f ms, preprocess %.0f ms, encode %.0f ms | ",
+        req.images.size(), static_cast<long long>(r.vision_tokens), r.image_decode_ms,
+        r.preprocess_ms, r.vision_encode_ms);
     images = buf;
   }
   std::fprintf(stderr,
@@ -181,8 +183,7 @@ int cmd_run(const RunArgs& a) {
                static_cast<long long>(r.output_ids.size()), decode_tps,
                vlm_cli::peak_rss_bytes() / 1048576.0,
                engine.device() == "cpu" ? engine.cpu_isa() : engine.device().c_str(),
-               quant_suffix(engine).c_str(),
-               engine.n_threads());
+               quant_suffix(engine).c_str(), engine.n_threads());
   return 0;
 }
 
@@ -246,7 +247,8 @@ int main(int argc, char** argv) {
   vlm::Quant lg_quant = vlm::Quant::kNone;
   bool lg_mmap = false;
   auto* logits = app.add_subcommand("logits", "Write float32 logits [positions, vocab] as .npy");
-  logits->add_option("-m,--model", lg_model, "Checkpoint directory (config.json + weights)")->required();
+  logits->add_option("-m,--model", lg_model, "Checkpoint directory (config.json + weights)")
+      ->required();
   logits->add_option("--ids", lg_ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
   logits->add_option("--out", lg_out, "Output .npy file")->required();
   logits->add_option("--image", lg_images,
@@ -261,66 +263,83 @@ int main(int argc, char** argv) {
 
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
-    if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits" && cmd != "bench" &&
-        cmd != "serve") {
-      return fail("unknown command '" + cmd + "' (commands: run, serve, tokenize, detokenize, logits, bench)");
+    if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits" &&
+        cmd != "bench" && cmd != "serve") {
+      return fail("unknown command '" + cmd +
+                  "' (commands: run, serve, tokenize, detokenize, logits, bench)");
     }
   }
   vlm_cli::BenchArgs ba;
-  auto* bench = app.add_subcommand(
-      "bench", "Benchmark: prefill, decode, vision, batched decode and memory bandwidth "
-               "(median, min, max; table and JSON)");
+  auto* bench =
+      app.add_subcommand("bench",
+                         "Benchmark: prefill, decode, vision, batched decode and memory bandwidth "
+                         "(median, min, max; table and JSON)");
   vlm_cli::add_bench_options(bench, &ba);
   for (int i = 0; i < argc; ++i) ba.command += (i ? " " : "") + std::string(argv[i]);
 
   vlm::ServeOptions so;
   auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (continuous batching)");
   so.engine.model_dir = VLM_DEFAULT_MODEL_DIR;
-  serve->add_option("-m,--model", so.engine.model_dir,
-                    "Checkpoint directory; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR ")");
+  serve->add_option(
+      "-m,--model", so.engine.model_dir,
+      "Checkpoint directory; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR
+      ")");
   serve->add_option("--host", so.host, "Address to listen on (default 127.0.0.1)");
   serve->add_option("--port", so.port, "Port (default 8080; 0 = any free port)");
   serve->add_option("--served-model-name", so.model_name, "Name reported by /v1/models");
   serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
-  serve->add_option("--allowed-media-path", so.allowed_media_path, "Folder file:// images may come from");
-  serve->add_flag("--allow-remote-media", so.allow_remote_media, "Fetch http(s):// image URLs (off by default)");
-  serve->add_option("--max-image-pixels", so.max_image_pixels,
-                    "Largest resize budget (pixels) a request may ask of one image with min_pixels / "
-                    "max_pixels (default 16777216)");
+  serve->add_option("--allowed-media-path", so.allowed_media_path,
+                    "Folder file:// images may come from");
+  serve->add_flag("--allow-remote-media", so.allow_remote_media,
+                  "Fetch http(s):// image URLs (off by default)");
+  serve->add_option(
+      "--max-image-pixels", so.max_image_pixels,
+      "Largest resize budget (pixels) a request may ask of one image with min_pixels / "
+      "max_pixels (default 16777216)");
   serve->add_option("--max-num-seqs", so.engine.batching.max_num_seqs, "Sequences per batch step");
   serve->add_option("--max-batched-tokens", so.engine.batching.max_batched_tokens,
                     "Tokens per batch step (default: the prefill chunk, 256)");
   serve->add_option("--block-size", so.engine.batching.block_size, "KV cache block size in tokens");
-  serve->add_option("--num-blocks", so.engine.batching.num_blocks, "KV cache blocks (0 = from the context)");
-  serve->add_option("--max-waiting", so.engine.batching.max_waiting, "Queued requests before 429 (default 256)");
-  serve->add_option("--batch-wait-ms", so.engine.batching.batch_wait_ms,
-                    "Batching window: an idle engine waits this long for more arrivals (default 0)");
+  serve->add_option("--num-blocks", so.engine.batching.num_blocks,
+                    "KV cache blocks (0 = from the context)");
+  serve->add_option("--max-waiting", so.engine.batching.max_waiting,
+                    "Queued requests before 429 (default 256)");
+  serve->add_option(
+      "--batch-wait-ms", so.engine.batching.batch_wait_ms,
+      "Batching window: an idle engine waits this long for more arrivals (default 0)");
   serve->add_option("--vision-cache-mib", so.engine.batching.vision_cache_mib,
                     "Memory for cached vision-encoder outputs (default 512; 0 = off)");
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
-  serve->add_option("-c,--ctx", so.engine.max_context, "Context limit in tokens (0 = model maximum)");
+  serve->add_option("-c,--ctx", so.engine.max_context,
+                    "Context limit in tokens (0 = model maximum)");
   vlm::cli::add_quant_option(serve, &so.engine.quant);
   serve->add_flag("--mmap", so.engine.mmap_weights, vlm::cli::kMmapHelp);
   serve->add_flag("--vision-fp16", so.engine.vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(serve, &so.engine);
-  serve->add_option("--http-threads", so.http_threads,
-                    "Worker threads for request parsing, chat templates, tokenizing and image decoding "
-                    "(default 8)");
-  serve->add_option("--io-threads", so.io_threads, "Threads for sockets, /health, /metrics and replies (default 2)");
+  serve->add_option(
+      "--http-threads", so.http_threads,
+      "Worker threads for request parsing, chat templates, tokenizing and image decoding "
+      "(default 8)");
+  serve->add_option("--io-threads", so.io_threads,
+                    "Threads for sockets, /health, /metrics and replies (default 2)");
   serve->add_option("--max-connections", so.max_connections,
                     "Open connections at once; beyond: 503 and close (default 4096)");
   serve->add_option("--header-timeout", so.header_timeout_s,
                     "Seconds a request's header may take from its first byte (default 10)");
   serve->add_option("--keep-alive-timeout", so.keep_alive_timeout_s,
                     "Seconds an idle keep-alive connection stays open (default 75)");
-  serve->add_option("--body-timeout", so.body_timeout_s, "Seconds a request's body may take (default 60)");
-  serve->add_option("--write-timeout", so.write_timeout_s,
-                    "Seconds a reply write may make no progress before the connection closes (default 60)");
-  serve->add_option("--health-timeout", so.health_timeout_s,
-                    "/health is 503 when the engine loop made no progress for this many seconds (default 30)");
-  serve->add_option("--shutdown-timeout", so.shutdown_timeout_s,
-                    "On SIGTERM/SIGINT, seconds running requests may take before they are cancelled "
-                    "(default 30)");
+  serve->add_option("--body-timeout", so.body_timeout_s,
+                    "Seconds a request's body may take (default 60)");
+  serve->add_option(
+      "--write-timeout", so.write_timeout_s,
+      "Seconds a reply write may make no progress before the connection closes (default 60)");
+  serve->add_option(
+      "--health-timeout", so.health_timeout_s,
+      "/health is 503 when the engine loop made no progress for this many seconds (default 30)");
+  serve->add_option(
+      "--shutdown-timeout", so.shutdown_timeout_s,
+      "On SIGTERM/SIGINT, seconds running requests may take before they are cancelled "
+      "(default 30)");
 
   try {
     app.parse(argc, argv);
@@ -334,11 +353,14 @@ int main(int argc, char** argv) {
 
   if (*run) return cmd_run(ra);
   if (*serve) {
-    so.engine.prefill_chunk = std::max<int64_t>(so.engine.prefill_chunk, so.engine.batching.max_batched_tokens);
+    so.engine.prefill_chunk =
+        std::max<int64_t>(so.engine.prefill_chunk, so.engine.batching.max_batched_tokens);
     so.handle_signals = true;
     auto server = vlm::Server::create(so);
     if (!server.ok()) return fail(server.status());
-    std::fprintf(stderr, "vlm: serving on http://%s:%d (OpenAI API at /v1; /health says 503 until the model is loaded)\n",
+    std::fprintf(stderr,
+                 "vlm: serving on http://%s:%d (OpenAI API at /v1; /health says 503 until the "
+                 "model is loaded)\n",
                  so.host.c_str(), (*server)->port());
     vlm::Status st = (*server)->run();
     if (!st.ok()) return fail(st);
@@ -347,7 +369,8 @@ int main(int argc, char** argv) {
   if (*bench) return vlm_cli::run_bench(ba);
 
   if (*tokenize) {
-    if (tk_text_opt->count() == 0 && tk_file_opt->count() == 0) return fail("give --text or --file");
+    if (tk_text_opt->count() == 0 && tk_file_opt->count() == 0)
+      return fail("give --text or --file");
     std::string text = tk_text;
     if (tk_file_opt->count()) {
       std::ifstream f(tk_file, std::ios::binary);
@@ -369,7 +392,8 @@ int main(int argc, char** argv) {
     auto tok = vlm::Tokenizer::load(dt_model);
     if (!tok.ok()) return fail(tok.status());
     for (int32_t id : ids) {
-      if (id >= (*tok)->vocab_size()) return fail("token id " + std::to_string(id) + " is outside the vocabulary");
+      if (id >= (*tok)->vocab_size())
+        return fail("token id " + std::to_string(id) + " is outside the vocabulary");
     }
     std::string text = (*tok)->decode(ids, dt_skip);
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -390,7 +414,8 @@ int main(int argc, char** argv) {
     auto engine = vlm::Engine::load(opts);
     if (!engine.ok()) return fail(engine.status());
     std::vector<int32_t> expanded;
-    auto out = (*engine)->logits(ids, image_inputs(lg_images, lg_min_pixels, lg_max_pixels), &expanded);
+    auto out =
+        (*engine)->logits(ids, image_inputs(lg_images, lg_min_pixels, lg_max_pixels), &expanded);
     if (!out.ok()) return fail(out.status());
     vlm::Status st = vlm_cli::write_npy_f32(
         lg_out, out->data(), {static_cast<int64_t>(expanded.size()), (*engine)->vocab_size()});

@@ -26,7 +26,7 @@ std::string shape_to_tuple(const std::vector<int64_t>& shape) {
 }  // namespace
 
 vlm::Status write_npy_f32(const std::string& path, const float* data,
-                     const std::vector<int64_t>& shape) {
+                          const std::vector<int64_t>& shape) {
   uint64_t numel = 1;
   for (int64_t d : shape) {
     if (d < 0) return vlm::invalid_argument(path + ": negative dim in " + shape_to_tuple(shape));

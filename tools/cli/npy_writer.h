@@ -12,6 +12,7 @@ namespace vlm_cli {
 
 // Writes `data` [prod(shape)] as a C-order '<f4' .npy (format version 1.0, header padded to 64
 // bytes as numpy pads it). An empty shape writes a 0-d array holding data[0].
-vlm::Status write_npy_f32(const std::string& path, const float* data, const std::vector<int64_t>& shape);
+vlm::Status write_npy_f32(const std::string& path, const float* data,
+                          const std::vector<int64_t>& shape);
 
 }  // namespace vlm_cli

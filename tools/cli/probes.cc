@@ -91,11 +91,16 @@ int64_t last_level_cache_bytes() {
   const long long v = std::strtoll(s.c_str(), &end, 10);
   if (v <= 0) return 0;
   switch (*end) {  // sysfs writes "266240K"; accept the other suffixes too
-    case '\0': return v;
-    case 'K': return v << 10;
-    case 'M': return v << 20;
-    case 'G': return v << 30;
-    default: return 0;
+    case '\0':
+      return v;
+    case 'K':
+      return v << 10;
+    case 'M':
+      return v << 20;
+    case 'G':
+      return v << 30;
+    default:
+      return 0;
   }
 }
 
@@ -107,7 +112,8 @@ int64_t default_membw_bytes() {
 vlm::Result<MemoryBandwidth> measure_memory_bandwidth(const MemoryBandwidthOptions& o) {
   const int64_t bytes = o.bytes > 0 ? o.bytes : default_membw_bytes();
   if (o.reps < 1) return vlm::invalid_argument("the bandwidth probe needs at least one pass");
-  const int threads = o.n_threads > 0 ? o.n_threads : std::max(1u, std::thread::hardware_concurrency());
+  const int threads =
+      o.n_threads > 0 ? o.n_threads : std::max(1u, std::thread::hardware_concurrency());
   const int64_t size = (bytes + kPage - 1) / kPage * kPage;
   const int64_t lines = size / kLine;
   Buffer src(static_cast<uint8_t*>(std::aligned_alloc(kPage, static_cast<size_t>(size))));
@@ -165,8 +171,8 @@ struct TokenMark {
 vlm::Result<BatchedDecodeRound> run_round(vlm::Engine& engine, const BatchedDecodeOptions& o,
                                           int64_t gen_tokens) {
   std::vector<std::unique_ptr<vlm::RequestStream>> streams;
-  const int64_t start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               Clock::now().time_since_epoch()).count();
+  const int64_t start_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
   for (int i = 0; i < o.batch; ++i) {
     vlm::GenerateRequest r;
     r.prompt_ids = synthetic_prompt_ids(o.prompt_tokens, engine.vocab_size(), i);
@@ -213,8 +219,9 @@ vlm::Result<BatchedDecodeRound> run_round(vlm::Engine& engine, const BatchedDeco
 vlm::Result<std::vector<BatchedDecodeRound>> bench_batched_decode(vlm::Engine& engine,
                                                                   const BatchedDecodeOptions& o) {
   if (o.batch < 1 || o.prompt_tokens < 1 || o.gen_tokens < 1 || o.reps < 1) {
-    return vlm::invalid_argument("batched decode needs batch, prompt tokens, generated tokens and "
-                                 "repetitions >= 1");
+    return vlm::invalid_argument(
+        "batched decode needs batch, prompt tokens, generated tokens and "
+        "repetitions >= 1");
   }
   if (o.warmup) VLM_RETURN_IF_ERROR(run_round(engine, o, 1).status());
   std::vector<BatchedDecodeRound> rounds;

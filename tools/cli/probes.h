@@ -22,7 +22,8 @@ std::vector<int32_t> synthetic_prompt_ids(int64_t n, int64_t vocab, int64_t salt
 // ---- Memory bandwidth: the roof of a memory-bound decode step.
 
 struct MemoryBandwidthOptions {
-  int64_t bytes = 0;  // per buffer (two are allocated), rounded up to 4 KiB; 0: default_membw_bytes()
+  int64_t bytes =
+      0;  // per buffer (two are allocated), rounded up to 4 KiB; 0: default_membw_bytes()
   int n_threads = 0;  // 0: all hardware threads
   int reps = 5;       // timed passes of each kernel, after one untimed pass of each
 };
@@ -49,7 +50,7 @@ vlm::Result<MemoryBandwidth> measure_memory_bandwidth(const MemoryBandwidthOptio
 // ---- Batched decode through the engine core.
 
 struct BatchedDecodeOptions {
-  int batch = 8;               // concurrent requests (at most the engine's max_num_seqs)
+  int batch = 8;                // concurrent requests (at most the engine's max_num_seqs)
   int64_t prompt_tokens = 128;  // per request (synthetic_prompt_ids, salt = request index)
   int64_t gen_tokens = 128;     // decode steps per request after its first token
   int reps = 3;                 // timed rounds
@@ -65,10 +66,12 @@ struct BatchedDecodeRound {
   int64_t tokens = 0;          // of all requests, inside the window
   double decode_ms = 0;        // the window
   double first_tokens_ms = 0;  // first submission → the window opens (every request prefilled)
-  double tok_s() const { return decode_ms > 0 ? static_cast<double>(tokens) / (decode_ms / 1000) : 0; }
+  double tok_s() const {
+    return decode_ms > 0 ? static_cast<double>(tokens) / (decode_ms / 1000) : 0;
+  }
 };
 
-vlm::Result<std::vector<BatchedDecodeRound>> bench_batched_decode(vlm::Engine& engine,
-                                                                  const BatchedDecodeOptions& options);
+vlm::Result<std::vector<BatchedDecodeRound>> bench_batched_decode(
+    vlm::Engine& engine, const BatchedDecodeOptions& options);
 
 }  // namespace vlm_cli

@@ -14,12 +14,12 @@ constexpr int64_t kMaxGroup = 8;
 // j % block_size) of k / v (rows kv_stride floats apart): a paged KV cache.
 // softmax_exp_row: x[i] ← exp(scale·x[i] − max) in place over n values; returns their sum Σ
 // (the caller scales by 1 / Σ where it is cheapest: after P·V, per output row).
-// attend_row: out[head_dim] = softmax(scale · q·kᵀ) · v over keys j ∈ [0, n_keys), key j at k + j·kv_stride
-// (same for v). q, out: [head_dim].
-// attend_group_partial: split-K decode. n_q_heads ≤ kMaxGroup query rows (q, head_dim apart)
-// sharing one KV head, against keys [j0, j1) of a paged cache (as attend_row_paged). For query i,
-// with s_j = scale·q_i·k_j: part[i] = [acc (head_dim floats) = Σ_j e^(s_j − m)·v_j, m = max_j s_j,
-// l = Σ_j e^(s_j − m)], part_stride floats apart; the caller merges the key ranges.
+// attend_row: out[head_dim] = softmax(scale · q·kᵀ) · v over keys j ∈ [0, n_keys), key j at k +
+// j·kv_stride (same for v). q, out: [head_dim]. attend_group_partial: split-K decode. n_q_heads ≤
+// kMaxGroup query rows (q, head_dim apart) sharing one KV head, against keys [j0, j1) of a paged
+// cache (as attend_row_paged). For query i, with s_j = scale·q_i·k_j: part[i] = [acc (head_dim
+// floats) = Σ_j e^(s_j − m)·v_j, m = max_j s_j, l = Σ_j e^(s_j − m)], part_stride floats apart; the
+// caller merges the key ranges.
 namespace generic {
 float softmax_exp_row(float* x, int64_t n, float scale);
 void attend_row_paged(const float* q, const float* k, const float* v, const int32_t* block_table,

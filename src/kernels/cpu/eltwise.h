@@ -39,8 +39,8 @@ struct EltwiseKernels {
                     const float* sin);
   // Per head: x = rope_neox(rms_norm(x, w)) (Qwen3's q_norm / k_norm, then rotary) in one pass.
   // x: [tokens, n_heads, head_dim] in place; w: [head_dim].
-  void (*qk_norm_rope)(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim,
-                       const float* w, float eps, const float* cos, const float* sin);
+  void (*qk_norm_rope)(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
+                       float eps, const float* cos, const float* sin);
 };
 
 namespace generic {

@@ -115,8 +115,7 @@ constexpr int64_t q8_scratch_bytes(int64_t K) {
 }
 namespace avx512vnni {
 // x: [M, K] f32 contiguous, K a multiple of kQ8Block; q / scale / sum as Q8Rows.
-void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
-                      int32_t* sum);
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
 // out: q8_decode_x_bytes(M, K) bytes, x (q, scale, sum of M rows) in the INT4 decode kernel's
 // layout; once per matmul call, shared by every thread and weight.
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);

@@ -21,8 +21,8 @@
 namespace vlm::kernels::avx512fp16 {
 namespace {
 
-constexpr int64_t kPanel = 32;     // weight rows (output columns) per panel: one zmm of halves
-constexpr int64_t kBlockK = 512;   // values of K per panel block: 32 KiB of halves, in L1
+constexpr int64_t kPanel = 32;    // weight rows (output columns) per panel: one zmm of halves
+constexpr int64_t kBlockK = 512;  // values of K per panel block: 32 KiB of halves, in L1
 static_assert(f16_scratch_bytes(kBlockK) == kPanel * kBlockK * 2 + 64,
               "matmul.h's scratch size is this kernel's panel and an alignment");
 // NOTE(vlm): 9 half sums + 18 f32 totals + the panel vector = 28 of the 32 zmm. vfmadd231ph
@@ -117,8 +117,8 @@ inline void micro(const uint32_t* x2, int64_t ldx, const _Float16* panel, int64_
 }
 
 template <int MR = kTileRows - 1>
-inline void tail_rows(int64_t r, const uint32_t* xh, int64_t ldx, const _Float16* panel,
-                      int64_t kc, bool first, float* y, int64_t ldy, int64_t cols) {
+inline void tail_rows(int64_t r, const uint32_t* xh, int64_t ldx, const _Float16* panel, int64_t kc,
+                      bool first, float* y, int64_t ldy, int64_t cols) {
   if constexpr (MR > 0) {
     if (r == MR) {
       micro<MR>(xh, ldx, panel, kc, first, y, ldy, cols);
@@ -129,8 +129,8 @@ inline void tail_rows(int64_t r, const uint32_t* xh, int64_t ldx, const _Float16
 }
 
 // Prefetches (into L2) part `part` of `parts` of the weight lines block b will read.
-inline void prefetch_block(const void* w, DType wtype, int64_t K, const PanelBlock& b,
-                           int64_t part, int64_t parts) {
+inline void prefetch_block(const void* w, DType wtype, int64_t K, const PanelBlock& b, int64_t part,
+                           int64_t parts) {
   const int64_t bytes = wtype == DType::kF32 ? 4 : 2;
   prefetch_panel_block(static_cast<const char*>(w), K * bytes, b, b.k0 * bytes,
                        std::min(kBlockK, K - b.k0) * bytes, part, parts);
@@ -159,8 +159,8 @@ void convert_rows_f16(const float* x, int64_t M, int64_t K, uint32_t* out) {
 
 void matmul_rows_f16(const uint32_t* xh, int64_t M, int64_t K, DType wtype, const void* w,
                      int64_t n0, int64_t n1, float* y, int64_t ldy, void* scratch) {
-  auto* panel = reinterpret_cast<_Float16*>((reinterpret_cast<uintptr_t>(scratch) + 63) &
-                                            ~uintptr_t{63});
+  auto* panel =
+      reinterpret_cast<_Float16*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
   const int64_t ldx = f16_x_stride(K);
   const PanelBlocks blocks(M, n0, n1, K, kPanel, kBlockK);
   const int64_t count = blocks.count(), tiles = (M + kTileRows - 1) / kTileRows;

@@ -23,9 +23,9 @@
 namespace vlm::kernels::avx512vnni {
 namespace {
 
-constexpr int64_t kPanel = 32;          // weight rows (output columns) per panel: 2 zmm of lanes
-constexpr int64_t kBlockK = 1024;       // values of K per panel block: 32 KiB of bytes, in L1
-constexpr int64_t kPanelStep = kPanel * 4;  // panel bytes per 4 values of K
+constexpr int64_t kPanel = 32;     // weight rows (output columns) per panel: 2 zmm of lanes
+constexpr int64_t kBlockK = 1024;  // values of K per panel block: 32 KiB of bytes, in L1
+constexpr int64_t kPanelStep = kPanel * 4;                      // panel bytes per 4 values of K
 constexpr int kStepsPerBlock = static_cast<int>(kQ8Block / 4);  // vpdpbusd steps per x block
 static_assert(q8_scratch_bytes(kBlockK) ==
                   kPanel * kBlockK + kPanel * (kBlockK / kQ8Block) * 4 + 64,
@@ -120,9 +120,9 @@ inline __mmask16 column_mask(int64_t cols, int v) {
 // xs / xsum, row stride ldg) × the panel's 32 columns over `blocks` x blocks. y (row stride ldy)
 // gets the result (first) or adds it; only its first cols columns are touched.
 template <class W, int MR>
-inline void micro(const int8_t* xq, int64_t ldx, const float* xs, const int32_t* xsum,
-                  int64_t ldg, const uint8_t* panel, const float* scales, int64_t blocks,
-                  bool first, float* y, int64_t ldy, int64_t cols) {
+inline void micro(const int8_t* xq, int64_t ldx, const float* xs, const int32_t* xsum, int64_t ldg,
+                  const uint8_t* panel, const float* scales, int64_t blocks, bool first, float* y,
+                  int64_t ldy, int64_t cols) {
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -149,8 +149,10 @@ inline void micro(const int8_t* xq, int64_t ldx, const float* xs, const int32_t*
       const __m512 s1 = _mm512_loadu_ps(scales + b * kPanel + 16);
       for (int i = 0; i < MR; ++i) {
         const __m512 sx = _mm512_set1_ps(xs[i * ldg + b]);
-        acc[i][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][0]), sx), s0, acc[i][0]);
-        acc[i][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][1]), sx), s1, acc[i][1]);
+        acc[i][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][0]), sx),
+                                    s0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][1]), sx),
+                                    s1, acc[i][1]);
       }
     } else {
       for (int i = 0; i < MR; ++i) {
@@ -196,7 +198,8 @@ inline void prefetch_block(const uint8_t* w, int64_t K, const PanelBlock& b, int
 template <class W>
 void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* wscale, int64_t n0,
          int64_t n1, float* y, int64_t ldy, void* scratch) {
-  auto* panel = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
+  auto* panel =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
   auto* scales = reinterpret_cast<float*>(panel + kPanel * std::min(K, kBlockK));
   const int64_t ldg = K / kQ8Block;
   const PanelBlocks order(M, n0, n1, K, kPanel, kBlockK);
@@ -223,10 +226,9 @@ void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* w
 // No panel: weight rows stream as stored, 64 packed bytes (4 groups, 128 values of K) per step.
 // One zmm of them splits into lo (byte 16g + j = q[32g + j] + 8) and hi (q[32g + 16 + j] + 8), so
 // vpdpbusd against x bytes laid out the same way leaves group g's sum in lanes 4g .. 4g + 3.
-// prepare_decode_x lays x out so (once per call, in ops/matmul_cpu.cc): per row and 128-value chunk,
-// kDecodeChunkBytes
-// = [lo-ordered x 64 B][hi-ordered x 64 B][−8 · Σq_x of group g in lane 4g (int32) 64 B]
-// [group g's x scale in lanes 4g .. 4g + 3 (f32) 64 B], zero past K.
+// prepare_decode_x lays x out so (once per call, in ops/matmul_cpu.cc): per row and 128-value
+// chunk, kDecodeChunkBytes = [lo-ordered x 64 B][hi-ordered x 64 B][−8 · Σq_x of group g in lane 4g
+// (int32) 64 B] [group g's x scale in lanes 4g .. 4g + 3 (f32) 64 B], zero past K.
 constexpr int64_t kChunk = 4 * kQ8Block;
 constexpr int64_t kDecodeChunkBytes = 256;
 static_assert(q8_decode_x_bytes(1, kChunk) == kDecodeChunkBytes, "matmul.h's decode x size");
@@ -241,8 +243,8 @@ inline float hsum(__m512 v) {
 
 // MR x rows (decode layout at dx, row stride dstride bytes) × NR weight rows of K / 2 bytes.
 template <int MR, int NR>
-inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
-                         const float* wscale, int64_t K, float* y, int64_t ldy) {
+inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w, const float* wscale,
+                         int64_t K, float* y, int64_t ldy) {
   static_assert(MR * NR <= 16, "accumulators stay in registers");
   const int64_t rb = K / 2, groups = K / kQ8Block, chunks = (groups + 3) / 4;
   const __m512i lanes_of_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -262,7 +264,8 @@ inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(0x0f));
       const __m512 sw = _mm512_maskz_permutexvar_ps(
           0xffff, lanes_of_group,
-          _mm512_maskz_broadcast_f32x4(0xffff, _mm_maskz_loadu_ps(smask, wscale + j * groups + g0)));
+          _mm512_maskz_broadcast_f32x4(0xffff,
+                                       _mm_maskz_loadu_ps(smask, wscale + j * groups + g0)));
       for (int i = 0; i < MR; ++i) {
         const uint8_t* xc = dx + i * dstride + c * kDecodeChunkBytes;
         __m512i d = _mm512_loadu_si512(xc + 128);
@@ -292,11 +295,20 @@ void run_decode(const uint8_t* dx, int64_t M, int64_t K, const uint8_t* w, const
       const float* sn = wscale + n * groups;
       float* ym = y + m * ldy + n;
       switch (std::min<int64_t>(kMaxMR, M - m)) {
-        case 1: decode_micro<1, R>(xm, dstride, wn, sn, K, ym, ldy); break;
-        case 2: if constexpr (kMaxMR >= 2) decode_micro<2, R>(xm, dstride, wn, sn, K, ym, ldy); break;
-        case 3: if constexpr (kMaxMR >= 3) decode_micro<3, R>(xm, dstride, wn, sn, K, ym, ldy); break;
-        case 4: if constexpr (kMaxMR >= 4) decode_micro<4, R>(xm, dstride, wn, sn, K, ym, ldy); break;
-        default: break;
+        case 1:
+          decode_micro<1, R>(xm, dstride, wn, sn, K, ym, ldy);
+          break;
+        case 2:
+          if constexpr (kMaxMR >= 2) decode_micro<2, R>(xm, dstride, wn, sn, K, ym, ldy);
+          break;
+        case 3:
+          if constexpr (kMaxMR >= 3) decode_micro<3, R>(xm, dstride, wn, sn, K, ym, ldy);
+          break;
+        case 4:
+          if constexpr (kMaxMR >= 4) decode_micro<4, R>(xm, dstride, wn, sn, K, ym, ldy);
+          break;
+        default:
+          break;
       }
     }
   };
@@ -318,13 +330,13 @@ void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out) {
       std::memcpy(c + 64 + 16 * slot, x.q + m * K + g * kQ8Block + 16, 16);
       const int32_t corr = -I4::kZero * x.sum[m * groups + g];
       std::memcpy(c + 128 + 16 * slot, &corr, 4);
-      for (int l = 0; l < 4; ++l) std::memcpy(c + 192 + 16 * slot + 4 * l, &x.scale[m * groups + g], 4);
+      for (int l = 0; l < 4; ++l)
+        std::memcpy(c + 192 + 16 * slot + 4 * l, &x.scale[m * groups + g], 4);
     }
   }
 }
 
-void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
-                      int32_t* sum) {
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum) {
   const int64_t blocks = K / kQ8Block;
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int64_t m = 0; m < M; ++m) {
@@ -333,7 +345,7 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
       const __m512 a = _mm512_loadu_ps(xb), c = _mm512_loadu_ps(xb + 16);
       float lanes[16];
       _mm512_storeu_ps(lanes, _mm512_maskz_max_ps(0xffff, _mm512_and_ps(a, abs_mask),
-                                                 _mm512_and_ps(c, abs_mask)));
+                                                  _mm512_and_ps(c, abs_mask)));
       float amax = 0.f;
       for (float l : lanes) amax = std::max(amax, l);
       // (Written so that a NaN amax also takes the zero branch.)
@@ -344,7 +356,8 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
       const __m512i qc = _mm512_maskz_cvtps_epi32(0xffff, _mm512_mul_ps(c, _mm512_set1_ps(inv)));
       int8_t* qb = q + m * K + b * kQ8Block;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_maskz_cvtsepi32_epi8(0xffff, qa));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_maskz_cvtsepi32_epi8(0xffff, qc));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16),
+                       _mm512_maskz_cvtsepi32_epi8(0xffff, qc));
       scale[m * blocks + b] = normal ? amax / 127.f : 0.f;
       int32_t parts[16];
       _mm512_storeu_si512(parts, _mm512_add_epi32(qa, qc));

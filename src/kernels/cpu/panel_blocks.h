@@ -55,8 +55,8 @@ inline void prefetch_panel_block(const char* w, int64_t row_bytes, const PanelBl
                                  int64_t first, int64_t bytes, int64_t part, int64_t parts) {
   const int64_t lines_per_row = (bytes + 63) / 64, total = b.cols * lines_per_row;
   for (int64_t i = total * part / parts; i < total * (part + 1) / parts; ++i) {
-    __builtin_prefetch(w + (b.nb + i / lines_per_row) * row_bytes + first + (i % lines_per_row) * 64,
-                       0, 2);
+    __builtin_prefetch(
+        w + (b.nb + i / lines_per_row) * row_bytes + first + (i % lines_per_row) * 64, 0, 2);
   }
 }
 

@@ -26,13 +26,15 @@ inline void transpose16x16_epi32(__m512i r[16]) {
   for (int c = 0; c < 4; ++c) {
     for (int b = 0; b < 4; b += 2) {
       t[4 * b + c] = _mm512_maskz_shuffle_i32x4(0xffff, r[4 * b + c], r[4 * (b + 1) + c], 0x88);
-      t[4 * (b + 1) + c] = _mm512_maskz_shuffle_i32x4(0xffff, r[4 * b + c], r[4 * (b + 1) + c], 0xdd);
+      t[4 * (b + 1) + c] =
+          _mm512_maskz_shuffle_i32x4(0xffff, r[4 * b + c], r[4 * (b + 1) + c], 0xdd);
     }
   }
   for (int c = 0; c < 4; ++c) {
     for (int b = 0; b < 2; ++b) {
       r[4 * b + c] = _mm512_maskz_shuffle_i32x4(0xffff, t[4 * b + c], t[4 * (b + 2) + c], 0x88);
-      r[4 * (b + 2) + c] = _mm512_maskz_shuffle_i32x4(0xffff, t[4 * b + c], t[4 * (b + 2) + c], 0xdd);
+      r[4 * (b + 2) + c] =
+          _mm512_maskz_shuffle_i32x4(0xffff, t[4 * b + c], t[4 * (b + 2) + c], 0xdd);
     }
   }
 }

@@ -1,5 +1,5 @@
-// CUDA kernels for src/kernels/cuda/cuda_ops.h. One block per row for the per-row ops (256 threads, f32
-// sums reduced through shared memory); grid-stride loops for the element-wise ones.
+// CUDA kernels for src/kernels/cuda/cuda_ops.h. One block per row for the per-row ops (256 threads,
+// f32 sums reduced through shared memory); grid-stride loops for the element-wise ones.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

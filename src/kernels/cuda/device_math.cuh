@@ -1,6 +1,7 @@
 #pragma once
-// Device-side helpers shared by the kernels of src/kernels/cuda: F32 / BF16 loads and stores through f32
-// (stores round to nearest even once), a launch over either activation type, and grid sizes.
+// Device-side helpers shared by the kernels of src/kernels/cuda: F32 / BF16 loads and stores
+// through f32 (stores round to nearest even once), a launch over either activation type, and grid
+// sizes.
 #include <cuda_bf16.h>
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// Flash attention with WMMA (src/kernels/cuda/flash_attention.h). One CTA of 4 warps takes 64 queries of
-// one head; warp w owns query rows 16w .. 16w + 15. Per key tile of 64: the CTA loads K and V
-// into shared memory (zeros past the last key), each warp computes its S = Q·Kᵀ rows on the
+// Flash attention with WMMA (src/kernels/cuda/flash_attention.h). One CTA of 4 warps takes 64
+// queries of one head; warp w owns query rows 16w .. 16w + 15. Per key tile of 64: the CTA loads K
+// and V into shared memory (zeros past the last key), each warp computes its S = Q·Kᵀ rows on the
 // tensor cores, updates its rows' running max and sum, writes P in BF16, rescales its O rows and
 // adds P·V. O lives in shared memory in f32 between tiles.
 #include <cuda_bf16.h>

@@ -1,6 +1,7 @@
 #pragma once
-// Helpers shared by the translation units of src/kernels/cuda and src/ops/cuda (not used above the CUDA backend): CUDA
-// runtime errors as Status, and the stream every launch goes to (cuda_ops.h: set_stream).
+// Helpers shared by the translation units of src/kernels/cuda and src/ops/cuda (not used above the
+// CUDA backend): CUDA runtime errors as Status, and the stream every launch goes to (cuda_ops.h:
+// set_stream).
 #include <cuda_runtime.h>
 
 #include <string>

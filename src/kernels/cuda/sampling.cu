@@ -1,5 +1,5 @@
-// Sampling kernels (src/kernels/cuda/sampling.h). One CTA of 1024 threads per row: block reductions for
-// the max and the sums, a radix select for the top-k threshold, a bit-by-bit search for the
+// Sampling kernels (src/kernels/cuda/sampling.h). One CTA of 1024 threads per row: block reductions
+// for the max and the sums, a radix select for the top-k threshold, a bit-by-bit search for the
 // top-p threshold, and a block scan over contiguous id ranges for the draw.
 #include <cuda_runtime.h>
 

@@ -66,7 +66,8 @@ class CudaBackend final : public Backend {
       : opts_(o), act_(o.f32 ? DType::kF32 : DType::kBF16), cact_(act_of(act_)) {}
 
   Status init() {
-    if (cu::device_count() == 0) return invalid_argument("no CUDA device is visible to this process");
+    if (cu::device_count() == 0)
+      return invalid_argument("no CUDA device is visible to this process");
     if (opts_.fp8 && opts_.f32) return invalid_argument("FP8 products need BF16 activations");
     VLM_RETURN_IF_ERROR(cu::Gemm::create(&gemm_));
     VLM_RETURN_IF_ERROR(cu::Stream::create(&stream_));
@@ -147,8 +148,7 @@ class CudaBackend final : public Backend {
     cu::StreamScope on(stream_->get());
     return cu::rms_norm(x.data, w.as<const float>(), rows, n, eps, y.data, cact_);
   }
-  Status add_rms_norm(Buf x, Buf delta, Buf w, int64_t rows, int64_t n, float eps,
-                      Buf y) override {
+  Status add_rms_norm(Buf x, Buf delta, Buf w, int64_t rows, int64_t n, float eps, Buf y) override {
     cu::StreamScope on(stream_->get());
     return cu::add_rms_norm(x.data, delta.data, w.as<const float>(), rows, n, eps, y.data, cact_);
   }
@@ -172,30 +172,27 @@ class CudaBackend final : public Backend {
     return cu::qkv_rope_store(qkv.data, tokens, n_heads, n_kv_heads, head_dim,
                               q_norm.as<const float>(), k_norm.as<const float>(), eps,
                               cos.as<const float>(), sin.as<const float>(),
-                              slots.as<const int32_t>(), q.data, k_cache.data, v_cache.data,
-                              cact_);
+                              slots.as<const int32_t>(), q.data, k_cache.data, v_cache.data, cact_);
   }
-  Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache,
-                         int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
-                         Buf out) override;
+  Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache, int64_t n_heads,
+                         int64_t n_kv_heads, int64_t head_dim, float scale, Buf out) override;
   Status silu_mul(Buf gu, int64_t rows, int64_t n, Buf out) override {
     cu::StreamScope on(stream_->get());
     return cu::silu_mul_rows(gu.data, rows, n, out.data, cact_);
   }
   Status set_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override {
     cu::StreamScope on(stream_->get());
-    return cu::set_rows_at(x.data, rows.as<const int32_t>(), src.data, act_of(src.dtype), count,
-                           n, cact_);
+    return cu::set_rows_at(x.data, rows.as<const int32_t>(), src.data, act_of(src.dtype), count, n,
+                           cact_);
   }
   Status add_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override {
     cu::StreamScope on(stream_->get());
-    return cu::add_rows_at(x.data, rows.as<const int32_t>(), src.data, act_of(src.dtype), count,
-                           n, cact_);
+    return cu::add_rows_at(x.data, rows.as<const int32_t>(), src.data, act_of(src.dtype), count, n,
+                           cact_);
   }
   Status gather_rows(Buf x, Buf rows, int64_t count, int64_t n, Buf out) override {
     cu::StreamScope on(stream_->get());
-    return cu::embedding_gather(x.data, cact_, rows.as<const int32_t>(), count, n, out.data,
-                                cact_);
+    return cu::embedding_gather(x.data, cact_, rows.as<const int32_t>(), count, n, out.data, cact_);
   }
 
   Status layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, float eps, Buf y) override {
@@ -228,8 +225,7 @@ class CudaBackend final : public Backend {
     }
     return ok_status();
   }
-  Status rope(Buf x, int64_t tokens, int64_t n_heads, int64_t head_dim, Buf cos,
-              Buf sin) override {
+  Status rope(Buf x, int64_t tokens, int64_t n_heads, int64_t head_dim, Buf cos, Buf sin) override {
     cu::StreamScope on(stream_->get());
     return cu::qk_norm_rope(x.data, tokens, n_heads, head_dim, nullptr, 0.f, cos.as<const float>(),
                             sin.as<const float>(), cact_);
@@ -365,12 +361,13 @@ Result<std::unique_ptr<Linear>> CudaBackend::linear(std::span<const TensorView* 
   VLM_RETURN_IF_ERROR(cu::quantize_fp8(wide.data(), cact_, n * k, static_cast<float*>(amax.data()),
                                        static_cast<float*>(out->scale.data()), out->w.data()));
   out->fp8 = true;
-  VLM_RETURN_IF_ERROR(cu::synchronize());  // before `wide` and `amax` go
+  VLM_RETURN_IF_ERROR(cu::synchronize());     // before `wide` and `amax` go
   if (opts_.max_tokens * k > fp8_x_elems_) {  // the activations' E4M3 copy, for the widest input
     fp8_x_elems_ = opts_.max_tokens * k;
     VLM_RETURN_IF_ERROR(cu::DeviceBuffer::allocate(static_cast<size_t>(fp8_x_elems_), &fp8_x_));
   }
-  if (fp8_scales_.bytes() == 0) VLM_RETURN_IF_ERROR(cu::DeviceBuffer::allocate(2 * 4, &fp8_scales_));
+  if (fp8_scales_.bytes() == 0)
+    VLM_RETURN_IF_ERROR(cu::DeviceBuffer::allocate(2 * 4, &fp8_scales_));
   if (!fp8_checked_) {
     // One product now, so that a GPU or cuBLASLt without FP8 fails at load, saying so.
     cu::DeviceBuffer x, y;
@@ -378,7 +375,8 @@ Result<std::unique_ptr<Linear>> CudaBackend::linear(std::span<const TensorView* 
     VLM_RETURN_IF_ERROR(cu::DeviceBuffer::allocate(static_cast<size_t>(n) * 2, &y));
     VLM_RETURN_IF_ERROR(cu::zero_device(x.data(), x.bytes()));
     cu::StreamScope on(stream_->get());
-    VLM_RETURN_IF_ERROR(product(x.data(), *out, 1, y.data(), cact_).with_context("--quant fp8 on this GPU"));
+    VLM_RETURN_IF_ERROR(
+        product(x.data(), *out, 1, y.data(), cact_).with_context("--quant fp8 on this GPU"));
     VLM_RETURN_IF_ERROR(cu::stream_synchronize());
     fp8_checked_ = true;
   }
@@ -405,11 +403,10 @@ Status CudaBackend::paged_attention(Buf q, const AttentionBatch& b, Buf k_cache,
       (void)t;
       tiles_serial_ = b.serial;
     }
-    return cu::flash_attention_paged(q.data, tiles_.as<const int32_t>(), n_tiles_,
-                                     b.tok_seq.as<const int32_t>(), b.tok_pos.as<const int32_t>(),
-                                     b.tables.as<const int32_t>(), b.stride, b.block_size,
-                                     k_cache.data, v_cache.data, n_heads, n_kv_heads, head_dim,
-                                     scale, out.data);
+    return cu::flash_attention_paged(
+        q.data, tiles_.as<const int32_t>(), n_tiles_, b.tok_seq.as<const int32_t>(),
+        b.tok_pos.as<const int32_t>(), b.tables.as<const int32_t>(), b.stride, b.block_size,
+        k_cache.data, v_cache.data, n_heads, n_kv_heads, head_dim, scale, out.data);
   }
   if (partial_.bytes() == 0) {  // sized by head_dim alone: the first pass allocates it
     VLM_RETURN_IF_ERROR(cu::DeviceBuffer::allocate(

@@ -14,8 +14,8 @@
 namespace vlm::ops {
 
 struct CudaBackendOptions {
-  bool f32 = false;  // F32 activations and weights (to compare against float32 references)
-  bool fp8 = false;  // the decoder layers' products in FP8 (BF16 activations only)
+  bool f32 = false;          // F32 activations and weights (to compare against float32 references)
+  bool fp8 = false;          // the decoder layers' products in FP8 (BF16 activations only)
   int64_t max_tokens = 256;  // rows one product may have (sizes the FP8 activation scratch)
 };
 

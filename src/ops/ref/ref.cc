@@ -15,14 +15,19 @@ namespace {
 double weight_at(const TensorView& w, int64_t n, int64_t k) {
   const int64_t i = n * w.dim(1) + k;
   switch (w.dtype) {
-    case DType::kF32: return static_cast<const float*>(w.data)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
-    case DType::kI8: return static_cast<double>(static_cast<const int8_t*>(w.data)[i]) * w.scale[n];
+    case DType::kF32:
+      return static_cast<const float*>(w.data)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
+    case DType::kI8:
+      return static_cast<double>(static_cast<const int8_t*>(w.data)[i]) * w.scale[n];
     case DType::kI4:
       return int4_at(w, n, k) *
              static_cast<double>(w.scale[n * (w.dim(1) / kInt4Group) + k / kInt4Group]);
-    default: return NAN;
+    default:
+      return NAN;
   }
 }
 
@@ -38,8 +43,7 @@ int int4_at(const TensorView& w, int64_t n, int64_t k) {
   return nibble >= 8 ? nibble - 16 : nibble;
 }
 
-void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
-                      int32_t* sum) {
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum) {
   constexpr int64_t kBlock = 32;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < K / kBlock; ++b) {

@@ -14,8 +14,7 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y)
 // x [M, K] (K a multiple of 32) quantized per row in blocks of 32 as kernels/cpu/matmul.h
 // defines for INT8 activations: q [M, K], scale and sum [M, K / 32]. Scalar, in the same f32
 // operations, so the kernels must match it exactly.
-void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale,
-                      int32_t* sum);
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
 
 // y = x · w^T with x quantized by quantize_rows_q8 (I8 / I4 weights only): each block's integer
 // dot product exact, times its x scale and weight scale, summed in double.
