@@ -146,6 +146,11 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   if (opts.block_size <= 0) return invalid_argument("block_size must be positive");
   if (opts.max_num_seqs <= 0) return invalid_argument("max_num_seqs must be positive");
   const int64_t blocks_per_seq = (m.max_context + opts.block_size - 1) / opts.block_size;
+  std::unique_ptr<EngineCore> core(new EngineCore(m, opts));
+  State& s = *core->st_;
+  // The runner's device buffers (the logits of a step) first: the KV cache takes what is left.
+  VLM_ASSIGN_OR_RETURN(s.runner,
+                       ModelRunner::create(m, s.cache, opts.max_num_seqs, blocks_per_seq));
   const int64_t kv_row = t.num_key_value_heads * t.head_dim;
   ops::Backend& be = m.decoder->backend();
   const int64_t per_block =
@@ -184,15 +189,12 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   // queue past it, which must not fail them.
   sc.max_waiting = opts.max_waiting + opts.max_num_seqs + 1;
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
-  std::unique_ptr<EngineCore> core(new EngineCore(m, opts));
+  core->opts_ = opts;
   core->on_step_ = std::move(on_step);
-  State& s = *core->st_;
   s.sched = std::make_unique<Scheduler>(std::move(sched));
   VLM_RETURN_IF_ERROR(
       m.decoder->allocate_cache(&s.cache, opts.num_blocks, opts.block_size, blocks_per_seq)
           .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
-  VLM_ASSIGN_OR_RETURN(s.runner,
-                       ModelRunner::create(m, s.cache, opts.max_num_seqs, blocks_per_seq));
   s.run_out.sampled.reserve(static_cast<size_t>(opts.max_num_seqs));
   s.vision_cache = std::make_unique<VisionCache>(
       static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);

@@ -49,8 +49,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(Engine::Impl& model, co
                                                          int64_t max_blocks_per_seq) {
   std::unique_ptr<ModelRunner> r(new ModelRunner(model, cache, max_num_seqs, max_blocks_per_seq));
   const int64_t C = r->dec_.max_chunk(), V = model.cfg.text_config.vocab_size;
-  r->argmax_.resize(static_cast<size_t>(C));
-  r->drawn_.resize(static_cast<size_t>(C));
+  // Pinned where the device copies them back (their copies then overlap the host's work).
+  VLM_ASSIGN_OR_RETURN(r->argmax_host_, r->be_.alloc_host(static_cast<size_t>(C) * 4));
+  VLM_ASSIGN_OR_RETURN(r->drawn_host_, r->be_.alloc_host(static_cast<size_t>(C) * 4));
   if (r->be_.device() != ops::Device::kCpu) {  // the logits live on the device
     VLM_ASSIGN_OR_RETURN(r->logits_dev_, r->be_.alloc(C * V, DType::kF32));
   }
@@ -107,8 +108,8 @@ Status ModelRunner::pick_on_device(int64_t rows) {
   // place), then the rows the host samples itself.
   VLM_RETURN_IF_ERROR(be_.argmax_rows(logits, rows, V, argmax_dev_.buf()));
   if (!draws_.empty()) {
-    const ops::PenaltyEntry none{};
-    const void* pen = penalties_.empty() ? static_cast<const void*>(&none) : penalties_.data();
+    const void* pen =
+        penalties_.empty() ? static_cast<const void*>(&no_penalty_) : penalties_.data();
     VLM_ASSIGN_OR_RETURN(ops::Buf params,
                          be_.stage(draws_.data(), draws_.size() * sizeof(ops::SampleParams),
                                    DType::kU8, &draws_dev_));
@@ -118,10 +119,11 @@ Status ModelRunner::pick_on_device(int64_t rows) {
                   DType::kU8, &penalties_dev_));
     VLM_RETURN_IF_ERROR(be_.sample_rows(logits, V, params, static_cast<int64_t>(draws_.size()),
                                         penalties, drawn_dev_.buf()));
-    VLM_RETURN_IF_ERROR(be_.to_host(drawn_.data(), drawn_dev_.buf(), draws_.size() * 4));
+    VLM_RETURN_IF_ERROR(
+        be_.to_host(drawn_host_.as<int32_t>(), drawn_dev_.buf(), draws_.size() * 4));
   }
   VLM_RETURN_IF_ERROR(
-      be_.to_host(argmax_.data(), argmax_dev_.buf(), static_cast<size_t>(rows) * 4));
+      be_.to_host(argmax_host_.as<int32_t>(), argmax_dev_.buf(), static_cast<size_t>(rows) * 4));
   return ok_status();
 }
 
@@ -204,20 +206,22 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
   const bool host_logits = be_.device() == ops::Device::kCpu;
   const ops::Buf logits =
       host_logits ? ops::Buf{logits_.data(), ops::Device::kCpu, DType::kF32} : logits_dev_.buf();
-  VLM_RETURN_IF_ERROR(run_pass(pass_, pad, logits));
-  if (!host_logits) {
-    if (device_sampling_) VLM_RETURN_IF_ERROR(pick_on_device(static_cast<int64_t>(rows)));
-    for (size_t i = 0, row = 0; i < n; ++i) {  // the rows the host samples from, to the host
+  Status st = run_pass(pass_, pad, logits);
+  if (st.ok() && !host_logits) {
+    if (device_sampling_) st = pick_on_device(static_cast<int64_t>(rows));
+    for (size_t i = 0, row = 0; i < n && st.ok(); ++i) {  // the rows the host samples, to the host
       const int64_t k = logit_rows(chunks_[i]);
       if (k > 0 && !on_device_[i]) {
-        VLM_RETURN_IF_ERROR(be_.to_host(logits_.data() + row * V,
-                                        logits.at(static_cast<int64_t>(row) * V),
-                                        static_cast<size_t>(k * V) * 4));
+        st = be_.to_host(logits_.data() + row * V, logits.at(static_cast<int64_t>(row) * V),
+                         static_cast<size_t>(k * V) * 4);
       }
       row += static_cast<size_t>(k);
     }
   }
-  VLM_RETURN_IF_ERROR(be_.synchronize());
+  // Also after an error: the next prepare() rewrites the staging the copies read from.
+  const Status synced = be_.synchronize();
+  VLM_RETURN_IF_ERROR(st);
+  VLM_RETURN_IF_ERROR(synced);
 
   // 3. A token for every chunk that reached the end of its sequence.
   size_t row = 0, draw = 0;
@@ -238,7 +242,8 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
     SampledToken& s = out->sampled.emplace_back();
     s.request_id = r.id;
     if (on_device_[i]) {  // picked on the device: its argmax, or its draw
-      s.token = r.sampler->plain_greedy() ? argmax_[last] : drawn_[draw++];
+      s.token = r.sampler->plain_greedy() ? argmax_host_.as<int32_t>()[last]
+                                          : drawn_host_.as<int32_t>()[draw++];
       r.sampler->record(s.token);
     } else {
       if (r.logprobs >= 0) std::copy(logits_row, logits_row + V, raw_row_.begin());

@@ -114,10 +114,11 @@ class ModelRunner {
   std::vector<uint8_t> on_device_;        // per chunk: its token is picked on the device
   std::vector<ops::SampleParams> draws_;  // the device's draws this step
   std::vector<ops::PenaltyEntry> penalties_, one_penalties_;
-  std::vector<float> logits_;    // [rows, vocab]: the step's logit rows (on the host)
-  std::vector<int32_t> argmax_;  // [rows]: each row's argmax (device)
-  std::vector<int32_t> drawn_;   // [draws]: the device's draws
-  std::vector<float> raw_row_;   // [vocab]: a row before the sampler's changes (logprobs)
+  std::vector<float> logits_;       // [rows, vocab]: the step's logit rows (on the host)
+  ops::Buffer argmax_host_;         // [max_chunk] int32: each row's argmax (device sampling)
+  ops::Buffer drawn_host_;          // [max_chunk] int32: the device's draws
+  ops::PenaltyEntry no_penalty_{};  // what the device reads when no draw has a penalty
+  std::vector<float> raw_row_;      // [vocab]: a row before the sampler's changes (logprobs)
   size_t normal_logit_rows_ = 0;
   Pass pass_;
   // The backend's buffers where it is not the host: logits [max_chunk, vocab], the picks.

@@ -14,7 +14,7 @@ namespace vlm {
 
 class KvCache {
  public:
-  // kUnavailable when the memory cannot be had.
+  // kUnavailable when the memory cannot be had (the old cache is gone then too).
   Status allocate(ops::Backend& be, int64_t layers, int64_t row, int64_t num_blocks,
                   int64_t block_size);
   // Bytes one block takes: every layer, K and V.

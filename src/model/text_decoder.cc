@@ -1,6 +1,7 @@
 #include "model/text_decoder.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <initializer_list>
 
@@ -75,6 +76,7 @@ Result<std::unique_ptr<TextDecoder>> TextDecoder::create(const Qwen3VLConfig& cf
                                                          int64_t max_chunk) {
   if (max_chunk <= 0) return invalid_argument("max_chunk must be positive");
   if (cfg.text_config.head_dim % 2 != 0) return invalid_argument("head_dim must be even");
+  VLM_RETURN_IF_ERROR(be.reserve_attention(cfg.text_config.head_dim));
   std::unique_ptr<TextDecoder> d(new TextDecoder(cfg, be, max_chunk));
   VLM_RETURN_IF_ERROR(d->init(w));
   return d;
@@ -184,7 +186,12 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
     max_seen = stride * bs;  // fixed per graph; each query splits its own keys
   }
   const int64_t seqs = n_chunks + (rows - T);
-  VLM_RETURN_IF_ERROR(reserve_tables(seqs * stride));
+  // The tables' buffers keep their addresses (a recorded graph reads them): a pass wider than
+  // allocate_cache() allowed for is refused, not grown into.
+  if (seqs * stride > table_cap_) {
+    return internal_error("forward: block tables wider than the cache was sized for (" +
+                          std::to_string(stride) + " blocks)");
+  }
 
   // The tables, row after row of the batch.
   int32_t* ints = ints_host_.as<int32_t>();
@@ -254,13 +261,15 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
 
   const int64_t half = rope_.half();
   float* cos = rope_host_.as<float>();
-  rope_.compute(Positions3{pos_t_.data(), pos_h_.data(), pos_w_.data()}, rows, cos, cos + C * half);
+  // cos then sin, `rows` rows each (a graph's rows are fixed by its shape).
+  rope_.compute(Positions3{pos_t_.data(), pos_h_.data(), pos_w_.data()}, rows, cos,
+                cos + rows * half);
 
   // To the backend (on the CPU: the host tables themselves).
   VLM_ASSIGN_OR_RETURN(pass->ints,
                        be_.stage(ints, static_cast<size_t>(kIntRows * C) * 4, DType::kI32, &ints_));
-  VLM_ASSIGN_OR_RETURN(
-      pass->rope, be_.stage(cos, static_cast<size_t>(2 * C * half) * 4, DType::kF32, &rope_dev_));
+  VLM_ASSIGN_OR_RETURN(pass->rope, be_.stage(cos, static_cast<size_t>(2 * rows * half) * 4,
+                                             DType::kF32, &rope_dev_));
   VLM_ASSIGN_OR_RETURN(ops::Buf tables, be_.stage(table, static_cast<size_t>(seqs * stride) * 4,
                                                   DType::kI32, &tables_));
   pass->feats = {};
@@ -286,7 +295,9 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
   a.stride = stride;
   a.block_size = bs;
   a.max_seen = max_seen;
-  a.serial = ++serial_;
+  // Unique across decoders that share a backend.
+  static std::atomic<int64_t> next_serial{1};
+  a.serial = next_serial.fetch_add(1, std::memory_order_relaxed);
   return ok_status();
 }
 
@@ -297,7 +308,7 @@ Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   auto ints = [&](int row) { return p.ints.at(row * C); };
-  const ops::Buf cos = p.rope, sin = p.rope.at(C * rope_.half());
+  const ops::Buf cos = p.rope, sin = p.rope.at(T * rope_.half());
   const ops::Buf x = x_.buf(), xn = xn_.buf(), tmp = tmp_.buf();
   ops::Backend& be = be_;
 

@@ -151,7 +151,6 @@ class TextDecoder {
   std::vector<int32_t> seq_row_, seq_len_, seq_pos_;  // [max_chunk]
   std::vector<int64_t> pos_t_, pos_h_, pos_w_;        // [max_chunk]
   std::vector<float> h_feats_;                        // image rows' features (prefill only)
-  int64_t serial_ = 0;
 };
 
 }  // namespace vlm

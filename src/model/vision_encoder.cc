@@ -52,6 +52,7 @@ Result<std::unique_ptr<VisionEncoder>> VisionEncoder::create(const Qwen3VLConfig
 }
 
 Status VisionEncoder::init() {
+  VLM_RETURN_IF_ERROR(be_.reserve_attention(cfg_.hidden_size / cfg_.num_heads));
   ops::LinearOptions o;
   o.fp16_arithmetic = fp16_;
   auto linear = [&](const TensorView& t, const std::string& name,

@@ -178,10 +178,16 @@ class Backend {
   // The attention input of a decoder layer from one q|k|v product qkv [tokens, (n_heads +
   // 2·n_kv_heads)·head_dim]: q heads get q_norm + rotary into q [tokens, n_heads, head_dim]; k
   // heads k_norm + rotary, and v heads as they are, into the caches' rows slots[i] (int32). cos,
-  // sin: f32 [tokens, head_dim / 2].
+  // sin: f32 [tokens, head_dim / 2]. qkv is scratch: a backend may rotate it in place.
   virtual Status qkv_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                                 int64_t head_dim, Buf q_norm, Buf k_norm, float eps, Buf cos,
                                 Buf sin, Buf slots, Buf q, Buf k_cache, Buf v_cache) = 0;
+  // Checks at load that the attention ops take this head_dim, and sets aside what they need for
+  // it (the decode splits' scratch on CUDA), so that no step allocates.
+  virtual Status reserve_attention(int64_t head_dim) {
+    (void)head_dim;
+    return ok_status();
+  }
   // Causal GQA attention of the batch's rows over the paged caches ([blocks · block_size,
   // n_kv_heads · head_dim] each), after qkv_rope_store put the batch's own K/V there.
   virtual Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache,

@@ -144,8 +144,10 @@ void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, c
 // A decoder layer's attention input from one q|k|v product, qkv [tokens, (n_heads + 2·n_kv)·hd]
 // (row-major, q heads then k heads then v heads): q heads get q_norm + rotary (as qk_norm_rope)
 // into q [tokens, n_heads, hd]; k heads k_norm + rotary, and v heads as they are, into rows
-// slots[i] of k_cache / v_cache (rows n_kv·hd floats wide). Threads split the tokens.
-void qkv_rope_store(const float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+// slots[i] of k_cache / v_cache (rows n_kv·hd floats wide). The q and k parts of qkv are rotated
+// in place (each token's own row), so that rows sharing a slot (a graph's padding) only copy into
+// it. Threads split the tokens.
+void qkv_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                     int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
                     const float* cos, const float* sin, const int32_t* slots, float* q,
                     float* k_cache, float* v_cache, ThreadPool& pool, Isa isa = detected_isa());

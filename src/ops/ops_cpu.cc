@@ -129,7 +129,7 @@ void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, c
   });
 }
 
-void qkv_rope_store(const float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+void qkv_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                     int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
                     const float* cos, const float* sin, const int32_t* slots, float* q,
                     float* k_cache, float* v_cache, ThreadPool& pool, Isa isa) {
@@ -138,14 +138,13 @@ void qkv_rope_store(const float* qkv, int64_t tokens, int64_t n_heads, int64_t n
   const auto k = eltwise(isa).qk_norm_rope;
   for_rows(pool, tokens, row, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const float* src = qkv + t * row;
-      float* qt = q + t * qd;
-      float* kt = k_cache + static_cast<int64_t>(slots[t]) * kvd;
-      std::copy_n(src, qd, qt);
-      std::copy_n(src + qd, kvd, kt);
-      std::copy_n(src + qd + kvd, kvd, v_cache + static_cast<int64_t>(slots[t]) * kvd);
-      k(qt, 1, n_heads, head_dim, q_norm, eps, cos + t * half, sin + t * half);
-      k(kt, 1, n_kv_heads, head_dim, k_norm, eps, cos + t * half, sin + t * half);
+      float* src = qkv + t * row;
+      k(src, 1, n_heads, head_dim, q_norm, eps, cos + t * half, sin + t * half);
+      k(src + qd, 1, n_kv_heads, head_dim, k_norm, eps, cos + t * half, sin + t * half);
+      const int64_t slot = static_cast<int64_t>(slots[t]) * kvd;
+      std::copy_n(src, qd, q + t * qd);
+      std::copy_n(src + qd, kvd, k_cache + slot);
+      std::copy_n(src + qd + kvd, kvd, v_cache + slot);
     }
   });
 }

@@ -73,6 +73,8 @@ class CudaBackend final : public Backend {
     VLM_RETURN_IF_ERROR(cu::Stream::create(&stream_));
     description_ = cu::device_description(0) + (opts_.f32 ? ", f32" : ", bf16") +
                    (opts_.fp8 ? ", fp8 weights" : "");
+    // Flash attention's query tiles: at most one per token and one partial tile per sequence.
+    VLM_ASSIGN_OR_RETURN(tiles_, alloc(4 * opts_.max_tokens, DType::kI32, false));
     return cu::synchronize();
   }
 
@@ -80,11 +82,16 @@ class CudaBackend final : public Backend {
   DType act_dtype() const override { return act_; }
   std::string description() const override { return description_; }
 
-  Result<Buffer> alloc(int64_t elems, DType t, bool) override {
+  Result<Buffer> alloc(int64_t elems, DType t, bool lazy) override {
     const size_t bytes = dtype_nbytes(t, std::max<int64_t>(elems, 0));
     auto owner = std::make_shared<cu::DeviceBuffer>();
-    VLM_RETURN_IF_ERROR(cu::DeviceBuffer::allocate(std::max<size_t>(bytes, 16), owner.get()));
-    VLM_RETURN_IF_ERROR(cu::zero_device(owner->data(), owner->bytes()));
+    const Status st = cu::DeviceBuffer::allocate(std::max<size_t>(bytes, 16), owner.get());
+    if (!st.ok()) {
+      return unavailable("out of GPU memory for " + std::to_string(bytes) + " bytes (" +
+                         st.message() + ")");
+    }
+    // Zeroed, except what is written before it is read (the KV cache).
+    if (!lazy) VLM_RETURN_IF_ERROR(cu::zero_device(owner->data(), owner->bytes()));
     return Buffer(Buf{owner->data(), Device::kCuda, t}, bytes, owner);
   }
   Result<Buffer> alloc_host(size_t bytes) override {
@@ -408,9 +415,9 @@ Status CudaBackend::paged_attention(Buf q, const AttentionBatch& b, Buf k_cache,
         b.tok_pos.as<const int32_t>(), b.tables.as<const int32_t>(), b.stride, b.block_size,
         k_cache.data, v_cache.data, n_heads, n_kv_heads, head_dim, scale, out.data);
   }
-  if (partial_.bytes() == 0) {  // sized by head_dim alone: the first pass allocates it
-    VLM_RETURN_IF_ERROR(cu::DeviceBuffer::allocate(
-        static_cast<size_t>(cu::paged_attention_scratch_floats(head_dim)) * 4, &partial_));
+  if (partial_.bytes() < static_cast<size_t>(cu::paged_attention_scratch_floats(head_dim)) * 4) {
+    return internal_error("paged attention: head_dim " + std::to_string(head_dim) +
+                          " was not reserved at load");
   }
   return cu::paged_attention(q.data, b.tokens, b.tok_seq.as<const int32_t>(),
                              b.tok_pos.as<const int32_t>(), b.tables.as<const int32_t>(), b.stride,
