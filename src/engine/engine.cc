@@ -156,6 +156,7 @@ Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options
 
 Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   VLM_RETURN_IF_ERROR(validate_options(options));
+  VLM_RETURN_IF_ERROR(ops::cpu_kernels_status());
   const bool on_gpu = options.device == Device::kCuda;
   auto impl = std::make_unique<Impl>();
   impl->opts = options;

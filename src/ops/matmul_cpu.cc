@@ -1,6 +1,9 @@
 // The CPU matmuls: the one place that picks a matmul kernel, by weight dtype and ISA level
 // (plain, stacked, FP16 arithmetic, INT8 activations), and the checks of a linear weight.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -188,8 +191,118 @@ struct QuantizedX {
 
 }  // namespace
 
+namespace {
+
+struct CpuKernelChoice {
+  Bf16Gemm bf16 = Bf16Gemm::kWidenF32;
+  Status status;
+};
+
+CpuKernelChoice parse_cpu_kernels_env() {
+  CpuKernelChoice c;
+  const char* env = std::getenv("VLM_CPU_KERNELS");
+  auto r = parse_cpu_kernels(env == nullptr ? "" : env);
+  if (r.ok()) {
+    c.bf16 = *r;
+  } else {
+    c.status = r.status();
+  }
+  return c;
+}
+
+const CpuKernelChoice& cpu_kernels() {
+  static const CpuKernelChoice c = parse_cpu_kernels_env();
+  return c;
+}
+
+}  // namespace
+
+Result<Bf16Gemm> parse_cpu_kernels(std::string_view text) {
+  Bf16Gemm bf16 = Bf16Gemm::kWidenF32;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item(text.substr(at, end - at));
+    at = end + 1;
+    if (item.empty()) continue;
+    if (item == "bf16_gemm=f32") {
+      bf16 = Bf16Gemm::kWidenF32;
+    } else if (item == "bf16_gemm=amx") {
+      if (!amx_available()) {
+        return invalid_argument(
+            "VLM_CPU_KERNELS asks for bf16_gemm=amx, which this CPU or OS "
+            "does not run (no AMX-BF16 tiles)");
+      }
+      bf16 = Bf16Gemm::kAmx;
+    } else {
+      return invalid_argument("VLM_CPU_KERNELS: unknown kernel choice '" + item +
+                              "' (known: bf16_gemm=f32|amx)");
+    }
+  }
+  return bf16;
+}
+
+bool amx_available() {
+#if defined(VLM_HAVE_AMX)
+  return kernels::amx::available();
+#else
+  return false;
+#endif
+}
+
+Bf16Gemm bf16_gemm() { return cpu_kernels().bf16; }
+Status cpu_kernels_status() { return cpu_kernels().status; }
+
+bool amx_gemm_runs(int64_t M, int64_t K, std::span<const TensorView* const> ws) {
+  if (M < kernels::kPackedMinRows || K % 32 != 0 || !amx_available()) return false;
+  for (const TensorView* w : ws) {
+    if (w->dtype != DType::kBF16 || w->dim(0) % 16 != 0) return false;
+  }
+  return true;
+}
+
+void matmul_multi_amx(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
+                      std::span<float* const> ys, ThreadPool& pool, int64_t ldy) {
+#if defined(VLM_HAVE_AMX)
+  // x in BF16 once per call (grow-only, as the other scratch), then threads split the stacked
+  // weight rows in blocks of 32 (each weight's rows are a multiple of 16).
+  thread_local std::vector<uint16_t> xb_tls;
+  std::vector<uint16_t>& xb = xb_tls;
+  const int64_t padded = (M + 15) / 16 * 16;
+  if (xb.size() < static_cast<size_t>(padded * K)) xb.resize(padded * K);
+  pool.parallel_for(padded / 16, 1, [&](int64_t g0, int64_t g1, int) {
+    const int64_t m0 = g0 * 16, m1 = std::min(M, g1 * 16);
+    kernels::amx::convert_rows_bf16(x + m0 * K, std::max<int64_t>(m1 - m0, 0), K,
+                                    xb.data() + m0 * K);
+  });
+  thread_local PerThreadBuffers scratch_tls;
+  PerThreadBuffers& scratch = scratch_tls;
+  scratch.reserve(pool.n_threads(), static_cast<size_t>(kernels::amx::scratch_bytes(K) + 3) / 4);
+  int64_t total = 0;
+  for (const TensorView* w : ws) total += w->dim(0);
+  pool.parallel_for(total, 32, [&](int64_t n0, int64_t n1, int t) {
+    int64_t off = 0;
+    for (size_t i = 0; i < ws.size() && off < n1; ++i) {
+      const int64_t N = ws[i]->dim(0), ld = ldy > 0 ? ldy : N;
+      const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
+      if (b < e) {
+        kernels::amx::matmul_rows_bf16(xb.data(), M, K, static_cast<const uint16_t*>(ws[i]->data),
+                                       b - off, e - off, ys[i], ld, scratch.get(t));
+      }
+      off += N;
+    }
+  });
+#else
+  (void)x, (void)M, (void)K, (void)ws, (void)ys, (void)pool, (void)ldy;
+#endif
+}
+
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa, int64_t ldy) {
+  if (bf16_gemm() == Bf16Gemm::kAmx && amx_gemm_runs(M, K, ws)) {
+    matmul_multi_amx(x, M, K, ws, ys, pool, ldy);
+    return;
+  }
   const MatmulRowsFn kernel = matmul_kernel(isa);
   const Int4Kernels k4 = int4_kernels(isa);
   int64_t total = 0;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -37,13 +38,34 @@ Status check_linear_weight(const TensorView& w, int64_t in_features);
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa = detected_isa());
 
-// ys[i][M, N_i] = x[M, K] · ws[i][N_i, K]^T for every i: one pass of the threads over the stacked
+// ys[i][M, N_i] = x[M, K] · ws[i][N_i, K]^T for every i (on AMX tiles where bf16_gemm() is kAmx
+// and amx_gemm_runs): one pass of the threads over the stacked
 // rows of all the weights (q/k/v, gate/up), so a decode step streams them as one matrix, with one
 // fork/join instead of one per weight. Each ws[i] as for matmul; ys[i] has row stride ldy, or
 // N_i when ldy is 0 (ys[i] = y + Σ_{j<i} N_j with ldy = Σ N_j: the outputs side by side).
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa(),
                   int64_t ldy = 0);
+
+// How the GEMMs of BF16 weights from kernels::kPackedMinRows x rows (prefill, the vision tower)
+// multiply: widening the weights to f32 (the default: x stays exact) or on AMX BF16 tiles (x
+// rounded to BF16 once per call, f32 sums; where amx_available()).
+enum class Bf16Gemm { kWidenF32, kAmx };
+// Whether this CPU and OS run AMX BF16 tiles.
+bool amx_available();
+// The choice in use: VLM_CPU_KERNELS="bf16_gemm=f32|amx" (read once), else kWidenF32.
+Bf16Gemm bf16_gemm();
+// Whether VLM_CPU_KERNELS can be honoured: an error naming an unknown family or choice, or a
+// choice this CPU cannot run (amx without AMX). The engine refuses to load then.
+Status cpu_kernels_status();
+// The parser behind it: "family=choice,..." (today one family: bf16_gemm=f32|amx).
+Result<Bf16Gemm> parse_cpu_kernels(std::string_view text);
+// Whether the AMX GEMM takes this product: BF16 weights with rows a multiple of 16, K a multiple
+// of 32, from kernels::kPackedMinRows x rows, where amx_available().
+bool amx_gemm_runs(int64_t M, int64_t K, std::span<const TensorView* const> ws);
+// matmul_multi on AMX BF16 tiles (where amx_gemm_runs), whatever bf16_gemm() says.
+void matmul_multi_amx(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
+                      std::span<float* const> ys, ThreadPool& pool, int64_t ldy = 0);
 
 // Whether this level can run FP16 arithmetic (kernels/cpu/matmul.h): a CPU with AVX-512 FP16, at
 // level kAvx512 or above.

@@ -582,6 +582,74 @@ TEST_P(MatmulTest, Fp16ArithmeticMatchesAnExactEmulation) {
   }
 }
 
+// The AMX BF16 GEMM (ops::matmul_multi_amx) against an exact emulation: x rounded to BF16 (to
+// nearest even), the BF16 weights as stored, the products summed in double — the tiles' f32 sums
+// may differ only by their f32 additions. Shapes: 16-row tails and padding of x (33, 47, 100),
+// single and double 16-row weight blocks (16, 48, 96), K past one 32-wide step, and the outputs
+// side by side in one row (a q|k|v stack through ldy).
+TEST(MatmulAmx, MatchesAnExactEmulationOfBf16Inputs) {
+  if (!ops::amx_available()) GTEST_SKIP() << "this CPU or OS has no AMX-BF16 tiles";
+  ThreadPool pool(2);
+  for (int64_t M : {32, 33, 47, 100}) {
+    for (int64_t K : {32, 64, 320}) {
+      for (int64_t N : {16, 48, 96}) {
+        auto w = make_weight(DType::kBF16, N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
+        auto w2 = make_weight(DType::kBF16, 32, K, static_cast<uint32_t>(M + K + N));
+        auto x = randn(M * K, static_cast<uint32_t>(K + 17));
+        const TensorView* ws[] = {&w.view, &w2.view};
+        ASSERT_TRUE(ops::amx_gemm_runs(M, K, ws));
+        const int64_t ld = N + 32;
+        std::vector<float> y(M * ld, NAN);
+        float* ys[] = {y.data(), y.data() + N};
+        ops::matmul_multi_amx(x.data(), M, K, ws, ys, pool, ld);
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = 0; n < ld; ++n) {
+            const WeightBuf& wb = n < N ? w : w2;
+            const int64_t row = n < N ? n : n - N;
+            double total = 0, mag = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              const double p = static_cast<double>(bf16_to_f32(f32_to_bf16(x[m * K + k]))) *
+                               bf16_to_f32(wb.u16[row * K + k]);
+              total += p;
+              mag += std::fabs(p);
+            }
+            ASSERT_NEAR(y[m * ld + n], total, static_cast<double>(K) * std::ldexp(mag, -23))
+                << "M=" << M << " K=" << K << " N=" << N << " m=" << m << " n=" << n;
+          }
+        }
+      }
+    }
+  }
+  // Other weights, K or fewer rows are not its: the f32 path takes them.
+  auto f32 = make_weight(DType::kF32, 32, 64, 1);
+  auto odd = make_weight(DType::kBF16, 24, 64, 2);
+  auto bf = make_weight(DType::kBF16, 32, 48, 3);
+  const TensorView* a[] = {&f32.view};
+  const TensorView* b[] = {&odd.view};
+  const TensorView* c[] = {&bf.view};
+  EXPECT_FALSE(ops::amx_gemm_runs(64, 64, a));
+  EXPECT_FALSE(ops::amx_gemm_runs(64, 64, b));
+  EXPECT_FALSE(ops::amx_gemm_runs(64, 48, c));
+  EXPECT_FALSE(ops::amx_gemm_runs(31, 64, {}));
+}
+
+// VLM_CPU_KERNELS: this test binary runs with the variable unset, so the default; the parser
+// refuses what it does not know, and amx where the CPU has none.
+TEST(MatmulAmx, KernelChoiceIsTheExactF32PathUnlessAsked) {
+  EXPECT_EQ(ops::bf16_gemm(), ops::Bf16Gemm::kWidenF32);
+  EXPECT_TRUE(ops::cpu_kernels_status().ok());
+  EXPECT_EQ(*ops::parse_cpu_kernels(""), ops::Bf16Gemm::kWidenF32);
+  EXPECT_EQ(*ops::parse_cpu_kernels("bf16_gemm=f32"), ops::Bf16Gemm::kWidenF32);
+  for (const char* bad : {"bf16_gemm=amx2", "gemm=amx", "bf16_gemm", "BF16_GEMM=amx"}) {
+    auto r = ops::parse_cpu_kernels(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("unknown kernel choice"), std::string::npos);
+  }
+  auto amx = ops::parse_cpu_kernels("bf16_gemm=amx");
+  EXPECT_EQ(amx.ok(), ops::amx_available());
+  if (amx.ok()) EXPECT_EQ(*amx, ops::Bf16Gemm::kAmx);
+}
+
 TEST(MatmulInt4, RefusesBadWeights) {
   std::vector<uint8_t> q(64);
   std::vector<float> scale(4);

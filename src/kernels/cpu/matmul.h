@@ -56,6 +56,24 @@ void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const f
                       int64_t packed_k, int64_t N, float* y, int64_t ldy);
 }  // namespace avx512
 
+// AMX BF16 tiles (Sapphire Rapids and later with amx_bf16): x rounded to BF16 once per call,
+// BF16 weights as stored, f32 sums in the tile accumulators. Opt-in (ops::Bf16Gemm::kAmx), since
+// rounding x to BF16 moves each product by up to 2^-9 of itself where the f32 path is exact.
+namespace amx {
+// Whether this CPU has AMX-BF16 and the OS lets this process use the tile state (asked once;
+// Linux needs arch_prctl(ARCH_REQ_XCOMP_PERM) before the first tile instruction).
+bool available();
+// Rows of x as the tiles read them: xb [round_up(M, 16), K] BF16 (round to nearest even), the
+// rows past M zero. K a multiple of 32.
+void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb);
+// Bytes of the per-thread scratch matmul_rows_bf16 needs (32 weight rows packed for the tiles).
+constexpr int64_t scratch_bytes(int64_t K) { return K * 32 * 2; }
+// y[m, n] (row stride ldy) = Σ_k xb[m, k] · w[n, k] for m < M, n in [n0, n1): w BF16 [N, K]
+// rows as stored, K a multiple of 32, n1 − n0 a multiple of 16. On the calling thread.
+void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
+                      int64_t n1, float* y, int64_t ldy, void* scratch);
+}  // namespace amx
+
 // INT4 weights (DType::kI4), for few x rows (decode): y[m, n] (row stride ldy) =
 // sum_k x[m, k] · q[n, k] · scale[n, k / 32] for m in [0, M), n in [n0, n1). x: [M, K] f32
 // contiguous, K a multiple of kInt4Group; w: [N, K / 2] packed bytes (layout in core/tensor.h);
