@@ -25,16 +25,22 @@ enum class Device { kCpu, kCuda };
 enum class Quant { kNone, kInt8, kInt4, kFp8 };
 // The GPU's weights and activations (EngineOptions::gpu_dtype).
 enum class GpuDtype { kBF16, kF32 };
+// The arithmetic the CPU may use (EngineOptions::precision): kAuto follows what the reference
+// does for the checkpoint's dtype (a BF16 checkpoint may multiply in BF16 where that is faster);
+// kF32 keeps every product exact in f32 (what the parity tests compare).
+enum class Precision { kAuto, kF32 };
 
 // The spellings a command line or a configuration file uses, parsed once where the text comes in:
-// "cpu" | "cuda"; "none" | "int8" | "int4" | "fp8"; "bf16" | "f32". InvalidArgument naming the
-// accepted values otherwise.
+// "cpu" | "cuda"; "none" | "int8" | "int4" | "fp8"; "bf16" | "f32"; "auto" | "f32". InvalidArgument
+// naming the accepted values otherwise.
 const char* device_name(Device d);
 const char* quant_name(Quant q);
 const char* gpu_dtype_name(GpuDtype t);
+const char* precision_name(Precision p);
 Result<Device> parse_device(std::string_view name);
 Result<Quant> parse_quant(std::string_view name);
 Result<GpuDtype> parse_gpu_dtype(std::string_view name);
+Result<Precision> parse_precision(std::string_view name);
 
 // The engine core: the per-step limits, the paged KV cache and the queue. Every request runs
 // through it (Engine::submit, generate, logits).
@@ -77,6 +83,15 @@ struct EngineOptions {
   // the multiply rate of f32 FMA; see kernels/cpu/matmul.h). Ignored elsewhere (vision_fp16()
   // says which).
   bool vision_fp16 = false;
+  // kAuto (default): with BF16 weights as stored, the CPU's prefill and vision products may run in
+  // BF16 arithmetic (x rounded to BF16; AMX tiles) where a measurement at load finds that faster
+  // (autotune). kF32: every product in f32, as before.
+  Precision precision = Precision::kAuto;
+  // false: no measurement at load; the exact f32 kernels unless cpu_kernels forces others.
+  bool autotune = true;
+  // Forces the CPU kernels, "bf16_gemm=f32|amx" (else the VLM_CPU_KERNELS environment variable,
+  // else the autotuned choice). An unknown or unrunnable choice is refused (InvalidArgument).
+  std::string cpu_kernels;
   // Where the model runs: the CPU (default) or kCuda (the first NVIDIA GPU; only in builds with
   // the CUDA backend, else InvalidArgument). On kCuda the text decoder and the vision tower
   // run on the GPU, the weights uploaded once and the KV cache in GPU memory; images are decoded
@@ -153,6 +168,9 @@ class Engine {
   bool vision_fp16() const;
   // The weight quantization in use.
   Quant quant() const;
+  // The CPU kernel choices and how they were made, e.g. "bf16_gemm: f32 410.2 GFLOP/s, amx 1650.3
+  // GFLOP/s -> amx (cached; M=256 K=2048 N=4096)", or "bf16_gemm: f32 (--precision f32)".
+  const std::string& cpu_kernels() const;
   // Where the text decoder runs: "cpu", or the GPU as "NVIDIA H200 (sm_90, 139.8 GiB), bf16".
   std::string device() const;
   // On "cuda": the GPU's utilisation (-1 when the driver does not report it) and memory in use

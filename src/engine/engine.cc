@@ -6,6 +6,7 @@
 
 #include "core/clock.h"
 #include "engine/engine_impl.h"
+#include "ops/autotune.h"
 #include "ops/cpu_backend.h"
 #ifdef VLM_HAVE_CUDA
 #include "ops/cuda/cuda_backend.h"
@@ -28,6 +29,7 @@ const char* quant_name(Quant q) {
   return "?";
 }
 const char* gpu_dtype_name(GpuDtype t) { return t == GpuDtype::kF32 ? "f32" : "bf16"; }
+const char* precision_name(Precision p) { return p == Precision::kF32 ? "f32" : "auto"; }
 
 Result<Device> parse_device(std::string_view name) {
   for (Device d : {Device::kCpu, Device::kCuda}) {
@@ -41,6 +43,12 @@ Result<Quant> parse_quant(std::string_view name) {
   }
   return invalid_argument("unknown quantization '" + std::string(name) +
                           "' (none, int8, int4, or fp8 on the GPU)");
+}
+Result<Precision> parse_precision(std::string_view name) {
+  for (Precision p : {Precision::kAuto, Precision::kF32}) {
+    if (name == precision_name(p)) return p;
+  }
+  return invalid_argument("precision '" + std::string(name) + "' is not auto or f32");
 }
 Result<GpuDtype> parse_gpu_dtype(std::string_view name) {
   for (GpuDtype t : {GpuDtype::kBF16, GpuDtype::kF32}) {
@@ -137,9 +145,45 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
   return ok_status();
 }
 
+// The CPU's BF16 GEMM: forced (EngineOptions::cpu_kernels, else VLM_CPU_KERNELS), exact f32 where
+// the precision or the weights ask for it, else measured (once per CPU and build: cached).
+Result<ops::Bf16Gemm> choose_cpu_kernels(const EngineOptions& o, const Engine::Impl& m,
+                                         std::string* how) {
+  std::optional<ops::Bf16Gemm> forced;
+  if (!o.cpu_kernels.empty()) {
+    VLM_ASSIGN_OR_RETURN(forced, ops::parse_cpu_kernels(o.cpu_kernels));
+  } else {
+    VLM_ASSIGN_OR_RETURN(forced, ops::cpu_kernels_from_env());
+  }
+  if (forced) {
+    *how = std::string("bf16_gemm: ") + ops::bf16_gemm_name(*forced) + " (forced)";
+    return *forced;
+  }
+  const Qwen3VLTextConfig& t = m.cfg.text_config;
+  const bool bf16_weights =
+      !m.weights.layers.empty() && m.weights.layers.front().gate_proj.dtype == DType::kBF16;
+  const char* why = o.precision == Precision::kF32 ? "--precision f32"
+                    : !bf16_weights                ? "weights not BF16"
+                    : !o.autotune                  ? "--no-autotune"
+                    : !ops::amx_available()        ? "no other candidate on this CPU"
+                                                   : nullptr;
+  if (why != nullptr) {
+    *how = std::string("bf16_gemm: f32 (") + why + ")";
+    return ops::Bf16Gemm::kWidenF32;
+  }
+  // The model's own product: a prefill chunk through gate|up (capped, so that it takes ~0.5 s).
+  const int64_t M = std::clamp<int64_t>(o.prefill_chunk, 32, 256);
+  const int64_t N = std::min<int64_t>(2 * t.intermediate_size, 4096) / 16 * 16;
+  VLM_ASSIGN_OR_RETURN(ops::KernelChoice c,
+                       ops::choose_bf16_gemm(*m.pool, m.isa, M, t.hidden_size,
+                                             std::max<int64_t>(N, 16), ops::kernel_cache_dir()));
+  *how = ops::describe(c);
+  return c.chosen == "amx" ? ops::Bf16Gemm::kAmx : ops::Bf16Gemm::kWidenF32;
+}
+
 // The backend the model runs on: the CPU at the chosen ISA level, or the GPU.
 Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options, ThreadPool& pool,
-                                                    ops::Isa isa) {
+                                                    ops::Isa isa, ops::Bf16Gemm gemm) {
   if (options.device == Device::kCuda) {
 #ifdef VLM_HAVE_CUDA
     ops::CudaBackendOptions co;
@@ -149,14 +193,13 @@ Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options
     return ops::make_cuda_backend(co);
 #endif
   }
-  return std::unique_ptr<ops::Backend>(new ops::CpuBackend(pool, isa));
+  return std::unique_ptr<ops::Backend>(new ops::CpuBackend(pool, isa, gemm));
 }
 
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   VLM_RETURN_IF_ERROR(validate_options(options));
-  VLM_RETURN_IF_ERROR(ops::cpu_kernels_status());
   const bool on_gpu = options.device == Device::kCuda;
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
@@ -186,7 +229,11 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
         copy_weights_to_huge_pages(
             &impl->weights, impl->has_vision ? &impl->vision_weights : nullptr, *impl->store));
   }
-  VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, *impl->pool, impl->isa));
+  ops::Bf16Gemm gemm = ops::Bf16Gemm::kWidenF32;
+  if (!on_gpu) {
+    VLM_ASSIGN_OR_RETURN(gemm, choose_cpu_kernels(options, *impl, &impl->cpu_kernels));
+  }
+  VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, *impl->pool, impl->isa, gemm));
   const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
   VLM_ASSIGN_OR_RETURN(impl->decoder,
                        TextDecoder::create(impl->cfg, impl->weights, *impl->backend, chunk)
@@ -215,6 +262,8 @@ bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vis
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
 int64_t Engine::decode_weight_bytes() const { return impl_->decoder->decode_weight_bytes(); }
 std::string Engine::device() const { return impl_->backend->description(); }
+
+const std::string& Engine::cpu_kernels() const { return impl_->cpu_kernels; }
 
 int64_t Engine::cuda_graph_replays() const { return impl_->graph_replays.load(); }
 

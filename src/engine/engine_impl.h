@@ -39,6 +39,7 @@ struct Engine::Impl {
   std::unique_ptr<TextDecoder> decoder;
   std::unique_ptr<VisionEncoder> vision;       // null without a vision tower
   std::atomic<int64_t> graph_replays{0};       // decode steps replayed from recorded graphs
+  std::string cpu_kernels;                     // Engine::cpu_kernels(): the CPU kernel choices
   std::shared_ptr<const Tokenizer> tokenizer;  // shared with the request streams' processors
   std::vector<int32_t> eos_ids;
   int64_t max_context = 0;

@@ -131,7 +131,8 @@ Status CpuBackend::linear(Buf x, int64_t M, const Linear& w, Buf y) {
     ys[i] = f(y) + col;
     col += l.parts()[i].dim(0);
   }
-  matmul_multi(f(x), M, l.cols(), l.ptrs(), std::span<float* const>(ys, n), pool_, isa_, l.rows());
+  matmul_multi(f(x), M, l.cols(), l.ptrs(), std::span<float* const>(ys, n), pool_, isa_, l.rows(),
+               bf16_gemm_);
   return ok_status();
 }
 

@@ -10,11 +10,15 @@ namespace vlm::ops {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(ThreadPool& pool, Isa isa = detected_isa()) : pool_(pool), isa_(isa) {}
+  explicit CpuBackend(ThreadPool& pool, Isa isa = detected_isa(),
+                      Bf16Gemm bf16_gemm = Bf16Gemm::kWidenF32)
+      : pool_(pool), isa_(isa), bf16_gemm_(bf16_gemm) {}
 
   // The ISA level of every op from now on (tests force lower levels).
   void set_isa(Isa isa) { isa_ = isa; }
   Isa isa() const { return isa_; }
+  // How the GEMMs of BF16 weights multiply (prefill, the vision tower).
+  Bf16Gemm bf16_gemm() const { return bf16_gemm_; }
   ThreadPool& pool() const { return pool_; }
 
   Device device() const override { return Device::kCpu; }
@@ -62,6 +66,7 @@ class CpuBackend final : public Backend {
  private:
   ThreadPool& pool_;
   Isa isa_;
+  Bf16Gemm bf16_gemm_;
 };
 
 }  // namespace vlm::ops

@@ -191,34 +191,18 @@ struct QuantizedX {
 
 }  // namespace
 
-namespace {
+const char* bf16_gemm_name(Bf16Gemm g) { return g == Bf16Gemm::kAmx ? "amx" : "f32"; }
 
-struct CpuKernelChoice {
-  Bf16Gemm bf16 = Bf16Gemm::kWidenF32;
-  Status status;
-};
-
-CpuKernelChoice parse_cpu_kernels_env() {
-  CpuKernelChoice c;
-  const char* env = std::getenv("VLM_CPU_KERNELS");
-  auto r = parse_cpu_kernels(env == nullptr ? "" : env);
-  if (r.ok()) {
-    c.bf16 = *r;
-  } else {
-    c.status = r.status();
-  }
-  return c;
+bool amx_available() {
+#if defined(VLM_HAVE_AMX)
+  return kernels::amx::available();
+#else
+  return false;
+#endif
 }
 
-const CpuKernelChoice& cpu_kernels() {
-  static const CpuKernelChoice c = parse_cpu_kernels_env();
-  return c;
-}
-
-}  // namespace
-
-Result<Bf16Gemm> parse_cpu_kernels(std::string_view text) {
-  Bf16Gemm bf16 = Bf16Gemm::kWidenF32;
+Result<std::optional<Bf16Gemm>> parse_cpu_kernels(std::string_view text) {
+  std::optional<Bf16Gemm> bf16;
   size_t at = 0;
   while (at < text.size()) {
     const size_t end = std::min(text.find(',', at), text.size());
@@ -230,8 +214,8 @@ Result<Bf16Gemm> parse_cpu_kernels(std::string_view text) {
     } else if (item == "bf16_gemm=amx") {
       if (!amx_available()) {
         return invalid_argument(
-            "VLM_CPU_KERNELS asks for bf16_gemm=amx, which this CPU or OS "
-            "does not run (no AMX-BF16 tiles)");
+            "VLM_CPU_KERNELS asks for bf16_gemm=amx, which this CPU or OS does not run (no "
+            "AMX-BF16 tiles)");
       }
       bf16 = Bf16Gemm::kAmx;
     } else {
@@ -242,16 +226,13 @@ Result<Bf16Gemm> parse_cpu_kernels(std::string_view text) {
   return bf16;
 }
 
-bool amx_available() {
-#if defined(VLM_HAVE_AMX)
-  return kernels::amx::available();
-#else
-  return false;
-#endif
+Result<std::optional<Bf16Gemm>> cpu_kernels_from_env() {
+  static const Result<std::optional<Bf16Gemm>> r = [] {
+    const char* env = std::getenv("VLM_CPU_KERNELS");
+    return parse_cpu_kernels(env == nullptr ? "" : env);
+  }();
+  return r;
 }
-
-Bf16Gemm bf16_gemm() { return cpu_kernels().bf16; }
-Status cpu_kernels_status() { return cpu_kernels().status; }
 
 bool amx_gemm_runs(int64_t M, int64_t K, std::span<const TensorView* const> ws) {
   if (M < kernels::kPackedMinRows || K % 32 != 0 || !amx_available()) return false;
@@ -298,8 +279,9 @@ void matmul_multi_amx(const float* x, int64_t M, int64_t K, std::span<const Tens
 }
 
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
-                  std::span<float* const> ys, ThreadPool& pool, Isa isa, int64_t ldy) {
-  if (bf16_gemm() == Bf16Gemm::kAmx && amx_gemm_runs(M, K, ws)) {
+                  std::span<float* const> ys, ThreadPool& pool, Isa isa, int64_t ldy,
+                  Bf16Gemm gemm) {
+  if (gemm == Bf16Gemm::kAmx && amx_gemm_runs(M, K, ws)) {
     matmul_multi_amx(x, M, K, ws, ys, pool, ldy);
     return;
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -32,38 +33,38 @@ std::vector<Isa> runnable_isas();
 // scales (and a multiple of kInt4Group columns), with `in_features` columns.
 Status check_linear_weight(const TensorView& w, int64_t in_features);
 
+// How the GEMMs of BF16 weights from kernels::kPackedMinRows x rows (prefill, the vision tower)
+// multiply: widening the weights to f32 (the default: x stays exact) or on AMX BF16 tiles (x
+// rounded to BF16 once per call, f32 sums; where amx_available()).
+enum class Bf16Gemm { kWidenF32, kAmx };
+
 // y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16, F16, I8 with w.scale set (row n of w is
 // w[n, :] · scale[n]), or I4 with w.scale set (w[n, k] = q[n, k] · scale[n, k / 32]; from 8 x
 // rows on, blocks of 32 I4 rows are widened to BF16 and run by the BF16 kernel). Threads split N.
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa = detected_isa());
 
-// ys[i][M, N_i] = x[M, K] · ws[i][N_i, K]^T for every i (on AMX tiles where bf16_gemm() is kAmx
-// and amx_gemm_runs): one pass of the threads over the stacked
+// ys[i][M, N_i] = x[M, K] · ws[i][N_i, K]^T for every i (on AMX tiles where `gemm` is kAmx and
+// amx_gemm_runs): one pass of the threads over the stacked
 // rows of all the weights (q/k/v, gate/up), so a decode step streams them as one matrix, with one
 // fork/join instead of one per weight. Each ws[i] as for matmul; ys[i] has row stride ldy, or
 // N_i when ldy is 0 (ys[i] = y + Σ_{j<i} N_j with ldy = Σ N_j: the outputs side by side).
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa(),
-                  int64_t ldy = 0);
+                  int64_t ldy = 0, Bf16Gemm gemm = Bf16Gemm::kWidenF32);
 
-// How the GEMMs of BF16 weights from kernels::kPackedMinRows x rows (prefill, the vision tower)
-// multiply: widening the weights to f32 (the default: x stays exact) or on AMX BF16 tiles (x
-// rounded to BF16 once per call, f32 sums; where amx_available()).
-enum class Bf16Gemm { kWidenF32, kAmx };
+const char* bf16_gemm_name(Bf16Gemm g);  // "f32", "amx"
 // Whether this CPU and OS run AMX BF16 tiles.
 bool amx_available();
-// The choice in use: VLM_CPU_KERNELS="bf16_gemm=f32|amx" (read once), else kWidenF32.
-Bf16Gemm bf16_gemm();
-// Whether VLM_CPU_KERNELS can be honoured: an error naming an unknown family or choice, or a
-// choice this CPU cannot run (amx without AMX). The engine refuses to load then.
-Status cpu_kernels_status();
-// The parser behind it: "family=choice,..." (today one family: bf16_gemm=f32|amx).
-Result<Bf16Gemm> parse_cpu_kernels(std::string_view text);
+// A forced choice, "family=choice,..." (today one family: bf16_gemm=f32|amx); nullopt when the
+// text names none. An error names an unknown family or choice, or one this CPU cannot run.
+Result<std::optional<Bf16Gemm>> parse_cpu_kernels(std::string_view text);
+// The same for the VLM_CPU_KERNELS environment variable, read once.
+Result<std::optional<Bf16Gemm>> cpu_kernels_from_env();
 // Whether the AMX GEMM takes this product: BF16 weights with rows a multiple of 16, K a multiple
 // of 32, from kernels::kPackedMinRows x rows, where amx_available().
 bool amx_gemm_runs(int64_t M, int64_t K, std::span<const TensorView* const> ws);
-// matmul_multi on AMX BF16 tiles (where amx_gemm_runs), whatever bf16_gemm() says.
+// matmul_multi on AMX BF16 tiles (where amx_gemm_runs).
 void matmul_multi_amx(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                       std::span<float* const> ys, ThreadPool& pool, int64_t ldy = 0);
 

@@ -5,6 +5,7 @@
 // quantized to INT8 blocks (avx512vnni; ops::matmul_quantizes_x).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
 #include "ops/ops.h"
+#include "test_util.h"
 #include "vlm/engine.h"
 
 namespace vlm {
@@ -486,6 +488,77 @@ TEST(Int8Weights, DecodeWeightBytesCountTheLinearWeightsAsHeld) {
     EXPECT_EQ(i8->decode_weight_bytes(), params + 4 * rows) << name;
     EXPECT_EQ(i4->decode_weight_bytes(), params / 2 + 4 * (params / kInt4Group)) << name;
   }
+}
+
+// BF16 arithmetic (--precision auto on a BF16 checkpoint; here forced, as every test runs with a
+// fixed choice): the prefill products on AMX tiles with x rounded to BF16, against the exact f32
+// kernels over the 60-token reference prompt of a BF16 fixture (hidden 128: every product takes
+// the tiles). Reported and bounded like INT8: the mean |Δlogit| / max|logit| and the share of
+// positions whose argmax agrees.
+TEST(Bf16Arithmetic, AmxPrefillStaysCloseToTheF32Kernels) {
+  if (!ops::amx_available()) GTEST_SKIP() << "this CPU or OS has no AMX-BF16 tiles";
+  const std::string dir = kFixtures + "/text-bf16-hd128";
+  EngineOptions o;
+  o.model_dir = dir;
+  o.n_threads = 2;
+  o.require_tokenizer = false;
+  o.cpu_kernels = "bf16_gemm=f32";
+  auto exact = Engine::load(o);
+  o.cpu_kernels = "bf16_gemm=amx";
+  auto amx = Engine::load(o);
+  ASSERT_TRUE(exact.ok() && amx.ok());
+  EXPECT_NE((*amx)->cpu_kernels().find("amx (forced)"), std::string::npos) << (*amx)->cpu_kernels();
+  const int64_t V = (*exact)->vocab_size();
+  std::vector<int32_t> ids;
+  const auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
+  for (const auto& entry : ref["logits"]) {
+    if (entry["ids"].size() > ids.size()) ids = entry["ids"].get<std::vector<int32_t>>();
+  }
+  ASSERT_GE(ids.size(), 32u);
+  auto a = (*exact)->logits(ids);
+  auto b = (*amx)->logits(ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  double sum = 0, max_logit = 0;
+  int64_t agree = 0;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    const float* ra = a->data() + p * V;
+    const float* rb = b->data() + p * V;
+    agree += std::max_element(ra, ra + V) - ra == std::max_element(rb, rb + V) - rb;
+    for (int64_t v = 0; v < V; ++v) {
+      sum += std::fabs(static_cast<double>(ra[v]) - rb[v]);
+      max_logit = std::max(max_logit, std::fabs(static_cast<double>(ra[v])));
+    }
+  }
+  const double mean_rel = sum / static_cast<double>(ids.size() * V) / max_logit;
+  const double top1 = static_cast<double>(agree) / static_cast<double>(ids.size());
+  std::printf(
+      "[bf16 arithmetic] mean|d|/max|logit| %.3e, top-1 agreement %.3f over %zu positions\n",
+      mean_rel, top1, ids.size());
+  EXPECT_GT(mean_rel, 0.0);  // the tiles really ran
+  EXPECT_LE(mean_rel, 5e-3);
+  EXPECT_GE(top1, 0.9);
+}
+
+// The choice is refused when it cannot be honoured, and --precision f32 keeps the exact kernels.
+TEST(Bf16Arithmetic, KernelChoicesAreCheckedAndExplained) {
+  EngineOptions o;
+  o.model_dir = kFixtures + "/text-bf16-hd128";
+  o.require_tokenizer = false;
+  o.cpu_kernels = "bf16_gemm=fast";
+  auto bad = Engine::load(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unknown kernel choice 'bf16_gemm=fast'"),
+            std::string::npos);
+  o.cpu_kernels = "";
+  o.precision = Precision::kF32;
+  auto f32 = Engine::load(o);
+  ASSERT_TRUE(f32.ok());
+  // The tests' environment forces f32 (VLM_CPU_KERNELS), which wins over the precision.
+  EXPECT_NE((*f32)->cpu_kernels().find("bf16_gemm: f32"), std::string::npos)
+      << (*f32)->cpu_kernels();
+  EXPECT_EQ(*parse_precision("auto"), Precision::kAuto);
+  EXPECT_EQ(*parse_precision("f32"), Precision::kF32);
+  EXPECT_FALSE(parse_precision("bf16").ok());
 }
 
 }  // namespace

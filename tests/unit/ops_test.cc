@@ -2,10 +2,13 @@
 #include "ops/ops.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
@@ -16,6 +19,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/eltwise.h"
 #include "kernels/cpu/matmul.h"
+#include "ops/autotune.h"
 #include "ops/ref/ref.h"
 
 namespace vlm {
@@ -633,13 +637,11 @@ TEST(MatmulAmx, MatchesAnExactEmulationOfBf16Inputs) {
   EXPECT_FALSE(ops::amx_gemm_runs(31, 64, {}));
 }
 
-// VLM_CPU_KERNELS: this test binary runs with the variable unset, so the default; the parser
-// refuses what it does not know, and amx where the CPU has none.
-TEST(MatmulAmx, KernelChoiceIsTheExactF32PathUnlessAsked) {
-  EXPECT_EQ(ops::bf16_gemm(), ops::Bf16Gemm::kWidenF32);
-  EXPECT_TRUE(ops::cpu_kernels_status().ok());
-  EXPECT_EQ(*ops::parse_cpu_kernels(""), ops::Bf16Gemm::kWidenF32);
-  EXPECT_EQ(*ops::parse_cpu_kernels("bf16_gemm=f32"), ops::Bf16Gemm::kWidenF32);
+// VLM_CPU_KERNELS' syntax: nothing forced by default, unknown choices refused by name, amx only
+// where the CPU runs it.
+TEST(MatmulAmx, KernelChoicesParseAndRefuse) {
+  EXPECT_FALSE(ops::parse_cpu_kernels("")->has_value());
+  EXPECT_EQ(**ops::parse_cpu_kernels("bf16_gemm=f32"), ops::Bf16Gemm::kWidenF32);
   for (const char* bad : {"bf16_gemm=amx2", "gemm=amx", "bf16_gemm", "BF16_GEMM=amx"}) {
     auto r = ops::parse_cpu_kernels(bad);
     ASSERT_FALSE(r.ok()) << bad;
@@ -647,7 +649,42 @@ TEST(MatmulAmx, KernelChoiceIsTheExactF32PathUnlessAsked) {
   }
   auto amx = ops::parse_cpu_kernels("bf16_gemm=amx");
   EXPECT_EQ(amx.ok(), ops::amx_available());
-  if (amx.ok()) EXPECT_EQ(*amx, ops::Bf16Gemm::kAmx);
+  if (amx.ok()) EXPECT_EQ(**amx, ops::Bf16Gemm::kAmx);
+}
+
+// Kernel choice by measurement: every candidate this CPU runs is timed, the fastest chosen, and
+// the result cached (keyed by CPU, ISA set, build and shape) so that the next start reads it.
+// Which one wins is the CPU's business: the test asserts the bookkeeping, not a timing.
+TEST(Autotune, MeasuresOnceThenReadsTheCache) {
+  ThreadPool pool(2);
+  const std::string dir = ::testing::TempDir() + "vlm-autotune-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto first = ops::choose_bf16_gemm(pool, ops::detected_isa(), 64, 256, 128, dir);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_FALSE(first->cached);
+  ASSERT_EQ(first->candidates.size(), ops::amx_available() ? 2u : 1u);
+  EXPECT_EQ(first->candidates[0].name, "f32");
+  for (const auto& c : first->candidates) EXPECT_GT(c.gflops, 0) << c.name;
+  auto second = ops::choose_bf16_gemm(pool, ops::detected_isa(), 64, 256, 128, dir);
+  ASSERT_TRUE(second.ok());
+  EXPECT_TRUE(second->cached);
+  EXPECT_EQ(second->chosen, first->chosen);
+  EXPECT_EQ(second->candidates.size(), first->candidates.size());
+  // Another shape is measured and added beside the first.
+  auto other = ops::choose_bf16_gemm(pool, ops::detected_isa(), 32, 64, 32, dir);
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(other->cached);
+  std::ifstream f(dir + "/cpu-kernels.txt");
+  int lines = 0;
+  for (std::string line; std::getline(f, line);) ++lines;
+  EXPECT_EQ(lines, 2);
+  EXPECT_NE(ops::describe(*second).find("cached"), std::string::npos);
+  // No cache folder: measured every time, nothing written.
+  auto uncached = ops::choose_bf16_gemm(pool, ops::detected_isa(), 32, 64, 32, "");
+  ASSERT_TRUE(uncached.ok());
+  EXPECT_FALSE(uncached->cached);
+  EXPECT_FALSE(ops::choose_bf16_gemm(pool, ops::detected_isa(), 0, 64, 32, "").ok());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(MatmulInt4, RefusesBadWeights) {

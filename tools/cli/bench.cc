@@ -302,6 +302,9 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   vlm::cli::add_device_options(b, &a->device);
   b->add_option("--prefill-chunk", a->device.prefill_chunk,
                 "Tokens per forward pass in prefill (default 256; larger fills a GPU better)");
+  b->add_flag("--kernels", a->kernels_only,
+              "Print the CPU kernel choices (each candidate's GFLOP/s at the model's shapes, and "
+              "the one chosen) and stop");
   b->add_option("--json", a->json_out,
                 "Also write every measurement as JSON to this file ('-': to stdout, with the "
                 "table on stderr)");
@@ -399,6 +402,14 @@ int run_bench(const BenchArgs& a) {
         (engine.quant() == vlm::Quant::kNone ? std::string()
                                              : std::string(" ") + vlm::quant_name(engine.quant())) +
         (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
+    if (engine.device() == "cpu") {
+      notes.push_back("kernels: " + engine.cpu_kernels());
+      info["cpu_kernels"] = engine.cpu_kernels();
+    }
+    if (a.kernels_only) {  // --kernels: the choice and its measurements, nothing else
+      std::printf("%s\n", engine.cpu_kernels().c_str());
+      return 0;
+    }
     info["isa"] = engine.cpu_isa();
     info["device"] = engine.device();
     info["mmap_weights"] = a.mmap;

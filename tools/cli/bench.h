@@ -29,9 +29,10 @@ struct BenchArgs {
   bool vision_fp16 = false;
   vlm::EngineOptions device;  // --device and the GPU options
   bool membw = false;
-  int64_t membw_mib = 0;  // 0 = default_membw_bytes()
-  std::string json_out;   // a file, or "-" for stdout (the table then goes to stderr)
-  std::string command;    // the command line, recorded in the JSON
+  int64_t membw_mib = 0;      // 0 = default_membw_bytes()
+  std::string json_out;       // a file, or "-" for stdout (the table then goes to stderr)
+  bool kernels_only = false;  // --kernels
+  std::string command;        // the command line, recorded in the JSON
 };
 
 // Declares the `bench` options on `cmd`, writing into `a`.

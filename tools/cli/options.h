@@ -44,12 +44,20 @@ inline void add_quant_option(CLI::App* app, Quant* q) {
   add_enum_option(app, "--quant", q, parse_quant, kQuantHelp);
 }
 
-// --device, --gpu-dtype and --gpu-memory-utilization, bound to the engine options' fields.
+// --device, --gpu-dtype, --gpu-memory-utilization, --precision and --no-autotune, bound to the
+// engine options' fields.
 inline void add_device_options(CLI::App* app, EngineOptions* o) {
   add_enum_option(app, "--device", &o->device, parse_device,
                   "Where the model runs: cpu (default) or cuda (the first NVIDIA GPU)");
   add_enum_option(app, "--gpu-dtype", &o->gpu_dtype, parse_gpu_dtype,
                   "cuda: weights and activations in bf16 (default) or f32");
+  add_enum_option(app, "--precision", &o->precision, parse_precision,
+                  "cpu: auto (default: a BF16 checkpoint's prefill and vision products may run in "
+                  "BF16 arithmetic where that measures faster, e.g. on AMX tiles) or f32 (every "
+                  "product exact in f32)");
+  app->add_flag("!--no-autotune", o->autotune,
+                "cpu: no kernel measurement at load (the f32 kernels, unless VLM_CPU_KERNELS "
+                "forces others)");
   app->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "cuda: share of the GPU's memory for weights, scratch and the KV cache "
                   "(default 0.9)");

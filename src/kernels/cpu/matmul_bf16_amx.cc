@@ -88,7 +88,8 @@ void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb) {
     const float* src = x + m * K;
     uint16_t* dst = xb + m * K;
     for (int64_t k = 0; k < K; k += 32) {
-      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16), _mm512_loadu_ps(src + k));
+      const __m512bh v =
+          _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16), _mm512_loadu_ps(src + k));
       _mm512_storeu_si512(dst + k, reinterpret_cast<const __m512i&>(v));
     }
   }
@@ -127,15 +128,15 @@ void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* 
       }
       // C tile T (16 × 16 f32) to y at (row, col): straight when its 16 rows are all x rows,
       // else through a buffer (the tile register is named in the instruction: a macro).
-#define VLM_AMX_STORE(T, row, col)                                     \
-  do {                                                                 \
-    if ((row) + 16 <= M) {                                             \
-      _tile_stored(T, y + (row) * ldy + (col), ldy * 4);               \
-    } else {                                                           \
-      alignas(64) float buf[16 * 16];                                  \
-      _tile_stored(T, buf, 64);                                        \
-      copy_rows(buf, M - (row), y + (row) * ldy + (col), ldy);         \
-    }                                                                  \
+#define VLM_AMX_STORE(T, row, col)                           \
+  do {                                                       \
+    if ((row) + 16 <= M) {                                   \
+      _tile_stored(T, y + (row)*ldy + (col), ldy * 4);       \
+    } else {                                                 \
+      alignas(64) float buf[16 * 16];                        \
+      _tile_stored(T, buf, 64);                              \
+      copy_rows(buf, M - (row), y + (row)*ldy + (col), ldy); \
+    }                                                        \
   } while (0)
       VLM_AMX_STORE(0, m, n);
       if (blocks == 2) VLM_AMX_STORE(1, m, n + 16);

@@ -1,0 +1,158 @@
+#include "ops/autotune.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <unistd.h>
+
+#include "core/half.h"
+
+namespace vlm::ops {
+namespace {
+
+// What the cache is keyed by: the CPU's model name, the ISA levels it runs, AMX, and this build
+// (the compile time of this file: a rebuild of the kernels measures again).
+std::string cpu_key() {
+  std::string model = "unknown";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) model = line.substr(colon + 2);
+      break;
+    }
+  }
+  std::string isas;
+  for (Isa i : runnable_isas()) isas += std::string(isa_name(i)) + " ";
+  return model + " | " + isas + (amx_available() ? "amx " : "") + "| " + __DATE__ + " " +
+         __TIME__;
+}
+
+// One line per result: "<key> | <shape> | <chosen> | <name>=<gflops> ...".
+std::string cache_line(const std::string& key, const KernelChoice& c) {
+  std::ostringstream o;
+  o << key << " | " << c.shape << " | " << c.chosen << " |";
+  for (const KernelCandidate& k : c.candidates) o << " " << k.name << "=" << k.gflops;
+  return o.str();
+}
+
+bool parse_line(const std::string& line, const std::string& prefix, KernelChoice* c) {
+  if (line.rfind(prefix, 0) != 0) return false;
+  std::istringstream rest(line.substr(prefix.size()));
+  std::string chosen, bar;
+  if (!(rest >> chosen >> bar) || bar != "|") return false;
+  c->chosen = chosen;
+  c->candidates.clear();
+  for (std::string item; rest >> item;) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) return false;
+    c->candidates.push_back({item.substr(0, eq), std::atof(item.c_str() + eq + 1)});
+  }
+  return !c->candidates.empty();
+}
+
+// GFLOP/s of one candidate: a warm-up, then repeats until about 0.1 s has passed.
+double measure(Bf16Gemm g, const std::vector<float>& x, const TensorView& w, int64_t M, int64_t K,
+               std::vector<float>& y, ThreadPool& pool, Isa isa) {
+  const TensorView* ws[] = {&w};
+  float* ys[] = {y.data()};
+  matmul_multi(x.data(), M, K, ws, ys, pool, isa, 0, g);
+  const auto t0 = std::chrono::steady_clock::now();
+  int runs = 0;
+  double s = 0;
+  do {
+    matmul_multi(x.data(), M, K, ws, ys, pool, isa, 0, g);
+    ++runs;
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (s < 0.1 && runs < 1000);
+  return 2.0 * static_cast<double>(M) * static_cast<double>(K) * static_cast<double>(w.dim(0)) *
+         runs / s / 1e9;
+}
+
+}  // namespace
+
+std::string kernel_cache_dir() {
+  if (const char* d = std::getenv("VLM_CACHE_DIR"); d != nullptr && *d != '\0') return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d != nullptr && *d != '\0') {
+    return std::string(d) + "/vlm";
+  }
+  if (const char* d = std::getenv("HOME"); d != nullptr && *d != '\0') {
+    return std::string(d) + "/.cache/vlm";
+  }
+  return "";
+}
+
+Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int64_t K, int64_t N,
+                                      const std::string& cache_dir) {
+  if (M <= 0 || K <= 0 || N <= 0) return invalid_argument("choose_bf16_gemm: an empty shape");
+  KernelChoice c;
+  c.family = "bf16_gemm";
+  c.shape = "M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+  const std::string prefix = cpu_key() + " | " + c.shape + " | ";
+  const std::string file = cache_dir.empty() ? "" : cache_dir + "/cpu-kernels.txt";
+  std::vector<std::string> lines;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    for (std::string line; std::getline(in, line);) {
+      if (parse_line(line, prefix, &c)) {
+        c.cached = true;
+        return c;
+      }
+      lines.push_back(line);
+    }
+  }
+  // Random data of the product's shape: the weights as BF16, x as f32.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
+  std::vector<uint16_t> wb(static_cast<size_t>(N * K));
+  for (float& v : x) v = d(rng);
+  for (uint16_t& v : wb) v = f32_to_bf16(d(rng));
+  TensorView w;
+  w.dtype = DType::kBF16;
+  w.shape = {N, K};
+  w.data = wb.data();
+  c.candidates.push_back({"f32", measure(Bf16Gemm::kWidenF32, x, w, M, K, y, pool, isa)});
+  const TensorView* ws[] = {&w};
+  if (amx_gemm_runs(M, K, ws)) {
+    c.candidates.push_back({"amx", measure(Bf16Gemm::kAmx, x, w, M, K, y, pool, isa)});
+  }
+  c.chosen = c.candidates.front().name;
+  double best = c.candidates.front().gflops;
+  for (const KernelCandidate& k : c.candidates) {
+    if (k.gflops > best) {
+      best = k.gflops;
+      c.chosen = k.name;
+    }
+  }
+  if (!file.empty()) {  // added atomically: a temporary file renamed over the cache
+    std::error_code ec;
+    std::filesystem::create_directories(cache_dir, ec);
+    const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      for (const std::string& line : lines) out << line << "\n";
+      out << cache_line(cpu_key(), c) << "\n";
+    }
+    std::filesystem::rename(tmp, file, ec);
+    if (ec) std::filesystem::remove(tmp, ec);
+  }
+  return c;
+}
+
+std::string describe(const KernelChoice& c) {
+  std::string s = c.family + ":";
+  char buf[64];
+  for (size_t i = 0; i < c.candidates.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s %s %.1f GFLOP/s", i == 0 ? "" : ",",
+                  c.candidates[i].name.c_str(), c.candidates[i].gflops);
+    s += buf;
+  }
+  return s + " -> " + c.chosen + " (" + (c.cached ? "cached; " : "measured; ") + c.shape + ")";
+}
+
+}  // namespace vlm::ops
