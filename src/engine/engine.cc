@@ -165,8 +165,10 @@ Result<ops::Bf16Gemm> choose_cpu_kernels(const EngineOptions& o, const Engine::I
   const char* why = o.precision == Precision::kF32 ? "--precision f32"
                     : !bf16_weights                ? "weights not BF16"
                     : !o.autotune                  ? "--no-autotune"
-                    : !ops::amx_available()        ? "no other candidate on this CPU"
-                                                   : nullptr;
+                    : !ops::bf16_gemm_available(ops::Bf16Gemm::kDotBf16) &&
+                            !ops::bf16_gemm_available(ops::Bf16Gemm::kAmx)
+                        ? "no other candidate on this CPU"
+                        : nullptr;
   if (why != nullptr) {
     *how = std::string("bf16_gemm: f32 (") + why + ")";
     return ops::Bf16Gemm::kWidenF32;
@@ -178,7 +180,10 @@ Result<ops::Bf16Gemm> choose_cpu_kernels(const EngineOptions& o, const Engine::I
                        ops::choose_bf16_gemm(*m.pool, m.isa, M, t.hidden_size,
                                              std::max<int64_t>(N, 16), ops::kernel_cache_dir()));
   *how = ops::describe(c);
-  return c.chosen == "amx" ? ops::Bf16Gemm::kAmx : ops::Bf16Gemm::kWidenF32;
+  for (ops::Bf16Gemm g : {ops::Bf16Gemm::kDotBf16, ops::Bf16Gemm::kAmx}) {
+    if (c.chosen == ops::bf16_gemm_name(g)) return g;
+  }
+  return ops::Bf16Gemm::kWidenF32;
 }
 
 // The backend the model runs on: the CPU at the chosen ISA level, or the GPU.

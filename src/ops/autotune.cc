@@ -1,5 +1,7 @@
 #include "ops/autotune.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -7,7 +9,6 @@
 #include <fstream>
 #include <random>
 #include <sstream>
-#include <unistd.h>
 
 #include "core/half.h"
 
@@ -28,8 +29,8 @@ std::string cpu_key() {
   }
   std::string isas;
   for (Isa i : runnable_isas()) isas += std::string(isa_name(i)) + " ";
-  return model + " | " + isas + (amx_available() ? "amx " : "") + "| " + __DATE__ + " " +
-         __TIME__;
+  return model + " | " + isas + (bf16_gemm_available(Bf16Gemm::kDotBf16) ? "dpbf16 " : "") +
+         (amx_available() ? "amx " : "") + "| " + __DATE__ + " " + __TIME__;
 }
 
 // One line per result: "<key> | <shape> | <chosen> | <name>=<gflops> ...".
@@ -118,8 +119,10 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
   w.data = wb.data();
   c.candidates.push_back({"f32", measure(Bf16Gemm::kWidenF32, x, w, M, K, y, pool, isa)});
   const TensorView* ws[] = {&w};
-  if (amx_gemm_runs(M, K, ws)) {
-    c.candidates.push_back({"amx", measure(Bf16Gemm::kAmx, x, w, M, K, y, pool, isa)});
+  for (Bf16Gemm g : {Bf16Gemm::kDotBf16, Bf16Gemm::kAmx}) {
+    if (bf16_gemm_runs(g, M, K, ws)) {
+      c.candidates.push_back({bf16_gemm_name(g), measure(g, x, w, M, K, y, pool, isa)});
+    }
   }
   c.chosen = c.candidates.front().name;
   double best = c.candidates.front().gflops;

@@ -1,7 +1,8 @@
 // Kernel choice by measurement: where a kernel family has more than one way to compute the same
 // thing on this CPU, a short micro-benchmark at the model's own shapes picks the fastest, once per
 // CPU model, ISA set and build — the result is cached in a file, so only the first start pays.
-// Today's family: the GEMM of BF16 weights (f32 after widening the weights, or AMX BF16 tiles).
+// Today's family: the GEMM of BF16 weights (f32 after widening the weights, AVX512_BF16 dot
+// products, or AMX BF16 tiles).
 #pragma once
 
 #include <cstdint>
@@ -15,12 +16,12 @@
 namespace vlm::ops {
 
 struct KernelCandidate {
-  std::string name;  // "f32", "amx"
+  std::string name;  // "f32", "dpbf16", "amx"
   double gflops = 0;
 };
 
 struct KernelChoice {
-  std::string family;  // "bf16_gemm"
+  std::string family;                       // "bf16_gemm"
   std::vector<KernelCandidate> candidates;  // as measured (or as cached)
   std::string chosen;
   bool cached = false;  // read from the cache file, not measured now
@@ -32,11 +33,11 @@ struct KernelChoice {
 std::string kernel_cache_dir();
 
 // The BF16 GEMM for products of M x rows, K inputs and N weight rows on this CPU: every candidate
-// this CPU runs (f32; amx where amx_available()) timed on random data for about 0.1 s each after a
-// warm-up, the fastest chosen. With a cache folder, a result for the same CPU model, ISA set,
-// build and shape is read from `<dir>/cpu-kernels.txt` instead, and a new one added to it
-// (written to a temporary file and renamed over it). Errors only for an unusable shape; a cache
-// that cannot be read or written is measured around, not an error.
+// this CPU runs (f32; dpbf16 and amx where bf16_gemm_available()) timed on random data for about
+// 0.1 s each after a warm-up, the fastest chosen. With a cache folder, a result for the same CPU
+// model, ISA set, build and shape is read from `<dir>/cpu-kernels.txt` instead, and a new one added
+// to it (written to a temporary file and renamed over it). Errors only for an unusable shape; a
+// cache that cannot be read or written is measured around, not an error.
 Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int64_t K, int64_t N,
                                       const std::string& cache_dir);
 

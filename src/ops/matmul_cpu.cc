@@ -191,7 +191,17 @@ struct QuantizedX {
 
 }  // namespace
 
-const char* bf16_gemm_name(Bf16Gemm g) { return g == Bf16Gemm::kAmx ? "amx" : "f32"; }
+const char* bf16_gemm_name(Bf16Gemm g) {
+  switch (g) {
+    case Bf16Gemm::kWidenF32:
+      return "f32";
+    case Bf16Gemm::kDotBf16:
+      return "dpbf16";
+    case Bf16Gemm::kAmx:
+      return "amx";
+  }
+  return "?";
+}
 
 bool amx_available() {
 #if defined(VLM_HAVE_AMX)
@@ -199,6 +209,22 @@ bool amx_available() {
 #else
   return false;
 #endif
+}
+
+bool bf16_gemm_available(Bf16Gemm g) {
+  switch (g) {
+    case Bf16Gemm::kWidenF32:
+      return true;
+    case Bf16Gemm::kDotBf16:
+#if defined(VLM_HAVE_AVX512BF16)
+      return detected_isa() >= Isa::kAvx512 && kernels::avx512bf16::available();
+#else
+      return false;
+#endif
+    case Bf16Gemm::kAmx:
+      return amx_available();
+  }
+  return false;
 }
 
 Result<std::optional<Bf16Gemm>> parse_cpu_kernels(std::string_view text) {
@@ -209,18 +235,19 @@ Result<std::optional<Bf16Gemm>> parse_cpu_kernels(std::string_view text) {
     const std::string item(text.substr(at, end - at));
     at = end + 1;
     if (item.empty()) continue;
-    if (item == "bf16_gemm=f32") {
-      bf16 = Bf16Gemm::kWidenF32;
-    } else if (item == "bf16_gemm=amx") {
-      if (!amx_available()) {
-        return invalid_argument(
-            "VLM_CPU_KERNELS asks for bf16_gemm=amx, which this CPU or OS does not run (no "
-            "AMX-BF16 tiles)");
+    bool known = false;
+    for (Bf16Gemm g : {Bf16Gemm::kWidenF32, Bf16Gemm::kDotBf16, Bf16Gemm::kAmx}) {
+      if (item != std::string("bf16_gemm=") + bf16_gemm_name(g)) continue;
+      if (!bf16_gemm_available(g)) {
+        return invalid_argument("VLM_CPU_KERNELS asks for " + item +
+                                ", which this CPU or OS does not run");
       }
-      bf16 = Bf16Gemm::kAmx;
-    } else {
+      bf16 = g;
+      known = true;
+    }
+    if (!known) {
       return invalid_argument("VLM_CPU_KERNELS: unknown kernel choice '" + item +
-                              "' (known: bf16_gemm=f32|amx)");
+                              "' (known: bf16_gemm=f32|dpbf16|amx)");
     }
   }
   return bf16;
@@ -234,31 +261,54 @@ Result<std::optional<Bf16Gemm>> cpu_kernels_from_env() {
   return r;
 }
 
-bool amx_gemm_runs(int64_t M, int64_t K, std::span<const TensorView* const> ws) {
-  if (M < kernels::kPackedMinRows || K % 32 != 0 || !amx_available()) return false;
+bool bf16_gemm_runs(Bf16Gemm g, int64_t M, int64_t K, std::span<const TensorView* const> ws) {
+  if (g == Bf16Gemm::kWidenF32) return true;
+  if (M < kernels::kPackedMinRows || K % 32 != 0 || !bf16_gemm_available(g)) return false;
   for (const TensorView* w : ws) {
     if (w->dtype != DType::kBF16 || w->dim(0) % 16 != 0) return false;
   }
   return true;
 }
 
-void matmul_multi_amx(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
-                      std::span<float* const> ys, ThreadPool& pool, int64_t ldy) {
+void matmul_multi_bf16(Bf16Gemm g, const float* x, int64_t M, int64_t K,
+                       std::span<const TensorView* const> ws, std::span<float* const> ys,
+                       ThreadPool& pool, int64_t ldy) {
+#if defined(VLM_HAVE_AVX512BF16) || defined(VLM_HAVE_AMX)
+  using Convert = void (*)(const float*, int64_t, int64_t, uint16_t*);
+  using Rows = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t,
+                        float*, int64_t, void*);
+  Convert convert = nullptr;
+  Rows rows = nullptr;
+  int64_t scratch_bytes = 0;
 #if defined(VLM_HAVE_AMX)
-  // x in BF16 once per call (grow-only, as the other scratch), then threads split the stacked
-  // weight rows in blocks of 32 (each weight's rows are a multiple of 16).
+  if (g == Bf16Gemm::kAmx) {
+    convert = &kernels::amx::convert_rows_bf16;
+    rows = &kernels::amx::matmul_rows_bf16;
+    scratch_bytes = kernels::amx::scratch_bytes(K);
+  }
+#endif
+#if defined(VLM_HAVE_AVX512BF16)
+  if (g == Bf16Gemm::kDotBf16) {
+    convert = &kernels::avx512bf16::convert_rows_bf16;
+    rows = &kernels::avx512bf16::matmul_rows_bf16;
+    scratch_bytes = kernels::avx512bf16::scratch_bytes(K);
+  }
+#endif
+  if (rows == nullptr) return;
+  // x in BF16 once per call (grow-only, as the other scratch; rows padded to 16 with zeros for
+  // the tiles), then threads split the stacked weight rows in blocks of 32 (each weight's rows
+  // are a multiple of 16).
   thread_local std::vector<uint16_t> xb_tls;
   std::vector<uint16_t>& xb = xb_tls;
   const int64_t padded = (M + 15) / 16 * 16;
   if (xb.size() < static_cast<size_t>(padded * K)) xb.resize(padded * K);
-  pool.parallel_for(padded / 16, 1, [&](int64_t g0, int64_t g1, int) {
-    const int64_t m0 = g0 * 16, m1 = std::min(M, g1 * 16);
-    kernels::amx::convert_rows_bf16(x + m0 * K, std::max<int64_t>(m1 - m0, 0), K,
-                                    xb.data() + m0 * K);
+  std::fill(xb.begin() + M * K, xb.begin() + padded * K, uint16_t{0});
+  pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
+    convert(x + m0 * K, m1 - m0, K, xb.data() + m0 * K);
   });
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;
-  scratch.reserve(pool.n_threads(), static_cast<size_t>(kernels::amx::scratch_bytes(K) + 3) / 4);
+  scratch.reserve(pool.n_threads(), static_cast<size_t>(scratch_bytes + 3) / 4);
   int64_t total = 0;
   for (const TensorView* w : ws) total += w->dim(0);
   pool.parallel_for(total, 32, [&](int64_t n0, int64_t n1, int t) {
@@ -267,22 +317,22 @@ void matmul_multi_amx(const float* x, int64_t M, int64_t K, std::span<const Tens
       const int64_t N = ws[i]->dim(0), ld = ldy > 0 ? ldy : N;
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
       if (b < e) {
-        kernels::amx::matmul_rows_bf16(xb.data(), M, K, static_cast<const uint16_t*>(ws[i]->data),
-                                       b - off, e - off, ys[i], ld, scratch.get(t));
+        rows(xb.data(), M, K, static_cast<const uint16_t*>(ws[i]->data), b - off, e - off, ys[i],
+             ld, scratch.get(t));
       }
       off += N;
     }
   });
 #else
-  (void)x, (void)M, (void)K, (void)ws, (void)ys, (void)pool, (void)ldy;
+  (void)g, (void)x, (void)M, (void)K, (void)ws, (void)ys, (void)pool, (void)ldy;
 #endif
 }
 
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa, int64_t ldy,
                   Bf16Gemm gemm) {
-  if (gemm == Bf16Gemm::kAmx && amx_gemm_runs(M, K, ws)) {
-    matmul_multi_amx(x, M, K, ws, ys, pool, ldy);
+  if (gemm != Bf16Gemm::kWidenF32 && bf16_gemm_runs(gemm, M, K, ws)) {
+    matmul_multi_bf16(gemm, x, M, K, ws, ys, pool, ldy);
     return;
   }
   const MatmulRowsFn kernel = matmul_kernel(isa);

@@ -34,9 +34,10 @@ std::vector<Isa> runnable_isas();
 Status check_linear_weight(const TensorView& w, int64_t in_features);
 
 // How the GEMMs of BF16 weights from kernels::kPackedMinRows x rows (prefill, the vision tower)
-// multiply: widening the weights to f32 (the default: x stays exact) or on AMX BF16 tiles (x
-// rounded to BF16 once per call, f32 sums; where amx_available()).
-enum class Bf16Gemm { kWidenF32, kAmx };
+// multiply: widening the weights to f32 (the default: x stays exact), or with x rounded to BF16
+// once per call and f32 sums, by AVX512_BF16 dot products (kDotBf16) or AMX BF16 tiles (kAmx),
+// where the CPU has them (bf16_gemm_available).
+enum class Bf16Gemm { kWidenF32, kDotBf16, kAmx };
 
 // y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16, F16, I8 with w.scale set (row n of w is
 // w[n, :] · scale[n]), or I4 with w.scale set (w[n, k] = q[n, k] · scale[n, k / 32]; from 8 x
@@ -44,8 +45,8 @@ enum class Bf16Gemm { kWidenF32, kAmx };
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa = detected_isa());
 
-// ys[i][M, N_i] = x[M, K] · ws[i][N_i, K]^T for every i (on AMX tiles where `gemm` is kAmx and
-// amx_gemm_runs): one pass of the threads over the stacked
+// ys[i][M, N_i] = x[M, K] · ws[i][N_i, K]^T for every i (by `gemm` where bf16_gemm_runs): one
+// pass of the threads over the stacked
 // rows of all the weights (q/k/v, gate/up), so a decode step streams them as one matrix, with one
 // fork/join instead of one per weight. Each ws[i] as for matmul; ys[i] has row stride ldy, or
 // N_i when ldy is 0 (ys[i] = y + Σ_{j<i} N_j with ldy = Σ N_j: the outputs side by side).
@@ -53,20 +54,23 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa(),
                   int64_t ldy = 0, Bf16Gemm gemm = Bf16Gemm::kWidenF32);
 
-const char* bf16_gemm_name(Bf16Gemm g);  // "f32", "amx"
-// Whether this CPU and OS run AMX BF16 tiles.
+const char* bf16_gemm_name(Bf16Gemm g);  // "f32", "dpbf16", "amx"
+// Whether this CPU (and OS, for AMX's tile state) runs the candidate; kWidenF32 everywhere.
+bool bf16_gemm_available(Bf16Gemm g);
 bool amx_available();
-// A forced choice, "family=choice,..." (today one family: bf16_gemm=f32|amx); nullopt when the
-// text names none. An error names an unknown family or choice, or one this CPU cannot run.
+// A forced choice, "family=choice,..." (today one family: bf16_gemm=f32|dpbf16|amx); nullopt
+// when the text names none. An error names an unknown family or choice, or one this CPU cannot
+// run.
 Result<std::optional<Bf16Gemm>> parse_cpu_kernels(std::string_view text);
 // The same for the VLM_CPU_KERNELS environment variable, read once.
 Result<std::optional<Bf16Gemm>> cpu_kernels_from_env();
-// Whether the AMX GEMM takes this product: BF16 weights with rows a multiple of 16, K a multiple
-// of 32, from kernels::kPackedMinRows x rows, where amx_available().
-bool amx_gemm_runs(int64_t M, int64_t K, std::span<const TensorView* const> ws);
-// matmul_multi on AMX BF16 tiles (where amx_gemm_runs).
-void matmul_multi_amx(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
-                      std::span<float* const> ys, ThreadPool& pool, int64_t ldy = 0);
+// Whether candidate g takes this product: kWidenF32 always; the others BF16 weights with rows a
+// multiple of 16, K a multiple of 32, from kernels::kPackedMinRows x rows, where available.
+bool bf16_gemm_runs(Bf16Gemm g, int64_t M, int64_t K, std::span<const TensorView* const> ws);
+// matmul_multi by candidate g (kDotBf16 or kAmx, where bf16_gemm_runs).
+void matmul_multi_bf16(Bf16Gemm g, const float* x, int64_t M, int64_t K,
+                       std::span<const TensorView* const> ws, std::span<float* const> ys,
+                       ThreadPool& pool, int64_t ldy = 0);
 
 // Whether this level can run FP16 arithmetic (kernels/cpu/matmul.h): a CPU with AVX-512 FP16, at
 // level kAvx512 or above.

@@ -491,12 +491,15 @@ TEST(Int8Weights, DecodeWeightBytesCountTheLinearWeightsAsHeld) {
 }
 
 // BF16 arithmetic (--precision auto on a BF16 checkpoint; here forced, as every test runs with a
-// fixed choice): the prefill products on AMX tiles with x rounded to BF16, against the exact f32
-// kernels over the 60-token reference prompt of a BF16 fixture (hidden 128: every product takes
-// the tiles). Reported and bounded like INT8: the mean |Δlogit| / max|logit| and the share of
-// positions whose argmax agrees.
-TEST(Bf16Arithmetic, AmxPrefillStaysCloseToTheF32Kernels) {
-  if (!ops::amx_available()) GTEST_SKIP() << "this CPU or OS has no AMX-BF16 tiles";
+// fixed choice): the prefill products by each BF16 candidate (x rounded to BF16), against the
+// exact f32 kernels over the 60-token reference prompt of a BF16 fixture (hidden 128: every
+// product takes the candidate). Reported and bounded like INT8: the mean |Δlogit| / max|logit|
+// and the share of positions whose argmax agrees.
+class Bf16Arithmetic : public ::testing::TestWithParam<ops::Bf16Gemm> {};
+
+TEST_P(Bf16Arithmetic, PrefillStaysCloseToTheF32Kernels) {
+  const ops::Bf16Gemm g = GetParam();
+  if (!ops::bf16_gemm_available(g)) GTEST_SKIP() << ops::bf16_gemm_name(g) << ": not on this CPU";
   const std::string dir = kFixtures + "/text-bf16-hd128";
   EngineOptions o;
   o.model_dir = dir;
@@ -504,10 +507,12 @@ TEST(Bf16Arithmetic, AmxPrefillStaysCloseToTheF32Kernels) {
   o.require_tokenizer = false;
   o.cpu_kernels = "bf16_gemm=f32";
   auto exact = Engine::load(o);
-  o.cpu_kernels = "bf16_gemm=amx";
+  o.cpu_kernels = std::string("bf16_gemm=") + ops::bf16_gemm_name(g);
   auto amx = Engine::load(o);
   ASSERT_TRUE(exact.ok() && amx.ok());
-  EXPECT_NE((*amx)->cpu_kernels().find("amx (forced)"), std::string::npos) << (*amx)->cpu_kernels();
+  EXPECT_NE((*amx)->cpu_kernels().find(std::string(ops::bf16_gemm_name(g)) + " (forced)"),
+            std::string::npos)
+      << (*amx)->cpu_kernels();
   const int64_t V = (*exact)->vocab_size();
   std::vector<int32_t> ids;
   const auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
@@ -532,15 +537,22 @@ TEST(Bf16Arithmetic, AmxPrefillStaysCloseToTheF32Kernels) {
   const double mean_rel = sum / static_cast<double>(ids.size() * V) / max_logit;
   const double top1 = static_cast<double>(agree) / static_cast<double>(ids.size());
   std::printf(
-      "[bf16 arithmetic] mean|d|/max|logit| %.3e, top-1 agreement %.3f over %zu positions\n",
-      mean_rel, top1, ids.size());
-  EXPECT_GT(mean_rel, 0.0);  // the tiles really ran
+      "[bf16 arithmetic, %s] mean|d|/max|logit| %.3e, top-1 agreement %.3f over %zu "
+      "positions\n",
+      ops::bf16_gemm_name(g), mean_rel, top1, ids.size());
+  EXPECT_GT(mean_rel, 0.0);  // the candidate really ran
   EXPECT_LE(mean_rel, 5e-3);
   EXPECT_GE(top1, 0.9);
 }
 
+INSTANTIATE_TEST_SUITE_P(Candidates, Bf16Arithmetic,
+                         ::testing::Values(ops::Bf16Gemm::kDotBf16, ops::Bf16Gemm::kAmx),
+                         [](const auto& info) {
+                           return std::string(ops::bf16_gemm_name(info.param));
+                         });
+
 // The choice is refused when it cannot be honoured, and --precision f32 keeps the exact kernels.
-TEST(Bf16Arithmetic, KernelChoicesAreCheckedAndExplained) {
+TEST(Bf16Precision, KernelChoicesAreCheckedAndExplained) {
   EngineOptions o;
   o.model_dir = kFixtures + "/text-bf16-hd128";
   o.require_tokenizer = false;

@@ -586,13 +586,17 @@ TEST_P(MatmulTest, Fp16ArithmeticMatchesAnExactEmulation) {
   }
 }
 
-// The AMX BF16 GEMM (ops::matmul_multi_amx) against an exact emulation: x rounded to BF16 (to
-// nearest even), the BF16 weights as stored, the products summed in double — the tiles' f32 sums
-// may differ only by their f32 additions. Shapes: 16-row tails and padding of x (33, 47, 100),
-// single and double 16-row weight blocks (16, 48, 96), K past one 32-wide step, and the outputs
-// side by side in one row (a q|k|v stack through ldy).
-TEST(MatmulAmx, MatchesAnExactEmulationOfBf16Inputs) {
-  if (!ops::amx_available()) GTEST_SKIP() << "this CPU or OS has no AMX-BF16 tiles";
+// The BF16 GEMM candidates (AVX512_BF16 dot products, AMX tiles) against an exact emulation: x
+// rounded to BF16 (to nearest even), the BF16 weights as stored, the products summed in double —
+// the kernels' f32 sums may differ only by their f32 additions. Shapes: row tails of the 12-row
+// tiles and 16-row padding of x (33, 47, 100), single and double 16-row weight blocks (16, 48,
+// 96), K past one 32-wide step, and the outputs side by side in one row (a q|k|v stack through
+// ldy).
+class Bf16GemmTest : public ::testing::TestWithParam<ops::Bf16Gemm> {};
+
+TEST_P(Bf16GemmTest, MatchesAnExactEmulationOfBf16Inputs) {
+  const ops::Bf16Gemm g = GetParam();
+  if (!ops::bf16_gemm_available(g)) GTEST_SKIP() << ops::bf16_gemm_name(g) << ": not on this CPU";
   ThreadPool pool(2);
   for (int64_t M : {32, 33, 47, 100}) {
     for (int64_t K : {32, 64, 320}) {
@@ -601,11 +605,11 @@ TEST(MatmulAmx, MatchesAnExactEmulationOfBf16Inputs) {
         auto w2 = make_weight(DType::kBF16, 32, K, static_cast<uint32_t>(M + K + N));
         auto x = randn(M * K, static_cast<uint32_t>(K + 17));
         const TensorView* ws[] = {&w.view, &w2.view};
-        ASSERT_TRUE(ops::amx_gemm_runs(M, K, ws));
+        ASSERT_TRUE(ops::bf16_gemm_runs(g, M, K, ws));
         const int64_t ld = N + 32;
         std::vector<float> y(M * ld, NAN);
         float* ys[] = {y.data(), y.data() + N};
-        ops::matmul_multi_amx(x.data(), M, K, ws, ys, pool, ld);
+        ops::matmul_multi(x.data(), M, K, ws, ys, pool, ops::detected_isa(), ld, g);
         for (int64_t m = 0; m < M; ++m) {
           for (int64_t n = 0; n < ld; ++n) {
             const WeightBuf& wb = n < N ? w : w2;
@@ -618,38 +622,48 @@ TEST(MatmulAmx, MatchesAnExactEmulationOfBf16Inputs) {
               mag += std::fabs(p);
             }
             ASSERT_NEAR(y[m * ld + n], total, static_cast<double>(K) * std::ldexp(mag, -23))
-                << "M=" << M << " K=" << K << " N=" << N << " m=" << m << " n=" << n;
+                << ops::bf16_gemm_name(g) << " M=" << M << " K=" << K << " N=" << N << " m=" << m
+                << " n=" << n;
           }
         }
       }
     }
   }
-  // Other weights, K or fewer rows are not its: the f32 path takes them.
+  // Other weights, K or fewer rows are not theirs: the f32 path takes them.
   auto f32 = make_weight(DType::kF32, 32, 64, 1);
   auto odd = make_weight(DType::kBF16, 24, 64, 2);
   auto bf = make_weight(DType::kBF16, 32, 48, 3);
   const TensorView* a[] = {&f32.view};
   const TensorView* b[] = {&odd.view};
   const TensorView* c[] = {&bf.view};
-  EXPECT_FALSE(ops::amx_gemm_runs(64, 64, a));
-  EXPECT_FALSE(ops::amx_gemm_runs(64, 64, b));
-  EXPECT_FALSE(ops::amx_gemm_runs(64, 48, c));
-  EXPECT_FALSE(ops::amx_gemm_runs(31, 64, {}));
+  EXPECT_FALSE(ops::bf16_gemm_runs(g, 64, 64, a));
+  EXPECT_FALSE(ops::bf16_gemm_runs(g, 64, 64, b));
+  EXPECT_FALSE(ops::bf16_gemm_runs(g, 64, 48, c));
+  EXPECT_FALSE(ops::bf16_gemm_runs(g, 31, 64, c));
 }
 
-// VLM_CPU_KERNELS' syntax: nothing forced by default, unknown choices refused by name, amx only
-// where the CPU runs it.
-TEST(MatmulAmx, KernelChoicesParseAndRefuse) {
+INSTANTIATE_TEST_SUITE_P(Candidates, Bf16GemmTest,
+                         ::testing::Values(ops::Bf16Gemm::kDotBf16, ops::Bf16Gemm::kAmx),
+                         [](const auto& info) {
+                           return std::string(ops::bf16_gemm_name(info.param));
+                         });
+
+// VLM_CPU_KERNELS' syntax: nothing forced by default, unknown choices refused by name, a
+// candidate only where the CPU runs it.
+TEST(Bf16Gemm, KernelChoicesParseAndRefuse) {
   EXPECT_FALSE(ops::parse_cpu_kernels("")->has_value());
   EXPECT_EQ(**ops::parse_cpu_kernels("bf16_gemm=f32"), ops::Bf16Gemm::kWidenF32);
-  for (const char* bad : {"bf16_gemm=amx2", "gemm=amx", "bf16_gemm", "BF16_GEMM=amx"}) {
+  for (const char* bad :
+       {"bf16_gemm=amx2", "gemm=amx", "bf16_gemm", "BF16_GEMM=amx", "bf16_gemm=dp"}) {
     auto r = ops::parse_cpu_kernels(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find("unknown kernel choice"), std::string::npos);
   }
-  auto amx = ops::parse_cpu_kernels("bf16_gemm=amx");
-  EXPECT_EQ(amx.ok(), ops::amx_available());
-  if (amx.ok()) EXPECT_EQ(**amx, ops::Bf16Gemm::kAmx);
+  for (ops::Bf16Gemm g : {ops::Bf16Gemm::kDotBf16, ops::Bf16Gemm::kAmx}) {
+    auto r = ops::parse_cpu_kernels(std::string("bf16_gemm=") + ops::bf16_gemm_name(g));
+    EXPECT_EQ(r.ok(), ops::bf16_gemm_available(g)) << ops::bf16_gemm_name(g);
+    if (r.ok()) EXPECT_EQ(**r, g);
+  }
 }
 
 // Kernel choice by measurement: every candidate this CPU runs is timed, the fastest chosen, and
@@ -662,7 +676,9 @@ TEST(Autotune, MeasuresOnceThenReadsTheCache) {
   auto first = ops::choose_bf16_gemm(pool, ops::detected_isa(), 64, 256, 128, dir);
   ASSERT_TRUE(first.ok()) << first.status().message();
   EXPECT_FALSE(first->cached);
-  ASSERT_EQ(first->candidates.size(), ops::amx_available() ? 2u : 1u);
+  const size_t candidates = 1 + ops::bf16_gemm_available(ops::Bf16Gemm::kDotBf16) +
+                            ops::bf16_gemm_available(ops::Bf16Gemm::kAmx);
+  ASSERT_EQ(first->candidates.size(), candidates);
   EXPECT_EQ(first->candidates[0].name, "f32");
   for (const auto& c : first->candidates) EXPECT_GT(c.gflops, 0) << c.name;
   auto second = ops::choose_bf16_gemm(pool, ops::detected_isa(), 64, 256, 128, dir);

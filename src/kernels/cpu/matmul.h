@@ -56,6 +56,21 @@ void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const f
                       int64_t packed_k, int64_t N, float* y, int64_t ldy);
 }  // namespace avx512
 
+// BF16 dot products (AVX512_BF16, `vdpbf16ps`: two BF16 products per f32 lane): x rounded to
+// BF16 once per call, the BF16 weights as stored, f32 sums. A candidate of the BF16 GEMM (see
+// ops::Bf16Gemm), where the CPU has the instruction.
+namespace avx512bf16 {
+bool available();
+// xb [M, K] BF16 (round to nearest even) from x [M, K] f32; K a multiple of 32.
+void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb);
+// Bytes of the per-thread scratch matmul_rows_bf16 needs (32 weight rows packed in pairs of K).
+constexpr int64_t scratch_bytes(int64_t K) { return K * 32 * 2; }
+// y[m, n] (row stride ldy) = Σ_k xb[m, k] · w[n, k] for m < M, n in [n0, n1): w BF16 [N, K]
+// rows as stored, K a multiple of 32, n1 − n0 a multiple of 16. On the calling thread.
+void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
+                      int64_t n1, float* y, int64_t ldy, void* scratch);
+}  // namespace avx512bf16
+
 // AMX BF16 tiles (Sapphire Rapids and later with amx_bf16): x rounded to BF16 once per call,
 // BF16 weights as stored, f32 sums in the tile accumulators. Opt-in (ops::Bf16Gemm::kAmx), since
 // rounding x to BF16 moves each product by up to 2^-9 of itself where the f32 path is exact.
