@@ -8,8 +8,10 @@ if ! command -v "$CF" > /dev/null; then
   echo "clang-format not found (scripts/install-deps.sh installs it)" >&2
   exit 2
 fi
-mapfile -t files < <(git ls-files -- 'include/*.h' 'src/*.h' 'src/*.cc' 'src/*.cu' 'src/*.cuh' \
-  'src/*.inc' 'tools/*.h' 'tools/*.cc' 'tests/*.h' 'tests/*.cc' 'examples/*.cc' 2>/dev/null)
+# Tracked files and new ones not yet added (not the ignored build trees).
+mapfile -t files < <(git ls-files --cached --others --exclude-standard -- 'include/*.h' 'src/*.h' \
+  'src/*.cc' 'src/*.cu' 'src/*.cuh' 'src/*.inc' 'tools/*.h' 'tools/*.cc' 'tests/*.h' 'tests/*.cc' \
+  'examples/*.cc' 2>/dev/null)
 if [ ${#files[@]} -eq 0 ]; then  # not a git checkout: the same files from the tree
   mapfile -t files < <(find include src tools tests examples -type f \( -name '*.h' -o -name '*.cc' \
     -o -name '*.cu' -o -name '*.cuh' -o -name '*.inc' \) | sort)

@@ -65,18 +65,30 @@ template <int B>
 void rows_tail(int64_t rows, const uint16_t* xb, int64_t K, const uint32_t* panel, float* y,
                int64_t ldy) {
   switch (rows) {
-    case 1: return tile<1, B>(xb, K, panel, y, ldy);
-    case 2: return tile<2, B>(xb, K, panel, y, ldy);
-    case 3: return tile<3, B>(xb, K, panel, y, ldy);
-    case 4: return tile<4, B>(xb, K, panel, y, ldy);
-    case 5: return tile<5, B>(xb, K, panel, y, ldy);
-    case 6: return tile<6, B>(xb, K, panel, y, ldy);
-    case 7: return tile<7, B>(xb, K, panel, y, ldy);
-    case 8: return tile<8, B>(xb, K, panel, y, ldy);
-    case 9: return tile<9, B>(xb, K, panel, y, ldy);
-    case 10: return tile<10, B>(xb, K, panel, y, ldy);
-    case 11: return tile<11, B>(xb, K, panel, y, ldy);
-    default: return tile<12, B>(xb, K, panel, y, ldy);
+    case 1:
+      return tile<1, B>(xb, K, panel, y, ldy);
+    case 2:
+      return tile<2, B>(xb, K, panel, y, ldy);
+    case 3:
+      return tile<3, B>(xb, K, panel, y, ldy);
+    case 4:
+      return tile<4, B>(xb, K, panel, y, ldy);
+    case 5:
+      return tile<5, B>(xb, K, panel, y, ldy);
+    case 6:
+      return tile<6, B>(xb, K, panel, y, ldy);
+    case 7:
+      return tile<7, B>(xb, K, panel, y, ldy);
+    case 8:
+      return tile<8, B>(xb, K, panel, y, ldy);
+    case 9:
+      return tile<9, B>(xb, K, panel, y, ldy);
+    case 10:
+      return tile<10, B>(xb, K, panel, y, ldy);
+    case 11:
+      return tile<11, B>(xb, K, panel, y, ldy);
+    default:
+      return tile<12, B>(xb, K, panel, y, ldy);
   }
 }
 
@@ -90,8 +102,8 @@ bool available() {
 void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb) {
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t k = 0; k < K; k += 32) {
-      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + m * K + k + 16),
-                                             _mm512_loadu_ps(x + m * K + k));
+      const __m512bh v =
+          _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + m * K + k + 16), _mm512_loadu_ps(x + m * K + k));
       _mm512_storeu_si512(xb + m * K + k, reinterpret_cast<const __m512i&>(v));
     }
   }
