@@ -165,6 +165,7 @@ Result<ops::Bf16Gemm> choose_cpu_kernels(const EngineOptions& o, const Engine::I
   const char* why = o.precision == Precision::kF32 ? "--precision f32"
                     : !bf16_weights                ? "weights not BF16"
                     : !o.autotune                  ? "--no-autotune"
+                    : m.isa < ops::Isa::kAvx512    ? "the CPU ISA level is below avx512"
                     : !ops::bf16_gemm_available(ops::Bf16Gemm::kDotBf16) &&
                             !ops::bf16_gemm_available(ops::Bf16Gemm::kAmx)
                         ? "no other candidate on this CPU"
