@@ -145,10 +145,27 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
   return ok_status();
 }
 
-// The CPU's BF16 GEMM: forced (EngineOptions::cpu_kernels, else VLM_CPU_KERNELS), exact f32 where
-// the precision or the weights ask for it, else measured (once per CPU and build: cached).
-Result<ops::Bf16Gemm> choose_cpu_kernels(const EngineOptions& o, const Engine::Impl& m,
-                                         std::string* how) {
+// What the CPU multiplies BF16 weights with: the text decoder's choice, and the vision tower's.
+struct CpuKernels {
+  ops::Bf16Gemm text = ops::Bf16Gemm::kWidenF32;
+  std::optional<ops::Bf16Gemm> vision;  // unset: the text decoder's
+  bool vision_fp16 = false;
+};
+
+ops::Bf16Gemm gemm_named(const std::string& name) {
+  for (ops::Bf16Gemm g : {ops::Bf16Gemm::kDotBf16, ops::Bf16Gemm::kAmx}) {
+    if (name == ops::bf16_gemm_name(g)) return g;
+  }
+  return ops::Bf16Gemm::kWidenF32;
+}
+
+// Forced (EngineOptions::cpu_kernels, else VLM_CPU_KERNELS), exact f32 where the precision or the
+// weights ask for it, else measured on the model's own products (once per CPU and build: cached):
+// the text decoder's gate|up at a prefill chunk, and the vision tower's fc1 at 1024 patches, where
+// FP16 arithmetic is a candidate too (unless --vision-fp16 already asks for it).
+Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const Engine::Impl& m,
+                                      std::string* how) {
+  CpuKernels k;
   std::optional<ops::Bf16Gemm> forced;
   if (!o.cpu_kernels.empty()) {
     VLM_ASSIGN_OR_RETURN(forced, ops::parse_cpu_kernels(o.cpu_kernels));
@@ -157,7 +174,8 @@ Result<ops::Bf16Gemm> choose_cpu_kernels(const EngineOptions& o, const Engine::I
   }
   if (forced) {
     *how = std::string("bf16_gemm: ") + ops::bf16_gemm_name(*forced) + " (forced)";
-    return *forced;
+    k.text = *forced;
+    return k;
   }
   const Qwen3VLTextConfig& t = m.cfg.text_config;
   const bool bf16_weights =
@@ -172,19 +190,29 @@ Result<ops::Bf16Gemm> choose_cpu_kernels(const EngineOptions& o, const Engine::I
                         : nullptr;
   if (why != nullptr) {
     *how = std::string("bf16_gemm: f32 (") + why + ")";
-    return ops::Bf16Gemm::kWidenF32;
+    return k;
   }
-  // The model's own product: a prefill chunk through gate|up (capped, so that it takes ~0.5 s).
   const int64_t M = std::clamp<int64_t>(o.prefill_chunk, 32, 256);
-  const int64_t N = std::min<int64_t>(2 * t.intermediate_size, 4096) / 16 * 16;
-  VLM_ASSIGN_OR_RETURN(ops::KernelChoice c,
-                       ops::choose_bf16_gemm(*m.pool, m.isa, M, t.hidden_size,
-                                             std::max<int64_t>(N, 16), ops::kernel_cache_dir()));
+  const int64_t N =
+      std::max<int64_t>(std::min<int64_t>(2 * t.intermediate_size, 4096) / 16 * 16, 16);
+  VLM_ASSIGN_OR_RETURN(ops::KernelChoice c, ops::choose_bf16_gemm(*m.pool, m.isa, M, t.hidden_size,
+                                                                  N, ops::kernel_cache_dir()));
   *how = ops::describe(c);
-  for (ops::Bf16Gemm g : {ops::Bf16Gemm::kDotBf16, ops::Bf16Gemm::kAmx}) {
-    if (c.chosen == ops::bf16_gemm_name(g)) return g;
+  k.text = gemm_named(c.chosen);
+  const bool vision_bf16 = m.has_vision && !m.vision_weights.blocks.empty() &&
+                           m.vision_weights.blocks.front().fc1.dtype == DType::kBF16;
+  if (vision_bf16 && !o.vision_fp16) {
+    const Qwen3VLVisionConfig& v = m.cfg.vision_config;
+    const int64_t Nv =
+        std::max<int64_t>(std::min<int64_t>(v.intermediate_size, 4096) / 16 * 16, 16);
+    VLM_ASSIGN_OR_RETURN(ops::KernelChoice vc,
+                         ops::choose_bf16_gemm(*m.pool, m.isa, 1024, v.hidden_size, Nv,
+                                               ops::kernel_cache_dir(), /*with_fp16=*/true));
+    *how += "; " + ops::describe(vc);
+    k.vision_fp16 = vc.chosen == "fp16";
+    k.vision = gemm_named(vc.chosen);
   }
-  return ops::Bf16Gemm::kWidenF32;
+  return k;
 }
 
 // The backend the model runs on: the CPU at the chosen ISA level, or the GPU.
@@ -235,11 +263,11 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
         copy_weights_to_huge_pages(
             &impl->weights, impl->has_vision ? &impl->vision_weights : nullptr, *impl->store));
   }
-  ops::Bf16Gemm gemm = ops::Bf16Gemm::kWidenF32;
+  CpuKernels kernels;
   if (!on_gpu) {
-    VLM_ASSIGN_OR_RETURN(gemm, choose_cpu_kernels(options, *impl, &impl->cpu_kernels));
+    VLM_ASSIGN_OR_RETURN(kernels, choose_cpu_kernels(options, *impl, &impl->cpu_kernels));
   }
-  VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, *impl->pool, impl->isa, gemm));
+  VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, *impl->pool, impl->isa, kernels.text));
   const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
   VLM_ASSIGN_OR_RETURN(impl->decoder,
                        TextDecoder::create(impl->cfg, impl->weights, *impl->backend, chunk)
@@ -248,7 +276,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   if (impl->has_vision) {
     VLM_ASSIGN_OR_RETURN(
         impl->vision,
-        VisionEncoder::create(impl->cfg, impl->vision_weights, *impl->backend, options.vision_fp16)
+        VisionEncoder::create(impl->cfg, impl->vision_weights, *impl->backend,
+                              options.vision_fp16 || kernels.vision_fp16, kernels.vision)
             .with_context(std::string("loading the vision tower on ") +
                           ops::device_name(impl->backend->device())));
     // A backend that patchifies takes the resized image (a quarter of the f32 patches' bytes).

@@ -28,8 +28,8 @@ int64_t total_patches(const std::vector<GridThw>& grids) {
 }  // namespace
 
 VisionEncoder::VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ops::Backend& be,
-                             bool fp16)
-    : cfg_(cfg.vision_config), w_(w), be_(be), fp16_(fp16) {
+                             bool fp16, std::optional<ops::Bf16Gemm> bf16_gemm)
+    : cfg_(cfg.vision_config), w_(w), be_(be), fp16_(fp16), bf16_gemm_(bf16_gemm) {
   grid_side_ = static_cast<int64_t>(
       std::llround(std::sqrt(static_cast<double>(cfg_.num_position_embeddings))));
   // Qwen3VLVisionRotaryEmbedding(dim = head_dim / 2): inv_freq = 10000^(-2i / dim), i < dim / 2,
@@ -43,10 +43,10 @@ VisionEncoder::VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, o
   }
 }
 
-Result<std::unique_ptr<VisionEncoder>> VisionEncoder::create(const Qwen3VLConfig& cfg,
-                                                             const VisionWeights& w,
-                                                             ops::Backend& be, bool fp16) {
-  std::unique_ptr<VisionEncoder> e(new VisionEncoder(cfg, w, be, fp16));
+Result<std::unique_ptr<VisionEncoder>> VisionEncoder::create(
+    const Qwen3VLConfig& cfg, const VisionWeights& w, ops::Backend& be, bool fp16,
+    std::optional<ops::Bf16Gemm> bf16_gemm) {
+  std::unique_ptr<VisionEncoder> e(new VisionEncoder(cfg, w, be, fp16, bf16_gemm));
   VLM_RETURN_IF_ERROR(e->init());
   return e;
 }
@@ -55,6 +55,7 @@ Status VisionEncoder::init() {
   VLM_RETURN_IF_ERROR(be_.reserve_attention(cfg_.hidden_size / cfg_.num_heads));
   ops::LinearOptions o;
   o.fp16_arithmetic = fp16_;
+  o.bf16_gemm = bf16_gemm_;
   auto linear = [&](const TensorView& t, const std::string& name,
                     std::unique_ptr<ops::Linear>* out) -> Status {
     const TensorView* ws[] = {&t};
@@ -94,6 +95,7 @@ Status VisionEncoder::init() {
 Status VisionEncoder::load_merger(const VisionMergerWeights& s, Merger* d) {
   ops::LinearOptions o;
   o.fp16_arithmetic = fp16_;
+  o.bf16_gemm = bf16_gemm_;
   VLM_ASSIGN_OR_RETURN(d->norm_w, be_.vector(s.norm_w));
   VLM_ASSIGN_OR_RETURN(d->norm_b, be_.vector(s.norm_b));
   VLM_ASSIGN_OR_RETURN(d->fc1_b, be_.vector(s.fc1_b));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/qwen3vl_config.h"
@@ -36,10 +37,11 @@ struct RgbImage {
 class VisionEncoder {
  public:
   // The tower's weights go to the backend. fp16: the products in FP16 arithmetic where the
-  // backend has it (the CPU's --vision-fp16).
-  static Result<std::unique_ptr<VisionEncoder>> create(const Qwen3VLConfig& cfg,
-                                                       const VisionWeights& w, ops::Backend& be,
-                                                       bool fp16 = false);
+  // backend has it (the CPU's --vision-fp16, or its measured choice); bf16_gemm: the CPU's BF16
+  // GEMM for the tower's products (unset: the backend's own).
+  static Result<std::unique_ptr<VisionEncoder>> create(
+      const Qwen3VLConfig& cfg, const VisionWeights& w, ops::Backend& be, bool fp16 = false,
+      std::optional<ops::Bf16Gemm> bf16_gemm = std::nullopt);
 
   // Whether the products run FP16 arithmetic.
   bool fp16() const { return fp16_ && be_.has_fp16_arithmetic(); }
@@ -71,7 +73,8 @@ class VisionEncoder {
     ops::Buf norm_w, norm_b, fc1_b, fc2_b;
     std::unique_ptr<ops::Linear> fc1, fc2;
   };
-  VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ops::Backend& be, bool fp16);
+  VisionEncoder(const Qwen3VLConfig& cfg, const VisionWeights& w, ops::Backend& be, bool fp16,
+                std::optional<ops::Bf16Gemm> bf16_gemm);
   Status init();
   Status load_merger(const VisionMergerWeights& s, Merger* d);
 
@@ -97,6 +100,7 @@ class VisionEncoder {
   const VisionWeights& w_;
   ops::Backend& be_;
   bool fp16_ = false;
+  std::optional<ops::Bf16Gemm> bf16_gemm_;
   int64_t grid_side_ = 0;        // sqrt(num_position_embeddings)
   std::vector<float> inv_freq_;  // [head_dim / 4] rotary frequencies per axis
   std::unique_ptr<ops::Linear> patch_;

@@ -74,6 +74,22 @@ double measure(Bf16Gemm g, const std::vector<float>& x, const TensorView& w, int
          runs / s / 1e9;
 }
 
+// The same for FP16 arithmetic (ops::matmul_f16).
+double measure_fp16(const std::vector<float>& x, const TensorView& w, int64_t M, int64_t K,
+                    std::vector<float>& y, ThreadPool& pool, Isa isa) {
+  matmul_f16(x.data(), M, K, w, y.data(), pool, isa);
+  const auto t0 = std::chrono::steady_clock::now();
+  int runs = 0;
+  double s = 0;
+  do {
+    matmul_f16(x.data(), M, K, w, y.data(), pool, isa);
+    ++runs;
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (s < 0.1 && runs < 1000);
+  return 2.0 * static_cast<double>(M) * static_cast<double>(K) * static_cast<double>(w.dim(0)) *
+         runs / s / 1e9;
+}
+
 }  // namespace
 
 std::string kernel_cache_dir() {
@@ -88,11 +104,12 @@ std::string kernel_cache_dir() {
 }
 
 Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int64_t K, int64_t N,
-                                      const std::string& cache_dir) {
+                                      const std::string& cache_dir, bool with_fp16) {
   if (M <= 0 || K <= 0 || N <= 0) return invalid_argument("choose_bf16_gemm: an empty shape");
   KernelChoice c;
-  c.family = "bf16_gemm";
-  c.shape = "M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+  c.family = with_fp16 ? "vision_gemm" : "bf16_gemm";
+  c.shape =
+      c.family + " M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
   const std::string prefix = cpu_key() + " | " + c.shape + " | ";
   const std::string file = cache_dir.empty() ? "" : cache_dir + "/cpu-kernels.txt";
   std::vector<std::string> lines;
@@ -123,6 +140,9 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
     if (bf16_gemm_runs(g, M, K, ws)) {
       c.candidates.push_back({bf16_gemm_name(g), measure(g, x, w, M, K, y, pool, isa)});
     }
+  }
+  if (with_fp16 && matmul_runs_f16(isa, M, K, DType::kBF16)) {
+    c.candidates.push_back({"fp16", measure_fp16(x, w, M, K, y, pool, isa)});
   }
   c.chosen = c.candidates.front().name;
   double best = c.candidates.front().gflops;
@@ -155,7 +175,8 @@ std::string describe(const KernelChoice& c) {
                   c.candidates[i].name.c_str(), c.candidates[i].gflops);
     s += buf;
   }
-  return s + " -> " + c.chosen + " (" + (c.cached ? "cached; " : "measured; ") + c.shape + ")";
+  return s + " -> " + c.chosen + " (" + (c.cached ? "cached; " : "measured; ") +
+         c.shape.substr(c.shape.find(' ') + 1) + ")";
 }
 
 }  // namespace vlm::ops

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -80,9 +81,14 @@ class Linear {
   int64_t rows_ = 0, cols_ = 0;
 };
 
+enum class Bf16Gemm;  // ops.h: how the CPU multiplies BF16 weights
+
 struct LinearOptions {
-  // The vision tower's products: FP16 arithmetic where the CPU has it (--vision-fp16).
+  // The vision tower's products: FP16 arithmetic where the CPU has it (--vision-fp16, or the
+  // measured choice).
   bool fp16_arithmetic = false;
+  // The CPU's BF16 GEMM for this weight; unset: the backend's own choice.
+  std::optional<Bf16Gemm> bf16_gemm;
   // A decoder layer's product (not the head or the embedding): FP8 on CUDA under --quant fp8.
   bool decoder_layer = false;
 };

@@ -12,7 +12,8 @@ namespace {
 // The checkpoint's views themselves (one, or several stacked by rows).
 class CpuLinear final : public Linear {
  public:
-  CpuLinear(std::vector<TensorView> parts, bool fp16) : parts_(std::move(parts)), fp16_(fp16) {
+  CpuLinear(std::vector<TensorView> parts, bool fp16, Bf16Gemm gemm)
+      : parts_(std::move(parts)), fp16_(fp16), gemm_(gemm) {
     cols_ = parts_.front().dim(1);
     for (const TensorView& p : parts_) rows_ += p.dim(0);
     for (const TensorView& p : parts_) ptrs_.push_back(&p);
@@ -31,11 +32,13 @@ class CpuLinear final : public Linear {
   const std::vector<TensorView>& parts() const { return parts_; }
   std::span<const TensorView* const> ptrs() const { return ptrs_; }
   bool fp16() const { return fp16_; }
+  Bf16Gemm gemm() const { return gemm_; }
 
  private:
   std::vector<TensorView> parts_;
   std::vector<const TensorView*> ptrs_;
   bool fp16_;
+  Bf16Gemm gemm_;
 };
 
 const CpuLinear& cpu(const Linear& l) { return static_cast<const CpuLinear&>(l); }
@@ -88,7 +91,8 @@ Result<std::unique_ptr<Linear>> CpuBackend::linear(std::span<const TensorView* c
   if (opts.fp16_arithmetic && parts.size() != 1) {
     return invalid_argument("FP16 arithmetic takes one weight, not a stack");
   }
-  return std::unique_ptr<Linear>(new CpuLinear(std::move(parts), opts.fp16_arithmetic));
+  return std::unique_ptr<Linear>(
+      new CpuLinear(std::move(parts), opts.fp16_arithmetic, opts.bf16_gemm.value_or(bf16_gemm_)));
 }
 
 Result<Buf> CpuBackend::vector(const std::vector<float>& v) {
@@ -132,7 +136,7 @@ Status CpuBackend::linear(Buf x, int64_t M, const Linear& w, Buf y) {
     col += l.parts()[i].dim(0);
   }
   matmul_multi(f(x), M, l.cols(), l.ptrs(), std::span<float* const>(ys, n), pool_, isa_, l.rows(),
-               bf16_gemm_);
+               l.gemm());
   return ok_status();
 }
 
