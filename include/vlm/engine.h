@@ -89,8 +89,9 @@ struct EngineOptions {
   Precision precision = Precision::kAuto;
   // false: no measurement at load; the exact f32 kernels unless cpu_kernels forces others.
   bool autotune = true;
-  // Forces the CPU kernels, "bf16_gemm=f32|amx" (else the VLM_CPU_KERNELS environment variable,
-  // else the autotuned choice). An unknown or unrunnable choice is refused (InvalidArgument).
+  // Forces the CPU kernels, "bf16_gemm=f32|dpbf16|amx" (else the VLM_CPU_KERNELS environment
+  // variable, else the autotuned choice). An unknown or unrunnable choice, or one that contradicts
+  // precision kF32, is refused (InvalidArgument); kF32 also overrides VLM_CPU_KERNELS.
   std::string cpu_kernels;
   // Where the model runs: the CPU (default) or kCuda (the first NVIDIA GPU; only in builds with
   // the CUDA backend, else InvalidArgument). On kCuda the text decoder and the vision tower

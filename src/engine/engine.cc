@@ -149,7 +149,6 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
 struct CpuKernels {
   ops::Bf16Gemm text = ops::Bf16Gemm::kWidenF32;
   std::optional<ops::Bf16Gemm> vision;  // unset: the text decoder's
-  bool vision_fp16 = false;
 };
 
 ops::Bf16Gemm gemm_named(const std::string& name) {
@@ -159,20 +158,31 @@ ops::Bf16Gemm gemm_named(const std::string& name) {
   return ops::Bf16Gemm::kWidenF32;
 }
 
-// Forced (EngineOptions::cpu_kernels, else VLM_CPU_KERNELS), exact f32 where the precision or the
-// weights ask for it, else measured on the model's own products (once per CPU and build: cached):
-// the text decoder's gate|up at a prefill chunk, and the vision tower's fc1 at 1024 patches, where
-// FP16 arithmetic is a candidate too (unless --vision-fp16 already asks for it).
+// --precision f32: the exact kernels (a forced choice that contradicts it is refused). Else forced
+// (EngineOptions::cpu_kernels, else VLM_CPU_KERNELS), exact f32 where the weights or the ISA level
+// ask for it, else measured on the model's own products (once per CPU, build, threads and shape:
+// cached): the text decoder's gate|up at a prefill chunk, and the vision tower's fc1 at 1024
+// patches. FP16 arithmetic for the tower stays the user's choice (--vision-fp16): its range is not
+// BF16's, which is what the reference runs a BF16 checkpoint in.
 Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const Engine::Impl& m,
                                       std::string* how) {
   CpuKernels k;
   std::optional<ops::Bf16Gemm> forced;
   if (!o.cpu_kernels.empty()) {
     VLM_ASSIGN_OR_RETURN(forced, ops::parse_cpu_kernels(o.cpu_kernels));
-  } else {
+    if (o.precision == Precision::kF32 && forced && *forced != ops::Bf16Gemm::kWidenF32) {
+      return invalid_argument("cpu kernels '" + o.cpu_kernels +
+                              "' contradict --precision f32 (the exact kernels)");
+    }
+  } else if (o.precision != Precision::kF32) {
     VLM_ASSIGN_OR_RETURN(forced, ops::cpu_kernels_from_env());
   }
   if (forced) {
+    if (*forced != ops::Bf16Gemm::kWidenF32 && m.isa < ops::Isa::kAvx512) {
+      return invalid_argument(std::string("the CPU kernel choice bf16_gemm=") +
+                              ops::bf16_gemm_name(*forced) +
+                              " needs the avx512 ISA level, which is capped below it here");
+    }
     *how = std::string("bf16_gemm: ") + ops::bf16_gemm_name(*forced) + " (forced)";
     k.text = *forced;
     return k;
@@ -201,15 +211,14 @@ Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const Engine::Impl
   k.text = gemm_named(c.chosen);
   const bool vision_bf16 = m.has_vision && !m.vision_weights.blocks.empty() &&
                            m.vision_weights.blocks.front().fc1.dtype == DType::kBF16;
-  if (vision_bf16 && !o.vision_fp16) {
+  if (vision_bf16 && !o.vision_fp16) {  // --vision-fp16 asks for FP16 arithmetic there
     const Qwen3VLVisionConfig& v = m.cfg.vision_config;
     const int64_t Nv =
         std::max<int64_t>(std::min<int64_t>(v.intermediate_size, 4096) / 16 * 16, 16);
     VLM_ASSIGN_OR_RETURN(ops::KernelChoice vc,
                          ops::choose_bf16_gemm(*m.pool, m.isa, 1024, v.hidden_size, Nv,
-                                               ops::kernel_cache_dir(), /*with_fp16=*/true));
+                                               ops::kernel_cache_dir(), "vision_gemm"));
     *how += "; " + ops::describe(vc);
-    k.vision_fp16 = vc.chosen == "fp16";
     k.vision = gemm_named(vc.chosen);
   }
   return k;
@@ -274,12 +283,11 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
                            .with_context(std::string("loading the text decoder on ") +
                                          ops::device_name(impl->backend->device())));
   if (impl->has_vision) {
-    VLM_ASSIGN_OR_RETURN(
-        impl->vision,
-        VisionEncoder::create(impl->cfg, impl->vision_weights, *impl->backend,
-                              options.vision_fp16 || kernels.vision_fp16, kernels.vision)
-            .with_context(std::string("loading the vision tower on ") +
-                          ops::device_name(impl->backend->device())));
+    VLM_ASSIGN_OR_RETURN(impl->vision,
+                         VisionEncoder::create(impl->cfg, impl->vision_weights, *impl->backend,
+                                               options.vision_fp16, kernels.vision)
+                             .with_context(std::string("loading the vision tower on ") +
+                                           ops::device_name(impl->backend->device())));
     // A backend that patchifies takes the resized image (a quarter of the f32 patches' bytes).
     if (impl->vision->takes_rgb()) impl->preprocess.patchify = false;
   }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "core/half.h"
 
@@ -74,22 +75,6 @@ double measure(Bf16Gemm g, const std::vector<float>& x, const TensorView& w, int
          runs / s / 1e9;
 }
 
-// The same for FP16 arithmetic (ops::matmul_f16).
-double measure_fp16(const std::vector<float>& x, const TensorView& w, int64_t M, int64_t K,
-                    std::vector<float>& y, ThreadPool& pool, Isa isa) {
-  matmul_f16(x.data(), M, K, w, y.data(), pool, isa);
-  const auto t0 = std::chrono::steady_clock::now();
-  int runs = 0;
-  double s = 0;
-  do {
-    matmul_f16(x.data(), M, K, w, y.data(), pool, isa);
-    ++runs;
-    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (s < 0.1 && runs < 1000);
-  return 2.0 * static_cast<double>(M) * static_cast<double>(K) * static_cast<double>(w.dim(0)) *
-         runs / s / 1e9;
-}
-
 }  // namespace
 
 std::string kernel_cache_dir() {
@@ -104,12 +89,13 @@ std::string kernel_cache_dir() {
 }
 
 Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int64_t K, int64_t N,
-                                      const std::string& cache_dir, bool with_fp16) {
+                                      const std::string& cache_dir, const std::string& family) {
   if (M <= 0 || K <= 0 || N <= 0) return invalid_argument("choose_bf16_gemm: an empty shape");
   KernelChoice c;
-  c.family = with_fp16 ? "vision_gemm" : "bf16_gemm";
-  c.shape =
-      c.family + " M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+  c.family = family;
+  c.shape = family + " M=" + std::to_string(M) + " K=" + std::to_string(K) +
+            " N=" + std::to_string(N) + " threads=" + std::to_string(pool.n_threads()) +
+            " isa=" + isa_name(isa);
   const std::string prefix = cpu_key() + " | " + c.shape + " | ";
   const std::string file = cache_dir.empty() ? "" : cache_dir + "/cpu-kernels.txt";
   std::vector<std::string> lines;
@@ -141,11 +127,8 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
       c.candidates.push_back({bf16_gemm_name(g), measure(g, x, w, M, K, y, pool, isa)});
     }
   }
-  if (with_fp16 && matmul_runs_f16(isa, M, K, DType::kBF16)) {
-    c.candidates.push_back({"fp16", measure_fp16(x, w, M, K, y, pool, isa)});
-  }
   c.chosen = c.candidates.front().name;
-  double best = c.candidates.front().gflops;
+  double best = c.candidates.front().gflops * 1.05;  // exactness is worth 5%
   for (const KernelCandidate& k : c.candidates) {
     if (k.gflops > best) {
       best = k.gflops;
@@ -155,14 +138,19 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
   if (!file.empty()) {  // added atomically: a temporary file renamed over the cache
     std::error_code ec;
     std::filesystem::create_directories(cache_dir, ec);
-    const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+    const std::string tmp =
+        file + ".tmp." + std::to_string(::getpid()) + "." +
+        std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    bool written = false;
     {
       std::ofstream out(tmp, std::ios::trunc);
       for (const std::string& line : lines) out << line << "\n";
       out << cache_line(cpu_key(), c) << "\n";
+      out.flush();
+      written = out.good();
     }
-    std::filesystem::rename(tmp, file, ec);
-    if (ec) std::filesystem::remove(tmp, ec);
+    if (written) std::filesystem::rename(tmp, file, ec);
+    if (!written || ec) std::filesystem::remove(tmp, ec);  // the old cache stays as it was
   }
   return c;
 }

@@ -16,7 +16,7 @@
 namespace vlm::ops {
 
 struct KernelCandidate {
-  std::string name;  // "f32", "dpbf16", "amx", "fp16"
+  std::string name;  // "f32", "dpbf16", "amx"
   double gflops = 0;
 };
 
@@ -38,10 +38,12 @@ std::string kernel_cache_dir();
 // model, ISA set, build and shape is read from `<dir>/cpu-kernels.txt` instead, and a new one added
 // to it (written to a temporary file and renamed over it). Errors only for an unusable shape; a
 // cache that cannot be read or written is measured around, not an error.
-// with_fp16 (the vision tower's family, "vision_gemm"): FP16 arithmetic (ops::matmul_f16) is a
-// candidate too, where the CPU runs it.
+// `family` names the product in the report and the cache ("bf16_gemm": the text decoder's,
+// "vision_gemm": the vision tower's). A BF16 candidate must beat f32 by 5% to be chosen: exact
+// arithmetic is not given up for noise. The cache key holds the thread count and ISA level too.
 Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int64_t K, int64_t N,
-                                      const std::string& cache_dir, bool with_fp16 = false);
+                                      const std::string& cache_dir,
+                                      const std::string& family = "bf16_gemm");
 
 // "bf16_gemm: f32 412.3 GFLOP/s, amx 1650.8 GFLOP/s -> amx (cached; M=128 K=2048 N=4096)".
 std::string describe(const KernelChoice& c);

@@ -239,14 +239,14 @@ Result<std::optional<Bf16Gemm>> parse_cpu_kernels(std::string_view text) {
     for (Bf16Gemm g : {Bf16Gemm::kWidenF32, Bf16Gemm::kDotBf16, Bf16Gemm::kAmx}) {
       if (item != std::string("bf16_gemm=") + bf16_gemm_name(g)) continue;
       if (!bf16_gemm_available(g)) {
-        return invalid_argument("VLM_CPU_KERNELS asks for " + item +
-                                ", which this CPU or OS does not run");
+        return invalid_argument("the CPU kernel choice " + item +
+                                " is not one this CPU, OS or ISA level runs");
       }
       bf16 = g;
       known = true;
     }
     if (!known) {
-      return invalid_argument("VLM_CPU_KERNELS: unknown kernel choice '" + item +
+      return invalid_argument("unknown kernel choice '" + item +
                               "' (known: bf16_gemm=f32|dpbf16|amx)");
     }
   }
@@ -294,7 +294,10 @@ void matmul_multi_bf16(Bf16Gemm g, const float* x, int64_t M, int64_t K,
     scratch_bytes = kernels::avx512bf16::scratch_bytes(K);
   }
 #endif
-  if (rows == nullptr) return;
+  if (rows == nullptr) {  // not built in: the exact path
+    matmul_multi(x, M, K, ws, ys, pool, detected_isa(), ldy, Bf16Gemm::kWidenF32);
+    return;
+  }
   // x in BF16 once per call (grow-only, as the other scratch; rows padded to 16 with zeros for
   // the tiles), then threads split the stacked weight rows in blocks of 32 (each weight's rows
   // are a multiple of 16).

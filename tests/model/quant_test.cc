@@ -565,9 +565,14 @@ TEST(Bf16Precision, KernelChoicesAreCheckedAndExplained) {
   o.precision = Precision::kF32;
   auto f32 = Engine::load(o);
   ASSERT_TRUE(f32.ok());
-  // The tests' environment forces f32 (VLM_CPU_KERNELS), which wins over the precision.
-  EXPECT_NE((*f32)->cpu_kernels().find("bf16_gemm: f32"), std::string::npos)
+  EXPECT_NE((*f32)->cpu_kernels().find("bf16_gemm: f32 (--precision f32)"), std::string::npos)
       << (*f32)->cpu_kernels();
+  if (ops::bf16_gemm_available(ops::Bf16Gemm::kAmx)) {  // a forced choice may not contradict it
+    o.cpu_kernels = "bf16_gemm=amx";
+    auto both = Engine::load(o);
+    ASSERT_FALSE(both.ok());
+    EXPECT_NE(both.status().message().find("contradict --precision f32"), std::string::npos);
+  }
   EXPECT_EQ(*parse_precision("auto"), Precision::kAuto);
   EXPECT_EQ(*parse_precision("f32"), Precision::kF32);
   EXPECT_FALSE(parse_precision("bf16").ok());

@@ -72,14 +72,15 @@ void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* 
 }  // namespace avx512bf16
 
 // AMX BF16 tiles (Sapphire Rapids and later with amx_bf16): x rounded to BF16 once per call,
-// BF16 weights as stored, f32 sums in the tile accumulators. Opt-in (ops::Bf16Gemm::kAmx), since
-// rounding x to BF16 moves each product by up to 2^-9 of itself where the f32 path is exact.
+// BF16 weights as stored, f32 sums in the tile accumulators. A candidate of the BF16 GEMM (see
+// ops::Bf16Gemm): rounding x to BF16 moves each product by up to 2^-9 of itself where the f32
+// path is exact.
 namespace amx {
 // Whether this CPU has AMX-BF16 and the OS lets this process use the tile state (asked once;
 // Linux needs arch_prctl(ARCH_REQ_XCOMP_PERM) before the first tile instruction).
 bool available();
-// Rows of x as the tiles read them: xb [round_up(M, 16), K] BF16 (round to nearest even), the
-// rows past M zero. K a multiple of 32.
+// Rows of x as the tiles read them: xb [M, K] BF16 (round to nearest even); the caller pads xb to
+// round_up(M, 16) rows of zeros. K a multiple of 32.
 void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb);
 // Bytes of the per-thread scratch matmul_rows_bf16 needs (32 weight rows packed for the tiles).
 constexpr int64_t scratch_bytes(int64_t K) { return K * 32 * 2; }

@@ -31,15 +31,21 @@ struct alignas(64) TileConfig {
 
 bool detect() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(0), "c"(0));
+  if (eax < 7) return false;
   __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
   const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
-  if (!amx_bf16 || !amx_tile) return false;
+  const bool avx512 = ((ebx >> 16) & 1) && ((ebx >> 30) & 1) && ((ebx >> 31) & 1);  // F, BW, VL
+  if (!amx_bf16 || !amx_tile || !avx512) return false;
+  __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
+  if (!((eax >> 5) & 1)) return false;  // AVX512_BF16: the conversion of x
   __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
   if (!((ecx >> 27) & 1)) return false;  // OSXSAVE
   unsigned lo = 0, hi = 0;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   (void)hi;
   if ((lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG and XTILEDATA enabled by the OS
+  if ((lo & 0xE6u) != 0xE6u) return false;            // and the AVX-512 state
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
@@ -83,7 +89,6 @@ bool available() {
 }
 
 void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb) {
-  const int64_t padded = (M + 15) / 16 * 16;
   for (int64_t m = 0; m < M; ++m) {
     const float* src = x + m * K;
     uint16_t* dst = xb + m * K;
@@ -93,7 +98,6 @@ void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb) {
       _mm512_storeu_si512(dst + k, reinterpret_cast<const __m512i&>(v));
     }
   }
-  std::memset(xb + M * K, 0, static_cast<size_t>((padded - M) * K) * 2);
 }
 
 void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* w, int64_t n0,

@@ -44,15 +44,14 @@ void tile(const uint16_t* xb, int64_t K, const uint32_t* panel, float* y, int64_
   for (int64_t kp = 0; kp < K / 2; ++kp) {
     __m512bh wv[B];
     for (int b = 0; b < B; ++b) {
-      const __m512i v = _mm512_loadu_si512(panel + kp * 16 * B + 16 * b);
-      wv[b] = reinterpret_cast<const __m512bh&>(v);
+      wv[b] = (__m512bh)_mm512_loadu_si512(panel + kp * 16 * B + 16 * b);
     }
     for (int r = 0; r < R; ++r) {
       uint32_t pair;
       std::memcpy(&pair, xb + r * K + 2 * kp, 4);
       const __m512i xv = _mm512_set1_epi32(static_cast<int>(pair));
       for (int b = 0; b < B; ++b) {
-        acc[r][b] = _mm512_dpbf16_ps(acc[r][b], reinterpret_cast<const __m512bh&>(xv), wv[b]);
+        acc[r][b] = _mm512_dpbf16_ps(acc[r][b], (__m512bh)xv, wv[b]);
       }
     }
   }
