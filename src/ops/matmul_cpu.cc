@@ -273,26 +273,13 @@ bool bf16_gemm_runs(Bf16Gemm g, int64_t M, int64_t K, std::span<const TensorView
 void matmul_multi_bf16(Bf16Gemm g, const float* x, int64_t M, int64_t K,
                        std::span<const TensorView* const> ws, std::span<float* const> ys,
                        ThreadPool& pool, int64_t ldy) {
-#if defined(VLM_HAVE_AVX512BF16) || defined(VLM_HAVE_AMX)
-  using Convert = void (*)(const float*, int64_t, int64_t, uint16_t*);
+#if defined(VLM_HAVE_AVX512BF16)
+  // Both candidates take x and the weights as avx512bf16 converts and packs them.
   using Rows = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t,
                         float*, int64_t, void*);
-  Convert convert = nullptr;
-  Rows rows = nullptr;
-  int64_t scratch_bytes = 0;
+  Rows rows = g == Bf16Gemm::kDotBf16 ? &kernels::avx512bf16::matmul_rows_bf16 : nullptr;
 #if defined(VLM_HAVE_AMX)
-  if (g == Bf16Gemm::kAmx) {
-    convert = &kernels::amx::convert_rows_bf16;
-    rows = &kernels::amx::matmul_rows_bf16;
-    scratch_bytes = kernels::amx::scratch_bytes(K);
-  }
-#endif
-#if defined(VLM_HAVE_AVX512BF16)
-  if (g == Bf16Gemm::kDotBf16) {
-    convert = &kernels::avx512bf16::convert_rows_bf16;
-    rows = &kernels::avx512bf16::matmul_rows_bf16;
-    scratch_bytes = kernels::avx512bf16::scratch_bytes(K);
-  }
+  if (g == Bf16Gemm::kAmx) rows = &kernels::amx::matmul_rows_bf16;
 #endif
   if (rows == nullptr) {  // not built in: the exact path
     matmul_multi(x, M, K, ws, ys, pool, detected_isa(), ldy, Bf16Gemm::kWidenF32);
@@ -307,11 +294,12 @@ void matmul_multi_bf16(Bf16Gemm g, const float* x, int64_t M, int64_t K,
   if (xb.size() < static_cast<size_t>(padded * K)) xb.resize(padded * K);
   std::fill(xb.begin() + M * K, xb.begin() + padded * K, uint16_t{0});
   pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
-    convert(x + m0 * K, m1 - m0, K, xb.data() + m0 * K);
+    kernels::avx512bf16::convert_rows_bf16(x + m0 * K, m1 - m0, K, xb.data() + m0 * K);
   });
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;
-  scratch.reserve(pool.n_threads(), static_cast<size_t>(scratch_bytes + 3) / 4);
+  scratch.reserve(pool.n_threads(),
+                  static_cast<size_t>(kernels::avx512bf16::scratch_bytes(K) + 3) / 4);
   int64_t total = 0;
   for (const TensorView* w : ws) total += w->dim(0);
   pool.parallel_for(total, 32, [&](int64_t n0, int64_t n1, int t) {
@@ -327,7 +315,8 @@ void matmul_multi_bf16(Bf16Gemm g, const float* x, int64_t M, int64_t K,
     }
   });
 #else
-  (void)g, (void)x, (void)M, (void)K, (void)ws, (void)ys, (void)pool, (void)ldy;
+  (void)g;  // not built in: the exact path
+  matmul_multi(x, M, K, ws, ys, pool, detected_isa(), ldy, Bf16Gemm::kWidenF32);
 #endif
 }
 

@@ -63,7 +63,12 @@ namespace avx512bf16 {
 bool available();
 // xb [M, K] BF16 (round to nearest even) from x [M, K] f32; K a multiple of 32.
 void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb);
-// Bytes of the per-thread scratch matmul_rows_bf16 needs (32 weight rows packed in pairs of K).
+// Weight rows [n, n + 16 · blocks) (blocks 1 or 2) of w BF16 [N, K] in pairs of K: the 32-bit
+// word holding (w[n + j, k], w[n + j, k + 1]) goes to word (k / 2) · 16 · blocks + j of out, as
+// `vdpbf16ps` and AMX's B tiles read them. K a multiple of 32.
+void pack_pairs(const uint16_t* w, int64_t K, int64_t n, int blocks, uint32_t* out);
+// Bytes of the per-thread scratch matmul_rows_bf16 needs (32 weight rows packed in pairs of K; the
+// same for amx::matmul_rows_bf16).
 constexpr int64_t scratch_bytes(int64_t K) { return K * 32 * 2; }
 // y[m, n] (row stride ldy) = Σ_k xb[m, k] · w[n, k] for m < M, n in [n0, n1): w BF16 [N, K]
 // rows as stored, K a multiple of 32, n1 − n0 a multiple of 16. On the calling thread.
@@ -76,16 +81,14 @@ void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* 
 // ops::Bf16Gemm): rounding x to BF16 moves each product by up to 2^-9 of itself where the f32
 // path is exact.
 namespace amx {
-// Whether this CPU has AMX-BF16 and the OS lets this process use the tile state (asked once;
-// Linux needs arch_prctl(ARCH_REQ_XCOMP_PERM) before the first tile instruction).
+// Whether this CPU has AMX-BF16 (and AVX512_BF16) and the OS lets this process use the tile
+// state (asked once; Linux needs arch_prctl(ARCH_REQ_XCOMP_PERM) before the first tile
+// instruction).
 bool available();
-// Rows of x as the tiles read them: xb [M, K] BF16 (round to nearest even); the caller pads xb to
-// round_up(M, 16) rows of zeros. K a multiple of 32.
-void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb);
-// Bytes of the per-thread scratch matmul_rows_bf16 needs (32 weight rows packed for the tiles).
-constexpr int64_t scratch_bytes(int64_t K) { return K * 32 * 2; }
 // y[m, n] (row stride ldy) = Σ_k xb[m, k] · w[n, k] for m < M, n in [n0, n1): w BF16 [N, K]
-// rows as stored, K a multiple of 32, n1 − n0 a multiple of 16. On the calling thread.
+// rows as stored, K a multiple of 32, n1 − n0 a multiple of 16; xb from
+// avx512bf16::convert_rows_bf16, padded by the caller to round_up(M, 16) rows of zeros; scratch
+// avx512bf16::scratch_bytes(K). On the calling thread.
 void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
                       int64_t n1, float* y, int64_t ldy, void* scratch);
 }  // namespace amx

@@ -2,8 +2,9 @@
 // -mamx-tile -mamx-bf16 -mavx512bf16; run only where amx::available() says so.
 //
 // Tiles: C 0..3 (2 × 2 blocks of 16 rows × 16 f32 columns), A 4..5 (16 x rows × 32 BF16 of K),
-// B 6..7 (16 pairs of K × 16 weight rows, pairs interleaved as TDPBF16PS reads them). A block of 32
-// weight rows is packed once for the whole K (K · 64 bytes, L2), then every 32 x rows run over it.
+// B 6..7 (16 pairs of K × 16 weight rows, pairs interleaved as TDPBF16PS reads them: the layout of
+// avx512bf16::pack_pairs). A block of 32 weight rows is packed once for the whole K (K · 64 bytes,
+// L2), then every 32 x rows run over it. x's BF16 rows come from avx512bf16::convert_rows_bf16.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -13,7 +14,6 @@
 #include <cstring>
 
 #include "kernels/cpu/matmul.h"
-#include "kernels/cpu/transpose_avx512.h"
 
 namespace vlm::kernels::amx {
 namespace {
@@ -36,9 +36,8 @@ bool detect() {
   __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
   const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
   const bool avx512 = ((ebx >> 16) & 1) && ((ebx >> 30) & 1) && ((ebx >> 31) & 1);  // F, BW, VL
-  if (!amx_bf16 || !amx_tile || !avx512) return false;
-  __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
-  if (!((eax >> 5) & 1)) return false;  // AVX512_BF16: the conversion of x
+  // AVX512_BF16 too: x's conversion and the panel's packing are avx512bf16's.
+  if (!amx_bf16 || !amx_tile || !avx512 || !avx512bf16::available()) return false;
   __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
   if (!((ecx >> 27) & 1)) return false;  // OSXSAVE
   unsigned lo = 0, hi = 0;
@@ -58,24 +57,6 @@ void load_config() {
   _tile_loadconfig(&cfg);
 }
 
-// Weight rows [n, n + 16 · blocks) (blocks 1 or 2) for every K, as the B tiles read them: the
-// 32-bit word holding the pair (w[n + j, k], w[n + j, k + 1]) goes to word (k / 2) · cols + j of
-// the panel (cols = 16 · blocks), so B tile b of the k-pairs kp .. kp + 15 starts at word
-// kp · cols + 16 · b, rows 4 · cols bytes apart. 16 × 16 word transposes, a row of 16 pairs each.
-void pack_panel(const uint16_t* w, int64_t K, int64_t n, int blocks, uint16_t* panel) {
-  const int64_t cols = 16 * blocks;
-  auto* out = reinterpret_cast<uint32_t*>(panel);
-  for (int g = 0; g < blocks; ++g) {
-    const uint16_t* rows = w + (n + 16 * g) * K;
-    for (int64_t kp = 0; kp < K / 2; kp += 16) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows + i * K + 2 * kp);
-      transpose16x16_epi32(r);
-      for (int p = 0; p < 16; ++p) _mm512_storeu_si512(out + (kp + p) * cols + 16 * g, r[p]);
-    }
-  }
-}
-
 // Rows of a C tile not backed by x rows (the padding to 16) are dropped.
 void copy_rows(const float* buf, int64_t rows, float* y, int64_t ldy) {
   for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * ldy, buf + r * 16, 64);
@@ -88,26 +69,14 @@ bool available() {
   return ok;
 }
 
-void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* src = x + m * K;
-    uint16_t* dst = xb + m * K;
-    for (int64_t k = 0; k < K; k += 32) {
-      const __m512bh v =
-          _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16), _mm512_loadu_ps(src + k));
-      _mm512_storeu_si512(dst + k, reinterpret_cast<const __m512i&>(v));
-    }
-  }
-}
-
 void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
                       int64_t n1, float* y, int64_t ldy, void* scratch) {
-  auto* panel = static_cast<uint16_t*>(scratch);
+  auto* panel = static_cast<uint16_t*>(scratch);  // the pairs avx512bf16::pack_pairs lays out
   load_config();
   const int64_t lda = K * 2;  // bytes between x rows
   for (int64_t n = n0; n < n1; n += 32) {
     const int blocks = n + 32 <= n1 ? 2 : 1;
-    pack_panel(w, K, n, blocks, panel);
+    avx512bf16::pack_pairs(w, K, n, blocks, static_cast<uint32_t*>(scratch));
     const int64_t ldb = 64 * blocks;  // bytes between k-pair rows of the panel
     for (int64_t m = 0; m < M; m += 32) {
       const bool two = m + 16 < M;  // a second block of 16 x rows

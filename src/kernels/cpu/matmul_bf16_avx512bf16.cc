@@ -20,8 +20,9 @@ bool detect() {
   return (eax >> 5) & 1;  // AVX512_BF16
 }
 
-// As amx's: the pair (w[n + j, k], w[n + j, k + 1]) goes to word (k / 2) · cols + j.
-void pack_panel(const uint16_t* w, int64_t K, int64_t n, int blocks, uint32_t* out) {
+}  // namespace
+
+void pack_pairs(const uint16_t* w, int64_t K, int64_t n, int blocks, uint32_t* out) {
   const int64_t cols = 16 * blocks;
   for (int g = 0; g < blocks; ++g) {
     const uint16_t* rows = w + (n + 16 * g) * K;
@@ -33,6 +34,8 @@ void pack_panel(const uint16_t* w, int64_t K, int64_t n, int blocks, uint32_t* o
     }
   }
 }
+
+namespace {
 
 // R x rows × 16 · B columns over all K: each k-pair of x broadcast against the panel's row.
 template <int R, int B>
@@ -113,7 +116,7 @@ void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* 
   auto* panel = static_cast<uint32_t*>(scratch);
   for (int64_t n = n0; n < n1; n += 32) {
     const int blocks = n + 32 <= n1 ? 2 : 1;
-    pack_panel(w, K, n, blocks, panel);
+    pack_pairs(w, K, n, blocks, panel);
     for (int64_t m = 0; m < M; m += 12) {
       const int64_t rows = std::min<int64_t>(12, M - m);
       if (blocks == 2) {
