@@ -572,6 +572,13 @@ TEST(Bf16Precision, KernelChoicesAreCheckedAndExplained) {
     auto both = Engine::load(o);
     ASSERT_FALSE(both.ok());
     EXPECT_NE(both.status().message().find("contradict --precision f32"), std::string::npos);
+    // Nor may it run above a capped ISA level.
+    o.precision = Precision::kAuto;
+    o.cpu_isa = "avx2";
+    auto capped = Engine::load(o);
+    ASSERT_FALSE(capped.ok());
+    EXPECT_NE(capped.status().message().find("capped below"), std::string::npos)
+        << capped.status().message();
   }
   EXPECT_EQ(*parse_precision("auto"), Precision::kAuto);
   EXPECT_EQ(*parse_precision("f32"), Precision::kF32);
