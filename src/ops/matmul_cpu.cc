@@ -76,8 +76,11 @@ void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   // I8 decode streams half of BF16's bytes and is memory-bound with f32 x already; I4 decode was
-  // not (79% of the read bandwidth), and its own VNNI kernel runs from one row.
-  if (isa != Isa::kAvx512Vnni || K % kernels::kQ8Block != 0) return false;
+  // not (79% of the read bandwidth), and its own VNNI kernel runs from one row. On AVX2, widening
+  // nibbles to f32 took ~3× the instructions per weight of the byte dot products.
+  if (K % kernels::kQ8Block != 0) return false;
+  if (isa == Isa::kAvx2) return wtype == DType::kI4 && M < kernels::kPackedMinRows;
+  if (isa != Isa::kAvx512Vnni) return false;
   return (wtype == DType::kI8 && M >= kernels::kPackedMinRows) || wtype == DType::kI4;
 #else
   (void)isa, (void)M, (void)K, (void)wtype;
@@ -121,10 +124,8 @@ Int4Kernels int4_kernels(Isa isa) {
   if (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni) {
     return {&kernels::avx512::matmul_rows_q4, &kernels::avx512::dequantize_rows_q4_bf16};
   }
-  if (isa == Isa::kAvx2) {
-    return {&kernels::avx2::matmul_rows_q4, &kernels::avx2::dequantize_rows_q4_bf16};
-  }
 #endif
+  // (kAvx2 takes INT8 activations for I4 below kPackedMinRows rows: matmul_quantizes_x.)
   return {&kernels::generic::matmul_rows_q4, &kernels::generic::dequantize_rows_q4_bf16};
 }
 
@@ -153,6 +154,28 @@ void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w,
   }
 }
 
+// The INT8-activation kernels of an ISA level that has them (matmul_quantizes_x).
+struct Q8Kernels {
+  decltype(&kernels::avx2::quantize_rows_q8) quantize = nullptr;
+  decltype(&kernels::avx2::prepare_decode_x) prepare_decode = nullptr;
+  decltype(&kernels::avx2::matmul_rows_q8) matmul = nullptr;
+};
+
+Q8Kernels q8_kernels(Isa isa) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (isa == Isa::kAvx512Vnni) {
+    return {&kernels::avx512vnni::quantize_rows_q8, &kernels::avx512vnni::prepare_decode_x,
+            &kernels::avx512vnni::matmul_rows_q8};
+  }
+  if (isa == Isa::kAvx2) {
+    return {&kernels::avx2::quantize_rows_q8, &kernels::avx2::prepare_decode_x,
+            &kernels::avx2::matmul_rows_q8};
+  }
+#endif
+  (void)isa;
+  return {};
+}
+
 // x quantized once per call for the weights that take INT8 activations (matmul_quantizes_x).
 struct QuantizedX {
   std::vector<int8_t> q;
@@ -160,7 +183,8 @@ struct QuantizedX {
   std::vector<int32_t> sum;
   std::vector<uint8_t> decode;
 
-  kernels::Q8Rows quantize(const float* x, int64_t M, int64_t K, ThreadPool& pool) {
+  kernels::Q8Rows quantize(const Q8Kernels& k8, const float* x, int64_t M, int64_t K,
+                           ThreadPool& pool) {
     const int64_t blocks = K / kernels::kQ8Block;
     // Grow only: a steady decode / prefill loop allocates nothing.
     if (q.size() < static_cast<size_t>(M * K)) q.resize(M * K);
@@ -168,21 +192,15 @@ struct QuantizedX {
       scale.resize(M * blocks);
       sum.resize(M * blocks);
     }
-#if defined(VLM_HAVE_X86_DISPATCH)
     pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
-      kernels::avx512vnni::quantize_rows_q8(x + m0 * K, m1 - m0, K, q.data() + m0 * K,
-                                            scale.data() + m0 * blocks, sum.data() + m0 * blocks);
+      k8.quantize(x + m0 * K, m1 - m0, K, q.data() + m0 * K, scale.data() + m0 * blocks,
+                  sum.data() + m0 * blocks);
     });
-#else
-    (void)x, (void)pool;
-#endif
     kernels::Q8Rows rows{q.data(), scale.data(), sum.data()};
     if (M < kernels::kPackedMinRows) {  // INT4 decode (I8 takes quantized x only from there on)
       const auto bytes = static_cast<size_t>(kernels::q8_decode_x_bytes(M, K));
       if (decode.size() < bytes) decode.resize(bytes);
-#if defined(VLM_HAVE_X86_DISPATCH)
-      kernels::avx512vnni::prepare_decode_x(rows, M, K, decode.data());
-#endif
+      k8.prepare_decode(rows, M, K, decode.data());
       rows.decode = decode.data();
     }
     return rows;
@@ -353,7 +371,8 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   }
   thread_local QuantizedX qx_tls;
   kernels::Q8Rows qx{};
-  if (quantize_x) qx = qx_tls.quantize(x, M, K, pool);
+  const Q8Kernels k8 = quantize_x ? q8_kernels(isa) : Q8Kernels{};
+  if (quantize_x) qx = qx_tls.quantize(k8, x, M, K, pool);
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
   // thread's range of the stacked rows may span several weights: each part runs on its own.
   pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int t) {
@@ -364,10 +383,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       const int64_t N = w.dim(0), ld = ldy > 0 ? ldy : N;
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
       if (b < e && quantize_x && matmul_quantizes_x(isa, M, K, w.dtype)) {
-#if defined(VLM_HAVE_X86_DISPATCH)
-        kernels::avx512vnni::matmul_rows_q8(qx, M, K, w.dtype, w.data, w.scale, b - off, e - off,
-                                            ys[i], ld, s);
-#endif
+        k8.matmul(qx, M, K, w.dtype, w.data, w.scale, b - off, e - off, ys[i], ld, s);
       } else if (b < e && w.dtype == DType::kI4) {
         auto* rows = widen_int4 ? reinterpret_cast<uint16_t*>(s + scratch_floats) : nullptr;
         matmul_int4_rows(x, M, K, w, b - off, e - off, ys[i], ld, k4, kernel, rows, s);

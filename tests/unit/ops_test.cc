@@ -472,43 +472,59 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
       }
     }
   }
-  EXPECT_EQ(ran, isa == ops::Isa::kAvx512Vnni) << ops::isa_name(isa);
+  EXPECT_EQ(ran, isa == ops::Isa::kAvx512Vnni || isa == ops::Isa::kAvx2) << ops::isa_name(isa);
+  // AVX2 quantizes x for I4 decode only: from 32 rows (and for I8) x stays f32.
+  if (isa == ops::Isa::kAvx2) {
+    EXPECT_TRUE(ops::matmul_quantizes_x(isa, 31, 64, DType::kI4));
+    EXPECT_FALSE(ops::matmul_quantizes_x(isa, 32, 64, DType::kI4));
+    EXPECT_FALSE(ops::matmul_quantizes_x(isa, 1, 64, DType::kI8));
+  }
   // Never for float weights, short x, or K off the 32-value blocks.
   EXPECT_FALSE(ops::matmul_quantizes_x(isa, 64, 64, DType::kBF16));
   EXPECT_FALSE(ops::matmul_quantizes_x(isa, 31, 64, DType::kI8));
   EXPECT_FALSE(ops::matmul_quantizes_x(isa, 64, 48, DType::kI8));
 }
 
-TEST(QuantizeRowsQ8, KernelMatchesReferenceExactly) {
+TEST(QuantizeRowsQ8, KernelsMatchReferenceExactly) {
 #if defined(VLM_HAVE_X86_DISPATCH)
+  // Every level's kernel writes the same bytes (the AVX2 one packs within 128-bit lanes and
+  // reorders).
+  using QuantizeFn = decltype(&kernels::avx2::quantize_rows_q8);
+  std::vector<std::pair<ops::Isa, QuantizeFn>> kernels_of = {
+      {ops::Isa::kAvx2, &kernels::avx2::quantize_rows_q8},
+      {ops::Isa::kAvx512Vnni, &kernels::avx512vnni::quantize_rows_q8}};
   const auto isas = ops::runnable_isas();
-  if (std::find(isas.begin(), isas.end(), ops::Isa::kAvx512Vnni) == isas.end()) {
-    GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  if (std::find(isas.begin(), isas.end(), ops::Isa::kAvx2) == isas.end()) {
+    GTEST_SKIP() << "this CPU has no AVX2";
   }
-  const int64_t M = 5, K = 160;
-  auto x = randn(M * K, 9);
-  for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;                  // zero block
-  for (int64_t k = 32; k < 64; ++k) x[k] = 1e-39f * (k % 3);    // subnormal: scale 0
-  for (int64_t k = 64; k < 96; ++k) x[k] = (k % 5 - 2) * 0.5f;  // ties: 63.5 → 64, −63.5
-  x[96] = 1e30f;                                                // huge, the rest round to 0
-  x[K + 7] = -3.f;                                              // the max is negative
-  std::vector<int8_t> q(M * K, 99), want_q(M * K);
-  std::vector<float> s(M * K / 32, NAN), want_s(M * K / 32);
-  std::vector<int32_t> sum(M * K / 32, 7), want_sum(M * K / 32);
-  kernels::avx512vnni::quantize_rows_q8(x.data(), M, K, q.data(), s.data(), sum.data());
-  ops::ref::quantize_rows_q8(x.data(), M, K, want_q.data(), want_s.data(), want_sum.data());
-  EXPECT_EQ(q, want_q);
-  EXPECT_EQ(s, want_s);
-  EXPECT_EQ(sum, want_sum);
-  EXPECT_EQ(s[0], 0.f);
-  EXPECT_EQ(s[1], 0.f);
-  EXPECT_EQ(q[66], -64);  // −0.5 · 127 / 1 = −63.5 → −64 (ties to even)
-  EXPECT_EQ(q[68], 64);   // 63.5 → 64
-  EXPECT_EQ(q[96], 127);
-  for (int64_t k = 0; k < 32; ++k) {
-    const int32_t v = q[K + k];
-    EXPECT_LE(std::abs(v), 127);
-    EXPECT_NEAR(v * s[K / 32], x[K + k], s[K / 32] / 2 * 1.0001f) << k;  // row 1, block 0
+  for (const auto& [isa, quantize] : kernels_of) {
+    if (std::find(isas.begin(), isas.end(), isa) == isas.end()) continue;
+    SCOPED_TRACE(ops::isa_name(isa));
+    const int64_t M = 5, K = 160;
+    auto x = randn(M * K, 9);
+    for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;                  // zero block
+    for (int64_t k = 32; k < 64; ++k) x[k] = 1e-39f * (k % 3);    // subnormal: scale 0
+    for (int64_t k = 64; k < 96; ++k) x[k] = (k % 5 - 2) * 0.5f;  // ties: 63.5 → 64, −63.5
+    x[96] = 1e30f;                                                // huge, the rest round to 0
+    x[K + 7] = -3.f;                                              // the max is negative
+    std::vector<int8_t> q(M * K, 99), want_q(M * K);
+    std::vector<float> s(M * K / 32, NAN), want_s(M * K / 32);
+    std::vector<int32_t> sum(M * K / 32, 7), want_sum(M * K / 32);
+    quantize(x.data(), M, K, q.data(), s.data(), sum.data());
+    ops::ref::quantize_rows_q8(x.data(), M, K, want_q.data(), want_s.data(), want_sum.data());
+    EXPECT_EQ(q, want_q);
+    EXPECT_EQ(s, want_s);
+    EXPECT_EQ(sum, want_sum);
+    EXPECT_EQ(s[0], 0.f);
+    EXPECT_EQ(s[1], 0.f);
+    EXPECT_EQ(q[66], -64);  // −0.5 · 127 / 1 = −63.5 → −64 (ties to even)
+    EXPECT_EQ(q[68], 64);   // 63.5 → 64
+    EXPECT_EQ(q[96], 127);
+    for (int64_t k = 0; k < 32; ++k) {
+      const int32_t v = q[K + k];
+      EXPECT_LE(std::abs(v), 127);
+      EXPECT_NEAR(v * s[K / 32], x[K + k], s[K / 32] / 2 * 1.0001f) << k;  // row 1, block 0
+    }
   }
 #else
   GTEST_SKIP() << "no x86 dispatch in this build";
@@ -740,7 +756,6 @@ TEST(DequantizeInt4, EveryIsaWidensToRoundedBf16) {
       {"generic", &kernels::generic::dequantize_rows_q4_bf16}};
 #if defined(VLM_HAVE_X86_DISPATCH)
   for (ops::Isa isa : ops::runnable_isas()) {
-    if (isa == ops::Isa::kAvx2) fns.push_back({"avx2", &kernels::avx2::dequantize_rows_q4_bf16});
     if (isa == ops::Isa::kAvx512) {
       fns.push_back({"avx512", &kernels::avx512::dequantize_rows_q4_bf16});
     }

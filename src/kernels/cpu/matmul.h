@@ -108,12 +108,6 @@ void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, cons
 void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, int64_t n0,
                              int64_t n1, uint16_t* out);
 }  // namespace generic
-namespace avx2 {
-void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* scale,
-                    int64_t n0, int64_t n1, float* y, int64_t ldy);
-void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, int64_t n0,
-                             int64_t n1, uint16_t* out);
-}  // namespace avx2
 namespace avx512 {
 void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* scale,
                     int64_t n0, int64_t n1, float* y, int64_t ldy);
@@ -164,6 +158,18 @@ void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const vo
                     const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);
 }  // namespace avx512vnni
+
+// The same INT8 activations on AVX2 (vpmaddubsw + vpmaddwd), for INT4 weights below
+// kPackedMinRows x rows (decode, batched decode): quantize_rows_q8 as above (the same bytes);
+// prepare_decode_x lays x out for this level's decode kernel (at most q8_decode_x_bytes(M, K)
+// bytes); matmul_rows_q8 takes wtype kI4 only, and no scratch.
+namespace avx2 {
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
+void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
+void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
+                    const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                    void* scratch);
+}  // namespace avx2
 
 // FP16 arithmetic for F32 / BF16 / F16 weights (AVX-512 FP16; opt-in through ops::matmul_f16): x
 // and the weights are rounded to FP16, each run of kF16Run consecutive products of a dot product
