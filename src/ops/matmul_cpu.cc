@@ -77,9 +77,11 @@ bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   // I8 decode streams half of BF16's bytes and is memory-bound with f32 x already; I4 decode was
   // not (79% of the read bandwidth), and its own VNNI kernel runs from one row. On AVX2, widening
-  // nibbles to f32 took ~3× the instructions per weight of the byte dot products.
+  // nibbles to f32 took ~3× the instructions per weight of the byte dot products (decode 0.64×,
+  // prefill 0.6× their speed); I8 there would need vpmaddubsw's sign trick and an int32 widening
+  // per 32 products, for little over the f32 kernel.
   if (K % kernels::kQ8Block != 0) return false;
-  if (isa == Isa::kAvx2) return wtype == DType::kI4 && M < kernels::kPackedMinRows;
+  if (isa == Isa::kAvx2) return wtype == DType::kI4;
   if (isa != Isa::kAvx512Vnni) return false;
   return (wtype == DType::kI8 && M >= kernels::kPackedMinRows) || wtype == DType::kI4;
 #else
@@ -125,7 +127,7 @@ Int4Kernels int4_kernels(Isa isa) {
     return {&kernels::avx512::matmul_rows_q4, &kernels::avx512::dequantize_rows_q4_bf16};
   }
 #endif
-  // (kAvx2 takes INT8 activations for I4 below kPackedMinRows rows: matmul_quantizes_x.)
+  // (kAvx2 takes INT8 activations for I4: matmul_quantizes_x.)
   return {&kernels::generic::matmul_rows_q4, &kernels::generic::dequantize_rows_q4_bf16};
 }
 

@@ -1,8 +1,9 @@
 // --quant int8 / int4 against the unquantized model on the tiny fixtures: how far INT8 (one scale
 // per output row) and INT4 (one scale per 32 inputs) weights, quantized at load, move the logits
 // and the likelihood of a fixed text, and what the loader quantizes. Every way the kernels run
-// them is measured: with f32 activations, with activations quantized to INT8 blocks (avx512vnni)
-// and with INT8 activations for INT4 below 32 rows only (avx2; ops::matmul_quantizes_x).
+// them is measured: with f32 activations and with activations quantized to INT8 blocks, on each
+// level that has such kernels (avx512vnni: INT8 and INT4 weights; avx2: INT4;
+// ops::matmul_quantizes_x).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,29 +25,25 @@ namespace {
 
 const std::string kFixtures = VLM_FIXTURES_DIR;
 
-// How the quantized weights multiply, and the cpu_isa that selects it: f32 activations
-// throughout; INT8 activations throughout (prefill and decode); INT8 activations below
-// kernels::kPackedMinRows x rows only (decode; prefill chunks of 32 stay f32).
-enum class Activations { kF32, kInt8, kInt8Decode };
+// How prefill and decode multiply quantized weights, and the cpu_isa levels that select it.
+enum class Activations { kF32, kInt8 };
 
-const char* activations_name(Activations a) {
-  return a == Activations::kF32 ? "f32" : a == Activations::kInt8 ? "int8" : "int8_decode";
-}
+const char* activations_name(Activations a) { return a == Activations::kF32 ? "f32" : "int8"; }
 
-// The best level that runs `a` for `quant` weights (ops::matmul_quantizes_x); "" when this CPU
-// has none.
-std::string isa_for(Activations a, const char* quant) {
+// The levels that run `quant` weights with `a` activations (ops::matmul_quantizes_x): for f32 the
+// best one (the f32 kernels agree across levels to the digits measured), for INT8 every one that
+// has INT8-activation kernels (avx2, avx512vnni): their kernels differ. Empty when this CPU has
+// none.
+std::vector<std::string> isas_for(Activations a, const char* quant) {
   const DType dt = std::string(quant) == "int4" ? DType::kI4 : DType::kI8;
-  std::string best;
+  std::vector<std::string> out;
   for (ops::Isa isa : ops::runnable_isas()) {
-    const bool decode = ops::matmul_quantizes_x(isa, 1, 64, dt);
-    const bool prefill = ops::matmul_quantizes_x(isa, 32, 64, dt);
-    const Activations runs = prefill  ? Activations::kInt8
-                             : decode ? Activations::kInt8Decode
-                                      : Activations::kF32;
-    if (runs == a) best = ops::isa_name(isa);
+    const bool int8 = ops::matmul_quantizes_x(isa, 32, 64, dt);
+    if (int8 != (a == Activations::kInt8)) continue;
+    if (a == Activations::kF32) out.clear();
+    out.push_back(ops::isa_name(isa));
   }
-  return best;
+  return out;
 }
 
 std::unique_ptr<Engine> load_engine(const std::string& dir, const std::string& quant,
@@ -152,12 +149,12 @@ Agreement compare_logits(Engine& ref, Engine& q, const std::string& dir) {
   return r;
 }
 
-void print_agreement(const char* quant, const Case& c, const Agreement& a) {
+void print_agreement(const char* quant, const char* isa, const Case& c, const Agreement& a) {
   std::printf(
-      "[%s, %s act] %-20s positions %3lld  top-1 agreement %.4f  mean|d|/max|logit| "
+      "[%s, %s act, %s] %-20s positions %3lld  top-1 agreement %.4f  mean|d|/max|logit| "
       "%.3e  max|d|/max|logit| %.3e  largest flipped margin / max|logit| %.3e  positions "
       "with margin <= %.0e max|logit|: %lld\n",
-      quant, activations_name(c.activations), c.fixture.c_str(),
+      quant, activations_name(c.activations), isa, c.fixture.c_str(),
       static_cast<long long>(a.positions), a.top1, a.mean_rel, a.max_rel, a.flipped_margin,
       kNearTie, static_cast<long long>(a.near_ties));
 }
@@ -165,25 +162,28 @@ void print_agreement(const char* quant, const Case& c, const Agreement& a) {
 // Loads the fixture as stored and with `quant` weights (at the case's activation mode) and checks
 // the quantized logits against the case's bounds.
 void expect_close_to_unquantized(const Case& c, const char* quant) {
-  const std::string isa = isa_for(c.activations, quant);
-  if (isa.empty()) {
+  const std::vector<std::string> isas = isas_for(c.activations, quant);
+  if (isas.empty()) {
     GTEST_SKIP() << "no ISA level of this CPU runs " << quant << " with "
                  << activations_name(c.activations) << " activations";
   }
-  const std::string dir = kFixtures + "/" + c.fixture;
-  auto ref = load_engine(dir, "", isa);
-  auto q = load_engine(dir, quant, isa);
-  ASSERT_NE(ref, nullptr);
-  ASSERT_NE(q, nullptr);
-  EXPECT_EQ(q->cpu_isa(), isa);
-  const Agreement a = compare_logits(*ref, *q, dir);
-  print_agreement(quant, c, a);
-  EXPECT_GE(a.top1, c.min_top1);
-  EXPECT_LE(a.mean_rel, c.max_mean_rel);
-  // Only near-ties flip: a position whose top-2 margin is a sizeable part of the logit range
-  // keeps its argmax.
-  EXPECT_LE(a.flipped_margin, c.max_flipped);
-  EXPECT_GT(a.mean_rel, 0.0);  // the engine really ran quantized weights
+  for (const std::string& isa : isas) {
+    SCOPED_TRACE(isa);
+    const std::string dir = kFixtures + "/" + c.fixture;
+    auto ref = load_engine(dir, "", isa);
+    auto q = load_engine(dir, quant, isa);
+    ASSERT_NE(ref, nullptr);
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->cpu_isa(), isa);
+    const Agreement a = compare_logits(*ref, *q, dir);
+    print_agreement(quant, isa.c_str(), c, a);
+    EXPECT_GE(a.top1, c.min_top1);
+    EXPECT_LE(a.mean_rel, c.max_mean_rel);
+    // Only near-ties flip: a position whose top-2 margin is a sizeable part of the logit range
+    // keeps its argmax.
+    EXPECT_LE(a.flipped_margin, c.max_flipped);
+    EXPECT_GT(a.mean_rel, 0.0);  // the engine really ran quantized weights
+  }
 }
 
 // gtest parameter names: the fixture with '-' → '_'.
@@ -241,12 +241,11 @@ class Int4AccuracyTest : public ::testing::TestWithParam<Case> {};
 
 // NOTE(vlm): INT4 bounds, from the same prompts (260 positions). Measured with f32 activations
 // (identical on generic and avx512 to the digits shown) | with INT8 activations (INT4 prefill
-// and decode on avx512vnni) | with INT8 activations below 32 rows only (avx2: here the chunks'
-// 28-, 7- and 1-row tails):
+// and decode) on avx512vnni | on avx2:
 //   fixture              top-1                  mean|Δ|/max|logit|    max|Δ|/max|logit|   flipped
-//   text-f32-hd128-tied  50.4% | 48.5% | 49.2%  5.5e-2 (all three)    0.39 | 0.39 | 0.39  0.16
-//   text-f32-untied      46.2% | 46.2% | 46.5%  6.4e-2 (all three)    0.54 | 0.54 | 0.53  0.21
-//   text-bf16-hd128      51.5% | 51.5% | 51.5%  5.3e-2 (all three)    0.39 | 0.38 | 0.39  0.17
+//   text-f32-hd128-tied  50.4% | 48.5% | 48.1%  5.5e-2 (all three)    0.39 | 0.39 | 0.39  0.16
+//   text-f32-untied      46.2% | 46.2% | 46.2%  6.4e-2 (all three)    0.54 | 0.54 | 0.54  0.21
+//   text-bf16-hd128      51.5% | 51.5% | 51.5%  5.3e-2 (all three)    0.39 | 0.38 | 0.38  0.17
 // (with max|w| / 7 as the only scale candidate: 39–41% top-1, 6.2e-2–7.3e-2 mean error).
 // Groups of 32 at 4 bits leave ~8.3% rms weight error on these N(0, σ²) rows (13× INT8's
 // per-row 0.6%), and the logit error grows in proportion (12× INT8's); INT8 activations add
@@ -266,9 +265,6 @@ const Case kInt4Cases[] = {
     {"text-f32-hd128-tied", Activations::kInt8, 0.42, 8e-2, 0.3},
     {"text-f32-untied", Activations::kInt8, 0.42, 8e-2, 0.3},
     {"text-bf16-hd128", Activations::kInt8, 0.42, 8e-2, 0.3},
-    {"text-f32-hd128-tied", Activations::kInt8Decode, 0.42, 8e-2, 0.3},
-    {"text-f32-untied", Activations::kInt8Decode, 0.42, 8e-2, 0.3},
-    {"text-bf16-hd128", Activations::kInt8Decode, 0.42, 8e-2, 0.3},
 };
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Int4AccuracyTest, ::testing::ValuesIn(kInt4Cases),
@@ -318,44 +314,47 @@ std::ostream& operator<<(std::ostream& os, const NllCase& c) {
 class QuantNllTest : public ::testing::TestWithParam<NllCase> {};
 
 // NOTE(vlm): measured with f32 activations (identical on generic and avx512) | with INT8
-// activations (avx512vnni) | INT8 activations below 32 rows (avx2, INT4 only; its INT8 weights
-// keep f32 x, as the first column), nats per token over 80 tokens:
+// activations on avx512vnni | on avx2 (INT4 only; its INT8 weights keep f32 x, as the first
+// column), nats per token over 80 tokens:
 //   fixture               stored   int8 Δ              int4 Δ                    (max|w|/7 only)
-//   text-f32-hd128-tied   3.8461   −0.0017 | −0.0048   +0.154 | +0.155 | +0.156  (+0.425)
-//   text-f32-untied       3.8467   −0.0025 | +0.0025   +0.336 | +0.338 | +0.340  (+0.393)
-//   text-bf16-hd128       3.8349   +0.0029 | +0.0050   +0.204 | +0.203 | +0.202  (+0.289)
+//   text-f32-hd128-tied   3.8461   −0.0017 | −0.0048   +0.154 | +0.155 | +0.155  (+0.425)
+//   text-f32-untied       3.8467   −0.0025 | +0.0025   +0.336 | +0.338 | +0.338  (+0.393)
+//   text-bf16-hd128       3.8349   +0.0029 | +0.0050   +0.204 | +0.203 | +0.203  (+0.289)
 // The continuations are the unquantized model's own greedy picks (transformers' run of the same
 // weights), so quantization noise can only blur them: INT8 stays within 0.005 nats, INT4 pays
 // 0.15–0.34. Bounds: INT8 0.02 (4× its largest |Δ|); INT4 about 1.5× the measured increase
 // per fixture (the max|w|/7-only grid fails the first).
 TEST_P(QuantNllTest, LikelihoodOfTheGreedyTextStaysCloseToUnquantized) {
   const NllCase& c = GetParam();
-  // (The level is chosen for INT4; INT8 weights take INT8 activations only where INT4's do in
-  // prefill.)
-  const std::string isa = isa_for(c.activations, "int4");
-  if (isa.empty()) {
+  // (The levels are chosen for INT4; avx2 keeps f32 activations for INT8 weights.)
+  const std::vector<std::string> isas = isas_for(c.activations, "int4");
+  if (isas.empty()) {
     GTEST_SKIP() << "no ISA level of this CPU runs int4 with " << activations_name(c.activations)
                  << " activations";
   }
-  const std::string dir = kFixtures + "/" + c.fixture;
-  auto ref = load_engine(dir, "", isa);
-  auto q8 = load_engine(dir, "int8", isa);
-  auto q4 = load_engine(dir, "int4", isa);
-  ASSERT_NE(ref, nullptr);
-  ASSERT_NE(q8, nullptr);
-  ASSERT_NE(q4, nullptr);
-  const double nll_ref = mean_nll(*ref, dir), nll8 = mean_nll(*q8, dir), nll4 = mean_nll(*q4, dir);
-  std::printf(
-      "[nll, %s act] %-20s mean NLL of the greedy text (nats/token): stored %.4f  int8 %.4f "
-      "(%+.4f)  int4 %.4f (%+.4f)\n",
-      activations_name(c.activations), c.fixture.c_str(), nll_ref, nll8, nll8 - nll_ref, nll4,
-      nll4 - nll_ref);
-  RecordProperty("activations", activations_name(c.activations));
-  RecordProperty("nll_stored", std::to_string(nll_ref));
-  RecordProperty("nll_int8", std::to_string(nll8));
-  RecordProperty("nll_int4", std::to_string(nll4));
-  EXPECT_LE(nll8 - nll_ref, c.max_int8_increase);
-  EXPECT_LE(nll4 - nll_ref, c.max_int4_increase);
+  for (const std::string& isa : isas) {
+    SCOPED_TRACE(isa);
+    const std::string dir = kFixtures + "/" + c.fixture;
+    auto ref = load_engine(dir, "", isa);
+    auto q8 = load_engine(dir, "int8", isa);
+    auto q4 = load_engine(dir, "int4", isa);
+    ASSERT_NE(ref, nullptr);
+    ASSERT_NE(q8, nullptr);
+    ASSERT_NE(q4, nullptr);
+    const double nll_ref = mean_nll(*ref, dir), nll8 = mean_nll(*q8, dir),
+                 nll4 = mean_nll(*q4, dir);
+    std::printf(
+        "[nll, %s act, %s] %-20s mean NLL of the greedy text (nats/token): stored %.4f  int8 %.4f "
+        "(%+.4f)  int4 %.4f (%+.4f)\n",
+        activations_name(c.activations), isa.c_str(), c.fixture.c_str(), nll_ref, nll8,
+        nll8 - nll_ref, nll4, nll4 - nll_ref);
+    RecordProperty("activations", activations_name(c.activations));
+    RecordProperty("nll_stored", std::to_string(nll_ref));
+    RecordProperty("nll_int8", std::to_string(nll8));
+    RecordProperty("nll_int4", std::to_string(nll4));
+    EXPECT_LE(nll8 - nll_ref, c.max_int8_increase);
+    EXPECT_LE(nll4 - nll_ref, c.max_int4_increase);
+  }
 }
 
 const NllCase kNllCases[] = {
@@ -365,9 +364,6 @@ const NllCase kNllCases[] = {
     {"text-f32-hd128-tied", Activations::kInt8, 0.02, 0.25},
     {"text-f32-untied", Activations::kInt8, 0.02, 0.5},
     {"text-bf16-hd128", Activations::kInt8, 0.02, 0.3},
-    {"text-f32-hd128-tied", Activations::kInt8Decode, 0.02, 0.25},
-    {"text-f32-untied", Activations::kInt8Decode, 0.02, 0.5},
-    {"text-bf16-hd128", Activations::kInt8Decode, 0.02, 0.3},
 };
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, QuantNllTest, ::testing::ValuesIn(kNllCases),

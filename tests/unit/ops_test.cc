@@ -473,11 +473,12 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
     }
   }
   EXPECT_EQ(ran, isa == ops::Isa::kAvx512Vnni || isa == ops::Isa::kAvx2) << ops::isa_name(isa);
-  // AVX2 quantizes x for I4 decode only: from 32 rows (and for I8) x stays f32.
+  // AVX2 quantizes x for I4 weights only: for I8 x stays f32.
   if (isa == ops::Isa::kAvx2) {
-    EXPECT_TRUE(ops::matmul_quantizes_x(isa, 31, 64, DType::kI4));
-    EXPECT_FALSE(ops::matmul_quantizes_x(isa, 32, 64, DType::kI4));
+    EXPECT_TRUE(ops::matmul_quantizes_x(isa, 1, 64, DType::kI4));
+    EXPECT_TRUE(ops::matmul_quantizes_x(isa, 300, 64, DType::kI4));
     EXPECT_FALSE(ops::matmul_quantizes_x(isa, 1, 64, DType::kI8));
+    EXPECT_FALSE(ops::matmul_quantizes_x(isa, 300, 64, DType::kI8));
   }
   // Never for float weights, short x, or K off the 32-value blocks.
   EXPECT_FALSE(ops::matmul_quantizes_x(isa, 64, 64, DType::kBF16));

@@ -159,10 +159,10 @@ void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const vo
                     void* scratch);
 }  // namespace avx512vnni
 
-// The same INT8 activations on AVX2 (vpmaddubsw + vpmaddwd), for INT4 weights below
-// kPackedMinRows x rows (decode, batched decode): quantize_rows_q8 as above (the same bytes);
-// prepare_decode_x lays x out for this level's decode kernel (at most q8_decode_x_bytes(M, K)
-// bytes); matmul_rows_q8 takes wtype kI4 only, and no scratch.
+// The same INT8 activations on AVX2 (vpmaddubsw + vpmaddwd), for INT4 weights
+// (matmul_q8_avx2_kernel.inc): quantize_rows_q8 as above (the same bytes); prepare_decode_x lays
+// x out for this level's decode kernel (at most q8_decode_x_bytes(M, K) bytes); matmul_rows_q8
+// takes wtype kI4 only, and from kPackedMinRows rows q8_scratch_bytes(K) of scratch.
 namespace avx2 {
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
