@@ -255,17 +255,21 @@ inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w, c
     const int64_t g0 = 4 * c, rem = std::min<int64_t>(4, groups - g0);
     const __mmask64 bmask = rem == 4 ? ~__mmask64{0} : (__mmask64{1} << (16 * rem)) - 1;
     const auto smask = static_cast<__mmask8>((1u << rem) - 1);
-    // As the other decode kernels: the same column of the next NR rows, one line per chunk.
+    // As the other decode kernels: the same column of the next NR rows, one line per chunk, and
+    // their scales one line per 4 chunks (16 groups).
     for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + NR) * rb + c * 64, 0, 3);
+    if ((c & 3) == 0) {
+      for (int j = 0; j < NR; ++j) __builtin_prefetch(wscale + (j + NR) * groups + g0, 0, 3);
+    }
     for (int j = 0; j < NR; ++j) {
       const __m512i b = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bmask, w + j * rb + c * 64),
                                          _mm512_set1_epi8(static_cast<char>(0x88)));
       const __m512i lo = _mm512_and_si512(b, _mm512_set1_epi8(0x0f));
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(0x0f));
+      // The 4 group scales in lanes 0..3 (vpermps reads all 16; the rest are zero).
       const __m512 sw = _mm512_maskz_permutexvar_ps(
           0xffff, lanes_of_group,
-          _mm512_maskz_broadcast_f32x4(0xffff,
-                                       _mm_maskz_loadu_ps(smask, wscale + j * groups + g0)));
+          _mm512_zextps128_ps512(_mm_maskz_loadu_ps(smask, wscale + j * groups + g0)));
       for (int i = 0; i < MR; ++i) {
         const uint8_t* xc = dx + i * dstride + c * kDecodeChunkBytes;
         __m512i d = _mm512_loadu_si512(xc + 128);
