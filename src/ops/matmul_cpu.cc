@@ -78,10 +78,11 @@ bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype) {
   // I8 decode streams half of BF16's bytes and is memory-bound with f32 x already; I4 decode was
   // not (79% of the read bandwidth), and its own VNNI kernel runs from one row. On AVX2, widening
   // nibbles to f32 took ~3× the instructions per weight of the byte dot products (decode 0.64×,
-  // prefill 0.6× their speed); I8 there would need vpmaddubsw's sign trick and an int32 widening
-  // per 32 products, for little over the f32 kernel.
+  // prefill 0.6× their speed); its I8 prefill multiplies int16 (matmul_q8_avx2_kernel.inc).
   if (K % kernels::kQ8Block != 0) return false;
-  if (isa == Isa::kAvx2) return wtype == DType::kI4;
+  if (isa == Isa::kAvx2) {
+    return wtype == DType::kI4 || (wtype == DType::kI8 && M >= kernels::kPackedMinRows);
+  }
   if (isa != Isa::kAvx512Vnni) return false;
   return (wtype == DType::kI8 && M >= kernels::kPackedMinRows) || wtype == DType::kI4;
 #else
@@ -184,9 +185,10 @@ struct QuantizedX {
   std::vector<float> scale;
   std::vector<int32_t> sum;
   std::vector<uint8_t> decode;
+  std::vector<int16_t> q16;
 
   kernels::Q8Rows quantize(const Q8Kernels& k8, const float* x, int64_t M, int64_t K,
-                           ThreadPool& pool) {
+                           ThreadPool& pool, bool widen16) {
     const int64_t blocks = K / kernels::kQ8Block;
     // Grow only: a steady decode / prefill loop allocates nothing.
     if (q.size() < static_cast<size_t>(M * K)) q.resize(M * K);
@@ -199,6 +201,13 @@ struct QuantizedX {
                   sum.data() + m0 * blocks);
     });
     kernels::Q8Rows rows{q.data(), scale.data(), sum.data()};
+    if (widen16) {  // the AVX2 INT8-weight GEMM's int16 x
+      if (q16.size() < static_cast<size_t>(M * K)) q16.resize(M * K);
+      pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
+        for (int64_t i = m0 * K; i < m1 * K; ++i) q16[i] = q[i];
+      });
+      rows.q16 = q16.data();
+    }
     if (M < kernels::kPackedMinRows) {  // INT4 decode (I8 takes quantized x only from there on)
       const auto bytes = static_cast<size_t>(kernels::q8_decode_x_bytes(M, K));
       if (decode.size() < bytes) decode.resize(bytes);
@@ -374,7 +383,14 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   thread_local QuantizedX qx_tls;
   kernels::Q8Rows qx{};
   const Q8Kernels k8 = quantize_x ? q8_kernels(isa) : Q8Kernels{};
-  if (quantize_x) qx = qx_tls.quantize(k8, x, M, K, pool);
+  if (quantize_x) {
+    bool widen16 = false;
+    for (const TensorView* w : ws) {
+      widen16 = widen16 || (isa == Isa::kAvx2 && w->dtype == DType::kI8 &&
+                            matmul_quantizes_x(isa, M, K, w->dtype));
+    }
+    qx = qx_tls.quantize(k8, x, M, K, pool, widen16);
+  }
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
   // thread's range of the stacked rows may span several weights: each part runs on its own.
   pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int t) {

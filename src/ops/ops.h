@@ -20,7 +20,7 @@ namespace vlm::ops {
 
 // kAvx512Vnni runs the kAvx512 kernels, except that matmuls with I8 weights (prefill) and I4
 // weights (prefill and decode) quantize x to INT8 and use vpdpbusd; kAvx2 does so for I4 weights
-// (vpmaddubsw) (matmul_quantizes_x).
+// (vpmaddubsw) and I8 prefill (vpmaddwd) (matmul_quantizes_x).
 enum class Isa { kGeneric, kAvx2, kAvx512, kAvx512Vnni };
 
 const char* isa_name(Isa isa);
@@ -88,7 +88,7 @@ void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float
 // Whether matmul at this level quantizes x (Q8_0-like blocks of 32 per row, then INT8 dot
 // products; see kernels/cpu/matmul.h) for a weight of dtype wtype, with K a multiple of 32: on
 // kAvx512Vnni for I8 weights from kernels::kPackedMinRows x rows (prefill) and for I4 weights at
-// any M (decode too); on kAvx2 for I4 weights at any M. Elsewhere x stays f32.
+// any M (decode too); on kAvx2 the same. Elsewhere x stays f32.
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype);
 
 // Weight-only INT8, symmetric, one scale per output row (channel) of an nn.Linear weight:

@@ -442,7 +442,8 @@ TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
 
 TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
   // The INT8-activation kernels where the level has them (else the test checks the level
-  // declines). GEMM (M >= 32): 6-row tiles and their tails (32 .. 45), K-block-major order
+  // declines). GEMM (M >= 32): 6-row (VNNI) and 4-row (AVX2) tiles and every tail of both
+  // (32 .. 45), K-block-major order
   // (300), K past one 1024-value panel block and an 8-run tail of a 16-run chunk (1056, 2080), N
   // tails of the 32-row panel. INT4 decode (M < 32): 8-row (M <= 2) and 4-row weight steps and
   // their 1-row tails (N = 17, 33, 70), 1..4-row x groups, chunks of 4 groups with 1 or 3 left
@@ -451,7 +452,7 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
   const ops::Isa isa = GetParam();
   bool ran = false;
   for (DType dt : {DType::kI8, DType::kI4}) {
-    for (int64_t M : {1, 2, 3, 5, 9, 31, 32, 37, 45, 300}) {
+    for (int64_t M : {1, 2, 3, 5, 9, 31, 32, 34, 35, 37, 45, 300}) {
       for (int64_t K : {32, 96, 1056, 2080}) {
         for (int64_t N : {1, 17, 33, 70}) {
           if (!ops::matmul_quantizes_x(isa, M, K, dt)) continue;
@@ -473,12 +474,12 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
     }
   }
   EXPECT_EQ(ran, isa == ops::Isa::kAvx512Vnni || isa == ops::Isa::kAvx2) << ops::isa_name(isa);
-  // AVX2 quantizes x for I4 weights only: for I8 x stays f32.
+  // As on avx512vnni: INT8 weights only from 32 rows (decode keeps f32 x).
   if (isa == ops::Isa::kAvx2) {
     EXPECT_TRUE(ops::matmul_quantizes_x(isa, 1, 64, DType::kI4));
     EXPECT_TRUE(ops::matmul_quantizes_x(isa, 300, 64, DType::kI4));
     EXPECT_FALSE(ops::matmul_quantizes_x(isa, 1, 64, DType::kI8));
-    EXPECT_FALSE(ops::matmul_quantizes_x(isa, 300, 64, DType::kI8));
+    EXPECT_TRUE(ops::matmul_quantizes_x(isa, 300, 64, DType::kI8));
   }
   // Never for float weights, short x, or K off the 32-value blocks.
   EXPECT_FALSE(ops::matmul_quantizes_x(isa, 64, 64, DType::kBF16));

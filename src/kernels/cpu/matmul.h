@@ -130,19 +130,25 @@ constexpr int64_t kQ8Block = 32;
 static_assert(kQ8Block == kInt4Group, "an activation block is one INT4 weight group");
 // x quantized as above: q [M, K] (row stride K), scale and sum [M, K / kQ8Block]; below
 // kPackedMinRows rows also `decode`, the same x as prepare_decode_x lays it out for the INT4
-// decode kernel (null otherwise).
+// decode kernel (null otherwise); for the AVX2 INT8-weight GEMM also q16, q widened to int16
+// (null otherwise).
 struct Q8Rows {
   const int8_t* q;
   const float* scale;
   const int32_t* sum;
   const uint8_t* decode = nullptr;
+  const int16_t* q16 = nullptr;
 };
 // Bytes of x as the INT4 decode kernel lays it out (M rows of K, in 256-byte chunks of 128).
 constexpr int64_t q8_decode_x_bytes(int64_t M, int64_t K) { return M * ((K + 127) / 128) * 256; }
-// Per-thread scratch bytes matmul_rows_q8 needs for a row length K (the GEMM's panel).
+// Per-thread scratch bytes matmul_rows_q8 needs for a row length K (the GEMM's panel: the VNNI
+// kernel's bytes for up to 1024 values of K, or the AVX2 INT8-weight kernel's int16 for up to
+// 256, whichever is larger).
 constexpr int64_t q8_scratch_bytes(int64_t K) {
-  const int64_t kc = K < 1024 ? K : 1024;  // the GEMM's K block
-  return 32 * kc + 32 * (kc / kQ8Block) * 4 + 64;
+  const int64_t kc = K < 1024 ? K : 1024;  // the VNNI GEMM's K block
+  const int64_t kc16 = K < 256 ? K : 256;  // the AVX2 INT8-weight GEMM's
+  const int64_t bytes = 32 * kc + 32 * (kc / kQ8Block) * 4, bytes16 = 64 * kc16 + 32 * 4;
+  return (bytes > bytes16 ? bytes : bytes16) + 64;
 }
 namespace avx512vnni {
 // x: [M, K] f32 contiguous, K a multiple of kQ8Block; q / scale / sum as Q8Rows.
@@ -159,10 +165,11 @@ void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const vo
                     void* scratch);
 }  // namespace avx512vnni
 
-// The same INT8 activations on AVX2 (vpmaddubsw + vpmaddwd), for INT4 weights
-// (matmul_q8_avx2_kernel.inc): quantize_rows_q8 as above (the same bytes); prepare_decode_x lays
-// x out for this level's decode kernel (at most q8_decode_x_bytes(M, K) bytes); matmul_rows_q8
-// takes wtype kI4 only, and from kPackedMinRows rows q8_scratch_bytes(K) of scratch.
+// The same INT8 activations on AVX2 (matmul_q8_avx2_kernel.inc): INT4 weights through
+// vpmaddubsw + vpmaddwd at any M, INT8 weights through vpmaddwd on int16 from kPackedMinRows
+// rows (x.q16 set). quantize_rows_q8 as above (the same bytes); prepare_decode_x lays x out for
+// this level's decode kernel (at most q8_decode_x_bytes(M, K) bytes); matmul_rows_q8 needs
+// q8_scratch_bytes(K) of scratch from kPackedMinRows rows.
 namespace avx2 {
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
