@@ -65,8 +65,8 @@ struct EngineOptions {
   int64_t max_context = 0;      // KV cache limit in tokens; 0 = the model's max_position_embeddings
   int64_t prefill_chunk = 256;  // tokens per forward pass during prefill
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
-  std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx512" | "avx512vnni" to
-                        // force a level
+  std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx2vnni" | "avx512" |
+                        // "avx512vnni" to force a level
   // Weight quantization done at load time: kNone = weights as stored; kInt8 = the text decoder's
   // linear weights (q/k/v/o, gate/up/down, lm_head) as INT8 with one f32 scale per output row;
   // kInt4 = the same weights as INT4 with one f32 scale per 32 inputs (every input dimension
@@ -162,7 +162,7 @@ class Engine {
   bool has_vision() const;
   // eos ids from generation_config.json (else the tokenizer's eos token).
   const std::vector<int32_t>& eos_token_ids() const;
-  // "avx512vnni", "avx512", "avx2" or "generic": the matmul kernels in use.
+  // "avx512vnni", "avx512", "avx2vnni", "avx2" or "generic": the matmul kernels in use.
   const char* cpu_isa() const;
   // Whether the vision encoder runs FP16 arithmetic (EngineOptions::vision_fp16 on a CPU that
   // has it).

@@ -8,33 +8,50 @@
 namespace vlm::ops {
 namespace {
 
-Isa detect_hardware() {
+// Whether this CPU runs the kernels of level `isa`.
+bool cpu_runs(Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-    return __builtin_cpu_supports("avx512vnni") ? Isa::kAvx512Vnni : Isa::kAvx512;
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
+  switch (isa) {
+    case Isa::kGeneric:
+      return true;
+    case Isa::kAvx2:
+      return avx2;
+    case Isa::kAvx2Vnni:
+      return avx2 && __builtin_cpu_supports("avxvnni");
+    case Isa::kAvx512:
+      return avx512;
+    case Isa::kAvx512Vnni:
+      return avx512 && __builtin_cpu_supports("avx512vnni");
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
-    return Isa::kAvx2;
-  }
+  return false;
+#else
+  return isa == Isa::kGeneric;
 #endif
-  return Isa::kGeneric;
 }
 
+constexpr Isa kLevels[] = {Isa::kGeneric, Isa::kAvx2, Isa::kAvx2Vnni, Isa::kAvx512,
+                           Isa::kAvx512Vnni};
+
 Isa detect_capped() {
-  Isa hw = detect_hardware();
+  Isa want = Isa::kAvx512Vnni;
   const char* env = std::getenv("VLM_CPU_ISA");
-  if (env == nullptr || *env == '\0') return hw;
-  Isa want = hw;
-  if (std::strcmp(env, "generic") == 0) want = Isa::kGeneric;
-  if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
-  if (std::strcmp(env, "avx512") == 0) want = Isa::kAvx512;
-  if (std::strcmp(env, "avx512vnni") == 0) want = Isa::kAvx512Vnni;
-  // The variable only lowers the level: asking for more than the CPU has keeps the hardware level.
-  return static_cast<int>(want) < static_cast<int>(hw) ? want : hw;
+  if (env != nullptr) {
+    for (Isa l : kLevels) {
+      if (std::strcmp(env, isa_name(l)) == 0) want = l;
+    }
+  }
+  // The variable only lowers the level: the best level at or below it that the CPU runs.
+  Isa best = Isa::kGeneric;
+  for (Isa l : kLevels) {
+    if (static_cast<int>(l) <= static_cast<int>(want) && cpu_runs(l)) best = l;
+  }
+  return best;
 }
 
 }  // namespace
@@ -45,6 +62,8 @@ const char* isa_name(Isa isa) {
       return "generic";
     case Isa::kAvx2:
       return "avx2";
+    case Isa::kAvx2Vnni:
+      return "avx2vnni";
     case Isa::kAvx512:
       return "avx512";
     case Isa::kAvx512Vnni:
@@ -60,9 +79,8 @@ Isa detected_isa() {
 
 std::vector<Isa> runnable_isas() {
   std::vector<Isa> out;
-  Isa hw = detect_hardware();
-  for (Isa i : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}) {
-    if (static_cast<int>(i) <= static_cast<int>(hw)) out.push_back(i);
+  for (Isa l : kLevels) {
+    if (cpu_runs(l)) out.push_back(l);
   }
   return out;
 }

@@ -80,7 +80,7 @@ bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype) {
   // nibbles to f32 took ~3× the instructions per weight of the byte dot products (decode 0.64×,
   // prefill 0.6× their speed); its I8 prefill multiplies int16 (matmul_q8_avx2_kernel.inc).
   if (K % kernels::kQ8Block != 0) return false;
-  if (isa == Isa::kAvx2) {
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
     return wtype == DType::kI4 || (wtype == DType::kI8 && M >= kernels::kPackedMinRows);
   }
   if (isa != Isa::kAvx512Vnni) return false;
@@ -105,7 +105,7 @@ using MatmulRowsFn = decltype(&kernels::generic::matmul_rows);
 MatmulRowsFn matmul_kernel(Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   if (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni) return &kernels::avx512::matmul_rows;
-  if (isa == Isa::kAvx2) return &kernels::avx2::matmul_rows;
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) return &kernels::avx2::matmul_rows;
 #endif
   return &kernels::generic::matmul_rows;
 }
@@ -128,7 +128,7 @@ Int4Kernels int4_kernels(Isa isa) {
     return {&kernels::avx512::matmul_rows_q4, &kernels::avx512::dequantize_rows_q4_bf16};
   }
 #endif
-  // (kAvx2 takes INT8 activations for I4: matmul_quantizes_x.)
+  // (kAvx2 and kAvx2Vnni take INT8 activations for I4: matmul_quantizes_x.)
   return {&kernels::generic::matmul_rows_q4, &kernels::generic::dequantize_rows_q4_bf16};
 }
 
@@ -173,6 +173,10 @@ Q8Kernels q8_kernels(Isa isa) {
   if (isa == Isa::kAvx2) {
     return {&kernels::avx2::quantize_rows_q8, &kernels::avx2::prepare_decode_x,
             &kernels::avx2::matmul_rows_q8};
+  }
+  if (isa == Isa::kAvx2Vnni) {
+    return {&kernels::avxvnni::quantize_rows_q8, &kernels::avxvnni::prepare_decode_x,
+            &kernels::avxvnni::matmul_rows_q8};
   }
 #endif
   (void)isa;
@@ -386,8 +390,8 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   if (quantize_x) {
     bool widen16 = false;
     for (const TensorView* w : ws) {
-      widen16 = widen16 || (isa == Isa::kAvx2 && w->dtype == DType::kI8 &&
-                            matmul_quantizes_x(isa, M, K, w->dtype));
+      widen16 = widen16 || ((isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) &&
+                            w->dtype == DType::kI8 && matmul_quantizes_x(isa, M, K, w->dtype));
     }
     qx = qx_tls.quantize(k8, x, M, K, pool, widen16);
   }

@@ -20,14 +20,18 @@ namespace vlm::ops {
 
 // kAvx512Vnni runs the kAvx512 kernels, except that matmuls with I8 weights (prefill) and I4
 // weights (prefill and decode) quantize x to INT8 and use vpdpbusd; kAvx2 does so for I4 weights
-// (vpmaddubsw) and I8 prefill (vpmaddwd) (matmul_quantizes_x).
-enum class Isa { kGeneric, kAvx2, kAvx512, kAvx512Vnni };
+// (vpmaddubsw) and I8 prefill (vpmaddwd); kAvx2Vnni (AVX2 with AVX-VNNI, the VEX vpdpbusd of
+// Alder Lake and later) runs the kAvx2 kernels with vpdpbusd for the INT4 ones
+// (matmul_quantizes_x). The levels are ordered, but a CPU need not have every level below its
+// best (AVX-512 CPUs before Sapphire Rapids have no AVX-VNNI): runnable_isas says which.
+enum class Isa { kGeneric, kAvx2, kAvx2Vnni, kAvx512, kAvx512Vnni };
 
 const char* isa_name(Isa isa);
 // Best ISA level this CPU supports, capped by the VLM_CPU_ISA environment variable
-// (generic | avx2 | avx512 | avx512vnni), read once.
+// (generic | avx2 | avx2vnni | avx512 | avx512vnni: the best level at or below it that the CPU
+// runs), read once.
 Isa detected_isa();
-// All ISA levels this CPU can run (for tests), lowest first.
+// All ISA levels this CPU can run (for tests and the cap), lowest first.
 std::vector<Isa> runnable_isas();
 
 // Checks that w is a 2-D F32/BF16/F16 matrix, or I8 with per-row scales, or I4 with group
@@ -88,7 +92,7 @@ void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float
 // Whether matmul at this level quantizes x (Q8_0-like blocks of 32 per row, then INT8 dot
 // products; see kernels/cpu/matmul.h) for a weight of dtype wtype, with K a multiple of 32: on
 // kAvx512Vnni for I8 weights from kernels::kPackedMinRows x rows (prefill) and for I4 weights at
-// any M (decode too); on kAvx2 the same. Elsewhere x stays f32.
+// any M (decode too); on kAvx2 and kAvx2Vnni the same. Elsewhere x stays f32.
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype);
 
 // Weight-only INT8, symmetric, one scale per output row (channel) of an nn.Linear weight:

@@ -21,6 +21,7 @@ const kernels::EltwiseKernels& eltwise(Isa isa) {
     case Isa::kAvx512Vnni:
       return kernels::avx512::eltwise_kernels();
     case Isa::kAvx2:
+    case Isa::kAvx2Vnni:
       return kernels::avx2::eltwise_kernels();
     case Isa::kGeneric:
       break;
@@ -262,6 +263,7 @@ const AttentionKernels& attention_kernels(Isa isa) {
     case Isa::kAvx512Vnni:
       return kAvx512;
     case Isa::kAvx2:
+    case Isa::kAvx2Vnni:
       return kAvx2;
     case Isa::kGeneric:
       break;

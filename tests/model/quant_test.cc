@@ -2,7 +2,7 @@
 // per output row) and INT4 (one scale per 32 inputs) weights, quantized at load, move the logits
 // and the likelihood of a fixed text, and what the loader quantizes. Every way the kernels run
 // them is measured: with f32 activations and with activations quantized to INT8 blocks, on each
-// level that has such kernels (avx512vnni and avx2; ops::matmul_quantizes_x).
+// level that has such kernels (avx512vnni, avx2vnni and avx2; ops::matmul_quantizes_x).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,8 +31,8 @@ const char* activations_name(Activations a) { return a == Activations::kF32 ? "f
 
 // The levels that run `quant` weights with `a` activations (ops::matmul_quantizes_x): for f32 the
 // best one (the f32 kernels agree across levels to the digits measured), for INT8 every one that
-// has INT8-activation kernels (avx2, avx512vnni): their kernels differ. Empty when this CPU has
-// none.
+// has INT8-activation kernels (avx2, avx2vnni, avx512vnni): their kernels differ. Empty when this
+// CPU has none.
 std::vector<std::string> isas_for(Activations a, const char* quant) {
   const DType dt = std::string(quant) == "int4" ? DType::kI4 : DType::kI8;
   std::vector<std::string> out;
@@ -203,7 +203,8 @@ class Int8AccuracyTest : public ::testing::TestWithParam<Case> {};
 
 // NOTE(vlm): bounds, from these prompts (260 positions; 193 for tiny-fullvocab). Measured with
 // f32 activations (identical on generic, avx2 and avx512 to the digits shown) | with INT8
-// activations (avx512vnni; avx2 the same to the digits shown but text-f32-untied's top-1, 91.5%):
+// activations (avx512vnni; avx2 and avx2vnni the same to the digits shown but text-f32-untied's
+// top-1, 91.5%):
 //   fixture               top-1           mean|Δ|/max|logit|  max|Δ|/max|logit|  largest flipped
 //   text-f32-hd128-tied   94.6% | 92.7%   4.6e-3 | 5.8e-3     4.4e-2 | 4.6e-2    1.4e-2 | 1.6e-2
 //   text-f32-untied       96.2% | 91.9%   5.1e-3 | 6.6e-3     4.3e-2 | 5.3e-2    1.4e-2 | 3.0e-2
@@ -240,7 +241,7 @@ class Int4AccuracyTest : public ::testing::TestWithParam<Case> {};
 
 // NOTE(vlm): INT4 bounds, from the same prompts (260 positions). Measured with f32 activations
 // (identical on generic and avx512 to the digits shown) | with INT8 activations (INT4 prefill
-// and decode) on avx512vnni | on avx2:
+// and decode) on avx512vnni | on avx2 (avx2vnni: the same to the digits shown):
 //   fixture              top-1                  mean|Δ|/max|logit|    max|Δ|/max|logit|   flipped
 //   text-f32-hd128-tied  50.4% | 48.5% | 48.1%  5.5e-2 (all three)    0.39 | 0.39 | 0.39  0.16
 //   text-f32-untied      46.2% | 46.2% | 46.2%  6.4e-2 (all three)    0.54 | 0.54 | 0.54  0.21
@@ -313,8 +314,8 @@ std::ostream& operator<<(std::ostream& os, const NllCase& c) {
 class QuantNllTest : public ::testing::TestWithParam<NllCase> {};
 
 // NOTE(vlm): measured with f32 activations (identical on generic and avx512) | with INT8
-// activations on avx512vnni | on avx2 (INT4 only: INT8 there is the same as on avx512vnni to
-// the digits shown), nats per token over 80 tokens:
+// activations on avx512vnni | on avx2 and avx2vnni (INT4 only: INT8 there is the same as on
+// avx512vnni to the digits shown), nats per token over 80 tokens:
 //   fixture               stored   int8 Δ              int4 Δ                    (max|w|/7 only)
 //   text-f32-hd128-tied   3.8461   −0.0017 | −0.0048   +0.154 | +0.155 | +0.155  (+0.425)
 //   text-f32-untied       3.8467   −0.0025 | +0.0025   +0.336 | +0.338 | +0.338  (+0.393)

@@ -473,9 +473,11 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
       }
     }
   }
-  EXPECT_EQ(ran, isa == ops::Isa::kAvx512Vnni || isa == ops::Isa::kAvx2) << ops::isa_name(isa);
+  EXPECT_EQ(ran,
+            isa == ops::Isa::kAvx512Vnni || isa == ops::Isa::kAvx2 || isa == ops::Isa::kAvx2Vnni)
+      << ops::isa_name(isa);
   // As on avx512vnni: INT8 weights only from 32 rows (decode keeps f32 x).
-  if (isa == ops::Isa::kAvx2) {
+  if (isa == ops::Isa::kAvx2 || isa == ops::Isa::kAvx2Vnni) {
     EXPECT_TRUE(ops::matmul_quantizes_x(isa, 1, 64, DType::kI4));
     EXPECT_TRUE(ops::matmul_quantizes_x(isa, 300, 64, DType::kI4));
     EXPECT_FALSE(ops::matmul_quantizes_x(isa, 1, 64, DType::kI8));
@@ -494,6 +496,7 @@ TEST(QuantizeRowsQ8, KernelsMatchReferenceExactly) {
   using QuantizeFn = decltype(&kernels::avx2::quantize_rows_q8);
   std::vector<std::pair<ops::Isa, QuantizeFn>> kernels_of = {
       {ops::Isa::kAvx2, &kernels::avx2::quantize_rows_q8},
+      {ops::Isa::kAvx2Vnni, &kernels::avxvnni::quantize_rows_q8},
       {ops::Isa::kAvx512Vnni, &kernels::avx512vnni::quantize_rows_q8}};
   const auto isas = ops::runnable_isas();
   if (std::find(isas.begin(), isas.end(), ops::Isa::kAvx2) == isas.end()) {
@@ -1124,7 +1127,7 @@ const kernels::EltwiseKernels& eltwise_table(ops::Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   if (isa == ops::Isa::kAvx512 || isa == ops::Isa::kAvx512Vnni)
     return kernels::avx512::eltwise_kernels();
-  if (isa == ops::Isa::kAvx2) return kernels::avx2::eltwise_kernels();
+  if (isa == ops::Isa::kAvx2 || isa == ops::Isa::kAvx2Vnni) return kernels::avx2::eltwise_kernels();
 #endif
   return kernels::generic::eltwise_kernels();
 }

@@ -177,6 +177,15 @@ void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const vo
                     const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);
 }  // namespace avx2
+// The same built with AVX-VNNI: the INT4 kernels' byte products through the VEX vpdpbusd (int32
+// sums, no vpmaddubsw + vpmaddwd pair).
+namespace avxvnni {
+void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
+void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
+void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
+                    const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                    void* scratch);
+}  // namespace avxvnni
 
 // FP16 arithmetic for F32 / BF16 / F16 weights (AVX-512 FP16; opt-in through ops::matmul_f16): x
 // and the weights are rounded to FP16, each run of kF16Run consecutive products of a dot product
