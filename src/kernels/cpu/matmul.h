@@ -177,8 +177,8 @@ void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const vo
                     const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);
 }  // namespace avx2
-// The same built with AVX-VNNI: the INT4 kernels' byte products through the VEX vpdpbusd (int32
-// sums, no vpmaddubsw + vpmaddwd pair).
+// The same built with AVX-VNNI: the INT4 kernels' byte products through the VEX vpdpbusd and
+// the INT8 GEMM's int16 products through vpdpwssd (int32 sums in one instruction).
 namespace avxvnni {
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
