@@ -256,8 +256,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
       }
     }
     if (!found) {
-      return invalid_argument("cpu ISA '" + options.cpu_isa +
-                              "' is unknown or not supported by this CPU (generic, avx2, avx512)");
+      return invalid_argument(
+          "cpu ISA '" + options.cpu_isa +
+          "' is unknown or not supported by this CPU (generic, avx2, avx2vnni, avx512, "
+          "avx512vnni)");
     }
   }
   VLM_RETURN_IF_ERROR(load_checkpoint(options, impl.get()));

@@ -511,7 +511,8 @@ TEST(QuantizeRowsQ8, KernelsMatchReferenceExactly) {
     for (int64_t k = 32; k < 64; ++k) x[k] = 1e-39f * (k % 3);    // subnormal: scale 0
     for (int64_t k = 64; k < 96; ++k) x[k] = (k % 5 - 2) * 0.5f;  // ties: 63.5 → 64, −63.5
     x[96] = 1e30f;                                                // huge, the rest round to 0
-    x[K + 7] = -3.f;                                              // the max is negative
+    for (int64_t k = 128; k < 160; ++k) x[k] = (k % 2 ? 1e-37f : -2e-37f);  // 127 / amax: inf
+    x[K + 7] = -3.f;                                                        // the max is negative
     std::vector<int8_t> q(M * K, 99), want_q(M * K);
     std::vector<float> s(M * K / 32, NAN), want_s(M * K / 32);
     std::vector<int32_t> sum(M * K / 32, 7), want_sum(M * K / 32);
@@ -525,6 +526,8 @@ TEST(QuantizeRowsQ8, KernelsMatchReferenceExactly) {
     EXPECT_EQ(q[66], -64);  // −0.5 · 127 / 1 = −63.5 → −64 (ties to even)
     EXPECT_EQ(q[68], 64);   // 63.5 → 64
     EXPECT_EQ(q[96], 127);
+    EXPECT_EQ(s[4], 0.f);  // normal floats, but too small a block for a finite 127 / amax
+    for (int64_t k = 128; k < 160; ++k) EXPECT_EQ(q[k], 0) << k;
     for (int64_t k = 0; k < 32; ++k) {
       const int32_t v = q[K + k];
       EXPECT_LE(std::abs(v), 127);

@@ -120,13 +120,15 @@ void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, in
 // of kQ8Block values, as llama.cpp's Q8_0:
 //   scale[m, b] = amax / 127 (amax = max |x[m, 32b .. 32b + 32)|), q[m, k] = round_half_even(
 //   x[m, k] · (127 / amax)) in −127..127, sum[m, b] = Σ q over the block;
-// a block whose amax is below the smallest normal float (or zero) gets scale 0 and q 0.
+// a block whose amax is below kQ8MinAmax (or zero, or NaN) gets scale 0 and q 0.
 // Then y[m, n] = Σ_b scale[m, b] · Σ_{k in b} q[m, k] · wq[n, k] · wscale, with the block's dot
 // product exact in int32 and wscale = scale[n] (I8) or scale[n, b] (I4: kQ8Block = kInt4Group,
 // so an activation block is a weight group). The weights go into the VNNI unsigned operand
 // offset by their zero point (I8: q + 128, I4: q + 8); the block's Σ q of x takes the offset
 // back out.
 constexpr int64_t kQ8Block = 32;
+// Smaller blocks would overflow 127 / amax (past FLT_MAX below ~3.7e-37) and quantize to −128.
+constexpr float kQ8MinAmax = 1e-36f;
 static_assert(kQ8Block == kInt4Group, "an activation block is one INT4 weight group");
 // x quantized as above: q [M, K] (row stride K), scale and sum [M, K / kQ8Block]; below
 // kPackedMinRows rows also `decode`, the same x as prepare_decode_x lays it out for the INT4

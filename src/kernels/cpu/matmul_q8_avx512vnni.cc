@@ -353,7 +353,7 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
       float amax = 0.f;
       for (float l : lanes) amax = std::max(amax, l);
       // (Written so that a NaN amax also takes the zero branch.)
-      const bool normal = amax >= 1.17549435e-38f;  // FLT_MIN
+      const bool normal = amax >= kQ8MinAmax;
       const float inv = normal ? 127.f / amax : 0.f;
       // vcvtps2dq rounds to nearest even (the default MXCSR mode).
       const __m512i qa = _mm512_maskz_cvtps_epi32(0xffff, _mm512_mul_ps(a, _mm512_set1_ps(inv)));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/cpu/matmul.h"
 
 namespace vlm::ops::ref {
 namespace {
@@ -50,7 +51,7 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
       const float* xb = x + m * K + b * kBlock;
       float amax = 0.f;
       for (int64_t k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(xb[k]));
-      const bool normal = amax >= std::numeric_limits<float>::min();
+      const bool normal = amax >= kernels::kQ8MinAmax;
       const float inv = normal ? 127.f / amax : 0.f;
       int32_t s = 0;
       for (int64_t k = 0; k < kBlock; ++k) {
