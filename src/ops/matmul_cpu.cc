@@ -363,14 +363,17 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   const MatmulRowsFn kernel = matmul_kernel(isa);
   const Int4Kernels k4 = int4_kernels(isa);
   int64_t total = 0;
-  bool want_scratch = false, widen_int4 = false, quantize_x = false;
+  bool want_scratch = false, widen_int4 = false, quantize_x = false, widen16 = false;
   for (const TensorView* w : ws) {
     total += w->dim(0);
-    quantize_x = quantize_x || matmul_quantizes_x(isa, M, K, w->dtype);
+    const bool quantizes = matmul_quantizes_x(isa, M, K, w->dtype);
+    quantize_x = quantize_x || quantizes;
+    // The AVX2 INT8-weight GEMM takes x widened to int16.
+    widen16 = widen16 ||
+              (quantizes && w->dtype == DType::kI8 && (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni));
     want_scratch = want_scratch || wants_scratch(M, w->dtype);
-    widen_int4 =
-        widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows &&
-                       M < kernels::kPackedMinRows && !matmul_quantizes_x(isa, M, K, w->dtype));
+    widen_int4 = widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows &&
+                                M < kernels::kPackedMinRows && !quantizes);
   }
   // Per thread: the kernels' scratch, then (I4 prefill) kScratchRows BF16 rows of K.
   const int64_t scratch_floats = kScratchRows * K;
@@ -387,14 +390,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   thread_local QuantizedX qx_tls;
   kernels::Q8Rows qx{};
   const Q8Kernels k8 = quantize_x ? q8_kernels(isa) : Q8Kernels{};
-  if (quantize_x) {
-    bool widen16 = false;
-    for (const TensorView* w : ws) {
-      widen16 = widen16 || ((isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) &&
-                            w->dtype == DType::kI8 && matmul_quantizes_x(isa, M, K, w->dtype));
-    }
-    qx = qx_tls.quantize(k8, x, M, K, pool, widen16);
-  }
+  if (quantize_x) qx = qx_tls.quantize(k8, x, M, K, pool, widen16);
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
   // thread's range of the stacked rows may span several weights: each part runs on its own.
   pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int t) {
