@@ -9,7 +9,7 @@ PKGS=(
   libturbojpeg0-dev libspng-dev libwebp-dev libgif-dev libstb-dev
   nlohmann-json3-dev libcli11-dev libboost-dev libssl-dev zlib1g-dev libbrotli-dev
   python3-venv python3-pip
-  libxxhash-dev
+  nettle-dev
   clang-format
 )
 missing=()

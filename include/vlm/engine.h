@@ -57,6 +57,10 @@ struct BatchingOptions {
   // When a request arrives at an idle engine, wait up to this long for others to arrive so they
   // prefill together (0: start at once).
   int64_t batch_wait_ms = 0;
+  // Automatic prefix caching: full KV blocks are kept by content (a chained SHA-256 of their token
+  // ids and images) after their requests end, and a request starts after the longest run of its
+  // blocks found cached; least recently used ones are evicted when blocks are needed.
+  bool prefix_caching = true;
 };
 
 struct EngineOptions {
@@ -200,6 +204,16 @@ class Engine {
   Result<std::vector<float>> logits(std::span<const int32_t> ids,
                                     const std::vector<ImageInput>& images,
                                     std::vector<int32_t>* expanded_ids = nullptr);
+  struct LogitsOptions {
+    std::vector<int32_t>* expanded_ids = nullptr;
+    // Read the prefix cache: the leading positions found there are not computed and their rows
+    // stay 0; *cached_tokens (when given) says how many. Otherwise every row is computed.
+    bool read_prefix_cache = false;
+    int64_t* cached_tokens = nullptr;
+  };
+  Result<std::vector<float>> logits(std::span<const int32_t> ids,
+                                    const std::vector<ImageInput>& images,
+                                    const LogitsOptions& options);
 
   // Queues a request for the engine core and returns its stream. Runs on the caller's thread:
   // validation, and reading, decoding and preprocessing the images (or finding them in the vision
@@ -224,6 +238,10 @@ class Engine {
             preemptions = 0;
     int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0;
     int64_t vision_cache_bytes = 0;
+    // Prefix caching: prompt tokens looked up and found (requests that read the cache), blocks
+    // holding cached contents now, and blocks evicted so far.
+    int64_t prefix_cache_queries = 0, prefix_cache_hits = 0, prefix_cache_blocks = 0;
+    int64_t prefix_cache_evictions = 0;
   };
   CoreStats core_stats() const;
   // When the engine loop last finished a step or an idle wait (it wakes at least every second):

@@ -75,6 +75,7 @@ struct RequestStats {
   int64_t prompt_tokens = 0;              // after image pads are expanded
   int64_t completion_tokens = 0;          // tokens sampled (a stop token included)
   int64_t vision_tokens = 0;              // image tokens among the prompt's
+  int64_t cached_tokens = 0;              // prompt tokens found in the prefix cache (not computed)
   int64_t images = 0, images_cached = 0;  // cached: found in the vision-encoder cache
   // Queued → first forward pass, less the vision tower's time for this request's images (the
   // image reading, decoding and preprocessing in submit come before the queue).

@@ -329,6 +329,14 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids) {
 Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
                                           const std::vector<ImageInput>& images,
                                           std::vector<int32_t>* expanded_ids) {
+  LogitsOptions o;
+  o.expanded_ids = expanded_ids;
+  return logits(ids, images, o);
+}
+
+Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
+                                          const std::vector<ImageInput>& images,
+                                          const LogitsOptions& options) {
   if (ids.empty()) return invalid_argument("no token ids given");
   GenerateRequest req;
   req.prompt_ids.assign(ids.begin(), ids.end());
@@ -338,12 +346,16 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
   req.sampling.do_sample = false;
   std::vector<float> out;
   std::vector<int32_t> expanded;
-  VLM_ASSIGN_OR_RETURN(auto stream, impl_->core->submit(std::move(req), {}, {&out, &expanded}));
+  VLM_ASSIGN_OR_RETURN(
+      auto stream,
+      impl_->core->submit(std::move(req), {}, {&out, &expanded, options.read_prefix_cache}));
   RequestOutput piece;
   while (stream->next(&piece)) {
     if (!piece.error.ok()) return piece.error;
+    if (piece.finished && options.cached_tokens != nullptr)
+      *options.cached_tokens = piece.stats.cached_tokens;
   }
-  if (expanded_ids) *expanded_ids = std::move(expanded);
+  if (options.expanded_ids) *options.expanded_ids = std::move(expanded);
   return out;
 }
 

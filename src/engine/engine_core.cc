@@ -15,6 +15,7 @@
 #include "engine/output_processor.h"
 #include "engine/request_stream.h"
 #include "engine/vision_cache.h"
+#include "kv/block_hash.h"
 #include "sched/scheduler.h"
 
 namespace vlm {
@@ -47,6 +48,7 @@ struct Req {
   double image_decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
   int64_t images_cached = 0;
   bool admitted = false, forwarded = false;
+  bool reads_prefix_cache = true;  // false for Engine::logits unless it asks
   std::shared_ptr<RequestStream::State> stream;
   std::vector<int32_t>* expanded_ids = nullptr;
 };
@@ -66,6 +68,25 @@ void append_token_locked(RequestStream::State& ss, const SampledToken& t, bool s
     ss.tops[ss.published * ss.top_k + j] = {t.top[j].first, t.top[j].second};
   }
   ++ss.published;
+}
+
+// The prefix-cache key of block k of `ids` (block size bs) after `parent` (null: the first): its
+// token ids, and every image whose tokens it covers.
+BlockHash block_hash(const BlockHasher& hasher, std::span<const int32_t> ids,
+                     std::span<const ImageSpan> spans, int64_t k, int64_t bs,
+                     const BlockHash* parent, std::vector<BlockExtraKey>* extras) {
+  const int64_t begin = k * bs, end = begin + bs;
+  extras->clear();
+  for (const ImageSpan& s : spans) {
+    if (s.begin < end && s.end > begin) {
+      BlockExtraKey& x = extras->emplace_back();
+      x.kind = BlockExtraKey::Kind::kImage;
+      x.content = s.key.content;
+      x.params = {s.key.min_pixels, s.key.max_pixels};
+    }
+  }
+  return hasher.hash(parent, ids.subspan(static_cast<size_t>(begin), static_cast<size_t>(bs)),
+                     *extras);
 }
 
 // Tells a stream its request ended — with its last token when `last` is set, so that the consumer
@@ -124,6 +145,8 @@ struct EngineCore::State {
   std::vector<int64_t> aborts;
   std::vector<StagedImage*> batch_images;  // admit(): images encoded together on the GPU
   std::vector<double*> batch_ms;           // their requests' encode_ms
+  BlockHasher hasher;                      // prefix-cache keys, seeded at random per engine
+  std::vector<BlockExtraKey> extras;       // block_hash()'s scratch
   int64_t steps = 0;
 };
 
@@ -188,6 +211,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   // submit() bounds the queue (429 there); preempted requests may take the scheduler's waiting
   // queue past it, which must not fail them.
   sc.max_waiting = opts.max_waiting + opts.max_num_seqs + 1;
+  sc.prefix_caching = opts.prefix_caching;
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
   core->opts_ = opts;
   core->on_step_ = std::move(on_step);
@@ -199,6 +223,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   s.vision_cache = std::make_unique<VisionCache>(
       static_cast<size_t>(std::max<int64_t>(opts.vision_cache_mib, 0)) << 20);
   s.find = [&s](int64_t id) -> RunnerRequest* { return &s.reqs.at(id)->run; };
+  s.extras.reserve(64);  // a decode step that fills a block keys it without allocating
   core->shared_->stats.kv_blocks_total = opts.num_blocks;
   core->shared_->heartbeat_ns = steady_now_ns();
   core->thread_ = std::thread([c = core.get()] { c->loop(); });
@@ -284,6 +309,7 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
   if (prompt.logits != nullptr) {
     prompt.logits->assign(static_cast<size_t>(r->prompt_len * m.cfg.text_config.vocab_size), 0.f);
     r->run.prompt_logits = prompt.logits->data();
+    r->reads_prefix_cache = prompt.read_prefix_cache;
   }
   r->expanded_ids = prompt.expanded_ids;
   if (!request.ignore_eos) {
@@ -416,6 +442,11 @@ void EngineCore::publish_stats_locked() {
   shared_->stats.running = st_->sched->num_running();
   shared_->stats.waiting = st_->sched->num_waiting();
   shared_->stats.kv_blocks_used = st_->sched->kv_blocks_used();
+  const Scheduler::PrefixCacheStats pc = st_->sched->prefix_cache_stats();
+  shared_->stats.prefix_cache_queries = pc.queries;
+  shared_->stats.prefix_cache_hits = pc.hits;
+  shared_->stats.prefix_cache_blocks = pc.cached_blocks;
+  shared_->stats.prefix_cache_evictions = pc.evictions;
 }
 
 // Hands the requests not yet admitted to the scheduler, first come first served: their images
@@ -491,7 +522,20 @@ void EngineCore::admit() {
     } else {
       Engine::Impl::prepare_text(r.prompt_ids, &prompt);
     }
-    if (st.ok()) st = s.sched->add(id, r.prompt_len, r.max_new_tokens);
+    std::vector<BlockHash> hashes;  // the prompt's full blocks, for the prefix cache
+    if (st.ok() && opts_.prefix_caching) {
+      const int64_t bs = opts_.block_size;
+      const int64_t full = static_cast<int64_t>(prompt.ids.size()) / bs;
+      hashes.reserve(static_cast<size_t>(full));
+      for (int64_t k = 0; k < full; ++k) {
+        hashes.push_back(block_hash(s.hasher, prompt.ids, prompt.image_spans, k, bs,
+                                    k == 0 ? nullptr : &hashes[k - 1], &s.extras));
+      }
+    }
+    if (st.ok()) {
+      st =
+          s.sched->add(id, r.prompt_len, r.max_new_tokens, std::move(hashes), r.reads_prefix_cache);
+    }
     if (!st.ok()) {
       end(&r, FinishReason::kNone, st);
       continue;
@@ -555,6 +599,8 @@ void EngineCore::step() {
       if (r.forwarded) continue;
       r.forwarded = true;
       std::lock_guard<std::mutex> lock(r.stream->mu);
+      r.stream->stats.cached_tokens =
+          std::max<int64_t>(0, s.sched->find(it.request_id)->num_cached_tokens);
       r.stream->stats.queue_ms = std::max(0.0, ms_between(r.submitted, now) - r.encode_ms);
       r.stream->first_forward_ns = now_ns;
     }
@@ -584,6 +630,8 @@ void EngineCore::step() {
     };
     Status st = s.runner->execute(out, *s.sched, s.find, on_sampled, &s.run_out);
     if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
+      // Blocks keyed for this step were never computed: forget every key.
+      s.sched->reset_prefix_cache();
       for (const auto& it : out.items) {
         auto f = s.reqs.find(it.request_id);
         if (f != s.reqs.end()) end(f->second.get(), FinishReason::kNone, st);
@@ -609,11 +657,25 @@ void EngineCore::update(int64_t step_index) {
   computed.clear();
   for (const auto& it : out.items) computed.emplace_back(it.request_id, it.num_tokens);
   s.sched->update(computed);
+  const int64_t bs = opts_.block_size;
   for (const SampledToken& t : s.run_out.sampled) {
     s.sched->append_token(t.request_id);
     Req& r = *s.reqs.at(t.request_id);
-    if (r.ending != FinishReason::kNone)
+    if (r.ending != FinishReason::kNone) {
       end(&r, r.ending, ok_status(), &t, step_index, r.last_sampled_ns);
+      continue;
+    }
+    // A generated token that fills a block: its key, so that a preempted request's recompute and
+    // the next turn of a chat find it.
+    const int64_t n = static_cast<int64_t>(r.run.ids.size());
+    const SchedRequest* q = s.sched->find(t.request_id);
+    if (opts_.prefix_caching && n % bs == 0 && q != nullptr &&
+        static_cast<int64_t>(q->block_hashes.size()) == n / bs - 1) {
+      const BlockHash* parent = q->block_hashes.empty() ? nullptr : &q->block_hashes.back();
+      s.sched->add_block_hash(
+          t.request_id, block_hash(s.hasher, r.run.ids, r.run.prompt.image_spans, n / bs - 1, bs,
+                                   parent, &s.extras));
+    }
   }
 }
 

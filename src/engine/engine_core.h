@@ -25,6 +25,7 @@ struct SampledToken;  // engine/model_runner.h
 struct PromptOutputs {
   std::vector<float>* logits = nullptr;
   std::vector<int32_t>* expanded_ids = nullptr;
+  bool read_prefix_cache = false;  // with logits: leading cached positions are not computed
 };
 
 class EngineCore {

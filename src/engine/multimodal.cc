@@ -179,6 +179,7 @@ Status assemble_multimodal(std::span<const int32_t> ids,
 
   out->ids.clear();
   out->feature_row.clear();
+  out->image_spans.clear();
   size_t prev = 0;
   int32_t feature = 0;
   for (size_t k = 0; k < runs.size(); ++k) {
@@ -186,10 +187,15 @@ Status assemble_multimodal(std::span<const int32_t> ids,
       out->ids.push_back(ids[i]);
       out->feature_row.push_back(-1);
     }
+    ImageSpan span;
+    span.begin = static_cast<int64_t>(out->ids.size());
     for (int64_t i = 0; i < images[k].encoded->out.tokens; ++i) {
       out->ids.push_back(pad);
       out->feature_row.push_back(feature++);
     }
+    span.end = static_cast<int64_t>(out->ids.size());
+    span.key = images[k].key;
+    out->image_spans.push_back(span);
     prev = runs[k].second;
   }
   for (size_t i = prev; i < ids.size(); ++i) {

@@ -23,10 +23,17 @@
 
 namespace vlm {
 
+// Where one image's tokens are in an expanded prompt, and what identifies the image.
+struct ImageSpan {
+  int64_t begin = 0, end = 0;
+  VisionCacheKey key;
+};
+
 struct PreparedPrompt {
-  std::vector<int32_t> ids;          // expanded
-  std::vector<int32_t> feature_row;  // [ids.size()]: row in embeds / deepstack, -1 for text
-  std::vector<float> embeds;         // [vision_tokens, hidden]
+  std::vector<int32_t> ids;            // expanded
+  std::vector<ImageSpan> image_spans;  // in order
+  std::vector<int32_t> feature_row;    // [ids.size()]: row in embeds / deepstack, -1 for text
+  std::vector<float> embeds;           // [vision_tokens, hidden]
   std::vector<std::vector<float>> deepstack;  // per tap: [vision_tokens, hidden]
   RopeIndex rope;                             // 3-D positions and the decode delta
   int64_t vision_tokens = 0;

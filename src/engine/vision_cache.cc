@@ -1,15 +1,11 @@
 #include "engine/vision_cache.h"
 
-#include <xxhash.h>
-
 namespace vlm {
 
 VisionCacheKey VisionCacheKey::of(std::span<const uint8_t> bytes, int64_t min_pixels,
                                   int64_t max_pixels) {
-  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
   VisionCacheKey k;
-  k.hash_lo = h.low64;
-  k.hash_hi = h.high64;
+  k.content = Sha256::of(bytes);
   k.min_pixels = min_pixels;
   k.max_pixels = max_pixels;
   return k;

@@ -12,14 +12,16 @@
 #include <span>
 #include <unordered_map>
 
+#include "core/sha256.h"
 #include "model/vision_encoder.h"
 
 namespace vlm {
 
-// What identifies one encoder input: a 128-bit hash of the encoded file's bytes plus the pixel
-// budget smart_resize used (the same file at another budget is another input).
+// What identifies one encoder input: the SHA-256 of the encoded file's bytes (a key no client can
+// make collide with another's image) plus the pixel budget smart_resize used (the same file at
+// another budget is another input). The prefix cache keys image blocks with it too.
 struct VisionCacheKey {
-  uint64_t hash_lo = 0, hash_hi = 0;
+  Sha256Digest content{};
   int64_t min_pixels = 0, max_pixels = 0;
 
   static VisionCacheKey of(std::span<const uint8_t> bytes, int64_t min_pixels, int64_t max_pixels);
@@ -54,7 +56,7 @@ class VisionCache {
  private:
   struct KeyHash {
     size_t operator()(const VisionCacheKey& k) const {
-      return static_cast<size_t>(k.hash_lo ^ (k.hash_hi * 31));
+      return Sha256DigestHash{}(k.content) ^ static_cast<size_t>(k.max_pixels * 31 + k.min_pixels);
     }
   };
   using Lru = std::list<std::pair<VisionCacheKey, std::shared_ptr<const EncodedImage>>>;

@@ -6,10 +6,44 @@
 
 namespace vlm {
 
-BlockPool::BlockPool(int32_t num_blocks) : ref_(std::max(0, num_blocks), 0) {
-  free_.reserve(ref_.size());
-  // Pushed in reverse so that allocation hands out 0, 1, 2, ... first.
-  for (int32_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
+BlockPool::BlockPool(int32_t num_blocks)
+    : ref_(std::max(0, num_blocks), 0),
+      prev_(ref_.size() + 1),
+      next_(ref_.size() + 1),
+      hashed_(ref_.size(), 0),
+      hash_(ref_.size()) {
+  const int32_t head = static_cast<int32_t>(ref_.size());
+  prev_[head] = next_[head] = head;
+  // In order, so that allocation hands out 0, 1, 2, ... first.
+  for (int32_t b = 0; b < head; ++b) push_back(b);
+  size_t slots = 2;
+  while (slots < 2 * ref_.size()) slots *= 2;
+  slots_.assign(slots, -1);
+  mask_ = slots - 1;
+}
+
+void BlockPool::unlink(int32_t b) {
+  next_[prev_[b]] = next_[b];
+  prev_[next_[b]] = prev_[b];
+  --num_free_;
+}
+
+void BlockPool::push_front(int32_t b) {
+  const int32_t head = num_blocks();
+  prev_[b] = head;
+  next_[b] = next_[head];
+  prev_[next_[head]] = b;
+  next_[head] = b;
+  ++num_free_;
+}
+
+void BlockPool::push_back(int32_t b) {
+  const int32_t head = num_blocks();
+  next_[b] = head;
+  prev_[b] = prev_[head];
+  next_[prev_[head]] = b;
+  prev_[head] = b;
+  ++num_free_;
 }
 
 Status BlockPool::allocate(int32_t n, std::vector<int32_t>* out) {
@@ -20,24 +54,80 @@ Status BlockPool::allocate(int32_t n, std::vector<int32_t>* out) {
                                                 std::to_string(num_blocks()));
   }
   for (int32_t i = 0; i < n; ++i) {
-    const int32_t b = free_.back();
-    free_.pop_back();
+    const int32_t b = next_[num_blocks()];
+    unlink(b);
+    if (hashed_[b]) {
+      drop_hash(b);
+      ++evictions_;
+    }
     ref_[b] = 1;
     out->push_back(b);
   }
   return ok_status();
 }
 
-void BlockPool::retain(int32_t block) {
-  VLM_CHECK(block >= 0 && block < num_blocks() && ref_[block] > 0, "retain of a free block");
-  ++ref_[block];
+void BlockPool::touch(int32_t block) {
+  VLM_CHECK(block >= 0 && block < num_blocks(), "touch of a block out of range");
+  if (ref_[block]++ == 0) unlink(block);
 }
 
-void BlockPool::release(const std::vector<int32_t>& blocks) {
-  for (int32_t b : blocks) {
+void BlockPool::release(std::span<const int32_t> blocks) {
+  for (size_t i = blocks.size(); i-- > 0;) {
+    const int32_t b = blocks[i];
     VLM_CHECK(b >= 0 && b < num_blocks() && ref_[b] > 0, "release of a free block");
-    if (--ref_[b] == 0) free_.push_back(b);
+    if (--ref_[b] == 0) {
+      if (hashed_[b]) {
+        push_back(b);
+      } else {
+        push_front(b);
+      }
+    }
   }
+}
+
+int32_t BlockPool::lookup(const BlockHash& hash) const {
+  for (size_t i = home(hash);; i = (i + 1) & mask_) {
+    const int32_t b = slots_[i];
+    if (b < 0) return -1;
+    if (hash_[b] == hash) return b;
+  }
+}
+
+void BlockPool::cache(int32_t block, const BlockHash& hash) {
+  VLM_CHECK(block >= 0 && block < num_blocks() && ref_[block] > 0, "cache of a free block");
+  if (hashed_[block]) return;
+  size_t i = home(hash);
+  for (; slots_[i] >= 0; i = (i + 1) & mask_) {
+    if (hash_[slots_[i]] == hash) return;
+  }
+  slots_[i] = block;
+  hash_[block] = hash;
+  hashed_[block] = 1;
+  ++num_cached_;
+}
+
+// NOTE: backward-shift deletion (no tombstones): the entries after the hole that may move into it
+// (their home is not cyclically within (hole, j]) do, until an empty slot ends the run.
+void BlockPool::drop_hash(int32_t b) {
+  size_t hole = home(hash_[b]);
+  while (slots_[hole] != b) hole = (hole + 1) & mask_;
+  for (size_t j = (hole + 1) & mask_; slots_[j] >= 0; j = (j + 1) & mask_) {
+    const size_t k = home(hash_[slots_[j]]);
+    const bool stays = hole <= j ? (hole < k && k <= j) : (hole < k || k <= j);
+    if (stays) continue;
+    slots_[hole] = slots_[j];
+    hole = j;
+  }
+  slots_[hole] = -1;
+  hashed_[b] = 0;
+  --num_cached_;
+}
+
+void BlockPool::reset_cache() {
+  std::fill(slots_.begin(), slots_.end(), -1);
+  std::fill(hashed_.begin(), hashed_.end(), 0);
+  num_cached_ = 0;
+  // Free blocks that were cached keep their places in the list; they are plain free blocks now.
 }
 
 KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size)
@@ -57,6 +147,14 @@ const KvCacheManager::Seq* KvCacheManager::find(int64_t seq) const {
   return nullptr;
 }
 
+KvCacheManager::Seq& KvCacheManager::add_seq(int64_t seq, int64_t total_tokens,
+                                             int64_t token_limit) {
+  seqs_.push_back({seq, {}, 0});
+  Seq& s = seqs_.back();
+  s.blocks.reserve(blocks_for(std::max(total_tokens, token_limit)));
+  return s;
+}
+
 bool KvCacheManager::can_reserve(int64_t seq, int64_t total_tokens) const {
   const Seq* s = find(seq);
   const int32_t have = s ? static_cast<int32_t>(s->blocks.size()) : 0;
@@ -70,11 +168,7 @@ Status KvCacheManager::reserve(int64_t seq, int64_t total_tokens, int64_t token_
   if (need > 0 && need > pool_.num_free()) {
     return pool_.allocate(need, nullptr);  // the pool's kUnavailable; nothing changes
   }
-  if (s == nullptr) {
-    seqs_.push_back({seq, {}});
-    s = &seqs_.back();
-    s->blocks.reserve(blocks_for(std::max(total_tokens, token_limit)));
-  }
+  if (s == nullptr) s = &add_seq(seq, total_tokens, token_limit);
   // NOTE(vlm): blocks go straight into the table (no temporary): a decode step that crosses a
   // block boundary allocates no heap memory.
   return need > 0 ? pool_.allocate(need, &s->blocks) : ok_status();
@@ -95,6 +189,56 @@ const std::vector<int32_t>& KvCacheManager::block_table(int64_t seq) const {
   static const std::vector<int32_t> kEmpty;
   const Seq* s = find(seq);
   return s ? s->blocks : kEmpty;
+}
+
+int32_t KvCacheManager::cached_prefix(std::span<const BlockHash> hashes, int64_t max_tokens,
+                                      std::vector<int32_t>* blocks) const {
+  blocks->clear();
+  const size_t most = static_cast<size_t>(std::max<int64_t>(max_tokens, 0) / block_size_);
+  for (size_t i = 0; i < hashes.size() && i < most; ++i) {
+    const int32_t b = pool_.lookup(hashes[i]);
+    if (b < 0) break;
+    blocks->push_back(b);
+  }
+  return static_cast<int32_t>(blocks->size());
+}
+
+bool KvCacheManager::can_reserve_prefix(std::span<const int32_t> hit, int64_t total_tokens) const {
+  int32_t hit_free = 0;  // hits that are free blocks now: taking them leaves fewer free
+  for (int32_t b : hit) hit_free += pool_.ref_count(b) == 0 ? 1 : 0;
+  const int32_t need = std::max(0, blocks_for(total_tokens) - static_cast<int32_t>(hit.size()));
+  return need <= pool_.num_free() - hit_free;
+}
+
+Status KvCacheManager::reserve_prefix(int64_t seq, std::span<const int32_t> hit,
+                                      int64_t total_tokens, int64_t token_limit) {
+  VLM_CHECK(find(seq) == nullptr, "reserve_prefix of a sequence that holds blocks");
+  if (!can_reserve_prefix(hit, total_tokens)) {
+    return Status(StatusCode::kUnavailable,
+                  "KV cache: " + std::to_string(blocks_for(total_tokens)) + " blocks needed (" +
+                      std::to_string(hit.size()) + " cached), " + std::to_string(pool_.num_free()) +
+                      " free of " + std::to_string(pool_.num_blocks()));
+  }
+  Seq& s = add_seq(seq, total_tokens, token_limit);
+  for (int32_t b : hit) {
+    pool_.touch(b);
+    s.blocks.push_back(b);
+  }
+  s.num_hashed = static_cast<int32_t>(hit.size());
+  const int32_t need = blocks_for(total_tokens) - static_cast<int32_t>(hit.size());
+  return need > 0 ? pool_.allocate(need, &s.blocks) : ok_status();
+}
+
+void KvCacheManager::cache_full_blocks(int64_t seq, std::span<const BlockHash> hashes,
+                                       int64_t tokens) {
+  Seq* s = find(seq);
+  if (s == nullptr) return;
+  const int32_t full = std::min<int32_t>({static_cast<int32_t>(tokens / block_size_),
+                                          static_cast<int32_t>(hashes.size()),
+                                          static_cast<int32_t>(s->blocks.size())});
+  for (; s->num_hashed < full; ++s->num_hashed) {
+    pool_.cache(s->blocks[s->num_hashed], hashes[s->num_hashed]);
+  }
 }
 
 }  // namespace vlm

@@ -1,11 +1,14 @@
-// One request as the scheduler sees it: token counts and a state, nothing else (no token ids, no
-// tensors). Following vLLM v1 (vllm/v1/request.py), the scheduler counts tokens, not phases: a
-// request still needs `num_tokens - num_computed_tokens` tokens computed. While that is > 1 it is
-// prefilling (a fresh prompt, a later chunk of one, or a recompute after preemption); when it is
-// exactly 1 it is decoding (the last sampled token has no KV yet).
+// One request as the scheduler sees it: token counts, a state and its blocks' content hashes (no
+// token ids, no tensors). Following vLLM v1 (vllm/v1/request.py), the scheduler counts tokens, not
+// phases: a request still needs `num_tokens - num_computed_tokens` tokens computed. While that is >
+// 1 it is prefilling (a fresh prompt, a later chunk of one, or a recompute after preemption); when
+// it is exactly 1 it is decoding (the last sampled token has no KV yet).
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "kv/block_hash.h"
 
 namespace vlm {
 
@@ -27,6 +30,13 @@ struct SchedRequest {
   int64_t num_tokens_limit() const { return num_prompt_tokens + max_new_tokens; }
   State state = State::kWaiting;
   int64_t arrival = 0;  // 0, 1, 2, ... in order of Scheduler::add
+
+  // Prefix caching: the hashes of the full blocks of its tokens so far, in order (the engine
+  // computes them from the token ids), and whether admission looks them up.
+  std::vector<BlockHash> block_hashes;
+  bool reads_prefix_cache = true;
+  // Prompt tokens found in the prefix cache when first admitted (-1: not admitted yet).
+  int64_t num_cached_tokens = -1;
 
   // Tokens still to compute before the next token can be sampled.
   int64_t num_remaining() const { return num_tokens - num_computed_tokens; }

@@ -36,7 +36,8 @@ Status Scheduler::check_fits(int64_t num_tokens) const {
   return ok_status();
 }
 
-Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tokens) {
+Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tokens,
+                      std::vector<BlockHash> block_hashes, bool reads_prefix_cache) {
   const std::string what = "request " + std::to_string(id);
   if (requests_.count(id) != 0) return invalid_argument(what + ": duplicate id");
   if (num_prompt_tokens < 1) return invalid_argument(what + ": empty prompt");
@@ -56,7 +57,15 @@ Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tok
   r.max_new_tokens = max_new_tokens;
   r.state = SchedRequest::State::kWaiting;
   r.arrival = next_arrival_++;
-  requests_.emplace(id, r);
+  if (config_.prefix_caching) {
+    r.block_hashes = std::move(block_hashes);
+    r.block_hashes.resize(std::min<size_t>(
+        r.block_hashes.size(), static_cast<size_t>(num_prompt_tokens / config_.block_size)));
+    // Room for every block it may fill: add_block_hash never reallocates in a decode step.
+    r.block_hashes.reserve(static_cast<size_t>(r.num_tokens_limit() / config_.block_size));
+    r.reads_prefix_cache = reads_prefix_cache;
+  }
+  requests_.emplace(id, std::move(r));
   waiting_.push_back(id);
   return ok_status();
 }
@@ -79,6 +88,29 @@ void Scheduler::remove(int64_t id) {
   if (auto it = std::find(waiting_.begin(), waiting_.end(), id); it != waiting_.end()) {
     waiting_.erase(it);
   }
+}
+
+void Scheduler::add_block_hash(int64_t id, const BlockHash& hash) {
+  auto it = requests_.find(id);
+  if (it == requests_.end() || !config_.prefix_caching) return;
+  SchedRequest& r = it->second;
+  VLM_CHECK(static_cast<int64_t>(r.block_hashes.size() + 1) * config_.block_size <= r.num_tokens,
+            "add_block_hash before the request's tokens fill the block");
+  r.block_hashes.push_back(hash);
+}
+
+Scheduler::PrefixCacheStats Scheduler::prefix_cache_stats() const {
+  PrefixCacheStats st;
+  st.queries = prefix_queries_;
+  st.hits = prefix_hits_;
+  st.cached_blocks = kv_.pool().num_cached();
+  st.evictions = kv_.pool().evictions();
+  return st;
+}
+
+void Scheduler::cache_blocks(const ScheduledItem& item) {
+  const SchedRequest& r = requests_.at(item.request_id);
+  kv_.cache_full_blocks(item.request_id, r.block_hashes, item.first_token + item.num_tokens);
 }
 
 const SchedRequest* Scheduler::find(int64_t id) const {
@@ -140,6 +172,12 @@ void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget) {
     out->items.push_back({id, r.num_computed_tokens, n});
     *budget -= n;
   }
+  // Keyed once the running set is settled (a preemption above may withdraw a chunk scheduled
+  // before it): the blocks this step fills are computed by it, so a request admitted below may
+  // already read them (each layer stores the pass's K/V before any of its attention runs).
+  if (config_.prefix_caching) {
+    for (const ScheduledItem& item : out->items) cache_blocks(item);
+  }
 }
 
 bool Scheduler::reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out,
@@ -181,18 +219,37 @@ void Scheduler::preempt(int64_t id, SchedulerOutput* out, int64_t* budget) {
 // request cannot be starved by a stream of small ones.
 void Scheduler::schedule_waiting(SchedulerOutput* out, int64_t* budget) {
   while (!waiting_.empty() && num_running() < config_.max_num_seqs) {
-    SchedRequest& r = requests_.at(waiting_.front());
-    const int64_t n = prefill_chunk(r, *budget, /*alone=*/running_.empty());
-    if (n <= 0) break;
-    if (!kv_.can_reserve(r.id, r.num_computed_tokens + n)) break;  // admission by free blocks
-    VLM_CHECK(kv_.reserve(r.id, r.num_computed_tokens + n, r.num_tokens_limit()).ok(),
-              "reserve after can_reserve");
-    waiting_.pop_front();
-    running_.push_back(r.id);
-    r.state = SchedRequest::State::kRunning;
-    out->items.push_back({r.id, r.num_computed_tokens, n});
-    *budget -= n;
+    if (!admit(requests_.at(waiting_.front()), out, budget)) break;
   }
+}
+
+// A waiting request holds no blocks (preemption freed them). With prefix caching it starts after
+// the longest run of its blocks found cached — whole blocks, and never its last token, whose
+// logits the step must compute (vLLM's rule) — wherever that falls, inside an image too.
+bool Scheduler::admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget) {
+  const bool lookup = config_.prefix_caching && r.reads_prefix_cache;
+  const int32_t hit = lookup ? kv_.cached_prefix(r.block_hashes, r.num_tokens - 1, &hit_) : 0;
+  if (!lookup) hit_.clear();
+  r.num_computed_tokens = int64_t{hit} * config_.block_size;
+  const int64_t n = prefill_chunk(r, *budget, /*alone=*/running_.empty());
+  if (n <= 0 || !kv_.can_reserve_prefix(hit_, r.num_computed_tokens + n)) {
+    r.num_computed_tokens = 0;  // admission by free blocks: not this step
+    return false;
+  }
+  VLM_CHECK(kv_.reserve_prefix(r.id, hit_, r.num_computed_tokens + n, r.num_tokens_limit()).ok(),
+            "reserve after can_reserve");
+  waiting_.pop_front();
+  running_.push_back(r.id);
+  r.state = SchedRequest::State::kRunning;
+  out->items.push_back({r.id, r.num_computed_tokens, n});
+  *budget -= n;
+  if (lookup) {
+    prefix_queries_ += r.num_tokens;
+    prefix_hits_ += r.num_computed_tokens;
+  }
+  if (r.num_cached_tokens < 0) r.num_cached_tokens = r.num_computed_tokens;
+  if (config_.prefix_caching) cache_blocks(out->items.back());
+  return true;
 }
 
 void Scheduler::update(const std::vector<std::pair<int64_t, int64_t>>& computed) {

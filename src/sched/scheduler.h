@@ -30,6 +30,9 @@ struct SchedulerConfig {
   int64_t max_batched_tokens = 2048;  // token budget of one step (must be >= max_num_seqs)
   bool chunked_prefill = true;        // split long prefills across steps
   int64_t max_waiting = 256;          // add() beyond this many queued requests: ResourceExhausted
+  // Automatic prefix caching: full blocks are keyed by the hashes add() and add_block_hash()
+  // pass, and admission starts a request after the longest run of them found cached.
+  bool prefix_caching = false;
 };
 
 // Compute tokens [first_token, first_token + num_tokens) of `request_id` this step.
@@ -55,7 +58,11 @@ class Scheduler {
   // num_prompt_tokens < 1, or max_new_tokens < 1 (a prefill always samples one token).
   // OutOfRange: prompt + max_new_tokens need more blocks than the whole cache, so it could never
   // run. ResourceExhausted: the waiting queue holds max_waiting requests (the server answers 429).
-  Status add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tokens);
+  // With prefix caching, `block_hashes` are the prompt's full blocks' hashes (fewer, or none, is
+  // fine: only what is given is looked up and keyed); `reads_prefix_cache` false computes every
+  // token (the blocks are still keyed for others).
+  Status add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tokens,
+             std::vector<BlockHash> block_hashes = {}, bool reads_prefix_cache = true);
   // OutOfRange when a request that may reach num_tokens tokens could never run: it needs more
   // blocks than the whole cache. Reads only the fixed configuration, so any thread may ask
   // (EngineCore::submit does).
@@ -79,6 +86,21 @@ class Scheduler {
   void append_token(int64_t id);
   // Done (eos, stop string or length): frees its blocks and drops the request. Unknown: no-op.
   void finish(int64_t id);
+  // The next full block's hash, once the request's tokens fill it (a generated token completed
+  // it). Unknown: no-op.
+  void add_block_hash(int64_t id, const BlockHash& hash);
+  // Forgets every cached block's key (e.g. after a failed forward pass whose blocks were keyed
+  // but never computed).
+  void reset_prefix_cache() { kv_.reset_cache(); }
+
+  // Prefix caching counters, in tokens: the tokens of every admitted request that looked the cache
+  // up, and those found there. Cached blocks now, and blocks evicted so far.
+  struct PrefixCacheStats {
+    int64_t queries = 0, hits = 0;
+    int32_t cached_blocks = 0;
+    int64_t evictions = 0;
+  };
+  PrefixCacheStats prefix_cache_stats() const;
 
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
@@ -104,6 +126,10 @@ class Scheduler {
   bool reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out, int64_t* budget);
   void preempt(int64_t id, SchedulerOutput* out, int64_t* budget);
   void remove(int64_t id);
+  // Admits the head of the waiting queue: its cached prefix, then its first chunk.
+  bool admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget);
+  // Keys the blocks `item` fills this step.
+  void cache_blocks(const ScheduledItem& item);
 
   SchedulerConfig config_;
   KvCacheManager kv_;
@@ -111,7 +137,9 @@ class Scheduler {
   std::vector<int64_t> running_;                        // oldest admitted first
   std::deque<int64_t> waiting_;                         // FCFS; preempted requests at the front
   std::vector<int64_t> order_;  // schedule_running's scratch (kept: its memory is reused)
+  std::vector<int32_t> hit_;    // admit's scratch: the cached blocks found
   int64_t next_arrival_ = 0;
+  int64_t prefix_queries_ = 0, prefix_hits_ = 0;
 };
 
 }  // namespace vlm

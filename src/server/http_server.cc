@@ -93,6 +93,9 @@ struct Server::Impl {
   Counter* cache_hits = nullptr;
   Counter* cache_misses = nullptr;
   Counter* preemptions = nullptr;
+  Counter* prefix_queries = nullptr;
+  Counter* prefix_hits = nullptr;
+  Counter* prefix_evictions = nullptr;
   Counter* conns_rejected = nullptr;
   Histogram* ttft = nullptr;
   Histogram* itl = nullptr;
@@ -105,6 +108,7 @@ struct Server::Impl {
   Gauge* waiting = nullptr;
   Gauge* kv_used = nullptr;
   Gauge* kv_total = nullptr;
+  Gauge* prefix_blocks = nullptr;
   Gauge* conns_open = nullptr;
   Gauge* gpu_util = nullptr;  // these three: only with --device cuda
   Gauge* gpu_mem_used = nullptr;
@@ -212,7 +216,7 @@ struct ChoiceState {
   std::string text;
   std::vector<TokenLogprob> logprobs;  // with logprobs: their bytes add up to `text`
   FinishReason reason = FinishReason::kNone;
-  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   bool finished = false;
   Clock::time_point last_token;
   bool has_token = false;
@@ -223,7 +227,10 @@ struct ChoiceState {
 Usage usage_of(const std::vector<ChoiceState>& choices, int n) {
   Usage u;
   for (size_t i = 0; i < choices.size(); ++i) {
-    if (i % static_cast<size_t>(n) == 0) u.prompt_tokens += choices[i].prompt_tokens;
+    if (i % static_cast<size_t>(n) == 0) {
+      u.prompt_tokens += choices[i].prompt_tokens;
+      u.cached_tokens += choices[i].cached_tokens;
+    }
     u.completion_tokens += choices[i].completion_tokens;
   }
   return u;
@@ -368,6 +375,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     c.reason = p.finish_reason;
     c.prompt_tokens = st.prompt_tokens;
     c.completion_tokens = st.completion_tokens;
+    c.cached_tokens = st.cached_tokens;
     s_.prompt_tokens->inc(static_cast<double>(st.prompt_tokens));
     s_.generated_tokens->inc(static_cast<double>(st.completion_tokens));
     s_.queue_time->observe(st.queue_ms / 1e3);
@@ -462,6 +470,11 @@ void Server::Impl::scrape_metrics() {
   cache_hits->inc(static_cast<double>(st.vision_cache_hits - mirrored.vision_cache_hits));
   cache_misses->inc(static_cast<double>(st.vision_cache_misses - mirrored.vision_cache_misses));
   preemptions->inc(static_cast<double>(st.preemptions - mirrored.preemptions));
+  prefix_queries->inc(static_cast<double>(st.prefix_cache_queries - mirrored.prefix_cache_queries));
+  prefix_hits->inc(static_cast<double>(st.prefix_cache_hits - mirrored.prefix_cache_hits));
+  prefix_evictions->inc(
+      static_cast<double>(st.prefix_cache_evictions - mirrored.prefix_cache_evictions));
+  prefix_blocks->set(static_cast<double>(st.prefix_cache_blocks));
   mirrored = st;
 }
 
@@ -693,6 +706,14 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
       &m.counter("vlm_vision_cache_misses_total", "Images run through the vision encoder");
   impl->preemptions =
       &m.counter("vlm_preemptions_total", "Requests preempted (KV cache full) and recomputed");
+  impl->prefix_queries =
+      &m.counter("vlm_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache");
+  impl->prefix_hits = &m.counter("vlm_prefix_cache_hits_total",
+                                 "Prompt tokens found in the prefix cache (not computed)");
+  impl->prefix_evictions =
+      &m.counter("vlm_prefix_cache_evictions_total", "Cached KV blocks evicted to make room");
+  impl->prefix_blocks =
+      &m.gauge("vlm_prefix_cache_blocks", "KV blocks holding cached contents (in use or free)");
   impl->conns_rejected = &m.counter("vlm_http_connections_rejected_total",
                                     "Connections turned away with 503 at --max-connections");
   const std::vector<double> lat = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};

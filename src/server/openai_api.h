@@ -170,6 +170,7 @@ struct CompletionChoice {
 struct Usage {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache
 };
 
 // "stop", "length", or std::nullopt for kNone (JSON null).

@@ -308,7 +308,15 @@ TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
   ASSERT_TRUE(fetched && inline_png);
   ASSERT_EQ(fetched->status, 200) << fetched->body;
   ASSERT_EQ(inline_png->status, 200) << inline_png->body;
-  EXPECT_EQ(json::parse(fetched->body)["usage"], json::parse(inline_png->body)["usage"]);
+  const json fetched_usage = json::parse(fetched->body)["usage"];
+  const json inline_usage = json::parse(inline_png->body)["usage"];
+  EXPECT_EQ(fetched_usage["prompt_tokens"], inline_usage["prompt_tokens"]);
+  EXPECT_EQ(fetched_usage["completion_tokens"], inline_usage["completion_tokens"]);
+  // The same bytes are the same image, however they came: the second prompt is served from the
+  // prefix cache up to its last whole block before the final token.
+  EXPECT_EQ(fetched_usage["prompt_tokens_details"]["cached_tokens"], 0);
+  const int64_t prompt = inline_usage["prompt_tokens"];
+  EXPECT_EQ(inline_usage["prompt_tokens_details"]["cached_tokens"], (prompt - 1) / 16 * 16);
   EXPECT_EQ(json::parse(fetched->body)["choices"][0]["message"]["content"],
             json::parse(inline_png->body)["choices"][0]["message"]["content"]);
   auto redirected = ask((*remote)->port(), base + "/moved.png");

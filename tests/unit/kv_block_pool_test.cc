@@ -1,7 +1,10 @@
-// Paged KV bookkeeping: allocation is all-or-nothing, frees return blocks, tables grow per seq.
+// Paged KV bookkeeping: allocation is all-or-nothing, frees return blocks, tables grow per seq;
+// prefix caching: chained block hashes, cached blocks found by hash, evicted least recently used
+// and only when no other free block is left.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <set>
 
@@ -21,7 +24,7 @@ TEST(BlockPool, AllocatesAllOrNothingAndRecycles) {
   EXPECT_EQ(s.code(), StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("2 blocks needed, 1 free of 4"), std::string::npos) << s.message();
   EXPECT_TRUE(b.empty());  // nothing taken on failure
-  pool.release({a[1]});
+  pool.release(std::vector<int32_t>{a[1]});
   EXPECT_EQ(pool.num_free(), 2);
   ASSERT_TRUE(pool.allocate(2, &b).ok());
   EXPECT_EQ(pool.num_free(), 0);
@@ -31,7 +34,7 @@ TEST(BlockPool, SharedBlocksFreeOnLastRelease) {
   BlockPool pool(2);
   std::vector<int32_t> a;
   ASSERT_TRUE(pool.allocate(1, &a).ok());
-  pool.retain(a[0]);
+  pool.touch(a[0]);
   EXPECT_EQ(pool.ref_count(a[0]), 2);
   pool.release(a);
   EXPECT_EQ(pool.num_free(), 1);
@@ -108,6 +111,186 @@ TEST(KvCacheManager, RandomTrafficNeverLeaksOrSharesBlocks) {
     }
     ASSERT_EQ(total, kv.pool().num_used());
   }
+}
+
+BlockHash digest(uint8_t v) {
+  BlockHash h{};
+  h.fill(v);
+  return h;
+}
+
+TEST(BlockHasher, ChainsParentTokensAndExtraKeys) {
+  const BlockHasher a(digest(1)), b(digest(2));
+  const std::vector<int32_t> t = {1, 2, 3, 4}, u = {1, 2, 3, 5};
+  const BlockHash h0 = a.hash(nullptr, t, {});
+  EXPECT_EQ(h0, a.hash(nullptr, t, {}));  // a function of its inputs
+  EXPECT_NE(h0, b.hash(nullptr, t, {}));  // the seed is the first block's parent
+  EXPECT_NE(h0, a.hash(nullptr, u, {}));
+  EXPECT_NE(a.hash(&h0, t, {}), h0);  // the parent is part of the key
+  EXPECT_NE(a.hash(&h0, t, {}), a.hash(nullptr, u, {}));
+  BlockExtraKey img;
+  img.content = digest(7);
+  img.params = {1024, 4096};
+  BlockExtraKey other_image = img, other_budget = img;
+  other_image.content[31] ^= 1;
+  other_budget.params[1] = 8192;
+  const BlockHash with = a.hash(nullptr, t, std::vector<BlockExtraKey>{img});
+  EXPECT_NE(with, h0);
+  EXPECT_NE(with, a.hash(nullptr, t, std::vector<BlockExtraKey>{other_image}));
+  EXPECT_NE(with, a.hash(nullptr, t, std::vector<BlockExtraKey>{other_budget}));
+  EXPECT_NE(with, a.hash(nullptr, t, std::vector<BlockExtraKey>{img, img}));
+  // Two default-constructed hashers draw different seeds.
+  EXPECT_NE(BlockHasher().hash(nullptr, t, {}), BlockHasher().hash(nullptr, t, {}));
+}
+
+TEST(BlockPool, CachedBlocksAreFreeAndEvictedLeastRecentlyUsedLast) {
+  BlockPool pool(6);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(pool.allocate(3, &a).ok());  // 0, 1, 2
+  for (int i = 0; i < 3; ++i) pool.cache(a[i], digest(static_cast<uint8_t>(10 + i)));
+  EXPECT_EQ(pool.num_cached(), 3);
+  EXPECT_EQ(pool.lookup(digest(11)), 1);
+  EXPECT_EQ(pool.lookup(digest(99)), -1);
+  pool.release(a);                // freed last block first: 2 is evicted before 1 before 0
+  EXPECT_EQ(pool.num_free(), 6);  // cached blocks with no reference count as free
+  EXPECT_EQ(pool.num_used(), 0);
+  EXPECT_EQ(pool.num_cached(), 3);
+
+  // A hit takes a free cached block out of the free list; releasing it makes it the most recent.
+  pool.touch(0);
+  EXPECT_EQ(pool.num_free(), 5);
+  EXPECT_EQ(pool.ref_count(0), 1);
+  pool.release(std::vector<int32_t>{0});
+
+  // New blocks come from the never-used ones first: nothing is evicted.
+  std::vector<int32_t> b;
+  ASSERT_TRUE(pool.allocate(3, &b).ok());
+  EXPECT_EQ(b, (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_EQ(pool.evictions(), 0);
+  // A hashless block freed is reused before any cached block.
+  pool.release(std::vector<int32_t>{b[1]});
+  std::vector<int32_t> c;
+  ASSERT_TRUE(pool.allocate(1, &c).ok());
+  EXPECT_EQ(c[0], 4);
+  EXPECT_EQ(pool.evictions(), 0);
+  // Then the least recently used: 2 (the tail of the released sequence), then 1, then 0.
+  c.clear();
+  ASSERT_TRUE(pool.allocate(2, &c).ok());
+  EXPECT_EQ(c, (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(pool.evictions(), 2);
+  EXPECT_EQ(pool.lookup(digest(12)), -1);
+  EXPECT_EQ(pool.lookup(digest(11)), -1);
+  EXPECT_EQ(pool.lookup(digest(10)), 0);
+  EXPECT_EQ(pool.num_cached(), 1);
+  // A second block with the same contents is not keyed: the first stays the one found.
+  pool.cache(c[0], digest(10));
+  EXPECT_EQ(pool.lookup(digest(10)), 0);
+  EXPECT_FALSE(pool.has_hash(c[0]));
+  pool.reset_cache();
+  EXPECT_EQ(pool.lookup(digest(10)), -1);
+  EXPECT_EQ(pool.num_cached(), 0);
+}
+
+TEST(KvCacheManager, PrefixHitsShareBlocksAndCountTheirReferences) {
+  KvCacheManager kv(8, 4);
+  std::vector<BlockHash> h = {digest(1), digest(2), digest(3)};
+  ASSERT_TRUE(kv.reserve(1, 10).ok());  // 3 blocks, 2 full after 10 tokens
+  kv.cache_full_blocks(1, h, 10);
+  std::vector<int32_t> hit;
+  EXPECT_EQ(kv.cached_prefix(h, 100, &hit), 2);
+  EXPECT_EQ(hit, (std::vector<int32_t>{kv.block_table(1)[0], kv.block_table(1)[1]}));
+  EXPECT_EQ(kv.cached_prefix(h, 7, &hit), 1);  // at most 7 tokens: one whole block
+  EXPECT_EQ(kv.cached_prefix(std::vector<BlockHash>{digest(9), digest(2)}, 100, &hit), 0);
+  ASSERT_EQ(kv.cached_prefix(h, 100, &hit), 2);
+  ASSERT_TRUE(kv.reserve_prefix(2, hit, 12).ok());
+  EXPECT_EQ(kv.block_table(2).size(), 3u);
+  EXPECT_EQ(kv.pool().ref_count(hit[0]), 2);
+  EXPECT_EQ(kv.pool().num_used(), 4);  // 3 + 1 new
+  kv.free(1);
+  EXPECT_EQ(kv.pool().ref_count(hit[0]), 1);
+  kv.free(2);
+  EXPECT_EQ(kv.pool().num_used(), 0);
+  EXPECT_EQ(kv.pool().num_cached(), 2);
+  // Hits on free cached blocks take them from the free count: 8 blocks, 2 of them the hit, so a
+  // sequence of 8 blocks fits with them and one of 9 does not.
+  ASSERT_EQ(kv.cached_prefix(h, 100, &hit), 2);
+  EXPECT_TRUE(kv.can_reserve_prefix(hit, 32));
+  EXPECT_FALSE(kv.can_reserve_prefix(hit, 33));
+  EXPECT_EQ(kv.reserve_prefix(3, hit, 33).code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(kv.block_table(3).empty());
+  EXPECT_EQ(kv.pool().num_used(), 0);
+}
+
+// A long random workload over a small pool: sequences built from a few shared prefixes, their
+// full blocks keyed as they fill, hits reused, everything freed. Every step: reference counts equal
+// the tables holding each block, a cached block holds what its key says, the hash table never
+// outgrows the pool; at the end every count is back to zero.
+TEST(KvCacheManager, RandomPrefixTrafficKeepsCountsAndContentsRight) {
+  constexpr int32_t kBlocks = 48, kBs = 4;
+  KvCacheManager kv(kBlocks, kBs);
+  const BlockHasher hasher;
+  std::mt19937 rng(11);
+  std::vector<std::vector<int32_t>> bases(4);
+  for (auto& b : bases) {
+    for (int i = 0; i < 40; ++i) b.push_back(static_cast<int32_t>(rng() % 50));
+  }
+  struct Live {
+    std::vector<int32_t> tokens;
+    std::vector<BlockHash> hashes;
+  };
+  std::map<int64_t, Live> live;
+  std::vector<BlockHash> content(kBlocks);  // what each block was filled with (its key)
+  std::vector<uint8_t> filled(kBlocks, 0);
+  int64_t hits = 0, next = 0;
+  for (int step = 0; step < 5000; ++step) {
+    if (!live.empty() && rng() % 3 == 0) {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      kv.free(it->first);
+      live.erase(it);
+    } else {
+      Live l;
+      l.tokens = bases[rng() % bases.size()];
+      l.tokens.resize(rng() % 40 + 1);
+      for (int i = rng() % 12; i > 0; --i) l.tokens.push_back(static_cast<int32_t>(rng() % 50));
+      for (size_t k = 0; (k + 1) * kBs <= l.tokens.size(); ++k) {
+        l.hashes.push_back(hasher.hash(k == 0 ? nullptr : &l.hashes[k - 1],
+                                       std::span(l.tokens).subspan(k * kBs, kBs), {}));
+      }
+      std::vector<int32_t> hit;
+      const int64_t n = static_cast<int64_t>(l.tokens.size());
+      const int32_t got = kv.cached_prefix(l.hashes, n - 1, &hit);
+      for (int32_t k = 0; k < got; ++k) {
+        ASSERT_TRUE(filled[hit[k]]);
+        ASSERT_EQ(content[hit[k]], l.hashes[k]) << "a hit on a block holding other contents";
+      }
+      if (!kv.reserve_prefix(next, hit, n).ok()) continue;
+      hits += got;
+      const auto& table = kv.block_table(next);
+      for (size_t k = got; k < l.hashes.size(); ++k) {  // "computing" the rest
+        content[table[k]] = l.hashes[k];
+        filled[table[k]] = 1;
+      }
+      kv.cache_full_blocks(next, l.hashes, n);
+      live.emplace(next++, std::move(l));
+    }
+    std::vector<int32_t> refs(kBlocks, 0);
+    for (const auto& [id, l] : live) {
+      for (int32_t b : kv.block_table(id)) ++refs[b];
+    }
+    int32_t used = 0;
+    for (int32_t b = 0; b < kBlocks; ++b) {
+      ASSERT_EQ(kv.pool().ref_count(b), refs[b]) << "block " << b;
+      used += refs[b] > 0;
+    }
+    ASSERT_EQ(kv.pool().num_used(), used);
+    ASSERT_LE(kv.pool().num_cached(), kBlocks);
+  }
+  EXPECT_GT(hits, 1000);
+  EXPECT_GT(kv.pool().evictions(), 100);
+  for (const auto& [id, l] : live) kv.free(id);
+  EXPECT_EQ(kv.pool().num_used(), 0);
+  EXPECT_EQ(kv.pool().num_free(), kBlocks);
 }
 
 }  // namespace

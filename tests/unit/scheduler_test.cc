@@ -341,13 +341,133 @@ TEST(Scheduler, FinishFreesBlocks) {
   EXPECT_EQ(s.kv_blocks_total(), 16);
 }
 
+// Prefix caching: hashes of a token sequence's full blocks.
+std::vector<BlockHash> hashes_of(const BlockHasher& h, const std::vector<int32_t>& tokens,
+                                 int32_t bs) {
+  std::vector<BlockHash> out;
+  for (size_t k = 0; (k + 1) * bs <= tokens.size(); ++k) {
+    out.push_back(h.hash(k == 0 ? nullptr : &out[k - 1],
+                         std::span(tokens).subspan(k * bs, static_cast<size_t>(bs)), {}));
+  }
+  return out;
+}
+
+SchedulerConfig caching(SchedulerConfig c) {
+  c.prefix_caching = true;
+  return c;
+}
+
+TEST(SchedulerPrefixCache, AdmissionStartsAfterTheCachedBlocks) {
+  Scheduler s = make(caching(config(32, 8, 4, 256)));
+  const BlockHasher h;
+  std::vector<int32_t> a(40), b(40);
+  for (int i = 0; i < 40; ++i) a[i] = b[i] = i;
+  for (int i = 28; i < 40; ++i) b[i] = 100 + i;  // b shares a's first 3 blocks
+  ASSERT_TRUE(s.add(1, 40, 4, hashes_of(h, a, 8)).ok());
+  SchedulerOutput out = s.schedule();
+  ASSERT_EQ(out.items.size(), 1u);
+  EXPECT_EQ(out.items[0].first_token, 0);
+  EXPECT_EQ(s.find(1)->num_cached_tokens, 0);
+  while (s.find(1) != nullptr) run_step(s, s.schedule());
+  EXPECT_EQ(s.kv_blocks_used(), 0);  // finished: its cached blocks count as free
+  EXPECT_EQ(s.prefix_cache_stats().cached_blocks, 5);
+
+  ASSERT_TRUE(s.add(2, 40, 4, hashes_of(h, b, 8)).ok());
+  ASSERT_TRUE(s.add(3, 40, 4, hashes_of(h, a, 8)).ok());
+  ASSERT_TRUE(s.add(4, 40, 4, hashes_of(h, a, 8), /*reads_prefix_cache=*/false).ok());
+  out = s.schedule();
+  ASSERT_EQ(out.items.size(), 3u);
+  EXPECT_EQ(item_of(out, 2)->first_token, 24);  // 3 blocks
+  EXPECT_EQ(item_of(out, 3)->first_token, 32);  // 4 of 5: the last token is always computed
+  EXPECT_EQ(item_of(out, 3)->num_tokens, 8);
+  EXPECT_EQ(item_of(out, 4)->first_token, 0);
+  EXPECT_EQ(s.find(2)->num_cached_tokens, 24);
+  EXPECT_EQ(s.find(3)->num_cached_tokens, 32);
+  EXPECT_EQ(s.block_table(2)[0], s.block_table(3)[0]);
+  EXPECT_NE(s.block_table(4)[0], s.block_table(3)[0]);
+  const Scheduler::PrefixCacheStats st = s.prefix_cache_stats();
+  EXPECT_EQ(st.queries, 40 + 40 + 40);  // request 4 did not look
+  EXPECT_EQ(st.hits, 24 + 32);
+  // Blocks in use by running requests count as used, once each.
+  EXPECT_EQ(s.kv_blocks_used(), 5 + 2 + 5);
+}
+
+TEST(SchedulerPrefixCache, RequestsOfOneStepShareWhatTheFirstComputes) {
+  // n > 1: identical prompts admitted together. The first computes the prompt; the blocks it
+  // fills are keyed at once, so the others start after them in the same step.
+  Scheduler s = make(caching(config(32, 8, 4, 256)));
+  const BlockHasher h;
+  std::vector<int32_t> p(30);
+  for (int i = 0; i < 30; ++i) p[i] = 7 * i;
+  for (int64_t id = 1; id <= 3; ++id) ASSERT_TRUE(s.add(id, 30, 2, hashes_of(h, p, 8)).ok());
+  const SchedulerOutput out = s.schedule();
+  ASSERT_EQ(out.items.size(), 3u);
+  EXPECT_EQ(item_of(out, 1)->first_token, 0);
+  EXPECT_EQ(item_of(out, 2)->first_token, 24);
+  EXPECT_EQ(item_of(out, 3)->first_token, 24);
+  EXPECT_EQ(out.total_tokens, 30 + 6 + 6);
+  EXPECT_EQ(s.kv_blocks_used(), 4 + 1 + 1);
+}
+
+TEST(SchedulerPrefixCache, PreemptedRequestsFindTheirOwnBlocksAgain) {
+  // Two requests fill a small cache; the newest is preempted, and readmitted later it finds its
+  // prompt and generated blocks still cached (keyed as the tokens filled them).
+  Scheduler s = make(caching(config(9, 4, 2, 64)));  // 6 + 5 blocks at their limits
+  const BlockHasher h;
+  std::vector<std::vector<int32_t>> tok = {{}, {}, {}};
+  for (int i = 0; i < 8; ++i) {
+    tok[1].push_back(i);
+    tok[2].push_back(50 + i);
+  }
+  ASSERT_TRUE(s.add(1, 8, 16, hashes_of(h, tok[1], 4)).ok());
+  ASSERT_TRUE(s.add(2, 8, 12, hashes_of(h, tok[2], 4)).ok());
+  bool preempted = false;
+  int64_t cached_on_return = -1;
+  for (int step = 0; step < 100 && (s.find(1) != nullptr || s.find(2) != nullptr); ++step) {
+    const SchedulerOutput out = s.schedule();
+    if (!out.preempted.empty()) preempted = true;
+    if (preempted && cached_on_return < 0) {
+      if (const ScheduledItem* it = item_of(out, 2); it != nullptr)
+        cached_on_return = it->first_token;
+    }
+    std::vector<std::pair<int64_t, int64_t>> computed;
+    for (const ScheduledItem& i : out.items) computed.emplace_back(i.request_id, i.num_tokens);
+    s.update(computed);
+    for (const ScheduledItem& i : out.items) {
+      const SchedRequest* r = s.find(i.request_id);
+      if (r->num_computed_tokens < r->num_tokens) continue;
+      if (r->num_tokens + 1 == r->num_tokens_limit()) {
+        s.finish(i.request_id);
+        continue;
+      }
+      s.append_token(i.request_id);
+      auto& t = tok[i.request_id];
+      t.push_back(static_cast<int32_t>(1000 + t.size()));
+      if (t.size() % 4 == 0) s.add_block_hash(i.request_id, hashes_of(h, t, 4).back());
+    }
+  }
+  EXPECT_TRUE(preempted);
+  EXPECT_GT(cached_on_return, 8) << "the readmitted request should find its generated blocks";
+  EXPECT_EQ(s.kv_blocks_used(), 0);
+}
+
 // Many requests of random sizes arriving over time, some aborted, driven to completion; every
 // step checks the budget, the block accounting and that the work in flight makes progress.
-class SchedulerSimulation : public ::testing::TestWithParam<std::pair<bool, uint32_t>> {};
+// With prefix caching the prompts come from a few shared texts and every token computed is
+// written to its block's slot as a fingerprint of the sequence up to it, so that each step checks
+// that what a chunk attends to (its earlier positions, through its table) holds its own prefix.
+struct SimParams {
+  bool chunked;
+  uint32_t seed;
+  bool prefix_caching = false;
+};
+
+class SchedulerSimulation : public ::testing::TestWithParam<SimParams> {};
 
 TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
-  const auto [chunked, seed] = GetParam();
+  const auto [chunked, seed, prefix_caching] = GetParam();
   SchedulerConfig c = config(32, 16, 8, 128, chunked);  // 512 tokens: preemption is common
+  c.prefix_caching = prefix_caching;
   c.max_waiting = 24;
   Scheduler s = make(c);
   std::mt19937 rng(seed);
@@ -361,6 +481,26 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
     const int64_t prompt = uniform(1, 300);
     pending.emplace_back(prompt, prompt + uniform(1, 120));
   }
+  const BlockHasher hasher;
+  std::vector<std::vector<int32_t>> texts(3), tokens(kRequests);
+  for (auto& t : texts) {
+    for (int i = 0; i < 300; ++i) t.push_back(static_cast<int32_t>(uniform(0, 9)));
+  }
+  for (int64_t i = 0; i < kRequests; ++i) {  // a shared text's head, then the request's own
+    const auto& t = texts[static_cast<size_t>(uniform(0, 2))];
+    const int64_t shared = uniform(0, pending[i].first);
+    tokens[i].assign(t.begin(), t.begin() + shared);
+    while (static_cast<int64_t>(tokens[i].size()) < pending[i].first)
+      tokens[i].push_back(static_cast<int32_t>(uniform(0, 9)));
+  }
+  // fingerprint(i, p): the sequence of request i up to and including position p.
+  auto fingerprint = [&](int64_t i, int64_t p) {
+    uint64_t f = 1469598103934665603ull;
+    for (int64_t k = 0; k <= p; ++k)
+      f = (f ^ static_cast<uint64_t>(tokens[i][k])) * 1099511628211ull;
+    return f;
+  };
+  std::vector<uint64_t> slots(static_cast<size_t>(c.num_blocks) * 16, 0);
   std::set<int64_t> live, finished, aborted;
   int64_t next = 0, preemptions = 0, rejected = 0;
   constexpr int kMaxSteps = 20000;
@@ -369,7 +509,8 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
     if (next == kRequests && live.empty()) break;
     for (int64_t k = uniform(0, 3); k > 0 && next < kRequests; --k) {
       const Status st =
-          s.add(next, pending[next].first, pending[next].second - pending[next].first);
+          s.add(next, pending[next].first, pending[next].second - pending[next].first,
+                prefix_caching ? hashes_of(hasher, tokens[next], 16) : std::vector<BlockHash>{});
       if (st.code() == StatusCode::kResourceExhausted) {
         ++rejected;  // the client retries later
         break;
@@ -402,6 +543,20 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
       EXPECT_GE(static_cast<int64_t>(s.block_table(i.request_id).size()) * 16,
                 i.first_token + i.num_tokens);
     }
+    // The forward pass: every chunk's K/V written, then its attention reads its prefix (within a
+    // layer, all stores come before any attention).
+    for (const ScheduledItem& i : out.items) {
+      const auto& table = s.block_table(i.request_id);
+      for (int64_t p = i.first_token; p < i.first_token + i.num_tokens; ++p)
+        slots[table[p / 16] * 16 + p % 16] = fingerprint(i.request_id, p);
+    }
+    for (const ScheduledItem& i : out.items) {
+      const auto& table = s.block_table(i.request_id);
+      for (int64_t p = 0; p < i.first_token + i.num_tokens; ++p) {
+        ASSERT_EQ(slots[table[p / 16] * 16 + p % 16], fingerprint(i.request_id, p))
+            << "request " << i.request_id << " reads a wrong K/V at " << p << ", step " << step;
+      }
+    }
     EXPECT_EQ(sum, out.total_tokens);
     if (chunked || out.items.size() > 1) {
       ASSERT_LE(out.total_tokens, c.max_batched_tokens) << "step " << step;
@@ -413,21 +568,34 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
       EXPECT_EQ(s.find(id)->state, State::kPreempted);
       EXPECT_EQ(ids.count(id), 0u);
     }
-    // Block accounting: the pool's used count is exactly the sum of the tables.
+    // Block accounting: the pool's used count is exactly the blocks the tables hold.
+    std::set<int32_t> held_blocks;
     int64_t table_blocks = 0;
     for (int64_t id : live) {
       const SchedRequest* r = s.find(id);
       ASSERT_NE(r, nullptr) << id;
-      const int64_t held = static_cast<int64_t>(s.block_table(id).size());
-      table_blocks += held;
-      if (r->state != State::kRunning) EXPECT_EQ(held, 0);
+      const auto& table = s.block_table(id);
+      table_blocks += static_cast<int64_t>(table.size());
+      held_blocks.insert(table.begin(), table.end());
+      if (r->state != State::kRunning) EXPECT_EQ(table.size(), 0u);
     }
-    ASSERT_EQ(table_blocks, s.kv_blocks_used());
+    ASSERT_EQ(static_cast<int64_t>(held_blocks.size()), s.kv_blocks_used());
+    if (!prefix_caching) ASSERT_EQ(table_blocks, s.kv_blocks_used());
     EXPECT_EQ(s.num_running() + s.num_waiting(), static_cast<int64_t>(live.size()));
 
     for (int64_t id : run_step(s, out)) {
       live.erase(id);
       finished.insert(id);
+    }
+    for (const ScheduledItem& i : out.items) {  // sampled tokens join; full blocks are keyed
+      const SchedRequest* r = s.find(i.request_id);
+      if (r == nullptr) continue;
+      auto& t = tokens[i.request_id];
+      while (static_cast<int64_t>(t.size()) < r->num_tokens) {
+        t.push_back(static_cast<int32_t>(uniform(0, 9)));
+        if (prefix_caching && t.size() % 16 == 0)
+          s.add_block_hash(i.request_id, hashes_of(hasher, t, 16).back());
+      }
     }
     for (int64_t id : live) {  // each request's blocks cover its computed tokens
       const SchedRequest* r = s.find(id);
@@ -443,11 +611,18 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
   RecordProperty("steps", step);
   RecordProperty("preemptions", static_cast<int>(preemptions));
   EXPECT_GT(rejected, 0) << "the simulation should exercise the full queue";
+  if (prefix_caching) {
+    EXPECT_GT(s.prefix_cache_stats().hits, 1000) << "the simulation should exercise prefix hits";
+    EXPECT_GT(s.prefix_cache_stats().evictions, 0) << "and evictions";
+    EXPECT_LE(s.prefix_cache_stats().cached_blocks, c.num_blocks);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerSimulation,
-                         ::testing::Values(std::make_pair(true, 1u), std::make_pair(true, 2u),
-                                           std::make_pair(false, 3u), std::make_pair(false, 4u)));
+                         ::testing::Values(SimParams{true, 1u}, SimParams{true, 2u},
+                                           SimParams{false, 3u}, SimParams{false, 4u},
+                                           SimParams{true, 5u, true}, SimParams{true, 6u, true},
+                                           SimParams{false, 7u, true}));
 
 }  // namespace
 }  // namespace vlm

@@ -392,6 +392,9 @@ int run_bench(const BenchArgs& a) {
     for (int64_t b : batches) opts.batching.max_num_seqs = std::max(opts.batching.max_num_seqs, b);
     opts.batching.max_waiting =
         std::max<int64_t>(opts.batching.max_waiting, opts.batching.max_num_seqs);
+    // Every rep computes its whole prompt (the reps repeat one prompt, which the prefix cache
+    // would otherwise serve).
+    opts.batching.prefix_caching = false;
     auto engine_or = vlm::Engine::load(opts);
     if (!engine_or.ok()) return fail(engine_or.status().message());
     vlm::Engine& engine = **engine_or;

@@ -309,6 +309,9 @@ int main(int argc, char** argv) {
       "Batching window: an idle engine waits this long for more arrivals (default 0)");
   serve->add_option("--vision-cache-mib", so.engine.batching.vision_cache_mib,
                     "Memory for cached vision-encoder outputs (default 512; 0 = off)");
+  bool no_prefix_caching = false;
+  serve->add_flag("--no-prefix-caching", no_prefix_caching,
+                  "Compute every prompt in full (default: KV blocks are reused by content)");
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context,
                     "Context limit in tokens (0 = model maximum)");
@@ -353,6 +356,7 @@ int main(int argc, char** argv) {
 
   if (*run) return cmd_run(ra);
   if (*serve) {
+    so.engine.batching.prefix_caching = !no_prefix_caching;
     so.engine.prefill_chunk =
         std::max<int64_t>(so.engine.prefill_chunk, so.engine.batching.max_batched_tokens);
     so.handle_signals = true;

@@ -1,0 +1,27 @@
+#include "core/sha256.h"
+
+#include <nettle/sha2.h>
+
+namespace vlm {
+
+static_assert(sizeof(sha256_ctx) <= 128 && alignof(sha256_ctx) <= 8);
+
+Sha256::Sha256() { sha256_init(reinterpret_cast<sha256_ctx*>(ctx_)); }
+
+void Sha256::update(const void* data, size_t n) {
+  sha256_update(reinterpret_cast<sha256_ctx*>(ctx_), n, static_cast<const uint8_t*>(data));
+}
+
+Sha256Digest Sha256::finish() {
+  Sha256Digest d;
+  sha256_digest(reinterpret_cast<sha256_ctx*>(ctx_), d.size(), d.data());  // also re-inits
+  return d;
+}
+
+Sha256Digest Sha256::of(std::span<const uint8_t> bytes) {
+  Sha256 h;
+  h.update(bytes.data(), bytes.size());
+  return h.finish();
+}
+
+}  // namespace vlm
