@@ -406,5 +406,85 @@ TEST_F(ServerTest, MetricsReportRequestsAndKvBlocks) {
   }
 }
 
+// 16 clients hold 3-turn chats about an image at once, against this server (prefix caching on)
+// and one with it off: every reply is the same, later turns are served mostly from the cache,
+// and no block stays in use.
+TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
+  ServeOptions o = tiny_options();
+  o.engine.batching.max_num_seqs = 4;
+  o.engine.batching.max_batched_tokens = 64;
+  o.engine.batching.block_size = 8;
+  o.engine.batching.prefix_caching = false;
+  auto plain = Server::create(o);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  ASSERT_TRUE((*plain)->wait_until_loaded().ok());
+  std::thread plain_thread([&] { (*plain)->run(); });
+
+  std::vector<std::string> images;
+  for (const char* f : {"synthetic_tiny.png", "synthetic_tall.png"}) {
+    images.push_back(
+        "data:image/png;base64," +
+        base64_encode(test_util::read_file(std::string(VLM_FIXTURES_DIR) + "/vision-f32/" + f)));
+  }
+  constexpr int kClients = 16, kTurns = 3;
+  struct Chat {
+    std::vector<std::string> replies;
+    std::vector<int64_t> cached;
+  };
+  auto talk = [&](int port, int i) {
+    Chat chat;
+    json messages = json::array(
+        {json{{"role", "user"},
+              {"content",
+               json::array({json{{"type", "image_url"}, {"image_url", {{"url", images[i % 2]}}}},
+                            json{{"type", "text"},
+                                 {"text", "What is in picture " + std::to_string(i) + "?"}}})}}});
+    for (int t = 0; t < kTurns; ++t) {
+      json body = chat_body("", 6 + (i + t) % 3);
+      body["messages"] = messages;
+      auto r =
+          test_http::Client(port).Post("/v1/chat/completions", body.dump(), "application/json");
+      if (!r || r->status != 200) {
+        ADD_FAILURE() << "client " << i << " turn " << t << ": " << (r ? r->body : "no reply");
+        return chat;
+      }
+      const json reply = json::parse(r->body);
+      const std::string text = reply["choices"][0]["message"]["content"];
+      chat.replies.push_back(text);
+      chat.cached.push_back(reply["usage"]["prompt_tokens_details"]["cached_tokens"]);
+      messages.push_back(json{{"role", "assistant"}, {"content", text}});
+      messages.push_back(
+          json{{"role", "user"}, {"content", "And then? (" + std::to_string(t) + ")"}});
+    }
+    return chat;
+  };
+  auto run_all = [&](int port) {
+    std::vector<Chat> chats(kClients);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kClients; ++i) threads.emplace_back([&, i] { chats[i] = talk(port, i); });
+    for (auto& th : threads) th.join();
+    return chats;
+  };
+  const std::vector<Chat> without = run_all((*plain)->port());
+  const std::vector<Chat> with = run_all(server_->port());
+  int64_t later_turns_cached = 0;
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(with[i].replies, without[i].replies) << "client " << i;
+    for (int64_t c : without[i].cached) EXPECT_EQ(c, 0);
+    for (size_t t = 1; t < with[i].cached.size(); ++t) {
+      EXPECT_GT(with[i].cached[t], with[i].cached[t - 1]) << "client " << i << " turn " << t;
+      later_turns_cached += with[i].cached[t];
+    }
+  }
+  EXPECT_GT(later_turns_cached, 0);
+  auto m = client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("vlm_kv_cache_blocks_used 0"), std::string::npos) << m->body;
+  EXPECT_EQ(m->body.find("vlm_prefix_cache_hits_total 0\n"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("vlm_prefix_cache_queries_total"), std::string::npos) << m->body;
+  (*plain)->stop();
+  plain_thread.join();
+}
+
 }  // namespace
 }  // namespace vlm
