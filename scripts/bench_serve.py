@@ -5,6 +5,18 @@ Runs a closed-loop concurrency sweep with an image+text chat workload and report
 concurrency level, requests/s, output tok/s and TTFT / TPOT / ITL / end-to-end latency
 percentiles as a markdown table (stdout), a JSON file and a PNG plot.
 
+Two workloads (--workload):
+  single     every request a fresh conversation: one distinct image and a question.
+  multiturn  conversations of --turns requests: an image and a question, then follow-up
+             questions, each request carrying the whole chat so far (the replies included), as
+             chat clients send it; concurrency counts conversations in flight. TTFT is also
+             reported for the first turns and the follow-ups apart, with the prompt tokens the
+             server says it found cached (usage.prompt_tokens_details.cached_tokens).
+
+With --vlm, --variant NAME=ARGS (repeatable) runs the whole sweep once per variant, each on its
+own server started with --serve-args plus ARGS, in one run (e.g. --variant on= --variant
+off=--no-prefix-caching), and reports them side by side.
+
 Each request streams (`stream: true`, `stream_options.include_usage`), decodes greedily
 (`temperature: 0`) and asks for exactly `--output-len` tokens (`max_tokens` plus the vLLM-style
 `ignore_eos: true`). Every request carries a distinct JPEG made deterministically from the
@@ -127,7 +139,17 @@ def make_prompt(words: int, index: int) -> str:
     return f"{question} Context: {filler}."
 
 
-def build_body(args, model: str, index: int, images: ImageMaker | None) -> tuple[bytes, int]:
+FOLLOW_UPS = [
+    "What colours stand out the most?",
+    "Is there any text or writing visible?",
+    "What might have happened just before this picture was taken?",
+    "Summarise the picture in five words.",
+    "Which object is closest to the camera?",
+    "Describe the lighting.",
+]
+
+
+def first_message(args, index: int, images: ImageMaker | None) -> tuple[dict, int]:
     text = make_prompt(args.prompt_words, index)
     image_bytes = 0
     if images is None:
@@ -140,9 +162,18 @@ def build_body(args, model: str, index: int, images: ImageMaker | None) -> tuple
             {"type": "image_url", "image_url": {"url": url}},
             {"type": "text", "text": text},
         ]
+    return {"role": "user", "content": content}, image_bytes
+
+
+def build_body(args, model: str, index: int, images: ImageMaker | None) -> tuple[bytes, int]:
+    message, image_bytes = first_message(args, index, images)
+    return chat_body(args, model, [message]), image_bytes
+
+
+def chat_body(args, model: str, messages: list[dict]) -> bytes:
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": content}],
+        "messages": messages,
         "max_tokens": args.output_len,
         "ignore_eos": True,
         "temperature": 0.0,
@@ -152,7 +183,7 @@ def build_body(args, model: str, index: int, images: ImageMaker | None) -> tuple
     if getattr(args, "logprobs", 0):
         body["logprobs"] = True
         body["top_logprobs"] = args.logprobs
-    return json.dumps(body).encode("utf-8"), image_bytes
+    return json.dumps(body).encode("utf-8")
 
 
 # --------------------------------------------------------------------------- requests
@@ -172,6 +203,9 @@ class RequestResult:
     finish_reason: str | None = None
     image_bytes: int = 0
     output_chars: int = 0
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
+    turn: int = 0  # multiturn: 0 for a conversation's first request
+    text: str = ""  # the reply (multiturn: the next request carries it)
 
     @property
     def e2e(self) -> float:
@@ -243,12 +277,16 @@ async def _stream_request(client: httpx.AsyncClient, url: str, headers: dict, bo
                         res.first_chunk = now
                     res.chunk_times.append(now)
                     res.output_chars += len(text)
+                    res.text += text
                 if choice.get("finish_reason"):
                     res.finish_reason = choice["finish_reason"]
             usage = obj.get("usage")
             if usage:
                 res.prompt_tokens = usage.get("prompt_tokens")
                 res.completion_tokens = usage.get("completion_tokens")
+                details = usage.get("prompt_tokens_details") or {}
+                if details.get("cached_tokens") is not None:
+                    res.cached_tokens = details["cached_tokens"]
         if not done:
             res.error = "stream ended without [DONE]"
             return
@@ -388,6 +426,7 @@ def summarize(conc: int, results: list[RequestResult], output_len: int) -> dict[
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
     short = [r for r in ok if r.completion_tokens is not None and r.completion_tokens != output_len]
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
     return {
         "concurrency": conc,
         "num_requests": len(results),
@@ -403,6 +442,9 @@ def summarize(conc: int, results: list[RequestResult], output_len: int) -> dict[
         "requests_not_output_len": len(short),
         "missing_usage": sum(1 for r in ok if r.completion_tokens is None),
         "ttft_ms": stats([r.ttft for r in ok if r.ttft is not None]),
+        "ttft_first_turn_ms": stats([r.ttft for r in ok if r.ttft is not None and r.turn == 0]),
+        "ttft_follow_up_ms": stats([r.ttft for r in ok if r.ttft is not None and r.turn > 0]),
+        "cached_prompt_tokens": sum(cached) if cached else None,
         "tpot_ms": stats([r.tpot for r in ok if r.tpot is not None]),
         "itl_ms": stats([g for r in ok for g in r.itls]),
         "e2e_ms": stats([r.e2e for r in ok]),
@@ -421,6 +463,8 @@ def summarize(conc: int, results: list[RequestResult], output_len: int) -> dict[
                 "finish_reason": r.finish_reason,
                 "image_bytes": r.image_bytes,
                 "output_chars": r.output_chars,
+                "cached_tokens": r.cached_tokens,
+                "turn": r.turn,
             }
             for r in results
         ],
@@ -453,9 +497,15 @@ def markdown_table(levels: list[dict]) -> str:
                      or l["server"].get("vision_cache_misses") is not None for l in levels)
     show_preempt = any(l["server"].get("preemptions") is not None for l in levels)
     show_step = any("vlm_engine_step_seconds" in l["server"].get("histogram_means", {}) for l in levels)
+    show_turns = any(l["ttft_follow_up_ms"]["n"] for l in levels)
+    show_cached = any(l.get("cached_prompt_tokens") is not None for l in levels)
     head = ["conc", "reqs", "fail", "req/s", "out tok/s",
             "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "ITL ms p50/p90/p99",
             "E2E ms p50/p90/p99"]
+    if show_turns:
+        head += ["TTFT 1st turn ms p50/p90/p99", "TTFT follow-ups ms p50/p90/p99"]
+    if show_cached:
+        head.append("prompt tokens cached")
     if show_cache:
         head.append("vision cache hit/miss")
     if show_preempt:
@@ -467,6 +517,11 @@ def markdown_table(levels: list[dict]) -> str:
         row = [str(l["concurrency"]), str(l["num_requests"]), str(l["failed"]),
                f"{l['request_throughput']:.3f}", f"{l['output_throughput']:.2f}",
                _trio(l["ttft_ms"]), _trio(l["tpot_ms"]), _trio(l["itl_ms"]), _trio(l["e2e_ms"])]
+        if show_turns:
+            row += [_trio(l["ttft_first_turn_ms"]), _trio(l["ttft_follow_up_ms"])]
+        if show_cached:
+            c, t = l.get("cached_prompt_tokens"), l["total_prompt_tokens"]
+            row.append("–" if c is None or not t else f"{100.0 * c / t:.0f}%")
         if show_cache:
             row.append(f"{_count(l['server'].get('vision_cache_hits'))} / "
                        f"{_count(l['server'].get('vision_cache_misses'))}")
@@ -530,6 +585,51 @@ def plot(levels: list[dict], path: str, title: str) -> None:
         ax.set_xticklabels([str(c) for c in conc])
         ax.set_xlabel("concurrency (requests in flight)")
         ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_variants(runs: list[dict], path: str, title: str) -> None:
+    """Each variant's sweep on the same axes: throughput, TTFT (all, and follow-up turns when
+    there are any) and end-to-end latency, p50 solid and p99 dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    fig.suptitle(title, fontsize=10)
+    follow = any(l["ttft_follow_up_ms"]["n"] for r in runs for l in r["levels"])
+    panels = [(axes[0][1], "ttft_ms", "TTFT, all requests (ms)"),
+              (axes[1][0], "ttft_follow_up_ms" if follow else "tpot_ms",
+               "TTFT, follow-up turns (ms)" if follow else "TPOT (ms)"),
+              (axes[1][1], "e2e_ms", "end-to-end latency (ms)")]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    conc_all = sorted({l["concurrency"] for r in runs for l in r["levels"]})
+    for i, r in enumerate(runs):
+        c = colors[i % len(colors)]
+        conc = [l["concurrency"] for l in r["levels"]]
+        axes[0][0].plot(conc, [l["request_throughput"] for l in r["levels"]], "o-", color=c,
+                        label=r["name"])
+        for ax, key, _ in panels:
+            for p, style in ((50, "o-"), (99, "s--")):
+                pts = [(l["concurrency"], l[key].get(f"p{p}")) for l in r["levels"]
+                       if l[key].get(f"p{p}") is not None]
+                if pts:
+                    ax.plot(*zip(*pts), style, color=c, label=f"{r['name']} p{p}")
+    axes[0][0].set_title("throughput (requests/s)")
+    axes[0][0].set_ylim(bottom=0)
+    for ax, _, name in panels:
+        ax.set_title(name)
+        ax.set_yscale("log")
+    for ax in (axes[0][0], axes[0][1], axes[1][0], axes[1][1]):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(conc_all)
+        ax.set_xticklabels([str(c) for c in conc_all])
+        ax.set_xlabel("concurrency")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -632,11 +732,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seconds to wait for /health")
     g.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
     g.add_argument("--model-name", help="'model' in the requests; /v1/models' first id if unset")
+    g.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                   help="with --vlm: run the sweep once per variant, its server started with "
+                   "--serve-args plus ARGS (repeatable)")
     w = p.add_argument_group("workload")
     w.add_argument("--concurrency", default="1,2,4,8,16",
                    help="comma-separated levels (requests in flight)")
+    w.add_argument("--workload", choices=("single", "multiturn"), default="single",
+                   help="single: one image + question per request; multiturn: conversations "
+                   "of --turns requests (see the module doc)")
+    w.add_argument("--turns", type=int, default=5,
+                   help="multiturn: requests per conversation (the image turn + follow-ups)")
     w.add_argument("--requests-per-level", type=int, default=0,
-                   help="requests per level (0: 2 x concurrency, at least 4)")
+                   help="requests (multiturn: conversations) per level (0: 2 x concurrency, "
+                   "at least 4)")
     w.add_argument("--output-len", type=int, default=32, help="max_tokens (with ignore_eos)")
     w.add_argument("--image-size", default="448x448", help="WxH of each generated JPEG")
     w.add_argument("--no-image", action="store_true", help="text-only requests")
@@ -670,6 +779,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--output-len must be >= 1")
     if args.vlm and not args.model:
         p.error("--vlm needs --model")
+    if args.variant and not args.vlm:
+        p.error("--variant needs --vlm (each variant starts its own server)")
+    args.variants = []
+    for v in args.variant:
+        name, sep, extra = v.partition("=")
+        if not sep or not name:
+            p.error(f"--variant takes NAME=ARGS, got {v!r}")
+        args.variants.append((name, extra))
+    if args.turns < 1:
+        p.error("--turns must be >= 1")
     return args
 
 
@@ -686,7 +805,7 @@ def git_commit() -> str | None:
         return None
 
 
-async def run(args: argparse.Namespace, server: ServerProcess | None) -> int:
+async def run(args: argparse.Namespace, server: ServerProcess | None) -> dict:
     base = args.base_url.rstrip("/")
     max_conc = max(args.levels)
     limits = httpx.Limits(max_connections=max_conc + 4, max_keepalive_connections=max_conc + 4,
@@ -732,22 +851,50 @@ async def run(args: argparse.Namespace, server: ServerProcess | None) -> int:
         levels = []
         for conc in args.levels:
             n = args.requests_per_level if args.requests_per_level > 0 else max(4, 2 * conc)
-            # Build every body (and image) before the clock starts.
-            bodies = []
-            for _ in range(n):
-                bodies.append((next_index, *build_body(args, model, next_index, images)))
-                next_index += 1
-            before = await scrape_metrics(side, base)
             sem = asyncio.Semaphore(conc)
+            if args.workload == "single":
+                # Build every body (and image) before the clock starts.
+                bodies = []
+                for _ in range(n):
+                    bodies.append((next_index, *build_body(args, model, next_index, images)))
+                    next_index += 1
 
-            async def one(idx: int, body: bytes, nbytes: int) -> RequestResult:
-                async with sem:
-                    return await send_request(client, url, {}, body, idx, nbytes, args.timeout)
+                async def one(idx: int, body: bytes, nbytes: int) -> list[RequestResult]:
+                    async with sem:
+                        return [await send_request(client, url, {}, body, idx, nbytes,
+                                                   args.timeout)]
 
-            log(args, f"  concurrency {conc}: {n} requests ...")
-            results = await asyncio.gather(*(one(i, b, nb) for i, b, nb in bodies))
+                jobs = [one(i, b, nb) for i, b, nb in bodies]
+            else:
+                firsts = []
+                for _ in range(n):
+                    firsts.append((next_index, *first_message(args, next_index, images)))
+                    next_index += 1
+
+                async def chat(idx: int, first: dict, nbytes: int) -> list[RequestResult]:
+                    async with sem:
+                        messages, out = [first], []
+                        for t in range(args.turns):
+                            body = chat_body(args, model, messages)
+                            res = await send_request(client, url, {}, body,
+                                                     idx * args.turns + t,
+                                                     nbytes if t == 0 else 0, args.timeout)
+                            res.turn = t
+                            out.append(res)
+                            if not res.ok:
+                                break
+                            messages.append({"role": "assistant", "content": res.text})
+                            messages.append({"role": "user",
+                                             "content": FOLLOW_UPS[(idx + t) % len(FOLLOW_UPS)]})
+                        return out
+
+                jobs = [chat(i, m, nb) for i, m, nb in firsts]
+            before = await scrape_metrics(side, base)
+            what = "requests" if args.workload == "single" else f"conversations of {args.turns}"
+            log(args, f"  concurrency {conc}: {n} {what} ...")
+            results = [r for rs in await asyncio.gather(*jobs) for r in rs]
             after = await scrape_metrics(side, base)
-            summary = summarize(conc, list(results), args.output_len)
+            summary = summarize(conc, results, args.output_len)
             delta = metrics_delta(before, after)
             summary["server"] = highlight_metrics(delta)
             summary["server_metrics"] = delta
@@ -757,48 +904,62 @@ async def run(args: argparse.Namespace, server: ServerProcess | None) -> int:
                       f"{summary['output_throughput']:.2f} out tok/s")
             for f in summary["failures"][:5]:
                 log(args, f"    failure {f}")
+    return {"model": model, "served_model_ids": served_ids, "warmup": warmups, "levels": levels,
+            "base_url": base, "server_command": server.cmd if server else None}
 
-    table = markdown_table(levels)
-    print(table)
+
+def report(args: argparse.Namespace, runs: list[dict]) -> int:
+    """The table(s) on stdout, the JSON file and the plot."""
+    many = len(runs) > 1
     notes = []
-    short = sum(l["requests_not_output_len"] for l in levels)
-    if short:
-        notes.append(f"{short} completed requests did not generate exactly {args.output_len} "
-                     f"tokens (does the server honour ignore_eos?)")
-    missing = sum(l["missing_usage"] for l in levels)
-    if missing:
-        notes.append(f"{missing} replies had no usage chunk; their token counts are content "
-                     f"chunks")
-    failed = sum(l["failed"] for l in levels)
-    if failed:
-        notes.append(f"{failed} requests failed (messages in the JSON file)")
+    for r in runs:
+        levels = r["levels"]
+        if many:
+            print(f"\n**{r['name']}** (`vlm serve {r['serve_args']}`):\n")
+        print(markdown_table(levels))
+        prefix = f"{r['name']}: " if many else ""
+        short = sum(l["requests_not_output_len"] for l in levels)
+        if short:
+            notes.append(f"{prefix}{short} completed requests did not generate exactly "
+                         f"{args.output_len} tokens (does the server honour ignore_eos?)")
+        missing = sum(l["missing_usage"] for l in levels)
+        if missing:
+            notes.append(f"{prefix}{missing} replies had no usage chunk; their token counts are "
+                         f"content chunks")
+        failed = sum(l["failed"] for l in levels)
+        if failed:
+            notes.append(f"{prefix}{failed} requests failed (messages in the JSON file)")
     for nline in notes:
         print(f"\nNote: {nline}")
 
+    model = runs[0]["model"]
     img = "no image" if args.no_image else f"{args.size[0]}x{args.size[1]} JPEG"
-    title = (f"vlm serve — {model} — {img}, {args.prompt_words} filler words, "
+    work = ("" if args.workload == "single"
+            else f"{args.turns}-turn conversations, ")
+    title = (f"vlm serve — {model} — {work}{img}, {args.prompt_words} filler words, "
              f"{args.output_len} output tokens — {_dt.date.today().isoformat()}")
-    report = {
+    report_json = {
         "command": [sys.executable] + sys.argv,
         "command_line": shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "date": _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds"),
         "repo_commit": git_commit(),
-        "base_url": base,
-        "model": model,
-        "served_model_ids": served_ids,
-        "server_command": server.cmd if server else None,
         "config": {k: v for k, v in vars(args).items() if k not in ("levels", "size")},
         "percentile_method": "numpy.percentile, linear interpolation",
-        "warmup": warmups,
-        "levels": levels,
         "notes": notes,
     }
+    if many:
+        report_json["variants"] = runs
+    else:
+        report_json.update(runs[0])
     if args.out_json:
-        Path(args.out_json).write_text(json.dumps(report, indent=1))
+        Path(args.out_json).write_text(json.dumps(report_json, indent=1))
         log(args, f"wrote {args.out_json}")
     if args.out_png:
         try:
-            plot(levels, args.out_png, title)
+            if many:
+                plot_variants(runs, args.out_png, title)
+            else:
+                plot(runs[0]["levels"], args.out_png, title)
             log(args, f"wrote {args.out_png}")
         except Exception as e:  # noqa: BLE001 - the table and JSON are already out
             print(f"bench_serve: could not draw {args.out_png}: {type(e).__name__}: {e}",
@@ -809,23 +970,32 @@ async def run(args: argparse.Namespace, server: ServerProcess | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    server = None
-    if args.vlm:
-        log_path = args.server_log or tempfile.mkstemp(prefix="vlm-serve-", suffix=".log")[1]
-        server = ServerProcess(args.vlm, args.model, args.serve_args, log_path)
-        log(args, f"bench_serve: started {shlex.join(server.cmd)} (log: {log_path})")
+    runs = []
+    for name, extra in args.variants or [("vlm", "")]:
+        server = None
+        serve_args = (args.serve_args + " " + extra).strip()
+        if args.vlm:
+            log_path = args.server_log or tempfile.mkstemp(prefix="vlm-serve-", suffix=".log")[1]
+            if args.server_log and args.variants:
+                log_path = f"{args.server_log}.{name}"
+            server = ServerProcess(args.vlm, args.model, serve_args, log_path)
+            log(args, f"bench_serve: started {shlex.join(server.cmd)} (log: {log_path})")
+            try:
+                args.base_url = server.wait_url(args.startup_timeout)
+            except SystemExit:
+                server.stop()
+                raise
         try:
-            args.base_url = server.wait_url(args.startup_timeout)
-        except SystemExit:
-            server.stop()
-            raise
-    try:
-        return asyncio.run(run(args, server))
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        if server is not None:
-            server.stop()
+            result = asyncio.run(run(args, server))
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            if server is not None:
+                server.stop()
+        result["name"] = name
+        result["serve_args"] = serve_args
+        runs.append(result)
+    return report(args, runs)
 
 
 if __name__ == "__main__":
