@@ -201,6 +201,45 @@ TEST(PrefixCache, DifferentImagesOrBudgetsNeverShareBlocks) {
   EXPECT_GT(logits(*warm, png, true).cached, image_start + 20);
 }
 
+// n > 1: the same prompt submitted 4 times at once is computed once; the other three find it
+// (in the same step or the next), and their tokens equal a request alone without the cache.
+TEST(PrefixCache, CopiesOfOnePromptShareItsBlocks) {
+  const Prompt p = vision_case("two_images");
+  GenerateRequest r;
+  r.prompt_ids = p.ids;
+  r.images = p.images;
+  r.max_new_tokens = 6;
+  r.sampling.do_sample = false;
+  r.ignore_eos = true;
+  auto cold = load_fixture_engine("vision-f32", no_cache());
+  BatchingOptions o;
+  o.block_size = 4;
+  auto warm = load_fixture_engine("vision-f32", o);
+  ASSERT_TRUE(cold && warm);
+  auto want = cold->generate(r);
+  ASSERT_TRUE(want.ok()) << want.status().message();
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    auto s = warm->submit(r);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    streams.push_back(std::move(s).value());
+  }
+  for (auto& s : streams) {
+    std::vector<int32_t> tokens;
+    RequestOutput piece;
+    while (s->next(&piece)) {
+      if (piece.token_id >= 0) tokens.push_back(piece.token_id);
+    }
+    EXPECT_EQ(tokens, want->output_ids);
+  }
+  warm->wait_idle();
+  const int64_t n = want->prompt_tokens;
+  const Engine::CoreStats st = warm->core_stats();
+  EXPECT_EQ(st.prefix_cache_queries, 4 * n);
+  EXPECT_EQ(st.prefix_cache_hits, 3 * ((n - 1) / 4 * 4));
+  EXPECT_EQ(st.kv_blocks_used, 0);
+}
+
 struct Streamed {
   std::vector<int32_t> tokens;
   std::vector<double> logprobs;
