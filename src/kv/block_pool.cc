@@ -155,12 +155,6 @@ KvCacheManager::Seq& KvCacheManager::add_seq(int64_t seq, int64_t total_tokens,
   return s;
 }
 
-bool KvCacheManager::can_reserve(int64_t seq, int64_t total_tokens) const {
-  const Seq* s = find(seq);
-  const int32_t have = s ? static_cast<int32_t>(s->blocks.size()) : 0;
-  return blocks_for(total_tokens) - have <= pool_.num_free();
-}
-
 Status KvCacheManager::reserve(int64_t seq, int64_t total_tokens, int64_t token_limit) {
   Seq* s = find(seq);
   const int32_t have = s ? static_cast<int32_t>(s->blocks.size()) : 0;

@@ -92,7 +92,6 @@ class KvCacheManager {
   void free(int64_t seq);
   // The block table of `seq` (empty when unknown).
   const std::vector<int32_t>& block_table(int64_t seq) const;
-  bool can_reserve(int64_t seq, int64_t total_tokens) const;
 
   // Prefix caching. The longest run of `hashes` (a sequence's full blocks in order) found in the
   // cache, at most `max_tokens` tokens of it, into *blocks (cleared first); returns its length in
