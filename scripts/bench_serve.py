@@ -63,6 +63,8 @@ SCRIPT_DIR = Path(__file__).resolve().parent
 DEFAULT_IMAGES = SCRIPT_DIR.parent / "tests" / "data" / "images"
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"}
 PERCENTILES = (50, 90, 99)
+# Gauges whose largest value during a level is reported (sampled every 0.5 s).
+PEAK_GAUGES = ("vlm_num_requests_running", "vlm_kv_cache_blocks_used")
 
 FILLER = (
     "the quick brown fox jumps over a lazy dog while seven bright stars drift across an old "
@@ -499,6 +501,7 @@ def markdown_table(levels: list[dict]) -> str:
     show_step = any("vlm_engine_step_seconds" in l["server"].get("histogram_means", {}) for l in levels)
     show_turns = any(l["ttft_follow_up_ms"]["n"] for l in levels)
     show_cached = any(l.get("cached_prompt_tokens") is not None for l in levels)
+    show_peak = any(l["server"].get("peaks") for l in levels)
     head = ["conc", "reqs", "fail", "req/s", "out tok/s",
             "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "ITL ms p50/p90/p99",
             "E2E ms p50/p90/p99"]
@@ -506,6 +509,8 @@ def markdown_table(levels: list[dict]) -> str:
         head += ["TTFT 1st turn ms p50/p90/p99", "TTFT follow-ups ms p50/p90/p99"]
     if show_cached:
         head.append("prompt tokens cached")
+    if show_peak:
+        head.append("peak running / KV blocks used")
     if show_cache:
         head.append("vision cache hit/miss")
     if show_preempt:
@@ -522,6 +527,10 @@ def markdown_table(levels: list[dict]) -> str:
         if show_cached:
             c, t = l.get("cached_prompt_tokens"), l["total_prompt_tokens"]
             row.append("–" if c is None or not t else f"{100.0 * c / t:.0f}%")
+        if show_peak:
+            p = l["server"].get("peaks") or {}
+            row.append(f"{_count(p.get('vlm_num_requests_running'))} / "
+                       f"{_count(p.get('vlm_kv_cache_blocks_used'))}")
         if show_cache:
             row.append(f"{_count(l['server'].get('vision_cache_hits'))} / "
                        f"{_count(l['server'].get('vision_cache_misses'))}")
@@ -892,11 +901,30 @@ async def run(args: argparse.Namespace, server: ServerProcess | None) -> dict:
             before = await scrape_metrics(side, base)
             what = "requests" if args.workload == "single" else f"conversations of {args.turns}"
             log(args, f"  concurrency {conc}: {n} {what} ...")
+            peaks: dict[str, float] = {}
+            done = asyncio.Event()
+
+            async def sample() -> None:
+                # The gauges' peaks over the level, read every half second.
+                while not done.is_set():
+                    m = await scrape_metrics(side, base)
+                    for k, v in ((m or {}).get("samples") or {}).items():
+                        if k in PEAK_GAUGES:
+                            peaks[k] = max(peaks.get(k, v), v)
+                    try:
+                        await asyncio.wait_for(done.wait(), 0.5)
+                    except asyncio.TimeoutError:
+                        pass
+
+            sampler = asyncio.create_task(sample())
             results = [r for rs in await asyncio.gather(*jobs) for r in rs]
+            done.set()
+            await sampler
             after = await scrape_metrics(side, base)
             summary = summarize(conc, results, args.output_len)
             delta = metrics_delta(before, after)
             summary["server"] = highlight_metrics(delta)
+            summary["server"]["peaks"] = peaks
             summary["server_metrics"] = delta
             levels.append(summary)
             log(args, f"    {summary['completed']} ok, {summary['failed']} failed, "

@@ -29,6 +29,10 @@ enum class GpuDtype { kBF16, kF32 };
 // does for the checkpoint's dtype (a BF16 checkpoint may multiply in BF16 where that is faster);
 // kF32 keeps every product exact in f32 (what the parity tests compare).
 enum class Precision { kAuto, kF32 };
+// What the KV cache stores (EngineOptions::kv_cache_dtype). kAuto: BF16 on the CPU when the
+// checkpoint's weights are BF16 (else f32); on the GPU the activation type. kInt8: one f32 scale
+// per token and KV head (CPU only).
+enum class KvCacheDtype { kAuto, kF32, kBF16, kInt8 };
 
 // The spellings a command line or a configuration file uses, parsed once where the text comes in:
 // "cpu" | "cuda"; "none" | "int8" | "int4" | "fp8"; "bf16" | "f32"; "auto" | "f32". InvalidArgument
@@ -37,10 +41,12 @@ const char* device_name(Device d);
 const char* quant_name(Quant q);
 const char* gpu_dtype_name(GpuDtype t);
 const char* precision_name(Precision p);
+const char* kv_cache_dtype_name(KvCacheDtype t);
 Result<Device> parse_device(std::string_view name);
 Result<Quant> parse_quant(std::string_view name);
 Result<GpuDtype> parse_gpu_dtype(std::string_view name);
 Result<Precision> parse_precision(std::string_view name);
+Result<KvCacheDtype> parse_kv_cache_dtype(std::string_view name);
 
 // The engine core: the per-step limits, the paged KV cache and the queue. Every request runs
 // through it (Engine::submit, generate, logits).
@@ -50,6 +56,9 @@ struct BatchingOptions {
   // one sequence at the full context (reserved at load, resident as blocks are first written),
   // on "cuda" at EngineOptions::gpu_memory_utilization of the GPU's memory.
   int32_t num_blocks = 0;
+  // With num_blocks 0 on the CPU: the KV cache's size in bytes (K, V and INT8 scales of every
+  // layer) instead of the cap above (0: that cap).
+  int64_t kv_cache_memory = 0;
   int64_t max_num_seqs = 16;
   int64_t max_batched_tokens = 0;  // tokens per step; 0: the prefill chunk (at most that)
   int64_t max_waiting = 256;       // queued (not yet running) requests; beyond: ResourceExhausted
@@ -114,6 +123,7 @@ struct EngineOptions {
   // "cuda": decode steps (one new token per sequence) are captured as CUDA graphs, one per
   // batch-size bucket, and replayed (false: every kernel launched each step).
   bool cuda_graphs = true;
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   BatchingOptions batching;
   // Called on the engine thread after every step that ran the model, with its wall time in
   // seconds (e.g. a step-time histogram); must not block.
@@ -236,6 +246,8 @@ class Engine {
   struct CoreStats {
     int64_t running = 0, waiting = 0, kv_blocks_used = 0, kv_blocks_total = 0, steps = 0,
             preemptions = 0;
+    int64_t kv_block_size = 0, kv_cache_bytes = 0;  // tokens per block; K, V and scales in bytes
+    const char* kv_cache_dtype = "";                // "f32", "bf16" or "int8"
     int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0;
     int64_t vision_cache_bytes = 0;
     // Prefix caching: prompt tokens looked up and found (requests that read the cache), blocks
@@ -258,6 +270,13 @@ class Engine {
     double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
   };
   Result<ImageTimings> encode_image(const ImageInput& image);
+
+  // Times decode attention alone, as a decode step of one sequence runs it (the thread pool,
+  // split-K over long contexts): one query per head against `context` cached positions in every
+  // layer, the K/V (random values) stored as `dtype`, a separate cache per layer so no layer finds
+  // another's in the CPU caches. Milliseconds per step (all layers), per rep. CPU only (for
+  // benchmarks; runs on the engine thread between steps).
+  Result<std::vector<double>> time_decode_attention(int64_t context, KvCacheDtype dtype, int reps);
 
   struct Impl;
 

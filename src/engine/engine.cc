@@ -2,12 +2,14 @@
 #include "vlm/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "core/clock.h"
 #include "engine/engine_impl.h"
 #include "ops/autotune.h"
 #include "ops/cpu_backend.h"
+#include "ops/ops.h"
 #ifdef VLM_HAVE_CUDA
 #include "ops/cuda/cuda_backend.h"
 #endif
@@ -30,6 +32,27 @@ const char* quant_name(Quant q) {
 }
 const char* gpu_dtype_name(GpuDtype t) { return t == GpuDtype::kF32 ? "f32" : "bf16"; }
 const char* precision_name(Precision p) { return p == Precision::kF32 ? "f32" : "auto"; }
+const char* kv_cache_dtype_name(KvCacheDtype t) {
+  switch (t) {
+    case KvCacheDtype::kAuto:
+      return "auto";
+    case KvCacheDtype::kF32:
+      return "f32";
+    case KvCacheDtype::kBF16:
+      return "bf16";
+    case KvCacheDtype::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+Result<KvCacheDtype> parse_kv_cache_dtype(std::string_view name) {
+  for (KvCacheDtype t :
+       {KvCacheDtype::kAuto, KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kInt8}) {
+    if (name == kv_cache_dtype_name(t)) return t;
+  }
+  return invalid_argument("KV cache dtype '" + std::string(name) +
+                          "' is not auto, f32, bf16 or int8");
+}
 
 Result<Device> parse_device(std::string_view name) {
   for (Device d : {Device::kCpu, Device::kCuda}) {
@@ -378,6 +401,71 @@ Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
   });
   VLM_RETURN_IF_ERROR(st);
   return t;
+}
+
+Result<std::vector<double>> Engine::time_decode_attention(int64_t context, KvCacheDtype dtype,
+                                                          int reps) {
+  Impl& m = *impl_;
+  if (m.backend->device() != ops::Device::kCpu) {
+    return invalid_argument("time_decode_attention runs on the CPU backend");
+  }
+  if (context < 1 || reps < 1) return invalid_argument("context and reps must be positive");
+  const DType t = dtype == KvCacheDtype::kBF16   ? DType::kBF16
+                  : dtype == KvCacheDtype::kInt8 ? DType::kI8
+                                                 : DType::kF32;
+  const Qwen3VLTextConfig& c = m.cfg.text_config;
+  const int64_t layers = c.num_hidden_layers, n_kv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t heads = c.num_attention_heads, row = n_kv * hd, bs = 16;
+  const int64_t blocks = (context + bs - 1) / bs, rows = blocks * bs;
+  struct Layer {
+    std::vector<uint8_t> k, v;
+    std::vector<float> ks, vs;
+  };
+  std::vector<Layer> cache(static_cast<size_t>(layers));
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
+  uint32_t state = 12345;
+  auto next = [&state] {  // values in [-2, 2)
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / static_cast<float>(1 << 24) * 4.f - 2.f;
+  };
+  std::vector<float> src(static_cast<size_t>(row)), q(static_cast<size_t>(heads * hd)),
+      out(q.size());
+  for (float& x : q) x = next();
+  const size_t bytes = static_cast<size_t>(rows * row) * dtype_size(t);
+  for (Layer& l : cache) {
+    l.k.resize(bytes);
+    l.v.resize(bytes);
+    if (t == DType::kI8) {
+      l.ks.resize(static_cast<size_t>(rows * n_kv));
+      l.vs.resize(l.ks.size());
+    }
+    for (int64_t r = 0; r < context; ++r) {
+      for (float& x : src) x = next();
+      ops::store_kv_row(src.data(), n_kv, hd, t, l.k.data(), l.ks.data(), r);
+      for (float& x : src) x = next();
+      ops::store_kv_row(src.data(), n_kv, hd, t, l.v.data(), l.vs.data(), r);
+    }
+  }
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  std::vector<double> ms;
+  m.core->run_on_engine_thread([&] {
+    for (int r = -1; r < reps; ++r) {  // one untimed pass first
+      const auto t0 = Clock::now();
+      for (Layer& l : cache) {
+        ops::KvPool kv;
+        kv.k = l.k.data();
+        kv.v = l.v.data();
+        kv.k_scale = l.ks.data();
+        kv.v_scale = l.vs.data();
+        kv.type = t;
+        ops::attention_paged(q.data(), 1, context - 1, kv, table.data(), bs, heads, n_kv, hd, scale,
+                             out.data(), *m.pool, m.isa);
+      }
+      if (r >= 0) ms.push_back(ms_since(t0));
+    }
+  });
+  return ms;
 }
 
 Result<std::unique_ptr<RequestStream>> Engine::submit(GenerateRequest request,

@@ -107,6 +107,41 @@ void close_stream(RequestStream::State& ss, FinishReason reason, const Status& e
 
 }  // namespace
 
+namespace {
+
+// The KV cache's type from EngineOptions::kv_cache_dtype: auto is BF16 on the CPU for a BF16
+// checkpoint (else f32) and the activation type on a device.
+Result<DType> resolve_kv_dtype(const Engine::Impl& m) {
+  const ops::Backend& be = m.decoder->backend();
+  const bool cpu = be.device() == ops::Device::kCpu;
+  DType t = DType::kF32;
+  switch (m.opts.kv_cache_dtype) {
+    case KvCacheDtype::kAuto:
+      t = !cpu ? be.act_dtype()
+               : (m.weights.embed_tokens.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32);
+      break;
+    case KvCacheDtype::kF32:
+      t = DType::kF32;
+      break;
+    case KvCacheDtype::kBF16:
+      t = DType::kBF16;
+      break;
+    case KvCacheDtype::kInt8:
+      t = DType::kI8;
+      break;
+  }
+  if (!be.supports_kv_dtype(t)) {
+    return invalid_argument(std::string("--kv-cache-dtype ") +
+                            kv_cache_dtype_name(m.opts.kv_cache_dtype) + " is not available on " +
+                            (cpu ? "the CPU" : "this device") +
+                            " (on cuda the KV cache is in the activation type: bf16, or f32 with "
+                            "--gpu-dtype f32)");
+  }
+  return t;
+}
+
+}  // namespace
+
 // What submitting threads and streams share with the engine thread: the inbox, the aborts, the
 // counters. Streams hold it weakly (a cancel after the core is gone does nothing).
 struct EngineCore::Shared {
@@ -174,10 +209,10 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   // The runner's device buffers (the logits of a step) first: the KV cache takes what is left.
   VLM_ASSIGN_OR_RETURN(s.runner,
                        ModelRunner::create(m, s.cache, opts.max_num_seqs, blocks_per_seq));
-  const int64_t kv_row = t.num_key_value_heads * t.head_dim;
   ops::Backend& be = m.decoder->backend();
-  const int64_t per_block =
-      KvCache::block_bytes(t.num_hidden_layers, kv_row, opts.block_size, be.act_dtype());
+  VLM_ASSIGN_OR_RETURN(const DType kv_dtype, resolve_kv_dtype(m));
+  const int64_t per_block = KvCache::block_bytes(t.num_hidden_layers, t.num_key_value_heads,
+                                                 t.head_dim, opts.block_size, kv_dtype);
   if (opts.num_blocks <= 0 && be.device() != ops::Device::kCpu) {
     // Every sequence at full context, within the share of device memory the options allow
     // (vLLM's gpu_memory_utilization): the KV cache takes what the weights and scratch leave.
@@ -193,6 +228,18 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
       return unavailable("no device memory is left for the KV cache under the memory utilization " +
                          std::to_string(m.opts.gpu_memory_utilization));
     }
+  }
+  if (opts.num_blocks <= 0 && opts.kv_cache_memory > 0) {
+    // A memory budget (the CPU's --kv-cache-memory): as many blocks as fit, one being scratch.
+    const int64_t fit = opts.kv_cache_memory / per_block - 1;
+    if (fit < 1) {
+      return invalid_argument("kv_cache_memory of " + std::to_string(opts.kv_cache_memory) +
+                              " bytes holds no KV block (one block of " +
+                              std::to_string(opts.block_size) + " tokens takes " +
+                              std::to_string(per_block) + " bytes, and one more is scratch)");
+    }
+    opts.num_blocks =
+        static_cast<int32_t>(std::min<int64_t>(fit, std::numeric_limits<int32_t>::max() - 1));
   }
   if (opts.num_blocks <= 0) {
     // Room for every sequence at full context, capped at 4 GiB of K and V but never below one
@@ -217,7 +264,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   core->on_step_ = std::move(on_step);
   s.sched = std::make_unique<Scheduler>(std::move(sched));
   VLM_RETURN_IF_ERROR(
-      m.decoder->allocate_cache(&s.cache, opts.num_blocks, opts.block_size, blocks_per_seq)
+      m.decoder
+          ->allocate_cache(&s.cache, opts.num_blocks, opts.block_size, blocks_per_seq, kv_dtype)
           .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
   s.run_out.sampled.reserve(static_cast<size_t>(opts.max_num_seqs));
   s.vision_cache = std::make_unique<VisionCache>(
@@ -225,6 +273,11 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   s.find = [&s](int64_t id) -> RunnerRequest* { return &s.reqs.at(id)->run; };
   s.extras.reserve(64);  // a decode step that fills a block keys it without allocating
   core->shared_->stats.kv_blocks_total = opts.num_blocks;
+  core->shared_->stats.kv_block_size = opts.block_size;
+  core->shared_->stats.kv_cache_bytes = (int64_t{opts.num_blocks} + 1) * per_block;
+  core->shared_->stats.kv_cache_dtype = kv_dtype == DType::kI8     ? "int8"
+                                        : kv_dtype == DType::kBF16 ? "bf16"
+                                                                   : "f32";
   core->shared_->heartbeat_ns = steady_now_ns();
   core->thread_ = std::thread([c = core.get()] { c->loop(); });
   return core;

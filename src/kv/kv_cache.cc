@@ -2,25 +2,54 @@
 
 namespace vlm {
 
-Status KvCache::allocate(ops::Backend& be, int64_t layers, int64_t row, int64_t num_blocks,
-                         int64_t block_size) {
-  if (layers <= 0 || row <= 0 || num_blocks <= 0 || block_size <= 0) {
-    return invalid_argument("the KV cache needs positive layers, row, blocks and block size");
+Status KvCache::allocate(ops::Backend& be, int64_t layers, int64_t n_kv_heads, int64_t head_dim,
+                         int64_t num_blocks, int64_t block_size, DType dtype) {
+  if (layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || num_blocks <= 0 || block_size <= 0) {
+    return invalid_argument("the KV cache needs positive layers, heads, blocks and block size");
   }
-  k_ = {};  // the old cache goes first
-  v_ = {};
-  num_blocks_ = block_size_ = row_ = 0;
-  const int64_t elems = layers * (num_blocks + 1) * block_size * row;
-  auto k = be.alloc(elems, be.act_dtype(), /*lazy=*/true);
-  if (!k.ok()) return k.status();
-  auto v = be.alloc(elems, be.act_dtype(), /*lazy=*/true);
-  if (!v.ok()) return v.status();  // k's memory goes with it
-  k_ = std::move(k).value();
-  v_ = std::move(v).value();
+  if (!be.supports_kv_dtype(dtype)) {
+    return invalid_argument(std::string("this backend's KV cache cannot hold ") +
+                            dtype_name(dtype));
+  }
+  k_ = v_ = k_scale_ = v_scale_ = {};  // the old cache goes first
+  num_blocks_ = block_size_ = row_ = n_kv_heads_ = 0;
+  const int64_t rows = (num_blocks + 1) * block_size;
+  const int64_t elems = layers * rows * n_kv_heads * head_dim;
+  for (ops::Buffer* b : {&k_, &v_}) {
+    auto m = be.alloc(elems, dtype, /*lazy=*/true);
+    if (!m.ok()) {
+      k_ = v_ = {};
+      return m.status();
+    }
+    *b = std::move(m).value();
+  }
+  if (dtype == DType::kI8) {
+    for (ops::Buffer* b : {&k_scale_, &v_scale_}) {
+      auto m = be.alloc(layers * rows * n_kv_heads, DType::kF32, /*lazy=*/true);
+      if (!m.ok()) {
+        k_ = v_ = k_scale_ = v_scale_ = {};
+        return m.status();
+      }
+      *b = std::move(m).value();
+    }
+  }
   num_blocks_ = num_blocks;
   block_size_ = block_size;
-  row_ = row;
+  row_ = n_kv_heads * head_dim;
+  n_kv_heads_ = n_kv_heads;
+  dtype_ = dtype;
   return ok_status();
+}
+
+ops::KvLayer KvCache::layer(int64_t l) const {
+  ops::KvLayer c;
+  c.k = k_.at(l * rows() * row_);
+  c.v = v_.at(l * rows() * row_);
+  if (dtype_ == DType::kI8) {
+    c.k_scale = k_scale_.at(l * rows() * n_kv_heads_);
+    c.v_scale = v_scale_.at(l * rows() * n_kv_heads_);
+  }
+  return c;
 }
 
 }  // namespace vlm

@@ -1,8 +1,9 @@
 // The paged KV cache's memory: K and V of every layer, [num_blocks + 1, block_size, row] each in
-// the backend's activation type. Which block a sequence's positions use is KvCacheManager's
-// (block_pool.h) decision; the block after the last is scratch, where a graph's padding rows
-// write. On the CPU the memory is reserved, not touched: its pages become resident as blocks are
-// first written, so a cache sized for many long sequences costs only what is used.
+// the cache's type — the backend's activation type, or on the CPU BF16 or INT8 (then with one f32
+// scale per row and KV head beside them). Which block a sequence's positions use is
+// KvCacheManager's (block_pool.h) decision; the block after the last is scratch, where a graph's
+// padding rows write. On the CPU the memory is reserved, not touched: its pages become resident
+// as blocks are first written, so a cache sized for many long sequences costs only what is used.
 #pragma once
 
 #include <cstdint>
@@ -14,27 +15,35 @@ namespace vlm {
 
 class KvCache {
  public:
-  // kUnavailable when the memory cannot be had (the old cache is gone then too).
-  Status allocate(ops::Backend& be, int64_t layers, int64_t row, int64_t num_blocks,
-                  int64_t block_size);
+  // kUnavailable when the memory cannot be had (the old cache is gone then too). `dtype` must be
+  // one the backend's cache may hold (Backend::supports_kv_dtype).
+  Status allocate(ops::Backend& be, int64_t layers, int64_t n_kv_heads, int64_t head_dim,
+                  int64_t num_blocks, int64_t block_size, DType dtype);
+  // Bytes of one cache row (every KV head of one token, K or V) in `t`, INT8 scales included.
+  static int64_t row_bytes(int64_t n_kv_heads, int64_t head_dim, DType t) {
+    return n_kv_heads * head_dim * static_cast<int64_t>(dtype_size(t)) +
+           (t == DType::kI8 ? n_kv_heads * 4 : 0);
+  }
   // Bytes one block takes: every layer, K and V.
-  static int64_t block_bytes(int64_t layers, int64_t row, int64_t block_size, DType t) {
-    return layers * 2 * block_size * row * static_cast<int64_t>(dtype_size(t));
+  static int64_t block_bytes(int64_t layers, int64_t n_kv_heads, int64_t head_dim,
+                             int64_t block_size, DType t) {
+    return layers * 2 * block_size * row_bytes(n_kv_heads, head_dim, t);
   }
 
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
   int64_t row() const { return row_; }
+  DType dtype() const { return dtype_; }
   int64_t capacity() const { return num_blocks_ * block_size_; }
   int64_t scratch_block() const { return num_blocks_; }
-  // Layer l's K (V): [(num_blocks + 1) · block_size, row].
-  ops::Buf k_layer(int64_t l) const { return k_.at(l * per_layer()); }
-  ops::Buf v_layer(int64_t l) const { return v_.at(l * per_layer()); }
+  // Layer l's K and V: [(num_blocks + 1) · block_size, row] each (and their scales).
+  ops::KvLayer layer(int64_t l) const;
 
  private:
-  int64_t per_layer() const { return (num_blocks_ + 1) * block_size_ * row_; }
-  ops::Buffer k_, v_;
-  int64_t num_blocks_ = 0, block_size_ = 0, row_ = 0;
+  int64_t rows() const { return (num_blocks_ + 1) * block_size_; }
+  ops::Buffer k_, v_, k_scale_, v_scale_;
+  int64_t num_blocks_ = 0, block_size_ = 0, row_ = 0, n_kv_heads_ = 0;
+  DType dtype_ = DType::kF32;
 };
 
 }  // namespace vlm

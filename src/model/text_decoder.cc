@@ -150,10 +150,10 @@ int64_t TextDecoder::decode_weight_bytes() const {
 }
 
 Status TextDecoder::allocate_cache(KvCache* cache, int64_t num_blocks, int64_t block_size,
-                                   int64_t max_blocks_per_seq) {
+                                   int64_t max_blocks_per_seq, std::optional<DType> dtype) {
   VLM_RETURN_IF_ERROR(reserve_tables(max_chunk_ * std::max<int64_t>(max_blocks_per_seq, 1)));
-  return cache->allocate(be_, cfg_.num_hidden_layers, cfg_.num_key_value_heads * cfg_.head_dim,
-                         num_blocks, block_size);
+  return cache->allocate(be_, cfg_.num_hidden_layers, cfg_.num_key_value_heads, cfg_.head_dim,
+                         num_blocks, block_size, dtype.value_or(be_.act_dtype()));
 }
 
 Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
@@ -329,10 +329,9 @@ Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
     VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.qkv, qkv_.buf()));
     // q/k norms and rotary; q to q_, K and V straight into their cache slots.
     VLM_RETURN_IF_ERROR(be.qkv_rope_store(qkv_.buf(), T, nh, nkv, hd, L.q_norm, L.k_norm, eps, cos,
-                                          sin, ints(kSlots), q_.buf(), cache.k_layer(li),
-                                          cache.v_layer(li)));
-    VLM_RETURN_IF_ERROR(be.paged_attention(q_.buf(), p.attn, cache.k_layer(li), cache.v_layer(li),
-                                           nh, nkv, hd, scale, attn_.buf()));
+                                          sin, ints(kSlots), q_.buf(), cache.layer(li)));
+    VLM_RETURN_IF_ERROR(
+        be.paged_attention(q_.buf(), p.attn, cache.layer(li), nh, nkv, hd, scale, attn_.buf()));
     VLM_RETURN_IF_ERROR(be.linear(attn_.buf(), T, *L.o, tmp));
     VLM_RETURN_IF_ERROR(be.add_rms_norm(x, tmp, L.post_ln, T, H, eps, xn));
     VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.gate_up, gate_up_.buf()));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kv/kv_cache.h"
@@ -106,10 +107,11 @@ class TextDecoder {
   ops::Backend& backend() const { return be_; }
   // Bytes of the linear weights a decode step reads (q/k/v/o, gate/up/down and the head).
   int64_t decode_weight_bytes() const;
-  // A KV cache for this decoder (its rows, in the backend's memory), and room in the pass's
-  // tables for block tables of up to max_blocks_per_seq entries.
+  // A KV cache for this decoder (its rows, in the backend's memory, in `dtype` or else the
+  // activation type), and room in the pass's tables for block tables of up to max_blocks_per_seq
+  // entries.
   Status allocate_cache(KvCache* cache, int64_t num_blocks, int64_t block_size,
-                        int64_t max_blocks_per_seq);
+                        int64_t max_blocks_per_seq, std::optional<DType> dtype = std::nullopt);
 
   // Builds the pass's tables on the host from the chunks (slot mapping, per-token sequence and
   // position, block-table rows, logit rows, image rows and their features, the M-RoPE angles),

@@ -46,6 +46,13 @@ struct Buf {
   explicit operator bool() const { return data != nullptr; }
 };
 
+// One decoder layer's K and V cache: [rows, n_kv_heads · head_dim] each in k.dtype (the KV cache
+// type: the activation type, or on the CPU BF16 or INT8), and for INT8 one f32 scale per row and
+// KV head in k_scale / v_scale ([rows, n_kv_heads]).
+struct KvLayer {
+  Buf k, v, k_scale, v_scale;
+};
+
 // Memory a backend allocated, freed when the last copy of this goes.
 class Buffer {
  public:
@@ -187,7 +194,9 @@ class Backend {
   // sin: f32 [tokens, head_dim / 2]. qkv is scratch: a backend may rotate it in place.
   virtual Status qkv_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                                 int64_t head_dim, Buf q_norm, Buf k_norm, float eps, Buf cos,
-                                Buf sin, Buf slots, Buf q, Buf k_cache, Buf v_cache) = 0;
+                                Buf sin, Buf slots, Buf q, const KvLayer& cache) = 0;
+  // Whether the KV cache may hold this type (the activation type always).
+  virtual bool supports_kv_dtype(DType t) const { return t == act_dtype(); }
   // Checks at load that the attention ops take this head_dim, and sets aside what they need for
   // it (the decode splits' scratch on CUDA), so that no step allocates.
   virtual Status reserve_attention(int64_t head_dim) {
@@ -196,7 +205,7 @@ class Backend {
   }
   // Causal GQA attention of the batch's rows over the paged caches ([blocks · block_size,
   // n_kv_heads · head_dim] each), after qkv_rope_store put the batch's own K/V there.
-  virtual Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache,
+  virtual Status paged_attention(Buf q, const AttentionBatch& b, const KvLayer& cache,
                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                                  Buf out) = 0;
   // out [rows, n] = silu(gate) · up from gu [rows, 2n] (gate then up in each row).

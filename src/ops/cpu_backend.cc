@@ -140,23 +140,38 @@ Status CpuBackend::linear(Buf x, int64_t M, const Linear& w, Buf y) {
   return ok_status();
 }
 
+namespace {
+
+KvPool pool_of(const KvLayer& c) {
+  KvPool p;
+  p.k = c.k.data;
+  p.v = c.v.data;
+  p.k_scale = c.k_scale.as<float>();
+  p.v_scale = c.v_scale.as<float>();
+  p.type = c.k.dtype;
+  return p;
+}
+
+}  // namespace
+
 Status CpuBackend::qkv_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                                   int64_t head_dim, Buf q_norm, Buf k_norm, float eps, Buf cos,
-                                  Buf sin, Buf slots, Buf q, Buf k_cache, Buf v_cache) {
+                                  Buf sin, Buf slots, Buf q, const KvLayer& cache) {
   ops::qkv_rope_store(f(qkv), tokens, n_heads, n_kv_heads, head_dim, f(q_norm), f(k_norm), eps,
-                      f(cos), f(sin), i32(slots), f(q), f(k_cache), f(v_cache), pool_, isa_);
+                      f(cos), f(sin), i32(slots), f(q), pool_of(cache), pool_, isa_);
   return ok_status();
 }
 
-Status CpuBackend::paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache,
+Status CpuBackend::paged_attention(Buf q, const AttentionBatch& b, const KvLayer& cache,
                                    int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                    float scale, Buf out) {
   const int64_t qd = n_heads * head_dim;
+  const KvPool kv = pool_of(cache);
   for (int64_t s = 0; s < b.seqs; ++s) {
     const int64_t row = b.seq_row[s];
-    attention_paged(f(q) + row * qd, b.seq_len[s], b.seq_pos[s], f(k_cache), f(v_cache),
-                    b.tables_host + s * b.stride, b.block_size, n_heads, n_kv_heads, head_dim,
-                    scale, f(out) + row * qd, pool_, isa_);
+    attention_paged(f(q) + row * qd, b.seq_len[s], b.seq_pos[s], kv, b.tables_host + s * b.stride,
+                    b.block_size, n_heads, n_kv_heads, head_dim, scale, f(out) + row * qd, pool_,
+                    isa_);
   }
   return ok_status();
 }

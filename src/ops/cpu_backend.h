@@ -43,8 +43,9 @@ class CpuBackend final : public Backend {
   Status linear(Buf x, int64_t M, const Linear& w, Buf y) override;
   Status qkv_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                         int64_t head_dim, Buf q_norm, Buf k_norm, float eps, Buf cos, Buf sin,
-                        Buf slots, Buf q, Buf k_cache, Buf v_cache) override;
-  Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache, int64_t n_heads,
+                        Buf slots, Buf q, const KvLayer& cache) override;
+  bool supports_kv_dtype(DType t) const override { return kv_type_supported(t); }
+  Status paged_attention(Buf q, const AttentionBatch& b, const KvLayer& cache, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, float scale, Buf out) override;
   Status silu_mul(Buf gu, int64_t rows, int64_t n, Buf out) override;
   Status set_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override;

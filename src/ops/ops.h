@@ -173,16 +173,36 @@ void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, c
                   float eps, const float* cos, const float* sin, ThreadPool& pool,
                   Isa isa = detected_isa());
 
+// One layer's paged K and V cache as stored: rows of n_kv_heads · head_dim values of `type` —
+// kF32, kBF16 (f32 rounded to nearest even) or kI8 (one f32 scale per row and KV head in
+// k_scale / v_scale, [rows, n_kv_heads]: the head's max |x| / 127, values rounded half to even).
+struct KvPool {
+  void* k = nullptr;
+  void* v = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+  DType type = DType::kF32;
+};
+// The KV types a CPU cache can hold.
+bool kv_type_supported(DType type);
+
+// Stores the n_kv_heads · head_dim values of src as row `row` of one side (K or V) of a pool.
+void store_kv_row(const float* src, int64_t n_kv_heads, int64_t head_dim, DType type, void* data,
+                  float* scale, int64_t row);
+// Reads head `kvh` of row `row` of one side of a pool back as f32 (head_dim values).
+void load_kv_head(const void* data, const float* scale, DType type, int64_t n_kv_heads,
+                  int64_t head_dim, int64_t row, int64_t kvh, float* out);
+
 // A decoder layer's attention input from one q|k|v product, qkv [tokens, (n_heads + 2·n_kv)·hd]
 // (row-major, q heads then k heads then v heads): q heads get q_norm + rotary (as qk_norm_rope)
 // into q [tokens, n_heads, hd]; k heads k_norm + rotary, and v heads as they are, into rows
-// slots[i] of k_cache / v_cache (rows n_kv·hd floats wide). The q and k parts of qkv are rotated
-// in place (each token's own row), so that rows sharing a slot (a graph's padding) only copy into
-// it. Threads split the tokens.
+// slots[i] of the cache, in its type. The q and k parts of qkv are rotated in place (each
+// token's own row), so that rows sharing a slot (a graph's padding) only copy into it. Threads
+// split the tokens.
 void qkv_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                     int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
                     const float* cos, const float* sin, const int32_t* slots, float* q,
-                    float* k_cache, float* v_cache, ThreadPool& pool, Isa isa = detected_isa());
+                    const KvPool& cache, ThreadPool& pool, Isa isa = detected_isa());
 
 // SwiGLU from one gate|up product: out[r, :] = silu(gu[r, 0:n]) · gu[r, n:2n] for r < rows.
 void silu_mul_rows(const float* gu, int64_t rows, int64_t n, float* out, ThreadPool& pool,
@@ -190,12 +210,24 @@ void silu_mul_rows(const float* gu, int64_t rows, int64_t n, float* out, ThreadP
 
 // Causal GQA attention of one sequence's chunk against a PAGED KV cache of one layer.
 // q: [n_q, n_heads, head_dim] for positions first_pos .. first_pos + n_q - 1; position p's K/V
-// row lives at row (block_table[p / block_size] · block_size + p % block_size) of k_pool / v_pool
-// (rows n_kv_heads · head_dim floats wide). out: [n_q, n_heads, head_dim].
-void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
-                     const float* v_pool, const int32_t* block_table, int64_t block_size,
-                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
+// row lives at row (block_table[p / block_size] · block_size + p % block_size) of the pool, read
+// in its stored type (the chunk's own K/V too: a chunk computes the same whether or not the
+// positions before it were computed in this pass). out: [n_q, n_heads, head_dim].
+void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const KvPool& kv,
+                     const int32_t* block_table, int64_t block_size, int64_t n_heads,
+                     int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
                      ThreadPool& pool, Isa isa = detected_isa());
+// The same over an f32 pool (rows n_kv_heads · head_dim floats wide).
+inline void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
+                            const float* v_pool, const int32_t* block_table, int64_t block_size,
+                            int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                            float* out, ThreadPool& pool, Isa isa = detected_isa()) {
+  KvPool kv;
+  kv.k = const_cast<float*>(k_pool);
+  kv.v = const_cast<float*>(v_pool);
+  attention_paged(q, n_q, first_pos, kv, block_table, block_size, n_heads, n_kv_heads, head_dim,
+                  scale, out, pool, isa);
+}
 
 // Bidirectional multi-head attention within one segment (one image): every query sees every key.
 // q, k, v: [n, n_heads, head_dim] contiguous; out: [n, n_heads, head_dim].

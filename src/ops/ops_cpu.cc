@@ -130,10 +130,73 @@ void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, c
   });
 }
 
+bool kv_type_supported(DType type) {
+  return type == DType::kF32 || type == DType::kBF16 || type == DType::kI8;
+}
+
+// NOTE(vlm): INT8 K/V take one scale per row and KV head (max |x| / 127, round half to even, as
+// the weights' INT8): a head's values share a rotary-normed scale, and a per-token scale is set
+// once, when the token is stored, so a block never needs requantizing as it fills.
+void store_kv_row(const float* src, int64_t n_kv_heads, int64_t head_dim, DType type, void* data,
+                  float* scale, int64_t row) {
+  const int64_t n = n_kv_heads * head_dim;
+  switch (type) {
+    case DType::kF32:
+      std::copy_n(src, n, static_cast<float*>(data) + row * n);
+      return;
+    case DType::kBF16: {
+      uint16_t* dst = static_cast<uint16_t*>(data) + row * n;
+      for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::kI8: {
+      int8_t* dst = static_cast<int8_t*>(data) + row * n;
+      for (int64_t h = 0; h < n_kv_heads; ++h) {
+        const float* x = src + h * head_dim;
+        float amax = 0.f;
+        for (int64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::abs(x[d]));
+        const float s = amax / 127.f;
+        scale[row * n_kv_heads + h] = s;
+        const float inv = s > 0 ? 1.f / s : 0.f;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const float v = std::nearbyint(x[d] * inv);  // half to even (default rounding mode)
+          dst[h * head_dim + d] = static_cast<int8_t>(std::clamp(v, -127.f, 127.f));
+        }
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void load_kv_head(const void* data, const float* scale, DType type, int64_t n_kv_heads,
+                  int64_t head_dim, int64_t row, int64_t kvh, float* out) {
+  const int64_t off = row * n_kv_heads * head_dim + kvh * head_dim;
+  switch (type) {
+    case DType::kF32:
+      std::copy_n(static_cast<const float*>(data) + off, head_dim, out);
+      return;
+    case DType::kBF16: {
+      const uint16_t* p = static_cast<const uint16_t*>(data) + off;
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = bf16_to_f32(p[d]);
+      return;
+    }
+    case DType::kI8: {
+      const int8_t* p = static_cast<const int8_t*>(data) + off;
+      const float s = scale[row * n_kv_heads + kvh];
+      for (int64_t d = 0; d < head_dim; ++d) out[d] = static_cast<float>(p[d]) * s;
+      return;
+    }
+    default:
+      return;
+  }
+}
+
 void qkv_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                     int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
                     const float* cos, const float* sin, const int32_t* slots, float* q,
-                    float* k_cache, float* v_cache, ThreadPool& pool, Isa isa) {
+                    const KvPool& cache, ThreadPool& pool, Isa isa) {
   const int64_t half = head_dim / 2, qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
   const int64_t row = qd + 2 * kvd;
   const auto k = eltwise(isa).qk_norm_rope;
@@ -142,10 +205,10 @@ void qkv_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_he
       float* src = qkv + t * row;
       k(src, 1, n_heads, head_dim, q_norm, eps, cos + t * half, sin + t * half);
       k(src + qd, 1, n_kv_heads, head_dim, k_norm, eps, cos + t * half, sin + t * half);
-      const int64_t slot = static_cast<int64_t>(slots[t]) * kvd;
+      const int64_t slot = slots[t];
       std::copy_n(src, qd, q + t * qd);
-      std::copy_n(src + qd, kvd, k_cache + slot);
-      std::copy_n(src + qd + kvd, kvd, v_cache + slot);
+      store_kv_row(src + qd, n_kv_heads, head_dim, cache.type, cache.k, cache.k_scale, slot);
+      store_kv_row(src + qd + kvd, n_kv_heads, head_dim, cache.type, cache.v, cache.v_scale, slot);
     }
   });
 }
@@ -229,11 +292,12 @@ inline void attend_row(const float* qv, const float* k, const float* v, int64_t 
 // The attention kernels of one ISA level: the one place that picks them.
 struct AttentionKernels {
   AttendFn attend_row;
-  void (*attend_row_paged)(const float*, const float*, const float*, const int32_t*, int64_t,
-                           int64_t, int64_t, int64_t, float, float*);
+  void (*attend_row_paged)(const float*, const kernels::KvRows&, const kernels::KvRows&,
+                           const int32_t*, int64_t, int64_t, int64_t, float, float*);
   float (*softmax_exp_row)(float*, int64_t, float);
-  void (*attend_group_partial)(const float*, int64_t, const float*, const float*, const int32_t*,
-                               int64_t, int64_t, int64_t, int64_t, int64_t, float, float*, int64_t);
+  void (*attend_group_partial)(const float*, int64_t, const kernels::KvRows&,
+                               const kernels::KvRows&, const int32_t*, int64_t, int64_t, int64_t,
+                               int64_t, float, float*, int64_t);
   // The blocked paths' GEMMs against K and V packed once per head (kernels/cpu/matmul.h).
   void (*pack_b_rows)(const float*, int64_t, int64_t, int64_t, float*);
   void (*pack_b_cols)(const float*, int64_t, int64_t, int64_t, float*);
@@ -270,6 +334,30 @@ const AttentionKernels& attention_kernels(Isa isa) {
   }
 #endif
   return kGeneric;
+}
+
+// KV head kvh's rows of one side of a pool, as the kernels read them.
+kernels::KvRows kv_rows(const void* data, const float* scale, DType type, int64_t n_kv_heads,
+                        int64_t head_dim, int64_t kvh) {
+  kernels::KvRows r;
+  r.stride = n_kv_heads * head_dim;
+  r.scale_stride = n_kv_heads;
+  switch (type) {
+    case DType::kBF16:
+      r.type = kernels::KvType::kBF16;
+      r.data = static_cast<const uint16_t*>(data) + kvh * head_dim;
+      break;
+    case DType::kI8:
+      r.type = kernels::KvType::kI8;
+      r.data = static_cast<const int8_t*>(data) + kvh * head_dim;
+      r.scale = scale + kvh;
+      break;
+    default:
+      r.type = kernels::KvType::kF32;
+      r.data = static_cast<const float*>(data) + kvh * head_dim;
+      break;
+  }
+  return r;
 }
 
 // The vectorised kernels need head_dim a multiple of 8 (and not above kMaxHeadDim).
@@ -315,12 +403,12 @@ void attend_query_block(const float* qh, int64_t ldq, int64_t m, const float* kp
 // own causal prefix (the rest of the row zeroed), out = P·V. The per-row kernel streams every
 // key once per query at vector-FMA speed on one row; here each key is reused by a block of
 // queries in registers.
-void attention_causal_blocked(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
-                              const float* v_pool, const int32_t* block_table, int64_t block_size,
-                              int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
-                              float* out, ThreadPool& pool, Isa isa) {
+void attention_causal_blocked(const float* q, int64_t n_q, int64_t first_pos, const KvPool& kv,
+                              const int32_t* block_table, int64_t block_size, int64_t n_heads,
+                              int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
+                              ThreadPool& pool, Isa isa) {
   const AttentionKernels& kern = attention_kernels(isa);
-  const int64_t group = n_heads / n_kv_heads, kv_stride = n_kv_heads * head_dim;
+  const int64_t group = n_heads / n_kv_heads;
   const int64_t q_stride = n_heads * head_dim, n_keys = first_pos + n_q;
   // Per thread: the gathered K and V rows [n_keys, hd], both packed, and a block's scores.
   const int64_t packed_k = kernels::prepacked_floats(n_keys, head_dim);
@@ -342,8 +430,10 @@ void attention_causal_blocked(const float* q, int64_t n_q, int64_t first_pos, co
         for (int64_t j = 0; j < n_keys; ++j) {
           const int64_t row =
               static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
-          std::copy_n(k_pool + row * kv_stride + kvh * head_dim, head_dim, kh + j * head_dim);
-          std::copy_n(v_pool + row * kv_stride + kvh * head_dim, head_dim, vh + j * head_dim);
+          load_kv_head(kv.k, kv.k_scale, kv.type, n_kv_heads, head_dim, row, kvh,
+                       kh + j * head_dim);
+          load_kv_head(kv.v, kv.v_scale, kv.type, n_kv_heads, head_dim, row, kvh,
+                       vh + j * head_dim);
         }
         kern.pack_b_rows(kh, head_dim, n_keys, head_dim, kp);
         kern.pack_b_cols(vh, head_dim, head_dim, n_keys, vp);
@@ -375,11 +465,11 @@ constexpr int64_t kMaxSplits = 64;
 //   M = max_c m_c,  out = Σ_c e^(m_c − M)·acc_c / Σ_c e^(m_c − M)·l_c.
 // The chunking depends only on the context length, never on the thread count, so results are
 // the same on any machine.
-void attention_decode_split(const float* q, int64_t n_keys, const float* k_pool,
-                            const float* v_pool, const int32_t* block_table, int64_t block_size,
-                            int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
-                            float* out, ThreadPool& pool, Isa isa) {
-  const int64_t group = n_heads / n_kv_heads, kv_stride = n_kv_heads * head_dim;
+void attention_decode_split(const float* q, int64_t n_keys, const KvPool& kv,
+                            const int32_t* block_table, int64_t block_size, int64_t n_heads,
+                            int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
+                            ThreadPool& pool, Isa isa) {
+  const int64_t group = n_heads / n_kv_heads;
   const int64_t part_row = head_dim + 2;
   constexpr int64_t kTile = 64;
   const int64_t per_split = (n_keys + kMaxSplits - 1) / kMaxSplits;
@@ -400,9 +490,9 @@ void attention_decode_split(const float* q, int64_t n_keys, const float* k_pool,
       const int64_t h0 = kvh * group + (gi % sub_groups) * kernels::kMaxGroup;
       const int64_t nq = std::min(kernels::kMaxGroup, (kvh + 1) * group - h0);
       const int64_t j0 = c * chunk, j1 = std::min(n_keys, j0 + chunk);
-      kernel(q + h0 * head_dim, nq, k_pool + kvh * head_dim, v_pool + kvh * head_dim, block_table,
-             block_size, kv_stride, j0, j1, head_dim, scale, part + (h0 * n_split + c) * part_row,
-             n_split * part_row);
+      kernel(q + h0 * head_dim, nq, kv_rows(kv.k, kv.k_scale, kv.type, n_kv_heads, head_dim, kvh),
+             kv_rows(kv.v, kv.v_scale, kv.type, n_kv_heads, head_dim, kvh), block_table, block_size,
+             j0, j1, head_dim, scale, part + (h0 * n_split + c) * part_row, n_split * part_row);
     }
   });
   for (int64_t h = 0; h < n_heads; ++h) {
@@ -425,53 +515,59 @@ void attention_decode_split(const float* q, int64_t n_keys, const float* k_pool,
 
 }  // namespace
 
-void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const float* k_pool,
-                     const float* v_pool, const int32_t* block_table, int64_t block_size,
-                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
+void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const KvPool& kv,
+                     const int32_t* block_table, int64_t block_size, int64_t n_heads,
+                     int64_t n_kv_heads, int64_t head_dim, float scale, float* out,
                      ThreadPool& pool, Isa isa) {
   const int64_t group = n_heads / n_kv_heads;
-  const int64_t kv_stride = n_kv_heads * head_dim;
   const auto paged = attention_kernels(isa).attend_row_paged;
   const bool vector_ok = vector_head_dim(head_dim);
   if (n_q >= kBlockedMinTokens && vector_ok) {
-    attention_causal_blocked(q, n_q, first_pos, k_pool, v_pool, block_table, block_size, n_heads,
-                             n_kv_heads, head_dim, scale, out, pool, isa);
+    attention_causal_blocked(q, n_q, first_pos, kv, block_table, block_size, n_heads, n_kv_heads,
+                             head_dim, scale, out, pool, isa);
     return;
   }
   if (n_q == 1 && first_pos + 1 > kSplitMinKeys && vector_ok) {
-    attention_decode_split(q, first_pos + 1, k_pool, v_pool, block_table, block_size, n_heads,
-                           n_kv_heads, head_dim, scale, out, pool, isa);
+    attention_decode_split(q, first_pos + 1, kv, block_table, block_size, n_heads, n_kv_heads,
+                           head_dim, scale, out, pool, isa);
     return;
   }
-  // Rare shapes (head_dim not a multiple of 8) across several blocks gather each thread's keys.
+  // Rare shapes (head_dim not a multiple of 8) gather each thread's keys as f32 (from an f32
+  // pool held in one block, the rows are read in place).
+  const bool in_place = kv.type == DType::kF32 && first_pos + n_q <= block_size;
   thread_local PerThreadBuffers gather_tls;
   PerThreadBuffers& gather = gather_tls;  // the caller's, also inside the lambda
-  if (!vector_ok && first_pos + n_q > block_size) {
+  if (!vector_ok && !in_place) {
     gather.reserve(pool.n_threads(), static_cast<size_t>(2 * (first_pos + n_q) * head_dim));
   }
   pool.parallel_for(n_q * n_heads, 1, [&](int64_t begin, int64_t end, int t) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / n_heads;
       const int64_t h = item % n_heads;
-      const int64_t kv_off = (h / group) * head_dim;
+      const int64_t kvh = h / group;
       const float* qv = q + (i * n_heads + h) * head_dim;
       float* o = out + (i * n_heads + h) * head_dim;
       const int64_t n_keys = first_pos + i + 1;
       if (vector_ok) {
-        paged(qv, k_pool + kv_off, v_pool + kv_off, block_table, block_size, kv_stride, n_keys,
-              head_dim, scale, o);
-      } else if (n_keys <= block_size) {  // one block holds every key: contiguous
+        paged(qv, kv_rows(kv.k, kv.k_scale, kv.type, n_kv_heads, head_dim, kvh),
+              kv_rows(kv.v, kv.v_scale, kv.type, n_kv_heads, head_dim, kvh), block_table,
+              block_size, n_keys, head_dim, scale, o);
+      } else if (in_place) {  // one block holds every key: contiguous
+        const int64_t kv_stride = n_kv_heads * head_dim;
         const int64_t base = static_cast<int64_t>(block_table[0]) * block_size * kv_stride;
-        attend_row(qv, k_pool + base + kv_off, v_pool + base + kv_off, kv_stride, n_keys, head_dim,
-                   scale, o);
+        attend_row(qv, static_cast<const float*>(kv.k) + base + kvh * head_dim,
+                   static_cast<const float*>(kv.v) + base + kvh * head_dim, kv_stride, n_keys,
+                   head_dim, scale, o);
       } else {
         float* const kg = gather.get(t);
         float* const vg = kg + n_keys * head_dim;
         for (int64_t j = 0; j < n_keys; ++j) {
           const int64_t row =
               static_cast<int64_t>(block_table[j / block_size]) * block_size + j % block_size;
-          std::copy_n(k_pool + row * kv_stride + kv_off, head_dim, kg + j * head_dim);
-          std::copy_n(v_pool + row * kv_stride + kv_off, head_dim, vg + j * head_dim);
+          load_kv_head(kv.k, kv.k_scale, kv.type, n_kv_heads, head_dim, row, kvh,
+                       kg + j * head_dim);
+          load_kv_head(kv.v, kv.v_scale, kv.type, n_kv_heads, head_dim, row, kvh,
+                       vg + j * head_dim);
         }
         attend_row(qv, kg, vg, head_dim, n_keys, head_dim, scale, o);
       }

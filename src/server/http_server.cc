@@ -108,6 +108,8 @@ struct Server::Impl {
   Gauge* waiting = nullptr;
   Gauge* kv_used = nullptr;
   Gauge* kv_total = nullptr;
+  Gauge* kv_tokens_total = nullptr;
+  Gauge* kv_bytes = nullptr;
   Gauge* prefix_blocks = nullptr;
   Gauge* conns_open = nullptr;
   Gauge* gpu_util = nullptr;  // these three: only with --device cuda
@@ -131,6 +133,14 @@ struct Server::Impl {
       if (engine->tokenizer() == nullptr)
         return not_found("the model directory has no tokenizer.json");
       limits.vocab_size = engine->vocab_size();  // set before `ready`, read after it
+      const Engine::CoreStats st = engine->core_stats();
+      std::fprintf(
+          stderr, "vlm: KV cache: %lld blocks of %lld tokens = %lld tokens, %s, %.1f MiB\n",
+          static_cast<long long>(st.kv_blocks_total), static_cast<long long>(st.kv_block_size),
+          static_cast<long long>(st.kv_blocks_total * st.kv_block_size), st.kv_cache_dtype,
+          static_cast<double>(st.kv_cache_bytes) / (1 << 20));
+      kv_tokens_total->set(static_cast<double>(st.kv_blocks_total * st.kv_block_size));
+      kv_bytes->set(static_cast<double>(st.kv_cache_bytes));
       return ok_status();
     }();
     ready = st.ok();
@@ -733,6 +743,10 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->waiting = &m.gauge("vlm_num_requests_waiting", "Requests waiting to be scheduled");
   impl->kv_used = &m.gauge("vlm_kv_cache_blocks_used", "KV cache blocks in use");
   impl->kv_total = &m.gauge("vlm_kv_cache_blocks_capacity", "KV cache blocks in total");
+  impl->kv_tokens_total =
+      &m.gauge("vlm_kv_cache_tokens_capacity", "KV cache capacity in tokens (blocks x block size)");
+  impl->kv_bytes = &m.gauge("vlm_kv_cache_memory_bytes",
+                            "KV cache memory reserved (K, V and INT8 scales of every layer)");
   impl->conns_open = &m.gauge("vlm_http_connections_open", "Open HTTP connections");
   if (options.engine.device == Device::kCuda) {
     impl->gpu_util = &m.gauge("vlm_gpu_utilization_percent",

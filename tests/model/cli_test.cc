@@ -480,8 +480,11 @@ TEST_F(CliRun, ChatTemplateStopStringsAndSeeds) {
 }
 
 // Asks the default model (no -m) one question about one picture, greedily.
-CliResult ask_default_model(const std::string& image, const std::string& question) {
-  return vlm("run --greedy -n 32 -t 2 --image " + quote(image) + " -p " + quote(question));
+CliResult ask_default_model(const std::string& image, const std::string& question,
+                            const std::string& kv_cache_dtype = "") {
+  const std::string kv = kv_cache_dtype.empty() ? "" : " --kv-cache-dtype " + kv_cache_dtype;
+  return vlm("run --greedy -n 32 -t 2" + kv + " --image " + quote(image) + " -p " +
+             quote(question));
 }
 
 // The README's main command (scripts/run.sh) asks the default model about examples/shapes.png;
@@ -535,6 +538,26 @@ TEST(Cli, EmbeddingExampleAnswersEveryQuestionAtOnce) {
 // about scenes generated with a seed its training never used (tests/model/fixtures/shapes-qa,
 // written by the same script with transformers' greedy answers). vlm, run without -m, must give
 // transformers' answer to every question, so its accuracy is transformers' accuracy.
+// The same with the KV cache in BF16 and in INT8: every answer is still transformers'.
+class DefaultModelKv : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DefaultModelKv, AnswersAsTransformersOnUnseenScenes) {
+  const std::string dir = kFixtures + "/shapes-qa";
+  const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
+  int total = 0;
+  for (const auto& c : cases["cases"]) {
+    CliResult r = ask_default_model(dir + "/" + c["image"].get<std::string>(),
+                                    c["question"].get<std::string>(), GetParam());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n")
+        << c["image"] << ": " << c["question"];
+    ++total;
+  }
+  EXPECT_GE(total, 100);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DefaultModelKv, ::testing::Values("bf16", "int8"));
+
 TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenScenes) {
   const std::string dir = kFixtures + "/shapes-qa";
   const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));

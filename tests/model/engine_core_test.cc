@@ -9,6 +9,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
@@ -133,6 +134,53 @@ TEST(EngineCore, SixteenConcurrentRequestsEqualSequentialOnes) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(by_generate, want);
+}
+
+// --kv-cache-memory sizes the cache in bytes whatever it stores: BF16 holds twice the blocks of
+// f32, INT8 (a byte per value plus a 4-byte scale per token and KV head) nearly four times; the
+// type, size and bytes are reported; a budget below two blocks is refused by name.
+TEST(EngineCore, KvCacheMemoryBudgetHoldsMoreBlocksInSmallerTypes) {
+  const std::string dir = kFixtures + "/text-f32-untied";
+  const auto cfg = nlohmann::json::parse(test_util::read_file(dir + "/config.json"));
+  const auto& tc = cfg.contains("text_config") ? cfg["text_config"] : cfg;
+  const int64_t layers = tc["num_hidden_layers"], n_kv = tc["num_key_value_heads"];
+  const int64_t hd = tc.value(
+      "head_dim", tc["hidden_size"].get<int64_t>() / tc["num_attention_heads"].get<int64_t>());
+  constexpr int64_t kBudget = 8 << 20, kBs = 16;
+  std::map<std::string, int64_t> blocks;
+  for (KvCacheDtype t : {KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kInt8}) {
+    EngineOptions o;
+    o.model_dir = dir;
+    o.require_tokenizer = false;
+    o.n_threads = 2;
+    o.kv_cache_dtype = t;
+    o.batching.kv_cache_memory = kBudget;
+    auto e = Engine::load(o);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    const Engine::CoreStats st = (*e)->core_stats();
+    const int64_t value_bytes = t == KvCacheDtype::kF32 ? 4 : t == KvCacheDtype::kBF16 ? 2 : 1;
+    const int64_t row = n_kv * hd * value_bytes + (t == KvCacheDtype::kInt8 ? n_kv * 4 : 0);
+    const int64_t per_block = layers * 2 * kBs * row;
+    EXPECT_STREQ(st.kv_cache_dtype, kv_cache_dtype_name(t));
+    EXPECT_EQ(st.kv_blocks_total, kBudget / per_block - 1);  // one more block is scratch
+    EXPECT_EQ(st.kv_block_size, kBs);
+    EXPECT_EQ(st.kv_cache_bytes, (st.kv_blocks_total + 1) * per_block);
+    EXPECT_LE(st.kv_cache_bytes, kBudget);
+    blocks[kv_cache_dtype_name(t)] = st.kv_blocks_total;
+    // And it runs.
+    auto r = (*e)->generate(requests(1, 4)[0]);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+  }
+  EXPECT_GE(blocks["bf16"], 2 * blocks["f32"]);
+  EXPECT_GE(blocks["int8"], 3 * blocks["f32"]);
+  EngineOptions o;
+  o.model_dir = dir;
+  o.require_tokenizer = false;
+  o.batching.kv_cache_memory = 1000;
+  auto small = Engine::load(o);
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("kv_cache_memory"), std::string::npos)
+      << small.status().message();
 }
 
 TEST(EngineCore, PreemptionUnderKvPressureKeepsResultsExact) {

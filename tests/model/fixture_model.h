@@ -46,6 +46,7 @@ inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name,
   o.require_tokenizer = false;
   o.n_threads = 2;
   o.prefill_chunk = 64;
+  o.kv_cache_dtype = KvCacheDtype::kF32;  // parity tests compare with f32 K/V
   auto e = Engine::load(o);
   EXPECT_TRUE(e.ok()) << e.status().message();
   return e.ok() ? std::move(e).value() : nullptr;

@@ -399,9 +399,10 @@ TEST_F(ServerTest, MetricsReportRequestsAndKvBlocks) {
   ASSERT_TRUE(r);
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
-  for (const char* s : {"vlm_requests_total{outcome=\"ok\"}",
-                        "vlm_time_to_first_token_seconds_bucket", "vlm_kv_cache_blocks_capacity",
-                        "vlm_kv_cache_blocks_used 0", "vlm_generation_tokens_total"}) {
+  for (const char* s :
+       {"vlm_requests_total{outcome=\"ok\"}", "vlm_time_to_first_token_seconds_bucket",
+        "vlm_kv_cache_blocks_capacity", "vlm_kv_cache_blocks_used 0", "vlm_generation_tokens_total",
+        "vlm_kv_cache_tokens_capacity", "vlm_kv_cache_memory_bytes"}) {
     EXPECT_NE(m->body.find(s), std::string::npos) << s << "\n" << m->body;
   }
 }

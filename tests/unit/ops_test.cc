@@ -1078,6 +1078,118 @@ TEST_P(AttentionTest, BidirectionalMatchesReference) {
   }
 }
 
+// K/V stored as BF16 or INT8 and read by the kernels in place: for every path (per-row paged,
+// split-K decode, the blocked prefill, the scalar head_dim) the result equals the double-precision
+// reference on the values the cache holds (read back with load_kv_head) to 1e-5, and stays within
+// the bound the format gives of the reference on the original f32 K/V: with q·k_j perturbed by at
+// most δ = scale·Σ_d |q_d|·|Δk_jd| and V by at most ΔV, |Δout| ≤ ΔV + (e^(2δ) − 1)·max|v|.
+TEST_P(AttentionTest, Bf16AndInt8CachesAreReadInPlace) {
+  ThreadPool pool(2);
+  struct Shape {
+    int64_t n_q, first, heads, n_kv, hd, block_size;
+  };
+  for (DType type : {DType::kBF16, DType::kI8}) {
+    for (Shape sh :
+         {Shape{7, 40, 4, 2, 16, 16}, Shape{5, 30, 4, 2, 12, 8}, Shape{1, 2036, 8, 2, 128, 16},
+          Shape{130, 37, 6, 2, 72, 16}, Shape{1, 3, 4, 4, 32, 4}}) {
+      const int64_t total = sh.first + sh.n_q, row = sh.n_kv * sh.hd;
+      const int64_t n_blocks = (total + sh.block_size - 1) / sh.block_size;
+      auto q = randn(sh.n_q * sh.heads * sh.hd, 71);
+      auto k = randn(total * row, 72), v = randn(total * row, 73);
+      for (auto& x : k) x *= 1.5f;
+      std::vector<int32_t> table(n_blocks);
+      for (int64_t b = 0; b < n_blocks; ++b) table[b] = static_cast<int32_t>(n_blocks - 1 - b);
+      const size_t rows = static_cast<size_t>(n_blocks * sh.block_size);
+      std::vector<uint8_t> kp(rows * row * 4), vp(kp.size());
+      std::vector<float> ks(rows * sh.n_kv, NAN), vs(ks.size(), NAN);
+      std::vector<float> kd(total * row), vd(total * row);  // what the cache holds, as f32
+      for (int64_t p = 0; p < total; ++p) {
+        const int64_t r = table[p / sh.block_size] * sh.block_size + p % sh.block_size;
+        ops::store_kv_row(k.data() + p * row, sh.n_kv, sh.hd, type, kp.data(), ks.data(), r);
+        ops::store_kv_row(v.data() + p * row, sh.n_kv, sh.hd, type, vp.data(), vs.data(), r);
+        for (int64_t h = 0; h < sh.n_kv; ++h) {
+          ops::load_kv_head(kp.data(), ks.data(), type, sh.n_kv, sh.hd, r, h,
+                            kd.data() + p * row + h * sh.hd);
+          ops::load_kv_head(vp.data(), vs.data(), type, sh.n_kv, sh.hd, r, h,
+                            vd.data() + p * row + h * sh.hd);
+        }
+      }
+      ops::KvPool kv;
+      kv.k = kp.data();
+      kv.v = vp.data();
+      kv.k_scale = ks.data();
+      kv.v_scale = vs.data();
+      kv.type = type;
+      std::vector<float> got(q.size(), NAN), held(q.size()), exact(q.size());
+      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.hd));
+      ops::attention_paged(q.data(), sh.n_q, sh.first, kv, table.data(), sh.block_size, sh.heads,
+                           sh.n_kv, sh.hd, scale, got.data(), pool, GetParam());
+      ops::ref::attention_causal(q.data(), sh.n_q, sh.first, kd.data(), vd.data(), sh.heads,
+                                 sh.n_kv, sh.hd, scale, held.data());
+      ops::ref::attention_causal(q.data(), sh.n_q, sh.first, k.data(), v.data(), sh.heads, sh.n_kv,
+                                 sh.hd, scale, exact.data());
+      double dv = 0, vmax = 0;
+      for (size_t i = 0; i < v.size(); ++i) {
+        dv = std::max(dv, std::fabs(static_cast<double>(v[i]) - vd[i]));
+        vmax = std::max(vmax, std::fabs(static_cast<double>(v[i])));
+      }
+      const std::string what = std::string(dtype_name(type)) + " hd " + std::to_string(sh.hd) +
+                               " n_q " + std::to_string(sh.n_q) + " keys " + std::to_string(total);
+      for (int64_t i = 0; i < sh.n_q; ++i) {
+        for (int64_t h = 0; h < sh.heads; ++h) {
+          const float* qv = q.data() + (i * sh.heads + h) * sh.hd;
+          const int64_t kvh = h / (sh.heads / sh.n_kv);
+          double delta = 0;  // the largest score perturbation of this query
+          for (int64_t j = 0; j <= sh.first + i; ++j) {
+            double d = 0;
+            for (int64_t c = 0; c < sh.hd; ++c) {
+              const int64_t at = j * row + kvh * sh.hd + c;
+              d += std::fabs(qv[c]) * std::fabs(static_cast<double>(k[at]) - kd[at]);
+            }
+            delta = std::max(delta, scale * d);
+          }
+          const double bound = dv + std::expm1(2 * delta) * vmax + 1e-5;
+          for (int64_t c = 0; c < sh.hd; ++c) {
+            const size_t at = static_cast<size_t>((i * sh.heads + h) * sh.hd + c);
+            ASSERT_NEAR(got[at], held[at], 1e-5f) << what << " at " << at;
+            ASSERT_LE(std::fabs(static_cast<double>(got[at]) - exact[at]), bound)
+                << what << " at " << at;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Storing K/V rounds BF16 to nearest even and INT8 to scale / 2 with scale = max|head| / 127.
+TEST(KvStore, Bf16AndInt8RoundTripWithinTheirFormat) {
+  const int64_t n_kv = 3, hd = 32;
+  auto x = randn(n_kv * hd, 81);
+  x[5] = 0.f;
+  for (int64_t d = 0; d < hd; ++d) x[2 * hd + d] = 0.f;  // an all-zero head: scale 0, exact
+  std::vector<uint16_t> b(n_kv * hd);
+  std::vector<int8_t> i8(n_kv * hd);
+  std::vector<float> sc(n_kv), back(hd);
+  ops::store_kv_row(x.data(), n_kv, hd, DType::kBF16, b.data(), nullptr, 0);
+  ops::store_kv_row(x.data(), n_kv, hd, DType::kI8, i8.data(), sc.data(), 0);
+  for (int64_t h = 0; h < n_kv; ++h) {
+    float amax = 0;
+    for (int64_t d = 0; d < hd; ++d) amax = std::max(amax, std::fabs(x[h * hd + d]));
+    EXPECT_FLOAT_EQ(sc[h], amax / 127.f);
+    ops::load_kv_head(b.data(), nullptr, DType::kBF16, n_kv, hd, 0, h, back.data());
+    for (int64_t d = 0; d < hd; ++d) {
+      EXPECT_EQ(back[d], bf16_to_f32(f32_to_bf16(x[h * hd + d])));
+      EXPECT_LE(std::fabs(back[d] - x[h * hd + d]), std::fabs(x[h * hd + d]) / 256.f);
+    }
+    ops::load_kv_head(i8.data(), sc.data(), DType::kI8, n_kv, hd, 0, h, back.data());
+    for (int64_t d = 0; d < hd; ++d) {
+      EXPECT_LE(std::fabs(back[d] - x[h * hd + d]), sc[h] / 2 * (1 + 1e-6f) + 1e-30f);
+      EXPECT_LE(std::abs(static_cast<int>(i8[h * hd + d])), 127);
+    }
+  }
+  EXPECT_EQ(sc[2], 0.f);
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryIsa, AttentionTest, ::testing::ValuesIn(ops::runnable_isas()),
                          [](const auto& info) { return std::string(ops::isa_name(info.param)); });
 

@@ -288,6 +288,9 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("--batch", a->batch_sizes,
                 "Batched decode through the continuous-batching engine at these concurrencies, "
                 "a comma list (1 is always added as the baseline), e.g. 1,8");
+  b->add_option("--attention", a->attention_sizes,
+                "Decode attention alone (CPU) at these context lengths, a comma list, for each "
+                "KV cache dtype (f32, bf16, int8): ms per step over all layers");
   b->add_flag("--membw", a->membw,
               "Measure the memory read and copy bandwidth (in the default run)");
   b->add_option("--membw-mib", a->membw_mib,
@@ -312,12 +315,16 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
 
 int run_bench(const BenchArgs& a) {
   std::string err;
-  std::vector<int64_t> prompts, gens, batches;
+  std::vector<int64_t> prompts, gens, batches, attention;
   if (!a.prompt_sizes.empty() && !parse_sizes("-p", a.prompt_sizes, &prompts, &err)) {
     return fail(err);
   }
   if (!a.gen_sizes.empty() && !parse_sizes("-n", a.gen_sizes, &gens, &err)) return fail(err);
   if (!a.batch_sizes.empty() && !parse_sizes("--batch", a.batch_sizes, &batches, &err)) {
+    return fail(err);
+  }
+  if (!a.attention_sizes.empty() &&
+      !parse_sizes("--attention", a.attention_sizes, &attention, &err)) {
     return fail(err);
   }
   std::vector<ImageCase> images;
@@ -343,8 +350,8 @@ int run_bench(const BenchArgs& a) {
 
   // With no selection, the default run: the standard sizes, the two standard images, the probe.
   bool membw = a.membw || a.membw_mib > 0;
-  const bool selected =
-      !prompts.empty() || !gens.empty() || !batches.empty() || !images.empty() || membw;
+  const bool selected = !prompts.empty() || !gens.empty() || !batches.empty() || !images.empty() ||
+                        membw || !attention.empty();
   const bool default_run = !selected;
   if (default_run) {
     prompts = {128, 512, 2048};
@@ -357,8 +364,8 @@ int run_bench(const BenchArgs& a) {
   }
   const bool decode = default_run || !a.gen_sizes.empty();
   const int64_t gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !prompts.empty() ? prompts[0] : 128;
-  const bool needs_model =
-      !prompts.empty() || decode || !batches.empty() || !images.empty() || default_run;
+  const bool needs_model = !prompts.empty() || decode || !batches.empty() || !images.empty() ||
+                           default_run || !attention.empty();
   if (needs_model && a.model.empty()) {
     return fail("bench: -m is required (all but --membw need a model)");
   }
@@ -502,6 +509,20 @@ int run_bench(const BenchArgs& a) {
           notes.push_back("batched decode " + std::to_string(b) + " x " + std::to_string(n) + ": " +
                           fmt("%.2f", median / single) + "x the output tok/s of 1 sequence");
         }
+      }
+    }
+    for (int64_t ctx : attention) {
+      for (vlm::KvCacheDtype t :
+           {vlm::KvCacheDtype::kF32, vlm::KvCacheDtype::kBF16, vlm::KvCacheDtype::kInt8}) {
+        const std::string size =
+            "ctx " + std::to_string(ctx) + ", " + vlm::kv_cache_dtype_name(t) + " KV";
+        progress("decode attention " + size, a);
+        auto ms = engine.time_decode_attention(ctx, t, a.reps);
+        if (!ms.ok()) return fail(ms.status().message());
+        rows.push_back({"decode_attention", "decode attention (all layers)", size, "ms", *ms,
+                        json{{"size", ctx},
+                             {"context", ctx},
+                             {"kv_cache_dtype", vlm::kv_cache_dtype_name(t)}}});
       }
     }
     if (engine.device() != "cpu") {

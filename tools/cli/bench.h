@@ -14,10 +14,11 @@ namespace vlm_cli {
 
 struct BenchArgs {
   std::string model;
-  std::string prompt_sizes;  // -p "128,512,2048"; "" = not given
-  std::string gen_sizes;     // -n "128"
-  std::string batch_sizes;   // --batch "1,8"
-  int64_t gen_prompt = 0;    // prompt before the decode measurements; 0 = the first -p, else 128
+  std::string prompt_sizes;     // -p "128,512,2048"; "" = not given
+  std::string gen_sizes;        // -n "128"
+  std::string batch_sizes;      // --batch "1,8"
+  std::string attention_sizes;  // --attention "4096,16384"
+  int64_t gen_prompt = 0;       // prompt before the decode measurements; 0 = the first -p, else 128
   std::vector<std::string> images;
   std::vector<std::string> synthetic_images;  // "448x448"
   int64_t min_pixels = -1, max_pixels = -1;

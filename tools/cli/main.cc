@@ -301,7 +301,10 @@ int main(int argc, char** argv) {
                     "Tokens per batch step (default: the prefill chunk, 256)");
   serve->add_option("--block-size", so.engine.batching.block_size, "KV cache block size in tokens");
   serve->add_option("--num-blocks", so.engine.batching.num_blocks,
-                    "KV cache blocks (0 = from the context)");
+                    "KV cache blocks (0 = from the context, or from --kv-cache-memory)");
+  serve->add_option("--kv-cache-memory", so.engine.batching.kv_cache_memory,
+                    "cpu: KV cache size in bytes (default: every sequence at full context, at "
+                    "most 4 GiB); --num-blocks overrides it");
   serve->add_option("--max-waiting", so.engine.batching.max_waiting,
                     "Queued requests before 429 (default 256)");
   serve->add_option(

@@ -61,6 +61,10 @@ inline void add_device_options(CLI::App* app, EngineOptions* o) {
   app->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "cuda: share of the GPU's memory for weights, scratch and the KV cache "
                   "(default 0.9)");
+  add_enum_option(app, "--kv-cache-dtype", &o->kv_cache_dtype, parse_kv_cache_dtype,
+                  "What the KV cache stores: auto (default: bf16 on the CPU for a BF16 "
+                  "checkpoint, else f32; the activation type on cuda), f32, bf16, or int8 (one "
+                  "scale per token and KV head; cpu)");
   app->add_flag("!--no-cuda-graphs", o->cuda_graphs,
                 "cuda: launch every kernel of each decode step instead of replaying CUDA graphs");
 }

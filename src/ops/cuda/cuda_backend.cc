@@ -174,14 +174,16 @@ class CudaBackend final : public Backend {
   }
   Status qkv_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
                         int64_t head_dim, Buf q_norm, Buf k_norm, float eps, Buf cos, Buf sin,
-                        Buf slots, Buf q, Buf k_cache, Buf v_cache) override {
+                        Buf slots, Buf q, const KvLayer& cache) override {
+    if (cache.k.dtype != act_)
+      return invalid_argument("cuda: the KV cache must be in the activation type");
     cu::StreamScope on(stream_->get());
     return cu::qkv_rope_store(qkv.data, tokens, n_heads, n_kv_heads, head_dim,
                               q_norm.as<const float>(), k_norm.as<const float>(), eps,
                               cos.as<const float>(), sin.as<const float>(),
-                              slots.as<const int32_t>(), q.data, k_cache.data, v_cache.data, cact_);
+                              slots.as<const int32_t>(), q.data, cache.k.data, cache.v.data, cact_);
   }
-  Status paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache, int64_t n_heads,
+  Status paged_attention(Buf q, const AttentionBatch& b, const KvLayer& cache, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, float scale, Buf out) override;
   Status silu_mul(Buf gu, int64_t rows, int64_t n, Buf out) override {
     cu::StreamScope on(stream_->get());
@@ -390,7 +392,7 @@ Result<std::unique_ptr<Linear>> CudaBackend::linear(std::span<const TensorView* 
   return std::unique_ptr<Linear>(std::move(out));
 }
 
-Status CudaBackend::paged_attention(Buf q, const AttentionBatch& b, Buf k_cache, Buf v_cache,
+Status CudaBackend::paged_attention(Buf q, const AttentionBatch& b, const KvLayer& cache,
                                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                     float scale, Buf out) {
   cu::StreamScope on(stream_->get());
@@ -413,7 +415,7 @@ Status CudaBackend::paged_attention(Buf q, const AttentionBatch& b, Buf k_cache,
     return cu::flash_attention_paged(
         q.data, tiles_.as<const int32_t>(), n_tiles_, b.tok_seq.as<const int32_t>(),
         b.tok_pos.as<const int32_t>(), b.tables.as<const int32_t>(), b.stride, b.block_size,
-        k_cache.data, v_cache.data, n_heads, n_kv_heads, head_dim, scale, out.data);
+        cache.k.data, cache.v.data, n_heads, n_kv_heads, head_dim, scale, out.data);
   }
   if (partial_.bytes() < static_cast<size_t>(cu::paged_attention_scratch_floats(head_dim)) * 4) {
     return internal_error("paged attention: head_dim " + std::to_string(head_dim) +
@@ -421,7 +423,7 @@ Status CudaBackend::paged_attention(Buf q, const AttentionBatch& b, Buf k_cache,
   }
   return cu::paged_attention(q.data, b.tokens, b.tok_seq.as<const int32_t>(),
                              b.tok_pos.as<const int32_t>(), b.tables.as<const int32_t>(), b.stride,
-                             b.block_size, k_cache.data, v_cache.data, n_heads, n_kv_heads,
+                             b.block_size, cache.k.data, cache.v.data, n_heads, n_kv_heads,
                              head_dim, scale, b.max_seen, partial_.as<float>(), out.data, cact_);
 }
 
