@@ -417,9 +417,8 @@ Result<std::vector<double>> Engine::time_decode_attention(int64_t context, KvCac
   const int64_t layers = c.num_hidden_layers, n_kv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t heads = c.num_attention_heads, row = n_kv * hd, bs = 16;
   const int64_t blocks = (context + bs - 1) / bs, rows = blocks * bs;
-  struct Layer {
-    std::vector<uint8_t> k, v;
-    std::vector<float> ks, vs;
+  struct Layer {  // in the backend's memory, as the KV cache is (2 MiB pages on the CPU)
+    ops::Buffer k, v, ks, vs;
   };
   std::vector<Layer> cache(static_cast<size_t>(layers));
   std::vector<int32_t> table(static_cast<size_t>(blocks));
@@ -432,19 +431,18 @@ Result<std::vector<double>> Engine::time_decode_attention(int64_t context, KvCac
   std::vector<float> src(static_cast<size_t>(row)), q(static_cast<size_t>(heads * hd)),
       out(q.size());
   for (float& x : q) x = next();
-  const size_t bytes = static_cast<size_t>(rows * row) * dtype_size(t);
   for (Layer& l : cache) {
-    l.k.resize(bytes);
-    l.v.resize(bytes);
+    VLM_ASSIGN_OR_RETURN(l.k, m.backend->alloc(rows * row, t, /*lazy=*/true));
+    VLM_ASSIGN_OR_RETURN(l.v, m.backend->alloc(rows * row, t, /*lazy=*/true));
     if (t == DType::kI8) {
-      l.ks.resize(static_cast<size_t>(rows * n_kv));
-      l.vs.resize(l.ks.size());
+      VLM_ASSIGN_OR_RETURN(l.ks, m.backend->alloc(rows * n_kv, DType::kF32, /*lazy=*/true));
+      VLM_ASSIGN_OR_RETURN(l.vs, m.backend->alloc(rows * n_kv, DType::kF32, /*lazy=*/true));
     }
     for (int64_t r = 0; r < context; ++r) {
       for (float& x : src) x = next();
-      ops::store_kv_row(src.data(), n_kv, hd, t, l.k.data(), l.ks.data(), r);
+      ops::store_kv_row(src.data(), n_kv, hd, t, l.k.buf().data, l.ks.as<float>(), r);
       for (float& x : src) x = next();
-      ops::store_kv_row(src.data(), n_kv, hd, t, l.v.data(), l.vs.data(), r);
+      ops::store_kv_row(src.data(), n_kv, hd, t, l.v.buf().data, l.vs.as<float>(), r);
     }
   }
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
@@ -454,10 +452,10 @@ Result<std::vector<double>> Engine::time_decode_attention(int64_t context, KvCac
       const auto t0 = Clock::now();
       for (Layer& l : cache) {
         ops::KvPool kv;
-        kv.k = l.k.data();
-        kv.v = l.v.data();
-        kv.k_scale = l.ks.data();
-        kv.v_scale = l.vs.data();
+        kv.k = l.k.buf().data;
+        kv.v = l.v.buf().data;
+        kv.k_scale = l.ks.as<float>();
+        kv.v_scale = l.vs.as<float>();
         kv.type = t;
         ops::attention_paged(q.data(), 1, context - 1, kv, table.data(), bs, heads, n_kv, hd, scale,
                              out.data(), *m.pool, m.isa);
