@@ -14,8 +14,10 @@ namespace vlm {
 struct ServeOptions {
   EngineOptions engine;
   std::string host = "127.0.0.1";
-  int port = 8080;                  // 0: any free port (see Server::port())
-  std::string model_name;           // reported by /v1/models; default: the model directory's name
+  int port = 8080;         // 0: any free port (see Server::port())
+  std::string model_name;  // reported by /v1/models; default: the model directory's name
+  // A chat template file (.jinja, or .json with "chat_template") instead of the checkpoint's.
+  std::string chat_template;
   std::string api_key;              // when set, requests need "Authorization: Bearer <key>"
   std::string allowed_media_path;   // file:// image URLs are served only from under this folder
   bool allow_remote_media = false;  // fetch http(s):// image URLs (off: they are refused)

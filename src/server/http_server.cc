@@ -66,6 +66,7 @@ struct Server::Impl {
   // into the members below only until the engine (whose thread calls them) is gone.
   std::unique_ptr<http::HttpServer> http;
   std::unique_ptr<Engine> engine;
+  ChatTemplate chat_template = ChatTemplate::builtin();  // set by load(), read after `ready`
   // Loading runs on `loader`; `ready` turns true once the engine exists (then it never
   // changes), so handlers check it before touching it.
   std::thread loader;
@@ -132,6 +133,12 @@ struct Server::Impl {
       VLM_ASSIGN_OR_RETURN(engine, Engine::load(eo));
       if (engine->tokenizer() == nullptr)
         return not_found("the model directory has no tokenizer.json");
+      // The checkpoint's own chat template (or --chat-template); one that does not parse or
+      // render fails the load, never falls back silently.
+      VLM_ASSIGN_OR_RETURN(chat_template, opts.chat_template.empty()
+                                              ? ChatTemplate::from_model_dir(opts.engine.model_dir)
+                                              : ChatTemplate::from_file(opts.chat_template));
+      std::fprintf(stderr, "vlm: chat template: %s\n", chat_template.origin().c_str());
       limits.vocab_size = engine->vocab_size();  // set before `ready`, read after it
       const Engine::CoreStats st = engine->core_stats();
       std::fprintf(
@@ -544,8 +551,18 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   }
   ChatTemplateOptions topts;
   topts.tools_json = cr.tools_json;
+  topts.kwargs_json = cr.template_kwargs;
+  auto prompt = chat_template.render(cr.messages, topts);
+  if (!prompt.ok()) {
+    return reply_error(
+        *ex,
+        ApiError{400, "invalid_request_error",
+                 "the chat template refused the conversation: " + prompt.status().message(),
+                 "messages"},
+        "bad_request");
+  }
   GenerateRequest g = base_request(cr);
-  g.prompt_ids = engine->tokenizer()->encode(render_chat(cr.messages, topts));
+  g.prompt_ids = engine->tokenizer()->encode(*prompt);
   g.images = std::move(cr.images);
   g.logprobs = cr.logprobs ? cr.top_logprobs : -1;
   // The first choice stages (preprocesses) the images; the vision cache serves the others.

@@ -56,6 +56,7 @@ constexpr std::string_view kCommonFields[] = {
     "stop_token_ids", "n", "logit_bias", "ignore_eos"};
 constexpr std::string_view kChatFields[] = {
     "messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
+    "chat_template_kwargs",
     "logprobs", "top_logprobs", "response_format", "modalities", "min_pixels", "max_pixels"};
 constexpr std::string_view kCompletionFields[] = {"prompt", "echo", "logprobs", "best_of",
                                                   "suffix"};
@@ -67,7 +68,7 @@ constexpr std::string_view kUnsupportedFields[] = {
     "audio", "prediction", "reasoning_effort", "web_search_options", "functions",
     "function_call", "verbosity", "echo", "skip_special_tokens", "include_stop_str_in_output",
     "min_tokens", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-    "guided_grammar", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+    "guided_grammar", "chat_template", "add_generation_prompt",
     "continue_final_message", "use_beam_search", "length_penalty", "prompt_logprobs",
     "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "documents",
     "mm_processor_kwargs", "priority", "return_tokens_as_token_ids",
@@ -576,6 +577,22 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
   }
   req->messages = std::move(chat->messages);
   req->tools_json = std::move(chat->tools_json);
+  // vLLM's chat_template_kwargs: extra variables for the checkpoint's template
+  // (e.g. enable_thinking), passed through as given.
+  if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
+    if (!k->is_object()) {
+      return bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    }
+    for (auto it = k->begin(); it != k->end(); ++it) {
+      static const std::string_view kReserved[] = {
+          "messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"};
+      if (std::find(std::begin(kReserved), std::end(kReserved), it.key()) != std::end(kReserved)) {
+        return bad_request("chat_template_kwargs." + it.key() + " is set by the server",
+                           "chat_template_kwargs");
+      }
+      req->template_kwargs.emplace_back(it.key(), it.value().dump());
+    }
+  }
   if (auto e = parse_common(body, limits, req)) return e;
   if (auto e = check_queue(req->n, limits)) return e;
 

@@ -103,8 +103,10 @@ struct CommonRequest {
 
 struct ChatCompletionRequest : CommonRequest {
   std::vector<ChatMessage> messages;
-  std::vector<std::string> tools_json;  // as render_chat's ChatTemplateOptions wants them
-  std::vector<ImageInput> images;       // in prompt order (one per image part)
+  std::vector<std::string> tools_json;  // as ChatTemplateOptions wants them
+  // chat_template_kwargs: name → value as JSON text.
+  std::vector<std::pair<std::string, std::string>> template_kwargs;
+  std::vector<ImageInput> images;  // in prompt order (one per image part)
   std::vector<RemoteImage> remote_images;
   bool logprobs = false;
   int top_logprobs = 0;

@@ -194,6 +194,7 @@ Result<ParsedChat> parse_chat_json(const ojson& msgs, const ojson* tools) {
             c.arguments = a->get<std::string>();
           } else {
             dump_python(*a, &c.arguments);
+            c.arguments_is_object = a->is_object();
           }
         }
         m.tool_calls.push_back(std::move(c));

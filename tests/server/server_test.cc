@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -405,6 +406,56 @@ TEST_F(ServerTest, MetricsReportRequestsAndKvBlocks) {
         "vlm_kv_cache_tokens_capacity", "vlm_kv_cache_memory_bytes"}) {
     EXPECT_NE(m->body.find(s), std::string::npos) << s << "\n" << m->body;
   }
+}
+
+// --chat-template replaces the checkpoint's template; chat_template_kwargs reach it; a
+// conversation it refuses (raise_exception) is a 400 naming the reason.
+TEST_F(ServerTest, ChatTemplateFileAndKwargs) {
+  test_util::TempDir dir;
+  const std::string path = (dir.path() / "t.jinja").string();
+  std::ofstream(path) << "{% if messages | length > 1 %}{{ raise_exception('one message only') "
+                         "}}{% endif %}<|im_start|>user\n{% if shout %}LOUD {% endif %}{{ "
+                         "messages[0].content }}<|im_end|>\n<|im_start|>assistant\n";
+  ServeOptions o = tiny_options();
+  o.chat_template = path;
+  auto s = Server::create(o);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_TRUE((*s)->wait_until_loaded().ok());
+  std::thread th([&] { (*s)->run(); });
+  auto post = [&](const json& body) {
+    return test_http::Client((*s)->port())
+        .Post("/v1/chat/completions", body.dump(), "application/json");
+  };
+  json plain = chat_body("Hi", 1);
+  json loud = plain;
+  loud["chat_template_kwargs"] = {{"shout", true}};
+  auto a = post(plain), b = post(loud);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->status, 200) << a->body;
+  ASSERT_EQ(b->status, 200) << b->body;
+  // "LOUD " adds tokens to the prompt.
+  EXPECT_GT(json::parse(b->body)["usage"]["prompt_tokens"].get<int>(),
+            json::parse(a->body)["usage"]["prompt_tokens"].get<int>());
+  json two = plain;
+  two["messages"].push_back({{"role", "assistant"}, {"content", "x"}});
+  auto c = post(two);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 400);
+  EXPECT_NE(c->body.find("one message only"), std::string::npos) << c->body;
+  json bad = plain;
+  bad["chat_template_kwargs"] = {{"messages", 1}};
+  auto d = post(bad);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->status, 400) << d->body;
+  (*s)->stop();
+  th.join();
+  // A template that does not parse fails the load, naming the place.
+  std::ofstream(path) << "{% if %}";
+  auto broken = Server::create(o);
+  ASSERT_TRUE(broken.ok());
+  const Status loaded = (*broken)->wait_until_loaded();
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.message().find("t.jinja"), std::string::npos) << loaded.message();
 }
 
 // 16 clients hold 3-turn chats about an image at once, against this server (prefix caching on)

@@ -100,6 +100,7 @@ struct RunArgs {
   bool mmap = false;
   bool vision_fp16 = false;
   vlm::EngineOptions device;  // --device and the GPU options
+  std::string chat_template;  // --chat-template FILE (else the checkpoint's)
 };
 
 int cmd_run(const RunArgs& a) {
@@ -116,6 +117,9 @@ int cmd_run(const RunArgs& a) {
 
   std::string prompt_text = a.prompt;
   if (!a.raw) {
+    auto tpl = a.chat_template.empty() ? vlm::ChatTemplate::from_model_dir(a.model)
+                                       : vlm::ChatTemplate::from_file(a.chat_template);
+    if (!tpl.ok()) return fail(tpl.status());
     std::vector<vlm::ChatMessage> msgs;
     auto text_message = [](const char* role, const std::string& text) {
       vlm::ChatMessage m;
@@ -132,7 +136,9 @@ int cmd_run(const RunArgs& a) {
       user.parts.push_back({vlm::ChatPart::Type::kText, a.prompt});
     }
     msgs.push_back(user);
-    prompt_text = vlm::render_chat(msgs, {});
+    auto rendered = tpl->render(msgs, {});
+    if (!rendered.ok()) return fail(rendered.status());
+    prompt_text = std::move(rendered).value();
   }
   vlm::GenerateRequest req;
   req.prompt_ids = engine.tokenizer()->encode(prompt_text);
@@ -200,6 +206,9 @@ int main(int argc, char** argv) {
                   "Checkpoint directory (config.json, *.safetensors, tokenizer.json); default: the "
                   "tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR ")");
   run->add_option("-p,--prompt", ra.prompt, "User message")->required();
+  run->add_option("--chat-template", ra.chat_template,
+                  "Chat template file (.jinja, or .json with \"chat_template\") instead of the "
+                  "checkpoint's own");
   run->add_option("--image", ra.images, "Image file (JPEG, PNG, WebP, GIF, BMP); repeatable");
   run->add_option("--min-pixels", ra.min_pixels, "Resize budget: least pixels per image");
   run->add_option("--max-pixels", ra.max_pixels, "Resize budget: most pixels per image");
@@ -310,6 +319,9 @@ int main(int argc, char** argv) {
   serve->add_option(
       "--batch-wait-ms", so.engine.batching.batch_wait_ms,
       "Batching window: an idle engine waits this long for more arrivals (default 0)");
+  serve->add_option("--chat-template", so.chat_template,
+                    "Chat template file (.jinja, or .json with \"chat_template\") instead of the "
+                    "checkpoint's own");
   serve->add_option("--vision-cache-mib", so.engine.batching.vision_cache_mib,
                     "Memory for cached vision-encoder outputs (default 512; 0 = off)");
   bool no_prefix_caching = false;
