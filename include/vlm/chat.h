@@ -18,6 +18,7 @@ struct ChatPart {
 };
 
 struct ChatToolCall {
+  std::string id;  // as given (may be empty)
   std::string name;
   // As given: a JSON string argument, or an object's tojson (then arguments_is_object, and the
   // template sees the object).
@@ -32,6 +33,9 @@ struct ChatMessage {
   std::string text;
   std::vector<ChatPart> parts;
   std::vector<ChatToolCall> tool_calls;  // assistant only
+  std::string reasoning;     // assistant: an earlier turn's reasoning (reasoning_content)
+  std::string tool_call_id;  // tool: the call it answers (may be empty)
+  std::string name;          // tool: the function's name (may be empty)
 };
 
 struct ChatTemplateOptions {

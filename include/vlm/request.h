@@ -48,6 +48,12 @@ struct GenerateRequest {
   std::vector<std::string> stop;        // stop strings; the reply ends before the first match
   std::vector<int32_t> stop_token_ids;  // in addition to the model's eos ids
   bool ignore_eos = false;              // keep going past eos (benchmarks)
+  // A thinking budget (max_thinking_tokens; < 0: none): after this many tokens of reasoning —
+  // from the first token when the prompt opened it (thinking_open_in_prompt), else after the
+  // reply's think_open_id — the next token is think_close_id, whatever the logits say.
+  int64_t max_thinking_tokens = -1;
+  int32_t think_open_id = -1, think_close_id = -1;
+  bool thinking_open_in_prompt = false;
   // 0..20: each token comes with its log-probability under the model (log-softmax of the raw
   // logits, before the logit bias, penalties, temperature and truncation, as vLLM reports them)
   // and the `logprobs` most likely tokens at that step. -1: none.

@@ -358,6 +358,14 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
   VLM_RETURN_IF_ERROR(st_->sched->check_fits(r->prompt_len + r->max_new_tokens));
 
   r->run.sampler = std::make_unique<Sampler>(m.cfg.text_config.vocab_size, rs);
+  if (request.max_thinking_tokens >= 0) {
+    const int64_t V = m.cfg.text_config.vocab_size;
+    if (request.think_close_id < 0 || request.think_close_id >= V) {
+      return invalid_argument("max_thinking_tokens needs the model's </think> token");
+    }
+    r->run.sampler->set_thinking_budget(request.max_thinking_tokens, request.think_open_id,
+                                        request.think_close_id, request.thinking_open_in_prompt);
+  }
   r->run.logprobs = request.logprobs;
   if (prompt.logits != nullptr) {
     prompt.logits->assign(static_cast<size_t>(r->prompt_len * m.cfg.text_config.vocab_size), 0.f);

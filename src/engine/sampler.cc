@@ -47,7 +47,19 @@ void Sampler::apply_penalties(float* logits) const {
   }
 }
 
+void Sampler::set_thinking_budget(int64_t budget, int32_t open_id, int32_t close_id,
+                                  bool open_in_prompt) {
+  think_budget_ = budget;
+  think_open_ = open_id;
+  think_close_ = close_id;
+  thinking_ = open_in_prompt;
+}
+
 int32_t Sampler::sample(float* logits) {
+  if (think_budget_ >= 0 && thinking_ && thought_ >= think_budget_) {
+    record(think_close_);  // the budget is spent: the reasoning ends here
+    return think_close_;
+  }
   apply_penalties(logits);
   int32_t chosen = 0;
   if (p_.greedy) {
@@ -171,6 +183,18 @@ void Sampler::logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, o
 }
 
 void Sampler::record(int32_t id) {
+  if (think_budget_ >= 0) {
+    if (!started_ && !thinking_ && id == think_open_) {
+      thinking_ = true;
+    } else if (thinking_) {
+      if (id == think_close_) {
+        thinking_ = false;
+      } else {
+        ++thought_;
+      }
+    }
+    started_ = true;
+  }
   if (counts_[id]++ == 0) out_list_.push_back(id);
   if (!seen_[id]) {
     seen_[id] = 1;

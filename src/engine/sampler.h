@@ -41,13 +41,16 @@ class Sampler {
   // largest), which a device may compute itself (then record() it).
   bool plain_greedy() const {
     return p_.greedy && p_.repetition_penalty == 1.0 && p_.presence_penalty == 0.0 &&
-           p_.frequency_penalty == 0.0 && p_.logit_bias.empty();
+           p_.frequency_penalty == 0.0 && p_.logit_bias.empty() && think_budget_ < 0;
   }
   // Whether device_draw() can stand for sample(): not with a logit bias (the device draw has
   // none), whose rows come to the host.
-  bool device_can_draw() const { return p_.logit_bias.empty(); }
+  bool device_can_draw() const { return p_.logit_bias.empty() && think_budget_ < 0; }
   // Records `id` as generated, as sample() does with its pick.
   void record(int32_t id);
+  // A thinking budget: after `budget` tokens of reasoning (from the start when open_in_prompt,
+  // else after `open_id`), sample() returns `close_id`. The host then samples every token.
+  void set_thinking_budget(int64_t budget, int32_t open_id, int32_t close_id, bool open_in_prompt);
   // The log-probability of `chosen` under the log-softmax of `raw` [vocab] (the logits before
   // bias, penalties and temperature, as vLLM reports them), its rank (1 + the ids strictly more
   // likely, as vLLM's) and the k most likely ids with theirs, best first (ties: the lower id).
@@ -73,6 +76,10 @@ class Sampler {
   std::vector<int32_t> out_list_;   // ids with counts_ > 0
   std::vector<int32_t> idx_;        // [vocab] candidate ids
   std::vector<float> probs_;        // [vocab] candidate probabilities
+  // The thinking budget (set_thinking_budget): < 0 none.
+  int64_t think_budget_ = -1, thought_ = 0;
+  int32_t think_open_ = -1, think_close_ = -1;
+  bool thinking_ = false, started_ = false;
 };
 
 }  // namespace vlm

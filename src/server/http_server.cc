@@ -235,6 +235,11 @@ struct ChoiceState {
   FinishReason reason = FinishReason::kNone;
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   bool finished = false;
+  // Chat: the reply split into reasoning, content (`text`) and tool calls as it streams.
+  std::unique_ptr<ChatOutputParser> parser;
+  bool keep_reasoning = true;
+  std::string reasoning;
+  std::vector<ParsedToolCall> tool_calls;
   Clock::time_point last_token;
   bool has_token = false;
 };
@@ -263,7 +268,13 @@ struct ReplyFormat {
   // none).
   std::vector<std::string> prologue;
   std::function<std::string(int, const std::string&, const std::vector<TokenLogprob>*)> chunk;
-  std::function<std::string(int, FinishReason)> finish;
+  // Chat: a parser per choice (made at start), and its deltas as chunks.
+  std::function<std::unique_ptr<ChatOutputParser>(int)> make_parser;
+  bool keep_reasoning = true;
+  std::function<std::string(int, const ChatOutputDelta&, const std::vector<TokenLogprob>*)>
+      delta_chunk;
+  // Choice i's finish (tool_calls: it ended with tool calls).
+  std::function<std::string(int, FinishReason, bool tool_calls)> finish;
   std::function<std::string(const Usage&)> usage;
   // Not streaming: the whole response.
   std::function<std::string(const std::vector<ChoiceState>&, const Usage&)> whole;
@@ -286,6 +297,12 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     // Sized before on_close can fire: client_gone() walks streams_ from an I/O thread.
     choices_.resize(reqs.size());
     streams_.resize(reqs.size());
+    if (f_.make_parser) {
+      for (size_t i = 0; i < choices_.size(); ++i) {
+        choices_[i].parser = f_.make_parser(static_cast<int>(i));
+        choices_[i].keep_reasoning = f_.keep_reasoning;
+      }
+    }
     ex_->hold(shared_from_this());
     ex_->on_close([w = weak_from_this()] {
       if (auto self = w.lock()) self->client_gone();
@@ -355,6 +372,21 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     if (!out.empty()) ex_->write(std::move(out));
   }
 
+  // A parser's delta into its choice (reasoning dropped when not wanted).
+  static void add_delta(ChoiceState& c, ChatOutputDelta* d) {
+    if (!c.keep_reasoning) d->reasoning.clear();
+    c.text += d->content;
+    c.reasoning += d->reasoning;
+    for (const ToolCallDelta& t : d->tool_calls) {
+      if (t.index >= static_cast<int>(c.tool_calls.size()))
+        c.tool_calls.resize(static_cast<size_t>(t.index) + 1);
+      ParsedToolCall& call = c.tool_calls[static_cast<size_t>(t.index)];
+      if (!t.id.empty()) call.id = t.id;
+      if (!t.name.empty()) call.name = t.name;
+      call.arguments += t.arguments;
+    }
+  }
+
   // False once the reply is complete (or failed).
   bool handle(int i, const RequestOutput& p, std::string* out) {
     ChoiceState& c = choices_[i];
@@ -381,10 +413,21 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       any_token_ = c.has_token = true;
       c.last_token = now;
     }
-    c.text += p.text;
     if (f_.logprobs) c.logprobs.insert(c.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
-    if (f_.stream && (!p.text.empty() || (f_.logprobs && !p.logprobs.empty()))) {
-      *out += sse_event(f_.chunk(i, p.text, f_.logprobs ? &p.logprobs : nullptr));
+    const std::vector<TokenLogprob>* lp = f_.logprobs ? &p.logprobs : nullptr;
+    if (c.parser) {
+      ChatOutputDelta d;
+      c.parser->feed(p.text, &d);
+      if (p.finished) c.parser->finish(&d);
+      add_delta(c, &d);
+      if (f_.stream && (!d.empty() || (lp && !lp->empty()))) {
+        *out += sse_event(f_.delta_chunk(i, d, lp));
+      }
+    } else {
+      c.text += p.text;
+      if (f_.stream && (!p.text.empty() || (lp && !lp->empty()))) {
+        *out += sse_event(f_.chunk(i, p.text, lp));
+      }
     }
     if (!p.finished) return true;
     const RequestStats& st = p.stats;
@@ -403,7 +446,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       if (st.images > st.images_cached || pre > 0) s_.preprocess_time->observe(pre / 1e3);
       if (st.images > st.images_cached) s_.encode_time->observe(st.encode_ms / 1e3);
     }
-    if (f_.stream) *out += sse_event(f_.finish(i, p.finish_reason));
+    if (f_.stream) *out += sse_event(f_.finish(i, p.finish_reason, !c.tool_calls.empty()));
     if (++finished_ < choices_.size()) return true;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -576,6 +619,41 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   f.stream = cr.stream;
   f.logprobs = cr.logprobs;
   f.n = n;
+  // The reply is split into reasoning, content and tool calls: reasoning from the start when
+  // the template's generation prompt opened <think>; tool calls when the request gave tools and
+  // tool_choice is not "none".
+  const std::string& text = *prompt;
+  const bool think_open =
+      text.size() >= 7 &&
+      (text.compare(text.size() - 7, 7, "<think>") == 0 ||
+       (text.size() >= 8 && text.compare(text.size() - 8, 8, "<think>\n") == 0));
+  ChatOutputParser::Options po;
+  po.reasoning_open = think_open;
+  po.tool_calls = !cr.tools_json.empty() && !cr.tool_choice_none;
+  po.max_tool_calls = cr.parallel_tool_calls ? 0 : 1;
+  f.keep_reasoning = cr.include_reasoning;
+  if (cr.max_thinking_tokens) {
+    const auto open = engine->tokenizer()->token_to_id("<think>");
+    const auto close = engine->tokenizer()->token_to_id("</think>");
+    if (!close) {
+      return reply_error(
+          *ex,
+          ApiError{400, "invalid_request_error",
+                   "max_thinking_tokens: this model has no </think> token", "max_thinking_tokens"},
+          "bad_request");
+    }
+    for (GenerateRequest& q : reqs) {
+      q.max_thinking_tokens = *cr.max_thinking_tokens;
+      q.think_open_id = open.value_or(-1);
+      q.think_close_id = *close;
+      q.thinking_open_in_prompt = think_open;
+    }
+  }
+  f.make_parser = [po, rid](int i) {
+    ChatOutputParser::Options o = po;
+    o.id_prefix = "call_" + rid.substr(rid.find('-') + 1) + "_" + std::to_string(i) + "_";
+    return std::make_unique<ChatOutputParser>(o);
+  };
   if (cr.stream) {
     for (int i = 0; i < n; ++i)
       f.prologue.push_back(
@@ -583,8 +661,15 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
     f.chunk = [=, this](int i, const std::string& text, const std::vector<TokenLogprob>* lp) {
       return chat_chunk_json(rid, model_name, created_now, i, text, std::nullopt, std::nullopt, lp);
     };
-    f.finish = [=, this](int i, FinishReason r) {
+    f.finish = [=, this](int i, FinishReason r, bool tool_calls) {
+      if (tool_calls && r == FinishReason::kStop) {  // OpenAI's finish for a reply of calls
+        return chat_tool_calls_finish_json(rid, model_name, created_now, i);
+      }
       return chat_chunk_json(rid, model_name, created_now, i, "", std::nullopt, r);
+    };
+    f.delta_chunk = [=, this](int i, const ChatOutputDelta& d,
+                              const std::vector<TokenLogprob>* lp) {
+      return chat_delta_json(rid, model_name, created_now, i, d, lp);
     };
     if (cr.include_usage) {
       f.usage = [=, this](const Usage& u) {
@@ -599,6 +684,8 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
         CompletionChoice c;
         c.index = i;
         c.text = choices[i].text;
+        c.reasoning = choices[i].reasoning;
+        c.tool_calls = choices[i].tool_calls;
         c.finish_reason = choices[i].reason;
         if (want_logprobs) c.logprobs = choices[i].logprobs;
         out.push_back(std::move(c));
@@ -651,7 +738,7 @@ void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
       }
       return c;
     };
-    f.finish = [=, this](int i, FinishReason r) {
+    f.finish = [=, this](int i, FinishReason r, bool) {
       return completion_chunk_json(rid, model_name, created_now, i, "", r);
     };
     if (cr.include_usage) {

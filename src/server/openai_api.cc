@@ -56,7 +56,7 @@ constexpr std::string_view kCommonFields[] = {
     "stop_token_ids", "n", "logit_bias", "ignore_eos"};
 constexpr std::string_view kChatFields[] = {
     "messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
-    "chat_template_kwargs",
+    "chat_template_kwargs", "include_reasoning", "max_thinking_tokens",
     "logprobs", "top_logprobs", "response_format", "modalities", "min_pixels", "max_pixels"};
 constexpr std::string_view kCompletionFields[] = {"prompt", "echo", "logprobs", "best_of",
                                                   "suffix"};
@@ -72,8 +72,7 @@ constexpr std::string_view kUnsupportedFields[] = {
     "continue_final_message", "use_beam_search", "length_penalty", "prompt_logprobs",
     "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "documents",
     "mm_processor_kwargs", "priority", "return_tokens_as_token_ids",
-    "spaces_between_special_tokens", "return_token_ids", "thinking", "include_reasoning",
-    "max_thinking_tokens"};
+    "spaces_between_special_tokens", "return_token_ids", "thinking"};
 // clang-format on
 
 template <size_t N>
@@ -532,17 +531,22 @@ std::optional<ApiError> check_chat_modes(const ojson& body) {
           "response_format");
     }
   }
+  // tool_choice "auto" (default) parses the reply's tool calls, "none" leaves them as text.
+  // "required" and a named function would need constrained decoding to be kept: refused rather
+  // than hoped for.
   if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
-    if (!(tc->is_string() && tc->get<std::string>() == "auto")) {
-      return bad_request(
-          "tool_choice " + tc->dump() + " is not supported by this server (only \"auto\")",
-          "tool_choice");
+    const bool ok =
+        tc->is_string() && (tc->get<std::string>() == "auto" || tc->get<std::string>() == "none");
+    if (!ok) {
+      return bad_request("tool_choice " + tc->dump() +
+                             " is not supported by this server (\"auto\" or \"none\": a "
+                             "required or named call needs constrained decoding)",
+                         "tool_choice");
     }
   }
   if (auto p = body.find("parallel_tool_calls"); p != body.end() && !p->is_null()) {
-    if (!(p->is_boolean() && p->get<bool>())) {
-      return bad_request("'parallel_tool_calls' other than true is not supported by this server",
-                         "parallel_tool_calls");
+    if (!p->is_boolean()) {
+      return bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
     }
   }
   if (auto m = body.find("modalities"); m != body.end() && !m->is_null()) {
@@ -577,6 +581,16 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
   }
   req->messages = std::move(chat->messages);
   req->tools_json = std::move(chat->tools_json);
+  if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_string())
+    req->tool_choice_none = tc->get<std::string>() == "none";
+  if (auto p = body.find("parallel_tool_calls"); p != body.end() && p->is_boolean())
+    req->parallel_tool_calls = p->get<bool>();
+  if (auto e = read_bool(body, "include_reasoning", "include_reasoning", &req->include_reasoning))
+    return e;
+  if (auto e = read_int(body, "max_thinking_tokens", "max_thinking_tokens", 0,
+                        std::numeric_limits<int64_t>::max(), &req->max_thinking_tokens)) {
+    return e;
+  }
   // vLLM's chat_template_kwargs: extra variables for the checkpoint's template
   // (e.g. enable_thinking), passed through as given.
   if (auto k = body.find("chat_template_kwargs"); k != body.end() && !k->is_null()) {
@@ -840,12 +854,28 @@ std::string chat_completion_json(const std::string& id, const std::string& model
   for (const CompletionChoice& c : choices) {
     ojson msg;
     msg["role"] = "assistant";
-    msg["content"] = c.text;
+    // OpenAI: content null when the reply is only tool calls.
+    msg["content"] = c.text.empty() && !c.tool_calls.empty() ? ojson(nullptr) : ojson(c.text);
+    if (!c.reasoning.empty()) {
+      msg["reasoning"] = c.reasoning;          // vLLM >= 0.12, OpenRouter
+      msg["reasoning_content"] = c.reasoning;  // DeepSeek's name
+    }
+    if (!c.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (const ParsedToolCall& t : c.tool_calls) {
+        calls.push_back({{"id", t.id},
+                         {"type", "function"},
+                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
     ojson o;
     o["index"] = c.index;
     o["message"] = std::move(msg);
     o["logprobs"] = c.logprobs ? logprobs_object(*c.logprobs) : ojson(nullptr);
-    o["finish_reason"] = finish_json(c.finish_reason);
+    o["finish_reason"] = !c.tool_calls.empty() && c.finish_reason == FinishReason::kStop
+                             ? ojson("tool_calls")
+                             : finish_json(c.finish_reason);
     arr.push_back(std::move(o));
   }
   j["choices"] = std::move(arr);
@@ -867,6 +897,54 @@ std::string chat_chunk_json(const std::string& id, const std::string& model, int
   c["delta"] = std::move(delta);
   c["logprobs"] = logprobs ? logprobs_object(*logprobs) : ojson(nullptr);
   c["finish_reason"] = finish_json(finish_reason);
+  j["choices"] = ojson::array({std::move(c)});
+  return dump(j);
+}
+
+std::string chat_delta_json(const std::string& id, const std::string& model, int64_t created,
+                            int index, const ChatOutputDelta& d,
+                            const std::vector<TokenLogprob>* logprobs) {
+  ojson j = envelope(id, "chat.completion.chunk", created, model);
+  ojson delta = ojson::object();
+  if (!d.content.empty()) delta["content"] = d.content;
+  if (!d.reasoning.empty()) {
+    delta["reasoning"] = d.reasoning;
+    delta["reasoning_content"] = d.reasoning;
+  }
+  if (!d.tool_calls.empty()) {
+    ojson calls = ojson::array();
+    for (const ToolCallDelta& t : d.tool_calls) {
+      ojson c;
+      c["index"] = t.index;
+      ojson fn = ojson::object();
+      if (!t.id.empty()) {
+        c["id"] = t.id;
+        c["type"] = "function";
+        fn["name"] = t.name;
+      }
+      fn["arguments"] = t.arguments;
+      c["function"] = std::move(fn);
+      calls.push_back(std::move(c));
+    }
+    delta["tool_calls"] = std::move(calls);
+  }
+  ojson c;
+  c["index"] = index;
+  c["delta"] = std::move(delta);
+  c["logprobs"] = logprobs ? logprobs_object(*logprobs) : ojson(nullptr);
+  c["finish_reason"] = nullptr;
+  j["choices"] = ojson::array({std::move(c)});
+  return dump(j);
+}
+
+std::string chat_tool_calls_finish_json(const std::string& id, const std::string& model,
+                                        int64_t created, int index) {
+  ojson j = envelope(id, "chat.completion.chunk", created, model);
+  ojson c;
+  c["index"] = index;
+  c["delta"] = ojson::object();
+  c["logprobs"] = nullptr;
+  c["finish_reason"] = "tool_calls";
   j["choices"] = ojson::array({std::move(c)});
   return dump(j);
 }

@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "server/chat_output_parser.h"
 #include "vlm/chat.h"
 #include "vlm/request.h"
 #include "vlm/status.h"
@@ -106,7 +107,11 @@ struct ChatCompletionRequest : CommonRequest {
   std::vector<std::string> tools_json;  // as ChatTemplateOptions wants them
   // chat_template_kwargs: name → value as JSON text.
   std::vector<std::pair<std::string, std::string>> template_kwargs;
-  std::vector<ImageInput> images;  // in prompt order (one per image part)
+  bool tool_choice_none = false;               // tool_choice "none": tool calls stay text
+  bool parallel_tool_calls = true;             // false: at most one tool call is returned
+  bool include_reasoning = true;               // false: reasoning is dropped from the reply
+  std::optional<int64_t> max_thinking_tokens;  // close the reasoning after this many tokens
+  std::vector<ImageInput> images;              // in prompt order (one per image part)
   std::vector<RemoteImage> remote_images;
   bool logprobs = false;
   int top_logprobs = 0;
@@ -167,6 +172,8 @@ struct CompletionChoice {
   std::string text;
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<std::vector<TokenLogprob>> logprobs;  // set when the request asked for them
+  std::string reasoning;                              // chat: the reply's reasoning (may be empty)
+  std::vector<ParsedToolCall> tool_calls;             // chat: parsed tool calls
 };
 
 struct Usage {
@@ -188,6 +195,18 @@ std::string chat_completion_json(const std::string& id, const std::string& model
 // {"role":"assistant","content":""}); the last chunk carries finish_reason and
 // may have an empty delta.
 // `logprobs`, when given, are the tokens this chunk covers.
+// A streamed chat delta: content, reasoning (as both `reasoning` and `reasoning_content`) and
+// tool call fragments (OpenAI's delta.tool_calls: index, then id, type and name on a call's
+// first fragment, arguments text).
+std::string chat_delta_json(const std::string& id, const std::string& model, int64_t created,
+                            int index, const ChatOutputDelta& delta,
+                            const std::vector<TokenLogprob>* logprobs);
+
+// A chat stream's finish chunk for a reply that ended with tool calls (finish_reason
+// "tool_calls").
+std::string chat_tool_calls_finish_json(const std::string& id, const std::string& model,
+                                        int64_t created, int index);
+
 std::string chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
                             int index, const std::string& delta_text,
                             const std::optional<std::string>& role = std::nullopt,

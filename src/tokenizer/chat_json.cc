@@ -189,6 +189,8 @@ Result<ParsedChat> parse_chat_json(const ojson& msgs, const ojson* tools) {
         }
         ChatToolCall c;
         c.name = f["name"].get<std::string>();
+        if (call.is_object() && call.contains("id") && call["id"].is_string())
+          c.id = call["id"].get<std::string>();
         if (auto a = f.find("arguments"); a != f.end()) {
           if (a->is_string()) {
             c.arguments = a->get<std::string>();
@@ -200,6 +202,15 @@ Result<ParsedChat> parse_chat_json(const ojson& msgs, const ojson* tools) {
         m.tool_calls.push_back(std::move(c));
       }
     }
+    // An earlier turn's reasoning, under either name clients send it; a tool result's call id
+    // and function name. The template decides what to do with them.
+    for (const char* key : {"reasoning_content", "reasoning"}) {
+      if (auto r = jm.find(key); r != jm.end() && r->is_string() && m.reasoning.empty())
+        m.reasoning = r->get<std::string>();
+    }
+    if (auto t = jm.find("tool_call_id"); t != jm.end() && t->is_string())
+      m.tool_call_id = t->get<std::string>();
+    if (auto n = jm.find("name"); n != jm.end() && n->is_string()) m.name = n->get<std::string>();
     out.messages.push_back(std::move(m));
   }
   if (tools != nullptr) {

@@ -196,6 +196,9 @@ jinja::Value message_value(const ChatMessage& m) {
     }
     o.set("content", jinja::Value(std::move(parts)));
   }
+  if (!m.reasoning.empty()) o.set("reasoning_content", jinja::Value(m.reasoning));
+  if (!m.tool_call_id.empty()) o.set("tool_call_id", jinja::Value(m.tool_call_id));
+  if (!m.name.empty()) o.set("name", jinja::Value(m.name));
   if (!m.tool_calls.empty()) {
     jinja::Array calls;
     for (const ChatToolCall& c : m.tool_calls) {
@@ -208,6 +211,7 @@ jinja::Value message_value(const ChatMessage& m) {
       }
       fn.set("arguments", args);
       jinja::Object call;
+      if (!c.id.empty()) call.set("id", jinja::Value(c.id));
       call.set("type", jinja::Value("function"));
       call.set("function", jinja::Value(std::move(fn)));
       calls.push_back(jinja::Value(std::move(call)));

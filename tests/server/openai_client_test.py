@@ -593,6 +593,124 @@ class OpenAIClientTest(unittest.TestCase):
         self.check_usage(r.usage, max_tokens=3)
 
 
+class ToolCallTest(unittest.TestCase):
+    """Tool calls and reasoning through the official client, on tests/model/fixtures/forced-reply
+    (scripts/make_forced_reply_fixture.py): a checkpoint whose greedy reply to anything is
+    `<think>Weather needs a tool.</think><tool_call>{"name":"get_weather","arguments":{"city":
+    "Oslo"}}</tool_call>`, so the test does not depend on luck."""
+
+    TOOLS = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    ASK = [{"role": "user", "content": "What's the weather in Oslo?"}]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = Path(tempfile.mkdtemp(prefix="vlm_tool_test_"))
+        model = serve_util.make_model_dir(REPO / "tests/model/fixtures/forced-reply", cls.tmp / "model")
+        cls.server = VlmServer(model, cls.tmp, "server_tools")
+        cls.client = openai.OpenAI(base_url=cls.server.url("/v1"), api_key="x", max_retries=0,
+                                   timeout=TIMEOUT)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def create(self, **kw):
+        args = dict(model=MODEL, messages=self.ASK, temperature=0, max_tokens=64)
+        args.update(kw)
+        return self.client.chat.completions.create(**args)
+
+    def streamed(self, **kw):
+        """The stream's pieces put together as the client sees them (with tools parsed, no piece
+        of content may hold a tool call tag)."""
+        parsing = bool(kw.get("tools")) and kw.get("tool_choice") != "none"
+        content, reasoning, calls, finish = "", "", {}, None
+        for chunk in self.create(stream=True, **kw):
+            for ch in chunk.choices:
+                d = ch.delta
+                content += d.content or ""
+                extra = d.model_extra or {}
+                self.assertEqual(extra.get("reasoning"), extra.get("reasoning_content"))
+                reasoning += extra.get("reasoning_content") or ""
+                if parsing:
+                    self.assertNotIn("<tool_call", d.content or "", "a tool call tag leaked as content")
+                for t in d.tool_calls or []:
+                    c = calls.setdefault(t.index, {"id": None, "name": None, "arguments": ""})
+                    if t.id:
+                        self.assertIsNone(c["id"], "id sent twice")
+                        c["id"], c["name"] = t.id, t.function.name
+                    else:
+                        self.assertIsNotNone(c["id"], "arguments before the id and name")
+                    c["arguments"] += t.function.arguments or ""
+                finish = ch.finish_reason or finish
+        return content, reasoning, [calls[i] for i in sorted(calls)], finish
+
+    def test_tool_call_and_reasoning(self):
+        r = self.create(tools=self.TOOLS)
+        msg = r.choices[0].message
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        self.assertIsNone(msg.content)
+        self.assertEqual(msg.model_extra.get("reasoning_content"), "Weather needs a tool.")
+        self.assertEqual(msg.model_extra.get("reasoning"), "Weather needs a tool.")
+        self.assertEqual(len(msg.tool_calls), 1)
+        call = msg.tool_calls[0]
+        self.assertEqual(call.type, "function")
+        self.assertTrue(call.id.startswith("call_"))
+        self.assertEqual(call.function.name, "get_weather")
+        self.assertEqual(json.loads(call.function.arguments), {"city": "Oslo"})
+        # Streamed: the same call, id and name first, then the arguments; no tag as content.
+        content, reasoning, calls, finish = self.streamed(tools=self.TOOLS)
+        self.assertEqual(content, "")
+        self.assertEqual(reasoning, "Weather needs a tool.")
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual(len(calls), 1)
+        self.assertTrue(calls[0].pop("id").startswith("call_"))  # each reply its own ids
+        self.assertEqual(calls, [{"name": "get_weather", "arguments": call.function.arguments}])
+        # The tool's result goes back through the template, and the model is asked again.
+        follow = self.ASK + [
+            {"role": "assistant", "content": None, "reasoning_content": "Weather needs a tool.",
+             "tool_calls": [{"id": call.id, "type": "function",
+                             "function": {"name": "get_weather", "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 3}'}]
+        again = self.create(tools=self.TOOLS, messages=follow)
+        self.assertEqual(again.choices[0].message.tool_calls[0].function.name, "get_weather")
+        self.assertGreater(again.usage.prompt_tokens, r.usage.prompt_tokens)
+
+    def test_modes(self):
+        # tool_choice "none", and no tools at all: the call stays text; reasoning is split.
+        for kw in ({"tools": self.TOOLS, "tool_choice": "none"}, {}):
+            r = self.create(**kw)
+            msg = r.choices[0].message
+            self.assertIsNone(msg.tool_calls)
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+            self.assertTrue(msg.content.startswith("<tool_call>{\"name\":\"get_weather\""), msg.content)
+            self.assertEqual(msg.model_extra.get("reasoning_content"), "Weather needs a tool.")
+            content, reasoning, calls, finish = self.streamed(**kw)
+            self.assertEqual((content, reasoning, calls, finish),
+                             (msg.content, "Weather needs a tool.", [], "stop"))
+        # max_thinking_tokens: after that many tokens of reasoning the next one is </think>
+        # (the forced model then goes on with its call); 0 closes it at once.
+        for budget, want in ((2, "Weather needs"), (0, None)):
+            r = self.create(tools=self.TOOLS, extra_body={"max_thinking_tokens": budget})
+            msg = r.choices[0].message
+            self.assertEqual((msg.model_extra or {}).get("reasoning_content"), want, budget)
+            self.assertEqual(msg.tool_calls[0].function.name, "get_weather")
+            self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        # include_reasoning false drops it.
+        r = self.create(tools=self.TOOLS, extra_body={"include_reasoning": False})
+        self.assertNotIn("reasoning_content", r.choices[0].message.model_extra or {})
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        # A required or named call needs constrained decoding: refused, not hoped for.
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            with self.assertRaises(openai.BadRequestError) as e:
+                self.create(tools=self.TOOLS, tool_choice=choice)
+            self.assertIn("tool_choice", str(e.exception))
+
+
 class DefaultModelTest(unittest.TestCase):
     """`vlm serve` without -m serves the shipped tiny model (models/tiny-qwen3vl), which answers
     questions about pictures of shapes. The held-out scenes of tests/model/fixtures/shapes-qa are

@@ -187,9 +187,9 @@ TEST(OpenAiApiTest, EveryFieldIsReadOrRefusedByName) {
       {{{"response_format", {{"type", "sound"}}}}, "response_format"},
       {{{"response_format", "text"}}, "response_format"},
       {{{"tool_choice", "required"}}, "tool_choice"},
-      {{{"tool_choice", "none"}}, "tool_choice"},
       {{{"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}, "tool_choice"},
-      {{{"parallel_tool_calls", false}}, "parallel_tool_calls"},
+      {{{"parallel_tool_calls", "no"}}, "parallel_tool_calls"},
+      {{{"include_reasoning", 1}}, "include_reasoning"},
       {{{"modalities", {"text", "audio"}}}, "modalities"},
       {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},  // without stream
       {{{"stream", false}, {"stream_options", {{"include_usage", false}}}}, "stream_options"},
@@ -224,6 +224,14 @@ TEST(OpenAiApiTest, EveryFieldIsReadOrRefusedByName) {
                                    {"logit_bias", {{"7", -100}, {"12", 2.5}}},
                                    {"stop_token_ids", {3, 4}}}));
   ASSERT_TRUE(ok.ok()) << ok.error().message;
+  // tool_choice "none", parallel_tool_calls false and include_reasoning false are served too.
+  auto modes = parse(body_with(
+      "hi",
+      {{"tool_choice", "none"}, {"parallel_tool_calls", false}, {"include_reasoning", false}}));
+  ASSERT_TRUE(modes.ok()) << modes.error().message;
+  EXPECT_TRUE(modes->tool_choice_none);
+  EXPECT_FALSE(modes->parallel_tool_calls);
+  EXPECT_FALSE(modes->include_reasoning);
   auto bias = ok->sampling.logit_bias;
   std::sort(bias.begin(), bias.end());
   EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{7, -100.f}, {12, 2.5f}}));
