@@ -294,6 +294,11 @@ def make_fixtures() -> dict[str, bytes]:
     f["jpeg_extraneous_bytes.jpg"] = base[:-2] + b"\x00\x11\x22" + base[-2:]
     f["jpeg_trailing_garbage.jpg"] = base + b"not part of the image" * 4
     f["jpeg_no_eoi.jpg"] = base[:-2]  # PIL: "image file is truncated"
+    # Stray bytes before a header marker (cameras and Photoshop write such files): libjpeg warns
+    # "Corrupt JPEG data: 3 extraneous bytes before marker 0xdb" while reading the header and
+    # PIL returns the image.
+    dqt = base.index(b"\xff\xdb")
+    f["jpeg_junk_before_dqt.jpg"] = base[:dqt] + b"\x00\x11\x22" + base[dqt:]
     exif = Image.Exif()
     exif[0x0112] = 6  # Orientation: rotate 90 CW to display. PIL.Image.open does not apply it.
     f["jpeg_exif_rotate90.jpg"] = save(im_rgb, "JPEG", quality=85, exif=exif)
@@ -334,6 +339,12 @@ def make_fixtures() -> dict[str, bytes]:
     f["gif_early_end.gif"] = gif_bytes(
         W, H, gpal, [gif_frame(sub, 9, 6, None, False, transparent=7, stop_after=160)])
 
+    # An LZW minimum code size of 12 (GIF allows at most 8): refused, and said so.
+    frame = bytearray(gif_frame(wide_idx, 0, 0, None, False, None))
+    assert frame[10] == 8  # the code size byte, right after the 10-byte image descriptor
+    frame[10] = 12
+    f["gif_lzw_code_size_12.gif"] = gif_bytes(W, H, gpal, [bytes(frame)])
+
     # BMP
     f["bmp_24.bmp"] = save(im_rgb, "BMP")
     f["bmp_32.bmp"] = save(im_rgba, "BMP")
@@ -357,9 +368,9 @@ def make_fixtures() -> dict[str, bytes]:
 
 # Files the decoder must refuse, and why (the test checks the message mentions the key word).
 EXPECT_ERROR = {
-    "webp_animated.webp": "animated",
     "gif_early_end.gif": "ends early",
     "jpeg_no_eoi.jpg": "truncated",
+    "gif_lzw_code_size_12.gif": "code size",
 }
 
 

@@ -123,6 +123,14 @@ Result<Image> decode_gif(const uint8_t* data, size_t size, const ImageDecodeLimi
     if (type == IMAGE_DESC_RECORD_TYPE) break;
   }
   if (DGifGetImageDesc(gif.get()) == GIF_ERROR) {
+    // giflib reads the LZW minimum code size last and refuses one above 8 as a read failure:
+    // say what it is.
+    if (gif->Error == D_GIF_ERR_READ_FAILED && reader.pos > 0 && reader.pos < reader.size &&
+        reader.data[reader.pos - 1] > 8) {
+      return format_error(kFmt, "invalid LZW minimum code size " +
+                                    std::to_string(reader.data[reader.pos - 1]) +
+                                    " (GIF allows at most 8)");
+    }
     return format_error(kFmt, "cannot read image descriptor: " + gif_error(gif->Error));
   }
   const GifImageDesc& desc = gif->Image;

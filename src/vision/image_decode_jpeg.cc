@@ -69,8 +69,12 @@ Result<Image> decode_jpeg(const uint8_t* data, size_t size, const ImageDecodeLim
 
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (tjDecompressHeader3(tj.get(), src, src_size, &width, &height, &subsamp, &colorspace) != 0) {
-    return format_error(kFmt,
-                        "cannot read header (truncated or corrupt file?): " + tj_message(tj.get()));
+    // Stray bytes before a marker (cameras, Photoshop) make libjpeg warn while the header is
+    // read; the header is complete then, and PIL decodes such files. Other failures are fatal.
+    const std::string msg = tj_message(tj.get());
+    if (!(is_benign_warning(msg) && width > 0 && height > 0)) {
+      return format_error(kFmt, "cannot read header (truncated or corrupt file?): " + msg);
+    }
   }
   VLM_RETURN_IF_ERROR(check_dimensions(kFmt, width, height, limits));
   VLM_ASSIGN_OR_RETURN(Image img, allocate_image(kFmt, width, height));

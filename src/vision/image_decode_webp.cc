@@ -1,6 +1,8 @@
 // WebP via libwebp (Google's reference decoder, also what Pillow uses): lossy, lossless, alpha.
 #include <webp/decode.h>
+#include <webp/demux.h>
 
+#include <memory>
 #include <string>
 
 #include "vision/image_decode.h"
@@ -33,6 +35,38 @@ std::string webp_status(VP8StatusCode s) {
   return "unknown error " + std::to_string(static_cast<int>(s));
 }
 
+// An animation's first frame as PIL gives it: libwebpdemux's WebPAnimDecoder composites it onto
+// the canvas (the header's size, checked against the limits before this) in RGBA, and
+// convert("RGB") drops the alpha.
+Result<Image> decode_first_frame(const uint8_t* data, size_t size) {
+  WebPAnimDecoderOptions opts;
+  if (!WebPAnimDecoderOptionsInit(&opts)) return internal_error("WebP: library version mismatch");
+  opts.color_mode = MODE_RGBA;
+  opts.use_threads = 0;
+  const WebPData wd{data, size};
+  std::unique_ptr<WebPAnimDecoder, void (*)(WebPAnimDecoder*)> dec(WebPAnimDecoderNew(&wd, &opts),
+                                                                   WebPAnimDecoderDelete);
+  if (!dec) return format_error(kFmt, "cannot read the animation (corrupt or truncated file)");
+  WebPAnimInfo info;
+  if (!WebPAnimDecoderGetInfo(dec.get(), &info) || info.frame_count == 0) {
+    return format_error(kFmt, "the animation has no frame");
+  }
+  uint8_t* rgba = nullptr;
+  int timestamp = 0;
+  if (!WebPAnimDecoderGetNext(dec.get(), &rgba, &timestamp)) {
+    return format_error(kFmt, "cannot decode the animation's first frame");
+  }
+  VLM_ASSIGN_OR_RETURN(Image img, allocate_image(kFmt, static_cast<int64_t>(info.canvas_width),
+                                                 static_cast<int64_t>(info.canvas_height)));
+  const size_t n = static_cast<size_t>(info.canvas_width) * info.canvas_height;
+  for (size_t i = 0; i < n; ++i) {
+    img.rgb[3 * i] = rgba[4 * i];
+    img.rgb[3 * i + 1] = rgba[4 * i + 1];
+    img.rgb[3 * i + 2] = rgba[4 * i + 2];
+  }
+  return img;
+}
+
 }  // namespace
 
 Result<Image> decode_webp(const uint8_t* data, size_t size, const ImageDecodeLimits& limits) {
@@ -42,13 +76,8 @@ Result<Image> decode_webp(const uint8_t* data, size_t size, const ImageDecodeLim
   // Parses only the RIFF/VP8X and frame headers: nothing is allocated.
   VP8StatusCode st = WebPGetFeatures(data, size, &config.input);
   if (st != VP8_STATUS_OK) return format_error(kFmt, "cannot read header: " + webp_status(st));
-  if (config.input.has_animation) {
-    // NOTE: the first frame of an animation is composited by libwebpdemux's WebPAnimDecoder (what
-    // PIL uses), which vlm_vision does not link; refuse clearly rather than guess.
-    return format_error(kFmt,
-                        "animated WebP is not supported (convert the first frame to a still)");
-  }
   VLM_RETURN_IF_ERROR(check_dimensions(kFmt, config.input.width, config.input.height, limits));
+  if (config.input.has_animation) return decode_first_frame(data, size);
   VLM_ASSIGN_OR_RETURN(Image img, allocate_image(kFmt, config.input.width, config.input.height));
 
   // Decode straight into our buffer. MODE_RGB writes the colour planes and ignores alpha, which is

@@ -157,15 +157,20 @@ int cmd_run(const RunArgs& a) {
   req.stop = a.stop;
   req.ignore_eos = a.ignore_eos;
 
-  auto res = engine.generate(req, [](const vlm::TokenEvent& ev) {
+  bool wrote = false;
+  auto res = engine.generate(req, [&wrote](const vlm::TokenEvent& ev) {
     if (!ev.text.empty()) {
       std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
       std::fflush(stdout);
+      wrote = true;
     }
     return true;
   });
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  // The reply's line ends; a request that failed before any text leaves stdout empty.
+  if (res.ok() || wrote) {
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
   if (!res.ok()) return fail(res.status());
   const auto& r = *res;
   const double n_gen = static_cast<double>(r.output_ids.size());
