@@ -63,6 +63,11 @@ struct BatchingOptions {
   int64_t max_batched_tokens = 0;  // tokens per step; 0: the prefill chunk (at most that)
   int64_t max_waiting = 256;       // queued (not yet running) requests; beyond: ResourceExhausted
   int64_t vision_cache_mib = 512;  // vision-encoder outputs kept for images that come back
+  // Decoded image pixels (width × height) in flight at once across the threads that submit
+  // requests: an image whose header would take the total past this waits until others are
+  // preprocessed (one larger than the whole budget goes alone). 0: no limit. The default holds
+  // two 50-megapixel photos.
+  int64_t max_inflight_image_pixels = 100'000'000;
   // When a request arrives at an idle engine, wait up to this long for others to arrive so they
   // prefill together (0: start at once).
   int64_t batch_wait_ms = 0;
@@ -248,6 +253,8 @@ class Engine {
             preemptions = 0;
     int64_t kv_block_size = 0, kv_cache_bytes = 0;  // tokens per block; K, V and scales in bytes
     const char* kv_cache_dtype = "";                // "f32", "bf16" or "int8"
+    // Images decoding: the most decoded pixels in flight at once, and images that waited.
+    int64_t image_pixels_peak = 0, image_pixel_waits = 0;
     int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0;
     int64_t vision_cache_bytes = 0;
     // Prefix caching: prompt tokens looked up and found (requests that read the cache), blocks

@@ -1,6 +1,8 @@
 // Engine: model loading, and the calls that run requests through its engine core.
 #include "vlm/engine.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -266,6 +268,13 @@ Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options
 
 Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   VLM_RETURN_IF_ERROR(validate_options(options));
+  // NOTE(vlm): allocations of 4 MiB and more (decoded images above all) go straight to mmap and
+  // back to the system when freed. glibc's default raises that threshold to the size of the
+  // last large block freed (up to 32 MiB) and then serves such blocks from per-thread arenas,
+  // which keep them: every thread that once decoded a large image (each HTTP worker) would hold
+  // its size for good, whatever the in-flight pixel budget says.
+  static const bool kMmapThreshold = [] { return mallopt(M_MMAP_THRESHOLD, 4 << 20) == 1; }();
+  (void)kMmapThreshold;
   const bool on_gpu = options.device == Device::kCuda;
   auto impl = std::make_unique<Impl>();
   impl->opts = options;

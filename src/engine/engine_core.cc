@@ -13,6 +13,7 @@
 #include "engine/engine_impl.h"
 #include "engine/model_runner.h"
 #include "engine/output_processor.h"
+#include "engine/pixel_budget.h"
 #include "engine/request_stream.h"
 #include "engine/vision_cache.h"
 #include "kv/block_hash.h"
@@ -262,6 +263,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
   core->opts_ = opts;
   core->on_step_ = std::move(on_step);
+  core->pixel_budget_ = std::make_unique<PixelBudget>(opts.max_inflight_image_pixels);
   s.sched = std::make_unique<Scheduler>(std::move(sched));
   VLM_RETURN_IF_ERROR(
       m.decoder
@@ -342,7 +344,8 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
         (static_cast<int64_t>(request.prompt_ids.size()) - static_cast<int64_t>(r->runs.size()));
     for (size_t k = 0; k < request.images.size(); ++k) {
       VLM_RETURN_IF_ERROR(stage_image(request.images[k], m.preprocess, st_->vision_cache.get(),
-                                      nullptr, &r->images[k], std::max<int64_t>(room, 0))
+                                      nullptr, &r->images[k], std::max<int64_t>(room, 0),
+                                      pixel_budget_.get())
                               .with_context("image " + std::to_string(k + 1)));
       room -= r->images[k].tokens;
       r->image_decode_ms += r->images[k].decode_ms;
@@ -415,6 +418,8 @@ Engine::CoreStats EngineCore::stats() const {
   out.vision_cache_misses = vc.misses;
   out.vision_cache_entries = vc.entries;
   out.vision_cache_bytes = static_cast<int64_t>(vc.bytes);
+  out.image_pixels_peak = pixel_budget_->peak();
+  out.image_pixel_waits = pixel_budget_->waits();
   return out;
 }
 

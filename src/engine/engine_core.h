@@ -18,6 +18,7 @@
 namespace vlm {
 
 struct SampledToken;  // engine/model_runner.h
+class PixelBudget;    // engine/pixel_budget.h
 
 // What Engine::logits asks of a request besides its stream: every prompt position's logits
 // ([expanded prompt tokens, vocab], sized by submit) and the prompt with its image pads expanded
@@ -65,6 +66,7 @@ class EngineCore {
 
   Engine::Impl& m_;
   BatchingOptions opts_;
+  std::unique_ptr<PixelBudget> pixel_budget_;  // decoded image pixels in flight (submit threads)
   std::function<void(double)> on_step_;
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<State> st_;

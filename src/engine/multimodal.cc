@@ -41,7 +41,7 @@ Result<std::vector<std::pair<size_t, size_t>>> find_image_runs(std::span<const i
 }
 
 Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, VisionCache* cache,
-                   ThreadPool* pool, StagedImage* out, int64_t max_tokens) {
+                   ThreadPool* pool, StagedImage* out, int64_t max_tokens, PixelBudget* budget) {
   PreprocessOptions opt = preprocess;
   if (in.min_pixels) opt.min_pixels = *in.min_pixels;
   if (in.max_pixels) opt.max_pixels = *in.max_pixels;
@@ -67,14 +67,20 @@ Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, Vi
     return over_budget(out->tokens, "the image");
   }
   // Priced from the header, before a pixel is decoded: what smart_resize will make of it.
+  // Held (declared before the image) until the decoded pixels are gone.
+  PixelBudget::Lease lease;
   ImageDecodeLimits limits;
   limits.on_size = [&](int64_t width, int64_t height) -> Status {
-    if (max_tokens < 0) return ok_status();
-    const int64_t factor = opt.patch_size * opt.merge_size;
-    VLM_ASSIGN_OR_RETURN(auto hw,
-                         smart_resize(height, width, factor, opt.min_pixels, opt.max_pixels));
-    return over_budget(hw.first / factor * (hw.second / factor),
-                       "the " + std::to_string(width) + "x" + std::to_string(height) + " image");
+    if (max_tokens >= 0) {
+      const int64_t factor = opt.patch_size * opt.merge_size;
+      VLM_ASSIGN_OR_RETURN(auto hw,
+                           smart_resize(height, width, factor, opt.min_pixels, opt.max_pixels));
+      VLM_RETURN_IF_ERROR(
+          over_budget(hw.first / factor * (hw.second / factor),
+                      "the " + std::to_string(width) + "x" + std::to_string(height) + " image"));
+    }
+    if (budget != nullptr) lease = budget->acquire(width * height);
+    return ok_status();
   };
   VLM_ASSIGN_OR_RETURN(Image img, decode_image(bytes.data(), bytes.size(), limits));
   out->decode_ms = ms_since(t0);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "engine/pixel_budget.h"
 #include "engine/vision_cache.h"
 #include "model/mrope_positions.h"
 #include "model/qwen3vl_config.h"
@@ -70,8 +71,11 @@ Status encode_staged_images(VisionEncoder& encoder, std::span<StagedImage* const
 // `pool` may be null (single-threaded resize). With max_tokens >= 0, an image that would take
 // more tokens is refused (kOutOfRange) from its header's size and the budget, before it is
 // decoded or resized. Errors are not prefixed with which image it was.
+// `budget` (may be null): the image holds its decoded pixels there from its header until it is
+// preprocessed, waiting while they do not fit.
 Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, VisionCache* cache,
-                   ThreadPool* pool, StagedImage* out, int64_t max_tokens = -1);
+                   ThreadPool* pool, StagedImage* out, int64_t max_tokens = -1,
+                   PixelBudget* budget = nullptr);
 
 // Runs the vision tower on a staged image that has no encoder output yet (a no-op otherwise).
 Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* encode_ms);

@@ -3,6 +3,8 @@
 // Engine::generate on an engine that runs one request at a time (f32, greedy) — with and without
 // preemption — and a cancelled request frees its KV blocks without disturbing the others.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -303,6 +305,86 @@ TEST(EngineCore, ImagesArePricedBeforeTheyAreDecoded) {
 }
 
 // max_tokens near INT64_MAX is checked without overflow: refused, the number shown as sent.
+// A solid-colour RGB PNG of w x h, compressed with zlib (a few KB however large).
+std::vector<uint8_t> big_png(int w, int h) {
+  auto be32 = [](std::vector<uint8_t>* o, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) o->push_back(static_cast<uint8_t>(v >> s));
+  };
+  auto chunk = [&](std::vector<uint8_t>* o, const char* type, const std::vector<uint8_t>& d) {
+    be32(o, static_cast<uint32_t>(d.size()));
+    const size_t start = o->size();
+    o->insert(o->end(), type, type + 4);
+    o->insert(o->end(), d.begin(), d.end());
+    be32(o,
+         static_cast<uint32_t>(crc32(0, o->data() + start, static_cast<uInt>(o->size() - start))));
+  };
+  std::vector<uint8_t> raw;
+  raw.reserve(static_cast<size_t>(h) * (1 + 3 * w));
+  for (int y = 0; y < h; ++y) {
+    raw.push_back(0);
+    for (int x = 0; x < w; ++x) raw.insert(raw.end(), {200, 120, 40});
+  }
+  uLongf n = compressBound(static_cast<uLong>(raw.size()));
+  std::vector<uint8_t> z(n);
+  EXPECT_EQ(compress2(z.data(), &n, raw.data(), static_cast<uLong>(raw.size()), 9), Z_OK);
+  z.resize(n);
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  std::vector<uint8_t> ihdr;
+  be32(&ihdr, static_cast<uint32_t>(w));
+  be32(&ihdr, static_cast<uint32_t>(h));
+  ihdr.insert(ihdr.end(), {8, 2, 0, 0, 0});
+  chunk(&png, "IHDR", ihdr);
+  chunk(&png, "IDAT", z);
+  chunk(&png, "IEND", {});
+  return png;
+}
+
+int64_t peak_rss_kib() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+// Sixteen 9-megapixel images submitted at once from 16 threads (27 MB of RGB each, decoded on
+// the submitting threads): with a budget of 10 megapixels they decode one after another, so the
+// process never holds more than about two of them; every request still succeeds.
+TEST(EngineCore, DecodedPixelsInFlightStayWithinTheBudget) {
+  const auto ref =
+      nlohmann::json::parse(test_util::read_file(kFixtures + "/vision-f32/reference.json"));
+  BatchingOptions o;
+  o.max_inflight_image_pixels = 10'000'000;
+  auto engine = load_fixture_engine("vision-f32", o);
+  ASSERT_NE(engine, nullptr);
+  const std::vector<uint8_t> png = big_png(3000, 3000);
+  GenerateRequest r;
+  r.prompt_ids = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  ImageInput in;
+  in.bytes = png;
+  in.min_pixels = 4096;
+  in.max_pixels = 16384;
+  r.images = {in};
+  r.max_new_tokens = 2;
+  r.sampling.do_sample = false;
+  const int64_t before = peak_rss_kib();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&] {
+      auto res = engine->generate(r);
+      if (res.ok()) ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 16);
+  const Engine::CoreStats st = engine->core_stats();
+  EXPECT_LE(st.image_pixels_peak, 10'000'000);
+  EXPECT_EQ(st.image_pixels_peak, 9'000'000);  // one at a time
+  EXPECT_GT(st.image_pixel_waits, 0);
+  // Without the budget 16 decodes at once would hold ~430 MB of RGB alone.
+  EXPECT_LT(peak_rss_kib() - before, 200 * 1024)
+      << "peak RSS grew by " << (peak_rss_kib() - before) / 1024 << " MiB";
+}
+
 TEST(EngineCore, HugeMaxTokensIsRefusedWithoutOverflow) {
   auto engine = load_fixture_engine("text-f32-untied");
   ASSERT_NE(engine, nullptr);

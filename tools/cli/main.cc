@@ -324,6 +324,9 @@ int main(int argc, char** argv) {
   serve->add_option(
       "--batch-wait-ms", so.engine.batching.batch_wait_ms,
       "Batching window: an idle engine waits this long for more arrivals (default 0)");
+  serve->add_option("--max-inflight-image-pixels", so.engine.batching.max_inflight_image_pixels,
+                    "Decoded image pixels in flight at once across requests; beyond, images wait "
+                    "(default 100000000; 0 = no limit)");
   serve->add_option("--chat-template", so.chat_template,
                     "Chat template file (.jinja, or .json with \"chat_template\") instead of the "
                     "checkpoint's own");
