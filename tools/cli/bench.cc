@@ -250,7 +250,12 @@ vlm::Status bench_image(vlm::Engine& e, const ImageCase& img, const BenchArgs& a
   vlm::Engine::ImageTimings t;
   for (int r = a.no_warmup ? 0 : -1; r < a.reps; ++r) {
     auto res = e.encode_image(img.input);
-    if (!res.ok()) return res.status().with_context(img.name);
+    if (!res.ok()) {
+      // A file's errors already name its path; a synthetic image's are labelled here.
+      const bool named = !img.input.path.empty() &&
+                         res.status().message().find(img.input.path) != std::string::npos;
+      return named ? res.status() : res.status().with_context(img.name);
+    }
     t = *res;
     if (r < 0) continue;
     enc.push_back(t.encode_ms);
