@@ -175,6 +175,16 @@ def gif_bytes(screen_w: int, screen_h: int, global_palette: np.ndarray | None,
     return out + b"".join(frames) + b";"
 
 
+def bmp_rle_bytes(w: int, h: int, rle4: bool, stream: bytes, palette: np.ndarray) -> bytes:
+    """BI_RLE8 / BI_RLE4 BMP (bottom-up) with a 40-byte header and a BGRX palette."""
+    pal = b"".join(bytes([int(c[2]), int(c[1]), int(c[0]), 0]) for c in palette)
+    offset = 14 + 40 + len(pal)
+    info = struct.pack("<IiiHHIIiiII", 40, w, h, 1, 4 if rle4 else 8, 2 if rle4 else 1,
+                       len(stream), 2835, 2835, len(palette), 0)
+    head = b"BM" + struct.pack("<IHHI", offset + len(stream), 0, 0, offset)
+    return head + info + pal + stream
+
+
 def bmp16_bytes(pixels: np.ndarray, masks: tuple[int, int, int] | None) -> bytes:
     """16-bit BMP, bottom-up; BI_BITFIELDS with `masks`, else BI_RGB (5-5-5)."""
     h, w = pixels.shape
@@ -350,6 +360,23 @@ def make_fixtures() -> dict[str, bytes]:
     f["bmp_32.bmp"] = save(im_rgba, "BMP")
     f["bmp_8bit_palette.bmp"] = save(im_p, "BMP")
     f["bmp_1bit.bmp"] = save(im_grey.convert("1"), "BMP")
+    # RLE8 and RLE4 (hand-built; Pillow reads but cannot write them): runs, runs longer than the
+    # row (clamped), absolute runs with their 16-bit padding, end of line, delta, end of bitmap.
+    rle_pal = np.random.default_rng(13).integers(0, 256, (16, 3))
+    f["bmp_rle8.bmp"] = bmp_rle_bytes(10, 6, False, bytes([
+        4, 1, 0, 3, 2, 3, 4, 0, 0, 0,          # row 0: run, absolute 3 (+pad), end of line
+        10, 5, 0, 0,                           # row 1: a whole row, end of line
+        0, 2, 3, 0, 7, 6, 0, 0,                # row 2: delta 3 right, run 7
+        0, 5, 7, 8, 9, 10, 11, 0, 5, 12, 0, 0,  # row 3: absolute 5 (+pad), run 5
+        20, 13, 0, 0,                          # row 4: a run past the row's end
+        10, 14, 0, 1]), rle_pal)               # row 5, end of bitmap
+    f["bmp_rle4.bmp"] = bmp_rle_bytes(10, 6, True, bytes([
+        5, 0x12, 0, 3, 0x34, 0x50, 0, 0,       # row 0: run of 1,2,..., absolute 3, end of line
+        10, 0x67, 0, 0,                        # row 1
+        0, 2, 4, 0, 6, 0x89, 0, 0,             # row 2: delta 4 right, run 6
+        0, 5, 0xAB, 0xCD, 0xE0, 0, 5, 0xFF, 0, 0,  # row 3: absolute 5 (+pad), run 5
+        10, 0x1F, 0, 0,                        # row 4
+        10, 0x2E, 0, 1]), rle_pal)             # row 5, end of bitmap
     # 16-bit: BI_RGB 5-5-5 and BI_BITFIELDS 5-6-5, hand-built (Pillow reads but cannot write them).
     v16 = np.random.default_rng(11).integers(0, 1 << 16, (H, W)).astype("<u2")
     v16[0, :32] = np.arange(32) * 0x0421  # every 5-bit level in each channel

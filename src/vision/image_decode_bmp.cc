@@ -5,6 +5,7 @@
 // and reads palette entries it never filled when an index or the pixel-data offset is out of range.
 // So a small header check runs first: dimensions against the limits, RLE refused by name, the
 // pixel data required to be present, and palette indices required to be inside the palette.
+// RLE8 and RLE4, which stb does not read, are decoded here.
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "vision/image_decode.h"
 
@@ -49,6 +51,9 @@ struct BmpLayout {
   int64_t row_bytes = 0;            // including the padding to 4 bytes
   int64_t palette_size = 0;         // entries, for bpp <= 8
   int channel_bits[3] = {8, 8, 8};  // R, G, B mask widths; 5 or 6 for 16-bit files
+  uint32_t header_size = 0;
+  uint32_t compression = 0;  // 1: RLE8, 2: RLE4 (decoded here, not by stb)
+  bool top_down = false;
 };
 
 Result<BmpLayout> check_bmp_header(const uint8_t* data, size_t size,
@@ -66,6 +71,7 @@ Result<BmpLayout> check_bmp_header(const uint8_t* data, size_t size,
   } else if (hsz == 40 || hsz == 56 || hsz == 108 || hsz == 124) {
     if (size < 14 + static_cast<size_t>(hsz)) return format_error(kFmt, "truncated header");
     l.width = static_cast<int32_t>(le32(data + 18));
+    l.top_down = static_cast<int32_t>(le32(data + 22)) < 0;
     l.height = std::llabs(static_cast<int32_t>(le32(data + 22)));
     l.bpp = static_cast<int>(le16(data + 28));
     compression = le32(data + 30);
@@ -73,8 +79,16 @@ Result<BmpLayout> check_bmp_header(const uint8_t* data, size_t size,
     return format_error(kFmt, "unsupported header size " + std::to_string(hsz));
   }
   VLM_RETURN_IF_ERROR(check_dimensions(kFmt, l.width, l.height, limits));
+  l.header_size = hsz;
+  l.compression = compression;
   if (compression == 1 || compression == 2) {
-    return format_error(kFmt, "RLE-compressed BMP is not supported");
+    if ((compression == 1 && l.bpp != 8) || (compression == 2 && l.bpp != 4)) {
+      return format_error(kFmt, std::string(compression == 1 ? "RLE8" : "RLE4") +
+                                    " compression with " + std::to_string(l.bpp) +
+                                    " bits per pixel is invalid");
+    }
+    if (l.top_down) return format_error(kFmt, "a top-down RLE-compressed BMP is invalid");
+    return l;  // the RLE stream is read (and checked) as it is decoded
   }
   if (compression != 0 && compression != 3) {
     return format_error(kFmt, "unsupported compression " + std::to_string(compression));
@@ -149,10 +163,90 @@ void rescale_like_pil(const BmpLayout& l, uint8_t* rgb, int64_t n_pixels) {
   }
 }
 
+// RLE8 / RLE4 (BI_RLE8, BI_RLE4), as PIL's BmpRleDecoder reads them: runs of one index (RLE4:
+// two alternating), escapes for end of line (the rest of the row is index 0), end of bitmap,
+// delta (skipped pixels are index 0) and absolute runs (padded to a 16-bit boundary of the
+// file). Rows are bottom-up. The palette holds biClrUsed entries (else 2^bpp), 4 bytes each;
+// an index past it is black. A stream that ends before the last pixel is refused, as PIL does.
+Result<Image> decode_rle(const uint8_t* data, size_t size, const BmpLayout& l) {
+  const bool rle4 = l.compression == 2;
+  const int64_t colors_used = l.header_size >= 40 ? le32(data + 46) : 0;
+  const int64_t colors = colors_used > 0 ? colors_used : int64_t{1} << l.bpp;
+  const int64_t pal_off = 14 + static_cast<int64_t>(l.header_size);
+  if (colors > 256 || pal_off + 4 * colors > static_cast<int64_t>(size)) {
+    return format_error(kFmt, "invalid palette (" + std::to_string(colors) + " colours)");
+  }
+  if (l.data_offset < pal_off || l.data_offset > static_cast<int64_t>(size)) {
+    return format_error(kFmt, "invalid pixel data offset " + std::to_string(l.data_offset));
+  }
+  const int64_t w = l.width, total = l.width * l.height;
+  std::vector<uint8_t> idx;
+  idx.reserve(static_cast<size_t>(total));
+  int64_t x = 0;
+  size_t p = static_cast<size_t>(l.data_offset);
+  while (static_cast<int64_t>(idx.size()) < total) {
+    if (p + 2 > size) break;
+    int64_t n = data[p];
+    const uint8_t b = data[p + 1];
+    p += 2;
+    if (n > 0) {  // a run
+      n = std::min(n, std::max<int64_t>(0, w - x));
+      for (int64_t i = 0; i < n; ++i) idx.push_back(rle4 ? (i % 2 == 0 ? b >> 4 : b & 0x0F) : b);
+      x += n;
+    } else if (b == 0) {  // end of line
+      while (idx.size() % static_cast<size_t>(w) != 0) idx.push_back(0);
+      x = 0;
+    } else if (b == 1) {  // end of bitmap
+      break;
+    } else if (b == 2) {  // delta: right, up
+      if (p + 2 > size) break;
+      const int64_t skip = std::min<int64_t>(total - static_cast<int64_t>(idx.size()),
+                                             data[p] + int64_t{data[p + 1]} * w);
+      p += 2;
+      idx.insert(idx.end(), static_cast<size_t>(skip), 0);
+      x = static_cast<int64_t>(idx.size()) % w;
+    } else {  // an absolute run of b pixels
+      const int64_t count = std::min<int64_t>(total - static_cast<int64_t>(idx.size()), b);
+      const size_t bytes = static_cast<size_t>(rle4 ? (count + 1) / 2 : count);
+      const size_t got = std::min(bytes, size - p);
+      for (size_t i = 0; i < got; ++i) {
+        if (rle4) {
+          idx.push_back(data[p + i] >> 4);
+          if (static_cast<int64_t>(i) * 2 + 1 < count) idx.push_back(data[p + i] & 0x0F);
+        } else {
+          idx.push_back(data[p + i]);
+        }
+      }
+      p += got;
+      if (got < bytes || static_cast<int64_t>(idx.size()) == total) break;
+      x += b;
+      if (p % 2 != 0) ++p;  // a 16-bit boundary of the file
+    }
+  }
+  if (static_cast<int64_t>(idx.size()) < total) {
+    return format_error(kFmt, std::string(rle4 ? "RLE4" : "RLE8") +
+                                  " data ends before the last pixel (truncated file)");
+  }
+  VLM_ASSIGN_OR_RETURN(Image img, allocate_image(kFmt, l.width, l.height));
+  for (int64_t y = 0; y < l.height; ++y) {
+    const uint8_t* src = idx.data() + y * w;
+    uint8_t* dst = img.rgb.data() + (l.height - 1 - y) * w * 3;  // bottom-up
+    for (int64_t i = 0; i < w; ++i) {
+      const int64_t k = src[i];
+      const uint8_t* c = data + pal_off + 4 * k;
+      dst[3 * i] = k < colors ? c[2] : 0;
+      dst[3 * i + 1] = k < colors ? c[1] : 0;
+      dst[3 * i + 2] = k < colors ? c[0] : 0;
+    }
+  }
+  return img;
+}
+
 }  // namespace
 
 Result<Image> decode_bmp(const uint8_t* data, size_t size, const ImageDecodeLimits& limits) {
   VLM_ASSIGN_OR_RETURN(BmpLayout layout, check_bmp_header(data, size, limits));
+  if (layout.compression == 1 || layout.compression == 2) return decode_rle(data, size, layout);
   if (layout.bpp <= 8) VLM_RETURN_IF_ERROR(check_palette_indices(data, layout));
   if (size > static_cast<size_t>(std::numeric_limits<int>::max())) {
     return format_error(kFmt, "file too large for the decoder");
