@@ -377,6 +377,19 @@ def make_fixtures() -> dict[str, bytes]:
         0, 5, 0xAB, 0xCD, 0xE0, 0, 5, 0xFF, 0, 0,  # row 3: absolute 5 (+pad), run 5
         10, 0x1F, 0, 0,                        # row 4
         10, 0x2E, 0, 1]), rle_pal)             # row 5, end of bitmap
+    # A palette between the headers and 24-bit pixel data, and a 32-bit file with the 64-byte
+    # OS/2 2.x header: stb reads neither, PIL reads both (and so do we, ourselves).
+    def with_gap(bmp: bytes, at: int, extra: bytes, header_size: int | None = None) -> bytes:
+        out = bytearray(bmp[:at] + extra + bmp[at:])
+        struct.pack_into("<I", out, 2, len(out))
+        struct.pack_into("<I", out, 10, struct.unpack_from("<I", bmp, 10)[0] + len(extra))
+        if header_size is not None:
+            struct.pack_into("<I", out, 14, header_size)
+        return bytes(out)
+
+    b24 = f["bmp_24.bmp"]
+    f["bmp_24_palette_gap.bmp"] = with_gap(b24, 54, bytes(range(64)))
+    f["bmp_32_header64.bmp"] = with_gap(f["bmp_32.bmp"], 54, bytes(24), header_size=64)
     # 16-bit: BI_RGB 5-5-5 and BI_BITFIELDS 5-6-5, hand-built (Pillow reads but cannot write them).
     v16 = np.random.default_rng(11).integers(0, 1 << 16, (H, W)).astype("<u2")
     v16[0, :32] = np.arange(32) * 0x0421  # every 5-bit level in each channel

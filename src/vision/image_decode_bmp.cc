@@ -68,7 +68,7 @@ Result<BmpLayout> check_bmp_header(const uint8_t* data, size_t size,
     l.width = le16(data + 18);
     l.height = le16(data + 20);
     l.bpp = static_cast<int>(le16(data + 24));
-  } else if (hsz == 40 || hsz == 56 || hsz == 108 || hsz == 124) {
+  } else if (hsz == 40 || hsz == 52 || hsz == 56 || hsz == 64 || hsz == 108 || hsz == 124) {
     if (size < 14 + static_cast<size_t>(hsz)) return format_error(kFmt, "truncated header");
     l.width = static_cast<int32_t>(le32(data + 18));
     l.top_down = static_cast<int32_t>(le32(data + 22)) < 0;
@@ -95,6 +95,22 @@ Result<BmpLayout> check_bmp_header(const uint8_t* data, size_t size,
   }
   if (l.bpp != 1 && l.bpp != 4 && l.bpp != 8 && l.bpp != 16 && l.bpp != 24 && l.bpp != 32) {
     return format_error(kFmt, "unsupported bit depth " + std::to_string(l.bpp));
+  }
+  // stb reads neither the 52-byte (V2) and 64-byte (OS/2 2.x) headers nor pixel data that does
+  // not follow the headers directly (a palette before 16/24/32-bit data); 24- and 32-bit BI_RGB
+  // rows are then read here (see decode_bgr), anything else is refused by name.
+  const int64_t masks_after = compression == 3 && hsz == 40 ? 12 : 0;
+  const bool direct = l.data_offset == 14 + static_cast<int64_t>(hsz) + masks_after;
+  if (l.bpp >= 16 && (!direct || hsz == 52 || hsz == 64) &&
+      !(compression == 0 && (l.bpp == 24 || l.bpp == 32))) {
+    return format_error(kFmt, std::to_string(l.bpp) + "-bit pixel data " +
+                                  (direct ? "after a " + std::to_string(hsz) + "-byte header"
+                                          : std::string("that does not follow the headers")) +
+                                  " is not supported");
+  }
+  if (l.bpp <= 8 && (hsz == 52 || hsz == 64)) {
+    return format_error(
+        kFmt, "a palette image with a " + std::to_string(hsz) + "-byte header is not supported");
   }
   if (l.bpp == 16) {
     // BI_RGB is 5-5-5; BI_BITFIELDS masks follow the 40-byte header or sit inside V4/V5 ones,
@@ -242,11 +258,35 @@ Result<Image> decode_rle(const uint8_t* data, size_t size, const BmpLayout& l) {
   return img;
 }
 
+// 24-bit (BGR) and 32-bit BI_RGB (BGRX: the fourth byte is not alpha) rows from the pixel data
+// offset, bottom-up unless the height was negative, as PIL reads them.
+Result<Image> decode_bgr(const uint8_t* data, const BmpLayout& l) {
+  VLM_ASSIGN_OR_RETURN(Image img, allocate_image(kFmt, l.width, l.height));
+  const int step = l.bpp / 8;
+  for (int64_t y = 0; y < l.height; ++y) {
+    const uint8_t* src = data + l.data_offset + y * l.row_bytes;
+    uint8_t* dst = img.rgb.data() + (l.top_down ? y : l.height - 1 - y) * l.width * 3;
+    for (int64_t x = 0; x < l.width; ++x, src += step) {
+      dst[3 * x] = src[2];
+      dst[3 * x + 1] = src[1];
+      dst[3 * x + 2] = src[0];
+    }
+  }
+  return img;
+}
+
 }  // namespace
 
 Result<Image> decode_bmp(const uint8_t* data, size_t size, const ImageDecodeLimits& limits) {
   VLM_ASSIGN_OR_RETURN(BmpLayout layout, check_bmp_header(data, size, limits));
   if (layout.compression == 1 || layout.compression == 2) return decode_rle(data, size, layout);
+  const int64_t masks_after = layout.compression == 3 && layout.header_size == 40 ? 12 : 0;
+  const bool direct =
+      layout.data_offset == 14 + static_cast<int64_t>(layout.header_size) + masks_after;
+  if (layout.bpp >= 24 && layout.compression == 0 &&
+      (!direct || layout.header_size == 52 || layout.header_size == 64)) {
+    return decode_bgr(data, layout);
+  }
   if (layout.bpp <= 8) VLM_RETURN_IF_ERROR(check_palette_indices(data, layout));
   if (size > static_cast<size_t>(std::numeric_limits<int>::max())) {
     return format_error(kFmt, "file too large for the decoder");
