@@ -622,11 +622,7 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   // The reply is split into reasoning, content and tool calls: reasoning from the start when
   // the template's generation prompt opened <think>; tool calls when the request gave tools and
   // tool_choice is not "none".
-  const std::string& text = *prompt;
-  const bool think_open =
-      text.size() >= 7 &&
-      (text.compare(text.size() - 7, 7, "<think>") == 0 ||
-       (text.size() >= 8 && text.compare(text.size() - 8, 8, "<think>\n") == 0));
+  const bool think_open = prompt->ends_with("<think>") || prompt->ends_with("<think>\n");
   ChatOutputParser::Options po;
   po.reasoning_open = think_open;
   po.tool_calls = !cr.tools_json.empty() && !cr.tool_choice_none;

@@ -148,6 +148,14 @@ Result<std::string> read_text(const std::string& path) {
   return ss.str();
 }
 
+// A JSON file, parsed with its keys' order kept.
+Result<ojson> read_json(const std::string& path) {
+  VLM_ASSIGN_OR_RETURN(std::string text, read_text(path));
+  ojson j = ojson::parse(text, nullptr, false);
+  if (j.is_discarded()) return invalid_argument(path + ": not valid JSON");
+  return j;
+}
+
 // A tokenizer_config.json token entry: a string, or {"content": ...}.
 std::string token_text(const ojson& j) {
   if (j.is_string()) return j.get<std::string>();
@@ -253,15 +261,14 @@ const ChatTemplate& ChatTemplate::builtin() {
 }
 
 Result<ChatTemplate> ChatTemplate::from_file(const std::string& path) {
-  VLM_ASSIGN_OR_RETURN(std::string text, read_text(path));
-  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
-    const ojson j = ojson::parse(text, nullptr, false);
-    if (j.is_discarded()) return invalid_argument(path + ": not valid JSON");
+  if (path.ends_with(".json")) {
+    VLM_ASSIGN_OR_RETURN(const ojson j, read_json(path));
     const std::string t = template_of(j);
     if (t.empty()) return invalid_argument(path + ": no \"chat_template\" in it");
     return from_source(t, path, token_text(j.value("bos_token", ojson())),
                        token_text(j.value("eos_token", ojson())));
   }
+  VLM_ASSIGN_OR_RETURN(std::string text, read_text(path));
   return from_source(text, path, "", "");
 }
 
@@ -271,9 +278,7 @@ Result<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir) {
   ojson config;
   const std::string cfg_path = dir + "/tokenizer_config.json";
   if (fs::exists(cfg_path)) {
-    VLM_ASSIGN_OR_RETURN(std::string text, read_text(cfg_path));
-    config = ojson::parse(text, nullptr, false);
-    if (config.is_discarded()) return invalid_argument(cfg_path + ": not valid JSON");
+    VLM_ASSIGN_OR_RETURN(config, read_json(cfg_path));
     bos = token_text(config.value("bos_token", ojson()));
     eos = token_text(config.value("eos_token", ojson()));
   }
@@ -283,9 +288,7 @@ Result<ChatTemplate> ChatTemplate::from_model_dir(const std::string& dir) {
     return from_source(text, p, bos, eos);
   }
   if (const std::string p = dir + "/chat_template.json"; fs::exists(p)) {
-    VLM_ASSIGN_OR_RETURN(std::string text, read_text(p));
-    const ojson j = ojson::parse(text, nullptr, false);
-    if (j.is_discarded()) return invalid_argument(p + ": not valid JSON");
+    VLM_ASSIGN_OR_RETURN(const ojson j, read_json(p));
     const std::string t = template_of(j);
     if (!t.empty()) return from_source(t, p, bos, eos);
   }

@@ -207,17 +207,8 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
   for (const auto& c : ref["cases"]) {
     GenerateRequest r;
     r.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
-    for (const auto& name : c["images"]) {
-      const auto& im = ref["images"][name];
-      const std::string src = im["source"];
-      ImageInput in;
-      in.path = (src.rfind("synthetic", 0) == 0 ? kFixtures + "/vision-f32"
-                                                : std::string(VLM_TESTDATA_DIR) + "/images") +
-                "/" + src;
-      in.min_pixels = im["min_pixels"].get<int64_t>();
-      in.max_pixels = im["max_pixels"].get<int64_t>();
-      r.images.push_back(in);
-    }
+    for (const auto& name : c["images"])
+      r.images.push_back(test_util::vision_fixture_image(ref, name));
     r.max_new_tokens = 12;
     r.sampling.do_sample = false;
     r.ignore_eos = true;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/thread_pool.h"
@@ -50,6 +51,20 @@ inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name,
   auto e = Engine::load(o);
   EXPECT_TRUE(e.ok()) << e.status().message();
   return e.ok() ? std::move(e).value() : nullptr;
+}
+
+// Image `name` of the vision-f32 fixture's reference.json, with its pixel budget: the synthetic
+// images sit beside the fixture, the photos in the shared test data.
+inline ImageInput vision_fixture_image(const nlohmann::json& ref, const std::string& name) {
+  const auto& im = ref["images"][name];
+  const std::string src = im["source"];
+  ImageInput in;
+  in.path = (src.rfind("synthetic", 0) == 0 ? std::string(VLM_FIXTURES_DIR) + "/vision-f32"
+                                            : std::string(VLM_TESTDATA_DIR) + "/images") +
+            "/" + src;
+  in.min_pixels = im["min_pixels"].get<int64_t>();
+  in.max_pixels = im["max_pixels"].get<int64_t>();
+  return in;
 }
 
 // A text decoder on the CPU backend, for the tests that drive TextDecoder directly.

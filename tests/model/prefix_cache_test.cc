@@ -28,18 +28,6 @@ struct Prompt {
   std::vector<ImageInput> images;
 };
 
-ImageInput image_of(const nlohmann::json& ref, const std::string& name) {
-  const auto& im = ref["images"][name];
-  const std::string src = im["source"];
-  ImageInput in;
-  in.path = (src.rfind("synthetic", 0) == 0 ? kFixtures + "/vision-f32"
-                                            : std::string(VLM_TESTDATA_DIR) + "/images") +
-            "/" + src;
-  in.min_pixels = im["min_pixels"].get<int64_t>();
-  in.max_pixels = im["max_pixels"].get<int64_t>();
-  return in;
-}
-
 // The vision fixture's case `name` (its prompt ids and images).
 Prompt vision_case(const std::string& name) {
   static const auto ref =
@@ -48,7 +36,7 @@ Prompt vision_case(const std::string& name) {
     if (c["name"] != name) continue;
     Prompt p;
     p.ids = c["prompt_ids"].get<std::vector<int32_t>>();
-    for (const auto& im : c["images"]) p.images.push_back(image_of(ref, im));
+    for (const auto& im : c["images"]) p.images.push_back(test_util::vision_fixture_image(ref, im));
     return p;
   }
   ADD_FAILURE() << "no case " << name;
