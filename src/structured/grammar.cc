@@ -1,0 +1,351 @@
+#include "structured/grammar.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+
+#include "structured/pda.h"
+
+namespace vlm::structured {
+
+int32_t Grammar::new_rule(std::string name) {
+  rules_.push_back(Rule{std::move(name), {}});
+  return static_cast<int32_t>(rules_.size() - 1);
+}
+
+void Grammar::add_alternative(int32_t rule, Sequence seq) {
+  elements_ += static_cast<int64_t>(seq.size()) + 1;
+  rules_[static_cast<size_t>(rule)].alternatives.push_back(std::move(seq));
+}
+
+int32_t Grammar::rule(std::string name, std::vector<Sequence> alternatives) {
+  const int32_t r = new_rule(std::move(name));
+  for (auto& a : alternatives) add_alternative(r, std::move(a));
+  return r;
+}
+
+Element Grammar::bytes(const ByteSet& s) {
+  for (size_t i = 0; i < sets_.size(); ++i) {
+    if (sets_[i] == s) return {Element::Kind::kBytes, static_cast<int32_t>(i)};
+  }
+  sets_.push_back(s);
+  return {Element::Kind::kBytes, static_cast<int32_t>(sets_.size() - 1)};
+}
+
+Sequence Grammar::literal(std::string_view text) {
+  Sequence s;
+  s.reserve(text.size());
+  for (char c : text) s.push_back(byte(static_cast<uint8_t>(c)));
+  return s;
+}
+
+Element Grammar::group(std::vector<Sequence> alternatives, std::string name) {
+  return ref(rule(std::move(name), std::move(alternatives)));
+}
+
+Element Grammar::optional(Sequence s) { return group({std::move(s), {}}, "opt"); }
+
+Element Grammar::star(Sequence s) {
+  const int32_t r = new_rule("star");
+  s.push_back(ref(r));
+  add_alternative(r, std::move(s));
+  add_alternative(r, {});
+  return ref(r);
+}
+
+Element Grammar::plus(Sequence s) {
+  Sequence seq = s;
+  seq.push_back(star(std::move(s)));
+  return group({std::move(seq)}, "plus");
+}
+
+Element Grammar::repeat(Sequence s, int64_t min, int64_t max) {
+  // The optional tail first: tail_k ::= s tail_{k-1} | ε, k = max - min.
+  Sequence out;
+  if (max < 0) {
+    out.push_back(star(s));
+  } else if (max > min) {
+    int32_t prev = -1;
+    for (int64_t k = 0; k < max - min; ++k) {
+      const int32_t r = new_rule("rep");
+      Sequence seq = s;
+      if (prev >= 0) seq.push_back(ref(prev));
+      add_alternative(r, std::move(seq));
+      add_alternative(r, {});
+      prev = r;
+      if (num_elements() > kMaxGrammarElements) break;  // finalize() refuses it
+    }
+    out.push_back(ref(prev));
+  }
+  Sequence seq;
+  for (int64_t i = 0; i < min && num_elements() + static_cast<int64_t>(seq.size()) <=
+                                     kMaxGrammarElements;
+       ++i) {
+    seq.insert(seq.end(), s.begin(), s.end());
+  }
+  seq.insert(seq.end(), out.begin(), out.end());
+  return group({std::move(seq)}, "repeat");
+}
+
+namespace {
+
+int utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+
+void utf8_encode(uint32_t c, uint8_t* out) {
+  switch (utf8_len(c)) {
+    case 1:
+      out[0] = static_cast<uint8_t>(c);
+      break;
+    case 2:
+      out[0] = static_cast<uint8_t>(0xC0 | (c >> 6));
+      out[1] = static_cast<uint8_t>(0x80 | (c & 0x3F));
+      break;
+    case 3:
+      out[0] = static_cast<uint8_t>(0xE0 | (c >> 12));
+      out[1] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
+      out[2] = static_cast<uint8_t>(0x80 | (c & 0x3F));
+      break;
+    default:
+      out[0] = static_cast<uint8_t>(0xF0 | (c >> 18));
+      out[1] = static_cast<uint8_t>(0x80 | ((c >> 12) & 0x3F));
+      out[2] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
+      out[3] = static_cast<uint8_t>(0x80 | (c & 0x3F));
+  }
+}
+
+// Splits [lo, hi] (one encoded length) into ranges whose encodings are products of byte ranges
+// (Russ Cox's construction, as in RE2 and Rust's regex-syntax).
+void utf8_split(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<uint8_t, uint8_t>>>* out) {
+  const int n = utf8_len(lo);
+  if (n != utf8_len(hi)) {
+    const uint32_t edge = n == 1 ? 0x7F : n == 2 ? 0x7FF : 0xFFFF;
+    utf8_split(lo, edge, out);
+    utf8_split(edge + 1, hi, out);
+    return;
+  }
+  for (int i = 1; i < n; ++i) {
+    const uint32_t m = (uint32_t{1} << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        utf8_split(lo, lo | m, out);
+        utf8_split((lo | m) + 1, hi, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        utf8_split(lo, (hi & ~m) - 1, out);
+        utf8_split(hi & ~m, hi, out);
+        return;
+      }
+    }
+  }
+  uint8_t a[4], b[4];
+  utf8_encode(lo, a);
+  utf8_encode(hi, b);
+  std::vector<std::pair<uint8_t, uint8_t>> seq;
+  for (int k = 0; k < n; ++k) seq.emplace_back(a[k], b[k]);
+  out->push_back(std::move(seq));
+}
+
+}  // namespace
+
+Element Grammar::code_points(std::vector<std::pair<uint32_t, uint32_t>> ranges) {
+  // Normalise: clip, drop surrogates, sort and merge.
+  std::vector<std::pair<uint32_t, uint32_t>> rs;
+  for (auto [lo, hi] : ranges) {
+    if (lo > hi) std::swap(lo, hi);
+    hi = std::min<uint32_t>(hi, 0x10FFFF);
+    if (lo > hi) continue;
+    if (lo < 0xD800) rs.emplace_back(lo, std::min<uint32_t>(hi, 0xD7FF));
+    if (hi > 0xDFFF) rs.emplace_back(std::max<uint32_t>(lo, 0xE000), hi);
+  }
+  std::sort(rs.begin(), rs.end());
+  std::vector<std::pair<uint32_t, uint32_t>> merged;
+  for (auto r : rs) {
+    if (!merged.empty() && r.first <= merged.back().second + 1) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  std::vector<std::vector<std::pair<uint8_t, uint8_t>>> seqs;
+  for (auto [lo, hi] : merged) utf8_split(lo, hi, &seqs);
+  // One-byte ranges share one set; longer sequences each become an alternative.
+  ByteSet ascii;
+  std::vector<Sequence> alts;
+  for (const auto& s : seqs) {
+    if (s.size() == 1) {
+      ascii.add_range(s[0].first, s[0].second);
+      continue;
+    }
+    Sequence seq;
+    for (auto [a, b] : s) seq.push_back(bytes(ByteSet::range(a, b)));
+    alts.push_back(std::move(seq));
+  }
+  if (!ascii.empty()) alts.insert(alts.begin(), Sequence{bytes(ascii)});
+  // No code point at all: an empty byte set, which no byte matches (finalize() prunes it).
+  if (alts.empty()) alts.push_back(Sequence{bytes(ByteSet{})});
+  return group(std::move(alts), "chars");
+}
+
+Status Grammar::finalize() {
+  if (root_ < 0 || root_ >= static_cast<int32_t>(rules_.size())) {
+    return invalid_argument("the grammar has no root rule");
+  }
+  if (elements_ > kMaxGrammarElements) {
+    return invalid_argument("the grammar is too large (" + std::to_string(elements_) +
+                            " elements; at most " + std::to_string(kMaxGrammarElements) + ")");
+  }
+  const size_t n = rules_.size();
+  // Productive rules (derive some finite byte string): a fixed point.
+  std::vector<char> productive(n, 0);
+  auto elem_ok = [&](const Element& e) {
+    return e.kind == Element::Kind::kBytes ? !sets_[static_cast<size_t>(e.id)].empty()
+                                           : productive[static_cast<size_t>(e.id)] != 0;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < n; ++r) {
+      if (productive[r]) continue;
+      for (const Sequence& alt : rules_[r].alternatives) {
+        if (std::all_of(alt.begin(), alt.end(), elem_ok)) {
+          productive[r] = 1;
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  if (!productive[static_cast<size_t>(root_)]) {
+    return invalid_argument("the grammar matches no text at all (rule '" +
+                            rules_[static_cast<size_t>(root_)].name + "')");
+  }
+  // Drop the alternatives that can never complete, so that no path leads to a dead end.
+  for (Rule& r : rules_) {
+    auto dead = [&](const Sequence& alt) { return !std::all_of(alt.begin(), alt.end(), elem_ok); };
+    r.alternatives.erase(std::remove_if(r.alternatives.begin(), r.alternatives.end(), dead),
+                         r.alternatives.end());
+  }
+  // Nullable rules, then left recursion: a rule reaching itself through references that may be
+  // preceded only by nullable elements.
+  std::vector<char> nullable(n, 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < n; ++r) {
+      if (nullable[r]) continue;
+      for (const Sequence& alt : rules_[r].alternatives) {
+        const bool all = std::all_of(alt.begin(), alt.end(), [&](const Element& e) {
+          return e.kind == Element::Kind::kRule && nullable[static_cast<size_t>(e.id)];
+        });
+        if (all) {
+          nullable[r] = 1;
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  std::vector<std::vector<int32_t>> left(n);
+  for (size_t r = 0; r < n; ++r) {
+    for (const Sequence& alt : rules_[r].alternatives) {
+      for (const Element& e : alt) {
+        if (e.kind != Element::Kind::kRule) break;
+        left[r].push_back(e.id);
+        if (!nullable[static_cast<size_t>(e.id)]) break;
+      }
+    }
+  }
+  std::vector<char> color(n, 0);  // 0 new, 1 on the path, 2 done
+  std::string cycle;
+  std::function<bool(int32_t)> visit = [&](int32_t r) {
+    color[static_cast<size_t>(r)] = 1;
+    for (int32_t s : left[static_cast<size_t>(r)]) {
+      if (color[static_cast<size_t>(s)] == 1) {
+        cycle = rules_[static_cast<size_t>(s)].name;
+        return true;
+      }
+      if (color[static_cast<size_t>(s)] == 0 && visit(s)) return true;
+    }
+    color[static_cast<size_t>(r)] = 2;
+    return false;
+  };
+  // Iterative over the roots of the left-call graph; the recursion depth is the longest chain
+  // of left calls, which the element limit bounds.
+  for (size_t r = 0; r < n; ++r) {
+    if (color[r] == 0 && visit(static_cast<int32_t>(r))) {
+      return invalid_argument("the grammar is left-recursive at rule '" + cycle + "'");
+    }
+  }
+  return ok_status();
+}
+
+namespace {
+
+std::string set_text(const ByteSet& s) {
+  std::string out = "[";
+  char buf[8];
+  for (int b = 0; b < 256; ++b) {
+    if (!s.has(static_cast<uint8_t>(b))) continue;
+    int e = b;
+    while (e + 1 < 256 && s.has(static_cast<uint8_t>(e + 1))) ++e;
+    auto put = [&](int c) {
+      if (c >= 0x21 && c < 0x7F && c != '\\' && c != ']' && c != '-' && c != '^') {
+        out += static_cast<char>(c);
+      } else {
+        std::snprintf(buf, sizeof buf, "\\x%02X", c);
+        out += buf;
+      }
+    };
+    put(b);
+    if (e > b) {
+      out += '-';
+      put(e);
+    }
+    b = e;
+  }
+  return out + "]";
+}
+
+}  // namespace
+
+std::string Grammar::to_string() const {
+  std::string out;
+  for (size_t r = 0; r < rules_.size(); ++r) {
+    out += rules_[r].name + "_" + std::to_string(r) + " ::=";
+    for (size_t a = 0; a < rules_[r].alternatives.size(); ++a) {
+      if (a > 0) out += " |";
+      if (rules_[r].alternatives[a].empty()) out += " \"\"";
+      for (const Element& e : rules_[r].alternatives[a]) {
+        out += ' ';
+        if (e.kind == Element::Kind::kBytes) {
+          out += set_text(sets_[static_cast<size_t>(e.id)]);
+        } else {
+          out += rules_[static_cast<size_t>(e.id)].name + "_" + std::to_string(e.id);
+        }
+      }
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+bool matches(const Grammar& g, std::string_view text) {
+  Pda pda(g);
+  StackSet s = pda.initial();
+  for (char c : text) {
+    s = pda.advance(s, static_cast<uint8_t>(c));
+    if (s.empty()) return false;
+  }
+  return pda.accepting(s);
+}
+
+bool matches_prefix(const Grammar& g, std::string_view text) {
+  Pda pda(g);
+  StackSet s = pda.initial();
+  for (char c : text) {
+    s = pda.advance(s, static_cast<uint8_t>(c));
+    if (s.empty()) return false;
+  }
+  return true;
+}
+
+}  // namespace vlm::structured
