@@ -19,4 +19,5 @@ VENV_PYTHON="$(cd "$VENV" && pwd)/bin/python"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLM_FATAL_WARNINGS=ON \
   -DVLM_TEST_PYTHON="$VENV_PYTHON"
 cmake --build "$BUILD_DIR" -j "$(nproc)"
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"
+# Tests labelled slow (long sample runs) are left out: ctest --test-dir build -L slow runs them.
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" -LE slow "$@"

@@ -285,6 +285,23 @@ class Engine {
   // benchmarks; runs on the engine thread between steps).
   Result<std::vector<double>> time_decode_attention(int64_t context, KvCacheDtype dtype, int reps);
 
+  // Times a structured output's grammar as a server meets it (for benchmarks): compiled from
+  // scratch `reps` times (ms each, against the vocabulary's token trie, built once and timed
+  // apart), then `sequences` sequences sharing the compiled grammar each draw uniformly among
+  // the allowed tokens (seeded) for up to `max_steps` steps or until the grammar is complete;
+  // every step's mask (applied to a logit row) plus the accept of the drawn token is timed in µs.
+  // The first sequence meets every state cold; later ones reuse the masks of states met before.
+  struct GrammarTimings {
+    double token_trie_ms = 0;
+    std::vector<double> compile_ms;
+    std::vector<double> step_us;        // every step of every sequence
+    std::vector<double> first_step_us;  // the first sequence's steps
+    int64_t complete = 0;               // sequences that reached the grammar's end
+    int64_t states = 0, mask_walks = 0, mask_hits = 0;
+  };
+  Result<GrammarTimings> time_grammar(const StructuredOutput& so, int reps, int sequences,
+                                      int max_steps, uint64_t seed) const;
+
   struct Impl;
 
  private:

@@ -36,6 +36,28 @@ struct ImageInput {
   std::optional<int64_t> max_pixels;
 };
 
+// Structured output: the reply is kept inside a grammar by masking, at every step, the tokens
+// that would leave it; the reply may end only where the grammar does.
+struct StructuredOutput {
+  enum class Kind {
+    kNone,
+    kJsonObject,  // any JSON object
+    kJsonSchema,  // spec: a JSON Schema (JSON text)
+    kRegex,       // spec: a regular expression the whole reply matches
+    kChoice,      // the reply is exactly one of `choices`
+    kGrammar,     // spec: GBNF text (start rule `root`)
+    kToolCalls,   // spec: a JSON list of {"name", "parameters"}: the reply is tool calls only
+  };
+  Kind kind = Kind::kNone;
+  std::string spec;
+  std::vector<std::string> choices;
+  // kToolCalls: more than one call may follow, and how each call is wrapped in the reply
+  // (the Hermes / Qwen format the chat template and the reply parser use).
+  bool parallel_tool_calls = true;
+  std::string tool_call_begin = "<tool_call>\n";
+  std::string tool_call_end = "\n</tool_call>";
+};
+
 struct GenerateRequest {
   // Token ids as the chat template renders them: each image is <|vision_start|><|image_pad|>
   // <|vision_end|> with a SINGLE pad, which the engine expands to the image's token count.
@@ -58,6 +80,8 @@ struct GenerateRequest {
   // logits, before the logit bias, penalties, temperature and truncation, as vLLM reports them)
   // and the `logprobs` most likely tokens at that step. -1: none.
   int32_t logprobs = -1;
+  // A grammar the reply must follow (after the reasoning, when the prompt opened it).
+  StructuredOutput structured;
 };
 
 // A token's log-probability as the caller sees it: `token` holds the bytes the token adds to the

@@ -163,6 +163,10 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
   if (impl->eos_ids.empty() && impl->tokenizer && impl->tokenizer->eos_token_id()) {
     impl->eos_ids.push_back(*impl->tokenizer->eos_token_id());
   }
+  if (impl->tokenizer) {
+    impl->structured =
+        std::make_unique<StructuredOutputs>(impl->tokenizer, impl->cfg.text_config.vocab_size);
+  }
   const Qwen3VLTextConfig& t = impl->cfg.text_config;
   impl->max_context = options.max_context > 0
                           ? std::min(options.max_context, t.max_position_embeddings)
@@ -410,6 +414,15 @@ Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
   });
   VLM_RETURN_IF_ERROR(st);
   return t;
+}
+
+Result<Engine::GrammarTimings> Engine::time_grammar(const StructuredOutput& so, int reps,
+                                                    int sequences, int max_steps,
+                                                    uint64_t seed) const {
+  if (!impl_->tokenizer) return invalid_argument("structured output needs the model's tokenizer");
+  // Its own cache, so that every compile and the first sequence's masks start cold.
+  StructuredOutputs outputs(impl_->tokenizer, impl_->cfg.text_config.vocab_size);
+  return vlm::time_grammar(outputs, impl_->eos_ids, so, reps, sequences, max_steps, seed);
 }
 
 Result<std::vector<double>> Engine::time_decode_attention(int64_t context, KvCacheDtype dtype,

@@ -369,6 +369,17 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
     r->run.sampler->set_thinking_budget(request.max_thinking_tokens, request.think_open_id,
                                         request.think_close_id, request.thinking_open_in_prompt);
   }
+  if (request.structured.kind != StructuredOutput::Kind::kNone) {
+    if (!m.structured) return invalid_argument("structured output needs the model's tokenizer");
+    VLM_ASSIGN_OR_RETURN(auto grammar, m.structured->compile(request.structured));
+    // The grammar ends where the model's end tokens (and the request's stop tokens) may come;
+    // when the prompt opened a reasoning block, it starts after that block's end.
+    std::vector<int32_t> ends = m.eos_ids;
+    ends.insert(ends.end(), request.stop_token_ids.begin(), request.stop_token_ids.end());
+    const int32_t after = request.thinking_open_in_prompt ? request.think_close_id : -1;
+    r->run.sampler->set_grammar(
+        std::make_unique<structured::GrammarMatcher>(std::move(grammar), std::move(ends), after));
+  }
   r->run.logprobs = request.logprobs;
   if (prompt.logits != nullptr) {
     prompt.logits->assign(static_cast<size_t>(r->prompt_len * m.cfg.text_config.vocab_size), 0.f);

@@ -13,6 +13,7 @@
 #include "engine/engine_core.h"
 #include "engine/multimodal.h"
 #include "engine/sampler.h"
+#include "engine/structured_output.h"
 #include "io/safetensors.h"
 #include "model/qwen3vl_config.h"
 #include "model/qwen3vl_weights.h"
@@ -42,6 +43,8 @@ struct Engine::Impl {
   std::string cpu_kernels;                     // Engine::cpu_kernels(): the CPU kernel choices
   std::shared_ptr<const Tokenizer> tokenizer;  // shared with the request streams' processors
   std::vector<int32_t> eos_ids;
+  // Grammars compiled against the vocabulary (structured output); null without a tokenizer.
+  std::unique_ptr<StructuredOutputs> structured;
   int64_t max_context = 0;
   ops::Isa isa = ops::Isa::kGeneric;
   // Last: made over everything above and stopped (its thread joined) before any of it goes.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace vlm {
@@ -61,21 +62,36 @@ int32_t Sampler::sample(float* logits) {
     return think_close_;
   }
   apply_penalties(logits);
+  if (grammar_) grammar_->apply(logits);
   int32_t chosen = 0;
   if (p_.greedy) {
     chosen = static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
   } else {
     const float inv_t = static_cast<float>(1.0 / p_.temperature);
     int64_t n = vocab_;
-    std::iota(idx_.begin(), idx_.end(), 0);
+    if (grammar_) {
+      // Only the tokens the grammar allows are candidates: a top-k over the rest would keep
+      // every -inf logit (the k-th largest being -inf) and sort the whole vocabulary, and a
+      // rounding in the draw could land on one of them.
+      const float ninf = -std::numeric_limits<float>::infinity();
+      n = 0;
+      int32_t* idx = idx_.data();
+      for (int64_t i = 0; i < vocab_; ++i) {  // branch-free: most rows keep most tokens
+        idx[n] = static_cast<int32_t>(i);
+        n += logits[i] != ninf;
+      }
+    } else {
+      std::iota(idx_.begin(), idx_.end(), 0);
+    }
     auto by_logit_desc = [&](int32_t a, int32_t b) {
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
     };
     if (p_.top_k > 0 && p_.top_k < n) {
-      std::nth_element(idx_.begin(), idx_.begin() + p_.top_k - 1, idx_.end(), by_logit_desc);
+      std::nth_element(idx_.begin(), idx_.begin() + p_.top_k - 1, idx_.begin() + n, by_logit_desc);
       // transformers keeps every token whose logit ties the k-th one.
       const float kth = logits[idx_[p_.top_k - 1]];
-      n = std::partition(idx_.begin(), idx_.end(), [&](int32_t i) { return logits[i] >= kth; }) -
+      n = std::partition(idx_.begin(), idx_.begin() + n,
+                         [&](int32_t i) { return logits[i] >= kth; }) -
           idx_.begin();
     }
     std::sort(idx_.begin(), idx_.begin() + n, by_logit_desc);
@@ -183,6 +199,9 @@ void Sampler::logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, o
 }
 
 void Sampler::record(int32_t id) {
+  // A token the grammar refused can only be a forced one (the thinking budget's close, which
+  // the matcher takes as the start of its grammar): the matcher keeps its state.
+  if (grammar_) grammar_->accept(id);
   if (think_budget_ >= 0) {
     if (!started_ && !thinking_ && id == think_open_) {
       thinking_ = true;

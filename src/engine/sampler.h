@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
 
 #include "ops/backend.h"
 #include "ops/ops.h"
+#include "structured/matcher.h"
 
 namespace vlm {
 
@@ -41,11 +43,17 @@ class Sampler {
   // largest), which a device may compute itself (then record() it).
   bool plain_greedy() const {
     return p_.greedy && p_.repetition_penalty == 1.0 && p_.presence_penalty == 0.0 &&
-           p_.frequency_penalty == 0.0 && p_.logit_bias.empty() && think_budget_ < 0;
+           p_.frequency_penalty == 0.0 && p_.logit_bias.empty() && think_budget_ < 0 && !grammar_;
   }
   // Whether device_draw() can stand for sample(): not with a logit bias (the device draw has
   // none), whose rows come to the host.
-  bool device_can_draw() const { return p_.logit_bias.empty() && think_budget_ < 0; }
+  bool device_can_draw() const { return p_.logit_bias.empty() && think_budget_ < 0 && !grammar_; }
+  // Structured output: sample() picks only among the tokens the grammar allows (after the logit
+  // bias and the penalties, before the temperature and the filters), and record() moves it.
+  void set_grammar(std::unique_ptr<structured::GrammarMatcher> matcher) {
+    grammar_ = std::move(matcher);
+  }
+  structured::GrammarMatcher* grammar() const { return grammar_.get(); }
   // Records `id` as generated, as sample() does with its pick.
   void record(int32_t id);
   // A thinking budget: after `budget` tokens of reasoning (from the start when open_in_prompt,
@@ -80,6 +88,7 @@ class Sampler {
   int64_t think_budget_ = -1, thought_ = 0;
   int32_t think_open_ = -1, think_close_ = -1;
   bool thinking_ = false, started_ = false;
+  std::unique_ptr<structured::GrammarMatcher> grammar_;
 };
 
 }  // namespace vlm

@@ -215,6 +215,7 @@ struct Server::Impl {
     g.stop = c.stop;
     g.stop_token_ids = c.stop_token_ids;
     g.ignore_eos = c.ignore_eos;
+    g.structured = c.structured;
     return g;
   }
 
@@ -643,6 +644,15 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
       q.think_open_id = open.value_or(-1);
       q.think_close_id = *close;
       q.thinking_open_in_prompt = think_open;
+    }
+  }
+  // A grammar starts after the reasoning block the prompt opened.
+  if (cr.structured.kind != StructuredOutput::Kind::kNone && think_open) {
+    if (const auto close = engine->tokenizer()->token_to_id("</think>")) {
+      for (GenerateRequest& q : reqs) {
+        q.think_close_id = *close;
+        q.thinking_open_in_prompt = true;
+      }
     }
   }
   f.make_parser = [po, rid](int i) {

@@ -53,7 +53,8 @@ std::optional<ApiError> parse_body(std::string_view body, ojson* out) {
 constexpr std::string_view kCommonFields[] = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop",
-    "stop_token_ids", "n", "logit_bias", "ignore_eos"};
+    "stop_token_ids", "n", "logit_bias", "ignore_eos", "structured_outputs", "guided_json",
+    "guided_regex", "guided_choice", "guided_grammar"};
 constexpr std::string_view kChatFields[] = {
     "messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
     "chat_template_kwargs", "include_reasoning", "max_thinking_tokens",
@@ -67,8 +68,8 @@ constexpr std::string_view kNoOpFields[] = {
 constexpr std::string_view kUnsupportedFields[] = {
     "audio", "prediction", "reasoning_effort", "web_search_options", "functions",
     "function_call", "verbosity", "echo", "skip_special_tokens", "include_stop_str_in_output",
-    "min_tokens", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-    "guided_grammar", "chat_template", "add_generation_prompt",
+    "min_tokens", "guided_decoding_backend", "guided_whitespace_pattern", "response_format",
+    "chat_template", "add_generation_prompt",
     "continue_final_message", "use_beam_search", "length_penalty", "prompt_logprobs",
     "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "documents",
     "mm_processor_kwargs", "priority", "return_tokens_as_token_ids",
@@ -433,6 +434,75 @@ std::optional<ApiError> read_stop(const ojson& body, std::vector<std::string>* o
 }
 
 // The fields chat and text completions share (model, streaming, budget, sampling, stop, n).
+// vLLM's structured_outputs object ({"json" | "regex" | "choice" | "grammar" | "json_object"})
+// or its older top-level guided_json / guided_regex / guided_choice / guided_grammar fields: one
+// kind per request.
+std::optional<ApiError> read_structured_outputs(const ojson& body, StructuredOutput* out) {
+  using Kind = StructuredOutput::Kind;
+  std::vector<std::pair<std::string, const ojson*>> asked;  // (parameter name, value)
+  if (auto so = body.find("structured_outputs"); so != body.end() && !so->is_null()) {
+    if (!so->is_object()) {
+      return bad_request("'structured_outputs' must be an object", "structured_outputs");
+    }
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      static const std::string_view kKnown[] = {"json", "regex", "choice", "grammar",
+                                                "json_object"};
+      if (std::find(std::begin(kKnown), std::end(kKnown), it.key()) == std::end(kKnown)) {
+        return bad_request("structured_outputs." + it.key() + " is not supported by this server",
+                           "structured_outputs");
+      }
+      if (it->is_null() || (it.key() == "json_object" && *it == false)) continue;
+      asked.emplace_back("structured_outputs." + it.key(), &*it);
+    }
+  }
+  for (const char* k : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
+    if (auto it = body.find(k); it != body.end() && !it->is_null()) asked.emplace_back(k, &*it);
+  }
+  if (asked.empty()) return std::nullopt;
+  if (asked.size() > 1) {
+    return bad_request("only one kind of structured output per request ('" + asked[0].first +
+                           "' and '" + asked[1].first + "')",
+                       asked[1].first);
+  }
+  const std::string& param = asked[0].first;
+  const ojson& v = *asked[0].second;
+  const std::string kind =
+      param.substr(param.find('.') != std::string::npos ? param.find('.') + 1
+                                                        : std::string_view("guided_").size());
+  if (kind == "json") {
+    // A schema object, or a schema as JSON text (vLLM takes both).
+    if (v.is_string()) {
+      const ojson parsed = ojson::parse(v.get<std::string>(), nullptr, false);
+      if (parsed.is_discarded()) return bad_request("'" + param + "' is not valid JSON", param);
+      out->spec = parsed.dump();
+    } else if (v.is_object() || v.is_boolean()) {
+      out->spec = v.dump();
+    } else {
+      return bad_request("'" + param + "' must be a JSON Schema", param);
+    }
+    out->kind = Kind::kJsonSchema;
+  } else if (kind == "json_object") {
+    if (v != true) return bad_request("'" + param + "' must be true", param);
+    out->kind = Kind::kJsonObject;
+  } else if (kind == "regex" || kind == "grammar") {
+    if (!v.is_string()) return bad_request("'" + param + "' must be a string", param);
+    out->spec = v.get<std::string>();
+    out->kind = kind == "regex" ? Kind::kRegex : Kind::kGrammar;
+  } else {  // choice
+    if (!v.is_array() || v.empty()) {
+      return bad_request("'" + param + "' must be a non-empty list of strings", param);
+    }
+    for (const ojson& c : v) {
+      if (!c.is_string()) {
+        return bad_request("'" + param + "' must be a non-empty list of strings", param);
+      }
+      out->choices.push_back(c.get<std::string>());
+    }
+    out->kind = Kind::kChoice;
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits,
                                      CommonRequest* req) {
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
@@ -501,6 +571,7 @@ std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits,
   std::optional<int64_t> n;
   if (auto e = read_int(body, "n", "n", 1, limits.max_n, &n)) return e;
   if (n) req->n = static_cast<int>(*n);
+  if (auto e = read_structured_outputs(body, &req->structured)) return e;
   return read_bool(body, "ignore_eos", "ignore_eos", &req->ignore_eos);
 }
 
@@ -525,22 +596,23 @@ std::optional<ApiError> check_chat_modes(const ojson& body) {
                          "response_format");
     }
     const std::string type = (*rf)["type"].get<std::string>();
-    if (type != "text") {
+    if (type != "text" && type != "json_object" && type != "json_schema") {
       return bad_request(
-          "response_format type '" + type + "' is not supported by this server (only 'text')",
+          "response_format type '" + type + "' is not supported (text, json_object or json_schema)",
           "response_format");
     }
   }
-  // tool_choice "auto" (default) parses the reply's tool calls, "none" leaves them as text.
-  // "required" and a named function would need constrained decoding to be kept: refused rather
-  // than hoped for.
+  // tool_choice: "auto" (default) parses the reply's tool calls, "none" leaves them as text,
+  // "required" and a named function are enforced by a grammar (read in read_chat_structured).
   if (auto tc = body.find("tool_choice"); tc != body.end() && !tc->is_null()) {
-    const bool ok =
-        tc->is_string() && (tc->get<std::string>() == "auto" || tc->get<std::string>() == "none");
-    if (!ok) {
-      return bad_request("tool_choice " + tc->dump() +
-                             " is not supported by this server (\"auto\" or \"none\": a "
-                             "required or named call needs constrained decoding)",
+    const bool word = tc->is_string() && (*tc == "auto" || *tc == "none" || *tc == "required");
+    const bool named = tc->is_object() && tc->value("type", ojson()) == "function" &&
+                       tc->contains("function") && (*tc)["function"].is_object() &&
+                       (*tc)["function"].contains("name") && (*tc)["function"]["name"].is_string();
+    if (!word && !named) {
+      return bad_request("tool_choice " + dump(*tc) +
+                             " is not valid (\"auto\", \"none\", \"required\" or {\"type\": "
+                             "\"function\", \"function\": {\"name\": ...}})",
                          "tool_choice");
     }
   }
@@ -555,6 +627,84 @@ std::optional<ApiError> check_chat_modes(const ojson& body) {
                          "modalities");
     }
   }
+  return std::nullopt;
+}
+
+// response_format and tool_choice "required" / named: the chat endpoint's grammars. After
+// parse_common (structured_outputs) and with the request's tools read.
+std::optional<ApiError> read_chat_structured(const ojson& body, ChatCompletionRequest* req) {
+  using Kind = StructuredOutput::Kind;
+  StructuredOutput so;
+  std::string param;
+  if (auto rf = body.find("response_format"); rf != body.end() && !rf->is_null()) {
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type == "json_object") {
+      so.kind = Kind::kJsonObject;
+      param = "response_format";
+    } else if (type == "json_schema") {
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object()) {
+        return bad_request("response_format json_schema needs a 'json_schema' object",
+                           "response_format");
+      }
+      auto schema = js->find("schema");
+      if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
+        return bad_request("response_format.json_schema needs a 'schema' object",
+                           "response_format");
+      }
+      if (auto st = js->find("strict"); st != js->end() && !st->is_null() && !st->is_boolean()) {
+        return bad_request("response_format.json_schema.strict must be a boolean",
+                           "response_format");
+      }
+      so.kind = Kind::kJsonSchema;  // strict or not, the schema is enforced
+      so.spec = schema->dump();
+      param = "response_format";
+    }
+  }
+  auto tc = body.find("tool_choice");
+  const bool required = tc != body.end() && *tc == "required";
+  const bool named = tc != body.end() && tc->is_object();
+  if (required || named) {
+    const ojson* tools = nullptr;
+    if (auto t = body.find("tools"); t != body.end() && t->is_array() && !t->empty()) tools = &*t;
+    if (tools == nullptr) {
+      return bad_request("tool_choice " + dump(*tc) + " needs a non-empty 'tools' list",
+                         "tool_choice");
+    }
+    const std::string want = named ? (*tc)["function"]["name"].get<std::string>() : "";
+    ojson list = ojson::array();
+    for (const ojson& t : *tools) {
+      // parse_chat_json has checked each tool's shape: {"type": "function", "function": {...}}.
+      const ojson& fn = t.contains("function") ? t["function"] : t;
+      if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string()) continue;
+      if (named && fn["name"] != want) continue;
+      ojson entry = {{"name", fn["name"]}};
+      if (auto p = fn.find("parameters"); p != fn.end() && !p->is_null()) {
+        entry["parameters"] = *p;
+      }
+      list.push_back(std::move(entry));
+    }
+    if (list.empty()) {
+      return bad_request("tool_choice names the function '" + want + "', which is not in 'tools'",
+                         "tool_choice");
+    }
+    if (so.kind != Kind::kNone) {
+      return bad_request("tool_choice " + dump(*tc) + " and response_format " +
+                             (*body.find("response_format"))["type"].get<std::string>() +
+                             " cannot both be enforced",
+                         "tool_choice");
+    }
+    so.kind = Kind::kToolCalls;
+    so.spec = list.dump();
+    so.parallel_tool_calls = req->parallel_tool_calls && !named;
+    param = "tool_choice";
+  }
+  if (so.kind == Kind::kNone) return std::nullopt;
+  if (req->structured.kind != Kind::kNone) {
+    return bad_request("'" + param + "' and structured_outputs (or guided_*) cannot both be given",
+                       param);
+  }
+  req->structured = std::move(so);
   return std::nullopt;
 }
 
@@ -608,6 +758,7 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
     }
   }
   if (auto e = parse_common(body, limits, req)) return e;
+  if (auto e = read_chat_structured(body, req)) return e;
   if (auto e = check_queue(req->n, limits)) return e;
 
   std::optional<int64_t> top_logprobs;

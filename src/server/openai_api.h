@@ -100,6 +100,9 @@ struct CommonRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // vLLM's extension: generate max_tokens regardless of eos
+  // response_format (chat), vLLM's structured_outputs or its older guided_* fields, or
+  // tool_choice "required" / a named function (chat): the grammar the reply must follow.
+  StructuredOutput structured;
 };
 
 struct ChatCompletionRequest : CommonRequest {

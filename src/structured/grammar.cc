@@ -78,9 +78,8 @@ Element Grammar::repeat(Sequence s, int64_t min, int64_t max) {
     out.push_back(ref(prev));
   }
   Sequence seq;
-  for (int64_t i = 0; i < min && num_elements() + static_cast<int64_t>(seq.size()) <=
-                                     kMaxGrammarElements;
-       ++i) {
+  for (int64_t i = 0;
+       i < min && num_elements() + static_cast<int64_t>(seq.size()) <= kMaxGrammarElements; ++i) {
     seq.insert(seq.end(), s.begin(), s.end());
   }
   seq.insert(seq.end(), out.begin(), out.end());
@@ -115,7 +114,8 @@ void utf8_encode(uint32_t c, uint8_t* out) {
 
 // Splits [lo, hi] (one encoded length) into ranges whose encodings are products of byte ranges
 // (Russ Cox's construction, as in RE2 and Rust's regex-syntax).
-void utf8_split(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<uint8_t, uint8_t>>>* out) {
+void utf8_split(uint32_t lo, uint32_t hi,
+                std::vector<std::vector<std::pair<uint8_t, uint8_t>>>* out) {
   const int n = utf8_len(lo);
   if (n != utf8_len(hi)) {
     const uint32_t edge = n == 1 ? 0x7F : n == 2 ? 0x7FF : 0xFFFF;

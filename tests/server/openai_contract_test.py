@@ -237,7 +237,7 @@ class ValidationTest(Base):
 
     def test_parameters_are_read_or_refused_by_name(self):
         for field, val in (("response_format", {"type": "sound"}),
-                           ("response_format", {"type": "json_object"}),
+                           ("response_format", {"type": "json_schema"}),
                            ("reasoning_effort", "high"), ("temprature", 0.1),
                            ("tool_choice", "required"), ("min_tokens", 2)):
             with self.subTest(field=field, value=val):
@@ -631,7 +631,7 @@ class PeerContractTest(Base):
         test_chat_completion.py::test_completion_with_response_format; vLLM
         chat_completion/test_chat_error.py::test_json_schema_response_format_missing_schema"""
         self.assertEqual(self.chat(user("hi"), max_tokens=2, response_format={"type": "text"}).object, "chat.completion")
-        for rf in ({"type": "sound"}, {"type": "json_object"}, {"type": "json_schema"}):
+        for rf in ({"type": "sound"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {}}):
             self.expect_400("/v1/chat/completions", {"model": MODEL, "messages": user("hi"), "response_format": rf},
                             param="response_format")
 

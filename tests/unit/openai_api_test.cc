@@ -183,7 +183,7 @@ TEST(OpenAiApiTest, EveryFieldIsReadOrRefusedByName) {
       {{{"skip_special_tokens", false}}, "skip_special_tokens"},
       {{{"echo", true}}, "echo"},  // an extension of vLLM's chat, not served here
       {{{"audio", {{"voice", "x"}}}}, "audio"},
-      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"response_format", {{"type", "json_schema"}}}}, "response_format"},  // no schema
       {{{"response_format", {{"type", "sound"}}}}, "response_format"},
       {{{"response_format", "text"}}, "response_format"},
       {{{"tool_choice", "required"}}, "tool_choice"},
@@ -620,6 +620,92 @@ TEST(OpenAiApiTest, ModelsList) {
   EXPECT_EQ(j["data"][0]["id"], "qwen3-vl-2b");
   EXPECT_EQ(j["data"][0]["object"], "model");
   EXPECT_EQ(j["data"][1]["created"], 7);
+}
+
+}  // namespace
+}  // namespace vlm
+
+namespace vlm {
+namespace {
+
+// Structured output: response_format, vLLM's structured_outputs and guided_* fields, and
+// tool_choice "required" / named become one StructuredOutput; two at once are refused.
+TEST(OpenAiApiTest, StructuredOutputFields) {
+  using Kind = StructuredOutput::Kind;
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}};
+  {
+    auto r = parse(body_with("hi", {{"response_format", {{"type", "json_object"}}}}));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->structured.kind, Kind::kJsonObject);
+  }
+  {
+    auto r = parse(body_with(
+        "hi", {{"response_format",
+                {{"type", "json_schema"},
+                 {"json_schema", {{"name", "x"}, {"schema", schema}, {"strict", true}}}}}}));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->structured.kind, Kind::kJsonSchema);
+    EXPECT_EQ(json::parse(r->structured.spec), schema);
+  }
+  {
+    auto r = parse(body_with("hi", {{"structured_outputs", {{"regex", "[a-z]+"}}}}));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->structured.kind, Kind::kRegex);
+    EXPECT_EQ(r->structured.spec, "[a-z]+");
+  }
+  {
+    auto r = parse(body_with("hi", {{"guided_choice", {"yes", "no"}}}));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->structured.kind, Kind::kChoice);
+    EXPECT_EQ(r->structured.choices, (std::vector<std::string>{"yes", "no"}));
+  }
+  {
+    // A schema given as JSON text (vLLM takes both).
+    auto r = parse(body_with("hi", {{"structured_outputs", {{"json", schema.dump()}}}}));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->structured.kind, Kind::kJsonSchema);
+  }
+  const json tools =
+      json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", schema}}}},
+                   {{"type", "function"}, {"function", {{"name", "g"}}}}});
+  {
+    auto r = parse(body_with("hi", {{"tools", tools}, {"tool_choice", "required"}}));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->structured.kind, Kind::kToolCalls);
+    EXPECT_TRUE(r->structured.parallel_tool_calls);
+    EXPECT_EQ(json::parse(r->structured.spec).size(), 2u);
+  }
+  {
+    auto r = parse(
+        body_with("hi", {{"tools", tools},
+                         {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}}));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    const json list = json::parse(r->structured.spec);
+    ASSERT_EQ(list.size(), 1u);
+    EXPECT_EQ(list[0]["name"], "g");
+    EXPECT_FALSE(r->structured.parallel_tool_calls);
+  }
+  expect_error(
+      body_with("hi", {{"tools", tools},
+                       {"tool_choice", {{"type", "function"}, {"function", {{"name", "h"}}}}}}),
+      400, "tool_choice");
+  expect_error(body_with("hi", {{"tool_choice", "required"}}), 400, "tool_choice");
+  // The second kind met is named (the body's keys come sorted here).
+  expect_error(body_with("hi", {{"structured_outputs", {{"regex", "a"}, {"choice", {"b"}}}}}), 400,
+               "structured_outputs.regex");
+  expect_error(body_with("hi", {{"guided_regex", "a"}, {"guided_json", schema}}), 400,
+               "guided_regex");
+  expect_error(body_with("hi", {{"response_format", {{"type", "json_object"}}},
+                                {"structured_outputs", {{"regex", "a"}}}}),
+               400, "response_format");
+  expect_error(body_with("hi", {{"structured_outputs", {{"whitespace_pattern", " "}}}}), 400,
+               "structured_outputs");
+  expect_error(body_with("hi", {{"structured_outputs", {{"choice", json::array()}}}}), 400,
+               "structured_outputs.choice");
+  expect_error(body_with("hi", {{"tools", tools},
+                                {"tool_choice", "required"},
+                                {"response_format", {{"type", "json_object"}}}}),
+               400, "tool_choice");
 }
 
 }  // namespace

@@ -238,6 +238,90 @@ vlm::Result<std::vector<double>> bench_decode(vlm::Engine& e, int64_t prompt, in
   return out;
 }
 
+// --structured's argument as a request's structured output.
+vlm::Result<vlm::StructuredOutput> structured_spec(const std::string& arg) {
+  vlm::StructuredOutput so;
+  if (arg == "json_object") {
+    so.kind = vlm::StructuredOutput::Kind::kJsonObject;
+    return so;
+  }
+  std::ifstream f(arg, std::ios::binary);
+  if (!f) return vlm::not_found("--structured: cannot open " + arg);
+  so.spec.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  so.kind = vlm::StructuredOutput::Kind::kJsonSchema;
+  return so;
+}
+
+// The grammar's compile time (ms per rep, each from scratch) and its token-mask time per step
+// (Engine::time_grammar: 20 sequences of up to 256 steps sharing the compiled grammar).
+vlm::Status bench_grammar(const vlm::Engine& e, const std::string& name,
+                          const vlm::StructuredOutput& so, const BenchArgs& a,
+                          std::vector<Row>* rows, std::vector<std::string>* notes) {
+  VLM_ASSIGN_OR_RETURN(const vlm::Engine::GrammarTimings t, e.time_grammar(so, a.reps, 20, 256, 1));
+  rows->push_back({"grammar_compile", "grammar compile", name, "ms", t.compile_ms,
+                   json{{"size", name}, {"token_trie_ms", t.token_trie_ms}}});
+  auto p99 = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(v.size())))];
+  };
+  rows->push_back({"grammar_mask", "token mask + accept per step", name, "us", t.step_us,
+                   json{{"size", name},
+                        {"steps", t.step_us.size()},
+                        {"p99_us", p99(t.step_us)},
+                        {"first_sequence_median_us", summarize(t.first_step_us).median},
+                        {"first_sequence_p99_us", p99(t.first_step_us)},
+                        {"complete_sequences", t.complete},
+                        {"states", t.states},
+                        {"mask_walks", t.mask_walks},
+                        {"mask_hits", t.mask_hits}}});
+  notes->push_back("grammar " + name + ": token trie " + fmt("%.1f", t.token_trie_ms) +
+                   " ms; mask + accept " + std::to_string(t.step_us.size()) +
+                   " steps over 20 sequences (" + std::to_string(t.complete) +
+                   " complete): median " + fmt("%.1f", summarize(t.step_us).median) + " us, p99 " +
+                   fmt("%.1f", p99(t.step_us)) + " us; first sequence median " +
+                   fmt("%.1f", summarize(t.first_step_us).median) + " us, p99 " +
+                   fmt("%.1f", p99(t.first_step_us)) + " us; " + std::to_string(t.states) +
+                   " states, " + std::to_string(t.mask_walks) + " trie walks, " +
+                   std::to_string(t.mask_hits) + " cached masks used");
+  return vlm::ok_status();
+}
+
+// Decode tok/s without and with the grammar, reps interleaved (one of each in turn, so that
+// drift hits both alike): sampled at temperature 1 with one seed; the grammar run stops where
+// the grammar completes (tok/s counts the steps it made).
+vlm::Status bench_decode_structured(vlm::Engine& e, const std::string& name,
+                                    const vlm::StructuredOutput& so, int64_t prompt, int64_t n,
+                                    const BenchArgs& a, std::vector<Row>* rows) {
+  std::vector<double> plain, with;
+  double steps_with = 0;
+  for (int r = a.no_warmup ? 0 : -1; r < a.reps; ++r) {
+    for (int k = 0; k < 2; ++k) {
+      vlm::GenerateRequest req = synthetic_request(e, prompt, n + 1);
+      req.sampling.do_sample = true;
+      req.sampling.temperature = 1.0;
+      req.sampling.seed = 7;
+      if (k == 1) {
+        req.structured = so;
+        req.ignore_eos = false;
+      }
+      auto res = e.generate(req);
+      if (!res.ok()) return res.status();
+      const double steps = static_cast<double>(res->output_ids.size()) - 1;
+      if (r < 0 || steps < 1) continue;
+      (k == 0 ? plain : with).push_back(steps / (res->decode_ms / 1000));
+      if (k == 1) steps_with += steps;
+    }
+  }
+  const std::string size = std::to_string(n) + " tokens after " + std::to_string(prompt);
+  json f = {{"size", n}, {"gen_tokens", n}, {"prompt_tokens", prompt}};
+  rows->push_back({"decode_unconstrained", "decode, sampled", size, "tok/s", plain, f});
+  f["structured"] = name;
+  f["mean_steps"] = with.empty() ? 0.0 : steps_with / static_cast<double>(with.size());
+  rows->push_back(
+      {"decode_structured", "decode, sampled, grammar " + name, size, "tok/s", with, f});
+  return vlm::ok_status();
+}
+
 struct ImageCase {
   std::string name;  // file name or "synthetic WxH"
   vlm::ImageInput input;
@@ -310,6 +394,10 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   vlm::cli::add_device_options(b, &a->device);
   b->add_option("--prefill-chunk", a->device.prefill_chunk,
                 "Tokens per forward pass in prefill (default 256; larger fills a GPU better)");
+  b->add_option("--structured", a->structured,
+                "Structured output: json_object or a JSON Schema file (repeatable): the grammar's "
+                "compile time, its token-mask time per step, and decode (-n) with it beside "
+                "decode without it");
   b->add_flag("--kernels", a->kernels_only,
               "Print the CPU kernel choices (each candidate's GFLOP/s at the model's shapes, and "
               "the one chosen) and stop");
@@ -356,21 +444,21 @@ int run_bench(const BenchArgs& a) {
   // With no selection, the default run: the standard sizes, the two standard images, the probe.
   bool membw = a.membw || a.membw_mib > 0;
   const bool selected = !prompts.empty() || !gens.empty() || !batches.empty() || !images.empty() ||
-                        membw || !attention.empty();
+                        membw || !attention.empty() || !a.structured.empty();
   const bool default_run = !selected;
   if (default_run) {
     prompts = {128, 512, 2048};
     gens = {128};
     membw = true;
   }
-  if (!batches.empty() && gens.empty()) gens = {128};
+  if ((!batches.empty() || !a.structured.empty()) && gens.empty()) gens = {128};
   if (!batches.empty() && std::find(batches.begin(), batches.end(), 1) == batches.end()) {
     batches.insert(batches.begin(), 1);
   }
   const bool decode = default_run || !a.gen_sizes.empty();
   const int64_t gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !prompts.empty() ? prompts[0] : 128;
   const bool needs_model = !prompts.empty() || decode || !batches.empty() || !images.empty() ||
-                           default_run || !attention.empty();
+                           default_run || !attention.empty() || !a.structured.empty();
   if (needs_model && a.model.empty()) {
     return fail("bench: -m is required (all but --membw need a model)");
   }
@@ -395,7 +483,7 @@ int run_bench(const BenchArgs& a) {
     vlm::EngineOptions opts = a.device;
     opts.model_dir = a.model;
     opts.n_threads = a.threads;
-    opts.require_tokenizer = false;
+    opts.require_tokenizer = !a.structured.empty();
     opts.max_context = ctx;
     opts.quant = a.quant;
     opts.mmap_weights = a.mmap;
@@ -467,6 +555,21 @@ int run_bench(const BenchArgs& a) {
                       "tok/s",
                       *s,
                       {{"size", n}, {"gen_tokens", n}, {"prompt_tokens", gen_prompt}}});
+    }
+    for (const std::string& arg : a.structured) {
+      auto spec = structured_spec(arg);
+      if (!spec.ok()) return fail(spec.status().message());
+      const vlm::StructuredOutput so = *spec;
+      const std::string name = arg.substr(arg.find_last_of('/') + 1);
+      progress("grammar " + name, a);
+      if (vlm::Status st = bench_grammar(engine, name, so, a, &rows, &notes); !st.ok()) {
+        return fail(st.message());
+      }
+      for (int64_t n : gens) {
+        progress("decode " + std::to_string(n) + " tokens with and without grammar " + name, a);
+        vlm::Status st = bench_decode_structured(engine, name, so, gen_prompt, n, a, &rows);
+        if (!st.ok()) return fail(st.message());
+      }
     }
     for (const ImageCase& img : images) {
       progress("vision " + img.name, a);

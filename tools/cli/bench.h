@@ -33,7 +33,10 @@ struct BenchArgs {
   int64_t membw_mib = 0;      // 0 = default_membw_bytes()
   std::string json_out;       // a file, or "-" for stdout (the table then goes to stderr)
   bool kernels_only = false;  // --kernels
-  std::string command;        // the command line, recorded in the JSON
+  // --structured: "json_object" or a JSON Schema file, repeatable: grammar compile time, token
+  // mask time per step, and decode with the grammar beside decode without it.
+  std::vector<std::string> structured;
+  std::string command;  // the command line, recorded in the JSON
 };
 
 // Declares the `bench` options on `cmd`, writing into `a`.

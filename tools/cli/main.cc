@@ -101,7 +101,45 @@ struct RunArgs {
   bool vision_fp16 = false;
   vlm::EngineOptions device;  // --device and the GPU options
   std::string chat_template;  // --chat-template FILE (else the checkpoint's)
+  // Structured output: at most one of these.
+  std::string json_schema_file, grammar_file, regex;
+  bool json_object = false;
+  std::vector<std::string> choices;
 };
+
+// The file's bytes, or an error naming it.
+vlm::Result<std::string> read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return vlm::not_found("cannot open " + path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// --json-schema / --json / --regex / --choice / --grammar → the request's structured output.
+vlm::Status structured_output(const RunArgs& a, vlm::StructuredOutput* out) {
+  using Kind = vlm::StructuredOutput::Kind;
+  const int asked = !a.json_schema_file.empty() + a.json_object + !a.regex.empty() +
+                    !a.choices.empty() + !a.grammar_file.empty();
+  if (asked > 1) {
+    return vlm::invalid_argument(
+        "--json-schema, --json, --regex, --choice and --grammar exclude each other");
+  }
+  if (!a.json_schema_file.empty()) {
+    VLM_ASSIGN_OR_RETURN(out->spec, read_text_file(a.json_schema_file));
+    out->kind = Kind::kJsonSchema;
+  } else if (!a.grammar_file.empty()) {
+    VLM_ASSIGN_OR_RETURN(out->spec, read_text_file(a.grammar_file));
+    out->kind = Kind::kGrammar;
+  } else if (a.json_object) {
+    out->kind = Kind::kJsonObject;
+  } else if (!a.regex.empty()) {
+    out->spec = a.regex;
+    out->kind = Kind::kRegex;
+  } else if (!a.choices.empty()) {
+    out->choices = a.choices;
+    out->kind = Kind::kChoice;
+  }
+  return vlm::ok_status();
+}
 
 int cmd_run(const RunArgs& a) {
   vlm::EngineOptions opts = a.device;
@@ -156,6 +194,7 @@ int cmd_run(const RunArgs& a) {
   if (a.greedy) s.do_sample = false;
   req.stop = a.stop;
   req.ignore_eos = a.ignore_eos;
+  if (vlm::Status st = structured_output(a, &req.structured); !st.ok()) return fail(st);
 
   bool wrote = false;
   auto res = engine.generate(req, [&wrote](const vlm::TokenEvent& ev) {
@@ -231,6 +270,14 @@ int main(int argc, char** argv) {
   run->add_flag("--greedy", ra.greedy, "Greedy decoding");
   run->add_option("--stop", ra.stop, "Stop string (repeatable)");
   run->add_flag("--ignore-eos", ra.ignore_eos, "Do not stop at end-of-sequence tokens");
+  run->add_option("--json-schema", ra.json_schema_file,
+                  "Structured output: the reply is JSON valid under the JSON Schema in FILE");
+  run->add_flag("--json", ra.json_object, "Structured output: the reply is a JSON object");
+  run->add_option("--regex", ra.regex, "Structured output: the reply matches the pattern in full");
+  run->add_option("--choice", ra.choices,
+                  "Structured output: the reply is exactly one of these (repeatable)");
+  run->add_option("--grammar", ra.grammar_file,
+                  "Structured output: the reply follows the GBNF grammar in FILE (rule root)");
   run->add_option("-t,--threads", ra.threads, "Threads (0 = all)");
   run->add_option("-c,--ctx", ra.ctx, "Context limit in tokens (0 = model maximum)");
   vlm::cli::add_quant_option(run, &ra.quant);

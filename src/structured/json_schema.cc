@@ -1,0 +1,1505 @@
+// JSON Schema → grammar.
+//
+// The grammar produces a subset of what the schema accepts, never anything outside it: the
+// output of even a random model must validate (Python's `jsonschema` with a FormatChecker is the
+// reference). Where the full language is awkward or endless, a smaller one is chosen on purpose:
+//   - whitespace is at most one " " or "\n" wherever JSON allows some, and none after the value;
+//   - unbounded integer parts have at most 15 digits (finite, and exact as a double), fractions
+//     at most 15 digits, exponents ([eE][+-]?, 1–2 digits, never overflowing) only where a number
+//     has no bounds;
+//   - object properties come in the schema's order; with `properties` and no
+//     `additionalProperties` no other property is produced (OpenAI's strict mode; JSON Schema's
+//     default would allow any), and additional property names are written without escapes;
+//   - `enum`/`const` values are written in their compact spelling only;
+//   - `oneOf` is treated as `anyOf` (as xgrammar does): the branches of real-world schemas are
+//     disjoint, and checking that they are is not possible in a grammar.
+// Every keyword that constrains and is not enforced here is refused by name with its location.
+#include "structured/json_schema.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "structured/pda.h"
+#include "structured/regex.h"
+
+namespace vlm::structured {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Integer parts without an upper bound have at most this many digits (10^15 - 1 < 2^53, so
+// every such integer, and every integer part, is exact as a double).
+constexpr int64_t kIntCap = 999'999'999'999'999;
+constexpr int kFracDigits = 15;
+constexpr int kExpDigits = 2;
+// Integer bounds are clamped to ±(10^18 - 1) (a subset: the values beyond are not produced), so
+// that the arithmetic below stays inside int64.
+constexpr int64_t kBoundCap = 999'999'999'999'999'999;
+// Schemas nested deeper than this (through subschemas or references) are refused.
+constexpr int kMaxDepth = 200;
+constexpr int kMaxTextNesting = 1000;
+
+bool is_annotation(const std::string& k) {
+  static const std::set<std::string> kAnnotations = {
+      "title",        "description", "default",  "examples",  "$schema",          "$id",
+      "$comment",     "deprecated",  "readOnly", "writeOnly", "contentMediaType", "contentEncoding",
+      "discriminator"};
+  return kAnnotations.count(k) > 0 || k.rfind("x-", 0) == 0;
+}
+
+// Keywords that hold subschemas only for references to reach; they constrain nothing here.
+bool is_container(const std::string& k) { return k == "$defs" || k == "definitions"; }
+
+const std::set<std::string>& string_keywords() {
+  static const std::set<std::string> k = {"minLength", "maxLength", "pattern", "format"};
+  return k;
+}
+const std::set<std::string>& number_keywords() {
+  static const std::set<std::string> k = {"minimum", "maximum", "exclusiveMinimum",
+                                          "exclusiveMaximum", "multipleOf"};
+  return k;
+}
+const std::set<std::string>& object_keywords() {
+  static const std::set<std::string> k = {"properties", "required", "additionalProperties",
+                                          "minProperties", "maxProperties"};
+  return k;
+}
+const std::set<std::string>& array_keywords() {
+  static const std::set<std::string> k = {"items",    "prefixItems", "additionalItems",
+                                          "minItems", "maxItems",    "uniqueItems"};
+  return k;
+}
+const std::set<std::string>& general_keywords() {
+  static const std::set<std::string> k = {"type",  "enum",  "const", "anyOf",
+                                          "oneOf", "allOf", "$ref"};
+  return k;
+}
+
+bool is_known(const std::string& k) {
+  return is_annotation(k) || is_container(k) || general_keywords().count(k) ||
+         string_keywords().count(k) || number_keywords().count(k) || object_keywords().count(k) ||
+         array_keywords().count(k);
+}
+
+// JSON Pointer of a member (RFC 6901 escapes) or an array element.
+std::string child(const std::string& ptr, std::string_view key) {
+  std::string out = ptr + "/";
+  for (char c : key) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+std::string child(const std::string& ptr, size_t i) { return ptr + "/" + std::to_string(i); }
+
+Sequence cat(std::initializer_list<Sequence> parts) {
+  Sequence out;
+  for (const Sequence& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+int num_digits(uint64_t x) {
+  int n = 1;
+  while (x >= 10) {
+    x /= 10;
+    ++n;
+  }
+  return n;
+}
+
+uint64_t pow10(int n) {
+  uint64_t p = 1;
+  for (int i = 0; i < n; ++i) p *= 10;
+  return p;
+}
+
+// A non-negative decimal k + 0.f with exactly kFracDigits fraction digits.
+struct Dec {
+  int64_t k = 0;
+  std::string f = std::string(kFracDigits, '0');
+  bool operator<(const Dec& o) const { return k != o.k ? k < o.k : f < o.f; }
+  bool operator<=(const Dec& o) const { return !(o < *this); }
+};
+
+Dec max_dec() { return Dec{kIntCap, std::string(kFracDigits, '9')}; }
+
+// x >= 0 as a Dec: its shortest round-trip decimal (which reads back as exactly x), rounded to
+// kFracDigits fraction digits up (toward +inf) or down. Integer parts beyond kIntCap saturate
+// at kIntCap + 1, which is past every produced number.
+Dec to_dec(double x, bool up) {
+  if (x == 0) x = 0;  // -0 prints as "-0"
+  char buf[1100];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::fixed);
+  const std::string s(buf, r.ptr);
+  const size_t dot = s.find('.');
+  const std::string ip = s.substr(0, dot);
+  const std::string fp = dot == std::string::npos ? "" : s.substr(dot + 1);
+  Dec d;
+  if (ip.size() > 15) {
+    d.k = kIntCap + 1;
+    return d;
+  }
+  d.k = std::stoll(ip);
+  for (size_t i = 0; i < fp.size() && i < static_cast<size_t>(kFracDigits); ++i) d.f[i] = fp[i];
+  const bool rest = fp.size() > static_cast<size_t>(kFracDigits) &&
+                    fp.find_first_not_of('0', kFracDigits) != std::string::npos;
+  if (up && rest) {
+    int i = kFracDigits - 1;
+    while (i >= 0 && d.f[static_cast<size_t>(i)] == '9') d.f[static_cast<size_t>(i--)] = '0';
+    if (i >= 0) {
+      ++d.f[static_cast<size_t>(i)];
+    } else {
+      ++d.k;
+    }
+  }
+  return d;
+}
+
+// The UTF-8 bytes of one code point.
+std::string utf8(uint32_t c) {
+  std::string s;
+  if (c < 0x80) {
+    s += static_cast<char>(c);
+  } else if (c < 0x800) {
+    s += static_cast<char>(0xC0 | (c >> 6));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    s += static_cast<char>(0xE0 | (c >> 12));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (c >> 18));
+    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  return s;
+}
+
+// The code points of valid UTF-8 text (the parser has checked it).
+std::vector<uint32_t> decode_utf8(std::string_view s) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<uint8_t>(s[i]);
+    const int n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    uint32_t c = n == 1 ? b : n == 2 ? (b & 0x1F) : n == 3 ? (b & 0x0F) : (b & 0x07);
+    for (int k = 1; k < n && i + static_cast<size_t>(k) < s.size(); ++k) {
+      c = (c << 6) | (static_cast<uint8_t>(s[i + static_cast<size_t>(k)]) & 0x3F);
+    }
+    out.push_back(c);
+    i += static_cast<size_t>(n);
+  }
+  return out;
+}
+
+// Characters a JSON string may hold without an escape.
+const std::vector<std::pair<uint32_t, uint32_t>> kPlainChars = {
+    {0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
+
+Status error_at(const std::string& what, const std::string& ptr) {
+  return invalid_argument(what + " at " + ptr);
+}
+
+// How deeply arrays and objects nest in v (counted without recursion, since v may come from a
+// hostile request).
+int nesting(const Json& v) {
+  int deepest = 0;
+  std::vector<std::pair<const Json*, int>> todo = {{&v, 0}};
+  while (!todo.empty()) {
+    const auto [j, d] = todo.back();
+    todo.pop_back();
+    deepest = std::max(deepest, d);
+    if (j->is_structured()) {
+      for (const Json& e : *j) todo.emplace_back(&e, d + 1);
+    }
+  }
+  return deepest;
+}
+
+class Compiler {
+ public:
+  Compiler(Grammar* g, const Json* doc) : g_(g), doc_(doc) {}
+
+  // skip_enum: compile as if enum and const were absent.
+  Result<Element> compile(const Json& s, const std::string& ptr, int depth, bool skip_enum = false);
+  Element any_value();
+  Element any_object();
+
+ private:
+  // Shared pieces of JSON text.
+  Element ws();
+  Element digit();
+  Element chars(std::string_view cs);
+  Element range(char lo, char hi) {
+    return g_->bytes(ByteSet::range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)));
+  }
+  Element string_char();
+  Element plain_char();
+  Element any_string();
+  Element any_integer();
+  Element any_number();
+  Element frac_any_opt();
+  Element free_frac(int i);
+  Element alt(std::vector<Sequence> alts, const char* name);
+  void append_alts(Sequence* s, std::vector<Sequence> alts, const char* name);
+
+  // Numbers.
+  std::vector<Sequence> fixed_range(std::string_view a, std::string_view b);
+  std::vector<Sequence> uint_range(uint64_t lo, uint64_t hi);
+  std::vector<Sequence> int_range(int64_t lo, int64_t hi);
+  Element frac_digits(const std::string& x, const std::string& y);
+  Element frac_opt(const std::string& x, const std::string& y);
+  std::vector<Sequence> dec_range(const Dec& a, const Dec& b);
+
+  Result<Element> compile_ref(const Json& s, const std::string& ptr, int depth);
+  Result<Element> compile_enum(const Json& s, const std::string& ptr, int depth);
+  Result<Element> compile_type(const std::string& type, const Json& s, const std::string& ptr,
+                               int depth);
+  Result<Element> compile_string(const Json& s, const std::string& ptr);
+  Result<Element> compile_format(const std::string& name, const std::string& ptr);
+  Result<Element> compile_integer(const Json& s, const std::string& ptr);
+  Result<Element> compile_number(const Json& s, const std::string& ptr);
+  Result<Element> compile_object(const Json& s, const std::string& ptr, int depth);
+  Result<Element> compile_array(const Json& s, const std::string& ptr, int depth);
+  Element key_not_in(const std::vector<std::string>& names);
+
+  Grammar* g_;
+  const Json* doc_;
+  std::map<std::string, int32_t> refs_;  // JSON Pointer of a referenced schema → its rule
+  std::map<std::string, Element> formats_;
+  std::map<int, Element> free_frac_;
+  std::optional<Element> ws_, digit_, char_, plain_char_, string_, integer_, number_, value_,
+      object_, frac_any_opt_, plain_tail_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Shared pieces.
+
+Element Compiler::alt(std::vector<Sequence> alts, const char* name) {
+  if (alts.size() == 1 && alts[0].size() == 1) return alts[0][0];
+  return g_->group(std::move(alts), name);
+}
+
+void Compiler::append_alts(Sequence* s, std::vector<Sequence> alts, const char* name) {
+  if (alts.size() == 1) {
+    s->insert(s->end(), alts[0].begin(), alts[0].end());
+  } else {
+    s->push_back(g_->group(std::move(alts), name));
+  }
+}
+
+Element Compiler::ws() {
+  if (!ws_) ws_ = g_->group({{}, g_->literal(" "), g_->literal("\n")}, "ws");
+  return *ws_;
+}
+
+Element Compiler::digit() {
+  if (!digit_) digit_ = range('0', '9');
+  return *digit_;
+}
+
+Element Compiler::chars(std::string_view cs) {
+  ByteSet s;
+  for (char c : cs) s.add(static_cast<uint8_t>(c));
+  return g_->bytes(s);
+}
+
+Element Compiler::plain_char() {
+  if (!plain_char_) plain_char_ = g_->code_points(kPlainChars);
+  return *plain_char_;
+}
+
+// One character of a JSON string: a plain character or an escape that decodes to exactly one
+// character (\u escapes of surrogates are left out, so that minLength and maxLength, which
+// count characters, can count escapes as one).
+Element Compiler::string_char() {
+  if (char_) return *char_;
+  const Element hex = chars("0123456789abcdefABCDEF");
+  const Element hex_not_d = chars("0123456789abcefABCEF");
+  Sequence u = g_->literal("u");
+  u.push_back(
+      g_->group({{hex_not_d, hex, hex, hex}, {chars("dD"), range('0', '7'), hex, hex}}, "hex4"));
+  const Element escape = g_->group({{chars("\"\\/bfnrt")}, u}, "escape");
+  char_ = g_->group({{plain_char()}, cat({g_->literal("\\"), {escape}})}, "char");
+  return *char_;
+}
+
+Element Compiler::any_string() {
+  if (!string_) {
+    string_ = g_->group({cat({g_->literal("\""), {g_->star({string_char()})}, g_->literal("\"")})},
+                        "string");
+  }
+  return *string_;
+}
+
+Element Compiler::any_integer() {
+  if (!integer_) integer_ = alt(int_range(-kIntCap, kIntCap), "integer");
+  return *integer_;
+}
+
+Element Compiler::frac_any_opt() {
+  if (!frac_any_opt_) {
+    frac_any_opt_ = g_->optional(cat({g_->literal("."), {g_->repeat({digit()}, 1, kFracDigits)}}));
+  }
+  return *frac_any_opt_;
+}
+
+Element Compiler::any_number() {
+  if (number_) return *number_;
+  Sequence s{g_->optional(g_->literal("-"))};
+  append_alts(&s, uint_range(0, static_cast<uint64_t>(kIntCap)), "int");
+  s.push_back(frac_any_opt());
+  s.push_back(g_->optional(
+      {chars("eE"), g_->optional({chars("+-")}), g_->repeat({digit()}, 1, kExpDigits)}));
+  number_ = g_->group({std::move(s)}, "number");
+  return *number_;
+}
+
+Element Compiler::any_value() {
+  if (value_) return *value_;
+  const int32_t v = g_->new_rule("value");
+  value_ = Grammar::ref(v);
+  // Members and items carry the whitespace after them, so that no two ws ever meet:
+  //   "{" ws (member ("," ws member)*)? "}",  member ::= string ws ":" ws value ws
+  const Sequence member =
+      cat({{any_string()}, {ws()}, g_->literal(":"), {ws()}, {*value_}, {ws()}});
+  object_ = g_->group({cat({g_->literal("{"), {ws()}, g_->literal("}")}),
+                       cat({g_->literal("{"),
+                            {ws()},
+                            member,
+                            {g_->star(cat({g_->literal(","), {ws()}, member}))},
+                            g_->literal("}")})},
+                      "object");
+  const Sequence item = {*value_, ws()};
+  const Element array = g_->group({cat({g_->literal("["), {ws()}, g_->literal("]")}),
+                                   cat({g_->literal("["),
+                                        {ws()},
+                                        item,
+                                        {g_->star(cat({g_->literal(","), {ws()}, item}))},
+                                        g_->literal("]")})},
+                                  "array");
+  g_->add_alternative(v, {*object_});
+  g_->add_alternative(v, {array});
+  g_->add_alternative(v, {any_string()});
+  g_->add_alternative(v, {any_number()});
+  g_->add_alternative(v, g_->literal("true"));
+  g_->add_alternative(v, g_->literal("false"));
+  g_->add_alternative(v, g_->literal("null"));
+  return *value_;
+}
+
+Element Compiler::any_object() {
+  any_value();
+  return *object_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Integers: exactly the canonical spellings (no leading zeros, no "-0") of a range.
+
+// Digit strings of one length n >= 1 from a to b (a <= b): the same-length strings compare as
+// their numbers do, so this is a walk down the common prefix, splitting where a and b differ.
+std::vector<Sequence> Compiler::fixed_range(std::string_view a, std::string_view b) {
+  const size_t n = a.size();
+  if (n == 1) return {{range(a[0], b[0])}};
+  if (a[0] == b[0]) {
+    Sequence s{g_->byte(static_cast<uint8_t>(a[0]))};
+    append_alts(&s, fixed_range(a.substr(1), b.substr(1)), "digits");
+    return {s};
+  }
+  std::vector<Sequence> out;
+  const bool low_zero = a.find_first_not_of('0', 1) == std::string_view::npos;
+  const bool high_nine = b.find_first_not_of('9', 1) == std::string_view::npos;
+  const char start = low_zero ? a[0] : static_cast<char>(a[0] + 1);
+  const char end = high_nine ? b[0] : static_cast<char>(b[0] - 1);
+  if (!low_zero) {
+    Sequence s{g_->byte(static_cast<uint8_t>(a[0]))};
+    append_alts(&s, fixed_range(a.substr(1), std::string(n - 1, '9')), "digits");
+    out.push_back(std::move(s));
+  }
+  if (start <= end) {
+    Sequence s{range(start, end)};
+    for (size_t i = 1; i < n; ++i) s.push_back(digit());
+    out.push_back(std::move(s));
+  }
+  if (!high_nine) {
+    Sequence s{g_->byte(static_cast<uint8_t>(b[0]))};
+    append_alts(&s, fixed_range(std::string(n - 1, '0'), b.substr(1)), "digits");
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The canonical spellings of lo..hi (0 <= lo <= hi < 10^19): one part per digit count, where the
+// digit counts whose every number is in range share one [1-9][0-9]{m,n}.
+std::vector<Sequence> Compiler::uint_range(uint64_t lo, uint64_t hi) {
+  std::vector<Sequence> out;
+  if (lo == 0) {
+    out.push_back(g_->literal("0"));
+    if (hi == 0) return out;
+    lo = 1;
+  }
+  int full_from = 0, full_to = -1;  // a run of full digit counts not yet written
+  auto flush = [&] {
+    if (full_to < full_from) return;
+    Sequence s{range('1', '9')};
+    if (full_to > 1) s.push_back(g_->repeat({digit()}, full_from - 1, full_to - 1));
+    out.push_back(std::move(s));
+    full_to = -1;
+  };
+  for (int d = num_digits(lo); d <= num_digits(hi); ++d) {
+    const uint64_t first = pow10(d - 1), last = pow10(d) - 1;
+    const uint64_t a = std::max(lo, first), b = std::min(hi, last);
+    if (a == first && b == last) {
+      if (full_to < full_from) full_from = d;
+      full_to = d;
+      continue;
+    }
+    flush();
+    for (Sequence& s : fixed_range(std::to_string(a), std::to_string(b))) out.push_back(s);
+  }
+  flush();
+  return out;
+}
+
+// lo..hi, |lo|, |hi| <= kBoundCap.
+std::vector<Sequence> Compiler::int_range(int64_t lo, int64_t hi) {
+  std::vector<Sequence> out;
+  if (lo < 0) {
+    Sequence s = g_->literal("-");
+    append_alts(&s, uint_range(static_cast<uint64_t>(hi < 0 ? -hi : 1), static_cast<uint64_t>(-lo)),
+                "digits");
+    out.push_back(std::move(s));
+  }
+  if (hi >= 0) {
+    for (Sequence& s :
+         uint_range(static_cast<uint64_t>(std::max<int64_t>(lo, 0)), static_cast<uint64_t>(hi))) {
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numbers with bounds: decimals in a range.
+
+Element Compiler::free_frac(int i) {
+  auto it = free_frac_.find(i);
+  if (it != free_frac_.end()) return it->second;
+  const Element e = g_->repeat({digit()}, i == 0 ? 1 : 0, kFracDigits - i);
+  free_frac_.emplace(i, e);
+  return e;
+}
+
+// Fraction digits f (1..kFracDigits of them) whose value, f padded with zeros to kFracDigits
+// digits, is in [x, y] (x <= y, kFracDigits digits each). At position i the written digits are
+// still equal to x's (tight_lo) and/or y's (tight_hi) prefix; a digit strictly inside frees
+// that side.
+Element Compiler::frac_digits(const std::string& x, const std::string& y) {
+  std::map<int, int32_t> memo;
+  std::function<Element(int, bool, bool)> build = [&](int i, bool tl, bool th) -> Element {
+    if (!tl && !th) return free_frac(i);
+    const int key = i * 4 + (tl ? 2 : 0) + (th ? 1 : 0);
+    if (auto it = memo.find(key); it != memo.end()) return Grammar::ref(it->second);
+    std::vector<Sequence> alts;
+    // Ending here pads with zeros: below y always, at least x only if x's rest is zeros.
+    if (i >= 1 && (!tl || x.find_first_not_of('0', static_cast<size_t>(i)) == std::string::npos)) {
+      alts.push_back({});
+    }
+    if (i < kFracDigits) {
+      const auto ui = static_cast<size_t>(i);
+      const char lo = tl ? x[ui] : '0', hi = th ? y[ui] : '9';
+      ByteSet classes[4];
+      for (char c = lo; c <= hi; ++c) {
+        classes[(tl && c == x[ui] ? 2 : 0) + (th && c == y[ui] ? 1 : 0)].add(
+            static_cast<uint8_t>(c));
+      }
+      for (int cls = 0; cls < 4; ++cls) {
+        if (classes[cls].empty()) continue;
+        alts.push_back({g_->bytes(classes[cls]), build(i + 1, (cls & 2) != 0, (cls & 1) != 0)});
+      }
+    }
+    const int32_t r = g_->rule("frac", std::move(alts));
+    memo.emplace(key, r);
+    return Grammar::ref(r);
+  };
+  return build(0, true, true);
+}
+
+// An optional fraction: nothing (the value 0, so only when x is zeros) or "." and digits.
+Element Compiler::frac_opt(const std::string& x, const std::string& y) {
+  const std::string zeros(kFracDigits, '0'), nines(kFracDigits, '9');
+  if (x == zeros && y == nines) return frac_any_opt();
+  std::vector<Sequence> alts;
+  if (x == zeros) alts.push_back({});
+  alts.push_back(cat({g_->literal("."), {frac_digits(x, y)}}));
+  return g_->group(std::move(alts), "frac");
+}
+
+// Decimals "K" or "K.f" (K canonical, f 1..kFracDigits digits) with a <= value <= b.
+std::vector<Sequence> Compiler::dec_range(const Dec& a, const Dec& b) {
+  const std::string zeros(kFracDigits, '0'), nines(kFracDigits, '9');
+  std::vector<Sequence> out;
+  if (a.k == b.k) {
+    out.push_back(cat({g_->literal(std::to_string(a.k)), {frac_opt(a.f, b.f)}}));
+    return out;
+  }
+  const bool low_full = a.f == zeros, high_full = b.f == nines;
+  const int64_t k1 = low_full ? a.k : a.k + 1, k2 = high_full ? b.k : b.k - 1;
+  if (!low_full) out.push_back(cat({g_->literal(std::to_string(a.k)), {frac_opt(a.f, nines)}}));
+  if (k1 <= k2) {
+    Sequence s;
+    append_alts(&s, uint_range(static_cast<uint64_t>(k1), static_cast<uint64_t>(k2)), "int");
+    s.push_back(frac_any_opt());
+    out.push_back(std::move(s));
+  }
+  if (!high_full) out.push_back(cat({g_->literal(std::to_string(b.k)), {frac_opt(zeros, b.f)}}));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schemas.
+
+Result<Element> Compiler::compile(const Json& s, const std::string& ptr, int depth,
+                                  bool skip_enum) {
+  if (depth > kMaxDepth) return error_at("the schema is nested too deeply", ptr);
+  if (g_->num_elements() > kMaxGrammarElements) {
+    return error_at("the schema's grammar is too large (more than " +
+                        std::to_string(kMaxGrammarElements) + " elements)",
+                    ptr);
+  }
+  if (s.is_boolean()) {
+    if (s.get<bool>()) return any_value();
+    return error_at("the schema 'false' matches nothing", ptr);
+  }
+  if (!s.is_object()) return error_at("a schema must be an object or a boolean", ptr);
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    if (!is_known(it.key())) {
+      return error_at("unsupported JSON Schema keyword '" + it.key() + "'", ptr);
+    }
+  }
+  if (!skip_enum && (s.contains("enum") || s.contains("const"))) {
+    return compile_enum(s, ptr, depth);
+  }
+
+  // $ref and the combinators stand alone: next to them only annotations are accepted (applying
+  // both would need an intersection of grammars).
+  for (const char* kw : {"$ref", "anyOf", "oneOf", "allOf"}) {
+    if (!s.contains(kw)) continue;
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      const bool skipped = skip_enum && (it.key() == "enum" || it.key() == "const");
+      if (it.key() != kw && !skipped && !is_annotation(it.key()) && !is_container(it.key())) {
+        return error_at(
+            std::string("keyword '") + it.key() + "' next to '" + kw + "' is not supported", ptr);
+      }
+    }
+    if (std::string(kw) == "$ref") return compile_ref(s, ptr, depth);
+    const Json& v = s[kw];
+    const std::string p = child(ptr, kw);
+    if (!v.is_array() || v.empty()) {
+      return error_at("'" + std::string(kw) + "' must be a non-empty array", p);
+    }
+    if (std::string(kw) == "allOf") {
+      if (v.size() != 1) {
+        return error_at("'allOf' with more than one subschema is not supported", p);
+      }
+      return compile(v[0], child(p, size_t{0}), depth + 1);
+    }
+    // oneOf as anyOf (see the top of the file). A branch 'false' matches nothing: dropped.
+    std::vector<Sequence> alts;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i].is_boolean() && !v[i].get<bool>()) continue;
+      VLM_ASSIGN_OR_RETURN(const Element e, compile(v[i], child(p, i), depth + 1));
+      alts.push_back({e});
+    }
+    if (alts.empty()) return error_at("every branch is 'false'", p);
+    return alt(std::move(alts), kw);
+  }
+
+  // The types: listed, or else those whose keywords appear, or else any value.
+  static const std::vector<std::string> kTypes = {"object",  "array",   "string", "number",
+                                                  "integer", "boolean", "null"};
+  std::vector<std::string> types;
+  if (auto it = s.find("type"); it != s.end()) {
+    const std::string p = child(ptr, "type");
+    std::vector<const Json*> listed;
+    if (it->is_string()) {
+      listed.push_back(&*it);
+    } else if (it->is_array() && !it->empty()) {
+      for (const Json& t : *it) listed.push_back(&t);
+    } else {
+      return error_at("'type' must be a type name or a non-empty list of them", p);
+    }
+    for (const Json* tp : listed) {
+      const Json& t = *tp;
+      if (!t.is_string() ||
+          std::find(kTypes.begin(), kTypes.end(), t.get<std::string>()) == kTypes.end()) {
+        return error_at(t.is_string() ? "unknown type '" + t.get<std::string>() + "'"
+                                      : std::string("a type name must be a string"),
+                        p);
+      }
+      if (std::find(types.begin(), types.end(), t.get<std::string>()) == types.end()) {
+        types.push_back(t.get<std::string>());
+      }
+    }
+  } else {
+    auto has_any = [&](const std::set<std::string>& kws) {
+      return std::any_of(kws.begin(), kws.end(),
+                         [&](const std::string& k) { return s.contains(k); });
+    };
+    if (has_any(object_keywords())) types.push_back("object");
+    if (has_any(array_keywords())) types.push_back("array");
+    if (has_any(string_keywords())) types.push_back("string");
+    if (has_any(number_keywords())) types.push_back("number");
+    if (types.empty()) return any_value();
+  }
+  // "number" covers "integer" (with the same bounds).
+  if (std::find(types.begin(), types.end(), "number") != types.end()) {
+    types.erase(std::remove(types.begin(), types.end(), "integer"), types.end());
+  }
+  std::vector<Sequence> alts;
+  for (const std::string& t : types) {
+    VLM_ASSIGN_OR_RETURN(const Element e, compile_type(t, s, ptr, depth));
+    alts.push_back({e});
+  }
+  return alt(std::move(alts), "types");
+}
+
+Result<Element> Compiler::compile_type(const std::string& type, const Json& s,
+                                       const std::string& ptr, int depth) {
+  if (type == "null") return g_->group({g_->literal("null")}, "null");
+  if (type == "boolean") return g_->group({g_->literal("true"), g_->literal("false")}, "boolean");
+  if (type == "string") return compile_string(s, ptr);
+  if (type == "integer") return compile_integer(s, ptr);
+  if (type == "number") return compile_number(s, ptr);
+  if (type == "object") return compile_object(s, ptr, depth);
+  return compile_array(s, ptr, depth);
+}
+
+// A local reference: "#" or "#/a/b" (a JSON Pointer, percent-decoded, ~1 → "/", ~0 → "~").
+// Each referenced schema becomes one rule, made before its body is compiled, so that recursive
+// schemas refer back to it; finalize() refuses a recursion with no finite text.
+Result<Element> Compiler::compile_ref(const Json& s, const std::string& ptr, int depth) {
+  const std::string p = child(ptr, "$ref");
+  if (!s["$ref"].is_string()) return error_at("'$ref' must be a string", p);
+  const std::string ref = s["$ref"].get<std::string>();
+  if (ref.empty() || ref[0] != '#') {
+    return error_at("remote $ref '" + ref + "' is not supported (only '#...' within the schema)",
+                    p);
+  }
+  std::string frag;
+  for (size_t i = 1; i < ref.size(); ++i) {
+    if (ref[i] == '%' && i + 2 < ref.size() && std::isxdigit(static_cast<uint8_t>(ref[i + 1])) &&
+        std::isxdigit(static_cast<uint8_t>(ref[i + 2]))) {
+      frag += static_cast<char>(std::stoi(ref.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      frag += ref[i];
+    }
+  }
+  if (!frag.empty() && frag[0] != '/') {
+    return error_at("$ref '" + ref + "' names an anchor; only JSON Pointers are supported", p);
+  }
+  const std::string target_ptr = "#" + frag;
+  if (auto it = refs_.find(target_ptr); it != refs_.end()) return Grammar::ref(it->second);
+  const Json* node = doc_;
+  size_t pos = 1;
+  while (pos <= frag.size() && !frag.empty()) {
+    const size_t next = std::min(frag.find('/', pos), frag.size());
+    std::string token;
+    for (size_t i = pos; i < next; ++i) {
+      if (frag[i] == '~' && i + 1 < next && (frag[i + 1] == '0' || frag[i + 1] == '1')) {
+        token += frag[i + 1] == '0' ? '~' : '/';
+        ++i;
+      } else {
+        token += frag[i];
+      }
+    }
+    if (node->is_object() && node->contains(token)) {
+      node = &(*node)[token];
+    } else if (node->is_array() && !token.empty() && token.size() <= 18 &&
+               token.find_first_not_of("0123456789") == std::string::npos &&
+               std::stoull(token) < node->size()) {
+      node = &(*node)[std::stoull(token)];
+    } else {
+      return error_at("$ref '" + ref + "' does not resolve", p);
+    }
+    pos = next + 1;
+  }
+  const int32_t r = g_->new_rule("ref " + target_ptr);
+  refs_.emplace(target_ptr, r);
+  VLM_ASSIGN_OR_RETURN(const Element e, compile(*node, target_ptr, depth + 1));
+  g_->add_alternative(r, {e});
+  return Grammar::ref(r);
+}
+
+// enum / const: each allowed value in its compact spelling. When other keywords constrain too,
+// a value is kept only if the grammar of the schema without enum/const produces that spelling
+// (a subset of the values the schema accepts).
+Result<Element> Compiler::compile_enum(const Json& s, const std::string& ptr, int depth) {
+  std::vector<const Json*> values;
+  if (auto it = s.find("enum"); it != s.end()) {
+    if (!it->is_array()) return error_at("'enum' must be an array", child(ptr, "enum"));
+    for (const Json& v : *it) values.push_back(&v);
+  }
+  if (auto it = s.find("const"); it != s.end()) values.push_back(&*it);
+  // Writing and comparing values recurses into them: refuse deep ones before either.
+  for (const Json* v : values) {
+    if (nesting(*v) > kMaxDepth) {
+      return error_at("an 'enum'/'const' value is nested too deeply", ptr);
+    }
+  }
+  if (s.contains("enum") && s.contains("const")) {
+    const Json* c = values.back();
+    values.pop_back();
+    values.erase(
+        std::remove_if(values.begin(), values.end(), [&](const Json* v) { return !(*v == *c); }),
+        values.end());
+  }
+  std::vector<std::string> spellings;
+  for (const Json* v : values) spellings.push_back(v->dump());
+  bool constrained = false;
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    const std::string& k = it.key();
+    if (k != "enum" && k != "const" && !is_annotation(k) && !is_container(k)) constrained = true;
+  }
+  if (constrained) {
+    Grammar scratch;
+    Compiler c(&scratch, doc_);
+    VLM_ASSIGN_OR_RETURN(const Element e, c.compile(s, ptr, depth + 1, /*skip_enum=*/true));
+    scratch.set_root(scratch.rule("root", {{e}}));
+    if (scratch.finalize().ok()) {
+      const Pda pda(scratch);
+      auto produced = [&](const std::string& t) {
+        StackSet st = pda.initial();
+        for (char ch : t) {
+          st = pda.advance(st, static_cast<uint8_t>(ch));
+          if (st.empty()) return false;
+        }
+        return pda.accepting(st);
+      };
+      spellings.erase(std::remove_if(spellings.begin(), spellings.end(),
+                                     [&](const std::string& t) { return !produced(t); }),
+                      spellings.end());
+    } else {
+      spellings.clear();
+    }
+  }
+  std::sort(spellings.begin(), spellings.end());
+  spellings.erase(std::unique(spellings.begin(), spellings.end()), spellings.end());
+  if (spellings.empty()) {
+    return error_at("no value of 'enum'/'const' satisfies the schema's other keywords", ptr);
+  }
+  std::vector<Sequence> alts;
+  for (const std::string& t : spellings) alts.push_back(g_->literal(t));
+  return g_->group(std::move(alts), "enum");
+}
+
+Result<int64_t> get_count(const Json& s, const char* kw, const std::string& ptr) {
+  const Json& v = s[kw];
+  if (v.is_number_unsigned()) {
+    return static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX));
+  }
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<int64_t>();
+  if (v.is_number_float() && v.get<double>() >= 0 &&
+      std::floor(v.get<double>()) == v.get<double>()) {
+    return static_cast<int64_t>(std::min(v.get<double>(), 9e18));
+  }
+  return error_at(std::string("'") + kw + "' must be a non-negative integer", child(ptr, kw));
+}
+
+Result<Element> Compiler::compile_string(const Json& s, const std::string& ptr) {
+  const bool has_len = s.contains("minLength") || s.contains("maxLength");
+  if (auto it = s.find("format"); it != s.end()) {
+    if (!it->is_string()) return error_at("'format' must be a string", child(ptr, "format"));
+    if (has_len || s.contains("pattern")) {
+      return error_at(
+          "'format' together with 'minLength', 'maxLength' or 'pattern' is not supported", ptr);
+    }
+    VLM_ASSIGN_OR_RETURN(const Element f,
+                         compile_format(it->get<std::string>(), child(ptr, "format")));
+    return g_->group({cat({g_->literal("\""), {f}, g_->literal("\"")})}, "formatted");
+  }
+  if (auto it = s.find("pattern"); it != s.end()) {
+    const std::string p = child(ptr, "pattern");
+    if (!it->is_string()) return error_at("'pattern' must be a string", p);
+    if (has_len) {
+      return error_at("'pattern' together with 'minLength' or 'maxLength' is not supported", ptr);
+    }
+    auto e = add_regex(g_, it->get<std::string>(), /*in_json_string=*/true);
+    if (!e.ok()) return e.status().with_context("'pattern' at " + p);
+    return g_->group({cat({g_->literal("\""), {*e}, g_->literal("\"")})}, "pattern");
+  }
+  if (!has_len) return any_string();
+  int64_t lo = 0, hi = -1;
+  if (s.contains("minLength")) {
+    VLM_ASSIGN_OR_RETURN(lo, get_count(s, "minLength", ptr));
+  }
+  if (s.contains("maxLength")) {
+    VLM_ASSIGN_OR_RETURN(hi, get_count(s, "maxLength", ptr));
+    if (hi < lo) return error_at("'maxLength' is below 'minLength'", ptr);
+  }
+  if (lo > kMaxGrammarElements || hi > kMaxGrammarElements) {
+    return error_at(
+        "string lengths above " + std::to_string(kMaxGrammarElements) + " are not supported", ptr);
+  }
+  return g_->group(
+      {cat({g_->literal("\""), {g_->repeat({string_char()}, lo, hi)}, g_->literal("\"")})},
+      "string");
+}
+
+// String formats, as Python's jsonschema FormatChecker checks them.
+Result<Element> Compiler::compile_format(const std::string& name, const std::string& ptr) {
+  if (auto it = formats_.find(name); it != formats_.end()) return it->second;
+  const Element d = digit();
+  auto lit = [&](std::string_view t) { return g_->literal(t); };
+  auto by = [&](char c) { return g_->byte(static_cast<uint8_t>(c)); };
+  auto hexes = [&](int n) {
+    const Element h = chars("0123456789abcdefABCDEF");
+    return Sequence(static_cast<size_t>(n), h);
+  };
+  // date: YYYY-MM-DD that datetime.date.fromisoformat accepts: years 0001–9999, days valid for
+  // the month, 02-29 only in leap years (divisible by 4, centuries only when divisible by 400).
+  auto date = [&] {
+    const Element year = g_->group({cat({lit("000"), {range('1', '9')}}),
+                                    cat({lit("00"), {range('1', '9'), d}}),
+                                    cat({lit("0"), {range('1', '9'), d, d}}),
+                                    {range('1', '9'), d, d, d}},
+                                   "year");
+    const Element m31 = g_->group({{by('0'), chars("13578")}, {by('1'), chars("02")}}, "m31");
+    const Element m30 = g_->group({{by('0'), chars("469")}, lit("11")}, "m30");
+    const Element d31 =
+        g_->group({{by('0'), range('1', '9')}, {chars("12"), d}, {by('3'), chars("01")}}, "d31");
+    const Element d30 = g_->group({{by('0'), range('1', '9')}, {chars("12"), d}, lit("30")}, "d30");
+    const Element d28 =
+        g_->group({{by('0'), range('1', '9')}, {by('1'), d}, {by('2'), range('0', '8')}}, "d28");
+    // Two digits that form a non-zero multiple of 4.
+    const Element four = g_->group(
+        {{by('0'), chars("48")}, {chars("2468"), chars("048")}, {chars("13579"), chars("26")}},
+        "mult4");
+    const Element leap = g_->group({{d, d, four}, cat({{four}, lit("00")})}, "leap_year");
+    return g_->group({cat({{year}, lit("-"), {m31}, lit("-"), {d31}}),
+                      cat({{year}, lit("-"), {m30}, lit("-"), {d30}}),
+                      cat({{year}, lit("-02-"), {d28}}), cat({{leap}, lit("-02-29")})},
+                     "date");
+  };
+  // time: hh:mm:ss, an optional fraction of 1–9 digits, and an offset (RFC 3339).
+  auto time = [&] {
+    const Element hh = g_->group({{chars("01"), d}, {by('2'), range('0', '3')}}, "hh");
+    const Element mm = g_->group({{range('0', '5'), d}}, "mm");
+    const Element offset = g_->group({lit("Z"), {chars("+-"), hh, by(':'), mm}}, "offset");
+    return g_->group(
+        {{hh, by(':'), mm, by(':'), mm, g_->optional({by('.'), g_->repeat({d}, 1, 9)}), offset}},
+        "time");
+  };
+  Element e;
+  if (name == "date") {
+    e = date();
+  } else if (name == "time") {
+    e = time();
+  } else if (name == "date-time") {
+    VLM_ASSIGN_OR_RETURN(const Element de, compile_format("date", ptr));
+    VLM_ASSIGN_OR_RETURN(const Element te, compile_format("time", ptr));
+    e = g_->group({{de, by('T'), te}}, "date_time");
+  } else if (name == "uuid") {
+    e = g_->group({cat({hexes(8), lit("-"), hexes(4), lit("-"), hexes(4), lit("-"), hexes(4),
+                        lit("-"), hexes(12)})},
+                  "uuid");
+  } else if (name == "email") {
+    // A bounded subset of addresses (jsonschema only asks for an "@").
+    const Element alnum = chars("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789");
+    const Element alnum_hyphen =
+        chars("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-");
+    const Element local = g_->repeat(
+        {chars("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")}, 1, 64);
+    const Element label =
+        g_->group({{alnum, g_->optional({g_->repeat({alnum_hyphen}, 0, 61), alnum})}}, "label");
+    e = g_->group({{local, by('@'), label, g_->repeat({by('.'), label}, 1, 4)}}, "email");
+  } else if (name == "ipv4") {
+    const Element octet = g_->group({{d},
+                                     {range('1', '9'), d},
+                                     {by('1'), d, d},
+                                     {by('2'), range('0', '4'), d},
+                                     cat({lit("25"), {range('0', '5')}})},
+                                    "octet");
+    e = g_->group({{octet, by('.'), octet, by('.'), octet, by('.'), octet}}, "ipv4");
+  } else {
+    return error_at("unsupported string format '" + name +
+                        "' (supported: date, time, date-time, uuid, email, ipv4)",
+                    ptr);
+  }
+  formats_.emplace(name, e);
+  return e;
+}
+
+Result<Element> Compiler::compile_integer(const Json& s, const std::string& ptr) {
+  if (auto it = s.find("multipleOf"); it != s.end()) {
+    if (!it->is_number() || it->get<double>() != 1.0) {
+      return error_at("'multipleOf' is not supported (except 1 for integers)",
+                      child(ptr, "multipleOf"));
+    }
+  }
+  // Each bound as an inclusive integer: a float bound rounds inward, an exclusive one moves one
+  // step in; all are clamped to ±(kBoundCap + 1) (beyond that the range is empty or capped).
+  std::optional<int64_t> lo, hi;
+  auto bound = [&](const char* kw, bool lower, bool exclusive) -> Status {
+    const Json& v = s[kw];
+    if (!v.is_number()) {
+      return error_at(std::string("'") + kw + "' must be a number", child(ptr, kw));
+    }
+    constexpr int64_t kBig = kBoundCap + 1;
+    int64_t x;
+    if (v.is_number_unsigned()) {
+      x = static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), kBig));
+    } else if (v.is_number_integer()) {
+      x = std::clamp<int64_t>(v.get<int64_t>(), -kBig, kBig);
+    } else {
+      double d = v.get<double>();
+      d = lower ? (exclusive ? std::floor(d) + 1 : std::ceil(d))
+                : (exclusive ? std::ceil(d) - 1 : std::floor(d));
+      x = static_cast<int64_t>(std::clamp(d, -1e18, 1e18));
+      exclusive = false;
+    }
+    if (exclusive) x += lower ? 1 : -1;
+    if (lower) {
+      lo = lo ? std::max(*lo, x) : x;
+    } else {
+      hi = hi ? std::min(*hi, x) : x;
+    }
+    return ok_status();
+  };
+  // Draft 4 spells exclusivity as a boolean next to minimum/maximum.
+  auto draft4 = [&](const char* kw) {
+    auto it = s.find(kw);
+    return it != s.end() && it->is_boolean() && it->get<bool>();
+  };
+  if (s.contains("minimum")) {
+    VLM_RETURN_IF_ERROR(bound("minimum", true, draft4("exclusiveMinimum")));
+  }
+  if (s.contains("maximum")) {
+    VLM_RETURN_IF_ERROR(bound("maximum", false, draft4("exclusiveMaximum")));
+  }
+  if (s.contains("exclusiveMinimum") && !s["exclusiveMinimum"].is_boolean()) {
+    VLM_RETURN_IF_ERROR(bound("exclusiveMinimum", true, true));
+  }
+  if (s.contains("exclusiveMaximum") && !s["exclusiveMaximum"].is_boolean()) {
+    VLM_RETURN_IF_ERROR(bound("exclusiveMaximum", false, true));
+  }
+  if (!lo && !hi) return any_integer();
+  if (lo) lo = std::max(*lo, -kBoundCap);
+  if (hi) hi = std::min(*hi, kBoundCap);
+  if ((lo && *lo > kBoundCap) || (hi && *hi < -kBoundCap)) {
+    return error_at("no integer satisfies the bounds", ptr);
+  }
+  // An open side stops at 15 digits, or at the other bound's digit count when that is longer.
+  auto all_nines = [](int64_t x) {  // 10^digits(|x|) - 1
+    return static_cast<int64_t>(pow10(num_digits(static_cast<uint64_t>(x < 0 ? -x : x))) - 1);
+  };
+  if (!hi) hi = *lo <= kIntCap ? kIntCap : all_nines(*lo);
+  if (!lo) lo = *hi >= -kIntCap ? -kIntCap : -all_nines(*hi);
+  if (*lo > *hi) return error_at("no integer satisfies the bounds", ptr);
+  return alt(int_range(*lo, *hi), "integer");
+}
+
+// Numbers with bounds. A number "K.f" written here is a decimal d (K at most 15 digits, f at
+// most kFracDigits); a JSON reader takes the double nearest d, and that rounding is monotone
+// (d >= e implies double(d) >= double(e)). So the bounds first become inclusive doubles
+// lo <= v <= hi (an exclusive bound x becomes the next double past x), and then every decimal d
+// with spell(lo) <= d <= spell(hi) reads back inside, where spell(x) is the shortest decimal
+// that reads back as exactly x. The grammar produces exactly the decimals with
+// ceil15(spell(lo)) <= d <= floor15(spell(hi)), the rounding to kFracDigits fraction digits
+// being inward, for each sign: non-negative ones as "K" or "K.f", negative ones as "-" and a
+// magnitude in the mirrored range [-hi, -lo] (never "-0"). No exponents.
+Result<Element> Compiler::compile_number(const Json& s, const std::string& ptr) {
+  if (s.contains("multipleOf")) {
+    return error_at("'multipleOf' is not supported (except 1 for integers)",
+                    child(ptr, "multipleOf"));
+  }
+  std::optional<double> lo, hi;
+  auto value = [&](const char* kw) -> Result<double> {
+    const Json& v = s[kw];
+    if (!v.is_number()) {
+      return error_at(std::string("'") + kw + "' must be a number", child(ptr, kw));
+    }
+    // Integers past ±2^53 are outside every produced number anyway; clamped there they stay
+    // exact as doubles.
+    constexpr double k53 = 9007199254740992.0;
+    return std::clamp(v.get<double>(), -k53, k53);
+  };
+  auto draft4 = [&](const char* kw) {
+    auto it = s.find(kw);
+    return it != s.end() && it->is_boolean() && it->get<bool>();
+  };
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (s.contains("minimum")) {
+    VLM_ASSIGN_OR_RETURN(double x, value("minimum"));
+    if (draft4("exclusiveMinimum")) x = std::nextafter(x, kInf);
+    lo = x;
+  }
+  if (s.contains("exclusiveMinimum") && !s["exclusiveMinimum"].is_boolean()) {
+    VLM_ASSIGN_OR_RETURN(const double x, value("exclusiveMinimum"));
+    lo = std::max(lo.value_or(-kInf), std::nextafter(x, kInf));
+  }
+  if (s.contains("maximum")) {
+    VLM_ASSIGN_OR_RETURN(double x, value("maximum"));
+    if (draft4("exclusiveMaximum")) x = std::nextafter(x, -kInf);
+    hi = x;
+  }
+  if (s.contains("exclusiveMaximum") && !s["exclusiveMaximum"].is_boolean()) {
+    VLM_ASSIGN_OR_RETURN(const double x, value("exclusiveMaximum"));
+    hi = std::min(hi.value_or(kInf), std::nextafter(x, -kInf));
+  }
+  if (!lo && !hi) return any_number();
+  std::vector<Sequence> alts;
+  const Dec cap = max_dec();
+  if (!hi || *hi >= 0) {  // non-negative values
+    const Dec a = !lo || *lo <= 0 ? Dec{} : to_dec(*lo, /*up=*/true);
+    const Dec b = hi ? std::min(to_dec(*hi, /*up=*/false), cap) : cap;
+    if (a <= b) {
+      for (Sequence& q : dec_range(a, b)) alts.push_back(std::move(q));
+    }
+  }
+  if (!lo || *lo < 0) {  // negative values, as magnitudes
+    Dec tiny;
+    tiny.f.back() = '1';
+    const Dec a = !hi || *hi >= 0 ? tiny : std::max(to_dec(-*hi, /*up=*/true), tiny);
+    const Dec b = lo ? std::min(to_dec(-*lo, /*up=*/false), cap) : cap;
+    if (a <= b) {
+      Sequence q = g_->literal("-");
+      append_alts(&q, dec_range(a, b), "magnitude");
+      alts.push_back(std::move(q));
+    }
+  }
+  if (alts.empty()) return error_at("no number satisfies the bounds", ptr);
+  return g_->group(std::move(alts), "number");
+}
+
+// A JSON string, written without escapes, whose text is none of `names`: a walk down the trie
+// of the names, where each node may close the string (unless a name ends there), continue along
+// a child, or leave the trie with another character and then take any characters.
+Element Compiler::key_not_in(const std::vector<std::string>& names) {
+  struct Node {
+    std::map<uint32_t, int> kids;
+    bool terminal = false;
+  };
+  std::vector<Node> trie(1);
+  for (const std::string& name : names) {
+    const std::vector<uint32_t> cps = decode_utf8(name);
+    // A name holding a character that is never written unescaped can never be produced.
+    if (std::any_of(cps.begin(), cps.end(),
+                    [](uint32_t c) { return c < 0x20 || c == '"' || c == '\\'; })) {
+      continue;
+    }
+    int node = 0;
+    for (uint32_t c : cps) {
+      auto it = trie[static_cast<size_t>(node)].kids.find(c);
+      if (it == trie[static_cast<size_t>(node)].kids.end()) {
+        trie.emplace_back();
+        it = trie[static_cast<size_t>(node)]
+                 .kids.emplace(c, static_cast<int>(trie.size() - 1))
+                 .first;
+      }
+      node = it->second;
+    }
+    trie[static_cast<size_t>(node)].terminal = true;
+  }
+  if (!plain_tail_) {
+    plain_tail_ = g_->group({cat({{g_->star({plain_char()})}, g_->literal("\"")})}, "key_tail");
+  }
+  std::vector<int32_t> rules(trie.size());
+  for (size_t i = 0; i < trie.size(); ++i) rules[i] = g_->new_rule("key");
+  for (size_t i = 0; i < trie.size(); ++i) {
+    const Node& n = trie[i];
+    if (!n.terminal) g_->add_alternative(rules[i], g_->literal("\""));
+    std::vector<std::pair<uint32_t, uint32_t>> others;
+    uint32_t from = 0;
+    for (const auto& [c, kid] : n.kids) {
+      Sequence s = g_->literal(utf8(c));
+      s.push_back(Grammar::ref(rules[static_cast<size_t>(kid)]));
+      g_->add_alternative(rules[i], std::move(s));
+      if (c > from) others.emplace_back(from, c - 1);
+      from = c + 1;
+    }
+    others.emplace_back(from, 0x10FFFF);
+    // Intersect with the plain characters.
+    std::vector<std::pair<uint32_t, uint32_t>> allowed;
+    for (auto [a, b] : others) {
+      for (auto [pa, pb] : kPlainChars) {
+        const uint32_t lo = std::max(a, pa), hi = std::min(b, pb);
+        if (lo <= hi) allowed.emplace_back(lo, hi);
+      }
+    }
+    if (!allowed.empty()) {
+      g_->add_alternative(rules[i], {g_->code_points(allowed), *plain_tail_});
+    }
+  }
+  return g_->group({cat({g_->literal("\""), {Grammar::ref(rules[0])}})}, "key");
+}
+
+// Objects: "{" ws R(0, 0) "}", where R(i, c) writes the properties from the i-th on after c were
+// written (c only tells whether a comma comes first, unless minProperties/maxProperties need the
+// count): a required property is written, an optional one written or skipped. Each member is
+// followed by its ws. Extra properties come after the declared ones.
+Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, int depth) {
+  struct Prop {
+    std::string name;
+    bool required = false;
+    std::optional<Element> value;  // none: the schema 'false', the property never appears
+  };
+  std::vector<Prop> props;
+  std::vector<std::string> names;
+  std::set<std::string> required;
+  if (auto it = s.find("required"); it != s.end()) {
+    if (!it->is_array()) {
+      return error_at("'required' must be an array of strings", child(ptr, "required"));
+    }
+    for (const Json& r : *it) {
+      if (!r.is_string()) {
+        return error_at("'required' must be an array of strings", child(ptr, "required"));
+      }
+      required.insert(r.get<std::string>());
+    }
+  }
+  const Json* ap = nullptr;
+  if (auto it = s.find("additionalProperties"); it != s.end()) {
+    ap = &*it;
+    if (!ap->is_boolean() && !ap->is_object()) {
+      return error_at("'additionalProperties' must be a boolean or a schema",
+                      child(ptr, "additionalProperties"));
+    }
+  }
+  const bool has_props = s.contains("properties");
+  const bool extras = ap ? !(ap->is_boolean() && !ap->get<bool>()) : !has_props;
+  std::optional<Element> extra_value;
+  auto get_extra_value = [&]() -> Result<Element> {
+    if (!extra_value) {
+      if (ap && ap->is_object()) {
+        VLM_ASSIGN_OR_RETURN(extra_value,
+                             compile(*ap, child(ptr, "additionalProperties"), depth + 1));
+      } else {
+        extra_value = any_value();
+      }
+    }
+    return *extra_value;
+  };
+  if (has_props) {
+    const Json& ps = s["properties"];
+    const std::string pp = child(ptr, "properties");
+    if (!ps.is_object()) return error_at("'properties' must be an object", pp);
+    for (auto it = ps.begin(); it != ps.end(); ++it) {
+      Prop p{it.key(), required.count(it.key()) > 0, std::nullopt};
+      names.push_back(it.key());
+      if (it.value().is_boolean() && !it.value().get<bool>()) {
+        if (p.required) {
+          return error_at("a required property has the schema 'false'", child(pp, it.key()));
+        }
+        continue;
+      }
+      VLM_ASSIGN_OR_RETURN(p.value, compile(it.value(), child(pp, it.key()), depth + 1));
+      props.push_back(std::move(p));
+    }
+  }
+  // Required names with no 'properties' entry take the additionalProperties schema (JSON
+  // Schema's default, any value, when that is absent).
+  if (auto it = s.find("required"); it != s.end()) {
+    std::set<std::string> seen;
+    for (const Json& r : *it) {
+      const std::string name = r.get<std::string>();
+      if (std::find(names.begin(), names.end(), name) != names.end() || !seen.insert(name).second) {
+        continue;
+      }
+      if (ap && ap->is_boolean() && !ap->get<bool>()) {
+        return error_at(
+            "required property '" + name + "' is not allowed by additionalProperties false", ptr);
+      }
+      Prop p{name, true, std::nullopt};
+      if (ap && ap->is_object()) {
+        VLM_ASSIGN_OR_RETURN(p.value, get_extra_value());
+      } else {
+        p.value = any_value();
+      }
+      names.push_back(name);
+      props.push_back(std::move(p));
+    }
+  }
+  int64_t min_p = 0;
+  std::optional<int64_t> max_p;
+  if (s.contains("minProperties")) {
+    VLM_ASSIGN_OR_RETURN(min_p, get_count(s, "minProperties", ptr));
+  }
+  if (s.contains("maxProperties")) {
+    VLM_ASSIGN_OR_RETURN(const int64_t m, get_count(s, "maxProperties", ptr));
+    max_p = m;
+  }
+  const int n = static_cast<int>(props.size());
+  // Nothing declared, anything allowed: any object (whose names may be written with escapes).
+  if (n == 0 && names.empty() && extras && !(ap && ap->is_object()) && min_p == 0 && !max_p) {
+    return any_object();
+  }
+  const int64_t n_required =
+      std::count_if(props.begin(), props.end(), [](const Prop& p) { return p.required; });
+  // Extra names may repeat one another (the later one wins in a parser, and its value is valid
+  // too), so they cannot be counted towards minProperties: the declared ones must reach it.
+  if (min_p > n) {
+    return error_at("'minProperties' beyond the declared properties is not supported", ptr);
+  }
+  if (max_p && *max_p < n_required) {
+    return error_at("'maxProperties' is below the required count", ptr);
+  }
+  const bool counting = min_p > n_required || (max_p && (extras || *max_p < n));
+  if (counting && static_cast<int64_t>(n + 1) * (n + 1) > kMaxGrammarElements) {
+    return error_at("too many properties to count for minProperties/maxProperties", ptr);
+  }
+  // One rule per member, shared by every R(i, c) that writes it.
+  std::vector<Sequence> members;
+  for (const Prop& p : props) {
+    members.push_back({g_->group({cat({g_->literal(Json(p.name).dump()),
+                                       {ws()},
+                                       g_->literal(":"),
+                                       {ws()},
+                                       {*p.value},
+                                       {ws()}})},
+                                 "member")});
+  }
+  Sequence extra_member;
+  if (extras) {
+    VLM_ASSIGN_OR_RETURN(const Element v, get_extra_value());
+    extra_member = cat({{key_not_in(names)}, {ws()}, g_->literal(":"), {ws()}, {v}, {ws()}});
+  }
+  const Sequence comma = cat({g_->literal(","), {ws()}});
+  // Extra members after c declared ones, at most emax of them (< 0: unbounded).
+  auto extra_seq = [&](int64_t c, int64_t emax) -> Sequence {
+    if (!extras || emax == 0) return {};
+    const Sequence more = cat({comma, extra_member});
+    if (c > 0) return {g_->repeat(more, 0, emax)};
+    return {g_->optional(cat({extra_member, {g_->repeat(more, 0, emax < 0 ? -1 : emax - 1)}}))};
+  };
+  const int cmax = counting ? n : 1;
+  std::vector<std::vector<int32_t>> rule(static_cast<size_t>(n + 1),
+                                         std::vector<int32_t>(static_cast<size_t>(cmax + 1), -1));
+  for (int i = n; i >= 0; --i) {
+    for (int c = 0; c <= std::min(i, cmax); ++c) {
+      std::vector<Sequence> alts;
+      if (i == n) {
+        if (counting && c < min_p) continue;
+        if (max_p && counting && c > *max_p) continue;
+        alts.push_back(extra_seq(c, max_p ? (counting ? *max_p - c : -1) : -1));
+      } else {
+        const Prop& p = props[static_cast<size_t>(i)];
+        const int c2 = counting ? c + 1 : 1;
+        const int32_t next = rule[static_cast<size_t>(i + 1)][static_cast<size_t>(c2)];
+        if (next >= 0 && !(counting && max_p && c + 1 > *max_p)) {
+          Sequence take = c > 0 ? comma : Sequence{};
+          take.insert(take.end(), members[static_cast<size_t>(i)].begin(),
+                      members[static_cast<size_t>(i)].end());
+          take.push_back(Grammar::ref(next));
+          alts.push_back(std::move(take));
+        }
+        const int32_t skip = rule[static_cast<size_t>(i + 1)][static_cast<size_t>(c)];
+        if (!p.required && skip >= 0) alts.push_back({Grammar::ref(skip)});
+      }
+      if (alts.empty()) continue;
+      rule[static_cast<size_t>(i)][static_cast<size_t>(c)] = g_->rule("props", std::move(alts));
+    }
+  }
+  if (rule[0][0] < 0) return error_at("no object satisfies the property counts", ptr);
+  return g_->group({cat({g_->literal("{"), {ws()}, {Grammar::ref(rule[0][0])}, g_->literal("}")})},
+                   "object");
+}
+
+// Arrays: "[" ws P(0) "]", where P(i) writes the items from the i-th on: the tuple's schemas
+// (prefixItems) first, then the rest; each item is followed by its ws.
+Result<Element> Compiler::compile_array(const Json& s, const std::string& ptr, int depth) {
+  if (auto it = s.find("uniqueItems"); it != s.end()) {
+    if (!it->is_boolean()) {
+      return error_at("'uniqueItems' must be a boolean", child(ptr, "uniqueItems"));
+    }
+    if (it->get<bool>()) {
+      return error_at("'uniqueItems: true' is not supported", child(ptr, "uniqueItems"));
+    }
+  }
+  // The tuple: prefixItems, or draft 7's array form of items (whose rest is additionalItems).
+  const Json* tuple = nullptr;
+  std::string tuple_kw;
+  const Json* rest = nullptr;
+  std::string rest_kw;
+  if (s.contains("prefixItems")) {
+    tuple = &s["prefixItems"];
+    tuple_kw = "prefixItems";
+    if (s.contains("items")) {
+      rest = &s["items"];
+      rest_kw = "items";
+    }
+    if (s.contains("additionalItems")) {
+      return error_at("'additionalItems' next to 'prefixItems' is not supported", ptr);
+    }
+  } else if (s.contains("items") && s["items"].is_array()) {
+    tuple = &s["items"];
+    tuple_kw = "items";
+    if (s.contains("additionalItems")) {
+      rest = &s["additionalItems"];
+      rest_kw = "additionalItems";
+    }
+  } else if (s.contains("items")) {
+    rest = &s["items"];
+    rest_kw = "items";
+  }
+  if (tuple && !tuple->is_array()) {
+    return error_at("'" + tuple_kw + "' must be an array", child(ptr, tuple_kw));
+  }
+  // Without a rest schema, no items after a tuple (a subset: JSON Schema allows any), and any
+  // items when there is no tuple either.
+  std::optional<Element> rest_value;
+  if (rest) {
+    if (!(rest->is_boolean() && !rest->get<bool>())) {
+      VLM_ASSIGN_OR_RETURN(rest_value, compile(*rest, child(ptr, rest_kw), depth + 1));
+    }
+  } else if (!tuple) {
+    rest_value = any_value();
+  }
+  int64_t min_i = 0;
+  std::optional<int64_t> max_i;
+  if (s.contains("minItems")) {
+    VLM_ASSIGN_OR_RETURN(min_i, get_count(s, "minItems", ptr));
+  }
+  if (s.contains("maxItems")) {
+    VLM_ASSIGN_OR_RETURN(const int64_t m, get_count(s, "maxItems", ptr));
+    max_i = m;
+    if (m < min_i) return error_at("'maxItems' is below 'minItems'", ptr);
+  }
+  if (min_i > kMaxGrammarElements || (max_i && *max_i > kMaxGrammarElements)) {
+    return error_at(
+        "array lengths above " + std::to_string(kMaxGrammarElements) + " are not supported", ptr);
+  }
+  const int k = tuple ? static_cast<int>(tuple->size()) : 0;
+  std::vector<std::optional<Element>> items(static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i) {
+    const Json& t = (*tuple)[static_cast<size_t>(i)];
+    if (t.is_boolean() && !t.get<bool>()) continue;  // no item can be there: the array ends before
+    VLM_ASSIGN_OR_RETURN(
+        items[static_cast<size_t>(i)],
+        compile(t, child(child(ptr, tuple_kw), static_cast<size_t>(i)), depth + 1));
+  }
+  const Sequence comma = cat({g_->literal(","), {ws()}});
+  // After the tuple: rest items, between max(0, min - k) and max - k of them.
+  int32_t next = -1;
+  {
+    std::vector<Sequence> alts;
+    const int64_t rmin = std::max<int64_t>(0, min_i - k);
+    const int64_t rmax = max_i ? *max_i - k : -1;
+    if (!rest_value || rmax == 0) {
+      if (rmin == 0) alts.push_back({});
+    } else {
+      const Sequence item = {*rest_value, ws()};
+      const Sequence more = cat({comma, item});
+      if (k > 0) {
+        alts.push_back({g_->repeat(more, rmin, rmax)});
+      } else {
+        if (rmin == 0) alts.push_back({});
+        alts.push_back(cat(
+            {item, {g_->repeat(more, std::max<int64_t>(rmin - 1, 0), rmax < 0 ? -1 : rmax - 1)}}));
+      }
+    }
+    if (!alts.empty()) next = g_->rule("items", std::move(alts));
+  }
+  for (int i = k - 1; i >= 0; --i) {
+    std::vector<Sequence> alts;
+    if (i >= min_i) alts.push_back({});
+    const bool room = !max_i || i < *max_i;
+    if (items[static_cast<size_t>(i)] && next >= 0 && room) {
+      Sequence take = i > 0 ? comma : Sequence{};
+      take.push_back(*items[static_cast<size_t>(i)]);
+      take.push_back(ws());
+      take.push_back(Grammar::ref(next));
+      alts.push_back(std::move(take));
+    }
+    next = alts.empty() ? -1 : g_->rule("items", std::move(alts));
+  }
+  if (next < 0) return error_at("no array satisfies the item counts", ptr);
+  return g_->group({cat({g_->literal("["), {ws()}, {Grammar::ref(next)}, g_->literal("]")})},
+                   "array");
+}
+
+// How deeply arrays and objects nest in JSON text. Deep text is refused before parsing: an
+// ordered_json object copies its earlier members, recursively, when it grows (its pairs have a
+// const key, so they are copied rather than moved), and writing or comparing values recurses
+// too, so thousands of levels from a request could exhaust the stack.
+int text_nesting(std::string_view t) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const char c = t[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+Result<Json> parse_schema(std::string_view text) {
+  if (text_nesting(text) > kMaxTextNesting) {
+    return invalid_argument("the JSON Schema is nested too deeply (more than " +
+                            std::to_string(kMaxTextNesting) + " levels of arrays and objects)");
+  }
+  try {
+    return Json::parse(text);
+  } catch (const Json::exception& e) {
+    return invalid_argument(std::string("the JSON Schema is not valid JSON: ") + e.what());
+  }
+}
+
+}  // namespace
+
+Result<Element> add_json_schema(Grammar* g, std::string_view schema_json) {
+  VLM_ASSIGN_OR_RETURN(const Json doc, parse_schema(schema_json));
+  try {
+    Compiler c(g, &doc);
+    return c.compile(doc, "#", 0);
+  } catch (const Json::exception& e) {
+    return invalid_argument(std::string("JSON Schema: ") + e.what());
+  }
+}
+
+Result<Grammar> compile_json_schema(std::string_view schema_json) {
+  Grammar g;
+  VLM_ASSIGN_OR_RETURN(const Element e, add_json_schema(&g, schema_json));
+  g.set_root(g.rule("root", {{e}}));
+  VLM_RETURN_IF_ERROR(g.finalize());
+  return g;
+}
+
+Grammar json_object_grammar() {
+  Grammar g;
+  Compiler c(&g, nullptr);
+  g.set_root(g.rule("root", {{c.any_object()}}));
+  (void)g.finalize();  // cannot fail; finalizing again is harmless
+  return g;
+}
+
+}  // namespace vlm::structured

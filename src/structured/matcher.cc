@@ -1,0 +1,290 @@
+#include "structured/matcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+namespace vlm::structured {
+
+namespace {
+
+// A grammar's cache (transition rows and masks) is dropped and rebuilt when it outgrows this;
+// masks alone are evicted oldest first past kMaskBudget.
+constexpr int64_t kCacheBudget = int64_t{96} << 20;
+constexpr int64_t kMaskBudget = int64_t{48} << 20;
+
+}  // namespace
+
+TokenVocab::TokenVocab(const std::vector<std::string>& bytes, int64_t vocab_size)
+    : vocab_(std::max<int64_t>(vocab_size, static_cast<int64_t>(bytes.size()))), bytes_(bytes) {
+  bytes_.resize(static_cast<size_t>(vocab_));
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    if (!bytes_[i].empty()) ids.push_back(static_cast<int32_t>(i));
+  }
+  // Sorted by bytes (std::string compares as unsigned char), equal strings by id: a token's
+  // node is then created, or revisited, in increasing node order, so each node's tokens are one
+  // run of tokens_.
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+    const int c = bytes_[static_cast<size_t>(a)].compare(bytes_[static_cast<size_t>(b)]);
+    return c < 0 || (c == 0 && a < b);
+  });
+  byte_.push_back(0);
+  depth_.push_back(0);
+  end_.push_back(0);
+  tok_begin_.push_back(0);
+  std::vector<int32_t> open{0};  // the path of open nodes: open[d] is the node at depth d
+  std::string prev;
+  for (int32_t id : ids) {
+    const std::string& s = bytes_[static_cast<size_t>(id)];
+    size_t lcp = 0;
+    while (lcp < s.size() && lcp < prev.size() && s[lcp] == prev[lcp]) ++lcp;
+    // Close the nodes below the common prefix.
+    while (open.size() > lcp + 1) {
+      end_[static_cast<size_t>(open.back())] = static_cast<int32_t>(byte_.size());
+      open.pop_back();
+    }
+    for (size_t d = lcp; d < s.size(); ++d) {
+      open.push_back(static_cast<int32_t>(byte_.size()));
+      byte_.push_back(static_cast<uint8_t>(s[d]));
+      depth_.push_back(static_cast<uint16_t>(std::min<size_t>(d + 1, 65535)));
+      end_.push_back(0);
+      tok_begin_.push_back(static_cast<int32_t>(tokens_.size()));
+    }
+    tokens_.push_back(id);
+    max_depth_ = std::max(max_depth_, static_cast<int32_t>(s.size()));
+    prev = s;
+  }
+  while (!open.empty()) {
+    end_[static_cast<size_t>(open.back())] = static_cast<int32_t>(byte_.size());
+    open.pop_back();
+  }
+  tok_begin_.push_back(static_cast<int32_t>(tokens_.size()));
+}
+
+CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVocab> vocab)
+    : vocab_(std::move(vocab)), pda_(g), initial_(pda_.initial()) {}
+
+CompiledGrammar::Stats CompiledGrammar::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s;
+  s.states = static_cast<int64_t>(states_.size());
+  s.masks = static_cast<int64_t>(masked_.size());
+  s.mask_walks = walks_;
+  s.mask_hits = hits_;
+  return s;
+}
+
+int32_t CompiledGrammar::intern(StackSet stacks) {
+  std::string key;
+  for (const Stack& st : stacks) {
+    const uint32_t n = static_cast<uint32_t>(st.size());
+    key.append(reinterpret_cast<const char*>(&n), sizeof n);
+    key.append(reinterpret_cast<const char*>(st.data()), st.size() * sizeof(int32_t));
+  }
+  auto [it, inserted] = ids_.try_emplace(std::move(key), static_cast<int32_t>(states_.size()));
+  if (!inserted) return it->second;
+  State s;
+  s.accepting = pda_.accepting(stacks);
+  s.final = s.accepting && stacks.size() == 1;
+  s.stacks = std::move(stacks);
+  states_.push_back(std::move(s));
+  trans_.resize(trans_.size() + 256, -2);
+  return it->second;
+}
+
+int32_t CompiledGrammar::step(int32_t state, uint8_t b) {
+  const size_t at = static_cast<size_t>(state) * 256 + b;
+  if (trans_[at] != -2) return trans_[at];
+  StackSet next = pda_.advance(states_[static_cast<size_t>(state)].stacks, b);
+  const int32_t t = next.empty() ? -1 : intern(std::move(next));
+  trans_[at] = t;
+  return t;
+}
+
+CompiledGrammar::MaskPtr CompiledGrammar::walk(int32_t state) {
+  const TokenVocab& v = *vocab_;
+  auto mask = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(v.words()), 0);
+  uint64_t* m = mask->data();
+  path_.assign(static_cast<size_t>(v.max_depth_) + 1, 0);
+  path_[0] = state;
+  const int32_t n = static_cast<int32_t>(v.byte_.size());
+  for (int32_t i = 1; i < n;) {
+    const int32_t parent = path_[v.depth_[static_cast<size_t>(i)] - 1u];
+    const uint8_t b = v.byte_[static_cast<size_t>(i)];
+    int32_t t = trans_[static_cast<size_t>(parent) * 256 + b];
+    if (t == -2) t = step(parent, b);
+    if (t < 0) {  // the byte leaves the grammar: so does every token below this node
+      i = v.end_[static_cast<size_t>(i)];
+      continue;
+    }
+    path_[v.depth_[static_cast<size_t>(i)]] = t;
+    for (int32_t k = v.tok_begin_[static_cast<size_t>(i)];
+         k < v.tok_begin_[static_cast<size_t>(i) + 1]; ++k) {
+      const int32_t id = v.tokens_[static_cast<size_t>(k)];
+      m[id >> 6] |= uint64_t{1} << (id & 63);
+    }
+    ++i;
+  }
+  return mask;
+}
+
+void CompiledGrammar::maybe_reset() {
+  const int64_t bytes = static_cast<int64_t>(trans_.size() * sizeof(int32_t)) + mask_bytes_;
+  if (bytes <= kCacheBudget) return;
+  states_.clear();
+  trans_.clear();
+  ids_.clear();
+  masked_.clear();
+  mask_bytes_ = 0;
+  ++epoch_;
+}
+
+CompiledGrammar::MaskPtr CompiledGrammar::mask(int32_t state) {
+  State& s = states_[static_cast<size_t>(state)];
+  if (s.mask) {
+    ++hits_;
+    return s.mask;
+  }
+  ++walks_;
+  MaskPtr m = walk(state);
+  states_[static_cast<size_t>(state)].mask = m;  // walk() may have grown states_
+  masked_.push_back(state);
+  mask_bytes_ += vocab_->words() * 8;
+  while (mask_bytes_ > kMaskBudget && masked_.size() > 1) {
+    states_[static_cast<size_t>(masked_.front())].mask.reset();
+    masked_.pop_front();
+    mask_bytes_ -= vocab_->words() * 8;
+  }
+  return m;
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<CompiledGrammar> grammar,
+                               std::vector<int32_t> end_ids, int32_t activate_after)
+    : g_(std::move(grammar)),
+      end_ids_(std::move(end_ids)),
+      saved_(end_ids_.size()),
+      activate_after_(activate_after) {
+  stacks_ = g_->initial_;
+  std::lock_guard<std::mutex> lock(g_->mu_);
+  epoch_ = g_->epoch_;
+  state_ = g_->intern(stacks_);
+}
+
+void GrammarMatcher::sync() {
+  g_->maybe_reset();
+  if (epoch_ != g_->epoch_) {
+    epoch_ = g_->epoch_;
+    state_ = g_->intern(stacks_);
+  }
+}
+
+bool GrammarMatcher::complete() const {
+  if (ended_) return true;
+  if (!active()) return false;
+  std::lock_guard<std::mutex> lock(g_->mu_);
+  return epoch_ == g_->epoch_ ? g_->states_[static_cast<size_t>(state_)].accepting
+                              : g_->pda_.accepting(stacks_);
+}
+
+void GrammarMatcher::fill(uint64_t* words) {
+  const int64_t W = g_->vocab().words();
+  const int64_t V = g_->vocab().vocab_size();
+  if (ended_) {
+    std::fill(words, words + W, 0);
+  } else if (!active()) {
+    std::fill(words, words + W, ~uint64_t{0});
+    if (V % 64) words[W - 1] = (uint64_t{1} << (V % 64)) - 1;
+  } else {
+    CompiledGrammar::MaskPtr m;
+    {
+      std::lock_guard<std::mutex> lock(g_->mu_);
+      sync();
+      m = g_->mask(state_);
+    }
+    std::memcpy(words, m->data(), static_cast<size_t>(W) * 8);
+  }
+  const bool done = complete();
+  for (int32_t id : end_ids_) {
+    if (id < 0 || id >= V) continue;
+    if (done) {
+      words[id >> 6] |= uint64_t{1} << (id & 63);
+    } else {
+      words[id >> 6] &= ~(uint64_t{1} << (id & 63));
+    }
+  }
+}
+
+void GrammarMatcher::apply(float* logits) {
+  const int64_t V = g_->vocab().vocab_size();
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const bool done = complete();
+  // End tokens: kept exactly when the output is complete, whatever the mask says.
+  const size_t ne = end_ids_.size();
+  for (size_t k = 0; k < ne; ++k) {
+    const int32_t id = end_ids_[k];
+    saved_[k] = id >= 0 && id < V ? logits[id] : 0.f;
+  }
+  if (ended_) {
+    std::fill(logits, logits + V, ninf);
+  } else if (active()) {
+    CompiledGrammar::MaskPtr m;
+    {
+      std::lock_guard<std::mutex> lock(g_->mu_);
+      sync();
+      m = g_->mask(state_);
+    }
+    const uint64_t* w = m->data();
+    const int64_t W = g_->vocab().words();
+    for (int64_t i = 0; i < W; ++i) {
+      const int64_t base = i * 64;
+      const int64_t len = std::min<int64_t>(64, V - base);
+      uint64_t off = ~w[i];
+      if (len < 64) off &= (uint64_t{1} << len) - 1;
+      if (off == 0) continue;
+      if (len == 64 && off == ~uint64_t{0}) {
+        std::fill(logits + base, logits + base + 64, ninf);
+        continue;
+      }
+      while (off) {
+        logits[base + __builtin_ctzll(off)] = ninf;
+        off &= off - 1;
+      }
+    }
+  }
+  for (size_t k = 0; k < ne; ++k) {
+    const int32_t id = end_ids_[k];
+    if (id >= 0 && id < V) logits[id] = done ? saved_[k] : ninf;
+  }
+}
+
+bool GrammarMatcher::accept(int32_t id) {
+  if (ended_) return false;
+  const bool is_end = std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
+  if (!active()) {
+    if (is_end) return false;
+    if (id == activate_after_) activate_after_ = -1;
+    return true;
+  }
+  if (is_end) {
+    if (!complete()) return false;
+    ended_ = true;
+    return true;
+  }
+  if (id < 0 || id >= g_->vocab().vocab_size()) return false;
+  const std::string& bytes = g_->vocab().bytes(id);
+  if (bytes.empty()) return false;
+  std::lock_guard<std::mutex> lock(g_->mu_);
+  sync();
+  int32_t s = state_;
+  for (char c : bytes) {
+    s = g_->step(s, static_cast<uint8_t>(c));
+    if (s < 0) return false;
+  }
+  state_ = s;
+  stacks_ = g_->states_[static_cast<size_t>(s)].stacks;
+  return true;
+}
+
+}  // namespace vlm::structured

@@ -1,0 +1,130 @@
+// Grammar-constrained decoding: which tokens of the vocabulary keep the output inside a grammar.
+//
+// TokenVocab holds every token's bytes in a trie (flattened in preorder, so a walk is a loop over
+// an array that skips a subtree in one jump). A CompiledGrammar pairs a grammar with a vocabulary
+// and caches, across every request that uses it, what the pushdown automaton computes: each set
+// of parse stacks met so far is a state with a 256-entry transition row filled on demand (a
+// lazily built DFA over the automaton's configurations), and each state's token mask once it has
+// been walked. The mask of a state is one walk of the trie in which a node costs one table lookup
+// and a dead byte skips its whole subtree. A GrammarMatcher is one sequence's position in it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "structured/grammar.h"
+#include "structured/pda.h"
+
+namespace vlm::structured {
+
+class TokenVocab {
+ public:
+  // bytes[id]: what token `id` adds to the text; an empty string marks an id that grammar text
+  // never uses (special tokens, unused ids). vocab_size may exceed bytes.size() (padding rows).
+  TokenVocab(const std::vector<std::string>& bytes, int64_t vocab_size);
+
+  int64_t vocab_size() const { return vocab_; }
+  int64_t words() const { return (vocab_ + 63) / 64; }  // uint64 words of a mask
+  int64_t num_nodes() const { return static_cast<int64_t>(byte_.size()); }
+  const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
+
+ private:
+  friend class CompiledGrammar;
+  int64_t vocab_;
+  std::vector<std::string> bytes_;
+  // Trie in preorder; node 0 is the root (no byte). For node i: its byte, its depth, the first
+  // node after its subtree, and its tokens (ids whose bytes end here) as [tok_begin_[i],
+  // tok_begin_[i + 1]) of tokens_.
+  std::vector<uint8_t> byte_;
+  std::vector<uint16_t> depth_;
+  std::vector<int32_t> end_;
+  std::vector<int32_t> tok_begin_;
+  std::vector<int32_t> tokens_;
+  int32_t max_depth_ = 0;
+};
+
+class CompiledGrammar {
+ public:
+  // g must be finalized.
+  CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVocab> vocab);
+
+  const TokenVocab& vocab() const { return *vocab_; }
+  const Pda& pda() const { return pda_; }
+
+  // The cache's contents, for the benchmarks and /metrics.
+  struct Stats {
+    int64_t states = 0, masks = 0, mask_walks = 0, mask_hits = 0;
+  };
+  Stats stats() const;
+
+ private:
+  friend class GrammarMatcher;
+  using MaskPtr = std::shared_ptr<const std::vector<uint64_t>>;
+  struct State {
+    StackSet stacks;
+    bool accepting = false;
+    bool final = false;  // accepting and no byte can follow
+    MaskPtr mask;        // tokens allowed from here (end tokens not included); null: not walked
+  };
+  // The state for `stacks` (interning it). Caller holds mu_.
+  int32_t intern(StackSet stacks);
+  // The transition on byte b: a state, or -1 (b not allowed). Caller holds mu_.
+  int32_t step(int32_t state, uint8_t b);
+  MaskPtr mask(int32_t state);  // takes mu_
+  MaskPtr walk(int32_t state);  // caller holds mu_
+  // Drops every state and mask when the cache outgrows its budget; matchers re-intern their
+  // stacks (they keep a copy) when they see the epoch change. Caller holds mu_.
+  void maybe_reset();
+
+  std::shared_ptr<const TokenVocab> vocab_;
+  Pda pda_;
+  StackSet initial_;
+  mutable std::mutex mu_;
+  uint64_t epoch_ = 0;
+  std::vector<State> states_;
+  std::vector<int32_t> trans_;  // [state * 256 + byte]: -2 unknown, -1 dead, else a state
+  std::unordered_map<std::string, int32_t> ids_;
+  std::deque<int32_t> masked_;  // states holding a mask, oldest first (evicted first)
+  int64_t mask_bytes_ = 0;
+  int64_t walks_ = 0, hits_ = 0;
+  std::vector<int32_t> path_;  // walk scratch: the state at each depth
+};
+
+class GrammarMatcher {
+ public:
+  // end_ids: the tokens that end the generation; they are allowed exactly when the output is
+  // complete. activate_after >= 0: the grammar starts after that token (the end of a reasoning
+  // block the prompt opened); until then any token but an end token is allowed.
+  GrammarMatcher(std::shared_ptr<CompiledGrammar> grammar, std::vector<int32_t> end_ids,
+                 int32_t activate_after = -1);
+
+  // Sets the logits of the tokens that would leave the grammar to -infinity. Never leaves every
+  // token at -infinity: a state always has a continuation or is complete.
+  void apply(float* logits);
+  // The allowed tokens as a bit mask ([vocab().words()] words), end tokens included.
+  void fill(uint64_t* words);
+  // Advances over a sampled token. False (the state unchanged) if the grammar does not allow it.
+  bool accept(int32_t id);
+  bool complete() const;                      // an end token is allowed now
+  bool terminated() const { return ended_; }  // an end token was accepted
+  bool active() const { return activate_after_ < 0; }
+
+ private:
+  void sync();  // re-interns the stacks after a cache reset
+
+  std::shared_ptr<CompiledGrammar> g_;
+  std::vector<int32_t> end_ids_;
+  std::vector<float> saved_;  // apply()'s copy of the end tokens' logits
+  int32_t activate_after_;
+  int32_t state_ = -1;
+  uint64_t epoch_ = 0;
+  StackSet stacks_;
+  bool ended_ = false;
+};
+
+}  // namespace vlm::structured
