@@ -30,10 +30,7 @@ TokenVocab::TokenVocab(const std::vector<std::string>& bytes, int64_t vocab_size
     const int c = bytes_[static_cast<size_t>(a)].compare(bytes_[static_cast<size_t>(b)]);
     return c < 0 || (c == 0 && a < b);
   });
-  byte_.push_back(0);
-  depth_.push_back(0);
-  end_.push_back(0);
-  tok_begin_.push_back(0);
+  nodes_.emplace_back();         // the root
   std::vector<int32_t> open{0};  // the path of open nodes: open[d] is the node at depth d
   std::string prev;
   for (int32_t id : ids) {
@@ -42,25 +39,31 @@ TokenVocab::TokenVocab(const std::vector<std::string>& bytes, int64_t vocab_size
     while (lcp < s.size() && lcp < prev.size() && s[lcp] == prev[lcp]) ++lcp;
     // Close the nodes below the common prefix.
     while (open.size() > lcp + 1) {
-      end_[static_cast<size_t>(open.back())] = static_cast<int32_t>(byte_.size());
+      nodes_[static_cast<size_t>(open.back())].end = static_cast<int32_t>(nodes_.size());
       open.pop_back();
     }
     for (size_t d = lcp; d < s.size(); ++d) {
-      open.push_back(static_cast<int32_t>(byte_.size()));
-      byte_.push_back(static_cast<uint8_t>(s[d]));
-      depth_.push_back(static_cast<uint16_t>(std::min<size_t>(d + 1, 65535)));
-      end_.push_back(0);
-      tok_begin_.push_back(static_cast<int32_t>(tokens_.size()));
+      open.push_back(static_cast<int32_t>(nodes_.size()));
+      Node nd;
+      nd.byte = static_cast<uint8_t>(s[d]);
+      nd.depth = static_cast<uint16_t>(std::min<size_t>(d + 1, 65535));
+      nodes_.push_back(nd);
     }
-    tokens_.push_back(id);
+    // This token ends at the deepest open node (tokens of equal bytes are adjacent in ids).
+    Node& at = nodes_[static_cast<size_t>(open.back())];
+    if (at.ntok == 0) at.tok = static_cast<int32_t>(tokens_.size());
+    if (at.ntok < 255) {  // more ids with the very same bytes than that are not listed
+      tokens_.push_back(id);
+      ++at.ntok;
+    }
     max_depth_ = std::max(max_depth_, static_cast<int32_t>(s.size()));
     prev = s;
   }
   while (!open.empty()) {
-    end_[static_cast<size_t>(open.back())] = static_cast<int32_t>(byte_.size());
+    nodes_[static_cast<size_t>(open.back())].end = static_cast<int32_t>(nodes_.size());
     open.pop_back();
   }
-  tok_begin_.push_back(static_cast<int32_t>(tokens_.size()));
+  if (tokens_.empty()) tokens_.push_back(0);  // a node without tokens reads tokens_[0]
 }
 
 CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVocab> vocab)
@@ -96,11 +99,39 @@ int32_t CompiledGrammar::intern(StackSet stacks) {
 
 int32_t CompiledGrammar::step(int32_t state, uint8_t b) {
   const size_t at = static_cast<size_t>(state) * 256 + b;
-  if (trans_[at] != -2) return trans_[at];
-  StackSet next = pda_.advance(states_[static_cast<size_t>(state)].stacks, b);
-  const int32_t t = next.empty() ? -1 : intern(std::move(next));
-  trans_[at] = t;
-  return t;
+  if (trans_[at] == -2) fill_row(state);
+  return trans_[at];
+}
+
+void CompiledGrammar::fill_row(int32_t state) {
+  // Bytes accepted by the same stacks lead to the same state (a stack's successor does not
+  // depend on which byte of its set it took): one advance per class of bytes, not per byte.
+  const StackSet stacks = states_[static_cast<size_t>(state)].stacks;  // intern() may grow states_
+  std::vector<std::pair<std::vector<uint64_t>, int32_t>> classes;      // signature → state
+  std::vector<uint64_t> sig((stacks.size() + 63) / 64);
+  for (int b = 0; b < 256; ++b) {
+    std::fill(sig.begin(), sig.end(), 0);
+    bool any = false;
+    for (size_t k = 0; k < stacks.size(); ++k) {
+      if (!stacks[k].empty() && pda_.top_set(stacks[k]).has(static_cast<uint8_t>(b))) {
+        sig[k >> 6] |= uint64_t{1} << (k & 63);
+        any = true;
+      }
+    }
+    int32_t t = -1;
+    if (any) {
+      auto it = std::find_if(classes.begin(), classes.end(),
+                             [&](const auto& c) { return c.first == sig; });
+      if (it != classes.end()) {
+        t = it->second;
+      } else {
+        StackSet next = pda_.advance(stacks, static_cast<uint8_t>(b));
+        t = next.empty() ? -1 : intern(std::move(next));
+        classes.emplace_back(sig, t);
+      }
+    }
+    trans_[static_cast<size_t>(state) * 256 + static_cast<size_t>(b)] = t;
+  }
 }
 
 CompiledGrammar::MaskPtr CompiledGrammar::walk(int32_t state) {
@@ -108,22 +139,32 @@ CompiledGrammar::MaskPtr CompiledGrammar::walk(int32_t state) {
   auto mask = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(v.words()), 0);
   uint64_t* m = mask->data();
   path_.assign(static_cast<size_t>(v.max_depth_) + 1, 0);
-  path_[0] = state;
-  const int32_t n = static_cast<int32_t>(v.byte_.size());
+  int32_t* path = path_.data();
+  path[0] = state;
+  const TokenVocab::Node* nodes = v.nodes_.data();
+  const int32_t* tokens = v.tokens_.data();
+  const int32_t n = static_cast<int32_t>(v.nodes_.size());
+  const int32_t* trans = trans_.data();
   for (int32_t i = 1; i < n;) {
-    const int32_t parent = path_[v.depth_[static_cast<size_t>(i)] - 1u];
-    const uint8_t b = v.byte_[static_cast<size_t>(i)];
-    int32_t t = trans_[static_cast<size_t>(parent) * 256 + b];
-    if (t == -2) t = step(parent, b);
+    const TokenVocab::Node& nd = nodes[i];
+    const int32_t parent = path[nd.depth - 1];
+    int32_t t = trans[static_cast<size_t>(parent) * 256 + nd.byte];
+    if (t == -2) {
+      t = step(parent, nd.byte);
+      trans = trans_.data();  // step() may have grown the table
+    }
     if (t < 0) {  // the byte leaves the grammar: so does every token below this node
-      i = v.end_[static_cast<size_t>(i)];
+      i = nd.end;
       continue;
     }
-    path_[v.depth_[static_cast<size_t>(i)]] = t;
-    for (int32_t k = v.tok_begin_[static_cast<size_t>(i)];
-         k < v.tok_begin_[static_cast<size_t>(i) + 1]; ++k) {
-      const int32_t id = v.tokens_[static_cast<size_t>(k)];
-      m[id >> 6] |= uint64_t{1} << (id & 63);
+    path[nd.depth] = t;
+    // Half the nodes end a token: the first one is marked without a branch (a node with none
+    // ORs a zero), the rare others in a loop.
+    const int32_t id = tokens[nd.tok];
+    m[id >> 6] |= static_cast<uint64_t>(nd.ntok != 0) << (id & 63);
+    for (int32_t k = 1; k < nd.ntok; ++k) {
+      const int32_t more = tokens[nd.tok + k];
+      m[more >> 6] |= uint64_t{1} << (more & 63);
     }
     ++i;
   }

@@ -30,20 +30,24 @@ class TokenVocab {
 
   int64_t vocab_size() const { return vocab_; }
   int64_t words() const { return (vocab_ + 63) / 64; }  // uint64 words of a mask
-  int64_t num_nodes() const { return static_cast<int64_t>(byte_.size()); }
+  int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size()); }
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
 
  private:
   friend class CompiledGrammar;
   int64_t vocab_;
   std::vector<std::string> bytes_;
-  // Trie in preorder; node 0 is the root (no byte). For node i: its byte, its depth, the first
-  // node after its subtree, and its tokens (ids whose bytes end here) as [tok_begin_[i],
-  // tok_begin_[i + 1]) of tokens_.
-  std::vector<uint8_t> byte_;
-  std::vector<uint16_t> depth_;
-  std::vector<int32_t> end_;
-  std::vector<int32_t> tok_begin_;
+  // Trie in preorder; node 0 is the root (no byte). A node: its byte, its depth, the first
+  // node after its subtree, and its tokens (ids whose bytes end here) as tokens_[tok, tok +
+  // ntok). One 12-byte record, read in order by a walk.
+  struct Node {
+    int32_t end = 0;
+    int32_t tok = 0;
+    uint16_t depth = 0;
+    uint8_t byte = 0;
+    uint8_t ntok = 0;
+  };
+  std::vector<Node> nodes_;
   std::vector<int32_t> tokens_;
   int32_t max_depth_ = 0;
 };
@@ -75,8 +79,9 @@ class CompiledGrammar {
   int32_t intern(StackSet stacks);
   // The transition on byte b: a state, or -1 (b not allowed). Caller holds mu_.
   int32_t step(int32_t state, uint8_t b);
-  MaskPtr mask(int32_t state);  // takes mu_
-  MaskPtr walk(int32_t state);  // caller holds mu_
+  void fill_row(int32_t state);  // every byte's transition from `state`
+  MaskPtr mask(int32_t state);   // takes mu_
+  MaskPtr walk(int32_t state);   // caller holds mu_
   // Drops every state and mask when the cache outgrows its budget; matchers re-intern their
   // stacks (they keep a copy) when they see the epoch change. Caller holds mu_.
   void maybe_reset();
