@@ -13,12 +13,24 @@ namespace {
 // masks alone are evicted oldest first past kMaskBudget.
 constexpr int64_t kCacheBudget = int64_t{96} << 20;
 constexpr int64_t kMaskBudget = int64_t{48} << 20;
+// A walk that has made this many new states gives up: the mask becomes the one-byte tokens of
+// the bytes allowed next (a subset of the allowed tokens, never empty where the vocabulary has
+// a token for every byte), so that a grammar with an explosive number of states costs bounded
+// time per step rather than stalling every request on the engine thread.
+constexpr size_t kWalkNewStates = 20000;
 
 }  // namespace
 
 TokenVocab::TokenVocab(const std::vector<std::string>& bytes, int64_t vocab_size)
     : vocab_(std::max<int64_t>(vocab_size, static_cast<int64_t>(bytes.size()))), bytes_(bytes) {
   bytes_.resize(static_cast<size_t>(vocab_));
+  byte_token_.fill(-1);
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    const std::string& b = bytes_[i];
+    if (b.size() == 1 && byte_token_[static_cast<uint8_t>(b[0])] < 0) {
+      byte_token_[static_cast<uint8_t>(b[0])] = static_cast<int32_t>(i);
+    }
+  }
   std::vector<int32_t> ids;
   for (size_t i = 0; i < bytes_.size(); ++i) {
     if (!bytes_[i].empty()) ids.push_back(static_cast<int32_t>(i));
@@ -76,6 +88,7 @@ CompiledGrammar::Stats CompiledGrammar::stats() const {
   s.masks = static_cast<int64_t>(masked_.size());
   s.mask_walks = walks_;
   s.mask_hits = hits_;
+  s.mask_fallbacks = fallbacks_;
   return s;
 }
 
@@ -139,6 +152,8 @@ CompiledGrammar::MaskPtr CompiledGrammar::walk(int32_t state) {
   auto mask = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(v.words()), 0);
   uint64_t* m = mask->data();
   path_.assign(static_cast<size_t>(v.max_depth_) + 1, 0);
+  const size_t start = states_.size();
+  bool budget_spent = false;
   int32_t* path = path_.data();
   path[0] = state;
   const TokenVocab::Node* nodes = v.nodes_.data();
@@ -152,6 +167,24 @@ CompiledGrammar::MaskPtr CompiledGrammar::walk(int32_t state) {
     if (t == -2) {
       t = step(parent, nd.byte);
       trans = trans_.data();  // step() may have grown the table
+      if (states_.size() - start > kWalkNewStates && !budget_spent) {
+        // Too many states: the one-byte tokens of the allowed bytes, if there are any.
+        std::vector<uint64_t> one(static_cast<size_t>(v.words()), 0);
+        bool any = false;
+        for (int b = 0; b < 256; ++b) {
+          const int32_t id = v.byte_token_[static_cast<size_t>(b)];
+          if (id >= 0 && step(state, static_cast<uint8_t>(b)) >= 0) {
+            one[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63);
+            any = true;
+          }
+        }
+        if (any) {
+          ++fallbacks_;
+          *mask = std::move(one);
+          return mask;
+        }
+        budget_spent = true;  // no such tokens: finish the walk, however long
+      }
     }
     if (t < 0) {  // the byte leaves the grammar: so does every token below this node
       i = nd.end;

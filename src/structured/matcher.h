@@ -9,6 +9,7 @@
 // and a dead byte skips its whole subtree. A GrammarMatcher is one sequence's position in it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -49,6 +50,7 @@ class TokenVocab {
   };
   std::vector<Node> nodes_;
   std::vector<int32_t> tokens_;
+  std::array<int32_t, 256> byte_token_;  // the token of exactly that one byte, or -1
   int32_t max_depth_ = 0;
 };
 
@@ -63,6 +65,7 @@ class CompiledGrammar {
   // The cache's contents, for the benchmarks and /metrics.
   struct Stats {
     int64_t states = 0, masks = 0, mask_walks = 0, mask_hits = 0;
+    int64_t mask_fallbacks = 0;  // walks cut short (one-byte tokens only)
   };
   Stats stats() const;
 
@@ -96,7 +99,7 @@ class CompiledGrammar {
   std::unordered_map<std::string, int32_t> ids_;
   std::deque<int32_t> masked_;  // states holding a mask, oldest first (evicted first)
   int64_t mask_bytes_ = 0;
-  int64_t walks_ = 0, hits_ = 0;
+  int64_t walks_ = 0, hits_ = 0, fallbacks_ = 0;
   std::vector<int32_t> path_;  // walk scratch: the state at each depth
 };
 

@@ -52,6 +52,7 @@ void Pda::expand(Stack st, StackSet* out) const {
 static void normalize(StackSet* s) {
   std::sort(s->begin(), s->end());
   s->erase(std::unique(s->begin(), s->end()), s->end());
+  if (s->size() > kMaxStacks) s->resize(kMaxStacks);
 }
 
 StackSet Pda::initial() const {

@@ -19,6 +19,11 @@ using StackSet = std::vector<Stack>;  // sorted, no duplicates
 // Nesting deeper than this many frames is not followed (a path that needs it is dropped): a
 // recursive grammar such as any-JSON stays bounded.
 inline constexpr size_t kMaxStackDepth = 400;
+// A state keeps at most this many stacks (the first ones in order): an ambiguous grammar
+// (`(a|a)*`) cannot make one byte cost unbounded work. Dropping stacks is safe: every stack can
+// complete on its own (finalize() leaves no dead alternative), so the output stays in the
+// language and always has a continuation; it only loses some ways of going on.
+inline constexpr size_t kMaxStacks = 4096;
 
 class Pda {
  public:

@@ -212,3 +212,56 @@ TEST_F(QwenVocabTest, BoundedSchemaEnds) {
 
 }  // namespace
 }  // namespace vlm::structured
+
+namespace vlm::structured {
+namespace {
+
+// A grammar whose automaton has exponentially many states (the 16th byte from the end is an
+// 'a': every history is a different state) against a vocabulary of every a/b string up to 15
+// bytes: the walk gives up after its budget of new states and allows the one-byte tokens of the
+// allowed bytes, which keeps the output in the language at a bounded cost per step.
+TEST(MatcherTest, ExplosiveGrammarFallsBackToOneByteTokens) {
+  Grammar g;
+  ByteSet ab;
+  ab.add('a');
+  ab.add('b');
+  Sequence s{g.star({g.bytes(ab)})};
+  s.push_back(g.byte('a'));
+  s.push_back(g.repeat({g.bytes(ab)}, 15, 15));
+  g.set_root(g.rule("root", {s}));
+  ASSERT_TRUE(g.finalize().ok());
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  for (int len = 2; len <= 15; ++len) {
+    for (int bits = 0; bits < (1 << len); ++bits) {
+      std::string t;
+      for (int k = 0; k < len; ++k) t += (bits >> k) & 1 ? 'a' : 'b';
+      bytes.push_back(t);
+    }
+  }
+  const int32_t end = static_cast<int32_t>(bytes.size());
+  bytes.push_back("");
+  auto vocab = std::make_shared<TokenVocab>(bytes, static_cast<int64_t>(bytes.size()));
+  auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+  GrammarMatcher m(cg, {end});
+  std::vector<uint64_t> mask(static_cast<size_t>(vocab->words()));
+  m.fill(mask.data());
+  auto allowed = [&](int32_t id) { return (mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; };
+  EXPECT_EQ(cg->stats().mask_fallbacks, 1);
+  EXPECT_TRUE(allowed('a'));
+  EXPECT_TRUE(allowed('b'));
+  EXPECT_FALSE(allowed(256));  // "bb": allowed by the grammar, left out by the fallback
+  EXPECT_FALSE(allowed(end));
+  // The output goes on, one byte at a time, and ends in the language.
+  std::string out;
+  for (int i = 0; i < 20; ++i) {
+    const char c = i == 4 ? 'a' : 'b';
+    ASSERT_TRUE(m.accept(static_cast<uint8_t>(c)));
+    out += c;
+  }
+  EXPECT_TRUE(m.complete());
+  EXPECT_TRUE(matches(g, out));
+}
+
+}  // namespace
+}  // namespace vlm::structured
