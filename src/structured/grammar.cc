@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <functional>
 
 #include "structured/pda.h"
 
@@ -196,54 +195,93 @@ Status Grammar::finalize() {
                             " elements; at most " + std::to_string(kMaxGrammarElements) + ")");
   }
   const size_t n = rules_.size();
-  // Productive rules (derive some finite byte string): a fixed point.
-  std::vector<char> productive(n, 0);
-  auto elem_ok = [&](const Element& e) {
-    return e.kind == Element::Kind::kBytes ? !sets_[static_cast<size_t>(e.id)].empty()
-                                           : productive[static_cast<size_t>(e.id)] != 0;
-  };
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < n; ++r) {
-      if (productive[r]) continue;
-      for (const Sequence& alt : rules_[r].alternatives) {
-        if (std::all_of(alt.begin(), alt.end(), elem_ok)) {
-          productive[r] = 1;
-          changed = true;
-          break;
+  // Where each rule is referenced: (rule, alternative) pairs, for the worklists below (each
+  // fixed point is linear in the grammar's size, whatever the order of the rules).
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> used_in(n);
+  for (size_t r = 0; r < n; ++r) {
+    const auto& alts = rules_[r].alternatives;
+    for (size_t a = 0; a < alts.size(); ++a) {
+      for (const Element& e : alts[a]) {
+        if (e.kind == Element::Kind::kRule) {
+          used_in[static_cast<size_t>(e.id)].emplace_back(static_cast<int32_t>(r),
+                                                          static_cast<int32_t>(a));
         }
       }
     }
   }
+  // A fixed point over the rules: `base(alt)` says whether an alternative holds without any
+  // rule (its non-rule elements decide), `waits(alt)` how many rule elements it has; a rule is
+  // marked once one of its alternatives has all its rule elements marked.
+  auto fixed_point = [&](auto base_ok) {
+    std::vector<char> marked(n, 0);
+    std::vector<std::vector<int32_t>> waiting(n);  // per rule, per alternative: unmarked refs
+    std::vector<int32_t> queue;
+    auto mark = [&](size_t r) {
+      if (!marked[r]) {
+        marked[r] = 1;
+        queue.push_back(static_cast<int32_t>(r));
+      }
+    };
+    for (size_t r = 0; r < n; ++r) {
+      const auto& alts = rules_[r].alternatives;
+      waiting[r].assign(alts.size(), 0);
+      for (size_t a = 0; a < alts.size(); ++a) {
+        if (!base_ok(alts[a])) {
+          waiting[r][a] = -1;  // never holds
+          continue;
+        }
+        for (const Element& e : alts[a]) waiting[r][a] += e.kind == Element::Kind::kRule;
+        if (waiting[r][a] == 0) mark(r);
+      }
+    }
+    while (!queue.empty()) {
+      const int32_t s = queue.back();
+      queue.pop_back();
+      for (auto [r, a] : used_in[static_cast<size_t>(s)]) {
+        int32_t& w = waiting[static_cast<size_t>(r)][static_cast<size_t>(a)];
+        if (w > 0 && --w == 0) mark(static_cast<size_t>(r));
+      }
+    }
+    return marked;
+  };
+  // Productive rules derive some finite byte string: no empty byte set in the alternative.
+  const std::vector<char> productive = fixed_point([&](const Sequence& alt) {
+    return std::none_of(alt.begin(), alt.end(), [&](const Element& e) {
+      return e.kind == Element::Kind::kBytes && sets_[static_cast<size_t>(e.id)].empty();
+    });
+  });
   if (!productive[static_cast<size_t>(root_)]) {
     return invalid_argument("the grammar matches no text at all (rule '" +
                             rules_[static_cast<size_t>(root_)].name + "')");
   }
   // Drop the alternatives that can never complete, so that no path leads to a dead end.
+  auto elem_ok = [&](const Element& e) {
+    return e.kind == Element::Kind::kBytes ? !sets_[static_cast<size_t>(e.id)].empty()
+                                           : productive[static_cast<size_t>(e.id)] != 0;
+  };
   for (Rule& r : rules_) {
     auto dead = [&](const Sequence& alt) { return !std::all_of(alt.begin(), alt.end(), elem_ok); };
     r.alternatives.erase(std::remove_if(r.alternatives.begin(), r.alternatives.end(), dead),
                          r.alternatives.end());
   }
-  // Nullable rules, then left recursion: a rule reaching itself through references that may be
-  // preceded only by nullable elements.
-  std::vector<char> nullable(n, 0);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < n; ++r) {
-      if (nullable[r]) continue;
-      for (const Sequence& alt : rules_[r].alternatives) {
-        const bool all = std::all_of(alt.begin(), alt.end(), [&](const Element& e) {
-          return e.kind == Element::Kind::kRule && nullable[static_cast<size_t>(e.id)];
-        });
-        if (all) {
-          nullable[r] = 1;
-          changed = true;
-          break;
+  for (auto& u : used_in) u.clear();  // alternatives were renumbered: rebuild
+  for (size_t r = 0; r < n; ++r) {
+    const auto& alts = rules_[r].alternatives;
+    for (size_t a = 0; a < alts.size(); ++a) {
+      for (const Element& e : alts[a]) {
+        if (e.kind == Element::Kind::kRule) {
+          used_in[static_cast<size_t>(e.id)].emplace_back(static_cast<int32_t>(r),
+                                                          static_cast<int32_t>(a));
         }
       }
     }
   }
+  // Nullable rules (derive the empty string: an alternative of nullable rules only), then left
+  // recursion: a rule reaching itself through references preceded only by nullable elements.
+  const std::vector<char> nullable = fixed_point([](const Sequence& alt) {
+    return std::all_of(alt.begin(), alt.end(),
+                       [](const Element& e) { return e.kind == Element::Kind::kRule; });
+  });
   std::vector<std::vector<int32_t>> left(n);
   for (size_t r = 0; r < n; ++r) {
     for (const Sequence& alt : rules_[r].alternatives) {
@@ -254,25 +292,30 @@ Status Grammar::finalize() {
       }
     }
   }
-  std::vector<char> color(n, 0);  // 0 new, 1 on the path, 2 done
-  std::string cycle;
-  std::function<bool(int32_t)> visit = [&](int32_t r) {
-    color[static_cast<size_t>(r)] = 1;
-    for (int32_t s : left[static_cast<size_t>(r)]) {
-      if (color[static_cast<size_t>(s)] == 1) {
-        cycle = rules_[static_cast<size_t>(s)].name;
-        return true;
+  // Depth-first search for a cycle, with an explicit stack (chains of rules can be long).
+  std::vector<char> color(n, 0);                 // 0 new, 1 on the path, 2 done
+  std::vector<std::pair<int32_t, size_t>> path;  // (rule, next edge)
+  for (size_t start = 0; start < n; ++start) {
+    if (color[start] != 0) continue;
+    color[start] = 1;
+    path.emplace_back(static_cast<int32_t>(start), 0);
+    while (!path.empty()) {
+      auto& [r, next] = path.back();
+      const auto& edges = left[static_cast<size_t>(r)];
+      if (next == edges.size()) {
+        color[static_cast<size_t>(r)] = 2;
+        path.pop_back();
+        continue;
       }
-      if (color[static_cast<size_t>(s)] == 0 && visit(s)) return true;
-    }
-    color[static_cast<size_t>(r)] = 2;
-    return false;
-  };
-  // Iterative over the roots of the left-call graph; the recursion depth is the longest chain
-  // of left calls, which the element limit bounds.
-  for (size_t r = 0; r < n; ++r) {
-    if (color[r] == 0 && visit(static_cast<int32_t>(r))) {
-      return invalid_argument("the grammar is left-recursive at rule '" + cycle + "'");
+      const int32_t s = edges[next++];
+      if (color[static_cast<size_t>(s)] == 1) {
+        return invalid_argument("the grammar is left-recursive at rule '" +
+                                rules_[static_cast<size_t>(s)].name + "'");
+      }
+      if (color[static_cast<size_t>(s)] == 0) {
+        color[static_cast<size_t>(s)] = 1;
+        path.emplace_back(s, 0);
+      }
     }
   }
   return ok_status();

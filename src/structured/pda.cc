@@ -19,33 +19,42 @@ Pda::Pda(const Grammar& g) : root_(g.root()) {
 }
 
 void Pda::expand(Stack st, StackSet* out) const {
-  for (;;) {
-    if (st.empty()) {
-      out->push_back(std::move(st));
-      return;
+  // Depth-first over the alternatives with an explicit list of pending stacks (a chain of rules
+  // each starting with the next could be long).
+  std::vector<Stack> pending;
+  pending.push_back(std::move(st));
+  while (!pending.empty()) {
+    Stack cur = std::move(pending.back());
+    pending.pop_back();
+    for (;;) {
+      if (cur.empty()) {
+        out->push_back(std::move(cur));
+        break;
+      }
+      const int32_t p = cur.back();
+      const int32_t code = elems_[static_cast<size_t>(p)];
+      if (code == kEnd) {  // the alternative is done: return to the frame below
+        cur.pop_back();
+        continue;
+      }
+      if ((code & 1) == 0) {
+        out->push_back(std::move(cur));
+        break;
+      }
+      // A rule: the frame continues after it (dropped when nothing follows, so right recursion
+      // keeps the stack flat), and each alternative is pushed on top.
+      cur.pop_back();
+      if (elems_[static_cast<size_t>(p) + 1] != kEnd) cur.push_back(p + 1);
+      if (cur.size() >= kMaxStackDepth) break;
+      const auto& alts = alt_starts_[static_cast<size_t>(code >> 1)];
+      if (alts.empty()) break;
+      for (size_t k = alts.size() - 1; k > 0; --k) {  // the first alternative is followed now
+        Stack next = cur;
+        next.push_back(alts[k]);
+        pending.push_back(std::move(next));
+      }
+      cur.push_back(alts[0]);
     }
-    const int32_t p = st.back();
-    const int32_t code = elems_[static_cast<size_t>(p)];
-    if (code == kEnd) {  // the alternative is done: return to the frame below
-      st.pop_back();
-      continue;
-    }
-    if ((code & 1) == 0) {
-      out->push_back(std::move(st));
-      return;
-    }
-    // A rule: the frame continues after it (dropped when nothing follows, so right recursion
-    // keeps the stack flat), and each alternative is pushed on top.
-    st.pop_back();
-    if (elems_[static_cast<size_t>(p) + 1] != kEnd) st.push_back(p + 1);
-    if (st.size() >= kMaxStackDepth) return;
-    const auto& alts = alt_starts_[static_cast<size_t>(code >> 1)];
-    for (size_t i = 0; i < alts.size(); ++i) {
-      Stack next = i + 1 < alts.size() ? st : std::move(st);
-      next.push_back(alts[i]);
-      expand(std::move(next), out);
-    }
-    return;
   }
 }
 

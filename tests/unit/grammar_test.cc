@@ -121,5 +121,22 @@ TEST(GrammarTest, RightRecursionKeepsStacksFlat) {
   EXPECT_TRUE(pda.accepting(s));
 }
 
+TEST(GrammarTest, LongChainsOfRulesNeitherRecurseNorTakeQuadraticTime) {
+  // r0 ::= r1; r1 ::= r2; ...; r_{n-1} ::= "a": finalize() and the automaton walk the chain with
+  // their own stacks and linear worklists, at any length within the element limit.
+  Grammar g;
+  constexpr int kRules = 200000;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < kRules; ++i) ids.push_back(g.new_rule("r"));
+  for (int i = 0; i + 1 < kRules; ++i) {
+    g.add_alternative(ids[static_cast<size_t>(i)], {Grammar::ref(ids[static_cast<size_t>(i) + 1])});
+  }
+  g.add_alternative(ids.back(), g.literal("a"));
+  g.set_root(ids.front());
+  ASSERT_TRUE(g.finalize().ok());
+  EXPECT_TRUE(matches(g, "a"));
+  EXPECT_FALSE(matches(g, "b"));
+}
+
 }  // namespace
 }  // namespace vlm::structured
