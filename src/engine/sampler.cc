@@ -80,6 +80,10 @@ int32_t Sampler::sample(float* logits) {
         idx[n] = static_cast<int32_t>(i);
         n += logits[i] != ninf;
       }
+      if (n == 0) {  // the matcher never leaves nothing; if it did, no read out of bounds
+        idx[0] = static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
+        n = 1;
+      }
     } else {
       std::iota(idx_.begin(), idx_.end(), 0);
     }
@@ -199,8 +203,8 @@ void Sampler::logprobs(const float* row, int64_t V, int32_t chosen, int32_t k, o
 }
 
 void Sampler::record(int32_t id) {
-  // A token the grammar refused can only be a forced one (the thinking budget's close, which
-  // the matcher takes as the start of its grammar): the matcher keeps its state.
+  // The matcher accepts every token sample() drew, and the thinking budget's forced close
+  // (which starts its grammar); anything else it refuses and keeps its state.
   if (grammar_) grammar_->accept(id);
   if (think_budget_ >= 0) {
     if (!started_ && !thinking_ && id == think_open_) {

@@ -69,11 +69,8 @@ Result<Grammar> tool_call_grammar(const StructuredOutput& so) {
 Result<structured::Grammar> build_grammar(const StructuredOutput& so) {
   using Kind = StructuredOutput::Kind;
   switch (so.kind) {
-    case Kind::kJsonObject: {
-      Grammar g = structured::json_object_grammar();
-      VLM_RETURN_IF_ERROR(g.finalize());
-      return g;
-    }
+    case Kind::kJsonObject:
+      return structured::json_object_grammar();  // finalized
     case Kind::kJsonSchema:
       return structured::compile_json_schema(so.spec);
     case Kind::kRegex:

@@ -472,7 +472,13 @@ std::optional<ApiError> read_structured_outputs(const ojson& body, StructuredOut
   if (kind == "json") {
     // A schema object, or a schema as JSON text (vLLM takes both).
     if (v.is_string()) {
-      const ojson parsed = ojson::parse(v.get<std::string>(), nullptr, false);
+      const std::string& text = v.get_ref<const std::string&>();
+      if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+        return bad_request(
+            "'" + param + "' nests deeper than " + std::to_string(kMaxJsonDepth) + " levels",
+            param);
+      }
+      const ojson parsed = ojson::parse(text, nullptr, false);
       if (parsed.is_discarded()) return bad_request("'" + param + "' is not valid JSON", param);
       out->spec = parsed.dump();
     } else if (v.is_object() || v.is_boolean()) {

@@ -24,11 +24,9 @@ int32_t Grammar::rule(std::string name, std::vector<Sequence> alternatives) {
 }
 
 Element Grammar::bytes(const ByteSet& s) {
-  for (size_t i = 0; i < sets_.size(); ++i) {
-    if (sets_[i] == s) return {Element::Kind::kBytes, static_cast<int32_t>(i)};
-  }
-  sets_.push_back(s);
-  return {Element::Kind::kBytes, static_cast<int32_t>(sets_.size() - 1)};
+  auto [it, inserted] = set_ids_.try_emplace(s, static_cast<int32_t>(sets_.size()));
+  if (inserted) sets_.push_back(s);
+  return {Element::Kind::kBytes, it->second};
 }
 
 Sequence Grammar::literal(std::string_view text) {

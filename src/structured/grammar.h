@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,14 @@ struct ByteSet {
     ByteSet s;
     s.add_range(lo, hi);
     return s;
+  }
+};
+
+struct ByteSetHash {
+  size_t operator()(const ByteSet& s) const {
+    uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (uint64_t w : s.w) h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+    return static_cast<size_t>(h ^ (h >> 31));
   }
 };
 
@@ -106,6 +115,7 @@ class Grammar {
  private:
   std::vector<Rule> rules_;
   std::vector<ByteSet> sets_;
+  std::unordered_map<ByteSet, int32_t, ByteSetHash> set_ids_;  // interning
   int32_t root_ = -1;
   int64_t elements_ = 0;
 };

@@ -25,7 +25,7 @@ Result<Grammar> compile_json_schema(std::string_view schema_json);
 // (for grammars that embed JSON, such as tool calls). g is not finalized.
 Result<Element> add_json_schema(Grammar* g, std::string_view schema_json);
 
-// Any JSON object (OpenAI's JSON mode, response_format {"type": "json_object"}).
+// Any JSON object (OpenAI's JSON mode, response_format {"type": "json_object"}), finalized.
 Grammar json_object_grammar();
 
 }  // namespace vlm::structured

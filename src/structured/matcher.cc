@@ -5,19 +5,16 @@
 #include <limits>
 #include <numeric>
 
+#include "core/clock.h"
+
 namespace vlm::structured {
 
 namespace {
 
 // A grammar's cache (transition rows and masks) is dropped and rebuilt when it outgrows this;
 // masks alone are evicted oldest first past kMaskBudget.
-constexpr int64_t kCacheBudget = int64_t{96} << 20;
+constexpr int64_t kCacheBudget = int64_t{64} << 20;
 constexpr int64_t kMaskBudget = int64_t{48} << 20;
-// A walk that has made this many new states gives up: the mask becomes the one-byte tokens of
-// the bytes allowed next (a subset of the allowed tokens, never empty where the vocabulary has
-// a token for every byte), so that a grammar with an explosive number of states costs bounded
-// time per step rather than stalling every request on the engine thread.
-constexpr size_t kWalkNewStates = 20000;
 
 }  // namespace
 
@@ -78,8 +75,12 @@ TokenVocab::TokenVocab(const std::vector<std::string>& bytes, int64_t vocab_size
   if (tokens_.empty()) tokens_.push_back(0);  // a node without tokens reads tokens_[0]
 }
 
-CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVocab> vocab)
-    : vocab_(std::move(vocab)), pda_(g), initial_(pda_.initial()) {}
+CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVocab> vocab,
+                                 double walk_budget_ms)
+    : vocab_(std::move(vocab)),
+      walk_budget_ms_(walk_budget_ms),
+      pda_(g),
+      initial_(pda_.initial()) {}
 
 CompiledGrammar::Stats CompiledGrammar::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -103,7 +104,11 @@ int32_t CompiledGrammar::intern(StackSet stacks) {
   if (!inserted) return it->second;
   State s;
   s.accepting = pda_.accepting(stacks);
-  s.final = s.accepting && stacks.size() == 1;
+  // What the state holds besides its transition row: its stacks and its key.
+  state_bytes_ += static_cast<int64_t>(sizeof(State) + it->first.size() + 64);
+  for (const Stack& st : stacks) {
+    state_bytes_ += static_cast<int64_t>(sizeof(Stack) + st.size() * sizeof(int32_t));
+  }
   s.stacks = std::move(stacks);
   states_.push_back(std::move(s));
   trans_.resize(trans_.size() + 256, -2);
@@ -152,7 +157,7 @@ CompiledGrammar::MaskPtr CompiledGrammar::walk(int32_t state) {
   auto mask = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(v.words()), 0);
   uint64_t* m = mask->data();
   path_.assign(static_cast<size_t>(v.max_depth_) + 1, 0);
-  const size_t start = states_.size();
+  const Clock::time_point t0 = Clock::now();  // only new transitions take long: timed there
   bool budget_spent = false;
   int32_t* path = path_.data();
   path[0] = state;
@@ -167,7 +172,12 @@ CompiledGrammar::MaskPtr CompiledGrammar::walk(int32_t state) {
     if (t == -2) {
       t = step(parent, nd.byte);
       trans = trans_.data();  // step() may have grown the table
-      if (states_.size() - start > kWalkNewStates && !budget_spent) {
+      // A walk that has run past its budget gives up: the mask becomes the one-byte tokens of
+      // the bytes allowed next (a subset of the allowed tokens, never empty where the
+      // vocabulary has a token for every byte), so that a grammar whose automaton keeps making
+      // new, large states costs bounded time per step instead of stalling every request on the
+      // engine thread. Ordinary grammars walk in about a millisecond (docs/benchmarks.md).
+      if (!budget_spent && ms_since(t0) > walk_budget_ms_) {
         // Too many states: the one-byte tokens of the allowed bytes, if there are any.
         std::vector<uint64_t> one(static_cast<size_t>(v.words()), 0);
         bool any = false;
@@ -205,8 +215,10 @@ CompiledGrammar::MaskPtr CompiledGrammar::walk(int32_t state) {
 }
 
 void CompiledGrammar::maybe_reset() {
-  const int64_t bytes = static_cast<int64_t>(trans_.size() * sizeof(int32_t)) + mask_bytes_;
+  const int64_t bytes =
+      static_cast<int64_t>(trans_.size() * sizeof(int32_t)) + mask_bytes_ + state_bytes_;
   if (bytes <= kCacheBudget) return;
+  state_bytes_ = 0;
   states_.clear();
   trans_.clear();
   ids_.clear();
@@ -279,7 +291,10 @@ void GrammarMatcher::fill(uint64_t* words) {
     }
     std::memcpy(words, m->data(), static_cast<size_t>(W) * 8);
   }
-  const bool done = complete();
+  bool done = complete();
+  if (!done && active() && std::all_of(words, words + W, [](uint64_t x) { return x == 0; })) {
+    done = dead_end_ = true;  // as in apply()
+  }
   for (int32_t id : end_ids_) {
     if (id < 0 || id >= V) continue;
     if (done) {
@@ -293,7 +308,7 @@ void GrammarMatcher::fill(uint64_t* words) {
 void GrammarMatcher::apply(float* logits) {
   const int64_t V = g_->vocab().vocab_size();
   const float ninf = -std::numeric_limits<float>::infinity();
-  const bool done = complete();
+  bool done = complete();
   // End tokens: kept exactly when the output is complete, whatever the mask says.
   const size_t ne = end_ids_.size();
   for (size_t k = 0; k < ne; ++k) {
@@ -311,6 +326,9 @@ void GrammarMatcher::apply(float* logits) {
     }
     const uint64_t* w = m->data();
     const int64_t W = g_->vocab().words();
+    // A state with nothing allowed is a dead end (only nesting past kMaxStackDepth makes one):
+    // the reply ends here rather than leave the sampler with nothing to draw.
+    if (!done && std::all_of(w, w + W, [](uint64_t x) { return x == 0; })) done = dead_end_ = true;
     for (int64_t i = 0; i < W; ++i) {
       const int64_t base = i * 64;
       const int64_t len = std::min<int64_t>(64, V - base);
@@ -342,7 +360,7 @@ bool GrammarMatcher::accept(int32_t id) {
     return true;
   }
   if (is_end) {
-    if (!complete()) return false;
+    if (!complete() && !dead_end_) return false;
     ended_ = true;
     return true;
   }

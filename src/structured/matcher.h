@@ -56,8 +56,11 @@ class TokenVocab {
 
 class CompiledGrammar {
  public:
-  // g must be finalized.
-  CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVocab> vocab);
+  // g must be finalized. walk_budget_ms: how long a mask's walk may make new transitions
+  // before it falls back to one-byte tokens (matcher.cc).
+  CompiledGrammar(const Grammar& g, std::shared_ptr<const TokenVocab> vocab,
+                  double walk_budget_ms = kDefaultWalkBudgetMs);
+  static constexpr double kDefaultWalkBudgetMs = 50;
 
   const TokenVocab& vocab() const { return *vocab_; }
   const Pda& pda() const { return pda_; }
@@ -75,8 +78,7 @@ class CompiledGrammar {
   struct State {
     StackSet stacks;
     bool accepting = false;
-    bool final = false;  // accepting and no byte can follow
-    MaskPtr mask;        // tokens allowed from here (end tokens not included); null: not walked
+    MaskPtr mask;  // tokens allowed from here (end tokens not included); null: not walked
   };
   // The state for `stacks` (interning it). Caller holds mu_.
   int32_t intern(StackSet stacks);
@@ -85,11 +87,12 @@ class CompiledGrammar {
   void fill_row(int32_t state);  // every byte's transition from `state`
   MaskPtr mask(int32_t state);   // takes mu_
   MaskPtr walk(int32_t state);   // caller holds mu_
-  // Drops every state and mask when the cache outgrows its budget; matchers re-intern their
-  // stacks (they keep a copy) when they see the epoch change. Caller holds mu_.
+  // Drops every state and mask when the cache (rows, masks, stacks) outgrows its budget; matchers
+  // re-intern their stacks (they keep a copy) when they see the epoch change. Caller holds mu_.
   void maybe_reset();
 
   std::shared_ptr<const TokenVocab> vocab_;
+  double walk_budget_ms_;
   Pda pda_;
   StackSet initial_;
   mutable std::mutex mu_;
@@ -99,6 +102,7 @@ class CompiledGrammar {
   std::unordered_map<std::string, int32_t> ids_;
   std::deque<int32_t> masked_;  // states holding a mask, oldest first (evicted first)
   int64_t mask_bytes_ = 0;
+  int64_t state_bytes_ = 0;  // the states' stacks and keys
   int64_t walks_ = 0, hits_ = 0, fallbacks_ = 0;
   std::vector<int32_t> path_;  // walk scratch: the state at each depth
 };
@@ -112,7 +116,8 @@ class GrammarMatcher {
                  int32_t activate_after = -1);
 
   // Sets the logits of the tokens that would leave the grammar to -infinity. Never leaves every
-  // token at -infinity: a state always has a continuation or is complete.
+  // token at -infinity: a state has a continuation or is complete, and at a dead end (nesting
+  // deeper than the automaton follows) the end tokens are allowed, so the reply stops there.
   void apply(float* logits);
   // The allowed tokens as a bit mask ([vocab().words()] words), end tokens included.
   void fill(uint64_t* words);
@@ -133,6 +138,7 @@ class GrammarMatcher {
   uint64_t epoch_ = 0;
   StackSet stacks_;
   bool ended_ = false;
+  bool dead_end_ = false;  // nothing was allowed: the end tokens were, to stop the reply
 };
 
 }  // namespace vlm::structured

@@ -1,6 +1,7 @@
 #include "structured/pda.h"
 
 #include <algorithm>
+#include <set>
 
 namespace vlm::structured {
 
@@ -21,12 +22,16 @@ Pda::Pda(const Grammar& g) : root_(g.root()) {
 void Pda::expand(Stack st, StackSet* out) const {
   // Depth-first over the alternatives with an explicit list of pending stacks (a chain of rules
   // each starting with the next could be long).
+  // Configurations already met in this expansion are not followed again: alternatives that
+  // consume nothing ((|)(|)...) would otherwise multiply the paths to the same stacks.
+  std::set<Stack> seen;
   std::vector<Stack> pending;
   pending.push_back(std::move(st));
   while (!pending.empty()) {
     Stack cur = std::move(pending.back());
     pending.pop_back();
     for (;;) {
+      if (!seen.insert(cur).second) break;
       if (cur.empty()) {
         out->push_back(std::move(cur));
         break;

@@ -20,9 +20,10 @@ using StackSet = std::vector<Stack>;  // sorted, no duplicates
 // recursive grammar such as any-JSON stays bounded.
 inline constexpr size_t kMaxStackDepth = 400;
 // A state keeps at most this many stacks (the first ones in order): an ambiguous grammar
-// (`(a|a)*`) cannot make one byte cost unbounded work. Dropping stacks is safe: every stack can
-// complete on its own (finalize() leaves no dead alternative), so the output stays in the
-// language and always has a continuation; it only loses some ways of going on.
+// (`(a|a)*`) cannot make one byte cost unbounded work. Dropping stacks keeps the output in the
+// language: every stack can complete on its own (finalize() leaves no dead alternative), unless
+// completing needs nesting past kMaxStackDepth; it only loses some ways of going on (a state
+// of an enum with more values than this starts with the first ones only).
 inline constexpr size_t kMaxStacks = 4096;
 
 class Pda {

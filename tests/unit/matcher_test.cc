@@ -193,11 +193,7 @@ class QwenVocabTest : public ::testing::Test {
 std::vector<std::string>* QwenVocabTest::bytes_ = nullptr;
 int32_t QwenVocabTest::eos_ = -1;
 
-TEST_F(QwenVocabTest, JsonObject) {
-  Grammar g = json_object_grammar();
-  ASSERT_TRUE(g.finalize().ok());
-  walk(g, 4, 60);
-}
+TEST_F(QwenVocabTest, JsonObject) { walk(json_object_grammar(), 4, 60); }
 
 TEST_F(QwenVocabTest, BoundedSchemaEnds) {
   auto g = compile_json_schema(R"({"type": "object", "properties": {
@@ -218,8 +214,9 @@ namespace {
 
 // A grammar whose automaton has exponentially many states (the 16th byte from the end is an
 // 'a': every history is a different state) against a vocabulary of every a/b string up to 15
-// bytes: the walk gives up after its budget of new states and allows the one-byte tokens of the
-// allowed bytes, which keeps the output in the language at a bounded cost per step.
+// bytes: a walk past its time budget (here none at all, so the test does not depend on speed)
+// allows the one-byte tokens of the allowed bytes, which keeps the output in the language at a
+// bounded cost per step.
 TEST(MatcherTest, ExplosiveGrammarFallsBackToOneByteTokens) {
   Grammar g;
   ByteSet ab;
@@ -242,7 +239,7 @@ TEST(MatcherTest, ExplosiveGrammarFallsBackToOneByteTokens) {
   const int32_t end = static_cast<int32_t>(bytes.size());
   bytes.push_back("");
   auto vocab = std::make_shared<TokenVocab>(bytes, static_cast<int64_t>(bytes.size()));
-  auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+  auto cg = std::make_shared<CompiledGrammar>(g, vocab, /*walk_budget_ms=*/0.0);
   GrammarMatcher m(cg, {end});
   std::vector<uint64_t> mask(static_cast<size_t>(vocab->words()));
   m.fill(mask.data());
@@ -261,6 +258,52 @@ TEST(MatcherTest, ExplosiveGrammarFallsBackToOneByteTokens) {
   }
   EXPECT_TRUE(m.complete());
   EXPECT_TRUE(matches(g, out));
+}
+
+}  // namespace
+}  // namespace vlm::structured
+
+namespace vlm::structured {
+namespace {
+
+// Nesting deeper than the automaton follows (a_k ::= "x" a_{k+1} "y" for 500 rules) leaves a
+// state with no way on: the matcher then allows the end tokens, so the reply stops instead of
+// leaving the sampler nothing to draw.
+TEST(MatcherTest, DeadEndPastTheDepthLimitEndsTheReply) {
+  Grammar g;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 500; ++i) ids.push_back(g.new_rule("a"));
+  for (int i = 0; i + 1 < 500; ++i) {
+    Sequence s = g.literal("x");
+    s.push_back(Grammar::ref(ids[static_cast<size_t>(i) + 1]));
+    s.push_back(g.byte('y'));
+    g.add_alternative(ids[static_cast<size_t>(i)], s);
+  }
+  g.add_alternative(ids.back(), g.literal("z"));
+  g.set_root(ids.front());
+  ASSERT_TRUE(g.finalize().ok());
+  const auto bytes = small_vocab();
+  const int32_t V = static_cast<int32_t>(bytes.size());
+  auto vocab = std::make_shared<TokenVocab>(bytes, V);
+  auto cg = std::make_shared<CompiledGrammar>(g, vocab);
+  GrammarMatcher m(cg, {V - 1});
+  std::vector<uint64_t> mask(static_cast<size_t>(vocab->words()));
+  int xs = 0;
+  for (; xs < 600; ++xs) {
+    m.fill(mask.data());
+    if (!((mask['x' >> 6] >> ('x' & 63)) & 1)) break;
+    ASSERT_TRUE(m.accept('x'));
+  }
+  EXPECT_LT(xs, 500);
+  // Nothing but the end is allowed, and it is taken.
+  for (int32_t id = 0; id < V; ++id) {
+    EXPECT_EQ((mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1, id == V - 1 ? 1u : 0u) << id;
+  }
+  std::vector<float> logits(static_cast<size_t>(V), 0.f);
+  m.apply(logits.data());
+  EXPECT_FALSE(std::isinf(logits[static_cast<size_t>(V - 1)]));
+  EXPECT_TRUE(m.accept(V - 1));
+  EXPECT_TRUE(m.terminated());
 }
 
 }  // namespace
