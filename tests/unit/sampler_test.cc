@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "engine/stop_matcher.h"
@@ -225,6 +228,50 @@ TEST(StopMatcher, ReleasesFalseAlarmAndFlushes) {
   EXPECT_EQ(m.flush(), "E");
   EXPECT_FALSE(m.stopped());
   EXPECT_EQ(m.emitted(), "a ENxE");
+}
+
+}  // namespace
+}  // namespace vlm
+
+namespace vlm {
+namespace {
+
+// With a grammar, only its tokens are drawn: greedy, sampled, and with a top-k wider than what
+// the grammar allows (the k-th largest logit is then -inf); the reply ends with the end token
+// exactly when the grammar is complete.
+TEST(SamplerTest, GrammarKeepsEveryDrawInside) {
+  // Vocabulary: the 256 bytes, then "ab", "abc", then the end token (no bytes).
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  bytes.push_back("ab");
+  bytes.push_back("abc");
+  bytes.push_back("");
+  const int32_t V = static_cast<int32_t>(bytes.size()), end = V - 1;
+  structured::Grammar g;  // root ::= "abc" | "abd" | "x"
+  g.set_root(g.rule("root", {g.literal("abc"), g.literal("abd"), g.literal("x")}));
+  ASSERT_TRUE(g.finalize().ok());
+  auto cg = std::make_shared<structured::CompiledGrammar>(
+      g, std::make_shared<structured::TokenVocab>(bytes, V));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (int mode = 0; mode < 3; ++mode) {
+    for (uint64_t seed = 0; seed < 50; ++seed) {
+      ResolvedSampling p = mode == 0 ? ResolvedSampling{} : sampled(seed);
+      if (mode == 2) p.top_k = 40;  // wider than the 5 tokens the grammar allows at first
+      Sampler s(V, p);
+      s.set_grammar(std::make_unique<structured::GrammarMatcher>(cg, std::vector<int32_t>{end}));
+      std::string out;
+      for (int step = 0; step < 8; ++step) {
+        std::vector<float> logits(static_cast<size_t>(V));
+        for (float& x : logits) x = nd(rng);
+        const int32_t id = s.sample(logits.data());
+        if (id == end) break;
+        out += bytes[static_cast<size_t>(id)];
+      }
+      EXPECT_TRUE(s.grammar()->terminated()) << mode << " " << seed << " '" << out << "'";
+      EXPECT_TRUE(out == "abc" || out == "abd" || out == "x") << mode << " '" << out << "'";
+    }
+  }
 }
 
 }  // namespace
