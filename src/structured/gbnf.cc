@@ -11,57 +11,30 @@
 // `::=`, or at the end of the text. llama.cpp also ends a rule at a newline outside parentheses
 // (unless after `::=` or `|`); continuing the rule there instead accepts more texts and reads
 // every text llama.cpp accepts the same way.
+//
+// An unbounded repetition of something that can match the empty string (`("a"?)*`,
+// `("a" | "")+`) repeats its non-empty form instead, as the regular-expression front end does, so
+// that no rule reaches itself without reading a byte.
 #include "structured/gbnf.h"
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "structured/utf8.h"
 
 namespace vlm::structured {
 namespace {
 
 constexpr int64_t kMaxRepeat = 10000;
 constexpr int kMaxNesting = 100;  // parentheses (bounds the parser's recursion)
-constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 
 bool name_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
          c == '_';
-}
-
-bool hex_digit(char c, uint32_t* v) {
-  if (c >= '0' && c <= '9') {
-    *v = static_cast<uint32_t>(c - '0');
-  } else if (c >= 'a' && c <= 'f') {
-    *v = static_cast<uint32_t>(c - 'a' + 10);
-  } else if (c >= 'A' && c <= 'F') {
-    *v = static_cast<uint32_t>(c - 'A' + 10);
-  } else {
-    return false;
-  }
-  return true;
-}
-
-std::string utf8(uint32_t c) {
-  std::string out;
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-  return out;
 }
 
 class Parser {
@@ -86,6 +59,7 @@ class Parser {
     if (undefined) return error("undefined rule '" + *undefined + "'", undefined_at);
     const auto root = rules_.find("root");
     if (root == rules_.end()) return invalid_argument("grammar (GBNF): there is no 'root' rule");
+    VLM_RETURN_IF_ERROR(fill_repeats());
     g_.set_root(root->second.id);
     VLM_RETURN_IF_ERROR(g_.finalize().with_context("gbnf"));
     return std::move(g_);
@@ -173,11 +147,18 @@ class Parser {
     return ok_status();
   }
 
+  // The alternatives up to the next ')' or the end of the rule. An empty one is kept once only:
+  // `("" | "")` is the empty string, and two ways to match nothing in every group of a row of
+  // such groups would multiply the automaton's paths.
   Status alternatives(const std::string& name, int depth, std::vector<Sequence>* alts) {
+    bool has_empty = false;
     for (;;) {
       Sequence seq;
       VLM_RETURN_IF_ERROR(sequence(name, depth, &seq));
-      alts->push_back(std::move(seq));
+      if (!seq.empty() || !has_empty) {
+        has_empty = has_empty || seq.empty();
+        alts->push_back(std::move(seq));
+      }
       if (!at('|')) return ok_status();
       ++pos_;
     }
@@ -233,10 +214,12 @@ class Parser {
         seq->resize(last);
         if (body.size() > 1) body = {g_.group({std::move(body)}, name)};
         Element e;
-        if (min == 0 && max < 0) {
-          e = g_.star(std::move(body));
-        } else if (min == 1 && max < 0) {
-          e = g_.plus(std::move(body));
+        if (max < 0) {
+          // Unbounded: whether the body can match nothing is known only once every rule is
+          // read, so the rule is filled in later (fill_repeats).
+          const int32_t r = g_.new_rule(name);
+          repeats_.push_back(Repeat{r, std::move(body), min, item});
+          e = Grammar::ref(r);
         } else if (min == 0 && max == 1) {
           e = g_.optional(std::move(body));
         } else {
@@ -318,11 +301,9 @@ class Parser {
       }
       uint32_t v = 0;
       for (size_t i = 0; i < digits; ++i) {
-        uint32_t d;
-        if (pos_ >= t_.size() || !hex_digit(t_[pos_], &d)) {
-          return error("expected " + std::to_string(digits) + " hex digits", start);
-        }
-        v = v * 16 + d;
+        const int d = pos_ < t_.size() ? hex_digit(t_[pos_]) : -1;
+        if (d < 0) return error("expected " + std::to_string(digits) + " hex digits", start);
+        v = v * 16 + static_cast<uint32_t>(d);
         ++pos_;
       }
       if (v > kMaxCodePoint || (v >= 0xD800 && v <= 0xDFFF)) {
@@ -330,26 +311,8 @@ class Parser {
       }
       return v;
     }
-    const auto b0 = static_cast<uint8_t>(t_[pos_]);
-    const int len = b0 < 0x80         ? 1
-                    : (b0 >> 5) == 6  ? 2
-                    : (b0 >> 4) == 14 ? 3
-                    : (b0 >> 3) == 30 ? 4
-                                      : 0;
-    if (len == 0 || start + static_cast<size_t>(len) > t_.size()) {
-      return error("invalid UTF-8", start);
-    }
-    uint32_t c = len == 1 ? b0 : len == 2 ? (b0 & 0x1Fu) : len == 3 ? (b0 & 0x0Fu) : (b0 & 0x07u);
-    for (int i = 1; i < len; ++i) {
-      const auto b = static_cast<uint8_t>(t_[start + static_cast<size_t>(i)]);
-      if ((b >> 6) != 2) return error("invalid UTF-8", start);
-      c = (c << 6) | (b & 0x3Fu);
-    }
-    static constexpr uint32_t kMinOf[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < kMinOf[len] || c > kMaxCodePoint || (c >= 0xD800 && c <= 0xDFFF)) {
-      return error("invalid UTF-8", start);
-    }
-    pos_ += static_cast<size_t>(len);
+    uint32_t c = 0;
+    if (!decode_utf8(t_, &pos_, &c)) return error("invalid UTF-8", start);
     return c;
   }
 
@@ -361,7 +324,7 @@ class Parser {
       if (pos_ >= t_.size()) return error("unterminated string literal", start);
       if (at('"')) break;
       VLM_ASSIGN_OR_RETURN(const uint32_t c, character());
-      bytes += utf8(c);
+      append_utf8(c, &bytes);
     }
     ++pos_;
     Sequence s = g_.literal(bytes);
@@ -405,10 +368,170 @@ class Parser {
     return g_.code_points(std::move(ranges));
   }
 
+  // Fills the rules of the unbounded repetitions (`*`, `+`, `{m,}`). A body that cannot match the
+  // empty string is repeated as it is. One that can (`("a"?)*`, `("a" | "")+`) would let the
+  // repetition reach itself again without reading a byte, a left recursion the automaton cannot
+  // run; its non-empty form is repeated instead, from zero times on. The language is the same:
+  // x{m,} is x* when x matches the empty string, and x* is (x without ε)*, since an iteration
+  // that matches nothing can be left out.
+  Status fill_repeats() {
+    const size_t n = g_.rules().size();
+    repeat_of_.assign(n, -1);
+    for (size_t i = 0; i < repeats_.size(); ++i) {
+      repeat_of_[static_cast<size_t>(repeats_[i].rule)] = static_cast<int32_t>(i);
+    }
+    nullable_ = nullable_rules();
+    nonempty_.assign(n, -1);
+    for (const Repeat& r : repeats_) {
+      const std::string name = g_.rules()[static_cast<size_t>(r.rule)].name;
+      if (!seq_nullable(r.body)) {
+        const Element e = r.min == 0   ? g_.star(r.body)
+                          : r.min == 1 ? g_.plus(r.body)
+                                       : g_.repeat(r.body, r.min, -1);
+        g_.add_alternative(r.rule, {e});
+      } else if (std::optional<Sequence> body = nonempty_seq(r.body, name)) {
+        g_.add_alternative(r.rule, {g_.star(std::move(*body))});
+      } else {
+        g_.add_alternative(r.rule, {});  // the body matches only the empty string
+      }
+      VLM_RETURN_IF_ERROR(too_large(r.at));
+    }
+    // The non-empty forms of the rules the bodies lead to, each made once, as they are needed.
+    while (!pending_.empty() && g_.num_elements() <= kMaxGrammarElements) {
+      const int32_t r = pending_.back();
+      pending_.pop_back();
+      const int32_t copy = nonempty_[static_cast<size_t>(r)];
+      const std::string name = g_.rules()[static_cast<size_t>(r)].name;
+      if (const int32_t i = repeat_of_[static_cast<size_t>(r)]; i >= 0) {
+        // The non-empty strings of x* are those of x' x*, x' the non-empty form of x (repetition
+        // rules are read from their record: their rule holds the form above).
+        std::optional<Sequence> s = nonempty_seq(repeats_[static_cast<size_t>(i)].body, name);
+        if (s) {
+          s->push_back(Grammar::ref(r));
+          g_.add_alternative(copy, std::move(*s));
+        }
+        continue;
+      }
+      const std::vector<Sequence> alts = g_.rules()[static_cast<size_t>(r)].alternatives;
+      for (const Sequence& alt : alts) {
+        if (std::optional<Sequence> s = nonempty_seq(alt, name)) {
+          g_.add_alternative(copy, std::move(*s));
+        }
+      }
+    }
+    return ok_status();  // finalize() refuses a grammar that grew too large here
+  }
+
+  // Which rules can match the empty string (a fixed point over the rules as read, with a
+  // repetition standing for ε when it may repeat zero times and for its body otherwise).
+  std::vector<char> nullable_rules() const {
+    const std::vector<Rule>& rules = g_.rules();
+    const size_t n = rules.size();
+    std::vector<char> nullable(n, 0);
+    std::vector<std::vector<size_t>> used_in(n);  // rule → alternatives that refer to it
+    std::vector<int32_t> owner;                   // per alternative: its rule
+    std::vector<size_t> waiting;                  // per alternative: rules not yet nullable
+    std::vector<int32_t> queue;
+    auto mark = [&](int32_t r) {
+      if (!nullable[static_cast<size_t>(r)]) {
+        nullable[static_cast<size_t>(r)] = 1;
+        queue.push_back(r);
+      }
+    };
+    auto add = [&](int32_t r, const Sequence& alt) {
+      if (std::any_of(alt.begin(), alt.end(),
+                      [](const Element& e) { return e.kind == Element::Kind::kBytes; })) {
+        return;  // reads a byte
+      }
+      if (alt.empty()) {
+        mark(r);
+        return;
+      }
+      for (const Element& e : alt) used_in[static_cast<size_t>(e.id)].push_back(owner.size());
+      owner.push_back(r);
+      waiting.push_back(alt.size());
+    };
+    for (size_t r = 0; r < n; ++r) {
+      const auto rule = static_cast<int32_t>(r);
+      if (const int32_t i = repeat_of_[r]; i >= 0) {
+        const Repeat& rp = repeats_[static_cast<size_t>(i)];
+        add(rule, rp.min == 0 ? Sequence{} : rp.body);
+      } else {
+        for (const Sequence& alt : rules[r].alternatives) add(rule, alt);
+      }
+    }
+    while (!queue.empty()) {
+      const int32_t s = queue.back();
+      queue.pop_back();
+      for (size_t a : used_in[static_cast<size_t>(s)]) {
+        if (--waiting[a] == 0) mark(owner[a]);
+      }
+    }
+    return nullable;
+  }
+
+  // Whether a sequence read from the text can match the empty string: rules only, all nullable.
+  bool seq_nullable(const Sequence& seq) const {
+    return std::all_of(seq.begin(), seq.end(), [&](const Element& e) {
+      return e.kind == Element::Kind::kRule && nullable_[static_cast<size_t>(e.id)];
+    });
+  }
+
+  // A sequence read from the text without the empty string; none when it matches only that.
+  // When every part may be empty, non-empty(x1 ... xn) = non-empty(x1) x2...xn |
+  // non-empty(x2...xn), built from the right with each suffix as one shared rule (linear size).
+  std::optional<Sequence> nonempty_seq(const Sequence& seq, const std::string& name) {
+    if (!seq_nullable(seq)) return seq;
+    Sequence suffix;               // x(i+1) ... xn, as at most one element
+    std::optional<Sequence> rest;  // non-empty(x(i+1) ... xn)
+    for (size_t i = seq.size(); i-- > 0;) {
+      Sequence first = {nonempty_rule(seq[i].id)};
+      first.insert(first.end(), suffix.begin(), suffix.end());
+      if (rest) {
+        rest = Sequence{g_.group({std::move(first), std::move(*rest)}, name)};
+      } else {
+        rest = std::move(first);
+      }
+      if (i > 0) {
+        Sequence whole = {seq[i]};
+        whole.insert(whole.end(), suffix.begin(), suffix.end());
+        suffix = whole.size() == 1 ? whole : Sequence{g_.group({std::move(whole)}, name)};
+      }
+    }
+    return rest;
+  }
+
+  // A reference to the non-empty form of rule r (which can match the empty string), a rule of
+  // the same name filled from the worklist; a rule that matches only the empty string ends with
+  // no alternatives, which finalize() prunes like any rule with no text.
+  Element nonempty_rule(int32_t r) {
+    int32_t& copy = nonempty_[static_cast<size_t>(r)];
+    if (copy < 0) {
+      const std::string name = g_.rules()[static_cast<size_t>(r)].name;
+      copy = g_.new_rule(name);
+      pending_.push_back(r);
+    }
+    return Grammar::ref(copy);
+  }
+
+  struct Repeat {
+    int32_t rule;   // filled by fill_repeats()
+    Sequence body;  // one element
+    int64_t min;
+    size_t at;  // where the quantifier is in the text
+  };
+
   std::string_view t_;
   size_t pos_ = 0;
   Grammar g_;
   std::map<std::string, Named> rules_;
+  std::vector<Repeat> repeats_;
+  // For fill_repeats(), per rule read from the text: its repetition (or -1), whether it can
+  // match the empty string, its non-empty form (or -1); and the non-empty forms to fill.
+  std::vector<int32_t> repeat_of_;
+  std::vector<char> nullable_;
+  std::vector<int32_t> nonempty_;
+  std::vector<int32_t> pending_;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "structured/pda.h"
+#include "structured/utf8.h"
 
 namespace vlm::structured {
 
@@ -85,36 +86,12 @@ Element Grammar::repeat(Sequence s, int64_t min, int64_t max) {
 
 namespace {
 
-int utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
-
-void utf8_encode(uint32_t c, uint8_t* out) {
-  switch (utf8_len(c)) {
-    case 1:
-      out[0] = static_cast<uint8_t>(c);
-      break;
-    case 2:
-      out[0] = static_cast<uint8_t>(0xC0 | (c >> 6));
-      out[1] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-      break;
-    case 3:
-      out[0] = static_cast<uint8_t>(0xE0 | (c >> 12));
-      out[1] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
-      out[2] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-      break;
-    default:
-      out[0] = static_cast<uint8_t>(0xF0 | (c >> 18));
-      out[1] = static_cast<uint8_t>(0x80 | ((c >> 12) & 0x3F));
-      out[2] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
-      out[3] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-  }
-}
-
 // Splits [lo, hi] (one encoded length) into ranges whose encodings are products of byte ranges
 // (Russ Cox's construction, as in RE2 and Rust's regex-syntax).
 void utf8_split(uint32_t lo, uint32_t hi,
                 std::vector<std::vector<std::pair<uint8_t, uint8_t>>>* out) {
-  const int n = utf8_len(lo);
-  if (n != utf8_len(hi)) {
+  const int n = utf8_length(lo);
+  if (n != utf8_length(hi)) {
     const uint32_t edge = n == 1 ? 0x7F : n == 2 ? 0x7FF : 0xFFFF;
     utf8_split(lo, edge, out);
     utf8_split(edge + 1, hi, out);
@@ -135,11 +112,13 @@ void utf8_split(uint32_t lo, uint32_t hi,
       }
     }
   }
-  uint8_t a[4], b[4];
-  utf8_encode(lo, a);
-  utf8_encode(hi, b);
+  std::string a, b;
+  append_utf8(lo, &a);
+  append_utf8(hi, &b);
   std::vector<std::pair<uint8_t, uint8_t>> seq;
-  for (int k = 0; k < n; ++k) seq.emplace_back(a[k], b[k]);
+  for (size_t k = 0; k < a.size(); ++k) {
+    seq.emplace_back(static_cast<uint8_t>(a[k]), static_cast<uint8_t>(b[k]));
+  }
   out->push_back(std::move(seq));
 }
 

@@ -11,16 +11,21 @@
 //     `additionalProperties` no other property is produced (OpenAI's strict mode; JSON Schema's
 //     default would allow any), and additional property names are written without escapes;
 //   - `enum`/`const` values are written in their compact spelling only;
-//   - `oneOf` is treated as `anyOf` (as xgrammar does): the branches of real-world schemas are
-//     disjoint, and checking that they are is not possible in a grammar.
-// Every keyword that constrains and is not enforced here is refused by name with its location.
+//   - arrays and objects nest at most kMaxDepth levels deep where the schema leaves the value
+//     open (`{}`, `true`, additionalProperties and items left open): each such value has only the
+//     levels left above it (recursive `$ref`s still nest without bound through the recursion).
+// `oneOf` is compiled as `anyOf`, which is exact only when no value can match two branches: it is
+// accepted only when that is provably so (the branches accept disjoint JSON types, disjoint
+// enum/const values, or objects with a required property whose enum/const values differ, as in
+// a discriminated union), and refused otherwise. Every keyword that constrains and is not
+// enforced here is refused by name with its location.
 #include "structured/json_schema.h"
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <map>
@@ -33,6 +38,7 @@
 
 #include "structured/pda.h"
 #include "structured/regex.h"
+#include "structured/utf8.h"
 
 namespace vlm::structured {
 namespace {
@@ -47,10 +53,18 @@ constexpr int kExpDigits = 2;
 // Integer bounds are clamped to ±(10^18 - 1) (a subset: the values beyond are not produced), so
 // that the arithmetic below stays inside int64.
 constexpr int64_t kBoundCap = 999'999'999'999'999'999;
-// Schemas nested deeper than this (through subschemas or references) are refused.
-constexpr int kMaxDepth = 200;
+// Schemas nested deeper than this many levels (each subschema of an object, an array or a
+// combinator, and each reference, is one level) are refused, and the values a schema leaves open
+// hold at most the levels of arrays and objects left. Each level takes a few frames of the
+// automaton's parse stacks, so every path stays well under its depth limit (pda.h).
+constexpr int kMaxDepth = 64;
+// enum/const values are written as literal text (no parse-stack frames); this bounds the
+// recursion that writes and compares them.
+constexpr int kMaxValueNesting = 200;
 constexpr int kMaxTextNesting = 1000;
 
+// "$id" only at the root: below it, an $id changes the base that references beneath it resolve
+// against (compile() refuses it there).
 bool is_annotation(const std::string& k) {
   static const std::set<std::string> kAnnotations = {
       "title",        "description", "default",  "examples",  "$schema",          "$id",
@@ -172,43 +186,6 @@ Dec to_dec(double x, bool up) {
   return d;
 }
 
-// The UTF-8 bytes of one code point.
-std::string utf8(uint32_t c) {
-  std::string s;
-  if (c < 0x80) {
-    s += static_cast<char>(c);
-  } else if (c < 0x800) {
-    s += static_cast<char>(0xC0 | (c >> 6));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    s += static_cast<char>(0xE0 | (c >> 12));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (c >> 18));
-    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  }
-  return s;
-}
-
-// The code points of valid UTF-8 text (the parser has checked it).
-std::vector<uint32_t> decode_utf8(std::string_view s) {
-  std::vector<uint32_t> out;
-  for (size_t i = 0; i < s.size();) {
-    const auto b = static_cast<uint8_t>(s[i]);
-    const int n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-    uint32_t c = n == 1 ? b : n == 2 ? (b & 0x1F) : n == 3 ? (b & 0x0F) : (b & 0x07);
-    for (int k = 1; k < n && i + static_cast<size_t>(k) < s.size(); ++k) {
-      c = (c << 6) | (static_cast<uint8_t>(s[i + static_cast<size_t>(k)]) & 0x3F);
-    }
-    out.push_back(c);
-    i += static_cast<size_t>(n);
-  }
-  return out;
-}
-
 // Characters a JSON string may hold without an escape.
 const std::vector<std::pair<uint32_t, uint32_t>> kPlainChars = {
     {0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
@@ -233,16 +210,122 @@ int nesting(const Json& v) {
   return deepest;
 }
 
+// JSON types as bits (integers are numbers: a schema's "integer" accepts some "number" values).
+constexpr uint8_t kNullBit = 1, kBoolBit = 2, kNumberBit = 4, kStringBit = 8, kArrayBit = 16,
+                  kObjectBit = 32, kAllTypes = 63;
+
+uint8_t type_bit(const Json& v) {
+  if (v.is_null()) return kNullBit;
+  if (v.is_boolean()) return kBoolBit;
+  if (v.is_number()) return kNumberBit;
+  if (v.is_string()) return kStringBit;
+  if (v.is_array()) return kArrayBit;
+  return kObjectBit;
+}
+
+uint8_t type_bit(const std::string& name) {
+  if (name == "null") return kNullBit;
+  if (name == "boolean") return kBoolBit;
+  if (name == "integer" || name == "number") return kNumberBit;
+  if (name == "string") return kStringBit;
+  if (name == "array") return kArrayBit;
+  if (name == "object") return kObjectBit;
+  return kAllTypes;
+}
+
+// A key that equal JSON values share, as Python's jsonschema compares them for enum and const:
+// numbers by value (1 and 1.0 are equal; integers are compared as doubles, which may make two
+// different ones share a key, never the reverse), booleans apart from numbers, strings by their
+// text. Arrays and objects are not compared: all arrays share one key, all objects another.
+std::string value_key(const Json& v) {
+  if (v.is_number()) {
+    double d = v.get<double>();
+    if (d == 0) d = 0;  // -0 equals 0
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "#%.17g", d);
+    return buf;
+  }
+  if (v.is_string()) return "s" + v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  if (v.is_null()) return "null";
+  return v.is_array() ? "[" : "{";
+}
+
+// What a schema accepts, over-approximated for telling oneOf branches apart: the JSON types it
+// may accept; when it lists its values (enum/const), their keys; and for objects, required
+// properties whose values it lists (a discriminated union's tag).
+struct Shape {
+  uint8_t types = kAllTypes;
+  std::optional<std::set<std::string>> values;        // none: not a finite list
+  std::map<std::string, std::set<std::string>> tags;  // required property → its values' keys
+};
+
+bool share_a_key(const std::set<std::string>& a, const std::set<std::string>& b) {
+  const auto& small = a.size() <= b.size() ? a : b;
+  const auto& large = a.size() <= b.size() ? b : a;
+  return std::any_of(small.begin(), small.end(),
+                     [&](const std::string& k) { return large.count(k) > 0; });
+}
+
+// Whether no value can be accepted by both.
+bool disjoint(const Shape& a, const Shape& b) {
+  const uint8_t common = a.types & b.types;
+  if (common == 0) return true;
+  if (a.values && b.values && !share_a_key(*a.values, *b.values)) return true;
+  if (common == kObjectBit) {
+    for (const auto& [name, keys] : a.tags) {
+      const auto it = b.tags.find(name);
+      if (it != b.tags.end() && !share_a_key(keys, it->second)) return true;
+    }
+  }
+  return false;
+}
+
+// Values accepted by both: each part of either bounds the intersection.
+Shape both(Shape a, const Shape& b) {
+  a.types &= b.types;
+  if (!a.values || (b.values && b.values->size() < a.values->size())) a.values = b.values;
+  for (const auto& [name, keys] : b.tags) a.tags.emplace(name, keys);
+  return a;
+}
+
+// Values accepted by either.
+Shape either(Shape a, const Shape& b) {
+  a.types |= b.types;
+  if (a.values && b.values) {
+    a.values->insert(b.values->begin(), b.values->end());
+  } else {
+    a.values.reset();
+  }
+  for (auto it = a.tags.begin(); it != a.tags.end();) {
+    const auto other = b.tags.find(it->first);
+    if (other == b.tags.end()) {
+      it = a.tags.erase(it);
+    } else {
+      it->second.insert(other->second.begin(), other->second.end());
+      ++it;
+    }
+  }
+  return a;
+}
+
 class Compiler {
  public:
   Compiler(Grammar* g, const Json* doc) : g_(g), doc_(doc) {}
 
   // skip_enum: compile as if enum and const were absent.
   Result<Element> compile(const Json& s, const std::string& ptr, int depth, bool skip_enum = false);
-  Element any_value();
-  Element any_object();
+  // Any JSON value with at most `levels` levels of arrays and objects, and any object with at
+  // most `levels` >= 1 (itself included).
+  Element any_value(int levels);
+  Element any_object(int levels);
 
  private:
+  // The same for a value at schema depth `depth`: as many levels as kMaxDepth leaves there.
+  Element any_value_at(int depth);
+  Element any_object_at(int depth);
+  Element scalar();
+
   // Shared pieces of JSON text.
   Element ws();
   Element digit();
@@ -268,7 +351,10 @@ class Compiler {
   Element frac_opt(const std::string& x, const std::string& y);
   std::vector<Sequence> dec_range(const Dec& a, const Dec& b);
 
+  using Target = std::pair<const Json*, std::string>;
+  Result<Target> resolve(const std::string& ref, const std::string& p);
   Result<Element> compile_ref(const Json& s, const std::string& ptr, int depth);
+  Shape shape(const Json& s, int depth);
   Result<Element> compile_enum(const Json& s, const std::string& ptr, int depth);
   Result<Element> compile_type(const std::string& type, const Json& s, const std::string& ptr,
                                int depth);
@@ -280,13 +366,27 @@ class Compiler {
   Result<Element> compile_array(const Json& s, const std::string& ptr, int depth);
   Element key_not_in(const std::vector<std::string>& names);
 
+  // A referenced schema compiled at one depth: its rule serves the references at that depth or
+  // less, and at more while its deepest level (`reached`) plus the shift stays within kMaxDepth.
+  struct RefVersion {
+    int depth = 0;
+    int32_t rule = -1;
+    int reached = 0;
+    bool done = false;  // false while its body is compiled: a reference to it then is a recursion
+  };
+
   Grammar* g_;
   const Json* doc_;
-  std::map<std::string, int32_t> refs_;  // JSON Pointer of a referenced schema → its rule
+  std::map<std::string, std::vector<RefVersion>> refs_;  // JSON Pointer of a referenced schema
+  // The deepest level the schema being compiled reaches so far (a value left open reaches
+  // kMaxDepth), for RefVersion::reached.
+  int reached_ = 0;
+  std::map<const Json*, std::optional<Shape>> shapes_;  // none while being computed
   std::map<std::string, Element> formats_;
   std::map<int, Element> free_frac_;
-  std::optional<Element> ws_, digit_, char_, plain_char_, string_, integer_, number_, value_,
-      object_, frac_any_opt_, plain_tail_;
+  std::vector<Element> values_, objects_;  // any_value and any_object, per level
+  std::optional<Element> ws_, digit_, char_, plain_char_, string_, integer_, number_, scalar_,
+      frac_any_opt_, plain_tail_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -372,42 +472,69 @@ Element Compiler::any_number() {
   return *number_;
 }
 
-Element Compiler::any_value() {
-  if (value_) return *value_;
-  const int32_t v = g_->new_rule("value");
-  value_ = Grammar::ref(v);
-  // Members and items carry the whitespace after them, so that no two ws ever meet:
-  //   "{" ws (member ("," ws member)*)? "}",  member ::= string ws ":" ws value ws
-  const Sequence member =
-      cat({{any_string()}, {ws()}, g_->literal(":"), {ws()}, {*value_}, {ws()}});
-  object_ = g_->group({cat({g_->literal("{"), {ws()}, g_->literal("}")}),
-                       cat({g_->literal("{"),
-                            {ws()},
-                            member,
-                            {g_->star(cat({g_->literal(","), {ws()}, member}))},
-                            g_->literal("}")})},
-                      "object");
-  const Sequence item = {*value_, ws()};
-  const Element array = g_->group({cat({g_->literal("["), {ws()}, g_->literal("]")}),
-                                   cat({g_->literal("["),
-                                        {ws()},
-                                        item,
-                                        {g_->star(cat({g_->literal(","), {ws()}, item}))},
-                                        g_->literal("]")})},
-                                  "array");
-  g_->add_alternative(v, {*object_});
-  g_->add_alternative(v, {array});
-  g_->add_alternative(v, {any_string()});
-  g_->add_alternative(v, {any_number()});
-  g_->add_alternative(v, g_->literal("true"));
-  g_->add_alternative(v, g_->literal("false"));
-  g_->add_alternative(v, g_->literal("null"));
-  return *value_;
+// A string, a number, true, false or null.
+Element Compiler::scalar() {
+  if (!scalar_) {
+    scalar_ = g_->group({{any_string()},
+                         {any_number()},
+                         g_->literal("true"),
+                         g_->literal("false"),
+                         g_->literal("null")},
+                        "scalar");
+  }
+  return *scalar_;
 }
 
-Element Compiler::any_object() {
-  any_value();
-  return *object_;
+// Unrolled by level, so that a value left open cannot nest arrays and objects without bound
+// (which would outgrow the automaton's parse stacks): level 0 is the scalars, and the arrays and
+// objects of level k hold values of level k - 1. Members and items carry the whitespace after
+// them, so that no two ws ever meet:
+//   "{" ws (member ("," ws member)*)? "}",  member ::= string ws ":" ws value ws
+Element Compiler::any_value(int levels) {
+  levels = std::max(levels, 0);
+  if (values_.empty()) {
+    values_.push_back(scalar());
+    objects_.push_back(scalar());  // unused: an object takes at least one level
+  }
+  while (static_cast<int>(values_.size()) <= levels) {
+    const Element inner = values_.back();
+    const Sequence member =
+        cat({{any_string()}, {ws()}, g_->literal(":"), {ws()}, {inner}, {ws()}});
+    const Element object = g_->group({cat({g_->literal("{"), {ws()}, g_->literal("}")}),
+                                      cat({g_->literal("{"),
+                                           {ws()},
+                                           member,
+                                           {g_->star(cat({g_->literal(","), {ws()}, member}))},
+                                           g_->literal("}")})},
+                                     "object");
+    const Sequence item = {inner, ws()};
+    const Element array = g_->group({cat({g_->literal("["), {ws()}, g_->literal("]")}),
+                                     cat({g_->literal("["),
+                                          {ws()},
+                                          item,
+                                          {g_->star(cat({g_->literal(","), {ws()}, item}))},
+                                          g_->literal("]")})},
+                                    "array");
+    objects_.push_back(object);
+    values_.push_back(g_->group({{object}, {array}, {scalar()}}, "value"));
+  }
+  return values_[static_cast<size_t>(levels)];
+}
+
+Element Compiler::any_object(int levels) {
+  levels = std::max(levels, 1);
+  any_value(levels);
+  return objects_[static_cast<size_t>(levels)];
+}
+
+Element Compiler::any_value_at(int depth) {
+  reached_ = kMaxDepth;
+  return any_value(kMaxDepth - depth);
+}
+
+Element Compiler::any_object_at(int depth) {
+  reached_ = kMaxDepth;
+  return any_object(kMaxDepth - depth);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -578,19 +705,25 @@ std::vector<Sequence> Compiler::dec_range(const Dec& a, const Dec& b) {
 
 Result<Element> Compiler::compile(const Json& s, const std::string& ptr, int depth,
                                   bool skip_enum) {
-  if (depth > kMaxDepth) return error_at("the schema is nested too deeply", ptr);
+  if (depth > kMaxDepth) {
+    return error_at(
+        "the schema is nested too deeply (more than " + std::to_string(kMaxDepth) + " levels)",
+        ptr);
+  }
+  reached_ = std::max(reached_, depth);
   if (g_->num_elements() > kMaxGrammarElements) {
     return error_at("the schema's grammar is too large (more than " +
                         std::to_string(kMaxGrammarElements) + " elements)",
                     ptr);
   }
   if (s.is_boolean()) {
-    if (s.get<bool>()) return any_value();
+    if (s.get<bool>()) return any_value_at(depth);
     return error_at("the schema 'false' matches nothing", ptr);
   }
   if (!s.is_object()) return error_at("a schema must be an object or a boolean", ptr);
   for (auto it = s.begin(); it != s.end(); ++it) {
-    if (!is_known(it.key())) {
+    // An $id below the root would change what the references beneath it resolve against.
+    if (!is_known(it.key()) || (it.key() == "$id" && ptr != "#")) {
       return error_at("unsupported JSON Schema keyword '" + it.key() + "'", ptr);
     }
   }
@@ -621,7 +754,8 @@ Result<Element> Compiler::compile(const Json& s, const std::string& ptr, int dep
       }
       return compile(v[0], child(p, size_t{0}), depth + 1);
     }
-    // oneOf as anyOf (see the top of the file). A branch 'false' matches nothing: dropped.
+    // oneOf as anyOf, when no value can match two branches (see the top of the file). A branch
+    // 'false' matches nothing: dropped.
     std::vector<Sequence> alts;
     for (size_t i = 0; i < v.size(); ++i) {
       if (v[i].is_boolean() && !v[i].get<bool>()) continue;
@@ -629,6 +763,24 @@ Result<Element> Compiler::compile(const Json& s, const std::string& ptr, int dep
       alts.push_back({e});
     }
     if (alts.empty()) return error_at("every branch is 'false'", p);
+    if (std::string(kw) == "oneOf") {
+      // Every pair of branches must be told apart by what they accept.
+      std::vector<std::pair<size_t, Shape>> shapes;
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (!(v[i].is_boolean() && !v[i].get<bool>())) {
+          shapes.emplace_back(i, shape(v[i], depth + 1));
+        }
+      }
+      for (size_t a = 0; a < shapes.size(); ++a) {
+        for (size_t b = a + 1; b < shapes.size(); ++b) {
+          if (!disjoint(shapes[a].second, shapes[b].second)) {
+            return invalid_argument("'oneOf' whose branches may overlap is not supported at " + p +
+                                    " (branches " + std::to_string(shapes[a].first) + " and " +
+                                    std::to_string(shapes[b].first) + " may both match one value)");
+          }
+        }
+      }
+    }
     return alt(std::move(alts), kw);
   }
 
@@ -667,7 +819,7 @@ Result<Element> Compiler::compile(const Json& s, const std::string& ptr, int dep
     if (has_any(array_keywords())) types.push_back("array");
     if (has_any(string_keywords())) types.push_back("string");
     if (has_any(number_keywords())) types.push_back("number");
-    if (types.empty()) return any_value();
+    if (types.empty()) return any_value_at(depth);
   }
   // "number" covers "integer" (with the same bounds).
   if (std::find(types.begin(), types.end(), "number") != types.end()) {
@@ -692,22 +844,20 @@ Result<Element> Compiler::compile_type(const std::string& type, const Json& s,
   return compile_array(s, ptr, depth);
 }
 
-// A local reference: "#" or "#/a/b" (a JSON Pointer, percent-decoded, ~1 → "/", ~0 → "~").
-// Each referenced schema becomes one rule, made before its body is compiled, so that recursive
-// schemas refer back to it; finalize() refuses a recursion with no finite text.
-Result<Element> Compiler::compile_ref(const Json& s, const std::string& ptr, int depth) {
-  const std::string p = child(ptr, "$ref");
-  if (!s["$ref"].is_string()) return error_at("'$ref' must be a string", p);
-  const std::string ref = s["$ref"].get<std::string>();
+// A local reference: "#" or "#/a/b" (a JSON Pointer, percent-decoded, ~1 → "/", ~0 → "~"); p is
+// where the reference is, for errors. The schema it names, and that schema's JSON Pointer in its
+// usual spelling. A schema on the way with an "$id" (below the root) is refused: it would change
+// what the pointer is resolved against.
+Result<Compiler::Target> Compiler::resolve(const std::string& ref, const std::string& p) {
   if (ref.empty() || ref[0] != '#') {
     return error_at("remote $ref '" + ref + "' is not supported (only '#...' within the schema)",
                     p);
   }
   std::string frag;
   for (size_t i = 1; i < ref.size(); ++i) {
-    if (ref[i] == '%' && i + 2 < ref.size() && std::isxdigit(static_cast<uint8_t>(ref[i + 1])) &&
-        std::isxdigit(static_cast<uint8_t>(ref[i + 2]))) {
-      frag += static_cast<char>(std::stoi(ref.substr(i + 1, 2), nullptr, 16));
+    if (ref[i] == '%' && i + 2 < ref.size() && hex_digit(ref[i + 1]) >= 0 &&
+        hex_digit(ref[i + 2]) >= 0) {
+      frag += static_cast<char>(hex_digit(ref[i + 1]) * 16 + hex_digit(ref[i + 2]));
       i += 2;
     } else {
       frag += ref[i];
@@ -716,9 +866,8 @@ Result<Element> Compiler::compile_ref(const Json& s, const std::string& ptr, int
   if (!frag.empty() && frag[0] != '/') {
     return error_at("$ref '" + ref + "' names an anchor; only JSON Pointers are supported", p);
   }
-  const std::string target_ptr = "#" + frag;
-  if (auto it = refs_.find(target_ptr); it != refs_.end()) return Grammar::ref(it->second);
   const Json* node = doc_;
+  std::string at = "#";
   size_t pos = 1;
   while (pos <= frag.size() && !frag.empty()) {
     const size_t next = std::min(frag.find('/', pos), frag.size());
@@ -740,13 +889,121 @@ Result<Element> Compiler::compile_ref(const Json& s, const std::string& ptr, int
     } else {
       return error_at("$ref '" + ref + "' does not resolve", p);
     }
+    at = child(at, token);
+    // A string "$id" is the keyword (a property or definition named "$id" holds a schema).
+    if (node->is_object() && node->contains("$id") && (*node)["$id"].is_string()) {
+      return error_at("unsupported JSON Schema keyword '$id'", at);
+    }
     pos = next + 1;
   }
+  return Target{node, at};
+}
+
+// Each referenced schema becomes a rule, made before its body is compiled, so that recursive
+// schemas refer back to it; finalize() refuses a recursion with no finite text. A recursion nests
+// as deep as the output goes (a tree of any height): kMaxDepth bounds the schema, not its
+// recursion. Without recursion, a rule compiled at one depth is reused where the levels its body
+// takes still fit (values left open take all the levels left), and compiled again, for the new
+// depth, where they do not.
+Result<Element> Compiler::compile_ref(const Json& s, const std::string& ptr, int depth) {
+  const std::string p = child(ptr, "$ref");
+  if (!s["$ref"].is_string()) return error_at("'$ref' must be a string", p);
+  const std::string ref = s["$ref"].get<std::string>();
+  VLM_ASSIGN_OR_RETURN(const Target target, resolve(ref, p));
+  const Json* node = target.first;
+  const std::string& target_ptr = target.second;
+  const int at = depth + 1;
+  std::vector<RefVersion>& versions = refs_[target_ptr];
+  for (const RefVersion& v : versions) {
+    if (v.done && v.reached - v.depth + at <= kMaxDepth) {
+      reached_ = std::max(reached_, v.reached - v.depth + at);
+      return Grammar::ref(v.rule);
+    }
+  }
+  for (const RefVersion& v : versions) {
+    if (!v.done) return Grammar::ref(v.rule);  // a recursion
+  }
+  const size_t index = versions.size();
   const int32_t r = g_->new_rule("ref " + target_ptr);
-  refs_.emplace(target_ptr, r);
-  VLM_ASSIGN_OR_RETURN(const Element e, compile(*node, target_ptr, depth + 1));
+  versions.push_back(RefVersion{at, r, at, false});
+  const int outer = reached_;
+  reached_ = at;
+  VLM_ASSIGN_OR_RETURN(const Element e, compile(*node, target_ptr, at));
   g_->add_alternative(r, {e});
+  // The body cannot have added a version of this schema: a reference to it found this one.
+  RefVersion& v = versions[index];
+  v.reached = reached_;
+  v.done = true;
+  reached_ = std::max(outer, reached_);
   return Grammar::ref(r);
+}
+
+// The shape of what s accepts (see Shape), for oneOf. Over-approximated wherever the schema is
+// not simple (and past kMaxDepth or in a recursion, where it is any value); memoized per schema,
+// so that references shared by many branches are followed once.
+Shape Compiler::shape(const Json& s, int depth) {
+  if (depth > kMaxDepth || !s.is_object()) {
+    Shape any;
+    if (s.is_boolean() && !s.get<bool>()) {
+      any.types = 0;
+      any.values.emplace();
+    }
+    return any;
+  }
+  if (auto it = shapes_.find(&s); it != shapes_.end()) return it->second.value_or(Shape{});
+  shapes_[&s] = std::nullopt;
+  Shape out;
+  if (auto it = s.find("type"); it != s.end()) {
+    if (it->is_string()) {
+      out.types = type_bit(it->get<std::string>());
+    } else if (it->is_array() && !it->empty()) {
+      out.types = 0;
+      for (const Json& t : *it) {
+        out.types |= t.is_string() ? type_bit(t.get<std::string>()) : kAllTypes;
+      }
+    }
+  }
+  // With both, const alone bounds the values.
+  if (auto it = s.find("const"); it != s.end()) {
+    out.values.emplace({value_key(*it)});
+    out.types &= type_bit(*it);
+  } else if (auto e = s.find("enum"); e != s.end() && e->is_array()) {
+    out.values.emplace();
+    uint8_t types = 0;
+    for (const Json& v : *e) {
+      out.values->insert(value_key(v));
+      types |= type_bit(v);
+    }
+    out.types &= types;
+  }
+  auto req = s.find("required");
+  auto props = s.find("properties");
+  if (req != s.end() && req->is_array() && props != s.end() && props->is_object()) {
+    for (const Json& name : *req) {
+      if (!name.is_string() || !props->contains(name.get<std::string>())) continue;
+      const Shape p = shape((*props)[name.get<std::string>()], depth + 1);
+      if (p.values) out.tags.emplace(name.get<std::string>(), *p.values);
+    }
+  }
+  if (auto it = s.find("$ref"); it != s.end() && it->is_string()) {
+    auto target = resolve(it->get<std::string>(), "#");
+    out = both(std::move(out), target.ok() ? shape(*target->first, depth + 1) : Shape{});
+  }
+  if (auto it = s.find("allOf"); it != s.end() && it->is_array()) {
+    for (const Json& sub : *it) out = both(std::move(out), shape(sub, depth + 1));
+  }
+  for (const char* kw : {"anyOf", "oneOf"}) {
+    auto it = s.find(kw);
+    if (it == s.end() || !it->is_array() || it->empty()) continue;
+    std::optional<Shape> any;
+    for (const Json& sub : *it) {
+      Shape b = shape(sub, depth + 1);
+      any = any ? either(std::move(*any), b) : std::move(b);
+    }
+    out = both(std::move(out), *any);
+  }
+  shapes_[&s] = out;
+  return out;
 }
 
 // enum / const: each allowed value in its compact spelling. When other keywords constrain too,
@@ -761,7 +1018,7 @@ Result<Element> Compiler::compile_enum(const Json& s, const std::string& ptr, in
   if (auto it = s.find("const"); it != s.end()) values.push_back(&*it);
   // Writing and comparing values recurses into them: refuse deep ones before either.
   for (const Json* v : values) {
-    if (nesting(*v) > kMaxDepth) {
+    if (nesting(*v) > kMaxValueNesting) {
       return error_at("an 'enum'/'const' value is nested too deeply", ptr);
     }
   }
@@ -782,7 +1039,7 @@ Result<Element> Compiler::compile_enum(const Json& s, const std::string& ptr, in
   if (constrained) {
     Grammar scratch;
     Compiler c(&scratch, doc_);
-    VLM_ASSIGN_OR_RETURN(const Element e, c.compile(s, ptr, depth + 1, /*skip_enum=*/true));
+    VLM_ASSIGN_OR_RETURN(const Element e, c.compile(s, ptr, depth, /*skip_enum=*/true));
     scratch.set_root(scratch.rule("root", {{e}}));
     if (scratch.finalize().ok()) {
       const Pda pda(scratch);
@@ -1100,12 +1357,15 @@ Element Compiler::key_not_in(const std::vector<std::string>& names) {
   };
   std::vector<Node> trie(1);
   for (const std::string& name : names) {
-    const std::vector<uint32_t> cps = decode_utf8(name);
     // A name holding a character that is never written unescaped can never be produced.
-    if (std::any_of(cps.begin(), cps.end(),
-                    [](uint32_t c) { return c < 0x20 || c == '"' || c == '\\'; })) {
-      continue;
+    std::vector<uint32_t> cps;
+    bool plain = true;
+    for (size_t pos = 0; plain && pos < name.size();) {
+      uint32_t c = 0;
+      plain = decode_utf8(name, &pos, &c) && c >= 0x20 && c != '"' && c != '\\';
+      cps.push_back(c);
     }
+    if (!plain) continue;
     int node = 0;
     for (uint32_t c : cps) {
       auto it = trie[static_cast<size_t>(node)].kids.find(c);
@@ -1130,7 +1390,9 @@ Element Compiler::key_not_in(const std::vector<std::string>& names) {
     std::vector<std::pair<uint32_t, uint32_t>> others;
     uint32_t from = 0;
     for (const auto& [c, kid] : n.kids) {
-      Sequence s = g_->literal(utf8(c));
+      std::string text;
+      append_utf8(c, &text);
+      Sequence s = g_->literal(text);
       s.push_back(Grammar::ref(rules[static_cast<size_t>(kid)]));
       g_->add_alternative(rules[i], std::move(s));
       if (c > from) others.emplace_back(from, c - 1);
@@ -1193,7 +1455,7 @@ Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, 
         VLM_ASSIGN_OR_RETURN(extra_value,
                              compile(*ap, child(ptr, "additionalProperties"), depth + 1));
       } else {
-        extra_value = any_value();
+        extra_value = any_value_at(depth + 1);
       }
     }
     return *extra_value;
@@ -1232,7 +1494,7 @@ Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, 
       if (ap && ap->is_object()) {
         VLM_ASSIGN_OR_RETURN(p.value, get_extra_value());
       } else {
-        p.value = any_value();
+        p.value = any_value_at(depth + 1);
       }
       names.push_back(name);
       props.push_back(std::move(p));
@@ -1250,7 +1512,7 @@ Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, 
   const int n = static_cast<int>(props.size());
   // Nothing declared, anything allowed: any object (whose names may be written with escapes).
   if (n == 0 && names.empty() && extras && !(ap && ap->is_object()) && min_p == 0 && !max_p) {
-    return any_object();
+    return any_object_at(depth);
   }
   const int64_t n_required =
       std::count_if(props.begin(), props.end(), [](const Prop& p) { return p.required; });
@@ -1371,7 +1633,7 @@ Result<Element> Compiler::compile_array(const Json& s, const std::string& ptr, i
       VLM_ASSIGN_OR_RETURN(rest_value, compile(*rest, child(ptr, rest_kw), depth + 1));
     }
   } else if (!tuple) {
-    rest_value = any_value();
+    rest_value = any_value_at(depth + 1);
   }
   int64_t min_i = 0;
   std::optional<int64_t> max_i;
@@ -1497,7 +1759,7 @@ Result<Grammar> compile_json_schema(std::string_view schema_json) {
 Grammar json_object_grammar() {
   Grammar g;
   Compiler c(&g, nullptr);
-  g.set_root(g.rule("root", {{c.any_object()}}));
+  g.set_root(g.rule("root", {{c.any_object(kMaxDepth)}}));
   (void)g.finalize();  // cannot fail; finalizing again is harmless
   return g;
 }

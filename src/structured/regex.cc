@@ -7,8 +7,11 @@
 // accept, because a constrained output must never leave the language the caller asked for:
 //   - `.` is any character except the line terminators \n, \r, U+2028 and U+2029 (Python's `.`
 //     excludes only \n; ECMAScript's all four).
-//   - \d and \w are ASCII; \s is ASCII whitespace, while \S and a negated class holding \s
-//     exclude every character either dialect counts as whitespace.
+//   - \d, \w and \s stand for their ASCII characters only (Python's \d and \w are Unicode-aware,
+//     and either dialect's \s holds more spaces). \D and \W are the other ASCII characters, and a
+//     negated class holding \d, \w, \D or \W matches ASCII characters only: which non-ASCII
+//     characters Python counts as digits or word characters is not modelled. \S and a negated class
+//     holding \s exclude every character either dialect counts as whitespace.
 //   - `]` first in a class (`[]a]`: Python's literal, ECMAScript's empty class), `{,n}` (Python's
 //     {0,n}, ECMAScript's literal text) and letter escapes with no common meaning (Python's \A,
 //     \Z and \U are ECMAScript's letters A, Z and U) are errors.
@@ -24,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include "structured/utf8.h"
+
 namespace vlm::structured {
 namespace {
 
@@ -31,7 +36,6 @@ constexpr int64_t kMaxRepeat = 10000;
 // Deeper group nesting is refused: it bounds the parser's recursion, and the parse stacks of the
 // grammar it becomes stay well under the automaton's depth limit (pda.h).
 constexpr int kMaxNesting = 100;
-constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // inclusive code-point ranges
 
@@ -86,6 +90,20 @@ const Ranges& word_ranges() {
   static const Ranges r = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
   return r;
 }
+// \D and \W: the ASCII characters outside \d and \w.
+const Ranges& ascii_non_digit_ranges() {
+  static const Ranges r = intersect(complement(digit_ranges()), {{0x00, 0x7F}});
+  return r;
+}
+const Ranges& ascii_non_word_ranges() {
+  static const Ranges r = intersect(complement(word_ranges()), {{0x00, 0x7F}});
+  return r;
+}
+// Every character that is not ASCII: what Python's Unicode-aware \d, \w, \D and \W may add.
+const Ranges& non_ascii_ranges() {
+  static const Ranges r = {{0x80, kMaxCodePoint}};
+  return r;
+}
 const Ranges& ascii_space_ranges() {
   static const Ranges r = {{'\t', '\r'}, {' ', ' '}};
   return r;
@@ -103,8 +121,10 @@ const Ranges& line_terminators() {
 }
 
 // A class item, as two bounds on the characters it stands for: `surely` ⊆ the item ⊆ `maybe`
-// in both dialects (they differ only for \s and \S). A class keeps the lower bound; its negation
-// is the complement of the upper bound, so either way it is a subset of both readings.
+// in both dialects (they differ for \d, \w, \s and their negations: Python's are Unicode-aware,
+// ECMAScript's \d and \w are ASCII and its \s is another set of spaces). A class keeps the lower
+// bound; its negation is the complement of the upper bound, so either way it is a subset of both
+// readings.
 struct CharSet {
   Ranges surely, maybe;
   bool single = false;  // one literal character (may be a range's end)
@@ -112,6 +132,12 @@ struct CharSet {
 };
 
 CharSet exact(Ranges r) { return CharSet{r, r}; }
+// surely, and maybe the non-ASCII characters too.
+CharSet ascii_or_more(const Ranges& surely) {
+  Ranges maybe = surely;
+  append(&maybe, non_ascii_ranges());
+  return CharSet{surely, normalized(std::move(maybe))};
+}
 CharSet one(uint32_t c) { return CharSet{{{c, c}}, {{c, c}}, true, c}; }
 
 // The syntax tree, in an arena: a node's children come before it.
@@ -124,19 +150,6 @@ struct Node {
   int64_t min = 0, max = 0;  // kRepeat; max < 0: unbounded
   bool nullable = true;
 };
-
-bool hex_digit(char c, uint32_t* v) {
-  if (c >= '0' && c <= '9') {
-    *v = static_cast<uint32_t>(c - '0');
-  } else if (c >= 'a' && c <= 'f') {
-    *v = static_cast<uint32_t>(c - 'a' + 10);
-  } else if (c >= 'A' && c <= 'F') {
-    *v = static_cast<uint32_t>(c - 'A' + 10);
-  } else {
-    return false;
-  }
-  return true;
-}
 
 bool ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 bool ascii_alnum(char c) { return (c >= '0' && c <= '9') || ascii_letter(c); }
@@ -315,23 +328,8 @@ class Parser {
   }
 
   Result<uint32_t> utf8() {
-    const auto b0 = static_cast<uint8_t>(p_[pos_]);
-    const size_t start = pos_;
-    int len = b0 < 0x80 ? 1 : (b0 >> 5) == 6 ? 2 : (b0 >> 4) == 14 ? 3 : (b0 >> 3) == 30 ? 4 : 0;
-    if (len == 0 || start + static_cast<size_t>(len) > p_.size()) {
-      return error("invalid UTF-8", start);
-    }
-    uint32_t c = len == 1 ? b0 : len == 2 ? (b0 & 0x1Fu) : len == 3 ? (b0 & 0x0Fu) : (b0 & 0x07u);
-    for (int i = 1; i < len; ++i) {
-      const auto b = static_cast<uint8_t>(p_[start + static_cast<size_t>(i)]);
-      if ((b >> 6) != 2) return error("invalid UTF-8", start);
-      c = (c << 6) | (b & 0x3Fu);
-    }
-    static constexpr uint32_t kMinOf[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < kMinOf[len] || c > kMaxCodePoint || (c >= 0xD800 && c <= 0xDFFF)) {
-      return error("invalid UTF-8", start);
-    }
-    pos_ += static_cast<size_t>(len);
+    uint32_t c = 0;
+    if (!decode_utf8(p_, &pos_, &c)) return error("invalid UTF-8", pos_);
     return c;
   }
 
@@ -470,12 +468,12 @@ class Parser {
   Result<uint32_t> hex(size_t digits, size_t at_offset) {
     uint32_t v = 0;
     for (size_t i = 0; i < digits; ++i) {
-      uint32_t d;
-      if (pos_ >= p_.size() || !hex_digit(p_[pos_], &d)) {
+      const int d = pos_ < p_.size() ? hex_digit(p_[pos_]) : -1;
+      if (d < 0) {
         return error("bad escape " + std::string(p_.substr(at_offset, pos_ - at_offset)),
                      at_offset);
       }
-      v = v * 16 + d;
+      v = v * 16 + static_cast<uint32_t>(d);
       ++pos_;
     }
     return v;
@@ -493,14 +491,16 @@ class Parser {
     }
     ++pos_;
     switch (c) {
+      // ECMAScript reads these with ASCII, Python with Unicode: the ASCII part is surely in,
+      // the non-ASCII characters may be.
       case 'd':
-        return exact(digit_ranges());
+        return ascii_or_more(digit_ranges());
       case 'D':
-        return exact(complement(digit_ranges()));
+        return ascii_or_more(ascii_non_digit_ranges());
       case 'w':
-        return exact(word_ranges());
+        return ascii_or_more(word_ranges());
       case 'W':
-        return exact(complement(word_ranges()));
+        return ascii_or_more(ascii_non_word_ranges());
       case 's':
         return CharSet{ascii_space_ranges(), any_space_ranges()};
       case 'S':
@@ -533,9 +533,8 @@ class Parser {
           ++pos_;
           const size_t digits = pos_;
           v = 0;
-          uint32_t d;
-          while (pos_ < p_.size() && hex_digit(p_[pos_], &d) && v <= kMaxCodePoint) {
-            v = v * 16 + d;
+          while (pos_ < p_.size() && hex_digit(p_[pos_]) >= 0 && v <= kMaxCodePoint) {
+            v = v * 16 + static_cast<uint32_t>(hex_digit(p_[pos_]));
             ++pos_;
           }
           if (pos_ == digits || !at('}') || v > kMaxCodePoint) {
@@ -630,29 +629,6 @@ class Parser {
   std::vector<Node> nodes_;
 };
 
-int utf8_encode(uint32_t c, uint8_t* out) {
-  if (c < 0x80) {
-    out[0] = static_cast<uint8_t>(c);
-    return 1;
-  }
-  if (c < 0x800) {
-    out[0] = static_cast<uint8_t>(0xC0 | (c >> 6));
-    out[1] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-    return 2;
-  }
-  if (c < 0x10000) {
-    out[0] = static_cast<uint8_t>(0xE0 | (c >> 12));
-    out[1] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
-    out[2] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-    return 3;
-  }
-  out[0] = static_cast<uint8_t>(0xF0 | (c >> 18));
-  out[1] = static_cast<uint8_t>(0x80 | ((c >> 12) & 0x3F));
-  out[2] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
-  out[3] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-  return 4;
-}
-
 // Emits the syntax tree as grammar rules. Each node has two forms: its language, and its
 // language without the empty string ("non-empty"). Repetition always repeats the non-empty form
 // of its body, so `(a*)*` becomes (a a*)* and no rule can reach itself without consuming a byte;
@@ -695,10 +671,19 @@ class Emitter {
       case Node::Kind::kConcat:
         return concat(n, nonempty);
       case Node::Kind::kAlt: {
+        // The branches' non-empty forms, and the empty string once if some branch matches it:
+        // `(|)` is the empty string, `(a|)` a|ε, and no two alternatives both match nothing
+        // (which would multiply the ways through a row of such groups).
+        const bool with_empty = n.nullable && !nonempty;
         std::vector<Sequence> alts;
         for (int k : n.kids) {
-          Sequence s = emit(k, nonempty);
+          Sequence s = emit(k, with_empty || nonempty);
           if (!is_nothing(s)) alts.push_back(std::move(s));
+        }
+        if (with_empty) {
+          if (alts.empty()) return {};
+          if (alts.size() == 1) return {g_->optional(std::move(alts[0]))};
+          alts.emplace_back();
         }
         if (alts.empty()) return nothing();
         if (alts.size() == 1) return std::move(alts[0]);
@@ -787,11 +772,9 @@ class Emitter {
     const Ranges r = intersect(all, no_surrogates);
     if (r.empty()) return nothing();
     if (r.size() == 1 && r[0].first == r[0].second) {
-      uint8_t buf[4];
-      const int len = utf8_encode(r[0].first, buf);
-      Sequence s;
-      for (int i = 0; i < len; ++i) s.push_back(g_->byte(buf[i]));
-      return s;
+      std::string text;
+      append_utf8(r[0].first, &text);
+      return g_->literal(text);
     }
     if (r.back().second < 0x80) {
       ByteSet b;

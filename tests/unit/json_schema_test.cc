@@ -748,9 +748,17 @@ TEST(JsonSchemaTest, DeepNestingIsRefusedNotFollowed) {
     return schema;
   };
   EXPECT_TRUE(has(error_of(nested_schema(100000)), "nested too deeply (more than 1000 levels"));
-  EXPECT_TRUE(
-      has(error_of(nested_schema(300)), "the schema is nested too deeply at #/items/items"));
-  EXPECT_TRUE(compile_json_schema(nested_schema(150)).ok());
+  std::string items65 = "#";
+  for (int i = 0; i < 65; ++i) items65 += "/items";
+  EXPECT_EQ(error_of(nested_schema(65)),
+            "the schema is nested too deeply (more than 64 levels) at " + items65);
+  EXPECT_TRUE(compile_json_schema(nested_schema(64)).ok());
+  // References and combinators count as levels too.
+  std::string any_of;
+  for (int i = 0; i < 65; ++i) any_of += R"({"anyOf": [{"type": "null"}, )";
+  any_of += "{}";
+  for (int i = 0; i < 65; ++i) any_of += "]}";
+  EXPECT_TRUE(has(error_of(any_of), "nested too deeply (more than 64 levels) at #/anyOf/1/"));
   const std::string deep(100000, '[');
   EXPECT_TRUE(has(error_of(R"({"default": )" + deep + "}"), "nested too deeply"));
   const std::string value = std::string(500, '[') + std::string(500, ']');
@@ -765,6 +773,163 @@ TEST(JsonSchemaTest, DeepNestingIsRefusedNotFollowed) {
   EXPECT_TRUE(matches(g, "null"));
   EXPECT_TRUE(has(error_of(R"({"$defs": {"a": [1]}, "$ref": "#/$defs/a/99999999999999999999999"})"),
                   "does not resolve"));
+}
+
+// How many '[' can follow `prefix` in the grammar's texts.
+int open_brackets_after(const Grammar& g, const std::string& prefix) {
+  int n = 0;
+  while (n < 1000 && matches_prefix(g, prefix + std::string(static_cast<size_t>(n + 1), '['))) ++n;
+  return n;
+}
+
+// The most frames of the automaton's parse stacks along `text` (which must be a prefix).
+size_t most_frames(const Grammar& g, const std::string& text) {
+  Pda pda(g);
+  StackSet s = pda.initial();
+  size_t most = 0;
+  for (char c : text) {
+    s = pda.advance(s, static_cast<uint8_t>(c));
+    EXPECT_FALSE(s.empty()) << text;
+    for (const Stack& st : s) most = std::max(most, st.size());
+  }
+  return most;
+}
+
+TEST(JsonSchemaTest, OpenValuesNestAtMost64Levels) {
+  // JSON mode: the object itself and 63 levels inside it.
+  const Grammar obj = json_object_grammar();
+  EXPECT_EQ(open_brackets_after(obj, "{\"a\": "), 63);
+  const std::string deepest = "{\"a\": " + std::string(63, '[');
+  EXPECT_TRUE(matches(obj, deepest + "\"x\", 1, true, null" + std::string(63, ']') + "}"));
+  EXPECT_FALSE(matches_prefix(obj, deepest + "1, ["));  // only scalars at the last level
+  EXPECT_TRUE(matches(obj, deepest + std::string(63, ']') + "}"));
+  std::string objects;
+  for (int i = 0; i < 64; ++i) objects += "{\"k\": ";
+  EXPECT_TRUE(matches_prefix(obj, objects + "\"v\""));
+  EXPECT_FALSE(matches_prefix(obj, objects + "{"));
+  EXPECT_LT(most_frames(obj, objects + "\"\\u00"), 300u);
+  // {} and true: any value, 64 levels.
+  for (const char* schema : {"{}", "true"}) {
+    EXPECT_EQ(open_brackets_after(compile(schema), ""), 64) << schema;
+  }
+  // A value left open below some levels of the schema takes the levels left.
+  const Grammar nested = compile(R"({"type": "array", "items": {"type": "array", "items": {}}})");
+  EXPECT_EQ(open_brackets_after(nested, "[["), 62);
+  const Grammar extra = compile(R"({"type": "object", "properties": {"a": {"type": "object",
+      "additionalProperties": true}}, "required": ["a"]})");
+  EXPECT_EQ(open_brackets_after(extra, R"({"a": {"b": )"), 62);
+  // A schema 64 levels deep leaves scalars only, and its deepest path stays well within the
+  // automaton's stack limit.
+  std::string schema, text;
+  for (int i = 0; i < 64; ++i) {
+    schema += R"({"type": "object", "properties": {"a": )";
+    text += R"({"a": )";
+  }
+  schema += "{}";
+  for (int i = 0; i < 64; ++i) schema += R"(}, "required": ["a"]})";
+  const Grammar deep = compile(schema);
+  EXPECT_EQ(open_brackets_after(deep, text), 0);
+  EXPECT_TRUE(matches(deep, text + "\"x\"" + std::string(64, '}')));
+  EXPECT_LT(most_frames(deep, text + "\"\\u00"), 300u);
+}
+
+TEST(JsonSchemaTest, ReusedReferencesKeepTheLevelLimit) {
+  // X, compiled where it is first used, leaves its values open; used again two levels deeper,
+  // it must leave two levels fewer.
+  const Grammar g = compile(R"({"$defs": {"X": {"type": "object", "additionalProperties": true}},
+      "type": "array", "prefixItems": [{"$ref": "#/$defs/X"},
+        {"type": "array", "items": {"type": "array", "items": {"$ref": "#/$defs/X"}}}],
+      "minItems": 2, "maxItems": 2})");
+  const int shallow = open_brackets_after(g, R"([{"a": )");
+  const int deep = open_brackets_after(g, R"([{}, [[{"a": )");
+  EXPECT_GT(shallow, 50);
+  EXPECT_LE(2 + shallow, 64);
+  EXPECT_LE(4 + deep, 64);
+  EXPECT_EQ(deep, shallow - 2);
+  // A definition with nothing left open is shared, wherever it is used.
+  const Grammar shared = compile(R"({"$defs": {"P": {"type": "object", "properties":
+      {"x": {"type": "integer"}}, "required": ["x"]}},
+      "type": "array", "prefixItems": [{"$ref": "#/$defs/P"},
+        {"type": "array", "items": {"type": "array", "items": {"$ref": "#/$defs/P"}}}]})");
+  EXPECT_TRUE(matches(shared, R"([{"x":1},[[{"x":2}]]])"));
+  int refs = 0;
+  for (const Rule& r : shared.rules()) refs += r.name.rfind("ref ", 0) == 0;
+  EXPECT_EQ(refs, 1);
+}
+
+TEST(JsonSchemaTest, OneOfNeedsDisjointBranches) {
+  // Disjoint types.
+  const Grammar types =
+      compile(R"({"oneOf": [{"type": "integer"}, {"type": ["string", "null"]}, false]})");
+  EXPECT_TRUE(matches(types, "-90018"));
+  EXPECT_TRUE(matches(types, R"("x")"));
+  EXPECT_TRUE(matches(types, "null"));
+  EXPECT_FALSE(matches(types, "true"));
+  // Disjoint enum/const values.
+  const Grammar values = compile(R"({"oneOf": [{"const": "a", "title": "A"},
+      {"enum": ["b", 1]}, {"type": "string", "enum": ["c", "d"]}]})");
+  EXPECT_TRUE(matches(values, R"("a")"));
+  EXPECT_TRUE(matches(values, "1"));
+  EXPECT_TRUE(matches(values, R"("d")"));
+  EXPECT_FALSE(matches(values, R"("e")"));
+  // A discriminated union, as pydantic writes it: objects whose required tag differs.
+  const Grammar pets = compile(R"({
+    "$defs": {
+      "Cat": {"properties": {"pet_type": {"const": "cat", "title": "Pet Type", "type": "string"},
+                             "meows": {"title": "Meows", "type": "integer"}},
+              "required": ["pet_type", "meows"], "title": "Cat", "type": "object"},
+      "Dog": {"properties": {"pet_type": {"enum": ["dog"], "title": "Pet Type", "type": "string"},
+                             "barks": {"title": "Barks", "type": "number"}},
+              "required": ["pet_type", "barks"], "title": "Dog", "type": "object"}},
+    "properties": {"pet": {"discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"},
+                                             "propertyName": "pet_type"},
+                           "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                           "title": "Pet"}},
+    "required": ["pet"], "title": "Model", "type": "object"})");
+  EXPECT_TRUE(matches(pets, R"({"pet":{"pet_type":"cat","meows":3}})"));
+  EXPECT_TRUE(matches(pets, R"({"pet":{"pet_type":"dog","barks":0.5}})"));
+  EXPECT_FALSE(matches(pets, R"({"pet":{"pet_type":"dog","meows":3}})"));
+  // Overlapping branches are refused, naming the place.
+  EXPECT_EQ(error_of(R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})"),
+            "'oneOf' whose branches may overlap is not supported at #/oneOf (branches 0 and 1 may "
+            "both match one value)");
+  for (const char* schema :
+       {R"({"oneOf": [{"type": "string", "maxLength": 2}, {"type": "string", "minLength": 1}]})",
+        R"({"oneOf": [{"type": "null"}, {"properties": {"a": {}}}]})",  // no type: any type
+        R"({"oneOf": [{"const": 1}, {"enum": [2, 1.0]}]})",
+        R"({"oneOf": [{"const": [1]}, {"const": [2]}]})",  // arrays are not compared
+        R"({"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}},
+                         {"type": "object", "properties": {"k": {"const": "b"}}}]})",  // optional
+        R"({"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}, "required": ["k"]},
+                         {"type": "object", "properties": {"k": {"enum": ["b", "a"]}},
+                          "required": ["k"]}]})",
+        R"({"oneOf": [{"type": ["object", "null"], "properties": {"k": {"const": "a"}},
+                          "required": ["k"]},
+                         {"type": ["object", "null"], "properties": {"k": {"const": "b"}},
+                          "required": ["k"]}]})",
+        R"({"oneOf": [true, {"type": "null"}]})",
+        R"({"oneOf": [{"$ref": "#"}, {"type": "null"}]})"}) {
+    EXPECT_TRUE(
+        has(error_of(schema), "'oneOf' whose branches may overlap is not supported at #/oneOf"))
+        << schema;
+  }
+  EXPECT_TRUE(has(error_of(R"({"type": "object", "properties": {"p": {"oneOf": [{"type": "integer"},
+      {"type": "integer", "minimum": 5}]}}})"),
+                  "not supported at #/properties/p/oneOf (branches 0 and 1"));
+}
+
+TEST(JsonSchemaTest, NestedIdIsRefused) {
+  // Below the root, an $id changes what references beneath it resolve against.
+  EXPECT_EQ(error_of(R"({"type": "object", "properties": {"a": {"$id": "https://example.com/a",
+      "type": "null"}}})"),
+            "unsupported JSON Schema keyword '$id' at #/properties/a");
+  EXPECT_EQ(error_of(R"({"$defs": {"A": {"$id": "https://example.com/a", "$defs": {"B": {"type":
+      "null"}}}}, "$ref": "#/$defs/A/$defs/B"})"),
+            "unsupported JSON Schema keyword '$id' at #/$defs/A");
+  // At the root it is ignored, and a property named "$id" is just a property.
+  const Grammar g = compile(R"({"$id": "https://example.com/root", "type": "object",
+      "properties": {"$id": {"type": "string"}}, "required": ["$id"]})");
+  EXPECT_TRUE(matches(g, R"({"$id":"x"})"));
 }
 
 TEST(JsonSchemaTest, Pattern) {

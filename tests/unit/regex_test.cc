@@ -140,13 +140,44 @@ TEST(RegexTest, CharacterClasses) {
 
 TEST(RegexTest, ClassEscapes) {
   expect_language("\\d+", {"0123456789"}, {"a", "\xD9\xA3"});
-  expect_language("\\D", {"a", "\n", "\xC3\xA9"}, {"5"});
   expect_language("\\w+", {"aZ_9"}, {"-", "\xC3\xA9"});
-  expect_language("\\W", {"-", " ", "\xC3\xA9"}, {"a", "_", "7"});
+  // \D and \W are ASCII only: Python's \d and \w also hold non-ASCII digits and letters (é, the
+  // Arabic-Indic three U+0663, U+4307), which Python's \D and \W then leave out.
+  expect_language("\\D", {"a", "\n", "\x7F"}, {"5", "\xC3\xA9", "\xD9\xA3", "\xE4\x8C\x87"});
+  expect_language("\\W", {"-", " ", "\x7F"}, {"a", "_", "7", "\xC3\xA9", "\xE4\x8C\x87"});
   expect_language("\\s+", {" \t\n\r\f\v"}, {"a"});
   // \S leaves out every character either dialect counts as whitespace, so that its output
   // is never whitespace to either.
   expect_language("\\S", {"a", "\xC3\xA9"}, {" ", "\n", "\xC2\xA0", "\xE3\x80\x80"});
+  expect_language("[^\\S]", {" ", "\t", "\n"}, {"a", "\x1C", "\xC2\xA0", "\xE3\x80\x80"});
+}
+
+TEST(RegexTest, NegatedUnicodeClassesAreAscii) {
+  // Whatever these match, Python's re matches too: a class or negation whose non-ASCII part
+  // depends on Unicode's digits or letters keeps to ASCII.
+  expect_language("[^\\d]", {"a", "-"}, {"7", "\xD9\xA3", "\xC3\xA9"});
+  expect_language("[^\\w]", {"-", " "}, {"a", "_", "\xC3\xA9", "\xE4\x8C\x87"});
+  expect_language("[^\\D]", {"0", "9"}, {"a", "\xD9\xA3"});
+  expect_language("[^\\W]", {"a", "_", "0"}, {"-", "\xC3\xA9"});
+  expect_language("[^\\dx\xC3\xA9]", {"a"}, {"x", "1", "\xC3\xA9", "\xC3\xA8"});
+  expect_language("[\\D\xC3\xA9]", {"a", "\xC3\xA9"}, {"1", "\xC3\xA8"});
+  // No character outside ASCII at all, over every 2-byte UTF-8 character and a sample of longer
+  // ones (CJK, Arabic-Indic and mathematical digits, letters, symbols).
+  std::vector<std::string> non_ascii;
+  for (uint32_t c = 0x80; c < 0x800; ++c) {
+    non_ascii.push_back(
+        std::string{static_cast<char>(0xC0 | (c >> 6)), static_cast<char>(0x80 | (c & 0x3F))});
+  }
+  for (const char* c : {"\xE4\x8C\x87", "\xE2\x85\xAB", "\xE2\x82\xAC", "\xEF\xBC\x91",
+                        "\xF0\x9D\x9F\x99", "\xF0\x9F\x98\x80"}) {
+    non_ascii.push_back(c);
+  }
+  for (const char* p : {"\\D", "\\W", "[^\\d]", "[^\\w]", "[^\\d\\s]", "[^a\\W]"}) {
+    SCOPED_TRACE(std::string("pattern: ") + p);
+    Result<Grammar> g = compile_regex(p);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    for (const std::string& c : non_ascii) ASSERT_FALSE(matches(*g, c)) << c;
+  }
 }
 
 TEST(RegexTest, CharacterEscapes) {
@@ -168,6 +199,33 @@ TEST(RegexTest, GroupsAndAlternation) {
   expect_language("(a|b)(c|d)", {"ac", "bd"}, {"ab", "a"});
   expect_language("()", {""}, {"a"});
   expect_language("a(?#a comment)b", {"ab"}, {"a b"});
+  expect_language("a(|b|)c", {"ac", "abc"}, {"abbc"});
+  expect_language("(a?|b?)+", {"", "ab", "bba"}, {"c"});
+}
+
+TEST(RegexTest, EmptyBranchesAreMergedAway) {
+  // `(|)` is the empty string and `(a|)` an optional a: a row of such groups adds no ways to
+  // match nothing, so the grammar stays small and each state has few parse stacks.
+  std::string p = "x";
+  for (int i = 0; i < 24; ++i) p += "(|)";
+  p += "y";
+  Result<Grammar> g = compile_regex(p);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_TRUE(matches(*g, "xy"));
+  EXPECT_FALSE(matches(*g, "x"));
+  EXPECT_LT(g->rules().size(), 4u) << g->to_string();
+  std::string q = "x";
+  for (int i = 0; i < 24; ++i) q += "(a|)";
+  Result<Grammar> h = compile_regex(q);
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  EXPECT_TRUE(matches(*h, "x"));
+  EXPECT_TRUE(matches(*h, "x" + std::string(24, 'a')));
+  EXPECT_FALSE(matches(*h, "x" + std::string(25, 'a')));
+  for (const Rule& r : h->rules()) {
+    int empty = 0;
+    for (const Sequence& alt : r.alternatives) empty += alt.empty();
+    EXPECT_LE(empty, 1) << r.name;
+  }
 }
 
 TEST(RegexTest, Quantifiers) {
@@ -516,12 +574,67 @@ x ::= "x")");
   EXPECT_FALSE(matches(g, "ababccdee"));
 }
 
+TEST(GbnfTest, RepeatingWhatMayBeEmpty) {
+  // The repetition takes the body's non-empty form, so these are not left-recursive.
+  const Grammar star = gbnf_ok(R"(root ::= ("a"?)* "b")");
+  for (const char* yes : {"b", "ab", "aaab"}) EXPECT_TRUE(matches(star, yes)) << yes;
+  for (const char* no : {"", "a", "ba"}) EXPECT_FALSE(matches(star, no)) << no;
+  const Grammar plus = gbnf_ok(R"(root ::= ("a" | "")+)");
+  for (const char* yes : {"", "a", "aaa"}) EXPECT_TRUE(matches(plus, yes)) << yes;
+  EXPECT_FALSE(matches(plus, "b"));
+  const Grammar at_least = gbnf_ok(R"(root ::= x{2,} "." 
+x ::= "a"? "b"?)");
+  for (const char* yes : {".", "a.", "abba."}) EXPECT_TRUE(matches(at_least, yes)) << yes;
+  EXPECT_FALSE(matches(at_least, "c."));
+  // Through rules, defined before or after their use, and nested repetitions.
+  const Grammar words = gbnf_ok(R"(root ::= item* "."
+item ::= ws word
+ws   ::= " "*
+word ::= [a-z]*)");
+  for (const char* yes : {".", "ab.", " ab  cd.", "   ."}) EXPECT_TRUE(matches(words, yes)) << yes;
+  for (const char* no : {"", "A.", "ab"}) EXPECT_FALSE(matches(words, no)) << no;
+  const Grammar nested = gbnf_ok(R"(root ::= (a b)+ "!"
+a ::= "x"?
+b ::= ("y" | a)*)");
+  for (const char* yes : {"!", "x!", "yxyy!", "xxx!"}) EXPECT_TRUE(matches(nested, yes)) << yes;
+  EXPECT_FALSE(matches(nested, "z!"));
+  // Each agrees with the same regular expression on random texts.
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {R"(root ::= ("a"? "b"?)* "c")", "(a?b?)*c"},
+      {R"(root ::= ("a"* | "b"){2,} "c"?)", "(a*|b){2,}c?"},
+      {R"(root ::= (("a" | "")("b" | ""))+)", "((a|)(b|))+"},
+      {"root ::= (x \"c\")* x\nx ::= (\"a\"? \"b\")*", "((a?b)*c)*(a?b)*"}};
+  std::mt19937 rng(99);
+  for (const auto& [gbnf, pattern] : pairs) {
+    SCOPED_TRACE("grammar: " + gbnf);
+    const Grammar g = gbnf_ok(gbnf);
+    Result<Grammar> re = compile_regex(pattern);
+    ASSERT_TRUE(re.ok()) << re.status().message();
+    for (int i = 0; i < 300; ++i) {
+      std::string s;
+      const int len = static_cast<int>(rng() % 7);
+      for (int k = 0; k < len; ++k) s += "abcd"[rng() % 4];
+      ASSERT_EQ(matches(g, s), matches(*re, s)) << "text: '" << s << "'";
+    }
+  }
+}
+
+TEST(GbnfTest, EmptyAlternativesAreKeptOnce) {
+  std::string text = "root ::= \"x\"";
+  for (int i = 0; i < 24; ++i) text += " (\"\" | \"\")";
+  text += " \"y\"";
+  const Grammar g = gbnf_ok(text);
+  EXPECT_TRUE(matches(g, "xy"));
+  EXPECT_FALSE(matches(g, "x"));
+  for (const Rule& r : g.rules()) EXPECT_LE(r.alternatives.size(), 1u) << r.name;
+}
+
 TEST(GbnfTest, Errors) {
   expect_gbnf_error("root ::= foo\n", "undefined rule 'foo' (line 1, column 10)");
   expect_gbnf_error("root ::= \"a\"\n\nexpr ::= x y\n", "undefined rule 'x' (line 3, column 10)");
   expect_gbnf_error("expr ::= \"a\"\n", "no 'root' rule");
   expect_gbnf_error("root ::= root \"a\" | \"b\"\n", "left-recursive");
-  expect_gbnf_error("root ::= (\"a\"?)*", "left-recursive");
+  expect_gbnf_error("root ::= (\"a\"? root)* \"b\"", "left-recursive");
   expect_gbnf_error("root ::= \"a\n", "unterminated string literal (line 1, column 10)");
   expect_gbnf_error("root ::= \"\\q\"", "unknown escape '\\q' (line 1, column 11)");
   expect_gbnf_error("root ::= \"\\x4\"", "expected 2 hex digits");
