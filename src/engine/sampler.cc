@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -14,7 +15,8 @@ Sampler::Sampler(int64_t vocab_size, const ResolvedSampling& params)
       seen_(vocab_size, 0),
       counts_(vocab_size, 0),
       idx_(vocab_size),
-      probs_(vocab_size) {
+      probs_(vocab_size),
+      kth_heap_(static_cast<size_t>(std::clamp<int64_t>(params.top_k, 1, vocab_size))) {
   seen_list_.reserve(1024);
   out_list_.reserve(1024);
 }
@@ -91,9 +93,26 @@ int32_t Sampler::sample(float* logits) {
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
     };
     if (p_.top_k > 0 && p_.top_k < n) {
-      std::nth_element(idx_.begin(), idx_.begin() + p_.top_k - 1, idx_.begin() + n, by_logit_desc);
+      // The k-th largest logit in one pass over the candidates, with a min-heap of the k largest
+      // so far (most logits lose a single comparison against its top): the value a selection
+      // of the k-th element would give, in a fraction of its time over a full vocabulary.
+      const size_t k = static_cast<size_t>(p_.top_k);
+      float* heap = kth_heap_.data();
+      size_t h = 0;
+      const std::greater<float> min_heap;
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = logits[idx_[static_cast<size_t>(j)]];
+        if (h < k) {
+          heap[h++] = v;
+          std::push_heap(heap, heap + h, min_heap);
+        } else if (v > heap[0]) {
+          std::pop_heap(heap, heap + k, min_heap);
+          heap[k - 1] = v;
+          std::push_heap(heap, heap + k, min_heap);
+        }
+      }
       // transformers keeps every token whose logit ties the k-th one.
-      const float kth = logits[idx_[p_.top_k - 1]];
+      const float kth = heap[0];
       n = std::partition(idx_.begin(), idx_.begin() + n,
                          [&](int32_t i) { return logits[i] >= kth; }) -
           idx_.begin();

@@ -84,6 +84,7 @@ class Sampler {
   std::vector<int32_t> out_list_;   // ids with counts_ > 0
   std::vector<int32_t> idx_;        // [vocab] candidate ids
   std::vector<float> probs_;        // [vocab] candidate probabilities
+  std::vector<float> kth_heap_;     // [top_k] the top-k selection's heap
   // The thinking budget (set_thinking_budget): < 0 none.
   int64_t think_budget_ = -1, thought_ = 0;
   int32_t think_open_ = -1, think_close_ = -1;
