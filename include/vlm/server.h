@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "vlm/engine.h"
 #include "vlm/status.h"
@@ -14,8 +15,10 @@ namespace vlm {
 struct ServeOptions {
   EngineOptions engine;
   std::string host = "127.0.0.1";
-  int port = 8080;         // 0: any free port (see Server::port())
-  std::string model_name;  // reported by /v1/models; default: the model directory's name
+  int port = 8080;  // 0: any free port (see Server::port())
+  // The names requests may give as `model`, all listed by /v1/models; the first is the one
+  // replies and the metrics' model_name label carry. Default: the model directory's name.
+  std::vector<std::string> model_names;
   // A chat template file (.jinja, or .json with "chat_template") instead of the checkpoint's.
   std::string chat_template;
   std::string api_key;              // when set, requests need "Authorization: Bearer <key>"

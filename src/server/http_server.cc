@@ -79,7 +79,8 @@ struct Server::Impl {
   std::unique_ptr<boost::asio::signal_set> signals;
   std::unique_ptr<boost::asio::steady_timer> drain_timer;
   Clock::time_point drain_deadline;
-  std::string model_name;
+  std::string model_name;                // the first of model_names
+  std::vector<std::string> model_names;  // every name a request may use
   int64_t created = 0;
   std::atomic<int64_t> next_id{1};
   ApiLimits limits;
@@ -105,6 +106,22 @@ struct Server::Impl {
   Histogram* preprocess_time = nullptr;
   Histogram* encode_time = nullptr;
   Histogram* step_time = nullptr;
+  // The same signals under vLLM's names, types, units and buckets, labelled model_name and
+  // engine as vLLM labels them: what routers and gateways read (the endpoint picker of the
+  // Gateway API Inference Extension, vLLM's production-stack router, SGLang's gateway).
+  struct VllmMetrics {
+    std::string labels;  // model_name="...",engine="0"
+    Gauge* running = nullptr;
+    Gauge* waiting = nullptr;
+    Gauge* kv_usage = nullptr;  // 0..1
+    Counter* prefix_queries = nullptr;
+    Counter* prefix_hits = nullptr;
+    Counter* prompt_tokens = nullptr;
+    Counter* generation_tokens = nullptr;
+    Histogram* ttft = nullptr;
+    Histogram* itl = nullptr;
+    Histogram* e2e = nullptr;
+  } vllm;
   Gauge* running = nullptr;
   Gauge* waiting = nullptr;
   Gauge* kv_used = nullptr;
@@ -148,6 +165,18 @@ struct Server::Impl {
           static_cast<double>(st.kv_cache_bytes) / (1 << 20));
       kv_tokens_total->set(static_cast<double>(st.kv_blocks_total * st.kv_block_size));
       kv_bytes->set(static_cast<double>(st.kv_cache_bytes));
+      // vLLM's info gauge of the cache configuration (a gauge held at 1), known once loaded.
+      const std::string block_size = std::to_string(st.kv_block_size);
+      const std::string blocks = std::to_string(st.kv_blocks_total);
+      metrics
+          .gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                 prometheus_labels({{"block_size", block_size},
+                                    {"cache_dtype", st.kv_cache_dtype},
+                                    {"enable_prefix_caching",
+                                     opts.engine.batching.prefix_caching ? "True" : "False"},
+                                    {"engine", "0"},
+                                    {"num_gpu_blocks", blocks}}))
+          .set(1);
       return ok_status();
     }();
     ready = st.ok();
@@ -199,7 +228,10 @@ struct Server::Impl {
   }
 
   bool check_model(const std::string& model, HttpExchange& ex) {
-    if (model.empty() || model == model_name) return true;
+    if (model.empty() ||
+        std::find(model_names.begin(), model_names.end(), model) != model_names.end()) {
+      return true;
+    }
     reply_error(ex,
                 ApiError{404, "not_found_error",
                          "model '" + model + "' is not served here (serving '" + model_name + "')",
@@ -409,8 +441,15 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     }
     if (p.token_id >= 0) {
       const auto now = Clock::now();
-      if (!any_token_) s_.ttft->observe(seconds_since(t0_));
-      if (c.has_token) s_.itl->observe(std::chrono::duration<double>(now - c.last_token).count());
+      if (!any_token_) {
+        s_.ttft->observe(seconds_since(t0_));
+        s_.vllm.ttft->observe(seconds_since(t0_));
+      }
+      if (c.has_token) {
+        const double gap = std::chrono::duration<double>(now - c.last_token).count();
+        s_.itl->observe(gap);
+        s_.vllm.itl->observe(gap);
+      }
       any_token_ = c.has_token = true;
       c.last_token = now;
     }
@@ -439,6 +478,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     c.cached_tokens = st.cached_tokens;
     s_.prompt_tokens->inc(static_cast<double>(st.prompt_tokens));
     s_.generated_tokens->inc(static_cast<double>(st.completion_tokens));
+    s_.vllm.prompt_tokens->inc(static_cast<double>(st.prompt_tokens));
+    s_.vllm.generation_tokens->inc(static_cast<double>(st.completion_tokens));
     s_.queue_time->observe(st.queue_ms / 1e3);
     if (st.images > 0) {
       s_.images->inc(static_cast<double>(st.images));
@@ -454,6 +495,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       done_ = true;
     }
     s_.e2e->observe(seconds_since(t0_));
+    s_.vllm.e2e->observe(seconds_since(t0_));
     s_.requests->inc("ok");
     const Usage usage = usage_of(choices_, f_.n);
     if (f_.stream) {
@@ -521,6 +563,11 @@ void Server::Impl::scrape_metrics() {
   waiting->set(static_cast<double>(st.waiting));
   kv_used->set(static_cast<double>(st.kv_blocks_used));
   kv_total->set(static_cast<double>(st.kv_blocks_total));
+  vllm.running->set(static_cast<double>(st.running));
+  vllm.waiting->set(static_cast<double>(st.waiting));
+  vllm.kv_usage->set(st.kv_blocks_total > 0 ? static_cast<double>(st.kv_blocks_used) /
+                                                  static_cast<double>(st.kv_blocks_total)
+                                            : 0.0);
   Engine::GpuStats g;
   if (gpu_util != nullptr && engine->gpu_stats(&g)) {  // on "cuda": NVML's view of the device
     gpu_util->set(g.utilization_percent);
@@ -533,6 +580,9 @@ void Server::Impl::scrape_metrics() {
   preemptions->inc(static_cast<double>(st.preemptions - mirrored.preemptions));
   prefix_queries->inc(static_cast<double>(st.prefix_cache_queries - mirrored.prefix_cache_queries));
   prefix_hits->inc(static_cast<double>(st.prefix_cache_hits - mirrored.prefix_cache_hits));
+  vllm.prefix_queries->inc(
+      static_cast<double>(st.prefix_cache_queries - mirrored.prefix_cache_queries));
+  vllm.prefix_hits->inc(static_cast<double>(st.prefix_cache_hits - mirrored.prefix_cache_hits));
   prefix_evictions->inc(
       static_cast<double>(st.prefix_cache_evictions - mirrored.prefix_cache_evictions));
   prefix_blocks->set(static_cast<double>(st.prefix_cache_blocks));
@@ -554,7 +604,7 @@ void Server::Impl::register_routes() {
   http->route(
       "GET", "/v1/models", RunOn::kIoThread,
       [this](std::shared_ptr<HttpExchange> ex) {
-        ex->respond(json_response(200, models_list_json({model_name}, created)));
+        ex->respond(json_response(200, models_list_json(model_names, created)));
       },
       api_gate);
   http->route(
@@ -804,10 +854,18 @@ Server::~Server() {
 Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
-  impl->model_name = options.model_name.empty()
-                         ? std::filesystem::path(options.engine.model_dir).filename().string()
-                         : options.model_name;
-  if (impl->model_name.empty()) impl->model_name = "vlm";
+  for (const std::string& n : options.model_names) {
+    if (n.empty()) return invalid_argument("--served-model-name: a name may not be empty");
+    if (std::find(impl->model_names.begin(), impl->model_names.end(), n) ==
+        impl->model_names.end()) {
+      impl->model_names.push_back(n);
+    }
+  }
+  if (impl->model_names.empty()) {
+    std::string dir = std::filesystem::path(options.engine.model_dir).filename().string();
+    impl->model_names.push_back(dir.empty() ? "vlm" : dir);
+  }
+  impl->model_name = impl->model_names.front();
   impl->created = static_cast<int64_t>(std::time(nullptr));
   impl->media.allowed_local_path = options.allowed_media_path;
   impl->media.allow_remote = options.allow_remote_media;
@@ -863,6 +921,43 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
                               "GPU busy share over NVML's last sample period (-1: not reported)");
     impl->gpu_mem_used = &m.gauge("vlm_gpu_memory_used_bytes", "GPU memory in use (all processes)");
     impl->gpu_mem_total = &m.gauge("vlm_gpu_memory_total_bytes", "GPU memory in total");
+  }
+  {
+    // vLLM's buckets (its v1 metrics loggers): TTFT; inter-token latency as its time per
+    // output token; end-to-end as its request latencies.
+    Impl::VllmMetrics& v = impl->vllm;
+    v.labels = prometheus_labels({{"model_name", impl->model_name}, {"engine", "0"}});
+    v.running = &m.gauge("vllm:num_requests_running",
+                         "Number of requests in model execution batches.", v.labels);
+    v.waiting = &m.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                         v.labels);
+    v.kv_usage = &m.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                          v.labels);
+    v.prefix_queries =
+        &m.counter("vllm:prefix_cache_queries_total",
+                   "Prefix cache queries, in terms of number of queried tokens.", "", v.labels);
+    v.prefix_hits =
+        &m.counter("vllm:prefix_cache_hits_total",
+                   "Prefix cache hits, in terms of number of cached tokens.", "", v.labels);
+    v.prompt_tokens =
+        &m.counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", "", v.labels);
+    v.generation_tokens = &m.counter("vllm:generation_tokens_total",
+                                     "Number of generation tokens processed.", "", v.labels);
+    v.ttft = &m.histogram("vllm:time_to_first_token_seconds",
+                          "Histogram of time to first token in seconds.",
+                          {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+                           1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0},
+                          v.labels);
+    v.itl = &m.histogram("vllm:inter_token_latency_seconds",
+                         "Histogram of inter-token latency in seconds.",
+                         {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                          5.0, 7.5, 10.0, 20.0, 40.0, 80.0},
+                         v.labels);
+    v.e2e = &m.histogram("vllm:e2e_request_latency_seconds",
+                         "Histogram of e2e request latency in seconds.",
+                         {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                          30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0},
+                         v.labels);
   }
   http::TransportOptions t;
   t.limits.max_body_bytes = impl->limits.max_body_bytes;

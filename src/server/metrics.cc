@@ -58,20 +58,28 @@ double Counter::value(std::string_view label_value) const {
   return it == values_.end() ? 0.0 : it->second;
 }
 
-void Counter::render(const std::string& name, std::string* out) const {
+void Counter::render(const std::string& name, const std::string& const_labels,
+                     std::string* out) const {
   std::lock_guard<std::mutex> lock(mu_);
   // An unlabelled counter shows 0 before its first increment, so dashboards see
   // the series.
   if (label_name_.empty() && values_.empty()) {
-    out->append(name).append(" 0\n");
+    out->append(name);
+    if (!const_labels.empty()) out->append("{").append(const_labels).append("}");
+    out->append(" 0\n");
     return;
   }
   for (const auto& [label, v] : values_) {
     // Appends piecewise: GCC 12's -Wrestrict misfires on long operator+ chains.
     out->append(name);
-    if (!label_name_.empty()) {
-      out->append("{").append(label_name_).append("=\"");
-      out->append(prometheus_escape_label(label)).append("\"}");
+    if (!label_name_.empty() || !const_labels.empty()) {
+      out->append("{").append(const_labels);
+      if (!label_name_.empty()) {
+        if (!const_labels.empty()) out->append(",");
+        out->append(label_name_).append("=\"");
+        out->append(prometheus_escape_label(label)).append("\"");
+      }
+      out->append("}");
     }
     out->append(" ").append(prometheus_number(v)).append("\n");
   }
@@ -103,41 +111,60 @@ uint64_t Histogram::cumulative_count(size_t i) const {
   return c;
 }
 
-void Histogram::render(const std::string& name, std::string* out) const {
+void Histogram::render(const std::string& name, const std::string& const_labels,
+                       std::string* out) const {
   // Read buckets once and derive _count from them, so one scrape is
   // self-consistent even while other threads observe (the +Inf bucket must
   // equal _count).
+  const std::string lead = const_labels.empty() ? "{" : "{" + const_labels + ",";
+  const std::string plain = const_labels.empty() ? "" : "{" + const_labels + "}";
   uint64_t cum = 0;
   for (size_t i = 0; i <= bounds_.size(); ++i) {
     cum += buckets_[i].load(std::memory_order_relaxed);
     const std::string le = i < bounds_.size() ? prometheus_number(bounds_[i]) : "+Inf";
-    out->append(name).append("_bucket{le=\"").append(le).append("\"} ");
+    out->append(name).append("_bucket").append(lead).append("le=\"").append(le).append("\"} ");
     out->append(std::to_string(cum)).append("\n");
   }
-  out->append(name).append("_sum ").append(prometheus_number(sum())).append("\n");
-  out->append(name).append("_count ").append(std::to_string(cum)).append("\n");
+  out->append(name).append("_sum").append(plain).append(" ");
+  out->append(prometheus_number(sum())).append("\n");
+  out->append(name).append("_count").append(plain).append(" ");
+  out->append(std::to_string(cum)).append("\n");
 }
 
-Counter& MetricsRegistry::counter(std::string name, std::string help, std::string label_name) {
+std::string prometheus_labels(
+    const std::vector<std::pair<std::string_view, std::string_view>>& labels) {
+  std::string out;
+  for (const auto& [k, v] : labels) {
+    if (!out.empty()) out += ',';
+    out.append(k).append("=\"").append(prometheus_escape_label(v)).append("\"");
+  }
+  return out;
+}
+
+Counter& MetricsRegistry::counter(std::string name, std::string help, std::string label_name,
+                                  std::string const_labels) {
   std::lock_guard<std::mutex> lock(mu_);
-  Entry e{std::move(name), std::move(help), "counter", nullptr, nullptr, nullptr};
+  Entry e{std::move(name), std::move(help), "counter", std::move(const_labels),
+          nullptr,         nullptr,         nullptr};
   e.counter = std::make_unique<Counter>(std::move(label_name));
   entries_.push_back(std::move(e));
   return *entries_.back().counter;
 }
 
-Gauge& MetricsRegistry::gauge(std::string name, std::string help) {
+Gauge& MetricsRegistry::gauge(std::string name, std::string help, std::string const_labels) {
   std::lock_guard<std::mutex> lock(mu_);
-  Entry e{std::move(name), std::move(help), "gauge", nullptr, nullptr, nullptr};
+  Entry e{std::move(name), std::move(help), "gauge", std::move(const_labels),
+          nullptr,         nullptr,         nullptr};
   e.gauge = std::make_unique<Gauge>();
   entries_.push_back(std::move(e));
   return *entries_.back().gauge;
 }
 
 Histogram& MetricsRegistry::histogram(std::string name, std::string help,
-                                      std::vector<double> upper_bounds) {
+                                      std::vector<double> upper_bounds, std::string const_labels) {
   std::lock_guard<std::mutex> lock(mu_);
-  Entry e{std::move(name), std::move(help), "histogram", nullptr, nullptr, nullptr};
+  Entry e{std::move(name), std::move(help), "histogram", std::move(const_labels),
+          nullptr,         nullptr,         nullptr};
   e.histogram = std::make_unique<Histogram>(std::move(upper_bounds));
   entries_.push_back(std::move(e));
   return *entries_.back().histogram;
@@ -149,9 +176,13 @@ std::string MetricsRegistry::render() const {
   for (const Entry& e : entries_) {
     out.append("# HELP ").append(e.name).append(" ").append(prometheus_escape_help(e.help));
     out.append("\n# TYPE ").append(e.name).append(" ").append(e.type).append("\n");
-    if (e.counter) e.counter->render(e.name, &out);
-    if (e.gauge) out.append(e.name).append(" ").append(prometheus_number(e.gauge->value())) += "\n";
-    if (e.histogram) e.histogram->render(e.name, &out);
+    if (e.counter) e.counter->render(e.name, e.labels, &out);
+    if (e.gauge) {
+      out.append(e.name);
+      if (!e.labels.empty()) out.append("{").append(e.labels).append("}");
+      out.append(" ").append(prometheus_number(e.gauge->value())) += "\n";
+    }
+    if (e.histogram) e.histogram->render(e.name, e.labels, &out);
   }
   return out;
 }

@@ -22,7 +22,8 @@ class Counter {
   void inc(double v = 1.0) { inc("", v); }
   void inc(std::string_view label_value, double v = 1.0);
   double value(std::string_view label_value = "") const;
-  void render(const std::string& name, std::string* out) const;
+  // const_labels: labels every sample carries, rendered (`a="x",b="y"`; "" for none).
+  void render(const std::string& name, const std::string& const_labels, std::string* out) const;
 
  private:
   std::string label_name_;
@@ -55,7 +56,7 @@ class Histogram {
   // +Inf.
   uint64_t cumulative_count(size_t i) const;
   const std::vector<double>& bounds() const { return bounds_; }
-  void render(const std::string& name, std::string* out) const;
+  void render(const std::string& name, const std::string& const_labels, std::string* out) const;
 
  private:
   std::vector<double> bounds_;
@@ -69,14 +70,17 @@ class Histogram {
 // render() are thread-safe.
 class MetricsRegistry {
  public:
-  Counter& counter(std::string name, std::string help, std::string label_name = "");
-  Gauge& gauge(std::string name, std::string help);
-  Histogram& histogram(std::string name, std::string help, std::vector<double> upper_bounds);
+  // const_labels (prometheus_labels()): labels every sample of the metric carries.
+  Counter& counter(std::string name, std::string help, std::string label_name = "",
+                   std::string const_labels = "");
+  Gauge& gauge(std::string name, std::string help, std::string const_labels = "");
+  Histogram& histogram(std::string name, std::string help, std::vector<double> upper_bounds,
+                       std::string const_labels = "");
   std::string render() const;
 
  private:
   struct Entry {
-    std::string name, help, type;
+    std::string name, help, type, labels;
     std::unique_ptr<Counter> counter;
     std::unique_ptr<Gauge> gauge;
     std::unique_ptr<Histogram> histogram;
@@ -91,5 +95,8 @@ class MetricsRegistry {
 std::string prometheus_number(double v);
 std::string prometheus_escape_label(std::string_view v);
 std::string prometheus_escape_help(std::string_view v);
+// Rendered labels, `a="x",b="y"`, their values escaped.
+std::string prometheus_labels(
+    const std::vector<std::pair<std::string_view, std::string_view>>& labels);
 
 }  // namespace vlm

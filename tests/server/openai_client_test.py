@@ -40,6 +40,7 @@ from serve_util import MODEL, REPO, TIMEOUT
 
 ARGS = argparse.Namespace(vlm=None, model_dir=None)
 SMALL_PNG = REPO / "tests/unit/fixtures/images/png_rgb.png"  # 37x23 RGB
+ALIAS = "tiny-alias"  # the test server's second --served-model-name
 
 
 def VlmServer(model_dir, workdir, name, extra_args=()):
@@ -78,8 +79,10 @@ class OpenAIClientTest(unittest.TestCase):
         cls.media_dir = cls.tmp / "media"
         cls.media_dir.mkdir()
         cls.png = SMALL_PNG.read_bytes()
+        # A second served name (after serve_util's MODEL): requests may use either.
         cls.server = VlmServer(cls.model_dir, cls.tmp, "server",
-                               ["--allowed-media-path", str(cls.media_dir)])
+                               ["--allowed-media-path", str(cls.media_dir),
+                                "--served-model-name", ALIAS])
 
     @classmethod
     def tearDownClass(cls):
@@ -165,9 +168,6 @@ class OpenAIClientTest(unittest.TestCase):
 
     # ----- models, plain and streamed chat -----
 
-    def test_models_list(self):
-        ids = [m.id for m in self.client().models.list()]
-        self.assertEqual(ids, [MODEL])
 
     def test_chat_plain(self):
         r = self.chat(user("Describe a cat."), max_tokens=12)
@@ -504,6 +504,81 @@ class OpenAIClientTest(unittest.TestCase):
             time.sleep(0.05)
         self.assertEqual(got, want)
         self.assertGreater(self.value(after, "vlm_kv_cache_blocks_capacity"), 0)
+
+    # vLLM's bucket bounds, as its metrics module defines them.
+    VLLM_BUCKETS = {
+        "vllm:time_to_first_token_seconds": [
+            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+            10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0],
+        "vllm:inter_token_latency_seconds": [
+            0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+            20.0, 40.0, 80.0],
+        "vllm:e2e_request_latency_seconds": [
+            0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+            240.0, 480.0, 960.0, 1920.0, 7680.0],
+    }
+
+    def test_metrics_under_vllm_names(self):
+        """The names routers read: vLLM's families, types, labels and buckets, counting what
+        vlm's own metrics count."""
+        _, types = self.metrics()
+        want_types = {
+            "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+            "vllm:kv_cache_usage_perc": "gauge", "vllm:cache_config_info": "gauge",
+            "vllm:prefix_cache_queries_total": "counter", "vllm:prefix_cache_hits_total": "counter",
+            "vllm:prompt_tokens_total": "counter", "vllm:generation_tokens_total": "counter",
+            "vllm:time_to_first_token_seconds": "histogram",
+            "vllm:inter_token_latency_seconds": "histogram",
+            "vllm:e2e_request_latency_seconds": "histogram",
+        }
+        self.assertEqual({n: types.get(n) for n in want_types}, want_types)
+        lab = (("engine", "0"), ("model_name", MODEL))
+        before = self.wait_idle()
+        r = self.chat(user("Count my tokens twice."), max_tokens=6, extra_body={"ignore_eos": True})
+        want = {
+            ("vllm:generation_tokens_total", lab): r.usage.completion_tokens,
+            ("vllm:prompt_tokens_total", lab): r.usage.prompt_tokens,
+            ("vllm:time_to_first_token_seconds_count", lab): 1,
+            ("vllm:e2e_request_latency_seconds_count", lab): 1,
+            ("vllm:inter_token_latency_seconds_count", lab): r.usage.completion_tokens - 1,
+        }
+        deadline = time.monotonic() + 5
+        while True:  # counters may be bumped just after the reply is written
+            after, _ = self.metrics()
+            got = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in want}
+            if all(got[k] >= want[k] for k in want) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertEqual(got, want)
+        # The same counts as vlm's own names.
+        for vllm_name, vlm_name in (("vllm:prefix_cache_queries_total", "vlm_prefix_cache_queries_total"),
+                                    ("vllm:prefix_cache_hits_total", "vlm_prefix_cache_hits_total"),
+                                    ("vllm:prompt_tokens_total", "vlm_prompt_tokens_total"),
+                                    ("vllm:generation_tokens_total", "vlm_generation_tokens_total")):
+            self.assertEqual(after[(vllm_name, lab)], self.value(after, vlm_name), vllm_name)
+        # KV usage is the share of blocks in use; the cache's configuration is an info gauge.
+        idle = self.wait_idle()
+        self.assertEqual(idle[("vllm:kv_cache_usage_perc", lab)], 0.0)
+        info = [(labels, v) for (name, labels), v in idle.items() if name == "vllm:cache_config_info"]
+        self.assertEqual(len(info), 1)
+        labels, v = dict(info[0][0]), info[0][1]
+        self.assertEqual(v, 1.0)
+        self.assertEqual(labels["block_size"], "8")  # serve_util's --block-size
+        self.assertEqual(float(labels["num_gpu_blocks"]), self.value(idle, "vlm_kv_cache_blocks_capacity"))
+        self.assertEqual(labels["enable_prefix_caching"], "True")
+        # vLLM's bucket bounds.
+        for name, bounds in self.VLLM_BUCKETS.items():
+            les = sorted(float(dict(l)["le"]) for (n, l) in idle if n == name + "_bucket")
+            self.assertEqual(les, bounds + [float("inf")], name)
+
+    def test_served_model_names(self):
+        """Every --served-model-name is listed and accepted; replies carry the first."""
+        c = self.client()
+        self.assertEqual([m.id for m in c.models.list().data], [MODEL, ALIAS])
+        r = c.chat.completions.create(model=ALIAS, messages=user("hi"), max_tokens=2)
+        self.assertEqual(r.model, MODEL)
+        with self.assertRaises(openai.NotFoundError):
+            c.chat.completions.create(model="not-served", messages=user("hi"), max_tokens=2)
 
     def test_metrics_vision_cache_hit(self):
         url = data_url(png_bytes(48, 40, (os.getpid() % 251, 17, 201)))  # an image no other test sends

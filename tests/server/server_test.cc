@@ -70,7 +70,7 @@ class ServerTest : public ::testing::Test {
     o.engine.n_threads = 2;
     o.engine.max_context = 512;
     o.port = 0;
-    o.model_name = "tiny";
+    o.model_names = {"tiny"};
     return o;
   }
   static void TearDownTestSuite() {

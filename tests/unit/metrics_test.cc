@@ -41,6 +41,45 @@ TEST(MetricsTest, RendersExactExpositionText) {
             "vlm_ttft_seconds_count 4\n");
 }
 
+TEST(MetricsTest, ConstantLabelsOnEverySample) {
+  MetricsRegistry reg;
+  const std::string labels = prometheus_labels({{"model_name", "m\"1"}, {"engine", "0"}});
+  EXPECT_EQ(labels, "model_name=\"m\\\"1\",engine=\"0\"");
+  reg.counter("vllm:prompt_tokens_total", "Prompt tokens.", "", labels).inc(3);
+  reg.counter("vllm:request_success_total", "Finished.", "finished_reason", labels).inc("stop");
+  reg.gauge("vllm:num_requests_running", "Running.", labels).set(2);
+  reg.histogram("vllm:e2e_request_latency_seconds", "E2E.", {1.0}, labels).observe(0.5);
+  EXPECT_EQ(reg.render(),
+            "# HELP vllm:prompt_tokens_total Prompt tokens.\n"
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            "vllm:prompt_tokens_total{" +
+                labels +
+                "} 3\n"
+                "# HELP vllm:request_success_total Finished.\n"
+                "# TYPE vllm:request_success_total counter\n"
+                "vllm:request_success_total{" +
+                labels +
+                ",finished_reason=\"stop\"} 1\n"
+                "# HELP vllm:num_requests_running Running.\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                "vllm:num_requests_running{" +
+                labels +
+                "} 2\n"
+                "# HELP vllm:e2e_request_latency_seconds E2E.\n"
+                "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+                "vllm:e2e_request_latency_seconds_bucket{" +
+                labels +
+                ",le=\"1\"} 1\n"
+                "vllm:e2e_request_latency_seconds_bucket{" +
+                labels +
+                ",le=\"+Inf\"} 1\n"
+                "vllm:e2e_request_latency_seconds_sum{" +
+                labels +
+                "} 0.5\n"
+                "vllm:e2e_request_latency_seconds_count{" +
+                labels + "} 1\n");
+}
+
 TEST(MetricsTest, HistogramBucketsAreCumulative) {
   Histogram h({1, 2, 3});
   for (double v : {0.5, 1.5, 1.7, 2.5, 9.0, 10.0}) h.observe(v);

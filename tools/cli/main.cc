@@ -347,7 +347,9 @@ int main(int argc, char** argv) {
       ")");
   serve->add_option("--host", so.host, "Address to listen on (default 127.0.0.1)");
   serve->add_option("--port", so.port, "Port (default 8080; 0 = any free port)");
-  serve->add_option("--served-model-name", so.model_name, "Name reported by /v1/models");
+  serve->add_option("--served-model-name", so.model_names,
+                    "Names requests may give as model (several: --served-model-name a b); the "
+                    "first is reported in replies and metric labels (default: the model folder)");
   serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
   serve->add_option("--allowed-media-path", so.allowed_media_path,
                     "Folder file:// images may come from");
