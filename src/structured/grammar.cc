@@ -175,17 +175,21 @@ Status Grammar::finalize() {
   // Where each rule is referenced: (rule, alternative) pairs, for the worklists below (each
   // fixed point is linear in the grammar's size, whatever the order of the rules).
   std::vector<std::vector<std::pair<int32_t, int32_t>>> used_in(n);
-  for (size_t r = 0; r < n; ++r) {
-    const auto& alts = rules_[r].alternatives;
-    for (size_t a = 0; a < alts.size(); ++a) {
-      for (const Element& e : alts[a]) {
-        if (e.kind == Element::Kind::kRule) {
-          used_in[static_cast<size_t>(e.id)].emplace_back(static_cast<int32_t>(r),
-                                                          static_cast<int32_t>(a));
+  auto index_uses = [&] {
+    for (auto& u : used_in) u.clear();
+    for (size_t r = 0; r < n; ++r) {
+      const auto& alts = rules_[r].alternatives;
+      for (size_t a = 0; a < alts.size(); ++a) {
+        for (const Element& e : alts[a]) {
+          if (e.kind == Element::Kind::kRule) {
+            used_in[static_cast<size_t>(e.id)].emplace_back(static_cast<int32_t>(r),
+                                                            static_cast<int32_t>(a));
+          }
         }
       }
     }
-  }
+  };
+  index_uses();
   // A fixed point over the rules: `base(alt)` says whether an alternative holds without any
   // rule (its non-rule elements decide), `waits(alt)` how many rule elements it has; a rule is
   // marked once one of its alternatives has all its rule elements marked.
@@ -241,18 +245,7 @@ Status Grammar::finalize() {
     r.alternatives.erase(std::remove_if(r.alternatives.begin(), r.alternatives.end(), dead),
                          r.alternatives.end());
   }
-  for (auto& u : used_in) u.clear();  // alternatives were renumbered: rebuild
-  for (size_t r = 0; r < n; ++r) {
-    const auto& alts = rules_[r].alternatives;
-    for (size_t a = 0; a < alts.size(); ++a) {
-      for (const Element& e : alts[a]) {
-        if (e.kind == Element::Kind::kRule) {
-          used_in[static_cast<size_t>(e.id)].emplace_back(static_cast<int32_t>(r),
-                                                          static_cast<int32_t>(a));
-        }
-      }
-    }
-  }
+  index_uses();  // alternatives were renumbered
   // Nullable rules (derive the empty string: an alternative of nullable rules only), then left
   // recursion: a rule reaching itself through references preceded only by nullable elements.
   const std::vector<char> nullable = fixed_point([](const Sequence& alt) {

@@ -274,26 +274,32 @@ bool GrammarMatcher::complete() const {
                               : g_->pda_.accepting(stacks_);
 }
 
+CompiledGrammar::MaskPtr GrammarMatcher::mask_now(bool* done) {
+  CompiledGrammar::MaskPtr m;
+  {
+    std::lock_guard<std::mutex> lock(g_->mu_);
+    sync();
+    m = g_->mask(state_);
+  }
+  // A state with nothing allowed is a dead end (only nesting past kMaxStackDepth makes one):
+  // the reply ends here rather than leave the sampler with nothing to draw.
+  if (!*done && std::all_of(m->begin(), m->end(), [](uint64_t x) { return x == 0; })) {
+    *done = dead_end_ = true;
+  }
+  return m;
+}
+
 void GrammarMatcher::fill(uint64_t* words) {
   const int64_t W = g_->vocab().words();
   const int64_t V = g_->vocab().vocab_size();
+  bool done = complete();
   if (ended_) {
     std::fill(words, words + W, 0);
   } else if (!active()) {
     std::fill(words, words + W, ~uint64_t{0});
     if (V % 64) words[W - 1] = (uint64_t{1} << (V % 64)) - 1;
   } else {
-    CompiledGrammar::MaskPtr m;
-    {
-      std::lock_guard<std::mutex> lock(g_->mu_);
-      sync();
-      m = g_->mask(state_);
-    }
-    std::memcpy(words, m->data(), static_cast<size_t>(W) * 8);
-  }
-  bool done = complete();
-  if (!done && active() && std::all_of(words, words + W, [](uint64_t x) { return x == 0; })) {
-    done = dead_end_ = true;  // as in apply()
+    std::memcpy(words, mask_now(&done)->data(), static_cast<size_t>(W) * 8);
   }
   for (int32_t id : end_ids_) {
     if (id < 0 || id >= V) continue;
@@ -318,17 +324,9 @@ void GrammarMatcher::apply(float* logits) {
   if (ended_) {
     std::fill(logits, logits + V, ninf);
   } else if (active()) {
-    CompiledGrammar::MaskPtr m;
-    {
-      std::lock_guard<std::mutex> lock(g_->mu_);
-      sync();
-      m = g_->mask(state_);
-    }
+    const CompiledGrammar::MaskPtr m = mask_now(&done);
     const uint64_t* w = m->data();
     const int64_t W = g_->vocab().words();
-    // A state with nothing allowed is a dead end (only nesting past kMaxStackDepth makes one):
-    // the reply ends here rather than leave the sampler with nothing to draw.
-    if (!done && std::all_of(w, w + W, [](uint64_t x) { return x == 0; })) done = dead_end_ = true;
     for (int64_t i = 0; i < W; ++i) {
       const int64_t base = i * 64;
       const int64_t len = std::min<int64_t>(64, V - base);

@@ -129,6 +129,9 @@ class GrammarMatcher {
 
  private:
   void sync();  // re-interns the stacks after a cache reset
+  // The current state's mask (active matcher); marks a dead end (and *done) when it allows
+  // nothing and the output is not complete.
+  CompiledGrammar::MaskPtr mask_now(bool* done);
 
   std::shared_ptr<CompiledGrammar> g_;
   std::vector<int32_t> end_ids_;

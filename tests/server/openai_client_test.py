@@ -129,6 +129,20 @@ class OpenAIClientTest(unittest.TestCase):
 
     value = staticmethod(serve_util.value)
 
+    def assert_deltas(self, before, want, timeout=5.0):
+        """Asserts that the samples of `want` ({(name, labels): increase}) rose by exactly that
+        much since `before`; waits for counters bumped just after a reply is written. Returns
+        the metrics read last."""
+        deadline = time.monotonic() + timeout
+        while True:
+            after, _ = self.metrics()
+            got = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in want}
+            if all(got[k] >= want[k] for k in want) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertEqual(got, want)
+        return after
+
     def wait_idle(self, timeout=20.0):
         """Waits until no request runs or waits and no KV block is held; returns the metrics."""
         deadline = time.monotonic() + timeout
@@ -495,14 +509,7 @@ class OpenAIClientTest(unittest.TestCase):
             ("vlm_e2e_request_latency_seconds_count", ()): 1,
             ("vlm_inter_token_latency_seconds_count", ()): r.usage.completion_tokens - 1,
         }
-        deadline = time.monotonic() + 5
-        while True:  # counters may be bumped just after the reply is written
-            after, _ = self.metrics()
-            got = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in want}
-            if all(got[k] >= want[k] for k in want) or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        self.assertEqual(got, want)
+        after = self.assert_deltas(before, want)
         self.assertGreater(self.value(after, "vlm_kv_cache_blocks_capacity"), 0)
 
     # vLLM's bucket bounds, as its metrics module defines them.
@@ -542,14 +549,7 @@ class OpenAIClientTest(unittest.TestCase):
             ("vllm:e2e_request_latency_seconds_count", lab): 1,
             ("vllm:inter_token_latency_seconds_count", lab): r.usage.completion_tokens - 1,
         }
-        deadline = time.monotonic() + 5
-        while True:  # counters may be bumped just after the reply is written
-            after, _ = self.metrics()
-            got = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in want}
-            if all(got[k] >= want[k] for k in want) or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        self.assertEqual(got, want)
+        after = self.assert_deltas(before, want)
         # The same counts as vlm's own names.
         for vllm_name, vlm_name in (("vllm:prefix_cache_queries_total", "vlm_prefix_cache_queries_total"),
                                     ("vllm:prefix_cache_hits_total", "vlm_prefix_cache_hits_total"),
