@@ -190,8 +190,8 @@ Status Grammar::finalize() {
     }
   };
   index_uses();
-  // A fixed point over the rules: `base(alt)` says whether an alternative holds without any
-  // rule (its non-rule elements decide), `waits(alt)` how many rule elements it has; a rule is
+  // A fixed point over the rules: `base_ok(alt)` says whether an alternative can hold at all
+  // (its non-rule elements decide), `waiting` counts its rule elements not yet marked; a rule is
   // marked once one of its alternatives has all its rule elements marked.
   auto fixed_point = [&](auto base_ok) {
     std::vector<char> marked(n, 0);
