@@ -36,33 +36,13 @@
 #include <utility>
 #include <vector>
 
+#include "structured/json_schema_compiler.h"
 #include "structured/pda.h"
 #include "structured/regex.h"
 #include "structured/utf8.h"
 
 namespace vlm::structured {
-namespace {
-
-using Json = nlohmann::ordered_json;
-
-// Integer parts without an upper bound have at most this many digits (10^15 - 1 < 2^53, so
-// every such integer, and every integer part, is exact as a double).
-constexpr int64_t kIntCap = 999'999'999'999'999;
-constexpr int kFracDigits = 15;
-constexpr int kExpDigits = 2;
-// Integer bounds are clamped to ±(10^18 - 1) (a subset: the values beyond are not produced), so
-// that the arithmetic below stays inside int64.
-constexpr int64_t kBoundCap = 999'999'999'999'999'999;
-// Schemas nested deeper than this many levels (each subschema of an object, an array or a
-// combinator, and each reference, is one level) are refused, and the values a schema leaves open
-// hold at most the levels of arrays and objects left. Each level takes a few frames of the
-// automaton's parse stacks, so every path stays well under its depth limit (pda.h).
-constexpr int kMaxDepth = 64;
-// enum/const values are written as literal text (no parse-stack frames); this bounds the
-// recursion that writes and compares them.
-constexpr int kMaxValueNesting = 200;
-constexpr int kMaxTextNesting = 1000;
-
+namespace json_schema_internal {
 // "$id" only at the root: below it, an $id changes the base that references beneath it resolve
 // against (compile() refuses it there).
 bool is_annotation(const std::string& k) {
@@ -129,63 +109,6 @@ Sequence cat(std::initializer_list<Sequence> parts) {
   return out;
 }
 
-int num_digits(uint64_t x) {
-  int n = 1;
-  while (x >= 10) {
-    x /= 10;
-    ++n;
-  }
-  return n;
-}
-
-uint64_t pow10(int n) {
-  uint64_t p = 1;
-  for (int i = 0; i < n; ++i) p *= 10;
-  return p;
-}
-
-// A non-negative decimal k + 0.f with exactly kFracDigits fraction digits.
-struct Dec {
-  int64_t k = 0;
-  std::string f = std::string(kFracDigits, '0');
-  bool operator<(const Dec& o) const { return k != o.k ? k < o.k : f < o.f; }
-  bool operator<=(const Dec& o) const { return !(o < *this); }
-};
-
-Dec max_dec() { return Dec{kIntCap, std::string(kFracDigits, '9')}; }
-
-// x >= 0 as a Dec: its shortest round-trip decimal (which reads back as exactly x), rounded to
-// kFracDigits fraction digits up (toward +inf) or down. Integer parts beyond kIntCap saturate
-// at kIntCap + 1, which is past every produced number.
-Dec to_dec(double x, bool up) {
-  if (x == 0) x = 0;  // -0 prints as "-0"
-  char buf[1100];
-  const auto r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::fixed);
-  const std::string s(buf, r.ptr);
-  const size_t dot = s.find('.');
-  const std::string ip = s.substr(0, dot);
-  const std::string fp = dot == std::string::npos ? "" : s.substr(dot + 1);
-  Dec d;
-  if (ip.size() > 15) {
-    d.k = kIntCap + 1;
-    return d;
-  }
-  d.k = std::stoll(ip);
-  for (size_t i = 0; i < fp.size() && i < static_cast<size_t>(kFracDigits); ++i) d.f[i] = fp[i];
-  const bool rest = fp.size() > static_cast<size_t>(kFracDigits) &&
-                    fp.find_first_not_of('0', kFracDigits) != std::string::npos;
-  if (up && rest) {
-    int i = kFracDigits - 1;
-    while (i >= 0 && d.f[static_cast<size_t>(i)] == '9') d.f[static_cast<size_t>(i--)] = '0';
-    if (i >= 0) {
-      ++d.f[static_cast<size_t>(i)];
-    } else {
-      ++d.k;
-    }
-  }
-  return d;
-}
-
 // Characters a JSON string may hold without an escape.
 const std::vector<std::pair<uint32_t, uint32_t>> kPlainChars = {
     {0x20, 0x21}, {0x23, 0x5B}, {0x5D, 0x10FFFF}};
@@ -209,10 +132,6 @@ int nesting(const Json& v) {
   }
   return deepest;
 }
-
-// JSON types as bits (integers are numbers: a schema's "integer" accepts some "number" values).
-constexpr uint8_t kNullBit = 1, kBoolBit = 2, kNumberBit = 4, kStringBit = 8, kArrayBit = 16,
-                  kObjectBit = 32, kAllTypes = 63;
 
 uint8_t type_bit(const Json& v) {
   if (v.is_null()) return kNullBit;
@@ -250,15 +169,6 @@ std::string value_key(const Json& v) {
   if (v.is_null()) return "null";
   return v.is_array() ? "[" : "{";
 }
-
-// What a schema accepts, over-approximated for telling oneOf branches apart: the JSON types it
-// may accept; when it lists its values (enum/const), their keys; and for objects, required
-// properties whose values it lists (a discriminated union's tag).
-struct Shape {
-  uint8_t types = kAllTypes;
-  std::optional<std::set<std::string>> values;        // none: not a finite list
-  std::map<std::string, std::set<std::string>> tags;  // required property → its values' keys
-};
 
 bool share_a_key(const std::set<std::string>& a, const std::set<std::string>& b) {
   const auto& small = a.size() <= b.size() ? a : b;
@@ -308,86 +218,6 @@ Shape either(Shape a, const Shape& b) {
   }
   return a;
 }
-
-class Compiler {
- public:
-  Compiler(Grammar* g, const Json* doc) : g_(g), doc_(doc) {}
-
-  // skip_enum: compile as if enum and const were absent.
-  Result<Element> compile(const Json& s, const std::string& ptr, int depth, bool skip_enum = false);
-  // Any JSON value with at most `levels` levels of arrays and objects, and any object with at
-  // most `levels` >= 1 (itself included).
-  Element any_value(int levels);
-  Element any_object(int levels);
-
- private:
-  // The same for a value at schema depth `depth`: as many levels as kMaxDepth leaves there.
-  Element any_value_at(int depth);
-  Element any_object_at(int depth);
-  Element scalar();
-
-  // Shared pieces of JSON text.
-  Element ws();
-  Element digit();
-  Element chars(std::string_view cs);
-  Element range(char lo, char hi) {
-    return g_->bytes(ByteSet::range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)));
-  }
-  Element string_char();
-  Element plain_char();
-  Element any_string();
-  Element any_integer();
-  Element any_number();
-  Element frac_any_opt();
-  Element free_frac(int i);
-  Element alt(std::vector<Sequence> alts, const char* name);
-  void append_alts(Sequence* s, std::vector<Sequence> alts, const char* name);
-
-  // Numbers.
-  std::vector<Sequence> fixed_range(std::string_view a, std::string_view b);
-  std::vector<Sequence> uint_range(uint64_t lo, uint64_t hi);
-  std::vector<Sequence> int_range(int64_t lo, int64_t hi);
-  Element frac_digits(const std::string& x, const std::string& y);
-  Element frac_opt(const std::string& x, const std::string& y);
-  std::vector<Sequence> dec_range(const Dec& a, const Dec& b);
-
-  using Target = std::pair<const Json*, std::string>;
-  Result<Target> resolve(const std::string& ref, const std::string& p);
-  Result<Element> compile_ref(const Json& s, const std::string& ptr, int depth);
-  Shape shape(const Json& s, int depth);
-  Result<Element> compile_enum(const Json& s, const std::string& ptr, int depth);
-  Result<Element> compile_type(const std::string& type, const Json& s, const std::string& ptr,
-                               int depth);
-  Result<Element> compile_string(const Json& s, const std::string& ptr);
-  Result<Element> compile_format(const std::string& name, const std::string& ptr);
-  Result<Element> compile_integer(const Json& s, const std::string& ptr);
-  Result<Element> compile_number(const Json& s, const std::string& ptr);
-  Result<Element> compile_object(const Json& s, const std::string& ptr, int depth);
-  Result<Element> compile_array(const Json& s, const std::string& ptr, int depth);
-  Element key_not_in(const std::vector<std::string>& names);
-
-  // A referenced schema compiled at one depth: its rule serves the references at that depth or
-  // less, and at more while its deepest level (`reached`) plus the shift stays within kMaxDepth.
-  struct RefVersion {
-    int depth = 0;
-    int32_t rule = -1;
-    int reached = 0;
-    bool done = false;  // false while its body is compiled: a reference to it then is a recursion
-  };
-
-  Grammar* g_;
-  const Json* doc_;
-  std::map<std::string, std::vector<RefVersion>> refs_;  // JSON Pointer of a referenced schema
-  // The deepest level the schema being compiled reaches so far (a value left open reaches
-  // kMaxDepth), for RefVersion::reached.
-  int reached_ = 0;
-  std::map<const Json*, std::optional<Shape>> shapes_;  // none while being computed
-  std::map<std::string, Element> formats_;
-  std::map<int, Element> free_frac_;
-  std::vector<Element> values_, objects_;  // any_value and any_object, per level
-  std::optional<Element> ws_, digit_, char_, plain_char_, string_, integer_, number_, scalar_,
-      frac_any_opt_, plain_tail_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Shared pieces.
@@ -535,169 +365,6 @@ Element Compiler::any_value_at(int depth) {
 Element Compiler::any_object_at(int depth) {
   reached_ = kMaxDepth;
   return any_object(kMaxDepth - depth);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Integers: exactly the canonical spellings (no leading zeros, no "-0") of a range.
-
-// Digit strings of one length n >= 1 from a to b (a <= b): the same-length strings compare as
-// their numbers do, so this is a walk down the common prefix, splitting where a and b differ.
-std::vector<Sequence> Compiler::fixed_range(std::string_view a, std::string_view b) {
-  const size_t n = a.size();
-  if (n == 1) return {{range(a[0], b[0])}};
-  if (a[0] == b[0]) {
-    Sequence s{g_->byte(static_cast<uint8_t>(a[0]))};
-    append_alts(&s, fixed_range(a.substr(1), b.substr(1)), "digits");
-    return {s};
-  }
-  std::vector<Sequence> out;
-  const bool low_zero = a.find_first_not_of('0', 1) == std::string_view::npos;
-  const bool high_nine = b.find_first_not_of('9', 1) == std::string_view::npos;
-  const char start = low_zero ? a[0] : static_cast<char>(a[0] + 1);
-  const char end = high_nine ? b[0] : static_cast<char>(b[0] - 1);
-  if (!low_zero) {
-    Sequence s{g_->byte(static_cast<uint8_t>(a[0]))};
-    append_alts(&s, fixed_range(a.substr(1), std::string(n - 1, '9')), "digits");
-    out.push_back(std::move(s));
-  }
-  if (start <= end) {
-    Sequence s{range(start, end)};
-    for (size_t i = 1; i < n; ++i) s.push_back(digit());
-    out.push_back(std::move(s));
-  }
-  if (!high_nine) {
-    Sequence s{g_->byte(static_cast<uint8_t>(b[0]))};
-    append_alts(&s, fixed_range(std::string(n - 1, '0'), b.substr(1)), "digits");
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-// The canonical spellings of lo..hi (0 <= lo <= hi < 10^19): one part per digit count, where the
-// digit counts whose every number is in range share one [1-9][0-9]{m,n}.
-std::vector<Sequence> Compiler::uint_range(uint64_t lo, uint64_t hi) {
-  std::vector<Sequence> out;
-  if (lo == 0) {
-    out.push_back(g_->literal("0"));
-    if (hi == 0) return out;
-    lo = 1;
-  }
-  int full_from = 0, full_to = -1;  // a run of full digit counts not yet written
-  auto flush = [&] {
-    if (full_to < full_from) return;
-    Sequence s{range('1', '9')};
-    if (full_to > 1) s.push_back(g_->repeat({digit()}, full_from - 1, full_to - 1));
-    out.push_back(std::move(s));
-    full_to = -1;
-  };
-  for (int d = num_digits(lo); d <= num_digits(hi); ++d) {
-    const uint64_t first = pow10(d - 1), last = pow10(d) - 1;
-    const uint64_t a = std::max(lo, first), b = std::min(hi, last);
-    if (a == first && b == last) {
-      if (full_to < full_from) full_from = d;
-      full_to = d;
-      continue;
-    }
-    flush();
-    for (Sequence& s : fixed_range(std::to_string(a), std::to_string(b))) out.push_back(s);
-  }
-  flush();
-  return out;
-}
-
-// lo..hi, |lo|, |hi| <= kBoundCap.
-std::vector<Sequence> Compiler::int_range(int64_t lo, int64_t hi) {
-  std::vector<Sequence> out;
-  if (lo < 0) {
-    Sequence s = g_->literal("-");
-    append_alts(&s, uint_range(static_cast<uint64_t>(hi < 0 ? -hi : 1), static_cast<uint64_t>(-lo)),
-                "digits");
-    out.push_back(std::move(s));
-  }
-  if (hi >= 0) {
-    for (Sequence& s :
-         uint_range(static_cast<uint64_t>(std::max<int64_t>(lo, 0)), static_cast<uint64_t>(hi))) {
-      out.push_back(std::move(s));
-    }
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Numbers with bounds: decimals in a range.
-
-Element Compiler::free_frac(int i) {
-  auto it = free_frac_.find(i);
-  if (it != free_frac_.end()) return it->second;
-  const Element e = g_->repeat({digit()}, i == 0 ? 1 : 0, kFracDigits - i);
-  free_frac_.emplace(i, e);
-  return e;
-}
-
-// Fraction digits f (1..kFracDigits of them) whose value, f padded with zeros to kFracDigits
-// digits, is in [x, y] (x <= y, kFracDigits digits each). At position i the written digits are
-// still equal to x's (tight_lo) and/or y's (tight_hi) prefix; a digit strictly inside frees
-// that side.
-Element Compiler::frac_digits(const std::string& x, const std::string& y) {
-  std::map<int, int32_t> memo;
-  std::function<Element(int, bool, bool)> build = [&](int i, bool tl, bool th) -> Element {
-    if (!tl && !th) return free_frac(i);
-    const int key = i * 4 + (tl ? 2 : 0) + (th ? 1 : 0);
-    if (auto it = memo.find(key); it != memo.end()) return Grammar::ref(it->second);
-    std::vector<Sequence> alts;
-    // Ending here pads with zeros: below y always, at least x only if x's rest is zeros.
-    if (i >= 1 && (!tl || x.find_first_not_of('0', static_cast<size_t>(i)) == std::string::npos)) {
-      alts.push_back({});
-    }
-    if (i < kFracDigits) {
-      const auto ui = static_cast<size_t>(i);
-      const char lo = tl ? x[ui] : '0', hi = th ? y[ui] : '9';
-      ByteSet classes[4];
-      for (char c = lo; c <= hi; ++c) {
-        classes[(tl && c == x[ui] ? 2 : 0) + (th && c == y[ui] ? 1 : 0)].add(
-            static_cast<uint8_t>(c));
-      }
-      for (int cls = 0; cls < 4; ++cls) {
-        if (classes[cls].empty()) continue;
-        alts.push_back({g_->bytes(classes[cls]), build(i + 1, (cls & 2) != 0, (cls & 1) != 0)});
-      }
-    }
-    const int32_t r = g_->rule("frac", std::move(alts));
-    memo.emplace(key, r);
-    return Grammar::ref(r);
-  };
-  return build(0, true, true);
-}
-
-// An optional fraction: nothing (the value 0, so only when x is zeros) or "." and digits.
-Element Compiler::frac_opt(const std::string& x, const std::string& y) {
-  const std::string zeros(kFracDigits, '0'), nines(kFracDigits, '9');
-  if (x == zeros && y == nines) return frac_any_opt();
-  std::vector<Sequence> alts;
-  if (x == zeros) alts.push_back({});
-  alts.push_back(cat({g_->literal("."), {frac_digits(x, y)}}));
-  return g_->group(std::move(alts), "frac");
-}
-
-// Decimals "K" or "K.f" (K canonical, f 1..kFracDigits digits) with a <= value <= b.
-std::vector<Sequence> Compiler::dec_range(const Dec& a, const Dec& b) {
-  const std::string zeros(kFracDigits, '0'), nines(kFracDigits, '9');
-  std::vector<Sequence> out;
-  if (a.k == b.k) {
-    out.push_back(cat({g_->literal(std::to_string(a.k)), {frac_opt(a.f, b.f)}}));
-    return out;
-  }
-  const bool low_full = a.f == zeros, high_full = b.f == nines;
-  const int64_t k1 = low_full ? a.k : a.k + 1, k2 = high_full ? b.k : b.k - 1;
-  if (!low_full) out.push_back(cat({g_->literal(std::to_string(a.k)), {frac_opt(a.f, nines)}}));
-  if (k1 <= k2) {
-    Sequence s;
-    append_alts(&s, uint_range(static_cast<uint64_t>(k1), static_cast<uint64_t>(k2)), "int");
-    s.push_back(frac_any_opt());
-    out.push_back(std::move(s));
-  }
-  if (!high_full) out.push_back(cat({g_->literal(std::to_string(b.k)), {frac_opt(zeros, b.f)}}));
-  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1205,148 +872,6 @@ Result<Element> Compiler::compile_format(const std::string& name, const std::str
   return e;
 }
 
-Result<Element> Compiler::compile_integer(const Json& s, const std::string& ptr) {
-  if (auto it = s.find("multipleOf"); it != s.end()) {
-    if (!it->is_number() || it->get<double>() != 1.0) {
-      return error_at("'multipleOf' is not supported (except 1 for integers)",
-                      child(ptr, "multipleOf"));
-    }
-  }
-  // Each bound as an inclusive integer: a float bound rounds inward, an exclusive one moves one
-  // step in; all are clamped to ±(kBoundCap + 1) (beyond that the range is empty or capped).
-  std::optional<int64_t> lo, hi;
-  auto bound = [&](const char* kw, bool lower, bool exclusive) -> Status {
-    const Json& v = s[kw];
-    if (!v.is_number()) {
-      return error_at(std::string("'") + kw + "' must be a number", child(ptr, kw));
-    }
-    constexpr int64_t kBig = kBoundCap + 1;
-    int64_t x;
-    if (v.is_number_unsigned()) {
-      x = static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), kBig));
-    } else if (v.is_number_integer()) {
-      x = std::clamp<int64_t>(v.get<int64_t>(), -kBig, kBig);
-    } else {
-      double d = v.get<double>();
-      d = lower ? (exclusive ? std::floor(d) + 1 : std::ceil(d))
-                : (exclusive ? std::ceil(d) - 1 : std::floor(d));
-      x = static_cast<int64_t>(std::clamp(d, -1e18, 1e18));
-      exclusive = false;
-    }
-    if (exclusive) x += lower ? 1 : -1;
-    if (lower) {
-      lo = lo ? std::max(*lo, x) : x;
-    } else {
-      hi = hi ? std::min(*hi, x) : x;
-    }
-    return ok_status();
-  };
-  // Draft 4 spells exclusivity as a boolean next to minimum/maximum.
-  auto draft4 = [&](const char* kw) {
-    auto it = s.find(kw);
-    return it != s.end() && it->is_boolean() && it->get<bool>();
-  };
-  if (s.contains("minimum")) {
-    VLM_RETURN_IF_ERROR(bound("minimum", true, draft4("exclusiveMinimum")));
-  }
-  if (s.contains("maximum")) {
-    VLM_RETURN_IF_ERROR(bound("maximum", false, draft4("exclusiveMaximum")));
-  }
-  if (s.contains("exclusiveMinimum") && !s["exclusiveMinimum"].is_boolean()) {
-    VLM_RETURN_IF_ERROR(bound("exclusiveMinimum", true, true));
-  }
-  if (s.contains("exclusiveMaximum") && !s["exclusiveMaximum"].is_boolean()) {
-    VLM_RETURN_IF_ERROR(bound("exclusiveMaximum", false, true));
-  }
-  if (!lo && !hi) return any_integer();
-  if (lo) lo = std::max(*lo, -kBoundCap);
-  if (hi) hi = std::min(*hi, kBoundCap);
-  if ((lo && *lo > kBoundCap) || (hi && *hi < -kBoundCap)) {
-    return error_at("no integer satisfies the bounds", ptr);
-  }
-  // An open side stops at 15 digits, or at the other bound's digit count when that is longer.
-  auto all_nines = [](int64_t x) {  // 10^digits(|x|) - 1
-    return static_cast<int64_t>(pow10(num_digits(static_cast<uint64_t>(x < 0 ? -x : x))) - 1);
-  };
-  if (!hi) hi = *lo <= kIntCap ? kIntCap : all_nines(*lo);
-  if (!lo) lo = *hi >= -kIntCap ? -kIntCap : -all_nines(*hi);
-  if (*lo > *hi) return error_at("no integer satisfies the bounds", ptr);
-  return alt(int_range(*lo, *hi), "integer");
-}
-
-// Numbers with bounds. A number "K.f" written here is a decimal d (K at most 15 digits, f at
-// most kFracDigits); a JSON reader takes the double nearest d, and that rounding is monotone
-// (d >= e implies double(d) >= double(e)). So the bounds first become inclusive doubles
-// lo <= v <= hi (an exclusive bound x becomes the next double past x), and then every decimal d
-// with spell(lo) <= d <= spell(hi) reads back inside, where spell(x) is the shortest decimal
-// that reads back as exactly x. The grammar produces exactly the decimals with
-// ceil15(spell(lo)) <= d <= floor15(spell(hi)), the rounding to kFracDigits fraction digits
-// being inward, for each sign: non-negative ones as "K" or "K.f", negative ones as "-" and a
-// magnitude in the mirrored range [-hi, -lo] (never "-0"). No exponents.
-Result<Element> Compiler::compile_number(const Json& s, const std::string& ptr) {
-  if (s.contains("multipleOf")) {
-    return error_at("'multipleOf' is not supported (except 1 for integers)",
-                    child(ptr, "multipleOf"));
-  }
-  std::optional<double> lo, hi;
-  auto value = [&](const char* kw) -> Result<double> {
-    const Json& v = s[kw];
-    if (!v.is_number()) {
-      return error_at(std::string("'") + kw + "' must be a number", child(ptr, kw));
-    }
-    // Integers past ±2^53 are outside every produced number anyway; clamped there they stay
-    // exact as doubles.
-    constexpr double k53 = 9007199254740992.0;
-    return std::clamp(v.get<double>(), -k53, k53);
-  };
-  auto draft4 = [&](const char* kw) {
-    auto it = s.find(kw);
-    return it != s.end() && it->is_boolean() && it->get<bool>();
-  };
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  if (s.contains("minimum")) {
-    VLM_ASSIGN_OR_RETURN(double x, value("minimum"));
-    if (draft4("exclusiveMinimum")) x = std::nextafter(x, kInf);
-    lo = x;
-  }
-  if (s.contains("exclusiveMinimum") && !s["exclusiveMinimum"].is_boolean()) {
-    VLM_ASSIGN_OR_RETURN(const double x, value("exclusiveMinimum"));
-    lo = std::max(lo.value_or(-kInf), std::nextafter(x, kInf));
-  }
-  if (s.contains("maximum")) {
-    VLM_ASSIGN_OR_RETURN(double x, value("maximum"));
-    if (draft4("exclusiveMaximum")) x = std::nextafter(x, -kInf);
-    hi = x;
-  }
-  if (s.contains("exclusiveMaximum") && !s["exclusiveMaximum"].is_boolean()) {
-    VLM_ASSIGN_OR_RETURN(const double x, value("exclusiveMaximum"));
-    hi = std::min(hi.value_or(kInf), std::nextafter(x, -kInf));
-  }
-  if (!lo && !hi) return any_number();
-  std::vector<Sequence> alts;
-  const Dec cap = max_dec();
-  if (!hi || *hi >= 0) {  // non-negative values
-    const Dec a = !lo || *lo <= 0 ? Dec{} : to_dec(*lo, /*up=*/true);
-    const Dec b = hi ? std::min(to_dec(*hi, /*up=*/false), cap) : cap;
-    if (a <= b) {
-      for (Sequence& q : dec_range(a, b)) alts.push_back(std::move(q));
-    }
-  }
-  if (!lo || *lo < 0) {  // negative values, as magnitudes
-    Dec tiny;
-    tiny.f.back() = '1';
-    const Dec a = !hi || *hi >= 0 ? tiny : std::max(to_dec(-*hi, /*up=*/true), tiny);
-    const Dec b = lo ? std::min(to_dec(-*lo, /*up=*/false), cap) : cap;
-    if (a <= b) {
-      Sequence q = g_->literal("-");
-      append_alts(&q, dec_range(a, b), "magnitude");
-      alts.push_back(std::move(q));
-    }
-  }
-  if (alts.empty()) return error_at("no number satisfies the bounds", ptr);
-  return g_->group(std::move(alts), "number");
-}
-
 // A JSON string, written without escapes, whose text is none of `names`: a walk down the trie
 // of the names, where each node may close the string (unless a name ends there), continue along
 // a child, or leave the trie with another character and then take any characters.
@@ -1736,7 +1261,12 @@ Result<Json> parse_schema(std::string_view text) {
   }
 }
 
-}  // namespace
+}  // namespace json_schema_internal
+
+using json_schema_internal::Compiler;
+using json_schema_internal::Json;
+using json_schema_internal::kMaxDepth;
+using json_schema_internal::parse_schema;
 
 Result<Element> add_json_schema(Grammar* g, std::string_view schema_json) {
   VLM_ASSIGN_OR_RETURN(const Json doc, parse_schema(schema_json));
