@@ -346,6 +346,15 @@ TEST_F(ServerTest, RemoteImagesAreFetchedOnlyWhenAllowed) {
 
 // While the model loads, /health and the API answer 503; a model that fails to load makes run()
 // return that error.
+TEST_F(ServerTest, AnEmptyServedModelNameIsRefused) {
+  ServeOptions o = tiny_options();
+  o.model_names = {"tiny", ""};
+  auto s = Server::create(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("--served-model-name"), std::string::npos)
+      << s.status().message();
+}
+
 TEST_F(ServerTest, Answers503WhileLoadingAndRunReportsLoadFailure) {
   std::mutex mu;
   std::condition_variable cv;
