@@ -10,6 +10,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev libboost-dev libssl-dev zlib1g-dev libbrotli-dev
   python3-venv python3-pip
   nettle-dev
+  libzmq3-dev libmsgpack-cxx-dev
   clang-format
 )
 missing=()

@@ -48,6 +48,20 @@ Result<GpuDtype> parse_gpu_dtype(std::string_view name);
 Result<Precision> parse_precision(std::string_view name);
 Result<KvCacheDtype> parse_kv_cache_dtype(std::string_view name);
 
+// KV events: every change to the prefix cache's set of blocks (stored, removed, all cleared),
+// published over ZeroMQ in vLLM's wire format for a KV-aware router (docs/deploy.md).
+struct KvEventsOptions {
+  // The PUB socket's endpoint ("" = no events). Bound when it has a wildcard ("tcp://*:5557",
+  // "tcp://[::]:5557") or is ipc:// or inproc://, else connected to ("tcp://router:5557").
+  std::string endpoint;
+  // A ROUTER socket (bound) where a subscriber that missed batches asks for them again by their
+  // sequence number ("" = none).
+  std::string replay_endpoint;
+  std::string topic;             // the first frame of every message
+  int64_t buffer_steps = 10000;  // batches kept for replay
+  int32_t hwm = 100000;          // the PUB socket's high-water mark (messages)
+};
+
 // The engine core: the per-step limits, the paged KV cache and the queue. Every request runs
 // through it (Engine::submit, generate, logits).
 struct BatchingOptions {
@@ -75,6 +89,7 @@ struct BatchingOptions {
   // ids and images) after their requests end, and a request starts after the longest run of its
   // blocks found cached; least recently used ones are evicted when blocks are needed.
   bool prefix_caching = true;
+  KvEventsOptions kv_events;  // needs prefix_caching
 };
 
 struct EngineOptions {

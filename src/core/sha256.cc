@@ -4,6 +4,16 @@
 
 namespace vlm {
 
+std::string sha256_hex(const Sha256Digest& d) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s(2 * d.size(), '0');
+  for (size_t i = 0; i < d.size(); ++i) {
+    s[2 * i] = kHex[d[i] >> 4];
+    s[2 * i + 1] = kHex[d[i] & 15];
+  }
+  return s;
+}
+
 static_assert(sizeof(sha256_ctx) <= 128 && alignof(sha256_ctx) <= 8);
 
 Sha256::Sha256() { sha256_init(reinterpret_cast<sha256_ctx*>(ctx_)); }

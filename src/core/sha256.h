@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 
 namespace vlm {
 
@@ -20,6 +21,9 @@ struct Sha256DigestHash {
     return static_cast<size_t>(v);
   }
 };
+
+// The digest in lowercase hexadecimal (64 characters).
+std::string sha256_hex(const Sha256Digest& d);
 
 class Sha256 {
  public:

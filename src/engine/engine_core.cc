@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <limits>
@@ -11,6 +12,7 @@
 
 #include "core/clock.h"
 #include "engine/engine_impl.h"
+#include "engine/kv_events.h"
 #include "engine/model_runner.h"
 #include "engine/output_processor.h"
 #include "engine/pixel_budget.h"
@@ -179,10 +181,13 @@ struct EngineCore::State {
   ModelRunnerOutput run_out;
   std::vector<std::pair<int64_t, int64_t>> computed;
   std::vector<int64_t> aborts;
-  std::vector<StagedImage*> batch_images;  // admit(): images encoded together on the GPU
-  std::vector<double*> batch_ms;           // their requests' encode_ms
-  BlockHasher hasher;                      // prefix-cache keys, seeded at random per engine
-  std::vector<BlockExtraKey> extras;       // block_hash()'s scratch
+  std::vector<StagedImage*> batch_images;       // admit(): images encoded together on the GPU
+  std::vector<double*> batch_ms;                // their requests' encode_ms
+  BlockHasher hasher;                           // prefix-cache keys, seeded at random per engine
+  std::unique_ptr<KvEventPublisher> kv_events;  // null: no KV events
+  std::vector<KvCacheEvent> kv_log;             // publish_kv_events()' scratch
+  std::vector<KvWireEvent> kv_wire;
+  std::vector<BlockExtraKey> extras;  // block_hash()'s scratch
   int64_t steps = 0;
 };
 
@@ -261,6 +266,13 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   sc.max_waiting = opts.max_waiting + opts.max_num_seqs + 1;
   sc.prefix_caching = opts.prefix_caching;
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
+  if (!opts.kv_events.endpoint.empty()) {
+    if (!opts.prefix_caching) {
+      return invalid_argument("KV events describe the prefix cache, which is off");
+    }
+    VLM_ASSIGN_OR_RETURN(s.kv_events, KvEventPublisher::start(opts.kv_events));
+    sched.enable_kv_events();
+  }
   core->opts_ = opts;
   core->on_step_ = std::move(on_step);
   core->pixel_budget_ = std::make_unique<PixelBudget>(opts.max_inflight_image_pixels);
@@ -663,6 +675,7 @@ void EngineCore::step() {
   // 2. Schedule this step.
   SchedulerOutput& out = s.sched_out;
   s.sched->schedule(&out);
+  publish_kv_events();
   {
     std::lock_guard<std::mutex> lock(sh.mu);
     sh.stats.preemptions += static_cast<int64_t>(out.preempted.size());
@@ -709,6 +722,7 @@ void EngineCore::step() {
     if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
       // Blocks keyed for this step were never computed: forget every key.
       s.sched->reset_prefix_cache();
+      publish_kv_events();
       for (const auto& it : out.items) {
         auto f = s.reqs.find(it.request_id);
         if (f != s.reqs.end()) end(f->second.get(), FinishReason::kNone, st);
@@ -723,6 +737,43 @@ void EngineCore::step() {
   }
   if (on_step_ && !out.items.empty())
     on_step_(std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+// The prefix cache's changes since the last call (blocks keyed by this step's schedule, evicted
+// to make room, or all forgotten) as one batch of KV events, with the token ids and images of the
+// blocks stored.
+void EngineCore::publish_kv_events() {
+  State& s = *st_;
+  if (!s.kv_events) return;
+  s.sched->take_kv_events(&s.kv_log);
+  if (s.kv_log.empty()) return;
+  const int64_t bs = opts_.block_size;
+  s.kv_wire.clear();
+  for (const KvCacheEvent& e : s.kv_log) {
+    KvWireEvent w;
+    w.kind = e.kind;
+    for (const BlockHash& h : e.hashes) w.hashes.push_back(external_block_hash(h));
+    if (e.kind == KvCacheEvent::Kind::kStored) {
+      // The sequence is live: its blocks were keyed as this step scheduled it.
+      auto it = s.reqs.find(e.seq);
+      if (it == s.reqs.end()) continue;
+      const RunnerRequest& run = it->second->run;
+      if (e.parent) w.parent = external_block_hash(*e.parent);
+      const int64_t begin = e.first_block * bs;
+      const int64_t end = begin + static_cast<int64_t>(e.hashes.size()) * bs;
+      w.token_ids.assign(run.ids.begin() + begin, run.ids.begin() + end);
+      w.extra_keys.resize(e.hashes.size());
+      for (const ImageSpan& span : run.prompt.image_spans) {
+        for (int64_t k = std::max(begin, span.begin) / bs; k * bs < std::min(end, span.end); ++k) {
+          w.extra_keys[static_cast<size_t>(k - begin / bs)].push_back(sha256_hex(span.key.content));
+        }
+      }
+    }
+    s.kv_wire.push_back(std::move(w));
+  }
+  const double ts =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  s.kv_events->publish(encode_kv_event_batch(ts, s.kv_wire, static_cast<int32_t>(bs)));
 }
 
 // After the forward pass: the scheduler learns what was computed and sampled, and requests that

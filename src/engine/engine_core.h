@@ -59,6 +59,7 @@ class EngineCore {
   void step();
   void admit();
   void update(int64_t step_index);
+  void publish_kv_events();
   // req: engine_core.cc's Req; `last`: its final token, sampled by step `step` at `sampled_ns`.
   void end(void* req, FinishReason reason, const Status& error, const SampledToken* last = nullptr,
            int64_t step = 0, int64_t sampled_ns = 0);

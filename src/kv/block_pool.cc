@@ -57,6 +57,12 @@ Status BlockPool::allocate(int32_t n, std::vector<int32_t>* out) {
     const int32_t b = next_[num_blocks()];
     unlink(b);
     if (hashed_[b]) {
+      if (log_on_) {
+        if (log_.empty() || log_.back().kind != KvCacheEvent::Kind::kRemoved) {
+          log_.emplace_back().kind = KvCacheEvent::Kind::kRemoved;
+        }
+        log_.back().hashes.push_back(hash_[b]);
+      }
       drop_hash(b);
       ++evictions_;
     }
@@ -93,17 +99,18 @@ int32_t BlockPool::lookup(const BlockHash& hash) const {
   }
 }
 
-void BlockPool::cache(int32_t block, const BlockHash& hash) {
+bool BlockPool::cache(int32_t block, const BlockHash& hash) {
   VLM_CHECK(block >= 0 && block < num_blocks() && ref_[block] > 0, "cache of a free block");
-  if (hashed_[block]) return;
+  if (hashed_[block]) return false;
   size_t i = home(hash);
   for (; slots_[i] >= 0; i = (i + 1) & mask_) {
-    if (hash_[slots_[i]] == hash) return;
+    if (hash_[slots_[i]] == hash) return false;
   }
   slots_[i] = block;
   hash_[block] = hash;
   hashed_[block] = 1;
   ++num_cached_;
+  return true;
 }
 
 // NOTE: backward-shift deletion (no tombstones): the entries after the hole that may move into it
@@ -124,6 +131,7 @@ void BlockPool::drop_hash(int32_t b) {
 }
 
 void BlockPool::reset_cache() {
+  if (log_on_) log_.emplace_back().kind = KvCacheEvent::Kind::kCleared;
   std::fill(slots_.begin(), slots_.end(), -1);
   std::fill(hashed_.begin(), hashed_.end(), 0);
   num_cached_ = 0;
@@ -231,8 +239,26 @@ void KvCacheManager::cache_full_blocks(int64_t seq, std::span<const BlockHash> h
                                           static_cast<int32_t>(hashes.size()),
                                           static_cast<int32_t>(s->blocks.size())});
   for (; s->num_hashed < full; ++s->num_hashed) {
-    pool_.cache(s->blocks[s->num_hashed], hashes[s->num_hashed]);
+    const int32_t k = s->num_hashed;
+    std::vector<KvCacheEvent>* log = pool_.event_log();
+    if (!pool_.cache(s->blocks[k], hashes[k]) || log == nullptr) continue;
+    // A run of blocks keyed in order is one event, as long as nothing else came between.
+    KvCacheEvent* e = log->empty() ? nullptr : &log->back();
+    if (e == nullptr || e->kind != KvCacheEvent::Kind::kStored || e->seq != seq ||
+        e->first_block + static_cast<int32_t>(e->hashes.size()) != k) {
+      e = &log->emplace_back();
+      e->kind = KvCacheEvent::Kind::kStored;
+      e->seq = seq;
+      e->first_block = k;
+      if (k > 0) e->parent = hashes[k - 1];
+    }
+    e->hashes.push_back(hashes[k]);
   }
+}
+
+void KvCacheManager::take_events(std::vector<KvCacheEvent>* out) {
+  out->clear();
+  if (std::vector<KvCacheEvent>* log = pool_.event_log()) out->swap(*log);
 }
 
 }  // namespace vlm

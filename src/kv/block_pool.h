@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -12,6 +13,21 @@
 #include "vlm/status.h"
 
 namespace vlm {
+
+// One change to the set of cached block contents, for a consumer that mirrors it (the KV event
+// stream a KV-aware router reads). Recorded only while a log is attached.
+struct KvCacheEvent {
+  enum class Kind : uint8_t {
+    kStored,   // `hashes` now name blocks: a run of a sequence's blocks, keyed in order
+    kRemoved,  // `hashes` name no block any more (evicted to make room)
+    kCleared,  // every hash was forgotten
+  };
+  Kind kind = Kind::kStored;
+  int64_t seq = -1;         // kStored: the sequence whose blocks were keyed
+  int32_t first_block = 0;  // kStored: the first one's index in its block table
+  std::vector<BlockHash> hashes;
+  std::optional<BlockHash> parent;  // kStored: the hash of the block before the run, if any
+};
 
 // Free blocks (reference count 0) wait in one list, allocated from its head. A freed block
 // without a hash goes to the head (reused first); one that holds a hash (cached contents) goes
@@ -41,13 +57,18 @@ class BlockPool {
 
   // The block holding `hash`, or -1.
   int32_t lookup(const BlockHash& hash) const;
-  // Records that `block` (in use, its K/V computed or being computed this step) holds `hash`.
-  // No-op when the block already has a hash or another block holds this one (two requests
-  // computed the same contents; the first stays the one found).
-  void cache(int32_t block, const BlockHash& hash);
+  // Records that `block` (in use, its K/V computed or being computed this step) holds `hash`;
+  // true when it does now. No-op (false) when the block already has a hash or another block holds
+  // this one (two requests computed the same contents; the first stays the one found).
+  bool cache(int32_t block, const BlockHash& hash);
   bool has_hash(int32_t block) const { return hashed_[block] != 0; }
+  const BlockHash& hash_of(int32_t block) const { return hash_[block]; }  // when has_hash
   // Forgets every hash (the blocks stay where they are).
   void reset_cache();
+  // KV events: from now on evictions and resets are recorded in order in event_log(), which
+  // KvCacheManager also appends its stored runs to. Off by default (event_log() is null).
+  void enable_event_log() { log_on_ = true; }
+  std::vector<KvCacheEvent>* event_log() { return log_on_ ? &log_ : nullptr; }
 
  private:
   void unlink(int32_t b);
@@ -69,6 +90,8 @@ class BlockPool {
   int32_t num_cached_ = 0;
   int32_t num_free_ = 0;
   int64_t evictions_ = 0;
+  bool log_on_ = false;
+  std::vector<KvCacheEvent> log_;
 };
 
 // The blocks of every running sequence: how many tokens each holds and its block table.
@@ -108,6 +131,12 @@ class KvCacheManager {
   // its full blocks' hashes, goes) and not recorded yet.
   void cache_full_blocks(int64_t seq, std::span<const BlockHash> hashes, int64_t tokens);
   void reset_cache() { pool_.reset_cache(); }
+
+  // KV events: from now on every change to the cached set (blocks keyed, evicted, all forgotten)
+  // is recorded in order until take_events() hands it over. Off by default (nothing recorded).
+  void enable_events() { pool_.enable_event_log(); }
+  // Moves the changes recorded since the last call into *out (cleared first).
+  void take_events(std::vector<KvCacheEvent>* out);
 
  private:
   struct Seq {

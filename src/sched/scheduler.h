@@ -92,6 +92,10 @@ class Scheduler {
   // Forgets every cached block's key (e.g. after a failed forward pass whose blocks were keyed
   // but never computed).
   void reset_prefix_cache() { kv_.reset_cache(); }
+  // KV events: records every change to the prefix cache's set of keyed blocks from now on
+  // (kv/block_pool.h); take_kv_events() hands over those recorded since its last call.
+  void enable_kv_events() { kv_.enable_events(); }
+  void take_kv_events(std::vector<KvCacheEvent>* out) { kv_.take_events(out); }
 
   // Prefix caching counters, in tokens: the tokens of every admitted request that looked the cache
   // up, and those found there. Cached blocks now, and blocks evicted so far.

@@ -294,5 +294,92 @@ TEST(KvCacheManager, RandomPrefixTrafficKeepsCountsAndContentsRight) {
   EXPECT_EQ(kv.pool().num_free(), kBlocks);
 }
 
+// KV events: a consumer that applies the event stream to a set of hashes holds, after every
+// operation, exactly the hashes the pool's blocks hold. A stored run names blocks new to the set,
+// in the sequence's order, with the hash before it as parent; a removal names hashes in the set;
+// a reset empties it. The workload keys sequences in two parts (as chunked prefill does), evicts,
+// and resets now and then.
+TEST(KvCacheManager, EventsMirrorTheCachedSet) {
+  constexpr int32_t kBlocks = 32, kBs = 4;
+  KvCacheManager kv(kBlocks, kBs);
+  kv.enable_events();
+  const BlockHasher hasher;
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> bases(3);
+  for (auto& b : bases) {
+    for (int i = 0; i < 36; ++i) b.push_back(static_cast<int32_t>(rng() % 40));
+  }
+  std::map<int64_t, std::vector<BlockHash>> live;  // id -> its blocks' hashes
+  std::set<BlockHash> mirror;
+  std::vector<KvCacheEvent> events;
+  int64_t next = 0, stored = 0, removed = 0, cleared = 0;
+  auto apply = [&]() {
+    kv.take_events(&events);
+    for (const KvCacheEvent& e : events) {
+      switch (e.kind) {
+        case KvCacheEvent::Kind::kStored: {
+          const std::vector<BlockHash>& h = live.at(e.seq);
+          ASSERT_EQ(e.parent.has_value(), e.first_block > 0);
+          if (e.parent) ASSERT_EQ(*e.parent, h[e.first_block - 1]);
+          for (size_t i = 0; i < e.hashes.size(); ++i) {
+            ASSERT_EQ(e.hashes[i], h[e.first_block + i]);
+            ASSERT_TRUE(mirror.insert(e.hashes[i]).second) << "stored twice";
+            ++stored;
+          }
+          break;
+        }
+        case KvCacheEvent::Kind::kRemoved:
+          for (const BlockHash& x : e.hashes) {
+            ASSERT_EQ(mirror.erase(x), 1u) << "removed a hash never stored";
+            ++removed;
+          }
+          break;
+        case KvCacheEvent::Kind::kCleared:
+          mirror.clear();
+          ++cleared;
+          break;
+      }
+    }
+    std::set<BlockHash> truth;
+    for (int32_t b = 0; b < kBlocks; ++b) {
+      if (kv.pool().has_hash(b)) truth.insert(kv.pool().hash_of(b));
+    }
+    ASSERT_EQ(mirror, truth);
+  };
+  for (int step = 0; step < 3000; ++step) {
+    const uint32_t op = rng() % 10;
+    if (op == 0 && step % 7 == 0) {
+      kv.reset_cache();
+    } else if (!live.empty() && op < 4) {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      kv.free(it->first);
+      live.erase(it);
+    } else {
+      std::vector<int32_t> tokens = bases[rng() % bases.size()];
+      tokens.resize(rng() % 36 + 1);
+      for (int i = rng() % 10; i > 0; --i) tokens.push_back(static_cast<int32_t>(rng() % 40));
+      std::vector<BlockHash> hashes;
+      for (size_t k = 0; (k + 1) * kBs <= tokens.size(); ++k) {
+        hashes.push_back(hasher.hash(k == 0 ? nullptr : &hashes[k - 1],
+                                     std::span(tokens).subspan(k * kBs, kBs), {}));
+      }
+      std::vector<int32_t> hit;
+      const int64_t n = static_cast<int64_t>(tokens.size());
+      kv.cached_prefix(hashes, n - 1, &hit);
+      if (!kv.reserve_prefix(next, hit, n).ok()) continue;
+      live.emplace(next, hashes);
+      kv.cache_full_blocks(next, hashes, n / 2);  // a first chunk, then the rest
+      kv.cache_full_blocks(next, hashes, n);
+      ++next;
+    }
+    apply();
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GT(stored, 500);
+  EXPECT_GT(removed, 100);
+  EXPECT_GT(cleared, 5);
+}
+
 }  // namespace
 }  // namespace vlm
