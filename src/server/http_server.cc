@@ -16,6 +16,7 @@
 #include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/router_api.h"
 #include "vision/image_decode.h"
 #include "vlm/chat.h"
 #include "vlm/server.h"
@@ -85,6 +86,10 @@ struct Server::Impl {
   std::atomic<int64_t> next_id{1};
   ApiLimits limits;
   MediaPolicy media;
+  ReplicaInfo replica;  // /server_info, /model_info, /v1/loads; set by load() before `ready`
+  std::mutex loads_mu;  // the previous /v1/loads poll, for its generation rate
+  double loads_generated = 0;
+  Clock::time_point loads_polled{};
 
   MetricsRegistry metrics;
   Counter* requests = nullptr;
@@ -164,6 +169,14 @@ struct Server::Impl {
           static_cast<long long>(st.kv_blocks_total * st.kv_block_size), st.kv_cache_dtype,
           static_cast<double>(st.kv_cache_bytes) / (1 << 20));
       kv_tokens_total->set(static_cast<double>(st.kv_blocks_total * st.kv_block_size));
+      replica.model_path = opts.engine.model_dir;
+      replica.served_model_name = model_name;
+      read_model_config(opts.engine.model_dir, &replica);
+      replica.version = std::string("vlm ") + VLM_VERSION;
+      replica.has_vision = engine->has_vision();
+      replica.context_length = engine->max_context();
+      replica.max_total_tokens = st.kv_blocks_total * st.kv_block_size;
+      replica.max_running_requests = opts.engine.batching.max_num_seqs;
       kv_bytes->set(static_cast<double>(st.kv_cache_bytes));
       // vLLM's info gauge of the cache configuration (a gauge held at 1), known once loaded.
       const std::string block_size = std::to_string(st.kv_block_size);
@@ -252,6 +265,7 @@ struct Server::Impl {
   }
 
   void scrape_metrics();
+  std::string loads();  // GET /v1/loads
   void chat(const std::shared_ptr<HttpExchange>& ex);
   void completions(const std::shared_ptr<HttpExchange>& ex);
   void register_routes();
@@ -589,6 +603,41 @@ void Server::Impl::scrape_metrics() {
   mirrored = st;
 }
 
+std::string Server::Impl::loads() {
+  const Engine::CoreStats st = engine->core_stats();
+  ReplicaLoad load;
+  load.running = st.running;
+  load.waiting = st.waiting;
+  load.used_tokens = st.kv_blocks_used * st.kv_block_size;
+  load.cache_hit_rate =
+      st.prefix_cache_queries > 0
+          ? static_cast<double>(st.prefix_cache_hits) / static_cast<double>(st.prefix_cache_queries)
+          : 0.0;
+  const auto now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(loads_mu);
+    const double generated = generated_tokens->value();
+    const double dt = std::chrono::duration<double>(now - loads_polled).count();
+    if (loads_polled != Clock::time_point{} && dt > 0) {
+      load.gen_throughput = (generated - loads_generated) / dt;
+    }
+    loads_generated = generated;
+    loads_polled = now;
+  }
+  const auto wall = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(wall);
+  const int64_t us =
+      std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count() %
+      1000000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char stamp[48];
+  std::snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<long long>(us));
+  return loads_json(replica, load, stamp);
+}
+
 void Server::Impl::register_routes() {
   using http::RunOn;
   auto api_gate = [this](const http::HttpRequest& head) { return gate(head); };
@@ -604,8 +653,26 @@ void Server::Impl::register_routes() {
   http->route(
       "GET", "/v1/models", RunOn::kIoThread,
       [this](std::shared_ptr<HttpExchange> ex) {
-        ex->respond(json_response(200, models_list_json(model_names, created)));
+        ex->respond(
+            json_response(200, models_list_json(model_names, created, replica.context_length)));
       },
+      api_gate);
+  // SGLang's worker endpoints, which smg reads to register a replica and balance by load.
+  http->route(
+      "GET", "/server_info", RunOn::kIoThread,
+      [this](std::shared_ptr<HttpExchange> ex) {
+        ex->respond(json_response(200, server_info_json(replica)));
+      },
+      api_gate);
+  http->route(
+      "GET", "/model_info", RunOn::kIoThread,
+      [this](std::shared_ptr<HttpExchange> ex) {
+        ex->respond(json_response(200, model_info_json(replica)));
+      },
+      api_gate);
+  http->route(
+      "GET", "/v1/loads", RunOn::kIoThread,
+      [this](std::shared_ptr<HttpExchange> ex) { ex->respond(json_response(200, loads())); },
       api_gate);
   http->route(
       "POST", "/v1/chat/completions", RunOn::kWorker,

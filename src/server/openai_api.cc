@@ -1153,7 +1153,8 @@ std::string sse_event(const std::string& json) { return "data: " + json + "\n\n"
 
 std::string sse_done() { return "data: [DONE]\n\n"; }
 
-std::string models_list_json(const std::vector<std::string>& ids, int64_t created) {
+std::string models_list_json(const std::vector<std::string>& ids, int64_t created,
+                             int64_t max_model_len) {
   ojson data = ojson::array();
   for (const std::string& id : ids) {
     ojson m;
@@ -1161,6 +1162,7 @@ std::string models_list_json(const std::vector<std::string>& ids, int64_t create
     m["object"] = "model";
     m["created"] = created;
     m["owned_by"] = "vlm";
+    if (max_model_len > 0) m["max_model_len"] = max_model_len;
     data.push_back(std::move(m));
   }
   ojson j;

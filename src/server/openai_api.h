@@ -240,8 +240,10 @@ std::string completion_chunk_json(const std::string& id, const std::string& mode
 std::string sse_event(const std::string& json);
 std::string sse_done();
 
-// GET /v1/models:
-// {"object":"list","data":[{"id","object":"model","created","owned_by":"vlm"}]}.
-std::string models_list_json(const std::vector<std::string>& ids, int64_t created);
+// GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by":"vlm",
+// "max_model_len"}]} (max_model_len as vLLM reports it: the context a request may use; left out
+// when 0).
+std::string models_list_json(const std::vector<std::string>& ids, int64_t created,
+                             int64_t max_model_len = 0);
 
 }  // namespace vlm

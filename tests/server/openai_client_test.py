@@ -580,6 +580,47 @@ class OpenAIClientTest(unittest.TestCase):
         with self.assertRaises(openai.NotFoundError):
             c.chat.completions.create(model="not-served", messages=user("hi"), max_tokens=2)
 
+    def test_router_worker_endpoints(self):
+        """SGLang's worker endpoints, which smg reads to register a replica and balance load:
+        the values are the server's own (its flags and /metrics)."""
+        def get(path):
+            with urllib.request.urlopen(self.server.url(path), timeout=TIMEOUT) as r:
+                self.assertEqual(r.headers["Content-Type"], "application/json")
+                return json.loads(r.read())
+
+        info = get("/server_info")
+        idle = self.wait_idle()
+        capacity = self.value(idle, "vlm_kv_cache_tokens_capacity")
+        self.assertEqual(info["served_model_name"], MODEL)
+        self.assertEqual(info["context_length"], serve_util.CTX)
+        self.assertEqual(info["max_total_tokens"], capacity)
+        self.assertEqual(info["max_running_requests"], 4)  # serve_util's --max-num-seqs
+        self.assertEqual((info["tp_size"], info["dp_size"], info["is_embedding"]), (1, 1, False))
+        self.assertTrue(info["version"].startswith("vlm "))
+        model = get("/model_info")
+        config = json.loads((Path(ARGS.model_dir) / "config.json").read_text())
+        self.assertEqual(model["model_type"], config["model_type"])
+        self.assertEqual(model["architectures"], config["architectures"])
+        self.assertTrue(model["is_generation"])
+        self.assertTrue(model["has_image_understanding"])
+        self.assertEqual([m["max_model_len"] for m in get("/v1/models")["data"]],
+                         [serve_util.CTX, serve_util.CTX])
+        get("/v1/loads?include=core")  # starts the generation-rate window
+        self.chat(user("Load me up."), max_tokens=8, extra_body={"ignore_eos": True})
+        self.wait_idle()
+        loads = get("/v1/loads?include=core")
+        self.assertEqual(loads["dp_rank_count"], 1)
+        (rank,) = loads["loads"]
+        self.assertEqual((rank["dp_rank"], rank["num_running_reqs"], rank["num_waiting_reqs"],
+                          rank["num_used_tokens"], rank["token_usage"]), (0, 0, 0, 0, 0.0))
+        self.assertEqual(rank["max_total_num_tokens"], capacity)
+        self.assertGreater(rank["gen_throughput"], 0)
+        m = self.metrics()[0]
+        queries = self.value(m, "vlm_prefix_cache_queries_total")
+        self.assertAlmostEqual(rank["cache_hit_rate"],
+                               self.value(m, "vlm_prefix_cache_hits_total") / queries if queries else 0.0)
+        time.strptime(loads["timestamp"].split(".")[0], "%Y-%m-%dT%H:%M:%S")
+
     def test_metrics_vision_cache_hit(self):
         url = data_url(png_bytes(48, 40, (os.getpid() % 251, 17, 201)))  # an image no other test sends
         msgs = user([image_part(url), {"type": "text", "text": "Again?"}])

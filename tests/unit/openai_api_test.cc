@@ -620,6 +620,8 @@ TEST(OpenAiApiTest, ModelsList) {
   EXPECT_EQ(j["data"][0]["id"], "qwen3-vl-2b");
   EXPECT_EQ(j["data"][0]["object"], "model");
   EXPECT_EQ(j["data"][1]["created"], 7);
+  EXPECT_FALSE(j["data"][0].contains("max_model_len"));
+  EXPECT_EQ(json::parse(models_list_json({"m"}, 7, 4096))["data"][0]["max_model_len"], 4096);
 }
 
 }  // namespace
