@@ -323,6 +323,7 @@ struct ReplyFormat {
   // Choice i's finish (tool_calls: it ended with tool calls).
   std::function<std::string(int, FinishReason, bool tool_calls)> finish;
   std::function<std::string(const Usage&)> usage;
+  bool continuous_usage = false;  // every chunk after the prologue carries the usage so far
   // Not streaming: the whole response.
   std::function<std::string(const std::vector<ChoiceState>&, const Usage&)> whole;
 };
@@ -469,27 +470,32 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     }
     if (f_.logprobs) c.logprobs.insert(c.logprobs.end(), p.logprobs.begin(), p.logprobs.end());
     const std::vector<TokenLogprob>* lp = f_.logprobs ? &p.logprobs : nullptr;
+    // The counts so far (complete on the last piece).
+    const RequestStats& st = p.stats;
+    c.prompt_tokens = st.prompt_tokens;
+    c.completion_tokens = st.completion_tokens;
+    c.cached_tokens = st.cached_tokens;
+    auto event = [&](std::string chunk) {
+      if (f_.continuous_usage) chunk = chunk_with_usage(chunk, usage_of(choices_, f_.n));
+      return sse_event(chunk);
+    };
     if (c.parser) {
       ChatOutputDelta d;
       c.parser->feed(p.text, &d);
       if (p.finished) c.parser->finish(&d);
       add_delta(c, &d);
       if (f_.stream && (!d.empty() || (lp && !lp->empty()))) {
-        *out += sse_event(f_.delta_chunk(i, d, lp));
+        *out += event(f_.delta_chunk(i, d, lp));
       }
     } else {
       c.text += p.text;
       if (f_.stream && (!p.text.empty() || (lp && !lp->empty()))) {
-        *out += sse_event(f_.chunk(i, p.text, lp));
+        *out += event(f_.chunk(i, p.text, lp));
       }
     }
     if (!p.finished) return true;
-    const RequestStats& st = p.stats;
     c.finished = true;
     c.reason = p.finish_reason;
-    c.prompt_tokens = st.prompt_tokens;
-    c.completion_tokens = st.completion_tokens;
-    c.cached_tokens = st.cached_tokens;
     s_.prompt_tokens->inc(static_cast<double>(st.prompt_tokens));
     s_.generated_tokens->inc(static_cast<double>(st.completion_tokens));
     s_.vllm.prompt_tokens->inc(static_cast<double>(st.prompt_tokens));
@@ -502,7 +508,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       if (st.images > st.images_cached || pre > 0) s_.preprocess_time->observe(pre / 1e3);
       if (st.images > st.images_cached) s_.encode_time->observe(st.encode_ms / 1e3);
     }
-    if (f_.stream) *out += sse_event(f_.finish(i, p.finish_reason, !c.tool_calls.empty()));
+    if (f_.stream) *out += event(f_.finish(i, p.finish_reason, !c.tool_calls.empty()));
     if (++finished_ < choices_.size()) return true;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -799,6 +805,7 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
         return usage_chunk_json(rid, model_name, created_now, u);
       };
     }
+    f.continuous_usage = cr.continuous_usage;
   } else {
     f.whole = [=, this, want_logprobs = cr.logprobs](const std::vector<ChoiceState>& choices,
                                                      const Usage& u) {
@@ -869,6 +876,7 @@ void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
         return usage_chunk_json(rid, model_name, created_now, u, "text_completion");
       };
     }
+    f.continuous_usage = cr.continuous_usage;
   } else {
     f.whole = [=, this](const std::vector<ChoiceState>& choices, const Usage& u) {
       std::vector<CompletionChoice> out;

@@ -524,7 +524,7 @@ std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits,
       return bad_request("'stream_options' must be an object", "stream_options");
     }
     for (auto it = so->begin(); it != so->end(); ++it) {
-      if (it.key() != "include_usage") {
+      if (it.key() != "include_usage" && it.key() != "continuous_usage_stats") {
         return bad_request("'stream_options." + it.key() + "' is not supported by this server",
                            "stream_options." + it.key());
       }
@@ -533,6 +533,13 @@ std::optional<ApiError> parse_common(const ojson& body, const ApiLimits& limits,
             read_bool(*so, "include_usage", "stream_options.include_usage", &req->include_usage)) {
       return e;
     }
+    bool continuous = false;
+    if (auto e = read_bool(*so, "continuous_usage_stats", "stream_options.continuous_usage_stats",
+                           &continuous)) {
+      return e;
+    }
+    // As vLLM: usage in every chunk only when the stream reports usage at all.
+    req->continuous_usage = continuous && req->include_usage;
   }
 
   constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
@@ -1103,6 +1110,13 @@ std::string chat_tool_calls_finish_json(const std::string& id, const std::string
   c["logprobs"] = nullptr;
   c["finish_reason"] = "tool_calls";
   j["choices"] = ojson::array({std::move(c)});
+  return dump(j);
+}
+
+std::string chunk_with_usage(const std::string& chunk_json, const Usage& usage) {
+  ojson j = ojson::parse(chunk_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return chunk_json;
+  j["usage"] = usage_object(usage);
   return dump(j);
 }
 

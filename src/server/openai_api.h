@@ -99,7 +99,10 @@ struct CommonRequest {
   int n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  bool ignore_eos = false;     // vLLM's extension: generate max_tokens regardless of eos
+  // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries the
+  // usage so far.
+  bool continuous_usage = false;
+  bool ignore_eos = false;  // vLLM's extension: generate max_tokens regardless of eos
   // response_format (chat), vLLM's structured_outputs or its older guided_* fields, or
   // tool_choice "required" / a named function (chat): the grammar the reply must follow.
   StructuredOutput structured;
@@ -220,6 +223,10 @@ std::string chat_chunk_json(const std::string& id, const std::string& model, int
 // plus usage. `object` is "chat.completion.chunk" or "text_completion".
 std::string usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
                              const Usage& usage, const char* object = "chat.completion.chunk");
+
+// A stream chunk (one of the builders' JSON objects) with "usage" (the counts so far) added, as
+// vLLM sends every chunk under stream_options.continuous_usage_stats.
+std::string chunk_with_usage(const std::string& chunk_json, const Usage& usage);
 
 // POST /v1/completions response: object "text_completion"; logprobs in the legacy layout
 // {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}. `text_offset0` is

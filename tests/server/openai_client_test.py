@@ -222,6 +222,32 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertEqual(usage.completion_tokens, want.usage.completion_tokens)
         self.assertEqual(usage.total_tokens, want.usage.total_tokens)
 
+    def test_stream_continuous_usage_stats(self):
+        """vLLM's stream_options.continuous_usage_stats (what GuideLLM sends): with include_usage
+        every chunk after the role chunk carries the usage so far; without it, none does."""
+        want = self.chat(user("Count the waves."), max_tokens=10, extra_body={"ignore_eos": True})
+        for include, continuous in ((True, True), (False, True), (True, False)):
+            with self.subTest(include_usage=include, continuous=continuous):
+                stream = self.client().chat.completions.create(
+                    model=MODEL, messages=user("Count the waves."), max_tokens=10, temperature=0,
+                    stream=True, extra_body={"ignore_eos": True},
+                    stream_options={"include_usage": include, "continuous_usage_stats": continuous})
+                chunks = list(stream)
+                content = [c for c in chunks if c.choices and (c.choices[0].delta.content or
+                                                               c.choices[0].finish_reason)]
+                self.assertTrue(content)
+                if include and continuous:
+                    counts = [c.usage.completion_tokens for c in content]
+                    self.assertEqual(counts, sorted(counts), "usage so far never goes down")
+                    self.assertEqual(counts[-1], want.usage.completion_tokens)
+                    for c in content:
+                        self.assertEqual(c.usage.prompt_tokens, want.usage.prompt_tokens)
+                        self.assertEqual(c.usage.total_tokens,
+                                         c.usage.prompt_tokens + c.usage.completion_tokens)
+                else:
+                    self.assertTrue(all(c.usage is None for c in content))
+                self.assertEqual(chunks[-1].usage is not None, include)
+
     def test_chat_images_count_as_prompt_tokens(self):
         url = data_url(self.png)
         none = self.chat(user("What is this?"), max_tokens=2)

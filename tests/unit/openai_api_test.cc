@@ -97,6 +97,7 @@ TEST(OpenAiApiTest, FullValidRequest) {
   EXPECT_TRUE(q.remote_images.empty());
   EXPECT_TRUE(q.stream);
   EXPECT_TRUE(q.include_usage);
+  EXPECT_FALSE(q.continuous_usage);
   EXPECT_EQ(q.max_tokens, 10);
   EXPECT_EQ(q.sampling.temperature, 0.7);
   EXPECT_EQ(q.sampling.top_p, 0.9);
@@ -193,8 +194,9 @@ TEST(OpenAiApiTest, EveryFieldIsReadOrRefusedByName) {
       {{{"modalities", {"text", "audio"}}}, "modalities"},
       {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},  // without stream
       {{{"stream", false}, {"stream_options", {{"include_usage", false}}}}, "stream_options"},
-      {{{"stream", true}, {"stream_options", {{"continuous_usage_stats", true}}}},
+      {{{"stream", true}, {"stream_options", {{"continuous_usage_stats", 1}}}},
        "stream_options.continuous_usage_stats"},
+      {{{"stream", true}, {"stream_options", {{"usage_every", 2}}}}, "stream_options.usage_every"},
       {{{"logit_bias", {{"abc", 1}}}}, "logit_bias"},
       {{{"logit_bias", {{"-5", 1}}}}, "logit_bias"},
       {{{"logit_bias", {{"5", 101}}}}, "logit_bias"},
