@@ -3,6 +3,7 @@
 #include <zmq.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <msgpack.hpp>
 
@@ -165,17 +166,15 @@ void KvEventPublisher::publish(std::string payload) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (queue_.size() >= kMaxQueue) {
-      ++dropped_;
+      if (dropped_++ == 0) {
+        std::fprintf(stderr, "vlm: KV events: %zu batches wait to be sent; dropping new ones\n",
+                     queue_.size());
+      }
       return;
     }
     queue_.push_back(std::move(payload));
   }
   cv_.notify_one();
-}
-
-int64_t KvEventPublisher::dropped() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return dropped_;
 }
 
 void KvEventPublisher::run() {

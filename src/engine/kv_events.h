@@ -51,7 +51,8 @@ std::string encode_kv_event_batch(double ts, std::span<const KvWireEvent> events
 
 // The ZeroMQ side: a PUB socket (and an optional ROUTER for replays) owned by one thread that
 // sends what publish() queues, numbering the messages 0, 1, 2, ... publish() never blocks: past
-// max_queue batches waiting, a batch is dropped and counted.
+// kMaxQueue batches waiting, a batch is dropped (the first drop is reported on stderr; a
+// subscriber sees the gap in the sequence numbers).
 class KvEventPublisher {
  public:
   // Opens the sockets (a bind that fails — address in use, bad endpoint — is an error here).
@@ -59,7 +60,6 @@ class KvEventPublisher {
   ~KvEventPublisher();  // sends what is queued (up to a second), then closes
 
   void publish(std::string payload);
-  int64_t dropped() const;
 
   static constexpr size_t kMaxQueue = 100000;
 
@@ -73,7 +73,7 @@ class KvEventPublisher {
   void* pub_ = nullptr;
   void* replay_ = nullptr;
   std::thread thread_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::string> queue_;
   bool stop_ = false;
