@@ -3,7 +3,8 @@
 this machine's loopback, with the field's router unchanged. Shows, and checks:
 
 1. equal replies: each request sent through the router gets the reply the same request gets
-   straight from a replica (greedy and seeded sampling, text and images);
+   straight from a replica (greedy and seeded sampling, text and images); and smg reads each
+   replica's load from its GET /v1/loads;
 2. cache-aware routing: a multi-turn image chat workload, once behind `--policy cache_aware`
    and once behind `--policy round_robin` (fresh replicas each time); the prefix-cache hit rate
    across replicas (vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total, summed over
@@ -139,6 +140,7 @@ class Router:
         cmd = [args.smg, "launch", "--host", "127.0.0.1", "--port", str(self.port),
                "--policy", policy, "--worker-urls", *[r.url for r in replicas],
                "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+               "--load-monitor-interval", "1",
                "--log-level", "warn", "--prometheus-port", str(free_port())]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -244,6 +246,27 @@ def equal_replies(rep, router, replica, rng, n):
         same += ok
     rep.results["equal_replies"] = {"requests": n, "equal": same}
     rep.check(same == n, f"{same}/{n} replies equal (greedy and seeded sampling, text and images)")
+
+
+def router_reads_loads(rep, router, replicas):
+    """smg polls each replica's GET /v1/loads (SGLang's load endpoint) and reports what it read
+    at its own GET /get_loads: each replica's KV capacity and batch size as the replica states
+    them in /server_info."""
+    want = {}
+    for r in replicas:
+        _, info = http("GET", r.url + "/server_info")
+        want[r.url] = (info["max_total_tokens"], info["max_running_requests"])
+    got = {}
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and got != want:
+        status, loads = http("GET", router.url + "/get_loads")
+        if status == 200 and isinstance(loads, dict):
+            got = {l["worker"]: (l["max_total_num_tokens"], l["max_running_requests"])
+                   for l in loads.get("loads", []) if "worker" in l}
+        time.sleep(0.5)
+    rep.results["router_loads"] = {"read": len(got), "replicas": len(want)}
+    rep.check(got == want, f"smg read every replica's /v1/loads ({len(got)}/{len(want)}: "
+                           f"KV capacity and batch size as /server_info states them)")
 
 
 def multi_turn(router, replicas, rng, conversations, turns, concurrency):
@@ -436,6 +459,7 @@ def main():
             router = Router(args, workdir, replicas, "cache_aware")
             try:
                 equal_replies(rep, router, replicas[0], rng, 6 if args.quick else 20)
+                router_reads_loads(rep, router, replicas)
             finally:
                 router.stop()
                 for r in replicas:
