@@ -326,25 +326,23 @@ Element Compiler::any_value(int levels) {
     values_.push_back(scalar());
     objects_.push_back(scalar());  // unused: an object takes at least one level
   }
+  // open ws (entry ("," ws entry)*)? close
+  auto container = [&](const char* open, const Sequence& entry, const char* close,
+                       const char* name) {
+    return g_->group({cat({g_->literal(open), {ws()}, g_->literal(close)}),
+                      cat({g_->literal(open),
+                           {ws()},
+                           entry,
+                           {g_->star(cat({g_->literal(","), {ws()}, entry}))},
+                           g_->literal(close)})},
+                     name);
+  };
   while (static_cast<int>(values_.size()) <= levels) {
     const Element inner = values_.back();
-    const Sequence member =
-        cat({{any_string()}, {ws()}, g_->literal(":"), {ws()}, {inner}, {ws()}});
-    const Element object = g_->group({cat({g_->literal("{"), {ws()}, g_->literal("}")}),
-                                      cat({g_->literal("{"),
-                                           {ws()},
-                                           member,
-                                           {g_->star(cat({g_->literal(","), {ws()}, member}))},
-                                           g_->literal("}")})},
-                                     "object");
-    const Sequence item = {inner, ws()};
-    const Element array = g_->group({cat({g_->literal("["), {ws()}, g_->literal("]")}),
-                                     cat({g_->literal("["),
-                                          {ws()},
-                                          item,
-                                          {g_->star(cat({g_->literal(","), {ws()}, item}))},
-                                          g_->literal("]")})},
-                                    "array");
+    const Element object =
+        container("{", cat({{any_string()}, {ws()}, g_->literal(":"), {ws()}, {inner}, {ws()}}),
+                  "}", "object");
+    const Element array = container("[", {inner, ws()}, "]", "array");
     objects_.push_back(object);
     values_.push_back(g_->group({{object}, {array}, {scalar()}}, "value"));
   }
