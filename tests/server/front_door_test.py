@@ -14,7 +14,6 @@ import argparse
 import concurrent.futures
 import gzip
 import json
-import os
 import resource
 import shutil
 import signal
@@ -586,16 +585,7 @@ def wait_until(fn, timeout=20.0):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vlm", required=True, help="the vlm binary")
-    ap.add_argument("--model-dir", required=True, help="tests/model/fixtures/tiny-fullvocab-bf16")
-    args, rest = ap.parse_known_args()
-    for k in ("NO_PROXY", "no_proxy"):
-        os.environ[k] = ",".join(filter(None, [os.environ.get(k, ""), "127.0.0.1", "localhost"]))
-    ARGS.vlm = str(Path(args.vlm).resolve())
-    ARGS.model_dir = args.model_dir
-    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
-
+    serve_util.run_tests(ARGS, __doc__)
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,6 @@ import select
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 import unittest
@@ -887,17 +886,7 @@ class DefaultModelTest(unittest.TestCase):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vlm", required=True, help="the vlm binary")
-    ap.add_argument("--model-dir", required=True, help="tests/model/fixtures/tiny-fullvocab-bf16")
-    args, rest = ap.parse_known_args()
-    # Talk to 127.0.0.1 directly even where HTTP(S)_PROXY is set (CI with a package proxy).
-    for k in ("NO_PROXY", "no_proxy"):
-        os.environ[k] = ",".join(filter(None, [os.environ.get(k, ""), "127.0.0.1", "localhost"]))
-    ARGS.vlm = str(Path(args.vlm).resolve())
-    ARGS.model_dir = args.model_dir
-    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
-
+    serve_util.run_tests(ARGS, __doc__)
 
 if __name__ == "__main__":
     main()

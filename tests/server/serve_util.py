@@ -1,8 +1,13 @@
-"""Helpers the server tests share: a `vlm serve` subprocess, the test model directory, metrics."""
+"""Helpers the server tests share: their command line, a `vlm serve` subprocess, the test model
+directory, metrics."""
 
+import argparse
+import os
 import re
 import subprocess
+import sys
 import time
+import unittest
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,6 +18,23 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 CTX = 512
 TIMEOUT = 60.0
+
+
+def run_tests(args_ns, doc, add_arguments=None):
+    """A server test's main: --vlm and --model-dir (and what `add_arguments(parser)` adds) set on
+    `args_ns`, other options passed to unittest, which then runs the calling script's tests."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vlm", required=True, help="the vlm binary")
+    ap.add_argument("--model-dir", required=True, help="tests/model/fixtures/tiny-fullvocab-bf16")
+    if add_arguments is not None:
+        add_arguments(ap)
+    args, rest = ap.parse_known_args()
+    # Talk to 127.0.0.1 directly even where HTTP(S)_PROXY is set (CI with a package proxy).
+    for k in ("NO_PROXY", "no_proxy"):
+        os.environ[k] = ",".join(filter(None, [os.environ.get(k, ""), "127.0.0.1", "localhost"]))
+    vars(args_ns).update(vars(args))
+    args_ns.vlm = str(Path(args.vlm).resolve())
+    unittest.main(module="__main__", argv=[sys.argv[0], *rest], verbosity=2)
 
 
 def make_model_dir(fixture_dir, dest):

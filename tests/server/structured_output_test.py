@@ -49,7 +49,6 @@ import copy
 import datetime
 import enum
 import json
-import os
 import re
 import shutil
 import sys
@@ -1077,25 +1076,20 @@ class ErrorTest(Base):
         self.assert_no_problems(problems, len(samples), "a schema after the errors")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vlm", required=True, help="the vlm binary")
-    ap.add_argument("--model-dir", required=True, help="tests/model/fixtures/tiny-fullvocab-bf16")
-    ap.add_argument("--samples", type=int, default=16,
-                    help="samples per schema and per case (default 16; 200 for a thorough run)")
-    ap.add_argument("--seed", type=int, default=0, help="shifts every sampling seed (default 0)")
-    args, rest = ap.parse_known_args()
-    if args.samples < 1:
-        ap.error("--samples must be at least 1")
-    # Talk to 127.0.0.1 directly even where HTTP(S)_PROXY is set (CI with a package proxy).
-    for k in ("NO_PROXY", "no_proxy"):
-        os.environ[k] = ",".join(filter(None, [os.environ.get(k, ""), "127.0.0.1", "localhost"]))
-    ARGS.vlm = str(Path(args.vlm).resolve())
-    ARGS.model_dir = args.model_dir
-    ARGS.samples = args.samples
-    ARGS.seed = args.seed
-    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
+def positive_int(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
 
+
+def main():
+    def add_arguments(ap):
+        ap.add_argument("--samples", type=positive_int, default=16,
+                        help="samples per schema and per case (default 16; 200 for a thorough run)")
+        ap.add_argument("--seed", type=int, default=0, help="shifts every sampling seed (default 0)")
+
+    serve_util.run_tests(ARGS, __doc__, add_arguments)
 
 if __name__ == "__main__":
     main()
