@@ -21,10 +21,10 @@ The replicas serve the shipped demo model (or -m DIR). Exits non-zero when a che
 """
 
 import argparse
+import contextlib
 import json
 import os
 import random
-import re
 import signal
 import socket
 import struct
@@ -106,23 +106,26 @@ def metric_sum(page, prefix):
     return sum(v for k, v in page.items() if k == prefix or k.startswith(prefix + "{"))
 
 
-class Replica:
-    def __init__(self, args, workdir, index):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(workdir) / f"replica{index}.log"
-        cmd = [args.vlm, "serve", "--port", str(self.port), "--served-model-name", MODEL, "-t", "1",
-               "--shutdown-timeout", "30"] + (["-m", args.model] if args.model else [])
-        if args.pin:
-            cmd = ["taskset", "-c", str(index % os.cpu_count())] + cmd
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(lambda: http("GET", self.url + "/health", timeout=2)[0] == 200, 60,
-                 f"replica {index} /health", self.proc)
+class Child:
+    """A process started with its output in self.log; stop() sends SIGTERM (a vlm replica
+    drains), waits up to 40 s, then kills."""
 
-    def stop(self, sig=signal.SIGTERM):
+    def start(self, cmd, ready, what):
+        """Starts `cmd` and waits up to 60 s for ready(); stopped again when it is not."""
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        except OSError as e:
+            self.log.close()
+            raise RuntimeError(f"{what}: cannot run {cmd[0]}: {e.strerror}") from None
+        try:
+            wait_for(ready, 60, what, self.proc)
+        except RuntimeError:
+            self.stop()
+            raise
+
+    def stop(self):
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=40)
             except subprocess.TimeoutExpired:
@@ -131,32 +134,48 @@ class Replica:
         self.log.close()
 
 
-class Router:
+class Replica(Child):
+    def __init__(self, args, workdir, index):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [args.vlm, "serve", "--port", str(self.port), "--served-model-name", MODEL, "-t", "1",
+               "--shutdown-timeout", "30"] + (["-m", args.model] if args.model else [])
+        if args.pin:
+            cmd = ["taskset", "-c", str(index % os.cpu_count())] + cmd
+        self.log = open(Path(workdir) / f"replica{index}.log", "wb")
+        self.start(cmd, lambda: http("GET", self.url + "/health", timeout=2)[0] == 200,
+                   f"replica {index} /health")
+
+
+class Router(Child):
     def __init__(self, args, workdir, replicas, policy):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(workdir) / f"router-{policy}.log"
-        self.log = open(self.log_path, "wb")
+        self.log = open(Path(workdir) / f"router-{policy}.log", "wb")
         cmd = [args.smg, "launch", "--host", "127.0.0.1", "--port", str(self.port),
                "--policy", policy, "--worker-urls", *[r.url for r in replicas],
                "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
                "--load-monitor-interval", "1",
                "--log-level", "warn", "--prometheus-port", str(free_port())]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-        wait_for(lambda: http("POST", self.url + "/v1/chat/completions", body, timeout=5)[0] == 200,
-                 60, f"smg ({policy}) answering", self.proc)
+        self.start(cmd, lambda: http("POST", self.url + "/v1/chat/completions", body, timeout=5)[0] == 200,
+                   f"smg ({policy}) answering")
         self.cpu0 = cpu_seconds(self.proc.pid)
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+
+@contextlib.contextmanager
+def cluster(args, workdir, policy):
+    """Fresh replicas (empty caches) and smg in front of them with `policy`; all stopped on exit,
+    those already started included when one fails to start."""
+    replicas, router = [], None
+    try:
+        for i in range(args.replicas):
+            replicas.append(Replica(args, workdir, i))
+        router = Router(args, workdir, replicas, policy)
+        yield replicas, router
+    finally:
+        for child in ([router] if router else []) + replicas:
+            child.stop()
 
 
 def cpu_seconds(pid):
@@ -348,9 +367,7 @@ class Load:
 
 def sigterm_under_load(rep, args, workdir, rng):
     print("3. SIGTERM to one replica under load", flush=True)
-    replicas = [Replica(args, workdir, i) for i in range(args.replicas)]
-    router = Router(args, workdir, replicas, "cache_aware")
-    try:
+    with cluster(args, workdir, "cache_aware") as (replicas, router):
         load = Load(router.url, args.clients, rng)
         time.sleep(args.phase_seconds / 3)
         victim = replicas[-1]
@@ -370,14 +387,8 @@ def sigterm_under_load(rep, args, workdir, rng):
             time.sleep(0.05)
         drained_s = time.monotonic() - t_term
         exit_code = victim.proc.wait(timeout=40)
-        victim.log.close()
         time.sleep(args.phase_seconds / 3)
         records = load.stop()
-    finally:
-        router.stop()
-        for r in replicas:
-            r.stop()
-    log = victim.log_path.read_text(errors="replace")
     errors = [r for r in records if r[2] != 200]
     after_term = [r for r in records if r[0] > t_term + drained_s]
     in_flight = [r for r in records if r[0] < t_term < r[1]]
@@ -399,14 +410,11 @@ def sigterm_under_load(rep, args, workdir, rng):
               f"be retried: those running on the replica ran to their end)"
               + (f" (first: {errors[0][3]})" if errors else ""))
     rep.check(len(after_term) > 0, f"{len(after_term)} requests served by the others after it left")
-    del log
 
 
 def kill_under_load(rep, args, workdir, rng):
     print("4. kill -9 of one replica under load", flush=True)
-    replicas = [Replica(args, workdir, i) for i in range(args.replicas)]
-    router = Router(args, workdir, replicas, "cache_aware")
-    try:
+    with cluster(args, workdir, "cache_aware") as (replicas, router):
         load = Load(router.url, args.clients, rng)
         time.sleep(args.phase_seconds / 3)
         running = metric_sum(metrics(replicas[-1].url), "vlm_num_requests_running")
@@ -415,10 +423,6 @@ def kill_under_load(rep, args, workdir, rng):
         replicas[-1].proc.wait()
         time.sleep(2 * args.phase_seconds / 3)
         records = load.stop()
-    finally:
-        router.stop()
-        for r in replicas:
-            r.stop()
     errors = [r for r in records if r[2] != 200]
     window = (max(r[1] for r in errors) - t_kill) if errors else 0.0
     after = [r for r in records if r[0] > t_kill + max(window, 0) and r[2] == 200]
@@ -455,21 +459,13 @@ def main():
     rep = Report()
     with tempfile.TemporaryDirectory(prefix="vlm_router_demo_") as workdir:
         try:
-            replicas = [Replica(args, workdir, i) for i in range(args.replicas)]
-            router = Router(args, workdir, replicas, "cache_aware")
-            try:
+            with cluster(args, workdir, "cache_aware") as (replicas, router):
                 equal_replies(rep, router, replicas[0], rng, 6 if args.quick else 20)
                 router_reads_loads(rep, router, replicas)
-            finally:
-                router.stop()
-                for r in replicas:
-                    r.stop()
             print("2. multi-turn chats: prefix-cache hit rate across replicas", flush=True)
             rates = {}
             for policy in ("cache_aware", "round_robin"):
-                replicas = [Replica(args, workdir, i) for i in range(args.replicas)]
-                router = Router(args, workdir, replicas, policy)
-                try:
+                with cluster(args, workdir, policy) as (replicas, router):
                     t0 = time.monotonic()
                     rate, errors, per_replica = multi_turn(router, replicas, random.Random(args.seed),
                                                            conversations, turns, concurrency=4)
@@ -478,10 +474,6 @@ def main():
                                      "requests_per_replica": per_replica,
                                      "seconds": round(time.monotonic() - t0, 2),
                                      "router_cpu_seconds": round(router_cpu, 2)}
-                finally:
-                    router.stop()
-                    for r in replicas:
-                        r.stop()
                 print(f"  {policy:12s} hit rate {rate:.1%}, requests per replica {per_replica}, "
                       f"{errors} client errors", flush=True)
             rep.results["multi_turn"] = {"conversations": conversations, "turns": turns, **rates}
