@@ -20,44 +20,14 @@ import argparse
 import json
 import os
 import resource
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from router_demo import Replica, Router, cpu_seconds  # beside this script
+
 REPO = Path(__file__).resolve().parents[1]
-MODEL = "tiny"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url, timeout=5):
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status
-    except Exception:
-        return 0
-
-
-def wait_healthy(url, proc, what, timeout=120):
-    deadline = time.monotonic() + timeout
-    while get(url) != 200:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not come up")
-        time.sleep(0.1)
-
-
-def cpu_seconds(pid):
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu():
@@ -66,63 +36,30 @@ def children_cpu():
 
 
 class Setup:
-    """`replicas` vlm servers pinned to CPUs 0.., behind smg when there is more than one."""
+    """`n` vlm replicas pinned to CPUs 0.., behind smg when there is more than one."""
 
-    def __init__(self, args, workdir, replicas):
-        self.procs, self.logs, self.router = [], [], None
-        urls = []
-        for i in range(replicas):
-            port = free_port()
-            log = open(Path(workdir) / f"replica{replicas}-{i}.log", "wb")
-            cmd = ["taskset", "-c", str(i), args.vlm, "serve", "--port", str(port), "-t", "1",
-                   "--served-model-name", MODEL] + (["-m", args.model] if args.model else []) + \
-                args.serve_args.split()
-            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            self.procs.append(p)
-            self.logs.append(log)
-            urls.append(f"http://127.0.0.1:{port}")
-            wait_healthy(urls[-1] + "/health", p, f"replica {i}")
-        if replicas == 1:
-            self.url = urls[0]
-            return
-        port = free_port()
-        log = open(Path(workdir) / f"router{replicas}.log", "wb")
-        self.router = subprocess.Popen(
-            [args.smg, "launch", "--host", "127.0.0.1", "--port", str(port), "--policy",
-             args.policy, "--worker-urls", *urls, "--log-level", "warn",
-             "--prometheus-port", str(free_port())], stdout=log, stderr=subprocess.STDOUT)
-        self.logs.append(log)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            body = json.dumps({"model": MODEL, "max_tokens": 1,
-                               "messages": [{"role": "user", "content": "hi"}]}).encode()
-            req = urllib.request.Request(self.url + "/v1/chat/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                pass
-            if self.router.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("smg did not come up")
-            time.sleep(0.2)
+    def __init__(self, args, workdir, n):
+        self.children, self.router = [], None
+        try:
+            for i in range(n):
+                # A large checkpoint on one pinned thread loads (and quantizes) slowly.
+                self.children.append(Replica(args.vlm, workdir, f"{n}-{i}", args.model, cpu=i,
+                                             extra=args.serve_args.split(), start_timeout=300))
+            self.url = self.children[0].url
+            if n > 1:
+                self.router = Router(args.smg, workdir, [r.url for r in self.children],
+                                     args.policy)
+                self.url = self.router.url
+        except BaseException:
+            self.stop()
+            raise
 
     def router_cpu(self):
-        return cpu_seconds(self.router.pid) if self.router else 0.0
+        return cpu_seconds(self.router.proc.pid) if self.router else 0.0
 
     def stop(self):
-        for p in ([self.router] if self.router else []) + self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-        for log in self.logs:
-            log.close()
+        for child in ([self.router] if self.router else []) + self.children:
+            child.stop()
 
 
 def guidellm_sweep(args, url, out_json):

@@ -110,15 +110,15 @@ class Child:
     """A process started with its output in self.log; stop() sends SIGTERM (a vlm replica
     drains), waits up to 40 s, then kills."""
 
-    def start(self, cmd, ready, what):
-        """Starts `cmd` and waits up to 60 s for ready(); stopped again when it is not."""
+    def start(self, cmd, ready, what, timeout=60):
+        """Starts `cmd` and waits up to `timeout` s for ready(); stopped again when it is not."""
         try:
             self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         except OSError as e:
             self.log.close()
             raise RuntimeError(f"{what}: cannot run {cmd[0]}: {e.strerror}") from None
         try:
-            wait_for(ready, 60, what, self.proc)
+            wait_for(ready, timeout, what, self.proc)
         except RuntimeError:
             self.stop()
             raise
@@ -135,32 +135,41 @@ class Child:
 
 
 class Replica(Child):
-    def __init__(self, args, workdir, index):
+    """`vlm serve` of `model` (default: the demo model) on a free port, one compute thread, pinned
+    to `cpu` when given; `extra`: more flags. Ready once /health answers 200."""
+
+    def __init__(self, vlm, workdir, name, model="", cpu=None, extra=(), start_timeout=60):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [args.vlm, "serve", "--port", str(self.port), "--served-model-name", MODEL, "-t", "1",
-               "--shutdown-timeout", "30"] + (["-m", args.model] if args.model else [])
-        if args.pin:
-            cmd = ["taskset", "-c", str(index % os.cpu_count())] + cmd
-        self.log = open(Path(workdir) / f"replica{index}.log", "wb")
+        cmd = [vlm, "serve", "--port", str(self.port), "--served-model-name", MODEL, "-t", "1",
+               *(["-m", model] if model else []), *extra]
+        if cpu is not None:
+            cmd = ["taskset", "-c", str(cpu)] + cmd
+        self.log = open(Path(workdir) / f"replica{name}.log", "wb")
         self.start(cmd, lambda: http("GET", self.url + "/health", timeout=2)[0] == 200,
-                   f"replica {index} /health")
+                   f"replica {name} /health", start_timeout)
 
 
 class Router(Child):
-    def __init__(self, args, workdir, replicas, policy):
+    """`smg launch` on a free port in front of `urls` with `policy`; `flags`: more options. Ready
+    once a chat request through it succeeds."""
+
+    def __init__(self, smg, workdir, urls, policy, flags=()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(Path(workdir) / f"router-{policy}.log", "wb")
-        cmd = [args.smg, "launch", "--host", "127.0.0.1", "--port", str(self.port),
-               "--policy", policy, "--worker-urls", *[r.url for r in replicas],
-               "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-               "--load-monitor-interval", "1",
-               "--log-level", "warn", "--prometheus-port", str(free_port())]
+        cmd = [smg, "launch", "--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
+               "--worker-urls", *urls, "--log-level", "warn", "--prometheus-port", str(free_port()),
+               *flags]
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         self.start(cmd, lambda: http("POST", self.url + "/v1/chat/completions", body, timeout=5)[0] == 200,
                    f"smg ({policy}) answering")
         self.cpu0 = cpu_seconds(self.proc.pid)
+
+
+# The demo's router notices a replica's health and load within a second.
+DEMO_ROUTER_FLAGS = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+                     "--load-monitor-interval", "1"]
 
 
 @contextlib.contextmanager
@@ -170,8 +179,10 @@ def cluster(args, workdir, policy):
     replicas, router = [], None
     try:
         for i in range(args.replicas):
-            replicas.append(Replica(args, workdir, i))
-        router = Router(args, workdir, replicas, policy)
+            cpu = i % os.cpu_count() if args.pin else None
+            replicas.append(Replica(args.vlm, workdir, i, args.model, cpu,
+                                    ["--shutdown-timeout", "30"]))
+        router = Router(args.smg, workdir, [r.url for r in replicas], policy, DEMO_ROUTER_FLAGS)
         yield replicas, router
     finally:
         for child in ([router] if router else []) + replicas:
