@@ -764,8 +764,10 @@ void EngineCore::publish_kv_events() {
       w.token_ids.assign(run.ids.begin() + begin, run.ids.begin() + end);
       w.extra_keys.resize(e.hashes.size());
       for (const ImageSpan& span : run.prompt.image_spans) {
+        if (span.end <= begin || span.begin >= end) continue;
+        const std::string key = sha256_hex(span.key.content);
         for (int64_t k = std::max(begin, span.begin) / bs; k * bs < std::min(end, span.end); ++k) {
-          w.extra_keys[static_cast<size_t>(k - begin / bs)].push_back(sha256_hex(span.key.content));
+          w.extra_keys[static_cast<size_t>(k - begin / bs)].push_back(key);
         }
       }
     }
