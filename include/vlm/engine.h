@@ -213,6 +213,7 @@ class Engine {
   struct GpuStats {
     double utilization_percent = -1;
     int64_t memory_used = 0, memory_total = 0;
+    double power_watts = -1;  // -1: not reported
   };
   bool gpu_stats(GpuStats* out) const;
   // Forward passes replayed from CUDA graphs so far (0 on the CPU).

@@ -354,6 +354,7 @@ bool Engine::gpu_stats(GpuStats* out) const {
   out->utilization_percent = s.utilization_percent;
   out->memory_used = s.memory_used;
   out->memory_total = s.memory_total;
+  out->power_watts = s.power_watts;
   return true;
 }
 bool Engine::has_vision() const { return impl_->has_vision; }

@@ -143,6 +143,7 @@ struct SampleParams {
 struct DeviceStats {
   double utilization_percent = -1;  // -1: not reported
   int64_t memory_used = 0, memory_total = 0;
+  double power_watts = -1;  // -1: not reported
 };
 
 class Backend {

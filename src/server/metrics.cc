@@ -1,8 +1,15 @@
 #include "server/metrics.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace vlm {
 
@@ -185,6 +192,74 @@ std::string MetricsRegistry::render() const {
     if (e.histogram) e.histogram->render(e.name, e.labels, &out);
   }
   return out;
+}
+
+std::map<std::string, double, std::less<>> Counter::values() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return values_;
+}
+
+std::string MetricsRegistry::render_json() const {
+  nlohmann::json families = nlohmann::json::object();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Entry& e : entries_) {
+    nlohmann::json f = {{"type", e.type}, {"help", e.help}, {"labels", e.labels}};
+    // JSON has no NaN or infinity: such a value is null.
+    auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+    if (e.counter) {
+      f["label_name"] = e.counter->label_name();
+      nlohmann::json values = nlohmann::json::object();
+      for (const auto& [k, v] : e.counter->values()) values[k] = number(v);
+      if (e.counter->label_name().empty() && values.empty()) values[""] = 0;
+      f["values"] = std::move(values);
+    }
+    if (e.gauge) f["value"] = number(e.gauge->value());
+    if (e.histogram) {
+      const Histogram& h = *e.histogram;
+      nlohmann::json buckets = nlohmann::json::array();
+      for (size_t i = 0; i <= h.bounds().size(); ++i) buckets.push_back(h.cumulative_count(i));
+      f["bounds"] = h.bounds();
+      f["buckets"] = std::move(buckets);
+      f["count"] = h.count();
+      f["sum"] = number(h.sum());
+    }
+    families[e.name] = std::move(f);
+  }
+  return nlohmann::json({{"metrics", std::move(families)}}).dump();
+}
+
+ProcessStats read_process_stats() {
+  ProcessStats s;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  if (ticks > 0 && std::getline(stat, line)) {
+    // Fields after the command name (which may hold spaces, so read from its closing ')'):
+    // state is field 3; utime, stime are 14 and 15, starttime 22 (clock ticks after boot).
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::vector<std::string> f((std::istream_iterator<std::string>(rest)),
+                               std::istream_iterator<std::string>());
+    if (f.size() > 19) {
+      s.cpu_seconds = (std::stod(f[11]) + std::stod(f[12])) / ticks;
+      std::ifstream proc_stat("/proc/stat");
+      std::string key;
+      double boot = 0;
+      while (proc_stat >> key) {
+        if (key == "btime") {
+          proc_stat >> boot;
+          break;
+        }
+        proc_stat.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+      }
+      if (boot > 0) s.start_time_seconds = boot + std::stod(f[19]) / ticks;
+    }
+  }
+  std::ifstream statm("/proc/self/statm");
+  double size_pages = 0, resident_pages = 0;
+  if (statm >> size_pages >> resident_pages) {
+    s.resident_bytes = resident_pages * static_cast<double>(sysconf(_SC_PAGESIZE));
+  }
+  return s;
 }
 
 }  // namespace vlm

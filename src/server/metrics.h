@@ -22,6 +22,9 @@ class Counter {
   void inc(double v = 1.0) { inc("", v); }
   void inc(std::string_view label_value, double v = 1.0);
   double value(std::string_view label_value = "") const;
+  const std::string& label_name() const { return label_name_; }
+  // Every series: label value -> value ("" without a label).
+  std::map<std::string, double, std::less<>> values() const;
   // const_labels: labels every sample carries, rendered (`a="x",b="y"`; "" for none).
   void render(const std::string& name, const std::string& const_labels, std::string* out) const;
 
@@ -77,6 +80,11 @@ class MetricsRegistry {
   Histogram& histogram(std::string name, std::string help, std::vector<double> upper_bounds,
                        std::string const_labels = "");
   std::string render() const;
+  // The same samples as JSON, for the web dashboard: {"metrics": {name: family}}, a family being
+  // {"type", "help", "labels" (the constant labels as rendered), and "values" (counter: label
+  // value -> value, keyed "" without a label), "value" (gauge), or "bounds", "buckets"
+  // (cumulative, the last one +Inf), "count", "sum" (histogram)}.
+  std::string render_json() const;
 
  private:
   struct Entry {
@@ -88,6 +96,15 @@ class MetricsRegistry {
   mutable std::mutex mu_;
   std::vector<Entry> entries_;  // registration order is render order
 };
+
+// What Prometheus' client libraries export as process_* metrics, read from /proc/self (zeros
+// where it cannot be read).
+struct ProcessStats {
+  double cpu_seconds = 0;         // user + system time
+  double resident_bytes = 0;      // RSS
+  double start_time_seconds = 0;  // since the Unix epoch
+};
+ProcessStats read_process_stats();
 
 // Prometheus text helpers (exposed for tests): a sample value ("+Inf", "3",
 // "0.25"), a label value with \\, \" and \n escaped, and a HELP text with

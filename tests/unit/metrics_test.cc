@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ctime>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
@@ -134,6 +136,52 @@ TEST(MetricsTest, ConcurrentUpdatesSumCorrectly) {
   EXPECT_EQ(h.count(), uint64_t{kThreads} * kIters);
   EXPECT_EQ(h.cumulative_count(0), uint64_t{kThreads} * kIters / 2);
   EXPECT_DOUBLE_EQ(h.sum(), kThreads * (kIters / 2) * 1.25);
+}
+
+TEST(MetricsTest, JsonCarriesTheSameSamplesAsTheText) {
+  MetricsRegistry reg;
+  Counter& c = reg.counter("r_total", "By outcome.", "outcome");
+  reg.counter("plain_total", "Never incremented.");
+  Gauge& g = reg.gauge("g", "A gauge.", prometheus_labels({{"model_name", "m\"x"}}));
+  Histogram& h = reg.histogram("h_seconds", "Latency.", {0.1, 1});
+  c.inc("ok", 3);
+  c.inc("cancelled");
+  g.set(-1.5);
+  h.observe(0.05);
+  h.observe(0.5);
+  h.observe(7);
+  const nlohmann::json j = nlohmann::json::parse(reg.render_json())["metrics"];
+  ASSERT_EQ(j.size(), 4u);
+  EXPECT_EQ(j["r_total"]["type"], "counter");
+  EXPECT_EQ(j["r_total"]["label_name"], "outcome");
+  EXPECT_EQ(j["r_total"]["values"], (nlohmann::json{{"ok", 3.0}, {"cancelled", 1.0}}));
+  EXPECT_EQ(j["plain_total"]["values"], (nlohmann::json{{"", 0}}));
+  EXPECT_EQ(j["g"]["type"], "gauge");
+  EXPECT_EQ(j["g"]["value"], -1.5);
+  EXPECT_EQ(j["g"]["labels"], "model_name=\"m\\\"x\"");
+  EXPECT_EQ(j["h_seconds"]["bounds"], (nlohmann::json{0.1, 1.0}));
+  EXPECT_EQ(j["h_seconds"]["buckets"], (nlohmann::json{1, 2, 3}));  // cumulative, then +Inf
+  EXPECT_EQ(j["h_seconds"]["count"], 3);
+  EXPECT_DOUBLE_EQ(j["h_seconds"]["sum"].get<double>(), 7.55);
+  g.set(NAN);  // JSON has no NaN: null
+  EXPECT_TRUE(nlohmann::json::parse(reg.render_json())["metrics"]["g"]["value"].is_null());
+}
+
+TEST(MetricsTest, ProcessStatsAreThisProcess) {
+  const ProcessStats before = read_process_stats();
+  // Burn 50 ms of CPU and touch 64 MiB, then read again.
+  const std::clock_t c0 = std::clock();
+  volatile double x = 0;
+  while (std::clock() - c0 < CLOCKS_PER_SEC / 20) x = x + 1e-9;
+  std::vector<char> block(64 << 20, 1);
+  const ProcessStats after = read_process_stats();
+  EXPECT_GT(after.cpu_seconds, before.cpu_seconds);
+  EXPECT_GE(after.resident_bytes, before.resident_bytes + (48 << 20));
+  EXPECT_EQ(block[12345], 1);
+  // Started within the last hour, not in the future.
+  const double now = static_cast<double>(std::time(nullptr));
+  EXPECT_LE(after.start_time_seconds, now + 1);
+  EXPECT_GT(after.start_time_seconds, now - 3600);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ struct Nvml {
   int (*handle_by_index)(unsigned int, NvmlDevice*) = nullptr;
   int (*utilization)(NvmlDevice, NvmlUtilization*) = nullptr;
   int (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
+  int (*power)(NvmlDevice, unsigned int*) = nullptr;  // milliwatts
   std::string error;
 };
 
@@ -42,6 +43,8 @@ const Nvml& nvml() {
         dlsym(lib, "nvmlDeviceGetUtilizationRates"));
     n.memory =
         reinterpret_cast<int (*)(NvmlDevice, NvmlMemory*)>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+    n.power =
+        reinterpret_cast<int (*)(NvmlDevice, unsigned int*)>(dlsym(lib, "nvmlDeviceGetPowerUsage"));
     if (n.init == nullptr || n.handle_by_index == nullptr || n.memory == nullptr) {
       n.error = "NVML lacks the entry points vlm reads";
     } else if (int rc = n.init(); rc != 0) {
@@ -70,6 +73,8 @@ Result<GpuStats> read_gpu_stats(int index) {
   s.memory_total = static_cast<int64_t>(mem.total);
   NvmlUtilization u{};
   if (n.utilization != nullptr && n.utilization(dev, &u) == 0) s.utilization_percent = u.gpu;
+  unsigned int milliwatts = 0;
+  if (n.power != nullptr && n.power(dev, &milliwatts) == 0) s.power_watts = milliwatts / 1000.0;
   return s;
 }
 

@@ -10,6 +10,7 @@ namespace vlm::cuda {
 struct GpuStats {
   double utilization_percent = -1;  // busy share of the last sample period; -1: not reported
   int64_t memory_used = 0, memory_total = 0;  // bytes, the whole device (every process)
+  double power_watts = -1;                    // board power draw; -1: not reported
 };
 
 // NVML's readings for device `index`; an error where NVML or the device is not there.

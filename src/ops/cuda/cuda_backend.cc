@@ -131,6 +131,7 @@ class CudaBackend final : public Backend {
     out->utilization_percent = s->utilization_percent;
     out->memory_used = s->memory_used;
     out->memory_total = s->memory_total;
+    out->power_watts = s->power_watts;
     return true;
   }
 
