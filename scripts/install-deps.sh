@@ -11,6 +11,7 @@ PKGS=(
   python3-venv python3-pip
   nettle-dev
   libzmq3-dev libmsgpack-cxx-dev
+  libjs-chart.js libjs-markdown-it chromium chromium-driver
   clang-format
 )
 missing=()

@@ -38,6 +38,7 @@ struct ServeOptions {
   double write_timeout_s = 60;       // a reply write that makes no progress
   double health_timeout_s = 30;      // /health is 503 when the engine loop has not beaten for this
   double shutdown_timeout_s = 30;    // draining: how long running requests may still take
+  bool webui = true;                 // the chat page at / and the dashboard at /dashboard
   bool handle_signals = false;       // SIGTERM / SIGINT drain the server (run() then returns ok)
   // Called on the loading thread before the model loads (tests hold loading with it to see the
   // 503s); empty by default.

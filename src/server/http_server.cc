@@ -17,6 +17,7 @@
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/router_api.h"
+#include "server/web_ui.h"
 #include "vision/image_decode.h"
 #include "vlm/chat.h"
 #include "vlm/server.h"
@@ -138,9 +139,14 @@ struct Server::Impl {
   Gauge* gpu_util = nullptr;  // these three: only with --device cuda
   Gauge* gpu_mem_used = nullptr;
   Gauge* gpu_mem_total = nullptr;
+  Gauge* gpu_power = nullptr;
+  Counter* process_cpu = nullptr;  // the process_* metrics of Prometheus' client libraries
+  Gauge* process_rss = nullptr;
+  Gauge* process_start = nullptr;
   std::mutex mirror_mu;  // counters mirrored from Engine::CoreStats at scrape time
   Engine::CoreStats mirrored;
   int64_t mirrored_rejected = 0;
+  double mirrored_cpu = 0;
 
   void reply_error(HttpExchange& ex, const ApiError& e, const char* outcome) {
     ex.respond(error_response(e));
@@ -576,6 +582,11 @@ void Server::Impl::scrape_metrics() {
     const int64_t rej = http->rejected_connections();
     conns_rejected->inc(static_cast<double>(rej - mirrored_rejected));
     mirrored_rejected = rej;
+    const ProcessStats ps = read_process_stats();
+    process_cpu->inc(std::max(0.0, ps.cpu_seconds - mirrored_cpu));
+    mirrored_cpu = std::max(mirrored_cpu, ps.cpu_seconds);
+    process_rss->set(ps.resident_bytes);
+    process_start->set(ps.start_time_seconds);
   }
   if (!ready) return;
   Engine::CoreStats st = engine->core_stats();
@@ -593,6 +604,7 @@ void Server::Impl::scrape_metrics() {
     gpu_util->set(g.utilization_percent);
     gpu_mem_used->set(static_cast<double>(g.memory_used));
     gpu_mem_total->set(static_cast<double>(g.memory_total));
+    gpu_power->set(g.power_watts);
   }
   std::lock_guard<std::mutex> lock(mirror_mu);
   cache_hits->inc(static_cast<double>(st.vision_cache_hits - mirrored.vision_cache_hits));
@@ -680,6 +692,21 @@ void Server::Impl::register_routes() {
       "GET", "/v1/loads", RunOn::kIoThread,
       [this](std::shared_ptr<HttpExchange> ex) { ex->respond(json_response(200, loads())); },
       api_gate);
+  if (opts.webui) {
+    // The chat page, the dashboard and their scripts; the dashboard polls /dashboard/metrics,
+    // the registry /metrics renders, as JSON (no API key, like /metrics).
+    for (const WebAsset& a : web_assets()) {
+      http->route("GET", std::string(a.path), RunOn::kIoThread,
+                  [&a](std::shared_ptr<HttpExchange> ex) { ex->respond(web_asset_response(a)); });
+    }
+    http->route("GET", "/dashboard/metrics", RunOn::kIoThread,
+                [this](std::shared_ptr<HttpExchange> ex) {
+                  scrape_metrics();
+                  HttpResponse r = json_response(200, metrics.render_json());
+                  r.headers.push_back({"Cache-Control", "no-store"});
+                  ex->respond(std::move(r));
+                });
+  }
   http->route(
       "POST", "/v1/chat/completions", RunOn::kWorker,
       [this](std::shared_ptr<HttpExchange> ex) { chat(ex); }, api_gate);
@@ -991,11 +1018,17 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->kv_bytes = &m.gauge("vlm_kv_cache_memory_bytes",
                             "KV cache memory reserved (K, V and INT8 scales of every layer)");
   impl->conns_open = &m.gauge("vlm_http_connections_open", "Open HTTP connections");
+  impl->process_cpu =
+      &m.counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.");
+  impl->process_rss = &m.gauge("process_resident_memory_bytes", "Resident memory size in bytes.");
+  impl->process_start = &m.gauge("process_start_time_seconds",
+                                 "Start time of the process since unix epoch in seconds.");
   if (options.engine.device == Device::kCuda) {
     impl->gpu_util = &m.gauge("vlm_gpu_utilization_percent",
                               "GPU busy share over NVML's last sample period (-1: not reported)");
     impl->gpu_mem_used = &m.gauge("vlm_gpu_memory_used_bytes", "GPU memory in use (all processes)");
     impl->gpu_mem_total = &m.gauge("vlm_gpu_memory_total_bytes", "GPU memory in total");
+    impl->gpu_power = &m.gauge("vlm_gpu_power_watts", "GPU board power draw (-1: not reported)");
   }
   {
     // vLLM's buckets (its v1 metrics loggers): TTFT; inter-token latency as its time per

@@ -351,6 +351,10 @@ int main(int argc, char** argv) {
                     "Names requests may give as model (several: --served-model-name a b); the "
                     "first is reported in replies and metric labels (default: the model folder)");
   serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
+  bool no_webui = false;
+  serve->add_flag("--no-webui", no_webui,
+                  "Serve no web pages (default: the chat page at / and the dashboard at "
+                  "/dashboard)");
   serve->add_option("--allowed-media-path", so.allowed_media_path,
                     "Folder file:// images may come from");
   serve->add_flag("--allow-remote-media", so.allow_remote_media,
@@ -437,6 +441,7 @@ int main(int argc, char** argv) {
   if (*run) return cmd_run(ra);
   if (*serve) {
     so.engine.batching.prefix_caching = !no_prefix_caching;
+    so.webui = !no_webui;
     so.engine.prefill_chunk =
         std::max<int64_t>(so.engine.prefill_chunk, so.engine.batching.max_batched_tokens);
     so.handle_signals = true;
