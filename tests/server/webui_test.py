@@ -3,7 +3,9 @@ through Debian's chromedriver with Selenium, on loopback only.
 
 - ChatTest (the demo model): examples/shapes.png uploaded with the file picker and "Describe the
   image." asked through the page show the same text and token count the API returns for that
-  request; the page sends its settings (temperature, max tokens) as given in its dialog.
+  request, and so does the follow-up turn; the page sends its settings (temperature, max
+  tokens) as given in its dialog and keeps them over a reload; Export downloads the
+  conversation as shown; images dropped on the page or pasted are attached and sent.
 - StopTest (the random-weight fixture, a 4,000-token reply): Stop frees the request on the server
   (running back to 0, counted as cancelled) long before the reply would have ended.
 - MarkupTest: a reply forced (structured_outputs.regex) to hold an <img onerror> and a <script> is
@@ -18,9 +20,11 @@ Every page load is checked for console errors and for requests to any origin but
 """
 
 import argparse
+import atexit
 import base64
 import json
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -44,8 +48,14 @@ SHAPES = su.REPO / "examples" / "shapes.png"
 WAIT = 60
 
 
+DOWNLOADS = tempfile.mkdtemp(prefix="vlm-webui-downloads-")
+atexit.register(shutil.rmtree, DOWNLOADS, True)
+
+
 def browser():
     o = Options()
+    o.add_experimental_option("prefs", {"download.default_directory": DOWNLOADS,
+                                        "download.prompt_for_download": False})
     o.binary_location = "/usr/bin/chromium"
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
               "--window-size=1280,860", "--no-first-run", "--no-default-browser-check",
@@ -194,6 +204,18 @@ class ChatTest(PageTest):
                 {"role": "user", "content": "What color is it?"}]})
         self.assertEqual(reply2.find_element(By.CSS_SELECTOR, ".content").text.strip(),
                          api2["choices"][0]["message"]["content"].strip())
+        # Export: the conversation as JSON, as shown.
+        self.el("#export").click()
+        exported = self.wait(lambda: [p for p in Path(DOWNLOADS).glob("vlm-chat-*.json")
+                                      if p.stat().st_size > 0], what="the exported file")
+        data = json.loads(exported[0].read_text())
+        self.assertEqual(data["model"], su.MODEL)
+        self.assertEqual([(m["role"], m["text"]) for m in data["messages"]], [
+            ("user", "Describe the image."), ("assistant", want),
+            ("user", "What color is it?"), ("assistant", api2["choices"][0]["message"]["content"])])
+        self.assertEqual(data["messages"][0]["images"], [url])
+        self.assertEqual(data["messages"][1]["stats"]["tokens"], api["usage"]["completion_tokens"])
+        self.assertEqual(data["settings"]["max_tokens"], "48")
         # Settings survive a reload (localStorage).
         self.driver.refresh()
         self.el("#open-settings").click()
@@ -205,6 +227,29 @@ class ChatTest(PageTest):
             self.ask("Describe the image.", SHAPES)
             self.wait(lambda: self.el(".msg.assistant").get_attribute("data-state") == "done")
             self.driver.save_screenshot(str(Path(ARGS.screenshots) / "webui_chat.png"))
+
+
+    def test_drop_and_paste_attach_images(self):
+        """An image dropped on the page and one pasted are both attached and sent."""
+        self.open_chat(temperature=0, max_tokens=16)
+        b64 = base64.b64encode(SHAPES.read_bytes()).decode()
+        for event in ("drop", "paste"):
+            self.driver.execute_script("""
+                const bytes = Uint8Array.from(atob(arguments[0]), (c) => c.charCodeAt(0));
+                const dt = new DataTransfer();
+                dt.items.add(new File([bytes], "shapes.png", {type: "image/png"}));
+                const e = arguments[1] === "drop"
+                  ? new DragEvent("drop", {dataTransfer: dt, bubbles: true, cancelable: true})
+                  : new ClipboardEvent("paste", {clipboardData: dt, bubbles: true, cancelable: true});
+                document.getElementById(arguments[1] === "drop" ? "messages" : "prompt").dispatchEvent(e);
+            """, b64, event)
+        self.wait(lambda: len(self.driver.find_elements(By.CSS_SELECTOR, "#attachments img")) == 2)
+        reply = self.ask("How many shapes are there?")
+        self.assertEqual(self.wait_reply(reply), "done")
+        thumbs = self.driver.find_elements(By.CSS_SELECTOR, ".msg.user .thumbs img")
+        self.assertEqual([t.get_attribute("src") for t in thumbs],
+                         ["data:image/png;base64," + b64] * 2)
+        self.assertEqual(self.driver.find_elements(By.CSS_SELECTOR, "#attachments img"), [])
 
 
 class FixtureServer:
