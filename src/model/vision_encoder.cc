@@ -229,15 +229,60 @@ Status VisionEncoder::prepare(const std::vector<GridThw>& grids) {
   return ok_status();
 }
 
-Status VisionEncoder::embed(ops::Buf input, int64_t S) {
-  const int64_t D = cfg_.hidden_size;
-  VLM_RETURN_IF_ERROR(be_.linear(input, S, *patch_, x_.buf()));
-  VLM_RETURN_IF_ERROR(be_.add_bias(x_.buf(), patch_b_, S, D));
-  return be_.add(x_.buf(), pos_dev_, {}, S, D);
+Status VisionEncoder::embed(ops::Buf input, int64_t r0, int64_t r1) {
+  const int64_t D = cfg_.hidden_size, n = r1 - r0;
+  const ops::Buf x = x_.at(r0 * D);
+  VLM_RETURN_IF_ERROR(be_.linear(input.at(r0 * patch_->cols()), n, *patch_, x));
+  VLM_RETURN_IF_ERROR(be_.add_bias(x, patch_b_, n, D));
+  return be_.add(x, pos_dev_.at(r0 * D), {}, n, D);
 }
 
-Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {
+VisionEncoder::Job::~Job() {
+  enc_->release_host_scratch();
+  enc_->job_open_ = false;
+}
+
+std::unique_ptr<VisionEncoder::Job> VisionEncoder::make_job(const std::vector<GridThw>& grids,
+                                                            ops::Buf input) {
+  const int64_t m2 = cfg_.spatial_merge_size * cfg_.spatial_merge_size;
+  std::unique_ptr<Job> job(new Job(this));
+  job_open_ = true;
+  job->grids_ = grids;
+  job->input_ = input;
+  job->S_ = total_patches(grids);
+  job->out_.resize(grids.size());
+  for (size_t i = 0; i < grids.size(); ++i) {
+    VisionOutput& o = job->out_[i];
+    o.tokens = grids[i].patches() / m2;
+    o.embeds.resize(static_cast<size_t>(o.tokens * cfg_.out_hidden_size));
+    o.deepstack.assign(deepstack_.size(),
+                       std::vector<float>(static_cast<size_t>(o.tokens * cfg_.out_hidden_size)));
+  }
+  using K = Job::Kind;
+  job->plan_.push_back({K::kEmbed});
+  for (int64_t b = 0; b < static_cast<int64_t>(blocks_.size()); ++b) {
+    for (K k : {K::kQkv, K::kAttention, K::kProjection, K::kMlp}) job->plan_.push_back({k, b});
+    // DeepStack taps: the hidden state after block b, through that tap's own merger.
+    for (size_t tap = 0; tap < cfg_.deepstack_visual_indexes.size(); ++tap) {
+      if (cfg_.deepstack_visual_indexes[tap] == b) {
+        job->plan_.push_back({K::kMerger, static_cast<int64_t>(tap)});
+      }
+    }
+  }
+  job->plan_.push_back({K::kMerger, -1});
+  return job;
+}
+
+Status VisionEncoder::finish(std::unique_ptr<Job> job, VisionOutput* out) {
+  while (!job->done()) VLM_RETURN_IF_ERROR(advance(job.get(), 0));
+  for (size_t i = 0; i < job->out_.size(); ++i) out[i] = std::move(job->out_[i]);
+  return ok_status();
+}
+
+Result<std::unique_ptr<VisionEncoder::Job>> VisionEncoder::begin(const float* pixel_values,
+                                                                 const GridThw& g) {
   VLM_RETURN_IF_ERROR(check_grid(g, cfg_.spatial_merge_size));
+  if (job_open_) return internal_error("the vision encoder is already running an encode");
   const std::vector<GridThw> grids{g};
   VLM_RETURN_IF_ERROR(prepare(grids));
   const int64_t n = g.patches() * patch_->cols();
@@ -248,14 +293,19 @@ Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, Vision
     VLM_RETURN_IF_ERROR(be_.convert(pix, n, pix_act_.buf()));
     input = pix_act_.buf();
   }
-  const Status st = run(grids, input, out);
-  release_host_scratch();
-  return st;
+  return make_job(grids, input);
 }
 
-Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out) {
-  if (n <= 0) return ok_status();
+Status VisionEncoder::encode(const float* pixel_values, const GridThw& g, VisionOutput* out) {
+  VLM_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, begin(pixel_values, g));
+  return finish(std::move(job), out);
+}
+
+Result<std::unique_ptr<VisionEncoder::Job>> VisionEncoder::begin_rgb(const RgbImage* images,
+                                                                     int64_t n) {
   const int64_t P = cfg_.patch_size, T = cfg_.temporal_patch_size, m = cfg_.spatial_merge_size;
+  if (n <= 0) return invalid_argument("begin_rgb: no images");
+  if (job_open_) return internal_error("the vision encoder is already running an encode");
   std::vector<GridThw> grids;
   int64_t bytes = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -286,9 +336,13 @@ Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, Vision
     at += b;
     row += g.patches();
   }
-  const Status st = run(grids, pix_act_.buf(), out);
-  release_host_scratch();
-  return st;
+  return make_job(grids, pix_act_.buf());
+}
+
+Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, VisionOutput* out) {
+  if (n <= 0) return ok_status();
+  VLM_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, begin_rgb(images, n));
+  return finish(std::move(job), out);
 }
 
 Status VisionEncoder::embed_patches(const float* pixel_values, const GridThw& g, float* x) {
@@ -302,7 +356,7 @@ Status VisionEncoder::embed_patches(const float* pixel_values, const GridThw& g,
     VLM_RETURN_IF_ERROR(be_.convert(pix, n, pix_act_.buf()));
     input = pix_act_.buf();
   }
-  VLM_RETURN_IF_ERROR(embed(input, S));
+  VLM_RETURN_IF_ERROR(embed(input, 0, S));
   // To f32 on the host (through tmp_ where the activations are not f32).
   VLM_RETURN_IF_ERROR(grow(&m_out_, S * cfg_.hidden_size, DType::kF32));
   VLM_RETURN_IF_ERROR(be_.convert(x_.buf(), S * cfg_.hidden_size, m_out_.buf()));
@@ -312,94 +366,187 @@ Status VisionEncoder::embed_patches(const float* pixel_values, const GridThw& g,
   return ok_status();
 }
 
-Status VisionEncoder::run_merger(const Merger& mw, bool postshuffle,
-                                 const std::vector<GridThw>& grids, VisionOutput* out,
-                                 int64_t tap) {
+void VisionEncoder::space_of(const Job& job, int64_t* first, int64_t* rows) const {
+  const Job::Stage& st = job.plan_[job.stage_];
+  *first = 0;
+  *rows = job.S_;
+  if (st.kind == Job::Kind::kMerger) {
+    *rows = job.S_ / (cfg_.spatial_merge_size * cfg_.spatial_merge_size);
+  } else if (st.kind == Job::Kind::kAttention) {  // one space per temporal group of each image
+    int64_t k = 0, at = 0;
+    for (const GridThw& g : job.grids_) {
+      for (int64_t t = 0; t < g.t; ++t, ++k, at += g.h * g.w) {
+        if (k == job.space_) {
+          *first = at;
+          *rows = g.h * g.w;
+          return;
+        }
+      }
+    }
+  }
+}
+
+int64_t VisionEncoder::next_unit_rows(const Job& job, int64_t rows) const {
+  if (job.done()) return 0;
+  int64_t first = 0, n = 0;
+  space_of(job, &first, &n);
+  const int64_t rest = n - job.row_, grain = be_.row_slice_grain();
+  if (rows <= 0 || grain <= 0) return rest;
+  const int64_t r = (rows + grain - 1) / grain * grain;
+  return rest - r < grain ? rest : r;
+}
+
+double VisionEncoder::next_unit_flops(const Job& job, int64_t rows) const {
+  if (job.done()) return 0;
+  const double r = static_cast<double>(next_unit_rows(job, rows));
+  const double D = static_cast<double>(cfg_.hidden_size),
+               I = static_cast<double>(cfg_.intermediate_size);
+  const double m2 = static_cast<double>(cfg_.spatial_merge_size * cfg_.spatial_merge_size);
+  int64_t first = 0, n = 0;
+  space_of(job, &first, &n);
+  switch (job.plan_[job.stage_].kind) {
+    case Job::Kind::kEmbed:
+      return 2 * r * static_cast<double>(patch_->cols()) * D;
+    case Job::Kind::kQkv:
+      return 2 * r * D * 3 * D;
+    case Job::Kind::kAttention:
+      return 4 * r * static_cast<double>(n) * D;  // Q·Kᵀ and P·V
+    case Job::Kind::kProjection:
+      return 2 * r * D * D;
+    case Job::Kind::kMlp:
+      return 4 * r * D * I;
+    case Job::Kind::kMerger:
+      return 2 * r * (m2 * D) * (m2 * D + static_cast<double>(cfg_.out_hidden_size));
+  }
+  return 0;
+}
+
+Status VisionEncoder::run_merger(Job* job, const Merger& mw, bool postshuffle, int64_t tap,
+                                 int64_t t0, int64_t t1) {
   const int64_t D = cfg_.hidden_size, m2 = cfg_.spatial_merge_size * cfg_.spatial_merge_size;
-  const int64_t patches = total_patches(grids);
-  const int64_t tokens = patches / m2, wide = D * m2, out_h = cfg_.out_hidden_size;
+  const int64_t n = t1 - t0, wide = D * m2, out_h = cfg_.out_hidden_size;
   // Each run of merge² consecutive rows (one 2×2 block) is one token of width merge²·D; no block
   // straddles two images (each image's patches are a multiple of merge²).
+  const ops::Buf norm = m_norm_.at(t0 * wide), hidden = m_hidden_.at(t0 * wide);
+  const ops::Buf y = m_out_.at(t0 * out_h);
   if (postshuffle) {
     VLM_RETURN_IF_ERROR(
-        be_.layer_norm(x_.buf(), mw.norm_w, mw.norm_b, tokens, wide, kLayerNormEps, m_norm_.buf()));
+        be_.layer_norm(x_.at(t0 * wide), mw.norm_w, mw.norm_b, n, wide, kLayerNormEps, norm));
   } else {
     VLM_RETURN_IF_ERROR(
-        be_.layer_norm(x_.buf(), mw.norm_w, mw.norm_b, patches, D, kLayerNormEps, m_norm_.buf()));
+        be_.layer_norm(x_.at(t0 * wide), mw.norm_w, mw.norm_b, n * m2, D, kLayerNormEps, norm));
   }
-  VLM_RETURN_IF_ERROR(be_.linear(m_norm_.buf(), tokens, *mw.fc1, m_hidden_.buf()));
+  VLM_RETURN_IF_ERROR(be_.linear(norm, n, *mw.fc1, hidden));
   // Both mergers use nn.GELU() (exact erf); fc1's bias add is fused into it.
-  VLM_RETURN_IF_ERROR(be_.bias_gelu(m_hidden_.buf(), mw.fc1_b, tokens, wide, /*tanh=*/false));
-  VLM_RETURN_IF_ERROR(be_.linear(m_hidden_.buf(), tokens, *mw.fc2, m_out_.buf()));
-  VLM_RETURN_IF_ERROR(be_.add_bias(m_out_.buf(), mw.fc2_b, tokens, out_h));
-  int64_t first = 0;
-  for (size_t i = 0; i < grids.size(); ++i) {
-    const int64_t n = grids[i].patches() / m2;
-    std::vector<float>& dst = tap < 0 ? out[i].embeds : out[i].deepstack[static_cast<size_t>(tap)];
-    dst.resize(static_cast<size_t>(n * out_h));
-    VLM_RETURN_IF_ERROR(be_.to_host(dst.data(), m_out_.at(first * out_h), dst.size() * 4));
-    first += n;
+  VLM_RETURN_IF_ERROR(be_.bias_gelu(hidden, mw.fc1_b, n, wide, /*tanh=*/false));
+  VLM_RETURN_IF_ERROR(be_.linear(hidden, n, *mw.fc2, y));
+  VLM_RETURN_IF_ERROR(be_.add_bias(y, mw.fc2_b, n, out_h));
+  int64_t first = 0;  // each image's tokens among [t0, t1) to its output
+  for (VisionOutput& o : job->out_) {
+    const int64_t b = std::max(first, t0), e = std::min(first + o.tokens, t1);
+    if (b < e) {
+      std::vector<float>& dst = tap < 0 ? o.embeds : o.deepstack[static_cast<size_t>(tap)];
+      VLM_RETURN_IF_ERROR(be_.to_host(dst.data() + (b - first) * out_h, m_out_.at(b * out_h),
+                                      static_cast<size_t>((e - b) * out_h) * 4));
+    }
+    first += o.tokens;
   }
   // The next merger writes m_out_ again: its copies must be done.
   return be_.synchronize();
 }
 
-Status VisionEncoder::run(const std::vector<GridThw>& grids, ops::Buf input, VisionOutput* out) {
-  const int64_t m = cfg_.spatial_merge_size;
-  const int64_t S = total_patches(grids);
+// NOTE(vlm): every residual add runs fused into the LayerNorm after it (add_layer_norm:
+// x += delta + bias, xn = LN(x) in one pass over x): the attention's into norm2, the MLP's into
+// the next block's norm1 (the patch embedding's norm1 of block 0 into its stage). The bias adds
+// of the linear layers ride along the same way. Every op but the attention works row by row, so
+// a stage over rows [r0, r1) computes exactly those rows of what it computes over all of them.
+Status VisionEncoder::advance(Job* job, int64_t rows) {
+  if (job->done()) return ok_status();
   const int64_t D = cfg_.hidden_size, I = cfg_.intermediate_size;
-  const int64_t nh = cfg_.num_heads, hd = D / nh;
+  const int64_t nh = cfg_.num_heads, hd = D / nh, half = hd / 2;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float eps = kLayerNormEps;
-  const ops::Buf x = x_.buf(), xn = xn_.buf(), tmp = tmp_.buf();
-  VLM_RETURN_IF_ERROR(embed(input, S));
-  for (size_t i = 0; i < grids.size(); ++i) {
-    out[i].tokens = grids[i].patches() / (m * m);
-    out[i].deepstack.assign(deepstack_.size(), {});
-  }
-
-  // NOTE(vlm): every residual add runs fused into the LayerNorm after it (add_layer_norm:
-  // x += delta + bias, xn = LN(x) in one pass over x): the attention's into norm2, the MLP's into
-  // the next block's norm1. The bias adds of the linear layers ride along the same way.
+  int64_t first = 0, n = 0;
+  space_of(*job, &first, &n);
+  const int64_t r = next_unit_rows(*job, rows);
+  const int64_t r0 = first + job->row_, r1 = r0 + r;
+  const Job::Stage st = job->plan_[job->stage_];
   const size_t n_blocks = blocks_.size();
-  if (n_blocks > 0) {
-    VLM_RETURN_IF_ERROR(be_.layer_norm(x, blocks_[0].norm1_w, blocks_[0].norm1_b, S, D, eps, xn));
-  }
-  for (size_t b = 0; b < n_blocks; ++b) {
-    const Block& B = blocks_[b];
-    VLM_RETURN_IF_ERROR(be_.linear(xn, S, *B.qkv, qkv_.buf()));
-    VLM_RETURN_IF_ERROR(be_.split_qkv(qkv_.buf(), B.qkv_b, S, D, q_.buf(), k_.buf(), v_.buf()));
-    VLM_RETURN_IF_ERROR(be_.rope(q_.buf(), S, nh, hd, cos_dev_, sin_dev_));
-    VLM_RETURN_IF_ERROR(be_.rope(k_.buf(), S, nh, hd, cos_dev_, sin_dev_));
-    // One attention segment per temporal group of each image.
-    for (size_t i = 0, first = 0; i < grids.size(); first += grids[i].patches(), ++i) {
-      const int64_t per_frame = grids[i].h * grids[i].w;
-      for (int64_t t = 0; t < grids[i].t; ++t) {
-        const int64_t off = (static_cast<int64_t>(first) + t * per_frame) * D;
-        VLM_RETURN_IF_ERROR(be_.attention_full(q_.at(off), k_.at(off), v_.at(off), per_frame, nh,
-                                               hd, scale, attn_.at(off)));
+  switch (st.kind) {
+    case Job::Kind::kEmbed:
+      VLM_RETURN_IF_ERROR(embed(job->input_, r0, r1));
+      if (n_blocks > 0) {
+        VLM_RETURN_IF_ERROR(be_.layer_norm(x_.at(r0 * D), blocks_[0].norm1_w, blocks_[0].norm1_b, r,
+                                           D, eps, xn_.at(r0 * D)));
       }
+      break;
+    case Job::Kind::kQkv: {
+      const Block& B = blocks_[static_cast<size_t>(st.block)];
+      VLM_RETURN_IF_ERROR(be_.linear(xn_.at(r0 * D), r, *B.qkv, qkv_.at(r0 * 3 * D)));
+      VLM_RETURN_IF_ERROR(be_.split_qkv(qkv_.at(r0 * 3 * D), B.qkv_b, r, D, q_.at(r0 * D),
+                                        k_.at(r0 * D), v_.at(r0 * D)));
+      VLM_RETURN_IF_ERROR(
+          be_.rope(q_.at(r0 * D), r, nh, hd, cos_dev_.at(r0 * half), sin_dev_.at(r0 * half)));
+      VLM_RETURN_IF_ERROR(
+          be_.rope(k_.at(r0 * D), r, nh, hd, cos_dev_.at(r0 * half), sin_dev_.at(r0 * half)));
+      break;
     }
-    VLM_RETURN_IF_ERROR(be_.linear(attn_.buf(), S, *B.proj, tmp));
-    VLM_RETURN_IF_ERROR(be_.add_layer_norm(x, tmp, B.proj_b, B.norm2_w, B.norm2_b, S, D, eps, xn));
-    VLM_RETURN_IF_ERROR(be_.linear(xn, S, *B.fc1, mlp_.buf()));
-    VLM_RETURN_IF_ERROR(be_.bias_gelu(mlp_.buf(), B.fc1_b, S, I, /*tanh=*/true));
-    VLM_RETURN_IF_ERROR(be_.linear(mlp_.buf(), S, *B.fc2, tmp));
-    if (b + 1 < n_blocks) {
-      const Block& N = blocks_[b + 1];
-      VLM_RETURN_IF_ERROR(be_.add_layer_norm(x, tmp, B.fc2_b, N.norm1_w, N.norm1_b, S, D, eps, xn));
-    } else {
-      VLM_RETURN_IF_ERROR(be_.add(x, tmp, B.fc2_b, S, D));
-    }
-    // DeepStack taps: the hidden state after block b, through that tap's own merger.
-    for (size_t tap = 0; tap < cfg_.deepstack_visual_indexes.size(); ++tap) {
-      if (cfg_.deepstack_visual_indexes[tap] == static_cast<int64_t>(b)) {
-        VLM_RETURN_IF_ERROR(run_merger(deepstack_[tap], /*postshuffle=*/true, grids, out,
-                                       static_cast<int64_t>(tap)));
+    case Job::Kind::kAttention: {  // one frame's queries [row_, row_ + r) over all its keys
+      const int64_t off = first * D;
+      if (r == n) {
+        VLM_RETURN_IF_ERROR(be_.attention_full(q_.at(off), k_.at(off), v_.at(off), n, nh, hd, scale,
+                                               attn_.at(off)));
+      } else {
+        VLM_RETURN_IF_ERROR(be_.attention_full_rows(q_.at(off), k_.at(off), v_.at(off), n,
+                                                    job->row_, job->row_ + r, nh, hd, scale,
+                                                    attn_.at(off)));
       }
+      break;
+    }
+    case Job::Kind::kProjection: {
+      const Block& B = blocks_[static_cast<size_t>(st.block)];
+      VLM_RETURN_IF_ERROR(be_.linear(attn_.at(r0 * D), r, *B.proj, tmp_.at(r0 * D)));
+      VLM_RETURN_IF_ERROR(be_.add_layer_norm(x_.at(r0 * D), tmp_.at(r0 * D), B.proj_b, B.norm2_w,
+                                             B.norm2_b, r, D, eps, xn_.at(r0 * D)));
+      break;
+    }
+    case Job::Kind::kMlp: {
+      const size_t b = static_cast<size_t>(st.block);
+      const Block& B = blocks_[b];
+      VLM_RETURN_IF_ERROR(be_.linear(xn_.at(r0 * D), r, *B.fc1, mlp_.at(r0 * I)));
+      VLM_RETURN_IF_ERROR(be_.bias_gelu(mlp_.at(r0 * I), B.fc1_b, r, I, /*tanh=*/true));
+      VLM_RETURN_IF_ERROR(be_.linear(mlp_.at(r0 * I), r, *B.fc2, tmp_.at(r0 * D)));
+      if (b + 1 < n_blocks) {
+        const Block& N = blocks_[b + 1];
+        VLM_RETURN_IF_ERROR(be_.add_layer_norm(x_.at(r0 * D), tmp_.at(r0 * D), B.fc2_b, N.norm1_w,
+                                               N.norm1_b, r, D, eps, xn_.at(r0 * D)));
+      } else {
+        VLM_RETURN_IF_ERROR(be_.add(x_.at(r0 * D), tmp_.at(r0 * D), B.fc2_b, r, D));
+      }
+      break;
+    }
+    case Job::Kind::kMerger:
+      VLM_RETURN_IF_ERROR(st.block < 0 ? run_merger(job, merger_, /*postshuffle=*/false, -1, r0, r1)
+                                       : run_merger(job, deepstack_[static_cast<size_t>(st.block)],
+                                                    /*postshuffle=*/true, st.block, r0, r1));
+      break;
+  }
+  ++job->units_;
+  job->row_ += r;
+  if (job->row_ >= n) {  // the space is done: the next frame, or the next stage
+    job->row_ = 0;
+    int64_t spaces = 1;
+    if (st.kind == Job::Kind::kAttention) {
+      spaces = 0;
+      for (const GridThw& g : job->grids_) spaces += g.t;
+    }
+    if (++job->space_ >= spaces) {
+      job->space_ = 0;
+      ++job->stage_;
     }
   }
-  return run_merger(merger_, /*postshuffle=*/false, grids, out, -1);
+  if (job->done()) release_host_scratch();
+  return ok_status();
 }
 
 }  // namespace vlm

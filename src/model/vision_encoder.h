@@ -36,6 +36,41 @@ struct RgbImage {
 
 class VisionEncoder {
  public:
+  // One encode in progress, run in units of work by advance(): the tower as a list of stages
+  // (patch embedding, each block's q/k/v, attention, projection and MLP, each merger), each
+  // stage over the rows of its batch (the attention's per frame), a unit being the next rows of
+  // the current stage. The activations it carries between units are the encoder's scratch, so
+  // one job at a time exists per encoder; destroying it, done or not, gives them back.
+  class Job {
+   public:
+    ~Job();
+    Job(const Job&) = delete;
+    Job& operator=(const Job&) = delete;
+    bool done() const { return stage_ >= plan_.size(); }
+    // Per image of the job, in order; complete once done().
+    std::vector<VisionOutput>& outputs() { return out_; }
+    int64_t units_run() const { return units_; }
+
+   private:
+    friend class VisionEncoder;
+    enum class Kind { kEmbed, kQkv, kAttention, kProjection, kMlp, kMerger };
+    struct Stage {
+      Kind kind;
+      int64_t block = 0;  // kQkv .. kMlp: the block; kMerger: the DeepStack tap, -1 the last
+    };
+    explicit Job(VisionEncoder* enc) : enc_(enc) {}
+    VisionEncoder* enc_;
+    std::vector<GridThw> grids_;
+    std::vector<VisionOutput> out_;
+    ops::Buf input_;  // [S, patch_in], the activation type
+    int64_t S_ = 0;
+    std::vector<Stage> plan_;
+    size_t stage_ = 0;
+    int64_t space_ = 0;  // the attention's frame (other stages: one space of all rows)
+    int64_t row_ = 0;    // the next row in that space
+    int64_t units_ = 0;
+  };
+
   // The tower's weights go to the backend. fp16: the products in FP16 arithmetic where the
   // backend has it (the CPU's --vision-fp16, or its measured choice); bf16_gemm: the CPU's BF16
   // GEMM for the tower's products (unset: the backend's own).
@@ -52,6 +87,21 @@ class VisionEncoder {
   // Encodes one image. pixel_values: [grid.patches(), 3·T·P·P] in merge order (the processor's
   // layout). Every temporal group attends only within itself, as transformers' cu_seqlens do.
   Status encode(const float* pixel_values, const GridThw& grid, VisionOutput* out);
+
+  // The same encode as a job, to run in units (encode() is begin + advance to the end).
+  Result<std::unique_ptr<Job>> begin(const float* pixel_values, const GridThw& grid);
+  // encode_rgb_batch as a job.
+  Result<std::unique_ptr<Job>> begin_rgb(const RgbImage* images, int64_t n);
+  // Runs the job's next unit: the current stage over its next `rows` rows (rounded up to the
+  // backend's row grain, and to the stage's end when fewer than a grain would be left), or over
+  // all of them with rows <= 0 or on a backend without a row grain. Every row's arithmetic is
+  // the same whatever the units, so the outputs equal encode()'s bit for bit.
+  Status advance(Job* job, int64_t rows);
+  // What the job's next unit of `rows` rows (as advance() rounds them) costs, in FLOPs: the
+  // runner's estimate of its time.
+  double next_unit_flops(const Job& job, int64_t rows) const;
+  // The rows advance() would run for `rows` (0: the rest of the current space).
+  int64_t next_unit_rows(const Job& job, int64_t rows) const;
 
   // Resized images (PreprocessOptions::patchify false), in one pass of the tower: their patches
   // side by side, attention within each image's frames; out[i] for images[i]. Each image's rgb
@@ -84,12 +134,17 @@ class VisionEncoder {
   void rotary_tables(const GridThw& grid, std::vector<float>* cos, std::vector<float>* sin) const;
   // Scratch for S patches; the host tables of the images' positions and rotary, staged.
   Status prepare(const std::vector<GridThw>& grids);
-  // The tower from the patches in `input` [S, patch_in] (activation type); out[i] for grids[i].
-  Status run(const std::vector<GridThw>& grids, ops::Buf input, VisionOutput* out);
-  // The patch embedding and position of `input` into x_.
-  Status embed(ops::Buf input, int64_t S);
-  Status run_merger(const Merger& m, bool postshuffle, const std::vector<GridThw>& grids,
-                    VisionOutput* out, int64_t tap);
+  // A job over `grids` whose patches are in `input` (prepare() done): its plan and outputs.
+  std::unique_ptr<Job> make_job(const std::vector<GridThw>& grids, ops::Buf input);
+  // Runs a job to its end; moves its outputs to out[i] (one per image).
+  Status finish(std::unique_ptr<Job> job, VisionOutput* out);
+  // The patch embedding and position of input rows [r0, r1) into x_.
+  Status embed(ops::Buf input, int64_t r0, int64_t r1);
+  // The rows of the job's current space and where it starts among all rows.
+  void space_of(const Job& job, int64_t* first, int64_t* rows) const;
+  // Merger rows [t0, t1) (tokens); each image's part of them to its output.
+  Status run_merger(Job* job, const Merger& m, bool postshuffle, int64_t tap, int64_t t0,
+                    int64_t t1);
   // Grows a scratch buffer to `elems` of t.
   Status grow(ops::Buffer* b, int64_t elems, DType t);
   // Host memory goes back after each image (a big image's scratch is gigabytes); a device keeps
@@ -113,6 +168,7 @@ class VisionEncoder {
       mlp_, m_norm_, m_hidden_, m_out_;
   ops::Buf pos_dev_, cos_dev_, sin_dev_;  // the staged host tables
   std::vector<float> h_pos_, h_cos_, h_sin_;
+  bool job_open_ = false;  // a Job holds the scratch
 };
 
 }  // namespace vlm

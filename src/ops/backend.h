@@ -235,6 +235,19 @@ class Backend {
   // Bidirectional attention within n rows (one frame): q, k, v, out [n, n_heads, head_dim].
   virtual Status attention_full(Buf q, Buf k, Buf v, int64_t n, int64_t n_heads, int64_t head_dim,
                                 float scale, Buf out) = 0;
+  // Rows of a batch computed in parts: the row grain (0: not offered) such that linear(), the
+  // row-wise ops and attention_full_rows() over rows split at its multiples give every row bit
+  // for bit what one call over all of them gives (each part at least the grain, or the whole).
+  // The vision tower then slices a long layer by rows; elsewhere it slices by whole ops only.
+  virtual int64_t row_slice_grain() const { return 0; }
+  // attention_full for query rows [q0, q1) only (every key seen; out's other rows untouched);
+  // only where row_slice_grain() > 0.
+  virtual Status attention_full_rows(Buf q, Buf k, Buf v, int64_t n, int64_t q0, int64_t q1,
+                                     int64_t n_heads, int64_t head_dim, float scale, Buf out) {
+    (void)q, (void)k, (void)v, (void)n, (void)q0, (void)q1, (void)n_heads, (void)head_dim,
+        (void)scale, (void)out;
+    return Status(StatusCode::kUnimplemented, "this backend computes attention by whole frames");
+  }
   // Whether linear() runs FP16 arithmetic for weights made with LinearOptions::fp16_arithmetic.
   virtual bool has_fp16_arithmetic() const { return false; }
   // dst = src converted (f32 pixel values into the activation type).

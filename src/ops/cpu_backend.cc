@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/huge_page_buffer.h"
+#include "kernels/cpu/matmul.h"
 
 namespace vlm::ops {
 namespace {
@@ -246,6 +247,22 @@ Status CpuBackend::rope(Buf x, int64_t tokens, int64_t n_heads, int64_t head_dim
 Status CpuBackend::attention_full(Buf q, Buf k, Buf v, int64_t n, int64_t n_heads, int64_t head_dim,
                                   float scale, Buf out) {
   ops::attention_full(f(q), f(k), f(v), n, n_heads, head_dim, scale, f(out), pool_, isa_);
+  return ok_status();
+}
+
+static_assert(CpuBackend::kRowSliceGrain % ops::kAttentionRowGrain == 0 &&
+                  CpuBackend::kRowSliceGrain % 16 == 0 &&
+                  CpuBackend::kRowSliceGrain >= kernels::kPackedMinRows,
+              "row parts run the whole call's attention blocks, GEMM tiles and kernels");
+
+Status CpuBackend::attention_full_rows(Buf q, Buf k, Buf v, int64_t n, int64_t q0, int64_t q1,
+                                       int64_t n_heads, int64_t head_dim, float scale, Buf out) {
+  if (q0 < 0 || q1 > n || q0 > q1 || (q0 % ops::kAttentionRowGrain != 0)) {
+    return invalid_argument("attention_full_rows: rows [" + std::to_string(q0) + ", " +
+                            std::to_string(q1) + ") of " + std::to_string(n));
+  }
+  ops::attention_full_rows(f(q), f(k), f(v), n, q0, q1, n_heads, head_dim, scale, f(out), pool_,
+                           isa_);
   return ok_status();
 }
 

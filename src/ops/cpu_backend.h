@@ -61,6 +61,12 @@ class CpuBackend final : public Backend {
   Status rope(Buf x, int64_t tokens, int64_t n_heads, int64_t head_dim, Buf cos, Buf sin) override;
   Status attention_full(Buf q, Buf k, Buf v, int64_t n, int64_t n_heads, int64_t head_dim,
                         float scale, Buf out) override;
+  // 96 rows: a multiple of the attention's query block (48) and of the GEMM's row tiles, and at
+  // least kPackedMinRows, so a part runs the same kernels on the same tiles as the whole.
+  static constexpr int64_t kRowSliceGrain = 96;
+  int64_t row_slice_grain() const override { return kRowSliceGrain; }
+  Status attention_full_rows(Buf q, Buf k, Buf v, int64_t n, int64_t q0, int64_t q1,
+                             int64_t n_heads, int64_t head_dim, float scale, Buf out) override;
   Status convert(Buf src, int64_t count, Buf dst) override;
   bool has_fp16_arithmetic() const override { return ops::has_fp16_arithmetic(isa_); }
 

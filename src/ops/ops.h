@@ -234,5 +234,11 @@ inline void attention_paged(const float* q, int64_t n_q, int64_t first_pos, cons
 void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
                     int64_t head_dim, float scale, float* out, ThreadPool& pool,
                     Isa isa = detected_isa());
+// The same for query rows [q0, q1) only (every key still seen; out's other rows untouched). Rows
+// split at multiples of kAttentionRowGrain get bit for bit what the whole call gives them.
+inline constexpr int64_t kAttentionRowGrain = 48;
+void attention_full_rows(const float* q, const float* k, const float* v, int64_t n, int64_t q0,
+                         int64_t q1, int64_t n_heads, int64_t head_dim, float scale, float* out,
+                         ThreadPool& pool, Isa isa = detected_isa());
 
 }  // namespace vlm::ops

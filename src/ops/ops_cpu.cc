@@ -370,7 +370,7 @@ constexpr int64_t kBlockedMinTokens = 64;
 // Query rows per block of the blocked (GEMM) attention paths: a multiple of every ISA's tile
 // height (12 / 3 / 2 rows), so no block but a segment's last one runs a short tile; its scores
 // (48 · keys floats) stay in L2 up to several thousand keys.
-constexpr int64_t kQueryBlock = 48;
+constexpr int64_t kQueryBlock = kAttentionRowGrain;
 
 // One block of m query rows of one head through the matmul kernels, on the calling thread:
 // scores [m, nk] = Q·Kᵀ with Q's rows at qh (ldq floats apart) and K packed (pack_b_rows) as
@@ -577,13 +577,20 @@ void attention_paged(const float* q, int64_t n_q, int64_t first_pos, const KvPoo
 
 void attention_full(const float* q, const float* k, const float* v, int64_t n, int64_t n_heads,
                     int64_t head_dim, float scale, float* out, ThreadPool& pool, Isa isa) {
+  attention_full_rows(q, k, v, n, 0, n, n_heads, head_dim, scale, out, pool, isa);
+}
+
+void attention_full_rows(const float* q, const float* k, const float* v, int64_t n, int64_t q0,
+                         int64_t q1, int64_t n_heads, int64_t head_dim, float scale, float* out,
+                         ThreadPool& pool, Isa isa) {
   const int64_t stride = n_heads * head_dim;
-  if (n < kBlockedMinTokens || head_dim % 8 != 0) {
+  if (q1 <= q0) return;
+  if (n < kBlockedMinTokens || head_dim % 8 != 0) {  // per row: any split is exact
     const AttendFn attend =
         vector_head_dim(head_dim) ? attention_kernels(isa).attend_row : &attend_row;
-    pool.parallel_for(n * n_heads, 1, [&](int64_t begin, int64_t end, int) {
+    pool.parallel_for((q1 - q0) * n_heads, 1, [&](int64_t begin, int64_t end, int) {
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t i = item / n_heads;
+        const int64_t i = q0 + item / n_heads;
         const int64_t h = item % n_heads;
         attend(q + i * stride + h * head_dim, k + h * head_dim, v + h * head_dim, stride, n,
                head_dim, scale, out + i * stride + h * head_dim);
@@ -595,7 +602,8 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
   // packed once, then blocks of kQueryBlock queries go through the matmul kernels on that
   // thread — scores [block, n] = Q·Kᵀ, a row softmax, then out = P·V — so the work runs at GEMM
   // speed with one fork/join per call. Memory is O(block · n) per thread: the n × n score matrix
-  // is never built.
+  // is never built. The blocks start at q0 (a multiple of kQueryBlock when a call covers part of
+  // the rows), so a part runs the whole call's blocks.
   const AttentionKernels& kern = attention_kernels(isa);
   const int64_t packed_k = kernels::prepacked_floats(n, head_dim);
   const int64_t packed_v = kernels::prepacked_floats(head_dim, n);
@@ -610,10 +618,10 @@ void attention_full(const float* q, const float* k, const float* v, int64_t n, i
     for (int64_t h = h0; h < h1; ++h) {
       kern.pack_b_rows(k + h * head_dim, stride, n, head_dim, kp);
       kern.pack_b_cols(v + h * head_dim, stride, head_dim, n, vp);
-      for (int64_t q0 = 0; q0 < n; q0 += kQueryBlock) {
-        const int64_t m = std::min(kQueryBlock, n - q0);
-        attend_query_block(q + q0 * stride + h * head_dim, stride, m, kp, vp, n, n, head_dim, scale,
-                           /*visible0=*/n, scores, out + q0 * stride + h * head_dim, stride, isa);
+      for (int64_t b = q0; b < q1; b += kQueryBlock) {
+        const int64_t m = std::min(kQueryBlock, q1 - b);
+        attend_query_block(q + b * stride + h * head_dim, stride, m, kp, vp, n, n, head_dim, scale,
+                           /*visible0=*/n, scores, out + b * stride + h * head_dim, stride, isa);
       }
     }
   });

@@ -5,7 +5,10 @@
 
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
 
+#include "core/half.h"
 #include "core/thread_pool.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
@@ -192,6 +195,132 @@ TEST_F(VisionStages, Fp16ArithmeticStaysCloseToTransformers) {
     EXPECT_NE(embeds, plain) << what << ": the FP16 kernels did not run";
     EXPECT_LE(err, kTolFp16) << what;
   }
+}
+
+// The vision tower's products rounded to BF16 (for the BF16 GEMM kernels, which the f32 fixture
+// would not reach); the storage lives in `keep`.
+VisionWeights bf16_copy(const VisionWeights& w, std::vector<std::vector<uint16_t>>* keep) {
+  VisionWeights c = w;
+  auto round = [&](TensorView* t) {
+    const float* src = static_cast<const float*>(t->data);
+    std::vector<uint16_t>& dst = keep->emplace_back(static_cast<size_t>(t->numel()));
+    for (size_t i = 0; i < dst.size(); ++i) dst[i] = f32_to_bf16(src[i]);
+    t->dtype = DType::kBF16;
+    t->data = dst.data();
+  };
+  round(&c.patch_embed);
+  for (VisionBlockWeights& b : c.blocks) {
+    for (TensorView* t : {&b.qkv, &b.proj, &b.fc1, &b.fc2}) round(t);
+  }
+  for (VisionMergerWeights* m : {&c.merger}) {
+    round(&m->fc1);
+    round(&m->fc2);
+  }
+  for (VisionMergerWeights& m : c.deepstack_mergers) {
+    round(&m.fc1);
+    round(&m.fc2);
+  }
+  return c;
+}
+
+// An encode run in units (VisionEncoder::begin / advance, as the engine slices it into its
+// steps) equals the whole encode bit for bit, whatever the cut: every ISA, the f32, FP16 and
+// BF16 (dot-product and AMX) kernels, one image and two frames, cuts of one grain, of odd sizes
+// and of random sizes from unit to unit.
+TEST_F(VisionStages, EncodeInUnitsEqualsTheWholeBitForBit) {
+  std::vector<std::pair<std::string, PreprocessedImage>> images;
+  for (const auto& [name, im] : ref()["images"].items())
+    images.emplace_back(name, preprocess(name));
+  {  // larger than the fixture's: several grains of rows per stage
+    auto img = load_image_file(image_path("cat"));
+    ASSERT_TRUE(img.ok());
+    PreprocessOptions o;
+    o.max_pixels = 1200 * 16 * 16;
+    auto p = preprocess_image(*img, o);
+    ASSERT_TRUE(p.ok());
+    images.emplace_back("cat-large", std::move(p).value());
+    // Two temporal groups (each its own attention frame): the large image's patches twice.
+    PreprocessedImage two = images.back().second;
+    two.grid_t = 2;
+    two.pixel_values.insert(two.pixel_values.end(), two.pixel_values.begin(),
+                            two.pixel_values.end());
+    images.emplace_back("cat-large-2-frames", std::move(two));
+  }
+  std::vector<std::vector<uint16_t>> keep;
+  const VisionWeights bf16 = bf16_copy(weights_, &keep);
+  struct Variant {
+    std::string name;
+    const VisionWeights* w;
+    bool fp16;
+    std::optional<ops::Bf16Gemm> gemm;
+  };
+  std::vector<Variant> variants = {{"f32", &weights_, false, std::nullopt},
+                                   {"fp16", &weights_, true, std::nullopt}};
+  for (auto [g, name] : {std::pair{ops::Bf16Gemm::kDotBf16, "bf16-dot"},
+                         std::pair{ops::Bf16Gemm::kAmx, "bf16-amx"}}) {
+    if (ops::bf16_gemm_available(g)) variants.push_back({name, &bf16, false, g});
+  }
+  std::mt19937 rng(7);
+  int sliced = 0;
+  for (ops::Isa isa : ops::runnable_isas()) {
+    ops::CpuBackend be(pool_, isa);
+    const int64_t grain = be.row_slice_grain();
+    ASSERT_GT(grain, 0);
+    for (const Variant& v : variants) {
+      auto made = VisionEncoder::create(cfg_, *v.w, be, v.fp16, v.gemm);
+      ASSERT_TRUE(made.ok()) << made.status().message();
+      VisionEncoder& enc = **made;
+      for (const auto& [name, p] : images) {
+        const GridThw g{p.grid_t, p.grid_h, p.grid_w};
+        VisionOutput whole;
+        ASSERT_TRUE(enc.encode(p.pixel_values.data(), g, &whole).ok());
+        for (int64_t cut : {int64_t{1}, grain, grain + 5, 3 * grain, int64_t{-1}}) {
+          const std::string what =
+              name + " " + ops::isa_name(isa) + " " + v.name + " cut " + std::to_string(cut);
+          auto job = enc.begin(p.pixel_values.data(), g);
+          ASSERT_TRUE(job.ok()) << what;
+          EXPECT_FALSE(enc.begin(p.pixel_values.data(), g).ok()) << "two jobs at once";
+          int64_t units = 0;
+          while (!(*job)->done()) {
+            const int64_t rows =
+                cut > 0 ? cut : std::uniform_int_distribution<int64_t>(1, 4 * grain)(rng);
+            ASSERT_GT(enc.next_unit_flops(**job, rows), 0) << what;
+            ASSERT_TRUE(enc.advance(job->get(), rows).ok()) << what;
+            ++units;
+          }
+          EXPECT_EQ(units, (*job)->units_run());
+          const VisionOutput& got = (*job)->outputs()[0];
+          ASSERT_EQ(got.tokens, whole.tokens) << what;
+          EXPECT_TRUE(got.embeds == whole.embeds) << what;
+          ASSERT_EQ(got.deepstack.size(), whole.deepstack.size()) << what;
+          for (size_t k = 0; k < got.deepstack.size(); ++k)
+            EXPECT_TRUE(got.deepstack[k] == whole.deepstack[k]) << what << " tap " << k;
+          if (g.patches() >= 2 * grain) {  // the stages were cut: more units than stages
+            const int64_t stages = 2 + 4 * static_cast<int64_t>(cfg_.vision_config.depth) +
+                                   static_cast<int64_t>(whole.deepstack.size());
+            EXPECT_GT(units, stages + g.t * cfg_.vision_config.depth) << what;
+            ++sliced;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(sliced, 0);
+  // A job given up half way gives the encoder back: the next encode is whole and equal.
+  ops::CpuBackend be(pool_);
+  auto made = VisionEncoder::create(cfg_, weights_, be);
+  ASSERT_TRUE(made.ok());
+  const PreprocessedImage& p = images.back().second;
+  const GridThw g{p.grid_t, p.grid_h, p.grid_w};
+  VisionOutput before, after;
+  ASSERT_TRUE((*made)->encode(p.pixel_values.data(), g, &before).ok());
+  {
+    auto job = (*made)->begin(p.pixel_values.data(), g);
+    ASSERT_TRUE(job.ok());
+    for (int i = 0; i < 7; ++i) ASSERT_TRUE((*made)->advance(job->get(), 1).ok());
+  }
+  ASSERT_TRUE((*made)->encode(p.pixel_values.data(), g, &after).ok());
+  EXPECT_TRUE(before.embeds == after.embeds);
 }
 
 TEST(VisionPositions, RopeIndexMatchesTransformers) {
