@@ -97,11 +97,13 @@ function askKey() {
 function requestBody() {
   const messages = [];
   if (settings.system.trim()) messages.push({ role: "system", content: settings.system });
-  for (const m of conversation) {
+  conversation.forEach((m, i) => {
+    // A turn whose reply failed is left out, question and all (roles keep alternating).
+    if (m.state === "error" || conversation[i + 1]?.state === "error") return;
     if (m.role === "user") {
       if (m.images.length === 0) {
         messages.push({ role: "user", content: m.text });
-        continue;
+        return;
       }
       const parts = m.images.map((url) => {
         const part = { type: "image_url", image_url: { url } };
@@ -111,37 +113,44 @@ function requestBody() {
       });
       if (m.text) parts.push({ type: "text", text: m.text });
       messages.push({ role: "user", content: parts });
-    } else if (m.state !== "error" && m.text) {
+    } else if (m.text) {
       messages.push({ role: "assistant", content: m.text });
     }
-  }
-  const body = {
-    messages, stream: true, stream_options: { include_usage: true },
-    max_tokens: Number(settings.max_tokens),
-    temperature: Number(settings.temperature),
-    top_p: Number(settings.top_p),
-  };
+  });
+  // Extra fields first, so that they cannot replace the conversation or the streaming.
+  const body = settings.extra.trim() ? JSON.parse(settings.extra) : {};
+  Object.assign(body, { messages, stream: true, stream_options: { include_usage: true } });
   if (model) body.model = model;
-  if (settings.seed !== "") body.seed = Number(settings.seed);
-  if (settings.extra.trim()) Object.assign(body, JSON.parse(settings.extra));
+  for (const k of ["max_tokens", "temperature", "top_p", "seed"]) {
+    if (String(settings[k]).trim() !== "") body[k] = Number(settings[k]);
+  }
   return body;
 }
 
 // The data of each server-sent event of a response body.
+// The data of each server-sent event of a response body. Leaving the loop early (a break, an
+// error) cancels the body, so the server stops the request.
 async function* events(stream) {
   const reader = stream.pipeThrough(new TextDecoderStream()).getReader();
+  const dataOf = (event) => event.split(/\r?\n/).filter((l) => l.startsWith("data:"))
+    .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
   let buf = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buf += value;
-    for (let m = buf.match(/\r?\n\r?\n/); m; m = buf.match(/\r?\n\r?\n/)) {
-      const event = buf.slice(0, m.index);
-      buf = buf.slice(m.index + m[0].length);
-      const data = event.split(/\r?\n/).filter((l) => l.startsWith("data:"))
-        .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
-      if (data) yield data;
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) {
+        if (dataOf(buf)) yield dataOf(buf);  // a last event without its blank line
+        return;
+      }
+      buf += value;
+      for (let m = buf.match(/\r?\n\r?\n/); m; m = buf.match(/\r?\n\r?\n/)) {
+        const data = dataOf(buf.slice(0, m.index));
+        buf = buf.slice(m.index + m[0].length);
+        if (data) yield data;
+      }
     }
+  } finally {
+    reader.cancel().catch(() => {});
   }
 }
 
@@ -180,8 +189,12 @@ async function send() {
       signal: controller.signal,
     });
     if (!r.ok) throw new ApiError(r.status, await errorText(r));
+    let complete = false;
     for await (const data of events(r.body)) {
-      if (data === "[DONE]") break;
+      if (data === "[DONE]") {
+        complete = true;
+        break;
+      }
       const chunk = JSON.parse(data);
       if (chunk.error) throw new ApiError(0, chunk.error.message);
       if (chunk.usage) usage = chunk.usage;
@@ -194,6 +207,7 @@ async function send() {
       reply.reasoning += thought;
       scheduleUpdate(reply, view);
     }
+    if (!complete) throw new ApiError(0, "the reply was cut off (the stream ended before [DONE])");
     reply.state = "done";
   } catch (e) {
     if (e.name === "AbortError") {
@@ -210,7 +224,8 @@ async function send() {
     reply.stats = {
       tokens,
       ttft_ms: tFirst ? tFirst - t0 : null,
-      tokens_per_s: tokens > 1 && tEnd > tFirst ? (tokens - 1) / ((tEnd - tFirst) / 1000) : null,
+      tokens_per_s: tokens > 1 && tFirst && tEnd > tFirst
+        ? (tokens - 1) / ((tEnd - tFirst) / 1000) : null,
     };
     controller = null;
     setBusy(false);
@@ -380,6 +395,9 @@ $("reset-settings").addEventListener("click", () => {
   localStorage.setItem(SETTINGS_KEY, JSON.stringify(settings));
   openSettings();
 });
+for (const button of document.querySelectorAll("dialog .cancel")) {
+  button.addEventListener("click", () => button.closest("dialog").close());
+}
 $("key-form").addEventListener("submit", (e) => {
   if (e.submitter?.value !== "save") return;
   apiKey = $("api-key").value.trim();

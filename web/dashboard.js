@@ -14,7 +14,7 @@ const samples = [];  // {t: ms since the epoch, m: the metric families}
 // counts whose last bucket is +Inf: NaN without observations; the highest finite bound when
 // the rank falls in +Inf; linear interpolation inside the bucket otherwise (from 0 for the
 // first bucket).
-function histogramQuantile(q, bounds, buckets) {
+export function histogramQuantile(q, bounds, buckets) {
   const total = buckets[buckets.length - 1];
   if (!(total > 0) || bounds.length < 1) return NaN;
   const rank = q * total;
@@ -39,6 +39,11 @@ function scalar(m, name) {
   return f.value ?? null;
 }
 
+// NVML's gauges are -1 until read (or where a reading is not reported).
+function reported(v) {
+  return v === null || v < 0 ? null : v;
+}
+
 function counterSeries(m, name, label) {
   return family(m, name)?.values?.[label] ?? 0;
 }
@@ -47,7 +52,8 @@ function counterSeries(m, name, label) {
 function quantile(q, name, to, from = null) {
   const h = family(to, name);
   if (!h) return NaN;
-  const before = from ? family(from, name) : null;
+  let before = from ? family(from, name) : null;
+  if (before && before.count > h.count) before = null;  // the server restarted in between
   const buckets = h.buckets.map((c, i) => c - (before ? before.buckets[i] : 0));
   return histogramQuantile(q, h.bounds, buckets);
 }
@@ -131,9 +137,9 @@ function renderTiles(m) {
       const used = scalar(m, "vlm_gpu_memory_used_bytes");
       const util = scalar(m, "vlm_gpu_utilization_percent");
       const power = scalar(m, "vlm_gpu_power_watts");
-      v = `${util >= 0 ? `${util} %` : "–"} · ${fmt(used, "bytes")} / ` +
-        `${fmt(scalar(m, "vlm_gpu_memory_total_bytes"), "bytes")}` +
-        (power >= 0 ? ` · ${power.toFixed(0)} W` : "");
+      const total = reported(scalar(m, "vlm_gpu_memory_total_bytes"));
+      v = `${util >= 0 ? `${util} %` : "–"} · ${fmt(reported(used), "bytes")} / ` +
+        `${fmt(total, "bytes")}` + (power >= 0 ? ` · ${power.toFixed(0)} W` : "");
     }
     tile.dataset.value = typeof v === "number" && !Number.isNaN(v) ? String(v) : "";
     tile.querySelector(".value").textContent = typeof v === "number" || v === null ? fmt(v, unit) : v;
@@ -181,9 +187,9 @@ const CHARTS = [
     ["RSS (MiB)", "y1", (p, w, n) => scalar(n.m, "process_resident_memory_bytes") / 2 ** 20],
   ]],
   ["gpu", "GPU", [
-    ["utilisation (%)", "y", (p, w, n) => scalar(n.m, "vlm_gpu_utilization_percent")],
-    ["memory used (GiB)", "y1", (p, w, n) => scalar(n.m, "vlm_gpu_memory_used_bytes") / 2 ** 30],
-    ["power (W)", "y1", (p, w, n) => scalar(n.m, "vlm_gpu_power_watts")],
+    ["utilisation (%)", "y", (p, w, n) => reported(scalar(n.m, "vlm_gpu_utilization_percent"))],
+    ["memory used (GiB)", "y1", (p, w, n) => reported(scalar(n.m, "vlm_gpu_memory_used_bytes")) / 2 ** 30],
+    ["power (W)", "y1", (p, w, n) => reported(scalar(n.m, "vlm_gpu_power_watts"))],
   ]],
 ];
 

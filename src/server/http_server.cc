@@ -1026,9 +1026,14 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   if (options.engine.device == Device::kCuda) {
     impl->gpu_util = &m.gauge("vlm_gpu_utilization_percent",
                               "GPU busy share over NVML's last sample period (-1: not reported)");
-    impl->gpu_mem_used = &m.gauge("vlm_gpu_memory_used_bytes", "GPU memory in use (all processes)");
-    impl->gpu_mem_total = &m.gauge("vlm_gpu_memory_total_bytes", "GPU memory in total");
+    impl->gpu_mem_used = &m.gauge("vlm_gpu_memory_used_bytes",
+                                  "GPU memory in use, all processes (-1: not read yet)");
+    impl->gpu_mem_total =
+        &m.gauge("vlm_gpu_memory_total_bytes", "GPU memory in total (-1: not read yet)");
     impl->gpu_power = &m.gauge("vlm_gpu_power_watts", "GPU board power draw (-1: not reported)");
+    for (Gauge* g : {impl->gpu_util, impl->gpu_mem_used, impl->gpu_mem_total, impl->gpu_power}) {
+      g->set(-1);  // until NVML is first read
+    }
   }
   {
     // vLLM's buckets (its v1 metrics loggers): TTFT; inter-token latency as its time per

@@ -6,10 +6,9 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
-#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <string_view>
 
 namespace vlm {
 
@@ -225,39 +224,67 @@ std::string MetricsRegistry::render_json() const {
     }
     families[e.name] = std::move(f);
   }
-  return nlohmann::json({{"metrics", std::move(families)}}).dump();
+  // Labels carry names from outside (the model folder's): bytes that are not UTF-8 are replaced.
+  return nlohmann::json({{"metrics", std::move(families)}})
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
+
+namespace {
+
+// The whitespace-separated fields of a /proc line as numbers (NaN where one is not a number).
+std::vector<double> numbers(std::string_view text) {
+  std::vector<double> out;
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && text[i] == ' ') ++i;
+    const size_t j = std::min(text.find(' ', i), text.size());
+    if (j > i) {
+      double v = std::numeric_limits<double>::quiet_NaN();
+      const auto [ptr, ec] = std::from_chars(text.data() + i, text.data() + j, v);
+      if (ec != std::errc() || ptr != text.data() + j) v = std::numeric_limits<double>::quiet_NaN();
+      out.push_back(v);
+    }
+    i = j;
+  }
+  return out;
+}
+
+std::string read_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+}  // namespace
 
 ProcessStats read_process_stats() {
   ProcessStats s;
   const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  std::ifstream stat("/proc/self/stat");
-  std::string line;
-  if (ticks > 0 && std::getline(stat, line)) {
-    // Fields after the command name (which may hold spaces, so read from its closing ')'):
-    // state is field 3; utime, stime are 14 and 15, starttime 22 (clock ticks after boot).
-    std::istringstream rest(line.substr(line.rfind(')') + 2));
-    std::vector<std::string> f((std::istream_iterator<std::string>(rest)),
-                               std::istream_iterator<std::string>());
-    if (f.size() > 19) {
-      s.cpu_seconds = (std::stod(f[11]) + std::stod(f[12])) / ticks;
+  // /proc/self/stat: the fields after the command name (which may hold spaces and parentheses,
+  // so read from its last ')'): state is field 3, utime and stime 14 and 15, starttime 22 (clock
+  // ticks after boot); here field k is f[k - 3] (the state reads as NaN).
+  const std::string stat = read_line("/proc/self/stat");
+  const size_t close = stat.rfind(')');
+  if (ticks > 0 && close != std::string::npos && close + 2 < stat.size()) {
+    const std::vector<double> f = numbers(std::string_view(stat).substr(close + 2));
+    if (f.size() > 19 && std::isfinite(f[11]) && std::isfinite(f[12])) {
+      s.cpu_seconds = (f[11] + f[12]) / ticks;
       std::ifstream proc_stat("/proc/stat");
-      std::string key;
-      double boot = 0;
-      while (proc_stat >> key) {
-        if (key == "btime") {
-          proc_stat >> boot;
-          break;
+      std::string line;
+      while (std::getline(proc_stat, line)) {
+        if (line.rfind("btime ", 0) != 0) continue;
+        const std::vector<double> b = numbers(std::string_view(line).substr(6));
+        if (!b.empty() && std::isfinite(b[0]) && std::isfinite(f[19])) {
+          s.start_time_seconds = b[0] + f[19] / ticks;
         }
-        proc_stat.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+        break;
       }
-      if (boot > 0) s.start_time_seconds = boot + std::stod(f[19]) / ticks;
     }
   }
-  std::ifstream statm("/proc/self/statm");
-  double size_pages = 0, resident_pages = 0;
-  if (statm >> size_pages >> resident_pages) {
-    s.resident_bytes = resident_pages * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const std::vector<double> m = numbers(read_line("/proc/self/statm"));
+  if (m.size() > 1 && std::isfinite(m[1])) {
+    s.resident_bytes = m[1] * static_cast<double>(sysconf(_SC_PAGESIZE));
   }
   return s;
 }

@@ -38,6 +38,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -220,7 +221,7 @@ class ChatTest(PageTest):
         self.driver.refresh()
         self.el("#open-settings").click()
         self.assertEqual(self.el("#settings-form [name=max_tokens]").get_attribute("value"), "48")
-        self.el("#settings-form button[value=cancel]").click()
+        self.el("#settings-form button.cancel").click()
         if ARGS.screenshots:
             self.driver.refresh()
             self.wait(lambda: self.el("#model").text)
@@ -280,11 +281,17 @@ class StopTest(FixtureServer, PageTest):
         self.assertEqual(su.value(samples, "vlm_requests_total", outcome="cancelled"), cancelled + 1)
         self.assertLess(time.monotonic() - stopped_at, 10)
         self.assertTrue(self.el("#send").is_displayed())
+        # The conversation goes on after a Stop (the stopped reply's text is part of it).
+        self.set_settings(max_tokens=5)
+        reply = self.ask("And then?")
+        self.assertEqual(self.wait_reply(reply), "done")
+        self.assertEqual(reply.get_attribute("data-tokens"), "5")
 
 
 class MarkupTest(FixtureServer, PageTest):
     server_args = ()
-    PAYLOAD = '<img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> **bold**'
+    PAYLOAD = ('<img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> **bold** '
+               '[link](javascript:window.pwned=3)')
 
     def test_model_html_is_text(self):
         regex = re.escape(self.PAYLOAD)
@@ -293,6 +300,7 @@ class MarkupTest(FixtureServer, PageTest):
         self.assertEqual(self.wait_reply(reply), "done")
         content = reply.find_element(By.CSS_SELECTOR, ".content")
         self.assertEqual(content.text, self.PAYLOAD.replace("**bold**", "bold"))
+        # (markdown-it refuses the javascript: link: it stays text, no <a>.)
         # Markdown is rendered (bold), HTML is not: no element but <p> and <strong>.
         tags = self.driver.execute_script(
             "return [...arguments[0].querySelectorAll('*')].map(e => e.tagName)", content)
@@ -310,15 +318,14 @@ class ApiKeyTest(FixtureServer, PageTest):
         self.open_chat()
         self.assertTrue(self.el("#key-dialog").get_attribute("open"), "the page asks for the key")
         self.assertIn("API key", self.el("#error").text)
-        self.el("#key-form button[value=cancel]").click()
+        self.el("#key-form button.cancel").click()
         self.set_settings(max_tokens=8)
         reply = self.ask("Hello?")
         self.assertEqual(self.wait_reply(reply), "error")
         self.assertIn("401", reply.text)
         self.assertIn("401", self.el("#error").text)
         self.assertTrue(self.el("#key-dialog").get_attribute("open"), "asked again after the 401")
-        self.el("#api-key").send_keys("s3cret")
-        self.el("#save-key").click()
+        self.el("#api-key").send_keys("s3cret" + Keys.ENTER)  # Enter saves (does not cancel)
         self.wait(lambda: self.el("#model").text == su.MODEL, what="the models after the key")
         reply = self.ask("Hello again?")
         self.assertEqual(self.wait_reply(reply), "done")
@@ -369,6 +376,17 @@ class DashboardTest(PageTest):
         gen = su.value(samples, "vlm_generation_tokens_total")
         self.assertEqual(float(self.tile("generated").get_attribute("data-value")), gen)
         self.assertEqual(self.tile("gpu").text.splitlines()[-1], "no GPU")
+        # The page's histogram_quantile on cases worked by hand from Prometheus' rule: bounds
+        # 1, 2, 4 and +Inf holding 10 observations each.
+        cases = [(0.25, [1, 2, 4], [10, 20, 30, 40], 1.0), (0.5, [1, 2, 4], [10, 20, 30, 40], 2.0),
+                 (0.6, [1, 2, 4], [10, 20, 30, 40], 2.8), (0.9, [1, 2, 4], [10, 20, 30, 40], 4.0),
+                 (0.2, [0, 1], [5, 10, 10], 0.0), (0.5, [1, 2], [0, 0, 0], None)]
+        got = self.driver.execute_async_script("""
+            const done = arguments[arguments.length - 1];
+            import("/static/dashboard.js").then((m) => done(arguments[0].map(
+              ([q, bounds, buckets]) => m.histogramQuantile(q, bounds, buckets))));
+        """, [[q, b, c] for q, b, c, _ in cases])
+        self.assertEqual(got, [want for *_, want in cases])
         self.assertEqual(self.el("#model").text, su.MODEL)
         if ARGS.screenshots:  # a minute of steady traffic from four clients, then the picture
             self.driver.get(self.server.url("/dashboard?refresh_ms=1000"))
