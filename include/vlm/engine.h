@@ -90,6 +90,13 @@ struct BatchingOptions {
   // blocks found cached; least recently used ones are evicted when blocks are needed.
   bool prefix_caching = true;
   KvEventsOptions kv_events;  // needs prefix_caching
+  // While requests are running, an image's vision-tower pass is sliced (down to row blocks of
+  // one layer's products and attention) and each step runs about this many milliseconds of it
+  // beside the decode batch and the prefill chunk, so running streams keep their pace; the
+  // image's prefill starts with the step that finishes it. 0: auto, about one forward pass (the
+  // recent steps' average); negative: never sliced (a whole encode inside one step). With no
+  // request running an encode is never sliced. The outputs are the same bit for bit.
+  double max_encoder_ms = 0;
 };
 
 struct EngineOptions {
@@ -148,6 +155,9 @@ struct EngineOptions {
   // Called on the engine thread after every step that ran the model, with its wall time in
   // seconds (e.g. a step-time histogram); must not block.
   std::function<void(double seconds)> on_step;
+  // Called on the engine thread after every step that ran part of an image encode, with the
+  // units (slices) it ran and their wall time in seconds; must not block.
+  std::function<void(int64_t slices, double seconds)> on_encode;
 };
 
 class OutputProcessor;

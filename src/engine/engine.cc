@@ -329,7 +329,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     // A backend that patchifies takes the resized image (a quarter of the f32 patches' bytes).
     if (impl->vision->takes_rgb()) impl->preprocess.patchify = false;
   }
-  VLM_ASSIGN_OR_RETURN(impl->core, EngineCore::create(*impl, options.batching, options.on_step));
+  VLM_ASSIGN_OR_RETURN(
+      impl->core, EngineCore::create(*impl, options.batching, options.on_step, options.on_encode));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 

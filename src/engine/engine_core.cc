@@ -181,9 +181,16 @@ struct EngineCore::State {
   ModelRunnerOutput run_out;
   std::vector<std::pair<int64_t, int64_t>> computed;
   std::vector<int64_t> aborts;
-  std::vector<StagedImage*> batch_images;       // admit(): images encoded together on the GPU
-  std::vector<double*> batch_ms;                // their requests' encode_ms
-  BlockHasher hasher;                           // prefix-cache keys, seeded at random per engine
+  // The image encode in progress: one at a time, sliced over steps while requests run.
+  struct Encoding {
+    std::vector<int64_t> requests;  // per image: the request it belongs to
+    std::vector<StagedImage*> images;
+    std::vector<int64_t> patches;  // per image: its share of the time
+    std::unique_ptr<VisionEncoder::Job> job;
+  };
+  std::unique_ptr<Encoding> encoding;
+  double forward_ms = 0;  // the forward passes' recent average: the encode's auto share
+  BlockHasher hasher;     // prefix-cache keys, seeded at random per engine
   std::unique_ptr<KvEventPublisher> kv_events;  // null: no KV events
   std::vector<KvCacheEvent> kv_log;             // publish_kv_events()' scratch
   std::vector<KvWireEvent> kv_wire;
@@ -197,8 +204,9 @@ EngineCore::EngineCore(Engine::Impl& engine, const BatchingOptions& opts)
       shared_(std::make_shared<Shared>()),
       st_(std::make_unique<State>()) {}
 
-Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const BatchingOptions& o,
-                                                       std::function<void(double)> on_step) {
+Result<std::unique_ptr<EngineCore>> EngineCore::create(
+    Engine::Impl& m, const BatchingOptions& o, std::function<void(double)> on_step,
+    std::function<void(int64_t, double)> on_encode) {
   const Qwen3VLTextConfig& t = m.cfg.text_config;
   BatchingOptions opts = o;
   if (opts.max_batched_tokens <= 0) opts.max_batched_tokens = m.max_chunk();
@@ -275,6 +283,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(Engine::Impl& m, const Ba
   }
   core->opts_ = opts;
   core->on_step_ = std::move(on_step);
+  core->on_encode_ = std::move(on_encode);
   core->pixel_budget_ = std::make_unique<PixelBudget>(opts.max_inflight_image_pixels);
   s.sched = std::make_unique<Scheduler>(std::move(sched));
   VLM_RETURN_IF_ERROR(
@@ -515,6 +524,7 @@ void EngineCore::end(void* req, FinishReason reason, const Status& error, const 
   Req& r = *static_cast<Req*>(req);
   const int64_t id = r.run.id;
   if (r.admitted) s.sched->finish(id);
+  drop_encode_of(id);
   {
     // Published before the stream hears: a client that reads /metrics right after its reply
     // sees the request's blocks returned.
@@ -538,9 +548,98 @@ void EngineCore::publish_stats_locked() {
   shared_->stats.prefix_cache_evictions = pc.evictions;
 }
 
+void EngineCore::drop_encode_of(int64_t id) {
+  State& s = *st_;
+  if (s.encoding && std::find(s.encoding->requests.begin(), s.encoding->requests.end(), id) !=
+                        s.encoding->requests.end()) {
+    s.encoding.reset();  // the job's carried activations go back with it
+  }
+}
+
+void EngineCore::encode_images(const std::vector<int64_t>& to_admit) {
+  Engine::Impl& m = m_;
+  State& s = *st_;
+  if (!s.encoding) {
+    // The first request (in order) with an image to encode: its first such image. On a device
+    // that patchifies, its resized images and those of the requests after it go through the tower
+    // together, up to a budget of patches.
+    constexpr int64_t kBatchPatches = 32768;
+    const bool batch = m.vision->takes_rgb();
+    auto enc = std::make_unique<State::Encoding>();
+    int64_t patches = 0;
+    bool full = false;
+    for (int64_t id : to_admit) {
+      for (StagedImage& img : s.reqs.at(id)->images) {
+        if (!img.encoded) img.encoded = s.vision_cache->get(img.key);
+        if (img.encoded) continue;
+        const PreprocessedImage& p = img.pixels;
+        const int64_t n = p.grid_t * p.grid_h * p.grid_w;
+        const bool rgb = p.pixel_values.empty() && !p.resized_rgb.empty();
+        if (!enc->images.empty() && (!batch || !rgb || patches + n > kBatchPatches)) {
+          full = true;
+          break;
+        }
+        enc->requests.push_back(id);
+        enc->images.push_back(&img);
+        enc->patches.push_back(n);
+        patches += n;
+      }
+      if (full || (!batch && !enc->images.empty())) break;
+    }
+    if (enc->images.empty()) return;
+    auto job = begin_encode(*m.vision, enc->images);
+    if (!job.ok() && enc->images.size() > 1) {  // the first image alone says whose error it is
+      enc->requests.resize(1);
+      enc->images.resize(1);
+      enc->patches.resize(1);
+      job = begin_encode(*m.vision, enc->images);
+    }
+    if (!job.ok()) {
+      Req& r = *s.reqs.at(enc->requests[0]);
+      const size_t k = static_cast<size_t>(enc->images[0] - r.images.data());
+      end(&r, FinishReason::kNone, job.status().with_context("image " + std::to_string(k + 1)));
+      return;
+    }
+    enc->job = std::move(job).value();
+    s.encoding = std::move(enc);
+  }
+  // This step's share: unsliced while no request runs (nothing waits for the encode), else about
+  // one forward pass's time (or --max-encoder-ms).
+  double budget_ms = 0;
+  if (opts_.max_encoder_ms >= 0 && s.sched->num_running() > 0) {
+    budget_ms = opts_.max_encoder_ms > 0 ? opts_.max_encoder_ms : std::max(1.0, s.forward_ms);
+  }
+  State::Encoding& enc = *s.encoding;
+  const auto t0 = Clock::now();
+  const Result<int64_t> units = s.runner->encode(*m.vision, *enc.job, budget_ms);
+  const double ms = ms_since(t0);
+  if (units.ok() && on_encode_) on_encode_(*units, ms / 1000);
+  int64_t patches = 0;
+  for (int64_t n : enc.patches) patches += n;
+  for (size_t i = 0; i < enc.images.size(); ++i) {  // each request's share of the time
+    s.reqs.at(enc.requests[i])->encode_ms +=
+        ms * static_cast<double>(enc.patches[i]) / static_cast<double>(patches);
+  }
+  if (!units.ok()) {
+    const std::vector<int64_t> failed = enc.requests;
+    s.encoding.reset();
+    for (int64_t id : failed) {
+      if (auto it = s.reqs.find(id); it != s.reqs.end()) {
+        end(it->second.get(), FinishReason::kNone, units.status());
+      }
+    }
+    return;
+  }
+  if (!enc.job->done()) return;
+  take_encoded(*enc.job, enc.images);
+  for (StagedImage* img : enc.images) s.vision_cache->put(img->key, img->encoded);
+  s.encoding.reset();
+}
+
 // Hands the requests not yet admitted to the scheduler, first come first served: their images
-// are encoded (vision tower, or the cache) and the prompt assembled. One request per step may
-// encode, so running requests keep decoding between long image encodes.
+// are encoded (vision tower, or the cache) and the prompt assembled. One image encode runs at a
+// time, sliced over steps while other requests run (encode_images); a request whose images are
+// not all encoded yet waits, and the requests after it with it.
 void EngineCore::admit() {
   Engine::Impl& m = m_;
   State& s = *st_;
@@ -548,65 +647,28 @@ void EngineCore::admit() {
   for (auto& [id, r] : s.reqs) {
     if (!r->admitted) to_admit.push_back(id);
   }
+  if (to_admit.empty()) return;
   std::sort(to_admit.begin(), to_admit.end());
-  bool encoded = false;
-  // On a device the images of the requests being admitted go through the tower together, up to a
-  // budget of patches; a failed batch leaves them to the one-by-one path below, which reports the
-  // error to the request it belongs to.
-  std::vector<StagedImage*>& batch = s.batch_images;
-  std::vector<double*>& batch_ms = s.batch_ms;
-  batch.clear();
-  batch_ms.clear();
-  if (m.vision != nullptr && m.vision->takes_rgb()) {
-    constexpr int64_t kBatchPatches = 32768;
-    int64_t patches = 0;
-    for (int64_t id : to_admit) {
-      Req& r = *s.reqs[id];
-      for (StagedImage& img : r.images) {
-        if (!img.encoded) img.encoded = s.vision_cache->get(img.key);
-        if (img.encoded) continue;
-        const PreprocessedImage& p = img.pixels;
-        const int64_t n = p.grid_t * p.grid_h * p.grid_w;
-        if (!batch.empty() && patches + n > kBatchPatches) break;
-        batch.push_back(&img);
-        batch_ms.push_back(&r.encode_ms);
-        patches += n;
-      }
-    }
-    if (!batch.empty() && encode_staged_images(*m.vision, batch, batch_ms.data()).ok()) {
-      encoded = true;
-    } else {
-      batch.clear();
-    }
-  }
+  if (m.vision != nullptr) encode_images(to_admit);
   for (int64_t id : to_admit) {
-    Req& r = *s.reqs[id];
+    auto found = s.reqs.find(id);
+    if (found == s.reqs.end()) continue;  // ended by its encode's error
+    Req& r = *found->second;
     Status st;
     PreparedPrompt prompt;
     if (!r.runs.empty()) {
-      bool needs_encode = false;
+      bool ready = true;
       for (StagedImage& img : r.images) {
         if (!img.encoded) img.encoded = s.vision_cache->get(img.key);  // encoded meanwhile?
-        if (!img.encoded) needs_encode = true;
+        ready = ready && img.encoded != nullptr;
       }
-      if (needs_encode && encoded) break;  // next step
-      for (size_t k = 0; k < r.images.size() && st.ok(); ++k) {
-        StagedImage& img = r.images[k];
-        const bool fresh = std::find(batch.begin(), batch.end(), &img) != batch.end();
-        const bool hit = img.encoded != nullptr && !fresh;
+      if (!ready) break;  // its encode is not done: it waits, and the requests after it
+      for (StagedImage& img : r.images) {
+        const bool hit = !img.encoded_here;
         s.vision_cache->count(hit);
-        if (hit) {
-          ++r.images_cached;
-          continue;
-        }
-        if (!fresh) {
-          st = encode_staged_image(*m.vision, &img, &r.encode_ms)
-                   .with_context("image " + std::to_string(k + 1));
-        }
-        if (st.ok()) s.vision_cache->put(img.key, img.encoded);
+        if (hit) ++r.images_cached;
       }
-      encoded = encoded || needs_encode;
-      if (st.ok()) st = assemble_multimodal(r.prompt_ids, r.runs, r.images, m.cfg, &prompt);
+      st = assemble_multimodal(r.prompt_ids, r.runs, r.images, m.cfg, &prompt);
       r.images.clear();  // the prompt holds the features now
     } else {
       Engine::Impl::prepare_text(r.prompt_ids, &prompt);
@@ -664,6 +726,7 @@ void EngineCore::step() {
     auto it = s.reqs.find(id);
     if (it == s.reqs.end()) continue;
     if (it->second->admitted) s.sched->abort(id);
+    drop_encode_of(id);  // cancelled mid-encode: its carried activations go now
     s.reqs.erase(it);
     std::lock_guard<std::mutex> lock(sh.mu);
     publish_stats_locked();
@@ -718,7 +781,10 @@ void EngineCore::step() {
       ss.cv.notify_all();
       if (ss.notify) ss.notify();
     };
+    const auto f0 = Clock::now();
     Status st = s.runner->execute(out, *s.sched, s.find, on_sampled, &s.run_out);
+    const double forward_ms = ms_since(f0);
+    s.forward_ms = s.forward_ms > 0 ? 0.8 * s.forward_ms + 0.2 * forward_ms : forward_ms;
     if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
       // Blocks keyed for this step were never computed: forget every key.
       s.sched->reset_prefix_cache();

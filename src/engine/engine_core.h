@@ -32,10 +32,10 @@ struct PromptOutputs {
 class EngineCore {
  public:
   // Over the model `engine` has loaded; starts the engine thread. `on_step` (may be empty) gets
-  // each step's wall time.
-  static Result<std::unique_ptr<EngineCore>> create(Engine::Impl& engine,
-                                                    const BatchingOptions& opts,
-                                                    std::function<void(double)> on_step);
+  // each step's wall time, `on_encode` (may be empty) each step's encoder slices and their time.
+  static Result<std::unique_ptr<EngineCore>> create(
+      Engine::Impl& engine, const BatchingOptions& opts, std::function<void(double)> on_step,
+      std::function<void(int64_t, double)> on_encode = nullptr);
   ~EngineCore();  // stops the engine thread; requests not yet finished get no further output
 
   // Engine::submit (see there).
@@ -58,6 +58,11 @@ class EngineCore {
   void loop();
   void step();
   void admit();
+  // admit()'s part: runs the image encode in progress (or starts one for the first request, in
+  // order, that needs one) for this step's share; true when images finished.
+  void encode_images(const std::vector<int64_t>& to_admit);
+  // Drops the encode in progress if it serves request `id` (cancelled, ended).
+  void drop_encode_of(int64_t id);
   void update(int64_t step_index);
   void publish_kv_events();
   // req: engine_core.cc's Req; `last`: its final token, sampled by step `step` at `sampled_ns`.
@@ -69,6 +74,7 @@ class EngineCore {
   BatchingOptions opts_;
   std::unique_ptr<PixelBudget> pixel_budget_;  // decoded image pixels in flight (submit threads)
   std::function<void(double)> on_step_;
+  std::function<void(int64_t, double)> on_encode_;
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<State> st_;
   std::thread thread_;

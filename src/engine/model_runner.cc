@@ -1,6 +1,7 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "engine/engine_impl.h"
@@ -266,6 +267,40 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
     logits_.shrink_to_fit();
   }
   return ok_status();
+}
+
+Result<int64_t> ModelRunner::encode(VisionEncoder& encoder, VisionEncoder::Job& job,
+                                    double budget_ms) {
+  int64_t units = 0;
+  if (budget_ms <= 0) {
+    for (; !job.done(); ++units) VLM_RETURN_IF_ERROR(encoder.advance(&job, 0));
+    return units;
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto ns_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::nano>(Clock::now() - t).count();
+  };
+  const double budget_ns = budget_ms * 1e6;
+  const auto t0 = Clock::now();
+  const bool device = be_.device() != ops::Device::kCpu;  // time a unit once it has run
+  while (!job.done()) {
+    double& rate = encode_ns_per_flop_[static_cast<size_t>(job.stage_kind())];
+    int64_t rows = 1;  // one grain until this kind of unit has been timed
+    if (rate > 0) {
+      const double per_row =
+          encoder.next_unit_flops(job, 1) / static_cast<double>(encoder.next_unit_rows(job, 1));
+      rows = std::max<int64_t>(1, static_cast<int64_t>(budget_ns / 4 / (rate * per_row)));
+    }
+    const double flops = encoder.next_unit_flops(job, rows);
+    if (units > 0 && ns_since(t0) + rate * flops > budget_ns) break;
+    const auto u0 = Clock::now();
+    VLM_RETURN_IF_ERROR(encoder.advance(&job, rows));
+    if (device) VLM_RETURN_IF_ERROR(be_.synchronize());
+    const double measured = ns_since(u0) / std::max(flops, 1.0);
+    rate = rate > 0 ? 0.7 * rate + 0.3 * measured : measured;
+    ++units;
+  }
+  return units;
 }
 
 }  // namespace vlm

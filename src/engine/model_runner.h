@@ -20,6 +20,7 @@
 #include "engine/multimodal.h"
 #include "engine/sampler.h"
 #include "model/text_decoder.h"
+#include "model/vision_encoder.h"
 #include "sched/scheduler.h"
 #include "vlm/engine.h"
 
@@ -90,6 +91,11 @@ class ModelRunner {
                  const std::function<RunnerRequest*(int64_t)>& find, SampledFn on_sampled,
                  ModelRunnerOutput* out);
 
+  // Runs units of an image encode for about `budget_ms` (at least one unit), sized so that each
+  // takes about a quarter of it at the rate units of its kind have run so far (one row grain
+  // until measured); with budget_ms <= 0, to its end, each stage whole. Returns the units run.
+  Result<int64_t> encode(VisionEncoder& encoder, VisionEncoder::Job& job, double budget_ms);
+
  private:
   ModelRunner(Engine::Impl& model, const KvCache& cache, int64_t max_num_seqs,
               int64_t max_blocks_per_seq);
@@ -124,6 +130,8 @@ class ModelRunner {
   // The backend's buffers where it is not the host: logits [max_chunk, vocab], the picks.
   ops::Buffer logits_dev_, argmax_dev_, drawn_dev_, draws_dev_, penalties_dev_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<ops::Graph>> graphs_by_shape_;
+  // encode(): nanoseconds per FLOP of each kind of encoder unit, as measured (0: not yet).
+  std::array<double, VisionEncoder::Job::kKinds> encode_ns_per_flop_{};
   std::set<std::pair<int64_t, int64_t>> warmed_;
 };
 

@@ -94,58 +94,45 @@ Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, Vi
   return ok_status();
 }
 
+Result<std::unique_ptr<VisionEncoder::Job>> begin_encode(VisionEncoder& encoder,
+                                                         std::span<StagedImage* const> images) {
+  if (images.empty()) return invalid_argument("begin_encode: no images");
+  std::vector<RgbImage> rgb;
+  for (StagedImage* img : images) {
+    const PreprocessedImage& p = img->pixels;
+    const GridThw grid{p.grid_t, p.grid_h, p.grid_w};
+    if (p.pixel_values.empty() && !p.resized_rgb.empty()) {  // patchified by the backend
+      rgb.push_back({p.resized_rgb.data(), p.lut.data(), grid});
+    } else if (images.size() == 1) {
+      return encoder.begin(p.pixel_values.data(), grid);
+    } else {
+      return invalid_argument("begin_encode: only resized images go through the tower together");
+    }
+  }
+  return encoder.begin_rgb(rgb.data(), static_cast<int64_t>(rgb.size()));
+}
+
+void take_encoded(VisionEncoder::Job& job, std::span<StagedImage* const> images) {
+  std::vector<VisionOutput>& outs = job.outputs();
+  for (size_t i = 0; i < images.size() && i < outs.size(); ++i) {
+    StagedImage& img = *images[i];
+    auto enc = std::make_shared<EncodedImage>();
+    enc->grid = GridThw{img.pixels.grid_t, img.pixels.grid_h, img.pixels.grid_w};
+    enc->out = std::move(outs[i]);
+    img.encoded = std::move(enc);
+    img.encoded_here = true;
+    img.pixels = PreprocessedImage{};  // the pixels are no longer needed
+  }
+}
+
 Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* encode_ms) {
   if (img->encoded) return ok_status();
   const auto t0 = Clock::now();
-  auto enc = std::make_shared<EncodedImage>();
-  const PreprocessedImage& p = img->pixels;
-  enc->grid = GridThw{p.grid_t, p.grid_h, p.grid_w};
-  if (p.pixel_values.empty() && !p.resized_rgb.empty()) {  // patchified by the backend
-    const RgbImage rgb{p.resized_rgb.data(), p.lut.data(), enc->grid};
-    VLM_RETURN_IF_ERROR(encoder.encode_rgb_batch(&rgb, 1, &enc->out));
-  } else {
-    VLM_RETURN_IF_ERROR(encoder.encode(p.pixel_values.data(), enc->grid, &enc->out));
-  }
-  img->encoded = std::move(enc);
-  img->pixels = PreprocessedImage{};  // the pixels are no longer needed
+  StagedImage* one[] = {img};
+  VLM_ASSIGN_OR_RETURN(std::unique_ptr<VisionEncoder::Job> job, begin_encode(encoder, one));
+  while (!job->done()) VLM_RETURN_IF_ERROR(encoder.advance(job.get(), 0));
+  take_encoded(*job, one);
   *encode_ms += ms_since(t0);
-  return ok_status();
-}
-
-Status encode_staged_images(VisionEncoder& encoder, std::span<StagedImage* const> images,
-                            double* const* encode_ms) {
-  std::vector<size_t> batch;  // the resized images a device patchifies, in one pass
-  for (size_t i = 0; i < images.size(); ++i) {
-    const StagedImage& img = *images[i];
-    if (img.encoded) continue;
-    if (encoder.takes_rgb() && img.pixels.pixel_values.empty() && !img.pixels.resized_rgb.empty()) {
-      batch.push_back(i);
-    } else {
-      VLM_RETURN_IF_ERROR(encode_staged_image(encoder, images[i], encode_ms[i]));
-    }
-  }
-  if (batch.empty()) return ok_status();
-  const auto t0 = Clock::now();
-  std::vector<RgbImage> rgb;
-  std::vector<VisionOutput> outs(batch.size());
-  int64_t patches = 0;
-  for (size_t i : batch) {
-    const PreprocessedImage& p = images[i]->pixels;
-    rgb.push_back({p.resized_rgb.data(), p.lut.data(), GridThw{p.grid_t, p.grid_h, p.grid_w}});
-    patches += rgb.back().grid.patches();
-  }
-  VLM_RETURN_IF_ERROR(
-      encoder.encode_rgb_batch(rgb.data(), static_cast<int64_t>(rgb.size()), outs.data()));
-  const double ms = ms_since(t0);
-  for (size_t j = 0; j < batch.size(); ++j) {
-    StagedImage& img = *images[batch[j]];
-    auto enc = std::make_shared<EncodedImage>();
-    enc->grid = rgb[j].grid;
-    enc->out = std::move(outs[j]);
-    img.encoded = std::move(enc);
-    img.pixels = PreprocessedImage{};
-    *encode_ms[batch[j]] += ms * static_cast<double>(rgb[j].grid.patches()) / patches;
-  }
   return ok_status();
 }
 

@@ -59,12 +59,16 @@ struct StagedImage {
   int64_t tokens = 0;                           // merged image tokens
   int64_t resized_h = 0, resized_w = 0;
   double decode_ms = 0, preprocess_ms = 0;  // 0 on a cache hit
+  bool encoded_here = false;  // encoded for this request (not found in the vision cache)
 };
 
-// Encodes the staged images not yet encoded: on a device encoder all the resized ones in one
-// pass of the tower, the rest one by one. encode_ms[i] += image i's share of the time (by patches).
-Status encode_staged_images(VisionEncoder& encoder, std::span<StagedImage* const> images,
-                            double* const* encode_ms);
+// A vision-tower job (VisionEncoder::Job) for the first `n` of `images` (none encoded yet; all
+// of them resized images for a device that patchifies, when n > 1). Run it with
+// VisionEncoder::advance (or ModelRunner::encode), then take_encoded().
+Result<std::unique_ptr<VisionEncoder::Job>> begin_encode(VisionEncoder& encoder,
+                                                         std::span<StagedImage* const> images);
+// A finished job's outputs into its images (encoded, encoded_here; their pixels released).
+void take_encoded(VisionEncoder::Job& job, std::span<StagedImage* const> images);
 
 // Reads (path) or takes (bytes) the image, and looks it up in `cache` (may be null); on a miss
 // decodes and preprocesses it with `preprocess` overridden by the image's own pixel budget.
@@ -77,7 +81,8 @@ Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, Vi
                    ThreadPool* pool, StagedImage* out, int64_t max_tokens = -1,
                    PixelBudget* budget = nullptr);
 
-// Runs the vision tower on a staged image that has no encoder output yet (a no-op otherwise).
+// Runs the vision tower on a staged image that has no encoder output yet (a no-op otherwise), in
+// one go.
 Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* encode_ms);
 
 // Expands each run of `runs` to its image's token count, copies the features and computes the

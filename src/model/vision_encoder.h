@@ -50,6 +50,10 @@ class VisionEncoder {
     // Per image of the job, in order; complete once done().
     std::vector<VisionOutput>& outputs() { return out_; }
     int64_t units_run() const { return units_; }
+    // The kind of the next unit's stage, 0 .. kKinds - 1 (units of one kind run at one rate);
+    // -1 once done.
+    static constexpr int kKinds = 6;
+    int stage_kind() const { return done() ? -1 : static_cast<int>(plan_[stage_].kind); }
 
    private:
     friend class VisionEncoder;

@@ -112,6 +112,8 @@ struct Server::Impl {
   Histogram* preprocess_time = nullptr;
   Histogram* encode_time = nullptr;
   Histogram* step_time = nullptr;
+  Histogram* encoder_slices = nullptr;  // per step that ran part of an image encode
+  Histogram* encoder_time = nullptr;
   // The same signals under vLLM's names, types, units and buckets, labelled model_name and
   // engine as vLLM labels them: what routers and gateways read (the endpoint picker of the
   // Gateway API Inference Extension, vLLM's production-stack router, SGLang's gateway).
@@ -158,6 +160,10 @@ struct Server::Impl {
     Status st = [&]() -> Status {
       EngineOptions eo = opts.engine;
       eo.on_step = [h = step_time](double s) { h->observe(s); };
+      eo.on_encode = [n = encoder_slices, t = encoder_time](int64_t slices, double s) {
+        n->observe(static_cast<double>(slices));
+        t->observe(s);
+      };
       VLM_ASSIGN_OR_RETURN(engine, Engine::load(eo));
       if (engine->tokenizer() == nullptr)
         return not_found("the model directory has no tokenizer.json");
@@ -1008,6 +1014,13 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
                                    "Vision encoder time per request (cache misses)", lat);
   impl->step_time =
       &m.histogram("vlm_engine_step_seconds", "Engine step wall time (steps that ran the model)",
+                   {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
+  impl->encoder_slices = &m.histogram(
+      "vlm_encoder_slices_per_step",
+      "Units of image encoding (row blocks of a vision-tower stage) per engine step that ran any",
+      {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128});
+  impl->encoder_time =
+      &m.histogram("vlm_encoder_step_seconds", "Image-encoding time per engine step that ran any",
                    {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
   impl->running = &m.gauge("vlm_num_requests_running", "Requests in the running batch");
   impl->waiting = &m.gauge("vlm_num_requests_waiting", "Requests waiting to be scheduled");

@@ -249,6 +249,99 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
       << refused.status().message();
 }
 
+// While a stream decodes, an image's vision-tower pass is sliced over the engine's steps (here
+// one unit per step: a budget of a nanosecond) and the stream gets a token at the steps that run
+// them; the image requests' replies equal theirs run alone (whole encodes), and a request
+// cancelled mid-encode frees the encoder for the next one.
+TEST(EngineCore, ImageEncodesAreSlicedBesideRunningStreams) {
+  auto ref = nlohmann::json::parse(test_util::read_file(kFixtures + "/vision-f32/reference.json"));
+  std::vector<GenerateRequest> reqs;
+  for (const auto& c : ref["cases"]) {
+    GenerateRequest r;
+    r.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
+    for (const auto& name : c["images"])
+      r.images.push_back(test_util::vision_fixture_image(ref, name));
+    r.max_new_tokens = 6;
+    r.sampling.do_sample = false;
+    r.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  const auto want = one_by_one("vision-f32", reqs);
+  std::mutex mu;
+  std::vector<std::pair<int64_t, double>> encodes;  // (slices, seconds) per step
+  EngineOptions o;
+  o.model_dir = kFixtures + "/vision-f32";
+  o.require_tokenizer = false;
+  o.n_threads = 2;
+  o.prefill_chunk = 64;
+  o.kv_cache_dtype = KvCacheDtype::kF32;
+  o.batching.max_encoder_ms = 1e-6;
+  o.batching.vision_cache_mib = 0;  // every image is encoded
+  o.on_encode = [&](int64_t slices, double seconds) {
+    std::lock_guard<std::mutex> lock(mu);
+    encodes.emplace_back(slices, seconds);
+  };
+  auto loaded = Engine::load(o);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  Engine& engine = **loaded;
+  GenerateRequest long_text;
+  long_text.prompt_ids = {10, 11, 12, 13, 14, 15, 16, 17};  // text only
+  long_text.max_new_tokens = 3000;
+  long_text.ignore_eos = true;
+  long_text.sampling.do_sample = false;
+  auto runner = engine.submit(long_text);
+  ASSERT_TRUE(runner.ok()) << runner.status().message();
+  RequestOutput piece;
+  ASSERT_TRUE((*runner)->next(&piece));  // it runs
+  std::vector<int64_t> stream_steps;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto s = engine.submit(reqs[i]);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    Drained d = drain(**s);
+    EXPECT_TRUE(d.last.error.ok()) << d.last.error.message();
+    EXPECT_EQ(d.tokens, want[i]) << "request " << i;
+    while ((*runner)->try_next(&piece)) {
+      if (piece.token_id >= 0) stream_steps.push_back(piece.step);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    // Every step ran one unit, and an image takes many (the tower's stages: 4 per block and a
+    // few more), so each encode spanned many steps.
+    int64_t images = 0;
+    for (const auto& r : reqs) images += static_cast<int64_t>(r.images.size());
+    EXPECT_GE(static_cast<int64_t>(encodes.size()), images * 16);
+    for (const auto& [slices, seconds] : encodes) EXPECT_EQ(slices, 1);
+  }
+  // The stream kept decoding meanwhile: a token at (nearly) every step.
+  ASSERT_FALSE(stream_steps.empty());
+  const int64_t span = stream_steps.back() - stream_steps.front() + 1;
+  EXPECT_GE(static_cast<double>(stream_steps.size()), 0.9 * static_cast<double>(span));
+
+  // Cancelled mid-encode: the job goes, and the next image request gets its exact reply.
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    encodes.clear();
+  }
+  auto doomed = engine.submit(reqs[0]);
+  ASSERT_TRUE(doomed.ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {  // until its encode has begun
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (encodes.size() >= 3) break;
+    }
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the encode never began";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  (*doomed)->cancel();
+  auto next = engine.submit(reqs[1]);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(drain(**next).tokens, want[1]);
+  (*runner)->cancel();
+  engine.wait_idle();
+}
+
 // An image is priced in tokens from its header before it is decoded or resized: one the context
 // cannot hold is refused at submit (400 upstream) without a pixel of work. The 32x32 PNG at a
 // budget of 1e8 pixels would be upscaled to ~97,000 tokens; the other is a 4000x4000 PNG header
