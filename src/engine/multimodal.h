@@ -62,9 +62,9 @@ struct StagedImage {
   bool encoded_here = false;  // encoded for this request (not found in the vision cache)
 };
 
-// A vision-tower job (VisionEncoder::Job) for the first `n` of `images` (none encoded yet; all
-// of them resized images for a device that patchifies, when n > 1). Run it with
-// VisionEncoder::advance (or ModelRunner::encode), then take_encoded().
+// A vision-tower job (VisionEncoder::Job) for `images`, none encoded yet (several only as
+// resized images for a device that patchifies, which go through the tower together). Run it
+// with VisionEncoder::advance (or ModelRunner::encode), then take_encoded().
 Result<std::unique_ptr<VisionEncoder::Job>> begin_encode(VisionEncoder& encoder,
                                                          std::span<StagedImage* const> images);
 // A finished job's outputs into its images (encoded, encoded_here; their pixels released).
