@@ -59,7 +59,8 @@ class EngineCore {
   void step();
   void admit();
   // admit()'s part: runs the image encode in progress (or starts one for the first request, in
-  // order, that needs one) for this step's share; true when images finished.
+  // order, that needs one) for this step's share; a finished encode goes into its images and
+  // the vision cache.
   void encode_images(const std::vector<int64_t>& to_admit);
   // Drops the encode in progress if it serves request `id` (cancelled, ended).
   void drop_encode_of(int64_t id);
