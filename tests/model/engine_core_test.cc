@@ -201,19 +201,25 @@ TEST(EngineCore, PreemptionUnderKvPressureKeepsResultsExact) {
   EXPECT_EQ(st.kv_blocks_used, 0);
 }
 
-TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
-  auto ref = nlohmann::json::parse(test_util::read_file(kFixtures + "/vision-f32/reference.json"));
+// The vision-f32 fixture's cases (reference.json `ref`) as greedy requests of `max_new` tokens.
+std::vector<GenerateRequest> vision_fixture_requests(const nlohmann::json& ref, int64_t max_new) {
   std::vector<GenerateRequest> reqs;
   for (const auto& c : ref["cases"]) {
     GenerateRequest r;
     r.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
     for (const auto& name : c["images"])
       r.images.push_back(test_util::vision_fixture_image(ref, name));
-    r.max_new_tokens = 12;
+    r.max_new_tokens = max_new;
     r.sampling.do_sample = false;
     r.ignore_eos = true;
     reqs.push_back(r);
   }
+  return reqs;
+}
+
+TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
+  auto ref = nlohmann::json::parse(test_util::read_file(kFixtures + "/vision-f32/reference.json"));
+  const std::vector<GenerateRequest> reqs = vision_fixture_requests(ref, 12);
   const auto want = one_by_one("vision-f32", reqs);
   BatchingOptions o;
   o.block_size = 8;
@@ -255,26 +261,11 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
 // cancelled mid-encode frees the encoder for the next one.
 TEST(EngineCore, ImageEncodesAreSlicedBesideRunningStreams) {
   auto ref = nlohmann::json::parse(test_util::read_file(kFixtures + "/vision-f32/reference.json"));
-  std::vector<GenerateRequest> reqs;
-  for (const auto& c : ref["cases"]) {
-    GenerateRequest r;
-    r.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
-    for (const auto& name : c["images"])
-      r.images.push_back(test_util::vision_fixture_image(ref, name));
-    r.max_new_tokens = 6;
-    r.sampling.do_sample = false;
-    r.ignore_eos = true;
-    reqs.push_back(r);
-  }
+  const std::vector<GenerateRequest> reqs = vision_fixture_requests(ref, 6);
   const auto want = one_by_one("vision-f32", reqs);
   std::mutex mu;
   std::vector<std::pair<int64_t, double>> encodes;  // (slices, seconds) per step
-  EngineOptions o;
-  o.model_dir = kFixtures + "/vision-f32";
-  o.require_tokenizer = false;
-  o.n_threads = 2;
-  o.prefill_chunk = 64;
-  o.kv_cache_dtype = KvCacheDtype::kF32;
+  EngineOptions o = test_util::fixture_engine_options("vision-f32");
   o.batching.max_encoder_ms = 1e-6;
   o.batching.vision_cache_mib = 0;  // every image is encoded
   o.on_encode = [&](int64_t slices, double seconds) {

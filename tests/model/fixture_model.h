@@ -36,11 +36,10 @@ inline Result<FixtureModel> load_fixture_model(const std::string& dir) {
   return m;
 }
 
-// An Engine over the fixture VLM_FIXTURES_DIR/name: 2 threads, no tokenizer needed, prefill
-// chunks of 64 tokens, the engine core's limits from `batching`. Null (and a failed EXPECT
-// naming the error) when it does not load.
-inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name,
-                                                   const BatchingOptions& batching = {}) {
+// The options of an Engine over the fixture VLM_FIXTURES_DIR/name: 2 threads, no tokenizer
+// needed, prefill chunks of 64 tokens, the engine core's limits from `batching`.
+inline EngineOptions fixture_engine_options(const std::string& name,
+                                            const BatchingOptions& batching = {}) {
   EngineOptions o;
   o.batching = batching;
   o.model_dir = std::string(VLM_FIXTURES_DIR) + "/" + name;
@@ -48,7 +47,14 @@ inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name,
   o.n_threads = 2;
   o.prefill_chunk = 64;
   o.kv_cache_dtype = KvCacheDtype::kF32;  // parity tests compare with f32 K/V
-  auto e = Engine::load(o);
+  return o;
+}
+
+// An Engine with fixture_engine_options(name, batching). Null (and a failed EXPECT naming the
+// error) when it does not load.
+inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name,
+                                                   const BatchingOptions& batching = {}) {
+  auto e = Engine::load(fixture_engine_options(name, batching));
   EXPECT_TRUE(e.ok()) << e.status().message();
   return e.ok() ? std::move(e).value() : nullptr;
 }

@@ -76,6 +76,17 @@ def post(server, path, body, key=None):
         return json.load(r)
 
 
+def png_url(path):
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+
+
+def image_turn(url, text="Describe the image.", **part):
+    """A user message of one image (its part's extra fields `part`) and a text, as the page
+    sends it."""
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}, **part},
+                                        {"type": "text", "text": text}]}
+
+
 def histogram_quantile(q, buckets):
     """Prometheus' bucketQuantile over [(upper bound, cumulative count)], the last bound +Inf."""
     total = buckets[-1][1]
@@ -181,12 +192,10 @@ class ChatTest(PageTest):
         thumb = self.driver.find_elements(By.CSS_SELECTOR, ".msg.user .thumbs img")
         self.assertEqual(len(thumb), 1)
         self.assertTrue(thumb[0].get_attribute("src").startswith("data:image/png;base64,"))
-        url = "data:image/png;base64," + base64.b64encode(SHAPES.read_bytes()).decode()
+        url = png_url(SHAPES)
         api = post(self.server, "/v1/chat/completions", {
             "model": su.MODEL, "temperature": 0, "top_p": 0.95, "max_tokens": 48,
-            "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": url}},
-                {"type": "text", "text": "Describe the image."}]}]})
+            "messages": [image_turn(url)]})
         want = api["choices"][0]["message"]["content"]
         self.assertTrue(want.strip())
         self.assertEqual(reply.find_element(By.CSS_SELECTOR, ".content").text.strip(), want.strip())
@@ -198,10 +207,7 @@ class ChatTest(PageTest):
         self.assertEqual(self.wait_reply(reply2), "done")
         api2 = post(self.server, "/v1/chat/completions", {
             "model": su.MODEL, "temperature": 0, "top_p": 0.95, "max_tokens": 48,
-            "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": url}},
-                {"type": "text", "text": "Describe the image."}]},
-                {"role": "assistant", "content": want},
+            "messages": [image_turn(url), {"role": "assistant", "content": want},
                 {"role": "user", "content": "What color is it?"}]})
         self.assertEqual(reply2.find_element(By.CSS_SELECTOR, ".content").text.strip(),
                          api2["choices"][0]["message"]["content"].strip())
@@ -344,11 +350,8 @@ class DashboardTest(PageTest):
     def test_dashboard_matches_metrics(self):
         self.driver.get(self.server.url("/dashboard?refresh_ms=500"))
         self.wait(lambda: self.tile("requests").get_attribute("data-value") == "0")
-        url = "data:image/png;base64," + base64.b64encode(SHAPES.read_bytes()).decode()
         body = {"model": su.MODEL, "max_tokens": 32, "temperature": 0.8, "seed": 0,
-                "messages": [{"role": "user", "content": [
-                    {"type": "image_url", "image_url": {"url": url}},
-                    {"type": "text", "text": "Describe the image."}]}]}
+                "messages": [image_turn(png_url(SHAPES))]}
 
         def client(i):
             for k in range(3):
@@ -398,12 +401,9 @@ class DashboardTest(PageTest):
                 k = 0
                 while time.monotonic() < stop:
                     img = photos[(i + k) % len(photos)] if k % 3 == 0 else SHAPES
-                    data = "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode()
-                    msg = [{"type": "image_url", "image_url": {"url": data}, "max_pixels": 65536},
-                           {"type": "text", "text": "Describe the image."}]
                     post(self.server, "/v1/chat/completions", {
                         **body, "seed": 100 * i + k, "max_tokens": 16 + 8 * (k % 4),
-                        "messages": [{"role": "user", "content": msg}]})
+                        "messages": [image_turn(png_url(img), max_pixels=65536)]})
                     k += 1
 
             threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
