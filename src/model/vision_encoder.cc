@@ -279,20 +279,22 @@ Status VisionEncoder::finish(std::unique_ptr<Job> job, VisionOutput* out) {
   return ok_status();
 }
 
+Result<ops::Buf> VisionEncoder::stage_pixels(const float* pixel_values, const GridThw& g) {
+  const int64_t n = g.patches() * patch_->cols();
+  VLM_ASSIGN_OR_RETURN(ops::Buf pix,
+                       be_.stage(pixel_values, static_cast<size_t>(n) * 4, DType::kF32, &pix_));
+  if (be_.act_dtype() == DType::kF32) return pix;
+  VLM_RETURN_IF_ERROR(be_.convert(pix, n, pix_act_.buf()));
+  return pix_act_.buf();
+}
+
 Result<std::unique_ptr<VisionEncoder::Job>> VisionEncoder::begin(const float* pixel_values,
                                                                  const GridThw& g) {
   VLM_RETURN_IF_ERROR(check_grid(g, cfg_.spatial_merge_size));
   if (job_open_) return internal_error("the vision encoder is already running an encode");
   const std::vector<GridThw> grids{g};
   VLM_RETURN_IF_ERROR(prepare(grids));
-  const int64_t n = g.patches() * patch_->cols();
-  VLM_ASSIGN_OR_RETURN(ops::Buf pix,
-                       be_.stage(pixel_values, static_cast<size_t>(n) * 4, DType::kF32, &pix_));
-  ops::Buf input = pix;
-  if (be_.act_dtype() != DType::kF32) {
-    VLM_RETURN_IF_ERROR(be_.convert(pix, n, pix_act_.buf()));
-    input = pix_act_.buf();
-  }
+  VLM_ASSIGN_OR_RETURN(ops::Buf input, stage_pixels(pixel_values, g));
   return make_job(grids, input);
 }
 
@@ -348,14 +350,8 @@ Status VisionEncoder::encode_rgb_batch(const RgbImage* images, int64_t n, Vision
 Status VisionEncoder::embed_patches(const float* pixel_values, const GridThw& g, float* x) {
   VLM_RETURN_IF_ERROR(check_grid(g, cfg_.spatial_merge_size));
   VLM_RETURN_IF_ERROR(prepare({g}));
-  const int64_t S = g.patches(), n = S * patch_->cols();
-  VLM_ASSIGN_OR_RETURN(ops::Buf pix,
-                       be_.stage(pixel_values, static_cast<size_t>(n) * 4, DType::kF32, &pix_));
-  ops::Buf input = pix;
-  if (be_.act_dtype() != DType::kF32) {
-    VLM_RETURN_IF_ERROR(be_.convert(pix, n, pix_act_.buf()));
-    input = pix_act_.buf();
-  }
+  const int64_t S = g.patches();
+  VLM_ASSIGN_OR_RETURN(ops::Buf input, stage_pixels(pixel_values, g));
   VLM_RETURN_IF_ERROR(embed(input, 0, S));
   // To f32 on the host (through tmp_ where the activations are not f32).
   VLM_RETURN_IF_ERROR(grow(&m_out_, S * cfg_.hidden_size, DType::kF32));

@@ -138,6 +138,9 @@ class VisionEncoder {
   void rotary_tables(const GridThw& grid, std::vector<float>* cos, std::vector<float>* sin) const;
   // Scratch for S patches; the host tables of the images' positions and rotary, staged.
   Status prepare(const std::vector<GridThw>& grids);
+  // pixel_values [g.patches(), patch_in] f32 on the backend, in the activation type (prepare()
+  // done: its scratch is sized).
+  Result<ops::Buf> stage_pixels(const float* pixel_values, const GridThw& g);
   // A job over `grids` whose patches are in `input` (prepare() done): its plan and outputs.
   std::unique_ptr<Job> make_job(const std::vector<GridThw>& grids, ops::Buf input);
   // Runs a job to its end; moves its outputs to out[i] (one per image).
