@@ -91,11 +91,15 @@ struct BatchingOptions {
   bool prefix_caching = true;
   KvEventsOptions kv_events;  // needs prefix_caching
   // While requests are running, an image's vision-tower pass is sliced (down to row blocks of
-  // one layer's products and attention) and each step runs about this many milliseconds of it
-  // beside the decode batch and the prefill chunk, so running streams keep their pace; the
-  // image's prefill starts with the step that finishes it. 0: auto, about one forward pass (the
-  // recent steps' average); negative: never sliced (a whole encode inside one step). With no
-  // request running an encode is never sliced. The outputs are the same bit for bit.
+  // one layer's products and attention), and each step runs about this many milliseconds of it
+  // beside the decode batch, so running streams keep their pace; the image's prefill starts with
+  // the step that finishes it. Given (> 0), the budget holds prefill chunks too: beside running
+  // decodes, a step's encode slices and prefill chunks together take about this long (prefills
+  // of admitted requests first; a chunk sized from the measured time of a prompt token, at least
+  // 32 tokens or the rest of its prompt; chunked prefill only). 0: auto, about one forward pass
+  // (the recent steps' average), for the encode alone; negative: never sliced (a whole encode
+  // inside one step). With no request running an encode is never sliced, and with no request
+  // decoding a prefill is not held back. The outputs are the same bit for bit.
   double max_encoder_ms = 0;
 };
 

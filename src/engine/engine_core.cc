@@ -189,8 +189,14 @@ struct EngineCore::State {
     std::unique_ptr<VisionEncoder::Job> job;
   };
   std::unique_ptr<Encoding> encoding;
-  double forward_ms = 0;  // the forward passes' recent average: the encode's auto share
-  BlockHasher hasher;     // prefix-cache keys, seeded at random per engine
+  // The step's time beside the decodes: a cost model from recent forward passes (moving
+  // averages), and what this step's encode took.
+  double forward_ms = 0;      // every forward pass
+  double decode_ms = 0;       // passes with decodes only: what the streams' pace costs
+  double extra_ms = 0;        // passes with prefill chunks: their time beyond decode_ms ...
+  double extra_tokens = 0;    // ... and their prompt tokens, so a token costs the ratio
+  double step_encode_ms = 0;  // this step's encode slices
+  BlockHasher hasher;         // prefix-cache keys, seeded at random per engine
   std::unique_ptr<KvEventPublisher> kv_events;  // null: no KV events
   std::vector<KvCacheEvent> kv_log;             // publish_kv_events()' scratch
   std::vector<KvWireEvent> kv_wire;
@@ -603,16 +609,25 @@ void EngineCore::encode_images(const std::vector<int64_t>& to_admit) {
     enc->job = std::move(job).value();
     s.encoding = std::move(enc);
   }
-  // This step's share: unsliced while no request runs (nothing waits for the encode), else about
-  // one forward pass's time (or --max-encoder-ms).
+  // This step's share: unsliced while no request runs (nothing waits for the encode), else the
+  // side budget. A budget given (--max-encoder-ms) holds the prefills too: the encode gets what
+  // the pending prefills (older requests: they go first) are not expected to take, and waits for
+  // the next step when that is under a quarter of it.
   double budget_ms = 0;
   if (opts_.max_encoder_ms >= 0 && s.sched->num_running() > 0) {
-    budget_ms = opts_.max_encoder_ms > 0 ? opts_.max_encoder_ms : std::max(1.0, s.forward_ms);
+    const double side = side_budget_ms();
+    budget_ms = side;
+    if (opts_.max_encoder_ms > 0) {
+      budget_ms -= std::min(
+          side, prefill_token_ms() * static_cast<double>(s.sched->pending_prefill_tokens()));
+      if (budget_ms < 0.25 * side) return;
+    }
   }
   State::Encoding& enc = *s.encoding;
   const auto t0 = Clock::now();
   const Result<int64_t> units = s.runner->encode(*m.vision, *enc.job, budget_ms);
   const double ms = ms_since(t0);
+  s.step_encode_ms += ms;
   if (units.ok() && on_encode_) on_encode_(*units, ms / 1000);
   int64_t patches = 0;
   for (int64_t n : enc.patches) patches += n;
@@ -733,11 +748,19 @@ void EngineCore::step() {
     if (--sh.in_flight == 0) sh.cv_idle.notify_all();
   }
   s.aborts.clear();
+  s.step_encode_ms = 0;
   admit();
 
-  // 2. Schedule this step.
+  // 2. Schedule this step: with a budget given, beside running decodes the prefill chunks get
+  // what it has left after the encode (at least kMinSideChunk tokens, so they always advance).
+  int64_t prefill_limit = Scheduler::kNoPrefillLimit;
+  if (opts_.max_encoder_ms > 0 && prefill_token_ms() > 0) {
+    const double left = std::max(0.0, side_budget_ms() - s.step_encode_ms);
+    prefill_limit =
+        std::max<int64_t>(kMinSideChunk, static_cast<int64_t>(left / prefill_token_ms()));
+  }
   SchedulerOutput& out = s.sched_out;
-  s.sched->schedule(&out);
+  s.sched->schedule(&out, prefill_limit);
   publish_kv_events();
   {
     std::lock_guard<std::mutex> lock(sh.mu);
@@ -784,7 +807,7 @@ void EngineCore::step() {
     const auto f0 = Clock::now();
     Status st = s.runner->execute(out, *s.sched, s.find, on_sampled, &s.run_out);
     const double forward_ms = ms_since(f0);
-    s.forward_ms = s.forward_ms > 0 ? 0.8 * s.forward_ms + 0.2 * forward_ms : forward_ms;
+    observe_forward(out, forward_ms);
     if (!st.ok()) {  // an engine bug, not user input: fail the requests of this step, keep running
       // Blocks keyed for this step were never computed: forget every key.
       s.sched->reset_prefix_cache();
@@ -803,6 +826,36 @@ void EngineCore::step() {
   }
   if (on_step_ && !out.items.empty())
     on_step_(std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+// Moving averages (weight 0.2 on the newest pass). A prompt token's cost is a ratio of two
+// averages, time over tokens, so that steps with a few prompt tokens (noisy alone) count by their
+// size.
+void EngineCore::observe_forward(const SchedulerOutput& out, double ms) {
+  State& s = *st_;
+  constexpr double kNew = 0.2;
+  auto avg = [](double old, double now) { return old > 0 ? (1 - kNew) * old + kNew * now : now; };
+  s.forward_ms = avg(s.forward_ms, ms);
+  int64_t prompt_tokens = 0;  // chunks of more than one token: prefills (a decode is one)
+  for (const ScheduledItem& it : out.items) {
+    if (it.num_tokens > 1) prompt_tokens += it.num_tokens;
+  }
+  if (prompt_tokens == 0) {
+    s.decode_ms = avg(s.decode_ms, ms);
+  } else if (s.decode_ms > 0) {
+    s.extra_ms = (1 - kNew) * s.extra_ms + kNew * std::max(0.0, ms - s.decode_ms);
+    s.extra_tokens = (1 - kNew) * s.extra_tokens + kNew * static_cast<double>(prompt_tokens);
+  }
+}
+
+double EngineCore::side_budget_ms() const {
+  if (opts_.max_encoder_ms > 0) return opts_.max_encoder_ms;
+  return std::max(1.0, st_->forward_ms);
+}
+
+double EngineCore::prefill_token_ms() const {
+  const State& s = *st_;
+  return s.extra_tokens > 0 ? s.extra_ms / s.extra_tokens : 0;
 }
 
 // The prefix cache's changes since the last call (blocks keyed by this step's schedule, evicted

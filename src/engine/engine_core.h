@@ -17,8 +17,9 @@
 
 namespace vlm {
 
-struct SampledToken;  // engine/model_runner.h
-class PixelBudget;    // engine/pixel_budget.h
+struct SampledToken;     // engine/model_runner.h
+class PixelBudget;       // engine/pixel_budget.h
+struct SchedulerOutput;  // sched/scheduler.h
 
 // What Engine::logits asks of a request besides its stream: every prompt position's logits
 // ([expanded prompt tokens, vocab], sized by submit) and the prompt with its image pads expanded
@@ -64,6 +65,18 @@ class EngineCore {
   void encode_images(const std::vector<int64_t>& to_admit);
   // Drops the encode in progress if it serves request `id` (cancelled, ended).
   void drop_encode_of(int64_t id);
+  // The step's side budget beside running requests: --max-encoder-ms, which then holds encode
+  // slices and prefill chunks together; auto, the recent forward passes' average, for encode
+  // slices alone (holding prefills back too lowered throughput: docs/benchmarks.md). The cost
+  // model behind a given budget: moving averages of a decode-only pass and of a prompt token's
+  // time beyond it.
+  // NOTE(vlm): beside decodes a limited prefill chunk has at least this many tokens (or the rest
+  // of the prompt): the CPU's INT8 GEMMs reach their prefill kernel from 32 rows, and fewer rows
+  // cost 3-5x as much per token (measured on the 2B shape; docs/benchmarks.md).
+  static constexpr int64_t kMinSideChunk = 32;
+  void observe_forward(const SchedulerOutput& out, double ms);
+  double side_budget_ms() const;
+  double prefill_token_ms() const;  // 0 until measured
   void update(int64_t step_index);
   void publish_kv_events();
   // req: engine_core.cc's Req; `last`: its final token, sampled by step `step` at `sampled_ns`.

@@ -127,14 +127,41 @@ SchedulerOutput Scheduler::schedule() {
   return out;
 }
 
-void Scheduler::schedule(SchedulerOutput* out) {
+void Scheduler::schedule(SchedulerOutput* out, int64_t prefill_limit) {
+  VLM_CHECK(prefill_limit >= 1, "scheduler: a prefill limit must allow one token");
   out->items.clear();
   out->preempted.clear();
   out->total_tokens = 0;
   int64_t budget = config_.max_batched_tokens;
-  schedule_running(out, &budget);
-  if (out->preempted.empty()) schedule_waiting(out, &budget);
+  int64_t prefill_budget = config_.max_batched_tokens;
+  prefill_limited_ = false;
+  if (config_.chunked_prefill) {
+    bool decodes = false;
+    for (int64_t id : running_) decodes = decodes || requests_.at(id).is_decoding();
+    prefill_limited_ = decodes && prefill_limit < prefill_budget;
+    if (prefill_limited_) prefill_budget = prefill_limit;
+  }
+  schedule_running(out, &budget, &prefill_budget);
+  if (out->preempted.empty()) schedule_waiting(out, &budget, &prefill_budget);
   for (const ScheduledItem& item : out->items) out->total_tokens += item.num_tokens;
+}
+
+int64_t Scheduler::limited(const SchedRequest& r, int64_t budget, int64_t prefill_budget) const {
+  if (!prefill_limited_) return budget;
+  // A limited chunk never leaves less than the limit behind: the rest comes whole (at most twice
+  // the limit), since a short chunk costs more per token than a long one.
+  const int64_t want = r.num_remaining() < 2 * prefill_budget ? r.num_remaining() : prefill_budget;
+  return std::min(budget, prefill_budget > 0 ? want : 0);
+}
+
+int64_t Scheduler::pending_prefill_tokens() const {
+  int64_t n = 0;
+  for (int64_t id : running_) {
+    const SchedRequest& r = requests_.at(id);
+    if (r.is_prefilling()) n += r.num_remaining();
+  }
+  for (int64_t id : waiting_) n += requests_.at(id).num_remaining();
+  return n;
 }
 
 int64_t Scheduler::prefill_chunk(const SchedRequest& r, int64_t budget, bool alone) const {
@@ -153,7 +180,7 @@ int64_t Scheduler::prefill_chunk(const SchedRequest& r, int64_t budget, bool alo
 // long prefill chunk never delays tokens users are waiting on (Sarathi-Serve's stall-free
 // batching; vLLM V0's chunked-prefill scheduler also takes decodes first). Within each group the
 // oldest goes first, and KV shortage preempts the newest (vLLM v1).
-void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget) {
+void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget, int64_t* prefill_budget) {
   std::vector<int64_t>& order = order_;
   order.clear();
   for (int64_t id : running_) {
@@ -166,11 +193,14 @@ void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget) {
     SchedRequest& r = requests_.at(id);
     if (r.state != SchedRequest::State::kRunning) continue;  // preempted earlier in this step
     const bool alone = out->items.empty() && running_.size() == 1;
-    const int64_t n = prefill_chunk(r, *budget, alone);
+    const bool prefill = r.is_prefilling();
+    const int64_t n =
+        prefill_chunk(r, prefill ? limited(r, *budget, *prefill_budget) : *budget, alone);
     if (n <= 0) continue;
     if (!reserve_or_preempt(r, n, out, budget)) continue;
     out->items.push_back({id, r.num_computed_tokens, n});
     *budget -= n;
+    if (prefill) *prefill_budget = std::max<int64_t>(0, *prefill_budget - n);
   }
   // Keyed once the running set is settled (a preemption above may withdraw a chunk scheduled
   // before it): the blocks this step fills are computed by it, so a request admitted below may
@@ -217,21 +247,23 @@ void Scheduler::preempt(int64_t id, SchedulerOutput* out, int64_t* budget) {
 // Policy 2: admit waiting requests in FCFS order while a sequence slot, budget and free blocks for
 // their first chunk remain. The head that does not fit stops admission: no overtaking, so a big
 // request cannot be starved by a stream of small ones.
-void Scheduler::schedule_waiting(SchedulerOutput* out, int64_t* budget) {
+void Scheduler::schedule_waiting(SchedulerOutput* out, int64_t* budget, int64_t* prefill_budget) {
   while (!waiting_.empty() && num_running() < config_.max_num_seqs) {
-    if (!admit(requests_.at(waiting_.front()), out, budget)) break;
+    if (!admit(requests_.at(waiting_.front()), out, budget, prefill_budget)) break;
   }
 }
 
 // A waiting request holds no blocks (preemption freed them). With prefix caching it starts after
 // the longest run of its blocks found cached — whole blocks, and never its last token, whose
 // logits the step must compute (vLLM's rule) — wherever that falls, inside an image too.
-bool Scheduler::admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget) {
+bool Scheduler::admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget,
+                      int64_t* prefill_budget) {
   const bool lookup = config_.prefix_caching && r.reads_prefix_cache;
   const int32_t hit = lookup ? kv_.cached_prefix(r.block_hashes, r.num_tokens - 1, &hit_) : 0;
   if (!lookup) hit_.clear();
   r.num_computed_tokens = int64_t{hit} * config_.block_size;
-  const int64_t n = prefill_chunk(r, *budget, /*alone=*/running_.empty());
+  const int64_t n =
+      prefill_chunk(r, limited(r, *budget, *prefill_budget), /*alone=*/running_.empty());
   if (n <= 0 || !kv_.can_reserve_prefix(hit_, r.num_computed_tokens + n)) {
     r.num_computed_tokens = 0;  // admission by free blocks: not this step
     return false;
@@ -243,6 +275,7 @@ bool Scheduler::admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget) {
   r.state = SchedRequest::State::kRunning;
   out->items.push_back({r.id, r.num_computed_tokens, n});
   *budget -= n;
+  *prefill_budget = std::max<int64_t>(0, *prefill_budget - n);
   if (lookup) {
     prefix_queries_ += r.num_tokens;
     prefix_hits_ += r.num_computed_tokens;

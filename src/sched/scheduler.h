@@ -75,8 +75,15 @@ class Scheduler {
   // (otherwise it could never run). Schedules something whenever any request has work.
   SchedulerOutput schedule();
   // The same into *out, reusing its vectors' memory: the engine keeps one SchedulerOutput so that
-  // steady-state steps allocate nothing.
-  void schedule(SchedulerOutput* out);
+  // steady-state steps allocate nothing. `prefill_limit` (>= 1) caps the prompt tokens of all
+  // prefill chunks together in a step that also holds decodes, so that a step's length follows a
+  // time budget beside the streams (with chunked prefill only: an unchunked prefill is whole). A
+  // limited chunk never leaves less than the limit of its prompt for later: a rest under twice
+  // the limit goes whole.
+  static constexpr int64_t kNoPrefillLimit = INT64_MAX;
+  void schedule(SchedulerOutput* out, int64_t prefill_limit = kNoPrefillLimit);
+  // Prompt tokens not yet computed: the running requests' prefills and the waiting requests'.
+  int64_t pending_prefill_tokens() const;
 
   // After the step ran: num_computed_tokens += n for each (id, n). Ids no longer running (aborted
   // or preempted since) are skipped.
@@ -120,9 +127,12 @@ class Scheduler {
   explicit Scheduler(const SchedulerConfig& config);
 
   // The policies schedule() runs, in order.
-  void schedule_running(SchedulerOutput* out, int64_t* budget);
-  void schedule_waiting(SchedulerOutput* out, int64_t* budget);
+  void schedule_running(SchedulerOutput* out, int64_t* budget, int64_t* prefill_budget);
+  void schedule_waiting(SchedulerOutput* out, int64_t* budget, int64_t* prefill_budget);
 
+  // The budget a prefill chunk of r may take: the token budget, and beside decodes the prefill
+  // limit left this step.
+  int64_t limited(const SchedRequest& r, int64_t budget, int64_t prefill_budget) const;
   // Tokens to give a request that still needs `r.num_remaining()`, within `budget`.
   int64_t prefill_chunk(const SchedRequest& r, int64_t budget, bool alone) const;
   // Reserves blocks for r's first `n` uncomputed tokens, preempting the newest running request
@@ -131,11 +141,12 @@ class Scheduler {
   void preempt(int64_t id, SchedulerOutput* out, int64_t* budget);
   void remove(int64_t id);
   // Admits the head of the waiting queue: its cached prefix, then its first chunk.
-  bool admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget);
+  bool admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget, int64_t* prefill_budget);
   // Keys the blocks `item` fills this step.
   void cache_blocks(const ScheduledItem& item);
 
   SchedulerConfig config_;
+  bool prefill_limited_ = false;  // this step's prefill chunks follow its prefill limit
   KvCacheManager kv_;
   std::unordered_map<int64_t, SchedRequest> requests_;  // every live request, by id
   std::vector<int64_t> running_;                        // oldest admitted first

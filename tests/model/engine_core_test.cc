@@ -333,6 +333,58 @@ TEST(EngineCore, ImageEncodesAreSlicedBesideRunningStreams) {
   engine.wait_idle();
 }
 
+// Beside running streams, prefill chunks share the step's time budget with the encode: with a
+// budget of (almost) nothing, once the engine has measured a prompt token's cost, a prompt
+// advances by the smallest chunk the engine runs beside decodes (32 tokens) a step while the
+// stream gets its token every step, and the reply is the one a whole prefill gives.
+TEST(EngineCore, PromptChunksBesideRunningStreamsFollowTheBudget) {
+  std::vector<GenerateRequest> reqs;
+  for (int64_t n : {48, 200}) {
+    GenerateRequest r;
+    for (int64_t j = 0; j < n; ++j)
+      r.prompt_ids.push_back(static_cast<int32_t>(7 + (j * 13 + n * 31) % 900));
+    r.max_new_tokens = 4;
+    r.sampling.do_sample = false;
+    r.ignore_eos = true;
+    reqs.push_back(std::move(r));
+  }
+  const auto want = one_by_one("text-f32-untied", reqs);
+  EngineOptions o = test_util::fixture_engine_options("text-f32-untied");
+  o.batching.max_encoder_ms = 1e-6;
+  auto loaded = Engine::load(o);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  Engine& engine = **loaded;
+  GenerateRequest long_text;
+  long_text.prompt_ids = {10, 11, 12};
+  long_text.max_new_tokens = 3000;
+  long_text.ignore_eos = true;
+  long_text.sampling.do_sample = false;
+  auto runner = engine.submit(long_text);
+  ASSERT_TRUE(runner.ok()) << runner.status().message();
+  RequestOutput piece;
+  ASSERT_TRUE((*runner)->next(&piece));  // it decodes
+  ASSERT_TRUE((*runner)->next(&piece));
+  int64_t stream_tokens = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    while ((*runner)->try_next(&piece)) {
+    }
+    auto s = engine.submit(reqs[i]);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    RequestOutput first;
+    ASSERT_TRUE((*s)->next(&first));  // the prompt is done
+    stream_tokens = 0;
+    while ((*runner)->try_next(&piece)) stream_tokens += piece.token_id >= 0 ? 1 : 0;
+    Drained d = drain(**s);
+    d.tokens.insert(d.tokens.begin(), first.token_id);
+    EXPECT_EQ(d.tokens, want[i]) << "request " << i;
+  }
+  // The first prompt measured a token's cost; the second went in 6 chunks, a step each, with a
+  // stream token in each (a whole prefill would take one step).
+  EXPECT_GE(stream_tokens, 5);
+  (*runner)->cancel();
+  engine.wait_idle();
+}
+
 // An image is priced in tokens from its header before it is decoded or resized: one the context
 // cannot hold is refused at submit (400 upstream) without a pixel of work. The 32x32 PNG at a
 // budget of 1e8 pixels would be upscaled to ~97,000 tokens; the other is a 4000x4000 PNG header

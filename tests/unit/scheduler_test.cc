@@ -179,6 +179,50 @@ TEST(Scheduler, DecodesGetTheirTokenBeforePrefills) {
   EXPECT_EQ(prefill_steps, (200 + 12) / 13);
 }
 
+// The engine's time budget beside running streams: prefill chunks together get at most the limit
+// while the step holds decodes, the whole token budget when it holds none, and an unchunked
+// prefill is never split by it.
+TEST(Scheduler, PrefillLimitCapsPrefillsOnlyBesideDecodes) {
+  Scheduler s = make(config(256, 16, 8, 64));
+  ASSERT_TRUE(s.add(1, 30, 40).ok());
+  SchedulerOutput out;
+  s.schedule(&out, /*prefill_limit=*/5);
+  EXPECT_EQ(out.total_tokens, 30);  // no decodes yet: the limit does not apply
+  run_step(s, out);
+  ASSERT_TRUE(s.add(2, 20, 4).ok());
+  ASSERT_TRUE(s.add(3, 20, 4).ok());
+  EXPECT_EQ(s.pending_prefill_tokens(), 40);
+  s.schedule(&out, 5);
+  ASSERT_EQ(out.items.size(), 2u);  // 1's decode, then 5 of 2's prompt; 3 waits for a chunk
+  EXPECT_EQ(out.items[0].request_id, 1);
+  EXPECT_EQ(out.items[0].num_tokens, 1);
+  EXPECT_EQ(out.items[1].request_id, 2);
+  EXPECT_EQ(out.items[1].num_tokens, 5);
+  run_step(s, out);
+  EXPECT_EQ(s.pending_prefill_tokens(), 35);
+  s.schedule(&out, 6);  // 2's next 6 tokens (9 left: at least the limit); 3 still waits
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(item_of(out, 2)->num_tokens, 6);
+  run_step(s, out);
+  s.schedule(&out, 6);  // 2's last 9 tokens (under twice the limit: no 3-token chunk later)
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(item_of(out, 2)->num_tokens, 9);
+  run_step(s, out);
+  s.schedule(&out, 12);  // 3's whole prompt: 20 tokens, under twice the limit
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(item_of(out, 3)->num_tokens, 20);
+  run_step(s, out);
+
+  // Without chunking a prompt is all or nothing: the limit leaves it whole.
+  Scheduler t = make(config(256, 16, 8, 64, /*chunked=*/false));
+  ASSERT_TRUE(t.add(1, 10, 40).ok());
+  run_step(t, t.schedule());
+  ASSERT_TRUE(t.add(2, 30, 4).ok());
+  t.schedule(&out, 5);
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(item_of(out, 2)->num_tokens, 30);
+}
+
 TEST(Scheduler, TokenBudgetIsFilledButNeverExceeded) {
   Scheduler s = make(config(256, 16, 16, 50));
   for (int64_t id = 0; id < 10; ++id) ASSERT_TRUE(s.add(id, 30, 10).ok());

@@ -380,8 +380,8 @@ int main(int argc, char** argv) {
   serve->add_option(
       "--max-encoder-ms", so.engine.batching.max_encoder_ms,
       "While requests run, each engine step spends about this long on an image's vision encode, "
-      "sliced so that running streams keep their pace (default 0: about one forward pass; "
-      "negative: whole encodes)");
+      "sliced so that running streams keep their pace; given, it holds prefill chunks too "
+      "(default 0: about one forward pass, for the encode alone; negative: whole encodes)");
   serve->add_option("--max-inflight-image-pixels", so.engine.batching.max_inflight_image_pixels,
                     "Decoded image pixels in flight at once across requests; beyond, images wait "
                     "(default 100000000; 0 = no limit)");
