@@ -7,6 +7,7 @@ PKGS=(
   libgtest-dev libgmock-dev
   libpcre2-dev libutf8proc-dev
   libturbojpeg0-dev libspng-dev libwebp-dev libgif-dev libstb-dev
+  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev
   nlohmann-json3-dev libcli11-dev libboost-dev libssl-dev zlib1g-dev libbrotli-dev
   python3-venv python3-pip
   nettle-dev

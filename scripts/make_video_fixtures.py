@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Build the video-decoding fixtures in tests/unit/fixtures/videos/ and their references.
+
+What it writes (small clips of moving shapes, 64x48, made here with PyAV's encoders):
+
+* mp4_h264_2997.mp4  H.264 in MP4 at 30000/1001 fps, 45 frames (the header states the count)
+* mov_h264_single.mov  one H.264 frame in MOV
+* webm_vp9_7.webm    VP9 in WebM at 7 fps, 20 frames (no count in the header)
+* mkv_vp8_vfr.mkv    VP8 in Matroska with a variable frame rate, 16 frames
+* gif_10.gif         an animated GIF at 10 fps, 12 frames
+* webp_anim.webp     an animated WebP (Pillow), 10 frames of 100 ms
+* hostile files: truncated_mp4.mp4 (the first 40% of the MP4), garbage.mp4, zero_frames.mp4 (a
+  container with a video stream and no packets), huge_header.webp (a 100000x100000 canvas),
+  huge_header.gif (a 65535x65535 screen), long_header.mkv (a 10-hour duration stated),
+  wrong_extension.mp4 (the WebM's bytes).
+* reference.json: per clip, what transformers 4.57.1's PyAV reader gives (read_video_pyav with
+  Qwen3VLVideoProcessor.sample_frames at its defaults: fps 2, 4..768 frames): the metadata
+  (frame count, fps), the sampled indices; and <clip>.npy, those frames as PyAV's
+  to_ndarray(format="rgb24") gives them, [n, h, w, 3] uint8. Where the header states no frame
+  count (WebM, MKV, GIF) transformers samples nothing; vlm takes the count from the duration ×
+  rate, and the script records the frames at the indices that rule gives ("count_from":
+  "duration"), so the decoders are still compared frame for frame. WebP has no PyAV reader:
+  Pillow's frames at vlm's indices (count / duration as the rate).
+
+Usage (a venv with scripts/requirements-reference.txt and av==15.1.0):
+    python scripts/make_video_fixtures.py
+
+Deterministic: fixed drawings and encoder settings; re-running with the same PyAV/Pillow gives
+the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+from PIL import Image, ImageDraw
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "unit" / "fixtures" / "videos"
+W, H = 64, 48
+
+
+def frame_rgb(i: int, n: int) -> np.ndarray:
+    """A red circle moving right and a blue square moving down over a grey gradient."""
+    img = Image.new("RGB", (W, H))
+    px = np.zeros((H, W, 3), dtype=np.uint8)
+    px[..., 0] = np.linspace(40, 120, W, dtype=np.uint8)[None, :]
+    px[..., 1] = np.linspace(60, 100, H, dtype=np.uint8)[:, None]
+    px[..., 2] = 80
+    img = Image.fromarray(px)
+    d = ImageDraw.Draw(img)
+    t = i / max(1, n - 1)
+    cx = int(6 + t * (W - 20))
+    d.ellipse([cx, 8, cx + 12, 20], fill=(230, 30, 30))
+    sy = int(4 + t * (H - 18))
+    d.rectangle([44, sy, 56, sy + 12], fill=(30, 60, 230))
+    d.text((2, 34), str(i % 10), fill=(255, 255, 0))
+    return np.asarray(img)
+
+
+def encode(path: Path, fmt: str, codec: str, rate, n: int, pts=None, options=None) -> None:
+    with av.open(str(path), "w", format=fmt) as c:
+        s = c.add_stream(codec, rate=rate)
+        s.width, s.height, s.pix_fmt = W, H, "yuv420p"
+        s.options = options or {}
+        if pts is not None:
+            s.time_base = Fraction(1, 1000)
+        for i in range(n):
+            f = av.VideoFrame.from_ndarray(frame_rgb(i, n), format="rgb24")
+            if pts is not None:
+                f.pts = pts[i]
+                f.time_base = Fraction(1, 1000)
+            for p in s.encode(f):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
+def sample_indices(total: int, fps: float) -> list[int]:
+    """Qwen3VLVideoProcessor.sample_frames at its defaults (fps 2, 4..768 frames)."""
+    fps = fps if fps else 24
+    n = int(total / fps * 2)
+    n = min(min(max(n, 4), 768), total)
+    return np.linspace(0, total - 1, n).round().astype(int).tolist()
+
+
+def pyav_frames(path: Path, indices: list[int]) -> np.ndarray:
+    with av.open(str(path)) as c:
+        out = []
+        for i, f in enumerate(c.decode(video=0)):
+            if i > indices[-1]:
+                break
+            out.extend([f.to_ndarray(format="rgb24")] * indices.count(i))
+    return np.stack(out)
+
+
+def main() -> None:
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import read_video_pyav
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    vp = Qwen3VLVideoProcessor()
+    encode(OUT / "mp4_h264_2997.mp4", "mp4", "libx264", Fraction(30000, 1001), 45,
+           options={"preset": "veryfast", "crf": "23", "bf": "2"})
+    encode(OUT / "mov_h264_single.mov", "mov", "libx264", 25, 1, options={"preset": "veryfast"})
+    encode(OUT / "webm_vp9_7.webm", "webm", "libvpx-vp9", 7, 20, options={"crf": "30", "b": "0"})
+    vfr = [0, 40, 80, 200, 240, 400, 410, 420, 600, 700, 710, 900, 1000, 1100, 1300, 1500]
+    encode(OUT / "mkv_vp8_vfr.mkv", "matroska", "libvpx", 10, len(vfr), pts=vfr)
+    frames = [Image.fromarray(frame_rgb(i, 12)) for i in range(12)]
+    frames[0].save(OUT / "gif_10.gif", save_all=True, append_images=frames[1:], duration=100,
+                   loop=0)
+    webp = [Image.fromarray(frame_rgb(i, 10)) for i in range(10)]
+    webp[0].save(OUT / "webp_anim.webp", save_all=True, append_images=webp[1:], duration=100,
+                 lossless=True, loop=0)
+
+    ref = {"generator": "scripts/make_video_fixtures.py", "transformers": __import__("transformers").__version__,
+           "av": av.__version__, "sampling": {"fps": 2, "min_frames": 4, "max_frames": 768},
+           "clips": {}}
+    for name in ["mp4_h264_2997.mp4", "mov_h264_single.mov", "webm_vp9_7.webm", "mkv_vp8_vfr.mkv",
+                 "gif_10.gif"]:
+        path = OUT / name
+        with av.open(str(path)) as c:
+            s = c.streams.video[0]
+            stated, rate = int(s.frames), float(s.average_rate) if s.average_rate else 0.0
+            dur = float(s.duration * s.time_base) if s.duration else (c.duration / 1e6 if c.duration else 0)
+        entry = {"stated_frames": stated, "fps": rate}
+        if stated > 0:
+            _, meta = read_video_pyav(str(path), sample_indices_fn=vp.sample_frames)
+            idx = vp.sample_frames(meta).tolist()
+            entry.update(count_from="header", total_frames=int(meta.total_num_frames),
+                         fps=float(meta.fps), indices=[int(i) for i in idx])
+        else:
+            total = int(round(dur * rate))
+            entry.update(count_from="duration", duration=dur, total_frames=total,
+                          indices=sample_indices(total, rate))
+        np.save(OUT / (path.stem + ".npy"), pyav_frames(path, entry["indices"]))
+        ref["clips"][name] = entry
+        print(name, entry)
+    # WebP: Pillow's frames (no PyAV reader); the rate is frames / duration.
+    with Image.open(OUT / "webp_anim.webp") as im:
+        n = im.n_frames
+        durs = []
+        rgb = []
+        for k in range(n):
+            im.seek(k)
+            im.load()
+            durs.append(im.info.get("duration", 0))
+            rgb.append(np.asarray(im.convert("RGB")))
+    rate = n / (sum(durs) / 1000)
+    idx = sample_indices(n, rate)
+    np.save(OUT / "webp_anim.npy", np.stack([rgb[i] for i in idx]))
+    ref["clips"]["webp_anim.webp"] = {"count_from": "webp", "total_frames": n, "fps": rate,
+                                       "indices": idx}
+
+    # sample_frames itself over a range of (frame count, rate): min/max clamps, rounding ties,
+    # an unknown rate (24 assumed).
+    from transformers.video_utils import VideoMetadata
+    cases = []
+    for total, fps in [(1, 30.0), (3, 30.0), (7, 7.0), (45, 30000 / 1001), (300, 30.0),
+                       (301, 29.97), (1000, 23.976), (4321, 59.94), (100000, 30.0),
+                       (600000, 25.0), (10, None), (250, None), (33, 0.5)]:
+        meta = VideoMetadata(total_num_frames=total, fps=fps)
+        cases.append({"total": total, "fps": fps if fps is not None else 0,
+                      "indices": [int(i) for i in vp.sample_frames(meta)]})
+    ref["sampling_cases"] = cases
+
+    data = (OUT / "mp4_h264_2997.mp4").read_bytes()
+    (OUT / "truncated_mp4.mp4").write_bytes(data[: len(data) * 2 // 5])
+    (OUT / "garbage.mp4").write_bytes(bytes((i * 73 + 11) % 256 for i in range(4096)))
+    (OUT / "wrong_extension.mp4").write_bytes((OUT / "webm_vp9_7.webm").read_bytes())
+    with av.open(str(OUT / "zero_frames.mp4"), "w", format="mp4") as c:
+        s = c.add_stream("libx264", rate=25)
+        s.width, s.height, s.pix_fmt = W, H, "yuv420p"
+        c.start_encoding()  # the header, with no packet after it
+    # Headers that state enormous frames: an animated WebP canvas of 100000x100000 (VP8X holds
+    # 24-bit sides) and a GIF screen of 65535x65535 (its 16-bit maximum).
+    w = bytearray((OUT / "webp_anim.webp").read_bytes())
+    assert w[12:16] == b"VP8X"
+    w[24:27] = (100000 - 1).to_bytes(3, "little")
+    w[27:30] = (100000 - 1).to_bytes(3, "little")
+    (OUT / "huge_header.webp").write_bytes(bytes(w))
+    g = bytearray((OUT / "gif_10.gif").read_bytes())
+    g[6:10] = (65535).to_bytes(2, "little") * 2
+    (OUT / "huge_header.gif").write_bytes(bytes(g))
+    # A Matroska file whose Duration element states 10 hours (36e6 ms in a float64).
+    mkv = bytearray((OUT / "mkv_vp8_vfr.mkv").read_bytes())
+    d = mkv.find(b"\x44\x89")
+    assert d > 0
+    size = mkv[d + 2] & 0x7F
+    if size == 8:
+        import struct
+        mkv[d + 3: d + 11] = struct.pack(">d", 36e6)
+    else:
+        import struct
+        mkv[d + 3: d + 7] = struct.pack(">f", 36e6)
+    (OUT / "long_header.mkv").write_bytes(bytes(mkv))
+    ref["hostile"] = ["truncated_mp4.mp4", "garbage.mp4", "zero_frames.mp4", "huge_header.webp",
+                      "huge_header.gif", "long_header.mkv"]
+    ref["wrong_extension"] = "wrong_extension.mp4"
+    (OUT / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

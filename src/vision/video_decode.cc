@@ -1,0 +1,415 @@
+#include "vision/video_decode.h"
+
+#include <webp/demux.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+extern "C" {
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/dict.h>
+#include <libavutil/error.h>
+#include <libavutil/imgutils.h>
+#include <libavutil/log.h>
+#include <libswscale/swscale.h>
+}
+
+namespace vlm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Status video_error(const std::string& format, const std::string& what) {
+  return Status(StatusCode::kInvalidArgument,
+                "video" + (format.empty() ? std::string() : " (" + format + ")") + ": " + what);
+}
+
+std::string av_message(int err) {
+  char buf[AV_ERROR_MAX_STRING_SIZE] = {};
+  av_strerror(err, buf, sizeof(buf));
+  return buf;
+}
+
+// The bytes as an AVIOContext: reads and seeks within [data, data + size).
+struct MemoryReader {
+  const uint8_t* data = nullptr;
+  int64_t size = 0, pos = 0;
+
+  static int read(void* opaque, uint8_t* buf, int n) {
+    auto* r = static_cast<MemoryReader*>(opaque);
+    const int64_t left = r->size - r->pos;
+    if (left <= 0) return AVERROR_EOF;
+    const int64_t k = std::min<int64_t>(n, left);
+    std::memcpy(buf, r->data + r->pos, static_cast<size_t>(k));
+    r->pos += k;
+    return static_cast<int>(k);
+  }
+  static int64_t seek(void* opaque, int64_t offset, int whence) {
+    auto* r = static_cast<MemoryReader*>(opaque);
+    int64_t to = 0;
+    switch (whence & ~AVSEEK_FORCE) {
+      case AVSEEK_SIZE:
+        return r->size;
+      case SEEK_SET:
+        to = offset;
+        break;
+      case SEEK_CUR:
+        to = r->pos + offset;
+        break;
+      case SEEK_END:
+        to = r->size + offset;
+        break;
+      default:
+        return AVERROR(EINVAL);
+    }
+    if (to < 0 || to > r->size) return AVERROR(EINVAL);
+    r->pos = to;
+    return to;
+  }
+};
+
+struct AvioDeleter {
+  void operator()(AVIOContext* io) const {
+    if (io == nullptr) return;
+    av_freep(&io->buffer);
+    avio_context_free(&io);
+  }
+};
+struct FormatDeleter {
+  void operator()(AVFormatContext* f) const { avformat_close_input(&f); }
+};
+struct CodecDeleter {
+  void operator()(AVCodecContext* c) const { avcodec_free_context(&c); }
+};
+struct FrameDeleter {
+  void operator()(AVFrame* f) const { av_frame_free(&f); }
+};
+struct PacketDeleter {
+  void operator()(AVPacket* p) const { av_packet_free(&p); }
+};
+struct SwsDeleter {
+  void operator()(SwsContext* s) const { sws_freeContext(s); }
+};
+
+// Checks a frame's size and the running total against the limits, then allocates its image.
+Status take_frame_size(int64_t w, int64_t h, const VideoLimits& limits, int64_t* total_pixels,
+                       const std::string& format) {
+  if (w <= 0 || h <= 0) return video_error(format, "a frame has no size");
+  if (w * h > limits.max_frame_pixels) {
+    return video_error(format, "frames of " + std::to_string(w) + "x" + std::to_string(h) +
+                                   " exceed the limit of " +
+                                   std::to_string(limits.max_frame_pixels) + " pixels");
+  }
+  *total_pixels += w * h;
+  if (*total_pixels > limits.max_total_pixels) {
+    return video_error(format, "the sampled frames exceed the limit of " +
+                                   std::to_string(limits.max_total_pixels) + " pixels together");
+  }
+  return Status();
+}
+
+// Animated (or still) WebP through libwebpdemux's animation decoder: frames composited on the
+// canvas as browsers show them, alpha dropped. The rate is the frame count over the duration.
+Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSampling& sampling,
+                                const VideoLimits& limits, Clock::time_point start) {
+  const std::string format = "webp";
+  WebPData wd{data, size};
+  WebPAnimDecoderOptions opt;
+  if (!WebPAnimDecoderOptionsInit(&opt)) return video_error(format, "libwebp version mismatch");
+  opt.color_mode = MODE_RGBA;
+  opt.use_threads = 0;
+  // Header first: the canvas size, before the decoder allocates it.
+  std::unique_ptr<WebPDemuxer, decltype(&WebPDemuxDelete)> demux(WebPDemux(&wd), &WebPDemuxDelete);
+  if (!demux) return video_error(format, "not a valid WebP file (corrupt or truncated)");
+  const int64_t w = WebPDemuxGetI(demux.get(), WEBP_FF_CANVAS_WIDTH);
+  const int64_t h = WebPDemuxGetI(demux.get(), WEBP_FF_CANVAS_HEIGHT);
+  const int64_t count = WebPDemuxGetI(demux.get(), WEBP_FF_FRAME_COUNT);
+  demux.reset();
+  if (w <= 0 || h <= 0 || w * h > limits.max_frame_pixels) {
+    return video_error(format, "a canvas of " + std::to_string(w) + "x" + std::to_string(h) +
+                                   " is outside the limit of " +
+                                   std::to_string(limits.max_frame_pixels) + " pixels");
+  }
+  if (count < 1) return video_error(format, "no frames");
+  if (count > limits.max_source_frames) {
+    return video_error(format, std::to_string(count) + " frames exceed the limit of " +
+                                   std::to_string(limits.max_source_frames));
+  }
+  std::unique_ptr<WebPAnimDecoder, decltype(&WebPAnimDecoderDelete)> dec(
+      WebPAnimDecoderNew(&wd, &opt), &WebPAnimDecoderDelete);
+  if (!dec) return video_error(format, "not a valid WebP animation (corrupt or truncated)");
+  WebPAnimInfo info;
+  if (!WebPAnimDecoderGetInfo(dec.get(), &info)) return video_error(format, "unreadable header");
+  // Timestamps are the end times of frames in milliseconds; the last is the duration.
+  std::vector<int> ends;
+  VideoFrames out;
+  out.format = format;
+  out.total_frames = info.frame_count;
+  // The rate needs the duration, known only at the end: keep every frame's timestamp and, since
+  // the indices depend on the rate, decode in two passes (timestamps, then the frames kept).
+  while (WebPAnimDecoderHasMoreFrames(dec.get())) {
+    uint8_t* buf = nullptr;
+    int ts = 0;
+    if (!WebPAnimDecoderGetNext(dec.get(), &buf, &ts)) {
+      return video_error(format, "frame " + std::to_string(ends.size() + 1) + " is corrupt");
+    }
+    ends.push_back(ts);
+    if (std::chrono::duration<double>(Clock::now() - start).count() > limits.max_decode_s) {
+      return video_error(format, "decoding took longer than the limit");
+    }
+  }
+  const double seconds = ends.empty() ? 0 : ends.back() / 1000.0;
+  if (seconds > limits.max_duration_s) return video_error(format, "longer than the limit");
+  out.source_fps = seconds > 0 ? static_cast<double>(ends.size()) / seconds : 0;
+  out.indices = sample_frame_indices(static_cast<int64_t>(ends.size()), out.source_fps, sampling);
+  WebPAnimDecoderReset(dec.get());
+  int64_t total_pixels = 0;
+  size_t next = 0;
+  for (int64_t i = 0; WebPAnimDecoderHasMoreFrames(dec.get()) && next < out.indices.size(); ++i) {
+    uint8_t* buf = nullptr;
+    int ts = 0;
+    if (!WebPAnimDecoderGetNext(dec.get(), &buf, &ts)) {
+      return video_error(format, "frame " + std::to_string(i + 1) + " is corrupt");
+    }
+    while (next < out.indices.size() && out.indices[next] == i) {
+      VLM_RETURN_IF_ERROR(take_frame_size(w, h, limits, &total_pixels, format));
+      Image img;
+      img.width = w;
+      img.height = h;
+      img.rgb.resize(static_cast<size_t>(w * h * 3));
+      for (int64_t p = 0; p < w * h; ++p) std::memcpy(&img.rgb[p * 3], buf + p * 4, 3);
+      out.frames.push_back(std::move(img));
+      ++next;
+    }
+  }
+  if (out.frames.size() != out.indices.size()) return video_error(format, "frames are missing");
+  return out;
+}
+
+bool is_webp(const uint8_t* data, size_t size) {
+  return size >= 12 && std::memcmp(data, "RIFF", 4) == 0 && std::memcmp(data + 8, "WEBP", 4) == 0;
+}
+
+}  // namespace
+
+std::vector<int64_t> sample_frame_indices(int64_t total, double source_fps,
+                                          const VideoSampling& s) {
+  if (total < 1) return {};
+  const double fps = source_fps > 0 ? source_fps : 24.0;
+  // int() truncates toward zero, as Python's does.
+  int64_t n = static_cast<int64_t>(static_cast<double>(total) / fps * s.fps);
+  n = std::min({std::max(n, s.min_frames), s.max_frames, total});
+  if (n < 1) return {};
+  // numpy.linspace(0, total - 1, n): i * step, the last exactly total - 1; then round half to
+  // even (nearbyint in the default rounding mode).
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  const double stop = static_cast<double>(total - 1);
+  const double step = n > 1 ? stop / static_cast<double>(n - 1) : 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = (n > 1 && i == n - 1) ? stop : static_cast<double>(i) * step;
+    idx[static_cast<size_t>(i)] = static_cast<int64_t>(std::nearbyint(v));
+  }
+  return idx;
+}
+
+Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSampling& sampling,
+                                 const VideoLimits& limits) {
+  const auto start = Clock::now();
+  if (data == nullptr || size == 0) return video_error("", "empty input");
+  if (static_cast<int64_t>(size) > limits.max_bytes) {
+    return video_error("", std::to_string(size) + " bytes exceed the limit of " +
+                               std::to_string(limits.max_bytes));
+  }
+  if (sampling.fps <= 0 || sampling.min_frames < 1 || sampling.max_frames < sampling.min_frames) {
+    return video_error("", "fps must be positive and 1 <= min_frames <= max_frames");
+  }
+  if (is_webp(data, size)) return decode_webp(data, size, sampling, limits, start);
+
+  av_log_set_level(AV_LOG_QUIET);
+  MemoryReader reader{data, static_cast<int64_t>(size), 0};
+  constexpr int kIoBuffer = 64 << 10;
+  auto* io_buf = static_cast<uint8_t*>(av_malloc(kIoBuffer));
+  if (io_buf == nullptr) return Status(StatusCode::kUnavailable, "video: out of memory");
+  std::unique_ptr<AVIOContext, AvioDeleter> io(avio_alloc_context(
+      io_buf, kIoBuffer, 0, &reader, &MemoryReader::read, nullptr, &MemoryReader::seek));
+  if (!io) {
+    av_free(io_buf);
+    return Status(StatusCode::kUnavailable, "video: out of memory");
+  }
+  AVFormatContext* raw = avformat_alloc_context();
+  if (raw == nullptr) return Status(StatusCode::kUnavailable, "video: out of memory");
+  raw->pb = io.get();
+  raw->flags |= AVFMT_FLAG_CUSTOM_IO;
+  raw->probesize = 5 << 20;
+  int err = avformat_open_input(&raw, nullptr, nullptr, nullptr);  // frees raw on failure
+  if (err < 0) {
+    return video_error(
+        "", "not a video format this build reads, or truncated (" + av_message(err) + ")");
+  }
+  std::unique_ptr<AVFormatContext, FormatDeleter> fmt(raw);
+  std::string format = fmt->iformat != nullptr ? fmt->iformat->name : "";
+  if (const size_t comma = format.find(','); comma != std::string::npos) format.resize(comma);
+  // Probing decodes a few frames: bound their size there too (the codecs' own max_pixels check,
+  // before any frame buffer is allocated).
+  std::vector<AVDictionary*> probe_opts(fmt->nb_streams, nullptr);
+  const std::string max_pixels = std::to_string(limits.max_frame_pixels);
+  for (AVDictionary*& d : probe_opts) av_dict_set(&d, "max_pixels", max_pixels.c_str(), 0);
+  err = avformat_find_stream_info(fmt.get(), probe_opts.empty() ? nullptr : probe_opts.data());
+  for (AVDictionary*& d : probe_opts) av_dict_free(&d);
+  if (err < 0)
+    return video_error(format, "unreadable stream information (" + av_message(err) + ")");
+  const AVCodec* codec = nullptr;
+  const int si = av_find_best_stream(fmt.get(), AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
+  if (si < 0 || codec == nullptr) {
+    return video_error(format, si == AVERROR_DECODER_NOT_FOUND ? "no decoder for its video codec"
+                                                               : "no video stream");
+  }
+  AVStream* st = fmt->streams[si];
+  format += std::string("/") + codec->name;
+  const AVCodecParameters* par = st->codecpar;
+  if (par->width <= 0 || par->height <= 0) {  // probing refused the frames, or could not read them
+    return video_error(format,
+                       "no frame size could be read (corrupt, or frames over the limit of " +
+                           std::to_string(limits.max_frame_pixels) + " pixels)");
+  }
+  if (int64_t{par->width} * par->height > limits.max_frame_pixels) {
+    return video_error(format, "frames of " + std::to_string(par->width) + "x" +
+                                   std::to_string(par->height) + " are outside the limit of " +
+                                   std::to_string(limits.max_frame_pixels) + " pixels");
+  }
+  double duration = 0;
+  if (st->duration > 0 && st->time_base.num > 0) {
+    duration = static_cast<double>(st->duration) * av_q2d(st->time_base);
+  } else if (fmt->duration > 0) {
+    duration = static_cast<double>(fmt->duration) / AV_TIME_BASE;
+  }
+  if (duration > limits.max_duration_s) {
+    return video_error(format, "a duration of " + std::to_string(static_cast<int64_t>(duration)) +
+                                   " s exceeds the limit of " +
+                                   std::to_string(static_cast<int64_t>(limits.max_duration_s)) +
+                                   " s");
+  }
+  const AVRational rate = st->avg_frame_rate;
+  const double fps = rate.num > 0 && rate.den > 0 ? av_q2d(rate) : 0;
+  int64_t total = st->nb_frames;
+  if (total <= 0 && duration > 0 && fps > 0) {
+    total = static_cast<int64_t>(std::llround(duration * fps));
+  }
+  if (total > limits.max_source_frames) {
+    return video_error(format, std::to_string(total) + " frames exceed the limit of " +
+                                   std::to_string(limits.max_source_frames));
+  }
+  if (total < 1) return video_error(format, "no frames");
+
+  std::unique_ptr<AVCodecContext, CodecDeleter> cc(avcodec_alloc_context3(codec));
+  if (!cc) return Status(StatusCode::kUnavailable, "video: out of memory");
+  if ((err = avcodec_parameters_to_context(cc.get(), par)) < 0) {
+    return video_error(format, "bad codec parameters (" + av_message(err) + ")");
+  }
+  cc->thread_count = 1;
+  cc->max_pixels = limits.max_frame_pixels;
+  if ((err = avcodec_open2(cc.get(), codec, nullptr)) < 0) {
+    return video_error(format, "cannot open the decoder (" + av_message(err) + ")");
+  }
+
+  VideoFrames out;
+  out.format = format;
+  out.source_fps = fps;
+  out.total_frames = total;
+  out.indices = sample_frame_indices(total, fps, sampling);
+  std::unique_ptr<AVPacket, PacketDeleter> pkt(av_packet_alloc());
+  std::unique_ptr<AVFrame, FrameDeleter> frame(av_frame_alloc());
+  if (!pkt || !frame) return Status(StatusCode::kUnavailable, "video: out of memory");
+  std::unique_ptr<SwsContext, SwsDeleter> sws;
+  int64_t index = 0, total_pixels = 0;
+  size_t next = 0;
+  Status failed;
+  // Hands the decoder's frames over; false once every sampled frame is in, or on an error.
+  auto drain = [&]() -> bool {
+    for (;;) {
+      const int r = avcodec_receive_frame(cc.get(), frame.get());
+      if (r == AVERROR(EAGAIN) || r == AVERROR_EOF) return true;
+      if (r < 0) {
+        failed = video_error(
+            format, "frame " + std::to_string(index + 1) + " is corrupt (" + av_message(r) + ")");
+        return false;
+      }
+      if (index >= limits.max_source_frames) {
+        failed = video_error(
+            format, "more frames than the limit of " + std::to_string(limits.max_source_frames));
+        return false;
+      }
+      while (next < out.indices.size() && out.indices[next] == index) {
+        const int w = frame->width, h = frame->height;
+        failed = take_frame_size(w, h, limits, &total_pixels, format);
+        if (!failed.ok()) return false;
+        sws.reset(sws_getCachedContext(sws.release(), w, h,
+                                       static_cast<AVPixelFormat>(frame->format), w, h,
+                                       AV_PIX_FMT_RGB24, SWS_BILINEAR, nullptr, nullptr, nullptr));
+        if (!sws) {
+          failed = video_error(format, "unsupported pixel format");
+          return false;
+        }
+        Image img;
+        img.width = w;
+        img.height = h;
+        try {
+          img.rgb.resize(static_cast<size_t>(int64_t{w} * h * 3));
+        } catch (const std::bad_alloc&) {
+          failed = Status(StatusCode::kUnavailable, "video: out of memory");
+          return false;
+        }
+        uint8_t* dst[1] = {img.rgb.data()};
+        const int dst_stride[1] = {w * 3};
+        sws_scale(sws.get(), frame->data, frame->linesize, 0, h, dst, dst_stride);
+        out.frames.push_back(std::move(img));
+        ++next;
+      }
+      av_frame_unref(frame.get());
+      ++index;
+      if (next == out.indices.size()) return false;
+      if (std::chrono::duration<double>(Clock::now() - start).count() > limits.max_decode_s) {
+        failed = video_error(format, "decoding took longer than the limit");
+        return false;
+      }
+    }
+  };
+  bool more = true;
+  while (more) {
+    err = av_read_frame(fmt.get(), pkt.get());
+    if (err == AVERROR_EOF) break;
+    if (err < 0) {
+      failed = video_error(format, "unreadable (" + av_message(err) + ")");
+      break;
+    }
+    if (pkt->stream_index == si) {
+      const int r = avcodec_send_packet(cc.get(), pkt.get());
+      if (r < 0 && r != AVERROR(EAGAIN)) {
+        failed = video_error(format, "corrupt data (" + av_message(r) + ")");
+        more = false;
+      } else {
+        more = drain();
+      }
+    }
+    av_packet_unref(pkt.get());
+  }
+  if (failed.ok() && next < out.indices.size()) {  // flush the decoder's delayed frames
+    avcodec_send_packet(cc.get(), nullptr);
+    drain();
+  }
+  if (!failed.ok()) return failed;
+  if (out.frames.empty()) return video_error(format, "no frames could be decoded");
+  if (next < out.indices.size()) {
+    return video_error(format, "the stream holds " + std::to_string(index) + " frames, not the " +
+                                   std::to_string(total) + " its header states (truncated?)");
+  }
+  return out;
+}
+
+}  // namespace vlm

@@ -1,0 +1,63 @@
+// Video decoding: container bytes -> the sampled frames as 8-bit RGB (vision/image.h).
+//
+// FFmpeg's libraries (libavformat, libavcodec, libswscale) read what they support: MP4 and MOV
+// (H.264, H.265, MPEG-4), WebM and MKV (VP8, VP9, AV1 where the build has it), animated GIF, and
+// more. Animated WebP, which FFmpeg 5.1 cannot decode, goes through libwebpdemux.
+//
+// Frame sampling follows transformers 4.57.1 (Qwen3VLVideoProcessor.sample_frames over the
+// metadata its PyAV reader gives): the source's frame count is the container's header count
+// (the stream's nb_frames) and its rate the stream's average frame rate; n = int(total / fps ×
+// target fps), clamped to [min_frames, max_frames] and to total; the indices are
+// round(linspace(0, total - 1, n)) (round half to even), counted in the decoder's output order.
+// Where a container states no frame count (WebM, MKV, GIF), the count is taken from its duration
+// × rate, which transformers cannot do (its linspace would be empty).
+//
+// Every failure (empty, truncated, corrupt, unsupported, over a limit) returns kInvalidArgument
+// with one line naming the container and codec where known; nothing aborts, and the limits are
+// checked from the header before frames are decoded, then on every frame.
+// Thread-safety: reentrant (each call owns its demuxer and decoder).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vision/image.h"
+#include "vlm/status.h"
+
+namespace vlm {
+
+struct VideoLimits {
+  int64_t max_bytes = 256 << 20;             // encoded input size
+  double max_duration_s = 3 * 3600;          // the container's stated duration
+  int64_t max_source_frames = 1'000'000;     // frames stated or decoded
+  int64_t max_frame_pixels = 3840 * 2160;    // width × height of one frame
+  int64_t max_total_pixels = 1'000'000'000;  // pixels of the sampled frames kept, together
+  double max_decode_s = 300;                 // wall time of the whole decode
+};
+
+// Which frames to take (the video_preprocessor_config.json fields of Qwen3-VL).
+struct VideoSampling {
+  double fps = 2;  // target frames per second of video
+  int64_t min_frames = 4;
+  int64_t max_frames = 768;
+};
+
+struct VideoFrames {
+  std::vector<Image> frames;     // the sampled frames, in order
+  std::vector<int64_t> indices;  // their indices among the source's frames
+  double source_fps = 0;         // frames per second of the source (timestamps: index / fps)
+  int64_t total_frames = 0;      // the source's frame count sampling used
+  std::string format;            // "mp4/h264", "webp", ...: for messages and metrics
+};
+
+// The indices transformers samples from a source of `total` frames at `source_fps` (24 when not
+// positive, as there). Empty when total < 1.
+std::vector<int64_t> sample_frame_indices(int64_t total, double source_fps, const VideoSampling& s);
+
+// Decodes the sampled frames of a video held in memory. The format is sniffed from the bytes.
+Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSampling& sampling,
+                                 const VideoLimits& limits = {});
+
+}  // namespace vlm

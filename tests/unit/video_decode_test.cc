@@ -1,0 +1,156 @@
+// Video decoding against the references scripts/make_video_fixtures.py stored: transformers
+// 4.57.1's frame sampling, PyAV's RGB frames (±1 per channel), and the hostile files each
+// refused with a one-line error, quickly.
+#include "vision/video_decode.h"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/npy.h"
+#include "test_util.h"
+
+namespace vlm {
+namespace {
+
+const std::string kDir = std::string(VLM_FIXTURES_DIR) + "/../../unit/fixtures/videos";
+
+nlohmann::json reference() {
+  return nlohmann::json::parse(test_util::read_file(kDir + "/reference.json"));
+}
+
+Result<VideoFrames> decode_file(const std::string& name, const VideoSampling& s = {},
+                                const VideoLimits& limits = {}) {
+  const std::string bytes = test_util::read_file(kDir + "/" + name);
+  return decode_video(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), s, limits);
+}
+
+TEST(VideoSampling, IndicesAreTransformers) {
+  const nlohmann::json ref = reference();
+  ASSERT_FALSE(ref["sampling_cases"].empty());
+  for (const auto& c : ref["sampling_cases"]) {
+    const int64_t total = c["total"].get<int64_t>();
+    const double fps = c["fps"].get<double>();
+    EXPECT_EQ(sample_frame_indices(total, fps, VideoSampling{}),
+              c["indices"].get<std::vector<int64_t>>())
+        << total << " frames at " << fps;
+  }
+  EXPECT_TRUE(sample_frame_indices(0, 30, VideoSampling{}).empty());
+  VideoSampling s;
+  s.fps = 1;
+  s.min_frames = 2;
+  s.max_frames = 3;
+  EXPECT_EQ(sample_frame_indices(100, 10, s), (std::vector<int64_t>{0, 50, 99}));  // 10 → 3
+}
+
+TEST(VideoDecode, EveryClipGivesPyAvsFramesAtTransformersIndices) {
+  const nlohmann::json ref = reference();
+  ASSERT_EQ(ref["clips"].size(), 6u);
+  for (const auto& [name, c] : ref["clips"].items()) {
+    SCOPED_TRACE(name);
+    auto v = decode_file(name);
+    ASSERT_TRUE(v.ok()) << v.status().message();
+    EXPECT_EQ(v->indices, c["indices"].get<std::vector<int64_t>>());
+    EXPECT_EQ(v->total_frames, c["total_frames"].get<int64_t>());
+    EXPECT_NEAR(v->source_fps, c["fps"].get<double>(), 1e-9);
+    auto want = read_npy(kDir + "/" + name.substr(0, name.rfind('.')) + ".npy");
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    ASSERT_EQ(want->shape.size(), 4u);
+    ASSERT_EQ(static_cast<int64_t>(v->frames.size()), want->shape[0]);
+    const int64_t h = want->shape[1], w = want->shape[2];
+    int worst = 0;
+    for (size_t f = 0; f < v->frames.size(); ++f) {
+      const Image& img = v->frames[f];
+      ASSERT_EQ(img.width, w);
+      ASSERT_EQ(img.height, h);
+      const uint8_t* ref_px = want->u8.data() + f * static_cast<size_t>(h * w * 3);
+      for (int64_t i = 0; i < h * w * 3; ++i) {
+        worst = std::max(worst, std::abs(int{img.rgb[i]} - int{ref_px[i]}));
+      }
+    }
+    EXPECT_LE(worst, 1);
+  }
+}
+
+TEST(VideoDecode, FormatIsSniffedNotTakenFromTheName) {
+  const nlohmann::json ref = reference();
+  auto v = decode_file(ref["wrong_extension"].get<std::string>());
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_EQ(v->format.rfind("matroska", 0), 0u) << v->format;  // WebM bytes named .mp4
+}
+
+TEST(VideoDecode, HostileFilesGiveAOneLineErrorQuickly) {
+  const nlohmann::json ref = reference();
+  ASSERT_FALSE(ref["hostile"].empty());
+  for (const auto& name : ref["hostile"]) {
+    SCOPED_TRACE(name.get<std::string>());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto v = decode_file(name.get<std::string>());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_FALSE(v.ok());
+    EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+    const std::string& m = v.status().message();
+    EXPECT_EQ(m.rfind("video", 0), 0u) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    EXPECT_LT(s, 5.0);
+  }
+  const std::vector<uint8_t> empty;
+  EXPECT_FALSE(decode_video(empty.data(), 0, VideoSampling{}).ok());
+  // Bounded memory: the 100000x100000 and 65535x65535 headers allocated no frame (an RGBA
+  // 65535² canvas alone would be 17 GB).
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  EXPECT_LT(ru.ru_maxrss, 512L << 10) << "peak RSS in KiB";
+}
+
+TEST(VideoDecode, LimitsAreCheckedBeforeDecoding) {
+  VideoLimits small;
+  small.max_bytes = 100;
+  auto v = decode_file("mp4_h264_2997.mp4", {}, small);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("bytes exceed"), std::string::npos) << v.status().message();
+  VideoLimits pixels;
+  pixels.max_frame_pixels = 64 * 47;
+  for (const char* name : {"mp4_h264_2997.mp4", "webp_anim.webp", "gif_10.gif"}) {
+    v = decode_file(name, {}, pixels);
+    ASSERT_FALSE(v.ok()) << name;
+    EXPECT_NE(v.status().message().find("pixels"), std::string::npos) << v.status().message();
+  }
+  VideoLimits total;
+  total.max_total_pixels = 64 * 48 * 3;  // 3 of the 4 sampled frames
+  v = decode_file("mp4_h264_2997.mp4", {}, total);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("together"), std::string::npos) << v.status().message();
+  VideoLimits longest;
+  longest.max_duration_s = 1;
+  v = decode_file("mp4_h264_2997.mp4", {}, longest);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("duration"), std::string::npos) << v.status().message();
+  VideoSampling bad;
+  bad.fps = 0;
+  EXPECT_FALSE(decode_file("mp4_h264_2997.mp4", bad).ok());
+}
+
+TEST(VideoDecode, SamplingSettingsChooseTheFrames) {
+  VideoSampling every;
+  every.fps = 30000.0 / 1001;  // the source's rate: every frame
+  every.max_frames = 1000;
+  auto v = decode_file("mp4_h264_2997.mp4", every);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  ASSERT_EQ(v->frames.size(), 45u);
+  for (int64_t i = 0; i < 45; ++i) EXPECT_EQ(v->indices[static_cast<size_t>(i)], i);
+  // The sampled frames of the default run are among them, the same pixels.
+  auto d = decode_file("mp4_h264_2997.mp4");
+  ASSERT_TRUE(d.ok());
+  for (size_t k = 0; k < d->indices.size(); ++k) {
+    EXPECT_EQ(d->frames[k].rgb, v->frames[static_cast<size_t>(d->indices[k])].rgb) << k;
+  }
+}
+
+}  // namespace
+}  // namespace vlm
