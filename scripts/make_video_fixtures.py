@@ -13,6 +13,8 @@ What it writes (small clips of moving shapes, 64x48, made here with PyAV's encod
   container with a video stream and no packets), huge_header.webp (a 100000x100000 canvas),
   huge_header.gif (a 65535x65535 screen), long_header.mkv (a 10-hour duration stated),
   wrong_extension.mp4 (the WebM's bytes).
+* pre_<clip>.npy and reference.json's preprocess_cases: Qwen3VLVideoProcessor's pixel_values_videos
+  and video_grid_thw over the sampled frames at three pixel budgets (see main()).
 * reference.json: per clip, what transformers 4.57.1's PyAV reader gives (read_video_pyav with
   Qwen3VLVideoProcessor.sample_frames at its defaults: fps 2, 4..768 frames): the metadata
   (frame count, fps), the sampled indices; and <clip>.npy, those frames as PyAV's
@@ -25,8 +27,8 @@ What it writes (small clips of moving shapes, 64x48, made here with PyAV's encod
 Usage (a venv with scripts/requirements-reference.txt and av==15.1.0):
     python scripts/make_video_fixtures.py
 
-Deterministic: fixed drawings and encoder settings; re-running with the same PyAV/Pillow gives
-the same bytes.
+Fixed drawings and encoder settings; the H.264, GIF and WebP bytes repeat between runs, libvpx's
+may not, and every reference is recomputed from the bytes written.
 """
 
 from __future__ import annotations
@@ -168,6 +170,32 @@ def main() -> None:
         cases.append({"total": total, "fps": fps if fps is not None else 0,
                       "indices": [int(i) for i in vp.sample_frames(meta)]})
     ref["sampling_cases"] = cases
+
+    # Qwen3VLVideoProcessor over those frames (do_sample_frames=False): pixel_values_videos and
+    # video_grid_thw at three pixel budgets -- the checkpoints' video_preprocessor_config.json
+    # (4096..25165824: 64x48 goes to 64x64), one under the frames (downscaled to 32x32, an odd
+    # frame count padded) and the class defaults (131072..786432: upscaled). The small ones are
+    # stored whole (<case>.npy, float32), the large one as the SHA-256 of its float32 bytes.
+    import hashlib
+    import torch
+    pre = []
+    for clip, lo, hi, whole in [("mp4_h264_2997.mp4", 4096, 25165824, True),
+                                ("webm_vp9_7.webm", 4096, 12288, True),
+                                ("gif_10.gif", 131072, 786432, False)]:
+        frames = np.load(OUT / (Path(clip).stem + ".npy"))
+        proc = Qwen3VLVideoProcessor(size={"shortest_edge": lo, "longest_edge": hi})
+        outp = proc(videos=[torch.from_numpy(frames).permute(0, 3, 1, 2)], do_sample_frames=False,
+                    return_tensors="pt")
+        pv = outp["pixel_values_videos"].numpy().astype(np.float32)
+        case = {"clip": clip, "min_pixels": lo, "max_pixels": hi,
+                "grid_thw": outp["video_grid_thw"][0].tolist(), "shape": list(pv.shape),
+                "sha256": hashlib.sha256(np.ascontiguousarray(pv).tobytes()).hexdigest()}
+        if whole:
+            case["npy"] = "pre_" + Path(clip).stem + ".npy"
+            np.save(OUT / case["npy"], pv)
+        pre.append(case)
+        print("preprocess", case)
+    ref["preprocess_cases"] = pre
 
     data = (OUT / "mp4_h264_2997.mp4").read_bytes()
     (OUT / "truncated_mp4.mp4").write_bytes(data[: len(data) * 2 // 5])

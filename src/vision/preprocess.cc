@@ -121,6 +121,55 @@ void normalization_lut(const PreprocessOptions& opt, float lut[3 * 256]) {
   }
 }
 
+namespace {
+
+// pixel_values from frames (each resized_h x resized_w RGB, at least one): temporal group g's slot
+// tt holds frame min(g*T + tt, n - 1), so a lone image fills every slot and an odd count of
+// video frames repeats its last, as the processors pad. Rows in merge order (PreprocessedImage).
+void flatten_patches(const std::vector<const uint8_t*>& frames, int64_t rw,
+                     const PreprocessOptions& opt, const float* lut, PreprocessedImage* out,
+                     ThreadPool* pool) {
+  const int64_t P = opt.patch_size, M = opt.merge_size, T = opt.temporal_patch_size;
+  const int64_t n = static_cast<int64_t>(frames.size());
+  const int64_t per_t = out->grid_h * out->grid_w;
+  const int64_t rows = out->grid_t * per_t;
+  const int64_t cols = 3 * T * P * P;
+  const int64_t blocks_w = out->grid_w / M;
+  float* dst = out->pixel_values.data();
+  auto flatten = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = r / per_t, in_t = r % per_t;
+      const int64_t block = in_t / (M * M), in_block = in_t % (M * M);
+      const int64_t bh = block / blocks_w, bw = block % blocks_w;
+      const int64_t y0 = (bh * M + in_block / M) * P, x0 = (bw * M + in_block % M) * P;
+      float* row = dst + r * cols;
+      for (int c = 0; c < 3; ++c) {
+        const float* l = lut + c * 256;
+        for (int64_t tt = 0; tt < T; ++tt) {
+          const int64_t f = std::min(t * T + tt, n - 1);
+          float* slot = row + (c * T + tt) * P * P;
+          if (tt > 0 && f == std::min(t * T + tt - 1, n - 1)) {  // the same frame again
+            std::memcpy(slot, slot - P * P, sizeof(float) * P * P);
+            continue;
+          }
+          for (int64_t py = 0; py < P; ++py) {
+            const uint8_t* s = frames[static_cast<size_t>(f)] + ((y0 + py) * rw + x0) * 3 + c;
+            float* d = slot + py * P;
+            for (int64_t x = 0; x < P; ++x) d[x] = l[s[x * 3]];
+          }
+        }
+      }
+    }
+  };
+  if (pool == nullptr || pool->n_threads() <= 1) {
+    flatten(0, rows);
+  } else {
+    pool->parallel_for(rows, 64, [&](int64_t b, int64_t e, int) { flatten(b, e); });
+  }
+}
+
+}  // namespace
+
 Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOptions& opt,
                                            ThreadPool* pool) {
   if (img.width <= 0 || img.height <= 0 ||
@@ -167,35 +216,102 @@ Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOpt
     return out;
   }
 
-  // Row r in merge order -> patch origin; temporal slot 0 is filled from the image, slots 1..T-1
-  // are copies of it (the image's single frame padded by repetition).
-  const int64_t blocks_w = out.grid_w / M;
-  const uint8_t* px = src->rgb.data();
-  float* dst = out.pixel_values.data();
-  auto flatten = [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t block = r / (M * M), in_block = r % (M * M);
-      const int64_t bh = block / blocks_w, bw = block % blocks_w;  // grid_t is 1: no t term
-      const int64_t y0 = (bh * M + in_block / M) * P, x0 = (bw * M + in_block % M) * P;
-      float* row = dst + r * cols;
-      for (int c = 0; c < 3; ++c) {
-        float* slot0 = row + (c * T) * P * P;
-        for (int64_t py = 0; py < P; ++py) {
-          const uint8_t* s = px + ((y0 + py) * rw + x0) * 3 + c;
-          float* d = slot0 + py * P;
-          for (int64_t x = 0; x < P; ++x) d[x] = lut[c][s[x * 3]];
-        }
-        for (int64_t tt = 1; tt < T; ++tt) {
-          std::memcpy(row + (c * T + tt) * P * P, slot0, sizeof(float) * P * P);
-        }
+  flatten_patches({src->rgb.data()}, rw, opt, &lut[0][0], &out, pool);
+  return out;
+}
+
+Result<std::pair<int64_t, int64_t>> smart_resize_video(int64_t num_frames, int64_t h, int64_t w,
+                                                       int64_t temporal_factor, int64_t factor,
+                                                       int64_t min_pixels, int64_t max_pixels) {
+  if (num_frames < 1 || temporal_factor < 1 || temporal_factor > kMaxTemporal) {
+    return invalid_argument("video of " + std::to_string(num_frames) + " frames (temporal factor " +
+                            std::to_string(temporal_factor) + ")");
+  }
+  if (h <= 0 || w <= 0 || h > kMaxSide || w > kMaxSide || factor <= 0 || factor > kMaxSide) {
+    return invalid_argument("video frame size " + std::to_string(w) + "x" + std::to_string(h) +
+                            " is out of range");
+  }
+  if (h < factor || w < factor) {
+    return invalid_argument("video frames of " + std::to_string(w) + "x" + std::to_string(h) +
+                            " are smaller than " + std::to_string(factor) + " pixels a side");
+  }
+  if (min_pixels < 0 || max_pixels <= 0 || min_pixels > kMaxBudget || max_pixels > kMaxBudget) {
+    return invalid_argument("pixel budget out of range: min_pixels " + std::to_string(min_pixels) +
+                            ", max_pixels " + std::to_string(max_pixels));
+  }
+  const double ratio = static_cast<double>(std::max(h, w)) / static_cast<double>(std::min(h, w));
+  if (ratio > 200.0) {
+    return invalid_argument("absolute aspect ratio must be smaller than 200, got " + num(ratio));
+  }
+  const int64_t n = std::max(num_frames, temporal_factor);  // transformers raises below it
+  const double f = static_cast<double>(factor);
+  const double hd = static_cast<double>(h), wd = static_cast<double>(w);
+  int64_t h_bar = static_cast<int64_t>(round_half_even(hd / f)) * factor;
+  int64_t w_bar = static_cast<int64_t>(round_half_even(wd / f)) * factor;
+  const int64_t t_bar =
+      static_cast<int64_t>(round_half_even(static_cast<double>(n) / temporal_factor)) *
+      temporal_factor;
+  // Python: t_bar * h_bar * w_bar (ints) against the budget; beta from n * h * w (float64).
+  const double volume = static_cast<double>(t_bar) * static_cast<double>(h_bar * w_bar);
+  const double frames_px = static_cast<double>(n) * static_cast<double>(h * w);
+  if (volume > static_cast<double>(max_pixels)) {
+    const double beta = std::sqrt(frames_px / static_cast<double>(max_pixels));
+    h_bar = std::max(factor, static_cast<int64_t>(std::floor(hd / beta / f)) * factor);
+    w_bar = std::max(factor, static_cast<int64_t>(std::floor(wd / beta / f)) * factor);
+  } else if (volume < static_cast<double>(min_pixels)) {
+    const double beta = std::sqrt(static_cast<double>(min_pixels) / frames_px);
+    h_bar = static_cast<int64_t>(std::ceil(hd * beta / f)) * factor;
+    w_bar = static_cast<int64_t>(std::ceil(wd * beta / f)) * factor;
+  }
+  return std::make_pair(h_bar, w_bar);
+}
+
+Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
+                                           const PreprocessOptions& opt, ThreadPool* pool) {
+  if (frames.empty()) return invalid_argument("preprocess: a video without frames");
+  const int64_t h = frames[0].height, w = frames[0].width;
+  for (const Image& f : frames) {
+    if (f.width != w || f.height != h ||
+        static_cast<uint64_t>(f.rgb.size()) !=
+            static_cast<uint64_t>(f.width) * static_cast<uint64_t>(f.height) * 3) {
+      return invalid_argument("preprocess: video frames differ in size or do not match their " +
+                              std::string("buffers"));
+    }
+  }
+  VLM_RETURN_IF_ERROR(validate_options(opt).with_context("preprocess"));
+  const int64_t P = opt.patch_size, M = opt.merge_size, T = opt.temporal_patch_size;
+  const int64_t n = static_cast<int64_t>(frames.size());
+  auto hw = smart_resize_video(n, h, w, T, P * M, opt.min_pixels, opt.max_pixels);
+  if (!hw.ok()) return hw.status().with_context("preprocess");
+  const auto [rh, rw] = *hw;
+  PreprocessedImage out;
+  out.resized_h = rh;
+  out.resized_w = rw;
+  out.merge_size = M;
+  out.grid_t = (n + T - 1) / T;
+  out.grid_h = rh / P;
+  out.grid_w = rw / P;
+  std::vector<Image> resized;
+  std::vector<const uint8_t*> px;
+  try {
+    out.pixel_values.resize(
+        static_cast<size_t>(out.grid_t * out.grid_h * out.grid_w * 3 * T * P * P));
+    for (const Image& f : frames) {
+      if (rh != h || rw != w) {
+        resized.push_back(resize_bicubic_antialias(f, rh, rw, pool));
       }
     }
-  };
-  if (pool == nullptr || pool->n_threads() <= 1) {
-    flatten(0, rows);
-  } else {
-    pool->parallel_for(rows, 64, [&](int64_t b, int64_t e, int) { flatten(b, e); });
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kUnavailable, "preprocess: out of memory for a video of " +
+                                                std::to_string(n) + " frames at " +
+                                                std::to_string(rw) + "x" + std::to_string(rh));
   }
+  for (size_t i = 0; i < frames.size(); ++i) {
+    px.push_back(resized.empty() ? frames[i].rgb.data() : resized[i].rgb.data());
+  }
+  float lut[3][256];
+  normalization_lut(opt, &lut[0][0]);
+  flatten_patches(px, rw, opt, &lut[0][0], &out, pool);
   return out;
 }
 

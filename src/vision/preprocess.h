@@ -82,6 +82,26 @@ struct PreprocessedImage {
 Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOptions& opt,
                                            ThreadPool* pool = nullptr);
 
+// The video smart_resize of transformers 4.57.1 (video_processing_qwen3_vl.smart_resize): the
+// budget [min_pixels, max_pixels] bounds t̄·h̄·w̄ over all frames, with t̄ the frame count rounded
+// to a multiple of temporal_factor (half to even) and the scale from the frame count itself.
+// Errors as there: a side under `factor`, an aspect ratio over 200. One deliberate difference:
+// fewer frames than temporal_factor (a one-frame clip) are priced as temporal_factor frames, what
+// padding makes of them, where transformers raises.
+Result<std::pair<int64_t, int64_t>> smart_resize_video(int64_t num_frames, int64_t h, int64_t w,
+                                                       int64_t temporal_factor, int64_t factor,
+                                                       int64_t min_pixels, int64_t max_pixels);
+
+// One video's frames (all the same size) as Qwen3VLVideoProcessor makes them: each resized to
+// smart_resize_video's size (the same antialiased bicubic as images), normalised, the count padded
+// to a multiple of temporal_patch_size by repeating the last frame, flattened as above with
+// grid_t = the temporal groups. `opt`'s pixel budget is the video's (video_preprocessor_config.json
+// `size`). Errors: kInvalidArgument (no frames, frames of different sizes, a smart_resize_video
+// error), kUnavailable when the output cannot be allocated.
+Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
+                                           const PreprocessOptions& opt,
+                                           ThreadPool* pool = nullptr);
+
 // Reads preprocessor_config.json text. Pixel budget: top-level min_pixels / max_pixels when present
 // (transformers lets them override size), else size.shortest_edge / size.longest_edge. Also reads
 // patch_size, temporal_patch_size, merge_size, image_mean, image_std (3 numbers or 1 broadcast) and

@@ -9,11 +9,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/sha256.h"
 #include "io/npy.h"
 #include "test_util.h"
+#include "vision/preprocess.h"
 
 namespace vlm {
 namespace {
@@ -150,6 +154,73 @@ TEST(VideoDecode, SamplingSettingsChooseTheFrames) {
   for (size_t k = 0; k < d->indices.size(); ++k) {
     EXPECT_EQ(d->frames[k].rgb, v->frames[static_cast<size_t>(d->indices[k])].rgb) << k;
   }
+}
+
+// Qwen3VLVideoProcessor's pixel_values_videos, bit for bit, from the decoded frames: the video
+// smart_resize (64x48 to 64x64, to 32x32 under a small budget, upscaled at the class defaults),
+// an odd frame count padded with the last frame, temporal groups in the temporal patch slots.
+TEST(VideoPreprocess, PixelValuesAreTransformers) {
+  const nlohmann::json ref = reference();
+  ASSERT_EQ(ref["preprocess_cases"].size(), 3u);
+  for (const auto& c : ref["preprocess_cases"]) {
+    const std::string clip = c["clip"].get<std::string>();
+    SCOPED_TRACE(clip);
+    auto v = decode_file(clip);
+    ASSERT_TRUE(v.ok()) << v.status().message();
+    PreprocessOptions opt;
+    opt.min_pixels = c["min_pixels"].get<int64_t>();
+    opt.max_pixels = c["max_pixels"].get<int64_t>();
+    auto p = preprocess_video(v->frames, opt);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    const auto grid = c["grid_thw"].get<std::vector<int64_t>>();
+    EXPECT_EQ((std::vector<int64_t>{p->grid_t, p->grid_h, p->grid_w}), grid);
+    const auto shape = c["shape"].get<std::vector<int64_t>>();
+    ASSERT_EQ(static_cast<int64_t>(p->pixel_values.size()), shape[0] * shape[1]);
+    if (c.contains("npy")) {
+      auto want = read_npy(kDir + "/" + c["npy"].get<std::string>());
+      ASSERT_TRUE(want.ok()) << want.status().message();
+      ASSERT_EQ(want->f32.size(), p->pixel_values.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < want->f32.size(); ++i) differ += want->f32[i] != p->pixel_values[i];
+      EXPECT_EQ(differ, 0);
+    }
+    const Sha256Digest d = Sha256::of(std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(p->pixel_values.data()), p->pixel_values.size() * 4));
+    EXPECT_EQ(sha256_hex(d), c["sha256"].get<std::string>());
+  }
+}
+
+TEST(VideoPreprocess, SmartResizeFollowsTransformersAndPricesOneFrameAsTwo) {
+  // 4 frames of 64x48 at 4096..25165824: round(48/32) = 2 (half to even), so 64x64.
+  auto hw = smart_resize_video(4, 48, 64, 2, 32, 4096, 25165824);
+  ASSERT_TRUE(hw.ok());
+  EXPECT_EQ(*hw, std::make_pair(int64_t{64}, int64_t{64}));
+  // One frame: priced as two (transformers raises); the same size as a two-frame clip.
+  auto one = smart_resize_video(1, 480, 640, 2, 32, 4096, 200000);
+  auto two = smart_resize_video(2, 480, 640, 2, 32, 4096, 200000);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_EQ(*one, *two);
+  EXPECT_LE(2 * one->first * one->second, 200000);
+  EXPECT_FALSE(smart_resize_video(4, 20, 64, 2, 32, 4096, 25165824).ok());    // a side under 32
+  EXPECT_FALSE(smart_resize_video(4, 32, 7000, 2, 32, 4096, 25165824).ok());  // ratio over 200
+  std::vector<Image> odd(3);
+  for (Image& f : odd) {
+    f.width = 64;
+    f.height = 64;
+    f.rgb.assign(64 * 64 * 3, 10);
+  }
+  odd[2].rgb.assign(64 * 64 * 3, 200);
+  auto p = preprocess_video(odd, PreprocessOptions{});
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->grid_t, 2);  // 3 frames padded to 4
+  // Group 1's two slots both hold frame 2 (value 200).
+  const int64_t cols = 3 * 2 * 16 * 16, per_t = p->grid_h * p->grid_w;
+  const float* row = p->pixel_values.data() + per_t * cols;
+  EXPECT_EQ(row[0], row[16 * 16]);
+  EXPECT_GT(row[0], 0.5f);
+  odd[1].width = 32;
+  EXPECT_FALSE(preprocess_video(odd, PreprocessOptions{}).ok());
+  EXPECT_FALSE(preprocess_video({}, PreprocessOptions{}).ok());
 }
 
 }  // namespace
