@@ -210,9 +210,10 @@ def chat(url, messages, **kw):
     return http("POST", url + "/v1/chat/completions", body)
 
 
-def chat_stream(url, messages, max_tokens):
+def chat_stream(url, messages, max_tokens, started=None):
     """A streamed chat request: (status, error text or ""). Status 200 only when the stream ran
-    to its end: [DONE] after a finish_reason and max_tokens tokens (ignore_eos)."""
+    to its end: [DONE] after a finish_reason and max_tokens tokens (ignore_eos). `started` (a
+    threading.Event, optional) is set at its first chunk."""
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
@@ -229,6 +230,8 @@ def chat_stream(url, messages, max_tokens):
                         return 200, ""
                     return 599, f"ended with finish_reason {finish}, {usage} tokens"
                 chunk = json.loads(line[6:])
+                if started is not None:
+                    started.set()
                 for c in chunk.get("choices", []):
                     finish = c.get("finish_reason") or finish
                 if chunk.get("usage"):
@@ -382,7 +385,15 @@ def sigterm_under_load(rep, args, workdir, rng):
         load = Load(router.url, args.clients, rng)
         time.sleep(args.phase_seconds / 3)
         victim = replicas[-1]
-        # Stop it while it is streaming: a drain with nothing running would prove little.
+        # Stop it while it is streaming: a drain with nothing running would prove little. A long
+        # stream of its own keeps the drain open for more than a /health poll (the load's short
+        # replies can all end within one).
+        long_reply, long_started = [], threading.Event()
+        long_thread = threading.Thread(target=lambda: long_reply.append(chat_stream(
+            victim.url, [{"role": "user", "content": "Describe the image."}], 1500,
+            started=long_started)))
+        long_thread.start()
+        long_started.wait(timeout=args.phase_seconds)
         deadline = time.monotonic() + args.phase_seconds
         before = metrics(victim.url)
         while metric_sum(before, "vlm_num_requests_running") < 1 and time.monotonic() < deadline:
@@ -398,6 +409,7 @@ def sigterm_under_load(rep, args, workdir, rng):
             time.sleep(0.05)
         drained_s = time.monotonic() - t_term
         exit_code = victim.proc.wait(timeout=40)
+        long_thread.join()
         time.sleep(args.phase_seconds / 3)
         records = load.stop()
     errors = [r for r in records if r[2] != 200]
@@ -416,6 +428,8 @@ def sigterm_under_load(rep, args, workdir, rng):
           f"refused while it drained (503: the router sent them elsewhere)", flush=True)
     rep.check(running >= 1, "the replica was streaming when stopped")
     rep.check(saw_503, "the draining replica's /health answered 503")
+    rep.check(long_reply == [(200, "")],
+              f"its own long stream ran to its end through the drain ({long_reply})")
     rep.check(exit_code == 0, f"it exited 0 after draining {drained_s:.1f} s")
     rep.check(not errors, f"{len(errors)} of {len(records)} client streams failed (a stream cannot "
               f"be retried: those running on the replica ran to their end)"
