@@ -19,9 +19,9 @@ What it writes (small clips of moving shapes, 64x48, made here with PyAV's encod
   Qwen3VLVideoProcessor.sample_frames at its defaults: fps 2, 4..768 frames): the metadata
   (frame count, fps), the sampled indices; and <clip>.npy, those frames as PyAV's
   to_ndarray(format="rgb24") gives them, [n, h, w, 3] uint8. Where the header states no frame
-  count (WebM, MKV, GIF) transformers samples nothing; vlm takes the count from the duration ×
-  rate, and the script records the frames at the indices that rule gives ("count_from":
-  "duration"), so the decoders are still compared frame for frame. WebP has no PyAV reader:
+  count (WebM, MKV) transformers samples nothing; vlm counts the stream's packets (one per
+  frame) and the script records the frames at the indices that gives ("count_from":
+  "packets"), so the decoders are still compared frame for frame. WebP has no PyAV reader:
   Pillow's frames at vlm's indices (count / duration as the rate).
 
 Usage (a venv with scripts/requirements-reference.txt and av==15.1.0):
@@ -137,9 +137,10 @@ def main() -> None:
             entry.update(count_from="header", total_frames=int(meta.total_num_frames),
                          fps=float(meta.fps), indices=[int(i) for i in idx])
         else:
-            total = int(round(dur * rate))
-            entry.update(count_from="duration", duration=dur, total_frames=total,
-                          indices=sample_indices(total, rate))
+            with av.open(str(path)) as c:
+                total = sum(1 for p in c.demux(video=0) if p.size > 0)
+            entry.update(count_from="packets", duration=dur, total_frames=total,
+                         indices=sample_indices(total, rate))
         np.save(OUT / (path.stem + ".npy"), pyav_frames(path, entry["indices"]))
         ref["clips"][name] = entry
         print(name, entry)

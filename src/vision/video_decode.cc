@@ -192,6 +192,55 @@ Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSam
   return out;
 }
 
+// A demuxer over the bytes: the reader, its AVIOContext and the opened, probed container.
+struct Demuxer {
+  MemoryReader reader;
+  std::unique_ptr<AVIOContext, AvioDeleter> io;
+  std::unique_ptr<AVFormatContext, FormatDeleter> fmt;
+  std::string format;  // the container's short name
+
+  static Result<std::unique_ptr<Demuxer>> open(const uint8_t* data, size_t size,
+                                               const VideoLimits& limits) {
+    auto d = std::make_unique<Demuxer>();
+    d->reader = MemoryReader{data, static_cast<int64_t>(size), 0};
+    constexpr int kIoBuffer = 64 << 10;
+    auto* io_buf = static_cast<uint8_t*>(av_malloc(kIoBuffer));
+    if (io_buf == nullptr) return Status(StatusCode::kUnavailable, "video: out of memory");
+    d->io.reset(avio_alloc_context(io_buf, kIoBuffer, 0, &d->reader, &MemoryReader::read, nullptr,
+                                   &MemoryReader::seek));
+    if (!d->io) {
+      av_free(io_buf);
+      return Status(StatusCode::kUnavailable, "video: out of memory");
+    }
+    AVFormatContext* raw = avformat_alloc_context();
+    if (raw == nullptr) return Status(StatusCode::kUnavailable, "video: out of memory");
+    raw->pb = d->io.get();
+    raw->flags |= AVFMT_FLAG_CUSTOM_IO;
+    raw->probesize = 5 << 20;
+    int err = avformat_open_input(&raw, nullptr, nullptr, nullptr);  // frees raw on failure
+    if (err < 0) {
+      return video_error(
+          "", "not a video format this build reads, or truncated (" + av_message(err) + ")");
+    }
+    d->fmt.reset(raw);
+    d->format = raw->iformat != nullptr ? raw->iformat->name : "";
+    if (const size_t comma = d->format.find(','); comma != std::string::npos) {
+      d->format.resize(comma);
+    }
+    // Probing decodes a few frames: bound their size there too (the codecs' own max_pixels
+    // check, before any frame buffer is allocated).
+    std::vector<AVDictionary*> probe_opts(raw->nb_streams, nullptr);
+    const std::string max_pixels = std::to_string(limits.max_frame_pixels);
+    for (AVDictionary*& o : probe_opts) av_dict_set(&o, "max_pixels", max_pixels.c_str(), 0);
+    err = avformat_find_stream_info(raw, probe_opts.empty() ? nullptr : probe_opts.data());
+    for (AVDictionary*& o : probe_opts) av_dict_free(&o);
+    if (err < 0) {
+      return video_error(d->format, "unreadable stream information (" + av_message(err) + ")");
+    }
+    return d;
+  }
+};
+
 bool is_webp(const uint8_t* data, size_t size) {
   return size >= 12 && std::memcmp(data, "RIFF", 4) == 0 && std::memcmp(data + 8, "WEBP", 4) == 0;
 }
@@ -232,40 +281,14 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   if (is_webp(data, size)) return decode_webp(data, size, sampling, limits, start);
 
   av_log_set_level(AV_LOG_QUIET);
-  MemoryReader reader{data, static_cast<int64_t>(size), 0};
-  constexpr int kIoBuffer = 64 << 10;
-  auto* io_buf = static_cast<uint8_t*>(av_malloc(kIoBuffer));
-  if (io_buf == nullptr) return Status(StatusCode::kUnavailable, "video: out of memory");
-  std::unique_ptr<AVIOContext, AvioDeleter> io(avio_alloc_context(
-      io_buf, kIoBuffer, 0, &reader, &MemoryReader::read, nullptr, &MemoryReader::seek));
-  if (!io) {
-    av_free(io_buf);
-    return Status(StatusCode::kUnavailable, "video: out of memory");
-  }
-  AVFormatContext* raw = avformat_alloc_context();
-  if (raw == nullptr) return Status(StatusCode::kUnavailable, "video: out of memory");
-  raw->pb = io.get();
-  raw->flags |= AVFMT_FLAG_CUSTOM_IO;
-  raw->probesize = 5 << 20;
-  int err = avformat_open_input(&raw, nullptr, nullptr, nullptr);  // frees raw on failure
-  if (err < 0) {
-    return video_error(
-        "", "not a video format this build reads, or truncated (" + av_message(err) + ")");
-  }
-  std::unique_ptr<AVFormatContext, FormatDeleter> fmt(raw);
-  std::string format = fmt->iformat != nullptr ? fmt->iformat->name : "";
-  if (const size_t comma = format.find(','); comma != std::string::npos) format.resize(comma);
-  // Probing decodes a few frames: bound their size there too (the codecs' own max_pixels check,
-  // before any frame buffer is allocated).
-  std::vector<AVDictionary*> probe_opts(fmt->nb_streams, nullptr);
-  const std::string max_pixels = std::to_string(limits.max_frame_pixels);
-  for (AVDictionary*& d : probe_opts) av_dict_set(&d, "max_pixels", max_pixels.c_str(), 0);
-  err = avformat_find_stream_info(fmt.get(), probe_opts.empty() ? nullptr : probe_opts.data());
-  for (AVDictionary*& d : probe_opts) av_dict_free(&d);
-  if (err < 0)
-    return video_error(format, "unreadable stream information (" + av_message(err) + ")");
+  auto opened = Demuxer::open(data, size, limits);
+  if (!opened.ok()) return opened.status();
+  std::unique_ptr<Demuxer> dm = std::move(opened).value();
+  AVFormatContext* fmt = dm->fmt.get();
+  std::string format = dm->format;
+  int err = 0;
   const AVCodec* codec = nullptr;
-  const int si = av_find_best_stream(fmt.get(), AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
+  const int si = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
   if (si < 0 || codec == nullptr) {
     return video_error(format, si == AVERROR_DECODER_NOT_FOUND ? "no decoder for its video codec"
                                                                : "no video stream");
@@ -298,8 +321,27 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   const AVRational rate = st->avg_frame_rate;
   const double fps = rate.num > 0 && rate.den > 0 ? av_q2d(rate) : 0;
   int64_t total = st->nb_frames;
-  if (total <= 0 && duration > 0 && fps > 0) {
-    total = static_cast<int64_t>(std::llround(duration * fps));
+  if (total <= 0) {
+    // No count in the header: count the stream's packets (one per frame; nothing decoded), then
+    // read from the start again.
+    std::unique_ptr<AVPacket, PacketDeleter> p(av_packet_alloc());
+    if (!p) return Status(StatusCode::kUnavailable, "video: out of memory");
+    total = 0;
+    while (av_read_frame(fmt, p.get()) >= 0) {
+      total += p->stream_index == si && p->size > 0 ? 1 : 0;
+      av_packet_unref(p.get());
+      if (total > limits.max_source_frames) break;
+      if (std::chrono::duration<double>(Clock::now() - start).count() > limits.max_decode_s) {
+        return video_error(format, "reading took longer than the limit");
+      }
+    }
+    auto again = Demuxer::open(data, size, limits);
+    if (!again.ok()) return again.status();
+    dm = std::move(again).value();
+    fmt = dm->fmt.get();
+    if (si >= static_cast<int>(fmt->nb_streams)) return video_error(format, "streams changed");
+    st = fmt->streams[si];
+    par = st->codecpar;
   }
   if (total > limits.max_source_frames) {
     return video_error(format, std::to_string(total) + " frames exceed the limit of " +
@@ -382,7 +424,7 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   };
   bool more = true;
   while (more) {
-    err = av_read_frame(fmt.get(), pkt.get());
+    err = av_read_frame(fmt, pkt.get());
     if (err == AVERROR_EOF) break;
     if (err < 0) {
       failed = video_error(format, "unreadable (" + av_message(err) + ")");

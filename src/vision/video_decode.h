@@ -9,8 +9,10 @@
 // (the stream's nb_frames) and its rate the stream's average frame rate; n = int(total / fps ×
 // target fps), clamped to [min_frames, max_frames] and to total; the indices are
 // round(linspace(0, total - 1, n)) (round half to even), counted in the decoder's output order.
-// Where a container states no frame count (WebM, MKV, GIF), the count is taken from its duration
-// × rate, which transformers cannot do (its linspace would be empty).
+// Where a container states no frame count (WebM, MKV), the stream's packets are counted first
+// (one per frame, nothing decoded), which transformers does not do (its linspace would be
+// empty). Frames are decoded in order up to the last one sampled (no seeking yet), and only the
+// sampled ones are converted to RGB, as PyAV's to_ndarray(format="rgb24") does.
 //
 // Every failure (empty, truncated, corrupt, unsupported, over a limit) returns kInvalidArgument
 // with one line naming the container and codec where known; nothing aborts, and the limits are
