@@ -4,15 +4,17 @@
 What it writes (small clips of moving shapes, 64x48, made here with PyAV's encoders):
 
 * mp4_h264_2997.mp4  H.264 in MP4 at 30000/1001 fps, 45 frames (the header states the count)
+* mp4_h264_70x46.mp4  H.264 at 12 fps, 10 frames 70x46 (a width no vector path divides)
 * mov_h264_single.mov  one H.264 frame in MOV
 * webm_vp9_7.webm    VP9 in WebM at 7 fps, 20 frames (no count in the header)
 * mkv_vp8_vfr.mkv    VP8 in Matroska with a variable frame rate, 16 frames
 * gif_10.gif         an animated GIF at 10 fps, 12 frames
 * webp_anim.webp     an animated WebP (Pillow), 10 frames of 100 ms
 * hostile files: truncated_mp4.mp4 (the first 40% of the MP4), garbage.mp4, zero_frames.mp4 (a
-  container with a video stream and no packets), huge_header.webp (a 100000x100000 canvas),
+  container with a video stream and no packets), huge_header.webp (a 60000x60000 canvas),
   huge_header.gif (a 65535x65535 screen), long_header.mkv (a 10-hour duration stated),
-  wrong_extension.mp4 (the WebM's bytes).
+  wrong_extension.mp4 (the WebM's bytes), playlist.m3u8 and concat.txt (an HLS playlist and a
+  concat list naming a local file and a URL: never opened).
 * pre_<clip>.npy and reference.json's preprocess_cases: Qwen3VLVideoProcessor's pixel_values_videos
   and video_grid_thw over the sampled frames at three pixel budgets (see main()).
 * reference.json: per clip, what transformers 4.57.1's PyAV reader gives (read_video_pyav with
@@ -47,9 +49,8 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "unit" / "fixtures" / "
 W, H = 64, 48
 
 
-def frame_rgb(i: int, n: int) -> np.ndarray:
+def frame_rgb(i: int, n: int, W: int = W, H: int = H) -> np.ndarray:
     """A red circle moving right and a blue square moving down over a grey gradient."""
-    img = Image.new("RGB", (W, H))
     px = np.zeros((H, W, 3), dtype=np.uint8)
     px[..., 0] = np.linspace(40, 120, W, dtype=np.uint8)[None, :]
     px[..., 1] = np.linspace(60, 100, H, dtype=np.uint8)[:, None]
@@ -65,7 +66,7 @@ def frame_rgb(i: int, n: int) -> np.ndarray:
     return np.asarray(img)
 
 
-def encode(path: Path, fmt: str, codec: str, rate, n: int, pts=None, options=None) -> None:
+def encode(path: Path, fmt: str, codec: str, rate, n: int, pts=None, options=None, W=W, H=H):
     with av.open(str(path), "w", format=fmt) as c:
         s = c.add_stream(codec, rate=rate)
         s.width, s.height, s.pix_fmt = W, H, "yuv420p"
@@ -73,7 +74,7 @@ def encode(path: Path, fmt: str, codec: str, rate, n: int, pts=None, options=Non
         if pts is not None:
             s.time_base = Fraction(1, 1000)
         for i in range(n):
-            f = av.VideoFrame.from_ndarray(frame_rgb(i, n), format="rgb24")
+            f = av.VideoFrame.from_ndarray(frame_rgb(i, n, W, H), format="rgb24")
             if pts is not None:
                 f.pts = pts[i]
                 f.time_base = Fraction(1, 1000)
@@ -110,6 +111,9 @@ def main() -> None:
     encode(OUT / "mp4_h264_2997.mp4", "mp4", "libx264", Fraction(30000, 1001), 45,
            options={"preset": "veryfast", "crf": "23", "bf": "2"})
     encode(OUT / "mov_h264_single.mov", "mov", "libx264", 25, 1, options={"preset": "veryfast"})
+    # A width that is not a multiple of 8 or 16 (swscale's vector paths overhang a row's end).
+    encode(OUT / "mp4_h264_70x46.mp4", "mp4", "libx264", 12, 10, options={"preset": "veryfast"},
+           W=70, H=46)
     encode(OUT / "webm_vp9_7.webm", "webm", "libvpx-vp9", 7, 20, options={"crf": "30", "b": "0"})
     vfr = [0, 40, 80, 200, 240, 400, 410, 420, 600, 700, 710, 900, 1000, 1100, 1300, 1500]
     encode(OUT / "mkv_vp8_vfr.mkv", "matroska", "libvpx", 10, len(vfr), pts=vfr)
@@ -123,8 +127,8 @@ def main() -> None:
     ref = {"generator": "scripts/make_video_fixtures.py", "transformers": __import__("transformers").__version__,
            "av": av.__version__, "sampling": {"fps": 2, "min_frames": 4, "max_frames": 768},
            "clips": {}}
-    for name in ["mp4_h264_2997.mp4", "mov_h264_single.mov", "webm_vp9_7.webm", "mkv_vp8_vfr.mkv",
-                 "gif_10.gif"]:
+    for name in ["mp4_h264_2997.mp4", "mov_h264_single.mov", "mp4_h264_70x46.mp4",
+                 "webm_vp9_7.webm", "mkv_vp8_vfr.mkv", "gif_10.gif"]:
         path = OUT / name
         with av.open(str(path)) as c:
             s = c.streams.video[0]
@@ -166,7 +170,7 @@ def main() -> None:
     cases = []
     for total, fps in [(1, 30.0), (3, 30.0), (7, 7.0), (45, 30000 / 1001), (300, 30.0),
                        (301, 29.97), (1000, 23.976), (4321, 59.94), (100000, 30.0),
-                       (600000, 25.0), (10, None), (250, None), (33, 0.5)]:
+                       (600000, 25.0), (10, None), (250, None), (33, 0.5), (11, 4.0)]:
         meta = VideoMetadata(total_num_frames=total, fps=fps)
         cases.append({"total": total, "fps": fps if fps is not None else 0,
                       "indices": [int(i) for i in vp.sample_frames(meta)]})
@@ -206,12 +210,12 @@ def main() -> None:
         s = c.add_stream("libx264", rate=25)
         s.width, s.height, s.pix_fmt = W, H, "yuv420p"
         c.start_encoding()  # the header, with no packet after it
-    # Headers that state enormous frames: an animated WebP canvas of 100000x100000 (VP8X holds
+    # Headers that state enormous frames: an animated WebP canvas of 60000x60000 (VP8X holds
     # 24-bit sides) and a GIF screen of 65535x65535 (its 16-bit maximum).
     w = bytearray((OUT / "webp_anim.webp").read_bytes())
     assert w[12:16] == b"VP8X"
-    w[24:27] = (100000 - 1).to_bytes(3, "little")
-    w[27:30] = (100000 - 1).to_bytes(3, "little")
+    w[24:27] = (60000 - 1).to_bytes(3, "little")  # under libwebp's own 2^32 area bound
+    w[27:30] = (60000 - 1).to_bytes(3, "little")
     (OUT / "huge_header.webp").write_bytes(bytes(w))
     g = bytearray((OUT / "gif_10.gif").read_bytes())
     g[6:10] = (65535).to_bytes(2, "little") * 2
@@ -228,8 +232,16 @@ def main() -> None:
         import struct
         mkv[d + 3: d + 7] = struct.pack(">f", 36e6)
     (OUT / "long_header.mkv").write_bytes(bytes(mkv))
-    ref["hostile"] = ["truncated_mp4.mp4", "garbage.mp4", "zero_frames.mp4", "huge_header.webp",
-                      "huge_header.gif", "long_header.mkv"]
+    # Lists that would make FFmpeg open other files or URLs: an HLS playlist and a concat list.
+    (OUT / "playlist.m3u8").write_bytes(b"#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:2,\n"
+                                        b"file:///etc/passwd\n#EXTINF:2,\n"
+                                        b"http://127.0.0.1:9/clip.ts\n#EXT-X-ENDLIST\n")
+    (OUT / "concat.txt").write_bytes(b"ffconcat version 1.0\nfile mp4_h264_2997.mp4\n")
+    # Each hostile file and a word its error must contain.
+    ref["hostile"] = {"truncated_mp4.mp4": "truncated", "garbage.mp4": "not a video format",
+                      "zero_frames.mp4": "video stream", "huge_header.webp": "pixels",
+                      "huge_header.gif": "pixels", "long_header.mkv": "duration",
+                      "playlist.m3u8": "not a video format", "concat.txt": "not a video format"}
     ref["wrong_extension"] = "wrong_extension.mp4"
     (OUT / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
 

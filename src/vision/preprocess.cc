@@ -23,16 +23,6 @@ constexpr int64_t kMaxPatch = 1024;
 constexpr int64_t kMaxMerge = 64;
 constexpr int64_t kMaxTemporal = 64;
 
-// Python's round() on a float: to nearest, ties to even. std::round/lround tie away from zero
-// (720/32 = 22.5 would become 23, not 22); std::nearbyint depends on the global rounding mode.
-double round_half_even(double x) {
-  const double r = std::floor(x);
-  const double diff = x - r;  // exact: x and r are within one unit of each other
-  if (diff > 0.5) return r + 1.0;
-  if (diff < 0.5) return r;
-  return std::fmod(r, 2.0) == 0.0 ? r : r + 1.0;
-}
-
 std::string num(double v) {
   std::ostringstream os;
   os << v;

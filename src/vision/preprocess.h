@@ -8,6 +8,7 @@
 // side shorter than factor/2 (see there).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -38,6 +39,17 @@ struct PreprocessOptions {
 // The fused rescale + normalise of each channel's 256 byte values, exactly as preprocess_image
 // applies it: lut[c * 256 + v] = (v − mean_c / rescale) / (std_c / rescale) in float32.
 void normalization_lut(const PreprocessOptions& opt, float lut[3 * 256]);
+
+// Python's round() on a float (and numpy's .round()): to nearest, ties to even. std::round and
+// lround tie away from zero (720/32 = 22.5 would become 23, not 22); std::nearbyint depends on the
+// global rounding mode.
+inline double round_half_even(double x) {
+  const double r = std::floor(x);
+  const double diff = x - r;  // exact: x and r are within one unit of each other
+  if (diff > 0.5) return r + 1.0;
+  if (diff < 0.5) return r;
+  return std::fmod(r, 2.0) == 0.0 ? r : r + 1.0;
+}
 
 // Output size (height, width) for an h x w image: both multiples of `factor` (patch * merge),
 // aspect ratio kept as closely as possible, pixel count within [min_pixels, max_pixels].

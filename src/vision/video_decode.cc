@@ -10,6 +10,8 @@
 #include <new>
 #include <string>
 
+#include "vision/preprocess.h"
+
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
@@ -115,60 +117,54 @@ Status take_frame_size(int64_t w, int64_t h, const VideoLimits& limits, int64_t*
 }
 
 // Animated (or still) WebP through libwebpdemux's animation decoder: frames composited on the
-// canvas as browsers show them, alpha dropped. The rate is the frame count over the duration.
+// canvas as browsers show them, alpha dropped. The rate is the frame count over the duration
+// (the frames' durations summed from the container, before anything is decoded).
 Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSampling& sampling,
                                 const VideoLimits& limits, Clock::time_point start) {
   const std::string format = "webp";
   WebPData wd{data, size};
-  WebPAnimDecoderOptions opt;
-  if (!WebPAnimDecoderOptionsInit(&opt)) return video_error(format, "libwebp version mismatch");
-  opt.color_mode = MODE_RGBA;
-  opt.use_threads = 0;
-  // Header first: the canvas size, before the decoder allocates it.
   std::unique_ptr<WebPDemuxer, decltype(&WebPDemuxDelete)> demux(WebPDemux(&wd), &WebPDemuxDelete);
-  if (!demux) return video_error(format, "not a valid WebP file (corrupt or truncated)");
+  if (!demux) return video_error(format, "not a valid WebP file (corrupt, truncated or too large)");
   const int64_t w = WebPDemuxGetI(demux.get(), WEBP_FF_CANVAS_WIDTH);
   const int64_t h = WebPDemuxGetI(demux.get(), WEBP_FF_CANVAS_HEIGHT);
-  const int64_t count = WebPDemuxGetI(demux.get(), WEBP_FF_FRAME_COUNT);
-  demux.reset();
   if (w <= 0 || h <= 0 || w * h > limits.max_frame_pixels) {
     return video_error(format, "a canvas of " + std::to_string(w) + "x" + std::to_string(h) +
                                    " is outside the limit of " +
                                    std::to_string(limits.max_frame_pixels) + " pixels");
   }
+  int64_t count = 0, total_ms = 0;
+  WebPIterator it;
+  if (WebPDemuxGetFrame(demux.get(), 1, &it)) {
+    do {
+      ++count;
+      total_ms += std::max(0, it.duration);
+    } while (count <= limits.max_source_frames && WebPDemuxNextFrame(&it));
+    WebPDemuxReleaseIterator(&it);
+  }
+  demux.reset();
   if (count < 1) return video_error(format, "no frames");
   if (count > limits.max_source_frames) {
-    return video_error(format, std::to_string(count) + " frames exceed the limit of " +
-                                   std::to_string(limits.max_source_frames));
+    return video_error(format,
+                       "more frames than the limit of " + std::to_string(limits.max_source_frames));
   }
+  if (static_cast<double>(total_ms) / 1000 > limits.max_duration_s) {
+    return video_error(
+        format, "a duration of " + std::to_string(total_ms / 1000) + " s exceeds the limit of " +
+                    std::to_string(static_cast<int64_t>(limits.max_duration_s)) + " s");
+  }
+  VideoFrames out;
+  out.format = format;
+  out.total_frames = count;
+  out.source_fps = total_ms > 0 ? static_cast<double>(count) * 1000 / total_ms : 0;
+  out.indices = sample_frame_indices(count, out.source_fps, sampling);
+
+  WebPAnimDecoderOptions opt;
+  if (!WebPAnimDecoderOptionsInit(&opt)) return video_error(format, "libwebp version mismatch");
+  opt.color_mode = MODE_RGBA;
+  opt.use_threads = 0;
   std::unique_ptr<WebPAnimDecoder, decltype(&WebPAnimDecoderDelete)> dec(
       WebPAnimDecoderNew(&wd, &opt), &WebPAnimDecoderDelete);
   if (!dec) return video_error(format, "not a valid WebP animation (corrupt or truncated)");
-  WebPAnimInfo info;
-  if (!WebPAnimDecoderGetInfo(dec.get(), &info)) return video_error(format, "unreadable header");
-  // Timestamps are the end times of frames in milliseconds; the last is the duration.
-  std::vector<int> ends;
-  VideoFrames out;
-  out.format = format;
-  out.total_frames = info.frame_count;
-  // The rate needs the duration, known only at the end: keep every frame's timestamp and, since
-  // the indices depend on the rate, decode in two passes (timestamps, then the frames kept).
-  while (WebPAnimDecoderHasMoreFrames(dec.get())) {
-    uint8_t* buf = nullptr;
-    int ts = 0;
-    if (!WebPAnimDecoderGetNext(dec.get(), &buf, &ts)) {
-      return video_error(format, "frame " + std::to_string(ends.size() + 1) + " is corrupt");
-    }
-    ends.push_back(ts);
-    if (std::chrono::duration<double>(Clock::now() - start).count() > limits.max_decode_s) {
-      return video_error(format, "decoding took longer than the limit");
-    }
-  }
-  const double seconds = ends.empty() ? 0 : ends.back() / 1000.0;
-  if (seconds > limits.max_duration_s) return video_error(format, "longer than the limit");
-  out.source_fps = seconds > 0 ? static_cast<double>(ends.size()) / seconds : 0;
-  out.indices = sample_frame_indices(static_cast<int64_t>(ends.size()), out.source_fps, sampling);
-  WebPAnimDecoderReset(dec.get());
   int64_t total_pixels = 0;
   size_t next = 0;
   for (int64_t i = 0; WebPAnimDecoderHasMoreFrames(dec.get()) && next < out.indices.size(); ++i) {
@@ -182,27 +178,51 @@ Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSam
       Image img;
       img.width = w;
       img.height = h;
-      img.rgb.resize(static_cast<size_t>(w * h * 3));
+      try {
+        img.rgb.resize(static_cast<size_t>(w * h * 3));
+      } catch (const std::bad_alloc&) {
+        return Status(StatusCode::kUnavailable, "video: out of memory");
+      }
       for (int64_t p = 0; p < w * h; ++p) std::memcpy(&img.rgb[p * 3], buf + p * 4, 3);
       out.frames.push_back(std::move(img));
       ++next;
     }
+    if (std::chrono::duration<double>(Clock::now() - start).count() > limits.max_decode_s) {
+      return video_error(format, "decoding took longer than the limit");
+    }
   }
-  if (out.frames.size() != out.indices.size()) return video_error(format, "frames are missing");
+  if (out.frames.empty()) return video_error(format, "no frames could be decoded");
+  out.indices.resize(out.frames.size());
   return out;
 }
 
 // A demuxer over the bytes: the reader, its AVIOContext and the opened, probed container.
+// The containers a video may be: those that hold their frames in the bytes. Playlist and list
+// formats (HLS, concat, ...) would make FFmpeg open other files or URLs named in them, so they
+// are not allowed, and nothing may be opened besides the bytes (io_open refuses).
+constexpr const char* kContainers = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,gif,avi";
+
 struct Demuxer {
   MemoryReader reader;
   std::unique_ptr<AVIOContext, AvioDeleter> io;
   std::unique_ptr<AVFormatContext, FormatDeleter> fmt;
   std::string format;  // the container's short name
+  Clock::time_point deadline;
+
+  // FFmpeg polls it during blocking work (probing, reading): non-zero stops at the deadline.
+  static int interrupt(void* opaque) {
+    return Clock::now() > static_cast<const Demuxer*>(opaque)->deadline ? 1 : 0;
+  }
+  static int refuse_open(AVFormatContext*, AVIOContext**, const char*, int, AVDictionary**) {
+    return AVERROR(EPERM);
+  }
 
   static Result<std::unique_ptr<Demuxer>> open(const uint8_t* data, size_t size,
-                                               const VideoLimits& limits) {
+                                               const VideoLimits& limits,
+                                               Clock::time_point deadline) {
     auto d = std::make_unique<Demuxer>();
     d->reader = MemoryReader{data, static_cast<int64_t>(size), 0};
+    d->deadline = deadline;
     constexpr int kIoBuffer = 64 << 10;
     auto* io_buf = static_cast<uint8_t*>(av_malloc(kIoBuffer));
     if (io_buf == nullptr) return Status(StatusCode::kUnavailable, "video: out of memory");
@@ -217,7 +237,13 @@ struct Demuxer {
     raw->pb = d->io.get();
     raw->flags |= AVFMT_FLAG_CUSTOM_IO;
     raw->probesize = 5 << 20;
-    int err = avformat_open_input(&raw, nullptr, nullptr, nullptr);  // frees raw on failure
+    raw->interrupt_callback = {&Demuxer::interrupt, d.get()};
+    raw->io_open = &Demuxer::refuse_open;
+    AVDictionary* open_opts = nullptr;
+    av_dict_set(&open_opts, "format_whitelist", kContainers, 0);
+    // Frees raw on failure.
+    int err = avformat_open_input(&raw, nullptr, nullptr, &open_opts);
+    av_dict_free(&open_opts);
     if (err < 0) {
       return video_error(
           "", "not a video format this build reads, or truncated (" + av_message(err) + ")");
@@ -235,7 +261,9 @@ struct Demuxer {
     err = avformat_find_stream_info(raw, probe_opts.empty() ? nullptr : probe_opts.data());
     for (AVDictionary*& o : probe_opts) av_dict_free(&o);
     if (err < 0) {
-      return video_error(d->format, "unreadable stream information (" + av_message(err) + ")");
+      return video_error(d->format, err == AVERROR_EXIT ? "reading took longer than the limit"
+                                                        : "unreadable stream information (" +
+                                                              av_message(err) + ")");
     }
     return d;
   }
@@ -249,20 +277,21 @@ bool is_webp(const uint8_t* data, size_t size) {
 
 std::vector<int64_t> sample_frame_indices(int64_t total, double source_fps,
                                           const VideoSampling& s) {
-  if (total < 1) return {};
-  const double fps = source_fps > 0 ? source_fps : 24.0;
-  // int() truncates toward zero, as Python's does.
-  int64_t n = static_cast<int64_t>(static_cast<double>(total) / fps * s.fps);
+  if (total < 1 || !(s.fps > 0) || !std::isfinite(s.fps)) return {};
+  const double fps = source_fps > 0 && std::isfinite(source_fps) ? source_fps : 24.0;
+  // int() truncates toward zero, as Python's does; clamped as a double before the cast.
+  const double want = std::floor(static_cast<double>(total) / fps * s.fps);
+  int64_t n = want >= static_cast<double>(total) ? total : static_cast<int64_t>(want);
   n = std::min({std::max(n, s.min_frames), s.max_frames, total});
   if (n < 1) return {};
-  // numpy.linspace(0, total - 1, n): i * step, the last exactly total - 1; then round half to
-  // even (nearbyint in the default rounding mode).
+  // numpy.linspace(0, total - 1, n): i * step, the last exactly total - 1; then .round(), half
+  // to even.
   std::vector<int64_t> idx(static_cast<size_t>(n));
   const double stop = static_cast<double>(total - 1);
   const double step = n > 1 ? stop / static_cast<double>(n - 1) : 0;
   for (int64_t i = 0; i < n; ++i) {
     const double v = (n > 1 && i == n - 1) ? stop : static_cast<double>(i) * step;
-    idx[static_cast<size_t>(i)] = static_cast<int64_t>(std::nearbyint(v));
+    idx[static_cast<size_t>(i)] = static_cast<int64_t>(round_half_even(v));
   }
   return idx;
 }
@@ -275,13 +304,16 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
     return video_error("", std::to_string(size) + " bytes exceed the limit of " +
                                std::to_string(limits.max_bytes));
   }
-  if (sampling.fps <= 0 || sampling.min_frames < 1 || sampling.max_frames < sampling.min_frames) {
+  if (!(sampling.fps > 0) || !std::isfinite(sampling.fps) || sampling.min_frames < 1 ||
+      sampling.max_frames < sampling.min_frames) {
     return video_error("", "fps must be positive and 1 <= min_frames <= max_frames");
   }
   if (is_webp(data, size)) return decode_webp(data, size, sampling, limits, start);
 
   av_log_set_level(AV_LOG_QUIET);
-  auto opened = Demuxer::open(data, size, limits);
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(limits.max_decode_s));
+  auto opened = Demuxer::open(data, size, limits, deadline);
   if (!opened.ok()) return opened.status();
   std::unique_ptr<Demuxer> dm = std::move(opened).value();
   AVFormatContext* fmt = dm->fmt.get();
@@ -335,7 +367,7 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
         return video_error(format, "reading took longer than the limit");
       }
     }
-    auto again = Demuxer::open(data, size, limits);
+    auto again = Demuxer::open(data, size, limits, deadline);
     if (!again.ok()) return again.status();
     dm = std::move(again).value();
     fmt = dm->fmt.get();
@@ -369,6 +401,14 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   std::unique_ptr<AVFrame, FrameDeleter> frame(av_frame_alloc());
   if (!pkt || !frame) return Status(StatusCode::kUnavailable, "video: out of memory");
   std::unique_ptr<SwsContext, SwsDeleter> sws;
+  // swscale writes whole vector widths past a row's end on some paths, so it converts into
+  // padded, aligned rows (as PyAV's frames are) that are then copied out.
+  struct RgbScratch {
+    uint8_t* data[4] = {};
+    int linesize[4] = {};
+    int w = 0, h = 0;
+    ~RgbScratch() { av_freep(&data[0]); }
+  } rgb;
   int64_t index = 0, total_pixels = 0;
   size_t next = 0;
   Status failed;
@@ -398,6 +438,18 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
           failed = video_error(format, "unsupported pixel format");
           return false;
         }
+        if (rgb.w != w || rgb.h != h) {
+          av_freep(&rgb.data[0]);
+          rgb.w = rgb.h = 0;
+          // 64-byte aligned rows, with room for a 16-pixel overhang on the last.
+          if (av_image_alloc(rgb.data, rgb.linesize, w + 16, h, AV_PIX_FMT_RGB24, 64) < 0) {
+            failed = Status(StatusCode::kUnavailable, "video: out of memory");
+            return false;
+          }
+          rgb.w = w;
+          rgb.h = h;
+        }
+        sws_scale(sws.get(), frame->data, frame->linesize, 0, h, rgb.data, rgb.linesize);
         Image img;
         img.width = w;
         img.height = h;
@@ -407,9 +459,11 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
           failed = Status(StatusCode::kUnavailable, "video: out of memory");
           return false;
         }
-        uint8_t* dst[1] = {img.rgb.data()};
-        const int dst_stride[1] = {w * 3};
-        sws_scale(sws.get(), frame->data, frame->linesize, 0, h, dst, dst_stride);
+        for (int y = 0; y < h; ++y) {
+          std::memcpy(img.rgb.data() + static_cast<size_t>(y) * w * 3,
+                      rgb.data[0] + static_cast<ptrdiff_t>(y) * rgb.linesize[0],
+                      static_cast<size_t>(w) * 3);
+        }
         out.frames.push_back(std::move(img));
         ++next;
       }
@@ -427,15 +481,19 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
     err = av_read_frame(fmt, pkt.get());
     if (err == AVERROR_EOF) break;
     if (err < 0) {
-      failed = video_error(format, "unreadable (" + av_message(err) + ")");
+      failed = video_error(format, err == AVERROR_EXIT ? "reading took longer than the limit"
+                                                       : "unreadable (" + av_message(err) + ")");
       break;
     }
     if (pkt->stream_index == si) {
-      const int r = avcodec_send_packet(cc.get(), pkt.get());
-      if (r < 0 && r != AVERROR(EAGAIN)) {
+      int r = avcodec_send_packet(cc.get(), pkt.get());
+      while (r == AVERROR(EAGAIN) && (more = drain())) {  // output first, then the packet again
+        r = avcodec_send_packet(cc.get(), pkt.get());
+      }
+      if (more && r < 0) {
         failed = video_error(format, "corrupt data (" + av_message(r) + ")");
         more = false;
-      } else {
+      } else if (more) {
         more = drain();
       }
     }
@@ -447,10 +505,9 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   }
   if (!failed.ok()) return failed;
   if (out.frames.empty()) return video_error(format, "no frames could be decoded");
-  if (next < out.indices.size()) {
-    return video_error(format, "the stream holds " + std::to_string(index) + " frames, not the " +
-                                   std::to_string(total) + " its header states (truncated?)");
-  }
+  // Fewer frames than counted (a truncated stream, an edit list): the ones found, as transformers'
+  // PyAV reader returns them.
+  out.indices.resize(out.frames.size());
   return out;
 }
 

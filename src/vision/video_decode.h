@@ -1,8 +1,9 @@
 // Video decoding: container bytes -> the sampled frames as 8-bit RGB (vision/image.h).
 //
-// FFmpeg's libraries (libavformat, libavcodec, libswscale) read what they support: MP4 and MOV
-// (H.264, H.265, MPEG-4), WebM and MKV (VP8, VP9, AV1 where the build has it), animated GIF, and
-// more. Animated WebP, which FFmpeg 5.1 cannot decode, goes through libwebpdemux.
+// FFmpeg's libraries (libavformat, libavcodec, libswscale) read MP4 and MOV (H.264, H.265,
+// MPEG-4), WebM and MKV (VP8, VP9, AV1 where the build has it), AVI and animated GIF. Animated
+// WebP, which FFmpeg 5.1 cannot decode, goes through libwebpdemux (its rate: the frame count over
+// the frames' summed durations).
 //
 // Frame sampling follows transformers 4.57.1 (Qwen3VLVideoProcessor.sample_frames over the
 // metadata its PyAV reader gives): the source's frame count is the container's header count
@@ -14,9 +15,15 @@
 // empty). Frames are decoded in order up to the last one sampled (no seeking yet), and only the
 // sampled ones are converted to RGB, as PyAV's to_ndarray(format="rgb24") does.
 //
+// Only containers that hold their frames in the bytes are read (MP4/MOV family, Matroska/WebM,
+// GIF, AVI): playlists and lists (HLS, concat) are refused, and FFmpeg may open nothing but the
+// bytes, so a file cannot make it read other files or URLs. A stream that yields fewer frames
+// than counted gives the frames it has, as transformers' PyAV reader does.
+//
 // Every failure (empty, truncated, corrupt, unsupported, over a limit) returns kInvalidArgument
 // with one line naming the container and codec where known; nothing aborts, and the limits are
-// checked from the header before frames are decoded, then on every frame.
+// checked from the header before frames are decoded (frame sizes also by FFmpeg's probe and
+// decoder), then on every frame; the wall-time limit also interrupts FFmpeg's reading.
 // Thread-safety: reentrant (each call owns its demuxer and decoder).
 #pragma once
 
