@@ -15,6 +15,8 @@ What it writes (small clips of moving shapes, 64x48, made here with PyAV's encod
   huge_header.gif (a 65535x65535 screen), long_header.mkv (a 10-hour duration stated),
   wrong_extension.mp4 (the WebM's bytes), playlist.m3u8 and concat.txt (an HLS playlist and a
   concat list naming a local file and a URL: never opened).
+* reference.json's timestamps and groups per clip: the "<t.t seconds>" texts Qwen3VLProcessor
+  puts in the prompt (read back from its ids).
 * pre_<clip>.npy and reference.json's preprocess_cases: Qwen3VLVideoProcessor's pixel_values_videos
   and video_grid_thw over the sampled frames at three pixel budgets (see main()).
 * reference.json: per clip, what transformers 4.57.1's PyAV reader gives (read_video_pyav with
@@ -201,6 +203,31 @@ def main() -> None:
         pre.append(case)
         print("preprocess", case)
     ref["preprocess_cases"] = pre
+
+    # Qwen3VLProcessor's prompt for each clip: the "<t seconds>" text before each temporal group
+    # (the mean of its two source timestamps, index / source fps), read back from the ids it
+    # gives for "<|vision_start|><|video_pad|><|vision_end|>" with the clip's frames.
+    import re
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl_fast import Qwen2VLImageProcessorFast
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    tok = AutoTokenizer.from_pretrained(str(OUT.parent.parent.parent / "data" / "tokenizer"))
+    processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessorFast(), tokenizer=tok,
+                                 video_processor=Qwen3VLVideoProcessor(
+                                     size={"shortest_edge": 4096, "longest_edge": 25165824}))
+    for name, entry in ref["clips"].items():
+        frames = np.load(OUT / (Path(name).stem + ".npy"))
+        if len(frames) < 2:
+            continue  # transformers raises for one frame (vlm prices it as two; see preprocess.h)
+        meta = VideoMetadata(total_num_frames=entry["total_frames"], fps=entry["fps"],
+                             frames_indices=list(entry["indices"]))  # it pads in place
+        enc = processor(text=["<|vision_start|><|video_pad|><|vision_end|>What moves?"],
+                        videos=[torch.from_numpy(frames).permute(0, 3, 1, 2)],
+                        video_metadata=[meta], do_sample_frames=False)
+        text = tok.decode(enc["input_ids"][0])
+        entry["timestamps"] = re.findall(r"<[0-9]+\.[0-9] seconds>", text)
+        entry["groups"] = int(enc["video_grid_thw"][0][0])
+        assert len(entry["timestamps"]) == entry["groups"], (name, text[:200])
 
     data = (OUT / "mp4_h264_2997.mp4").read_bytes()
     (OUT / "truncated_mp4.mp4").write_bytes(data[: len(data) * 2 // 5])

@@ -305,6 +305,28 @@ Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
   return out;
 }
 
+std::vector<PreprocessedImage> split_temporal_groups(const PreprocessedImage& video) {
+  std::vector<PreprocessedImage> out;
+  const int64_t rows = video.grid_h * video.grid_w;
+  const size_t per =
+      video.grid_t > 0 ? video.pixel_values.size() / static_cast<size_t>(video.grid_t) : 0;
+  for (int64_t t = 0; t < video.grid_t; ++t) {
+    PreprocessedImage g;
+    g.grid_t = 1;
+    g.grid_h = video.grid_h;
+    g.grid_w = video.grid_w;
+    g.resized_h = video.resized_h;
+    g.resized_w = video.resized_w;
+    g.merge_size = video.merge_size;
+    if (rows > 0 && per > 0) {
+      const auto* b = video.pixel_values.data() + static_cast<size_t>(t) * per;
+      g.pixel_values.assign(b, b + per);
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
 namespace {
 
 Status get_int(const json& j, const char* key, int64_t* out, const std::string& where) {

@@ -114,6 +114,10 @@ Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
                                            const PreprocessOptions& opt,
                                            ThreadPool* pool = nullptr);
 
+// A preprocessed video's temporal groups as items of one group each (grid_t = 1, rows in the same
+// merge order): the model sees each group as its own visual item, with t-index 0.
+std::vector<PreprocessedImage> split_temporal_groups(const PreprocessedImage& video);
+
 // Reads preprocessor_config.json text. Pixel budget: top-level min_pixels / max_pixels when present
 // (transformers lets them override size), else size.shortest_edge / size.longest_edge. Also reads
 // patch_size, temporal_patch_size, merge_size, image_mean, image_std (3 numbers or 1 broadcast) and

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -294,6 +295,23 @@ std::vector<int64_t> sample_frame_indices(int64_t total, double source_fps,
     idx[static_cast<size_t>(i)] = static_cast<int64_t>(round_half_even(v));
   }
   return idx;
+}
+
+std::vector<std::string> video_timestamps(const std::vector<int64_t>& indices, double source_fps,
+                                          int64_t merge) {
+  if (!(source_fps > 0) || merge < 1 || indices.empty()) return {};
+  std::vector<int64_t> idx = indices;
+  while (static_cast<int64_t>(idx.size()) % merge != 0) idx.push_back(idx.back());
+  std::vector<std::string> out;
+  for (size_t g = 0; g < idx.size(); g += static_cast<size_t>(merge)) {
+    const double first = static_cast<double>(idx[g]) / source_fps;
+    const double last = static_cast<double>(idx[g + static_cast<size_t>(merge) - 1]) / source_fps;
+    // printf's %.1f rounds the binary value exactly, as Python's format does.
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "<%.1f seconds>", (first + last) / 2);
+    out.emplace_back(buf);
+  }
+  return out;
 }
 
 Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSampling& sampling,

@@ -65,6 +65,13 @@ struct VideoFrames {
 // positive, as there). Empty when total < 1.
 std::vector<int64_t> sample_frame_indices(int64_t total, double source_fps, const VideoSampling& s);
 
+// The text Qwen3VLProcessor puts before each temporal group of `merge` frames: "<t.t seconds>",
+// t the mean of the group's first and last source timestamps (index / source_fps; the indices
+// padded to a multiple of `merge` with the last, as the frames are), printed with one decimal.
+// Empty when source_fps is not positive or merge < 1.
+std::vector<std::string> video_timestamps(const std::vector<int64_t>& indices, double source_fps,
+                                          int64_t merge);
+
 // Decodes the sampled frames of a video held in memory. The format is sniffed from the bytes.
 Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSampling& sampling,
                                  const VideoLimits& limits = {});

@@ -191,6 +191,46 @@ TEST(VideoPreprocess, PixelValuesAreTransformers) {
   }
 }
 
+// The prompt's "<t.t seconds>" texts as Qwen3VLProcessor writes them for each clip, one per
+// temporal group; the groups split into items whose rows are the video's.
+TEST(VideoPreprocess, TimestampsAndGroupsAreTransformers) {
+  const nlohmann::json ref = reference();
+  int checked = 0;
+  for (const auto& [name, c] : ref["clips"].items()) {
+    SCOPED_TRACE(name);
+    auto v = decode_file(name);
+    ASSERT_TRUE(v.ok()) << v.status().message();
+    const std::vector<std::string> ts = video_timestamps(v->indices, v->source_fps, 2);
+    PreprocessOptions opt;
+    opt.min_pixels = 4096;
+    opt.max_pixels = 25165824;
+    auto p = preprocess_video(v->frames, opt);
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    EXPECT_EQ(static_cast<int64_t>(ts.size()), p->grid_t);
+    if (!c.contains("timestamps")) {  // one frame: transformers raises; vlm pads it to two
+      EXPECT_EQ(ts, (std::vector<std::string>{"<0.0 seconds>"}));
+      continue;
+    }
+    EXPECT_EQ(ts, c["timestamps"].get<std::vector<std::string>>());
+    EXPECT_EQ(p->grid_t, c["groups"].get<int64_t>());
+    const std::vector<PreprocessedImage> groups = split_temporal_groups(*p);
+    ASSERT_EQ(static_cast<int64_t>(groups.size()), p->grid_t);
+    std::vector<float> joined;
+    for (const PreprocessedImage& g : groups) {
+      EXPECT_EQ(g.grid_t, 1);
+      EXPECT_EQ(g.num_tokens() * p->grid_t, p->num_tokens());
+      joined.insert(joined.end(), g.pixel_values.begin(), g.pixel_values.end());
+    }
+    EXPECT_EQ(joined, p->pixel_values);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
+  EXPECT_TRUE(video_timestamps({0, 1}, 0, 2).empty());
+  EXPECT_EQ(
+      video_timestamps({0, 3, 6}, 2.0, 2),
+      (std::vector<std::string>{"<0.8 seconds>", "<3.0 seconds>"}));  // 0.75: binary 0.75 → 0.8
+}
+
 TEST(VideoPreprocess, SmartResizeFollowsTransformersAndPricesOneFrameAsTwo) {
   // 4 frames of 64x48 at 4096..25165824: round(48/32) = 2 (half to even), so 64x64.
   auto hw = smart_resize_video(4, 48, 64, 2, 32, 4096, 25165824);
