@@ -100,15 +100,22 @@ struct SwsDeleter {
   void operator()(SwsContext* s) const { sws_freeContext(s); }
 };
 
-// Checks a frame's size and the running total against the limits, then allocates its image.
-Status take_frame_size(int64_t w, int64_t h, const VideoLimits& limits, int64_t* total_pixels,
-                       const std::string& format) {
+// A frame size the limits admit (a header's or a decoded frame's).
+Status check_frame_size(int64_t w, int64_t h, const VideoLimits& limits,
+                        const std::string& format) {
   if (w <= 0 || h <= 0) return video_error(format, "a frame has no size");
   if (w * h > limits.max_frame_pixels) {
     return video_error(format, "frames of " + std::to_string(w) + "x" + std::to_string(h) +
                                    " exceed the limit of " +
                                    std::to_string(limits.max_frame_pixels) + " pixels");
   }
+  return Status();
+}
+
+// Checks a kept frame's size and adds it to the running total, against the limits.
+Status take_frame_size(int64_t w, int64_t h, const VideoLimits& limits, int64_t* total_pixels,
+                       const std::string& format) {
+  VLM_RETURN_IF_ERROR(check_frame_size(w, h, limits, format));
   *total_pixels += w * h;
   if (*total_pixels > limits.max_total_pixels) {
     return video_error(format, "the sampled frames exceed the limit of " +
@@ -121,18 +128,14 @@ Status take_frame_size(int64_t w, int64_t h, const VideoLimits& limits, int64_t*
 // canvas as browsers show them, alpha dropped. The rate is the frame count over the duration
 // (the frames' durations summed from the container, before anything is decoded).
 Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSampling& sampling,
-                                const VideoLimits& limits, Clock::time_point start) {
+                                const VideoLimits& limits, Clock::time_point deadline) {
   const std::string format = "webp";
   WebPData wd{data, size};
   std::unique_ptr<WebPDemuxer, decltype(&WebPDemuxDelete)> demux(WebPDemux(&wd), &WebPDemuxDelete);
   if (!demux) return video_error(format, "not a valid WebP file (corrupt, truncated or too large)");
   const int64_t w = WebPDemuxGetI(demux.get(), WEBP_FF_CANVAS_WIDTH);
   const int64_t h = WebPDemuxGetI(demux.get(), WEBP_FF_CANVAS_HEIGHT);
-  if (w <= 0 || h <= 0 || w * h > limits.max_frame_pixels) {
-    return video_error(format, "a canvas of " + std::to_string(w) + "x" + std::to_string(h) +
-                                   " is outside the limit of " +
-                                   std::to_string(limits.max_frame_pixels) + " pixels");
-  }
+  VLM_RETURN_IF_ERROR(check_frame_size(w, h, limits, format));  // the canvas
   int64_t count = 0, total_ms = 0;
   WebPIterator it;
   if (WebPDemuxGetFrame(demux.get(), 1, &it)) {
@@ -188,7 +191,7 @@ Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSam
       out.frames.push_back(std::move(img));
       ++next;
     }
-    if (std::chrono::duration<double>(Clock::now() - start).count() > limits.max_decode_s) {
+    if (Clock::now() > deadline) {
       return video_error(format, "decoding took longer than the limit");
     }
   }
@@ -316,7 +319,8 @@ std::vector<std::string> video_timestamps(const std::vector<int64_t>& indices, d
 
 Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSampling& sampling,
                                  const VideoLimits& limits) {
-  const auto start = Clock::now();
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(limits.max_decode_s));
   if (data == nullptr || size == 0) return video_error("", "empty input");
   if (static_cast<int64_t>(size) > limits.max_bytes) {
     return video_error("", std::to_string(size) + " bytes exceed the limit of " +
@@ -326,11 +330,9 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
       sampling.max_frames < sampling.min_frames) {
     return video_error("", "fps must be positive and 1 <= min_frames <= max_frames");
   }
-  if (is_webp(data, size)) return decode_webp(data, size, sampling, limits, start);
+  if (is_webp(data, size)) return decode_webp(data, size, sampling, limits, deadline);
 
   av_log_set_level(AV_LOG_QUIET);
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(limits.max_decode_s));
   auto opened = Demuxer::open(data, size, limits, deadline);
   if (!opened.ok()) return opened.status();
   std::unique_ptr<Demuxer> dm = std::move(opened).value();
@@ -351,11 +353,7 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
                        "no frame size could be read (corrupt, or frames over the limit of " +
                            std::to_string(limits.max_frame_pixels) + " pixels)");
   }
-  if (int64_t{par->width} * par->height > limits.max_frame_pixels) {
-    return video_error(format, "frames of " + std::to_string(par->width) + "x" +
-                                   std::to_string(par->height) + " are outside the limit of " +
-                                   std::to_string(limits.max_frame_pixels) + " pixels");
-  }
+  VLM_RETURN_IF_ERROR(check_frame_size(par->width, par->height, limits, format));
   double duration = 0;
   if (st->duration > 0 && st->time_base.num > 0) {
     duration = static_cast<double>(st->duration) * av_q2d(st->time_base);
@@ -381,7 +379,7 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
       total += p->stream_index == si && p->size > 0 ? 1 : 0;
       av_packet_unref(p.get());
       if (total > limits.max_source_frames) break;
-      if (std::chrono::duration<double>(Clock::now() - start).count() > limits.max_decode_s) {
+      if (Clock::now() > deadline) {
         return video_error(format, "reading took longer than the limit");
       }
     }
@@ -488,7 +486,7 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
       av_frame_unref(frame.get());
       ++index;
       if (next == out.indices.size()) return false;
-      if (std::chrono::duration<double>(Clock::now() - start).count() > limits.max_decode_s) {
+      if (Clock::now() > deadline) {
         failed = video_error(format, "decoding took longer than the limit");
         return false;
       }
