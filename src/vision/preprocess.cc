@@ -113,6 +113,25 @@ void normalization_lut(const PreprocessOptions& opt, float lut[3 * 256]) {
 
 namespace {
 
+// An image whose buffer holds exactly width x height RGB pixels.
+bool rgb_matches(const Image& img) {
+  return img.width > 0 && img.height > 0 &&
+         static_cast<uint64_t>(img.rgb.size()) ==
+             static_cast<uint64_t>(img.width) * static_cast<uint64_t>(img.height) * 3;
+}
+
+// The geometry of an output resized to rh x rw with grid_t temporal groups (no pixels yet).
+PreprocessedImage output_grid(int64_t rh, int64_t rw, int64_t grid_t, const PreprocessOptions& o) {
+  PreprocessedImage out;
+  out.resized_h = rh;
+  out.resized_w = rw;
+  out.merge_size = o.merge_size;
+  out.grid_t = grid_t;
+  out.grid_h = rh / o.patch_size;
+  out.grid_w = rw / o.patch_size;
+  return out;
+}
+
 // pixel_values from frames (each resized_h x resized_w RGB, at least one): temporal group g's slot
 // tt holds frame min(g*T + tt, n - 1), so a lone image fills every slot and an odd count of
 // video frames repeats its last, as the processors pad. Rows in merge order (PreprocessedImage).
@@ -162,9 +181,7 @@ void flatten_patches(const std::vector<const uint8_t*>& frames, int64_t rw,
 
 Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOptions& opt,
                                            ThreadPool* pool) {
-  if (img.width <= 0 || img.height <= 0 ||
-      static_cast<uint64_t>(img.rgb.size()) !=
-          static_cast<uint64_t>(img.width) * static_cast<uint64_t>(img.height) * 3) {
+  if (!rgb_matches(img)) {
     return invalid_argument("preprocess: image is empty or its buffer does not match " +
                             std::to_string(img.width) + "x" + std::to_string(img.height) + "x3");
   }
@@ -174,13 +191,8 @@ Result<PreprocessedImage> preprocess_image(const Image& img, const PreprocessOpt
   if (!hw.ok()) return hw.status().with_context("preprocess");
   const auto [rh, rw] = *hw;
 
-  PreprocessedImage out;
-  out.resized_h = rh;
-  out.resized_w = rw;
-  out.merge_size = M;
-  out.grid_t = 1;  // one frame, repeated T times below: ceil(1 / T) = 1 temporal group
-  out.grid_h = rh / P;
-  out.grid_w = rw / P;
+  // One frame, repeated T times below: ceil(1 / T) = 1 temporal group.
+  PreprocessedImage out = output_grid(rh, rw, 1, opt);
   const int64_t rows = out.grid_t * out.grid_h * out.grid_w;
   const int64_t cols = 3 * T * P * P;
 
@@ -261,11 +273,10 @@ Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
   if (frames.empty()) return invalid_argument("preprocess: a video without frames");
   const int64_t h = frames[0].height, w = frames[0].width;
   for (const Image& f : frames) {
-    if (f.width != w || f.height != h ||
-        static_cast<uint64_t>(f.rgb.size()) !=
-            static_cast<uint64_t>(f.width) * static_cast<uint64_t>(f.height) * 3) {
-      return invalid_argument("preprocess: video frames differ in size or do not match their " +
-                              std::string("buffers"));
+    if (f.width != w || f.height != h || !rgb_matches(f)) {
+      return invalid_argument(
+          "preprocess: video frames differ in size or do not match their "
+          "buffers");
     }
   }
   VLM_RETURN_IF_ERROR(validate_options(opt).with_context("preprocess"));
@@ -274,13 +285,7 @@ Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
   auto hw = smart_resize_video(n, h, w, T, P * M, opt.min_pixels, opt.max_pixels);
   if (!hw.ok()) return hw.status().with_context("preprocess");
   const auto [rh, rw] = *hw;
-  PreprocessedImage out;
-  out.resized_h = rh;
-  out.resized_w = rw;
-  out.merge_size = M;
-  out.grid_t = (n + T - 1) / T;
-  out.grid_h = rh / P;
-  out.grid_w = rw / P;
+  PreprocessedImage out = output_grid(rh, rw, (n + T - 1) / T, opt);
   std::vector<Image> resized;
   std::vector<const uint8_t*> px;
   try {
