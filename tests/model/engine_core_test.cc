@@ -259,6 +259,17 @@ TEST(EngineCore, ImagesThroughTheBatchMatchGenerate) {
 // one unit per step: a budget of a nanosecond) and the stream gets a token at the steps that run
 // them; the image requests' replies equal theirs run alone (whole encodes), and a request
 // cancelled mid-encode frees the encoder for the next one.
+// A text-only greedy stream that runs for 3000 tokens: the running request the tests below put
+// other work beside.
+GenerateRequest long_greedy_text(std::vector<int32_t> prompt_ids) {
+  GenerateRequest r;
+  r.prompt_ids = std::move(prompt_ids);
+  r.max_new_tokens = 3000;
+  r.ignore_eos = true;
+  r.sampling.do_sample = false;
+  return r;
+}
+
 TEST(EngineCore, ImageEncodesAreSlicedBesideRunningStreams) {
   auto ref = nlohmann::json::parse(test_util::read_file(kFixtures + "/vision-f32/reference.json"));
   const std::vector<GenerateRequest> reqs = vision_fixture_requests(ref, 6);
@@ -275,12 +286,7 @@ TEST(EngineCore, ImageEncodesAreSlicedBesideRunningStreams) {
   auto loaded = Engine::load(o);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   Engine& engine = **loaded;
-  GenerateRequest long_text;
-  long_text.prompt_ids = {10, 11, 12, 13, 14, 15, 16, 17};  // text only
-  long_text.max_new_tokens = 3000;
-  long_text.ignore_eos = true;
-  long_text.sampling.do_sample = false;
-  auto runner = engine.submit(long_text);
+  auto runner = engine.submit(long_greedy_text({10, 11, 12, 13, 14, 15, 16, 17}));
   ASSERT_TRUE(runner.ok()) << runner.status().message();
   RequestOutput piece;
   ASSERT_TRUE((*runner)->next(&piece));  // it runs
@@ -354,12 +360,7 @@ TEST(EngineCore, PromptChunksBesideRunningStreamsFollowTheBudget) {
   auto loaded = Engine::load(o);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   Engine& engine = **loaded;
-  GenerateRequest long_text;
-  long_text.prompt_ids = {10, 11, 12};
-  long_text.max_new_tokens = 3000;
-  long_text.ignore_eos = true;
-  long_text.sampling.do_sample = false;
-  auto runner = engine.submit(long_text);
+  auto runner = engine.submit(long_greedy_text({10, 11, 12}));
   ASSERT_TRUE(runner.ok()) << runner.status().message();
   RequestOutput piece;
   ASSERT_TRUE((*runner)->next(&piece));  // it decodes
