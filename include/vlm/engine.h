@@ -255,6 +255,9 @@ class Engine {
     // stay 0; *cached_tokens (when given) says how many. Otherwise every row is computed.
     bool read_prefix_cache = false;
     int64_t* cached_tokens = nullptr;
+    // One per <|vision_start|><|video_pad|><|vision_end|> of `ids` (each group's timestamp text
+    // and pads are expanded by the engine).
+    std::vector<VideoInput> videos;
   };
   Result<std::vector<float>> logits(std::span<const int32_t> ids,
                                     const std::vector<ImageInput>& images,

@@ -36,6 +36,20 @@ struct ImageInput {
   std::optional<int64_t> max_pixels;
 };
 
+// One video of a request: a file path or the container's bytes (MP4, MOV, WebM, MKV, AVI, GIF,
+// animated WebP). Unset settings take the model's video_preprocessor_config.json (Qwen3-VL: 2
+// frames a second, 4 to 768 frames, a pixel budget over all frames of 4096 to 25165824).
+struct VideoInput {
+  std::string path;
+  std::vector<uint8_t> bytes;  // used when path is empty
+  std::optional<double> fps;   // frames sampled per second of video
+  std::optional<int64_t> min_frames;
+  std::optional<int64_t> max_frames;
+  // Pixel budget of the resize over ALL sampled frames together (not per frame).
+  std::optional<int64_t> min_pixels;
+  std::optional<int64_t> max_pixels;
+};
+
 // Structured output: the reply is kept inside a grammar by masking, at every step, the tokens
 // that would leave it; the reply may end only where the grammar does.
 struct StructuredOutput {
@@ -63,6 +77,9 @@ struct GenerateRequest {
   // <|vision_end|> with a SINGLE pad, which the engine expands to the image's token count.
   std::vector<int32_t> prompt_ids;
   std::vector<ImageInput> images;  // one per image pad, in prompt order
+  // One per video, each <|vision_start|><|video_pad|><|vision_end|> with a SINGLE pad, which the
+  // engine expands into each temporal group's timestamp text and pads (needs the tokenizer).
+  std::vector<VideoInput> videos;
   SamplingParams sampling;
   // The generation budget: the new tokens the request may sample (at least 1; the stop token
   // counts). Default: generation_config's, else 256, shrunk to what the context leaves.
@@ -107,11 +124,15 @@ struct RequestStats {
   int64_t vision_tokens = 0;              // image tokens among the prompt's
   int64_t cached_tokens = 0;              // prompt tokens found in the prefix cache (not computed)
   int64_t images = 0, images_cached = 0;  // cached: found in the vision-encoder cache
+  int64_t videos = 0, videos_cached = 0;
+  int64_t video_frames = 0;  // frames sampled from the videos
+  int64_t video_tokens = 0;  // vision tokens of the videos (among vision_tokens)
   // Queued → first forward pass, less the vision tower's time for this request's images (the
   // image reading, decoding and preprocessing in submit come before the queue).
   double queue_ms = 0;
   double image_decode_ms = 0;  // reading and decoding the images (the submitting thread)
   double preprocess_ms = 0;    // resizing and normalising them (the submitting thread)
+  double video_decode_ms = 0;  // reading and decoding the videos' sampled frames (same thread)
   double encode_ms = 0;        // the vision tower (images not found in the cache)
   double prefill_ms = 0;       // first forward pass → first token
   double decode_ms = 0;        // first token → last token

@@ -152,6 +152,27 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
     impl->preprocess.patch_size = impl->cfg.vision_config.patch_size;
     impl->preprocess.merge_size = impl->cfg.vision_config.spatial_merge_size;
     impl->preprocess.temporal_patch_size = impl->cfg.vision_config.temporal_patch_size;
+    // Videos: video_preprocessor_config.json, else preprocessor_config.json (transformers falls
+    // back to it too), over Qwen3VLVideoProcessor's class defaults.
+    impl->video.config = default_video_config(impl->preprocess);
+    for (const char* name : {"video_preprocessor_config.json", "preprocessor_config.json"}) {
+      const fs::path vp = fs::path(dir) / name;
+      if (!fs::exists(vp, ec)) continue;
+      VLM_ASSIGN_OR_RETURN(std::string text, read_text_file(vp.string()));
+      VLM_ASSIGN_OR_RETURN(impl->video.config,
+                           parse_video_preprocessor_config(text, vp.string(), impl->video.config));
+      break;
+    }
+    PreprocessOptions& v = impl->video.config.pixels;
+    v.patch_size = impl->preprocess.patch_size;
+    v.merge_size = impl->preprocess.merge_size;
+    v.temporal_patch_size = impl->preprocess.temporal_patch_size;
+    if (v.merge_size != v.temporal_patch_size) {
+      impl->video.unsupported = "the vision tower's spatial_merge_size " +
+                                std::to_string(v.merge_size) + " differs from its " +
+                                "temporal_patch_size " + std::to_string(v.temporal_patch_size) +
+                                ": Qwen3-VL's video timestamps assume they are equal";
+    }
   }
   if (fs::exists(fs::path(dir) / "tokenizer.json", ec)) {
     VLM_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::load(dir));
@@ -377,6 +398,7 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
                                           const LogitsOptions& options) {
   if (ids.empty()) return invalid_argument("no token ids given");
   GenerateRequest req;
+  req.videos = options.videos;
   req.prompt_ids.assign(ids.begin(), ids.end());
   req.images = images;
   req.max_new_tokens = 1;  // the request ends with the token after the prompt

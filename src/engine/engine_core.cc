@@ -38,8 +38,8 @@ struct Req {
   RunnerRequest run;
   std::vector<int32_t> prompt_ids;  // as submitted (single image pads)
   std::vector<int32_t> stop_ids;    // eos ids and the request's stop ids (empty with ignore_eos)
-  std::vector<std::pair<size_t, size_t>> runs;
-  std::vector<StagedImage> images;
+  std::vector<PadRun> runs;         // after the videos' expansion: a run per temporal group
+  std::vector<StagedImage> images;  // the images and videos, in prompt order
   int64_t prompt_len = 0;
   int64_t max_new_tokens = 0;
   int64_t generated = 0;
@@ -48,8 +48,9 @@ struct Req {
   FinishReason ending = FinishReason::kNone;
   int64_t last_sampled_ns = 0;
   Clock::time_point submitted;
-  double image_decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
-  int64_t images_cached = 0;
+  double image_decode_ms = 0, video_decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
+  int64_t num_images = 0, images_cached = 0, videos = 0, videos_cached = 0, video_frames = 0;
+  int64_t video_tokens = 0;
   bool admitted = false, forwarded = false;
   bool reads_prefix_cache = true;  // false for Engine::logits unless it asks
   std::shared_ptr<RequestStream::State> stream;
@@ -357,26 +358,52 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
   }
   auto r = std::make_unique<Req>();
 
-  // Images: read, decode and preprocess here, on the caller's thread (or find them cached).
-  VLM_ASSIGN_OR_RETURN(const bool multimodal, m.is_multimodal(request.prompt_ids, request.images));
+  // Images and videos: read, decode and preprocess here, on the caller's thread (or find them
+  // cached).
+  VLM_ASSIGN_OR_RETURN(const bool multimodal,
+                       m.is_multimodal(request.prompt_ids, request.images, request.videos));
   if (multimodal) {
-    VLM_ASSIGN_OR_RETURN(r->runs,
-                         find_image_runs(request.prompt_ids, m.cfg, request.images.size()));
-    r->images.resize(request.images.size());
-    // What the images may take of the context: all of it but the text (each image is a single
-    // pad until expanded) and the one token every request generates. Each image is priced from
-    // its header before it is decoded.
+    if (!request.videos.empty() && m.tokenizer == nullptr) {
+      return invalid_argument("videos need the model's tokenizer (for their timestamps)");
+    }
+    VLM_ASSIGN_OR_RETURN(r->runs, find_pad_runs(request.prompt_ids, m.cfg, request.images.size(),
+                                                request.videos.size()));
+    r->images.resize(r->runs.size());
+    // What the items may take of the context: all of it but the text (each is a single pad
+    // until expanded) and the one token every request generates. Each image is priced from its
+    // header before it is decoded, each video once its frames are sampled.
     int64_t room =
         m.max_context - 1 -
         (static_cast<int64_t>(request.prompt_ids.size()) - static_cast<int64_t>(r->runs.size()));
-    for (size_t k = 0; k < request.images.size(); ++k) {
-      VLM_RETURN_IF_ERROR(stage_image(request.images[k], m.preprocess, st_->vision_cache.get(),
-                                      nullptr, &r->images[k], std::max<int64_t>(room, 0),
-                                      pixel_budget_.get())
-                              .with_context("image " + std::to_string(k + 1)));
-      room -= r->images[k].tokens;
-      r->image_decode_ms += r->images[k].decode_ms;
-      r->preprocess_ms += r->images[k].preprocess_ms;
+    size_t next_image = 0, next_video = 0;
+    for (const PadRun& run : r->runs) {
+      StagedImage& item = r->images[run.item];
+      if (run.video) {
+        ++next_video;
+        VLM_RETURN_IF_ERROR(stage_video(request.videos[next_video - 1], m.video,
+                                        st_->vision_cache.get(), nullptr, &item,
+                                        std::max<int64_t>(room, 0), pixel_budget_.get())
+                                .with_context("video " + std::to_string(next_video)));
+        r->video_decode_ms += item.decode_ms;
+        // Each group adds its timestamp text ("<12.3 seconds>": about 8 tokens) and its own
+        // vision start and end (an estimate: the expanded prompt is checked whole below).
+        room -= 10 * item.groups;
+      } else {
+        ++next_image;
+        VLM_RETURN_IF_ERROR(stage_image(request.images[next_image - 1], m.preprocess,
+                                        st_->vision_cache.get(), nullptr, &item,
+                                        std::max<int64_t>(room, 0), pixel_budget_.get())
+                                .with_context("image " + std::to_string(next_image)));
+        r->image_decode_ms += item.decode_ms;
+      }
+      room -= item.tokens;
+      r->preprocess_ms += item.preprocess_ms;
+    }
+    if (!request.videos.empty()) {
+      const Tokenizer& tok = *m.tokenizer;
+      VLM_RETURN_IF_ERROR(
+          expand_video_runs([&](const std::string& text) { return tok.encode(text); }, r->images,
+                            m.cfg, &request.prompt_ids, &r->runs));
     }
   }
   r->prompt_len = r->runs.empty() ? static_cast<int64_t>(request.prompt_ids.size())
@@ -602,8 +629,11 @@ void EngineCore::encode_images(const std::vector<int64_t>& to_admit) {
     }
     if (!job.ok()) {
       Req& r = *s.reqs.at(enc->requests[0]);
-      const size_t k = static_cast<size_t>(enc->images[0] - r.images.data());
-      end(&r, FinishReason::kNone, job.status().with_context("image " + std::to_string(k + 1)));
+      const StagedImage* first = enc->images[0];
+      const auto k = std::count_if(static_cast<const StagedImage*>(r.images.data()), first,
+                                   [&](const StagedImage& x) { return x.video == first->video; });
+      end(&r, FinishReason::kNone,
+          job.status().with_context((first->video ? "video " : "image ") + std::to_string(k + 1)));
       return;
     }
     enc->job = std::move(job).value();
@@ -681,7 +711,15 @@ void EngineCore::admit() {
       for (StagedImage& img : r.images) {
         const bool hit = !img.encoded_here;
         s.vision_cache->count(hit);
-        if (hit) ++r.images_cached;
+        if (img.video) {
+          ++r.videos;
+          r.videos_cached += hit;
+          r.video_frames += img.frames;
+          r.video_tokens += img.tokens;
+        } else {
+          ++r.num_images;
+          r.images_cached += hit;
+        }
       }
       st = assemble_multimodal(r.prompt_ids, r.runs, r.images, m.cfg, &prompt);
       r.images.clear();  // the prompt holds the features now
@@ -714,9 +752,14 @@ void EngineCore::admit() {
       RequestStats& t = ss.stats;
       t.prompt_tokens = r.prompt_len;
       t.vision_tokens = prompt.vision_tokens;
-      t.images = static_cast<int64_t>(r.runs.size());
+      t.images = r.num_images;
       t.images_cached = r.images_cached;
+      t.videos = r.videos;
+      t.videos_cached = r.videos_cached;
+      t.video_frames = r.video_frames;
+      t.video_tokens = r.video_tokens;
       t.image_decode_ms = r.image_decode_ms;
+      t.video_decode_ms = r.video_decode_ms;
       t.preprocess_ms = r.preprocess_ms;
       t.encode_ms = r.encode_ms;
     }

@@ -35,6 +35,7 @@ struct Engine::Impl {
   VisionWeights vision_weights;
   bool has_vision = false;
   PreprocessOptions preprocess;
+  VideoStaging video;  // video_preprocessor_config.json and the decoder's limits
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<ops::Backend> backend;  // where the model runs: the CPU, or "cuda"
   std::unique_ptr<TextDecoder> decoder;
@@ -94,17 +95,19 @@ struct Engine::Impl {
     return ok_status();
   }
 
-  // Whether the prompt goes the multimodal way: it has images, or image pads on a checkpoint
-  // with a vision tower (on a text-only one, pads are ordinary tokens). Images without a vision
-  // tower are an error.
-  Result<bool> is_multimodal(std::span<const int32_t> ids,
-                             const std::vector<ImageInput>& images) const {
-    const bool has_pads =
-        std::find(ids.begin(), ids.end(), static_cast<int32_t>(cfg.image_token_id)) != ids.end();
-    if (!images.empty() && !has_vision) {
-      return invalid_argument("this checkpoint has no vision tower: images are not supported");
+  // Whether the prompt goes the multimodal way: it has images or videos, or their pads on a
+  // checkpoint with a vision tower (on a text-only one, pads are ordinary tokens). Images or
+  // videos without a vision tower are an error.
+  Result<bool> is_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
+                             const std::vector<VideoInput>& videos) const {
+    const bool has_pads = std::any_of(ids.begin(), ids.end(), [&](int32_t id) {
+      return id == cfg.image_token_id || id == cfg.video_token_id;
+    });
+    if ((!images.empty() || !videos.empty()) && !has_vision) {
+      return invalid_argument(
+          "this checkpoint has no vision tower: images and videos are not supported");
     }
-    return !images.empty() || (has_pads && has_vision);
+    return !images.empty() || !videos.empty() || (has_pads && has_vision);
   }
 
   // max_new_tokens for a prompt of n tokens: the request's, else generation_config's shrunk to

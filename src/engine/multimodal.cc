@@ -2,6 +2,7 @@
 
 #include "core/clock.h"
 #include "vision/image_decode.h"
+#include "vision/video_decode.h"
 
 namespace vlm {
 VisionRows PreparedPrompt::rows_for_chunk(int64_t first) const {
@@ -12,30 +13,39 @@ VisionRows PreparedPrompt::rows_for_chunk(int64_t first) const {
   return r;
 }
 
-Result<std::vector<std::pair<size_t, size_t>>> find_image_runs(std::span<const int32_t> ids,
-                                                               const Qwen3VLConfig& cfg,
-                                                               size_t num_images) {
-  const int32_t pad = static_cast<int32_t>(cfg.image_token_id);
-  std::vector<std::pair<size_t, size_t>> runs;
+Result<std::vector<PadRun>> find_pad_runs(std::span<const int32_t> ids, const Qwen3VLConfig& cfg,
+                                          size_t num_images, size_t num_videos) {
+  const auto image = static_cast<int32_t>(cfg.image_token_id);
+  const auto video = static_cast<int32_t>(cfg.video_token_id);
+  std::vector<PadRun> runs;
+  size_t images = 0, videos = 0;
   for (size_t i = 0; i < ids.size();) {
-    if (ids[i] != pad) {
+    if (ids[i] != image && ids[i] != video) {
       ++i;
       continue;
     }
-    // transformers only treats pads right after <|vision_start|> as an image.
+    const int32_t pad = ids[i];
+    const char* name = pad == image ? "<|image_pad|>" : "<|video_pad|>";
+    // transformers only treats pads right after <|vision_start|> as an image or a video.
     if (i == 0 || ids[i - 1] != static_cast<int32_t>(cfg.vision_start_token_id)) {
-      return invalid_argument("an <|image_pad|> at position " + std::to_string(i) +
+      return invalid_argument(std::string("an ") + name + " at position " + std::to_string(i) +
                               " does not follow <|vision_start|>");
     }
     size_t j = i;
     while (j < ids.size() && ids[j] == pad) ++j;
-    runs.emplace_back(i, j);
+    runs.push_back({i, j, runs.size(), pad == video});
+    ++(pad == video ? videos : images);
     i = j;
   }
-  if (runs.size() != num_images) {
-    return invalid_argument("the prompt has " + std::to_string(runs.size()) +
+  if (images != num_images) {
+    return invalid_argument("the prompt has " + std::to_string(images) +
                             " image placeholders (<|image_pad|>) but " +
                             std::to_string(num_images) + " images were given");
+  }
+  if (videos != num_videos) {
+    return invalid_argument("the prompt has " + std::to_string(videos) +
+                            " video placeholders (<|video_pad|>) but " +
+                            std::to_string(num_videos) + " videos were given");
   }
   return runs;
 }
@@ -94,6 +104,131 @@ Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, Vi
   return ok_status();
 }
 
+Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCache* cache,
+                   ThreadPool* pool, StagedImage* out, int64_t max_tokens, PixelBudget* budget) {
+  out->video = true;
+  if (!staging.unsupported.empty()) return invalid_argument(staging.unsupported);
+  PreprocessOptions opt = staging.config.pixels;
+  if (in.min_pixels) opt.min_pixels = *in.min_pixels;
+  if (in.max_pixels) opt.max_pixels = *in.max_pixels;
+  VideoSampling sampling{staging.config.fps, staging.config.min_frames, staging.config.max_frames};
+  if (in.fps) sampling.fps = *in.fps;
+  if (in.min_frames) sampling.min_frames = *in.min_frames;
+  if (in.max_frames) sampling.max_frames = *in.max_frames;
+  if (!(sampling.fps > 0 && sampling.fps <= 1000)) {
+    return invalid_argument("fps must be in (0, 1000], got " + std::to_string(sampling.fps));
+  }
+  if (sampling.min_frames < 1 || sampling.max_frames < sampling.min_frames) {
+    return invalid_argument("frames must satisfy 1 <= min_frames <= max_frames, got " +
+                            std::to_string(sampling.min_frames) + ".." +
+                            std::to_string(sampling.max_frames));
+  }
+
+  auto t0 = Clock::now();
+  std::vector<uint8_t> file;
+  if (!in.path.empty()) {
+    ImageDecodeLimits read_limits;
+    read_limits.max_bytes = staging.limits.max_bytes;
+    VLM_ASSIGN_OR_RETURN(file, read_image_file(in.path, read_limits));
+  }
+  std::span<const uint8_t> bytes = in.path.empty() ? std::span<const uint8_t>(in.bytes) : file;
+  out->key = VisionCacheKey::of_video(bytes, sampling.fps, sampling.min_frames, sampling.max_frames,
+                                      opt.min_pixels, opt.max_pixels);
+  auto over_budget = [&](int64_t tokens) -> Status {
+    if (max_tokens < 0 || tokens <= max_tokens) return ok_status();
+    return out_of_range("the video takes " + std::to_string(tokens) + " tokens (" +
+                        std::to_string(out->frames) + " frames at the pixel budget [" +
+                        std::to_string(opt.min_pixels) + ", " + std::to_string(opt.max_pixels) +
+                        "]), more than the " + std::to_string(max_tokens) +
+                        " the context leaves for it; lower fps or max_frames");
+  };
+  if (cache != nullptr && (out->encoded = cache->get(out->key)) != nullptr) {
+    const EncodedImage& e = *out->encoded;
+    out->tokens = e.out.tokens;
+    out->groups = e.grid.t;
+    out->timestamps = e.timestamps;
+    out->frames = e.frames;
+    out->resized_h = e.grid.h * opt.patch_size;
+    out->resized_w = e.grid.w * opt.patch_size;
+    return over_budget(out->tokens);
+  }
+  VLM_ASSIGN_OR_RETURN(VideoFrames v,
+                       decode_video(bytes.data(), bytes.size(), sampling, staging.limits));
+  out->decode_ms = ms_since(t0);
+  out->frames = static_cast<int64_t>(v.frames.size());
+  int64_t pixels = 0;
+  for (const Image& f : v.frames) pixels += f.width * f.height;
+  PixelBudget::Lease lease;
+  if (budget != nullptr) lease = budget->acquire(pixels);
+  if (max_tokens >= 0 && !v.frames.empty()) {
+    const int64_t factor = opt.patch_size * opt.merge_size;
+    VLM_ASSIGN_OR_RETURN(auto hw, smart_resize_video(out->frames, v.frames[0].height,
+                                                     v.frames[0].width, opt.temporal_patch_size,
+                                                     factor, opt.min_pixels, opt.max_pixels));
+    const int64_t groups = (out->frames + opt.temporal_patch_size - 1) / opt.temporal_patch_size;
+    VLM_RETURN_IF_ERROR(over_budget(groups * (hw.first / factor) * (hw.second / factor)));
+  }
+
+  t0 = Clock::now();
+  Result<PreprocessedImage> p = preprocess_video(v.frames, opt, pool);
+  if (!p.ok()) return p.status().with_context(v.format);
+  out->pixels = std::move(p).value();
+  out->preprocess_ms = ms_since(t0);
+  out->tokens = out->pixels.num_tokens();
+  out->groups = out->pixels.grid_t;
+  out->timestamps = video_timestamps(v.indices, v.source_fps, opt.merge_size);
+  if (static_cast<int64_t>(out->timestamps.size()) != out->groups) {
+    return invalid_argument(v.format + ": " + std::to_string(out->timestamps.size()) +
+                            " timestamps for " + std::to_string(out->groups) + " frame groups");
+  }
+  out->resized_h = out->pixels.resized_h;
+  out->resized_w = out->pixels.resized_w;
+  return ok_status();
+}
+
+Status expand_video_runs(const std::function<std::vector<int32_t>(const std::string&)>& encode,
+                         std::span<const StagedImage> items, const Qwen3VLConfig& cfg,
+                         std::vector<int32_t>* ids, std::vector<PadRun>* runs) {
+  const auto start = static_cast<int32_t>(cfg.vision_start_token_id);
+  const auto end = static_cast<int32_t>(cfg.vision_end_token_id);
+  const auto pad = static_cast<int32_t>(cfg.video_token_id);
+  std::vector<int32_t> out;
+  std::vector<PadRun> out_runs;
+  size_t prev = 0;
+  for (const PadRun& r : *runs) {
+    if (!r.video) {
+      out.insert(out.end(), ids->begin() + static_cast<std::ptrdiff_t>(prev),
+                 ids->begin() + static_cast<std::ptrdiff_t>(r.end));
+      const size_t shift = out.size() - r.end;
+      out_runs.push_back({r.begin + shift, r.end + shift, r.item, false});
+      prev = r.end;
+      continue;
+    }
+    if (r.end - r.begin != 1 || r.end >= ids->size() || (*ids)[r.end] != end) {
+      return invalid_argument("video " + std::to_string(r.item + 1) +
+                              ": give it as <|vision_start|><|video_pad|><|vision_end|> with one "
+                              "pad (vlm expands it)");
+    }
+    // Drop the <|vision_start|> before the pad: each group brings its own after its timestamp.
+    out.insert(out.end(), ids->begin() + static_cast<std::ptrdiff_t>(prev),
+               ids->begin() + static_cast<std::ptrdiff_t>(r.begin - 1));
+    const StagedImage& v = items[r.item];
+    for (const std::string& ts : v.timestamps) {
+      const std::vector<int32_t> t = encode(ts);
+      out.insert(out.end(), t.begin(), t.end());
+      out.push_back(start);
+      out_runs.push_back({out.size(), out.size() + 1, r.item, true});
+      out.push_back(pad);
+      out.push_back(end);
+    }
+    prev = r.end + 1;  // past the <|vision_end|>
+  }
+  out.insert(out.end(), ids->begin() + static_cast<std::ptrdiff_t>(prev), ids->end());
+  *ids = std::move(out);
+  *runs = std::move(out_runs);
+  return ok_status();
+}
+
 Result<std::unique_ptr<VisionEncoder::Job>> begin_encode(VisionEncoder& encoder,
                                                          std::span<StagedImage* const> images) {
   if (images.empty()) return invalid_argument("begin_encode: no images");
@@ -119,6 +254,8 @@ void take_encoded(VisionEncoder::Job& job, std::span<StagedImage* const> images)
     auto enc = std::make_shared<EncodedImage>();
     enc->grid = GridThw{img.pixels.grid_t, img.pixels.grid_h, img.pixels.grid_w};
     enc->out = std::move(outs[i]);
+    enc->timestamps = img.timestamps;
+    enc->frames = img.frames;
     img.encoded = std::move(enc);
     img.encoded_here = true;
     img.pixels = PreprocessedImage{};  // the pixels are no longer needed
@@ -136,33 +273,23 @@ Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* enc
   return ok_status();
 }
 
-int64_t expanded_length(size_t num_ids, std::span<const std::pair<size_t, size_t>> runs,
-                        std::span<const StagedImage> images) {
+int64_t expanded_length(size_t num_ids, std::span<const PadRun> runs,
+                        std::span<const StagedImage> items) {
   int64_t n = static_cast<int64_t>(num_ids);
-  for (size_t k = 0; k < runs.size(); ++k) {
-    n += images[k].tokens - static_cast<int64_t>(runs[k].second - runs[k].first);
+  for (const PadRun& r : runs) {
+    const StagedImage& it = items[r.item];
+    n += it.tokens / it.groups - static_cast<int64_t>(r.end - r.begin);
   }
   return n;
 }
 
-Status assemble_multimodal(std::span<const int32_t> ids,
-                           std::span<const std::pair<size_t, size_t>> runs,
-                           std::span<const StagedImage> images, const Qwen3VLConfig& cfg,
+Status assemble_multimodal(std::span<const int32_t> ids, std::span<const PadRun> runs,
+                           std::span<const StagedImage> items, const Qwen3VLConfig& cfg,
                            PreparedPrompt* out) {
-  const int32_t pad = static_cast<int32_t>(cfg.image_token_id);
-  std::vector<GridThw> grids;
   out->embeds.clear();
   out->deepstack.assign(cfg.vision_config.deepstack_visual_indexes.size(), {});
-  for (size_t k = 0; k < images.size(); ++k) {
-    const EncodedImage& e = *images[k].encoded;
-    const size_t have = runs[k].second - runs[k].first;
-    if (have != 1 && have != static_cast<size_t>(e.out.tokens)) {
-      return invalid_argument("image " + std::to_string(k + 1) + " needs " +
-                              std::to_string(e.out.tokens) +
-                              " image tokens; the prompt has a run of " + std::to_string(have) +
-                              " pads (give one pad per image and vlm expands it)");
-    }
-    grids.push_back(e.grid);
+  for (const StagedImage& item : items) {
+    const EncodedImage& e = *item.encoded;
     out->embeds.insert(out->embeds.end(), e.out.embeds.begin(), e.out.embeds.end());
     for (size_t d = 0; d < e.out.deepstack.size() && d < out->deepstack.size(); ++d) {
       out->deepstack[d].insert(out->deepstack[d].end(), e.out.deepstack[d].begin(),
@@ -170,35 +297,53 @@ Status assemble_multimodal(std::span<const int32_t> ids,
     }
   }
 
+  // The runs take their items' rows in order: the groups of a video are consecutive runs.
+  std::vector<GridThw> grids;
   out->ids.clear();
   out->feature_row.clear();
   out->image_spans.clear();
   size_t prev = 0;
   int32_t feature = 0;
-  for (size_t k = 0; k < runs.size(); ++k) {
-    for (size_t i = prev; i < runs[k].first; ++i) {
+  for (const PadRun& r : runs) {
+    const EncodedImage& e = *items[r.item].encoded;
+    const int64_t tokens = e.out.tokens / e.grid.t;  // one temporal group's
+    const size_t have = r.end - r.begin;
+    const std::string what =
+        std::string(r.video ? "video " : "image ") + std::to_string(r.item + 1);
+    if (have != 1 && have != static_cast<size_t>(tokens)) {
+      return invalid_argument(what + " needs " + std::to_string(tokens) +
+                              " pad tokens; the prompt has a run of " + std::to_string(have) +
+                              " pads (give one pad per image and vlm expands it)");
+    }
+    grids.push_back(GridThw{1, e.grid.h, e.grid.w});
+    for (size_t i = prev; i < r.begin; ++i) {
       out->ids.push_back(ids[i]);
       out->feature_row.push_back(-1);
     }
+    const int32_t pad = static_cast<int32_t>(r.video ? cfg.video_token_id : cfg.image_token_id);
     ImageSpan span;
     span.begin = static_cast<int64_t>(out->ids.size());
-    for (int64_t i = 0; i < images[k].encoded->out.tokens; ++i) {
+    for (int64_t i = 0; i < tokens; ++i) {
       out->ids.push_back(pad);
       out->feature_row.push_back(feature++);
     }
     span.end = static_cast<int64_t>(out->ids.size());
-    span.key = images[k].key;
+    span.key = items[r.item].key;
     out->image_spans.push_back(span);
-    prev = runs[k].second;
+    prev = r.end;
+  }
+  if (static_cast<size_t>(feature) * static_cast<size_t>(cfg.vision_config.out_hidden_size) !=
+      out->embeds.size()) {
+    return invalid_argument("the prompt's pad runs do not cover its images' and videos' tokens");
   }
   for (size_t i = prev; i < ids.size(); ++i) {
     out->ids.push_back(ids[i]);
     out->feature_row.push_back(-1);
   }
   out->vision_tokens = feature;
-  VLM_ASSIGN_OR_RETURN(out->rope,
-                       compute_rope_index(out->ids, grids, pad, cfg.vision_start_token_id,
-                                          cfg.vision_config.spatial_merge_size));
+  VLM_ASSIGN_OR_RETURN(
+      out->rope, compute_rope_index(out->ids, grids, cfg.image_token_id, cfg.vision_start_token_id,
+                                    cfg.vision_config.spatial_merge_size, cfg.video_token_id));
   return ok_status();
 }
 

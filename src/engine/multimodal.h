@@ -1,15 +1,18 @@
-// Turns a prompt with single image pads plus its images into what the decoder runs: the
-// expanded ids, 3-D positions, and the vision features each image row takes.
+// Turns a prompt with single image and video pads plus its images and videos into what the
+// decoder runs: the expanded ids, 3-D positions, and the vision features each image row takes.
 //
-// The work is split by where it runs (docs/architecture.md): stage_image (read, hash, decode,
-// preprocess) runs on the thread that submits the request; encode_staged_image (the vision tower)
-// and assemble_multimodal run on the engine thread.
+// The work is split by where it runs (docs/architecture.md): stage_image / stage_video (read,
+// hash, decode, preprocess) and expand_video_runs (the timestamps) run on the thread that submits
+// the request; encode_staged_image (the vision tower) and assemble_multimodal run on the engine
+// thread. Images and videos are "items" in prompt order; an item with grid (t, h, w) owns t runs
+// of pads (an image one, a video one per temporal group), each h·w/merge² tokens once expanded.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
-#include <utility>
+#include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -20,6 +23,7 @@
 #include "model/text_decoder.h"
 #include "model/vision_encoder.h"
 #include "vision/preprocess.h"
+#include "vision/video_decode.h"
 #include "vlm/request.h"
 
 namespace vlm {
@@ -44,19 +48,30 @@ struct PreparedPrompt {
   VisionRows rows_for_chunk(int64_t first) const;
 };
 
-// The [begin, end) runs of <|image_pad|> in a prompt, one per image. Errors: a pad that does not
-// follow <|vision_start|>, or a run count that differs from `num_images`.
-Result<std::vector<std::pair<size_t, size_t>>> find_image_runs(std::span<const int32_t> ids,
-                                                               const Qwen3VLConfig& cfg,
-                                                               size_t num_images);
+// A [begin, end) run of <|image_pad|> or <|video_pad|> in a prompt, and the item it belongs to.
+struct PadRun {
+  size_t begin = 0, end = 0;
+  size_t item = 0;  // index among the prompt's images and videos, in prompt order
+  bool video = false;
+};
+
+// The runs of image and video pads of a prompt, one per item, with their item numbers in order.
+// Errors: a pad that does not follow <|vision_start|>, or run counts that differ from
+// `num_images` / `num_videos`.
+Result<std::vector<PadRun>> find_pad_runs(std::span<const int32_t> ids, const Qwen3VLConfig& cfg,
+                                          size_t num_images, size_t num_videos);
 
 // One image made ready before the engine thread sees it: the cached encoder output when the
 // cache has it, else the preprocessed pixels.
 struct StagedImage {
+  bool video = false;
   VisionCacheKey key;
   std::shared_ptr<const EncodedImage> encoded;  // set: nothing left to compute
   PreprocessedImage pixels;                     // when encoded is null
-  int64_t tokens = 0;                           // merged image tokens
+  int64_t tokens = 0;                           // merged image tokens (all groups of a video)
+  int64_t groups = 1;                           // a video's temporal groups (runs in the prompt)
+  std::vector<std::string> timestamps;          // a video's: each group's "<t.t seconds>"
+  int64_t frames = 0;                           // a video's sampled frames
   int64_t resized_h = 0, resized_w = 0;
   double decode_ms = 0, preprocess_ms = 0;  // 0 on a cache hit
   bool encoded_here = false;  // encoded for this request (not found in the vision cache)
@@ -81,19 +96,43 @@ Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, Vi
                    ThreadPool* pool, StagedImage* out, int64_t max_tokens = -1,
                    PixelBudget* budget = nullptr);
 
+// What stage_video needs besides the video: the checkpoint's video_preprocessor_config.json
+// (overridden by the request's settings) and the decoder's limits.
+struct VideoStaging {
+  VideoPreprocessConfig config;
+  VideoLimits limits;
+  std::string unsupported;  // non-empty: why this model takes no video
+};
+
+// stage_image for a video: reads or takes the bytes, looks the video up in `cache` under its
+// bytes, sampling and pixel budget; on a miss decodes the sampled frames and preprocesses them
+// (grid_t = the temporal groups) and makes the groups' timestamps. With max_tokens >= 0, a video
+// that would take more tokens is refused (kOutOfRange) once its frames are sampled (before they
+// are resized). `budget` (may be null) holds the decoded frames' pixels until preprocessed.
+Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCache* cache,
+                   ThreadPool* pool, StagedImage* out, int64_t max_tokens = -1,
+                   PixelBudget* budget = nullptr);
+
+// Rewrites each video's <|vision_start|><|video_pad|><|vision_end|> (one pad) in `*ids` as
+// Qwen3VLProcessor does: per temporal group, its timestamp text (tokenized by `encode`), then
+// <|vision_start|><|video_pad|><|vision_end|>; `*runs` becomes one run per group. Errors: a
+// video pad run longer than one, or not followed by <|vision_end|>.
+Status expand_video_runs(const std::function<std::vector<int32_t>(const std::string&)>& encode,
+                         std::span<const StagedImage> items, const Qwen3VLConfig& cfg,
+                         std::vector<int32_t>* ids, std::vector<PadRun>* runs);
+
 // Runs the vision tower on a staged image that has no encoder output yet (a no-op otherwise), in
 // one go.
 Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* encode_ms);
 
-// Expands each run of `runs` to its image's token count, copies the features and computes the
-// positions. Every image must be encoded.
-Status assemble_multimodal(std::span<const int32_t> ids,
-                           std::span<const std::pair<size_t, size_t>> runs,
-                           std::span<const StagedImage> images, const Qwen3VLConfig& cfg,
+// Expands each run of `runs` to its share of its item's tokens, copies the features and computes
+// the positions. Every item must be encoded.
+Status assemble_multimodal(std::span<const int32_t> ids, std::span<const PadRun> runs,
+                           std::span<const StagedImage> items, const Qwen3VLConfig& cfg,
                            PreparedPrompt* out);
 
-// The length of the prompt once each run is expanded to `images[k].tokens`.
-int64_t expanded_length(size_t num_ids, std::span<const std::pair<size_t, size_t>> runs,
-                        std::span<const StagedImage> images);
+// The length of the prompt once each run is expanded to its share of its item's tokens.
+int64_t expanded_length(size_t num_ids, std::span<const PadRun> runs,
+                        std::span<const StagedImage> items);
 
 }  // namespace vlm

@@ -11,6 +11,20 @@ VisionCacheKey VisionCacheKey::of(std::span<const uint8_t> bytes, int64_t min_pi
   return k;
 }
 
+VisionCacheKey VisionCacheKey::of_video(std::span<const uint8_t> bytes, double fps,
+                                        int64_t min_frames, int64_t max_frames, int64_t min_pixels,
+                                        int64_t max_pixels) {
+  VisionCacheKey k = of(bytes, min_pixels, max_pixels);
+  Sha256 h;
+  h.update(k.content.data(), k.content.size());
+  h.update("video", 5);
+  h.update_value(fps);
+  h.update_value(min_frames);
+  h.update_value(max_frames);
+  k.content = h.finish();
+  return k;
+}
+
 size_t EncodedImage::bytes() const {
   size_t n = out.embeds.size() * sizeof(float);
   for (const auto& d : out.deepstack) n += d.size() * sizeof(float);

@@ -10,7 +10,9 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/sha256.h"
 #include "model/vision_encoder.h"
@@ -25,12 +27,20 @@ struct VisionCacheKey {
   int64_t min_pixels = 0, max_pixels = 0;
 
   static VisionCacheKey of(std::span<const uint8_t> bytes, int64_t min_pixels, int64_t max_pixels);
+  // A video: `content` is the SHA-256 of the bytes' digest, a tag and the frame sampling (fps,
+  // min and max frames), so the same file sampled otherwise, or read as an image (a GIF), is
+  // another input.
+  static VisionCacheKey of_video(std::span<const uint8_t> bytes, double fps, int64_t min_frames,
+                                 int64_t max_frames, int64_t min_pixels, int64_t max_pixels);
   bool operator==(const VisionCacheKey&) const = default;
 };
 
 struct EncodedImage {
-  GridThw grid;
+  GridThw grid;  // a video's: grid.t temporal groups
   VisionOutput out;
+  // A video's: the "<t.t seconds>" text of each temporal group, and the frames sampled.
+  std::vector<std::string> timestamps;
+  int64_t frames = 0;
   size_t bytes() const;  // memory held by the features
 };
 

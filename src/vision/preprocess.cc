@@ -310,28 +310,6 @@ Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
   return out;
 }
 
-std::vector<PreprocessedImage> split_temporal_groups(const PreprocessedImage& video) {
-  std::vector<PreprocessedImage> out;
-  const int64_t rows = video.grid_h * video.grid_w;
-  const size_t per =
-      video.grid_t > 0 ? video.pixel_values.size() / static_cast<size_t>(video.grid_t) : 0;
-  for (int64_t t = 0; t < video.grid_t; ++t) {
-    PreprocessedImage g;
-    g.grid_t = 1;
-    g.grid_h = video.grid_h;
-    g.grid_w = video.grid_w;
-    g.resized_h = video.resized_h;
-    g.resized_w = video.resized_w;
-    g.merge_size = video.merge_size;
-    if (rows > 0 && per > 0) {
-      const auto* b = video.pixel_values.data() + static_cast<size_t>(t) * per;
-      g.pixel_values.assign(b, b + per);
-    }
-    out.push_back(std::move(g));
-  }
-  return out;
-}
-
 namespace {
 
 Status get_int(const json& j, const char* key, int64_t* out, const std::string& where) {
@@ -438,6 +416,80 @@ Result<PreprocessOptions> parse_preprocessor_config(const std::string& json_text
   }
   VLM_RETURN_IF_ERROR(validate_options(o).with_context(source));
   return o;
+}
+
+VideoPreprocessConfig default_video_config(const PreprocessOptions& image) {
+  VideoPreprocessConfig v;
+  v.pixels = image;
+  v.pixels.min_pixels = 128 * 32 * 32;
+  v.pixels.max_pixels = 768 * 32 * 32;
+  v.pixels.patchify = true;
+  return v;
+}
+
+Result<VideoPreprocessConfig> parse_video_preprocessor_config(
+    const std::string& json_text, const std::string& source,
+    const VideoPreprocessConfig& defaults) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return invalid_argument(source + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) return invalid_argument(source + ": expected a JSON object");
+  VideoPreprocessConfig v = defaults;
+  PreprocessOptions& o = v.pixels;
+  if (auto it = j.find("video_processor_type"); it != j.end() && !it->is_null()) {
+    if (!it->is_string() || it->get<std::string>() != "Qwen3VLVideoProcessor") {
+      return unimplemented(source + ": video_processor_type " + it->dump() +
+                           " is not supported (expected Qwen3VLVideoProcessor)");
+    }
+  }
+  if (auto it = j.find("size"); it != j.end() && !it->is_null()) {
+    if (!it->is_object() || !it->contains("shortest_edge") || !it->contains("longest_edge")) {
+      return invalid_argument(source +
+                              ": 'size' must contain 'shortest_edge' and 'longest_edge'"
+                              " (pixel counts), got " +
+                              it->dump());
+    }
+    VLM_RETURN_IF_ERROR(get_int(*it, "shortest_edge", &o.min_pixels, source + ": size"));
+    VLM_RETURN_IF_ERROR(get_int(*it, "longest_edge", &o.max_pixels, source + ": size"));
+  }
+  VLM_RETURN_IF_ERROR(get_int(j, "patch_size", &o.patch_size, source));
+  VLM_RETURN_IF_ERROR(get_int(j, "temporal_patch_size", &o.temporal_patch_size, source));
+  VLM_RETURN_IF_ERROR(get_int(j, "merge_size", &o.merge_size, source));
+  VLM_RETURN_IF_ERROR(get_triple(j, "image_mean", o.mean, source));
+  VLM_RETURN_IF_ERROR(get_triple(j, "image_std", o.std, source));
+  if (auto it = j.find("rescale_factor"); it != j.end() && !it->is_null()) {
+    if (!it->is_number()) return invalid_argument(source + ": 'rescale_factor' must be a number");
+    o.rescale_factor = it->get<double>();
+  }
+  for (const char* key : {"do_resize", "do_rescale", "do_normalize", "do_sample_frames"}) {
+    VLM_RETURN_IF_ERROR(require_true(j, key, source));
+  }
+  if (auto it = j.find("num_frames"); it != j.end() && !it->is_null()) {
+    return unimplemented(source + ": num_frames (a fixed frame count) is not supported; use fps");
+  }
+  if (auto it = j.find("fps"); it != j.end() && !it->is_null()) {
+    if (!it->is_number() || !(it->get<double>() > 0)) {
+      return invalid_argument(source + ": 'fps' must be a positive number, got " + it->dump());
+    }
+    v.fps = it->get<double>();
+  }
+  VLM_RETURN_IF_ERROR(get_int(j, "min_frames", &v.min_frames, source));
+  VLM_RETURN_IF_ERROR(get_int(j, "max_frames", &v.max_frames, source));
+  if (v.min_frames < 1 || v.max_frames < v.min_frames) {
+    return invalid_argument(source + ": frames must satisfy 1 <= min_frames <= max_frames, got " +
+                            std::to_string(v.min_frames) + ".." + std::to_string(v.max_frames));
+  }
+  if (o.merge_size != o.temporal_patch_size) {
+    return unimplemented(source + ": merge_size " + std::to_string(o.merge_size) +
+                         " differs from temporal_patch_size " +
+                         std::to_string(o.temporal_patch_size) +
+                         " (the timestamps would not match the temporal groups)");
+  }
+  VLM_RETURN_IF_ERROR(validate_options(o).with_context(source));
+  return v;
 }
 
 }  // namespace vlm

@@ -114,10 +114,6 @@ Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
                                            const PreprocessOptions& opt,
                                            ThreadPool* pool = nullptr);
 
-// A preprocessed video's temporal groups as items of one group each (grid_t = 1, rows in the same
-// merge order): the model sees each group as its own visual item, with t-index 0.
-std::vector<PreprocessedImage> split_temporal_groups(const PreprocessedImage& video);
-
 // Reads preprocessor_config.json text. Pixel budget: top-level min_pixels / max_pixels when present
 // (transformers lets them override size), else size.shortest_edge / size.longest_edge. Also reads
 // patch_size, temporal_patch_size, merge_size, image_mean, image_std (3 numbers or 1 broadcast) and
@@ -129,5 +125,32 @@ std::vector<PreprocessedImage> split_temporal_groups(const PreprocessedImage& vi
 // other than Qwen2VLImageProcessor(Fast).
 Result<PreprocessOptions> parse_preprocessor_config(const std::string& json_text,
                                                     const std::string& source);
+
+// What video_preprocessor_config.json sets: the pixel budget over all of a video's frames and the
+// patch geometry (`pixels`), and the frame sampling (Qwen3VLVideoProcessor's fields and class
+// defaults: fps 2, 4..768 frames).
+struct VideoPreprocessConfig {
+  PreprocessOptions pixels;
+  double fps = 2;
+  int64_t min_frames = 4;
+  int64_t max_frames = 768;
+};
+
+// The class defaults of Qwen3VLVideoProcessor (size 128..768 tokens' pixels), with the image
+// options' patch geometry and normalisation: what transformers uses when a checkpoint has no
+// video_preprocessor_config.json and its preprocessor_config.json sets no size.
+VideoPreprocessConfig default_video_config(const PreprocessOptions& image);
+
+// Reads video_preprocessor_config.json text over `defaults`: size (shortest_edge / longest_edge,
+// pixel counts over all frames), patch_size, temporal_patch_size, merge_size, image_mean,
+// image_std, rescale_factor, fps, min_frames, max_frames. transformers falls back to
+// preprocessor_config.json when a checkpoint has no video file, and so does the engine (its
+// image-only keys are ignored). Rejects what parse_preprocessor_config rejects, a
+// video_processor_type other than Qwen3VLVideoProcessor, do_sample_frames false or num_frames
+// (fixed frame counts: not implemented), a non-positive fps, min_frames > max_frames, and a
+// merge_size that differs from temporal_patch_size (each temporal group's timestamp averages
+// `merge_size` frames in Qwen3VLProcessor, `temporal_patch_size` in the model).
+Result<VideoPreprocessConfig> parse_video_preprocessor_config(
+    const std::string& json_text, const std::string& source, const VideoPreprocessConfig& defaults);
 
 }  // namespace vlm

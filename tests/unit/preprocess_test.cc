@@ -582,5 +582,41 @@ TEST(Preprocess, TimingBigPhoto) {
   }
 }
 
+// video_preprocessor_config.json: the published Qwen3-VL file, the class defaults for what it
+// leaves out, and the settings the engine refuses.
+TEST(VideoPreprocessorConfig, ReadsTheCheckpointFileAndRefusesWhatIsNotImplemented) {
+  const VideoPreprocessConfig defaults = default_video_config(PreprocessOptions{});
+  EXPECT_EQ(defaults.pixels.min_pixels, 128 * 32 * 32);
+  EXPECT_EQ(defaults.pixels.max_pixels, 768 * 32 * 32);
+  const std::string published = R"({
+    "size": {"longest_edge": 25165824, "shortest_edge": 4096},
+    "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor", "video_processor_type": "Qwen3VLVideoProcessor"})";
+  auto v = parse_video_preprocessor_config(published, "v.json", defaults);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_EQ(v->pixels.min_pixels, 4096);
+  EXPECT_EQ(v->pixels.max_pixels, 25165824);
+  EXPECT_EQ(v->fps, 2);
+  EXPECT_EQ(v->min_frames, 4);
+  EXPECT_EQ(v->max_frames, 768);
+  auto tuned = parse_video_preprocessor_config(R"({"fps": 1.5, "min_frames": 2, "max_frames": 64})",
+                                               "v.json", defaults);
+  ASSERT_TRUE(tuned.ok()) << tuned.status().message();
+  EXPECT_EQ(tuned->fps, 1.5);
+  EXPECT_EQ(tuned->min_frames, 2);
+  EXPECT_EQ(tuned->max_frames, 64);
+  EXPECT_EQ(tuned->pixels.max_pixels, defaults.pixels.max_pixels);
+  for (const char* bad :
+       {R"({"merge_size": 2, "temporal_patch_size": 3})", R"({"num_frames": 16})", R"({"fps": 0})",
+        R"({"do_sample_frames": false})", R"({"min_frames": 9, "max_frames": 8})",
+        R"({"video_processor_type": "Qwen2VLVideoProcessor"})", R"({"size": {"longest_edge": 5}})",
+        "[1]", "{"}) {
+    auto r = parse_video_preprocessor_config(bad, "v.json", defaults);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) EXPECT_EQ(r.status().message().rfind("v.json", 0), 0u) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace vlm

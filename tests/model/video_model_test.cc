@@ -1,0 +1,233 @@
+// Videos through the whole engine against transformers (tests/model/fixtures/video-f32, made by
+// scripts/make_video_reference.py from the clips of tests/unit/fixtures/videos): the prompt with
+// each temporal group's timestamp text and pads, the prefill logits and greedy continuations, for
+// one video, an image and a video, and two videos.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "io/npy.h"
+#include "test_util.h"
+#include "vlm/engine.h"
+#include "vlm/tokenizer.h"
+
+namespace vlm {
+namespace {
+
+const std::string kDir = std::string(VLM_FIXTURES_DIR) + "/video-f32";
+const std::string kVideos = std::string(VLM_REPO_DIR) + "/tests/unit/fixtures/videos";
+const std::string kImage = std::string(VLM_FIXTURES_DIR) + "/vision-f32/synthetic_tiny.png";
+constexpr double kTol = 1e-4;  // max |Δlogit| / max |logit|
+constexpr int32_t kVideoPad = 421, kImagePad = 420;
+
+const nlohmann::json& ref() {
+  static const nlohmann::json r =
+      nlohmann::json::parse(test_util::read_file(kDir + "/reference.json"));
+  return r;
+}
+
+std::unique_ptr<Engine> engine(int64_t prefill_chunk = 32) {
+  EngineOptions o;
+  o.model_dir = kDir;
+  o.n_threads = 2;
+  o.prefill_chunk = prefill_chunk;  // prompts span chunks: groups split across chunk borders
+  o.kv_cache_dtype = KvCacheDtype::kF32;
+  auto e = Engine::load(o);
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+VideoInput video(const std::string& name) {
+  VideoInput v;
+  const std::string s = test_util::read_file(kVideos + "/" + name);
+  v.bytes.assign(s.begin(), s.end());
+  return v;
+}
+
+// The case's prompt as vlm's tokenizer makes it (single pads), and its videos and images.
+struct Case {
+  std::vector<int32_t> ids;
+  std::vector<VideoInput> videos;
+  std::vector<ImageInput> images;
+};
+Case make_case(const Engine& e, const nlohmann::json& c) {
+  Case out;
+  out.ids = e.tokenizer()->encode(c["text"].get<std::string>());
+  for (const auto& name : c["videos"]) out.videos.push_back(video(name));
+  for (size_t i = 0; i < c["images"].size(); ++i) out.images.push_back({.path = kImage});
+  return out;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return num / den;
+}
+
+TEST(VideoModel, PromptAndLogitsMatchTransformers) {
+  auto e = engine();
+  ASSERT_NE(e, nullptr);
+  int checked = 0;
+  for (const auto& c : ref()["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    Case k = make_case(*e, c);
+    EXPECT_EQ(k.ids, c["prompt_ids"].get<std::vector<int32_t>>());  // the tokenizers agree
+    std::vector<int32_t> expanded;
+    Engine::LogitsOptions o;
+    o.expanded_ids = &expanded;
+    o.videos = k.videos;
+    auto got = e->logits(k.ids, k.images, o);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    // The timestamps' text and every group's pads, exactly as Qwen3VLProcessor renders them.
+    EXPECT_EQ(expanded, c["input_ids"].get<std::vector<int32_t>>());
+    auto want = read_npy(kDir + "/" + c["logits"].get<std::string>());
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    ASSERT_EQ(got->size(), want->f32.size());
+    EXPECT_LE(rel_err(*got, want->f32), kTol);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3);
+}
+
+TEST(VideoModel, GreedyContinuationsMatchTransformersAndTheCacheServesRepeats) {
+  auto e = engine();
+  ASSERT_NE(e, nullptr);
+  for (int pass = 0; pass < 2; ++pass) {  // the second pass finds every video in the cache
+    for (const auto& c : ref()["cases"]) {
+      SCOPED_TRACE(c["name"].get<std::string>() + (pass ? " (cached)" : ""));
+      Case k = make_case(*e, c);
+      GenerateRequest req;
+      req.prompt_ids = k.ids;
+      req.videos = k.videos;
+      req.images = k.images;
+      req.max_new_tokens = 20;
+      req.sampling.do_sample = false;
+      req.ignore_eos = true;
+      auto stream = e->submit(req);
+      ASSERT_TRUE(stream.ok()) << stream.status().message();
+      std::vector<int32_t> out;
+      RequestOutput piece;
+      RequestStats stats;
+      while ((*stream)->next(&piece)) {
+        ASSERT_TRUE(piece.error.ok()) << piece.error.message();
+        if (piece.token_id >= 0) out.push_back(piece.token_id);
+        stats = piece.stats;
+      }
+      EXPECT_EQ(out, c["greedy"].get<std::vector<int32_t>>());
+      const auto& ids = c["input_ids"];
+      EXPECT_EQ(stats.prompt_tokens, static_cast<int64_t>(ids.size()));
+      EXPECT_EQ(stats.video_tokens, std::count(ids.begin(), ids.end(), kVideoPad));
+      EXPECT_EQ(stats.vision_tokens,
+                stats.video_tokens + std::count(ids.begin(), ids.end(), kImagePad));
+      EXPECT_EQ(stats.videos, static_cast<int64_t>(c["videos"].size()));
+      EXPECT_EQ(stats.videos_cached, pass == 0 ? (c["name"] == "two_videos" ? 1 : 0)
+                                               : stats.videos);  // two_videos repeats a clip
+      if (pass == 0 && c["name"] == "video") {
+        EXPECT_EQ(stats.video_frames, 4);
+        EXPECT_GT(stats.video_decode_ms, 0);
+      }
+    }
+  }
+}
+
+// The cache key holds the sampling: the same bytes at another fps are another input, and a GIF
+// read as a video is not the GIF read as an image.
+TEST(VideoModel, SamplingSettingsChangeThePrompt) {
+  auto e = engine();
+  ASSERT_NE(e, nullptr);
+  const auto& c = ref()["cases"][0];
+  Case k = make_case(*e, c);
+  std::vector<int32_t> base, faster;
+  Engine::LogitsOptions o;
+  o.videos = k.videos;
+  o.expanded_ids = &base;
+  ASSERT_TRUE(e->logits(k.ids, {}, o).ok());
+  o.videos[0].fps = 4;  // 45 frames at 29.97 fps: 6 frames, 3 groups (2 at fps 2)
+  o.expanded_ids = &faster;
+  ASSERT_TRUE(e->logits(k.ids, {}, o).ok());
+  auto groups = [](const std::vector<int32_t>& ids) {
+    int64_t n = 0;
+    for (size_t i = 1; i < ids.size(); ++i) n += ids[i] == kVideoPad && ids[i - 1] != kVideoPad;
+    return n;
+  };
+  EXPECT_EQ(groups(base), 2);
+  EXPECT_EQ(groups(faster), 3);
+  o.videos[0].fps.reset();
+  o.videos[0].min_pixels = 4096;  // a smaller budget over all frames: fewer pads a group
+  o.videos[0].max_pixels = 16384;
+  std::vector<int32_t> smaller;
+  o.expanded_ids = &smaller;
+  ASSERT_TRUE(e->logits(k.ids, {}, o).ok());
+  EXPECT_EQ(groups(smaller), 2);
+  EXPECT_LT(std::count(smaller.begin(), smaller.end(), kVideoPad),
+            std::count(base.begin(), base.end(), kVideoPad));
+
+  // The GIF: as an image, one grid; as a video, groups with timestamps.
+  const Tokenizer& tok = *e->tokenizer();
+  const std::string gif = kVideos + "/gif_10.gif";
+  std::vector<int32_t> as_image, as_video;
+  Engine::LogitsOptions img;
+  img.expanded_ids = &as_image;
+  ASSERT_TRUE(
+      e->logits(tok.encode("<|vision_start|><|image_pad|><|vision_end|>x"), {{.path = gif}}, img)
+          .ok());
+  Engine::LogitsOptions vid;
+  vid.expanded_ids = &as_video;
+  vid.videos = {{.path = gif}};
+  ASSERT_TRUE(e->logits(tok.encode("<|vision_start|><|video_pad|><|vision_end|>x"), {}, vid).ok());
+  EXPECT_EQ(std::count(as_video.begin(), as_video.end(), kImagePad), 0);
+  EXPECT_EQ(groups(as_video), 2);
+}
+
+TEST(VideoModel, BadVideosAndPromptsGetClearErrors) {
+  auto e = engine();
+  ASSERT_NE(e, nullptr);
+  const Tokenizer& tok = *e->tokenizer();
+  auto submit_error = [&](const std::string& text, std::vector<VideoInput> videos) {
+    GenerateRequest req;
+    req.prompt_ids = tok.encode(text);
+    req.videos = std::move(videos);
+    req.max_new_tokens = 2;
+    auto s = e->generate(req);
+    return s.ok() ? std::string() : s.status().message();
+  };
+  const std::string one = "<|vision_start|><|video_pad|><|vision_end|>What?";
+  EXPECT_NE(submit_error(one, {}).find("1 video placeholders (<|video_pad|>) but 0 videos"),
+            std::string::npos);
+  EXPECT_NE(submit_error("What?", {video("mp4_h264_2997.mp4")})
+                .find("0 video placeholders (<|video_pad|>) but 1 videos"),
+            std::string::npos);
+  EXPECT_NE(submit_error("<|video_pad|>", {video("mp4_h264_2997.mp4")})
+                .find("does not follow <|vision_start|>"),
+            std::string::npos);
+  EXPECT_NE(submit_error("<|vision_start|><|video_pad|><|video_pad|><|vision_end|>",
+                         {video("mp4_h264_2997.mp4")})
+                .find("with one pad"),
+            std::string::npos);
+  // A broken file: its own reason, named as the request's first video.
+  const std::string truncated = submit_error(one, {video("truncated_mp4.mp4")});
+  EXPECT_EQ(truncated.rfind("video 1: ", 0), 0u) << truncated;
+  const std::string garbage = submit_error(one, {video("garbage.mp4")});
+  EXPECT_EQ(garbage.rfind("video 1: ", 0), 0u) << garbage;
+  VideoInput bad_fps = video("mp4_h264_2997.mp4");
+  bad_fps.fps = 0;
+  EXPECT_NE(submit_error(one, {bad_fps}).find("fps must be in (0, 1000]"), std::string::npos);
+  VideoInput bad_frames = video("mp4_h264_2997.mp4");
+  bad_frames.min_frames = 8;
+  bad_frames.max_frames = 4;
+  EXPECT_NE(submit_error(one, {bad_frames}).find("min_frames <= max_frames"), std::string::npos);
+  // Over the context: refused once the frames are sampled, before they are resized.
+  VideoInput huge = video("mp4_h264_2997.mp4");
+  huge.min_pixels = huge.max_pixels = 64LL << 20;
+  EXPECT_NE(submit_error(one, {huge}).find("the context leaves for it"), std::string::npos);
+  // The engine still serves a good request after all of them.
+  EXPECT_EQ(submit_error(one, {video("mp4_h264_2997.mp4")}), "");
+}
+
+}  // namespace
+}  // namespace vlm
