@@ -169,8 +169,11 @@ struct GenerateResult {
   std::string text;                 // decoded reply without special tokens and stop string
   FinishReason finish_reason = FinishReason::kNone;
   int64_t prompt_tokens = 0;  // after image pad expansion
-  int64_t vision_tokens = 0;  // image tokens among them
+  int64_t vision_tokens = 0;  // image and video tokens among them
+  int64_t video_tokens = 0;   // video tokens among those
+  int64_t video_frames = 0;   // frames sampled from the videos
   double image_decode_ms = 0;
+  double video_decode_ms = 0;
   double preprocess_ms = 0;
   double vision_encode_ms = 0;
   double prefill_ms = 0;  // the text decoder's prefill (vision encoding not included)

@@ -539,6 +539,9 @@ Result<GenerateResult> Engine::generate(const GenerateRequest& req,
     res.prompt_tokens = st.prompt_tokens;
     res.vision_tokens = st.vision_tokens;
     res.image_decode_ms = st.image_decode_ms;
+    res.video_decode_ms = st.video_decode_ms;
+    res.video_frames = st.video_frames;
+    res.video_tokens = st.video_tokens;
     res.preprocess_ms = st.preprocess_ms;
     res.vision_encode_ms = st.encode_ms;
     res.prefill_ms = st.prefill_ms;

@@ -198,6 +198,42 @@ TEST(Cli, LogitsWithAnImageExpandThePadAndMatchTransformers) {
   FAIL() << "no 'tall' case in the fixture";
 }
 
+// --video: the timestamps and the pads are written by vlm, as Qwen3VLProcessor writes them, and
+// the logits match transformers'; `run --video` renders the video part with the chat template.
+TEST(Cli, LogitsAndRunWithAVideoMatchTransformers) {
+  const std::string dir = kFixtures + "/video-f32";
+  const std::string clip = std::string(VLM_REPO_DIR) + "/tests/unit/fixtures/videos/";
+  auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
+  const auto& c = ref["cases"][0];
+  ASSERT_EQ(c["name"], "video");
+  test_util::TempDir tmp;
+  const std::string out = tmp.file("logits.npy");
+  CliResult r =
+      vlm("logits -m " + quote(dir) + " --ids " + join_ids(c["prompt_ids"]) + " --video " +
+          quote(clip + c["videos"][0].get<std::string>()) + " --out " + quote(out));
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto got = read_npy(out);
+  auto want = read_npy(dir + "/" + c["logits"].get<std::string>());
+  ASSERT_TRUE(got.ok() && want.ok());
+  ASSERT_EQ(got->shape, want->shape);
+  float max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < got->f32.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(want->f32[i]));
+    max_diff = std::max(max_diff, std::fabs(got->f32[i] - want->f32[i]));
+  }
+  EXPECT_LE(max_diff, 1e-4f * max_ref);
+
+  r = vlm("run -m " + quote(dir) + " --video " + quote(clip + "webm_vp9_7.webm") +
+          " --fps 4 --max-frames 6 -p hi -n 3 --greedy --ignore-eos");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // 20 frames at 7 fps, 4 a second: 11 frames, at most 6: 3 groups; the budget over all frames
+  // (at least 65536 pixels) makes each frame 96x128, 12 tokens.
+  EXPECT_NE(r.err.find("videos 1: 6 frames, 36 vision tokens"), std::string::npos) << r.err;
+  r = vlm("run -m " + quote(dir) + " --video " + quote(clip + "truncated_mp4.mp4") + " -p hi");
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.err.rfind("vlm: error: video 1: ", 0), 0u) << r.err;
+}
+
 TEST(Cli, ErrorsAreOneLineAndNonZero) {
   const std::string dir = kFixtures + "/text-f32-untied";
   struct Case {

@@ -73,6 +73,23 @@ std::vector<vlm::ImageInput> image_inputs(const std::vector<std::string>& paths,
   return out;
 }
 
+// --video FILE with --fps / --max-frames (unset: the model's video_preprocessor_config.json).
+std::vector<vlm::VideoInput> video_inputs(const std::vector<std::string>& paths, double fps,
+                                          int64_t max_frames) {
+  std::vector<vlm::VideoInput> out;
+  for (const auto& p : paths) {
+    vlm::VideoInput in;
+    in.path = p;
+    if (fps > 0) in.fps = fps;
+    if (max_frames > 0) {
+      in.max_frames = max_frames;
+      in.min_frames = 1;  // a small max_frames is asked for; the model's min must not exceed it
+    }
+    out.push_back(std::move(in));
+  }
+  return out;
+}
+
 // " int8" / " int4" when the weights were quantized at load, else "" (appended to the kernel
 // level).
 std::string quant_suffix(const vlm::Engine& engine) {
@@ -84,6 +101,9 @@ struct RunArgs {
   std::string model;
   std::vector<std::string> images;
   int64_t min_pixels = -1, max_pixels = -1;
+  std::vector<std::string> videos;
+  double fps = -1;
+  int64_t max_frames = -1;
   std::string prompt;
   std::string system;
   bool raw = false;
@@ -167,10 +187,13 @@ int cmd_run(const RunArgs& a) {
     };
     if (!a.system.empty()) msgs.push_back(text_message("system", a.system));
     vlm::ChatMessage user = text_message("user", a.prompt);
-    if (!a.images.empty()) {  // images first, then the question (the usual Qwen-VL layout)
+    if (!a.images.empty() || !a.videos.empty()) {
+      // Images and videos first, then the question (the usual Qwen-VL layout).
       user.content_is_text = false;
       for (size_t i = 0; i < a.images.size(); ++i)
         user.parts.push_back({vlm::ChatPart::Type::kImage, {}});
+      for (size_t i = 0; i < a.videos.size(); ++i)
+        user.parts.push_back({vlm::ChatPart::Type::kVideo, {}});
       user.parts.push_back({vlm::ChatPart::Type::kText, a.prompt});
     }
     msgs.push_back(user);
@@ -181,6 +204,7 @@ int cmd_run(const RunArgs& a) {
   vlm::GenerateRequest req;
   req.prompt_ids = engine.tokenizer()->encode(prompt_text);
   req.images = image_inputs(a.images, a.min_pixels, a.max_pixels);
+  req.videos = video_inputs(a.videos, a.fps, a.max_frames);
   if (a.max_new_tokens >= 0) req.max_new_tokens = a.max_new_tokens;
   auto& s = req.sampling;
   if (a.temperature >= 0) s.temperature = a.temperature;
@@ -225,6 +249,13 @@ int cmd_run(const RunArgs& a) {
         r.preprocess_ms, r.vision_encode_ms);
     images = buf;
   }
+  if (!req.videos.empty()) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "videos %zu: %lld frames, %lld vision tokens, decode %.0f ms | ",
+                  req.videos.size(), static_cast<long long>(r.video_frames),
+                  static_cast<long long>(r.video_tokens), r.video_decode_ms);
+    images += buf;
+  }
   std::fprintf(stderr,
                "vlm: %sprompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
                "decode %.2f tok/s | peak RSS %.1f MiB | %s%s x%d\n",
@@ -256,6 +287,11 @@ int main(int argc, char** argv) {
   run->add_option("--image", ra.images, "Image file (JPEG, PNG, WebP, GIF, BMP); repeatable");
   run->add_option("--min-pixels", ra.min_pixels, "Resize budget: least pixels per image");
   run->add_option("--max-pixels", ra.max_pixels, "Resize budget: most pixels per image");
+  run->add_option("--video", ra.videos,
+                  "Video file (MP4, MOV, WebM, MKV, AVI, GIF, animated WebP); repeatable");
+  run->add_option("--fps", ra.fps, "Video frames sampled per second (default: the model's, 2)");
+  run->add_option("--max-frames", ra.max_frames,
+                  "Most frames sampled from each video (default: the model's, 768)");
   run->add_option("--system", ra.system, "System message");
   run->add_flag("--raw", ra.raw, "Feed the prompt as is, without the chat template");
   run->add_option("-n,--max-new-tokens", ra.max_new_tokens, "Tokens to generate at most");
@@ -302,7 +338,7 @@ int main(int argc, char** argv) {
   detokenize->add_flag("--skip-special", dt_skip, "Drop special tokens");
 
   std::string lg_model, lg_ids, lg_out;
-  std::vector<std::string> lg_images;
+  std::vector<std::string> lg_images, lg_videos;
   int64_t lg_min_pixels = -1, lg_max_pixels = -1;
   int lg_threads = 0;
   vlm::Quant lg_quant = vlm::Quant::kNone;
@@ -314,6 +350,9 @@ int main(int argc, char** argv) {
   logits->add_option("--out", lg_out, "Output .npy file")->required();
   logits->add_option("--image", lg_images,
                      "Image for each <|image_pad|> id in --ids (a single pad per image; expanded)");
+  logits->add_option("--video", lg_videos,
+                     "Video for each <|video_pad|> id in --ids (one pad between <|vision_start|> "
+                     "and <|vision_end|> per video; vlm writes the timestamps and the pads)");
   logits->add_option("--min-pixels", lg_min_pixels, "Resize budget: least pixels per image");
   logits->add_option("--max-pixels", lg_max_pixels, "Resize budget: most pixels per image");
   logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
@@ -508,8 +547,10 @@ int main(int argc, char** argv) {
     auto engine = vlm::Engine::load(opts);
     if (!engine.ok()) return fail(engine.status());
     std::vector<int32_t> expanded;
-    auto out =
-        (*engine)->logits(ids, image_inputs(lg_images, lg_min_pixels, lg_max_pixels), &expanded);
+    vlm::Engine::LogitsOptions lo;
+    lo.expanded_ids = &expanded;
+    lo.videos = video_inputs(lg_videos, -1, -1);
+    auto out = (*engine)->logits(ids, image_inputs(lg_images, lg_min_pixels, lg_max_pixels), lo);
     if (!out.ok()) return fail(out.status());
     vlm::Status st = vlm_cli::write_npy_f32(
         lg_out, out->data(), {static_cast<int64_t>(expanded.size()), (*engine)->vocab_size()});
