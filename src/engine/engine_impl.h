@@ -95,14 +95,17 @@ struct Engine::Impl {
     return ok_status();
   }
 
-  // Whether the prompt goes the multimodal way: it has images or videos, or their pads on a
-  // checkpoint with a vision tower (on a text-only one, pads are ordinary tokens). Images or
-  // videos without a vision tower are an error.
+  // Whether the prompt goes the multimodal way: it has images or videos, or on a checkpoint with
+  // a vision tower image pads or a video placeholder (<|vision_start|><|video_pad|>; a video pad
+  // elsewhere is text, as in transformers). On a text-only checkpoint pads are ordinary tokens.
+  // Images or videos without a vision tower are an error.
   Result<bool> is_multimodal(std::span<const int32_t> ids, const std::vector<ImageInput>& images,
                              const std::vector<VideoInput>& videos) const {
-    const bool has_pads = std::any_of(ids.begin(), ids.end(), [&](int32_t id) {
-      return id == cfg.image_token_id || id == cfg.video_token_id;
-    });
+    bool has_pads = false;
+    for (size_t i = 0; i < ids.size() && !has_pads; ++i) {
+      has_pads = ids[i] == cfg.image_token_id ||
+                 (ids[i] == cfg.video_token_id && i > 0 && ids[i - 1] == cfg.vision_start_token_id);
+    }
     if ((!images.empty() || !videos.empty()) && !has_vision) {
       return invalid_argument(
           "this checkpoint has no vision tower: images and videos are not supported");

@@ -25,10 +25,15 @@ Result<std::vector<PadRun>> find_pad_runs(std::span<const int32_t> ids, const Qw
       continue;
     }
     const int32_t pad = ids[i];
-    const char* name = pad == image ? "<|image_pad|>" : "<|video_pad|>";
-    // transformers only treats pads right after <|vision_start|> as an image or a video.
+    // transformers only treats pads right after <|vision_start|> as an image or a video. A stray
+    // image pad is refused (it would take an image's features in transformers' forward); a stray
+    // video pad is text.
     if (i == 0 || ids[i - 1] != static_cast<int32_t>(cfg.vision_start_token_id)) {
-      return invalid_argument(std::string("an ") + name + " at position " + std::to_string(i) +
+      if (pad == video) {
+        ++i;
+        continue;
+      }
+      return invalid_argument("an <|image_pad|> at position " + std::to_string(i) +
                               " does not follow <|vision_start|>");
     }
     size_t j = i;

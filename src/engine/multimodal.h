@@ -55,9 +55,9 @@ struct PadRun {
   bool video = false;
 };
 
-// The runs of image and video pads of a prompt, one per item, with their item numbers in order.
-// Errors: a pad that does not follow <|vision_start|>, or run counts that differ from
-// `num_images` / `num_videos`.
+// The runs of image and video pads of a prompt, one per item, with their item numbers in order
+// (a video pad that does not follow <|vision_start|> is text). Errors: an image pad that does not
+// follow <|vision_start|>, or run counts that differ from `num_images` / `num_videos`.
 Result<std::vector<PadRun>> find_pad_runs(std::span<const int32_t> ids, const Qwen3VLConfig& cfg,
                                           size_t num_images, size_t num_videos);
 

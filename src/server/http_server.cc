@@ -47,16 +47,16 @@ HttpResponse error_response(const ApiError& e) {
 }
 
 // GETs an http(s) image URL; failures are 400s (413 when too large) that name the URL.
-ApiResult<std::vector<uint8_t>> fetch_image(const std::string& url, size_t max_bytes,
-                                            int timeout_s) {
+ApiResult<std::vector<uint8_t>> fetch_media(const std::string& url, const std::string& kind,
+                                            size_t max_bytes, int timeout_s) {
   http::FetchResult f = http::fetch_url(url, max_bytes, timeout_s);
   if (f.ok) return std::move(f.body);
   if (f.too_large) {
     return ApiError{413, "invalid_request_error",
-                    "image " + url + " is larger than " + std::to_string(max_bytes) + " bytes",
+                    kind + " " + url + " is larger than " + std::to_string(max_bytes) + " bytes",
                     "messages"};
   }
-  return ApiError{400, "invalid_request_error", "cannot fetch image " + url + ": " + f.error,
+  return ApiError{400, "invalid_request_error", "cannot fetch " + kind + " " + url + ": " + f.error,
                   "messages"};
 }
 
@@ -98,6 +98,10 @@ struct Server::Impl {
   Counter* generated_tokens = nullptr;
   Counter* image_tokens = nullptr;
   Counter* images = nullptr;
+  Counter* video_tokens = nullptr;
+  Counter* videos = nullptr;
+  Counter* video_frames = nullptr;
+  Histogram* video_decode_time = nullptr;
   Counter* cache_hits = nullptr;
   Counter* cache_misses = nullptr;
   Counter* preemptions = nullptr;
@@ -515,10 +519,18 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     s_.queue_time->observe(st.queue_ms / 1e3);
     if (st.images > 0) {
       s_.images->inc(static_cast<double>(st.images));
-      s_.image_tokens->inc(static_cast<double>(st.vision_tokens));
+      s_.image_tokens->inc(static_cast<double>(st.vision_tokens - st.video_tokens));
       const double pre = st.image_decode_ms + st.preprocess_ms;
       if (st.images > st.images_cached || pre > 0) s_.preprocess_time->observe(pre / 1e3);
-      if (st.images > st.images_cached) s_.encode_time->observe(st.encode_ms / 1e3);
+    }
+    if (st.videos > 0) {
+      s_.videos->inc(static_cast<double>(st.videos));
+      s_.video_tokens->inc(static_cast<double>(st.video_tokens));
+      s_.video_frames->inc(static_cast<double>(st.video_frames));
+      if (st.videos > st.videos_cached) s_.video_decode_time->observe(st.video_decode_ms / 1e3);
+    }
+    if (st.images > st.images_cached || st.videos > st.videos_cached) {
+      s_.encode_time->observe(st.encode_ms / 1e3);
     }
     if (f_.stream) *out += event(f_.finish(i, p.finish_reason, !c.tool_calls.empty()));
     if (++finished_ < choices_.size()) return true;
@@ -728,9 +740,12 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   ChatCompletionRequest& cr = parsed.value();
   if (!check_model(cr.model, *ex)) return;
   for (const RemoteImage& ri : cr.remote_images) {  // only present with --allow-remote-media
-    auto bytes = fetch_image(ri.url, limits.max_image_bytes, opts.remote_media_timeout_s);
+    auto bytes = fetch_media(ri.url, ri.video ? "video" : "image",
+                             ri.video ? limits.max_video_bytes : limits.max_image_bytes,
+                             opts.remote_media_timeout_s);
     if (!bytes.ok()) return reply_error(*ex, bytes.error(), "bad_request");
-    cr.images[ri.image_index].bytes = std::move(bytes).value();
+    (ri.video ? cr.videos[ri.image_index].bytes : cr.images[ri.image_index].bytes) =
+        std::move(bytes).value();
   }
   // file:// images are read here, so that nothing below (messages included) sees the server's
   // path: errors name the image by its place in the request.
@@ -749,6 +764,23 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
     img.bytes = std::move(bytes).value();
     img.path.clear();
   }
+  for (size_t k = 0; k < cr.videos.size(); ++k) {
+    VideoInput& v = cr.videos[k];
+    if (v.path.empty()) continue;
+    ImageDecodeLimits read_limits;
+    read_limits.max_bytes = static_cast<int64_t>(limits.max_video_bytes);
+    auto bytes = read_image_file(v.path, read_limits);
+    if (!bytes.ok()) {
+      return reply_error(
+          *ex,
+          ApiError{400, "invalid_request_error",
+                   "video " + std::to_string(k + 1) + ": the file:// video cannot be read",
+                   "messages"},
+          "bad_request");
+    }
+    v.bytes = std::move(bytes).value();
+    v.path.clear();
+  }
   ChatTemplateOptions topts;
   topts.tools_json = cr.tools_json;
   topts.kwargs_json = cr.template_kwargs;
@@ -764,6 +796,7 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   GenerateRequest g = base_request(cr);
   g.prompt_ids = engine->tokenizer()->encode(*prompt);
   g.images = std::move(cr.images);
+  g.videos = std::move(cr.videos);
   g.logprobs = cr.logprobs ? cr.top_logprobs : -1;
   // The first choice stages (preprocesses) the images; the vision cache serves the others.
   std::vector<GenerateRequest> reqs;
@@ -986,10 +1019,13 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->generated_tokens = &m.counter("vlm_generation_tokens_total", "Generated tokens");
   impl->image_tokens = &m.counter("vlm_image_tokens_total", "Image tokens among the prompt tokens");
   impl->images = &m.counter("vlm_images_total", "Images in requests");
-  impl->cache_hits =
-      &m.counter("vlm_vision_cache_hits_total", "Images served from the vision-encoder cache");
-  impl->cache_misses =
-      &m.counter("vlm_vision_cache_misses_total", "Images run through the vision encoder");
+  impl->video_tokens = &m.counter("vlm_video_tokens_total", "Video tokens among the prompt tokens");
+  impl->videos = &m.counter("vlm_videos_total", "Videos in requests");
+  impl->video_frames = &m.counter("vlm_video_frames_total", "Frames sampled from the videos");
+  impl->cache_hits = &m.counter("vlm_vision_cache_hits_total",
+                                "Images and videos served from the vision-encoder cache");
+  impl->cache_misses = &m.counter("vlm_vision_cache_misses_total",
+                                  "Images and videos run through the vision encoder");
   impl->preemptions =
       &m.counter("vlm_preemptions_total", "Requests preempted (KV cache full) and recomputed");
   impl->prefix_queries =
@@ -1012,6 +1048,9 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
       "vlm_image_preprocess_seconds", "Image decode + preprocess per request (worker thread)", lat);
   impl->encode_time = &m.histogram("vlm_vision_encode_seconds",
                                    "Vision encoder time per request (cache misses)", lat);
+  impl->video_decode_time = &m.histogram(
+      "vlm_video_decode_seconds",
+      "Video reading and frame decoding per request (worker thread; cache misses)", lat);
   impl->step_time =
       &m.histogram("vlm_engine_step_seconds", "Engine step wall time (steps that ran the model)",
                    {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});

@@ -191,38 +191,38 @@ bool path_under(const fs::path& p, const fs::path& root) {
   return std::next(root_end) == root.end() && root_end->empty();
 }
 
-// Resolves one image URL into `img` (or a RemoteImage). `param` names the part
-// for errors.
-std::optional<ApiError> resolve_image_url(const std::string& url, const std::string& param,
-                                          const ApiLimits& limits, const MediaPolicy& media,
-                                          size_t index, ImageInput* img,
+// Resolves one image or video URL into `path` / `bytes` (or a RemoteImage, with the index it
+// fills). `param` names the part for errors; `kind` is "image" or "video".
+std::optional<ApiError> resolve_media_url(const std::string& url, const std::string& param,
+                                          const std::string& kind, size_t max_bytes,
+                                          const MediaPolicy& media, RemoteImage where,
+                                          std::string* path, std::vector<uint8_t>* bytes,
                                           std::vector<RemoteImage>* remote) {
   if (url.rfind("data:", 0) == 0) {
     const size_t comma = url.find(',');
     if (comma == std::string::npos) return bad_request("malformed data URL in " + param, param);
     const std::string_view header = std::string_view(url).substr(5, comma - 5);
     if (header.size() < 7 || header.substr(header.size() - 7) != ";base64") {
-      return bad_request("data URL in " + param + " must be base64 (data:image/...;base64,...)",
-                         param);
+      return bad_request(
+          "data URL in " + param + " must be base64 (data:" + kind + "/...;base64,...)", param);
     }
     const std::string_view payload = std::string_view(url).substr(comma + 1);
     // Checked before decoding so an oversized image is never allocated.
-    if (base64_decoded_size(payload) > limits.max_image_bytes) {
-      return ApiError{413, "invalid_request_error",
-                      "image in " + param + " is larger than " +
-                          std::to_string(limits.max_image_bytes) + " bytes",
-                      param};
+    if (base64_decoded_size(payload) > max_bytes) {
+      return ApiError{
+          413, "invalid_request_error",
+          kind + " in " + param + " is larger than " + std::to_string(max_bytes) + " bytes", param};
     }
-    auto bytes = base64_decode(payload);
-    if (!bytes.ok()) {
-      return bad_request("invalid base64 in " + param + ": " + bytes.status().message(), param);
+    auto decoded = base64_decode(payload);
+    if (!decoded.ok()) {
+      return bad_request("invalid base64 in " + param + ": " + decoded.status().message(), param);
     }
-    img->bytes = std::move(bytes).value();
+    *bytes = std::move(decoded).value();
     return std::nullopt;
   }
   if (url.rfind("file://", 0) == 0) {
     if (media.allowed_local_path.empty()) {
-      return bad_request("file:// image URLs are not enabled on this server (" + param + ")",
+      return bad_request("file:// " + kind + " URLs are not enabled on this server (" + param + ")",
                          param);
     }
     std::string_view rest = std::string_view(url).substr(7);
@@ -240,41 +240,96 @@ std::optional<ApiError> resolve_image_url(const std::string& url, const std::str
     if (ec || !path_under(p, root)) {
       return bad_request("file URL in " + param + " is outside the allowed directory", param);
     }
-    if (!fs::is_regular_file(p, ec)) return bad_request("no such image file: " + url, param);
+    if (!fs::is_regular_file(p, ec)) return bad_request("no such " + kind + " file: " + url, param);
     const auto size = fs::file_size(p, ec);
-    if (!ec && size > limits.max_image_bytes) {
-      return ApiError{413, "invalid_request_error",
-                      "image in " + param + " is larger than " +
-                          std::to_string(limits.max_image_bytes) + " bytes",
-                      param};
+    if (!ec && size > max_bytes) {
+      return ApiError{
+          413, "invalid_request_error",
+          kind + " in " + param + " is larger than " + std::to_string(max_bytes) + " bytes", param};
     }
-    img->path = p.string();
+    *path = p.string();
     return std::nullopt;
   }
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) {
     if (!media.allow_remote) {
-      return bad_request(
-          "remote image URLs are not enabled on this server; "
-          "send the image as a "
-          "data:image/...;base64 URL (" +
-              param + ")",
-          param);
+      return bad_request("remote " + kind + " URLs are not enabled on this server; send the " +
+                             kind + " as a data:" + kind + "/...;base64 URL (" + param + ")",
+                         param);
     }
-    remote->push_back(RemoteImage{index, url});
+    where.url = url;
+    remote->push_back(std::move(where));
     return std::nullopt;
   }
-  return bad_request("unsupported image URL in " + param +
-                         " (use data:image/...;base64,..., file:// or http(s)://)",
+  return bad_request("unsupported " + kind + " URL in " + param + " (use data:" + kind +
+                         "/...;base64,..., file:// or http(s)://)",
                      param);
 }
 
-// Walks every image part in prompt order (the order render_chat emits image
-// pads).
-std::optional<ApiError> collect_images(const ojson& messages, const ApiLimits& limits,
-                                       const MediaPolicy& media,
-                                       const std::optional<int64_t>& min_px,
-                                       const std::optional<int64_t>& max_px,
-                                       ChatCompletionRequest* req) {
+// The URL of an image or video part: part[key] as a string or {"url": string} (`detail` beside it
+// is accepted for compatibility: the pixel budget decides), else part[alt] as a string
+// (qwen-vl-utils' {"type": "image", "image": url}). Sets *url_param to the field read.
+std::optional<ApiError> part_url(const ojson& part, const std::string& param, const char* key,
+                                 const char* alt, std::string* url, std::string* url_param) {
+  if (auto it = part.find(key); it != part.end()) {
+    *url_param = param + "." + key;
+    if (it->is_string()) {
+      *url = it->get<std::string>();
+    } else if (it->is_object() && it->contains("url") && (*it)["url"].is_string()) {
+      *url = (*it)["url"].get<std::string>();
+      if (auto d = it->find("detail"); d != it->end() && !d->is_null() && !d->is_string()) {
+        return bad_request("'" + *url_param + ".detail' must be a string", *url_param + ".detail");
+      }
+    } else {
+      return bad_request("'" + *url_param + "' must be a string or {\"url\": string}", *url_param);
+    }
+    return std::nullopt;
+  }
+  if (auto it = part.find(alt); it != part.end() && it->is_string()) {
+    *url_param = param + "." + alt;
+    *url = it->get<std::string>();
+    return std::nullopt;
+  }
+  if (auto it = part.find(alt); it != part.end() && it->is_array()) {
+    return bad_request(std::string("a ") + alt + " given as a list of frames is not supported (" +
+                           param + "); send the video file",
+                       param);
+  }
+  return bad_request(
+      std::string(alt) + " part " + param + " needs a " + key + " or " + alt + " string", param);
+}
+
+// A video part's sampling (fps, min_frames, max_frames) and pixel budget over all its frames
+// (min_pixels, max_pixels), on the part or in its video_url object.
+std::optional<ApiError> read_video_settings(const ojson& obj, const std::string& prefix,
+                                            VideoInput* v) {
+  std::optional<double> fps;
+  if (auto e = read_number(obj, "fps", 0, true, 1000, &fps)) {
+    e->param = prefix + "fps";
+    return e;
+  }
+  if (fps) v->fps = fps;
+  std::optional<int64_t> n;
+  if (auto e = read_int(obj, "min_frames", prefix + "min_frames", 1, 100000, &n)) return e;
+  if (n) v->min_frames = n;
+  n.reset();
+  if (auto e = read_int(obj, "max_frames", prefix + "max_frames", 1, 100000, &n)) return e;
+  if (n) v->max_frames = n;
+  constexpr int64_t kMax = int64_t{1} << 40;
+  n.reset();
+  if (auto e = read_int(obj, "min_pixels", prefix + "min_pixels", 1, kMax, &n)) return e;
+  if (n) v->min_pixels = n;
+  n.reset();
+  if (auto e = read_int(obj, "max_pixels", prefix + "max_pixels", 1, kMax, &n)) return e;
+  if (n) v->max_pixels = n;
+  return std::nullopt;
+}
+
+// Walks every image and video part in prompt order (the order render_chat emits their pads).
+std::optional<ApiError> collect_media(const ojson& messages, const ApiLimits& limits,
+                                      const MediaPolicy& media,
+                                      const std::optional<int64_t>& min_px,
+                                      const std::optional<int64_t>& max_px,
+                                      ChatCompletionRequest* req) {
   for (size_t i = 0; i < messages.size(); ++i) {
     const ojson& m = messages[i];
     if (!m.is_object()) continue;  // parse_chat_json reports it
@@ -287,39 +342,40 @@ std::optional<ApiError> collect_images(const ojson& messages, const ApiLimits& l
           "messages[" + std::to_string(i) + "].content[" + std::to_string(j) + "]";
       const std::string type =
           part.contains("type") && part["type"].is_string() ? part["type"].get<std::string>() : "";
-      // Same classification as parse_chat_json, so images line up with the
-      // template's pads.
+      // Same classification as parse_chat_json, so the media line up with the template's pads.
       const bool is_image = type == "image" || type == "image_url" || part.contains("image") ||
                             part.contains("image_url");
-      if (!is_image) {
-        if (type == "video" || part.contains("video")) {
-          return bad_request("video input is not supported (" + param + ")", param);
+      const bool is_video = !is_image && (type == "video" || type == "video_url" ||
+                                          part.contains("video") || part.contains("video_url"));
+      if (!is_image && !is_video) continue;
+      std::string url, url_param;
+      if (is_video) {
+        if (auto e = part_url(part, param, "video_url", "video", &url, &url_param)) return e;
+        if (static_cast<int64_t>(req->videos.size()) >= limits.max_videos) {
+          return bad_request(
+              "too many videos: at most " + std::to_string(limits.max_videos) + " per request",
+              "messages");
         }
+        VideoInput v;
+        if (auto e = read_video_settings(part, param + ".", &v)) return e;
+        if (auto it = part.find("video_url"); it != part.end() && it->is_object()) {
+          if (auto e = read_video_settings(*it, param + ".video_url.", &v)) return e;
+        }
+        if (v.min_pixels && v.max_pixels && *v.min_pixels > *v.max_pixels) {
+          return bad_request("min_pixels exceeds max_pixels for " + param, param + ".min_pixels");
+        }
+        if (v.min_frames && v.max_frames && *v.min_frames > *v.max_frames) {
+          return bad_request("min_frames exceeds max_frames for " + param, param + ".min_frames");
+        }
+        if (auto e = resolve_media_url(url, url_param, "video", limits.max_video_bytes, media,
+                                       RemoteImage{req->videos.size(), "", true}, &v.path, &v.bytes,
+                                       &req->remote_images)) {
+          return e;
+        }
+        req->videos.push_back(std::move(v));
         continue;
       }
-      std::string url, url_param;
-      if (auto it = part.find("image_url"); it != part.end()) {
-        url_param = param + ".image_url";
-        if (it->is_string()) {
-          url = it->get<std::string>();
-        } else if (it->is_object() && it->contains("url") && (*it)["url"].is_string()) {
-          url = (*it)["url"].get<std::string>();
-          // "detail" (auto/low/high) is accepted for compatibility; the pixel
-          // budget decides.
-          if (auto d = it->find("detail"); d != it->end() && !d->is_null() && !d->is_string()) {
-            return bad_request("'" + url_param + ".detail' must be a string",
-                               url_param + ".detail");
-          }
-        } else {
-          return bad_request("'" + url_param + "' must be a string or {\"url\": string}",
-                             url_param);
-        }
-      } else if (auto im = part.find("image"); im != part.end() && im->is_string()) {
-        url_param = param + ".image";
-        url = im->get<std::string>();
-      } else {
-        return bad_request("image part " + param + " needs an image_url or image string", param);
-      }
+      if (auto e = part_url(part, param, "image_url", "image", &url, &url_param)) return e;
       if (static_cast<int64_t>(req->images.size()) >= limits.max_images) {
         return bad_request(
             "too many images: at most " + std::to_string(limits.max_images) + " per request",
@@ -335,8 +391,9 @@ std::optional<ApiError> collect_images(const ojson& messages, const ApiLimits& l
       if (img.min_pixels && img.max_pixels && *img.min_pixels > *img.max_pixels) {
         return bad_request("min_pixels exceeds max_pixels for " + param, param + ".min_pixels");
       }
-      if (auto e = resolve_image_url(url, url_param, limits, media, req->images.size(), &img,
-                                     &req->remote_images)) {
+      if (auto e = resolve_media_url(url, url_param, "image", limits.max_image_bytes, media,
+                                     RemoteImage{req->images.size(), "", false}, &img.path,
+                                     &img.bytes, &req->remote_images)) {
         return e;
       }
       req->images.push_back(std::move(img));
@@ -786,7 +843,7 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
 
   std::optional<int64_t> min_px, max_px;
   if (auto e = read_pixels(body, "", limits, &min_px, &max_px)) return e;
-  return collect_images(*msgs, limits, media, min_px, max_px, req);
+  return collect_media(*msgs, limits, media, min_px, max_px, req);
 }
 
 // One prompt of /v1/completions: a string or a non-empty list of token ids.

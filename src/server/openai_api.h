@@ -66,6 +66,8 @@ struct ApiLimits {
   int max_n = 8;
   int max_images = 16;
   size_t max_image_bytes = size_t{20} << 20;  // per image, after base64 decoding
+  int max_videos = 4;
+  size_t max_video_bytes = size_t{256} << 20;  // per video (a data URL is also held to the body)
   int64_t max_image_pixels = 0;  // per image: min_pixels / max_pixels above it are 400s (0: none)
   int64_t vocab_size = 0;        // logit_bias / stop_token_ids ids must be below it (0: unchecked)
   int64_t max_queue = 0;         // prompts x n above it are 400s (0: unchecked)
@@ -82,11 +84,12 @@ struct MediaPolicy {
   bool allow_remote = false;
 };
 
-// An http(s) image the caller must fetch and store into
-// images[image_index].bytes.
+// An http(s) image or video the caller must fetch and store into images[image_index].bytes
+// (videos[image_index].bytes when `video`).
 struct RemoteImage {
   size_t image_index = 0;
   std::string url;
+  bool video = false;
 };
 
 // The fields chat and text completions share.
@@ -118,7 +121,8 @@ struct ChatCompletionRequest : CommonRequest {
   bool include_reasoning = true;               // false: reasoning is dropped from the reply
   std::optional<int64_t> max_thinking_tokens;  // close the reasoning after this many tokens
   std::vector<ImageInput> images;              // in prompt order (one per image part)
-  std::vector<RemoteImage> remote_images;
+  std::vector<VideoInput> videos;              // in prompt order (one per video part)
+  std::vector<RemoteImage> remote_images;      // images and videos to fetch
   bool logprobs = false;
   int top_logprobs = 0;
 };
@@ -160,7 +164,13 @@ struct CompletionRequest : CommonRequest {
 //
 // Image URLs: data:<mime>;base64,<strict base64> → ImageInput.bytes;
 // file://[localhost]/path → ImageInput.path (see MediaPolicy); http(s):// →
-// RemoteImage when allowed. Videos are refused.
+// RemoteImage when allowed.
+//
+// Videos: {"type": "video_url", "video_url": {"url": ...}} (or "video_url": "<url>", or
+// qwen-vl-utils' {"type": "video", "video": "<url>"}), the same URL forms as images, at most
+// limits.max_videos of limits.max_video_bytes each, with fps (0, 1000], min_frames, max_frames
+// and min_pixels / max_pixels (a budget over ALL the frames) on the part or in its video_url
+// object. A video given as a list of frame images is refused.
 ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
                                                        const ApiLimits& limits,
                                                        const MediaPolicy& media);

@@ -118,7 +118,8 @@ Status parse_content(const ojson& c, size_t index, ChatMessage* m) {
     if (type == "image" || type == "image_url" || part.contains("image") ||
         part.contains("image_url")) {
       p.type = ChatPart::Type::kImage;
-    } else if (type == "video" || part.contains("video")) {
+    } else if (type == "video" || type == "video_url" || part.contains("video") ||
+               part.contains("video_url")) {
       p.type = ChatPart::Type::kVideo;
     } else if (part.contains("text")) {
       if (!part["text"].is_string()) {

@@ -184,6 +184,53 @@ TEST(VideoModel, SamplingSettingsChangeThePrompt) {
   EXPECT_EQ(groups(as_video), 2);
 }
 
+// The prefix cache keys a video's blocks on the video: the same video again is served from the
+// cache with the same logits; another video with the same token layout is not.
+TEST(VideoModel, ThePrefixCacheKeysBlocksOnTheVideo) {
+  auto e = engine();
+  ASSERT_NE(e, nullptr);
+  const auto& c = ref()["cases"][0];
+  Case k = make_case(*e, c);
+  auto run = [&](const std::vector<VideoInput>& videos, bool read_cache, int64_t* cached) {
+    Engine::LogitsOptions o;
+    o.videos = videos;
+    o.read_prefix_cache = read_cache;
+    o.cached_tokens = cached;
+    return e->logits(k.ids, {}, o);
+  };
+  int64_t cached = -1;
+  auto first = run(k.videos, false, &cached);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  auto again = run(k.videos, true, &cached);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  const int64_t n = static_cast<int64_t>(c["input_ids"].size());
+  EXPECT_GE(cached, n / 16 * 16 - 16);  // all whole blocks but possibly the last
+  EXPECT_GT(cached, 0);
+  const int64_t V = static_cast<int64_t>(first->size()) / n;
+  // The uncached tail is computed against the cached blocks: its rows equal the first run's.
+  std::vector<float> tail_a(first->begin() + cached * V, first->end());
+  std::vector<float> tail_b(again->begin() + cached * V, again->end());
+  EXPECT_LE(rel_err(tail_b, tail_a), 1e-6);
+  // Other bytes, the same frames (the file with a free atom appended): the same ids, another
+  // key, so nothing from the first video's blocks on is served from the cache.
+  VideoInput other = k.videos[0];
+  const uint8_t free_atom[] = {0, 0, 0, 8, 'f', 'r', 'e', 'e'};
+  other.bytes.insert(other.bytes.end(), std::begin(free_atom), std::end(free_atom));
+  std::vector<int32_t> ids_other;
+  Engine::LogitsOptions o;
+  o.videos = {other};
+  o.expanded_ids = &ids_other;
+  o.read_prefix_cache = true;
+  o.cached_tokens = &cached;
+  auto third = e->logits(k.ids, {}, o);
+  ASSERT_TRUE(third.ok()) << third.status().message();
+  ASSERT_EQ(ids_other, c["input_ids"].get<std::vector<int32_t>>());
+  const auto first_pad =
+      std::find(ids_other.begin(), ids_other.end(), kVideoPad) - ids_other.begin();
+  EXPECT_LE(cached, first_pad);
+  EXPECT_LE(rel_err(*third, *first), 1e-6);  // the same frames: the same logits
+}
+
 TEST(VideoModel, BadVideosAndPromptsGetClearErrors) {
   auto e = engine();
   ASSERT_NE(e, nullptr);
@@ -202,9 +249,11 @@ TEST(VideoModel, BadVideosAndPromptsGetClearErrors) {
   EXPECT_NE(submit_error("What?", {video("mp4_h264_2997.mp4")})
                 .find("0 video placeholders (<|video_pad|>) but 1 videos"),
             std::string::npos);
+  // A video pad outside <|vision_start|> ... is text (as in transformers), not a placeholder.
   EXPECT_NE(submit_error("<|video_pad|>", {video("mp4_h264_2997.mp4")})
-                .find("does not follow <|vision_start|>"),
+                .find("0 video placeholders (<|video_pad|>) but 1 videos"),
             std::string::npos);
+  EXPECT_EQ(submit_error("a <|video_pad|> as text", {}), "");
   EXPECT_NE(submit_error("<|vision_start|><|video_pad|><|video_pad|><|vision_end|>",
                          {video("mp4_h264_2997.mp4")})
                 .find("with one pad"),

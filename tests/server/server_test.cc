@@ -17,6 +17,7 @@
 #include "test_util.h"
 #include "vlm/chat.h"
 #include "vlm/engine.h"
+#include "vlm/tokenizer.h"
 
 namespace vlm {
 namespace {
@@ -545,6 +546,71 @@ TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
   EXPECT_NE(m->body.find("vlm_prefix_cache_queries_total"), std::string::npos) << m->body;
   (*plain)->stop();
   plain_thread.join();
+}
+
+// Video parts: a data URL and a file:// URL with its own sampling reach the model as
+// transformers reads them (the video-f32 fixture's greedy reply), the metrics count them, and a
+// broken video is a 400 naming it.
+TEST_F(ServerTest, VideoPartsAreServedAsTransformersReadsThem) {
+  const std::string dir = std::string(VLM_FIXTURES_DIR) + "/video-f32";
+  const std::string clips = std::string(VLM_REPO_DIR) + "/tests/unit/fixtures/videos";
+  const json ref = json::parse(test_util::read_file(dir + "/reference.json"));
+  const json& c = ref["cases"][0];
+  ASSERT_EQ(c["name"], "video");
+  ServeOptions o = tiny_options();
+  o.engine.model_dir = dir;
+  o.allowed_media_path = clips;
+  auto server = Server::create(o);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  ASSERT_TRUE((*server)->wait_until_loaded().ok());
+  std::thread thread([&] { (*server)->run(); });
+  test_http::Client cl((*server)->port());
+  auto ask = [&](const json& video_part, const std::string& text) {
+    json body = chat_body(text, 20);
+    body["ignore_eos"] = true;
+    body["messages"][0]["content"] =
+        json::array({video_part, json{{"type", "text"}, {"text", text}}});
+    return cl.Post("/v1/chat/completions", body.dump(), "application/json");
+  };
+  const std::string mp4 = test_util::read_file(clips + "/mp4_h264_2997.mp4");
+  auto r = ask(json{{"type", "video_url"},
+                    {"video_url", {{"url", "data:video/mp4;base64," + base64_encode(mp4)}}}},
+               "Which way does it move?");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json reply = json::parse(r->body);
+  auto tok = Tokenizer::load(dir);
+  ASSERT_TRUE(tok.ok());
+  EXPECT_EQ(reply["choices"][0]["message"]["content"],
+            (*tok)->decode(c["greedy"].get<std::vector<int32_t>>(), true));
+  EXPECT_EQ(reply["usage"]["prompt_tokens"], c["input_ids"].size());
+
+  // file:// under --allowed-media-path, sampled at 4 fps and at most 6 frames (qwen-vl-utils'
+  // part form, the settings on the part).
+  r = ask(json{{"type", "video"},
+               {"video", "file://" + clips + "/webm_vp9_7.webm"},
+               {"fps", 4},
+               {"max_frames", 6}},
+          "Same colours?");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto m = cl.Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* s : {"vlm_videos_total 2", "vlm_video_frames_total 10",
+                        "vlm_video_decode_seconds_count 2", "vlm_images_total 0"}) {
+    EXPECT_NE(m->body.find(s), std::string::npos) << s;
+  }
+  r = ask(json{{"type", "video_url"}, {"video_url", {{"url", "data:video/mp4;base64,AAAAAAAA"}}}},
+          "x");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("video 1"), std::string::npos) << r->body;
+  r = ask(json{{"type", "video_url"}, {"video_url", {{"url", "file:///etc/passwd"}}}}, "x");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("outside the allowed directory"), std::string::npos) << r->body;
+  (*server)->stop();
+  thread.join();
 }
 
 }  // namespace

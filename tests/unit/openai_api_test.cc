@@ -315,7 +315,68 @@ TEST(OpenAiApiTest, BadMessages) {
   expect_error(R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages");
   expect_error("[1, 2]", 400, "");
   expect_error(body_with(json::array({{{"type", "video"}, {"video", "file:///v.mp4"}}})), 400,
+               "messages[0].content[0].video");
+}
+
+// Video parts: OpenAI-style video_url (string or object) and qwen-vl-utils' {"video": url}, with
+// their sampling and pixel budget on the part or in the video_url object, in prompt order beside
+// the images; the errors name the field.
+TEST(OpenAiApiTest, VideoParts) {
+  const std::string mp4 = "data:video/mp4;base64,AAAAGGZ0eXBtcDQy";  // 12 bytes
+  json content = json::array(
+      {{{"type", "video_url"}, {"video_url", {{"url", mp4}, {"fps", 1.5}, {"max_frames", 8}}}},
+       {{"type", "image_url"}, {"image_url", "data:image/png;base64,AAAA"}},
+       {{"type", "video"},
+        {"video", mp4},
+        {"min_pixels", 4096},
+        {"max_pixels", 65536},
+        {"min_frames", 2}},
+       {{"type", "text"}, {"text", "compare"}}});
+  auto r = parse(body_with(content));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r.value().videos.size(), 2u);
+  ASSERT_EQ(r.value().images.size(), 1u);
+  const VideoInput& a = r.value().videos[0];
+  EXPECT_EQ(a.bytes.size(), 12u);
+  EXPECT_EQ(a.fps, 1.5);
+  EXPECT_EQ(a.max_frames, 8);
+  EXPECT_FALSE(a.min_pixels.has_value());
+  const VideoInput& b = r.value().videos[1];
+  EXPECT_EQ(b.min_pixels, 4096);
+  EXPECT_EQ(b.max_pixels, 65536);
+  EXPECT_EQ(b.min_frames, 2);
+  EXPECT_FALSE(b.fps.has_value());
+
+  auto part = [&](json p) { return body_with(json::array({p})); };
+  expect_error(part({{"type", "video_url"}, {"video_url", {{"url", mp4}, {"fps", 0}}}}), 400,
+               "messages[0].content[0].video_url.fps");
+  expect_error(part({{"type", "video"}, {"video", mp4}, {"max_frames", 0}}), 400,
+               "messages[0].content[0].max_frames");
+  expect_error(part({{"type", "video"}, {"video", mp4}, {"min_frames", 9}, {"max_frames", 8}}), 400,
+               "messages[0].content[0].min_frames");
+  expect_error(part({{"type", "video"}, {"video", json::array({"a.jpg", "b.jpg"})}}), 400,
                "messages[0].content[0]");
+  expect_error(part({{"type", "video_url"}, {"video_url", 5}}), 400,
+               "messages[0].content[0].video_url");
+  expect_error(part({{"type", "video_url"}, {"video_url", "http://example.com/v.mp4"}}), 400,
+               "messages[0].content[0].video_url");
+  ApiLimits small;
+  small.max_video_bytes = 8;
+  expect_error(part({{"type", "video_url"}, {"video_url", mp4}}), 413,
+               "messages[0].content[0].video_url", small);
+  small.max_videos = 1;
+  small.max_video_bytes = 1 << 20;
+  expect_error(body_with(json::array({{{"type", "video_url"}, {"video_url", mp4}},
+                                      {{"type", "video_url"}, {"video_url", mp4}}})),
+               400, "messages", small);
+  MediaPolicy remote;
+  remote.allow_remote = true;
+  auto fetched =
+      parse(part({{"type", "video_url"}, {"video_url", "https://example.com/v.mp4"}}), {}, remote);
+  ASSERT_TRUE(fetched.ok()) << fetched.error().message;
+  ASSERT_EQ(fetched.value().remote_images.size(), 1u);
+  EXPECT_TRUE(fetched.value().remote_images[0].video);
+  EXPECT_EQ(fetched.value().remote_images[0].image_index, 0u);
 }
 
 TEST(OpenAiApiTest, MalformedJsonNamesThePosition) {
