@@ -2,6 +2,7 @@
 
 #include "core/clock.h"
 #include "vision/image_decode.h"
+#include "vision/resize.h"
 #include "vision/video_decode.h"
 
 namespace vlm {
@@ -157,28 +158,47 @@ Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCach
     out->resized_w = e.grid.w * opt.patch_size;
     return over_budget(out->tokens);
   }
-  VLM_ASSIGN_OR_RETURN(VideoFrames v,
-                       decode_video(bytes.data(), bytes.size(), sampling, staging.limits));
-  out->decode_ms = ms_since(t0);
-  out->frames = static_cast<int64_t>(v.frames.size());
-  int64_t pixels = 0;
-  for (const Image& f : v.frames) pixels += f.width * f.height;
+  // Each sampled frame is resized as soon as it is decoded, so that only one frame is ever held
+  // at the source's size; the first one prices the video (the sampled count and the size are
+  // known then) before the others are decoded.
   PixelBudget::Lease lease;
-  if (budget != nullptr) lease = budget->acquire(pixels);
-  if (max_tokens >= 0 && !v.frames.empty()) {
-    const int64_t factor = opt.patch_size * opt.merge_size;
-    VLM_ASSIGN_OR_RETURN(auto hw, smart_resize_video(out->frames, v.frames[0].height,
-                                                     v.frames[0].width, opt.temporal_patch_size,
-                                                     factor, opt.min_pixels, opt.max_pixels));
-    const int64_t groups = (out->frames + opt.temporal_patch_size - 1) / opt.temporal_patch_size;
-    VLM_RETURN_IF_ERROR(over_budget(groups * (hw.first / factor) * (hw.second / factor)));
-  }
+  std::pair<int64_t, int64_t> target{0, 0};
+  int64_t sampled_count = 0;
+  double resize_ms = 0;
+  FrameSink sink = [&](Image frame, int64_t sampled) -> Result<Image> {
+    if (target.first == 0) {
+      const int64_t factor = opt.patch_size * opt.merge_size;
+      VLM_ASSIGN_OR_RETURN(
+          target, smart_resize_video(sampled, frame.height, frame.width, opt.temporal_patch_size,
+                                     factor, opt.min_pixels, opt.max_pixels));
+      out->frames = sampled_count = sampled;
+      const int64_t groups = (sampled + opt.temporal_patch_size - 1) / opt.temporal_patch_size;
+      VLM_RETURN_IF_ERROR(over_budget(groups * (target.first / factor) * (target.second / factor)));
+      if (budget != nullptr) {
+        lease =
+            budget->acquire(frame.width * frame.height + sampled * target.first * target.second);
+      }
+    }
+    if (frame.height == target.first && frame.width == target.second) return frame;
+    const auto r0 = Clock::now();
+    Image resized = resize_bicubic_antialias(frame, target.first, target.second, pool);
+    resize_ms += ms_since(r0);
+    return resized;
+  };
+  VLM_ASSIGN_OR_RETURN(VideoFrames v,
+                       decode_video(bytes.data(), bytes.size(), sampling, staging.limits, sink));
+  out->decode_ms = ms_since(t0) - resize_ms;
+  out->frames = static_cast<int64_t>(v.frames.size());
 
   t0 = Clock::now();
-  Result<PreprocessedImage> p = preprocess_video(v.frames, opt, pool);
+  // A stream that ended early has fewer frames than were sampled: they are priced again by their
+  // count (from the target size they already have).
+  std::optional<std::pair<int64_t, int64_t>> size;
+  if (sampled_count == out->frames) size = target;
+  Result<PreprocessedImage> p = preprocess_video(v.frames, opt, pool, size);
   if (!p.ok()) return p.status().with_context(v.format);
   out->pixels = std::move(p).value();
-  out->preprocess_ms = ms_since(t0);
+  out->preprocess_ms = ms_since(t0) + resize_ms;
   out->tokens = out->pixels.num_tokens();
   out->groups = out->pixels.grid_t;
   out->timestamps = video_timestamps(v.indices, v.source_fps, opt.merge_size);

@@ -269,7 +269,8 @@ Result<std::pair<int64_t, int64_t>> smart_resize_video(int64_t num_frames, int64
 }
 
 Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
-                                           const PreprocessOptions& opt, ThreadPool* pool) {
+                                           const PreprocessOptions& opt, ThreadPool* pool,
+                                           std::optional<std::pair<int64_t, int64_t>> size) {
   if (frames.empty()) return invalid_argument("preprocess: a video without frames");
   const int64_t h = frames[0].height, w = frames[0].width;
   for (const Image& f : frames) {
@@ -282,8 +283,13 @@ Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
   VLM_RETURN_IF_ERROR(validate_options(opt).with_context("preprocess"));
   const int64_t P = opt.patch_size, M = opt.merge_size, T = opt.temporal_patch_size;
   const int64_t n = static_cast<int64_t>(frames.size());
-  auto hw = smart_resize_video(n, h, w, T, P * M, opt.min_pixels, opt.max_pixels);
+  auto hw = size ? Result<std::pair<int64_t, int64_t>>(*size)
+                 : smart_resize_video(n, h, w, T, P * M, opt.min_pixels, opt.max_pixels);
   if (!hw.ok()) return hw.status().with_context("preprocess");
+  if (hw->first % (P * M) != 0 || hw->second % (P * M) != 0 || hw->first <= 0 || hw->second <= 0) {
+    return invalid_argument("preprocess: a video size that is not a multiple of " +
+                            std::to_string(P * M));
+  }
   const auto [rh, rw] = *hw;
   PreprocessedImage out = output_grid(rh, rw, (n + T - 1) / T, opt);
   std::vector<Image> resized;

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,9 +111,11 @@ Result<std::pair<int64_t, int64_t>> smart_resize_video(int64_t num_frames, int64
 // grid_t = the temporal groups. `opt`'s pixel budget is the video's (video_preprocessor_config.json
 // `size`). Errors: kInvalidArgument (no frames, frames of different sizes, a smart_resize_video
 // error), kUnavailable when the output cannot be allocated.
+// `size` (height, width), when given, is the resize target instead of smart_resize_video's (the
+// frames' own size when they were resized as they were decoded).
 Result<PreprocessedImage> preprocess_video(const std::vector<Image>& frames,
-                                           const PreprocessOptions& opt,
-                                           ThreadPool* pool = nullptr);
+                                           const PreprocessOptions& opt, ThreadPool* pool = nullptr,
+                                           std::optional<std::pair<int64_t, int64_t>> size = {});
 
 // Reads preprocessor_config.json text. Pixel budget: top-level min_pixels / max_pixels when present
 // (transformers lets them override size), else size.shortest_edge / size.longest_edge. Also reads

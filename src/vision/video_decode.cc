@@ -112,14 +112,24 @@ Status check_frame_size(int64_t w, int64_t h, const VideoLimits& limits,
   return Status();
 }
 
-// Checks a kept frame's size and adds it to the running total, against the limits.
-Status take_frame_size(int64_t w, int64_t h, const VideoLimits& limits, int64_t* total_pixels,
-                       const std::string& format) {
-  VLM_RETURN_IF_ERROR(check_frame_size(w, h, limits, format));
-  *total_pixels += w * h;
+// Keeps a sampled frame: what `sink` makes of it (when set; `sampled` is the count of frames the
+// sampling takes), added to the frames kept and to their running pixel total, against the limit.
+Status keep_frame(Image img, int64_t sampled, const FrameSink& sink, const VideoLimits& limits,
+                  int64_t* total_pixels, const std::string& format, VideoFrames* out) {
+  if (sink) {
+    Result<Image> kept = sink(std::move(img), sampled);
+    if (!kept.ok()) return kept.status();
+    img = std::move(kept).value();
+  }
+  *total_pixels += img.width * img.height;
   if (*total_pixels > limits.max_total_pixels) {
     return video_error(format, "the sampled frames exceed the limit of " +
                                    std::to_string(limits.max_total_pixels) + " pixels together");
+  }
+  try {
+    out->frames.push_back(std::move(img));
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kUnavailable, "video: out of memory");
   }
   return Status();
 }
@@ -128,7 +138,8 @@ Status take_frame_size(int64_t w, int64_t h, const VideoLimits& limits, int64_t*
 // canvas as browsers show them, alpha dropped. The rate is the frame count over the duration
 // (the frames' durations summed from the container, before anything is decoded).
 Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSampling& sampling,
-                                const VideoLimits& limits, Clock::time_point deadline) {
+                                const VideoLimits& limits, const FrameSink& sink,
+                                Clock::time_point deadline) {
   const std::string format = "webp";
   WebPData wd{data, size};
   std::unique_ptr<WebPDemuxer, decltype(&WebPDemuxDelete)> demux(WebPDemux(&wd), &WebPDemuxDelete);
@@ -178,7 +189,6 @@ Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSam
       return video_error(format, "frame " + std::to_string(i + 1) + " is corrupt");
     }
     while (next < out.indices.size() && out.indices[next] == i) {
-      VLM_RETURN_IF_ERROR(take_frame_size(w, h, limits, &total_pixels, format));
       Image img;
       img.width = w;
       img.height = h;
@@ -188,7 +198,8 @@ Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSam
         return Status(StatusCode::kUnavailable, "video: out of memory");
       }
       for (int64_t p = 0; p < w * h; ++p) std::memcpy(&img.rgb[p * 3], buf + p * 4, 3);
-      out.frames.push_back(std::move(img));
+      VLM_RETURN_IF_ERROR(keep_frame(std::move(img), static_cast<int64_t>(out.indices.size()), sink,
+                                     limits, &total_pixels, format, &out));
       ++next;
     }
     if (Clock::now() > deadline) {
@@ -318,7 +329,7 @@ std::vector<std::string> video_timestamps(const std::vector<int64_t>& indices, d
 }
 
 Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSampling& sampling,
-                                 const VideoLimits& limits) {
+                                 const VideoLimits& limits, const FrameSink& sink) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(limits.max_decode_s));
   if (data == nullptr || size == 0) return video_error("", "empty input");
@@ -330,7 +341,7 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
       sampling.max_frames < sampling.min_frames) {
     return video_error("", "fps must be positive and 1 <= min_frames <= max_frames");
   }
-  if (is_webp(data, size)) return decode_webp(data, size, sampling, limits, deadline);
+  if (is_webp(data, size)) return decode_webp(data, size, sampling, limits, sink, deadline);
 
   av_log_set_level(AV_LOG_QUIET);
   auto opened = Demuxer::open(data, size, limits, deadline);
@@ -445,7 +456,7 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
       }
       while (next < out.indices.size() && out.indices[next] == index) {
         const int w = frame->width, h = frame->height;
-        failed = take_frame_size(w, h, limits, &total_pixels, format);
+        failed = check_frame_size(w, h, limits, format);
         if (!failed.ok()) return false;
         sws.reset(sws_getCachedContext(sws.release(), w, h,
                                        static_cast<AVPixelFormat>(frame->format), w, h,
@@ -480,7 +491,9 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
                       rgb.data[0] + static_cast<ptrdiff_t>(y) * rgb.linesize[0],
                       static_cast<size_t>(w) * 3);
         }
-        out.frames.push_back(std::move(img));
+        failed = keep_frame(std::move(img), static_cast<int64_t>(out.indices.size()), sink, limits,
+                            &total_pixels, format, &out);
+        if (!failed.ok()) return false;
         ++next;
       }
       av_frame_unref(frame.get());

@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,8 +73,15 @@ std::vector<int64_t> sample_frame_indices(int64_t total, double source_fps, cons
 std::vector<std::string> video_timestamps(const std::vector<int64_t>& indices, double source_fps,
                                           int64_t merge);
 
+// What becomes of each sampled frame as it is decoded (at the source's size, RGB): the image to
+// keep instead, e.g. the frame resized to what preprocessing wants, so that a long video's frames
+// are never all held at full size. `sampled`: how many frames the sampling takes. An error stops
+// the decode and is returned as is.
+using FrameSink = std::function<Result<Image>(Image frame, int64_t sampled)>;
+
 // Decodes the sampled frames of a video held in memory. The format is sniffed from the bytes.
+// max_total_pixels counts the frames kept (after `sink`).
 Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSampling& sampling,
-                                 const VideoLimits& limits = {});
+                                 const VideoLimits& limits = {}, const FrameSink& sink = {});
 
 }  // namespace vlm

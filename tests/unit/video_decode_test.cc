@@ -29,9 +29,10 @@ nlohmann::json reference() {
 }
 
 Result<VideoFrames> decode_file(const std::string& name, const VideoSampling& s = {},
-                                const VideoLimits& limits = {}) {
+                                const VideoLimits& limits = {}, const FrameSink& sink = {}) {
   const std::string bytes = test_util::read_file(kDir + "/" + name);
-  return decode_video(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), s, limits);
+  return decode_video(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), s, limits,
+                      sink);
 }
 
 TEST(VideoSampling, IndicesAreTransformers) {
@@ -253,6 +254,42 @@ TEST(VideoPreprocess, SmartResizeFollowsTransformersAndPricesOneFrameAsTwo) {
   odd[1].width = 32;
   EXPECT_FALSE(preprocess_video(odd, PreprocessOptions{}).ok());
   EXPECT_FALSE(preprocess_video({}, PreprocessOptions{}).ok());
+}
+
+// A sink sees every sampled frame at the source's size, with the sampled count, and what it
+// returns is what is kept (and counted against max_total_pixels); its error stops the decode.
+TEST(VideoDecode, TheSinkKeepsWhatItReturns) {
+  for (const char* name : {"mp4_h264_2997.mp4", "webp_anim.webp"}) {
+    SCOPED_TRACE(name);
+    auto whole = decode_file(name);
+    ASSERT_TRUE(whole.ok()) << whole.status().message();
+    int calls = 0;
+    FrameSink shrink = [&](Image f, int64_t sampled) -> Result<Image> {
+      EXPECT_EQ(sampled, static_cast<int64_t>(whole->indices.size()));
+      EXPECT_EQ(f.rgb, whole->frames[calls].rgb);  // the frame as decode_video gives it
+      ++calls;
+      Image small;
+      small.width = small.height = 2;
+      small.rgb.assign(12, static_cast<uint8_t>(calls));
+      return small;
+    };
+    VideoLimits tight;
+    tight.max_total_pixels = 4 * static_cast<int64_t>(whole->frames.size());  // 2x2 frames only
+    auto kept = decode_file(name, {}, tight, shrink);
+    ASSERT_TRUE(kept.ok()) << kept.status().message();
+    EXPECT_EQ(calls, static_cast<int>(whole->frames.size()));
+    ASSERT_EQ(kept->frames.size(), whole->frames.size());
+    EXPECT_EQ(kept->frames.back().width, 2);
+    EXPECT_EQ(kept->frames.back().rgb[0], calls);
+    EXPECT_EQ(kept->indices, whole->indices);
+    EXPECT_FALSE(decode_file(name, {}, tight).ok());  // the full frames are over that limit
+    FrameSink refuse = [](Image, int64_t) -> Result<Image> {
+      return Status(StatusCode::kOutOfRange, "too many tokens");
+    };
+    auto refused = decode_file(name, {}, {}, refuse);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().message(), "too many tokens");
+  }
 }
 
 }  // namespace
