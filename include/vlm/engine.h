@@ -310,6 +310,14 @@ class Engine {
     double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
   };
   Result<ImageTimings> encode_image(const ImageInput& image);
+  // The same for one video: its frames decoded (and resized as they come), preprocessed and
+  // encoded (all temporal groups in one encoder input).
+  struct VideoTimings {
+    int64_t frames = 0, groups = 0, vision_tokens = 0;
+    int64_t resized_h = 0, resized_w = 0;
+    double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
+  };
+  Result<VideoTimings> encode_video(const VideoInput& video);
 
   // Times decode attention alone, as a decode step of one sequence runs it (the thread pool,
   // split-K over long contexts): one query per head against `context` cached positions in every

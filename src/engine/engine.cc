@@ -440,6 +440,28 @@ Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
   return t;
 }
 
+Result<Engine::VideoTimings> Engine::encode_video(const VideoInput& video) {
+  Impl& m = *impl_;
+  if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower");
+  Status st;
+  VideoTimings t;
+  m.core->run_on_engine_thread([&] {
+    StagedImage s;
+    st = stage_video(video, m.video, nullptr, m.pool.get(), &s);
+    if (!st.ok()) return;
+    t.frames = s.frames;
+    t.groups = s.groups;
+    t.decode_ms = s.decode_ms;
+    t.preprocess_ms = s.preprocess_ms;
+    t.resized_h = s.resized_h;
+    t.resized_w = s.resized_w;
+    st = encode_staged_image(*m.vision, &s, &t.encode_ms);
+    if (st.ok()) t.vision_tokens = s.encoded->out.tokens;
+  });
+  VLM_RETURN_IF_ERROR(st);
+  return t;
+}
+
 Result<Engine::GrammarTimings> Engine::time_grammar(const StructuredOutput& so, int reps,
                                                     int sequences, int max_steps,
                                                     uint64_t seed) const {

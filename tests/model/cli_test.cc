@@ -355,6 +355,35 @@ TEST(Cli, BenchCommaListsWriteEveryMeasurementAsJson) {
   EXPECT_NE(r.err.find("| prefill "), std::string::npos) << r.err;
 }
 
+// bench --video: frame decode, preprocess and encode rows at each sampled frame count, with the
+// frames, groups and tokens each took.
+TEST(Cli, BenchVideo) {
+  const std::string dir = kFixtures + "/video-f32";
+  const std::string clip =
+      std::string(VLM_REPO_DIR) + "/tests/unit/fixtures/videos/webm_vp9_7.webm";
+  CliResult r = vlm("bench -m " + quote(dir) + " --video " + quote(clip) +
+                    " --video-frames 4,8 -r 1 -t 1 --no-warmup --json -");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["results"].size(), 6u);  // nothing else was asked for
+  for (const char* kind : {"video_decode", "video_preprocess", "video_encode"}) {
+    auto rows = rows_of(j, kind);
+    ASSERT_EQ(rows.size(), 2u) << kind;
+    EXPECT_EQ(rows[0]["frames"], 4);
+    EXPECT_EQ(rows[0]["groups"], 2);
+    EXPECT_EQ(rows[1]["frames"], 8);
+    EXPECT_EQ(rows[1]["groups"], 4);
+    // The budget (65536..262144 pixels over all frames) upscales 4 frames of 64x48 to 160x128:
+    // 2 groups of 20 tokens.
+    EXPECT_EQ(rows[0]["tokens"], 40);
+    for (const auto& row : rows) expect_row_figures(row, 1);
+  }
+  r = vlm("bench -m " + quote(dir) + " --video " + quote(clip) + " --video-frames 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--video-frames: '0' is not a positive integer"), std::string::npos)
+      << r.err;
+}
+
 TEST(Cli, BenchBatchedDecodeAndMemoryBandwidth) {
   const std::string dir = kFixtures + "/text-f32-untied";
   test_util::TempDir tmp;

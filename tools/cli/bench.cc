@@ -358,6 +358,40 @@ vlm::Status bench_image(vlm::Engine& e, const ImageCase& img, const BenchArgs& a
   return vlm::ok_status();
 }
 
+// One video at `frames` sampled frames (min = max = frames, at a rate high enough to reach it):
+// frame decoding, preprocessing (the resize included) and the vision encoder, each a row.
+vlm::Status bench_video(vlm::Engine& e, const std::string& path, int64_t frames, const BenchArgs& a,
+                        std::vector<Row>* rows) {
+  vlm::VideoInput in;
+  in.path = path;
+  in.fps = 1000;
+  in.min_frames = in.max_frames = frames;
+  std::vector<double> dec, pre, enc;
+  vlm::Engine::VideoTimings t;
+  for (int r = a.no_warmup ? 0 : -1; r < a.reps; ++r) {
+    auto res = e.encode_video(in);
+    if (!res.ok()) return res.status();
+    t = *res;
+    if (r < 0) continue;
+    dec.push_back(t.decode_ms);
+    pre.push_back(t.preprocess_ms);
+    enc.push_back(t.encode_ms);
+  }
+  const std::string name = path.substr(path.find_last_of('/') + 1);
+  const std::string resized = std::to_string(t.resized_w) + "x" + std::to_string(t.resized_h);
+  const std::string size = name + ", " + std::to_string(t.frames) + " frames -> " +
+                           std::to_string(t.groups) + " x " + resized + ", " +
+                           std::to_string(t.vision_tokens) + " tokens";
+  json f = {{"size", t.frames},         {"video", name},
+            {"frames", t.frames},       {"groups", t.groups},
+            {"resized_w", t.resized_w}, {"resized_h", t.resized_h},
+            {"tokens", t.vision_tokens}};
+  rows->push_back({"video_decode", "video frame decode", size, "ms", dec, f});
+  rows->push_back({"video_preprocess", "video preprocess", size, "ms", pre, f});
+  rows->push_back({"video_encode", "video vision encode", size, "ms", enc, f});
+  return vlm::ok_status();
+}
+
 }  // namespace
 
 void add_bench_options(CLI::App* b, BenchArgs* a) {
@@ -372,6 +406,11 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("--synthetic-image", a->synthetic_images,
                 "Measure the vision path on a generated WxH image; repeatable (default run: "
                 "448x448 and 1280x960 when the model has a vision tower)");
+  b->add_option("--video", a->videos,
+                "Measure the video path on this file (frame decode, preprocess, encode at the "
+                "checkpoint's pixel budget); repeatable");
+  b->add_option("--video-frames", a->video_frames,
+                "Sampled frames per --video measurement, a comma list (default: 8,32,128)");
   b->add_option("--min-pixels", a->min_pixels, "Resize budget of the images: least pixels");
   b->add_option("--max-pixels", a->max_pixels, "Resize budget of the images: most pixels");
   b->add_option("--batch", a->batch_sizes,
@@ -420,6 +459,11 @@ int run_bench(const BenchArgs& a) {
       !parse_sizes("--attention", a.attention_sizes, &attention, &err)) {
     return fail(err);
   }
+  std::vector<int64_t> video_frames;
+  if (!parse_sizes("--video-frames", a.video_frames.empty() ? "8,32,128" : a.video_frames,
+                   &video_frames, &err)) {
+    return fail(err);
+  }
   std::vector<ImageCase> images;
   for (const std::string& s : a.synthetic_images) {
     int w = 0, h = 0;
@@ -444,7 +488,7 @@ int run_bench(const BenchArgs& a) {
   // With no selection, the default run: the standard sizes, the two standard images, the probe.
   bool membw = a.membw || a.membw_mib > 0;
   const bool selected = !prompts.empty() || !gens.empty() || !batches.empty() || !images.empty() ||
-                        membw || !attention.empty() || !a.structured.empty();
+                        membw || !attention.empty() || !a.structured.empty() || !a.videos.empty();
   const bool default_run = !selected;
   if (default_run) {
     prompts = {128, 512, 2048};
@@ -458,7 +502,8 @@ int run_bench(const BenchArgs& a) {
   const bool decode = default_run || !a.gen_sizes.empty();
   const int64_t gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !prompts.empty() ? prompts[0] : 128;
   const bool needs_model = !prompts.empty() || decode || !batches.empty() || !images.empty() ||
-                           default_run || !attention.empty() || !a.structured.empty();
+                           default_run || !attention.empty() || !a.structured.empty() ||
+                           !a.videos.empty();
   if (needs_model && a.model.empty()) {
     return fail("bench: -m is required (all but --membw need a model)");
   }
@@ -575,6 +620,13 @@ int run_bench(const BenchArgs& a) {
       progress("vision " + img.name, a);
       vlm::Status st = bench_image(engine, img, a, &rows);
       if (!st.ok()) return fail(st.message());
+    }
+    for (const std::string& v : a.videos) {
+      for (int64_t n : video_frames) {
+        progress("video " + v + ", " + std::to_string(n) + " frames", a);
+        vlm::Status st = bench_video(engine, v, n, a, &rows);
+        if (!st.ok()) return fail(st.message());
+      }
     }
     for (int64_t n : gens) {
       if (batches.empty()) break;

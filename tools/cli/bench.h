@@ -22,6 +22,8 @@ struct BenchArgs {
   std::vector<std::string> images;
   std::vector<std::string> synthetic_images;  // "448x448"
   int64_t min_pixels = -1, max_pixels = -1;
+  std::vector<std::string> videos;  // --video FILE
+  std::string video_frames;         // --video-frames "8,32,128"
   int reps = 3;
   bool no_warmup = false;
   int threads = 0;
