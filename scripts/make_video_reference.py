@@ -16,7 +16,8 @@ What it writes (CPU, attn_implementation="eager"):
 * <case>_logits.npy: the full prefill logits [len(input_ids), vocab].
 
 Cases: one video; an image and a video; two videos (an H.264 MP4 at 29.97 fps, a VP9 WebM at
-7 fps whose 5 sampled frames are padded to 6, a variable-frame-rate VP8 MKV). The frames given to
+7 fps whose 5 sampled frames are padded to 6, a variable-frame-rate VP8 MKV); a video given as a
+list of frames (the MP4's sampled frames, `frames_fps` 2: indices 0..3 at 2 frames a second). The frames given to
 the processor are the PyAV-decoded frames tests/unit/fixtures/videos stores, at transformers'
 sampled indices (video_preprocessor_config.json keeps the sampling defaults: fps 2, 4..768), with
 their VideoMetadata, so the processor samples nothing itself (do_sample_frames=False).
@@ -82,6 +83,10 @@ CASES = [
          videos=["webm_vp9_7.webm"], images=[IMAGE.name]),
     dict(name="two_videos", text=chat(VIDEO + VIDEO + "Which is faster?"),
          videos=["mp4_h264_2997.mp4", "mkv_vp8_vfr.mkv"], images=[]),
+    # A video given as its frames (qwen-vl-utils' list of images): the MP4's four sampled frames,
+    # taken as sampled at 2 frames a second (indices 0..3, timestamps index / 2).
+    dict(name="frames", text=chat(VIDEO + "What moves?"), videos=["mp4_h264_2997.mp4"],
+         images=[], frames_fps=2.0),
 ]
 NEW_TOKENS = 20
 
@@ -110,8 +115,13 @@ def processor_inputs(processor, case: dict, clips: dict) -> dict:
         frames = np.load(VIDEOS / (Path(name).stem + ".npy"))  # PyAV's, at the sampled indices
         assert len(frames) == len(c["indices"])
         videos.append(torch.from_numpy(frames).permute(0, 3, 1, 2))
-        metas.append(VideoMetadata(total_num_frames=c["total_frames"], fps=c["fps"],
-                                   frames_indices=list(c["indices"])))
+        if "frames_fps" in case:
+            n = len(frames)
+            metas.append(VideoMetadata(total_num_frames=n, fps=case["frames_fps"],
+                                       frames_indices=list(range(n))))
+        else:
+            metas.append(VideoMetadata(total_num_frames=c["total_frames"], fps=c["fps"],
+                                       frames_indices=list(c["indices"])))
     images = [Image.open(IMAGE).convert("RGB") for _ in case["images"]] or None
     enc = processor(text=[case["text"]], images=images, videos=videos, video_metadata=metas,
                     do_sample_frames=False, return_tensors="pt")

@@ -42,7 +42,11 @@ struct ImageInput {
 struct VideoInput {
   std::string path;
   std::vector<uint8_t> bytes;  // used when path is empty
-  std::optional<double> fps;   // frames sampled per second of video
+  // Instead of a file: the frames themselves as images (all the same size), taken as already
+  // sampled at `fps` frames a second (default: the model's sampling rate, 2) — qwen-vl-utils'
+  // list of frames. Their timestamps are index ÷ fps; nothing more is sampled from them.
+  std::vector<ImageInput> frames;
+  std::optional<double> fps;  // frames sampled per second of video
   std::optional<int64_t> min_frames;
   std::optional<int64_t> max_frames;
   // Pixel budget of the resize over ALL sampled frames together (not per frame).

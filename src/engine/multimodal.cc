@@ -110,6 +110,49 @@ Status stage_image(const ImageInput& in, const PreprocessOptions& preprocess, Vi
   return ok_status();
 }
 
+namespace {
+
+// A video given as its frames (VideoInput::frames): each read and decoded in turn (at most
+// `max_frames` of them, one size for all) and handed to `sink`, as decode_video does with a file's
+// sampled frames; their indices are 0, 1, 2, ... at `fps`. The bytes were read for the cache key.
+Result<VideoFrames> decode_frame_list(const std::vector<std::vector<uint8_t>>& files, double fps,
+                                      const VideoLimits& limits, const FrameSink& sink) {
+  VideoFrames v;
+  v.format = "frames";
+  v.source_fps = fps;
+  const auto n = static_cast<int64_t>(files.size());
+  v.total_frames = n;
+  ImageDecodeLimits il;
+  il.max_pixels = limits.max_frame_pixels;
+  int64_t total_pixels = 0, width = 0, height = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const std::vector<uint8_t>& f = files[static_cast<size_t>(k)];
+    Result<Image> img = decode_image(f.data(), f.size(), il);
+    if (!img.ok()) return img.status().with_context("frame " + std::to_string(k + 1));
+    if (k == 0) {
+      width = img->width;
+      height = img->height;
+    } else if (img->width != width || img->height != height) {
+      return invalid_argument("frame " + std::to_string(k + 1) + " is " +
+                              std::to_string(img->width) + "x" + std::to_string(img->height) +
+                              ", frame 1 " + std::to_string(width) + "x" + std::to_string(height) +
+                              " (a video's frames have one size)");
+    }
+    Result<Image> kept = sink ? sink(std::move(img).value(), n) : std::move(img);
+    if (!kept.ok()) return kept.status().with_context("frame " + std::to_string(k + 1));
+    total_pixels += kept->width * kept->height;
+    if (total_pixels > limits.max_total_pixels) {
+      return invalid_argument("the frames exceed the limit of " +
+                              std::to_string(limits.max_total_pixels) + " pixels together");
+    }
+    v.frames.push_back(std::move(kept).value());
+    v.indices.push_back(k);
+  }
+  return v;
+}
+
+}  // namespace
+
 Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCache* cache,
                    ThreadPool* pool, StagedImage* out, int64_t max_tokens, PixelBudget* budget) {
   out->video = true;
@@ -132,14 +175,48 @@ Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCach
 
   auto t0 = Clock::now();
   std::vector<uint8_t> file;
+  ImageDecodeLimits read_limits;
+  read_limits.max_bytes = staging.limits.max_bytes;
   if (!in.path.empty()) {
-    ImageDecodeLimits read_limits;
-    read_limits.max_bytes = staging.limits.max_bytes;
     VLM_ASSIGN_OR_RETURN(file, read_image_file(in.path, read_limits));
   }
-  std::span<const uint8_t> bytes = in.path.empty() ? std::span<const uint8_t>(in.bytes) : file;
-  out->key = VisionCacheKey::of_video(bytes, sampling.fps, sampling.min_frames, sampling.max_frames,
-                                      opt.min_pixels, opt.max_pixels);
+  // A list of frames: their bytes, and the digest of their digests as the video's bytes.
+  std::vector<std::vector<uint8_t>> frame_files;
+  if (!in.frames.empty()) {
+    if (!in.path.empty() || !in.bytes.empty()) {
+      return invalid_argument("a video is a file or a list of frames, not both");
+    }
+    if (static_cast<int64_t>(in.frames.size()) > sampling.max_frames) {
+      return invalid_argument(std::to_string(in.frames.size()) + " frames, more than max_frames " +
+                              std::to_string(sampling.max_frames));
+    }
+    Sha256 all;
+    int64_t total_bytes = 0;
+    for (size_t k = 0; k < in.frames.size(); ++k) {
+      const ImageInput& f = in.frames[k];
+      std::vector<uint8_t> b = f.bytes;
+      if (!f.path.empty()) {
+        Result<std::vector<uint8_t>> read = read_image_file(f.path, read_limits);
+        if (!read.ok()) return read.status().with_context("frame " + std::to_string(k + 1));
+        b = std::move(read).value();
+      }
+      total_bytes += static_cast<int64_t>(b.size());
+      if (total_bytes > staging.limits.max_bytes) {
+        return invalid_argument("the frames exceed " + std::to_string(staging.limits.max_bytes) +
+                                " bytes together");
+      }
+      const Sha256Digest d = Sha256::of(b);
+      all.update(d.data(), d.size());
+      frame_files.push_back(std::move(b));
+    }
+    const Sha256Digest d = all.finish();
+    file.assign(d.begin(), d.end());
+  }
+  std::span<const uint8_t> bytes =
+      in.path.empty() && in.frames.empty() ? std::span<const uint8_t>(in.bytes) : file;
+  out->key = VisionCacheKey::of_video(bytes, sampling.fps, sampling.min_frames,
+                                      in.frames.empty() ? sampling.max_frames : -1, opt.min_pixels,
+                                      opt.max_pixels);
   auto over_budget = [&](int64_t tokens) -> Status {
     if (max_tokens < 0 || tokens <= max_tokens) return ok_status();
     return out_of_range("the video takes " + std::to_string(tokens) + " tokens (" +
@@ -185,8 +262,10 @@ Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCach
     resize_ms += ms_since(r0);
     return resized;
   };
-  VLM_ASSIGN_OR_RETURN(VideoFrames v,
-                       decode_video(bytes.data(), bytes.size(), sampling, staging.limits, sink));
+  VLM_ASSIGN_OR_RETURN(
+      VideoFrames v, in.frames.empty()
+                         ? decode_video(bytes.data(), bytes.size(), sampling, staging.limits, sink)
+                         : decode_frame_list(frame_files, sampling.fps, staging.limits, sink));
   out->decode_ms = ms_since(t0) - resize_ms;
   out->frames = static_cast<int64_t>(v.frames.size());
 
@@ -220,6 +299,7 @@ Status expand_video_runs(const std::function<std::vector<int32_t>(const std::str
   std::vector<int32_t> out;
   std::vector<PadRun> out_runs;
   size_t prev = 0;
+  int64_t videos = 0;
   for (const PadRun& r : *runs) {
     if (!r.video) {
       out.insert(out.end(), ids->begin() + static_cast<std::ptrdiff_t>(prev),
@@ -229,8 +309,9 @@ Status expand_video_runs(const std::function<std::vector<int32_t>(const std::str
       prev = r.end;
       continue;
     }
+    ++videos;
     if (r.end - r.begin != 1 || r.end >= ids->size() || (*ids)[r.end] != end) {
-      return invalid_argument("video " + std::to_string(r.item + 1) +
+      return invalid_argument("video " + std::to_string(videos) +
                               ": give it as <|vision_start|><|video_pad|><|vision_end|> with one "
                               "pad (vlm expands it)");
     }
@@ -329,12 +410,15 @@ Status assemble_multimodal(std::span<const int32_t> ids, std::span<const PadRun>
   out->image_spans.clear();
   size_t prev = 0;
   int32_t feature = 0;
-  for (const PadRun& r : runs) {
+  int64_t images = 0, videos = 0;  // numbered by kind in messages, as the request gives them
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const PadRun& r = runs[k];
+    if (k == 0 || runs[k - 1].item != r.item) ++(r.video ? videos : images);
     const EncodedImage& e = *items[r.item].encoded;
     const int64_t tokens = e.out.tokens / e.grid.t;  // one temporal group's
     const size_t have = r.end - r.begin;
     const std::string what =
-        std::string(r.video ? "video " : "image ") + std::to_string(r.item + 1);
+        r.video ? "video " + std::to_string(videos) : "image " + std::to_string(images);
     if (have != 1 && have != static_cast<size_t>(tokens)) {
       return invalid_argument(what + " needs " + std::to_string(tokens) +
                               " pad tokens; the prompt has a run of " + std::to_string(have) +

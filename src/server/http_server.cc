@@ -740,12 +740,15 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   ChatCompletionRequest& cr = parsed.value();
   if (!check_model(cr.model, *ex)) return;
   for (const RemoteImage& ri : cr.remote_images) {  // only present with --allow-remote-media
-    auto bytes = fetch_media(ri.url, ri.video ? "video" : "image",
-                             ri.video ? limits.max_video_bytes : limits.max_image_bytes,
+    const bool whole_video = ri.video && ri.frame < 0;
+    auto bytes = fetch_media(ri.url, whole_video ? "video" : "image",
+                             whole_video ? limits.max_video_bytes : limits.max_image_bytes,
                              opts.remote_media_timeout_s);
     if (!bytes.ok()) return reply_error(*ex, bytes.error(), "bad_request");
-    (ri.video ? cr.videos[ri.image_index].bytes : cr.images[ri.image_index].bytes) =
-        std::move(bytes).value();
+    std::vector<uint8_t>& to = !ri.video     ? cr.images[ri.image_index].bytes
+                               : whole_video ? cr.videos[ri.image_index].bytes
+                                             : cr.videos[ri.image_index].frames[ri.frame].bytes;
+    to = std::move(bytes).value();
   }
   // file:// images are read here, so that nothing below (messages included) sees the server's
   // path: errors name the image by its place in the request.
@@ -766,6 +769,22 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   }
   for (size_t k = 0; k < cr.videos.size(); ++k) {
     VideoInput& v = cr.videos[k];
+    for (size_t f = 0; f < v.frames.size(); ++f) {
+      ImageInput& frame = v.frames[f];
+      if (frame.path.empty()) continue;
+      auto bytes = read_image_file(frame.path);
+      if (!bytes.ok()) {
+        return reply_error(
+            *ex,
+            ApiError{400, "invalid_request_error",
+                     "video " + std::to_string(k + 1) + ", frame " + std::to_string(f + 1) +
+                         ": the file:// image cannot be read",
+                     "messages"},
+            "bad_request");
+      }
+      frame.bytes = std::move(bytes).value();
+      frame.path.clear();
+    }
     if (v.path.empty()) continue;
     ImageDecodeLimits read_limits;
     read_limits.max_bytes = static_cast<int64_t>(limits.max_video_bytes);

@@ -289,11 +289,6 @@ std::optional<ApiError> part_url(const ojson& part, const std::string& param, co
     *url = it->get<std::string>();
     return std::nullopt;
   }
-  if (auto it = part.find(alt); it != part.end() && it->is_array()) {
-    return bad_request(std::string("a ") + alt + " given as a list of frames is not supported (" +
-                           param + "); send the video file",
-                       param);
-  }
   return bad_request(
       std::string(alt) + " part " + param + " needs a " + key + " or " + alt + " string", param);
 }
@@ -350,13 +345,36 @@ std::optional<ApiError> collect_media(const ojson& messages, const ApiLimits& li
       if (!is_image && !is_video) continue;
       std::string url, url_param;
       if (is_video) {
-        if (auto e = part_url(part, param, "video_url", "video", &url, &url_param)) return e;
+        // qwen-vl-utils' list of frames: {"type": "video", "video": [url, url, ...]}.
+        const auto frames = part.find("video");
+        const bool listed = frames != part.end() && frames->is_array();
+        if (!listed) {
+          if (auto e = part_url(part, param, "video_url", "video", &url, &url_param)) return e;
+        }
         if (static_cast<int64_t>(req->videos.size()) >= limits.max_videos) {
           return bad_request(
               "too many videos: at most " + std::to_string(limits.max_videos) + " per request",
               "messages");
         }
         VideoInput v;
+        if (listed) {
+          if (frames->empty() || frames->size() > static_cast<size_t>(limits.max_video_frames)) {
+            return bad_request("'" + param + ".video' must list 1 to " +
+                                   std::to_string(limits.max_video_frames) + " frames",
+                               param + ".video");
+          }
+          for (size_t f = 0; f < frames->size(); ++f) {
+            const std::string fp = param + ".video[" + std::to_string(f) + "]";
+            if (!(*frames)[f].is_string()) return bad_request("'" + fp + "' must be a URL", fp);
+            ImageInput& frame = v.frames.emplace_back();
+            if (auto e = resolve_media_url(
+                    (*frames)[f].get<std::string>(), fp, "image", limits.max_image_bytes, media,
+                    RemoteImage{req->videos.size(), "", true, static_cast<int64_t>(f)}, &frame.path,
+                    &frame.bytes, &req->remote_images)) {
+              return e;
+            }
+          }
+        }
         if (auto e = read_video_settings(part, param + ".", &v)) return e;
         if (auto it = part.find("video_url"); it != part.end() && it->is_object()) {
           if (auto e = read_video_settings(*it, param + ".video_url.", &v)) return e;
@@ -367,10 +385,12 @@ std::optional<ApiError> collect_media(const ojson& messages, const ApiLimits& li
         if (v.min_frames && v.max_frames && *v.min_frames > *v.max_frames) {
           return bad_request("min_frames exceeds max_frames for " + param, param + ".min_frames");
         }
-        if (auto e = resolve_media_url(url, url_param, "video", limits.max_video_bytes, media,
-                                       RemoteImage{req->videos.size(), "", true}, &v.path, &v.bytes,
-                                       &req->remote_images)) {
-          return e;
+        if (!listed) {
+          if (auto e = resolve_media_url(url, url_param, "video", limits.max_video_bytes, media,
+                                         RemoteImage{req->videos.size(), "", true}, &v.path,
+                                         &v.bytes, &req->remote_images)) {
+            return e;
+          }
         }
         req->videos.push_back(std::move(v));
         continue;

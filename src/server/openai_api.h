@@ -68,6 +68,7 @@ struct ApiLimits {
   size_t max_image_bytes = size_t{20} << 20;  // per image, after base64 decoding
   int max_videos = 4;
   size_t max_video_bytes = size_t{256} << 20;  // per video (a data URL is also held to the body)
+  int max_video_frames = 768;                  // a video given as a list of frames
   int64_t max_image_pixels = 0;  // per image: min_pixels / max_pixels above it are 400s (0: none)
   int64_t vocab_size = 0;        // logit_bias / stop_token_ids ids must be below it (0: unchecked)
   int64_t max_queue = 0;         // prompts x n above it are 400s (0: unchecked)
@@ -90,6 +91,7 @@ struct RemoteImage {
   size_t image_index = 0;
   std::string url;
   bool video = false;
+  int64_t frame = -1;  // a frame of a video given as a list of frames: frames[frame].bytes
 };
 
 // The fields chat and text completions share.
@@ -170,7 +172,8 @@ struct CompletionRequest : CommonRequest {
 // qwen-vl-utils' {"type": "video", "video": "<url>"}), the same URL forms as images, at most
 // limits.max_videos of limits.max_video_bytes each, with fps (0, 1000], min_frames, max_frames
 // and min_pixels / max_pixels (a budget over ALL the frames) on the part or in its video_url
-// object. A video given as a list of frame images is refused.
+// object; or qwen-vl-utils' list of frames {"type": "video", "video": [url, ...]} (image URLs,
+// at most limits.max_video_frames, taken as sampled at `fps`, default 2).
 ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
                                                        const ApiLimits& limits,
                                                        const MediaPolicy& media);

@@ -46,7 +46,37 @@ VideoInput video(const std::string& name) {
   return v;
 }
 
-// The case's prompt as vlm's tokenizer makes it (single pads), and its videos and images.
+// A 24-bit BMP of an RGB frame [h, w, 3].
+std::vector<uint8_t> bmp(const uint8_t* rgb, int64_t w, int64_t h) {
+  const int64_t row = (w * 3 + 3) / 4 * 4;
+  std::vector<uint8_t> out(static_cast<size_t>(54 + row * h), 0);
+  auto put32 = [&](size_t at, int64_t v) {
+    for (int i = 0; i < 4; ++i) out[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  };
+  out[0] = 'B';
+  out[1] = 'M';
+  put32(2, static_cast<int64_t>(out.size()));
+  put32(10, 54);
+  put32(14, 40);
+  put32(18, w);
+  put32(22, h);  // positive: rows bottom-up
+  out[26] = 1;
+  out[28] = 24;
+  put32(34, row * h);
+  for (int64_t y = 0; y < h; ++y) {
+    uint8_t* dst = out.data() + 54 + (h - 1 - y) * row;
+    for (int64_t x = 0; x < w; ++x) {
+      const uint8_t* p = rgb + (y * w + x) * 3;
+      dst[x * 3] = p[2];
+      dst[x * 3 + 1] = p[1];
+      dst[x * 3 + 2] = p[0];
+    }
+  }
+  return out;
+}
+
+// The case's prompt as vlm's tokenizer makes it (single pads), and its videos and images. A case
+// with `frames_fps` gives its video as the clip's sampled frames (the .npy PyAV wrote), as images.
 struct Case {
   std::vector<int32_t> ids;
   std::vector<VideoInput> videos;
@@ -55,7 +85,23 @@ struct Case {
 Case make_case(const Engine& e, const nlohmann::json& c) {
   Case out;
   out.ids = e.tokenizer()->encode(c["text"].get<std::string>());
-  for (const auto& name : c["videos"]) out.videos.push_back(video(name));
+  for (const auto& name : c["videos"]) {
+    if (!c.contains("frames_fps")) {
+      out.videos.push_back(video(name));
+      continue;
+    }
+    const std::string file = name.get<std::string>();
+    auto frames = read_npy(kVideos + "/" + file.substr(0, file.find('.')) + ".npy");
+    EXPECT_TRUE(frames.ok() && frames->shape.size() == 4);
+    if (!frames.ok()) continue;
+    VideoInput v;
+    v.fps = c["frames_fps"].get<double>();
+    const int64_t h = frames->shape[1], w = frames->shape[2];
+    for (int64_t f = 0; f < frames->shape[0]; ++f) {
+      v.frames.push_back({.bytes = bmp(frames->u8.data() + f * h * w * 3, w, h)});
+    }
+    out.videos.push_back(std::move(v));
+  }
   for (size_t i = 0; i < c["images"].size(); ++i) out.images.push_back({.path = kImage});
   return out;
 }
@@ -91,7 +137,7 @@ TEST(VideoModel, PromptAndLogitsMatchTransformers) {
     EXPECT_LE(rel_err(*got, want->f32), kTol);
     ++checked;
   }
-  EXPECT_EQ(checked, 3);
+  EXPECT_EQ(checked, 4);
 }
 
 TEST(VideoModel, GreedyContinuationsMatchTransformersAndTheCacheServesRepeats) {
@@ -127,6 +173,7 @@ TEST(VideoModel, GreedyContinuationsMatchTransformersAndTheCacheServesRepeats) {
       EXPECT_EQ(stats.videos, static_cast<int64_t>(c["videos"].size()));
       EXPECT_EQ(stats.videos_cached, pass == 0 ? (c["name"] == "two_videos" ? 1 : 0)
                                                : stats.videos);  // two_videos repeats a clip
+      if (c["name"] == "frames") EXPECT_EQ(stats.video_frames, 4);
       if (pass == 0 && c["name"] == "video") {
         EXPECT_EQ(stats.video_frames, 4);
         EXPECT_GT(stats.video_decode_ms, 0);
@@ -274,6 +321,22 @@ TEST(VideoModel, BadVideosAndPromptsGetClearErrors) {
   VideoInput huge = video("mp4_h264_2997.mp4");
   huge.min_pixels = huge.max_pixels = 64LL << 20;
   EXPECT_NE(submit_error(one, {huge}).find("the context leaves for it"), std::string::npos);
+  // Lists of frames: one size for all, each a decodable image, not beside a file.
+  const std::vector<uint8_t> red(32 * 32 * 3, 200), wide(64 * 32 * 3, 100);
+  VideoInput listed;
+  listed.frames = {{.bytes = bmp(red.data(), 32, 32)}, {.bytes = bmp(wide.data(), 64, 32)}};
+  EXPECT_NE(submit_error(one, {listed}).find("video 1: frame 2 is 64x32, frame 1 32x32"),
+            std::string::npos)
+      << submit_error(one, {listed});
+  listed.frames[1] = {.bytes = {1, 2, 3, 4}};
+  EXPECT_EQ(submit_error(one, {listed}).rfind("video 1: frame 2: ", 0), 0u)
+      << submit_error(one, {listed});
+  listed.frames[1] = listed.frames[0];
+  listed.path = kVideos + "/mp4_h264_2997.mp4";
+  EXPECT_NE(submit_error(one, {listed}).find("a file or a list of frames, not both"),
+            std::string::npos);
+  listed.path.clear();
+  EXPECT_EQ(submit_error(one, {listed}), "");  // two 32x32 frames: one group
   // The engine still serves a good request after all of them.
   EXPECT_EQ(submit_error(one, {video("mp4_h264_2997.mp4")}), "");
 }

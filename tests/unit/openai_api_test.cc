@@ -354,8 +354,23 @@ TEST(OpenAiApiTest, VideoParts) {
                "messages[0].content[0].max_frames");
   expect_error(part({{"type", "video"}, {"video", mp4}, {"min_frames", 9}, {"max_frames", 8}}), 400,
                "messages[0].content[0].min_frames");
+  // qwen-vl-utils' list of frames: image URLs, resolved as images.
+  auto listed = parse(part(
+      {{"type", "video"},
+       {"video", json::array({"data:image/png;base64,AAAA", "data:image/png;base64,AAAAAAAA"})},
+       {"fps", 4}}));
+  ASSERT_TRUE(listed.ok()) << listed.error().message;
+  ASSERT_EQ(listed.value().videos.size(), 1u);
+  ASSERT_EQ(listed.value().videos[0].frames.size(), 2u);
+  EXPECT_EQ(listed.value().videos[0].frames[1].bytes.size(), 6u);
+  EXPECT_EQ(listed.value().videos[0].fps, 4);
+  EXPECT_TRUE(listed.value().videos[0].bytes.empty());
   expect_error(part({{"type", "video"}, {"video", json::array({"a.jpg", "b.jpg"})}}), 400,
-               "messages[0].content[0]");
+               "messages[0].content[0].video[0]");
+  expect_error(part({{"type", "video"}, {"video", json::array({5})}}), 400,
+               "messages[0].content[0].video[0]");
+  expect_error(part({{"type", "video"}, {"video", json::array()}}), 400,
+               "messages[0].content[0].video");
   expect_error(part({{"type", "video_url"}, {"video_url", 5}}), 400,
                "messages[0].content[0].video_url");
   expect_error(part({{"type", "video_url"}, {"video_url", "http://example.com/v.mp4"}}), 400,
