@@ -36,7 +36,7 @@ int64_t steady_now_ns() {
 // and the stream its tokens go to.
 struct Req {
   RunnerRequest run;
-  std::vector<int32_t> prompt_ids;  // as submitted (single image pads)
+  std::vector<int32_t> prompt_ids;  // as submitted (single image pads), videos expanded
   std::vector<int32_t> stop_ids;    // eos ids and the request's stop ids (empty with ignore_eos)
   std::vector<PadRun> runs;         // after the videos' expansion: a run per temporal group
   std::vector<StagedImage> images;  // the images and videos, in prompt order
