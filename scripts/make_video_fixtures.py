@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import math
 from fractions import Fraction
 from pathlib import Path
@@ -104,9 +105,83 @@ def pyav_frames(path: Path, indices: list[int]) -> np.ndarray:
     return np.stack(out)
 
 
+GOP_CLIP = "mp4_h264_gop8.mp4"
+
+
+def clip_entry(path: Path, vp) -> dict:
+    """A clip's reference entry (its count, rate and transformers' sampled indices) and its PyAV
+    frames at those indices (<stem>.npy)."""
+    from transformers.video_utils import read_video_pyav
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        stated, rate = int(s.frames), float(s.average_rate) if s.average_rate else 0.0
+        dur = float(s.duration * s.time_base) if s.duration else (c.duration / 1e6 if c.duration else 0)
+    entry = {"stated_frames": stated, "fps": rate}
+    if stated > 0:
+        _, meta = read_video_pyav(str(path), sample_indices_fn=vp.sample_frames)
+        idx = vp.sample_frames(meta).tolist()
+        entry.update(count_from="header", total_frames=int(meta.total_num_frames),
+                     fps=float(meta.fps), indices=[int(i) for i in idx])
+    else:
+        with av.open(str(path)) as c:
+            total = sum(1 for p in c.demux(video=0) if p.size > 0)
+        entry.update(count_from="packets", duration=dur, total_frames=total,
+                     indices=sample_indices(total, rate))
+    np.save(OUT / (path.stem + ".npy"), pyav_frames(path, entry["indices"]))
+    return entry
+
+
+def timestamps_of(names: list[str], ref: dict) -> None:
+    """Qwen3VLProcessor's prompt for each clip: the "<t seconds>" text before each temporal group
+    (the mean of its two source timestamps, index / source fps), read back from the ids it gives
+    for "<|vision_start|><|video_pad|><|vision_end|>" with the clip's frames."""
+    import re
+    import torch
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl_fast import Qwen2VLImageProcessorFast
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+    tok = AutoTokenizer.from_pretrained(str(OUT.parent.parent.parent / "data" / "tokenizer"))
+    processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessorFast(), tokenizer=tok,
+                                 video_processor=Qwen3VLVideoProcessor(
+                                     size={"shortest_edge": 4096, "longest_edge": 25165824}))
+    for name in names:
+        entry = ref["clips"][name]
+        frames = np.load(OUT / (Path(name).stem + ".npy"))
+        if len(frames) < 2:
+            continue  # transformers raises for one frame (vlm prices it as two; see preprocess.h)
+        meta = VideoMetadata(total_num_frames=entry["total_frames"], fps=entry["fps"],
+                             frames_indices=list(entry["indices"]))  # it pads in place
+        enc = processor(text=["<|vision_start|><|video_pad|><|vision_end|>What moves?"],
+                        videos=[torch.from_numpy(frames).permute(0, 3, 1, 2)],
+                        video_metadata=[meta], do_sample_frames=False)
+        text = tok.decode(enc["input_ids"][0])
+        entry["timestamps"] = re.findall(r"<[0-9]+\.[0-9] seconds>", text)
+        entry["groups"] = int(enc["video_grid_thw"][0][0])
+        assert len(entry["timestamps"]) == entry["groups"], (name, text[:200])
+
+
+def make_gop_clip(vp) -> dict:
+    """5 s of H.264 at 30 fps with a keyframe every 8 frames and B-frames: the decoder seeks
+    between its sampled frames (10 of 150, 16 apart)."""
+    path = OUT / GOP_CLIP
+    encode(path, "mp4", "libx264", 30, 150,
+           options={"preset": "veryfast", "crf": "23", "bf": "2", "g": "8", "keyint_min": "8",
+                    "sc_threshold": "0"})
+    return clip_entry(path, vp)
+
+
 def main() -> None:
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-    from transformers.video_utils import read_video_pyav
+
+    if "--only-gop" in sys.argv:  # adds the seeking clip to an existing reference.json
+        ref = json.loads((OUT / "reference.json").read_text())
+        ref["clips"][GOP_CLIP] = make_gop_clip(Qwen3VLVideoProcessor())
+        timestamps_of([GOP_CLIP], ref)
+        (OUT / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+        print(GOP_CLIP, ref["clips"][GOP_CLIP])
+        return
 
     OUT.mkdir(parents=True, exist_ok=True)
     vp = Qwen3VLVideoProcessor()
@@ -131,25 +206,9 @@ def main() -> None:
            "clips": {}}
     for name in ["mp4_h264_2997.mp4", "mov_h264_single.mov", "mp4_h264_70x46.mp4",
                  "webm_vp9_7.webm", "mkv_vp8_vfr.mkv", "gif_10.gif"]:
-        path = OUT / name
-        with av.open(str(path)) as c:
-            s = c.streams.video[0]
-            stated, rate = int(s.frames), float(s.average_rate) if s.average_rate else 0.0
-            dur = float(s.duration * s.time_base) if s.duration else (c.duration / 1e6 if c.duration else 0)
-        entry = {"stated_frames": stated, "fps": rate}
-        if stated > 0:
-            _, meta = read_video_pyav(str(path), sample_indices_fn=vp.sample_frames)
-            idx = vp.sample_frames(meta).tolist()
-            entry.update(count_from="header", total_frames=int(meta.total_num_frames),
-                         fps=float(meta.fps), indices=[int(i) for i in idx])
-        else:
-            with av.open(str(path)) as c:
-                total = sum(1 for p in c.demux(video=0) if p.size > 0)
-            entry.update(count_from="packets", duration=dur, total_frames=total,
-                         indices=sample_indices(total, rate))
-        np.save(OUT / (path.stem + ".npy"), pyav_frames(path, entry["indices"]))
-        ref["clips"][name] = entry
-        print(name, entry)
+        ref["clips"][name] = clip_entry(OUT / name, vp)
+        print(name, ref["clips"][name])
+    ref["clips"][GOP_CLIP] = make_gop_clip(vp)
     # WebP: Pillow's frames (no PyAV reader); the rate is frames / duration.
     with Image.open(OUT / "webp_anim.webp") as im:
         n = im.n_frames
@@ -204,30 +263,7 @@ def main() -> None:
         print("preprocess", case)
     ref["preprocess_cases"] = pre
 
-    # Qwen3VLProcessor's prompt for each clip: the "<t seconds>" text before each temporal group
-    # (the mean of its two source timestamps, index / source fps), read back from the ids it
-    # gives for "<|vision_start|><|video_pad|><|vision_end|>" with the clip's frames.
-    import re
-    from transformers import AutoTokenizer
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl_fast import Qwen2VLImageProcessorFast
-    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
-    tok = AutoTokenizer.from_pretrained(str(OUT.parent.parent.parent / "data" / "tokenizer"))
-    processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessorFast(), tokenizer=tok,
-                                 video_processor=Qwen3VLVideoProcessor(
-                                     size={"shortest_edge": 4096, "longest_edge": 25165824}))
-    for name, entry in ref["clips"].items():
-        frames = np.load(OUT / (Path(name).stem + ".npy"))
-        if len(frames) < 2:
-            continue  # transformers raises for one frame (vlm prices it as two; see preprocess.h)
-        meta = VideoMetadata(total_num_frames=entry["total_frames"], fps=entry["fps"],
-                             frames_indices=list(entry["indices"]))  # it pads in place
-        enc = processor(text=["<|vision_start|><|video_pad|><|vision_end|>What moves?"],
-                        videos=[torch.from_numpy(frames).permute(0, 3, 1, 2)],
-                        video_metadata=[meta], do_sample_frames=False)
-        text = tok.decode(enc["input_ids"][0])
-        entry["timestamps"] = re.findall(r"<[0-9]+\.[0-9] seconds>", text)
-        entry["groups"] = int(enc["video_grid_thw"][0][0])
-        assert len(entry["timestamps"]) == entry["groups"], (name, text[:200])
+    timestamps_of(list(ref["clips"]), ref)
 
     data = (OUT / "mp4_h264_2997.mp4").read_bytes()
     (OUT / "truncated_mp4.mp4").write_bytes(data[: len(data) * 2 // 5])

@@ -127,6 +127,9 @@ struct EngineOptions {
   // the multiply rate of f32 FMA; see kernels/cpu/matmul.h). Ignored elsewhere (vision_fp16()
   // says which).
   bool vision_fp16 = false;
+  // Videos: jump to the keyframe before each sampled frame where the samples lie far apart
+  // (false: decode every frame up to the last sampled one; the frames are the same).
+  bool video_seek = true;
   // kAuto (default): with BF16 weights as stored, the CPU's prefill and vision products may run in
   // BF16 arithmetic (x rounded to BF16; AMX tiles) where a measurement at load finds that faster
   // (autotune). kF32: every product in f32, as before.
@@ -314,6 +317,7 @@ class Engine {
   // encoded (all temporal groups in one encoder input).
   struct VideoTimings {
     int64_t frames = 0, groups = 0, vision_tokens = 0;
+    int64_t decoded_frames = 0;  // frames the decoder produced (fewer where it seeks)
     int64_t resized_h = 0, resized_w = 0;
     double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
   };

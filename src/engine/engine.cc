@@ -163,6 +163,7 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
                            parse_video_preprocessor_config(text, vp.string(), impl->video.config));
       break;
     }
+    impl->video.limits.seek = options.video_seek;
     PreprocessOptions& v = impl->video.config.pixels;
     v.patch_size = impl->preprocess.patch_size;
     v.merge_size = impl->preprocess.merge_size;
@@ -450,6 +451,7 @@ Result<Engine::VideoTimings> Engine::encode_video(const VideoInput& video) {
     st = stage_video(video, m.video, nullptr, m.pool.get(), &s);
     if (!st.ok()) return;
     t.frames = s.frames;
+    t.decoded_frames = s.decoded_frames;
     t.groups = s.groups;
     t.decode_ms = s.decode_ms;
     t.preprocess_ms = s.preprocess_ms;

@@ -268,6 +268,7 @@ Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCach
                          : decode_frame_list(frame_files, sampling.fps, staging.limits, sink));
   out->decode_ms = ms_since(t0) - resize_ms;
   out->frames = static_cast<int64_t>(v.frames.size());
+  out->decoded_frames = v.decoded_frames;
 
   t0 = Clock::now();
   // A stream that ended early has fewer frames than were sampled: they are priced again by their

@@ -72,6 +72,7 @@ struct StagedImage {
   int64_t groups = 1;                           // a video's temporal groups (runs in the prompt)
   std::vector<std::string> timestamps;          // a video's: each group's "<t.t seconds>"
   int64_t frames = 0;                           // a video's sampled frames
+  int64_t decoded_frames = 0;                   // a video's frames decoded (sampled or not)
   int64_t resized_h = 0, resized_w = 0;
   double decode_ms = 0, preprocess_ms = 0;  // 0 on a cache hit
   bool encoded_here = false;  // encoded for this request (not found in the vision cache)

@@ -188,6 +188,7 @@ Result<VideoFrames> decode_webp(const uint8_t* data, size_t size, const VideoSam
     if (!WebPAnimDecoderGetNext(dec.get(), &buf, &ts)) {
       return video_error(format, "frame " + std::to_string(i + 1) + " is corrupt");
     }
+    ++out.decoded_frames;
     while (next < out.indices.size() && out.indices[next] == i) {
       Image img;
       img.width = w;
@@ -380,18 +381,54 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   const AVRational rate = st->avg_frame_rate;
   const double fps = rate.num > 0 && rate.den > 0 ? av_q2d(rate) : 0;
   int64_t total = st->nb_frames;
-  if (total <= 0) {
-    // No count in the header: count the stream's packets (one per frame; nothing decoded), then
-    // read from the start again.
+  // Where seeking may pay (samples further apart than a few frames) and where the header states
+  // no count, the stream's packets are read first (nothing decoded): their count, and each one's
+  // presentation timestamp and keyframe flag, from which a decoded frame's index follows.
+  std::vector<int64_t> pts_order;  // every packet's pts, ascending: index i's pts is pts_order[i]
+  std::vector<int64_t> keys;       // the indices of the keyframes, ascending
+  // NOTE(vlm): 16 frames apart and more: below that the packet pass costs about what seeking
+  // saves (a 300-frame 720p clip with a keyframe every 60: 11% slower at 32 samples, 9 apart;
+  // docs/benchmarks.md).
+  constexpr int64_t kSeekGap = 16;
+  const bool sparse =
+      total > 0 &&
+      total / std::max<size_t>(1, sample_frame_indices(total, fps, sampling).size()) >= kSeekGap;
+  if (total <= 0 || (limits.seek && sparse)) {
     std::unique_ptr<AVPacket, PacketDeleter> p(av_packet_alloc());
     if (!p) return Status(StatusCode::kUnavailable, "video: out of memory");
-    total = 0;
+    int64_t count = 0;
+    std::vector<std::pair<int64_t, bool>> packets;
+    bool timed = true;
     while (av_read_frame(fmt, p.get()) >= 0) {
-      total += p->stream_index == si && p->size > 0 ? 1 : 0;
+      if (p->stream_index == si && p->size > 0) {
+        ++count;
+        timed = timed && p->pts != AV_NOPTS_VALUE;
+        if (timed && limits.seek) {
+          packets.emplace_back(p->pts, (p->flags & AV_PKT_FLAG_KEY) != 0);
+        }
+      }
       av_packet_unref(p.get());
-      if (total > limits.max_source_frames) break;
+      if (count > limits.max_source_frames) break;
       if (Clock::now() > deadline) {
         return video_error(format, "reading took longer than the limit");
+      }
+    }
+    if (total <= 0) total = count;
+    // Seeking maps a frame to its index by its timestamp: only where every packet is one frame
+    // with a distinct timestamp and the count is the one sampling used.
+    if (timed && limits.seek && count == total && static_cast<int64_t>(packets.size()) == count) {
+      for (const auto& pk : packets) pts_order.push_back(pk.first);
+      std::sort(pts_order.begin(), pts_order.end());
+      bool distinct = std::adjacent_find(pts_order.begin(), pts_order.end()) == pts_order.end();
+      for (const auto& pk : packets) {
+        if (!pk.second || !distinct) continue;
+        keys.push_back(std::lower_bound(pts_order.begin(), pts_order.end(), pk.first) -
+                       pts_order.begin());
+      }
+      std::sort(keys.begin(), keys.end());
+      if (!distinct || keys.empty() || keys[0] != 0) {
+        pts_order.clear();
+        keys.clear();
       }
     }
     auto again = Demuxer::open(data, size, limits, deadline);
@@ -439,6 +476,14 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   int64_t index = 0, total_pixels = 0;
   size_t next = 0;
   Status failed;
+  // Seeking (pts_order set): each decoded frame's index is its timestamp's rank; before reading
+  // on, the demuxer jumps to the keyframe at or before the next sampled frame when that keyframe
+  // lies past what has been decoded. A frame whose timestamp is unknown, or a sampled frame
+  // passed over, means the timestamps cannot be trusted: the whole decode starts again without
+  // seeking (`unseekable`).
+  const bool seeking = !pts_order.empty();
+  int64_t last_out = -1, sought = 0;
+  bool unseekable = false;
   // Hands the decoder's frames over; false once every sampled frame is in, or on an error.
   auto drain = [&]() -> bool {
     for (;;) {
@@ -454,7 +499,20 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
             format, "more frames than the limit of " + std::to_string(limits.max_source_frames));
         return false;
       }
-      while (next < out.indices.size() && out.indices[next] == index) {
+      ++out.decoded_frames;
+      int64_t at = index;
+      if (seeking) {
+        const int64_t ts = frame->pts != AV_NOPTS_VALUE ? frame->pts : frame->best_effort_timestamp;
+        const auto it = std::lower_bound(pts_order.begin(), pts_order.end(), ts);
+        if (ts == AV_NOPTS_VALUE || it == pts_order.end() || *it != ts ||
+            (next < out.indices.size() && it - pts_order.begin() > out.indices[next])) {
+          unseekable = true;
+          return false;
+        }
+        at = it - pts_order.begin();
+        last_out = std::max(last_out, at);
+      }
+      while (next < out.indices.size() && out.indices[next] == at) {
         const int w = frame->width, h = frame->height;
         failed = check_frame_size(w, h, limits, format);
         if (!failed.ok()) return false;
@@ -507,6 +565,18 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   };
   bool more = true;
   while (more) {
+    if (seeking && next < out.indices.size()) {
+      const int64_t target = out.indices[next];
+      const int64_t key = *std::prev(std::upper_bound(keys.begin(), keys.end(), target));
+      if (key > last_out + kSeekGap && key > sought) {  // skips at least kSeekGap frames
+        avcodec_flush_buffers(cc.get());
+        if (av_seek_frame(fmt, si, pts_order[key], AVSEEK_FLAG_BACKWARD) < 0) {
+          unseekable = true;
+          break;
+        }
+        sought = key;
+      }
+    }
     err = av_read_frame(fmt, pkt.get());
     if (err == AVERROR_EOF) break;
     if (err < 0) {
@@ -528,9 +598,14 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
     }
     av_packet_unref(pkt.get());
   }
-  if (failed.ok() && next < out.indices.size()) {  // flush the decoder's delayed frames
+  if (failed.ok() && !unseekable && next < out.indices.size()) {  // the decoder's delayed frames
     avcodec_send_packet(cc.get(), nullptr);
     drain();
+  }
+  if (unseekable) {
+    VideoLimits sequential = limits;
+    sequential.seek = false;
+    return decode_video(data, size, sampling, sequential, sink);
   }
   if (!failed.ok()) return failed;
   if (out.frames.empty()) return video_error(format, "no frames could be decoded");

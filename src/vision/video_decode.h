@@ -12,8 +12,14 @@
 // round(linspace(0, total - 1, n)) (round half to even), counted in the decoder's output order.
 // Where a container states no frame count (WebM, MKV), the stream's packets are counted first
 // (one per frame, nothing decoded), which transformers does not do (its linspace would be
-// empty). Frames are decoded in order up to the last one sampled (no seeking yet), and only the
-// sampled ones are converted to RGB, as PyAV's to_ndarray(format="rgb24") does.
+// empty). Frames are decoded in order up to the last one sampled, and only the sampled ones are
+// converted to RGB, as PyAV's to_ndarray(format="rgb24") does. Where the samples lie 16 or more
+// frames apart, the packets are read first (not decoded): a frame's index is then its
+// timestamp's rank among them, and before each sampled frame the demuxer jumps to the keyframe
+// at or before it when that keyframe lies 16 or more frames past what has been decoded, so a
+// long video is not decoded whole. Seeking needs one packet per frame, distinct timestamps and a
+// first frame that is a keyframe; a decode whose frames do not match the packets' timestamps starts
+// again without it. The frames are the same either way.
 //
 // Only containers that hold their frames in the bytes are read (MP4/MOV family, Matroska/WebM,
 // GIF, AVI): playlists and lists (HLS, concat) are refused, and FFmpeg may open nothing but the
@@ -45,6 +51,9 @@ struct VideoLimits {
   int64_t max_frame_pixels = 3840 * 2160;    // width × height of one frame
   int64_t max_total_pixels = 1'000'000'000;  // pixels of the sampled frames kept, together
   double max_decode_s = 300;                 // wall time of the whole decode
+  // Jump to the keyframe before each sampled frame when the samples lie 16 or more frames apart
+  // (see decode_video). false: every frame up to the last sampled one is decoded.
+  bool seek = true;
 };
 
 // Which frames to take (the video_preprocessor_config.json fields of Qwen3-VL).
@@ -60,6 +69,7 @@ struct VideoFrames {
   double source_fps = 0;         // frames per second of the source (timestamps: index / fps)
   int64_t total_frames = 0;      // the source's frame count sampling used
   std::string format;            // "mp4/h264", "webp", ...: for messages and metrics
+  int64_t decoded_frames = 0;    // frames the decoder produced (the sampled ones and the rest)
 };
 
 // The indices transformers samples from a source of `total` frames at `source_fps` (24 when not

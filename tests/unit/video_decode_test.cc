@@ -55,7 +55,7 @@ TEST(VideoSampling, IndicesAreTransformers) {
 
 TEST(VideoDecode, EveryClipGivesPyAvsFramesAtTransformersIndices) {
   const nlohmann::json ref = reference();
-  ASSERT_EQ(ref["clips"].size(), 7u);
+  ASSERT_EQ(ref["clips"].size(), 8u);
   for (const auto& [name, c] : ref["clips"].items()) {
     SCOPED_TRACE(name);
     auto v = decode_file(name);
@@ -216,7 +216,7 @@ TEST(VideoPreprocess, TimestampsAndGroupsAreTransformers) {
     EXPECT_EQ(p->grid_t, c["groups"].get<int64_t>());
     ++checked;
   }
-  EXPECT_EQ(checked, 6);
+  EXPECT_EQ(checked, 7);
   EXPECT_TRUE(video_timestamps({0, 1}, 0, 2).empty());
   EXPECT_EQ(
       video_timestamps({0, 3, 6}, 2.0, 2),
@@ -289,6 +289,35 @@ TEST(VideoDecode, TheSinkKeepsWhatItReturns) {
     auto refused = decode_file(name, {}, {}, refuse);
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.status().message(), "too many tokens");
+  }
+}
+
+// Seeking: where the samples lie 16 or more frames apart the decoder jumps to the keyframe before
+// each, and gives the same frames as decoding every frame, from fewer decoded frames (the clip:
+// 150 frames, a keyframe every 8, B-frames). Denser samples decode in order.
+TEST(VideoDecode, SeekingGivesTheSameFramesFromFewerDecodes) {
+  VideoLimits sequential;
+  sequential.seek = false;
+  for (double fps : {1.0, 0.5, 2.0, 30.0}) {  // 5 and 4 samples; 10 (15 apart) and all 150
+    SCOPED_TRACE(fps);
+    VideoSampling s;
+    s.fps = fps;
+    auto sought = decode_file("mp4_h264_gop8.mp4", s);
+    auto whole = decode_file("mp4_h264_gop8.mp4", s, sequential);
+    ASSERT_TRUE(sought.ok()) << sought.status().message();
+    ASSERT_TRUE(whole.ok()) << whole.status().message();
+    EXPECT_EQ(sought->indices, whole->indices);
+    ASSERT_EQ(sought->frames.size(), whole->frames.size());
+    for (size_t i = 0; i < whole->frames.size(); ++i) {
+      EXPECT_EQ(sought->frames[i].rgb, whole->frames[i].rgb) << "frame " << whole->indices[i];
+    }
+    EXPECT_EQ(whole->decoded_frames, whole->indices.back() + 1);
+    if (fps >= 2.0) {  // samples under 16 frames apart: decoded in order
+      EXPECT_EQ(sought->decoded_frames, whole->decoded_frames);
+    } else {
+      EXPECT_LT(sought->decoded_frames * 2, whole->decoded_frames)
+          << sought->decoded_frames << " of " << whole->decoded_frames;
+    }
   }
 }
 

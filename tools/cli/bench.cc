@@ -382,10 +382,10 @@ vlm::Status bench_video(vlm::Engine& e, const std::string& path, int64_t frames,
   const std::string size = name + ", " + std::to_string(t.frames) + " frames -> " +
                            std::to_string(t.groups) + " x " + resized + ", " +
                            std::to_string(t.vision_tokens) + " tokens";
-  json f = {{"size", t.frames},         {"video", name},
-            {"frames", t.frames},       {"groups", t.groups},
-            {"resized_w", t.resized_w}, {"resized_h", t.resized_h},
-            {"tokens", t.vision_tokens}};
+  json f = {{"size", t.frames},          {"video", name},
+            {"frames", t.frames},        {"groups", t.groups},
+            {"resized_w", t.resized_w},  {"resized_h", t.resized_h},
+            {"tokens", t.vision_tokens}, {"decoded_frames", t.decoded_frames}};
   rows->push_back({"video_decode", "video frame decode", size, "ms", dec, f});
   rows->push_back({"video_preprocess", "video preprocess", size, "ms", pre, f});
   rows->push_back({"video_encode", "video vision encode", size, "ms", enc, f});
@@ -409,6 +409,8 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("--video", a->videos,
                 "Measure the video path on this file (frame decode, preprocess, encode at the "
                 "checkpoint's pixel budget); repeatable");
+  b->add_flag("--no-video-seek", a->no_video_seek,
+              "Decode every video frame up to the last sampled one (no keyframe seeking)");
   b->add_option("--video-frames", a->video_frames,
                 "Sampled frames per --video measurement, a comma list (default: 8,32,128)");
   b->add_option("--min-pixels", a->min_pixels, "Resize budget of the images: least pixels");
@@ -533,6 +535,7 @@ int run_bench(const BenchArgs& a) {
     opts.quant = a.quant;
     opts.mmap_weights = a.mmap;
     opts.vision_fp16 = a.vision_fp16;
+    opts.video_seek = !a.no_video_seek;
     // The engine core runs every measurement: room for the largest batch at once.
     for (int64_t b : batches) opts.batching.max_num_seqs = std::max(opts.batching.max_num_seqs, b);
     opts.batching.max_waiting =

@@ -24,6 +24,7 @@ struct BenchArgs {
   int64_t min_pixels = -1, max_pixels = -1;
   std::vector<std::string> videos;  // --video FILE
   std::string video_frames;         // --video-frames "8,32,128"
+  bool no_video_seek = false;       // --no-video-seek
   int reps = 3;
   bool no_warmup = false;
   int threads = 0;
