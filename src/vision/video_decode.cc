@@ -414,9 +414,12 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
       }
     }
     if (total <= 0) total = count;
+    const bool sparse_now =
+        total / std::max<size_t>(1, sample_frame_indices(total, fps, sampling).size()) >= kSeekGap;
     // Seeking maps a frame to its index by its timestamp: only where every packet is one frame
     // with a distinct timestamp and the count is the one sampling used.
-    if (timed && limits.seek && count == total && static_cast<int64_t>(packets.size()) == count) {
+    if (timed && limits.seek && sparse_now && count == total &&
+        static_cast<int64_t>(packets.size()) == count) {
       for (const auto& pk : packets) pts_order.push_back(pk.first);
       std::sort(pts_order.begin(), pts_order.end());
       bool distinct = std::adjacent_find(pts_order.begin(), pts_order.end()) == pts_order.end();
@@ -510,6 +513,12 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
           return false;
         }
         at = it - pts_order.begin();
+        // Until the first jump the decoder's count is the index too: a mismatch there means a
+        // packet that gives no frame (or two), and ranks of timestamps are not indices.
+        if (sought == 0 && at != index) {
+          unseekable = true;
+          return false;
+        }
         last_out = std::max(last_out, at);
       }
       while (next < out.indices.size() && out.indices[next] == at) {
