@@ -1,5 +1,6 @@
 // The chat page: a conversation with the served model through POST /v1/chat/completions
-// (streamed as server-sent events), images attached by file picker, drag-and-drop or paste.
+// (streamed as server-sent events), images and videos attached by file picker, drag-and-drop or
+// paste.
 // Replies are rendered as Markdown by markdown-it with raw HTML off: nothing the model writes
 // becomes markup, and its Markdown images are not rendered (no request leaves for another host).
 const $ = (id) => document.getElementById(id);
@@ -24,8 +25,10 @@ md.renderer.rules.link_open = (tokens, idx, options, env, self) => {
 let settings = loadSettings();
 let apiKey = localStorage.getItem(API_KEY_KEY) || "";
 let model = "";
-let conversation = [];  // {role, text, images (data URLs), reasoning, state, stats, error}
-let pending = [];       // data URLs attached to the next message
+let conversation = [];  // {role, text, images, videos (data URLs), reasoning, state, stats, error}
+let pending = [];       // data URLs attached to the next message (images and videos)
+
+const isVideo = (url) => url.startsWith("data:video/");
 let controller = null;  // the request being streamed
 
 class ApiError extends Error {
@@ -101,7 +104,8 @@ function requestBody() {
     // A turn whose reply failed is left out, question and all (roles keep alternating).
     if (m.state === "error" || conversation[i + 1]?.state === "error") return;
     if (m.role === "user") {
-      if (m.images.length === 0) {
+      const videos = m.videos ?? [];
+      if (m.images.length === 0 && videos.length === 0) {
         messages.push({ role: "user", content: m.text });
         return;
       }
@@ -111,6 +115,8 @@ function requestBody() {
         if (settings.max_pixels !== "") part.max_pixels = Number(settings.max_pixels);
         return part;
       });
+      // A video's pixel budget is over all its frames: the model's own, not the image settings.
+      for (const url of videos) parts.push({ type: "video_url", video_url: { url } });
       if (m.text) parts.push({ type: "text", text: m.text });
       messages.push({ role: "user", content: parts });
     } else if (m.text) {
@@ -158,7 +164,12 @@ async function send() {
   if (controller) return;
   const text = $("prompt").value.trim();
   if (!text && pending.length === 0) return;
-  const user = { role: "user", text, images: pending };
+  const user = {
+    role: "user",
+    text,
+    images: pending.filter((u) => !isVideo(u)),
+    videos: pending.filter(isVideo),
+  };
   conversation.push(user);
   let body;
   try {
@@ -242,14 +253,22 @@ function renderMessage(m) {
   $("empty")?.remove();
   const el = document.createElement("div");
   el.className = `msg ${m.role}`;
-  if (m.images?.length) {
+  if (m.images?.length || m.videos?.length) {
     const thumbs = document.createElement("div");
     thumbs.className = "thumbs";
-    for (const url of m.images) {
+    for (const url of m.images ?? []) {
       const img = document.createElement("img");
       img.src = url;
       img.alt = "attached image";
       thumbs.append(img);
+    }
+    for (const url of m.videos ?? []) {
+      const video = document.createElement("video");
+      video.src = url;
+      video.controls = true;
+      video.muted = true;
+      video.title = "attached video";
+      thumbs.append(video);
     }
     el.append(thumbs);
   }
@@ -316,9 +335,14 @@ function renderAttachments() {
   box.replaceChildren();
   pending.forEach((url, i) => {
     const fig = document.createElement("figure");
-    const img = document.createElement("img");
+    const img = document.createElement(isVideo(url) ? "video" : "img");
     img.src = url;
-    img.alt = `image ${i + 1} to send`;
+    if (isVideo(url)) {
+      img.muted = true;
+      img.title = `video ${i + 1} to send`;
+    } else {
+      img.alt = `image ${i + 1} to send`;
+    }
     const remove = document.createElement("button");
     remove.type = "button";
     remove.textContent = "×";
@@ -334,8 +358,8 @@ function renderAttachments() {
 
 function addFiles(files) {
   for (const file of files) {
-    if (!file.type.startsWith("image/")) {
-      showError(`${file.name} is not an image`);
+    if (!file.type.startsWith("image/") && !file.type.startsWith("video/")) {
+      showError(`${file.name} is not an image or a video`);
       continue;
     }
     const reader = new FileReader();
@@ -350,8 +374,8 @@ function addFiles(files) {
 function exportConversation() {
   const data = {
     model, exported: new Date().toISOString(), settings,
-    messages: conversation.map(({ role, text, images, reasoning, state, stats, error }) =>
-      ({ role, text, images, reasoning, state, stats, error })),
+    messages: conversation.map(({ role, text, images, videos, reasoning, state, stats, error }) =>
+      ({ role, text, images, videos, reasoning, state, stats, error })),
   };
   const url = URL.createObjectURL(new Blob([JSON.stringify(data, null, 2)],
     { type: "application/json" }));

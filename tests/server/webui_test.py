@@ -162,12 +162,15 @@ class PageTest(unittest.TestCase):
         self.el("#save-settings").click()
         self.assertFalse(self.el("#settings").get_attribute("open"))
 
-    def ask(self, text, image=None):
+    def ask(self, text, image=None, video=None):
         """Sends a message; returns the element of the reply."""
         before = len(self.driver.find_elements(By.CSS_SELECTOR, ".msg.assistant"))
         if image is not None:
             self.el("#file").send_keys(str(image))
             self.wait(lambda: self.driver.find_elements(By.CSS_SELECTOR, "#attachments img"))
+        if video is not None:
+            self.el("#file").send_keys(str(video))
+            self.wait(lambda: self.driver.find_elements(By.CSS_SELECTOR, "#attachments video"))
         self.el("#prompt").send_keys(text)
         self.el("#send").click()
         self.wait(lambda: len(self.driver.find_elements(By.CSS_SELECTOR, ".msg.assistant")) > before)
@@ -182,6 +185,27 @@ class ChatTest(PageTest):
     @classmethod
     def start_server(cls, tmp):
         return su.VlmServer(ARGS.vlm, None, tmp, "demo")  # the embedded demo model
+
+    def test_video_matches_api(self):
+        """A video attached with the file picker is sent as a video_url part: the reply is the
+        API's for the same request."""
+        self.open_chat(temperature=0, max_tokens=16)
+        clip = su.REPO / "tests/unit/fixtures/videos/mp4_h264_2997.mp4"
+        reply = self.ask("What moves?", video=clip)
+        self.assertEqual(self.wait_reply(reply), "done")
+        shown = self.driver.find_elements(By.CSS_SELECTOR, ".msg.user .thumbs video")
+        self.assertEqual(len(shown), 1)
+        url = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
+        self.assertEqual(shown[0].get_attribute("src"), url)
+        api = post(self.server, "/v1/chat/completions", {
+            "model": su.MODEL, "temperature": 0, "top_p": 0.95, "max_tokens": 16,
+            "messages": [{"role": "user", "content": [
+                {"type": "video_url", "video_url": {"url": url}},
+                {"type": "text", "text": "What moves?"}]}]})
+        want = api["choices"][0]["message"]["content"]
+        self.assertTrue(want.strip())
+        self.assertEqual(reply.find_element(By.CSS_SELECTOR, ".content").text.strip(), want.strip())
+        self.assertEqual(reply.get_attribute("data-tokens"), str(api["usage"]["completion_tokens"]))
 
     def test_describe_image_matches_api(self):
         self.open_chat(temperature=0, max_tokens=48)
