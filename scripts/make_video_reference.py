@@ -17,7 +17,9 @@ What it writes (CPU, attn_implementation="eager"):
 
 Cases: one video; an image and a video; two videos (an H.264 MP4 at 29.97 fps, a VP9 WebM at
 7 fps whose 5 sampled frames are padded to 6, a variable-frame-rate VP8 MKV); a video given as a
-list of frames (the MP4's sampled frames, `frames_fps` 2: indices 0..3 at 2 frames a second). The frames given to
+list of frames (the MP4's sampled frames, `frames_fps` 2: indices 0..3 at 2 frames a second);
+text that runs into the video ("Look at this: " before it: the first timestamp's "<" is tokenized
+with the space). The frames given to
 the processor are the PyAV-decoded frames tests/unit/fixtures/videos stores, at transformers'
 sampled indices (video_preprocessor_config.json keeps the sampling defaults: fps 2, 4..768), with
 their VideoMetadata, so the processor samples nothing itself (do_sample_frames=False).
@@ -83,6 +85,10 @@ CASES = [
          videos=["webm_vp9_7.webm"], images=[IMAGE.name]),
     dict(name="two_videos", text=chat(VIDEO + VIDEO + "Which is faster?"),
          videos=["mp4_h264_2997.mp4", "mkv_vp8_vfr.mkv"], images=[]),
+    # Text that runs into the video: Qwen3VLProcessor tokenizes " <" of the first timestamp with
+    # the space before it.
+    dict(name="text_before", text=chat("Look at this: " + VIDEO + "Where does it go?"),
+         videos=["webm_vp9_7.webm"], images=[]),
     # A video given as its frames (qwen-vl-utils' list of images): the MP4's four sampled frames,
     # taken as sampled at 2 frames a second (indices 0..3, timestamps index / 2).
     dict(name="frames", text=chat(VIDEO + "What moves?"), videos=["mp4_h264_2997.mp4"],

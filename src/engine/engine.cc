@@ -158,9 +158,15 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
     for (const char* name : {"video_preprocessor_config.json", "preprocessor_config.json"}) {
       const fs::path vp = fs::path(dir) / name;
       if (!fs::exists(vp, ec)) continue;
+      // A video setting this engine does not implement leaves images and text served: videos are
+      // refused with its reason.
       VLM_ASSIGN_OR_RETURN(std::string text, read_text_file(vp.string()));
-      VLM_ASSIGN_OR_RETURN(impl->video.config,
-                           parse_video_preprocessor_config(text, vp.string(), impl->video.config));
+      auto parsed = parse_video_preprocessor_config(text, vp.string(), impl->video.config);
+      if (parsed.ok()) {
+        impl->video.config = *parsed;
+      } else {
+        impl->video.unsupported = parsed.status().message();
+      }
       break;
     }
     impl->video.limits.seek = options.video_seek;
@@ -168,7 +174,7 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
     v.patch_size = impl->preprocess.patch_size;
     v.merge_size = impl->preprocess.merge_size;
     v.temporal_patch_size = impl->preprocess.temporal_patch_size;
-    if (v.merge_size != v.temporal_patch_size) {
+    if (v.merge_size != v.temporal_patch_size && impl->video.unsupported.empty()) {
       impl->video.unsupported = "the vision tower's spatial_merge_size " +
                                 std::to_string(v.merge_size) + " differs from its " +
                                 "temporal_patch_size " + std::to_string(v.temporal_patch_size) +

@@ -400,10 +400,8 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
       r->preprocess_ms += item.preprocess_ms;
     }
     if (!request.videos.empty()) {
-      const Tokenizer& tok = *m.tokenizer;
       VLM_RETURN_IF_ERROR(
-          expand_video_runs([&](const std::string& text) { return tok.encode(text); }, r->images,
-                            m.cfg, &request.prompt_ids, &r->runs));
+          expand_video_runs(*m.tokenizer, r->images, m.cfg, &request.prompt_ids, &r->runs));
     }
   }
   r->prompt_len = r->runs.empty() ? static_cast<int64_t>(request.prompt_ids.size())

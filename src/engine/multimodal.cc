@@ -163,7 +163,11 @@ Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCach
   VideoSampling sampling{staging.config.fps, staging.config.min_frames, staging.config.max_frames};
   if (in.fps) sampling.fps = *in.fps;
   if (in.min_frames) sampling.min_frames = *in.min_frames;
-  if (in.max_frames) sampling.max_frames = *in.max_frames;
+  if (in.max_frames) {
+    sampling.max_frames = *in.max_frames;
+    // Fewer frames asked for than the model's least: the least follows (unless also given).
+    if (!in.min_frames) sampling.min_frames = std::min(sampling.min_frames, *in.max_frames);
+  }
   if (!(sampling.fps > 0 && sampling.fps <= 1000)) {
     return invalid_argument("fps must be in (0, 1000], got " + std::to_string(sampling.fps));
   }
@@ -258,9 +262,13 @@ Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCach
     }
     if (frame.height == target.first && frame.width == target.second) return frame;
     const auto r0 = Clock::now();
-    Image resized = resize_bicubic_antialias(frame, target.first, target.second, pool);
-    resize_ms += ms_since(r0);
-    return resized;
+    try {
+      Image resized = resize_bicubic_antialias(frame, target.first, target.second, pool);
+      resize_ms += ms_since(r0);
+      return resized;
+    } catch (const std::bad_alloc&) {
+      return Status(StatusCode::kUnavailable, "preprocess: out of memory resizing a video frame");
+    }
   };
   VLM_ASSIGN_OR_RETURN(
       VideoFrames v, in.frames.empty()
@@ -281,7 +289,9 @@ Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCach
   out->preprocess_ms = ms_since(t0) + resize_ms;
   out->tokens = out->pixels.num_tokens();
   out->groups = out->pixels.grid_t;
-  out->timestamps = video_timestamps(v.indices, v.source_fps, opt.merge_size);
+  // A source without a rate is taken at 24 frames a second, as transformers does.
+  out->timestamps =
+      video_timestamps(v.indices, v.source_fps > 0 ? v.source_fps : 24, opt.merge_size);
   if (static_cast<int64_t>(out->timestamps.size()) != out->groups) {
     return invalid_argument(v.format + ": " + std::to_string(out->timestamps.size()) +
                             " timestamps for " + std::to_string(out->groups) + " frame groups");
@@ -291,9 +301,9 @@ Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCach
   return ok_status();
 }
 
-Status expand_video_runs(const std::function<std::vector<int32_t>(const std::string&)>& encode,
-                         std::span<const StagedImage> items, const Qwen3VLConfig& cfg,
-                         std::vector<int32_t>* ids, std::vector<PadRun>* runs) {
+Status expand_video_runs(const Tokenizer& tok, std::span<const StagedImage> items,
+                         const Qwen3VLConfig& cfg, std::vector<int32_t>* ids,
+                         std::vector<PadRun>* runs) {
   const auto start = static_cast<int32_t>(cfg.vision_start_token_id);
   const auto end = static_cast<int32_t>(cfg.vision_end_token_id);
   const auto pad = static_cast<int32_t>(cfg.video_token_id);
@@ -317,11 +327,24 @@ Status expand_video_runs(const std::function<std::vector<int32_t>(const std::str
                               "pad (vlm expands it)");
     }
     // Drop the <|vision_start|> before the pad: each group brings its own after its timestamp.
+    // The text since the last special token is tokenized again with the first timestamp, where
+    // its ids are the tokenizer's own (they came from text): transformers tokenizes it so.
+    size_t text = r.begin - 1;
+    while (text > prev && !tok.is_special((*ids)[text - 1])) --text;
     out.insert(out.end(), ids->begin() + static_cast<std::ptrdiff_t>(prev),
-               ids->begin() + static_cast<std::ptrdiff_t>(r.begin - 1));
+               ids->begin() + static_cast<std::ptrdiff_t>(text));
+    const std::span<const int32_t> before(ids->data() + text, r.begin - 1 - text);
+    std::string joined;
+    if (!before.empty()) {
+      joined = tok.decode(before);
+      const std::vector<int32_t> again = tok.encode(joined);
+      if (!std::equal(again.begin(), again.end(), before.begin(), before.end())) joined.clear();
+    }
+    if (joined.empty()) out.insert(out.end(), before.begin(), before.end());
     const StagedImage& v = items[r.item];
-    for (const std::string& ts : v.timestamps) {
-      const std::vector<int32_t> t = encode(ts);
+    for (size_t g = 0; g < v.timestamps.size(); ++g) {
+      const std::vector<int32_t> t =
+          tok.encode(g == 0 ? joined + v.timestamps[g] : v.timestamps[g]);
       out.insert(out.end(), t.begin(), t.end());
       out.push_back(start);
       out_runs.push_back({out.size(), out.size() + 1, r.item, true});

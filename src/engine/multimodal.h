@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -25,6 +24,7 @@
 #include "vision/preprocess.h"
 #include "vision/video_decode.h"
 #include "vlm/request.h"
+#include "vlm/tokenizer.h"
 
 namespace vlm {
 
@@ -115,12 +115,15 @@ Status stage_video(const VideoInput& in, const VideoStaging& staging, VisionCach
                    PixelBudget* budget = nullptr);
 
 // Rewrites each video's <|vision_start|><|video_pad|><|vision_end|> (one pad) in `*ids` as
-// Qwen3VLProcessor does: per temporal group, its timestamp text (tokenized by `encode`), then
-// <|vision_start|><|video_pad|><|vision_end|>; `*runs` becomes one run per group. Errors: a
-// video pad run longer than one, or not followed by <|vision_end|>.
-Status expand_video_runs(const std::function<std::vector<int32_t>(const std::string&)>& encode,
-                         std::span<const StagedImage> items, const Qwen3VLConfig& cfg,
-                         std::vector<int32_t>* ids, std::vector<PadRun>* runs);
+// Qwen3VLProcessor does: per temporal group, its timestamp text, then
+// <|vision_start|><|video_pad|><|vision_end|>; `*runs` becomes one run per group. transformers
+// writes the timestamps into the prompt's TEXT and tokenizes it whole, so the first timestamp is
+// tokenized together with the text before it back to the previous special token (where that
+// text's ids are what `tok` makes of it; the others follow special tokens). Errors: a video pad
+// run longer than one, or not followed by <|vision_end|>.
+Status expand_video_runs(const Tokenizer& tok, std::span<const StagedImage> items,
+                         const Qwen3VLConfig& cfg, std::vector<int32_t>* ids,
+                         std::vector<PadRun>* runs);
 
 // Runs the vision tower on a staged image that has no encoder output yet (a no-op otherwise), in
 // one go.

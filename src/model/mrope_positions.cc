@@ -37,8 +37,11 @@ Result<RopeIndex> compute_rope_index(std::span<const int32_t> ids, std::span<con
   int64_t st = 0;
   for (size_t img = 0; img < grids.size(); ++img) {
     int64_t ed = st;
+    // A video pad counts only right after <|vision_start|> (elsewhere it is text, as the engine
+    // reads the prompt); image pads as transformers finds them.
     while (ed < n && !(left_images > 0 && ids[ed] == image_token_id) &&
-           !(left_videos > 0 && ids[ed] == video_token_id)) {
+           !(left_videos > 0 && ids[ed] == video_token_id && ed > 0 &&
+             ids[ed - 1] == vision_start_token_id)) {
       ++ed;
     }
     if (ed == n) {

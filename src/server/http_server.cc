@@ -739,12 +739,31 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   if (!parsed.ok()) return reply_error(*ex, parsed.error(), "bad_request");
   ChatCompletionRequest& cr = parsed.value();
   if (!check_model(cr.model, *ex)) return;
+  // A video's frames given as a list hold at most max_video_bytes together (each frame at most
+  // max_image_bytes): counted as they are fetched or read, so that no more is held.
+  std::vector<size_t> frame_bytes(cr.videos.size(), 0);
+  for (size_t k = 0; k < cr.videos.size(); ++k) {
+    for (const ImageInput& f : cr.videos[k].frames) frame_bytes[k] += f.bytes.size();
+  }
+  auto frames_over = [&](size_t k) {
+    return ApiError{413, "invalid_request_error",
+                    "video " + std::to_string(k + 1) + ": its frames are larger than " +
+                        std::to_string(limits.max_video_bytes) + " bytes together",
+                    "messages"};
+  };
   for (const RemoteImage& ri : cr.remote_images) {  // only present with --allow-remote-media
     const bool whole_video = ri.video && ri.frame < 0;
-    auto bytes = fetch_media(ri.url, whole_video ? "video" : "image",
-                             whole_video ? limits.max_video_bytes : limits.max_image_bytes,
+    size_t max_bytes = whole_video ? limits.max_video_bytes : limits.max_image_bytes;
+    if (ri.video && !whole_video) {
+      if (frame_bytes[ri.image_index] >= limits.max_video_bytes) {
+        return reply_error(*ex, frames_over(ri.image_index), "bad_request");
+      }
+      max_bytes = std::min(max_bytes, limits.max_video_bytes - frame_bytes[ri.image_index]);
+    }
+    auto bytes = fetch_media(ri.url, whole_video ? "video" : "image", max_bytes,
                              opts.remote_media_timeout_s);
     if (!bytes.ok()) return reply_error(*ex, bytes.error(), "bad_request");
+    if (ri.video && !whole_video) frame_bytes[ri.image_index] += bytes.value().size();
     std::vector<uint8_t>& to = !ri.video     ? cr.images[ri.image_index].bytes
                                : whole_video ? cr.videos[ri.image_index].bytes
                                              : cr.videos[ri.image_index].frames[ri.frame].bytes;
@@ -772,7 +791,13 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
     for (size_t f = 0; f < v.frames.size(); ++f) {
       ImageInput& frame = v.frames[f];
       if (frame.path.empty()) continue;
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(frame.path, ec);
+      if (!ec && frame_bytes[k] + size > limits.max_video_bytes) {
+        return reply_error(*ex, frames_over(k), "bad_request");
+      }
       auto bytes = read_image_file(frame.path);
+      if (bytes.ok()) frame_bytes[k] += bytes.value().size();
       if (!bytes.ok()) {
         return reply_error(
             *ex,

@@ -296,7 +296,7 @@ std::optional<ApiError> part_url(const ojson& part, const std::string& param, co
 // A video part's sampling (fps, min_frames, max_frames) and pixel budget over all its frames
 // (min_pixels, max_pixels), on the part or in its video_url object.
 std::optional<ApiError> read_video_settings(const ojson& obj, const std::string& prefix,
-                                            VideoInput* v) {
+                                            int64_t max_frames, VideoInput* v) {
   std::optional<double> fps;
   if (auto e = read_number(obj, "fps", 0, true, 1000, &fps)) {
     e->param = prefix + "fps";
@@ -304,10 +304,10 @@ std::optional<ApiError> read_video_settings(const ojson& obj, const std::string&
   }
   if (fps) v->fps = fps;
   std::optional<int64_t> n;
-  if (auto e = read_int(obj, "min_frames", prefix + "min_frames", 1, 100000, &n)) return e;
+  if (auto e = read_int(obj, "min_frames", prefix + "min_frames", 1, max_frames, &n)) return e;
   if (n) v->min_frames = n;
   n.reset();
-  if (auto e = read_int(obj, "max_frames", prefix + "max_frames", 1, 100000, &n)) return e;
+  if (auto e = read_int(obj, "max_frames", prefix + "max_frames", 1, max_frames, &n)) return e;
   if (n) v->max_frames = n;
   constexpr int64_t kMax = int64_t{1} << 40;
   n.reset();
@@ -375,9 +375,10 @@ std::optional<ApiError> collect_media(const ojson& messages, const ApiLimits& li
             }
           }
         }
-        if (auto e = read_video_settings(part, param + ".", &v)) return e;
+        if (auto e = read_video_settings(part, param + ".", limits.max_video_frames, &v)) return e;
         if (auto it = part.find("video_url"); it != part.end() && it->is_object()) {
-          if (auto e = read_video_settings(*it, param + ".video_url.", &v)) return e;
+          if (auto e = read_video_settings(*it, param + ".video_url.", limits.max_video_frames, &v))
+            return e;
         }
         if (v.min_pixels && v.max_pixels && *v.min_pixels > *v.max_pixels) {
           return bad_request("min_pixels exceeds max_pixels for " + param, param + ".min_pixels");

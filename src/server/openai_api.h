@@ -68,7 +68,7 @@ struct ApiLimits {
   size_t max_image_bytes = size_t{20} << 20;  // per image, after base64 decoding
   int max_videos = 4;
   size_t max_video_bytes = size_t{256} << 20;  // per video (a data URL is also held to the body)
-  int max_video_frames = 768;                  // a video given as a list of frames
+  int max_video_frames = 768;    // frames of a video given as a list; most min/max_frames
   int64_t max_image_pixels = 0;  // per image: min_pixels / max_pixels above it are 400s (0: none)
   int64_t vocab_size = 0;        // logit_bias / stop_token_ids ids must be below it (0: unchecked)
   int64_t max_queue = 0;         // prompts x n above it are 400s (0: unchecked)

@@ -493,6 +493,10 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
       const int r = avcodec_receive_frame(cc.get(), frame.get());
       if (r == AVERROR(EAGAIN) || r == AVERROR_EOF) return true;
       if (r < 0) {
+        if (seeking && sought > 0) {  // perhaps the jump's doing: decode in order instead
+          unseekable = true;
+          return false;
+        }
         failed = video_error(
             format, "frame " + std::to_string(index + 1) + " is corrupt (" + av_message(r) + ")");
         return false;
@@ -598,7 +602,10 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
       while (r == AVERROR(EAGAIN) && (more = drain())) {  // output first, then the packet again
         r = avcodec_send_packet(cc.get(), pkt.get());
       }
-      if (more && r < 0) {
+      if (more && r < 0 && seeking && sought > 0) {
+        unseekable = true;
+        more = false;
+      } else if (more && r < 0) {
         failed = video_error(format, "corrupt data (" + av_message(r) + ")");
         more = false;
       } else if (more) {
@@ -611,9 +618,12 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
     avcodec_send_packet(cc.get(), nullptr);
     drain();
   }
-  if (unseekable) {
+  if (unseekable) {  // again in order, within what is left of the time limit
     VideoLimits sequential = limits;
     sequential.seek = false;
+    sequential.max_decode_s = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (sequential.max_decode_s <= 0)
+      return video_error(format, "decoding took longer than the limit");
     return decode_video(data, size, sampling, sequential, sink);
   }
   if (!failed.ok()) return failed;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "io/npy.h"
@@ -137,7 +139,7 @@ TEST(VideoModel, PromptAndLogitsMatchTransformers) {
     EXPECT_LE(rel_err(*got, want->f32), kTol);
     ++checked;
   }
-  EXPECT_EQ(checked, 4);
+  EXPECT_EQ(checked, 5);
 }
 
 TEST(VideoModel, GreedyContinuationsMatchTransformersAndTheCacheServesRepeats) {
@@ -171,8 +173,9 @@ TEST(VideoModel, GreedyContinuationsMatchTransformersAndTheCacheServesRepeats) {
       EXPECT_EQ(stats.vision_tokens,
                 stats.video_tokens + std::count(ids.begin(), ids.end(), kImagePad));
       EXPECT_EQ(stats.videos, static_cast<int64_t>(c["videos"].size()));
-      EXPECT_EQ(stats.videos_cached, pass == 0 ? (c["name"] == "two_videos" ? 1 : 0)
-                                               : stats.videos);  // two_videos repeats a clip
+      // Pass 0: two_videos repeats the first case's clip, text_before the second's.
+      const bool repeats = c["name"] == "two_videos" || c["name"] == "text_before";
+      EXPECT_EQ(stats.videos_cached, pass == 0 ? (repeats ? 1 : 0) : stats.videos);
       if (c["name"] == "frames") EXPECT_EQ(stats.video_frames, 4);
       if (pass == 0 && c["name"] == "video") {
         EXPECT_EQ(stats.video_frames, 4);
@@ -276,6 +279,53 @@ TEST(VideoModel, ThePrefixCacheKeysBlocksOnTheVideo) {
       std::find(ids_other.begin(), ids_other.end(), kVideoPad) - ids_other.begin();
   EXPECT_LE(cached, first_pad);
   EXPECT_LE(rel_err(*third, *first), 1e-6);  // the same frames: the same logits
+}
+
+// A video_preprocessor_config.json with a setting the engine does not implement leaves the model
+// serving text and images; videos get the setting's reason. A max_frames under the model's least
+// brings the least down with it.
+TEST(VideoModel, AnUnsupportedVideoConfigRefusesVideosOnly) {
+  test_util::TempDir tmp;
+  for (const auto& f : std::filesystem::directory_iterator(kDir)) {
+    if (f.path().filename() != "video_preprocessor_config.json") {
+      std::filesystem::create_symlink(f.path(), tmp.path() / f.path().filename());
+    }
+  }
+  {
+    std::ofstream(tmp.path() / "video_preprocessor_config.json") << R"({"num_frames": 16})";
+  }
+  EngineOptions o;
+  o.model_dir = tmp.str();
+  o.n_threads = 2;
+  auto e = Engine::load(o);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  const Tokenizer& tok = *(*e)->tokenizer();
+  GenerateRequest req;
+  req.prompt_ids = tok.encode("<|vision_start|><|video_pad|><|vision_end|>What?");
+  req.videos = {video("mp4_h264_2997.mp4")};
+  req.max_new_tokens = 2;
+  auto r = (*e)->generate(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("num_frames"), std::string::npos) << r.status().message();
+  req.videos.clear();
+  req.prompt_ids = tok.encode("What?");
+  EXPECT_TRUE((*e)->generate(req).ok());
+
+  auto good = engine();
+  ASSERT_NE(good, nullptr);
+  VideoInput two = video("mp4_h264_2997.mp4");
+  two.max_frames = 2;  // under the model's 4
+  req.prompt_ids = tok.encode("<|vision_start|><|video_pad|><|vision_end|>What?");
+  req.videos = {two};
+  auto stream = good->submit(req);
+  ASSERT_TRUE(stream.ok()) << stream.status().message();
+  RequestOutput piece;
+  RequestStats stats;
+  while ((*stream)->next(&piece)) {
+    ASSERT_TRUE(piece.error.ok()) << piece.error.message();
+    stats = piece.stats;
+  }
+  EXPECT_EQ(stats.video_frames, 2);
 }
 
 TEST(VideoModel, BadVideosAndPromptsGetClearErrors) {

@@ -80,11 +80,8 @@ std::vector<vlm::VideoInput> video_inputs(const std::vector<std::string>& paths,
   for (const auto& p : paths) {
     vlm::VideoInput in;
     in.path = p;
-    if (fps > 0) in.fps = fps;
-    if (max_frames > 0) {
-      in.max_frames = max_frames;
-      in.min_frames = 1;  // a small max_frames is asked for; the model's min must not exceed it
-    }
+    if (fps != -1) in.fps = fps;  // the engine checks the value
+    if (max_frames != -1) in.max_frames = max_frames;
     out.push_back(std::move(in));
   }
   return out;
