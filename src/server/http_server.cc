@@ -842,7 +842,9 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   g.images = std::move(cr.images);
   g.videos = std::move(cr.videos);
   g.logprobs = cr.logprobs ? cr.top_logprobs : -1;
-  // The first choice stages (preprocesses) the images; the vision cache serves the others.
+  // Each choice decodes and preprocesses the images and videos as it is submitted (n copies of
+  // their bytes); the vision encoder runs once, the later choices finding the first's output in
+  // the vision cache when their turn comes.
   std::vector<GenerateRequest> reqs;
   add_choices(g, cr.n, &reqs);
   const std::string rid = "chatcmpl-" + std::to_string(next_id++);
