@@ -291,9 +291,7 @@ TEST(VideoModel, AnUnsupportedVideoConfigRefusesVideosOnly) {
       std::filesystem::create_symlink(f.path(), tmp.path() / f.path().filename());
     }
   }
-  {
-    std::ofstream(tmp.path() / "video_preprocessor_config.json") << R"({"num_frames": 16})";
-  }
+  { std::ofstream(tmp.path() / "video_preprocessor_config.json") << R"({"num_frames": 16})"; }
   EngineOptions o;
   o.model_dir = tmp.str();
   o.n_threads = 2;
