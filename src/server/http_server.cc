@@ -355,12 +355,13 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   Fanout(Server::Impl& s, std::shared_ptr<HttpExchange> ex, Clock::time_point t0, ReplyFormat f)
       : s_(s), ex_(std::move(ex)), t0_(t0), f_(std::move(f)) {}
 
-  // Submits every request and starts the reply; an error cancels the ones already submitted and
-  // is the reply.
-  void start(std::vector<GenerateRequest> reqs) {
+  // Submits `count` requests, each made by `request(i)` just before it is submitted (so that n
+  // choices of a request with videos hold one more copy of their bytes at a time, not n), and
+  // starts the reply; an error cancels the ones already submitted and is the reply.
+  void start(size_t count, const std::function<GenerateRequest(size_t)>& request) {
     // Sized before on_close can fire: client_gone() walks streams_ from an I/O thread.
-    choices_.resize(reqs.size());
-    streams_.resize(reqs.size());
+    choices_.resize(count);
+    streams_.resize(count);
     if (f_.make_parser) {
       for (size_t i = 0; i < choices_.size(); ++i) {
         choices_[i].parser = f_.make_parser(static_cast<int>(i));
@@ -375,8 +376,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       s_.requests->inc("cancelled");
       return;
     }
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      auto stream = s_.engine->submit(std::move(reqs[i]), [w = weak_from_this()] {
+    for (size_t i = 0; i < count; ++i) {
+      auto stream = s_.engine->submit(request(i), [w = weak_from_this()] {
         if (auto self = w.lock()) self->wake();
       });
       std::lock_guard<std::mutex> lock(mu_);
@@ -842,11 +843,9 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   g.images = std::move(cr.images);
   g.videos = std::move(cr.videos);
   g.logprobs = cr.logprobs ? cr.top_logprobs : -1;
-  // Each choice decodes and preprocesses the images and videos as it is submitted (n copies of
-  // their bytes); the vision encoder runs once, the later choices finding the first's output in
-  // the vision cache when their turn comes.
-  std::vector<GenerateRequest> reqs;
-  add_choices(g, cr.n, &reqs);
+  // Each choice decodes and preprocesses the images and videos as it is submitted (a copy of the
+  // request made then); the vision encoder runs once, the later choices finding the first's
+  // output in the vision cache when their turn comes.
   const std::string rid = "chatcmpl-" + std::to_string(next_id++);
   const int64_t created_now = static_cast<int64_t>(std::time(nullptr));
   const int n = cr.n;
@@ -874,20 +873,16 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
                    "max_thinking_tokens: this model has no </think> token", "max_thinking_tokens"},
           "bad_request");
     }
-    for (GenerateRequest& q : reqs) {
-      q.max_thinking_tokens = *cr.max_thinking_tokens;
-      q.think_open_id = open.value_or(-1);
-      q.think_close_id = *close;
-      q.thinking_open_in_prompt = think_open;
-    }
+    g.max_thinking_tokens = *cr.max_thinking_tokens;
+    g.think_open_id = open.value_or(-1);
+    g.think_close_id = *close;
+    g.thinking_open_in_prompt = think_open;
   }
   // A grammar starts after the reasoning block the prompt opened.
   if (cr.structured.kind != StructuredOutput::Kind::kNone && think_open) {
     if (const auto close = engine->tokenizer()->token_to_id("</think>")) {
-      for (GenerateRequest& q : reqs) {
-        q.think_close_id = *close;
-        q.thinking_open_in_prompt = true;
-      }
+      g.think_close_id = *close;
+      g.thinking_open_in_prompt = true;
     }
   }
   f.make_parser = [po, rid](int i) {
@@ -935,7 +930,11 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
       return chat_completion_json(rid, model_name, created_now, out, u);
     };
   }
-  std::make_shared<Fanout>(*this, ex, t0, std::move(f))->start(std::move(reqs));
+  std::make_shared<Fanout>(*this, ex, t0, std::move(f))->start(n, [&g, n](size_t i) {
+    GenerateRequest q = i + 1 == static_cast<size_t>(n) ? std::move(g) : g;
+    if (q.sampling.seed) q.sampling.seed = *q.sampling.seed + static_cast<uint64_t>(i);
+    return q;
+  });
 }
 
 void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
@@ -1005,7 +1004,9 @@ void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
       return completion_json(rid, model_name, created_now, out, u, offsets);
     };
   }
-  std::make_shared<Fanout>(*this, ex, t0, std::move(f))->start(std::move(reqs));
+  std::make_shared<Fanout>(*this, ex, t0, std::move(f))->start(reqs.size(), [&reqs](size_t i) {
+    return std::move(reqs[i]);
+  });
 }
 
 // Draining: every 50 ms, stop once no request is being answered; at the deadline, stop anyway
