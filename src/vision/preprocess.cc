@@ -355,6 +355,33 @@ Status get_triple(const json& j, const char* key, float out[3], const std::strin
   return ok_status();
 }
 
+// A processor config's text as a JSON object, or an error naming `source`.
+Result<json> parse_config_object(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return invalid_argument(source + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) return invalid_argument(source + ": expected a JSON object");
+  return j;
+}
+
+// The patch geometry and normalisation fields images and videos share.
+Status read_geometry_and_normalisation(const json& j, const std::string& source,
+                                       PreprocessOptions* o) {
+  VLM_RETURN_IF_ERROR(get_int(j, "patch_size", &o->patch_size, source));
+  VLM_RETURN_IF_ERROR(get_int(j, "temporal_patch_size", &o->temporal_patch_size, source));
+  VLM_RETURN_IF_ERROR(get_int(j, "merge_size", &o->merge_size, source));
+  VLM_RETURN_IF_ERROR(get_triple(j, "image_mean", o->mean, source));
+  VLM_RETURN_IF_ERROR(get_triple(j, "image_std", o->std, source));
+  if (auto it = j.find("rescale_factor"); it != j.end() && !it->is_null()) {
+    if (!it->is_number()) return invalid_argument(source + ": 'rescale_factor' must be a number");
+    o->rescale_factor = it->get<double>();
+  }
+  return ok_status();
+}
+
 Status require_true(const json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return ok_status();
@@ -369,14 +396,7 @@ Status require_true(const json& j, const char* key, const std::string& where) {
 
 Result<PreprocessOptions> parse_preprocessor_config(const std::string& json_text,
                                                     const std::string& source) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    return invalid_argument(source + ": not valid JSON: " + e.what());
-  }
-  if (!j.is_object()) return invalid_argument(source + ": expected a JSON object");
-
+  VLM_ASSIGN_OR_RETURN(const json j, parse_config_object(json_text, source));
   PreprocessOptions o;
   if (auto it = j.find("image_processor_type"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return invalid_argument(source + ": 'image_processor_type' not a string");
@@ -402,15 +422,7 @@ Result<PreprocessOptions> parse_preprocessor_config(const std::string& json_text
   }
   VLM_RETURN_IF_ERROR(get_int(j, "min_pixels", &o.min_pixels, source));
   VLM_RETURN_IF_ERROR(get_int(j, "max_pixels", &o.max_pixels, source));
-  VLM_RETURN_IF_ERROR(get_int(j, "patch_size", &o.patch_size, source));
-  VLM_RETURN_IF_ERROR(get_int(j, "temporal_patch_size", &o.temporal_patch_size, source));
-  VLM_RETURN_IF_ERROR(get_int(j, "merge_size", &o.merge_size, source));
-  VLM_RETURN_IF_ERROR(get_triple(j, "image_mean", o.mean, source));
-  VLM_RETURN_IF_ERROR(get_triple(j, "image_std", o.std, source));
-  if (auto it = j.find("rescale_factor"); it != j.end() && !it->is_null()) {
-    if (!it->is_number()) return invalid_argument(source + ": 'rescale_factor' must be a number");
-    o.rescale_factor = it->get<double>();
-  }
+  VLM_RETURN_IF_ERROR(read_geometry_and_normalisation(j, source, &o));
   for (const char* key : {"do_resize", "do_rescale", "do_normalize"}) {
     VLM_RETURN_IF_ERROR(require_true(j, key, source));
   }
@@ -436,13 +448,7 @@ VideoPreprocessConfig default_video_config(const PreprocessOptions& image) {
 Result<VideoPreprocessConfig> parse_video_preprocessor_config(
     const std::string& json_text, const std::string& source,
     const VideoPreprocessConfig& defaults) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    return invalid_argument(source + ": not valid JSON: " + e.what());
-  }
-  if (!j.is_object()) return invalid_argument(source + ": expected a JSON object");
+  VLM_ASSIGN_OR_RETURN(const json j, parse_config_object(json_text, source));
   VideoPreprocessConfig v = defaults;
   PreprocessOptions& o = v.pixels;
   if (auto it = j.find("video_processor_type"); it != j.end() && !it->is_null()) {
@@ -461,15 +467,7 @@ Result<VideoPreprocessConfig> parse_video_preprocessor_config(
     VLM_RETURN_IF_ERROR(get_int(*it, "shortest_edge", &o.min_pixels, source + ": size"));
     VLM_RETURN_IF_ERROR(get_int(*it, "longest_edge", &o.max_pixels, source + ": size"));
   }
-  VLM_RETURN_IF_ERROR(get_int(j, "patch_size", &o.patch_size, source));
-  VLM_RETURN_IF_ERROR(get_int(j, "temporal_patch_size", &o.temporal_patch_size, source));
-  VLM_RETURN_IF_ERROR(get_int(j, "merge_size", &o.merge_size, source));
-  VLM_RETURN_IF_ERROR(get_triple(j, "image_mean", o.mean, source));
-  VLM_RETURN_IF_ERROR(get_triple(j, "image_std", o.std, source));
-  if (auto it = j.find("rescale_factor"); it != j.end() && !it->is_null()) {
-    if (!it->is_number()) return invalid_argument(source + ": 'rescale_factor' must be a number");
-    o.rescale_factor = it->get<double>();
-  }
+  VLM_RETURN_IF_ERROR(read_geometry_and_normalisation(j, source, &o));
   for (const char* key : {"do_resize", "do_rescale", "do_normalize", "do_sample_frames"}) {
     VLM_RETURN_IF_ERROR(require_true(j, key, source));
   }
