@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 #include "core/clock.h"
 #include "engine/engine_impl.h"
@@ -426,47 +427,56 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
   return out;
 }
 
+namespace {
+
+// For the benchmarks' encode_image / encode_video: on the engine thread, between steps (the tower
+// and the thread pool are the core's), `stage` makes `*s` ready and the tower encodes it.
+Status stage_and_encode(Engine::Impl& m, const std::function<Status(StagedImage*)>& stage,
+                        StagedImage* s, double* encode_ms) {
+  if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower");
+  Status st;
+  m.core->run_on_engine_thread([&] {
+    st = stage(s);
+    if (st.ok()) st = encode_staged_image(*m.vision, s, encode_ms);
+  });
+  return st;
+}
+
+}  // namespace
+
 Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
   Impl& m = *impl_;
-  if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower");
-  // On the engine thread, between steps: the tower and the thread pool are the core's.
-  Status st;
+  StagedImage s;
   ImageTimings t;
-  m.core->run_on_engine_thread([&] {
-    StagedImage s;
-    st = stage_image(image, m.preprocess, nullptr, m.pool.get(), &s);
-    if (!st.ok()) return;
-    t.decode_ms = s.decode_ms;
-    t.preprocess_ms = s.preprocess_ms;
-    t.resized_h = s.resized_h;
-    t.resized_w = s.resized_w;
-    st = encode_staged_image(*m.vision, &s, &t.encode_ms);
-    if (st.ok()) t.vision_tokens = s.encoded->out.tokens;
-  });
-  VLM_RETURN_IF_ERROR(st);
+  VLM_RETURN_IF_ERROR(stage_and_encode(
+      m,
+      [&](StagedImage* out) {
+        return stage_image(image, m.preprocess, nullptr, m.pool.get(), out);
+      },
+      &s, &t.encode_ms));
+  t.decode_ms = s.decode_ms;
+  t.preprocess_ms = s.preprocess_ms;
+  t.resized_h = s.resized_h;
+  t.resized_w = s.resized_w;
+  t.vision_tokens = s.encoded->out.tokens;
   return t;
 }
 
 Result<Engine::VideoTimings> Engine::encode_video(const VideoInput& video) {
   Impl& m = *impl_;
-  if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower");
-  Status st;
+  StagedImage s;
   VideoTimings t;
-  m.core->run_on_engine_thread([&] {
-    StagedImage s;
-    st = stage_video(video, m.video, nullptr, m.pool.get(), &s);
-    if (!st.ok()) return;
-    t.frames = s.frames;
-    t.decoded_frames = s.decoded_frames;
-    t.groups = s.groups;
-    t.decode_ms = s.decode_ms;
-    t.preprocess_ms = s.preprocess_ms;
-    t.resized_h = s.resized_h;
-    t.resized_w = s.resized_w;
-    st = encode_staged_image(*m.vision, &s, &t.encode_ms);
-    if (st.ok()) t.vision_tokens = s.encoded->out.tokens;
-  });
-  VLM_RETURN_IF_ERROR(st);
+  VLM_RETURN_IF_ERROR(stage_and_encode(
+      m, [&](StagedImage* out) { return stage_video(video, m.video, nullptr, m.pool.get(), out); },
+      &s, &t.encode_ms));
+  t.frames = s.frames;
+  t.decoded_frames = s.decoded_frames;
+  t.groups = s.groups;
+  t.decode_ms = s.decode_ms;
+  t.preprocess_ms = s.preprocess_ms;
+  t.resized_h = s.resized_h;
+  t.resized_w = s.resized_w;
+  t.vision_tokens = s.encoded->out.tokens;
   return t;
 }
 
