@@ -770,22 +770,28 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
                                              : cr.videos[ri.image_index].frames[ri.frame].bytes;
     to = std::move(bytes).value();
   }
-  // file:// images are read here, so that nothing below (messages included) sees the server's
-  // path: errors name the image by its place in the request.
+  // file:// images and videos are read here, so that nothing below (messages included) sees the
+  // server's path: errors name the image or video by its place in the request. read_local reads
+  // one into its bytes and clears its path; false once the 400 saying `what` is the reply.
+  auto read_local = [&](std::string* path, std::vector<uint8_t>* bytes, const std::string& what,
+                        const ImageDecodeLimits& read_limits = {}) {
+    auto read = read_image_file(*path, read_limits);
+    if (!read.ok()) {
+      reply_error(*ex, ApiError{400, "invalid_request_error", what + " cannot be read", "messages"},
+                  "bad_request");
+      return false;
+    }
+    *bytes = std::move(read).value();
+    path->clear();
+    return true;
+  };
   for (size_t k = 0; k < cr.images.size(); ++k) {
     ImageInput& img = cr.images[k];
-    if (img.path.empty()) continue;
-    auto bytes = read_image_file(img.path);
-    if (!bytes.ok()) {
-      return reply_error(
-          *ex,
-          ApiError{400, "invalid_request_error",
-                   "image " + std::to_string(k + 1) + ": the file:// image cannot be read",
-                   "messages"},
-          "bad_request");
+    if (!img.path.empty() &&
+        !read_local(&img.path, &img.bytes,
+                    "image " + std::to_string(k + 1) + ": the file:// image")) {
+      return;
     }
-    img.bytes = std::move(bytes).value();
-    img.path.clear();
   }
   for (size_t k = 0; k < cr.videos.size(); ++k) {
     VideoInput& v = cr.videos[k];
@@ -797,34 +803,20 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
       if (!ec && frame_bytes[k] + size > limits.max_video_bytes) {
         return reply_error(*ex, frames_over(k), "bad_request");
       }
-      auto bytes = read_image_file(frame.path);
-      if (bytes.ok()) frame_bytes[k] += bytes.value().size();
-      if (!bytes.ok()) {
-        return reply_error(
-            *ex,
-            ApiError{400, "invalid_request_error",
-                     "video " + std::to_string(k + 1) + ", frame " + std::to_string(f + 1) +
-                         ": the file:// image cannot be read",
-                     "messages"},
-            "bad_request");
+      if (!read_local(&frame.path, &frame.bytes,
+                      "video " + std::to_string(k + 1) + ", frame " + std::to_string(f + 1) +
+                          ": the file:// image")) {
+        return;
       }
-      frame.bytes = std::move(bytes).value();
-      frame.path.clear();
+      frame_bytes[k] += frame.bytes.size();
     }
-    if (v.path.empty()) continue;
     ImageDecodeLimits read_limits;
     read_limits.max_bytes = static_cast<int64_t>(limits.max_video_bytes);
-    auto bytes = read_image_file(v.path, read_limits);
-    if (!bytes.ok()) {
-      return reply_error(
-          *ex,
-          ApiError{400, "invalid_request_error",
-                   "video " + std::to_string(k + 1) + ": the file:// video cannot be read",
-                   "messages"},
-          "bad_request");
+    if (!v.path.empty() &&
+        !read_local(&v.path, &v.bytes, "video " + std::to_string(k + 1) + ": the file:// video",
+                    read_limits)) {
+      return;
     }
-    v.bytes = std::move(bytes).value();
-    v.path.clear();
   }
   ChatTemplateOptions topts;
   topts.tools_json = cr.tools_json;
