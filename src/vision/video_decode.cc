@@ -390,10 +390,13 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   // saves (a 300-frame 720p clip with a keyframe every 60: 11% slower at 32 samples, 9 apart;
   // docs/benchmarks.md).
   constexpr int64_t kSeekGap = 16;
-  const bool sparse =
-      total > 0 &&
-      total / std::max<size_t>(1, sample_frame_indices(total, fps, sampling).size()) >= kSeekGap;
-  if (total <= 0 || (limits.seek && sparse)) {
+  // The sampled indices (again once the packets have been counted, where the header has no
+  // count), and whether they lie far enough apart to seek between.
+  std::vector<int64_t> indices = sample_frame_indices(total, fps, sampling);
+  auto sparse = [&] {
+    return total > 0 && total / std::max<size_t>(1, indices.size()) >= kSeekGap;
+  };
+  if (total <= 0 || (limits.seek && sparse())) {
     std::unique_ptr<AVPacket, PacketDeleter> p(av_packet_alloc());
     if (!p) return Status(StatusCode::kUnavailable, "video: out of memory");
     int64_t count = 0;
@@ -413,12 +416,13 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
         return video_error(format, "reading took longer than the limit");
       }
     }
-    if (total <= 0) total = count;
-    const bool sparse_now =
-        total / std::max<size_t>(1, sample_frame_indices(total, fps, sampling).size()) >= kSeekGap;
+    if (total <= 0) {
+      total = count;
+      indices = sample_frame_indices(total, fps, sampling);
+    }
     // Seeking maps a frame to its index by its timestamp: only where every packet is one frame
     // with a distinct timestamp and the count is the one sampling used.
-    if (timed && limits.seek && sparse_now && count == total &&
+    if (timed && limits.seek && sparse() && count == total &&
         static_cast<int64_t>(packets.size()) == count) {
       for (const auto& pk : packets) pts_order.push_back(pk.first);
       std::sort(pts_order.begin(), pts_order.end());
@@ -463,7 +467,7 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
   out.format = format;
   out.source_fps = fps;
   out.total_frames = total;
-  out.indices = sample_frame_indices(total, fps, sampling);
+  out.indices = std::move(indices);
   std::unique_ptr<AVPacket, PacketDeleter> pkt(av_packet_alloc());
   std::unique_ptr<AVFrame, FrameDeleter> frame(av_frame_alloc());
   if (!pkt || !frame) return Status(StatusCode::kUnavailable, "video: out of memory");
