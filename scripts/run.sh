@@ -3,7 +3,7 @@
 #   scripts/run.sh                      # the shipped tiny model asked about examples/shapes.png
 #   scripts/run.sh -m DIR -p "Hello"    # any Qwen3-VL checkpoint directory; flags go to `vlm run`
 # Without -m, `vlm run` uses models/tiny-qwen3vl: a tiny Qwen3-VL trained by
-# scripts/train_tiny_vlm.py to answer questions about pictures of coloured shapes.
+# scripts/train_tiny_vlm.py to answer questions about pictures and clips of coloured shapes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh >/dev/null

@@ -643,5 +643,50 @@ TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenScenes) {
   EXPECT_GE(acc, cases["transformers_accuracy"].get<double>());
 }
 
+// The default model also answers questions about short clips of moving shapes: which way a shape
+// moves, how many shapes appear, which appears first (tests/model/fixtures/motion-qa: animated GIFs
+// from a seed training never used, with transformers' greedy answers to the frames PyAV decodes at
+// transformers' sampled indices). `vlm run --video` without -m must give each of them.
+CliResult ask_default_model_video(const std::string& video, const std::string& question) {
+  return vlm("run --greedy -n 32 -t 2 --video " + quote(video) + " -p " + quote(question));
+}
+
+TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenClips) {
+  const std::string dir = kFixtures + "/motion-qa";
+  const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
+  int right = 0, total = 0;
+  std::map<std::string, int> kinds;
+  for (const auto& c : cases["cases"]) {
+    const std::string question = c["question"].get<std::string>();
+    CliResult r = ask_default_model_video(dir + "/" + c["video"].get<std::string>(), question);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n") << c["video"] << ": " << question;
+    right += r.out == c["truth"].get<std::string>() + "\n";
+    ++total;
+    ++kinds[question.substr(0, question.find(' ', question.find(' ') + 1))];
+  }
+  EXPECT_GE(total, 100);
+  EXPECT_EQ(kinds.size(), 3u);  // "Which way", "How many", "Which shape"
+  const double acc = static_cast<double>(right) / total;
+  std::printf("[motion-qa] vlm accuracy %.3f, transformers %.3f over %d unseen clips\n", acc,
+              cases["transformers_accuracy"].get<double>(), total);
+  EXPECT_GE(acc, cases["transformers_accuracy"].get<double>());
+  EXPECT_GE(acc, 0.8);
+}
+
+// The README's video example (examples/motion.gif): every question recorded beside it gets the
+// true answer.
+TEST(Cli, DefaultModelAnswersTheReadmeClip) {
+  const std::string clip = std::string(VLM_REPO_DIR) + "/examples/motion.gif";
+  const auto qas = nlohmann::json::parse(
+      test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/motion.json"));
+  ASSERT_GE(qas.size(), 3u);
+  for (const auto& qa : qas) {
+    CliResult r = ask_default_model_video(clip, qa["question"].get<std::string>());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, qa["answer"].get<std::string>() + "\n") << qa["question"];
+  }
+}
+
 }  // namespace
 }  // namespace vlm

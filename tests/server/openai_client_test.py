@@ -855,9 +855,10 @@ class ToolCallTest(unittest.TestCase):
 
 class DefaultModelTest(unittest.TestCase):
     """`vlm serve` without -m serves the shipped tiny model (models/tiny-qwen3vl), which answers
-    questions about pictures of shapes. The held-out scenes of tests/model/fixtures/shapes-qa are
-    asked all at once (continuous batching mixes them): every greedy reply must be the answer
-    transformers gave for that scene."""
+    questions about pictures of shapes and clips of moving shapes. The held-out scenes of
+    tests/model/fixtures/shapes-qa, then clips of tests/model/fixtures/motion-qa, are asked all at
+    once (continuous batching mixes them): every greedy reply must be the answer transformers gave
+    for that scene or clip."""
 
     def test_answers_equal_transformers_under_concurrency(self):
         fixture = REPO / "tests/model/fixtures/shapes-qa"
@@ -877,9 +878,29 @@ class DefaultModelTest(unittest.TestCase):
 
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
                 replies = list(pool.map(ask, cases))
-            client.close()
             for case, reply in zip(cases, replies):
                 self.assertEqual(reply, case["transformers"], f"{case['image']}: {case['question']}")
+
+            # Clips of moving shapes (tests/model/fixtures/motion-qa), sent as video_url parts,
+            # mixed with one another under the same concurrency.
+            fixture = REPO / "tests/model/fixtures/motion-qa"
+            clips = json.loads((fixture / "cases.json").read_text())["cases"][:32]
+
+            def ask_clip(case):
+                url = "data:image/gif;base64," + base64.b64encode(
+                    (fixture / case["video"]).read_bytes()).decode()
+                r = client.chat.completions.create(
+                    model=MODEL, temperature=0, max_tokens=32,
+                    messages=user([{"type": "video_url", "video_url": {"url": url}},
+                                   {"type": "text", "text": case["question"]}]))
+                return r.choices[0].message.content
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                replies = list(pool.map(ask_clip, clips))
+            client.close()
+            self.assertEqual(len(replies), 32)
+            for case, reply in zip(clips, replies):
+                self.assertEqual(reply, case["transformers"], f"{case['video']}: {case['question']}")
         finally:
             server.stop()
             shutil.rmtree(tmp, ignore_errors=True)
