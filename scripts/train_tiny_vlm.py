@@ -86,6 +86,7 @@ import random
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 from PIL import Image, ImageDraw
@@ -209,7 +210,7 @@ def sample_indices(total: int, fps: float) -> list[int]:
     (and vlm) take from a clip of `total` frames at `fps`."""
     n = int(total / fps * VIDEO_PROCESSOR["fps"])
     n = min(min(max(n, VIDEO_PROCESSOR["min_frames"]), VIDEO_PROCESSOR["max_frames"]), total)
-    return [int(i) for i in torch.linspace(0, total - 1, n).round().tolist()]
+    return np.linspace(0, total - 1, n).round().astype(int).tolist()
 
 
 class Clip:
@@ -742,7 +743,6 @@ def write_gif(clip: Clip, out: Path) -> None:
     with PyAV, as transformers' read_video_pyav does: the frame count and rate it reports must be
     the clip's and the frames at the sampled indices must be the rendered ones, pixel for pixel."""
     import av
-    import numpy as np
     frames = [clip.frame(i) for i in range(clip.total)]
     frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:],
                    duration=1000 // clip.fps, loop=0)
