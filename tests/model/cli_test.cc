@@ -552,6 +552,13 @@ CliResult ask_default_model(const std::string& image, const std::string& questio
              quote(question));
 }
 
+CliResult ask_default_model_video(const std::string& video, const std::string& question,
+                                  const std::string& kv_cache_dtype = "") {
+  const std::string kv = kv_cache_dtype.empty() ? "" : " --kv-cache-dtype " + kv_cache_dtype;
+  return vlm("run --greedy -n 32 -t 2" + kv + " --video " + quote(video) + " -p " +
+             quote(question));
+}
+
 // The README's main command (scripts/run.sh) asks the default model about examples/shapes.png;
 // every question scripts/train_tiny_vlm.py recorded beside it must get the true answer.
 TEST(Cli, DefaultModelAnswersTheReadmeExample) {
@@ -603,7 +610,8 @@ TEST(Cli, EmbeddingExampleAnswersEveryQuestionAtOnce) {
 // about scenes generated with a seed its training never used (tests/model/fixtures/shapes-qa,
 // written by the same script with transformers' greedy answers). vlm, run without -m, must give
 // transformers' answer to every question, so its accuracy is transformers' accuracy.
-// The same with the KV cache in BF16 and in INT8: every answer is still transformers'.
+// The same with the KV cache in BF16 and in INT8: every answer is still transformers', on the
+// scenes and on the clips (tests/model/fixtures/motion-qa, below).
 class DefaultModelKv : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DefaultModelKv, AnswersAsTransformersOnUnseenScenes) {
@@ -616,6 +624,21 @@ TEST_P(DefaultModelKv, AnswersAsTransformersOnUnseenScenes) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n")
         << c["image"] << ": " << c["question"];
+    ++total;
+  }
+  EXPECT_GE(total, 100);
+}
+
+TEST_P(DefaultModelKv, AnswersAsTransformersOnUnseenClips) {
+  const std::string dir = kFixtures + "/motion-qa";
+  const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
+  int total = 0;
+  for (const auto& c : cases["cases"]) {
+    CliResult r = ask_default_model_video(dir + "/" + c["video"].get<std::string>(),
+                                          c["question"].get<std::string>(), GetParam());
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n")
+        << c["video"] << ": " << c["question"];
     ++total;
   }
   EXPECT_GE(total, 100);
@@ -647,10 +670,6 @@ TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenScenes) {
 // moves, how many shapes appear, which appears first (tests/model/fixtures/motion-qa: animated GIFs
 // from a seed training never used, with transformers' greedy answers to the frames PyAV decodes at
 // transformers' sampled indices). `vlm run --video` without -m must give each of them.
-CliResult ask_default_model_video(const std::string& video, const std::string& question) {
-  return vlm("run --greedy -n 32 -t 2 --video " + quote(video) + " -p " + quote(question));
-}
-
 TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenClips) {
   const std::string dir = kFixtures + "/motion-qa";
   const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
