@@ -783,10 +783,16 @@ def write_fixture(model, enc: Encoder, out: Path, seed: int, n: int) -> None:
             got = answer(model, enc, f.convert("RGB"), q)
         right += got == truth
         cases.append(dict(image=name, question=q, truth=truth, transformers=got))
+    write_cases(out, seed, cases, right, "scenes")
+
+
+def write_cases(out: Path, seed: int, cases, right: int, items: str) -> None:
+    """A fixture's cases.json: its cases, transformers' accuracy over them and the versions."""
+    n = len(cases)
     (out / "cases.json").write_text(json.dumps(dict(
         seed=seed, transformers_accuracy=right / n, transformers_version=transformers.__version__,
         torch_version=torch.__version__, cases=cases), indent=1) + "\n")
-    print(f"fixture: {n} scenes, transformers accuracy {right / n:.3f}")
+    print(f"fixture: {n} {items}, transformers accuracy {right / n:.3f}")
 
 
 def write_clip_fixture(model, enc: Encoder, out: Path, seed: int, n: int) -> None:
@@ -803,10 +809,7 @@ def write_clip_fixture(model, enc: Encoder, out: Path, seed: int, n: int) -> Non
         got = answer(model, enc, clip, q)
         right += got == truth
         cases.append(dict(video=name, question=q, truth=truth, transformers=got))
-    (out / "cases.json").write_text(json.dumps(dict(
-        seed=seed, transformers_accuracy=right / n, transformers_version=transformers.__version__,
-        torch_version=torch.__version__, cases=cases), indent=1) + "\n")
-    print(f"clip fixture: {n} clips, transformers accuracy {right / n:.3f}")
+    write_cases(out, seed, cases, right, "clips")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -544,34 +545,64 @@ TEST_F(CliRun, ChatTemplateStopStringsAndSeeds) {
   EXPECT_EQ(stopped.out, reply.substr(0, at) + "\n");
 }
 
-// Asks the default model (no -m) one question about one picture, greedily.
-CliResult ask_default_model(const std::string& image, const std::string& question,
-                            const std::string& kv_cache_dtype = "") {
+// Asks the default model (no -m) one question about one image or video, greedily: `media` is
+// "image" or "video".
+CliResult ask_default_model(const std::string& media, const std::string& path,
+                            const std::string& question, const std::string& kv_cache_dtype = "") {
   const std::string kv = kv_cache_dtype.empty() ? "" : " --kv-cache-dtype " + kv_cache_dtype;
-  return vlm("run --greedy -n 32 -t 2" + kv + " --image " + quote(image) + " -p " +
+  return vlm("run --greedy -n 32 -t 2" + kv + " --" + media + " " + quote(path) + " -p " +
              quote(question));
 }
 
-CliResult ask_default_model_video(const std::string& video, const std::string& question,
-                                  const std::string& kv_cache_dtype = "") {
-  const std::string kv = kv_cache_dtype.empty() ? "" : " --kv-cache-dtype " + kv_cache_dtype;
-  return vlm("run --greedy -n 32 -t 2" + kv + " --video " + quote(video) + " -p " +
-             quote(question));
+// Every case of a held-out fixture of the default model (tests/model/fixtures/NAME/cases.json,
+// each with its file under the key `media`, a question, the true answer and transformers' greedy
+// answer) asked through `vlm run`: each reply must be transformers' answer.
+struct FixtureRun {
+  nlohmann::json cases;
+  int total = 0, right = 0;     // asked; given the true answer
+  std::set<std::string> kinds;  // the questions' first two words
+};
+
+void ask_fixture(const std::string& name, const std::string& media, const std::string& kv,
+                 FixtureRun* run) {
+  const std::string dir = kFixtures + "/" + name;
+  run->cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
+  for (const auto& c : run->cases["cases"]) {
+    const std::string question = c["question"].get<std::string>();
+    CliResult r = ask_default_model(media, dir + "/" + c[media].get<std::string>(), question, kv);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n") << c[media] << ": " << question;
+    run->right += r.out == c["truth"].get<std::string>() + "\n";
+    ++run->total;
+    run->kinds.insert(question.substr(0, question.find(' ', question.find(' ') + 1)));
+  }
 }
 
-// The README's main command (scripts/run.sh) asks the default model about examples/shapes.png;
-// every question scripts/train_tiny_vlm.py recorded beside it must get the true answer.
-TEST(Cli, DefaultModelAnswersTheReadmeExample) {
-  const std::string image = std::string(VLM_REPO_DIR) + "/examples/shapes.png";
+// vlm's accuracy over a fixture, printed beside transformers'.
+double accuracy(const FixtureRun& run, const char* name, const char* items) {
+  const double acc = static_cast<double>(run.right) / run.total;
+  std::printf("[%s] vlm accuracy %.3f, transformers %.3f over %d unseen %s\n", name, acc,
+              run.cases["transformers_accuracy"].get<double>(), run.total, items);
+  return acc;
+}
+
+// A README example (examples/STEM.png or .gif, with STEM.json beside it): every question
+// scripts/train_tiny_vlm.py recorded there must get the true answer from the default model.
+void ask_example(const std::string& media, const std::string& stem) {
+  const std::string file =
+      std::string(VLM_REPO_DIR) + "/examples/" + stem + (media == "image" ? ".png" : ".gif");
   const auto qas = nlohmann::json::parse(
-      test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/shapes.json"));
+      test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/" + stem + ".json"));
   ASSERT_GE(qas.size(), 3u);
   for (const auto& qa : qas) {
-    CliResult r = ask_default_model(image, qa["question"].get<std::string>());
+    CliResult r = ask_default_model(media, file, qa["question"].get<std::string>());
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.out, qa["answer"].get<std::string>() + "\n") << qa["question"];
   }
 }
+
+// The README's main command (scripts/run.sh) asks the default model about examples/shapes.png.
+TEST(Cli, DefaultModelAnswersTheReadmeExample) { ask_example("image", "shapes"); }
 
 // examples/ask.cc embeds the engine through the public API: every question about the README's
 // picture at once, each through its own stream, read as pieces arrive. Each reply must be the one
@@ -594,7 +625,7 @@ TEST(Cli, EmbeddingExampleAnswersEveryQuestionAtOnce) {
   }
   ASSERT_EQ(replies.size(), qas.size()) << r.out;
   for (size_t i = 0; i < qas.size(); ++i) {
-    CliResult alone = ask_default_model(image, qas[i]["question"].get<std::string>());
+    CliResult alone = ask_default_model("image", image, qas[i]["question"].get<std::string>());
     ASSERT_EQ(alone.code, 0) << alone.err;
     EXPECT_EQ(replies[i + 1] + "\n", alone.out) << qas[i]["question"];
     EXPECT_EQ(replies[i + 1], qas[i]["answer"].get<std::string>()) << qas[i]["question"];
@@ -615,55 +646,24 @@ TEST(Cli, EmbeddingExampleAnswersEveryQuestionAtOnce) {
 class DefaultModelKv : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DefaultModelKv, AnswersAsTransformersOnUnseenScenes) {
-  const std::string dir = kFixtures + "/shapes-qa";
-  const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
-  int total = 0;
-  for (const auto& c : cases["cases"]) {
-    CliResult r = ask_default_model(dir + "/" + c["image"].get<std::string>(),
-                                    c["question"].get<std::string>(), GetParam());
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n")
-        << c["image"] << ": " << c["question"];
-    ++total;
-  }
-  EXPECT_GE(total, 100);
+  FixtureRun run;
+  ASSERT_NO_FATAL_FAILURE(ask_fixture("shapes-qa", "image", GetParam(), &run));
+  EXPECT_GE(run.total, 100);
 }
 
 TEST_P(DefaultModelKv, AnswersAsTransformersOnUnseenClips) {
-  const std::string dir = kFixtures + "/motion-qa";
-  const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
-  int total = 0;
-  for (const auto& c : cases["cases"]) {
-    CliResult r = ask_default_model_video(dir + "/" + c["video"].get<std::string>(),
-                                          c["question"].get<std::string>(), GetParam());
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n")
-        << c["video"] << ": " << c["question"];
-    ++total;
-  }
-  EXPECT_GE(total, 100);
+  FixtureRun run;
+  ASSERT_NO_FATAL_FAILURE(ask_fixture("motion-qa", "video", GetParam(), &run));
+  EXPECT_GE(run.total, 100);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, DefaultModelKv, ::testing::Values("bf16", "int8"));
 
 TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenScenes) {
-  const std::string dir = kFixtures + "/shapes-qa";
-  const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
-  int right = 0, total = 0;
-  for (const auto& c : cases["cases"]) {
-    CliResult r = ask_default_model(dir + "/" + c["image"].get<std::string>(),
-                                    c["question"].get<std::string>());
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n")
-        << c["image"] << ": " << c["question"];
-    right += r.out == c["truth"].get<std::string>() + "\n";
-    ++total;
-  }
-  ASSERT_GT(total, 0);
-  const double acc = static_cast<double>(right) / total;
-  std::printf("[shapes-qa] vlm accuracy %.3f, transformers %.3f over %d unseen scenes\n", acc,
-              cases["transformers_accuracy"].get<double>(), total);
-  EXPECT_GE(acc, cases["transformers_accuracy"].get<double>());
+  FixtureRun run;
+  ASSERT_NO_FATAL_FAILURE(ask_fixture("shapes-qa", "image", "", &run));
+  ASSERT_GT(run.total, 0);
+  EXPECT_GE(accuracy(run, "shapes-qa", "scenes"), run.cases["transformers_accuracy"].get<double>());
 }
 
 // The default model also answers questions about short clips of moving shapes: which way a shape
@@ -671,41 +671,18 @@ TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenScenes) {
 // from a seed training never used, with transformers' greedy answers to the frames PyAV decodes at
 // transformers' sampled indices). `vlm run --video` without -m must give each of them.
 TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenClips) {
-  const std::string dir = kFixtures + "/motion-qa";
-  const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
-  int right = 0, total = 0;
-  std::map<std::string, int> kinds;
-  for (const auto& c : cases["cases"]) {
-    const std::string question = c["question"].get<std::string>();
-    CliResult r = ask_default_model_video(dir + "/" + c["video"].get<std::string>(), question);
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_EQ(r.out, c["transformers"].get<std::string>() + "\n") << c["video"] << ": " << question;
-    right += r.out == c["truth"].get<std::string>() + "\n";
-    ++total;
-    ++kinds[question.substr(0, question.find(' ', question.find(' ') + 1))];
-  }
-  EXPECT_GE(total, 100);
-  EXPECT_EQ(kinds.size(), 3u);  // "Which way", "How many", "Which shape"
-  const double acc = static_cast<double>(right) / total;
-  std::printf("[motion-qa] vlm accuracy %.3f, transformers %.3f over %d unseen clips\n", acc,
-              cases["transformers_accuracy"].get<double>(), total);
-  EXPECT_GE(acc, cases["transformers_accuracy"].get<double>());
+  FixtureRun run;
+  ASSERT_NO_FATAL_FAILURE(ask_fixture("motion-qa", "video", "", &run));
+  EXPECT_GE(run.total, 100);
+  EXPECT_EQ(run.kinds.size(), 3u);  // "Which way", "How many", "Which shape"
+  const double acc = accuracy(run, "motion-qa", "clips");
+  EXPECT_GE(acc, run.cases["transformers_accuracy"].get<double>());
   EXPECT_GE(acc, 0.8);
 }
 
 // The README's video example (examples/motion.gif): every question recorded beside it gets the
 // true answer.
-TEST(Cli, DefaultModelAnswersTheReadmeClip) {
-  const std::string clip = std::string(VLM_REPO_DIR) + "/examples/motion.gif";
-  const auto qas = nlohmann::json::parse(
-      test_util::read_file(std::string(VLM_REPO_DIR) + "/examples/motion.json"));
-  ASSERT_GE(qas.size(), 3u);
-  for (const auto& qa : qas) {
-    CliResult r = ask_default_model_video(clip, qa["question"].get<std::string>());
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_EQ(r.out, qa["answer"].get<std::string>() + "\n") << qa["question"];
-  }
-}
+TEST(Cli, DefaultModelAnswersTheReadmeClip) { ask_example("video", "motion"); }
 
 }  // namespace
 }  // namespace vlm
