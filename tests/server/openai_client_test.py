@@ -861,46 +861,38 @@ class DefaultModelTest(unittest.TestCase):
     for that scene or clip."""
 
     def test_answers_equal_transformers_under_concurrency(self):
-        fixture = REPO / "tests/model/fixtures/shapes-qa"
-        cases = json.loads((fixture / "cases.json").read_text())["cases"]
+        fixtures = REPO / "tests/model/fixtures"
+        scenes = json.loads((fixtures / "shapes-qa/cases.json").read_text())["cases"]
+        # Clips of moving shapes, sent as video_url parts.
+        clips = json.loads((fixtures / "motion-qa/cases.json").read_text())["cases"][:32]
+        self.assertEqual(len(clips), 32)
         tmp = Path(tempfile.mkdtemp(prefix="vlm_default_model_test_"))
         server = VlmServer(None, tmp, "server_default")
         try:
             client = openai.OpenAI(base_url=server.url("/v1"), api_key="x", max_retries=0,
                                    timeout=TIMEOUT)
 
-            def ask(case):
-                url = data_url((fixture / case["image"]).read_bytes())
+            def ask(part, case):
                 r = client.chat.completions.create(
                     model=MODEL, temperature=0, max_tokens=32,
-                    messages=user([image_part(url), {"type": "text", "text": case["question"]}]))
+                    messages=user([part, {"type": "text", "text": case["question"]}]))
                 return r.choices[0].message.content
 
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                replies = list(pool.map(ask, cases))
-            for case, reply in zip(cases, replies):
-                self.assertEqual(reply, case["transformers"], f"{case['image']}: {case['question']}")
-
-            # Clips of moving shapes (tests/model/fixtures/motion-qa), sent as video_url parts,
-            # mixed with one another under the same concurrency.
-            fixture = REPO / "tests/model/fixtures/motion-qa"
-            clips = json.loads((fixture / "cases.json").read_text())["cases"][:32]
+            def ask_scene(case):
+                url = data_url((fixtures / "shapes-qa" / case["image"]).read_bytes())
+                return ask(image_part(url), case)
 
             def ask_clip(case):
                 url = "data:image/gif;base64," + base64.b64encode(
-                    (fixture / case["video"]).read_bytes()).decode()
-                r = client.chat.completions.create(
-                    model=MODEL, temperature=0, max_tokens=32,
-                    messages=user([{"type": "video_url", "video_url": {"url": url}},
-                                   {"type": "text", "text": case["question"]}]))
-                return r.choices[0].message.content
+                    (fixtures / "motion-qa" / case["video"]).read_bytes()).decode()
+                return ask({"type": "video_url", "video_url": {"url": url}}, case)
 
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                replies = list(pool.map(ask_clip, clips))
+            for cases, ask_case, key in [(scenes, ask_scene, "image"), (clips, ask_clip, "video")]:
+                with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                    replies = list(pool.map(ask_case, cases))
+                for case, reply in zip(cases, replies):
+                    self.assertEqual(reply, case["transformers"], f"{case[key]}: {case['question']}")
             client.close()
-            self.assertEqual(len(replies), 32)
-            for case, reply in zip(clips, replies):
-                self.assertEqual(reply, case["transformers"], f"{case['video']}: {case['question']}")
         finally:
             server.stop()
             shutil.rmtree(tmp, ignore_errors=True)
