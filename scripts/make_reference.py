@@ -48,7 +48,8 @@ import torch
 
 import transformers
 from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen3VLConfig,
-                          Qwen3VLForConditionalGeneration)
+                          Qwen3VLForConditionalGeneration, Qwen3VLMoeConfig,
+                          Qwen3VLMoeForConditionalGeneration)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "model" / "fixtures"
@@ -135,10 +136,19 @@ def make_config(spec: dict) -> Qwen3VLConfig:
         initializer_range=0.02, use_cache=True)
     vision_config = dict(spec.get("vision", TINY_VISION), out_hidden_size=t["hidden_size"],
                          initializer_range=0.02)
-    cfg = Qwen3VLConfig(text_config=text_config, vision_config=vision_config,
-                        image_token_id=ids["image"], video_token_id=ids["video"],
-                        vision_start_token_id=ids["vision_start"],
-                        vision_end_token_id=ids["vision_end"], tie_word_embeddings=t["tie"])
+    config_cls = Qwen3VLConfig
+    if "moe" in spec:  # a Qwen3VLMoeConfig: the sparse MLP's fields join the text config
+        m = spec["moe"]
+        text_config.update(num_experts=m["num_experts"], num_experts_per_tok=m["top_k"],
+                           moe_intermediate_size=m["moe_intermediate_size"],
+                           decoder_sparse_step=m.get("decoder_sparse_step", 1),
+                           mlp_only_layers=list(m.get("mlp_only_layers", [])),
+                           norm_topk_prob=True)
+        config_cls = Qwen3VLMoeConfig
+    cfg = config_cls(text_config=text_config, vision_config=vision_config,
+                     image_token_id=ids["image"], video_token_id=ids["video"],
+                     vision_start_token_id=ids["vision_start"],
+                     vision_end_token_id=ids["vision_end"], tie_word_embeddings=t["tie"])
     return cfg
 
 
@@ -185,9 +195,12 @@ def generation_config_for(spec: dict) -> GenerationConfig:
 def build_and_save(name: str, spec: dict, seed: int, out: Path) -> None:
     cfg = make_config(spec)
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(cfg)
+    model = (Qwen3VLMoeForConditionalGeneration if "moe" in spec
+             else Qwen3VLForConditionalGeneration)(cfg)
     init_weights(model, seed, spec["std"], spec.get("embed_std"), spec.get("vision_std", 0.05),
                  spec.get("pos_embed_std"))
+    if "after_init" in spec:
+        spec["after_init"](model)
     if spec["text"]["tie"]:
         assert model.lm_head.weight is model.model.language_model.embed_tokens.weight
     if spec["dtype"] == "bfloat16":
@@ -199,8 +212,10 @@ def build_and_save(name: str, spec: dict, seed: int, out: Path) -> None:
 
 
 def load(out: Path, dtype: torch.dtype):
-    model = Qwen3VLForConditionalGeneration.from_pretrained(
-        out, dtype=dtype, attn_implementation="eager")
+    arch = json.loads((out / "config.json").read_text())["architectures"][0]
+    cls = {c.__name__: c for c in (Qwen3VLForConditionalGeneration,
+                                   Qwen3VLMoeForConditionalGeneration)}[arch]
+    model = cls.from_pretrained(out, dtype=dtype, attn_implementation="eager")
     model.eval()
     assert model.config._attn_implementation == "eager"
     assert model.config.text_config._attn_implementation == "eager"
@@ -316,7 +331,7 @@ def make_checkpoint(name: str, spec: dict) -> dict:
         for p in greedy_prompts:  # stop at the first prompt that fails
             r = greedy(model, p, MAX_NEW_TOKENS)
             results.append(r)
-            ok = diverse(r[0])
+            ok = diverse(r[0]) and min(r[1]) >= spec.get("min_margin", 0)
             if spec["dtype"] == "bfloat16":
                 # bf16 logits tie easily (8-bit mantissa); keep seeds whose greedy path has no
                 # exact tie (in its first tie_free_steps steps), so the recorded argmax does not

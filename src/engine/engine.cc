@@ -247,7 +247,7 @@ Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const Engine::Impl
   }
   const Qwen3VLTextConfig& t = m.cfg.text_config;
   const bool bf16_weights =
-      !m.weights.layers.empty() && m.weights.layers.front().gate_proj.dtype == DType::kBF16;
+      !m.weights.layers.empty() && m.weights.layers.front().q_proj.dtype == DType::kBF16;
   const char* why = o.precision == Precision::kF32 ? "--precision f32"
                     : !bf16_weights                ? "weights not BF16"
                     : !o.autotune                  ? "--no-autotune"

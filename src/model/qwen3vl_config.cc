@@ -112,6 +112,44 @@ Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLT
   return ok_status();
 }
 
+// The sparse MLP's fields of a qwen3_vl_moe text config (`moe`: the model type says so, and
+// transformers' Qwen3VLMoeTextConfig defaults fill what it leaves out), or of any text config
+// that gives num_experts > 0.
+Status parse_moe(const json& t, const std::string& where, bool moe, Qwen3VLTextConfig* c) {
+  if (moe) {
+    c->num_experts = 60;
+    c->num_experts_per_tok = 4;
+    c->moe_intermediate_size = 1408;
+  }
+  VLM_RETURN_IF_ERROR(get_int(t, "num_experts", &c->num_experts, false, where));
+  if (c->num_experts <= 0) {
+    c->num_experts = 0;
+    return ok_status();
+  }
+  VLM_RETURN_IF_ERROR(get_int(t, "num_experts_per_tok", &c->num_experts_per_tok, !moe, where));
+  VLM_RETURN_IF_ERROR(get_int(t, "moe_intermediate_size", &c->moe_intermediate_size, !moe, where));
+  VLM_RETURN_IF_ERROR(get_int(t, "decoder_sparse_step", &c->decoder_sparse_step, false, where));
+  VLM_RETURN_IF_ERROR(get_int_list(t, "mlp_only_layers", &c->mlp_only_layers, where));
+  if (auto it = t.find("norm_topk_prob"); it != t.end() && !it->is_null()) {
+    if (!it->is_boolean())
+      return invalid_argument(where + ": field 'norm_topk_prob' must be true or false");
+    c->norm_topk_prob = *it;
+  }
+  if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts) {
+    return invalid_argument(where + ": num_experts_per_tok must be in [1, num_experts (" +
+                            std::to_string(c->num_experts) + ")]");
+  }
+  if (c->moe_intermediate_size <= 0)
+    return invalid_argument(where + ": moe_intermediate_size must be positive");
+  if (c->decoder_sparse_step <= 0)
+    return invalid_argument(where + ": decoder_sparse_step must be positive");
+  for (int64_t l : c->mlp_only_layers) {
+    if (l < 0 || l >= c->num_hidden_layers)
+      return invalid_argument(where + ": mlp_only_layers names a layer out of range");
+  }
+  return ok_status();
+}
+
 Status parse_vision(const json& v, const std::string& where, Qwen3VLVisionConfig* c) {
   VLM_RETURN_IF_ERROR(get_int(v, "depth", &c->depth, false, where));
   VLM_RETURN_IF_ERROR(get_int(v, "hidden_size", &c->hidden_size, false, where));
@@ -157,6 +195,14 @@ Status parse_vision(const json& v, const std::string& where, Qwen3VLVisionConfig
 
 }  // namespace
 
+bool Qwen3VLTextConfig::sparse_layer(int64_t l) const {
+  if (num_experts <= 0) return false;
+  for (int64_t m : mlp_only_layers) {
+    if (m == l) return false;
+  }
+  return (l + 1) % decoder_sparse_step == 0;
+}
+
 Result<std::string> read_text_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return not_found("cannot open " + path);
@@ -173,8 +219,14 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
   Qwen3VLConfig c;
   auto tc = j.find("text_config");
   const json& text_json = (tc != j.end() && tc->is_object()) ? *tc : j;
-  VLM_RETURN_IF_ERROR(parse_text(text_json, source + (&text_json != &j ? ": text_config" : ""),
-                                 &text_json != &j, &c.text_config));
+  const std::string text_where = source + (&text_json != &j ? ": text_config" : "");
+  VLM_RETURN_IF_ERROR(parse_text(text_json, text_where, &text_json != &j, &c.text_config));
+  auto type_of = [](const json& o) {
+    auto it = o.find("model_type");
+    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const bool moe = type_of(j) == "qwen3_vl_moe" || type_of(text_json) == "qwen3_vl_moe_text";
+  VLM_RETURN_IF_ERROR(parse_moe(text_json, text_where, moe, &c.text_config));
   if (auto vc = j.find("vision_config"); vc != j.end() && vc->is_object()) {
     c.has_vision = true;
     VLM_RETURN_IF_ERROR(parse_vision(*vc, source + ": vision_config", &c.vision_config));

@@ -25,6 +25,17 @@ struct Qwen3VLTextConfig {
   std::vector<int64_t> mrope_section;
   std::string hidden_act = "silu";
   bool attention_bias = false;
+
+  // Mixture of experts (qwen3_vl_moe); num_experts 0: every layer dense.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;    // k
+  int64_t moe_intermediate_size = 0;  // each expert's I
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  bool norm_topk_prob = true;
+  // Whether decoder layer l's MLP is the sparse block (transformers' rule: not in
+  // mlp_only_layers, and (l + 1) a multiple of decoder_sparse_step).
+  bool sparse_layer(int64_t l) const;
 };
 
 struct Qwen3VLVisionConfig {

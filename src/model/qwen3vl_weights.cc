@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "core/half.h"
 #include "ops/ops.h"
@@ -94,9 +95,28 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
       VLM_RETURN_IF_ERROR(values(p + "self_attn.k_norm.weight", {t.head_dim}, &L.k_norm));
       VLM_RETURN_IF_ERROR(
           values(p + "post_attention_layernorm.weight", {H}, &L.post_attention_layernorm));
-      VLM_RETURN_IF_ERROR(matrix(p + "mlp.gate_proj.weight", {I, H}, lin, &L.gate_proj));
-      VLM_RETURN_IF_ERROR(matrix(p + "mlp.up_proj.weight", {I, H}, lin, &L.up_proj));
-      VLM_RETURN_IF_ERROR(matrix(p + "mlp.down_proj.weight", {H, I}, lin, &L.down_proj));
+      if (!L.sparse) {
+        VLM_RETURN_IF_ERROR(matrix(p + "mlp.gate_proj.weight", {I, H}, lin, &L.gate_proj));
+        VLM_RETURN_IF_ERROR(matrix(p + "mlp.up_proj.weight", {I, H}, lin, &L.up_proj));
+        VLM_RETURN_IF_ERROR(matrix(p + "mlp.down_proj.weight", {H, I}, lin, &L.down_proj));
+        continue;
+      }
+      MoeWeights& m = L.moe;
+      const int64_t E = t.num_experts, Ie = t.moe_intermediate_size;
+      VLM_RETURN_IF_ERROR(matrix(p + "mlp.gate.weight", {E, H}, WeightKind::kRouter, &m.router));
+      if (m.gate.empty()) {  // the fused layout, not yet split
+        VLM_RETURN_IF_ERROR(matrix(p + "mlp.experts.gate_up_proj", {E, H, 2 * Ie},
+                                   WeightKind::kFusedExperts, &m.fused_gate_up));
+        VLM_RETURN_IF_ERROR(matrix(p + "mlp.experts.down_proj", {E, Ie, H},
+                                   WeightKind::kFusedExperts, &m.fused_down));
+        continue;
+      }
+      for (size_t e = 0; e < m.gate.size(); ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        VLM_RETURN_IF_ERROR(matrix(x + "gate_proj.weight", {Ie, H}, lin, &m.gate[e]));
+        VLM_RETURN_IF_ERROR(matrix(x + "up_proj.weight", {Ie, H}, lin, &m.up[e]));
+        VLM_RETURN_IF_ERROR(matrix(x + "down_proj.weight", {H, Ie}, lin, &m.down[e]));
+      }
     }
     VLM_RETURN_IF_ERROR(values(tp + "norm.weight", {H}, &text->norm));
     VLM_RETURN_IF_ERROR(matrix(cfg.tie_word_embeddings ? "" : "lm_head.weight", {t.vocab_size, H},
@@ -161,7 +181,8 @@ Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeigh
   std::vector<TensorView*> views;
   const bool tied = text->embed_tokens.data == text->lm_head.data;
   for_each_weight(text, vision, Qwen3VLConfig{}, "", "", [&](const WeightSlot& w) {
-    if (w.matrix != nullptr && (w.kind != WeightKind::kEmbedding || tied))
+    if (w.matrix != nullptr && w.kind != WeightKind::kFusedExperts &&
+        (w.kind != WeightKind::kEmbedding || tied))
       views.push_back(w.matrix);
     return ok_status();
   });
@@ -217,64 +238,178 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
     }
   }
   TextWeights w;
-  w.layers.resize(static_cast<size_t>(cfg.text_config.num_hidden_layers));
+  const Qwen3VLTextConfig& t = cfg.text_config;
+  w.layers.resize(static_cast<size_t>(t.num_hidden_layers));
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    TextLayerWeights& L = w.layers[l];
+    L.sparse = t.sparse_layer(static_cast<int64_t>(l));
+    // A sparse layer's experts: fused tensors, or else one tensor per expert.
+    const std::string fused = prefix + "layers." + std::to_string(l) + ".mlp.experts.gate_up_proj";
+    if (L.sparse && !s.has(fused)) {
+      for (auto* v : {&L.moe.gate, &L.moe.up, &L.moe.down})
+        v->resize(static_cast<size_t>(t.num_experts));
+    }
+  }
   VLM_RETURN_IF_ERROR(for_each_weight(&w, nullptr, cfg, prefix, "", [&](const WeightSlot& slot) {
     return load_slot(s, slot, &w.embed_tokens);
   }));
   return w;
 }
 
+bool has_fused_experts(const TextWeights& w) {
+  for (const TextLayerWeights& L : w.layers) {
+    if (L.moe.fused_gate_up.data != nullptr || L.moe.fused_down.data != nullptr) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// dst [C, R] = src [R, C] transposed, in tiles of 32 × 32 (threads split C).
+template <typename T>
+void transpose(const T* src, int64_t R, int64_t C, T* dst, ThreadPool& pool) {
+  constexpr int64_t kTile = 32;
+  pool.parallel_for((C + kTile - 1) / kTile, 1, [&](int64_t b0, int64_t b1, int) {
+    for (int64_t c0 = b0 * kTile; c0 < std::min(C, b1 * kTile); c0 += kTile) {
+      const int64_t c1 = std::min(C, c0 + kTile);
+      for (int64_t r0 = 0; r0 < R; r0 += kTile) {
+        const int64_t r1 = std::min(R, r0 + kTile);
+        for (int64_t c = c0; c < c1; ++c) {
+          for (int64_t r = r0; r < r1; ++r) dst[c * R + r] = src[r * C + c];
+        }
+      }
+    }
+  });
+}
+
+// Expert e's [C, R] matrix of a fused [E, R, C] tensor, transposed into dst.
+void expert_transposed(const TensorView& fused, int64_t e, void* dst, ThreadPool& pool) {
+  const int64_t R = fused.dim(1), C = fused.dim(2);
+  const size_t size = dtype_size(fused.dtype);
+  const auto* src = static_cast<const uint8_t*>(fused.data) + static_cast<size_t>(e * R * C) * size;
+  if (size == 4) {
+    transpose(reinterpret_cast<const uint32_t*>(src), R, C, static_cast<uint32_t*>(dst), pool);
+  } else {
+    transpose(reinterpret_cast<const uint16_t*>(src), R, C, static_cast<uint16_t*>(dst), pool);
+  }
+}
+
+// Rows [r0, r0 + n) of a [N, K] matrix view (quantized or not) as a view of its own.
+TensorView row_block(const TensorView& v, int64_t r0, int64_t n) {
+  const int64_t K = v.dim(1);
+  TensorView out = v;
+  out.shape = {n, K};
+  out.data = static_cast<const uint8_t*>(v.data) + dtype_nbytes(v.dtype, r0 * K);
+  if (v.scale != nullptr) {
+    out.scale = v.scale + (v.dtype == DType::kI4 ? r0 * (K / kInt4Group) : r0);
+  }
+  return out;
+}
+
+}  // namespace
+
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
                              const WeightStore* store) {
-  switch (quant) {
-    case WeightQuant::kNone:
-      return ok_status();
-    case WeightQuant::kInt8:
-      break;
-    case WeightQuant::kInt4:
-      break;
-  }
+  if (quant == WeightQuant::kNone && !has_fused_experts(*w)) return ok_status();
   // Works on a copy (views and small norm vectors) so a failure leaves *w as it was.
   TextWeights qw = *w;
   auto int8 = std::make_shared<std::vector<Int8Weight>>();
   auto int4 = std::make_shared<std::vector<Int4Weight>>();
-  if (quant == WeightQuant::kInt8) int8->reserve(qw.layers.size() * 7 + 1);
-  if (quant == WeightQuant::kInt4) int4->reserve(qw.layers.size() * 7 + 1);
-  auto quantize = [&](TensorView* v, const std::string& name) -> Status {
+  auto copies = std::make_shared<std::vector<std::vector<uint8_t>>>();
+  // The quantized copy of a [N, K] view (F32 / BF16 / F16) as an I8 / I4 view into int8 / int4.
+  auto quantized = [&](const TensorView& v, const std::string& name) -> Result<TensorView> {
     TensorView out;
-    out.shape = v->shape;
+    out.shape = v.shape;
     if (quant == WeightQuant::kInt8) {
       Int8Weight& q = int8->emplace_back();
-      q.q.resize(static_cast<size_t>(v->numel()));
-      q.scale.resize(static_cast<size_t>(v->dim(0)));
+      q.q.resize(static_cast<size_t>(v.numel()));
+      q.scale.resize(static_cast<size_t>(v.dim(0)));
       VLM_RETURN_IF_ERROR(
-          ops::quantize_int8(*v, q.q.data(), q.scale.data(), pool).with_context(name));
+          ops::quantize_int8(v, q.q.data(), q.scale.data(), pool).with_context(name));
       out.dtype = DType::kI8;
       out.data = q.q.data();
       out.scale = q.scale.data();
     } else {
       Int4Weight& q = int4->emplace_back();
-      q.q.resize(dtype_nbytes(DType::kI4, v->numel()));
-      q.scale.resize(static_cast<size_t>(v->dim(0) * (v->dim(1) / kInt4Group)));
+      q.q.resize(dtype_nbytes(DType::kI4, v.numel()));
+      q.scale.resize(static_cast<size_t>(v.dim(0) * (v.dim(1) / kInt4Group)));
       VLM_RETURN_IF_ERROR(
-          ops::quantize_int4(*v, q.q.data(), q.scale.data(), pool).with_context(name));
+          ops::quantize_int4(v, q.q.data(), q.scale.data(), pool).with_context(name));
       out.dtype = DType::kI4;
       out.data = q.q.data();
       out.scale = q.scale.data();
     }
-    if (store != nullptr) store->release_pages(*v);
-    *v = std::move(out);
-    return ok_status();
+    return out;
   };
-  // Every layer's products and the head. Tied: lm_head is a second view of the embedding table;
-  // only that view is quantized.
-  VLM_RETURN_IF_ERROR(
-      for_each_weight(&qw, nullptr, Qwen3VLConfig{}, "", "", [&](const WeightSlot& s) {
-        if (s.kind != WeightKind::kLayerLinear && s.kind != WeightKind::kHead) return ok_status();
-        return quantize(s.matrix, s.name.empty() ? "lm_head" : s.name);
-      }));
-  if (quant == WeightQuant::kInt8) qw.int8_storage = std::move(int8);
-  if (quant == WeightQuant::kInt4) qw.int4_storage = std::move(int4);
+
+  // The fused experts, expert by expert: transposed into a scratch [out, in] copy (or, kept as
+  // stored, straight into the layer's own buffer), then quantized.
+  std::vector<uint8_t> scratch;
+  std::set<const TensorView*> split;  // the experts made here
+  for (size_t l = 0; l < qw.layers.size(); ++l) {
+    MoeWeights& m = qw.layers[l].moe;
+    if (m.fused_gate_up.data == nullptr) continue;
+    const std::string where = "layer " + std::to_string(l) + " experts";
+    const int64_t E = m.fused_gate_up.dim(0), H = m.fused_gate_up.dim(1),
+                  I2 = m.fused_gate_up.dim(2), I = I2 / 2;
+    if (m.fused_down.data == nullptr || m.fused_down.dim(0) != E || m.fused_down.dim(1) != I ||
+        m.fused_down.dim(2) != H || I2 % 2 != 0) {
+      return invalid_argument(where + ": gate_up_proj and down_proj shapes disagree");
+    }
+    for (auto* v : {&m.gate, &m.up, &m.down}) v->assign(static_cast<size_t>(E), TensorView{});
+    for (const TensorView* fused : {&m.fused_gate_up, &m.fused_down}) {
+      const bool gate_up = fused == &m.fused_gate_up;
+      const int64_t rows = gate_up ? I2 : H, cols = gate_up ? H : I;  // per expert, [out, in]
+      const size_t bytes = dtype_nbytes(fused->dtype, rows * cols);
+      uint8_t* keep = nullptr;
+      if (quant == WeightQuant::kNone) {
+        keep = copies->emplace_back(bytes * static_cast<size_t>(E)).data();
+      } else {
+        scratch.resize(bytes);
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        uint8_t* dst = keep != nullptr ? keep + bytes * static_cast<size_t>(e) : scratch.data();
+        expert_transposed(*fused, e, dst, pool);
+        TensorView x;
+        x.dtype = fused->dtype;
+        x.shape = {rows, cols};
+        x.data = dst;
+        if (quant != WeightQuant::kNone) {
+          VLM_ASSIGN_OR_RETURN(x, quantized(x, where + " " + std::to_string(e)));
+        }
+        if (gate_up) {
+          m.gate[e] = row_block(x, 0, I);
+          m.up[e] = row_block(x, I, I);
+          split.insert(&m.gate[e]);
+          split.insert(&m.up[e]);
+        } else {
+          m.down[e] = x;
+          split.insert(&m.down[e]);
+        }
+      }
+      if (store != nullptr) store->release_pages(*fused);
+    }
+    m.fused_gate_up = TensorView{};
+    m.fused_down = TensorView{};
+  }
+
+  // Every layer's products (each expert's too) and the head. Tied: lm_head is a second view of
+  // the embedding table; only that view is quantized.
+  if (quant != WeightQuant::kNone) {
+    VLM_RETURN_IF_ERROR(
+        for_each_weight(&qw, nullptr, Qwen3VLConfig{}, "", "", [&](const WeightSlot& s) {
+          if (s.kind != WeightKind::kLayerLinear && s.kind != WeightKind::kHead) return ok_status();
+          if (split.count(s.matrix) != 0) return ok_status();  // quantized above
+          VLM_ASSIGN_OR_RETURN(TensorView q,
+                               quantized(*s.matrix, s.name.empty() ? "lm_head" : s.name));
+          if (store != nullptr) store->release_pages(*s.matrix);
+          *s.matrix = std::move(q);
+          return ok_status();
+        }));
+  }
+  if (!int8->empty()) qw.int8_storage = std::move(int8);
+  if (!int4->empty()) qw.int4_storage = std::move(int4);
+  if (!copies->empty()) qw.expert_copies = std::move(copies);
   *w = std::move(qw);
   return ok_status();
 }

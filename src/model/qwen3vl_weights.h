@@ -18,7 +18,22 @@
 
 namespace vlm {
 
+// A sparse layer's MLP (a mixture of experts): the router and its experts, each expert's weights
+// in the nn.Linear layout ([out, in]) like the dense MLP's.
+struct MoeWeights {
+  TensorView router;                 // [E, hidden]: mlp.gate.weight, never quantized
+  std::vector<TensorView> gate, up;  // [E] of [I, hidden]
+  std::vector<TensorView> down;      // [E] of [hidden, I]
+  // The fused layout as stored (transformers 4.57, the published checkpoints), transposed against
+  // nn.Linear: viewed at load, then split into the vectors above by quantize_text_weights, which
+  // clears these. Empty for a checkpoint that stores one tensor per expert.
+  TensorView fused_gate_up;  // [E, hidden, 2·I]: gate columns, then up
+  TensorView fused_down;     // [E, I, hidden]
+};
+
 struct TextLayerWeights {
+  bool sparse = false;  // the MLP is `moe`, not gate/up/down_proj
+  MoeWeights moe;
   std::vector<float> input_layernorm;           // [hidden]
   TensorView q_proj;                            // [n_heads * head_dim, hidden]
   TensorView k_proj;                            // [n_kv_heads * head_dim, hidden]
@@ -55,6 +70,9 @@ struct TextWeights {
   // valid.
   std::shared_ptr<const std::vector<Int8Weight>> int8_storage;
   std::shared_ptr<const std::vector<Int4Weight>> int4_storage;
+  // Own the fused experts' per-expert copies kept in their stored type (quantize_text_weights
+  // with kNone), one buffer per layer and fused tensor.
+  std::shared_ptr<const std::vector<std::vector<uint8_t>>> expert_copies;
 };
 
 struct VisionBlockWeights {
@@ -91,7 +109,9 @@ struct VisionWeights {
 // What a weight is to the model.
 enum class WeightKind {
   kEmbedding,     // embed_tokens: rows looked up
-  kLayerLinear,   // a decoder layer's q/k/v/o, gate/up/down
+  kLayerLinear,   // a decoder layer's q/k/v/o, gate/up/down (an expert's too)
+  kRouter,        // a sparse layer's router (mlp.gate): kept as stored
+  kFusedExperts,  // a sparse layer's fused expert tensor (MoeWeights::fused_*), 3-D as stored
   kHead,          // lm_head (a second view of embed_tokens when tied)
   kVisionLinear,  // the vision tower's and its mergers' products
   kVector,        // a norm's weight or a bias (f32 copy)
@@ -129,15 +149,23 @@ Result<TextWeights> load_text_weights(const WeightStore& store, const Qwen3VLCon
 // The host's weight quantization at load time (the CPU's; the engine maps EngineOptions::quant).
 enum class WeightQuant { kNone, kInt8, kInt4 };
 
-// kInt8: replaces q/k/v/o, gate/up/down of every layer and lm_head (also when tied: the tied
-// embedding is quantized as lm_head only, embed_tokens keeps the stored table for lookups) with
-// per-output-row INT8 copies (ops::quantize_int8) owned by `w`. kInt4: the same weights become
-// INT4 copies with one scale per 32 inputs (ops::quantize_int4; every input dimension must be a
-// multiple of 32, which all Qwen3-VL sizes are). kNone: nothing. The vision tower is not
-// touched. With `store` (the one the views came from), each source weight's pages are released
-// (WeightStore::release_pages) once quantized, so the process holds the quantized copy rather
-// than both; the bytes stay readable (the embedding lookup faults back the rows it reads). On
-// error *w is left as it was.
+// Whether a fused expert tensor still waits to be split (then quantize_text_weights must run
+// before a decoder is built from `w`, whatever the quantization).
+bool has_fused_experts(const TextWeights& w);
+
+// First, every fused expert tensor is split into per-expert [out, in] matrices, expert by
+// expert, each transposed into a scratch copy and kept in its stored type (kNone, owned by
+// `w`) or quantized as below; each fused tensor's pages are released (with `store`) when its
+// layer is done. Then:
+// kInt8: replaces q/k/v/o, gate/up/down of every layer (each expert's too) and lm_head (also when
+// tied: the tied embedding is quantized as lm_head only, embed_tokens keeps the stored table for
+// lookups) with per-output-row INT8 copies (ops::quantize_int8) owned by `w`. kInt4: the same
+// weights become INT4 copies with one scale per 32 inputs (ops::quantize_int4; every input
+// dimension must be a multiple of 32, which all Qwen3-VL sizes are). kNone: nothing. The vision
+// tower is not touched, nor is a router. With `store` (the one the views came from), each source
+// weight's pages are released (WeightStore::release_pages) once quantized, so the process holds the
+// quantized copy rather than both; the bytes stay readable (the embedding lookup faults back the
+// rows it reads). On error *w is left as it was.
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
                              const WeightStore* store = nullptr);
 

@@ -76,6 +76,14 @@ Result<std::unique_ptr<TextDecoder>> TextDecoder::create(const Qwen3VLConfig& cf
                                                          int64_t max_chunk) {
   if (max_chunk <= 0) return invalid_argument("max_chunk must be positive");
   if (cfg.text_config.head_dim % 2 != 0) return invalid_argument("head_dim must be even");
+  if (cfg.text_config.num_experts > 0 && !be.supports_moe()) {
+    return unimplemented(
+        std::string("the ") + ops::device_name(be.device()) +
+        " backend has no mixture-of-experts kernels yet (the CPU runs this model)");
+  }
+  if (has_fused_experts(w)) {
+    return internal_error("the fused expert tensors were not split (quantize_text_weights)");
+  }
   VLM_RETURN_IF_ERROR(be.reserve_attention(cfg.text_config.head_dim));
   std::unique_ptr<TextDecoder> d(new TextDecoder(cfg, be, max_chunk));
   VLM_RETURN_IF_ERROR(d->init(w));
@@ -107,8 +115,26 @@ Status TextDecoder::init(const TextWeights& w) {
     VLM_ASSIGN_OR_RETURN(d.k_norm, be_.vector(s.k_norm));
     VLM_RETURN_IF_ERROR(linear({&s.q_proj, &s.k_proj, &s.v_proj}, true, "q/k/v_proj", &d.qkv));
     VLM_RETURN_IF_ERROR(linear({&s.o_proj}, true, "o_proj", &d.o));
-    VLM_RETURN_IF_ERROR(linear({&s.gate_proj, &s.up_proj}, true, "gate/up_proj", &d.gate_up));
-    VLM_RETURN_IF_ERROR(linear({&s.down_proj}, true, "down_proj", &d.down));
+    if (!s.sparse) {
+      VLM_RETURN_IF_ERROR(linear({&s.gate_proj, &s.up_proj}, true, "gate/up_proj", &d.gate_up));
+      VLM_RETURN_IF_ERROR(linear({&s.down_proj}, true, "down_proj", &d.down));
+      continue;
+    }
+    const MoeWeights& m = s.moe;
+    if (m.router.rank() != 2 || m.router.dim(0) != cfg_.num_experts ||
+        m.gate.size() != static_cast<size_t>(cfg_.num_experts) || m.up.size() != m.gate.size() ||
+        m.down.size() != m.gate.size()) {
+      return internal_error("layer " + std::to_string(l) + ": experts do not match the config");
+    }
+    VLM_RETURN_IF_ERROR(linear({&m.router}, false, "mlp.gate", &d.router));
+    d.experts.resize(2 * m.gate.size());
+    for (size_t e = 0; e < m.gate.size(); ++e) {
+      VLM_RETURN_IF_ERROR(
+          linear({&m.gate[e], &m.up[e]}, true, "expert gate/up_proj", &d.experts[2 * e]));
+      VLM_RETURN_IF_ERROR(linear({&m.down[e]}, true, "expert down_proj", &d.experts[2 * e + 1]));
+      d.expert_gate_up.push_back(d.experts[2 * e].get());
+      d.expert_down.push_back(d.experts[2 * e + 1].get());
+    }
   }
   const int64_t C = max_chunk_, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int64_t qd = cfg_.num_attention_heads * cfg_.head_dim;
@@ -123,6 +149,14 @@ Status TextDecoder::init(const TextWeights& w) {
                         {&gate_up_, C * 2 * I},
                         {&mlp_, C * I}}) {
     VLM_ASSIGN_OR_RETURN(*buf, be_.alloc(n, act));
+  }
+  if (cfg_.num_experts > 0) {
+    const int64_t E = cfg_.num_experts, k = cfg_.num_experts_per_tok,
+                  Ie = cfg_.moe_intermediate_size;
+    VLM_ASSIGN_OR_RETURN(router_logits_, be_.alloc(C * E, DType::kF32));
+    VLM_ASSIGN_OR_RETURN(route_ids_, be_.alloc(C * k, DType::kI32));
+    VLM_ASSIGN_OR_RETURN(route_weights_, be_.alloc(C * k, DType::kF32));
+    VLM_ASSIGN_OR_RETURN(moe_scratch_, be_.alloc(C * (2 * H + 3 * Ie), act));
   }
   VLM_ASSIGN_OR_RETURN(ints_host_, be_.alloc_host(static_cast<size_t>(kIntRows * C) * 4));
   VLM_ASSIGN_OR_RETURN(ints_, be_.alloc(kIntRows * C, DType::kI32));
@@ -144,7 +178,16 @@ Status TextDecoder::reserve_tables(int64_t entries) {
 int64_t TextDecoder::decode_weight_bytes() const {
   int64_t total = lm_head_ ? lm_head_->bytes() : embed_->bytes();
   for (const Layer& l : layers_) {
-    total += l.qkv->bytes() + l.o->bytes() + l.gate_up->bytes() + l.down->bytes();
+    total += l.qkv->bytes() + l.o->bytes();
+    if (l.router == nullptr) {
+      total += l.gate_up->bytes() + l.down->bytes();
+      continue;
+    }
+    // The router and k experts of the average size.
+    int64_t experts = 0;
+    for (const auto& e : l.experts) experts += e->bytes();
+    total += l.router->bytes() +
+             experts * cfg_.num_experts_per_tok / static_cast<int64_t>(l.expert_gate_up.size());
   }
   return total;
 }
@@ -334,9 +377,19 @@ Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
         be.paged_attention(q_.buf(), p.attn, cache.layer(li), nh, nkv, hd, scale, attn_.buf()));
     VLM_RETURN_IF_ERROR(be.linear(attn_.buf(), T, *L.o, tmp));
     VLM_RETURN_IF_ERROR(be.add_rms_norm(x, tmp, L.post_ln, T, H, eps, xn));
-    VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.gate_up, gate_up_.buf()));
-    VLM_RETURN_IF_ERROR(be.silu_mul(gate_up_.buf(), T, I, mlp_.buf()));
-    VLM_RETURN_IF_ERROR(be.linear(mlp_.buf(), T, *L.down, tmp));
+    if (L.router != nullptr) {
+      const int64_t k = cfg_.num_experts_per_tok;
+      VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.router, router_logits_.buf()));
+      VLM_RETURN_IF_ERROR(be.moe_route(router_logits_.buf(), T, cfg_.num_experts, k,
+                                       cfg_.norm_topk_prob, route_ids_.buf(),
+                                       route_weights_.buf()));
+      VLM_RETURN_IF_ERROR(be.moe_experts(xn, T, route_ids_.buf(), route_weights_.buf(), k,
+                                         L.expert_gate_up, L.expert_down, moe_scratch_.buf(), tmp));
+    } else {
+      VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.gate_up, gate_up_.buf()));
+      VLM_RETURN_IF_ERROR(be.silu_mul(gate_up_.buf(), T, I, mlp_.buf()));
+      VLM_RETURN_IF_ERROR(be.linear(mlp_.buf(), T, *L.down, tmp));
+    }
     pending = true;
     if (p.n_vis > 0 && l < p.taps) {  // DeepStack: after decoder layer l, the image rows get tap l
       VLM_RETURN_IF_ERROR(be.add(x, tmp, {}, T, H));

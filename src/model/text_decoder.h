@@ -130,7 +130,11 @@ class TextDecoder {
  private:
   struct Layer {
     ops::Buf input_ln, q_norm, k_norm, post_ln;
-    std::unique_ptr<ops::Linear> qkv, o, gate_up, down;
+    std::unique_ptr<ops::Linear> qkv, o, gate_up, down;  // gate_up, down: a dense layer's
+    // A sparse layer's router and experts (gate|up and down of each, as the backend takes them).
+    std::unique_ptr<ops::Linear> router;
+    std::vector<std::unique_ptr<ops::Linear>> experts;  // gate|up of expert e at 2e, down at 2e + 1
+    std::vector<const ops::Linear*> expert_gate_up, expert_down;
   };
   TextDecoder(const Qwen3VLConfig& cfg, ops::Backend& be, int64_t max_chunk);
   Status init(const TextWeights& w);
@@ -144,6 +148,9 @@ class TextDecoder {
   std::vector<Layer> layers_;
   // Activations, [max_chunk, ...] in the backend's type.
   ops::Buffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_;
+  // A sparse layer's: router logits f32 [max_chunk, E], the chosen experts int32 and their
+  // weights f32 [max_chunk, k], and moe_experts' scratch.
+  ops::Buffer router_logits_, route_ids_, route_weights_, moe_scratch_;
   // The pass's tables: host staging, and the backend's copies (the same memory on the CPU).
   // ints: ids, slots, token sequence, token position, logit rows, image rows (max_chunk each).
   static constexpr int kIds = 0, kSlots = 1, kSeq = 2, kPos = 3, kSel = 4, kVis = 5, kIntRows = 6;

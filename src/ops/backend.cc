@@ -18,6 +18,13 @@ Status Backend::argmax_rows(Buf, int64_t, int64_t, Buf) {
 Status Backend::sample_rows(Buf, int64_t, Buf, int64_t, Buf, Buf) {
   return internal_error(std::string("no sampling on the device on ") + device_name(device()));
 }
+Status Backend::moe_route(Buf, int64_t, int64_t, int64_t, bool, Buf, Buf) {
+  return unimplemented(std::string("no mixture-of-experts kernels on ") + device_name(device()));
+}
+Status Backend::moe_experts(Buf, int64_t, Buf, Buf, int64_t, std::span<const Linear* const>,
+                            std::span<const Linear* const>, Buf, Buf) {
+  return unimplemented(std::string("no mixture-of-experts kernels on ") + device_name(device()));
+}
 Status Backend::begin_capture() {
   return internal_error(std::string("no graphs on ") + device_name(device()));
 }

@@ -218,6 +218,21 @@ class Backend {
   // out[i] = x[rows[i]] for i < count.
   virtual Status gather_rows(Buf x, Buf rows, int64_t count, int64_t n, Buf out) = 0;
 
+  // ---- A sparse layer's MLP, a mixture of experts (where supports_moe)
+  virtual bool supports_moe() const { return false; }
+  // The experts of each of `rows` rows from its router logits (f32 [rows, n_experts]): the top_k
+  // largest logits, best first, a tie going to the lower expert index, into ids (int32 [rows,
+  // top_k]); their softmax probabilities over all n_experts into weights (f32 [rows, top_k]),
+  // renormalised to sum 1 when `renormalize`.
+  virtual Status moe_route(Buf logits, int64_t rows, int64_t n_experts, int64_t top_k,
+                           bool renormalize, Buf ids, Buf weights);
+  // out [rows, n] = Σ_j weights[r, j] · down_e(silu(gate_e · x[r]) · up_e · x[r]) with e =
+  // ids[r, j], added in increasing expert order; gate_up[e] [2·I, n] (gate rows, then up rows)
+  // and down[e] [n, I] are expert e's products. scratch: rows · (2·n + 3·I) activations.
+  virtual Status moe_experts(Buf x, int64_t rows, Buf ids, Buf weights, int64_t top_k,
+                             std::span<const Linear* const> gate_up,
+                             std::span<const Linear* const> down, Buf scratch, Buf out);
+
   // ---- The vision tower's ops
   virtual Status layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, float eps, Buf y) = 0;
   // x += delta + bias, then y = layer_norm(x).

@@ -1,6 +1,7 @@
 #include "ops/cpu_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -198,6 +199,96 @@ Status CpuBackend::add_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) 
 
 Status CpuBackend::gather_rows(Buf x, Buf rows, int64_t count, int64_t n, Buf out) {
   for (int64_t i = 0; i < count; ++i) std::copy_n(f(x) + i32(rows)[i] * n, n, f(out) + i * n);
+  return ok_status();
+}
+
+Status CpuBackend::moe_route(Buf logits, int64_t rows, int64_t E, int64_t k, bool renormalize,
+                             Buf ids, Buf weights) {
+  if (k <= 0 || k > E) return internal_error("moe_route: top_k outside [1, n_experts]");
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* l = f(logits) + r * E;
+    int32_t* id = ids.as<int32_t>() + r * k;
+    float* w = f(weights) + r * k;
+    // The k largest, best first: an expert moves ahead only of strictly smaller logits, so of
+    // equal ones the lower index (seen first) stays in front.
+    int64_t n = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (n == k && !(l[e] > l[id[k - 1]])) continue;
+      int64_t at = n < k ? n++ : k - 1;
+      for (; at > 0 && l[e] > l[id[at - 1]]; --at) id[at] = id[at - 1];
+      id[at] = static_cast<int32_t>(e);
+    }
+    // softmax over all E (f32, the max subtracted), then the chosen ones renormalised.
+    const float m = l[id[0]];
+    float sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - m);
+    float chosen = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      w[j] = std::exp(l[id[j]] - m) / sum;
+      chosen += w[j];
+    }
+    if (renormalize) {
+      for (int64_t j = 0; j < k; ++j) w[j] /= chosen;
+    }
+  }
+  return ok_status();
+}
+
+Status CpuBackend::moe_experts(Buf x, int64_t rows, Buf ids, Buf weights, int64_t k,
+                               std::span<const Linear* const> gate_up,
+                               std::span<const Linear* const> down, Buf scratch, Buf out) {
+  const auto E = static_cast<int64_t>(gate_up.size());
+  if (E == 0 || down.size() != gate_up.size()) return internal_error("moe_experts: no experts");
+  const int64_t n = gate_up.front()->cols(), I = down.front()->cols();
+  // The (row, weight) pairs grouped by expert, rows in order inside a group (a counting sort).
+  moe_start_.assign(static_cast<size_t>(E + 1), 0);
+  const int32_t* id = i32(ids);
+  for (int64_t i = 0; i < rows * k; ++i) {
+    if (id[i] < 0 || id[i] >= E) return internal_error("moe_experts: expert id out of range");
+    ++moe_start_[static_cast<size_t>(id[i]) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) moe_start_[e + 1] += moe_start_[e];
+  if (moe_rows_.size() < static_cast<size_t>(rows * k)) {
+    moe_rows_.resize(static_cast<size_t>(rows * k));
+    moe_weights_.resize(static_cast<size_t>(rows * k));
+  }
+  {
+    std::vector<int64_t>& next = moe_start_;  // advanced while filling, restored after
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t at = next[static_cast<size_t>(id[r * k + j])]++;
+        moe_rows_[at] = static_cast<int32_t>(r);
+        moe_weights_[at] = f(weights)[r * k + j];
+      }
+    }
+    for (int64_t e = E; e > 0; --e) next[e] = next[e - 1];
+    next[0] = 0;
+  }
+  float* xs = f(scratch);        // [rows, n]: the expert's rows of x
+  float* gu = xs + rows * n;     // [rows, 2·I]
+  float* h = gu + rows * 2 * I;  // [rows, I]
+  float* ys = h + rows * I;      // [rows, n]
+  std::fill_n(f(out), rows * n, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = moe_start_[e], cnt = moe_start_[e + 1] - b;
+    if (cnt == 0) continue;
+    for (int64_t i = 0; i < cnt; ++i) std::copy_n(f(x) + moe_rows_[b + i] * n, n, xs + i * n);
+    const Buf act{nullptr, Device::kCpu, DType::kF32};
+    auto at = [&](float* p) {
+      Buf v = act;
+      v.data = p;
+      return v;
+    };
+    VLM_RETURN_IF_ERROR(linear(at(xs), cnt, *gate_up[e], at(gu)));
+    silu_mul_rows(gu, cnt, I, h, pool_, isa_);
+    VLM_RETURN_IF_ERROR(linear(at(h), cnt, *down[e], at(ys)));
+    for (int64_t i = 0; i < cnt; ++i) {
+      const float w = moe_weights_[b + i];
+      float* o = f(out) + moe_rows_[b + i] * n;
+      const float* y = ys + i * n;
+      for (int64_t d = 0; d < n; ++d) o[d] += w * y[d];
+    }
+  }
   return ok_status();
 }
 

@@ -2,6 +2,8 @@
 // as the checkpoint (or the quantizer, or the huge-page copy) holds them — nothing is copied.
 #pragma once
 
+#include <vector>
+
 #include "core/thread_pool.h"
 #include "ops/backend.h"
 #include "ops/ops.h"
@@ -52,6 +54,13 @@ class CpuBackend final : public Backend {
   Status add_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override;
   Status gather_rows(Buf x, Buf rows, int64_t count, int64_t n, Buf out) override;
 
+  bool supports_moe() const override { return true; }
+  Status moe_route(Buf logits, int64_t rows, int64_t n_experts, int64_t top_k, bool renormalize,
+                   Buf ids, Buf weights) override;
+  Status moe_experts(Buf x, int64_t rows, Buf ids, Buf weights, int64_t top_k,
+                     std::span<const Linear* const> gate_up, std::span<const Linear* const> down,
+                     Buf scratch, Buf out) override;
+
   Status layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, float eps, Buf y) override;
   Status add_layer_norm(Buf x, Buf delta, Buf bias, Buf w, Buf b, int64_t rows, int64_t n,
                         float eps, Buf y) override;
@@ -74,6 +83,10 @@ class CpuBackend final : public Backend {
   ThreadPool& pool_;
   Isa isa_;
   Bf16Gemm bf16_gemm_;
+  // moe_experts' grouping of the (row, weight) pairs by expert; grown, never shrunk.
+  std::vector<int64_t> moe_start_;
+  std::vector<int32_t> moe_rows_;
+  std::vector<float> moe_weights_;
 };
 
 }  // namespace vlm::ops

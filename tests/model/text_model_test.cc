@@ -116,6 +116,15 @@ const Case kCases[] = {
     {"text-f32-hd128-tied", 1e-4, 0},
     {"text-f32-untied", 1e-4, 0},
     {"text-bf16-hd128", 5e-2, 1e-4},
+    // Mixtures of experts (scripts/make_moe_reference.py): fused and per-expert layouts, dense
+    // layers between sparse ones, top-1/2/4 of 4/8/16 experts, a planted router tie.
+    {"moe-f32-e8k2", 1e-4, 0},
+    {"moe-f32-e16k4", 1e-4, 0},
+    // transformers' bf16 run routes some rows of the 60-id prompt to another expert than its
+    // own f32 run (bf16 router logits round to near-ties) and lands 0.67 × max|logit| away from
+    // it there; vlm computes in f32 and is held to the f32 run (1e-4).
+    {"moe-bf16-e4k1", 0.7, 1e-4},
+    {"moe-f32-tie", 1e-4, 0},
 };
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TextModelTest,

@@ -83,6 +83,55 @@ TEST(Config, ErrorsNameTheFileAndField) {
   EXPECT_EQ(yarn.status().code(), StatusCode::kUnimplemented);
 }
 
+TEST(Config, MixtureOfExpertsFieldsAndTheirDefaults) {
+  // A dense config has no experts.
+  auto dense = parse_qwen3vl_config(text_config(""), "config.json");
+  ASSERT_TRUE(dense.ok());
+  EXPECT_EQ(dense->text_config.num_experts, 0);
+  EXPECT_FALSE(dense->text_config.sparse_layer(0));
+  // qwen3_vl_moe without the fields: transformers' Qwen3VLMoeTextConfig defaults.
+  auto d = parse_qwen3vl_config(
+      R"({"model_type": "qwen3_vl_moe", "text_config": {"hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "vocab_size": 1024}})",
+      "config.json");
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->text_config.num_experts, 60);
+  EXPECT_EQ(d->text_config.num_experts_per_tok, 4);
+  EXPECT_EQ(d->text_config.moe_intermediate_size, 1408);
+  EXPECT_TRUE(d->text_config.norm_topk_prob);
+  for (int64_t l = 0; l < 4; ++l) EXPECT_TRUE(d->text_config.sparse_layer(l));
+  // 30B-A3B's fields, a sparse step and dense layers.
+  auto c =
+      parse_qwen3vl_config(text_config(R"(, "model_type": "qwen3_vl_moe_text", "num_experts": 128,
+      "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 2,
+      "mlp_only_layers": [1], "norm_topk_prob": false)"),
+                           "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const Qwen3VLTextConfig& t = c->text_config;
+  EXPECT_EQ(t.num_experts, 128);
+  EXPECT_EQ(t.num_experts_per_tok, 8);
+  EXPECT_EQ(t.moe_intermediate_size, 768);
+  EXPECT_FALSE(t.norm_topk_prob);
+  EXPECT_FALSE(t.sparse_layer(0));  // (0 + 1) % 2 != 0
+  EXPECT_FALSE(t.sparse_layer(1));  // in mlp_only_layers
+  // Bad values are named.
+  for (const char* bad : {R"(, "num_experts": 8, "num_experts_per_tok": 9,
+                             "moe_intermediate_size": 64)",
+                          R"(, "num_experts": 8, "num_experts_per_tok": 2)",
+                          R"(, "num_experts": 8, "num_experts_per_tok": 2,
+                             "moe_intermediate_size": 64, "mlp_only_layers": [2])",
+                          R"(, "num_experts": 8, "num_experts_per_tok": 2,
+                             "moe_intermediate_size": 64, "decoder_sparse_step": 0)",
+                          R"(, "num_experts": 8, "num_experts_per_tok": 2,
+                             "moe_intermediate_size": 64, "norm_topk_prob": 1)"}) {
+    auto r = parse_qwen3vl_config(text_config(bad), "/x/config.json");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("/x/config.json: text_config"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(Config, VisionConfigIsReadAndChecked) {
   const std::string text = R"("text_config": {"hidden_size": 64, "intermediate_size": 64,
       "num_hidden_layers": 4, "num_attention_heads": 2, "vocab_size": 10, "head_dim": 32})";
