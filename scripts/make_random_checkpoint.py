@@ -2,6 +2,14 @@
 """Write a random-weight Qwen3-VL checkpoint with the real published shapes and file layout.
 
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 2b   # also 4b, 8b
+    python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 30b-a3b --layers 24
+
+The mixture-of-experts shapes (30b-a3b, 235b-a22b: Qwen3-VL-30B-A3B / 235B-A22B-Instruct) write
+the fused expert tensors as those checkpoints hold them (mlp.experts.gate_up_proj
+[E, hidden, 2 * moe_intermediate], mlp.experts.down_proj [E, moe_intermediate, hidden], the
+router mlp.gate.weight [E, hidden]). --layers keeps the first L decoder layers at full shape
+(config.json says L): all 48 layers of 30B-A3B are 61 GB in BF16 and about 31 GB at INT8, more
+than a 24 GiB machine holds; 24 layers are about 16 GB at INT8.
 
 Output folder (same files as a Hugging Face Qwen3-VL-*-Instruct repository):
     config.json, generation_config.json, preprocessor_config.json,
@@ -47,6 +55,16 @@ SHAPES = {
     "8b": dict(layers=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
                tie=False, v_depth=27, v_hidden=1152, v_heads=16, v_intermediate=4304,
                deepstack=[8, 16, 24], params=8_767_123_696),
+    # Qwen3-VL-{30B-A3B,235B-A22B}-Instruct: sparse MLPs in every layer (decoder_sparse_step 1,
+    # no mlp_only_layers), top-8 of 128 experts, renormalised.
+    "30b-a3b": dict(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128,
+                    intermediate=6144, tie=False, v_depth=27, v_hidden=1152, v_heads=16,
+                    v_intermediate=4304, deepstack=[8, 16, 24], params=31_070_754_032,
+                    experts=128, top_k=8, moe_intermediate=768),
+    "235b-a22b": dict(layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
+                      intermediate=12288, tie=False, v_depth=27, v_hidden=1152, v_heads=16,
+                      v_intermediate=4304, deepstack=[8, 16, 24],
+                      params=235_670_022_896, experts=128, top_k=8, moe_intermediate=1536),
 }
 VOCAB = 151936
 PATCH, TEMPORAL, MERGE, IN_CH, POS_EMB = 16, 2, 2, 3, 2304
@@ -88,10 +106,17 @@ def tensor_table(s: dict) -> list[tuple[str, tuple[int, ...]]]:
               (p + "self_attn.v_proj.weight", (nkv * hd, H)),
               (p + "self_attn.o_proj.weight", (H, nh * hd)),
               (p + "self_attn.q_norm.weight", (hd,)),
-              (p + "self_attn.k_norm.weight", (hd,)),
-              (p + "mlp.gate_proj.weight", (FF, H)),
-              (p + "mlp.up_proj.weight", (FF, H)),
-              (p + "mlp.down_proj.weight", (H, FF)),
+              (p + "self_attn.k_norm.weight", (hd,))]
+        if "experts" in s:
+            E, Ie = s["experts"], s["moe_intermediate"]
+            t += [(p + "mlp.gate.weight", (E, H)),
+                  (p + "mlp.experts.gate_up_proj", (E, H, 2 * Ie)),
+                  (p + "mlp.experts.down_proj", (E, Ie, H))]
+        else:
+            t += [(p + "mlp.gate_proj.weight", (FF, H)),
+                  (p + "mlp.up_proj.weight", (FF, H)),
+                  (p + "mlp.down_proj.weight", (H, FF))]
+        t += [
               (p + "input_layernorm.weight", (H,)),
               (p + "post_attention_layernorm.weight", (H,))]
     t.append((lm + "norm.weight", (H,)))
@@ -183,10 +208,12 @@ def shard(tensors, max_bytes: int) -> list[list]:
 
 
 def config_json(s: dict) -> dict:
-    return {
-        "architectures": ["Qwen3VLForConditionalGeneration"],
+    moe = "experts" in s
+    c = {
+        "architectures": ["Qwen3VLMoeForConditionalGeneration" if moe
+                          else "Qwen3VLForConditionalGeneration"],
         "image_token_id": 151655,
-        "model_type": "qwen3_vl",
+        "model_type": "qwen3_vl_moe" if moe else "qwen3_vl",
         "text_config": {
             "attention_bias": False,
             "attention_dropout": 0.0,
@@ -234,6 +261,14 @@ def config_json(s: dict) -> dict:
         "vision_end_token_id": 151653,
         "vision_start_token_id": 151652,
     }
+    if moe:
+        c["text_config"].update({
+            "model_type": "qwen3_vl_moe_text", "num_experts": s["experts"],
+            "num_experts_per_tok": s["top_k"], "moe_intermediate_size": s["moe_intermediate"],
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+            "router_aux_loss_coef": 0.001})
+        c["vision_config"]["model_type"] = "qwen3_vl_moe"
+    return c
 
 
 GENERATION_CONFIG = {  # as the Instruct checkpoints publish it
@@ -278,12 +313,18 @@ def main() -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="2b")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="keep the first L decoder layers (default: all of the shape's)")
     args = ap.parse_args()
 
-    s = SHAPES[args.shape]
+    s = dict(SHAPES[args.shape])
+    if args.layers is not None:
+        if not 1 <= args.layers <= s["layers"]:
+            ap.error(f"--layers must be in [1, {s['layers']}]")
+        s["layers"], s["params"] = args.layers, None
     tensors = tensor_table(s)
     total_params = sum(numel(shape) for _, shape in tensors)
-    if total_params != s["params"]:
+    if s["params"] is not None and total_params != s["params"]:
         raise SystemExit(f"parameter count {total_params} != expected {s['params']}")
     total_bytes = 2 * total_params
     tok_dir = TOKENIZER_DIR
