@@ -268,17 +268,12 @@ Status CpuBackend::moe_experts(Buf x, int64_t rows, Buf ids, Buf weights, int64_
   float* gu = xs + rows * n;     // [rows, 2·I]
   float* h = gu + rows * 2 * I;  // [rows, I]
   float* ys = h + rows * I;      // [rows, n]
+  auto at = [](float* p) { return Buf{p, Device::kCpu, DType::kF32}; };
   std::fill_n(f(out), rows * n, 0.0f);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t b = moe_start_[e], cnt = moe_start_[e + 1] - b;
     if (cnt == 0) continue;
     for (int64_t i = 0; i < cnt; ++i) std::copy_n(f(x) + moe_rows_[b + i] * n, n, xs + i * n);
-    const Buf act{nullptr, Device::kCpu, DType::kF32};
-    auto at = [&](float* p) {
-      Buf v = act;
-      v.data = p;
-      return v;
-    };
     VLM_RETURN_IF_ERROR(linear(at(xs), cnt, *gate_up[e], at(gu)));
     silu_mul_rows(gu, cnt, I, h, pool_, isa_);
     VLM_RETURN_IF_ERROR(linear(at(h), cnt, *down[e], at(ys)));
