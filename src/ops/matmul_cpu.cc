@@ -73,18 +73,26 @@ void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float
 #endif
 }
 
+int64_t int8_activation_min_rows(Isa isa) {
+  // NOTE(vlm): the byte-panel GEMM against f32 x (I8 weights widened in registers below 8 rows,
+  // into f32 panels from 8), one thread, K × N = 2048 × 1536 and 768 × 2048 (an MoE expert's
+  // products): on AVX-512 VNNI 0.92–1.02× at 1 row, 1.07–1.37× at 2, 1.8–2.4× at 6 and 8,
+  // 2.7–3.8× at 16–24; on AVX2 (int16 products) 0.5–0.6× at 1–3 rows, 0.9–1.3× at 4–6, 2–3.5× at
+  // 8–24.
+  if (isa == Isa::kAvx512Vnni) return 2;
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) return 8;
+  return 0;
+}
+
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   // I8 decode streams half of BF16's bytes and is memory-bound with f32 x already; I4 decode was
   // not (79% of the read bandwidth), and its own VNNI kernel runs from one row. On AVX2, widening
   // nibbles to f32 took ~3× the instructions per weight of the byte dot products (decode 0.64×,
-  // prefill 0.6× their speed); its I8 prefill multiplies int16 (matmul_q8_avx2_kernel.inc).
+  // prefill 0.6× their speed); its I8 GEMM multiplies int16 (matmul_q8_avx2_kernel.inc).
   if (K % kernels::kQ8Block != 0) return false;
-  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) {
-    return wtype == DType::kI4 || (wtype == DType::kI8 && M >= kernels::kPackedMinRows);
-  }
-  if (isa != Isa::kAvx512Vnni) return false;
-  return (wtype == DType::kI8 && M >= kernels::kPackedMinRows) || wtype == DType::kI4;
+  if (isa != Isa::kAvx512Vnni && isa != Isa::kAvx2 && isa != Isa::kAvx2Vnni) return false;
+  return wtype == DType::kI4 || (wtype == DType::kI8 && M >= int8_activation_min_rows(isa));
 #else
   (void)isa, (void)M, (void)K, (void)wtype;
   return false;
@@ -192,7 +200,7 @@ struct QuantizedX {
   std::vector<int16_t> q16;
 
   kernels::Q8Rows quantize(const Q8Kernels& k8, const float* x, int64_t M, int64_t K,
-                           ThreadPool& pool, bool widen16) {
+                           ThreadPool& pool, bool widen16, bool int4) {
     const int64_t blocks = K / kernels::kQ8Block;
     // Grow only: a steady decode / prefill loop allocates nothing.
     if (q.size() < static_cast<size_t>(M * K)) q.resize(M * K);
@@ -212,7 +220,7 @@ struct QuantizedX {
       });
       rows.q16 = q16.data();
     }
-    if (M < kernels::kPackedMinRows) {  // INT4 decode (I8 takes quantized x only from there on)
+    if (int4 && M < kernels::kPackedMinRows) {  // the INT4 decode kernel's layout
       const auto bytes = static_cast<size_t>(kernels::q8_decode_x_bytes(M, K));
       if (decode.size() < bytes) decode.resize(bytes);
       k8.prepare_decode(rows, M, K, decode.data());
@@ -364,14 +372,18 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   const Int4Kernels k4 = int4_kernels(isa);
   int64_t total = 0;
   bool want_scratch = false, widen_int4 = false, quantize_x = false, widen16 = false;
+  bool int4_x = false;  // an I4 weight takes quantized x
   for (const TensorView* w : ws) {
     total += w->dim(0);
     const bool quantizes = matmul_quantizes_x(isa, M, K, w->dtype);
     quantize_x = quantize_x || quantizes;
+    int4_x = int4_x || (quantizes && w->dtype == DType::kI4);
     // The AVX2 INT8-weight GEMM takes x widened to int16.
     widen16 = widen16 ||
               (quantizes && w->dtype == DType::kI8 && (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni));
-    want_scratch = want_scratch || wants_scratch(M, w->dtype);
+    // (The INT8-weight GEMM builds its byte panels in the scratch at any M.)
+    want_scratch =
+        want_scratch || wants_scratch(M, w->dtype) || (quantizes && w->dtype == DType::kI8);
     widen_int4 = widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows &&
                                 M < kernels::kPackedMinRows && !quantizes);
   }
@@ -390,7 +402,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   thread_local QuantizedX qx_tls;
   kernels::Q8Rows qx{};
   const Q8Kernels k8 = quantize_x ? q8_kernels(isa) : Q8Kernels{};
-  if (quantize_x) qx = qx_tls.quantize(k8, x, M, K, pool, widen16);
+  if (quantize_x) qx = qx_tls.quantize(k8, x, M, K, pool, widen16, int4_x);
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
   // thread's range of the stacked rows may span several weights: each part runs on its own.
   pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int t) {

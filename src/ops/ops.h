@@ -90,10 +90,14 @@ void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float
                 ThreadPool& pool, Isa isa = detected_isa());
 
 // Whether matmul at this level quantizes x (Q8_0-like blocks of 32 per row, then INT8 dot
-// products; see kernels/cpu/matmul.h) for a weight of dtype wtype, with K a multiple of 32: on
-// kAvx512Vnni for I8 weights from kernels::kPackedMinRows x rows (prefill) and for I4 weights at
-// any M (decode too); on kAvx2 and kAvx2Vnni the same. Elsewhere x stays f32.
+// products; see kernels/cpu/matmul.h) for a weight of dtype wtype, with K a multiple of 32: I4
+// weights at any M (decode too) on kAvx512Vnni, kAvx2 and kAvx2Vnni; I8 weights from
+// int8_activation_min_rows(isa) x rows (batched decode, prefill) on those levels. Elsewhere x
+// stays f32.
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype);
+// The least x rows from which I8 weights take INT8 activations at this level (0: never). One x
+// row (decode) keeps f32 x: the step streams the weights and is memory-bound either way.
+int64_t int8_activation_min_rows(Isa isa);
 
 // Weight-only INT8, symmetric, one scale per output row (channel) of an nn.Linear weight:
 //   scale[n] = max_k |w[n, k]| / 127,  q[n, k] = clamp(round_half_even(w[n, k] / scale[n]), ±127)

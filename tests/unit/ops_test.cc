@@ -199,7 +199,7 @@ TEST_P(MatmulTest, Int8MatchesReferenceOnOddShapes) {
         std::vector<float> y(M * N, NAN), want(M * N);
         ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
         ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
-        if (ops::matmul_quantizes_x(isa, M, K, DType::kI8)) {  // K = 64 from 32 rows on VNNI
+        if (ops::matmul_quantizes_x(isa, M, K, DType::kI8)) {  // K = 64 on VNNI and AVX2
           expect_q8_matmul(x, M, K, w.view, y,
                            std::string(ops::isa_name(isa)) + " M=" + std::to_string(M) +
                                " K=" + std::to_string(K) + " N=" + std::to_string(N));
@@ -442,8 +442,8 @@ TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
 
 TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
   // The INT8-activation kernels where the level has them (else the test checks the level
-  // declines). GEMM (M >= 32): 6-row (VNNI) and 4-row (AVX2) tiles and every tail of both
-  // (32 .. 45), K-block-major order
+  // declines). GEMM (INT8 weights from int8_activation_min_rows, INT4 from 32 rows): 6-row (VNNI)
+  // and 4-row (AVX2) tiles and every tail of both (2 .. 9, 32 .. 45), K-block-major order
   // (300), K past one 1024-value panel block and an 8-run tail of a 16-run chunk (1056, 2080), N
   // tails of the 32-row panel. INT4 decode (M < 32): 8-row (M <= 2) and 4-row weight steps and
   // their 1-row tails (N = 17, 33, 70), 1..4-row x groups, chunks of 4 groups with 1 or 3 left
@@ -452,7 +452,7 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
   const ops::Isa isa = GetParam();
   bool ran = false;
   for (DType dt : {DType::kI8, DType::kI4}) {
-    for (int64_t M : {1, 2, 3, 5, 9, 31, 32, 34, 35, 37, 45, 300}) {
+    for (int64_t M : {1, 2, 3, 5, 8, 9, 11, 31, 32, 34, 35, 37, 45, 300}) {
       for (int64_t K : {32, 96, 1056, 2080}) {
         for (int64_t N : {1, 17, 33, 70}) {
           if (!ops::matmul_quantizes_x(isa, M, K, dt)) continue;
@@ -476,16 +476,20 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
   EXPECT_EQ(ran,
             isa == ops::Isa::kAvx512Vnni || isa == ops::Isa::kAvx2 || isa == ops::Isa::kAvx2Vnni)
       << ops::isa_name(isa);
-  // As on avx512vnni: INT8 weights only from 32 rows (decode keeps f32 x).
-  if (isa == ops::Isa::kAvx2 || isa == ops::Isa::kAvx2Vnni) {
-    EXPECT_TRUE(ops::matmul_quantizes_x(isa, 1, 64, DType::kI4));
-    EXPECT_TRUE(ops::matmul_quantizes_x(isa, 300, 64, DType::kI4));
-    EXPECT_FALSE(ops::matmul_quantizes_x(isa, 1, 64, DType::kI8));
-    EXPECT_TRUE(ops::matmul_quantizes_x(isa, 300, 64, DType::kI8));
+  // INT8 weights from 2 x rows on VNNI and 8 on AVX2 (one row, decode, keeps f32 x); INT4 at any M.
+  const int64_t min_rows = ops::int8_activation_min_rows(isa);
+  EXPECT_EQ(min_rows, isa == ops::Isa::kAvx512Vnni                           ? 2
+                      : isa == ops::Isa::kAvx2 || isa == ops::Isa::kAvx2Vnni ? 8
+                                                                             : 0)
+      << ops::isa_name(isa);
+  for (int64_t M = 1; M <= 40; ++M) {
+    EXPECT_EQ(ops::matmul_quantizes_x(isa, M, 64, DType::kI8), min_rows > 0 && M >= min_rows)
+        << ops::isa_name(isa) << " M=" << M;
+    EXPECT_EQ(ops::matmul_quantizes_x(isa, M, 64, DType::kI4), min_rows > 0)
+        << ops::isa_name(isa) << " M=" << M;
   }
-  // Never for float weights, short x, or K off the 32-value blocks.
+  // Never for float weights or K off the 32-value blocks.
   EXPECT_FALSE(ops::matmul_quantizes_x(isa, 64, 64, DType::kBF16));
-  EXPECT_FALSE(ops::matmul_quantizes_x(isa, 31, 64, DType::kI8));
   EXPECT_FALSE(ops::matmul_quantizes_x(isa, 64, 48, DType::kI8));
 }
 

@@ -159,19 +159,19 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
 // layout; once per matmul call, shared by every thread and weight.
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
 // y[m, n] (row stride ldy) for m < M, n in [n0, n1) as above; wtype kI8 or kI4 (w, wscale as
-// for matmul_rows); scratch: q8_scratch_bytes(K) bytes on the calling thread. I8 needs
-// M >= kPackedMinRows (the byte-panel GEMM); I4 takes any M (below kPackedMinRows it streams the
-// packed rows instead, over x.decode).
+// for matmul_rows); scratch: q8_scratch_bytes(K) bytes on the calling thread. I8 takes any M
+// (the byte-panel GEMM); I4 too (below kPackedMinRows it streams the packed rows instead, over
+// x.decode).
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
                     const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);
 }  // namespace avx512vnni
 
 // The same INT8 activations on AVX2 (matmul_q8_avx2_kernel.inc): INT4 weights through
-// vpmaddubsw + vpmaddwd at any M, INT8 weights through vpmaddwd on int16 from kPackedMinRows
-// rows (x.q16 set). quantize_rows_q8 as above (the same bytes); prepare_decode_x lays x out for
-// this level's decode kernel (at most q8_decode_x_bytes(M, K) bytes); matmul_rows_q8 needs
-// q8_scratch_bytes(K) of scratch from kPackedMinRows rows.
+// vpmaddubsw + vpmaddwd at any M, INT8 weights through vpmaddwd on int16 at any M (x.q16 set).
+// quantize_rows_q8 as above (the same bytes); prepare_decode_x lays x out for this level's decode
+// kernel (at most q8_decode_x_bytes(M, K) bytes); matmul_rows_q8 needs q8_scratch_bytes(K) of
+// scratch for INT8 weights, and for INT4 from kPackedMinRows rows.
 namespace avx2 {
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
