@@ -71,9 +71,10 @@ class EngineCore {
   // model behind a given budget: moving averages of a decode-only pass and of a prompt token's
   // time beyond it.
   // NOTE(vlm): beside decodes a limited prefill chunk has at least this many tokens (or the rest
-  // of the prompt): the CPU's INT8 GEMMs reach their prefill kernel from 32 rows, and fewer rows
-  // cost 3-5x as much per token (measured on the 2B shape; docs/benchmarks.md).
-  static constexpr int64_t kMinSideChunk = 32;
+  // of the prompt). Below 32 rows the CPU's INT8 GEMMs once multiplied in f32 at 3-5x the cost
+  // per token; their byte GEMM now runs from 2 rows (8 on AVX2), and at 16 rows costs about
+  // 1.25x (VNNI) to 1.5x (AVX2) per token what it does at 32 (ops::int8_activation_min_rows).
+  static constexpr int64_t kMinSideChunk = 16;
   void observe_forward(const SchedulerOutput& out, double ms);
   double side_budget_ms() const;
   double prefill_token_ms() const;  // 0 until measured
