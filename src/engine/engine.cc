@@ -328,6 +328,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     }
   }
   VLM_RETURN_IF_ERROR(load_checkpoint(options, impl.get()));
+  if (options.quant == Quant::kFp8 && impl->cfg.text_config.num_experts > 0) {
+    return invalid_argument(
+        "--quant fp8 has no expert kernels for a mixture of experts; use --quant int8");
+  }
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
   VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, host_quant(options.quant), *impl->pool,
                                             impl->store.get())

@@ -135,6 +135,8 @@ Status TextDecoder::init(const TextWeights& w) {
       d.expert_gate_up.push_back(d.experts[2 * e].get());
       d.expert_down.push_back(d.experts[2 * e + 1].get());
     }
+    VLM_RETURN_IF_ERROR(be_.prepare_moe(d.expert_gate_up, d.expert_down)
+                            .with_context("layer " + std::to_string(l) + "'s experts"));
   }
   const int64_t C = max_chunk_, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int64_t qd = cfg_.num_attention_heads * cfg_.head_dim;
@@ -156,7 +158,7 @@ Status TextDecoder::init(const TextWeights& w) {
     VLM_ASSIGN_OR_RETURN(router_logits_, be_.alloc(C * E, DType::kF32));
     VLM_ASSIGN_OR_RETURN(route_ids_, be_.alloc(C * k, DType::kI32));
     VLM_ASSIGN_OR_RETURN(route_weights_, be_.alloc(C * k, DType::kF32));
-    VLM_ASSIGN_OR_RETURN(moe_scratch_, be_.alloc(C * (2 * H + 3 * Ie), act));
+    VLM_ASSIGN_OR_RETURN(moe_scratch_, be_.alloc(be_.moe_scratch_elems(C, E, k, H, Ie), act));
   }
   VLM_ASSIGN_OR_RETURN(ints_host_, be_.alloc_host(static_cast<size_t>(kIntRows * C) * 4));
   VLM_ASSIGN_OR_RETURN(ints_, be_.alloc(kIntRows * C, DType::kI32));

@@ -25,6 +25,9 @@ Status Backend::moe_experts(Buf, int64_t, Buf, Buf, int64_t, std::span<const Lin
                             std::span<const Linear* const>, Buf, Buf) {
   return unimplemented(std::string("no mixture-of-experts kernels on ") + device_name(device()));
 }
+int64_t Backend::moe_scratch_elems(int64_t rows, int64_t, int64_t, int64_t n, int64_t I) const {
+  return rows * (2 * n + 3 * I);
+}
 Status Backend::begin_capture() {
   return internal_error(std::string("no graphs on ") + device_name(device()));
 }

@@ -228,10 +228,19 @@ class Backend {
                            bool renormalize, Buf ids, Buf weights);
   // out [rows, n] = Σ_j weights[r, j] · down_e(silu(gate_e · x[r]) · up_e · x[r]) with e =
   // ids[r, j], added in increasing expert order; gate_up[e] [2·I, n] (gate rows, then up rows)
-  // and down[e] [n, I] are expert e's products. scratch: rows · (2·n + 3·I) activations.
+  // and down[e] [n, I] are expert e's products. scratch: moe_scratch_elems activations.
   virtual Status moe_experts(Buf x, int64_t rows, Buf ids, Buf weights, int64_t top_k,
                              std::span<const Linear* const> gate_up,
                              std::span<const Linear* const> down, Buf scratch, Buf out);
+  // The activations of moe_experts' scratch for up to `rows` rows (here rows · (2·n + 3·I)).
+  virtual int64_t moe_scratch_elems(int64_t rows, int64_t n_experts, int64_t top_k, int64_t n,
+                                    int64_t I) const;
+  // Once per sparse layer at load, before moe_experts runs over these experts.
+  virtual Status prepare_moe(std::span<const Linear* const> gate_up,
+                             std::span<const Linear* const> down) {
+    (void)gate_up, (void)down;
+    return ok_status();
+  }
 
   // ---- The vision tower's ops
   virtual Status layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, float eps, Buf y) = 0;

@@ -122,7 +122,13 @@ INSTANTIATE_TEST_SUITE_P(
                       TextCase{"text-f32-untied", "f32", "file", kTolF32},
                       TextCase{"text-bf16-hd128", "f32", "file_f32ref", kTolF32},
                       TextCase{"text-bf16-hd128", "bf16", "file", kTolBf16},
-                      TextCase{"tiny-fullvocab-bf16", "bf16", "file", kTolBf16}),
+                      TextCase{"tiny-fullvocab-bf16", "bf16", "file", kTolBf16},
+                      // Mixtures of experts (the grouped expert products), in f32: in BF16 a
+                      // router logit rounded across the k-th place swaps a whole expert.
+                      TextCase{"moe-f32-e8k2", "f32", "file", kTolF32},
+                      TextCase{"moe-f32-e16k4", "f32", "file", kTolF32},
+                      TextCase{"moe-f32-tie", "f32", "file", kTolF32},
+                      TextCase{"moe-bf16-e4k1", "f32", "file_f32ref", kTolF32}),
     [](const auto& info) {
       std::string n = info.param.fixture + "_" + info.param.dtype;
       for (auto& ch : n)
@@ -157,7 +163,8 @@ TEST_P(CudaTextGreedy, TokensMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTextGreedy,
                          ::testing::Values("text-f32-hd128-tied", "text-f32-untied",
-                                           "text-bf16-hd128"),
+                                           "text-bf16-hd128", "moe-f32-e8k2", "moe-f32-e16k4",
+                                           "moe-f32-tie", "moe-bf16-e4k1"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (auto& ch : n)
@@ -342,9 +349,11 @@ TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
 
 // CUDA graphs change nothing but the launches: the same 24 greedy continuations in BF16 (many
 // batch sizes as requests finish) with graphs and without, token for token.
-TEST(CudaServing, GraphsGiveTheSameTokensAsPlainLaunches) {
+class CudaGraphs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaGraphs, GiveTheSameTokensAsPlainLaunches) {
   SKIP_WITHOUT_DEVICE();
-  const std::string dir = kFixtures + "/text-bf16-hd128";
+  const std::string dir = kFixtures + "/" + GetParam();
   const auto ref = reference(dir);
   std::vector<std::vector<int32_t>> runs[2];
   for (int graphs = 0; graphs < 2; ++graphs) {
@@ -380,12 +389,34 @@ TEST(CudaServing, GraphsGiveTheSameTokensAsPlainLaunches) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
+// A dense model, and a mixture of experts (the router and the grouping on padded graph rows), in
+// BF16.
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGraphs, ::testing::Values("text-bf16-hd128", "moe-f32-e8k2"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+// FP8 has no expert products: a mixture of experts under --quant fp8 is refused after the config
+// is read, before any weight is built (so this runs without a GPU too).
+TEST(CudaQuant, Fp8RefusesAMixtureOfExperts) {
+  EngineOptions o = gpu_options(kFixtures + "/moe-f32-e8k2");
+  o.quant = Quant::kFp8;
+  auto e = Engine::load(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--quant fp8 has no expert kernels"), std::string::npos)
+      << e.status().message();
+}
+
 // --quant int8 on the GPU in f32 is the CPU's INT8 model with f32 activations (generic kernels):
 // the same quantized weights and f32 sums, so the logits agree to the f32 tolerance. Prompts of
-// 1, 7 and 60 tokens in 16-token chunks take both INT8 paths (direct and dequantized).
+// 1, 7 and 60 tokens in 16-token chunks take both INT8 paths (direct and dequantized); on the
+// mixture of experts, the grouped product's INT8 rows.
 TEST(CudaQuant, Int8LogitsMatchTheCpuInt8Model) {
   SKIP_WITHOUT_DEVICE();
-  for (const char* fixture : {"text-f32-untied", "text-bf16-hd128"}) {
+  for (const char* fixture : {"text-f32-untied", "text-bf16-hd128", "moe-f32-e16k4"}) {
     const std::string dir = kFixtures + "/" + fixture;
     EngineOptions o = gpu_options(dir, "f32");
     o.prefill_chunk = 16;

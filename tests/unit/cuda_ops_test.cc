@@ -19,6 +19,7 @@
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/int8_gemm.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/weights.h"
 #include "ops/ref/ref.h"
@@ -1041,6 +1042,203 @@ TEST(CudaFp8, QuantizedProductMatchesTheQuantizedValues) {
             (sh.K + 3) * static_cast<double>(kU) * mag + std::fabs(exact) / 128 + 1e-6;
         ASSERT_LE(std::fabs(got[i * sh.N + j] - exact), bound)
             << "M " << sh.M << " N " << sh.N << " K " << sh.K << " at (" << i << ", " << j << ")";
+      }
+    }
+  }
+}
+
+// The router at the published width (128 experts, top-8): logits on a coarse grid, so that most
+// rows have ties at the k-th place, and a NaN; the k best by (logit, then lower index), their
+// softmax over all 128 in f32, renormalised or not.
+TEST(CudaMoe, RouteTakesTheTopKWithTiesToTheLowerIndex) {
+  SKIP_WITHOUT_DEVICE();
+  const int64_t rows = 37, E = 128, k = 8;
+  auto logits = random_values(rows * E, 71, 1.5f);
+  for (auto& l : logits) l = std::round(l * 2) / 2;  // 0.5 steps: many equal logits
+  logits[3 * E + 17] = NAN;                          // never chosen, rows stay valid
+  DeviceBuffer dl = upload_f32(logits), dids, dw;
+  ASSERT_TRUE(DeviceBuffer::allocate(rows * k * 4, &dids).ok());
+  ASSERT_TRUE(DeviceBuffer::allocate(rows * k * 4, &dw).ok());
+  for (bool renormalize : {true, false}) {
+    ASSERT_TRUE(
+        moe_route(dl.as<const float>(), rows, E, k, renormalize, dids.as<int32_t>(), dw.as<float>())
+            .ok());
+    ASSERT_TRUE(synchronize().ok());
+    std::vector<int32_t> ids(rows * k);
+    std::vector<float> w(rows * k);
+    ASSERT_TRUE(dids.download(ids.data(), ids.size() * 4).ok());
+    ASSERT_TRUE(dw.download(w.data(), w.size() * 4).ok());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* l = logits.data() + r * E;
+      std::vector<int32_t> order(E);
+      for (int32_t e = 0; e < E; ++e) order[e] = e;
+      const auto key = [&](int32_t e) { return std::isnan(l[e]) ? -INFINITY : l[e]; };
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return key(a) > key(b); });
+      double m = key(order[0]), sum = 0, chosen = 0;
+      for (int64_t e = 0; e < E; ++e) sum += std::isnan(l[e]) ? 0 : std::exp(l[e] - m);
+      for (int64_t j = 0; j < k; ++j) chosen += std::exp(l[order[j]] - m) / sum;
+      for (int64_t j = 0; j < k; ++j) {
+        ASSERT_EQ(ids[r * k + j], order[j]) << "row " << r << " place " << j;
+        if (r == 3) continue;  // the NaN row's softmax is NaN, as on the CPU
+        const double p = std::exp(l[order[j]] - m) / sum / (renormalize ? chosen : 1.0);
+        EXPECT_NEAR(w[r * k + j], p, 1e-5 * p + 1e-7) << "row " << r << " place " << j;
+      }
+    }
+  }
+}
+
+// One expert stack as the device holds it: E weights [N, K] in the activation type, or INT8 with
+// row scales, and the device tables of their pointers.
+struct Experts {
+  std::vector<std::vector<float>> w;  // the values the products use (rounded / dequantized)
+  std::vector<DeviceBuffer> data, scales;
+  DeviceBuffer w_table, s_table;
+  MoeWeights view() const {
+    return {w_table.as<const void* const>(),
+            s_table.bytes() ? s_table.as<const float* const>() : nullptr, s_table.bytes() > 0};
+  }
+};
+
+Experts make_experts(int64_t E, int64_t N, int64_t K, const Act& a, bool int8, uint32_t seed) {
+  Experts x;
+  std::vector<const void*> wp, sp;
+  for (int64_t e = 0; e < E; ++e) {
+    auto v = random_values(N * K, seed + static_cast<uint32_t>(e), 0.2f);
+    if (int8) {
+      std::vector<uint8_t> q(N * K);
+      std::vector<float> s(N);
+      for (int64_t n = 0; n < N; ++n) {
+        float amax = 0;
+        for (int64_t c = 0; c < K; ++c) amax = std::max(amax, std::fabs(v[n * K + c]));
+        s[n] = amax / 127;
+        for (int64_t c = 0; c < K; ++c) {
+          const auto qi = static_cast<int8_t>(std::lround(v[n * K + c] / s[n]));
+          q[n * K + c] = static_cast<uint8_t>(qi);
+          v[n * K + c] = static_cast<float>(qi) * s[n];
+        }
+      }
+      x.data.push_back(upload(q));
+      x.scales.push_back(upload_f32(s));
+      sp.push_back(x.scales.back().data());
+    } else {
+      v = a.round(v);
+      x.data.push_back(upload(a.encode(v)));
+    }
+    wp.push_back(x.data.back().data());
+    x.w.push_back(std::move(v));
+  }
+  const auto table = [&](const std::vector<const void*>& p) {
+    std::vector<uint8_t> b(p.size() * sizeof(void*));
+    std::memcpy(b.data(), p.data(), b.size());
+    return upload(b);
+  };
+  x.w_table = table(wp);
+  if (int8) x.s_table = table(sp);
+  return x;
+}
+
+// The grouped expert products at the published width (128 experts, top-8) against a host
+// reference with the device's roundings (gate|up and SwiGLU in the activation type): rows of 1
+// (decode), 3, 37 and 300 (more than one tile per expert), N = 100 (not a multiple of the
+// 8-column blocks), INT8 and activation-type weights.
+TEST_P(CudaOps, MoeExpertsMatchTheReference) {
+  SKIP_WITHOUT_DEVICE();
+  const Act a{GetParam()};
+  const int64_t E = 128, k = 8, n = 100, I = 40;
+  for (bool int8 : {false, true}) {
+    const Experts gate_up = make_experts(E, 2 * I, n, a, int8, 500);
+    const Experts down = make_experts(E, n, I, a, int8, 900);
+    for (int64_t rows : {1, 3, 37, 300}) {
+      const int64_t pairs = rows * k;
+      const auto x = a.round(random_values(rows * n, 31 + static_cast<uint32_t>(rows)));
+      std::mt19937 rng(static_cast<uint32_t>(rows));
+      std::vector<int32_t> ids(pairs);
+      std::vector<float> wts(pairs);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<int32_t> all(E);
+        for (int32_t e = 0; e < E; ++e) all[e] = e;
+        std::shuffle(all.begin(), all.end(), rng);
+        if (r % 5 == 0) {  // expert 7 in many rows: its group spans several tiles
+          std::iter_swap(all.begin(), std::find(all.begin(), all.end(), 7));
+          std::shuffle(all.begin(), all.begin() + k, rng);  // (the k stay distinct)
+        }
+        for (int64_t j = 0; j < k; ++j) {
+          ids[r * k + j] = all[j];
+          wts[r * k + j] = std::uniform_real_distribution<float>(0.05f, 1.f)(rng);
+        }
+      }
+      // Reference: per pair gu = x · gate_upᵀ (rounded), h = silu(g) · u (rounded), y = h · downᵀ;
+      // out[r] = Σ_j in expert order w · y (rounded once).
+      std::vector<float> want(rows * n, 0.f);
+      std::vector<double> mag(rows * n, 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<int64_t> js(k);
+        for (int64_t j = 0; j < k; ++j) js[j] = j;
+        std::sort(js.begin(), js.end(),
+                  [&](int64_t p, int64_t q) { return ids[r * k + p] < ids[r * k + q]; });
+        std::vector<double> acc(n, 0.0);
+        for (int64_t j : js) {
+          const int32_t e = ids[r * k + j];
+          std::vector<float> gu(2 * I), h(I);
+          for (int64_t o = 0; o < 2 * I; ++o) {
+            double s = 0;
+            for (int64_t c = 0; c < n; ++c) s += double{x[r * n + c]} * gate_up.w[e][o * n + c];
+            gu[o] = static_cast<float>(s);
+          }
+          gu = a.round(gu);
+          for (int64_t i = 0; i < I; ++i) h[i] = gu[i] / (1.f + std::exp(-gu[i])) * gu[I + i];
+          h = a.round(h);
+          for (int64_t d = 0; d < n; ++d) {
+            double s = 0, sa = 0;
+            for (int64_t i = 0; i < I; ++i) {
+              s += double{h[i]} * down.w[e][d * I + i];
+              sa += std::fabs(double{h[i]} * down.w[e][d * I + i]);
+            }
+            acc[d] += wts[r * k + j] * s;
+            mag[r * n + d] += wts[r * k + j] * sa;
+          }
+        }
+        for (int64_t d = 0; d < n; ++d) want[r * n + d] = static_cast<float>(acc[d]);
+      }
+      DeviceBuffer dx = upload(a.encode(x)), dids, dwts, scratch, out;
+      std::vector<uint8_t> ib(pairs * 4), wb(pairs * 4);
+      std::memcpy(ib.data(), ids.data(), ib.size());
+      std::memcpy(wb.data(), wts.data(), wb.size());
+      dids = upload(ib);
+      dwts = upload(wb);
+      const int64_t gu_bytes = a.bytes(pairs * 2 * I), h_bytes = a.bytes(pairs * I);
+      const int64_t y_bytes = pairs * n * 4, g_bytes = moe_groups_bytes(E, pairs);
+      ASSERT_TRUE(
+          DeviceBuffer::allocate(gu_bytes + h_bytes + y_bytes + g_bytes + 1024, &scratch).ok());
+      ASSERT_TRUE(DeviceBuffer::allocate(a.bytes(rows * n), &out).ok());
+      char* base = scratch.as<char>();
+      const auto up = [](int64_t b) { return (b + 255) / 256 * 256; };
+      void* gu = base;
+      void* h = base + up(gu_bytes);
+      auto* y = reinterpret_cast<float*>(base + up(gu_bytes) + up(h_bytes));
+      const MoeGroups g = moe_groups_at(base + up(gu_bytes) + up(h_bytes) + up(y_bytes), E, pairs);
+      ASSERT_TRUE(moe_group(dids.as<const int32_t>(), pairs, E, g).ok());
+      ASSERT_TRUE(moe_grouped_product(dx.data(), a.t, true, k, g, E, pairs, gate_up.view(), 2 * I,
+                                      n, gu, a.t)
+                      .ok());
+      ASSERT_TRUE(silu_mul_rows(gu, pairs, I, h, a.t).ok());
+      ASSERT_TRUE(
+          moe_grouped_product(h, a.t, false, k, g, E, pairs, down.view(), n, I, y, DType::kF32)
+              .ok());
+      ASSERT_TRUE(moe_combine(y, dids.as<const int32_t>(), dwts.as<const float>(), rows, k, E, n,
+                              out.data(), a.t)
+                      .ok());
+      ASSERT_TRUE(synchronize().ok());
+      const auto got = a.decode(download(out));
+      // Sums in another order, carried through SwiGLU into the down product: 1e-4 of the terms'
+      // magnitude in f32 (a misplaced row or expert is off by about all of it); in BF16 an
+      // intermediate may round to the neighbouring value (2^-8 of it) and the output once more.
+      for (int64_t i = 0; i < rows * n; ++i) {
+        const double bound = (a.t == DType::kF32 ? 1e-4 : 2e-2) * mag[i] +
+                             (a.t == DType::kF32 ? 0 : std::fabs(want[i]) / 128) + 1e-6;
+        ASSERT_LE(std::fabs(got[i] - want[i]), bound)
+            << (int8 ? "int8" : "act") << " rows " << rows << " at " << i;
       }
     }
   }

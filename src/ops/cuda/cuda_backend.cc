@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "kernels/cuda/fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/int8_gemm.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/nvml.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/stream.h"
@@ -205,6 +207,24 @@ class CudaBackend final : public Backend {
     return cu::embedding_gather(x.data, cact_, rows.as<const int32_t>(), count, n, out.data, cact_);
   }
 
+  bool supports_moe() const override { return true; }
+  Status moe_route(Buf logits, int64_t rows, int64_t n_experts, int64_t top_k, bool renormalize,
+                   Buf ids, Buf weights) override {
+    cu::StreamScope on(stream_->get());
+    return cu::moe_route(logits.as<const float>(), rows, n_experts, top_k, renormalize,
+                         ids.as<int32_t>(), weights.as<float>());
+  }
+  Status prepare_moe(std::span<const Linear* const> gate_up,
+                     std::span<const Linear* const> down) override;
+  Status moe_experts(Buf x, int64_t rows, Buf ids, Buf weights, int64_t top_k,
+                     std::span<const Linear* const> gate_up, std::span<const Linear* const> down,
+                     Buf scratch, Buf out) override;
+  int64_t moe_scratch_elems(int64_t rows, int64_t n_experts, int64_t top_k, int64_t n,
+                            int64_t I) const override {
+    const auto a = static_cast<int64_t>(dtype_size(act_));
+    return (moe_scratch(rows * top_k, n_experts, n, I).end + a - 1) / a;
+  }
+
   Status layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, float eps, Buf y) override {
     cu::StreamScope on(stream_->get());
     return cu::layer_norm(x.data, w.as<const float>(), b.as<const float>(), rows, n, eps, y.data,
@@ -306,6 +326,29 @@ class CudaBackend final : public Backend {
     return gemm_->matmul(x, L.w.data(), cact_, M, L.rows(), L.cols(), y, y_t);
   }
 
+  // moe_experts' scratch for `pairs` (row, expert) pairs, byte offsets from its start: gate|up
+  // [pairs, 2·I] (at 0) and its SwiGLU [pairs, I] in the activation type, each pair's down
+  // product [pairs, n] in f32, then the grouping, each 256-byte aligned; `end` is the size.
+  struct MoeScratch {
+    int64_t h, y, groups, end;
+  };
+  MoeScratch moe_scratch(int64_t pairs, int64_t E, int64_t n, int64_t I) const {
+    const auto a = static_cast<int64_t>(dtype_size(act_));
+    const auto up = [](int64_t b) { return (b + 255) / 256 * 256; };
+    MoeScratch s{};
+    s.h = up(pairs * 2 * I * a);
+    s.y = s.h + up(pairs * I * a);
+    s.groups = s.y + up(pairs * n * 4);
+    s.end = s.groups + cu::moe_groups_bytes(E, pairs);
+    return s;
+  }
+  // The device tables of one sparse layer's experts (prepare_moe), by its first gate|up Linear.
+  struct MoeTables {
+    cu::DeviceBuffer gate_up_w, gate_up_scale, down_w, down_scale;
+    int64_t experts = 0, n = 0, I = 0;
+    bool int8 = false;
+  };
+
   CudaBackendOptions opts_;
   DType act_;
   cu::DType cact_;
@@ -321,7 +364,91 @@ class CudaBackend final : public Backend {
   std::vector<int64_t> chunk_off_, chunk_n_;
   std::vector<int32_t> h_tiles_;
   Buffer tiles_;
+  std::map<const Linear*, MoeTables> moe_;
 };
+
+Status CudaBackend::prepare_moe(std::span<const Linear* const> gate_up,
+                                std::span<const Linear* const> down) {
+  if (gate_up.empty() || gate_up.size() != down.size()) {
+    return internal_error("prepare_moe: gate|up and down experts differ in number");
+  }
+  if (static_cast<int64_t>(gate_up.size()) > cu::kMoeMaxExperts) {
+    return unimplemented("more than " + std::to_string(cu::kMoeMaxExperts) + " experts on the GPU");
+  }
+  MoeTables t;
+  t.int8 = cuda(*gate_up.front()).int8;
+  t.experts = static_cast<int64_t>(gate_up.size());
+  t.n = gate_up.front()->cols();
+  t.I = down.front()->cols();
+  if (gate_up.front()->rows() != 2 * t.I || down.front()->rows() != t.n) {
+    return internal_error("prepare_moe: gate|up [2·I, n] and down [n, I] do not fit together");
+  }
+  const auto table = [&](std::span<const Linear* const> ls, cu::DeviceBuffer* w,
+                         cu::DeviceBuffer* s) -> Status {
+    std::vector<const void*> wp, sp;
+    for (const Linear* l : ls) {
+      const CudaLinear& c = cuda(*l);
+      if (c.fp8) return unimplemented("FP8 experts (--quant fp8 with a mixture of experts)");
+      if (c.int8 != t.int8) return internal_error("experts of mixed weight types");
+      if (c.rows() != ls.front()->rows() || c.cols() != ls.front()->cols()) {
+        return internal_error("experts of different shapes");
+      }
+      wp.push_back(c.w.data());
+      sp.push_back(c.scale.data());
+    }
+    VLM_RETURN_IF_ERROR(cu::DeviceBuffer::allocate(wp.size() * sizeof(void*), w));
+    VLM_RETURN_IF_ERROR(w->upload(wp.data(), wp.size() * sizeof(void*)));
+    if (t.int8) {
+      VLM_RETURN_IF_ERROR(cu::DeviceBuffer::allocate(sp.size() * sizeof(void*), s));
+      VLM_RETURN_IF_ERROR(s->upload(sp.data(), sp.size() * sizeof(void*)));
+    }
+    return ok_status();
+  };
+  VLM_RETURN_IF_ERROR(table(gate_up, &t.gate_up_w, &t.gate_up_scale));
+  VLM_RETURN_IF_ERROR(table(down, &t.down_w, &t.down_scale));
+  moe_[gate_up.front()] = std::move(t);
+  return ok_status();
+}
+
+Status CudaBackend::moe_experts(Buf x, int64_t rows, Buf ids, Buf weights, int64_t k,
+                                std::span<const Linear* const> gate_up,
+                                std::span<const Linear* const> down, Buf scratch, Buf out) {
+  const auto it = gate_up.empty() ? moe_.end() : moe_.find(gate_up.front());
+  if (it == moe_.end()) return internal_error("moe_experts: experts not prepared (prepare_moe)");
+  const MoeTables& t = it->second;
+  const auto E = static_cast<int64_t>(gate_up.size());
+  const int64_t n = gate_up.front()->cols(), I = down.front()->cols(), pairs = rows * k;
+  if (E != t.experts || down.size() != gate_up.size() || n != t.n || I != t.I) {
+    return internal_error("moe_experts: not the experts prepare_moe saw");
+  }
+  if (k <= 0 || k > std::min<int64_t>(E, 32)) {
+    return internal_error("moe_experts: top_k outside [1, min(experts, 32)]");
+  }
+  if (rows <= 0) return ok_status();
+  const MoeScratch at = moe_scratch(pairs, E, n, I);
+  auto* base = static_cast<char*>(scratch.data);
+  void* gu = base;
+  void* h = base + at.h;
+  auto* y = reinterpret_cast<float*>(base + at.y);
+  const cu::MoeGroups g = cu::moe_groups_at(base + at.groups, E, pairs);
+  const auto ptrs = [](const cu::DeviceBuffer& b) {
+    return static_cast<const void* const*>(b.data());
+  };
+  const auto scales = [&](const cu::DeviceBuffer& b) {
+    return t.int8 ? static_cast<const float* const*>(b.data()) : nullptr;
+  };
+  cu::StreamScope on(stream_->get());
+  VLM_RETURN_IF_ERROR(cu::moe_group(ids.as<const int32_t>(), pairs, E, g));
+  VLM_RETURN_IF_ERROR(cu::moe_grouped_product(x.data, cact_, true, k, g, E, pairs,
+                                              {ptrs(t.gate_up_w), scales(t.gate_up_scale), t.int8},
+                                              2 * I, n, gu, cact_));
+  VLM_RETURN_IF_ERROR(cu::silu_mul_rows(gu, pairs, I, h, cact_));
+  VLM_RETURN_IF_ERROR(cu::moe_grouped_product(h, cact_, false, k, g, E, pairs,
+                                              {ptrs(t.down_w), scales(t.down_scale), t.int8}, n, I,
+                                              y, cu::DType::kF32));
+  return cu::moe_combine(y, ids.as<const int32_t>(), weights.as<const float>(), rows, k, E, n,
+                         out.data, act_of(out.dtype));
+}
 
 Result<std::unique_ptr<Linear>> CudaBackend::linear(std::span<const TensorView* const> ts,
                                                     const LinearOptions& o) {
