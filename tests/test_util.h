@@ -47,6 +47,13 @@ inline std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
+// A fixture directory's name as a gtest parameter name ('-' → '_').
+inline std::string param_name(std::string n) {
+  for (auto& ch : n)
+    if (ch == '-') ch = '_';
+  return n;
+}
+
 // Writes `bytes` to `path` (replacing it) and fails the calling test when that does not work.
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

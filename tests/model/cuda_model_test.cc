@@ -130,10 +130,7 @@ INSTANTIATE_TEST_SUITE_P(
                       TextCase{"moe-f32-tie", "f32", "file", kTolF32},
                       TextCase{"moe-bf16-e4k1", "f32", "file_f32ref", kTolF32}),
     [](const auto& info) {
-      std::string n = info.param.fixture + "_" + info.param.dtype;
-      for (auto& ch : n)
-        if (ch == '-') ch = '_';
-      return n;
+      return test_util::param_name(info.param.fixture + "_" + info.param.dtype);
     });
 
 // Greedy continuations through generate() in f32: prefill in chunks, then decode steps over the
@@ -165,12 +162,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTextGreedy,
                          ::testing::Values("text-f32-hd128-tied", "text-f32-untied",
                                            "text-bf16-hd128", "moe-f32-e8k2", "moe-f32-e16k4",
                                            "moe-f32-tie", "moe-bf16-e4k1"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         [](const auto& info) { return test_util::param_name(info.param); });
 
 // The vision tower alone on the GPU (f32): merger and DeepStack outputs of every fixture image
 // against transformers', at the CPU tower's 1e-4.
@@ -392,12 +384,7 @@ TEST_P(CudaGraphs, GiveTheSameTokensAsPlainLaunches) {
 // A dense model, and a mixture of experts (the router and the grouping on padded graph rows), in
 // BF16.
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGraphs, ::testing::Values("text-bf16-hd128", "moe-f32-e8k2"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         [](const auto& info) { return test_util::param_name(info.param); });
 
 // FP8 has no expert products: a mixture of experts under --quant fp8 is refused after the config
 // is read, before any weight is built (so this runs without a GPU too).

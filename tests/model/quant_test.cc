@@ -190,10 +190,7 @@ void expect_close_to_unquantized(const Case& c, const char* quant) {
 // gtest parameter names: the fixture with '-' → '_'.
 template <class Info>
 std::string fixture_test_name(const Info& info) {
-  std::string n = info.param.fixture;
-  for (auto& ch : n)
-    if (ch == '-') ch = '_';
-  return n;
+  return test_util::param_name(info.param.fixture);
 }
 
 template <class Info>

@@ -10,6 +10,7 @@
 
 #include "io/npy.h"
 #include "ops/ops.h"
+#include "test_util.h"
 #include "vlm/engine.h"
 
 namespace vlm {
@@ -131,11 +132,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TextModelTest,
                          ::testing::Combine(::testing::ValuesIn(kCases),
                                             ::testing::ValuesIn(ops::runnable_isas())),
                          [](const auto& info) {
-                           std::string n = std::get<0>(info.param).fixture + "_" +
-                                           ops::isa_name(std::get<1>(info.param));
-                           for (auto& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
+                           return test_util::param_name(std::get<0>(info.param).fixture + "_" +
+                                                        ops::isa_name(std::get<1>(info.param)));
                          });
 
 }  // namespace
