@@ -197,6 +197,7 @@ struct EngineCore::State {
   double extra_ms = 0;        // passes with prefill chunks: their time beyond decode_ms ...
   double extra_tokens = 0;    // ... and their prompt tokens, so a token costs the ratio
   double step_encode_ms = 0;  // this step's encode slices
+  double side_ms = 0;         // this step's side budget (side_budget_ms(), once per step)
   BlockHasher hasher;         // prefix-cache keys, seeded at random per engine
   std::unique_ptr<KvEventPublisher> kv_events;  // null: no KV events
   std::vector<KvCacheEvent> kv_log;             // publish_kv_events()' scratch
@@ -638,18 +639,15 @@ void EngineCore::encode_images(const std::vector<int64_t>& to_admit) {
     s.encoding = std::move(enc);
   }
   // This step's share: unsliced while no request runs (nothing waits for the encode), else the
-  // side budget. A budget given (--max-encoder-ms) holds the prefills too: the encode gets what
-  // the pending prefills (older requests: they go first) are not expected to take, and waits for
-  // the next step when that is under a quarter of it.
+  // side budget, which holds the prefills too: the encode gets what the pending prefills (older
+  // requests: they go first) are not expected to take, and waits for the next step when that is
+  // under a quarter of it.
   double budget_ms = 0;
   if (opts_.max_encoder_ms >= 0 && s.sched->num_running() > 0) {
-    const double side = side_budget_ms();
-    budget_ms = side;
-    if (opts_.max_encoder_ms > 0) {
-      budget_ms -= std::min(
-          side, prefill_token_ms() * static_cast<double>(s.sched->pending_prefill_tokens()));
-      if (budget_ms < 0.25 * side) return;
-    }
+    const double side = s.side_ms;
+    budget_ms = side - std::min(side, prefill_token_ms() *
+                                          static_cast<double>(s.sched->pending_prefill_tokens()));
+    if (budget_ms < 0.25 * side) return;
   }
   State::Encoding& enc = *s.encoding;
   const auto t0 = Clock::now();
@@ -790,13 +788,14 @@ void EngineCore::step() {
   }
   s.aborts.clear();
   s.step_encode_ms = 0;
+  s.side_ms = side_budget_ms();
   admit();
 
-  // 2. Schedule this step: with a budget given, beside running decodes the prefill chunks get
-  // what it has left after the encode (at least kMinSideChunk tokens, so they always advance).
+  // 2. Schedule this step: beside running decodes the prefill chunks get what the side budget has
+  // left after the encode (at least kMinSideChunk tokens, so they always advance).
   int64_t prefill_limit = Scheduler::kNoPrefillLimit;
-  if (opts_.max_encoder_ms > 0 && prefill_token_ms() > 0) {
-    const double left = std::max(0.0, side_budget_ms() - s.step_encode_ms);
+  if (opts_.max_encoder_ms >= 0 && prefill_token_ms() > 0) {
+    const double left = std::max(0.0, s.side_ms - s.step_encode_ms);
     prefill_limit =
         std::max<int64_t>(kMinSideChunk, static_cast<int64_t>(left / prefill_token_ms()));
   }
@@ -889,9 +888,18 @@ void EngineCore::observe_forward(const SchedulerOutput& out, double ms) {
   }
 }
 
+double EngineCore::auto_side_budget_ms(double pass_ms, int64_t waiting) {
+  const double passes =
+      std::clamp(kSidePassesPerWaiting * static_cast<double>(waiting), 1.0, kMaxSidePasses);
+  return std::max(1.0, passes * pass_ms);
+}
+
 double EngineCore::side_budget_ms() const {
   if (opts_.max_encoder_ms > 0) return opts_.max_encoder_ms;
-  return std::max(1.0, st_->forward_ms);
+  const State& s = *st_;
+  int64_t waiting = s.sched->num_prefilling();
+  for (const auto& [id, r] : s.reqs) waiting += r->admitted ? 0 : 1;
+  return auto_side_budget_ms(s.decode_ms > 0 ? s.decode_ms : s.forward_ms, waiting);
 }
 
 double EngineCore::prefill_token_ms() const {

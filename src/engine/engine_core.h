@@ -51,6 +51,16 @@ class EngineCore {
   // and returns when it has run.
   void run_on_engine_thread(const std::function<void()>& fn);
 
+  // The side budget beside running requests when --max-encoder-ms is not given: `pass_ms` (a
+  // decode-only forward pass) times kSidePassesPerWaiting per waiting request, between 1 and
+  // kMaxSidePasses passes. One waiting request gets one pass, so a step with side work costs about
+  // twice a decode step; a queue gets more, so that new requests join the decode batch sooner (a
+  // memory-bound decode pass costs about the same for more streams) while steps stay within a few
+  // passes of each other. The constants were measured (docs/benchmarks.md).
+  static constexpr double kSidePassesPerWaiting = 0.75;
+  static constexpr double kMaxSidePasses = 3;
+  static double auto_side_budget_ms(double pass_ms, int64_t waiting);
+
   struct Shared;  // the part streams reach too (aborts); they hold it weakly
   struct State;
 
@@ -65,18 +75,18 @@ class EngineCore {
   void encode_images(const std::vector<int64_t>& to_admit);
   // Drops the encode in progress if it serves request `id` (cancelled, ended).
   void drop_encode_of(int64_t id);
-  // The step's side budget beside running requests: --max-encoder-ms, which then holds encode
-  // slices and prefill chunks together; auto, the recent forward passes' average, for encode
-  // slices alone (holding prefills back too lowered throughput: docs/benchmarks.md). The cost
-  // model behind a given budget: moving averages of a decode-only pass and of a prompt token's
-  // time beyond it.
+  // The step's side budget beside running requests, for encode slices and prefill chunks
+  // together: --max-encoder-ms when given, else auto_side_budget_ms() over the recent decode-only
+  // passes and the requests waiting for side work (an encode or a prompt not yet computed). The
+  // cost model behind it: moving averages of a decode-only pass and of a prompt token's time
+  // beyond it.
+  double side_budget_ms() const;
   // NOTE(vlm): beside decodes a limited prefill chunk has at least this many tokens (or the rest
   // of the prompt). Below 32 rows the CPU's INT8 GEMMs once multiplied in f32 at 3-5x the cost
   // per token; their byte GEMM now runs from 2 rows (8 on AVX2), and at 16 rows costs about
   // 1.25x (VNNI) to 1.5x (AVX2) per token what it does at 32 (ops::int8_activation_min_rows).
   static constexpr int64_t kMinSideChunk = 16;
   void observe_forward(const SchedulerOutput& out, double ms);
-  double side_budget_ms() const;
   double prefill_token_ms() const;  // 0 until measured
   void update(int64_t step_index);
   void publish_kv_events();

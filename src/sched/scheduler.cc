@@ -164,6 +164,12 @@ int64_t Scheduler::pending_prefill_tokens() const {
   return n;
 }
 
+int64_t Scheduler::num_prefilling() const {
+  int64_t n = static_cast<int64_t>(waiting_.size());
+  for (int64_t id : running_) n += requests_.at(id).is_prefilling() ? 1 : 0;
+  return n;
+}
+
 int64_t Scheduler::prefill_chunk(const SchedRequest& r, int64_t budget, bool alone) const {
   const int64_t need = r.num_remaining();
   if (need <= budget) return need;

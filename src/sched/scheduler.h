@@ -84,6 +84,8 @@ class Scheduler {
   void schedule(SchedulerOutput* out, int64_t prefill_limit = kNoPrefillLimit);
   // Prompt tokens not yet computed: the running requests' prefills and the waiting requests'.
   int64_t pending_prefill_tokens() const;
+  // Requests with prompt tokens not yet computed (running or waiting).
+  int64_t num_prefilling() const;
 
   // After the step ran: num_computed_tokens += n for each (id, n). Ids no longer running (aborted
   // or preempted since) are skipped.

@@ -2,6 +2,8 @@
 // streams): requests submitted concurrently produce exactly the tokens each produces alone through
 // Engine::generate on an engine that runs one request at a time (f32, greedy) — with and without
 // preemption — and a cancelled request frees its KV blocks without disturbing the others.
+#include "engine/engine_core.h"
+
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <zlib.h>
@@ -341,7 +343,7 @@ TEST(EngineCore, ImageEncodesAreSlicedBesideRunningStreams) {
 
 // Beside running streams, prefill chunks share the step's time budget with the encode: with a
 // budget of (almost) nothing, once the engine has measured a prompt token's cost, a prompt
-// advances by the smallest chunk the engine runs beside decodes (32 tokens) a step while the
+// advances by the smallest chunk the engine runs beside decodes (16 tokens) a step while the
 // stream gets its token every step, and the reply is the one a whole prefill gives.
 TEST(EngineCore, PromptChunksBesideRunningStreamsFollowTheBudget) {
   std::vector<GenerateRequest> reqs;
@@ -379,11 +381,29 @@ TEST(EngineCore, PromptChunksBesideRunningStreamsFollowTheBudget) {
     d.tokens.insert(d.tokens.begin(), first.token_id);
     EXPECT_EQ(d.tokens, want[i]) << "request " << i;
   }
-  // The first prompt measured a token's cost; the second went in 6 chunks, a step each, with a
+  // The first prompt measured a token's cost; the second went in 12 chunks, a step each, with a
   // stream token in each (a whole prefill would take one step).
   EXPECT_GE(stream_tokens, 5);
   (*runner)->cancel();
   engine.wait_idle();
+}
+
+// Without --max-encoder-ms the side budget follows the queue: one decode pass while at most one
+// request waits for side work (an encode or a prompt), more for more, up to the cap; a pass not
+// measured yet still leaves a positive budget.
+TEST(EngineCore, AutoSideBudgetGrowsWithTheQueue) {
+  const double pass = 120;
+  EXPECT_DOUBLE_EQ(EngineCore::auto_side_budget_ms(pass, 0), pass);
+  EXPECT_DOUBLE_EQ(EngineCore::auto_side_budget_ms(pass, 1), pass);
+  EXPECT_GT(EngineCore::auto_side_budget_ms(pass, 2), pass);
+  double last = pass;
+  for (int64_t waiting = 2; waiting <= 16; ++waiting) {
+    const double b = EngineCore::auto_side_budget_ms(pass, waiting);
+    EXPECT_GE(b, last) << waiting << " waiting";
+    last = b;
+  }
+  EXPECT_DOUBLE_EQ(EngineCore::auto_side_budget_ms(pass, 1000), EngineCore::kMaxSidePasses * pass);
+  EXPECT_GE(EngineCore::auto_side_budget_ms(0, 3), 1.0);
 }
 
 // An image is priced in tokens from its header before it is decoded or resized: one the context
