@@ -93,13 +93,14 @@ struct BatchingOptions {
   // While requests are running, an image's vision-tower pass is sliced (down to row blocks of
   // one layer's products and attention), and each step runs about this many milliseconds of it
   // beside the decode batch, so running streams keep their pace; the image's prefill starts with
-  // the step that finishes it. Given (> 0), the budget holds prefill chunks too: beside running
-  // decodes, a step's encode slices and prefill chunks together take about this long (prefills
-  // of admitted requests first; a chunk sized from the measured time of a prompt token, at least
-  // 32 tokens or the rest of its prompt; chunked prefill only). 0: auto, about one forward pass
-  // (the recent steps' average), for the encode alone; negative: never sliced (a whole encode
-  // inside one step). With no request running an encode is never sliced, and with no request
-  // decoding a prefill is not held back. The outputs are the same bit for bit.
+  // the step that finishes it. The budget holds prefill chunks too: beside running decodes, a
+  // step's encode slices and prefill chunks together take about this long (prefills of admitted
+  // requests first; a chunk sized from the measured time of a prompt token, at least 16 tokens
+  // or the rest of its prompt; chunked prefill only). 0: auto, one decode-only forward pass (a
+  // moving average) while at most one request waits for side work, 0.75 of a pass per waiting
+  // request beyond, at most 3 passes; negative: never sliced (whole encodes and prefills inside
+  // one step). With no request running an encode is never sliced, and with no request decoding
+  // a prefill is not held back. The outputs are the same bit for bit.
   double max_encoder_ms = 0;
 };
 

@@ -415,9 +415,9 @@ int main(int argc, char** argv) {
       "Batching window: an idle engine waits this long for more arrivals (default 0)");
   serve->add_option(
       "--max-encoder-ms", so.engine.batching.max_encoder_ms,
-      "While requests run, each engine step spends about this long on an image's vision encode, "
-      "sliced so that running streams keep their pace; given, it holds prefill chunks too "
-      "(default 0: about one forward pass, for the encode alone; negative: whole encodes)");
+      "While requests run, each engine step spends about this long on image encodes (sliced) and "
+      "prefill chunks together, so that running streams keep their pace (default 0: one decode "
+      "pass, more while several requests wait; negative: whole encodes and prefills)");
   serve->add_option("--max-inflight-image-pixels", so.engine.batching.max_inflight_image_pixels,
                     "Decoded image pixels in flight at once across requests; beyond, images wait "
                     "(default 100000000; 0 = no limit)");
