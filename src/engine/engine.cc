@@ -282,6 +282,37 @@ Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const Engine::Impl
   return k;
 }
 
+// The KV cache's type from EngineOptions::kv_cache_dtype: auto is BF16 on the CPU for a BF16
+// checkpoint (else f32) and the activation type on a device.
+Result<DType> resolve_kv_dtype(const Engine::Impl& m) {
+  const ops::Backend& be = m.decoder->backend();
+  const bool cpu = be.device() == ops::Device::kCpu;
+  DType t = DType::kF32;
+  switch (m.opts.kv_cache_dtype) {
+    case KvCacheDtype::kAuto:
+      t = !cpu ? be.act_dtype()
+               : (m.weights.embed_tokens.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32);
+      break;
+    case KvCacheDtype::kF32:
+      t = DType::kF32;
+      break;
+    case KvCacheDtype::kBF16:
+      t = DType::kBF16;
+      break;
+    case KvCacheDtype::kInt8:
+      t = DType::kI8;
+      break;
+  }
+  if (!be.supports_kv_dtype(t)) {
+    return invalid_argument(std::string("--kv-cache-dtype ") +
+                            kv_cache_dtype_name(m.opts.kv_cache_dtype) + " is not available on " +
+                            (cpu ? "the CPU" : "this device") +
+                            " (on cuda the KV cache is in the activation type: bf16, or f32 with "
+                            "--gpu-dtype f32)");
+  }
+  return t;
+}
+
 // The backend the model runs on: the CPU at the chosen ISA level, or the GPU.
 Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options, ThreadPool& pool,
                                                     ops::Isa isa, ops::Bf16Gemm gemm) {
@@ -362,8 +393,10 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     // A backend that patchifies takes the resized image (a quarter of the f32 patches' bytes).
     if (impl->vision->takes_rgb()) impl->preprocess.patchify = false;
   }
-  VLM_ASSIGN_OR_RETURN(
-      impl->core, EngineCore::create(*impl, options.batching, options.on_step, options.on_encode));
+  CoreModel core_model = impl->core_model();
+  VLM_ASSIGN_OR_RETURN(core_model.kv_dtype, resolve_kv_dtype(*impl));
+  VLM_ASSIGN_OR_RETURN(impl->core, EngineCore::create(std::move(core_model), options.batching,
+                                                      options.on_step, options.on_encode));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 

@@ -2,10 +2,13 @@
 
 #include <zmq.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <msgpack.hpp>
+
+#include "core/sha256.h"
 
 namespace vlm {
 namespace {
@@ -162,7 +165,36 @@ KvEventPublisher::~KvEventPublisher() {
   if (ctx_ != nullptr) zmq_ctx_term(ctx_);  // waits up to the linger for what is still queued
 }
 
-void KvEventPublisher::publish(std::string payload) {
+void kv_wire_events(std::span<const KvCacheEvent> log, int64_t bs,
+                    const std::function<const Sequence*(int64_t)>& seq_of,
+                    std::vector<KvWireEvent>* out) {
+  out->clear();
+  for (const KvCacheEvent& e : log) {
+    KvWireEvent w;
+    w.kind = e.kind;
+    for (const BlockHash& h : e.hashes) w.hashes.push_back(external_block_hash(h));
+    if (e.kind == KvCacheEvent::Kind::kStored) {
+      // The sequence is live: its blocks were keyed as this step scheduled it.
+      const Sequence* seq = seq_of(e.seq);
+      if (seq == nullptr) continue;
+      if (e.parent) w.parent = external_block_hash(*e.parent);
+      const int64_t begin = e.first_block * bs;
+      const int64_t end = begin + static_cast<int64_t>(e.hashes.size()) * bs;
+      w.token_ids.assign(seq->ids.begin() + begin, seq->ids.begin() + end);
+      w.extra_keys.resize(e.hashes.size());
+      for (const ImageSpan& span : seq->prompt.image_spans) {
+        if (span.end <= begin || span.begin >= end) continue;
+        const std::string key = sha256_hex(span.key.content);
+        for (int64_t k = std::max(begin, span.begin) / bs; k * bs < std::min(end, span.end); ++k) {
+          w.extra_keys[static_cast<size_t>(k - begin / bs)].push_back(key);
+        }
+      }
+    }
+    out->push_back(std::move(w));
+  }
+}
+
+void KvEventPublisher::publish(double ts, std::vector<KvWireEvent> events, int32_t block_size) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (queue_.size() >= kMaxQueue) {
@@ -172,13 +204,13 @@ void KvEventPublisher::publish(std::string payload) {
       }
       return;
     }
-    queue_.push_back(std::move(payload));
+    queue_.push_back(Batch{ts, std::move(events), block_size});
   }
   cv_.notify_one();
 }
 
 void KvEventPublisher::run() {
-  std::deque<std::string> batch;
+  std::deque<Batch> batch;
   for (;;) {
     if (replay_ != nullptr) serve_replay();
     bool stop;
@@ -189,7 +221,8 @@ void KvEventPublisher::run() {
       batch.swap(queue_);
       stop = stop_;
     }
-    for (std::string& payload : batch) {
+    for (Batch& b : batch) {
+      std::string payload = encode_kv_event_batch(b.ts, b.events, b.block_size);
       const uint64_t seq = next_seq_++;
       // A PUB socket at its high-water mark drops the message (no subscriber blocks the engine).
       send_multipart(pub_, {opts_.topic, seq_frame(seq), payload}, ZMQ_DONTWAIT);

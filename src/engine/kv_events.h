@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/request.h"
 #include "kv/block_pool.h"
 #include "vlm/engine.h"
 #include "vlm/status.h"
@@ -41,6 +43,14 @@ struct KvWireEvent {
   std::vector<int32_t> token_ids;                    // stored: block_size per block
   std::vector<std::vector<std::string>> extra_keys;  // stored: per block (empty: nil)
 };
+
+// The wire form of the prefix cache's changes `log` (blocks keyed, evicted, all forgotten), into
+// *out (cleared first): each stored run with its blocks' token ids and the SHA-256 of every image
+// whose tokens they cover, from its sequence as `seq_of` gives it (null: gone; the run is
+// skipped).
+void kv_wire_events(std::span<const KvCacheEvent> log, int64_t block_size,
+                    const std::function<const Sequence*(int64_t)>& seq_of,
+                    std::vector<KvWireEvent>* out);
 
 // A block hash as vLLM publishes it: the digest's last 8 bytes read big-endian.
 uint64_t external_block_hash(const BlockHash& h);
@@ -59,7 +69,8 @@ class KvEventPublisher {
   static Result<std::unique_ptr<KvEventPublisher>> start(const KvEventsOptions& opts);
   ~KvEventPublisher();  // sends what is queued (up to a second), then closes
 
-  void publish(std::string payload);
+  // Queues one batch; the publisher's thread encodes it (encode_kv_event_batch) and sends it.
+  void publish(double ts, std::vector<KvWireEvent> events, int32_t block_size);
 
   static constexpr size_t kMaxQueue = 100000;
 
@@ -75,7 +86,12 @@ class KvEventPublisher {
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::string> queue_;
+  struct Batch {
+    double ts = 0;
+    std::vector<KvWireEvent> events;
+    int32_t block_size = 0;
+  };
+  std::deque<Batch> queue_;
   bool stop_ = false;
   int64_t dropped_ = 0;
   uint64_t next_seq_ = 0;                              // the publisher thread's

@@ -4,24 +4,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "engine/engine_impl.h"
-
 namespace vlm {
-
-void RunnerRequest::start(PreparedPrompt p, int64_t max_new_tokens) {
-  prompt = std::move(p);
-  const size_t total = prompt.ids.size() + static_cast<size_t>(max_new_tokens);
-  for (auto* v : {&pos_t, &pos_h, &pos_w}) v->reserve(total);
-  ids.reserve(total);
-  feature_row.reserve(total);
-  ids = prompt.ids;
-  feature_row = prompt.feature_row;
-  pos_t = prompt.rope.t;
-  pos_h = prompt.rope.h;
-  pos_w = prompt.rope.w;
-  sampler->add_prompt(ids);
-  sampler->reserve_generated(max_new_tokens);
-}
 
 namespace {
 
@@ -30,26 +13,27 @@ constexpr int64_t kBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 19
 
 }  // namespace
 
-ModelRunner::ModelRunner(Engine::Impl& model, const KvCache& cache, int64_t max_num_seqs,
+ModelRunner::ModelRunner(const RunnerModel& model, const KvCache& cache, int64_t max_num_seqs,
                          int64_t max_blocks_per_seq)
-    : m_(model),
+    : model_(model),
       dec_(*model.decoder),
       be_(model.decoder->backend()),
       cache_(cache),
       max_blocks_per_seq_(max_blocks_per_seq) {
-  const int64_t V = m_.cfg.text_config.vocab_size;
+  const int64_t V = model_.vocab_size;
   normal_logit_rows_ = static_cast<size_t>(max_num_seqs);
   logits_.resize(normal_logit_rows_ * static_cast<size_t>(V));
   raw_row_.resize(static_cast<size_t>(V));
   device_sampling_ = be_.has_device_sampling();
-  graphs_ = be_.supports_graphs() && m_.opts.cuda_graphs;
+  graphs_ = be_.supports_graphs() && model_.cuda_graphs;
 }
 
-Result<std::unique_ptr<ModelRunner>> ModelRunner::create(Engine::Impl& model, const KvCache& cache,
-                                                         int64_t max_num_seqs,
+Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const RunnerModel& model,
+                                                         const KvCache& cache, int64_t max_num_seqs,
                                                          int64_t max_blocks_per_seq) {
+  if (model.decoder == nullptr) return invalid_argument("the model runner needs a text decoder");
   std::unique_ptr<ModelRunner> r(new ModelRunner(model, cache, max_num_seqs, max_blocks_per_seq));
-  const int64_t C = r->dec_.max_chunk(), V = model.cfg.text_config.vocab_size;
+  const int64_t C = r->dec_.max_chunk(), V = model.vocab_size;
   // Pinned where the device copies them back (their copies then overlap the host's work).
   VLM_ASSIGN_OR_RETURN(r->argmax_host_, r->be_.alloc_host(static_cast<size_t>(C) * 4));
   VLM_ASSIGN_OR_RETURN(r->drawn_host_, r->be_.alloc_host(static_cast<size_t>(C) * 4));
@@ -95,7 +79,7 @@ Status ModelRunner::run_pass(const Pass& pass, const Padding& pad, ops::Buf logi
   }
   if (graph != graphs_by_shape_.end()) {
     VLM_RETURN_IF_ERROR(graph->second->launch());
-    m_.graph_replays.fetch_add(1, std::memory_order_relaxed);
+    if (model_.graph_replays) model_.graph_replays->fetch_add(1, std::memory_order_relaxed);
     return ok_status();
   }
   warmed_.insert(shape);
@@ -103,7 +87,7 @@ Status ModelRunner::run_pass(const Pass& pass, const Padding& pad, ops::Buf logi
 }
 
 Status ModelRunner::pick_on_device(int64_t rows) {
-  const int64_t V = m_.cfg.text_config.vocab_size;
+  const int64_t V = model_.vocab_size;
   const ops::Buf logits = logits_dev_.buf();
   // Every logit row's argmax (the greedy picks), then the draws (which penalise their rows in
   // place), then the rows the host samples itself.
@@ -128,27 +112,27 @@ Status ModelRunner::pick_on_device(int64_t rows) {
   return ok_status();
 }
 
-Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& scheduler,
-                            const std::function<RunnerRequest*(int64_t)>& find,
-                            SampledFn on_sampled, ModelRunnerOutput* out) {
-  const int64_t V = m_.cfg.text_config.vocab_size;
-  out->sampled.clear();
-  if (sched.items.empty()) return ok_status();
+Status ModelRunner::forward(std::span<const StepRow> rows) {
+  const int64_t V = model_.vocab_size;
+  rows_ = rows;
+  next_row_ = next_logit_row_ = next_draw_ = 0;
+  step_logit_rows_ = 0;
+  if (rows.empty()) return ok_status();
 
-  // 1. The batch: one chunk per scheduled item.
-  const size_t n = sched.items.size();
+  // 1. The batch: one chunk per row.
+  const size_t n = rows.size();
   chunks_.assign(n, SeqChunk{});
   on_device_.assign(n, 0);
   draws_.clear();
   penalties_.clear();
   if (vision_.size() < n) vision_.resize(n);
-  size_t rows = 0;  // logit rows the forward pass returns
+  size_t logit_rows_n = 0;  // logit rows the forward pass returns
   bool decode = graphs_;
   int64_t widest = 1;
   for (size_t i = 0; i < n; ++i) {
-    const ScheduledItem& it = sched.items[i];
-    RunnerRequest& r = *find(it.request_id);
-    const auto& table = scheduler.block_table(it.request_id);
+    const StepRow& it = rows[i];
+    const Sequence& r = *it.seq;
+    const std::vector<int32_t>& table = *it.block_table;
     SeqChunk& c = chunks_[i];
     c.ids = r.ids.data() + it.first_token;
     c.n = it.num_tokens;
@@ -157,18 +141,17 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
         Positions3{r.pos_t.data() + c.first, r.pos_h.data() + c.first, r.pos_w.data() + c.first};
     c.block_table = table.data();
     c.num_table_blocks = static_cast<int64_t>(table.size());
-    if (r.prompt.vision_tokens > 0 && c.first < static_cast<int64_t>(r.prompt.ids.size())) {
+    if (r.prompt.vision_tokens > 0 && c.first < r.prompt_len()) {
       vision_[i].feature_row = r.feature_row.data() + c.first;
       vision_[i].embeds = r.prompt.embeds.data();
       vision_[i].deepstack.clear();
       for (const auto& d : r.prompt.deepstack) vision_[i].deepstack.push_back(d.data());
       c.vision = &vision_[i];
     }
-    const bool reaches_end = c.first + c.n == static_cast<int64_t>(r.ids.size());
-    const bool in_prompt = c.first < static_cast<int64_t>(r.prompt.ids.size());
-    c.rows = r.prompt_logits != nullptr && in_prompt ? LogitRows::kAll
-             : reaches_end                           ? LogitRows::kLast
-                                                     : LogitRows::kNone;
+    const bool reaches_end = c.first + c.n == r.len();
+    c.rows = it.kind == StepKind::kPrefillOnly ? LogitRows::kAll
+             : reaches_end                     ? LogitRows::kLast
+                                               : LogitRows::kNone;
     // On a device a logit row stays there unless the host needs it (logprobs, a logit bias):
     // greedy takes the argmax, the rest a draw made there with this request's settings.
     if (device_sampling_ && c.rows == LogitRows::kLast && r.logprobs < 0 &&
@@ -177,20 +160,21 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
       if (!r.sampler->plain_greedy()) {
         ops::SampleParams sp;
         r.sampler->device_draw(&sp, &one_penalties_);
-        sp.row = static_cast<int32_t>(rows);
+        sp.row = static_cast<int32_t>(logit_rows_n);
         sp.penalty_begin = static_cast<int32_t>(penalties_.size());
         penalties_.insert(penalties_.end(), one_penalties_.begin(), one_penalties_.end());
         sp.penalty_end = static_cast<int32_t>(penalties_.size());
         draws_.push_back(sp);
       }
     }
-    rows += static_cast<size_t>(logit_rows(c));
+    logit_rows_n += static_cast<size_t>(logit_rows(c));
     decode = decode && c.n == 1 && c.vision == nullptr && c.rows == LogitRows::kLast;
     widest = std::max(widest, c.num_table_blocks);
   }
-  // Every position's row (Engine::logits) needs more room than a step of last rows: grown for
-  // that step, given back after it.
-  if (rows > normal_logit_rows_) logits_.resize(rows * static_cast<size_t>(V));
+  // Every position's row (prefill-only rows) needs more room than a step of last rows: grown for
+  // that step, given back once it is sampled.
+  step_logit_rows_ = logit_rows_n;
+  if (logit_rows_n > normal_logit_rows_) logits_.resize(logit_rows_n * static_cast<size_t>(V));
 
   // 2. One forward pass over every chunk: a decode step that fits a bucket as a graph, its rows
   // padded to the bucket and its block tables to the next power of two (at least 16) of the
@@ -209,7 +193,7 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
       host_logits ? ops::Buf{logits_.data(), ops::Device::kCpu, DType::kF32} : logits_dev_.buf();
   Status st = run_pass(pass_, pad, logits);
   if (st.ok() && !host_logits) {
-    if (device_sampling_) st = pick_on_device(static_cast<int64_t>(rows));
+    if (device_sampling_) st = pick_on_device(static_cast<int64_t>(logit_rows_n));
     for (size_t i = 0, row = 0; i < n && st.ok(); ++i) {  // the rows the host samples, to the host
       const int64_t k = logit_rows(chunks_[i]);
       if (k > 0 && !on_device_[i]) {
@@ -221,56 +205,57 @@ Status ModelRunner::execute(const SchedulerOutput& sched, const Scheduler& sched
   }
   // Also after an error: the next prepare() rewrites the staging the copies read from.
   const Status synced = be_.synchronize();
+  if (!st.ok() || !synced.ok()) rows_ = {};  // nothing to sample
   VLM_RETURN_IF_ERROR(st);
-  VLM_RETURN_IF_ERROR(synced);
+  return synced;
+}
 
-  // 3. A token for every chunk that reached the end of its sequence.
-  size_t row = 0, draw = 0;
-  for (size_t i = 0; i < n; ++i) {
+bool ModelRunner::sample_next(SampledToken* out) {
+  const int64_t V = model_.vocab_size;
+  // 3. A token for every generate row that reached the end of its sequence.
+  while (next_row_ < rows_.size()) {
+    const size_t i = next_row_++;
     const SeqChunk& c = chunks_[i];
     if (c.rows == LogitRows::kNone) continue;
-    RunnerRequest& r = *find(sched.items[i].request_id);
-    size_t last = row;  // the row sampled from
-    if (c.rows == LogitRows::kAll) {
-      std::copy_n(logits_.data() + row * V, c.n * V, r.prompt_logits + c.first * V);
-      last = row + static_cast<size_t>(c.n) - 1;
-      row += static_cast<size_t>(c.n);
-      if (c.first + c.n != static_cast<int64_t>(r.ids.size())) continue;  // the prompt goes on
-    } else {
-      ++row;
+    Sequence& r = *rows_[i].seq;
+    if (c.rows == LogitRows::kAll) {  // prefill-only: the prompt's rows, no token
+      std::copy_n(logits_.data() + next_logit_row_ * V, c.n * V, r.prompt_logits + c.first * V);
+      next_logit_row_ += static_cast<size_t>(c.n);
+      continue;
     }
+    const size_t last = next_logit_row_++;  // the row sampled from
     float* logits_row = logits_.data() + last * V;
-    SampledToken& s = out->sampled.emplace_back();
-    s.request_id = r.id;
+    SampledToken& s = *out;
+    s.request_id = rows_[i].request_id;
+    s.num_top = 0;
+    s.logprob = 0;
+    s.rank = 0;
     if (on_device_[i]) {  // picked on the device: its argmax, or its draw
       s.token = r.sampler->plain_greedy() ? argmax_host_.as<int32_t>()[last]
-                                          : drawn_host_.as<int32_t>()[draw++];
+                                          : drawn_host_.as<int32_t>()[next_draw_++];
       r.sampler->record(s.token);
     } else {
       if (r.logprobs >= 0) std::copy(logits_row, logits_row + V, raw_row_.begin());
       s.token = r.sampler->sample(logits_row);
     }
     if (r.logprobs >= 0) {
-      Sampler::logprobs(raw_row_.data(), V, s.token, r.logprobs, m_.isa, &s.logprob, &s.rank,
+      Sampler::logprobs(raw_row_.data(), V, s.token, r.logprobs, model_.isa, &s.logprob, &s.rank,
                         s.top.data(), &s.num_top);
     }
-    r.ids.push_back(s.token);
-    r.feature_row.push_back(-1);
-    const int64_t p = static_cast<int64_t>(r.ids.size()) - 1 + r.prompt.rope.delta;
-    r.pos_t.push_back(p);
-    r.pos_h.push_back(p);
-    r.pos_w.push_back(p);
-    on_sampled(s);
+    return true;
   }
-  if (rows > normal_logit_rows_) {
+  if (step_logit_rows_ > normal_logit_rows_) {  // the step's extra room goes back
     logits_.resize(normal_logit_rows_ * static_cast<size_t>(V));
     logits_.shrink_to_fit();
   }
-  return ok_status();
+  step_logit_rows_ = 0;
+  rows_ = {};
+  return false;
 }
 
-Result<int64_t> ModelRunner::encode(VisionEncoder& encoder, VisionEncoder::Job& job,
-                                    double budget_ms) {
+Result<int64_t> ModelRunner::encode(VisionEncoder::Job& job, double budget_ms) {
+  if (model_.vision == nullptr) return invalid_argument("this model has no vision tower");
+  VisionEncoder& encoder = *model_.vision;
   int64_t units = 0;
   if (budget_ms <= 0) {
     for (; !job.done(); ++units) VLM_RETURN_IF_ERROR(encoder.advance(&job, 0));

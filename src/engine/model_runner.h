@@ -1,16 +1,17 @@
-// The model side of one engine step (vLLM's ModelRunner): SchedulerOutput → one batch of chunks
+// The model side of one engine step (vLLM's ModelRunner): the step's rows → one batch of chunks
 // (token ids, 3-D positions, block tables, image rows) → TextDecoder::prepare / run on the
-// engine's backend → sampling → ModelRunnerOutput, plain data. Decided here, the same for every
+// engine's backend → sampling → SampledToken, plain data. Decided here, the same for every
 // backend: where sampling runs (the host, or the device for greedy picks and the draws it can
 // make), and whether a decode step runs as a recorded graph (padded to a bucket; recorded the
-// second time its shape runs, then replayed). So is everything the batch needs of a request's
-// state, which the runner keeps up to date as tokens are sampled. Owns the step's scratch, so
-// that steady-state steps allocate nothing.
+// second time its shape runs, then replayed). It sees the model through a narrow handle
+// (RunnerModel) and the requests only as the rows it is given: it never finds a request, calls
+// back, or changes a sequence (the engine core appends what it samples). Owns the step's
+// scratch, so that steady-state steps allocate nothing.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -18,86 +19,59 @@
 #include <vector>
 
 #include "engine/multimodal.h"
+#include "engine/request.h"
 #include "engine/sampler.h"
 #include "model/text_decoder.h"
 #include "model/vision_encoder.h"
-#include "sched/scheduler.h"
 #include "vlm/engine.h"
 
 namespace vlm {
 
-// What the runner keeps of a running request: its ids (prompt + sampled), each position's image
-// feature row and 3-D position, the prepared prompt (image features), its sampler, and what the
-// caller asked of the output.
-struct RunnerRequest {
-  int64_t id = 0;
-  PreparedPrompt prompt;
-  std::vector<int32_t> ids;
-  std::vector<int32_t> feature_row;  // [ids.size()]: image feature row or -1
-  std::vector<int64_t> pos_t, pos_h, pos_w;
-  std::unique_ptr<Sampler> sampler;
-  int32_t logprobs = -1;           // top alternatives per sampled token; -1: none
-  float* prompt_logits = nullptr;  // Engine::logits: every prompt position's row [n, vocab]
-
-  // Takes the prepared prompt over, with room for `max_new_tokens` more (sampling then appends
-  // without reallocating).
-  void start(PreparedPrompt p, int64_t max_new_tokens);
+// The model as the runner sees it: a narrow handle, never the engine.
+struct RunnerModel {
+  TextDecoder* decoder = nullptr;
+  VisionEncoder* vision = nullptr;  // null without a vision tower
+  int64_t vocab_size = 0;
+  ops::Isa isa = ops::Isa::kGeneric;
+  bool cuda_graphs = true;                        // decode steps as graphs where the backend can
+  std::atomic<int64_t>* graph_replays = nullptr;  // counts decode steps replayed (may be null)
 };
 
-// One sampled token.
-struct SampledToken {
+// One row of a step: compute tokens [first_token, first_token + num_tokens) of `seq` (which the
+// runner reads; its sampler draws) over the request's KV blocks.
+struct StepRow {
   int64_t request_id = 0;
-  int32_t token = 0;
-  // With the request's logprobs >= 0: the token's log-probability and rank (1: the most likely),
-  // and the most likely tokens.
-  float logprob = 0;
-  int64_t rank = 0;
-  int32_t num_top = 0;
-  std::array<std::pair<int32_t, float>, 20> top;
-};
-
-struct ModelRunnerOutput {
-  std::vector<SampledToken> sampled;  // in schedule order: every chunk that reached its end
-};
-
-// Told of each token as soon as it is sampled, before the step's other rows are: the engine
-// core hands it to its stream at once, so that the consumer's work overlaps the rest of the
-// step's sampling (the serial part of a step, when the pool's other threads are idle) instead of
-// the next forward pass. A non-owning reference to a callable, like RangeFn: never allocates.
-class SampledFn {
- public:
-  template <typename F>
-  SampledFn(const F& f)  // NOLINT: implicit, so call sites pass lambdas directly
-      : obj_(&f),
-        call_([](const void* o, const SampledToken& t) { (*static_cast<const F*>(o))(t); }) {}
-  void operator()(const SampledToken& t) const { call_(obj_, t); }
-
- private:
-  const void* obj_;
-  void (*call_)(const void*, const SampledToken&);
+  int64_t first_token = 0;
+  int64_t num_tokens = 0;
+  StepKind kind = StepKind::kGenerate;
+  Sequence* seq = nullptr;
+  const std::vector<int32_t>* block_table = nullptr;
 };
 
 class ModelRunner {
  public:
   // `cache`: the paged KV cache (block tables of up to max_blocks_per_seq entries).
-  static Result<std::unique_ptr<ModelRunner>> create(Engine::Impl& model, const KvCache& cache,
+  static Result<std::unique_ptr<ModelRunner>> create(const RunnerModel& model, const KvCache& cache,
                                                      int64_t max_num_seqs,
                                                      int64_t max_blocks_per_seq);
 
-  // Runs the step `sched` describes (block tables from `scheduler`) over the requests `find`
-  // gives by id; each sampled token is appended to its request and passed to `on_sampled`. An
-  // error is an engine fault (the step's requests fail).
-  Status execute(const SchedulerOutput& sched, const Scheduler& scheduler,
-                 const std::function<RunnerRequest*(int64_t)>& find, SampledFn on_sampled,
-                 ModelRunnerOutput* out);
+  // One forward pass over `rows` (which stay valid until the last sample_next()). An error is an
+  // engine fault (the step's requests fail).
+  Status forward(std::span<const StepRow> rows);
+  // The pass's next sampled token, in row order: one for every kGenerate row that reached the
+  // end of its sequence (kPrefillOnly rows' logits are copied to their requests on the way).
+  // False when none is left. Pulled one at a time so that the caller hands each token to its
+  // stream while the next row is sampled (the serial part of a step, when the pool's other
+  // threads are idle).
+  bool sample_next(SampledToken* out);
 
   // Runs units of an image encode for about `budget_ms` (at least one unit), sized so that each
   // takes about a quarter of it at the rate units of its kind have run so far (one row grain
   // until measured); with budget_ms <= 0, to its end, each stage whole. Returns the units run.
-  Result<int64_t> encode(VisionEncoder& encoder, VisionEncoder::Job& job, double budget_ms);
+  Result<int64_t> encode(VisionEncoder::Job& job, double budget_ms);
 
  private:
-  ModelRunner(Engine::Impl& model, const KvCache& cache, int64_t max_num_seqs,
+  ModelRunner(const RunnerModel& model, const KvCache& cache, int64_t max_num_seqs,
               int64_t max_blocks_per_seq);
   // The pass on the backend: plainly, or as a graph of its shape (recorded the second time the
   // shape runs, replayed from then on).
@@ -108,13 +82,16 @@ class ModelRunner {
   // samples itself, to the host.
   Status pick_on_device(int64_t rows);
 
-  Engine::Impl& m_;
+  RunnerModel model_;
   TextDecoder& dec_;
   ops::Backend& be_;
   const KvCache& cache_;
   int64_t max_blocks_per_seq_;
   bool device_sampling_ = false;
   bool graphs_ = false;
+  std::span<const StepRow> rows_;  // the last forward pass's, and sample_next()'s place in it
+  size_t next_row_ = 0, next_logit_row_ = 0, next_draw_ = 0;
+  size_t step_logit_rows_ = 0;
   std::vector<SeqChunk> chunks_;
   std::vector<VisionRows> vision_;
   std::vector<uint8_t> on_device_;        // per chunk: its token is picked on the device

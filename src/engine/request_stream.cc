@@ -1,6 +1,7 @@
 #include "engine/request_stream.h"
 
 #include "engine/output_processor.h"
+#include "engine/request.h"
 
 namespace vlm {
 
@@ -11,6 +12,45 @@ double ms_between_ns(int64_t from, int64_t to) {
 }
 
 }  // namespace
+
+void RequestStream::State::append_locked(const SampledToken& t, bool stop, int64_t step,
+                                         int64_t sampled_ns) {
+  RawToken& raw = tokens[published];
+  raw.token = t.token;
+  raw.num_top = t.num_top;
+  raw.logprob = t.logprob;
+  raw.rank = t.rank;
+  raw.stop_token = stop;
+  raw.step = step;
+  raw.sampled_ns = sampled_ns;
+  for (int32_t j = 0; j < t.num_top; ++j) {
+    tops[published * top_k + j] = {t.top[j].first, t.top[j].second};
+  }
+  ++published;
+}
+
+void RequestStream::State::publish(const SampledToken& t, bool stop, int64_t step,
+                                   int64_t sampled_ns) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    append_locked(t, stop, step, sampled_ns);
+  }
+  cv.notify_all();
+  if (notify) notify();
+}
+
+void RequestStream::State::close(FinishReason why, const Status& err, const SampledToken* last,
+                                 bool stop, int64_t step, int64_t sampled_ns) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (last != nullptr) append_locked(*last, stop, step, sampled_ns);
+    finished = true;
+    reason = why;
+    error = err;
+  }
+  cv.notify_all();
+  if (notify) notify();
+}
 
 RequestStream::RequestStream(std::shared_ptr<State> state,
                              std::unique_ptr<OutputProcessor> processor)

@@ -15,6 +15,8 @@
 
 namespace vlm {
 
+struct SampledToken;  // engine/request.h
+
 // The most alternatives a token's logprobs may list (GenerateRequest::logprobs).
 inline constexpr int32_t kMaxTopLogprobs = 20;
 
@@ -58,8 +60,17 @@ struct RequestStream::State {
   std::function<void()> notify;        // called by the engine thread after appending
   std::function<void(int64_t)> abort;  // asks the engine to drop request `id`
 
+  // The engine thread: appends a sampled token (the arrays were sized at submit: no allocation)
+  // and wakes the consumer.
+  void publish(const SampledToken& t, bool stop, int64_t step, int64_t sampled_ns);
+  // The engine thread: the request ended — with its last token when `last` is set, so that the
+  // consumer sees the two together — and the consumer wakes.
+  void close(FinishReason reason, const Status& error, const SampledToken* last = nullptr,
+             bool stop = false, int64_t step = 0, int64_t sampled_ns = 0);
+
   // At submit: room for `n` tokens of `k` alternatives each (default-initialised, so not
   // written until used).
+  void append_locked(const SampledToken& t, bool stop, int64_t step, int64_t sampled_ns);
   void reserve(int64_t n, int32_t k) {
     capacity = n;
     top_k = k;

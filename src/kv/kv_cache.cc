@@ -2,8 +2,14 @@
 
 namespace vlm {
 
-Status KvCache::allocate(ops::Backend& be, int64_t layers, int64_t n_kv_heads, int64_t head_dim,
-                         int64_t num_blocks, int64_t block_size, DType dtype) {
+Status KvCache::allocate(ops::Backend& be, const KvCacheGroup& group, int64_t num_blocks,
+                         int64_t block_size) {
+  if (group.kind != CacheKind::kFullAttention) {
+    return invalid_argument("KvCache holds a full-attention group's K and V");
+  }
+  const int64_t layers = static_cast<int64_t>(group.layers.size());
+  const int64_t n_kv_heads = group.attention.n_kv_heads, head_dim = group.attention.head_dim;
+  const DType dtype = group.attention.dtype;
   if (layers <= 0 || n_kv_heads <= 0 || head_dim <= 0 || num_blocks <= 0 || block_size <= 0) {
     return invalid_argument("the KV cache needs positive layers, heads, blocks and block size");
   }

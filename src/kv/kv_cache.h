@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kv/kv_cache_spec.h"
 #include "ops/backend.h"
 #include "vlm/status.h"
 
@@ -15,20 +16,12 @@ namespace vlm {
 
 class KvCache {
  public:
-  // kUnavailable when the memory cannot be had (the old cache is gone then too). `dtype` must be
-  // one the backend's cache may hold (Backend::supports_kv_dtype).
-  Status allocate(ops::Backend& be, int64_t layers, int64_t n_kv_heads, int64_t head_dim,
-                  int64_t num_blocks, int64_t block_size, DType dtype);
-  // Bytes of one cache row (every KV head of one token, K or V) in `t`, INT8 scales included.
-  static int64_t row_bytes(int64_t n_kv_heads, int64_t head_dim, DType t) {
-    return n_kv_heads * head_dim * static_cast<int64_t>(dtype_size(t)) +
-           (t == DType::kI8 ? n_kv_heads * 4 : 0);
-  }
-  // Bytes one block takes: every layer, K and V.
-  static int64_t block_bytes(int64_t layers, int64_t n_kv_heads, int64_t head_dim,
-                             int64_t block_size, DType t) {
-    return layers * 2 * block_size * row_bytes(n_kv_heads, head_dim, t);
-  }
+  // The memory of a full-attention group (kv_cache_spec.h): its layers' K and V for `num_blocks`
+  // blocks of `block_size` tokens. kUnavailable when the memory cannot be had (the old cache is
+  // gone then too). The group's dtype must be one the backend's cache may hold
+  // (Backend::supports_kv_dtype).
+  Status allocate(ops::Backend& be, const KvCacheGroup& group, int64_t num_blocks,
+                  int64_t block_size);
 
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }

@@ -194,11 +194,28 @@ int64_t TextDecoder::decode_weight_bytes() const {
   return total;
 }
 
-Status TextDecoder::allocate_cache(KvCache* cache, int64_t num_blocks, int64_t block_size,
-                                   int64_t max_blocks_per_seq, std::optional<DType> dtype) {
+KvCacheSpec TextDecoder::cache_spec(int64_t block_size, std::optional<DType> dtype) const {
+  KvCacheSpec spec;
+  spec.block_size = block_size;
+  KvCacheGroup& g = spec.groups.emplace_back();
+  g.kind = CacheKind::kFullAttention;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) g.layers.push_back(l);
+  g.attention.n_kv_heads = cfg_.num_key_value_heads;
+  g.attention.head_dim = cfg_.head_dim;
+  g.attention.dtype = dtype.value_or(be_.act_dtype());
+  return spec;
+}
+
+Status TextDecoder::allocate_cache(KvCache* cache, const KvCacheSpec& spec, int64_t num_blocks,
+                                   int64_t max_blocks_per_seq) {
+  VLM_RETURN_IF_ERROR(spec.validate());
+  const KvCacheGroup& g = spec.attention_group();
+  if (static_cast<int64_t>(g.layers.size()) != cfg_.num_hidden_layers ||
+      g.attention.n_kv_heads != cfg_.num_key_value_heads || g.attention.head_dim != cfg_.head_dim) {
+    return invalid_argument("the KV cache spec does not describe this decoder's layers");
+  }
   VLM_RETURN_IF_ERROR(reserve_tables(max_chunk_ * std::max<int64_t>(max_blocks_per_seq, 1)));
-  return cache->allocate(be_, cfg_.num_hidden_layers, cfg_.num_key_value_heads, cfg_.head_dim,
-                         num_blocks, block_size, dtype.value_or(be_.act_dtype()));
+  return cache->allocate(be_, g, num_blocks, spec.block_size);
 }
 
 Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,

@@ -107,11 +107,18 @@ class TextDecoder {
   ops::Backend& backend() const { return be_; }
   // Bytes of the linear weights a decode step reads (q/k/v/o, gate/up/down and the head).
   int64_t decode_weight_bytes() const;
-  // A KV cache for this decoder (its rows, in the backend's memory, in `dtype` or else the
-  // activation type), and room in the pass's tables for block tables of up to max_blocks_per_seq
-  // entries.
+  // The decoder's cache groups (kv/kv_cache_spec.h): every layer is full attention, its K/V in
+  // `dtype` (or else the activation type), in blocks of `block_size` tokens.
+  KvCacheSpec cache_spec(int64_t block_size, std::optional<DType> dtype = std::nullopt) const;
+  // A KV cache for this decoder as `spec` describes it (its rows, in the backend's memory), and
+  // room in the pass's tables for block tables of up to max_blocks_per_seq entries.
+  Status allocate_cache(KvCache* cache, const KvCacheSpec& spec, int64_t num_blocks,
+                        int64_t max_blocks_per_seq);
+  // The same with this decoder's own spec.
   Status allocate_cache(KvCache* cache, int64_t num_blocks, int64_t block_size,
-                        int64_t max_blocks_per_seq, std::optional<DType> dtype = std::nullopt);
+                        int64_t max_blocks_per_seq, std::optional<DType> dtype = std::nullopt) {
+    return allocate_cache(cache, cache_spec(block_size, dtype), num_blocks, max_blocks_per_seq);
+  }
 
   // Builds the pass's tables on the host from the chunks (slot mapping, per-token sequence and
   // position, block-table rows, logit rows, image rows and their features, the M-RoPE angles),

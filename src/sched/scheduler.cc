@@ -23,15 +23,16 @@ Result<Scheduler> Scheduler::create(const SchedulerConfig& c) {
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config)
-    : config_(config), kv_(config.num_blocks, config.block_size) {}
+    : config_(config), budget_(config.max_side_ms), kv_(config.num_blocks, config.block_size) {}
 
-Status Scheduler::check_fits(int64_t num_tokens) const {
+Status check_kv_fits(int64_t num_tokens, int32_t num_blocks, int32_t block_size) {
   // A request must fit the cache alone at its largest, or preemption could never make room for it.
-  if (kv_.blocks_for(num_tokens) > config_.num_blocks) {
-    return out_of_range(
-        std::to_string(num_tokens) + " tokens need " + std::to_string(kv_.blocks_for(num_tokens)) +
-        " KV blocks but the whole cache has " + std::to_string(config_.num_blocks) + " (of " +
-        std::to_string(config_.block_size) + " tokens); shorten the prompt or max_tokens");
+  const int64_t need = (num_tokens + block_size - 1) / block_size;
+  if (need > num_blocks) {
+    return out_of_range(std::to_string(num_tokens) + " tokens need " + std::to_string(need) +
+                        " KV blocks but the whole cache has " + std::to_string(num_blocks) +
+                        " (of " + std::to_string(block_size) +
+                        " tokens); shorten the prompt or max_tokens");
   }
   return ok_status();
 }
@@ -123,7 +124,7 @@ const SchedRequest* Scheduler::find(int64_t id) const {
 // short; admitting would only feed the next preemption).
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
-  schedule(&out);
+  schedule(&out, kNoPrefillLimit);
   return out;
 }
 

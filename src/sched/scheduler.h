@@ -19,6 +19,7 @@
 
 #include "kv/block_pool.h"
 #include "sched/request.h"
+#include "sched/step_budget.h"
 #include "vlm/status.h"
 
 namespace vlm {
@@ -33,6 +34,9 @@ struct SchedulerConfig {
   // Automatic prefix caching: full blocks are keyed by the hashes add() and add_block_hash()
   // pass, and admission starts a request after the longest run of them found cached.
   bool prefix_caching = false;
+  // The side budget beside running decodes (StepBudget): > 0 fixed ms per step, 0 automatic,
+  // < 0 none.
+  double max_side_ms = -1;
 };
 
 // Compute tokens [first_token, first_token + num_tokens) of `request_id` this step.
@@ -47,6 +51,10 @@ struct SchedulerOutput {
   std::vector<int64_t> preempted;    // ids preempted this step (blocks freed, back in the queue)
   int64_t total_tokens = 0;          // sum of items[i].num_tokens
 };
+
+// OutOfRange when a request that may reach num_tokens tokens could never run: it needs more
+// blocks than a whole cache of `num_blocks` blocks of `block_size` tokens.
+Status check_kv_fits(int64_t num_tokens, int32_t num_blocks, int32_t block_size);
 
 class Scheduler {
  public:
@@ -63,10 +71,10 @@ class Scheduler {
   // token (the blocks are still keyed for others).
   Status add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tokens,
              std::vector<BlockHash> block_hashes = {}, bool reads_prefix_cache = true);
-  // OutOfRange when a request that may reach num_tokens tokens could never run: it needs more
-  // blocks than the whole cache. Reads only the fixed configuration, so any thread may ask
-  // (EngineCore::submit does).
-  Status check_fits(int64_t num_tokens) const;
+  // check_kv_fits() against this scheduler's cache.
+  Status check_fits(int64_t num_tokens) const {
+    return check_kv_fits(num_tokens, config_.num_blocks, config_.block_size);
+  }
   // Cancels a request (client disconnect) in any state and frees its blocks now. Unknown: no-op.
   void abort(int64_t id);
 
@@ -81,7 +89,20 @@ class Scheduler {
   // limited chunk never leaves less than the limit of its prompt for later: a rest under twice
   // the limit goes whole.
   static constexpr int64_t kNoPrefillLimit = INT64_MAX;
-  void schedule(SchedulerOutput* out, int64_t prefill_limit = kNoPrefillLimit);
+  void schedule(SchedulerOutput* out, int64_t prefill_limit);
+  // The same with the prefill limit the step budget gives (none without a side budget).
+  void schedule(SchedulerOutput* out) { schedule(out, budget_.prefill_limit(kNoPrefillLimit)); }
+
+  // The side budget (step_budget.h), driven once per step: begin_step() with the requests not yet
+  // handed to add() (their images are being encoded), then the encode's share and what it took,
+  // then schedule(), then what the forward pass took.
+  void begin_step(int64_t not_added) { budget_.begin_step(num_prefilling() + not_added); }
+  StepBudget::EncodeShare encode_share() const {
+    return budget_.encode_share(num_running(), pending_prefill_tokens());
+  }
+  void record_encode(double ms) { budget_.add_encode_ms(ms); }
+  void record_forward(const SchedulerOutput& out, double ms) { budget_.observe_forward(out, ms); }
+  const StepBudget& step_budget() const { return budget_; }
   // Prompt tokens not yet computed: the running requests' prefills and the waiting requests'.
   int64_t pending_prefill_tokens() const;
   // Requests with prompt tokens not yet computed (running or waiting).
@@ -148,6 +169,7 @@ class Scheduler {
   void cache_blocks(const ScheduledItem& item);
 
   SchedulerConfig config_;
+  StepBudget budget_;
   bool prefill_limited_ = false;  // this step's prefill chunks follow its prefill limit
   KvCacheManager kv_;
   std::unordered_map<int64_t, SchedRequest> requests_;  // every live request, by id

@@ -388,24 +388,6 @@ TEST(EngineCore, PromptChunksBesideRunningStreamsFollowTheBudget) {
   engine.wait_idle();
 }
 
-// Without --max-encoder-ms the side budget follows the queue: one decode pass while at most one
-// request waits for side work (an encode or a prompt), more for more, up to the cap; a pass not
-// measured yet still leaves a positive budget.
-TEST(EngineCore, AutoSideBudgetGrowsWithTheQueue) {
-  const double pass = 120;
-  EXPECT_DOUBLE_EQ(EngineCore::auto_side_budget_ms(pass, 0), pass);
-  EXPECT_DOUBLE_EQ(EngineCore::auto_side_budget_ms(pass, 1), pass);
-  EXPECT_GT(EngineCore::auto_side_budget_ms(pass, 2), pass);
-  double last = pass;
-  for (int64_t waiting = 2; waiting <= 16; ++waiting) {
-    const double b = EngineCore::auto_side_budget_ms(pass, waiting);
-    EXPECT_GE(b, last) << waiting << " waiting";
-    last = b;
-  }
-  EXPECT_DOUBLE_EQ(EngineCore::auto_side_budget_ms(pass, 1000), EngineCore::kMaxSidePasses * pass);
-  EXPECT_GE(EngineCore::auto_side_budget_ms(0, 3), 1.0);
-}
-
 // An image is priced in tokens from its header before it is decoded or resized: one the context
 // cannot hold is refused at submit (400 upstream) without a pixel of work. The 32x32 PNG at a
 // budget of 1e8 pixels would be upscaled to ~97,000 tokens; the other is a 4000x4000 PNG header

@@ -1,6 +1,6 @@
 // Paged KV bookkeeping: allocation is all-or-nothing, frees return blocks, tables grow per seq;
 // prefix caching: chained block hashes, cached blocks found by hash, evicted least recently used
-// and only when no other free block is left.
+// and only when no other free block is left; the cache's groups and how many blocks they get.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <set>
 
 #include "kv/block_pool.h"
+#include "kv/kv_cache_spec.h"
 
 namespace vlm {
 namespace {
@@ -379,6 +380,72 @@ TEST(KvCacheManager, EventsMirrorTheCachedSet) {
   EXPECT_GT(stored, 500);
   EXPECT_GT(removed, 100);
   EXPECT_GT(cleared, 5);
+}
+
+// A decoder of `layers` full-attention layers (2 KV heads of 64) in `t`, blocks of 16 tokens.
+KvCacheSpec attention_spec(int64_t layers, DType t) {
+  KvCacheSpec spec;
+  spec.block_size = 16;
+  KvCacheGroup& g = spec.groups.emplace_back();
+  for (int64_t l = 0; l < layers; ++l) g.layers.push_back(l);
+  g.attention = {2, 64, t};
+  return spec;
+}
+
+TEST(KvCacheSpec, BlockBytesCountEveryLayerKAndVAndInt8Scales) {
+  EXPECT_EQ(attention_spec(4, DType::kF32).block_bytes(), 4 * 2 * 16 * (2 * 64 * 4));
+  EXPECT_EQ(attention_spec(4, DType::kBF16).block_bytes(), 4 * 2 * 16 * (2 * 64 * 2));
+  EXPECT_EQ(attention_spec(4, DType::kI8).block_bytes(), 4 * 2 * 16 * (2 * 64 + 2 * 4));
+}
+
+TEST(KvCacheSpec, ValidateRefusesWhatThisEngineCannotPage) {
+  EXPECT_TRUE(attention_spec(2, DType::kF32).validate().ok());
+  EXPECT_FALSE(KvCacheSpec{}.validate().ok());  // no group
+  KvCacheSpec two = attention_spec(2, DType::kF32);
+  two.groups.push_back(two.groups[0]);
+  EXPECT_NE(two.validate().message().find("two KV cache groups"), std::string::npos);
+  two.groups[1].layers = {2, 3};
+  EXPECT_NE(two.validate().message().find("exactly one full-attention group"), std::string::npos);
+  KvCacheSpec empty = attention_spec(0, DType::kF32);
+  EXPECT_FALSE(empty.validate().ok());
+  KvCacheSpec headless = attention_spec(2, DType::kF32);
+  headless.groups[0].attention.n_kv_heads = 0;
+  EXPECT_FALSE(headless.validate().ok());
+}
+
+TEST(KvCacheSpec, PlanGivesBlocksByOptionThenDeviceThenMemoryThenDefault) {
+  const KvCacheSpec spec = attention_spec(2, DType::kF32);
+  const int64_t per_block = spec.block_bytes();  // 32 KiB
+  KvBlockPlan p;
+  p.max_num_seqs = 4;
+  p.blocks_per_seq = 10;
+  p.num_blocks = 7;  // given: taken as it is
+  EXPECT_EQ(*plan_kv_blocks(spec, p), 7);
+  p.num_blocks = 0;
+  EXPECT_EQ(*plan_kv_blocks(spec, p), 40);  // every sequence at full context
+  p.memory_bytes = 11 * per_block;          // a budget: what fits, one block being scratch
+  EXPECT_EQ(*plan_kv_blocks(spec, p), 10);
+  p.memory_bytes = per_block;  // only the scratch block fits
+  const Result<int32_t> none = plan_kv_blocks(spec, p);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("holds no KV block"), std::string::npos);
+  p.memory_bytes = 0;
+  p.device_budget_bytes = 1000 * per_block;  // a device: at most every sequence at full context
+  EXPECT_EQ(*plan_kv_blocks(spec, p), 40);
+  p.device_budget_bytes = 21 * per_block;
+  EXPECT_EQ(*plan_kv_blocks(spec, p), 20);
+  p.device_budget_bytes = -5;  // the weights took more than the share allows
+  p.device_memory_utilization = 0.5;
+  const Result<int32_t> full = plan_kv_blocks(spec, p);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().code(), StatusCode::kUnavailable);
+  // The default caps at 4 GiB, but never below one sequence at full context.
+  KvBlockPlan big;
+  big.max_num_seqs = 10000;
+  big.blocks_per_seq = 200000;  // one sequence is more than 4 GiB
+  EXPECT_EQ(*plan_kv_blocks(spec, big), 200000);
+  big.blocks_per_seq = 100;  // every sequence would be 1e6 blocks
+  EXPECT_EQ(*plan_kv_blocks(spec, big), (int64_t{4} << 30) / per_block);
 }
 
 }  // namespace

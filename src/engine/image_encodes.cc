@@ -1,0 +1,103 @@
+#include "engine/image_encodes.h"
+
+#include <algorithm>
+
+#include "core/clock.h"
+
+namespace vlm {
+
+ImageEncodes::ImageEncodes(VisionEncoder& vision, VisionCache& cache, ModelRunner& runner,
+                           std::function<void(int64_t, double)> on_encode)
+    : vision_(vision), cache_(cache), runner_(runner), on_encode_(std::move(on_encode)) {}
+
+void ImageEncodes::drop(int64_t id) {
+  if (std::any_of(requests_.begin(), requests_.end(),
+                  [id](const EngineRequest* r) { return r->id == id; })) {
+    requests_.clear();
+    images_.clear();
+    patches_.clear();
+    job_.reset();
+  }
+}
+
+bool ImageEncodes::start(std::span<EngineRequest* const> waiting,
+                         const std::function<void(EngineRequest&, const Status&)>& fail) {
+  // Every image not yet encoded (nor found in the cache meanwhile), in admission order; the
+  // scheduler's rule says how many of the first go together.
+  candidates_.clear();
+  requests_.clear();
+  images_.clear();
+  patches_.clear();
+  const bool batch = vision_.takes_rgb();
+  for (EngineRequest* r : waiting) {
+    for (StagedImage& img : r->images) {
+      if (!img.encoded) img.encoded = cache_.get(img.key);
+      if (img.encoded) continue;
+      const PreprocessedImage& p = img.pixels;
+      const int64_t n = p.grid_t * p.grid_h * p.grid_w;
+      candidates_.push_back({n, p.pixel_values.empty() && !p.resized_rgb.empty()});
+      requests_.push_back(r);
+      images_.push_back(&img);
+      patches_.push_back(n);
+    }
+    if (!images_.empty() && !batch) break;  // one image at a time: the first is enough
+  }
+  const size_t n = StepBudget::encode_batch_size(candidates_, batch);
+  requests_.resize(n);
+  images_.resize(n);
+  patches_.resize(n);
+  if (n == 0) return false;
+  auto job = begin_encode(vision_, images_);
+  if (!job.ok() && n > 1) {  // the first image alone says whose error it is
+    requests_.resize(1);
+    images_.resize(1);
+    patches_.resize(1);
+    job = begin_encode(vision_, images_);
+  }
+  if (!job.ok()) {
+    EngineRequest& r = *requests_[0];
+    const StagedImage* first = images_[0];
+    const auto k = std::count_if(static_cast<const StagedImage*>(r.images.data()), first,
+                                 [&](const StagedImage& x) { return x.video == first->video; });
+    drop(r.id);
+    fail(r,
+         job.status().with_context((first->video ? "video " : "image ") + std::to_string(k + 1)));
+    return false;
+  }
+  job_ = std::move(job).value();
+  return true;
+}
+
+void ImageEncodes::run(std::span<EngineRequest* const> waiting, Scheduler& sched,
+                       const std::function<void(EngineRequest&, const Status&)>& fail) {
+  if (!job_ && !start(waiting, fail)) return;
+  const StepBudget::EncodeShare share = sched.encode_share();
+  if (!share.run) return;
+  const auto t0 = Clock::now();
+  const Result<int64_t> units = runner_.encode(*job_, share.budget_ms);
+  const double ms = ms_since(t0);
+  sched.record_encode(ms);
+  if (units.ok() && on_encode_) on_encode_(*units, ms / 1000);
+  int64_t patches = 0;
+  for (int64_t n : patches_) patches += n;
+  for (size_t i = 0; i < images_.size(); ++i) {  // each request's share of the time
+    requests_[i]->encode_ms += ms * static_cast<double>(patches_[i]) / static_cast<double>(patches);
+  }
+  if (!units.ok()) {
+    const std::vector<EngineRequest*> failed = requests_;
+    drop(failed[0]->id);
+    for (EngineRequest* r : failed) {
+      if (r != nullptr) fail(*r, units.status());
+    }
+    return;
+  }
+  if (!job_->done()) return;
+  take_encoded(*job_, images_);
+  for (StagedImage* img : images_) cache_.put(img->key, img->encoded);
+  requests_.clear();
+  images_.clear();
+  patches_.clear();
+  job_.reset();
+}
+
+}  // namespace vlm

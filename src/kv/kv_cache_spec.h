@@ -1,0 +1,77 @@
+// The KV cache as groups of layers, each with a spec (vLLM v1's KVCacheSpec / KVCacheGroupSpec):
+// what one group keeps per token or per sequence, and so what a block of it costs. The model
+// declares its groups (TextDecoder::cache_spec); the engine sizes the cache from them
+// (plan_kv_blocks) and the KV-cache manager hands out their blocks.
+//
+// Today every decoder layer is full attention: one group of paged K/V, a block table per
+// sequence (KvCacheManager, block_pool.h). The next kind is a group of fixed-size per-sequence
+// state slots for linear-attention layers (Qwen3.5's Gated DeltaNet), with snapshots at block
+// boundaries for prefix hits, under the same memory budget (docs/architecture.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "vlm/status.h"
+
+namespace vlm {
+
+// Paged attention K/V: for each token of a sequence, one row of K and one of V per layer.
+struct AttentionSpec {
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  DType dtype = DType::kF32;  // the cache's element type (INT8 carries an f32 scale per KV head)
+
+  // Bytes of one row (every KV head of one token, K or V), INT8 scales included.
+  int64_t row_bytes() const {
+    return n_kv_heads * head_dim * static_cast<int64_t>(dtype_size(dtype)) +
+           (dtype == DType::kI8 ? n_kv_heads * 4 : 0);
+  }
+};
+
+enum class CacheKind : uint8_t {
+  kFullAttention,  // paged K/V in blocks (AttentionSpec)
+};
+
+struct KvCacheGroup {
+  CacheKind kind = CacheKind::kFullAttention;
+  std::vector<int64_t> layers;  // the decoder layers that keep their cache in this group
+  AttentionSpec attention;      // kFullAttention
+
+  // Bytes one block of `block_size` tokens takes over the group's layers, K and V.
+  int64_t block_bytes(int64_t block_size) const {
+    return static_cast<int64_t>(layers.size()) * 2 * block_size * attention.row_bytes();
+  }
+};
+
+struct KvCacheSpec {
+  std::vector<KvCacheGroup> groups;
+  int64_t block_size = 16;
+
+  // Bytes of one block across every group.
+  int64_t block_bytes() const;
+  // Checks the spec: at least one group, each with layers and a positive geometry, no layer in
+  // two groups, and exactly one full-attention group (the kind this engine pages today).
+  Status validate() const;
+  const KvCacheGroup& attention_group() const;  // after validate()
+};
+
+// How many blocks the cache gets. In order: `num_blocks` when given (> 0); on a device, what
+// `device_budget_bytes` holds (the share of device memory the options allow, less what the weights
+// and scratch took), at most every sequence at full context; a `memory_bytes` budget (the CPU's
+// --kv-cache-memory); else room for every sequence at full context, capped at 4 GiB but never
+// below one sequence at full context. One block beyond them is scratch (its bytes count against a
+// budget).
+struct KvBlockPlan {
+  int32_t num_blocks = 0;
+  int64_t max_num_seqs = 1;
+  int64_t blocks_per_seq = 1;  // a sequence at full context
+  std::optional<int64_t> device_budget_bytes;
+  double device_memory_utilization = 0;  // for the error message
+  int64_t memory_bytes = 0;
+};
+Result<int32_t> plan_kv_blocks(const KvCacheSpec& spec, const KvBlockPlan& plan);
+
+}  // namespace vlm
