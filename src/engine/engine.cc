@@ -446,7 +446,9 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
   req.videos = options.videos;
   req.prompt_ids.assign(ids.begin(), ids.end());
   req.images = images;
-  req.max_new_tokens = 1;  // the request ends with the token after the prompt
+  // A prefill-only request (PromptOutputs::logits): it ends once its prompt is computed and
+  // samples nothing, but like every request its budget holds one token past the prompt.
+  req.max_new_tokens = 1;
   req.ignore_eos = true;
   req.sampling.do_sample = false;
   std::vector<float> out;

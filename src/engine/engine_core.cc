@@ -48,7 +48,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   plan.blocks_per_seq = blocks_per_seq;
   plan.memory_bytes = opts.kv_cache_memory;
   ops::Backend& be = dec.backend();
-  if (be.device() != ops::Device::kCpu) {
+  if (be.device() != ops::Device::kCpu && opts.num_blocks <= 0) {
     int64_t free_b = 0, total = 0;
     VLM_RETURN_IF_ERROR(be.memory_info(&free_b, &total));
     plan.device_budget_bytes =
@@ -93,7 +93,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
                                                core->on_encode_);
   }
   s.sampled.reserve(static_cast<size_t>(opts.max_num_seqs));
-  s.rows.reserve(static_cast<size_t>(opts.max_batched_tokens));
+  s.rows.reserve(static_cast<size_t>(opts.max_num_seqs));
   s.extras.reserve(64);  // a decode step that fills a block keys it without allocating
   Engine::CoreStats& stats = core->shared_->stats;
   stats.kv_blocks_total = opts.num_blocks;
@@ -163,8 +163,9 @@ void EngineCore::schedule() {
   s.sched->begin_step(static_cast<int64_t>(s.waiting.size()));
   if (!s.waiting.empty()) {
     if (s.encodes) {
-      s.encodes->run(s.waiting, *s.sched, [this](EngineRequest& r, const Status& st) {
-        end(r, FinishReason::kNone, st);
+      s.encodes->run(s.waiting, *s.sched, [this, &s](EngineRequest& r, const Status& st) {
+        std::replace(s.waiting.begin(), s.waiting.end(), &r, static_cast<EngineRequest*>(nullptr));
+        end(r, FinishReason::kNone, st);  // frees r
       });
     }
     admit(s.waiting);
@@ -198,7 +199,7 @@ void EngineCore::admit(std::span<EngineRequest* const> waiting) {
   State& s = *st_;
   const int64_t bs = opts_.block_size;
   for (EngineRequest* req : waiting) {
-    if (s.reqs.count(req->id) == 0) continue;  // ended by its encode's error
+    if (req == nullptr) continue;  // ended by its encode's error
     EngineRequest& r = *req;
     if (!input_->ready(r)) break;  // its encode is not done: it waits, and the requests after it
     PreparedPrompt prompt;
@@ -247,7 +248,7 @@ Status EngineCore::execute(const SchedulerOutput& out) {
   s.rows.clear();
   for (const ScheduledItem& it : out.items) {
     EngineRequest& r = *s.reqs.at(it.request_id);
-    s.rows.push_back({it.request_id, it.first_token, it.num_tokens, r.seq.kind, &r.seq,
+    s.rows.push_back({it.request_id, it.first_token, it.num_tokens, r.kind, &r.seq,
                       &s.sched->block_table(it.request_id)});
   }
   s.sampled.clear();
@@ -269,11 +270,10 @@ void EngineCore::update() {
   s.computed.clear();
   for (const auto& it : out.items) s.computed.emplace_back(it.request_id, it.num_tokens);
   s.sched->update(s.computed);
-  for (const auto& it : out.items) {  // prefill-only requests end with their prompt
-    auto f = s.reqs.find(it.request_id);
-    if (f != s.reqs.end() && f->second->seq.kind == StepKind::kPrefillOnly &&
-        it.first_token + it.num_tokens == f->second->prompt_len) {
-      end(*f->second, FinishReason::kLength, ok_status());
+  for (const StepRow& row : s.rows) {  // prefill-only requests end with their prompt
+    if (row.kind == StepKind::kPrefillOnly &&
+        row.first_token + row.num_tokens == row.seq->prompt_len()) {
+      end(*s.reqs.at(row.request_id), FinishReason::kLength, ok_status());
     }
   }
   const int64_t bs = opts_.block_size;

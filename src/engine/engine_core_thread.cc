@@ -1,7 +1,7 @@
 // The engine core's thread boundary: submission (the InputProcessor on the caller's thread, then
 // the inbox), the engine thread's loop and its stop, and what other threads may ask of it.
-#include <algorithm>
 #include <chrono>
+#include <string>
 
 #include "core/clock.h"
 #include "engine/engine_core.h"
@@ -37,6 +37,7 @@ EngineCore::~EngineCore() {
     inbox.swap(sh.inbox);
   }
   for (auto& task : tasks) task();
+  st_->encodes.reset();  // it points into the requests
   for (auto& r : inbox) st_->reqs[r->id] = std::move(r);
   const Status stopped = unavailable("the engine stopped before the request finished");
   for (auto& [id, r] : st_->reqs) r->stream->close(FinishReason::kNone, stopped);
@@ -49,10 +50,12 @@ EngineCore::~EngineCore() {
 Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest request,
                                                           std::function<void()> notify,
                                                           PromptOutputs prompt) {
-  auto processor =
-      std::make_unique<OutputProcessor>(model_.input.tokenizer, request.stop, request.logprobs);
+  std::vector<std::string> stop = request.stop;
+  const int32_t logprobs = request.logprobs;
   VLM_ASSIGN_OR_RETURN(std::unique_ptr<EngineRequest> r,
                        input_->process(std::move(request), prompt));
+  auto processor =
+      std::make_unique<OutputProcessor>(model_.input.tokenizer, std::move(stop), logprobs);
   const std::shared_ptr<RequestStream::State> stream = r->stream;
   stream->notify = std::move(notify);
   stream->abort = [w = std::weak_ptr<Shared>(shared_)](int64_t id) {

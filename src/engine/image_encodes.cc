@@ -29,23 +29,26 @@ bool ImageEncodes::start(std::span<EngineRequest* const> waiting,
   images_.clear();
   patches_.clear();
   const bool batch = vision_.takes_rgb();
+  bool full = false;
   for (EngineRequest* r : waiting) {
+    if (r == nullptr) continue;  // ended this step
     for (StagedImage& img : r->images) {
       if (!img.encoded) img.encoded = cache_.get(img.key);
       if (img.encoded) continue;
       const PreprocessedImage& p = img.pixels;
       const int64_t n = p.grid_t * p.grid_h * p.grid_w;
       candidates_.push_back({n, p.pixel_values.empty() && !p.resized_rgb.empty()});
+      if (StepBudget::encode_batch_size(candidates_, batch) < candidates_.size()) {
+        full = true;  // it does not join the batch: the batch is complete
+        break;
+      }
       requests_.push_back(r);
       images_.push_back(&img);
       patches_.push_back(n);
     }
-    if (!images_.empty() && !batch) break;  // one image at a time: the first is enough
+    if (full) break;
   }
-  const size_t n = StepBudget::encode_batch_size(candidates_, batch);
-  requests_.resize(n);
-  images_.resize(n);
-  patches_.resize(n);
+  const size_t n = images_.size();
   if (n == 0) return false;
   auto job = begin_encode(vision_, images_);
   if (!job.ok() && n > 1) {  // the first image alone says whose error it is
@@ -84,11 +87,11 @@ void ImageEncodes::run(std::span<EngineRequest* const> waiting, Scheduler& sched
     requests_[i]->encode_ms += ms * static_cast<double>(patches_[i]) / static_cast<double>(patches);
   }
   if (!units.ok()) {
-    const std::vector<EngineRequest*> failed = requests_;
+    // Every request of the encode fails, each once (a request's images are adjacent).
+    std::vector<EngineRequest*> failed = requests_;
+    failed.erase(std::unique(failed.begin(), failed.end()), failed.end());
     drop(failed[0]->id);
-    for (EngineRequest* r : failed) {
-      if (r != nullptr) fail(*r, units.status());
-    }
+    for (EngineRequest* r : failed) fail(*r, units.status());
     return;
   }
   if (!job_->done()) return;

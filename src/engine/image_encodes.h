@@ -25,8 +25,9 @@ class ImageEncodes {
                std::function<void(int64_t, double)> on_encode);
 
   // This step's share of the encode in progress, or a new encode for the first of `waiting`
-  // (requests not yet admitted, in order) with an image to encode. `fail` ends a request whose
-  // encode failed (it is dropped from the encode first).
+  // (requests not yet admitted, in order; null entries are skipped) with an image to encode.
+  // `fail` ends a request whose encode failed, once each (the encode is dropped first); the
+  // request may be gone when it returns.
   void run(std::span<EngineRequest* const> waiting, Scheduler& sched,
            const std::function<void(EngineRequest&, const Status&)>& fail);
   // Drops the encode in progress if it serves request `id` (cancelled, ended): its carried

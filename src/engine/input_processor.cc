@@ -8,6 +8,9 @@
 
 namespace vlm {
 
+namespace {
+
+// A text-only prompt as the decoder runs it: the ids, no image rows, 1-D positions.
 void prepare_text_prompt(std::span<const int32_t> ids, PreparedPrompt* p) {
   p->ids.assign(ids.begin(), ids.end());
   p->feature_row.assign(ids.size(), -1);
@@ -18,6 +21,8 @@ void prepare_text_prompt(std::span<const int32_t> ids, PreparedPrompt* p) {
   p->rope.w = p->rope.t;
   p->rope.delta = 0;
 }
+
+}  // namespace
 
 BlockHash prefix_block_hash(const BlockHasher& hasher, std::span<const int32_t> ids,
                             std::span<const ImageSpan> spans, int64_t k, int64_t bs,
@@ -220,7 +225,7 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
   VLM_ASSIGN_OR_RETURN(seq.sampler, make_sampler(request, rs));
   seq.logprobs = request.logprobs;
   if (prompt.logits != nullptr) {
-    seq.kind = StepKind::kPrefillOnly;
+    r->kind = StepKind::kPrefillOnly;
     prompt.logits->assign(static_cast<size_t>(r->prompt_len * m_.cfg->text_config.vocab_size), 0.f);
     seq.prompt_logits = prompt.logits->data();
     r->reads_prefix_cache = prompt.read_prefix_cache;

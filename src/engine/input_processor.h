@@ -97,7 +97,4 @@ BlockHash prefix_block_hash(const BlockHasher& hasher, std::span<const int32_t> 
                             std::span<const ImageSpan> spans, int64_t k, int64_t bs,
                             const BlockHash* parent, std::vector<BlockExtraKey>* extras);
 
-// A text-only prompt as the decoder runs it: the ids, no image rows, 1-D positions.
-void prepare_text_prompt(std::span<const int32_t> ids, PreparedPrompt* p);
-
 }  // namespace vlm

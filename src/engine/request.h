@@ -9,8 +9,10 @@
 // The scheduler keeps its own plain counts of the request (sched/request.h), by the same id.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/clock.h"
@@ -36,7 +38,6 @@ struct Sequence {
   std::vector<int32_t> feature_row;  // [ids.size()]: image feature row or -1
   std::vector<int64_t> pos_t, pos_h, pos_w;
   std::unique_ptr<Sampler> sampler;
-  StepKind kind = StepKind::kGenerate;
   int32_t logprobs = -1;           // top alternatives per sampled token; -1: none
   float* prompt_logits = nullptr;  // kPrefillOnly: every prompt position's row [n, vocab]
 
@@ -66,7 +67,8 @@ struct EngineRequest {
   std::vector<StagedImage> images;  // the images and videos, in prompt order
   int64_t prompt_len = 0;           // expanded
   int64_t max_new_tokens = 0;
-  bool reads_prefix_cache = true;  // false for Engine::logits unless it asks
+  StepKind kind = StepKind::kGenerate;  // kPrefillOnly: Engine::logits
+  bool reads_prefix_cache = true;       // false for Engine::logits unless it asks
   std::vector<int32_t>* expanded_ids =
       nullptr;  // Engine::logits: the expanded prompt, at admission
 

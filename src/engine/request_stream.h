@@ -68,9 +68,10 @@ struct RequestStream::State {
   void close(FinishReason reason, const Status& error, const SampledToken* last = nullptr,
              bool stop = false, int64_t step = 0, int64_t sampled_ns = 0);
 
+  // publish() with the lock held.
+  void append_locked(const SampledToken& t, bool stop, int64_t step, int64_t sampled_ns);
   // At submit: room for `n` tokens of `k` alternatives each (default-initialised, so not
   // written until used).
-  void append_locked(const SampledToken& t, bool stop, int64_t step, int64_t sampled_ns);
   void reserve(int64_t n, int32_t k) {
     capacity = n;
     top_k = k;

@@ -102,7 +102,6 @@ class Scheduler {
   }
   void record_encode(double ms) { budget_.add_encode_ms(ms); }
   void record_forward(const SchedulerOutput& out, double ms) { budget_.observe_forward(out, ms); }
-  const StepBudget& step_budget() const { return budget_; }
   // Prompt tokens not yet computed: the running requests' prefills and the waiting requests'.
   int64_t pending_prefill_tokens() const;
   // Requests with prompt tokens not yet computed (running or waiting).

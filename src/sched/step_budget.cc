@@ -60,8 +60,8 @@ size_t StepBudget::encode_batch_size(std::span<const EncodeCandidate> candidates
   if (candidates.empty()) return 0;
   size_t n = 1;
   int64_t patches = candidates[0].patches;
-  while (tower_batches && n < candidates.size() && candidates[n].batchable &&
-         patches + candidates[n].patches <= max_patches) {
+  while (tower_batches && candidates[0].batchable && n < candidates.size() &&
+         candidates[n].batchable && patches + candidates[n].patches <= max_patches) {
     patches += candidates[n++].patches;
   }
   return n;

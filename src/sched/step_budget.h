@@ -55,7 +55,6 @@ class StepBudget {
   EncodeShare encode_share(int64_t num_running, int64_t pending_prefill_tokens) const;
   // What this step's encode slices took.
   void add_encode_ms(double ms) { encode_ms_ += ms; }
-  double encode_ms() const { return encode_ms_; }
 
   // The prompt tokens this step's prefill chunks may take together beside running decodes: what
   // the side budget has left after the encode, at the measured cost of a prompt token, but at
@@ -71,7 +70,8 @@ class StepBudget {
   // Which images go into one encode: given the images not yet encoded in admission order (each
   // with its patches, and whether it can join a batch: a resized image for a tower that
   // patchifies), how many of the first go together. The first always goes; more only when the
-  // tower batches, while they are batchable and fit `max_patches` together.
+  // tower batches and the first is batchable, while they are batchable and fit `max_patches`
+  // together.
   struct EncodeCandidate {
     int64_t patches = 0;
     bool batchable = false;

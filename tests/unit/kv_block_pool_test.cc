@@ -434,6 +434,12 @@ TEST(KvCacheSpec, PlanGivesBlocksByOptionThenDeviceThenMemoryThenDefault) {
   EXPECT_EQ(*plan_kv_blocks(spec, p), 40);
   p.device_budget_bytes = 21 * per_block;
   EXPECT_EQ(*plan_kv_blocks(spec, p), 20);
+  p.memory_bytes = 3 * per_block;  // a device budget goes before a memory budget ...
+  EXPECT_EQ(*plan_kv_blocks(spec, p), 20);
+  p.num_blocks = 5;  // ... and a given count before both
+  EXPECT_EQ(*plan_kv_blocks(spec, p), 5);
+  p.num_blocks = 0;
+  p.memory_bytes = 0;
   p.device_budget_bytes = -5;  // the weights took more than the share allows
   p.device_memory_utilization = 0.5;
   const Result<int32_t> full = plan_kv_blocks(spec, p);

@@ -103,15 +103,16 @@ TEST(StepBudget, EncodeBatchTakesBatchableImagesWithinThePatchBudget) {
   EXPECT_EQ(StepBudget::encode_batch_size(rgb, false), 1u);
   EXPECT_EQ(StepBudget::encode_batch_size(rgb, true), 3u);  // stops at the unbatchable one
   EXPECT_EQ(StepBudget::encode_batch_size(rgb, true, 350), 2u);
-  EXPECT_EQ(StepBudget::encode_batch_size(rgb, true, 50), 1u);  // the first goes whatever it is
-  const std::vector<C> first_not = {{100, false}, {100, true}};
-  EXPECT_EQ(StepBudget::encode_batch_size(first_not, true), 2u);
+  EXPECT_EQ(StepBudget::encode_batch_size(rgb, true, 50), 1u);   // the first goes whatever it is
+  const std::vector<C> first_not = {{100, false}, {100, true}};  // patchified: it goes alone
+  EXPECT_EQ(StepBudget::encode_batch_size(first_not, true), 1u);
 }
 
 // The scheduler drives its budget: a prompt beside a running decode is chunked to the budget's
-// limit once the cost is measured, and whole without a side budget.
+// limit once the cost is measured (automatic: one decode pass, 100 ms; fixed: 40 ms), and whole
+// without a side budget.
 TEST(StepBudget, SchedulerChunksPromptsBesideDecodesToTheBudget) {
-  for (double max_side_ms : {-1.0, 0.0}) {
+  for (double max_side_ms : {-1.0, 0.0, 40.0}) {
     SchedulerConfig c;
     c.num_blocks = 64;
     c.block_size = 16;
@@ -134,10 +135,11 @@ TEST(StepBudget, SchedulerChunksPromptsBesideDecodesToTheBudget) {
     s.begin_step(0);  // one prefilling: a budget of one pass, 100 ms: 100 tokens
     // The pending prompt (300 ms at 1 ms a token) takes the whole budget: an encode would wait.
     EXPECT_EQ(s.encode_share().run, max_side_ms < 0) << max_side_ms;
+    const int64_t want = max_side_ms < 0 ? 300 : max_side_ms > 0 ? 40 : 100;
     s.schedule(&out);
     ASSERT_EQ(out.items.size(), 2u);
     EXPECT_EQ(out.items[1].request_id, 2);
-    EXPECT_EQ(out.items[1].num_tokens, max_side_ms < 0 ? 300 : 100) << max_side_ms;
+    EXPECT_EQ(out.items[1].num_tokens, want) << max_side_ms;
   }
 }
 
