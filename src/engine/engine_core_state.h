@@ -67,6 +67,4 @@ struct EngineCore::State {
   int64_t steps = 0;
 };
 
-int64_t steady_now_ns();
-
 }  // namespace vlm

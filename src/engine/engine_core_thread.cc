@@ -12,12 +12,6 @@
 
 namespace vlm {
 
-int64_t steady_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 EngineCore::~EngineCore() {
   Shared& sh = *shared_;
   {

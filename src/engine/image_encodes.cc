@@ -10,13 +10,17 @@ ImageEncodes::ImageEncodes(VisionEncoder& vision, VisionCache& cache, ModelRunne
                            std::function<void(int64_t, double)> on_encode)
     : vision_(vision), cache_(cache), runner_(runner), on_encode_(std::move(on_encode)) {}
 
+void ImageEncodes::clear() {
+  requests_.clear();
+  images_.clear();
+  candidates_.clear();
+  job_.reset();
+}
+
 void ImageEncodes::drop(int64_t id) {
   if (std::any_of(requests_.begin(), requests_.end(),
                   [id](const EngineRequest* r) { return r->id == id; })) {
-    requests_.clear();
-    images_.clear();
-    patches_.clear();
-    job_.reset();
+    clear();
   }
 }
 
@@ -24,10 +28,7 @@ bool ImageEncodes::start(std::span<EngineRequest* const> waiting,
                          const std::function<void(EngineRequest&, const Status&)>& fail) {
   // Every image not yet encoded (nor found in the cache meanwhile), in admission order; the
   // scheduler's rule says how many of the first go together.
-  candidates_.clear();
-  requests_.clear();
-  images_.clear();
-  patches_.clear();
+  clear();
   const bool batch = vision_.takes_rgb();
   bool full = false;
   for (EngineRequest* r : waiting) {
@@ -44,7 +45,6 @@ bool ImageEncodes::start(std::span<EngineRequest* const> waiting,
       }
       requests_.push_back(r);
       images_.push_back(&img);
-      patches_.push_back(n);
     }
     if (full) break;
   }
@@ -54,7 +54,6 @@ bool ImageEncodes::start(std::span<EngineRequest* const> waiting,
   if (!job.ok() && n > 1) {  // the first image alone says whose error it is
     requests_.resize(1);
     images_.resize(1);
-    patches_.resize(1);
     job = begin_encode(vision_, images_);
   }
   if (!job.ok()) {
@@ -82,9 +81,10 @@ void ImageEncodes::run(std::span<EngineRequest* const> waiting, Scheduler& sched
   sched.record_encode(ms);
   if (units.ok() && on_encode_) on_encode_(*units, ms / 1000);
   int64_t patches = 0;
-  for (int64_t n : patches_) patches += n;
+  for (size_t i = 0; i < images_.size(); ++i) patches += candidates_[i].patches;
   for (size_t i = 0; i < images_.size(); ++i) {  // each request's share of the time
-    requests_[i]->encode_ms += ms * static_cast<double>(patches_[i]) / static_cast<double>(patches);
+    requests_[i]->encode_ms +=
+        ms * static_cast<double>(candidates_[i].patches) / static_cast<double>(patches);
   }
   if (!units.ok()) {
     // Every request of the encode fails, each once (a request's images are adjacent).
@@ -97,10 +97,7 @@ void ImageEncodes::run(std::span<EngineRequest* const> waiting, Scheduler& sched
   if (!job_->done()) return;
   take_encoded(*job_, images_);
   for (StagedImage* img : images_) cache_.put(img->key, img->encoded);
-  requests_.clear();
-  images_.clear();
-  patches_.clear();
-  job_.reset();
+  clear();
 }
 
 }  // namespace vlm

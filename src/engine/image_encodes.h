@@ -44,12 +44,15 @@ class ImageEncodes {
   VisionCache& cache_;
   ModelRunner& runner_;
   std::function<void(int64_t, double)> on_encode_;
-  // The encode in progress: per image, the request it belongs to and its share of the time.
+  // Forgets the encode in progress (its job's carried activations go with it).
+  void clear();
+
+  // The encode in progress: per image, the request it belongs to and its candidate entry (its
+  // patches: its share of the time); candidates_ may hold one more, the first left out.
   std::vector<EngineRequest*> requests_;
   std::vector<StagedImage*> images_;
-  std::vector<int64_t> patches_;
+  std::vector<StepBudget::EncodeCandidate> candidates_;
   std::unique_ptr<VisionEncoder::Job> job_;
-  std::vector<StepBudget::EncodeCandidate> candidates_;  // start()'s scratch
 };
 
 }  // namespace vlm

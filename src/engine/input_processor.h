@@ -64,10 +64,9 @@ class InputProcessor {
   bool ready(EngineRequest& r) const;
   Status assemble(EngineRequest& r, PreparedPrompt* out) const;
 
+ private:
   // Request → generation_config.json → transformers defaults; checks ranges.
   Result<ResolvedSampling> resolve_sampling(const SamplingParams& sp) const;
-
- private:
   Status check_prompt_ids(std::span<const int32_t> ids) const;
   // Whether the prompt goes the multimodal way: it has images or videos, or on a checkpoint with
   // a vision tower image pads or a video placeholder (<|vision_start|><|video_pad|>; a video pad

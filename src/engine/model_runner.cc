@@ -116,7 +116,6 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
   const int64_t V = model_.vocab_size;
   rows_ = rows;
   next_row_ = next_logit_row_ = next_draw_ = 0;
-  step_logit_rows_ = 0;
   if (rows.empty()) return ok_status();
 
   // 1. The batch: one chunk per row.
@@ -173,7 +172,6 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
   }
   // Every position's row (prefill-only rows) needs more room than a step of last rows: grown for
   // that step, given back once it is sampled.
-  step_logit_rows_ = logit_rows_n;
   if (logit_rows_n > normal_logit_rows_) logits_.resize(logit_rows_n * static_cast<size_t>(V));
 
   // 2. One forward pass over every chunk: a decode step that fits a bucket as a graph, its rows
@@ -244,11 +242,10 @@ bool ModelRunner::sample_next(SampledToken* out) {
     }
     return true;
   }
-  if (step_logit_rows_ > normal_logit_rows_) {  // the step's extra room goes back
+  if (logits_.size() > normal_logit_rows_ * static_cast<size_t>(V)) {  // the step's extra room
     logits_.resize(normal_logit_rows_ * static_cast<size_t>(V));
     logits_.shrink_to_fit();
   }
-  step_logit_rows_ = 0;
   rows_ = {};
   return false;
 }

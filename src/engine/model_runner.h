@@ -92,7 +92,6 @@ class ModelRunner {
   bool graphs_ = false;
   std::span<const StepRow> rows_;  // the last forward pass's, and sample_next()'s place in it
   size_t next_row_ = 0, next_logit_row_ = 0, next_draw_ = 0;
-  size_t step_logit_rows_ = 0;
   std::vector<SeqChunk> chunks_;
   std::vector<VisionRows> vision_;
   std::vector<uint8_t> on_device_;        // per chunk: its token is picked on the device
