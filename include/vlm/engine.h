@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -48,18 +49,25 @@ Result<GpuDtype> parse_gpu_dtype(std::string_view name);
 Result<Precision> parse_precision(std::string_view name);
 Result<KvCacheDtype> parse_kv_cache_dtype(std::string_view name);
 
-// KV events: every change to the prefix cache's set of blocks (stored, removed, all cleared),
-// published over ZeroMQ in vLLM's wire format for a KV-aware router (docs/deploy.md).
-struct KvEventsOptions {
-  // The PUB socket's endpoint ("" = no events). Bound when it has a wildcard ("tcp://*:5557",
-  // "tcp://[::]:5557") or is ipc:// or inproc://, else connected to ("tcp://router:5557").
-  std::string endpoint;
-  // A ROUTER socket (bound) where a subscriber that missed batches asks for them again by their
-  // sequence number ("" = none).
-  std::string replay_endpoint;
-  std::string topic;             // the first frame of every message
-  int64_t buffer_steps = 10000;  // batches kept for replay
-  int32_t hwm = 100000;          // the PUB socket's high-water mark (messages)
+// KV events: every change to the prefix cache's set of blocks, in the terms of vLLM's KV events
+// (vllm/distributed/kv_events.py), for a KV-aware router's index of which replica holds which
+// prefix. `vlm serve` publishes them over ZeroMQ (ServeOptions::kv_events); an embedder receives
+// them through BatchingOptions::on_kv_events.
+struct KvEvent {
+  enum class Kind { kBlockStored, kBlockRemoved, kAllBlocksCleared };
+  Kind kind = Kind::kBlockStored;
+  // Each block's hash as vLLM publishes it: the low 64 bits of the chained SHA-256 (its last 8
+  // bytes, big-endian).
+  std::vector<uint64_t> block_hashes;
+  std::optional<uint64_t> parent_block_hash;  // stored: the block before the first, if any
+  std::vector<int32_t> token_ids;             // stored: block_size ids per block
+  // Stored: per block, the SHA-256 (hex) of every image whose tokens it covers (empty: none).
+  std::vector<std::vector<std::string>> extra_keys;
+};
+struct KvEventBatch {
+  double ts = 0;  // seconds since the Unix epoch
+  int32_t block_size = 0;
+  std::vector<KvEvent> events;
 };
 
 // The engine core: the per-step limits, the paged KV cache and the queue. Every request runs
@@ -89,7 +97,9 @@ struct BatchingOptions {
   // ids and images) after their requests end, and a request starts after the longest run of its
   // blocks found cached; least recently used ones are evicted when blocks are needed.
   bool prefix_caching = true;
-  KvEventsOptions kv_events;  // needs prefix_caching
+  // Called on the engine thread after a step that changed the prefix cache's set of blocks, with
+  // those changes in order (needs prefix_caching, else the load fails); must not block.
+  std::function<void(KvEventBatch)> on_kv_events;
   // While requests are running, an image's vision-tower pass is sliced (down to row blocks of
   // one layer's products and attention), and each step runs about this many milliseconds of it
   // beside the decode batch, so running streams keep their pace; the image's prefill starts with

@@ -12,6 +12,19 @@
 
 namespace vlm {
 
+// KV events published over ZeroMQ in vLLM's wire format, for a KV-aware router (docs/deploy.md).
+struct KvEventsOptions {
+  // The PUB socket's endpoint ("" = no events). Bound when it has a wildcard ("tcp://*:5557",
+  // "tcp://[::]:5557") or is ipc:// or inproc://, else connected to ("tcp://router:5557").
+  std::string endpoint;
+  // A ROUTER socket (bound) where a subscriber that missed batches asks for them again by their
+  // sequence number ("" = none).
+  std::string replay_endpoint;
+  std::string topic;             // the first frame of every message
+  int64_t buffer_steps = 10000;  // batches kept for replay
+  int32_t hwm = 100000;          // the PUB socket's high-water mark (messages)
+};
+
 struct ServeOptions {
   EngineOptions engine;
   std::string host = "127.0.0.1";
@@ -19,6 +32,8 @@ struct ServeOptions {
   // The names requests may give as `model`, all listed by /v1/models; the first is the one
   // replies and the metrics' model_name label carry. Default: the model directory's name.
   std::vector<std::string> model_names;
+  // The prefix cache's KV events (needs engine.batching.prefix_caching).
+  KvEventsOptions kv_events;
   // A chat template file (.jinja, or .json with "chat_template") instead of the checkpoint's.
   std::string chat_template;
   std::string api_key;              // when set, requests need "Authorization: Bearer <key>"

@@ -68,11 +68,10 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   sc.prefix_caching = opts.prefix_caching;
   sc.max_side_ms = opts.max_encoder_ms;
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
-  if (!opts.kv_events.endpoint.empty()) {
+  if (opts.on_kv_events) {
     if (!opts.prefix_caching) {
       return invalid_argument("KV events describe the prefix cache, which is off");
     }
-    VLM_ASSIGN_OR_RETURN(s.kv_events, KvEventPublisher::start(opts.kv_events));
     sched.enable_kv_events();
   }
   s.sched = std::make_unique<Scheduler>(std::move(sched));
@@ -311,23 +310,24 @@ void EngineCore::fail_step(const Status& st) {
 
 // The prefix cache's changes since the last call (blocks keyed by this step's schedule, evicted
 // to make room, or all forgotten), with the token ids and images of the blocks stored, to the
-// publisher's thread.
+// callback (the server's publisher queues them for its own thread).
 void EngineCore::publish_kv_events() {
   State& s = *st_;
-  if (!s.kv_events) return;
+  if (!opts_.on_kv_events) return;
   s.sched->take_kv_events(&s.kv_log);
   if (s.kv_log.empty()) return;
-  std::vector<KvWireEvent> wire;
-  kv_wire_events(
+  KvEventBatch batch;
+  batch.block_size = static_cast<int32_t>(opts_.block_size);
+  kv_events_of(
       s.kv_log, opts_.block_size,
       [&](int64_t id) -> const Sequence* {
         auto it = s.reqs.find(id);
         return it == s.reqs.end() ? nullptr : &it->second->seq;
       },
-      &wire);
-  const double ts =
+      &batch.events);
+  batch.ts =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  s.kv_events->publish(ts, std::move(wire), static_cast<int32_t>(opts_.block_size));
+  opts_.on_kv_events(std::move(batch));
 }
 
 void EngineCore::end(EngineRequest& r, FinishReason reason, const Status& error,

@@ -61,7 +61,6 @@ struct EngineCore::State {
   std::vector<int64_t> aborts;
   std::vector<EngineRequest*> waiting;          // not yet admitted, in order
   BlockHasher hasher;                           // prefix-cache keys, seeded at random per engine
-  std::unique_ptr<KvEventPublisher> kv_events;  // null: no KV events
   std::vector<KvCacheEvent> kv_log;             // publish_kv_events()' scratch
   std::vector<BlockExtraKey> extras;            // block keys' scratch
   int64_t steps = 0;

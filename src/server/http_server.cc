@@ -14,6 +14,7 @@
 
 #include "server/http_client.h"
 #include "server/http_transport.h"
+#include "server/kv_event_publisher.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/router_api.h"
@@ -67,6 +68,8 @@ struct Server::Impl {
   // Declared first, so destroyed last: connections still being torn down may hold callbacks
   // into the members below only until the engine (whose thread calls them) is gone.
   std::unique_ptr<http::HttpServer> http;
+  // The engine thread hands it the KV events: it outlives the engine.
+  std::unique_ptr<KvEventPublisher> kv_events;
   std::unique_ptr<Engine> engine;
   ChatTemplate chat_template = ChatTemplate::builtin();  // set by load(), read after `ready`
   // Loading runs on `loader`; `ready` turns true once the engine exists (then it never
@@ -168,6 +171,15 @@ struct Server::Impl {
         n->observe(static_cast<double>(slices));
         t->observe(s);
       };
+      if (!opts.kv_events.endpoint.empty()) {
+        if (!eo.batching.prefix_caching) {
+          return invalid_argument("KV events describe the prefix cache, which is off");
+        }
+        VLM_ASSIGN_OR_RETURN(kv_events, KvEventPublisher::start(opts.kv_events));
+        eo.batching.on_kv_events = [p = kv_events.get()](KvEventBatch b) {
+          p->publish(std::move(b));
+        };
+      }
       VLM_ASSIGN_OR_RETURN(engine, Engine::load(eo));
       if (engine->tokenizer() == nullptr)
         return not_found("the model directory has no tokenizer.json");

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -110,6 +111,67 @@ TEST(PrefixCache, TextHitsEqualAFullPrefill) {
   EXPECT_EQ(st.prefix_cache_hits, 64 + 40);
   EXPECT_EQ(st.kv_blocks_used, 0);
   EXPECT_GT(st.prefix_cache_blocks, 0);
+}
+
+// The engine hands every change of the prefix cache to BatchingOptions::on_kv_events (on its
+// thread): a prompt's whole blocks stored with their token ids, chained by parent hash; the same
+// prompt again stores nothing new; a head shared with another prompt is its parent.
+TEST(PrefixCache, KvEventsReachTheCallback) {
+  std::mt19937 rng(7);
+  Prompt a, b;
+  for (int i = 0; i < 37; ++i) a.ids.push_back(static_cast<int32_t>(3 + rng() % 900));
+  b.ids.assign(a.ids.begin(), a.ids.begin() + 16);
+  for (int i = 0; i < 20; ++i) b.ids.push_back(static_cast<int32_t>(3 + rng() % 900));
+  std::mutex mu;
+  std::vector<KvEventBatch> batches;
+  BatchingOptions o;
+  o.block_size = 8;
+  o.on_kv_events = [&](KvEventBatch batch) {
+    std::lock_guard<std::mutex> lock(mu);
+    batches.push_back(std::move(batch));
+  };
+  auto e = load_fixture_engine("text-f32-untied", o);
+  ASSERT_TRUE(e);
+  auto stored = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<KvEvent> out;
+    for (const KvEventBatch& bt : batches) {
+      EXPECT_EQ(bt.block_size, 8);
+      EXPECT_GT(bt.ts, 1.5e9);  // seconds since the epoch
+      for (const KvEvent& ev : bt.events) {
+        if (ev.kind == KvEvent::Kind::kBlockStored) out.push_back(ev);
+      }
+    }
+    batches.clear();
+    return out;
+  };
+  logits(*e, a, true);
+  e->wait_idle();
+  std::vector<int32_t> ids;
+  std::vector<uint64_t> hashes;
+  for (const KvEvent& ev : stored()) {
+    ids.insert(ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+    ASSERT_EQ(ev.token_ids.size(), ev.block_hashes.size() * 8);
+    if (!hashes.empty()) {
+      ASSERT_TRUE(ev.parent_block_hash.has_value());
+      EXPECT_EQ(*ev.parent_block_hash, hashes.back());
+    } else {
+      EXPECT_FALSE(ev.parent_block_hash.has_value());
+    }
+    hashes.insert(hashes.end(), ev.block_hashes.begin(), ev.block_hashes.end());
+  }
+  // 36 of 37 tokens may be cached (the last is computed again): 4 whole blocks.
+  EXPECT_EQ(ids, std::vector<int32_t>(a.ids.begin(), a.ids.begin() + 32));
+  logits(*e, a, true);
+  e->wait_idle();
+  EXPECT_TRUE(stored().empty()) << "the same prompt stored its blocks again";
+  logits(*e, b, true);
+  e->wait_idle();
+  const std::vector<KvEvent> more = stored();
+  ASSERT_FALSE(more.empty());
+  ASSERT_TRUE(more.front().parent_block_hash.has_value());
+  EXPECT_EQ(*more.front().parent_block_hash, hashes[1]);  // after the shared 16 tokens
+  EXPECT_EQ(more.front().token_ids.front(), b.ids[16]);
 }
 
 // A hit may end at any block boundary, inside an image too. The cache holds exactly one copy

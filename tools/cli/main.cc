@@ -429,13 +429,13 @@ int main(int argc, char** argv) {
   bool no_prefix_caching = false;
   serve->add_flag("--no-prefix-caching", no_prefix_caching,
                   "Compute every prompt in full (default: KV blocks are reused by content)");
-  serve->add_option("--kv-events", so.engine.batching.kv_events.endpoint,
+  serve->add_option("--kv-events", so.kv_events.endpoint,
                     "Publish the prefix cache's KV events (vLLM's ZeroMQ format) on this "
                     "endpoint: tcp://*:PORT binds, tcp://HOST:PORT connects");
-  serve->add_option("--kv-events-replay", so.engine.batching.kv_events.replay_endpoint,
+  serve->add_option("--kv-events-replay", so.kv_events.replay_endpoint,
                     "ZeroMQ ROUTER endpoint (bound) where subscribers ask for missed KV event "
                     "batches (default: none)");
-  serve->add_option("--kv-events-topic", so.engine.batching.kv_events.topic,
+  serve->add_option("--kv-events-topic", so.kv_events.topic,
                     "Topic frame of every KV event message (default empty)");
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context,
