@@ -1,6 +1,7 @@
 // vlm embedded in a program, without HTTP: load a Qwen3-VL checkpoint, ask several questions
-// about one picture at once through the engine's streaming API, and print each reply as it
-// arrives. The requests run together (continuous batching); each has its own stream.
+// about one picture at once through the engine's streaming chat API (Engine::chat_stream), and
+// print each reply as it arrives. The requests run together (continuous batching); each has its own
+// stream.
 //
 //   vlm_example_ask MODEL_DIR IMAGE "question" ["question" ...]
 //
@@ -12,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "vlm/chat.h"
 #include "vlm/engine.h"
 
 int main(int argc, char** argv) {
@@ -40,20 +40,20 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  std::vector<std::unique_ptr<vlm::RequestStream>> streams;
+  std::vector<std::unique_ptr<vlm::ChatStream>> streams;
   for (int i = 3; i < argc; ++i) {
+    vlm::ImageInput image;
+    image.path = argv[2];
     vlm::ChatMessage user;
     user.role = "user";
     user.content_is_text = false;
-    user.parts = {{vlm::ChatPart::Type::kImage, {}}, {vlm::ChatPart::Type::kText, argv[i]}};
-    vlm::GenerateRequest request;
-    request.prompt_ids = (*engine)->tokenizer()->encode(vlm::render_chat({user}, {}));
-    vlm::ImageInput image;
-    image.path = argv[2];
-    request.images = {image};
+    user.parts = {vlm::ChatPart::of_image(image), vlm::ChatPart::of_text(argv[i])};
+    vlm::ChatRequest request;
+    request.messages = {user};
     request.sampling.do_sample = false;  // greedy
     request.max_new_tokens = 32;
-    auto stream = (*engine)->submit(std::move(request), notify);
+    // Rendered with the checkpoint's chat template, tokenized, the image decoded: here, now.
+    auto stream = (*engine)->chat_stream(std::move(request), notify);
     if (!stream.ok()) {  // a bad image, a prompt over the context, a full queue
       std::fprintf(stderr, "error: question %d: %s\n", i - 2, stream.status().message().c_str());
       return 1;
@@ -69,12 +69,12 @@ int main(int argc, char** argv) {
       cv.wait(lock, [&] { return ready; });
       ready = false;
     }
-    // try_next never blocks: take what each stream has now (text is detokenized here).
+    // try_next never blocks: take what each stream has now (text is detokenized and split here).
     for (size_t i = 0; i < streams.size(); ++i) {
       if (streams[i] == nullptr) continue;
-      vlm::RequestOutput piece;
+      vlm::ChatChunk piece;
       while (streams[i]->try_next(&piece)) {
-        replies[i] += piece.text;
+        replies[i] += piece.delta.content;
         if (!piece.error.ok()) {
           std::fprintf(stderr, "error: question %zu: %s\n", i + 1, piece.error.message().c_str());
           return 1;

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "vlm/chat.h"
 #include "vlm/request.h"
 #include "vlm/status.h"
 #include "vlm/tokenizer.h"
@@ -120,6 +121,10 @@ struct EngineOptions {
   int64_t max_context = 0;      // KV cache limit in tokens; 0 = the model's max_position_embeddings
   int64_t prefill_chunk = 256;  // tokens per forward pass during prefill
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
+  // Engine::chat's template: "" = the checkpoint's own (ChatTemplate::from_model_dir), else a
+  // .jinja file or a .json file with "chat_template". Loaded with the tokenizer; one that does not
+  // parse or render fails the load.
+  std::string chat_template;
   std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx2vnni" | "avx512" |
                         // "avx512vnni" to force a level
   // Weight quantization done at load time: kNone = weights as stored; kInt8 = the text decoder's
@@ -179,6 +184,7 @@ struct EngineOptions {
 };
 
 class OutputProcessor;
+class ChatOutputParser;
 
 // The results of one request submitted to the engine (Engine::submit), piece by piece. Pieces are
 // made on the consuming thread: detokenizing, stop strings and logprob entries happen in next()
@@ -209,6 +215,30 @@ class RequestStream {
   std::unique_ptr<OutputProcessor> proc_;
   int64_t consumed_ = 0;  // tokens taken from the state
   bool done_ = false;     // the final piece was returned, or the stream was cancelled
+};
+
+// A chat request's reply (Engine::chat_stream), piece by piece: the request's stream with its text
+// split into reasoning, content and tool calls on the consuming thread. One consumer at a time;
+// cancel() may come from any thread.
+class ChatStream {
+ public:
+  ~ChatStream();  // cancels the request if it has not finished
+  int64_t id() const;
+  // The next piece; blocks until the engine has produced it. False once the final piece has been
+  // returned, or after cancel().
+  bool next(ChatChunk* out);
+  // The same without waiting: false when no piece is ready now.
+  bool try_next(ChatChunk* out);
+  void cancel();
+
+ private:
+  friend class Engine;
+  ChatStream(std::unique_ptr<RequestStream> stream, std::unique_ptr<ChatOutputParser> parser,
+             bool keep_reasoning);
+  bool take(ChatChunk* out, bool wait);
+  std::unique_ptr<RequestStream> stream_;
+  std::unique_ptr<ChatOutputParser> parser_;
+  bool keep_reasoning_ = true;
 };
 
 class Engine {
@@ -287,6 +317,21 @@ class Engine {
   // a request the Engine did not finish then ends with an error (kUnavailable).
   Result<std::unique_ptr<RequestStream>> submit(GenerateRequest request,
                                                 std::function<void()> notify = {});
+
+  // The chat template Engine::chat renders with; null without a tokenizer.
+  const ChatTemplate* chat_template() const;
+
+  // Queues a conversation (ChatRequest) and returns its stream: the messages rendered with the
+  // chat template and tokenized, the media of their parts decoded and preprocessed, all on the
+  // caller's thread as submit() does (`notify` as there). InvalidArgument when the template
+  // refuses the conversation (the message starts "messages: "), or the request asks for a
+  // thinking budget of a model without </think>; then submit()'s errors.
+  Result<std::unique_ptr<ChatStream>> chat_stream(ChatRequest request,
+                                                  std::function<void()> notify = {});
+  // The whole reply (chat_stream to its end). on_chunk sees each piece as it comes; returning
+  // false stops the request (its finish reason stays kNone).
+  Result<ChatReply> chat(ChatRequest request,
+                         const std::function<bool(const ChatChunk&)>& on_chunk = {});
 
   // Generates a reply (submit, then the stream to its end). on_token is called for each sampled
   // token with the newly complete text; returning false stops generation (finish reason stays

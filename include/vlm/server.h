@@ -34,8 +34,6 @@ struct ServeOptions {
   std::vector<std::string> model_names;
   // The prefix cache's KV events (needs engine.batching.prefix_caching).
   KvEventsOptions kv_events;
-  // A chat template file (.jinja, or .json with "chat_template") instead of the checkpoint's.
-  std::string chat_template;
   std::string api_key;              // when set, requests need "Authorization: Bearer <key>"
   std::string allowed_media_path;   // file:// image URLs are served only from under this folder
   bool allow_remote_media = false;  // fetch http(s):// image URLs (off: they are refused)

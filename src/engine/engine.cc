@@ -193,6 +193,12 @@ Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
     impl->eos_ids.push_back(*impl->tokenizer->eos_token_id());
   }
   if (impl->tokenizer) {
+    // The checkpoint's own chat template (or EngineOptions::chat_template); one that does not
+    // parse or render fails the load, never falls back silently.
+    VLM_ASSIGN_OR_RETURN(ChatTemplate tpl, options.chat_template.empty()
+                                               ? ChatTemplate::from_model_dir(dir)
+                                               : ChatTemplate::from_file(options.chat_template));
+    impl->chat_template = std::move(tpl);
     impl->structured =
         std::make_unique<StructuredOutputs>(impl->tokenizer, impl->cfg.text_config.vocab_size);
   }

@@ -59,10 +59,10 @@ struct EngineCore::State {
   std::vector<SampledToken> sampled;
   std::vector<std::pair<int64_t, int64_t>> computed;
   std::vector<int64_t> aborts;
-  std::vector<EngineRequest*> waiting;          // not yet admitted, in order
-  BlockHasher hasher;                           // prefix-cache keys, seeded at random per engine
-  std::vector<KvCacheEvent> kv_log;             // publish_kv_events()' scratch
-  std::vector<BlockExtraKey> extras;            // block keys' scratch
+  std::vector<EngineRequest*> waiting;  // not yet admitted, in order
+  BlockHasher hasher;                   // prefix-cache keys, seeded at random per engine
+  std::vector<KvCacheEvent> kv_log;     // publish_kv_events()' scratch
+  std::vector<BlockExtraKey> extras;    // block keys' scratch
   int64_t steps = 0;
 };
 

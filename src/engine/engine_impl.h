@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -18,6 +19,7 @@
 #include "model/vision_encoder.h"
 #include "ops/backend.h"
 #include "vision/preprocess.h"
+#include "vlm/chat.h"
 #include "vlm/engine.h"
 
 namespace vlm {
@@ -40,6 +42,7 @@ struct Engine::Impl {
   std::atomic<int64_t> graph_replays{0};       // decode steps replayed from recorded graphs
   std::string cpu_kernels;                     // Engine::cpu_kernels(): the CPU kernel choices
   std::shared_ptr<const Tokenizer> tokenizer;  // shared with the request streams' processors
+  std::optional<ChatTemplate> chat_template;   // Engine::chat's; set with the tokenizer
   std::vector<int32_t> eos_ids;
   // Grammars compiled against the vocabulary (structured output); null without a tokenizer.
   std::unique_ptr<StructuredOutputs> structured;

@@ -71,7 +71,6 @@ struct Server::Impl {
   // The engine thread hands it the KV events: it outlives the engine.
   std::unique_ptr<KvEventPublisher> kv_events;
   std::unique_ptr<Engine> engine;
-  ChatTemplate chat_template = ChatTemplate::builtin();  // set by load(), read after `ready`
   // Loading runs on `loader`; `ready` turns true once the engine exists (then it never
   // changes), so handlers check it before touching it.
   std::thread loader;
@@ -183,12 +182,7 @@ struct Server::Impl {
       VLM_ASSIGN_OR_RETURN(engine, Engine::load(eo));
       if (engine->tokenizer() == nullptr)
         return not_found("the model directory has no tokenizer.json");
-      // The checkpoint's own chat template (or --chat-template); one that does not parse or
-      // render fails the load, never falls back silently.
-      VLM_ASSIGN_OR_RETURN(chat_template, opts.chat_template.empty()
-                                              ? ChatTemplate::from_model_dir(opts.engine.model_dir)
-                                              : ChatTemplate::from_file(opts.chat_template));
-      std::fprintf(stderr, "vlm: chat template: %s\n", chat_template.origin().c_str());
+      std::fprintf(stderr, "vlm: chat template: %s\n", engine->chat_template()->origin().c_str());
       limits.vocab_size = engine->vocab_size();  // set before `ready`, read after it
       const Engine::CoreStats st = engine->core_stats();
       std::fprintf(
@@ -310,11 +304,9 @@ struct ChoiceState {
   FinishReason reason = FinishReason::kNone;
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   bool finished = false;
-  // Chat: the reply split into reasoning, content (`text`) and tool calls as it streams.
-  std::unique_ptr<ChatOutputParser> parser;
-  bool keep_reasoning = true;
+  // Chat: the reply's reasoning and tool calls (its content is `text`).
   std::string reasoning;
-  std::vector<ParsedToolCall> tool_calls;
+  std::vector<ChatToolCall> tool_calls;
   Clock::time_point last_token;
   bool has_token = false;
 };
@@ -343,17 +335,41 @@ struct ReplyFormat {
   // none).
   std::vector<std::string> prologue;
   std::function<std::string(int, const std::string&, const std::vector<TokenLogprob>*)> chunk;
-  // Chat: a parser per choice (made at start), and its deltas as chunks.
-  std::function<std::unique_ptr<ChatOutputParser>(int)> make_parser;
-  bool keep_reasoning = true;
-  std::function<std::string(int, const ChatOutputDelta&, const std::vector<TokenLogprob>*)>
-      delta_chunk;
+  // Chat: the pieces are deltas (reasoning, content, tool calls), streamed as these chunks.
+  bool chat = false;
+  std::function<std::string(int, const ChatDelta&, const std::vector<TokenLogprob>*)> delta_chunk;
   // Choice i's finish (tool_calls: it ended with tool calls).
   std::function<std::string(int, FinishReason, bool tool_calls)> finish;
   std::function<std::string(const Usage&)> usage;
   bool continuous_usage = false;  // every chunk after the prologue carries the usage so far
   // Not streaming: the whole response.
   std::function<std::string(const std::vector<ChoiceState>&, const Usage&)> whole;
+};
+
+// One choice's stream: the engine's own (/v1/completions: the text is the content) or a chat
+// stream (its text split into reasoning, content and tool calls as it is taken).
+struct ChoiceStream {
+  std::unique_ptr<RequestStream> raw;
+  std::unique_ptr<ChatStream> chat;
+  bool try_next(ChatChunk* out) {
+    if (chat) return chat->try_next(out);
+    RequestOutput p;
+    if (!raw->try_next(&p)) return false;
+    *out = ChatChunk{};
+    out->delta.content = std::move(p.text);
+    out->logprobs = std::move(p.logprobs);
+    out->token_id = p.token_id;
+    out->finished = p.finished;
+    out->finish_reason = p.finish_reason;
+    out->error = std::move(p.error);
+    out->stats = p.stats;
+    return true;
+  }
+  void cancel() {
+    if (chat) chat->cancel();
+    if (raw) raw->cancel();
+  }
+  explicit operator bool() const { return raw || chat; }
 };
 
 // One HTTP request fanned out to its choices (n, and prompts for /v1/completions). Submits them
@@ -367,19 +383,14 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   Fanout(Server::Impl& s, std::shared_ptr<HttpExchange> ex, Clock::time_point t0, ReplyFormat f)
       : s_(s), ex_(std::move(ex)), t0_(t0), f_(std::move(f)) {}
 
-  // Submits `count` requests, each made by `request(i)` just before it is submitted (so that n
-  // choices of a request with videos hold one more copy of their bytes at a time, not n), and
-  // starts the reply; an error cancels the ones already submitted and is the reply.
-  void start(size_t count, const std::function<GenerateRequest(size_t)>& request) {
+  // Submits `count` requests, each by `submit(i, notify)` (which makes its request just before,
+  // so that n choices of a request with videos hold one more copy of their bytes at a time, not
+  // n), and starts the reply; an error cancels the ones already submitted and is the reply.
+  using Submit = std::function<Result<ChoiceStream>(size_t, std::function<void()>)>;
+  void start(size_t count, const Submit& submit) {
     // Sized before on_close can fire: client_gone() walks streams_ from an I/O thread.
     choices_.resize(count);
     streams_.resize(count);
-    if (f_.make_parser) {
-      for (size_t i = 0; i < choices_.size(); ++i) {
-        choices_[i].parser = f_.make_parser(static_cast<int>(i));
-        choices_[i].keep_reasoning = f_.keep_reasoning;
-      }
-    }
     ex_->hold(shared_from_this());
     ex_->on_close([w = weak_from_this()] {
       if (auto self = w.lock()) self->client_gone();
@@ -389,7 +400,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       return;
     }
     for (size_t i = 0; i < count; ++i) {
-      auto stream = s_.engine->submit(request(i), [w = weak_from_this()] {
+      auto stream = submit(i, [w = weak_from_this()] {
         if (auto self = w.lock()) self->wake();
       });
       std::lock_guard<std::mutex> lock(mu_);
@@ -440,24 +451,23 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       if (done_) return;
     }
     std::string out;
-    RequestOutput piece;
+    ChatChunk piece;
     for (size_t i = 0; i < streams_.size(); ++i) {
-      while (!choices_[i].finished && streams_[i]->try_next(&piece)) {
+      while (!choices_[i].finished && streams_[i].try_next(&piece)) {
         if (!handle(static_cast<int>(i), piece, &out)) return;
       }
     }
     if (!out.empty()) ex_->write(std::move(out));
   }
 
-  // A parser's delta into its choice (reasoning dropped when not wanted).
-  static void add_delta(ChoiceState& c, ChatOutputDelta* d) {
-    if (!c.keep_reasoning) d->reasoning.clear();
-    c.text += d->content;
-    c.reasoning += d->reasoning;
-    for (const ToolCallDelta& t : d->tool_calls) {
+  // A chat delta into its choice.
+  static void add_delta(ChoiceState& c, const ChatDelta& d) {
+    c.text += d.content;
+    c.reasoning += d.reasoning;
+    for (const ToolCallDelta& t : d.tool_calls) {
       if (t.index >= static_cast<int>(c.tool_calls.size()))
         c.tool_calls.resize(static_cast<size_t>(t.index) + 1);
-      ParsedToolCall& call = c.tool_calls[static_cast<size_t>(t.index)];
+      ChatToolCall& call = c.tool_calls[static_cast<size_t>(t.index)];
       if (!t.id.empty()) call.id = t.id;
       if (!t.name.empty()) call.name = t.name;
       call.arguments += t.arguments;
@@ -465,7 +475,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   }
 
   // False once the reply is complete (or failed).
-  bool handle(int i, const RequestOutput& p, std::string* out) {
+  bool handle(int i, const ChatChunk& p, std::string* out) {
     ChoiceState& c = choices_[i];
     if (!p.error.ok()) {
       {
@@ -508,18 +518,15 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       if (f_.continuous_usage) chunk = chunk_with_usage(chunk, usage_of(choices_, f_.n));
       return sse_event(chunk);
     };
-    if (c.parser) {
-      ChatOutputDelta d;
-      c.parser->feed(p.text, &d);
-      if (p.finished) c.parser->finish(&d);
-      add_delta(c, &d);
-      if (f_.stream && (!d.empty() || (lp && !lp->empty()))) {
-        *out += event(f_.delta_chunk(i, d, lp));
+    if (f_.chat) {
+      add_delta(c, p.delta);
+      if (f_.stream && (!p.delta.empty() || (lp && !lp->empty()))) {
+        *out += event(f_.delta_chunk(i, p.delta, lp));
       }
     } else {
-      c.text += p.text;
-      if (f_.stream && (!p.text.empty() || (lp && !lp->empty()))) {
-        *out += event(f_.chunk(i, p.text, lp));
+      c.text += p.delta.content;
+      if (f_.stream && (!p.delta.content.empty() || (lp && !lp->empty()))) {
+        *out += event(f_.chunk(i, p.delta.content, lp));
       }
     }
     if (!p.finished) return true;
@@ -579,7 +586,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
 
   void cancel_locked() {
     for (auto& st : streams_) {
-      if (st) st->cancel();  // finished streams ignore it
+      if (st) st.cancel();  // finished streams ignore it
     }
   }
 
@@ -588,7 +595,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   Clock::time_point t0_;
   ReplyFormat f_;
   std::mutex mu_;  // started_, scheduled_, done_, and streams_ while start() fills it
-  std::vector<std::unique_ptr<RequestStream>> streams_;
+  std::vector<ChoiceStream> streams_;
   bool started_ = false, scheduled_ = false, done_ = false;
   // The strand's own.
   std::vector<ChoiceState> choices_;
@@ -830,23 +837,32 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
       return;
     }
   }
-  ChatTemplateOptions topts;
-  topts.tools_json = cr.tools_json;
-  topts.kwargs_json = cr.template_kwargs;
-  auto prompt = chat_template.render(cr.messages, topts);
-  if (!prompt.ok()) {
-    return reply_error(
-        *ex,
-        ApiError{400, "invalid_request_error",
-                 "the chat template refused the conversation: " + prompt.status().message(),
-                 "messages"},
-        "bad_request");
+  // The conversation for the engine's chat API: each image and video part carries its media.
+  ChatRequest chat;
+  chat.messages = std::move(cr.messages);
+  size_t next_image = 0, next_video = 0;
+  for (ChatMessage& m : chat.messages) {
+    for (ChatPart& part : m.parts) {
+      if (part.type == ChatPart::Type::kImage && next_image < cr.images.size()) {
+        part.image = std::move(cr.images[next_image++]);
+      } else if (part.type == ChatPart::Type::kVideo && next_video < cr.videos.size()) {
+        part.video = std::move(cr.videos[next_video++]);
+      }
+    }
   }
-  GenerateRequest g = base_request(cr);
-  g.prompt_ids = engine->tokenizer()->encode(*prompt);
-  g.images = std::move(cr.images);
-  g.videos = std::move(cr.videos);
-  g.logprobs = cr.logprobs ? cr.top_logprobs : -1;
+  chat.tools_json = std::move(cr.tools_json);
+  chat.parse_tool_calls = !cr.tool_choice_none;
+  chat.parallel_tool_calls = cr.parallel_tool_calls;
+  chat.template_kwargs = std::move(cr.template_kwargs);
+  chat.include_reasoning = cr.include_reasoning;
+  chat.max_thinking_tokens = cr.max_thinking_tokens;
+  chat.sampling = cr.sampling;
+  chat.max_new_tokens = cr.max_tokens;
+  chat.stop = cr.stop;
+  chat.stop_token_ids = cr.stop_token_ids;
+  chat.ignore_eos = cr.ignore_eos;
+  chat.logprobs = cr.logprobs ? cr.top_logprobs : -1;
+  chat.response_format = cr.structured;
   // Each choice decodes and preprocesses the images and videos as it is submitted (a copy of the
   // request made then); the vision encoder runs once, the later choices finding the first's
   // output in the vision cache when their turn comes.
@@ -855,60 +871,21 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   const int n = cr.n;
 
   ReplyFormat f;
+  f.chat = true;
   f.stream = cr.stream;
   f.logprobs = cr.logprobs;
   f.n = n;
-  // The reply is split into reasoning, content and tool calls: reasoning from the start when
-  // the template's generation prompt opened <think>; tool calls when the request gave tools and
-  // tool_choice is not "none".
-  const bool think_open = prompt->ends_with("<think>") || prompt->ends_with("<think>\n");
-  ChatOutputParser::Options po;
-  po.reasoning_open = think_open;
-  po.tool_calls = !cr.tools_json.empty() && !cr.tool_choice_none;
-  po.max_tool_calls = cr.parallel_tool_calls ? 0 : 1;
-  f.keep_reasoning = cr.include_reasoning;
-  if (cr.max_thinking_tokens) {
-    const auto open = engine->tokenizer()->token_to_id("<think>");
-    const auto close = engine->tokenizer()->token_to_id("</think>");
-    if (!close) {
-      return reply_error(
-          *ex,
-          ApiError{400, "invalid_request_error",
-                   "max_thinking_tokens: this model has no </think> token", "max_thinking_tokens"},
-          "bad_request");
-    }
-    g.max_thinking_tokens = *cr.max_thinking_tokens;
-    g.think_open_id = open.value_or(-1);
-    g.think_close_id = *close;
-    g.thinking_open_in_prompt = think_open;
-  }
-  // A grammar starts after the reasoning block the prompt opened.
-  if (cr.structured.kind != StructuredOutput::Kind::kNone && think_open) {
-    if (const auto close = engine->tokenizer()->token_to_id("</think>")) {
-      g.think_close_id = *close;
-      g.thinking_open_in_prompt = true;
-    }
-  }
-  f.make_parser = [po, rid](int i) {
-    ChatOutputParser::Options o = po;
-    o.id_prefix = "call_" + rid.substr(rid.find('-') + 1) + "_" + std::to_string(i) + "_";
-    return std::make_unique<ChatOutputParser>(o);
-  };
   if (cr.stream) {
     for (int i = 0; i < n; ++i)
       f.prologue.push_back(
           chat_chunk_json(rid, model_name, created_now, i, "", std::string("assistant")));
-    f.chunk = [=, this](int i, const std::string& text, const std::vector<TokenLogprob>* lp) {
-      return chat_chunk_json(rid, model_name, created_now, i, text, std::nullopt, std::nullopt, lp);
-    };
     f.finish = [=, this](int i, FinishReason r, bool tool_calls) {
       if (tool_calls && r == FinishReason::kStop) {  // OpenAI's finish for a reply of calls
         return chat_tool_calls_finish_json(rid, model_name, created_now, i);
       }
       return chat_chunk_json(rid, model_name, created_now, i, "", std::nullopt, r);
     };
-    f.delta_chunk = [=, this](int i, const ChatOutputDelta& d,
-                              const std::vector<TokenLogprob>* lp) {
+    f.delta_chunk = [=, this](int i, const ChatDelta& d, const std::vector<TokenLogprob>* lp) {
       return chat_delta_json(rid, model_name, created_now, i, d, lp);
     };
     if (cr.include_usage) {
@@ -934,11 +911,16 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
       return chat_completion_json(rid, model_name, created_now, out, u);
     };
   }
-  std::make_shared<Fanout>(*this, ex, t0, std::move(f))->start(n, [&g, n](size_t i) {
-    GenerateRequest q = i + 1 == static_cast<size_t>(n) ? std::move(g) : g;
-    if (q.sampling.seed) q.sampling.seed = *q.sampling.seed + static_cast<uint64_t>(i);
-    return q;
-  });
+  const std::string call_prefix = "call_" + rid.substr(rid.find('-') + 1) + "_";
+  std::make_shared<Fanout>(*this, ex, t0, std::move(f))
+      ->start(n, [&](size_t i, std::function<void()> notify) -> Result<ChoiceStream> {
+        ChatRequest q = i + 1 == static_cast<size_t>(n) ? std::move(chat) : chat;
+        if (q.sampling.seed) q.sampling.seed = *q.sampling.seed + static_cast<uint64_t>(i);
+        q.tool_call_id_prefix = call_prefix + std::to_string(i) + "_";
+        ChoiceStream cs;
+        VLM_ASSIGN_OR_RETURN(cs.chat, engine->chat_stream(std::move(q), std::move(notify)));
+        return cs;
+      });
 }
 
 void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
@@ -1008,9 +990,12 @@ void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
       return completion_json(rid, model_name, created_now, out, u, offsets);
     };
   }
-  std::make_shared<Fanout>(*this, ex, t0, std::move(f))->start(reqs.size(), [&reqs](size_t i) {
-    return std::move(reqs[i]);
-  });
+  std::make_shared<Fanout>(*this, ex, t0, std::move(f))
+      ->start(reqs.size(), [&](size_t i, std::function<void()> notify) -> Result<ChoiceStream> {
+        ChoiceStream cs;
+        VLM_ASSIGN_OR_RETURN(cs.raw, engine->submit(std::move(reqs[i]), std::move(notify)));
+        return cs;
+      });
 }
 
 // Draining: every 50 ms, stop once no request is being answered; at the deadline, stop anyway

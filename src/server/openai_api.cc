@@ -1045,7 +1045,14 @@ ApiError api_error_from(const Status& s) {
       status = 500;
       break;
   }
-  return ApiError{status, api_error_type(status), s.message(), ""};
+  // The chat API names the request field an invalid argument came from ("messages: ...").
+  std::string param;
+  if (s.code() == StatusCode::kInvalidArgument) {
+    for (const char* field : {"messages", "max_thinking_tokens"}) {
+      if (s.message().starts_with(std::string(field) + ": ")) param = field;
+    }
+  }
+  return ApiError{status, api_error_type(status), s.message(), param};
 }
 
 std::string api_error_json(const ApiError& e) {
@@ -1104,7 +1111,7 @@ std::string chat_completion_json(const std::string& id, const std::string& model
     }
     if (!c.tool_calls.empty()) {
       ojson calls = ojson::array();
-      for (const ParsedToolCall& t : c.tool_calls) {
+      for (const ChatToolCall& t : c.tool_calls) {
         calls.push_back({{"id", t.id},
                          {"type", "function"},
                          {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
@@ -1144,7 +1151,7 @@ std::string chat_chunk_json(const std::string& id, const std::string& model, int
 }
 
 std::string chat_delta_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const ChatOutputDelta& d,
+                            int index, const ChatDelta& d,
                             const std::vector<TokenLogprob>* logprobs) {
   ojson j = envelope(id, "chat.completion.chunk", created, model);
   ojson delta = ojson::object();

@@ -11,7 +11,7 @@
 #include <variant>
 #include <vector>
 
-#include "server/chat_output_parser.h"
+#include "engine/chat_output_parser.h"
 #include "vlm/chat.h"
 #include "vlm/request.h"
 #include "vlm/status.h"
@@ -38,7 +38,8 @@ const char* api_error_type(int http_status);
 
 // An engine error as the client sees it: invalid input and what does not fit are 400, a full
 // queue 429 (rate limit), memory or cache running out right now 503 (the server adds Retry-After),
-// a bug 500.
+// a bug 500. An invalid argument whose message starts with a request field ("messages: ",
+// "max_thinking_tokens: ", as Engine::chat_stream words them) names it as the param.
 ApiError api_error_from(const Status& s);
 
 // Either a value or an ApiError. Separate from Result<T> because a request
@@ -192,7 +193,7 @@ struct CompletionChoice {
   FinishReason finish_reason = FinishReason::kNone;
   std::optional<std::vector<TokenLogprob>> logprobs;  // set when the request asked for them
   std::string reasoning;                              // chat: the reply's reasoning (may be empty)
-  std::vector<ParsedToolCall> tool_calls;             // chat: parsed tool calls
+  std::vector<ChatToolCall> tool_calls;               // chat: parsed tool calls
 };
 
 struct Usage {
@@ -218,7 +219,7 @@ std::string chat_completion_json(const std::string& id, const std::string& model
 // tool call fragments (OpenAI's delta.tool_calls: index, then id, type and name on a call's
 // first fragment, arguments text).
 std::string chat_delta_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const ChatOutputDelta& delta,
+                            int index, const ChatDelta& delta,
                             const std::vector<TokenLogprob>* logprobs);
 
 // A chat stream's finish chunk for a reply that ended with tool calls (finish_reason

@@ -637,6 +637,41 @@ TEST(Cli, EmbeddingExampleAnswersEveryQuestionAtOnce) {
   EXPECT_NE(r.err.find("question 1"), std::string::npos) << r.err;
 }
 
+// examples/chat.cc holds a conversation through Engine::chat: on the forced-reply fixture (whose
+// greedy reply to anything is a reasoning block and a get_weather call) it prints the reasoning
+// and the call, sends the call and a result back, and prints the second reply.
+TEST(Cli, ChatExampleCallsTheToolAndAnswersAgain) {
+  test_util::TempDir dir;
+  const std::filesystem::path src = std::string(VLM_FIXTURES_DIR) + "/forced-reply";
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"}) {
+    std::filesystem::create_symlink(src / f, dir.path() / f);
+  }
+  std::filesystem::create_symlink(std::string(VLM_TESTDATA_DIR) + "/tokenizer/tokenizer.json",
+                                  dir.path() / "tokenizer.json");
+  CliResult r =
+      run_program(VLM_EXAMPLE_CHAT_PATH, quote(dir.str()) + " " + quote("Weather in Oslo?"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(
+      r.out.find("reasoning: Weather needs a tool.\ntool call: get_weather {\"city\": \"Oslo\"}\n"),
+      std::string::npos)
+      << r.out;
+  size_t calls = 0;
+  for (size_t p = r.out.find("tool call: "); p != std::string::npos;
+       p = r.out.find("tool call: ", p + 1)) {
+    ++calls;
+  }
+  EXPECT_EQ(calls, 2u) << r.out;  // the second reply (after the result) is the same call
+  EXPECT_EQ(r.out.find("<tool_call>"), std::string::npos) << "a tag leaked into the content";
+  // The default model with a picture answers in content (it was never taught tools).
+  r = run_program(VLM_EXAMPLE_CHAT_PATH,
+                  quote(std::string(VLM_REPO_DIR) + "/models/tiny-qwen3vl") + " " +
+                      quote("What shapes are in the picture?") + " " +
+                      quote(std::string(VLM_REPO_DIR) + "/examples/shapes.png"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("content: ", 0), 0u) << r.out;
+  EXPECT_GT(r.out.find('\n'), std::string("content: ").size()) << "an empty reply: " << r.out;
+}
+
 // The shipped default model (models/tiny-qwen3vl, scripts/train_tiny_vlm.py) answers questions
 // about scenes generated with a seed its training never used (tests/model/fixtures/shapes-qa,
 // written by the same script with transformers' greedy answers). vlm, run without -m, must give

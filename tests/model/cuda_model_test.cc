@@ -307,8 +307,8 @@ TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
     ChatMessage user;
     user.role = "user";
     user.content_is_text = false;
-    user.parts.push_back({ChatPart::Type::kImage, {}});
-    user.parts.push_back({ChatPart::Type::kText, c["question"].get<std::string>()});
+    user.parts.push_back(ChatPart::of_image({}));
+    user.parts.push_back(ChatPart::of_text(c["question"].get<std::string>()));
     GenerateRequest req;
     req.prompt_ids = engine.tokenizer()->encode(render_chat({user}, {}));
     ImageInput in;

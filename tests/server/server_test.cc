@@ -427,7 +427,7 @@ TEST_F(ServerTest, ChatTemplateFileAndKwargs) {
                          "}}{% endif %}<|im_start|>user\n{% if shout %}LOUD {% endif %}{{ "
                          "messages[0].content }}<|im_end|>\n<|im_start|>assistant\n";
   ServeOptions o = tiny_options();
-  o.chat_template = path;
+  o.engine.chat_template = path;
   auto s = Server::create(o);
   ASSERT_TRUE(s.ok()) << s.status().message();
   ASSERT_TRUE((*s)->wait_until_loaded().ok());

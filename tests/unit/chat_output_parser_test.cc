@@ -3,7 +3,7 @@
 // malformed and unterminated blocks, lookalike tags — give the expected reasoning, content and
 // tool calls, and the same result however the text is cut into streamed pieces (every single cut,
 // and one character at a time).
-#include "server/chat_output_parser.h"
+#include "engine/chat_output_parser.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@ namespace {
 
 struct Result {
   std::string reasoning, content;
-  std::vector<ParsedToolCall> calls;
+  std::vector<ChatToolCall> calls;
   bool operator==(const Result& o) const {
     if (reasoning != o.reasoning || content != o.content || calls.size() != o.calls.size())
       return false;
@@ -27,13 +27,13 @@ struct Result {
   }
 };
 
-void add(const ChatOutputDelta& d, Result* r) {
+void add(const ChatDelta& d, Result* r) {
   r->reasoning += d.reasoning;
   r->content += d.content;
   for (const ToolCallDelta& t : d.tool_calls) {
     if (t.index >= static_cast<int>(r->calls.size()))
       r->calls.resize(static_cast<size_t>(t.index) + 1);
-    ParsedToolCall& c = r->calls[static_cast<size_t>(t.index)];
+    ChatToolCall& c = r->calls[static_cast<size_t>(t.index)];
     if (!t.id.empty()) c.id = t.id;
     if (!t.name.empty()) c.name = t.name;
     c.arguments += t.arguments;
@@ -44,11 +44,11 @@ Result parse(const std::vector<std::string>& pieces, ChatOutputParser::Options o
   ChatOutputParser p(o);
   Result r;
   for (const std::string& s : pieces) {
-    ChatOutputDelta d;
+    ChatDelta d;
     p.feed(s, &d);
     add(d, &r);
   }
-  ChatOutputDelta d;
+  ChatDelta d;
   p.finish(&d);
   add(d, &r);
   return r;

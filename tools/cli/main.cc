@@ -188,10 +188,10 @@ int cmd_run(const RunArgs& a) {
       // Images and videos first, then the question (the usual Qwen-VL layout).
       user.content_is_text = false;
       for (size_t i = 0; i < a.images.size(); ++i)
-        user.parts.push_back({vlm::ChatPart::Type::kImage, {}});
+        user.parts.push_back(vlm::ChatPart::of_image({}));
       for (size_t i = 0; i < a.videos.size(); ++i)
-        user.parts.push_back({vlm::ChatPart::Type::kVideo, {}});
-      user.parts.push_back({vlm::ChatPart::Type::kText, a.prompt});
+        user.parts.push_back(vlm::ChatPart::of_video({}));
+      user.parts.push_back(vlm::ChatPart::of_text(a.prompt));
     }
     msgs.push_back(user);
     auto rendered = tpl->render(msgs, {});
@@ -421,7 +421,7 @@ int main(int argc, char** argv) {
   serve->add_option("--max-inflight-image-pixels", so.engine.batching.max_inflight_image_pixels,
                     "Decoded image pixels in flight at once across requests; beyond, images wait "
                     "(default 100000000; 0 = no limit)");
-  serve->add_option("--chat-template", so.chat_template,
+  serve->add_option("--chat-template", so.engine.chat_template,
                     "Chat template file (.jinja, or .json with \"chat_template\") instead of the "
                     "checkpoint's own");
   serve->add_option("--vision-cache-mib", so.engine.batching.vision_cache_mib,

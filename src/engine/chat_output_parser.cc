@@ -1,4 +1,4 @@
-#include "server/chat_output_parser.h"
+#include "engine/chat_output_parser.h"
 
 #include <nlohmann/json.hpp>
 
@@ -95,7 +95,7 @@ ChatOutputParser::ChatOutputParser(Options options) : opt_(std::move(options)) {
                                  : State::kStart;
 }
 
-void ChatOutputParser::emit_content(std::string text, ChatOutputDelta* out) {
+void ChatOutputParser::emit_content(std::string text, ChatDelta* out) {
   if (strip_newlines_) {
     size_t k = 0;
     while (k < text.size() && (text[k] == '\n' || text[k] == '\r')) ++k;
@@ -115,7 +115,7 @@ void ChatOutputParser::emit_content(std::string text, ChatOutputDelta* out) {
   out->content += text;
 }
 
-void ChatOutputParser::close_block(const std::string& block, ChatOutputDelta* out) {
+void ChatOutputParser::close_block(const std::string& block, ChatDelta* out) {
   std::string name, arguments;
   if (!parse_tool_call_block(block, &name, &arguments)) {
     emit_content(std::string(kCallOpen) + block + std::string(kCallClose), out);
@@ -135,7 +135,7 @@ void ChatOutputParser::close_block(const std::string& block, ChatOutputDelta* ou
   ++calls_;
 }
 
-void ChatOutputParser::feed(std::string_view text, ChatOutputDelta* out) {
+void ChatOutputParser::feed(std::string_view text, ChatDelta* out) {
   buf_.append(text);
   for (;;) {
     switch (state_) {
@@ -199,7 +199,7 @@ void ChatOutputParser::feed(std::string_view text, ChatOutputDelta* out) {
   }
 }
 
-void ChatOutputParser::finish(ChatOutputDelta* out) {
+void ChatOutputParser::finish(ChatDelta* out) {
   switch (state_) {
     case State::kStart:
     case State::kContent:

@@ -1,5 +1,6 @@
-// Splits a chat reply as it streams into reasoning, content and tool calls (the OpenAI message's
-// `reasoning` / `reasoning_content`, `content` and `tool_calls`):
+// Splits a chat reply as it streams (Engine::chat, on the consuming thread) into reasoning, content
+// and tool calls (the OpenAI message's `reasoning` / `reasoning_content`, `content` and
+// `tool_calls`):
 //   - reasoning: what precedes `</think>` — after a `<think>` the reply opens with, or from the
 //     start when the prompt opened it (Qwen3 Thinking templates end the generation prompt with
 //     `<think>\n`); the newlines after `</think>` are dropped;
@@ -16,23 +17,9 @@
 #include <string_view>
 #include <vector>
 
+#include "vlm/chat.h"
+
 namespace vlm {
-
-struct ToolCallDelta {
-  int index = 0;
-  std::string id, name;   // set on a call's first delta
-  std::string arguments;  // a fragment of the arguments' JSON text
-};
-
-struct ChatOutputDelta {
-  std::string reasoning, content;
-  std::vector<ToolCallDelta> tool_calls;
-  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
-};
-
-struct ParsedToolCall {
-  std::string id, name, arguments;
-};
 
 class ChatOutputParser {
  public:
@@ -46,15 +33,15 @@ class ChatOutputParser {
   explicit ChatOutputParser(Options options);
 
   // The next piece of the reply's text; what can be told apart so far goes to *out (appended).
-  void feed(std::string_view text, ChatOutputDelta* out);
+  void feed(std::string_view text, ChatDelta* out);
   // The reply ended: whatever was held back.
-  void finish(ChatOutputDelta* out);
+  void finish(ChatDelta* out);
   int num_tool_calls() const { return calls_; }
 
  private:
   enum class State { kStart, kReasoning, kContent, kToolCall };
-  void emit_content(std::string text, ChatOutputDelta* out);
-  void close_block(const std::string& block, ChatOutputDelta* out);
+  void emit_content(std::string text, ChatDelta* out);
+  void close_block(const std::string& block, ChatDelta* out);
 
   Options opt_;
   State state_;

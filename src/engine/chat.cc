@@ -1,0 +1,140 @@
+// Engine::chat: a conversation rendered with the engine's chat template, tokenized and submitted
+// like a GenerateRequest; its stream's text split into reasoning, content and tool calls by a
+// ChatOutputParser on the consuming thread. The server's /v1/chat/completions is JSON around it.
+#include "vlm/chat.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/chat_output_parser.h"
+#include "engine/engine_impl.h"
+#include "vlm/engine.h"
+
+namespace vlm {
+
+const ChatTemplate* Engine::chat_template() const {
+  return impl_->chat_template ? &*impl_->chat_template : nullptr;
+}
+
+Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
+                                                        std::function<void()> notify) {
+  const Impl& m = *impl_;
+  if (!m.tokenizer || !m.chat_template) {
+    return invalid_argument("chat: the model directory has no tokenizer");
+  }
+  ChatTemplateOptions topts;
+  topts.tools_json = request.tools_json;
+  topts.kwargs_json = request.template_kwargs;
+  topts.add_vision_id = request.add_vision_id;
+  auto prompt = m.chat_template->render(request.messages, topts);
+  if (!prompt.ok()) {
+    return invalid_argument("messages: the chat template refused the conversation: " +
+                            prompt.status().message());
+  }
+  GenerateRequest g;
+  g.prompt_ids = m.tokenizer->encode(*prompt);
+  // The media in prompt order: the template renders one pad per image or video part.
+  for (ChatMessage& msg : request.messages) {
+    for (ChatPart& part : msg.parts) {
+      if (part.type == ChatPart::Type::kImage) g.images.push_back(std::move(part.image));
+      if (part.type == ChatPart::Type::kVideo) g.videos.push_back(std::move(part.video));
+    }
+  }
+  g.sampling = std::move(request.sampling);
+  g.max_new_tokens = request.max_new_tokens;
+  g.stop = std::move(request.stop);
+  g.stop_token_ids = std::move(request.stop_token_ids);
+  g.ignore_eos = request.ignore_eos;
+  g.logprobs = request.logprobs;
+  g.structured = std::move(request.response_format);
+  // Qwen3 Thinking templates end the generation prompt with <think>: the reply starts in its
+  // reasoning, and a grammar or a thinking budget counts from the prompt's end.
+  const bool think_open = prompt->ends_with("<think>") || prompt->ends_with("<think>\n");
+  const auto close = m.tokenizer->token_to_id("</think>");
+  if (request.max_thinking_tokens) {
+    if (!close) {
+      return invalid_argument("max_thinking_tokens: this model has no </think> token");
+    }
+    g.max_thinking_tokens = *request.max_thinking_tokens;
+    g.think_open_id = m.tokenizer->token_to_id("<think>").value_or(-1);
+    g.think_close_id = *close;
+    g.thinking_open_in_prompt = think_open;
+  }
+  // A grammar starts after the reasoning block the prompt opened.
+  if (g.structured.kind != StructuredOutput::Kind::kNone && think_open && close) {
+    g.think_close_id = *close;
+    g.thinking_open_in_prompt = true;
+  }
+  ChatOutputParser::Options po;
+  po.reasoning_open = think_open;
+  po.tool_calls = !request.tools_json.empty() && request.parse_tool_calls;
+  po.max_tool_calls = request.parallel_tool_calls ? 0 : 1;
+  po.id_prefix = std::move(request.tool_call_id_prefix);
+  VLM_ASSIGN_OR_RETURN(std::unique_ptr<RequestStream> stream,
+                       submit(std::move(g), std::move(notify)));
+  return std::unique_ptr<ChatStream>(new ChatStream(
+      std::move(stream), std::make_unique<ChatOutputParser>(po), request.include_reasoning));
+}
+
+Result<ChatReply> Engine::chat(ChatRequest request,
+                               const std::function<bool(const ChatChunk&)>& on_chunk) {
+  VLM_ASSIGN_OR_RETURN(std::unique_ptr<ChatStream> stream, chat_stream(std::move(request)));
+  ChatReply reply;
+  ChatChunk chunk;
+  while (stream->next(&chunk)) {
+    if (!chunk.error.ok()) return chunk.error;
+    reply.content += chunk.delta.content;
+    reply.reasoning += chunk.delta.reasoning;
+    for (const ToolCallDelta& t : chunk.delta.tool_calls) {
+      if (t.index >= static_cast<int>(reply.tool_calls.size())) {
+        reply.tool_calls.resize(static_cast<size_t>(t.index) + 1);
+      }
+      ChatToolCall& call = reply.tool_calls[static_cast<size_t>(t.index)];
+      if (!t.id.empty()) call.id = t.id;
+      if (!t.name.empty()) call.name = t.name;
+      call.arguments += t.arguments;
+      call.arguments_is_object = !call.arguments.empty() && call.arguments.front() == '{';
+    }
+    reply.logprobs.insert(reply.logprobs.end(), chunk.logprobs.begin(), chunk.logprobs.end());
+    reply.stats = chunk.stats;
+    if (chunk.finished) reply.finish_reason = chunk.finish_reason;
+    if (on_chunk && !on_chunk(chunk)) {
+      stream->cancel();
+      reply.finish_reason = FinishReason::kNone;
+      break;
+    }
+  }
+  return reply;
+}
+
+ChatStream::ChatStream(std::unique_ptr<RequestStream> stream,
+                       std::unique_ptr<ChatOutputParser> parser, bool keep_reasoning)
+    : stream_(std::move(stream)), parser_(std::move(parser)), keep_reasoning_(keep_reasoning) {}
+
+ChatStream::~ChatStream() = default;
+
+int64_t ChatStream::id() const { return stream_->id(); }
+bool ChatStream::next(ChatChunk* out) { return take(out, true); }
+bool ChatStream::try_next(ChatChunk* out) { return take(out, false); }
+void ChatStream::cancel() { stream_->cancel(); }
+
+bool ChatStream::take(ChatChunk* out, bool wait) {
+  RequestOutput p;
+  if (!(wait ? stream_->next(&p) : stream_->try_next(&p))) return false;
+  *out = ChatChunk{};
+  parser_->feed(p.text, &out->delta);
+  if (p.finished) parser_->finish(&out->delta);
+  if (!keep_reasoning_) out->delta.reasoning.clear();
+  out->logprobs = std::move(p.logprobs);
+  out->token_id = p.token_id;
+  out->sampled_ns = p.sampled_ns;
+  out->finished = p.finished;
+  out->finish_reason = p.finish_reason;
+  out->error = std::move(p.error);
+  out->stats = p.stats;
+  return true;
+}
+
+}  // namespace vlm
