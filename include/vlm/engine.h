@@ -35,20 +35,34 @@ enum class Precision { kAuto, kF32 };
 // checkpoint's weights are BF16 (else f32); on the GPU the activation type. kInt8: one f32 scale
 // per token and KV head (CPU only).
 enum class KvCacheDtype { kAuto, kF32, kBF16, kInt8 };
+// The CPU's matmul kernel level (EngineOptions::cpu_isa, Engine::cpu_isa): kAuto is the best
+// this CPU runs (capped by the VLM_CPU_ISA environment variable); a forced level the CPU cannot
+// run is refused.
+enum class CpuIsa { kAuto, kGeneric, kAvx2, kAvx2Vnni, kAvx512, kAvx512Vnni };
+// How the CPU multiplies BF16 weights in the prefill and vision products (EngineOptions::
+// bf16_gemm): kAuto follows the VLM_CPU_KERNELS environment variable ("bf16_gemm=f32|dpbf16|amx"),
+// else what a measurement at load finds fastest (see `precision` and `autotune`); kF32 widens to
+// f32 (exact); kDpbf16 AVX-512 BF16 dot products; kAmx AMX tiles.
+enum class Bf16Gemm { kAuto, kF32, kDpbf16, kAmx };
 
 // The spellings a command line or a configuration file uses, parsed once where the text comes in:
-// "cpu" | "cuda"; "none" | "int8" | "int4" | "fp8"; "bf16" | "f32"; "auto" | "f32". InvalidArgument
-// naming the accepted values otherwise.
+// "cpu" | "cuda"; "none" | "int8" | "int4" | "fp8"; "bf16" | "f32"; "auto" | "f32"; "auto" |
+// "f32" | "bf16" | "int8"; "auto" | "generic" | "avx2" | "avx2vnni" | "avx512" | "avx512vnni";
+// "auto" | "f32" | "dpbf16" | "amx". InvalidArgument naming the accepted values otherwise.
 const char* device_name(Device d);
 const char* quant_name(Quant q);
 const char* gpu_dtype_name(GpuDtype t);
 const char* precision_name(Precision p);
 const char* kv_cache_dtype_name(KvCacheDtype t);
+const char* cpu_isa_name(CpuIsa isa);
+const char* bf16_gemm_name(Bf16Gemm g);
 Result<Device> parse_device(std::string_view name);
 Result<Quant> parse_quant(std::string_view name);
 Result<GpuDtype> parse_gpu_dtype(std::string_view name);
 Result<Precision> parse_precision(std::string_view name);
 Result<KvCacheDtype> parse_kv_cache_dtype(std::string_view name);
+Result<CpuIsa> parse_cpu_isa(std::string_view name);
+Result<Bf16Gemm> parse_bf16_gemm(std::string_view name);
 
 // KV events: every change to the prefix cache's set of blocks, in the terms of vLLM's KV events
 // (vllm/distributed/kv_events.py), for a KV-aware router's index of which replica holds which
@@ -125,8 +139,7 @@ struct EngineOptions {
   // .jinja file or a .json file with "chat_template". Loaded with the tokenizer; one that does not
   // parse or render fails the load.
   std::string chat_template;
-  std::string cpu_isa;  // "" = best the CPU has; "generic" | "avx2" | "avx2vnni" | "avx512" |
-                        // "avx512vnni" to force a level
+  CpuIsa cpu_isa = CpuIsa::kAuto;
   // Weight quantization done at load time: kNone = weights as stored; kInt8 = the text decoder's
   // linear weights (q/k/v/o, gate/up/down, lm_head) as INT8 with one f32 scale per output row;
   // kInt4 = the same weights as INT4 with one f32 scale per 32 inputs (every input dimension
@@ -152,10 +165,10 @@ struct EngineOptions {
   Precision precision = Precision::kAuto;
   // false: no measurement at load; the exact f32 kernels unless cpu_kernels forces others.
   bool autotune = true;
-  // Forces the CPU kernels, "bf16_gemm=f32|dpbf16|amx" (else the VLM_CPU_KERNELS environment
-  // variable, else the autotuned choice). An unknown or unrunnable choice, or one that contradicts
-  // precision kF32, is refused (InvalidArgument); kF32 also overrides VLM_CPU_KERNELS.
-  std::string cpu_kernels;
+  // Forces the BF16 products' kernels (kAuto: the VLM_CPU_KERNELS environment variable, else the
+  // autotuned choice). One this CPU cannot run, or that contradicts precision kF32, is refused
+  // (InvalidArgument); precision kF32 also overrides VLM_CPU_KERNELS.
+  Bf16Gemm bf16_gemm = Bf16Gemm::kAuto;
   // Where the model runs: the CPU (default) or kCuda (the first NVIDIA GPU; only in builds with
   // the CUDA backend, else InvalidArgument). On kCuda the text decoder and the vision tower
   // run on the GPU, the weights uploaded once and the KV cache in GPU memory; images are decoded
@@ -206,10 +219,10 @@ class RequestStream {
   // step and no further piece comes.
   void cancel();
 
+ private:
+  friend struct EngineAccess;
   struct State;  // shared with the engine thread
   RequestStream(std::shared_ptr<State> state, std::unique_ptr<OutputProcessor> processor);
-
- private:
   bool take(RequestOutput* out, bool wait);
   std::shared_ptr<State> state_;
   std::unique_ptr<OutputProcessor> proc_;
@@ -254,8 +267,8 @@ class Engine {
   bool has_vision() const;
   // eos ids from generation_config.json (else the tokenizer's eos token).
   const std::vector<int32_t>& eos_token_ids() const;
-  // "avx512vnni", "avx512", "avx2vnni", "avx2" or "generic": the matmul kernels in use.
-  const char* cpu_isa() const;
+  // The matmul kernels' ISA level in use (never kAuto).
+  CpuIsa cpu_isa() const;
   // Whether the vision encoder runs FP16 arithmetic (EngineOptions::vision_fp16 on a CPU that
   // has it).
   bool vision_fp16() const;
@@ -344,7 +357,7 @@ class Engine {
     int64_t running = 0, waiting = 0, kv_blocks_used = 0, kv_blocks_total = 0, steps = 0,
             preemptions = 0;
     int64_t kv_block_size = 0, kv_cache_bytes = 0;  // tokens per block; K, V and scales in bytes
-    const char* kv_cache_dtype = "";                // "f32", "bf16" or "int8"
+    KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;  // kF32, kBF16 or kInt8 once loaded
     // Images decoding: the most decoded pixels in flight at once, and images that waited.
     int64_t image_pixels_peak = 0, image_pixel_waits = 0;
     int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0;
@@ -361,51 +374,9 @@ class Engine {
   // Blocks until no request is queued or running.
   void wait_idle();
 
-  // Decodes, preprocesses and encodes one image through the vision tower, and reports the cost
-  // (for benchmarks: the text decoder does not run). Runs on the engine thread between steps.
-  struct ImageTimings {
-    int64_t vision_tokens = 0;
-    int64_t resized_h = 0, resized_w = 0;
-    double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
-  };
-  Result<ImageTimings> encode_image(const ImageInput& image);
-  // The same for one video: its frames decoded (and resized as they come), preprocessed and
-  // encoded (all temporal groups in one encoder input).
-  struct VideoTimings {
-    int64_t frames = 0, groups = 0, vision_tokens = 0;
-    int64_t decoded_frames = 0;  // frames the decoder produced (fewer where it seeks)
-    int64_t resized_h = 0, resized_w = 0;
-    double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
-  };
-  Result<VideoTimings> encode_video(const VideoInput& video);
-
-  // Times decode attention alone, as a decode step of one sequence runs it (the thread pool,
-  // split-K over long contexts): one query per head against `context` cached positions in every
-  // layer, the K/V (random values) stored as `dtype`, a separate cache per layer so no layer finds
-  // another's in the CPU caches. Milliseconds per step (all layers), per rep. CPU only (for
-  // benchmarks; runs on the engine thread between steps).
-  Result<std::vector<double>> time_decode_attention(int64_t context, KvCacheDtype dtype, int reps);
-
-  // Times a structured output's grammar as a server meets it (for benchmarks): compiled from
-  // scratch `reps` times (ms each, against the vocabulary's token trie, built once and timed
-  // apart), then `sequences` sequences sharing the compiled grammar each draw uniformly among
-  // the allowed tokens (seeded) for up to `max_steps` steps or until the grammar is complete;
-  // every step's mask (applied to a logit row) plus the accept of the drawn token is timed in µs.
-  // The first sequence meets every state cold; later ones reuse the masks of states met before.
-  struct GrammarTimings {
-    double token_trie_ms = 0;
-    std::vector<double> compile_ms;
-    std::vector<double> step_us;        // every step of every sequence
-    std::vector<double> first_step_us;  // the first sequence's steps
-    int64_t complete = 0;               // sequences that reached the grammar's end
-    int64_t states = 0, mask_walks = 0, mask_hits = 0;
-  };
-  Result<GrammarTimings> time_grammar(const StructuredOutput& so, int reps, int sequences,
-                                      int max_steps, uint64_t seed) const;
-
-  struct Impl;
-
  private:
+  friend struct EngineAccess;  // the engine's own sources (src/engine/engine_access.h)
+  struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -76,9 +76,9 @@ class Server {
   // after shutdown_timeout_s), then run() returns. What SIGTERM does with handle_signals.
   void drain();
 
-  struct Impl;
-
  private:
+  friend struct ServerAccess;  // the server's own sources (src/server/http_server.cc)
+  struct Impl;
   explicit Server(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -47,9 +47,9 @@ class Tokenizer {
   std::optional<int32_t> eos_token_id() const;
   std::optional<int32_t> pad_token_id() const;
 
-  struct Impl;
-
  private:
+  friend struct TokenizerAccess;  // the tokenizer's own sources (src/tokenizer/tokenizer_impl.h)
+  struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

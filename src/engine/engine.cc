@@ -57,6 +57,53 @@ Result<KvCacheDtype> parse_kv_cache_dtype(std::string_view name) {
                           "' is not auto, f32, bf16 or int8");
 }
 
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAuto:
+      return "auto";
+    case CpuIsa::kGeneric:
+      return "generic";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx2Vnni:
+      return "avx2vnni";
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kAvx512Vnni:
+      return "avx512vnni";
+  }
+  return "?";
+}
+Result<CpuIsa> parse_cpu_isa(std::string_view name) {
+  for (CpuIsa i : {CpuIsa::kAuto, CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx2Vnni,
+                   CpuIsa::kAvx512, CpuIsa::kAvx512Vnni}) {
+    if (name == cpu_isa_name(i)) return i;
+  }
+  return invalid_argument("CPU ISA level '" + std::string(name) +
+                          "' is not auto, generic, avx2, avx2vnni, avx512 or avx512vnni");
+}
+
+const char* bf16_gemm_name(Bf16Gemm g) {
+  switch (g) {
+    case Bf16Gemm::kAuto:
+      return "auto";
+    case Bf16Gemm::kF32:
+      return "f32";
+    case Bf16Gemm::kDpbf16:
+      return "dpbf16";
+    case Bf16Gemm::kAmx:
+      return "amx";
+  }
+  return "?";
+}
+Result<Bf16Gemm> parse_bf16_gemm(std::string_view name) {
+  for (Bf16Gemm g : {Bf16Gemm::kAuto, Bf16Gemm::kF32, Bf16Gemm::kDpbf16, Bf16Gemm::kAmx}) {
+    if (name == bf16_gemm_name(g)) return g;
+  }
+  return invalid_argument("BF16 kernel choice '" + std::string(name) +
+                          "' is not auto, f32, dpbf16 or amx");
+}
+
 Result<Device> parse_device(std::string_view name) {
   for (Device d : {Device::kCpu, Device::kCuda}) {
     if (name == device_name(d)) return d;
@@ -126,7 +173,7 @@ WeightQuant host_quant(Quant q) {
 
 // The checkpoint directory: config, generation config, weights (views into the mapping), the
 // preprocessor config and the tokenizer.
-Status load_checkpoint(const EngineOptions& options, Engine::Impl* impl) {
+Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
   namespace fs = std::filesystem;
   const std::string& dir = options.model_dir;
   std::error_code ec;
@@ -223,20 +270,27 @@ ops::Bf16Gemm gemm_named(const std::string& name) {
 }
 
 // --precision f32: the exact kernels (a forced choice that contradicts it is refused). Else forced
-// (EngineOptions::cpu_kernels, else VLM_CPU_KERNELS), exact f32 where the weights or the ISA level
+// (EngineOptions::bf16_gemm, else VLM_CPU_KERNELS), exact f32 where the weights or the ISA level
 // ask for it, else measured on the model's own products (once per CPU, build, threads and shape:
 // cached): the text decoder's gate|up at a prefill chunk, and the vision tower's fc1 at 1024
 // patches. FP16 arithmetic for the tower stays the user's choice (--vision-fp16): its range is not
 // BF16's, which is what the reference runs a BF16 checkpoint in.
-Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const Engine::Impl& m,
+Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& m,
                                       std::string* how) {
   CpuKernels k;
   std::optional<ops::Bf16Gemm> forced;
-  if (!o.cpu_kernels.empty()) {
-    VLM_ASSIGN_OR_RETURN(forced, ops::parse_cpu_kernels(o.cpu_kernels));
-    if (o.precision == Precision::kF32 && forced && *forced != ops::Bf16Gemm::kWidenF32) {
-      return invalid_argument("cpu kernels '" + o.cpu_kernels +
-                              "' contradict --precision f32 (the exact kernels)");
+  if (o.bf16_gemm != Bf16Gemm::kAuto) {
+    forced = o.bf16_gemm == Bf16Gemm::kDpbf16 ? ops::Bf16Gemm::kDotBf16
+             : o.bf16_gemm == Bf16Gemm::kAmx  ? ops::Bf16Gemm::kAmx
+                                              : ops::Bf16Gemm::kWidenF32;
+    if (o.precision == Precision::kF32 && *forced != ops::Bf16Gemm::kWidenF32) {
+      return invalid_argument(std::string("the CPU kernel choice bf16_gemm=") +
+                              bf16_gemm_name(o.bf16_gemm) +
+                              " contradicts --precision f32 (the exact kernels)");
+    }
+    if (!ops::bf16_gemm_available(*forced)) {
+      return invalid_argument(std::string("the CPU kernel choice bf16_gemm=") +
+                              bf16_gemm_name(o.bf16_gemm) + " does not run on this CPU");
     }
   } else if (o.precision != Precision::kF32) {
     VLM_ASSIGN_OR_RETURN(forced, ops::cpu_kernels_from_env());
@@ -290,7 +344,7 @@ Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const Engine::Impl
 
 // The KV cache's type from EngineOptions::kv_cache_dtype: auto is BF16 on the CPU for a BF16
 // checkpoint (else f32) and the activation type on a device.
-Result<DType> resolve_kv_dtype(const Engine::Impl& m) {
+Result<DType> resolve_kv_dtype(const EngineImpl& m) {
   const ops::Backend& be = m.decoder->backend();
   const bool cpu = be.device() == ops::Device::kCpu;
   DType t = DType::kF32;
@@ -349,19 +403,17 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
   impl->isa = ops::detected_isa();
-  if (!options.cpu_isa.empty()) {
+  if (options.cpu_isa != CpuIsa::kAuto) {
     bool found = false;
     for (ops::Isa isa : ops::runnable_isas()) {
-      if (options.cpu_isa == ops::isa_name(isa)) {
+      if (std::string_view(cpu_isa_name(options.cpu_isa)) == ops::isa_name(isa)) {
         impl->isa = isa;
         found = true;
       }
     }
     if (!found) {
-      return invalid_argument(
-          "cpu ISA '" + options.cpu_isa +
-          "' is unknown or not supported by this CPU (generic, avx2, avx2vnni, avx512, "
-          "avx512vnni)");
+      return invalid_argument(std::string("the CPU ISA level ") + cpu_isa_name(options.cpu_isa) +
+                              " does not run on this CPU");
     }
   }
   VLM_RETURN_IF_ERROR(load_checkpoint(options, impl.get()));
@@ -410,7 +462,21 @@ const Tokenizer* Engine::tokenizer() const { return impl_->tokenizer.get(); }
 int64_t Engine::vocab_size() const { return impl_->cfg.text_config.vocab_size; }
 int64_t Engine::max_context() const { return impl_->max_context; }
 const std::vector<int32_t>& Engine::eos_token_ids() const { return impl_->eos_ids; }
-const char* Engine::cpu_isa() const { return ops::isa_name(impl_->isa); }
+CpuIsa Engine::cpu_isa() const {
+  switch (impl_->isa) {
+    case ops::Isa::kGeneric:
+      return CpuIsa::kGeneric;
+    case ops::Isa::kAvx2:
+      return CpuIsa::kAvx2;
+    case ops::Isa::kAvx2Vnni:
+      return CpuIsa::kAvx2Vnni;
+    case ops::Isa::kAvx512:
+      return CpuIsa::kAvx512;
+    case ops::Isa::kAvx512Vnni:
+      return CpuIsa::kAvx512Vnni;
+  }
+  return CpuIsa::kGeneric;
+}
 Quant Engine::quant() const { return impl_->opts.quant; }
 bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vision->fp16(); }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
@@ -470,131 +536,6 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
   }
   if (options.expanded_ids) *options.expanded_ids = std::move(expanded);
   return out;
-}
-
-namespace {
-
-// For the benchmarks' encode_image / encode_video: on the engine thread, between steps (the tower
-// and the thread pool are the core's), `stage` makes `*s` ready and the tower encodes it.
-Status stage_and_encode(Engine::Impl& m, const std::function<Status(StagedImage*)>& stage,
-                        StagedImage* s, double* encode_ms) {
-  if (!m.has_vision) return invalid_argument("this checkpoint has no vision tower");
-  Status st;
-  m.core->run_on_engine_thread([&] {
-    st = stage(s);
-    if (st.ok()) st = encode_staged_image(*m.vision, s, encode_ms);
-  });
-  return st;
-}
-
-}  // namespace
-
-Result<Engine::ImageTimings> Engine::encode_image(const ImageInput& image) {
-  Impl& m = *impl_;
-  StagedImage s;
-  ImageTimings t;
-  VLM_RETURN_IF_ERROR(stage_and_encode(
-      m,
-      [&](StagedImage* out) {
-        return stage_image(image, m.preprocess, nullptr, m.pool.get(), out);
-      },
-      &s, &t.encode_ms));
-  t.decode_ms = s.decode_ms;
-  t.preprocess_ms = s.preprocess_ms;
-  t.resized_h = s.resized_h;
-  t.resized_w = s.resized_w;
-  t.vision_tokens = s.encoded->out.tokens;
-  return t;
-}
-
-Result<Engine::VideoTimings> Engine::encode_video(const VideoInput& video) {
-  Impl& m = *impl_;
-  StagedImage s;
-  VideoTimings t;
-  VLM_RETURN_IF_ERROR(stage_and_encode(
-      m, [&](StagedImage* out) { return stage_video(video, m.video, nullptr, m.pool.get(), out); },
-      &s, &t.encode_ms));
-  t.frames = s.frames;
-  t.decoded_frames = s.decoded_frames;
-  t.groups = s.groups;
-  t.decode_ms = s.decode_ms;
-  t.preprocess_ms = s.preprocess_ms;
-  t.resized_h = s.resized_h;
-  t.resized_w = s.resized_w;
-  t.vision_tokens = s.encoded->out.tokens;
-  return t;
-}
-
-Result<Engine::GrammarTimings> Engine::time_grammar(const StructuredOutput& so, int reps,
-                                                    int sequences, int max_steps,
-                                                    uint64_t seed) const {
-  if (!impl_->tokenizer) return invalid_argument("structured output needs the model's tokenizer");
-  // Its own cache, so that every compile and the first sequence's masks start cold.
-  StructuredOutputs outputs(impl_->tokenizer, impl_->cfg.text_config.vocab_size);
-  return vlm::time_grammar(outputs, impl_->eos_ids, so, reps, sequences, max_steps, seed);
-}
-
-Result<std::vector<double>> Engine::time_decode_attention(int64_t context, KvCacheDtype dtype,
-                                                          int reps) {
-  Impl& m = *impl_;
-  if (m.backend->device() != ops::Device::kCpu) {
-    return invalid_argument("time_decode_attention runs on the CPU backend");
-  }
-  if (context < 1 || reps < 1) return invalid_argument("context and reps must be positive");
-  const DType t = dtype == KvCacheDtype::kBF16   ? DType::kBF16
-                  : dtype == KvCacheDtype::kInt8 ? DType::kI8
-                                                 : DType::kF32;
-  const Qwen3VLTextConfig& c = m.cfg.text_config;
-  const int64_t layers = c.num_hidden_layers, n_kv = c.num_key_value_heads, hd = c.head_dim;
-  const int64_t heads = c.num_attention_heads, row = n_kv * hd, bs = 16;
-  const int64_t blocks = (context + bs - 1) / bs, rows = blocks * bs;
-  struct Layer {  // in the backend's memory, as the KV cache is (2 MiB pages on the CPU)
-    ops::Buffer k, v, ks, vs;
-  };
-  std::vector<Layer> cache(static_cast<size_t>(layers));
-  std::vector<int32_t> table(static_cast<size_t>(blocks));
-  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
-  uint32_t state = 12345;
-  auto next = [&state] {  // values in [-2, 2)
-    state = state * 1664525u + 1013904223u;
-    return static_cast<float>(state >> 8) / static_cast<float>(1 << 24) * 4.f - 2.f;
-  };
-  std::vector<float> src(static_cast<size_t>(row)), q(static_cast<size_t>(heads * hd)),
-      out(q.size());
-  for (float& x : q) x = next();
-  for (Layer& l : cache) {
-    VLM_ASSIGN_OR_RETURN(l.k, m.backend->alloc(rows * row, t, /*lazy=*/true));
-    VLM_ASSIGN_OR_RETURN(l.v, m.backend->alloc(rows * row, t, /*lazy=*/true));
-    if (t == DType::kI8) {
-      VLM_ASSIGN_OR_RETURN(l.ks, m.backend->alloc(rows * n_kv, DType::kF32, /*lazy=*/true));
-      VLM_ASSIGN_OR_RETURN(l.vs, m.backend->alloc(rows * n_kv, DType::kF32, /*lazy=*/true));
-    }
-    for (int64_t r = 0; r < context; ++r) {
-      for (float& x : src) x = next();
-      ops::store_kv_row(src.data(), n_kv, hd, t, l.k.buf().data, l.ks.as<float>(), r);
-      for (float& x : src) x = next();
-      ops::store_kv_row(src.data(), n_kv, hd, t, l.v.buf().data, l.vs.as<float>(), r);
-    }
-  }
-  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-  std::vector<double> ms;
-  m.core->run_on_engine_thread([&] {
-    for (int r = -1; r < reps; ++r) {  // one untimed pass first
-      const auto t0 = Clock::now();
-      for (Layer& l : cache) {
-        ops::KvPool kv;
-        kv.k = l.k.buf().data;
-        kv.v = l.v.buf().data;
-        kv.k_scale = l.ks.as<float>();
-        kv.v_scale = l.vs.as<float>();
-        kv.type = t;
-        ops::attention_paged(q.data(), 1, context - 1, kv, table.data(), bs, heads, n_kv, hd, scale,
-                             out.data(), *m.pool, m.isa);
-      }
-      if (r >= 0) ms.push_back(ms_since(t0));
-    }
-  });
-  return ms;
 }
 
 Result<std::unique_ptr<RequestStream>> Engine::submit(GenerateRequest request,

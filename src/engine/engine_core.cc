@@ -98,9 +98,9 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   stats.kv_blocks_total = opts.num_blocks;
   stats.kv_block_size = opts.block_size;
   stats.kv_cache_bytes = (int64_t{opts.num_blocks} + 1) * spec.block_bytes();
-  stats.kv_cache_dtype = m.kv_dtype == DType::kI8     ? "int8"
-                         : m.kv_dtype == DType::kBF16 ? "bf16"
-                                                      : "f32";
+  stats.kv_cache_dtype = m.kv_dtype == DType::kI8     ? KvCacheDtype::kInt8
+                         : m.kv_dtype == DType::kBF16 ? KvCacheDtype::kBF16
+                                                      : KvCacheDtype::kF32;
   core->shared_->heartbeat_ns = steady_now_ns();
   core->thread_ = std::thread([c = core.get()] { c->loop(); });
   return core;

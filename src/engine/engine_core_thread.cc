@@ -50,7 +50,7 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
                        input_->process(std::move(request), prompt));
   auto processor =
       std::make_unique<OutputProcessor>(model_.input.tokenizer, std::move(stop), logprobs);
-  const std::shared_ptr<RequestStream::State> stream = r->stream;
+  const std::shared_ptr<RequestStreamState> stream = r->stream;
   stream->notify = std::move(notify);
   stream->abort = [w = std::weak_ptr<Shared>(shared_)](int64_t id) {
     if (auto s = w.lock()) s->abort(id);
@@ -68,7 +68,7 @@ Result<std::unique_ptr<RequestStream>> EngineCore::submit(GenerateRequest reques
   sh.inbox.push_back(std::move(r));
   ++sh.in_flight;
   sh.cv.notify_all();
-  return std::make_unique<RequestStream>(stream, std::move(processor));
+  return EngineAccess::make_stream(stream, std::move(processor));
 }
 
 Engine::CoreStats EngineCore::stats() const {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "engine/engine_access.h"
 #include "engine/engine_core.h"
 #include "engine/multimodal.h"
 #include "engine/structured_output.h"

@@ -237,7 +237,7 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
                        request.stop_token_ids.end());
   }
   r->prompt_ids = std::move(request.prompt_ids);
-  r->stream = std::make_shared<RequestStream::State>();
+  r->stream = std::make_shared<RequestStreamState>();
   r->stream->reserve(r->max_new_tokens, std::max(request.logprobs, 0));
   return r;
 }

@@ -5,7 +5,7 @@
 //   - seq (Sequence): what the model runs. start() writes it at admission, append_token() each
 //     sampled token after; the ModelRunner only reads it (its sampler draws).
 //   - progress and stats: the engine core's, on its thread.
-//   - stream: the mailbox the consumer's thread reads (RequestStream::State, under its lock).
+//   - stream: the mailbox the consumer's thread reads (RequestStreamState, under its lock).
 // The scheduler keeps its own plain counts of the request (sched/request.h), by the same id.
 #pragma once
 
@@ -87,7 +87,7 @@ struct EngineRequest {
   int64_t last_sampled_ns = 0;
   bool admitted = false, forwarded = false;
 
-  std::shared_ptr<RequestStream::State> stream;
+  std::shared_ptr<RequestStreamState> stream;
 
   // Admission: the sequence takes the prepared prompt over, with room for every token the budget
   // allows (sampling then appends without reallocating).

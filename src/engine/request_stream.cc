@@ -52,6 +52,11 @@ void RequestStream::State::close(FinishReason why, const Status& err, const Samp
   if (notify) notify();
 }
 
+std::unique_ptr<RequestStream> EngineAccess::make_stream(
+    std::shared_ptr<StreamState> state, std::unique_ptr<OutputProcessor> processor) {
+  return std::unique_ptr<RequestStream>(new RequestStream(std::move(state), std::move(processor)));
+}
+
 RequestStream::RequestStream(std::shared_ptr<State> state,
                              std::unique_ptr<OutputProcessor> processor)
     : state_(std::move(state)), proc_(std::move(processor)) {}

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 
+#include "engine/engine_access.h"
 #include "vlm/engine.h"
 
 namespace vlm {

@@ -53,10 +53,4 @@ class StructuredOutputs {
   Stats stats_;
 };
 
-// Engine::time_grammar over `outputs`' vocabulary (see there). `end_ids`: the model's end tokens.
-Result<Engine::GrammarTimings> time_grammar(StructuredOutputs& outputs,
-                                            const std::vector<int32_t>& end_ids,
-                                            const StructuredOutput& so, int reps, int sequences,
-                                            int max_steps, uint64_t seed);
-
 }  // namespace vlm

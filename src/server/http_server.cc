@@ -63,6 +63,12 @@ ApiResult<std::vector<uint8_t>> fetch_media(const std::string& url, const std::s
 
 }  // namespace
 
+// Server's friend: names its private parts for this file.
+struct ServerAccess {
+  using Impl = Server::Impl;
+};
+using ServerImpl = ServerAccess::Impl;
+
 struct Server::Impl {
   ServeOptions opts;
   // Declared first, so destroyed last: connections still being torn down may hold callbacks
@@ -188,7 +194,8 @@ struct Server::Impl {
       std::fprintf(
           stderr, "vlm: KV cache: %lld blocks of %lld tokens = %lld tokens, %s, %.1f MiB\n",
           static_cast<long long>(st.kv_blocks_total), static_cast<long long>(st.kv_block_size),
-          static_cast<long long>(st.kv_blocks_total * st.kv_block_size), st.kv_cache_dtype,
+          static_cast<long long>(st.kv_blocks_total * st.kv_block_size),
+          kv_cache_dtype_name(st.kv_cache_dtype),
           static_cast<double>(st.kv_cache_bytes) / (1 << 20));
       kv_tokens_total->set(static_cast<double>(st.kv_blocks_total * st.kv_block_size));
       replica.model_path = opts.engine.model_dir;
@@ -206,7 +213,7 @@ struct Server::Impl {
       metrics
           .gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                  prometheus_labels({{"block_size", block_size},
-                                    {"cache_dtype", st.kv_cache_dtype},
+                                    {"cache_dtype", kv_cache_dtype_name(st.kv_cache_dtype)},
                                     {"enable_prefix_caching",
                                      opts.engine.batching.prefix_caching ? "True" : "False"},
                                     {"engine", "0"},
@@ -380,7 +387,7 @@ struct ChoiceStream {
 // until it is answered or closed.
 class Fanout : public std::enable_shared_from_this<Fanout> {
  public:
-  Fanout(Server::Impl& s, std::shared_ptr<HttpExchange> ex, Clock::time_point t0, ReplyFormat f)
+  Fanout(ServerImpl& s, std::shared_ptr<HttpExchange> ex, Clock::time_point t0, ReplyFormat f)
       : s_(s), ex_(std::move(ex)), t0_(t0), f_(std::move(f)) {}
 
   // Submits `count` requests, each by `submit(i, notify)` (which makes its request just before,
@@ -590,7 +597,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     }
   }
 
-  Server::Impl& s_;
+  ServerImpl& s_;
   std::shared_ptr<HttpExchange> ex_;
   Clock::time_point t0_;
   ReplyFormat f_;

@@ -19,6 +19,12 @@
 
 namespace vlm {
 
+// Tokenizer's friend: names its private parts for the tokenizer's own sources.
+struct TokenizerAccess {
+  using Impl = Tokenizer::Impl;
+};
+using TokenizerImpl = TokenizerAccess::Impl;
+
 struct Tokenizer::Impl {
   enum Kind : uint8_t { kNone, kVocab, kAdded, kSpecial };
   struct AddedToken {
@@ -60,7 +66,7 @@ struct Tokenizer::Impl {
 namespace tok {
 
 // Loads tokenizer.json (`path` may be its directory) and tokenizer_config.json beside it.
-Result<std::unique_ptr<Tokenizer::Impl>> load_impl(const std::string& path);
+Result<std::unique_ptr<TokenizerImpl>> load_impl(const std::string& path);
 
 }  // namespace tok
 }  // namespace vlm

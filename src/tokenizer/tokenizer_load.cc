@@ -17,7 +17,7 @@ namespace vlm::tok {
 namespace {
 
 using json = nlohmann::json;
-using Impl = Tokenizer::Impl;
+using Impl = TokenizerImpl;
 
 // GPT-2's split pattern, used by a ByteLevel pre-tokenizer with use_regex = true.
 constexpr std::string_view kGpt2Pattern =

@@ -409,7 +409,7 @@ TEST(CudaQuant, Int8LogitsMatchTheCpuInt8Model) {
     o.prefill_chunk = 16;
     o.quant = Quant::kInt8;
     o.device = Device::kCpu;
-    o.cpu_isa = "generic";
+    o.cpu_isa = CpuIsa::kGeneric;
     auto cpu = Engine::load(o);
     ASSERT_TRUE(cpu.ok()) << cpu.status().message();
     o.device = Device::kCuda;

@@ -165,7 +165,7 @@ TEST(EngineCore, KvCacheMemoryBudgetHoldsMoreBlocksInSmallerTypes) {
     const int64_t value_bytes = t == KvCacheDtype::kF32 ? 4 : t == KvCacheDtype::kBF16 ? 2 : 1;
     const int64_t row = n_kv * hd * value_bytes + (t == KvCacheDtype::kInt8 ? n_kv * 4 : 0);
     const int64_t per_block = layers * 2 * kBs * row;
-    EXPECT_STREQ(st.kv_cache_dtype, kv_cache_dtype_name(t));
+    EXPECT_EQ(st.kv_cache_dtype, t);
     EXPECT_EQ(st.kv_blocks_total, kBudget / per_block - 1);  // one more block is scratch
     EXPECT_EQ(st.kv_block_size, kBs);
     EXPECT_EQ(st.kv_cache_bytes, (st.kv_blocks_total + 1) * per_block);

@@ -29,7 +29,7 @@ nlohmann::json reference(const std::string& name) {
 std::unique_ptr<Engine> engine(const std::string& name, ops::Isa isa, Quant quant = Quant::kNone) {
   EngineOptions o = test_util::fixture_engine_options(name);
   o.prefill_chunk = 16;  // the image prompt (21 ids) spans two chunks
-  o.cpu_isa = ops::isa_name(isa);
+  o.cpu_isa = parse_cpu_isa(ops::isa_name(isa)).value();
   o.quant = quant;
   auto e = Engine::load(o);
   EXPECT_TRUE(e.ok()) << e.status().message();

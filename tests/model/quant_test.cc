@@ -51,7 +51,7 @@ std::unique_ptr<Engine> load_engine(const std::string& dir, const std::string& q
   EngineOptions o;
   o.model_dir = dir;
   o.kv_cache_dtype = kv;
-  o.cpu_isa = isa;
+  o.cpu_isa = isa.empty() ? CpuIsa::kAuto : parse_cpu_isa(isa).value();
   o.n_threads = 2;
   o.require_tokenizer = false;
   o.quant = parse_quant(quant.empty() ? "none" : quant).value();
@@ -175,7 +175,7 @@ void expect_close_to_unquantized(const Case& c, const char* quant) {
     auto q = load_engine(dir, quant, isa);
     ASSERT_NE(ref, nullptr);
     ASSERT_NE(q, nullptr);
-    EXPECT_EQ(q->cpu_isa(), isa);
+    EXPECT_EQ(cpu_isa_name(q->cpu_isa()), isa);
     const Agreement a = compare_logits(*ref, *q, dir);
     print_agreement(quant, isa.c_str(), c, a);
     EXPECT_GE(a.top1, c.min_top1);
@@ -283,10 +283,10 @@ TEST_P(KvCacheAccuracyTest, LogitsStayCloseToF32Kv) {
   auto q = load_engine(dir, "", "", c.kv);
   ASSERT_NE(ref, nullptr);
   ASSERT_NE(q, nullptr);
-  EXPECT_STREQ(q->core_stats().kv_cache_dtype, kv_cache_dtype_name(c.kv));
+  EXPECT_EQ(q->core_stats().kv_cache_dtype, c.kv);
   const Agreement a = compare_logits(*ref, *q, dir);
   const Case shown{c.fixture, Activations::kF32, 0, 0, 0};
-  print_agreement(kv_cache_dtype_name(c.kv), q->cpu_isa(), shown, a);
+  print_agreement(kv_cache_dtype_name(c.kv), cpu_isa_name(q->cpu_isa()), shown, a);
   EXPECT_GE(a.top1, c.min_top1);
   EXPECT_LE(a.mean_rel, c.max_mean_rel);
   EXPECT_LE(a.flipped_margin, c.max_flipped);
@@ -621,9 +621,9 @@ TEST_P(Bf16Arithmetic, PrefillStaysCloseToTheF32Kernels) {
   o.model_dir = dir;
   o.n_threads = 2;
   o.require_tokenizer = false;
-  o.cpu_kernels = "bf16_gemm=f32";
+  o.bf16_gemm = Bf16Gemm::kF32;
   auto exact = Engine::load(o);
-  o.cpu_kernels = std::string("bf16_gemm=") + ops::bf16_gemm_name(g);
+  o.bf16_gemm = parse_bf16_gemm(ops::bf16_gemm_name(g)).value();
   auto amx = Engine::load(o);
   ASSERT_TRUE(exact.ok() && amx.ok());
   EXPECT_NE((*amx)->cpu_kernels().find(std::string(ops::bf16_gemm_name(g)) + " (forced)"),
@@ -672,25 +672,39 @@ TEST(Bf16Precision, KernelChoicesAreCheckedAndExplained) {
   EngineOptions o;
   o.model_dir = kFixtures + "/text-bf16-hd128";
   o.require_tokenizer = false;
-  o.cpu_kernels = "bf16_gemm=fast";
-  auto bad = Engine::load(o);
+  auto bad = parse_bf16_gemm("fast");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("unknown kernel choice 'bf16_gemm=fast'"),
+  EXPECT_NE(bad.status().message().find("'fast' is not auto, f32, dpbf16 or amx"),
             std::string::npos);
-  o.cpu_kernels = "";
+  for (Bf16Gemm g : {Bf16Gemm::kAuto, Bf16Gemm::kF32, Bf16Gemm::kDpbf16, Bf16Gemm::kAmx}) {
+    EXPECT_EQ(parse_bf16_gemm(bf16_gemm_name(g)).value(), g);
+  }
+  for (CpuIsa i : {CpuIsa::kAuto, CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx2Vnni,
+                   CpuIsa::kAvx512, CpuIsa::kAvx512Vnni}) {
+    EXPECT_EQ(parse_cpu_isa(cpu_isa_name(i)).value(), i);
+  }
+  EXPECT_FALSE(parse_cpu_isa("sse2").ok());
+  if (!ops::bf16_gemm_available(ops::Bf16Gemm::kAmx)) {  // a choice this CPU cannot run
+    o.bf16_gemm = Bf16Gemm::kAmx;
+    auto missing = Engine::load(o);
+    ASSERT_FALSE(missing.ok());
+    EXPECT_NE(missing.status().message().find("does not run on this CPU"), std::string::npos)
+        << missing.status().message();
+  }
+  o.bf16_gemm = Bf16Gemm::kAuto;
   o.precision = Precision::kF32;
   auto f32 = Engine::load(o);
   ASSERT_TRUE(f32.ok());
   EXPECT_NE((*f32)->cpu_kernels().find("bf16_gemm: f32 (--precision f32)"), std::string::npos)
       << (*f32)->cpu_kernels();
   if (ops::bf16_gemm_available(ops::Bf16Gemm::kAmx)) {  // a forced choice may not contradict it
-    o.cpu_kernels = "bf16_gemm=amx";
+    o.bf16_gemm = Bf16Gemm::kAmx;
     auto both = Engine::load(o);
     ASSERT_FALSE(both.ok());
-    EXPECT_NE(both.status().message().find("contradict --precision f32"), std::string::npos);
+    EXPECT_NE(both.status().message().find("contradicts --precision f32"), std::string::npos);
     // Nor may it run above a capped ISA level.
     o.precision = Precision::kAuto;
-    o.cpu_isa = "avx2";
+    o.cpu_isa = CpuIsa::kAvx2;
     auto capped = Engine::load(o);
     ASSERT_FALSE(capped.ok());
     EXPECT_NE(capped.status().message().find("capped below"), std::string::npos)

@@ -30,7 +30,7 @@ std::unique_ptr<Engine> load_engine(const std::string& dir, ops::Isa isa) {
   o.model_dir = dir;
   o.n_threads = 2;
   o.require_tokenizer = false;
-  o.cpu_isa = ops::isa_name(isa);
+  o.cpu_isa = parse_cpu_isa(ops::isa_name(isa)).value();
   o.prefill_chunk = 16;  // several chunks for the 60-token prompt: exercises chunked prefill
   o.kv_cache_dtype = KvCacheDtype::kF32;  // parity with transformers' f32 K/V
   auto e = Engine::load(o);

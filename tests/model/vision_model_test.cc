@@ -368,7 +368,7 @@ std::unique_ptr<Engine> engine(ops::Isa isa) {
   o.require_tokenizer = false;
   o.n_threads = 2;
   o.prefill_chunk = 16;  // prompts span several chunks: images split across chunk borders
-  o.cpu_isa = ops::isa_name(isa);
+  o.cpu_isa = parse_cpu_isa(ops::isa_name(isa)).value();
   auto e = Engine::load(o);
   EXPECT_TRUE(e.ok()) << e.status().message();
   return e.ok() ? std::move(e).value() : nullptr;

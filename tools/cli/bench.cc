@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "build_info.h"
+#include "engine_probes.h"
 #include "options.h"
 #include "probes.h"
 #include "vlm/engine.h"
@@ -253,11 +254,11 @@ vlm::Result<vlm::StructuredOutput> structured_spec(const std::string& arg) {
 }
 
 // The grammar's compile time (ms per rep, each from scratch) and its token-mask time per step
-// (Engine::time_grammar: 20 sequences of up to 256 steps sharing the compiled grammar).
+// (time_grammar in engine_probes.h: 20 sequences of up to 256 steps sharing the compiled grammar).
 vlm::Status bench_grammar(const vlm::Engine& e, const std::string& name,
                           const vlm::StructuredOutput& so, const BenchArgs& a,
                           std::vector<Row>* rows, std::vector<std::string>* notes) {
-  VLM_ASSIGN_OR_RETURN(const vlm::Engine::GrammarTimings t, e.time_grammar(so, a.reps, 20, 256, 1));
+  VLM_ASSIGN_OR_RETURN(const GrammarTimings t, time_grammar(e, so, a.reps, 20, 256, 1));
   rows->push_back({"grammar_compile", "grammar compile", name, "ms", t.compile_ms,
                    json{{"size", name}, {"token_trie_ms", t.token_trie_ms}}});
   auto p99 = [](std::vector<double> v) {
@@ -331,9 +332,9 @@ struct ImageCase {
 vlm::Status bench_image(vlm::Engine& e, const ImageCase& img, const BenchArgs& a,
                         std::vector<Row>* rows) {
   std::vector<double> enc, pre;
-  vlm::Engine::ImageTimings t;
+  ImageTimings t;
   for (int r = a.no_warmup ? 0 : -1; r < a.reps; ++r) {
-    auto res = e.encode_image(img.input);
+    auto res = encode_image(e, img.input);
     if (!res.ok()) {
       // A file's errors already name its path; a synthetic image's are labelled here.
       const bool named = !img.input.path.empty() &&
@@ -367,9 +368,9 @@ vlm::Status bench_video(vlm::Engine& e, const std::string& path, int64_t frames,
   in.fps = 1000;
   in.min_frames = in.max_frames = frames;
   std::vector<double> dec, pre, enc;
-  vlm::Engine::VideoTimings t;
+  VideoTimings t;
   for (int r = a.no_warmup ? 0 : -1; r < a.reps; ++r) {
-    auto res = e.encode_video(in);
+    auto res = encode_video(e, in);
     if (!res.ok()) return res.status();
     t = *res;
     if (r < 0) continue;
@@ -549,7 +550,8 @@ int run_bench(const BenchArgs& a) {
     threads = engine.n_threads();
     weight_bytes = engine.decode_weight_bytes();
     kernels =
-        (engine.device() == "cpu" ? "" : engine.device() + " + ") + std::string(engine.cpu_isa()) +
+        (engine.device() == "cpu" ? "" : engine.device() + " + ") +
+        std::string(vlm::cpu_isa_name(engine.cpu_isa())) +
         (engine.quant() == vlm::Quant::kNone ? std::string()
                                              : std::string(" ") + vlm::quant_name(engine.quant())) +
         (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
@@ -561,7 +563,7 @@ int run_bench(const BenchArgs& a) {
       std::printf("%s\n", engine.cpu_kernels().c_str());
       return 0;
     }
-    info["isa"] = engine.cpu_isa();
+    info["isa"] = vlm::cpu_isa_name(engine.cpu_isa());
     info["device"] = engine.device();
     info["mmap_weights"] = a.mmap;
     info["vision_fp16"] = engine.vision_fp16();
@@ -680,7 +682,7 @@ int run_bench(const BenchArgs& a) {
         const std::string size =
             "ctx " + std::to_string(ctx) + ", " + vlm::kv_cache_dtype_name(t) + " KV";
         progress("decode attention " + size, a);
-        auto ms = engine.time_decode_attention(ctx, t, a.reps);
+        auto ms = time_decode_attention(engine, ctx, t, a.reps);
         if (!ms.ok()) return fail(ms.status().message());
         rows.push_back({"decode_attention", "decode attention (all layers)", size, "ms", *ms,
                         json{{"size", ctx},

@@ -253,15 +253,16 @@ int cmd_run(const RunArgs& a) {
                   static_cast<long long>(r.video_tokens), r.video_decode_ms);
     images += buf;
   }
-  std::fprintf(stderr,
-               "vlm: %sprompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
-               "decode %.2f tok/s | peak RSS %.1f MiB | %s%s x%d\n",
-               images.c_str(), static_cast<long long>(r.prompt_tokens),
-               r.prefill_ms > 0 ? r.prompt_tokens / (r.prefill_ms / 1000) : 0.0, r.prefill_ms,
-               static_cast<long long>(r.output_ids.size()), decode_tps,
-               vlm_cli::peak_rss_bytes() / 1048576.0,
-               engine.device() == "cpu" ? engine.cpu_isa() : engine.device().c_str(),
-               quant_suffix(engine).c_str(), engine.n_threads());
+  std::fprintf(
+      stderr,
+      "vlm: %sprompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
+      "decode %.2f tok/s | peak RSS %.1f MiB | %s%s x%d\n",
+      images.c_str(), static_cast<long long>(r.prompt_tokens),
+      r.prefill_ms > 0 ? r.prompt_tokens / (r.prefill_ms / 1000) : 0.0, r.prefill_ms,
+      static_cast<long long>(r.output_ids.size()), decode_tps,
+      vlm_cli::peak_rss_bytes() / 1048576.0,
+      engine.device() == "cpu" ? vlm::cpu_isa_name(engine.cpu_isa()) : engine.device().c_str(),
+      quant_suffix(engine).c_str(), engine.n_threads());
   return 0;
 }
 
