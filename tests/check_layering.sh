@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The layering rule (docs/architecture.md, "The layers"): a folder of src/ includes only from the
-# folders listed before it in that list (and from include/vlm); tools/ include only include/vlm
-# and their own files (tools/cli/engine_probes.cc alone excepted: the benchmark probes).
+# folders listed before it in that list (and from include/vlm); tools/ and examples/ include only
+# include/vlm and their own files (tools/cli/engine_probes.cc alone excepted: the benchmark
+# probes).
 # Fails, naming each include that goes up (or into a folder the list does
 # not know). Usage: check_layering.sh [REPO_ROOT] (default: this repository).
 set -uo pipefail
@@ -16,7 +17,7 @@ fi
 declare -A rank
 for i in "${!layers[@]}"; do rank[${layers[$i]}]=$i; done
 status=0
-# Every quoted include of a file under src/ or tools/: "folder/...".
+# Every quoted include of a file under src/, tools/ or examples/: "folder/...".
 while IFS= read -r hit; do
   file=${hit%%:*}
   rest=${hit#*:}
@@ -26,7 +27,7 @@ while IFS= read -r hit; do
   [ "$target" = "$inc" ] && continue  # "x.h": the folder's own file
   [ "$target" = vlm ] && continue     # the public API
   rel=${file#"$root"/}
-  if [[ $rel == tools/* ]]; then
+  if [[ $rel == tools/* || $rel == examples/* ]]; then
     # The benchmark probes (tools/cli/engine_probes.h) time parts of a loaded engine alone: the one
     # tool source allowed to reach into it, so that the probes are no part of include/vlm.
     [ "$rel" = tools/cli/engine_probes.cc ] && continue
@@ -50,7 +51,8 @@ while IFS= read -r hit; do
     status=1
   fi
 done < <(grep -rnE --include='*.h' --include='*.cc' --include='*.inc' --include='*.cu' \
-           --include='*.cuh' '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$root/src" "$root/tools")
+           --include='*.cuh' '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$root/src" "$root/tools" \
+           $([ -d "$root/examples" ] && echo "$root/examples"))
 if [ $status -eq 0 ]; then
   echo "every include goes down the layers: ${layers[*]}"
 fi

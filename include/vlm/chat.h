@@ -46,10 +46,11 @@ struct ChatPart {
 // A tool call: of an earlier assistant turn (ChatMessage::tool_calls), or parsed from a reply
 // (ChatReply::tool_calls, which an assistant message may carry back as it is).
 struct ChatToolCall {
-  std::string id;  // as given (may be empty); a reply's: ChatRequest::tool_call_id_prefix + index
+  std::string id;  // as given (may be empty); a reply's: see ChatRequest::tool_call_id_prefix
   std::string name;
   // As given: a JSON string argument, or an object's tojson (then arguments_is_object, and the
-  // template sees the object). A reply's: the arguments object as JSON text (Python's json.dumps).
+  // template sees the object). A reply's: the arguments as JSON text (Python's json.dumps), an
+  // object unless the model wrote them as a string.
   std::string arguments;
   bool arguments_is_object = false;
 };
@@ -116,7 +117,9 @@ struct ChatRequest {
   std::vector<std::string> tools_json;
   bool parse_tool_calls = true;     // false (OpenAI's tool_choice "none"): calls stay content
   bool parallel_tool_calls = true;  // false: at most one call is returned
-  std::string tool_call_id_prefix = "call_";  // the reply's call ids: prefix + index
+  // The reply's call ids: prefix + index ("": "call_<request id>_", unique across the engine's
+  // requests).
+  std::string tool_call_id_prefix;
   // Extra template variables (chat_template_kwargs, e.g. {"enable_thinking", "false"}), each
   // value as JSON text.
   std::vector<std::pair<std::string, std::string>> template_kwargs;
@@ -158,8 +161,9 @@ struct ChatChunk {
   ChatDelta delta;
   // With ChatRequest::logprobs >= 0: the entries of the tokens this piece's text reached.
   std::vector<TokenLogprob> logprobs;
-  int32_t token_id = -1;  // -1: no token (the final flush, an error, a cancel)
-  int64_t sampled_ns = 0;
+  int32_t token_id = -1;   // -1: no token (the final flush, an error, a cancel)
+  int64_t step = 0;        // with a token: the engine step that sampled it
+  int64_t sampled_ns = 0;  // when it was sampled (steady_clock, nanoseconds since its epoch)
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Status error;        // non-ok: the request failed (finished)

@@ -1,6 +1,7 @@
 // vlm public API: load a Qwen3-VL checkpoint directory and run it.
 // Every request runs through the Engine's one engine core (continuous batching on its own
-// thread): submit, generate and logits may be called from many threads at once, and their
+// thread): chat, chat_stream, submit, generate and logits may be called from many threads at
+// once, and their
 // requests share the core's forward passes.
 #pragma once
 
@@ -86,7 +87,7 @@ struct KvEventBatch {
 };
 
 // The engine core: the per-step limits, the paged KV cache and the queue. Every request runs
-// through it (Engine::submit, generate, logits).
+// through it (Engine::chat, chat_stream, submit, generate, logits).
 struct BatchingOptions {
   int32_t block_size = 16;
   // 0: max_num_seqs × the full context, on the CPU capped at 4 GiB of f32 K and V but never below
@@ -137,7 +138,8 @@ struct EngineOptions {
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
   // Engine::chat's template: "" = the checkpoint's own (ChatTemplate::from_model_dir), else a
   // .jinja file or a .json file with "chat_template". Loaded with the tokenizer; one that does not
-  // parse or render fails the load.
+  // parse or render makes Engine::chat_template() and chat() fail with its error (the load does
+  // not: raw ids and logits need no template).
   std::string chat_template;
   CpuIsa cpu_isa = CpuIsa::kAuto;
   // Weight quantization done at load time: kNone = weights as stored; kInt8 = the text decoder's
@@ -163,7 +165,7 @@ struct EngineOptions {
   // BF16 arithmetic (x rounded to BF16; AMX tiles) where a measurement at load finds that faster
   // (autotune). kF32: every product in f32, as before.
   Precision precision = Precision::kAuto;
-  // false: no measurement at load; the exact f32 kernels unless cpu_kernels forces others.
+  // false: no measurement at load; the exact f32 kernels unless bf16_gemm forces others.
   bool autotune = true;
   // Forces the BF16 products' kernels (kAuto: the VLM_CPU_KERNELS environment variable, else the
   // autotuned choice). One this CPU cannot run, or that contradicts precision kF32, is refused
@@ -331,8 +333,9 @@ class Engine {
   Result<std::unique_ptr<RequestStream>> submit(GenerateRequest request,
                                                 std::function<void()> notify = {});
 
-  // The chat template Engine::chat renders with; null without a tokenizer.
-  const ChatTemplate* chat_template() const;
+  // The chat template Engine::chat renders with; an error without a tokenizer, or the template's
+  // own error when it does not parse or render (then chat and chat_stream fail with it too).
+  Result<const ChatTemplate*> chat_template() const;
 
   // Queues a conversation (ChatRequest) and returns its stream: the messages rendered with the
   // chat template and tokenized, the media of their parts decoded and preprocessed, all on the

@@ -4,6 +4,7 @@
 #include "vlm/chat.h"
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,21 +15,21 @@
 
 namespace vlm {
 
-const ChatTemplate* Engine::chat_template() const {
-  return impl_->chat_template ? &*impl_->chat_template : nullptr;
+Result<const ChatTemplate*> Engine::chat_template() const {
+  if (impl_->chat_template) return &*impl_->chat_template;
+  if (!impl_->chat_template_error.ok()) return impl_->chat_template_error;
+  return invalid_argument("chat: the model directory has no tokenizer");
 }
 
 Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
                                                         std::function<void()> notify) {
   const Impl& m = *impl_;
-  if (!m.tokenizer || !m.chat_template) {
-    return invalid_argument("chat: the model directory has no tokenizer");
-  }
+  VLM_ASSIGN_OR_RETURN(const ChatTemplate* tpl, chat_template());
   ChatTemplateOptions topts;
   topts.tools_json = request.tools_json;
   topts.kwargs_json = request.template_kwargs;
   topts.add_vision_id = request.add_vision_id;
-  auto prompt = m.chat_template->render(request.messages, topts);
+  auto prompt = tpl->render(request.messages, topts);
   if (!prompt.ok()) {
     return invalid_argument("messages: the chat template refused the conversation: " +
                             prompt.status().message());
@@ -71,9 +72,11 @@ Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
   po.reasoning_open = think_open;
   po.tool_calls = !request.tools_json.empty() && request.parse_tool_calls;
   po.max_tool_calls = request.parallel_tool_calls ? 0 : 1;
-  po.id_prefix = std::move(request.tool_call_id_prefix);
   VLM_ASSIGN_OR_RETURN(std::unique_ptr<RequestStream> stream,
                        submit(std::move(g), std::move(notify)));
+  // Call ids unique across the engine's requests unless the caller names them.
+  po.id_prefix = request.tool_call_id_prefix.empty() ? "call_" + std::to_string(stream->id()) + "_"
+                                                     : std::move(request.tool_call_id_prefix);
   return std::unique_ptr<ChatStream>(new ChatStream(
       std::move(stream), std::make_unique<ChatOutputParser>(po), request.include_reasoning));
 }
@@ -95,12 +98,13 @@ Result<ChatReply> Engine::chat(ChatRequest request,
       if (!t.id.empty()) call.id = t.id;
       if (!t.name.empty()) call.name = t.name;
       call.arguments += t.arguments;
-      call.arguments_is_object = !call.arguments.empty() && call.arguments.front() == '{';
+      call.arguments_is_object = nlohmann::json::parse(call.arguments, nullptr, false).is_object();
     }
     reply.logprobs.insert(reply.logprobs.end(), chunk.logprobs.begin(), chunk.logprobs.end());
     reply.stats = chunk.stats;
     if (chunk.finished) reply.finish_reason = chunk.finish_reason;
     if (on_chunk && !on_chunk(chunk)) {
+      if (chunk.finished) break;  // it ended anyway
       stream->cancel();
       reply.finish_reason = FinishReason::kNone;
       break;
@@ -129,6 +133,7 @@ bool ChatStream::take(ChatChunk* out, bool wait) {
   if (!keep_reasoning_) out->delta.reasoning.clear();
   out->logprobs = std::move(p.logprobs);
   out->token_id = p.token_id;
+  out->step = p.step;
   out->sampled_ns = p.sampled_ns;
   out->finished = p.finished;
   out->finish_reason = p.finish_reason;

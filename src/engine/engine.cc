@@ -4,11 +4,9 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <functional>
 
-#include "core/clock.h"
 #include "engine/engine_impl.h"
 #include "ops/autotune.h"
 #include "ops/cpu_backend.h"
@@ -240,12 +238,16 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
     impl->eos_ids.push_back(*impl->tokenizer->eos_token_id());
   }
   if (impl->tokenizer) {
-    // The checkpoint's own chat template (or EngineOptions::chat_template); one that does not
-    // parse or render fails the load, never falls back silently.
-    VLM_ASSIGN_OR_RETURN(ChatTemplate tpl, options.chat_template.empty()
-                                               ? ChatTemplate::from_model_dir(dir)
-                                               : ChatTemplate::from_file(options.chat_template));
-    impl->chat_template = std::move(tpl);
+    // The checkpoint's own chat template (or EngineOptions::chat_template). One that does not
+    // parse or render is kept as its error: Engine::chat_template() and chat_stream() return it,
+    // never a fallback, while raw token ids and logits need no template.
+    auto tpl = options.chat_template.empty() ? ChatTemplate::from_model_dir(dir)
+                                             : ChatTemplate::from_file(options.chat_template);
+    if (tpl.ok()) {
+      impl->chat_template = std::move(tpl).value();
+    } else {
+      impl->chat_template_error = tpl.status();
+    }
     impl->structured =
         std::make_unique<StructuredOutputs>(impl->tokenizer, impl->cfg.text_config.vocab_size);
   }

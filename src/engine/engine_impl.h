@@ -44,6 +44,7 @@ struct Engine::Impl {
   std::string cpu_kernels;                     // Engine::cpu_kernels(): the CPU kernel choices
   std::shared_ptr<const Tokenizer> tokenizer;  // shared with the request streams' processors
   std::optional<ChatTemplate> chat_template;   // Engine::chat's; set with the tokenizer
+  Status chat_template_error;                  // why there is none (a template that failed)
   std::vector<int32_t> eos_ids;
   // Grammars compiled against the vocabulary (structured output); null without a tokenizer.
   std::unique_ptr<StructuredOutputs> structured;

@@ -188,7 +188,10 @@ struct Server::Impl {
       VLM_ASSIGN_OR_RETURN(engine, Engine::load(eo));
       if (engine->tokenizer() == nullptr)
         return not_found("the model directory has no tokenizer.json");
-      std::fprintf(stderr, "vlm: chat template: %s\n", engine->chat_template()->origin().c_str());
+      // The checkpoint's template (or --chat-template): one that does not parse or render fails
+      // the load, never falls back silently.
+      VLM_ASSIGN_OR_RETURN(const ChatTemplate* tpl, engine->chat_template());
+      std::fprintf(stderr, "vlm: chat template: %s\n", tpl->origin().c_str());
       limits.vocab_size = engine->vocab_size();  // set before `ready`, read after it
       const Engine::CoreStats st = engine->core_stats();
       std::fprintf(
@@ -366,6 +369,8 @@ struct ChoiceStream {
     out->delta.content = std::move(p.text);
     out->logprobs = std::move(p.logprobs);
     out->token_id = p.token_id;
+    out->step = p.step;
+    out->sampled_ns = p.sampled_ns;
     out->finished = p.finished;
     out->finish_reason = p.finish_reason;
     out->error = std::move(p.error);
@@ -854,8 +859,14 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
         part.image = std::move(cr.images[next_image++]);
       } else if (part.type == ChatPart::Type::kVideo && next_video < cr.videos.size()) {
         part.video = std::move(cr.videos[next_video++]);
+      } else if (part.type != ChatPart::Type::kText) {
+        return reply_error(*ex, api_error_from(internal_error("a media part without its media")),
+                           "failed");
       }
     }
+  }
+  if (next_image != cr.images.size() || next_video != cr.videos.size()) {
+    return reply_error(*ex, api_error_from(internal_error("media without a part")), "failed");
   }
   chat.tools_json = std::move(cr.tools_json);
   chat.parse_tool_calls = !cr.tool_choice_none;

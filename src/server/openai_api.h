@@ -11,7 +11,6 @@
 #include <variant>
 #include <vector>
 
-#include "engine/chat_output_parser.h"
 #include "vlm/chat.h"
 #include "vlm/request.h"
 #include "vlm/status.h"

@@ -6,10 +6,12 @@
 // greedy reply to anything is a reasoning block and a get_weather tool call.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,14 +69,18 @@ class Pair {
   bool ok() const { return server_ && engine_; }
   Engine& engine() { return *engine_; }
 
-  json post(json body) {
+  std::optional<test_http::Reply> raw(json body) {
     body["model"] = "m";
-    auto r = test_http::Client(server_->port())
-                 .Post("/v1/chat/completions", body.dump(), "application/json");
+    return test_http::Client(server_->port())
+        .Post("/v1/chat/completions", body.dump(), "application/json");
+  }
+  json post(json body) {
+    const bool stream = body.value("stream", false);
+    auto r = raw(std::move(body));
     EXPECT_TRUE(r.has_value());
     if (!r) return json();
     EXPECT_EQ(r->status, 200) << r->body;
-    return body.value("stream", false) ? json(r->body) : json::parse(r->body);
+    return stream ? json(r->body) : json::parse(r->body);
   }
 
  private:
@@ -129,8 +135,10 @@ ChatReply engine_chat(Engine& e, ChatRequest req) {
     streamed.content += c.delta.content;
     streamed.reasoning += c.delta.reasoning;
     for (const ToolCallDelta& t : c.delta.tool_calls) {
-      if (!t.name.empty()) streamed.tool_calls.push_back(ChatToolCall{t.id, t.name, "", true});
-      if (!t.arguments.empty()) streamed.tool_calls.back().arguments += t.arguments;
+      if (t.index >= static_cast<int>(streamed.tool_calls.size())) {
+        streamed.tool_calls.resize(static_cast<size_t>(t.index) + 1);
+      }
+      streamed.tool_calls[static_cast<size_t>(t.index)].arguments += t.arguments;
     }
     return true;
   });
@@ -139,6 +147,9 @@ ChatReply engine_chat(Engine& e, ChatRequest req) {
   EXPECT_EQ(streamed.content, r->content);
   EXPECT_EQ(streamed.reasoning, r->reasoning);
   EXPECT_EQ(streamed.tool_calls.size(), r->tool_calls.size());
+  for (size_t i = 0; i < std::min(streamed.tool_calls.size(), r->tool_calls.size()); ++i) {
+    EXPECT_EQ(streamed.tool_calls[i].arguments, r->tool_calls[i].arguments);
+  }
   return std::move(r).value();
 }
 
@@ -225,6 +236,15 @@ TEST(ChatApi, TextAndImageRepliesEqualTheServers) {
       {"temperature", 0},
       {"max_tokens", 24}};
   expect_same(p, ibody, pic, "image");
+
+  // What the engine refuses is a 400 naming the field: a thinking budget for a model without
+  // </think> (this one's vocabulary has none).
+  json think = body;
+  think["max_thinking_tokens"] = 4;
+  auto refused = p.raw(think);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_EQ(json::parse(refused->body)["error"]["param"], "max_thinking_tokens") << refused->body;
 }
 
 TEST(ChatApi, ToolCallAndReasoningEqualTheServers) {
@@ -247,7 +267,9 @@ TEST(ChatApi, ToolCallAndReasoningEqualTheServers) {
   EXPECT_EQ(call.tool_calls[0].name, "get_weather");
   EXPECT_EQ(json::parse(call.tool_calls[0].arguments), json({{"city", "Oslo"}}));
   EXPECT_TRUE(call.tool_calls[0].arguments_is_object);
-  EXPECT_EQ(call.tool_calls[0].id, "call_0");
+  // Call ids differ from request to request (an id names its call across turns).
+  EXPECT_EQ(call.tool_calls[0].id.rfind("call_", 0), 0u) << call.tool_calls[0].id;
+  EXPECT_NE(engine_chat(p.engine(), req).tool_calls.at(0).id, call.tool_calls[0].id);
   EXPECT_EQ(call.reasoning, "Weather needs a tool.");
   EXPECT_EQ(call.finish_reason, FinishReason::kStop);
   const json body = {{"messages", {{{"role", "user"}, {"content", "What's the weather in Oslo?"}}}},
@@ -288,11 +310,64 @@ TEST(ChatApi, ToolCallAndReasoningEqualTheServers) {
   json nbody = body;
   nbody["tool_choice"] = "none";
   expect_same(p, nbody, text, "tool_choice none");
+
+  // include_reasoning false: the reasoning is dropped, on both sides.
+  ChatRequest quiet = req;
+  quiet.include_reasoning = false;
+  const ChatReply no_reasoning = engine_chat(p.engine(), quiet);
+  EXPECT_TRUE(no_reasoning.reasoning.empty());
+  EXPECT_EQ(no_reasoning.tool_calls.size(), 1u);
+  json qbody = body;
+  qbody["include_reasoning"] = false;
+  expect_same(p, qbody, no_reasoning, "include_reasoning false");
+
+  // n = 2: two choices, each the same call under its own id.
+  json two = body;
+  two["n"] = 2;
+  const json r2 = p.post(two);
+  ASSERT_EQ(r2["choices"].size(), 2u) << r2.dump();
+  const json& c0 = r2["choices"][0]["message"]["tool_calls"][0];
+  const json& c1 = r2["choices"][1]["message"]["tool_calls"][0];
+  EXPECT_EQ(c0["function"], c1["function"]);
+  EXPECT_NE(c0["id"], c1["id"]);
+  EXPECT_NE(c0["id"].get<std::string>().find("_0_"), std::string::npos) << c0["id"];
+  EXPECT_NE(c1["id"].get<std::string>().find("_1_"), std::string::npos) << c1["id"];
+}
+
+// Logprobs: the same entries (token bytes, log-probability, alternatives) from both.
+TEST(ChatApi, LogprobsEqualTheServers) {
+  Pair p(kRepo + "/models/tiny-qwen3vl");
+  ASSERT_TRUE(p.ok());
+  ChatRequest req;
+  req.messages = {text_message("user", "Name a colour.")};
+  req.sampling.temperature = 0;
+  req.max_new_tokens = 8;
+  req.logprobs = 2;
+  const ChatReply want = engine_chat(p.engine(), req);
+  ASSERT_FALSE(want.logprobs.empty());
+  const json body = {{"messages", {{{"role", "user"}, {"content", "Name a colour."}}}},
+                     {"temperature", 0},
+                     {"max_tokens", 8},
+                     {"logprobs", true},
+                     {"top_logprobs", 2}};
+  const json got = p.post(body);
+  const json& entries = got["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(entries.size(), want.logprobs.size()) << got.dump();
+  std::string joined;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    EXPECT_EQ(entries[i]["token"], want.logprobs[i].token) << i;
+    EXPECT_NEAR(entries[i]["logprob"].get<double>(), want.logprobs[i].logprob, 1e-6) << i;
+    ASSERT_EQ(entries[i]["top_logprobs"].size(), 2u);
+    EXPECT_EQ(entries[i]["top_logprobs"][0]["token"], want.logprobs[i].top_logprobs[0].token);
+    joined += want.logprobs[i].token;
+  }
+  EXPECT_EQ(joined, want.content);  // the entries' bytes add up to the reply
 }
 
 // The engine's own errors, before anything reaches the engine core: a conversation the template
 // refuses (raise_exception) names "messages"; a thinking budget on a model without </think> (the
-// tiny model's vocabulary has none) names max_thinking_tokens.
+// tiny model's vocabulary has none) names max_thinking_tokens; a template that does not parse is
+// the chat API's error, not the load's.
 TEST(ChatApi, RefusedConversationsAreErrors) {
   test_util::TempDir dir;
   const std::string path = (dir.path() / "t.jinja").string();
@@ -303,7 +378,7 @@ TEST(ChatApi, RefusedConversationsAreErrors) {
   o.chat_template = path;
   auto e = Engine::load(o);
   ASSERT_TRUE(e.ok()) << e.status().message();
-  EXPECT_EQ((*e)->chat_template()->origin(), path);
+  EXPECT_EQ((*(*e)->chat_template())->origin(), path);
   ChatRequest two;
   two.messages = {text_message("user", "hi"), text_message("user", "again")};
   auto r = (*e)->chat(two);
@@ -319,6 +394,25 @@ TEST(ChatApi, RefusedConversationsAreErrors) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().message().rfind("max_thinking_tokens: ", 0), 0u) << t.status().message();
   EXPECT_EQ((*e)->core_stats().steps, 0);  // nothing ran
+
+  // A template that does not parse: the engine loads (raw ids need no template), and the chat
+  // API fails with the template's own error, naming the place.
+  const std::string broken = (dir.path() / "broken.jinja").string();
+  std::ofstream(broken) << "{% if %}";
+  o.chat_template = broken;
+  auto b = Engine::load(o);
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  const auto tpl = (*b)->chat_template();
+  ASSERT_FALSE(tpl.ok());
+  EXPECT_NE(tpl.status().message().find("broken.jinja"), std::string::npos)
+      << tpl.status().message();
+  auto chat = (*b)->chat(think);
+  ASSERT_FALSE(chat.ok());
+  EXPECT_EQ(chat.status().message(), tpl.status().message());
+  GenerateRequest g;
+  g.prompt_ids = (*b)->tokenizer()->encode("hi");
+  g.max_new_tokens = 2;
+  EXPECT_TRUE((*b)->generate(g).ok());
 }
 
 }  // namespace

@@ -452,6 +452,7 @@ TEST_F(ServerTest, ChatTemplateFileAndKwargs) {
   ASSERT_TRUE(c);
   EXPECT_EQ(c->status, 400);
   EXPECT_NE(c->body.find("one message only"), std::string::npos) << c->body;
+  EXPECT_EQ(json::parse(c->body)["error"]["param"], "messages") << c->body;
   json bad = plain;
   bad["chat_template_kwargs"] = {{"messages", 1}};
   auto d = post(bad);

@@ -1,4 +1,4 @@
-// The reply splitter (src/server/chat_output_parser): recorded model outputs — reasoning with and
+// The reply splitter (src/engine/chat_output_parser): recorded model outputs — reasoning with and
 // without the opening tag, Qwen tool calls in JSON and XML form, several calls, calls after text,
 // malformed and unterminated blocks, lookalike tags — give the expected reasoning, content and
 // tool calls, and the same result however the text is cut into streamed pieces (every single cut,

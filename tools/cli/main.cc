@@ -166,14 +166,14 @@ int cmd_run(const RunArgs& a) {
   opts.quant = a.quant;
   opts.mmap_weights = a.mmap;
   opts.vision_fp16 = a.vision_fp16;
+  opts.chat_template = a.chat_template;
   auto engine_or = vlm::Engine::load(opts);
   if (!engine_or.ok()) return fail(engine_or.status());
   vlm::Engine& engine = **engine_or;
 
   std::string prompt_text = a.prompt;
   if (!a.raw) {
-    auto tpl = a.chat_template.empty() ? vlm::ChatTemplate::from_model_dir(a.model)
-                                       : vlm::ChatTemplate::from_file(a.chat_template);
+    auto tpl = engine.chat_template();  // the checkpoint's, or --chat-template
     if (!tpl.ok()) return fail(tpl.status());
     std::vector<vlm::ChatMessage> msgs;
     auto text_message = [](const char* role, const std::string& text) {
@@ -194,7 +194,7 @@ int cmd_run(const RunArgs& a) {
       user.parts.push_back(vlm::ChatPart::of_text(a.prompt));
     }
     msgs.push_back(user);
-    auto rendered = tpl->render(msgs, {});
+    auto rendered = (*tpl)->render(msgs, {});
     if (!rendered.ok()) return fail(rendered.status());
     prompt_text = std::move(rendered).value();
   }
