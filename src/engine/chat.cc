@@ -131,15 +131,19 @@ bool ChatStream::take(ChatChunk* out, bool wait) {
   parser_->feed(p.text, &out->delta);
   if (p.finished) parser_->finish(&out->delta);
   if (!keep_reasoning_) out->delta.reasoning.clear();
-  out->logprobs = std::move(p.logprobs);
-  out->token_id = p.token_id;
-  out->step = p.step;
-  out->sampled_ns = p.sampled_ns;
-  out->finished = p.finished;
-  out->finish_reason = p.finish_reason;
-  out->error = std::move(p.error);
-  out->stats = p.stats;
+  take_piece(std::move(p), out);
   return true;
+}
+
+void take_piece(RequestOutput&& piece, ChatChunk* out) {
+  out->logprobs = std::move(piece.logprobs);
+  out->token_id = piece.token_id;
+  out->step = piece.step;
+  out->sampled_ns = piece.sampled_ns;
+  out->finished = piece.finished;
+  out->finish_reason = piece.finish_reason;
+  out->error = std::move(piece.error);
+  out->stats = piece.stats;
 }
 
 }  // namespace vlm

@@ -51,6 +51,10 @@ class ChatOutputParser {
   int calls_ = 0;
 };
 
+// A stream's piece into a chat chunk: everything but the text (which the parser splits into
+// out->delta), moved.
+void take_piece(RequestOutput&& piece, ChatChunk* out);
+
 // Parses one `<tool_call>` block's inside; false when it is not a call.
 bool parse_tool_call_block(const std::string& block, std::string* name, std::string* arguments);
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/chat_output_parser.h"
 #include "server/http_client.h"
 #include "server/http_transport.h"
 #include "server/kv_event_publisher.h"
@@ -367,14 +368,7 @@ struct ChoiceStream {
     if (!raw->try_next(&p)) return false;
     *out = ChatChunk{};
     out->delta.content = std::move(p.text);
-    out->logprobs = std::move(p.logprobs);
-    out->token_id = p.token_id;
-    out->step = p.step;
-    out->sampled_ns = p.sampled_ns;
-    out->finished = p.finished;
-    out->finish_reason = p.finish_reason;
-    out->error = std::move(p.error);
-    out->stats = p.stats;
+    take_piece(std::move(p), out);
     return true;
   }
   void cancel() {
