@@ -179,6 +179,10 @@ struct ChatReply {
   FinishReason finish_reason = FinishReason::kNone;
   std::vector<TokenLogprob> logprobs;  // with ChatRequest::logprobs >= 0
   RequestStats stats;
+
+  // Adds a streamed piece's delta: content and reasoning appended, tool call fragments joined by
+  // their index (what Engine::chat does with each chunk).
+  void add(const ChatDelta& delta);
 };
 
 // Renders the conversation with the built-in Qwen3-VL Instruct template (special tokens as their

@@ -25,9 +25,10 @@ Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
                                                         std::function<void()> notify) {
   const Impl& m = *impl_;
   VLM_ASSIGN_OR_RETURN(const ChatTemplate* tpl, chat_template());
+  const bool has_tools = !request.tools_json.empty();
   ChatTemplateOptions topts;
-  topts.tools_json = request.tools_json;
-  topts.kwargs_json = request.template_kwargs;
+  topts.tools_json = std::move(request.tools_json);
+  topts.kwargs_json = std::move(request.template_kwargs);
   topts.add_vision_id = request.add_vision_id;
   auto prompt = tpl->render(request.messages, topts);
   if (!prompt.ok()) {
@@ -70,7 +71,7 @@ Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
   }
   ChatOutputParser::Options po;
   po.reasoning_open = think_open;
-  po.tool_calls = !request.tools_json.empty() && request.parse_tool_calls;
+  po.tool_calls = has_tools && request.parse_tool_calls;
   po.max_tool_calls = request.parallel_tool_calls ? 0 : 1;
   VLM_ASSIGN_OR_RETURN(std::unique_ptr<RequestStream> stream,
                        submit(std::move(g), std::move(notify)));
@@ -81,6 +82,22 @@ Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
       std::move(stream), std::make_unique<ChatOutputParser>(po), request.include_reasoning));
 }
 
+void ChatReply::add(const ChatDelta& delta) {
+  content += delta.content;
+  reasoning += delta.reasoning;
+  for (const ToolCallDelta& t : delta.tool_calls) {
+    if (t.index >= static_cast<int>(tool_calls.size())) {
+      tool_calls.resize(static_cast<size_t>(t.index) + 1);
+    }
+    ChatToolCall& call = tool_calls[static_cast<size_t>(t.index)];
+    if (!t.id.empty()) call.id = t.id;
+    if (!t.name.empty()) call.name = t.name;
+    if (t.arguments.empty()) continue;
+    call.arguments += t.arguments;
+    call.arguments_is_object = nlohmann::json::parse(call.arguments, nullptr, false).is_object();
+  }
+}
+
 Result<ChatReply> Engine::chat(ChatRequest request,
                                const std::function<bool(const ChatChunk&)>& on_chunk) {
   VLM_ASSIGN_OR_RETURN(std::unique_ptr<ChatStream> stream, chat_stream(std::move(request)));
@@ -88,18 +105,7 @@ Result<ChatReply> Engine::chat(ChatRequest request,
   ChatChunk chunk;
   while (stream->next(&chunk)) {
     if (!chunk.error.ok()) return chunk.error;
-    reply.content += chunk.delta.content;
-    reply.reasoning += chunk.delta.reasoning;
-    for (const ToolCallDelta& t : chunk.delta.tool_calls) {
-      if (t.index >= static_cast<int>(reply.tool_calls.size())) {
-        reply.tool_calls.resize(static_cast<size_t>(t.index) + 1);
-      }
-      ChatToolCall& call = reply.tool_calls[static_cast<size_t>(t.index)];
-      if (!t.id.empty()) call.id = t.id;
-      if (!t.name.empty()) call.name = t.name;
-      call.arguments += t.arguments;
-      call.arguments_is_object = nlohmann::json::parse(call.arguments, nullptr, false).is_object();
-    }
+    reply.add(chunk.delta);
     reply.logprobs.insert(reply.logprobs.end(), chunk.logprobs.begin(), chunk.logprobs.end());
     reply.stats = chunk.stats;
     if (chunk.finished) reply.finish_reason = chunk.finish_reason;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <initializer_list>
+#include <optional>
 
 #include "engine/engine_impl.h"
 #include "ops/autotune.h"
@@ -16,6 +18,35 @@
 #endif
 
 namespace vlm {
+
+namespace {
+
+// The one of `values` whose name is `name`.
+template <typename E>
+std::optional<E> find_named(std::string_view name, std::initializer_list<E> values,
+                            const char* (*name_of)(E)) {
+  for (E v : values) {
+    if (name == name_of(v)) return v;
+  }
+  return std::nullopt;
+}
+
+// The one of `values` named `name`, else "WHAT 'NAME' is not a, b or c".
+template <typename E>
+Result<E> parse_named(std::string_view name, std::initializer_list<E> values,
+                      const char* (*name_of)(E), const char* what) {
+  if (auto v = find_named(name, values, name_of)) return *v;
+  std::string list;
+  size_t i = 0;
+  for (E v : values) {
+    if (i > 0) list += i + 1 == values.size() ? " or " : ", ";
+    list += name_of(v);
+    ++i;
+  }
+  return invalid_argument(std::string(what) + " '" + std::string(name) + "' is not " + list);
+}
+
+}  // namespace
 
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 const char* quant_name(Quant q) {
@@ -47,12 +78,9 @@ const char* kv_cache_dtype_name(KvCacheDtype t) {
   return "?";
 }
 Result<KvCacheDtype> parse_kv_cache_dtype(std::string_view name) {
-  for (KvCacheDtype t :
-       {KvCacheDtype::kAuto, KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kInt8}) {
-    if (name == kv_cache_dtype_name(t)) return t;
-  }
-  return invalid_argument("KV cache dtype '" + std::string(name) +
-                          "' is not auto, f32, bf16 or int8");
+  return parse_named(
+      name, {KvCacheDtype::kAuto, KvCacheDtype::kF32, KvCacheDtype::kBF16, KvCacheDtype::kInt8},
+      kv_cache_dtype_name, "KV cache dtype");
 }
 
 const char* cpu_isa_name(CpuIsa isa) {
@@ -73,12 +101,10 @@ const char* cpu_isa_name(CpuIsa isa) {
   return "?";
 }
 Result<CpuIsa> parse_cpu_isa(std::string_view name) {
-  for (CpuIsa i : {CpuIsa::kAuto, CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx2Vnni,
-                   CpuIsa::kAvx512, CpuIsa::kAvx512Vnni}) {
-    if (name == cpu_isa_name(i)) return i;
-  }
-  return invalid_argument("CPU ISA level '" + std::string(name) +
-                          "' is not auto, generic, avx2, avx2vnni, avx512 or avx512vnni");
+  return parse_named(name,
+                     {CpuIsa::kAuto, CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx2Vnni,
+                      CpuIsa::kAvx512, CpuIsa::kAvx512Vnni},
+                     cpu_isa_name, "CPU ISA level");
 }
 
 const char* bf16_gemm_name(Bf16Gemm g) {
@@ -95,37 +121,27 @@ const char* bf16_gemm_name(Bf16Gemm g) {
   return "?";
 }
 Result<Bf16Gemm> parse_bf16_gemm(std::string_view name) {
-  for (Bf16Gemm g : {Bf16Gemm::kAuto, Bf16Gemm::kF32, Bf16Gemm::kDpbf16, Bf16Gemm::kAmx}) {
-    if (name == bf16_gemm_name(g)) return g;
-  }
-  return invalid_argument("BF16 kernel choice '" + std::string(name) +
-                          "' is not auto, f32, dpbf16 or amx");
+  return parse_named(name, {Bf16Gemm::kAuto, Bf16Gemm::kF32, Bf16Gemm::kDpbf16, Bf16Gemm::kAmx},
+                     bf16_gemm_name, "BF16 kernel choice");
 }
 
 Result<Device> parse_device(std::string_view name) {
-  for (Device d : {Device::kCpu, Device::kCuda}) {
-    if (name == device_name(d)) return d;
-  }
+  if (auto d = find_named(name, {Device::kCpu, Device::kCuda}, device_name)) return *d;
   return invalid_argument("unknown device '" + std::string(name) + "' (cpu or cuda)");
 }
 Result<Quant> parse_quant(std::string_view name) {
-  for (Quant q : {Quant::kNone, Quant::kInt8, Quant::kInt4, Quant::kFp8}) {
-    if (name == quant_name(q)) return q;
+  if (auto q =
+          find_named(name, {Quant::kNone, Quant::kInt8, Quant::kInt4, Quant::kFp8}, quant_name)) {
+    return *q;
   }
   return invalid_argument("unknown quantization '" + std::string(name) +
                           "' (none, int8, int4, or fp8 on the GPU)");
 }
 Result<Precision> parse_precision(std::string_view name) {
-  for (Precision p : {Precision::kAuto, Precision::kF32}) {
-    if (name == precision_name(p)) return p;
-  }
-  return invalid_argument("precision '" + std::string(name) + "' is not auto or f32");
+  return parse_named(name, {Precision::kAuto, Precision::kF32}, precision_name, "precision");
 }
 Result<GpuDtype> parse_gpu_dtype(std::string_view name) {
-  for (GpuDtype t : {GpuDtype::kBF16, GpuDtype::kF32}) {
-    if (name == gpu_dtype_name(t)) return t;
-  }
-  return invalid_argument("gpu dtype '" + std::string(name) + "' is not bf16 or f32");
+  return parse_named(name, {GpuDtype::kBF16, GpuDtype::kF32}, gpu_dtype_name, "gpu dtype");
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -464,21 +480,8 @@ const Tokenizer* Engine::tokenizer() const { return impl_->tokenizer.get(); }
 int64_t Engine::vocab_size() const { return impl_->cfg.text_config.vocab_size; }
 int64_t Engine::max_context() const { return impl_->max_context; }
 const std::vector<int32_t>& Engine::eos_token_ids() const { return impl_->eos_ids; }
-CpuIsa Engine::cpu_isa() const {
-  switch (impl_->isa) {
-    case ops::Isa::kGeneric:
-      return CpuIsa::kGeneric;
-    case ops::Isa::kAvx2:
-      return CpuIsa::kAvx2;
-    case ops::Isa::kAvx2Vnni:
-      return CpuIsa::kAvx2Vnni;
-    case ops::Isa::kAvx512:
-      return CpuIsa::kAvx512;
-    case ops::Isa::kAvx512Vnni:
-      return CpuIsa::kAvx512Vnni;
-  }
-  return CpuIsa::kGeneric;
-}
+// The public level of the kernels in use: the op layer's levels have the same names.
+CpuIsa Engine::cpu_isa() const { return parse_cpu_isa(ops::isa_name(impl_->isa)).value(); }
 Quant Engine::quant() const { return impl_->opts.quant; }
 bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vision->fp16(); }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }

@@ -310,14 +310,12 @@ namespace {
 
 // One choice of a response (one engine request).
 struct ChoiceState {
-  std::string text;
-  std::vector<TokenLogprob> logprobs;  // with logprobs: their bytes add up to `text`
+  // The reply: its text (reply.content), and for chat its reasoning and tool calls.
+  ChatReply reply;
+  std::vector<TokenLogprob> logprobs;  // with logprobs: their bytes add up to reply.content
   FinishReason reason = FinishReason::kNone;
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   bool finished = false;
-  // Chat: the reply's reasoning and tool calls (its content is `text`).
-  std::string reasoning;
-  std::vector<ChatToolCall> tool_calls;
   Clock::time_point last_token;
   bool has_token = false;
 };
@@ -466,20 +464,6 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     if (!out.empty()) ex_->write(std::move(out));
   }
 
-  // A chat delta into its choice.
-  static void add_delta(ChoiceState& c, const ChatDelta& d) {
-    c.text += d.content;
-    c.reasoning += d.reasoning;
-    for (const ToolCallDelta& t : d.tool_calls) {
-      if (t.index >= static_cast<int>(c.tool_calls.size()))
-        c.tool_calls.resize(static_cast<size_t>(t.index) + 1);
-      ChatToolCall& call = c.tool_calls[static_cast<size_t>(t.index)];
-      if (!t.id.empty()) call.id = t.id;
-      if (!t.name.empty()) call.name = t.name;
-      call.arguments += t.arguments;
-    }
-  }
-
   // False once the reply is complete (or failed).
   bool handle(int i, const ChatChunk& p, std::string* out) {
     ChoiceState& c = choices_[i];
@@ -525,12 +509,12 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
       return sse_event(chunk);
     };
     if (f_.chat) {
-      add_delta(c, p.delta);
+      c.reply.add(p.delta);
       if (f_.stream && (!p.delta.empty() || (lp && !lp->empty()))) {
         *out += event(f_.delta_chunk(i, p.delta, lp));
       }
     } else {
-      c.text += p.delta.content;
+      c.reply.content += p.delta.content;
       if (f_.stream && (!p.delta.content.empty() || (lp && !lp->empty()))) {
         *out += event(f_.chunk(i, p.delta.content, lp));
       }
@@ -558,7 +542,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     if (st.images > st.images_cached || st.videos > st.videos_cached) {
       s_.encode_time->observe(st.encode_ms / 1e3);
     }
-    if (f_.stream) *out += event(f_.finish(i, p.finish_reason, !c.tool_calls.empty()));
+    if (f_.stream) *out += event(f_.finish(i, p.finish_reason, !c.reply.tool_calls.empty()));
     if (++finished_ < choices_.size()) return true;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -913,9 +897,9 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
       for (int i = 0; i < n; ++i) {
         CompletionChoice c;
         c.index = i;
-        c.text = choices[i].text;
-        c.reasoning = choices[i].reasoning;
-        c.tool_calls = choices[i].tool_calls;
+        c.text = choices[i].reply.content;
+        c.reasoning = choices[i].reply.reasoning;
+        c.tool_calls = choices[i].reply.tool_calls;
         c.finish_reason = choices[i].reason;
         if (want_logprobs) c.logprobs = choices[i].logprobs;
         out.push_back(std::move(c));
@@ -993,7 +977,7 @@ void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
       for (size_t i = 0; i < choices.size(); ++i) {
         CompletionChoice c;
         c.index = static_cast<int>(i);
-        c.text = echo[i] + choices[i].text;
+        c.text = echo[i] + choices[i].reply.content;
         c.finish_reason = choices[i].reason;
         if (want_logprobs) c.logprobs = choices[i].logprobs;
         offsets.push_back(echo[i].size());
