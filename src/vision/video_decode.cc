@@ -289,6 +289,382 @@ bool is_webp(const uint8_t* data, size_t size) {
   return size >= 12 && std::memcmp(data, "RIFF", 4) == 0 && std::memcmp(data + 8, "WEBP", 4) == 0;
 }
 
+// What decode_video checks before it reads anything: the size and the sampling.
+Status check_input(const uint8_t* data, size_t size, const VideoSampling& sampling,
+                   const VideoLimits& limits) {
+  if (data == nullptr || size == 0) return video_error("", "empty input");
+  if (static_cast<int64_t>(size) > limits.max_bytes) {
+    return video_error("", std::to_string(size) + " bytes exceed the limit of " +
+                               std::to_string(limits.max_bytes));
+  }
+  if (!(sampling.fps > 0) || !std::isfinite(sampling.fps) || sampling.min_frames < 1 ||
+      sampling.max_frames < sampling.min_frames) {
+    return video_error("", "fps must be positive and 1 <= min_frames <= max_frames");
+  }
+  return Status();
+}
+
+// The video stream of an opened container, with what its header says.
+struct VideoStream {
+  std::unique_ptr<Demuxer> dm;
+  int si = -1;  // the stream's index in the container
+  const AVCodec* codec = nullptr;
+  std::string format;  // "container/codec"
+  double fps = 0;      // the stated average rate (0: none)
+  int64_t total = 0;   // the stated frame count (0 or less: none)
+
+  AVFormatContext* fmt() const { return dm->fmt.get(); }
+  AVStream* stream() const { return dm->fmt->streams[si]; }
+};
+
+// Opens the container and picks its best video stream; refuses frames and durations over the
+// limits as the header states them.
+Result<VideoStream> open_stream(const uint8_t* data, size_t size, const VideoLimits& limits,
+                                Clock::time_point deadline) {
+  VideoStream vs;
+  auto opened = Demuxer::open(data, size, limits, deadline);
+  if (!opened.ok()) return opened.status();
+  vs.dm = std::move(opened).value();
+  AVFormatContext* fmt = vs.fmt();
+  vs.format = vs.dm->format;
+  vs.si = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &vs.codec, 0);
+  if (vs.si < 0 || vs.codec == nullptr) {
+    return video_error(vs.format, vs.si == AVERROR_DECODER_NOT_FOUND
+                                      ? "no decoder for its video codec"
+                                      : "no video stream");
+  }
+  const AVStream* st = vs.stream();
+  vs.format += std::string("/") + vs.codec->name;
+  const AVCodecParameters* par = st->codecpar;
+  if (par->width <= 0 || par->height <= 0) {  // probing refused the frames, or could not read them
+    return video_error(vs.format,
+                       "no frame size could be read (corrupt, or frames over the limit of " +
+                           std::to_string(limits.max_frame_pixels) + " pixels)");
+  }
+  VLM_RETURN_IF_ERROR(check_frame_size(par->width, par->height, limits, vs.format));
+  double duration = 0;
+  if (st->duration > 0 && st->time_base.num > 0) {
+    duration = static_cast<double>(st->duration) * av_q2d(st->time_base);
+  } else if (fmt->duration > 0) {
+    duration = static_cast<double>(fmt->duration) / AV_TIME_BASE;
+  }
+  if (duration > limits.max_duration_s) {
+    return video_error(vs.format,
+                       "a duration of " + std::to_string(static_cast<int64_t>(duration)) +
+                           " s exceeds the limit of " +
+                           std::to_string(static_cast<int64_t>(limits.max_duration_s)) + " s");
+  }
+  const AVRational rate = st->avg_frame_rate;
+  vs.fps = rate.num > 0 && rate.den > 0 ? av_q2d(rate) : 0;
+  vs.total = st->nb_frames;
+  return vs;
+}
+
+// NOTE(vlm): 16 frames apart and more: below that the packet pass costs about what seeking saves
+// (a 300-frame 720p clip with a keyframe every 60: 11% slower at 32 samples, 9 apart;
+// docs/benchmarks.md).
+constexpr int64_t kSeekGap = 16;
+
+// Whether `samples` of `total` frames lie far enough apart to seek between.
+bool sparse(int64_t total, size_t samples) {
+  return total > 0 && total / static_cast<int64_t>(std::max<size_t>(1, samples)) >= kSeekGap;
+}
+
+// Where seeking is used: every packet's presentation timestamp, ascending (index i's is
+// pts_order[i]), and the indices of the keyframes, ascending. Empty: decode in order.
+struct SeekIndex {
+  std::vector<int64_t> pts_order;
+  std::vector<int64_t> keys;
+};
+
+// The seek index of the packets (pts, keyframe) in stream order; empty unless the timestamps are
+// distinct and the first frame is a keyframe.
+SeekIndex seek_index_of(const std::vector<std::pair<int64_t, bool>>& packets) {
+  SeekIndex s;
+  for (const auto& pk : packets) s.pts_order.push_back(pk.first);
+  std::sort(s.pts_order.begin(), s.pts_order.end());
+  const bool distinct =
+      std::adjacent_find(s.pts_order.begin(), s.pts_order.end()) == s.pts_order.end();
+  for (const auto& pk : packets) {
+    if (!pk.second || !distinct) continue;
+    s.keys.push_back(std::lower_bound(s.pts_order.begin(), s.pts_order.end(), pk.first) -
+                     s.pts_order.begin());
+  }
+  std::sort(s.keys.begin(), s.keys.end());
+  if (!distinct || s.keys.empty() || s.keys[0] != 0) return {};
+  return s;
+}
+
+// The packet pass, where seeking may pay (samples further apart than a few frames) or where the
+// header states no count: reads the stream's packets (nothing decoded) for their count and, to
+// seek, each one's timestamp and keyframe flag, from which a decoded frame's index follows. Sets
+// the count (and the sampled indices again) where the header had none, then opens the container
+// again for the decode.
+Status read_packets(const uint8_t* data, size_t size, const VideoSampling& sampling,
+                    const VideoLimits& limits, Clock::time_point deadline, VideoStream* vs,
+                    std::vector<int64_t>* indices, SeekIndex* seek) {
+  std::unique_ptr<AVPacket, PacketDeleter> p(av_packet_alloc());
+  if (!p) return Status(StatusCode::kUnavailable, "video: out of memory");
+  int64_t count = 0;
+  std::vector<std::pair<int64_t, bool>> packets;
+  bool timed = true;
+  while (av_read_frame(vs->fmt(), p.get()) >= 0) {
+    if (p->stream_index == vs->si && p->size > 0) {
+      ++count;
+      timed = timed && p->pts != AV_NOPTS_VALUE;
+      if (timed && limits.seek) packets.emplace_back(p->pts, (p->flags & AV_PKT_FLAG_KEY) != 0);
+    }
+    av_packet_unref(p.get());
+    if (count > limits.max_source_frames) break;
+    if (Clock::now() > deadline)
+      return video_error(vs->format, "reading took longer than the limit");
+  }
+  if (vs->total <= 0) {
+    vs->total = count;
+    *indices = sample_frame_indices(vs->total, vs->fps, sampling);
+  }
+  // Seeking maps a frame to its index by its timestamp: only where every packet is one frame
+  // with a distinct timestamp and the count is the one sampling used.
+  if (timed && limits.seek && sparse(vs->total, indices->size()) && count == vs->total &&
+      static_cast<int64_t>(packets.size()) == count) {
+    *seek = seek_index_of(packets);
+  }
+  auto again = Demuxer::open(data, size, limits, deadline);
+  if (!again.ok()) return again.status();
+  vs->dm = std::move(again).value();
+  if (vs->si >= static_cast<int>(vs->fmt()->nb_streams)) {
+    return video_error(vs->format, "streams changed");
+  }
+  return Status();
+}
+
+// The stream's decoder, single-threaded, refusing frames over the pixel limit.
+Result<std::unique_ptr<AVCodecContext, CodecDeleter>> open_decoder(const VideoStream& vs,
+                                                                   const VideoLimits& limits) {
+  std::unique_ptr<AVCodecContext, CodecDeleter> cc(avcodec_alloc_context3(vs.codec));
+  if (!cc) return Status(StatusCode::kUnavailable, "video: out of memory");
+  int err = avcodec_parameters_to_context(cc.get(), vs.stream()->codecpar);
+  if (err < 0) return video_error(vs.format, "bad codec parameters (" + av_message(err) + ")");
+  cc->thread_count = 1;
+  cc->max_pixels = limits.max_frame_pixels;
+  if ((err = avcodec_open2(cc.get(), vs.codec, nullptr)) < 0) {
+    return video_error(vs.format, "cannot open the decoder (" + av_message(err) + ")");
+  }
+  return cc;
+}
+
+// Decodes the stream in order and keeps the sampled frames, as RGB, into `out`.
+//
+// Seeking (a seek index): each decoded frame's index is its timestamp's rank; before reading on,
+// the demuxer jumps to the keyframe at or before the next sampled frame when that keyframe lies
+// past what has been decoded. A frame whose timestamp is unknown, or a sampled frame passed over,
+// means the timestamps cannot be trusted: run() ends with unseekable() set, and the whole decode
+// starts again without seeking.
+class FrameDecoder {
+ public:
+  FrameDecoder(const VideoStream& vs, AVCodecContext* cc, const SeekIndex& seek,
+               const VideoLimits& limits, const FrameSink& sink, Clock::time_point deadline,
+               VideoFrames* out)
+      : vs_(vs),
+        cc_(cc),
+        seek_(seek),
+        seeking_(!seek.pts_order.empty()),
+        limits_(limits),
+        sink_(sink),
+        deadline_(deadline),
+        out_(out) {}
+
+  // The error that ended the decode (ok when it ended well or unseekable).
+  Status run() {
+    pkt_.reset(av_packet_alloc());
+    frame_.reset(av_frame_alloc());
+    if (!pkt_ || !frame_) return Status(StatusCode::kUnavailable, "video: out of memory");
+    bool more = true;
+    while (more) {
+      if (!seek_ahead()) {
+        unseekable_ = true;
+        break;
+      }
+      const int err = av_read_frame(vs_.fmt(), pkt_.get());
+      if (err == AVERROR_EOF) break;
+      if (err < 0) {
+        failed_ =
+            video_error(vs_.format, err == AVERROR_EXIT ? "reading took longer than the limit"
+                                                        : "unreadable (" + av_message(err) + ")");
+        break;
+      }
+      if (pkt_->stream_index == vs_.si) more = send_packet();
+      av_packet_unref(pkt_.get());
+    }
+    if (failed_.ok() && !unseekable_ && next_ < out_->indices.size()) {  // the delayed frames
+      avcodec_send_packet(cc_, nullptr);
+      drain();
+    }
+    return failed_;
+  }
+  bool unseekable() const { return unseekable_; }
+
+ private:
+  // Jumps to the keyframe at or before the next sampled frame where that skips at least kSeekGap
+  // frames; false where the jump fails.
+  bool seek_ahead() {
+    if (!seeking_ || next_ >= out_->indices.size()) return true;
+    const int64_t target = out_->indices[next_];
+    const int64_t key = *std::prev(std::upper_bound(seek_.keys.begin(), seek_.keys.end(), target));
+    if (key <= last_out_ + kSeekGap || key <= sought_) return true;
+    avcodec_flush_buffers(cc_);
+    if (av_seek_frame(vs_.fmt(), vs_.si, seek_.pts_order[key], AVSEEK_FLAG_BACKWARD) < 0) {
+      return false;
+    }
+    sought_ = key;
+    return true;
+  }
+
+  // Feeds the packet read to the decoder, taking its frames out; false to stop reading.
+  bool send_packet() {
+    bool more = true;
+    int r = avcodec_send_packet(cc_, pkt_.get());
+    while (r == AVERROR(EAGAIN) && (more = drain())) {  // output first, then the packet again
+      r = avcodec_send_packet(cc_, pkt_.get());
+    }
+    if (!more) return false;
+    if (r < 0 && seeking_ && sought_ > 0) {
+      unseekable_ = true;
+      return false;
+    }
+    if (r < 0) {
+      failed_ = video_error(vs_.format, "corrupt data (" + av_message(r) + ")");
+      return false;
+    }
+    return drain();
+  }
+
+  // Hands the decoder's frames over; false once every sampled frame is in, or on an error.
+  bool drain() {
+    for (;;) {
+      const int r = avcodec_receive_frame(cc_, frame_.get());
+      if (r == AVERROR(EAGAIN) || r == AVERROR_EOF) return true;
+      if (r < 0) {
+        if (seeking_ && sought_ > 0) {  // perhaps the jump's doing: decode in order instead
+          unseekable_ = true;
+          return false;
+        }
+        failed_ = video_error(vs_.format, "frame " + std::to_string(index_ + 1) + " is corrupt (" +
+                                              av_message(r) + ")");
+        return false;
+      }
+      if (index_ >= limits_.max_source_frames) {
+        failed_ = video_error(vs_.format, "more frames than the limit of " +
+                                              std::to_string(limits_.max_source_frames));
+        return false;
+      }
+      ++out_->decoded_frames;
+      int64_t at = index_;
+      if (seeking_ && !place_frame(&at)) {
+        unseekable_ = true;
+        return false;
+      }
+      while (next_ < out_->indices.size() && out_->indices[next_] == at) {
+        if (!keep_decoded()) return false;
+        ++next_;
+      }
+      av_frame_unref(frame_.get());
+      ++index_;
+      if (next_ == out_->indices.size()) return false;
+      if (Clock::now() > deadline_) {
+        failed_ = video_error(vs_.format, "decoding took longer than the limit");
+        return false;
+      }
+    }
+  }
+
+  // Seeking: the decoded frame's index from its timestamp's rank; false where it cannot be
+  // trusted.
+  bool place_frame(int64_t* at) {
+    const int64_t ts = frame_->pts != AV_NOPTS_VALUE ? frame_->pts : frame_->best_effort_timestamp;
+    const auto it = std::lower_bound(seek_.pts_order.begin(), seek_.pts_order.end(), ts);
+    if (ts == AV_NOPTS_VALUE || it == seek_.pts_order.end() || *it != ts ||
+        (next_ < out_->indices.size() && it - seek_.pts_order.begin() > out_->indices[next_])) {
+      return false;
+    }
+    *at = it - seek_.pts_order.begin();
+    // Until the first jump the decoder's count is the index too: a mismatch there means a packet
+    // that gives no frame (or two), and ranks of timestamps are not indices.
+    if (sought_ == 0 && *at != index_) return false;
+    last_out_ = std::max(last_out_, *at);
+    return true;
+  }
+
+  // The decoded frame as RGB, kept (through the sink); false with failed_ set on an error.
+  bool keep_decoded() {
+    const int w = frame_->width, h = frame_->height;
+    failed_ = check_frame_size(w, h, limits_, vs_.format);
+    if (!failed_.ok()) return false;
+    sws_.reset(sws_getCachedContext(sws_.release(), w, h,
+                                    static_cast<AVPixelFormat>(frame_->format), w, h,
+                                    AV_PIX_FMT_RGB24, SWS_BILINEAR, nullptr, nullptr, nullptr));
+    if (!sws_) {
+      failed_ = video_error(vs_.format, "unsupported pixel format");
+      return false;
+    }
+    if (rgb_.w != w || rgb_.h != h) {
+      av_freep(&rgb_.data[0]);
+      rgb_.w = rgb_.h = 0;
+      // 64-byte aligned rows, with room for a 16-pixel overhang on the last.
+      if (av_image_alloc(rgb_.data, rgb_.linesize, w + 16, h, AV_PIX_FMT_RGB24, 64) < 0) {
+        failed_ = Status(StatusCode::kUnavailable, "video: out of memory");
+        return false;
+      }
+      rgb_.w = w;
+      rgb_.h = h;
+    }
+    sws_scale(sws_.get(), frame_->data, frame_->linesize, 0, h, rgb_.data, rgb_.linesize);
+    Image img;
+    img.width = w;
+    img.height = h;
+    try {
+      img.rgb.resize(static_cast<size_t>(int64_t{w} * h * 3));
+    } catch (const std::bad_alloc&) {
+      failed_ = Status(StatusCode::kUnavailable, "video: out of memory");
+      return false;
+    }
+    for (int y = 0; y < h; ++y) {
+      std::memcpy(img.rgb.data() + static_cast<size_t>(y) * w * 3,
+                  rgb_.data[0] + static_cast<ptrdiff_t>(y) * rgb_.linesize[0],
+                  static_cast<size_t>(w) * 3);
+    }
+    failed_ = keep_frame(std::move(img), static_cast<int64_t>(out_->indices.size()), sink_, limits_,
+                         &total_pixels_, vs_.format, out_);
+    return failed_.ok();
+  }
+
+  const VideoStream& vs_;
+  AVCodecContext* cc_;
+  const SeekIndex& seek_;
+  const bool seeking_;
+  const VideoLimits& limits_;
+  const FrameSink& sink_;
+  const Clock::time_point deadline_;
+  VideoFrames* out_;
+  std::unique_ptr<AVPacket, PacketDeleter> pkt_;
+  std::unique_ptr<AVFrame, FrameDeleter> frame_;
+  std::unique_ptr<SwsContext, SwsDeleter> sws_;
+  // swscale writes whole vector widths past a row's end on some paths, so it converts into
+  // padded, aligned rows (as PyAV's frames are) that are then copied out.
+  struct RgbScratch {
+    uint8_t* data[4] = {};
+    int linesize[4] = {};
+    int w = 0, h = 0;
+    ~RgbScratch() { av_freep(&data[0]); }
+  } rgb_;
+  int64_t index_ = 0;  // the decoder's count of frames handed over
+  int64_t total_pixels_ = 0;
+  size_t next_ = 0;  // the next sampled frame to keep
+  Status failed_;
+  int64_t last_out_ = -1, sought_ = 0;
+  bool unseekable_ = false;
+};
+
 }  // namespace
 
 std::vector<int64_t> sample_frame_indices(int64_t total, double source_fps,
@@ -333,305 +709,46 @@ Result<VideoFrames> decode_video(const uint8_t* data, size_t size, const VideoSa
                                  const VideoLimits& limits, const FrameSink& sink) {
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(limits.max_decode_s));
-  if (data == nullptr || size == 0) return video_error("", "empty input");
-  if (static_cast<int64_t>(size) > limits.max_bytes) {
-    return video_error("", std::to_string(size) + " bytes exceed the limit of " +
-                               std::to_string(limits.max_bytes));
-  }
-  if (!(sampling.fps > 0) || !std::isfinite(sampling.fps) || sampling.min_frames < 1 ||
-      sampling.max_frames < sampling.min_frames) {
-    return video_error("", "fps must be positive and 1 <= min_frames <= max_frames");
-  }
+  VLM_RETURN_IF_ERROR(check_input(data, size, sampling, limits));
   if (is_webp(data, size)) return decode_webp(data, size, sampling, limits, sink, deadline);
 
   av_log_set_level(AV_LOG_QUIET);
-  auto opened = Demuxer::open(data, size, limits, deadline);
+  auto opened = open_stream(data, size, limits, deadline);
   if (!opened.ok()) return opened.status();
-  std::unique_ptr<Demuxer> dm = std::move(opened).value();
-  AVFormatContext* fmt = dm->fmt.get();
-  std::string format = dm->format;
-  int err = 0;
-  const AVCodec* codec = nullptr;
-  const int si = av_find_best_stream(fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
-  if (si < 0 || codec == nullptr) {
-    return video_error(format, si == AVERROR_DECODER_NOT_FOUND ? "no decoder for its video codec"
-                                                               : "no video stream");
-  }
-  AVStream* st = fmt->streams[si];
-  format += std::string("/") + codec->name;
-  const AVCodecParameters* par = st->codecpar;
-  if (par->width <= 0 || par->height <= 0) {  // probing refused the frames, or could not read them
-    return video_error(format,
-                       "no frame size could be read (corrupt, or frames over the limit of " +
-                           std::to_string(limits.max_frame_pixels) + " pixels)");
-  }
-  VLM_RETURN_IF_ERROR(check_frame_size(par->width, par->height, limits, format));
-  double duration = 0;
-  if (st->duration > 0 && st->time_base.num > 0) {
-    duration = static_cast<double>(st->duration) * av_q2d(st->time_base);
-  } else if (fmt->duration > 0) {
-    duration = static_cast<double>(fmt->duration) / AV_TIME_BASE;
-  }
-  if (duration > limits.max_duration_s) {
-    return video_error(format, "a duration of " + std::to_string(static_cast<int64_t>(duration)) +
-                                   " s exceeds the limit of " +
-                                   std::to_string(static_cast<int64_t>(limits.max_duration_s)) +
-                                   " s");
-  }
-  const AVRational rate = st->avg_frame_rate;
-  const double fps = rate.num > 0 && rate.den > 0 ? av_q2d(rate) : 0;
-  int64_t total = st->nb_frames;
-  // Where seeking may pay (samples further apart than a few frames) and where the header states
-  // no count, the stream's packets are read first (nothing decoded): their count, and each one's
-  // presentation timestamp and keyframe flag, from which a decoded frame's index follows.
-  std::vector<int64_t> pts_order;  // every packet's pts, ascending: index i's pts is pts_order[i]
-  std::vector<int64_t> keys;       // the indices of the keyframes, ascending
-  // NOTE(vlm): 16 frames apart and more: below that the packet pass costs about what seeking
-  // saves (a 300-frame 720p clip with a keyframe every 60: 11% slower at 32 samples, 9 apart;
-  // docs/benchmarks.md).
-  constexpr int64_t kSeekGap = 16;
+  VideoStream vs = std::move(opened).value();
   // The sampled indices (again once the packets have been counted, where the header has no
-  // count), and whether they lie far enough apart to seek between.
-  std::vector<int64_t> indices = sample_frame_indices(total, fps, sampling);
-  auto sparse = [&] {
-    return total > 0 && total / std::max<size_t>(1, indices.size()) >= kSeekGap;
-  };
-  if (total <= 0 || (limits.seek && sparse())) {
-    std::unique_ptr<AVPacket, PacketDeleter> p(av_packet_alloc());
-    if (!p) return Status(StatusCode::kUnavailable, "video: out of memory");
-    int64_t count = 0;
-    std::vector<std::pair<int64_t, bool>> packets;
-    bool timed = true;
-    while (av_read_frame(fmt, p.get()) >= 0) {
-      if (p->stream_index == si && p->size > 0) {
-        ++count;
-        timed = timed && p->pts != AV_NOPTS_VALUE;
-        if (timed && limits.seek) {
-          packets.emplace_back(p->pts, (p->flags & AV_PKT_FLAG_KEY) != 0);
-        }
-      }
-      av_packet_unref(p.get());
-      if (count > limits.max_source_frames) break;
-      if (Clock::now() > deadline) {
-        return video_error(format, "reading took longer than the limit");
-      }
-    }
-    if (total <= 0) {
-      total = count;
-      indices = sample_frame_indices(total, fps, sampling);
-    }
-    // Seeking maps a frame to its index by its timestamp: only where every packet is one frame
-    // with a distinct timestamp and the count is the one sampling used.
-    if (timed && limits.seek && sparse() && count == total &&
-        static_cast<int64_t>(packets.size()) == count) {
-      for (const auto& pk : packets) pts_order.push_back(pk.first);
-      std::sort(pts_order.begin(), pts_order.end());
-      bool distinct = std::adjacent_find(pts_order.begin(), pts_order.end()) == pts_order.end();
-      for (const auto& pk : packets) {
-        if (!pk.second || !distinct) continue;
-        keys.push_back(std::lower_bound(pts_order.begin(), pts_order.end(), pk.first) -
-                       pts_order.begin());
-      }
-      std::sort(keys.begin(), keys.end());
-      if (!distinct || keys.empty() || keys[0] != 0) {
-        pts_order.clear();
-        keys.clear();
-      }
-    }
-    auto again = Demuxer::open(data, size, limits, deadline);
-    if (!again.ok()) return again.status();
-    dm = std::move(again).value();
-    fmt = dm->fmt.get();
-    if (si >= static_cast<int>(fmt->nb_streams)) return video_error(format, "streams changed");
-    st = fmt->streams[si];
-    par = st->codecpar;
+  // count).
+  std::vector<int64_t> indices = sample_frame_indices(vs.total, vs.fps, sampling);
+  SeekIndex seek;
+  if (vs.total <= 0 || (limits.seek && sparse(vs.total, indices.size()))) {
+    VLM_RETURN_IF_ERROR(read_packets(data, size, sampling, limits, deadline, &vs, &indices, &seek));
   }
-  if (total > limits.max_source_frames) {
-    return video_error(format, std::to_string(total) + " frames exceed the limit of " +
-                                   std::to_string(limits.max_source_frames));
+  if (vs.total > limits.max_source_frames) {
+    return video_error(vs.format, std::to_string(vs.total) + " frames exceed the limit of " +
+                                      std::to_string(limits.max_source_frames));
   }
-  if (total < 1) return video_error(format, "no frames");
-
-  std::unique_ptr<AVCodecContext, CodecDeleter> cc(avcodec_alloc_context3(codec));
-  if (!cc) return Status(StatusCode::kUnavailable, "video: out of memory");
-  if ((err = avcodec_parameters_to_context(cc.get(), par)) < 0) {
-    return video_error(format, "bad codec parameters (" + av_message(err) + ")");
-  }
-  cc->thread_count = 1;
-  cc->max_pixels = limits.max_frame_pixels;
-  if ((err = avcodec_open2(cc.get(), codec, nullptr)) < 0) {
-    return video_error(format, "cannot open the decoder (" + av_message(err) + ")");
-  }
+  if (vs.total < 1) return video_error(vs.format, "no frames");
+  auto cc = open_decoder(vs, limits);
+  if (!cc.ok()) return cc.status();
 
   VideoFrames out;
-  out.format = format;
-  out.source_fps = fps;
-  out.total_frames = total;
+  out.format = vs.format;
+  out.source_fps = vs.fps;
+  out.total_frames = vs.total;
   out.indices = std::move(indices);
-  std::unique_ptr<AVPacket, PacketDeleter> pkt(av_packet_alloc());
-  std::unique_ptr<AVFrame, FrameDeleter> frame(av_frame_alloc());
-  if (!pkt || !frame) return Status(StatusCode::kUnavailable, "video: out of memory");
-  std::unique_ptr<SwsContext, SwsDeleter> sws;
-  // swscale writes whole vector widths past a row's end on some paths, so it converts into
-  // padded, aligned rows (as PyAV's frames are) that are then copied out.
-  struct RgbScratch {
-    uint8_t* data[4] = {};
-    int linesize[4] = {};
-    int w = 0, h = 0;
-    ~RgbScratch() { av_freep(&data[0]); }
-  } rgb;
-  int64_t index = 0, total_pixels = 0;
-  size_t next = 0;
-  Status failed;
-  // Seeking (pts_order set): each decoded frame's index is its timestamp's rank; before reading
-  // on, the demuxer jumps to the keyframe at or before the next sampled frame when that keyframe
-  // lies past what has been decoded. A frame whose timestamp is unknown, or a sampled frame
-  // passed over, means the timestamps cannot be trusted: the whole decode starts again without
-  // seeking (`unseekable`).
-  const bool seeking = !pts_order.empty();
-  int64_t last_out = -1, sought = 0;
-  bool unseekable = false;
-  // Hands the decoder's frames over; false once every sampled frame is in, or on an error.
-  auto drain = [&]() -> bool {
-    for (;;) {
-      const int r = avcodec_receive_frame(cc.get(), frame.get());
-      if (r == AVERROR(EAGAIN) || r == AVERROR_EOF) return true;
-      if (r < 0) {
-        if (seeking && sought > 0) {  // perhaps the jump's doing: decode in order instead
-          unseekable = true;
-          return false;
-        }
-        failed = video_error(
-            format, "frame " + std::to_string(index + 1) + " is corrupt (" + av_message(r) + ")");
-        return false;
-      }
-      if (index >= limits.max_source_frames) {
-        failed = video_error(
-            format, "more frames than the limit of " + std::to_string(limits.max_source_frames));
-        return false;
-      }
-      ++out.decoded_frames;
-      int64_t at = index;
-      if (seeking) {
-        const int64_t ts = frame->pts != AV_NOPTS_VALUE ? frame->pts : frame->best_effort_timestamp;
-        const auto it = std::lower_bound(pts_order.begin(), pts_order.end(), ts);
-        if (ts == AV_NOPTS_VALUE || it == pts_order.end() || *it != ts ||
-            (next < out.indices.size() && it - pts_order.begin() > out.indices[next])) {
-          unseekable = true;
-          return false;
-        }
-        at = it - pts_order.begin();
-        // Until the first jump the decoder's count is the index too: a mismatch there means a
-        // packet that gives no frame (or two), and ranks of timestamps are not indices.
-        if (sought == 0 && at != index) {
-          unseekable = true;
-          return false;
-        }
-        last_out = std::max(last_out, at);
-      }
-      while (next < out.indices.size() && out.indices[next] == at) {
-        const int w = frame->width, h = frame->height;
-        failed = check_frame_size(w, h, limits, format);
-        if (!failed.ok()) return false;
-        sws.reset(sws_getCachedContext(sws.release(), w, h,
-                                       static_cast<AVPixelFormat>(frame->format), w, h,
-                                       AV_PIX_FMT_RGB24, SWS_BILINEAR, nullptr, nullptr, nullptr));
-        if (!sws) {
-          failed = video_error(format, "unsupported pixel format");
-          return false;
-        }
-        if (rgb.w != w || rgb.h != h) {
-          av_freep(&rgb.data[0]);
-          rgb.w = rgb.h = 0;
-          // 64-byte aligned rows, with room for a 16-pixel overhang on the last.
-          if (av_image_alloc(rgb.data, rgb.linesize, w + 16, h, AV_PIX_FMT_RGB24, 64) < 0) {
-            failed = Status(StatusCode::kUnavailable, "video: out of memory");
-            return false;
-          }
-          rgb.w = w;
-          rgb.h = h;
-        }
-        sws_scale(sws.get(), frame->data, frame->linesize, 0, h, rgb.data, rgb.linesize);
-        Image img;
-        img.width = w;
-        img.height = h;
-        try {
-          img.rgb.resize(static_cast<size_t>(int64_t{w} * h * 3));
-        } catch (const std::bad_alloc&) {
-          failed = Status(StatusCode::kUnavailable, "video: out of memory");
-          return false;
-        }
-        for (int y = 0; y < h; ++y) {
-          std::memcpy(img.rgb.data() + static_cast<size_t>(y) * w * 3,
-                      rgb.data[0] + static_cast<ptrdiff_t>(y) * rgb.linesize[0],
-                      static_cast<size_t>(w) * 3);
-        }
-        failed = keep_frame(std::move(img), static_cast<int64_t>(out.indices.size()), sink, limits,
-                            &total_pixels, format, &out);
-        if (!failed.ok()) return false;
-        ++next;
-      }
-      av_frame_unref(frame.get());
-      ++index;
-      if (next == out.indices.size()) return false;
-      if (Clock::now() > deadline) {
-        failed = video_error(format, "decoding took longer than the limit");
-        return false;
-      }
-    }
-  };
-  bool more = true;
-  while (more) {
-    if (seeking && next < out.indices.size()) {
-      const int64_t target = out.indices[next];
-      const int64_t key = *std::prev(std::upper_bound(keys.begin(), keys.end(), target));
-      if (key > last_out + kSeekGap && key > sought) {  // skips at least kSeekGap frames
-        avcodec_flush_buffers(cc.get());
-        if (av_seek_frame(fmt, si, pts_order[key], AVSEEK_FLAG_BACKWARD) < 0) {
-          unseekable = true;
-          break;
-        }
-        sought = key;
-      }
-    }
-    err = av_read_frame(fmt, pkt.get());
-    if (err == AVERROR_EOF) break;
-    if (err < 0) {
-      failed = video_error(format, err == AVERROR_EXIT ? "reading took longer than the limit"
-                                                       : "unreadable (" + av_message(err) + ")");
-      break;
-    }
-    if (pkt->stream_index == si) {
-      int r = avcodec_send_packet(cc.get(), pkt.get());
-      while (r == AVERROR(EAGAIN) && (more = drain())) {  // output first, then the packet again
-        r = avcodec_send_packet(cc.get(), pkt.get());
-      }
-      if (more && r < 0 && seeking && sought > 0) {
-        unseekable = true;
-        more = false;
-      } else if (more && r < 0) {
-        failed = video_error(format, "corrupt data (" + av_message(r) + ")");
-        more = false;
-      } else if (more) {
-        more = drain();
-      }
-    }
-    av_packet_unref(pkt.get());
-  }
-  if (failed.ok() && !unseekable && next < out.indices.size()) {  // the decoder's delayed frames
-    avcodec_send_packet(cc.get(), nullptr);
-    drain();
-  }
-  if (unseekable) {  // again in order, within what is left of the time limit
+  FrameDecoder decoder(vs, cc.value().get(), seek, limits, sink, deadline, &out);
+  const Status failed = decoder.run();
+  if (decoder.unseekable()) {  // again in order, within what is left of the time limit
     VideoLimits sequential = limits;
     sequential.seek = false;
     sequential.max_decode_s = std::chrono::duration<double>(deadline - Clock::now()).count();
-    if (sequential.max_decode_s <= 0)
-      return video_error(format, "decoding took longer than the limit");
+    if (sequential.max_decode_s <= 0) {
+      return video_error(vs.format, "decoding took longer than the limit");
+    }
     return decode_video(data, size, sampling, sequential, sink);
   }
   if (!failed.ok()) return failed;
-  if (out.frames.empty()) return video_error(format, "no frames could be decoded");
+  if (out.frames.empty()) return video_error(vs.format, "no frames could be decoded");
   // Fewer frames than counted (a truncated stream, an edit list): the ones found, as transformers'
   // PyAV reader returns them.
   out.indices.resize(out.frames.size());
