@@ -393,6 +393,371 @@ vlm::Status bench_video(vlm::Engine& e, const std::string& path, int64_t frames,
   return vlm::ok_status();
 }
 
+// What one run measures: the sizes parsed from the options, or the default run's.
+struct BenchPlan {
+  std::vector<int64_t> prompts, gens, batches, attention, video_frames;
+  std::vector<ImageCase> images;
+  bool membw = false;
+  bool default_run = false;  // no selection: the standard sizes and images, and the probe
+  bool decode = false;       // decode rows (gens also serve --batch and --structured)
+  int64_t gen_prompt = 128;  // the prompt before each decode measurement
+  bool needs_model = false;
+};
+
+// The options as a plan; a bad option is an error that names it.
+vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
+  BenchPlan p;
+  std::string err;
+  auto sizes = [&](const char* flag, const std::string& text, std::vector<int64_t>* out) {
+    return text.empty() || parse_sizes(flag, text, out, &err);
+  };
+  if (!sizes("-p", a.prompt_sizes, &p.prompts) || !sizes("-n", a.gen_sizes, &p.gens) ||
+      !sizes("--batch", a.batch_sizes, &p.batches) ||
+      !sizes("--attention", a.attention_sizes, &p.attention) ||
+      !sizes("--video-frames", a.video_frames.empty() ? "8,32,128" : a.video_frames,
+             &p.video_frames)) {
+    return vlm::invalid_argument(err);
+  }
+  for (const std::string& s : a.synthetic_images) {
+    int w = 0, h = 0;
+    if (!parse_image_size(s, &w, &h, &err)) return vlm::invalid_argument(err);
+    ImageCase c{"synthetic " + s, {}};
+    c.input.bytes = synthetic_bmp(w, h);
+    p.images.push_back(std::move(c));
+  }
+  for (const std::string& path : a.images) {
+    ImageCase c{path.substr(path.find_last_of('/') + 1), {}};
+    c.input.path = path;
+    p.images.push_back(std::move(c));
+  }
+  for (ImageCase& c : p.images) {
+    if (a.min_pixels > 0) c.input.min_pixels = a.min_pixels;
+    if (a.max_pixels > 0) c.input.max_pixels = a.max_pixels;
+  }
+  if (a.reps < 1) return vlm::invalid_argument("-r: need at least 1 repetition");
+  if (a.gen_prompt < 0)
+    return vlm::invalid_argument("--gen-prompt: need a positive number of tokens");
+  if (a.membw_mib < 0) return vlm::invalid_argument("--membw-mib: need a positive size");
+
+  p.membw = a.membw || a.membw_mib > 0;
+  const bool selected = !p.prompts.empty() || !p.gens.empty() || !p.batches.empty() ||
+                        !p.images.empty() || p.membw || !p.attention.empty() ||
+                        !a.structured.empty() || !a.videos.empty();
+  p.default_run = !selected;
+  if (p.default_run) {
+    p.prompts = {128, 512, 2048};
+    p.gens = {128};
+    p.membw = true;
+  }
+  if ((!p.batches.empty() || !a.structured.empty()) && p.gens.empty()) p.gens = {128};
+  if (!p.batches.empty() && std::find(p.batches.begin(), p.batches.end(), 1) == p.batches.end()) {
+    p.batches.insert(p.batches.begin(), 1);
+  }
+  p.decode = p.default_run || !a.gen_sizes.empty();
+  p.gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !p.prompts.empty() ? p.prompts[0] : 128;
+  p.needs_model = !p.prompts.empty() || p.decode || !p.batches.empty() || !p.images.empty() ||
+                  p.default_run || !p.attention.empty() || !a.structured.empty() ||
+                  !a.videos.empty();
+  if (p.needs_model && a.model.empty()) {
+    return vlm::invalid_argument("bench: -m is required (all but --membw need a model)");
+  }
+  return p;
+}
+
+// What a run found: the rows and notes it prints, and what the JSON says of the run.
+struct BenchReport {
+  std::vector<Row> rows;
+  std::vector<std::string> notes;
+  json info;
+  int threads = 0;
+  std::string kernels;  // what the table's footer says of the kernels
+  int64_t weight_bytes = 0;
+  std::vector<size_t> decode_rows;  // rows[] indices of the decode measurements
+  int64_t peak_rss = 0;
+  int membw_reps = 0;
+  Summary read{}, copy{};  // the memory probe's medians (when it ran)
+};
+
+// The engine for the plan: context for the longest measurement, room for the largest batch.
+vlm::Result<std::unique_ptr<vlm::Engine>> load_engine(const BenchArgs& a, const BenchPlan& p) {
+  int64_t max_gen = 1;
+  for (int64_t n : p.gens) max_gen = std::max(max_gen, n);
+  int64_t ctx = p.gen_prompt + max_gen + 1;
+  for (int64_t n : p.prompts) ctx = std::max(ctx, n + 1);
+  vlm::EngineOptions opts = a.device;
+  opts.model_dir = a.model;
+  opts.n_threads = a.threads;
+  opts.require_tokenizer = !a.structured.empty();
+  opts.max_context = ctx;
+  opts.quant = a.quant;
+  opts.mmap_weights = a.mmap;
+  opts.vision_fp16 = a.vision_fp16;
+  opts.video_seek = !a.no_video_seek;
+  // The engine core runs every measurement: room for the largest batch at once.
+  for (int64_t b : p.batches) opts.batching.max_num_seqs = std::max(opts.batching.max_num_seqs, b);
+  opts.batching.max_waiting =
+      std::max<int64_t>(opts.batching.max_waiting, opts.batching.max_num_seqs);
+  // Every rep computes its whole prompt (the reps repeat one prompt, which the prefix cache
+  // would otherwise serve).
+  opts.batching.prefix_caching = false;
+  return vlm::Engine::load(opts);
+}
+
+// What the report says of the loaded engine: threads, kernels, quantization, weight bytes.
+void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport* r) {
+  r->threads = engine.n_threads();
+  r->weight_bytes = engine.decode_weight_bytes();
+  r->kernels =
+      (engine.device() == "cpu" ? "" : engine.device() + " + ") +
+      std::string(vlm::cpu_isa_name(engine.cpu_isa())) +
+      (engine.quant() == vlm::Quant::kNone ? std::string()
+                                           : std::string(" ") + vlm::quant_name(engine.quant())) +
+      (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
+  if (engine.device() == "cpu") {
+    r->notes.push_back("kernels: " + engine.cpu_kernels());
+    r->info["cpu_kernels"] = engine.cpu_kernels();
+  }
+  r->info["isa"] = vlm::cpu_isa_name(engine.cpu_isa());
+  r->info["device"] = engine.device();
+  r->info["mmap_weights"] = a.mmap;
+  r->info["vision_fp16"] = engine.vision_fp16();
+  r->info["quant"] = engine.quant() == vlm::Quant::kNone ? "" : vlm::quant_name(engine.quant());
+  r->info["threads"] = r->threads;
+  r->info["decode_weight_bytes"] = r->weight_bytes;
+}
+
+// Prefill at each prompt size, then decode at each length.
+vlm::Status bench_text(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
+                       BenchReport* r) {
+  for (int64_t n : p.prompts) {
+    progress("prefill " + std::to_string(n) + " tokens", a);
+    auto s = bench_prefill(engine, n, a);
+    if (!s.ok()) return s.status().with_context("prefill " + std::to_string(n));
+    r->rows.push_back({"prefill",
+                       "prefill",
+                       std::to_string(n) + " tokens",
+                       "tok/s",
+                       *s,
+                       {{"size", n}, {"prompt_tokens", n}}});
+  }
+  for (int64_t n : p.gens) {
+    if (!p.decode) break;
+    progress("decode " + std::to_string(n) + " tokens after " + std::to_string(p.gen_prompt), a);
+    auto s = bench_decode(engine, p.gen_prompt, n, a);
+    if (!s.ok()) return s.status().with_context("decode " + std::to_string(n));
+    r->decode_rows.push_back(r->rows.size());
+    r->rows.push_back({"decode",
+                       "decode",
+                       std::to_string(n) + " tokens after " + std::to_string(p.gen_prompt),
+                       "tok/s",
+                       *s,
+                       {{"size", n}, {"gen_tokens", n}, {"prompt_tokens", p.gen_prompt}}});
+  }
+  return vlm::ok_status();
+}
+
+// Each --structured grammar: its compile and mask times, then decode with and without it.
+vlm::Status bench_structured(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
+                             BenchReport* r) {
+  for (const std::string& arg : a.structured) {
+    VLM_ASSIGN_OR_RETURN(const vlm::StructuredOutput so, structured_spec(arg));
+    const std::string name = arg.substr(arg.find_last_of('/') + 1);
+    progress("grammar " + name, a);
+    VLM_RETURN_IF_ERROR(bench_grammar(engine, name, so, a, &r->rows, &r->notes));
+    for (int64_t n : p.gens) {
+      progress("decode " + std::to_string(n) + " tokens with and without grammar " + name, a);
+      VLM_RETURN_IF_ERROR(bench_decode_structured(engine, name, so, p.gen_prompt, n, a, &r->rows));
+    }
+  }
+  return vlm::ok_status();
+}
+
+// The images (and, in the default run, the two standard synthetic ones), then each video at each
+// frame count.
+vlm::Status bench_media(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
+                        BenchReport* r) {
+  std::vector<ImageCase> images = p.images;
+  if (p.default_run && engine.has_vision()) {
+    for (const char* s : {"448x448", "1280x960"}) {
+      int w = 0, h = 0;
+      std::string err;
+      parse_image_size(s, &w, &h, &err);
+      ImageCase c{std::string("synthetic ") + s, {}};
+      c.input.bytes = synthetic_bmp(w, h);
+      images.push_back(std::move(c));
+    }
+  } else if (p.default_run) {
+    r->notes.push_back("vision: not measured (the checkpoint has no vision tower)");
+  }
+  for (const ImageCase& img : images) {
+    progress("vision " + img.name, a);
+    VLM_RETURN_IF_ERROR(bench_image(engine, img, a, &r->rows));
+  }
+  for (const std::string& v : a.videos) {
+    for (int64_t n : p.video_frames) {
+      progress("video " + v + ", " + std::to_string(n) + " frames", a);
+      VLM_RETURN_IF_ERROR(bench_video(engine, v, n, a, &r->rows));
+    }
+  }
+  return vlm::ok_status();
+}
+
+// Batched decode through the engine core at each --batch size, for each decode length; each
+// row's speed-up over batch 1.
+vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
+                          BenchReport* r) {
+  for (int64_t n : p.gens) {
+    if (p.batches.empty()) break;
+    double single = 0;
+    for (int64_t b : p.batches) {
+      const std::string size = std::to_string(b) + " x " + std::to_string(n) + " tokens after " +
+                               std::to_string(p.gen_prompt);
+      progress("batched decode, batch " + size, a);
+      BatchedDecodeOptions bo;
+      bo.batch = static_cast<int>(b);
+      bo.prompt_tokens = p.gen_prompt;
+      bo.gen_tokens = n;
+      bo.reps = a.reps;
+      bo.warmup = !a.no_warmup;
+      auto res = bench_batched_decode(engine, bo);
+      if (!res.ok()) return res.status().with_context("batched decode " + std::to_string(b));
+      std::vector<double> tok_s, first_ms;
+      int64_t tokens = 0;
+      for (const auto& run : *res) {
+        tok_s.push_back(run.tok_s());
+        first_ms.push_back(run.first_tokens_ms);
+        tokens = run.tokens;
+      }
+      const double median = summarize(tok_s).median;
+      if (b == 1) single = median;
+      json f = {{"size", b},
+                {"batch", b},
+                {"gen_tokens", n},
+                {"prompt_tokens", p.gen_prompt},
+                {"window_tokens", tokens},
+                {"first_tokens_ms", first_ms}};
+      if (single > 0) f["speedup_vs_batch1"] = median / single;
+      r->rows.push_back({"batched_decode", "batched decode", size, "tok/s", tok_s, f});
+      if (b != 1 && single > 0) {
+        r->notes.push_back("batched decode " + std::to_string(b) + " x " + std::to_string(n) +
+                           ": " + fmt("%.2f", median / single) +
+                           "x the output tok/s of 1 sequence");
+      }
+    }
+  }
+  return vlm::ok_status();
+}
+
+// Decode attention alone at each --attention context, for each KV cache dtype.
+vlm::Status bench_attention(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
+                            BenchReport* r) {
+  for (int64_t ctx : p.attention) {
+    for (vlm::KvCacheDtype t :
+         {vlm::KvCacheDtype::kF32, vlm::KvCacheDtype::kBF16, vlm::KvCacheDtype::kInt8}) {
+      const std::string size =
+          "ctx " + std::to_string(ctx) + ", " + vlm::kv_cache_dtype_name(t) + " KV";
+      progress("decode attention " + size, a);
+      VLM_ASSIGN_OR_RETURN(std::vector<double> ms, time_decode_attention(engine, ctx, t, a.reps));
+      r->rows.push_back(
+          {"decode_attention", "decode attention (all layers)", size, "ms", ms,
+           json{{"size", ctx}, {"context", ctx}, {"kv_cache_dtype", vlm::kv_cache_dtype_name(t)}}});
+    }
+  }
+  return vlm::ok_status();
+}
+
+// The memory read and copy probe (with the engine's thread count when one ran).
+vlm::Status bench_membw(const BenchArgs& a, BenchReport* r) {
+  MemoryBandwidthOptions mo;
+  mo.bytes = a.membw_mib > 0 ? a.membw_mib << 20 : 0;
+  mo.n_threads = r->threads;
+  mo.reps = r->membw_reps;
+  const int64_t bytes = mo.bytes > 0 ? mo.bytes : default_membw_bytes();
+  std::fprintf(stderr, "vlm bench: memory bandwidth, 2 x %lld MiB: %d reps\n",
+               static_cast<long long>(bytes >> 20), mo.reps);
+  VLM_ASSIGN_OR_RETURN(const MemoryBandwidth bw, measure_memory_bandwidth(mo));
+  r->threads = bw.n_threads;
+  const std::string size = std::to_string(bw.bytes >> 20) + " MiB, " +
+                           std::to_string(bw.n_threads) +
+                           (bw.n_threads == 1 ? " thread" : " threads");
+  const json f = {{"size", bw.bytes},
+                  {"bytes", bw.bytes},
+                  {"threads", bw.n_threads},
+                  {"l3_bytes", last_level_cache_bytes()}};
+  r->rows.push_back({"membw_read", "memory read (sum)", size, "GB/s", bw.read_gb_s, f});
+  r->rows.push_back({"membw_copy", "memory copy (read + write)", size, "GB/s", bw.copy_gb_s, f});
+  r->read = summarize(bw.read_gb_s);
+  r->copy = summarize(bw.copy_gb_s);
+  return vlm::ok_status();
+}
+
+// Decode streams every linear weight once per token: bytes × tok/s is its bandwidth, a row for
+// each decode row (and its share of the probe's, when it ran).
+void add_decode_bandwidth(bool membw, BenchReport* r) {
+  for (size_t i : r->decode_rows) {
+    const Row d = r->rows[i];
+    std::vector<double> gb_s;
+    for (double v : d.samples) gb_s.push_back(static_cast<double>(r->weight_bytes) * v / 1e9);
+    const double median = summarize(gb_s).median;
+    json f = {{"size", d.fields.at("size")},
+              {"gen_tokens", d.fields.at("gen_tokens")},
+              {"prompt_tokens", d.fields.at("prompt_tokens")},
+              {"weight_bytes", r->weight_bytes}};
+    const double wb = static_cast<double>(r->weight_bytes);
+    std::string note = "decode " + d.size + ": " +
+                       (wb >= 1e9 ? fmt("%.2f GB", wb / 1e9) : fmt("%.2f MB", wb / 1e6)) +
+                       " of weights per token x " + fmt("%.2f", summarize(d.samples).median) +
+                       " tok/s = " + fmt("%.2f", median) + " GB/s";
+    if (membw && r->read.median > 0) {
+      f["share_of_read"] = median / r->read.median;
+      f["share_of_copy"] = median / r->copy.median;
+      note += ", " + fmt("%.0f", 100 * median / r->read.median) + "% of the read bandwidth, " +
+              fmt("%.0f", 100 * median / r->copy.median) + "% of memcpy's read + write";
+    }
+    r->rows.push_back({"decode_bandwidth", "decode weight stream", d.size, "GB/s", gb_s, f});
+    r->notes.push_back(note);
+  }
+}
+
+// The table, notes and footer (on stdout, or stderr when the JSON goes to stdout), and the JSON.
+vlm::Status write_report(const BenchArgs& a, const BenchPlan& p, const BenchReport& r) {
+  const std::string commit = vlm_build_commit();
+  const std::string date = utc_now();
+  FILE* out = a.json_out == "-" ? stderr : stdout;
+  print_table(out, r.rows);
+  for (const std::string& n : r.notes) std::fprintf(out, "%s\n", n.c_str());
+  std::fprintf(out, "threads %d, kernels %s, peak RSS %.1f MiB | %d rep%s%s: median, min, max%s |",
+               r.threads, r.kernels.empty() ? "-" : r.kernels.c_str(), r.peak_rss / 1048576.0,
+               a.reps, a.reps == 1 ? "" : "s", a.no_warmup ? "" : " after a warmup",
+               p.membw ? fmt(" (memory: %.0f passes)", r.membw_reps).c_str() : "");
+  std::fprintf(out, " %s | commit %s | %s\n", a.model.empty() ? "no model" : a.model.c_str(),
+               commit.empty() ? "unknown" : commit.c_str(), date.c_str());
+  if (a.json_out.empty()) return vlm::ok_status();
+  json j = {{"tool", "vlm bench"},
+            {"command", a.command},
+            {"commit", commit.empty() ? json(nullptr) : json(commit)},
+            {"date", date},
+            {"cpu", cpu_name()},
+            {"l3_bytes", last_level_cache_bytes()},
+            {"reps", a.reps},
+            {"warmup", !a.no_warmup},
+            {"gen_prompt_tokens", p.gen_prompt},
+            {"peak_rss_bytes", r.peak_rss}};
+  for (auto it = r.info.begin(); it != r.info.end(); ++it) j[it.key()] = it.value();
+  j["threads"] = r.threads;
+  j["results"] = json::array();
+  for (const Row& row : r.rows) j["results"].push_back(row_json(row));
+  const std::string text = j.dump(1) + "\n";
+  if (a.json_out == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return vlm::ok_status();
+  }
+  std::ofstream f(a.json_out);
+  f << text;
+  if (!f) return vlm::unavailable("cannot write " + a.json_out);
+  return vlm::ok_status();
+}
+
 }  // namespace
 
 void add_bench_options(CLI::App* b, BenchArgs* a) {
@@ -449,342 +814,41 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
 }
 
 int run_bench(const BenchArgs& a) {
-  std::string err;
-  std::vector<int64_t> prompts, gens, batches, attention;
-  if (!a.prompt_sizes.empty() && !parse_sizes("-p", a.prompt_sizes, &prompts, &err)) {
-    return fail(err);
-  }
-  if (!a.gen_sizes.empty() && !parse_sizes("-n", a.gen_sizes, &gens, &err)) return fail(err);
-  if (!a.batch_sizes.empty() && !parse_sizes("--batch", a.batch_sizes, &batches, &err)) {
-    return fail(err);
-  }
-  if (!a.attention_sizes.empty() &&
-      !parse_sizes("--attention", a.attention_sizes, &attention, &err)) {
-    return fail(err);
-  }
-  std::vector<int64_t> video_frames;
-  if (!parse_sizes("--video-frames", a.video_frames.empty() ? "8,32,128" : a.video_frames,
-                   &video_frames, &err)) {
-    return fail(err);
-  }
-  std::vector<ImageCase> images;
-  for (const std::string& s : a.synthetic_images) {
-    int w = 0, h = 0;
-    if (!parse_image_size(s, &w, &h, &err)) return fail(err);
-    ImageCase c{"synthetic " + s, {}};
-    c.input.bytes = synthetic_bmp(w, h);
-    images.push_back(std::move(c));
-  }
-  for (const std::string& p : a.images) {
-    ImageCase c{p.substr(p.find_last_of('/') + 1), {}};
-    c.input.path = p;
-    images.push_back(std::move(c));
-  }
-  for (ImageCase& c : images) {
-    if (a.min_pixels > 0) c.input.min_pixels = a.min_pixels;
-    if (a.max_pixels > 0) c.input.max_pixels = a.max_pixels;
-  }
-  if (a.reps < 1) return fail("-r: need at least 1 repetition");
-  if (a.gen_prompt < 0) return fail("--gen-prompt: need a positive number of tokens");
-  if (a.membw_mib < 0) return fail("--membw-mib: need a positive size");
-
-  // With no selection, the default run: the standard sizes, the two standard images, the probe.
-  bool membw = a.membw || a.membw_mib > 0;
-  const bool selected = !prompts.empty() || !gens.empty() || !batches.empty() || !images.empty() ||
-                        membw || !attention.empty() || !a.structured.empty() || !a.videos.empty();
-  const bool default_run = !selected;
-  if (default_run) {
-    prompts = {128, 512, 2048};
-    gens = {128};
-    membw = true;
-  }
-  if ((!batches.empty() || !a.structured.empty()) && gens.empty()) gens = {128};
-  if (!batches.empty() && std::find(batches.begin(), batches.end(), 1) == batches.end()) {
-    batches.insert(batches.begin(), 1);
-  }
-  const bool decode = default_run || !a.gen_sizes.empty();
-  const int64_t gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !prompts.empty() ? prompts[0] : 128;
-  const bool needs_model = !prompts.empty() || decode || !batches.empty() || !images.empty() ||
-                           default_run || !attention.empty() || !a.structured.empty() ||
-                           !a.videos.empty();
-  if (needs_model && a.model.empty()) {
-    return fail("bench: -m is required (all but --membw need a model)");
-  }
-
-  std::vector<Row> rows;
-  std::vector<std::string> notes;
-  json info = {{"model", a.model.empty() ? json(nullptr) : json(a.model)},
-               {"isa", nullptr},
-               {"quant", nullptr},
-               {"threads", nullptr},
-               {"decode_weight_bytes", nullptr}};
-  int threads = a.threads;
-  std::string kernels;
-  int64_t weight_bytes = 0;
-  std::vector<size_t> decode_rows;  // rows[] indices of the decode measurements
-
-  if (!a.model.empty() && needs_model) {
-    int64_t max_gen = 1;
-    for (int64_t n : gens) max_gen = std::max(max_gen, n);
-    int64_t ctx = gen_prompt + max_gen + 1;
-    for (int64_t p : prompts) ctx = std::max(ctx, p + 1);
-    vlm::EngineOptions opts = a.device;
-    opts.model_dir = a.model;
-    opts.n_threads = a.threads;
-    opts.require_tokenizer = !a.structured.empty();
-    opts.max_context = ctx;
-    opts.quant = a.quant;
-    opts.mmap_weights = a.mmap;
-    opts.vision_fp16 = a.vision_fp16;
-    opts.video_seek = !a.no_video_seek;
-    // The engine core runs every measurement: room for the largest batch at once.
-    for (int64_t b : batches) opts.batching.max_num_seqs = std::max(opts.batching.max_num_seqs, b);
-    opts.batching.max_waiting =
-        std::max<int64_t>(opts.batching.max_waiting, opts.batching.max_num_seqs);
-    // Every rep computes its whole prompt (the reps repeat one prompt, which the prefix cache
-    // would otherwise serve).
-    opts.batching.prefix_caching = false;
-    auto engine_or = vlm::Engine::load(opts);
-    if (!engine_or.ok()) return fail(engine_or.status().message());
-    vlm::Engine& engine = **engine_or;
-    threads = engine.n_threads();
-    weight_bytes = engine.decode_weight_bytes();
-    kernels =
-        (engine.device() == "cpu" ? "" : engine.device() + " + ") +
-        std::string(vlm::cpu_isa_name(engine.cpu_isa())) +
-        (engine.quant() == vlm::Quant::kNone ? std::string()
-                                             : std::string(" ") + vlm::quant_name(engine.quant())) +
-        (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
-    if (engine.device() == "cpu") {
-      notes.push_back("kernels: " + engine.cpu_kernels());
-      info["cpu_kernels"] = engine.cpu_kernels();
-    }
+  auto planned = plan_bench(a);
+  if (!planned.ok()) return fail(planned.status().message());
+  const BenchPlan& p = *planned;
+  BenchReport r;
+  r.info = {{"model", a.model.empty() ? json(nullptr) : json(a.model)},
+            {"isa", nullptr},
+            {"quant", nullptr},
+            {"threads", nullptr},
+            {"decode_weight_bytes", nullptr}};
+  r.threads = a.threads;
+  if (!a.model.empty() && p.needs_model) {
+    auto loaded = load_engine(a, p);
+    if (!loaded.ok()) return fail(loaded.status().message());
+    vlm::Engine& engine = **loaded;
     if (a.kernels_only) {  // --kernels: the choice and its measurements, nothing else
       std::printf("%s\n", engine.cpu_kernels().c_str());
       return 0;
     }
-    info["isa"] = vlm::cpu_isa_name(engine.cpu_isa());
-    info["device"] = engine.device();
-    info["mmap_weights"] = a.mmap;
-    info["vision_fp16"] = engine.vision_fp16();
-    info["quant"] = engine.quant() == vlm::Quant::kNone ? "" : vlm::quant_name(engine.quant());
-    info["threads"] = threads;
-    info["decode_weight_bytes"] = weight_bytes;
-    if (default_run && engine.has_vision()) {
-      for (const char* s : {"448x448", "1280x960"}) {
-        int w = 0, h = 0;
-        parse_image_size(s, &w, &h, &err);
-        ImageCase c{std::string("synthetic ") + s, {}};
-        c.input.bytes = synthetic_bmp(w, h);
-        images.push_back(std::move(c));
-      }
-    } else if (default_run) {
-      notes.push_back("vision: not measured (the checkpoint has no vision tower)");
-    }
-
-    for (int64_t p : prompts) {
-      progress("prefill " + std::to_string(p) + " tokens", a);
-      auto s = bench_prefill(engine, p, a);
-      if (!s.ok()) return fail(s.status().with_context("prefill " + std::to_string(p)).message());
-      rows.push_back({"prefill",
-                      "prefill",
-                      std::to_string(p) + " tokens",
-                      "tok/s",
-                      *s,
-                      {{"size", p}, {"prompt_tokens", p}}});
-    }
-    for (int64_t n : gens) {
-      if (!decode) break;
-      progress("decode " + std::to_string(n) + " tokens after " + std::to_string(gen_prompt), a);
-      auto s = bench_decode(engine, gen_prompt, n, a);
-      if (!s.ok()) return fail(s.status().with_context("decode " + std::to_string(n)).message());
-      decode_rows.push_back(rows.size());
-      rows.push_back({"decode",
-                      "decode",
-                      std::to_string(n) + " tokens after " + std::to_string(gen_prompt),
-                      "tok/s",
-                      *s,
-                      {{"size", n}, {"gen_tokens", n}, {"prompt_tokens", gen_prompt}}});
-    }
-    for (const std::string& arg : a.structured) {
-      auto spec = structured_spec(arg);
-      if (!spec.ok()) return fail(spec.status().message());
-      const vlm::StructuredOutput so = *spec;
-      const std::string name = arg.substr(arg.find_last_of('/') + 1);
-      progress("grammar " + name, a);
-      if (vlm::Status st = bench_grammar(engine, name, so, a, &rows, &notes); !st.ok()) {
-        return fail(st.message());
-      }
-      for (int64_t n : gens) {
-        progress("decode " + std::to_string(n) + " tokens with and without grammar " + name, a);
-        vlm::Status st = bench_decode_structured(engine, name, so, gen_prompt, n, a, &rows);
-        if (!st.ok()) return fail(st.message());
-      }
-    }
-    for (const ImageCase& img : images) {
-      progress("vision " + img.name, a);
-      vlm::Status st = bench_image(engine, img, a, &rows);
-      if (!st.ok()) return fail(st.message());
-    }
-    for (const std::string& v : a.videos) {
-      for (int64_t n : video_frames) {
-        progress("video " + v + ", " + std::to_string(n) + " frames", a);
-        vlm::Status st = bench_video(engine, v, n, a, &rows);
-        if (!st.ok()) return fail(st.message());
-      }
-    }
-    for (int64_t n : gens) {
-      if (batches.empty()) break;
-      double single = 0;
-      for (int64_t b : batches) {
-        progress("batched decode, batch " + std::to_string(b) + " x " + std::to_string(n) +
-                     " tokens after " + std::to_string(gen_prompt),
-                 a);
-        BatchedDecodeOptions bo;
-        bo.batch = static_cast<int>(b);
-        bo.prompt_tokens = gen_prompt;
-        bo.gen_tokens = n;
-        bo.reps = a.reps;
-        bo.warmup = !a.no_warmup;
-        auto res = bench_batched_decode(engine, bo);
-        if (!res.ok()) {
-          return fail(res.status().with_context("batched decode " + std::to_string(b)).message());
-        }
-        std::vector<double> tok_s, first_ms;
-        int64_t tokens = 0;
-        for (const auto& r : *res) {
-          tok_s.push_back(r.tok_s());
-          first_ms.push_back(r.first_tokens_ms);
-          tokens = r.tokens;
-        }
-        const double median = summarize(tok_s).median;
-        if (b == 1) single = median;
-        json f = {{"size", b},
-                  {"batch", b},
-                  {"gen_tokens", n},
-                  {"prompt_tokens", gen_prompt},
-                  {"window_tokens", tokens},
-                  {"first_tokens_ms", first_ms}};
-        if (single > 0) f["speedup_vs_batch1"] = median / single;
-        rows.push_back({"batched_decode", "batched decode",
-                        std::to_string(b) + " x " + std::to_string(n) + " tokens after " +
-                            std::to_string(gen_prompt),
-                        "tok/s", tok_s, f});
-        if (b != 1 && single > 0) {
-          notes.push_back("batched decode " + std::to_string(b) + " x " + std::to_string(n) + ": " +
-                          fmt("%.2f", median / single) + "x the output tok/s of 1 sequence");
-        }
-      }
-    }
-    for (int64_t ctx : attention) {
-      for (vlm::KvCacheDtype t :
-           {vlm::KvCacheDtype::kF32, vlm::KvCacheDtype::kBF16, vlm::KvCacheDtype::kInt8}) {
-        const std::string size =
-            "ctx " + std::to_string(ctx) + ", " + vlm::kv_cache_dtype_name(t) + " KV";
-        progress("decode attention " + size, a);
-        auto ms = time_decode_attention(engine, ctx, t, a.reps);
-        if (!ms.ok()) return fail(ms.status().message());
-        rows.push_back({"decode_attention", "decode attention (all layers)", size, "ms", *ms,
-                        json{{"size", ctx},
-                             {"context", ctx},
-                             {"kv_cache_dtype", vlm::kv_cache_dtype_name(t)}}});
-      }
+    describe_engine(engine, a, &r);
+    for (auto stage : {bench_text, bench_structured, bench_media, bench_batches, bench_attention}) {
+      if (vlm::Status st = stage(engine, a, p, &r); !st.ok()) return fail(st.message());
     }
     if (engine.device() != "cpu") {
-      info["cuda_graph_replays"] = engine.cuda_graph_replays();
-      notes.push_back("forward passes replayed from CUDA graphs: " +
-                      std::to_string(engine.cuda_graph_replays()));
+      r.info["cuda_graph_replays"] = engine.cuda_graph_replays();
+      r.notes.push_back("forward passes replayed from CUDA graphs: " +
+                        std::to_string(engine.cuda_graph_replays()));
     }
   }
-  // Before the probe, whose buffers would count.
-  const int64_t peak_rss = peak_rss_bytes();
-
-  Summary read{}, copy{};
-  const int membw_reps = std::max(a.reps, 5);  // cheap (well under a second a pass) and noisy
-  if (membw) {
-    MemoryBandwidthOptions mo;
-    mo.bytes = a.membw_mib > 0 ? a.membw_mib << 20 : 0;
-    mo.n_threads = threads;
-    mo.reps = membw_reps;
-    const int64_t bytes = mo.bytes > 0 ? mo.bytes : default_membw_bytes();
-    std::fprintf(stderr, "vlm bench: memory bandwidth, 2 x %lld MiB: %d reps\n",
-                 static_cast<long long>(bytes >> 20), mo.reps);
-    auto bw = measure_memory_bandwidth(mo);
-    if (!bw.ok()) return fail(bw.status().message());
-    threads = bw->n_threads;
-    const std::string size = std::to_string(bw->bytes >> 20) + " MiB, " +
-                             std::to_string(bw->n_threads) +
-                             (bw->n_threads == 1 ? " thread" : " threads");
-    const json f = {{"size", bw->bytes},
-                    {"bytes", bw->bytes},
-                    {"threads", bw->n_threads},
-                    {"l3_bytes", last_level_cache_bytes()}};
-    rows.push_back({"membw_read", "memory read (sum)", size, "GB/s", bw->read_gb_s, f});
-    rows.push_back({"membw_copy", "memory copy (read + write)", size, "GB/s", bw->copy_gb_s, f});
-    read = summarize(bw->read_gb_s);
-    copy = summarize(bw->copy_gb_s);
+  r.peak_rss = peak_rss_bytes();       // before the probe, whose buffers would count
+  r.membw_reps = std::max(a.reps, 5);  // cheap (well under a second a pass) and noisy
+  if (p.membw) {
+    if (vlm::Status st = bench_membw(a, &r); !st.ok()) return fail(st.message());
   }
-  // Decode streams every linear weight once per token: bytes × tok/s is its bandwidth.
-  for (size_t i : decode_rows) {
-    const Row d = rows[i];
-    std::vector<double> gb_s;
-    for (double v : d.samples) gb_s.push_back(static_cast<double>(weight_bytes) * v / 1e9);
-    const double median = summarize(gb_s).median;
-    json f = {{"size", d.fields.at("size")},
-              {"gen_tokens", d.fields.at("gen_tokens")},
-              {"prompt_tokens", d.fields.at("prompt_tokens")},
-              {"weight_bytes", weight_bytes}};
-    const double wb = static_cast<double>(weight_bytes);
-    std::string note = "decode " + d.size + ": " +
-                       (wb >= 1e9 ? fmt("%.2f GB", wb / 1e9) : fmt("%.2f MB", wb / 1e6)) +
-                       " of weights per token x " + fmt("%.2f", summarize(d.samples).median) +
-                       " tok/s = " + fmt("%.2f", median) + " GB/s";
-    if (membw && read.median > 0) {
-      f["share_of_read"] = median / read.median;
-      f["share_of_copy"] = median / copy.median;
-      note += ", " + fmt("%.0f", 100 * median / read.median) + "% of the read bandwidth, " +
-              fmt("%.0f", 100 * median / copy.median) + "% of memcpy's read + write";
-    }
-    rows.push_back({"decode_bandwidth", "decode weight stream", d.size, "GB/s", gb_s, f});
-    notes.push_back(note);
-  }
-
-  const std::string commit = vlm_build_commit();
-  const std::string date = utc_now();
-  FILE* out = a.json_out == "-" ? stderr : stdout;
-  print_table(out, rows);
-  for (const std::string& n : notes) std::fprintf(out, "%s\n", n.c_str());
-  std::fprintf(out, "threads %d, kernels %s, peak RSS %.1f MiB | %d rep%s%s: median, min, max%s |",
-               threads, kernels.empty() ? "-" : kernels.c_str(), peak_rss / 1048576.0, a.reps,
-               a.reps == 1 ? "" : "s", a.no_warmup ? "" : " after a warmup",
-               membw ? fmt(" (memory: %.0f passes)", membw_reps).c_str() : "");
-  std::fprintf(out, " %s | commit %s | %s\n", a.model.empty() ? "no model" : a.model.c_str(),
-               commit.empty() ? "unknown" : commit.c_str(), date.c_str());
-
-  if (!a.json_out.empty()) {
-    json j = {{"tool", "vlm bench"},
-              {"command", a.command},
-              {"commit", commit.empty() ? json(nullptr) : json(commit)},
-              {"date", date},
-              {"cpu", cpu_name()},
-              {"l3_bytes", last_level_cache_bytes()},
-              {"reps", a.reps},
-              {"warmup", !a.no_warmup},
-              {"gen_prompt_tokens", gen_prompt},
-              {"peak_rss_bytes", peak_rss}};
-    for (auto it = info.begin(); it != info.end(); ++it) j[it.key()] = it.value();
-    j["threads"] = threads;
-    j["results"] = json::array();
-    for (const Row& r : rows) j["results"].push_back(row_json(r));
-    const std::string text = j.dump(1) + "\n";
-    if (a.json_out == "-") {
-      std::fwrite(text.data(), 1, text.size(), stdout);
-    } else {
-      std::ofstream f(a.json_out);
-      f << text;
-      if (!f) return fail("cannot write " + a.json_out);
-    }
-  }
+  add_decode_bandwidth(p.membw, &r);
+  if (vlm::Status st = write_report(a, p, r); !st.ok()) return fail(st.message());
   return 0;
 }
 
