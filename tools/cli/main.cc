@@ -1,4 +1,4 @@
-// The `vlm` command line: run, tokenize, detokenize, logits, bench.
+// The `vlm` command line: run, serve, tokenize, detokenize, logits, bench.
 // Uses only the public API (include/vlm). Every error: one line on stderr, exit code 1.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -266,140 +266,175 @@ int cmd_run(const RunArgs& a) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"vlm: run Qwen3-VL models from Hugging Face checkpoints"};
-  app.require_subcommand(1);
-
-  RunArgs ra;
-  auto* run = app.add_subcommand("run", "Generate a reply to a prompt, streamed to stdout");
-  ra.model = VLM_DEFAULT_MODEL_DIR;
-  run->add_option("-m,--model", ra.model,
+// `vlm run`'s options.
+void add_run_options(CLI::App* run, RunArgs* ra) {
+  ra->model = VLM_DEFAULT_MODEL_DIR;
+  run->add_option("-m,--model", ra->model,
                   "Checkpoint directory (config.json, *.safetensors, tokenizer.json); default: the "
                   "tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR ")");
-  run->add_option("-p,--prompt", ra.prompt, "User message")->required();
-  run->add_option("--chat-template", ra.chat_template,
+  run->add_option("-p,--prompt", ra->prompt, "User message")->required();
+  run->add_option("--chat-template", ra->chat_template,
                   "Chat template file (.jinja, or .json with \"chat_template\") instead of the "
                   "checkpoint's own");
-  run->add_option("--image", ra.images, "Image file (JPEG, PNG, WebP, GIF, BMP); repeatable");
-  run->add_option("--min-pixels", ra.min_pixels, "Resize budget: least pixels per image");
-  run->add_option("--max-pixels", ra.max_pixels, "Resize budget: most pixels per image");
-  run->add_option("--video", ra.videos,
+  run->add_option("--image", ra->images, "Image file (JPEG, PNG, WebP, GIF, BMP); repeatable");
+  run->add_option("--min-pixels", ra->min_pixels, "Resize budget: least pixels per image");
+  run->add_option("--max-pixels", ra->max_pixels, "Resize budget: most pixels per image");
+  run->add_option("--video", ra->videos,
                   "Video file (MP4, MOV, WebM, MKV, AVI, GIF, animated WebP); repeatable");
-  run->add_option("--fps", ra.fps, "Video frames sampled per second (default: the model's, 2)");
-  run->add_option("--max-frames", ra.max_frames,
+  run->add_option("--fps", ra->fps, "Video frames sampled per second (default: the model's, 2)");
+  run->add_option("--max-frames", ra->max_frames,
                   "Most frames sampled from each video (default: the model's, 768)");
-  run->add_option("--system", ra.system, "System message");
-  run->add_flag("--raw", ra.raw, "Feed the prompt as is, without the chat template");
-  run->add_option("-n,--max-new-tokens", ra.max_new_tokens, "Tokens to generate at most");
-  run->add_option("--temperature", ra.temperature, "Sampling temperature (0 = greedy)");
-  run->add_option("--top-k", ra.top_k, "Top-k (0 = off)");
-  run->add_option("--top-p", ra.top_p, "Top-p (1 = off)");
-  run->add_option("--min-p", ra.min_p, "Min-p (0 = off)");
-  run->add_option("--repetition-penalty", ra.repetition_penalty, "Repetition penalty (1 = off)");
-  run->add_option("--presence-penalty", ra.presence_penalty, "Presence penalty");
-  run->add_option("--frequency-penalty", ra.frequency_penalty, "Frequency penalty");
-  run->add_option("--seed", ra.seed, "Random seed");
-  run->add_flag("--greedy", ra.greedy, "Greedy decoding");
-  run->add_option("--stop", ra.stop, "Stop string (repeatable)");
-  run->add_flag("--ignore-eos", ra.ignore_eos, "Do not stop at end-of-sequence tokens");
-  run->add_option("--json-schema", ra.json_schema_file,
+  run->add_option("--system", ra->system, "System message");
+  run->add_flag("--raw", ra->raw, "Feed the prompt as is, without the chat template");
+  run->add_option("-n,--max-new-tokens", ra->max_new_tokens, "Tokens to generate at most");
+  run->add_option("--temperature", ra->temperature, "Sampling temperature (0 = greedy)");
+  run->add_option("--top-k", ra->top_k, "Top-k (0 = off)");
+  run->add_option("--top-p", ra->top_p, "Top-p (1 = off)");
+  run->add_option("--min-p", ra->min_p, "Min-p (0 = off)");
+  run->add_option("--repetition-penalty", ra->repetition_penalty, "Repetition penalty (1 = off)");
+  run->add_option("--presence-penalty", ra->presence_penalty, "Presence penalty");
+  run->add_option("--frequency-penalty", ra->frequency_penalty, "Frequency penalty");
+  run->add_option("--seed", ra->seed, "Random seed");
+  run->add_flag("--greedy", ra->greedy, "Greedy decoding");
+  run->add_option("--stop", ra->stop, "Stop string (repeatable)");
+  run->add_flag("--ignore-eos", ra->ignore_eos, "Do not stop at end-of-sequence tokens");
+  run->add_option("--json-schema", ra->json_schema_file,
                   "Structured output: the reply is JSON valid under the JSON Schema in FILE");
-  run->add_flag("--json", ra.json_object, "Structured output: the reply is a JSON object");
-  run->add_option("--regex", ra.regex, "Structured output: the reply matches the pattern in full");
-  run->add_option("--choice", ra.choices,
+  run->add_flag("--json", ra->json_object, "Structured output: the reply is a JSON object");
+  run->add_option("--regex", ra->regex, "Structured output: the reply matches the pattern in full");
+  run->add_option("--choice", ra->choices,
                   "Structured output: the reply is exactly one of these (repeatable)");
-  run->add_option("--grammar", ra.grammar_file,
+  run->add_option("--grammar", ra->grammar_file,
                   "Structured output: the reply follows the GBNF grammar in FILE (rule root)");
-  run->add_option("-t,--threads", ra.threads, "Threads (0 = all)");
-  run->add_option("-c,--ctx", ra.ctx, "Context limit in tokens (0 = model maximum)");
-  vlm::cli::add_quant_option(run, &ra.quant);
-  run->add_flag("--mmap", ra.mmap, vlm::cli::kMmapHelp);
-  run->add_flag("--vision-fp16", ra.vision_fp16, vlm::cli::kVisionFp16Help);
-  vlm::cli::add_device_options(run, &ra.device);
+  run->add_option("-t,--threads", ra->threads, "Threads (0 = all)");
+  run->add_option("-c,--ctx", ra->ctx, "Context limit in tokens (0 = model maximum)");
+  vlm::cli::add_quant_option(run, &ra->quant);
+  run->add_flag("--mmap", ra->mmap, vlm::cli::kMmapHelp);
+  run->add_flag("--vision-fp16", ra->vision_fp16, vlm::cli::kVisionFp16Help);
+  vlm::cli::add_device_options(run, &ra->device);
+}
 
-  std::string tk_model, tk_text, tk_file;
-  bool tk_split = false;
-  auto* tokenize = app.add_subcommand("tokenize", "Print the token ids of a text as JSON");
-  tokenize->add_option("-m,--model", tk_model, "Directory with tokenizer.json")->required();
-  auto* tk_text_opt = tokenize->add_option("--text", tk_text, "Text to tokenize");
-  auto* tk_file_opt = tokenize->add_option("--file", tk_file, "File whose contents to tokenize");
-  tk_text_opt->excludes(tk_file_opt);
-  tokenize->add_flag("--split-special", tk_split, "Treat special-token text as plain text");
+struct TokenizeArgs {
+  std::string model, text, file;
+  bool split_special = false;
+  CLI::Option* text_opt = nullptr;
+  CLI::Option* file_opt = nullptr;
+};
 
-  std::string dt_model, dt_ids;
-  bool dt_skip = false;
-  auto* detokenize = app.add_subcommand("detokenize", "Print the text of token ids");
-  detokenize->add_option("-m,--model", dt_model, "Directory with tokenizer.json")->required();
-  detokenize->add_option("--ids", dt_ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
-  detokenize->add_flag("--skip-special", dt_skip, "Drop special tokens");
+void add_tokenize_options(CLI::App* tokenize, TokenizeArgs* ta) {
+  tokenize->add_option("-m,--model", ta->model, "Directory with tokenizer.json")->required();
+  ta->text_opt = tokenize->add_option("--text", ta->text, "Text to tokenize");
+  ta->file_opt = tokenize->add_option("--file", ta->file, "File whose contents to tokenize");
+  ta->text_opt->excludes(ta->file_opt);
+  tokenize->add_flag("--split-special", ta->split_special,
+                     "Treat special-token text as plain text");
+}
 
-  std::string lg_model, lg_ids, lg_out;
-  std::vector<std::string> lg_images, lg_videos;
-  int64_t lg_min_pixels = -1, lg_max_pixels = -1;
-  int lg_threads = 0;
-  vlm::Quant lg_quant = vlm::Quant::kNone;
-  bool lg_mmap = false;
-  auto* logits = app.add_subcommand("logits", "Write float32 logits [positions, vocab] as .npy");
-  logits->add_option("-m,--model", lg_model, "Checkpoint directory (config.json + weights)")
-      ->required();
-  logits->add_option("--ids", lg_ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
-  logits->add_option("--out", lg_out, "Output .npy file")->required();
-  logits->add_option("--image", lg_images,
-                     "Image for each <|image_pad|> id in --ids (a single pad per image; expanded)");
-  logits->add_option("--video", lg_videos,
-                     "Video for each <|video_pad|> id in --ids (one pad between <|vision_start|> "
-                     "and <|vision_end|> per video; vlm writes the timestamps and the pads)");
-  logits->add_option("--min-pixels", lg_min_pixels, "Resize budget: least pixels per image");
-  logits->add_option("--max-pixels", lg_max_pixels, "Resize budget: most pixels per image");
-  logits->add_option("-t,--threads", lg_threads, "Threads (0 = all)");
-  vlm::cli::add_quant_option(logits, &lg_quant);
-  logits->add_flag("--mmap", lg_mmap, vlm::cli::kMmapHelp);
-  vlm::EngineOptions lg_device;
-  vlm::cli::add_device_options(logits, &lg_device);
+int cmd_tokenize(const TokenizeArgs& ta) {
+  if (ta.text_opt->count() == 0 && ta.file_opt->count() == 0) return fail("give --text or --file");
+  std::string text = ta.text;
+  if (ta.file_opt->count()) {
+    std::ifstream f(ta.file, std::ios::binary);
+    if (!f) return fail("cannot open " + ta.file);
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  auto tok = vlm::Tokenizer::load(ta.model);
+  if (!tok.ok()) return fail(tok.status());
+  std::printf("%s\n", json_ids((*tok)->encode(text, ta.split_special)).c_str());
+  return 0;
+}
 
-  if (argc > 1 && argv[1][0] != '-') {
-    const std::string cmd = argv[1];
-    if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits" &&
-        cmd != "bench" && cmd != "serve") {
-      return fail("unknown command '" + cmd +
-                  "' (commands: run, serve, tokenize, detokenize, logits, bench)");
+struct DetokenizeArgs {
+  std::string model, ids;
+  bool skip_special = false;
+};
+
+void add_detokenize_options(CLI::App* detokenize, DetokenizeArgs* da) {
+  detokenize->add_option("-m,--model", da->model, "Directory with tokenizer.json")->required();
+  detokenize->add_option("--ids", da->ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
+  detokenize->add_flag("--skip-special", da->skip_special, "Drop special tokens");
+}
+
+int cmd_detokenize(const DetokenizeArgs& da) {
+  std::vector<int32_t> ids;
+  std::string err;
+  if (!parse_ids(da.ids, &ids, &err)) return fail(err);
+  auto tok = vlm::Tokenizer::load(da.model);
+  if (!tok.ok()) return fail(tok.status());
+  for (int32_t id : ids) {
+    if (id >= (*tok)->vocab_size()) {
+      return fail("token id " + std::to_string(id) + " is outside the vocabulary");
     }
   }
-  vlm_cli::BenchArgs ba;
-  auto* bench =
-      app.add_subcommand("bench",
-                         "Benchmark: prefill, decode, vision, batched decode and memory bandwidth "
-                         "(median, min, max; table and JSON)");
-  vlm_cli::add_bench_options(bench, &ba);
-  for (int i = 0; i < argc; ++i) ba.command += (i ? " " : "") + std::string(argv[i]);
+  std::string text = (*tok)->decode(ids, da.skip_special);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
 
+struct LogitsArgs {
+  std::string model, ids, out;
+  std::vector<std::string> images, videos;
+  int64_t min_pixels = -1, max_pixels = -1;
+  int threads = 0;
+  vlm::Quant quant = vlm::Quant::kNone;
+  bool mmap = false;
+  vlm::EngineOptions device;  // --device and the GPU options
+};
+
+void add_logits_options(CLI::App* logits, LogitsArgs* la) {
+  logits->add_option("-m,--model", la->model, "Checkpoint directory (config.json + weights)")
+      ->required();
+  logits->add_option("--ids", la->ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
+  logits->add_option("--out", la->out, "Output .npy file")->required();
+  logits->add_option("--image", la->images,
+                     "Image for each <|image_pad|> id in --ids (a single pad per image; expanded)");
+  logits->add_option("--video", la->videos,
+                     "Video for each <|video_pad|> id in --ids (one pad between <|vision_start|> "
+                     "and <|vision_end|> per video; vlm writes the timestamps and the pads)");
+  logits->add_option("--min-pixels", la->min_pixels, "Resize budget: least pixels per image");
+  logits->add_option("--max-pixels", la->max_pixels, "Resize budget: most pixels per image");
+  logits->add_option("-t,--threads", la->threads, "Threads (0 = all)");
+  vlm::cli::add_quant_option(logits, &la->quant);
+  logits->add_flag("--mmap", la->mmap, vlm::cli::kMmapHelp);
+  vlm::cli::add_device_options(logits, &la->device);
+}
+
+int cmd_logits(const LogitsArgs& la) {
+  std::vector<int32_t> ids;
+  std::string err;
+  if (!parse_ids(la.ids, &ids, &err)) return fail(err);
+  vlm::EngineOptions opts = la.device;
+  opts.model_dir = la.model;
+  opts.n_threads = la.threads;
+  opts.require_tokenizer = false;
+  opts.quant = la.quant;
+  opts.mmap_weights = la.mmap;
+  auto engine = vlm::Engine::load(opts);
+  if (!engine.ok()) return fail(engine.status());
+  std::vector<int32_t> expanded;
+  vlm::Engine::LogitsOptions lo;
+  lo.expanded_ids = &expanded;
+  lo.videos = video_inputs(la.videos, -1, -1);
+  auto out = (*engine)->logits(ids, image_inputs(la.images, la.min_pixels, la.max_pixels), lo);
+  if (!out.ok()) return fail(out.status());
+  vlm::Status st = vlm_cli::write_npy_f32(
+      la.out, out->data(), {static_cast<int64_t>(expanded.size()), (*engine)->vocab_size()});
+  if (!st.ok()) return fail(st);
+  return 0;
+}
+
+struct ServeArgs {
   vlm::ServeOptions so;
-  auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (continuous batching)");
-  so.engine.model_dir = VLM_DEFAULT_MODEL_DIR;
-  serve->add_option(
-      "-m,--model", so.engine.model_dir,
-      "Checkpoint directory; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR
-      ")");
-  serve->add_option("--host", so.host, "Address to listen on (default 127.0.0.1)");
-  serve->add_option("--port", so.port, "Port (default 8080; 0 = any free port)");
-  serve->add_option("--served-model-name", so.model_names,
-                    "Names requests may give as model (several: --served-model-name a b); the "
-                    "first is reported in replies and metric labels (default: the model folder)");
-  serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
   bool no_webui = false;
-  serve->add_flag("--no-webui", no_webui,
-                  "Serve no web pages (default: the chat page at / and the dashboard at "
-                  "/dashboard)");
-  serve->add_option("--allowed-media-path", so.allowed_media_path,
-                    "Folder file:// images may come from");
-  serve->add_flag("--allow-remote-media", so.allow_remote_media,
-                  "Fetch http(s):// image URLs (off by default)");
-  serve->add_option(
-      "--max-image-pixels", so.max_image_pixels,
-      "Largest resize budget (pixels) a request may ask of one image with min_pixels / "
-      "max_pixels (default 16777216)");
+  bool no_prefix_caching = false;
+};
+
+// `vlm serve`'s options on the engine: batching, KV cache, templates, compute.
+void add_serve_engine_options(CLI::App* serve, ServeArgs* sa) {
+  vlm::ServeOptions& so = sa->so;
   serve->add_option("--max-num-seqs", so.engine.batching.max_num_seqs, "Sequences per batch step");
   serve->add_option("--max-batched-tokens", so.engine.batching.max_batched_tokens,
                     "Tokens per batch step (default: the prefill chunk, 256)");
@@ -427,8 +462,7 @@ int main(int argc, char** argv) {
                     "checkpoint's own");
   serve->add_option("--vision-cache-mib", so.engine.batching.vision_cache_mib,
                     "Memory for cached vision-encoder outputs (default 512; 0 = off)");
-  bool no_prefix_caching = false;
-  serve->add_flag("--no-prefix-caching", no_prefix_caching,
+  serve->add_flag("--no-prefix-caching", sa->no_prefix_caching,
                   "Compute every prompt in full (default: KV blocks are reused by content)");
   serve->add_option("--kv-events", so.kv_events.endpoint,
                     "Publish the prefix cache's KV events (vLLM's ZeroMQ format) on this "
@@ -445,30 +479,118 @@ int main(int argc, char** argv) {
   serve->add_flag("--mmap", so.engine.mmap_weights, vlm::cli::kMmapHelp);
   serve->add_flag("--vision-fp16", so.engine.vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(serve, &so.engine);
+}
+
+// `vlm serve`'s options on the API: address, names, key, pages and media.
+void add_serve_api_options(CLI::App* serve, ServeArgs* sa) {
+  vlm::ServeOptions& so = sa->so;
+  serve->add_option("--host", so.host, "Address to listen on (default 127.0.0.1)");
+  serve->add_option("--port", so.port, "Port (default 8080; 0 = any free port)");
+  serve->add_option("--served-model-name", so.model_names,
+                    "Names requests may give as model (several: --served-model-name a b); the "
+                    "first is reported in replies and metric labels (default: the model folder)");
+  serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
+  serve->add_flag("--no-webui", sa->no_webui,
+                  "Serve no web pages (default: the chat page at / and the dashboard at "
+                  "/dashboard)");
+  serve->add_option("--allowed-media-path", so.allowed_media_path,
+                    "Folder file:// images may come from");
+  serve->add_flag("--allow-remote-media", so.allow_remote_media,
+                  "Fetch http(s):// image URLs (off by default)");
   serve->add_option(
-      "--http-threads", so.http_threads,
+      "--max-image-pixels", so.max_image_pixels,
+      "Largest resize budget (pixels) a request may ask of one image with min_pixels / "
+      "max_pixels (default 16777216)");
+}
+
+// `vlm serve`'s options on connections: threads and timeouts.
+void add_serve_connection_options(CLI::App* serve, vlm::ServeOptions* so) {
+  serve->add_option(
+      "--http-threads", so->http_threads,
       "Worker threads for request parsing, chat templates, tokenizing and image decoding "
       "(default 8)");
-  serve->add_option("--io-threads", so.io_threads,
+  serve->add_option("--io-threads", so->io_threads,
                     "Threads for sockets, /health, /metrics and replies (default 2)");
-  serve->add_option("--max-connections", so.max_connections,
+  serve->add_option("--max-connections", so->max_connections,
                     "Open connections at once; beyond: 503 and close (default 4096)");
-  serve->add_option("--header-timeout", so.header_timeout_s,
+  serve->add_option("--header-timeout", so->header_timeout_s,
                     "Seconds a request's header may take from its first byte (default 10)");
-  serve->add_option("--keep-alive-timeout", so.keep_alive_timeout_s,
+  serve->add_option("--keep-alive-timeout", so->keep_alive_timeout_s,
                     "Seconds an idle keep-alive connection stays open (default 75)");
-  serve->add_option("--body-timeout", so.body_timeout_s,
+  serve->add_option("--body-timeout", so->body_timeout_s,
                     "Seconds a request's body may take (default 60)");
   serve->add_option(
-      "--write-timeout", so.write_timeout_s,
+      "--write-timeout", so->write_timeout_s,
       "Seconds a reply write may make no progress before the connection closes (default 60)");
   serve->add_option(
-      "--health-timeout", so.health_timeout_s,
+      "--health-timeout", so->health_timeout_s,
       "/health is 503 when the engine loop made no progress for this many seconds (default 30)");
   serve->add_option(
-      "--shutdown-timeout", so.shutdown_timeout_s,
+      "--shutdown-timeout", so->shutdown_timeout_s,
       "On SIGTERM/SIGINT, seconds running requests may take before they are cancelled "
       "(default 30)");
+}
+
+int cmd_serve(ServeArgs sa) {
+  vlm::ServeOptions& so = sa.so;
+  so.engine.batching.prefix_caching = !sa.no_prefix_caching;
+  so.webui = !sa.no_webui;
+  so.engine.prefill_chunk =
+      std::max<int64_t>(so.engine.prefill_chunk, so.engine.batching.max_batched_tokens);
+  so.handle_signals = true;
+  auto server = vlm::Server::create(so);
+  if (!server.ok()) return fail(server.status());
+  std::fprintf(stderr,
+               "vlm: serving on http://%s:%d (OpenAI API at /v1; /health says 503 until the "
+               "model is loaded)\n",
+               so.host.c_str(), (*server)->port());
+  vlm::Status st = (*server)->run();
+  if (!st.ok()) return fail(st);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string cmd = argv[1];
+    if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits" &&
+        cmd != "bench" && cmd != "serve") {
+      return fail("unknown command '" + cmd +
+                  "' (commands: run, serve, tokenize, detokenize, logits, bench)");
+    }
+  }
+  CLI::App app{"vlm: run Qwen3-VL models from Hugging Face checkpoints"};
+  app.require_subcommand(1);
+  RunArgs ra;
+  auto* run = app.add_subcommand("run", "Generate a reply to a prompt, streamed to stdout");
+  add_run_options(run, &ra);
+  TokenizeArgs ta;
+  auto* tokenize = app.add_subcommand("tokenize", "Print the token ids of a text as JSON");
+  add_tokenize_options(tokenize, &ta);
+  DetokenizeArgs da;
+  auto* detokenize = app.add_subcommand("detokenize", "Print the text of token ids");
+  add_detokenize_options(detokenize, &da);
+  LogitsArgs la;
+  auto* logits = app.add_subcommand("logits", "Write float32 logits [positions, vocab] as .npy");
+  add_logits_options(logits, &la);
+  vlm_cli::BenchArgs ba;
+  auto* bench =
+      app.add_subcommand("bench",
+                         "Benchmark: prefill, decode, vision, batched decode and memory bandwidth "
+                         "(median, min, max; table and JSON)");
+  vlm_cli::add_bench_options(bench, &ba);
+  for (int i = 0; i < argc; ++i) ba.command += (i ? " " : "") + std::string(argv[i]);
+  ServeArgs sa;
+  auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (continuous batching)");
+  sa.so.engine.model_dir = VLM_DEFAULT_MODEL_DIR;
+  serve->add_option(
+      "-m,--model", sa.so.engine.model_dir,
+      "Checkpoint directory; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR
+      ")");
+  add_serve_api_options(serve, &sa);
+  add_serve_engine_options(serve, &sa);
+  add_serve_connection_options(serve, &sa.so);
 
   try {
     app.parse(argc, argv);
@@ -479,81 +601,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return fail(e.what());
   }
-
   if (*run) return cmd_run(ra);
-  if (*serve) {
-    so.engine.batching.prefix_caching = !no_prefix_caching;
-    so.webui = !no_webui;
-    so.engine.prefill_chunk =
-        std::max<int64_t>(so.engine.prefill_chunk, so.engine.batching.max_batched_tokens);
-    so.handle_signals = true;
-    auto server = vlm::Server::create(so);
-    if (!server.ok()) return fail(server.status());
-    std::fprintf(stderr,
-                 "vlm: serving on http://%s:%d (OpenAI API at /v1; /health says 503 until the "
-                 "model is loaded)\n",
-                 so.host.c_str(), (*server)->port());
-    vlm::Status st = (*server)->run();
-    if (!st.ok()) return fail(st);
-    return 0;
-  }
+  if (*serve) return cmd_serve(sa);
   if (*bench) return vlm_cli::run_bench(ba);
-
-  if (*tokenize) {
-    if (tk_text_opt->count() == 0 && tk_file_opt->count() == 0)
-      return fail("give --text or --file");
-    std::string text = tk_text;
-    if (tk_file_opt->count()) {
-      std::ifstream f(tk_file, std::ios::binary);
-      if (!f) return fail("cannot open " + tk_file);
-      std::ostringstream ss;
-      ss << f.rdbuf();
-      text = ss.str();
-    }
-    auto tok = vlm::Tokenizer::load(tk_model);
-    if (!tok.ok()) return fail(tok.status());
-    std::printf("%s\n", json_ids((*tok)->encode(text, tk_split)).c_str());
-    return 0;
-  }
-
-  if (*detokenize) {
-    std::vector<int32_t> ids;
-    std::string err;
-    if (!parse_ids(dt_ids, &ids, &err)) return fail(err);
-    auto tok = vlm::Tokenizer::load(dt_model);
-    if (!tok.ok()) return fail(tok.status());
-    for (int32_t id : ids) {
-      if (id >= (*tok)->vocab_size())
-        return fail("token id " + std::to_string(id) + " is outside the vocabulary");
-    }
-    std::string text = (*tok)->decode(ids, dt_skip);
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fputc('\n', stdout);
-    return 0;
-  }
-
-  if (*logits) {
-    std::vector<int32_t> ids;
-    std::string err;
-    if (!parse_ids(lg_ids, &ids, &err)) return fail(err);
-    vlm::EngineOptions opts = lg_device;
-    opts.model_dir = lg_model;
-    opts.n_threads = lg_threads;
-    opts.require_tokenizer = false;
-    opts.quant = lg_quant;
-    opts.mmap_weights = lg_mmap;
-    auto engine = vlm::Engine::load(opts);
-    if (!engine.ok()) return fail(engine.status());
-    std::vector<int32_t> expanded;
-    vlm::Engine::LogitsOptions lo;
-    lo.expanded_ids = &expanded;
-    lo.videos = video_inputs(lg_videos, -1, -1);
-    auto out = (*engine)->logits(ids, image_inputs(lg_images, lg_min_pixels, lg_max_pixels), lo);
-    if (!out.ok()) return fail(out.status());
-    vlm::Status st = vlm_cli::write_npy_f32(
-        lg_out, out->data(), {static_cast<int64_t>(expanded.size()), (*engine)->vocab_size()});
-    if (!st.ok()) return fail(st);
-    return 0;
-  }
+  if (*tokenize) return cmd_tokenize(ta);
+  if (*detokenize) return cmd_detokenize(da);
+  if (*logits) return cmd_logits(la);
   return 0;
 }
