@@ -937,18 +937,10 @@ Element Compiler::key_not_in(const std::vector<std::string>& names) {
   return g_->group({cat({g_->literal("\""), {Grammar::ref(rules[0])}})}, "key");
 }
 
-// Objects: "{" ws R(0, 0) "}", where R(i, c) writes the properties from the i-th on after c were
-// written (c only tells whether a comma comes first, unless minProperties/maxProperties need the
-// count): a required property is written, an optional one written or skipped. Each member is
-// followed by its ws. Extra properties come after the declared ones.
-Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, int depth) {
-  struct Prop {
-    std::string name;
-    bool required = false;
-    std::optional<Element> value;  // none: the schema 'false', the property never appears
-  };
-  std::vector<Prop> props;
-  std::vector<std::string> names;
+// The object schema's properties, additionalProperties and property counts, checked.
+Result<Compiler::ObjectSpec> Compiler::object_spec(const Json& s, const std::string& ptr,
+                                                   int depth) {
+  ObjectSpec o;
   std::set<std::string> required;
   if (auto it = s.find("required"); it != s.end()) {
     if (!it->is_array()) {
@@ -969,27 +961,16 @@ Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, 
                       child(ptr, "additionalProperties"));
     }
   }
+  o.additional = ap;
   const bool has_props = s.contains("properties");
-  const bool extras = ap ? !(ap->is_boolean() && !ap->get<bool>()) : !has_props;
-  std::optional<Element> extra_value;
-  auto get_extra_value = [&]() -> Result<Element> {
-    if (!extra_value) {
-      if (ap && ap->is_object()) {
-        VLM_ASSIGN_OR_RETURN(extra_value,
-                             compile(*ap, child(ptr, "additionalProperties"), depth + 1));
-      } else {
-        extra_value = any_value_at(depth + 1);
-      }
-    }
-    return *extra_value;
-  };
+  o.extras = ap ? !(ap->is_boolean() && !ap->get<bool>()) : !has_props;
   if (has_props) {
     const Json& ps = s["properties"];
     const std::string pp = child(ptr, "properties");
     if (!ps.is_object()) return error_at("'properties' must be an object", pp);
     for (auto it = ps.begin(); it != ps.end(); ++it) {
-      Prop p{it.key(), required.count(it.key()) > 0, std::nullopt};
-      names.push_back(it.key());
+      ObjectSpec::Prop p{it.key(), required.count(it.key()) > 0, std::nullopt};
+      o.names.push_back(it.key());
       if (it.value().is_boolean() && !it.value().get<bool>()) {
         if (p.required) {
           return error_at("a required property has the schema 'false'", child(pp, it.key()));
@@ -997,7 +978,7 @@ Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, 
         continue;
       }
       VLM_ASSIGN_OR_RETURN(p.value, compile(it.value(), child(pp, it.key()), depth + 1));
-      props.push_back(std::move(p));
+      o.props.push_back(std::move(p));
     }
   }
   // Required names with no 'properties' entry take the additionalProperties schema (JSON
@@ -1006,54 +987,84 @@ Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, 
     std::set<std::string> seen;
     for (const Json& r : *it) {
       const std::string name = r.get<std::string>();
-      if (std::find(names.begin(), names.end(), name) != names.end() || !seen.insert(name).second) {
+      if (std::find(o.names.begin(), o.names.end(), name) != o.names.end() ||
+          !seen.insert(name).second) {
         continue;
       }
       if (ap && ap->is_boolean() && !ap->get<bool>()) {
         return error_at(
             "required property '" + name + "' is not allowed by additionalProperties false", ptr);
       }
-      Prop p{name, true, std::nullopt};
+      ObjectSpec::Prop p{name, true, std::nullopt};
       if (ap && ap->is_object()) {
-        VLM_ASSIGN_OR_RETURN(p.value, get_extra_value());
+        VLM_ASSIGN_OR_RETURN(p.value, object_extra_value(&o, ptr, depth));
       } else {
         p.value = any_value_at(depth + 1);
       }
-      names.push_back(name);
-      props.push_back(std::move(p));
+      o.names.push_back(name);
+      o.props.push_back(std::move(p));
     }
   }
-  int64_t min_p = 0;
-  std::optional<int64_t> max_p;
   if (s.contains("minProperties")) {
-    VLM_ASSIGN_OR_RETURN(min_p, get_count(s, "minProperties", ptr));
+    VLM_ASSIGN_OR_RETURN(o.min_props, get_count(s, "minProperties", ptr));
   }
   if (s.contains("maxProperties")) {
     VLM_ASSIGN_OR_RETURN(const int64_t m, get_count(s, "maxProperties", ptr));
-    max_p = m;
+    o.max_props = m;
   }
-  const int n = static_cast<int>(props.size());
+  return o;
+}
+
+// The value of the names beyond the declared ones: additionalProperties' schema, else any value.
+Result<Element> Compiler::object_extra_value(ObjectSpec* o, const std::string& ptr, int depth) {
+  if (!o->extra_value) {
+    if (o->additional && o->additional->is_object()) {
+      VLM_ASSIGN_OR_RETURN(o->extra_value,
+                           compile(*o->additional, child(ptr, "additionalProperties"), depth + 1));
+    } else {
+      o->extra_value = any_value_at(depth + 1);
+    }
+  }
+  return *o->extra_value;
+}
+
+// Objects: "{" ws R(0, 0) "}", where R(i, c) writes the properties from the i-th on after c were
+// written (c only tells whether a comma comes first, unless minProperties/maxProperties need the
+// count): a required property is written, an optional one written or skipped. Each member is
+// followed by its ws. Extra properties come after the declared ones.
+Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, int depth) {
+  VLM_ASSIGN_OR_RETURN(ObjectSpec o, object_spec(s, ptr, depth));
+  const int n = static_cast<int>(o.props.size());
+  const bool extra_schema = o.additional && o.additional->is_object();
   // Nothing declared, anything allowed: any object (whose names may be written with escapes).
-  if (n == 0 && names.empty() && extras && !(ap && ap->is_object()) && min_p == 0 && !max_p) {
+  if (n == 0 && o.names.empty() && o.extras && !extra_schema && o.min_props == 0 && !o.max_props) {
     return any_object_at(depth);
   }
-  const int64_t n_required =
-      std::count_if(props.begin(), props.end(), [](const Prop& p) { return p.required; });
+  const int64_t n_required = std::count_if(o.props.begin(), o.props.end(),
+                                           [](const ObjectSpec::Prop& p) { return p.required; });
   // Extra names may repeat one another (the later one wins in a parser, and its value is valid
   // too), so they cannot be counted towards minProperties: the declared ones must reach it.
-  if (min_p > n) {
+  if (o.min_props > n) {
     return error_at("'minProperties' beyond the declared properties is not supported", ptr);
   }
-  if (max_p && *max_p < n_required) {
+  if (o.max_props && *o.max_props < n_required) {
     return error_at("'maxProperties' is below the required count", ptr);
   }
-  const bool counting = min_p > n_required || (max_p && (extras || *max_p < n));
+  const bool counting = o.min_props > n_required || (o.max_props && (o.extras || *o.max_props < n));
   if (counting && static_cast<int64_t>(n + 1) * (n + 1) > kMaxGrammarElements) {
     return error_at("too many properties to count for minProperties/maxProperties", ptr);
   }
+  return object_rules(&o, counting, ptr, depth);
+}
+
+// The rules R(i, c) of compile_object, from the last property back to the first.
+Result<Element> Compiler::object_rules(ObjectSpec* o, bool counting, const std::string& ptr,
+                                       int depth) {
+  const int n = static_cast<int>(o->props.size());
+  const std::optional<int64_t> max_p = o->max_props;
   // One rule per member, shared by every R(i, c) that writes it.
   std::vector<Sequence> members;
-  for (const Prop& p : props) {
+  for (const ObjectSpec::Prop& p : o->props) {
     members.push_back({g_->group({cat({g_->literal(Json(p.name).dump()),
                                        {ws()},
                                        g_->literal(":"),
@@ -1063,14 +1074,14 @@ Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, 
                                  "member")});
   }
   Sequence extra_member;
-  if (extras) {
-    VLM_ASSIGN_OR_RETURN(const Element v, get_extra_value());
-    extra_member = cat({{key_not_in(names)}, {ws()}, g_->literal(":"), {ws()}, {v}, {ws()}});
+  if (o->extras) {
+    VLM_ASSIGN_OR_RETURN(const Element v, object_extra_value(o, ptr, depth));
+    extra_member = cat({{key_not_in(o->names)}, {ws()}, g_->literal(":"), {ws()}, {v}, {ws()}});
   }
   const Sequence comma = cat({g_->literal(","), {ws()}});
   // Extra members after c declared ones, at most emax of them (< 0: unbounded).
   auto extra_seq = [&](int64_t c, int64_t emax) -> Sequence {
-    if (!extras || emax == 0) return {};
+    if (!o->extras || emax == 0) return {};
     const Sequence more = cat({comma, extra_member});
     if (c > 0) return {g_->repeat(more, 0, emax)};
     return {g_->optional(cat({extra_member, {g_->repeat(more, 0, emax < 0 ? -1 : emax - 1)}}))};
@@ -1082,11 +1093,11 @@ Result<Element> Compiler::compile_object(const Json& s, const std::string& ptr, 
     for (int c = 0; c <= std::min(i, cmax); ++c) {
       std::vector<Sequence> alts;
       if (i == n) {
-        if (counting && c < min_p) continue;
+        if (counting && c < o->min_props) continue;
         if (max_p && counting && c > *max_p) continue;
         alts.push_back(extra_seq(c, max_p ? (counting ? *max_p - c : -1) : -1));
       } else {
-        const Prop& p = props[static_cast<size_t>(i)];
+        const ObjectSpec::Prop& p = o->props[static_cast<size_t>(i)];
         const int c2 = counting ? c + 1 : 1;
         const int32_t next = rule[static_cast<size_t>(i + 1)][static_cast<size_t>(c2)];
         if (next >= 0 && !(counting && max_p && c + 1 > *max_p)) {

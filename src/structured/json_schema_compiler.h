@@ -119,7 +119,26 @@ class Compiler {
   Result<Element> compile_format(const std::string& name, const std::string& ptr);
   Result<Element> compile_integer(const Json& s, const std::string& ptr);
   Result<Element> compile_number(const Json& s, const std::string& ptr);
+  // An object schema as compile_object reads it: its properties (declared, then required names
+  // with no declaration), whether other names may appear, and the property counts.
+  struct ObjectSpec {
+    struct Prop {
+      std::string name;
+      bool required = false;
+      std::optional<Element> value;  // none: the schema 'false', the property never appears
+    };
+    std::vector<Prop> props;
+    std::vector<std::string> names;      // every declared or required name
+    const Json* additional = nullptr;    // additionalProperties, when given
+    bool extras = false;                 // names beyond `names` may appear
+    std::optional<Element> extra_value;  // their schema, compiled when first needed
+    int64_t min_props = 0;
+    std::optional<int64_t> max_props;
+  };
   Result<Element> compile_object(const Json& s, const std::string& ptr, int depth);
+  Result<ObjectSpec> object_spec(const Json& s, const std::string& ptr, int depth);
+  Result<Element> object_extra_value(ObjectSpec* o, const std::string& ptr, int depth);
+  Result<Element> object_rules(ObjectSpec* o, bool counting, const std::string& ptr, int depth);
   Result<Element> compile_array(const Json& s, const std::string& ptr, int depth);
   Element key_not_in(const std::vector<std::string>& names);
 
