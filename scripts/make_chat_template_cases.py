@@ -110,6 +110,18 @@ CONVERSATIONS = {
     "unicode": [
         {"role": "user", "content": "Übersetze: «naïve café» → 日本語? 🙂"},
     ],
+    # Arguments whose floats json.dumps writes in repr's layout (100000.0, 1e-05, 1e+16), an
+    # integer, and a string with a non-ASCII character, a newline and quotes. The call id has the
+    # nine letters and digits Mistral's templates insist on.
+    "tool_call_floats": [
+        {"role": "user", "content": "Plot the point."},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "id": "call00002",
+                         "function": {"name": "plot",
+                                      "arguments": {"x": 100000.0, "y": 1e-05, "z": 1e16, "n": 3,
+                                                    "s": "é\n\"q\""}}}]},
+        {"role": "tool", "tool_call_id": "call00002", "name": "plot", "content": "plotted"},
+    ],
 }
 
 # (name, conversation, tools?, add_generation_prompt, extra template variables)
@@ -129,6 +141,7 @@ RUNS = [
     ("thinking_off", "user", False, True, {"enable_thinking": False}),
     ("thinking_on", "user", False, True, {"enable_thinking": True}),
     ("unicode", "unicode", False, True, {}),
+    ("tool_call_floats", "tool_call_floats", True, True, {}),
 ]
 
 # Feature snippets, rendered by the environment transformers builds (trim/lstrip blocks, its
@@ -177,6 +190,11 @@ SNIPPETS = [
     ("{{ 'line1\\nline2' | indent(2) }}|{{ 'line1\\nline2' | indent(2, true) }}|{{ ' x ' ~ xs | length }}", {"xs": [1]}),
     ("{% if x is string and x | length > 2 %}long{% elif x is string %}short{% else %}other{% endif %}", {"x": "abcd"}),
     ("{% for i in range(3) %}{{ i }}{% endfor %} {% for i in range(1, 7, 2) %}{{ i }}{% endfor %} {{ loop is defined }}", {}),
+    # tojson's floats, escapes and arguments (transformers' tojson(x, ensure_ascii=False,
+    # indent=None, separators=None, sort_keys=False)), and the floats as {{ }} prints them.
+    ("{{ args | tojson }}|{{ args | tojson(indent=2) }}|{{ args | tojson(ensure_ascii=true, sort_keys=true) }}|{{ args | tojson(separators=(',', ':')) }}|{{ args | tojson(false, 1, none, true) }}|{{ args.x }} {{ args.y }} {{ args.z }} {{ args.w }}",
+     {"args": {"x": 100000.0, "y": 1e-05, "z": 1e16, "n": 3, "s": "é\n\"q\"\x7f\x01",
+               "w": [1.5e-05, 0.0001, -0.0, 1e15, 123456789012345678.0, 0.1, [], {}]}}),
 ]
 
 

@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/jinja.h"
+#include "jinja/jinja.h"
 
 namespace vlm {
 namespace {

@@ -1,101 +1,14 @@
 #include "tokenizer/chat_json.h"
 
-#include <charconv>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "core/json_depth.h"
+#include "jinja/json.h"
 
 namespace vlm {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-void dump_string(const std::string& s, std::string* out) {
-  *out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        *out += "\\\"";
-        break;
-      case '\\':
-        *out += "\\\\";
-        break;
-      case '\n':
-        *out += "\\n";
-        break;
-      case '\r':
-        *out += "\\r";
-        break;
-      case '\t':
-        *out += "\\t";
-        break;
-      case '\b':
-        *out += "\\b";
-        break;
-      case '\f':
-        *out += "\\f";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          *out += buf;
-        } else {
-          *out += static_cast<char>(c);
-        }
-    }
-  }
-  *out += '"';
-}
-
-void dump_python(const ojson& j, std::string* out) {
-  switch (j.type()) {
-    case ojson::value_t::object: {
-      *out += '{';
-      bool first = true;
-      for (auto it = j.begin(); it != j.end(); ++it) {
-        if (!first) *out += ", ";
-        first = false;
-        dump_string(it.key(), out);
-        *out += ": ";
-        dump_python(it.value(), out);
-      }
-      *out += '}';
-      break;
-    }
-    case ojson::value_t::array: {
-      *out += '[';
-      for (size_t i = 0; i < j.size(); ++i) {
-        if (i) *out += ", ";
-        dump_python(j[i], out);
-      }
-      *out += ']';
-      break;
-    }
-    case ojson::value_t::string:
-      dump_string(j.get<std::string>(), out);
-      break;
-    case ojson::value_t::boolean:
-      *out += j.get<bool>() ? "true" : "false";
-      break;
-    case ojson::value_t::null:
-      *out += "null";
-      break;
-    case ojson::value_t::number_float: {
-      // Python's repr: shortest round-trip digits, always with a '.' or an exponent.
-      char buf[64];
-      auto r = std::to_chars(buf, buf + sizeof buf, j.get<double>());
-      std::string s(buf, r.ptr);
-      if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-      *out += s;
-      break;
-    }
-    default:
-      *out += j.dump();
-      break;  // integers
-  }
-}
 
 Status parse_content(const ojson& c, size_t index, ChatMessage* m) {
   const std::string where = "messages[" + std::to_string(index) + "]";
@@ -145,9 +58,7 @@ Result<std::string> python_style_json(std::string_view json_text) {
   }
   ojson j = ojson::parse(json_text, nullptr, false);
   if (j.is_discarded()) return invalid_argument("not valid JSON");
-  std::string out;
-  dump_python(j, &out);
-  return out;
+  return jinja::json_dumps(j);
 }
 
 Result<ParsedChat> parse_chat_json(std::string_view messages_json, std::string_view tools_json) {
@@ -196,7 +107,7 @@ Result<ParsedChat> parse_chat_json(const ojson& msgs, const ojson* tools) {
           if (a->is_string()) {
             c.arguments = a->get<std::string>();
           } else {
-            dump_python(*a, &c.arguments);
+            c.arguments = jinja::json_dumps(*a);
             c.arguments_is_object = a->is_object();
           }
         }
@@ -219,9 +130,7 @@ Result<ParsedChat> parse_chat_json(const ojson& msgs, const ojson* tools) {
       return invalid_argument("tools must be a JSON list");
     if (tools->is_array()) {
       for (const ojson& t : *tools) {
-        std::string s;
-        dump_python(t, &s);
-        out.tools_json.push_back(std::move(s));
+        out.tools_json.push_back(jinja::json_dumps(t));
       }
     }
   }

@@ -28,8 +28,10 @@ Result<ParsedChat> parse_chat_json(std::string_view messages_json,
 Result<ParsedChat> parse_chat_json(const nlohmann::ordered_json& messages,
                                    const nlohmann::ordered_json* tools);
 
-// JSON text as Python's json.dumps(ensure_ascii=False) writes it (", " and ": " separators, key
-// order kept): what transformers' `tojson` filter produces. `json_text` must be valid JSON.
+// JSON text as Python's json.dumps(json.loads(text), ensure_ascii=False) writes it (", " and ": "
+// separators, key order kept, floats as repr writes them: 1e5 is 100000.0): what transformers'
+// `tojson` filter produces, by the interpreter's writer (jinja/json.h). `json_text` must be valid
+// JSON.
 Result<std::string> python_style_json(std::string_view json_text);
 
 }  // namespace vlm

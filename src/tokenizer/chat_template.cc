@@ -1,4 +1,4 @@
-// Chat templates: the checkpoint's own Jinja template (tokenizer/jinja.h), found where
+// Chat templates: the checkpoint's own Jinja template (jinja/jinja.h), found where
 // transformers looks for it, or the built-in Qwen3-VL Instruct one; conversations (ChatMessage)
 // handed to it as the dicts transformers passes (content as a string or a list of parts).
 #include <filesystem>
@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "tokenizer/jinja.h"
+#include "jinja/jinja.h"
 #include "vlm/chat.h"
 
 namespace vlm {

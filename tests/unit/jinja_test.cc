@@ -3,7 +3,7 @@
 // snippets, and the chat templates of several model families over a shared set of conversations
 // (system, multi-turn, text parts, images, video, tools and tool results, reasoning, unicode),
 // byte for byte; a conversation jinja2 refuses is refused here too.
-#include "tokenizer/jinja.h"
+#include "jinja/jinja.h"
 
 #include <gtest/gtest.h>
 
