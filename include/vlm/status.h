@@ -29,15 +29,29 @@ class Status {
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
 
-  // Returns a copy whose message is "context: message" (errors gain context as they rise).
+  // The request field the error is about ("messages", "max_thinking_tokens"; "" when none): what
+  // the OpenAI API reports as the error's param.
+  const std::string& field() const { return field_; }
+
+  // Returns a copy whose message is "context: message" (errors gain context as they rise); the
+  // field stays.
   Status with_context(const std::string& context) const {
     if (ok()) return *this;
-    return Status(code_, context + ": " + message_);
+    Status s(code_, context + ": " + message_);
+    s.field_ = field_;
+    return s;
+  }
+  // Returns a copy that names the request field at fault.
+  Status with_field(std::string field) const {
+    Status s = *this;
+    s.field_ = std::move(field);
+    return s;
   }
 
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  std::string field_;
 };
 
 inline Status ok_status() { return Status(); }

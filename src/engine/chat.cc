@@ -33,7 +33,8 @@ Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
   auto prompt = tpl->render(request.messages, topts);
   if (!prompt.ok()) {
     return invalid_argument("messages: the chat template refused the conversation: " +
-                            prompt.status().message());
+                            prompt.status().message())
+        .with_field("messages");
   }
   GenerateRequest g;
   g.prompt_ids = m.tokenizer->encode(*prompt);
@@ -57,7 +58,8 @@ Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
   const auto close = m.tokenizer->token_to_id("</think>");
   if (request.max_thinking_tokens) {
     if (!close) {
-      return invalid_argument("max_thinking_tokens: this model has no </think> token");
+      return invalid_argument("max_thinking_tokens: this model has no </think> token")
+          .with_field("max_thinking_tokens");
     }
     g.max_thinking_tokens = *request.max_thinking_tokens;
     g.think_open_id = m.tokenizer->token_to_id("<think>").value_or(-1);

@@ -191,13 +191,13 @@ bool path_under(const fs::path& p, const fs::path& root) {
   return std::next(root_end) == root.end() && root_end->empty();
 }
 
-// Resolves one image or video URL into `path` / `bytes` (or a RemoteImage, with the index it
-// fills). `param` names the part for errors; `kind` is "image" or "video".
+// Resolves one image or video URL into `path` / `bytes` (or a RemoteMedia entry, `where` with the
+// URL). `param` names the part for errors; `kind` is "image" or "video".
 std::optional<ApiError> resolve_media_url(const std::string& url, const std::string& param,
                                           const std::string& kind, size_t max_bytes,
-                                          const MediaPolicy& media, RemoteImage where,
+                                          const MediaPolicy& media, RemoteMedia where,
                                           std::string* path, std::vector<uint8_t>* bytes,
-                                          std::vector<RemoteImage>* remote) {
+                                          std::vector<RemoteMedia>* remote) {
   if (url.rfind("data:", 0) == 0) {
     const size_t comma = url.find(',');
     if (comma == std::string::npos) return bad_request("malformed data URL in " + param, param);
@@ -319,105 +319,126 @@ std::optional<ApiError> read_video_settings(const ojson& obj, const std::string&
   return std::nullopt;
 }
 
-// Walks every image and video part in prompt order (the order render_chat emits their pads).
+// One image or video part being read: the part as sent, the field that names it, where its
+// media goes, and how many images and videos the request holds before it.
+struct MediaPart {
+  const ojson& json;
+  std::string param;  // "messages[i].content[j]"
+  RemoteMedia where;  // message and part, for a URL to fetch
+  const ApiLimits& limits;
+  const MediaPolicy& media;
+  int64_t* images;
+  int64_t* videos;
+  std::vector<RemoteMedia>* remote;
+};
+
+// 400 when the request already holds `max` images (or videos): counted once the part's URL is
+// known to be there, before anything of it is read.
+std::optional<ApiError> count_media(int64_t* count, int64_t max, const char* kind) {
+  if (*count >= max) {
+    return bad_request(
+        std::string("too many ") + kind + "s: at most " + std::to_string(max) + " per request",
+        "messages");
+  }
+  ++*count;
+  return std::nullopt;
+}
+
+// A video part: its URL, or qwen-vl-utils' list of frames {"type": "video", "video": [url, ...]};
+// then its sampling and pixel budget.
+std::optional<ApiError> read_video_part(const MediaPart& p, VideoInput* v) {
+  const std::string& param = p.param;
+  const auto frames = p.json.find("video");
+  const bool listed = frames != p.json.end() && frames->is_array();
+  std::string url, url_param;
+  if (!listed) {
+    if (auto e = part_url(p.json, param, "video_url", "video", &url, &url_param)) return e;
+  }
+  if (auto e = count_media(p.videos, p.limits.max_videos, "video")) return e;
+  RemoteMedia where = p.where;
+  where.video = true;
+  if (listed) {
+    if (frames->empty() || frames->size() > static_cast<size_t>(p.limits.max_video_frames)) {
+      return bad_request("'" + param + ".video' must list 1 to " +
+                             std::to_string(p.limits.max_video_frames) + " frames",
+                         param + ".video");
+    }
+    for (size_t f = 0; f < frames->size(); ++f) {
+      const std::string fp = param + ".video[" + std::to_string(f) + "]";
+      if (!(*frames)[f].is_string()) return bad_request("'" + fp + "' must be a URL", fp);
+      ImageInput& frame = v->frames.emplace_back();
+      where.frame = static_cast<int64_t>(f);
+      if (auto e = resolve_media_url((*frames)[f].get<std::string>(), fp, "image",
+                                     p.limits.max_image_bytes, p.media, where, &frame.path,
+                                     &frame.bytes, p.remote)) {
+        return e;
+      }
+    }
+  }
+  const int64_t max_frames = p.limits.max_video_frames;
+  if (auto e = read_video_settings(p.json, param + ".", max_frames, v)) return e;
+  if (auto it = p.json.find("video_url"); it != p.json.end() && it->is_object()) {
+    if (auto e = read_video_settings(*it, param + ".video_url.", max_frames, v)) return e;
+  }
+  if (v->min_pixels && v->max_pixels && *v->min_pixels > *v->max_pixels) {
+    return bad_request("min_pixels exceeds max_pixels for " + param, param + ".min_pixels");
+  }
+  if (v->min_frames && v->max_frames && *v->min_frames > *v->max_frames) {
+    return bad_request("min_frames exceeds max_frames for " + param, param + ".min_frames");
+  }
+  if (listed) return std::nullopt;
+  where.frame = -1;
+  return resolve_media_url(url, url_param, "video", p.limits.max_video_bytes, p.media, where,
+                           &v->path, &v->bytes, p.remote);
+}
+
+// An image part: its URL and pixel budget (the part's min_pixels / max_pixels over the
+// request's).
+std::optional<ApiError> read_image_part(const MediaPart& p, const std::optional<int64_t>& min_px,
+                                        const std::optional<int64_t>& max_px, ImageInput* img) {
+  std::string url, url_param;
+  if (auto e = part_url(p.json, p.param, "image_url", "image", &url, &url_param)) return e;
+  if (auto e = count_media(p.images, p.limits.max_images, "image")) return e;
+  img->min_pixels = min_px;
+  img->max_pixels = max_px;
+  std::optional<int64_t> part_min, part_max;
+  if (auto e = read_pixels(p.json, p.param + ".", p.limits, &part_min, &part_max)) return e;
+  if (part_min) img->min_pixels = part_min;
+  if (part_max) img->max_pixels = part_max;
+  if (img->min_pixels && img->max_pixels && *img->min_pixels > *img->max_pixels) {
+    return bad_request("min_pixels exceeds max_pixels for " + p.param, p.param + ".min_pixels");
+  }
+  return resolve_media_url(url, url_param, "image", p.limits.max_image_bytes, p.media, p.where,
+                           &img->path, &img->bytes, p.remote);
+}
+
+// Reads every image and video part's media into its ChatPart, in prompt order (the order the
+// template renders their pads). parse_chat_json made one part per content entry, so
+// messages[i].content[j] is req->messages[i].parts[j].
 std::optional<ApiError> collect_media(const ojson& messages, const ApiLimits& limits,
                                       const MediaPolicy& media,
                                       const std::optional<int64_t>& min_px,
                                       const std::optional<int64_t>& max_px,
                                       ChatCompletionRequest* req) {
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ojson& m = messages[i];
-    if (!m.is_object()) continue;  // parse_chat_json reports it
-    auto content = m.find("content");
-    if (content == m.end() || !content->is_array()) continue;
-    for (size_t j = 0; j < content->size(); ++j) {
-      const ojson& part = (*content)[j];
-      if (!part.is_object()) continue;
-      const std::string param =
-          "messages[" + std::to_string(i) + "].content[" + std::to_string(j) + "]";
-      const std::string type =
-          part.contains("type") && part["type"].is_string() ? part["type"].get<std::string>() : "";
-      // Same classification as parse_chat_json, so the media line up with the template's pads.
-      const bool is_image = type == "image" || type == "image_url" || part.contains("image") ||
-                            part.contains("image_url");
-      const bool is_video = !is_image && (type == "video" || type == "video_url" ||
-                                          part.contains("video") || part.contains("video_url"));
-      if (!is_image && !is_video) continue;
-      std::string url, url_param;
-      if (is_video) {
-        // qwen-vl-utils' list of frames: {"type": "video", "video": [url, url, ...]}.
-        const auto frames = part.find("video");
-        const bool listed = frames != part.end() && frames->is_array();
-        if (!listed) {
-          if (auto e = part_url(part, param, "video_url", "video", &url, &url_param)) return e;
-        }
-        if (static_cast<int64_t>(req->videos.size()) >= limits.max_videos) {
-          return bad_request(
-              "too many videos: at most " + std::to_string(limits.max_videos) + " per request",
-              "messages");
-        }
-        VideoInput v;
-        if (listed) {
-          if (frames->empty() || frames->size() > static_cast<size_t>(limits.max_video_frames)) {
-            return bad_request("'" + param + ".video' must list 1 to " +
-                                   std::to_string(limits.max_video_frames) + " frames",
-                               param + ".video");
-          }
-          for (size_t f = 0; f < frames->size(); ++f) {
-            const std::string fp = param + ".video[" + std::to_string(f) + "]";
-            if (!(*frames)[f].is_string()) return bad_request("'" + fp + "' must be a URL", fp);
-            ImageInput& frame = v.frames.emplace_back();
-            if (auto e = resolve_media_url(
-                    (*frames)[f].get<std::string>(), fp, "image", limits.max_image_bytes, media,
-                    RemoteImage{req->videos.size(), "", true, static_cast<int64_t>(f)}, &frame.path,
-                    &frame.bytes, &req->remote_images)) {
-              return e;
-            }
-          }
-        }
-        if (auto e = read_video_settings(part, param + ".", limits.max_video_frames, &v)) return e;
-        if (auto it = part.find("video_url"); it != part.end() && it->is_object()) {
-          if (auto e = read_video_settings(*it, param + ".video_url.", limits.max_video_frames, &v))
-            return e;
-        }
-        if (v.min_pixels && v.max_pixels && *v.min_pixels > *v.max_pixels) {
-          return bad_request("min_pixels exceeds max_pixels for " + param, param + ".min_pixels");
-        }
-        if (v.min_frames && v.max_frames && *v.min_frames > *v.max_frames) {
-          return bad_request("min_frames exceeds max_frames for " + param, param + ".min_frames");
-        }
-        if (!listed) {
-          if (auto e = resolve_media_url(url, url_param, "video", limits.max_video_bytes, media,
-                                         RemoteImage{req->videos.size(), "", true}, &v.path,
-                                         &v.bytes, &req->remote_images)) {
-            return e;
-          }
-        }
-        req->videos.push_back(std::move(v));
-        continue;
-      }
-      if (auto e = part_url(part, param, "image_url", "image", &url, &url_param)) return e;
-      if (static_cast<int64_t>(req->images.size()) >= limits.max_images) {
-        return bad_request(
-            "too many images: at most " + std::to_string(limits.max_images) + " per request",
-            "messages");
-      }
-      ImageInput img;
-      img.min_pixels = min_px;
-      img.max_pixels = max_px;
-      std::optional<int64_t> part_min, part_max;
-      if (auto e = read_pixels(part, param + ".", limits, &part_min, &part_max)) return e;
-      if (part_min) img.min_pixels = part_min;
-      if (part_max) img.max_pixels = part_max;
-      if (img.min_pixels && img.max_pixels && *img.min_pixels > *img.max_pixels) {
-        return bad_request("min_pixels exceeds max_pixels for " + param, param + ".min_pixels");
-      }
-      if (auto e = resolve_media_url(url, url_param, "image", limits.max_image_bytes, media,
-                                     RemoteImage{req->images.size(), "", false}, &img.path,
-                                     &img.bytes, &req->remote_images)) {
+  int64_t images = 0, videos = 0;
+  for (size_t i = 0; i < req->messages.size(); ++i) {
+    std::vector<ChatPart>& parts = req->messages[i].parts;
+    for (size_t j = 0; j < parts.size(); ++j) {
+      ChatPart& part = parts[j];
+      if (part.type == ChatPart::Type::kText) continue;
+      const MediaPart p{messages[i].at("content")[j],
+                        "messages[" + std::to_string(i) + "].content[" + std::to_string(j) + "]",
+                        RemoteMedia{i, j, "", false, -1},
+                        limits,
+                        media,
+                        &images,
+                        &videos,
+                        &req->remote_media};
+      if (auto e = part.type == ChatPart::Type::kVideo
+                       ? read_video_part(p, &part.video)
+                       : read_image_part(p, min_px, max_px, &part.image)) {
         return e;
       }
-      req->images.push_back(std::move(img));
     }
   }
   return std::nullopt;
@@ -815,11 +836,9 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
     if (!t->is_array()) return bad_request("'tools' must be a list", "tools");
     tools = &*t;
   }
+  // The tools are a list here, so each error of parse_chat_json is about the messages.
   auto chat = parse_chat_json(*msgs, tools);
-  if (!chat.ok()) {
-    const std::string& m = chat.status().message();
-    return bad_request(m, m.rfind("tools", 0) == 0 ? "tools" : "messages");
-  }
+  if (!chat.ok()) return bad_request(chat.status().message(), "messages");
   req->messages = std::move(chat->messages);
   req->tools_json = std::move(chat->tools_json);
   if (auto tc = body.find("tool_choice"); tc != body.end() && tc->is_string())
@@ -933,81 +952,6 @@ std::optional<ApiError> parse_completion_into(const ojson& body, const ApiLimits
   return std::nullopt;
 }
 
-ojson usage_object(const Usage& u) {
-  ojson j;
-  j["prompt_tokens"] = u.prompt_tokens;
-  j["completion_tokens"] = u.completion_tokens;
-  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
-  j["prompt_tokens_details"] = {{"cached_tokens", u.cached_tokens}};
-  return j;
-}
-
-ojson token_bytes(const std::string& t) {
-  ojson b = ojson::array();
-  for (unsigned char c : t) b.push_back(static_cast<int>(c));
-  return b;
-}
-
-ojson logprobs_object(const std::vector<TokenLogprob>& lps) {
-  ojson content = ojson::array();
-  for (const TokenLogprob& t : lps) {
-    ojson e;
-    e["token"] = t.token;
-    e["logprob"] = t.logprob;
-    e["bytes"] = token_bytes(t.token);
-    ojson tops = ojson::array();
-    for (const TopLogprob& tp : t.top_logprobs) {
-      ojson o;
-      o["token"] = tp.token;
-      o["logprob"] = tp.logprob;
-      o["bytes"] = token_bytes(tp.token);
-      tops.push_back(std::move(o));
-    }
-    e["top_logprobs"] = std::move(tops);
-    content.push_back(std::move(e));
-  }
-  ojson j;
-  j["content"] = std::move(content);
-  return j;
-}
-
-// The legacy completions layout: parallel lists, alternatives as {token: logprob} objects.
-ojson legacy_logprobs_object(const std::vector<TokenLogprob>& lps, size_t offset) {
-  ojson tokens = ojson::array(), values = ojson::array(), tops = ojson::array(),
-        offsets = ojson::array();
-  for (const TokenLogprob& t : lps) {
-    tokens.push_back(t.token);
-    values.push_back(t.logprob);
-    ojson top = ojson::object();
-    for (const TopLogprob& tp : t.top_logprobs) top[tp.token] = tp.logprob;
-    tops.push_back(std::move(top));
-    offsets.push_back(offset);
-    offset += t.token.size();
-  }
-  ojson j;
-  j["tokens"] = std::move(tokens);
-  j["token_logprobs"] = std::move(values);
-  j["top_logprobs"] = std::move(tops);
-  j["text_offset"] = std::move(offsets);
-  return j;
-}
-
-ojson finish_json(std::optional<FinishReason> r) {
-  if (!r) return nullptr;
-  auto s = finish_reason_string(*r);
-  return s ? ojson(*s) : ojson(nullptr);
-}
-
-ojson envelope(const std::string& id, const char* object, int64_t created,
-               const std::string& model) {
-  ojson j;
-  j["id"] = id;
-  j["object"] = object;
-  j["created"] = created;
-  j["model"] = model;
-  return j;
-}
-
 }  // namespace
 
 const char* api_error_type(int http_status) {
@@ -1045,14 +989,18 @@ ApiError api_error_from(const Status& s) {
       status = 500;
       break;
   }
-  // The chat API names the request field an invalid argument came from ("messages: ...").
-  std::string param;
-  if (s.code() == StatusCode::kInvalidArgument) {
-    for (const char* field : {"messages", "max_thinking_tokens"}) {
-      if (s.message().starts_with(std::string(field) + ": ")) param = field;
-    }
+  return ApiError{status, api_error_type(status), s.message(), s.field()};
+}
+
+std::optional<ApiError> check_model_name(const std::string& model,
+                                         const std::vector<std::string>& names) {
+  if (model.empty() || std::find(names.begin(), names.end(), model) != names.end()) {
+    return std::nullopt;
   }
-  return ApiError{status, api_error_type(status), s.message(), param};
+  return ApiError{404, "not_found_error",
+                  "model '" + model + "' is not served here (serving '" +
+                      (names.empty() ? std::string() : names.front()) + "')",
+                  "model"};
 }
 
 std::string api_error_json(const ApiError& e) {
@@ -1083,174 +1031,6 @@ ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLi
   if (auto e = parse_completion_into(j, limits, &req)) return *e;
   return req;
 }
-
-std::optional<std::string> finish_reason_string(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kNone:
-      break;
-  }
-  return std::nullopt;
-}
-
-std::string chat_completion_json(const std::string& id, const std::string& model, int64_t created,
-                                 const std::vector<CompletionChoice>& choices, const Usage& usage) {
-  ojson j = envelope(id, "chat.completion", created, model);
-  ojson arr = ojson::array();
-  for (const CompletionChoice& c : choices) {
-    ojson msg;
-    msg["role"] = "assistant";
-    // OpenAI: content null when the reply is only tool calls.
-    msg["content"] = c.text.empty() && !c.tool_calls.empty() ? ojson(nullptr) : ojson(c.text);
-    if (!c.reasoning.empty()) {
-      msg["reasoning"] = c.reasoning;          // vLLM >= 0.12, OpenRouter
-      msg["reasoning_content"] = c.reasoning;  // DeepSeek's name
-    }
-    if (!c.tool_calls.empty()) {
-      ojson calls = ojson::array();
-      for (const ChatToolCall& t : c.tool_calls) {
-        calls.push_back({{"id", t.id},
-                         {"type", "function"},
-                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
-      }
-      msg["tool_calls"] = std::move(calls);
-    }
-    ojson o;
-    o["index"] = c.index;
-    o["message"] = std::move(msg);
-    o["logprobs"] = c.logprobs ? logprobs_object(*c.logprobs) : ojson(nullptr);
-    o["finish_reason"] = !c.tool_calls.empty() && c.finish_reason == FinishReason::kStop
-                             ? ojson("tool_calls")
-                             : finish_json(c.finish_reason);
-    arr.push_back(std::move(o));
-  }
-  j["choices"] = std::move(arr);
-  j["usage"] = usage_object(usage);
-  return dump(j);
-}
-
-std::string chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const std::string& delta_text,
-                            const std::optional<std::string>& role,
-                            const std::optional<FinishReason>& finish_reason,
-                            const std::vector<TokenLogprob>* logprobs) {
-  ojson j = envelope(id, "chat.completion.chunk", created, model);
-  ojson delta = ojson::object();
-  if (role) delta["role"] = *role;
-  if (role || !delta_text.empty()) delta["content"] = delta_text;
-  ojson c;
-  c["index"] = index;
-  c["delta"] = std::move(delta);
-  c["logprobs"] = logprobs ? logprobs_object(*logprobs) : ojson(nullptr);
-  c["finish_reason"] = finish_json(finish_reason);
-  j["choices"] = ojson::array({std::move(c)});
-  return dump(j);
-}
-
-std::string chat_delta_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const ChatDelta& d,
-                            const std::vector<TokenLogprob>* logprobs) {
-  ojson j = envelope(id, "chat.completion.chunk", created, model);
-  ojson delta = ojson::object();
-  if (!d.content.empty()) delta["content"] = d.content;
-  if (!d.reasoning.empty()) {
-    delta["reasoning"] = d.reasoning;
-    delta["reasoning_content"] = d.reasoning;
-  }
-  if (!d.tool_calls.empty()) {
-    ojson calls = ojson::array();
-    for (const ToolCallDelta& t : d.tool_calls) {
-      ojson c;
-      c["index"] = t.index;
-      ojson fn = ojson::object();
-      if (!t.id.empty()) {
-        c["id"] = t.id;
-        c["type"] = "function";
-        fn["name"] = t.name;
-      }
-      fn["arguments"] = t.arguments;
-      c["function"] = std::move(fn);
-      calls.push_back(std::move(c));
-    }
-    delta["tool_calls"] = std::move(calls);
-  }
-  ojson c;
-  c["index"] = index;
-  c["delta"] = std::move(delta);
-  c["logprobs"] = logprobs ? logprobs_object(*logprobs) : ojson(nullptr);
-  c["finish_reason"] = nullptr;
-  j["choices"] = ojson::array({std::move(c)});
-  return dump(j);
-}
-
-std::string chat_tool_calls_finish_json(const std::string& id, const std::string& model,
-                                        int64_t created, int index) {
-  ojson j = envelope(id, "chat.completion.chunk", created, model);
-  ojson c;
-  c["index"] = index;
-  c["delta"] = ojson::object();
-  c["logprobs"] = nullptr;
-  c["finish_reason"] = "tool_calls";
-  j["choices"] = ojson::array({std::move(c)});
-  return dump(j);
-}
-
-std::string chunk_with_usage(const std::string& chunk_json, const Usage& usage) {
-  ojson j = ojson::parse(chunk_json, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return chunk_json;
-  j["usage"] = usage_object(usage);
-  return dump(j);
-}
-
-std::string usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                             const Usage& usage, const char* object) {
-  ojson j = envelope(id, object, created, model);
-  j["choices"] = ojson::array();
-  j["usage"] = usage_object(usage);
-  return dump(j);
-}
-
-std::string completion_json(const std::string& id, const std::string& model, int64_t created,
-                            const std::vector<CompletionChoice>& choices, const Usage& usage,
-                            const std::vector<size_t>& text_offset0) {
-  ojson j = envelope(id, "text_completion", created, model);
-  ojson arr = ojson::array();
-  for (size_t i = 0; i < choices.size(); ++i) {
-    const CompletionChoice& c = choices[i];
-    ojson o;
-    o["text"] = c.text;
-    o["index"] = c.index;
-    o["logprobs"] = c.logprobs ? legacy_logprobs_object(
-                                     *c.logprobs, i < text_offset0.size() ? text_offset0[i] : 0)
-                               : ojson(nullptr);
-    o["finish_reason"] = finish_json(c.finish_reason);
-    arr.push_back(std::move(o));
-  }
-  j["choices"] = std::move(arr);
-  j["usage"] = usage_object(usage);
-  return dump(j);
-}
-
-std::string completion_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                                  int index, const std::string& text,
-                                  const std::optional<FinishReason>& finish_reason,
-                                  const std::vector<TokenLogprob>* logprobs, size_t text_offset0) {
-  ojson j = envelope(id, "text_completion", created, model);
-  ojson c;
-  c["text"] = text;
-  c["index"] = index;
-  c["logprobs"] = logprobs ? legacy_logprobs_object(*logprobs, text_offset0) : ojson(nullptr);
-  c["finish_reason"] = finish_json(finish_reason);
-  j["choices"] = ojson::array({std::move(c)});
-  return dump(j);
-}
-
-std::string sse_event(const std::string& json) { return "data: " + json + "\n\n"; }
-
-std::string sse_done() { return "data: [DONE]\n\n"; }
 
 std::string models_list_json(const std::vector<std::string>& ids, int64_t created,
                              int64_t max_model_len) {

@@ -1,6 +1,7 @@
-// OpenAI-compatible API translation: HTTP request bodies → engine structs and
-// engine results → response JSON / server-sent events. Pure functions, no
-// sockets: the HTTP layer calls these.
+// The OpenAI-compatible API's requests: POST bodies parsed and validated into request structs,
+// and the errors a client sees. Pure functions, no sockets: the chat route turns a parsed request
+// into the chat API's (server/chat_request_builder) and its replies into JSON or server-sent
+// events (server/chat_reply_writer).
 #pragma once
 
 #include <cstdint>
@@ -37,9 +38,15 @@ const char* api_error_type(int http_status);
 
 // An engine error as the client sees it: invalid input and what does not fit are 400, a full
 // queue 429 (rate limit), memory or cache running out right now 503 (the server adds Retry-After),
-// a bug 500. An invalid argument whose message starts with a request field ("messages: ",
-// "max_thinking_tokens: ", as Engine::chat_stream words them) names it as the param.
+// a bug 500. Its param is the field the Status names (Status::field: the engine's chat API names
+// "messages" for a conversation the template refuses, "max_thinking_tokens" for a budget the
+// model cannot keep); the server's own checks build their ApiError where the field is checked.
 ApiError api_error_from(const Status& s);
+
+// 404 (param "model") when a request names a model other than `names` (an empty name is any);
+// the first of `names` is the one the message says is served.
+std::optional<ApiError> check_model_name(const std::string& model,
+                                         const std::vector<std::string>& names);
 
 // Either a value or an ApiError. Separate from Result<T> because a request
 // failure needs the HTTP status and the field name, which Status does not
@@ -76,22 +83,23 @@ struct ApiLimits {
 
 // Where images may come from.
 struct MediaPolicy {
-  // file:// URLs are allowed only when set, and only for files whose canonical
-  // path (symlinks and
-  // ".." resolved) lies under this directory's canonical path.
+  // file:// URLs are allowed only when set, and only for files whose canonical path (symlinks
+  // and ".." resolved) lies under this directory's canonical path.
   std::string allowed_local_path;
-  // http(s):// URLs are accepted (and handed back in remote_images for the
-  // caller to fetch) only when true; this layer never fetches anything.
+  // http(s):// URLs are accepted (and handed back in remote_media for the caller to fetch) only
+  // when true; this layer never fetches anything.
   bool allow_remote = false;
 };
 
-// An http(s) image or video the caller must fetch and store into images[image_index].bytes
-// (videos[image_index].bytes when `video`).
-struct RemoteImage {
-  size_t image_index = 0;
+// An http(s) image or video the caller must fetch into the part that names it:
+// messages[message].parts[part]'s image.bytes, its video.bytes (`video`), or its
+// video.frames[frame].bytes (a frame of a video given as a list of frames).
+struct RemoteMedia {
+  size_t message = 0;
+  size_t part = 0;
   std::string url;
   bool video = false;
-  int64_t frame = -1;  // a frame of a video given as a list of frames: frames[frame].bytes
+  int64_t frame = -1;
 };
 
 // The fields chat and text completions share.
@@ -114,6 +122,8 @@ struct CommonRequest {
 };
 
 struct ChatCompletionRequest : CommonRequest {
+  // Each image and video part carries its media: bytes (a data: URL), a path (a file:// URL, see
+  // MediaPolicy), or nothing yet (an http(s) URL: listed in remote_media).
   std::vector<ChatMessage> messages;
   std::vector<std::string> tools_json;  // as ChatTemplateOptions wants them
   // chat_template_kwargs: name → value as JSON text.
@@ -122,9 +132,7 @@ struct ChatCompletionRequest : CommonRequest {
   bool parallel_tool_calls = true;             // false: at most one tool call is returned
   bool include_reasoning = true;               // false: reasoning is dropped from the reply
   std::optional<int64_t> max_thinking_tokens;  // close the reasoning after this many tokens
-  std::vector<ImageInput> images;              // in prompt order (one per image part)
-  std::vector<VideoInput> videos;              // in prompt order (one per video part)
-  std::vector<RemoteImage> remote_images;      // images and videos to fetch
+  std::vector<RemoteMedia> remote_media;       // the parts' images and videos to fetch
   bool logprobs = false;
   int top_logprobs = 0;
 };
@@ -156,17 +164,17 @@ struct CompletionRequest : CommonRequest {
 // [-2,2], repetition_penalty (> 0), seed (int; negative seeds keep their
 // two's-complement bits), stop (string or list of <= 4 non-empty strings), n
 // (1..max_n), logprobs, top_logprobs (0..20, requires logprobs). A null value
-// counts as absent; unknown fields are ignored (clients send extras such as
-// "user").
+// counts as absent; a field the server does not read is refused by name, except the few that
+// change nothing (such as "user").
 //
 // Pixel budgets: top-level min_pixels / max_pixels apply to every image; the
 // same keys on an image part (qwen-vl-utils style: {"type":"image","image":...,
 // "max_pixels": N}) override them for that image. Positive integers, min <=
 // max.
 //
-// Image URLs: data:<mime>;base64,<strict base64> → ImageInput.bytes;
-// file://[localhost]/path → ImageInput.path (see MediaPolicy); http(s):// →
-// RemoteImage when allowed.
+// Image URLs, into the part's ImageInput: data:<mime>;base64,<strict base64> → bytes;
+// file://[localhost]/path → path (see MediaPolicy); http(s):// → a RemoteMedia entry when
+// allowed.
 //
 // Videos: {"type": "video_url", "video_url": {"url": ...}} (or "video_url": "<url>", or
 // qwen-vl-utils' {"type": "video", "video": "<url>"}), the same URL forms as images, at most
@@ -183,82 +191,6 @@ ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
 // max_tokens (default 16, as OpenAI's), n, stream, stream_options, stop, seed, echo,
 // logprobs (integer 0..20), ignore_eos. suffix and best_of other than n are refused.
 ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits);
-
-// ---- Responses ----
-
-struct CompletionChoice {
-  int index = 0;
-  std::string text;
-  FinishReason finish_reason = FinishReason::kNone;
-  std::optional<std::vector<TokenLogprob>> logprobs;  // set when the request asked for them
-  std::string reasoning;                              // chat: the reply's reasoning (may be empty)
-  std::vector<ChatToolCall> tool_calls;               // chat: parsed tool calls
-};
-
-struct Usage {
-  int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache
-};
-
-// "stop", "length", or std::nullopt for kNone (JSON null).
-std::optional<std::string> finish_reason_string(FinishReason r);
-
-// Non-streaming response: object "chat.completion".
-std::string chat_completion_json(const std::string& id, const std::string& model, int64_t created,
-                                 const std::vector<CompletionChoice>& choices, const Usage& usage);
-
-// One streaming chunk: object "chat.completion.chunk" with choices[0].delta.
-// The delta holds "role" when given and "content" when delta_text is non-empty
-// or a role is given (OpenAI's first chunk is
-// {"role":"assistant","content":""}); the last chunk carries finish_reason and
-// may have an empty delta.
-// `logprobs`, when given, are the tokens this chunk covers.
-// A streamed chat delta: content, reasoning (as both `reasoning` and `reasoning_content`) and
-// tool call fragments (OpenAI's delta.tool_calls: index, then id, type and name on a call's
-// first fragment, arguments text).
-std::string chat_delta_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const ChatDelta& delta,
-                            const std::vector<TokenLogprob>* logprobs);
-
-// A chat stream's finish chunk for a reply that ended with tool calls (finish_reason
-// "tool_calls").
-std::string chat_tool_calls_finish_json(const std::string& id, const std::string& model,
-                                        int64_t created, int index);
-
-std::string chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const std::string& delta_text,
-                            const std::optional<std::string>& role = std::nullopt,
-                            const std::optional<FinishReason>& finish_reason = std::nullopt,
-                            const std::vector<TokenLogprob>* logprobs = nullptr);
-
-// The final chunk of a stream with stream_options.include_usage: empty choices
-// plus usage. `object` is "chat.completion.chunk" or "text_completion".
-std::string usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                             const Usage& usage, const char* object = "chat.completion.chunk");
-
-// A stream chunk (one of the builders' JSON objects) with "usage" (the counts so far) added, as
-// vLLM sends every chunk under stream_options.continuous_usage_stats.
-std::string chunk_with_usage(const std::string& chunk_json, const Usage& usage);
-
-// POST /v1/completions response: object "text_completion"; logprobs in the legacy layout
-// {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}. `text_offset0` is
-// where the choice's generated text starts within its text (the prompt's length with echo).
-std::string completion_json(const std::string& id, const std::string& model, int64_t created,
-                            const std::vector<CompletionChoice>& choices, const Usage& usage,
-                            const std::vector<size_t>& text_offset0 = {});
-
-// One streaming chunk of /v1/completions (object "text_completion", choices[0].text).
-std::string completion_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                                  int index, const std::string& text,
-                                  const std::optional<FinishReason>& finish_reason = std::nullopt,
-                                  const std::vector<TokenLogprob>* logprobs = nullptr,
-                                  size_t text_offset0 = 0);
-
-// Server-sent event framing: "data: <json>\n\n" and the terminator "data:
-// [DONE]\n\n".
-std::string sse_event(const std::string& json);
-std::string sse_done();
 
 // GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by":"vlm",
 // "max_model_len"}]} (max_model_len as vLLM reports it: the context a request may use; left out

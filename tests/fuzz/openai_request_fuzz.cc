@@ -25,8 +25,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       vlm::ChatTemplateOptions opts;
       opts.tools_json = r->tools_json;
       const std::string prompt = vlm::render_chat(r->messages, opts);
-      if (r->n < 1 || r->n > limits.max_n || r->images.size() > size_t(limits.max_images))
-        __builtin_trap();
+      size_t images = 0;
+      for (const vlm::ChatMessage& m : r->messages) {
+        for (const vlm::ChatPart& p : m.parts) images += p.type == vlm::ChatPart::Type::kImage;
+      }
+      if (r->n < 1 || r->n > limits.max_n || images > size_t(limits.max_images)) __builtin_trap();
       (void)prompt;
     } else if (r.error().http_status < 400 || r.error().http_status > 499 ||
                r.error().message.empty()) {

@@ -385,6 +385,7 @@ TEST(ChatApi, RefusedConversationsAreErrors) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message().rfind("messages: ", 0), 0u) << r.status().message();
+  EXPECT_EQ(r.status().field(), "messages");
   EXPECT_NE(r.status().message().find("one message only"), std::string::npos);
   ASSERT_FALSE((*e)->tokenizer()->token_to_id("</think>").has_value());
   ChatRequest think;
@@ -393,6 +394,7 @@ TEST(ChatApi, RefusedConversationsAreErrors) {
   auto t = (*e)->chat(think);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().message().rfind("max_thinking_tokens: ", 0), 0u) << t.status().message();
+  EXPECT_EQ(t.status().field(), "max_thinking_tokens");
   EXPECT_EQ((*e)->core_stats().steps, 0);  // nothing ran
 
   // A template that does not parse: the engine loads (raw ids need no template), and the chat

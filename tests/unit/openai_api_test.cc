@@ -8,6 +8,7 @@
 #include <string>
 
 #include "server/base64.h"
+#include "server/chat_reply_writer.h"
 #include "test_util.h"
 
 namespace vlm {
@@ -29,6 +30,26 @@ std::string body_with(const json& content, const json& extra = json::object()) {
   json b = extra;
   b["messages"] = json::array({{{"role", "user"}, {"content", content}}});
   return b.dump();
+}
+
+// The request's images (videos) in prompt order: the media its image (video) parts carry.
+template <typename T>
+std::vector<T> media_of(const ChatCompletionRequest& q, ChatPart::Type type, T ChatPart::*media) {
+  std::vector<T> out;
+  for (const ChatMessage& m : q.messages) {
+    for (const ChatPart& p : m.parts) {
+      if (p.type == type) out.push_back(p.*media);
+    }
+  }
+  return out;
+}
+
+std::vector<ImageInput> images_of(const ChatCompletionRequest& q) {
+  return media_of(q, ChatPart::Type::kImage, &ChatPart::image);
+}
+
+std::vector<VideoInput> videos_of(const ChatCompletionRequest& q) {
+  return media_of(q, ChatPart::Type::kVideo, &ChatPart::video);
 }
 
 ApiResult<ChatCompletionRequest> parse(const std::string& body, const ApiLimits& limits = {},
@@ -86,15 +107,16 @@ TEST(OpenAiApiTest, FullValidRequest) {
   ASSERT_EQ(q.messages[1].parts.size(), 3u);
   EXPECT_EQ(q.messages[1].parts[1].type, ChatPart::Type::kImage);
   EXPECT_EQ(q.tools_json.size(), 1u);
-  ASSERT_EQ(q.images.size(), 2u);
-  EXPECT_EQ(std::string(q.images[0].bytes.begin(), q.images[0].bytes.end()), kFakePng);
-  EXPECT_EQ(q.images[0].min_pixels, 3136);
-  EXPECT_EQ(q.images[0].max_pixels, 1003520);
-  EXPECT_EQ(std::string(q.images[1].bytes.begin(), q.images[1].bytes.end()), "xyz");
-  EXPECT_EQ(q.images[1].min_pixels, 3136);
-  EXPECT_EQ(q.images[1].max_pixels,
+  const std::vector<ImageInput> images = images_of(q);
+  ASSERT_EQ(images.size(), 2u);
+  EXPECT_EQ(std::string(images[0].bytes.begin(), images[0].bytes.end()), kFakePng);
+  EXPECT_EQ(images[0].min_pixels, 3136);
+  EXPECT_EQ(images[0].max_pixels, 1003520);
+  EXPECT_EQ(std::string(images[1].bytes.begin(), images[1].bytes.end()), "xyz");
+  EXPECT_EQ(images[1].min_pixels, 3136);
+  EXPECT_EQ(images[1].max_pixels,
             50176);  // the part's budget overrides the request's
-  EXPECT_TRUE(q.remote_images.empty());
+  EXPECT_TRUE(q.remote_media.empty());
   EXPECT_TRUE(q.stream);
   EXPECT_TRUE(q.include_usage);
   EXPECT_FALSE(q.continuous_usage);
@@ -121,7 +143,7 @@ TEST(OpenAiApiTest, MinimalRequestDefaultsAndNulls) {
   EXPECT_EQ(r->n, 1);
   EXPECT_FALSE(r->stream);
   EXPECT_FALSE(r->max_tokens.has_value());
-  EXPECT_TRUE(r->images.empty());
+  EXPECT_TRUE(images_of(r.value()).empty());
 }
 
 TEST(OpenAiApiTest, StopAsStringAndMaxCompletionTokens) {
@@ -334,14 +356,15 @@ TEST(OpenAiApiTest, VideoParts) {
        {{"type", "text"}, {"text", "compare"}}});
   auto r = parse(body_with(content));
   ASSERT_TRUE(r.ok()) << r.error().message;
-  ASSERT_EQ(r.value().videos.size(), 2u);
-  ASSERT_EQ(r.value().images.size(), 1u);
-  const VideoInput& a = r.value().videos[0];
+  const std::vector<VideoInput> videos = videos_of(r.value());
+  ASSERT_EQ(videos.size(), 2u);
+  ASSERT_EQ(images_of(r.value()).size(), 1u);
+  const VideoInput& a = videos[0];
   EXPECT_EQ(a.bytes.size(), 12u);
   EXPECT_EQ(a.fps, 1.5);
   EXPECT_EQ(a.max_frames, 8);
   EXPECT_FALSE(a.min_pixels.has_value());
-  const VideoInput& b = r.value().videos[1];
+  const VideoInput& b = videos[1];
   EXPECT_EQ(b.min_pixels, 4096);
   EXPECT_EQ(b.max_pixels, 65536);
   EXPECT_EQ(b.min_frames, 2);
@@ -360,11 +383,12 @@ TEST(OpenAiApiTest, VideoParts) {
        {"video", json::array({"data:image/png;base64,AAAA", "data:image/png;base64,AAAAAAAA"})},
        {"fps", 4}}));
   ASSERT_TRUE(listed.ok()) << listed.error().message;
-  ASSERT_EQ(listed.value().videos.size(), 1u);
-  ASSERT_EQ(listed.value().videos[0].frames.size(), 2u);
-  EXPECT_EQ(listed.value().videos[0].frames[1].bytes.size(), 6u);
-  EXPECT_EQ(listed.value().videos[0].fps, 4);
-  EXPECT_TRUE(listed.value().videos[0].bytes.empty());
+  const std::vector<VideoInput> listed_videos = videos_of(listed.value());
+  ASSERT_EQ(listed_videos.size(), 1u);
+  ASSERT_EQ(listed_videos[0].frames.size(), 2u);
+  EXPECT_EQ(listed_videos[0].frames[1].bytes.size(), 6u);
+  EXPECT_EQ(listed_videos[0].fps, 4);
+  EXPECT_TRUE(listed_videos[0].bytes.empty());
   expect_error(part({{"type", "video"}, {"video", json::array({"a.jpg", "b.jpg"})}}), 400,
                "messages[0].content[0].video[0]");
   expect_error(part({{"type", "video"}, {"video", json::array({5})}}), 400,
@@ -389,9 +413,9 @@ TEST(OpenAiApiTest, VideoParts) {
   auto fetched =
       parse(part({{"type", "video_url"}, {"video_url", "https://example.com/v.mp4"}}), {}, remote);
   ASSERT_TRUE(fetched.ok()) << fetched.error().message;
-  ASSERT_EQ(fetched.value().remote_images.size(), 1u);
-  EXPECT_TRUE(fetched.value().remote_images[0].video);
-  EXPECT_EQ(fetched.value().remote_images[0].image_index, 0u);
+  ASSERT_EQ(fetched.value().remote_media.size(), 1u);
+  EXPECT_TRUE(fetched.value().remote_media[0].video);
+  EXPECT_EQ(fetched.value().remote_media[0].part, 0u);
 }
 
 TEST(OpenAiApiTest, MalformedJsonNamesThePosition) {
@@ -438,8 +462,9 @@ TEST(OpenAiApiTest, BadBase64AndDataUrls) {
 TEST(OpenAiApiTest, ImageUrlAsPlainString) {
   auto r = parse(body_with(json::array({{{"type", "image_url"}, {"image_url", data_url("ab")}}})));
   ASSERT_TRUE(r.ok()) << r.error().message;
-  ASSERT_EQ(r->images.size(), 1u);
-  EXPECT_EQ(r->images[0].bytes.size(), 2u);
+  const std::vector<ImageInput> images = images_of(r.value());
+  ASSERT_EQ(images.size(), 1u);
+  EXPECT_EQ(images[0].bytes.size(), 2u);
 }
 
 TEST(OpenAiApiTest, ImageLimits) {
@@ -462,9 +487,10 @@ TEST(OpenAiApiTest, ImageLimits) {
                                {{"role", "user"}, {"content", image_part(data_url("yz"))}}});
   auto r = parse(b.dump(), limits);
   ASSERT_TRUE(r.ok()) << r.error().message;
-  ASSERT_EQ(r->images.size(), 2u);
-  EXPECT_EQ(r->images[0].bytes.size(), 1u);
-  EXPECT_EQ(r->images[1].bytes.size(), 2u);
+  const std::vector<ImageInput> images = images_of(r.value());
+  ASSERT_EQ(images.size(), 2u);
+  EXPECT_EQ(images[0].bytes.size(), 1u);
+  EXPECT_EQ(images[1].bytes.size(), 2u);
 }
 
 TEST(OpenAiApiTest, FileUrls) {
@@ -481,10 +507,11 @@ TEST(OpenAiApiTest, FileUrls) {
   media.allowed_local_path = root.str();
   auto ok = parse(body_with(image_part("file://" + root.file("sub/a.png"))), {}, media);
   ASSERT_TRUE(ok.ok()) << ok.error().message;
-  ASSERT_EQ(ok->images.size(), 1u);
-  EXPECT_EQ(std::filesystem::path(ok->images[0].path),
+  const std::vector<ImageInput> images = images_of(ok.value());
+  ASSERT_EQ(images.size(), 1u);
+  EXPECT_EQ(std::filesystem::path(images[0].path),
             std::filesystem::weakly_canonical(root.file("sub/a.png")));
-  EXPECT_TRUE(ok->images[0].bytes.empty());
+  EXPECT_TRUE(images[0].bytes.empty());
   // file://localhost/ and percent escapes.
   std::filesystem::copy_file(root.file("sub/a.png"), root.file("sub/a b.png"));
   EXPECT_TRUE(
@@ -520,10 +547,10 @@ TEST(OpenAiApiTest, RemoteUrls) {
   parts.push_back(image_part(url)[0]);
   auto r = parse(body_with(parts), {}, media);
   ASSERT_TRUE(r.ok()) << r.error().message;
-  ASSERT_EQ(r->images.size(), 2u);
-  ASSERT_EQ(r->remote_images.size(), 1u);
-  EXPECT_EQ(r->remote_images[0].image_index, 1u);
-  EXPECT_EQ(r->remote_images[0].url, url);
+  ASSERT_EQ(images_of(r.value()).size(), 2u);
+  ASSERT_EQ(r->remote_media.size(), 1u);
+  EXPECT_EQ(r->remote_media[0].part, 1u);
+  EXPECT_EQ(r->remote_media[0].url, url);
 }
 
 TEST(OpenAiApiTest, ErrorJson) {
