@@ -13,7 +13,7 @@ PKGS=(
   nettle-dev
   libzmq3-dev libmsgpack-cxx-dev
   libjs-chart.js libjs-markdown-it chromium chromium-driver
-  clang-format
+  clang-format clang-tidy
 )
 missing=()
 for p in "${PKGS[@]}"; do
