@@ -2,12 +2,13 @@
 # The size limit of the style guide made hard: no file in src/ or tools/ is longer than 1,500
 # lines. Split a file that grows past it by concern (docs/architecture.md names the parts).
 # Fails, naming each file and its length. Usage: check_file_size.sh [REPO_ROOT] (default: this
-# repository; in a git checkout the files git tracks there and the untracked ones it does not
-# ignore, elsewhere every file).
+# repository; at the top of a git checkout the files git tracks there and the untracked ones it
+# does not ignore, elsewhere every file).
 set -uo pipefail
-root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
+root="$(cd "${1:-$(dirname "$0")/..}" && pwd -P)"
 limit=1500
-if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+# A checkout's own files (not those of a checkout the folder merely lies in).
+if [ "$(git -C "$root" rev-parse --show-toplevel 2>/dev/null)" = "$root" ]; then
   mapfile -t files < <(cd "$root" && git ls-files --cached --others --exclude-standard -- src tools)
 else
   mapfile -t files < <(cd "$root" && find src tools -type f 2>/dev/null)

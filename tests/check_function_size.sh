@@ -54,13 +54,21 @@ mapfile -t cuda_sources < <(cd "$root" && find src tools -name '*.cu' 2>/dev/nul
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 config="{CheckOptions: [{key: readability-function-size.LineThreshold, value: $limit}]}"
-filter="^$root/(src|tools)/"
+# The headers of src/ and tools/ are checked too (the root's regex characters escaped).
+root_re=$(printf '%s' "$root" | sed 's/[][\.*^$+?(){}|]/\\&/g')
+filter="^$root_re/(src|tools)/"
 jobs=$(nproc 2>/dev/null || echo 2)
 # -w: the build's warnings (made errors by -Werror) are the compiler's business, not this check's.
+# Each log ends with clang-tidy's exit status, read below.
 printf '%s\n' "${sources[@]}" |
-  xargs -P "$jobs" -I{} sh -c '"$1" -p "$2" --quiet --checks="-*,readability-function-size" \
-      --config="$3" --header-filter="$4" --extra-arg=-w "$5" >"$6/$(echo "$5" | tr / _).log" 2>&1' \
-    _ "$tidy" "$build" "$config" "$filter" {} "$out"
+  xargs -P "$jobs" -I{} sh -c 'log="$6/$(echo "$5" | tr / _).log"
+      "$1" -p "$2" --quiet --checks="-*,readability-function-size" --config="$3" \
+        --header-filter="$4" --extra-arg=-w "$5" >"$log" 2>&1
+      echo "check_function_size: $5 exit $?" >>"$log"' \
+    _ "$tidy" "$build" "$config" "$filter" {} "$out" || {
+  echo "running clang-tidy over the sources failed"
+  exit 1
+}
 cuda_note=""
 cuda_root=""
 for c in "${CUDA_PATH:-}" /usr/local/cuda; do
@@ -75,38 +83,51 @@ if [ ${#cuda_sources[@]} -gt 0 ] && [ -n "$cuda_root" ]; then
       --header-filter="$filter" "$root/$f" -- -x cuda --cuda-host-only -nocudalib \
       --cuda-path="$cuda_root" -std=c++17 -w -I"$root/include" -I"$root/src" -I"$out/shim" \
       >"$out/$(echo "$f" | tr / _).cu.log" 2>&1
+    echo "check_function_size: $root/$f exit $?" >>"$out/$(echo "$f" | tr / _).cu.log"
   done
 elif [ ${#cuda_sources[@]} -gt 0 ]; then
   cuda_note=" (${#cuda_sources[@]} CUDA sources not checked: no CUDA toolkit)"
 fi
 # Functions over the limit (a header's once, however many sources include it), then compile
 # errors other than the known ones (the check cannot vouch for such a source).
-cat "$out"/*.log | python3 -c '
-import re, sys
-root, limit = sys.argv[1], sys.argv[2]
+python3 -c '
+import glob, re, sys
+root, limit, out = sys.argv[1], sys.argv[2], sys.argv[5]
 allowed, known = set(sys.argv[3].split("\n")) - {""}, [k for k in sys.argv[4].split("\n") if k]
 ansi = re.compile(r"\x1b\[[0-9;]*m")
 warn = re.compile(r"^(.*?):(\d+):\d+: warning: function .(.+). exceeds recommended size")
 note = re.compile(r"^(.*?):(\d+):\d+: note: (\d+) lines including")
 err = re.compile(r"^(?:(.*?)(?::\d+:\d+)?: )?(?:fatal )?error: (.*)$")
-found, errors, pending = {}, set(), {}
-for line in sys.stdin:
-    line = ansi.sub("", line.rstrip("\n"))
-    rel = lambda f: f[len(root) + 1:] if f.startswith(root + "/") else f
-    if m := warn.match(line):
-        pending[(m[1], m[2])] = m[3]
-    elif (m := note.match(line)) and (m[1], m[2]) in pending:
-        name = pending.pop((m[1], m[2]))
-        if rel(m[1]) + ":" + name not in allowed:
-            found[(rel(m[1]), int(m[2]))] = (name, m[3])
-    elif (m := err.match(line)) and "readability-function-size" not in line:
-        if not any(k in m[2] for k in known):
-            errors.add("clang cannot compile: " + rel(line))
+status = re.compile(r"^check_function_size: (.*) exit (\d+)$")
+rel = lambda f: f[len(root) + 1:] if f.startswith(root + "/") else f
+found, errors = {}, set()
+for log in sorted(glob.glob(out + "/*.log")):
+    pending, had_error, exited = {}, False, None
+    for line in open(log, errors="replace"):
+        line = ansi.sub("", line.rstrip("\n"))
+        if m := status.match(line):
+            exited = (m[1], int(m[2]))
+        elif m := warn.match(line):
+            pending[(m[1], m[2])] = m[3]
+        elif (m := note.match(line)) and (m[1], m[2]) in pending:
+            name = pending.pop((m[1], m[2]))
+            if rel(m[1]) + ":" + name not in allowed:
+                found[(rel(m[1]), int(m[2]))] = (name, m[3])
+        elif (m := err.match(line)) and "readability-function-size" not in line:
+            had_error = True
+            if not any(k in m[2] for k in known):
+                errors.add("clang cannot compile: " + rel(line))
+    # A run that ended without its status, or failed with no compile error to show for it (a
+    # crash), checked nothing of that source.
+    if exited is None:
+        errors.add("clang-tidy did not finish: " + rel(log))
+    elif exited[1] != 0 and not (exited[1] == 1 and had_error):
+        errors.add(f"clang-tidy failed on {rel(exited[0])} (exit {exited[1]})")
 for (f, pos), (name, n) in sorted(found.items()):
     print(f"{f}:{pos}: function {name!r} is {n} lines, over the limit of {limit}")
 for e in sorted(errors):
     print(e)
-' "$root" "$limit" "$(printf '%s\n' "${allowed[@]}")" "$(printf '%s\n' "${known_errors[@]}")" \
+' "$root" "$limit" "$(printf '%s\n' "${allowed[@]}")" "$(printf '%s\n' "${known_errors[@]}")" "$out" \
   >"$out/problems" || { echo "reading clang-tidy's output failed"; exit 1; }
 mapfile -t problems <"$out/problems"
 status=0

@@ -2,7 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "jinja/jinja.h"
+#include "jinja/json.h"
 
 namespace vlm {
 namespace {
@@ -31,9 +31,7 @@ std::string trim(const std::string& s) {
 }
 
 // json.dumps(x, ensure_ascii=False), as the template's tojson and vLLM's parsers write it.
-std::string python_json(const nlohmann::ordered_json& j) {
-  return jinja::Value::from_json(j).to_json();
-}
+std::string python_json(const nlohmann::ordered_json& j) { return jinja::json_dumps(j); }
 
 // <function=NAME><parameter=K>value</parameter>...</function>
 bool parse_xml_call(const std::string& block, std::string* name, std::string* arguments) {

@@ -103,7 +103,10 @@ const char* short_escape(unsigned char c) {
 uint32_t next_code_point(std::string_view s, size_t* i) {
   const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
   const unsigned char c = byte(*i);
-  const int len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+  const int len = c >= 0xF0 && c <= 0xF4   ? 4
+                  : c >= 0xE0 && c <= 0xEF ? 3
+                  : c >= 0xC2 && c < 0xE0  ? 2
+                                           : 0;
   uint32_t cp = len == 4 ? c & 0x07u : len == 3 ? c & 0x0Fu : c & 0x1Fu;
   bool ok = len > 0 && *i + static_cast<size_t>(len) <= s.size();
   for (int k = 1; ok && k < len; ++k) {

@@ -1,8 +1,9 @@
-// The JSON writer of the tokenizer layer: Python's json.dumps as transformers' `tojson` filter
-// calls it (json.dumps(x, ensure_ascii=False, indent=..., separators=..., sort_keys=...)), over
-// the interpreter's values and over parsed JSON (nlohmann::ordered_json, its keys' order kept).
-// Whatever the tokenizer layer writes as JSON for a template goes through here, so that a tool's
-// definition or a call's arguments read the same as transformers renders them.
+// The one JSON writer for templates (the tokenizer and engine layers use it too): Python's
+// json.dumps as transformers' `tojson` filter calls it (json.dumps(x, ensure_ascii=False,
+// indent=..., separators=..., sort_keys=...)), over the interpreter's values and over parsed JSON
+// (nlohmann::ordered_json, its keys' order kept). Whatever the tokenizer layer writes as JSON for a
+// template goes through here, so that a tool's definition or a call's arguments read the same as
+// transformers renders them.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>

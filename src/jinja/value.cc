@@ -198,13 +198,6 @@ std::string Value::repr() const {
   return "";
 }
 
-std::string Value::to_json(int indent, bool sort_keys) const {
-  JsonFormat format;
-  if (indent >= 0) format.indent = std::string(static_cast<size_t>(indent), ' ');
-  format.sort_keys = sort_keys;
-  return json_dumps(*this, format);
-}
-
 bool Value::operator==(const Value& o) const {
   if (is_number() && o.is_number()) {
     if (kind_ == Kind::kInt && o.kind_ == Kind::kInt) return i_ == o.i_;

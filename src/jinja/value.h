@@ -79,9 +79,6 @@ class Value {
   std::string to_string() const;
   // repr(x) (strings quoted).
   std::string repr() const;
-  // json.dumps(x, ensure_ascii=False, indent=indent (< 0: none), sort_keys=...): jinja/json.h's
-  // writer, which takes the other arguments of json.dumps too.
-  std::string to_json(int indent = -1, bool sort_keys = false) const;
   bool operator==(const Value& o) const;
 
  private:

@@ -1,8 +1,7 @@
 // The chat route's request: a POST /v1/chat/completions body, parsed and validated
-// (server/openai_api), its media made bytes (remote ones fetched, file:// ones read) and the
-// conversation checked against the chat template, becomes the chat API's ChatRequest and what
-// the reply needs beside it. Runs on an HTTP worker thread; errors are ApiErrors made where each
-// check is, naming the field.
+// (server/openai_api) and its media made bytes (remote ones fetched, file:// ones read), becomes
+// the chat API's ChatRequest and what the reply needs beside it. Runs on an HTTP worker thread;
+// errors are ApiErrors made where each check is, naming the field.
 #pragma once
 
 #include <cstddef>

@@ -150,7 +150,7 @@ struct Server::Impl {
   }
 
   // The chat route's requests, checked against the limits (the loaded vocabulary's among them);
-  // remote media fetched with --remote-media-timeout.
+  // remote media fetched within ServeOptions::remote_media_timeout_s.
   std::unique_ptr<ChatRequestBuilder> make_chat_builder() const {
     ChatRequestContext c;
     c.limits = limits;

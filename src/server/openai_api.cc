@@ -16,8 +16,7 @@ namespace vlm {
 namespace {
 
 // Ordered, so messages and tools are handed to parse_chat_json (and rendered by
-// the template's tojson) with the client's key order, and responses list "id"
-// first as OpenAI's do.
+// the template's tojson) with the client's key order.
 using ojson = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 

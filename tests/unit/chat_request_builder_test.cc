@@ -233,7 +233,7 @@ TEST(ChatRequestBuilder, FetchFailuresNameTheUrl) {
   expect_error(b, {{"messages", {user(json::array({image_part("https://x/gone.png")}))}}}, 400,
                "invalid_request_error", "messages",
                "cannot fetch image https://x/gone.png: connection refused");
-  // The second frame may have only 12 - 8 bytes: too large; a third is not even fetched.
+  // The second frame may have only 12 - 8 bytes: too large.
   fake.calls.clear();
   const json frames = {{"type", "video"},
                        {"video", json::array({"https://x/f.png", "https://x/f.png"})}};

@@ -93,6 +93,9 @@ TEST(JinjaJson, StringEscapes) {
   EXPECT_EQ(quote("a\x80z", true), "\"a\\ufffdz\"");
   EXPECT_EQ(quote("\xe2\x82", true), "\"\\ufffd\\ufffd\"");
   EXPECT_EQ(quote("\xed\xa0\x80", true), "\"\\ufffd\\ufffd\\ufffd\"");
+  // Lead bytes that start no sequence (0xF5-0xFF, 0xC0, 0xC1): each byte alone.
+  EXPECT_EQ(quote("\xf8\x88\x80", true), "\"\\ufffd\\ufffd\\ufffd\"");
+  EXPECT_EQ(quote("\xff\xc0\xafz", true), "\"\\ufffd\\ufffd\\ufffdz\"");
   EXPECT_EQ(quote("a\x80z", false), "\"a\x80z\"");  // passed through, as ensure_ascii=False does
 }
 

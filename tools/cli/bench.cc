@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -576,7 +577,10 @@ vlm::Status bench_structured(vlm::Engine& engine, const BenchArgs& a, const Benc
 // frame count.
 vlm::Status bench_media(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
                         BenchReport* r) {
-  std::vector<ImageCase> images = p.images;
+  for (const ImageCase& img : p.images) {
+    progress("vision " + img.name, a);
+    VLM_RETURN_IF_ERROR(bench_image(engine, img, a, &r->rows));
+  }
   if (p.default_run && engine.has_vision()) {
     for (const char* s : {"448x448", "1280x960"}) {
       int w = 0, h = 0;
@@ -584,14 +588,11 @@ vlm::Status bench_media(vlm::Engine& engine, const BenchArgs& a, const BenchPlan
       parse_image_size(s, &w, &h, &err);
       ImageCase c{std::string("synthetic ") + s, {}};
       c.input.bytes = synthetic_bmp(w, h);
-      images.push_back(std::move(c));
+      progress("vision " + c.name, a);
+      VLM_RETURN_IF_ERROR(bench_image(engine, c, a, &r->rows));
     }
   } else if (p.default_run) {
     r->notes.push_back("vision: not measured (the checkpoint has no vision tower)");
-  }
-  for (const ImageCase& img : images) {
-    progress("vision " + img.name, a);
-    VLM_RETURN_IF_ERROR(bench_image(engine, img, a, &r->rows));
   }
   for (const std::string& v : a.videos) {
     for (int64_t n : p.video_frames) {
