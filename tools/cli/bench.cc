@@ -394,6 +394,16 @@ vlm::Status bench_video(vlm::Engine& e, const std::string& path, int64_t frames,
   return vlm::ok_status();
 }
 
+// --synthetic-image WxH: the generated picture, named "synthetic WxH".
+vlm::Result<ImageCase> synthetic_case(const std::string& size) {
+  int w = 0, h = 0;
+  std::string err;
+  if (!parse_image_size(size, &w, &h, &err)) return vlm::invalid_argument(err);
+  ImageCase c{"synthetic " + size, {}};
+  c.input.bytes = synthetic_bmp(w, h);
+  return c;
+}
+
 // What one run measures: the sizes parsed from the options, or the default run's.
 struct BenchPlan {
   std::vector<int64_t> prompts, gens, batches, attention, video_frames;
@@ -420,10 +430,7 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
     return vlm::invalid_argument(err);
   }
   for (const std::string& s : a.synthetic_images) {
-    int w = 0, h = 0;
-    if (!parse_image_size(s, &w, &h, &err)) return vlm::invalid_argument(err);
-    ImageCase c{"synthetic " + s, {}};
-    c.input.bytes = synthetic_bmp(w, h);
+    VLM_ASSIGN_OR_RETURN(ImageCase c, synthetic_case(s));
     p.images.push_back(std::move(c));
   }
   for (const std::string& path : a.images) {
@@ -583,11 +590,7 @@ vlm::Status bench_media(vlm::Engine& engine, const BenchArgs& a, const BenchPlan
   }
   if (p.default_run && engine.has_vision()) {
     for (const char* s : {"448x448", "1280x960"}) {
-      int w = 0, h = 0;
-      std::string err;
-      parse_image_size(s, &w, &h, &err);
-      ImageCase c{std::string("synthetic ") + s, {}};
-      c.input.bytes = synthetic_bmp(w, h);
+      VLM_ASSIGN_OR_RETURN(const ImageCase c, synthetic_case(s));
       progress("vision " + c.name, a);
       VLM_RETURN_IF_ERROR(bench_image(engine, c, a, &r->rows));
     }

@@ -89,6 +89,15 @@ Status stage_and_encode(EngineImpl& m, const std::function<Status(StagedImage*)>
   return st;
 }
 
+// What an image's or a video's staging and encode measured (the encode time set by the caller).
+void copy_staged(const StagedImage& s, ImageTimings* t) {
+  t->decode_ms = s.decode_ms;
+  t->preprocess_ms = s.preprocess_ms;
+  t->resized_h = s.resized_h;
+  t->resized_w = s.resized_w;
+  t->vision_tokens = s.encoded->out.tokens;
+}
+
 }  // namespace
 
 vlm::Result<ImageTimings> encode_image(vlm::Engine& engine, const vlm::ImageInput& image) {
@@ -101,11 +110,7 @@ vlm::Result<ImageTimings> encode_image(vlm::Engine& engine, const vlm::ImageInpu
         return stage_image(image, m.preprocess, nullptr, m.pool.get(), out);
       },
       &s, &t.encode_ms));
-  t.decode_ms = s.decode_ms;
-  t.preprocess_ms = s.preprocess_ms;
-  t.resized_h = s.resized_h;
-  t.resized_w = s.resized_w;
-  t.vision_tokens = s.encoded->out.tokens;
+  copy_staged(s, &t);
   return t;
 }
 
@@ -119,11 +124,7 @@ vlm::Result<VideoTimings> encode_video(vlm::Engine& engine, const vlm::VideoInpu
   t.frames = s.frames;
   t.decoded_frames = s.decoded_frames;
   t.groups = s.groups;
-  t.decode_ms = s.decode_ms;
-  t.preprocess_ms = s.preprocess_ms;
-  t.resized_h = s.resized_h;
-  t.resized_w = s.resized_w;
-  t.vision_tokens = s.encoded->out.tokens;
+  copy_staged(s, &t);
   return t;
 }
 

@@ -24,11 +24,9 @@ vlm::Result<ImageTimings> encode_image(vlm::Engine& engine, const vlm::ImageInpu
 
 // The same for one video: its frames decoded (and resized as they come), preprocessed and encoded
 // (all temporal groups in one encoder input).
-struct VideoTimings {
-  int64_t frames = 0, groups = 0, vision_tokens = 0;
+struct VideoTimings : ImageTimings {
+  int64_t frames = 0, groups = 0;
   int64_t decoded_frames = 0;  // frames the decoder produced (fewer where it seeks)
-  int64_t resized_h = 0, resized_w = 0;
-  double decode_ms = 0, preprocess_ms = 0, encode_ms = 0;
 };
 vlm::Result<VideoTimings> encode_video(vlm::Engine& engine, const vlm::VideoInput& video);
 

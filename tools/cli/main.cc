@@ -594,9 +594,7 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
+  } catch (const CLI::Success& e) {  // --help and --help-all: the help, exit code 0
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return fail(e.what());
