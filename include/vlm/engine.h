@@ -26,6 +26,8 @@ namespace vlm {
 enum class Device { kCpu, kCuda };
 // Weight quantization done at load time (EngineOptions::quant).
 enum class Quant { kNone, kInt8, kInt4, kFp8 };
+// Inputs per f16 scale of --quant int4 unless EngineOptions::int4_group says otherwise.
+inline constexpr int64_t kInt4DefaultGroupSize = 32;
 // The GPU's weights and activations (EngineOptions::gpu_dtype).
 enum class GpuDtype { kBF16, kF32 };
 // The arithmetic the CPU may use (EngineOptions::precision): kAuto follows what the reference
@@ -144,10 +146,14 @@ struct EngineOptions {
   CpuIsa cpu_isa = CpuIsa::kAuto;
   // Weight quantization done at load time: kNone = weights as stored; kInt8 = the text decoder's
   // linear weights (q/k/v/o, gate/up/down, lm_head) as INT8 with one f32 scale per output row;
-  // kInt4 = the same weights as INT4 with one f32 scale per 32 inputs (every input dimension
-  // must be a multiple of 32, as in all Qwen3-VL models; CPU only). Either in memory the engine
-  // owns. The embedding lookup and the vision tower stay as stored. kFp8: see `device`.
+  // kInt4 = the same weights as INT4 with one f16 scale per int4_group inputs (4.5 bits per
+  // weight at 32; every input dimension must be a multiple of it, as in all Qwen3-VL models; CPU
+  // only). Either in memory the engine owns. The embedding lookup and the vision tower stay as
+  // stored. kFp8: see `device`.
   Quant quant = Quant::kNone;
+  // kInt4's group size: 32 (4.5 bits per weight), 64 (4.25) or 128 (4.125); anything else, or a
+  // value other than 32 without kInt4, is refused.
+  int64_t int4_group = kInt4DefaultGroupSize;
   // false (default): the matmul weights the engine uses as stored are copied at load onto 2 MiB
   // pages it owns (8-17% faster prefill and decode than 4 KiB page-cache pages; see
   // core/huge_page_buffer.h), and the file pages are released. true: they are served straight
@@ -296,6 +302,9 @@ class Engine {
   // (q/k/v/o, gate/up/down, lm_head) as held, i.e. after --quant (quantized data + scales).
   // Decode is memory-bound, so this × tok/s is the bandwidth it achieves (`vlm bench`).
   int64_t decode_weight_bytes() const;
+  // How many weights those bytes hold: decode_weight_bytes() · 8 / this = bits per weight,
+  // scales included (BF16 16, --quant int8 ~8.0, int4 4.5 with its groups of 32).
+  int64_t decode_weight_count() const;
 
   // Logits [ids.size(), vocab_size()] (row-major) for a raw id sequence, from a fresh cache: a
   // request through the engine core that also samples the token after the prompt, so at most

@@ -83,6 +83,15 @@ bool dtype_from_name(std::string_view n, DType* out) {
   return false;
 }
 
+size_t TensorView::quant_nbytes() const {
+  if (dtype == DType::kI8 && scale != nullptr) return static_cast<size_t>(shape[0]) * 4;
+  if (dtype == DType::kI4 && int4.scale != nullptr) {
+    const auto groups = static_cast<size_t>(numel() / int4.group);
+    return groups * (int4.zero != nullptr ? 3 : 2);
+  }
+  return 0;
+}
+
 std::string shape_to_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

@@ -11,8 +11,24 @@ namespace vlm {
 
 enum class DType { kF32, kBF16, kF16, kF64, kI64, kI32, kI16, kI8, kI4, kU8, kBool };
 
-// Elements per group of kI4 weights that share one scale (see TensorView::scale).
-constexpr int64_t kInt4Group = 32;
+// kI4 rows are packed in blocks of this many values (16 bytes; layout below), and a group of
+// values sharing one scale is 1, 2 or 4 blocks: kInt4Block, 64 or 128 values.
+constexpr int64_t kInt4Block = 32;
+// The group size --quant int4 gives (4.5 bits per weight with its f16 scale).
+constexpr int64_t kInt4DefaultGroup = 32;
+// Whether g is a group size kI4 weights may have: 32, 64 or 128.
+constexpr bool int4_group_ok(int64_t g) { return g == 32 || g == 64 || g == 128; }
+
+// How a kI4 weight's 4-bit integers become values. Weight [N, K], group size G = `group`:
+//   w[n, k] = (q[n, k] − zero[n, k / G]) · scale[n, k / G]
+// q in −8..7 (data, layout in TensorView); scale [N, K / G] IEEE half bits; zero [N, K / G]
+// int8 or null (symmetric: zero 0). A format with unsigned q' = q + 8 in 0..15 and zero point z'
+// maps onto this as q = q' − 8 and zero = z' − 8 (−8..7). Not owned.
+struct Int4Params {
+  const uint16_t* scale = nullptr;
+  const int8_t* zero = nullptr;
+  int64_t group = kInt4DefaultGroup;
+};
 
 // Size in bytes of one element, or for kI4 (two elements per byte) of the byte that holds two:
 // ggml's type_size / blck_size pair, with dtype_block below. Use dtype_nbytes for byte counts.
@@ -32,13 +48,13 @@ struct TensorView {
   const void* data = nullptr;  // not owned
   // kI8 linear weights only: [shape[0]] f32 scales, one per output row, so that row n is
   // data[n, :] · scale[n] (weight-only INT8, see ops::quantize_int8). Not owned; null otherwise.
-  //
-  // kI4 linear weights [N, K] (K a multiple of kInt4Group): data holds N rows of K / 2 bytes, and
-  // scale [N, K / 32] f32 row-major, one per group of 32 consecutive k, so that
-  //   w[n, k] = q[n, k] · scale[n, k / 32]   (q in −8..7; see ops::quantize_int4).
-  // Inside a row, group g's 16 bytes hold q[n, 32g + j] in the low nibble and q[n, 32g + 16 + j]
-  // in the high nibble of byte 16g + j (j < 16), each a two's-complement 4-bit value.
   const float* scale = nullptr;
+  // kI4 linear weights [N, K] only (K a multiple of int4.group): data holds N rows of K / 2
+  // bytes; block b of a row (values 32b .. 32b + 32) is its 16 bytes 16b .. 16b + 16, byte j
+  // holding q[n, 32b + j] in the low nibble and q[n, 32b + 16 + j] in the high one, each a
+  // two's-complement 4-bit value. Scales and zero points: Int4Params (ops::quantize_int4 makes
+  // them).
+  Int4Params int4;
 
   int64_t numel() const {
     int64_t n = 1;
@@ -46,6 +62,9 @@ struct TensorView {
     return n;
   }
   size_t nbytes() const { return dtype_nbytes(dtype, numel()); }
+  // Bytes of a quantized weight's scales and zero points (kI8: 4 per row; kI4: 2 per group, 3
+  // with zero points); 0 for other dtypes.
+  size_t quant_nbytes() const;
   int64_t dim(size_t i) const { return shape[i]; }
   size_t rank() const { return shape.size(); }
 };

@@ -149,9 +149,19 @@ Engine::~Engine() = default;
 
 namespace {
 
+static_assert(kInt4DefaultGroupSize == kInt4DefaultGroup, "the API's default is the kernels'");
+
 // The options alone, before anything is read: what this build and these values allow.
 Status validate_options(const EngineOptions& o) {
   const bool on_gpu = o.device == Device::kCuda;
+  if (!int4_group_ok(o.int4_group)) {
+    return invalid_argument("--int4-group must be 32, 64 or 128, got " +
+                            std::to_string(o.int4_group));
+  }
+  if (o.int4_group != kInt4DefaultGroupSize && o.quant != Quant::kInt4) {
+    return invalid_argument("--int4-group " + std::to_string(o.int4_group) +
+                            " applies to --quant int4 only");
+  }
   if (o.quant == Quant::kFp8 && (!on_gpu || o.gpu_dtype != GpuDtype::kBF16)) {
     return invalid_argument("--quant fp8 needs --device cuda with bf16 activations");
   }
@@ -441,7 +451,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   }
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
   VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, host_quant(options.quant), *impl->pool,
-                                            impl->store.get())
+                                            impl->store.get(), options.int4_group)
                           .with_context(std::string("quantizing the text decoder to ") +
                                         quant_name(options.quant)));
   if (!options.mmap_weights && !on_gpu) {
@@ -486,6 +496,7 @@ Quant Engine::quant() const { return impl_->opts.quant; }
 bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vision->fp16(); }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
 int64_t Engine::decode_weight_bytes() const { return impl_->decoder->decode_weight_bytes(); }
+int64_t Engine::decode_weight_count() const { return impl_->decoder->decode_weight_count(); }
 std::string Engine::device() const { return impl_->backend->description(); }
 
 const std::string& Engine::cpu_kernels() const { return impl_->cpu_kernels; }

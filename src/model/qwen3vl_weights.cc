@@ -300,8 +300,11 @@ TensorView row_block(const TensorView& v, int64_t r0, int64_t n) {
   TensorView out = v;
   out.shape = {n, K};
   out.data = static_cast<const uint8_t*>(v.data) + dtype_nbytes(v.dtype, r0 * K);
-  if (v.scale != nullptr) {
-    out.scale = v.scale + (v.dtype == DType::kI4 ? r0 * (K / kInt4Group) : r0);
+  if (v.scale != nullptr) out.scale = v.scale + r0;
+  if (v.int4.scale != nullptr) {
+    const int64_t groups = K / v.int4.group;
+    out.int4.scale = v.int4.scale + r0 * groups;
+    if (v.int4.zero != nullptr) out.int4.zero = v.int4.zero + r0 * groups;
   }
   return out;
 }
@@ -309,7 +312,7 @@ TensorView row_block(const TensorView& v, int64_t r0, int64_t n) {
 }  // namespace
 
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
-                             const WeightStore* store) {
+                             const WeightStore* store, int64_t int4_group) {
   if (quant == WeightQuant::kNone && !has_fused_experts(*w)) return ok_status();
   // Works on a copy (views and small norm vectors) so a failure leaves *w as it was.
   TextWeights qw = *w;
@@ -332,12 +335,13 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
     } else {
       Int4Weight& q = int4->emplace_back();
       q.q.resize(dtype_nbytes(DType::kI4, v.numel()));
-      q.scale.resize(static_cast<size_t>(v.dim(0) * (v.dim(1) / kInt4Group)));
+      q.scale.resize(static_cast<size_t>(v.dim(0) * (v.dim(1) / int4_group)));
       VLM_RETURN_IF_ERROR(
-          ops::quantize_int4(v, q.q.data(), q.scale.data(), pool).with_context(name));
+          ops::quantize_int4(v, int4_group, q.q.data(), q.scale.data(), pool).with_context(name));
       out.dtype = DType::kI4;
       out.data = q.q.data();
-      out.scale = q.scale.data();
+      out.int4.scale = q.scale.data();
+      out.int4.group = int4_group;
     }
     return out;
   };

@@ -53,11 +53,11 @@ struct Int8Weight {
   std::vector<float> scale;  // [N]
 };
 
-// One linear weight quantized to INT4 at load time: w[n, k] ≈ q[n, k] · scale[n, k / 32], q
-// packed two per byte as core/tensor.h documents for DType::kI4.
+// One linear weight quantized to INT4 at load time: w[n, k] ≈ q[n, k] · scale[n, k / G], q
+// packed two per byte as core/tensor.h documents for DType::kI4, scales f16 (Int4Params).
 struct Int4Weight {
-  std::vector<uint8_t> q;    // [N, K / 2]
-  std::vector<float> scale;  // [N, K / 32]
+  std::vector<uint8_t> q;       // [N, K / 2]
+  std::vector<uint16_t> scale;  // [N, K / G]
 };
 
 struct TextWeights {
@@ -160,14 +160,16 @@ bool has_fused_experts(const TextWeights& w);
 // kInt8: replaces q/k/v/o, gate/up/down of every layer (each expert's too) and lm_head (also when
 // tied: the tied embedding is quantized as lm_head only, embed_tokens keeps the stored table for
 // lookups) with per-output-row INT8 copies (ops::quantize_int8) owned by `w`. kInt4: the same
-// weights become INT4 copies with one scale per 32 inputs (ops::quantize_int4; every input
-// dimension must be a multiple of 32, which all Qwen3-VL sizes are). kNone: nothing. The vision
+// weights become INT4 copies with one f16 scale per int4_group (32, 64 or 128) inputs
+// (ops::quantize_int4; every input dimension must be a multiple of it, which all Qwen3-VL sizes
+// are). kNone: nothing. The vision
 // tower is not touched, nor is a router. With `store` (the one the views came from), each source
 // weight's pages are released (WeightStore::release_pages) once quantized, so the process holds the
 // quantized copy rather than both; the bytes stay readable (the embedding lookup faults back the
 // rows it reads). On error *w is left as it was.
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
-                             const WeightStore* store = nullptr);
+                             const WeightStore* store = nullptr,
+                             int64_t int4_group = kInt4DefaultGroup);
 
 // Copies every matmul weight view of `text` and `vision` that still points into `store`'s
 // mappings (all of them as loaded; after quantize_text_weights the text linear weights point to

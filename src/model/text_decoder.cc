@@ -177,21 +177,29 @@ Status TextDecoder::reserve_tables(int64_t entries) {
   return ok_status();
 }
 
-int64_t TextDecoder::decode_weight_bytes() const {
-  int64_t total = lm_head_ ? lm_head_->bytes() : embed_->bytes();
+int64_t TextDecoder::decode_weights(int64_t (*of)(const ops::Linear&)) const {
+  int64_t total = of(lm_head_ ? *lm_head_ : *embed_);
   for (const Layer& l : layers_) {
-    total += l.qkv->bytes() + l.o->bytes();
+    total += of(*l.qkv) + of(*l.o);
     if (l.router == nullptr) {
-      total += l.gate_up->bytes() + l.down->bytes();
+      total += of(*l.gate_up) + of(*l.down);
       continue;
     }
     // The router and k experts of the average size.
     int64_t experts = 0;
-    for (const auto& e : l.experts) experts += e->bytes();
-    total += l.router->bytes() +
+    for (const auto& e : l.experts) experts += of(*e);
+    total += of(*l.router) +
              experts * cfg_.num_experts_per_tok / static_cast<int64_t>(l.expert_gate_up.size());
   }
   return total;
+}
+
+int64_t TextDecoder::decode_weight_bytes() const {
+  return decode_weights([](const ops::Linear& w) { return w.bytes(); });
+}
+
+int64_t TextDecoder::decode_weight_count() const {
+  return decode_weights([](const ops::Linear& w) { return w.rows() * w.cols(); });
 }
 
 KvCacheSpec TextDecoder::cache_spec(int64_t block_size, std::optional<DType> dtype) const {

@@ -105,8 +105,10 @@ class TextDecoder {
   int64_t max_chunk() const { return max_chunk_; }
   int64_t vocab_size() const { return cfg_.vocab_size; }
   ops::Backend& backend() const { return be_; }
-  // Bytes of the linear weights a decode step reads (q/k/v/o, gate/up/down and the head).
+  // Bytes of the linear weights a decode step reads (q/k/v/o, gate/up/down and the head), and
+  // how many weights they hold (bytes · 8 / count: bits per weight, scales included).
   int64_t decode_weight_bytes() const;
+  int64_t decode_weight_count() const;
   // The decoder's cache groups (kv/kv_cache_spec.h): every layer is full attention, its K/V in
   // `dtype` (or else the activation type), in blocks of `block_size` tokens.
   KvCacheSpec cache_spec(int64_t block_size, std::optional<DType> dtype = std::nullopt) const;
@@ -135,6 +137,8 @@ class TextDecoder {
                        ops::Buf logits);
 
  private:
+  // Σ of(w) over the linear weights a decode step reads (an MoE layer's experts: k of the average).
+  int64_t decode_weights(int64_t (*of)(const ops::Linear&)) const;
   struct Layer {
     ops::Buf input_ln, q_norm, k_norm, post_ln;
     std::unique_ptr<ops::Linear> qkv, o, gate_up, down;  // gate_up, down: a dense layer's

@@ -23,11 +23,7 @@ class CpuLinear final : public Linear {
   int64_t bytes() const override {
     int64_t total = 0;
     for (const TensorView& v : parts_) {
-      // INT8: one f32 scale per row; INT4: one per group of kInt4Group inputs.
-      const int64_t n_scales = v.scale == nullptr      ? 0
-                               : v.dtype == DType::kI4 ? v.dim(0) * (v.dim(1) / kInt4Group)
-                                                       : v.dim(0);
-      total += static_cast<int64_t>(v.nbytes()) + n_scales * static_cast<int64_t>(sizeof(float));
+      total += static_cast<int64_t>(v.nbytes() + v.quant_nbytes());
     }
     return total;
   }

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/half.h"
 #include "kernels/cpu/matmul.h"
 #include "ops/ops.h"
 
@@ -29,14 +30,18 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
     return invalid_argument("I8 linear weight " + shape_to_string(w.shape) +
                             " has no per-row scales");
   }
-  if (w.dtype == DType::kI4 && w.scale == nullptr) {
+  if (w.dtype == DType::kI4 && w.int4.scale == nullptr) {
     return invalid_argument("I4 linear weight " + shape_to_string(w.shape) +
                             " has no group scales");
   }
-  if (w.dtype == DType::kI4 && w.dim(1) % kInt4Group != 0) {
+  if (w.dtype == DType::kI4 && !int4_group_ok(w.int4.group)) {
+    return invalid_argument("I4 linear weight " + shape_to_string(w.shape) + " has group size " +
+                            std::to_string(w.int4.group) + " (32, 64 or 128 are supported)");
+  }
+  if (w.dtype == DType::kI4 && w.dim(1) % w.int4.group != 0) {
     return invalid_argument("I4 linear weight " + shape_to_string(w.shape) +
-                            " has a row length that is not a multiple of " +
-                            std::to_string(kInt4Group));
+                            " has a row length that is not a multiple of its group size " +
+                            std::to_string(w.int4.group));
   }
   if (w.dim(1) != in_features) {
     return invalid_argument("linear weight " + shape_to_string(w.shape) + " does not take " +
@@ -110,6 +115,11 @@ namespace {
 
 using MatmulRowsFn = decltype(&kernels::generic::matmul_rows);
 
+// What the kernels take as a weight's scales: I8 its row scales, I4 its Int4Params.
+const void* kernel_quant(const TensorView& w) {
+  return w.dtype == DType::kI4 ? static_cast<const void*>(&w.int4) : w.scale;
+}
+
 MatmulRowsFn matmul_kernel(Isa isa) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   if (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni) return &kernels::avx512::matmul_rows;
@@ -151,16 +161,16 @@ void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w,
                       uint16_t* rows, float* scratch) {
   const auto* q = static_cast<const uint8_t*>(w.data);
   if (M < kInt4WidenMinRows) {
-    k4.matmul(x, M, K, q, w.scale, n0, n1, y, ldy);
+    k4.matmul(x, M, K, q, w.int4, n0, n1, y, ldy);
     return;
   }
   if (M >= kernels::kPackedMinRows) {  // the packed GEMM widens I4 into its panel itself
-    kernel(x, M, K, DType::kI4, q, w.scale, n0, n1, y, ldy, scratch, kScratchRows);
+    kernel(x, M, K, DType::kI4, q, &w.int4, n0, n1, y, ldy, scratch, kScratchRows);
     return;
   }
   for (int64_t nb = n0; nb < n1; nb += kScratchRows) {
     const int64_t ne = std::min(n1, nb + kScratchRows);
-    k4.widen(q, w.scale, K, nb, ne, rows);
+    k4.widen(q, w.int4, K, nb, ne, rows);
     kernel(x, M, K, DType::kBF16, rows, nullptr, 0, ne - nb, y + nb, ldy, scratch, kScratchRows);
   }
 }
@@ -189,6 +199,49 @@ Q8Kernels q8_kernels(Isa isa) {
 #endif
   (void)isa;
   return {};
+}
+
+// Σ over each group of x's rows, for the zero points of I4 weights: sums[s][m · (K >> (5 + s)) +
+// g] = Σ_{k in group g} x[m, k] for groups of 32 << s values (s = kernels::int4_group_shift),
+// filled once per call for the group sizes that some weight with zero points has.
+struct GroupSums {
+  std::vector<float> sums[3];
+
+  void fill(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws) {
+    bool done[3] = {};
+    for (const TensorView* w : ws) {
+      if (w->dtype != DType::kI4 || w->int4.zero == nullptr) continue;
+      const int s = kernels::int4_group_shift(w->int4.group);
+      if (done[s]) continue;
+      done[s] = true;
+      const int64_t G = w->int4.group, groups = K / G;
+      if (sums[s].size() < static_cast<size_t>(M * groups)) sums[s].resize(M * groups);
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t g = 0; g < groups; ++g) {
+          float t = 0.f;
+          for (int64_t k = g * G; k < (g + 1) * G; ++k) t += x[m * K + k];
+          sums[s][m * groups + g] = t;
+        }
+      }
+    }
+  }
+};
+
+// The zero points' term of rows [n0, n1) of y = x · wᵀ for an I4 weight with w.int4.zero set: the
+// kernels multiplied q · scale, so y[m, n] −= Σ_g zero[n, g] · scale[n, g] · Σ_{k in g} x[m, k].
+void subtract_zero_terms(const TensorView& w, const float* xsums, int64_t M, int64_t K, int64_t n0,
+                         int64_t n1, float* y, int64_t ldy) {
+  const int64_t groups = K / w.int4.group;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* s = w.int4.scale + n * groups;
+    const int8_t* z = w.int4.zero + n * groups;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xs = xsums + m * groups;
+      float t = 0.f;
+      for (int64_t g = 0; g < groups; ++g) t += static_cast<float>(z[g]) * f16_to_f32(s[g]) * xs[g];
+      y[m * ldy + n] -= t;
+    }
+  }
 }
 
 // x quantized once per call for the weights that take INT8 activations (matmul_quantizes_x).
@@ -399,6 +452,9 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
     const int64_t rows_floats = widen_int4 ? (kScratchRows * K + 1) / 2 : 0;
     scratch.reserve(pool.n_threads(), static_cast<size_t>(scratch_floats + rows_floats));
   }
+  thread_local GroupSums xsums_tls;
+  GroupSums& xsums = xsums_tls;
+  xsums.fill(x, M, K, ws);
   thread_local QuantizedX qx_tls;
   kernels::Q8Rows qx{};
   const Q8Kernels k8 = quantize_x ? q8_kernels(isa) : Q8Kernels{};
@@ -413,12 +469,17 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       const int64_t N = w.dim(0), ld = ldy > 0 ? ldy : N;
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
       if (b < e && quantize_x && matmul_quantizes_x(isa, M, K, w.dtype)) {
-        k8.matmul(qx, M, K, w.dtype, w.data, w.scale, b - off, e - off, ys[i], ld, s);
+        k8.matmul(qx, M, K, w.dtype, w.data, kernel_quant(w), b - off, e - off, ys[i], ld, s);
       } else if (b < e && w.dtype == DType::kI4) {
         auto* rows = widen_int4 ? reinterpret_cast<uint16_t*>(s + scratch_floats) : nullptr;
         matmul_int4_rows(x, M, K, w, b - off, e - off, ys[i], ld, k4, kernel, rows, s);
       } else if (b < e) {
-        kernel(x, M, K, w.dtype, w.data, w.scale, b - off, e - off, ys[i], ld, s, kScratchRows);
+        kernel(x, M, K, w.dtype, w.data, kernel_quant(w), b - off, e - off, ys[i], ld, s,
+               kScratchRows);
+      }
+      if (b < e && w.dtype == DType::kI4 && w.int4.zero != nullptr) {
+        const int shift = kernels::int4_group_shift(w.int4.group);
+        subtract_zero_terms(w, xsums.sums[shift].data(), M, K, b - off, e - off, ys[i], ld);
       }
       off += N;
     }

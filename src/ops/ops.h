@@ -35,7 +35,8 @@ Isa detected_isa();
 std::vector<Isa> runnable_isas();
 
 // Checks that w is a 2-D F32/BF16/F16 matrix, or I8 with per-row scales, or I4 with group
-// scales (and a multiple of kInt4Group columns), with `in_features` columns.
+// scales, a group size of 32, 64 or 128 and a row length that is a multiple of it, with
+// `in_features` columns.
 Status check_linear_weight(const TensorView& w, int64_t in_features);
 
 // How the GEMMs of BF16 weights from kernels::kPackedMinRows x rows (prefill, the vision tower)
@@ -45,8 +46,10 @@ Status check_linear_weight(const TensorView& w, int64_t in_features);
 enum class Bf16Gemm { kWidenF32, kDotBf16, kAmx };
 
 // y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16, F16, I8 with w.scale set (row n of w is
-// w[n, :] · scale[n]), or I4 with w.scale set (w[n, k] = q[n, k] · scale[n, k / 32]; from 8 x
-// rows on, blocks of 32 I4 rows are widened to BF16 and run by the BF16 kernel). Threads split N.
+// w[n, :] · scale[n]), or I4 with w.int4 set (w[n, k] = (q[n, k] − zero[n, g]) · scale[n, g],
+// g = k / group; from 8 x rows on, blocks of 32 I4 rows are widened to BF16 and run by the BF16
+// kernel). The kernels multiply q · scale; zero points enter once, as −Σ_g zero · scale · Σ_{k in
+// g} x[m, k] per output (matmul_cpu.cc). Threads split N.
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y, ThreadPool& pool,
             Isa isa = detected_isa());
 
@@ -106,17 +109,18 @@ int64_t int8_activation_min_rows(Isa isa);
 // scale: [N]. Fails on a non-finite weight or another dtype. Threads split N.
 Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& pool);
 
-// Weight-only INT4, symmetric (no zero point), one scale per group of kInt4Group (32) consecutive
-// inputs of a row: for group g of row n, scale[n, g] is the candidate among
-//   max|w| / 7,  −w_max / 8,  −w_max / 8.5   (w_max: the group's largest-|w| weight, signed)
-// whose q[n, k] = clamp(round_half_even(w[n, k] / scale[n, g]), −8, 7) has the smallest
-// Σ_k (w − q·scale)² (f32; see the NOTE in quantize.cc), so |w − q·scale| <= |scale| / 2 for
-// every w with w / scale in [−8.5, 7.5] (the others are clamped). A scale may be negative; a
-// group of zeros (or of values too small for a normal scale) gets scale 0 and q 0.
-// w: [N, K] F32/BF16/F16 with K a multiple of 32; q: [N, K / 2] bytes packed as TensorView
-// documents for kI4; scale: [N, K / 32]. Fails on a non-finite weight, another dtype or K.
-// Threads split N.
-Status quantize_int4(const TensorView& w, uint8_t* q, float* scale, ThreadPool& pool);
+// Weight-only INT4, symmetric (no zero point), one f16 scale per group of `group` (32, 64 or 128)
+// consecutive inputs of a row: for group g of row n, scale[n, g] is the candidate among
+//   max|w| / 7,  −w_max / 8,  −w_max / 8.5   (w_max: the group's largest-|w| weight, signed),
+// each rounded to f16, whose q[n, k] = clamp(round_half_even(w[n, k] / scale[n, g]), −8, 7) has
+// the smallest Σ_k (w − q·scale)² (f32; see the NOTE in quantize.cc), so |w − q·scale| <=
+// |scale| / 2 for every w with w / scale in [−8.5, 7.5] (the others are clamped). A scale may be
+// negative; a group of zeros (or of values too small for a nonzero f16 scale) gets scale 0 and
+// q 0. w: [N, K] F32/BF16/F16 with K a multiple of group; q: [N, K / 2] bytes packed as
+// TensorView documents for kI4; scale: [N, K / group] f16 bits (Int4Params). Fails on a
+// non-finite weight, a scale beyond f16's range, another dtype, group or K. Threads split N.
+Status quantize_int4(const TensorView& w, int64_t group, uint8_t* q, uint16_t* scale,
+                     ThreadPool& pool);
 
 // y[r, :] += bias for every row r. y: [rows, n].
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n);

@@ -1,5 +1,5 @@
-// Weight-only INT8 (per output row) and INT4 (per group of 32 along K) quantization, run once at
-// load time.
+// Weight-only INT8 (per output row) and INT4 (per group of 32, 64 or 128 along K, f16 scales)
+// quantization, run once at load time.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -82,13 +82,17 @@ Status non_finite_row(const TensorView& w, const char* what, int64_t row) {
 // (−25%). 18 candidates (±7..9 by 0.25) gain only 1–3% more squared error, for 6× the work at
 // load. A negative scale is fine for the kernels (w = q·s either way).
 // s = max|w| / d for d > 0, −w_max / |d| for d < 0; in this order (the first of equal errors wins).
+// Each candidate is rounded to f16 (the stored scale) before q is chosen and its error measured:
+// the weights are rounded once, to the grid of the scale the kernels will read.
 constexpr float kInt4Divisors[] = {7.f, -8.f, -8.5f};
+constexpr int kMaxGroup = 128;
 
-// Quantizes one group of kInt4Group finite values; returns its scale, writes q (−8..7).
-float quantize_group_int4(const float* v, int32_t* q) {
-  constexpr int G = static_cast<int>(kInt4Group);
+// Quantizes one group of `n` (32, 64 or 128) finite values; returns its scale as f16 bits, writes
+// q (−8..7). kOverflow when a candidate scale passes f16's range (|w| beyond ~4.6e5).
+constexpr uint16_t kOverflow = 0x7c00;  // +inf
+uint16_t quantize_group_int4(const float* v, int n, int32_t* q) {
   uint32_t amax_bits = 0, pos_bits = 0;  // max |v|; max over the positive v
-  for (int k = 0; k < G; ++k) {
+  for (int k = 0; k < n; ++k) {
     uint32_t b;
     std::memcpy(&b, &v[k], sizeof(b));
     amax_bits = std::max(amax_bits, b & 0x7fffffffu);
@@ -97,28 +101,32 @@ float quantize_group_int4(const float* v, int32_t* q) {
   float amax;
   std::memcpy(&amax, &amax_bits, sizeof(amax));
   const float wmax = pos_bits == amax_bits ? amax : -amax;  // positive on a ±tie
-  float best_scale = 0.f, best_err = INFINITY;
-  float best_r[G] = {};
+  uint16_t best_scale = 0;
+  float best_err = INFINITY;
+  float best_r[kMaxGroup] = {};
   for (float d : kInt4Divisors) {
-    const float s = d > 0 ? amax / d : -wmax / -d;
-    // s == 0: a zero group (or dust below 7 · 2^-149): q = 0 with scale 0, as INT8 does.
+    const uint16_t h = f32_to_f16(d > 0 ? amax / d : -wmax / -d);
+    if ((h & 0x7fffu) >= 0x7c00u) return kOverflow;
+    const float s = f16_to_f32(h);
+    // s == 0: a zero group (or dust that rounds to a zero f16 scale): q = 0 with scale 0, as
+    // INT8 does.
     if (s == 0.f) continue;
-    float r[G], e[G];
-    for (int k = 0; k < G; ++k) {
+    float r[kMaxGroup], e[kMaxGroup];
+    for (int k = 0; k < n; ++k) {
       r[k] = std::clamp(round_half_even(v[k] / s), -8.f, 7.f);
       const float diff = v[k] - r[k] * s;
       e[k] = diff * diff;
     }
-    for (int half = G / 2; half >= 1; half /= 2) {  // a fixed pairwise order, vectorisable
+    for (int half = n / 2; half >= 1; half /= 2) {  // a fixed pairwise order, vectorisable
       for (int k = 0; k < half; ++k) e[k] += e[k + half];
     }
     if (e[0] < best_err) {  // strict: the first of equal candidates wins
       best_err = e[0];
-      best_scale = s;
-      std::memcpy(best_r, r, sizeof(r));
+      best_scale = h;
+      std::memcpy(best_r, r, sizeof(float) * n);
     }
   }
-  for (int k = 0; k < G; ++k) q[k] = static_cast<int32_t>(best_r[k]);
+  for (int k = 0; k < n; ++k) q[k] = static_cast<int32_t>(best_r[k]);
   return best_scale;
 }
 
@@ -167,43 +175,55 @@ Status quantize_int8(const TensorView& w, int8_t* q, float* scale, ThreadPool& p
   return ok_status();
 }
 
-Status quantize_int4(const TensorView& w, uint8_t* q, float* scale, ThreadPool& pool) {
+Status quantize_int4(const TensorView& w, int64_t group, uint8_t* q, uint16_t* scale,
+                     ThreadPool& pool) {
   VLM_RETURN_IF_ERROR(check_quantizable(w, "int4"));
+  if (!int4_group_ok(group)) {
+    return invalid_argument("int4 group size must be 32, 64 or 128, got " + std::to_string(group));
+  }
   const int64_t N = w.dim(0), K = w.dim(1);
-  if (K % kInt4Group != 0) {
+  if (K % group != 0) {
     return invalid_argument("int4 quantization needs the input dimension to be a multiple of " +
-                            std::to_string(kInt4Group) + " (the group size), got a " +
+                            std::to_string(group) + " (the group size), got a " +
                             shape_to_string(w.shape) + " weight");
   }
-  const int64_t groups = K / kInt4Group;
-  std::atomic<int64_t> bad_row{-1};
+  const int64_t groups = K / group;
+  std::atomic<int64_t> bad_row{-1}, overflow_row{-1};
   pool.parallel_for(N, 16, [&](int64_t n0, int64_t n1, int) {
     std::vector<float> row(static_cast<size_t>(K));  // load time: one buffer per chunk is fine
     for (int64_t n = n0; n < n1; ++n) {
       widen_row(w, n, row.data());
       uint8_t* qr = q + n * (K / 2);
-      float* sr = scale + n * groups;
+      uint16_t* sr = scale + n * groups;
       // Non-finite check first on the bit patterns, as quantize_int8 does.
       uint32_t amax_bits = 0;
       for (int64_t k = 0; k < K; ++k) amax_bits = std::max(amax_bits, abs_bits(row[k]));
-      if (amax_bits >= 0x7f800000u) {
-        bad_row.store(n);
-        std::memset(qr, 0, static_cast<size_t>(K / 2));
-        std::fill(sr, sr + groups, 0.f);
-        continue;
-      }
-      for (int64_t g = 0; g < groups; ++g) {
-        int32_t qg[kInt4Group];
-        sr[g] = quantize_group_int4(row.data() + g * kInt4Group, qg);
-        // Byte j of the group: element j in the low nibble, element j + 16 in the high one.
-        uint8_t* dst = qr + g * (kInt4Group / 2);
-        for (int64_t j = 0; j < kInt4Group / 2; ++j) {
-          dst[j] = static_cast<uint8_t>((qg[j] & 0xf) | ((qg[j + kInt4Group / 2] & 0xf) << 4));
+      if (amax_bits >= 0x7f800000u) bad_row.store(n);
+      for (int64_t g = 0; g < groups && amax_bits < 0x7f800000u; ++g) {
+        int32_t qg[kMaxGroup];
+        sr[g] = quantize_group_int4(row.data() + g * group, static_cast<int>(group), qg);
+        if (sr[g] == kOverflow) {
+          overflow_row.store(n);
+          break;
+        }
+        // Block b of the group (32 values, 16 bytes): byte j holds element j in the low nibble and
+        // element j + 16 in the high one.
+        for (int64_t b = 0; b < group / kInt4Block; ++b) {
+          uint8_t* dst = qr + (g * group + b * kInt4Block) / 2;
+          const int32_t* src = qg + b * kInt4Block;
+          for (int64_t j = 0; j < kInt4Block / 2; ++j) {
+            dst[j] = static_cast<uint8_t>((src[j] & 0xf) | ((src[j + kInt4Block / 2] & 0xf) << 4));
+          }
         }
       }
     }
   });
   if (bad_row.load() >= 0) return non_finite_row(w, "int4", bad_row.load());
+  if (overflow_row.load() >= 0) {
+    return invalid_argument("int4 quantization: row " + std::to_string(overflow_row.load()) +
+                            " of a " + shape_to_string(w.shape) +
+                            " weight has a group whose scale is beyond f16's range (|w| > 4e5)");
+  }
   return ok_status();
 }
 

@@ -142,32 +142,51 @@ TEST(Cli, MmapWeightsGiveTheSameLogitsAndBenchSaysSo) {
   EXPECT_EQ(r.out.find("mmap'd"), std::string::npos) << r.out;
 }
 
-// `--quant Q` reaches the engine: the logits of `vlm logits` move off the reference by more than
-// `min_rel` and at most `max_rel` of max|logit|, and `vlm bench` reports the quantization.
-void expect_quant_reaches_the_engine(const std::string& quant, float min_rel, float max_rel) {
+// `--quant Q` (and more options: `extra`) reaches the engine: the logits of `vlm logits` move off
+// the reference by more than `min_rel` and at most `max_rel` of max|logit|, and `vlm bench`
+// reports the quantization and its bits per weight (`bits`, as printed). Returns the largest
+// logit difference.
+float expect_quant_reaches_the_engine(const std::string& quant, float min_rel, float max_rel,
+                                      const std::string& bits, const std::string& extra = "") {
   const std::string dir = kFixtures + "/text-f32-untied";
   LogitsError e;
-  cli_logits_error(dir, 2, " --quant " + quant, &e);
-  ASSERT_GE(e.max_diff, 0.f) << quant;
+  cli_logits_error(dir, 2, " --quant " + quant + extra, &e);
+  EXPECT_GE(e.max_diff, 0.f) << quant;
   EXPECT_GT(e.max_diff, min_rel * e.max_ref) << quant;
   EXPECT_LE(e.max_diff, max_rel * e.max_ref) << quant;
 
-  CliResult r = vlm("bench -m " + quote(dir) + " -p 8 -n 4 -r 1 -t 2 --quant " + quant);
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find(" " + quant + ", peak RSS"), std::string::npos) << r.out;
+  CliResult r = vlm("bench -m " + quote(dir) + " -p 8 -n 4 -r 1 -t 2 --quant " + quant + extra);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(" " + quant + ", " + bits + " bits per weight, peak RSS"), std::string::npos)
+      << r.out;
+  return e.max_diff;
 }
 
 TEST(Cli, QuantInt8LogitsAndBench) {
   // INT8 noise: quant_test measures ≤ 4.4e-2 · max|logit| at worst on these fixtures.
-  expect_quant_reaches_the_engine("int8", 1e-3f, 1e-1f);
+  // 8 bits and one f32 scale per row (of 128 or 256 inputs here; 8.229 bits in all).
+  expect_quant_reaches_the_engine("int8", 1e-3f, 1e-1f, "8.229");
 }
 
 TEST(Cli, QuantInt4LogitsAndBench) {
   // INT4 noise: quant_test measures ≤ 0.54 · max|logit| at worst on this fixture, 12× int8's on
   // average.
-  expect_quant_reaches_the_engine("int4", 5e-2f, 8e-1f);
+  // 4 bits and one f16 scale per 32 inputs: 4.5; per 128: 4.125, other logits.
+  const float g32 = expect_quant_reaches_the_engine("int4", 5e-2f, 8e-1f, "4.500");
+  const float g128 =
+      expect_quant_reaches_the_engine("int4", 5e-2f, 8e-1f, "4.125", " --int4-group 128");
+  EXPECT_NE(g32, g128);
   CliResult r = vlm("bench --help");
-  EXPECT_NE(r.out.find("int4 (one scale per 32 inputs)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4.5 bits per weight"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--int4-group"), std::string::npos) << r.out;
+  // A group size the kernels do not take, or one without --quant int4, is refused by name.
+  const std::string dir = kFixtures + "/text-f32-untied";
+  r = vlm("bench -m " + quote(dir) + " -p 8 -n 2 -r 1 --quant int4 --int4-group 48");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--int4-group"), std::string::npos) << r.err;
+  r = vlm("bench -m " + quote(dir) + " -p 8 -n 2 -r 1 --int4-group 64");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("applies to --quant int4 only"), std::string::npos) << r.err;
 }
 
 TEST(Cli, LogitsWithAnImageExpandThePadAndMatchTransformers) {
@@ -326,6 +345,11 @@ TEST(Cli, BenchCommaListsWriteEveryMeasurementAsJson) {
   EXPECT_EQ(j["warmup"], true);
   EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0);
   EXPECT_GT(j["decode_weight_bytes"].get<int64_t>(), 0);
+  // F32 weights: 32 bits each, in the JSON and on the kernels line.
+  EXPECT_EQ(j["decode_weight_bytes"].get<int64_t>() * 8,
+            32 * j["decode_weight_count"].get<int64_t>());
+  EXPECT_EQ(j["bits_per_weight"], 32.0);
+  EXPECT_NE(r.out.find("32.000 bits per weight"), std::string::npos) << r.out;
   auto prefill = rows_of(j, "prefill");
   ASSERT_EQ(prefill.size(), 2u);
   EXPECT_EQ(prefill[0]["size"], 8);

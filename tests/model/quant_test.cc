@@ -514,7 +514,9 @@ TEST(Int4Weights, LinearWeightsAndLmHeadBecomeI4WhileTheEmbeddingStays) {
       for (const TensorView* v :
            {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) {
         EXPECT_EQ(v->dtype, DType::kI4) << name;
-        EXPECT_NE(v->scale, nullptr) << name;
+        EXPECT_NE(v->int4.scale, nullptr) << name;
+        EXPECT_EQ(v->int4.group, kInt4DefaultGroup) << name;
+        EXPECT_EQ(v->int4.zero, nullptr) << name;
         EXPECT_TRUE(ops::check_linear_weight(*v, v->dim(1)).ok()) << name;
         numel += v->numel();
       }
@@ -524,12 +526,12 @@ TEST(Int4Weights, LinearWeightsAndLmHeadBecomeI4WhileTheEmbeddingStays) {
     numel += w->lm_head.numel();
     ASSERT_NE(w->int4_storage, nullptr);
     EXPECT_EQ(w->int8_storage, nullptr);
-    // Memory: half a byte per weight plus one f32 per 32 (0.625 bytes), against INT8's byte per
-    // weight plus one f32 per row.
+    // Memory: half a byte per weight plus one f16 per 32 (0.5625 bytes: 4.5 bits), against
+    // INT8's byte per weight plus one f32 per row.
     size_t bytes4 = 0, bytes8 = 0;
-    for (const Int4Weight& q : *w->int4_storage) bytes4 += q.q.size() + q.scale.size() * 4;
+    for (const Int4Weight& q : *w->int4_storage) bytes4 += q.q.size() + q.scale.size() * 2;
     for (const Int8Weight& q : *w8.int8_storage) bytes8 += q.q.size() + q.scale.size() * 4;
-    EXPECT_EQ(bytes4, static_cast<size_t>(numel / 2 + numel / 32 * 4)) << name;
+    EXPECT_EQ(bytes4, static_cast<size_t>(numel / 2 + numel / 32 * 2)) << name;
     EXPECT_LT(bytes4, bytes8 * 2 / 3) << name;
     // A copy shares the storage, so its views stay valid after the original is gone.
     TextWeights copy = *w;
@@ -602,7 +604,10 @@ TEST(Int8Weights, DecodeWeightBytesCountTheLinearWeightsAsHeld) {
     ASSERT_TRUE(f32 && i8 && i4);
     EXPECT_EQ(f32->decode_weight_bytes(), 4 * params) << name;
     EXPECT_EQ(i8->decode_weight_bytes(), params + 4 * rows) << name;
-    EXPECT_EQ(i4->decode_weight_bytes(), params / 2 + 4 * (params / kInt4Group)) << name;
+    EXPECT_EQ(i4->decode_weight_bytes(), params / 2 + 2 * (params / kInt4DefaultGroup)) << name;
+    // Bits per weight, scales included: 32, ~8 (one f32 per row) and 4.5 (one f16 per 32).
+    for (const auto* e : {&f32, &i8, &i4}) EXPECT_EQ((*e)->decode_weight_count(), params) << name;
+    EXPECT_EQ(8.0 * static_cast<double>(i4->decode_weight_bytes()) / params, 4.5) << name;
   }
 }
 

@@ -99,19 +99,21 @@ std::vector<float> varied_rows(int64_t N, int64_t K, uint32_t seed) {
 }
 
 // An [N, K] f32 weight (f32) quantized by ops::quantize_int8 / quantize_int4 into q (Q: int8_t /
-// uint8_t) and scale, and the matmul view of the result.
-template <class Q>
+// uint8_t) and scale (S: f32 / f16 bits), and the matmul view of the result. I4: zero holds its
+// zero points when it has them.
+template <class Q, class S>
 struct QuantBuf {
   std::vector<float> f32;
   std::vector<Q> q;
-  std::vector<float> scale;
+  std::vector<S> scale;
+  std::vector<int8_t> zero;
   TensorView view;
 };
 
-template <class Q, class Quantize>
-QuantBuf<Q> quantized_weight(std::vector<float> f32, int64_t N, int64_t K, DType dtype,
-                             size_t scales, Quantize quantize) {
-  QuantBuf<Q> b;
+template <class Q, class S, class Quantize>
+QuantBuf<Q, S> quantized_weight(std::vector<float> f32, int64_t N, int64_t K, DType dtype,
+                                size_t scales, Quantize quantize) {
+  QuantBuf<Q, S> b;
   b.f32 = std::move(f32);
   b.q.resize(dtype_nbytes(dtype, N * K));
   b.scale.resize(scales);
@@ -121,24 +123,33 @@ QuantBuf<Q> quantized_weight(std::vector<float> f32, int64_t N, int64_t K, DType
   b.view.dtype = dtype;
   b.view.shape = {N, K};
   b.view.data = b.q.data();
-  b.view.scale = b.scale.data();
   return b;
 }
 
 // An [N, K] weight quantized to I8. Rows get different magnitudes (so a wrong scale index
 // shows), and row 1 is all zeros (scale 0) when N > 1.
-QuantBuf<int8_t> make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
-  return quantized_weight<int8_t>(varied_rows(N, K, seed), N, K, DType::kI8, N,
-                                  &ops::quantize_int8);
+QuantBuf<int8_t, float> make_int8_weight(int64_t N, int64_t K, uint32_t seed) {
+  auto b = quantized_weight<int8_t, float>(varied_rows(N, K, seed), N, K, DType::kI8, N,
+                                           &ops::quantize_int8);
+  b.view.scale = b.scale.data();
+  return b;
 }
 
-// Weight (n, k) of an I8 / I4 weight in double: q · its scale.
+// Weight (n, k) of an I8 / I4 weight in double as the kernels multiply it: q · its scale (I4:
+// without the zero point, which the op layer adds).
 double quantized_weight_at(const TensorView& w, int64_t n, int64_t k) {
   const int64_t K = w.dim(1);
   if (w.dtype == DType::kI8) {
     return static_cast<const int8_t*>(w.data)[n * K + k] * static_cast<double>(w.scale[n]);
   }
-  return ops::ref::int4_at(w, n, k) * static_cast<double>(w.scale[n * (K / kInt4Group) + k / 32]);
+  return ops::ref::int4_at(w, n, k) * static_cast<double>(ops::ref::int4_scale(w, n, k));
+}
+
+// |zero · scale| of I4 weight (n, k) (0 for I8 or without zero points).
+double zero_term_at(const TensorView& w, int64_t n, int64_t k) {
+  if (w.dtype != DType::kI4) return 0;
+  return std::fabs(ops::ref::int4_zero(w, n, k) *
+                   static_cast<double>(ops::ref::int4_scale(w, n, k)));
 }
 
 // y from a matmul that quantizes x (ops::matmul_quantizes_x): it must equal ref::matmul_q8 up to
@@ -159,26 +170,31 @@ void expect_q8_matmul(const std::vector<float>& x, int64_t M, int64_t K, const T
   ops::ref::matmul(x.data(), M, K, w, want_f32.data());
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
-      // Σ_b |block product| (with the zero point's share for INT4), activation error bound, Σ|x w|
-      double terms = 0, rounding = 0, a = 0;
+      // Σ_b |block product| (with the zero point's share for INT4), activation error bound, Σ|x w|;
+      // Σ |x · zero · scale| (the op's zero-point term: f32 group sums of x, times z · s, summed)
+      double terms = 0, rounding = 0, a = 0, zterm = 0;
       for (int64_t b = 0; b < blocks; ++b) {
         double dot = 0, offset = 0;
         for (int64_t k = b * 32; k < (b + 1) * 32; ++k) {
           const double wk = quantized_weight_at(w, n, k);
           dot += q[m * K + k] * wk;
           if (w.dtype == DType::kI4) {
-            offset += std::fabs(q[m * K + k] * wk) +
-                      16 * std::fabs(q[m * K + k] * static_cast<double>(w.scale[n * blocks + b]));
+            offset +=
+                std::fabs(q[m * K + k] * wk) +
+                16 * std::fabs(q[m * K + k] * static_cast<double>(ops::ref::int4_scale(w, n, k)));
           }
           rounding += std::fabs(wk) * xs[m * blocks + b] / 2;
           a += std::fabs(x[m * K + k] * wk);
+          zterm += std::fabs(x[m * K + k]) * zero_term_at(w, n, k);
         }
         terms += (w.dtype == DType::kI4 ? offset : std::fabs(dot)) * xs[m * blocks + b];
       }
+      const double ztol = static_cast<double>(K + 4) * std::ldexp(zterm, -23);
+      const double q8tol = static_cast<double>(blocks + 4) * std::ldexp(terms, -22) + ztol;
       const int64_t i = m * N + n;
-      ASSERT_NEAR(y[i], want_q8[i], static_cast<double>(blocks + 4) * std::ldexp(terms, -22) + 1e-7)
-          << what << " m=" << m << " n=" << n;
-      ASSERT_NEAR(y[i], want_f32[i], rounding + K * std::ldexp(a, -22) + 1e-6)
+      ASSERT_NEAR(y[i], want_q8[i], q8tol + 1e-7) << what << " m=" << m << " n=" << n;
+      // (|y − want_f32| <= |y − want_q8| + |want_q8 − want_f32|.)
+      ASSERT_NEAR(y[i], want_f32[i], q8tol + rounding + K * std::ldexp(a, -22) + 1e-6)
           << what << " m=" << m << " n=" << n;
     }
   }
@@ -385,54 +401,98 @@ TEST(QuantizeInt8, RefusesNonFiniteAndNonFloatWeights) {
   EXPECT_FALSE(ops::check_linear_weight(TensorView{DType::kI8, {2, 4}, q.data()}, 4).ok());
 }
 
-// An [N, K] weight quantized to I4: as make_int8_weight, and group 0 of row 0 has an outlier (a
-// coarse grid there, clamping in the −w_max candidates).
-QuantBuf<uint8_t> make_int4_weight(int64_t N, int64_t K, uint32_t seed) {
+// An [N, K] weight quantized to I4 in groups of `group`: as make_int8_weight, and group 0 of row 0
+// has an outlier (a coarse grid there, clamping in the −w_max candidates). With `zeros`, every
+// group also gets a zero point in −8..7 (a different weight, the same kernels' inputs).
+QuantBuf<uint8_t, uint16_t> make_int4_weight(int64_t N, int64_t K, uint32_t seed,
+                                             int64_t group = 32, bool zeros = false) {
   std::vector<float> f32 = varied_rows(N, K, seed);
   f32[5] = 8.f;
-  return quantized_weight<uint8_t>(std::move(f32), N, K, DType::kI4, N * K / kInt4Group,
-                                   &ops::quantize_int4);
+  auto b = quantized_weight<uint8_t, uint16_t>(
+      std::move(f32), N, K, DType::kI4, N * K / group,
+      [group](const TensorView& v, uint8_t* q, uint16_t* s, ThreadPool& pool) {
+        return ops::quantize_int4(v, group, q, s, pool);
+      });
+  b.view.int4.scale = b.scale.data();
+  b.view.int4.group = group;
+  if (zeros) {
+    std::mt19937 rng(seed + 1);
+    b.zero.resize(N * K / group);
+    for (int8_t& z : b.zero) z = static_cast<int8_t>(static_cast<int>(rng() % 16) - 8);
+    b.view.int4.zero = b.zero.data();
+  }
+  return b;
+}
+
+// The layouts the INT4 kernels are tested on: groups of 32 (the one --quant int4 makes), 64 and
+// 128 (one scale per 2 or 4 packed blocks), each without and with zero points; the K values of
+// each (1, 3, 5 and 9 groups of 32; 1, 3 and 5 of 64; 1, 3 and 9 of 128 — and every tail of the
+// decode kernels' 2- and 4-block chunks).
+struct Int4Layout {
+  int64_t group;
+  bool zeros;
+  std::vector<int64_t> ks;
+};
+const std::vector<Int4Layout>& int4_layouts() {
+  static const std::vector<Int4Layout> layouts = {
+      {32, false, {32, 96, 160, 288}}, {32, true, {32, 96, 160}},      {64, false, {64, 192, 320}},
+      {64, true, {64, 192}},           {128, false, {128, 384, 1152}}, {128, true, {128, 384}}};
+  return layouts;
 }
 
 TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
   // M = 1..7: the INT4 register kernel (4-row x steps, then 3/2/1; 8-, 4- and 1-row w steps);
   // 8..31: blocks of 32 rows widened to BF16 for the BF16 kernel; ≥ 32: the packed GEMM widens
   // I4 into its panel (K = 288: two K blocks; M = 45 and 260: several 12-row tiles and both loop
-  // orders). K: 1, 3, 5 and 9 groups of 32; N: tails of the 8- and 4-row steps and of the 32-row
-  // blocks.
+  // orders). N: tails of the 8- and 4-row steps and of the 32-row blocks. Every layout
+  // (int4_layouts); the group sizes other than 32 and zero points on fewer shapes.
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
-  for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 17, 32, 33, 38, 45, 260}) {
-    for (int64_t K : {32, 96, 160, 288}) {
-      for (int64_t N : {1, 3, 5, 9, 17, 40, 70}) {
-        auto w = make_int4_weight(N, K, static_cast<uint32_t>(M * 131 + K * 7 + N));
-        auto x = randn(M * K, static_cast<uint32_t>(K + 3));
-        std::vector<float> y(M * N, NAN), want(M * N);
-        ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok());
-        ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
-        if (ops::matmul_quantizes_x(isa, M, K, DType::kI4)) {  // every M on VNNI
-          expect_q8_matmul(x, M, K, w.view, y,
-                           std::string(ops::isa_name(isa)) + " M=" + std::to_string(M) +
-                               " K=" + std::to_string(K) + " N=" + std::to_string(N));
-          continue;
-        }
-        ops::ref::matmul(x.data(), M, K, w.view, want.data());
-        for (int64_t m = 0; m < M; ++m) {
-          for (int64_t n = 0; n < N; ++n) {
-            // Bounds from a = Σ_k |x w|: f32 products and sums carry ≤ (K + 1) · 2^-24 · a
-            // (taken 4× for margin). Widened to BF16 (M ≥ 8), each weight moves by ≤ 2^-9 of
-            // itself (round to nearest); 2^-8 also covers a BF16 GEMM that rounds x to BF16.
-            double a = 0;
-            for (int64_t k = 0; k < K; ++k) {
-              a += std::fabs(static_cast<double>(x[m * K + k]) * ops::ref::int4_at(w.view, n, k) *
-                             w.scale[n * (K / kInt4Group) + k / kInt4Group]);
+  for (const Int4Layout& layout : int4_layouts()) {
+    const bool all = layout.group == 32 && !layout.zeros;
+    const std::vector<int64_t> ms =
+        all ? std::vector<int64_t>{1, 2, 3, 4, 5, 7, 8, 9, 17, 32, 33, 38, 45, 260}
+            : std::vector<int64_t>{1, 2, 5, 9, 33, 45};
+    const std::vector<int64_t> ns =
+        all ? std::vector<int64_t>{1, 3, 5, 9, 17, 40, 70} : std::vector<int64_t>{1, 9, 17, 40};
+    for (int64_t M : ms) {
+      for (int64_t K : layout.ks) {
+        for (int64_t N : ns) {
+          const std::string what = std::string(ops::isa_name(isa)) +
+                                   " G=" + std::to_string(layout.group) +
+                                   (layout.zeros ? " zeros" : "") + " M=" + std::to_string(M) +
+                                   " K=" + std::to_string(K) + " N=" + std::to_string(N);
+          auto w = make_int4_weight(N, K, static_cast<uint32_t>(M * 131 + K * 7 + N), layout.group,
+                                    layout.zeros);
+          auto x = randn(M * K, static_cast<uint32_t>(K + 3));
+          std::vector<float> y(M * N, NAN), want(M * N);
+          ASSERT_TRUE(ops::check_linear_weight(w.view, K).ok()) << what;
+          ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
+          if (ops::matmul_quantizes_x(isa, M, K, DType::kI4)) {  // every M on VNNI
+            expect_q8_matmul(x, M, K, w.view, y, what);
+            continue;
+          }
+          ops::ref::matmul(x.data(), M, K, w.view, want.data());
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              // Bounds from a = Σ_k |x w| (w as the kernels multiply it, q · scale): f32
+              // products and sums carry ≤ (K + 1) · 2^-24 · a (taken 4× for margin). Widened to
+              // BF16 (M ≥ 8), each weight moves by ≤ 2^-9 of itself (round to nearest); 2^-8
+              // also covers a BF16 GEMM that rounds x to BF16. The zero points' term (f32 sums of
+              // x per group, times zero · scale, summed) carries ≤ (K + 4) · 2^-24 of
+              // Σ |x · zero · scale| (2× for margin).
+              double a = 0, z = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                a += std::fabs(static_cast<double>(x[m * K + k]) *
+                               quantized_weight_at(w.view, n, k));
+                z += std::fabs(static_cast<double>(x[m * K + k])) * zero_term_at(w.view, n, k);
+              }
+              const double rel = static_cast<double>(K) * std::ldexp(1.0, -22) +
+                                 (M >= 8 ? std::ldexp(1.0, -8) : 0.0);
+              const int64_t i = m * N + n;
+              ASSERT_NEAR(y[i], want[i], rel * a + (K + 4) * std::ldexp(z, -23) + 1e-6)
+                  << what << " m=" << m << " n=" << n;
             }
-            const double rel = static_cast<double>(K) * std::ldexp(1.0, -22) +
-                               (M >= 8 ? std::ldexp(1.0, -8) : 0.0);
-            const int64_t i = m * N + n;
-            ASSERT_NEAR(y[i], want[i], rel * a + 1e-6)
-                << ops::isa_name(isa) << " M=" << M << " K=" << K << " N=" << N << " m=" << m
-                << " n=" << n;
           }
         }
       }
@@ -469,6 +529,28 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
           expect_q8_matmul(x, M, K, w, y,
                            std::string(dtype_name(dt)) + " M=" + std::to_string(M) +
                                " K=" + std::to_string(K) + " N=" + std::to_string(N));
+        }
+      }
+    }
+  }
+  // INT4 in groups of 64 and 128 and with zero points: the decode kernels' scale lanes (a
+  // chunk's blocks sharing a scale, a chunk cut short by K) and the GEMMs' panel scales.
+  for (const Int4Layout& layout : int4_layouts()) {
+    if (layout.group == 32 && !layout.zeros) continue;  // above
+    for (int64_t M : {1, 2, 3, 5, 34, 45}) {
+      for (int64_t K : {layout.group, 3 * layout.group, int64_t{1152}}) {
+        for (int64_t N : {1, 17, 33}) {
+          if (!ops::matmul_quantizes_x(isa, M, K, DType::kI4)) continue;
+          auto w = make_int4_weight(N, K, static_cast<uint32_t>(M * 131 + K * 7 + N), layout.group,
+                                    layout.zeros);
+          auto x = randn(M * K, static_cast<uint32_t>(K + 5));
+          for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;  // a zero block (scale 0)
+          std::vector<float> y(M * N, NAN);
+          ops::matmul(x.data(), M, K, w.view, y.data(), pool, isa);
+          expect_q8_matmul(x, M, K, w.view, y,
+                           "I4 G=" + std::to_string(layout.group) + (layout.zeros ? " zeros" : "") +
+                               " M=" + std::to_string(M) + " K=" + std::to_string(K) +
+                               " N=" + std::to_string(N));
         }
       }
     }
@@ -746,24 +828,37 @@ TEST(Autotune, MeasuresOnceThenReadsTheCache) {
 
 TEST(MatmulInt4, RefusesBadWeights) {
   std::vector<uint8_t> q(64);
-  std::vector<float> scale(4);
+  std::vector<uint16_t> scale(4);
   TensorView w{DType::kI4, {2, 64}, q.data()};
   EXPECT_FALSE(ops::check_linear_weight(w, 64).ok());  // no scales
-  w.scale = scale.data();
+  w.int4.scale = scale.data();
   EXPECT_TRUE(ops::check_linear_weight(w, 64).ok());
   EXPECT_FALSE(ops::check_linear_weight(w, 32).ok());
-  TensorView odd{DType::kI4, {2, 48}, q.data(), scale.data()};
+  TensorView odd = w;
+  odd.shape = {2, 48};
   Status s = ops::check_linear_weight(odd, 48);
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("multiple of 32"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("multiple of its group size 32"), std::string::npos) << s.message();
+  w.int4.group = 128;  // 64 is not a multiple of 128
+  s = ops::check_linear_weight(w, 64);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("multiple of its group size 128"), std::string::npos) << s.message();
+  for (int64_t g : {0, 16, 48, 96, 256}) {
+    w.int4.group = g;
+    s = ops::check_linear_weight(w, 64);
+    EXPECT_FALSE(s.ok()) << g;
+    EXPECT_NE(s.message().find("group size " + std::to_string(g)), std::string::npos)
+        << s.message();
+  }
+  w.int4.group = 64;
+  EXPECT_TRUE(ops::check_linear_weight(w, 64).ok());
 }
 
 TEST(DequantizeInt4, EveryIsaWidensToRoundedBf16) {
-  // Each kernel's BF16 rows are f32_to_bf16(q · scale) exactly, on the rows the op layer feeds to
-  // the BF16 kernel.
-  const int64_t N = 7, K = 96;
-  auto w = make_int4_weight(N, K, 77);
-  using Fn = void (*)(const uint8_t*, const float*, int64_t, int64_t, int64_t, uint16_t*);
+  // Each kernel's BF16 rows are f32_to_bf16(q · scale) exactly (the scale of the value's group:
+  // groups of 32, 64 and 128), on the rows the op layer feeds to the BF16 kernel.
+  const int64_t N = 7, K = 384;
+  using Fn = void (*)(const uint8_t*, const Int4Params&, int64_t, int64_t, int64_t, uint16_t*);
   std::vector<std::pair<const char*, Fn>> fns = {
       {"generic", &kernels::generic::dequantize_rows_q4_bf16}};
 #if defined(VLM_HAVE_X86_DISPATCH)
@@ -773,14 +868,18 @@ TEST(DequantizeInt4, EveryIsaWidensToRoundedBf16) {
     }
   }
 #endif
-  for (auto [name, fn] : fns) {
-    std::vector<uint16_t> out((N - 2) * K, 0xffff);
-    fn(w.q.data(), w.scale.data(), K, 2, N, out.data());  // rows 2..6
-    for (int64_t n = 2; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) {
-        const float v = static_cast<float>(ops::ref::int4_at(w.view, n, k)) *
-                        w.scale[n * (K / kInt4Group) + k / kInt4Group];
-        ASSERT_EQ(out[(n - 2) * K + k], f32_to_bf16(v)) << name << " n=" << n << " k=" << k;
+  for (int64_t group : {32, 64, 128}) {
+    auto w = make_int4_weight(N, K, 77, group);
+    for (auto [name, fn] : fns) {
+      std::vector<uint16_t> out((N - 2) * K, 0xffff);
+      fn(w.q.data(), w.view.int4, K, 2, N, out.data());  // rows 2..6
+      for (int64_t n = 2; n < N; ++n) {
+        for (int64_t k = 0; k < K; ++k) {
+          const float v = static_cast<float>(ops::ref::int4_at(w.view, n, k)) *
+                          ops::ref::int4_scale(w.view, n, k);
+          ASSERT_EQ(out[(n - 2) * K + k], f32_to_bf16(v))
+              << name << " G=" << group << " n=" << n << " k=" << k;
+        }
       }
     }
   }
@@ -788,145 +887,177 @@ TEST(DequantizeInt4, EveryIsaWidensToRoundedBf16) {
 
 // Σ_k (w − q·scale)² of group g of row n, in double.
 double int4_group_sse(const std::vector<float>& w, const TensorView& q, int64_t n, int64_t g) {
-  const int64_t K = q.dim(1);
+  const int64_t K = q.dim(1), G = q.int4.group;
   double e = 0;
-  for (int64_t k = g * kInt4Group; k < (g + 1) * kInt4Group; ++k) {
+  for (int64_t k = g * G; k < (g + 1) * G; ++k) {
     const double d = w[n * K + k] - ops::ref::int4_at(q, n, k) *
-                                        static_cast<double>(q.scale[n * (K / kInt4Group) + g]);
+                                        static_cast<double>(ops::ref::int4_scale(q, n, k));
     e += d * d;
   }
   return e;
 }
 
 TEST(QuantizeInt4, ExactOnTheGridAndZeroGroups) {
-  // Every weight is q · step with q in −8..7 and a power-of-two step, exact in F32, BF16 and F16.
-  // Group 0 (step 1) reaches ±7: max|w| / 7 is exact. Group 1 (step 2^-3) and group 2 (step 4)
-  // reach −8 and nothing past ±7 otherwise: −w_max / 8 is exact. Group 3 is zeros: scale 0, q 0.
-  // Row 1 is row 0 negated, except that the −8s stay (+8 is off the grid).
-  const int64_t K = 4 * kInt4Group;
-  std::vector<float> w(2 * K);
-  const float step[4] = {1.f, 0.125f, 4.f, 0.f};
-  for (int64_t k = 0; k < K; ++k) {
-    const int64_t g = k / kInt4Group, j = k % kInt4Group;
-    int q = static_cast<int>((j * 5 + g) % 15) - 7;  // −7..7
-    if (j == 3) q = 7;
-    if (g == 1 && j == 9) q = -8;
-    if (g == 1 && j == 3) q = 5;  // no +7 in group 1: its extreme is the −8
-    if (g == 2 && j == 9) q = -8;
-    if (g == 3) q = 0;
-    w[k] = static_cast<float>(q) * step[g];
-    w[K + k] = static_cast<float>(q == -8 ? -8 : -q) * step[g];
-  }
+  // Every weight is q · step with q in −8..7 and a power-of-two step, exact in F32, BF16 and F16
+  // (and the steps in the f16 scales). Group 0 (step 1) reaches ±7: max|w| / 7 is exact. Group 1
+  // (step 2^-3) and group 2 (step 4) reach −8 and nothing past ±7 otherwise: −w_max / 8 is exact.
+  // Group 3 is zeros: scale 0, q 0. Row 1 is row 0 negated, except that the −8s stay (+8 is off
+  // the grid). In groups of 32, 64 and 128 (the same values: each group of G repeats them).
   ThreadPool pool(2);
-  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    std::vector<uint16_t> h(w.size());
-    for (size_t i = 0; i < w.size(); ++i) {
-      h[i] = dt == DType::kBF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+  for (int64_t G : {32, 64, 128}) {
+    const int64_t K = 4 * G;
+    std::vector<float> w(2 * K);
+    const float step[4] = {1.f, 0.125f, 4.f, 0.f};
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t g = k / G, j = k % 32;
+      int q = static_cast<int>((j * 5 + g + (k % G) / 32) % 15) - 7;  // −7..7
+      if (j == 3) q = 7;
+      if (g == 1 && j == 9) q = -8;
+      if (g == 1 && j == 3) q = 5;  // no +7 in group 1: its extreme is the −8
+      if (g == 2 && j == 9) q = -8;
+      if (g == 3) q = 0;
+      w[k] = static_cast<float>(q) * step[g];
+      w[K + k] = static_cast<float>(q == -8 ? -8 : -q) * step[g];
     }
-    TensorView v{dt, {2, K}, dt == DType::kF32 ? static_cast<const void*>(w.data()) : h.data()};
-    std::vector<uint8_t> q(K, 0x5a);
-    std::vector<float> scale(8, NAN);
-    ASSERT_TRUE(ops::quantize_int4(v, q.data(), scale.data(), pool).ok()) << dtype_name(dt);
-    TensorView qv{DType::kI4, {2, K}, q.data(), scale.data()};
-    for (int64_t n = 0; n < 2; ++n) {
-      for (int64_t k = 0; k < K; ++k) {
-        const double got = ops::ref::int4_at(qv, n, k) * static_cast<double>(scale[n * 4 + k / 32]);
-        ASSERT_EQ(got, w[n * K + k]) << dtype_name(dt) << " n=" << n << " k=" << k;
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " G=" + std::to_string(G));
+      std::vector<uint16_t> h(w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        h[i] = dt == DType::kBF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
       }
-      EXPECT_EQ(scale[n * 4 + 3], 0.f) << dtype_name(dt);
-      for (int64_t k = 3 * kInt4Group; k < K; ++k) EXPECT_EQ(ops::ref::int4_at(qv, n, k), 0);
-    }
-    // Exact candidates have error 0, and the first of equal errors wins.
-    for (int64_t n = 0; n < 2; ++n) {
-      EXPECT_EQ(scale[n * 4 + 0], 1.f) << dtype_name(dt);
-      EXPECT_EQ(scale[n * 4 + 1], 0.125f) << dtype_name(dt);
-      EXPECT_EQ(scale[n * 4 + 2], 4.f) << dtype_name(dt);
+      TensorView v{dt, {2, K}, dt == DType::kF32 ? static_cast<const void*>(w.data()) : h.data()};
+      std::vector<uint8_t> q(K, 0x5a);
+      std::vector<uint16_t> scale(8, 0x7e00);  // NaN until written
+      ASSERT_TRUE(ops::quantize_int4(v, G, q.data(), scale.data(), pool).ok());
+      TensorView qv{DType::kI4, {2, K}, q.data()};
+      qv.int4 = {scale.data(), nullptr, G};
+      for (int64_t n = 0; n < 2; ++n) {
+        for (int64_t k = 0; k < K; ++k) {
+          const double got =
+              ops::ref::int4_at(qv, n, k) * static_cast<double>(ops::ref::int4_scale(qv, n, k));
+          ASSERT_EQ(got, w[n * K + k]) << " n=" << n << " k=" << k;
+        }
+        EXPECT_EQ(f16_to_f32(scale[n * 4 + 3]), 0.f);
+        for (int64_t k = 3 * G; k < K; ++k) EXPECT_EQ(ops::ref::int4_at(qv, n, k), 0);
+      }
+      // Exact candidates have error 0, and the first of equal errors wins.
+      for (int64_t n = 0; n < 2; ++n) {
+        EXPECT_EQ(f16_to_f32(scale[n * 4 + 0]), 1.f);
+        EXPECT_EQ(f16_to_f32(scale[n * 4 + 1]), 0.125f);
+        EXPECT_EQ(f16_to_f32(scale[n * 4 + 2]), 4.f);
+      }
     }
   }
 }
 
 TEST(QuantizeInt4, RoundTripErrorIsAtMostHalfAStepAndNoWorseThanMaxOver7) {
+  // The scale is one of the three candidates rounded to f16; q is chosen against the rounded
+  // scale, so the half-step bound holds for the scale the kernels read. Rows of magnitudes 2^-14
+  // .. 2^6 (small ones give subnormal f16 scales, coarser relative to the weights but still
+  // the grid q is rounded to).
   ThreadPool pool(2);
-  const int64_t N = 37, K = 1024;
-  auto w = randn(N * K, 21);
-  for (int64_t n = 0; n < N; ++n) {
-    const float mag = n == 5 ? 0.f : std::ldexp(1.f, static_cast<int>(n % 13) - 6);  // 2^-6 .. 2^6
-    for (int64_t k = 0; k < K; ++k) w[n * K + k] *= mag;
-  }
-  w[3 * K + 17] = 1e4f;   // one outlier: the rest of its group gets a coarse grid
-  w[4 * K + 40] = -1e4f;  // and a negative one
-  std::vector<uint8_t> q(N * K / 2);
-  std::vector<float> scale(N * K / kInt4Group);
-  TensorView v{DType::kF32, {N, K}, w.data()};
-  ASSERT_TRUE(ops::quantize_int4(v, q.data(), scale.data(), pool).ok());
-  TensorView qv{DType::kI4, {N, K}, q.data(), scale.data()};
-  const int64_t G = K / kInt4Group;
-  int64_t negative_scales = 0, clamped = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t g = 0; g < G; ++g) {
-      const float s = scale[n * G + g];
-      float amax = 0;
-      for (int64_t k = g * kInt4Group; k < (g + 1) * kInt4Group; ++k) {
-        amax = std::max(amax, std::fabs(w[n * K + k]));
-      }
-      if (n == 5) {
-        ASSERT_EQ(s, 0.f);
-        continue;
-      }
-      negative_scales += s < 0;
-      // The scale is one of the three candidates: |s| = max|w| / 7, / 8 or / 8.5.
-      const float as = std::fabs(s);
-      ASSERT_TRUE(as == amax / 7.f || as == amax / 8.f || as == amax / 8.5f) << n << " " << g;
-      for (int64_t k = g * kInt4Group; k < (g + 1) * kInt4Group; ++k) {
-        const int qi = ops::ref::int4_at(qv, n, k);
-        ASSERT_GE(qi, -8);
-        ASSERT_LE(qi, 7);
-        const double r = static_cast<double>(w[n * K + k]) / s;
-        const double err =
-            std::fabs(static_cast<double>(w[n * K + k]) - qi * static_cast<double>(s));
-        if (r >= -8.5 && r <= 7.5) {
-          // w / s carries one f32 rounding (≤ 8.5 · 2^-24 steps) on top of the half step.
-          ASSERT_LE(err, as * (0.5 + 1e-5)) << n << " " << k;
-        } else {
-          ++clamped;
-          ASSERT_EQ(qi, r < 0 ? -8 : 7) << n << " " << k;
-        }
-      }
-      // The search never does worse than the plain max|w| / 7 grid (up to f32 rounding of the
-      // errors it compares).
-      const float s7 = amax / 7.f;
-      double e7 = 0;
-      for (int64_t k = g * kInt4Group; k < (g + 1) * kInt4Group; ++k) {
-        const double qk = std::nearbyint(static_cast<double>(w[n * K + k] / s7));
-        const double d = w[n * K + k] - qk * s7;
-        e7 += d * d;
-      }
-      ASSERT_LE(int4_group_sse(w, qv, n, g), e7 * (1 + 1e-5) + 1e-30) << n << " " << g;
+  for (int64_t G : {32, 64, 128}) {
+    SCOPED_TRACE("G=" + std::to_string(G));
+    const int64_t N = 37, K = 1024;
+    auto w = randn(N * K, 21);
+    for (int64_t n = 0; n < N; ++n) {
+      const float mag = n == 5 ? 0.f : std::ldexp(1.f, static_cast<int>(n % 21) - 14);
+      for (int64_t k = 0; k < K; ++k) w[n * K + k] *= mag;
     }
+    w[3 * K + 17] = 1e4f;   // one outlier: the rest of its group gets a coarse grid
+    w[4 * K + 40] = -1e4f;  // and a negative one
+    std::vector<uint8_t> q(N * K / 2);
+    std::vector<uint16_t> scale(N * K / G);
+    TensorView v{DType::kF32, {N, K}, w.data()};
+    ASSERT_TRUE(ops::quantize_int4(v, G, q.data(), scale.data(), pool).ok());
+    TensorView qv{DType::kI4, {N, K}, q.data()};
+    qv.int4 = {scale.data(), nullptr, G};
+    const int64_t groups = K / G;
+    int64_t negative_scales = 0, clamped = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float s = f16_to_f32(scale[n * groups + g]);
+        float amax = 0;
+        for (int64_t k = g * G; k < (g + 1) * G; ++k)
+          amax = std::max(amax, std::fabs(w[n * K + k]));
+        if (n == 5) {
+          ASSERT_EQ(s, 0.f);
+          continue;
+        }
+        negative_scales += s < 0;
+        // The scale is one of the three candidates, rounded to f16.
+        const float as = std::fabs(s);
+        ASSERT_TRUE(as == f16_to_f32(f32_to_f16(amax / 7.f)) ||
+                    as == f16_to_f32(f32_to_f16(amax / 8.f)) ||
+                    as == f16_to_f32(f32_to_f16(amax / 8.5f)))
+            << n << " " << g;
+        for (int64_t k = g * G; k < (g + 1) * G; ++k) {
+          const int qi = ops::ref::int4_at(qv, n, k);
+          ASSERT_GE(qi, -8);
+          ASSERT_LE(qi, 7);
+          const double r = static_cast<double>(w[n * K + k]) / s;
+          const double err =
+              std::fabs(static_cast<double>(w[n * K + k]) - qi * static_cast<double>(s));
+          if (r >= -8.5 && r <= 7.5) {
+            // w / s carries one f32 rounding (≤ 8.5 · 2^-24 steps) on top of the half step.
+            ASSERT_LE(err, as * (0.5 + 1e-5)) << n << " " << k;
+          } else {
+            ++clamped;
+            ASSERT_EQ(qi, r < 0 ? -8 : 7) << n << " " << k;
+          }
+        }
+        // The search never does worse than the plain max|w| / 7 grid with its scale rounded to
+        // f16 the same way (up to f32 rounding of the errors it compares).
+        const float s7 = f16_to_f32(f32_to_f16(amax / 7.f));
+        double e7 = 0;
+        for (int64_t k = g * G; k < (g + 1) * G; ++k) {
+          const double qk =
+              std::clamp(std::nearbyint(static_cast<double>(w[n * K + k] / s7)), -8.0, 7.0);
+          const double d = w[n * K + k] - qk * s7;
+          e7 += d * d;
+        }
+        ASSERT_LE(int4_group_sse(w, qv, n, g), e7 * (1 + 1e-5) + 1e-30) << n << " " << g;
+      }
+    }
+    EXPECT_GT(negative_scales, 0);  // −w_max / 8 (or 8.5) with a positive w_max was picked
+    EXPECT_GT(clamped, 0);          // and so was 8.5 with a far end to clip
   }
-  EXPECT_GT(negative_scales, 0);  // −w_max / 8 (or 8.5) with a positive w_max was picked
-  EXPECT_GT(clamped, 0);          // and so was 8.5 with a far end to clip
 }
 
-TEST(QuantizeInt4, RefusesNonFiniteBadShapesAndNonFloatWeights) {
+TEST(QuantizeInt4, RefusesNonFiniteBadShapesGroupsAndNonFloatWeights) {
   ThreadPool pool(2);
-  std::vector<float> w(2 * 64, 1.f);
-  std::vector<uint8_t> q(64);
-  std::vector<float> scale(4);
-  w[100] = INFINITY;
-  auto quantize = [&](const TensorView& v) {
-    return ops::quantize_int4(v, q.data(), scale.data(), pool);
+  std::vector<float> w(2 * 128, 1.f);
+  std::vector<uint8_t> q(128);
+  std::vector<uint16_t> scale(8);
+  w[200] = INFINITY;
+  auto quantize = [&](const TensorView& v, int64_t group = 32) {
+    return ops::quantize_int4(v, group, q.data(), scale.data(), pool);
   };
-  Status s = quantize(TensorView{DType::kF32, {2, 64}, w.data()});
+  Status s = quantize(TensorView{DType::kF32, {2, 128}, w.data()});
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("row 1"), std::string::npos) << s.message();
-  w[100] = NAN;
-  EXPECT_FALSE(quantize(TensorView{DType::kF32, {2, 64}, w.data()}).ok());
-  w[100] = 1.f;
-  EXPECT_TRUE(quantize(TensorView{DType::kF32, {2, 64}, w.data()}).ok());
+  w[200] = NAN;
+  EXPECT_FALSE(quantize(TensorView{DType::kF32, {2, 128}, w.data()}).ok());
+  w[200] = 1e6f;  // a scale past f16's range
+  s = quantize(TensorView{DType::kF32, {2, 128}, w.data()});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("f16"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("row 1"), std::string::npos) << s.message();
+  w[200] = 1.f;
+  EXPECT_TRUE(quantize(TensorView{DType::kF32, {2, 128}, w.data()}).ok());
+  for (int64_t g : {32, 64, 128})
+    EXPECT_TRUE(quantize(TensorView{DType::kF32, {2, 128}, w.data()}, g).ok());
   s = quantize(TensorView{DType::kF32, {4, 32 + 16}, w.data()});  // K not a multiple of 32
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("multiple of 32"), std::string::npos) << s.message();
+  s = quantize(TensorView{DType::kF32, {2, 96}, w.data()}, 64);  // nor of 64
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("multiple of 64"), std::string::npos) << s.message();
+  for (int64_t g : {0, 16, 96, 256}) {
+    s = quantize(TensorView{DType::kF32, {2, 128}, w.data()}, g);
+    EXPECT_FALSE(s.ok()) << g;
+    EXPECT_NE(s.message().find("32, 64 or 128"), std::string::npos) << s.message();
+  }
   EXPECT_FALSE(quantize(TensorView{DType::kF32, {2, 63}, w.data()}).ok());  // odd K
   EXPECT_FALSE(quantize(TensorView{DType::kI8, {2, 64}, q.data()}).ok());
   EXPECT_FALSE(quantize(TensorView{DType::kF32, {128}, w.data()}).ok());

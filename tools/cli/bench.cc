@@ -480,6 +480,7 @@ struct BenchReport {
   int threads = 0;
   std::string kernels;  // what the table's footer says of the kernels
   int64_t weight_bytes = 0;
+  double bits_per_weight = 0;       // weight_bytes · 8 / the weights they hold (scales included)
   std::vector<size_t> decode_rows;  // rows[] indices of the decode measurements
   int64_t peak_rss = 0;
   int membw_reps = 0;
@@ -498,6 +499,7 @@ vlm::Result<std::unique_ptr<vlm::Engine>> load_engine(const BenchArgs& a, const 
   opts.require_tokenizer = !a.structured.empty();
   opts.max_context = ctx;
   opts.quant = a.quant;
+  opts.int4_group = a.int4_group;
   opts.mmap_weights = a.mmap;
   opts.vision_fp16 = a.vision_fp16;
   opts.video_seek = !a.no_video_seek;
@@ -515,12 +517,15 @@ vlm::Result<std::unique_ptr<vlm::Engine>> load_engine(const BenchArgs& a, const 
 void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport* r) {
   r->threads = engine.n_threads();
   r->weight_bytes = engine.decode_weight_bytes();
+  const int64_t weights = engine.decode_weight_count();
+  r->bits_per_weight = weights > 0 ? 8.0 * static_cast<double>(r->weight_bytes) / weights : 0.0;
   r->kernels =
       (engine.device() == "cpu" ? "" : engine.device() + " + ") +
       std::string(vlm::cpu_isa_name(engine.cpu_isa())) +
       (engine.quant() == vlm::Quant::kNone ? std::string()
                                            : std::string(" ") + vlm::quant_name(engine.quant())) +
-      (a.mmap ? ", weights mmap'd" : "") + (engine.vision_fp16() ? ", vision fp16" : "");
+      fmt(", %.3f bits per weight", r->bits_per_weight) + (a.mmap ? ", weights mmap'd" : "") +
+      (engine.vision_fp16() ? ", vision fp16" : "");
   if (engine.device() == "cpu") {
     r->notes.push_back("kernels: " + engine.cpu_kernels());
     r->info["cpu_kernels"] = engine.cpu_kernels();
@@ -532,6 +537,8 @@ void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport*
   r->info["quant"] = engine.quant() == vlm::Quant::kNone ? "" : vlm::quant_name(engine.quant());
   r->info["threads"] = r->threads;
   r->info["decode_weight_bytes"] = r->weight_bytes;
+  r->info["decode_weight_count"] = weights;
+  r->info["bits_per_weight"] = r->bits_per_weight;
 }
 
 // Prefill at each prompt size, then decode at each length.
@@ -710,7 +717,8 @@ void add_decode_bandwidth(bool membw, BenchReport* r) {
     const double wb = static_cast<double>(r->weight_bytes);
     std::string note = "decode " + d.size + ": " +
                        (wb >= 1e9 ? fmt("%.2f GB", wb / 1e9) : fmt("%.2f MB", wb / 1e6)) +
-                       " of weights per token x " + fmt("%.2f", summarize(d.samples).median) +
+                       fmt(" of weights (%.3f bits each) per token x ", r->bits_per_weight) +
+                       fmt("%.2f", summarize(d.samples).median) +
                        " tok/s = " + fmt("%.2f", median) + " GB/s";
     if (membw && r->read.median > 0) {
       f["share_of_read"] = median / r->read.median;
@@ -799,7 +807,7 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("-r,--reps", a->reps, "Repetitions of each measurement (median, min, max)");
   b->add_flag("--no-warmup", a->no_warmup, "Skip the untimed run before each measurement");
   b->add_option("-t,--threads", a->threads, "Threads (0 = all)");
-  vlm::cli::add_quant_option(b, &a->quant);
+  vlm::cli::add_quant_option(b, &a->quant, &a->int4_group);
   b->add_flag("--mmap", a->mmap, vlm::cli::kMmapHelp);
   b->add_flag("--vision-fp16", a->vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(b, &a->device);
@@ -826,7 +834,9 @@ int run_bench(const BenchArgs& a) {
             {"isa", nullptr},
             {"quant", nullptr},
             {"threads", nullptr},
-            {"decode_weight_bytes", nullptr}};
+            {"decode_weight_bytes", nullptr},
+            {"decode_weight_count", nullptr},
+            {"bits_per_weight", nullptr}};
   r.threads = a.threads;
   if (!a.model.empty() && p.needs_model) {
     auto loaded = load_engine(a, p);

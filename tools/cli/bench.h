@@ -29,6 +29,7 @@ struct BenchArgs {
   bool no_warmup = false;
   int threads = 0;
   vlm::Quant quant = vlm::Quant::kNone;
+  int64_t int4_group = vlm::kInt4DefaultGroupSize;
   bool mmap = false;
   bool vision_fp16 = false;
   vlm::EngineOptions device;  // --device and the GPU options

@@ -114,6 +114,7 @@ struct RunArgs {
   int threads = 0;
   int64_t ctx = 0;
   vlm::Quant quant = vlm::Quant::kNone;
+  int64_t int4_group = vlm::kInt4DefaultGroupSize;
   bool mmap = false;
   bool vision_fp16 = false;
   vlm::EngineOptions device;  // --device and the GPU options
@@ -164,6 +165,7 @@ int cmd_run(const RunArgs& a) {
   opts.n_threads = a.threads;
   opts.max_context = a.ctx;
   opts.quant = a.quant;
+  opts.int4_group = a.int4_group;
   opts.mmap_weights = a.mmap;
   opts.vision_fp16 = a.vision_fp16;
   opts.chat_template = a.chat_template;
@@ -308,7 +310,7 @@ void add_run_options(CLI::App* run, RunArgs* ra) {
                   "Structured output: the reply follows the GBNF grammar in FILE (rule root)");
   run->add_option("-t,--threads", ra->threads, "Threads (0 = all)");
   run->add_option("-c,--ctx", ra->ctx, "Context limit in tokens (0 = model maximum)");
-  vlm::cli::add_quant_option(run, &ra->quant);
+  vlm::cli::add_quant_option(run, &ra->quant, &ra->int4_group);
   run->add_flag("--mmap", ra->mmap, vlm::cli::kMmapHelp);
   run->add_flag("--vision-fp16", ra->vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(run, &ra->device);
@@ -380,6 +382,7 @@ struct LogitsArgs {
   int64_t min_pixels = -1, max_pixels = -1;
   int threads = 0;
   vlm::Quant quant = vlm::Quant::kNone;
+  int64_t int4_group = vlm::kInt4DefaultGroupSize;
   bool mmap = false;
   vlm::EngineOptions device;  // --device and the GPU options
 };
@@ -397,7 +400,7 @@ void add_logits_options(CLI::App* logits, LogitsArgs* la) {
   logits->add_option("--min-pixels", la->min_pixels, "Resize budget: least pixels per image");
   logits->add_option("--max-pixels", la->max_pixels, "Resize budget: most pixels per image");
   logits->add_option("-t,--threads", la->threads, "Threads (0 = all)");
-  vlm::cli::add_quant_option(logits, &la->quant);
+  vlm::cli::add_quant_option(logits, &la->quant, &la->int4_group);
   logits->add_flag("--mmap", la->mmap, vlm::cli::kMmapHelp);
   vlm::cli::add_device_options(logits, &la->device);
 }
@@ -411,6 +414,7 @@ int cmd_logits(const LogitsArgs& la) {
   opts.n_threads = la.threads;
   opts.require_tokenizer = false;
   opts.quant = la.quant;
+  opts.int4_group = la.int4_group;
   opts.mmap_weights = la.mmap;
   auto engine = vlm::Engine::load(opts);
   if (!engine.ok()) return fail(engine.status());
@@ -475,7 +479,7 @@ void add_serve_engine_options(CLI::App* serve, ServeArgs* sa) {
   serve->add_option("-t,--threads", so.engine.n_threads, "Compute threads (0 = all)");
   serve->add_option("-c,--ctx", so.engine.max_context,
                     "Context limit in tokens (0 = model maximum)");
-  vlm::cli::add_quant_option(serve, &so.engine.quant);
+  vlm::cli::add_quant_option(serve, &so.engine.quant, &so.engine.int4_group);
   serve->add_flag("--mmap", so.engine.mmap_weights, vlm::cli::kMmapHelp);
   serve->add_flag("--vision-fp16", so.engine.vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(serve, &so.engine);

@@ -12,7 +12,8 @@ namespace vlm::cli {
 inline constexpr const char* kQuantHelp =
     "Quantize the text decoder's linear weights at load: none (default), int8 (one scale per "
     "output row), int4 "
-    "(one scale per 32 inputs) on the CPU only, or fp8 (E4M3 weights and activations, one scale "
+    "(one f16 scale per group of inputs, see --int4-group: 4.5 bits per weight) on the CPU only, "
+    "or fp8 (E4M3 weights and activations, one scale "
     "per tensor) with --device cuda only";
 
 inline constexpr const char* kMmapHelp =
@@ -39,9 +40,13 @@ void add_enum_option(CLI::App* app, const std::string& name, E* out,
           "", ""));
 }
 
-// --quant, bound to an engine option's field.
-inline void add_quant_option(CLI::App* app, Quant* q) {
+// --quant and --int4-group, bound to an engine option's fields.
+inline void add_quant_option(CLI::App* app, Quant* q, int64_t* int4_group) {
   add_enum_option(app, "--quant", q, parse_quant, kQuantHelp);
+  app->add_option("--int4-group", *int4_group,
+                  "--quant int4: inputs per scale, 32 (default: 4.5 bits per weight), 64 (4.25) "
+                  "or 128 (4.125; coarser)")
+      ->check(CLI::IsMember({32, 64, 128}));
 }
 
 // --device, --gpu-dtype, --gpu-memory-utilization, --precision and --no-autotune, bound to the

@@ -9,8 +9,9 @@ namespace vlm::kernels {
 
 // y[m, n] (row stride ldy) = sum_k x[m, k] * w[n, k] for m in [0, M), n in [n0, n1).
 // x: [M, K] f32 contiguous; w: [N, K] in wtype (F32, BF16, F16 or I8; I4 on the packed path
-// only, i.e. from kPackedMinRows rows with scratch). scale: [N] f32 per-row scales when wtype is
-// I8 (row n of w is w[n, :] · scale[n]); I4: [N, K / 32] group scales; else null.
+// only, i.e. from kPackedMinRows rows with scratch). quant: I8 → const float [N] per-row scales
+// (row n of w is w[n, :] · scale[n]); I4 → const Int4Params* (w[n, k] = q[n, k] · scale[n, g];
+// the kernels here never read zero points: ops/matmul_cpu.cc adds their term); else null.
 // scratch: optional f32 buffer of scratch_rows * K floats (per calling thread) used to convert a
 // block of weight rows once when M is large; may be null.
 // From this many x rows on, matmul_rows uses a packed outer-product kernel; it then needs
@@ -30,7 +31,7 @@ constexpr int64_t prepacked_floats(int64_t N, int64_t K) { return (N + 31) / 32 
 
 namespace generic {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
-                 const float* scale, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
+                 const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
 void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
@@ -39,7 +40,7 @@ void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const f
 }  // namespace generic
 namespace avx2 {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
-                 const float* scale, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
+                 const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
 void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
@@ -48,7 +49,7 @@ void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const f
 }  // namespace avx2
 namespace avx512 {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
-                 const float* scale, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
+                 const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
 void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
@@ -94,24 +95,33 @@ void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* 
 }  // namespace amx
 
 // INT4 weights (DType::kI4), for few x rows (decode): y[m, n] (row stride ldy) =
-// sum_k x[m, k] · q[n, k] · scale[n, k / 32] for m in [0, M), n in [n0, n1). x: [M, K] f32
-// contiguous, K a multiple of kInt4Group; w: [N, K / 2] packed bytes (layout in core/tensor.h);
-// scale: [N, K / 32] f32. Kernel body: matmul_q4_kernel.inc.
+// sum_k x[m, k] · q[n, k] · scale[n, k / G] for m in [0, M), n in [n0, n1). x: [M, K] f32
+// contiguous, K a multiple of G = p.group (32, 64 or 128); w: [N, K / 2] packed bytes (layout in
+// core/tensor.h); p.scale: [N, K / G] f16; p.zero is not read (see matmul_rows). Kernel body:
+// matmul_q4_kernel.inc.
 //
-// dequantize_rows_q4_bf16: out[n - n0, k] = bf16(q[n, k] · scale[n, k / 32]) (the f32 product,
+// dequantize_rows_q4_bf16: out[n - n0, k] = bf16(q[n, k] · scale[n, k / G]) (the f32 product,
 // rounded to nearest even) for n in [n0, n1); out: [n1 - n0, K]. The op layer feeds blocks of
 // rows widened this way to matmul_rows (BF16) for 8 .. kPackedMinRows - 1 x rows; from
 // kPackedMinRows on, matmul_rows widens I4 straight into its f32 panel.
+// log2(G / 32) for an I4 group size G: block b of a row (values 32b .. 32b + 32) takes scale
+// b >> int4_group_shift(G) of the row.
+constexpr int int4_group_shift(int64_t group) { return group == 32 ? 0 : group == 64 ? 1 : 2; }
+// scales[b · panel + j] = the f32 value of the f16 scale of block k0 / 32 + b of weight row nb + j,
+// for b < kc / 32 and j < cols; 0 for cols <= j < panel. (For the INT8-activation GEMMs' panels:
+// the weights' group scales, one per 32-value x block.) Baseline code: any ISA level calls it.
+void int4_panel_scales(const Int4Params& p, int64_t K, int64_t nb, int64_t cols, int64_t k0,
+                       int64_t kc, int64_t panel, float* scales);
 namespace generic {
-void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* scale,
+void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const Int4Params& p,
                     int64_t n0, int64_t n1, float* y, int64_t ldy);
-void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, int64_t n0,
+void dequantize_rows_q4_bf16(const uint8_t* w, const Int4Params& p, int64_t K, int64_t n0,
                              int64_t n1, uint16_t* out);
 }  // namespace generic
 namespace avx512 {
-void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* scale,
+void matmul_rows_q4(const float* x, int64_t M, int64_t K, const uint8_t* w, const Int4Params& p,
                     int64_t n0, int64_t n1, float* y, int64_t ldy);
-void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, int64_t n0,
+void dequantize_rows_q4_bf16(const uint8_t* w, const Int4Params& p, int64_t K, int64_t n0,
                              int64_t n1, uint16_t* out);
 }  // namespace avx512
 
@@ -122,14 +132,14 @@ void dequantize_rows_q4_bf16(const uint8_t* w, const float* scale, int64_t K, in
 //   x[m, k] · (127 / amax)) in −127..127, sum[m, b] = Σ q over the block;
 // a block whose amax is below kQ8MinAmax (or zero, or NaN) gets scale 0 and q 0.
 // Then y[m, n] = Σ_b scale[m, b] · Σ_{k in b} q[m, k] · wq[n, k] · wscale, with the block's dot
-// product exact in int32 and wscale = scale[n] (I8) or scale[n, b] (I4: kQ8Block = kInt4Group,
-// so an activation block is a weight group). The weights go into the VNNI unsigned operand
-// offset by their zero point (I8: q + 128, I4: q + 8); the block's Σ q of x takes the offset
-// back out.
+// product exact in int32 and wscale = scale[n] (I8) or scale[n, 32b / G] (I4: kQ8Block =
+// kInt4Block, so an activation block is one packed block of weights, inside one group). The weights
+// go into the VNNI unsigned operand offset by their zero point (I8: q + 128, I4: q + 8); the
+// block's Σ q of x takes the offset back out.
 constexpr int64_t kQ8Block = 32;
 // Smaller blocks would overflow 127 / amax (past FLT_MAX below ~3.7e-37) and quantize to −128.
 constexpr float kQ8MinAmax = 1e-36f;
-static_assert(kQ8Block == kInt4Group, "an activation block is one INT4 weight group");
+static_assert(kQ8Block == kInt4Block, "an activation block is one packed INT4 block");
 // x quantized as above: q [M, K] (row stride K), scale and sum [M, K / kQ8Block]; below
 // kPackedMinRows rows also `decode`, the same x as prepare_decode_x lays it out for the INT4
 // decode kernel (null otherwise); for the AVX2 INT8-weight GEMM also q16, q widened to int16
@@ -158,12 +168,12 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
 // out: q8_decode_x_bytes(M, K) bytes, x (q, scale, sum of M rows) in the INT4 decode kernel's
 // layout; once per matmul call, shared by every thread and weight.
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
-// y[m, n] (row stride ldy) for m < M, n in [n0, n1) as above; wtype kI8 or kI4 (w, wscale as
+// y[m, n] (row stride ldy) for m < M, n in [n0, n1) as above; wtype kI8 or kI4 (w, quant as
 // for matmul_rows); scratch: q8_scratch_bytes(K) bytes on the calling thread. I8 takes any M
 // (the byte-panel GEMM); I4 too (below kPackedMinRows it streams the packed rows instead, over
 // x.decode).
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
-                    const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                    const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);
 }  // namespace avx512vnni
 
@@ -176,7 +186,7 @@ namespace avx2 {
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
-                    const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                    const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);
 }  // namespace avx2
 // The same built with AVX-VNNI: the INT4 kernels' byte products through the VEX vpdpbusd and
@@ -185,7 +195,7 @@ namespace avxvnni {
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
-                    const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                    const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);
 }  // namespace avxvnni
 

@@ -7,7 +7,8 @@
 // each 4-byte run of an x row, broadcast to 16 lanes, multiplies 16 columns × 4 weights into 16
 // int32 sums. A tile of kTileRows x rows × 32 columns keeps its int32 block sums and its f32
 // totals in registers; at the end of each 32-value block the int32 sums turn into f32, times the
-// block's x scale (and for INT4 the group's weight scales), and add into the totals.
+// block's x scale (and for INT4 the block's group scales, f16 widened to f32 in the panel), and
+// add into the totals.
 
 #include <immintrin.h>
 
@@ -38,7 +39,7 @@ constexpr int kTileRows = 6;
 
 // The two weight types: I8 rows of K bytes (zero point 128: byte ^ 0x80 = q + 128) and one scale
 // per row; I4 rows of K / 2 bytes (layout in core/tensor.h; zero point 8: nibble ^ 8 = q + 8)
-// and one scale per group of 32.
+// and one f16 scale per group (Int4Params; the panel holds them per 32-value block as f32).
 struct I8 {
   static constexpr int32_t kZero = 128;
   static constexpr bool kGroupScales = false;
@@ -73,10 +74,10 @@ inline __m512i weight_runs(const uint8_t* row, int64_t k, int nd) {
 }
 
 // panel[(k - k0) / 4 · 128 + j · 4 + r] = offset weight (nb + j, k + r) for k in [k0, k0 + kc),
-// j < 32 (rows >= cols: zero); scales (I4): [kc / 32][32] group scales, (I8) [32] row scales,
-// zero past cols.
+// j < 32 (rows >= cols: zero); scales (I4): [kc / 32][32] the blocks' group scales, (I8) [32]
+// row scales, zero past cols. quant as matmul_rows_q8 takes it.
 template <class W>
-void build_panel(const uint8_t* w, const float* wscale, int64_t K, int64_t nb, int64_t cols,
+void build_panel(const uint8_t* w, const void* quant, int64_t K, int64_t nb, int64_t cols,
                  int64_t k0, int64_t kc, uint8_t* panel, float* scales) {
   const int64_t rb = W::row_bytes(K);
   for (int64_t half = 0; half < kPanel; half += 16) {
@@ -100,13 +101,9 @@ void build_panel(const uint8_t* w, const float* wscale, int64_t K, int64_t nb, i
     }
   }
   if constexpr (W::kGroupScales) {
-    const int64_t groups = K / kQ8Block;
-    for (int64_t g = 0; g < kc / kQ8Block; ++g) {
-      for (int64_t j = 0; j < kPanel; ++j) {
-        scales[g * kPanel + j] = j < cols ? wscale[(nb + j) * groups + k0 / kQ8Block + g] : 0.f;
-      }
-    }
+    int4_panel_scales(*static_cast<const Int4Params*>(quant), K, nb, cols, k0, kc, kPanel, scales);
   } else {
+    const auto* wscale = static_cast<const float*>(quant);
     for (int64_t j = 0; j < kPanel; ++j) scales[j] = j < cols ? wscale[nb + j] : 0.f;
   }
 }
@@ -196,7 +193,7 @@ inline void prefetch_block(const uint8_t* w, int64_t K, const PanelBlock& b, int
 }
 
 template <class W>
-void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* wscale, int64_t n0,
+void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const void* quant, int64_t n0,
          int64_t n1, float* y, int64_t ldy, void* scratch) {
   auto* panel =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
@@ -207,7 +204,7 @@ void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* w
   for (int64_t i = 0; i < count; ++i) {
     const PanelBlock b = order[i];
     const int64_t kc = std::min(kBlockK, K - b.k0), blocks = kc / kQ8Block;
-    build_panel<W>(w, wscale, K, b.nb, b.cols, b.k0, kc, panel, scales);
+    build_panel<W>(w, quant, K, b.nb, b.cols, b.k0, kc, panel, scales);
     const bool first = b.k0 == 0;
     const int64_t g0 = b.k0 / kQ8Block;
     int64_t m = 0;
@@ -223,12 +220,13 @@ void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const float* w
 }
 
 // ---- INT4 weights, few x rows (decode, batched decode) ----
-// No panel: weight rows stream as stored, 64 packed bytes (4 groups, 128 values of K) per step.
-// One zmm of them splits into lo (byte 16g + j = q[32g + j] + 8) and hi (q[32g + 16 + j] + 8), so
-// vpdpbusd against x bytes laid out the same way leaves group g's sum in lanes 4g .. 4g + 3.
+// No panel: weight rows stream as stored, 64 packed bytes (4 blocks, 128 values of K) per step.
+// One zmm of them splits into lo (byte 16b + j = q[32b + j] + 8) and hi (q[32b + 16 + j] + 8), so
+// vpdpbusd against x bytes laid out the same way leaves block b's sum in lanes 4b .. 4b + 3.
 // prepare_decode_x lays x out so (once per call, in ops/matmul_cpu.cc): per row and 128-value
-// chunk, kDecodeChunkBytes = [lo-ordered x 64 B][hi-ordered x 64 B][−8 · Σq_x of group g in lane 4g
-// (int32) 64 B] [group g's x scale in lanes 4g .. 4g + 3 (f32) 64 B], zero past K.
+// chunk, kDecodeChunkBytes = [lo-ordered x 64 B][hi-ordered x 64 B][−8 · Σq_x of block b in lane 4b
+// (int32) 64 B] [block b's x scale in lanes 4b .. 4b + 3 (f32) 64 B], zero past K. The weights'
+// f16 group scales (a group is 1, 2 or 4 blocks) widen to f32 in the same lanes.
 constexpr int64_t kChunk = 4 * kQ8Block;
 constexpr int64_t kDecodeChunkBytes = 256;
 static_assert(q8_decode_x_bytes(1, kChunk) == kDecodeChunkBytes, "matmul.h's decode x size");
@@ -241,24 +239,35 @@ inline float hsum(__m512 v) {
   return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
 }
 
-// MR x rows (decode layout at dx, row stride dstride bytes) × NR weight rows of K / 2 bytes.
+// The lanes' scale index within a chunk: lane 4b + r takes scale b >> shift of the chunk's.
+inline __m512i lanes_of_group(int shift) {
+  return _mm512_maskz_srlv_epi32(0xffff,
+                                 _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                 _mm512_set1_epi32(shift));
+}
+
+// MR x rows (decode layout at dx, row stride dstride bytes) × NR weight rows of K / 2 bytes and
+// their f16 scales (row stride K / G; block b takes scale b >> shift; lanes: lanes_of_group).
 template <int MR, int NR>
-inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w, const float* wscale,
-                         int64_t K, float* y, int64_t ldy) {
+inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
+                         const uint16_t* wscale, int shift, __m512i lanes, int64_t K, float* y,
+                         int64_t ldy) {
   static_assert(MR * NR <= 16, "accumulators stay in registers");
-  const int64_t rb = K / 2, groups = K / kQ8Block, chunks = (groups + 3) / 4;
-  const __m512i lanes_of_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const int64_t rb = K / 2, blocks = K / kQ8Block, chunks = (blocks + 3) / 4;
+  const int64_t groups = blocks >> shift;
   __m512 acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t g0 = 4 * c, rem = std::min<int64_t>(4, groups - g0);
+    const int64_t b0 = 4 * c, rem = std::min<int64_t>(4, blocks - b0);
     const __mmask64 bmask = rem == 4 ? ~__mmask64{0} : (__mmask64{1} << (16 * rem)) - 1;
-    const auto smask = static_cast<__mmask8>((1u << rem) - 1);
+    // The chunk's scales: groups b0 >> shift .. (b0 + rem − 1) >> shift (b0 is a multiple of 4).
+    const int64_t g0 = b0 >> shift, ng = ((b0 + rem - 1) >> shift) - g0 + 1;
+    const auto smask = static_cast<__mmask8>((1u << ng) - 1);
     // As the other decode kernels: the same column of the next NR rows, one line per chunk, and
-    // their scales one line per 4 chunks (16 groups).
+    // their scales one line per 8 chunks (32 blocks).
     for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + NR) * rb + c * 64, 0, 3);
-    if ((c & 3) == 0) {
+    if ((c & 7) == 0) {
       for (int j = 0; j < NR; ++j) __builtin_prefetch(wscale + (j + NR) * groups + g0, 0, 3);
     }
     for (int j = 0; j < NR; ++j) {
@@ -266,10 +275,9 @@ inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w, c
                                          _mm512_set1_epi8(static_cast<char>(0x88)));
       const __m512i lo = _mm512_and_si512(b, _mm512_set1_epi8(0x0f));
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(0x0f));
-      // The 4 group scales in lanes 0..3 (vpermps reads all 16; the rest are zero).
-      const __m512 sw = _mm512_maskz_permutexvar_ps(
-          0xffff, lanes_of_group,
-          _mm512_zextps128_ps512(_mm_maskz_loadu_ps(smask, wscale + j * groups + g0)));
+      // The chunk's (up to 4) group scales in lanes 0..3, then each in its blocks' lanes.
+      const __m128 s4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(smask, wscale + j * groups + g0));
+      const __m512 sw = _mm512_maskz_permutexvar_ps(0xffff, lanes, _mm512_zextps128_ps512(s4));
       for (int i = 0; i < MR; ++i) {
         const uint8_t* xc = dx + i * dstride + c * kDecodeChunkBytes;
         __m512i d = _mm512_loadu_si512(xc + 128);
@@ -287,29 +295,34 @@ inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w, c
 // Weight rows outermost (each group of NR rows is read from memory once and stays in L1 while
 // every 4-row group of x runs over it), x rows inner.
 template <int NR>
-void run_decode(const uint8_t* dx, int64_t M, int64_t K, const uint8_t* w, const float* wscale,
+void run_decode(const uint8_t* dx, int64_t M, int64_t K, const uint8_t* w, const Int4Params& p,
                 int64_t n0, int64_t n1, float* y, int64_t ldy) {
   constexpr int kMaxMR = 16 / NR;
-  const int64_t rb = K / 2, groups = K / kQ8Block;
-  const int64_t dstride = (groups + 3) / 4 * kDecodeChunkBytes;
+  const int shift = int4_group_shift(p.group);
+  const __m512i lanes = lanes_of_group(shift);
+  const int64_t rb = K / 2, blocks = K / kQ8Block, groups = K / p.group;
+  const int64_t dstride = (blocks + 3) / 4 * kDecodeChunkBytes;
   const auto step = [&]<int R>(int64_t n) {
     for (int64_t m = 0; m < M; m += kMaxMR) {
       const uint8_t* xm = dx + m * dstride;
       const uint8_t* wn = w + n * rb;
-      const float* sn = wscale + n * groups;
+      const uint16_t* sn = p.scale + n * groups;
       float* ym = y + m * ldy + n;
+      const auto micro = [&]<int MR>() {
+        decode_micro<MR, R>(xm, dstride, wn, sn, shift, lanes, K, ym, ldy);
+      };
       switch (std::min<int64_t>(kMaxMR, M - m)) {
         case 1:
-          decode_micro<1, R>(xm, dstride, wn, sn, K, ym, ldy);
+          micro.template operator()<1>();
           break;
         case 2:
-          if constexpr (kMaxMR >= 2) decode_micro<2, R>(xm, dstride, wn, sn, K, ym, ldy);
+          if constexpr (kMaxMR >= 2) micro.template operator()<2>();
           break;
         case 3:
-          if constexpr (kMaxMR >= 3) decode_micro<3, R>(xm, dstride, wn, sn, K, ym, ldy);
+          if constexpr (kMaxMR >= 3) micro.template operator()<3>();
           break;
         case 4:
-          if constexpr (kMaxMR >= 4) decode_micro<4, R>(xm, dstride, wn, sn, K, ym, ldy);
+          if constexpr (kMaxMR >= 4) micro.template operator()<4>();
           break;
         default:
           break;
@@ -373,21 +386,22 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
 }
 
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
-                    const float* wscale, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                    const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch) {
   const auto* wb = static_cast<const uint8_t*>(w);
   if (wtype == DType::kI4 && M < kPackedMinRows) {
+    const auto& p = *static_cast<const Int4Params*>(quant);
     if (M <= 2) {
-      run_decode<8>(x.decode, M, K, wb, wscale, n0, n1, y, ldy);
+      run_decode<8>(x.decode, M, K, wb, p, n0, n1, y, ldy);
     } else {
-      run_decode<4>(x.decode, M, K, wb, wscale, n0, n1, y, ldy);
+      run_decode<4>(x.decode, M, K, wb, p, n0, n1, y, ldy);
     }
     return;
   }
   if (wtype == DType::kI8) {
-    run<I8>(x, M, K, wb, wscale, n0, n1, y, ldy, scratch);
+    run<I8>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
   } else if (wtype == DType::kI4) {
-    run<I4>(x, M, K, wb, wscale, n0, n1, y, ldy, scratch);
+    run<I4>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
   }
 }
 

@@ -11,8 +11,8 @@
 namespace vlm::ops::ref {
 namespace {
 
-// Element (n, k) of an [N, K] weight; I8 is q · scale[n], I4 q · scale[n, k / 32], exact in
-// double.
+// Element (n, k) of an [N, K] weight; I8 is q · scale[n], I4 (q − zero) · scale of its group,
+// exact in double.
 double weight_at(const TensorView& w, int64_t n, int64_t k) {
   const int64_t i = n * w.dim(1) + k;
   switch (w.dtype) {
@@ -25,8 +25,7 @@ double weight_at(const TensorView& w, int64_t n, int64_t k) {
     case DType::kI8:
       return static_cast<double>(static_cast<const int8_t*>(w.data)[i]) * w.scale[n];
     case DType::kI4:
-      return int4_at(w, n, k) *
-             static_cast<double>(w.scale[n * (w.dim(1) / kInt4Group) + k / kInt4Group]);
+      return (int4_at(w, n, k) - int4_zero(w, n, k)) * static_cast<double>(int4_scale(w, n, k));
     default:
       return NAN;
   }
@@ -34,10 +33,20 @@ double weight_at(const TensorView& w, int64_t n, int64_t k) {
 
 }  // namespace
 
+float int4_scale(const TensorView& w, int64_t n, int64_t k) {
+  const int64_t G = w.int4.group;
+  return f16_to_f32(w.int4.scale[n * (w.dim(1) / G) + k / G]);
+}
+
+int int4_zero(const TensorView& w, int64_t n, int64_t k) {
+  const int64_t G = w.int4.group;
+  return w.int4.zero == nullptr ? 0 : w.int4.zero[n * (w.dim(1) / G) + k / G];
+}
+
 int int4_at(const TensorView& w, int64_t n, int64_t k) {
-  // Group g = k / 32 is 16 bytes; its byte j holds element j (low nibble) and j + 16 (high).
-  const int64_t half = kInt4Group / 2;
-  const int64_t g = k / kInt4Group, j = k % kInt4Group;
+  // Block g = k / 32 is 16 bytes; its byte j holds element j (low nibble) and j + 16 (high).
+  const int64_t half = kInt4Block / 2;
+  const int64_t g = k / kInt4Block, j = k % kInt4Block;
   const auto* row = static_cast<const uint8_t*>(w.data) + n * (w.dim(1) / 2);
   const uint8_t byte = row[g * half + j % half];
   const int nibble = j < half ? (byte & 0xf) : (byte >> 4);
@@ -82,8 +91,13 @@ void matmul_q8(const float* x, int64_t M, int64_t K, const TensorView& w, float*
                                                : int4_at(w, n, k);
           dot += static_cast<int64_t>(q[m * K + k]) * wq;
         }
-        const double ws = w.dtype == DType::kI8 ? w.scale[n] : w.scale[n * blocks + b];
+        const double ws = w.dtype == DType::kI8 ? w.scale[n] : int4_scale(w, n, b * kBlock);
         acc += static_cast<double>(dot) * scale[m * blocks + b] * ws;
+      }
+      if (w.dtype == DType::kI4) {
+        for (int64_t k = 0; k < K; ++k) {
+          acc -= int4_zero(w, n, k) * static_cast<double>(int4_scale(w, n, k)) * x[m * K + k];
+        }
       }
       y[m * N + n] = static_cast<float>(acc);
     }

@@ -8,7 +8,7 @@
 namespace vlm::ops::ref {
 
 // y[M, N] = x[M, K] · w[N, K]^T, accumulated in double. I8 weights: w[n, k] = q · scale[n];
-// I4 weights: w[n, k] = int4_at(w, n, k) · scale[n, k / 32].
+// I4 weights: w[n, k] = (int4_at(w, n, k) − zero[n, g]) · scale[n, g], g = k / group.
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y);
 
 // x [M, K] (K a multiple of 32) quantized per row in blocks of 32 as kernels/cpu/matmul.h
@@ -17,11 +17,15 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y)
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
 
 // y = x · w^T with x quantized by quantize_rows_q8 (I8 / I4 weights only): each block's integer
-// dot product exact, times its x scale and weight scale, summed in double.
+// dot product exact, times its x scale and weight scale, summed in double; an I4 weight's zero
+// points enter as −Σ_g zero · scale · Σ_{k in g} x (x as given, not quantized), as the op does.
 void matmul_q8(const float* x, int64_t M, int64_t K, const TensorView& w, float* y);
 
 // q[n, k] (−8..7) of an I4 weight [N, K], read from its packed bytes (layout in core/tensor.h).
 int int4_at(const TensorView& w, int64_t n, int64_t k);
+// The f32 value of an I4 weight's scale and its zero point (0 without zero points) for (n, k).
+float int4_scale(const TensorView& w, int64_t n, int64_t k);
+int int4_zero(const TensorView& w, int64_t n, int64_t k);
 
 // Causal attention with an explicit softmax over the whole score row (double precision).
 void attention_causal(const float* q, int64_t n_q, int64_t first_pos, const float* k_cache,
