@@ -572,9 +572,10 @@ TEST_F(CliRun, ChatTemplateStopStringsAndSeeds) {
 // Asks the default model (no -m) one question about one image or video, greedily: `media` is
 // "image" or "video".
 CliResult ask_default_model(const std::string& media, const std::string& path,
-                            const std::string& question, const std::string& kv_cache_dtype = "") {
+                            const std::string& question, const std::string& kv_cache_dtype = "",
+                            const std::string& extra = "") {
   const std::string kv = kv_cache_dtype.empty() ? "" : " --kv-cache-dtype " + kv_cache_dtype;
-  return vlm("run --greedy -n 32 -t 2" + kv + " --" + media + " " + quote(path) + " -p " +
+  return vlm("run --greedy -n 32 -t 2" + kv + extra + " --" + media + " " + quote(path) + " -p " +
              quote(question));
 }
 
@@ -717,6 +718,30 @@ TEST_P(DefaultModelKv, AnswersAsTransformersOnUnseenClips) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, DefaultModelKv, ::testing::Values("bf16", "int8"));
+
+// Under --quant int4 (4.5 bits per weight) the default model is not exact, but nearly every
+// answer stays transformers' (97 of the 100 scenes when this was written, the same 97 as with the
+// f32 scales of 5 bits per weight before) and accuracy drops by at most 3 points (2 when written:
+// 0.93 against 0.95).
+TEST(Cli, DefaultModelUnderInt4KeepsItsAnswersOnUnseenScenes) {
+  const std::string dir = kFixtures + "/shapes-qa";
+  const auto cases = nlohmann::json::parse(test_util::read_file(dir + "/cases.json"));
+  int total = 0, same = 0, right = 0;
+  for (const auto& c : cases["cases"]) {
+    CliResult r = ask_default_model("image", dir + "/" + c["image"].get<std::string>(),
+                                    c["question"].get<std::string>(), "", " --quant int4");
+    ASSERT_EQ(r.code, 0) << r.err;
+    same += r.out == c["transformers"].get<std::string>() + "\n";
+    right += r.out == c["truth"].get<std::string>() + "\n";
+    ++total;
+  }
+  std::printf("[shapes-qa --quant int4] %d of %d answers as transformers', accuracy %.3f\n", same,
+              total, static_cast<double>(right) / total);
+  EXPECT_GE(total, 100);
+  EXPECT_GE(same, total - 5);
+  EXPECT_GE(static_cast<double>(right) / total,
+            cases["transformers_accuracy"].get<double>() - 0.03);
+}
 
 TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenScenes) {
   FixtureRun run;
