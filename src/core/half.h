@@ -49,6 +49,22 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
+// f16_to_f32 for finite values (the INT4 weights' scales), without branches: the exponent and
+// mantissa bits moved into an f32's and rebased by 2^112 (exact, subnormals too); ±inf and NaN
+// come out as large finite values, so callers check for them first (quantize_int4 never writes
+// them).
+inline float f16_to_f32_finite(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  float f;
+  std::memcpy(&f, &u, 4);
+  f *= 0x1p112f;
+  uint32_t r;
+  std::memcpy(&r, &f, 4);
+  r |= static_cast<uint32_t>(h & 0x8000u) << 16;
+  std::memcpy(&f, &r, 4);
+  return f;
+}
+
 // Round to nearest even; overflow → ±inf, NaN stays NaN, tiny values → subnormals or ±0.
 inline uint16_t f32_to_f16(float f) {
   uint32_t u;

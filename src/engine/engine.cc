@@ -450,10 +450,13 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
         "--quant fp8 has no expert kernels for a mixture of experts; use --quant int8");
   }
   impl->pool = std::make_unique<ThreadPool>(options.n_threads);
-  VLM_RETURN_IF_ERROR(quantize_text_weights(&impl->weights, host_quant(options.quant), *impl->pool,
-                                            impl->store.get(), options.int4_group)
-                          .with_context(std::string("quantizing the text decoder to ") +
-                                        quant_name(options.quant)));
+  VLM_RETURN_IF_ERROR(
+      quantize_text_weights(&impl->weights, host_quant(options.quant), *impl->pool,
+                            impl->store.get(), options.int4_group)
+          .with_context(std::string("quantizing the text decoder to ") + quant_name(options.quant) +
+                        (options.quant == Quant::kInt4
+                             ? " (--int4-group " + std::to_string(options.int4_group) + ")"
+                             : std::string())));
   if (!options.mmap_weights && !on_gpu) {
     VLM_ASSIGN_OR_RETURN(
         impl->weight_pages,

@@ -207,7 +207,8 @@ Q8Kernels q8_kernels(Isa isa) {
 struct GroupSums {
   std::vector<float> sums[3];
 
-  void fill(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws) {
+  void fill(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
+            ThreadPool& pool) {
     bool done[3] = {};
     for (const TensorView* w : ws) {
       if (w->dtype != DType::kI4 || w->int4.zero == nullptr) continue;
@@ -216,29 +217,34 @@ struct GroupSums {
       done[s] = true;
       const int64_t G = w->int4.group, groups = K / G;
       if (sums[s].size() < static_cast<size_t>(M * groups)) sums[s].resize(M * groups);
-      for (int64_t m = 0; m < M; ++m) {
-        for (int64_t g = 0; g < groups; ++g) {
-          float t = 0.f;
-          for (int64_t k = g * G; k < (g + 1) * G; ++k) t += x[m * K + k];
-          sums[s][m * groups + g] = t;
+      float* out = sums[s].data();
+      pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
+        for (int64_t m = m0; m < m1; ++m) {
+          for (int64_t g = 0; g < groups; ++g) {
+            float t = 0.f;
+            for (int64_t k = g * G; k < (g + 1) * G; ++k) t += x[m * K + k];
+            out[m * groups + g] = t;
+          }
         }
-      }
+      });
     }
   }
 };
 
 // The zero points' term of rows [n0, n1) of y = x · wᵀ for an I4 weight with w.int4.zero set: the
 // kernels multiplied q · scale, so y[m, n] −= Σ_g zero[n, g] · scale[n, g] · Σ_{k in g} x[m, k].
+// zs: K / 32 floats of the calling thread's (a row's zero · scale, converted once per row).
 void subtract_zero_terms(const TensorView& w, const float* xsums, int64_t M, int64_t K, int64_t n0,
-                         int64_t n1, float* y, int64_t ldy) {
+                         int64_t n1, float* y, int64_t ldy, float* zs) {
   const int64_t groups = K / w.int4.group;
   for (int64_t n = n0; n < n1; ++n) {
     const uint16_t* s = w.int4.scale + n * groups;
     const int8_t* z = w.int4.zero + n * groups;
+    for (int64_t g = 0; g < groups; ++g) zs[g] = static_cast<float>(z[g]) * f16_to_f32_finite(s[g]);
     for (int64_t m = 0; m < M; ++m) {
       const float* xs = xsums + m * groups;
       float t = 0.f;
-      for (int64_t g = 0; g < groups; ++g) t += static_cast<float>(z[g]) * f16_to_f32(s[g]) * xs[g];
+      for (int64_t g = 0; g < groups; ++g) t += zs[g] * xs[g];
       y[m * ldy + n] -= t;
     }
   }
@@ -454,7 +460,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   }
   thread_local GroupSums xsums_tls;
   GroupSums& xsums = xsums_tls;
-  xsums.fill(x, M, K, ws);
+  xsums.fill(x, M, K, ws, pool);
   thread_local QuantizedX qx_tls;
   kernels::Q8Rows qx{};
   const Q8Kernels k8 = quantize_x ? q8_kernels(isa) : Q8Kernels{};
@@ -479,7 +485,10 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       }
       if (b < e && w.dtype == DType::kI4 && w.int4.zero != nullptr) {
         const int shift = kernels::int4_group_shift(w.int4.group);
-        subtract_zero_terms(w, xsums.sums[shift].data(), M, K, b - off, e - off, ys[i], ld);
+        thread_local std::vector<float> zs;  // this worker's (see subtract_zero_terms)
+        if (zs.size() < static_cast<size_t>(K / kInt4Block)) zs.resize(K / kInt4Block);
+        subtract_zero_terms(w, xsums.sums[shift].data(), M, K, b - off, e - off, ys[i], ld,
+                            zs.data());
       }
       off += N;
     }

@@ -584,9 +584,57 @@ TEST(Int8Weights, UnknownQuantizationIsRefused) {
   }
 }
 
+// INT4 in groups of 64 and 128 (EngineOptions::int4_group): fewer bits per weight (4.25, 4.125),
+// logits still near the unquantized ones; a group size the kernels do not take, one without
+// --quant int4, or one that does not divide every input dimension is refused by name.
+TEST(Int4Weights, LargerGroupsStreamFewerBitsAndBadGroupsAreRefused) {
+  const std::string dir = kFixtures + "/text-f32-untied";  // inputs of 128 and 256
+  auto ref = load_engine(dir, "");
+  ASSERT_NE(ref, nullptr);
+  double previous_bits = 4.5;
+  for (int64_t group : {64, 128}) {
+    EngineOptions o;
+    o.model_dir = dir;
+    o.n_threads = 2;
+    o.require_tokenizer = false;
+    o.quant = Quant::kInt4;
+    o.int4_group = group;
+    auto e = Engine::load(o);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    const double bits =
+        8.0 * static_cast<double>((*e)->decode_weight_bytes()) / (*e)->decode_weight_count();
+    EXPECT_EQ(bits, 4.0 + 16.0 / static_cast<double>(group)) << group;
+    EXPECT_LT(bits, previous_bits);
+    previous_bits = bits;
+    const Agreement a = compare_logits(*ref, **e, dir);
+    std::printf("[int4 group %lld] mean|d|/max|logit| %.3e top-1 agreement %.4f\n",
+                static_cast<long long>(group), a.mean_rel, a.top1);
+    EXPECT_GT(a.mean_rel, 0.0);
+    EXPECT_LE(a.mean_rel, 0.12);  // groups of 32: 0.064 on this fixture
+  }
+  auto refused = [](const std::string& dir, Quant quant, int64_t group) {
+    EngineOptions o;
+    o.model_dir = dir;
+    o.n_threads = 2;
+    o.require_tokenizer = false;
+    o.quant = quant;
+    o.int4_group = group;
+    auto e = Engine::load(o);
+    EXPECT_FALSE(e.ok()) << group;
+    return e.ok() ? std::string() : e.status().message();
+  };
+  EXPECT_NE(refused(dir, Quant::kInt4, 48).find("--int4-group must be 32, 64 or 128"),
+            std::string::npos);
+  EXPECT_NE(refused(dir, Quant::kInt8, 64).find("applies to --quant int4 only"), std::string::npos);
+  // moe-f32-e8k2's hidden size is 64: groups of 128 do not fit its rows.
+  const std::string msg = refused(kFixtures + "/moe-f32-e8k2", Quant::kInt4, 128);
+  EXPECT_NE(msg.find("--int4-group 128"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("multiple of 128"), std::string::npos) << msg;
+}
+
 // What a decode step streams: every linear weight of the text decoder once (lm_head once, tied or
 // not), at 4 bytes per f32 weight, 1 byte per INT8 weight plus a 4-byte scale per row, or half a
-// byte per INT4 weight plus a 4-byte scale per 32 weights.
+// byte per INT4 weight plus a 2-byte (f16) scale per 32 weights.
 TEST(Int8Weights, DecodeWeightBytesCountTheLinearWeightsAsHeld) {
   for (const char* name : {"text-f32-untied", "text-f32-hd128-tied"}) {
     const std::string dir = kFixtures + "/" + name;

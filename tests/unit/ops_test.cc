@@ -440,6 +440,49 @@ const std::vector<Int4Layout>& int4_layouts() {
   return layouts;
 }
 
+TEST_P(MatmulTest, MultiWithInt4GroupsAndZeroPointsEqualsSeparateMatmuls) {
+  // Stacked I4 weights of each group size, two with zero points (their term uses x's group sums of
+  // its own group size), beside a BF16 one; a thread's share spans the boundaries. Each output
+  // equals its own matmul exactly, also written side by side into one buffer (ldy).
+  ThreadPool pool(2);
+  const ops::Isa isa = GetParam();
+  const int64_t K = 256;
+  for (int64_t M : {1, 9, 40}) {
+    auto a = make_weight(DType::kBF16, 37, K, 1);
+    auto b = make_int4_weight(20, K, 2, 32, false);
+    auto c = make_int4_weight(33, K, 3, 64, true);
+    auto d = make_int4_weight(17, K, 4, 128, true);
+    auto x = randn(M * K, 5);
+    const TensorView* ws[] = {&a.view, &b.view, &c.view, &d.view};
+    const int64_t total = 37 + 20 + 33 + 17;
+    std::vector<float> wide(M * total, NAN);
+    std::vector<std::vector<float>> own;
+    std::vector<float*> ys, cols;
+    int64_t at = 0;
+    for (const TensorView* w : ws) {
+      own.emplace_back(M * w->dim(0), NAN);
+      ys.push_back(own.back().data());
+      cols.push_back(wide.data() + at);
+      at += w->dim(0);
+    }
+    ops::matmul_multi(x.data(), M, K, ws, ys, pool, isa);
+    ops::matmul_multi(x.data(), M, K, ws, cols, pool, isa, total);
+    for (size_t i = 0; i < 4; ++i) {
+      const int64_t N = ws[i]->dim(0);
+      std::vector<float> want(M * N);
+      ops::matmul(x.data(), M, K, *ws[i], want.data(), pool, isa);
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < N; ++n) {
+          ASSERT_EQ(ys[i][m * N + n], want[m * N + n])
+              << ops::isa_name(isa) << " M=" << M << " w" << i << " " << m << "," << n;
+          ASSERT_EQ(cols[i][m * total + n], want[m * N + n])
+              << ops::isa_name(isa) << " M=" << M << " w" << i << " " << m << "," << n << " (ldy)";
+        }
+      }
+    }
+  }
+}
+
 TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
   // M = 1..7: the INT4 register kernel (4-row x steps, then 3/2/1; 8-, 4- and 1-row w steps);
   // 8..31: blocks of 32 rows widened to BF16 for the BF16 kernel; ≥ 32: the packed GEMM widens
@@ -506,8 +549,8 @@ TEST_P(MatmulTest, Int8ActivationsMatchReferenceOnOddShapes) {
   // and 4-row (AVX2) tiles and every tail of both (2 .. 9, 32 .. 45), K-block-major order
   // (300), K past one 1024-value panel block and an 8-run tail of a 16-run chunk (1056, 2080), N
   // tails of the 32-row panel. INT4 decode (M < 32): 8-row (M <= 2) and 4-row weight steps and
-  // their 1-row tails (N = 17, 33, 70), 1..4-row x groups, chunks of 4 groups with 1 or 3 left
-  // (K = 32, 96, 1056 = 8 chunks + 1 group, 2080).
+  // their 1-row tails (N = 17, 33, 70), 1..4-row x groups, chunks of 4 blocks with 1 or 3 left
+  // (K = 32, 96, 1056 = 8 chunks + 1 block, 2080).
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
   bool ran = false;

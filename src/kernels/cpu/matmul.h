@@ -106,6 +106,7 @@ void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* 
 // kPackedMinRows on, matmul_rows widens I4 straight into its f32 panel.
 // log2(G / 32) for an I4 group size G: block b of a row (values 32b .. 32b + 32) takes scale
 // b >> int4_group_shift(G) of the row.
+// (Callers have checked the group: check_linear_weight / quantize_int4.)
 constexpr int int4_group_shift(int64_t group) { return group == 32 ? 0 : group == 64 ? 1 : 2; }
 // scales[b · panel + j] = the f32 value of the f16 scale of block k0 / 32 + b of weight row nb + j,
 // for b < kc / 32 and j < cols; 0 for cols <= j < panel. (For the INT8-activation GEMMs' panels:

@@ -12,7 +12,7 @@ void int4_panel_scales(const Int4Params& p, int64_t K, int64_t nb, int64_t cols,
   for (int64_t b = 0; b < kc / kInt4Block; ++b) {
     const int64_t g = (k0 / kInt4Block + b) >> shift;
     for (int64_t j = 0; j < panel; ++j) {
-      scales[b * panel + j] = j < cols ? f16_to_f32(p.scale[(nb + j) * groups + g]) : 0.f;
+      scales[b * panel + j] = j < cols ? f16_to_f32_finite(p.scale[(nb + j) * groups + g]) : 0.f;
     }
   }
 }

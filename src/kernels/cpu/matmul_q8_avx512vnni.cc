@@ -265,7 +265,8 @@ inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
     const int64_t g0 = b0 >> shift, ng = ((b0 + rem - 1) >> shift) - g0 + 1;
     const auto smask = static_cast<__mmask8>((1u << ng) - 1);
     // As the other decode kernels: the same column of the next NR rows, one line per chunk, and
-    // their scales one line per 8 chunks (32 blocks).
+    // their scales every 8 chunks (one 64-byte line of f16 scales at groups of 32; at 64 and 128
+    // the same line twice or four times, which costs nothing).
     for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + NR) * rb + c * 64, 0, 3);
     if ((c & 7) == 0) {
       for (int j = 0; j < NR; ++j) __builtin_prefetch(wscale + (j + NR) * groups + g0, 0, 3);
