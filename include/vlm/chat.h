@@ -125,6 +125,9 @@ struct ChatRequest {
   std::vector<std::pair<std::string, std::string>> template_kwargs;
   bool add_vision_id = false;     // "Picture N: " / "Video N: " before each image / video
   bool include_reasoning = true;  // false: the reasoning is dropped from the reply
+  // false: the template renders no generation prompt (vLLM's add_generation_prompt), e.g. to
+  // count a conversation's tokens as it stands.
+  bool add_generation_prompt = true;
   // Close the reasoning after this many tokens of it (the next token is </think>); the model
   // needs a </think> token.
   std::optional<int64_t> max_thinking_tokens;

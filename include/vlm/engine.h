@@ -342,6 +342,17 @@ class Engine {
   Result<std::unique_ptr<RequestStream>> submit(GenerateRequest request,
                                                 std::function<void()> notify = {});
 
+  // The ids the engine would prefill for `request`, without queueing it (/tokenize): its prompt
+  // with each image's pad expanded to the image's tokens and each video's placeholder to its
+  // groups' timestamps and tokens, as submit() expands them (so their count is the reply's
+  // prompt_tokens). Reads, decodes and preprocesses the media (or finds them in the vision
+  // cache) on the caller's thread; errors as submit()'s for the prompt and its media, and
+  // InvalidArgument when the expanded prompt is longer than the context.
+  Result<std::vector<int32_t>> prompt_tokens(GenerateRequest request) const;
+  // The same for a conversation, rendered as chat_stream() renders it (errors name the field
+  // "messages" unless they name another).
+  Result<std::vector<int32_t>> chat_prompt_tokens(ChatRequest request) const;
+
   // The chat template Engine::chat renders with; an error without a tokenizer, or the template's
   // own error when it does not parse or render (then chat and chat_stream fail with it too).
   Result<const ChatTemplate*> chat_template() const;

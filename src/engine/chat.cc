@@ -21,30 +21,52 @@ Result<const ChatTemplate*> Engine::chat_template() const {
   return invalid_argument("chat: the model directory has no tokenizer");
 }
 
-Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
-                                                        std::function<void()> notify) {
-  const Impl& m = *impl_;
-  VLM_ASSIGN_OR_RETURN(const ChatTemplate* tpl, chat_template());
-  const bool has_tools = !request.tools_json.empty();
+namespace {
+
+// The conversation rendered with `tpl` (its tools, template variables and media moved out of
+// `request`), its ids and media into *g.
+Result<std::string> render_chat(const ChatTemplate& tpl, const Tokenizer& tok, ChatRequest& request,
+                                GenerateRequest* g) {
   ChatTemplateOptions topts;
   topts.tools_json = std::move(request.tools_json);
   topts.kwargs_json = std::move(request.template_kwargs);
   topts.add_vision_id = request.add_vision_id;
-  auto prompt = tpl->render(request.messages, topts);
+  topts.add_generation_prompt = request.add_generation_prompt;
+  auto prompt = tpl.render(request.messages, topts);
   if (!prompt.ok()) {
     return invalid_argument("messages: the chat template refused the conversation: " +
                             prompt.status().message())
         .with_field("messages");
   }
-  GenerateRequest g;
-  g.prompt_ids = m.tokenizer->encode(*prompt);
+  g->prompt_ids = tok.encode(*prompt);
   // The media in prompt order: the template renders one pad per image or video part.
   for (ChatMessage& msg : request.messages) {
     for (ChatPart& part : msg.parts) {
-      if (part.type == ChatPart::Type::kImage) g.images.push_back(std::move(part.image));
-      if (part.type == ChatPart::Type::kVideo) g.videos.push_back(std::move(part.video));
+      if (part.type == ChatPart::Type::kImage) g->images.push_back(std::move(part.image));
+      if (part.type == ChatPart::Type::kVideo) g->videos.push_back(std::move(part.video));
     }
   }
+  return prompt;
+}
+
+}  // namespace
+
+Result<std::vector<int32_t>> Engine::chat_prompt_tokens(ChatRequest request) const {
+  VLM_ASSIGN_OR_RETURN(const ChatTemplate* tpl, chat_template());
+  GenerateRequest g;
+  VLM_RETURN_IF_ERROR(render_chat(*tpl, *impl_->tokenizer, request, &g).status());
+  auto ids = prompt_tokens(std::move(g));
+  if (!ids.ok() && ids.status().field().empty()) return ids.status().with_field("messages");
+  return ids;
+}
+
+Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
+                                                        std::function<void()> notify) {
+  const Impl& m = *impl_;
+  VLM_ASSIGN_OR_RETURN(const ChatTemplate* tpl, chat_template());
+  const bool has_tools = !request.tools_json.empty();
+  GenerateRequest g;
+  VLM_ASSIGN_OR_RETURN(const std::string prompt, render_chat(*tpl, *m.tokenizer, request, &g));
   g.sampling = std::move(request.sampling);
   g.max_new_tokens = request.max_new_tokens;
   g.stop = std::move(request.stop);
@@ -54,7 +76,7 @@ Result<std::unique_ptr<ChatStream>> Engine::chat_stream(ChatRequest request,
   g.structured = std::move(request.response_format);
   // Qwen3 Thinking templates end the generation prompt with <think>: the reply starts in its
   // reasoning, and a grammar or a thinking budget counts from the prompt's end.
-  const bool think_open = prompt->ends_with("<think>") || prompt->ends_with("<think>\n");
+  const bool think_open = prompt.ends_with("<think>") || prompt.ends_with("<think>\n");
   const auto close = m.tokenizer->token_to_id("</think>");
   if (request.max_thinking_tokens) {
     if (!close) {

@@ -557,6 +557,10 @@ Result<std::vector<float>> Engine::logits(std::span<const int32_t> ids,
   return out;
 }
 
+Result<std::vector<int32_t>> Engine::prompt_tokens(GenerateRequest request) const {
+  return impl_->core->prompt_tokens(std::move(request));
+}
+
 Result<std::unique_ptr<RequestStream>> Engine::submit(GenerateRequest request,
                                                       std::function<void()> notify) {
   return impl_->core->submit(std::move(request), std::move(notify));

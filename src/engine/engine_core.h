@@ -49,6 +49,11 @@ class EngineCore {
                                                 std::function<void()> notify,
                                                 PromptOutputs prompt = {});
 
+  // Engine::prompt_tokens (see there).
+  Result<std::vector<int32_t>> prompt_tokens(GenerateRequest request) const {
+    return input_->expanded_prompt(std::move(request));
+  }
+
   Engine::CoreStats stats() const;
   std::chrono::steady_clock::time_point last_heartbeat() const;
   void wait_idle();

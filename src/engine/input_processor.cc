@@ -242,6 +242,27 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
   return r;
 }
 
+Result<std::vector<int32_t>> InputProcessor::expanded_prompt(GenerateRequest request) const {
+  if (request.prompt_ids.empty()) return invalid_argument("the prompt is empty");
+  VLM_RETURN_IF_ERROR(check_prompt_ids(request.prompt_ids));
+  VLM_ASSIGN_OR_RETURN(const bool multimodal,
+                       is_multimodal(request.prompt_ids, request.images, request.videos));
+  std::vector<int32_t> ids;
+  if (multimodal) {
+    EngineRequest r;
+    VLM_RETURN_IF_ERROR(stage_media(request, r));
+    VLM_ASSIGN_OR_RETURN(ids, expand_pad_runs(request.prompt_ids, r.runs, r.images, *m_.cfg));
+  } else {
+    ids = std::move(request.prompt_ids);
+  }
+  if (static_cast<int64_t>(ids.size()) > m_.max_context) {
+    return invalid_argument("the prompt is " + std::to_string(ids.size()) +
+                            " tokens, more than the model's context of " +
+                            std::to_string(m_.max_context));
+  }
+  return ids;
+}
+
 bool InputProcessor::ready(EngineRequest& r) const {
   bool ready = true;
   for (StagedImage& img : r.images) {

@@ -62,6 +62,9 @@ class InputProcessor {
   // vision cache meanwhile, or encoded for it). Once they are, assemble() expands the prompt
   // into *out (its images' counts to `r`'s stats; its staged images released).
   bool ready(EngineRequest& r) const;
+  // The caller's thread: the ids `request` would prefill (Engine::prompt_tokens), its media
+  // staged and expanded; nothing queued.
+  Result<std::vector<int32_t>> expanded_prompt(GenerateRequest request) const;
   Status assemble(EngineRequest& r, PreparedPrompt* out) const;
 
  private:

@@ -403,6 +403,33 @@ Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* enc
   return ok_status();
 }
 
+Result<std::vector<int32_t>> expand_pad_runs(std::span<const int32_t> ids,
+                                             std::span<const PadRun> runs,
+                                             std::span<const StagedImage> items,
+                                             const Qwen3VLConfig& cfg) {
+  std::vector<int32_t> out;
+  out.reserve(static_cast<size_t>(expanded_length(ids.size(), runs, items)));
+  size_t prev = 0;
+  for (const PadRun& r : runs) {
+    out.insert(out.end(), ids.begin() + static_cast<std::ptrdiff_t>(prev),
+               ids.begin() + static_cast<std::ptrdiff_t>(r.begin));
+    const StagedImage& it = items[r.item];
+    const int64_t tokens = it.tokens / it.groups;
+    const size_t have = r.end - r.begin;
+    if (have != 1 && have != static_cast<size_t>(tokens)) {
+      return invalid_argument(std::string(r.video ? "a video" : "an image") + " needs " +
+                              std::to_string(tokens) + " pad tokens; the prompt has a run of " +
+                              std::to_string(have) +
+                              " pads (give one pad per image and vlm expands it)");
+    }
+    const int32_t pad = static_cast<int32_t>(r.video ? cfg.video_token_id : cfg.image_token_id);
+    out.insert(out.end(), static_cast<size_t>(tokens), pad);
+    prev = r.end;
+  }
+  out.insert(out.end(), ids.begin() + static_cast<std::ptrdiff_t>(prev), ids.end());
+  return out;
+}
+
 int64_t expanded_length(size_t num_ids, std::span<const PadRun> runs,
                         std::span<const StagedImage> items) {
   int64_t n = static_cast<int64_t>(num_ids);

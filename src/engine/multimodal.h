@@ -135,6 +135,14 @@ Status assemble_multimodal(std::span<const int32_t> ids, std::span<const PadRun>
                            std::span<const StagedImage> items, const Qwen3VLConfig& cfg,
                            PreparedPrompt* out);
 
+// The prompt with each run expanded to its share of its item's tokens (the run's pad repeated), as
+// assemble_multimodal expands it, with its check (a run is one pad or the whole share); needs
+// only the items' token counts (no encoder output).
+Result<std::vector<int32_t>> expand_pad_runs(std::span<const int32_t> ids,
+                                             std::span<const PadRun> runs,
+                                             std::span<const StagedImage> items,
+                                             const Qwen3VLConfig& cfg);
+
 // The length of the prompt once each run is expanded to its share of its item's tokens.
 int64_t expanded_length(size_t num_ids, std::span<const PadRun> runs,
                         std::span<const StagedImage> items);

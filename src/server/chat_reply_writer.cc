@@ -77,13 +77,14 @@ ojson finish_json(std::optional<FinishReason> r) {
   return s ? ojson(*s) : ojson(nullptr);
 }
 
-ojson envelope(const std::string& id, const char* object, int64_t created,
-               const std::string& model) {
+ojson envelope(const ReplyHead& head, const char* object) {
   ojson j;
-  j["id"] = id;
+  j["id"] = head.id;
   j["object"] = object;
-  j["created"] = created;
-  j["model"] = model;
+  j["created"] = head.created;
+  j["model"] = head.model;
+  j["system_fingerprint"] =
+      head.system_fingerprint.empty() ? ojson(nullptr) : ojson(head.system_fingerprint);
   return j;
 }
 
@@ -108,9 +109,9 @@ std::optional<std::string> finish_reason_string(FinishReason r) {
   return std::nullopt;
 }
 
-std::string chat_completion_json(const std::string& id, const std::string& model, int64_t created,
+std::string chat_completion_json(const ReplyHead& head,
                                  const std::vector<CompletionChoice>& choices, const Usage& usage) {
-  ojson j = envelope(id, "chat.completion", created, model);
+  ojson j = envelope(head, "chat.completion");
   ojson arr = ojson::array();
   for (const CompletionChoice& c : choices) {
     ojson msg;
@@ -142,12 +143,11 @@ std::string chat_completion_json(const std::string& id, const std::string& model
   return with_choices(std::move(j), std::move(arr), usage);
 }
 
-std::string chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const std::string& delta_text,
+std::string chat_chunk_json(const ReplyHead& head, int index, const std::string& delta_text,
                             const std::optional<std::string>& role,
                             const std::optional<FinishReason>& finish_reason,
                             const std::vector<TokenLogprob>* logprobs) {
-  ojson j = envelope(id, "chat.completion.chunk", created, model);
+  ojson j = envelope(head, "chat.completion.chunk");
   ojson delta = ojson::object();
   if (role) delta["role"] = *role;
   if (role || !delta_text.empty()) delta["content"] = delta_text;
@@ -160,10 +160,9 @@ std::string chat_chunk_json(const std::string& id, const std::string& model, int
   return dump(j);
 }
 
-std::string chat_delta_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const ChatDelta& d,
+std::string chat_delta_json(const ReplyHead& head, int index, const ChatDelta& d,
                             const std::vector<TokenLogprob>* logprobs) {
-  ojson j = envelope(id, "chat.completion.chunk", created, model);
+  ojson j = envelope(head, "chat.completion.chunk");
   ojson delta = ojson::object();
   if (!d.content.empty()) delta["content"] = d.content;
   if (!d.reasoning.empty()) {
@@ -196,9 +195,8 @@ std::string chat_delta_json(const std::string& id, const std::string& model, int
   return dump(j);
 }
 
-std::string chat_tool_calls_finish_json(const std::string& id, const std::string& model,
-                                        int64_t created, int index) {
-  ojson j = envelope(id, "chat.completion.chunk", created, model);
+std::string chat_tool_calls_finish_json(const ReplyHead& head, int index) {
+  ojson j = envelope(head, "chat.completion.chunk");
   ojson c;
   c["index"] = index;
   c["delta"] = ojson::object();
@@ -215,15 +213,13 @@ std::string chunk_with_usage(const std::string& chunk_json, const Usage& usage) 
   return dump(j);
 }
 
-std::string usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                             const Usage& usage, const char* object) {
-  return with_choices(envelope(id, object, created, model), ojson::array(), usage);
+std::string usage_chunk_json(const ReplyHead& head, const Usage& usage, const char* object) {
+  return with_choices(envelope(head, object), ojson::array(), usage);
 }
 
-std::string completion_json(const std::string& id, const std::string& model, int64_t created,
-                            const std::vector<CompletionChoice>& choices, const Usage& usage,
-                            const std::vector<size_t>& text_offset0) {
-  ojson j = envelope(id, "text_completion", created, model);
+std::string completion_json(const ReplyHead& head, const std::vector<CompletionChoice>& choices,
+                            const Usage& usage, const std::vector<size_t>& text_offset0) {
+  ojson j = envelope(head, "text_completion");
   ojson arr = ojson::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const CompletionChoice& c = choices[i];
@@ -239,11 +235,10 @@ std::string completion_json(const std::string& id, const std::string& model, int
   return with_choices(std::move(j), std::move(arr), usage);
 }
 
-std::string completion_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                                  int index, const std::string& text,
+std::string completion_chunk_json(const ReplyHead& head, int index, const std::string& text,
                                   const std::optional<FinishReason>& finish_reason,
                                   const std::vector<TokenLogprob>* logprobs, size_t text_offset0) {
-  ojson j = envelope(id, "text_completion", created, model);
+  ojson j = envelope(head, "text_completion");
   ojson c;
   c["text"] = text;
   c["index"] = index;
@@ -327,27 +322,23 @@ class ChatReplyWriter final : public ReplyWriter {
   std::vector<std::string> prologue() const override {
     std::vector<std::string> out;
     for (size_t i = 0; i < choices_.size(); ++i) {
-      out.push_back(chat_chunk_json(o_.id, o_.model, o_.created, static_cast<int>(i), "",
-                                    std::string("assistant")));
+      out.push_back(chat_chunk_json(o_, static_cast<int>(i), "", std::string("assistant")));
     }
     return out;
   }
   std::string delta_chunk(size_t i, const ChatDelta& d,
                           const std::vector<TokenLogprob>* lp) override {
-    return chat_delta_json(o_.id, o_.model, o_.created, static_cast<int>(i), d, lp);
+    return chat_delta_json(o_, static_cast<int>(i), d, lp);
   }
   std::string finish_chunk(size_t i) const override {
     const Choice& c = choices_[i];
     if (!c.reply.tool_calls.empty() && c.reason == FinishReason::kStop) {
       // OpenAI's finish for a reply of tool calls.
-      return chat_tool_calls_finish_json(o_.id, o_.model, o_.created, static_cast<int>(i));
+      return chat_tool_calls_finish_json(o_, static_cast<int>(i));
     }
-    return chat_chunk_json(o_.id, o_.model, o_.created, static_cast<int>(i), "", std::nullopt,
-                           c.reason);
+    return chat_chunk_json(o_, static_cast<int>(i), "", std::nullopt, c.reason);
   }
-  std::string usage_chunk(const Usage& u) const override {
-    return usage_chunk_json(o_.id, o_.model, o_.created, u);
-  }
+  std::string usage_chunk(const Usage& u) const override { return usage_chunk_json(o_, u); }
   std::string body(const Usage& u) const override {
     std::vector<CompletionChoice> out;
     for (size_t i = 0; i < choices_.size(); ++i) {
@@ -361,7 +352,7 @@ class ChatReplyWriter final : public ReplyWriter {
       if (o_.logprobs) r.logprobs = c.logprobs;
       out.push_back(std::move(r));
     }
-    return chat_completion_json(o_.id, o_.model, o_.created, out, u);
+    return chat_completion_json(o_, out, u);
   }
 };
 
@@ -377,27 +368,25 @@ class CompletionReplyWriter final : public ReplyWriter {
     std::vector<std::string> out;
     for (size_t i = 0; i < echo_.size(); ++i) {
       if (!echo_[i].empty()) {
-        out.push_back(
-            completion_chunk_json(o_.id, o_.model, o_.created, static_cast<int>(i), echo_[i]));
+        out.push_back(completion_chunk_json(o_, static_cast<int>(i), echo_[i]));
       }
     }
     return out;
   }
   std::string delta_chunk(size_t i, const ChatDelta& d,
                           const std::vector<TokenLogprob>* lp) override {
-    std::string c = completion_chunk_json(o_.id, o_.model, o_.created, static_cast<int>(i),
-                                          d.content, std::nullopt, lp, offset_[i]);
+    std::string c =
+        completion_chunk_json(o_, static_cast<int>(i), d.content, std::nullopt, lp, offset_[i]);
     if (lp) {
       for (const TokenLogprob& e : *lp) offset_[i] += e.token.size();
     }
     return c;
   }
   std::string finish_chunk(size_t i) const override {
-    return completion_chunk_json(o_.id, o_.model, o_.created, static_cast<int>(i), "",
-                                 choices_[i].reason);
+    return completion_chunk_json(o_, static_cast<int>(i), "", choices_[i].reason);
   }
   std::string usage_chunk(const Usage& u) const override {
-    return usage_chunk_json(o_.id, o_.model, o_.created, u, "text_completion");
+    return usage_chunk_json(o_, u, "text_completion");
   }
   std::string body(const Usage& u) const override {
     std::vector<CompletionChoice> out;
@@ -411,7 +400,7 @@ class CompletionReplyWriter final : public ReplyWriter {
       offsets.push_back(echo_[i].size());
       out.push_back(std::move(c));
     }
-    return completion_json(o_.id, o_.model, o_.created, out, u, offsets);
+    return completion_json(o_, out, u, offsets);
   }
 
   std::vector<std::string> echo_;

@@ -31,11 +31,18 @@ struct Usage {
   int64_t cached_tokens = 0;  // prompt tokens found in the prefix cache
 };
 
-// How one response is written.
-struct ReplyOptions {
+// What every object of a reply starts with.
+struct ReplyHead {
   std::string id;  // "chatcmpl-7", "cmpl-7"
   std::string model;
   int64_t created = 0;  // Unix seconds
+  // OpenAI's system_fingerprint: what the replies ran on (the server's build and the engine's
+  // configuration), the same for every reply of one server; "" writes null.
+  std::string system_fingerprint;
+};
+
+// How one response is written.
+struct ReplyOptions : ReplyHead {
   bool stream = false;
   bool logprobs = false;       // the choices carry their tokens' logprobs
   bool include_usage = false;  // streaming: a usage chunk before [DONE]
@@ -107,36 +114,33 @@ std::unique_ptr<ReplyWriter> completion_reply_writer(ReplyOptions o, std::vector
 std::optional<std::string> finish_reason_string(FinishReason r);
 
 // Non-streaming response: object "chat.completion".
-std::string chat_completion_json(const std::string& id, const std::string& model, int64_t created,
+std::string chat_completion_json(const ReplyHead& head,
                                  const std::vector<CompletionChoice>& choices, const Usage& usage);
 
 // A streamed chat delta (object "chat.completion.chunk"): content, reasoning (as both `reasoning`
 // and `reasoning_content`) and tool call fragments (OpenAI's delta.tool_calls: index, then id,
 // type and name on a call's first fragment, arguments text). `logprobs`, when given, are the
 // tokens this chunk covers.
-std::string chat_delta_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const ChatDelta& delta,
+std::string chat_delta_json(const ReplyHead& head, int index, const ChatDelta& delta,
                             const std::vector<TokenLogprob>* logprobs);
 
 // A chat stream's finish chunk for a reply that ended with tool calls (finish_reason
 // "tool_calls").
-std::string chat_tool_calls_finish_json(const std::string& id, const std::string& model,
-                                        int64_t created, int index);
+std::string chat_tool_calls_finish_json(const ReplyHead& head, int index);
 
 // One streaming chunk: object "chat.completion.chunk" with choices[0].delta. The delta holds
 // "role" when given and "content" when delta_text is non-empty or a role is given (OpenAI's first
 // chunk is {"role":"assistant","content":""}); the last chunk carries finish_reason and may have
 // an empty delta. `logprobs`, when given, are the tokens this chunk covers.
-std::string chat_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                            int index, const std::string& delta_text,
+std::string chat_chunk_json(const ReplyHead& head, int index, const std::string& delta_text,
                             const std::optional<std::string>& role = std::nullopt,
                             const std::optional<FinishReason>& finish_reason = std::nullopt,
                             const std::vector<TokenLogprob>* logprobs = nullptr);
 
 // The final chunk of a stream with stream_options.include_usage: empty choices plus usage.
 // `object` is "chat.completion.chunk" or "text_completion".
-std::string usage_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                             const Usage& usage, const char* object = "chat.completion.chunk");
+std::string usage_chunk_json(const ReplyHead& head, const Usage& usage,
+                             const char* object = "chat.completion.chunk");
 
 // A stream chunk (one of the builders' JSON objects) with "usage" (the counts so far) added, as
 // vLLM sends every chunk under stream_options.continuous_usage_stats.
@@ -145,13 +149,11 @@ std::string chunk_with_usage(const std::string& chunk_json, const Usage& usage);
 // POST /v1/completions response: object "text_completion"; logprobs in the legacy layout
 // {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}. `text_offset0` is
 // where the choice's generated text starts within its text (the prompt's length with echo).
-std::string completion_json(const std::string& id, const std::string& model, int64_t created,
-                            const std::vector<CompletionChoice>& choices, const Usage& usage,
-                            const std::vector<size_t>& text_offset0 = {});
+std::string completion_json(const ReplyHead& head, const std::vector<CompletionChoice>& choices,
+                            const Usage& usage, const std::vector<size_t>& text_offset0 = {});
 
 // One streaming chunk of /v1/completions (object "text_completion", choices[0].text).
-std::string completion_chunk_json(const std::string& id, const std::string& model, int64_t created,
-                                  int index, const std::string& text,
+std::string completion_chunk_json(const ReplyHead& head, int index, const std::string& text,
                                   const std::optional<FinishReason>& finish_reason = std::nullopt,
                                   const std::vector<TokenLogprob>* logprobs = nullptr,
                                   size_t text_offset0 = 0);

@@ -109,6 +109,7 @@ ApiResult<ChatCall> ChatRequestBuilder::build(std::string_view body) const {
   chat.parallel_tool_calls = r.parallel_tool_calls;
   chat.template_kwargs = std::move(r.template_kwargs);
   chat.include_reasoning = r.include_reasoning;
+  chat.add_generation_prompt = r.add_generation_prompt;
   chat.max_thinking_tokens = r.max_thinking_tokens;
   chat.sampling = std::move(r.sampling);
   chat.max_new_tokens = r.max_tokens;

@@ -35,8 +35,8 @@ struct ChatRequestContext {
 };
 
 // A chat completion to run: the conversation for Engine::chat_stream (each image and video part
-// carrying its bytes) and how its reply is written (ReplyOptions without id, model and created,
-// which the server sets).
+// carrying its bytes) and how its reply is written (ReplyOptions without id, model, created and
+// system_fingerprint, which the server sets).
 struct ChatCall {
   ChatRequest chat;
   int n = 1;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -83,6 +84,7 @@ struct Server::Impl {
   std::unique_ptr<boost::asio::steady_timer> drain_timer;
   Clock::time_point drain_deadline;
   std::string model_name;                // the first of model_names
+  std::string system_fingerprint;        // what every reply says it ran on (describe_replica)
   std::vector<std::string> model_names;  // every name a request may use
   int64_t created = 0;
   std::atomic<int64_t> next_id{1};
@@ -172,6 +174,18 @@ struct Server::Impl {
     replica.context_length = engine->max_context();
     replica.max_total_tokens = st.kv_blocks_total * st.kv_block_size;
     replica.max_running_requests = opts.engine.batching.max_num_seqs;
+    // OpenAI's system_fingerprint: FNV-1a (64 bits) of the version and what the engine runs.
+    const std::string config = replica.version + "|" + opts.engine.model_dir + "|" +
+                               engine->device() + "|" + cpu_isa_name(engine->cpu_isa()) + "|" +
+                               engine->cpu_kernels() + "|" + quant_name(engine->quant()) + "|" +
+                               std::to_string(opts.engine.int4_group) + "|" +
+                               std::to_string(static_cast<int>(opts.engine.kv_cache_dtype)) + "|" +
+                               std::to_string(engine->max_context());
+    uint64_t h = 14695981039346656037ull;
+    for (unsigned char c : config) h = (h ^ c) * 1099511628211ull;
+    char fp[24];
+    std::snprintf(fp, sizeof(fp), "fp_%016llx", static_cast<unsigned long long>(h));
+    system_fingerprint = fp;
   }
 
   // Before an API request's body is read: loading or draining (503, and close while draining),
@@ -222,6 +236,8 @@ struct Server::Impl {
   std::string loads();  // GET /v1/loads
   void chat(const std::shared_ptr<HttpExchange>& ex);
   void completions(const std::shared_ptr<HttpExchange>& ex);
+  void tokenize(const std::shared_ptr<HttpExchange>& ex);
+  void detokenize(const std::shared_ptr<HttpExchange>& ex);
   void register_routes();
   void begin_drain();
   void check_drained();
@@ -514,6 +530,55 @@ void Server::Impl::register_routes() {
   http->route(
       "POST", "/v1/completions", RunOn::kWorker,
       [this](std::shared_ptr<HttpExchange> ex) { completions(ex); }, api_gate);
+  // vLLM's tokenizer endpoints (media are decoded to count their tokens: a worker thread).
+  http->route(
+      "POST", "/tokenize", RunOn::kWorker,
+      [this](std::shared_ptr<HttpExchange> ex) { tokenize(ex); }, api_gate);
+  http->route(
+      "POST", "/detokenize", RunOn::kWorker,
+      [this](std::shared_ptr<HttpExchange> ex) { detokenize(ex); }, api_gate);
+}
+
+void Server::Impl::tokenize(const std::shared_ptr<HttpExchange>& ex) {
+  // (Errors are answered without the generation requests' metrics.)
+  auto parsed = parse_tokenize(ex->request().body);
+  if (!parsed.ok()) return ex->respond(error_response(parsed.error()));
+  if (auto e = check_model_name(parsed->model, model_names)) {
+    return ex->respond(error_response(*e));
+  }
+  const Tokenizer& tok = *engine->tokenizer();
+  Result<std::vector<int32_t>> ids = std::vector<int32_t>{};
+  if (parsed->prompt) {
+    ids = tok.encode(*parsed->prompt);
+    if (static_cast<int64_t>(ids->size()) > engine->max_context()) {
+      ids = invalid_argument("the prompt is " + std::to_string(ids->size()) +
+                             " tokens, more than the model's context of " +
+                             std::to_string(engine->max_context()))
+                .with_field("prompt");
+    }
+  } else {
+    auto built = chat_builder->build(parsed->chat_body);
+    if (!built.ok()) return ex->respond(error_response(built.error()));
+    ids = engine->chat_prompt_tokens(std::move(built.value().chat));
+  }
+  if (!ids.ok()) return ex->respond(error_response(api_error_from(ids.status())));
+  std::vector<std::string> strs;
+  if (parsed->return_token_strs) {
+    for (int32_t id : *ids) strs.push_back(tok.id_to_token(id));
+  }
+  ex->respond(json_response(200, tokenize_json(*ids, engine->max_context(),
+                                               parsed->return_token_strs ? &strs : nullptr)));
+}
+
+void Server::Impl::detokenize(const std::shared_ptr<HttpExchange>& ex) {
+  const Tokenizer& tok = *engine->tokenizer();
+  // The model's vocabulary (ids past the tokenizer's decode to nothing, as in replies).
+  auto parsed = parse_detokenize(ex->request().body, engine->vocab_size());
+  if (!parsed.ok()) return ex->respond(error_response(parsed.error()));
+  if (auto e = check_model_name(parsed->model, model_names)) {
+    return ex->respond(error_response(*e));
+  }
+  ex->respond(json_response(200, detokenize_json(tok.decode(parsed->tokens))));
 }
 
 void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
@@ -524,6 +589,7 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   const int64_t number = next_id++;
   call.reply.id = "chatcmpl-" + std::to_string(number);
   call.reply.model = model_name;
+  call.reply.system_fingerprint = system_fingerprint;
   call.reply.created = static_cast<int64_t>(std::time(nullptr));
   // Each choice decodes and preprocesses the images and videos as it is submitted (a copy of the
   // request made then); the vision encoder runs once, the later choices finding the first's
@@ -549,6 +615,7 @@ void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
   CompletionCall call = completion_call(parsed.value(), *engine->tokenizer());
   call.reply.id = "cmpl-" + std::to_string(next_id++);
   call.reply.model = model_name;
+  call.reply.system_fingerprint = system_fingerprint;
   call.reply.created = static_cast<int64_t>(std::time(nullptr));
   const size_t count = call.requests.size();
   std::make_shared<Fanout>(*this, ex, t0,

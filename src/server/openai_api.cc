@@ -56,7 +56,7 @@ constexpr std::string_view kCommonFields[] = {
     "guided_regex", "guided_choice", "guided_grammar"};
 constexpr std::string_view kChatFields[] = {
     "messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens",
-    "chat_template_kwargs", "include_reasoning", "max_thinking_tokens",
+    "chat_template_kwargs", "include_reasoning", "max_thinking_tokens", "add_generation_prompt",
     "logprobs", "top_logprobs", "response_format", "modalities", "min_pixels", "max_pixels"};
 constexpr std::string_view kCompletionFields[] = {"prompt", "echo", "logprobs", "best_of",
                                                   "suffix"};
@@ -68,7 +68,7 @@ constexpr std::string_view kUnsupportedFields[] = {
     "audio", "prediction", "reasoning_effort", "web_search_options", "functions",
     "function_call", "verbosity", "echo", "skip_special_tokens", "include_stop_str_in_output",
     "min_tokens", "guided_decoding_backend", "guided_whitespace_pattern", "response_format",
-    "chat_template", "add_generation_prompt",
+    "chat_template",
     "continue_final_message", "use_beam_search", "length_penalty", "prompt_logprobs",
     "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "documents",
     "mm_processor_kwargs", "priority", "return_tokens_as_token_ids",
@@ -752,6 +752,18 @@ std::optional<ApiError> read_chat_structured(const ojson& body, ChatCompletionRe
     if (type == "json_object") {
       so.kind = Kind::kJsonObject;
       param = "response_format";
+      // Some clients put a schema beside json_object: it is used (a JSON object that follows it),
+      // never dropped; the engine refuses one it cannot compile.
+      if (auto schema = rf->find("schema"); schema != rf->end() && !schema->is_null()) {
+        if (!schema->is_object() || schema->value("type", ojson()) != "object") {
+          return bad_request(
+              "response_format json_object's schema must be a JSON Schema of an object "
+              "(\"type\": \"object\"); json_schema takes any other",
+              "response_format");
+        }
+        so.kind = Kind::kJsonSchema;
+        so.spec = schema->dump();
+      }
     } else if (type == "json_schema") {
       auto js = rf->find("json_schema");
       if (js == rf->end() || !js->is_object()) {
@@ -844,6 +856,10 @@ std::optional<ApiError> parse_into(const ojson& body, const ApiLimits& limits,
     req->tool_choice_none = tc->get<std::string>() == "none";
   if (auto p = body.find("parallel_tool_calls"); p != body.end() && p->is_boolean())
     req->parallel_tool_calls = p->get<bool>();
+  if (auto e = read_bool(body, "add_generation_prompt", "add_generation_prompt",
+                         &req->add_generation_prompt)) {
+    return e;
+  }
   if (auto e = read_bool(body, "include_reasoning", "include_reasoning", &req->include_reasoning))
     return e;
   if (auto e = read_int(body, "max_thinking_tokens", "max_thinking_tokens", 0,
@@ -1029,6 +1045,104 @@ ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLi
   CompletionRequest req;
   if (auto e = parse_completion_into(j, limits, &req)) return *e;
   return req;
+}
+
+namespace {
+
+// "model", when given, as a string (checked against the served names by the caller).
+std::optional<ApiError> read_model(const ojson& j, std::string* model) {
+  if (auto m = j.find("model"); m != j.end() && !m->is_null()) {
+    if (!m->is_string()) return bad_request("'model' must be a string", "model");
+    *model = m->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ApiResult<TokenizeRequest> parse_tokenize(std::string_view body) {
+  ojson j;
+  if (auto e = parse_body(body, &j)) return *e;
+  TokenizeRequest r;
+  if (auto e = read_model(j, &r.model)) return *e;
+  const bool has_prompt = j.contains("prompt"), has_messages = j.contains("messages");
+  if (has_prompt == has_messages) {
+    return bad_request("give either 'prompt' (a string) or 'messages' (a chat), not both",
+                       has_prompt ? "messages" : "prompt");
+  }
+  bool add_special = has_prompt;
+  if (auto e = read_bool(j, "add_special_tokens", "add_special_tokens", &add_special)) return *e;
+  if (auto e = read_bool(j, "return_token_strs", "return_token_strs", &r.return_token_strs)) {
+    return *e;
+  }
+  for (const auto& [key, value] : j.items()) {
+    static constexpr std::string_view kKnown[] = {"model",
+                                                  "prompt",
+                                                  "messages",
+                                                  "add_special_tokens",
+                                                  "return_token_strs",
+                                                  "tools",
+                                                  "add_generation_prompt",
+                                                  "chat_template_kwargs",
+                                                  "min_pixels",
+                                                  "max_pixels"};
+    if (!listed(key, kKnown)) return bad_request("unknown field '" + key + "'", key);
+  }
+  if (has_prompt) {
+    if (!j["prompt"].is_string()) return bad_request("'prompt' must be a string", "prompt");
+    for (const char* k :
+         {"tools", "add_generation_prompt", "chat_template_kwargs", "min_pixels", "max_pixels"}) {
+      if (j.contains(k)) return bad_request(std::string("'") + k + "' goes with 'messages'", k);
+    }
+    r.prompt = j["prompt"].get<std::string>();
+    return r;
+  }
+  ojson chat = ojson::object();
+  for (const char* k : {"model", "messages", "tools", "add_generation_prompt",
+                        "chat_template_kwargs", "min_pixels", "max_pixels"}) {
+    if (j.contains(k)) chat[k] = j[k];
+  }
+  r.chat_body = dump(chat);
+  return r;
+}
+
+std::string tokenize_json(const std::vector<int32_t>& ids, int64_t max_model_len,
+                          const std::vector<std::string>* token_strs) {
+  ojson j;
+  j["count"] = ids.size();
+  j["max_model_len"] = max_model_len;
+  j["tokens"] = ids;
+  j["token_strs"] = token_strs ? ojson(*token_strs) : ojson(nullptr);
+  return dump(j);
+}
+
+ApiResult<DetokenizeRequest> parse_detokenize(std::string_view body, int64_t vocab) {
+  ojson j;
+  if (auto e = parse_body(body, &j)) return *e;
+  DetokenizeRequest r;
+  if (auto e = read_model(j, &r.model)) return *e;
+  for (const auto& [key, value] : j.items()) {
+    if (key != "model" && key != "tokens") return bad_request("unknown field '" + key + "'", key);
+  }
+  auto t = j.find("tokens");
+  if (t == j.end() || !t->is_array()) {
+    return bad_request("'tokens' must be a list of token ids", "tokens");
+  }
+  for (const ojson& v : *t) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+      return bad_request("'tokens' holds " + dump(v) + ", not a token id of this model (0.." +
+                             std::to_string(vocab - 1) + ")",
+                         "tokens");
+    }
+    r.tokens.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return r;
+}
+
+std::string detokenize_json(const std::string& prompt) {
+  ojson j;
+  j["prompt"] = prompt;
+  return dump(j);
 }
 
 std::string models_list_json(const std::vector<std::string>& ids, int64_t created,

@@ -131,6 +131,7 @@ struct ChatCompletionRequest : CommonRequest {
   bool tool_choice_none = false;               // tool_choice "none": tool calls stay text
   bool parallel_tool_calls = true;             // false: at most one tool call is returned
   bool include_reasoning = true;               // false: reasoning is dropped from the reply
+  bool add_generation_prompt = true;           // vLLM's: false renders no assistant header
   std::optional<int64_t> max_thinking_tokens;  // close the reasoning after this many tokens
   std::vector<RemoteMedia> remote_media;       // the parts' images and videos to fetch
   bool logprobs = false;
@@ -191,6 +192,34 @@ ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
 // max_tokens (default 16, as OpenAI's), n, stream, stream_options, stop, seed, echo,
 // logprobs (integer 0..20), ignore_eos. suffix and best_of other than n are refused.
 ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits);
+
+// POST /tokenize, vLLM's shape: either {"prompt": "text", "add_special_tokens": bool (default
+// true)} or {"messages": [...] (as chat completions take them, images and videos included),
+// "add_generation_prompt": bool (default true), "add_special_tokens": bool (default false),
+// "tools", "chat_template_kwargs"}; both with an optional "model" and "return_token_strs".
+// Qwen's tokenizers add no special tokens of their own (their tokenizer.json has no template
+// post-processor), so add_special_tokens only has to be a boolean. chat_body: for messages, the
+// body as the chat route's builder reads it (messages, tools, chat_template_kwargs,
+// add_generation_prompt, model).
+struct TokenizeRequest {
+  std::string model;
+  std::optional<std::string> prompt;  // unset: chat_body
+  std::string chat_body;
+  bool return_token_strs = false;
+};
+ApiResult<TokenizeRequest> parse_tokenize(std::string_view body);
+// {"count", "max_model_len", "tokens", "token_strs"} (token_strs: each id's token string, or null
+// when not asked for).
+std::string tokenize_json(const std::vector<int32_t>& ids, int64_t max_model_len,
+                          const std::vector<std::string>* token_strs);
+
+// POST /detokenize: {"tokens": [ids] (each in [0, vocab)), "model"} → {"prompt": text}.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+ApiResult<DetokenizeRequest> parse_detokenize(std::string_view body, int64_t vocab);
+std::string detokenize_json(const std::string& prompt);
 
 // GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by":"vlm",
 // "max_model_len"}]} (max_model_len as vLLM reports it: the context a request may use; left out

@@ -133,6 +133,14 @@ TEST(VideoModel, PromptAndLogitsMatchTransformers) {
     ASSERT_TRUE(got.ok()) << got.status().message();
     // The timestamps' text and every group's pads, exactly as Qwen3VLProcessor renders them.
     EXPECT_EQ(expanded, c["input_ids"].get<std::vector<int32_t>>());
+    // Engine::prompt_tokens (/tokenize) expands them the same, without running anything.
+    GenerateRequest count;
+    count.prompt_ids = k.ids;
+    count.images = k.images;
+    count.videos = k.videos;
+    auto tokens = e->prompt_tokens(std::move(count));
+    ASSERT_TRUE(tokens.ok()) << tokens.status().message();
+    EXPECT_EQ(*tokens, c["input_ids"].get<std::vector<int32_t>>());
     auto want = read_npy(kDir + "/" + c["logits"].get<std::string>());
     ASSERT_TRUE(want.ok()) << want.status().message();
     ASSERT_EQ(got->size(), want->f32.size());

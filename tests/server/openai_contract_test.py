@@ -735,6 +735,130 @@ class PeerContractTest(Base):
             d.encode("utf-8")  # every delta is whole characters
 
 
+class TokenizerEndpointTest(Base):
+    """vLLM's /tokenize and /detokenize (vllm-project/vllm, tests/entrypoints/openai/
+    test_tokenization.py: test_tokenize_completions, test_tokenize_chat, test_detokenize), and the
+    last contract details: a schema beside json_object, top_logprobs 0, system_fingerprint."""
+
+    def test_tokenize_a_prompt_as_the_tokenizer_does(self):
+        """vLLM test_tokenize_completions: tokens, count, max_model_len; token_strs on request"""
+        text = "Hello, 世界 🤗 <|im_start|>"
+        code, r = self.post("/tokenize", {"model": MODEL, "prompt": text})
+        self.assertEqual(code, 200, r)
+        self.assertEqual(r["tokens"], self.tokenize(text))
+        self.assertEqual(r["count"], len(r["tokens"]))
+        models = json.loads(self.get("/v1/models")[1])
+        self.assertEqual(r["max_model_len"], models["data"][0]["max_model_len"])
+        self.assertIsNone(r["token_strs"])
+        code, r2 = self.post("/tokenize", {"prompt": text, "add_special_tokens": False,
+                                           "return_token_strs": True})
+        self.assertEqual(code, 200, r2)
+        self.assertEqual(r2["tokens"], r["tokens"])
+        self.assertEqual(len(r2["token_strs"]), r2["count"])
+        self.assertIn("<|im_start|>", r2["token_strs"])
+        # Longer than the context: refused, as a completion of it would be.
+        self.expect_400("/tokenize", {"prompt": "hi " * (2 * r["max_model_len"])}, param="prompt")
+
+    def test_tokenize_a_chat_counts_what_the_completion_counts(self):
+        """vLLM test_tokenize_chat (with add_generation_prompt both ways), and an image counted as
+        its tokens: the count equals the completion's usage.prompt_tokens, also with the
+        request's min_pixels / max_pixels"""
+        png = SMALL_PNG.read_bytes()
+        convs = [user("hi there"),
+                 user([{"type": "text", "text": "what is this?"}, image_part(data_url(png))]),
+                 user([image_part(data_url(png)), {"type": "text", "text": "and"},
+                       image_part(data_url(png))])]
+        for messages in convs:
+            for extra in ({}, {"max_pixels": 16 * 16 * 4}):
+                with self.subTest(parts=len(messages[0]["content"]), extra=extra):
+                    code, t = self.post("/tokenize", {"model": MODEL, "messages": messages, **extra})
+                    self.assertEqual(code, 200, t)
+                    reply = self.chat(messages, max_tokens=1, extra_body=extra)
+                    self.assertEqual(t["count"], reply.usage.prompt_tokens)
+                    self.assertEqual(len(t["tokens"]), t["count"])
+            code, bare = self.post("/tokenize", {"messages": messages, "add_generation_prompt": False})
+            self.assertEqual(code, 200, bare)
+            # The generation prompt is "<|im_start|>assistant\n": a few tokens more.
+            self.assertEqual(t["tokens"][:bare["count"]], bare["tokens"])
+            self.assertGreater(t["count"], bare["count"])
+            # The chat completion takes add_generation_prompt too (vLLM's), and counts the same.
+            reply = self.chat(messages, max_tokens=1, extra_body={"add_generation_prompt": False})
+            self.assertEqual(reply.usage.prompt_tokens, bare["count"])
+        # Two images take twice one image's pads.
+        pads = [sum(1 for x in self.post("/tokenize", {"messages": c})[1]["tokens"] if x == 151655)
+                for c in convs]
+        self.assertEqual(pads[0], 0)
+        self.assertGreater(pads[1], 0)
+        self.assertEqual(pads[2], 2 * pads[1])
+
+    def test_detokenize_inverts_tokenize(self):
+        """vLLM test_detokenize"""
+        text = "The quick brown 狐狸 jumps 🤗"
+        code, r = self.post("/detokenize", {"model": MODEL, "tokens": self.tokenize(text)})
+        self.assertEqual(code, 200, r)
+        self.assertEqual(r, {"prompt": text})
+
+    def test_bad_tokenizer_requests_are_refused_by_name(self):
+        for path, body, param in [
+                ("/tokenize", {}, "prompt"),
+                ("/tokenize", {"prompt": "a", "messages": user("a")}, "messages"),
+                ("/tokenize", {"prompt": 3}, "prompt"),
+                ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
+                ("/tokenize", {"prompt": "a", "add_generation_prompt": True}, "add_generation_prompt"),
+                ("/tokenize", {"prompt": "a", "bogus": 1}, "bogus"),
+                ("/tokenize", {"messages": "hi"}, "messages"),
+                ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+                ("/detokenize", {"tokens": [10 ** 9]}, "tokens"),
+                ("/detokenize", {"tokens": ["a"]}, "tokens"),
+                ("/detokenize", {"prompt": "a"}, "prompt")]:
+            with self.subTest(path=path, body=body):
+                self.expect_400(path, body, param=param)
+        self.expect_400("/tokenize", {"model": "nope", "prompt": "a"}, param="model", status=404)
+        self.expect_400("/detokenize", {"model": "nope", "tokens": [1]}, param="model", status=404)
+
+    def test_a_schema_beside_json_object_is_used_or_refused(self):
+        """OpenAI's json_object takes no schema; one given beside it is enforced, never ignored;
+        one that is invalid, or not of an object, is a 400"""
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                  "additionalProperties": False}
+        r = self.chat(user("answer"), max_tokens=48,
+                      response_format={"type": "json_object", "schema": schema})
+        self.assertEqual(r.choices[0].finish_reason, "stop", r.choices[0].message.content)
+        out = json.loads(r.choices[0].message.content)
+        self.assertEqual(set(out), {"ok"})
+        self.assertIsInstance(out["ok"], bool)
+        for bad in [{"type": "object", "properties": 12}, {"type": "string"}, True, "not a schema", [1]]:
+            with self.subTest(schema=bad):
+                code, err = self.post("/v1/chat/completions", {
+                    "model": MODEL, "messages": user("x"), "max_tokens": 4,
+                    "response_format": {"type": "json_object", "schema": bad}})
+                self.assertEqual(code, 400, err)
+
+    def test_top_logprobs_zero_still_gives_the_sampled_tokens_logprob(self):
+        """OpenAI API reference: logprobs true with top_logprobs 0 returns each sampled token's
+        logprob and empty top_logprobs"""
+        r = self.chat(user("hi"), max_tokens=4, logprobs=True, top_logprobs=0,
+                      extra_body={"ignore_eos": True})
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), 4)
+        for e in content:
+            self.assertLessEqual(e.logprob, 0.0)
+            self.assertEqual(e.top_logprobs, [])
+        self.assertEqual("".join(e.token for e in content), r.choices[0].message.content)
+
+    def test_replies_carry_a_system_fingerprint(self):
+        """OpenAI API reference: system_fingerprint names the backend configuration; the same for
+        every reply of one server, in plain and streamed replies of both endpoints"""
+        fps = {self.chat(user("a"), max_tokens=1).system_fingerprint,
+               self.chat(user("b"), max_tokens=2).system_fingerprint,
+               self.client().completions.create(model=MODEL, prompt="x", max_tokens=1).system_fingerprint}
+        _, chunks, _ = self.sse("/v1/chat/completions", {"model": MODEL, "messages": user("c"),
+                                                         "max_tokens": 2})
+        fps |= {c["system_fingerprint"] for c in chunks}
+        self.assertEqual(len(fps), 1, fps)
+        self.assertRegex(fps.pop(), r"^fp_[0-9a-f]{16}$")
+
+
 def main():
     serve_util.run_tests(ARGS, __doc__)
 

@@ -580,7 +580,15 @@ TEST(OpenAiApiTest, CompletionJson) {
   CompletionChoice c0{0, "Hello", FinishReason::kStop, std::nullopt};
   CompletionChoice c1{1, "Hi", FinishReason::kLength,
                       std::vector<TokenLogprob>{{"Hi", -0.5, {{"Hi", -0.5}, {"Hey", -1.5}}}}};
-  json j = json::parse(chat_completion_json("chatcmpl-1", "qwen", 1700000000, {c0, c1}, {12, 3}));
+  json j = json::parse(chat_completion_json(
+      ReplyHead{"chatcmpl-1", "qwen", 1700000000, "fp_0123abcd"}, {c0, c1}, {12, 3}));
+  EXPECT_EQ(j["system_fingerprint"], "fp_0123abcd");
+  // Every object of a reply carries it; a server without one writes null (as vLLM does).
+  EXPECT_EQ(
+      json::parse(usage_chunk_json(ReplyHead{"c", "m", 5, "fp_1"}, {1, 1}))["system_fingerprint"],
+      "fp_1");
+  EXPECT_TRUE(json::parse(chat_chunk_json(ReplyHead{"c", "m", 5, ""}, 0, "x"))["system_fingerprint"]
+                  .is_null());
   EXPECT_EQ(j["id"], "chatcmpl-1");
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["created"], 1700000000);
@@ -659,7 +667,7 @@ TEST(OpenAiApiTest, TextCompletionJsonAndChunks) {
   CompletionChoice c{
       0, "Echo: Hi", FinishReason::kLength,
       std::vector<TokenLogprob>{{"Hi", -0.5, {{"Hi", -0.5}, {"Hey", -1.5}}}, {"\xe4", -2.0, {}}}};
-  json j = json::parse(completion_json("cmpl-1", "m", 7, {c}, {5, 2}, {6}));
+  json j = json::parse(completion_json(ReplyHead{"cmpl-1", "m", 7, ""}, {c}, {5, 2}, {6}));
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["choices"][0]["text"], "Echo: Hi");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
@@ -672,42 +680,47 @@ TEST(OpenAiApiTest, TextCompletionJsonAndChunks) {
   EXPECT_EQ(j["usage"]["total_tokens"], 7);
 
   std::vector<TokenLogprob> one{{"Hi", -0.5, {}}};
-  json chunk =
-      json::parse(completion_chunk_json("cmpl-1", "m", 7, 3, "Hi", std::nullopt, &one, 10));
+  json chunk = json::parse(
+      completion_chunk_json(ReplyHead{"cmpl-1", "m", 7, ""}, 3, "Hi", std::nullopt, &one, 10));
   EXPECT_EQ(chunk["object"], "text_completion");
   EXPECT_EQ(chunk["choices"][0]["index"], 3);
   EXPECT_EQ(chunk["choices"][0]["text"], "Hi");
   EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
   EXPECT_EQ(chunk["choices"][0]["logprobs"]["text_offset"][0], 10);
-  json last = json::parse(completion_chunk_json("cmpl-1", "m", 7, 0, "", FinishReason::kStop));
+  json last = json::parse(
+      completion_chunk_json(ReplyHead{"cmpl-1", "m", 7, ""}, 0, "", FinishReason::kStop));
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(last["choices"][0]["logprobs"].is_null());
-  json usage = json::parse(usage_chunk_json("cmpl-1", "m", 7, {3, 4}, "text_completion"));
+  json usage =
+      json::parse(usage_chunk_json(ReplyHead{"cmpl-1", "m", 7, ""}, {3, 4}, "text_completion"));
   EXPECT_EQ(usage["object"], "text_completion");
   EXPECT_TRUE(usage["choices"].empty());
   // Chat chunks carry the logprobs of the token they hold.
-  json cc = json::parse(chat_chunk_json("c", "m", 5, 1, "Hi", std::nullopt, std::nullopt, &one));
+  json cc = json::parse(
+      chat_chunk_json(ReplyHead{"c", "m", 5, ""}, 1, "Hi", std::nullopt, std::nullopt, &one));
   EXPECT_EQ(cc["choices"][0]["logprobs"]["content"][0]["token"], "Hi");
 }
 
 TEST(OpenAiApiTest, ChunksAndSse) {
-  json first = json::parse(chat_chunk_json("c", "m", 5, 0, "", std::string("assistant")));
+  json first =
+      json::parse(chat_chunk_json(ReplyHead{"c", "m", 5, ""}, 0, "", std::string("assistant")));
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
   EXPECT_EQ(first["choices"][0]["delta"]["content"], "");
   EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
 
-  json mid = json::parse(chat_chunk_json("c", "m", 5, 1, "tok"));
+  json mid = json::parse(chat_chunk_json(ReplyHead{"c", "m", 5, ""}, 1, "tok"));
   EXPECT_EQ(mid["choices"][0]["index"], 1);
   EXPECT_EQ(mid["choices"][0]["delta"]["content"], "tok");
   EXPECT_FALSE(mid["choices"][0]["delta"].contains("role"));
 
-  json last = json::parse(chat_chunk_json("c", "m", 5, 0, "", std::nullopt, FinishReason::kStop));
+  json last = json::parse(
+      chat_chunk_json(ReplyHead{"c", "m", 5, ""}, 0, "", std::nullopt, FinishReason::kStop));
   EXPECT_TRUE(last["choices"][0]["delta"].is_object());
   EXPECT_TRUE(last["choices"][0]["delta"].empty());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
 
-  json usage = json::parse(usage_chunk_json("c", "m", 5, {4, 2}));
+  json usage = json::parse(usage_chunk_json(ReplyHead{"c", "m", 5, ""}, {4, 2}));
   EXPECT_EQ(usage["object"], "chat.completion.chunk");
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["total_tokens"], 6);
@@ -715,7 +728,7 @@ TEST(OpenAiApiTest, ChunksAndSse) {
   EXPECT_EQ(sse_event("{\"a\":1}"), "data: {\"a\":1}\n\n");
   EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
   // Invalid UTF-8 from a buggy caller must not throw out of the builder.
-  EXPECT_NO_THROW(chat_chunk_json("c", "m", 5, 0, "\xff"));
+  EXPECT_NO_THROW(chat_chunk_json(ReplyHead{"c", "m", 5, ""}, 0, "\xff"));
 }
 
 TEST(OpenAiApiTest, ModelsList) {
@@ -813,6 +826,47 @@ TEST(OpenAiApiTest, StructuredOutputFields) {
                                 {"tool_choice", "required"},
                                 {"response_format", {{"type", "json_object"}}}}),
                400, "tool_choice");
+}
+
+TEST(OpenAiApiTest, TokenizeAndDetokenizeBodies) {
+  auto p = parse_tokenize(R"({"model": "m", "prompt": "hi", "return_token_strs": true})");
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  EXPECT_EQ(p->model, "m");
+  EXPECT_EQ(p->prompt, std::optional<std::string>("hi"));
+  EXPECT_TRUE(p->return_token_strs);
+  // A chat: the chat route's fields only, for its builder.
+  auto c = parse_tokenize(
+      R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false,)"
+      R"( "add_special_tokens": false})");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_FALSE(c->prompt.has_value());
+  EXPECT_EQ(json::parse(c->chat_body),
+            json::parse(R"({"messages": [{"role": "user", "content": "x"}],)"
+                        R"( "add_generation_prompt": false})"));
+  for (const char* bad :
+       {R"({})", R"({"prompt": "a", "messages": []})", R"({"prompt": ["a"]})",
+        R"({"prompt": "a", "tools": []})", R"({"prompt": "a", "x": 1})",
+        R"({"prompt": "a", "add_special_tokens": 1})", R"({"prompt": "a", "model": 3})"}) {
+    auto r = parse_tokenize(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().http_status, 400) << bad;
+  }
+  json t = json::parse(tokenize_json({5, 7}, 4096, nullptr));
+  EXPECT_EQ(t, json::parse(R"({"count": 2, "max_model_len": 4096, "tokens": [5, 7],)"
+                           R"( "token_strs": null})"));
+  std::vector<std::string> strs = {"a", "b"};
+  EXPECT_EQ(json::parse(tokenize_json({5, 7}, 1, &strs))["token_strs"], json::array({"a", "b"}));
+
+  auto d = parse_detokenize(R"({"tokens": [0, 9]})", 10);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_EQ(d->tokens, (std::vector<int32_t>{0, 9}));
+  for (const char* bad : {R"({"tokens": [10]})", R"({"tokens": [-1]})", R"({"tokens": [1.5]})",
+                          R"({"tokens": "1"})", R"({})", R"({"tokens": [1], "x": 0})"}) {
+    auto r = parse_detokenize(bad, 10);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().http_status, 400) << bad;
+  }
+  EXPECT_EQ(json::parse(detokenize_json("héllo")), json::parse(R"({"prompt": "héllo"})"));
 }
 
 }  // namespace
