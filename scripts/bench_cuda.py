@@ -3,8 +3,8 @@
 
     python3 scripts/bench_cuda.py --vlm build/device/bin/vlm --out OUT
 
-Runs on the lent H200 from scripts/cuda_device_check.sh (needs torch and transformers, which the
-device image has). Steps, all in this one process:
+Run by scripts/cuda_device_check.sh on a machine with an NVIDIA GPU (needs torch and
+transformers). Steps, all in this one process:
   1. the GPU's measured limits: device-to-device copy bandwidth (bytes read + written) and the
      cuBLAS BF16 matrix-product rate (torch.matmul, 8192^3), each the median of 10 timed runs;
   2. a random-weight Qwen3-VL-8B (transformers' own init, bfloat16, on the GPU), saved with
@@ -16,7 +16,8 @@ device image has). Steps, all in this one process:
      vision 448x448 and 1280x960, batched decode at 8, 32 and 128 (medians of 3);
   5. prefill 2048 and single-stream decode again with --quant int8 (weight-only INT8) and
      --quant fp8 (E4M3 products);
-  6. the ratios the issue asks for, as a table ($OUT/bench_table.md) and JSON ($OUT/bench.json).
+  6. the ratios against those limits and transformers, as a table ($OUT/bench_table.md) and JSON
+     ($OUT/bench.json).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from pathlib import Path
 import torch
 
 PROMPT, GEN, BATCHES, REPS = 512, 128, (1, 8, 32, 128), 3
-# vlm bench's own JSON files go here (their contents are copied into $OUT/bench.json): the
-# device tool brings back at most 8 files from $OUT.
+# vlm bench's own JSON files go here (their contents are copied into $OUT/bench.json), so that
+# $OUT holds only the few files a reader needs.
 WORK = Path("/tmp/vlm-bench-work")
 
 
@@ -144,7 +145,7 @@ def median_of(results, kind, size):
 
 
 def report(res: dict) -> list[str]:
-    """The issue's figures as markdown table lines, from the limits, transformers and vlm runs."""
+    """The ratios as markdown table lines, from the limits, transformers and vlm runs."""
     v = res["vlm"]
     rs = v["results"]
     lim = res["limits"]

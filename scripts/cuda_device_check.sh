@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# The device check for the CUDA backend, run through the `device` tool on a lent GPU.
-# The device image has nvcc, CMake, ninja and PyTorch + transformers but not the CPU build's
-# Debian packages, so the binaries are built here and carried with the libraries they load:
-#   here:   bash scripts/cuda_device_prepare.sh
-#   device: run(command="bash scripts/cuda_device_check.sh", carry=["build/device"], timeout_s=590)
+# The CUDA backend's check, on a machine with an NVIDIA GPU, its driver and nvcc:
+#   bash scripts/cuda_device_prepare.sh   # builds the binaries, gathers them into build/device
+#   bash scripts/cuda_device_check.sh     # this script
+# (build/device holds the binaries with the libraries they load, so it can also be copied to
+# another machine with an NVIDIA GPU and its driver; VLM_DEVICE_DIR names it when elsewhere.)
 # Runs the GPU tests (cuda_ops_test: every kernel against the CPU reference; cuda_model_test: the
 # transformers fixtures on the GPU), then, unless VLM_SKIP_BENCH=1, the side-by-side benchmark
 # (scripts/bench_cuda.py: vlm against transformers generate on a random Qwen3-VL-8B). Writes the
-# logs, GoogleTest XML and benchmark JSON under $OUT and prints a short table last. Exits
-# non-zero when a test fails, is skipped (the binary saw no GPU) or none ran.
+# logs, GoogleTest XML and benchmark JSON under $OUT (default /tmp/vlm-cuda-check) and prints a
+# short table last. A pass is exit status 0; non-zero when a test fails, is skipped (the binary
+# saw no GPU) or none ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/vlm-cuda-check}
 D=${VLM_DEVICE_DIR:-build/device}
 mkdir -p "$OUT"
 if [ ! -x "$D/bin/cuda_ops_test" ]; then
-  echo "no $D/bin: run scripts/cuda_device_prepare.sh here and carry $D" >&2
+  echo "no $D/bin: run scripts/cuda_device_prepare.sh first (or set VLM_DEVICE_DIR)" >&2
   exit 2
 fi
 # The carried libraries first; cuBLAS from the toolkit, else from PyTorch's wheels.
@@ -30,7 +31,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
   > "$OUT/gpu.csv" 2>&1 || echo "no nvidia-smi" > "$OUT/gpu.csv"
 
 status=0
-# Time limits that keep the whole check inside one 600 s device call: 90 + 150 + 330 s at most.
+# Time limits that keep a hung binary from holding the check: 90 + 150 + 330 s at most.
 for t in cuda_ops_test cuda_model_test; do
   limit=90
   [ "$t" = cuda_model_test ] && limit=150

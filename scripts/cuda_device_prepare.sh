@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Prepares the device check (scripts/cuda_device_check.sh) here, where the Debian packages are:
-# builds the CUDA test binaries and vlm, and gathers them with the shared libraries the device
-# image may lack into build/device/ (the test data travels with the working tree). Then:
-#   run(command="bash scripts/cuda_device_check.sh", carry=["build/device"], timeout_s=590)
+# Builds what scripts/cuda_device_check.sh runs: the CUDA test binaries and vlm (a build folder
+# configured with CUDA, BUILD_DIR, default build), gathered with the shared libraries they load
+# (all but glibc's and cuBLAS, which the GPU machine's CUDA install provides) into build/device/,
+# so that the folder also runs on another machine with an NVIDIA GPU and its driver (the test
+# data is read from the repository). Then:
+#   bash scripts/cuda_device_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD_DIR:-build}
@@ -15,6 +17,6 @@ cp "$BUILD/tests/cuda_ops_test" "$BUILD/tests/cuda_model_test" "$BUILD/tools/cli
 for b in "$D"/bin/*; do ldd "$b"; done | awk '/=> \// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libdl|librt|libpthread)\.so|/ld-linux|libcublas' |
   xargs -r cp -L -t "$D/lib"
-# Symbols are not needed there; the working tree that travels is capped at 64 MiB.
+# Symbols are not needed to run them, and a small folder is quicker to copy.
 strip --strip-unneeded "$D"/bin/* "$D"/lib/* 2>/dev/null || true
 du -sh "$D"

@@ -285,7 +285,8 @@ class Engine {
   // The CPU kernel choices and how they were made, e.g. "bf16_gemm: f32 410.2 GFLOP/s, amx 1650.3
   // GFLOP/s -> amx (cached; M=256 K=2048 N=4096)", or "bf16_gemm: f32 (--precision f32)".
   const std::string& cpu_kernels() const;
-  // Where the text decoder runs: "cpu", or the GPU as "NVIDIA H200 (sm_90, 139.8 GiB), bf16".
+  // Where the text decoder runs: "cpu", or the GPU as "NVIDIA <name> (sm_<cc>, <memory> GiB),
+  // bf16".
   std::string device() const;
   // On "cuda": the GPU's utilisation (-1 when the driver does not report it) and memory in use
   // and in total (bytes, every process), from NVML. False on the CPU or without NVML.

@@ -151,7 +151,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual DType act_dtype() const = 0;
-  // "cpu" / "NVIDIA H200 (sm_90, 139.8 GiB), bf16".
+  // "cpu" / "NVIDIA <name> (sm_<cc>, <memory> GiB), bf16".
   virtual std::string description() const = 0;
 
   // ---- Memory

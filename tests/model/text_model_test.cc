@@ -59,7 +59,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.fixtu
 
 class TextModelTest : public ::testing::TestWithParam<std::tuple<Case, ops::Isa>> {};
 
-// NOTE(vlm): tolerances. f32 checkpoints: the 1e-4 × max|logit| (we measure ~2e-6: only
+// NOTE(vlm): tolerances. f32 checkpoints: 1e-4 × max|logit| (we measure ~2e-6: only
 // summation order differs). bf16 checkpoints: vlm keeps activations in f32 and matches
 // transformers' float32 run of the same bf16 weights to ~2e-6, so that comparison gets 1e-4.
 // transformers' own bf16 run rounds every activation to 8 bits of mantissa and lands ~2% of

@@ -18,7 +18,7 @@ namespace vlm::cuda {
 
 // Devices the runtime sees; 0 where there is no driver or no device (never an error).
 int device_count();
-// "NVIDIA H200 (sm_90, 139.8 GiB)" for device `index`.
+// "NVIDIA <name> (sm_<cc>, <memory> GiB)" for device `index`.
 std::string device_description(int index);
 
 // Free and total bytes of the current device's memory.
