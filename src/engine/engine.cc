@@ -288,6 +288,7 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
 struct CpuKernels {
   ops::Bf16Gemm text = ops::Bf16Gemm::kWidenF32;
   std::optional<ops::Bf16Gemm> vision;  // unset: the text decoder's
+  ops::DecodeKernels decode;            // the text decoder's one-row products
 };
 
 ops::Bf16Gemm gemm_named(const std::string& name) {
@@ -303,8 +304,8 @@ ops::Bf16Gemm gemm_named(const std::string& name) {
 // cached): the text decoder's gate|up at a prefill chunk, and the vision tower's fc1 at 1024
 // patches. FP16 arithmetic for the tower stays the user's choice (--vision-fp16): its range is not
 // BF16's, which is what the reference runs a BF16 checkpoint in.
-Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& m,
-                                      std::string* how) {
+Result<CpuKernels> choose_gemm_kernels(const EngineOptions& o, const EngineImpl& m,
+                                       std::string* how) {
   CpuKernels k;
   std::optional<ops::Bf16Gemm> forced;
   if (o.bf16_gemm != Bf16Gemm::kAuto) {
@@ -321,7 +322,8 @@ Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& 
                               bf16_gemm_name(o.bf16_gemm) + " does not run on this CPU");
     }
   } else if (o.precision != Precision::kF32) {
-    VLM_ASSIGN_OR_RETURN(forced, ops::cpu_kernels_from_env());
+    VLM_ASSIGN_OR_RETURN(ops::ForcedKernels env, ops::cpu_kernels_from_env());
+    forced = env.bf16_gemm;
   }
   if (forced) {
     if (*forced != ops::Bf16Gemm::kWidenF32 && m.isa < ops::Isa::kAvx512) {
@@ -370,6 +372,84 @@ Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& 
   return k;
 }
 
+// The text decoder's linear weights of one dtype, in the order a decode step reads them.
+std::vector<const TensorView*> decode_weights(const TextWeights& w, DType t) {
+  std::vector<const TensorView*> out;
+  const auto add = [&](const TensorView& v) {
+    if (v.data != nullptr && v.dtype == t && v.rank() == 2) out.push_back(&v);
+  };
+  for (const TextLayerWeights& l : w.layers) {
+    for (const TensorView* v : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj}) add(*v);
+    if (!l.sparse) {
+      for (const TensorView* v : {&l.gate_proj, &l.up_proj, &l.down_proj}) add(*v);
+      continue;
+    }
+    for (size_t e = 0; e < l.moe.gate.size(); ++e) {
+      add(l.moe.gate[e]);
+      add(l.moe.up[e]);
+      add(l.moe.down[e]);
+    }
+  }
+  add(w.lm_head);
+  return out;
+}
+
+// The decode kernels (ops.h: DecodeKernels), per family whose dtype the text decoder has: forced
+// by VLM_CPU_KERNELS (a candidate that is not exact contradicts --precision f32), else the
+// default without autotune or where it is the only candidate, else measured on the model's own
+// weights (cached as the GEMM's choice is).
+Status choose_decode_kernels(const EngineOptions& o, const EngineImpl& m, CpuKernels* k,
+                             std::string* how) {
+  VLM_ASSIGN_OR_RETURN(ops::ForcedKernels env, ops::cpu_kernels_from_env());
+  for (ops::DecodeFamily f : ops::kDecodeFamilies) {
+    const std::vector<const TensorView*> ws =
+        decode_weights(m.weights, ops::decode_family_dtype(f));
+    if (ws.empty()) continue;
+    const auto cands = ops::decode_candidates(f);
+    const std::string family = ops::decode_family_name(f);
+    if (const std::optional<int>& pick = env.decode[static_cast<int>(f)]; pick) {
+      const std::string item = family + "=" + cands[*pick].name;
+      if (!ops::decode_candidate_runs(f, *pick, m.isa)) {
+        return invalid_argument("the CPU kernel choice " + item + " does not run at the " +
+                                ops::isa_name(m.isa) + " ISA level");
+      }
+      if (o.precision == Precision::kF32 && !cands[*pick].exact) {
+        return invalid_argument("the CPU kernel choice " + item +
+                                " contradicts --precision f32 (the exact kernels)");
+      }
+      k->decode.of(f) = *pick;
+      *how += "; " + item + " (forced)";
+      continue;
+    }
+    int runnable = 0;
+    for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+      runnable += ops::decode_candidate_runs(f, i, m.isa) &&
+                  (o.precision != Precision::kF32 || cands[i].exact);
+    }
+    if (!o.autotune || runnable < 2) {
+      *how += "; " + family + ": " + cands[0].name + " (" +
+              (!o.autotune ? "--no-autotune" : "the only candidate here") + ")";
+      continue;
+    }
+    VLM_ASSIGN_OR_RETURN(
+        ops::KernelChoice c,
+        ops::choose_decode_kernel(*m.pool, m.isa, f, ws, o.precision == Precision::kF32,
+                                  ops::kernel_cache_dir()));
+    *how += "; " + ops::describe(c);
+    for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+      if (c.chosen == cands[i].name) k->decode.of(f) = i;
+    }
+  }
+  return ok_status();
+}
+
+Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& m,
+                                      std::string* how) {
+  VLM_ASSIGN_OR_RETURN(CpuKernels k, choose_gemm_kernels(o, m, how));
+  VLM_RETURN_IF_ERROR(choose_decode_kernels(o, m, &k, how));
+  return k;
+}
+
 // The KV cache's type from EngineOptions::kv_cache_dtype: auto is BF16 on the CPU for a BF16
 // checkpoint (else f32) and the activation type on a device.
 Result<DType> resolve_kv_dtype(const EngineImpl& m) {
@@ -403,7 +483,7 @@ Result<DType> resolve_kv_dtype(const EngineImpl& m) {
 
 // The backend the model runs on: the CPU at the chosen ISA level, or the GPU.
 Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options, ThreadPool& pool,
-                                                    ops::Isa isa, ops::Bf16Gemm gemm) {
+                                                    ops::Isa isa, const CpuKernels& kernels) {
   if (options.device == Device::kCuda) {
 #ifdef VLM_HAVE_CUDA
     ops::CudaBackendOptions co;
@@ -413,7 +493,9 @@ Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options
     return ops::make_cuda_backend(co);
 #endif
   }
-  return std::unique_ptr<ops::Backend>(new ops::CpuBackend(pool, isa, gemm));
+  auto cpu = std::make_unique<ops::CpuBackend>(pool, isa, kernels.text);
+  cpu->set_decode_kernels(kernels.decode);
+  return std::unique_ptr<ops::Backend>(std::move(cpu));
 }
 
 }  // namespace
@@ -467,7 +549,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   if (!on_gpu) {
     VLM_ASSIGN_OR_RETURN(kernels, choose_cpu_kernels(options, *impl, &impl->cpu_kernels));
   }
-  VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, *impl->pool, impl->isa, kernels.text));
+  VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, *impl->pool, impl->isa, kernels));
   const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
   VLM_ASSIGN_OR_RETURN(impl->decoder,
                        TextDecoder::create(impl->cfg, impl->weights, *impl->backend, chunk)

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -88,6 +89,60 @@ std::string kernel_cache_dir() {
   return "";
 }
 
+namespace {
+
+// The cached result for c.shape, if any (c filled in, cached set); else the cache's other lines in
+// *lines, for store() to keep.
+bool lookup(const std::string& cache_dir, KernelChoice* c, std::vector<std::string>* lines) {
+  if (cache_dir.empty()) return false;
+  const std::string prefix = cpu_key() + " | " + c->shape + " | ";
+  std::ifstream in(cache_dir + "/cpu-kernels.txt");
+  for (std::string line; std::getline(in, line);) {
+    if (parse_line(line, prefix, c)) {
+      c->cached = true;
+      return true;
+    }
+    lines->push_back(line);
+  }
+  return false;
+}
+
+// The cache's lines plus c's, written to a temporary file renamed over the cache (atomic); a
+// cache that cannot be written is left as it was.
+void store(const std::string& cache_dir, const std::vector<std::string>& lines,
+           const KernelChoice& c) {
+  if (cache_dir.empty()) return;
+  const std::string file = cache_dir + "/cpu-kernels.txt";
+  std::error_code ec;
+  std::filesystem::create_directories(cache_dir, ec);
+  const std::string tmp = file + ".tmp." + std::to_string(::getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  bool written = false;
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const std::string& line : lines) out << line << "\n";
+    out << cache_line(cpu_key(), c) << "\n";
+    out.flush();
+    written = out.good();
+  }
+  if (written) std::filesystem::rename(tmp, file, ec);
+  if (!written || ec) std::filesystem::remove(tmp, ec);  // the old cache stays as it was
+}
+
+// The fastest candidate; one after the first must beat the first by `margin` (×).
+void pick(KernelChoice* c, double margin) {
+  c->chosen = c->candidates.front().name;
+  double best = c->candidates.front().gflops * margin;
+  for (const KernelCandidate& k : c->candidates) {
+    if (k.gflops > best) {
+      best = k.gflops;
+      c->chosen = k.name;
+    }
+  }
+}
+
+}  // namespace
+
 Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int64_t K, int64_t N,
                                       const std::string& cache_dir, const std::string& family) {
   if (M <= 0 || K <= 0 || N <= 0) return invalid_argument("choose_bf16_gemm: an empty shape");
@@ -96,19 +151,8 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
   c.shape = family + " M=" + std::to_string(M) + " K=" + std::to_string(K) +
             " N=" + std::to_string(N) + " threads=" + std::to_string(pool.n_threads()) +
             " isa=" + isa_name(isa);
-  const std::string prefix = cpu_key() + " | " + c.shape + " | ";
-  const std::string file = cache_dir.empty() ? "" : cache_dir + "/cpu-kernels.txt";
   std::vector<std::string> lines;
-  if (!file.empty()) {
-    std::ifstream in(file);
-    for (std::string line; std::getline(in, line);) {
-      if (parse_line(line, prefix, &c)) {
-        c.cached = true;
-        return c;
-      }
-      lines.push_back(line);
-    }
-  }
+  if (lookup(cache_dir, &c, &lines)) return c;
   // Random data of the product's shape: the weights as BF16, x as f32.
   std::mt19937 rng(7);
   std::normal_distribution<float> d(0.f, 1.f);
@@ -127,40 +171,97 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
       c.candidates.push_back({bf16_gemm_name(g), measure(g, x, w, M, K, y, pool, isa)});
     }
   }
-  c.chosen = c.candidates.front().name;
-  double best = c.candidates.front().gflops * 1.05;  // exactness is worth 5%
-  for (const KernelCandidate& k : c.candidates) {
-    if (k.gflops > best) {
-      best = k.gflops;
-      c.chosen = k.name;
+  pick(&c, 1.05);  // exactness is worth 5%
+  store(cache_dir, lines, c);
+  return c;
+}
+
+Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamily f,
+                                          std::span<const TensorView* const> weights,
+                                          bool exact_only, const std::string& cache_dir) {
+  const DType t = decode_family_dtype(f);
+  if (weights.empty()) return invalid_argument("choose_decode_kernel: no weights");
+  // A prefix of the weights large enough to come from memory (or all of them): 512 MiB is 4× the
+  // largest L3 one core reads from today (AMD's stacked-cache CCDs: 96–128 MiB).
+  constexpr int64_t target = int64_t{512} << 20;
+  std::vector<const TensorView*> sweep;
+  int64_t bytes = 0, max_k = 0, max_n = 0;
+  std::string shapes;
+  for (const TensorView* w : weights) {
+    if (w->dtype != t || w->rank() != 2) {
+      return invalid_argument(std::string("choose_decode_kernel: ") + decode_family_name(f) +
+                              " takes 2-D " + dtype_name(t) + " weights");
+    }
+    if (bytes >= target) break;
+    sweep.push_back(w);
+    bytes += static_cast<int64_t>(w->nbytes() + w->quant_nbytes());
+    max_k = std::max(max_k, w->dim(1));
+    max_n = std::max(max_n, w->dim(0));
+    const std::string s = std::to_string(w->dim(0)) + "x" + std::to_string(w->dim(1));
+    if (shapes.find(s) == std::string::npos) shapes += (shapes.empty() ? "" : ",") + s;
+  }
+  KernelChoice c;
+  c.family = decode_family_name(f);
+  c.shape = c.family + " weights=" + std::to_string(sweep.size()) +
+            " bytes=" + std::to_string(bytes) + " shapes=" + shapes + (exact_only ? " exact" : "") +
+            " threads=" + std::to_string(pool.n_threads()) + " isa=" + isa_name(isa);
+  std::vector<std::string> lines;
+  if (lookup(cache_dir, &c, &lines)) return c;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(max_k)), y(static_cast<size_t>(max_n));
+  for (float& v : x) v = d(rng);
+  const auto cands = decode_candidates(f);
+  std::vector<bool> exact;
+  for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+    if (!decode_candidate_runs(f, i, isa) || (exact_only && !cands[i].exact)) continue;
+    DecodeKernels k;
+    k.of(f) = i;
+    const auto sweep_once = [&] {
+      for (const TensorView* w : sweep) {
+        const TensorView* ws[] = {w};
+        float* ys[] = {y.data()};
+        matmul_multi(x.data(), 1, w->dim(1), ws, ys, pool, isa, 0, Bf16Gemm::kWidenF32, k);
+      }
+    };
+    sweep_once();  // warm-up
+    const auto t0 = std::chrono::steady_clock::now();
+    int runs = 0;
+    double s = 0;
+    do {
+      sweep_once();
+      ++runs;
+      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } while ((s < 0.1 || runs < 2) && runs < 10000);
+    c.candidates.push_back({cands[i].name, static_cast<double>(bytes) * runs / s / 1e9});
+    exact.push_back(cands[i].exact);
+  }
+  // The fastest exact candidate (the default is one); an inexact one must beat it by 5%.
+  double best = 0;
+  for (size_t i = 0; i < c.candidates.size(); ++i) {
+    if (exact[i] && c.candidates[i].gflops > best) {
+      best = c.candidates[i].gflops;
+      c.chosen = c.candidates[i].name;
     }
   }
-  if (!file.empty()) {  // added atomically: a temporary file renamed over the cache
-    std::error_code ec;
-    std::filesystem::create_directories(cache_dir, ec);
-    const std::string tmp =
-        file + ".tmp." + std::to_string(::getpid()) + "." +
-        std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-    bool written = false;
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      for (const std::string& line : lines) out << line << "\n";
-      out << cache_line(cpu_key(), c) << "\n";
-      out.flush();
-      written = out.good();
+  best *= 1.05;
+  for (size_t i = 0; i < c.candidates.size(); ++i) {
+    if (!exact[i] && c.candidates[i].gflops > best) {
+      best = c.candidates[i].gflops;
+      c.chosen = c.candidates[i].name;
     }
-    if (written) std::filesystem::rename(tmp, file, ec);
-    if (!written || ec) std::filesystem::remove(tmp, ec);  // the old cache stays as it was
   }
+  store(cache_dir, lines, c);
   return c;
 }
 
 std::string describe(const KernelChoice& c) {
   std::string s = c.family + ":";
-  char buf[64];
+  char buf[96];
+  const bool decode = c.family.find("_decode") != std::string::npos;
   for (size_t i = 0; i < c.candidates.size(); ++i) {
-    std::snprintf(buf, sizeof buf, "%s %s %.1f GFLOP/s", i == 0 ? "" : ",",
-                  c.candidates[i].name.c_str(), c.candidates[i].gflops);
+    std::snprintf(buf, sizeof buf, "%s %s %.1f %s", i == 0 ? "" : ",", c.candidates[i].name.c_str(),
+                  c.candidates[i].gflops, decode ? "GB/s" : "GFLOP/s");
     s += buf;
   }
   return s + " -> " + c.chosen + " (" + (c.cached ? "cached; " : "measured; ") +

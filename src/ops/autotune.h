@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -16,8 +17,8 @@
 namespace vlm::ops {
 
 struct KernelCandidate {
-  std::string name;  // "f32", "dpbf16", "amx"
-  double gflops = 0;
+  std::string name;   // "f32", "dpbf16", "amx"; a decode family's candidate names (ops.h)
+  double gflops = 0;  // GFLOP/s; for a decode family GB/s of weights streamed
 };
 
 struct KernelChoice {
@@ -45,7 +46,20 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
                                       const std::string& cache_dir,
                                       const std::string& family = "bf16_gemm");
 
-// "bf16_gemm: f32 412.3 GFLOP/s, amx 1650.8 GFLOP/s -> amx (cached; M=128 K=2048 N=4096)".
+// The decode kernel of family f (ops.h: DecodeKernels) for these weights, the model's own linear
+// weights of the family's dtype in the order a decode step reads them: each candidate this level
+// runs streams them one x row at a time (a prefix of at least 512 MiB where they hold that much, so
+// the sweep comes from memory as a decode step's does) for about 0.1 s after a warm-up; its rate is
+// GB/s of weight bytes (with their scales). The fastest exact candidate is chosen; an inexact one
+// (DecodeCandidate::exact false) only when `exact_only` is false and it beats that by 5%. Cached as
+// choose_bf16_gemm's choices are (keyed by the family, the weights' count, shapes and bytes, the
+// threads and the level). Errors for no weights or a weight of another dtype.
+Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamily f,
+                                          std::span<const TensorView* const> weights,
+                                          bool exact_only, const std::string& cache_dir);
+
+// "bf16_gemm: f32 412.3 GFLOP/s, amx 1650.8 GFLOP/s -> amx (cached; M=128 K=2048 N=4096)"; decode
+// families in GB/s.
 std::string describe(const KernelChoice& c);
 
 }  // namespace vlm::ops

@@ -134,7 +134,7 @@ Status CpuBackend::linear(Buf x, int64_t M, const Linear& w, Buf y) {
     col += l.parts()[i].dim(0);
   }
   matmul_multi(f(x), M, l.cols(), l.ptrs(), std::span<float* const>(ys, n), pool_, isa_, l.rows(),
-               l.gemm());
+               l.gemm(), decode_);
   return ok_status();
 }
 

@@ -21,6 +21,9 @@ class CpuBackend final : public Backend {
   Isa isa() const { return isa_; }
   // How the GEMMs of BF16 weights multiply (prefill, the vision tower).
   Bf16Gemm bf16_gemm() const { return bf16_gemm_; }
+  // The decode kernels of every linear layer from now on (ops.h: DecodeKernels).
+  void set_decode_kernels(const DecodeKernels& k) { decode_ = k; }
+  const DecodeKernels& decode_kernels() const { return decode_; }
   ThreadPool& pool() const { return pool_; }
 
   Device device() const override { return Device::kCpu; }
@@ -83,6 +86,7 @@ class CpuBackend final : public Backend {
   ThreadPool& pool_;
   Isa isa_;
   Bf16Gemm bf16_gemm_;
+  DecodeKernels decode_;
   // moe_experts' grouping of the (row, weight) pairs by expert; grown, never shrunk.
   std::vector<int64_t> moe_start_;
   std::vector<int32_t> moe_rows_;

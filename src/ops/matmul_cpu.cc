@@ -291,6 +291,132 @@ struct QuantizedX {
 
 }  // namespace
 
+namespace {
+
+constexpr DecodeCandidate kBf16Decode[] = {
+    {"widen", true}, {"widen_l2", true}, {"evenodd_l2", true}, {"dpbf16_l2", false}};
+constexpr DecodeCandidate kInt8Decode[] = {{"f32", true}, {"f32_l2", true}, {"q8_l2", false}};
+constexpr DecodeCandidate kInt4Decode[] = {{"r8", true},      {"r8_l2", true}, {"r8_l2t2", true},
+                                           {"r8_l2d2", true}, {"r4_l2", true}, {"ymm8_l2", true}};
+constexpr kernels::Int4DecodeShape kInt4Shapes[] = {{8, false, 1, 3}, {8, false, 1, 2},
+                                                    {8, false, 1, 1}, {8, false, 2, 2},
+                                                    {4, false, 1, 2}, {8, true, 1, 2}};
+static_assert(std::size(kInt4Shapes) == std::size(kInt4Decode));
+
+enum Bf16DecodeIndex { kWiden = 0, kWidenL2 = 1, kEvenOdd = 2, kDotBf16Decode = 3 };
+enum Int8DecodeIndex { kInt8F32 = 0, kInt8F32L2 = 1, kInt8Q8 = 2 };
+
+#if defined(VLM_HAVE_X86_DISPATCH)
+// The level's one-row kernel that prefetches into L2 (kernels::*::matmul_row_l2).
+decltype(&kernels::avx2::matmul_row_l2) row_l2(Isa isa) {
+  return isa >= Isa::kAvx512 ? &kernels::avx512::matmul_row_l2 : &kernels::avx2::matmul_row_l2;
+}
+#endif
+
+// The prepared x of a BF16 decode candidate: evenodd's layout, or x in BF16 (in the same floats).
+void prepare_bf16_decode_x(int cand, Isa isa, const float* x, int64_t K, float* out) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (cand == kWidenL2) return;  // x as it is
+  if (cand == kEvenOdd && isa >= Isa::kAvx512) return kernels::avx512::prepare_x_evenodd(x, K, out);
+  if (cand == kEvenOdd) return kernels::avx2::prepare_x_evenodd(x, K, out);
+#if defined(VLM_HAVE_AVX512BF16)
+  if (cand == kDotBf16Decode) {
+    return kernels::avx512bf16::convert_rows_bf16(x, 1, K, reinterpret_cast<uint16_t*>(out));
+  }
+#endif
+#endif
+  (void)cand, (void)isa, (void)x, (void)K, (void)out;
+}
+
+void bf16_decode(int cand, Isa isa, const float* x, const float* xp, int64_t K, const TensorView& w,
+                 int64_t n0, int64_t n1, float* y) {
+  const auto* wb = static_cast<const uint16_t*>(w.data);
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (cand == kWidenL2) return row_l2(isa)(x, K, DType::kBF16, wb, nullptr, n0, n1, y);
+  if (cand == kEvenOdd && isa >= Isa::kAvx512) {
+    return kernels::avx512::matmul_row_bf16_evenodd(xp, K, wb, n0, n1, y);
+  }
+  if (cand == kEvenOdd) return kernels::avx2::matmul_row_bf16_evenodd(xp, K, wb, n0, n1, y);
+#if defined(VLM_HAVE_AVX512BF16)
+  if (cand == kDotBf16Decode) {
+    return kernels::avx512bf16::matmul_row_bf16_dot(reinterpret_cast<const uint16_t*>(xp), K, wb,
+                                                    n0, n1, y);
+  }
+#endif
+#endif
+  (void)cand, (void)isa, (void)x, (void)xp, (void)K, (void)wb, (void)n0, (void)n1, (void)y;
+}
+
+// Rows [n0, n1) of y for a weight that takes INT8 activations: by the level's kernel, or on
+// avx512vnni by the chosen decode candidate (int8_q8: one x row of I8 weights; int4_dec: I4).
+void matmul_q8(const Q8Kernels& k8, const kernels::Q8Rows& qx, int64_t M, int64_t K,
+               const TensorView& w, int64_t n0, int64_t n1, float* y, int64_t ld, float* s,
+               bool int8_q8, int int4_dec) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (int8_q8 && w.dtype == DType::kI8) {
+    return kernels::avx512vnni::matmul_row_i8_decode(qx, K, static_cast<const int8_t*>(w.data),
+                                                     w.scale, n0, n1, y);
+  }
+  if (int4_dec != 0 && w.dtype == DType::kI4) {
+    return kernels::avx512vnni::matmul_rows_q4_decode(kInt4Shapes[int4_dec], qx, M, K,
+                                                      static_cast<const uint8_t*>(w.data), w.int4,
+                                                      n0, n1, y, ld);
+  }
+#endif
+  (void)int8_q8, (void)int4_dec;
+  k8.matmul(qx, M, K, w.dtype, w.data, kernel_quant(w), n0, n1, y, ld, s);
+}
+
+}  // namespace
+
+const char* decode_family_name(DecodeFamily f) {
+  switch (f) {
+    case DecodeFamily::kBf16:
+      return "bf16_decode";
+    case DecodeFamily::kInt8:
+      return "int8_decode";
+    case DecodeFamily::kInt4:
+      return "int4_decode";
+  }
+  return "?";
+}
+
+DType decode_family_dtype(DecodeFamily f) {
+  return f == DecodeFamily::kBf16   ? DType::kBF16
+         : f == DecodeFamily::kInt8 ? DType::kI8
+                                    : DType::kI4;
+}
+
+std::span<const DecodeCandidate> decode_candidates(DecodeFamily f) {
+  switch (f) {
+    case DecodeFamily::kBf16:
+      return kBf16Decode;
+    case DecodeFamily::kInt8:
+      return kInt8Decode;
+    case DecodeFamily::kInt4:
+      return kInt4Decode;
+  }
+  return {};
+}
+
+bool decode_candidate_runs(DecodeFamily f, int index, Isa isa) {
+  if (index == 0) return true;
+  if (index < 0 || index >= static_cast<int>(decode_candidates(f).size())) return false;
+#if defined(VLM_HAVE_X86_DISPATCH)
+  switch (f) {
+    case DecodeFamily::kBf16:
+      if (index == kWidenL2 || index == kEvenOdd) return isa >= Isa::kAvx2;
+      return isa >= Isa::kAvx512 && bf16_gemm_available(Bf16Gemm::kDotBf16);
+    case DecodeFamily::kInt8:
+      return index == kInt8F32L2 ? isa >= Isa::kAvx2 : isa == Isa::kAvx512Vnni;
+    case DecodeFamily::kInt4:
+      return isa == Isa::kAvx512Vnni;
+  }
+#endif
+  (void)isa;
+  return false;
+}
+
 const char* bf16_gemm_name(Bf16Gemm g) {
   switch (g) {
     case Bf16Gemm::kWidenF32:
@@ -327,34 +453,54 @@ bool bf16_gemm_available(Bf16Gemm g) {
   return false;
 }
 
-Result<std::optional<Bf16Gemm>> parse_cpu_kernels(std::string_view text) {
-  std::optional<Bf16Gemm> bf16;
+Result<ForcedKernels> parse_cpu_kernels(std::string_view text, Isa isa) {
+  ForcedKernels forced;
   size_t at = 0;
   while (at < text.size()) {
     const size_t end = std::min(text.find(',', at), text.size());
     const std::string item(text.substr(at, end - at));
     at = end + 1;
     if (item.empty()) continue;
-    bool known = false;
-    for (Bf16Gemm g : {Bf16Gemm::kWidenF32, Bf16Gemm::kDotBf16, Bf16Gemm::kAmx}) {
-      if (item != std::string("bf16_gemm=") + bf16_gemm_name(g)) continue;
-      if (!bf16_gemm_available(g)) {
-        return invalid_argument("the CPU kernel choice " + item +
-                                " is not one this CPU, OS or ISA level runs");
+    const size_t eq = item.find('=');
+    const std::string family = item.substr(0, eq),
+                      choice = eq == std::string::npos ? "" : item.substr(eq + 1);
+    bool known = false, runs = false;
+    if (family == "bf16_gemm") {
+      for (Bf16Gemm g : {Bf16Gemm::kWidenF32, Bf16Gemm::kDotBf16, Bf16Gemm::kAmx}) {
+        if (choice != bf16_gemm_name(g)) continue;
+        known = true;
+        runs = bf16_gemm_available(g);
+        forced.bf16_gemm = g;
       }
-      bf16 = g;
-      known = true;
+    }
+    for (DecodeFamily f : kDecodeFamilies) {
+      if (family != decode_family_name(f)) continue;
+      const auto cands = decode_candidates(f);
+      for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+        if (choice != cands[i].name && !(i == 0 && choice == "default")) continue;
+        known = true;
+        runs = decode_candidate_runs(f, i, isa);
+        forced.decode[static_cast<int>(f)] = i;
+      }
     }
     if (!known) {
-      return invalid_argument("unknown kernel choice '" + item +
-                              "' (known: bf16_gemm=f32|dpbf16|amx)");
+      std::string names = "bf16_gemm=f32|dpbf16|amx";
+      for (DecodeFamily f : kDecodeFamilies) {
+        names += std::string(", ") + decode_family_name(f) + "=default";
+        for (const DecodeCandidate& c : decode_candidates(f)) names += std::string("|") + c.name;
+      }
+      return invalid_argument("unknown kernel choice '" + item + "' (known: " + names + ")");
+    }
+    if (!runs) {
+      return invalid_argument("the CPU kernel choice " + item +
+                              " is not one this CPU, OS or ISA level runs");
     }
   }
-  return bf16;
+  return forced;
 }
 
-Result<std::optional<Bf16Gemm>> cpu_kernels_from_env() {
-  static const Result<std::optional<Bf16Gemm>> r = [] {
+Result<ForcedKernels> cpu_kernels_from_env() {
+  static const Result<ForcedKernels> r = [] {
     const char* env = std::getenv("VLM_CPU_KERNELS");
     return parse_cpu_kernels(env == nullptr ? "" : env);
   }();
@@ -421,20 +567,36 @@ void matmul_multi_bf16(Bf16Gemm g, const float* x, int64_t M, int64_t K,
 }
 
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
-                  std::span<float* const> ys, ThreadPool& pool, Isa isa, int64_t ldy,
-                  Bf16Gemm gemm) {
+                  std::span<float* const> ys, ThreadPool& pool, Isa isa, int64_t ldy, Bf16Gemm gemm,
+                  const DecodeKernels& decode) {
   if (gemm != Bf16Gemm::kWidenF32 && bf16_gemm_runs(gemm, M, K, ws)) {
     matmul_multi_bf16(gemm, x, M, K, ws, ys, pool, ldy);
     return;
   }
+  // The decode candidates that apply here (DecodeKernels; the defaults otherwise).
+  const bool one_row = M == 1 && K % 32 == 0;
+  const int bf16_dec =
+      one_row && decode_candidate_runs(DecodeFamily::kBf16, decode.bf16, isa) ? decode.bf16 : 0;
+  const int int8_dec =
+      one_row && decode_candidate_runs(DecodeFamily::kInt8, decode.int8, isa) ? decode.int8 : 0;
+  const bool int8_q8 = int8_dec == kInt8Q8;
+  const int int4_dec =
+      M < kernels::kPackedMinRows && decode_candidate_runs(DecodeFamily::kInt4, decode.int4, isa)
+          ? decode.int4
+          : 0;
+  const auto quantizes_x = [&](DType t) {
+    return matmul_quantizes_x(isa, M, K, t) || (int8_q8 && t == DType::kI8);
+  };
   const MatmulRowsFn kernel = matmul_kernel(isa);
   const Int4Kernels k4 = int4_kernels(isa);
   int64_t total = 0;
   bool want_scratch = false, widen_int4 = false, quantize_x = false, widen16 = false;
   bool int4_x = false;  // an I4 weight takes quantized x
+  bool bf16_x = false;  // a BF16 weight takes x prepared for its decode candidate
   for (const TensorView* w : ws) {
     total += w->dim(0);
-    const bool quantizes = matmul_quantizes_x(isa, M, K, w->dtype);
+    bf16_x = bf16_x || (bf16_dec != 0 && w->dtype == DType::kBF16);
+    const bool quantizes = quantizes_x(w->dtype);
     quantize_x = quantize_x || quantizes;
     int4_x = int4_x || (quantizes && w->dtype == DType::kI4);
     // The AVX2 INT8-weight GEMM takes x widened to int16.
@@ -465,6 +627,12 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   kernels::Q8Rows qx{};
   const Q8Kernels k8 = quantize_x ? q8_kernels(isa) : Q8Kernels{};
   if (quantize_x) qx = qx_tls.quantize(k8, x, M, K, pool, widen16, int4_x);
+  thread_local std::vector<float> xdec_tls;
+  std::vector<float>& xdec = xdec_tls;
+  if (bf16_x) {
+    if (xdec.size() < static_cast<size_t>(K)) xdec.resize(K);
+    prepare_bf16_decode_x(bf16_dec, isa, x, K, xdec.data());
+  }
   // Grain: 16 rows of w keeps the 4-row micro-kernel busy and spreads N over the threads. A
   // thread's range of the stacked rows may span several weights: each part runs on its own.
   pool.parallel_for(total, 16, [&](int64_t n0, int64_t n1, int t) {
@@ -474,8 +642,14 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       const TensorView& w = *ws[i];
       const int64_t N = w.dim(0), ld = ldy > 0 ? ldy : N;
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
-      if (b < e && quantize_x && matmul_quantizes_x(isa, M, K, w.dtype)) {
-        k8.matmul(qx, M, K, w.dtype, w.data, kernel_quant(w), b - off, e - off, ys[i], ld, s);
+      if (b < e && bf16_dec != 0 && w.dtype == DType::kBF16) {
+        bf16_decode(bf16_dec, isa, x, xdec.data(), K, w, b - off, e - off, ys[i]);
+      } else if (b < e && int8_dec == kInt8F32L2 && w.dtype == DType::kI8) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+        row_l2(isa)(x, K, DType::kI8, w.data, w.scale, b - off, e - off, ys[i]);
+#endif
+      } else if (b < e && quantize_x && quantizes_x(w.dtype)) {
+        matmul_q8(k8, qx, M, K, w, b - off, e - off, ys[i], ld, s, int8_q8, int4_dec);
       } else if (b < e && w.dtype == DType::kI4) {
         auto* rows = widen_int4 ? reinterpret_cast<uint16_t*>(s + scratch_floats) : nullptr;
         matmul_int4_rows(x, M, K, w, b - off, e - off, ys[i], ld, k4, kernel, rows, s);

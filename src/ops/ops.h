@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -45,6 +46,39 @@ Status check_linear_weight(const TensorView& w, int64_t in_features);
 // where the CPU has them (bf16_gemm_available).
 enum class Bf16Gemm { kWidenF32, kDotBf16, kAmx };
 
+// The decode kernels (one x row; for INT4 weights on the avx512vnni level, up to
+// kernels::kPackedMinRows − 1 rows), one family per weight type, chosen by measurement at load
+// (autotune.h). Candidate 0 of each family is the default, what runs when nothing was measured;
+// the others compute the same product a different way (kernels/cpu/matmul.h):
+//   bf16_decode: widen (vpmovzxwd to f32; every level), widen_l2 (the same, the next rows
+//     prefetched into L2 rather than L1; avx2 and up), evenodd_l2 (a 32-bit word's two BF16 as f32
+//     by a shift and an and; avx2 and up), dpbf16_l2 (x rounded to BF16, AVX512_BF16 dot products:
+//     not exact);
+//   int8_decode: f32 (x stays f32), f32_l2 (avx2 and up), q8_l2 (x as INT8 blocks, vpdpbusd;
+//     avx512vnni; not exact);
+//   int4_decode: r8 (the level's own kernel), and on avx512vnni r8_l2, r8_l2t2, r8_l2d2, r4_l2,
+//     ymm8_l2 (kernels::Int4DecodeShape: rows per step, prefetch level and distance, vector
+//     width).
+enum class DecodeFamily { kBf16, kInt8, kInt4 };
+inline constexpr DecodeFamily kDecodeFamilies[] = {DecodeFamily::kBf16, DecodeFamily::kInt8,
+                                                   DecodeFamily::kInt4};
+struct DecodeKernels {
+  int bf16 = 0, int8 = 0, int4 = 0;  // candidate indexes; 0: the default
+  int& of(DecodeFamily f) {
+    return f == DecodeFamily::kBf16 ? bf16 : f == DecodeFamily::kInt8 ? int8 : int4;
+  }
+  int of(DecodeFamily f) const { return const_cast<DecodeKernels*>(this)->of(f); }
+};
+struct DecodeCandidate {
+  const char* name;
+  bool exact;  // the default's arithmetic (only the order of f32 sums may differ)
+};
+const char* decode_family_name(DecodeFamily f);  // "bf16_decode", "int8_decode", "int4_decode"
+DType decode_family_dtype(DecodeFamily f);       // kBF16, kI8, kI4
+std::span<const DecodeCandidate> decode_candidates(DecodeFamily f);
+// Whether candidate `index` of the family runs at this level on this CPU (the default always).
+bool decode_candidate_runs(DecodeFamily f, int index, Isa isa);
+
 // y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16, F16, I8 with w.scale set (row n of w is
 // w[n, :] · scale[n]), or I4 with w.int4 set (w[n, k] = (q[n, k] − zero[n, g]) · scale[n, g],
 // g = k / group; from 8 x rows on, blocks of 32 I4 rows are widened to BF16 and run by the BF16
@@ -58,20 +92,27 @@ void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y,
 // rows of all the weights (q/k/v, gate/up), so a decode step streams them as one matrix, with one
 // fork/join instead of one per weight. Each ws[i] as for matmul; ys[i] has row stride ldy, or
 // N_i when ldy is 0 (ys[i] = y + Σ_{j<i} N_j with ldy = Σ N_j: the outputs side by side).
+// `decode` picks the decode kernels (above) where they apply.
 void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorView* const> ws,
                   std::span<float* const> ys, ThreadPool& pool, Isa isa = detected_isa(),
-                  int64_t ldy = 0, Bf16Gemm gemm = Bf16Gemm::kWidenF32);
+                  int64_t ldy = 0, Bf16Gemm gemm = Bf16Gemm::kWidenF32,
+                  const DecodeKernels& decode = {});
 
 const char* bf16_gemm_name(Bf16Gemm g);  // "f32", "dpbf16", "amx"
 // Whether this CPU (and OS, for AMX's tile state) runs the candidate; kWidenF32 everywhere.
 bool bf16_gemm_available(Bf16Gemm g);
 bool amx_available();
-// A forced choice, "family=choice,..." (today one family: bf16_gemm=f32|dpbf16|amx); nullopt
-// when the text names none. An error names an unknown family or choice, or one this CPU cannot
-// run.
-Result<std::optional<Bf16Gemm>> parse_cpu_kernels(std::string_view text);
+// Forced choices, "family=choice,...": bf16_gemm=f32|dpbf16|amx, and per decode family one of
+// its candidates' names or `default` (candidate 0), e.g. "bf16_decode=evenodd,int4_decode=ymm8".
+// A family the text does not name stays unset. An error names an unknown family or choice, or
+// one this CPU cannot run (decode candidates: at level `isa`).
+struct ForcedKernels {
+  std::optional<Bf16Gemm> bf16_gemm;
+  std::optional<int> decode[std::size(kDecodeFamilies)];  // by DecodeFamily
+};
+Result<ForcedKernels> parse_cpu_kernels(std::string_view text, Isa isa = detected_isa());
 // The same for the VLM_CPU_KERNELS environment variable, read once.
-Result<std::optional<Bf16Gemm>> cpu_kernels_from_env();
+Result<ForcedKernels> cpu_kernels_from_env();
 // Whether candidate g takes this product: kWidenF32 always; the others BF16 weights with rows a
 // multiple of 16, K a multiple of 32, from kernels::kPackedMinRows x rows, where available.
 bool bf16_gemm_runs(Bf16Gemm g, int64_t M, int64_t K, std::span<const TensorView* const> ws);

@@ -297,6 +297,61 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
   }
 }
 
+// `vlm bench --kernels`: with nothing forced, each decode family of the model's weights is
+// measured where this CPU runs more than one candidate (each candidate's GB/s, then the choice;
+// read from the cache on the next start); a forced choice is named as forced; an unknown one,
+// or an inexact one under --precision f32, is refused.
+TEST(Cli, BenchKernelsMeasuresTheDecodeCandidates) {
+  test_util::TempDir cache;
+  const std::string env = "env VLM_CACHE_DIR=" + quote(cache.path().string()) + " VLM_CPU_KERNELS=";
+  const std::string bf16 = quote(kFixtures + "/text-bf16-hd128");
+  const ops::Isa isa = ops::detected_isa();
+  for (const auto& [family, quant] : {std::pair{ops::DecodeFamily::kBf16, ""},
+                                      std::pair{ops::DecodeFamily::kInt8, " --quant int8"},
+                                      std::pair{ops::DecodeFamily::kInt4, " --quant int4"}}) {
+    const auto cands = ops::decode_candidates(family);
+    std::string want = std::string(ops::decode_family_name(family)) + ":";
+    int runs = 0;
+    for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+      if (!ops::decode_candidate_runs(family, i, isa)) continue;
+      want += std::string(runs++ ? ", " : " ") + cands[i].name + " ";
+    }
+    for (const char* state : {"(measured", "(cached"}) {
+      CliResult r = run_program(env + " " + kCli, "bench --kernels -t 2 -m " + bf16 + quant);
+      ASSERT_EQ(r.code, 0) << r.err;
+      if (runs < 2) {
+        EXPECT_NE(r.out.find(want + "(the only candidate here)"), std::string::npos) << r.out;
+        continue;
+      }
+      const size_t at = r.out.find(std::string(ops::decode_family_name(family)) + ":");
+      ASSERT_NE(at, std::string::npos) << r.out;
+      const std::string part = r.out.substr(at, r.out.find(';', at) - at);
+      for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+        const bool listed = part.find(std::string(" ") + cands[i].name + " ") != std::string::npos;
+        EXPECT_EQ(listed, ops::decode_candidate_runs(family, i, isa))
+            << cands[i].name << ": " << part;
+      }
+      EXPECT_NE(part.find(" GB/s"), std::string::npos) << part;
+      EXPECT_NE(part.find(" -> "), std::string::npos) << part;
+      EXPECT_NE(part.find(state), std::string::npos) << part;
+    }
+  }
+  CliResult r = run_program(env + "int8_decode=f32 " + kCli,
+                            "bench --kernels -t 2 -m " + bf16 + " --quant int8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("int8_decode=f32 (forced)"), std::string::npos) << r.out;
+  r = run_program(env + "int4_decode=fastest " + kCli, "bench --kernels -m " + bf16);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("unknown kernel choice 'int4_decode=fastest'"), std::string::npos) << r.err;
+  if (ops::decode_candidate_runs(ops::DecodeFamily::kInt8, 2, isa)) {  // q8_l2: not exact
+    r = run_program(env + "int8_decode=q8_l2 " + kCli,
+                    "bench --kernels -m " + bf16 + " --quant int8 --precision f32");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.err.find("int8_decode=q8_l2 contradicts --precision f32"), std::string::npos)
+        << r.err;
+  }
+}
+
 // `vlm bench --json FILE`: every measurement with its kind, size, repetitions, median/min/max
 // and unit, plus what was measured on what. No timing assertions.
 void expect_row_figures(const nlohmann::json& r, size_t reps) {

@@ -804,18 +804,44 @@ INSTANTIATE_TEST_SUITE_P(Candidates, Bf16GemmTest,
 // VLM_CPU_KERNELS' syntax: nothing forced by default, unknown choices refused by name, a
 // candidate only where the CPU runs it.
 TEST(Bf16Gemm, KernelChoicesParseAndRefuse) {
-  EXPECT_FALSE(ops::parse_cpu_kernels("")->has_value());
-  EXPECT_EQ(**ops::parse_cpu_kernels("bf16_gemm=f32"), ops::Bf16Gemm::kWidenF32);
-  for (const char* bad :
-       {"bf16_gemm=amx2", "gemm=amx", "bf16_gemm", "BF16_GEMM=amx", "bf16_gemm=dp"}) {
+  auto none = ops::parse_cpu_kernels("");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->bf16_gemm.has_value());
+  for (const auto& d : none->decode) EXPECT_FALSE(d.has_value());
+  EXPECT_EQ(*ops::parse_cpu_kernels("bf16_gemm=f32")->bf16_gemm, ops::Bf16Gemm::kWidenF32);
+  for (const char* bad : {"bf16_gemm=amx2", "gemm=amx", "bf16_gemm", "BF16_GEMM=amx",
+                          "bf16_gemm=dp", "bf16_decode=fast", "int4_decode", "int8_decode=widen"}) {
     auto r = ops::parse_cpu_kernels(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find("unknown kernel choice"), std::string::npos);
+    EXPECT_NE(r.status().message().find("int4_decode=default|r8|"), std::string::npos);
   }
   for (ops::Bf16Gemm g : {ops::Bf16Gemm::kDotBf16, ops::Bf16Gemm::kAmx}) {
     auto r = ops::parse_cpu_kernels(std::string("bf16_gemm=") + ops::bf16_gemm_name(g));
     EXPECT_EQ(r.ok(), ops::bf16_gemm_available(g)) << ops::bf16_gemm_name(g);
-    if (r.ok()) EXPECT_EQ(**r, g);
+    if (r.ok()) EXPECT_EQ(*r->bf16_gemm, g);
+  }
+  // Decode families: `default` is candidate 0; a candidate is accepted where it runs at the level.
+  auto defaults = ops::parse_cpu_kernels(
+      "bf16_gemm=f32,bf16_decode=default,int8_decode=f32,int4_decode=default", ops::Isa::kGeneric);
+  ASSERT_TRUE(defaults.ok()) << defaults.status().message();
+  for (const auto& d : defaults->decode) EXPECT_EQ(d, 0);
+  for (ops::Isa isa : ops::runnable_isas()) {
+    for (ops::DecodeFamily f : ops::kDecodeFamilies) {
+      const auto cands = ops::decode_candidates(f);
+      for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+        const std::string item = std::string(ops::decode_family_name(f)) + "=" + cands[i].name;
+        auto r = ops::parse_cpu_kernels(item, isa);
+        ASSERT_EQ(r.ok(), ops::decode_candidate_runs(f, i, isa))
+            << item << " " << ops::isa_name(isa);
+        if (r.ok()) EXPECT_EQ(r->decode[static_cast<int>(f)], i) << item;
+        if (!r.ok()) EXPECT_NE(r.status().message().find("not one this CPU"), std::string::npos);
+      }
+      // Only the default at the generic level; every candidate is exact or says it is not.
+      EXPECT_EQ(ops::decode_candidate_runs(f, 1, ops::Isa::kGeneric), false);
+      EXPECT_TRUE(cands[0].exact);
+      EXPECT_FALSE(ops::decode_candidate_runs(f, static_cast<int>(cands.size()), isa));
+    }
   }
 }
 
@@ -866,6 +892,153 @@ TEST(Autotune, MeasuresOnceThenReadsTheCache) {
   ASSERT_TRUE(uncached.ok());
   EXPECT_FALSE(uncached->cached);
   EXPECT_FALSE(ops::choose_bf16_gemm(pool, ops::detected_isa(), 0, 64, 32, "").ok());
+  std::filesystem::remove_all(dir);
+}
+
+// Every decode candidate this level runs, against the scalar reference, through matmul_multi (a
+// stack of weights split across the threads, as a decode step runs them): BF16 and INT8 at one x
+// row, INT4 at 1 .. 5 rows, every group layout. K: one run of 32, runs with a 64-value step's
+// half left (96), many (1056, 2080); N: tails of the 8- and 4-row steps. A candidate that does
+// not run here, or K off the 32-value runs, falls back to the default (still correct).
+TEST_P(MatmulTest, DecodeCandidatesMatchReference) {
+  ThreadPool pool(2);
+  const ops::Isa isa = GetParam();
+  for (ops::DecodeFamily f : ops::kDecodeFamilies) {
+    const auto cands = ops::decode_candidates(f);
+    for (int c = 0; c <= static_cast<int>(cands.size()); ++c) {  // one past: not a candidate
+      const bool exact = c == static_cast<int>(cands.size()) || cands[c].exact ||
+                         !ops::decode_candidate_runs(f, c, isa);
+      ops::DecodeKernels dk;
+      dk.of(f) = c;
+      const std::vector<int64_t> ms = f == ops::DecodeFamily::kInt4
+                                          ? std::vector<int64_t>{1, 2, 3, 5}
+                                          : std::vector<int64_t>{1};
+      const std::vector<int64_t> ks = f == ops::DecodeFamily::kBf16
+                                          ? std::vector<int64_t>{32, 48, 96, 1056, 2080}
+                                          : std::vector<int64_t>{32, 96, 1056, 2080};
+      for (int64_t M : ms) {
+        for (int64_t K : ks) {
+          const std::string what = std::string(ops::isa_name(isa)) + " " +
+                                   ops::decode_family_name(f) + " candidate " + std::to_string(c) +
+                                   " M=" + std::to_string(M) + " K=" + std::to_string(K);
+          const auto seed = static_cast<uint32_t>(c * 17 + M * 131 + K);
+          std::vector<WeightBuf> fw;
+          std::vector<QuantBuf<int8_t, float>> w8;
+          std::vector<QuantBuf<uint8_t, uint16_t>> w4;
+          std::vector<const TensorView*> ws;
+          for (int64_t N : {9, 17, 70}) {
+            if (f == ops::DecodeFamily::kBf16)
+              fw.push_back(make_weight(DType::kBF16, N, K, seed + N));
+            if (f == ops::DecodeFamily::kInt8) w8.push_back(make_int8_weight(N, K, seed + N));
+            if (f == ops::DecodeFamily::kInt4) {
+              const Int4Layout& l = int4_layouts()[static_cast<size_t>(N) % int4_layouts().size()];
+              if (K % l.group != 0) continue;
+              w4.push_back(make_int4_weight(N, K, seed + N, l.group, l.zeros));
+            }
+          }
+          for (auto& b : fw) ws.push_back(&b.view);
+          for (auto& b : w8) ws.push_back(&b.view);
+          for (auto& b : w4) ws.push_back(&b.view);
+          auto x = randn(M * K, seed + 1);
+          for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;  // a zero block (scale 0)
+          std::vector<std::vector<float>> ys;
+          std::vector<float*> yp;
+          for (const TensorView* w : ws) ys.emplace_back(M * w->dim(0), NAN);
+          for (auto& y : ys) yp.push_back(y.data());
+          ops::matmul_multi(x.data(), M, K, ws, yp, pool, isa, 0, ops::Bf16Gemm::kWidenF32, dk);
+          for (size_t i = 0; i < ws.size(); ++i) {
+            const TensorView& w = *ws[i];
+            const int64_t N = w.dim(0);
+            if (ops::matmul_quantizes_x(isa, M, K, w.dtype) || !exact) {
+              if (w.dtype != DType::kBF16) {
+                expect_q8_matmul(x, M, K, w, ys[i], what);
+                continue;
+              }
+            }
+            std::vector<float> want(M * N);
+            ops::ref::matmul(x.data(), M, K, w, want.data());
+            for (int64_t m = 0; m < M; ++m) {
+              for (int64_t n = 0; n < N; ++n) {
+                // Σ|x w| bounds the f32 sums (K · 2^-22 of it); x rounded to BF16 (dpbf16) moves
+                // each product by ≤ 2^-9 of itself.
+                double a = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  const double wk =
+                      w.dtype == DType::kBF16
+                          ? bf16_to_f32(static_cast<const uint16_t*>(w.data)[n * K + k])
+                          : quantized_weight_at(w, n, k) + zero_term_at(w, n, k);
+                  a += std::fabs(static_cast<double>(x[m * K + k]) * wk);
+                }
+                const double rel = static_cast<double>(K) * std::ldexp(1.0, -22) +
+                                   (exact ? 0.0 : std::ldexp(1.0, -8));
+                ASSERT_NEAR(ys[i][m * N + n], want[m * N + n], rel * a + 1e-6)
+                    << what << " N=" << N << " m=" << m << " n=" << n;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The decode choice: each candidate the level runs is timed on the given weights and named with
+// its rate; the fastest exact one wins unless an inexact one beats it by 5% (and never under
+// exact_only); the result is cached; bad input is refused.
+TEST(Autotune, DecodeChoiceMeasuresEveryCandidateAndCaches) {
+  ThreadPool pool(2);
+  const std::string dir = ::testing::TempDir() + "vlm-decode-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const ops::Isa isa = ops::detected_isa();
+  auto bf = make_weight(DType::kBF16, 64, 256, 1);
+  auto i8 = make_int8_weight(64, 256, 2);
+  auto i4 = make_int4_weight(64, 256, 3, 32, false);
+  const std::pair<ops::DecodeFamily, const TensorView*> cases[] = {
+      {ops::DecodeFamily::kBf16, &bf.view},
+      {ops::DecodeFamily::kInt8, &i8.view},
+      {ops::DecodeFamily::kInt4, &i4.view}};
+  for (const auto& [f, w] : cases) {
+    const TensorView* ws[] = {w, w};
+    const auto cands = ops::decode_candidates(f);
+    for (bool exact_only : {false, true}) {
+      auto c = ops::choose_decode_kernel(pool, isa, f, ws, exact_only, dir);
+      ASSERT_TRUE(c.ok()) << c.status().message();
+      EXPECT_FALSE(c->cached);
+      EXPECT_EQ(c->family, ops::decode_family_name(f));
+      std::vector<std::string> want;
+      for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+        if (ops::decode_candidate_runs(f, i, isa) && (!exact_only || cands[i].exact)) {
+          want.push_back(cands[i].name);
+        }
+      }
+      ASSERT_EQ(c->candidates.size(), want.size());
+      double best_exact = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(c->candidates[i].name, want[i]);
+        EXPECT_GT(c->candidates[i].gflops, 0) << want[i];
+        for (const auto& k : cands) {
+          if (k.name == want[i] && k.exact)
+            best_exact = std::max(best_exact, c->candidates[i].gflops);
+        }
+      }
+      for (const auto& k : c->candidates) {
+        if (k.name != c->chosen) continue;
+        bool exact = false;
+        for (const auto& d : cands) exact = exact || (d.name == k.name && d.exact);
+        EXPECT_TRUE(exact ? k.gflops == best_exact : k.gflops > 1.05 * best_exact) << k.name;
+      }
+      EXPECT_NE(ops::describe(*c).find("GB/s"), std::string::npos);
+      auto again = ops::choose_decode_kernel(pool, isa, f, ws, exact_only, dir);
+      ASSERT_TRUE(again.ok());
+      EXPECT_TRUE(again->cached);
+      EXPECT_EQ(again->chosen, c->chosen);
+      EXPECT_EQ(again->candidates.size(), c->candidates.size());
+    }
+    // Weights of another family's dtype, or none, are refused.
+    const TensorView* other[] = {f == ops::DecodeFamily::kBf16 ? &i8.view : &bf.view};
+    EXPECT_FALSE(ops::choose_decode_kernel(pool, isa, f, other, false, dir).ok());
+    EXPECT_FALSE(ops::choose_decode_kernel(pool, isa, f, {}, false, dir).ok());
+  }
   std::filesystem::remove_all(dir);
 }
 

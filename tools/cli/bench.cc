@@ -818,8 +818,8 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
                 "compile time, its token-mask time per step, and decode (-n) with it beside "
                 "decode without it");
   b->add_flag("--kernels", a->kernels_only,
-              "Print the CPU kernel choices (each candidate's GFLOP/s at the model's shapes, and "
-              "the one chosen) and stop");
+              "Print the CPU kernel choices (each candidate's GFLOP/s at the model's shapes, or "
+              "for decode its GB/s over the model's weights, and the one chosen) and stop");
   b->add_option("--json", a->json_out,
                 "Also write every measurement as JSON to this file ('-': to stdout, with the "
                 "table on stderr)");

@@ -16,6 +16,11 @@ namespace vlm::kernels {
 // block of weight rows once when M is large; may be null.
 // From this many x rows on, matmul_rows uses a packed outer-product kernel; it then needs
 // scratch_rows >= 32.
+// matmul_row_l2: matmul_rows' one-row kernel for BF16 and I8 weights (a decode candidate), its
+// prefetches of the next rows into L2 instead of L1. (Short weight rows — 1 to 4 KiB — in 8
+// streams are too short for the hardware prefetchers; prefetched into L1, the lines in flight
+// are capped by L1's miss buffers, and one core streamed at half of what it reads sequentially
+// on a Zen 4.)
 constexpr int64_t kPackedMinRows = 32;
 
 // A right-hand side packed once and multiplied many times (attention's K and V, reused by every
@@ -33,6 +38,8 @@ namespace generic {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
                  const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
+void matmul_row_l2(const float* x, int64_t K, DType wtype, const void* w, const void* quant,
+                   int64_t n0, int64_t n1, float* y);
 void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const float* packed,
@@ -42,6 +49,8 @@ namespace avx2 {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
                  const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
+void matmul_row_l2(const float* x, int64_t K, DType wtype, const void* w, const void* quant,
+                   int64_t n0, int64_t n1, float* y);
 void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const float* packed,
@@ -51,6 +60,8 @@ namespace avx512 {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
                  const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
+void matmul_row_l2(const float* x, int64_t K, DType wtype, const void* w, const void* quant,
+                   int64_t n0, int64_t n1, float* y);
 void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const float* packed,
@@ -62,6 +73,10 @@ void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const f
 // ops::Bf16Gemm), where the CPU has the instruction.
 namespace avx512bf16 {
 bool available();
+// One x row (decode; a candidate of the BF16 decode family): y[n] = Σ_k xb[k] · w[n, k] for n in
+// [n0, n1), xb from convert_rows_bf16, w BF16 rows as stored, K a multiple of 32.
+void matmul_row_bf16_dot(const uint16_t* xb, int64_t K, const uint16_t* w, int64_t n0, int64_t n1,
+                         float* y);
 // xb [M, K] BF16 (round to nearest even) from x [M, K] f32; K a multiple of 32.
 void convert_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* xb);
 // Weight rows [n, n + 16 · blocks) (blocks 1 or 2) of w BF16 [N, K] in pairs of K: the 32-bit
@@ -93,6 +108,23 @@ bool available();
 void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* w, int64_t n0,
                       int64_t n1, float* y, int64_t ldy, void* scratch);
 }  // namespace amx
+
+// BF16 decode without widening (decode_kernel.inc, a candidate of the BF16 decode family): one x
+// row, exact products. prepare_x_evenodd lays x out in runs of evenodd_run() values (16 on avx2,
+// 32 on avx512; K a multiple of it): the run's even-indexed values, then its odd-indexed ones.
+// matmul_row_bf16_evenodd: y[n] = Σ_k x[k] · w[n, k] for n in [n0, n1), w BF16 [N, K] as stored.
+namespace avx2 {
+int64_t evenodd_run();
+void prepare_x_evenodd(const float* x, int64_t K, float* out);
+void matmul_row_bf16_evenodd(const float* xeo, int64_t K, const uint16_t* w, int64_t n0, int64_t n1,
+                             float* y);
+}  // namespace avx2
+namespace avx512 {
+int64_t evenodd_run();
+void prepare_x_evenodd(const float* x, int64_t K, float* out);
+void matmul_row_bf16_evenodd(const float* xeo, int64_t K, const uint16_t* w, int64_t n0, int64_t n1,
+                             float* y);
+}  // namespace avx512
 
 // INT4 weights (DType::kI4), for few x rows (decode): y[m, n] (row stride ldy) =
 // sum_k x[m, k] · q[n, k] · scale[n, k / G] for m in [0, M), n in [n0, n1). x: [M, K] f32
@@ -163,6 +195,18 @@ constexpr int64_t q8_scratch_bytes(int64_t K) {
   const int64_t bytes = 32 * kc + 32 * (kc / kQ8Block) * 4, bytes16 = 64 * kc16 + 32 * 4;
   return (bytes > bytes16 ? bytes : bytes16) + 64;
 }
+// How the VNNI level's INT4 decode kernel (few x rows, over Q8Rows::decode) streams the weights,
+// a decode candidate (ops/autotune.h): weight rows per step with up to 2 x rows (8 or 4; 4 from 3
+// x rows on), 512- or 256-bit vectors, the prefetch distance in groups of rows (1: the next
+// group's rows, 2: the group after it) and the level of cache prefetched into. The sums are the
+// same up to the order of f32 additions.
+struct Int4DecodeShape {
+  int rows = 8;
+  bool ymm = false;
+  int prefetch = 1;  // 1 or 2
+  int locality = 3;  // the prefetches' (__builtin_prefetch): 3 into L1, 2 or 1 into L2; 2 when
+                     // prefetch is 2 (see matmul_row_l2)
+};
 namespace avx512vnni {
 // x: [M, K] f32 contiguous, K a multiple of kQ8Block; q / scale / sum as Q8Rows.
 void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sum);
@@ -176,6 +220,16 @@ void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
                     const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);
+// The INT4 decode kernel shaped as s: M < kPackedMinRows rows of x (x.decode set), otherwise as
+// matmul_rows_q8 (which runs it with Int4DecodeShape{}).
+void matmul_rows_q4_decode(const Int4DecodeShape& s, const Q8Rows& x, int64_t M, int64_t K,
+                           const uint8_t* w, const Int4Params& p, int64_t n0, int64_t n1, float* y,
+                           int64_t ldy);
+// INT8 weights × one row of INT8 x (a decode candidate; by default one x row stays f32): y[n] =
+// scale[n] · Σ_b x.scale[b] · Σ_{k in b} x.q[k] · w[n, k] for n in [n0, n1), the block sums exact
+// in int32. K a multiple of kQ8Block.
+void matmul_row_i8_decode(const Q8Rows& x, int64_t K, const int8_t* w, const float* scale,
+                          int64_t n0, int64_t n1, float* y);
 }  // namespace avx512vnni
 
 // The same INT8 activations on AVX2 (matmul_q8_avx2_kernel.inc): INT4 weights through

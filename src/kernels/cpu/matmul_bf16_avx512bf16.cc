@@ -94,6 +94,30 @@ void rows_tail(int64_t rows, const uint16_t* xb, int64_t K, const uint32_t* pane
   }
 }
 
+// NR weight rows (row stride K) against one x row in BF16: lane i of a step sums the products of
+// the pair (2i, 2i + 1), which vdpbf16ps takes from x and the weights as both are stored.
+template <int NR>
+inline void dot_rows(const uint16_t* xb, int64_t K, const uint16_t* w, float* y) {
+  __m512 acc[NR];
+  for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    // The same column of the next NR rows, one line per step, into L2 (see matmul_row_l2).
+    for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + NR) * K + k, 0, 2);
+    const __m512bh xv = (__m512bh)_mm512_loadu_si512(xb + k);
+    for (int j = 0; j < NR; ++j) {
+      acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(w + j * K + k), xv);
+    }
+  }
+  for (int j = 0; j < NR; ++j) {
+    // (Spelled out: _mm512_reduce_add_ps trips GCC 12's -Wuninitialized.)
+    const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, acc[j], 0),
+                                   _mm512_maskz_extractf32x8_ps(0xff, acc[j], 1));
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    y[j] = _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+  }
+}
+
 }  // namespace
 
 bool available() {
@@ -126,6 +150,13 @@ void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* 
       }
     }
   }
+}
+
+void matmul_row_bf16_dot(const uint16_t* xb, int64_t K, const uint16_t* w, int64_t n0, int64_t n1,
+                         float* y) {
+  int64_t n = n0;
+  for (; n + 8 <= n1; n += 8) dot_rows<8>(xb, K, w + n * K, y + n);
+  for (; n < n1; ++n) dot_rows<1>(xb, K, w + n * K, y + n);
 }
 
 }  // namespace vlm::kernels::avx512bf16

@@ -248,7 +248,7 @@ inline __m512i lanes_of_group(int shift) {
 
 // MR x rows (decode layout at dx, row stride dstride bytes) × NR weight rows of K / 2 bytes and
 // their f16 scales (row stride K / G; block b takes scale b >> shift; lanes: lanes_of_group).
-template <int MR, int NR>
+template <int MR, int NR, int PF, int Loc>
 inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
                          const uint16_t* wscale, int shift, __m512i lanes, int64_t K, float* y,
                          int64_t ldy) {
@@ -267,9 +267,9 @@ inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
     // As the other decode kernels: the same column of the next NR rows, one line per chunk, and
     // their scales every 8 chunks (one 64-byte line of f16 scales at groups of 32; at 64 and 128
     // the same line twice or four times, which costs nothing).
-    for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + NR) * rb + c * 64, 0, 3);
+    for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + PF * NR) * rb + c * 64, 0, Loc);
     if ((c & 7) == 0) {
-      for (int j = 0; j < NR; ++j) __builtin_prefetch(wscale + (j + NR) * groups + g0, 0, 3);
+      for (int j = 0; j < NR; ++j) __builtin_prefetch(wscale + (j + PF * NR) * groups + g0, 0, 3);
     }
     for (int j = 0; j < NR; ++j) {
       const __m512i b = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bmask, w + j * rb + c * 64),
@@ -293,9 +293,69 @@ inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum(acc[i][j]);
 }
 
+// The same on 256-bit vectors: each 128-value chunk in two halves of 2 blocks (bytes 32h .. 32h +
+// 32 of the chunk's weights and of each part of its x layout), block b's sum in lanes 4(b − 2h) ..
+// 4(b − 2h) + 3. On CPUs that split 512-bit instructions in two, or lower their clock for them,
+// this may run faster (ops/autotune.cc measures it).
+inline float hsum(__m256 v) {
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+template <int MR, int NR, int PF, int Loc>
+inline void decode_micro_ymm(const uint8_t* dx, int64_t dstride, const uint8_t* w,
+                             const uint16_t* wscale, int shift, int64_t K, float* y, int64_t ldy) {
+  static_assert(MR * NR <= 16, "accumulators stay in registers");
+  const int64_t rb = K / 2, blocks = K / kQ8Block, chunks = (blocks + 3) / 4;
+  const int64_t groups = blocks >> shift;
+  const __m256i lanes0 =
+      _mm256_srlv_epi32(_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_set1_epi32(shift));
+  const __m256i lanes1 =
+      _mm256_srlv_epi32(_mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3), _mm256_set1_epi32(shift));
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b0 = 4 * c, rem = std::min<int64_t>(4, blocks - b0);
+    const int64_t g0 = b0 >> shift, ng = ((b0 + rem - 1) >> shift) - g0 + 1;
+    const auto smask = static_cast<__mmask8>((1u << ng) - 1);
+    for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + PF * NR) * rb + c * 64, 0, Loc);
+    if ((c & 7) == 0) {
+      for (int j = 0; j < NR; ++j) __builtin_prefetch(wscale + (j + PF * NR) * groups + g0, 0, 3);
+    }
+    for (int j = 0; j < NR; ++j) {
+      const __m128 s4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(smask, wscale + j * groups + g0));
+      const __m256 s8 = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
+      for (int h = 0; h < 2 && 2 * h < rem; ++h) {
+        const __mmask32 bmask = 2 * h + 1 < rem ? ~__mmask32{0} : __mmask32{0xffff};
+        const __m256i b =
+            _mm256_xor_si256(_mm256_maskz_loadu_epi8(bmask, w + j * rb + c * 64 + 32 * h),
+                             _mm256_set1_epi8(static_cast<char>(0x88)));
+        const __m256i lo = _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0f));
+        const __m256 sw = _mm256_permutevar8x32_ps(s8, h == 0 ? lanes0 : lanes1);
+        for (int i = 0; i < MR; ++i) {
+          const uint8_t* xc = dx + i * dstride + c * kDecodeChunkBytes + 32 * h;
+          __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + 128));
+          d = _mm256_dpbusd_epi32(d, lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc)));
+          d = _mm256_dpbusd_epi32(d, hi,
+                                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + 64)));
+          acc[i][j] = _mm256_fmadd_ps(
+              _mm256_cvtepi32_ps(d),
+              _mm256_mul_ps(sw, _mm256_loadu_ps(reinterpret_cast<const float*>(xc + 192))),
+              acc[i][j]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum(acc[i][j]);
+}
+
 // Weight rows outermost (each group of NR rows is read from memory once and stays in L1 while
 // every 4-row group of x runs over it), x rows inner.
-template <int NR>
+template <int NR, bool kYmm, int PF, int Loc>
 void run_decode(const uint8_t* dx, int64_t M, int64_t K, const uint8_t* w, const Int4Params& p,
                 int64_t n0, int64_t n1, float* y, int64_t ldy) {
   constexpr int kMaxMR = 16 / NR;
@@ -310,7 +370,11 @@ void run_decode(const uint8_t* dx, int64_t M, int64_t K, const uint8_t* w, const
       const uint16_t* sn = p.scale + n * groups;
       float* ym = y + m * ldy + n;
       const auto micro = [&]<int MR>() {
-        decode_micro<MR, R>(xm, dstride, wn, sn, shift, lanes, K, ym, ldy);
+        if constexpr (kYmm) {
+          decode_micro_ymm<MR, R, PF, Loc>(xm, dstride, wn, sn, shift, K, ym, ldy);
+        } else {
+          decode_micro<MR, R, PF, Loc>(xm, dstride, wn, sn, shift, lanes, K, ym, ldy);
+        }
       };
       switch (std::min<int64_t>(kMaxMR, M - m)) {
         case 1:
@@ -386,17 +450,76 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
   }
 }
 
+void matmul_rows_q4_decode(const Int4DecodeShape& s, const Q8Rows& x, int64_t M, int64_t K,
+                           const uint8_t* w, const Int4Params& p, int64_t n0, int64_t n1, float* y,
+                           int64_t ldy) {
+  const auto run = [&]<int NR, bool kYmm>() {
+    if (s.prefetch == 2) {
+      run_decode<NR, kYmm, 2, 2>(x.decode, M, K, w, p, n0, n1, y, ldy);
+    } else if (s.locality == 1) {
+      run_decode<NR, kYmm, 1, 1>(x.decode, M, K, w, p, n0, n1, y, ldy);
+    } else if (s.locality == 2) {
+      run_decode<NR, kYmm, 1, 2>(x.decode, M, K, w, p, n0, n1, y, ldy);
+    } else {
+      run_decode<NR, kYmm, 1, 3>(x.decode, M, K, w, p, n0, n1, y, ldy);
+    }
+  };
+  const bool eight = M <= 2 && s.rows == 8;  // 8 rows × up to 2 x rows of accumulators
+  if (s.ymm) {
+    eight ? run.template operator()<8, true>() : run.template operator()<4, true>();
+  } else {
+    eight ? run.template operator()<8, false>() : run.template operator()<4, false>();
+  }
+}
+
+namespace {
+
+// NR INT8 weight rows (row stride K, offset to unsigned by ^ 0x80) against one row of INT8 x:
+// 64 values per step, vpdpbusd leaving block 2t's sum in lanes 0..7 and block 2t + 1's in 8..15,
+// times the blocks' x scales; the offset's term (128 · Σ_b scale_b · Σq_b, the same for every
+// weight row) and the row scale apply once at the end.
+template <int NR>
+inline void i8_rows(const int8_t* xq, const float* xs, float offset, int64_t K, const int8_t* w,
+                    const float* wscale, float* y) {
+  __m512 acc[NR];
+  for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t k = 0; k < K; k += 64) {
+    const bool full = k + 64 <= K;  // else one 32-value block is left
+    const __mmask64 m = full ? ~__mmask64{0} : (__mmask64{1} << 32) - 1;
+    for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + NR) * K + k, 0, 2);
+    const __m512i xv = _mm512_maskz_loadu_epi8(m, xq + k);
+    const float s1 = full ? xs[k / kQ8Block + 1] : 0.f;
+    const __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(xs[k / kQ8Block]), _mm256_set1_ps(s1), 1);
+    for (int j = 0; j < NR; ++j) {
+      const __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, w + j * K + k), flip);
+      const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+      acc[j] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, d), sv, acc[j]);
+    }
+  }
+  for (int j = 0; j < NR; ++j) y[j] = wscale[j] * (hsum(acc[j]) - offset);
+}
+
+}  // namespace
+
+void matmul_row_i8_decode(const Q8Rows& x, int64_t K, const int8_t* w, const float* scale,
+                          int64_t n0, int64_t n1, float* y) {
+  float offset = 0.f;
+  for (int64_t b = 0; b < K / kQ8Block; ++b) {
+    offset += x.scale[b] * static_cast<float>(I8::kZero * x.sum[b]);
+  }
+  int64_t n = n0;
+  for (; n + 8 <= n1; n += 8) i8_rows<8>(x.q, x.scale, offset, K, w + n * K, scale + n, y + n);
+  for (; n < n1; ++n) i8_rows<1>(x.q, x.scale, offset, K, w + n * K, scale + n, y + n);
+}
+
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
                     const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch) {
   const auto* wb = static_cast<const uint8_t*>(w);
   if (wtype == DType::kI4 && M < kPackedMinRows) {
-    const auto& p = *static_cast<const Int4Params*>(quant);
-    if (M <= 2) {
-      run_decode<8>(x.decode, M, K, wb, p, n0, n1, y, ldy);
-    } else {
-      run_decode<4>(x.decode, M, K, wb, p, n0, n1, y, ldy);
-    }
+    matmul_rows_q4_decode(Int4DecodeShape{}, x, M, K, wb, *static_cast<const Int4Params*>(quant),
+                          n0, n1, y, ldy);
     return;
   }
   if (wtype == DType::kI8) {
