@@ -169,13 +169,17 @@ struct EngineOptions {
   bool video_seek = true;
   // kAuto (default): with BF16 weights as stored, the CPU's prefill and vision products may run in
   // BF16 arithmetic (x rounded to BF16; AMX tiles) where a measurement at load finds that faster
-  // (autotune). kF32: every product in f32, as before.
+  // (autotune), and decode may round x to BF16 (BF16 weights) or INT8 (INT8 weights) where that
+  // measures 5% faster than the exact decode kernels. kF32: every product in f32, as before.
   Precision precision = Precision::kAuto;
-  // false: no measurement at load; the exact f32 kernels unless bf16_gemm forces others.
+  // false: no measurement at load; the exact f32 GEMM and the default decode kernels, unless
+  // forced (bf16_gemm, VLM_CPU_KERNELS).
   bool autotune = true;
   // Forces the BF16 products' kernels (kAuto: the VLM_CPU_KERNELS environment variable, else the
   // autotuned choice). One this CPU cannot run, or that contradicts precision kF32, is refused
-  // (InvalidArgument); precision kF32 also overrides VLM_CPU_KERNELS.
+  // (InvalidArgument); precision kF32 also overrides VLM_CPU_KERNELS' bf16_gemm. The variable's
+  // decode choices ("int4_decode=r8_l2", ...; see the README) apply under every precision, and
+  // one that is not exact is refused under kF32, as is a variable that does not parse.
   Bf16Gemm bf16_gemm = Bf16Gemm::kAuto;
   // Where the model runs: the CPU (default) or kCuda (the first NVIDIA GPU; only in builds with
   // the CUDA backend, else InvalidArgument). On kCuda the text decoder and the vision tower
@@ -283,8 +287,12 @@ class Engine {
   // The weight quantization in use.
   Quant quant() const;
   // The CPU kernel choices and how they were made, e.g. "bf16_gemm: f32 410.2 GFLOP/s, amx 1650.3
-  // GFLOP/s -> amx (cached; M=256 K=2048 N=4096)", or "bf16_gemm: f32 (--precision f32)".
+  // GFLOP/s -> amx (cached; M=256 K=2048 N=4096); bf16_decode: widen 31.2 GB/s, ... -> evenodd_l2
+  // (measured; ...)", or "bf16_gemm: f32 (--precision f32); ...".
   const std::string& cpu_kernels() const;
+  // The choices alone, the same on every start that makes them: "bf16_gemm=amx,
+  // vision_gemm=amx,bf16_decode=evenodd_l2" (the families the model has; empty on a GPU).
+  const std::string& cpu_kernel_choice() const;
   // Where the text decoder runs: "cpu", or the GPU as "NVIDIA <name> (sm_<cc>, <memory> GiB),
   // bf16".
   std::string device() const;

@@ -443,10 +443,18 @@ Status choose_decode_kernels(const EngineOptions& o, const EngineImpl& m, CpuKer
   return ok_status();
 }
 
-Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& m,
-                                      std::string* how) {
+// The choices, and (*how) how they were made; (*names) the names alone ("bf16_gemm=dpbf16,...").
+Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& m, std::string* how,
+                                      std::string* names) {
   VLM_ASSIGN_OR_RETURN(CpuKernels k, choose_gemm_kernels(o, m, how));
   VLM_RETURN_IF_ERROR(choose_decode_kernels(o, m, &k, how));
+  *names = std::string("bf16_gemm=") + ops::bf16_gemm_name(k.text);
+  if (k.vision) *names += std::string(",vision_gemm=") + ops::bf16_gemm_name(*k.vision);
+  for (ops::DecodeFamily f : ops::kDecodeFamilies) {
+    if (decode_weights(m.weights, ops::decode_family_dtype(f)).empty()) continue;
+    *names += std::string(",") + ops::decode_family_name(f) + "=" +
+              ops::decode_candidates(f)[k.decode.of(f)].name;
+  }
   return k;
 }
 
@@ -547,7 +555,8 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   }
   CpuKernels kernels;
   if (!on_gpu) {
-    VLM_ASSIGN_OR_RETURN(kernels, choose_cpu_kernels(options, *impl, &impl->cpu_kernels));
+    VLM_ASSIGN_OR_RETURN(
+        kernels, choose_cpu_kernels(options, *impl, &impl->cpu_kernels, &impl->cpu_kernel_choice));
   }
   VLM_ASSIGN_OR_RETURN(impl->backend, build_backend(options, *impl->pool, impl->isa, kernels));
   const int64_t chunk = std::max<int64_t>(1, options.prefill_chunk);
@@ -585,6 +594,7 @@ int64_t Engine::decode_weight_count() const { return impl_->decoder->decode_weig
 std::string Engine::device() const { return impl_->backend->description(); }
 
 const std::string& Engine::cpu_kernels() const { return impl_->cpu_kernels; }
+const std::string& Engine::cpu_kernel_choice() const { return impl_->cpu_kernel_choice; }
 
 int64_t Engine::cuda_graph_replays() const { return impl_->graph_replays.load(); }
 

@@ -42,6 +42,7 @@ struct Engine::Impl {
   std::unique_ptr<VisionEncoder> vision;       // null without a vision tower
   std::atomic<int64_t> graph_replays{0};       // decode steps replayed from recorded graphs
   std::string cpu_kernels;                     // Engine::cpu_kernels(): the CPU kernel choices
+  std::string cpu_kernel_choice;               // Engine::cpu_kernel_choice(): the names alone
   std::shared_ptr<const Tokenizer> tokenizer;  // shared with the request streams' processors
   std::optional<ChatTemplate> chat_template;   // Engine::chat's; set with the tokenizer
   Status chat_template_error;                  // why there is none (a template that failed)

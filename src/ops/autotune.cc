@@ -129,14 +129,21 @@ void store(const std::string& cache_dir, const std::vector<std::string>& lines,
   if (!written || ec) std::filesystem::remove(tmp, ec);  // the old cache stays as it was
 }
 
-// The fastest candidate; one after the first must beat the first by `margin` (×).
-void pick(KernelChoice* c, double margin) {
-  c->chosen = c->candidates.front().name;
-  double best = c->candidates.front().gflops * margin;
-  for (const KernelCandidate& k : c->candidates) {
-    if (k.gflops > best) {
-      best = k.gflops;
-      c->chosen = k.name;
+// The fastest of the exact candidates (exact[i] for candidate i; the first is one); a candidate
+// that is not exact must beat that by `margin` (×).
+void pick(KernelChoice* c, const std::vector<bool>& exact, double margin) {
+  double best = 0;
+  for (size_t i = 0; i < c->candidates.size(); ++i) {
+    if (exact[i] && c->candidates[i].gflops > best) {
+      best = c->candidates[i].gflops;
+      c->chosen = c->candidates[i].name;
+    }
+  }
+  best *= margin;
+  for (size_t i = 0; i < c->candidates.size(); ++i) {
+    if (!exact[i] && c->candidates[i].gflops > best) {
+      best = c->candidates[i].gflops;
+      c->chosen = c->candidates[i].name;
     }
   }
 }
@@ -171,7 +178,9 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
       c.candidates.push_back({bf16_gemm_name(g), measure(g, x, w, M, K, y, pool, isa)});
     }
   }
-  pick(&c, 1.05);  // exactness is worth 5%
+  std::vector<bool> exact(c.candidates.size(), false);
+  exact[0] = true;        // f32; the BF16 candidates round x
+  pick(&c, exact, 1.05);  // exactness is worth 5%
   store(cache_dir, lines, c);
   return c;
 }
@@ -184,27 +193,32 @@ Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamil
   // A prefix of the weights large enough to come from memory (or all of them): 512 MiB is 4× the
   // largest L3 one core reads from today (AMD's stacked-cache CCDs: 96–128 MiB).
   constexpr int64_t target = int64_t{512} << 20;
-  std::vector<const TensorView*> sweep;
-  int64_t bytes = 0, max_k = 0, max_n = 0;
-  std::string shapes;
   for (const TensorView* w : weights) {
     if (w->dtype != t || w->rank() != 2) {
       return invalid_argument(std::string("choose_decode_kernel: ") + decode_family_name(f) +
                               " takes 2-D " + dtype_name(t) + " weights");
     }
+  }
+  std::vector<const TensorView*> sweep;
+  int64_t bytes = 0, max_k = 0, max_n = 0;
+  std::vector<std::string> shapes;  // distinct, in order
+  for (const TensorView* w : weights) {
     if (bytes >= target) break;
     sweep.push_back(w);
     bytes += static_cast<int64_t>(w->nbytes() + w->quant_nbytes());
     max_k = std::max(max_k, w->dim(1));
     max_n = std::max(max_n, w->dim(0));
     const std::string s = std::to_string(w->dim(0)) + "x" + std::to_string(w->dim(1));
-    if (shapes.find(s) == std::string::npos) shapes += (shapes.empty() ? "" : ",") + s;
+    if (std::find(shapes.begin(), shapes.end(), s) == shapes.end()) shapes.push_back(s);
   }
+  std::string shape_list;
+  for (const std::string& s : shapes) shape_list += (shape_list.empty() ? "" : ",") + s;
   KernelChoice c;
   c.family = decode_family_name(f);
   c.shape = c.family + " weights=" + std::to_string(sweep.size()) +
-            " bytes=" + std::to_string(bytes) + " shapes=" + shapes + (exact_only ? " exact" : "") +
-            " threads=" + std::to_string(pool.n_threads()) + " isa=" + isa_name(isa);
+            " bytes=" + std::to_string(bytes) + " shapes=" + shape_list +
+            (exact_only ? " exact" : "") + " threads=" + std::to_string(pool.n_threads()) +
+            " isa=" + isa_name(isa);
   std::vector<std::string> lines;
   if (lookup(cache_dir, &c, &lines)) return c;
   std::mt19937 rng(7);
@@ -236,21 +250,7 @@ Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamil
     c.candidates.push_back({cands[i].name, static_cast<double>(bytes) * runs / s / 1e9});
     exact.push_back(cands[i].exact);
   }
-  // The fastest exact candidate (the default is one); an inexact one must beat it by 5%.
-  double best = 0;
-  for (size_t i = 0; i < c.candidates.size(); ++i) {
-    if (exact[i] && c.candidates[i].gflops > best) {
-      best = c.candidates[i].gflops;
-      c.chosen = c.candidates[i].name;
-    }
-  }
-  best *= 1.05;
-  for (size_t i = 0; i < c.candidates.size(); ++i) {
-    if (!exact[i] && c.candidates[i].gflops > best) {
-      best = c.candidates[i].gflops;
-      c.chosen = c.candidates[i].name;
-    }
-  }
+  pick(&c, exact, 1.05);
   store(cache_dir, lines, c);
   return c;
 }

@@ -316,7 +316,6 @@ decltype(&kernels::avx2::matmul_row_l2) row_l2(Isa isa) {
 // The prepared x of a BF16 decode candidate: evenodd's layout, or x in BF16 (in the same floats).
 void prepare_bf16_decode_x(int cand, Isa isa, const float* x, int64_t K, float* out) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  if (cand == kWidenL2) return;  // x as it is
   if (cand == kEvenOdd && isa >= Isa::kAvx512) return kernels::avx512::prepare_x_evenodd(x, K, out);
   if (cand == kEvenOdd) return kernels::avx2::prepare_x_evenodd(x, K, out);
 #if defined(VLM_HAVE_AVX512BF16)
@@ -398,6 +397,8 @@ std::span<const DecodeCandidate> decode_candidates(DecodeFamily f) {
   }
   return {};
 }
+
+const kernels::Int4DecodeShape& int4_decode_shape(int index) { return kInt4Shapes[index]; }
 
 bool decode_candidate_runs(DecodeFamily f, int index, Isa isa) {
   if (index == 0) return true;
@@ -581,9 +582,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       one_row && decode_candidate_runs(DecodeFamily::kInt8, decode.int8, isa) ? decode.int8 : 0;
   const bool int8_q8 = int8_dec == kInt8Q8;
   const int int4_dec =
-      M < kernels::kPackedMinRows && decode_candidate_runs(DecodeFamily::kInt4, decode.int4, isa)
-          ? decode.int4
-          : 0;
+      one_row && decode_candidate_runs(DecodeFamily::kInt4, decode.int4, isa) ? decode.int4 : 0;
   const auto quantizes_x = [&](DType t) {
     return matmul_quantizes_x(isa, M, K, t) || (int8_q8 && t == DType::kI8);
   };
@@ -595,7 +594,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   bool bf16_x = false;  // a BF16 weight takes x prepared for its decode candidate
   for (const TensorView* w : ws) {
     total += w->dim(0);
-    bf16_x = bf16_x || (bf16_dec != 0 && w->dtype == DType::kBF16);
+    bf16_x = bf16_x || (bf16_dec != 0 && bf16_dec != kWidenL2 && w->dtype == DType::kBF16);
     const bool quantizes = quantizes_x(w->dtype);
     quantize_x = quantize_x || quantizes;
     int4_x = int4_x || (quantizes && w->dtype == DType::kI4);
@@ -647,6 +646,9 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       } else if (b < e && int8_dec == kInt8F32L2 && w.dtype == DType::kI8) {
 #if defined(VLM_HAVE_X86_DISPATCH)
         row_l2(isa)(x, K, DType::kI8, w.data, w.scale, b - off, e - off, ys[i]);
+#else  // (not reached: the candidate runs on x86 levels only)
+        kernel(x, M, K, w.dtype, w.data, kernel_quant(w), b - off, e - off, ys[i], ld, s,
+               kScratchRows);
 #endif
       } else if (b < e && quantize_x && quantizes_x(w.dtype)) {
         matmul_q8(k8, qx, M, K, w, b - off, e - off, ys[i], ld, s, int8_q8, int4_dec);

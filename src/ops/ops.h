@@ -17,6 +17,10 @@
 #include "core/thread_pool.h"
 #include "vlm/status.h"
 
+namespace vlm::kernels {
+struct Int4DecodeShape;  // kernels/cpu/matmul.h
+}  // namespace vlm::kernels
+
 namespace vlm::ops {
 
 // kAvx512Vnni runs the kAvx512 kernels, except that matmuls with I8 weights (prefill) and I4
@@ -46,11 +50,10 @@ Status check_linear_weight(const TensorView& w, int64_t in_features);
 // where the CPU has them (bf16_gemm_available).
 enum class Bf16Gemm { kWidenF32, kDotBf16, kAmx };
 
-// The decode kernels (one x row; for INT4 weights on the avx512vnni level, up to
-// kernels::kPackedMinRows − 1 rows), one family per weight type, chosen by measurement at load
-// (autotune.h). Candidate 0 of each family is the default, what runs when nothing was measured;
-// the others compute the same product a different way (kernels/cpu/matmul.h):
-//   bf16_decode: widen (vpmovzxwd to f32; every level), widen_l2 (the same, the next rows
+// The decode kernels (one x row, K a multiple of 32), one family per weight type, chosen by
+// measurement at load (autotune.h). Candidate 0 of each family is the default, what runs when
+// nothing was measured; the others compute the same product a different way (kernels/cpu/matmul.h):
+//   bf16_decode: widen (the weights widened to f32; every level), widen_l2 (the same, the next rows
 //     prefetched into L2 rather than L1; avx2 and up), evenodd_l2 (a 32-bit word's two BF16 as f32
 //     by a shift and an and; avx2 and up), dpbf16_l2 (x rounded to BF16, AVX512_BF16 dot products:
 //     not exact);
@@ -78,6 +81,9 @@ DType decode_family_dtype(DecodeFamily f);       // kBF16, kI8, kI4
 std::span<const DecodeCandidate> decode_candidates(DecodeFamily f);
 // Whether candidate `index` of the family runs at this level on this CPU (the default always).
 bool decode_candidate_runs(DecodeFamily f, int index, Isa isa);
+// The kernel shape of int4_decode candidate `index` on avx512vnni (for the tests, which call that
+// kernel directly).
+const kernels::Int4DecodeShape& int4_decode_shape(int index);
 
 // y[M, N] = x[M, K] · w[N, K]^T. w dtype F32, BF16, F16, I8 with w.scale set (row n of w is
 // w[n, :] · scale[n]), or I4 with w.int4 set (w[n, k] = (q[n, k] − zero[n, g]) · scale[n, g],
@@ -103,9 +109,10 @@ const char* bf16_gemm_name(Bf16Gemm g);  // "f32", "dpbf16", "amx"
 bool bf16_gemm_available(Bf16Gemm g);
 bool amx_available();
 // Forced choices, "family=choice,...": bf16_gemm=f32|dpbf16|amx, and per decode family one of
-// its candidates' names or `default` (candidate 0), e.g. "bf16_decode=evenodd,int4_decode=ymm8".
-// A family the text does not name stays unset. An error names an unknown family or choice, or
-// one this CPU cannot run (decode candidates: at level `isa`).
+// its candidates' names or `default` (candidate 0), e.g.
+// "bf16_decode=evenodd_l2,int4_decode=r8_l2". A family the text does not name stays unset. An error
+// names an unknown family or choice, or one this CPU cannot run (decode candidates: at level
+// `isa`).
 struct ForcedKernels {
   std::optional<Bf16Gemm> bf16_gemm;
   std::optional<int> decode[std::size(kDecodeFamilies)];  // by DecodeFamily

@@ -177,8 +177,8 @@ struct Server::Impl {
     // OpenAI's system_fingerprint: FNV-1a (64 bits) of the version and what the engine runs.
     const std::string config = replica.version + "|" + opts.engine.model_dir + "|" +
                                engine->device() + "|" + cpu_isa_name(engine->cpu_isa()) + "|" +
-                               engine->cpu_kernels() + "|" + quant_name(engine->quant()) + "|" +
-                               std::to_string(opts.engine.int4_group) + "|" +
+                               engine->cpu_kernel_choice() + "|" + quant_name(engine->quant()) +
+                               "|" + std::to_string(opts.engine.int4_group) + "|" +
                                std::to_string(static_cast<int>(opts.engine.kv_cache_dtype)) + "|" +
                                std::to_string(engine->max_context());
     uint64_t h = 14695981039346656037ull;

@@ -895,11 +895,70 @@ TEST(Autotune, MeasuresOnceThenReadsTheCache) {
   std::filesystem::remove_all(dir);
 }
 
+// y[n] for one x row by decode candidate c of family f, calling its kernel directly (as
+// matmul_multi should): false where the candidate does not run at this level.
+bool decode_directly(ops::DecodeFamily f, int c, ops::Isa isa, const std::vector<float>& x,
+                     int64_t K, const TensorView& w, std::vector<float>* y) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (c == 0 || !ops::decode_candidate_runs(f, c, isa)) return false;
+  const int64_t N = w.dim(0);
+  const auto row_l2 =
+      isa >= ops::Isa::kAvx512 ? &kernels::avx512::matmul_row_l2 : &kernels::avx2::matmul_row_l2;
+  const auto* wb = static_cast<const uint16_t*>(w.data);
+  std::vector<float> xp(K);
+  if (f == ops::DecodeFamily::kBf16 && c == 1)
+    row_l2(x.data(), K, w.dtype, w.data, nullptr, 0, N, y->data());
+  if (f == ops::DecodeFamily::kBf16 && c == 2 && isa >= ops::Isa::kAvx512) {
+    kernels::avx512::prepare_x_evenodd(x.data(), K, xp.data());
+    kernels::avx512::matmul_row_bf16_evenodd(xp.data(), K, wb, 0, N, y->data());
+  } else if (f == ops::DecodeFamily::kBf16 && c == 2) {
+    kernels::avx2::prepare_x_evenodd(x.data(), K, xp.data());
+    kernels::avx2::matmul_row_bf16_evenodd(xp.data(), K, wb, 0, N, y->data());
+  }
+#if defined(VLM_HAVE_AVX512BF16)
+  if (f == ops::DecodeFamily::kBf16 && c == 3) {
+    std::vector<uint16_t> xb(K);
+    kernels::avx512bf16::convert_rows_bf16(x.data(), 1, K, xb.data());
+    kernels::avx512bf16::matmul_row_bf16_dot(xb.data(), K, wb, 0, N, y->data());
+  }
+#endif
+  if (f == ops::DecodeFamily::kInt8 && c == 1)
+    row_l2(x.data(), K, w.dtype, w.data, w.scale, 0, N, y->data());
+  if ((f == ops::DecodeFamily::kInt8 && c == 2) || f == ops::DecodeFamily::kInt4) {
+    const int64_t blocks = K / kernels::kQ8Block;
+    std::vector<int8_t> q(K);
+    std::vector<float> xs(blocks);
+    std::vector<int32_t> sum(blocks);
+    kernels::avx512vnni::quantize_rows_q8(x.data(), 1, K, q.data(), xs.data(), sum.data());
+    kernels::Q8Rows rows{q.data(), xs.data(), sum.data()};
+    if (f == ops::DecodeFamily::kInt8) {
+      kernels::avx512vnni::matmul_row_i8_decode(rows, K, static_cast<const int8_t*>(w.data),
+                                                w.scale, 0, N, y->data());
+    } else {
+      std::vector<uint8_t> dx(kernels::q8_decode_x_bytes(1, K));
+      kernels::avx512vnni::prepare_decode_x(rows, 1, K, dx.data());
+      rows.decode = dx.data();
+      kernels::avx512vnni::matmul_rows_q4_decode(ops::int4_decode_shape(c), rows, 1, K,
+                                                 static_cast<const uint8_t*>(w.data), w.int4, 0, N,
+                                                 y->data(), N);
+      // (zero points: the op layer's term, not the kernel's)
+      if (w.int4.zero != nullptr) return false;
+    }
+  }
+  return true;
+#else
+  (void)f, (void)c, (void)isa, (void)x, (void)K, (void)w, (void)y;
+  return false;
+#endif
+}
+
 // Every decode candidate this level runs, against the scalar reference, through matmul_multi (a
-// stack of weights split across the threads, as a decode step runs them): BF16 and INT8 at one x
-// row, INT4 at 1 .. 5 rows, every group layout. K: one run of 32, runs with a 64-value step's
-// half left (96), many (1056, 2080); N: tails of the 8- and 4-row steps. A candidate that does
-// not run here, or K off the 32-value runs, falls back to the default (still correct).
+// stack of weights split across the threads, as a decode step runs them), and equal to the
+// bit to its kernel called directly (so the dispatch ran it, not the default). BF16 and INT8: K of
+// one run of 32, a 64-value step's half left (96), many (1056, 2048, 2080) and off the runs (48:
+// the default runs). INT4: every group layout at its own K (chunks of 4 blocks with 1..3 left:
+// the 256-bit kernel's halves), and 2 and 3 x rows (the default kernel runs). N: tails of the
+// 8- and 4-row steps.
 TEST_P(MatmulTest, DecodeCandidatesMatchReference) {
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
@@ -910,70 +969,84 @@ TEST_P(MatmulTest, DecodeCandidatesMatchReference) {
                          !ops::decode_candidate_runs(f, c, isa);
       ops::DecodeKernels dk;
       dk.of(f) = c;
-      const std::vector<int64_t> ms = f == ops::DecodeFamily::kInt4
-                                          ? std::vector<int64_t>{1, 2, 3, 5}
-                                          : std::vector<int64_t>{1};
-      const std::vector<int64_t> ks = f == ops::DecodeFamily::kBf16
-                                          ? std::vector<int64_t>{32, 48, 96, 1056, 2080}
-                                          : std::vector<int64_t>{32, 96, 1056, 2080};
-      for (int64_t M : ms) {
-        for (int64_t K : ks) {
-          const std::string what = std::string(ops::isa_name(isa)) + " " +
-                                   ops::decode_family_name(f) + " candidate " + std::to_string(c) +
-                                   " M=" + std::to_string(M) + " K=" + std::to_string(K);
-          const auto seed = static_cast<uint32_t>(c * 17 + M * 131 + K);
-          std::vector<WeightBuf> fw;
-          std::vector<QuantBuf<int8_t, float>> w8;
-          std::vector<QuantBuf<uint8_t, uint16_t>> w4;
-          std::vector<const TensorView*> ws;
-          for (int64_t N : {9, 17, 70}) {
-            if (f == ops::DecodeFamily::kBf16)
-              fw.push_back(make_weight(DType::kBF16, N, K, seed + N));
-            if (f == ops::DecodeFamily::kInt8) w8.push_back(make_int8_weight(N, K, seed + N));
-            if (f == ops::DecodeFamily::kInt4) {
-              const Int4Layout& l = int4_layouts()[static_cast<size_t>(N) % int4_layouts().size()];
-              if (K % l.group != 0) continue;
-              w4.push_back(make_int4_weight(N, K, seed + N, l.group, l.zeros));
+      struct Case {
+        int64_t M, K;
+        int layout;  // INT4: index into int4_layouts()
+      };
+      std::vector<Case> cases;
+      if (f == ops::DecodeFamily::kInt4) {
+        for (int l = 0; l < static_cast<int>(int4_layouts().size()); ++l) {
+          for (int64_t K : int4_layouts()[l].ks) {
+            for (int64_t M : {1, 2, 3}) cases.push_back({M, K, l});
+          }
+        }
+      } else {
+        for (int64_t K : {32, 48, 96, 1056, 2048, 2080}) {
+          if (f == ops::DecodeFamily::kInt8 && K == 48) continue;  // INT8 rows: K from 32s
+          cases.push_back({1, K, 0});
+        }
+      }
+      for (const Case& cs : cases) {
+        const int64_t M = cs.M, K = cs.K;
+        const std::string what = std::string(ops::isa_name(isa)) + " " +
+                                 ops::decode_family_name(f) + " candidate " + std::to_string(c) +
+                                 " M=" + std::to_string(M) + " K=" + std::to_string(K) +
+                                 " layout " + std::to_string(cs.layout);
+        const auto seed = static_cast<uint32_t>(c * 17 + M * 131 + K + cs.layout);
+        std::vector<WeightBuf> fw;
+        std::vector<QuantBuf<int8_t, float>> w8;
+        std::vector<QuantBuf<uint8_t, uint16_t>> w4;
+        std::vector<const TensorView*> ws;
+        for (int64_t N : {9, 17, 70}) {
+          if (f == ops::DecodeFamily::kBf16)
+            fw.push_back(make_weight(DType::kBF16, N, K, seed + N));
+          if (f == ops::DecodeFamily::kInt8) w8.push_back(make_int8_weight(N, K, seed + N));
+          if (f == ops::DecodeFamily::kInt4) {
+            const Int4Layout& l = int4_layouts()[cs.layout];
+            w4.push_back(make_int4_weight(N, K, seed + N, l.group, l.zeros));
+          }
+        }
+        for (auto& b : fw) ws.push_back(&b.view);
+        for (auto& b : w8) ws.push_back(&b.view);
+        for (auto& b : w4) ws.push_back(&b.view);
+        ASSERT_EQ(ws.size(), 3u) << what;
+        auto x = randn(M * K, seed + 1);
+        for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;  // a zero block (scale 0)
+        std::vector<std::vector<float>> ys;
+        std::vector<float*> yp;
+        for (const TensorView* w : ws) ys.emplace_back(M * w->dim(0), NAN);
+        for (auto& y : ys) yp.push_back(y.data());
+        ops::matmul_multi(x.data(), M, K, ws, yp, pool, isa, 0, ops::Bf16Gemm::kWidenF32, dk);
+        for (size_t i = 0; i < ws.size(); ++i) {
+          const TensorView& w = *ws[i];
+          const int64_t N = w.dim(0);
+          if (M == 1 && K % 32 == 0) {
+            std::vector<float> direct(N, NAN);
+            if (decode_directly(f, c, isa, x, K, w, &direct)) {
+              for (int64_t n = 0; n < N; ++n) ASSERT_EQ(ys[i][n], direct[n]) << what << " n=" << n;
             }
           }
-          for (auto& b : fw) ws.push_back(&b.view);
-          for (auto& b : w8) ws.push_back(&b.view);
-          for (auto& b : w4) ws.push_back(&b.view);
-          auto x = randn(M * K, seed + 1);
-          for (int64_t k = 0; k < 32; ++k) x[k] = 0.f;  // a zero block (scale 0)
-          std::vector<std::vector<float>> ys;
-          std::vector<float*> yp;
-          for (const TensorView* w : ws) ys.emplace_back(M * w->dim(0), NAN);
-          for (auto& y : ys) yp.push_back(y.data());
-          ops::matmul_multi(x.data(), M, K, ws, yp, pool, isa, 0, ops::Bf16Gemm::kWidenF32, dk);
-          for (size_t i = 0; i < ws.size(); ++i) {
-            const TensorView& w = *ws[i];
-            const int64_t N = w.dim(0);
-            if (ops::matmul_quantizes_x(isa, M, K, w.dtype) || !exact) {
-              if (w.dtype != DType::kBF16) {
-                expect_q8_matmul(x, M, K, w, ys[i], what);
-                continue;
+          if (w.dtype != DType::kBF16 && (ops::matmul_quantizes_x(isa, M, K, w.dtype) || !exact)) {
+            expect_q8_matmul(x, M, K, w, ys[i], what);
+            continue;
+          }
+          std::vector<float> want(M * N);
+          ops::ref::matmul(x.data(), M, K, w, want.data());
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              // Σ|x w| bounds the f32 sums (K · 2^-22 of it); x rounded to BF16 (dpbf16) moves
+              // each product by ≤ 2^-9 of itself.
+              double a = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double wk = w.dtype == DType::kBF16
+                                      ? bf16_to_f32(static_cast<const uint16_t*>(w.data)[n * K + k])
+                                      : quantized_weight_at(w, n, k) + zero_term_at(w, n, k);
+                a += std::fabs(static_cast<double>(x[m * K + k]) * wk);
               }
-            }
-            std::vector<float> want(M * N);
-            ops::ref::matmul(x.data(), M, K, w, want.data());
-            for (int64_t m = 0; m < M; ++m) {
-              for (int64_t n = 0; n < N; ++n) {
-                // Σ|x w| bounds the f32 sums (K · 2^-22 of it); x rounded to BF16 (dpbf16) moves
-                // each product by ≤ 2^-9 of itself.
-                double a = 0;
-                for (int64_t k = 0; k < K; ++k) {
-                  const double wk =
-                      w.dtype == DType::kBF16
-                          ? bf16_to_f32(static_cast<const uint16_t*>(w.data)[n * K + k])
-                          : quantized_weight_at(w, n, k) + zero_term_at(w, n, k);
-                  a += std::fabs(static_cast<double>(x[m * K + k]) * wk);
-                }
-                const double rel = static_cast<double>(K) * std::ldexp(1.0, -22) +
-                                   (exact ? 0.0 : std::ldexp(1.0, -8));
-                ASSERT_NEAR(ys[i][m * N + n], want[m * N + n], rel * a + 1e-6)
-                    << what << " N=" << N << " m=" << m << " n=" << n;
-              }
+              const double rel = static_cast<double>(K) * std::ldexp(1.0, -22) +
+                                 (exact ? 0.0 : std::ldexp(1.0, -8));
+              ASSERT_NEAR(ys[i][m * N + n], want[m * N + n], rel * a + 1e-6)
+                  << what << " N=" << N << " m=" << m << " n=" << n;
             }
           }
         }

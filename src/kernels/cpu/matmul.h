@@ -16,11 +16,6 @@ namespace vlm::kernels {
 // block of weight rows once when M is large; may be null.
 // From this many x rows on, matmul_rows uses a packed outer-product kernel; it then needs
 // scratch_rows >= 32.
-// matmul_row_l2: matmul_rows' one-row kernel for BF16 and I8 weights (a decode candidate), its
-// prefetches of the next rows into L2 instead of L1. (Short weight rows — 1 to 4 KiB — in 8
-// streams are too short for the hardware prefetchers; prefetched into L1, the lines in flight
-// are capped by L1's miss buffers, and one core streamed at half of what it reads sequentially
-// on a Zen 4.)
 constexpr int64_t kPackedMinRows = 32;
 
 // A right-hand side packed once and multiplied many times (attention's K and V, reused by every
@@ -34,12 +29,15 @@ constexpr int64_t kPackedMinRows = 32;
 //     N <= the packed rows. On the calling thread; writes only y's N columns.
 constexpr int64_t prepacked_floats(int64_t N, int64_t K) { return (N + 31) / 32 * 32 * K; }
 
+// matmul_row_l2 (avx2, avx512; a decode candidate): matmul_rows' one-row kernel for BF16 and I8
+// weights (other types: nothing written), its prefetches of the next rows into L2 instead of L1.
+// Weight rows of 1 to 4 KiB read 8 at a time are too short for the hardware prefetchers;
+// prefetched into L1, the lines in flight are capped by L1's miss buffers, and one Zen 4 core
+// streamed INT4 rows at half the rate it reached with them prefetched into L2.
 namespace generic {
 void matmul_rows(const float* x, int64_t M, int64_t K, DType wtype, const void* w,
                  const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy, float* scratch,
                  int64_t scratch_rows);
-void matmul_row_l2(const float* x, int64_t K, DType wtype, const void* w, const void* quant,
-                   int64_t n0, int64_t n1, float* y);
 void pack_b_rows(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void pack_b_cols(const float* b, int64_t ldb, int64_t N, int64_t K, float* packed);
 void matmul_prepacked(const float* x, int64_t ldx, int64_t M, int64_t K, const float* packed,
@@ -110,17 +108,15 @@ void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* 
 }  // namespace amx
 
 // BF16 decode without widening (decode_kernel.inc, a candidate of the BF16 decode family): one x
-// row, exact products. prepare_x_evenodd lays x out in runs of evenodd_run() values (16 on avx2,
-// 32 on avx512; K a multiple of it): the run's even-indexed values, then its odd-indexed ones.
+// row, exact products. prepare_x_evenodd lays x out in runs of 16 values on avx2, 32 on avx512 (K
+// a multiple of 32): the run's even-indexed values, then its odd-indexed ones.
 // matmul_row_bf16_evenodd: y[n] = Σ_k x[k] · w[n, k] for n in [n0, n1), w BF16 [N, K] as stored.
 namespace avx2 {
-int64_t evenodd_run();
 void prepare_x_evenodd(const float* x, int64_t K, float* out);
 void matmul_row_bf16_evenodd(const float* xeo, int64_t K, const uint16_t* w, int64_t n0, int64_t n1,
                              float* y);
 }  // namespace avx2
 namespace avx512 {
-int64_t evenodd_run();
 void prepare_x_evenodd(const float* x, int64_t K, float* out);
 void matmul_row_bf16_evenodd(const float* xeo, int64_t K, const uint16_t* w, int64_t n0, int64_t n1,
                              float* y);
@@ -204,8 +200,8 @@ struct Int4DecodeShape {
   int rows = 8;
   bool ymm = false;
   int prefetch = 1;  // 1 or 2
-  int locality = 3;  // the prefetches' (__builtin_prefetch): 3 into L1, 2 or 1 into L2; 2 when
-                     // prefetch is 2 (see matmul_row_l2)
+  int locality = 3;  // the prefetches' (__builtin_prefetch): 3 into L1, 2 or 1 into L2 (see
+                     // matmul_row_l2); with prefetch 2 always 2
 };
 namespace avx512vnni {
 // x: [M, K] f32 contiguous, K a multiple of kQ8Block; q / scale / sum as Q8Rows.
@@ -220,8 +216,9 @@ void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
                     const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);
-// The INT4 decode kernel shaped as s: M < kPackedMinRows rows of x (x.decode set), otherwise as
-// matmul_rows_q8 (which runs it with Int4DecodeShape{}).
+// The INT4 decode kernel shaped as s (matmul_rows_q8 runs it with Int4DecodeShape{} below
+// kPackedMinRows rows): y and the weights as for matmul_rows_q8; M < kPackedMinRows, x.decode
+// set.
 void matmul_rows_q4_decode(const Int4DecodeShape& s, const Q8Rows& x, int64_t M, int64_t K,
                            const uint8_t* w, const Int4Params& p, int64_t n0, int64_t n1, float* y,
                            int64_t ldy);

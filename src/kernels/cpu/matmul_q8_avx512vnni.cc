@@ -476,41 +476,41 @@ namespace {
 
 // NR INT8 weight rows (row stride K, offset to unsigned by ^ 0x80) against one row of INT8 x:
 // 64 values per step, vpdpbusd leaving block 2t's sum in lanes 0..7 and block 2t + 1's in 8..15,
-// times the blocks' x scales; the offset's term (128 · Σ_b scale_b · Σq_b, the same for every
-// weight row) and the row scale apply once at the end.
+// started from −128 · Σq of each block in lanes 0 and 8 (the offset's term, so each block's sum is
+// exact in int32), times the blocks' x scales; the row scale applies once at the end.
 template <int NR>
-inline void i8_rows(const int8_t* xq, const float* xs, float offset, int64_t K, const int8_t* w,
-                    const float* wscale, float* y) {
+inline void i8_rows(const int8_t* xq, const float* xs, const int32_t* xsum, int64_t K,
+                    const int8_t* w, const float* wscale, float* y) {
   __m512 acc[NR];
   for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t k = 0; k < K; k += 64) {
+    const int64_t b = k / kQ8Block;
     const bool full = k + 64 <= K;  // else one 32-value block is left
     const __mmask64 m = full ? ~__mmask64{0} : (__mmask64{1} << 32) - 1;
     for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + NR) * K + k, 0, 2);
     const __m512i xv = _mm512_maskz_loadu_epi8(m, xq + k);
-    const float s1 = full ? xs[k / kQ8Block + 1] : 0.f;
-    const __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(xs[k / kQ8Block]), _mm256_set1_ps(s1), 1);
+    const float s1 = full ? xs[b + 1] : 0.f;
+    const __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(xs[b]), _mm256_set1_ps(s1), 1);
+    const __m512i corr =
+        _mm512_mask_set1_epi32(_mm512_maskz_set1_epi32(0x0001, -I8::kZero * xsum[b]), 0x0100,
+                               full ? -I8::kZero * xsum[b + 1] : 0);
     for (int j = 0; j < NR; ++j) {
       const __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, w + j * K + k), flip);
-      const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+      const __m512i d = _mm512_dpbusd_epi32(corr, wv, xv);
       acc[j] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, d), sv, acc[j]);
     }
   }
-  for (int j = 0; j < NR; ++j) y[j] = wscale[j] * (hsum(acc[j]) - offset);
+  for (int j = 0; j < NR; ++j) y[j] = wscale[j] * hsum(acc[j]);
 }
 
 }  // namespace
 
 void matmul_row_i8_decode(const Q8Rows& x, int64_t K, const int8_t* w, const float* scale,
                           int64_t n0, int64_t n1, float* y) {
-  float offset = 0.f;
-  for (int64_t b = 0; b < K / kQ8Block; ++b) {
-    offset += x.scale[b] * static_cast<float>(I8::kZero * x.sum[b]);
-  }
   int64_t n = n0;
-  for (; n + 8 <= n1; n += 8) i8_rows<8>(x.q, x.scale, offset, K, w + n * K, scale + n, y + n);
-  for (; n < n1; ++n) i8_rows<1>(x.q, x.scale, offset, K, w + n * K, scale + n, y + n);
+  for (; n + 8 <= n1; n += 8) i8_rows<8>(x.q, x.scale, x.sum, K, w + n * K, scale + n, y + n);
+  for (; n < n1; ++n) i8_rows<1>(x.q, x.scale, x.sum, K, w + n * K, scale + n, y + n);
 }
 
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
