@@ -246,6 +246,28 @@ inline __m512i lanes_of_group(int shift) {
                                  _mm512_set1_epi32(shift));
 }
 
+// Chunk c of a decode kernel (4 blocks, 64 packed bytes of each of NR weight rows): its blocks
+// (rem, up to 4), its first scale group g0 and the mask of its (up to 4) scales' f16 loads —
+// groups b0 >> shift .. (b0 + rem − 1) >> shift, b0 = 4c a multiple of 4. Also prefetches the
+// same column of the rows PF groups of NR ahead, one line per chunk, and their scales every 8
+// chunks (one 64-byte line of f16 scales at groups of 32; at 64 and 128 the same line twice or
+// four times, which costs nothing).
+struct DecodeChunk {
+  int64_t rem, g0;
+  __mmask8 smask;
+};
+template <int NR, int PF, int Loc>
+inline DecodeChunk decode_chunk(const uint8_t* w, const uint16_t* wscale, int64_t rb,
+                                int64_t groups, int64_t blocks, int shift, int64_t c) {
+  const int64_t b0 = 4 * c, rem = std::min<int64_t>(4, blocks - b0);
+  const int64_t g0 = b0 >> shift, ng = ((b0 + rem - 1) >> shift) - g0 + 1;
+  for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + PF * NR) * rb + c * 64, 0, Loc);
+  if ((c & 7) == 0) {
+    for (int j = 0; j < NR; ++j) __builtin_prefetch(wscale + (j + PF * NR) * groups + g0, 0, 3);
+  }
+  return {rem, g0, static_cast<__mmask8>((1u << ng) - 1)};
+}
+
 // MR x rows (decode layout at dx, row stride dstride bytes) × NR weight rows of K / 2 bytes and
 // their f16 scales (row stride K / G; block b takes scale b >> shift; lanes: lanes_of_group).
 template <int MR, int NR, int PF, int Loc>
@@ -259,18 +281,9 @@ inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b0 = 4 * c, rem = std::min<int64_t>(4, blocks - b0);
+    const auto [rem, g0, smask] =
+        decode_chunk<NR, PF, Loc>(w, wscale, rb, groups, blocks, shift, c);
     const __mmask64 bmask = rem == 4 ? ~__mmask64{0} : (__mmask64{1} << (16 * rem)) - 1;
-    // The chunk's scales: groups b0 >> shift .. (b0 + rem − 1) >> shift (b0 is a multiple of 4).
-    const int64_t g0 = b0 >> shift, ng = ((b0 + rem - 1) >> shift) - g0 + 1;
-    const auto smask = static_cast<__mmask8>((1u << ng) - 1);
-    // As the other decode kernels: the same column of the next NR rows, one line per chunk, and
-    // their scales every 8 chunks (one 64-byte line of f16 scales at groups of 32; at 64 and 128
-    // the same line twice or four times, which costs nothing).
-    for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + PF * NR) * rb + c * 64, 0, Loc);
-    if ((c & 7) == 0) {
-      for (int j = 0; j < NR; ++j) __builtin_prefetch(wscale + (j + PF * NR) * groups + g0, 0, 3);
-    }
     for (int j = 0; j < NR; ++j) {
       const __m512i b = _mm512_xor_si512(_mm512_maskz_loadu_epi8(bmask, w + j * rb + c * 64),
                                          _mm512_set1_epi8(static_cast<char>(0x88)));
@@ -317,13 +330,8 @@ inline void decode_micro_ymm(const uint8_t* dx, int64_t dstride, const uint8_t* 
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t b0 = 4 * c, rem = std::min<int64_t>(4, blocks - b0);
-    const int64_t g0 = b0 >> shift, ng = ((b0 + rem - 1) >> shift) - g0 + 1;
-    const auto smask = static_cast<__mmask8>((1u << ng) - 1);
-    for (int j = 0; j < NR; ++j) __builtin_prefetch(w + (j + PF * NR) * rb + c * 64, 0, Loc);
-    if ((c & 7) == 0) {
-      for (int j = 0; j < NR; ++j) __builtin_prefetch(wscale + (j + PF * NR) * groups + g0, 0, 3);
-    }
+    const auto [rem, g0, smask] =
+        decode_chunk<NR, PF, Loc>(w, wscale, rb, groups, blocks, shift, c);
     for (int j = 0; j < NR; ++j) {
       const __m128 s4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(smask, wscale + j * groups + g0));
       const __m256 s8 = _mm256_insertf128_ps(_mm256_castps128_ps256(s4), s4, 1);
