@@ -394,64 +394,62 @@ std::vector<const TensorView*> decode_weights(const TextWeights& w, DType t) {
   return out;
 }
 
-// The decode kernels (ops.h: DecodeKernels), per family whose dtype the text decoder has: forced
-// by VLM_CPU_KERNELS (a candidate that is not exact contradicts --precision f32), else the
-// default without autotune or where it is the only candidate, else measured on the model's own
-// weights (cached as the GEMM's choice is).
-Status choose_decode_kernels(const EngineOptions& o, const EngineImpl& m, CpuKernels* k,
-                             std::string* how) {
+// The decode kernel of family f (ops.h: DecodeKernels) for its weights ws: forced by
+// VLM_CPU_KERNELS (a candidate that is not exact contradicts --precision f32), else the default
+// without autotune or where it is the only candidate, else measured on the model's own weights
+// (cached as the GEMM's choice is). Appends how it was chosen to *how.
+Result<int> pick_decode_kernel(const EngineOptions& o, const EngineImpl& m, ops::DecodeFamily f,
+                               const std::vector<const TensorView*>& ws,
+                               const ops::ForcedKernels& env, std::string* how) {
+  const auto cands = ops::decode_candidates(f);
+  const std::string family = ops::decode_family_name(f);
+  if (const std::optional<int>& pick = env.decode[static_cast<int>(f)]; pick) {
+    const std::string item = family + "=" + cands[*pick].name;
+    if (!ops::decode_candidate_runs(f, *pick, m.isa)) {
+      return invalid_argument("the CPU kernel choice " + item + " does not run at the " +
+                              ops::isa_name(m.isa) + " ISA level");
+    }
+    if (o.precision == Precision::kF32 && !cands[*pick].exact) {
+      return invalid_argument("the CPU kernel choice " + item +
+                              " contradicts --precision f32 (the exact kernels)");
+    }
+    *how += "; " + item + " (forced)";
+    return *pick;
+  }
+  int runnable = 0;
+  for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+    runnable += ops::decode_candidate_runs(f, i, m.isa) &&
+                (o.precision != Precision::kF32 || cands[i].exact);
+  }
+  if (!o.autotune || runnable < 2) {
+    *how += "; " + family + ": " + cands[0].name + " (" +
+            (!o.autotune ? "--no-autotune" : "the only candidate here") + ")";
+    return 0;
+  }
+  VLM_ASSIGN_OR_RETURN(
+      ops::KernelChoice c,
+      ops::choose_decode_kernel(*m.pool, m.isa, f, ws, o.precision == Precision::kF32,
+                                ops::kernel_cache_dir()));
+  *how += "; " + ops::describe(c);
+  for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
+    if (c.chosen == cands[i].name) return i;
+  }
+  return 0;
+}
+
+// The choices, and (*how) how they were made; (*names) the names alone ("bf16_gemm=dpbf16,...",
+// then each decode family whose dtype the text decoder has).
+Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& m, std::string* how,
+                                      std::string* names) {
+  VLM_ASSIGN_OR_RETURN(CpuKernels k, choose_gemm_kernels(o, m, how));
+  *names = std::string("bf16_gemm=") + ops::bf16_gemm_name(k.text);
+  if (k.vision) *names += std::string(",vision_gemm=") + ops::bf16_gemm_name(*k.vision);
   VLM_ASSIGN_OR_RETURN(ops::ForcedKernels env, ops::cpu_kernels_from_env());
   for (ops::DecodeFamily f : ops::kDecodeFamilies) {
     const std::vector<const TensorView*> ws =
         decode_weights(m.weights, ops::decode_family_dtype(f));
     if (ws.empty()) continue;
-    const auto cands = ops::decode_candidates(f);
-    const std::string family = ops::decode_family_name(f);
-    if (const std::optional<int>& pick = env.decode[static_cast<int>(f)]; pick) {
-      const std::string item = family + "=" + cands[*pick].name;
-      if (!ops::decode_candidate_runs(f, *pick, m.isa)) {
-        return invalid_argument("the CPU kernel choice " + item + " does not run at the " +
-                                ops::isa_name(m.isa) + " ISA level");
-      }
-      if (o.precision == Precision::kF32 && !cands[*pick].exact) {
-        return invalid_argument("the CPU kernel choice " + item +
-                                " contradicts --precision f32 (the exact kernels)");
-      }
-      k->decode.of(f) = *pick;
-      *how += "; " + item + " (forced)";
-      continue;
-    }
-    int runnable = 0;
-    for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
-      runnable += ops::decode_candidate_runs(f, i, m.isa) &&
-                  (o.precision != Precision::kF32 || cands[i].exact);
-    }
-    if (!o.autotune || runnable < 2) {
-      *how += "; " + family + ": " + cands[0].name + " (" +
-              (!o.autotune ? "--no-autotune" : "the only candidate here") + ")";
-      continue;
-    }
-    VLM_ASSIGN_OR_RETURN(
-        ops::KernelChoice c,
-        ops::choose_decode_kernel(*m.pool, m.isa, f, ws, o.precision == Precision::kF32,
-                                  ops::kernel_cache_dir()));
-    *how += "; " + ops::describe(c);
-    for (int i = 0; i < static_cast<int>(cands.size()); ++i) {
-      if (c.chosen == cands[i].name) k->decode.of(f) = i;
-    }
-  }
-  return ok_status();
-}
-
-// The choices, and (*how) how they were made; (*names) the names alone ("bf16_gemm=dpbf16,...").
-Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& m, std::string* how,
-                                      std::string* names) {
-  VLM_ASSIGN_OR_RETURN(CpuKernels k, choose_gemm_kernels(o, m, how));
-  VLM_RETURN_IF_ERROR(choose_decode_kernels(o, m, &k, how));
-  *names = std::string("bf16_gemm=") + ops::bf16_gemm_name(k.text);
-  if (k.vision) *names += std::string(",vision_gemm=") + ops::bf16_gemm_name(*k.vision);
-  for (ops::DecodeFamily f : ops::kDecodeFamilies) {
-    if (decode_weights(m.weights, ops::decode_family_dtype(f)).empty()) continue;
+    VLM_ASSIGN_OR_RETURN(k.decode.of(f), pick_decode_kernel(o, m, f, ws, env, how));
     *names += std::string(",") + ops::decode_family_name(f) + "=" +
               ops::decode_candidates(f)[k.decode.of(f)].name;
   }

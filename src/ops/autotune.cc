@@ -58,22 +58,31 @@ bool parse_line(const std::string& line, const std::string& prefix, KernelChoice
   return !c->candidates.empty();
 }
 
-// GFLOP/s of one candidate: a warm-up, then repeats until about 0.1 s has passed.
-double measure(Bf16Gemm g, const std::vector<float>& x, const TensorView& w, int64_t M, int64_t K,
-               std::vector<float>& y, ThreadPool& pool, Isa isa) {
-  const TensorView* ws[] = {&w};
-  float* ys[] = {y.data()};
-  matmul_multi(x.data(), M, K, ws, ys, pool, isa, 0, g);
+// Runs of run() per second: a warm-up, then repeats until about 0.1 s has passed and at least
+// min_runs were timed (at most max_runs).
+template <class F>
+double runs_per_second(F&& run, int min_runs, int max_runs) {
+  run();
   const auto t0 = std::chrono::steady_clock::now();
   int runs = 0;
   double s = 0;
   do {
-    matmul_multi(x.data(), M, K, ws, ys, pool, isa, 0, g);
+    run();
     ++runs;
     s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (s < 0.1 && runs < 1000);
+  } while ((s < 0.1 || runs < min_runs) && runs < max_runs);
+  return runs / s;
+}
+
+// GFLOP/s of one GEMM candidate.
+double measure(Bf16Gemm g, const std::vector<float>& x, const TensorView& w, int64_t M, int64_t K,
+               std::vector<float>& y, ThreadPool& pool, Isa isa) {
+  const TensorView* ws[] = {&w};
+  float* ys[] = {y.data()};
+  const double rate =
+      runs_per_second([&] { matmul_multi(x.data(), M, K, ws, ys, pool, isa, 0, g); }, 1, 1000);
   return 2.0 * static_cast<double>(M) * static_cast<double>(K) * static_cast<double>(w.dim(0)) *
-         runs / s / 1e9;
+         rate / 1e9;
 }
 
 }  // namespace
@@ -231,23 +240,16 @@ Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamil
     if (!decode_candidate_runs(f, i, isa) || (exact_only && !cands[i].exact)) continue;
     DecodeKernels k;
     k.of(f) = i;
-    const auto sweep_once = [&] {
-      for (const TensorView* w : sweep) {
-        const TensorView* ws[] = {w};
-        float* ys[] = {y.data()};
-        matmul_multi(x.data(), 1, w->dim(1), ws, ys, pool, isa, 0, Bf16Gemm::kWidenF32, k);
-      }
-    };
-    sweep_once();  // warm-up
-    const auto t0 = std::chrono::steady_clock::now();
-    int runs = 0;
-    double s = 0;
-    do {
-      sweep_once();
-      ++runs;
-      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } while ((s < 0.1 || runs < 2) && runs < 10000);
-    c.candidates.push_back({cands[i].name, static_cast<double>(bytes) * runs / s / 1e9});
+    const double sweeps = runs_per_second(
+        [&] {
+          for (const TensorView* w : sweep) {
+            const TensorView* ws[] = {w};
+            float* ys[] = {y.data()};
+            matmul_multi(x.data(), 1, w->dim(1), ws, ys, pool, isa, 0, Bf16Gemm::kWidenF32, k);
+          }
+        },
+        2, 10000);
+    c.candidates.push_back({cands[i].name, static_cast<double>(bytes) * sweeps / 1e9});
     exact.push_back(cands[i].exact);
   }
   pick(&c, exact, 1.05);

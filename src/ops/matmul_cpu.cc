@@ -576,13 +576,12 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   }
   // The decode candidates that apply here (DecodeKernels; the defaults otherwise).
   const bool one_row = M == 1 && K % 32 == 0;
-  const int bf16_dec =
-      one_row && decode_candidate_runs(DecodeFamily::kBf16, decode.bf16, isa) ? decode.bf16 : 0;
-  const int int8_dec =
-      one_row && decode_candidate_runs(DecodeFamily::kInt8, decode.int8, isa) ? decode.int8 : 0;
+  const auto chosen = [&](DecodeFamily f) {
+    return one_row && decode_candidate_runs(f, decode.of(f), isa) ? decode.of(f) : 0;
+  };
+  const int bf16_dec = chosen(DecodeFamily::kBf16), int8_dec = chosen(DecodeFamily::kInt8);
+  const int int4_dec = chosen(DecodeFamily::kInt4);
   const bool int8_q8 = int8_dec == kInt8Q8;
-  const int int4_dec =
-      one_row && decode_candidate_runs(DecodeFamily::kInt4, decode.int4, isa) ? decode.int4 : 0;
   const auto quantizes_x = [&](DType t) {
     return matmul_quantizes_x(isa, M, K, t) || (int8_q8 && t == DType::kI8);
   };

@@ -66,11 +66,9 @@ enum class DecodeFamily { kBf16, kInt8, kInt4 };
 inline constexpr DecodeFamily kDecodeFamilies[] = {DecodeFamily::kBf16, DecodeFamily::kInt8,
                                                    DecodeFamily::kInt4};
 struct DecodeKernels {
-  int bf16 = 0, int8 = 0, int4 = 0;  // candidate indexes; 0: the default
-  int& of(DecodeFamily f) {
-    return f == DecodeFamily::kBf16 ? bf16 : f == DecodeFamily::kInt8 ? int8 : int4;
-  }
-  int of(DecodeFamily f) const { return const_cast<DecodeKernels*>(this)->of(f); }
+  int index[std::size(kDecodeFamilies)] = {};  // candidate indexes by family; 0: the default
+  int& of(DecodeFamily f) { return index[static_cast<int>(f)]; }
+  int of(DecodeFamily f) const { return index[static_cast<int>(f)]; }
 };
 struct DecodeCandidate {
   const char* name;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/hsum_avx512.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/transpose_avx512.h"
 
@@ -108,14 +109,7 @@ inline void dot_rows(const uint16_t* xb, int64_t K, const uint16_t* w, float* y)
       acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(w + j * K + k), xv);
     }
   }
-  for (int j = 0; j < NR; ++j) {
-    // (Spelled out: _mm512_reduce_add_ps trips GCC 12's -Wuninitialized.)
-    const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, acc[j], 0),
-                                   _mm512_maskz_extractf32x8_ps(0xff, acc[j], 1));
-    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    y[j] = _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-  }
+  for (int j = 0; j < NR; ++j) y[j] = hsum(acc[j]);
 }
 
 }  // namespace

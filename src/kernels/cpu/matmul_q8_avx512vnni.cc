@@ -17,6 +17,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/cpu/hsum_avx512.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/panel_blocks.h"
 #include "kernels/cpu/transpose_avx512.h"
@@ -231,14 +232,6 @@ constexpr int64_t kChunk = 4 * kQ8Block;
 constexpr int64_t kDecodeChunkBytes = 256;
 static_assert(q8_decode_x_bytes(1, kChunk) == kDecodeChunkBytes, "matmul.h's decode x size");
 
-inline float hsum(__m512 v) {
-  const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0),
-                                 _mm512_maskz_extractf32x8_ps(0xff, v, 1));
-  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
-
 // The lanes' scale index within a chunk: lane 4b + r takes scale b >> shift of the chunk's.
 inline __m512i lanes_of_group(int shift) {
   return _mm512_maskz_srlv_epi32(0xffff,
@@ -310,12 +303,6 @@ inline void decode_micro(const uint8_t* dx, int64_t dstride, const uint8_t* w,
 // 32 of the chunk's weights and of each part of its x layout), block b's sum in lanes 4(b − 2h) ..
 // 4(b − 2h) + 3. On CPUs that split 512-bit instructions in two, or lower their clock for them,
 // this may run faster (ops/autotune.cc measures it).
-inline float hsum(__m256 v) {
-  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
-
 template <int MR, int NR, int PF, int Loc>
 inline void decode_micro_ymm(const uint8_t* dx, int64_t dstride, const uint8_t* w,
                              const uint16_t* wscale, int shift, int64_t K, float* y, int64_t ldy) {
