@@ -4,9 +4,11 @@
     python scripts/compare_checkpoint.py --model CKPT_DIR --vlm build/tools/cli/vlm
 
 For the random full-width checkpoints of scripts/make_random_checkpoint.py (e.g. the 235B-A22B
-shape with --layers 1). Runs `vlm logits` (exact f32 products, f32 KV cache) first, then
-transformers 4.57.1 (scripts/requirements-reference.txt) in float32 with eager attention, one
-process after the other so that only one copy of the weights is in memory. Prints, per prompt,
+shape with --layers 1, or qwen3.5-9b with --layers 4 and --lengths 1,7,150: a prompt across
+several 64-token chunks of the delta rule). Runs `vlm logits` (exact f32 products, f32 KV cache)
+first, then transformers in float32 with eager attention (4.57.1 for Qwen3-VL,
+scripts/requirements-reference.txt; 5.x for Qwen3.5, scripts/requirements-reference-qwen35.txt),
+one process after the other so that only one copy of the weights is in memory. Prints, per prompt,
 max |Δ| / max |logit| and the argmax agreement, and fails above --tol (1e-4, the fixtures' bound).
 Transformers holds the weights in float32: about 4 bytes per parameter of RAM. With
 --experts-as-stored the fused expert tensors of a mixture-of-experts checkpoint stay in the

@@ -1,8 +1,19 @@
 #!/usr/bin/env python3
-"""Write a random-weight Qwen3-VL checkpoint with the real published shapes and file layout.
+"""Write a random-weight Qwen3-VL or Qwen3.5 checkpoint with the real published shapes and layout.
 
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 2b   # also 4b, 8b
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 30b-a3b --layers 24
+    python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape qwen3.5-9b --layers 8
+
+The Qwen3.5 shapes (qwen3.5-2b, qwen3.5-9b: Qwen/Qwen3.5-2B and -9B as published, model_type
+qwen3_5) write three Gated DeltaNet layers to each gated attention layer (linear_attn.in_proj_qkv,
+in_proj_z, in_proj_b, in_proj_a, conv1d [conv_dim, 1, 4], A_log and the gated norm in F32 as the
+checkpoints hold them, dt_bias, out_proj; self_attn.q_proj with a gate row per query row), a
+vision tower without DeepStack, and the MTP head (mtp.*, which vlm does not read), and no
+generation_config.json (the published repositories have none). Their parameter counts are the
+published safetensors totals (2,274,069,824 and 9,653,104,368). Zero-centred norm weights (which
+scale by 1 + w) are N(0, 0.02); --layers keeps the first L layers, a multiple of 4 keeping the
+3:1 pattern.
 
 The mixture-of-experts shapes (30b-a3b, 235b-a22b: Qwen3-VL-30B-A3B / 235B-A22B-Instruct) write
 the fused expert tensors as those checkpoints hold them (mlp.experts.gate_up_proj
@@ -21,10 +32,12 @@ write_safetensors() below.  Values: float32 N(0, 0.02) rounded to bfloat16 (roun
 even on the top 16 bits); norm weights 1 + N(0, 0.02).  Each tensor has its own random stream
 seeded from (--seed, crc32(name)), so the values do not depend on the shard layout.
 
-Shapes are the published Qwen3-VL-{2B,4B,8B}-Instruct config.json values; tensor names are the
-ones transformers 4.57 expects (model.visual.*, model.language_model.*, lm_head.weight only when
-the embeddings are not tied).  The tokenizer comes from tests/data/tokenizer and the chat
-template from tests/model/fixtures/chat_template/chat_template.jinja.
+Shapes are the published Qwen3-VL-{2B,4B,8B}-Instruct and Qwen3.5-{2B,9B} config.json values;
+tensor names are the ones transformers expects (model.visual.*, model.language_model.*,
+lm_head.weight only when the embeddings are not tied).  The tokenizer comes from
+tests/data/tokenizer (Qwen3's: Qwen3.5's own 248,320-token tokenizer is not in the repository,
+and random weights do not care) and the chat template from
+tests/model/fixtures/chat_template/chat_template.jinja.
 """
 
 from __future__ import annotations
@@ -65,8 +78,26 @@ SHAPES = {
                       intermediate=12288, tie=False, v_depth=27, v_hidden=1152, v_heads=16,
                       v_intermediate=4304, deepstack=[8, 16, 24],
                       params=235_670_022_896, experts=128, top_k=8, moe_intermediate=1536),
+    # Qwen/Qwen3.5-{2B,9B} (model_type qwen3_5): 3 linear-attention layers to 1 full, partial
+    # rotary (64 of 256 dims), the vision tower without DeepStack, one MTP layer.
+    "qwen3.5-2b": dict(qwen35=True, layers=24, hidden=2048, heads=8, kv_heads=2, head_dim=256,
+                       intermediate=6144, tie=True, lin_k_heads=16, lin_v_heads=16, lin_dim=128,
+                       v_depth=24, v_hidden=1024, v_heads=16, v_intermediate=4096, deepstack=[],
+                       params=2_274_069_824),
+    "qwen3.5-9b": dict(qwen35=True, layers=32, hidden=4096, heads=16, kv_heads=4, head_dim=256,
+                       intermediate=12288, tie=False, lin_k_heads=16, lin_v_heads=32,
+                       lin_dim=128, v_depth=27, v_hidden=1152, v_heads=16, v_intermediate=4304,
+                       deepstack=[], params=9_653_104_368),
 }
 VOCAB = 151936
+VOCAB_35 = 248320
+CONV_KERNEL = 4
+# Published Qwen3.5 checkpoints hold these in F32 (everything else BF16).
+F32_SUFFIXES = ("linear_attn.A_log", "linear_attn.norm.weight")
+# Zero-centred RMSNorm weights of Qwen3.5 (scaled by 1 + w): random around 0, not 1.
+ZERO_CENTRED = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight",
+                "k_norm.weight", "language_model.norm.weight", "mtp.norm.weight",
+                "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
 PATCH, TEMPORAL, MERGE, IN_CH, POS_EMB = 16, 2, 2, 3, 2304
 MAX_SHARD_BYTES = 2_000_000_000
 CHUNK = 1 << 24  # elements generated per numpy call
@@ -96,6 +127,8 @@ def tensor_table(s: dict) -> list[tuple[str, tuple[int, ...]]]:
         t += [(p + "norm.weight", (norm_dim,)), (p + "norm.bias", (norm_dim,)),
               (p + "linear_fc1.weight", (M, M)), (p + "linear_fc1.bias", (M,)),
               (p + "linear_fc2.weight", (out, M)), (p + "linear_fc2.bias", (out,))]
+    if s.get("qwen35"):
+        return t + qwen35_text_table(s)
     H, nh, nkv, hd, FF = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["intermediate"]
     lm = "model.language_model."
     t.append((lm + "embed_tokens.weight", (VOCAB, H)))
@@ -125,6 +158,62 @@ def tensor_table(s: dict) -> list[tuple[str, tuple[int, ...]]]:
     return t
 
 
+def qwen35_attention(p: str, s: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """A Qwen3.5 gated attention layer's tensors (q_proj: a gate row per query row) and MLP."""
+    H, nh, nkv, hd, FF = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["intermediate"]
+    return [(p + "self_attn.q_proj.weight", (2 * nh * hd, H)),
+            (p + "self_attn.k_proj.weight", (nkv * hd, H)),
+            (p + "self_attn.v_proj.weight", (nkv * hd, H)),
+            (p + "self_attn.o_proj.weight", (H, nh * hd)),
+            (p + "self_attn.q_norm.weight", (hd,)),
+            (p + "self_attn.k_norm.weight", (hd,)),
+            (p + "mlp.gate_proj.weight", (FF, H)),
+            (p + "mlp.up_proj.weight", (FF, H)),
+            (p + "mlp.down_proj.weight", (H, FF)),
+            (p + "input_layernorm.weight", (H,)),
+            (p + "post_attention_layernorm.weight", (H,))]
+
+
+def qwen35_text_table(s: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """Qwen3.5's decoder: every 4th layer gated attention, the others Gated DeltaNet; the MTP
+    head (one attention layer after fc over [embedding | hidden])."""
+    H, FF = s["hidden"], s["intermediate"]
+    nk, nv, d = s["lin_k_heads"], s["lin_v_heads"], s["lin_dim"]
+    conv = 2 * nk * d + nv * d
+    lm = "model.language_model."
+    t = [(lm + "embed_tokens.weight", (VOCAB_35, H))]
+    for layer in range(s["layers"]):
+        p = f"{lm}layers.{layer}."
+        if (layer + 1) % 4 == 0:
+            t += qwen35_attention(p, s)
+            continue
+        a = p + "linear_attn."
+        t += [(a + "in_proj_qkv.weight", (conv, H)), (a + "in_proj_z.weight", (nv * d, H)),
+              (a + "in_proj_b.weight", (nv, H)), (a + "in_proj_a.weight", (nv, H)),
+              (a + "conv1d.weight", (conv, 1, CONV_KERNEL)), (a + "A_log", (nv,)),
+              (a + "dt_bias", (nv,)), (a + "norm.weight", (d,)),
+              (a + "out_proj.weight", (H, nv * d)),
+              (p + "mlp.gate_proj.weight", (FF, H)), (p + "mlp.up_proj.weight", (FF, H)),
+              (p + "mlp.down_proj.weight", (H, FF)),
+              (p + "input_layernorm.weight", (H,)), (p + "post_attention_layernorm.weight", (H,))]
+    t.append((lm + "norm.weight", (H,)))
+    if not s["tie"]:
+        t.append(("lm_head.weight", (VOCAB_35, H)))
+    t += [("mtp.fc.weight", (H, 2 * H)), ("mtp.pre_fc_norm_embedding.weight", (H,)),
+          ("mtp.pre_fc_norm_hidden.weight", (H,))]
+    t += qwen35_attention("mtp.layers.0.", s)
+    t.append(("mtp.norm.weight", (H,)))
+    return t
+
+
+def dtype_of(name: str) -> str:
+    return "F32" if name.endswith(F32_SUFFIXES) else "BF16"
+
+
+def nbytes_of(name: str, shape) -> int:
+    return (4 if dtype_of(name) == "F32" else 2) * numel(shape)
+
+
 def numel(shape) -> int:
     n = 1
     for d in shape:
@@ -148,9 +237,12 @@ class _Buffers:
         self.bf16 = np.empty(n, dtype=np.uint16)
 
 
-def write_tensor_data(f, name: str, shape, seed: int, bufs: _Buffers) -> None:
+def write_tensor_data(f, name: str, shape, seed: int, bufs: _Buffers,
+                      zero_centred: bool = False) -> None:
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     is_norm_weight = name.endswith(".weight") and "norm" in name.split(".")[-2]
+    if zero_centred and name.endswith(ZERO_CENTRED):
+        is_norm_weight = False  # Qwen3.5's (1 + w) norms
     left = numel(shape)
     while left:
         n = min(left, CHUNK)
@@ -159,6 +251,10 @@ def write_tensor_data(f, name: str, shape, seed: int, bufs: _Buffers) -> None:
         np.multiply(x, np.float32(0.02), out=x)
         if is_norm_weight:
             np.add(x, np.float32(1.0), out=x)
+        if dtype_of(name) == "F32":
+            f.write(x.data)
+            left -= n
+            continue
         # in-place version of f32_to_bf16_bits(x)
         u = x.view(np.uint32)
         np.right_shift(u, np.uint32(16), out=tmp)
@@ -172,14 +268,14 @@ def write_tensor_data(f, name: str, shape, seed: int, bufs: _Buffers) -> None:
 
 
 def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], seed: int,
-                      progress) -> None:
+                      progress, zero_centred: bool = False) -> None:
     """Minimal safetensors writer: u64 LE header size, JSON header (padded with spaces to a
     multiple of 8), then the raw little-endian tensor bytes back to back."""
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape in tensors:
-        nbytes = 2 * numel(shape)
-        header[name] = {"dtype": "BF16", "shape": list(shape),
+        nbytes = nbytes_of(name, shape)
+        header[name] = {"dtype": dtype_of(name), "shape": list(shape),
                         "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -189,14 +285,14 @@ def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], se
         f.write(struct.pack("<Q", len(hb)))
         f.write(hb)
         for name, shape in tensors:
-            write_tensor_data(f, name, shape, seed, bufs)
-            progress(2 * numel(shape))
+            write_tensor_data(f, name, shape, seed, bufs, zero_centred)
+            progress(nbytes_of(name, shape))
 
 
 def shard(tensors, max_bytes: int) -> list[list]:
     shards, cur, size = [], [], 0
     for name, shape in tensors:
-        nbytes = 2 * numel(shape)
+        nbytes = nbytes_of(name, shape)
         if cur and size + nbytes > max_bytes:
             shards.append(cur)
             cur, size = [], 0
@@ -207,7 +303,76 @@ def shard(tensors, max_bytes: int) -> list[list]:
     return shards
 
 
+def qwen35_config_json(s: dict) -> dict:
+    """Qwen/Qwen3.5-{2B,9B}'s config.json (the keys vlm and transformers read)."""
+    L = s["layers"]
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "image_token_id": 248056,
+        "model_type": "qwen3_5",
+        "text_config": {
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "attn_output_gate": True,
+            "dtype": "bfloat16",
+            "eos_token_id": 248044,
+            "full_attention_interval": 4,
+            "head_dim": s["head_dim"],
+            "hidden_act": "silu",
+            "hidden_size": s["hidden"],
+            "initializer_range": 0.02,
+            "intermediate_size": s["intermediate"],
+            "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                            for i in range(L)],
+            "linear_conv_kernel_dim": CONV_KERNEL,
+            "linear_key_head_dim": s["lin_dim"],
+            "linear_num_key_heads": s["lin_k_heads"],
+            "linear_num_value_heads": s["lin_v_heads"],
+            "linear_value_head_dim": s["lin_dim"],
+            "mamba_ssm_dtype": "float32",
+            "max_position_embeddings": 262144,
+            "mlp_only_layers": [],
+            "model_type": "qwen3_5_text",
+            "mtp_num_hidden_layers": 1,
+            "mtp_use_dedicated_embeddings": False,
+            "num_attention_heads": s["heads"],
+            "num_hidden_layers": L,
+            "num_key_value_heads": s["kv_heads"],
+            "rms_norm_eps": 1e-06,
+            "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10],
+                                "rope_type": "default", "rope_theta": 10000000,
+                                "partial_rotary_factor": 0.25},
+            "tie_word_embeddings": s["tie"],
+            "use_cache": True,
+            "vocab_size": VOCAB_35,
+        },
+        "tie_word_embeddings": s["tie"],
+        "transformers_version": "4.57.0.dev0",
+        "video_token_id": 248057,
+        "vision_config": {
+            "deepstack_visual_indexes": [],
+            "depth": s["v_depth"],
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_size": s["v_hidden"],
+            "in_channels": IN_CH,
+            "initializer_range": 0.02,
+            "intermediate_size": s["v_intermediate"],
+            "model_type": "qwen3_5",
+            "num_heads": s["v_heads"],
+            "num_position_embeddings": POS_EMB,
+            "out_hidden_size": s["hidden"],
+            "patch_size": PATCH,
+            "spatial_merge_size": MERGE,
+            "temporal_patch_size": TEMPORAL,
+        },
+        "vision_end_token_id": 248054,
+        "vision_start_token_id": 248053,
+    }
+
+
 def config_json(s: dict) -> dict:
+    if s.get("qwen35"):
+        return qwen35_config_json(s)
     moe = "experts" in s
     c = {
         "architectures": ["Qwen3VLMoeForConditionalGeneration" if moe
@@ -326,7 +491,8 @@ def main() -> int:
     total_params = sum(numel(shape) for _, shape in tensors)
     if s["params"] is not None and total_params != s["params"]:
         raise SystemExit(f"parameter count {total_params} != expected {s['params']}")
-    total_bytes = 2 * total_params
+    total_bytes = sum(nbytes_of(name, shape) for name, shape in tensors)
+    qwen35 = bool(s.get("qwen35"))
     tok_dir = TOKENIZER_DIR
     template = TEMPLATE_PATH.read_text(encoding="utf-8")
 
@@ -336,7 +502,10 @@ def main() -> int:
         old.unlink()
 
     dump(out / "config.json", config_json(s))
-    dump(out / "generation_config.json", GENERATION_CONFIG)
+    if qwen35:
+        (out / "generation_config.json").unlink(missing_ok=True)  # none published
+    else:
+        dump(out / "generation_config.json", GENERATION_CONFIG)
     dump(out / "preprocessor_config.json", PREPROCESSOR_CONFIG)
     dump(out / "video_preprocessor_config.json", VIDEO_PREPROCESSOR_CONFIG)
     dump(out / "chat_template.json", {"chat_template": template})
@@ -364,7 +533,7 @@ def main() -> int:
           f"{total_bytes / 1e9:.2f} GB in {n} shard(s) -> {out}", flush=True)
     for i, part in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{n:05d}.safetensors"
-        write_safetensors(out / fname, part, args.seed, progress)
+        write_safetensors(out / fname, part, args.seed, progress, zero_centred=qwen35)
         for name, _ in part:
             weight_map[name] = fname
     index = {"metadata": {"total_size": total_bytes},

@@ -398,6 +398,10 @@ class Engine {
     // holding cached contents now, and blocks evicted so far.
     int64_t prefix_cache_queries = 0, prefix_cache_hits = 0, prefix_cache_blocks = 0;
     int64_t prefix_cache_evictions = 0;
+    bool prefix_caching = false;  // on (the option, unless the model cannot have it yet)
+    // A hybrid model's (Qwen3.5) linear-attention state: slots (one per running sequence) and
+    // the bytes of one; 0 for other models.
+    int64_t state_slots = 0, state_slot_bytes = 0;
   };
   CoreStats core_stats() const;
   // When the engine loop last finished a step or an idle wait (it wakes at least every second):

@@ -533,6 +533,11 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     }
   }
   VLM_RETURN_IF_ERROR(load_checkpoint(options, impl.get()));
+  if (on_gpu && impl->cfg.text_config.family == ModelFamily::kQwen35) {
+    return unimplemented(
+        "--device cuda: Qwen3.5 (model_type qwen3_5) has no CUDA kernels yet (its Gated "
+        "DeltaNet layers are proven on the CPU only); run it with --device cpu");
+  }
   if (options.quant == Quant::kFp8 && impl->cfg.text_config.num_experts > 0) {
     return invalid_argument(
         "--quant fp8 has no expert kernels for a mixture of experts; use --quant int8");

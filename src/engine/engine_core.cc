@@ -67,6 +67,13 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   sc.max_waiting = opts.max_waiting + opts.max_num_seqs + 1;
   sc.prefix_caching = opts.prefix_caching;
   sc.max_side_ms = opts.max_encoder_ms;
+  // A hybrid model: a state slot per running sequence, and (for now) no prefix caching, whose
+  // hits would need the states at the hit's end (Engine::load says so).
+  const int64_t state_slots = spec.state_group() != nullptr ? opts.max_num_seqs : 0;
+  if (state_slots > 0) {
+    opts.prefix_caching = sc.prefix_caching = false;
+    sc.num_state_slots = static_cast<int32_t>(state_slots);
+  }
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
   if (opts.on_kv_events) {
     if (!opts.prefix_caching) {
@@ -76,7 +83,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   }
   s.sched = std::make_unique<Scheduler>(std::move(sched));
   VLM_RETURN_IF_ERROR(
-      dec.allocate_cache(&s.cache, spec, opts.num_blocks, blocks_per_seq)
+      dec.allocate_cache(&s.cache, spec, opts.num_blocks, blocks_per_seq, state_slots)
           .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
   core->opts_ = opts;
   core->on_step_ = std::move(on_step);
@@ -98,6 +105,9 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   stats.kv_blocks_total = opts.num_blocks;
   stats.kv_block_size = opts.block_size;
   stats.kv_cache_bytes = (int64_t{opts.num_blocks} + 1) * spec.block_bytes();
+  stats.prefix_caching = opts.prefix_caching;
+  stats.state_slots = state_slots;
+  stats.state_slot_bytes = spec.state_bytes_per_seq();
   stats.kv_cache_dtype = m.kv_dtype == DType::kI8     ? KvCacheDtype::kInt8
                          : m.kv_dtype == DType::kBF16 ? KvCacheDtype::kBF16
                                                       : KvCacheDtype::kF32;
@@ -248,7 +258,7 @@ Status EngineCore::execute(const SchedulerOutput& out) {
   for (const ScheduledItem& it : out.items) {
     EngineRequest& r = *s.reqs.at(it.request_id);
     s.rows.push_back({it.request_id, it.first_token, it.num_tokens, r.kind, &r.seq,
-                      &s.sched->block_table(it.request_id)});
+                      &s.sched->block_table(it.request_id), s.sched->state_slot(it.request_id)});
   }
   s.sampled.clear();
   VLM_RETURN_IF_ERROR(s.runner->forward(s.rows));

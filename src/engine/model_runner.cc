@@ -140,6 +140,7 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
         Positions3{r.pos_t.data() + c.first, r.pos_h.data() + c.first, r.pos_w.data() + c.first};
     c.block_table = table.data();
     c.num_table_blocks = static_cast<int64_t>(table.size());
+    c.state_slot = it.state_slot;
     if (r.prompt.vision_tokens > 0 && c.first < r.prompt_len()) {
       vision_[i].feature_row = r.feature_row.data() + c.first;
       vision_[i].embeds = r.prompt.embeds.data();

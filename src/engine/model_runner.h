@@ -47,6 +47,7 @@ struct StepRow {
   StepKind kind = StepKind::kGenerate;
   Sequence* seq = nullptr;
   const std::vector<int32_t>* block_table = nullptr;
+  int32_t state_slot = -1;  // a hybrid model's state slot
 };
 
 class ModelRunner {

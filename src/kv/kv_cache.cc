@@ -47,6 +47,21 @@ Status KvCache::allocate(ops::Backend& be, const KvCacheGroup& group, int64_t nu
   return ok_status();
 }
 
+Status KvCache::allocate_states(ops::Backend& be, const KvCacheGroup& group, int64_t slots) {
+  if (group.kind != CacheKind::kLinearState || group.layers.empty() || group.state.floats <= 0 ||
+      slots <= 0) {
+    return invalid_argument("the state cache needs a state group with layers, and slots");
+  }
+  states_ = {};
+  slots_ = state_floats_ = 0;
+  const int64_t layers = static_cast<int64_t>(group.layers.size());
+  VLM_ASSIGN_OR_RETURN(states_,
+                       be.alloc(layers * slots * group.state.floats, DType::kF32, /*lazy=*/true));
+  slots_ = slots;
+  state_floats_ = group.state.floats;
+  return ok_status();
+}
+
 ops::KvLayer KvCache::layer(int64_t l) const {
   ops::KvLayer c;
   c.k = k_.at(l * rows() * row_);

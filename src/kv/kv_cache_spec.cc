@@ -13,11 +13,23 @@ int64_t KvCacheSpec::block_bytes() const {
   return bytes;
 }
 
+int64_t KvCacheSpec::state_bytes_per_seq() const {
+  const KvCacheGroup* g = state_group();
+  return g == nullptr ? 0 : g->state.bytes_per_seq(static_cast<int64_t>(g->layers.size()));
+}
+
+const KvCacheGroup* KvCacheSpec::state_group() const {
+  for (const KvCacheGroup& g : groups) {
+    if (g.kind == CacheKind::kLinearState) return &g;
+  }
+  return nullptr;
+}
+
 Status KvCacheSpec::validate() const {
   if (groups.empty()) return invalid_argument("the KV cache has no group of layers");
   if (block_size <= 0) return invalid_argument("block_size must be positive");
   std::set<int64_t> seen;
-  int attention = 0;
+  int attention = 0, states = 0;
   for (const KvCacheGroup& g : groups) {
     if (g.layers.empty()) return invalid_argument("a KV cache group has no layers");
     for (int64_t l : g.layers) {
@@ -31,6 +43,8 @@ Status KvCacheSpec::validate() const {
       if (g.attention.n_kv_heads <= 0 || g.attention.head_dim <= 0) {
         return invalid_argument("an attention cache group needs positive KV heads and head_dim");
       }
+    } else if (++states > 1 || g.state.floats <= 0) {
+      return invalid_argument("a KV cache has at most one state group, of positive size");
     }
   }
   if (attention != 1) {

@@ -3,10 +3,12 @@
 // declares its groups (TextDecoder::cache_spec); the engine sizes the cache from them
 // (plan_kv_blocks) and the KV-cache manager hands out their blocks.
 //
-// Today every decoder layer is full attention: one group of paged K/V, a block table per
-// sequence (KvCacheManager, block_pool.h). The next kind is a group of fixed-size per-sequence
-// state slots for linear-attention layers (Qwen3.5's Gated DeltaNet), with snapshots at block
-// boundaries for prefix hits, under the same memory budget (docs/architecture.md).
+// Two kinds: full attention, one group of paged K/V with a block table per sequence
+// (KvCacheManager, block_pool.h); and, for a hybrid model (Qwen3.5), a group of fixed-size
+// per-sequence state slots for its linear-attention (Gated DeltaNet) layers: the conv window and
+// the recurrent state, the same bytes whatever the sequence's length. Each running sequence
+// holds one slot (the scheduler hands them out). Snapshots of states at block boundaries for
+// prefix hits, under the same memory budget, are the next step (docs/architecture.md).
 #pragma once
 
 #include <cstdint>
@@ -31,17 +33,27 @@ struct AttentionSpec {
   }
 };
 
+// Per-sequence state of a linear-attention layer: `floats` f32 values per layer and sequence.
+struct StateSpec {
+  int64_t floats = 0;
+  int64_t bytes_per_seq(int64_t layers) const { return layers * floats * 4; }
+};
+
 enum class CacheKind : uint8_t {
   kFullAttention,  // paged K/V in blocks (AttentionSpec)
+  kLinearState,    // a state slot per sequence (StateSpec)
 };
 
 struct KvCacheGroup {
   CacheKind kind = CacheKind::kFullAttention;
   std::vector<int64_t> layers;  // the decoder layers that keep their cache in this group
   AttentionSpec attention;      // kFullAttention
+  StateSpec state;              // kLinearState
 
-  // Bytes one block of `block_size` tokens takes over the group's layers, K and V.
+  // Bytes one block of `block_size` tokens takes over the group's layers, K and V (0 for a
+  // state group, whose bytes go by sequences).
   int64_t block_bytes(int64_t block_size) const {
+    if (kind != CacheKind::kFullAttention) return 0;
     return static_cast<int64_t>(layers.size()) * 2 * block_size * attention.row_bytes();
   }
 };
@@ -52,10 +64,13 @@ struct KvCacheSpec {
 
   // Bytes of one block across every group.
   int64_t block_bytes() const;
+  // Bytes of one sequence's state slot across the state group (0 without one).
+  int64_t state_bytes_per_seq() const;
   // Checks the spec: at least one group, each with layers and a positive geometry, no layer in
-  // two groups, and exactly one full-attention group (the kind this engine pages today).
+  // two groups, exactly one full-attention group and at most one state group.
   Status validate() const;
   const KvCacheGroup& attention_group() const;  // after validate()
+  const KvCacheGroup* state_group() const;      // null without one
 };
 
 // How many blocks the cache gets. In order: `num_blocks` when given (> 0); on a device, what

@@ -72,12 +72,17 @@ Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLT
   VLM_RETURN_IF_ERROR(get_int(t, "head_dim", &c->head_dim, false, where));
   // Rope settings: v4 spells them rope_scaling (theta beside it), v5 rope_parameters (theta
   // inside).
+  // Qwen3.5 rotates a quarter of each head unless the config says otherwise (transformers'
+  // Qwen3_5TextConfig default), with the M-RoPE sections of its rotary dims.
+  double partial = c->family == ModelFamily::kQwen35 ? 0.25 : 1.0;
+  VLM_RETURN_IF_ERROR(get_double(t, "partial_rotary_factor", &partial, where));
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     auto it = t.find(key);
     if (it == t.end() || it->is_null()) continue;
     if (!it->is_object()) return invalid_argument(where + ": '" + key + "' must be an object");
     VLM_RETURN_IF_ERROR(get_double(*it, "rope_theta", &c->rope_theta, where + "." + key));
     VLM_RETURN_IF_ERROR(get_int_list(*it, "mrope_section", &c->mrope_section, where + "." + key));
+    VLM_RETURN_IF_ERROR(get_double(*it, "partial_rotary_factor", &partial, where + "." + key));
     auto type = it->find("rope_type");
     if (type == it->end()) type = it->find("type");
     if (type != it->end() && type->is_string() && *type != "default" && *type != "mrope") {
@@ -96,15 +101,26 @@ Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLT
   }
   if (c->head_dim <= 0 || c->head_dim % 2 != 0)
     return invalid_argument(where + ": head_dim must be even");
+  // transformers: int(head_dim * partial_rotary_factor).
+  c->rotary_dim = static_cast<int64_t>(static_cast<double>(c->head_dim) * partial);
+  if (!(partial > 0 && partial <= 1) || c->rotary_dim <= 0 || c->rotary_dim % 2 != 0) {
+    return invalid_argument(where +
+                            ": partial_rotary_factor must leave an even number of rotary "
+                            "dims in (0, head_dim]");
+  }
   if (c->mrope_section.empty()) {
-    // Qwen3-VL's rotary defaults to [24, 20, 20]; a plain Qwen3 model is 1-D RoPE (all T axis).
-    c->mrope_section = {c->head_dim / 2, 0, 0};
+    // Qwen3.5's rotary defaults to [11, 11, 10] (of 64 rotary dims); a plain Qwen3 model is 1-D
+    // RoPE (all T axis).
+    c->mrope_section = c->family == ModelFamily::kQwen35 && c->rotary_dim == 64
+                           ? std::vector<int64_t>{11, 11, 10}
+                           : std::vector<int64_t>{c->rotary_dim / 2, 0, 0};
   }
   int64_t sum = 0;
   for (int64_t s : c->mrope_section) sum += s;
-  if (c->mrope_section.size() != 3 || sum != c->head_dim / 2) {
-    return invalid_argument(where + ": mrope_section must have 3 entries summing to head_dim/2 (" +
-                            std::to_string(c->head_dim / 2) + ")");
+  if (c->mrope_section.size() != 3 || sum != c->rotary_dim / 2) {
+    return invalid_argument(where +
+                            ": mrope_section must have 3 entries summing to the rotary dims / 2 (" +
+                            std::to_string(c->rotary_dim / 2) + ")");
   }
   if (c->hidden_act != "silu")
     return unimplemented(where + ": hidden_act '" + c->hidden_act + "' is not supported");
@@ -146,6 +162,68 @@ Status parse_moe(const json& t, const std::string& where, bool moe, Qwen3VLTextC
   for (int64_t l : c->mlp_only_layers) {
     if (l < 0 || l >= c->num_hidden_layers)
       return invalid_argument(where + ": mlp_only_layers names a layer out of range");
+  }
+  return ok_status();
+}
+
+// Qwen3.5's hybrid layers: which layers are Gated DeltaNet (layer_types, else every
+// full_attention_interval-th layer is full attention, transformers' default 4) and their geometry
+// (transformers' Qwen3_5TextConfig defaults where the file is silent).
+Status parse_hybrid(const json& t, const std::string& where, Qwen3VLTextConfig* c) {
+  c->zero_centered_norms = true;
+  c->attn_output_gate = true;
+  if (auto it = t.find("attn_output_gate"); it != t.end() && it->is_boolean() && !*it) {
+    return unimplemented(where + ": attn_output_gate=false is not supported");
+  }
+  c->linear_num_key_heads = 16;
+  c->linear_num_value_heads = 32;
+  c->linear_key_head_dim = 128;
+  c->linear_value_head_dim = 128;
+  c->linear_conv_kernel_dim = 4;
+  VLM_RETURN_IF_ERROR(get_int(t, "linear_num_key_heads", &c->linear_num_key_heads, false, where));
+  VLM_RETURN_IF_ERROR(
+      get_int(t, "linear_num_value_heads", &c->linear_num_value_heads, false, where));
+  VLM_RETURN_IF_ERROR(get_int(t, "linear_key_head_dim", &c->linear_key_head_dim, false, where));
+  VLM_RETURN_IF_ERROR(get_int(t, "linear_value_head_dim", &c->linear_value_head_dim, false, where));
+  VLM_RETURN_IF_ERROR(
+      get_int(t, "linear_conv_kernel_dim", &c->linear_conv_kernel_dim, false, where));
+  if (c->linear_num_key_heads <= 0 || c->linear_num_value_heads <= 0 ||
+      c->linear_key_head_dim <= 0 || c->linear_value_head_dim <= 0 ||
+      c->linear_conv_kernel_dim < 2) {
+    return invalid_argument(where +
+                            ": the linear-attention head counts and dims must be "
+                            "positive and linear_conv_kernel_dim at least 2");
+  }
+  if (c->linear_num_value_heads % c->linear_num_key_heads != 0) {
+    return invalid_argument(where +
+                            ": linear_num_value_heads must be a multiple of linear_num_key_heads");
+  }
+  const int64_t L = c->num_hidden_layers;
+  c->layer_types.clear();
+  if (auto it = t.find("layer_types"); it != t.end() && !it->is_null()) {
+    if (!it->is_array() || static_cast<int64_t>(it->size()) != L) {
+      return invalid_argument(where + ": layer_types must list num_hidden_layers (" +
+                              std::to_string(L) + ") entries");
+    }
+    for (const auto& v : *it) {
+      if (v == "linear_attention") {
+        c->layer_types.push_back(LayerType::kLinearAttention);
+      } else if (v == "full_attention") {
+        c->layer_types.push_back(LayerType::kFullAttention);
+      } else {
+        return unimplemented(where + ": layer type " + v.dump() +
+                             " is not supported (linear_attention, full_attention)");
+      }
+    }
+  } else {
+    int64_t interval = 4;
+    VLM_RETURN_IF_ERROR(get_int(t, "full_attention_interval", &interval, false, where));
+    if (interval <= 0)
+      return invalid_argument(where + ": full_attention_interval must be positive");
+    for (int64_t l = 0; l < L; ++l) {
+      c->layer_types.push_back((l + 1) % interval != 0 ? LayerType::kLinearAttention
+                                                       : LayerType::kFullAttention);
+    }
   }
   return ok_status();
 }
@@ -193,7 +271,29 @@ Status parse_vision(const json& v, const std::string& where, Qwen3VLVisionConfig
   return ok_status();
 }
 
+// The family of a config.json model_type: known names only (none written: a Qwen3-VL layout).
+Result<ModelFamily> family_of(const std::string& type, const std::string& source) {
+  if (type.empty() || type == "qwen3_vl" || type == "qwen3_vl_moe" || type == "qwen3" ||
+      type == "qwen3_moe") {
+    return ModelFamily::kQwen3VL;
+  }
+  if (type == "qwen3_5") return ModelFamily::kQwen35;
+  if (type == "qwen3_5_moe") {
+    return unimplemented(source +
+                         ": model_type 'qwen3_5_moe' (Qwen3.5 mixture of experts) is not "
+                         "supported yet; the dense qwen3_5 models are");
+  }
+  return unimplemented(source + ": model_type '" + type +
+                       "' is not supported (qwen3_vl, qwen3_vl_moe, qwen3_5, and Qwen3 text)");
+}
+
 }  // namespace
+
+int64_t Qwen3VLTextConfig::num_linear_layers() const {
+  int64_t n = 0;
+  for (LayerType t : layer_types) n += t == LayerType::kLinearAttention ? 1 : 0;
+  return n;
+}
 
 bool Qwen3VLTextConfig::sparse_layer(int64_t l) const {
   if (num_experts <= 0) return false;
@@ -220,11 +320,16 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
   auto tc = j.find("text_config");
   const json& text_json = (tc != j.end() && tc->is_object()) ? *tc : j;
   const std::string text_where = source + (&text_json != &j ? ": text_config" : "");
-  VLM_RETURN_IF_ERROR(parse_text(text_json, text_where, &text_json != &j, &c.text_config));
   auto type_of = [](const json& o) {
     auto it = o.find("model_type");
     return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
+  c.model_type = type_of(j);
+  VLM_ASSIGN_OR_RETURN(c.text_config.family, family_of(c.model_type, source));
+  VLM_RETURN_IF_ERROR(parse_text(text_json, text_where, &text_json != &j, &c.text_config));
+  if (c.text_config.family == ModelFamily::kQwen35) {
+    VLM_RETURN_IF_ERROR(parse_hybrid(text_json, text_where, &c.text_config));
+  }
   const bool moe = type_of(j) == "qwen3_vl_moe" || type_of(text_json) == "qwen3_vl_moe_text";
   VLM_RETURN_IF_ERROR(parse_moe(text_json, text_where, moe, &c.text_config));
   if (auto vc = j.find("vision_config"); vc != j.end() && vc->is_object()) {

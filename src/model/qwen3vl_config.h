@@ -1,4 +1,5 @@
-// Qwen3-VL configuration: field names follow the Hugging Face config.json keys verbatim.
+// Qwen3-VL and Qwen3.5 configuration: field names follow the Hugging Face config.json keys
+// verbatim.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,17 @@
 
 namespace vlm {
 
+// The model families vlm runs, by config.json's model_type.
+enum class ModelFamily {
+  kQwen3VL,  // qwen3_vl, qwen3_vl_moe, and plain Qwen3 text configs (qwen3, qwen3_moe)
+  kQwen35,   // qwen3_5: hybrid Gated DeltaNet + gated attention layers
+};
+
+// A decoder layer's token mixer (Qwen3.5's layer_types).
+enum class LayerType : uint8_t { kFullAttention, kLinearAttention };
+
 struct Qwen3VLTextConfig {
+  ModelFamily family = ModelFamily::kQwen3VL;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
@@ -21,8 +32,13 @@ struct Qwen3VLTextConfig {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 5e6;  // text_config.rope_theta, or rope_parameters.rope_theta (v5)
-  // rope_scaling.mrope_section (v4) / rope_parameters.mrope_section (v5); sums to head_dim / 2.
+  // rope_scaling.mrope_section (v4) / rope_parameters.mrope_section (v5); sums to
+  // rotary_dim / 2.
   std::vector<int64_t> mrope_section;
+  // The leading dims of each head that rotate: head_dim · partial_rotary_factor (Qwen3.5: 0.25
+  // by default; Qwen3-VL rotates all of them). 0 (a config built by hand): head_dim.
+  int64_t rotary_dim = 0;
+  int64_t rotary_dims() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   std::string hidden_act = "silu";
   bool attention_bias = false;
 
@@ -36,6 +52,39 @@ struct Qwen3VLTextConfig {
   // Whether decoder layer l's MLP is the sparse block (transformers' rule: not in
   // mlp_only_layers, and (l + 1) a multiple of decoder_sparse_step).
   bool sparse_layer(int64_t l) const;
+
+  // Qwen3.5 (family kQwen35). Every RMSNorm of the decoder but the linear layers' gated one
+  // scales by (1 + weight); q_proj yields, per head, [q | gate] and the attention output is
+  // multiplied by sigmoid(gate).
+  bool zero_centered_norms = false;
+  bool attn_output_gate = false;
+  // layer_types, or every full_attention_interval-th layer full attention; empty: all full.
+  std::vector<LayerType> layer_types;
+  // The Gated DeltaNet layers' geometry.
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;
+  bool linear_layer(int64_t l) const {
+    return !layer_types.empty() && layer_types[l] == LayerType::kLinearAttention;
+  }
+  int64_t num_linear_layers() const;
+  // The channels of the linear layers' conv1d: q, k (key heads · key dim each) and v.
+  int64_t linear_conv_dim() const {
+    return 2 * linear_num_key_heads * linear_key_head_dim +
+           linear_num_value_heads * linear_value_head_dim;
+  }
+  // f32 values of one sequence's state in one linear layer: the conv window (kernel − 1 inputs
+  // per channel) and the recurrent state [value heads, key dim, value dim].
+  int64_t linear_conv_state() const { return linear_conv_dim() * (linear_conv_kernel_dim - 1); }
+  int64_t linear_recurrent_state() const {
+    return linear_num_value_heads * linear_key_head_dim * linear_value_head_dim;
+  }
+  // Rows of q_proj: the query heads, and as many gate rows with the output gate.
+  int64_t q_proj_rows() const {
+    return num_attention_heads * head_dim * (attn_output_gate ? 2 : 1);
+  }
 };
 
 struct Qwen3VLVisionConfig {
@@ -54,6 +103,7 @@ struct Qwen3VLVisionConfig {
 };
 
 struct Qwen3VLConfig {
+  std::string model_type;  // as written (empty when the file has none)
   Qwen3VLTextConfig text_config;
   Qwen3VLVisionConfig vision_config;
   bool has_vision = false;
@@ -79,8 +129,9 @@ struct GenerationConfig {
   std::optional<int64_t> max_new_tokens;
 };
 
-// Parses config.json text. Accepts Qwen3-VL checkpoints (text_config / vision_config) and plain
-// Qwen3 text configs (fields at top level). `source` names the file in error messages.
+// Parses config.json text. Accepts Qwen3-VL and Qwen3.5 checkpoints (text_config /
+// vision_config) and plain Qwen3 text configs (fields at top level); any other model_type is
+// refused by name. `source` names the file in error messages.
 Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& json_text, const std::string& source);
 Result<Qwen3VLConfig> load_qwen3vl_config(const std::string& dir);
 

@@ -80,6 +80,8 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
     const Qwen3VLTextConfig& t = cfg.text_config;
     const int64_t H = t.hidden_size, q_out = t.num_attention_heads * t.head_dim,
                   kv_out = t.num_key_value_heads * t.head_dim, I = t.intermediate_size;
+    const int64_t conv = t.linear_conv_dim(), nv = t.linear_num_value_heads,
+                  vd = nv * t.linear_value_head_dim;
     const WeightKind lin = WeightKind::kLayerLinear;
     VLM_RETURN_IF_ERROR(matrix(tp + "embed_tokens.weight", {t.vocab_size, H},
                                WeightKind::kEmbedding, &text->embed_tokens));
@@ -87,12 +89,34 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
       const std::string p = tp + "layers." + std::to_string(l) + ".";
       TextLayerWeights& L = text->layers[l];
       VLM_RETURN_IF_ERROR(values(p + "input_layernorm.weight", {H}, &L.input_layernorm));
-      VLM_RETURN_IF_ERROR(matrix(p + "self_attn.q_proj.weight", {q_out, H}, lin, &L.q_proj));
-      VLM_RETURN_IF_ERROR(matrix(p + "self_attn.k_proj.weight", {kv_out, H}, lin, &L.k_proj));
-      VLM_RETURN_IF_ERROR(matrix(p + "self_attn.v_proj.weight", {kv_out, H}, lin, &L.v_proj));
-      VLM_RETURN_IF_ERROR(matrix(p + "self_attn.o_proj.weight", {H, q_out}, lin, &L.o_proj));
-      VLM_RETURN_IF_ERROR(values(p + "self_attn.q_norm.weight", {t.head_dim}, &L.q_norm));
-      VLM_RETURN_IF_ERROR(values(p + "self_attn.k_norm.weight", {t.head_dim}, &L.k_norm));
+      if (L.linear) {
+        const std::string a = p + "linear_attn.";
+        DeltaNetWeights& d = L.delta;
+        VLM_RETURN_IF_ERROR(matrix(a + "in_proj_qkv.weight", {conv, H}, lin, &d.in_proj_qkv));
+        VLM_RETURN_IF_ERROR(matrix(a + "in_proj_z.weight", {vd, H}, lin, &d.in_proj_z));
+        VLM_RETURN_IF_ERROR(matrix(a + "in_proj_b.weight", {nv, H}, lin, &d.in_proj_b));
+        VLM_RETURN_IF_ERROR(matrix(a + "in_proj_a.weight", {nv, H}, lin, &d.in_proj_a));
+        {
+          WeightSlot w;
+          w.name = a + "conv1d.weight";
+          w.shape = {conv, t.linear_conv_kernel_dim};
+          w.stored_shape = {conv, 1, t.linear_conv_kernel_dim};
+          w.values = &d.conv1d;
+          VLM_RETURN_IF_ERROR(fn(w));
+        }
+        VLM_RETURN_IF_ERROR(values(a + "A_log", {nv}, &d.a_log));
+        VLM_RETURN_IF_ERROR(values(a + "dt_bias", {nv}, &d.dt_bias));
+        VLM_RETURN_IF_ERROR(values(a + "norm.weight", {t.linear_value_head_dim}, &d.norm));
+        VLM_RETURN_IF_ERROR(matrix(a + "out_proj.weight", {H, vd}, lin, &d.out_proj));
+      } else {
+        VLM_RETURN_IF_ERROR(
+            matrix(p + "self_attn.q_proj.weight", {t.q_proj_rows(), H}, lin, &L.q_proj));
+        VLM_RETURN_IF_ERROR(matrix(p + "self_attn.k_proj.weight", {kv_out, H}, lin, &L.k_proj));
+        VLM_RETURN_IF_ERROR(matrix(p + "self_attn.v_proj.weight", {kv_out, H}, lin, &L.v_proj));
+        VLM_RETURN_IF_ERROR(matrix(p + "self_attn.o_proj.weight", {H, q_out}, lin, &L.o_proj));
+        VLM_RETURN_IF_ERROR(values(p + "self_attn.q_norm.weight", {t.head_dim}, &L.q_norm));
+        VLM_RETURN_IF_ERROR(values(p + "self_attn.k_norm.weight", {t.head_dim}, &L.k_norm));
+      }
       VLM_RETURN_IF_ERROR(
           values(p + "post_attention_layernorm.weight", {H}, &L.post_attention_layernorm));
       if (!L.sparse) {
@@ -243,6 +267,7 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
   for (size_t l = 0; l < w.layers.size(); ++l) {
     TextLayerWeights& L = w.layers[l];
     L.sparse = t.sparse_layer(static_cast<int64_t>(l));
+    L.linear = t.linear_layer(static_cast<int64_t>(l));
     // A sparse layer's experts: fused tensors, or else one tensor per expert.
     const std::string fused = prefix + "layers." + std::to_string(l) + ".mlp.experts.gate_up_proj";
     if (L.sparse && !s.has(fused)) {
@@ -253,6 +278,16 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
   VLM_RETURN_IF_ERROR(for_each_weight(&w, nullptr, cfg, prefix, "", [&](const WeightSlot& slot) {
     return load_slot(s, slot, &w.embed_tokens);
   }));
+  if (t.zero_centered_norms) {  // Qwen3_5RMSNorm scales by (1 + w), computed in f32
+    auto one_plus = [](std::vector<float>* v) {
+      for (float& x : *v) x = 1.0f + x;
+    };
+    for (TextLayerWeights& L : w.layers) {
+      for (auto* v : {&L.input_layernorm, &L.post_attention_layernorm, &L.q_norm, &L.k_norm})
+        one_plus(v);
+    }
+    one_plus(&w.norm);
+  }
   return w;
 }
 

@@ -31,11 +31,26 @@ struct MoeWeights {
   TensorView fused_down;     // [E, I, hidden]
 };
 
+// A Gated DeltaNet layer's token mixer (Qwen3.5's linear_attn.*), nn.Linear layouts.
+struct DeltaNetWeights {
+  TensorView in_proj_qkv;             // [2·nk·dk + nv·dv, hidden]: q | k | v
+  TensorView in_proj_z;               // [nv·dv, hidden]: the gated norm's gate
+  TensorView in_proj_b;               // [nv, hidden]: β = sigmoid(b)
+  TensorView in_proj_a;               // [nv, hidden]: the decay's input
+  std::vector<float> conv1d;          // [conv_dim, kernel] (stored [conv_dim, 1, kernel])
+  std::vector<float> a_log, dt_bias;  // [nv]
+  std::vector<float> norm;            // [dv]: the gated RMSNorm's weight (plain, not 1 + w)
+  TensorView out_proj;                // [hidden, nv·dv]
+};
+
 struct TextLayerWeights {
   bool sparse = false;  // the MLP is `moe`, not gate/up/down_proj
   MoeWeights moe;
+  // Qwen3.5: a Gated DeltaNet layer (`delta`, no self_attn weights).
+  bool linear = false;
+  DeltaNetWeights delta;
   std::vector<float> input_layernorm;           // [hidden]
-  TensorView q_proj;                            // [n_heads * head_dim, hidden]
+  TensorView q_proj;                            // [n_heads * head_dim (· 2 gated), hidden]
   TensorView k_proj;                            // [n_kv_heads * head_dim, hidden]
   TensorView v_proj;                            // [n_kv_heads * head_dim, hidden]
   TensorView o_proj;                            // [hidden, n_heads * head_dim]
@@ -143,7 +158,8 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
                        const WeightFn& fn);
 
 // Loads and checks every text-decoder tensor (name, shape, dtype). The store must outlive the
-// returned views. Errors name the file and the tensor.
+// returned views. Errors name the file and the tensor. Qwen3.5's zero-centred RMSNorm weights are
+// stored as 1 + w (what they scale by); its mtp.* tensors are not read.
 Result<TextWeights> load_text_weights(const WeightStore& store, const Qwen3VLConfig& cfg);
 
 // The host's weight quantization at load time (the CPU's; the engine maps EngineOptions::quant).

@@ -8,11 +8,12 @@
 namespace vlm {
 
 MropeTables::MropeTables(const Qwen3VLTextConfig& c) {
-  const int64_t half = c.head_dim / 2;
-  // inv_freq[j] = theta^(-2j / head_dim), as transformers computes it (float32 result).
+  const int64_t dim = c.rotary_dims(), half = dim / 2;
+  // inv_freq[j] = theta^(-2j / dim) over the rotary dims, as transformers computes it (float32
+  // result).
   inv_freq_.resize(half);
   for (int64_t j = 0; j < half; ++j) {
-    const float e = static_cast<float>(2 * j) / static_cast<float>(c.head_dim);
+    const float e = static_cast<float>(2 * j) / static_cast<float>(dim);
     inv_freq_[j] = static_cast<float>(1.0 / std::pow(c.rope_theta, static_cast<double>(e)));
   }
   // Interleaved M-RoPE (apply_interleaved_mrope): frequency j takes the H position when
@@ -39,11 +40,22 @@ void MropeTables::compute(const Positions3& pos, int64_t n, float* cos, float* s
 }
 
 Status check_chunks(const SeqChunk* chunks, int64_t n_chunks, const Qwen3VLTextConfig& c,
-                    int64_t cache_blocks, int64_t bs, int64_t max_chunk, int64_t* tokens) {
+                    int64_t cache_blocks, int64_t bs, int64_t max_chunk, int64_t* tokens,
+                    int64_t state_slots) {
   int64_t T = 0;
   for (int64_t i = 0; i < n_chunks; ++i) {
     const SeqChunk& ch = chunks[i];
     if (ch.n <= 0) return invalid_argument("forward: a chunk has no tokens");
+    if (state_slots > 0) {
+      if (ch.state_slot < 0 || ch.state_slot >= state_slots) {
+        return internal_error("forward: a chunk's state slot is outside the state cache");
+      }
+      for (int64_t j = 0; j < i; ++j) {
+        if (chunks[j].state_slot == ch.state_slot) {
+          return internal_error("forward: two chunks of one pass share a state slot");
+        }
+      }
+    }
     if (ch.first + ch.n > ch.num_table_blocks * bs) {
       return out_of_range("sequence of " + std::to_string(ch.first + ch.n) +
                           " tokens exceeds its KV cache blocks (" +
@@ -76,6 +88,11 @@ Result<std::unique_ptr<TextDecoder>> TextDecoder::create(const Qwen3VLConfig& cf
                                                          int64_t max_chunk) {
   if (max_chunk <= 0) return invalid_argument("max_chunk must be positive");
   if (cfg.text_config.head_dim % 2 != 0) return invalid_argument("head_dim must be even");
+  if (!cfg.text_config.layer_types.empty() && !be.supports_hybrid()) {
+    return unimplemented(std::string("the ") + ops::device_name(be.device()) +
+                         " backend has no Qwen3.5 (Gated DeltaNet) kernels yet (the CPU runs "
+                         "this model)");
+  }
   if (cfg.text_config.num_experts > 0 && !be.supports_moe()) {
     return unimplemented(
         std::string("the ") + ops::device_name(be.device()) +
@@ -106,15 +123,23 @@ Status TextDecoder::init(const TextWeights& w) {
   }
   VLM_ASSIGN_OR_RETURN(norm_, be_.vector(w.norm));
   layers_.resize(w.layers.size());
+  int64_t linear_layers = 0, attention_layers = 0;
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const TextLayerWeights& s = w.layers[l];
     Layer& d = layers_[l];
     VLM_ASSIGN_OR_RETURN(d.input_ln, be_.vector(s.input_layernorm));
     VLM_ASSIGN_OR_RETURN(d.post_ln, be_.vector(s.post_attention_layernorm));
-    VLM_ASSIGN_OR_RETURN(d.q_norm, be_.vector(s.q_norm));
-    VLM_ASSIGN_OR_RETURN(d.k_norm, be_.vector(s.k_norm));
-    VLM_RETURN_IF_ERROR(linear({&s.q_proj, &s.k_proj, &s.v_proj}, true, "q/k/v_proj", &d.qkv));
-    VLM_RETURN_IF_ERROR(linear({&s.o_proj}, true, "o_proj", &d.o));
+    if (s.linear) {
+      d.cache_index = linear_layers++;
+      VLM_RETURN_IF_ERROR(
+          init_delta_net(s, &d).with_context("layer " + std::to_string(l) + "'s linear_attn"));
+    } else {
+      d.cache_index = attention_layers++;
+      VLM_ASSIGN_OR_RETURN(d.q_norm, be_.vector(s.q_norm));
+      VLM_ASSIGN_OR_RETURN(d.k_norm, be_.vector(s.k_norm));
+      VLM_RETURN_IF_ERROR(linear({&s.q_proj, &s.k_proj, &s.v_proj}, true, "q/k/v_proj", &d.qkv));
+      VLM_RETURN_IF_ERROR(linear({&s.o_proj}, true, "o_proj", &d.o));
+    }
     if (!s.sparse) {
       VLM_RETURN_IF_ERROR(linear({&s.gate_proj, &s.up_proj}, true, "gate/up_proj", &d.gate_up));
       VLM_RETURN_IF_ERROR(linear({&s.down_proj}, true, "down_proj", &d.down));
@@ -138,19 +163,32 @@ Status TextDecoder::init(const TextWeights& w) {
     VLM_RETURN_IF_ERROR(be_.prepare_moe(d.expert_gate_up, d.expert_down)
                             .with_context("layer " + std::to_string(l) + "'s experts"));
   }
+  return alloc_scratch();
+}
+
+Status TextDecoder::alloc_scratch() {
   const int64_t C = max_chunk_, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int64_t qd = cfg_.num_attention_heads * cfg_.head_dim;
   const int64_t kvd = cfg_.num_key_value_heads * cfg_.head_dim;
   const DType act = be_.act_dtype();
   for (auto [buf, n] : {std::pair{&x_, C * H},
                         {&xn_, C * H},
-                        {&qkv_, C * (qd + 2 * kvd)},
+                        {&qkv_, C * (cfg_.q_proj_rows() + 2 * kvd)},
                         {&q_, C * qd},
                         {&attn_, C * qd},
                         {&tmp_, C * H},
                         {&gate_up_, C * 2 * I},
                         {&mlp_, C * I}}) {
     VLM_ASSIGN_OR_RETURN(*buf, be_.alloc(n, act));
+  }
+  if (cfg_.attn_output_gate) {
+    VLM_ASSIGN_OR_RETURN(gate_, be_.alloc(C * qd, act));
+  }
+  if (hybrid()) {
+    const ops::DeltaNetShape s = delta_shape();
+    VLM_ASSIGN_OR_RETURN(proj_, be_.alloc(C * s.proj_dim(), act));
+    VLM_ASSIGN_OR_RETURN(mixed_, be_.alloc(C * s.mixed_dim(), act));
+    VLM_ASSIGN_OR_RETURN(delta_out_, be_.alloc(C * s.nv * s.dv, act));
   }
   if (cfg_.num_experts > 0) {
     const int64_t E = cfg_.num_experts, k = cfg_.num_experts_per_tok,
@@ -164,7 +202,7 @@ Status TextDecoder::init(const TextWeights& w) {
   VLM_ASSIGN_OR_RETURN(ints_, be_.alloc(kIntRows * C, DType::kI32));
   VLM_ASSIGN_OR_RETURN(rope_host_, be_.alloc_host(static_cast<size_t>(2 * C * rope_.half()) * 4));
   VLM_ASSIGN_OR_RETURN(rope_dev_, be_.alloc(2 * C * rope_.half(), DType::kF32));
-  for (auto* v : {&seq_row_, &seq_len_, &seq_pos_}) v->resize(static_cast<size_t>(C));
+  for (auto* v : {&seq_row_, &seq_len_, &seq_pos_, &seq_slot_}) v->resize(static_cast<size_t>(C));
   for (auto* v : {&pos_t_, &pos_h_, &pos_w_}) v->resize(static_cast<size_t>(C));
   return reserve_tables(C);
 }
@@ -180,7 +218,7 @@ Status TextDecoder::reserve_tables(int64_t entries) {
 int64_t TextDecoder::decode_weights(int64_t (*of)(const ops::Linear&)) const {
   int64_t total = of(lm_head_ ? *lm_head_ : *embed_);
   for (const Layer& l : layers_) {
-    total += of(*l.qkv) + of(*l.o);
+    total += l.in_proj ? of(*l.in_proj) + of(*l.out_proj) : of(*l.qkv) + of(*l.o);
     if (l.router == nullptr) {
       total += of(*l.gate_up) + of(*l.down);
       continue;
@@ -207,30 +245,49 @@ KvCacheSpec TextDecoder::cache_spec(int64_t block_size, std::optional<DType> dty
   spec.block_size = block_size;
   KvCacheGroup& g = spec.groups.emplace_back();
   g.kind = CacheKind::kFullAttention;
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) g.layers.push_back(l);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    if (!cfg_.linear_layer(l)) g.layers.push_back(l);
+  }
   g.attention.n_kv_heads = cfg_.num_key_value_heads;
   g.attention.head_dim = cfg_.head_dim;
   g.attention.dtype = dtype.value_or(be_.act_dtype());
+  if (hybrid()) {
+    KvCacheGroup& st = spec.groups.emplace_back();
+    st.kind = CacheKind::kLinearState;
+    for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+      if (cfg_.linear_layer(l)) st.layers.push_back(l);
+    }
+    st.state.floats = delta_shape().state_floats();
+  }
   return spec;
 }
 
 Status TextDecoder::allocate_cache(KvCache* cache, const KvCacheSpec& spec, int64_t num_blocks,
-                                   int64_t max_blocks_per_seq) {
+                                   int64_t max_blocks_per_seq, int64_t state_slots) {
   VLM_RETURN_IF_ERROR(spec.validate());
   const KvCacheGroup& g = spec.attention_group();
-  if (static_cast<int64_t>(g.layers.size()) != cfg_.num_hidden_layers ||
-      g.attention.n_kv_heads != cfg_.num_key_value_heads || g.attention.head_dim != cfg_.head_dim) {
+  const KvCacheGroup* st = spec.state_group();
+  const int64_t linear = hybrid() ? cfg_.num_linear_layers() : 0;
+  if (static_cast<int64_t>(g.layers.size()) != cfg_.num_hidden_layers - linear ||
+      g.attention.n_kv_heads != cfg_.num_key_value_heads || g.attention.head_dim != cfg_.head_dim ||
+      (st == nullptr) != (linear == 0) ||
+      (st != nullptr && (static_cast<int64_t>(st->layers.size()) != linear ||
+                         st->state.floats != delta_shape().state_floats()))) {
     return invalid_argument("the KV cache spec does not describe this decoder's layers");
   }
   VLM_RETURN_IF_ERROR(reserve_tables(max_chunk_ * std::max<int64_t>(max_blocks_per_seq, 1)));
-  return cache->allocate(be_, g, num_blocks, spec.block_size);
+  VLM_RETURN_IF_ERROR(cache->allocate(be_, g, num_blocks, spec.block_size));
+  if (st == nullptr) return ok_status();
+  if (state_slots <= 0) return invalid_argument("a hybrid model's cache needs state slots");
+  return cache->allocate_states(be_, *st, state_slots).with_context("the state slots");
 }
 
 Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
                             const Padding& pad, Pass* pass) {
   const int64_t H = cfg_.hidden_size, C = max_chunk_, bs = cache.block_size();
   int64_t T = 0;
-  VLM_RETURN_IF_ERROR(check_chunks(chunks, n_chunks, cfg_, cache.num_blocks(), bs, C, &T));
+  VLM_RETURN_IF_ERROR(check_chunks(chunks, n_chunks, cfg_, cache.num_blocks(), bs, C, &T,
+                                   hybrid() ? cache.state_slots() : 0));
   const int64_t rows = pad.rows > 0 ? pad.rows : T;
   if (rows < T || rows > C) return internal_error("forward: padding outside [tokens, max_chunk]");
   int64_t stride = 1, max_seen = 0;
@@ -283,6 +340,7 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
     seq_row_[c] = static_cast<int32_t>(off);
     seq_len_[c] = static_cast<int32_t>(ch.n);
     seq_pos_[c] = static_cast<int32_t>(ch.first);
+    seq_slot_[c] = ch.state_slot;
     for (int64_t i = 0; i < ch.n; ++i) {
       const int64_t p = ch.first + i;
       slots[off + i] = static_cast<int32_t>(ch.block_table[p / bs] * bs + p % bs);
@@ -307,6 +365,7 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
     seq_row_[s] = static_cast<int32_t>(r);
     seq_len_[s] = 1;
     seq_pos_[s] = 0;
+    seq_slot_[s] = -1;
     pos_t_[r] = pos_h_[r] = pos_w_[r] = 0;
     sel[n_sel++] = static_cast<int32_t>(r);
   }
@@ -358,6 +417,7 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
   a.seq_row = seq_row_.data();
   a.seq_len = seq_len_.data();
   a.seq_pos = seq_pos_.data();
+  a.seq_slot = hybrid() ? seq_slot_.data() : nullptr;
   a.tables_host = table;
   a.tok_seq = pass->ints.at(kSeq * C);
   a.tok_pos = pass->ints.at(kPos * C);
@@ -371,14 +431,38 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
   return ok_status();
 }
 
-Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
-  const int64_t H = cfg_.hidden_size, nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads,
-                hd = cfg_.head_dim, I = cfg_.intermediate_size;
-  const int64_t C = max_chunk_, T = p.rows;
+// q|k|v, q/k norms and rotary (q to q_, K and V straight into their cache slots), attention,
+// the output gate (Qwen3.5), o_proj into tmp_.
+Status TextDecoder::run_attention(const Layer& L, const Pass& p, const KvCache& cache) const {
+  const int64_t nh = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+  const int64_t T = p.rows;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const ops::Buf cos = p.rope, sin = p.rope.at(T * rope_.half()),
+                 slots = p.ints.at(kSlots * max_chunk_);
+  const ops::KvLayer kv = cache.layer(L.cache_index);
+  ops::Backend& be = be_;
+  VLM_RETURN_IF_ERROR(be.linear(xn_.buf(), T, *L.qkv, qkv_.buf()));
+  if (cfg_.attn_output_gate) {
+    VLM_RETURN_IF_ERROR(be.qkv_gated_rope_store(qkv_.buf(), T, nh, nkv, hd, cfg_.rotary_dims(),
+                                                L.q_norm, L.k_norm, eps, cos, sin, slots, q_.buf(),
+                                                gate_.buf(), kv));
+  } else {
+    VLM_RETURN_IF_ERROR(be.qkv_rope_store(qkv_.buf(), T, nh, nkv, hd, L.q_norm, L.k_norm, eps, cos,
+                                          sin, slots, q_.buf(), kv));
+  }
+  VLM_RETURN_IF_ERROR(be.paged_attention(q_.buf(), p.attn, kv, nh, nkv, hd, scale, attn_.buf()));
+  if (cfg_.attn_output_gate) {
+    VLM_RETURN_IF_ERROR(be.sigmoid_mul(attn_.buf(), gate_.buf(), T, nh * hd));
+  }
+  return be.linear(attn_.buf(), T, *L.o, tmp_.buf());
+}
+
+Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t C = max_chunk_, T = p.rows;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto ints = [&](int row) { return p.ints.at(row * C); };
-  const ops::Buf cos = p.rope, sin = p.rope.at(T * rope_.half());
   const ops::Buf x = x_.buf(), xn = xn_.buf(), tmp = tmp_.buf();
   ops::Backend& be = be_;
 
@@ -396,13 +480,7 @@ Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
     } else {
       VLM_RETURN_IF_ERROR(be.rms_norm(x, L.input_ln, T, H, eps, xn));
     }
-    VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.qkv, qkv_.buf()));
-    // q/k norms and rotary; q to q_, K and V straight into their cache slots.
-    VLM_RETURN_IF_ERROR(be.qkv_rope_store(qkv_.buf(), T, nh, nkv, hd, L.q_norm, L.k_norm, eps, cos,
-                                          sin, ints(kSlots), q_.buf(), cache.layer(li)));
-    VLM_RETURN_IF_ERROR(
-        be.paged_attention(q_.buf(), p.attn, cache.layer(li), nh, nkv, hd, scale, attn_.buf()));
-    VLM_RETURN_IF_ERROR(be.linear(attn_.buf(), T, *L.o, tmp));
+    VLM_RETURN_IF_ERROR(L.in_proj ? run_delta_net(L, p, cache) : run_attention(L, p, cache));
     VLM_RETURN_IF_ERROR(be.add_rms_norm(x, tmp, L.post_ln, T, H, eps, xn));
     if (L.router != nullptr) {
       const int64_t k = cfg_.num_experts_per_tok;

@@ -1,6 +1,9 @@
-// Qwen3 text decoder of Qwen3-VL: RMSNorm, per-head q/k RMSNorm, GQA attention with interleaved
-// M-RoPE, SwiGLU MLP, a paged KV cache; several sequences share one pass. Written once, over the
-// ops::Backend interface (the CPU or the GPU).
+// The text decoder of Qwen3-VL and Qwen3.5: RMSNorm, per-head q/k RMSNorm, GQA attention with
+// interleaved M-RoPE, SwiGLU MLP (or a mixture of experts), a paged KV cache; several sequences
+// share one pass. Qwen3.5's hybrid layers go through the same pass: its Gated DeltaNet layers
+// (model/gated_delta_net.cc) keep a state slot per sequence in the cache, its attention layers
+// gate their output and rotate part of each head. Written once, over the ops::Backend interface
+// (the CPU or the GPU).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +49,8 @@ struct SeqChunk {
   int64_t num_table_blocks = 0;        // must cover first + n positions
   const VisionRows* vision = nullptr;  // image rows of this chunk, or null
   LogitRows rows = LogitRows::kNone;
+  // A hybrid model's: the sequence's state slot in the cache (from zero when first == 0).
+  int32_t state_slot = -1;
 };
 
 // Logit rows a chunk gets: 0, 1 or n.
@@ -53,8 +58,9 @@ inline int64_t logit_rows(const SeqChunk& c) {
   return c.rows == LogitRows::kNone ? 0 : (c.rows == LogitRows::kLast ? 1 : c.n);
 }
 
-// cos and sin of Qwen3-VL's interleaved M-RoPE angles for a run of positions, [n, head_dim / 2]
-// each, in f32 as transformers computes them (the CPU and CUDA decoders both use these).
+// cos and sin of the interleaved M-RoPE angles for a run of positions, [n, rotary dims / 2] each
+// (Qwen3-VL rotates whole heads, Qwen3.5 a part), in f32 as transformers computes them (the CPU
+// and CUDA decoders both use these).
 class MropeTables {
  public:
   explicit MropeTables(const Qwen3VLTextConfig& c);
@@ -62,15 +68,17 @@ class MropeTables {
   void compute(const Positions3& pos, int64_t n, float* cos, float* sin) const;
 
  private:
-  std::vector<float> inv_freq_;  // [head_dim / 2]
-  std::vector<int> axis_of_;     // [head_dim / 2]: 0 = T, 1 = H, 2 = W (interleaved layout)
+  std::vector<float> inv_freq_;  // [rotary dims / 2]
+  std::vector<int> axis_of_;     // [rotary dims / 2]: 0 = T, 1 = H, 2 = W (interleaved layout)
 };
 
 // Checks a batch of chunks before a forward pass: token ids in the vocabulary,
-// block tables covering first + n positions with ids in [0, cache_blocks), Σ n ≤ max_chunk.
+// block tables covering first + n positions with ids in [0, cache_blocks), Σ n ≤ max_chunk, and
+// with state slots (state_slots > 0) each chunk's in [0, state_slots) and no two alike.
 // Returns Σ n in *tokens.
 Status check_chunks(const SeqChunk* chunks, int64_t n_chunks, const Qwen3VLTextConfig& c,
-                    int64_t cache_blocks, int64_t block_size, int64_t max_chunk, int64_t* tokens);
+                    int64_t cache_blocks, int64_t block_size, int64_t max_chunk, int64_t* tokens,
+                    int64_t state_slots = 0);
 
 // A graph's shape (the ModelRunner's CUDA graphs): the batch padded to `rows` rows (each extra
 // row a sequence of its own, one token at position 0 whose K/V go to the cache's scratch block)
@@ -109,17 +117,22 @@ class TextDecoder {
   // how many weights they hold (bytes · 8 / count: bits per weight, scales included).
   int64_t decode_weight_bytes() const;
   int64_t decode_weight_count() const;
-  // The decoder's cache groups (kv/kv_cache_spec.h): every layer is full attention, its K/V in
-  // `dtype` (or else the activation type), in blocks of `block_size` tokens.
+  // The decoder's cache groups (kv/kv_cache_spec.h): its full-attention layers' K/V in `dtype`
+  // (or else the activation type), in blocks of `block_size` tokens; a hybrid model's linear
+  // layers' state slots.
   KvCacheSpec cache_spec(int64_t block_size, std::optional<DType> dtype = std::nullopt) const;
-  // A KV cache for this decoder as `spec` describes it (its rows, in the backend's memory), and
-  // room in the pass's tables for block tables of up to max_blocks_per_seq entries.
+  bool hybrid() const { return !cfg_.layer_types.empty() && cfg_.num_linear_layers() > 0; }
+  // A KV cache for this decoder as `spec` describes it (its rows, in the backend's memory), room
+  // in the pass's tables for block tables of up to max_blocks_per_seq entries, and for a hybrid
+  // model `state_slots` state slots (at least one).
   Status allocate_cache(KvCache* cache, const KvCacheSpec& spec, int64_t num_blocks,
-                        int64_t max_blocks_per_seq);
+                        int64_t max_blocks_per_seq, int64_t state_slots = 0);
   // The same with this decoder's own spec.
   Status allocate_cache(KvCache* cache, int64_t num_blocks, int64_t block_size,
-                        int64_t max_blocks_per_seq, std::optional<DType> dtype = std::nullopt) {
-    return allocate_cache(cache, cache_spec(block_size, dtype), num_blocks, max_blocks_per_seq);
+                        int64_t max_blocks_per_seq, std::optional<DType> dtype = std::nullopt,
+                        int64_t state_slots = 0) {
+    return allocate_cache(cache, cache_spec(block_size, dtype), num_blocks, max_blocks_per_seq,
+                          state_slots);
   }
 
   // Builds the pass's tables on the host from the chunks (slot mapping, per-token sequence and
@@ -140,6 +153,12 @@ class TextDecoder {
   // Σ of(w) over the linear weights a decode step reads (an MoE layer's experts: k of the average).
   int64_t decode_weights(int64_t (*of)(const ops::Linear&)) const;
   struct Layer {
+    // Its cache: the KV cache's layer (full attention) or the state group's (linear).
+    int64_t cache_index = 0;
+    // A Gated DeltaNet layer's: q|k|v|z|b|a stacked, out_proj, and its small weights.
+    std::unique_ptr<ops::Linear> in_proj, out_proj;
+    ops::DeltaNetLayer delta;
+    ops::Buf gated_norm;
     ops::Buf input_ln, q_norm, k_norm, post_ln;
     std::unique_ptr<ops::Linear> qkv, o, gate_up, down;  // gate_up, down: a dense layer's
     // A sparse layer's router and experts (gate|up and down of each, as the backend takes them).
@@ -149,6 +168,12 @@ class TextDecoder {
   };
   TextDecoder(const Qwen3VLConfig& cfg, ops::Backend& be, int64_t max_chunk);
   Status init(const TextWeights& w);
+  Status init_delta_net(const TextLayerWeights& s, Layer* d);
+  Status alloc_scratch();
+  // One layer's token mixer into tmp_: attention (gated or not) or a Gated DeltaNet.
+  Status run_attention(const Layer& L, const Pass& p, const KvCache& cache) const;
+  Status run_delta_net(const Layer& L, const Pass& p, const KvCache& cache) const;
+  ops::DeltaNetShape delta_shape() const;
 
   const Qwen3VLTextConfig cfg_;
   ops::Backend& be_;
@@ -159,6 +184,10 @@ class TextDecoder {
   std::vector<Layer> layers_;
   // Activations, [max_chunk, ...] in the backend's type.
   ops::Buffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_;
+  // A hybrid model's: the attention's output gates [max_chunk, heads · head_dim]; a Gated
+  // DeltaNet's input product, scratch and output (DeltaNetShape's proj_dim, mixed_dim, nv · dv).
+  ops::Buffer gate_, proj_, mixed_, delta_out_;
+  std::vector<std::vector<float>> conv_taps_;  // each linear layer's conv1d, tap-major
   // A sparse layer's: router logits f32 [max_chunk, E], the chosen experts int32 and their
   // weights f32 [max_chunk, k], and moe_experts' scratch.
   ops::Buffer router_logits_, route_ids_, route_weights_, moe_scratch_;
@@ -168,9 +197,9 @@ class TextDecoder {
   ops::Buffer ints_host_, ints_, rope_host_, rope_dev_, tables_host_, tables_, feats_;
   int64_t table_cap_ = 0;  // block-table entries tables_ holds
   Status reserve_tables(int64_t entries);
-  std::vector<int32_t> seq_row_, seq_len_, seq_pos_;  // [max_chunk]
-  std::vector<int64_t> pos_t_, pos_h_, pos_w_;        // [max_chunk]
-  std::vector<float> h_feats_;                        // image rows' features (prefill only)
+  std::vector<int32_t> seq_row_, seq_len_, seq_pos_, seq_slot_;  // [max_chunk]
+  std::vector<int64_t> pos_t_, pos_h_, pos_w_;                   // [max_chunk]
+  std::vector<float> h_feats_;  // image rows' features (prefill only)
 };
 
 }  // namespace vlm

@@ -18,6 +18,22 @@ Status Backend::argmax_rows(Buf, int64_t, int64_t, Buf) {
 Status Backend::sample_rows(Buf, int64_t, Buf, int64_t, Buf, Buf) {
   return internal_error(std::string("no sampling on the device on ") + device_name(device()));
 }
+namespace {
+Status no_hybrid(Device d) {
+  return unimplemented(std::string("no Qwen3.5 (Gated DeltaNet) kernels on ") + device_name(d));
+}
+}  // namespace
+Status Backend::qkv_gated_rope_store(Buf, int64_t, int64_t, int64_t, int64_t, int64_t, Buf, Buf,
+                                     float, Buf, Buf, Buf, Buf, Buf, const KvLayer&) {
+  return no_hybrid(device());
+}
+Status Backend::sigmoid_mul(Buf, Buf, int64_t, int64_t) { return no_hybrid(device()); }
+Status Backend::gated_delta_net(Buf, const AttentionBatch&, const DeltaNetLayer&, Buf, Buf, Buf) {
+  return no_hybrid(device());
+}
+Status Backend::gated_rms_norm(Buf, Buf, int64_t, int64_t, int64_t, int64_t, Buf, float, Buf) {
+  return no_hybrid(device());
+}
 Status Backend::moe_route(Buf, int64_t, int64_t, int64_t, bool, Buf, Buf) {
   return unimplemented(std::string("no mixture-of-experts kernels on ") + device_name(device()));
 }

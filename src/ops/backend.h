@@ -120,7 +120,32 @@ struct AttentionBatch {
   Buf tok_seq, tok_pos, tables;          // backend: [tokens], [tokens], [seqs, stride] int32
   int64_t stride = 0, block_size = 0;
   int64_t max_seen = 0;  // a bound on any row's position + 1 (sets the decode splits on CUDA)
-  int64_t serial = 0;    // differs between passes: a backend may keep per-pass state
+  // A hybrid model's: each sequence's state slot (host [seqs]); a sequence at position 0 starts
+  // from zero state.
+  const int32_t* seq_slot = nullptr;
+  int64_t serial = 0;  // differs between passes: a backend may keep per-pass state
+};
+
+// The geometry of a Gated DeltaNet layer (Qwen3.5's linear attention): key heads, value heads (a
+// multiple: value head h reads key head h / (nv / nk)), their dims, and the conv1d's taps.
+struct DeltaNetShape {
+  int64_t nk = 0, nv = 0, dk = 0, dv = 0, kernel = 0;
+  int64_t conv_dim() const { return 2 * nk * dk + nv * dv; }  // q | k | v channels
+  // A row of the layer's stacked input product: q | k | v | z (nv·dv) | b (nv) | a (nv).
+  int64_t proj_dim() const { return conv_dim() + nv * dv + 2 * nv; }
+  // One sequence's state: the conv window [kernel − 1, conv_dim], then [nv, dk, dv].
+  int64_t conv_state() const { return (kernel - 1) * conv_dim(); }
+  int64_t recurrent_state() const { return nv * dk * dv; }
+  int64_t state_floats() const { return conv_state() + recurrent_state(); }
+  // A row of gated_delta_net's scratch: the conv output, then g and β of each value head.
+  int64_t mixed_dim() const { return conv_dim() + 2 * nv; }
+};
+
+// A Gated DeltaNet layer as a backend runs it: its shape and its small weights (Backend::vector,
+// f32): the conv taps [kernel, conv_dim] (tap-major), A_log and dt_bias [nv].
+struct DeltaNetLayer {
+  DeltaNetShape shape;
+  Buf conv_w, a_log, dt_bias;
 };
 
 // A token drawn on the device from a logit row (sample_rows), as the engine's Sampler would:
@@ -241,6 +266,29 @@ class Backend {
     (void)gate_up, (void)down;
     return ok_status();
   }
+
+  // ---- Qwen3.5's hybrid layers (where supports_hybrid; elsewhere kUnimplemented)
+  virtual bool supports_hybrid() const { return false; }
+  // qkv_rope_store for the gated attention: q_proj's rows hold, per head, [q | gate] (qkv row:
+  // n_heads · 2·head_dim, then the k and v heads); q heads go to q and gates to gate ([tokens,
+  // n_heads, head_dim] each); q and k get their RMSNorm over all head_dim values and NeoX rotary
+  // over the first rotary_dim (cos, sin: f32 [tokens, rotary_dim / 2]).
+  virtual Status qkv_gated_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                                      int64_t head_dim, int64_t rotary_dim, Buf q_norm, Buf k_norm,
+                                      float eps, Buf cos, Buf sin, Buf slots, Buf q, Buf gate,
+                                      const KvLayer& cache);
+  // x [rows, n] ← x · sigmoid(g [rows, n]): the attention's output gate.
+  virtual Status sigmoid_mul(Buf x, Buf g, int64_t rows, int64_t n);
+  // A Gated DeltaNet layer's token mixing over the batch's sequences (ops::gated_delta_net):
+  // proj [b.tokens, shape.proj_dim()], mixed: scratch [b.tokens, shape.mixed_dim()], out
+  // [b.tokens, nv · dv]. `states` is the layer's slots [slots, shape.state_floats()] f32:
+  // sequence s reads and updates slot b.seq_slot[s], from zero when b.seq_pos[s] is 0.
+  virtual Status gated_delta_net(Buf proj, const AttentionBatch& b, const DeltaNetLayer& layer,
+                                 Buf states, Buf mixed, Buf out);
+  // Per value head: y = rms_norm(x) · w · silu(z). x, y [rows, heads, n] (may alias); z's rows
+  // z_stride apart (heads · n values each).
+  virtual Status gated_rms_norm(Buf x, Buf z, int64_t z_stride, int64_t rows, int64_t heads,
+                                int64_t n, Buf w, float eps, Buf y);
 
   // ---- The vision tower's ops
   virtual Status layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, float eps, Buf y) = 0;

@@ -179,6 +179,47 @@ Status CpuBackend::silu_mul(Buf gu, int64_t rows, int64_t n, Buf out) {
   return ok_status();
 }
 
+Status CpuBackend::qkv_gated_rope_store(Buf qkv, int64_t tokens, int64_t n_heads,
+                                        int64_t n_kv_heads, int64_t head_dim, int64_t rotary_dim,
+                                        Buf q_norm, Buf k_norm, float eps, Buf cos, Buf sin,
+                                        Buf slots, Buf q, Buf gate, const KvLayer& cache) {
+  ops::qkv_gated_rope_store(f(qkv), tokens, n_heads, n_kv_heads, head_dim, rotary_dim, f(q_norm),
+                            f(k_norm), eps, f(cos), f(sin), i32(slots), f(q), f(gate),
+                            pool_of(cache), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::sigmoid_mul(Buf x, Buf g, int64_t rows, int64_t n) {
+  ops::sigmoid_mul(f(x), f(g), n, rows, n, pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::gated_delta_net(Buf proj, const AttentionBatch& b, const DeltaNetLayer& layer,
+                                   Buf states, Buf mixed, Buf out) {
+  const DeltaNetShape& s = layer.shape;
+  if (b.seq_slot == nullptr) return internal_error("gated_delta_net: the batch has no state slots");
+  if (delta_seqs_.size() < static_cast<size_t>(b.seqs)) {  // grows rarely: to 64 sequences at once
+    delta_seqs_.resize(static_cast<size_t>(std::max<int64_t>(b.seqs, 64)));
+  }
+  for (int64_t i = 0; i < b.seqs; ++i) {
+    DeltaNetSeq& q = delta_seqs_[static_cast<size_t>(i)];
+    q.row = b.seq_row[i];
+    q.len = b.seq_len[i];
+    q.fresh = b.seq_pos[i] == 0;
+    q.conv = f(states) + b.seq_slot[i] * s.state_floats();
+    q.state = q.conv + s.conv_state();
+  }
+  ops::gated_delta_net(f(proj), s.proj_dim(), delta_seqs_.data(), b.seqs, s, f(layer.conv_w),
+                       f(layer.a_log), f(layer.dt_bias), f(mixed), f(out), pool_, isa_);
+  return ok_status();
+}
+
+Status CpuBackend::gated_rms_norm(Buf x, Buf z, int64_t z_stride, int64_t rows, int64_t heads,
+                                  int64_t n, Buf w, float eps, Buf y) {
+  ops::gated_rms_norm(f(x), f(z), z_stride, rows, heads, n, f(w), eps, f(y), pool_, isa_);
+  return ok_status();
+}
+
 Status CpuBackend::set_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) {
   for (int64_t i = 0; i < count; ++i) std::copy_n(f(src) + i * n, n, f(x) + i32(rows)[i] * n);
   return ok_status();

@@ -53,6 +53,16 @@ class CpuBackend final : public Backend {
   Status paged_attention(Buf q, const AttentionBatch& b, const KvLayer& cache, int64_t n_heads,
                          int64_t n_kv_heads, int64_t head_dim, float scale, Buf out) override;
   Status silu_mul(Buf gu, int64_t rows, int64_t n, Buf out) override;
+  bool supports_hybrid() const override { return true; }
+  Status qkv_gated_rope_store(Buf qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                              int64_t head_dim, int64_t rotary_dim, Buf q_norm, Buf k_norm,
+                              float eps, Buf cos, Buf sin, Buf slots, Buf q, Buf gate,
+                              const KvLayer& cache) override;
+  Status sigmoid_mul(Buf x, Buf g, int64_t rows, int64_t n) override;
+  Status gated_delta_net(Buf proj, const AttentionBatch& b, const DeltaNetLayer& layer, Buf states,
+                         Buf mixed, Buf out) override;
+  Status gated_rms_norm(Buf x, Buf z, int64_t z_stride, int64_t rows, int64_t heads, int64_t n,
+                        Buf w, float eps, Buf y) override;
   Status set_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override;
   Status add_rows(Buf x, Buf rows, Buf src, int64_t count, int64_t n) override;
   Status gather_rows(Buf x, Buf rows, int64_t count, int64_t n, Buf out) override;
@@ -90,6 +100,7 @@ class CpuBackend final : public Backend {
   // moe_experts' grouping of the (row, weight) pairs by expert; grown, never shrunk.
   std::vector<int64_t> moe_start_;
   std::vector<int32_t> moe_rows_;
+  std::vector<DeltaNetSeq> delta_seqs_;  // gated_delta_net's sequences
   std::vector<float> moe_weights_;
 };
 

@@ -15,6 +15,7 @@
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "ops/backend.h"
 #include "vlm/status.h"
 
 namespace vlm::kernels {
@@ -257,6 +258,50 @@ void qkv_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_he
                     int64_t head_dim, const float* q_norm, const float* k_norm, float eps,
                     const float* cos, const float* sin, const int32_t* slots, float* q,
                     const KvPool& cache, ThreadPool& pool, Isa isa = detected_isa());
+
+// ---- Qwen3.5's hybrid layers (kernels/cpu/hybrid.h per ISA; scalar versions in ops/ref) ----
+// (DeltaNetShape: ops/backend.h.)
+
+// One sequence of a Gated DeltaNet batch: rows [row, row + len), its state (the conv window
+// [kernel − 1, conv_dim], oldest first, and the recurrent state [nv, dk, dv], f32), and whether
+// it starts from zero state (its first chunk).
+struct DeltaNetSeq {
+  int64_t row = 0, len = 0;
+  bool fresh = false;
+  float* conv = nullptr;
+  float* state = nullptr;
+};
+
+// A Gated DeltaNet layer's token mixing over a batch of sequences (transformers'
+// Qwen3_5GatedDeltaNet between its input products and its gated norm): per sequence, the causal
+// depthwise conv1d + SiLU over q|k|v (weights conv_w [kernel, conv_dim], tap-major), q and k
+// L2-normalised (q scaled by 1/√dk), β = sigmoid(b), g = −e^{a_log}·softplus(a + dt_bias), then
+// the gated delta rule: recurrent for a one-token chunk, chunks of kernels::kDeltaChunk
+// otherwise, carrying each sequence's state. proj: [rows, proj_stride] rows as
+// DeltaNetShape::proj_dim lays them out; mixed: scratch [rows, mixed_dim]; out: [rows, nv·dv].
+// Threads split the sequences' (sequence, value head) pairs.
+void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* seqs,
+                     int64_t n_seqs, const DeltaNetShape& s, const float* conv_w,
+                     const float* a_log, const float* dt_bias, float* mixed, float* out,
+                     ThreadPool& pool, Isa isa = detected_isa());
+// Qwen3.5's gated RMSNorm: per value head of each row, y = rms_norm(x) · w · silu(z). x, y:
+// [rows, heads, n]; z: row r's heads at z + r·z_stride (n values each); w: [n].
+void gated_rms_norm(const float* x, const float* z, int64_t z_stride, int64_t rows, int64_t heads,
+                    int64_t n, const float* w, float eps, float* y, ThreadPool& pool,
+                    Isa isa = detected_isa());
+// x [rows, n] ← x · sigmoid(g), g's rows g_stride apart (the attention's output gate).
+void sigmoid_mul(float* x, const float* g, int64_t g_stride, int64_t rows, int64_t n,
+                 ThreadPool& pool, Isa isa = detected_isa());
+// qkv_rope_store for Qwen3.5's gated attention: q_proj's rows hold, per head, [q | gate]
+// (qkv row: n_heads · 2·head_dim, then the k and v heads); q heads go to q [tokens, n_heads, hd]
+// and gates to gate [tokens, n_heads, hd]; q and k get their RMSNorm over all head_dim values and
+// NeoX rotary over the first rotary_dim (cos, sin [tokens, rotary_dim / 2]); k and v go to the
+// cache rows slots[i].
+void qkv_gated_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                          int64_t head_dim, int64_t rotary_dim, const float* q_norm,
+                          const float* k_norm, float eps, const float* cos, const float* sin,
+                          const int32_t* slots, float* q, float* gate, const KvPool& cache,
+                          ThreadPool& pool, Isa isa = detected_isa());
 
 // SwiGLU from one gate|up product: out[r, :] = silu(gu[r, 0:n]) · gu[r, n:2n] for r < rows.
 void silu_mul_rows(const float* gu, int64_t rows, int64_t n, float* out, ThreadPool& pool,

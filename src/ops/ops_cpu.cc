@@ -7,6 +7,7 @@
 #include "core/half.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/eltwise.h"
+#include "kernels/cpu/hybrid.h"
 #include "kernels/cpu/matmul.h"
 #include "ops/ops.h"
 
@@ -28,6 +29,23 @@ const kernels::EltwiseKernels& eltwise(Isa isa) {
   }
 #endif
   return kernels::generic::eltwise_kernels();
+}
+
+// Qwen3.5's hybrid-layer kernels of one ISA level.
+const kernels::HybridKernels& hybrid(Isa isa) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  switch (isa) {
+    case Isa::kAvx512:
+    case Isa::kAvx512Vnni:
+      return kernels::avx512::hybrid_kernels();
+    case Isa::kAvx2:
+    case Isa::kAvx2Vnni:
+      return kernels::avx2::hybrid_kernels();
+    case Isa::kGeneric:
+      break;
+  }
+#endif
+  return kernels::generic::hybrid_kernels();
 }
 
 // NOTE(vlm): below ~32 K floats per thread, waking the pool costs more than the work saves, so
@@ -211,6 +229,134 @@ void qkv_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_he
       store_kv_row(src + qd + kvd, n_kv_heads, head_dim, cache.type, cache.v, cache.v_scale, slot);
     }
   });
+}
+
+void qkv_gated_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_heads,
+                          int64_t head_dim, int64_t rotary_dim, const float* q_norm,
+                          const float* k_norm, float eps, const float* cos, const float* sin,
+                          const int32_t* slots, float* q, float* gate, const KvPool& cache,
+                          ThreadPool& pool, Isa isa) {
+  const int64_t half = rotary_dim / 2, qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
+  const int64_t row = 2 * qd + 2 * kvd;
+  const auto k = hybrid(isa).qk_norm_rope_partial;
+  for_rows(pool, tokens, row, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* src = qkv + t * row;
+      float* qt = q + t * qd;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        std::copy_n(src + 2 * h * head_dim, head_dim, qt + h * head_dim);
+        std::copy_n(src + (2 * h + 1) * head_dim, head_dim, gate + t * qd + h * head_dim);
+      }
+      k(qt, n_heads, head_dim, head_dim, rotary_dim, q_norm, eps, cos + t * half, sin + t * half);
+      float* kv = src + 2 * qd;
+      k(kv, n_kv_heads, head_dim, head_dim, rotary_dim, k_norm, eps, cos + t * half,
+        sin + t * half);
+      store_kv_row(kv, n_kv_heads, head_dim, cache.type, cache.k, cache.k_scale, slots[t]);
+      store_kv_row(kv + kvd, n_kv_heads, head_dim, cache.type, cache.v, cache.v_scale, slots[t]);
+    }
+  });
+}
+
+namespace {
+
+// softplus as torch computes it (threshold 20: x itself above).
+float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+
+// Per row of a Gated DeltaNet batch: q and k L2-normalised in place in mixed (q times 1/√dk), and
+// g, β of each value head after the conv output.
+void delta_gates(const float* proj, int64_t proj_stride, int64_t rows, const DeltaNetShape& s,
+                 const float* a_log, const float* dt_bias, float* mixed, ThreadPool& pool,
+                 Isa isa) {
+  const int64_t C = s.conv_dim(), ms = s.mixed_dim(), zb = C + s.nv * s.dv;
+  const auto l2 = hybrid(isa).l2norm_rows;
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(s.dk));
+  for_rows(pool, rows, ms, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* m = mixed + r * ms;
+      l2(m, s.nk, s.dk, s.dk, q_scale);
+      l2(m + s.nk * s.dk, s.nk, s.dk, s.dk, 1.0f);
+      const float* b = proj + r * proj_stride + zb;
+      const float* a = b + s.nv;
+      for (int64_t h = 0; h < s.nv; ++h) {
+        m[C + h] = -std::exp(a_log[h]) * softplus(a[h] + dt_bias[h]);
+        m[C + s.nv + h] = 1.0f / (1.0f + std::exp(-b[h]));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* seqs,
+                     int64_t n_seqs, const DeltaNetShape& s, const float* conv_w,
+                     const float* a_log, const float* dt_bias, float* mixed, float* out,
+                     ThreadPool& pool, Isa isa) {
+  const kernels::HybridKernels& k = hybrid(isa);
+  const int64_t C = s.conv_dim(), ms = s.mixed_dim(), od = s.nv * s.dv;
+  int64_t rows = 0;
+  for (int64_t i = 0; i < n_seqs; ++i) rows = std::max(rows, seqs[i].row + seqs[i].len);
+  // The conv1d per sequence (a fresh one from a zero window and state).
+  pool.parallel_for(n_seqs, 1, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const DeltaNetSeq& q = seqs[i];
+      if (q.fresh) {
+        std::fill_n(q.conv, s.conv_state(), 0.f);
+        std::fill_n(q.state, s.recurrent_state(), 0.f);
+      }
+      k.conv1d_silu(proj + q.row * proj_stride, proj_stride, q.len, C, s.kernel, conv_w, q.conv,
+                    mixed + q.row * ms, ms);
+    }
+  });
+  delta_gates(proj, proj_stride, rows, s, a_log, dt_bias, mixed, pool, isa);
+  // The delta rule per (sequence, value head).
+  const int64_t per_key = s.nv / s.nk;
+  thread_local PerThreadBuffers scratch_tls;
+  PerThreadBuffers& scratch = scratch_tls;
+  scratch.reserve(pool.n_threads(),
+                  static_cast<size_t>(kernels::delta_chunk_scratch(s.dk, s.dv) + s.dv));
+  pool.parallel_for(n_seqs * s.nv, 1, [&](int64_t j0, int64_t j1, int thread) {
+    float* buf = scratch.get(thread);
+    for (int64_t j = j0; j < j1; ++j) {
+      const DeltaNetSeq& q = seqs[j / s.nv];
+      const int64_t h = j % s.nv;
+      const float* m = mixed + q.row * ms;
+      kernels::DeltaInputs in;
+      in.q = m + (h / per_key) * s.dk;
+      in.k = in.q + s.nk * s.dk;
+      in.v = m + 2 * s.nk * s.dk + h * s.dv;
+      in.g = m + C + h;
+      in.beta = m + C + s.nv + h;
+      in.qk_stride = in.v_stride = in.gb_stride = ms;
+      float* S = q.state + h * s.dk * s.dv;
+      float* o = out + q.row * od + h * s.dv;
+      if (q.len == 1) {
+        k.delta_rule_recurrent(in, 1, s.dk, s.dv, S, o, od, buf);
+        continue;
+      }
+      for (int64_t t0 = 0; t0 < q.len; t0 += kernels::kDeltaChunk) {
+        const int64_t n = std::min(kernels::kDeltaChunk, q.len - t0);
+        kernels::DeltaInputs c = in;
+        for (const float** p : {&c.q, &c.k, &c.v, &c.g, &c.beta}) *p += t0 * ms;
+        k.delta_rule_chunk(c, n, s.dk, s.dv, S, o + t0 * od, od, buf);
+      }
+    }
+  });
+}
+
+void gated_rms_norm(const float* x, const float* z, int64_t z_stride, int64_t rows, int64_t heads,
+                    int64_t n, const float* w, float eps, float* y, ThreadPool& pool, Isa isa) {
+  const auto k = hybrid(isa).gated_rms_norm;
+  for_rows(pool, rows, heads * n, [&](int64_t r0, int64_t r1) {
+    k(x + r0 * heads * n, z + r0 * z_stride, z_stride, heads, (r1 - r0) * heads, n, w, eps,
+      y + r0 * heads * n);
+  });
+}
+
+void sigmoid_mul(float* x, const float* g, int64_t g_stride, int64_t rows, int64_t n,
+                 ThreadPool& pool, Isa isa) {
+  const auto k = hybrid(isa).sigmoid_mul;
+  for_rows(pool, rows, n,
+           [&](int64_t r0, int64_t r1) { k(x + r0 * n, g + r0 * g_stride, g_stride, r1 - r0, n); });
 }
 
 void silu_mul_rows(const float* gu, int64_t rows, int64_t n, float* out, ThreadPool& pool,

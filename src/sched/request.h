@@ -37,6 +37,8 @@ struct SchedRequest {
   bool reads_prefix_cache = true;
   // Prompt tokens found in the prefix cache when first admitted (-1: not admitted yet).
   int64_t num_cached_tokens = -1;
+  // A hybrid model's state slot while running (-1: none).
+  int32_t state_slot = -1;
 
   // Tokens still to compute before the next token can be sampled.
   int64_t num_remaining() const { return num_tokens - num_computed_tokens; }

@@ -12,6 +12,10 @@ Result<Scheduler> Scheduler::create(const SchedulerConfig& c) {
   if (c.block_size <= 0) return invalid_argument("scheduler: block_size must be > 0");
   if (c.max_num_seqs <= 0) return invalid_argument("scheduler: max_num_seqs must be > 0");
   if (c.max_waiting <= 0) return invalid_argument("scheduler: max_waiting must be > 0");
+  if (c.num_state_slots < 0) return invalid_argument("scheduler: num_state_slots must be >= 0");
+  if (c.num_state_slots > 0 && c.prefix_caching) {
+    return invalid_argument("scheduler: prefix caching of per-sequence states is not supported");
+  }
   // NOTE: as in vLLM's SchedulerConfig check, the budget must cover one decode token for every
   // running request, or a full running set could starve its own decodes.
   if (c.max_batched_tokens < c.max_num_seqs) {
@@ -23,7 +27,20 @@ Result<Scheduler> Scheduler::create(const SchedulerConfig& c) {
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config)
-    : config_(config), budget_(config.max_side_ms), kv_(config.num_blocks, config.block_size) {}
+    : config_(config), budget_(config.max_side_ms), kv_(config.num_blocks, config.block_size) {
+  for (int32_t i = config.num_state_slots - 1; i >= 0; --i) free_slots_.push_back(i);
+}
+
+void Scheduler::release_slot(SchedRequest& r) {
+  if (r.state_slot < 0) return;
+  free_slots_.push_back(r.state_slot);
+  r.state_slot = -1;
+}
+
+int32_t Scheduler::state_slot(int64_t id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? -1 : it->second.state_slot;
+}
 
 Status check_kv_fits(int64_t num_tokens, int32_t num_blocks, int32_t block_size) {
   // A request must fit the cache alone at its largest, or preemption could never make room for it.
@@ -81,7 +98,10 @@ void Scheduler::finish(int64_t id) {
 }
 
 void Scheduler::remove(int64_t id) {
-  if (requests_.erase(id) == 0) return;
+  auto r = requests_.find(id);
+  if (r == requests_.end()) return;
+  release_slot(r->second);
+  requests_.erase(r);
   kv_.free(id);
   if (auto it = std::find(running_.begin(), running_.end(), id); it != running_.end()) {
     running_.erase(it);
@@ -236,6 +256,7 @@ bool Scheduler::reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* 
 void Scheduler::preempt(int64_t id, SchedulerOutput* out, int64_t* budget) {
   SchedRequest& v = requests_.at(id);
   kv_.free(id);
+  release_slot(v);  // its state restarts from zero with its recompute
   v.num_computed_tokens = 0;
   v.state = SchedRequest::State::kPreempted;
   running_.erase(std::find(running_.begin(), running_.end(), id));
@@ -265,6 +286,7 @@ void Scheduler::schedule_waiting(SchedulerOutput* out, int64_t* budget, int64_t*
 // logits the step must compute (vLLM's rule) — wherever that falls, inside an image too.
 bool Scheduler::admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget,
                       int64_t* prefill_budget) {
+  if (config_.num_state_slots > 0 && free_slots_.empty()) return false;  // no state slot free
   const bool lookup = config_.prefix_caching && r.reads_prefix_cache;
   const int32_t hit = lookup ? kv_.cached_prefix(r.block_hashes, r.num_tokens - 1, &hit_) : 0;
   if (!lookup) hit_.clear();
@@ -280,6 +302,10 @@ bool Scheduler::admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget,
   waiting_.pop_front();
   running_.push_back(r.id);
   r.state = SchedRequest::State::kRunning;
+  if (config_.num_state_slots > 0) {
+    r.state_slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
   out->items.push_back({r.id, r.num_computed_tokens, n});
   *budget -= n;
   *prefill_budget = std::max<int64_t>(0, *prefill_budget - n);

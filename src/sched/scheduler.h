@@ -37,6 +37,9 @@ struct SchedulerConfig {
   // The side budget beside running decodes (StepBudget): > 0 fixed ms per step, 0 automatic,
   // < 0 none.
   double max_side_ms = -1;
+  // A hybrid model's per-sequence state slots (> 0): each running request holds one, from
+  // admission until it finishes, is aborted or is preempted; admission waits for a free one.
+  int32_t num_state_slots = 0;
 };
 
 // Compute tokens [first_token, first_token + num_tokens) of `request_id` this step.
@@ -143,6 +146,9 @@ class Scheduler {
   const SchedRequest* find(int64_t id) const;
   // The request's KV blocks, in token order (empty when it holds none).
   const std::vector<int32_t>& block_table(int64_t id) const { return kv_.block_table(id); }
+  // The request's state slot (-1 when it holds none).
+  int32_t state_slot(int64_t id) const;
+  int32_t state_slots_free() const { return static_cast<int32_t>(free_slots_.size()); }
   const SchedulerConfig& config() const { return config_; }
 
  private:
@@ -162,6 +168,7 @@ class Scheduler {
   bool reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out, int64_t* budget);
   void preempt(int64_t id, SchedulerOutput* out, int64_t* budget);
   void remove(int64_t id);
+  void release_slot(SchedRequest& r);
   // Admits the head of the waiting queue: its cached prefix, then its first chunk.
   bool admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget, int64_t* prefill_budget);
   // Keys the blocks `item` fills this step.
@@ -174,8 +181,9 @@ class Scheduler {
   std::unordered_map<int64_t, SchedRequest> requests_;  // every live request, by id
   std::vector<int64_t> running_;                        // oldest admitted first
   std::deque<int64_t> waiting_;                         // FCFS; preempted requests at the front
-  std::vector<int64_t> order_;  // schedule_running's scratch (kept: its memory is reused)
-  std::vector<int32_t> hit_;    // admit's scratch: the cached blocks found
+  std::vector<int64_t> order_;       // schedule_running's scratch (kept: its memory is reused)
+  std::vector<int32_t> hit_;         // admit's scratch: the cached blocks found
+  std::vector<int32_t> free_slots_;  // state slots no request holds (the next at the back)
   int64_t next_arrival_ = 0;
   int64_t prefix_queries_ = 0, prefix_hits_ = 0;
 };

@@ -146,7 +146,14 @@ struct Server::Impl {
         static_cast<long long>(st.kv_blocks_total), static_cast<long long>(st.kv_block_size),
         static_cast<long long>(st.kv_blocks_total * st.kv_block_size),
         kv_cache_dtype_name(st.kv_cache_dtype), static_cast<double>(st.kv_cache_bytes) / (1 << 20));
-    metrics->loaded(st, opts.engine.batching.prefix_caching);
+    if (st.state_slots > 0) {
+      std::fprintf(stderr,
+                   "vlm: linear-attention state: %lld slots of %.1f MiB (one per running "
+                   "sequence); prefix caching is off for this hybrid model\n",
+                   static_cast<long long>(st.state_slots),
+                   static_cast<double>(st.state_slot_bytes) / (1 << 20));
+    }
+    metrics->loaded(st, st.prefix_caching);
     describe_replica(st);
     return ok_status();
   }

@@ -1,7 +1,8 @@
 // Steady-state decoding allocates nothing: every heap allocation in this binary is counted while
 // a flag is up, around decode steps after a warm-up — of the text decoder alone (short and long
 // contexts, the latter through split-K attention), of Engine::generate (the engine thread and the
-// caller's, which reads the stream) and of the engine core's batched steps (the engine thread).
+// caller's, which reads the stream) and of the engine core's batched steps (the engine thread),
+// Qwen3.5's hybrid layers among them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -49,7 +50,9 @@ TEST(Allocation, DecodeStepsAndRepeatedPrefillAllocateNothing) {
   // text-f32-untied also with INT8 weights (--quant int8: owned I8 copies, per-row scales) and
   // INT4 weights (--quant int4: decode runs the INT4 kernel, the 12-token prefill widens blocks
   // of rows to BF16 in per-thread buffers that grow once).
+  // qwen35-f32-a: Qwen3.5's Gated DeltaNet layers, their state in a slot of the cache.
   for (auto [name, quant] : {std::pair{"text-bf16-hd128", WeightQuant::kNone},
+                             std::pair{"qwen35-f32-a", WeightQuant::kNone},
                              std::pair{"text-f32-untied", WeightQuant::kNone},
                              std::pair{"text-f32-untied", WeightQuant::kInt8},
                              std::pair{"text-f32-untied", WeightQuant::kInt4}}) {
@@ -141,7 +144,7 @@ TEST(Allocation, GenerateDecodeStepsAllocateNothing) {
     ASSERT_NE(engine, nullptr);
     for (const SamplingParams& sp : sampling_cases()) {
       GenerateRequest req;
-      for (int i = 0; i < 21; ++i) req.prompt_ids.push_back(5 + (i * 53) % 700);
+      for (int i = 0; i < 21; ++i) req.prompt_ids.push_back(5 + (i * 53) % 400);
       req.max_new_tokens = 40;
       req.ignore_eos = true;
       req.sampling = sp;
@@ -166,18 +169,19 @@ TEST(Allocation, GenerateDecodeStepsAllocateNothing) {
   }
 }
 
-TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
-  // Three requests decode together (one greedy, one sampled, one with top logprobs); counting
-  // runs on the engine thread (where `notify` is called, once per token) from the step where each
-  // has 3 tokens until the shortest is 2 tokens from its end. The streams are read afterwards:
-  // their arrays hold every token.
+// Three requests decode together (one greedy, one sampled, one with top logprobs); counting runs
+// on the engine thread (where `notify` is called, once per token) from the step where each has 3
+// tokens until the shortest is 2 tokens from its end. The streams are read afterwards: their
+// arrays hold every token.
+void expect_batched_decode_allocates_nothing(const std::string& name) {
+  SCOPED_TRACE(name);
   constexpr int kReqs = 3;
   BatchingOptions bo;
   bo.num_blocks = 64;
   bo.max_num_seqs = kReqs;
   bo.max_batched_tokens = 64;
   bo.batch_wait_ms = 60000;  // the idle engine starts once all kReqs are queued: they run together
-  auto engine = load_fixture_engine("text-f32-untied", bo);
+  auto engine = load_fixture_engine(name, bo);
   ASSERT_NE(engine, nullptr);
   const auto samplings = sampling_cases();
   const int64_t max_new[kReqs] = {45, 50, 55};
@@ -186,7 +190,7 @@ TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
   std::atomic<bool> started{false}, stopped{false};
   std::vector<GenerateRequest> reqs(kReqs);
   for (int r = 0; r < kReqs; ++r) {
-    for (int i = 0; i < 5 + 14 * r; ++i) reqs[r].prompt_ids.push_back(7 + (i * 61 + r) % 800);
+    for (int i = 0; i < 5 + 14 * r; ++i) reqs[r].prompt_ids.push_back(7 + (i * 61 + r) % 400);
     reqs[r].max_new_tokens = max_new[r];
     reqs[r].ignore_eos = true;
     reqs[r].sampling = samplings[r % 2];
@@ -225,6 +229,11 @@ TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
   }
   ASSERT_TRUE(stopped.load());
   EXPECT_EQ(counted.load(), 0);
+}
+
+TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
+  expect_batched_decode_allocates_nothing("text-f32-untied");
+  expect_batched_decode_allocates_nothing("qwen35-f32-a");  // hybrid: state slots per sequence
 }
 
 }  // namespace

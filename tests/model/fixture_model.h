@@ -81,16 +81,18 @@ struct CpuDecoder {
     EXPECT_TRUE(d.ok()) << d.status().message();
     if (d.ok()) dec = std::move(*d);
   }
-  // A cache of `blocks` blocks for this decoder (tables up to `blocks` wide).
+  // A cache of `blocks` blocks for this decoder (tables up to `blocks` wide), and for a hybrid
+  // model 4 state slots.
   Status allocate(KvCache* cache, int64_t blocks, int64_t block_size) {
-    return dec->allocate_cache(cache, blocks, block_size, blocks);
+    return dec->allocate_cache(cache, blocks, block_size, blocks, std::nullopt,
+                               dec->hybrid() ? 4 : 0);
   }
   TextDecoder* operator->() const { return dec.get(); }
   // TextDecoder::forward_batch into host logits (the CPU's memory is the backend's).
   Status forward_batch(const SeqChunk* chunks, int64_t n, const KvCache& cache, float* logits) {
     return dec->forward_batch(chunks, n, cache, ops::Buf{logits, ops::Device::kCpu, DType::kF32});
   }
-  // One sequence in a single-block cache: n tokens at slots [first, first + n).
+  // One sequence in a single-block cache: n tokens at slots [first, first + n) (state slot 0).
   Status forward(const int32_t* ids, int64_t n, const Positions3& pos, int64_t first,
                  const KvCache& cache, LogitRows rows, float* logits) {
     static const int32_t kBlock0 = 0;
@@ -103,6 +105,7 @@ struct CpuDecoder {
     c.block_table = &kBlock0;
     c.num_table_blocks = 1;
     c.rows = rows;
+    c.state_slot = 0;
     return forward_batch(&c, 1, cache, logits);
   }
 

@@ -322,6 +322,50 @@ TEST(Scheduler, PreemptsTheNewestWhichRecomputesFromTheFrontOfTheQueue) {
   EXPECT_EQ(s.kv_blocks_used(), 0);
 }
 
+// A hybrid model's state slots: each running request holds a distinct one from admission; a full
+// set of slots holds admission back (beside max_num_seqs, which here is larger); finishing,
+// aborting and preemption give slots back; slots and prefix caching do not go together yet.
+TEST(Scheduler, StateSlotsGateAdmissionAndReturnOnFinishAbortAndPreemption) {
+  SchedulerConfig c = config(4, 4, 8, 64);  // 16 tokens of cache, 8 sequences, 2 slots
+  c.num_state_slots = 2;
+  Scheduler s = make(c);
+  ASSERT_TRUE(s.add(1, 7, 5).ok());
+  ASSERT_TRUE(s.add(2, 7, 5).ok());
+  ASSERT_TRUE(s.add(3, 2, 1).ok());
+  SchedulerOutput out = s.schedule();
+  EXPECT_EQ(ids_of(out), (std::vector<int64_t>{1, 2}));  // 3 waits for a slot, not a block
+  EXPECT_EQ(s.state_slot(1), 0);
+  EXPECT_EQ(s.state_slot(2), 1);
+  EXPECT_EQ(s.state_slot(3), -1);
+  EXPECT_EQ(s.state_slots_free(), 0);
+  run_step(s, out);
+  run_step(s, s.schedule());  // one decode each: 1 needs a third block next
+  out = s.schedule();         // 2 preempted: its slot is back, and 3 stays out this step
+  ASSERT_EQ(out.preempted, (std::vector<int64_t>{2}));
+  EXPECT_EQ(s.state_slot(2), -1);
+  EXPECT_EQ(s.state_slots_free(), 1);
+  s.abort(1);  // 1's slot is back too
+  EXPECT_EQ(s.state_slots_free(), 2);
+  for (int step = 0; step < 50 && s.num_running() + s.num_waiting() > 0; ++step) {
+    out = s.schedule();
+    std::set<int32_t> slots;
+    for (const ScheduledItem& i : out.items) {
+      const int32_t slot = s.state_slot(i.request_id);
+      EXPECT_GE(slot, 0);
+      EXPECT_TRUE(slots.insert(slot).second) << "two requests of one step share slot " << slot;
+    }
+    run_step(s, out);
+  }
+  EXPECT_EQ(s.num_running() + s.num_waiting(), 0);  // 2 (recomputed) and 3 finished
+  EXPECT_EQ(s.state_slots_free(), 2);
+
+  c.prefix_caching = true;
+  EXPECT_FALSE(Scheduler::create(c).ok());
+  c.prefix_caching = false;
+  c.num_state_slots = -1;
+  EXPECT_FALSE(Scheduler::create(c).ok());
+}
+
 TEST(Scheduler, TheNewestPreemptsItselfAndOlderRequestsKeepRunning) {
   Scheduler s = make(config(4, 4, 4, 64));
   ASSERT_TRUE(s.add(1, 3, 5).ok());

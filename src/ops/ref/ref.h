@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "ops/ops.h"
 
 namespace vlm::ops::ref {
 
@@ -55,5 +56,18 @@ void add_layer_norm(float* x, const float* delta, const float* delta_bias, const
                     const float* b, int64_t rows, int64_t n, float eps, float* y);
 void qk_norm_rope(float* x, int64_t tokens, int64_t n_heads, int64_t head_dim, const float* w,
                   float eps, const float* cos, const float* sin);
+
+// Qwen3.5's hybrid layers, token by token in double (ref/hybrid_ref.cc): the Gated DeltaNet as
+// ops::gated_delta_net defines it (conv1d + SiLU, L2 norms, gates, then the recurrent delta rule
+// for every token, whatever the chunk), its gated RMSNorm, and the gated attention's per-head
+// RMSNorm + partial NeoX rotary (one token: heads head_stride apart, cos / sin [rotary_dim / 2]).
+void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* seqs,
+                     int64_t n_seqs, const DeltaNetShape& s, const float* conv_w,
+                     const float* a_log, const float* dt_bias, float* out);
+void gated_rms_norm(const float* x, const float* z, int64_t z_stride, int64_t rows, int64_t heads,
+                    int64_t n, const float* w, float eps, float* y);
+void qk_norm_rope_partial(float* x, int64_t n_heads, int64_t head_stride, int64_t head_dim,
+                          int64_t rotary_dim, const float* w, float eps, const float* cos,
+                          const float* sin);
 
 }  // namespace vlm::ops::ref

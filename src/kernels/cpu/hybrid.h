@@ -1,0 +1,80 @@
+// CPU kernels of Qwen3.5's hybrid decoder layers, one table per ISA level
+// (kernels/cpu/hybrid_kernel.inc): the Gated DeltaNet's causal conv1d, its delta rule in
+// recurrent and chunked form and its gated RMSNorm, and the gated attention's sigmoid gate and
+// partial rotary. Only src/ops/ calls these; src/ops/ref/ holds the scalar versions they are
+// tested against.
+//
+// All arrays are f32 and row-major; strides are in floats.
+#pragma once
+
+#include <cstdint>
+
+namespace vlm::kernels {
+
+// The most tokens delta_rule_chunk takes at once (transformers' and the FLA kernels' chunk).
+inline constexpr int64_t kDeltaChunk = 64;
+
+// Floats of delta_rule_chunk's scratch for key dim dk and value dim dv.
+inline int64_t delta_chunk_scratch(int64_t dk, int64_t dv) {
+  return kDeltaChunk * (1 + 2 * kDeltaChunk + dk + dv);
+}
+
+// One value head's inputs to the delta rule over n tokens: token t's query and key (dk values,
+// L2-normalised, the query scaled by 1/√dk) at q + t·qk_stride and k + t·qk_stride, its value
+// (dv values) at v + t·v_stride, its log decay g[t·gb_stride] (≤ 0) and its β[t·gb_stride].
+struct DeltaInputs {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  int64_t qk_stride = 0, v_stride = 0, gb_stride = 0;
+};
+
+struct HybridKernels {
+  // One sequence's causal depthwise conv1d and SiLU over n rows:
+  // out[t, c] = silu(Σ_j w[j, c] · in(t − (K − 1) + j, c)), where in(i, ·) is row i of x (rows
+  // x_stride apart) for i ≥ 0 and row K − 1 + i of `window` for i < 0; `window` [K − 1, C] holds
+  // the inputs before the chunk, oldest first, and becomes the last K − 1 inputs.
+  // w: [K, C] (tap-major); out: n rows of C, out_stride apart.
+  void (*conv1d_silu)(const float* x, int64_t x_stride, int64_t n, int64_t channels, int64_t kernel,
+                      const float* w, float* window, float* out, int64_t out_stride);
+  // The gated delta rule of one value head, token by token (transformers'
+  // torch_recurrent_gated_delta_rule): S ← S·e^g; δ = (v − Sᵀk)·β; S ← S + k δᵀ; out = Sᵀq.
+  // S: [dk, dv] in place; out: token t's dv values at out + t·out_stride; scratch: dv floats.
+  void (*delta_rule_recurrent)(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, float* S,
+                               float* out, int64_t out_stride, float* scratch);
+  // The same over one chunk of n ≤ kDeltaChunk tokens at once, in the WY / UT form of
+  // transformers' torch_chunk_gated_delta_rule (the triangular system solved by forward
+  // substitution). scratch: delta_chunk_scratch(dk, dv) floats.
+  void (*delta_rule_chunk)(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, float* S,
+                           float* out, int64_t out_stride, float* scratch);
+  // x[r, :] ← x[r, :] · rsqrt(Σ x² + 1e-6) · scale for r < rows (rows `stride` apart, n values):
+  // the delta rule's q / k L2 norm (FLA's l2norm).
+  void (*l2norm_rows)(float* x, int64_t rows, int64_t n, int64_t stride, float scale);
+  // Qwen3.5's gated RMSNorm per row of n values: y = x · rsqrt(mean(x²) + eps) · w · silu(z).
+  // Row r of x and y is at r·n; of z at (r / heads)·z_stride + (r % heads)·n.
+  void (*gated_rms_norm)(const float* x, const float* z, int64_t z_stride, int64_t heads,
+                         int64_t rows, int64_t n, const float* w, float eps, float* y);
+  // x[r, i] ← x[r, i] · sigmoid(g[r·g_stride + i]) for r < rows, i < n (the attention's output
+  // gate).
+  void (*sigmoid_mul)(float* x, const float* g, int64_t g_stride, int64_t rows, int64_t n);
+  // Per head of x [n_heads, head_dim] (one token; heads head_stride apart): the q/k RMSNorm over
+  // all head_dim values (weight w), then NeoX rotary of the first rotary_dim (pairs d and
+  // d + rotary_dim / 2); cos, sin: [rotary_dim / 2].
+  void (*qk_norm_rope_partial)(float* x, int64_t n_heads, int64_t head_stride, int64_t head_dim,
+                               int64_t rotary_dim, const float* w, float eps, const float* cos,
+                               const float* sin);
+};
+
+namespace generic {
+const HybridKernels& hybrid_kernels();
+}  // namespace generic
+namespace avx2 {
+const HybridKernels& hybrid_kernels();
+}  // namespace avx2
+namespace avx512 {
+const HybridKernels& hybrid_kernels();
+}  // namespace avx512
+
+}  // namespace vlm::kernels
