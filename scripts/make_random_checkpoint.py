@@ -303,6 +303,26 @@ def shard(tensors, max_bytes: int) -> list[list]:
     return shards
 
 
+def vision_config_json(s: dict, model_type: str) -> dict:
+    """The vision tower's config (no DeepStack indexes for Qwen3.5)."""
+    return {
+        "deepstack_visual_indexes": list(s["deepstack"]),
+        "depth": s["v_depth"],
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": s["v_hidden"],
+        "in_channels": IN_CH,
+        "initializer_range": 0.02,
+        "intermediate_size": s["v_intermediate"],
+        "model_type": model_type,
+        "num_heads": s["v_heads"],
+        "num_position_embeddings": POS_EMB,
+        "out_hidden_size": s["hidden"],
+        "patch_size": PATCH,
+        "spatial_merge_size": MERGE,
+        "temporal_patch_size": TEMPORAL,
+    }
+
+
 def qwen35_config_json(s: dict) -> dict:
     """Qwen/Qwen3.5-{2B,9B}'s config.json (the keys vlm and transformers read)."""
     L = s["layers"]
@@ -349,22 +369,7 @@ def qwen35_config_json(s: dict) -> dict:
         "tie_word_embeddings": s["tie"],
         "transformers_version": "4.57.0.dev0",
         "video_token_id": 248057,
-        "vision_config": {
-            "deepstack_visual_indexes": [],
-            "depth": s["v_depth"],
-            "hidden_act": "gelu_pytorch_tanh",
-            "hidden_size": s["v_hidden"],
-            "in_channels": IN_CH,
-            "initializer_range": 0.02,
-            "intermediate_size": s["v_intermediate"],
-            "model_type": "qwen3_5",
-            "num_heads": s["v_heads"],
-            "num_position_embeddings": POS_EMB,
-            "out_hidden_size": s["hidden"],
-            "patch_size": PATCH,
-            "spatial_merge_size": MERGE,
-            "temporal_patch_size": TEMPORAL,
-        },
+        "vision_config": vision_config_json(s, "qwen3_5"),
         "vision_end_token_id": 248054,
         "vision_start_token_id": 248053,
     }
@@ -407,22 +412,7 @@ def config_json(s: dict) -> dict:
         "torch_dtype": "bfloat16",
         "transformers_version": "4.57.1",
         "video_token_id": 151656,
-        "vision_config": {
-            "deepstack_visual_indexes": list(s["deepstack"]),
-            "depth": s["v_depth"],
-            "hidden_act": "gelu_pytorch_tanh",
-            "hidden_size": s["v_hidden"],
-            "in_channels": IN_CH,
-            "initializer_range": 0.02,
-            "intermediate_size": s["v_intermediate"],
-            "model_type": "qwen3_vl",
-            "num_heads": s["v_heads"],
-            "num_position_embeddings": POS_EMB,
-            "out_hidden_size": s["hidden"],
-            "patch_size": PATCH,
-            "spatial_merge_size": MERGE,
-            "temporal_patch_size": TEMPORAL,
-        },
+        "vision_config": vision_config_json(s, "qwen3_vl"),
         "vision_end_token_id": 151653,
         "vision_start_token_id": 151652,
     }

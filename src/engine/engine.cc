@@ -259,9 +259,20 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
   } else if (options.require_tokenizer) {
     return not_found(dir + "/tokenizer.json not found (the model directory needs its tokenizer)");
   }
+  // generation_config.json's eos_token_id; without one (Qwen3.5 publishes none), config.json's
+  // and the tokenizer's (<|endoftext|> and <|im_end|>: a chat turn ends with the second).
   for (int64_t id : impl->gen.eos_token_id) impl->eos_ids.push_back(static_cast<int32_t>(id));
-  if (impl->eos_ids.empty() && impl->tokenizer && impl->tokenizer->eos_token_id()) {
-    impl->eos_ids.push_back(*impl->tokenizer->eos_token_id());
+  if (impl->eos_ids.empty()) {
+    for (int64_t id : impl->cfg.eos_token_id) {
+      if (id >= 0 && id < impl->cfg.text_config.vocab_size) {
+        impl->eos_ids.push_back(static_cast<int32_t>(id));
+      }
+    }
+    const auto tok_eos = impl->tokenizer ? impl->tokenizer->eos_token_id() : std::nullopt;
+    if (tok_eos &&
+        std::find(impl->eos_ids.begin(), impl->eos_ids.end(), *tok_eos) == impl->eos_ids.end()) {
+      impl->eos_ids.push_back(*tok_eos);
+    }
   }
   if (impl->tokenizer) {
     // The checkpoint's own chat template (or EngineOptions::chat_template). One that does not
@@ -296,6 +307,33 @@ ops::Bf16Gemm gemm_named(const std::string& name) {
     if (name == ops::bf16_gemm_name(g)) return g;
   }
   return ops::Bf16Gemm::kWidenF32;
+}
+
+// The text decoder's linear weights of one dtype, in the order a decode step reads them.
+std::vector<const TensorView*> decode_weights(const TextWeights& w, DType t) {
+  std::vector<const TensorView*> out;
+  const auto add = [&](const TensorView& v) {
+    if (v.data != nullptr && v.dtype == t && v.rank() == 2) out.push_back(&v);
+  };
+  for (const TextLayerWeights& l : w.layers) {
+    for (const TensorView* v : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj}) add(*v);
+    const DeltaNetWeights& d = l.delta;  // a Gated DeltaNet layer's (Qwen3.5)
+    for (const TensorView* v :
+         {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a, &d.out_proj}) {
+      add(*v);
+    }
+    if (!l.sparse) {
+      for (const TensorView* v : {&l.gate_proj, &l.up_proj, &l.down_proj}) add(*v);
+      continue;
+    }
+    for (size_t e = 0; e < l.moe.gate.size(); ++e) {
+      add(l.moe.gate[e]);
+      add(l.moe.up[e]);
+      add(l.moe.down[e]);
+    }
+  }
+  add(w.lm_head);
+  return out;
 }
 
 // --precision f32: the exact kernels (a forced choice that contradicts it is refused). Else forced
@@ -336,8 +374,7 @@ Result<CpuKernels> choose_gemm_kernels(const EngineOptions& o, const EngineImpl&
     return k;
   }
   const Qwen3VLTextConfig& t = m.cfg.text_config;
-  const bool bf16_weights =
-      !m.weights.layers.empty() && m.weights.layers.front().q_proj.dtype == DType::kBF16;
+  const bool bf16_weights = !decode_weights(m.weights, DType::kBF16).empty();
   const char* why = o.precision == Precision::kF32 ? "--precision f32"
                     : !bf16_weights                ? "weights not BF16"
                     : !o.autotune                  ? "--no-autotune"
@@ -370,28 +407,6 @@ Result<CpuKernels> choose_gemm_kernels(const EngineOptions& o, const EngineImpl&
     k.vision = gemm_named(vc.chosen);
   }
   return k;
-}
-
-// The text decoder's linear weights of one dtype, in the order a decode step reads them.
-std::vector<const TensorView*> decode_weights(const TextWeights& w, DType t) {
-  std::vector<const TensorView*> out;
-  const auto add = [&](const TensorView& v) {
-    if (v.data != nullptr && v.dtype == t && v.rank() == 2) out.push_back(&v);
-  };
-  for (const TextLayerWeights& l : w.layers) {
-    for (const TensorView* v : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj}) add(*v);
-    if (!l.sparse) {
-      for (const TensorView* v : {&l.gate_proj, &l.up_proj, &l.down_proj}) add(*v);
-      continue;
-    }
-    for (size_t e = 0; e < l.moe.gate.size(); ++e) {
-      add(l.moe.gate[e]);
-      add(l.moe.up[e]);
-      add(l.moe.down[e]);
-    }
-  }
-  add(w.lm_head);
-  return out;
 }
 
 // The decode kernel of family f (ops.h: DecodeKernels) for its weights ws: forced by

@@ -354,6 +354,8 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
   for (const char* key : {"torch_dtype", "dtype"}) {
     if (auto it = j.find(key); it != j.end() && it->is_string()) c.torch_dtype = *it;
   }
+  VLM_RETURN_IF_ERROR(get_int_list(j, "eos_token_id", &c.eos_token_id, source));
+  VLM_RETURN_IF_ERROR(get_int_list(text_json, "eos_token_id", &c.eos_token_id, text_where));
   return c;
 }
 

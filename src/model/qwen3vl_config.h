@@ -113,6 +113,9 @@ struct Qwen3VLConfig {
   int64_t vision_start_token_id = 151652;
   int64_t vision_end_token_id = 151653;
   std::string torch_dtype;  // as written ("bfloat16", "float32", ...), informational
+  // eos_token_id of the text config (or the top level): a checkpoint without
+  // generation_config.json (Qwen3.5's) stops there too.
+  std::vector<int64_t> eos_token_id;
 };
 
 // generation_config.json: defaults a request may override.

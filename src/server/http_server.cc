@@ -148,10 +148,11 @@ struct Server::Impl {
         kv_cache_dtype_name(st.kv_cache_dtype), static_cast<double>(st.kv_cache_bytes) / (1 << 20));
     if (st.state_slots > 0) {
       std::fprintf(stderr,
-                   "vlm: linear-attention state: %lld slots of %.1f MiB (one per running "
-                   "sequence); prefix caching is off for this hybrid model\n",
+                   "vlm: linear-attention state: %lld slots of %.1f KiB (one per running "
+                   "sequence, reserved: resident as used); prefix caching is off for this hybrid "
+                   "model\n",
                    static_cast<long long>(st.state_slots),
-                   static_cast<double>(st.state_slot_bytes) / (1 << 20));
+                   static_cast<double>(st.state_slot_bytes) / 1024);
     }
     metrics->loaded(st, st.prefix_caching);
     describe_replica(st);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "fixture_model.h"
@@ -45,14 +46,7 @@ std::unique_ptr<Engine> engine(const std::string& name, ops::Isa isa, int64_t ch
   return e.ok() ? std::move(e).value() : nullptr;
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return num / den;
-}
+using test_util::rel_err;
 
 std::vector<int32_t> greedy(Engine& e, GenerateRequest req, int64_t n) {
   req.max_new_tokens = n;
@@ -311,6 +305,37 @@ TEST(Qwen35Config, CudaRefusesAtLoad) {
   EXPECT_EQ(e.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(e.status().message().find("Qwen3.5"), std::string::npos) << e.status().message();
   EXPECT_NE(e.status().message().find("--device cpu"), std::string::npos) << e.status().message();
+}
+
+// Without generation_config.json (the published Qwen3.5 repositories have none) a request stops at
+// config.json's eos_token_id and at the tokenizer's eos (<|im_end|>, where a chat turn ends).
+TEST(Qwen35Config, WithoutGenerationConfigStopsAtConfigAndTokenizerEos) {
+  namespace fs = std::filesystem;
+  test_util::TempDir tmp;
+  const std::string src = kFixtures + "/qwen35-f32-a";
+  for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                        "preprocessor_config.json", "video_preprocessor_config.json"}) {
+    fs::copy_file(src + "/" + f, tmp.path() / f);
+  }
+  std::string cfg = test_util::read_file(src + "/config.json");
+  const std::string from = "\"eos_token_id\": 410", to = "\"eos_token_id\": 7";
+  ASSERT_NE(cfg.find(from), std::string::npos);
+  cfg.replace(cfg.find(from), from.size(), to);
+  {
+    std::ofstream f(tmp.path() / "config.json");
+    f << cfg;
+  }
+  EngineOptions o;
+  o.model_dir = tmp.path().string();
+  o.n_threads = 1;
+  auto e = Engine::load(o);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  EXPECT_EQ((*e)->eos_token_ids(), (std::vector<int32_t>{7, 410}));
+  GenerateRequest req;
+  req.prompt_ids = {20, 21, 22};
+  req.max_new_tokens = 3;
+  auto r = (*e)->generate(req);
+  ASSERT_TRUE(r.ok()) << r.status().message();
 }
 
 // A missing Gated DeltaNet tensor is named with its file.

@@ -108,14 +108,7 @@ Case make_case(const Engine& e, const nlohmann::json& c) {
   return out;
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return num / den;
-}
+using test_util::rel_err;
 
 TEST(VideoModel, PromptAndLogitsMatchTransformers) {
   auto e = engine();

@@ -13,6 +13,7 @@
 #include "kernels/cpu/hybrid.h"
 #include "ops/ops.h"
 #include "ops/ref/ref.h"
+#include "test_util.h"
 
 namespace vlm {
 namespace {
@@ -25,15 +26,7 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
   return v;
 }
 
-// max |a − b| / max |b|.
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return num / den;
-}
+using test_util::rel_err;
 
 class HybridTest : public ::testing::TestWithParam<ops::Isa> {};
 
