@@ -10,9 +10,9 @@ checkpoint), and what transformers computes on them (CPU, float32, attn_implemen
 the torch fallbacks of the delta rule: chunks of 64 for a prompt, the recurrent form while
 generating):
 
-* qwen35-f32-a: tied embeddings; 2 key and 2 value heads in the linear layers;
-  ``full_attention_interval`` 4 (layers 0-2 linear, 3 full attention); head_dim 32 with the
-  default partial rotary factor 0.25 (8 rotary dims).
+* qwen35-f32-a: tied embeddings; 2 key and 2 value heads in the linear layers; built from
+  ``full_attention_interval`` 4 (layers 0-2 linear, 3 full attention; save_pretrained writes it
+  out as ``layer_types``); head_dim 32 with partial rotary factor 0.25 (8 rotary dims).
 * qwen35-f32-b: untied head; 2 key and 4 value heads (each key head serves two value heads),
   key dim 16 and value dim 8; an explicit ``layer_types`` list (linear, full, linear, linear,
   full) and no ``full_attention_interval``; head_dim 16 with partial rotary factor 0.5.

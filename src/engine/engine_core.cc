@@ -42,11 +42,24 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   VLM_ASSIGN_OR_RETURN(s.runner,
                        ModelRunner::create(m.runner, s.cache, opts.max_num_seqs, blocks_per_seq));
   const KvCacheSpec spec = dec.cache_spec(opts.block_size, m.kv_dtype);
+  // A hybrid model's state slots, one per sequence that may run, come out of the same budget.
+  const int64_t state_slots = spec.state_group() != nullptr ? opts.max_num_seqs : 0;
+  const int64_t state_bytes = state_slots * spec.state_bytes_per_seq();
   KvBlockPlan plan;
   plan.num_blocks = opts.num_blocks;
   plan.max_num_seqs = opts.max_num_seqs;
   plan.blocks_per_seq = blocks_per_seq;
   plan.memory_bytes = opts.kv_cache_memory;
+  if (plan.memory_bytes > 0 && state_bytes > 0) {
+    if (state_bytes >= plan.memory_bytes) {
+      return invalid_argument("kv_cache_memory of " + std::to_string(plan.memory_bytes) +
+                              " bytes does not hold this hybrid model's " +
+                              std::to_string(state_slots) + " state slots (" +
+                              std::to_string(state_bytes) +
+                              " bytes, one per max_num_seqs) and K/V blocks beside them");
+    }
+    plan.memory_bytes -= state_bytes;
+  }
   ops::Backend& be = dec.backend();
   if (be.device() != ops::Device::kCpu && opts.num_blocks <= 0) {
     int64_t free_b = 0, total = 0;
@@ -68,8 +81,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   sc.prefix_caching = opts.prefix_caching;
   sc.max_side_ms = opts.max_encoder_ms;
   // A hybrid model: a state slot per running sequence, and (for now) no prefix caching, whose
-  // hits would need the states at the hit's end (Engine::load says so).
-  const int64_t state_slots = spec.state_group() != nullptr ? opts.max_num_seqs : 0;
+  // hits would need the states at the hit's end (CoreStats::prefix_caching says so: the server's
+  // load message and /metrics' cache_config_info).
   if (state_slots > 0) {
     opts.prefix_caching = sc.prefix_caching = false;
     sc.num_state_slots = static_cast<int32_t>(state_slots);
@@ -77,7 +90,10 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
   if (opts.on_kv_events) {
     if (!opts.prefix_caching) {
-      return invalid_argument("KV events describe the prefix cache, which is off");
+      return invalid_argument(
+          state_slots > 0 ? "KV events describe the prefix cache, which a hybrid (Qwen3.5) model "
+                            "does not have yet"
+                          : "KV events describe the prefix cache, which is off");
     }
     sched.enable_kv_events();
   }

@@ -1,9 +1,11 @@
-// The paged KV cache's memory: K and V of every layer, [num_blocks + 1, block_size, row] each in
-// the cache's type — the backend's activation type, or on the CPU BF16 or INT8 (then with one f32
-// scale per row and KV head beside them). Which block a sequence's positions use is
-// KvCacheManager's (block_pool.h) decision; the block after the last is scratch, where a graph's
-// padding rows write. On the CPU the memory is reserved, not touched: its pages become resident
-// as blocks are first written, so a cache sized for many long sequences costs only what is used.
+// The paged KV cache's memory: K and V of every full-attention layer, [num_blocks + 1,
+// block_size, row] each in the cache's type — the backend's activation type, or on the CPU BF16
+// or INT8 (then with one f32 scale per row and KV head beside them) — and a hybrid model's state
+// slots (its linear-attention layers' per-sequence state). Which block a sequence's positions use
+// is KvCacheManager's (block_pool.h) decision, which slot the scheduler's; the block after the
+// last is scratch, where a graph's padding rows write. On the CPU the memory is reserved, not
+// touched: its pages become resident as blocks and slots are first written, so a cache sized for
+// many long sequences costs only what is used.
 #pragma once
 
 #include <cstdint>
@@ -29,14 +31,14 @@ class KvCache {
   DType dtype() const { return dtype_; }
   int64_t capacity() const { return num_blocks_ * block_size_; }
   int64_t scratch_block() const { return num_blocks_; }
-  // Layer l's K and V: [(num_blocks + 1) · block_size, row] each (and their scales).
+  // K and V of the attention group's l-th layer (its index in the group, not in the decoder):
+  // [(num_blocks + 1) · block_size, row] each (and their scales).
   ops::KvLayer layer(int64_t l) const;
 
   // The memory of a state group (kv_cache_spec.h): `slots` slots of group.state.floats f32 values
   // for each of its layers, reserved and zeroed (resident as first written).
   Status allocate_states(ops::Backend& be, const KvCacheGroup& group, int64_t slots);
   int64_t state_slots() const { return slots_; }
-  int64_t state_floats() const { return state_floats_; }
   // Layer l of the state group's slots: [state_slots, state_floats] f32.
   ops::Buf states(int64_t l) const { return states_.at(l * slots_ * state_floats_); }
 

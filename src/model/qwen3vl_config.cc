@@ -101,6 +101,9 @@ Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLT
   }
   if (c->head_dim <= 0 || c->head_dim % 2 != 0)
     return invalid_argument(where + ": head_dim must be even");
+  if (partial != 1.0 && c->family != ModelFamily::kQwen35) {
+    return unimplemented(where + ": partial_rotary_factor is supported for Qwen3.5 (qwen3_5) only");
+  }
   // transformers: int(head_dim * partial_rotary_factor).
   c->rotary_dim = static_cast<int64_t>(static_cast<double>(c->head_dim) * partial);
   if (!(partial > 0 && partial <= 1) || c->rotary_dim <= 0 || c->rotary_dim % 2 != 0) {
@@ -172,8 +175,11 @@ Status parse_moe(const json& t, const std::string& where, bool moe, Qwen3VLTextC
 Status parse_hybrid(const json& t, const std::string& where, Qwen3VLTextConfig* c) {
   c->zero_centered_norms = true;
   c->attn_output_gate = true;
-  if (auto it = t.find("attn_output_gate"); it != t.end() && it->is_boolean() && !*it) {
-    return unimplemented(where + ": attn_output_gate=false is not supported");
+  if (auto it = t.find("attn_output_gate"); it != t.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      return invalid_argument(where + ": field 'attn_output_gate' must be true or false");
+    }
+    if (!*it) return unimplemented(where + ": attn_output_gate=false is not supported");
   }
   c->linear_num_key_heads = 16;
   c->linear_num_value_heads = 32;
@@ -225,6 +231,11 @@ Status parse_hybrid(const json& t, const std::string& where, Qwen3VLTextConfig* 
                                                        : LayerType::kFullAttention);
     }
   }
+  if (c->num_linear_layers() == L) {
+    return unimplemented(where +
+                         ": layer_types has no full_attention layer (a model of linear "
+                         "attention alone is not supported)");
+  }
   return ok_status();
 }
 
@@ -271,14 +282,15 @@ Status parse_vision(const json& v, const std::string& where, Qwen3VLVisionConfig
   return ok_status();
 }
 
-// The family of a config.json model_type: known names only (none written: a Qwen3-VL layout).
+// The family of a config.json model_type (the top level's, else the text config's): known names
+// only (none written: a Qwen3-VL layout).
 Result<ModelFamily> family_of(const std::string& type, const std::string& source) {
-  if (type.empty() || type == "qwen3_vl" || type == "qwen3_vl_moe" || type == "qwen3" ||
-      type == "qwen3_moe") {
+  if (type.empty() || type == "qwen3_vl" || type == "qwen3_vl_moe" || type == "qwen3_vl_text" ||
+      type == "qwen3_vl_moe_text" || type == "qwen3" || type == "qwen3_moe") {
     return ModelFamily::kQwen3VL;
   }
-  if (type == "qwen3_5") return ModelFamily::kQwen35;
-  if (type == "qwen3_5_moe") {
+  if (type == "qwen3_5" || type == "qwen3_5_text") return ModelFamily::kQwen35;
+  if (type == "qwen3_5_moe" || type == "qwen3_5_moe_text") {
     return unimplemented(source +
                          ": model_type 'qwen3_5_moe' (Qwen3.5 mixture of experts) is not "
                          "supported yet; the dense qwen3_5 models are");
@@ -324,13 +336,13 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
     auto it = o.find("model_type");
     return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
-  c.model_type = type_of(j);
+  c.model_type = type_of(j).empty() ? type_of(text_json) : type_of(j);
   VLM_ASSIGN_OR_RETURN(c.text_config.family, family_of(c.model_type, source));
   VLM_RETURN_IF_ERROR(parse_text(text_json, text_where, &text_json != &j, &c.text_config));
   if (c.text_config.family == ModelFamily::kQwen35) {
     VLM_RETURN_IF_ERROR(parse_hybrid(text_json, text_where, &c.text_config));
   }
-  const bool moe = type_of(j) == "qwen3_vl_moe" || type_of(text_json) == "qwen3_vl_moe_text";
+  const bool moe = c.model_type == "qwen3_vl_moe" || type_of(text_json) == "qwen3_vl_moe_text";
   VLM_RETURN_IF_ERROR(parse_moe(text_json, text_where, moe, &c.text_config));
   if (auto vc = j.find("vision_config"); vc != j.end() && vc->is_object()) {
     c.has_vision = true;

@@ -75,12 +75,6 @@ struct Qwen3VLTextConfig {
     return 2 * linear_num_key_heads * linear_key_head_dim +
            linear_num_value_heads * linear_value_head_dim;
   }
-  // f32 values of one sequence's state in one linear layer: the conv window (kernel − 1 inputs
-  // per channel) and the recurrent state [value heads, key dim, value dim].
-  int64_t linear_conv_state() const { return linear_conv_dim() * (linear_conv_kernel_dim - 1); }
-  int64_t linear_recurrent_state() const {
-    return linear_num_value_heads * linear_key_head_dim * linear_value_head_dim;
-  }
   // Rows of q_proj: the query heads, and as many gate rows with the output gate.
   int64_t q_proj_rows() const {
     return num_attention_heads * head_dim * (attn_output_gate ? 2 : 1);
@@ -103,7 +97,7 @@ struct Qwen3VLVisionConfig {
 };
 
 struct Qwen3VLConfig {
-  std::string model_type;  // as written (empty when the file has none)
+  std::string model_type;  // as written (the top level's, else text_config's; may be empty)
   Qwen3VLTextConfig text_config;
   Qwen3VLVisionConfig vision_config;
   bool has_vision = false;

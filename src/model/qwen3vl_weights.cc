@@ -54,6 +54,33 @@ Status load_slot(const WeightStore& s, const WeightSlot& w, const TensorView* em
   return ok_status();
 }
 
+// A Gated DeltaNet layer's weights (prefix `a`: "...layers.N.linear_attn."), for for_each_weight.
+Status walk_delta_net(const std::string& a, const Qwen3VLTextConfig& t, DeltaNetWeights* d,
+                      const WeightFn& fn) {
+  const int64_t H = t.hidden_size, conv = t.linear_conv_dim(), nv = t.linear_num_value_heads,
+                vd = nv * t.linear_value_head_dim, K = t.linear_conv_kernel_dim;
+  auto slot = [&](const std::string& name, std::vector<int64_t> shape, TensorView* m,
+                  std::vector<float>* v, std::vector<int64_t> stored = {}) {
+    WeightSlot w;
+    w.name = a + name;
+    w.shape = std::move(shape);
+    w.stored_shape = std::move(stored);
+    w.kind = m != nullptr ? WeightKind::kLayerLinear : WeightKind::kVector;
+    w.matrix = m;
+    w.values = v;
+    return fn(w);
+  };
+  VLM_RETURN_IF_ERROR(slot("in_proj_qkv.weight", {conv, H}, &d->in_proj_qkv, nullptr));
+  VLM_RETURN_IF_ERROR(slot("in_proj_z.weight", {vd, H}, &d->in_proj_z, nullptr));
+  VLM_RETURN_IF_ERROR(slot("in_proj_b.weight", {nv, H}, &d->in_proj_b, nullptr));
+  VLM_RETURN_IF_ERROR(slot("in_proj_a.weight", {nv, H}, &d->in_proj_a, nullptr));
+  VLM_RETURN_IF_ERROR(slot("conv1d.weight", {conv, K}, nullptr, &d->conv1d, {conv, 1, K}));
+  VLM_RETURN_IF_ERROR(slot("A_log", {nv}, nullptr, &d->a_log));
+  VLM_RETURN_IF_ERROR(slot("dt_bias", {nv}, nullptr, &d->dt_bias));
+  VLM_RETURN_IF_ERROR(slot("norm.weight", {t.linear_value_head_dim}, nullptr, &d->norm));
+  return slot("out_proj.weight", {H, vd}, &d->out_proj, nullptr);
+}
+
 }  // namespace
 
 Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLConfig& cfg,
@@ -80,8 +107,6 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
     const Qwen3VLTextConfig& t = cfg.text_config;
     const int64_t H = t.hidden_size, q_out = t.num_attention_heads * t.head_dim,
                   kv_out = t.num_key_value_heads * t.head_dim, I = t.intermediate_size;
-    const int64_t conv = t.linear_conv_dim(), nv = t.linear_num_value_heads,
-                  vd = nv * t.linear_value_head_dim;
     const WeightKind lin = WeightKind::kLayerLinear;
     VLM_RETURN_IF_ERROR(matrix(tp + "embed_tokens.weight", {t.vocab_size, H},
                                WeightKind::kEmbedding, &text->embed_tokens));
@@ -90,24 +115,7 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
       TextLayerWeights& L = text->layers[l];
       VLM_RETURN_IF_ERROR(values(p + "input_layernorm.weight", {H}, &L.input_layernorm));
       if (L.linear) {
-        const std::string a = p + "linear_attn.";
-        DeltaNetWeights& d = L.delta;
-        VLM_RETURN_IF_ERROR(matrix(a + "in_proj_qkv.weight", {conv, H}, lin, &d.in_proj_qkv));
-        VLM_RETURN_IF_ERROR(matrix(a + "in_proj_z.weight", {vd, H}, lin, &d.in_proj_z));
-        VLM_RETURN_IF_ERROR(matrix(a + "in_proj_b.weight", {nv, H}, lin, &d.in_proj_b));
-        VLM_RETURN_IF_ERROR(matrix(a + "in_proj_a.weight", {nv, H}, lin, &d.in_proj_a));
-        {
-          WeightSlot w;
-          w.name = a + "conv1d.weight";
-          w.shape = {conv, t.linear_conv_kernel_dim};
-          w.stored_shape = {conv, 1, t.linear_conv_kernel_dim};
-          w.values = &d.conv1d;
-          VLM_RETURN_IF_ERROR(fn(w));
-        }
-        VLM_RETURN_IF_ERROR(values(a + "A_log", {nv}, &d.a_log));
-        VLM_RETURN_IF_ERROR(values(a + "dt_bias", {nv}, &d.dt_bias));
-        VLM_RETURN_IF_ERROR(values(a + "norm.weight", {t.linear_value_head_dim}, &d.norm));
-        VLM_RETURN_IF_ERROR(matrix(a + "out_proj.weight", {H, vd}, lin, &d.out_proj));
+        VLM_RETURN_IF_ERROR(walk_delta_net(p + "linear_attn.", t, &L.delta, fn));
       } else {
         VLM_RETURN_IF_ERROR(
             matrix(p + "self_attn.q_proj.weight", {t.q_proj_rows(), H}, lin, &L.q_proj));

@@ -123,6 +123,7 @@ Status TextDecoder::init(const TextWeights& w) {
   }
   VLM_ASSIGN_OR_RETURN(norm_, be_.vector(w.norm));
   layers_.resize(w.layers.size());
+  conv_taps_.reserve(static_cast<size_t>(cfg_.num_linear_layers()));  // the backend views them
   int64_t linear_layers = 0, attention_layers = 0;
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const TextLayerWeights& s = w.layers[l];

@@ -121,7 +121,7 @@ class TextDecoder {
   // (or else the activation type), in blocks of `block_size` tokens; a hybrid model's linear
   // layers' state slots.
   KvCacheSpec cache_spec(int64_t block_size, std::optional<DType> dtype = std::nullopt) const;
-  bool hybrid() const { return !cfg_.layer_types.empty() && cfg_.num_linear_layers() > 0; }
+  bool hybrid() const { return cfg_.num_linear_layers() > 0; }
   // A KV cache for this decoder as `spec` describes it (its rows, in the backend's memory), room
   // in the pass's tables for block tables of up to max_blocks_per_seq entries, and for a hybrid
   // model `state_slots` state slots (at least one).

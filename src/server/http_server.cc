@@ -147,12 +147,13 @@ struct Server::Impl {
         static_cast<long long>(st.kv_blocks_total * st.kv_block_size),
         kv_cache_dtype_name(st.kv_cache_dtype), static_cast<double>(st.kv_cache_bytes) / (1 << 20));
     if (st.state_slots > 0) {
+      const double kib = static_cast<double>(st.state_slot_bytes) / 1024;
       std::fprintf(stderr,
-                   "vlm: linear-attention state: %lld slots of %.1f KiB (one per running "
+                   "vlm: linear-attention state: %lld slots of %.1f %s (one per running "
                    "sequence, reserved: resident as used); prefix caching is off for this hybrid "
                    "model\n",
-                   static_cast<long long>(st.state_slots),
-                   static_cast<double>(st.state_slot_bytes) / 1024);
+                   static_cast<long long>(st.state_slots), kib >= 1024 ? kib / 1024 : kib,
+                   kib >= 1024 ? "MiB" : "KiB");
     }
     metrics->loaded(st, st.prefix_caching);
     describe_replica(st);

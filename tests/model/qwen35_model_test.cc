@@ -206,7 +206,7 @@ TEST(Qwen35Batch, BatchedAndPreemptedEqualAlone) {
     BatchingOptions b;
     b.num_blocks = blocks;
     b.block_size = 16;
-    b.max_num_seqs = 4;  // five requests: one waits for a state slot
+    b.max_num_seqs = 4;  // five requests, four state slots: one waits its turn
     EngineOptions o = options("qwen35-f32-a", ops::detected_isa(), 32);
     o.batching = b;
     auto e = Engine::load(o);
@@ -236,8 +236,31 @@ TEST(Qwen35Batch, BatchedAndPreemptedEqualAlone) {
   }
 }
 
-// The config: layer_types from full_attention_interval or the list, the rotary part, the state
-// geometry; the zero-centred norms stored as 1 + w.
+// --kv-cache-memory holds the state slots first and K/V blocks in the rest; a budget too small for
+// the slots is refused, naming them.
+TEST(Qwen35Batch, KvCacheMemoryHoldsTheStateSlotsAndTheBlocks) {
+  EngineOptions o = options("qwen35-f32-a", ops::detected_isa(), 64);
+  o.batching.max_num_seqs = 8;
+  o.batching.kv_cache_memory = 1 << 20;
+  auto e = Engine::load(o);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  const auto st = (*e)->core_stats();
+  EXPECT_EQ(st.state_slots, 8);
+  EXPECT_GT(st.state_slot_bytes, 0);
+  const int64_t total = st.kv_cache_bytes + st.state_slots * st.state_slot_bytes;
+  EXPECT_LE(total, int64_t{1} << 20);
+  // One block more would not fit.
+  const int64_t block = st.kv_cache_bytes / (st.kv_blocks_total + 1);
+  EXPECT_GT(total + block, int64_t{1} << 20);
+
+  o.batching.kv_cache_memory = 8 * st.state_slot_bytes;  // the slots alone, no room for blocks
+  e = Engine::load(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("state slots"), std::string::npos) << e.status().message();
+}
+
+// The fixtures' configs: the layer_types lists, the rotary part, the state geometry; the
+// zero-centred norms stored as 1 + w.
 TEST(Qwen35Config, HybridLayersAndZeroCentredNorms) {
   auto a = test_util::load_fixture_model(kFixtures + "/qwen35-f32-a");
   ASSERT_TRUE(a.ok()) << a.status().message();
@@ -263,6 +286,50 @@ TEST(Qwen35Config, HybridLayersAndZeroCentredNorms) {
   EXPECT_EQ(linear, (std::vector<bool>{true, false, true, true, false}));
   EXPECT_EQ(u.rotary_dim, 8);  // 16 · 0.5
   EXPECT_EQ(u.linear_num_value_heads / u.linear_num_key_heads, 2);
+}
+
+// Without layer_types, every full_attention_interval-th layer is full attention (transformers'
+// default 4); without partial_rotary_factor a quarter of each head rotates; a text-only
+// qwen3_5_text config (Qwen3_5ForCausalLM) is the same family. Qwen3-VL configs keep whole-head
+// rotary and refuse a partial factor.
+TEST(Qwen35Config, IntervalDefaultRotaryAndTextOnlyConfigs) {
+  auto cfg = nlohmann::json::parse(test_util::read_file(kFixtures + "/qwen35-f32-a/config.json"));
+  nlohmann::json& t = cfg["text_config"];
+  t.erase("layer_types");
+  t["num_hidden_layers"] = 6;
+  t["full_attention_interval"] = 3;
+  t["rope_parameters"].erase("partial_rotary_factor");
+  auto r = parse_qwen3vl_config(cfg.dump(), "config.json");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::vector<bool> linear;
+  for (int64_t l = 0; l < 6; ++l) linear.push_back(r->text_config.linear_layer(l));
+  EXPECT_EQ(linear, (std::vector<bool>{true, true, false, true, true, false}));
+  EXPECT_EQ(r->text_config.rotary_dim, 8);  // 32 / 4
+  t.erase("full_attention_interval");       // the default, 4
+  r = parse_qwen3vl_config(cfg.dump(), "config.json");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->text_config.linear_layer(2) && !r->text_config.linear_layer(3));
+
+  nlohmann::json text = t;  // flat, as a text-only checkpoint writes it
+  text["model_type"] = "qwen3_5_text";
+  r = parse_qwen3vl_config(text.dump(), "config.json");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->text_config.family, ModelFamily::kQwen35);
+  EXPECT_FALSE(r->has_vision);
+
+  t["full_attention_interval"] = 100;  // no full-attention layer among 6
+  r = parse_qwen3vl_config(cfg.dump(), "config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("full_attention"), std::string::npos);
+
+  auto vl = nlohmann::json::parse(test_util::read_file(kFixtures + "/text-f32-untied/config.json"));
+  r = parse_qwen3vl_config(vl.dump(), "config.json");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->text_config.rotary_dim, r->text_config.head_dim);
+  vl["text_config"]["partial_rotary_factor"] = 0.5;
+  r = parse_qwen3vl_config(vl.dump(), "config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("partial_rotary_factor"), std::string::npos);
 }
 
 // Model types are known by name: another is refused naming it, and the MoE variant says it is not
@@ -308,7 +375,8 @@ TEST(Qwen35Config, CudaRefusesAtLoad) {
 }
 
 // Without generation_config.json (the published Qwen3.5 repositories have none) a request stops at
-// config.json's eos_token_id and at the tokenizer's eos (<|im_end|>, where a chat turn ends).
+// config.json's eos_token_id and at the tokenizer's eos (<|im_end|>, where a chat turn ends):
+// config.json here names the third token of a known greedy path, where generation then stops.
 TEST(Qwen35Config, WithoutGenerationConfigStopsAtConfigAndTokenizerEos) {
   namespace fs = std::filesystem;
   test_util::TempDir tmp;
@@ -317,8 +385,13 @@ TEST(Qwen35Config, WithoutGenerationConfigStopsAtConfigAndTokenizerEos) {
                         "preprocessor_config.json", "video_preprocessor_config.json"}) {
     fs::copy_file(src + "/" + f, tmp.path() / f);
   }
+  const auto ref = reference("qwen35-f32-a");
+  const auto path = ref["greedy"][0]["output_ids"].get<std::vector<int32_t>>();
+  const int32_t stop = path[2];
+  ASSERT_TRUE(path[0] != stop && path[1] != stop && stop != 410) << "pick another fixture token";
   std::string cfg = test_util::read_file(src + "/config.json");
-  const std::string from = "\"eos_token_id\": 410", to = "\"eos_token_id\": 7";
+  const std::string from = "\"eos_token_id\": 410",
+                    to = "\"eos_token_id\": " + std::to_string(stop);
   ASSERT_NE(cfg.find(from), std::string::npos);
   cfg.replace(cfg.find(from), from.size(), to);
   {
@@ -330,12 +403,15 @@ TEST(Qwen35Config, WithoutGenerationConfigStopsAtConfigAndTokenizerEos) {
   o.n_threads = 1;
   auto e = Engine::load(o);
   ASSERT_TRUE(e.ok()) << e.status().message();
-  EXPECT_EQ((*e)->eos_token_ids(), (std::vector<int32_t>{7, 410}));
+  EXPECT_EQ((*e)->eos_token_ids(), (std::vector<int32_t>{stop, 410}));
   GenerateRequest req;
-  req.prompt_ids = {20, 21, 22};
-  req.max_new_tokens = 3;
+  req.prompt_ids = ref["greedy"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  req.max_new_tokens = 20;
+  req.sampling.do_sample = false;
   auto r = (*e)->generate(req);
   ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->output_ids, (std::vector<int32_t>{path[0], path[1], stop}));
+  EXPECT_EQ(r->finish_reason, FinishReason::kStop);
 }
 
 // A missing Gated DeltaNet tensor is named with its file.

@@ -670,7 +670,7 @@ vlm::Status bench_attention(vlm::Engine& engine, const BenchArgs& a, const Bench
       progress("decode attention " + size, a);
       VLM_ASSIGN_OR_RETURN(std::vector<double> ms, time_decode_attention(engine, ctx, t, a.reps));
       r->rows.push_back(
-          {"decode_attention", "decode attention (all layers)", size, "ms", ms,
+          {"decode_attention", "decode attention (all attention layers)", size, "ms", ms,
            json{{"size", ctx}, {"context", ctx}, {"kv_cache_dtype", vlm::kv_cache_dtype_name(t)}}});
     }
   }

@@ -148,7 +148,9 @@ vlm::Result<std::vector<double>> time_decode_attention(vlm::Engine& engine, int6
                   : dtype == KvCacheDtype::kInt8 ? DType::kI8
                                                  : DType::kF32;
   const Qwen3VLTextConfig& c = m.cfg.text_config;
-  const int64_t layers = c.num_hidden_layers, n_kv = c.num_key_value_heads, hd = c.head_dim;
+  // Full-attention layers only (a hybrid model's Gated DeltaNet layers keep no K/V).
+  const int64_t layers = c.num_hidden_layers - c.num_linear_layers(), n_kv = c.num_key_value_heads,
+                hd = c.head_dim;
   const int64_t heads = c.num_attention_heads, row = n_kv * hd, bs = 16;
   const int64_t blocks = (context + bs - 1) / bs, rows = blocks * bs;
   struct Layer {  // in the backend's memory, as the KV cache is (2 MiB pages on the CPU)

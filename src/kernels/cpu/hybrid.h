@@ -52,10 +52,10 @@ struct HybridKernels {
   // x[r, :] ← x[r, :] · rsqrt(Σ x² + 1e-6) · scale for r < rows (rows `stride` apart, n values):
   // the delta rule's q / k L2 norm (FLA's l2norm).
   void (*l2norm_rows)(float* x, int64_t rows, int64_t n, int64_t stride, float scale);
-  // Qwen3.5's gated RMSNorm per row of n values: y = x · rsqrt(mean(x²) + eps) · w · silu(z).
-  // Row r of x and y is at r·n; of z at (r / heads)·z_stride + (r % heads)·n.
+  // Qwen3.5's gated RMSNorm per head row of n values: y = x · rsqrt(mean(x²) + eps) · w ·
+  // silu(z). Head row r of x and y is at r·n; of z at (r / heads)·z_stride + (r % heads)·n.
   void (*gated_rms_norm)(const float* x, const float* z, int64_t z_stride, int64_t heads,
-                         int64_t rows, int64_t n, const float* w, float eps, float* y);
+                         int64_t head_rows, int64_t n, const float* w, float eps, float* y);
   // x[r, i] ← x[r, i] · sigmoid(g[r·g_stride + i]) for r < rows, i < n (the attention's output
   // gate).
   void (*sigmoid_mul)(float* x, const float* g, int64_t g_stride, int64_t rows, int64_t n);
