@@ -323,19 +323,28 @@ def vision_config_json(s: dict, model_type: str) -> dict:
     }
 
 
+# The special ids of the tokenizer this script ships (tests/data/tokenizer: Qwen3's). Qwen3.5's
+# own are 248056 / 248057 / 248053 / 248054 and eos 248044, in its 248,320-token tokenizer, which
+# the repository does not hold: the written config names the shipped tokenizer's, so that images,
+# videos and chats run end to end.
+TOKENIZER_IDS = dict(image=151655, video=151656, vision_start=151652, vision_end=151653,
+                     eos=151645)
+
+
 def qwen35_config_json(s: dict) -> dict:
-    """Qwen/Qwen3.5-{2B,9B}'s config.json (the keys vlm and transformers read)."""
+    """Qwen/Qwen3.5-{2B,9B}'s config.json (the keys vlm and transformers read), special ids
+    aside (TOKENIZER_IDS)."""
     L = s["layers"]
     return {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "image_token_id": 248056,
+        "image_token_id": TOKENIZER_IDS["image"],
         "model_type": "qwen3_5",
         "text_config": {
             "attention_bias": False,
             "attention_dropout": 0.0,
             "attn_output_gate": True,
             "dtype": "bfloat16",
-            "eos_token_id": 248044,
+            "eos_token_id": TOKENIZER_IDS["eos"],
             "full_attention_interval": 4,
             "head_dim": s["head_dim"],
             "hidden_act": "silu",
@@ -368,10 +377,10 @@ def qwen35_config_json(s: dict) -> dict:
         },
         "tie_word_embeddings": s["tie"],
         "transformers_version": "4.57.0.dev0",
-        "video_token_id": 248057,
+        "video_token_id": TOKENIZER_IDS["video"],
         "vision_config": vision_config_json(s, "qwen3_5"),
-        "vision_end_token_id": 248054,
-        "vision_start_token_id": 248053,
+        "vision_end_token_id": TOKENIZER_IDS["vision_end"],
+        "vision_start_token_id": TOKENIZER_IDS["vision_start"],
     }
 
 

@@ -115,6 +115,13 @@ struct BatchingOptions {
   // ids and images) after their requests end, and a request starts after the longest run of its
   // blocks found cached; least recently used ones are evicted when blocks are needed.
   bool prefix_caching = true;
+  // A hybrid model's (Qwen3.5) prefix caching keeps its linear-attention state every
+  // state_snapshot_interval tokens (a multiple of block_size; 0: the default, 512), in at most
+  // state_snapshots snapshots (0: max_num_seqs), least recently used ones replaced; a hit resumes
+  // from the longest cached prefix that ends at a snapshot. Each snapshot is one sequence's state
+  // (about 50 MB for the 9B shape), taken from the KV cache's memory budget.
+  int64_t state_snapshot_interval = 0;
+  int32_t state_snapshots = 0;
   // Called on the engine thread after a step that changed the prefix cache's set of blocks, with
   // those changes in order (needs prefix_caching, else the load fails); must not block.
   std::function<void(KvEventBatch)> on_kv_events;
@@ -398,10 +405,13 @@ class Engine {
     // holding cached contents now, and blocks evicted so far.
     int64_t prefix_cache_queries = 0, prefix_cache_hits = 0, prefix_cache_blocks = 0;
     int64_t prefix_cache_evictions = 0;
-    bool prefix_caching = false;  // on (the option, unless the model cannot have it yet)
+    bool prefix_caching = false;  // on (the option, unless the model cannot have it)
     // A hybrid model's (Qwen3.5) linear-attention state: slots (one per running sequence) and
-    // the bytes of one; 0 for other models.
+    // the bytes of one; snapshots for the prefix cache (held now, their number and interval, and
+    // those replaced so far); 0 for other models.
     int64_t state_slots = 0, state_slot_bytes = 0;
+    int64_t state_snapshots = 0, state_snapshot_interval = 0, state_snapshots_held = 0;
+    int64_t state_snapshot_evictions = 0;
   };
   CoreStats core_stats() const;
   // When the engine loop last finished a step or an idle wait (it wakes at least every second):

@@ -42,9 +42,22 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   VLM_ASSIGN_OR_RETURN(s.runner,
                        ModelRunner::create(m.runner, s.cache, opts.max_num_seqs, blocks_per_seq));
   const KvCacheSpec spec = dec.cache_spec(opts.block_size, m.kv_dtype);
-  // A hybrid model's state slots, one per sequence that may run, come out of the same budget.
-  const int64_t state_slots = spec.state_group() != nullptr ? opts.max_num_seqs : 0;
-  const int64_t state_bytes = state_slots * spec.state_bytes_per_seq();
+  // A hybrid model's state slots, one per sequence that may run, and its prefix cache's state
+  // snapshots come out of the same budget.
+  const bool hybrid = spec.state_group() != nullptr;
+  const int64_t state_slots = hybrid ? opts.max_num_seqs : 0;
+  if (hybrid && opts.prefix_caching) {
+    if (opts.state_snapshot_interval <= 0) opts.state_snapshot_interval = 512;
+    if (opts.state_snapshots <= 0) opts.state_snapshots = static_cast<int32_t>(opts.max_num_seqs);
+    if (opts.state_snapshot_interval % opts.block_size != 0) {
+      return invalid_argument(
+          "state_snapshot_interval (" + std::to_string(opts.state_snapshot_interval) +
+          ") must be a multiple of block_size (" + std::to_string(opts.block_size) + ")");
+    }
+  } else {
+    opts.state_snapshot_interval = opts.state_snapshots = 0;
+  }
+  const int64_t state_bytes = (state_slots + opts.state_snapshots) * spec.state_bytes_per_seq();
   KvBlockPlan plan;
   plan.num_blocks = opts.num_blocks;
   plan.max_num_seqs = opts.max_num_seqs;
@@ -54,9 +67,9 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
     if (state_bytes >= plan.memory_bytes) {
       return invalid_argument("kv_cache_memory of " + std::to_string(plan.memory_bytes) +
                               " bytes does not hold this hybrid model's " +
-                              std::to_string(state_slots) + " state slots (" +
-                              std::to_string(state_bytes) +
-                              " bytes, one per max_num_seqs) and K/V blocks beside them");
+                              std::to_string(state_slots) + " state slots and " +
+                              std::to_string(opts.state_snapshots) + " snapshots (" +
+                              std::to_string(state_bytes) + " bytes) and K/V blocks beside them");
     }
     plan.memory_bytes -= state_bytes;
   }
@@ -80,26 +93,21 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   sc.max_waiting = opts.max_waiting + opts.max_num_seqs + 1;
   sc.prefix_caching = opts.prefix_caching;
   sc.max_side_ms = opts.max_encoder_ms;
-  // A hybrid model: a state slot per running sequence, and (for now) no prefix caching, whose
-  // hits would need the states at the hit's end (CoreStats::prefix_caching says so: the server's
-  // load message and /metrics' cache_config_info).
-  if (state_slots > 0) {
-    opts.prefix_caching = sc.prefix_caching = false;
-    sc.num_state_slots = static_cast<int32_t>(state_slots);
-  }
+  // A hybrid model: a state slot per running sequence, and snapshots for its prefix hits.
+  sc.num_state_slots = static_cast<int32_t>(state_slots);
+  sc.snapshot_interval = opts.state_snapshot_interval;
+  sc.num_snapshots = opts.state_snapshots;
   VLM_ASSIGN_OR_RETURN(Scheduler sched, Scheduler::create(sc));
   if (opts.on_kv_events) {
     if (!opts.prefix_caching) {
-      return invalid_argument(
-          state_slots > 0 ? "KV events describe the prefix cache, which a hybrid (Qwen3.5) model "
-                            "does not have yet"
-                          : "KV events describe the prefix cache, which is off");
+      return invalid_argument("KV events describe the prefix cache, which is off");
     }
     sched.enable_kv_events();
   }
   s.sched = std::make_unique<Scheduler>(std::move(sched));
   VLM_RETURN_IF_ERROR(
-      dec.allocate_cache(&s.cache, spec, opts.num_blocks, blocks_per_seq, state_slots)
+      dec.allocate_cache(&s.cache, spec, opts.num_blocks, blocks_per_seq, state_slots,
+                         opts.state_snapshots)
           .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
   core->opts_ = opts;
   core->on_step_ = std::move(on_step);
@@ -124,6 +132,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   stats.prefix_caching = opts.prefix_caching;
   stats.state_slots = state_slots;
   stats.state_slot_bytes = spec.state_bytes_per_seq();
+  stats.state_snapshots = opts.state_snapshots;
+  stats.state_snapshot_interval = opts.state_snapshot_interval;
   stats.kv_cache_dtype = m.kv_dtype == DType::kI8     ? KvCacheDtype::kInt8
                          : m.kv_dtype == DType::kBF16 ? KvCacheDtype::kBF16
                                                       : KvCacheDtype::kF32;
@@ -277,7 +287,16 @@ Status EngineCore::execute(const SchedulerOutput& out) {
                       &s.sched->block_table(it.request_id), s.sched->state_slot(it.request_id)});
   }
   s.sampled.clear();
+  // A prefix hit of a hybrid model resumes from its snapshot; the snapshots this step completes
+  // are taken once it has run (the slots then hold their state at the chunk's end).
+  ops::Backend& be = model_.runner.decoder->backend();
+  for (const StateCopy& c : out.restores) {
+    VLM_RETURN_IF_ERROR(s.cache.restore_state(be, c.snapshot, c.slot));
+  }
   VLM_RETURN_IF_ERROR(s.runner->forward(s.rows));
+  for (const StateCopy& c : out.saves) {
+    VLM_RETURN_IF_ERROR(s.cache.save_state(be, c.slot, c.snapshot));
+  }
   SampledToken t;
   while (s.runner->sample_next(&t)) {
     s.sampled.push_back(t);
@@ -390,6 +409,8 @@ void EngineCore::publish_stats_locked() {
   st.prefix_cache_hits = pc.hits;
   st.prefix_cache_blocks = pc.cached_blocks;
   st.prefix_cache_evictions = pc.evictions;
+  st.state_snapshots_held = sched.snapshots_held();
+  st.state_snapshot_evictions = sched.snapshot_evictions();
 }
 
 }  // namespace vlm

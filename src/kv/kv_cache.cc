@@ -47,19 +47,47 @@ Status KvCache::allocate(ops::Backend& be, const KvCacheGroup& group, int64_t nu
   return ok_status();
 }
 
-Status KvCache::allocate_states(ops::Backend& be, const KvCacheGroup& group, int64_t slots) {
+Status KvCache::allocate_states(ops::Backend& be, const KvCacheGroup& group, int64_t slots,
+                                int64_t snapshots) {
   if (group.kind != CacheKind::kLinearState || group.layers.empty() || group.state.floats <= 0 ||
-      slots <= 0) {
+      slots <= 0 || snapshots < 0) {
     return invalid_argument("the state cache needs a state group with layers, and slots");
   }
-  states_ = {};
-  slots_ = state_floats_ = 0;
+  states_ = snaps_ = {};
+  slots_ = snapshots_ = state_floats_ = state_layers_ = 0;
   const int64_t layers = static_cast<int64_t>(group.layers.size());
   VLM_ASSIGN_OR_RETURN(states_,
                        be.alloc(layers * slots * group.state.floats, DType::kF32, /*lazy=*/true));
+  if (snapshots > 0) {
+    VLM_ASSIGN_OR_RETURN(snaps_, be.alloc(layers * snapshots * group.state.floats, DType::kF32,
+                                          /*lazy=*/true));
+  }
   slots_ = slots;
+  snapshots_ = snapshots;
   state_floats_ = group.state.floats;
+  state_layers_ = layers;
   return ok_status();
+}
+
+Status KvCache::copy_state(ops::Backend& be, int64_t slot, int64_t snapshot, bool save) const {
+  if (slot < 0 || slot >= slots_ || snapshot < 0 || snapshot >= snapshots_) {
+    return internal_error("a state copy names a slot or snapshot outside the cache");
+  }
+  const size_t bytes = static_cast<size_t>(state_floats_) * 4;
+  for (int64_t l = 0; l < state_layers_; ++l) {
+    const ops::Buf s = states_.at((l * slots_ + slot) * state_floats_);
+    const ops::Buf p = snaps_.at((l * snapshots_ + snapshot) * state_floats_);
+    VLM_RETURN_IF_ERROR(save ? be.copy(p, s, bytes) : be.copy(s, p, bytes));
+  }
+  return ok_status();
+}
+
+Status KvCache::save_state(ops::Backend& be, int64_t slot, int64_t snapshot) const {
+  return copy_state(be, slot, snapshot, true);
+}
+
+Status KvCache::restore_state(ops::Backend& be, int64_t snapshot, int64_t slot) const {
+  return copy_state(be, slot, snapshot, false);
 }
 
 ops::KvLayer KvCache::layer(int64_t l) const {

@@ -35,17 +35,24 @@ class KvCache {
   // [(num_blocks + 1) · block_size, row] each (and their scales).
   ops::KvLayer layer(int64_t l) const;
 
-  // The memory of a state group (kv_cache_spec.h): `slots` slots of group.state.floats f32 values
-  // for each of its layers, reserved and zeroed (resident as first written).
-  Status allocate_states(ops::Backend& be, const KvCacheGroup& group, int64_t slots);
+  // The memory of a state group (kv_cache_spec.h): `slots` slots and `snapshots` snapshots of
+  // group.state.floats f32 values for each of its layers, reserved and zeroed (resident as first
+  // written).
+  Status allocate_states(ops::Backend& be, const KvCacheGroup& group, int64_t slots,
+                         int64_t snapshots = 0);
   int64_t state_slots() const { return slots_; }
+  int64_t state_snapshots() const { return snapshots_; }
+  // Copies every layer's state of slot `slot` into snapshot `snapshot` (save) or back (restore).
+  Status save_state(ops::Backend& be, int64_t slot, int64_t snapshot) const;
+  Status restore_state(ops::Backend& be, int64_t snapshot, int64_t slot) const;
   // Layer l of the state group's slots: [state_slots, state_floats] f32.
   ops::Buf states(int64_t l) const { return states_.at(l * slots_ * state_floats_); }
 
  private:
   int64_t rows() const { return (num_blocks_ + 1) * block_size_; }
-  ops::Buffer k_, v_, k_scale_, v_scale_, states_;
-  int64_t slots_ = 0, state_floats_ = 0;
+  ops::Buffer k_, v_, k_scale_, v_scale_, states_, snaps_;
+  int64_t slots_ = 0, snapshots_ = 0, state_floats_ = 0, state_layers_ = 0;
+  Status copy_state(ops::Backend& be, int64_t slot, int64_t snapshot, bool save) const;
   int64_t num_blocks_ = 0, block_size_ = 0, row_ = 0, n_kv_heads_ = 0;
   DType dtype_ = DType::kF32;
 };

@@ -7,8 +7,8 @@
 // (KvCacheManager, block_pool.h); and, for a hybrid model (Qwen3.5), a group of fixed-size
 // per-sequence state slots for its linear-attention (Gated DeltaNet) layers: the conv window and
 // the recurrent state, the same bytes whatever the sequence's length. Each running sequence
-// holds one slot (the scheduler hands them out). Snapshots of states at block boundaries for
-// prefix hits, under the same memory budget, are the next step (docs/architecture.md).
+// holds one slot (the scheduler hands them out); the prefix cache keeps snapshots of slots at
+// block-aligned points, under the same memory budget (docs/architecture.md).
 #pragma once
 
 #include <cstdint>

@@ -264,7 +264,8 @@ KvCacheSpec TextDecoder::cache_spec(int64_t block_size, std::optional<DType> dty
 }
 
 Status TextDecoder::allocate_cache(KvCache* cache, const KvCacheSpec& spec, int64_t num_blocks,
-                                   int64_t max_blocks_per_seq, int64_t state_slots) {
+                                   int64_t max_blocks_per_seq, int64_t state_slots,
+                                   int64_t state_snapshots) {
   VLM_RETURN_IF_ERROR(spec.validate());
   const KvCacheGroup& g = spec.attention_group();
   const KvCacheGroup* st = spec.state_group();
@@ -280,7 +281,8 @@ Status TextDecoder::allocate_cache(KvCache* cache, const KvCacheSpec& spec, int6
   VLM_RETURN_IF_ERROR(cache->allocate(be_, g, num_blocks, spec.block_size));
   if (st == nullptr) return ok_status();
   if (state_slots <= 0) return invalid_argument("a hybrid model's cache needs state slots");
-  return cache->allocate_states(be_, *st, state_slots).with_context("the state slots");
+  return cache->allocate_states(be_, *st, state_slots, state_snapshots)
+      .with_context("the state slots");
 }
 
 Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,

@@ -124,9 +124,10 @@ class TextDecoder {
   bool hybrid() const { return cfg_.num_linear_layers() > 0; }
   // A KV cache for this decoder as `spec` describes it (its rows, in the backend's memory), room
   // in the pass's tables for block tables of up to max_blocks_per_seq entries, and for a hybrid
-  // model `state_slots` state slots (at least one).
+  // model `state_slots` state slots (at least one) and `state_snapshots` snapshots.
   Status allocate_cache(KvCache* cache, const KvCacheSpec& spec, int64_t num_blocks,
-                        int64_t max_blocks_per_seq, int64_t state_slots = 0);
+                        int64_t max_blocks_per_seq, int64_t state_slots = 0,
+                        int64_t state_snapshots = 0);
   // The same with this decoder's own spec.
   Status allocate_cache(KvCache* cache, int64_t num_blocks, int64_t block_size,
                         int64_t max_blocks_per_seq, std::optional<DType> dtype = std::nullopt,

@@ -28,6 +28,7 @@ Status Backend::qkv_gated_rope_store(Buf, int64_t, int64_t, int64_t, int64_t, in
   return no_hybrid(device());
 }
 Status Backend::sigmoid_mul(Buf, Buf, int64_t, int64_t) { return no_hybrid(device()); }
+Status Backend::copy(Buf, Buf, size_t) { return no_hybrid(device()); }
 Status Backend::gated_delta_net(Buf, const AttentionBatch&, const DeltaNetLayer&, Buf, Buf, Buf) {
   return no_hybrid(device());
 }

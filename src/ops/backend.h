@@ -289,6 +289,9 @@ class Backend {
   // z_stride apart (heads · n values each).
   virtual Status gated_rms_norm(Buf x, Buf z, int64_t z_stride, int64_t rows, int64_t heads,
                                 int64_t n, Buf w, float eps, Buf y);
+  // dst = src, `bytes` of the device's memory (a state slot to or from its snapshot), in op
+  // order.
+  virtual Status copy(Buf dst, Buf src, size_t bytes);
 
   // ---- The vision tower's ops
   virtual Status layer_norm(Buf x, Buf w, Buf b, int64_t rows, int64_t n, float eps, Buf y) = 0;

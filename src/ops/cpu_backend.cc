@@ -189,6 +189,11 @@ Status CpuBackend::qkv_gated_rope_store(Buf qkv, int64_t tokens, int64_t n_heads
   return ok_status();
 }
 
+Status CpuBackend::copy(Buf dst, Buf src, size_t bytes) {
+  std::memcpy(dst.data, src.data, bytes);
+  return ok_status();
+}
+
 Status CpuBackend::sigmoid_mul(Buf x, Buf g, int64_t rows, int64_t n) {
   ops::sigmoid_mul(f(x), f(g), n, rows, n, pool_, isa_);
   return ok_status();

@@ -59,6 +59,7 @@ class CpuBackend final : public Backend {
                               float eps, Buf cos, Buf sin, Buf slots, Buf q, Buf gate,
                               const KvLayer& cache) override;
   Status sigmoid_mul(Buf x, Buf g, int64_t rows, int64_t n) override;
+  Status copy(Buf dst, Buf src, size_t bytes) override;
   Status gated_delta_net(Buf proj, const AttentionBatch& b, const DeltaNetLayer& layer, Buf states,
                          Buf mixed, Buf out) override;
   Status gated_rms_norm(Buf x, Buf z, int64_t z_stride, int64_t rows, int64_t heads, int64_t n,

@@ -13,8 +13,18 @@ Result<Scheduler> Scheduler::create(const SchedulerConfig& c) {
   if (c.max_num_seqs <= 0) return invalid_argument("scheduler: max_num_seqs must be > 0");
   if (c.max_waiting <= 0) return invalid_argument("scheduler: max_waiting must be > 0");
   if (c.num_state_slots < 0) return invalid_argument("scheduler: num_state_slots must be >= 0");
-  if (c.num_state_slots > 0 && c.prefix_caching) {
-    return invalid_argument("scheduler: prefix caching of per-sequence states is not supported");
+  if (c.snapshot_interval < 0 || c.num_snapshots < 0) {
+    return invalid_argument("scheduler: snapshot_interval and num_snapshots must be >= 0");
+  }
+  if (c.num_state_slots > 0 && c.prefix_caching &&
+      (c.snapshot_interval <= 0 || c.num_snapshots <= 0 ||
+       c.snapshot_interval % c.block_size != 0 || !c.chunked_prefill)) {
+    return invalid_argument(
+        "scheduler: prefix caching of per-sequence states needs snapshots: a snapshot_interval "
+        "that is a multiple of block_size, num_snapshots > 0, and chunked prefill");
+  }
+  if (c.snapshot_interval > 0 && (c.num_state_slots <= 0 || !c.prefix_caching)) {
+    return invalid_argument("scheduler: state snapshots need state slots and prefix caching");
   }
   // NOTE: as in vLLM's SchedulerConfig check, the budget must cover one decode token for every
   // running request, or a full running set could starve its own decodes.
@@ -29,6 +39,71 @@ Result<Scheduler> Scheduler::create(const SchedulerConfig& c) {
 Scheduler::Scheduler(const SchedulerConfig& config)
     : config_(config), budget_(config.max_side_ms), kv_(config.num_blocks, config.block_size) {
   for (int32_t i = config.num_state_slots - 1; i >= 0; --i) free_slots_.push_back(i);
+  snap_hash_.resize(static_cast<size_t>(config.num_snapshots));
+  snap_valid_.assign(static_cast<size_t>(config.num_snapshots), 0);
+  snap_used_.assign(static_cast<size_t>(config.num_snapshots), 0);
+}
+
+int32_t Scheduler::find_snapshot(const BlockHash& hash) {
+  for (size_t i = 0; i < snap_hash_.size(); ++i) {
+    if (snap_valid_[i] != 0 && snap_hash_[i] == hash) {
+      snap_used_[i] = ++snap_clock_;
+      return static_cast<int32_t>(i);
+    }
+  }
+  return -1;
+}
+
+int32_t Scheduler::take_snapshot(const BlockHash& hash) {
+  size_t pick = 0;
+  for (size_t i = 0; i < snap_hash_.size(); ++i) {
+    if (snap_valid_[i] == 0) {
+      pick = i;
+      break;
+    }
+    if (snap_used_[i] < snap_used_[pick]) pick = i;
+  }
+  if (snap_valid_[pick] != 0) ++snapshot_evictions_;
+  snap_hash_[pick] = hash;
+  snap_valid_[pick] = 1;
+  snap_used_[pick] = ++snap_clock_;
+  return static_cast<int32_t>(pick);
+}
+
+int32_t Scheduler::snapshots_held() const {
+  int32_t n = 0;
+  for (uint8_t v : snap_valid_) n += v;
+  return n;
+}
+
+void Scheduler::reset_prefix_cache() {
+  kv_.reset_cache();
+  std::fill(snap_valid_.begin(), snap_valid_.end(), 0);
+}
+
+int32_t Scheduler::hit_at_snapshot(SchedRequest& r, int32_t* snapshot) {
+  const int64_t per = config_.snapshot_interval / config_.block_size;  // blocks per snapshot
+  for (int64_t k = static_cast<int64_t>(hit_.size()) / per * per; k > 0; k -= per) {
+    const int32_t s = find_snapshot(r.block_hashes[static_cast<size_t>(k - 1)]);
+    if (s < 0) continue;
+    hit_.resize(static_cast<size_t>(k));
+    *snapshot = s;
+    return static_cast<int32_t>(k);
+  }
+  hit_.clear();
+  return 0;
+}
+
+void Scheduler::save_snapshots(const ScheduledItem& item, SchedulerOutput* out) {
+  const SchedRequest& r = requests_.at(item.request_id);
+  const int64_t end = item.first_token + item.num_tokens;
+  const int64_t k = end / config_.block_size;  // full blocks at the chunk's end
+  if (end % config_.snapshot_interval != 0 || k > static_cast<int64_t>(r.block_hashes.size())) {
+    return;
+  }
+  const BlockHash& hash = r.block_hashes[static_cast<size_t>(k - 1)];
+  if (find_snapshot(hash) >= 0) return;
+  out->saves.push_back({r.state_slot, take_snapshot(hash)});
 }
 
 void Scheduler::release_slot(SchedRequest& r) {
@@ -152,6 +227,8 @@ void Scheduler::schedule(SchedulerOutput* out, int64_t prefill_limit) {
   VLM_CHECK(prefill_limit >= 1, "scheduler: a prefill limit must allow one token");
   out->items.clear();
   out->preempted.clear();
+  out->restores.clear();
+  out->saves.clear();
   out->total_tokens = 0;
   int64_t budget = config_.max_batched_tokens;
   int64_t prefill_budget = config_.max_batched_tokens;
@@ -164,7 +241,10 @@ void Scheduler::schedule(SchedulerOutput* out, int64_t prefill_limit) {
   }
   schedule_running(out, &budget, &prefill_budget);
   if (out->preempted.empty()) schedule_waiting(out, &budget, &prefill_budget);
-  for (const ScheduledItem& item : out->items) out->total_tokens += item.num_tokens;
+  for (const ScheduledItem& item : out->items) {
+    out->total_tokens += item.num_tokens;
+    if (snapshots()) save_snapshots(item, out);
+  }
 }
 
 int64_t Scheduler::limited(const SchedRequest& r, int64_t budget, int64_t prefill_budget) const {
@@ -192,7 +272,11 @@ int64_t Scheduler::num_prefilling() const {
 }
 
 int64_t Scheduler::prefill_chunk(const SchedRequest& r, int64_t budget, bool alone) const {
-  const int64_t need = r.num_remaining();
+  int64_t need = r.num_remaining();
+  if (snapshots()) {  // a chunk ends at the next snapshot point (chunked prefill: checked)
+    const int64_t every = config_.snapshot_interval;
+    need = std::min(need, (r.num_computed_tokens / every + 1) * every - r.num_computed_tokens);
+  }
   if (need <= budget) return need;
   if (config_.chunked_prefill) return budget;  // the rest follows in later steps
   // NOTE: without chunking a prefill is all or nothing. One larger than the whole budget (a long
@@ -288,8 +372,10 @@ bool Scheduler::admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget,
                       int64_t* prefill_budget) {
   if (config_.num_state_slots > 0 && free_slots_.empty()) return false;  // no state slot free
   const bool lookup = config_.prefix_caching && r.reads_prefix_cache;
-  const int32_t hit = lookup ? kv_.cached_prefix(r.block_hashes, r.num_tokens - 1, &hit_) : 0;
+  int32_t hit = lookup ? kv_.cached_prefix(r.block_hashes, r.num_tokens - 1, &hit_) : 0;
   if (!lookup) hit_.clear();
+  int32_t resume = -1;  // a hybrid model's: the snapshot its state resumes from
+  if (snapshots() && hit > 0) hit = hit_at_snapshot(r, &resume);
   r.num_computed_tokens = int64_t{hit} * config_.block_size;
   const int64_t n =
       prefill_chunk(r, limited(r, *budget, *prefill_budget), /*alone=*/running_.empty());
@@ -305,6 +391,7 @@ bool Scheduler::admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget,
   if (config_.num_state_slots > 0) {
     r.state_slot = free_slots_.back();
     free_slots_.pop_back();
+    if (resume >= 0) out->restores.push_back({r.state_slot, resume});
   }
   out->items.push_back({r.id, r.num_computed_tokens, n});
   *budget -= n;

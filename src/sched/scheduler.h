@@ -40,6 +40,20 @@ struct SchedulerConfig {
   // A hybrid model's per-sequence state slots (> 0): each running request holds one, from
   // admission until it finishes, is aborted or is preempted; admission waits for a free one.
   int32_t num_state_slots = 0;
+  // With state slots and prefix caching: the state is kept every snapshot_interval tokens (a
+  // multiple of block_size) in one of num_snapshots snapshots, keyed by the hash of the block
+  // that ends there (least recently used ones are replaced); prefill chunks end at those points,
+  // and admission resumes a request after the longest run of its cached blocks that ends at a
+  // snapshot, whose state it copies into its slot first.
+  int64_t snapshot_interval = 0;
+  int32_t num_snapshots = 0;
+};
+
+// A state copy the engine makes around a step: a snapshot into a request's slot before the
+// forward pass (a prefix hit resumes from it), or a slot into a snapshot after it.
+struct StateCopy {
+  int32_t slot = -1;
+  int32_t snapshot = -1;
 };
 
 // Compute tokens [first_token, first_token + num_tokens) of `request_id` this step.
@@ -53,6 +67,9 @@ struct SchedulerOutput {
   std::vector<ScheduledItem> items;  // decodes first, then prefill chunks (see schedule())
   std::vector<int64_t> preempted;    // ids preempted this step (blocks freed, back in the queue)
   int64_t total_tokens = 0;          // sum of items[i].num_tokens
+  // State snapshots (SchedulerConfig::snapshot_interval): copied into slots before the forward
+  // pass, and out of slots after it.
+  std::vector<StateCopy> restores, saves;
 };
 
 // OutOfRange when a request that may reach num_tokens tokens could never run: it needs more
@@ -121,9 +138,9 @@ class Scheduler {
   // The next full block's hash, once the request's tokens fill it (a generated token completed
   // it). Unknown: no-op.
   void add_block_hash(int64_t id, const BlockHash& hash);
-  // Forgets every cached block's key (e.g. after a failed forward pass whose blocks were keyed
-  // but never computed).
-  void reset_prefix_cache() { kv_.reset_cache(); }
+  // Forgets every cached block's key and every snapshot (e.g. after a failed forward pass whose
+  // blocks and snapshots were keyed but never computed).
+  void reset_prefix_cache();
   // KV events: records every change to the prefix cache's set of keyed blocks from now on
   // (kv/block_pool.h); take_kv_events() hands over those recorded since its last call.
   void enable_kv_events() { kv_.enable_events(); }
@@ -149,6 +166,9 @@ class Scheduler {
   // The request's state slot (-1 when it holds none).
   int32_t state_slot(int64_t id) const;
   int32_t state_slots_free() const { return static_cast<int32_t>(free_slots_.size()); }
+  // State snapshots held now, and those replaced to make room so far.
+  int32_t snapshots_held() const;
+  int64_t snapshot_evictions() const { return snapshot_evictions_; }
   const SchedulerConfig& config() const { return config_; }
 
  private:
@@ -169,6 +189,15 @@ class Scheduler {
   void preempt(int64_t id, SchedulerOutput* out, int64_t* budget);
   void remove(int64_t id);
   void release_slot(SchedRequest& r);
+  // Snapshots: the one keyed by `hash` (-1: none), marked used; a slot for a new one.
+  int32_t find_snapshot(const BlockHash& hash);
+  int32_t take_snapshot(const BlockHash& hash);
+  // Cuts the hit in hit_ back to the longest prefix of it that ends at a snapshot (*snapshot,
+  // which r resumes from) and returns its blocks; none: 0, hit_ cleared.
+  int32_t hit_at_snapshot(SchedRequest& r, int32_t* snapshot);
+  // The snapshots `item` completes: a chunk ending at a snapshot point not yet kept.
+  void save_snapshots(const ScheduledItem& item, SchedulerOutput* out);
+  bool snapshots() const { return config_.snapshot_interval > 0; }
   // Admits the head of the waiting queue: its cached prefix, then its first chunk.
   bool admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget, int64_t* prefill_budget);
   // Keys the blocks `item` fills this step.
@@ -184,6 +213,11 @@ class Scheduler {
   std::vector<int64_t> order_;       // schedule_running's scratch (kept: its memory is reused)
   std::vector<int32_t> hit_;         // admit's scratch: the cached blocks found
   std::vector<int32_t> free_slots_;  // state slots no request holds (the next at the back)
+  // Snapshots [num_snapshots]: the key, whether it holds one, and when it was last used.
+  std::vector<BlockHash> snap_hash_;
+  std::vector<uint8_t> snap_valid_;
+  std::vector<int64_t> snap_used_;
+  int64_t snap_clock_ = 0, snapshot_evictions_ = 0;
   int64_t next_arrival_ = 0;
   int64_t prefix_queries_ = 0, prefix_hits_ = 0;
 };

@@ -149,11 +149,12 @@ struct Server::Impl {
     if (st.state_slots > 0) {
       const double kib = static_cast<double>(st.state_slot_bytes) / 1024;
       std::fprintf(stderr,
-                   "vlm: linear-attention state: %lld slots of %.1f %s (one per running "
-                   "sequence, reserved: resident as used); prefix caching is off for this hybrid "
-                   "model\n",
-                   static_cast<long long>(st.state_slots), kib >= 1024 ? kib / 1024 : kib,
-                   kib >= 1024 ? "MiB" : "KiB");
+                   "vlm: linear-attention state: %lld slots and %lld prefix-cache snapshots (every "
+                   "%lld tokens) of %.1f %s each (reserved: resident as used)\n",
+                   static_cast<long long>(st.state_slots),
+                   static_cast<long long>(st.state_snapshots),
+                   static_cast<long long>(st.state_snapshot_interval),
+                   kib >= 1024 ? kib / 1024 : kib, kib >= 1024 ? "MiB" : "KiB");
     }
     metrics->loaded(st, st.prefix_caching);
     describe_replica(st);

@@ -88,6 +88,16 @@ void ServerMetrics::register_engine(bool gpu) {
                                     "KV cache capacity in tokens (blocks x block size)");
   kv_bytes = &registry.gauge("vlm_kv_cache_memory_bytes",
                              "KV cache memory reserved (K, V and INT8 scales of every layer)");
+  state_slots = &registry.gauge("vlm_state_slots",
+                                "Hybrid models: linear-attention state slots (one per sequence)");
+  state_snapshots = &registry.gauge("vlm_state_snapshots_capacity",
+                                    "Hybrid models: state snapshots the prefix cache can keep");
+  state_bytes = &registry.gauge("vlm_state_memory_bytes",
+                                "Hybrid models: memory of the state slots and snapshots");
+  state_snapshots_held = &registry.gauge("vlm_state_snapshots",
+                                         "Hybrid models: state snapshots the prefix cache holds");
+  state_snapshot_evictions = &registry.counter("vlm_state_snapshot_evictions_total",
+                                               "Hybrid models: state snapshots replaced for room");
   conns_open = &registry.gauge("vlm_http_connections_open", "Open HTTP connections");
   process_cpu = &registry.counter("process_cpu_seconds_total",
                                   "Total user and system CPU time spent in seconds.");
@@ -149,6 +159,10 @@ void ServerMetrics::register_vllm(const std::string& model_name) {
 void ServerMetrics::loaded(const Engine::CoreStats& st, bool prefix_caching) {
   kv_tokens_total->set(static_cast<double>(st.kv_blocks_total * st.kv_block_size));
   kv_bytes->set(static_cast<double>(st.kv_cache_bytes));
+  state_slots->set(static_cast<double>(st.state_slots));
+  state_snapshots->set(static_cast<double>(st.state_snapshots));
+  state_bytes->set(
+      static_cast<double>((st.state_slots + st.state_snapshots) * st.state_slot_bytes));
   // vLLM's info gauge of the cache configuration (a gauge held at 1), known once loaded.
   const std::string block_size = std::to_string(st.kv_block_size);
   const std::string blocks = std::to_string(st.kv_blocks_total);
@@ -244,6 +258,9 @@ void ServerMetrics::scrape(int64_t open_connections, int64_t rejected_connection
   prefix_evictions->inc(
       static_cast<double>(st.prefix_cache_evictions - mirrored_.prefix_cache_evictions));
   prefix_blocks->set(static_cast<double>(st.prefix_cache_blocks));
+  state_snapshots_held->set(static_cast<double>(st.state_snapshots_held));
+  state_snapshot_evictions->inc(
+      static_cast<double>(st.state_snapshot_evictions - mirrored_.state_snapshot_evictions));
   mirrored_ = st;
 }
 

@@ -82,6 +82,13 @@ struct ServerMetrics {
   Gauge* kv_tokens_total = nullptr;
   Gauge* kv_bytes = nullptr;
   Gauge* prefix_blocks = nullptr;
+  // A hybrid model's (Qwen3.5) linear-attention state: slots and snapshots, their bytes, the
+  // snapshots held now and those replaced.
+  Gauge* state_slots = nullptr;
+  Gauge* state_snapshots = nullptr;
+  Gauge* state_bytes = nullptr;
+  Gauge* state_snapshots_held = nullptr;
+  Counter* state_snapshot_evictions = nullptr;
   Gauge* conns_open = nullptr;
   Gauge* gpu_util = nullptr;  // these four: only with a GPU
   Gauge* gpu_mem_used = nullptr;

@@ -231,9 +231,73 @@ TEST(Qwen35Batch, BatchedAndPreemptedEqualAlone) {
     }
     const auto st = (*e)->core_stats();
     EXPECT_EQ(st.state_slots, 4);
-    EXPECT_FALSE(st.prefix_caching);
     if (blocks > 0) EXPECT_GT(st.preemptions, 0);
   }
+}
+
+// Prefix caching with state snapshots (every 32 tokens here, blocks of 16): a prompt seen before
+// resumes from the snapshot at the end of its longest cached run of blocks, and one that shares
+// only part of an interval from the snapshot before; the rows computed after the hit equal a cold
+// run's (≤ 1e-5), and so do greedy continuations. With a single snapshot each new prompt replaces
+// it, and outputs never change.
+TEST(Qwen35PrefixCache, HitsResumeFromSnapshotsAndEqualColdRuns) {
+  const auto ref = reference("qwen35-f32-a");
+  const auto p = ref["logits"][2]["ids"].get<std::vector<int32_t>>();  // 150 ids
+  std::vector<int32_t> q(p.begin(), p.begin() + 90);                   // 5 blocks shared
+  for (int i = 0; i < 40; ++i) q.push_back(3 + (i * 37) % 390);
+  EngineOptions o = options("qwen35-f32-a", ops::detected_isa(), 64);
+  o.batching.state_snapshot_interval = 32;
+  o.batching.state_snapshots = 4;
+  auto e = Engine::load(o);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  auto run = [&](const std::vector<int32_t>& ids, bool read, int64_t* cached) {
+    Engine::LogitsOptions lo;
+    lo.read_prefix_cache = read;
+    lo.cached_tokens = cached;
+    auto r = (*e)->logits(ids, {}, lo);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : std::vector<float>{};
+  };
+  const int64_t V = 422;
+  auto tail = [&](const std::vector<float>& v, int64_t from) {
+    return std::vector<float>(v.begin() + from * V, v.end());
+  };
+  // p: computed in full (its snapshots kept), then again: 9 blocks cached, the last snapshot at
+  // 128. q, after that: p's first 5 blocks (80 tokens) cached, the last snapshot among them at 64;
+  // then q in full for comparison.
+  for (const auto& [ids, resume] : {std::pair{p, int64_t{128}}, std::pair{q, int64_t{64}}}) {
+    SCOPED_TRACE(std::to_string(ids.size()) + " ids");
+    const bool warm_first = resume == 64;
+    int64_t cached_cold = -1, cached_warm = -1;
+    std::vector<float> cold, warm;
+    if (warm_first) warm = run(ids, true, &cached_warm);
+    cold = run(ids, false, &cached_cold);
+    if (!warm_first) warm = run(ids, true, &cached_warm);
+    EXPECT_EQ(cached_cold, 0);
+    EXPECT_EQ(cached_warm, resume);
+    ASSERT_EQ(warm.size(), cold.size());
+    EXPECT_LE(rel_err(tail(warm, resume), tail(cold, resume)), 1e-5);
+  }
+  const auto st = (*e)->core_stats();
+  EXPECT_TRUE(st.prefix_caching);
+  EXPECT_GT(st.state_snapshots_held, 0);
+
+  // Greedy paths with three snapshots: the 70-id prompt keeps its states at 32, 64 and 96
+  // (decoding past 96) and runs again from 64; the 5-id prompt's state at 32 replaces the least
+  // recently used (the first prompt's at 32); the 70-id prompt resumes from 64 once more. Every
+  // path stays the reference's.
+  o.batching.state_snapshots = 3;
+  auto two = Engine::load(o);
+  ASSERT_TRUE(two.ok()) << two.status().message();
+  for (int k : {1, 1, 0, 1}) {
+    const auto& c = ref["greedy"][k];
+    GenerateRequest req;
+    req.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(greedy(**two, req, 40), c["output_ids"].get<std::vector<int32_t>>()) << k;
+  }
+  const auto st2 = (*two)->core_stats();
+  EXPECT_EQ(st2.prefix_cache_hits, 2 * 64);
+  EXPECT_EQ(st2.state_snapshot_evictions, 1);
 }
 
 // --kv-cache-memory holds the state slots first and K/V blocks in the rest; a budget too small for
@@ -247,13 +311,15 @@ TEST(Qwen35Batch, KvCacheMemoryHoldsTheStateSlotsAndTheBlocks) {
   const auto st = (*e)->core_stats();
   EXPECT_EQ(st.state_slots, 8);
   EXPECT_GT(st.state_slot_bytes, 0);
-  const int64_t total = st.kv_cache_bytes + st.state_slots * st.state_slot_bytes;
+  EXPECT_EQ(st.state_snapshots, 8);  // max_num_seqs
+  const int64_t total =
+      st.kv_cache_bytes + (st.state_slots + st.state_snapshots) * st.state_slot_bytes;
   EXPECT_LE(total, int64_t{1} << 20);
   // One block more would not fit.
   const int64_t block = st.kv_cache_bytes / (st.kv_blocks_total + 1);
   EXPECT_GT(total + block, int64_t{1} << 20);
 
-  o.batching.kv_cache_memory = 8 * st.state_slot_bytes;  // the slots alone, no room for blocks
+  o.batching.kv_cache_memory = 16 * st.state_slot_bytes;  // slots and snapshots, no blocks
   e = Engine::load(o);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("state slots"), std::string::npos) << e.status().message();

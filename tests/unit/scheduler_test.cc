@@ -548,14 +548,85 @@ struct SimParams {
   bool chunked;
   uint32_t seed;
   bool prefix_caching = false;
+  bool hybrid = false;  // state slots and snapshots (every 32 tokens, 3 of them)
 };
+
+// A hybrid model's snapshots (interval 8 tokens, blocks of 4): prefill chunks end at every
+// snapshot point, each keyed by the hash of the block ending there and taken after its step
+// (`saves`); a request with the same prefix resumes from the longest cached run of blocks that
+// ends at a snapshot (`restores`: into its own slot), one that shares only part of a snapshot
+// interval resumes from the one before, and with two snapshots the least recently used is
+// replaced.
+TEST(SchedulerPrefixCache, HybridSnapshotsAlignChunksAndHitsResumeFromThem) {
+  SchedulerConfig c = config(64, 4, 4, 64);
+  c.prefix_caching = true;
+  c.num_state_slots = 4;
+  c.snapshot_interval = 8;
+  c.num_snapshots = 2;
+  Scheduler s = make(c);
+  BlockHasher h;
+  std::vector<int32_t> a(21), b(21), d(21);
+  for (int i = 0; i < 21; ++i) {
+    a[i] = 10 + i;
+    b[i] = i < 12 ? a[i] : 100 + i;  // shares blocks 0..2 (12 tokens) with a
+    d[i] = i < 4 ? a[i] : 200 + i;   // shares block 0 only
+  }
+  ASSERT_TRUE(s.add(1, 21, 1, hashes_of(h, a, 4)).ok());
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // (first, n) of request 1
+  std::vector<StateCopy> saves;
+  for (int step = 0; step < 10 && s.find(1) != nullptr; ++step) {
+    const SchedulerOutput out = s.schedule();
+    EXPECT_TRUE(out.restores.empty());
+    for (const ScheduledItem& i : out.items) chunks.emplace_back(i.first_token, i.num_tokens);
+    saves.insert(saves.end(), out.saves.begin(), out.saves.end());
+    run_step(s, out);
+  }
+  EXPECT_EQ(chunks, (std::vector<std::pair<int64_t, int64_t>>{{0, 8}, {8, 8}, {16, 5}}));
+  ASSERT_EQ(saves.size(), 2u);  // at 8 and 16 (not 21: no full block ends there)
+  EXPECT_EQ(saves[0].slot, 0);
+  EXPECT_NE(saves[0].snapshot, saves[1].snapshot);
+  EXPECT_EQ(s.snapshots_held(), 2);
+
+  ASSERT_TRUE(s.add(2, 21, 1, hashes_of(h, a, 4)).ok());  // the same prompt: resumes at 16
+  SchedulerOutput out = s.schedule();
+  ASSERT_EQ(out.items.size(), 1u);
+  EXPECT_EQ(out.items[0].first_token, 16);
+  ASSERT_EQ(out.restores.size(), 1u);
+  EXPECT_EQ(out.restores[0].snapshot, saves[1].snapshot);
+  EXPECT_EQ(out.restores[0].slot, s.state_slot(2));
+  run_step(s, out);
+
+  ASSERT_TRUE(s.add(3, 21, 1, hashes_of(h, b, 4)).ok());  // 3 blocks cached: resumes at 8
+  out = s.schedule();
+  ASSERT_EQ(out.items.size(), 1u);
+  EXPECT_EQ(out.items[0].first_token, 8);
+  ASSERT_EQ(out.restores.size(), 1u);
+  EXPECT_EQ(out.restores[0].snapshot, saves[0].snapshot);
+  EXPECT_EQ(out.items[0].num_tokens, 8);  // to the next snapshot point, 16
+  ASSERT_EQ(out.saves.size(), 1u);        // b's own state at 16 replaces the older of a's
+  EXPECT_EQ(out.saves[0].snapshot, saves[1].snapshot);
+  EXPECT_EQ(s.snapshot_evictions(), 1);
+  run_step(s, out);
+
+  ASSERT_TRUE(s.add(4, 21, 1, hashes_of(h, d, 4)).ok());  // 1 block cached, no snapshot at 4
+  out = s.schedule();
+  ASSERT_EQ(out.items.size(), 2u);  // 3's next chunk, and 4 from the start
+  EXPECT_EQ(item_of(out, 4)->first_token, 0);
+  EXPECT_TRUE(out.restores.empty());
+  EXPECT_EQ(s.prefix_cache_stats().hits, 16 + 8);
+}
 
 class SchedulerSimulation : public ::testing::TestWithParam<SimParams> {};
 
 TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
-  const auto [chunked, seed, prefix_caching] = GetParam();
+  const auto [chunked, seed, prefix_caching, hybrid] = GetParam();
   SchedulerConfig c = config(32, 16, 8, 128, chunked);  // 512 tokens: preemption is common
   c.prefix_caching = prefix_caching;
+  if (hybrid) {
+    c.num_state_slots = 8;
+    c.snapshot_interval = 32;
+    c.num_snapshots = 3;
+  }
   c.max_waiting = 24;
   Scheduler s = make(c);
   std::mt19937 rng(seed);
@@ -589,6 +660,9 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
     return f;
   };
   std::vector<uint64_t> slots(static_cast<size_t>(c.num_blocks) * 16, 0);
+  // A hybrid model's state: each slot and snapshot holds the fingerprint of the sequence its
+  // state is at the end of (0: nothing).
+  std::vector<uint64_t> state(8, 0), snap(3, 0);
   std::set<int64_t> live, finished, aborted;
   int64_t next = 0, preemptions = 0, rejected = 0;
   constexpr int kMaxSteps = 20000;
@@ -630,6 +704,25 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
       EXPECT_LE(i.first_token + i.num_tokens, r->num_tokens);
       EXPECT_GE(static_cast<int64_t>(s.block_table(i.request_id).size()) * 16,
                 i.first_token + i.num_tokens);
+    }
+    // A hybrid model: resumes copy snapshots into slots; then every chunk after the first reads
+    // its own sequence's state at its first token, from a slot no other chunk of the step has;
+    // the snapshots the step completes copy slots out after it.
+    if (hybrid) {
+      for (const StateCopy& r : out.restores) state[r.slot] = snap[r.snapshot];
+      std::set<int32_t> used;
+      for (const ScheduledItem& i : out.items) {
+        const int32_t slot = s.state_slot(i.request_id);
+        ASSERT_GE(slot, 0);
+        ASSERT_TRUE(used.insert(slot).second) << "two chunks of step " << step << " share a slot";
+        if (i.first_token > 0) {
+          ASSERT_EQ(state[slot], fingerprint(i.request_id, i.first_token - 1))
+              << "request " << i.request_id << " resumes from a wrong state at " << i.first_token
+              << ", step " << step;
+        }
+        state[slot] = fingerprint(i.request_id, i.first_token + i.num_tokens - 1);
+      }
+      for (const StateCopy& v : out.saves) snap[v.snapshot] = state[v.slot];
     }
     // The forward pass: every chunk's K/V written, then its attention reads its prefix (within a
     // layer, all stores come before any attention).
@@ -699,6 +792,7 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
   RecordProperty("steps", step);
   RecordProperty("preemptions", static_cast<int>(preemptions));
   EXPECT_GT(rejected, 0) << "the simulation should exercise the full queue";
+  if (hybrid) EXPECT_GT(s.snapshot_evictions(), 0) << "the simulation should replace snapshots";
   if (prefix_caching) {
     EXPECT_GT(s.prefix_cache_stats().hits, 1000) << "the simulation should exercise prefix hits";
     EXPECT_GT(s.prefix_cache_stats().evictions, 0) << "and evictions";
@@ -710,7 +804,9 @@ INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerSimulation,
                          ::testing::Values(SimParams{true, 1u}, SimParams{true, 2u},
                                            SimParams{false, 3u}, SimParams{false, 4u},
                                            SimParams{true, 5u, true}, SimParams{true, 6u, true},
-                                           SimParams{false, 7u, true}));
+                                           SimParams{false, 7u, true},
+                                           SimParams{true, 8u, true, true},
+                                           SimParams{true, 9u, true, true}));
 
 }  // namespace
 }  // namespace vlm
