@@ -116,10 +116,10 @@ struct BatchingOptions {
   // blocks found cached; least recently used ones are evicted when blocks are needed.
   bool prefix_caching = true;
   // A hybrid model's (Qwen3.5) prefix caching keeps its linear-attention state every
-  // state_snapshot_interval tokens (a multiple of block_size; 0: the default, 512), in at most
-  // state_snapshots snapshots (0: max_num_seqs), least recently used ones replaced; a hit resumes
-  // from the longest cached prefix that ends at a snapshot. Each snapshot is one sequence's state
-  // (about 50 MB for the 9B shape), taken from the KV cache's memory budget.
+  // state_snapshot_interval tokens (a multiple of block_size; 0: the default, 64 or one block), in
+  // at most state_snapshots snapshots (0: max_num_seqs), least recently used ones replaced; a hit
+  // resumes from the longest cached prefix that ends at a snapshot. Each snapshot is one sequence's
+  // state (about 50 MB for the 9B shape), taken from the KV cache's memory budget.
   int64_t state_snapshot_interval = 0;
   int32_t state_snapshots = 0;
   // Called on the engine thread after a step that changed the prefix cache's set of blocks, with

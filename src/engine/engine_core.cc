@@ -47,7 +47,11 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   const bool hybrid = spec.state_group() != nullptr;
   const int64_t state_slots = hybrid ? opts.max_num_seqs : 0;
   if (hybrid && opts.prefix_caching) {
-    if (opts.state_snapshot_interval <= 0) opts.state_snapshot_interval = 512;
+    // The default from a measurement (docs/benchmarks.md, 2026-12-05): multi-turn image chats
+    // of 100-300 tokens find 55-59% of their prompts cached at 64 tokens, none at 256.
+    if (opts.state_snapshot_interval <= 0) {  // 64 tokens, or the block when that is longer
+      opts.state_snapshot_interval = (64 + opts.block_size - 1) / opts.block_size * opts.block_size;
+    }
     if (opts.state_snapshots <= 0) opts.state_snapshots = static_cast<int32_t>(opts.max_num_seqs);
     if (opts.state_snapshot_interval % opts.block_size != 0) {
       return invalid_argument(
@@ -123,6 +127,10 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
                                                core->on_encode_);
   }
   s.sampled.reserve(static_cast<size_t>(opts.max_num_seqs));
+  // A step's state copies: at most one of each per scheduled request (a decode step that crosses
+  // a snapshot point takes one without allocating).
+  s.sched_out.restores.reserve(static_cast<size_t>(opts.max_num_seqs));
+  s.sched_out.saves.reserve(static_cast<size_t>(opts.max_num_seqs));
   s.rows.reserve(static_cast<size_t>(opts.max_num_seqs));
   s.extras.reserve(64);  // a decode step that fills a block keys it without allocating
   Engine::CoreStats& stats = core->shared_->stats;

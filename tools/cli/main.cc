@@ -470,7 +470,7 @@ void add_serve_engine_options(CLI::App* serve, ServeArgs* sa) {
                   "Compute every prompt in full (default: KV blocks are reused by content)");
   serve->add_option("--state-snapshot-interval", so.engine.batching.state_snapshot_interval,
                     "Hybrid models (Qwen3.5): keep the linear-attention state for the prefix cache "
-                    "every this many tokens, a multiple of the block size (default 512)");
+                    "every this many tokens, a multiple of the block size (default 64)");
   serve->add_option("--state-snapshots", so.engine.batching.state_snapshots,
                     "Hybrid models (Qwen3.5): how many such states the prefix cache keeps "
                     "(default --max-num-seqs; each one sequence's state, from --kv-cache-memory)");
