@@ -115,11 +115,15 @@ struct BatchingOptions {
   // ids and images) after their requests end, and a request starts after the longest run of its
   // blocks found cached; least recently used ones are evicted when blocks are needed.
   bool prefix_caching = true;
-  // A hybrid model's (Qwen3.5) prefix caching keeps its linear-attention state every
-  // state_snapshot_interval tokens (a multiple of block_size; 0: the default, 64 or one block), in
-  // at most state_snapshots snapshots (0: max_num_seqs), least recently used ones replaced; a hit
-  // resumes from the longest cached prefix that ends at a snapshot. Each snapshot is one sequence's
-  // state (about 50 MB for the 9B shape), taken from the KV cache's memory budget.
+  // A hybrid model's (Qwen3.5) prefix caching keeps its linear-attention state at multiples of
+  // state_snapshot_interval tokens where a step's chunk ends (a prefill chunk ends at the furthest
+  // one it reaches; a multiple of block_size; 0: the default, 64 rounded up to a multiple of
+  // block_size), in at most state_snapshots snapshots (0: max_num_seqs), least recently used ones
+  // replaced; a hit resumes from the longest cached prefix that ends at a snapshot. Each snapshot
+  // is one sequence's state (about 50 MB for the 9B shape); with kv_cache_memory the slots and
+  // snapshots come out of it first (otherwise they are reserved beside the K/V). The KV events
+  // report blocks as always: a hybrid model's hit also needs a snapshot, so a router that counts
+  // cached blocks overestimates its hits.
   int64_t state_snapshot_interval = 0;
   int32_t state_snapshots = 0;
   // Called on the engine thread after a step that changed the prefix cache's set of blocks, with
@@ -405,7 +409,7 @@ class Engine {
     // holding cached contents now, and blocks evicted so far.
     int64_t prefix_cache_queries = 0, prefix_cache_hits = 0, prefix_cache_blocks = 0;
     int64_t prefix_cache_evictions = 0;
-    bool prefix_caching = false;  // on (the option, unless the model cannot have it)
+    bool prefix_caching = false;  // on
     // A hybrid model's (Qwen3.5) linear-attention state: slots (one per running sequence) and
     // the bytes of one; snapshots for the prefix cache (held now, their number and interval, and
     // those replaced so far); 0 for other models.

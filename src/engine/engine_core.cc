@@ -73,7 +73,9 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
                               " bytes does not hold this hybrid model's " +
                               std::to_string(state_slots) + " state slots and " +
                               std::to_string(opts.state_snapshots) + " snapshots (" +
-                              std::to_string(state_bytes) + " bytes) and K/V blocks beside them");
+                              std::to_string(state_bytes) +
+                              " bytes) and K/V blocks beside them: raise it, or lower "
+                              "--state-snapshots or --max-num-seqs");
     }
     plan.memory_bytes -= state_bytes;
   }

@@ -64,21 +64,17 @@ int32_t Scheduler::take_snapshot(const BlockHash& hash) {
     if (snap_used_[i] < snap_used_[pick]) pick = i;
   }
   if (snap_valid_[pick] != 0) ++snapshot_evictions_;
+  if (snap_valid_[pick] == 0) ++snapshots_held_;
   snap_hash_[pick] = hash;
   snap_valid_[pick] = 1;
   snap_used_[pick] = ++snap_clock_;
   return static_cast<int32_t>(pick);
 }
 
-int32_t Scheduler::snapshots_held() const {
-  int32_t n = 0;
-  for (uint8_t v : snap_valid_) n += v;
-  return n;
-}
-
 void Scheduler::reset_prefix_cache() {
   kv_.reset_cache();
   std::fill(snap_valid_.begin(), snap_valid_.end(), 0);
+  snapshots_held_ = 0;
 }
 
 int32_t Scheduler::hit_at_snapshot(SchedRequest& r, int32_t* snapshot) {
@@ -249,8 +245,9 @@ void Scheduler::schedule(SchedulerOutput* out, int64_t prefill_limit) {
 
 int64_t Scheduler::limited(const SchedRequest& r, int64_t budget, int64_t prefill_budget) const {
   if (!prefill_limited_) return budget;
-  // A limited chunk never leaves less than the limit behind: the rest comes whole (at most twice
-  // the limit), since a short chunk costs more per token than a long one.
+  // A limited chunk never leaves less than the limit behind (a hybrid model's may still end
+  // earlier, at a snapshot point): the rest comes whole (at most twice the limit), since a short
+  // chunk costs more per token than a long one.
   const int64_t want = r.num_remaining() < 2 * prefill_budget ? r.num_remaining() : prefill_budget;
   return std::min(budget, prefill_budget > 0 ? want : 0);
 }
@@ -272,10 +269,14 @@ int64_t Scheduler::num_prefilling() const {
 }
 
 int64_t Scheduler::prefill_chunk(const SchedRequest& r, int64_t budget, bool alone) const {
-  int64_t need = r.num_remaining();
-  if (snapshots()) {  // a chunk ends at the next snapshot point (chunked prefill: checked)
-    const int64_t every = config_.snapshot_interval;
-    need = std::min(need, (r.num_computed_tokens / every + 1) * every - r.num_computed_tokens);
+  const int64_t need = r.num_remaining();
+  if (snapshots() && need > 1) {
+    // A hybrid model's chunk ends at the furthest snapshot point it reaches (where its state is
+    // kept), or runs as it would when it reaches none (chunked prefill: create() checked).
+    const int64_t every = config_.snapshot_interval, c = r.num_computed_tokens;
+    const int64_t n = std::min(need, budget);
+    const int64_t last = (c + n) / every * every;
+    return last > c ? last - c : n;
   }
   if (need <= budget) return need;
   if (config_.chunked_prefill) return budget;  // the rest follows in later steps

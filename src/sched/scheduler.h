@@ -40,11 +40,12 @@ struct SchedulerConfig {
   // A hybrid model's per-sequence state slots (> 0): each running request holds one, from
   // admission until it finishes, is aborted or is preempted; admission waits for a free one.
   int32_t num_state_slots = 0;
-  // With state slots and prefix caching: the state is kept every snapshot_interval tokens (a
-  // multiple of block_size) in one of num_snapshots snapshots, keyed by the hash of the block
-  // that ends there (least recently used ones are replaced); prefill chunks end at those points,
-  // and admission resumes a request after the longest run of its cached blocks that ends at a
-  // snapshot, whose state it copies into its slot first.
+  // With state slots and prefix caching: the state is kept at multiples of snapshot_interval
+  // tokens (a multiple of block_size) where a step's chunk ends, in one of num_snapshots
+  // snapshots, keyed by the hash of the block that ends there (least recently used ones are
+  // replaced); a prefill chunk ends at the furthest such point it reaches, and admission resumes
+  // a request after the longest run of its cached blocks that ends at a snapshot, whose state it
+  // copies into its slot first.
   int64_t snapshot_interval = 0;
   int32_t num_snapshots = 0;
 };
@@ -107,7 +108,7 @@ class Scheduler {
   // prefill chunks together in a step that also holds decodes, so that a step's length follows a
   // time budget beside the streams (with chunked prefill only: an unchunked prefill is whole). A
   // limited chunk never leaves less than the limit of its prompt for later: a rest under twice
-  // the limit goes whole.
+  // the limit goes whole (a hybrid model's chunk may end earlier, at a snapshot point).
   static constexpr int64_t kNoPrefillLimit = INT64_MAX;
   void schedule(SchedulerOutput* out, int64_t prefill_limit);
   // The same with the prefill limit the step budget gives (none without a side budget).
@@ -167,7 +168,7 @@ class Scheduler {
   int32_t state_slot(int64_t id) const;
   int32_t state_slots_free() const { return static_cast<int32_t>(free_slots_.size()); }
   // State snapshots held now, and those replaced to make room so far.
-  int32_t snapshots_held() const;
+  int32_t snapshots_held() const { return snapshots_held_; }
   int64_t snapshot_evictions() const { return snapshot_evictions_; }
   const SchedulerConfig& config() const { return config_; }
 
@@ -218,6 +219,7 @@ class Scheduler {
   std::vector<uint8_t> snap_valid_;
   std::vector<int64_t> snap_used_;
   int64_t snap_clock_ = 0, snapshot_evictions_ = 0;
+  int32_t snapshots_held_ = 0;
   int64_t next_arrival_ = 0;
   int64_t prefix_queries_ = 0, prefix_hits_ = 0;
 };

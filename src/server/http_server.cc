@@ -146,7 +146,12 @@ struct Server::Impl {
         static_cast<long long>(st.kv_blocks_total), static_cast<long long>(st.kv_block_size),
         static_cast<long long>(st.kv_blocks_total * st.kv_block_size),
         kv_cache_dtype_name(st.kv_cache_dtype), static_cast<double>(st.kv_cache_bytes) / (1 << 20));
-    if (st.state_slots > 0) {
+    if (st.state_slots > 0 && st.state_snapshots == 0) {
+      std::fprintf(stderr,
+                   "vlm: linear-attention state: %lld slots of %.1f MiB (no prefix caching)\n",
+                   static_cast<long long>(st.state_slots),
+                   static_cast<double>(st.state_slot_bytes) / (1 << 20));
+    } else if (st.state_slots > 0) {
       const double kib = static_cast<double>(st.state_slot_bytes) / 1024;
       std::fprintf(stderr,
                    "vlm: linear-attention state: %lld slots and %lld prefix-cache snapshots (every "

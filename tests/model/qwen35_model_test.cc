@@ -245,7 +245,7 @@ TEST(Qwen35PrefixCache, HitsResumeFromSnapshotsAndEqualColdRuns) {
   const auto p = ref["logits"][2]["ids"].get<std::vector<int32_t>>();  // 150 ids
   std::vector<int32_t> q(p.begin(), p.begin() + 90);                   // 5 blocks shared
   for (int i = 0; i < 40; ++i) q.push_back(3 + (i * 37) % 390);
-  EngineOptions o = options("qwen35-f32-a", ops::detected_isa(), 64);
+  EngineOptions o = options("qwen35-f32-a", ops::detected_isa(), 32);  // chunks end every 32
   o.batching.state_snapshot_interval = 32;
   o.batching.state_snapshots = 4;
   auto e = Engine::load(o);
@@ -277,6 +277,20 @@ TEST(Qwen35PrefixCache, HitsResumeFromSnapshotsAndEqualColdRuns) {
     EXPECT_EQ(cached_warm, resume);
     ASSERT_EQ(warm.size(), cold.size());
     EXPECT_LE(rel_err(tail(warm, resume), tail(cold, resume)), 1e-5);
+  }
+  // Every snapshot point: prefixes of p (computed in full above) resume from the last snapshot
+  // within their cached blocks (32, 64, 96, 128), their rows equal to p's.
+  const auto cold_p = run(p, false, nullptr);
+  for (const auto& [n, resume] :
+       {std::pair{40, 32}, std::pair{70, 64}, std::pair{100, 96}, std::pair{140, 128}}) {
+    SCOPED_TRACE("a prefix of " + std::to_string(n));
+    int64_t cached = -1;
+    const auto warm = run(std::vector<int32_t>(p.begin(), p.begin() + n), true, &cached);
+    EXPECT_EQ(cached, resume);
+    ASSERT_EQ(static_cast<int64_t>(warm.size()), n * V);
+    EXPECT_LE(rel_err(tail(warm, resume),
+                      std::vector<float>(cold_p.begin() + resume * V, cold_p.begin() + n * V)),
+              1e-5);
   }
   const auto st = (*e)->core_stats();
   EXPECT_TRUE(st.prefix_caching);

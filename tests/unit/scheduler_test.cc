@@ -324,7 +324,7 @@ TEST(Scheduler, PreemptsTheNewestWhichRecomputesFromTheFrontOfTheQueue) {
 
 // A hybrid model's state slots: each running request holds a distinct one from admission; a full
 // set of slots holds admission back (beside max_num_seqs, which here is larger); finishing,
-// aborting and preemption give slots back; slots and prefix caching do not go together yet.
+// aborting and preemption give slots back; slots with prefix caching need snapshots.
 TEST(Scheduler, StateSlotsGateAdmissionAndReturnOnFinishAbortAndPreemption) {
   SchedulerConfig c = config(4, 4, 8, 64);  // 16 tokens of cache, 8 sequences, 2 slots
   c.num_state_slots = 2;
@@ -360,8 +360,18 @@ TEST(Scheduler, StateSlotsGateAdmissionAndReturnOnFinishAbortAndPreemption) {
   EXPECT_EQ(s.state_slots_free(), 2);
 
   c.prefix_caching = true;
+  EXPECT_FALSE(Scheduler::create(c).ok());  // no snapshots
+  c.snapshot_interval = 6;                  // not a multiple of the block (4)
+  c.num_snapshots = 2;
   EXPECT_FALSE(Scheduler::create(c).ok());
-  c.prefix_caching = false;
+  c.snapshot_interval = 8;
+  EXPECT_TRUE(Scheduler::create(c).ok());
+  c.chunked_prefill = false;
+  EXPECT_FALSE(Scheduler::create(c).ok());
+  c.chunked_prefill = true;
+  c.prefix_caching = false;  // snapshots without prefix caching
+  EXPECT_FALSE(Scheduler::create(c).ok());
+  c.snapshot_interval = c.num_snapshots = 0;
   c.num_state_slots = -1;
   EXPECT_FALSE(Scheduler::create(c).ok());
 }
@@ -551,14 +561,14 @@ struct SimParams {
   bool hybrid = false;  // state slots and snapshots (every 32 tokens, 3 of them)
 };
 
-// A hybrid model's snapshots (interval 8 tokens, blocks of 4): prefill chunks end at every
-// snapshot point, each keyed by the hash of the block ending there and taken after its step
-// (`saves`); a request with the same prefix resumes from the longest cached run of blocks that
-// ends at a snapshot (`restores`: into its own slot), one that shares only part of a snapshot
-// interval resumes from the one before, and with two snapshots the least recently used is
-// replaced.
+// A hybrid model's snapshots (interval 8 tokens, blocks of 4, a step budget of 8): a chunk
+// that ends at a snapshot point has its state kept there, keyed by the hash of the block ending
+// there and taken after its step (`saves`); a request with the same prefix resumes from the
+// longest cached run of blocks that ends at a snapshot (`restores`: into its own slot), one that
+// shares only part of a snapshot interval resumes from the one before, and with two snapshots the
+// least recently used is replaced.
 TEST(SchedulerPrefixCache, HybridSnapshotsAlignChunksAndHitsResumeFromThem) {
-  SchedulerConfig c = config(64, 4, 4, 64);
+  SchedulerConfig c = config(64, 4, 4, 8);
   c.prefix_caching = true;
   c.num_state_slots = 4;
   c.snapshot_interval = 8;
@@ -614,6 +624,23 @@ TEST(SchedulerPrefixCache, HybridSnapshotsAlignChunksAndHitsResumeFromThem) {
   EXPECT_EQ(item_of(out, 4)->first_token, 0);
   EXPECT_TRUE(out.restores.empty());
   EXPECT_EQ(s.prefix_cache_stats().hits, 16 + 8);
+
+  // With a budget of 64 a 21-token prompt ends its first chunk at the furthest snapshot point it
+  // reaches (16), not at every one, and keeps one state there; the rest follows.
+  c.max_batched_tokens = 64;
+  Scheduler big = make(c);
+  ASSERT_TRUE(big.add(1, 21, 1, hashes_of(h, a, 4)).ok());
+  out = big.schedule();
+  ASSERT_EQ(out.items.size(), 1u);
+  EXPECT_EQ(out.items[0].num_tokens, 16);
+  EXPECT_EQ(out.saves.size(), 1u);
+  run_step(big, out);
+  out = big.schedule();
+  EXPECT_EQ(out.items[0].num_tokens, 5);
+  EXPECT_TRUE(out.saves.empty());
+  // A failed step forgets every snapshot with the blocks' keys.
+  big.reset_prefix_cache();
+  EXPECT_EQ(big.snapshots_held(), 0);
 }
 
 class SchedulerSimulation : public ::testing::TestWithParam<SimParams> {};
