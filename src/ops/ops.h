@@ -20,6 +20,7 @@
 
 namespace vlm::kernels {
 struct Int4DecodeShape;  // kernels/cpu/matmul.h
+struct HybridKernels;    // kernels/cpu/hybrid.h
 }  // namespace vlm::kernels
 
 namespace vlm::ops {
@@ -261,6 +262,9 @@ void qkv_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n_kv_he
 
 // ---- Qwen3.5's hybrid layers (kernels/cpu/hybrid.h per ISA; scalar versions in ops/ref) ----
 // (DeltaNetShape: ops/backend.h.)
+
+// The hybrid-layer kernel table of one ISA level (the one place that picks it).
+const kernels::HybridKernels& hybrid_kernels(Isa isa);
 
 // One sequence of a Gated DeltaNet batch: rows [row, row + len), its state (the conv window
 // [kernel − 1, conv_dim], oldest first, and the recurrent state [nv, dk, dv], f32), and whether

@@ -31,23 +31,6 @@ const kernels::EltwiseKernels& eltwise(Isa isa) {
   return kernels::generic::eltwise_kernels();
 }
 
-// Qwen3.5's hybrid-layer kernels of one ISA level.
-const kernels::HybridKernels& hybrid(Isa isa) {
-#if defined(VLM_HAVE_X86_DISPATCH)
-  switch (isa) {
-    case Isa::kAvx512:
-    case Isa::kAvx512Vnni:
-      return kernels::avx512::hybrid_kernels();
-    case Isa::kAvx2:
-    case Isa::kAvx2Vnni:
-      return kernels::avx2::hybrid_kernels();
-    case Isa::kGeneric:
-      break;
-  }
-#endif
-  return kernels::generic::hybrid_kernels();
-}
-
 // NOTE(vlm): below ~32 K floats per thread, waking the pool costs more than the work saves, so
 // a decode step's single rows (and small prefill chunks) run on the calling thread.
 constexpr int64_t kMinFloatsPerThread = 32 * 1024;
@@ -64,6 +47,23 @@ void for_rows(ThreadPool& pool, int64_t rows, int64_t n, const F& fn) {
 }
 
 }  // namespace
+
+// Qwen3.5's hybrid-layer kernels of one ISA level.
+const kernels::HybridKernels& hybrid_kernels(Isa isa) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  switch (isa) {
+    case Isa::kAvx512:
+    case Isa::kAvx512Vnni:
+      return kernels::avx512::hybrid_kernels();
+    case Isa::kAvx2:
+    case Isa::kAvx2Vnni:
+      return kernels::avx2::hybrid_kernels();
+    case Isa::kGeneric:
+      break;
+  }
+#endif
+  return kernels::generic::hybrid_kernels();
+}
 
 float logsumexp(const float* x, int64_t n, float at, int64_t* above, Isa isa) {
   float lse = 0;
@@ -238,7 +238,7 @@ void qkv_gated_rope_store(float* qkv, int64_t tokens, int64_t n_heads, int64_t n
                           ThreadPool& pool, Isa isa) {
   const int64_t half = rotary_dim / 2, qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
   const int64_t row = 2 * qd + 2 * kvd;
-  const auto k = hybrid(isa).qk_norm_rope_partial;
+  const auto k = hybrid_kernels(isa).qk_norm_rope_partial;
   for_rows(pool, tokens, row, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* src = qkv + t * row;
@@ -268,7 +268,7 @@ void delta_gates(const float* proj, int64_t proj_stride, int64_t rows, const Del
                  const float* a_log, const float* dt_bias, float* mixed, ThreadPool& pool,
                  Isa isa) {
   const int64_t C = s.conv_dim(), ms = s.mixed_dim(), zb = C + s.nv * s.dv;
-  const auto l2 = hybrid(isa).l2norm_rows;
+  const auto l2 = hybrid_kernels(isa).l2norm_rows;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(s.dk));
   for_rows(pool, rows, ms, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -291,7 +291,7 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
                      int64_t n_seqs, const DeltaNetShape& s, const float* conv_w,
                      const float* a_log, const float* dt_bias, float* mixed, float* out,
                      ThreadPool& pool, Isa isa) {
-  const kernels::HybridKernels& k = hybrid(isa);
+  const kernels::HybridKernels& k = hybrid_kernels(isa);
   const int64_t C = s.conv_dim(), ms = s.mixed_dim(), od = s.nv * s.dv;
   int64_t rows = 0;
   for (int64_t i = 0; i < n_seqs; ++i) rows = std::max(rows, seqs[i].row + seqs[i].len);
@@ -345,7 +345,7 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
 
 void gated_rms_norm(const float* x, const float* z, int64_t z_stride, int64_t rows, int64_t heads,
                     int64_t n, const float* w, float eps, float* y, ThreadPool& pool, Isa isa) {
-  const auto k = hybrid(isa).gated_rms_norm;
+  const auto k = hybrid_kernels(isa).gated_rms_norm;
   for_rows(pool, rows, heads * n, [&](int64_t r0, int64_t r1) {
     k(x + r0 * heads * n, z + r0 * z_stride, z_stride, heads, (r1 - r0) * heads, n, w, eps,
       y + r0 * heads * n);
@@ -354,7 +354,7 @@ void gated_rms_norm(const float* x, const float* z, int64_t z_stride, int64_t ro
 
 void sigmoid_mul(float* x, const float* g, int64_t g_stride, int64_t rows, int64_t n,
                  ThreadPool& pool, Isa isa) {
-  const auto k = hybrid(isa).sigmoid_mul;
+  const auto k = hybrid_kernels(isa).sigmoid_mul;
   for_rows(pool, rows, n,
            [&](int64_t r0, int64_t r1) { k(x + r0 * n, g + r0 * g_stride, g_stride, r1 - r0, n); });
 }

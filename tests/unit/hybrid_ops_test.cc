@@ -112,20 +112,7 @@ TEST_P(HybridTest, GatedDeltaNetMatchesTheRecurrentReference) {
 // The chunked form alone equals the recurrent form over the same tokens and state (a chunk of
 // 64, one of 9, and a single token), at the kernel level.
 TEST_P(HybridTest, ChunkedDeltaRuleEqualsRecurrent) {
-  const kernels::HybridKernels& k = [&]() -> const kernels::HybridKernels& {
-    switch (GetParam()) {
-#if defined(VLM_HAVE_X86_DISPATCH)
-      case ops::Isa::kAvx512:
-      case ops::Isa::kAvx512Vnni:
-        return kernels::avx512::hybrid_kernels();
-      case ops::Isa::kAvx2:
-      case ops::Isa::kAvx2Vnni:
-        return kernels::avx2::hybrid_kernels();
-#endif
-      default:
-        return kernels::generic::hybrid_kernels();
-    }
-  }();
+  const kernels::HybridKernels& k = ops::hybrid_kernels(GetParam());
   const int64_t dk = 24, dv = 20;
   for (int64_t n : {64, 9, 1}) {
     SCOPED_TRACE(std::to_string(n) + " tokens");
