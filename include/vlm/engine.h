@@ -119,11 +119,11 @@ struct BatchingOptions {
   // state_snapshot_interval tokens where a step's chunk ends (a prefill chunk ends at the furthest
   // one it reaches; a multiple of block_size; 0: the default, 64 rounded up to a multiple of
   // block_size), in at most state_snapshots snapshots (0: max_num_seqs), least recently used ones
-  // replaced; a hit resumes from the longest cached prefix that ends at a snapshot. Each snapshot
-  // is one sequence's state (about 50 MB for the 9B shape); with kv_cache_memory the slots and
-  // snapshots come out of it first (otherwise they are reserved beside the K/V). The KV events
-  // report blocks as always: a hybrid model's hit also needs a snapshot, so a router that counts
-  // cached blocks overestimates its hits.
+  // replaced (past its prompt a request keeps only its latest); a hit resumes from the longest
+  // cached prefix that ends at a snapshot. Each snapshot is one sequence's state (about 50 MB for
+  // the 9B shape); with kv_cache_memory the slots and snapshots come out of it first (otherwise
+  // they are reserved beside the K/V). The KV events report blocks as always: a hybrid model's hit
+  // also needs a snapshot, so a router that counts cached blocks overestimates its hits.
   int64_t state_snapshot_interval = 0;
   int32_t state_snapshots = 0;
   // Called on the engine thread after a step that changed the prefix cache's set of blocks, with

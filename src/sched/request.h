@@ -39,6 +39,10 @@ struct SchedRequest {
   int64_t num_cached_tokens = -1;
   // A hybrid model's state slot while running (-1: none).
   int32_t state_slot = -1;
+  // The snapshot it last saved past its prompt and the blocks it ends after (-1: none): its next
+  // one past the prompt takes that snapshot's place, so a long reply holds one, its latest.
+  int32_t reply_snapshot = -1;
+  int64_t reply_snapshot_blocks = -1;
 
   // Tokens still to compute before the next token can be sampled.
   int64_t num_remaining() const { return num_tokens - num_computed_tokens; }

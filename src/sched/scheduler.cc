@@ -90,8 +90,10 @@ int32_t Scheduler::hit_at_snapshot(SchedRequest& r, int32_t* snapshot) {
   return 0;
 }
 
+// Past its prompt a request keeps one snapshot, its latest: a reply's earlier ones would only
+// push other prompts' snapshots out (a follow-up turn resumes from the latest one it shares).
 void Scheduler::save_snapshots(const ScheduledItem& item, SchedulerOutput* out) {
-  const SchedRequest& r = requests_.at(item.request_id);
+  SchedRequest& r = requests_.at(item.request_id);
   const int64_t end = item.first_token + item.num_tokens;
   const int64_t k = end / config_.block_size;  // full blocks at the chunk's end
   if (end % config_.snapshot_interval != 0 || k > static_cast<int64_t>(r.block_hashes.size())) {
@@ -99,7 +101,23 @@ void Scheduler::save_snapshots(const ScheduledItem& item, SchedulerOutput* out) 
   }
   const BlockHash& hash = r.block_hashes[static_cast<size_t>(k - 1)];
   if (find_snapshot(hash) >= 0) return;
-  out->saves.push_back({r.state_slot, take_snapshot(hash)});
+  int32_t s = -1;
+  const bool reply = end > r.num_prompt_tokens;
+  if (reply && r.reply_snapshot >= 0) {
+    const auto i = static_cast<size_t>(r.reply_snapshot);
+    if (snap_valid_[i] != 0 &&
+        snap_hash_[i] == r.block_hashes[static_cast<size_t>(r.reply_snapshot_blocks - 1)]) {
+      s = r.reply_snapshot;  // still its own: replaced in place
+      snap_hash_[i] = hash;
+      snap_used_[i] = ++snap_clock_;
+    }
+  }
+  if (s < 0) s = take_snapshot(hash);
+  if (reply) {
+    r.reply_snapshot = s;
+    r.reply_snapshot_blocks = k;
+  }
+  out->saves.push_back({r.state_slot, s});
 }
 
 void Scheduler::release_slot(SchedRequest& r) {

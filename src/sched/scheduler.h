@@ -43,9 +43,9 @@ struct SchedulerConfig {
   // With state slots and prefix caching: the state is kept at multiples of snapshot_interval
   // tokens (a multiple of block_size) where a step's chunk ends, in one of num_snapshots
   // snapshots, keyed by the hash of the block that ends there (least recently used ones are
-  // replaced); a prefill chunk ends at the furthest such point it reaches, and admission resumes
-  // a request after the longest run of its cached blocks that ends at a snapshot, whose state it
-  // copies into its slot first.
+  // replaced; past its prompt a request keeps one, its latest); a prefill chunk ends at the
+  // furthest such point it reaches, and admission resumes a request after the longest run of its
+  // cached blocks that ends at a snapshot, whose state it copies into its slot first.
   int64_t snapshot_interval = 0;
   int32_t num_snapshots = 0;
 };

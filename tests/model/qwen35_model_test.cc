@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -162,6 +163,84 @@ TEST_P(Qwen35Vision, ImagesAndVideoMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, Qwen35Vision, ::testing::ValuesIn(ops::runnable_isas()),
                          [](const auto& info) { return std::string(ops::isa_name(info.param)); });
+
+// The encoder slicing on the hybrid model: while a text stream decodes, each image's and video's
+// tower pass is cut into one unit per step (a budget of a nanosecond); the stream gets a token at
+// (nearly) every step, and every image and video request's greedy reply is transformers'. Each
+// request runs twice: the second resumes from the state snapshot its first run kept (the chained
+// block hashes include the images), and its reply stays the same.
+TEST(Qwen35Batch, EncodesAreSlicedBesideARunningStream) {
+  const auto ref = reference("qwen35-f32-a");
+  std::mutex mu;
+  std::vector<int64_t> slices;  // per step that encoded
+  EngineOptions o = options("qwen35-f32-a", ops::detected_isa(), 16);
+  o.batching.max_encoder_ms = 1e-6;
+  o.batching.vision_cache_mib = 0;  // every image is encoded
+  o.batching.state_snapshot_interval = 16;
+  o.on_encode = [&](int64_t n, double) {
+    std::lock_guard<std::mutex> lock(mu);
+    slices.push_back(n);
+  };
+  auto loaded = Engine::load(o);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  Engine& e = **loaded;
+  GenerateRequest text;
+  text.prompt_ids = ref["greedy"][1]["prompt_ids"].get<std::vector<int32_t>>();
+  text.max_new_tokens = 3000;
+  text.ignore_eos = true;
+  text.sampling.do_sample = false;
+  auto runner = e.submit(text);
+  ASSERT_TRUE(runner.ok()) << runner.status().message();
+  RequestOutput piece;
+  ASSERT_TRUE((*runner)->next(&piece));  // it decodes
+  std::vector<int64_t> stream_steps;
+  int64_t media = 0, hits_before = 0, resumable = 0;
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) hits_before = e.core_stats().prefix_cache_hits;
+    for (const auto& c : ref["mm_cases"]) {
+      // Again: from the snapshot at the last multiple of 16 before the prompt's last token.
+      if (round == 1) resumable += (static_cast<int64_t>(c["input_ids"].size()) - 1) / 16 * 16;
+      SCOPED_TRACE(c["name"].get<std::string>() + (round ? ", again" : ""));
+      GenerateRequest req;
+      req.prompt_ids = e.tokenizer()->encode(c["text"].get<std::string>());
+      for (size_t i = 0; i < c["images"].size(); ++i) req.images.push_back({.path = kImage});
+      for (const auto& v : c["videos"]) {
+        VideoInput in;
+        const std::string s = test_util::read_file(kVideos + "/" + v.get<std::string>());
+        in.bytes.assign(s.begin(), s.end());
+        req.videos.push_back(std::move(in));
+      }
+      media += static_cast<int64_t>(req.images.size() + req.videos.size());
+      req.max_new_tokens = 20;
+      req.sampling.do_sample = false;
+      req.ignore_eos = true;
+      auto s = e.submit(req);
+      ASSERT_TRUE(s.ok()) << s.status().message();
+      std::vector<int32_t> got;
+      while ((*s)->next(&piece)) {
+        ASSERT_TRUE(piece.error.ok()) << piece.error.message();
+        if (piece.token_id >= 0) got.push_back(piece.token_id);
+      }
+      EXPECT_EQ(got, c["greedy"].get<std::vector<int32_t>>());
+      while ((*runner)->try_next(&piece)) {
+        if (piece.token_id >= 0) stream_steps.push_back(piece.step);
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    // One unit a step, and a tower pass takes several (its stages: 4 per block and a few more).
+    EXPECT_GE(static_cast<int64_t>(slices.size()), media * 6);
+    for (int64_t n : slices) EXPECT_EQ(n, 1);
+  }
+  ASSERT_FALSE(stream_steps.empty());
+  const int64_t span = stream_steps.back() - stream_steps.front() + 1;
+  EXPECT_GE(static_cast<double>(stream_steps.size()), 0.9 * static_cast<double>(span));
+  // The second round resumed from its prompts' snapshots.
+  EXPECT_EQ(e.core_stats().prefix_cache_hits - hits_before, resumable);
+  (*runner)->cancel();
+  e.wait_idle();
+}
 
 // Every prefill chunk size from 1 to 70 gives the 70-token prompt's greedy path: the state (conv
 // window and recurrent state) carries across every split of the chunked delta rule.

@@ -643,6 +643,63 @@ TEST(SchedulerPrefixCache, HybridSnapshotsAlignChunksAndHitsResumeFromThem) {
   EXPECT_EQ(big.snapshots_held(), 0);
 }
 
+// Past its prompt a request keeps one snapshot, its latest: a reply crossing five snapshot points
+// saves at each into the same snapshot, so another prompt's snapshots (three of four) survive it,
+// and a follow-up turn that shares the prompt and the reply resumes from the reply's last one.
+TEST(SchedulerPrefixCache, AReplyKeepsOnlyItsLatestSnapshot) {
+  SchedulerConfig c = config(64, 4, 4, 8);  // prefill chunks of 8: a snapshot at the end of each
+  c.prefix_caching = true;
+  c.num_state_slots = 4;
+  c.snapshot_interval = 8;
+  c.num_snapshots = 4;
+  Scheduler s = make(c);
+  BlockHasher h;
+  std::vector<int32_t> other(25), turn(8);
+  for (int i = 0; i < 25; ++i) other[i] = 500 + i;
+  for (int i = 0; i < 8; ++i) turn[i] = 10 + i;
+  ASSERT_TRUE(s.add(1, 25, 1, hashes_of(h, other, 4)).ok());  // snapshots at 8, 16 and 24
+  for (int step = 0; step < 10 && s.find(1) != nullptr; ++step) run_step(s, s.schedule());
+  EXPECT_EQ(s.snapshots_held(), 3);
+  ASSERT_TRUE(s.add(2, 8, 41, hashes_of(h, turn, 4)).ok());  // the prompt's own at 8
+  std::vector<int32_t> reply_saves;
+  for (int step = 0; step < 60 && s.find(2) != nullptr; ++step) {
+    const SchedulerOutput out = s.schedule();
+    for (const StateCopy& k : out.saves) reply_saves.push_back(k.snapshot);
+    std::vector<std::pair<int64_t, int64_t>> computed;
+    for (const ScheduledItem& i : out.items) computed.emplace_back(i.request_id, i.num_tokens);
+    s.update(computed);
+    const SchedRequest* r = s.find(2);
+    if (r->num_computed_tokens < r->num_tokens) continue;
+    if (r->num_tokens + 1 == r->num_tokens_limit()) {
+      s.finish(2);
+      continue;
+    }
+    s.append_token(2);
+    turn.push_back(static_cast<int32_t>(1000 + turn.size()));
+    if (turn.size() % 4 == 0) s.add_block_hash(2, hashes_of(h, turn, 4).back());
+  }
+  // 48 tokens computed: saves at 8 (the prompt) and at 16, 24, 32, 40, 48 (the reply, in one).
+  ASSERT_EQ(reply_saves.size(), 6u);
+  for (size_t i = 2; i < reply_saves.size(); ++i) EXPECT_EQ(reply_saves[i], reply_saves[1]);
+  EXPECT_NE(reply_saves[0], reply_saves[1]);
+  EXPECT_EQ(s.snapshots_held(), 4);
+  EXPECT_EQ(s.snapshot_evictions(), 1);  // the other prompt's least recently used, once
+
+  // The other prompt still resumes from its last snapshot, at 24; the follow-up turn from 48.
+  ASSERT_TRUE(s.add(3, 25, 1, hashes_of(h, other, 4)).ok());
+  SchedulerOutput out = s.schedule();
+  ASSERT_EQ(out.restores.size(), 1u);
+  EXPECT_EQ(item_of(out, 3)->first_token, 24);
+  run_step(s, out);
+  std::vector<int32_t> next = turn;
+  for (int i = 0; i < 6; ++i) next.push_back(2000 + i);
+  ASSERT_TRUE(s.add(4, static_cast<int64_t>(next.size()), 1, hashes_of(h, next, 4)).ok());
+  out = s.schedule();
+  ASSERT_EQ(out.restores.size(), 1u);
+  EXPECT_EQ(out.restores[0].snapshot, reply_saves.back());
+  EXPECT_EQ(item_of(out, 4)->first_token, 48);
+}
+
 class SchedulerSimulation : public ::testing::TestWithParam<SimParams> {};
 
 TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
