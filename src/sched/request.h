@@ -39,10 +39,11 @@ struct SchedRequest {
   int64_t num_cached_tokens = -1;
   // A hybrid model's state slot while running (-1: none).
   int32_t state_slot = -1;
-  // The snapshot it last saved past its prompt and the blocks it ends after (-1: none): its next
-  // one past the prompt takes that snapshot's place, so a long reply holds one, its latest.
+  // The snapshot it last saved past its prompt (-1: none), the token it was taken at, and the
+  // snapshot's use stamp then: while no other request has touched it, its next one past the prompt
+  // takes its place, so a running reply holds one snapshot, its latest.
   int32_t reply_snapshot = -1;
-  int64_t reply_snapshot_blocks = -1;
+  int64_t reply_snapshot_end = -1, reply_snapshot_used = -1;
 
   // Tokens still to compute before the next token can be sampled.
   int64_t num_remaining() const { return num_tokens - num_computed_tokens; }

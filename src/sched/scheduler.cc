@@ -91,7 +91,14 @@ int32_t Scheduler::hit_at_snapshot(SchedRequest& r, int32_t* snapshot) {
 }
 
 // Past its prompt a request keeps one snapshot, its latest: a reply's earlier ones would only
-// push other prompts' snapshots out (a follow-up turn resumes from the latest one it shares).
+// push other prompts' snapshots out (a follow-up turn that shares the whole reply resumes from the
+// latest). A snapshot another request has hit or taken meanwhile is no longer its own to replace.
+bool Scheduler::owns_reply_snapshot(const SchedRequest& r) const {
+  if (r.reply_snapshot < 0) return false;
+  const auto i = static_cast<size_t>(r.reply_snapshot);
+  return snap_valid_[i] != 0 && snap_used_[i] == r.reply_snapshot_used;
+}
+
 void Scheduler::save_snapshots(const ScheduledItem& item, SchedulerOutput* out) {
   SchedRequest& r = requests_.at(item.request_id);
   const int64_t end = item.first_token + item.num_tokens;
@@ -99,23 +106,26 @@ void Scheduler::save_snapshots(const ScheduledItem& item, SchedulerOutput* out) 
   if (end % config_.snapshot_interval != 0 || k > static_cast<int64_t>(r.block_hashes.size())) {
     return;
   }
+  const bool own = owns_reply_snapshot(r);
   const BlockHash& hash = r.block_hashes[static_cast<size_t>(k - 1)];
-  if (find_snapshot(hash) >= 0) return;
-  int32_t s = -1;
-  const bool reply = end > r.num_prompt_tokens;
-  if (reply && r.reply_snapshot >= 0) {
-    const auto i = static_cast<size_t>(r.reply_snapshot);
-    if (snap_valid_[i] != 0 &&
-        snap_hash_[i] == r.block_hashes[static_cast<size_t>(r.reply_snapshot_blocks - 1)]) {
-      s = r.reply_snapshot;  // still its own: replaced in place
-      snap_hash_[i] = hash;
-      snap_used_[i] = ++snap_clock_;
-    }
+  if (const int32_t found = find_snapshot(hash); found >= 0) {
+    if (own && found == r.reply_snapshot) r.reply_snapshot_used = snap_used_[found];
+    return;
   }
-  if (s < 0) s = take_snapshot(hash);
+  const bool reply = end > r.num_prompt_tokens;
+  int32_t s = -1;
+  if (reply && own) {
+    if (end <= r.reply_snapshot_end) return;  // recomputing behind its latest, which stays
+    s = r.reply_snapshot;                     // replaced in place
+    snap_hash_[static_cast<size_t>(s)] = hash;
+    snap_used_[static_cast<size_t>(s)] = ++snap_clock_;
+  } else {
+    s = take_snapshot(hash);
+  }
   if (reply) {
     r.reply_snapshot = s;
-    r.reply_snapshot_blocks = k;
+    r.reply_snapshot_end = end;
+    r.reply_snapshot_used = snap_used_[static_cast<size_t>(s)];
   }
   out->saves.push_back({r.state_slot, s});
 }
@@ -394,7 +404,11 @@ bool Scheduler::admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget,
   int32_t hit = lookup ? kv_.cached_prefix(r.block_hashes, r.num_tokens - 1, &hit_) : 0;
   if (!lookup) hit_.clear();
   int32_t resume = -1;  // a hybrid model's: the snapshot its state resumes from
+  const bool owned = owns_reply_snapshot(r);  // (preempted past its prompt)
   if (snapshots() && hit > 0) hit = hit_at_snapshot(r, &resume);
+  if (owned && resume == r.reply_snapshot) {  // resuming from its own: still its own
+    r.reply_snapshot_used = snap_used_[static_cast<size_t>(resume)];
+  }
   r.num_computed_tokens = int64_t{hit} * config_.block_size;
   const int64_t n =
       prefill_chunk(r, limited(r, *budget, *prefill_budget), /*alone=*/running_.empty());

@@ -198,6 +198,7 @@ class Scheduler {
   int32_t hit_at_snapshot(SchedRequest& r, int32_t* snapshot);
   // The snapshots `item` completes: a chunk ending at a snapshot point not yet kept.
   void save_snapshots(const ScheduledItem& item, SchedulerOutput* out);
+  bool owns_reply_snapshot(const SchedRequest& r) const;
   bool snapshots() const { return config_.snapshot_interval > 0; }
   // Admits the head of the waiting queue: its cached prefix, then its first chunk.
   bool admit(SchedRequest& r, SchedulerOutput* out, int64_t* budget, int64_t* prefill_budget);

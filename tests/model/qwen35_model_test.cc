@@ -177,6 +177,7 @@ TEST(Qwen35Batch, EncodesAreSlicedBesideARunningStream) {
   o.batching.max_encoder_ms = 1e-6;
   o.batching.vision_cache_mib = 0;  // every image is encoded
   o.batching.state_snapshot_interval = 16;
+  o.batching.state_snapshots = 32;  // room for round 1's 16 (prompts' and replies' latest)
   o.on_encode = [&](int64_t n, double) {
     std::lock_guard<std::mutex> lock(mu);
     slices.push_back(n);

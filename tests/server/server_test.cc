@@ -472,39 +472,35 @@ TEST_F(ServerTest, ChatTemplateFileAndKwargs) {
 // 16 clients hold 3-turn chats about an image at once, against this server (prefix caching on)
 // and one with it off: every reply is the same, later turns are served mostly from the cache,
 // and no block stays in use.
-TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
-  ServeOptions o = tiny_options();
-  o.engine.batching.max_num_seqs = 4;
-  o.engine.batching.max_batched_tokens = 64;
-  o.engine.batching.block_size = 8;
-  o.engine.batching.prefix_caching = false;
-  auto plain = Server::create(o);
-  ASSERT_TRUE(plain.ok()) << plain.status().message();
-  ASSERT_TRUE((*plain)->wait_until_loaded().ok());
-  std::thread plain_thread([&] { (*plain)->run(); });
+// Chats of `turns` requests from `clients` threads at once: an image (one of two fixtures) and a
+// question, then follow-ups carrying the whole chat so far; each turn's greedy reply and the
+// prompt tokens the server found cached.
+struct MultiTurnChat {
+  std::vector<std::string> replies;
+  std::vector<int64_t> cached;
+};
 
+std::vector<MultiTurnChat> multi_turn_chats(int port, const std::string& model, int clients,
+                                            int turns) {
   std::vector<std::string> images;
   for (const char* f : {"synthetic_tiny.png", "synthetic_tall.png"}) {
     images.push_back(
         "data:image/png;base64," +
         base64_encode(test_util::read_file(std::string(VLM_FIXTURES_DIR) + "/vision-f32/" + f)));
   }
-  constexpr int kClients = 16, kTurns = 3;
-  struct Chat {
-    std::vector<std::string> replies;
-    std::vector<int64_t> cached;
-  };
-  auto talk = [&](int port, int i) {
-    Chat chat;
+  auto talk = [&](int i) {
+    MultiTurnChat chat;
     json messages = json::array(
         {json{{"role", "user"},
               {"content",
                json::array({json{{"type", "image_url"}, {"image_url", {{"url", images[i % 2]}}}},
                             json{{"type", "text"},
                                  {"text", "What is in picture " + std::to_string(i) + "?"}}})}}});
-    for (int t = 0; t < kTurns; ++t) {
-      json body = chat_body("", 6 + (i + t) % 3);
-      body["messages"] = messages;
+    for (int t = 0; t < turns; ++t) {
+      const json body = {{"model", model},
+                         {"messages", messages},
+                         {"max_tokens", 6 + (i + t) % 3},
+                         {"temperature", 0}};
       auto r =
           test_http::Client(port).Post("/v1/chat/completions", body.dump(), "application/json");
       if (!r || r->status != 200) {
@@ -521,17 +517,19 @@ TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
     }
     return chat;
   };
-  auto run_all = [&](int port) {
-    std::vector<Chat> chats(kClients);
-    std::vector<std::thread> threads;
-    for (int i = 0; i < kClients; ++i) threads.emplace_back([&, i] { chats[i] = talk(port, i); });
-    for (auto& th : threads) th.join();
-    return chats;
-  };
-  const std::vector<Chat> without = run_all((*plain)->port());
-  const std::vector<Chat> with = run_all(server_->port());
+  std::vector<MultiTurnChat> chats(static_cast<size_t>(clients));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i) threads.emplace_back([&, i] { chats[i] = talk(i); });
+  for (auto& th : threads) th.join();
+  return chats;
+}
+
+// The replies of chats with prefix caching equal those without, and every later turn finds more
+// of its prompt cached than the one before. Returns the later turns' cached tokens.
+int64_t expect_same_replies_and_growing_hits(const std::vector<MultiTurnChat>& with,
+                                             const std::vector<MultiTurnChat>& without) {
   int64_t later_turns_cached = 0;
-  for (int i = 0; i < kClients; ++i) {
+  for (size_t i = 0; i < with.size(); ++i) {
     EXPECT_EQ(with[i].replies, without[i].replies) << "client " << i;
     for (int64_t c : without[i].cached) EXPECT_EQ(c, 0);
     for (size_t t = 1; t < with[i].cached.size(); ++t) {
@@ -539,7 +537,22 @@ TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
       later_turns_cached += with[i].cached[t];
     }
   }
-  EXPECT_GT(later_turns_cached, 0);
+  return later_turns_cached;
+}
+
+TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
+  ServeOptions o = tiny_options();
+  o.engine.batching.max_num_seqs = 4;
+  o.engine.batching.max_batched_tokens = 64;
+  o.engine.batching.block_size = 8;
+  o.engine.batching.prefix_caching = false;
+  auto plain = Server::create(o);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  ASSERT_TRUE((*plain)->wait_until_loaded().ok());
+  std::thread plain_thread([&] { (*plain)->run(); });
+  const auto without = multi_turn_chats((*plain)->port(), "tiny", 16, 3);
+  const auto with = multi_turn_chats(server_->port(), "tiny", 16, 3);
+  EXPECT_GT(expect_same_replies_and_growing_hits(with, without), 0);
   auto m = client().Get("/metrics");
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("vlm_kv_cache_blocks_used 0"), std::string::npos) << m->body;
@@ -547,6 +560,56 @@ TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
   EXPECT_NE(m->body.find("vlm_prefix_cache_queries_total"), std::string::npos) << m->body;
   (*plain)->stop();
   plain_thread.join();
+}
+
+// A hybrid model (the Qwen3.5 fixture) served: multi-turn image chats resume from state
+// snapshots (every 16 tokens here) and reply as without prefix caching; the load message's state
+// is on /metrics (slots, snapshot capacity, bytes, snapshots held) beside the K/V blocks, all
+// within --kv-cache-memory.
+TEST_F(ServerTest, HybridModelServesChatsFromStateSnapshots) {
+  ServeOptions o;
+  o.engine.model_dir = std::string(VLM_FIXTURES_DIR) + "/qwen35-f32-a";
+  o.engine.n_threads = 2;
+  o.engine.max_context = 512;
+  o.engine.batching.max_num_seqs = 4;
+  o.engine.batching.max_batched_tokens = 64;
+  o.engine.batching.block_size = 8;
+  o.engine.batching.state_snapshot_interval = 16;
+  o.engine.batching.state_snapshots = 64;  // every chat's snapshots stay (none replaced)
+  o.engine.batching.kv_cache_memory = 8 << 20;
+  o.port = 0;
+  o.model_names = {"q35"};
+  std::vector<std::unique_ptr<Server>> servers;
+  std::vector<std::thread> threads;
+  for (bool caching : {false, true}) {
+    o.engine.batching.prefix_caching = caching;
+    auto s = Server::create(o);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    ASSERT_TRUE((*s)->wait_until_loaded().ok());
+    servers.push_back(std::move(s).value());
+    threads.emplace_back([srv = servers.back().get()] { srv->run(); });
+  }
+  const auto without = multi_turn_chats(servers[0]->port(), "q35", 8, 3);
+  const auto with = multi_turn_chats(servers[1]->port(), "q35", 8, 3);
+  EXPECT_GT(expect_same_replies_and_growing_hits(with, without), 0);
+  auto m = test_http::Client(servers[1]->port()).Get("/metrics");
+  ASSERT_TRUE(m);
+  auto value = [&](const std::string& name) {
+    const size_t at = m->body.find("\n" + name + " ");
+    EXPECT_NE(at, std::string::npos) << name << "\n" << m->body;
+    return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + name.size() + 2));
+  };
+  EXPECT_EQ(value("vlm_state_slots"), 4);
+  EXPECT_EQ(value("vlm_state_snapshots_capacity"), 64);
+  EXPECT_GT(value("vlm_state_snapshots"), 0);
+  EXPECT_EQ(value("vlm_state_snapshot_evictions_total"), 0);
+  const double state = value("vlm_state_memory_bytes"), kv = value("vlm_kv_cache_memory_bytes");
+  EXPECT_GT(state, 0);
+  EXPECT_GT(kv, 0);
+  EXPECT_LE(state + kv, 8 << 20);
+  EXPECT_GT(value("vlm_kv_cache_tokens_capacity"), 0);
+  for (auto& s : servers) s->stop();
+  for (auto& t : threads) t.join();
 }
 
 // Video parts: a data URL and a file:// URL with its own sampling reach the model as

@@ -644,8 +644,10 @@ TEST(SchedulerPrefixCache, HybridSnapshotsAlignChunksAndHitsResumeFromThem) {
 }
 
 // Past its prompt a request keeps one snapshot, its latest: a reply crossing five snapshot points
-// saves at each into the same snapshot, so another prompt's snapshots (three of four) survive it,
-// and a follow-up turn that shares the prompt and the reply resumes from the reply's last one.
+// saves them in one snapshot, except that one another request has resumed from (at 24) stays
+// that request's and the reply takes another for the next. Two of the other prompt's three
+// snapshots survive, and a follow-up turn sharing the prompt and the reply resumes from the
+// reply's last one.
 TEST(SchedulerPrefixCache, AReplyKeepsOnlyItsLatestSnapshot) {
   SchedulerConfig c = config(64, 4, 4, 8);  // prefill chunks of 8: a snapshot at the end of each
   c.prefix_caching = true;
@@ -662,14 +664,20 @@ TEST(SchedulerPrefixCache, AReplyKeepsOnlyItsLatestSnapshot) {
   EXPECT_EQ(s.snapshots_held(), 3);
   ASSERT_TRUE(s.add(2, 8, 41, hashes_of(h, turn, 4)).ok());  // the prompt's own at 8
   std::vector<int32_t> reply_saves;
-  for (int step = 0; step < 60 && s.find(2) != nullptr; ++step) {
+  int64_t resumed_from = -1;  // request 3's restore
+  for (int step = 0; step < 80 && (s.find(2) != nullptr || s.find(3) != nullptr); ++step) {
     const SchedulerOutput out = s.schedule();
-    for (const StateCopy& k : out.saves) reply_saves.push_back(k.snapshot);
+    for (const StateCopy& k : out.saves) {
+      if (k.slot == s.state_slot(2)) reply_saves.push_back(k.snapshot);
+    }
+    if (!out.restores.empty()) resumed_from = out.restores[0].snapshot;
     std::vector<std::pair<int64_t, int64_t>> computed;
     for (const ScheduledItem& i : out.items) computed.emplace_back(i.request_id, i.num_tokens);
     s.update(computed);
+    if (const SchedRequest* q = s.find(3); q != nullptr && q->num_computed_tokens == q->num_tokens)
+      s.finish(3);
     const SchedRequest* r = s.find(2);
-    if (r->num_computed_tokens < r->num_tokens) continue;
+    if (r == nullptr || r->num_computed_tokens < r->num_tokens) continue;
     if (r->num_tokens + 1 == r->num_tokens_limit()) {
       s.finish(2);
       continue;
@@ -677,27 +685,37 @@ TEST(SchedulerPrefixCache, AReplyKeepsOnlyItsLatestSnapshot) {
     s.append_token(2);
     turn.push_back(static_cast<int32_t>(1000 + turn.size()));
     if (turn.size() % 4 == 0) s.add_block_hash(2, hashes_of(h, turn, 4).back());
+    if (reply_saves.size() == 3 && s.find(3) == nullptr && resumed_from < 0) {
+      // A prompt sharing the reply's first 24 tokens: it resumes from the reply's snapshot.
+      std::vector<int32_t> branch(turn.begin(), turn.begin() + 24);
+      for (int i = 0; i < 5; ++i) branch.push_back(3000 + i);
+      ASSERT_TRUE(s.add(3, 29, 1, hashes_of(h, branch, 4)).ok());
+    }
   }
-  // 48 tokens computed: saves at 8 (the prompt) and at 16, 24, 32, 40, 48 (the reply, in one).
+  // 48 tokens computed: saves at 8 (the prompt) and at 16, 24, 32, 40, 48 (the reply).
   ASSERT_EQ(reply_saves.size(), 6u);
-  for (size_t i = 2; i < reply_saves.size(); ++i) EXPECT_EQ(reply_saves[i], reply_saves[1]);
   EXPECT_NE(reply_saves[0], reply_saves[1]);
+  EXPECT_EQ(reply_saves[2], reply_saves[1]);  // 24 replaced 16
+  EXPECT_EQ(resumed_from, reply_saves[2]);    // request 3 resumed from 24 ...
+  EXPECT_NE(reply_saves[3], reply_saves[2]);  // ... so 32 took another snapshot
+  EXPECT_EQ(reply_saves[4], reply_saves[3]);
+  EXPECT_EQ(reply_saves[5], reply_saves[3]);
   EXPECT_EQ(s.snapshots_held(), 4);
-  EXPECT_EQ(s.snapshot_evictions(), 1);  // the other prompt's least recently used, once
+  EXPECT_EQ(s.snapshot_evictions(), 2);  // the other prompt's 8 and 16
 
   // The other prompt still resumes from its last snapshot, at 24; the follow-up turn from 48.
-  ASSERT_TRUE(s.add(3, 25, 1, hashes_of(h, other, 4)).ok());
+  ASSERT_TRUE(s.add(4, 25, 1, hashes_of(h, other, 4)).ok());
   SchedulerOutput out = s.schedule();
   ASSERT_EQ(out.restores.size(), 1u);
-  EXPECT_EQ(item_of(out, 3)->first_token, 24);
+  EXPECT_EQ(item_of(out, 4)->first_token, 24);
   run_step(s, out);
   std::vector<int32_t> next = turn;
   for (int i = 0; i < 6; ++i) next.push_back(2000 + i);
-  ASSERT_TRUE(s.add(4, static_cast<int64_t>(next.size()), 1, hashes_of(h, next, 4)).ok());
+  ASSERT_TRUE(s.add(5, static_cast<int64_t>(next.size()), 1, hashes_of(h, next, 4)).ok());
   out = s.schedule();
   ASSERT_EQ(out.restores.size(), 1u);
   EXPECT_EQ(out.restores[0].snapshot, reply_saves.back());
-  EXPECT_EQ(item_of(out, 4)->first_token, 48);
+  EXPECT_EQ(item_of(out, 5)->first_token, 48);
 }
 
 class SchedulerSimulation : public ::testing::TestWithParam<SimParams> {};
