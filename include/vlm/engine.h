@@ -325,6 +325,10 @@ class Engine {
   // How many weights those bytes hold: decode_weight_bytes() · 8 / this = bits per weight,
   // scales included (BF16 16, --quant int8 ~8.0, int4 4.5 with its groups of 32).
   int64_t decode_weight_count() const;
+  // Bytes of linear-attention state (Qwen3.5: every linear layer's f32 recurrent state and conv
+  // window) a decode step reads and rewrites per sequence; 0 for a model without linear layers.
+  // `vlm bench` counts them in the decode stream beside the weights.
+  int64_t decode_state_bytes() const;
 
   // Logits [ids.size(), vocab_size()] (row-major) for a raw id sequence, from a fresh cache: a
   // request through the engine core that also samples the token after the prompt, so at most

@@ -609,6 +609,7 @@ bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vis
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
 int64_t Engine::decode_weight_bytes() const { return impl_->decoder->decode_weight_bytes(); }
 int64_t Engine::decode_weight_count() const { return impl_->decoder->decode_weight_count(); }
+int64_t Engine::decode_state_bytes() const { return impl_->decoder->decode_state_bytes(); }
 std::string Engine::device() const { return impl_->backend->description(); }
 
 const std::string& Engine::cpu_kernels() const { return impl_->cpu_kernels; }

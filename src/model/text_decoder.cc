@@ -241,6 +241,13 @@ int64_t TextDecoder::decode_weight_count() const {
   return decode_weights([](const ops::Linear& w) { return w.rows() * w.cols(); });
 }
 
+int64_t TextDecoder::decode_state_bytes() const {
+  if (!hybrid()) return 0;
+  int64_t layers = 0;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) layers += cfg_.linear_layer(l) ? 1 : 0;
+  return layers * delta_shape().state_floats() * static_cast<int64_t>(sizeof(float));
+}
+
 KvCacheSpec TextDecoder::cache_spec(int64_t block_size, std::optional<DType> dtype) const {
   KvCacheSpec spec;
   spec.block_size = block_size;

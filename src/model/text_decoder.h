@@ -117,6 +117,9 @@ class TextDecoder {
   // how many weights they hold (bytes · 8 / count: bits per weight, scales included).
   int64_t decode_weight_bytes() const;
   int64_t decode_weight_count() const;
+  // Bytes of one sequence's linear-attention state (every linear layer's recurrent state and conv
+  // window, f32) a decode step reads and rewrites; 0 without linear layers.
+  int64_t decode_state_bytes() const;
   // The decoder's cache groups (kv/kv_cache_spec.h): its full-attention layers' K/V in `dtype`
   // (or else the activation type), in blocks of `block_size` tokens; a hybrid model's linear
   // layers' state slots.

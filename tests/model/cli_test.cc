@@ -437,6 +437,35 @@ TEST(Cli, BenchCommaListsWriteEveryMeasurementAsJson) {
 
 // bench --video: frame decode, preprocess and encode rows at each sampled frame count, with the
 // frames, groups and tokens each took.
+// A hybrid model's decode stream counts its linear-attention state beside the weights: every
+// linear layer's f32 recurrent state and conv window, from the config; bytes × tok/s is the row.
+TEST(Cli, BenchCountsTheHybridStateInTheDecodeStream) {
+  const std::string dir = kFixtures + "/qwen35-f32-a";
+  CliResult r = vlm("bench -m " + quote(dir) + " -n 4 --gen-prompt 5 -r 1 -t 1 --json -");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("| decode weight + state stream "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("of f32 state per token"), std::string::npos) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  const auto cfg = nlohmann::json::parse(test_util::read_file(dir + "/config.json"));
+  const auto& t = cfg.contains("text_config") ? cfg["text_config"] : cfg;
+  int64_t linear = 0;
+  for (const auto& l : t["layer_types"]) linear += l == "linear_attention" ? 1 : 0;
+  const int64_t nk = t["linear_num_key_heads"], nv = t["linear_num_value_heads"];
+  const int64_t dk = t["linear_key_head_dim"], dv = t["linear_value_head_dim"];
+  const int64_t K = t["linear_conv_kernel_dim"];
+  const int64_t state = linear * 4 * ((K - 1) * (2 * nk * dk + nv * dv) + nv * dk * dv);
+  ASSERT_GT(linear, 0);
+  EXPECT_EQ(j["decode_state_bytes"], state);
+  auto decode = rows_of(j, "decode");
+  auto bw = rows_of(j, "decode_bandwidth");
+  ASSERT_EQ(decode.size(), 1u);
+  ASSERT_EQ(bw.size(), 1u);
+  EXPECT_EQ(bw[0]["state_bytes"], state);
+  const double bytes = j["decode_weight_bytes"].get<double>() + static_cast<double>(state);
+  EXPECT_NEAR(bw[0]["median"].get<double>(), bytes * decode[0]["median"].get<double>() / 1e9,
+              1e-6 * bw[0]["median"].get<double>());
+}
+
 TEST(Cli, BenchVideo) {
   const std::string dir = kFixtures + "/video-f32";
   const std::string clip =

@@ -480,6 +480,7 @@ struct BenchReport {
   int threads = 0;
   std::string kernels;  // what the table's footer says of the kernels
   int64_t weight_bytes = 0;
+  int64_t state_bytes = 0;  // a hybrid model's linear-attention state, read per sequence per step
   double bits_per_weight = 0;       // weight_bytes · 8 / the weights they hold (scales included)
   std::vector<size_t> decode_rows;  // rows[] indices of the decode measurements
   int64_t peak_rss = 0;
@@ -517,6 +518,7 @@ vlm::Result<std::unique_ptr<vlm::Engine>> load_engine(const BenchArgs& a, const 
 void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport* r) {
   r->threads = engine.n_threads();
   r->weight_bytes = engine.decode_weight_bytes();
+  r->state_bytes = engine.decode_state_bytes();
   const int64_t weights = engine.decode_weight_count();
   r->bits_per_weight = weights > 0 ? 8.0 * static_cast<double>(r->weight_bytes) / weights : 0.0;
   r->kernels =
@@ -537,6 +539,7 @@ void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport*
   r->info["quant"] = engine.quant() == vlm::Quant::kNone ? "" : vlm::quant_name(engine.quant());
   r->info["threads"] = r->threads;
   r->info["decode_weight_bytes"] = r->weight_bytes;
+  r->info["decode_state_bytes"] = r->state_bytes;
   r->info["decode_weight_count"] = weights;
   r->info["bits_per_weight"] = r->bits_per_weight;
 }
@@ -702,31 +705,42 @@ vlm::Status bench_membw(const BenchArgs& a, BenchReport* r) {
   return vlm::ok_status();
 }
 
-// Decode streams every linear weight once per token: bytes × tok/s is its bandwidth, a row for
-// each decode row (and its share of the probe's, when it ran).
+std::string bytes_text(double b) {
+  return b >= 1e9 ? fmt("%.2f GB", b / 1e9) : fmt("%.2f MB", b / 1e6);
+}
+
+// Decode streams every linear weight once per token (and a hybrid model's state once per
+// sequence): bytes × tok/s is its bandwidth, a row for each decode row (and its share of the
+// probe's, when it ran).
 void add_decode_bandwidth(bool membw, BenchReport* r) {
+  const int64_t bytes = r->weight_bytes + r->state_bytes;
   for (size_t i : r->decode_rows) {
     const Row d = r->rows[i];
     std::vector<double> gb_s;
-    for (double v : d.samples) gb_s.push_back(static_cast<double>(r->weight_bytes) * v / 1e9);
+    for (double v : d.samples) gb_s.push_back(static_cast<double>(bytes) * v / 1e9);
     const double median = summarize(gb_s).median;
     json f = {{"size", d.fields.at("size")},
               {"gen_tokens", d.fields.at("gen_tokens")},
               {"prompt_tokens", d.fields.at("prompt_tokens")},
-              {"weight_bytes", r->weight_bytes}};
-    const double wb = static_cast<double>(r->weight_bytes);
-    std::string note = "decode " + d.size + ": " +
-                       (wb >= 1e9 ? fmt("%.2f GB", wb / 1e9) : fmt("%.2f MB", wb / 1e6)) +
-                       fmt(" of weights (%.3f bits each) per token x ", r->bits_per_weight) +
-                       fmt("%.2f", summarize(d.samples).median) +
-                       " tok/s = " + fmt("%.2f", median) + " GB/s";
+              {"weight_bytes", r->weight_bytes},
+              {"state_bytes", r->state_bytes}};
+    std::string note =
+        "decode " + d.size + ": " + bytes_text(static_cast<double>(r->weight_bytes)) +
+        fmt(" of weights (%.3f bits each)", r->bits_per_weight) +
+        (r->state_bytes > 0
+             ? " + " + bytes_text(static_cast<double>(r->state_bytes)) + " of f32 state"
+             : std::string()) +
+        " per token x " + fmt("%.2f", summarize(d.samples).median) +
+        " tok/s = " + fmt("%.2f", median) + " GB/s";
     if (membw && r->read.median > 0) {
       f["share_of_read"] = median / r->read.median;
       f["share_of_copy"] = median / r->copy.median;
       note += ", " + fmt("%.0f", 100 * median / r->read.median) + "% of the read bandwidth, " +
               fmt("%.0f", 100 * median / r->copy.median) + "% of memcpy's read + write";
     }
-    r->rows.push_back({"decode_bandwidth", "decode weight stream", d.size, "GB/s", gb_s, f});
+    r->rows.push_back({"decode_bandwidth",
+                       r->state_bytes > 0 ? "decode weight + state stream" : "decode weight stream",
+                       d.size, "GB/s", gb_s, f});
     r->notes.push_back(note);
   }
 }
@@ -835,6 +849,7 @@ int run_bench(const BenchArgs& a) {
             {"quant", nullptr},
             {"threads", nullptr},
             {"decode_weight_bytes", nullptr},
+            {"decode_state_bytes", nullptr},
             {"decode_weight_count", nullptr},
             {"bits_per_weight", nullptr}};
   r.threads = a.threads;
