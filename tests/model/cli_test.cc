@@ -435,8 +435,6 @@ TEST(Cli, BenchCommaListsWriteEveryMeasurementAsJson) {
   EXPECT_NE(r.err.find("| prefill "), std::string::npos) << r.err;
 }
 
-// bench --video: frame decode, preprocess and encode rows at each sampled frame count, with the
-// frames, groups and tokens each took.
 // A hybrid model's decode stream counts its linear-attention state beside the weights: every
 // linear layer's f32 recurrent state and conv window, from the config; bytes × tok/s is the row.
 TEST(Cli, BenchCountsTheHybridStateInTheDecodeStream) {
@@ -466,6 +464,8 @@ TEST(Cli, BenchCountsTheHybridStateInTheDecodeStream) {
               1e-6 * bw[0]["median"].get<double>());
 }
 
+// bench --video: frame decode, preprocess and encode rows at each sampled frame count, with the
+// frames, groups and tokens each took.
 TEST(Cli, BenchVideo) {
   const std::string dir = kFixtures + "/video-f32";
   const std::string clip =

@@ -644,10 +644,10 @@ TEST(SchedulerPrefixCache, HybridSnapshotsAlignChunksAndHitsResumeFromThem) {
 }
 
 // Past its prompt a request keeps one snapshot, its latest: a reply crossing five snapshot points
-// saves them in one snapshot, except that one another request has resumed from (at 24) stays
-// that request's and the reply takes another for the next. Two of the other prompt's three
-// snapshots survive, and a follow-up turn sharing the prompt and the reply resumes from the
-// reply's last one.
+// saves them in one snapshot, except that the one another request has resumed from (at 24) is
+// left in place and the reply takes another for the next. The other prompt keeps its last
+// snapshot (24; its 8 and 16 are evicted), and a follow-up turn sharing the prompt and the reply
+// resumes from the reply's last one.
 TEST(SchedulerPrefixCache, AReplyKeepsOnlyItsLatestSnapshot) {
   SchedulerConfig c = config(64, 4, 4, 8);  // prefill chunks of 8: a snapshot at the end of each
   c.prefix_caching = true;
