@@ -561,6 +561,18 @@ struct SimParams {
   bool hybrid = false;  // state slots and snapshots (every 32 tokens, 3 of them)
 };
 
+// A hybrid model's scheduler for the snapshot tests: 64 blocks of 4 tokens, 4 sequences and
+// state slots, a step budget of 8 tokens (prefill chunks of 8), prefix caching with a snapshot
+// every 8 tokens in `snapshots` snapshots.
+SchedulerConfig snapshots_config(int32_t snapshots) {
+  SchedulerConfig c = config(64, 4, 4, 8);
+  c.prefix_caching = true;
+  c.num_state_slots = 4;
+  c.snapshot_interval = 8;
+  c.num_snapshots = snapshots;
+  return c;
+}
+
 // A hybrid model's snapshots (interval 8 tokens, blocks of 4, a step budget of 8): a chunk
 // that ends at a snapshot point has its state kept there, keyed by the hash of the block ending
 // there and taken after its step (`saves`); a request with the same prefix resumes from the
@@ -568,11 +580,7 @@ struct SimParams {
 // shares only part of a snapshot interval resumes from the one before, and with two snapshots the
 // least recently used is replaced.
 TEST(SchedulerPrefixCache, HybridSnapshotsAlignChunksAndHitsResumeFromThem) {
-  SchedulerConfig c = config(64, 4, 4, 8);
-  c.prefix_caching = true;
-  c.num_state_slots = 4;
-  c.snapshot_interval = 8;
-  c.num_snapshots = 2;
+  SchedulerConfig c = snapshots_config(2);
   Scheduler s = make(c);
   BlockHasher h;
   std::vector<int32_t> a(21), b(21), d(21);
@@ -649,12 +657,7 @@ TEST(SchedulerPrefixCache, HybridSnapshotsAlignChunksAndHitsResumeFromThem) {
 // snapshot (24; its 8 and 16 are evicted), and a follow-up turn sharing the prompt and the reply
 // resumes from the reply's last one.
 TEST(SchedulerPrefixCache, AReplyKeepsOnlyItsLatestSnapshot) {
-  SchedulerConfig c = config(64, 4, 4, 8);  // prefill chunks of 8: a snapshot at the end of each
-  c.prefix_caching = true;
-  c.num_state_slots = 4;
-  c.snapshot_interval = 8;
-  c.num_snapshots = 4;
-  Scheduler s = make(c);
+  Scheduler s = make(snapshots_config(4));
   BlockHasher h;
   std::vector<int32_t> other(25), turn(8);
   for (int i = 0; i < 25; ++i) other[i] = 500 + i;
