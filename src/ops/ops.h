@@ -280,14 +280,15 @@ struct DeltaNetSeq {
 // Qwen3_5GatedDeltaNet between its input products and its gated norm): per sequence, the causal
 // depthwise conv1d + SiLU over q|k|v (weights conv_w [kernel, conv_dim], tap-major), q and k
 // L2-normalised (q scaled by 1/√dk), β = sigmoid(b), g = −e^{a_log}·softplus(a + dt_bias), then
-// the gated delta rule: recurrent for a one-token chunk, chunks of kernels::kDeltaChunk
-// otherwise, carrying each sequence's state. proj: [rows, proj_stride] rows as
-// DeltaNetShape::proj_dim lays them out; mixed: scratch [rows, mixed_dim]; out: [rows, nv·dv].
-// Threads split the sequences' (sequence, value head) pairs.
+// the gated delta rule: recurrent for a one-token chunk, chunks of `chunk` tokens otherwise
+// (0: kernels::kDeltaChunk; 1: recurrent for every token), carrying each sequence's state. proj:
+// [rows, proj_stride] rows as DeltaNetShape::proj_dim lays them out; mixed: scratch
+// [rows, mixed_dim]; out: [rows, nv·dv]. Threads split the conv1d by sequence and block of
+// channels, and the delta rule by (sequence, value head).
 void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* seqs,
                      int64_t n_seqs, const DeltaNetShape& s, const float* conv_w,
                      const float* a_log, const float* dt_bias, float* mixed, float* out,
-                     ThreadPool& pool, Isa isa = detected_isa());
+                     ThreadPool& pool, Isa isa = detected_isa(), int64_t chunk = 0);
 // Qwen3.5's gated RMSNorm: per value head of each row, y = rms_norm(x) · w · silu(z). x, y:
 // [rows, heads, n]; z: row r's heads at z + r·z_stride (n values each); w: [n].
 void gated_rms_norm(const float* x, const float* z, int64_t z_stride, int64_t rows, int64_t heads,

@@ -290,21 +290,26 @@ void delta_gates(const float* proj, int64_t proj_stride, int64_t rows, const Del
 void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* seqs,
                      int64_t n_seqs, const DeltaNetShape& s, const float* conv_w,
                      const float* a_log, const float* dt_bias, float* mixed, float* out,
-                     ThreadPool& pool, Isa isa) {
+                     ThreadPool& pool, Isa isa, int64_t chunk) {
   const kernels::HybridKernels& k = hybrid_kernels(isa);
+  if (chunk <= 0) chunk = kernels::kDeltaChunk;
   const int64_t C = s.conv_dim(), ms = s.mixed_dim(), od = s.nv * s.dv;
   int64_t rows = 0;
   for (int64_t i = 0; i < n_seqs; ++i) rows = std::max(rows, seqs[i].row + seqs[i].len);
-  // The conv1d per sequence (a fresh one from a zero window and state).
-  pool.parallel_for(n_seqs, 1, [&](int64_t i0, int64_t i1, int) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const DeltaNetSeq& q = seqs[i];
+  // The conv1d per sequence and block of channels (a fresh sequence from a zero window), so that
+  // one sequence's prefill runs on every thread.
+  constexpr int64_t kConvBlock = 512;
+  const int64_t blocks = (C + kConvBlock - 1) / kConvBlock;
+  pool.parallel_for(n_seqs * blocks, 1, [&](int64_t j0, int64_t j1, int) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const DeltaNetSeq& q = seqs[j / blocks];
+      const int64_t c0 = (j % blocks) * kConvBlock, c1 = std::min(C, c0 + kConvBlock);
       if (q.fresh) {
-        std::fill_n(q.conv, s.conv_state(), 0.f);
-        std::fill_n(q.state, s.recurrent_state(), 0.f);
+        for (int64_t r = 0; r + 1 < s.kernel; ++r)
+          std::fill(q.conv + r * C + c0, q.conv + r * C + c1, 0.f);
       }
-      k.conv1d_silu(proj + q.row * proj_stride, proj_stride, q.len, C, s.kernel, conv_w, q.conv,
-                    mixed + q.row * ms, ms);
+      k.conv1d_silu(proj + q.row * proj_stride, proj_stride, q.len, C, c0, c1, s.kernel, conv_w,
+                    q.conv, mixed + q.row * ms, ms);
     }
   });
   delta_gates(proj, proj_stride, rows, s, a_log, dt_bias, mixed, pool, isa);
@@ -313,7 +318,7 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;
   scratch.reserve(pool.n_threads(),
-                  static_cast<size_t>(kernels::delta_chunk_scratch(s.dk, s.dv) + s.dv));
+                  static_cast<size_t>(kernels::delta_chunk_scratch(s.dk, s.dv, chunk) + s.dv));
   pool.parallel_for(n_seqs * s.nv, 1, [&](int64_t j0, int64_t j1, int thread) {
     float* buf = scratch.get(thread);
     for (int64_t j = j0; j < j1; ++j) {
@@ -328,13 +333,14 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
       in.beta = m + C + s.nv + h;
       in.qk_stride = in.v_stride = in.gb_stride = ms;
       float* S = q.state + h * s.dk * s.dv;
+      if (q.fresh) std::fill_n(S, s.dk * s.dv, 0.f);
       float* o = out + q.row * od + h * s.dv;
-      if (q.len == 1) {
-        k.delta_rule_recurrent(in, 1, s.dk, s.dv, S, o, od, buf);
+      if (q.len == 1 || chunk == 1) {
+        k.delta_rule_recurrent(in, q.len, s.dk, s.dv, S, o, od, buf);
         continue;
       }
-      for (int64_t t0 = 0; t0 < q.len; t0 += kernels::kDeltaChunk) {
-        const int64_t n = std::min(kernels::kDeltaChunk, q.len - t0);
+      for (int64_t t0 = 0; t0 < q.len; t0 += chunk) {
+        const int64_t n = std::min(chunk, q.len - t0);
         kernels::DeltaInputs c = in;
         for (const float** p : {&c.q, &c.k, &c.v, &c.g, &c.beta}) *p += t0 * ms;
         k.delta_rule_chunk(c, n, s.dk, s.dv, S, o + t0 * od, od, buf);

@@ -464,6 +464,28 @@ TEST(Cli, BenchCountsTheHybridStateInTheDecodeStream) {
               1e-6 * bw[0]["median"].get<double>());
 }
 
+// bench --delta-rule: one row per chunk size (1: the recurrent form) over the first -p tokens,
+// nothing else measured; a model without linear-attention layers is refused by name.
+TEST(Cli, BenchDeltaRuleChunks) {
+  CliResult r = vlm("bench -m " + quote(kFixtures + "/qwen35-f32-a") +
+                    " --delta-rule 1,8,32 -p 40 -r 1 -t 1 --no-warmup --json -");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  auto rows = rows_of(j, "delta_rule");
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(j["results"].size(), 4u);  // and the prefill that -p asked for
+  const int64_t chunks[] = {1, 8, 32};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["chunk"], chunks[i]);
+    EXPECT_EQ(rows[i]["tokens"], 40);
+    EXPECT_GT(rows[i]["median"].get<double>(), 0.0);
+  }
+  r = vlm("bench -m " + quote(kFixtures + "/text-f32-untied") + " --delta-rule 32 -r 1 -t 1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--delta-rule: the model has no linear-attention layers"), std::string::npos)
+      << r.err;
+}
+
 // bench --video: frame decode, preprocess and encode rows at each sampled frame count, with the
 // frames, groups and tokens each took.
 TEST(Cli, BenchVideo) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/hybrid.h"
@@ -44,98 +45,107 @@ struct DeltaCase {
 
 // Sequences of several lengths (1, a partial chunk, more than two chunks) through the op in
 // calls of various sizes, each carrying its state to the next call, equal the token-by-token
-// reference run over the whole sequences; shapes with nv = 2·nk, dk ≠ dv and widths no vector
-// divides.
+// reference run over the whole sequences; shapes with nv = 2·nk, dk ≠ dv, widths no vector
+// divides, and more conv channels than one of the op's channel blocks (512); the delta rule in
+// the op's chunks (0: kDeltaChunk), token by token (1) and in chunks of 64.
 TEST_P(HybridTest, GatedDeltaNetMatchesTheRecurrentReference) {
   ThreadPool pool(2);
   for (const ops::DeltaNetShape& shape :
        {ops::DeltaNetShape{2, 4, 16, 8, 4}, ops::DeltaNetShape{1, 1, 24, 20, 4},
-        ops::DeltaNetShape{2, 2, 32, 32, 3}}) {
-    SCOPED_TRACE("nk " + std::to_string(shape.nk) + " nv " + std::to_string(shape.nv) + " dk " +
-                 std::to_string(shape.dk) + " dv " + std::to_string(shape.dv));
-    DeltaCase dc(shape);
-    const ops::DeltaNetShape& s = dc.s;
-    const std::vector<int64_t> lens = {1, 37, 150};
-    // Each sequence's calls: its tokens split into these pieces, one call per round.
-    const std::vector<std::vector<int64_t>> pieces = {{1}, {5, 1, 31}, {64, 1, 70, 15}};
-    const int64_t od = s.nv * s.dv, pd = s.proj_dim(), sf = s.state_floats();
-    std::vector<std::vector<float>> proj, want(lens.size()), got(lens.size());
-    std::vector<std::vector<float>> ref_state(lens.size()), state(lens.size());
-    for (size_t i = 0; i < lens.size(); ++i) {
-      proj.push_back(randn(static_cast<size_t>(lens[i] * pd), 100 + static_cast<uint32_t>(i)));
-      want[i].assign(static_cast<size_t>(lens[i] * od), 0.f);
-      got[i].assign(want[i].size(), 0.f);
-      ref_state[i].assign(static_cast<size_t>(sf), 7.f);  // fresh: must be cleared
-      state[i].assign(static_cast<size_t>(sf), 7.f);
-      ops::DeltaNetSeq q{0, lens[i], true, ref_state[i].data(),
-                         ref_state[i].data() + s.conv_state()};
-      ops::ref::gated_delta_net(proj[i].data(), pd, &q, 1, s, dc.conv_w.data(), dc.a_log.data(),
-                                dc.dt_bias.data(), want[i].data());
-    }
-    // Rounds: every sequence with a piece left joins the batch with it.
-    std::vector<int64_t> done(lens.size(), 0);
-    for (size_t round = 0; round < 4; ++round) {
-      std::vector<ops::DeltaNetSeq> seqs;
-      std::vector<float> batch, out;
-      std::vector<size_t> who;
-      int64_t rows = 0;
+        ops::DeltaNetShape{2, 2, 32, 32, 3}, ops::DeltaNetShape{2, 4, 128, 96, 4}}) {
+    for (int64_t chunk : {0, 1, 64}) {
+      SCOPED_TRACE("nk " + std::to_string(shape.nk) + " nv " + std::to_string(shape.nv) + " dk " +
+                   std::to_string(shape.dk) + " dv " + std::to_string(shape.dv) + " chunk " +
+                   std::to_string(chunk));
+      DeltaCase dc(shape);
+      const ops::DeltaNetShape& s = dc.s;
+      const std::vector<int64_t> lens = {1, 37, 150};
+      // Each sequence's calls: its tokens split into these pieces, one call per round.
+      const std::vector<std::vector<int64_t>> pieces = {{1}, {5, 1, 31}, {64, 1, 70, 15}};
+      const int64_t od = s.nv * s.dv, pd = s.proj_dim(), sf = s.state_floats();
+      std::vector<std::vector<float>> proj, want(lens.size()), got(lens.size());
+      std::vector<std::vector<float>> ref_state(lens.size()), state(lens.size());
       for (size_t i = 0; i < lens.size(); ++i) {
-        if (round >= pieces[i].size()) continue;
-        const int64_t n = pieces[i][round];
-        batch.insert(batch.end(), proj[i].begin() + done[i] * pd,
-                     proj[i].begin() + (done[i] + n) * pd);
-        seqs.push_back({rows, n, done[i] == 0, state[i].data(), state[i].data() + s.conv_state()});
-        who.push_back(i);
-        rows += n;
+        proj.push_back(randn(static_cast<size_t>(lens[i] * pd), 100 + static_cast<uint32_t>(i)));
+        want[i].assign(static_cast<size_t>(lens[i] * od), 0.f);
+        got[i].assign(want[i].size(), 0.f);
+        ref_state[i].assign(static_cast<size_t>(sf), 7.f);  // fresh: must be cleared
+        state[i].assign(static_cast<size_t>(sf), 7.f);
+        ops::DeltaNetSeq q{0, lens[i], true, ref_state[i].data(),
+                           ref_state[i].data() + s.conv_state()};
+        ops::ref::gated_delta_net(proj[i].data(), pd, &q, 1, s, dc.conv_w.data(), dc.a_log.data(),
+                                  dc.dt_bias.data(), want[i].data());
       }
-      std::vector<float> mixed(static_cast<size_t>(rows * s.mixed_dim()));
-      out.assign(static_cast<size_t>(rows * od), 0.f);
-      ops::gated_delta_net(batch.data(), pd, seqs.data(), static_cast<int64_t>(seqs.size()), s,
-                           dc.conv_w.data(), dc.a_log.data(), dc.dt_bias.data(), mixed.data(),
-                           out.data(), pool, GetParam());
-      for (size_t j = 0; j < seqs.size(); ++j) {
-        const size_t i = who[j];
-        std::copy_n(out.begin() + seqs[j].row * od, seqs[j].len * od,
-                    got[i].begin() + done[i] * od);
-        done[i] += seqs[j].len;
+      // Rounds: every sequence with a piece left joins the batch with it.
+      std::vector<int64_t> done(lens.size(), 0);
+      for (size_t round = 0; round < 4; ++round) {
+        std::vector<ops::DeltaNetSeq> seqs;
+        std::vector<float> batch, out;
+        std::vector<size_t> who;
+        int64_t rows = 0;
+        for (size_t i = 0; i < lens.size(); ++i) {
+          if (round >= pieces[i].size()) continue;
+          const int64_t n = pieces[i][round];
+          batch.insert(batch.end(), proj[i].begin() + done[i] * pd,
+                       proj[i].begin() + (done[i] + n) * pd);
+          seqs.push_back(
+              {rows, n, done[i] == 0, state[i].data(), state[i].data() + s.conv_state()});
+          who.push_back(i);
+          rows += n;
+        }
+        std::vector<float> mixed(static_cast<size_t>(rows * s.mixed_dim()));
+        out.assign(static_cast<size_t>(rows * od), 0.f);
+        ops::gated_delta_net(batch.data(), pd, seqs.data(), static_cast<int64_t>(seqs.size()), s,
+                             dc.conv_w.data(), dc.a_log.data(), dc.dt_bias.data(), mixed.data(),
+                             out.data(), pool, GetParam(), chunk);
+        for (size_t j = 0; j < seqs.size(); ++j) {
+          const size_t i = who[j];
+          std::copy_n(out.begin() + seqs[j].row * od, seqs[j].len * od,
+                      got[i].begin() + done[i] * od);
+          done[i] += seqs[j].len;
+        }
       }
-    }
-    for (size_t i = 0; i < lens.size(); ++i) {
-      SCOPED_TRACE("sequence of " + std::to_string(lens[i]));
-      ASSERT_EQ(done[i], lens[i]);
-      EXPECT_LE(rel_err(got[i], want[i]), 2e-5);
-      EXPECT_LE(rel_err(state[i], ref_state[i]), 2e-5);  // the carried state itself
+      for (size_t i = 0; i < lens.size(); ++i) {
+        SCOPED_TRACE("sequence of " + std::to_string(lens[i]));
+        ASSERT_EQ(done[i], lens[i]);
+        EXPECT_LE(rel_err(got[i], want[i]), 2e-5);
+        EXPECT_LE(rel_err(state[i], ref_state[i]), 2e-5);  // the carried state itself
+      }
     }
   }
 }
 
-// The chunked form alone equals the recurrent form over the same tokens and state (a chunk of
-// 64, one of 9, and a single token), at the kernel level.
+// The chunked form alone equals the recurrent form over the same tokens and state, at the kernel
+// level: the op's chunk, a chunk of 128 (as `vlm bench --delta-rule` runs), 37 tokens (GEMM tiles
+// of 12 rows and a tail), 9 and a single one; key and value dims below, at and past the packed
+// GEMM's 32-column panels (the published 128 too). The scratch is sized for n and starts as NaN.
 TEST_P(HybridTest, ChunkedDeltaRuleEqualsRecurrent) {
   const kernels::HybridKernels& k = ops::hybrid_kernels(GetParam());
-  const int64_t dk = 24, dv = 20;
-  for (int64_t n : {64, 9, 1}) {
-    SCOPED_TRACE(std::to_string(n) + " tokens");
-    auto q = randn(static_cast<size_t>(n * dk), 1), kk = randn(static_cast<size_t>(n * dk), 2);
-    for (int64_t t = 0; t < n; ++t) {  // unit keys and scaled queries, as the op hands them over
-      for (auto* v : {&q, &kk}) {
-        float ss = 0;
-        for (int64_t d = 0; d < dk; ++d) ss += (*v)[t * dk + d] * (*v)[t * dk + d];
-        for (int64_t d = 0; d < dk; ++d) (*v)[t * dk + d] /= std::sqrt(ss);
+  for (auto [dk, dv] : {std::pair<int64_t, int64_t>{24, 20}, {32, 72}, {128, 128}}) {
+    for (int64_t n : {kernels::kDeltaChunk, int64_t{128}, int64_t{37}, int64_t{9}, int64_t{1}}) {
+      SCOPED_TRACE("dk " + std::to_string(dk) + " dv " + std::to_string(dv) + ", " +
+                   std::to_string(n) + " tokens");
+      auto q = randn(static_cast<size_t>(n * dk), 1), kk = randn(static_cast<size_t>(n * dk), 2);
+      for (int64_t t = 0; t < n; ++t) {  // unit keys and scaled queries, as the op hands them over
+        for (auto* v : {&q, &kk}) {
+          float ss = 0;
+          for (int64_t d = 0; d < dk; ++d) ss += (*v)[t * dk + d] * (*v)[t * dk + d];
+          for (int64_t d = 0; d < dk; ++d) (*v)[t * dk + d] /= std::sqrt(ss);
+        }
       }
+      auto v = randn(static_cast<size_t>(n * dv), 3);
+      auto g = randn(static_cast<size_t>(n), 4, 0.1f), beta = randn(static_cast<size_t>(n), 5);
+      for (float& x : g) x = -std::fabs(x);
+      for (float& x : beta) x = 1.f / (1.f + std::exp(-x));
+      kernels::DeltaInputs in{q.data(), kk.data(), v.data(), g.data(), beta.data(), dk, dv, 1};
+      auto s0 = randn(static_cast<size_t>(dk * dv), 6, 0.3f), s1 = s0;
+      std::vector<float> o0(static_cast<size_t>(n * dv)), o1(o0.size());
+      std::vector<float> scratch(static_cast<size_t>(kernels::delta_chunk_scratch(dk, dv, n)), NAN);
+      k.delta_rule_recurrent(in, n, dk, dv, s0.data(), o0.data(), dv, scratch.data());
+      k.delta_rule_chunk(in, n, dk, dv, s1.data(), o1.data(), dv, scratch.data());
+      EXPECT_LE(rel_err(o1, o0), 1e-5);
+      EXPECT_LE(rel_err(s1, s0), 1e-5);
     }
-    auto v = randn(static_cast<size_t>(n * dv), 3);
-    auto g = randn(static_cast<size_t>(n), 4, 0.1f), beta = randn(static_cast<size_t>(n), 5);
-    for (float& x : g) x = -std::fabs(x);
-    for (float& x : beta) x = 1.f / (1.f + std::exp(-x));
-    kernels::DeltaInputs in{q.data(), kk.data(), v.data(), g.data(), beta.data(), dk, dv, 1};
-    auto s0 = randn(static_cast<size_t>(dk * dv), 6, 0.3f), s1 = s0;
-    std::vector<float> o0(static_cast<size_t>(n * dv)), o1(o0.size());
-    std::vector<float> scratch(static_cast<size_t>(kernels::delta_chunk_scratch(dk, dv)));
-    k.delta_rule_recurrent(in, n, dk, dv, s0.data(), o0.data(), dv, scratch.data());
-    k.delta_rule_chunk(in, n, dk, dv, s1.data(), o1.data(), dv, scratch.data());
-    EXPECT_LE(rel_err(o1, o0), 1e-5);
-    EXPECT_LE(rel_err(s1, s0), 1e-5);
   }
 }
 

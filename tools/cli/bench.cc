@@ -406,7 +406,7 @@ vlm::Result<ImageCase> synthetic_case(const std::string& size) {
 
 // What one run measures: the sizes parsed from the options, or the default run's.
 struct BenchPlan {
-  std::vector<int64_t> prompts, gens, batches, attention, video_frames;
+  std::vector<int64_t> prompts, gens, batches, attention, delta_chunks, video_frames;
   std::vector<ImageCase> images;
   bool membw = false;
   bool default_run = false;  // no selection: the standard sizes and images, and the probe
@@ -425,6 +425,7 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
   if (!sizes("-p", a.prompt_sizes, &p.prompts) || !sizes("-n", a.gen_sizes, &p.gens) ||
       !sizes("--batch", a.batch_sizes, &p.batches) ||
       !sizes("--attention", a.attention_sizes, &p.attention) ||
+      !sizes("--delta-rule", a.delta_chunks, &p.delta_chunks) ||
       !sizes("--video-frames", a.video_frames.empty() ? "8,32,128" : a.video_frames,
              &p.video_frames)) {
     return vlm::invalid_argument(err);
@@ -450,7 +451,7 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
   p.membw = a.membw || a.membw_mib > 0;
   const bool selected = !p.prompts.empty() || !p.gens.empty() || !p.batches.empty() ||
                         !p.images.empty() || p.membw || !p.attention.empty() ||
-                        !a.structured.empty() || !a.videos.empty();
+                        !p.delta_chunks.empty() || !a.structured.empty() || !a.videos.empty();
   p.default_run = !selected;
   if (p.default_run) {
     p.prompts = {128, 512, 2048};
@@ -464,8 +465,8 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
   p.decode = p.default_run || !a.gen_sizes.empty();
   p.gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !p.prompts.empty() ? p.prompts[0] : 128;
   p.needs_model = !p.prompts.empty() || p.decode || !p.batches.empty() || !p.images.empty() ||
-                  p.default_run || !p.attention.empty() || !a.structured.empty() ||
-                  !a.videos.empty();
+                  p.default_run || !p.attention.empty() || !p.delta_chunks.empty() ||
+                  !a.structured.empty() || !a.videos.empty();
   if (p.needs_model && a.model.empty()) {
     return vlm::invalid_argument("bench: -m is required (all but --membw need a model)");
   }
@@ -680,6 +681,23 @@ vlm::Status bench_attention(vlm::Engine& engine, const BenchArgs& a, const Bench
   return vlm::ok_status();
 }
 
+// A hybrid model's Gated DeltaNet mixing alone over a prefill (the first -p, else 512 tokens) at
+// each --delta-rule chunk size.
+vlm::Status bench_delta_rule(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
+                             BenchReport* r) {
+  const int64_t tokens = p.prompts.empty() ? 512 : p.prompts[0];
+  for (int64_t chunk : p.delta_chunks) {
+    const std::string size =
+        std::to_string(tokens) + " tokens, " +
+        (chunk == 1 ? std::string("recurrent") : "chunk " + std::to_string(chunk));
+    progress("delta rule " + size, a);
+    VLM_ASSIGN_OR_RETURN(std::vector<double> ms, time_delta_rule(engine, tokens, chunk, a.reps));
+    r->rows.push_back({"delta_rule", "prefill delta rule (all linear layers)", size, "ms", ms,
+                       json{{"size", tokens}, {"tokens", tokens}, {"chunk", chunk}}});
+  }
+  return vlm::ok_status();
+}
+
 // The memory read and copy probe (with the engine's thread count when one ran).
 vlm::Status bench_membw(const BenchArgs& a, BenchReport* r) {
   MemoryBandwidthOptions mo;
@@ -813,6 +831,11 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("--attention", a->attention_sizes,
                 "Decode attention alone (CPU) at these context lengths, a comma list, for each "
                 "KV cache dtype (f32, bf16, int8): ms per step over all layers");
+  b->add_option(
+      "--delta-rule", a->delta_chunks,
+      "A hybrid model's Gated DeltaNet mixing alone (CPU: conv1d, gates, delta rule) over "
+      "a prefill of the first -p tokens (default 512), with the delta rule in chunks of "
+      "these sizes, a comma list (1: token by token): ms over all linear layers");
   b->add_flag("--membw", a->membw,
               "Measure the memory read and copy bandwidth (in the default run)");
   b->add_option("--membw-mib", a->membw_mib,
@@ -862,7 +885,8 @@ int run_bench(const BenchArgs& a) {
       return 0;
     }
     describe_engine(engine, a, &r);
-    for (auto stage : {bench_text, bench_structured, bench_media, bench_batches, bench_attention}) {
+    for (auto stage : {bench_text, bench_structured, bench_media, bench_batches, bench_attention,
+                       bench_delta_rule}) {
       if (vlm::Status st = stage(engine, a, p, &r); !st.ok()) return fail(st.message());
     }
     if (engine.device() != "cpu") {

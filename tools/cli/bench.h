@@ -18,6 +18,7 @@ struct BenchArgs {
   std::string gen_sizes;        // -n "128"
   std::string batch_sizes;      // --batch "1,8"
   std::string attention_sizes;  // --attention "4096,16384"
+  std::string delta_chunks;     // --delta-rule "16,32,64,128"
   int64_t gen_prompt = 0;       // prompt before the decode measurements; 0 = the first -p, else 128
   std::vector<std::string> images;
   std::vector<std::string> synthetic_images;  // "448x448"

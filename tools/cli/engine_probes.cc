@@ -202,4 +202,53 @@ vlm::Result<std::vector<double>> time_decode_attention(vlm::Engine& engine, int6
   return ms;
 }
 
+vlm::Result<std::vector<double>> time_delta_rule(vlm::Engine& engine, int64_t tokens, int64_t chunk,
+                                                 int reps) {
+  EngineImpl& m = EngineAccess::impl(engine);
+  if (m.backend->device() != ops::Device::kCpu) {
+    return invalid_argument("time_delta_rule runs on the CPU backend");
+  }
+  const Qwen3VLTextConfig& c = m.cfg.text_config;
+  const int64_t layers = c.num_linear_layers();
+  if (layers == 0)
+    return invalid_argument("--delta-rule: the model has no linear-attention layers");
+  if (tokens < 1 || chunk < 1 || reps < 1) {
+    return invalid_argument("tokens, chunk and reps must be positive");
+  }
+  ops::DeltaNetShape s;
+  s.nk = c.linear_num_key_heads;
+  s.nv = c.linear_num_value_heads;
+  s.dk = c.linear_key_head_dim;
+  s.dv = c.linear_value_head_dim;
+  s.kernel = c.linear_conv_kernel_dim;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto fill = [&](std::vector<float>& v, size_t n, float scale) {
+    v.resize(n);
+    for (float& x : v) x = normal(rng) * scale;
+  };
+  std::vector<float> proj, conv_w, a_log, dt_bias;
+  fill(proj, static_cast<size_t>(tokens * s.proj_dim()), 1.f);
+  fill(conv_w, static_cast<size_t>(s.kernel * s.conv_dim()), 0.3f);
+  fill(a_log, static_cast<size_t>(s.nv), 0.5f);
+  fill(dt_bias, static_cast<size_t>(s.nv), 0.5f);
+  std::vector<float> mixed(static_cast<size_t>(tokens * s.mixed_dim())),
+      out(static_cast<size_t>(tokens * s.nv * s.dv));
+  std::vector<std::vector<float>> states(static_cast<size_t>(layers),
+                                         std::vector<float>(static_cast<size_t>(s.state_floats())));
+  std::vector<double> ms;
+  m.core->run_on_engine_thread([&] {
+    for (int r = -1; r < reps; ++r) {  // one untimed pass first
+      const auto t0 = Clock::now();
+      for (std::vector<float>& st : states) {
+        const ops::DeltaNetSeq q{0, tokens, true, st.data(), st.data() + s.conv_state()};
+        ops::gated_delta_net(proj.data(), s.proj_dim(), &q, 1, s, conv_w.data(), a_log.data(),
+                             dt_bias.data(), mixed.data(), out.data(), *m.pool, m.isa, chunk);
+      }
+      if (r >= 0) ms.push_back(ms_since(t0));
+    }
+  });
+  return ms;
+}
+
 }  // namespace vlm_cli

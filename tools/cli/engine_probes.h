@@ -38,6 +38,14 @@ vlm::Result<VideoTimings> encode_video(vlm::Engine& engine, const vlm::VideoInpu
 vlm::Result<std::vector<double>> time_decode_attention(vlm::Engine& engine, int64_t context,
                                                        vlm::KvCacheDtype dtype, int reps);
 
+// Times a hybrid model's Gated DeltaNet token mixing alone (ops::gated_delta_net: conv1d, gates,
+// delta rule) as a prefill of `tokens` tokens from a fresh sequence runs it, with the delta rule
+// in chunks of `chunk` tokens (1: the recurrent form token by token): random inputs and small
+// weights at the model's shapes, every linear layer with its own state. Milliseconds per pass
+// over all linear layers, per rep. CPU only; runs on the engine thread between steps.
+vlm::Result<std::vector<double>> time_delta_rule(vlm::Engine& engine, int64_t tokens, int64_t chunk,
+                                                 int reps);
+
 // Times a structured output's grammar as a server meets it: compiled from scratch `reps` times
 // (ms each, against the vocabulary's token trie, built once and timed apart), then `sequences`
 // sequences sharing the compiled grammar each draw uniformly among the allowed tokens (seeded)

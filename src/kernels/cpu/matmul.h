@@ -27,7 +27,14 @@ constexpr int64_t kPackedMinRows = 32;
 //   matmul_prepacked: y[m, n] (row stride ldy) = Σ_{k < K} x[m · ldx + k] · B[n, k] for m < M,
 //     n < N, with B packed for packed_k >= K columns (so K may be a prefix: causal blocks) and
 //     N <= the packed rows. On the calling thread; writes only y's N columns.
-constexpr int64_t prepacked_floats(int64_t N, int64_t K) { return (N + 31) / 32 * 32 * K; }
+// Panels are packed_k · 32 floats apart and column k of a panel starts at k · 32, so
+// `packed + k0 · 32` with the same packed_k is B's columns from k0 on, and a matrix stacked from
+// two along K can be packed one 32-row panel at a time (pack_b_* with N ≤ 32 at panel p's
+// column offset).
+constexpr int64_t kPrepackedPanel = 32;
+constexpr int64_t prepacked_floats(int64_t N, int64_t K) {
+  return (N + kPrepackedPanel - 1) / kPrepackedPanel * kPrepackedPanel * K;
+}
 
 // matmul_row_l2 (avx2, avx512; a decode candidate): matmul_rows' one-row kernel for BF16 and I8
 // weights (other types: nothing written), its prefetches of the next rows into L2 instead of L1.
