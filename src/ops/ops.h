@@ -281,7 +281,7 @@ struct DeltaNetSeq {
 // depthwise conv1d + SiLU over q|k|v (weights conv_w [kernel, conv_dim], tap-major), q and k
 // L2-normalised (q scaled by 1/√dk), β = sigmoid(b), g = −e^{a_log}·softplus(a + dt_bias), then
 // the gated delta rule: recurrent for a one-token chunk, chunks of `chunk` tokens otherwise
-// (0: kernels::kDeltaChunk; 1: recurrent for every token), carrying each sequence's state. proj:
+// (≤ 0: kernels::kDeltaChunk; 1: recurrent for every token), carrying each sequence's state. proj:
 // [rows, proj_stride] rows as DeltaNetShape::proj_dim lays them out; mixed: scratch
 // [rows, mixed_dim]; out: [rows, nv·dv]. Threads split the conv1d by sequence and block of
 // channels, and the delta rule by (sequence, value head).

@@ -292,10 +292,13 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
                      const float* a_log, const float* dt_bias, float* mixed, float* out,
                      ThreadPool& pool, Isa isa, int64_t chunk) {
   const kernels::HybridKernels& k = hybrid_kernels(isa);
-  if (chunk <= 0) chunk = kernels::kDeltaChunk;
+
   const int64_t C = s.conv_dim(), ms = s.mixed_dim(), od = s.nv * s.dv;
   int64_t rows = 0;
   for (int64_t i = 0; i < n_seqs; ++i) rows = std::max(rows, seqs[i].row + seqs[i].len);
+  // (A chunk longer than the batch would only size the scratch for tokens that are not there.)
+  chunk =
+      std::clamp<int64_t>(chunk <= 0 ? kernels::kDeltaChunk : chunk, 1, std::max<int64_t>(rows, 1));
   // The conv1d per sequence and block of channels (a fresh sequence from a zero window), so that
   // one sequence's prefill runs on every thread.
   constexpr int64_t kConvBlock = 512;

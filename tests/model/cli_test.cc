@@ -465,7 +465,8 @@ TEST(Cli, BenchCountsTheHybridStateInTheDecodeStream) {
 }
 
 // bench --delta-rule: one row per chunk size (1: the recurrent form) over the first -p tokens,
-// nothing else measured; a model without linear-attention layers is refused by name.
+// beside the prefill that -p asks for; a model without linear-attention layers is refused by
+// name.
 TEST(Cli, BenchDeltaRuleChunks) {
   CliResult r = vlm("bench -m " + quote(kFixtures + "/qwen35-f32-a") +
                     " --delta-rule 1,8,32 -p 40 -r 1 -t 1 --no-warmup --json -");
@@ -477,6 +478,7 @@ TEST(Cli, BenchDeltaRuleChunks) {
   const int64_t chunks[] = {1, 8, 32};
   for (size_t i = 0; i < rows.size(); ++i) {
     EXPECT_EQ(rows[i]["chunk"], chunks[i]);
+    EXPECT_EQ(rows[i]["size"], chunks[i]);
     EXPECT_EQ(rows[i]["tokens"], 40);
     EXPECT_GT(rows[i]["median"].get<double>(), 0.0);
   }

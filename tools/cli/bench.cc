@@ -693,7 +693,7 @@ vlm::Status bench_delta_rule(vlm::Engine& engine, const BenchArgs& a, const Benc
     progress("delta rule " + size, a);
     VLM_ASSIGN_OR_RETURN(std::vector<double> ms, time_delta_rule(engine, tokens, chunk, a.reps));
     r->rows.push_back({"delta_rule", "prefill delta rule (all linear layers)", size, "ms", ms,
-                       json{{"size", tokens}, {"tokens", tokens}, {"chunk", chunk}}});
+                       json{{"size", chunk}, {"tokens", tokens}, {"chunk", chunk}}});
   }
   return vlm::ok_status();
 }

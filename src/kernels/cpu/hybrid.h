@@ -17,8 +17,8 @@ namespace vlm::kernels {
 // The op's chunk: how many tokens gated_delta_net hands delta_rule_chunk at once. Chosen by
 // measurement (`vlm bench --delta-rule 16,32,64,128` at Qwen3.5's dk = dv = 128): the n × n
 // products (Q Kᵀ, K Kᵀ, T V, T K) grow with the chunk while the state's (W S, the output, Kᵀ v')
-// do not, and below 32 rows the GEMM tiles run part empty: 32 took 0.86× the time of 64, 0.56×
-// of 128 and 0.94× of 16 (docs/benchmarks.md).
+// do not, and below 32 rows the GEMM tiles run part empty: on Qwen3.5-2B's shape, 32 took 0.85×
+// the time of 64 and 0.58× of 128, and 16 was no faster (docs/benchmarks.md).
 inline constexpr int64_t kDeltaChunk = 32;
 
 // Offsets, in floats, of delta_rule_chunk's scratch arrays for a chunk of n tokens, key dim dk
@@ -72,8 +72,8 @@ struct HybridKernels {
                       int64_t out_stride);
   // The gated delta rule of one value head, token by token (transformers'
   // torch_recurrent_gated_delta_rule): S ← S·e^g; δ = (v − Sᵀk)·β; S ← S + k δᵀ; out = Sᵀq.
-  // S: [dk, dv] in place, read once per token for Sᵀk and Sᵀq together and written once; out:
-  // token t's dv values at out + t·out_stride; scratch: dv floats.
+  // S: [dk, dv] in place; per token one read-only pass gives Sᵀk and Sᵀq together and one more
+  // pass decays and updates it. out: token t's dv values at out + t·out_stride; scratch: dv floats.
   void (*delta_rule_recurrent)(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, float* S,
                                float* out, int64_t out_stride, float* scratch);
   // The same over one chunk of n tokens at once, in the WY / UT form of transformers'
