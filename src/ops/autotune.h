@@ -35,8 +35,8 @@ std::string kernel_cache_dir();
 
 // The BF16 GEMM for products of M x rows, K inputs and N weight rows on this CPU: every candidate
 // this CPU runs (f32; dpbf16 and amx where bf16_gemm_available()) timed on random data for about
-// 0.1 s each after a warm-up, in three rounds that take the candidates in turn, each candidate's
-// best round kept, the fastest chosen. With a cache folder, a result for the same CPU
+// 0.1 s each after a warm-up run, in three rounds that take the candidates in turn, each
+// candidate's best round kept, the fastest chosen. With a cache folder, a result for the same CPU
 // model, ISA set, build and shape is read from `<dir>/cpu-kernels.txt` instead, and a new one added
 // to it (written to a temporary file and renamed over it). Errors only for an unusable shape; a
 // cache that cannot be read or written is measured around, not an error.
@@ -50,9 +50,9 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
 // The decode kernel of family f (ops.h: DecodeKernels) for these weights, the model's own linear
 // weights of the family's dtype in the order a decode step reads them: each candidate this level
 // runs streams them one x row at a time (a prefix of at least 512 MiB where they hold that much, so
-// the sweep comes from memory as a decode step's does) for about 0.1 s after a warm-up, in three
-// rounds as choose_bf16_gemm's; its best rate is GB/s of weight bytes (with their scales). The
-// fastest exact candidate is chosen; an inexact one (DecodeCandidate::exact false) only when
+// the sweep comes from memory as a decode step's does) for about 0.1 s after a warm-up run, in
+// three rounds as choose_bf16_gemm's; its best rate is GB/s of weight bytes (with their scales).
+// The fastest exact candidate is chosen; an inexact one (DecodeCandidate::exact false) only when
 // `exact_only` is false and it beats that by 5%. Cached as choose_bf16_gemm's choices are (keyed by
 // the family, the weights' count, shapes and bytes, the threads and the level). Errors for no
 // weights or a weight of another dtype.

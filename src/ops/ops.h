@@ -281,10 +281,10 @@ struct DeltaNetSeq {
 // depthwise conv1d + SiLU over q|k|v (weights conv_w [kernel, conv_dim], tap-major), q and k
 // L2-normalised (q scaled by 1/√dk), β = sigmoid(b), g = −e^{a_log}·softplus(a + dt_bias), then
 // the gated delta rule: recurrent for a one-token chunk, chunks of `chunk` tokens otherwise
-// (≤ 0: kernels::kDeltaChunk; 1: recurrent for every token), carrying each sequence's state. proj:
-// [rows, proj_stride] rows as DeltaNetShape::proj_dim lays them out; mixed: scratch
-// [rows, mixed_dim]; out: [rows, nv·dv]. Threads split the conv1d by sequence and block of
-// channels, and the delta rule by (sequence, value head).
+// (≤ 0: kernels::kDeltaChunk; 1: recurrent for every token; at most the batch's rows), carrying
+// each sequence's state. proj: [rows, proj_stride] rows as DeltaNetShape::proj_dim lays them out;
+// mixed: scratch [rows, mixed_dim]; out: [rows, nv·dv]. Threads split the conv1d by sequence and
+// block of channels, and the delta rule by (sequence, value head).
 void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* seqs,
                      int64_t n_seqs, const DeltaNetShape& s, const float* conv_w,
                      const float* a_log, const float* dt_bias, float* mixed, float* out,

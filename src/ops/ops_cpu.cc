@@ -292,7 +292,6 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
                      const float* a_log, const float* dt_bias, float* mixed, float* out,
                      ThreadPool& pool, Isa isa, int64_t chunk) {
   const kernels::HybridKernels& k = hybrid_kernels(isa);
-
   const int64_t C = s.conv_dim(), ms = s.mixed_dim(), od = s.nv * s.dv;
   int64_t rows = 0;
   for (int64_t i = 0; i < n_seqs; ++i) rows = std::max(rows, seqs[i].row + seqs[i].len);

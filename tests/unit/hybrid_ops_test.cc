@@ -127,7 +127,8 @@ void delta_rule_ref(const kernels::DeltaInputs& in, int64_t n, int64_t dk, int64
   for (int64_t t = 0; t < n; ++t) {
     const float* q = in.q + t * in.qk_stride;
     const float* k = in.k + t * in.qk_stride;
-    const double decay = std::exp(static_cast<double>(in.g[t])), beta = in.beta[t];
+    const double decay = std::exp(static_cast<double>(in.g[t * in.gb_stride]));
+    const double beta = in.beta[t * in.gb_stride];
     for (double& x : S) x *= decay;
     std::fill(kv.begin(), kv.end(), 0.0);
     for (int64_t a = 0; a < dk; ++a) {
@@ -150,8 +151,8 @@ void delta_rule_ref(const kernels::DeltaInputs& in, int64_t n, int64_t dk, int64
 // of 12 rows and a tail), 9 and a single one; key and value dims below, at and past the packed
 // GEMM's 32-column panels (the published 128 too); gentle decays, and fast ones (g down to about
 // −12 per token) whose e^c factors pass through the subnormals that the kernels flush. The
-// scratch is sized for the longest chunk and starts as NaN; the kernels leave MXCSR's control
-// bits as they found them.
+// scratch is sized for the longest chunk and refilled with NaN before each kernel; the kernels
+// leave MXCSR's control bits as they found them.
 TEST_P(HybridTest, ChunkedAndRecurrentDeltaRuleMatchTheReference) {
   const kernels::HybridKernels& k = ops::hybrid_kernels(GetParam());
   for (auto [dk, dv] : {std::pair<int64_t, int64_t>{24, 20}, {32, 72}, {128, 128}}) {
@@ -161,7 +162,7 @@ TEST_P(HybridTest, ChunkedAndRecurrentDeltaRuleMatchTheReference) {
         SCOPED_TRACE("dk " + std::to_string(dk) + " dv " + std::to_string(dv) + ", " +
                      std::to_string(n) + " tokens, decay " + std::to_string(decay));
         auto q = randn(static_cast<size_t>(n * dk), 1), kk = randn(static_cast<size_t>(n * dk), 2);
-        for (int64_t t = 0; t < n; ++t) {  // unit keys and scaled queries, as the op hands them
+        for (int64_t t = 0; t < n; ++t) {  // unit keys and queries, as the L2 norms leave them
           for (auto* v : {&q, &kk}) {
             float ss = 0;
             for (int64_t d = 0; d < dk; ++d) ss += (*v)[t * dk + d] * (*v)[t * dk + d];
@@ -177,10 +178,12 @@ TEST_P(HybridTest, ChunkedAndRecurrentDeltaRuleMatchTheReference) {
         std::vector<double> sref(s0.begin(), s0.end());
         std::vector<float> o0(static_cast<size_t>(n * dv)), o1(o0.size()), oref(o0.size());
         delta_rule_ref(in, n, dk, dv, sref, oref);
+        std::fill(scratch.begin(), scratch.end(), NAN);
 #if defined(__SSE__)
         const unsigned csr = _mm_getcsr();
 #endif
         k.delta_rule_recurrent(in, n, dk, dv, s0.data(), o0.data(), dv, scratch.data());
+        std::fill(scratch.begin(), scratch.end(), NAN);
         k.delta_rule_chunk(in, n, dk, dv, s1.data(), o1.data(), dv, scratch.data());
 #if defined(__SSE__)
         EXPECT_EQ(_mm_getcsr() & ~0x3fu, csr & ~0x3fu);  // (bits 0-5: sticky exception flags)

@@ -17,8 +17,9 @@ namespace vlm::kernels {
 // The op's chunk: how many tokens gated_delta_net hands delta_rule_chunk at once. Chosen by
 // measurement (`vlm bench --delta-rule 16,32,64,128` at Qwen3.5's dk = dv = 128): the n × n
 // products (Q Kᵀ, K Kᵀ, T V, T K) grow with the chunk while the state's (W S, the output, Kᵀ v')
-// do not, and below 32 rows the GEMM tiles run part empty: on Qwen3.5-2B's shape, 32 took 0.85×
-// the time of 64 and 0.58× of 128, and 16 was no faster (docs/benchmarks.md).
+// do not, and below 32 the n × n products fill only part of the packed B's 32-wide panels: on
+// Qwen3.5-2B's shape, 32 took 0.85× the time of 64 and 0.58× of 128, and 16 was no faster
+// (docs/benchmarks.md).
 inline constexpr int64_t kDeltaChunk = 32;
 
 // Offsets, in floats, of delta_rule_chunk's scratch arrays for a chunk of n tokens, key dim dk
