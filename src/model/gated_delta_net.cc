@@ -7,15 +7,17 @@
 
 namespace vlm {
 
-ops::DeltaNetShape TextDecoder::delta_shape() const {
+ops::DeltaNetShape delta_net_shape(const Qwen3VLTextConfig& c) {
   ops::DeltaNetShape s;
-  s.nk = cfg_.linear_num_key_heads;
-  s.nv = cfg_.linear_num_value_heads;
-  s.dk = cfg_.linear_key_head_dim;
-  s.dv = cfg_.linear_value_head_dim;
-  s.kernel = cfg_.linear_conv_kernel_dim;
+  s.nk = c.linear_num_key_heads;
+  s.nv = c.linear_num_value_heads;
+  s.dk = c.linear_key_head_dim;
+  s.dv = c.linear_value_head_dim;
+  s.kernel = c.linear_conv_kernel_dim;
   return s;
 }
+
+ops::DeltaNetShape TextDecoder::delta_shape() const { return delta_net_shape(cfg_); }
 
 // in_proj_qkv | in_proj_z | in_proj_b | in_proj_a as one product (a row of its output is
 // DeltaNetShape::proj_dim), out_proj, and the small weights: the conv1d's taps turned tap-major

@@ -102,6 +102,9 @@ struct Pass {
   ops::Buf ints, rope, feats;
 };
 
+// The shape of Qwen3.5's Gated DeltaNet layers, from the text config's linear_* fields.
+ops::DeltaNetShape delta_net_shape(const Qwen3VLTextConfig& c);
+
 // The Qwen3 text decoder, written once over an ops::Backend: the CPU's kernels or the GPU's.
 class TextDecoder {
  public:

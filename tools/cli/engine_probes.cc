@@ -215,12 +215,7 @@ vlm::Result<std::vector<double>> time_delta_rule(vlm::Engine& engine, int64_t to
   if (tokens < 1 || chunk < 1 || reps < 1) {
     return invalid_argument("tokens, chunk and reps must be positive");
   }
-  ops::DeltaNetShape s;
-  s.nk = c.linear_num_key_heads;
-  s.nv = c.linear_num_value_heads;
-  s.dk = c.linear_key_head_dim;
-  s.dv = c.linear_value_head_dim;
-  s.kernel = c.linear_conv_kernel_dim;
+  const ops::DeltaNetShape s = delta_net_shape(c);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 1.f);
   auto fill = [&](std::vector<float>& v, size_t n, float scale) {
