@@ -16,7 +16,8 @@ checkpoint's BF16 (two full-width 235B-A22B layers are 19 GB of experts in float
 Qwen3VLMoeTextExperts module multiplies one expert at a time with its weights converted to
 float32: the same products as transformers' float32 run, summed over the chosen experts in
 index order (transformers' eval path adds zero-weighted products of the others too); every
-other weight is float32 as before.
+other weight is float32 as before. Qwen3.5's Qwen3_5MoeExperts (35b-a3b, transformers 5.x) are
+replaced the same way.
 """
 
 from __future__ import annotations
@@ -50,6 +51,21 @@ def _experts_forward_f32(self, hidden_states, routing_weights, router_indices):
     return out.view(batch, -1, self.hidden_size)
 
 
+def _qwen35_experts_forward_f32(self, hidden_states, top_k_index, top_k_weights):
+    """Qwen3_5MoeExperts.forward (experts in nn.Linear's layout, [E, 2I, H] and [E, H, I]) with
+    BF16-held experts multiplied in float32, the chosen experts in index order as transformers
+    adds them."""
+    import torch
+    out = torch.zeros_like(hidden_states)
+    for e in sorted(set(top_k_index.flatten().tolist())):
+        pos, tok = torch.where(top_k_index.T == e)
+        h = hidden_states[tok]
+        gate, up = torch.nn.functional.linear(h, self.gate_up_proj[e].float()).chunk(2, dim=-1)
+        y = torch.nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e].float())
+        out.index_add_(0, tok, y * top_k_weights[tok, pos, None])
+    return out
+
+
 def experts_as_stored(model) -> None:
     """Every parameter to float32 but the fused expert tensors, whose modules multiply one
     expert at a time in float32."""
@@ -66,7 +82,10 @@ def experts_as_stored(model) -> None:
         if type(mod).__name__ == "Qwen3VLMoeTextExperts":
             mod.forward = types.MethodType(_experts_forward_f32, mod)
             n += 1
-    assert n > 0, "no Qwen3VLMoeTextExperts module"
+        if type(mod).__name__ == "Qwen3_5MoeExperts":
+            mod.forward = types.MethodType(_qwen35_experts_forward_f32, mod)
+            n += 1
+    assert n > 0, "no Qwen3VLMoeTextExperts or Qwen3_5MoeExperts module"
 
 
 def main() -> int:

@@ -17,6 +17,26 @@ generating):
   key dim 16 and value dim 8; an explicit ``layer_types`` list (linear, full, linear, linear,
   full) and no ``full_attention_interval``; head_dim 16 with partial rotary factor 0.5.
 
+And the mixtures of experts (``Qwen3_5MoeForConditionalGeneration``, model_type
+``qwen3_5_moe``: every layer's MLP a routed mixture plus a shared expert scaled by
+sigmoid(shared_expert_gate · x), the router always renormalising its top-k), each expert's
+I and 2·I ≠ hidden, so a transposed load cannot pass the shape checks:
+
+* qwen35moe-f32-a: the geometry of qwen35-f32-a (with images and a video); 8 experts, top-2,
+  I = 96, shared expert 32; rewritten after recording into the fused expert tensors of the
+  published checkpoints and of the model's own parameters (``mlp.experts.gate_up_proj``
+  [E, 2·I, hidden], gate rows then up rows; ``mlp.experts.down_proj`` [E, hidden, I]).
+  transformers loads both layouts: the script checks the rewritten file gives the same logits.
+* qwen35moe-f32-b: the geometry of qwen35-f32-b but hidden 96; 12 experts, top-3, I = 32,
+  shared expert 64 (every input dimension a multiple of 32: both fixtures run INT4);
+  one tensor per expert (``mlp.experts.{e}.{gate,up,down}_proj.weight``), as save_pretrained
+  writes them. Layer 0's router is planted with a tie:
+  every row zero but +w for expert 3 and -w for expert 6, so in each token one of them leads
+  and the zero-logit experts tie for the other places. vlm gives a tie to the lower index;
+  torch.topk promises no order among equal values, so this fixture is recorded with torch.topk
+  replaced, in the modeling module only, by a stable descending sort (lower index first);
+  reference.json "stock_topk" records how many routings stock torch.topk chooses differently.
+
 reference.json (per fixture), in the format of scripts/make_reference.py where it overlaps:
 "logits" (prompts of 1, 7 and 150 random ids: the last crosses two 64-token chunks of the
 chunked delta rule; every position's logits in <name>_logits_<i>.npy), "greedy" (40 tokens
@@ -32,11 +52,13 @@ letter runs), through the `tokenizers` library: vlm's tokenizer must give the sa
 same file.
 
 Usage (a virtualenv outside the repository with scripts/requirements-reference-qwen35.txt):
-    python scripts/make_qwen35_reference.py      # about a minute on 2 cores
+    python scripts/make_qwen35_reference.py [--only NAME ...]     # a few minutes on 2 cores
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import shutil
 import tempfile
@@ -47,8 +69,11 @@ import torch
 from PIL import Image
 
 import transformers
-from transformers import (Qwen2TokenizerFast, Qwen2VLImageProcessorFast,
-                          Qwen3_5Config, Qwen3_5ForConditionalGeneration)
+from safetensors.torch import load_file, save_file
+from transformers import (Qwen2TokenizerFast, Qwen2VLImageProcessorFast, Qwen3_5Config,
+                          Qwen3_5ForConditionalGeneration, Qwen3_5MoeConfig,
+                          Qwen3_5MoeForConditionalGeneration)
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
@@ -89,6 +114,16 @@ FIXTURES = {
                                        partial_rotary_factor=0.5, mrope_section=[2, 1, 1],
                                        mrope_interleaved=True))),
 }
+FIXTURES["qwen35moe-f32-a"] = dict(
+    FIXTURES["qwen35-f32-a"], seed=300, layout="fused",
+    text=dict(FIXTURES["qwen35-f32-a"]["text"], intermediate_size=None, num_experts=8,
+              num_experts_per_tok=2, moe_intermediate_size=96,
+              shared_expert_intermediate_size=32))
+FIXTURES["qwen35moe-f32-b"] = dict(
+    FIXTURES["qwen35-f32-b"], seed=400, tie_layer=0,
+    text=dict(FIXTURES["qwen35-f32-b"]["text"], hidden_size=96, intermediate_size=None,
+              num_experts=12, num_experts_per_tok=3, moe_intermediate_size=32,
+              shared_expert_intermediate_size=64))
 
 START, END = "<|vision_start|>", "<|vision_end|>"
 IMAGE_PAD = START + "<|image_pad|>" + END
@@ -102,14 +137,112 @@ MM_CASES = [
 ]
 
 
+def is_moe(spec: dict) -> bool:
+    return "num_experts" in spec["text"]
+
+
 def make_config(spec: dict) -> Qwen3_5Config:
     t = dict(spec["text"], hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-6,
              attention_bias=False, tie_word_embeddings=spec["tie"], bos_token_id=IDS["bos"],
              eos_token_id=IDS["eos"])
-    return Qwen3_5Config(text_config=t, vision_config=dict(VISION, out_hidden_size=t["hidden_size"]),
-                         image_token_id=IDS["image"], video_token_id=IDS["video"],
-                         vision_start_token_id=IDS["vision_start"],
-                         vision_end_token_id=IDS["vision_end"], tie_word_embeddings=spec["tie"])
+    t = {k: v for k, v in t.items() if v is not None}
+    cls = Qwen3_5MoeConfig if is_moe(spec) else Qwen3_5Config
+    return cls(text_config=t, vision_config=dict(VISION, out_hidden_size=t["hidden_size"]),
+               image_token_id=IDS["image"], video_token_id=IDS["video"],
+               vision_start_token_id=IDS["vision_start"],
+               vision_end_token_id=IDS["vision_end"], tie_word_embeddings=spec["tie"])
+
+
+def model_class(spec: dict):
+    return Qwen3_5MoeForConditionalGeneration if is_moe(spec) else Qwen3_5ForConditionalGeneration
+
+
+@torch.no_grad()
+def plant_tie(model, layer: int) -> None:
+    """Layer `layer`'s router rows: zero, except +w (expert 3) and -w (expert 6)."""
+    gate = model.model.language_model.layers[layer].mlp.gate
+    w = torch.randn(gate.weight.shape[1], generator=torch.Generator().manual_seed(99)) * 0.5
+    gate.weight.zero_()
+    gate.weight[3] = w
+    gate.weight[6] = -w
+
+
+def stable_topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002 (torch's signature)
+    assert largest and sorted
+    v, i = torch.sort(x, dim=dim, descending=True, stable=True)
+    return v.narrow(dim, 0, k), i.narrow(dim, 0, k)
+
+
+class _TorchWithStableTopk:
+    """torch, but topk is stable_topk: swapped into the Qwen3.5 MoE modeling module only."""
+
+    topk = staticmethod(stable_topk)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def stable_routing(on: bool):
+    if not on:
+        yield
+        return
+    saved = modeling_qwen3_5_moe.torch
+    modeling_qwen3_5_moe.torch = _TorchWithStableTopk()
+    try:
+        yield
+    finally:
+        modeling_qwen3_5_moe.torch = saved
+
+
+@torch.no_grad()
+def stock_topk_differences(model, prompts: list[list[int]]) -> dict:
+    """Over the prompts' forward passes, the (layer, row) routings where stock torch.topk picks
+    another expert set than the stable one, and how many rows tie at the k-th place."""
+    rows = differ = ties = 0
+    hooks = []
+
+    def hook(mod, inp, _out):
+        nonlocal rows, differ, ties
+        h = inp[0].reshape(-1, mod.hidden_dim)
+        p = torch.softmax(torch.nn.functional.linear(h, mod.weight), dim=-1, dtype=torch.float)
+        k = mod.top_k
+        _, a = torch.topk(p, k, dim=-1)
+        _, b = stable_topk(p, k)
+        srt = torch.sort(p, dim=-1, descending=True).values
+        rows += p.shape[0]
+        ties += int((srt[:, k - 1] == srt[:, k]).sum())
+        differ += int(sum(set(x) != set(y) for x, y in zip(a.tolist(), b.tolist())))
+
+    for layer in model.model.language_model.layers:
+        hooks.append(layer.mlp.gate.register_forward_hook(hook))
+    try:
+        for ids in prompts:
+            mr.forward_logits(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {"routings": rows, "tied_at_kth_place": ties, "routed_differently": differ}
+
+
+def fuse_experts(path: Path) -> None:
+    """Rewrites the per-expert tensors save_pretrained writes as the fused ones ([E, 2·I, H]:
+    gate rows then up rows; [E, H, I])."""
+    tensors = load_file(path)
+    out, experts = {}, {}
+    for key, t in tensors.items():
+        head, sep, tail = key.partition("mlp.experts.")
+        if not sep:
+            out[key] = t
+            continue
+        e, proj = tail.split(".")[:2]
+        experts.setdefault(head + sep, {}).setdefault(proj, {})[int(e)] = t
+    for base, projs in experts.items():
+        n = len(projs["gate_proj"])
+        out[base + "gate_up_proj"] = torch.stack(
+            [torch.cat([projs["gate_proj"][e], projs["up_proj"][e]]) for e in range(n)])
+        out[base + "down_proj"] = torch.stack([projs["down_proj"][e] for e in range(n)])
+    save_file(out, path, metadata={"format": "pt"})
 
 
 @torch.no_grad()
@@ -144,8 +277,10 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
 
 def build(spec: dict, seed: int, out: Path) -> None:
     torch.manual_seed(seed)
-    model = Qwen3_5ForConditionalGeneration(make_config(spec))
+    model = model_class(spec)(make_config(spec))
     init_weights(model, seed)
+    if "tie_layer" in spec:
+        plant_tie(model, spec["tie_layer"])
     if spec["tie"]:
         assert model.lm_head.weight is model.model.language_model.embed_tokens.weight
     model.generation_config = transformers.GenerationConfig(
@@ -156,9 +291,9 @@ def build(spec: dict, seed: int, out: Path) -> None:
     model.save_pretrained(out)
 
 
-def load(out: Path):
-    model = Qwen3_5ForConditionalGeneration.from_pretrained(out, dtype=torch.float32,
-                                                            attn_implementation="eager")
+def load(out: Path, spec: dict):
+    model = model_class(spec).from_pretrained(out, dtype=torch.float32,
+                                              attn_implementation="eager")
     model.eval()
     return model
 
@@ -219,7 +354,7 @@ def make_fixture(name: str, spec: dict, proc, clips: dict) -> None:
     for attempt in range(MAX_SEED_TRIES):
         seed = spec["seed"] + attempt
         build(spec, seed, ckpt)
-        model = load(ckpt)
+        model = load(ckpt, spec)
         results = []
         for p in greedy_prompts:
             results.append(mr.greedy(model, p, NEW_TOKENS))
@@ -278,6 +413,17 @@ def make_fixture(name: str, spec: dict, proc, clips: dict) -> None:
                 entry[k] = enc[k].tolist()
         ref["mm_cases"].append(entry)
         print(f"  {name} {case['name']}: {len(ids)} ids, greedy {new[:8]}...", flush=True)
+    if "tie_layer" in spec:
+        ref["stock_topk"] = stock_topk_differences(model, logit_prompts)
+        print(f"  {name}: stock torch.topk: {ref['stock_topk']}", flush=True)
+        assert ref["stock_topk"]["tied_at_kth_place"] > 0
+    if spec.get("layout") == "fused":
+        fuse_experts(out / "model.safetensors")
+        again = load(out, spec)
+        for ids, e in zip(logit_prompts, ref["logits"]):
+            assert np.array_equal(mr.forward_logits(again, ids), np.load(out / e["file"])), name
+        print(f"  {name}: rewritten with fused experts; transformers loads it the same",
+              flush=True)
     (out / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
 
 
@@ -309,13 +455,20 @@ def write_pretokenizer_corpus() -> None:
 
 
 def main() -> int:
-    write_pretokenizer_corpus()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", action="append", default=None, choices=sorted(FIXTURES))
+    args = ap.parse_args()
+    if not args.only:
+        write_pretokenizer_corpus()
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     clips = json.loads((mvr.VIDEOS / "reference.json").read_text())["clips"]
     proc, _ = processor()
     for name, spec in FIXTURES.items():
-        make_fixture(name, spec, proc, clips)
+        if args.only and name not in args.only:
+            continue
+        with stable_routing("tie_layer" in spec):
+            make_fixture(name, spec, proc, clips)
     return 0
 
 

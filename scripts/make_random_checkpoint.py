@@ -4,6 +4,7 @@
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 2b   # also 4b, 8b
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 30b-a3b --layers 24
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape qwen3.5-9b --layers 8
+    python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 35b-a3b --layers 8
 
 The Qwen3.5 shapes (qwen3.5-2b, qwen3.5-9b: Qwen/Qwen3.5-2B and -9B as published, model_type
 qwen3_5) write three Gated DeltaNet layers to each gated attention layer (linear_attn.in_proj_qkv,
@@ -13,7 +14,13 @@ vision tower without DeepStack, and the MTP head (mtp.*, which vlm does not read
 generation_config.json (the published repositories have none). Their parameter counts are the
 published safetensors totals (2,274,069,824 and 9,653,104,368). Zero-centred norm weights (which
 scale by 1 + w) are N(0, 0.02); --layers keeps the first L layers, a multiple of 4 keeping the
-3:1 pattern.
+3:1 pattern. The Qwen3.5 mixture of experts (35b-a3b: Qwen/Qwen3.5-35B-A3B's config.json
+values, model_type qwen3_5_moe) writes every layer's router, the fused experts in nn.Linear's
+layout per expert (mlp.experts.gate_up_proj [E, 2 * moe_intermediate, hidden], gate rows then up
+rows; mlp.experts.down_proj [E, hidden, moe_intermediate]), the shared expert and its gate
+(mlp.shared_expert.*, mlp.shared_expert_gate.weight [1, hidden]); its MTP layer has the same
+MLP. Its parameter count is the published total too (35,951,822,704); all 40 layers are about
+72 GB in BF16, so cut them with --layers (4 layers, one of them full attention: 9.5 GB).
 
 The mixture-of-experts shapes (30b-a3b, 235b-a22b: Qwen3-VL-30B-A3B / 235B-A22B-Instruct) write
 the fused expert tensors as those checkpoints hold them (mlp.experts.gate_up_proj
@@ -88,6 +95,13 @@ SHAPES = {
                        intermediate=12288, tie=False, lin_k_heads=16, lin_v_heads=32,
                        lin_dim=128, v_depth=27, v_hidden=1152, v_heads=16, v_intermediate=4304,
                        deepstack=[], params=9_653_104_368),
+    # Qwen/Qwen3.5-35B-A3B (model_type qwen3_5_moe; Qwen3.6-35B-A3B has the same shape): every
+    # layer's MLP top-8 of 256 experts plus a shared expert, no dense MLP.
+    "35b-a3b": dict(qwen35=True, layers=40, hidden=2048, heads=16, kv_heads=2, head_dim=256,
+                    intermediate=None, tie=False, lin_k_heads=16, lin_v_heads=32, lin_dim=128,
+                    v_depth=27, v_hidden=1152, v_heads=16, v_intermediate=4304, deepstack=[],
+                    params=35_951_822_704, experts=256, top_k=8, moe_intermediate=512,
+                    shared_intermediate=512),
 }
 VOCAB = 151936
 VOCAB_35 = 248320
@@ -158,18 +172,34 @@ def tensor_table(s: dict) -> list[tuple[str, tuple[int, ...]]]:
     return t
 
 
+def qwen35_mlp(p: str, s: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """A Qwen3.5 layer's MLP: dense, or (35b-a3b) the router, the fused experts in nn.Linear's
+    layout per expert ([E, 2 * I, hidden]: gate rows then up rows; [E, hidden, I]), the shared
+    expert and its gate."""
+    H = s["hidden"]
+    if "experts" not in s:
+        FF = s["intermediate"]
+        return [(p + "mlp.gate_proj.weight", (FF, H)), (p + "mlp.up_proj.weight", (FF, H)),
+                (p + "mlp.down_proj.weight", (H, FF))]
+    E, Ie, Is = s["experts"], s["moe_intermediate"], s["shared_intermediate"]
+    return [(p + "mlp.gate.weight", (E, H)),
+            (p + "mlp.experts.gate_up_proj", (E, 2 * Ie, H)),
+            (p + "mlp.experts.down_proj", (E, H, Ie)),
+            (p + "mlp.shared_expert.gate_proj.weight", (Is, H)),
+            (p + "mlp.shared_expert.up_proj.weight", (Is, H)),
+            (p + "mlp.shared_expert.down_proj.weight", (H, Is)),
+            (p + "mlp.shared_expert_gate.weight", (1, H))]
+
+
 def qwen35_attention(p: str, s: dict) -> list[tuple[str, tuple[int, ...]]]:
     """A Qwen3.5 gated attention layer's tensors (q_proj: a gate row per query row) and MLP."""
-    H, nh, nkv, hd, FF = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"], s["intermediate"]
+    H, nh, nkv, hd = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"]
     return [(p + "self_attn.q_proj.weight", (2 * nh * hd, H)),
             (p + "self_attn.k_proj.weight", (nkv * hd, H)),
             (p + "self_attn.v_proj.weight", (nkv * hd, H)),
             (p + "self_attn.o_proj.weight", (H, nh * hd)),
             (p + "self_attn.q_norm.weight", (hd,)),
-            (p + "self_attn.k_norm.weight", (hd,)),
-            (p + "mlp.gate_proj.weight", (FF, H)),
-            (p + "mlp.up_proj.weight", (FF, H)),
-            (p + "mlp.down_proj.weight", (H, FF)),
+            (p + "self_attn.k_norm.weight", (hd,))] + qwen35_mlp(p, s) + [
             (p + "input_layernorm.weight", (H,)),
             (p + "post_attention_layernorm.weight", (H,))]
 
@@ -177,7 +207,7 @@ def qwen35_attention(p: str, s: dict) -> list[tuple[str, tuple[int, ...]]]:
 def qwen35_text_table(s: dict) -> list[tuple[str, tuple[int, ...]]]:
     """Qwen3.5's decoder: every 4th layer gated attention, the others Gated DeltaNet; the MTP
     head (one attention layer after fc over [embedding | hidden])."""
-    H, FF = s["hidden"], s["intermediate"]
+    H = s["hidden"]
     nk, nv, d = s["lin_k_heads"], s["lin_v_heads"], s["lin_dim"]
     conv = 2 * nk * d + nv * d
     lm = "model.language_model."
@@ -192,10 +222,9 @@ def qwen35_text_table(s: dict) -> list[tuple[str, tuple[int, ...]]]:
               (a + "in_proj_b.weight", (nv, H)), (a + "in_proj_a.weight", (nv, H)),
               (a + "conv1d.weight", (conv, 1, CONV_KERNEL)), (a + "A_log", (nv,)),
               (a + "dt_bias", (nv,)), (a + "norm.weight", (d,)),
-              (a + "out_proj.weight", (H, nv * d)),
-              (p + "mlp.gate_proj.weight", (FF, H)), (p + "mlp.up_proj.weight", (FF, H)),
-              (p + "mlp.down_proj.weight", (H, FF)),
-              (p + "input_layernorm.weight", (H,)), (p + "post_attention_layernorm.weight", (H,))]
+              (a + "out_proj.weight", (H, nv * d))]
+        t += qwen35_mlp(p, s)
+        t += [(p + "input_layernorm.weight", (H,)), (p + "post_attention_layernorm.weight", (H,))]
     t.append((lm + "norm.weight", (H,)))
     if not s["tie"]:
         t.append(("lm_head.weight", (VOCAB_35, H)))
@@ -332,8 +361,25 @@ TOKENIZER_IDS = dict(image=151655, video=151656, vision_start=151652, vision_end
 
 
 def qwen35_config_json(s: dict) -> dict:
-    """Qwen/Qwen3.5-{2B,9B}'s config.json (the keys vlm and transformers read), special ids
-    aside (TOKENIZER_IDS)."""
+    """Qwen/Qwen3.5-{2B,9B,35B-A3B}'s config.json (the keys vlm and transformers read), special
+    ids aside (TOKENIZER_IDS)."""
+    c = qwen35_dense_config_json(s)
+    if "experts" not in s:
+        return c
+    c["architectures"] = ["Qwen3_5MoeForConditionalGeneration"]
+    c["model_type"] = "qwen3_5_moe"
+    c["vision_config"]["model_type"] = "qwen3_5_moe"
+    t = c["text_config"]
+    for k in ("intermediate_size", "mlp_only_layers"):
+        del t[k]
+    t.update({"model_type": "qwen3_5_moe_text", "num_experts": s["experts"],
+              "num_experts_per_tok": s["top_k"], "moe_intermediate_size": s["moe_intermediate"],
+              "shared_expert_intermediate_size": s["shared_intermediate"],
+              "router_aux_loss_coef": 0.001, "output_router_logits": False})
+    return c
+
+
+def qwen35_dense_config_json(s: dict) -> dict:
     L = s["layers"]
     return {
         "architectures": ["Qwen3_5ForConditionalGeneration"],

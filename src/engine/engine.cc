@@ -388,8 +388,12 @@ Result<CpuKernels> choose_gemm_kernels(const EngineOptions& o, const EngineImpl&
     return k;
   }
   const int64_t M = std::clamp<int64_t>(o.prefill_chunk, 32, 256);
-  const int64_t N =
-      std::max<int64_t>(std::min<int64_t>(2 * t.intermediate_size, 4096) / 16 * 16, 16);
+  // The gate|up product's width: the dense MLP's, else (every layer a mixture of experts) the
+  // shared expert's or an expert's.
+  const int64_t I = t.intermediate_size > 0
+                        ? t.intermediate_size
+                        : std::max(t.shared_expert_intermediate_size, t.moe_intermediate_size);
+  const int64_t N = std::max<int64_t>(std::min<int64_t>(2 * I, 4096) / 16 * 16, 16);
   VLM_ASSIGN_OR_RETURN(ops::KernelChoice c, ops::choose_bf16_gemm(*m.pool, m.isa, M, t.hidden_size,
                                                                   N, ops::kernel_cache_dir()));
   *how = ops::describe(c);

@@ -51,9 +51,14 @@ Status get_int_list(const json& j, const char* key, std::vector<int64_t>* out,
   return ok_status();
 }
 
-Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLTextConfig* c) {
+// `experts_only`: a model whose every layer is a mixture of experts (qwen3_5_moe), which has no
+// dense MLP and so no intermediate_size.
+Status parse_text(const json& t, const std::string& where, bool nested, bool experts_only,
+                  Qwen3VLTextConfig* c) {
   VLM_RETURN_IF_ERROR(get_int(t, "hidden_size", &c->hidden_size, true, where));
-  VLM_RETURN_IF_ERROR(get_int(t, "intermediate_size", &c->intermediate_size, true, where));
+  if (!experts_only) {
+    VLM_RETURN_IF_ERROR(get_int(t, "intermediate_size", &c->intermediate_size, true, where));
+  }
   VLM_RETURN_IF_ERROR(get_int(t, "num_hidden_layers", &c->num_hidden_layers, true, where));
   VLM_RETURN_IF_ERROR(get_int(t, "num_attention_heads", &c->num_attention_heads, true, where));
   c->num_key_value_heads = c->num_attention_heads;
@@ -133,23 +138,41 @@ Status parse_text(const json& t, const std::string& where, bool nested, Qwen3VLT
 
 // The sparse MLP's fields of a qwen3_vl_moe text config (`moe`: the model type says so, and
 // transformers' Qwen3VLMoeTextConfig defaults fill what it leaves out), or of any text config
-// that gives num_experts > 0.
-Status parse_moe(const json& t, const std::string& where, bool moe, Qwen3VLTextConfig* c) {
+// that gives num_experts > 0. A qwen3_5_moe config (`hybrid_moe`, Qwen3_5MoeTextConfig's
+// defaults): every layer sparse (it has no decoder_sparse_step or mlp_only_layers), a shared
+// expert beside the routed ones, and the router always renormalises its top-k (it has no
+// norm_topk_prob).
+Status parse_moe(const json& t, const std::string& where, bool moe, bool hybrid_moe,
+                 Qwen3VLTextConfig* c) {
   if (moe) {
     c->num_experts = 60;
     c->num_experts_per_tok = 4;
     c->moe_intermediate_size = 1408;
   }
+  if (hybrid_moe) {
+    c->num_experts = 256;
+    c->num_experts_per_tok = 8;
+    c->moe_intermediate_size = 512;
+    c->shared_expert_intermediate_size = 512;
+    VLM_RETURN_IF_ERROR(get_int(t, "shared_expert_intermediate_size",
+                                &c->shared_expert_intermediate_size, false, where));
+    if (c->shared_expert_intermediate_size <= 0)
+      return invalid_argument(where + ": shared_expert_intermediate_size must be positive");
+    moe = true;
+  }
   VLM_RETURN_IF_ERROR(get_int(t, "num_experts", &c->num_experts, false, where));
   if (c->num_experts <= 0) {
+    if (hybrid_moe) return invalid_argument(where + ": num_experts must be positive");
     c->num_experts = 0;
     return ok_status();
   }
   VLM_RETURN_IF_ERROR(get_int(t, "num_experts_per_tok", &c->num_experts_per_tok, !moe, where));
   VLM_RETURN_IF_ERROR(get_int(t, "moe_intermediate_size", &c->moe_intermediate_size, !moe, where));
-  VLM_RETURN_IF_ERROR(get_int(t, "decoder_sparse_step", &c->decoder_sparse_step, false, where));
-  VLM_RETURN_IF_ERROR(get_int_list(t, "mlp_only_layers", &c->mlp_only_layers, where));
-  if (auto it = t.find("norm_topk_prob"); it != t.end() && !it->is_null()) {
+  if (!hybrid_moe) {
+    VLM_RETURN_IF_ERROR(get_int(t, "decoder_sparse_step", &c->decoder_sparse_step, false, where));
+    VLM_RETURN_IF_ERROR(get_int_list(t, "mlp_only_layers", &c->mlp_only_layers, where));
+  }
+  if (auto it = t.find("norm_topk_prob"); !hybrid_moe && it != t.end() && !it->is_null()) {
     if (!it->is_boolean())
       return invalid_argument(where + ": field 'norm_topk_prob' must be true or false");
     c->norm_topk_prob = *it;
@@ -289,14 +312,13 @@ Result<ModelFamily> family_of(const std::string& type, const std::string& source
       type == "qwen3_vl_moe_text" || type == "qwen3" || type == "qwen3_moe") {
     return ModelFamily::kQwen3VL;
   }
-  if (type == "qwen3_5" || type == "qwen3_5_text") return ModelFamily::kQwen35;
-  if (type == "qwen3_5_moe" || type == "qwen3_5_moe_text") {
-    return unimplemented(source +
-                         ": model_type 'qwen3_5_moe' (Qwen3.5 mixture of experts) is not "
-                         "supported yet; the dense qwen3_5 models are");
+  if (type == "qwen3_5" || type == "qwen3_5_text" || type == "qwen3_5_moe" ||
+      type == "qwen3_5_moe_text") {
+    return ModelFamily::kQwen35;
   }
   return unimplemented(source + ": model_type '" + type +
-                       "' is not supported (qwen3_vl, qwen3_vl_moe, qwen3_5, and Qwen3 text)");
+                       "' is not supported (qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe, and "
+                       "Qwen3 text)");
 }
 
 }  // namespace
@@ -338,12 +360,14 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
   };
   c.model_type = type_of(j).empty() ? type_of(text_json) : type_of(j);
   VLM_ASSIGN_OR_RETURN(c.text_config.family, family_of(c.model_type, source));
-  VLM_RETURN_IF_ERROR(parse_text(text_json, text_where, &text_json != &j, &c.text_config));
+  const bool hybrid_moe = c.model_type == "qwen3_5_moe" || type_of(text_json) == "qwen3_5_moe_text";
+  VLM_RETURN_IF_ERROR(
+      parse_text(text_json, text_where, &text_json != &j, hybrid_moe, &c.text_config));
   if (c.text_config.family == ModelFamily::kQwen35) {
     VLM_RETURN_IF_ERROR(parse_hybrid(text_json, text_where, &c.text_config));
   }
   const bool moe = c.model_type == "qwen3_vl_moe" || type_of(text_json) == "qwen3_vl_moe_text";
-  VLM_RETURN_IF_ERROR(parse_moe(text_json, text_where, moe, &c.text_config));
+  VLM_RETURN_IF_ERROR(parse_moe(text_json, text_where, moe, hybrid_moe, &c.text_config));
   if (auto vc = j.find("vision_config"); vc != j.end() && vc->is_object()) {
     c.has_vision = true;
     VLM_RETURN_IF_ERROR(parse_vision(*vc, source + ": vision_config", &c.vision_config));

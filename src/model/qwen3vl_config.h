@@ -14,7 +14,7 @@ namespace vlm {
 // The model families vlm runs, by config.json's model_type.
 enum class ModelFamily {
   kQwen3VL,  // qwen3_vl, qwen3_vl_moe, and plain Qwen3 text configs (qwen3, qwen3_moe)
-  kQwen35,   // qwen3_5: hybrid Gated DeltaNet + gated attention layers
+  kQwen35,   // qwen3_5, qwen3_5_moe: hybrid Gated DeltaNet + gated attention layers
 };
 
 // A decoder layer's token mixer (Qwen3.5's layer_types).
@@ -42,13 +42,16 @@ struct Qwen3VLTextConfig {
   std::string hidden_act = "silu";
   bool attention_bias = false;
 
-  // Mixture of experts (qwen3_vl_moe); num_experts 0: every layer dense.
+  // Mixture of experts (qwen3_vl_moe, qwen3_5_moe); num_experts 0: every layer dense.
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 0;    // k
   int64_t moe_intermediate_size = 0;  // each expert's I
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
   bool norm_topk_prob = true;
+  // qwen3_5_moe: each sparse layer's shared expert (an MLP of this intermediate size every row
+  // goes through, scaled by sigmoid(shared_expert_gate · x)); 0: none.
+  int64_t shared_expert_intermediate_size = 0;
   // Whether decoder layer l's MLP is the sparse block (transformers' rule: not in
   // mlp_only_layers, and (l + 1) a multiple of decoder_sparse_step).
   bool sparse_layer(int64_t l) const;

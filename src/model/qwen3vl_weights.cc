@@ -81,6 +81,28 @@ Status walk_delta_net(const std::string& a, const Qwen3VLTextConfig& t, DeltaNet
   return slot("out_proj.weight", {H, vd}, &d->out_proj, nullptr);
 }
 
+// Splits Qwen3.5 MoE's fused expert tensors ([E, 2·I, H]: gate rows then up rows; [E, H, I]),
+// nn.Linear's layout expert by expert, into views of each expert's rows, and clears them.
+void view_linear_layout_experts(MoeWeights* m) {
+  if (m->fused_gate_up.data == nullptr) return;
+  const int64_t E = m->fused_gate_up.dim(0), I = m->fused_gate_up.dim(1) / 2,
+                H = m->fused_gate_up.dim(2);
+  auto rows = [](const TensorView& fused, int64_t first, int64_t n, int64_t cols) {
+    TensorView v = fused;
+    v.shape = {n, cols};
+    v.data = static_cast<const uint8_t*>(fused.data) + dtype_nbytes(fused.dtype, first * cols);
+    return v;
+  };
+  for (auto* v : {&m->gate, &m->up, &m->down}) v->resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    m->gate[e] = rows(m->fused_gate_up, 2 * I * e, I, H);
+    m->up[e] = rows(m->fused_gate_up, 2 * I * e + I, I, H);
+    m->down[e] = rows(m->fused_down, H * e, H, I);
+  }
+  m->fused_gate_up = TensorView{};
+  m->fused_down = TensorView{};
+}
+
 }  // namespace
 
 Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLConfig& cfg,
@@ -134,20 +156,34 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
         continue;
       }
       MoeWeights& m = L.moe;
-      const int64_t E = t.num_experts, Ie = t.moe_intermediate_size;
+      const int64_t E = t.num_experts, Ie = t.moe_intermediate_size,
+                    Is = t.shared_expert_intermediate_size;
       VLM_RETURN_IF_ERROR(matrix(p + "mlp.gate.weight", {E, H}, WeightKind::kRouter, &m.router));
-      if (m.gate.empty()) {  // the fused layout, not yet split
-        VLM_RETURN_IF_ERROR(matrix(p + "mlp.experts.gate_up_proj", {E, H, 2 * Ie},
-                                   WeightKind::kFusedExperts, &m.fused_gate_up));
-        VLM_RETURN_IF_ERROR(matrix(p + "mlp.experts.down_proj", {E, Ie, H},
-                                   WeightKind::kFusedExperts, &m.fused_down));
-        continue;
+      if (m.gate.empty()) {  // the fused layout, not yet split (Qwen3.5's: nn.Linear's per expert)
+        const bool linear_layout = t.family == ModelFamily::kQwen35;
+        VLM_RETURN_IF_ERROR(matrix(
+            p + "mlp.experts.gate_up_proj",
+            linear_layout ? std::vector<int64_t>{E, 2 * Ie, H} : std::vector<int64_t>{E, H, 2 * Ie},
+            WeightKind::kFusedExperts, &m.fused_gate_up));
+        VLM_RETURN_IF_ERROR(
+            matrix(p + "mlp.experts.down_proj",
+                   linear_layout ? std::vector<int64_t>{E, H, Ie} : std::vector<int64_t>{E, Ie, H},
+                   WeightKind::kFusedExperts, &m.fused_down));
+      } else {
+        for (size_t e = 0; e < m.gate.size(); ++e) {
+          const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+          VLM_RETURN_IF_ERROR(matrix(x + "gate_proj.weight", {Ie, H}, lin, &m.gate[e]));
+          VLM_RETURN_IF_ERROR(matrix(x + "up_proj.weight", {Ie, H}, lin, &m.up[e]));
+          VLM_RETURN_IF_ERROR(matrix(x + "down_proj.weight", {H, Ie}, lin, &m.down[e]));
+        }
       }
-      for (size_t e = 0; e < m.gate.size(); ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        VLM_RETURN_IF_ERROR(matrix(x + "gate_proj.weight", {Ie, H}, lin, &m.gate[e]));
-        VLM_RETURN_IF_ERROR(matrix(x + "up_proj.weight", {Ie, H}, lin, &m.up[e]));
-        VLM_RETURN_IF_ERROR(matrix(x + "down_proj.weight", {H, Ie}, lin, &m.down[e]));
+      if (m.shared) {
+        const std::string x = p + "mlp.shared_expert.";
+        VLM_RETURN_IF_ERROR(matrix(x + "gate_proj.weight", {Is, H}, lin, &m.shared_gate));
+        VLM_RETURN_IF_ERROR(matrix(x + "up_proj.weight", {Is, H}, lin, &m.shared_up));
+        VLM_RETURN_IF_ERROR(matrix(x + "down_proj.weight", {H, Is}, lin, &m.shared_down));
+        VLM_RETURN_IF_ERROR(matrix(p + "mlp.shared_expert_gate.weight", {1, H}, WeightKind::kRouter,
+                                   &m.shared_expert_gate));
       }
     }
     VLM_RETURN_IF_ERROR(values(tp + "norm.weight", {H}, &text->norm));
@@ -276,6 +312,7 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
     TextLayerWeights& L = w.layers[l];
     L.sparse = t.sparse_layer(static_cast<int64_t>(l));
     L.linear = t.linear_layer(static_cast<int64_t>(l));
+    L.moe.shared = L.sparse && t.shared_expert_intermediate_size > 0;
     // A sparse layer's experts: fused tensors, or else one tensor per expert.
     const std::string fused = prefix + "layers." + std::to_string(l) + ".mlp.experts.gate_up_proj";
     if (L.sparse && !s.has(fused)) {
@@ -286,6 +323,9 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
   VLM_RETURN_IF_ERROR(for_each_weight(&w, nullptr, cfg, prefix, "", [&](const WeightSlot& slot) {
     return load_slot(s, slot, &w.embed_tokens);
   }));
+  if (t.family == ModelFamily::kQwen35) {  // nn.Linear's layout per expert: viewed in place
+    for (TextLayerWeights& L : w.layers) view_linear_layout_experts(&L.moe);
+  }
   if (t.zero_centered_norms) {  // Qwen3_5RMSNorm scales by (1 + w), computed in f32
     auto one_plus = [](std::vector<float>* v) {
       for (float& x : *v) x = 1.0f + x;

@@ -24,11 +24,22 @@ struct MoeWeights {
   TensorView router;                 // [E, hidden]: mlp.gate.weight, never quantized
   std::vector<TensorView> gate, up;  // [E] of [I, hidden]
   std::vector<TensorView> down;      // [E] of [hidden, I]
-  // The fused layout as stored (transformers 4.57, the published checkpoints), transposed against
-  // nn.Linear: viewed at load, then split into the vectors above by quantize_text_weights, which
-  // clears these. Empty for a checkpoint that stores one tensor per expert.
+  // Qwen3-VL MoE's fused layout as stored (transformers 4.57, the published checkpoints),
+  // transposed against nn.Linear: viewed at load, then split into the vectors above by
+  // quantize_text_weights, which clears these. Empty for a checkpoint that stores one tensor per
+  // expert, and for Qwen3.5 MoE, whose fused tensors ([E, 2·I, hidden] gate rows then up rows,
+  // [E, hidden, I]) are nn.Linear's layout expert by expert: the loader views each expert's
+  // rows in place.
   TensorView fused_gate_up;  // [E, hidden, 2·I]: gate columns, then up
   TensorView fused_down;     // [E, I, hidden]
+  // Qwen3.5 MoE's shared expert (mlp.shared_expert.*, an MLP of shared_expert_intermediate_size
+  // every row goes through) and its gate (mlp.shared_expert_gate, [1, hidden], never quantized):
+  // the layer's output is the routed sum + sigmoid(gate · x) · shared(x). `shared` says there is
+  // one (the loader sets it from the config).
+  bool shared = false;
+  TensorView shared_gate, shared_up;  // [Is, hidden]
+  TensorView shared_down;             // [hidden, Is]
+  TensorView shared_expert_gate;      // [1, hidden]
 };
 
 // A Gated DeltaNet layer's token mixer (Qwen3.5's linear_attn.*), nn.Linear layouts.
@@ -125,7 +136,7 @@ struct VisionWeights {
 enum class WeightKind {
   kEmbedding,     // embed_tokens: rows looked up
   kLayerLinear,   // a decoder layer's q/k/v/o, gate/up/down (an expert's too)
-  kRouter,        // a sparse layer's router (mlp.gate): kept as stored
+  kRouter,        // a sparse layer's router (mlp.gate) or shared expert gate: kept as stored
   kFusedExperts,  // a sparse layer's fused expert tensor (MoeWeights::fused_*), 3-D as stored
   kHead,          // lm_head (a second view of embed_tokens when tied)
   kVisionLinear,  // the vision tower's and its mergers' products

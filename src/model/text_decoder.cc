@@ -163,12 +163,24 @@ Status TextDecoder::init(const TextWeights& w) {
     }
     VLM_RETURN_IF_ERROR(be_.prepare_moe(d.expert_gate_up, d.expert_down)
                             .with_context("layer " + std::to_string(l) + "'s experts"));
+    if (m.shared) {
+      VLM_RETURN_IF_ERROR(linear({&m.shared_gate, &m.shared_up}, true, "shared_expert gate/up_proj",
+                                 &d.shared_gate_up));
+      VLM_RETURN_IF_ERROR(
+          linear({&m.shared_down}, true, "shared_expert down_proj", &d.shared_down));
+      VLM_RETURN_IF_ERROR(
+          linear({&m.shared_expert_gate}, false, "shared_expert_gate", &d.shared_gate));
+    }
   }
   return alloc_scratch();
 }
 
+int64_t TextDecoder::mlp_width() const {
+  return std::max(cfg_.intermediate_size, cfg_.shared_expert_intermediate_size);
+}
+
 Status TextDecoder::alloc_scratch() {
-  const int64_t C = max_chunk_, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t C = max_chunk_, H = cfg_.hidden_size, I = mlp_width();
   const int64_t qd = cfg_.num_attention_heads * cfg_.head_dim;
   const int64_t kvd = cfg_.num_key_value_heads * cfg_.head_dim;
   const DType act = be_.act_dtype();
@@ -198,6 +210,10 @@ Status TextDecoder::alloc_scratch() {
     VLM_ASSIGN_OR_RETURN(route_ids_, be_.alloc(C * k, DType::kI32));
     VLM_ASSIGN_OR_RETURN(route_weights_, be_.alloc(C * k, DType::kF32));
     VLM_ASSIGN_OR_RETURN(moe_scratch_, be_.alloc(be_.moe_scratch_elems(C, E, k, H, Ie), act));
+    if (cfg_.shared_expert_intermediate_size > 0) {
+      VLM_ASSIGN_OR_RETURN(shared_logit_, be_.alloc(C, DType::kF32));
+      VLM_ASSIGN_OR_RETURN(shared_, be_.alloc(C * H, act));
+    }
   }
   VLM_ASSIGN_OR_RETURN(ints_host_, be_.alloc_host(static_cast<size_t>(kIntRows * C) * 4));
   VLM_ASSIGN_OR_RETURN(ints_, be_.alloc(kIntRows * C, DType::kI32));
@@ -229,6 +245,9 @@ int64_t TextDecoder::decode_weights(int64_t (*of)(const ops::Linear&)) const {
     for (const auto& e : l.experts) experts += of(*e);
     total += of(*l.router) +
              experts * cfg_.num_experts_per_tok / static_cast<int64_t>(l.expert_gate_up.size());
+    if (l.shared_gate_up) {
+      total += of(*l.shared_gate_up) + of(*l.shared_down) + of(*l.shared_gate);
+    }
   }
   return total;
 }
@@ -470,6 +489,7 @@ Status TextDecoder::run_attention(const Layer& L, const Pass& p, const KvCache& 
 
 Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t Is = cfg_.shared_expert_intermediate_size;
   const int64_t C = max_chunk_, T = p.rows;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto ints = [&](int row) { return p.ints.at(row * C); };
@@ -500,6 +520,13 @@ Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
                                        route_weights_.buf()));
       VLM_RETURN_IF_ERROR(be.moe_experts(xn, T, route_ids_.buf(), route_weights_.buf(), k,
                                          L.expert_gate_up, L.expert_down, moe_scratch_.buf(), tmp));
+      if (L.shared_gate_up) {  // + sigmoid(shared_expert_gate · x) · shared_expert(x)
+        VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.shared_gate, shared_logit_.buf()));
+        VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.shared_gate_up, gate_up_.buf()));
+        VLM_RETURN_IF_ERROR(be.silu_mul(gate_up_.buf(), T, Is, mlp_.buf()));
+        VLM_RETURN_IF_ERROR(be.linear(mlp_.buf(), T, *L.shared_down, shared_.buf()));
+        VLM_RETURN_IF_ERROR(be.add_sigmoid_scaled(tmp, shared_.buf(), shared_logit_.buf(), T, H));
+      }
     } else {
       VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.gate_up, gate_up_.buf()));
       VLM_RETURN_IF_ERROR(be.silu_mul(gate_up_.buf(), T, I, mlp_.buf()));

@@ -172,6 +172,8 @@ class TextDecoder {
     std::unique_ptr<ops::Linear> router;
     std::vector<std::unique_ptr<ops::Linear>> experts;  // gate|up of expert e at 2e, down at 2e + 1
     std::vector<const ops::Linear*> expert_gate_up, expert_down;
+    // Qwen3.5 MoE's shared expert (gate|up, down) and its gate; null without one.
+    std::unique_ptr<ops::Linear> shared_gate_up, shared_down, shared_gate;
   };
   TextDecoder(const Qwen3VLConfig& cfg, ops::Backend& be, int64_t max_chunk);
   Status init(const TextWeights& w);
@@ -196,8 +198,12 @@ class TextDecoder {
   ops::Buffer gate_, proj_, mixed_, delta_out_;
   std::vector<std::vector<float>> conv_taps_;  // each linear layer's conv1d, tap-major
   // A sparse layer's: router logits f32 [max_chunk, E], the chosen experts int32 and their
-  // weights f32 [max_chunk, k], and moe_experts' scratch.
-  ops::Buffer router_logits_, route_ids_, route_weights_, moe_scratch_;
+  // weights f32 [max_chunk, k], and moe_experts' scratch; with a shared expert, its gate's
+  // logits f32 [max_chunk] and its output [max_chunk, hidden].
+  ops::Buffer router_logits_, route_ids_, route_weights_, moe_scratch_, shared_logit_, shared_;
+  // A layer's feed-forward product widths: the dense MLP's or the shared expert's (gate_up_,
+  // mlp_ are sized for the larger).
+  int64_t mlp_width() const;
   // The pass's tables: host staging, and the backend's copies (the same memory on the CPU).
   // ints: ids, slots, token sequence, token position, logit rows, image rows (max_chunk each).
   static constexpr int kIds = 0, kSlots = 1, kSeq = 2, kPos = 3, kSel = 4, kVis = 5, kIntRows = 6;

@@ -244,6 +244,16 @@ Status CpuBackend::gather_rows(Buf x, Buf rows, int64_t count, int64_t n, Buf ou
   return ok_status();
 }
 
+Status CpuBackend::add_sigmoid_scaled(Buf x, Buf y, Buf g, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = 1.0f / (1.0f + std::exp(-f(g)[r]));
+    float* o = f(x) + r * n;
+    const float* v = f(y) + r * n;
+    for (int64_t d = 0; d < n; ++d) o[d] += s * v[d];
+  }
+  return ok_status();
+}
+
 Status CpuBackend::moe_route(Buf logits, int64_t rows, int64_t E, int64_t k, bool renormalize,
                              Buf ids, Buf weights) {
   if (k <= 0 || k > E) return internal_error("moe_route: top_k outside [1, n_experts]");

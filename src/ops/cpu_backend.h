@@ -69,6 +69,7 @@ class CpuBackend final : public Backend {
   Status gather_rows(Buf x, Buf rows, int64_t count, int64_t n, Buf out) override;
 
   bool supports_moe() const override { return true; }
+  Status add_sigmoid_scaled(Buf x, Buf y, Buf g, int64_t rows, int64_t n) override;
   Status moe_route(Buf logits, int64_t rows, int64_t n_experts, int64_t top_k, bool renormalize,
                    Buf ids, Buf weights) override;
   Status moe_experts(Buf x, int64_t rows, Buf ids, Buf weights, int64_t top_k,

@@ -67,7 +67,7 @@ struct Param {
 
 std::vector<Param> params() {
   std::vector<Param> out;
-  for (const char* f : {"qwen35-f32-a", "qwen35-f32-b"}) {
+  for (const char* f : {"qwen35-f32-a", "qwen35-f32-b", "qwen35moe-f32-a", "qwen35moe-f32-b"}) {
     for (ops::Isa isa : ops::runnable_isas()) out.push_back({f, isa});
   }
   return out;
@@ -116,14 +116,15 @@ INSTANTIATE_TEST_SUITE_P(EveryIsa, Qwen35Text, ::testing::ValuesIn(params()), []
 // Images and a video (the tower without DeepStack, M-RoPE over the rotary part): the expanded
 // prompt, every position's logits and a greedy continuation. Prefill chunks of 5 and 16 tokens
 // split the images' and the video's pads across chunks.
-class Qwen35Vision : public ::testing::TestWithParam<ops::Isa> {};
+class Qwen35Vision : public ::testing::TestWithParam<Param> {};
 
 TEST_P(Qwen35Vision, ImagesAndVideoMatchTransformers) {
   int checked = 0;
-  const auto ref = reference("qwen35-f32-a");
+  const std::string& fixture = GetParam().fixture;
+  const auto ref = reference(fixture);
   for (int64_t chunk : {5, 16}) {
     SCOPED_TRACE("prefill chunk " + std::to_string(chunk));
-    auto e = engine("qwen35-f32-a", GetParam(), chunk);
+    auto e = engine(fixture, GetParam().isa, chunk);
     ASSERT_NE(e, nullptr);
     ASSERT_TRUE(e->has_vision());
     for (const auto& c : ref["mm_cases"]) {
@@ -145,7 +146,7 @@ TEST_P(Qwen35Vision, ImagesAndVideoMatchTransformers) {
       auto got = e->logits(ids, images, o);
       ASSERT_TRUE(got.ok()) << got.status().message();
       EXPECT_EQ(expanded, c["input_ids"].get<std::vector<int32_t>>());
-      auto want = read_npy(kFixtures + "/qwen35-f32-a/" + c["logits"].get<std::string>());
+      auto want = read_npy(kFixtures + "/" + fixture + "/" + c["logits"].get<std::string>());
       ASSERT_TRUE(want.ok()) << want.status().message();
       ASSERT_EQ(got->size(), want->f32.size());
       EXPECT_LE(rel_err(*got, want->f32), kTol);
@@ -161,8 +162,19 @@ TEST_P(Qwen35Vision, ImagesAndVideoMatchTransformers) {
   EXPECT_EQ(checked, 6);
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryIsa, Qwen35Vision, ::testing::ValuesIn(ops::runnable_isas()),
-                         [](const auto& info) { return std::string(ops::isa_name(info.param)); });
+std::vector<Param> vision_params() {
+  std::vector<Param> out;
+  for (const char* f : {"qwen35-f32-a", "qwen35moe-f32-a"}) {
+    for (ops::Isa isa : ops::runnable_isas()) out.push_back({f, isa});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryIsa, Qwen35Vision, ::testing::ValuesIn(vision_params()),
+                         [](const auto& info) {
+                           return test_util::param_name(info.param.fixture + "_" +
+                                                        ops::isa_name(info.param.isa));
+                         });
 
 // The encoder slicing on the hybrid model: while a text stream decodes, each image's and video's
 // tower pass is cut into one unit per step (a budget of a nanosecond); the stream gets a token at
@@ -544,8 +556,8 @@ TEST(Qwen35Config, IntervalDefaultRotaryAndTextOnlyConfigs) {
   EXPECT_NE(r.status().message().find("partial_rotary_factor"), std::string::npos);
 }
 
-// Model types are known by name: another is refused naming it, and the MoE variant says it is not
-// supported yet; a broken hybrid config names the field.
+// Model types are known by name: another is refused naming it; a broken hybrid config names the
+// field.
 TEST(Qwen35Config, UnknownModelTypesAndBrokenFieldsAreRefused) {
   const std::string cfg = test_util::read_file(kFixtures + "/qwen35-f32-a/config.json");
   auto edit = [&](const std::string& from, const std::string& to) {
@@ -558,11 +570,12 @@ TEST(Qwen35Config, UnknownModelTypesAndBrokenFieldsAreRefused) {
                                 "config.json");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("'llama'"), std::string::npos) << r.status().message();
+  // The same fields under the MoE's name: every layer sparse, with Qwen3_5MoeTextConfig's
+  // expert defaults (qwen35_moe_test checks those).
   r = parse_qwen3vl_config(edit("\"model_type\": \"qwen3_5\"", "\"model_type\": \"qwen3_5_moe\""),
                            "config.json");
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(r.status().message().find("qwen3_5_moe"), std::string::npos);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->text_config.num_experts, 256);
   r = parse_qwen3vl_config(
       edit("\"linear_attention\",\n      \"linear_attention\",", "\"linear_attention\","),
       "config.json");
