@@ -16,8 +16,9 @@ checkpoint's BF16 (two full-width 235B-A22B layers are 19 GB of experts in float
 Qwen3VLMoeTextExperts module multiplies one expert at a time with its weights converted to
 float32: the same products as transformers' float32 run, summed over the chosen experts in
 index order (transformers' eval path adds zero-weighted products of the others too); every
-other weight is float32 as before. Qwen3.5's Qwen3_5MoeExperts (35b-a3b, transformers 5.x) are
-replaced the same way.
+other weight is float32 as before (those the file holds in float32, such as Qwen3.5's A_log and
+gated norm weights, read from it again: loading in BF16 rounded them). Qwen3.5's
+Qwen3_5MoeExperts (35b-a3b, transformers 5.x) are replaced the same way.
 """
 
 from __future__ import annotations
@@ -66,16 +67,30 @@ def _qwen35_experts_forward_f32(self, hidden_states, top_k_index, top_k_weights)
     return out
 
 
-def experts_as_stored(model) -> None:
+def stored_f32(ckpt: Path) -> dict:
+    """The checkpoint's tensors stored in float32 (Qwen3.5's A_log and gated norms), exactly."""
+    from safetensors import safe_open
+    out = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                if st.get_slice(name).get_dtype() == "F32":
+                    out[name] = st.get_tensor(name)
+    return out
+
+
+def experts_as_stored(model, ckpt: Path) -> None:
     """Every parameter to float32 but the fused expert tensors, whose modules multiply one
-    expert at a time in float32."""
+    expert at a time in float32. The model was loaded in BF16 (so that the experts stay so), which
+    rounded the tensors the file stores in float32: those are read again from the file."""
     import types
 
     import torch
     n = 0
+    exact = stored_f32(ckpt)
     for name, p in model.named_parameters():
         if not name.endswith(EXPERT_TENSORS):
-            p.data = p.data.float()
+            p.data = exact[name].reshape(p.shape) if name in exact else p.data.float()
     for mod in model.modules():
         for key, b in mod._buffers.items():  # rotary tables: built in float32 at init
             assert b is None or not b.is_floating_point() or b.dtype == torch.float32, key
@@ -126,7 +141,7 @@ def main() -> int:
     cls = getattr(transformers, cfg["architectures"][0])
     if args.experts_as_stored:
         model = cls.from_pretrained(args.model, dtype=torch.bfloat16, attn_implementation="eager")
-        experts_as_stored(model)
+        experts_as_stored(model, args.model)
     else:
         model = cls.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager")
     model.eval()
