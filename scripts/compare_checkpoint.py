@@ -88,9 +88,16 @@ def experts_as_stored(model, ckpt: Path) -> None:
     import torch
     n = 0
     exact = stored_f32(ckpt)
-    for name, p in model.named_parameters():
+    params = dict(model.named_parameters())
+    for name, p in params.items():
         if not name.endswith(EXPERT_TENSORS):
             p.data = exact[name].reshape(p.shape) if name in exact else p.data.float()
+    # Every F32 tensor of the file that the model has must have been taken as stored (a name
+    # mapped otherwise would silently keep its BF16 rounding).
+    unused = [n for n in exact if n not in params and n.startswith("model.language_model.layers.")]
+    held = {n.split(".layers.")[1].split(".")[0] for n in params if ".layers." in n}
+    unused = [n for n in unused if n.split(".layers.")[1].split(".")[0] in held]
+    assert not unused, f"float32 tensors of the file not matched to parameters: {unused[:4]}"
     for mod in model.modules():
         for key, b in mod._buffers.items():  # rotary tables: built in float32 at init
             assert b is None or not b.is_floating_point() or b.dtype == torch.float32, key

@@ -331,6 +331,7 @@ std::vector<const TensorView*> decode_weights(const TextWeights& w, DType t) {
       add(l.moe.up[e]);
       add(l.moe.down[e]);
     }
+    for (const TensorView* v : {&l.moe.shared_gate, &l.moe.shared_up, &l.moe.shared_down}) add(*v);
   }
   add(w.lm_head);
   return out;
@@ -553,9 +554,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   }
   VLM_RETURN_IF_ERROR(load_checkpoint(options, impl.get()));
   if (on_gpu && impl->cfg.text_config.family == ModelFamily::kQwen35) {
-    return unimplemented(
-        "--device cuda: Qwen3.5 (model_type qwen3_5) has no CUDA kernels yet (its Gated "
-        "DeltaNet layers are proven on the CPU only); run it with --device cpu");
+    return unimplemented("--device cuda: Qwen3.5 (model_type " + impl->cfg.model_type +
+                         ") has no CUDA kernels yet (its Gated DeltaNet layers are proven on the "
+                         "CPU only); run it with --device cpu");
   }
   if (options.quant == Quant::kFp8 && impl->cfg.text_config.num_experts > 0) {
     return invalid_argument(

@@ -51,12 +51,12 @@ Status get_int_list(const json& j, const char* key, std::vector<int64_t>* out,
   return ok_status();
 }
 
-// `experts_only`: a model whose every layer is a mixture of experts (qwen3_5_moe), which has no
-// dense MLP and so no intermediate_size.
-Status parse_text(const json& t, const std::string& where, bool nested, bool experts_only,
+// `hybrid_moe`: a qwen3_5_moe config, every layer a mixture of experts: no dense MLP and so no
+// intermediate_size.
+Status parse_text(const json& t, const std::string& where, bool nested, bool hybrid_moe,
                   Qwen3VLTextConfig* c) {
   VLM_RETURN_IF_ERROR(get_int(t, "hidden_size", &c->hidden_size, true, where));
-  if (!experts_only) {
+  if (!hybrid_moe) {
     VLM_RETURN_IF_ERROR(get_int(t, "intermediate_size", &c->intermediate_size, true, where));
   }
   VLM_RETURN_IF_ERROR(get_int(t, "num_hidden_layers", &c->num_hidden_layers, true, where));
@@ -367,7 +367,11 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
     VLM_RETURN_IF_ERROR(parse_hybrid(text_json, text_where, &c.text_config));
   }
   const bool moe = c.model_type == "qwen3_vl_moe" || type_of(text_json) == "qwen3_vl_moe_text";
-  VLM_RETURN_IF_ERROR(parse_moe(text_json, text_where, moe, hybrid_moe, &c.text_config));
+  // A dense qwen3_5 config's expert fields (if any) mean nothing to its model, as to
+  // transformers'.
+  if (c.text_config.family != ModelFamily::kQwen35 || hybrid_moe) {
+    VLM_RETURN_IF_ERROR(parse_moe(text_json, text_where, moe, hybrid_moe, &c.text_config));
+  }
   if (auto vc = j.find("vision_config"); vc != j.end() && vc->is_object()) {
     c.has_vision = true;
     VLM_RETURN_IF_ERROR(parse_vision(*vc, source + ": vision_config", &c.vision_config));

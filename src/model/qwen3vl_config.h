@@ -23,7 +23,7 @@ enum class LayerType : uint8_t { kFullAttention, kLinearAttention };
 struct Qwen3VLTextConfig {
   ModelFamily family = ModelFamily::kQwen3VL;
   int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
+  int64_t intermediate_size = 0;  // the dense MLP's; 0 for qwen3_5_moe (no dense MLP)
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;
@@ -88,7 +88,7 @@ struct Qwen3VLVisionConfig {
   int64_t depth = 0;
   int64_t hidden_size = 0;
   int64_t num_heads = 0;
-  int64_t intermediate_size = 0;
+  int64_t intermediate_size = 0;  // the dense MLP's; 0 for qwen3_5_moe (no dense MLP)
   int64_t patch_size = 16;
   int64_t temporal_patch_size = 2;
   int64_t spatial_merge_size = 2;

@@ -81,23 +81,35 @@ Status walk_delta_net(const std::string& a, const Qwen3VLTextConfig& t, DeltaNet
   return slot("out_proj.weight", {H, vd}, &d->out_proj, nullptr);
 }
 
+// Rows [r0, r0 + n) of a [N, K] matrix view (quantized or not) as a view of its own.
+TensorView row_block(const TensorView& v, int64_t r0, int64_t n) {
+  const int64_t K = v.dim(1);
+  TensorView out = v;
+  out.shape = {n, K};
+  out.data = static_cast<const uint8_t*>(v.data) + dtype_nbytes(v.dtype, r0 * K);
+  if (v.scale != nullptr) out.scale = v.scale + r0;
+  if (v.int4.scale != nullptr) {
+    const int64_t groups = K / v.int4.group;
+    out.int4.scale = v.int4.scale + r0 * groups;
+    if (v.int4.zero != nullptr) out.int4.zero = v.int4.zero + r0 * groups;
+  }
+  return out;
+}
+
 // Splits Qwen3.5 MoE's fused expert tensors ([E, 2·I, H]: gate rows then up rows; [E, H, I]),
 // nn.Linear's layout expert by expert, into views of each expert's rows, and clears them.
 void view_linear_layout_experts(MoeWeights* m) {
   if (m->fused_gate_up.data == nullptr) return;
   const int64_t E = m->fused_gate_up.dim(0), I = m->fused_gate_up.dim(1) / 2,
                 H = m->fused_gate_up.dim(2);
-  auto rows = [](const TensorView& fused, int64_t first, int64_t n, int64_t cols) {
-    TensorView v = fused;
-    v.shape = {n, cols};
-    v.data = static_cast<const uint8_t*>(fused.data) + dtype_nbytes(fused.dtype, first * cols);
-    return v;
-  };
+  TensorView gate_up = m->fused_gate_up, down = m->fused_down;  // as [E·2I, H] and [E·H, I]
+  gate_up.shape = {E * 2 * I, H};
+  down.shape = {E * H, I};
   for (auto* v : {&m->gate, &m->up, &m->down}) v->resize(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) {
-    m->gate[e] = rows(m->fused_gate_up, 2 * I * e, I, H);
-    m->up[e] = rows(m->fused_gate_up, 2 * I * e + I, I, H);
-    m->down[e] = rows(m->fused_down, H * e, H, I);
+    m->gate[e] = row_block(gate_up, 2 * I * e, I);
+    m->up[e] = row_block(gate_up, 2 * I * e + I, I);
+    m->down[e] = row_block(down, H * e, H);
   }
   m->fused_gate_up = TensorView{};
   m->fused_down = TensorView{};
@@ -375,21 +387,6 @@ void expert_transposed(const TensorView& fused, int64_t e, void* dst, ThreadPool
   } else {
     transpose(reinterpret_cast<const uint16_t*>(src), R, C, static_cast<uint16_t*>(dst), pool);
   }
-}
-
-// Rows [r0, r0 + n) of a [N, K] matrix view (quantized or not) as a view of its own.
-TensorView row_block(const TensorView& v, int64_t r0, int64_t n) {
-  const int64_t K = v.dim(1);
-  TensorView out = v;
-  out.shape = {n, K};
-  out.data = static_cast<const uint8_t*>(v.data) + dtype_nbytes(v.dtype, r0 * K);
-  if (v.scale != nullptr) out.scale = v.scale + r0;
-  if (v.int4.scale != nullptr) {
-    const int64_t groups = K / v.int4.group;
-    out.int4.scale = v.int4.scale + r0 * groups;
-    if (v.int4.zero != nullptr) out.int4.zero = v.int4.zero + r0 * groups;
-  }
-  return out;
 }
 
 }  // namespace

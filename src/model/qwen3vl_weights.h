@@ -190,10 +190,10 @@ bool has_fused_experts(const TextWeights& w);
 // weights become INT4 copies with one f16 scale per int4_group (32, 64 or 128) inputs
 // (ops::quantize_int4; every input dimension must be a multiple of it, which all Qwen3-VL sizes
 // are). kNone: nothing. The vision
-// tower is not touched, nor is a router. With `store` (the one the views came from), each source
-// weight's pages are released (WeightStore::release_pages) once quantized, so the process holds the
-// quantized copy rather than both; the bytes stay readable (the embedding lookup faults back the
-// rows it reads). On error *w is left as it was.
+// tower is not touched, nor is a router or a shared expert's gate. With `store` (the one the views
+// came from), each source weight's pages are released (WeightStore::release_pages) once quantized,
+// so the process holds the quantized copy rather than both; the bytes stay readable (the embedding
+// lookup faults back the rows it reads). On error *w is left as it was.
 Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool,
                              const WeightStore* store = nullptr,
                              int64_t int4_group = kInt4DefaultGroup);

@@ -163,6 +163,10 @@ Status TextDecoder::init(const TextWeights& w) {
     }
     VLM_RETURN_IF_ERROR(be_.prepare_moe(d.expert_gate_up, d.expert_down)
                             .with_context("layer " + std::to_string(l) + "'s experts"));
+    if (m.shared != (cfg_.shared_expert_intermediate_size > 0)) {
+      return internal_error("layer " + std::to_string(l) +
+                            ": the shared expert does not match the config");
+    }
     if (m.shared) {
       VLM_RETURN_IF_ERROR(linear({&m.shared_gate, &m.shared_up}, true, "shared_expert gate/up_proj",
                                  &d.shared_gate_up));

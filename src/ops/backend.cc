@@ -28,15 +28,13 @@ Status Backend::qkv_gated_rope_store(Buf, int64_t, int64_t, int64_t, int64_t, in
   return no_hybrid(device());
 }
 Status Backend::sigmoid_mul(Buf, Buf, int64_t, int64_t) { return no_hybrid(device()); }
+Status Backend::add_sigmoid_scaled(Buf, Buf, Buf, int64_t, int64_t) { return no_hybrid(device()); }
 Status Backend::copy(Buf, Buf, size_t) { return no_hybrid(device()); }
 Status Backend::gated_delta_net(Buf, const AttentionBatch&, const DeltaNetLayer&, Buf, Buf, Buf) {
   return no_hybrid(device());
 }
 Status Backend::gated_rms_norm(Buf, Buf, int64_t, int64_t, int64_t, int64_t, Buf, float, Buf) {
   return no_hybrid(device());
-}
-Status Backend::add_sigmoid_scaled(Buf, Buf, Buf, int64_t, int64_t) {
-  return unimplemented(std::string("no shared-expert kernels on ") + device_name(device()));
 }
 Status Backend::moe_route(Buf, int64_t, int64_t, int64_t, bool, Buf, Buf) {
   return unimplemented(std::string("no mixture-of-experts kernels on ") + device_name(device()));

@@ -257,9 +257,6 @@ class Backend {
   virtual Status moe_experts(Buf x, int64_t rows, Buf ids, Buf weights, int64_t top_k,
                              std::span<const Linear* const> gate_up,
                              std::span<const Linear* const> down, Buf scratch, Buf out);
-  // x [rows, n] += sigmoid(g[r]) · y [rows, n], one gate logit per row (g f32 [rows]): a
-  // shared expert's output added to the routed sum.
-  virtual Status add_sigmoid_scaled(Buf x, Buf y, Buf g, int64_t rows, int64_t n);
   // The activations of moe_experts' scratch for up to `rows` rows (here rows · (2·n + 3·I)).
   virtual int64_t moe_scratch_elems(int64_t rows, int64_t n_experts, int64_t top_k, int64_t n,
                                     int64_t I) const;
@@ -282,6 +279,9 @@ class Backend {
                                       const KvLayer& cache);
   // x [rows, n] ← x · sigmoid(g [rows, n]): the attention's output gate.
   virtual Status sigmoid_mul(Buf x, Buf g, int64_t rows, int64_t n);
+  // x [rows, n] += sigmoid(g[r]) · y [rows, n], one gate logit per row (g f32 [rows]): Qwen3.5
+  // MoE's shared expert added to the routed sum.
+  virtual Status add_sigmoid_scaled(Buf x, Buf y, Buf g, int64_t rows, int64_t n);
   // A Gated DeltaNet layer's token mixing over the batch's sequences (ops::gated_delta_net):
   // proj [b.tokens, shape.proj_dim()], mixed: scratch [b.tokens, shape.mixed_dim()], out
   // [b.tokens, nv · dv]. `states` is the layer's slots [slots, shape.state_floats()] f32:

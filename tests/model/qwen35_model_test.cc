@@ -1,5 +1,7 @@
-// Qwen3.5 (model_type qwen3_5: Gated DeltaNet + gated attention) through the whole engine against
-// transformers 5.x (tests/model/fixtures/qwen35-*, made by scripts/make_qwen35_reference.py):
+// Qwen3.5 (model_type qwen3_5: Gated DeltaNet + gated attention; and qwen3_5_moe, its mixture of
+// experts, for logits, greedy paths, images and video) through the whole engine against
+// transformers 5.x (tests/model/fixtures/qwen35-*, qwen35moe-*, made by
+// scripts/make_qwen35_reference.py):
 // prefill logits over prompts that cross several 64-token chunks, a one-token prompt, greedy
 // continuations (the recurrent decode), one and two images and a video through the tower without
 // DeepStack; batched equal to alone, chunk splits at every boundary, preemption; what the loader

@@ -6,9 +6,12 @@
 // step reads, batching with preemption.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
+#include "core/half.h"
 #include "fixture_model.h"
 #include "ops/ops.h"
 #include "test_util.h"
@@ -107,6 +110,39 @@ TEST(Qwen35MoeWeights, FusedExpertsAreViewedInPlace) {
   EXPECT_EQ(x.shared_down.shape, (std::vector<int64_t>{H, Is}));
   EXPECT_EQ(x.shared_expert_gate.shape, (std::vector<int64_t>{1, H}));
   EXPECT_EQ(m->text.expert_copies, nullptr);
+
+  // The same file in BF16: the views step by 2-byte elements.
+  {
+    test_util::TempDir tmp;
+    std::filesystem::copy_file(kFixtures + "/" + kFused + "/config.json",
+                               tmp.path() / "config.json");
+    std::vector<std::vector<uint16_t>> bits;
+    std::vector<std::pair<std::string, TensorView>> tensors;
+    for (const auto& n : m->store->names()) {
+      TensorView v = *m->store->get(n);
+      const auto* f = static_cast<const float*>(v.data);
+      std::vector<uint16_t>& b = bits.emplace_back(static_cast<size_t>(v.numel()));
+      for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(f[i]);
+      v.dtype = DType::kBF16;
+      v.data = b.data();
+      tensors.emplace_back(n, v);
+    }
+    ASSERT_TRUE(write_safetensors((tmp.path() / "model.safetensors").string(), tensors).ok());
+    auto h = test_util::load_fixture_model(tmp.path().string());
+    ASSERT_TRUE(h.ok()) << h.status().message();
+    auto g = h->store->get(kLayer0 + "experts.gate_up_proj");
+    auto d = h->store->get(kLayer0 + "experts.down_proj");
+    ASSERT_TRUE(g.ok() && d.ok());
+    const MoeWeights& z = h->text.layers[0].moe;
+    const auto* g16 = static_cast<const uint16_t*>(g->data);
+    const auto* d16 = static_cast<const uint16_t*>(d->data);
+    for (int64_t e : {1, 7}) {
+      EXPECT_EQ(z.gate[e].dtype, DType::kBF16);
+      EXPECT_EQ(z.gate[e].data, g16 + e * 2 * I * H);
+      EXPECT_EQ(z.up[e].data, g16 + (e * 2 * I + I) * H);
+      EXPECT_EQ(z.down[e].data, d16 + e * H * I);
+    }
+  }
 
   // One tensor per expert: views of each.
   auto b = test_util::load_fixture_model(kFixtures + "/" + kPerExpert);
@@ -243,46 +279,44 @@ TEST(Qwen35MoeBatch, BatchedAndPreemptedEqualAlone) {
       reqs.push_back(r);
     }
   }
+  std::vector<std::vector<int32_t>> want;
   {
-    std::vector<std::vector<int32_t>> want;
-    {
-      auto alone = engine(kPerExpert);
-      ASSERT_NE(alone, nullptr);
-      for (const GenerateRequest& r : reqs) {
-        auto out = alone->generate(r);
-        ASSERT_TRUE(out.ok()) << out.status().message();
-        want.push_back(out->output_ids);
-      }
-    }
-    for (size_t i = 0; i < ref["greedy"].size(); ++i) {  // transformers' paths for these
-      EXPECT_EQ(want[i], ref["greedy"][i]["output_ids"].get<std::vector<int32_t>>());
-    }
-    BatchingOptions b;
-    b.num_blocks = 14;  // 14 blocks of 16: too few for all five, so some are preempted
-    b.block_size = 16;
-    b.max_num_seqs = 4;
-    EngineOptions o = test_util::fixture_engine_options(kPerExpert);
-    o.prefill_chunk = 32;
-    o.batching = b;
-    auto e = Engine::load(o);
-    ASSERT_TRUE(e.ok()) << e.status().message();
-    std::vector<std::unique_ptr<RequestStream>> streams;
+    auto alone = engine(kPerExpert);
+    ASSERT_NE(alone, nullptr);
     for (const GenerateRequest& r : reqs) {
-      auto s = (*e)->submit(r);
-      ASSERT_TRUE(s.ok()) << s.status().message();
-      streams.push_back(std::move(s).value());
+      auto out = alone->generate(r);
+      ASSERT_TRUE(out.ok()) << out.status().message();
+      want.push_back(out->output_ids);
     }
-    for (size_t i = 0; i < streams.size(); ++i) {
-      std::vector<int32_t> out;
-      RequestOutput piece;
-      while (streams[i]->next(&piece)) {
-        ASSERT_TRUE(piece.error.ok()) << piece.error.message();
-        if (piece.token_id >= 0) out.push_back(piece.token_id);
-      }
-      EXPECT_EQ(out, want[i]) << "request " << i;
-    }
-    EXPECT_GT((*e)->core_stats().preemptions, 0);
   }
+  for (size_t i = 0; i < ref["greedy"].size(); ++i) {  // transformers' paths for these
+    EXPECT_EQ(want[i], ref["greedy"][i]["output_ids"].get<std::vector<int32_t>>());
+  }
+  BatchingOptions b;
+  b.num_blocks = 14;  // 14 blocks of 16: too few for all five, so some are preempted
+  b.block_size = 16;
+  b.max_num_seqs = 4;
+  EngineOptions o = test_util::fixture_engine_options(kPerExpert);
+  o.prefill_chunk = 32;
+  o.batching = b;
+  auto e = Engine::load(o);
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  for (const GenerateRequest& r : reqs) {
+    auto s = (*e)->submit(r);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    streams.push_back(std::move(s).value());
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::vector<int32_t> out;
+    RequestOutput piece;
+    while (streams[i]->next(&piece)) {
+      ASSERT_TRUE(piece.error.ok()) << piece.error.message();
+      if (piece.token_id >= 0) out.push_back(piece.token_id);
+    }
+    EXPECT_EQ(out, want[i]) << "request " << i;
+  }
+  EXPECT_GT((*e)->core_stats().preemptions, 0);
 }
 
 }  // namespace

@@ -44,13 +44,24 @@ TEST(HugePageBuffer, AlignedWholeHugePagesAndWritable) {
   EXPECT_EQ(empty->size(), 0u);
 }
 
-// Every matmul weight view of the text decoder and vision tower.
+// Every matmul weight view of the text decoder (a Gated DeltaNet's, a mixture of experts' each
+// expert, shared expert, router and gate too) and of the vision tower.
 std::vector<const TensorView*> matmul_views(const TextWeights& t, const VisionWeights* v) {
   std::vector<const TensorView*> out = {&t.lm_head};
+  const auto add = [&](const TensorView& w) {
+    if (w.data != nullptr) out.push_back(&w);
+  };
   for (const TextLayerWeights& L : t.layers) {
+    const DeltaNetWeights& d = L.delta;
+    const MoeWeights& m = L.moe;
     for (const TensorView* w :
-         {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) {
-      out.push_back(w);
+         {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj,
+          &d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a, &d.out_proj, &m.router,
+          &m.shared_gate, &m.shared_up, &m.shared_down, &m.shared_expert_gate}) {
+      add(*w);
+    }
+    for (size_t e = 0; e < m.gate.size(); ++e) {
+      for (const TensorView* w : {&m.gate[e], &m.up[e], &m.down[e]}) add(*w);
     }
   }
   if (v != nullptr) {
@@ -71,7 +82,9 @@ std::vector<const TensorView*> matmul_views(const TextWeights& t, const VisionWe
 }
 
 TEST(CopyWeightsToHugePages, MovesEveryMatmulWeightOutOfTheFileWithTheSameBytes) {
-  for (const char* name : {"text-f32-untied", "text-f32-hd128-tied", "vision-f32"}) {
+  // qwen35moe-f32-a: Qwen3.5 MoE's experts, views of the rows of its fused tensors.
+  for (const char* name :
+       {"text-f32-untied", "text-f32-hd128-tied", "vision-f32", "qwen35moe-f32-a"}) {
     auto m = test_util::load_fixture_model(kFixtures + "/" + name);
     ASSERT_TRUE(m.ok()) << m.status().message();
     TextWeights* text = &m->text;
@@ -89,6 +102,9 @@ TEST(CopyWeightsToHugePages, MovesEveryMatmulWeightOutOfTheFileWithTheSameBytes)
     const VisionWeights before_vision = *vw;
     const auto before = matmul_views(before_text, vision ? &before_vision : nullptr);
     for (const TensorView* v : before) ASSERT_TRUE(store->holds(v->data, v->nbytes()));
+    if (std::string(name) == "qwen35moe-f32-a") {  // 4 layers of 8 experts: gate, up, down each
+      EXPECT_GE(before.size(), 4u * 8u * 3u);
+    }
 
     auto buf = copy_weights_to_huge_pages(&*text, vision ? &*vw : nullptr, *store);
     ASSERT_TRUE(buf.ok()) << buf.status().message();
