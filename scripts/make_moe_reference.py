@@ -93,7 +93,7 @@ def stable_topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002 (torch's
 
 
 class _TorchWithStableTopk:
-    """torch, but topk is stable_topk: swapped into the MoE modeling module only."""
+    """torch, but topk is stable_topk: swapped into one MoE modeling module only."""
 
     topk = staticmethod(stable_topk)
 
@@ -102,29 +102,37 @@ class _TorchWithStableTopk:
 
 
 @contextlib.contextmanager
-def stable_routing(on: bool):
+def stable_routing(on: bool, module=modeling_qwen3_vl_moe):
+    """While on: torch.topk is stable_topk inside `module` (a modeling module; by default
+    Qwen3-VL MoE's, make_qwen35_reference.py passes Qwen3.5 MoE's)."""
     if not on:
         yield
         return
-    saved = modeling_qwen3_vl_moe.torch
-    modeling_qwen3_vl_moe.torch = _TorchWithStableTopk()
+    saved = module.torch
+    module.torch = _TorchWithStableTopk()
     try:
         yield
     finally:
-        modeling_qwen3_vl_moe.torch = saved
+        module.torch = saved
+
+
+def _router_probs(mod, inp, out) -> tuple:
+    """Qwen3-VL MoE's router (transformers 4.57): its output is the logits."""
+    return torch.softmax(out, dim=-1, dtype=torch.float), mod.top_k_for_check
 
 
 @torch.no_grad()
-def stock_topk_differences(model, prompts: list[list[int]]) -> dict:
+def stock_topk_differences(model, prompts: list[list[int]], probs_of=_router_probs) -> dict:
     """Over the prompts' forward passes, the (layer, row) routings where stock torch.topk picks
-    another expert set than the stable one, and how many rows tie at the k-th place."""
+    another expert set than the stable one, and how many rows tie at the k-th place. probs_of
+    (router module, its input, its output) gives the routing probabilities and k (Qwen3.5 MoE's
+    router returns the chosen experts instead: make_qwen35_reference.py passes its own)."""
     rows = differ = ties = 0
     hooks = []
 
     def hook(mod, inp, out):
         nonlocal rows, differ, ties
-        p = torch.softmax(out, dim=-1, dtype=torch.float)
-        k = mod.top_k_for_check
+        p, k = probs_of(mod, inp, out)
         _, a = torch.topk(p, k, dim=-1)
         _, b = stable_topk(p, k)
         srt = torch.sort(p, dim=-1, descending=True).values

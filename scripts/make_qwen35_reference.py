@@ -58,7 +58,6 @@ Usage (a virtualenv outside the repository with scripts/requirements-reference-q
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
 import tempfile
@@ -77,6 +76,7 @@ from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
 from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
+import make_moe_reference as mm
 import make_reference as mr
 import make_video_reference as mvr
 
@@ -167,62 +167,12 @@ def plant_tie(model, layer: int) -> None:
     gate.weight[6] = -w
 
 
-def stable_topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002 (torch's signature)
-    assert largest and sorted
-    v, i = torch.sort(x, dim=dim, descending=True, stable=True)
-    return v.narrow(dim, 0, k), i.narrow(dim, 0, k)
-
-
-class _TorchWithStableTopk:
-    """torch, but topk is stable_topk: swapped into the Qwen3.5 MoE modeling module only."""
-
-    topk = staticmethod(stable_topk)
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
-@contextlib.contextmanager
-def stable_routing(on: bool):
-    if not on:
-        yield
-        return
-    saved = modeling_qwen3_5_moe.torch
-    modeling_qwen3_5_moe.torch = _TorchWithStableTopk()
-    try:
-        yield
-    finally:
-        modeling_qwen3_5_moe.torch = saved
-
-
-@torch.no_grad()
-def stock_topk_differences(model, prompts: list[list[int]]) -> dict:
-    """Over the prompts' forward passes, the (layer, row) routings where stock torch.topk picks
-    another expert set than the stable one, and how many rows tie at the k-th place."""
-    rows = differ = ties = 0
-    hooks = []
-
-    def hook(mod, inp, _out):
-        nonlocal rows, differ, ties
-        h = inp[0].reshape(-1, mod.hidden_dim)
-        p = torch.softmax(torch.nn.functional.linear(h, mod.weight), dim=-1, dtype=torch.float)
-        k = mod.top_k
-        _, a = torch.topk(p, k, dim=-1)
-        _, b = stable_topk(p, k)
-        srt = torch.sort(p, dim=-1, descending=True).values
-        rows += p.shape[0]
-        ties += int((srt[:, k - 1] == srt[:, k]).sum())
-        differ += int(sum(set(x) != set(y) for x, y in zip(a.tolist(), b.tolist())))
-
-    for layer in model.model.language_model.layers:
-        hooks.append(layer.mlp.gate.register_forward_hook(hook))
-    try:
-        for ids in prompts:
-            mr.forward_logits(model, ids)
-    finally:
-        for h in hooks:
-            h.remove()
-    return {"routings": rows, "tied_at_kth_place": ties, "routed_differently": differ}
+def router_probs(mod, inp, _out) -> tuple:
+    """Qwen3_5MoeTopKRouter's routing probabilities (from its input: it returns the chosen
+    experts) and k, for make_moe_reference.stock_topk_differences."""
+    h = inp[0].reshape(-1, mod.hidden_dim)
+    return (torch.softmax(torch.nn.functional.linear(h, mod.weight), dim=-1, dtype=torch.float),
+            mod.top_k)
 
 
 def fuse_experts(path: Path) -> None:
@@ -414,7 +364,9 @@ def make_fixture(name: str, spec: dict, proc, clips: dict) -> None:
         ref["mm_cases"].append(entry)
         print(f"  {name} {case['name']}: {len(ids)} ids, greedy {new[:8]}...", flush=True)
     if "tie_layer" in spec:
-        ref["stock_topk"] = stock_topk_differences(model, logit_prompts)
+        for layer in model.model.language_model.layers:
+            layer.mlp.top_k = layer.mlp.gate.top_k  # where stock_topk_differences looks
+        ref["stock_topk"] = mm.stock_topk_differences(model, logit_prompts, router_probs)
         print(f"  {name}: stock torch.topk: {ref['stock_topk']}", flush=True)
         assert ref["stock_topk"]["tied_at_kth_place"] > 0
     if spec.get("layout") == "fused":
@@ -467,7 +419,7 @@ def main() -> int:
     for name, spec in FIXTURES.items():
         if args.only and name not in args.only:
             continue
-        with stable_routing("tie_layer" in spec):
+        with mm.stable_routing("tie_layer" in spec, modeling_qwen3_5_moe):
             make_fixture(name, spec, proc, clips)
     return 0
 

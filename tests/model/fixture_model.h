@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
@@ -15,6 +18,7 @@
 #include "model/qwen3vl_weights.h"
 #include "model/text_decoder.h"
 #include "ops/cpu_backend.h"
+#include "test_util.h"
 #include "vlm/engine.h"
 #include "vlm/status.h"
 
@@ -57,6 +61,40 @@ inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name,
   auto e = Engine::load(fixture_engine_options(name, batching));
   EXPECT_TRUE(e.ok()) << e.status().message();
   return e.ok() ? std::move(e).value() : nullptr;
+}
+
+// Engine::load of fixture `name`'s config and tensors with one tensor edited: `victim` left out,
+// or with `replacement` written in its place (non-null). The load's status (the first error it
+// meets, for the tests that check a broken checkpoint is named).
+inline Status load_with_edited_tensor(const std::string& name, const std::string& victim,
+                                      const TensorView* replacement) {
+  TempDir tmp;
+  const std::string src = std::string(VLM_FIXTURES_DIR) + "/" + name;
+  std::filesystem::copy_file(src + "/config.json", tmp.path() / "config.json");
+  VLM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(src));
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const auto& n : store.names()) {
+    if (n != victim) tensors.emplace_back(n, *store.get(n));
+    if (n == victim && replacement != nullptr) tensors.emplace_back(n, *replacement);
+  }
+  VLM_RETURN_IF_ERROR(write_safetensors((tmp.path() / "model.safetensors").string(), tensors));
+  EngineOptions o;
+  o.model_dir = tmp.path().string();
+  o.require_tokenizer = false;
+  o.n_threads = 1;
+  auto e = Engine::load(o);
+  return e.ok() ? ok_status() : e.status();
+}
+
+// The tokens a request's stream delivers until it ends (a failed EXPECT for an error piece).
+inline std::vector<int32_t> stream_tokens(RequestStream& s) {
+  std::vector<int32_t> out;
+  RequestOutput piece;
+  while (s.next(&piece)) {
+    EXPECT_TRUE(piece.error.ok()) << piece.error.message();
+    if (piece.token_id >= 0) out.push_back(piece.token_id);
+  }
+  return out;
 }
 
 // Image `name` of the vision-f32 fixture's reference.json, with its pixel budget: the synthetic

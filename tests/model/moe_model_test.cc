@@ -170,27 +170,7 @@ TEST(MoeWeights, DecodeWeightBytesCountTheChosenExpertsOnly) {
 // A broken MoE checkpoint fails to load with the dense model's errors: the file, the tensor and
 // the shape named.
 TEST(MoeWeights, BrokenExpertTensorsAreNamed) {
-  namespace fs = std::filesystem;
-  auto load_edited = [](const std::string& fixture, const std::string& victim,
-                        const TensorView* replacement) -> Status {
-    test_util::TempDir tmp;
-    const std::string src = kFixtures + "/" + fixture;
-    fs::copy_file(src + "/config.json", tmp.path() / "config.json");
-    auto store = WeightStore::open_dir(src);
-    if (!store.ok()) return store.status();
-    std::vector<std::pair<std::string, TensorView>> tensors;
-    for (const auto& name : store->names()) {
-      if (name != victim) tensors.emplace_back(name, *store->get(name));
-      if (name == victim && replacement != nullptr) tensors.emplace_back(name, *replacement);
-    }
-    VLM_RETURN_IF_ERROR(write_safetensors((tmp.path() / "model.safetensors").string(), tensors));
-    EngineOptions o;
-    o.model_dir = tmp.path().string();
-    o.require_tokenizer = false;
-    o.n_threads = 1;
-    auto e = Engine::load(o);
-    return e.ok() ? ok_status() : e.status();
-  };
+  const auto load_edited = test_util::load_with_edited_tensor;
   const std::string down = "model.language_model.layers.2.mlp.experts.down_proj";
   Status s = load_edited("moe-f32-e8k2", down, nullptr);
   ASSERT_FALSE(s.ok());

@@ -187,27 +187,7 @@ TEST(Qwen35MoeWeights, QuantizationTurnsTheExpertsAndKeepsTheGates) {
 // A file whose fused experts are transposed (Qwen3-VL MoE's layout: [E, H, 2·I], [E, I, H]) or
 // that lacks a shared-expert tensor fails to load, naming the tensor.
 TEST(Qwen35MoeWeights, TransposedOrMissingTensorsAreNamed) {
-  namespace fs = std::filesystem;
-  auto load_edited = [](const std::string& fixture, const std::string& victim,
-                        const TensorView* replacement) -> Status {
-    test_util::TempDir tmp;
-    const std::string src = kFixtures + "/" + fixture;
-    fs::copy_file(src + "/config.json", tmp.path() / "config.json");
-    auto store = WeightStore::open_dir(src);
-    if (!store.ok()) return store.status();
-    std::vector<std::pair<std::string, TensorView>> tensors;
-    for (const auto& name : store->names()) {
-      if (name != victim) tensors.emplace_back(name, *store->get(name));
-      if (name == victim && replacement != nullptr) tensors.emplace_back(name, *replacement);
-    }
-    VLM_RETURN_IF_ERROR(write_safetensors((tmp.path() / "model.safetensors").string(), tensors));
-    EngineOptions o;
-    o.model_dir = tmp.path().string();
-    o.require_tokenizer = false;
-    o.n_threads = 1;
-    auto e = Engine::load(o);
-    return e.ok() ? ok_status() : e.status();
-  };
+  const auto load_edited = test_util::load_with_edited_tensor;
   std::vector<float> zeros(8 * 192 * 64, 0.f);
   const TensorView transposed{DType::kF32, {8, 64, 192}, zeros.data()};
   const TensorView transposed_down{DType::kF32, {8, 96, 64}, zeros.data()};
@@ -308,13 +288,7 @@ TEST(Qwen35MoeBatch, BatchedAndPreemptedEqualAlone) {
     streams.push_back(std::move(s).value());
   }
   for (size_t i = 0; i < streams.size(); ++i) {
-    std::vector<int32_t> out;
-    RequestOutput piece;
-    while (streams[i]->next(&piece)) {
-      ASSERT_TRUE(piece.error.ok()) << piece.error.message();
-      if (piece.token_id >= 0) out.push_back(piece.token_id);
-    }
-    EXPECT_EQ(out, want[i]) << "request " << i;
+    EXPECT_EQ(test_util::stream_tokens(*streams[i]), want[i]) << "request " << i;
   }
   EXPECT_GT((*e)->core_stats().preemptions, 0);
 }
