@@ -94,9 +94,9 @@ def experts_as_stored(model, ckpt: Path) -> None:
             p.data = exact[name].reshape(p.shape) if name in exact else p.data.float()
     # Every F32 tensor of the file that the model has must have been taken as stored (a name
     # mapped otherwise would silently keep its BF16 rounding).
-    unused = [n for n in exact if n not in params and n.startswith("model.language_model.layers.")]
-    held = {n.split(".layers.")[1].split(".")[0] for n in params if ".layers." in n}
-    unused = [n for n in unused if n.split(".layers.")[1].split(".")[0] in held]
+    layers = tuple(f"model.language_model.layers.{i}."
+                   for i in range(model.config.get_text_config().num_hidden_layers))
+    unused = [name for name in exact if name.startswith(layers) and name not in params]
     assert not unused, f"float32 tensors of the file not matched to parameters: {unused[:4]}"
     for mod in model.modules():
         for key, b in mod._buffers.items():  # rotary tables: built in float32 at init

@@ -88,7 +88,7 @@ struct Qwen3VLVisionConfig {
   int64_t depth = 0;
   int64_t hidden_size = 0;
   int64_t num_heads = 0;
-  int64_t intermediate_size = 0;  // the dense MLP's; 0 for qwen3_5_moe (no dense MLP)
+  int64_t intermediate_size = 0;
   int64_t patch_size = 16;
   int64_t temporal_patch_size = 2;
   int64_t spatial_merge_size = 2;

@@ -179,12 +179,10 @@ Status TextDecoder::init(const TextWeights& w) {
   return alloc_scratch();
 }
 
-int64_t TextDecoder::mlp_width() const {
-  return std::max(cfg_.intermediate_size, cfg_.shared_expert_intermediate_size);
-}
-
 Status TextDecoder::alloc_scratch() {
-  const int64_t C = max_chunk_, H = cfg_.hidden_size, I = mlp_width();
+  // gate_up_ and mlp_ serve the dense MLP and the shared expert: the wider of the two.
+  const int64_t C = max_chunk_, H = cfg_.hidden_size,
+                I = std::max(cfg_.intermediate_size, cfg_.shared_expert_intermediate_size);
   const int64_t qd = cfg_.num_attention_heads * cfg_.head_dim;
   const int64_t kvd = cfg_.num_key_value_heads * cfg_.head_dim;
   const DType act = be_.act_dtype();

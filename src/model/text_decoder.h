@@ -201,9 +201,6 @@ class TextDecoder {
   // weights f32 [max_chunk, k], and moe_experts' scratch; with a shared expert, its gate's
   // logits f32 [max_chunk] and its output [max_chunk, hidden].
   ops::Buffer router_logits_, route_ids_, route_weights_, moe_scratch_, shared_logit_, shared_;
-  // A layer's feed-forward product widths: the dense MLP's or the shared expert's (gate_up_,
-  // mlp_ are sized for the larger).
-  int64_t mlp_width() const;
   // The pass's tables: host staging, and the backend's copies (the same memory on the CPU).
   // ints: ids, slots, token sequence, token position, logit rows, image rows (max_chunk each).
   static constexpr int kIds = 0, kSlots = 1, kSeq = 2, kPos = 3, kSel = 4, kVis = 5, kIntRows = 6;
