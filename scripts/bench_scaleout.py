@@ -191,7 +191,7 @@ def main():
                     help="run nothing: recompute the summary and the plot from --out-json")
     ap.add_argument("--out-png", default="bench_scaleout.png")
     args = ap.parse_args()
-    args.tokenizer = args.tokenizer or args.model or str(REPO / "models/tiny-qwen3vl")
+    args.tokenizer = args.tokenizer or args.model or str(REPO / "models/tiny-qwen35")
     for k in ("NO_PROXY", "no_proxy"):
         os.environ[k] = ",".join(filter(None, [os.environ.get(k, ""), "127.0.0.1", "localhost"]))
     if args.summarize:

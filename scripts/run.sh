@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up (dependencies + Release build) and runs `vlm run`.
 #   scripts/run.sh                      # the shipped tiny model asked about examples/shapes.png
-#   scripts/run.sh -m DIR -p "Hello"    # any Qwen3-VL checkpoint directory; flags go to `vlm run`
-# Without -m, `vlm run` uses models/tiny-qwen3vl: a tiny Qwen3-VL trained by
+#   scripts/run.sh -m DIR -p "Hello"    # any Qwen3-VL or Qwen3.5 checkpoint directory; flags go to `vlm run`
+# Without -m, `vlm run` uses models/tiny-qwen35: a tiny Qwen3.5 trained by
 # scripts/train_tiny_vlm.py to answer questions about pictures and clips of coloured shapes.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -39,7 +39,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "deploy/Dockerfile"
 K8S_DIR = REPO / "deploy/k8s"
-TINY_MODEL = REPO / "models/tiny-qwen3vl"
+TINY_MODEL = REPO / "models/tiny-qwen35"  # the default model
 MODEL_PATH = "/models/model"  # where the image expects the checkpoint
 POOL_API = "inference.networking.k8s.io/v1"
 ROUTE_API = "gateway.networking.k8s.io/v1"

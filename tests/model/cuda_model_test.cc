@@ -300,7 +300,8 @@ TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
   EXPECT_GT(g.memory_used, 0);
   EXPECT_LE(g.memory_used, g.memory_total);
 
-  const auto cases = nlohmann::json::parse(test_util::read_file(scenes + "/cases.json"))["cases"];
+  const auto cases =
+      nlohmann::json::parse(test_util::read_file(scenes + "/cases-tiny-qwen3vl.json"))["cases"];
   ASSERT_EQ(cases.size(), 100u);
   std::vector<std::unique_ptr<RequestStream>> streams;
   for (const auto& c : cases) {

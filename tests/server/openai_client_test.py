@@ -854,7 +854,7 @@ class ToolCallTest(unittest.TestCase):
 
 
 class DefaultModelTest(unittest.TestCase):
-    """`vlm serve` without -m serves the shipped tiny model (models/tiny-qwen3vl), which answers
+    """`vlm serve` without -m serves the shipped tiny model (models/tiny-qwen35), which answers
     questions about pictures of shapes and clips of moving shapes. The held-out scenes of
     tests/model/fixtures/shapes-qa, then clips of tests/model/fixtures/motion-qa, are asked all at
     once (continuous batching mixes them): every greedy reply must be the answer transformers gave
@@ -862,9 +862,10 @@ class DefaultModelTest(unittest.TestCase):
 
     def test_answers_equal_transformers_under_concurrency(self):
         fixtures = REPO / "tests/model/fixtures"
-        scenes = json.loads((fixtures / "shapes-qa/cases.json").read_text())["cases"]
+        cases = "cases-tiny-qwen35.json"  # the default model's
+        scenes = json.loads((fixtures / "shapes-qa" / cases).read_text())["cases"]
         # Clips of moving shapes, sent as video_url parts.
-        clips = json.loads((fixtures / "motion-qa/cases.json").read_text())["cases"][:32]
+        clips = json.loads((fixtures / "motion-qa" / cases).read_text())["cases"][:32]
         self.assertEqual(len(clips), 32)
         tmp = Path(tempfile.mkdtemp(prefix="vlm_default_model_test_"))
         server = VlmServer(None, tmp, "server_default")
