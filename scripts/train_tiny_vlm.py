@@ -61,11 +61,12 @@ away) on its merged tokens must tell the shape and colour of the object centred 
 and that object's ninth of the image (token_classes). The previous setting (random placement,
 one question per sample, no auxiliary loss, 1.7 M parameters) reached 42% after 7000 steps, with
 position answers at 15%. Short trials of the parts on the way (2000 steps or less) all stayed at
-28-38% with position answers at chance; this run too, until it passed 2000 steps.
+28-38% with position answers at chance; the Qwen3-VL run from scratch too, until it passed 2000
+steps.
 
-Measured for the Qwen3.5 model (the commands above; held-out accuracy on 200 scenes, seed 777,
-and 200 clips, seed 779, one question each, exact answer; 2 cores of an "Intel(R) Xeon(R)
-Processor" VM with AVX-512 VNNI, transformers 5.25.0 with its PyTorch fallbacks of the Gated
+Measured for the Qwen3.5 model (the qwen3_5 commands above; held-out accuracy on 200 scenes,
+seed 777, and 200 clips, seed 779, one question each, exact answer; 2 cores of an "Intel(R)
+Xeon(R) Processor" VM with AVX-512 VNNI, transformers 5.25.0 with its PyTorch fallbacks of the Gated
 DeltaNet kernels). The second stage ran as two runs, the second resumed from the first's
 weights with a new learning-rate schedule and new samples (--seed 3) of the same mix:
   | run | steps | scenes | colour | "How many shapes" | "How many X" | "Describe" | "Where is" | clips | "Which way" | "appear" | "first" |
@@ -82,10 +83,10 @@ weights with a new learning-rate schedule and new samples (--seed 3) of the same
 against 133 min for the Qwen3-VL model's 8000 + 3000 steps from scratch (below), which reach
 96.0% and 93.0%. 2.03 M parameters (text: 4 layers, hidden 128; the Gated DeltaNet layers 2 key
 heads and 4 value heads of 32, a 4-tap convolution; the attention layer 4 query and 2 KV heads of
-32, a quarter rotary; vocabulary 422; vision: 3 blocks, hidden 128), 8.1 MB in f32. The shipped CI fixtures: scenes (seed 4242, 100 scenes) transformers 96.0%, clips
-(seed 4343, 100 clips) transformers 95.0%; vlm's greedy answers equal transformers' on all 200
-at every CPU ISA level (generic, avx2, avx2vnni, avx512, avx512vnni) and with the KV cache in
-f32, BF16 and INT8.
+32, a quarter rotary; vocabulary 422; vision: 3 blocks, hidden 128), 8.1 MB in f32. The shipped
+CI fixtures: scenes (seed 4242, 100 scenes) transformers 96.0%, clips (seed 4343, 100 clips)
+transformers 95.0%; vlm's greedy answers equal transformers' on all 200 at every CPU ISA level
+(generic, avx2, avx2vnni, avx512, avx512vnni) and with the KV cache in f32, BF16 and INT8.
 
 Measured for the Qwen3-VL model (its first command, from scratch; held-out accuracy on 200
 scenes, one question each, exact answer):
@@ -398,7 +399,7 @@ def make_config(tok: Tokenizer, arch: str, text_hidden: int = 96, vision_hidden:
                                   "mrope_interleaved": True})
         vision.update(deepstack_visual_indexes=list(range(min(vision_depth, 3))))
         return Qwen3VLConfig(text_config=text, vision_config=vision, **tokens)
-    from transformers import Qwen3_5Config  # transformers 5.x
+    Qwen3_5Config = qwen35_class("Qwen3_5Config")
     text.update(num_hidden_layers=4, full_attention_interval=4, hidden_act="silu",
                 linear_num_key_heads=2, linear_key_head_dim=32, linear_num_value_heads=4,
                 linear_value_head_dim=32, linear_conv_kernel_dim=4,
@@ -408,13 +409,22 @@ def make_config(tok: Tokenizer, arch: str, text_hidden: int = 96, vision_hidden:
     return Qwen3_5Config(text_config=text, vision_config=vision, **tokens)
 
 
+def qwen35_class(name: str):
+    """A Qwen3.5 class of transformers 5.x, or a clear error on 4.x."""
+    try:
+        return getattr(transformers, name)
+    except AttributeError:
+        raise SystemExit(f"the qwen3_5 architecture needs transformers 5.x "
+                         f"(scripts/requirements-reference-qwen35.txt), not "
+                         f"{transformers.__version__}; --arch qwen3_vl trains the Qwen3-VL model")
+
+
 def model_class(model_type: str):
     """The transformers class of a saved model's (or a config's) model_type."""
     if model_type == "qwen3_vl":
         return Qwen3VLForConditionalGeneration
     if model_type == "qwen3_5":
-        from transformers import Qwen3_5ForConditionalGeneration  # transformers 5.x
-        return Qwen3_5ForConditionalGeneration
+        return qwen35_class("Qwen3_5ForConditionalGeneration")
     raise ValueError(f"unknown model_type {model_type!r}")
 
 
@@ -427,18 +437,22 @@ def load_model(model_dir: Path):
 def copy_tower(model, src_dir: Path) -> None:
     """Starts the vision tower and the token embeddings from a trained model's (same tokenizer,
     same sizes): every tensor of model.visual and embed_tokens with a same-named, same-shaped
-    tensor there (Qwen3-VL's DeepStack mergers have none here and are left out)."""
+    tensor there). Every tower tensor there must be taken, except Qwen3-VL's DeepStack mergers,
+    which this model has not."""
     src = load_model(src_dir).state_dict()
     dst = model.state_dict()
-    names = [n for n in dst if ".visual." in "." + n or n.endswith("embed_tokens.weight")]
-    copied = 0
-    for n in names:
-        if n in src and src[n].shape == dst[n].shape:
-            dst[n].copy_(src[n])
-            copied += 1
-        else:
+
+    def wanted(n: str) -> bool:
+        return ".visual." in "." + n or n.endswith("embed_tokens.weight")
+
+    for n in filter(wanted, dst):
+        if n not in src or src[n].shape != dst[n].shape:
             raise ValueError(f"{src_dir} has no tensor {n} of shape {tuple(dst[n].shape)}")
-    print(f"copied {copied} tensors (vision tower and embeddings) from {src_dir}")
+        dst[n].copy_(src[n])
+    left = [n for n in src if wanted(n) and n not in dst and "deepstack" not in n]
+    if left:
+        raise ValueError(f"{src_dir} has tower tensors this model lacks (another depth?): {left[:3]}")
+    print(f"started the vision tower and the embeddings from {src_dir}")
 
 
 class Encoder:
@@ -466,8 +480,8 @@ class Encoder:
         return out["input_ids"][0].tolist(), out["pixel_values_videos"], out["video_grid_thw"]
 
     def with_types(self, inputs: dict) -> dict:
-        """inputs plus, for a Qwen3.5, the processor's mm_token_type_ids (text 0, image 1,
-        video 2), from which transformers 5 computes the multimodal positions."""
+        """inputs plus, for a Qwen3.5, mm_token_type_ids as the processor makes them (text 0,
+        image 1, video 2), from which transformers 5 computes the multimodal positions."""
         if self.token_types:
             ids = inputs["input_ids"]
             inputs["mm_token_type_ids"] = (ids == self.pad).long() + 2 * (ids == self.video_pad).long()
@@ -716,8 +730,9 @@ def main() -> None:
     ap.add_argument("--clip-example-out", type=Path, help="also write the README's example clip")
     ap.add_argument("--clip-example-seed", type=int, default=2025)
     ap.add_argument("--load", type=Path, help="skip training: load this saved model")
-    ap.add_argument("--arch", choices=["qwen3_5", "qwen3_vl"], default="qwen3_5",
-                    help="the architecture trained from scratch (qwen3_5 needs transformers 5.x)")
+    ap.add_argument("--arch", choices=["qwen3_5", "qwen3_vl"],
+                    help="the architecture of a new model (default qwen3_5, which needs "
+                         "transformers 5.x); --init and --load take the saved one's")
     ap.add_argument("--tower-from", type=Path,
                     help="from scratch, but with this trained model's tokenizer, vision tower "
                          "and token embeddings (copy_tower)")
@@ -726,6 +741,9 @@ def main() -> None:
     if (a.out is None) == (a.load is None) or (a.load is not None and
                                                all(w is None for w in writes)):
         ap.error("give --out DIR to train, or --load DIR with a fixture or example to write")
+    if (a.init is not None or a.load is not None) and (a.arch is not None or a.tower_from is not None):
+        ap.error("--arch and --tower-from make a new model: not with --init or --load")
+    a.arch = a.arch or "qwen3_5"
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
 

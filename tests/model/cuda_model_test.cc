@@ -283,7 +283,8 @@ TEST(CudaVisionModel, MultimodalLogitsAndGreedyMatchTransformers) {
   }
 }
 
-// The shipped model on the GPU (f32) under continuous batching: 100 unseen scenes submitted at
+// The Qwen3-VL demo model (models/tiny-qwen3vl; the default Qwen3.5 has no CUDA kernels yet) on
+// the GPU (f32) under continuous batching: 100 unseen scenes submitted at
 // once, 32 sequences per step over the paged cache, each answer equal to transformers'.
 TEST(CudaServing, ShapesModelAnswersAsTransformersUnderBatching) {
   SKIP_WITHOUT_DEVICE();

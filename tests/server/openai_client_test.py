@@ -862,10 +862,10 @@ class DefaultModelTest(unittest.TestCase):
 
     def test_answers_equal_transformers_under_concurrency(self):
         fixtures = REPO / "tests/model/fixtures"
-        cases = "cases-tiny-qwen35.json"  # the default model's
-        scenes = json.loads((fixtures / "shapes-qa" / cases).read_text())["cases"]
+        cases_file = "cases-tiny-qwen35.json"  # the default model's
+        scenes = json.loads((fixtures / "shapes-qa" / cases_file).read_text())["cases"]
         # Clips of moving shapes, sent as video_url parts.
-        clips = json.loads((fixtures / "motion-qa" / cases).read_text())["cases"][:32]
+        clips = json.loads((fixtures / "motion-qa" / cases_file).read_text())["cases"][:32]
         self.assertEqual(len(clips), 32)
         tmp = Path(tempfile.mkdtemp(prefix="vlm_default_model_test_"))
         server = VlmServer(None, tmp, "server_default")
