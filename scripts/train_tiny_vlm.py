@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trains the tiny demo models that learn to answer questions about synthetic shape images and clips.
+"""Trains the tiny demo models that answer questions about synthetic shape images and clips.
 
 Everything is generated here: images of 1-5 coloured shapes on plain backgrounds, short clips of
 1-3 moving shapes, chat-formatted questions and answers about them, a byte-level BPE tokenizer
@@ -66,8 +66,8 @@ steps.
 
 Measured for the Qwen3.5 model (the qwen3_5 commands above; held-out accuracy on 200 scenes,
 seed 777, and 200 clips, seed 779, one question each, exact answer; 2 cores of an "Intel(R)
-Xeon(R) Processor" VM with AVX-512 VNNI, transformers 5.25.0 with its PyTorch fallbacks of the Gated
-DeltaNet kernels). The second stage ran as two runs, the second resumed from the first's
+Xeon(R) Processor" VM with AVX-512 VNNI, transformers 5.25.0 with its PyTorch fallbacks of the
+Gated DeltaNet kernels). The second stage ran as two runs, the second resumed from the first's
 weights with a new learning-rate schedule and new samples (--seed 3) of the same mix:
   | run | steps | scenes | colour | "How many shapes" | "How many X" | "Describe" | "Where is" | clips | "Which way" | "appear" | "first" |
   |---|---|---|---|---|---|---|---|---|---|---|---|
@@ -106,8 +106,8 @@ vision: 3 blocks, hidden 128, DeepStack taps after each), 11.1 MB in f32; 4505 s
 steps on 2 cores (Sapphire Rapids VM). That model answered the CI fixture of scenes (seed 4242,
 100 scenes) 97.0% right.
 
-Its stage 2 (the second command; held-out accuracy on the same 200 scenes and on 200 clips, seed 779,
-one question each, exact answer; 16 scenes and 16 clips a step, each with all its questions):
+Its stage 2 (the second command; held-out accuracy on the same 200 scenes and on 200 clips, seed
+779, one question each, exact answer; 16 scenes and 16 clips a step, each with all its questions):
   | steps | scenes | clips | "Which way" | "How many shapes appear" | "Which shape appears first" |
   |---|---|---|---|---|---|
   | 0 (stage 1) | 96.0% | — | — | — | — |
@@ -436,8 +436,8 @@ def load_model(model_dir: Path):
 @torch.no_grad()
 def copy_tower(model, src_dir: Path) -> None:
     """Starts the vision tower and the token embeddings from a trained model's (same tokenizer,
-    same sizes): every tensor of model.visual and embed_tokens with a same-named, same-shaped
-    tensor there). Every tower tensor there must be taken, except Qwen3-VL's DeepStack mergers,
+    same sizes): every tensor of model.visual and embed_tokens takes the same-named, same-shaped
+    tensor there. Every tower tensor there must be taken, except Qwen3-VL's DeepStack mergers,
     which this model has not."""
     src = load_model(src_dir).state_dict()
     dst = model.state_dict()
@@ -753,20 +753,20 @@ def main() -> None:
     if a.init is not None:
         tok = Tokenizer.from_file(str(a.init / "tokenizer.json"))
         model = load_model(a.init)
-    elif a.tower_from is not None:
-        tok = Tokenizer.from_file(str(a.tower_from / "tokenizer.json"))
-        model = model_class(a.arch)(
-            make_config(tok, a.arch, a.text_hidden, a.vision_hidden, a.vision_depth))
-        copy_tower(model, a.tower_from)
     else:
-        rng = random.Random(a.seed + 1)
-        texts = []
-        for _ in range(3000):
-            _, objects = make_scene(rng)
-            texts += [chat(q, x) for q, x in questions(objects, rng)]
-        tok = train_tokenizer(texts, a.vocab)
+        if a.tower_from is not None:
+            tok = Tokenizer.from_file(str(a.tower_from / "tokenizer.json"))
+        else:
+            rng = random.Random(a.seed + 1)
+            texts = []
+            for _ in range(3000):
+                _, objects = make_scene(rng)
+                texts += [chat(q, x) for q, x in questions(objects, rng)]
+            tok = train_tokenizer(texts, a.vocab)
         model = model_class(a.arch)(
             make_config(tok, a.arch, a.text_hidden, a.vision_hidden, a.vision_depth))
+        if a.tower_from is not None:
+            copy_tower(model, a.tower_from)
     model.train()
     linear_patch_embed(model.model.visual.patch_embed)
     enc = Encoder(tok, model.config.model_type)

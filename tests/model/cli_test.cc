@@ -695,6 +695,10 @@ struct Ask {
   std::string kv, isa, extra;
 };
 
+void PrintTo(const Ask& a, std::ostream* os) {
+  *os << a.model << " kv '" << a.kv << "' isa '" << a.isa << "'" << a.extra;
+}
+
 // Asks a demo model one question about one image or video, greedily: `media` is "image" or
 // "video".
 CliResult ask_model(const std::string& media, const std::string& path, const std::string& question,
@@ -859,52 +863,43 @@ TEST(Cli, DefaultModelAnswersAsTransformersOnUnseenClips) {
   EXPECT_GE(acc, 0.8);
 }
 
-// The same with the KV cache in BF16 and in INT8: every answer is still transformers', on the
-// scenes and on the clips.
-class DefaultModelKv : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(DefaultModelKv, AnswersAsTransformersOnUnseenScenes) {
-  FixtureRun run;
-  ASSERT_NO_FATAL_FAILURE(ask_fixture("shapes-qa", "image", {.kv = GetParam()}, &run));
-  EXPECT_GE(run.total, 100);
-}
-
-TEST_P(DefaultModelKv, AnswersAsTransformersOnUnseenClips) {
-  FixtureRun run;
-  ASSERT_NO_FATAL_FAILURE(ask_fixture("motion-qa", "video", {.kv = GetParam()}, &run));
-  EXPECT_GE(run.total, 100);
-}
-
-INSTANTIATE_TEST_SUITE_P(Dtypes, DefaultModelKv, ::testing::Values("bf16", "int8"));
-
-// And at the levels below AVX-512 VNNI (VLM_CPU_ISA; the runs above take the best this CPU has):
-// the matrix products, the norms, the linear-attention scan and the short convolution have
-// their own kernels at generic, avx2 and avx512, and each level must give transformers' answers.
-// (avx2vnni runs avx2's kernels for f32 weights; it differs only for INT8 and INT4 ones.) A
-// level this CPU does not run is skipped, saying so.
-class DefaultModelIsa : public ::testing::TestWithParam<std::string> {
+// The same with the KV cache in BF16 and in INT8, and at the ISA levels below AVX-512 VNNI
+// (VLM_CPU_ISA; the runs above take the best this CPU has): every answer is still transformers',
+// on the scenes and on the clips. The matrix products, the norms, the linear-attention scan and
+// the short convolution have their own kernels at generic, avx2 and avx512 (avx2vnni runs avx2's
+// kernels for f32 weights; it differs only for INT8 and INT4 ones). A level this CPU does not run
+// is skipped, saying so.
+class DefaultModelVariant : public ::testing::TestWithParam<Ask> {
  protected:
   void SetUp() override {
+    const std::string& isa = GetParam().isa;
+    if (isa.empty()) return;
     for (ops::Isa l : ops::runnable_isas()) {
-      if (GetParam() == ops::isa_name(l)) return;
+      if (isa == ops::isa_name(l)) return;
     }
-    GTEST_SKIP() << "this CPU does not run " << GetParam();
+    GTEST_SKIP() << "this CPU does not run " << isa;
   }
 };
 
-TEST_P(DefaultModelIsa, AnswersAsTransformersOnUnseenScenes) {
+TEST_P(DefaultModelVariant, AnswersAsTransformersOnUnseenScenes) {
   FixtureRun run;
-  ASSERT_NO_FATAL_FAILURE(ask_fixture("shapes-qa", "image", {.isa = GetParam()}, &run));
+  ASSERT_NO_FATAL_FAILURE(ask_fixture("shapes-qa", "image", GetParam(), &run));
   EXPECT_GE(run.total, 100);
 }
 
-TEST_P(DefaultModelIsa, AnswersAsTransformersOnUnseenClips) {
+TEST_P(DefaultModelVariant, AnswersAsTransformersOnUnseenClips) {
   FixtureRun run;
-  ASSERT_NO_FATAL_FAILURE(ask_fixture("motion-qa", "video", {.isa = GetParam()}, &run));
+  ASSERT_NO_FATAL_FAILURE(ask_fixture("motion-qa", "video", GetParam(), &run));
   EXPECT_GE(run.total, 100);
 }
 
-INSTANTIATE_TEST_SUITE_P(Levels, DefaultModelIsa, ::testing::Values("generic", "avx2", "avx512"));
+INSTANTIATE_TEST_SUITE_P(KvAndIsa, DefaultModelVariant,
+                         ::testing::Values(Ask{.kv = "bf16"}, Ask{.kv = "int8"},
+                                           Ask{.isa = "generic"}, Ask{.isa = "avx2"},
+                                           Ask{.isa = "avx512"}),
+                         [](const ::testing::TestParamInfo<Ask>& p) {
+                           return p.param.kv.empty() ? "isa_" + p.param.isa : "kv_" + p.param.kv;
+                         });
 
 // Under --quant int4 (4.5 bits per weight) the default model is not exact, but nearly every
 // answer stays transformers' and accuracy drops by at most 4 points (96 of the 100 answers and
