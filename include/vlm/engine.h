@@ -5,6 +5,7 @@
 // requests share the core's forward passes.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -88,6 +89,30 @@ struct KvEventBatch {
   std::vector<KvEvent> events;
 };
 
+// Speculative decoding (docs/architecture.md, "Speculative decoding"): each step a decoding
+// request may carry up to num_tokens proposed tokens, which one forward pass verifies; the output
+// is the plain output (greedy) or distributed exactly as it (sampling). kNgram: prompt lookup (the
+// longest suffix of ngram_max down to ngram_min tokens found earlier in the prompt or output
+// proposes the tokens that followed it). kCustom: `propose` (called on the engine thread; must not
+// block) is given the sequence's ids so far (prompt, then output), the prompt's length and at most
+// how many to propose, writes up to that many ids to `out` and returns how many.
+enum class SpecMethod { kNone, kNgram, kCustom };
+const char* spec_method_name(SpecMethod m);
+Result<SpecMethod> parse_spec_method(std::string_view name);  // "none" | "ngram"
+struct SpecOptions {
+  static constexpr int32_t kMaxTokens = 16;
+  SpecMethod method = SpecMethod::kNone;
+  int32_t num_tokens = 4;  // K: tokens proposed per step at most, 1..kMaxTokens
+  int32_t ngram_min = 2, ngram_max = 4;
+  // true: a request's proposals per step are capped by how its last verify went (halved when
+  // none was accepted, down to 0 for a while; doubled when all were). false: every step asks for
+  // num_tokens whatever was accepted (measurements of the verify pass's cost).
+  bool adaptive = true;
+  std::function<int32_t(std::span<const int32_t> ids, int64_t prompt_len, int32_t max_k,
+                        int32_t* out)>
+      propose;
+};
+
 // The engine core: the per-step limits, the paged KV cache and the queue. Every request runs
 // through it (Engine::chat, chat_stream, submit, generate, logits).
 struct BatchingOptions {
@@ -141,6 +166,7 @@ struct BatchingOptions {
   // one step). With no request running an encode is never sliced, and with no request decoding
   // a prefill is not held back. The outputs are the same bit for bit.
   double max_encoder_ms = 0;
+  SpecOptions spec;  // speculative decoding (off by default)
 };
 
 struct EngineOptions {
@@ -420,6 +446,11 @@ class Engine {
     int64_t state_slots = 0, state_slot_bytes = 0;
     int64_t state_snapshots = 0, state_snapshot_interval = 0, state_snapshots_held = 0;
     int64_t state_snapshot_evictions = 0;
+    // Speculative decoding (vLLM's spec_decode counters): proposals verified (one per request
+    // and step that carried any), tokens proposed, tokens accepted, and acceptances at each
+    // position (the first proposed token, the second, ...); spec_tokens is K (0: off).
+    int64_t spec_tokens = 0, spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+    std::array<int64_t, SpecOptions::kMaxTokens> spec_accepted_per_pos{};
   };
   CoreStats core_stats() const;
   // When the engine loop last finished a step or an idle wait (it wakes at least every second):

@@ -83,6 +83,22 @@ Result<KvCacheDtype> parse_kv_cache_dtype(std::string_view name) {
       kv_cache_dtype_name, "KV cache dtype");
 }
 
+const char* spec_method_name(SpecMethod m) {
+  switch (m) {
+    case SpecMethod::kNone:
+      return "none";
+    case SpecMethod::kNgram:
+      return "ngram";
+    case SpecMethod::kCustom:
+      return "custom";
+  }
+  return "?";
+}
+Result<SpecMethod> parse_spec_method(std::string_view name) {
+  return parse_named(name, {SpecMethod::kNone, SpecMethod::kNgram}, spec_method_name,
+                     "speculative decoding method");
+}
+
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAuto:

@@ -38,13 +38,25 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   std::unique_ptr<EngineCore> core(new EngineCore(std::move(model), opts));
   State& s = *core->st_;
   const CoreModel& m = core->model_;
-  // The runner's device buffers (the logits of a step) first: the KV cache takes what is left.
-  VLM_ASSIGN_OR_RETURN(s.runner,
-                       ModelRunner::create(m.runner, s.cache, opts.max_num_seqs, blocks_per_seq));
   const KvCacheSpec spec = dec.cache_spec(opts.block_size, m.kv_dtype);
   // A hybrid model's state slots, one per sequence that may run, and its prefix cache's state
   // snapshots come out of the same budget.
   const bool hybrid = spec.state_group() != nullptr;
+  VLM_ASSIGN_OR_RETURN(s.proposer, make_proposer(opts.spec));
+  const int64_t spec_tokens = s.proposer ? opts.spec.num_tokens : 0;
+  if (s.proposer && hybrid) {
+    return invalid_argument(
+        "speculative decoding (--spec) does not run hybrid models (Qwen3.5's linear-attention "
+        "state would need rolling back after a rejected proposal) yet");
+  }
+  if (s.proposer && dec.backend().device() != ops::Device::kCpu) {
+    return invalid_argument(
+        "speculative decoding (--spec) runs on the CPU only: its verify passes are not yet proven "
+        "on a GPU");
+  }
+  // The runner's device buffers (the logits of a step) first: the KV cache takes what is left.
+  VLM_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(m.runner, s.cache, opts.max_num_seqs,
+                                                     blocks_per_seq, spec_tokens));
   const int64_t state_slots = hybrid ? opts.max_num_seqs : 0;
   if (hybrid && opts.prefix_caching) {
     // The default from a measurement (docs/benchmarks.md, 2026-12-05): multi-turn image chats
@@ -128,7 +140,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
     s.encodes = std::make_unique<ImageEncodes>(*m.runner.vision, *core->vision_cache_, *s.runner,
                                                core->on_encode_);
   }
-  s.sampled.reserve(static_cast<size_t>(opts.max_num_seqs));
+  s.sampled.reserve(static_cast<size_t>(opts.max_num_seqs * (1 + spec_tokens)));
   // A step's state copies: at most one of each per scheduled request (a decode step that crosses
   // a snapshot point takes one without allocating).
   s.sched_out.restores.reserve(static_cast<size_t>(opts.max_num_seqs));
@@ -140,6 +152,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   stats.kv_block_size = opts.block_size;
   stats.kv_cache_bytes = (int64_t{opts.num_blocks} + 1) * spec.block_bytes();
   stats.prefix_caching = opts.prefix_caching;
+  stats.spec_tokens = spec_tokens;
   stats.state_slots = state_slots;
   stats.state_slot_bytes = spec.state_bytes_per_seq();
   stats.state_snapshots = opts.state_snapshots;
@@ -285,6 +298,7 @@ void EngineCore::admit(std::span<EngineRequest* const> waiting) {
     }
     r.start(std::move(prompt));
     r.prompt_ids = {};  // the sequence holds the prompt now
+    r.spec_cap = opts_.spec.num_tokens;
   }
 }
 
@@ -293,8 +307,12 @@ Status EngineCore::execute(const SchedulerOutput& out) {
   s.rows.clear();
   for (const ScheduledItem& it : out.items) {
     EngineRequest& r = *s.reqs.at(it.request_id);
-    s.rows.push_back({it.request_id, it.first_token, it.num_tokens, r.kind, &r.seq,
-                      &s.sched->block_table(it.request_id), s.sched->state_slot(it.request_id)});
+    r.step_tokens = 0;
+    const bool verify = it.num_spec > 0;
+    s.rows.push_back({it.request_id, it.first_token, it.num_tokens,
+                      verify ? StepKind::kVerify : r.kind, &r.seq,
+                      &s.sched->block_table(it.request_id), s.sched->state_slot(it.request_id),
+                      std::span<const int32_t>(r.drafts.data(), verify ? it.num_spec : 0)});
   }
   s.sampled.clear();
   // A prefix hit of a hybrid model resumes from its snapshot; the snapshots this step completes
@@ -309,8 +327,11 @@ Status EngineCore::execute(const SchedulerOutput& out) {
   }
   SampledToken t;
   while (s.runner->sample_next(&t)) {
-    s.sampled.push_back(t);
     EngineRequest& r = *s.reqs.at(t.request_id);
+    ++r.step_tokens;
+    // A verify row's tokens after a stop token (or the last the budget allows) are not its.
+    if (r.ending != FinishReason::kNone) continue;
+    s.sampled.push_back(t);
     const int64_t sampled_ns = steady_now_ns();
     if (r.append_token(t, sampled_ns)) continue;  // the last: it goes with the end
     r.stream->publish(t, /*stop=*/false, s.steps, sampled_ns);
@@ -322,33 +343,90 @@ void EngineCore::update() {
   State& s = *st_;
   const SchedulerOutput& out = s.sched_out;
   s.computed.clear();
-  for (const auto& it : out.items) s.computed.emplace_back(it.request_id, it.num_tokens);
-  s.sched->update(s.computed);
+  for (const auto& it : out.items) {
+    // A verify row computed its last token and the proposals accepted: as many as it sampled.
+    const int64_t n = it.num_spec > 0 ? s.reqs.at(it.request_id)->step_tokens : it.num_tokens;
+    s.computed.emplace_back(it.request_id, n);
+  }
   for (const StepRow& row : s.rows) {  // prefill-only requests end with their prompt
     if (row.kind == StepKind::kPrefillOnly &&
         row.first_token + row.num_tokens == row.seq->prompt_len()) {
       end(*s.reqs.at(row.request_id), FinishReason::kLength, ok_status());
     }
   }
+  if (s.proposer) record_spec(out);
   const int64_t bs = opts_.block_size;
   for (const SampledToken& t : s.sampled) {
     s.sched->append_token(t.request_id);
     EngineRequest& r = *s.reqs.at(t.request_id);
-    if (r.ending != FinishReason::kNone) {
+    const SchedRequest* q = s.sched->find(t.request_id);
+    const int64_t n = q->num_tokens;  // the sequence up to t (a verify row appends several)
+    if (r.ending != FinishReason::kNone && n == r.seq.len()) {
       end(r, r.ending, ok_status(), &t, s.steps);
       continue;
     }
     // A generated token that fills a block: its key, so that a preempted request's recompute and
     // the next turn of a chat find it.
-    const int64_t n = r.seq.len();
-    const SchedRequest* q = s.sched->find(t.request_id);
-    if (opts_.prefix_caching && n % bs == 0 && q != nullptr &&
+    if (opts_.prefix_caching && n % bs == 0 &&
         static_cast<int64_t>(q->block_hashes.size()) == n / bs - 1) {
       const BlockHash* parent = q->block_hashes.empty() ? nullptr : &q->block_hashes.back();
       s.sched->add_block_hash(
           t.request_id, prefix_block_hash(s.hasher, r.seq.ids, r.seq.prompt.image_spans, n / bs - 1,
                                           bs, parent, &s.extras));
     }
+  }
+  // After the appends: a verify row's accepted tokens are the request's now.
+  s.sched->update(s.computed);
+  if (s.proposer) propose();
+}
+
+// Speculative decoding's counters (vLLM's spec_decode family), and each verified request's cap:
+// halved after a verify that accepted nothing (at 0 no proposals, until kSpecRetrySteps plain
+// steps have passed), doubled after one that accepted every proposal of a full cap.
+void EngineCore::record_spec(const SchedulerOutput& out) {
+  State& s = *st_;
+  const int32_t K = opts_.spec.num_tokens;
+  std::lock_guard<std::mutex> lock(shared_->mu);
+  Engine::CoreStats& st = shared_->stats;
+  for (const ScheduledItem& it : out.items) {
+    if (it.num_spec == 0) continue;
+    EngineRequest& r = *s.reqs.at(it.request_id);
+    const int32_t k = static_cast<int32_t>(it.num_spec);
+    const int32_t a = std::clamp(r.step_tokens - 1, 0, k);
+    ++st.spec_drafts;
+    st.spec_draft_tokens += k;
+    st.spec_accepted_tokens += a;
+    for (int32_t j = 0; j < a; ++j) ++st.spec_accepted_per_pos[static_cast<size_t>(j)];
+    if (!opts_.spec.adaptive) continue;
+    if (a == 0) {
+      r.spec_cap /= 2;
+      if (r.spec_cap == 0) r.spec_wait = kSpecRetrySteps;
+    } else if (a == k && k == r.spec_cap) {
+      r.spec_cap = std::min(K, 2 * r.spec_cap);
+    }
+  }
+}
+
+// Proposals for the next step, for every request that sampled this step and goes on: at most its
+// cap, and so that every proposal accepted plus the token after stays within its budget.
+void EngineCore::propose() {
+  State& s = *st_;
+  const int32_t K = opts_.spec.num_tokens;
+  for (const StepRow& row : s.rows) {
+    auto f = s.reqs.find(row.request_id);
+    if (f == s.reqs.end() || row.kind == StepKind::kPrefillOnly) continue;
+    EngineRequest& r = *f->second;
+    if (r.step_tokens == 0 || r.ending != FinishReason::kNone) continue;  // a chunk, or done
+    if (r.spec_cap == 0 && --r.spec_wait <= 0) r.spec_cap = 1;            // try again
+    const int64_t room = r.max_new_tokens - r.generated - 1;
+    const int32_t max_k = static_cast<int32_t>(std::min<int64_t>(std::min(r.spec_cap, K), room));
+    int32_t k = 0;
+    if (max_k > 0) {
+      if (r.drafts.size() < static_cast<size_t>(K)) r.drafts.resize(static_cast<size_t>(K));
+      k = s.proposer->propose({r.seq.ids, r.seq.feature_row, r.seq.prompt_len()}, max_k,
+                              r.drafts.data());
+    }
+    s.sched->set_spec_tokens(r.id, k);
   }
 }
 

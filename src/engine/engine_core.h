@@ -82,6 +82,11 @@ class EngineCore {
   // 4. The scheduler learns what was computed and sampled; requests that hit a stop token or
   // their budget end, and so do prefill-only ones whose prompt is done.
   void update();
+  // Speculative decoding: the step's verify counters and the requests' caps; the next step's
+  // proposals.
+  static constexpr int32_t kSpecRetrySteps = 8;
+  void record_spec(const SchedulerOutput& out);
+  void propose();
   void fail_step(const Status& st);  // an engine fault: the step's requests fail
   void publish_kv_events();
   // Ends `r`: the stream learns why (a finish reason, or an error), with `last` (its final token,

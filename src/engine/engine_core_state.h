@@ -16,6 +16,7 @@
 #include "engine/engine_core.h"
 #include "engine/image_encodes.h"
 #include "engine/kv_events.h"
+#include "engine/proposer.h"
 #include "engine/request.h"
 #include "kv/block_hash.h"
 #include "kv/kv_cache.h"
@@ -51,6 +52,7 @@ struct EngineCore::State {
   KvCache cache;
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<ImageEncodes> encodes;  // null without a vision tower
+  std::unique_ptr<Proposer> proposer;     // speculative decoding's (null: off)
   std::unordered_map<int64_t, std::unique_ptr<EngineRequest>> reqs;
   // Per-step scratch, kept so that its memory is reused: steady-state decode steps allocate
   // nothing (tests/model/alloc_test.cc).

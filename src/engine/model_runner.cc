@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "core/check.h"
+
 namespace vlm {
 
 namespace {
@@ -14,14 +16,19 @@ constexpr int64_t kBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 19
 }  // namespace
 
 ModelRunner::ModelRunner(const RunnerModel& model, const KvCache& cache, int64_t max_num_seqs,
-                         int64_t max_blocks_per_seq)
+                         int64_t max_blocks_per_seq, int64_t spec_tokens)
     : model_(model),
       dec_(*model.decoder),
       be_(model.decoder->backend()),
       cache_(cache),
       max_blocks_per_seq_(max_blocks_per_seq) {
   const int64_t V = model_.vocab_size;
-  normal_logit_rows_ = static_cast<size_t>(max_num_seqs);
+  // A step's logit rows: one per sequence, or with proposals one per token it verifies.
+  normal_logit_rows_ = static_cast<size_t>(max_num_seqs * (1 + spec_tokens));
+  if (spec_tokens > 0) {
+    verify_ids_.resize(normal_logit_rows_);
+    verify_pos_.resize(normal_logit_rows_);
+  }
   logits_.resize(normal_logit_rows_ * static_cast<size_t>(V));
   raw_row_.resize(static_cast<size_t>(V));
   device_sampling_ = be_.has_device_sampling();
@@ -30,9 +37,11 @@ ModelRunner::ModelRunner(const RunnerModel& model, const KvCache& cache, int64_t
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const RunnerModel& model,
                                                          const KvCache& cache, int64_t max_num_seqs,
-                                                         int64_t max_blocks_per_seq) {
+                                                         int64_t max_blocks_per_seq,
+                                                         int64_t spec_tokens) {
   if (model.decoder == nullptr) return invalid_argument("the model runner needs a text decoder");
-  std::unique_ptr<ModelRunner> r(new ModelRunner(model, cache, max_num_seqs, max_blocks_per_seq));
+  std::unique_ptr<ModelRunner> r(
+      new ModelRunner(model, cache, max_num_seqs, max_blocks_per_seq, spec_tokens));
   const int64_t C = r->dec_.max_chunk(), V = model.vocab_size;
   // Pinned where the device copies them back (their copies then overlap the host's work).
   VLM_ASSIGN_OR_RETURN(r->argmax_host_, r->be_.alloc_host(static_cast<size_t>(C) * 4));
@@ -128,6 +137,7 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
   size_t logit_rows_n = 0;  // logit rows the forward pass returns
   bool decode = graphs_;
   int64_t widest = 1;
+  size_t verify_at = 0;  // the verify rows' scratch used so far
   for (size_t i = 0; i < n; ++i) {
     const StepRow& it = rows[i];
     const Sequence& r = *it.seq;
@@ -141,7 +151,10 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
     c.block_table = table.data();
     c.num_table_blocks = static_cast<int64_t>(table.size());
     c.state_slot = it.state_slot;
-    if (r.prompt.vision_tokens > 0 && c.first < r.prompt_len()) {
+    if (it.kind == StepKind::kVerify) {
+      verify_chunk(it, verify_at, &c);
+      verify_at += static_cast<size_t>(c.n);
+    } else if (r.prompt.vision_tokens > 0 && c.first < r.prompt_len()) {
       vision_[i].feature_row = r.feature_row.data() + c.first;
       vision_[i].embeds = r.prompt.embeds.data();
       vision_[i].deepstack.clear();
@@ -149,9 +162,9 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
       c.vision = &vision_[i];
     }
     const bool reaches_end = c.first + c.n == r.len();
-    c.rows = it.kind == StepKind::kPrefillOnly ? LogitRows::kAll
-             : reaches_end                     ? LogitRows::kLast
-                                               : LogitRows::kNone;
+    c.rows = it.kind != StepKind::kGenerate ? LogitRows::kAll
+             : reaches_end                  ? LogitRows::kLast
+                                            : LogitRows::kNone;
     // On a device a logit row stays there unless the host needs it (logprobs, a logit bias):
     // greedy takes the argmax, the rest a draw made there with this request's settings.
     if (device_sampling_ && c.rows == LogitRows::kLast && r.logprobs < 0 &&
@@ -209,14 +222,65 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
   return synced;
 }
 
+void ModelRunner::verify_chunk(const StepRow& row, size_t at, SeqChunk* c) {
+  const Sequence& r = *row.seq;
+  VLM_CHECK(row.first_token + 1 == r.len() &&
+                static_cast<int64_t>(row.drafts.size()) + 1 == row.num_tokens &&
+                at + static_cast<size_t>(row.num_tokens) <= verify_ids_.size(),
+            "a verify row is the sequence's last token and its proposals, within the scratch");
+  int32_t* ids = verify_ids_.data() + at;
+  int64_t* pos = verify_pos_.data() + at;
+  ids[0] = r.ids.back();
+  std::copy(row.drafts.begin(), row.drafts.end(), ids + 1);
+  // Past the prompt every position is 1-D text (EngineRequest::append_token).
+  for (int64_t j = 0; j < row.num_tokens; ++j) pos[j] = r.pos_t.back() + j;
+  c->ids = ids;
+  c->pos = Positions3{pos, pos, pos};
+}
+
+void ModelRunner::sample_verify(size_t i, SampledToken* out) {
+  const int64_t V = model_.vocab_size;
+  const StepRow& row = rows_[i];
+  Sequence& r = *row.seq;
+  const int64_t j = verify_at_;
+  float* logits_row = logits_.data() + (next_logit_row_ + static_cast<size_t>(j)) * V;
+  if (r.logprobs >= 0) std::copy(logits_row, logits_row + V, raw_row_.begin());
+  bool accepted = false;
+  const int64_t k = static_cast<int64_t>(row.drafts.size());
+  out->token = j < k ? r.sampler->sample_speculative(logits_row, row.drafts[j], &accepted)
+                     : r.sampler->sample(logits_row);
+  if (accepted) {
+    ++verify_at_;
+  } else {  // the first token that is not the proposal, or the one after the last: the row ends
+    next_logit_row_ += static_cast<size_t>(k + 1);
+    ++next_row_;
+    verify_at_ = 0;
+  }
+}
+
 bool ModelRunner::sample_next(SampledToken* out) {
   const int64_t V = model_.vocab_size;
-  // 3. A token for every generate row that reached the end of its sequence.
+  // 3. A token for every generate row that reached the end of its sequence, and the accepted
+  // ones of every verify row.
   while (next_row_ < rows_.size()) {
-    const size_t i = next_row_++;
+    const size_t i = next_row_;
     const SeqChunk& c = chunks_[i];
-    if (c.rows == LogitRows::kNone) continue;
     Sequence& r = *rows_[i].seq;
+    if (rows_[i].kind == StepKind::kVerify) {
+      SampledToken& s = *out;
+      s.request_id = rows_[i].request_id;
+      s.num_top = 0;
+      s.logprob = 0;
+      s.rank = 0;
+      sample_verify(i, out);
+      if (r.logprobs >= 0) {
+        Sampler::logprobs(raw_row_.data(), V, s.token, r.logprobs, model_.isa, &s.logprob, &s.rank,
+                          s.top.data(), &s.num_top);
+      }
+      return true;
+    }
+    ++next_row_;
+    if (c.rows == LogitRows::kNone) continue;
     if (c.rows == LogitRows::kAll) {  // prefill-only: the prompt's rows, no token
       std::copy_n(logits_.data() + next_logit_row_ * V, c.n * V, r.prompt_logits + c.first * V);
       next_logit_row_ += static_cast<size_t>(c.n);

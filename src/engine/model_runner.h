@@ -48,20 +48,25 @@ struct StepRow {
   Sequence* seq = nullptr;
   const std::vector<int32_t>* block_table = nullptr;
   int32_t state_slot = -1;  // a hybrid model's state slot
+  // kVerify: the proposed tokens (num_tokens - 1 of them), after the sequence's last token.
+  std::span<const int32_t> drafts;
 };
 
 class ModelRunner {
  public:
-  // `cache`: the paged KV cache (block tables of up to max_blocks_per_seq entries).
+  // `cache`: the paged KV cache (block tables of up to max_blocks_per_seq entries); `spec_tokens`:
+  // the most proposed tokens a kVerify row carries (0: none).
   static Result<std::unique_ptr<ModelRunner>> create(const RunnerModel& model, const KvCache& cache,
                                                      int64_t max_num_seqs,
-                                                     int64_t max_blocks_per_seq);
+                                                     int64_t max_blocks_per_seq,
+                                                     int64_t spec_tokens = 0);
 
   // One forward pass over `rows` (which stay valid until the last sample_next()). An error is an
   // engine fault (the step's requests fail).
   Status forward(std::span<const StepRow> rows);
   // The pass's next sampled token, in row order: one for every kGenerate row that reached the
-  // end of its sequence (kPrefillOnly rows' logits are copied to their requests on the way).
+  // end of its sequence, and for a kVerify row one per proposal accepted and the one after
+  // (kPrefillOnly rows' logits are copied to their requests on the way).
   // False when none is left. Pulled one at a time so that the caller hands each token to its
   // stream while the next row is sampled (the serial part of a step, when the pool's other
   // threads are idle).
@@ -74,7 +79,13 @@ class ModelRunner {
 
  private:
   ModelRunner(const RunnerModel& model, const KvCache& cache, int64_t max_num_seqs,
-              int64_t max_blocks_per_seq);
+              int64_t max_blocks_per_seq, int64_t spec_tokens);
+  // A kVerify row's chunk: its last token and the proposals, at the text positions after it, in
+  // the runner's scratch from `at`.
+  void verify_chunk(const StepRow& row, size_t at, SeqChunk* c);
+  // The next token of kVerify row i (its logit rows from next_logit_row_): moves on to the next
+  // row once the token is not the proposal, or is the one after the last.
+  void sample_verify(size_t i, SampledToken* out);
   // The pass on the backend: plainly, or as a graph of its shape (recorded the second time the
   // shape runs, replayed from then on).
   Status run_pass(const Pass& pass, const Padding& pad, ops::Buf logits);
@@ -93,6 +104,10 @@ class ModelRunner {
   bool graphs_ = false;
   std::span<const StepRow> rows_;  // the last forward pass's, and sample_next()'s place in it
   size_t next_row_ = 0, next_logit_row_ = 0, next_draw_ = 0;
+  int64_t verify_at_ = 0;  // sample_next()'s place within a kVerify row
+  // kVerify rows' chunks: ids and 1-D positions [max_num_seqs * (spec_tokens + 1)].
+  std::vector<int32_t> verify_ids_;
+  std::vector<int64_t> verify_pos_;
   std::vector<SeqChunk> chunks_;
   std::vector<VisionRows> vision_;
   std::vector<uint8_t> on_device_;        // per chunk: its token is picked on the device

@@ -25,9 +25,9 @@ namespace vlm {
 
 // What a row of a step computes (ModelRunner::forward). kGenerate samples a token where a chunk
 // reaches the end of its sequence; kPrefillOnly writes every prompt position's logits to the
-// request and samples nothing (Engine::logits; pooling next). Speculative decoding's verify rows
-// come with their first user (docs/architecture.md).
-enum class StepKind : uint8_t { kGenerate, kPrefillOnly };
+// request and samples nothing (Engine::logits; pooling next); kVerify is a decode row with
+// proposed tokens (speculative decoding): logits at each, and the tokens accepted plus one.
+enum class StepKind : uint8_t { kGenerate, kPrefillOnly, kVerify };
 
 // The sequence the model runs: its ids (prompt, then sampled), each position's image feature row
 // and 3-D position, the prepared prompt (image features), its sampler, and what the caller asked
@@ -86,6 +86,13 @@ struct EngineRequest {
   FinishReason ending = FinishReason::kNone;
   int64_t last_sampled_ns = 0;
   bool admitted = false, forwarded = false;
+  // Speculative decoding (the engine core's): the proposals the next step verifies, the most it
+  // may ask for (halved after a verify that accepted nothing, doubled after one that accepted
+  // all), plain steps left before a cap of 0 tries 1 again, and the tokens the runner gave this
+  // step (a verify's accepted proposals + 1).
+  std::vector<int32_t> drafts;
+  int32_t spec_cap = 0, spec_wait = 0;
+  int32_t step_tokens = 0;
 
   std::shared_ptr<RequestStreamState> stream;
 

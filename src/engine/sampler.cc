@@ -58,8 +58,12 @@ void Sampler::set_thinking_budget(int64_t budget, int32_t open_id, int32_t close
   thinking_ = open_in_prompt;
 }
 
+bool Sampler::budget_spent() const {
+  return think_budget_ >= 0 && thinking_ && thought_ >= think_budget_;
+}
+
 int32_t Sampler::sample(float* logits) {
-  if (think_budget_ >= 0 && thinking_ && thought_ >= think_budget_) {
+  if (budget_spent()) {
     record(think_close_);  // the budget is spent: the reasoning ends here
     return think_close_;
   }
@@ -69,93 +73,137 @@ int32_t Sampler::sample(float* logits) {
   if (p_.greedy) {
     chosen = static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
   } else {
-    const float inv_t = static_cast<float>(1.0 / p_.temperature);
-    int64_t n = vocab_;
-    if (grammar_) {
-      // Only the tokens the grammar allows are candidates: a top-k over the rest would keep
-      // every -inf logit (the k-th largest being -inf) and sort the whole vocabulary, and a
-      // rounding in the draw could land on one of them.
-      const float ninf = -std::numeric_limits<float>::infinity();
-      n = 0;
-      int32_t* idx = idx_.data();
-      for (int64_t i = 0; i < vocab_; ++i) {  // branch-free: most rows keep most tokens
-        idx[n] = static_cast<int32_t>(i);
-        n += logits[i] != ninf;
-      }
-      if (n == 0) {  // the matcher never leaves nothing; if it did, no read out of bounds
-        idx[0] = static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
-        n = 1;
-      }
-    } else {
-      std::iota(idx_.begin(), idx_.end(), 0);
-    }
-    auto by_logit_desc = [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    };
-    if (p_.top_k > 0 && p_.top_k < n) {
-      // The k-th largest logit in one pass over the candidates, with a min-heap of the k largest
-      // so far (most logits lose a single comparison against its top): the value a selection
-      // of the k-th element would give, in a fraction of its time over a full vocabulary.
-      const size_t k = static_cast<size_t>(p_.top_k);
-      float* heap = kth_heap_.data();
-      size_t h = 0;
-      const std::greater<float> min_heap;
-      for (int64_t j = 0; j < n; ++j) {
-        const float v = logits[idx_[static_cast<size_t>(j)]];
-        if (h < k) {
-          heap[h++] = v;
-          std::push_heap(heap, heap + h, min_heap);
-        } else if (v > heap[0]) {
-          std::pop_heap(heap, heap + k, min_heap);
-          heap[k - 1] = v;
-          std::push_heap(heap, heap + k, min_heap);
-        }
-      }
-      // transformers keeps every token whose logit ties the k-th one.
-      const float kth = heap[0];
-      n = std::partition(idx_.begin(), idx_.begin() + n,
-                         [&](int32_t i) { return logits[i] >= kth; }) -
-          idx_.begin();
-    }
-    std::sort(idx_.begin(), idx_.begin() + n, by_logit_desc);
-    // Softmax over the candidates (temperature applied to logits, as TemperatureLogitsWarper).
-    const float mx = logits[idx_[0]] * inv_t;
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += (probs_[i] = std::exp(logits[idx_[i]] * inv_t - mx));
-    for (int64_t i = 0; i < n; ++i) probs_[i] = static_cast<float>(probs_[i] / sum);
-    if (p_.top_p < 1.0) {
-      // Keep the smallest prefix whose mass reaches top_p (at least one token).
-      double cum = 0;
-      int64_t keep = n;
-      for (int64_t i = 0; i < n; ++i) {
-        cum += probs_[i];
-        if (cum >= p_.top_p) {
-          keep = i + 1;
-          break;
-        }
-      }
-      n = keep;
-    }
-    if (p_.min_p > 0.0) {
-      const float thr = static_cast<float>(p_.min_p) * probs_[0];
-      int64_t keep = 1;
-      while (keep < n && probs_[keep] >= thr) ++keep;
-      n = keep;
-    }
     double total = 0;
-    for (int64_t i = 0; i < n; ++i) total += probs_[i];
+    const int64_t n = candidates(logits, &total);
     std::uniform_real_distribution<double> u(0.0, total);
-    double r = u(rng_);
-    chosen = idx_[n - 1];
-    for (int64_t i = 0; i < n; ++i) {
-      r -= probs_[i];
-      if (r < 0) {
-        chosen = idx_[i];
-        break;
+    chosen = pick(n, u(rng_), -1);
+  }
+  record(chosen);
+  return chosen;
+}
+
+// NOTE: the rule of speculative sampling (Leviathan et al. 2023; Chen et al. 2023) for a proposal
+// that puts all its mass on `draft`: accept it with probability min(1, p(draft) / 1) = p(draft),
+// else draw from max(0, p - q) normalised, which is p without the draft. Every id x then comes out
+// with probability p(x), p being the distribution sample() draws from.
+int32_t Sampler::sample_speculative(float* logits, int32_t draft, bool* accepted) {
+  int32_t chosen = 0;
+  if (budget_spent()) {
+    chosen = think_close_;
+  } else {
+    apply_penalties(logits);
+    if (grammar_) grammar_->apply(logits);
+    if (p_.greedy) {
+      chosen = static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
+    } else {
+      double total = 0;
+      const int64_t n = candidates(logits, &total);
+      int64_t at = -1;  // the draft among the candidates (absent: probability 0)
+      for (int64_t i = 0; i < n && at < 0; ++i) at = idx_[i] == draft ? i : -1;
+      const double p_draft = at >= 0 ? probs_[at] : 0.0;
+      const double rest = total - p_draft;
+      if (std::uniform_real_distribution<double>(0.0, total)(rng_) < p_draft || rest <= 0) {
+        chosen = draft;
+      } else {
+        chosen = pick(n, std::uniform_real_distribution<double>(0.0, rest)(rng_), at);
       }
     }
   }
+  *accepted = chosen == draft;
   record(chosen);
+  return chosen;
+}
+
+int64_t Sampler::candidates(const float* logits, double* total_out) {
+  const float inv_t = static_cast<float>(1.0 / p_.temperature);
+  int64_t n = vocab_;
+  if (grammar_) {
+    // Only the tokens the grammar allows are candidates: a top-k over the rest would keep
+    // every -inf logit (the k-th largest being -inf) and sort the whole vocabulary, and a
+    // rounding in the draw could land on one of them.
+    const float ninf = -std::numeric_limits<float>::infinity();
+    n = 0;
+    int32_t* idx = idx_.data();
+    for (int64_t i = 0; i < vocab_; ++i) {  // branch-free: most rows keep most tokens
+      idx[n] = static_cast<int32_t>(i);
+      n += logits[i] != ninf;
+    }
+    if (n == 0) {  // the matcher never leaves nothing; if it did, no read out of bounds
+      idx[0] = static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
+      n = 1;
+    }
+  } else {
+    std::iota(idx_.begin(), idx_.end(), 0);
+  }
+  auto by_logit_desc = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  if (p_.top_k > 0 && p_.top_k < n) {
+    // The k-th largest logit in one pass over the candidates, with a min-heap of the k largest
+    // so far (most logits lose a single comparison against its top): the value a selection
+    // of the k-th element would give, in a fraction of its time over a full vocabulary.
+    const size_t k = static_cast<size_t>(p_.top_k);
+    float* heap = kth_heap_.data();
+    size_t h = 0;
+    const std::greater<float> min_heap;
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = logits[idx_[static_cast<size_t>(j)]];
+      if (h < k) {
+        heap[h++] = v;
+        std::push_heap(heap, heap + h, min_heap);
+      } else if (v > heap[0]) {
+        std::pop_heap(heap, heap + k, min_heap);
+        heap[k - 1] = v;
+        std::push_heap(heap, heap + k, min_heap);
+      }
+    }
+    // transformers keeps every token whose logit ties the k-th one.
+    const float kth = heap[0];
+    n = std::partition(idx_.begin(), idx_.begin() + n,
+                       [&](int32_t i) { return logits[i] >= kth; }) -
+        idx_.begin();
+  }
+  std::sort(idx_.begin(), idx_.begin() + n, by_logit_desc);
+  // Softmax over the candidates (temperature applied to logits, as TemperatureLogitsWarper).
+  const float mx = logits[idx_[0]] * inv_t;
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (probs_[i] = std::exp(logits[idx_[i]] * inv_t - mx));
+  for (int64_t i = 0; i < n; ++i) probs_[i] = static_cast<float>(probs_[i] / sum);
+  if (p_.top_p < 1.0) {
+    // Keep the smallest prefix whose mass reaches top_p (at least one token).
+    double cum = 0;
+    int64_t keep = n;
+    for (int64_t i = 0; i < n; ++i) {
+      cum += probs_[i];
+      if (cum >= p_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = keep;
+  }
+  if (p_.min_p > 0.0) {
+    const float thr = static_cast<float>(p_.min_p) * probs_[0];
+    int64_t keep = 1;
+    while (keep < n && probs_[keep] >= thr) ++keep;
+    n = keep;
+  }
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += probs_[i];
+  *total_out = total;
+  return n;
+}
+
+int32_t Sampler::pick(int64_t n, double r, int64_t skip) const {
+  int32_t chosen = idx_[n - 1 == skip && n > 1 ? n - 2 : n - 1];
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == skip) continue;
+    r -= probs_[i];
+    if (r < 0) {
+      chosen = idx_[i];
+      break;
+    }
+  }
   return chosen;
 }
 

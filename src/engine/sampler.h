@@ -39,6 +39,12 @@ class Sampler {
   void reserve_generated(int64_t max_new);
   // Picks the next id from logits [vocab] (modified in place) and records it as generated.
   int32_t sample(float* logits);
+  // Speculative decoding's verification of one proposed id: picks the next id from logits [vocab]
+  // (modified in place) so that it is distributed exactly as sample()'s pick — greedy: the same
+  // argmax; sampling: the proposal accepted with its probability under sample()'s distribution,
+  // else a draw from that distribution without it — records it, and sets *accepted when it is
+  // the proposal.
+  int32_t sample_speculative(float* logits, int32_t draft, bool* accepted);
   // Greedy with no penalty and no logit bias: the pick is the logits' argmax (the first
   // largest), which a device may compute itself (then record() it).
   bool plain_greedy() const {
@@ -74,6 +80,13 @@ class Sampler {
 
  private:
   void apply_penalties(float* logits) const;  // logit bias first, then the penalties
+  bool budget_spent() const;                  // the thinking budget forces its close now
+  // The ids a draw picks from after temperature, top-k, top-p and min-p: idx_[0, n) with weights
+  // probs_[0, n), best first; returns n and their sum.
+  int64_t candidates(const float* logits, double* total);
+  // The candidate where `r` (uniform over the weights' sum, less candidate `skip`'s when >= 0)
+  // falls, candidate `skip` left out.
+  int32_t pick(int64_t n, double r, int64_t skip) const;
 
   int64_t vocab_;
   ResolvedSampling p_;

@@ -45,6 +45,10 @@ struct SchedRequest {
   int32_t reply_snapshot = -1;
   int64_t reply_snapshot_end = -1, reply_snapshot_used = -1;
 
+  // Speculative decoding: tokens proposed after its last one, which its next decode step
+  // verifies (Scheduler::set_spec_tokens; 0 after a preemption).
+  int64_t num_spec_tokens = 0;
+
   // Tokens still to compute before the next token can be sampled.
   int64_t num_remaining() const { return num_tokens - num_computed_tokens; }
   bool is_prefilling() const { return num_remaining() > 1; }

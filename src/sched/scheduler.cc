@@ -329,18 +329,28 @@ void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget, int64_t*
   for (int64_t id : running_) {
     if (requests_.at(id).is_prefilling()) order.push_back(id);
   }
+  int64_t decodes_left = 0;  // decodes not yet scheduled: each keeps one token of the budget
+  for (int64_t id : order) decodes_left += requests_.at(id).is_decoding() ? 1 : 0;
   for (int64_t id : order) {
     SchedRequest& r = requests_.at(id);
     if (r.state != SchedRequest::State::kRunning) continue;  // preempted earlier in this step
     const bool alone = out->items.empty() && running_.size() == 1;
     const bool prefill = r.is_prefilling();
-    const int64_t n =
-        prefill_chunk(r, prefill ? limited(r, *budget, *prefill_budget) : *budget, alone);
+    if (!prefill) {
+      --decodes_left;
+      const int64_t spec = decode_spec_tokens(r, *budget - decodes_left);
+      if (spec > 0 || reserve_or_preempt(r, 1, out, budget)) {
+        out->items.push_back({id, r.num_computed_tokens, 1 + spec, spec});
+        *budget -= 1 + spec;
+      }
+      continue;
+    }
+    const int64_t n = prefill_chunk(r, limited(r, *budget, *prefill_budget), alone);
     if (n <= 0) continue;
     if (!reserve_or_preempt(r, n, out, budget)) continue;
     out->items.push_back({id, r.num_computed_tokens, n});
     *budget -= n;
-    if (prefill) *prefill_budget = std::max<int64_t>(0, *prefill_budget - n);
+    *prefill_budget = std::max<int64_t>(0, *prefill_budget - n);
   }
   // Keyed once the running set is settled (a preemption above may withdraw a chunk scheduled
   // before it): the blocks this step fills are computed by it, so a request admitted below may
@@ -348,6 +358,13 @@ void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget, int64_t*
   if (config_.prefix_caching) {
     for (const ScheduledItem& item : out->items) cache_blocks(item);
   }
+}
+
+int64_t Scheduler::decode_spec_tokens(const SchedRequest& r, int64_t budget) {
+  const int64_t spec = std::min(r.num_spec_tokens, budget - 1);
+  if (spec <= 0) return 0;
+  // All or nothing: without the blocks for every proposal the step decodes plainly.
+  return kv_.reserve(r.id, r.num_computed_tokens + 1 + spec, r.num_tokens_limit()).ok() ? spec : 0;
 }
 
 bool Scheduler::reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out,
@@ -371,6 +388,7 @@ void Scheduler::preempt(int64_t id, SchedulerOutput* out, int64_t* budget) {
   kv_.free(id);
   release_slot(v);  // its state restarts from zero with its recompute
   v.num_computed_tokens = 0;
+  v.num_spec_tokens = 0;
   v.state = SchedRequest::State::kPreempted;
   running_.erase(std::find(running_.begin(), running_.end(), id));
   waiting_.push_front(id);
@@ -450,6 +468,15 @@ void Scheduler::update(const std::vector<std::pair<int64_t, int64_t>>& computed)
               "scheduler update: tokens computed beyond the blocks scheduled for them");
     r.num_computed_tokens += n;
   }
+}
+
+void Scheduler::set_spec_tokens(int64_t id, int64_t k) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  SchedRequest& r = it->second;
+  VLM_CHECK(k >= 0 && r.num_tokens + k <= r.num_tokens_limit(),
+            "set_spec_tokens: proposals past the request's max_new_tokens");
+  r.num_spec_tokens = k;
 }
 
 void Scheduler::append_token(int64_t id) {

@@ -62,6 +62,9 @@ struct ScheduledItem {
   int64_t request_id = 0;
   int64_t first_token = 0;  // == the request's num_computed_tokens when scheduled
   int64_t num_tokens = 0;   // >= 1
+  // Of those, proposed tokens a decode step verifies (speculative decoding): num_tokens is
+  // 1 + num_spec.
+  int64_t num_spec = 0;
 };
 
 struct SchedulerOutput {
@@ -131,6 +134,11 @@ class Scheduler {
   // After the step ran: num_computed_tokens += n for each (id, n). Ids no longer running (aborted
   // or preempted since) are skipped.
   void update(const std::vector<std::pair<int64_t, int64_t>>& computed);
+  // Speculative decoding: `k` tokens are proposed after the request's last one, for its next
+  // decode step to verify. That step gives it 1 + k tokens, fewer proposals when the token budget
+  // must keep one for every other running decode, and none when their blocks are not free
+  // (proposals never preempt). Unknown: no-op.
+  void set_spec_tokens(int64_t id, int64_t k);
   // A sampled token joined the request (num_tokens += 1). The engine calls finish() instead once
   // num_tokens has reached num_prompt_tokens + max_new_tokens.
   void append_token(int64_t id);
@@ -187,6 +195,9 @@ class Scheduler {
   // Reserves blocks for r's first `n` uncomputed tokens, preempting the newest running request
   // until it fits. False when r itself had to be preempted.
   bool reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out, int64_t* budget);
+  // The proposals decoding request r verifies this step with `budget` tokens left for it: its
+  // proposals within the budget when the blocks for them (and its token) are reserved now, else 0.
+  int64_t decode_spec_tokens(const SchedRequest& r, int64_t budget);
   void preempt(int64_t id, SchedulerOutput* out, int64_t* budget);
   void remove(int64_t id);
   void release_slot(SchedRequest& r);

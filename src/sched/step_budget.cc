@@ -43,9 +43,10 @@ void StepBudget::observe_forward(const SchedulerOutput& out, double ms) {
   constexpr double kNew = 0.2;
   auto avg = [](double old, double now) { return old > 0 ? (1 - kNew) * old + kNew * now : now; };
   forward_ms_ = avg(forward_ms_, ms);
-  int64_t prompt_tokens = 0;  // chunks of more than one token: prefills (a decode is one)
+  // Chunks of more than one token are prefills (a decode is one, or its proposals with it).
+  int64_t prompt_tokens = 0;
   for (const ScheduledItem& it : out.items) {
-    if (it.num_tokens > 1) prompt_tokens += it.num_tokens;
+    if (it.num_tokens > 1 && it.num_spec == 0) prompt_tokens += it.num_tokens;
   }
   if (prompt_tokens == 0) {
     decode_ms_ = avg(decode_ms_, ms);

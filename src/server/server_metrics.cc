@@ -139,6 +139,15 @@ void ServerMetrics::register_vllm(const std::string& model_name) {
                                       "Number of prefill tokens processed.", "", v.labels);
   v.generation_tokens = &registry.counter("vllm:generation_tokens_total",
                                           "Number of generation tokens processed.", "", v.labels);
+  v.spec_drafts = &registry.counter("vllm:spec_decode_num_drafts_total",
+                                    "Number of spec decoding drafts.", "", v.labels);
+  v.spec_draft_tokens = &registry.counter("vllm:spec_decode_num_draft_tokens_total",
+                                          "Number of draft tokens.", "", v.labels);
+  v.spec_accepted = &registry.counter("vllm:spec_decode_num_accepted_tokens_total",
+                                      "Number of accepted tokens.", "", v.labels);
+  v.spec_accepted_per_pos =
+      &registry.counter("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                        "Accepted tokens per draft position.", "position", v.labels);
   v.ttft = &registry.histogram(
       "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
       {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
@@ -261,6 +270,17 @@ void ServerMetrics::scrape(int64_t open_connections, int64_t rejected_connection
   state_snapshots_held->set(static_cast<double>(st.state_snapshots_held));
   state_snapshot_evictions->inc(
       static_cast<double>(st.state_snapshot_evictions - mirrored_.state_snapshot_evictions));
+  vllm.spec_drafts->inc(static_cast<double>(st.spec_drafts - mirrored_.spec_drafts));
+  vllm.spec_draft_tokens->inc(
+      static_cast<double>(st.spec_draft_tokens - mirrored_.spec_draft_tokens));
+  vllm.spec_accepted->inc(
+      static_cast<double>(st.spec_accepted_tokens - mirrored_.spec_accepted_tokens));
+  for (int64_t p = 0; p < st.spec_tokens; ++p) {
+    const size_t i = static_cast<size_t>(p);
+    vllm.spec_accepted_per_pos->inc(
+        std::to_string(p),
+        static_cast<double>(st.spec_accepted_per_pos[i] - mirrored_.spec_accepted_per_pos[i]));
+  }
   mirrored_ = st;
 }
 

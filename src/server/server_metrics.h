@@ -74,6 +74,12 @@ struct ServerMetrics {
     Histogram* ttft = nullptr;
     Histogram* itl = nullptr;
     Histogram* e2e = nullptr;
+    // Speculative decoding (its spec_decode family): drafts verified (per request and step),
+    // tokens proposed and accepted, and acceptances by position (label "position", from 0).
+    Counter* spec_drafts = nullptr;
+    Counter* spec_draft_tokens = nullptr;
+    Counter* spec_accepted = nullptr;
+    Counter* spec_accepted_per_pos = nullptr;
   } vllm;
   Gauge* running = nullptr;
   Gauge* waiting = nullptr;

@@ -173,10 +173,13 @@ TEST(Allocation, GenerateDecodeStepsAllocateNothing) {
 // on the engine thread (where `notify` is called, once per token) from the step where each has 3
 // tokens until the shortest is 2 tokens from its end. The streams are read afterwards: their
 // arrays hold every token.
-void expect_batched_decode_allocates_nothing(const std::string& name) {
+// With `spec`: speculative decoding's verify steps, its proposals accepted at times.
+void expect_batched_decode_allocates_nothing(const std::string& name,
+                                             const SpecOptions& spec = {}) {
   SCOPED_TRACE(name);
   constexpr int kReqs = 3;
   BatchingOptions bo;
+  bo.spec = spec;
   bo.num_blocks = 64;
   bo.max_num_seqs = kReqs;
   bo.max_batched_tokens = 64;
@@ -229,11 +232,19 @@ void expect_batched_decode_allocates_nothing(const std::string& name) {
   }
   ASSERT_TRUE(stopped.load());
   EXPECT_EQ(counted.load(), 0);
+  if (spec.method != SpecMethod::kNone) EXPECT_GT(engine->core_stats().spec_accepted_tokens, 0);
 }
 
 TEST(Allocation, EngineCoreBatchedDecodeStepsAllocateNothing) {
   expect_batched_decode_allocates_nothing("text-f32-untied");
   expect_batched_decode_allocates_nothing("qwen35-f32-a");  // hybrid: state slots per sequence
+}
+
+TEST(Allocation, SpeculativeVerifyStepsAllocateNothing) {
+  SpecOptions spec;
+  spec.method = SpecMethod::kNgram;
+  spec.ngram_min = 1;
+  expect_batched_decode_allocates_nothing("text-f32-untied", spec);
 }
 
 }  // namespace

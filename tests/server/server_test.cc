@@ -599,6 +599,47 @@ TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
   EXPECT_NE(m->body.find("vlm_prefix_cache_queries_total"), std::string::npos) << m->body;
 }
 
+// Served with prompt lookup (--spec ngram): the same multi-turn image chats reply as without it
+// (greedy), and /metrics counts the proposals under vLLM's spec_decode names: accepted tokens
+// are the sum over positions and no more than those proposed.
+TEST_F(ServerTest, PromptLookupRepliesEqualAndIsCountedOnMetrics) {
+  ServeOptions o = tiny_options();
+  o.engine.batching.max_num_seqs = 4;
+  o.engine.batching.max_batched_tokens = 64;
+  o.engine.batching.block_size = 8;
+  o.engine.batching.spec.method = SpecMethod::kNgram;
+  o.engine.batching.spec.ngram_min = 1;
+  ServerThreads run;
+  Server* spec = run.start(o);
+  ASSERT_NE(spec, nullptr);
+  const auto with = multi_turn_chats(spec->port(), "tiny", 8, 3);
+  const auto without = multi_turn_chats(server_->port(), "tiny", 8, 3);
+  for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(with[i].replies, without[i].replies) << i;
+  auto m = test_http::Client(spec->port()).Get("/metrics");
+  ASSERT_TRUE(m);
+  auto value = [&](const std::string& series) {  // `name{labels` up to the closing brace
+    const size_t at = m->body.find(series);
+    if (at == std::string::npos) {
+      ADD_FAILURE() << series << " missing:\n" << m->body;
+      return -1.0;
+    }
+    return std::stod(m->body.substr(m->body.find(' ', m->body.find('}', at)) + 1));
+  };
+  const std::string labels = "{model_name=\"tiny\",engine=\"0\"";
+  const double drafts = value("vllm:spec_decode_num_drafts_total" + labels);
+  const double proposed = value("vllm:spec_decode_num_draft_tokens_total" + labels);
+  const double accepted = value("vllm:spec_decode_num_accepted_tokens_total" + labels);
+  double per_pos = 0;
+  for (int p = 0; p < o.engine.batching.spec.num_tokens; ++p) {
+    per_pos += value("vllm:spec_decode_num_accepted_tokens_per_pos_total" + labels +
+                     ",position=\"" + std::to_string(p) + "\"");
+  }
+  EXPECT_GT(drafts, 0);
+  EXPECT_GE(proposed, drafts);
+  EXPECT_LE(accepted, proposed);
+  EXPECT_EQ(per_pos, accepted);
+}
+
 // A hybrid model (the Qwen3.5 fixture) served: multi-turn image chats resume from state
 // snapshots (every 16 tokens here) and reply as without prefix caching; the load message's state
 // is on /metrics (slots, snapshot capacity, bytes, snapshots held) beside the K/V blocks, all

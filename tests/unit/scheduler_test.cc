@@ -322,6 +322,45 @@ TEST(Scheduler, PreemptsTheNewestWhichRecomputesFromTheFrontOfTheQueue) {
   EXPECT_EQ(s.kv_blocks_used(), 0);
 }
 
+// Speculative decoding: a decoding request's proposals ride with its token (1 + k, num_spec k),
+// trimmed so that every other running decode keeps its one token of the budget, and dropped when
+// the blocks for them are not free (they never preempt); computing fewer than scheduled (a
+// rejection) leaves the rest to be written over; a preemption forgets them.
+TEST(Scheduler, SpecTokensRideWithDecodesWithinBudgetAndFreeBlocks) {
+  Scheduler s = make(config(5, 4, 4, 8));  // 20 tokens of cache, 8 tokens a step
+  ASSERT_TRUE(s.add(1, 4, 16).ok());
+  ASSERT_TRUE(s.add(2, 4, 16).ok());
+  run_step(s, s.schedule());  // 4 + 4 prompt tokens; each samples one: 5 tokens, 4 computed
+  s.set_spec_tokens(1, 10);   // more than the budget leaves: 8 - 1 (2's token) - 1 (its own)
+  s.set_spec_tokens(2, 3);
+  SchedulerOutput out = s.schedule();
+  ASSERT_EQ(out.items.size(), 2u);
+  EXPECT_EQ(item_of(out, 1)->num_spec, 6);
+  EXPECT_EQ(item_of(out, 1)->num_tokens, 7);
+  EXPECT_EQ(item_of(out, 2)->num_spec, 0);  // the budget's last token is its own
+  EXPECT_EQ(item_of(out, 2)->num_tokens, 1);
+  EXPECT_EQ(out.total_tokens, 8);
+  EXPECT_EQ(s.kv_blocks_used(), 3 + 2);  // 1: 4 + 7 positions, 2: 4 + 1
+  // 1 accepted 2 of its 6 proposals: it computed 3 and holds 4 + 1 + 3 tokens (the 2 accepted
+  // and the one after); the rest of its positions are written over later.
+  for (int i = 0; i < 3; ++i) s.append_token(1);
+  s.append_token(2);
+  s.update({{1, 3}, {2, 1}});
+  EXPECT_EQ(s.find(1)->num_computed_tokens, 7);
+  EXPECT_EQ(s.find(1)->num_tokens, 8);
+  EXPECT_TRUE(s.find(1)->is_decoding());
+  // 2's 6 proposals need a third block and none is free: it decodes plainly, and no one is
+  // preempted for them.
+  s.set_spec_tokens(1, 0);
+  s.set_spec_tokens(2, 6);
+  out = s.schedule();
+  EXPECT_TRUE(out.preempted.empty());
+  ASSERT_EQ(out.items.size(), 2u);
+  EXPECT_EQ(item_of(out, 2)->num_spec, 0);
+  EXPECT_EQ(item_of(out, 2)->num_tokens, 1);
+  EXPECT_EQ(s.kv_blocks_used(), 5);
+}
+
 // A hybrid model's state slots: each running request holds a distinct one from admission; a full
 // set of slots holds admission back (beside max_num_seqs, which here is larger); finishing,
 // aborting and preemption give slots back; slots with prefix caching need snapshots.

@@ -1,6 +1,7 @@
 #include "bench.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "options.h"
 #include "probes.h"
 #include "vlm/engine.h"
+#include "vlm/tokenizer.h"
 
 namespace vlm_cli {
 
@@ -227,12 +229,15 @@ vlm::Result<std::vector<double>> bench_prefill(vlm::Engine& e, int64_t size, con
 }
 
 // `n` decode steps after a `prompt`-token prefill (n + 1 tokens: the first comes from the
-// prefill), tok/s per rep. The warmup makes one decode step.
+// prefill), tok/s per rep; `ids` (non-empty): that prompt instead. The warmup makes one decode
+// step.
 vlm::Result<std::vector<double>> bench_decode(vlm::Engine& e, int64_t prompt, int64_t n,
-                                              const BenchArgs& a) {
+                                              const BenchArgs& a, const std::vector<int32_t>& ids) {
   std::vector<double> out;
   for (int r = a.no_warmup ? 0 : -1; r < a.reps; ++r) {
-    auto res = e.generate(synthetic_request(e, prompt, r < 0 ? 2 : n + 1));
+    vlm::GenerateRequest req = synthetic_request(e, prompt, r < 0 ? 2 : n + 1);
+    if (!ids.empty()) req.prompt_ids = ids;
+    auto res = e.generate(req);
     if (!res.ok()) return res.status();
     const double steps = static_cast<double>(res->output_ids.size()) - 1;
     if (r >= 0) out.push_back(steps / (res->decode_ms / 1000));
@@ -409,9 +414,11 @@ struct BenchPlan {
   std::vector<int64_t> prompts, gens, batches, attention, delta_chunks, video_frames;
   std::vector<ImageCase> images;
   bool membw = false;
-  bool default_run = false;  // no selection: the standard sizes and images, and the probe
-  bool decode = false;       // decode rows (gens also serve --batch and --structured)
-  int64_t gen_prompt = 128;  // the prompt before each decode measurement
+  bool default_run = false;      // no selection: the standard sizes and images, and the probe
+  bool decode = false;           // decode rows (gens also serve --batch and --structured)
+  int64_t gen_prompt = 128;      // the prompt before each decode measurement
+  std::vector<int32_t> gen_ids;  // --gen-prompt-file's tokens (gen_prompt is their count)
+  std::vector<int64_t> spec_cost;
   bool needs_model = false;
 };
 
@@ -426,6 +433,7 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
       !sizes("--batch", a.batch_sizes, &p.batches) ||
       !sizes("--attention", a.attention_sizes, &p.attention) ||
       !sizes("--delta-rule", a.delta_chunks, &p.delta_chunks) ||
+      !sizes("--spec-cost", a.spec_cost, &p.spec_cost) ||
       !sizes("--video-frames", a.video_frames.empty() ? "8,32,128" : a.video_frames,
              &p.video_frames)) {
     return vlm::invalid_argument(err);
@@ -448,10 +456,28 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
     return vlm::invalid_argument("--gen-prompt: need a positive number of tokens");
   if (a.membw_mib < 0) return vlm::invalid_argument("--membw-mib: need a positive size");
 
+  if (!p.spec_cost.empty() && a.device.batching.spec.method != vlm::SpecMethod::kNone) {
+    return vlm::invalid_argument("--spec-cost makes its own proposals: leave out --spec");
+  }
+  for (int64_t k : p.spec_cost) {
+    if (k > vlm::SpecOptions::kMaxTokens) {
+      return vlm::invalid_argument("--spec-cost: at most " +
+                                   std::to_string(vlm::SpecOptions::kMaxTokens) + " proposals");
+    }
+  }
+  if (!a.gen_prompt_file.empty()) {  // the tokens, with the checkpoint's tokenizer
+    std::ifstream f(a.gen_prompt_file, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!f && !f.eof()) return vlm::invalid_argument("cannot read " + a.gen_prompt_file);
+    VLM_ASSIGN_OR_RETURN(auto tok, vlm::Tokenizer::load(a.model));
+    p.gen_ids = tok->encode(text);
+    if (p.gen_ids.empty()) return vlm::invalid_argument(a.gen_prompt_file + " has no tokens");
+  }
   p.membw = a.membw || a.membw_mib > 0;
   const bool selected = !p.prompts.empty() || !p.gens.empty() || !p.batches.empty() ||
-                        !p.images.empty() || p.membw || !p.attention.empty() ||
-                        !p.delta_chunks.empty() || !a.structured.empty() || !a.videos.empty();
+                        !p.spec_cost.empty() || !p.images.empty() || p.membw ||
+                        !p.attention.empty() || !p.delta_chunks.empty() || !a.structured.empty() ||
+                        !a.videos.empty();
   p.default_run = !selected;
   if (p.default_run) {
     p.prompts = {128, 512, 2048};
@@ -462,8 +488,13 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
   if (!p.batches.empty() && std::find(p.batches.begin(), p.batches.end(), 1) == p.batches.end()) {
     p.batches.insert(p.batches.begin(), 1);
   }
-  p.decode = p.default_run || !a.gen_sizes.empty();
+  if (!p.spec_cost.empty()) {  // --batch and -n are its batches and lengths
+    if (p.gens.empty()) p.gens = {16};
+    if (p.batches.empty()) p.batches = {1};
+  }
+  p.decode = (p.default_run || !a.gen_sizes.empty()) && p.spec_cost.empty();
   p.gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !p.prompts.empty() ? p.prompts[0] : 128;
+  if (!p.gen_ids.empty()) p.gen_prompt = static_cast<int64_t>(p.gen_ids.size());
   p.needs_model = !p.prompts.empty() || p.decode || !p.batches.empty() || !p.images.empty() ||
                   p.default_run || !p.attention.empty() || !p.delta_chunks.empty() ||
                   !a.structured.empty() || !a.videos.empty();
@@ -489,6 +520,9 @@ struct BenchReport {
   Summary read{}, copy{};  // the memory probe's medians (when it ran)
 };
 
+// --spec-cost: the proposals each decode step carries (junk ids, which the model rejects).
+std::atomic<int32_t> g_forced_k{0};
+
 // The engine for the plan: context for the longest measurement, room for the largest batch.
 vlm::Result<std::unique_ptr<vlm::Engine>> load_engine(const BenchArgs& a, const BenchPlan& p) {
   int64_t max_gen = 1;
@@ -512,6 +546,17 @@ vlm::Result<std::unique_ptr<vlm::Engine>> load_engine(const BenchArgs& a, const 
   // Every rep computes its whole prompt (the reps repeat one prompt, which the prefix cache
   // would otherwise serve).
   opts.batching.prefix_caching = false;
+  if (!p.spec_cost.empty()) {  // proposals of g_forced_k junk tokens, whatever was accepted
+    vlm::SpecOptions& s = opts.batching.spec;
+    s.method = vlm::SpecMethod::kCustom;
+    s.num_tokens = static_cast<int32_t>(*std::max_element(p.spec_cost.begin(), p.spec_cost.end()));
+    s.adaptive = false;
+    s.propose = [](std::span<const int32_t> ids, int64_t, int32_t max_k, int32_t* out) {
+      const int32_t k = std::min(g_forced_k.load(), max_k);
+      for (int32_t j = 0; j < k; ++j) out[j] = 3 + (ids.back() + 1 + j) % 997;
+      return k;
+    };
+  }
   return vlm::Engine::load(opts);
 }
 
@@ -545,6 +590,24 @@ void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport*
   r->info["bits_per_weight"] = r->bits_per_weight;
 }
 
+// With speculative decoding on: the proposals accepted between two snapshots of the counters, and
+// the tokens a decode step made (`decoded`: the tokens decode steps made in between).
+void add_spec_figures(const vlm::Engine::CoreStats& before, const vlm::Engine::CoreStats& after,
+                      int64_t decoded, const std::string& what, json* f, BenchReport* r) {
+  if (after.spec_tokens == 0) return;
+  const int64_t proposed = after.spec_draft_tokens - before.spec_draft_tokens;
+  const int64_t accepted = after.spec_accepted_tokens - before.spec_accepted_tokens;
+  const double per_step =
+      static_cast<double>(decoded) / static_cast<double>(std::max<int64_t>(1, decoded - accepted));
+  (*f)["spec_proposed_tokens"] = proposed;
+  (*f)["spec_accepted_tokens"] = accepted;
+  (*f)["tokens_per_step"] = per_step;
+  r->notes.push_back(what + ": " + std::to_string(accepted) + " of " + std::to_string(proposed) +
+                     " proposed tokens accepted (" +
+                     fmt("%.1f", proposed > 0 ? 100.0 * accepted / proposed : 0.0) + "%), " +
+                     fmt("%.2f", per_step) + " tokens per decode step");
+}
+
 // Prefill at each prompt size, then decode at each length.
 vlm::Status bench_text(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
                        BenchReport* r) {
@@ -562,15 +625,17 @@ vlm::Status bench_text(vlm::Engine& engine, const BenchArgs& a, const BenchPlan&
   for (int64_t n : p.gens) {
     if (!p.decode) break;
     progress("decode " + std::to_string(n) + " tokens after " + std::to_string(p.gen_prompt), a);
-    auto s = bench_decode(engine, p.gen_prompt, n, a);
+    const vlm::Engine::CoreStats before = engine.core_stats();
+    auto s = bench_decode(engine, p.gen_prompt, n, a, p.gen_ids);
     if (!s.ok()) return s.status().with_context("decode " + std::to_string(n));
-    r->decode_rows.push_back(r->rows.size());
-    r->rows.push_back({"decode",
-                       "decode",
-                       std::to_string(n) + " tokens after " + std::to_string(p.gen_prompt),
-                       "tok/s",
-                       *s,
-                       {{"size", n}, {"gen_tokens", n}, {"prompt_tokens", p.gen_prompt}}});
+    // The weight stream per token (add_decode_bandwidth) holds for one token a step only.
+    if (engine.core_stats().spec_tokens == 0) r->decode_rows.push_back(r->rows.size());
+    json f = {{"size", n}, {"gen_tokens", n}, {"prompt_tokens", p.gen_prompt}};
+    add_spec_figures(before, engine.core_stats(), n * a.reps + (a.no_warmup ? 0 : 1),
+                     "decode " + std::to_string(n), &f, r);
+    r->rows.push_back({"decode", "decode",
+                       std::to_string(n) + " tokens after " + std::to_string(p.gen_prompt), "tok/s",
+                       *s, f});
   }
   return vlm::ok_status();
 }
@@ -622,7 +687,7 @@ vlm::Status bench_media(vlm::Engine& engine, const BenchArgs& a, const BenchPlan
 vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
                           BenchReport* r) {
   for (int64_t n : p.gens) {
-    if (p.batches.empty()) break;
+    if (p.batches.empty() || !p.spec_cost.empty()) break;
     double single = 0;
     for (int64_t b : p.batches) {
       const std::string size = std::to_string(b) + " x " + std::to_string(n) + " tokens after " +
@@ -631,17 +696,19 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
       BatchedDecodeOptions bo;
       bo.batch = static_cast<int>(b);
       bo.prompt_tokens = p.gen_prompt;
+      bo.prompt_ids = p.gen_ids;
       bo.gen_tokens = n;
       bo.reps = a.reps;
       bo.warmup = !a.no_warmup;
       auto res = bench_batched_decode(engine, bo);
       if (!res.ok()) return res.status().with_context("batched decode " + std::to_string(b));
       std::vector<double> tok_s, first_ms;
-      int64_t tokens = 0;
+      int64_t tokens = 0, steps = 0;
       for (const auto& run : *res) {
         tok_s.push_back(run.tok_s());
         first_ms.push_back(run.first_tokens_ms);
         tokens = run.tokens;
+        steps += run.steps;
       }
       const double median = summarize(tok_s).median;
       if (b == 1) single = median;
@@ -652,6 +719,10 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
                 {"window_tokens", tokens},
                 {"first_tokens_ms", first_ms}};
       if (single > 0) f["speedup_vs_batch1"] = median / single;
+      if (engine.core_stats().spec_tokens > 0 && steps > 0) {  // per request and step
+        f["tokens_per_step"] = static_cast<double>(tokens) * a.reps / static_cast<double>(b) /
+                               static_cast<double>(steps);
+      }
       r->rows.push_back({"batched_decode", "batched decode", size, "tok/s", tok_s, f});
       if (b != 1 && single > 0) {
         r->notes.push_back("batched decode " + std::to_string(b) + " x " + std::to_string(n) +
@@ -660,6 +731,52 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
       }
     }
   }
+  return vlm::ok_status();
+}
+
+// --spec-cost: the verify pass's cost. Batched decode (each --batch, the first -n) where every
+// step carries k proposals per request (junk, so only the step's own token is kept), k = 0 and
+// each --spec-cost: milliseconds per engine step, and each against k = 0.
+vlm::Status bench_spec_cost(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
+                            BenchReport* r) {
+  if (p.spec_cost.empty()) return vlm::ok_status();
+  std::vector<int64_t> ks{0};
+  for (int64_t k : p.spec_cost) {
+    if (k > 0) ks.push_back(k);
+  }
+  const int64_t n = p.gens[0];
+  for (int64_t b : p.batches) {
+    double plain = 0;
+    for (int64_t k : ks) {
+      g_forced_k = static_cast<int32_t>(k);
+      const std::string size = "batch " + std::to_string(b) + ", " + std::to_string(k) +
+                               " proposed, " + std::to_string(p.gen_prompt) + " context";
+      progress("verify step, " + size, a);
+      BatchedDecodeOptions bo;
+      bo.batch = static_cast<int>(b);
+      bo.prompt_tokens = p.gen_prompt;
+      bo.prompt_ids = p.gen_ids;
+      bo.gen_tokens = n;
+      bo.reps = a.reps;
+      bo.warmup = !a.no_warmup;
+      auto res = bench_batched_decode(engine, bo);
+      if (!res.ok()) return res.status().with_context("verify step " + size);
+      std::vector<double> ms;
+      for (const auto& run : *res) ms.push_back(run.decode_ms / std::max<int64_t>(1, run.steps));
+      const double median = summarize(ms).median;
+      if (k == 0) plain = median;
+      json f = {{"size", k},       {"batch", b},
+                {"proposed", k},   {"rows_per_step", b * (k + 1)},
+                {"gen_tokens", n}, {"prompt_tokens", p.gen_prompt}};
+      if (plain > 0) f["vs_plain_step"] = median / plain;
+      r->rows.push_back({"spec_verify_cost", "verify step", size, "ms", ms, f});
+      if (k > 0 && plain > 0) {
+        r->notes.push_back("verify step, batch " + std::to_string(b) + ", " + std::to_string(k) +
+                           " proposed: " + fmt("%.2f", median / plain) + "x a plain step");
+      }
+    }
+  }
+  g_forced_k = 0;
   return vlm::ok_status();
 }
 
@@ -810,6 +927,13 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
                 "Prefill sizes in tokens, a comma list (default run: 128,512,2048)");
   b->add_option("-n,--gen-tokens", a->gen_sizes,
                 "Decode lengths in tokens, a comma list (default run: 128)");
+  b->add_option("--gen-prompt-file", a->gen_prompt_file,
+                "The decode measurements' prompt: this file's text, tokenized as is (no chat "
+                "template), instead of --gen-prompt random tokens");
+  b->add_option("--spec-cost", a->spec_cost,
+                "The verify pass's cost: batched decode (each --batch, the first -n) with this "
+                "many proposed tokens per request and step, a comma list, beside none: ms per "
+                "step (no other measurement runs)");
   b->add_option("--gen-prompt", a->gen_prompt,
                 "Prompt tokens before each decode measurement (default: the first -p, else 128)");
   b->add_option("--image", a->images, "Measure the vision path on this image file; repeatable");
@@ -848,6 +972,7 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_flag("--mmap", a->mmap, vlm::cli::kMmapHelp);
   b->add_flag("--vision-fp16", a->vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(b, &a->device);
+  vlm::cli::add_spec_options(b, &a->device.batching.spec);
   b->add_option("--prefill-chunk", a->device.prefill_chunk,
                 "Tokens per forward pass in prefill (default 256; larger fills a GPU better)");
   b->add_option("--structured", a->structured,
@@ -885,8 +1010,8 @@ int run_bench(const BenchArgs& a) {
       return 0;
     }
     describe_engine(engine, a, &r);
-    for (auto stage : {bench_text, bench_structured, bench_media, bench_batches, bench_attention,
-                       bench_delta_rule}) {
+    for (auto stage : {bench_text, bench_structured, bench_media, bench_batches, bench_spec_cost,
+                       bench_attention, bench_delta_rule}) {
       if (vlm::Status st = stage(engine, a, p, &r); !st.ok()) return fail(st.message());
     }
     if (engine.device() != "cpu") {

@@ -20,6 +20,8 @@ struct BenchArgs {
   std::string attention_sizes;  // --attention "4096,16384"
   std::string delta_chunks;     // --delta-rule "16,32,64,128"
   int64_t gen_prompt = 0;       // prompt before the decode measurements; 0 = the first -p, else 128
+  std::string gen_prompt_file;  // --gen-prompt-file: that text (tokenized, no template) instead
+  std::string spec_cost;        // --spec-cost "1,2,4,8": verify steps with that many proposals
   std::vector<std::string> images;
   std::vector<std::string> synthetic_images;  // "448x448"
   int64_t min_pixels = -1, max_pixels = -1;

@@ -255,6 +255,18 @@ int cmd_run(const RunArgs& a) {
                   static_cast<long long>(r.video_tokens), r.video_decode_ms);
     images += buf;
   }
+  const vlm::Engine::CoreStats cs = engine.core_stats();
+  if (cs.spec_tokens > 0) {  // the proposals, and the tokens a decode step made on average
+    // Each decode step makes one token and its accepted proposals.
+    const double steps = std::max(1.0, n_gen - 1 - static_cast<double>(cs.spec_accepted_tokens));
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "spec: %lld of %lld proposed tokens accepted, %.2f tokens per decode step | ",
+                  static_cast<long long>(cs.spec_accepted_tokens),
+                  static_cast<long long>(cs.spec_draft_tokens),
+                  n_gen > 1 ? (n_gen - 1) / steps : 0.0);
+    images += buf;
+  }
   std::fprintf(
       stderr,
       "vlm: %sprompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
@@ -314,6 +326,7 @@ void add_run_options(CLI::App* run, RunArgs* ra) {
   run->add_flag("--mmap", ra->mmap, vlm::cli::kMmapHelp);
   run->add_flag("--vision-fp16", ra->vision_fp16, vlm::cli::kVisionFp16Help);
   vlm::cli::add_device_options(run, &ra->device);
+  vlm::cli::add_spec_options(run, &ra->device.batching.spec);
 }
 
 struct TokenizeArgs {
@@ -440,6 +453,7 @@ struct ServeArgs {
 void add_serve_engine_options(CLI::App* serve, ServeArgs* sa) {
   vlm::ServeOptions& so = sa->so;
   serve->add_option("--max-num-seqs", so.engine.batching.max_num_seqs, "Sequences per batch step");
+  vlm::cli::add_spec_options(serve, &so.engine.batching.spec);
   serve->add_option("--max-batched-tokens", so.engine.batching.max_batched_tokens,
                     "Tokens per batch step (default: the prefill chunk, 256)");
   serve->add_option("--block-size", so.engine.batching.block_size, "KV cache block size in tokens");

@@ -74,4 +74,19 @@ inline void add_device_options(CLI::App* app, EngineOptions* o) {
                 "cuda: launch every kernel of each decode step instead of replaying CUDA graphs");
 }
 
+// --spec, --spec-tokens, --ngram-min and --ngram-max, bound to the engine's speculative decoding.
+inline void add_spec_options(CLI::App* app, SpecOptions* s) {
+  add_enum_option(app, "--spec", &s->method, parse_spec_method,
+                  "Speculative decoding: none (default) or ngram (prompt lookup: the tokens that "
+                  "followed the sequence's last n-gram earlier in the prompt or reply are proposed "
+                  "and checked in one pass; the output is the same); CPU, models without linear "
+                  "attention");
+  app->add_option("--spec-tokens", s->num_tokens,
+                  "--spec: tokens proposed per step at most (default 4, up to 16)");
+  app->add_option("--ngram-min", s->ngram_min,
+                  "--spec ngram: the shortest n-gram looked up (default 2)");
+  app->add_option("--ngram-max", s->ngram_max,
+                  "--spec ngram: the longest n-gram looked up, tried first (default 4)");
+}
+
 }  // namespace vlm::cli

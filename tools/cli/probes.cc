@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -175,7 +176,9 @@ vlm::Result<BatchedDecodeRound> run_round(vlm::Engine& engine, const BatchedDeco
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
   for (int i = 0; i < o.batch; ++i) {
     vlm::GenerateRequest r;
-    r.prompt_ids = synthetic_prompt_ids(o.prompt_tokens, engine.vocab_size(), i);
+    r.prompt_ids = o.prompt_ids.empty()
+                       ? synthetic_prompt_ids(o.prompt_tokens, engine.vocab_size(), i)
+                       : o.prompt_ids;
     r.max_new_tokens = gen_tokens + 1;
     r.ignore_eos = true;
     r.sampling.do_sample = false;
@@ -202,13 +205,18 @@ vlm::Result<BatchedDecodeRound> run_round(vlm::Engine& engine, const BatchedDeco
   }
   int64_t open = start_ns, close = start_ns;
   BatchedDecodeRound round;
+  std::set<int64_t> steps;
   for (const auto& m : marks) {
     for (const TokenMark& t : m) {
       if (t.step <= open_step) open = std::max(open, t.sampled_ns);
-      if (t.step > open_step) ++round.tokens;
+      if (t.step > open_step) {
+        ++round.tokens;
+        steps.insert(t.step);
+      }
       close = std::max(close, t.sampled_ns);
     }
   }
+  round.steps = static_cast<int64_t>(steps.size());
   round.first_tokens_ms = (open - start_ns) / 1e6;
   round.decode_ms = (close - open) / 1e6;
   return round;

@@ -50,11 +50,12 @@ vlm::Result<MemoryBandwidth> measure_memory_bandwidth(const MemoryBandwidthOptio
 // ---- Batched decode through the engine core.
 
 struct BatchedDecodeOptions {
-  int batch = 8;                // concurrent requests (at most the engine's max_num_seqs)
-  int64_t prompt_tokens = 128;  // per request (synthetic_prompt_ids, salt = request index)
-  int64_t gen_tokens = 128;     // decode steps per request after its first token
-  int reps = 3;                 // timed rounds
-  bool warmup = true;           // first an untimed round of one decode step per request
+  int batch = 8;                    // concurrent requests (at most the engine's max_num_seqs)
+  int64_t prompt_tokens = 128;      // per request (synthetic_prompt_ids, salt = request index)
+  std::vector<int32_t> prompt_ids;  // instead: this prompt for every request
+  int64_t gen_tokens = 128;         // decode steps per request after its first token
+  int reps = 3;                     // timed rounds
+  bool warmup = true;               // first an untimed round of one decode step per request
 };
 
 // One round: `batch` greedy ignore_eos requests submitted together, each producing
@@ -64,6 +65,7 @@ struct BatchedDecodeOptions {
 // Engine::generate's decode_ms).
 struct BatchedDecodeRound {
   int64_t tokens = 0;          // of all requests, inside the window
+  int64_t steps = 0;           // engine steps inside the window
   double decode_ms = 0;        // the window
   double first_tokens_ms = 0;  // first submission → the window opens (every request prefilled)
   double tok_s() const {

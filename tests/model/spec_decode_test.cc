@@ -1,0 +1,522 @@
+// Speculative decoding through the whole engine (docs/architecture.md, "Speculative decoding"):
+// on every Qwen3-VL fixture (dense, MoE, images, video), greedy output with proposals — prompt
+// lookup, an oracle that proposes the plain output's own next tokens, one that always proposes
+// wrong ones — is the plain output token for token, with each token's logprob equal bit for bit
+// (the verify pass's rows are a one-row step's), batched with other requests, with prefix hits and
+// with preemption. The oracle makes K + 1 tokens a step; a stop token inside an accepted run ends
+// the reply there; penalties and a logit bias act on the verified rows as on plain ones; the
+// counters add up. Sampling's exactness is the chi-square test below.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/proposer.h"
+#include "model/fixture_model.h"
+#include "test_util.h"
+#include "vlm/engine.h"
+
+namespace vlm {
+namespace {
+
+const std::string kFixtures = VLM_FIXTURES_DIR;
+constexpr int32_t kK = 4;
+
+// What a request produced: its tokens, each token's logprob, how it ended.
+struct Output {
+  std::vector<int32_t> tokens;
+  std::vector<double> logprobs;
+  FinishReason reason = FinishReason::kNone;
+  int64_t cached_tokens = 0;
+  bool operator==(const Output& o) const {
+    return tokens == o.tokens && logprobs == o.logprobs && reason == o.reason;
+  }
+};
+
+std::ostream& operator<<(std::ostream& os, const Output& o) {
+  os << "[";
+  for (size_t i = 0; i < o.tokens.size(); ++i) {
+    os << (i ? " " : "") << o.tokens[i] << "(" << (i < o.logprobs.size() ? o.logprobs[i] : 0)
+       << ")";
+  }
+  return os << "] reason " << static_cast<int>(o.reason);
+}
+
+Output drain(RequestStream& stream) {
+  Output out;
+  RequestOutput piece;
+  while (stream.next(&piece)) {
+    EXPECT_TRUE(piece.error.ok()) << piece.error.message();
+    if (piece.token_id >= 0) out.tokens.push_back(piece.token_id);
+    for (const TokenLogprob& e : piece.logprobs) out.logprobs.push_back(e.logprob);
+    if (piece.finished) {
+      out.reason = piece.finish_reason;
+      out.cached_tokens = piece.stats.cached_tokens;
+    }
+  }
+  return out;
+}
+
+// Submits every request at once and reads their streams: they share the engine's steps.
+std::vector<Output> run_all(Engine& e, const std::vector<GenerateRequest>& reqs) {
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  for (const auto& r : reqs) {
+    auto s = e.submit(r);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    if (s.ok()) streams.push_back(std::move(s).value());
+  }
+  std::vector<Output> out;
+  for (auto& s : streams) out.push_back(drain(*s));
+  e.wait_idle();
+  return out;
+}
+
+// Each request alone (the plain reference).
+std::vector<Output> run_alone(Engine& e, const std::vector<GenerateRequest>& reqs) {
+  std::vector<Output> out;
+  for (const auto& r : reqs) out.push_back(run_all(e, {r})[0]);
+  return out;
+}
+
+EngineOptions options(const std::string& fixture, const BatchingOptions& b) {
+  EngineOptions o = test_util::fixture_engine_options(fixture, b);
+  o.prefill_chunk = 32;
+  return o;
+}
+
+std::unique_ptr<Engine> load(const std::string& fixture, const BatchingOptions& b = {}) {
+  auto e = Engine::load(options(fixture, b));
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+VideoInput clip(const std::string& name) {
+  VideoInput v;
+  v.path = std::string(VLM_REPO_DIR) + "/tests/unit/fixtures/videos/" + name;
+  return v;
+}
+
+// Greedy requests with logprobs for a fixture: text prompts, the vision fixture's image cases, the
+// video fixture's video cases; each twice (the second finds the first's blocks cached).
+std::vector<GenerateRequest> requests_for(const std::string& fixture, const Engine& e) {
+  std::vector<GenerateRequest> out;
+  auto add = [&](GenerateRequest r, int64_t max_new) {
+    r.max_new_tokens = max_new;
+    r.sampling.do_sample = false;
+    r.ignore_eos = true;
+    r.logprobs = 0;
+    out.push_back(std::move(r));
+  };
+  if (fixture == "vision-f32" || fixture == "video-f32") {
+    const auto ref =
+        nlohmann::json::parse(test_util::read_file(kFixtures + "/" + fixture + "/reference.json"));
+    for (const auto& c : ref["cases"]) {
+      GenerateRequest r;
+      if (fixture == "vision-f32") {
+        r.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
+        for (const auto& name : c["images"]) {
+          r.images.push_back(test_util::vision_fixture_image(ref, name));
+        }
+      } else {
+        if (c.contains("frames_fps") || !c["images"].empty()) continue;
+        r.prompt_ids = e.tokenizer()->encode(c["text"].get<std::string>());
+        for (const auto& name : c["videos"]) r.videos.push_back(clip(name));
+      }
+      add(r, 20);
+    }
+  } else {
+    for (int i = 0; i < 5; ++i) {
+      GenerateRequest r;
+      for (int j = 0; j < 3 + (i * 11) % 30; ++j) {
+        r.prompt_ids.push_back(3 + (i * 131 + j * 17) % 990);
+      }
+      add(r, 24 + 3 * i);
+    }
+  }
+  const size_t n = out.size();
+  for (size_t i = 0; i < n; ++i) out.push_back(out[i]);
+  return out;
+}
+
+// An oracle proposer: the plain output's own next tokens, found by the expanded prompt (`wrong`:
+// each one id off, so the first proposal always fails).
+SpecOptions oracle(std::shared_ptr<std::map<std::vector<int32_t>, std::vector<int32_t>>> replies,
+                   bool wrong, int64_t vocab) {
+  SpecOptions s;
+  s.method = SpecMethod::kCustom;
+  s.num_tokens = kK;
+  s.propose = [replies, wrong, vocab](std::span<const int32_t> ids, int64_t prompt_len,
+                                      int32_t max_k, int32_t* out) -> int32_t {
+    auto it = replies->find(std::vector<int32_t>(ids.begin(), ids.begin() + prompt_len));
+    if (it == replies->end()) return 0;
+    const std::vector<int32_t>& reply = it->second;
+    const size_t g = ids.size() - static_cast<size_t>(prompt_len);
+    int32_t k = 0;
+    for (; k < max_k && g + static_cast<size_t>(k) < reply.size(); ++k) {
+      const int32_t t = reply[g + static_cast<size_t>(k)];
+      out[k] = wrong ? static_cast<int32_t>((t + 1) % vocab) : t;
+    }
+    return k;
+  };
+  return s;
+}
+
+// The plain replies by expanded prompt, for the oracle.
+std::shared_ptr<std::map<std::vector<int32_t>, std::vector<int32_t>>> replies_of(
+    const Engine& e, const std::vector<GenerateRequest>& reqs, const std::vector<Output>& want) {
+  auto m = std::make_shared<std::map<std::vector<int32_t>, std::vector<int32_t>>>();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto ids = e.prompt_tokens(reqs[i]);
+    EXPECT_TRUE(ids.ok()) << ids.status().message();
+    if (ids.ok()) (*m)[*ids] = want[i].tokens;
+  }
+  return m;
+}
+
+// Every pass under 32 rows (4 × (1 + 4) decode rows, or 24 tokens in all): each row's numbers
+// are then those of a one-row step (docs/architecture.md), and the plain reference runs with the
+// same limits, so that its prompt chunks are the same size too.
+BatchingOptions exact_batching() {
+  BatchingOptions b;
+  b.block_size = 4;
+  b.max_num_seqs = 4;
+  b.max_batched_tokens = 24;
+  return b;
+}
+
+enum class Proposal { kNgram, kOracle, kWrong };
+
+class SpecGreedy
+    : public ::testing::TestWithParam<std::tuple<const char*, Proposal, bool /*preempt*/>> {};
+
+TEST_P(SpecGreedy, EqualsPlainDecodingTokenForToken) {
+  const auto [fixture, proposal, preempt] = GetParam();
+  BatchingOptions b = exact_batching();
+  auto plain = load(fixture, b);
+  ASSERT_NE(plain, nullptr);
+  const std::vector<GenerateRequest> reqs = requests_for(fixture, *plain);
+  const std::vector<Output> want = run_alone(*plain, reqs);
+  if (preempt) {  // room for the longest request and a little: the others must make way
+    int64_t most = 0;
+    for (const auto& r : reqs) {
+      auto ids = plain->prompt_tokens(r);
+      ASSERT_TRUE(ids.ok());
+      most = std::max<int64_t>(most, static_cast<int64_t>(ids->size()) + *r.max_new_tokens);
+    }
+    b.num_blocks = static_cast<int32_t>((most + b.block_size - 1) / b.block_size + 3);
+  }
+  if (proposal == Proposal::kNgram) {
+    b.spec.method = SpecMethod::kNgram;
+    b.spec.num_tokens = kK;
+    b.spec.ngram_min = 1;
+    b.spec.ngram_max = 3;
+  } else {
+    b.spec =
+        oracle(replies_of(*plain, reqs, want), proposal == Proposal::kWrong, plain->vocab_size());
+  }
+  auto spec = load(fixture, b);
+  ASSERT_NE(spec, nullptr);
+  const std::vector<Output> got = run_all(*spec, reqs);
+  ASSERT_EQ(got.size(), want.size());
+  // Images encoded together (the tower batches the images of requests admitted at once) differ
+  // from images encoded alone by rounding, with or without proposals: there the logprobs agree to
+  // 1e-5 and the tokens exactly; without images bit for bit.
+  const bool media = std::string(fixture) == "vision-f32" || std::string(fixture) == "video-f32";
+  int64_t cached = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    cached += got[i].cached_tokens;
+    if (!media) {
+      EXPECT_EQ(got[i], want[i]) << "request " << i;
+      continue;
+    }
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].reason, want[i].reason) << "request " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << "request " << i;
+    for (size_t t = 0; t < want[i].logprobs.size(); ++t) {
+      EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-5) << "request " << i;
+    }
+  }
+  const Engine::CoreStats st = spec->core_stats();
+  EXPECT_EQ(st.spec_tokens, kK);
+  EXPECT_GT(st.spec_drafts, 0);
+  EXPECT_LE(st.spec_accepted_tokens, st.spec_draft_tokens);
+  int64_t per_pos = 0;
+  for (int64_t a : st.spec_accepted_per_pos) per_pos += a;
+  EXPECT_EQ(per_pos, st.spec_accepted_tokens);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  if (proposal == Proposal::kWrong) EXPECT_EQ(st.spec_accepted_tokens, 0);
+  if (proposal == Proposal::kOracle) EXPECT_GT(st.spec_accepted_tokens, st.spec_drafts);
+  if (preempt) {
+    EXPECT_GT(st.preemptions, 0);
+  } else {
+    EXPECT_GT(cached, 0);  // the second of each pair read the first's blocks
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, SpecGreedy,
+    ::testing::Combine(::testing::Values("text-f32-untied", "moe-f32-e8k2", "vision-f32",
+                                         "video-f32"),
+                       ::testing::Values(Proposal::kNgram, Proposal::kOracle, Proposal::kWrong),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      std::string name = std::get<0>(info.param);
+      std::replace(name.begin(), name.end(), '-', '_');
+      const Proposal p = std::get<1>(info.param);
+      name += p == Proposal::kNgram ? "_ngram" : p == Proposal::kOracle ? "_oracle" : "_wrong";
+      return name + (std::get<2>(info.param) ? "_preempt" : "");
+    });
+
+// Alone, the oracle's proposals are all accepted: K + 1 tokens a step after the prefill's one,
+// the last step's proposals cut so that the reply ends at max_tokens exactly.
+TEST(SpecDecode, OracleMakesKPlusOneTokensAStep) {
+  auto plain = load("text-f32-untied", exact_batching());
+  ASSERT_NE(plain, nullptr);
+  std::vector<GenerateRequest> reqs = requests_for("text-f32-untied", *plain);
+  reqs.resize(1);
+  reqs[0].max_new_tokens = 1 + 3 * (kK + 1) + 2;  // three full steps, then one of 2 tokens
+  const std::vector<Output> want = run_alone(*plain, reqs);
+  BatchingOptions b = exact_batching();
+  b.spec = oracle(replies_of(*plain, reqs, want), false, plain->vocab_size());
+  auto spec = load("text-f32-untied", b);
+  ASSERT_NE(spec, nullptr);
+  const int64_t steps0 = spec->core_stats().steps;
+  EXPECT_EQ(run_all(*spec, reqs)[0], want[0]);
+  const Engine::CoreStats st = spec->core_stats();
+  EXPECT_EQ(st.steps - steps0, 1 + 4);  // the prefill, three steps of K + 1, one of 2
+  EXPECT_EQ(st.spec_drafts, 4);
+  EXPECT_EQ(st.spec_draft_tokens, 3 * kK + 1);
+  EXPECT_EQ(st.spec_accepted_tokens, 3 * kK + 1);
+  EXPECT_EQ(st.spec_accepted_per_pos[0], 4);
+  for (int j = 1; j < kK; ++j) EXPECT_EQ(st.spec_accepted_per_pos[j], 3) << "position " << j;
+}
+
+// A stop token inside a run of accepted proposals ends the reply there; penalties and a logit
+// bias shape the verified rows as they shape plain ones (greedy picks they change).
+TEST(SpecDecode, StopTokensPenaltiesAndBiasHoldInsideAcceptedRuns) {
+  auto plain = load("text-f32-untied", exact_batching());
+  ASSERT_NE(plain, nullptr);
+  std::vector<GenerateRequest> reqs = requests_for("text-f32-untied", *plain);
+  reqs.resize(3);
+  const std::vector<Output> free_run = run_alone(*plain, reqs);
+  ASSERT_GE(free_run[0].tokens.size(), 12u);
+  const int32_t stop = free_run[0].tokens[9];
+  reqs[0].stop_token_ids = {stop};
+  reqs[0].ignore_eos = false;  // (which also drops the request's stop ids)
+  reqs[1].sampling.repetition_penalty = 1.5;
+  reqs[1].sampling.presence_penalty = 0.5;
+  reqs[2].sampling.logit_bias = {{free_run[2].tokens[3], 5.0f}, {free_run[2].tokens[4], -5.0f}};
+  const std::vector<Output> want = run_alone(*plain, reqs);
+  EXPECT_LE(want[0].tokens.size(), 10u);
+  EXPECT_EQ(want[0].reason, FinishReason::kStop);
+  EXPECT_NE(want[1].tokens, free_run[1].tokens);  // the penalties changed greedy picks
+  EXPECT_NE(want[2].tokens, free_run[2].tokens);  // and so did the bias
+  BatchingOptions b = exact_batching();
+  // The oracle proposes the unpenalised replies: accepted where the penalties agree.
+  b.spec = oracle(replies_of(*plain, reqs, free_run), false, plain->vocab_size());
+  auto spec = load("text-f32-untied", b);
+  ASSERT_NE(spec, nullptr);
+  const std::vector<Output> got = run_all(*spec, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  EXPECT_GT(spec->core_stats().spec_accepted_tokens, 0);
+}
+
+// Prompt lookup: the longest n-gram first, its latest earlier place, the ids after it up to
+// max_k, never a placeholder; nothing below ngram_min.
+TEST(NgramProposer, ProposesWhatFollowedTheLongestLatestMatch) {
+  auto propose = [](NgramProposer& p, const std::vector<int32_t>& ids, int32_t max_k,
+                    std::vector<int32_t> rows = {}) {
+    if (rows.empty()) rows.assign(ids.size(), -1);
+    std::vector<int32_t> out(static_cast<size_t>(max_k));
+    const int32_t k = p.propose({ids, rows, 2}, max_k, out.data());
+    out.resize(static_cast<size_t>(k));
+    return out;
+  };
+  NgramProposer p(1, 3);
+  EXPECT_EQ(propose(p, {1, 2, 3, 4, 9, 1, 2, 3}, 3), (std::vector<int32_t>{4, 9, 1}));
+  EXPECT_EQ(propose(p, {1, 2, 3, 4, 9, 1, 2, 3}, 8), (std::vector<int32_t>{4, 9, 1, 2, 3}));
+  EXPECT_EQ(propose(p, {5, 6, 7, 5, 6, 8, 5, 6}, 2), (std::vector<int32_t>{8, 5}));  // latest
+  // [1 2 3] (3 ids) beats the later [2 3] (2 ids).
+  EXPECT_EQ(propose(p, {1, 2, 3, 40, 2, 3, 50, 1, 2, 3}, 1), (std::vector<int32_t>{40}));
+  // A placeholder ends a proposal; one right after the match leaves that place out.
+  EXPECT_EQ(propose(p, {1, 2, 7, 8, 1, 2}, 4, {-1, -1, -1, 0, -1, -1}), (std::vector<int32_t>{7}));
+  EXPECT_EQ(propose(p, {4, 1, 2, 7, 1, 2}, 4, {-1, -1, -1, 0, -1, -1}), (std::vector<int32_t>{}));
+  EXPECT_EQ(propose(p, {1, 2, 3, 4}, 4), (std::vector<int32_t>{}));  // no id repeats
+  NgramProposer two(2, 3);
+  EXPECT_EQ(propose(two, {1, 9, 3, 1}, 4), (std::vector<int32_t>{}));  // only 1 id matches
+  EXPECT_EQ(propose(two, {9, 1, 5, 9, 1}, 4), (std::vector<int32_t>{5, 9, 1}));
+}
+
+TEST(SpecDecode, BadOptionsAndHybridModelsAreRefusedByName) {
+  auto refused = [](const std::string& fixture, SpecOptions s, const std::string& what) {
+    BatchingOptions b;
+    b.spec = std::move(s);
+    auto e = Engine::load(options(fixture, b));
+    ASSERT_FALSE(e.ok()) << what;
+    EXPECT_NE(e.status().message().find(what), std::string::npos) << e.status().message();
+  };
+  SpecOptions s;
+  s.method = SpecMethod::kNgram;
+  s.num_tokens = 0;
+  refused("text-f32-untied", s, "--spec-tokens");
+  s.num_tokens = SpecOptions::kMaxTokens + 1;
+  refused("text-f32-untied", s, "--spec-tokens");
+  s.num_tokens = 4;
+  s.ngram_min = 3;
+  s.ngram_max = 2;
+  refused("text-f32-untied", s, "--ngram-max");
+  s.ngram_min = 1;
+  refused("qwen35-f32-a", s, "hybrid");
+  SpecOptions custom;
+  custom.method = SpecMethod::kCustom;
+  refused("text-f32-untied", custom, "propose");
+  EXPECT_TRUE(parse_spec_method("ngram").ok());
+  EXPECT_FALSE(parse_spec_method("eagle").ok());
+}
+
+}  // namespace
+}  // namespace vlm
+
+namespace vlm {
+namespace {
+
+// The upper tail of the chi-square distribution with `df` degrees of freedom at x: the
+// regularized upper incomplete gamma Q(df / 2, x / 2), by its series below a + 1 and its
+// continued fraction above (Numerical Recipes' gammq).
+double chi2_sf(double x, double df) {
+  const double a = df / 2, z = x / 2;
+  if (z <= 0) return 1;
+  const double log_pre = -z + a * std::log(z) - std::lgamma(a);
+  if (z < a + 1) {
+    double sum = 1 / a, term = sum;
+    for (int n = 1; n < 10000 && term > sum * 1e-15; ++n) sum += (term *= z / (a + n));
+    return 1 - sum * std::exp(log_pre);
+  }
+  double b = z + 1 - a, c = 1e300, d = 1 / b, h = d;
+  for (int i = 1; i < 10000; ++i) {
+    const double an = -i * (i - a);
+    b += 2;
+    d = an * d + b;
+    d = std::abs(d) < 1e-300 ? 1e-300 : d;
+    c = b + an / c;
+    c = std::abs(c) < 1e-300 ? 1e-300 : c;
+    d = 1 / d;
+    const double del = d * c;
+    h *= del;
+    if (std::abs(del - 1) < 1e-15) break;
+  }
+  return std::exp(log_pre) * h;
+}
+
+// The chi-square test of homogeneity of two samples of equal size over kBins bins: `draft` alone,
+// and the other ids in order of their pooled counts (a choice symmetric in the two samples), cut
+// into bins of about equal pooled counts. The statistic and its degrees of freedom.
+constexpr int kBins = 8;
+std::pair<double, int> chi2_two_samples(const std::map<int32_t, int64_t>& a,
+                                        const std::map<int32_t, int64_t>& b, int32_t draft) {
+  std::map<int32_t, std::pair<int64_t, int64_t>> both;
+  for (const auto& [k, n] : a) both[k].first += n;
+  for (const auto& [k, n] : b) both[k].second += n;
+  std::vector<std::pair<int64_t, int64_t>> bins{both[draft]};
+  both.erase(draft);
+  std::vector<std::pair<int64_t, int64_t>> rest;
+  int64_t pooled = 0;
+  for (const auto& [k, ab] : both) {
+    rest.push_back(ab);
+    pooled += ab.first + ab.second;
+  }
+  std::sort(rest.begin(), rest.end(),
+            [](const auto& x, const auto& y) { return x.first + x.second > y.first + y.second; });
+  const int64_t per_bin = pooled / (kBins - 1) + 1;
+  bins.emplace_back(0, 0);
+  for (const auto& ab : rest) {
+    if (bins.back().first + bins.back().second >= per_bin) bins.emplace_back(0, 0);
+    bins.back().first += ab.first;
+    bins.back().second += ab.second;
+  }
+  double stat = 0;
+  for (const auto& [x, y] : bins) {
+    if (x + y > 0) stat += static_cast<double>((x - y) * (x - y)) / static_cast<double>(x + y);
+  }
+  return {stat, static_cast<int>(bins.size()) - 1};
+}
+
+// Sampling is exact: the 2nd, 3rd and 4th tokens of 20,000 sampled replies (temperature 0.7,
+// top-p 0.9, a logit bias that gives token kDraft most of the mass) with proposals [kDraft ×3]
+// against 20,000 without: a chi-square test of homogeneity per position at alpha 0.001. The
+// proposals are accepted about 40% of the time, so both the acceptance and the draw from the rest
+// are exercised. Its power is stated from the noncentral chi-square (Patnaik's approximation):
+// against a rule that moves the proposal's probability by 0.03 (e.g. a rest that keeps the
+// proposal: p → p(2 − p) is a far larger move), it is asserted >= 0.9.
+TEST(SpecDecode, SampledRepliesAreDistributedAsWithoutProposals) {
+  constexpr int kDraws = 20000;
+  static constexpr int32_t kDraft = 500;
+  GenerateRequest base;
+  for (int j = 0; j < 12; ++j) base.prompt_ids.push_back(3 + j * 37 % 990);
+  base.max_new_tokens = 4;
+  base.ignore_eos = true;
+  base.sampling.temperature = 0.7;
+  base.sampling.top_p = 0.9;
+  base.sampling.logit_bias = {{kDraft, 4.5f}};
+  std::vector<GenerateRequest> reqs(kDraws, base);
+  for (int i = 0; i < kDraws; ++i) reqs[static_cast<size_t>(i)].sampling.seed = i;
+  BatchingOptions plain_b;
+  plain_b.max_num_seqs = 64;
+  plain_b.max_batched_tokens = 1024;
+  plain_b.max_waiting = kDraws;
+  BatchingOptions spec_b = plain_b;
+  spec_b.spec.method = SpecMethod::kCustom;
+  spec_b.spec.num_tokens = 3;
+  spec_b.spec.propose = [](std::span<const int32_t>, int64_t, int32_t max_k, int32_t* out) {
+    std::fill(out, out + max_k, kDraft);
+    return max_k;
+  };
+  std::vector<std::map<int32_t, int64_t>> counts[2];  // [plain, spec][position 1..3]
+  int64_t accepted = 0, proposed = 0;
+  for (int arm = 0; arm < 2; ++arm) {
+    EngineOptions o = options("text-f32-untied", arm == 0 ? plain_b : spec_b);
+    o.prefill_chunk = 1024;
+    auto loaded = Engine::load(o);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    std::unique_ptr<Engine> e = std::move(loaded).value();
+    counts[arm].resize(3);
+    for (const Output& o : run_all(*e, reqs)) {
+      ASSERT_EQ(o.tokens.size(), 4u);
+      for (size_t p = 0; p < 3; ++p) ++counts[arm][p][o.tokens[p + 1]];
+    }
+    if (arm == 1) {
+      accepted = e->core_stats().spec_accepted_tokens;
+      proposed = e->core_stats().spec_draft_tokens;
+    }
+  }
+  const double rate = static_cast<double>(accepted) / static_cast<double>(proposed);
+  EXPECT_GT(rate, 0.3);
+  EXPECT_LT(rate, 0.95);
+  for (size_t p = 0; p < 3; ++p) {
+    const auto [stat, df] = chi2_two_samples(counts[0][p], counts[1][p], kDraft);
+    const double pvalue = chi2_sf(stat, df);
+    // The power against a move of 0.03 in the proposal's probability q (the rest moved in
+    // proportion): noncentrality (n / 2) · δ² (1/q + 1/(1 − q)) for two samples of n.
+    const double q = static_cast<double>(counts[0][p][kDraft]) / kDraws, delta = 0.03;
+    const double lambda = kDraws / 2.0 * delta * delta * (1 / q + 1 / (1 - q));
+    // The critical value at alpha 0.001, then Patnaik: χ'²(df, λ) ≈ c · χ²(h).
+    double lo = 0, hi = 10.0 * df + 100;
+    for (int i = 0; i < 200; ++i) ((chi2_sf((lo + hi) / 2, df) > 0.001) ? lo : hi) = (lo + hi) / 2;
+    const double c = (df + 2 * lambda) / (df + lambda);
+    const double h = (df + lambda) * (df + lambda) / (df + 2 * lambda);
+    const double power = chi2_sf(hi / c, h);
+    std::printf("position %zu: chi2 %.1f, df %d, p %.3f; P(proposal) %.3f; power %.3f\n", p + 2,
+                stat, df, pvalue, q, power);
+    EXPECT_GT(pvalue, 0.001) << "position " << p + 2;
+    EXPECT_GE(power, 0.9) << "position " << p + 2;
+  }
+}
+
+}  // namespace
+}  // namespace vlm
