@@ -6,6 +6,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "core/check.h"
 #include "core/clock.h"
 #include "engine/engine_core_state.h"
 #include "engine/pixel_budget.h"
@@ -42,8 +43,12 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   // A hybrid model's state slots, one per sequence that may run, and its prefix cache's state
   // snapshots come out of the same budget.
   const bool hybrid = spec.state_group() != nullptr;
-  VLM_ASSIGN_OR_RETURN(s.proposer, make_proposer(opts.spec));
+  VLM_ASSIGN_OR_RETURN(s.proposer, make_proposer(opts.spec, m.runner.vocab_size));
   const int64_t spec_tokens = s.proposer ? opts.spec.num_tokens : 0;
+  // A step's verify rows: each decode and its proposals, within the step's tokens.
+  const int64_t verify_tokens =
+      spec_tokens > 0 ? std::min(opts.max_num_seqs * (1 + spec_tokens), opts.max_batched_tokens)
+                      : 0;
   if (s.proposer && hybrid) {
     return invalid_argument(
         "speculative decoding (--spec) does not run hybrid models (Qwen3.5's linear-attention "
@@ -56,7 +61,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   }
   // The runner's device buffers (the logits of a step) first: the KV cache takes what is left.
   VLM_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(m.runner, s.cache, opts.max_num_seqs,
-                                                     blocks_per_seq, spec_tokens));
+                                                     blocks_per_seq, verify_tokens));
   const int64_t state_slots = hybrid ? opts.max_num_seqs : 0;
   if (hybrid && opts.prefix_caching) {
     // The default from a measurement (docs/benchmarks.md, 2026-12-05): multi-turn image chats
@@ -140,7 +145,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
     s.encodes = std::make_unique<ImageEncodes>(*m.runner.vision, *core->vision_cache_, *s.runner,
                                                core->on_encode_);
   }
-  s.sampled.reserve(static_cast<size_t>(opts.max_num_seqs * (1 + spec_tokens)));
+  s.sampled.reserve(static_cast<size_t>(std::max(opts.max_num_seqs, verify_tokens)));
   // A step's state copies: at most one of each per scheduled request (a decode step that crosses
   // a snapshot point takes one without allocating).
   s.sched_out.restores.reserve(static_cast<size_t>(opts.max_num_seqs));
@@ -298,7 +303,10 @@ void EngineCore::admit(std::span<EngineRequest* const> waiting) {
     }
     r.start(std::move(prompt));
     r.prompt_ids = {};  // the sequence holds the prompt now
-    r.spec_cap = opts_.spec.num_tokens;
+    if (s.proposer) {
+      r.spec_cap = opts_.spec.num_tokens;
+      r.drafts.resize(static_cast<size_t>(r.spec_cap));
+    }
   }
 }
 
@@ -307,7 +315,7 @@ Status EngineCore::execute(const SchedulerOutput& out) {
   s.rows.clear();
   for (const ScheduledItem& it : out.items) {
     EngineRequest& r = *s.reqs.at(it.request_id);
-    r.step_tokens = 0;
+    r.step_tokens = r.step_accepted = 0;
     const bool verify = it.num_spec > 0;
     s.rows.push_back({it.request_id, it.first_token, it.num_tokens,
                       verify ? StepKind::kVerify : r.kind, &r.seq,
@@ -329,11 +337,13 @@ Status EngineCore::execute(const SchedulerOutput& out) {
   while (s.runner->sample_next(&t)) {
     EngineRequest& r = *s.reqs.at(t.request_id);
     ++r.step_tokens;
-    // A verify row's tokens after a stop token (or the last the budget allows) are not its.
-    if (r.ending != FinishReason::kNone) continue;
+    r.step_accepted += t.accepted ? 1 : 0;
     s.sampled.push_back(t);
     const int64_t sampled_ns = steady_now_ns();
-    if (r.append_token(t, sampled_ns)) continue;  // the last: it goes with the end
+    if (r.append_token(t, sampled_ns)) {  // the last: it goes with the end
+      s.runner->end_verify_row();         // (and a verify row's tokens after it are not its)
+      continue;
+    }
     r.stream->publish(t, /*stop=*/false, s.steps, sampled_ns);
   }
   return ok_status();
@@ -360,6 +370,7 @@ void EngineCore::update() {
     s.sched->append_token(t.request_id);
     EngineRequest& r = *s.reqs.at(t.request_id);
     const SchedRequest* q = s.sched->find(t.request_id);
+    VLM_CHECK(q != nullptr, "a sampled token of a request the scheduler no longer runs");
     const int64_t n = q->num_tokens;  // the sequence up to t (a verify row appends several)
     if (r.ending != FinishReason::kNone && n == r.seq.len()) {
       end(r, r.ending, ok_status(), &t, s.steps);
@@ -392,7 +403,7 @@ void EngineCore::record_spec(const SchedulerOutput& out) {
     if (it.num_spec == 0) continue;
     EngineRequest& r = *s.reqs.at(it.request_id);
     const int32_t k = static_cast<int32_t>(it.num_spec);
-    const int32_t a = std::clamp(r.step_tokens - 1, 0, k);
+    const int32_t a = r.step_accepted;
     ++st.spec_drafts;
     st.spec_draft_tokens += k;
     st.spec_accepted_tokens += a;
@@ -417,12 +428,11 @@ void EngineCore::propose() {
     if (f == s.reqs.end() || row.kind == StepKind::kPrefillOnly) continue;
     EngineRequest& r = *f->second;
     if (r.step_tokens == 0 || r.ending != FinishReason::kNone) continue;  // a chunk, or done
-    if (r.spec_cap == 0 && --r.spec_wait <= 0) r.spec_cap = 1;            // try again
+    if (r.spec_cap == 0 && r.spec_wait-- <= 0) r.spec_cap = 1;            // waited: try again
     const int64_t room = r.max_new_tokens - r.generated - 1;
     const int32_t max_k = static_cast<int32_t>(std::min<int64_t>(std::min(r.spec_cap, K), room));
     int32_t k = 0;
     if (max_k > 0) {
-      if (r.drafts.size() < static_cast<size_t>(K)) r.drafts.resize(static_cast<size_t>(K));
       k = s.proposer->propose({r.seq.ids, r.seq.feature_row, r.seq.prompt_len()}, max_k,
                               r.drafts.data());
     }

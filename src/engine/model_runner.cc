@@ -16,7 +16,7 @@ constexpr int64_t kBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 19
 }  // namespace
 
 ModelRunner::ModelRunner(const RunnerModel& model, const KvCache& cache, int64_t max_num_seqs,
-                         int64_t max_blocks_per_seq, int64_t spec_tokens)
+                         int64_t max_blocks_per_seq, int64_t verify_tokens)
     : model_(model),
       dec_(*model.decoder),
       be_(model.decoder->backend()),
@@ -24,11 +24,9 @@ ModelRunner::ModelRunner(const RunnerModel& model, const KvCache& cache, int64_t
       max_blocks_per_seq_(max_blocks_per_seq) {
   const int64_t V = model_.vocab_size;
   // A step's logit rows: one per sequence, or with proposals one per token it verifies.
-  normal_logit_rows_ = static_cast<size_t>(max_num_seqs * (1 + spec_tokens));
-  if (spec_tokens > 0) {
-    verify_ids_.resize(normal_logit_rows_);
-    verify_pos_.resize(normal_logit_rows_);
-  }
+  normal_logit_rows_ = static_cast<size_t>(std::max(max_num_seqs, verify_tokens));
+  verify_ids_.resize(static_cast<size_t>(verify_tokens));
+  verify_pos_.resize(static_cast<size_t>(verify_tokens));
   logits_.resize(normal_logit_rows_ * static_cast<size_t>(V));
   raw_row_.resize(static_cast<size_t>(V));
   device_sampling_ = be_.has_device_sampling();
@@ -38,10 +36,10 @@ ModelRunner::ModelRunner(const RunnerModel& model, const KvCache& cache, int64_t
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const RunnerModel& model,
                                                          const KvCache& cache, int64_t max_num_seqs,
                                                          int64_t max_blocks_per_seq,
-                                                         int64_t spec_tokens) {
+                                                         int64_t verify_tokens) {
   if (model.decoder == nullptr) return invalid_argument("the model runner needs a text decoder");
   std::unique_ptr<ModelRunner> r(
-      new ModelRunner(model, cache, max_num_seqs, max_blocks_per_seq, spec_tokens));
+      new ModelRunner(model, cache, max_num_seqs, max_blocks_per_seq, verify_tokens));
   const int64_t C = r->dec_.max_chunk(), V = model.vocab_size;
   // Pinned where the device copies them back (their copies then overlap the host's work).
   VLM_ASSIGN_OR_RETURN(r->argmax_host_, r->be_.alloc_host(static_cast<size_t>(C) * 4));
@@ -125,6 +123,7 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
   const int64_t V = model_.vocab_size;
   rows_ = rows;
   next_row_ = next_logit_row_ = next_draw_ = 0;
+  verify_at_ = 0;
   if (rows.empty()) return ok_status();
 
   // 1. The batch: one chunk per row.
@@ -249,6 +248,7 @@ void ModelRunner::sample_verify(size_t i, SampledToken* out) {
   const int64_t k = static_cast<int64_t>(row.drafts.size());
   out->token = j < k ? r.sampler->sample_speculative(logits_row, row.drafts[j], &accepted)
                      : r.sampler->sample(logits_row);
+  out->accepted = accepted;
   if (accepted) {
     ++verify_at_;
   } else {  // the first token that is not the proposal, or the one after the last: the row ends
@@ -256,6 +256,13 @@ void ModelRunner::sample_verify(size_t i, SampledToken* out) {
     ++next_row_;
     verify_at_ = 0;
   }
+}
+
+void ModelRunner::end_verify_row() {
+  if (verify_at_ == 0) return;  // no verify row in progress
+  next_logit_row_ += rows_[next_row_].drafts.size() + 1;
+  ++next_row_;
+  verify_at_ = 0;
 }
 
 bool ModelRunner::sample_next(SampledToken* out) {
@@ -290,6 +297,7 @@ bool ModelRunner::sample_next(SampledToken* out) {
     float* logits_row = logits_.data() + last * V;
     SampledToken& s = *out;
     s.request_id = rows_[i].request_id;
+    s.accepted = false;
     s.num_top = 0;
     s.logprob = 0;
     s.rank = 0;

@@ -54,12 +54,12 @@ struct StepRow {
 
 class ModelRunner {
  public:
-  // `cache`: the paged KV cache (block tables of up to max_blocks_per_seq entries); `spec_tokens`:
-  // the most proposed tokens a kVerify row carries (0: none).
+  // `cache`: the paged KV cache (block tables of up to max_blocks_per_seq entries);
+  // `verify_tokens`: the most tokens the kVerify rows of a step hold together (0: none).
   static Result<std::unique_ptr<ModelRunner>> create(const RunnerModel& model, const KvCache& cache,
                                                      int64_t max_num_seqs,
                                                      int64_t max_blocks_per_seq,
-                                                     int64_t spec_tokens = 0);
+                                                     int64_t verify_tokens = 0);
 
   // One forward pass over `rows` (which stay valid until the last sample_next()). An error is an
   // engine fault (the step's requests fail).
@@ -71,6 +71,9 @@ class ModelRunner {
   // stream while the next row is sampled (the serial part of a step, when the pool's other
   // threads are idle).
   bool sample_next(SampledToken* out);
+  // The token sample_next() gave last ended its request (a stop token): the rest of its kVerify
+  // row is not sampled. No-op after any other row's token.
+  void end_verify_row();
 
   // Runs units of an image encode for about `budget_ms` (at least one unit), sized so that each
   // takes about a quarter of it at the rate units of its kind have run so far (one row grain
@@ -79,7 +82,7 @@ class ModelRunner {
 
  private:
   ModelRunner(const RunnerModel& model, const KvCache& cache, int64_t max_num_seqs,
-              int64_t max_blocks_per_seq, int64_t spec_tokens);
+              int64_t max_blocks_per_seq, int64_t verify_tokens);
   // A kVerify row's chunk: its last token and the proposals, at the text positions after it, in
   // the runner's scratch from `at`.
   void verify_chunk(const StepRow& row, size_t at, SeqChunk* c);
@@ -105,7 +108,7 @@ class ModelRunner {
   std::span<const StepRow> rows_;  // the last forward pass's, and sample_next()'s place in it
   size_t next_row_ = 0, next_logit_row_ = 0, next_draw_ = 0;
   int64_t verify_at_ = 0;  // sample_next()'s place within a kVerify row
-  // kVerify rows' chunks: ids and 1-D positions [max_num_seqs * (spec_tokens + 1)].
+  // kVerify rows' chunks: ids and 1-D positions [verify_tokens].
   std::vector<int32_t> verify_ids_;
   std::vector<int64_t> verify_pos_;
   std::vector<SeqChunk> chunks_;

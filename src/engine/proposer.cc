@@ -30,18 +30,24 @@ namespace {
 
 class CallbackProposer final : public Proposer {
  public:
-  explicit CallbackProposer(decltype(SpecOptions::propose) fn) : fn_(std::move(fn)) {}
+  CallbackProposer(decltype(SpecOptions::propose) fn, int64_t vocab)
+      : fn_(std::move(fn)), vocab_(vocab) {}
   int32_t propose(const ProposeInput& in, int32_t max_k, int32_t* out) override {
-    return std::clamp(fn_(in.ids, in.prompt_len, max_k, out), 0, max_k);
+    const int32_t k = std::clamp(fn_(in.ids, in.prompt_len, max_k, out), 0, max_k);
+    for (int32_t j = 0; j < k; ++j) {
+      if (out[j] < 0 || out[j] >= vocab_) return j;
+    }
+    return k;
   }
 
  private:
   decltype(SpecOptions::propose) fn_;
+  int64_t vocab_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Proposer>> make_proposer(const SpecOptions& spec) {
+Result<std::unique_ptr<Proposer>> make_proposer(const SpecOptions& spec, int64_t vocab) {
   if (spec.method == SpecMethod::kNone) return std::unique_ptr<Proposer>();
   if (spec.num_tokens < 1 || spec.num_tokens > SpecOptions::kMaxTokens) {
     return invalid_argument("--spec-tokens must be 1.." + std::to_string(SpecOptions::kMaxTokens) +
@@ -49,7 +55,7 @@ Result<std::unique_ptr<Proposer>> make_proposer(const SpecOptions& spec) {
   }
   if (spec.method == SpecMethod::kCustom) {
     if (!spec.propose) return invalid_argument("speculative decoding: kCustom needs `propose`");
-    return std::unique_ptr<Proposer>(new CallbackProposer(spec.propose));
+    return std::unique_ptr<Proposer>(new CallbackProposer(spec.propose, vocab));
   }
   if (spec.ngram_min < 1 || spec.ngram_max < spec.ngram_min) {
     return invalid_argument("--ngram-min must be >= 1 and --ngram-max >= --ngram-min (got " +

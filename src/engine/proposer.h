@@ -39,7 +39,8 @@ class NgramProposer final : public Proposer {
   int32_t min_, max_;
 };
 
-// The proposer `spec` asks for (null for SpecMethod::kNone); invalid_argument for bad sizes.
-Result<std::unique_ptr<Proposer>> make_proposer(const SpecOptions& spec);
+// The proposer `spec` asks for (null for SpecMethod::kNone); invalid_argument for bad sizes. A
+// kCustom proposal is cut before its first id outside [0, vocab).
+Result<std::unique_ptr<Proposer>> make_proposer(const SpecOptions& spec, int64_t vocab);
 
 }  // namespace vlm

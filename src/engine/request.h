@@ -55,6 +55,7 @@ struct SampledToken {
   int64_t rank = 0;
   int32_t num_top = 0;
   std::array<std::pair<int32_t, float>, 20> top;
+  bool accepted = false;  // a kVerify row's token that is its proposal
 };
 
 struct EngineRequest {
@@ -86,13 +87,13 @@ struct EngineRequest {
   FinishReason ending = FinishReason::kNone;
   int64_t last_sampled_ns = 0;
   bool admitted = false, forwarded = false;
-  // Speculative decoding (the engine core's): the proposals the next step verifies, the most it
-  // may ask for (halved after a verify that accepted nothing, doubled after one that accepted
-  // all), plain steps left before a cap of 0 tries 1 again, and the tokens the runner gave this
-  // step (a verify's accepted proposals + 1).
+  // Speculative decoding (the engine core's): the proposals the next step verifies (room for K
+  // from admission), the most it may ask for (halved after a verify that accepted nothing,
+  // doubled after one that accepted all), plain steps left before a cap of 0 tries 1 again, and
+  // this step's tokens appended and proposals among them.
   std::vector<int32_t> drafts;
   int32_t spec_cap = 0, spec_wait = 0;
-  int32_t step_tokens = 0;
+  int32_t step_tokens = 0, step_accepted = 0;
 
   std::shared_ptr<RequestStreamState> stream;
 

@@ -329,29 +329,20 @@ void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget, int64_t*
   for (int64_t id : running_) {
     if (requests_.at(id).is_prefilling()) order.push_back(id);
   }
-  int64_t decodes_left = 0;  // decodes not yet scheduled: each keeps one token of the budget
-  for (int64_t id : order) decodes_left += requests_.at(id).is_decoding() ? 1 : 0;
   for (int64_t id : order) {
     SchedRequest& r = requests_.at(id);
     if (r.state != SchedRequest::State::kRunning) continue;  // preempted earlier in this step
     const bool alone = out->items.empty() && running_.size() == 1;
     const bool prefill = r.is_prefilling();
-    if (!prefill) {
-      --decodes_left;
-      const int64_t spec = decode_spec_tokens(r, *budget - decodes_left);
-      if (spec > 0 || reserve_or_preempt(r, 1, out, budget)) {
-        out->items.push_back({id, r.num_computed_tokens, 1 + spec, spec});
-        *budget -= 1 + spec;
-      }
-      continue;
-    }
-    const int64_t n = prefill_chunk(r, limited(r, *budget, *prefill_budget), alone);
+    const int64_t n =
+        prefill_chunk(r, prefill ? limited(r, *budget, *prefill_budget) : *budget, alone);
     if (n <= 0) continue;
     if (!reserve_or_preempt(r, n, out, budget)) continue;
     out->items.push_back({id, r.num_computed_tokens, n});
     *budget -= n;
-    *prefill_budget = std::max<int64_t>(0, *prefill_budget - n);
+    if (prefill) *prefill_budget = std::max<int64_t>(0, *prefill_budget - n);
   }
+  add_spec_tokens(out, budget);
   // Keyed once the running set is settled (a preemption above may withdraw a chunk scheduled
   // before it): the blocks this step fills are computed by it, so a request admitted below may
   // already read them (each layer stores the pass's K/V before any of its attention runs).
@@ -360,11 +351,21 @@ void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget, int64_t*
   }
 }
 
-int64_t Scheduler::decode_spec_tokens(const SchedRequest& r, int64_t budget) {
-  const int64_t spec = std::min(r.num_spec_tokens, budget - 1);
-  if (spec <= 0) return 0;
-  // All or nothing: without the blocks for every proposal the step decodes plainly.
-  return kv_.reserve(r.id, r.num_computed_tokens + 1 + spec, r.num_tokens_limit()).ok() ? spec : 0;
+// After every running request has its tokens (so that proposals never take a block one of those
+// needs, nor preempt anyone), the decodes' proposals in the decodes' order, within the budget
+// left and the blocks free (which may evict cached ones, as any reservation does); all of a
+// request's proposals or none.
+void Scheduler::add_spec_tokens(SchedulerOutput* out, int64_t* budget) {
+  for (ScheduledItem& item : out->items) {
+    const SchedRequest& r = requests_.at(item.request_id);
+    if (item.num_tokens != 1 || r.num_spec_tokens == 0) continue;
+    const int64_t spec = std::min(r.num_spec_tokens, *budget);
+    if (spec <= 0) break;
+    if (!kv_.reserve(r.id, r.num_computed_tokens + 1 + spec, r.num_tokens_limit()).ok()) continue;
+    item.num_tokens += spec;
+    item.num_spec = spec;
+    *budget -= spec;
+  }
 }
 
 bool Scheduler::reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out,

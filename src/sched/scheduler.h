@@ -6,8 +6,9 @@
 // Scheduler and drives it once per step:
 //   out = schedule();                 // who computes which tokens this step
 //   ... run the model on `out` ...
-//   update({{id, n}, ...});           // those tokens now have KV in the cache
 //   append_token(id) / finish(id);    // a sampled token joined, or the request is done
+//   update({{id, n}, ...});           // those tokens now have KV in the cache
+//   set_spec_tokens(id, k);           // speculative decoding: proposals for the next step
 // Not thread-safe.
 #pragma once
 
@@ -135,9 +136,10 @@ class Scheduler {
   // or preempted since) are skipped.
   void update(const std::vector<std::pair<int64_t, int64_t>>& computed);
   // Speculative decoding: `k` tokens are proposed after the request's last one, for its next
-  // decode step to verify. That step gives it 1 + k tokens, fewer proposals when the token budget
-  // must keep one for every other running decode, and none when their blocks are not free
-  // (proposals never preempt). Unknown: no-op.
+  // decode step to verify. That step gives it 1 + k tokens once every running request has its
+  // tokens: fewer proposals when the budget left is smaller, none when the blocks for them are
+  // not free (proposals never take a block a running request needs, nor preempt). The engine
+  // then appends the tokens accepted (and the one after) before update(). Unknown: no-op.
   void set_spec_tokens(int64_t id, int64_t k);
   // A sampled token joined the request (num_tokens += 1). The engine calls finish() instead once
   // num_tokens has reached num_prompt_tokens + max_new_tokens.
@@ -195,9 +197,8 @@ class Scheduler {
   // Reserves blocks for r's first `n` uncomputed tokens, preempting the newest running request
   // until it fits. False when r itself had to be preempted.
   bool reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out, int64_t* budget);
-  // The proposals decoding request r verifies this step with `budget` tokens left for it: its
-  // proposals within the budget when the blocks for them (and its token) are reserved now, else 0.
-  int64_t decode_spec_tokens(const SchedRequest& r, int64_t budget);
+  // Speculative decoding: the running decodes' proposals joined to their items.
+  void add_spec_tokens(SchedulerOutput* out, int64_t* budget);
   void preempt(int64_t id, SchedulerOutput* out, int64_t* budget);
   void remove(int64_t id);
   void release_slot(SchedRequest& r);

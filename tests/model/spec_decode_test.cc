@@ -308,7 +308,7 @@ TEST(SpecDecode, StopTokensPenaltiesAndBiasHoldInsideAcceptedRuns) {
   ASSERT_GE(free_run[0].tokens.size(), 12u);
   const int32_t stop = free_run[0].tokens[9];
   reqs[0].stop_token_ids = {stop};
-  reqs[0].ignore_eos = false;  // (which also drops the request's stop ids)
+  reqs[0].ignore_eos = false;  // (ignore_eos would drop the stop ids too)
   reqs[1].sampling.repetition_penalty = 1.5;
   reqs[1].sampling.presence_penalty = 0.5;
   reqs[2].sampling.logit_bias = {{free_run[2].tokens[3], 5.0f}, {free_run[2].tokens[4], -5.0f}};
@@ -325,6 +325,41 @@ TEST(SpecDecode, StopTokensPenaltiesAndBiasHoldInsideAcceptedRuns) {
   const std::vector<Output> got = run_all(*spec, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
   EXPECT_GT(spec->core_stats().spec_accepted_tokens, 0);
+}
+
+// A stop token that is an accepted proposal ends the reply inside its verify row: the row's later
+// tokens are neither sampled nor counted, so the counters hold the proposals accepted up to the
+// stop (every position but each step's last, whose token follows the proposals).
+TEST(SpecDecode, AStopInsideAnAcceptedRunEndsTheRowAndItsCount) {
+  auto plain = load("text-f32-untied", exact_batching());
+  ASSERT_NE(plain, nullptr);
+  std::vector<GenerateRequest> reqs = requests_for("text-f32-untied", *plain);
+  reqs.resize(1);
+  const std::vector<Output> free_run = run_alone(*plain, reqs);
+  const std::vector<int32_t>& reply = free_run[0].tokens;
+  // The first token from the 7th on that is new to the reply and not a step's last.
+  size_t at = 6;
+  while (at < reply.size() && (at % (kK + 1) == 0 || std::find(reply.begin(), reply.begin() + at,
+                                                               reply[at]) != reply.begin() + at)) {
+    ++at;
+  }
+  ASSERT_LT(at, reply.size());
+  reqs[0].stop_token_ids = {reply[at]};
+  reqs[0].ignore_eos = false;
+  const std::vector<Output> want = run_alone(*plain, reqs);
+  ASSERT_EQ(want[0].tokens.size(), at + 1);
+  ASSERT_EQ(want[0].reason, FinishReason::kStop);
+  BatchingOptions b = exact_batching();
+  b.spec = oracle(replies_of(*plain, reqs, free_run), false, plain->vocab_size());
+  auto spec = load("text-f32-untied", b);
+  ASSERT_NE(spec, nullptr);
+  EXPECT_EQ(run_all(*spec, reqs)[0], want[0]);
+  const Engine::CoreStats st = spec->core_stats();
+  int64_t accepted = 0;  // tokens 1..at that were proposals: all but each step's last
+  for (size_t i = 1; i <= at; ++i) accepted += i % (kK + 1) != 0;
+  EXPECT_EQ(st.spec_accepted_tokens, accepted);
+  EXPECT_EQ(st.spec_drafts, static_cast<int64_t>((at + kK) / (kK + 1)));
+  EXPECT_EQ(st.spec_draft_tokens, kK * st.spec_drafts);
 }
 
 // Prompt lookup: the longest n-gram first, its latest earlier place, the ids after it up to

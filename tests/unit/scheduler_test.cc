@@ -322,16 +322,16 @@ TEST(Scheduler, PreemptsTheNewestWhichRecomputesFromTheFrontOfTheQueue) {
   EXPECT_EQ(s.kv_blocks_used(), 0);
 }
 
-// Speculative decoding: a decoding request's proposals ride with its token (1 + k, num_spec k),
-// trimmed so that every other running decode keeps its one token of the budget, and dropped when
-// the blocks for them are not free (they never preempt); computing fewer than scheduled (a
-// rejection) leaves the rest to be written over; a preemption forgets them.
+// Speculative decoding: a decoding request's proposals ride with its token (1 + k, num_spec k)
+// once every running request has its tokens: within the budget left, and dropped when the blocks
+// for them are not free (they never preempt); computing fewer than scheduled (a rejection) leaves
+// the rest to be written over.
 TEST(Scheduler, SpecTokensRideWithDecodesWithinBudgetAndFreeBlocks) {
   Scheduler s = make(config(5, 4, 4, 8));  // 20 tokens of cache, 8 tokens a step
   ASSERT_TRUE(s.add(1, 4, 16).ok());
   ASSERT_TRUE(s.add(2, 4, 16).ok());
   run_step(s, s.schedule());  // 4 + 4 prompt tokens; each samples one: 5 tokens, 4 computed
-  s.set_spec_tokens(1, 10);   // more than the budget leaves: 8 - 1 (2's token) - 1 (its own)
+  s.set_spec_tokens(1, 10);   // more than the budget leaves: 8 - 1 (its token) - 1 (2's)
   s.set_spec_tokens(2, 3);
   SchedulerOutput out = s.schedule();
   ASSERT_EQ(out.items.size(), 2u);
@@ -359,6 +359,22 @@ TEST(Scheduler, SpecTokensRideWithDecodesWithinBudgetAndFreeBlocks) {
   EXPECT_EQ(item_of(out, 2)->num_spec, 0);
   EXPECT_EQ(item_of(out, 2)->num_tokens, 1);
   EXPECT_EQ(s.kv_blocks_used(), 5);
+}
+
+// An older decode's proposals never take the block a newer decode needs for its own token: the
+// newer one is not preempted for them, and the proposals wait for free blocks.
+TEST(Scheduler, SpecTokensNeverTakeABlockARunningRequestNeeds) {
+  Scheduler s = make(config(4, 4, 4, 16));  // 16 tokens of cache
+  ASSERT_TRUE(s.add(1, 4, 12).ok());
+  ASSERT_TRUE(s.add(2, 4, 12).ok());
+  run_step(s, s.schedule());  // 1 block each, 5 tokens each: both need a second block next
+  s.set_spec_tokens(1, 6);    // would need 2 more blocks: the 2 free ones
+  const SchedulerOutput out = s.schedule();
+  EXPECT_TRUE(out.preempted.empty());
+  ASSERT_EQ(out.items.size(), 2u);
+  EXPECT_EQ(item_of(out, 1)->num_spec, 0);
+  EXPECT_EQ(item_of(out, 2)->num_tokens, 1);
+  EXPECT_EQ(s.kv_blocks_used(), 4);
 }
 
 // A hybrid model's state slots: each running request holds a distinct one from admission; a full

@@ -553,7 +553,7 @@ vlm::Result<std::unique_ptr<vlm::Engine>> load_engine(const BenchArgs& a, const 
     s.adaptive = false;
     s.propose = [](std::span<const int32_t> ids, int64_t, int32_t max_k, int32_t* out) {
       const int32_t k = std::min(g_forced_k.load(), max_k);
-      for (int32_t j = 0; j < k; ++j) out[j] = 3 + (ids.back() + 1 + j) % 997;
+      for (int32_t j = 0; j < k; ++j) out[j] = (ids.back() + 1 + j) % 3;  // ids every model has
       return k;
     };
   }
@@ -734,9 +734,11 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
   return vlm::ok_status();
 }
 
-// --spec-cost: the verify pass's cost. Batched decode (each --batch, the first -n) where every
-// step carries k proposals per request (junk, so only the step's own token is kept), k = 0 and
-// each --spec-cost: milliseconds per engine step, and each against k = 0.
+// --spec-cost: the verify pass's cost. Batched decode (each --batch, the first -n steps) where
+// every step carries k proposals per request (junk, so only the step's own token is kept), k = 0
+// and each --spec-cost: milliseconds per engine step (the median of a round's steps), and each
+// against k = 0. The requests may sample k more tokens, so that each of the n steps timed carries
+// all k proposals (a request's last steps carry fewer: its budget would end inside them).
 vlm::Status bench_spec_cost(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
                             BenchReport* r) {
   if (p.spec_cost.empty()) return vlm::ok_status();
@@ -756,13 +758,17 @@ vlm::Status bench_spec_cost(vlm::Engine& engine, const BenchArgs& a, const Bench
       bo.batch = static_cast<int>(b);
       bo.prompt_tokens = p.gen_prompt;
       bo.prompt_ids = p.gen_ids;
-      bo.gen_tokens = n;
+      bo.gen_tokens = n + k;
       bo.reps = a.reps;
       bo.warmup = !a.no_warmup;
       auto res = bench_batched_decode(engine, bo);
       if (!res.ok()) return res.status().with_context("verify step " + size);
       std::vector<double> ms;
-      for (const auto& run : *res) ms.push_back(run.decode_ms / std::max<int64_t>(1, run.steps));
+      for (const auto& run : *res) {
+        std::vector<double> first(run.step_ms.begin(),
+                                  run.step_ms.begin() + std::min<size_t>(run.step_ms.size(), n));
+        ms.push_back(summarize(first).median);
+      }
       const double median = summarize(ms).median;
       if (k == 0) plain = median;
       json f = {{"size", k},       {"batch", b},

@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 
@@ -205,18 +205,24 @@ vlm::Result<BatchedDecodeRound> run_round(vlm::Engine& engine, const BatchedDeco
   }
   int64_t open = start_ns, close = start_ns;
   BatchedDecodeRound round;
-  std::set<int64_t> steps;
+  std::map<int64_t, int64_t> step_end;  // each step in the window: its last token's time
   for (const auto& m : marks) {
     for (const TokenMark& t : m) {
       if (t.step <= open_step) open = std::max(open, t.sampled_ns);
       if (t.step > open_step) {
         ++round.tokens;
-        steps.insert(t.step);
+        int64_t& end = step_end[t.step];
+        end = std::max(end, t.sampled_ns);
       }
       close = std::max(close, t.sampled_ns);
     }
   }
-  round.steps = static_cast<int64_t>(steps.size());
+  round.steps = static_cast<int64_t>(step_end.size());
+  int64_t before = open;
+  for (const auto& [step, end] : step_end) {
+    round.step_ms.push_back(static_cast<double>(end - before) / 1e6);
+    before = end;
+  }
   round.first_tokens_ms = (open - start_ns) / 1e6;
   round.decode_ms = (close - open) / 1e6;
   return round;

@@ -64,10 +64,11 @@ struct BatchedDecodeOptions {
 // sampled in the steps in between count (at batch 1: the gen_tokens decode steps, as
 // Engine::generate's decode_ms).
 struct BatchedDecodeRound {
-  int64_t tokens = 0;          // of all requests, inside the window
-  int64_t steps = 0;           // engine steps inside the window
-  double decode_ms = 0;        // the window
-  double first_tokens_ms = 0;  // first submission → the window opens (every request prefilled)
+  int64_t tokens = 0;           // of all requests, inside the window
+  int64_t steps = 0;            // engine steps inside the window
+  std::vector<double> step_ms;  // each of them, in order: from the step before's last token
+  double decode_ms = 0;         // the window
+  double first_tokens_ms = 0;   // first submission → the window opens (every request prefilled)
   double tok_s() const {
     return decode_ms > 0 ? static_cast<double>(tokens) / (decode_ms / 1000) : 0;
   }
