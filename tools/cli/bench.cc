@@ -527,6 +527,7 @@ std::atomic<int32_t> g_forced_k{0};
 vlm::Result<std::unique_ptr<vlm::Engine>> load_engine(const BenchArgs& a, const BenchPlan& p) {
   int64_t max_gen = 1;
   for (int64_t n : p.gens) max_gen = std::max(max_gen, n);
+  for (int64_t k : p.spec_cost) max_gen = std::max(max_gen, p.gens[0] + k);  // see bench_spec_cost
   int64_t ctx = p.gen_prompt + max_gen + 1;
   for (int64_t n : p.prompts) ctx = std::max(ctx, n + 1);
   vlm::EngineOptions opts = a.device;
