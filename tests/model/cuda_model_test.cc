@@ -399,6 +399,18 @@ TEST(CudaQuant, Fp8RefusesAMixtureOfExperts) {
       << e.status().message();
 }
 
+// Speculative decoding's verify passes are not yet proven on a GPU: --spec is refused there by
+// name (the CPU runs it: spec_decode_test).
+TEST(CudaOptions, SpeculativeDecodingIsRefused) {
+  SKIP_WITHOUT_DEVICE();
+  EngineOptions o = gpu_options(kFixtures + "/text-f32-untied");
+  o.batching.spec.method = SpecMethod::kNgram;
+  auto e = Engine::load(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("runs on the CPU only"), std::string::npos)
+      << e.status().message();
+}
+
 // --quant int8 on the GPU in f32 is the CPU's INT8 model with f32 activations (generic kernels):
 // the same quantized weights and f32 sums, so the logits agree to the f32 tolerance. Prompts of
 // 1, 7 and 60 tokens in 16-token chunks take both INT8 paths (direct and dequantized); on the

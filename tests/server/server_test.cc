@@ -615,6 +615,18 @@ TEST_F(ServerTest, PromptLookupRepliesEqualAndIsCountedOnMetrics) {
   const auto with = multi_turn_chats(spec->port(), "tiny", 8, 3);
   const auto without = multi_turn_chats(server_->port(), "tiny", 8, 3);
   for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(with[i].replies, without[i].replies) << i;
+  // A grammar masks the verified rows as it masks plain ones: the same JSON object either way.
+  json body = chat_body("Describe a cat as JSON.", 40);
+  body["response_format"] = {{"type", "json_object"}};
+  std::string replies[2];
+  for (int i = 0; i < 2; ++i) {
+    auto r = test_http::Client(i == 0 ? spec->port() : server_->port())
+                 .Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
+    replies[i] = json::parse(r->body)["choices"][0]["message"]["content"];
+  }
+  EXPECT_EQ(replies[0], replies[1]);
+  EXPECT_EQ(replies[0].rfind("{", 0), 0u) << replies[0];
   auto m = test_http::Client(spec->port()).Get("/metrics");
   ASSERT_TRUE(m);
   auto value = [&](const std::string& series) {  // `name{labels` up to the closing brace
