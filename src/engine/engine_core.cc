@@ -373,6 +373,10 @@ void EngineCore::update() {
     VLM_CHECK(q != nullptr, "a sampled token of a request the scheduler no longer runs");
     const int64_t n = q->num_tokens;  // the sequence up to t (a verify row appends several)
     if (r.ending != FinishReason::kNone && n == r.seq.len()) {
+      // The blocks its accepted proposals filled stay cached (update() has not counted them).
+      for (const auto& [id, c] : s.computed) {
+        if (id == t.request_id) s.sched->finish(id, c);
+      }
       end(r, r.ending, ok_status(), &t, s.steps);
       continue;
     }

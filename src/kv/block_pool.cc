@@ -187,6 +187,15 @@ void KvCacheManager::free(int64_t seq) {
   }
 }
 
+void KvCacheManager::trim(int64_t seq, int64_t total_tokens) {
+  Seq* s = find(seq);
+  if (s == nullptr) return;
+  const size_t keep = static_cast<size_t>(std::max(blocks_for(total_tokens), s->num_hashed));
+  if (s->blocks.size() <= keep) return;
+  pool_.release(std::span<const int32_t>(s->blocks).subspan(keep));
+  s->blocks.resize(keep);
+}
+
 const std::vector<int32_t>& KvCacheManager::block_table(int64_t seq) const {
   static const std::vector<int32_t> kEmpty;
   const Seq* s = find(seq);

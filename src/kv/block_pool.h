@@ -113,6 +113,9 @@ class KvCacheManager {
   Status reserve(int64_t seq, int64_t total_tokens, int64_t token_limit = 0);
   // Frees every block of `seq` (a finished, cancelled or preempted sequence). Unknown ids: no-op.
   void free(int64_t seq);
+  // Gives back `seq`'s blocks past those `total_tokens` tokens need (never a keyed one): the room
+  // a step reserved for proposals that were rejected. Unknown ids: no-op.
+  void trim(int64_t seq, int64_t total_tokens);
   // The block table of `seq` (empty when unknown).
   const std::vector<int32_t>& block_table(int64_t seq) const;
 

@@ -189,10 +189,15 @@ Status Scheduler::add(int64_t id, int64_t num_prompt_tokens, int64_t max_new_tok
 
 void Scheduler::abort(int64_t id) { remove(id); }
 
-void Scheduler::finish(int64_t id) {
+void Scheduler::finish(int64_t id, int64_t computed) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
-  it->second.state = SchedRequest::State::kFinished;
+  SchedRequest& r = it->second;
+  if (config_.prefix_caching && computed > 0) {  // its last step's full blocks stay cached
+    r.num_computed_tokens = std::min(r.num_tokens, r.num_computed_tokens + computed);
+    kv_.cache_full_blocks(id, r.block_hashes, r.num_computed_tokens);
+  }
+  r.state = SchedRequest::State::kFinished;
   remove(id);
 }
 
@@ -352,9 +357,9 @@ void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget, int64_t*
 }
 
 // After every running request has its tokens (so that proposals never take a block one of those
-// needs, nor preempt anyone), the decodes' proposals in the decodes' order, within the budget
-// left and the blocks free (which may evict cached ones, as any reservation does); all of a
-// request's proposals or none.
+// needs, nor preempt anyone), the decodes' proposals in the decodes' order: as many as the budget
+// left allows, when the blocks for all of those are free (which may evict cached ones, as any
+// reservation does), else none.
 void Scheduler::add_spec_tokens(SchedulerOutput* out, int64_t* budget) {
   for (ScheduledItem& item : out->items) {
     const SchedRequest& r = requests_.at(item.request_id);
@@ -468,6 +473,7 @@ void Scheduler::update(const std::vector<std::pair<int64_t, int64_t>>& computed)
                   static_cast<int32_t>(kv_.block_table(id).size()),
               "scheduler update: tokens computed beyond the blocks scheduled for them");
     r.num_computed_tokens += n;
+    kv_.trim(id, r.num_tokens);  // the blocks of rejected proposals go back
   }
 }
 

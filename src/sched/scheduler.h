@@ -144,8 +144,11 @@ class Scheduler {
   // A sampled token joined the request (num_tokens += 1). The engine calls finish() instead once
   // num_tokens has reached num_prompt_tokens + max_new_tokens.
   void append_token(int64_t id);
-  // Done (eos, stop string or length): frees its blocks and drops the request. Unknown: no-op.
-  void finish(int64_t id);
+  // Done (eos, stop string or length): frees its blocks and drops the request. `computed`: tokens
+  // its last step computed that update() has not counted (a verify row's accepted proposals):
+  // the full blocks they complete, with their hashes given, stay in the prefix cache. Unknown:
+  // no-op.
+  void finish(int64_t id, int64_t computed = 0);
   // The next full block's hash, once the request's tokens fill it (a generated token completed
   // it). Unknown: no-op.
   void add_block_hash(int64_t id, const BlockHash& hash);
@@ -197,7 +200,8 @@ class Scheduler {
   // Reserves blocks for r's first `n` uncomputed tokens, preempting the newest running request
   // until it fits. False when r itself had to be preempted.
   bool reserve_or_preempt(SchedRequest& r, int64_t n, SchedulerOutput* out, int64_t* budget);
-  // Speculative decoding: the running decodes' proposals joined to their items.
+  // Speculative decoding: the running decodes' proposals joined to their items (update() gives the
+  // blocks of rejected ones back).
   void add_spec_tokens(SchedulerOutput* out, int64_t* budget);
   void preempt(int64_t id, SchedulerOutput* out, int64_t* budget);
   void remove(int64_t id);

@@ -362,6 +362,32 @@ TEST(SpecDecode, AStopInsideAnAcceptedRunEndsTheRowAndItsCount) {
   EXPECT_EQ(st.spec_draft_tokens, kK * st.spec_drafts);
 }
 
+// A reply that ends in a verify step leaves the blocks its accepted proposals filled in the prefix
+// cache, as plain decoding leaves the blocks its steps computed: the next turn (the prompt, the
+// reply and one more token) finds as much of itself cached either way.
+TEST(SpecDecode, ARequestEndingInAVerifyStepLeavesItsBlocksCached) {
+  auto plain = load("text-f32-untied", exact_batching());
+  ASSERT_NE(plain, nullptr);
+  std::vector<GenerateRequest> first = requests_for("text-f32-untied", *plain);
+  first.resize(1);
+  first[0].max_new_tokens = 21;
+  const std::vector<Output> reply = run_alone(*plain, first);
+  GenerateRequest next = first[0];
+  next.prompt_ids.insert(next.prompt_ids.end(), reply[0].tokens.begin(), reply[0].tokens.end());
+  next.prompt_ids.push_back(7);
+  next.max_new_tokens = 2;
+  const int64_t plain_cached = run_alone(*plain, {next})[0].cached_tokens;
+  BatchingOptions b = exact_batching();
+  b.spec = oracle(replies_of(*plain, first, reply), false, plain->vocab_size());
+  auto spec = load("text-f32-untied", b);
+  ASSERT_NE(spec, nullptr);
+  EXPECT_EQ(run_alone(*spec, first)[0], reply[0]);
+  EXPECT_GT(spec->core_stats().spec_accepted_tokens, 0);
+  const int64_t spec_cached = run_alone(*spec, {next})[0].cached_tokens;
+  EXPECT_GT(plain_cached, static_cast<int64_t>(first[0].prompt_ids.size()));
+  EXPECT_EQ(spec_cached, plain_cached);
+}
+
 // Prompt lookup: the longest n-gram first, its latest earlier place, the ids after it up to
 // max_k, never a placeholder; nothing below ngram_min.
 TEST(NgramProposer, ProposesWhatFollowedTheLongestLatestMatch) {

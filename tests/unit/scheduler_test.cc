@@ -323,9 +323,8 @@ TEST(Scheduler, PreemptsTheNewestWhichRecomputesFromTheFrontOfTheQueue) {
 }
 
 // Speculative decoding: a decoding request's proposals ride with its token (1 + k, num_spec k)
-// once every running request has its tokens: within the budget left, and dropped when the blocks
-// for them are not free (they never preempt); computing fewer than scheduled (a rejection) leaves
-// the rest to be written over.
+// once every running request has its tokens, within the budget left; computing fewer than
+// scheduled (a rejection) gives the blocks of the rest back.
 TEST(Scheduler, SpecTokensRideWithDecodesWithinBudgetAndFreeBlocks) {
   Scheduler s = make(config(5, 4, 4, 8));  // 20 tokens of cache, 8 tokens a step
   ASSERT_TRUE(s.add(1, 4, 16).ok());
@@ -349,15 +348,15 @@ TEST(Scheduler, SpecTokensRideWithDecodesWithinBudgetAndFreeBlocks) {
   EXPECT_EQ(s.find(1)->num_computed_tokens, 7);
   EXPECT_EQ(s.find(1)->num_tokens, 8);
   EXPECT_TRUE(s.find(1)->is_decoding());
-  // 2's 6 proposals need a third block and none is free: it decodes plainly, and no one is
-  // preempted for them.
+  EXPECT_EQ(s.kv_blocks_used(), 2 + 2);  // the block of 1's rejected proposals went back
+  // That block holds 2's 6 proposals next.
   s.set_spec_tokens(1, 0);
   s.set_spec_tokens(2, 6);
   out = s.schedule();
   EXPECT_TRUE(out.preempted.empty());
   ASSERT_EQ(out.items.size(), 2u);
-  EXPECT_EQ(item_of(out, 2)->num_spec, 0);
-  EXPECT_EQ(item_of(out, 2)->num_tokens, 1);
+  EXPECT_EQ(item_of(out, 1)->num_tokens, 1);
+  EXPECT_EQ(item_of(out, 2)->num_spec, 6);
   EXPECT_EQ(s.kv_blocks_used(), 5);
 }
 

@@ -491,6 +491,21 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
   if (!p.spec_cost.empty()) {  // --batch and -n are its batches and lengths
     if (p.gens.empty()) p.gens = {16};
     if (p.batches.empty()) p.batches = {1};
+    // Each step must hold every request's proposals, and each round's prompts one step, so that
+    // every timed step carries all of them (bench_spec_cost).
+    const int64_t b = *std::max_element(p.batches.begin(), p.batches.end());
+    const int64_t k = *std::max_element(p.spec_cost.begin(), p.spec_cost.end());
+    const int64_t step = a.device.batching.max_batched_tokens > 0
+                             ? a.device.batching.max_batched_tokens
+                             : a.device.prefill_chunk;
+    const int64_t prompt = a.gen_prompt > 0 ? a.gen_prompt : 128;
+    if (b * (1 + k) > step || b * prompt > step) {
+      return vlm::invalid_argument(
+          "--spec-cost: a step of " + std::to_string(step) +
+          " tokens must hold batch x (1 + k) = " + std::to_string(b * (1 + k)) +
+          " and batch x --gen-prompt = " + std::to_string(b * prompt) +
+          " tokens: raise --prefill-chunk or lower them");
+    }
   }
   p.decode = (p.default_run || !a.gen_sizes.empty()) && p.spec_cost.empty();
   p.gen_prompt = a.gen_prompt > 0 ? a.gen_prompt : !p.prompts.empty() ? p.prompts[0] : 128;
@@ -520,7 +535,8 @@ struct BenchReport {
   Summary read{}, copy{};  // the memory probe's medians (when it ran)
 };
 
-// --spec-cost: the proposals each decode step carries (junk ids, which the model rejects).
+// --spec-cost: the proposals each decode step carries (ids 0..2, which a model seldom picks: the
+// row records how many were accepted).
 std::atomic<int32_t> g_forced_k{0};
 
 // The engine for the plan: context for the longest measurement, room for the largest batch.
@@ -589,6 +605,13 @@ void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport*
   r->info["decode_state_bytes"] = r->state_bytes;
   r->info["decode_weight_count"] = weights;
   r->info["bits_per_weight"] = r->bits_per_weight;
+  const vlm::SpecOptions& s = a.device.batching.spec;  // (--spec-cost makes its own)
+  if (s.method != vlm::SpecMethod::kNone) {
+    r->info["spec"] = {{"method", vlm::spec_method_name(s.method)},
+                       {"num_tokens", s.num_tokens},
+                       {"ngram_min", s.ngram_min},
+                       {"ngram_max", s.ngram_max}};
+  }
 }
 
 // With speculative decoding on: the proposals accepted between two snapshots of the counters, and
@@ -704,12 +727,13 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
       auto res = bench_batched_decode(engine, bo);
       if (!res.ok()) return res.status().with_context("batched decode " + std::to_string(b));
       std::vector<double> tok_s, first_ms;
-      int64_t tokens = 0, steps = 0;
+      int64_t tokens = 0, all_tokens = 0, request_steps = 0;
       for (const auto& run : *res) {
         tok_s.push_back(run.tok_s());
         first_ms.push_back(run.first_tokens_ms);
         tokens = run.tokens;
-        steps += run.steps;
+        all_tokens += run.tokens;
+        request_steps += run.request_steps;
       }
       const double median = summarize(tok_s).median;
       if (b == 1) single = median;
@@ -720,9 +744,8 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
                 {"window_tokens", tokens},
                 {"first_tokens_ms", first_ms}};
       if (single > 0) f["speedup_vs_batch1"] = median / single;
-      if (engine.core_stats().spec_tokens > 0 && steps > 0) {  // per request and step
-        f["tokens_per_step"] = static_cast<double>(tokens) * a.reps / static_cast<double>(b) /
-                               static_cast<double>(steps);
+      if (engine.core_stats().spec_tokens > 0 && request_steps > 0) {  // per request and step
+        f["tokens_per_step"] = static_cast<double>(all_tokens) / static_cast<double>(request_steps);
       }
       r->rows.push_back({"batched_decode", "batched decode", size, "tok/s", tok_s, f});
       if (b != 1 && single > 0) {
@@ -744,9 +767,7 @@ vlm::Status bench_spec_cost(vlm::Engine& engine, const BenchArgs& a, const Bench
                             BenchReport* r) {
   if (p.spec_cost.empty()) return vlm::ok_status();
   std::vector<int64_t> ks{0};
-  for (int64_t k : p.spec_cost) {
-    if (k > 0) ks.push_back(k);
-  }
+  ks.insert(ks.end(), p.spec_cost.begin(), p.spec_cost.end());
   const int64_t n = p.gens[0];
   for (int64_t b : p.batches) {
     double plain = 0;
@@ -755,6 +776,7 @@ vlm::Status bench_spec_cost(vlm::Engine& engine, const BenchArgs& a, const Bench
       const std::string size = "batch " + std::to_string(b) + ", " + std::to_string(k) +
                                " proposed, " + std::to_string(p.gen_prompt) + " context";
       progress("verify step, " + size, a);
+      const vlm::Engine::CoreStats before = engine.core_stats();
       BatchedDecodeOptions bo;
       bo.batch = static_cast<int>(b);
       bo.prompt_tokens = p.gen_prompt;
@@ -772,9 +794,15 @@ vlm::Status bench_spec_cost(vlm::Engine& engine, const BenchArgs& a, const Bench
       }
       const double median = summarize(ms).median;
       if (k == 0) plain = median;
-      json f = {{"size", k},       {"batch", b},
-                {"proposed", k},   {"rows_per_step", b * (k + 1)},
-                {"gen_tokens", n}, {"prompt_tokens", p.gen_prompt}};
+      const vlm::Engine::CoreStats after = engine.core_stats();
+      json f = {{"size", k},
+                {"batch", b},
+                {"proposed", k},
+                {"rows_per_step", b * (k + 1)},
+                {"gen_tokens", n},
+                {"prompt_tokens", p.gen_prompt},
+                {"spec_proposed_tokens", after.spec_draft_tokens - before.spec_draft_tokens},
+                {"spec_accepted_tokens", after.spec_accepted_tokens - before.spec_accepted_tokens}};
       if (plain > 0) f["vs_plain_step"] = median / plain;
       r->rows.push_back({"spec_verify_cost", "verify step", size, "ms", ms, f});
       if (k > 0 && plain > 0) {
@@ -940,7 +968,7 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("--spec-cost", a->spec_cost,
                 "The verify pass's cost: batched decode (each --batch, the first -n) with this "
                 "many proposed tokens per request and step, a comma list, beside none: ms per "
-                "step (no other measurement runs)");
+                "step (--batch and -n then serve it alone)");
   b->add_option("--gen-prompt", a->gen_prompt,
                 "Prompt tokens before each decode measurement (default: the first -p, else 128)");
   b->add_option("--image", a->images, "Measure the vision path on this image file; repeatable");

@@ -79,8 +79,8 @@ inline void add_spec_options(CLI::App* app, SpecOptions* s) {
   add_enum_option(app, "--spec", &s->method, parse_spec_method,
                   "Speculative decoding: none (default) or ngram (prompt lookup: the tokens that "
                   "followed the sequence's last n-gram earlier in the prompt or reply are proposed "
-                  "and checked in one pass; the output is the same); CPU, models without linear "
-                  "attention");
+                  "and checked in one pass; the output is the same, under the conditions "
+                  "docs/architecture.md gives); CPU, models without linear attention");
   app->add_option("--spec-tokens", s->num_tokens,
                   "--spec: tokens proposed per step at most (default 4, up to 16)");
   app->add_option("--ngram-min", s->ngram_min,

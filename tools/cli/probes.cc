@@ -218,6 +218,13 @@ vlm::Result<BatchedDecodeRound> run_round(vlm::Engine& engine, const BatchedDeco
     }
   }
   round.steps = static_cast<int64_t>(step_end.size());
+  for (const auto& m : marks) {  // a verify step gives a request several tokens
+    int64_t last = open_step;
+    for (const TokenMark& t : m) {
+      if (t.step > last) ++round.request_steps;
+      last = std::max(last, t.step);
+    }
+  }
   int64_t before = open;
   for (const auto& [step, end] : step_end) {
     round.step_ms.push_back(static_cast<double>(end - before) / 1e6);

@@ -53,7 +53,7 @@ struct BatchedDecodeOptions {
   int batch = 8;                    // concurrent requests (at most the engine's max_num_seqs)
   int64_t prompt_tokens = 128;      // per request (synthetic_prompt_ids, salt = request index)
   std::vector<int32_t> prompt_ids;  // instead: this prompt for every request
-  int64_t gen_tokens = 128;         // decode steps per request after its first token
+  int64_t gen_tokens = 128;         // tokens per request after its first (a step each, but --spec)
   int reps = 3;                     // timed rounds
   bool warmup = true;               // first an untimed round of one decode step per request
 };
@@ -62,10 +62,11 @@ struct BatchedDecodeOptions {
 // gen_tokens + 1 tokens. The decode window opens with the last token sampled in the engine step
 // that gave the last request its first token and closes with the round's last token; tokens
 // sampled in the steps in between count (at batch 1: the gen_tokens decode steps, as
-// Engine::generate's decode_ms).
+// Engine::generate's decode_ms; with speculative decoding a step may give a request several).
 struct BatchedDecodeRound {
   int64_t tokens = 0;           // of all requests, inside the window
   int64_t steps = 0;            // engine steps inside the window
+  int64_t request_steps = 0;    // of those, summed over the requests: the steps each had tokens in
   std::vector<double> step_ms;  // each of them, in order: from the step before's last token
   double decode_ms = 0;         // the window
   double first_tokens_ms = 0;   // first submission → the window opens (every request prefilled)
