@@ -46,7 +46,7 @@ struct SchedRequest {
   int64_t reply_snapshot_end = -1, reply_snapshot_used = -1;
 
   // Speculative decoding: tokens proposed after its last one, which its next decode step
-  // verifies (Scheduler::set_spec_tokens; 0 after a preemption).
+  // verifies (Scheduler::set_spec_tokens; 0 once that step is scheduled, or after a preemption).
   int64_t num_spec_tokens = 0;
 
   // Tokens still to compute before the next token can be sampled.

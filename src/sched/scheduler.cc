@@ -362,10 +362,11 @@ void Scheduler::schedule_running(SchedulerOutput* out, int64_t* budget, int64_t*
 // reservation does), else none.
 void Scheduler::add_spec_tokens(SchedulerOutput* out, int64_t* budget) {
   for (ScheduledItem& item : out->items) {
-    const SchedRequest& r = requests_.at(item.request_id);
+    SchedRequest& r = requests_.at(item.request_id);
     if (item.num_tokens != 1 || r.num_spec_tokens == 0) continue;
     const int64_t spec = std::min(r.num_spec_tokens, *budget);
-    if (spec <= 0) break;
+    r.num_spec_tokens = 0;  // this step's, used or not
+    if (spec <= 0) continue;
     if (!kv_.reserve(r.id, r.num_computed_tokens + 1 + spec, r.num_tokens_limit()).ok()) continue;
     item.num_tokens += spec;
     item.num_spec = spec;

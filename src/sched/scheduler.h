@@ -136,7 +136,8 @@ class Scheduler {
   // or preempted since) are skipped.
   void update(const std::vector<std::pair<int64_t, int64_t>>& computed);
   // Speculative decoding: `k` tokens are proposed after the request's last one, for its next
-  // decode step to verify. That step gives it 1 + k tokens once every running request has its
+  // decode step to verify (that step only: they are dropped once it is scheduled, whether they
+  // fit or not). That step gives it 1 + k tokens once every running request has its
   // tokens: fewer proposals when the budget left is smaller, none when the blocks for them are
   // not free (proposals never take a block a running request needs, nor preempt). The engine
   // then appends the tokens accepted (and the one after) before update(). Unknown: no-op.

@@ -613,6 +613,7 @@ struct SimParams {
   uint32_t seed;
   bool prefix_caching = false;
   bool hybrid = false;  // state slots and snapshots (every 32 tokens, 3 of them)
+  bool spec = false;    // proposals for decoding requests, a random number of them accepted
 };
 
 // A hybrid model's scheduler for the snapshot tests: 64 blocks of 4 tokens, 4 sequences and
@@ -778,7 +779,7 @@ TEST(SchedulerPrefixCache, AReplyKeepsOnlyItsLatestSnapshot) {
 class SchedulerSimulation : public ::testing::TestWithParam<SimParams> {};
 
 TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
-  const auto [chunked, seed, prefix_caching, hybrid] = GetParam();
+  const auto [chunked, seed, prefix_caching, hybrid, spec] = GetParam();
   SchedulerConfig c = config(32, 16, 8, 128, chunked);  // 512 tokens: preemption is common
   c.prefix_caching = prefix_caching;
   if (hybrid) {
@@ -811,19 +812,67 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
     while (static_cast<int64_t>(tokens[i].size()) < pending[i].first)
       tokens[i].push_back(static_cast<int32_t>(uniform(0, 9)));
   }
-  // fingerprint(i, p): the sequence of request i up to and including position p.
-  auto fingerprint = [&](int64_t i, int64_t p) {
+  // fingerprint(i, p): the sequence of request i up to and including position p. With proposals
+  // (`drafts`, set for its next step), a step's positions past its tokens hold the fingerprint of
+  // the sequence the proposals would make (seen(i, p)): right where they are accepted, written
+  // over before anyone reads them where not.
+  std::vector<std::vector<int32_t>> drafts(kRequests);
+  auto fp_of = [](const std::vector<int32_t>& t, const std::vector<int32_t>& d, int64_t p) {
     uint64_t f = 1469598103934665603ull;
-    for (int64_t k = 0; k <= p; ++k)
-      f = (f ^ static_cast<uint64_t>(tokens[i][k])) * 1099511628211ull;
+    for (int64_t k = 0; k <= p; ++k) {
+      const size_t n = t.size();
+      const int32_t v = k < static_cast<int64_t>(n) ? t[k] : d[static_cast<size_t>(k) - n];
+      f = (f ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    }
     return f;
   };
+  auto fingerprint = [&](int64_t i, int64_t p) { return fp_of(tokens[i], {}, p); };
+  auto seen = [&](int64_t i, int64_t p) { return fp_of(tokens[i], drafts[i], p); };
   std::vector<uint64_t> slots(static_cast<size_t>(c.num_blocks) * 16, 0);
   // A hybrid model's state: each slot and snapshot holds the fingerprint of the sequence its
   // state is at the end of (0: nothing).
   std::vector<uint64_t> state(8, 0), snap(3, 0);
   std::set<int64_t> live, finished, aborted;
   int64_t next = 0, preemptions = 0, rejected = 0;
+  // The engine's part of a step with proposals: a verify item accepts a random number of them;
+  // its tokens (those accepted, then one that differs from the next proposal) join, keyed as they
+  // fill blocks, then the computed counts (the engine's order); requests at their limit finish.
+  int64_t verified = 0, accepted = 0;
+  auto run_spec_step = [&](const SchedulerOutput& out) {
+    std::vector<std::pair<int64_t, int64_t>> computed;
+    for (const ScheduledItem& i : out.items) {
+      const SchedRequest* r = s.find(i.request_id);
+      int64_t n = i.num_tokens;
+      if (i.num_spec > 0) {
+        const auto& d = drafts[i.request_id];
+        const int64_t a = uniform(0, i.num_spec);
+        ++verified;
+        accepted += a;
+        for (int64_t j = 0; j <= a; ++j) {
+          auto& t = tokens[i.request_id];
+          s.append_token(i.request_id);
+          t.push_back(j < a ? d[j] : (d[j] + 1) % 10);
+          if (prefix_caching && t.size() % 16 == 0)
+            s.add_block_hash(i.request_id, hashes_of(hasher, t, 16).back());
+        }
+        n = a + 1;
+      } else if (r->num_computed_tokens + n == r->num_tokens) {
+        s.append_token(i.request_id);  // caught up: one token (its id joins below)
+      }
+      computed.emplace_back(i.request_id, n);
+    }
+    s.update(computed);
+    std::vector<int64_t> done;
+    for (const ScheduledItem& i : out.items) {
+      drafts[i.request_id].clear();
+      const SchedRequest* r = s.find(i.request_id);
+      if (r != nullptr && r->num_tokens == r->num_tokens_limit()) {
+        s.finish(i.request_id);
+        done.push_back(i.request_id);
+      }
+    }
+    return done;
+  };
   constexpr int kMaxSteps = 20000;
   int step = 0;
   for (; step < kMaxSteps; ++step) {
@@ -860,7 +909,11 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
       EXPECT_EQ(r->state, State::kRunning);
       EXPECT_GE(i.num_tokens, 1);
       EXPECT_EQ(i.first_token, r->num_computed_tokens);
-      EXPECT_LE(i.first_token + i.num_tokens, r->num_tokens);
+      EXPECT_LE(i.first_token + i.num_tokens - i.num_spec, r->num_tokens);
+      if (i.num_spec > 0) {
+        EXPECT_TRUE(r->is_decoding());
+        EXPECT_LE(i.num_spec, static_cast<int64_t>(drafts[i.request_id].size()));
+      }
       EXPECT_GE(static_cast<int64_t>(s.block_table(i.request_id).size()) * 16,
                 i.first_token + i.num_tokens);
     }
@@ -888,12 +941,12 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
     for (const ScheduledItem& i : out.items) {
       const auto& table = s.block_table(i.request_id);
       for (int64_t p = i.first_token; p < i.first_token + i.num_tokens; ++p)
-        slots[table[p / 16] * 16 + p % 16] = fingerprint(i.request_id, p);
+        slots[table[p / 16] * 16 + p % 16] = seen(i.request_id, p);
     }
     for (const ScheduledItem& i : out.items) {
       const auto& table = s.block_table(i.request_id);
       for (int64_t p = 0; p < i.first_token + i.num_tokens; ++p) {
-        ASSERT_EQ(slots[table[p / 16] * 16 + p % 16], fingerprint(i.request_id, p))
+        ASSERT_EQ(slots[table[p / 16] * 16 + p % 16], seen(i.request_id, p))
             << "request " << i.request_id << " reads a wrong K/V at " << p << ", step " << step;
       }
     }
@@ -923,7 +976,7 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
     if (!prefix_caching) ASSERT_EQ(table_blocks, s.kv_blocks_used());
     EXPECT_EQ(s.num_running() + s.num_waiting(), static_cast<int64_t>(live.size()));
 
-    for (int64_t id : run_step(s, out)) {
+    for (int64_t id : spec ? run_spec_step(out) : run_step(s, out)) {
       live.erase(id);
       finished.insert(id);
     }
@@ -940,6 +993,12 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
     for (int64_t id : live) {  // each request's blocks cover its computed tokens
       const SchedRequest* r = s.find(id);
       EXPECT_GE(static_cast<int64_t>(s.block_table(id).size()) * 16, r->num_computed_tokens);
+      // The next step's proposals: 0 to 4 of them, a token short of the request's limit.
+      const int64_t room = r->num_tokens_limit() - r->num_tokens - 1;
+      if (!spec || r->state != State::kRunning || !r->is_decoding() || room < 1) continue;
+      drafts[id].resize(static_cast<size_t>(uniform(0, std::min<int64_t>(4, room))));
+      for (int32_t& v : drafts[id]) v = static_cast<int32_t>(uniform(0, 9));
+      s.set_spec_tokens(id, static_cast<int64_t>(drafts[id].size()));
     }
   }
   ASSERT_LT(step, kMaxSteps) << "requests starved: " << live.size() << " never finished";
@@ -952,6 +1011,10 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
   RecordProperty("preemptions", static_cast<int>(preemptions));
   EXPECT_GT(rejected, 0) << "the simulation should exercise the full queue";
   if (hybrid) EXPECT_GT(s.snapshot_evictions(), 0) << "the simulation should replace snapshots";
+  if (spec) {
+    EXPECT_GT(verified, 1000) << "the simulation should verify proposals";
+    EXPECT_GT(accepted, 1000) << "and accept some";
+  }
   if (prefix_caching) {
     EXPECT_GT(s.prefix_cache_stats().hits, 1000) << "the simulation should exercise prefix hits";
     EXPECT_GT(s.prefix_cache_stats().evictions, 0) << "and evictions";
@@ -959,13 +1022,14 @@ TEST_P(SchedulerSimulation, KeepsInvariantsAndDrains) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, SchedulerSimulation,
-                         ::testing::Values(SimParams{true, 1u}, SimParams{true, 2u},
-                                           SimParams{false, 3u}, SimParams{false, 4u},
-                                           SimParams{true, 5u, true}, SimParams{true, 6u, true},
-                                           SimParams{false, 7u, true},
-                                           SimParams{true, 8u, true, true},
-                                           SimParams{true, 9u, true, true}));
+INSTANTIATE_TEST_SUITE_P(
+    Seeds, SchedulerSimulation,
+    ::testing::Values(SimParams{true, 1u}, SimParams{true, 2u}, SimParams{false, 3u},
+                      SimParams{false, 4u}, SimParams{true, 5u, true}, SimParams{true, 6u, true},
+                      SimParams{false, 7u, true}, SimParams{true, 8u, true, true},
+                      SimParams{true, 9u, true, true}, SimParams{true, 10u, false, false, true},
+                      SimParams{true, 11u, true, false, true},
+                      SimParams{false, 12u, true, false, true}));
 
 }  // namespace
 }  // namespace vlm
