@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from make_forced_reply_fixture import from_bf16, to_bf16
+
 SCALE = 0.01  # the successor's logit is SCALE · hidden (20 at hidden 2048); others near 0
 NEWLINE = 198
 IM_END = 151645
@@ -54,10 +56,8 @@ population site hospital church""".split()
 
 
 def read_header(path: Path):
-    raw = path.open("rb").read(8)
-    n = struct.unpack("<Q", raw)[0]
     with path.open("rb") as f:
-        f.seek(8)
+        n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
     return header, 8 + n
 
@@ -74,16 +74,6 @@ def load_tensors(base: Path):
             b, e = v["data_offsets"]
             out[k] = (v["dtype"], v["shape"], mm[start + b:start + e])
     return out
-
-
-def to_bf16(x):
-    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-    return b.astype(np.uint16)
-
-
-def from_bf16(u):
-    return (u.astype(np.uint32) << 16).view(np.float32)
 
 
 def rms_norm(x, eps=1e-6):
@@ -144,10 +134,10 @@ def main():
     embed = raw.view(np.uint16).reshape(vocab, hidden)
     rows = np.array(list(succ.keys()))
     normed = rms_norm(from_bf16(embed[rows]))
-    head = np.zeros((vocab, hidden), dtype=np.uint16)
-    head[np.array([succ[int(r)] for r in rows])] = to_bf16(SCALE * normed)
-    # Each chain token's logits over the successors' rows (every other row is zero).
     succ_rows = np.array([succ[int(r)] for r in rows])
+    head = np.zeros((vocab, hidden), dtype=np.uint16)
+    head[succ_rows] = to_bf16(SCALE * normed)
+    # Each chain token's logits over the successors' rows (every other row is zero).
     logits = normed @ from_bf16(head[succ_rows]).T  # [chain, chain]
     top = np.argmax(logits, axis=1)
     assert (top == np.arange(len(rows))).all(), "a chain token's argmax is not its successor"
@@ -156,9 +146,7 @@ def main():
     print(f"smallest top-1 margin {margin:.2f} (successor logit {SCALE * hidden:.1f})")
     assert margin > 0.5 * SCALE * hidden
 
-    out = {}
-    for k, (dt, shape, data) in t.items():
-        out[k] = (dt, shape, data)
+    out = dict(t)
     zero = lambda k: (t[k][0], t[k][1], np.zeros(len(t[k][2]), dtype=np.uint8))  # noqa: E731
     for k in list(out):
         if k.startswith(p + "layers.") and k.endswith(("self_attn.o_proj.weight",

@@ -273,41 +273,35 @@ bool ModelRunner::sample_next(SampledToken* out) {
     const size_t i = next_row_;
     const SeqChunk& c = chunks_[i];
     Sequence& r = *rows_[i].seq;
-    if (rows_[i].kind == StepKind::kVerify) {
-      SampledToken& s = *out;
-      s.request_id = rows_[i].request_id;
-      s.num_top = 0;
-      s.logprob = 0;
-      s.rank = 0;
-      sample_verify(i, out);
-      if (r.logprobs >= 0) {
-        Sampler::logprobs(raw_row_.data(), V, s.token, r.logprobs, model_.isa, &s.logprob, &s.rank,
-                          s.top.data(), &s.num_top);
+    const bool verify = rows_[i].kind == StepKind::kVerify;  // sample_verify moves on by itself
+    if (!verify) {
+      ++next_row_;
+      if (c.rows == LogitRows::kNone) continue;
+      if (c.rows == LogitRows::kAll) {  // prefill-only: the prompt's rows, no token
+        std::copy_n(logits_.data() + next_logit_row_ * V, c.n * V, r.prompt_logits + c.first * V);
+        next_logit_row_ += static_cast<size_t>(c.n);
+        continue;
       }
-      return true;
     }
-    ++next_row_;
-    if (c.rows == LogitRows::kNone) continue;
-    if (c.rows == LogitRows::kAll) {  // prefill-only: the prompt's rows, no token
-      std::copy_n(logits_.data() + next_logit_row_ * V, c.n * V, r.prompt_logits + c.first * V);
-      next_logit_row_ += static_cast<size_t>(c.n);
-      continue;
-    }
-    const size_t last = next_logit_row_++;  // the row sampled from
-    float* logits_row = logits_.data() + last * V;
     SampledToken& s = *out;
     s.request_id = rows_[i].request_id;
     s.accepted = false;
     s.num_top = 0;
     s.logprob = 0;
     s.rank = 0;
-    if (on_device_[i]) {  // picked on the device: its argmax, or its draw
-      s.token = r.sampler->plain_greedy() ? argmax_host_.as<int32_t>()[last]
-                                          : drawn_host_.as<int32_t>()[next_draw_++];
-      r.sampler->record(s.token);
+    if (verify) {
+      sample_verify(i, out);
     } else {
-      if (r.logprobs >= 0) std::copy(logits_row, logits_row + V, raw_row_.begin());
-      s.token = r.sampler->sample(logits_row);
+      const size_t last = next_logit_row_++;  // the row sampled from
+      float* logits_row = logits_.data() + last * V;
+      if (on_device_[i]) {  // picked on the device: its argmax, or its draw
+        s.token = r.sampler->plain_greedy() ? argmax_host_.as<int32_t>()[last]
+                                            : drawn_host_.as<int32_t>()[next_draw_++];
+        r.sampler->record(s.token);
+      } else {
+        if (r.logprobs >= 0) std::copy(logits_row, logits_row + V, raw_row_.begin());
+        s.token = r.sampler->sample(logits_row);
+      }
     }
     if (r.logprobs >= 0) {
       Sampler::logprobs(raw_row_.data(), V, s.token, r.logprobs, model_.isa, &s.logprob, &s.rank,
