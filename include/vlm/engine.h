@@ -93,17 +93,22 @@ struct KvEventBatch {
 // request may carry up to num_tokens proposed tokens, which one forward pass verifies; the output
 // is the plain output (greedy) or distributed exactly as it (sampling). kNgram: prompt lookup (the
 // longest suffix of ngram_max down to ngram_min tokens found earlier in the prompt or output
-// proposes the tokens that followed it). kCustom: `propose` (called on the engine thread; must not
-// block) is given the sequence's ids so far (prompt, then output), the prompt's length and at most
-// how many to propose, writes up to that many ids to `out` and returns how many.
-enum class SpecMethod { kNone, kNgram, kCustom };
+// proposes the tokens that followed it). kDraft: a smaller model with the same tokenizer
+// (draft_model, loaded with the target's options) proposes its greedy continuation, one batched
+// pass per proposed position; it runs the request's images and videos through its own vision
+// tower and keeps its own KV cache, sized with the target's out of the same budget. kCustom:
+// `propose` (called on the engine thread; must not block) is given the sequence's ids so far
+// (prompt, then output), the prompt's length and at most how many to propose, writes up to that
+// many ids to `out` and returns how many.
+enum class SpecMethod { kNone, kNgram, kDraft, kCustom };
 const char* spec_method_name(SpecMethod m);
-Result<SpecMethod> parse_spec_method(std::string_view name);  // "none" | "ngram"
+Result<SpecMethod> parse_spec_method(std::string_view name);  // "none" | "ngram" | "draft"
 struct SpecOptions {
   static constexpr int32_t kMaxTokens = 16;
   SpecMethod method = SpecMethod::kNone;
   int32_t num_tokens = 4;  // K: tokens proposed per step at most, 1..kMaxTokens
   int32_t ngram_min = 2, ngram_max = 4;
+  std::string draft_model;  // kDraft: the draft checkpoint's directory
   // true: a request's proposals per step are capped by how its last verify went (halved when
   // none was accepted, down to 0 for a while; doubled when all were). false: every step asks for
   // num_tokens whatever was accepted (measurements of the verify pass's cost).

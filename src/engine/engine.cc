@@ -89,14 +89,16 @@ const char* spec_method_name(SpecMethod m) {
       return "none";
     case SpecMethod::kNgram:
       return "ngram";
+    case SpecMethod::kDraft:
+      return "draft";
     case SpecMethod::kCustom:
       return "custom";
   }
   return "?";
 }
 Result<SpecMethod> parse_spec_method(std::string_view name) {
-  return parse_named(name, {SpecMethod::kNone, SpecMethod::kNgram}, spec_method_name,
-                     "speculative decoding method");
+  return parse_named(name, {SpecMethod::kNone, SpecMethod::kNgram, SpecMethod::kDraft},
+                     spec_method_name, "speculative decoding method");
 }
 
 const char* cpu_isa_name(CpuIsa isa) {
@@ -542,17 +544,15 @@ Result<std::unique_ptr<ops::Backend>> build_backend(const EngineOptions& options
 
 }  // namespace
 
-Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
-  VLM_RETURN_IF_ERROR(validate_options(options));
-  // NOTE(vlm): allocations of 4 MiB and more (decoded images above all) go straight to mmap and
-  // back to the system when freed. glibc's default raises that threshold to the size of the
-  // last large block freed (up to 32 MiB) and then serves such blocks from per-thread arenas,
-  // which keep them: every thread that once decoded a large image (each HTTP worker) would hold
-  // its size for good, whatever the in-flight pixel budget says.
-  static const bool kMmapThreshold = [] { return mallopt(M_MMAP_THRESHOLD, 4 << 20) == 1; }();
-  (void)kMmapThreshold;
+namespace {
+
+// A checkpoint made ready to run, without an engine core: the weights (quantized as asked, on
+// huge pages), the kernels, the backend, the text decoder and the vision tower. `pool`: the
+// threads to run on (null: a new pool of options.n_threads).
+Result<std::unique_ptr<EngineImpl>> load_model(const EngineOptions& options,
+                                               std::shared_ptr<ThreadPool> pool) {
   const bool on_gpu = options.device == Device::kCuda;
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<EngineImpl>();
   impl->opts = options;
   impl->isa = ops::detected_isa();
   if (options.cpu_isa != CpuIsa::kAuto) {
@@ -578,7 +578,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     return invalid_argument(
         "--quant fp8 has no expert kernels for a mixture of experts; use --quant int8");
   }
-  impl->pool = std::make_unique<ThreadPool>(options.n_threads);
+  impl->pool = pool ? std::move(pool) : std::make_shared<ThreadPool>(options.n_threads);
   VLM_RETURN_IF_ERROR(
       quantize_text_weights(&impl->weights, host_quant(options.quant), *impl->pool,
                             impl->store.get(), options.int4_group)
@@ -612,8 +612,100 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     // A backend that patchifies takes the resized image (a quarter of the f32 patches' bytes).
     if (impl->vision->takes_rgb()) impl->preprocess.patchify = false;
   }
+  return impl;
+}
+
+// Why `draft` cannot propose for `target`, or ok: the same tokenizer (every id the same token,
+// the same special ids), or without tokenizers the same vocabulary size; the same image and video
+// ids; and, where the target takes images and the draft sees them too, the same patch geometry
+// (the draft's tower runs on the target's preprocessed pixels: an image is as many tokens at the
+// same positions for both).
+Status check_draft(const EngineImpl& target, const EngineImpl& draft, const std::string& dir) {
+  const std::string refused = "the draft model " + dir + " cannot propose for this model: ";
+  const Tokenizer* t = target.tokenizer.get();
+  const Tokenizer* d = draft.tokenizer.get();
+  if ((t == nullptr) != (d == nullptr)) {
+    return invalid_argument(refused + (t ? "it has no tokenizer.json"
+                                         : "it has a tokenizer.json "
+                                           "and this model has none"));
+  }
+  if (t != nullptr) {
+    if (t->vocab_size() != d->vocab_size()) {
+      return invalid_argument(refused + "its tokenizer has " + std::to_string(d->vocab_size()) +
+                              " tokens, this model's " + std::to_string(t->vocab_size()));
+    }
+    for (int32_t id = 0; id < t->vocab_size(); ++id) {
+      if (t->token_bytes(id) != d->token_bytes(id) || t->is_special(id) != d->is_special(id)) {
+        return invalid_argument(refused + "its tokenizer differs at id " + std::to_string(id) +
+                                " (" + d->id_to_token(id) + " where this model has " +
+                                t->id_to_token(id) + ")");
+      }
+    }
+  } else if (target.cfg.text_config.vocab_size != draft.cfg.text_config.vocab_size) {
+    return invalid_argument(
+        refused + "its vocabulary is " + std::to_string(draft.cfg.text_config.vocab_size) +
+        " ids, this model's " + std::to_string(target.cfg.text_config.vocab_size));
+  }
+  const Qwen3VLConfig& a = target.cfg;
+  const Qwen3VLConfig& b = draft.cfg;
+  if (a.image_token_id != b.image_token_id || a.video_token_id != b.video_token_id ||
+      a.vision_start_token_id != b.vision_start_token_id) {
+    return invalid_argument(refused + "its image and video token ids differ");
+  }
+  if (draft.decoder->hybrid()) {
+    return invalid_argument(refused +
+                            "it is a hybrid model (linear attention), whose state a draft "
+                            "would have to roll back after each step; use a Qwen3-VL draft");
+  }
+  if (target.has_vision && draft.has_vision) {
+    const auto& va = a.vision_config;
+    const auto& vb = b.vision_config;
+    if (va.patch_size != vb.patch_size || va.spatial_merge_size != vb.spatial_merge_size ||
+        va.temporal_patch_size != vb.temporal_patch_size) {
+      return invalid_argument(refused +
+                              "its vision tower cuts images otherwise (the patch, merge or "
+                              "temporal patch size differs)");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
+  VLM_RETURN_IF_ERROR(validate_options(options));
+  // NOTE(vlm): allocations of 4 MiB and more (decoded images above all) go straight to mmap and
+  // back to the system when freed. glibc's default raises that threshold to the size of the
+  // last large block freed (up to 32 MiB) and then serves such blocks from per-thread arenas,
+  // which keep them: every thread that once decoded a large image (each HTTP worker) would hold
+  // its size for good, whatever the in-flight pixel budget says.
+  static const bool kMmapThreshold = [] { return mallopt(M_MMAP_THRESHOLD, 4 << 20) == 1; }();
+  (void)kMmapThreshold;
+  VLM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, load_model(options, nullptr));
+  const SpecOptions& spec = options.batching.spec;
+  if (spec.method == SpecMethod::kDraft) {
+    if (spec.draft_model.empty()) {
+      return invalid_argument(
+          "--spec draft needs the draft model's directory (--spec-draft-model)");
+    }
+    EngineOptions d = options;
+    d.model_dir = spec.draft_model;
+    d.chat_template.clear();
+    d.batching = BatchingOptions{};
+    d.on_step = nullptr;
+    d.on_encode = nullptr;
+    VLM_ASSIGN_OR_RETURN(impl->draft,
+                         load_model(d, impl->pool).with_context("loading the draft model"));
+    VLM_RETURN_IF_ERROR(check_draft(*impl, *impl->draft, spec.draft_model));
+  } else if (!spec.draft_model.empty()) {
+    return invalid_argument("--spec-draft-model is for --spec draft (the method is " +
+                            std::string(spec_method_name(spec.method)) + ")");
+  }
   CoreModel core_model = impl->core_model();
   VLM_ASSIGN_OR_RETURN(core_model.kv_dtype, resolve_kv_dtype(*impl));
+  if (impl->draft) {
+    VLM_ASSIGN_OR_RETURN(core_model.draft.kv_dtype, resolve_kv_dtype(*impl->draft));
+  }
   VLM_ASSIGN_OR_RETURN(impl->core, EngineCore::create(std::move(core_model), options.batching,
                                                       options.on_step, options.on_encode));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));

@@ -4,16 +4,43 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 
 #include "core/check.h"
 #include "core/clock.h"
+#include "engine/draft_proposer.h"
 #include "engine/engine_core_state.h"
 #include "engine/pixel_budget.h"
 #include "engine/vision_cache.h"
 #include "kv/kv_cache_spec.h"
 
 namespace vlm {
+
+namespace {
+
+// A hybrid model's prefix-cache snapshots: their interval and count (defaults filled in), or none
+// (another model, or no prefix caching).
+Status resolve_state_snapshots(bool hybrid, BatchingOptions* o) {
+  if (!hybrid || !o->prefix_caching) {
+    o->state_snapshot_interval = o->state_snapshots = 0;
+    return ok_status();
+  }
+  // The default from a measurement (docs/benchmarks.md, 2026-12-05): multi-turn image chats of
+  // 100-300 tokens find 55-59% of their prompts cached at 64 tokens, none at 256.
+  if (o->state_snapshot_interval <= 0) {  // 64 tokens, or the block when that is longer
+    o->state_snapshot_interval = (64 + o->block_size - 1) / o->block_size * o->block_size;
+  }
+  if (o->state_snapshots <= 0) o->state_snapshots = static_cast<int32_t>(o->max_num_seqs);
+  if (o->state_snapshot_interval % o->block_size != 0) {
+    return invalid_argument(
+        "state_snapshot_interval (" + std::to_string(o->state_snapshot_interval) +
+        ") must be a multiple of block_size (" + std::to_string(o->block_size) + ")");
+  }
+  return ok_status();
+}
+
+}  // namespace
 
 EngineCore::EngineCore(CoreModel model, const BatchingOptions& opts)
     : model_(std::move(model)),
@@ -43,18 +70,25 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   // A hybrid model's state slots, one per sequence that may run, and its prefix cache's state
   // snapshots come out of the same budget.
   const bool hybrid = spec.state_group() != nullptr;
-  VLM_ASSIGN_OR_RETURN(s.proposer, make_proposer(opts.spec, m.runner.vocab_size));
-  const int64_t spec_tokens = s.proposer ? opts.spec.num_tokens : 0;
+  const bool draft = opts.spec.method == SpecMethod::kDraft;
+  if (draft != (m.draft.decoder != nullptr)) {
+    return invalid_argument(draft ? "--spec draft needs a draft model (--spec-draft-model)"
+                                  : "a draft model is for --spec draft");
+  }
+  if (!draft) {
+    VLM_ASSIGN_OR_RETURN(s.proposer, make_proposer(opts.spec, m.runner.vocab_size));
+  }
+  const int64_t spec_tokens = opts.spec.method != SpecMethod::kNone ? opts.spec.num_tokens : 0;
   // A step's verify rows: each decode and its proposals, within the step's tokens.
   const int64_t verify_tokens =
       spec_tokens > 0 ? std::min(opts.max_num_seqs * (1 + spec_tokens), opts.max_batched_tokens)
                       : 0;
-  if (s.proposer && hybrid) {
+  if (spec_tokens > 0 && hybrid) {
     return invalid_argument(
         "speculative decoding (--spec) does not run hybrid models (Qwen3.5's linear-attention "
         "state would need rolling back after a rejected proposal) yet");
   }
-  if (s.proposer && dec.backend().device() != ops::Device::kCpu) {
+  if (spec_tokens > 0 && dec.backend().device() != ops::Device::kCpu) {
     return invalid_argument(
         "speculative decoding (--spec) runs on the CPU only: its verify passes are not yet proven "
         "on a GPU");
@@ -63,27 +97,16 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   VLM_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(m.runner, s.cache, opts.max_num_seqs,
                                                      blocks_per_seq, verify_tokens));
   const int64_t state_slots = hybrid ? opts.max_num_seqs : 0;
-  if (hybrid && opts.prefix_caching) {
-    // The default from a measurement (docs/benchmarks.md, 2026-12-05): multi-turn image chats
-    // of 100-300 tokens find 55-59% of their prompts cached at 64 tokens, none at 256.
-    if (opts.state_snapshot_interval <= 0) {  // 64 tokens, or the block when that is longer
-      opts.state_snapshot_interval = (64 + opts.block_size - 1) / opts.block_size * opts.block_size;
-    }
-    if (opts.state_snapshots <= 0) opts.state_snapshots = static_cast<int32_t>(opts.max_num_seqs);
-    if (opts.state_snapshot_interval % opts.block_size != 0) {
-      return invalid_argument(
-          "state_snapshot_interval (" + std::to_string(opts.state_snapshot_interval) +
-          ") must be a multiple of block_size (" + std::to_string(opts.block_size) + ")");
-    }
-  } else {
-    opts.state_snapshot_interval = opts.state_snapshots = 0;
-  }
+  VLM_RETURN_IF_ERROR(resolve_state_snapshots(hybrid, &opts));
   const int64_t state_bytes = (state_slots + opts.state_snapshots) * spec.state_bytes_per_seq();
   KvBlockPlan plan;
   plan.num_blocks = opts.num_blocks;
   plan.max_num_seqs = opts.max_num_seqs;
   plan.blocks_per_seq = blocks_per_seq;
   plan.memory_bytes = opts.kv_cache_memory;
+  const int64_t draft_block_bytes =
+      draft ? DraftProposer::block_bytes(m.draft, opts.block_size) : 0;
+  plan.extra_block_bytes = draft_block_bytes;
   if (plan.memory_bytes > 0 && state_bytes > 0) {
     if (state_bytes >= plan.memory_bytes) {
       return invalid_argument("kv_cache_memory of " + std::to_string(plan.memory_bytes) +
@@ -106,6 +129,13 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
     plan.device_memory_utilization = m.gpu_memory_utilization;
   }
   VLM_ASSIGN_OR_RETURN(opts.num_blocks, plan_kv_blocks(spec, plan));
+  if (draft) {  // as many blocks as the target's, in its own cache
+    VLM_ASSIGN_OR_RETURN(
+        std::unique_ptr<DraftProposer> p,
+        DraftProposer::create(m.draft, opts.spec, m.runner.vocab_size, opts.num_blocks,
+                              opts.block_size, blocks_per_seq, opts.max_num_seqs));
+    s.proposer = std::move(p);
+  }
   SchedulerConfig sc;
   sc.num_blocks = opts.num_blocks;
   sc.block_size = opts.block_size;
@@ -143,7 +173,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
                                        core->pixel_budget_.get(), opts.num_blocks, opts.block_size);
   if (m.runner.vision != nullptr) {
     s.encodes = std::make_unique<ImageEncodes>(*m.runner.vision, *core->vision_cache_, *s.runner,
-                                               core->on_encode_);
+                                               core->on_encode_, m.draft.vision);
   }
   s.sampled.reserve(static_cast<size_t>(std::max(opts.max_num_seqs, verify_tokens)));
   // A step's state copies: at most one of each per scheduled request (a decode step that crosses
@@ -151,11 +181,12 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   s.sched_out.restores.reserve(static_cast<size_t>(opts.max_num_seqs));
   s.sched_out.saves.reserve(static_cast<size_t>(opts.max_num_seqs));
   s.rows.reserve(static_cast<size_t>(opts.max_num_seqs));
+  s.propose_jobs.reserve(static_cast<size_t>(opts.max_num_seqs));
   s.extras.reserve(64);  // a decode step that fills a block keys it without allocating
   Engine::CoreStats& stats = core->shared_->stats;
   stats.kv_blocks_total = opts.num_blocks;
   stats.kv_block_size = opts.block_size;
-  stats.kv_cache_bytes = (int64_t{opts.num_blocks} + 1) * spec.block_bytes();
+  stats.kv_cache_bytes = (int64_t{opts.num_blocks} + 1) * (spec.block_bytes() + draft_block_bytes);
   stats.prefix_caching = opts.prefix_caching;
   stats.spec_tokens = spec_tokens;
   stats.state_slots = state_slots;
@@ -266,6 +297,7 @@ void EngineCore::admit(std::span<EngineRequest* const> waiting) {
     EngineRequest& r = *req;
     if (!input_->ready(r)) break;  // its encode is not done: it waits, and the requests after it
     PreparedPrompt prompt;
+    if (model_.draft.vision != nullptr) take_draft_features(r);
     Status st = input_->assemble(r, &prompt);
     std::vector<BlockHash> hashes;  // the prompt's full blocks, for the prefix cache
     if (st.ok() && opts_.prefix_caching) {
@@ -423,10 +455,12 @@ void EngineCore::record_spec(const SchedulerOutput& out) {
 }
 
 // Proposals for the next step, for every request that sampled this step and goes on: at most its
-// cap, and so that every proposal accepted plus the token after stays within its budget.
+// cap, and so that every proposal accepted plus the token after stays within its budget. All of
+// them in one call (a draft model batches its passes).
 void EngineCore::propose() {
   State& s = *st_;
   const int32_t K = opts_.spec.num_tokens;
+  s.propose_jobs.clear();
   for (const StepRow& row : s.rows) {
     auto f = s.reqs.find(row.request_id);
     if (f == s.reqs.end() || row.kind == StepKind::kPrefillOnly) continue;
@@ -435,12 +469,44 @@ void EngineCore::propose() {
     if (r.spec_cap == 0 && r.spec_wait-- <= 0) r.spec_cap = 1;            // waited: try again
     const int64_t room = r.max_new_tokens - r.generated - 1;
     const int32_t max_k = static_cast<int32_t>(std::min<int64_t>(std::min(r.spec_cap, K), room));
-    int32_t k = 0;
-    if (max_k > 0) {
-      k = s.proposer->propose({r.seq.ids, r.seq.feature_row, r.seq.prompt_len()}, max_k,
-                              r.drafts.data());
+    if (max_k <= 0) {
+      s.sched->set_spec_tokens(r.id, 0);
+      continue;
     }
-    s.sched->set_spec_tokens(r.id, k);
+    ProposeJob j;
+    j.in = {r.seq.ids,
+            r.seq.feature_row,
+            r.seq.prompt_len(),
+            r.id,
+            Positions3{r.seq.pos_t.data(), r.seq.pos_h.data(), r.seq.pos_w.data()},
+            &r.draft_features};
+    j.max_k = max_k;
+    j.out = r.drafts.data();
+    s.propose_jobs.push_back(j);
+  }
+  if (s.propose_jobs.empty()) return;
+  const Status st = s.proposer->propose_batch(s.propose_jobs);
+  if (!st.ok()) {  // the proposer's fault, not the requests': they go on without proposals
+    std::fprintf(stderr, "vlm: speculative proposals failed, this step goes without: %s\n",
+                 st.message().c_str());
+  }
+  for (const ProposeJob& j : s.propose_jobs)
+    s.sched->set_spec_tokens(j.in.request_id, st.ok() ? j.k : 0);
+}
+
+// A draft model's image features for `r` (its vision tower's outputs of the request's images, in
+// order: the rows its feature_row numbers once assembled).
+void EngineCore::take_draft_features(EngineRequest& r) {
+  DraftFeatures& f = r.draft_features;
+  f.embeds.clear();
+  f.deepstack.assign(static_cast<size_t>(model_.draft.deepstack_taps), {});
+  for (const StagedImage& img : r.images) {
+    if (!img.encoded) continue;
+    const VisionOutput& d = img.encoded->draft;
+    f.embeds.insert(f.embeds.end(), d.embeds.begin(), d.embeds.end());
+    for (size_t t = 0; t < d.deepstack.size() && t < f.deepstack.size(); ++t) {
+      f.deepstack[t].insert(f.deepstack[t].end(), d.deepstack[t].begin(), d.deepstack[t].end());
+    }
   }
 }
 
@@ -483,6 +549,7 @@ void EngineCore::end(EngineRequest& r, FinishReason reason, const Status& error,
   const int64_t id = r.id;
   if (r.admitted) s.sched->finish(id);
   if (s.encodes) s.encodes->drop(id);
+  if (s.proposer) s.proposer->forget(id);
   {
     // Published before the stream hears: a client that reads /metrics right after its reply
     // sees the request's blocks returned.

@@ -25,6 +25,15 @@ class PixelBudget;       // engine/pixel_budget.h
 class VisionCache;       // engine/vision_cache.h
 struct SchedulerOutput;  // sched/scheduler.h
 
+// Speculative decoding's draft model (SpecMethod::kDraft), when there is one.
+struct DraftModel {
+  TextDecoder* decoder = nullptr;   // null: no draft model
+  VisionEncoder* vision = nullptr;  // null: the draft sees images as their pad tokens
+  int64_t vocab_size = 0;
+  int64_t deepstack_taps = 0;
+  DType kv_dtype = DType::kF32;
+};
+
 // What the engine core runs over: the model as the runner and the input processor see it, and
 // the KV cache's element type (resolved by Engine::load). The Engine owns what they point to and
 // outlives its core.
@@ -33,6 +42,7 @@ struct CoreModel {
   InputModel input;
   DType kv_dtype = DType::kF32;
   double gpu_memory_utilization = 0.9;  // the device's share the KV cache may fill up to
+  DraftModel draft;
 };
 
 class EngineCore {
@@ -87,6 +97,7 @@ class EngineCore {
   static constexpr int32_t kSpecRetrySteps = 8;
   void record_spec(const SchedulerOutput& out);
   void propose();
+  void take_draft_features(EngineRequest& r);
   void fail_step(const Status& st);  // an engine fault: the step's requests fail
   void publish_kv_events();
   // Ends `r`: the stream learns why (a finish reason, or an error), with `last` (its final token,

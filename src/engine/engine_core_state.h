@@ -60,6 +60,7 @@ struct EngineCore::State {
   std::vector<StepRow> rows;
   std::vector<SampledToken> sampled;
   std::vector<std::pair<int64_t, int64_t>> computed;
+  std::vector<ProposeJob> propose_jobs;
   std::vector<int64_t> aborts;
   std::vector<EngineRequest*> waiting;  // not yet admitted, in order
   BlockHasher hasher;                   // prefix-cache keys, seeded at random per engine

@@ -35,8 +35,8 @@ struct Engine::Impl {
   VisionWeights vision_weights;
   bool has_vision = false;
   PreprocessOptions preprocess;
-  VideoStaging video;  // video_preprocessor_config.json and the decoder's limits
-  std::unique_ptr<ThreadPool> pool;
+  VideoStaging video;                     // video_preprocessor_config.json and the decoder's limits
+  std::shared_ptr<ThreadPool> pool;       // a draft model shares its target's
   std::unique_ptr<ops::Backend> backend;  // where the model runs: the CPU, or "cuda"
   std::unique_ptr<TextDecoder> decoder;
   std::unique_ptr<VisionEncoder> vision;       // null without a vision tower
@@ -51,6 +51,8 @@ struct Engine::Impl {
   std::unique_ptr<StructuredOutputs> structured;
   int64_t max_context = 0;
   ops::Isa isa = ops::Isa::kGeneric;
+  // Speculative decoding's draft model (SpecMethod::kDraft): loaded as this one, without a core.
+  std::unique_ptr<Impl> draft;
   // Last: made over everything above and stopped (its thread joined) before any of it goes.
   std::unique_ptr<EngineCore> core;
 
@@ -73,6 +75,13 @@ struct Engine::Impl {
     m.input.has_vision = has_vision;
     m.input.max_context = max_context;
     m.gpu_memory_utilization = opts.gpu_memory_utilization;
+    if (draft) {
+      m.draft.decoder = draft->decoder.get();
+      m.draft.vision = draft->vision.get();
+      m.draft.vocab_size = draft->cfg.text_config.vocab_size;
+      m.draft.deepstack_taps =
+          static_cast<int64_t>(draft->cfg.vision_config.deepstack_visual_indexes.size());
+    }
     return m;
   }
 };

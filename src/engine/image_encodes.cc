@@ -7,8 +7,12 @@
 namespace vlm {
 
 ImageEncodes::ImageEncodes(VisionEncoder& vision, VisionCache& cache, ModelRunner& runner,
-                           std::function<void(int64_t, double)> on_encode)
-    : vision_(vision), cache_(cache), runner_(runner), on_encode_(std::move(on_encode)) {}
+                           std::function<void(int64_t, double)> on_encode, VisionEncoder* draft)
+    : vision_(vision),
+      draft_(draft),
+      cache_(cache),
+      runner_(runner),
+      on_encode_(std::move(on_encode)) {}
 
 void ImageEncodes::clear() {
   requests_.clear();
@@ -70,6 +74,15 @@ bool ImageEncodes::start(std::span<EngineRequest* const> waiting,
   return true;
 }
 
+void ImageEncodes::fail_all(const Status& st,
+                            const std::function<void(EngineRequest&, const Status&)>& fail) {
+  // Every request of the encode fails, each once (a request's images are adjacent).
+  std::vector<EngineRequest*> failed = requests_;
+  failed.erase(std::unique(failed.begin(), failed.end()), failed.end());
+  drop(failed[0]->id);
+  for (EngineRequest* r : failed) fail(*r, st);
+}
+
 void ImageEncodes::run(std::span<EngineRequest* const> waiting, Scheduler& sched,
                        const std::function<void(EngineRequest&, const Status&)>& fail) {
   if (!job_ && !start(waiting, fail)) return;
@@ -87,15 +100,29 @@ void ImageEncodes::run(std::span<EngineRequest* const> waiting, Scheduler& sched
         ms * static_cast<double>(candidates_[i].patches) / static_cast<double>(patches);
   }
   if (!units.ok()) {
-    // Every request of the encode fails, each once (a request's images are adjacent).
-    std::vector<EngineRequest*> failed = requests_;
-    failed.erase(std::unique(failed.begin(), failed.end()), failed.end());
-    drop(failed[0]->id);
-    for (EngineRequest* r : failed) fail(*r, units.status());
+    fail_all(units.status(), fail);
     return;
   }
   if (!job_->done()) return;
-  take_encoded(*job_, images_);
+  std::unique_ptr<VisionEncoder::Job> draft;
+  if (draft_ != nullptr) {  // the draft model's features, from the same pixels
+    const auto d0 = Clock::now();
+    Status st = ok_status();
+    auto begun = begin_encode(*draft_, images_);
+    if (begun.ok()) {
+      draft = std::move(begun).value();
+      while (st.ok() && !draft->done()) st = draft_->advance(draft.get(), 0);
+    } else {
+      st = begun.status();
+    }
+    const double dms = ms_since(d0);
+    for (size_t i = 0; i < images_.size(); ++i) requests_[i]->encode_ms += dms / images_.size();
+    if (!st.ok()) {
+      fail_all(st.with_context("the draft model's vision tower"), fail);
+      return;
+    }
+  }
+  take_encoded(*job_, images_, draft.get());
   for (StagedImage* img : images_) cache_.put(img->key, img->encoded);
   clear();
 }

@@ -20,9 +20,11 @@ namespace vlm {
 
 class ImageEncodes {
  public:
-  // `on_encode` (may be empty) gets each run's units and seconds.
+  // `on_encode` (may be empty) gets each run's units and seconds. `draft` (may be null): a
+  // speculative draft model's vision tower, which encodes each image too once the encode is done
+  // (in one go, from the same pixels; EncodedImage::draft).
   ImageEncodes(VisionEncoder& vision, VisionCache& cache, ModelRunner& runner,
-               std::function<void(int64_t, double)> on_encode);
+               std::function<void(int64_t, double)> on_encode, VisionEncoder* draft = nullptr);
 
   // This step's share of the encode in progress, or a new encode for the first of `waiting`
   // (requests not yet admitted, in order; null entries are skipped) with an image to encode.
@@ -40,7 +42,11 @@ class ImageEncodes {
   bool start(std::span<EngineRequest* const> waiting,
              const std::function<void(EngineRequest&, const Status&)>& fail);
 
+  // Ends every request of the encode in progress with `st`, each once.
+  void fail_all(const Status& st, const std::function<void(EngineRequest&, const Status&)>& fail);
+
   VisionEncoder& vision_;
+  VisionEncoder* draft_;
   VisionCache& cache_;
   ModelRunner& runner_;
   std::function<void(int64_t, double)> on_encode_;

@@ -377,13 +377,16 @@ Result<std::unique_ptr<VisionEncoder::Job>> begin_encode(VisionEncoder& encoder,
   return encoder.begin_rgb(rgb.data(), static_cast<int64_t>(rgb.size()));
 }
 
-void take_encoded(VisionEncoder::Job& job, std::span<StagedImage* const> images) {
+void take_encoded(VisionEncoder::Job& job, std::span<StagedImage* const> images,
+                  VisionEncoder::Job* draft) {
   std::vector<VisionOutput>& outs = job.outputs();
   for (size_t i = 0; i < images.size() && i < outs.size(); ++i) {
     StagedImage& img = *images[i];
     auto enc = std::make_shared<EncodedImage>();
     enc->grid = GridThw{img.pixels.grid_t, img.pixels.grid_h, img.pixels.grid_w};
     enc->out = std::move(outs[i]);
+    if (draft != nullptr && i < draft->outputs().size())
+      enc->draft = std::move(draft->outputs()[i]);
     enc->timestamps = img.timestamps;
     enc->frames = img.frames;
     img.encoded = std::move(enc);

@@ -83,8 +83,10 @@ struct StagedImage {
 // with VisionEncoder::advance (or ModelRunner::encode), then take_encoded().
 Result<std::unique_ptr<VisionEncoder::Job>> begin_encode(VisionEncoder& encoder,
                                                          std::span<StagedImage* const> images);
-// A finished job's outputs into its images (encoded, encoded_here; their pixels released).
-void take_encoded(VisionEncoder::Job& job, std::span<StagedImage* const> images);
+// A finished job's outputs into its images (encoded, encoded_here; their pixels released), with
+// a draft model's tower's outputs for the same images when given (EncodedImage::draft).
+void take_encoded(VisionEncoder::Job& job, std::span<StagedImage* const> images,
+                  VisionEncoder::Job* draft = nullptr);
 
 // Reads (path) or takes (bytes) the image, and looks it up in `cache` (may be null); on a miss
 // decodes and preprocesses it with `preprocess` overridden by the image's own pixel budget.

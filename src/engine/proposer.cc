@@ -47,11 +47,20 @@ class CallbackProposer final : public Proposer {
 
 }  // namespace
 
-Result<std::unique_ptr<Proposer>> make_proposer(const SpecOptions& spec, int64_t vocab) {
-  if (spec.method == SpecMethod::kNone) return std::unique_ptr<Proposer>();
+Status check_spec_tokens(const SpecOptions& spec) {
   if (spec.num_tokens < 1 || spec.num_tokens > SpecOptions::kMaxTokens) {
     return invalid_argument("--spec-tokens must be 1.." + std::to_string(SpecOptions::kMaxTokens) +
                             " (got " + std::to_string(spec.num_tokens) + ")");
+  }
+  return ok_status();
+}
+
+Result<std::unique_ptr<Proposer>> make_proposer(const SpecOptions& spec, int64_t vocab) {
+  if (spec.method == SpecMethod::kNone) return std::unique_ptr<Proposer>();
+  VLM_RETURN_IF_ERROR(check_spec_tokens(spec));
+  if (spec.method == SpecMethod::kDraft) {
+    return invalid_argument(
+        "speculative decoding: a draft model's proposer is made with its model");
   }
   if (spec.method == SpecMethod::kCustom) {
     if (!spec.propose) return invalid_argument("speculative decoding: kCustom needs `propose`");

@@ -17,6 +17,7 @@
 
 #include "core/clock.h"
 #include "engine/multimodal.h"
+#include "engine/proposer.h"
 #include "engine/request_stream.h"
 #include "engine/sampler.h"
 #include "vlm/engine.h"
@@ -93,6 +94,7 @@ struct EngineRequest {
   // this step's tokens appended and proposals among them.
   std::vector<int32_t> drafts;
   int32_t spec_cap = 0, spec_wait = 0;
+  DraftFeatures draft_features;  // a draft model's image features (its own vision tower's)
   int32_t step_tokens = 0, step_accepted = 0;
 
   std::shared_ptr<RequestStreamState> stream;

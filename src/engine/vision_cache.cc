@@ -28,6 +28,8 @@ VisionCacheKey VisionCacheKey::of_video(std::span<const uint8_t> bytes, double f
 size_t EncodedImage::bytes() const {
   size_t n = out.embeds.size() * sizeof(float);
   for (const auto& d : out.deepstack) n += d.size() * sizeof(float);
+  n += draft.embeds.size() * sizeof(float);
+  for (const auto& d : draft.deepstack) n += d.size() * sizeof(float);
   return n;
 }
 

@@ -38,6 +38,7 @@ struct VisionCacheKey {
 struct EncodedImage {
   GridThw grid;  // a video's: grid.t temporal groups
   VisionOutput out;
+  VisionOutput draft;  // a speculative draft model's vision tower's (empty without one)
   // A video's: the "<t.t seconds>" text of each temporal group, and the frames sampled.
   std::vector<std::string> timestamps;
   int64_t frames = 0;

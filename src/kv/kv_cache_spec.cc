@@ -63,7 +63,7 @@ Result<int32_t> plan_kv_blocks(const KvCacheSpec& spec, const KvBlockPlan& p) {
   VLM_RETURN_IF_ERROR(spec.validate());
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max() - 1;  // one more is scratch
   if (p.num_blocks > 0) return p.num_blocks;
-  const int64_t per_block = spec.block_bytes();
+  const int64_t per_block = spec.block_bytes() + p.extra_block_bytes;
   const int64_t every_seq = p.max_num_seqs * p.blocks_per_seq;
   if (p.device_budget_bytes) {
     // Every sequence at full context, within the share of device memory the options allow

@@ -86,6 +86,9 @@ struct KvBlockPlan {
   std::optional<int64_t> device_budget_bytes;
   double device_memory_utilization = 0;  // for the error message
   int64_t memory_bytes = 0;
+  // Bytes each block takes elsewhere out of the same budget (a speculative draft model's KV
+  // cache holds as many blocks of its own).
+  int64_t extra_block_bytes = 0;
 };
 Result<int32_t> plan_kv_blocks(const KvCacheSpec& spec, const KvBlockPlan& plan);
 

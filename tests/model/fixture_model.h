@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -84,6 +85,49 @@ inline Status load_with_edited_tensor(const std::string& name, const std::string
   o.n_threads = 1;
   auto e = Engine::load(o);
   return e.ok() ? ok_status() : e.status();
+}
+
+// A layer-skipping copy of fixture `name` in `dir`: the first `layers` text decoder layers (and
+// everything else: embedding, head, vision tower, tokenizer and preprocessor files), the config
+// saying so; with drop_vision, without the vision tower. A draft model for speculative decoding
+// that shares the fixture's tokenizer and agrees with it part of the time, as a smaller model of
+// a family does.
+inline Status write_truncated_fixture(const std::string& name, int64_t layers,
+                                      const std::filesystem::path& dir, bool drop_vision = false) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(VLM_FIXTURES_DIR) / name;
+  for (const auto& f : fs::directory_iterator(src)) {
+    const std::string fn = f.path().filename().string();
+    if (fn != "config.json" && fn.size() > 5 && fn.substr(fn.size() - 5) == ".json") {
+      fs::copy_file(f.path(), dir / fn, fs::copy_options::overwrite_existing);
+    }
+  }
+  nlohmann::json cfg = nlohmann::json::parse(test_util::read_file((src / "config.json").string()));
+  nlohmann::json& t = cfg.contains("text_config") ? cfg["text_config"] : cfg;
+  t["num_hidden_layers"] = layers;
+  if (t.contains("mlp_only_layers")) {  // the dense layers among those kept
+    nlohmann::json kept = nlohmann::json::array();
+    for (const auto& l : t["mlp_only_layers"]) {
+      if (l.get<int64_t>() < layers) kept.push_back(l);
+    }
+    t["mlp_only_layers"] = kept;
+  }
+  {
+    std::ofstream out(dir / "config.json");
+    out << cfg.dump(2);
+  }
+  VLM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(src.string()));
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const auto& n : store.names()) {
+    const bool visual = n.find("visual") != std::string::npos;
+    const auto at = n.find(".layers.");
+    if ((visual && drop_vision) ||
+        (at != std::string::npos && !visual && std::stoll(n.substr(at + 8)) >= layers)) {
+      continue;
+    }
+    tensors.emplace_back(n, *store.get(n));
+  }
+  return write_safetensors((dir / "model.safetensors").string(), tensors);
 }
 
 // The tokens a request's stream delivers until it ends (a failed EXPECT for an error piece).

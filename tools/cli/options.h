@@ -74,13 +74,20 @@ inline void add_device_options(CLI::App* app, EngineOptions* o) {
                 "cuda: launch every kernel of each decode step instead of replaying CUDA graphs");
 }
 
-// --spec, --spec-tokens, --ngram-min and --ngram-max, bound to the engine's speculative decoding.
+// --spec, --spec-tokens, --spec-draft-model, --ngram-min and --ngram-max, bound to the engine's
+// speculative decoding.
 inline void add_spec_options(CLI::App* app, SpecOptions* s) {
-  add_enum_option(app, "--spec", &s->method, parse_spec_method,
-                  "Speculative decoding: none (default) or ngram (prompt lookup: the tokens that "
-                  "followed the sequence's last n-gram earlier in the prompt or reply are proposed "
-                  "and checked in one pass; the output is the same, under the conditions "
-                  "docs/architecture.md gives); CPU, models without linear attention");
+  add_enum_option(
+      app, "--spec", &s->method, parse_spec_method,
+      "Speculative decoding: none (default), ngram (prompt lookup: the tokens that "
+      "followed the sequence's last n-gram earlier in the prompt or reply are proposed) "
+      "or draft (a smaller model with the same tokenizer, --spec-draft-model, "
+      "proposes); the proposals are checked in one pass and the output is the same, "
+      "under the conditions docs/architecture.md gives; CPU, models without linear "
+      "attention");
+  app->add_option("--spec-draft-model", s->draft_model,
+                  "--spec draft: the draft model's checkpoint directory (loaded with this "
+                  "model's options; its KV cache comes out of the same budget)");
   app->add_option("--spec-tokens", s->num_tokens,
                   "--spec: tokens proposed per step at most (default 4, up to 16)");
   app->add_option("--ngram-min", s->ngram_min,

@@ -1,0 +1,188 @@
+#include "engine/draft_proposer.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kv/kv_cache_spec.h"
+
+namespace vlm {
+
+int64_t DraftProposer::block_bytes(const DraftModel& model, int32_t block_size) {
+  return model.decoder->cache_spec(block_size, model.kv_dtype).block_bytes();
+}
+
+DraftProposer::DraftProposer(const DraftModel& model, int64_t target_vocab, int32_t num_blocks,
+                             int32_t block_size)
+    : m_(model), target_vocab_(target_vocab), kv_(num_blocks, block_size) {}
+
+Result<std::unique_ptr<DraftProposer>> DraftProposer::create(
+    const DraftModel& model, const SpecOptions& spec, int64_t target_vocab, int32_t num_blocks,
+    int32_t block_size, int64_t max_blocks_per_seq, int64_t max_num_seqs) {
+  VLM_RETURN_IF_ERROR(check_spec_tokens(spec));
+  if (model.decoder == nullptr) return invalid_argument("--spec draft needs a draft model");
+  if (model.decoder->hybrid()) {
+    return invalid_argument("a hybrid draft model (linear attention) is not supported");
+  }
+  if (max_num_seqs > model.decoder->max_chunk()) {
+    return invalid_argument(
+        "the draft model's pass (" + std::to_string(model.decoder->max_chunk()) +
+        " tokens) is smaller than max_num_seqs (" + std::to_string(max_num_seqs) + ")");
+  }
+  std::unique_ptr<DraftProposer> p(new DraftProposer(model, target_vocab, num_blocks, block_size));
+  const KvCacheSpec cs = model.decoder->cache_spec(block_size, model.kv_dtype);
+  VLM_RETURN_IF_ERROR(
+      model.decoder->allocate_cache(&p->cache_, cs, num_blocks, max_blocks_per_seq)
+          .with_context("the draft model's KV cache (" + std::to_string(num_blocks) + " blocks)"));
+  const auto n = static_cast<size_t>(max_num_seqs);
+  p->chunks_.reserve(n);
+  p->chunk_job_.reserve(n);
+  p->vision_.resize(n);
+  for (VisionRows& v : p->vision_) v.deepstack.reserve(static_cast<size_t>(model.deepstack_taps));
+  p->fed_ids_.resize(n);
+  p->fed_pos_.resize(n);
+  p->done_.reserve(n);
+  p->logits_.resize(n * static_cast<size_t>(model.vocab_size));
+  p->entries_.reserve(n * 2);
+  return p;
+}
+
+void DraftProposer::forget(int64_t id) {
+  kv_.free(id);
+  entries_.erase(id);
+}
+
+int32_t DraftProposer::propose(const ProposeInput& in, int32_t max_k, int32_t* out) {
+  ProposeJob job{in, max_k, out, 0};
+  if (!propose_batch(std::span<ProposeJob>(&job, 1)).ok()) return 0;
+  return job.k;
+}
+
+Status DraftProposer::run_pass(std::span<ProposeJob> jobs) {
+  if (chunks_.empty()) return ok_status();
+  const ops::Buf logits{logits_.data(), ops::Device::kCpu, DType::kF32};
+  VLM_RETURN_IF_ERROR(m_.decoder->forward_batch(
+      chunks_.data(), static_cast<int64_t>(chunks_.size()), cache_, logits));
+  const int64_t V = m_.vocab_size;
+  size_t row = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (chunks_[c].rows != LogitRows::kLast) continue;
+    const float* r = logits_.data() + row++ * static_cast<size_t>(V);
+    const auto id = static_cast<int32_t>(std::max_element(r, r + V) - r);
+    ProposeJob& j = jobs[static_cast<size_t>(chunk_job_[c])];
+    if (id >= target_vocab_) {  // not an id of the target's: the proposals end before it
+      done_[static_cast<size_t>(chunk_job_[c])] = 1;
+      continue;
+    }
+    j.out[j.k++] = id;
+    if (j.k == j.max_k) done_[static_cast<size_t>(chunk_job_[c])] = 1;
+  }
+  return ok_status();
+}
+
+Status DraftProposer::propose_batch(std::span<ProposeJob> jobs) {
+  const Status st = propose_all(jobs);
+  if (!st.ok()) {  // a pass failed part way: what the cache holds is known of no request
+    for (auto& [id, e] : entries_) e = Entry{};
+    for (ProposeJob& j : jobs) j.k = 0;
+  }
+  return st;
+}
+
+Status DraftProposer::propose_all(std::span<ProposeJob> jobs) {
+  const size_t n = jobs.size();
+  done_.assign(n, 0);
+  // 1. Each request's entry: the proposals fed last step that the target accepted are cached
+  // already (never the sequence's last token, whose row gives the first proposal); blocks for
+  // the sequence and the proposals fed this step.
+  for (size_t i = 0; i < n; ++i) {
+    ProposeJob& j = jobs[i];
+    j.k = 0;
+    const int64_t len = static_cast<int64_t>(j.in.ids.size());
+    Entry& e = entries_[j.in.request_id];
+    if (e.computed > len) e = Entry{};  // not this sequence's (cannot happen): start over
+    for (int32_t f = 0; f < e.num_fed && e.computed < len - 1; ++f) {
+      if (j.in.ids[static_cast<size_t>(e.computed)] != e.fed[static_cast<size_t>(f)]) break;
+      ++e.computed;
+    }
+    e.num_fed = 0;
+    if (j.max_k < 1 || len < 1 || !kv_.reserve(j.in.request_id, len + j.max_k - 1).ok()) {
+      done_[i] = 1;  // no room in the draft's cache: no proposals this step
+    }
+  }
+  // 2. Catch-up passes, the step's tokens at most each: every request's tokens not yet in the
+  // cache; the chunk that reaches a sequence's end gives its first proposal.
+  const int64_t budget = m_.decoder->max_chunk();
+  for (bool more = true; more;) {
+    more = false;
+    chunks_.clear();
+    chunk_job_.clear();
+    int64_t used = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (done_[i]) continue;
+      const ProposeInput& in = jobs[i].in;
+      Entry& e = entries_[in.request_id];
+      const int64_t len = static_cast<int64_t>(in.ids.size());
+      if (e.computed >= len) continue;
+      if (used >= budget) {
+        more = true;
+        continue;
+      }
+      const int64_t take = std::min(len - e.computed, budget - used);
+      SeqChunk c;
+      c.ids = in.ids.data() + e.computed;
+      c.n = take;
+      c.first = e.computed;
+      c.pos = Positions3{in.pos.t + c.first, in.pos.h + c.first, in.pos.w + c.first};
+      const std::vector<int32_t>& table = kv_.block_table(in.request_id);
+      c.block_table = table.data();
+      c.num_table_blocks = static_cast<int64_t>(table.size());
+      c.rows = c.first + take == len ? LogitRows::kLast : LogitRows::kNone;
+      if (in.features != nullptr && !in.features->embeds.empty() && c.first < in.prompt_len) {
+        VisionRows& v = vision_[chunks_.size()];
+        v.feature_row = in.feature_row.data() + c.first;
+        v.embeds = in.features->embeds.data();
+        v.deepstack.clear();
+        for (const auto& d : in.features->deepstack) v.deepstack.push_back(d.data());
+        c.vision = &v;
+      }
+      chunks_.push_back(c);
+      chunk_job_.push_back(static_cast<int32_t>(i));
+      e.computed += take;
+      used += take;
+      more = more || e.computed < len;
+    }
+    VLM_RETURN_IF_ERROR(run_pass(jobs));
+  }
+  // 3. One pass per further position: each request not done feeds its last proposal (after the
+  // sequence, at the 1-D text positions that follow it).
+  for (int32_t depth = 1;; ++depth) {
+    chunks_.clear();
+    chunk_job_.clear();
+    for (size_t i = 0; i < n; ++i) {
+      ProposeJob& j = jobs[i];
+      if (done_[i] || j.k != depth) continue;
+      Entry& e = entries_[j.in.request_id];
+      const int64_t len = static_cast<int64_t>(j.in.ids.size());
+      const size_t slot = chunks_.size();
+      fed_ids_[slot] = j.out[depth - 1];
+      fed_pos_[slot] = j.in.pos.t[len - 1] + depth;
+      e.fed[static_cast<size_t>(e.num_fed++)] = j.out[depth - 1];
+      SeqChunk c;
+      c.ids = &fed_ids_[slot];
+      c.n = 1;
+      c.first = len + depth - 1;
+      c.pos = Positions3{&fed_pos_[slot], &fed_pos_[slot], &fed_pos_[slot]};
+      const std::vector<int32_t>& table = kv_.block_table(j.in.request_id);
+      c.block_table = table.data();
+      c.num_table_blocks = static_cast<int64_t>(table.size());
+      c.rows = LogitRows::kLast;
+      chunks_.push_back(c);
+      chunk_job_.push_back(static_cast<int32_t>(i));
+    }
+    if (chunks_.empty()) break;
+    VLM_RETURN_IF_ERROR(run_pass(jobs));
+  }
+  return ok_status();
+}
+
+}  // namespace vlm

@@ -1,0 +1,75 @@
+// Speculative decoding with a draft model (SpecMethod::kDraft; docs/architecture.md,
+// "Speculative decoding"): a smaller model with the target's tokenizer proposes its greedy
+// continuation. It keeps its own paged KV cache (as many blocks as the target's, out of the same
+// budget) and, per request, how far the cache holds the request's real tokens. Each step's
+// proposals are batched passes: first one pass that catches every request up (the tokens the
+// last verify accepted, or a new request's whole prompt, with its images through the draft's own
+// vision features) and gives each its first proposal, then one pass of one row per request for
+// each further position. The proposals it fed on a step stay in its cache: those the target
+// accepted are not computed again. A proposal is deterministic given the sequence, so the
+// verify's rejection rule keeps the output exact whatever the draft proposes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine_core.h"
+#include "engine/proposer.h"
+#include "kv/block_pool.h"
+#include "kv/kv_cache.h"
+
+namespace vlm {
+
+class DraftProposer final : public Proposer {
+ public:
+  // `num_blocks` blocks of `block_size` tokens (tables of up to max_blocks_per_seq), for up to
+  // max_num_seqs requests at a time proposing up to spec.num_tokens; proposals at or past
+  // target_vocab are cut.
+  static Result<std::unique_ptr<DraftProposer>> create(
+      const DraftModel& model, const SpecOptions& spec, int64_t target_vocab, int32_t num_blocks,
+      int32_t block_size, int64_t max_blocks_per_seq, int64_t max_num_seqs);
+
+  int32_t propose(const ProposeInput& in, int32_t max_k, int32_t* out) override;
+  Status propose_batch(std::span<ProposeJob> jobs) override;
+  void forget(int64_t id) override;
+
+  // Bytes of one of its KV blocks (the engine plans the target's blocks with these beside them).
+  static int64_t block_bytes(const DraftModel& model, int32_t block_size);
+
+ private:
+  DraftProposer(const DraftModel& model, int64_t target_vocab, int32_t num_blocks,
+                int32_t block_size);
+  // What the draft holds of one request: its cache holds the first `computed` tokens of the
+  // sequence, and after them the `num_fed` proposals it fed itself last step.
+  struct Entry {
+    int64_t computed = 0;
+    int32_t num_fed = 0;
+    std::array<int32_t, SpecOptions::kMaxTokens> fed{};
+  };
+  // propose_batch() but for its error handling.
+  Status propose_all(std::span<ProposeJob> jobs);
+  // One batched pass over chunks_ (the logit rows to logits_), then each chunk's argmax into its
+  // job's next proposal.
+  Status run_pass(std::span<ProposeJob> jobs);
+
+  DraftModel m_;
+  int64_t target_vocab_;
+  KvCache cache_;
+  KvCacheManager kv_;
+  std::unordered_map<int64_t, Entry> entries_;
+  // A pass's scratch: its chunks, the job each serves (-1: a catch-up chunk short of the end),
+  // image rows, the fed proposals' ids and 1-D positions, the logit rows.
+  std::vector<SeqChunk> chunks_;
+  std::vector<int32_t> chunk_job_;
+  std::vector<VisionRows> vision_;
+  std::vector<int32_t> fed_ids_;
+  std::vector<int64_t> fed_pos_;
+  std::vector<float> logits_;
+  std::vector<uint8_t> done_;  // per job: no further proposal
+};
+
+}  // namespace vlm
