@@ -8,7 +8,15 @@
 namespace vlm {
 
 int64_t DraftProposer::block_bytes(const DraftModel& model, int32_t block_size) {
+  if (model.decoder == nullptr) return 0;
   return model.decoder->cache_spec(block_size, model.kv_dtype).block_bytes();
+}
+
+int64_t DraftProposer::state_bytes(const DraftModel& model, int64_t max_num_seqs, int32_t k) {
+  if (model.decoder == nullptr) return 0;
+  const KvCacheSpec cs = model.decoder->cache_spec(16, model.kv_dtype);
+  if (cs.state_group() == nullptr) return 0;
+  return max_num_seqs * (1 + int64_t{k}) * cs.state_bytes_per_seq();
 }
 
 DraftProposer::DraftProposer(const DraftModel& model, int64_t target_vocab, int32_t num_blocks,
@@ -20,9 +28,6 @@ Result<std::unique_ptr<DraftProposer>> DraftProposer::create(
     int32_t block_size, int64_t max_blocks_per_seq, int64_t max_num_seqs) {
   VLM_RETURN_IF_ERROR(check_spec_tokens(spec));
   if (model.decoder == nullptr) return invalid_argument("--spec draft needs a draft model");
-  if (model.decoder->hybrid()) {
-    return invalid_argument("a hybrid draft model (linear attention) is not supported");
-  }
   if (max_num_seqs > model.decoder->max_chunk()) {
     return invalid_argument(
         "the draft model's pass (" + std::to_string(model.decoder->max_chunk()) +
@@ -30,8 +35,13 @@ Result<std::unique_ptr<DraftProposer>> DraftProposer::create(
   }
   std::unique_ptr<DraftProposer> p(new DraftProposer(model, target_vocab, num_blocks, block_size));
   const KvCacheSpec cs = model.decoder->cache_spec(block_size, model.kv_dtype);
+  p->hybrid_ = cs.state_group() != nullptr;
+  p->k_ = spec.num_tokens;
+  const int64_t slots = p->hybrid_ ? max_num_seqs : 0;
+  for (int64_t i = slots - 1; i >= 0; --i) p->free_slots_.push_back(static_cast<int32_t>(i));
   VLM_RETURN_IF_ERROR(
-      model.decoder->allocate_cache(&p->cache_, cs, num_blocks, max_blocks_per_seq)
+      model.decoder
+          ->allocate_cache(&p->cache_, cs, num_blocks, max_blocks_per_seq, slots, slots * p->k_)
           .with_context("the draft model's KV cache (" + std::to_string(num_blocks) + " blocks)"));
   const auto n = static_cast<size_t>(max_num_seqs);
   p->chunks_.reserve(n);
@@ -48,7 +58,32 @@ Result<std::unique_ptr<DraftProposer>> DraftProposer::create(
 
 void DraftProposer::forget(int64_t id) {
   kv_.free(id);
-  entries_.erase(id);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  if (it->second.slot >= 0) free_slots_.push_back(it->second.slot);
+  entries_.erase(it);
+}
+
+bool DraftProposer::take_slot(int64_t id, Entry& e, std::span<ProposeJob> jobs) {
+  if (e.slot >= 0) return true;
+  if (free_slots_.empty()) {  // one held by a request that is not running (preempted)
+    for (auto& [owner, o] : entries_) {
+      const int64_t other = owner;
+      if (o.slot < 0 || other == id ||
+          std::any_of(jobs.begin(), jobs.end(),
+                      [other](const ProposeJob& j) { return j.in.request_id == other; })) {
+        continue;
+      }
+      free_slots_.push_back(o.slot);
+      o = Entry{};  // it starts over when it next proposes
+      break;
+    }
+  }
+  if (free_slots_.empty()) return false;
+  e = Entry{};  // from the sequence's start, in a fresh state
+  e.slot = free_slots_.back();
+  free_slots_.pop_back();
+  return true;
 }
 
 int32_t DraftProposer::propose(const ProposeInput& in, int32_t max_k, int32_t* out) {
@@ -82,7 +117,7 @@ Status DraftProposer::run_pass(std::span<ProposeJob> jobs) {
 Status DraftProposer::propose_batch(std::span<ProposeJob> jobs) {
   const Status st = propose_all(jobs);
   if (!st.ok()) {  // a pass failed part way: what the cache holds is known of no request
-    for (auto& [id, e] : entries_) e = Entry{};
+    for (auto& [id, e] : entries_) e = Entry{.slot = e.slot};
     for (ProposeJob& j : jobs) j.k = 0;
   }
   return st;
@@ -99,13 +134,20 @@ Status DraftProposer::propose_all(std::span<ProposeJob> jobs) {
     j.k = 0;
     const int64_t len = static_cast<int64_t>(j.in.ids.size());
     Entry& e = entries_[j.in.request_id];
-    if (e.computed > len) e = Entry{};  // not this sequence's (cannot happen): start over
-    for (int32_t f = 0; f < e.num_fed && e.computed < len - 1; ++f) {
-      if (j.in.ids[static_cast<size_t>(e.computed)] != e.fed[static_cast<size_t>(f)]) break;
+    if (e.computed > len) e = Entry{.slot = e.slot};  // not this sequence's (cannot be): anew
+    int32_t matched = 0;
+    for (; matched < e.num_fed && e.computed < len - 1; ++matched) {
+      if (j.in.ids[static_cast<size_t>(e.computed)] != e.fed[static_cast<size_t>(matched)]) break;
       ++e.computed;
     }
+    if (hybrid_ && e.slot >= 0 && matched < e.num_fed) {
+      // Its state ran over proposals the target did not keep: back to the one before the first.
+      VLM_RETURN_IF_ERROR(
+          cache_.restore_state(m_.decoder->backend(), snapshot(e, matched), e.slot));
+    }
     e.num_fed = 0;
-    if (j.max_k < 1 || len < 1 || !kv_.reserve(j.in.request_id, len + j.max_k - 1).ok()) {
+    if (j.max_k < 1 || len < 1 || (hybrid_ && !take_slot(j.in.request_id, e, jobs)) ||
+        !kv_.reserve(j.in.request_id, len + j.max_k - 1).ok()) {
       done_[i] = 1;  // no room in the draft's cache: no proposals this step
     }
   }
@@ -137,6 +179,7 @@ Status DraftProposer::propose_all(std::span<ProposeJob> jobs) {
       c.block_table = table.data();
       c.num_table_blocks = static_cast<int64_t>(table.size());
       c.rows = c.first + take == len ? LogitRows::kLast : LogitRows::kNone;
+      c.state_slot = e.slot;
       if (in.features != nullptr && !in.features->embeds.empty() && c.first < in.prompt_len) {
         VisionRows& v = vision_[chunks_.size()];
         v.feature_row = in.feature_row.data() + c.first;
@@ -166,8 +209,13 @@ Status DraftProposer::propose_all(std::span<ProposeJob> jobs) {
       const size_t slot = chunks_.size();
       fed_ids_[slot] = j.out[depth - 1];
       fed_pos_[slot] = j.in.pos.t[len - 1] + depth;
+      if (hybrid_) {  // its state before this proposal, to go back to if it is not kept
+        VLM_RETURN_IF_ERROR(
+            cache_.save_state(m_.decoder->backend(), e.slot, snapshot(e, e.num_fed)));
+      }
       e.fed[static_cast<size_t>(e.num_fed++)] = j.out[depth - 1];
       SeqChunk c;
+      c.state_slot = e.slot;
       c.ids = &fed_ids_[slot];
       c.n = 1;
       c.first = len + depth - 1;

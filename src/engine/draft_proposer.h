@@ -6,8 +6,9 @@
 // last verify accepted, or a new request's whole prompt, with its images through the draft's own
 // vision features) and gives each its first proposal, then one pass of one row per request for
 // each further position. The proposals it fed on a step stay in its cache: those the target
-// accepted are not computed again. A proposal is deterministic given the sequence, so the
-// verify's rejection rule keeps the output exact whatever the draft proposes.
+// accepted are not computed again (a hybrid draft keeps its state before each proposal it feeds,
+// and goes back to the one where the accepted ones end). A proposal is deterministic given the
+// sequence, so the verify's rejection rule keeps the output exact whatever the draft proposes.
 #pragma once
 
 #include <array>
@@ -37,8 +38,11 @@ class DraftProposer final : public Proposer {
   Status propose_batch(std::span<ProposeJob> jobs) override;
   void forget(int64_t id) override;
 
-  // Bytes of one of its KV blocks (the engine plans the target's blocks with these beside them).
+  // Bytes of one of its KV blocks (the engine plans the target's blocks with these beside them),
+  // and a hybrid draft's states for max_num_seqs requests proposing up to K (a slot each and a
+  // snapshot per proposal it feeds; 0 for another model).
   static int64_t block_bytes(const DraftModel& model, int32_t block_size);
+  static int64_t state_bytes(const DraftModel& model, int64_t max_num_seqs, int32_t k);
 
  private:
   DraftProposer(const DraftModel& model, int64_t target_vocab, int32_t num_blocks,
@@ -49,7 +53,13 @@ class DraftProposer final : public Proposer {
     int64_t computed = 0;
     int32_t num_fed = 0;
     std::array<int32_t, SpecOptions::kMaxTokens> fed{};
+    int32_t slot = -1;  // a hybrid draft's state slot (its snapshots: slot · K onward)
   };
+  // A hybrid draft: a state slot for `e` (request `id`), taken from a request not in `jobs` when
+  // none is free (which then starts over); false when every slot serves this step.
+  bool take_slot(int64_t id, Entry& e, std::span<ProposeJob> jobs);
+  // The snapshot holding `e`'s state before its fed proposal f.
+  int32_t snapshot(const Entry& e, int32_t f) const { return e.slot * k_ + f; }
   // propose_batch() but for its error handling.
   Status propose_all(std::span<ProposeJob> jobs);
   // One batched pass over chunks_ (the logit rows to logits_), then each chunk's argmax into its
@@ -58,6 +68,9 @@ class DraftProposer final : public Proposer {
 
   DraftModel m_;
   int64_t target_vocab_;
+  bool hybrid_ = false;
+  int32_t k_ = 0;                    // SpecOptions::num_tokens
+  std::vector<int32_t> free_slots_;  // a hybrid draft's
   KvCache cache_;
   KvCacheManager kv_;
   std::unordered_map<int64_t, Entry> entries_;

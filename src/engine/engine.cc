@@ -652,11 +652,6 @@ Status check_draft(const EngineImpl& target, const EngineImpl& draft, const std:
       a.vision_start_token_id != b.vision_start_token_id) {
     return invalid_argument(refused + "its image and video token ids differ");
   }
-  if (draft.decoder->hybrid()) {
-    return invalid_argument(refused +
-                            "it is a hybrid model (linear attention), whose state a draft "
-                            "would have to roll back after each step; use a Qwen3-VL draft");
-  }
   if (target.has_vision && draft.has_vision) {
     const auto& va = a.vision_config;
     const auto& vb = b.vision_config;

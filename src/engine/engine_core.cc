@@ -70,11 +70,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   // A hybrid model's state slots, one per sequence that may run, and its prefix cache's state
   // snapshots come out of the same budget.
   const bool hybrid = spec.state_group() != nullptr;
-  const bool draft = opts.spec.method == SpecMethod::kDraft;
-  if (draft != (m.draft.decoder != nullptr)) {
-    return invalid_argument(draft ? "--spec draft needs a draft model (--spec-draft-model)"
-                                  : "a draft model is for --spec draft");
-  }
+  const bool draft = opts.spec.method == SpecMethod::kDraft;  // (DraftProposer::create checks)
   if (!draft) {
     VLM_ASSIGN_OR_RETURN(s.proposer, make_proposer(opts.spec, m.runner.vocab_size));
   }
@@ -83,11 +79,6 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   const int64_t verify_tokens =
       spec_tokens > 0 ? std::min(opts.max_num_seqs * (1 + spec_tokens), opts.max_batched_tokens)
                       : 0;
-  if (spec_tokens > 0 && hybrid) {
-    return invalid_argument(
-        "speculative decoding (--spec) does not run hybrid models (Qwen3.5's linear-attention "
-        "state would need rolling back after a rejected proposal) yet");
-  }
   if (spec_tokens > 0 && dec.backend().device() != ops::Device::kCpu) {
     return invalid_argument(
         "speculative decoding (--spec) runs on the CPU only: its verify passes are not yet proven "
@@ -97,8 +88,15 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   VLM_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(m.runner, s.cache, opts.max_num_seqs,
                                                      blocks_per_seq, verify_tokens));
   const int64_t state_slots = hybrid ? opts.max_num_seqs : 0;
+  // With proposals, each slot's K more: a verify chunk's state after each of its tokens but the
+  // last, so that the state where its accepted tokens end replaces the slot's.
+  const int64_t token_slots = hybrid ? opts.max_num_seqs * spec_tokens : 0;
+  s.token_slot_base = hybrid && spec_tokens > 0 ? static_cast<int32_t>(state_slots) : -1;
   VLM_RETURN_IF_ERROR(resolve_state_snapshots(hybrid, &opts));
-  const int64_t state_bytes = (state_slots + opts.state_snapshots) * spec.state_bytes_per_seq();
+  // (And a hybrid draft model's states.)
+  const int64_t state_bytes =
+      (state_slots + token_slots + opts.state_snapshots) * spec.state_bytes_per_seq() +
+      (draft ? DraftProposer::state_bytes(m.draft, opts.max_num_seqs, opts.spec.num_tokens) : 0);
   KvBlockPlan plan;
   plan.num_blocks = opts.num_blocks;
   plan.max_num_seqs = opts.max_num_seqs;
@@ -159,7 +157,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   }
   s.sched = std::make_unique<Scheduler>(std::move(sched));
   VLM_RETURN_IF_ERROR(
-      dec.allocate_cache(&s.cache, spec, opts.num_blocks, blocks_per_seq, state_slots,
+      dec.allocate_cache(&s.cache, spec, opts.num_blocks, blocks_per_seq, state_slots + token_slots,
                          opts.state_snapshots)
           .with_context("the KV cache (" + std::to_string(opts.num_blocks) + " blocks)"));
   core->opts_ = opts;
@@ -349,10 +347,12 @@ Status EngineCore::execute(const SchedulerOutput& out) {
     EngineRequest& r = *s.reqs.at(it.request_id);
     r.step_tokens = r.step_accepted = 0;
     const bool verify = it.num_spec > 0;
+    const int32_t slot = s.sched->state_slot(it.request_id);
     s.rows.push_back({it.request_id, it.first_token, it.num_tokens,
                       verify ? StepKind::kVerify : r.kind, &r.seq,
-                      &s.sched->block_table(it.request_id), s.sched->state_slot(it.request_id),
-                      std::span<const int32_t>(r.drafts.data(), verify ? it.num_spec : 0)});
+                      &s.sched->block_table(it.request_id), slot,
+                      std::span<const int32_t>(r.drafts.data(), verify ? it.num_spec : 0),
+                      verify && slot >= 0 ? token_slot(slot) : -1});
   }
   s.sampled.clear();
   // A prefix hit of a hybrid model resumes from its snapshot; the snapshots this step completes
@@ -377,6 +377,16 @@ Status EngineCore::execute(const SchedulerOutput& out) {
       continue;
     }
     r.stream->publish(t, /*stop=*/false, s.steps, sampled_ns);
+  }
+  // A hybrid model's verify rows that did not keep every proposal: the state where the tokens
+  // they computed end (the last one and those accepted) replaces the slot's, which ran past.
+  for (const StepRow& row : s.rows) {
+    if (row.token_state_slot < 0) continue;
+    const int32_t computed = s.reqs.at(row.request_id)->step_tokens;
+    if (computed < row.num_tokens) {
+      VLM_RETURN_IF_ERROR(
+          s.cache.copy_slot(be, row.token_state_slot + computed - 1, row.state_slot));
+    }
   }
   return ok_status();
 }
@@ -405,7 +415,15 @@ void EngineCore::update() {
     VLM_CHECK(q != nullptr, "a sampled token of a request the scheduler no longer runs");
     const int64_t n = q->num_tokens;  // the sequence up to t (a verify row appends several)
     if (r.ending != FinishReason::kNone && n == r.seq.len()) {
-      // The blocks its accepted proposals filled stay cached (update() has not counted them).
+      // The blocks its accepted proposals filled stay cached (update() has not counted them), and
+      // a hybrid model's state at a snapshot point among them.
+      for (const StepRow& row : s.rows) {
+        if (row.request_id != t.request_id || row.token_state_slot < 0) continue;
+        if (const Status st = save_verify_snapshot(row); !st.ok()) {
+          fail_step(st);
+          return;
+        }
+      }
       for (const auto& [id, c] : s.computed) {
         if (id == t.request_id) s.sched->finish(id, c);
       }
@@ -424,7 +442,30 @@ void EngineCore::update() {
   }
   // After the appends: a verify row's accepted tokens are the request's now.
   s.sched->update(s.computed);
+  for (const StepRow& row : s.rows) {
+    if (row.token_state_slot >= 0 && s.reqs.count(row.request_id) > 0) {
+      if (const Status st = save_verify_snapshot(row); !st.ok()) {
+        fail_step(st);
+        return;
+      }
+    }
+  }
   if (s.proposer) propose();
+}
+
+// A hybrid model's verify row, once its request has every token of the step: a snapshot point
+// among the tokens it computed takes the state there (the slot's for its last token, else that
+// token's own).
+Status EngineCore::save_verify_snapshot(const StepRow& row) {
+  State& s = *st_;
+  const int64_t computed = s.reqs.at(row.request_id)->step_tokens;
+  int64_t end = 0;
+  const int32_t snap = s.sched->verify_snapshot(row.request_id, row.first_token, computed, &end);
+  if (snap < 0) return ok_status();
+  const int64_t j = end - row.first_token;  // tokens of the row up to the point
+  const int32_t from =
+      j == computed ? row.state_slot : row.token_state_slot + static_cast<int32_t>(j - 1);
+  return s.cache.save_state(model_.runner.decoder->backend(), from, snap);
 }
 
 // Speculative decoding's counters (vLLM's spec_decode family), and each verified request's cap:
@@ -508,6 +549,12 @@ void EngineCore::take_draft_features(EngineRequest& r) {
       f.deepstack[t].insert(f.deepstack[t].end(), d.deepstack[t].begin(), d.deepstack[t].end());
     }
   }
+}
+
+int32_t EngineCore::token_slot(int32_t slot) const {
+  const State& s = *st_;
+  if (s.token_slot_base < 0) return -1;
+  return s.token_slot_base + slot * opts_.spec.num_tokens;
 }
 
 void EngineCore::fail_step(const Status& st) {

@@ -97,7 +97,10 @@ class EngineCore {
   static constexpr int32_t kSpecRetrySteps = 8;
   void record_spec(const SchedulerOutput& out);
   void propose();
+  Status save_verify_snapshot(const StepRow& row);
   void take_draft_features(EngineRequest& r);
+  // A hybrid model's verify row in state slot `slot`: the first of its per-token state slots.
+  int32_t token_slot(int32_t slot) const;
   void fail_step(const Status& st);  // an engine fault: the step's requests fail
   void publish_kv_events();
   // Ends `r`: the stream learns why (a finish reason, or an error), with `last` (its final token,

@@ -67,6 +67,9 @@ struct EngineCore::State {
   std::vector<KvCacheEvent> kv_log;     // publish_kv_events()' scratch
   std::vector<BlockExtraKey> extras;    // block keys' scratch
   int64_t steps = 0;
+  // A hybrid model with proposals: slot s's per-token states are slots token_slot_base + s·K
+  // onward (-1: none).
+  int32_t token_slot_base = -1;
 };
 
 }  // namespace vlm

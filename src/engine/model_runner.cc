@@ -150,6 +150,7 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
     c.block_table = table.data();
     c.num_table_blocks = static_cast<int64_t>(table.size());
     c.state_slot = it.state_slot;
+    c.token_state_slot = it.token_state_slot;
     if (it.kind == StepKind::kVerify) {
       verify_chunk(it, verify_at, &c);
       verify_at += static_cast<size_t>(c.n);

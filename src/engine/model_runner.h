@@ -48,8 +48,10 @@ struct StepRow {
   Sequence* seq = nullptr;
   const std::vector<int32_t>* block_table = nullptr;
   int32_t state_slot = -1;  // a hybrid model's state slot
-  // kVerify: the proposed tokens (num_tokens - 1 of them), after the sequence's last token.
+  // kVerify: the proposed tokens (num_tokens - 1 of them), after the sequence's last token, and
+  // a hybrid model's first slot for the state after each token (SeqChunk::token_state_slot).
   std::span<const int32_t> drafts;
+  int32_t token_state_slot = -1;
 };
 
 class ModelRunner {

@@ -90,6 +90,18 @@ Status KvCache::restore_state(ops::Backend& be, int64_t snapshot, int64_t slot) 
   return copy_state(be, slot, snapshot, false);
 }
 
+Status KvCache::copy_slot(ops::Backend& be, int64_t from, int64_t to) const {
+  if (from < 0 || from >= slots_ || to < 0 || to >= slots_) {
+    return internal_error("a state copy names a slot outside the cache");
+  }
+  const size_t bytes = static_cast<size_t>(state_floats_) * 4;
+  for (int64_t l = 0; l < state_layers_; ++l) {
+    VLM_RETURN_IF_ERROR(be.copy(states_.at((l * slots_ + to) * state_floats_),
+                                states_.at((l * slots_ + from) * state_floats_), bytes));
+  }
+  return ok_status();
+}
+
 ops::KvLayer KvCache::layer(int64_t l) const {
   ops::KvLayer c;
   c.k = k_.at(l * rows() * row_);

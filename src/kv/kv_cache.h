@@ -45,6 +45,8 @@ class KvCache {
   // Copies every layer's state of slot `slot` into snapshot `snapshot` (save) or back (restore).
   Status save_state(ops::Backend& be, int64_t slot, int64_t snapshot) const;
   Status restore_state(ops::Backend& be, int64_t snapshot, int64_t slot) const;
+  // Copies every layer's state of slot `from` into slot `to`.
+  Status copy_slot(ops::Backend& be, int64_t from, int64_t to) const;
   // Layer l of the state group's slots: [state_slots, state_floats] f32.
   ops::Buf states(int64_t l) const { return states_.at(l * slots_ * state_floats_); }
 

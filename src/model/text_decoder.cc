@@ -221,7 +221,9 @@ Status TextDecoder::alloc_scratch() {
   VLM_ASSIGN_OR_RETURN(ints_, be_.alloc(kIntRows * C, DType::kI32));
   VLM_ASSIGN_OR_RETURN(rope_host_, be_.alloc_host(static_cast<size_t>(2 * C * rope_.half()) * 4));
   VLM_ASSIGN_OR_RETURN(rope_dev_, be_.alloc(2 * C * rope_.half(), DType::kF32));
-  for (auto* v : {&seq_row_, &seq_len_, &seq_pos_, &seq_slot_}) v->resize(static_cast<size_t>(C));
+  for (auto* v : {&seq_row_, &seq_len_, &seq_pos_, &seq_slot_, &seq_token_slot_}) {
+    v->resize(static_cast<size_t>(C));
+  }
   for (auto* v : {&pos_t_, &pos_h_, &pos_w_}) v->resize(static_cast<size_t>(C));
   return reserve_tables(C);
 }
@@ -372,6 +374,7 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
     seq_len_[c] = static_cast<int32_t>(ch.n);
     seq_pos_[c] = static_cast<int32_t>(ch.first);
     seq_slot_[c] = ch.state_slot;
+    seq_token_slot_[c] = ch.token_state_slot;
     for (int64_t i = 0; i < ch.n; ++i) {
       const int64_t p = ch.first + i;
       slots[off + i] = static_cast<int32_t>(ch.block_table[p / bs] * bs + p % bs);
@@ -397,6 +400,7 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
     seq_len_[s] = 1;
     seq_pos_[s] = 0;
     seq_slot_[s] = -1;
+    seq_token_slot_[s] = -1;
     pos_t_[r] = pos_h_[r] = pos_w_[r] = 0;
     sel[n_sel++] = static_cast<int32_t>(r);
   }
@@ -449,6 +453,7 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
   a.seq_len = seq_len_.data();
   a.seq_pos = seq_pos_.data();
   a.seq_slot = hybrid() ? seq_slot_.data() : nullptr;
+  a.seq_token_slot = hybrid() ? seq_token_slot_.data() : nullptr;
   a.tables_host = table;
   a.tok_seq = pass->ints.at(kSeq * C);
   a.tok_pos = pass->ints.at(kPos * C);

@@ -49,8 +49,10 @@ struct SeqChunk {
   int64_t num_table_blocks = 0;        // must cover first + n positions
   const VisionRows* vision = nullptr;  // image rows of this chunk, or null
   LogitRows rows = LogitRows::kNone;
-  // A hybrid model's: the sequence's state slot in the cache (from zero when first == 0).
+  // A hybrid model's: the sequence's state slot in the cache (from zero when first == 0), and
+  // for a verify chunk the first of the slots its per-token states go to (-1: none).
   int32_t state_slot = -1;
+  int32_t token_state_slot = -1;
 };
 
 // Logit rows a chunk gets: 0, 1 or n.
@@ -207,8 +209,8 @@ class TextDecoder {
   ops::Buffer ints_host_, ints_, rope_host_, rope_dev_, tables_host_, tables_, feats_;
   int64_t table_cap_ = 0;  // block-table entries tables_ holds
   Status reserve_tables(int64_t entries);
-  std::vector<int32_t> seq_row_, seq_len_, seq_pos_, seq_slot_;  // [max_chunk]
-  std::vector<int64_t> pos_t_, pos_h_, pos_w_;                   // [max_chunk]
+  std::vector<int32_t> seq_row_, seq_len_, seq_pos_, seq_slot_, seq_token_slot_;  // [max_chunk]
+  std::vector<int64_t> pos_t_, pos_h_, pos_w_;                                    // [max_chunk]
   std::vector<float> h_feats_;  // image rows' features (prefill only)
 };
 

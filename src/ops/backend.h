@@ -123,6 +123,9 @@ struct AttentionBatch {
   // A hybrid model's: each sequence's state slot (host [seqs]); a sequence at position 0 starts
   // from zero state.
   const int32_t* seq_slot = nullptr;
+  // With seq_slot: each sequence's first slot for its per-token states (host [seqs]; -1: none),
+  // a verify chunk's (ops::DeltaNetSeq::token_states: token t's at that slot + t).
+  const int32_t* seq_token_slot = nullptr;
   int64_t serial = 0;  // differs between passes: a backend may keep per-pass state
 };
 

@@ -213,6 +213,8 @@ Status CpuBackend::gated_delta_net(Buf proj, const AttentionBatch& b, const Delt
     q.fresh = b.seq_pos[i] == 0;
     q.conv = f(states) + b.seq_slot[i] * s.state_floats();
     q.state = q.conv + s.conv_state();
+    const int32_t ts = b.seq_token_slot != nullptr ? b.seq_token_slot[i] : -1;
+    q.token_states = ts >= 0 ? f(states) + ts * s.state_floats() : nullptr;
   }
   ops::gated_delta_net(f(proj), s.proj_dim(), delta_seqs_.data(), b.seqs, s, f(layer.conv_w),
                        f(layer.a_log), f(layer.dt_bias), f(mixed), f(out), pool_, isa_);

@@ -274,6 +274,11 @@ struct DeltaNetSeq {
   bool fresh = false;
   float* conv = nullptr;
   float* state = nullptr;
+  // Speculative decoding's verify chunk (null otherwise): the sequence runs token by token (the
+  // conv1d and the recurrent rule, as one-token chunks do), and its state after each token t but
+  // the last is written to token_states + t · state_floats (a slot's layout: conv window, then the
+  // recurrent state), so that a rejected proposal's state can be dropped.
+  float* token_states = nullptr;
 };
 
 // A Gated DeltaNet layer's token mixing over a batch of sequences (transformers'

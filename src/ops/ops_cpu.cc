@@ -310,8 +310,20 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
         for (int64_t r = 0; r + 1 < s.kernel; ++r)
           std::fill(q.conv + r * C + c0, q.conv + r * C + c1, 0.f);
       }
-      k.conv1d_silu(proj + q.row * proj_stride, proj_stride, q.len, C, c0, c1, s.kernel, conv_w,
-                    q.conv, mixed + q.row * ms, ms);
+      if (q.token_states == nullptr) {
+        k.conv1d_silu(proj + q.row * proj_stride, proj_stride, q.len, C, c0, c1, s.kernel, conv_w,
+                      q.conv, mixed + q.row * ms, ms);
+        continue;
+      }
+      for (int64_t t = 0; t < q.len; ++t) {  // token by token, each window kept but the last
+        k.conv1d_silu(proj + (q.row + t) * proj_stride, proj_stride, 1, C, c0, c1, s.kernel, conv_w,
+                      q.conv, mixed + (q.row + t) * ms, ms);
+        if (t + 1 == q.len) break;
+        float* dst = q.token_states + t * s.state_floats();
+        for (int64_t r = 0; r + 1 < s.kernel; ++r) {
+          std::copy(q.conv + r * C + c0, q.conv + r * C + c1, dst + r * C + c0);
+        }
+      }
     }
   });
   delta_gates(proj, proj_stride, rows, s, a_log, dt_bias, mixed, pool, isa);
@@ -337,6 +349,18 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
       float* S = q.state + h * s.dk * s.dv;
       if (q.fresh) std::fill_n(S, s.dk * s.dv, 0.f);
       float* o = out + q.row * od + h * s.dv;
+      if (q.token_states != nullptr) {  // token by token, each state kept but the last
+        for (int64_t t = 0; t < q.len; ++t) {
+          kernels::DeltaInputs c = in;
+          for (const float** p : {&c.q, &c.k, &c.v, &c.g, &c.beta}) *p += t * ms;
+          k.delta_rule_recurrent(c, 1, s.dk, s.dv, S, o + t * od, od, buf);
+          if (t + 1 < q.len) {
+            std::copy_n(S, s.dk * s.dv,
+                        q.token_states + t * s.state_floats() + s.conv_state() + h * s.dk * s.dv);
+          }
+        }
+        continue;
+      }
       if (q.len == 1 || chunk == 1) {
         k.delta_rule_recurrent(in, q.len, s.dk, s.dv, S, o, od, buf);
         continue;

@@ -100,23 +100,38 @@ bool Scheduler::owns_reply_snapshot(const SchedRequest& r) const {
 }
 
 void Scheduler::save_snapshots(const ScheduledItem& item, SchedulerOutput* out) {
+  // A verify item's snapshot point depends on how many proposals are accepted: the engine asks
+  // once the step has run (verify_snapshot).
+  if (item.num_spec > 0) return;
   SchedRequest& r = requests_.at(item.request_id);
   const int64_t end = item.first_token + item.num_tokens;
+  if (end % config_.snapshot_interval != 0) return;
+  const int32_t s = snapshot_at(r, end);
+  if (s >= 0) out->saves.push_back({r.state_slot, s});
+}
+
+int32_t Scheduler::verify_snapshot(int64_t id, int64_t first, int64_t computed, int64_t* end) {
+  auto it = requests_.find(id);
+  if (!snapshots() || it == requests_.end() || it->second.state_slot < 0) return -1;
+  *end = (first + computed) / config_.snapshot_interval * config_.snapshot_interval;
+  if (*end <= first) return -1;
+  return snapshot_at(it->second, *end);
+}
+
+int32_t Scheduler::snapshot_at(SchedRequest& r, int64_t end) {
   const int64_t k = end / config_.block_size;  // full blocks at the chunk's end
-  if (end % config_.snapshot_interval != 0 || k > static_cast<int64_t>(r.block_hashes.size())) {
-    return;
-  }
+  if (k > static_cast<int64_t>(r.block_hashes.size())) return -1;
   const bool own = owns_reply_snapshot(r);
   const BlockHash& hash = r.block_hashes[static_cast<size_t>(k - 1)];
   if (const int32_t found = find_snapshot(hash); found >= 0) {
     if (own && found == r.reply_snapshot) r.reply_snapshot_used = snap_used_[found];
-    return;
+    return -1;
   }
   const bool reply = end > r.num_prompt_tokens;
   int32_t s = -1;
   if (reply && own) {
-    if (end <= r.reply_snapshot_end) return;  // recomputing behind its latest, which stays
-    s = r.reply_snapshot;                     // replaced in place
+    if (end <= r.reply_snapshot_end) return -1;  // recomputing behind its latest, which stays
+    s = r.reply_snapshot;                        // replaced in place
     snap_hash_[static_cast<size_t>(s)] = hash;
     snap_used_[static_cast<size_t>(s)] = ++snap_clock_;
   } else {
@@ -127,7 +142,7 @@ void Scheduler::save_snapshots(const ScheduledItem& item, SchedulerOutput* out) 
     r.reply_snapshot_end = end;
     r.reply_snapshot_used = snap_used_[static_cast<size_t>(s)];
   }
-  out->saves.push_back({r.state_slot, s});
+  return s;
 }
 
 void Scheduler::release_slot(SchedRequest& r) {

@@ -135,6 +135,10 @@ class Scheduler {
   // After the step ran: num_computed_tokens += n for each (id, n). Ids no longer running (aborted
   // or preempted since) are skipped.
   void update(const std::vector<std::pair<int64_t, int64_t>>& computed);
+  // A hybrid model's verify step of request `id` from token `first` has run (and update() has
+  // counted its `computed` tokens): the snapshot its state at the last snapshot point among them
+  // (*end) goes to, or -1 when none is to be taken.
+  int32_t verify_snapshot(int64_t id, int64_t first, int64_t computed, int64_t* end);
   // Speculative decoding: `k` tokens are proposed after the request's last one, for its next
   // decode step to verify (that step only: they are dropped once it is scheduled, whether they
   // fit or not). That step gives it 1 + k tokens once every running request has its
@@ -215,6 +219,9 @@ class Scheduler {
   int32_t hit_at_snapshot(SchedRequest& r, int32_t* snapshot);
   // The snapshots `item` completes: a chunk ending at a snapshot point not yet kept.
   void save_snapshots(const ScheduledItem& item, SchedulerOutput* out);
+  // The snapshot `r`'s state at `end` tokens goes to (its block keyed by then), or -1 when none
+  // is to be taken there.
+  int32_t snapshot_at(SchedRequest& r, int64_t end);
   bool owns_reply_snapshot(const SchedRequest& r) const;
   bool snapshots() const { return config_.snapshot_interval > 0; }
   // Admits the head of the waiting queue: its cached prefix, then its first chunk.

@@ -92,8 +92,12 @@ inline Status load_with_edited_tensor(const std::string& name, const std::string
 // saying so; with drop_vision, without the vision tower. A draft model for speculative decoding
 // that shares the fixture's tokenizer and agrees with it part of the time, as a smaller model of
 // a family does.
+// With mixer_gain != 1, each text layer's token mixer output (attention's o_proj, linear
+// attention's out_proj; f32) is scaled by it: the model's next token then depends on the context
+// more than a small random model's does.
 inline Status write_truncated_fixture(const std::string& name, int64_t layers,
-                                      const std::filesystem::path& dir, bool drop_vision = false) {
+                                      const std::filesystem::path& dir, bool drop_vision = false,
+                                      float mixer_gain = 1) {
   namespace fs = std::filesystem;
   const fs::path src = fs::path(VLM_FIXTURES_DIR) / name;
   for (const auto& f : fs::directory_iterator(src)) {
@@ -105,6 +109,10 @@ inline Status write_truncated_fixture(const std::string& name, int64_t layers,
   nlohmann::json cfg = nlohmann::json::parse(test_util::read_file((src / "config.json").string()));
   nlohmann::json& t = cfg.contains("text_config") ? cfg["text_config"] : cfg;
   t["num_hidden_layers"] = layers;
+  if (t.contains("layer_types")) {  // Qwen3.5: the kinds of the layers kept
+    t["layer_types"] =
+        std::vector<nlohmann::json>(t["layer_types"].begin(), t["layer_types"].begin() + layers);
+  }
   if (t.contains("mlp_only_layers")) {  // the dense layers among those kept
     nlohmann::json kept = nlohmann::json::array();
     for (const auto& l : t["mlp_only_layers"]) {
@@ -126,6 +134,18 @@ inline Status write_truncated_fixture(const std::string& name, int64_t layers,
       continue;
     }
     tensors.emplace_back(n, *store.get(n));
+  }
+  std::vector<std::vector<float>> scaled;  // the scaled copies the views point into
+  scaled.reserve(tensors.size());
+  for (auto& [n, v] : tensors) {
+    const bool mixer =
+        n.find("visual") == std::string::npos && (n.find("o_proj.weight") != std::string::npos ||
+                                                  n.find("out_proj.weight") != std::string::npos);
+    if (mixer_gain == 1 || !mixer || v.dtype != DType::kF32) continue;
+    const auto* src = static_cast<const float*>(v.data);
+    scaled.emplace_back(src, src + v.numel());
+    for (float& x : scaled.back()) x *= mixer_gain;
+    v.data = scaled.back().data();
   }
   return write_safetensors((dir / "model.safetensors").string(), tensors);
 }

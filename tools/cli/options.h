@@ -83,8 +83,7 @@ inline void add_spec_options(CLI::App* app, SpecOptions* s) {
       "followed the sequence's last n-gram earlier in the prompt or reply are proposed) "
       "or draft (a smaller model with the same tokenizer, --spec-draft-model, "
       "proposes); the proposals are checked in one pass and the output is the same, "
-      "under the conditions docs/architecture.md gives; CPU, models without linear "
-      "attention");
+      "under the conditions docs/architecture.md gives; CPU only");
   app->add_option("--spec-draft-model", s->draft_model,
                   "--spec draft: the draft model's checkpoint directory (loaded with this "
                   "model's options; its KV cache comes out of the same budget)");
