@@ -451,6 +451,10 @@ class Engine {
     int64_t state_slots = 0, state_slot_bytes = 0;
     int64_t state_snapshots = 0, state_snapshot_interval = 0, state_snapshots_held = 0;
     int64_t state_snapshot_evictions = 0;
+    // Every state the engine holds, in bytes: the slots and snapshots above, and with
+    // speculative decoding each slot's states after a verify row's tokens (K more per slot) and a
+    // hybrid draft model's states.
+    int64_t state_memory_bytes = 0;
     // Speculative decoding (vLLM's spec_decode counters): proposals verified (one per request
     // and step that carried any), tokens proposed, tokens accepted, and acceptances at each
     // position (the first proposed token, the second, ...); spec_tokens is K (0: off).

@@ -37,6 +37,7 @@ Result<std::unique_ptr<DraftProposer>> DraftProposer::create(
   const KvCacheSpec cs = model.decoder->cache_spec(block_size, model.kv_dtype);
   p->hybrid_ = cs.state_group() != nullptr;
   p->k_ = spec.num_tokens;
+  p->token_limit_ = max_blocks_per_seq * block_size;
   const int64_t slots = p->hybrid_ ? max_num_seqs : 0;
   for (int64_t i = slots - 1; i >= 0; --i) p->free_slots_.push_back(static_cast<int32_t>(i));
   VLM_RETURN_IF_ERROR(
@@ -64,23 +65,21 @@ void DraftProposer::forget(int64_t id) {
   entries_.erase(it);
 }
 
-bool DraftProposer::take_slot(int64_t id, Entry& e, std::span<ProposeJob> jobs) {
-  if (e.slot >= 0) return true;
-  if (free_slots_.empty()) {  // one held by a request that is not running (preempted)
-    for (auto& [owner, o] : entries_) {
-      const int64_t other = owner;
-      if (o.slot < 0 || other == id ||
-          std::any_of(jobs.begin(), jobs.end(),
-                      [other](const ProposeJob& j) { return j.in.request_id == other; })) {
-        continue;
-      }
-      free_slots_.push_back(o.slot);
-      o = Entry{};  // it starts over when it next proposes
-      break;
-    }
+bool DraftProposer::evict_one() {
+  auto victim = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->second.used == calls_) continue;  // proposing in this call
+    if (victim == entries_.end() || it->second.used < victim->second.used) victim = it;
   }
-  if (free_slots_.empty()) return false;
-  e = Entry{};  // from the sequence's start, in a fresh state
+  if (victim == entries_.end()) return false;
+  forget(victim->first);
+  return true;
+}
+
+bool DraftProposer::take_slot(Entry& e) {
+  if (e.slot >= 0) return true;
+  if (free_slots_.empty() && !evict_one()) return false;
+  e = Entry{.used = calls_};  // from the sequence's start, in a fresh state
   e.slot = free_slots_.back();
   free_slots_.pop_back();
   return true;
@@ -117,7 +116,7 @@ Status DraftProposer::run_pass(std::span<ProposeJob> jobs) {
 Status DraftProposer::propose_batch(std::span<ProposeJob> jobs) {
   const Status st = propose_all(jobs);
   if (!st.ok()) {  // a pass failed part way: what the cache holds is known of no request
-    for (auto& [id, e] : entries_) e = Entry{.slot = e.slot};
+    for (auto& [id, e] : entries_) e = Entry{.slot = e.slot, .used = e.used};
     for (ProposeJob& j : jobs) j.k = 0;
   }
   return st;
@@ -129,12 +128,16 @@ Status DraftProposer::propose_all(std::span<ProposeJob> jobs) {
   // 1. Each request's entry: the proposals fed last step that the target accepted are cached
   // already (never the sequence's last token, whose row gives the first proposal); blocks for
   // the sequence and the proposals fed this step.
+  ++calls_;
+  for (ProposeJob& j : jobs) entries_[j.in.request_id].used = calls_;  // (none evicted below)
   for (size_t i = 0; i < n; ++i) {
     ProposeJob& j = jobs[i];
     j.k = 0;
     const int64_t len = static_cast<int64_t>(j.in.ids.size());
-    Entry& e = entries_[j.in.request_id];
-    if (e.computed > len) e = Entry{.slot = e.slot};  // not this sequence's (cannot be): anew
+    Entry& e = entries_.at(j.in.request_id);
+    // Nothing new since its last call (the engine always appends first): from the start again,
+    // since the last token's row is needed and a hybrid state cannot step back over it.
+    if (e.computed >= len) e = Entry{.slot = e.slot, .used = e.used};
     int32_t matched = 0;
     for (; matched < e.num_fed && e.computed < len - 1; ++matched) {
       if (j.in.ids[static_cast<size_t>(e.computed)] != e.fed[static_cast<size_t>(matched)]) break;
@@ -146,10 +149,11 @@ Status DraftProposer::propose_all(std::span<ProposeJob> jobs) {
           cache_.restore_state(m_.decoder->backend(), snapshot(e, matched), e.slot));
     }
     e.num_fed = 0;
-    if (j.max_k < 1 || len < 1 || (hybrid_ && !take_slot(j.in.request_id, e, jobs)) ||
-        !kv_.reserve(j.in.request_id, len + j.max_k - 1).ok()) {
-      done_[i] = 1;  // no room in the draft's cache: no proposals this step
+    bool room = j.max_k >= 1 && len >= 1 && (!hybrid_ || take_slot(e));
+    while (room && !kv_.reserve(j.in.request_id, len + j.max_k - 1, token_limit_).ok()) {
+      room = evict_one();
     }
+    if (!room) done_[i] = 1;  // no room in the draft's cache: no proposals this step
   }
   // 2. Catch-up passes, the step's tokens at most each: every request's tokens not yet in the
   // cache; the chunk that reaches a sequence's end gives its first proposal.

@@ -54,10 +54,15 @@ class DraftProposer final : public Proposer {
     int32_t num_fed = 0;
     std::array<int32_t, SpecOptions::kMaxTokens> fed{};
     int32_t slot = -1;  // a hybrid draft's state slot (its snapshots: slot · K onward)
+    uint64_t used = 0;  // the last call that proposed for it
   };
-  // A hybrid draft: a state slot for `e` (request `id`), taken from a request not in `jobs` when
-  // none is free (which then starts over); false when every slot serves this step.
-  bool take_slot(int64_t id, Entry& e, std::span<ProposeJob> jobs);
+  // Frees what the request that proposed least recently, and not in this call, holds (its
+  // blocks and state slot: a preempted request's, or one that has not asked for a while, which
+  // starts over if it asks again); false when there is none.
+  bool evict_one();
+  // A hybrid draft: a state slot for `e`, evicting as above when none is free; false when every
+  // slot serves this call.
+  bool take_slot(Entry& e);
   // The snapshot holding `e`'s state before its fed proposal f.
   int32_t snapshot(const Entry& e, int32_t f) const { return e.slot * k_ + f; }
   // propose_batch() but for its error handling.
@@ -70,12 +75,14 @@ class DraftProposer final : public Proposer {
   int64_t target_vocab_;
   bool hybrid_ = false;
   int32_t k_ = 0;                    // SpecOptions::num_tokens
+  int64_t token_limit_ = 0;          // the most tokens a table holds (reserved once)
+  uint64_t calls_ = 0;               // propose_batch() calls so far
   std::vector<int32_t> free_slots_;  // a hybrid draft's
   KvCache cache_;
   KvCacheManager kv_;
   std::unordered_map<int64_t, Entry> entries_;
-  // A pass's scratch: its chunks, the job each serves (-1: a catch-up chunk short of the end),
-  // image rows, the fed proposals' ids and 1-D positions, the logit rows.
+  // A pass's scratch: its chunks, the job each serves, image rows, the fed proposals' ids and
+  // 1-D positions, the logit rows.
   std::vector<SeqChunk> chunks_;
   std::vector<int32_t> chunk_job_;
   std::vector<VisionRows> vision_;

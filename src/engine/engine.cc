@@ -648,6 +648,13 @@ Status check_draft(const EngineImpl& target, const EngineImpl& draft, const std:
   }
   const Qwen3VLConfig& a = target.cfg;
   const Qwen3VLConfig& b = draft.cfg;
+  if (b.text_config.vocab_size < a.text_config.vocab_size) {
+    return invalid_argument(refused + "its embedding has " +
+                            std::to_string(b.text_config.vocab_size) +
+                            " rows, fewer than this "
+                            "model's " +
+                            std::to_string(a.text_config.vocab_size) + " ids");
+  }
   if (a.image_token_id != b.image_token_id || a.video_token_id != b.video_token_id ||
       a.vision_start_token_id != b.vision_start_token_id) {
     return invalid_argument(refused + "its image and video token ids differ");

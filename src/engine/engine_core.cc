@@ -71,6 +71,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   // snapshots come out of the same budget.
   const bool hybrid = spec.state_group() != nullptr;
   const bool draft = opts.spec.method == SpecMethod::kDraft;  // (DraftProposer::create checks)
+  if (opts.spec.method != SpecMethod::kNone) VLM_RETURN_IF_ERROR(check_spec_tokens(opts.spec));
   if (!draft) {
     VLM_ASSIGN_OR_RETURN(s.proposer, make_proposer(opts.spec, m.runner.vocab_size));
   }
@@ -96,24 +97,25 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   // (And a hybrid draft model's states.)
   const int64_t state_bytes =
       (state_slots + token_slots + opts.state_snapshots) * spec.state_bytes_per_seq() +
-      (draft ? DraftProposer::state_bytes(m.draft, opts.max_num_seqs, opts.spec.num_tokens) : 0);
+      DraftProposer::state_bytes(m.draft, opts.max_num_seqs, opts.spec.num_tokens);
   KvBlockPlan plan;
   plan.num_blocks = opts.num_blocks;
   plan.max_num_seqs = opts.max_num_seqs;
   plan.blocks_per_seq = blocks_per_seq;
   plan.memory_bytes = opts.kv_cache_memory;
-  const int64_t draft_block_bytes =
-      draft ? DraftProposer::block_bytes(m.draft, opts.block_size) : 0;
-  plan.extra_block_bytes = draft_block_bytes;
+  const int64_t draft_block_bytes = DraftProposer::block_bytes(m.draft, opts.block_size);
+  plan.extra_block_bytes = draft_block_bytes;  // (0 without a draft model)
   if (plan.memory_bytes > 0 && state_bytes > 0) {
     if (state_bytes >= plan.memory_bytes) {
-      return invalid_argument("kv_cache_memory of " + std::to_string(plan.memory_bytes) +
-                              " bytes does not hold this hybrid model's " +
-                              std::to_string(state_slots) + " state slots and " +
-                              std::to_string(opts.state_snapshots) + " snapshots (" +
-                              std::to_string(state_bytes) +
-                              " bytes) and K/V blocks beside them: raise it, or lower "
-                              "--state-snapshots or --max-num-seqs");
+      return invalid_argument(
+          "kv_cache_memory of " + std::to_string(plan.memory_bytes) +
+          " bytes does not hold the linear-attention states (" + std::to_string(state_slots) +
+          " state slots and " + std::to_string(opts.state_snapshots) + " snapshots" +
+          (spec_tokens > 0 ? ", and speculative decoding's" : "") + ": " +
+          std::to_string(state_bytes) +
+          " bytes) and K/V blocks beside them: raise it, or lower --state-snapshots or "
+          "--max-num-seqs" +
+          (spec_tokens > 0 ? " or --spec-tokens" : ""));
     }
     plan.memory_bytes -= state_bytes;
   }
@@ -189,6 +191,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   stats.spec_tokens = spec_tokens;
   stats.state_slots = state_slots;
   stats.state_slot_bytes = spec.state_bytes_per_seq();
+  stats.state_memory_bytes = state_bytes;
   stats.state_snapshots = opts.state_snapshots;
   stats.state_snapshot_interval = opts.state_snapshot_interval;
   stats.kv_cache_dtype = m.kv_dtype == DType::kI8     ? KvCacheDtype::kInt8
@@ -309,6 +312,10 @@ void EngineCore::admit(std::span<EngineRequest* const> waiting) {
     if (st.ok()) {
       st = s.sched->add(r.id, r.prompt_len, r.max_new_tokens, std::move(hashes),
                         r.reads_prefix_cache);
+    }
+    if (r.draft_features.embeds.size() !=
+        static_cast<size_t>(prompt.vision_tokens * model_.draft.hidden)) {
+      r.draft_features = {};  // not a row per image token: the draft sees the pads instead
     }
     if (!st.ok()) {
       end(r, FinishReason::kNone, st);

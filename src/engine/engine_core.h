@@ -31,6 +31,7 @@ struct DraftModel {
   VisionEncoder* vision = nullptr;  // null: the draft sees images as their pad tokens
   int64_t vocab_size = 0;
   int64_t deepstack_taps = 0;
+  int64_t hidden = 0;  // its text hidden size (an image feature row's length)
   DType kv_dtype = DType::kF32;
 };
 

@@ -79,6 +79,7 @@ struct Engine::Impl {
       m.draft.decoder = draft->decoder.get();
       m.draft.vision = draft->vision.get();
       m.draft.vocab_size = draft->cfg.text_config.vocab_size;
+      m.draft.hidden = draft->cfg.text_config.hidden_size;
       m.draft.deepstack_taps =
           static_cast<int64_t>(draft->cfg.vision_config.deepstack_visual_indexes.size());
     }

@@ -22,7 +22,7 @@ class ImageEncodes {
  public:
   // `on_encode` (may be empty) gets each run's units and seconds. `draft` (may be null): a
   // speculative draft model's vision tower, which encodes each image too once the encode is done
-  // (in one go, from the same pixels; EncodedImage::draft).
+  // (in one go, from the same pixels; EncodedImage::draft; if it fails, the images have none).
   ImageEncodes(VisionEncoder& vision, VisionCache& cache, ModelRunner& runner,
                std::function<void(int64_t, double)> on_encode, VisionEncoder* draft = nullptr);
 

@@ -73,13 +73,16 @@ Status KvCache::copy_state(ops::Backend& be, int64_t slot, int64_t snapshot, boo
   if (slot < 0 || slot >= slots_ || snapshot < 0 || snapshot >= snapshots_) {
     return internal_error("a state copy names a slot or snapshot outside the cache");
   }
-  const size_t bytes = static_cast<size_t>(state_floats_) * 4;
   for (int64_t l = 0; l < state_layers_; ++l) {
     const ops::Buf s = states_.at((l * slots_ + slot) * state_floats_);
     const ops::Buf p = snaps_.at((l * snapshots_ + snapshot) * state_floats_);
-    VLM_RETURN_IF_ERROR(save ? be.copy(p, s, bytes) : be.copy(s, p, bytes));
+    VLM_RETURN_IF_ERROR(copy_one(be, save ? p : s, save ? s : p));
   }
   return ok_status();
+}
+
+Status KvCache::copy_one(ops::Backend& be, ops::Buf to, ops::Buf from) const {
+  return be.copy(to, from, static_cast<size_t>(state_floats_) * 4);
 }
 
 Status KvCache::save_state(ops::Backend& be, int64_t slot, int64_t snapshot) const {
@@ -94,10 +97,9 @@ Status KvCache::copy_slot(ops::Backend& be, int64_t from, int64_t to) const {
   if (from < 0 || from >= slots_ || to < 0 || to >= slots_) {
     return internal_error("a state copy names a slot outside the cache");
   }
-  const size_t bytes = static_cast<size_t>(state_floats_) * 4;
   for (int64_t l = 0; l < state_layers_; ++l) {
-    VLM_RETURN_IF_ERROR(be.copy(states_.at((l * slots_ + to) * state_floats_),
-                                states_.at((l * slots_ + from) * state_floats_), bytes));
+    VLM_RETURN_IF_ERROR(copy_one(be, states_.at((l * slots_ + to) * state_floats_),
+                                 states_.at((l * slots_ + from) * state_floats_)));
   }
   return ok_status();
 }

@@ -55,6 +55,7 @@ class KvCache {
   ops::Buffer k_, v_, k_scale_, v_scale_, states_, snaps_;
   int64_t slots_ = 0, snapshots_ = 0, state_floats_ = 0, state_layers_ = 0;
   Status copy_state(ops::Backend& be, int64_t slot, int64_t snapshot, bool save) const;
+  Status copy_one(ops::Backend& be, ops::Buf to, ops::Buf from) const;  // one layer's state
   int64_t num_blocks_ = 0, block_size_ = 0, row_ = 0, n_kv_heads_ = 0;
   DType dtype_ = DType::kF32;
 };

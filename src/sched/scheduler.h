@@ -135,8 +135,8 @@ class Scheduler {
   // After the step ran: num_computed_tokens += n for each (id, n). Ids no longer running (aborted
   // or preempted since) are skipped.
   void update(const std::vector<std::pair<int64_t, int64_t>>& computed);
-  // A hybrid model's verify step of request `id` from token `first` has run (and update() has
-  // counted its `computed` tokens): the snapshot its state at the last snapshot point among them
+  // A hybrid model's verify step of request `id` from token `first` has run and kept `computed`
+  // tokens (their blocks keyed): the snapshot its state at the last snapshot point among them
   // (*end) goes to, or -1 when none is to be taken.
   int32_t verify_snapshot(int64_t id, int64_t first, int64_t computed, int64_t* end);
   // Speculative decoding: `k` tokens are proposed after the request's last one, for its next

@@ -161,6 +161,12 @@ struct Server::Impl {
                    static_cast<long long>(st.state_snapshot_interval),
                    kib >= 1024 ? kib / 1024 : kib, kib >= 1024 ? "MiB" : "KiB");
     }
+    const int64_t spec_states =
+        st.state_memory_bytes - (st.state_slots + st.state_snapshots) * st.state_slot_bytes;
+    if (spec_states > 0) {
+      std::fprintf(stderr, "vlm: speculative decoding's states: %.1f MiB\n",
+                   static_cast<double>(spec_states) / (1 << 20));
+    }
     metrics->loaded(st, st.prefix_caching);
     describe_replica(st);
     return ok_status();

@@ -170,8 +170,7 @@ void ServerMetrics::loaded(const Engine::CoreStats& st, bool prefix_caching) {
   kv_bytes->set(static_cast<double>(st.kv_cache_bytes));
   state_slots->set(static_cast<double>(st.state_slots));
   state_snapshots->set(static_cast<double>(st.state_snapshots));
-  state_bytes->set(
-      static_cast<double>((st.state_slots + st.state_snapshots) * st.state_slot_bytes));
+  state_bytes->set(static_cast<double>(st.state_memory_bytes));
   // vLLM's info gauge of the cache configuration (a gauge held at 1), known once loaded.
   const std::string block_size = std::to_string(st.kv_block_size);
   const std::string blocks = std::to_string(st.kv_blocks_total);

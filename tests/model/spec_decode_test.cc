@@ -323,8 +323,7 @@ TEST_P(SpecGreedy, EqualsPlainDecodingTokenForToken) {
   }
 }
 
-// Qwen3.5 (linear attention): a verify row's state after each token is kept, and the state
-// where its accepted tokens end replaces the one that ran past (docs/architecture.md).
+// The test's name: fixture, proposer, and whether it preempts.
 std::string spec_test_name(
     const ::testing::TestParamInfo<std::tuple<const char*, Proposal, bool>>& info) {
   std::string name = std::get<0>(info.param);
@@ -485,6 +484,27 @@ TEST(SpecDecode, TheDraftModelsCacheComesOutOfTheSameBudget) {
   EXPECT_EQ(run_all(*e, {r})[0].tokens.size(), static_cast<size_t>(*r.max_new_tokens));
 }
 
+// A hybrid model with proposals: each state slot has K more beside it (a verify row's state after
+// each token), and they come out of the same budget as the slots, the snapshots and the blocks.
+TEST(SpecDecode, AHybridModelsVerifyStatesComeOutOfTheBudget) {
+  constexpr int64_t kBudget = 64 << 20;
+  BatchingOptions b;
+  b.kv_cache_memory = kBudget;
+  b.max_num_seqs = 4;
+  b.state_snapshots = 3;
+  auto plain = load("qwen35-f32-a", b);
+  b.spec.method = SpecMethod::kNgram;
+  b.spec.num_tokens = kK;
+  auto spec = load("qwen35-f32-a", b);
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(spec, nullptr);
+  const Engine::CoreStats p = plain->core_stats(), st = spec->core_stats();
+  EXPECT_EQ(p.state_memory_bytes, (4 + 3) * p.state_slot_bytes);
+  EXPECT_EQ(st.state_memory_bytes, (4 + 4 * kK + 3) * st.state_slot_bytes);
+  EXPECT_LE(st.state_memory_bytes + st.kv_cache_bytes, kBudget);
+  EXPECT_LT(st.kv_blocks_total, p.kv_blocks_total);  // the verify states took blocks' room
+}
+
 // A stop token inside a run of accepted proposals ends the reply there; penalties and a logit
 // bias shape the verified rows as they shape plain ones (greedy picks they change).
 TEST(SpecDecode, StopTokensPenaltiesAndBiasHoldInsideAcceptedRuns) {
@@ -579,7 +599,7 @@ TEST(SpecDecode, ARequestEndingInAVerifyStepLeavesItsBlocksCached) {
 // A draft model's proposals, made step after step from what its cache holds (the proposals it
 // fed that were kept, a hybrid draft's state rolled back to the last one kept), equal those of a
 // draft that computes the whole sequence afresh, whatever the target keeps of them: none, some,
-// all, and with a bonus token that is or is not the next proposal. Two requests share its passes.
+// all. Two requests share its passes.
 TEST(DraftProposer, IncrementalProposalsEqualFreshOnes) {
   for (const std::string fixture : {"qwen35-f32-b", "text-f32-untied"}) {
     SCOPED_TRACE(fixture);
@@ -647,6 +667,55 @@ TEST(DraftProposer, IncrementalProposalsEqualFreshOnes) {
     }
     EXPECT_GT(kept, 10);
     EXPECT_GT(rolled_back, 5);
+  }
+}
+
+// A draft whose cache holds two requests' blocks (and, hybrid, two state slots): a third
+// request takes those of the one that proposed least recently, which starts over when it
+// proposes again; every proposal equals a fresh draft's.
+TEST(DraftProposer, ARequestWithoutRoomTakesTheLeastRecentOnes) {
+  for (const std::string fixture : {"qwen35-f32-b", "text-f32-untied"}) {
+    SCOPED_TRACE(fixture);
+    auto fm = test_util::load_fixture_model(kFixtures + "/" + fixture);
+    ASSERT_TRUE(fm.ok()) << fm.status().message();
+    ThreadPool pool(2);
+    ops::CpuBackend be(pool, ops::detected_isa());
+    auto dec = TextDecoder::create(fm->cfg, fm->text, be, 32);
+    ASSERT_TRUE(dec.ok()) << dec.status().message();
+    DraftModel m;
+    m.decoder = dec->get();
+    m.vocab_size = fm->cfg.text_config.vocab_size;
+    SpecOptions spec;
+    spec.method = SpecMethod::kDraft;
+    spec.num_tokens = kK;
+    // 12 prompt tokens + 3 fed proposals: 4 blocks of 4 a request, 8 in all.
+    auto draft = DraftProposer::create(m, spec, m.vocab_size, 8, 4, 8, 2);
+    auto fresh = DraftProposer::create(m, spec, m.vocab_size, 8, 4, 8, 2);
+    ASSERT_TRUE(draft.ok() && fresh.ok());
+    std::vector<int64_t> pos(12);
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i);
+    const std::vector<int32_t> rows(12, -1);
+    std::vector<int32_t> ids[4];
+    for (int r = 1; r <= 3; ++r) {
+      for (int i = 0; i < 12; ++i) ids[r].push_back(3 + (i * 29 + r * 53) % 400);
+    }
+    auto input = [&](int r) {
+      return ProposeInput{ids[r], rows, 12, r, Positions3{pos.data(), pos.data(), pos.data()},
+                          nullptr};
+    };
+    auto check = [&](int r) {
+      std::vector<int32_t> out(kK), want(kK);
+      const int32_t k = (*draft)->propose(input(r), kK, out.data());
+      (*fresh)->forget(r);
+      ASSERT_EQ(k, kK) << "request " << r;
+      ASSERT_EQ((*fresh)->propose(input(r), kK, want.data()), kK);
+      EXPECT_EQ(out, want) << "request " << r;
+    };
+    check(1);
+    check(2);
+    check(3);  // takes request 1's blocks (and slot)
+    check(1);  // starts over, taking request 2's
+    check(3);
   }
 }
 

@@ -652,6 +652,37 @@ TEST_F(ServerTest, PromptLookupRepliesEqualAndIsCountedOnMetrics) {
   EXPECT_EQ(per_pos, accepted);
 }
 
+// A draft model served (the tiny model drafting for itself): multi-turn chats reply as without
+// it, and the metrics count its proposals, nearly all accepted.
+TEST_F(ServerTest, ADraftModelRepliesEqualAndIsCountedOnMetrics) {
+  ServeOptions o = tiny_options();
+  o.engine.batching.max_num_seqs = 4;
+  o.engine.batching.max_batched_tokens = 64;
+  o.engine.batching.block_size = 8;
+  o.engine.batching.spec.method = SpecMethod::kDraft;
+  o.engine.batching.spec.draft_model = model_dir_;
+  ServerThreads run;
+  Server* spec = run.start(o);
+  ASSERT_NE(spec, nullptr);
+  const auto with = multi_turn_chats(spec->port(), "tiny", 4, 2);
+  const auto without = multi_turn_chats(server_->port(), "tiny", 4, 2);
+  for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(with[i].replies, without[i].replies) << i;
+  auto m = test_http::Client(spec->port()).Get("/metrics");
+  ASSERT_TRUE(m);
+  auto value = [&](const std::string& name) {
+    const size_t at = m->body.find(name + "{model_name=\"tiny\",engine=\"0\"}");
+    if (at == std::string::npos) {
+      ADD_FAILURE() << name << " missing";
+      return -1.0;
+    }
+    return std::stod(m->body.substr(m->body.find(' ', at) + 1));
+  };
+  const double proposed = value("vllm:spec_decode_num_draft_tokens_total");
+  const double accepted = value("vllm:spec_decode_num_accepted_tokens_total");
+  EXPECT_GT(proposed, 0);
+  EXPECT_GE(accepted, 0.9 * proposed);
+}
+
 // A hybrid model (the Qwen3.5 fixture) served: multi-turn image chats resume from state
 // snapshots (every 16 tokens here) and reply as without prefix caching; the load message's state
 // is on /metrics (slots, snapshot capacity, bytes, snapshots held) beside the K/V blocks, all

@@ -611,6 +611,7 @@ void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport*
                        {"num_tokens", s.num_tokens},
                        {"ngram_min", s.ngram_min},
                        {"ngram_max", s.ngram_max}};
+    if (!s.draft_model.empty()) r->info["spec"]["draft_model"] = s.draft_model;
   }
 }
 
