@@ -601,6 +601,34 @@ TEST(SpecDecode, ARequestEndingInAVerifyStepLeavesItsBlocksCached) {
   EXPECT_EQ(spec_cached, plain_cached);
 }
 
+// A checkpoint's text decoder on the CPU as a draft model, and DraftProposers over it (K = kK,
+// blocks of 4 tokens, two requests at a time).
+struct DraftUnderTest {
+  ThreadPool pool{2};
+  ops::CpuBackend be{pool, ops::detected_isa()};
+  Result<test_util::FixtureModel> fm = internal_error("not loaded");
+  std::unique_ptr<TextDecoder> dec;
+  DraftModel m;
+
+  Status load(const std::string& dir) {
+    fm = test_util::load_fixture_model(dir);
+    VLM_RETURN_IF_ERROR(fm.status());
+    VLM_ASSIGN_OR_RETURN(dec, TextDecoder::create(fm->cfg, fm->text, be, 32));
+    m.decoder = dec.get();
+    m.vocab_size = fm->cfg.text_config.vocab_size;
+    return ok_status();
+  }
+  // A proposer of `num_blocks` blocks, tables of up to `max_blocks_per_seq` (null on an error).
+  std::unique_ptr<DraftProposer> proposer(int32_t num_blocks, int64_t max_blocks_per_seq) {
+    SpecOptions spec;
+    spec.method = SpecMethod::kDraft;
+    spec.num_tokens = kK;
+    auto p = DraftProposer::create(m, spec, m.vocab_size, num_blocks, 4, max_blocks_per_seq, 2);
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    return p.ok() ? std::move(p).value() : nullptr;
+  }
+};
+
 // A draft model's proposals, made step after step from what its cache holds (the proposals it
 // fed that were kept, a hybrid draft's state rolled back to the last one kept), equal those of a
 // draft that computes the whole sequence afresh, whatever the target keeps of them: none, some,
@@ -614,23 +642,9 @@ TEST(DraftProposer, IncrementalProposalsEqualFreshOnes) {
     ASSERT_TRUE(
         test_util::write_truncated_fixture(fixture, fixture_layers(fixture), dir.path(), false, 8)
             .ok());
-    auto fm = test_util::load_fixture_model(dir.path().string());
-    ASSERT_TRUE(fm.ok()) << fm.status().message();
-    ThreadPool pool(2);
-    ops::CpuBackend be(pool, ops::detected_isa());
-    auto dec = TextDecoder::create(fm->cfg, fm->text, be, 32);
-    ASSERT_TRUE(dec.ok()) << dec.status().message();
-    DraftModel m;
-    m.decoder = dec->get();
-    m.vocab_size = fm->cfg.text_config.vocab_size;
-    SpecOptions spec;
-    spec.method = SpecMethod::kDraft;
-    spec.num_tokens = kK;
-    auto make = [&] {
-      auto p = DraftProposer::create(m, spec, m.vocab_size, 64, 4, 32, 2);
-      EXPECT_TRUE(p.ok()) << p.status().message();
-      return std::move(p).value();
-    };
+    DraftUnderTest t;
+    ASSERT_TRUE(t.load(dir.path().string()).ok());
+    auto make = [&] { return t.proposer(64, 32); };
     std::unique_ptr<DraftProposer> draft = make();
     std::vector<int32_t> ids[2];
     std::vector<int64_t> pos;
@@ -681,22 +695,10 @@ TEST(DraftProposer, IncrementalProposalsEqualFreshOnes) {
 TEST(DraftProposer, ARequestWithoutRoomTakesTheLeastRecentOnes) {
   for (const std::string fixture : {"qwen35-f32-b", "text-f32-untied"}) {
     SCOPED_TRACE(fixture);
-    auto fm = test_util::load_fixture_model(kFixtures + "/" + fixture);
-    ASSERT_TRUE(fm.ok()) << fm.status().message();
-    ThreadPool pool(2);
-    ops::CpuBackend be(pool, ops::detected_isa());
-    auto dec = TextDecoder::create(fm->cfg, fm->text, be, 32);
-    ASSERT_TRUE(dec.ok()) << dec.status().message();
-    DraftModel m;
-    m.decoder = dec->get();
-    m.vocab_size = fm->cfg.text_config.vocab_size;
-    SpecOptions spec;
-    spec.method = SpecMethod::kDraft;
-    spec.num_tokens = kK;
+    DraftUnderTest t;
+    ASSERT_TRUE(t.load(kFixtures + "/" + fixture).ok());
     // 12 prompt tokens + 3 fed proposals: 4 blocks of 4 a request, 8 in all.
-    auto draft = DraftProposer::create(m, spec, m.vocab_size, 8, 4, 8, 2);
-    auto fresh = DraftProposer::create(m, spec, m.vocab_size, 8, 4, 8, 2);
-    ASSERT_TRUE(draft.ok() && fresh.ok());
+    std::unique_ptr<DraftProposer> draft = t.proposer(8, 8), fresh = t.proposer(8, 8);
     std::vector<int64_t> pos(12);
     for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i);
     const std::vector<int32_t> rows(12, -1);
@@ -710,10 +712,10 @@ TEST(DraftProposer, ARequestWithoutRoomTakesTheLeastRecentOnes) {
     };
     auto check = [&](int r) {
       std::vector<int32_t> out(kK), want(kK);
-      const int32_t k = (*draft)->propose(input(r), kK, out.data());
-      (*fresh)->forget(r);
+      const int32_t k = draft->propose(input(r), kK, out.data());
+      fresh->forget(r);
       ASSERT_EQ(k, kK) << "request " << r;
-      ASSERT_EQ((*fresh)->propose(input(r), kK, want.data()), kK);
+      ASSERT_EQ(fresh->propose(input(r), kK, want.data()), kK);
       EXPECT_EQ(out, want) << "request " << r;
     };
     check(1);

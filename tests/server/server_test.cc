@@ -74,6 +74,15 @@ class ServerTest : public ::testing::Test {
     o.model_names = {"tiny"};
     return o;
   }
+  // tiny_options() with small steps (4 sequences, 64 tokens, blocks of 8): several chats share
+  // each step and fill blocks within a few turns.
+  static ServeOptions small_step_options() {
+    ServeOptions o = tiny_options();
+    o.engine.batching.max_num_seqs = 4;
+    o.engine.batching.max_batched_tokens = 64;
+    o.engine.batching.block_size = 8;
+    return o;
+  }
   static void TearDownTestSuite() {
     if (server_ != nullptr) {
       server_->stop();
@@ -581,10 +590,7 @@ class ServerThreads {
 };
 
 TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
-  ServeOptions o = tiny_options();
-  o.engine.batching.max_num_seqs = 4;
-  o.engine.batching.max_batched_tokens = 64;
-  o.engine.batching.block_size = 8;
+  ServeOptions o = small_step_options();
   o.engine.batching.prefix_caching = false;
   ServerThreads run;
   Server* plain = run.start(o);
@@ -599,14 +605,22 @@ TEST_F(ServerTest, MultiTurnChatsEqualWithAndWithoutPrefixCaching) {
   EXPECT_NE(m->body.find("vlm_prefix_cache_queries_total"), std::string::npos) << m->body;
 }
 
+// The value of the /metrics line that starts with `series` (a name and its labels, the closing
+// brace left out where more labels follow); -1 and a failure when there is none.
+double metric_value(const std::string& body, const std::string& series) {
+  const size_t at = body.find(series);
+  if (at == std::string::npos) {
+    ADD_FAILURE() << series << " missing:\n" << body;
+    return -1.0;
+  }
+  return std::stod(body.substr(body.find(' ', body.find('}', at)) + 1));
+}
+
 // Served with prompt lookup (--spec ngram): the same multi-turn image chats reply as without it
 // (greedy), and /metrics counts the proposals under vLLM's spec_decode names: accepted tokens
 // are the sum over positions and no more than those proposed.
 TEST_F(ServerTest, PromptLookupRepliesEqualAndIsCountedOnMetrics) {
-  ServeOptions o = tiny_options();
-  o.engine.batching.max_num_seqs = 4;
-  o.engine.batching.max_batched_tokens = 64;
-  o.engine.batching.block_size = 8;
+  ServeOptions o = small_step_options();
   o.engine.batching.spec.method = SpecMethod::kNgram;
   o.engine.batching.spec.ngram_min = 1;
   ServerThreads run;
@@ -629,14 +643,7 @@ TEST_F(ServerTest, PromptLookupRepliesEqualAndIsCountedOnMetrics) {
   EXPECT_EQ(replies[0].rfind("{", 0), 0u) << replies[0];
   auto m = test_http::Client(spec->port()).Get("/metrics");
   ASSERT_TRUE(m);
-  auto value = [&](const std::string& series) {  // `name{labels` up to the closing brace
-    const size_t at = m->body.find(series);
-    if (at == std::string::npos) {
-      ADD_FAILURE() << series << " missing:\n" << m->body;
-      return -1.0;
-    }
-    return std::stod(m->body.substr(m->body.find(' ', m->body.find('}', at)) + 1));
-  };
+  auto value = [&](const std::string& series) { return metric_value(m->body, series); };
   const std::string labels = "{model_name=\"tiny\",engine=\"0\"";
   const double drafts = value("vllm:spec_decode_num_drafts_total" + labels);
   const double proposed = value("vllm:spec_decode_num_draft_tokens_total" + labels);
@@ -655,10 +662,7 @@ TEST_F(ServerTest, PromptLookupRepliesEqualAndIsCountedOnMetrics) {
 // A draft model served (the tiny model drafting for itself): multi-turn chats reply as without
 // it, and the metrics count its proposals, nearly all accepted.
 TEST_F(ServerTest, ADraftModelRepliesEqualAndIsCountedOnMetrics) {
-  ServeOptions o = tiny_options();
-  o.engine.batching.max_num_seqs = 4;
-  o.engine.batching.max_batched_tokens = 64;
-  o.engine.batching.block_size = 8;
+  ServeOptions o = small_step_options();
   o.engine.batching.spec.method = SpecMethod::kDraft;
   o.engine.batching.spec.draft_model = model_dir_;
   ServerThreads run;
@@ -669,16 +673,10 @@ TEST_F(ServerTest, ADraftModelRepliesEqualAndIsCountedOnMetrics) {
   for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(with[i].replies, without[i].replies) << i;
   auto m = test_http::Client(spec->port()).Get("/metrics");
   ASSERT_TRUE(m);
-  auto value = [&](const std::string& name) {
-    const size_t at = m->body.find(name + "{model_name=\"tiny\",engine=\"0\"}");
-    if (at == std::string::npos) {
-      ADD_FAILURE() << name << " missing";
-      return -1.0;
-    }
-    return std::stod(m->body.substr(m->body.find(' ', at) + 1));
-  };
-  const double proposed = value("vllm:spec_decode_num_draft_tokens_total");
-  const double accepted = value("vllm:spec_decode_num_accepted_tokens_total");
+  const std::string labels = "{model_name=\"tiny\",engine=\"0\"}";
+  const double proposed = metric_value(m->body, "vllm:spec_decode_num_draft_tokens_total" + labels);
+  const double accepted =
+      metric_value(m->body, "vllm:spec_decode_num_accepted_tokens_total" + labels);
   EXPECT_GT(proposed, 0);
   EXPECT_GE(accepted, 0.9 * proposed);
 }
