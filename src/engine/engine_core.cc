@@ -298,7 +298,11 @@ void EngineCore::admit(std::span<EngineRequest* const> waiting) {
     EngineRequest& r = *req;
     if (!input_->ready(r)) break;  // its encode is not done: it waits, and the requests after it
     PreparedPrompt prompt;
-    if (model_.draft.vision != nullptr) take_draft_features(r);
+    if (model_.draft.vision != nullptr) {  // the draft's features, before assemble takes the images
+      gather_features(r.images, &EncodedImage::draft,
+                      static_cast<size_t>(model_.draft.deepstack_taps), &r.draft_features.embeds,
+                      &r.draft_features.deepstack);
+    }
     Status st = input_->assemble(r, &prompt);
     std::vector<BlockHash> hashes;  // the prompt's full blocks, for the prefix cache
     if (st.ok() && opts_.prefix_caching) {
@@ -540,22 +544,6 @@ void EngineCore::propose() {
   }
   for (const ProposeJob& j : s.propose_jobs)
     s.sched->set_spec_tokens(j.in.request_id, st.ok() ? j.k : 0);
-}
-
-// A draft model's image features for `r` (its vision tower's outputs of the request's images, in
-// order: the rows its feature_row numbers once assembled).
-void EngineCore::take_draft_features(EngineRequest& r) {
-  DraftFeatures& f = r.draft_features;
-  f.embeds.clear();
-  f.deepstack.assign(static_cast<size_t>(model_.draft.deepstack_taps), {});
-  for (const StagedImage& img : r.images) {
-    if (!img.encoded) continue;
-    const VisionOutput& d = img.encoded->draft;
-    f.embeds.insert(f.embeds.end(), d.embeds.begin(), d.embeds.end());
-    for (size_t t = 0; t < d.deepstack.size() && t < f.deepstack.size(); ++t) {
-      f.deepstack[t].insert(f.deepstack[t].end(), d.deepstack[t].begin(), d.deepstack[t].end());
-    }
-  }
 }
 
 int32_t EngineCore::token_slot(int32_t slot) const {

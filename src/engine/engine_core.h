@@ -99,7 +99,6 @@ class EngineCore {
   void record_spec(const SchedulerOutput& out);
   void propose();
   Status save_verify_snapshot(const StepRow& row);
-  void take_draft_features(EngineRequest& r);
   // A hybrid model's verify row in state slot `slot`: the first of its per-token state slots.
   int32_t token_slot(int32_t slot) const;
   void fail_step(const Status& st);  // an engine fault: the step's requests fail

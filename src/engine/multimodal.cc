@@ -443,19 +443,25 @@ int64_t expanded_length(size_t num_ids, std::span<const PadRun> runs,
   return n;
 }
 
+void gather_features(std::span<const StagedImage> items, VisionOutput EncodedImage::*which,
+                     size_t taps, std::vector<float>* embeds,
+                     std::vector<std::vector<float>>* deepstack) {
+  embeds->clear();
+  deepstack->assign(taps, {});
+  for (const StagedImage& item : items) {
+    const VisionOutput& o = (*item.encoded).*which;
+    embeds->insert(embeds->end(), o.embeds.begin(), o.embeds.end());
+    for (size_t d = 0; d < o.deepstack.size() && d < taps; ++d) {
+      (*deepstack)[d].insert((*deepstack)[d].end(), o.deepstack[d].begin(), o.deepstack[d].end());
+    }
+  }
+}
+
 Status assemble_multimodal(std::span<const int32_t> ids, std::span<const PadRun> runs,
                            std::span<const StagedImage> items, const Qwen3VLConfig& cfg,
                            PreparedPrompt* out) {
-  out->embeds.clear();
-  out->deepstack.assign(cfg.vision_config.deepstack_visual_indexes.size(), {});
-  for (const StagedImage& item : items) {
-    const EncodedImage& e = *item.encoded;
-    out->embeds.insert(out->embeds.end(), e.out.embeds.begin(), e.out.embeds.end());
-    for (size_t d = 0; d < e.out.deepstack.size() && d < out->deepstack.size(); ++d) {
-      out->deepstack[d].insert(out->deepstack[d].end(), e.out.deepstack[d].begin(),
-                               e.out.deepstack[d].end());
-    }
-  }
+  gather_features(items, &EncodedImage::out, cfg.vision_config.deepstack_visual_indexes.size(),
+                  &out->embeds, &out->deepstack);
 
   // The runs take their items' rows in order: the groups of a video are consecutive runs.
   std::vector<GridThw> grids;

@@ -131,6 +131,13 @@ Status expand_video_runs(const Tokenizer& tok, std::span<const StagedImage> item
 // one go.
 Status encode_staged_image(VisionEncoder& encoder, StagedImage* img, double* encode_ms);
 
+// The items' features in order (the rows assemble_multimodal numbers): `which` of each item's
+// encoder outputs (EncodedImage::out, or a draft model's EncodedImage::draft) into *embeds and
+// each of `taps` DeepStack taps. Every item must be encoded.
+void gather_features(std::span<const StagedImage> items, VisionOutput EncodedImage::*which,
+                     size_t taps, std::vector<float>* embeds,
+                     std::vector<std::vector<float>>* deepstack);
+
 // Expands each run of `runs` to its share of its item's tokens, copies the features and computes
 // the positions. Every item must be encoded.
 Status assemble_multimodal(std::span<const int32_t> ids, std::span<const PadRun> runs,
