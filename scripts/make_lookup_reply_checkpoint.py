@@ -6,15 +6,21 @@
         --vlm build/tools/cli/vlm
 
 Built like tests/model/fixtures/forced-reply (scripts/make_forced_reply_fixture.py), from any
-dense Qwen3-VL checkpoint in BF16 (the random 2B shape above: its products cost what the real
-model's do): every decoder layer's output projections (self_attn.o_proj, mlp.down_proj) are zero,
-so the final hidden state is the RMS-normalised embedding of the current token (norm.weight set to
-ones); the head is untied, zero but for the successors of a chain "\\n" → w1 → w2 → … → wN →
+dense Qwen3-VL or Qwen3.5 checkpoint in BF16 (the random 2B shapes: their products cost what the
+real models' do): every decoder layer's output projections (self_attn.o_proj,
+linear_attn.out_proj, mlp.down_proj) are zero, so the final hidden state is the RMS-normalised
+embedding of the current token (the final norm scaling by one); the head is untied, zero but for the successors of a chain "\\n" → w1 → w2 → … → wN →
 <|im_end|>, where lm_head[succ(t)] = SCALE · rms_norm(embed[t]). The words w1 … wN are distinct
 common English words, each one token with its leading space, so the text "Repeat after me:
 w1 w2 … wN\\n" tokenizes to the chain; its greedy reply is " w1 w2 … wN" — the passage of the
 prompt, which prompt lookup (vlm's --spec ngram, llama.cpp's llama-lookup) can propose from the
 second token on. The prompt is written to CKPT_DIR/lookup_prompt.txt.
+
+A Qwen3.5 base's MTP head (mtp.*, speculative decoding's --spec mtp) is made to propose the same
+chain: fc takes the next token's embedding alone ([I | 0]), its layer's output projections are
+zero and its norms scale by one, so its output is the RMS-normalised embedding of the token it is
+given and the head maps it to that token's successor — the token after next, as an MTP head
+predicts; every proposal is right, while each still costs the head's full layer.
 
 The script tokenizes with `vlm tokenize` (--vlm) and checks, in numpy, that every chain token's
 argmax is its successor with a wide margin. Needs numpy only. The checkpoint is the base's size
@@ -146,17 +152,28 @@ def main():
     print(f"smallest top-1 margin {margin:.2f} (successor logit {SCALE * hidden:.1f})")
     assert margin > 0.5 * SCALE * hidden
 
+    cfg = json.loads((args.base / "config.json").read_text())
+    qwen35 = cfg.get("model_type") == "qwen3_5"  # its norms scale by 1 + w
+    assert not any(".experts." in k for k in t), "a dense checkpoint"
     out = dict(t)
     zero = lambda k: (t[k][0], t[k][1], np.zeros(len(t[k][2]), dtype=np.uint8))  # noqa: E731
+    unit = lambda: ("BF16", [hidden],  # noqa: E731
+                    to_bf16(np.full(hidden, 0.0 if qwen35 else 1.0, dtype=np.float32)))
+    outputs = ("self_attn.o_proj.weight", "linear_attn.out_proj.weight", "mlp.down_proj.weight")
     for k in list(out):
-        if k.startswith(p + "layers.") and k.endswith(("self_attn.o_proj.weight",
-                                                         "mlp.down_proj.weight")):
+        if k.startswith((p + "layers.", "mtp.layers.")) and k.endswith(outputs):
             out[k] = zero(k)
-    out[p + "norm.weight"] = ("BF16", [hidden], to_bf16(np.ones(hidden, dtype=np.float32)))
+    out[p + "norm.weight"] = unit()
     out["lm_head.weight"] = ("BF16", [vocab, hidden], head)
+    if "mtp.fc.weight" in t:  # the MTP head: [embedding | hidden] -> the embedding
+        fc = np.zeros((hidden, 2 * hidden), dtype=np.float32)
+        fc[:, :hidden] = np.eye(hidden, dtype=np.float32)
+        out["mtp.fc.weight"] = ("BF16", [hidden, 2 * hidden], to_bf16(fc))
+        out["mtp.pre_fc_norm_embedding.weight"] = unit()
+        out["mtp.norm.weight"] = unit()
+        print("MTP head: proposes the successor of the token it is given")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    cfg = json.loads((args.base / "config.json").read_text())
     cfg["tie_word_embeddings"] = False
     cfg["text_config"]["tie_word_embeddings"] = False
     (args.out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

@@ -96,13 +96,17 @@ struct KvEventBatch {
 // proposes the tokens that followed it). kDraft: a smaller model with the same tokenizer
 // (draft_model, loaded with the target's options) proposes its greedy continuation, one batched
 // pass per proposed position; it runs the request's images and videos through its own vision
-// tower and keeps its own KV cache, sized with the target's out of the same budget. kCustom:
+// tower and keeps its own KV cache, sized with the target's out of the same budget. kMtp:
+// Qwen3.5's own multi-token-prediction head (the checkpoint's mtp.* layer, loaded only then)
+// proposes from the target's last hidden state, chained for K > 1; its KV is one more attention
+// layer beside the target's blocks, out of the same budget. kCustom:
 // `propose` (called on the engine thread; must not block) is given the sequence's ids so far
 // (prompt, then output), the prompt's length and at most how many to propose, writes up to that
 // many ids to `out` and returns how many.
-enum class SpecMethod { kNone, kNgram, kDraft, kCustom };
+enum class SpecMethod { kNone, kNgram, kDraft, kMtp, kCustom };
 const char* spec_method_name(SpecMethod m);
-Result<SpecMethod> parse_spec_method(std::string_view name);  // "none" | "ngram" | "draft"
+// "none" | "ngram" | "draft" | "mtp"
+Result<SpecMethod> parse_spec_method(std::string_view name);
 struct SpecOptions {
   static constexpr int32_t kMaxTokens = 16;
   SpecMethod method = SpecMethod::kNone;

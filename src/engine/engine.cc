@@ -91,13 +91,16 @@ const char* spec_method_name(SpecMethod m) {
       return "ngram";
     case SpecMethod::kDraft:
       return "draft";
+    case SpecMethod::kMtp:
+      return "mtp";
     case SpecMethod::kCustom:
       return "custom";
   }
   return "?";
 }
 Result<SpecMethod> parse_spec_method(std::string_view name) {
-  return parse_named(name, {SpecMethod::kNone, SpecMethod::kNgram, SpecMethod::kDraft},
+  return parse_named(name,
+                     {SpecMethod::kNone, SpecMethod::kNgram, SpecMethod::kDraft, SpecMethod::kMtp},
                      spec_method_name, "speculative decoding method");
 }
 
@@ -226,7 +229,9 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
     VLM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(dir));
     impl->store = std::make_unique<WeightStore>(std::move(store));
   }
-  VLM_ASSIGN_OR_RETURN(impl->weights, load_text_weights(*impl->store, impl->cfg));
+  VLM_ASSIGN_OR_RETURN(
+      impl->weights,
+      load_text_weights(*impl->store, impl->cfg, options.batching.spec.method == SpecMethod::kMtp));
   // A Qwen3-VL checkpoint carries its vision tower; a plain Qwen3 text export does not.
   impl->has_vision =
       impl->cfg.has_vision && (impl->store->has("model.visual.patch_embed.proj.weight") ||

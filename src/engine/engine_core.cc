@@ -11,6 +11,7 @@
 #include "core/clock.h"
 #include "engine/draft_proposer.h"
 #include "engine/engine_core_state.h"
+#include "engine/mtp_proposer.h"
 #include "engine/pixel_budget.h"
 #include "engine/vision_cache.h"
 #include "kv/kv_cache_spec.h"
@@ -38,6 +39,49 @@ Status resolve_state_snapshots(bool hybrid, BatchingOptions* o) {
         ") must be a multiple of block_size (" + std::to_string(o->block_size) + ")");
   }
   return ok_status();
+}
+
+// Speculative decoding's proposer beside the cache, in the plan: a draft model's block or the
+// MTP head's layer of it beside each of the target's blocks (plan->extra_block_bytes), and the
+// MTP's spare blocks out of the memory first (*fixed).
+Status plan_proposer_bytes(const CoreModel& m, const BatchingOptions& o, KvBlockPlan* plan,
+                           int64_t* fixed) {
+  *fixed = 0;
+  if (o.spec.method == SpecMethod::kDraft) {
+    plan->extra_block_bytes = DraftProposer::block_bytes(m.draft, o.block_size);
+  }
+  if (o.spec.method != SpecMethod::kMtp) return ok_status();
+  const int64_t b = m.runner.decoder->mtp_cache_spec(o.block_size, m.kv_dtype).block_bytes();
+  plan->extra_block_bytes = b;
+  *fixed = o.max_num_seqs * MtpProposer::spare_blocks(o.spec.num_tokens, o.block_size) * b;
+  if (plan->memory_bytes <= 0) return ok_status();
+  if (*fixed >= plan->memory_bytes) {
+    return invalid_argument("kv_cache_memory of " + std::to_string(plan->memory_bytes) +
+                            " bytes does not hold the MTP head's spare blocks");
+  }
+  plan->memory_bytes -= *fixed;
+  return ok_status();
+}
+
+// Speculative decoding's proposer (null: none), once the target's blocks are planned: a draft
+// model's and the MTP head's have as many blocks as the target's, in their own caches.
+Result<std::unique_ptr<Proposer>> spec_proposer(const CoreModel& m, const BatchingOptions& o,
+                                                int64_t blocks_per_seq) {
+  if (o.spec.method != SpecMethod::kDraft && o.spec.method != SpecMethod::kMtp) {
+    return make_proposer(o.spec, m.runner.vocab_size);
+  }
+  if (o.spec.method == SpecMethod::kDraft) {
+    VLM_ASSIGN_OR_RETURN(std::unique_ptr<DraftProposer> p,
+                         DraftProposer::create(m.draft, o.spec, m.runner.vocab_size, o.num_blocks,
+                                               o.block_size, blocks_per_seq, o.max_num_seqs));
+    return std::unique_ptr<Proposer>(std::move(p));
+  }
+  TextDecoder& dec = *m.runner.decoder;
+  VLM_ASSIGN_OR_RETURN(
+      std::unique_ptr<MtpProposer> p,
+      MtpProposer::create(dec, o.spec, dec.mtp_cache_spec(o.block_size, m.kv_dtype), o.num_blocks,
+                          blocks_per_seq, o.max_num_seqs));
+  return std::unique_ptr<Proposer>(std::move(p));
 }
 
 }  // namespace
@@ -70,11 +114,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   // A hybrid model's state slots, one per sequence that may run, and its prefix cache's state
   // snapshots come out of the same budget.
   const bool hybrid = spec.state_group() != nullptr;
-  const bool draft = opts.spec.method == SpecMethod::kDraft;  // (DraftProposer::create checks)
   if (opts.spec.method != SpecMethod::kNone) VLM_RETURN_IF_ERROR(check_spec_tokens(opts.spec));
-  if (!draft) {
-    VLM_ASSIGN_OR_RETURN(s.proposer, make_proposer(opts.spec, m.runner.vocab_size));
-  }
   const int64_t spec_tokens = opts.spec.method != SpecMethod::kNone ? opts.spec.num_tokens : 0;
   // A step's verify rows: each decode and its proposals, within the step's tokens.
   const int64_t verify_tokens =
@@ -103,8 +143,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   plan.max_num_seqs = opts.max_num_seqs;
   plan.blocks_per_seq = blocks_per_seq;
   plan.memory_bytes = opts.kv_cache_memory;
-  const int64_t draft_block_bytes = DraftProposer::block_bytes(m.draft, opts.block_size);
-  plan.extra_block_bytes = draft_block_bytes;  // (0 without a draft model)
+  int64_t proposer_fixed = 0;
+  VLM_RETURN_IF_ERROR(plan_proposer_bytes(m, opts, &plan, &proposer_fixed));
   if (plan.memory_bytes > 0 && state_bytes > 0) {
     if (state_bytes >= plan.memory_bytes) {
       return invalid_argument(
@@ -129,13 +169,8 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
     plan.device_memory_utilization = m.gpu_memory_utilization;
   }
   VLM_ASSIGN_OR_RETURN(opts.num_blocks, plan_kv_blocks(spec, plan));
-  if (draft) {  // as many blocks as the target's, in its own cache
-    VLM_ASSIGN_OR_RETURN(
-        std::unique_ptr<DraftProposer> p,
-        DraftProposer::create(m.draft, opts.spec, m.runner.vocab_size, opts.num_blocks,
-                              opts.block_size, blocks_per_seq, opts.max_num_seqs));
-    s.proposer = std::move(p);
-  }
+  VLM_ASSIGN_OR_RETURN(s.proposer, spec_proposer(m, opts, blocks_per_seq));
+  if (opts.spec.method == SpecMethod::kMtp) s.mtp = static_cast<MtpProposer*>(s.proposer.get());
   SchedulerConfig sc;
   sc.num_blocks = opts.num_blocks;
   sc.block_size = opts.block_size;
@@ -186,7 +221,9 @@ Result<std::unique_ptr<EngineCore>> EngineCore::create(
   Engine::CoreStats& stats = core->shared_->stats;
   stats.kv_blocks_total = opts.num_blocks;
   stats.kv_block_size = opts.block_size;
-  stats.kv_cache_bytes = (int64_t{opts.num_blocks} + 1) * (spec.block_bytes() + draft_block_bytes);
+  stats.kv_cache_bytes =
+      (int64_t{opts.num_blocks} + 1) * (spec.block_bytes() + plan.extra_block_bytes) +
+      proposer_fixed;
   stats.prefix_caching = opts.prefix_caching;
   stats.spec_tokens = spec_tokens;
   stats.state_slots = state_slots;
@@ -399,6 +436,14 @@ Status EngineCore::execute(const SchedulerOutput& out) {
           s.cache.copy_slot(be, row.token_state_slot + computed - 1, row.state_slot));
     }
   }
+  // The MTP head's rows of the positions this step computed, while every request still holds
+  // its blocks (a failure is the proposer's: no proposals next step).
+  if (s.mtp != nullptr) {
+    if (const Status st = s.mtp->observe(s.rows); !st.ok()) {
+      std::fprintf(stderr, "vlm: the MTP head's pass failed, the next step goes without: %s\n",
+                   st.message().c_str());
+    }
+  }
   return ok_status();
 }
 
@@ -531,7 +576,8 @@ void EngineCore::propose() {
             r.seq.prompt_len(),
             r.id,
             Positions3{r.seq.pos_t.data(), r.seq.pos_h.data(), r.seq.pos_w.data()},
-            &r.draft_features};
+            &r.draft_features,
+            &s.sched->block_table(r.id)};
     j.max_k = max_k;
     j.out = r.drafts.data();
     s.propose_jobs.push_back(j);

@@ -16,6 +16,7 @@
 #include "engine/engine_core.h"
 #include "engine/image_encodes.h"
 #include "engine/kv_events.h"
+#include "engine/mtp_proposer.h"
 #include "engine/proposer.h"
 #include "engine/request.h"
 #include "kv/block_hash.h"
@@ -53,6 +54,7 @@ struct EngineCore::State {
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<ImageEncodes> encodes;  // null without a vision tower
   std::unique_ptr<Proposer> proposer;     // speculative decoding's (null: off)
+  MtpProposer* mtp = nullptr;             // the proposer, when it is the MTP head's
   std::unordered_map<int64_t, std::unique_ptr<EngineRequest>> reqs;
   // Per-step scratch, kept so that its memory is reused: steady-state decode steps allocate
   // nothing (tests/model/alloc_test.cc).

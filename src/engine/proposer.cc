@@ -58,9 +58,9 @@ Status check_spec_tokens(const SpecOptions& spec) {
 Result<std::unique_ptr<Proposer>> make_proposer(const SpecOptions& spec, int64_t vocab) {
   if (spec.method == SpecMethod::kNone) return std::unique_ptr<Proposer>();
   VLM_RETURN_IF_ERROR(check_spec_tokens(spec));
-  if (spec.method == SpecMethod::kDraft) {
+  if (spec.method == SpecMethod::kDraft || spec.method == SpecMethod::kMtp) {
     return invalid_argument(
-        "speculative decoding: a draft model's proposer is made with its model");
+        "speculative decoding: a draft model's or the MTP head's proposer is made with its model");
   }
   if (spec.method == SpecMethod::kCustom) {
     if (!spec.propose) return invalid_argument("speculative decoding: kCustom needs `propose`");

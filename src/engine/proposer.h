@@ -23,7 +23,8 @@ struct DraftFeatures {
 
 // What a proposer sees of a sequence: its ids (prompt, then output), each position's image
 // feature row (>= 0: an image or video placeholder) and the prompt's length; for a draft model
-// also the request, its 3-D positions [ids.size()] and its features for the draft (may be null).
+// or the MTP head also the request, its 3-D positions [ids.size()], its features for the draft
+// (may be null) and its block table in the target's cache (may be null).
 struct ProposeInput {
   std::span<const int32_t> ids;
   std::span<const int32_t> feature_row;
@@ -31,6 +32,7 @@ struct ProposeInput {
   int64_t request_id = 0;
   Positions3 pos;
   const DraftFeatures* features = nullptr;
+  const std::vector<int32_t>* block_table = nullptr;
 };
 
 // One request's share of a step's proposals: at most max_k (>= 1) ids to `out`, their count to k.
@@ -73,8 +75,9 @@ class NgramProposer final : public Proposer {
 Status check_spec_tokens(const SpecOptions& spec);
 
 // The proposer `spec` asks for (null for SpecMethod::kNone); invalid_argument for bad sizes. A
-// kCustom proposal is cut before its first id outside [0, vocab). kDraft is DraftProposer's
-// (engine/draft_proposer.h): refused here.
+// kCustom proposal is cut before its first id outside [0, vocab). kDraft and kMtp are
+// DraftProposer's and MtpProposer's (engine/draft_proposer.h, engine/mtp_proposer.h): refused
+// here.
 Result<std::unique_ptr<Proposer>> make_proposer(const SpecOptions& spec, int64_t vocab);
 
 }  // namespace vlm

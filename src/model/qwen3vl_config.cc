@@ -216,6 +216,9 @@ Status parse_hybrid(const json& t, const std::string& where, Qwen3VLTextConfig* 
   VLM_RETURN_IF_ERROR(get_int(t, "linear_value_head_dim", &c->linear_value_head_dim, false, where));
   VLM_RETURN_IF_ERROR(
       get_int(t, "linear_conv_kernel_dim", &c->linear_conv_kernel_dim, false, where));
+  VLM_RETURN_IF_ERROR(get_int(t, "mtp_num_hidden_layers", &c->mtp_num_hidden_layers, false, where));
+  if (c->mtp_num_hidden_layers < 0)
+    return invalid_argument(where + ": mtp_num_hidden_layers must not be negative");
   if (c->linear_num_key_heads <= 0 || c->linear_num_value_heads <= 0 ||
       c->linear_key_head_dim <= 0 || c->linear_value_head_dim <= 0 ||
       c->linear_conv_kernel_dim < 2) {

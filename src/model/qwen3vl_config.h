@@ -69,6 +69,9 @@ struct Qwen3VLTextConfig {
   int64_t linear_key_head_dim = 0;
   int64_t linear_value_head_dim = 0;
   int64_t linear_conv_kernel_dim = 0;
+  // Qwen3.5's multi-token-prediction head (the checkpoint's mtp.* tensors, speculative
+  // decoding's `--spec mtp`): its decoder layers (mtp_num_hidden_layers; 0: none).
+  int64_t mtp_num_hidden_layers = 0;
   bool linear_layer(int64_t l) const {
     return !layer_types.empty() && layer_types[l] == LayerType::kLinearAttention;
   }

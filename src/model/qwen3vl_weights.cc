@@ -144,9 +144,8 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
     const WeightKind lin = WeightKind::kLayerLinear;
     VLM_RETURN_IF_ERROR(matrix(tp + "embed_tokens.weight", {t.vocab_size, H},
                                WeightKind::kEmbedding, &text->embed_tokens));
-    for (size_t l = 0; l < text->layers.size(); ++l) {
-      const std::string p = tp + "layers." + std::to_string(l) + ".";
-      TextLayerWeights& L = text->layers[l];
+    // One decoder layer (prefix p: "...layers.N.").
+    auto layer = [&](const std::string& p, TextLayerWeights& L) -> Status {
       VLM_RETURN_IF_ERROR(values(p + "input_layernorm.weight", {H}, &L.input_layernorm));
       if (L.linear) {
         VLM_RETURN_IF_ERROR(walk_delta_net(p + "linear_attn.", t, &L.delta, fn));
@@ -164,8 +163,7 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
       if (!L.sparse) {
         VLM_RETURN_IF_ERROR(matrix(p + "mlp.gate_proj.weight", {I, H}, lin, &L.gate_proj));
         VLM_RETURN_IF_ERROR(matrix(p + "mlp.up_proj.weight", {I, H}, lin, &L.up_proj));
-        VLM_RETURN_IF_ERROR(matrix(p + "mlp.down_proj.weight", {H, I}, lin, &L.down_proj));
-        continue;
+        return matrix(p + "mlp.down_proj.weight", {H, I}, lin, &L.down_proj);
       }
       MoeWeights& m = L.moe;
       const int64_t E = t.num_experts, Ie = t.moe_intermediate_size,
@@ -197,10 +195,24 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
         VLM_RETURN_IF_ERROR(matrix(p + "mlp.shared_expert_gate.weight", {1, H}, WeightKind::kRouter,
                                    &m.shared_expert_gate));
       }
+      return ok_status();
+    };
+    for (size_t l = 0; l < text->layers.size(); ++l) {
+      VLM_RETURN_IF_ERROR(layer(tp + "layers." + std::to_string(l) + ".", text->layers[l]));
     }
     VLM_RETURN_IF_ERROR(values(tp + "norm.weight", {H}, &text->norm));
     VLM_RETURN_IF_ERROR(matrix(cfg.tie_word_embeddings ? "" : "lm_head.weight", {t.vocab_size, H},
                                WeightKind::kHead, &text->lm_head));
+    MtpWeights& mtp = text->mtp;
+    if (!mtp.layers.empty()) {  // Qwen3.5's MTP head, at the checkpoint's top level
+      VLM_RETURN_IF_ERROR(matrix("mtp.fc.weight", {H, 2 * H}, lin, &mtp.fc));
+      VLM_RETURN_IF_ERROR(values("mtp.pre_fc_norm_embedding.weight", {H}, &mtp.norm_embedding));
+      VLM_RETURN_IF_ERROR(values("mtp.pre_fc_norm_hidden.weight", {H}, &mtp.norm_hidden));
+      for (size_t l = 0; l < mtp.layers.size(); ++l) {
+        VLM_RETURN_IF_ERROR(layer("mtp.layers." + std::to_string(l) + ".", mtp.layers[l]));
+      }
+      VLM_RETURN_IF_ERROR(values("mtp.norm.weight", {H}, &mtp.norm));
+    }
   }
   if (vision == nullptr) return ok_status();
   const Qwen3VLVisionConfig& v = cfg.vision_config;
@@ -309,7 +321,7 @@ Result<VisionWeights> load_vision_weights(const WeightStore& s, const Qwen3VLCon
   return w;
 }
 
-Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig& cfg) {
+Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig& cfg, bool mtp) {
   std::string prefix = kPrefixes[0];
   for (const char* p : kPrefixes) {
     if (s.has(std::string(p) + "embed_tokens.weight")) {
@@ -319,34 +331,56 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
   }
   TextWeights w;
   const Qwen3VLTextConfig& t = cfg.text_config;
+  if (mtp) {
+    if (t.family != ModelFamily::kQwen35 || t.mtp_num_hidden_layers == 0 ||
+        !s.has("mtp.fc.weight")) {
+      return not_found(
+          "this checkpoint has no MTP head (Qwen3.5's mtp.* tensors and its config's "
+          "mtp_num_hidden_layers): --spec mtp needs one");
+    }
+    if (t.mtp_num_hidden_layers != 1) {
+      return unimplemented("an MTP head of " + std::to_string(t.mtp_num_hidden_layers) +
+                           " layers (vlm runs Qwen3.5's one)");
+    }
+    w.mtp.layers.resize(1);
+  }
   w.layers.resize(static_cast<size_t>(t.num_hidden_layers));
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    TextLayerWeights& L = w.layers[l];
-    L.sparse = t.sparse_layer(static_cast<int64_t>(l));
-    L.linear = t.linear_layer(static_cast<int64_t>(l));
+  // Each layer's kind; a sparse layer's experts: fused tensors, or else one tensor per expert.
+  auto shape = [&](const std::string& p, TextLayerWeights& L, bool sparse, bool linear) {
+    L.sparse = sparse;
+    L.linear = linear;
     L.moe.shared = L.sparse && t.shared_expert_intermediate_size > 0;
-    // A sparse layer's experts: fused tensors, or else one tensor per expert.
-    const std::string fused = prefix + "layers." + std::to_string(l) + ".mlp.experts.gate_up_proj";
-    if (L.sparse && !s.has(fused)) {
+    if (L.sparse && !s.has(p + "mlp.experts.gate_up_proj")) {
       for (auto* v : {&L.moe.gate, &L.moe.up, &L.moe.down})
         v->resize(static_cast<size_t>(t.num_experts));
     }
+  };
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const auto li = static_cast<int64_t>(l);
+    shape(prefix + "layers." + std::to_string(l) + ".", w.layers[l], t.sparse_layer(li),
+          t.linear_layer(li));
+  }
+  for (size_t l = 0; l < w.mtp.layers.size(); ++l) {  // full attention, sparse in an MoE model
+    shape("mtp.layers." + std::to_string(l) + ".", w.mtp.layers[l], t.num_experts > 0, false);
   }
   VLM_RETURN_IF_ERROR(for_each_weight(&w, nullptr, cfg, prefix, "", [&](const WeightSlot& slot) {
     return load_slot(s, slot, &w.embed_tokens);
   }));
   if (t.family == ModelFamily::kQwen35) {  // nn.Linear's layout per expert: viewed in place
     for (TextLayerWeights& L : w.layers) view_linear_layout_experts(&L.moe);
+    for (TextLayerWeights& L : w.mtp.layers) view_linear_layout_experts(&L.moe);
   }
   if (t.zero_centered_norms) {  // Qwen3_5RMSNorm scales by (1 + w), computed in f32
     auto one_plus = [](std::vector<float>* v) {
       for (float& x : *v) x = 1.0f + x;
     };
-    for (TextLayerWeights& L : w.layers) {
-      for (auto* v : {&L.input_layernorm, &L.post_attention_layernorm, &L.q_norm, &L.k_norm})
-        one_plus(v);
+    for (auto* layers : {&w.layers, &w.mtp.layers}) {
+      for (TextLayerWeights& L : *layers) {
+        for (auto* v : {&L.input_layernorm, &L.post_attention_layernorm, &L.q_norm, &L.k_norm})
+          one_plus(v);
+      }
     }
-    one_plus(&w.norm);
+    for (auto* v : {&w.norm, &w.mtp.norm_embedding, &w.mtp.norm_hidden, &w.mtp.norm}) one_plus(v);
   }
   return w;
 }

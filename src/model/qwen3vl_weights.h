@@ -86,11 +86,24 @@ struct Int4Weight {
   std::vector<uint16_t> scale;  // [N, K / G]
 };
 
+// Qwen3.5's multi-token-prediction head (the checkpoint's top-level mtp.* tensors): the next
+// token's embedding and the trunk's last hidden state (after its final norm), each through its
+// own RMSNorm, concatenated in that order, fc to hidden, its decoder layers (full attention, the
+// trunk's kind of MLP), its own final norm, then the trunk's head.
+struct MtpWeights {
+  TensorView fc;                                   // [hidden, 2·hidden]
+  std::vector<float> norm_embedding, norm_hidden;  // pre_fc_norm_embedding / _hidden [hidden]
+  std::vector<TextLayerWeights> layers;            // mtp.layers.N.*
+  std::vector<float> norm;                         // [hidden]
+};
+
 struct TextWeights {
   TensorView embed_tokens;  // [vocab, hidden]; always as stored (the lookup stays exact)
   std::vector<TextLayerWeights> layers;
   std::vector<float> norm;  // [hidden]
   TensorView lm_head;       // [vocab, hidden]; = embed_tokens when tied (until quantized)
+  // Loaded when asked for (load_text_weights' `mtp`); no layers: none.
+  MtpWeights mtp;
   // Own the buffers of the I8 / I4 views above once quantize_text_weights ran (the one of the
   // chosen quantization); null before. Shared so copies and moves of TextWeights keep the views
   // valid.
@@ -170,8 +183,10 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
 
 // Loads and checks every text-decoder tensor (name, shape, dtype). The store must outlive the
 // returned views. Errors name the file and the tensor. Qwen3.5's zero-centred RMSNorm weights are
-// stored as 1 + w (what they scale by); its mtp.* tensors are not read.
-Result<TextWeights> load_text_weights(const WeightStore& store, const Qwen3VLConfig& cfg);
+// stored as 1 + w (what they scale by); its mtp.* tensors are read only with `mtp` (refused for a
+// checkpoint without them).
+Result<TextWeights> load_text_weights(const WeightStore& store, const Qwen3VLConfig& cfg,
+                                      bool mtp = false);
 
 // The host's weight quantization at load time (the CPU's; the engine maps EngineOptions::quant).
 enum class WeightQuant { kNone, kInt8, kInt4 };

@@ -127,56 +127,88 @@ Status TextDecoder::init(const TextWeights& w) {
   int64_t linear_layers = 0, attention_layers = 0;
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const TextLayerWeights& s = w.layers[l];
-    Layer& d = layers_[l];
-    VLM_ASSIGN_OR_RETURN(d.input_ln, be_.vector(s.input_layernorm));
-    VLM_ASSIGN_OR_RETURN(d.post_ln, be_.vector(s.post_attention_layernorm));
-    if (s.linear) {
-      d.cache_index = linear_layers++;
-      VLM_RETURN_IF_ERROR(
-          init_delta_net(s, &d).with_context("layer " + std::to_string(l) + "'s linear_attn"));
-    } else {
-      d.cache_index = attention_layers++;
-      VLM_ASSIGN_OR_RETURN(d.q_norm, be_.vector(s.q_norm));
-      VLM_ASSIGN_OR_RETURN(d.k_norm, be_.vector(s.k_norm));
-      VLM_RETURN_IF_ERROR(linear({&s.q_proj, &s.k_proj, &s.v_proj}, true, "q/k/v_proj", &d.qkv));
-      VLM_RETURN_IF_ERROR(linear({&s.o_proj}, true, "o_proj", &d.o));
-    }
-    if (!s.sparse) {
-      VLM_RETURN_IF_ERROR(linear({&s.gate_proj, &s.up_proj}, true, "gate/up_proj", &d.gate_up));
-      VLM_RETURN_IF_ERROR(linear({&s.down_proj}, true, "down_proj", &d.down));
-      continue;
-    }
-    const MoeWeights& m = s.moe;
-    if (m.router.rank() != 2 || m.router.dim(0) != cfg_.num_experts ||
-        m.gate.size() != static_cast<size_t>(cfg_.num_experts) || m.up.size() != m.gate.size() ||
-        m.down.size() != m.gate.size()) {
-      return internal_error("layer " + std::to_string(l) + ": experts do not match the config");
-    }
-    VLM_RETURN_IF_ERROR(linear({&m.router}, false, "mlp.gate", &d.router));
-    d.experts.resize(2 * m.gate.size());
-    for (size_t e = 0; e < m.gate.size(); ++e) {
-      VLM_RETURN_IF_ERROR(
-          linear({&m.gate[e], &m.up[e]}, true, "expert gate/up_proj", &d.experts[2 * e]));
-      VLM_RETURN_IF_ERROR(linear({&m.down[e]}, true, "expert down_proj", &d.experts[2 * e + 1]));
-      d.expert_gate_up.push_back(d.experts[2 * e].get());
-      d.expert_down.push_back(d.experts[2 * e + 1].get());
-    }
-    VLM_RETURN_IF_ERROR(be_.prepare_moe(d.expert_gate_up, d.expert_down)
-                            .with_context("layer " + std::to_string(l) + "'s experts"));
-    if (m.shared != (cfg_.shared_expert_intermediate_size > 0)) {
-      return internal_error("layer " + std::to_string(l) +
-                            ": the shared expert does not match the config");
-    }
-    if (m.shared) {
-      VLM_RETURN_IF_ERROR(linear({&m.shared_gate, &m.shared_up}, true, "shared_expert gate/up_proj",
-                                 &d.shared_gate_up));
-      VLM_RETURN_IF_ERROR(
-          linear({&m.shared_down}, true, "shared_expert down_proj", &d.shared_down));
-      VLM_RETURN_IF_ERROR(
-          linear({&m.shared_expert_gate}, false, "shared_expert_gate", &d.shared_gate));
-    }
+    layers_[l].cache_index = s.linear ? linear_layers++ : attention_layers++;
+    VLM_RETURN_IF_ERROR(init_layer(s, "layer " + std::to_string(l), &layers_[l]));
   }
+  if (!w.mtp.layers.empty()) VLM_RETURN_IF_ERROR(init_mtp(w.mtp));
   return alloc_scratch();
+}
+
+Status TextDecoder::init_layer(const TextLayerWeights& s, const std::string& where, Layer* out) {
+  auto linear = [&](std::initializer_list<const TensorView*> ws, bool layer, const char* name,
+                    std::unique_ptr<ops::Linear>* o) -> Status {
+    ops::LinearOptions lo;
+    lo.decoder_layer = layer;
+    VLM_ASSIGN_OR_RETURN(*o,
+                         be_.linear(std::span<const TensorView* const>(ws.begin(), ws.size()), lo)
+                             .with_context(where + "'s " + name));
+    return ok_status();
+  };
+  Layer& d = *out;
+  VLM_ASSIGN_OR_RETURN(d.input_ln, be_.vector(s.input_layernorm));
+  VLM_ASSIGN_OR_RETURN(d.post_ln, be_.vector(s.post_attention_layernorm));
+  if (s.linear) {
+    VLM_RETURN_IF_ERROR(init_delta_net(s, &d).with_context(where + "'s linear_attn"));
+  } else {
+    VLM_ASSIGN_OR_RETURN(d.q_norm, be_.vector(s.q_norm));
+    VLM_ASSIGN_OR_RETURN(d.k_norm, be_.vector(s.k_norm));
+    VLM_RETURN_IF_ERROR(linear({&s.q_proj, &s.k_proj, &s.v_proj}, true, "q/k/v_proj", &d.qkv));
+    VLM_RETURN_IF_ERROR(linear({&s.o_proj}, true, "o_proj", &d.o));
+  }
+  if (!s.sparse) {
+    VLM_RETURN_IF_ERROR(linear({&s.gate_proj, &s.up_proj}, true, "gate/up_proj", &d.gate_up));
+    return linear({&s.down_proj}, true, "down_proj", &d.down);
+  }
+  const MoeWeights& m = s.moe;
+  if (m.router.rank() != 2 || m.router.dim(0) != cfg_.num_experts ||
+      m.gate.size() != static_cast<size_t>(cfg_.num_experts) || m.up.size() != m.gate.size() ||
+      m.down.size() != m.gate.size()) {
+    return internal_error(where + ": experts do not match the config");
+  }
+  VLM_RETURN_IF_ERROR(linear({&m.router}, false, "mlp.gate", &d.router));
+  d.experts.resize(2 * m.gate.size());
+  for (size_t e = 0; e < m.gate.size(); ++e) {
+    VLM_RETURN_IF_ERROR(
+        linear({&m.gate[e], &m.up[e]}, true, "expert gate/up_proj", &d.experts[2 * e]));
+    VLM_RETURN_IF_ERROR(linear({&m.down[e]}, true, "expert down_proj", &d.experts[2 * e + 1]));
+    d.expert_gate_up.push_back(d.experts[2 * e].get());
+    d.expert_down.push_back(d.experts[2 * e + 1].get());
+  }
+  VLM_RETURN_IF_ERROR(
+      be_.prepare_moe(d.expert_gate_up, d.expert_down).with_context(where + "'s experts"));
+  if (m.shared != (cfg_.shared_expert_intermediate_size > 0)) {
+    return internal_error(where + ": the shared expert does not match the config");
+  }
+  if (m.shared) {
+    VLM_RETURN_IF_ERROR(linear({&m.shared_gate, &m.shared_up}, true, "shared_expert gate/up_proj",
+                               &d.shared_gate_up));
+    VLM_RETURN_IF_ERROR(linear({&m.shared_down}, true, "shared_expert down_proj", &d.shared_down));
+    VLM_RETURN_IF_ERROR(
+        linear({&m.shared_expert_gate}, false, "shared_expert_gate", &d.shared_gate));
+  }
+  return ok_status();
+}
+
+Status TextDecoder::init_mtp(const MtpWeights& w) {
+  if (be_.device() != ops::Device::kCpu) {
+    return unimplemented(std::string("the MTP head runs on the CPU only (the ") +
+                         ops::device_name(be_.device()) + " backend is not yet proven with it)");
+  }
+  if (w.layers.size() != 1 || w.layers[0].linear) {
+    return internal_error("the MTP head is one full-attention layer");
+  }
+  mtp_ = std::make_unique<Mtp>();
+  ops::LinearOptions lo;
+  lo.decoder_layer = true;
+  const TensorView* fc = &w.fc;
+  VLM_ASSIGN_OR_RETURN(
+      mtp_->fc,
+      be_.linear(std::span<const TensorView* const>(&fc, 1), lo).with_context("the MTP head's fc"));
+  VLM_ASSIGN_OR_RETURN(mtp_->norm_embedding, be_.vector(w.norm_embedding));
+  VLM_ASSIGN_OR_RETURN(mtp_->norm_hidden, be_.vector(w.norm_hidden));
+  VLM_ASSIGN_OR_RETURN(mtp_->norm, be_.vector(w.norm));
+  mtp_->layer.cache_index = 0;  // the MTP cache's one layer
+  return init_layer(w.layers[0], "the MTP head's layer 0", &mtp_->layer);
 }
 
 Status TextDecoder::alloc_scratch() {
@@ -216,6 +248,19 @@ Status TextDecoder::alloc_scratch() {
       VLM_ASSIGN_OR_RETURN(shared_logit_, be_.alloc(C, DType::kF32));
       VLM_ASSIGN_OR_RETURN(shared_, be_.alloc(C * H, act));
     }
+  }
+  if (mtp_ != nullptr) {
+    VLM_ASSIGN_OR_RETURN(mtp_->hidden, be_.alloc(C * H, act));
+    VLM_ASSIGN_OR_RETURN(mtp_->cat, be_.alloc(C * 2 * H, act));
+    VLM_ASSIGN_OR_RETURN(mtp_->out, be_.alloc(C * H, act));
+    VLM_ASSIGN_OR_RETURN(mtp_->even, be_.alloc(2 * C, DType::kI32));
+    std::vector<int32_t> rows(static_cast<size_t>(2 * C));
+    for (int64_t i = 0; i < C; ++i) {
+      rows[static_cast<size_t>(i)] = static_cast<int32_t>(2 * i);
+      rows[static_cast<size_t>(C + i)] = static_cast<int32_t>(2 * i + 1);
+    }
+    VLM_RETURN_IF_ERROR(be_.to_device(mtp_->even.buf(), rows.data(), rows.size() * 4));
+    VLM_RETURN_IF_ERROR(be_.synchronize());
   }
   VLM_ASSIGN_OR_RETURN(ints_host_, be_.alloc_host(static_cast<size_t>(kIntRows * C) * 4));
   VLM_ASSIGN_OR_RETURN(ints_, be_.alloc(kIntRows * C, DType::kI32));
@@ -291,6 +336,30 @@ KvCacheSpec TextDecoder::cache_spec(int64_t block_size, std::optional<DType> dty
     st.state.floats = delta_shape().state_floats();
   }
   return spec;
+}
+
+KvCacheSpec TextDecoder::mtp_cache_spec(int64_t block_size, std::optional<DType> dtype) const {
+  KvCacheSpec spec;
+  spec.block_size = block_size;
+  KvCacheGroup& g = spec.groups.emplace_back();
+  g.kind = CacheKind::kFullAttention;
+  g.layers.push_back(cfg_.num_hidden_layers);  // the layer after the trunk's
+  g.attention.n_kv_heads = cfg_.num_key_value_heads;
+  g.attention.head_dim = cfg_.head_dim;
+  g.attention.dtype = dtype.value_or(be_.act_dtype());
+  return spec;
+}
+
+Status TextDecoder::allocate_mtp_cache(KvCache* cache, const KvCacheSpec& spec, int64_t num_blocks,
+                                       int64_t max_blocks_per_seq) {
+  if (mtp_ == nullptr) return internal_error("allocate_mtp_cache: the decoder has no MTP head");
+  if (spec.groups.size() != 1 || spec.attention_group().layers.size() != 1 ||
+      spec.attention_group().attention.n_kv_heads != cfg_.num_key_value_heads ||
+      spec.attention_group().attention.head_dim != cfg_.head_dim) {
+    return invalid_argument("the KV cache spec does not describe the MTP head's layer");
+  }
+  VLM_RETURN_IF_ERROR(reserve_tables(max_chunk_ * std::max<int64_t>(max_blocks_per_seq, 1)));
+  return cache->allocate(be_, spec.attention_group(), num_blocks, spec.block_size);
 }
 
 Status TextDecoder::allocate_cache(KvCache* cache, const KvCacheSpec& spec, int64_t num_blocks,
@@ -375,6 +444,7 @@ Status TextDecoder::prepare(const SeqChunk* chunks, int64_t n_chunks, const KvCa
     seq_pos_[c] = static_cast<int32_t>(ch.first);
     seq_slot_[c] = ch.state_slot;
     seq_token_slot_[c] = ch.token_state_slot;
+    if (ch.hidden_rows != nullptr) std::copy_n(ch.hidden_rows, ch.n, ints + kHid * C + off);
     for (int64_t i = 0; i < ch.n; ++i) {
       const int64_t p = ch.first + i;
       slots[off + i] = static_cast<int32_t>(ch.block_table[p / bs] * bs + p % bs);
@@ -494,13 +564,64 @@ Status TextDecoder::run_attention(const Layer& L, const Pass& p, const KvCache& 
   return be.linear(attn_.buf(), T, *L.o, tmp_.buf());
 }
 
-Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
+// Layer L over the pass's rows: its norm (adding the last layer's MLP output first when
+// `pending`), token mixer and MLP, whose output is left in tmp_ (to be added to x_).
+Status TextDecoder::run_layer(const Layer& L, const Pass& p, const KvCache& cache,
+                              bool pending) const {
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int64_t Is = cfg_.shared_expert_intermediate_size;
+  const int64_t T = p.rows;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const ops::Buf x = x_.buf(), xn = xn_.buf(), tmp = tmp_.buf();
+  ops::Backend& be = be_;
+  if (pending) {
+    VLM_RETURN_IF_ERROR(be.add_rms_norm(x, tmp, L.input_ln, T, H, eps, xn));
+  } else {
+    VLM_RETURN_IF_ERROR(be.rms_norm(x, L.input_ln, T, H, eps, xn));
+  }
+  VLM_RETURN_IF_ERROR(L.in_proj ? run_delta_net(L, p, cache) : run_attention(L, p, cache));
+  VLM_RETURN_IF_ERROR(be.add_rms_norm(x, tmp, L.post_ln, T, H, eps, xn));
+  if (L.router == nullptr) {
+    VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.gate_up, gate_up_.buf()));
+    VLM_RETURN_IF_ERROR(be.silu_mul(gate_up_.buf(), T, I, mlp_.buf()));
+    return be.linear(mlp_.buf(), T, *L.down, tmp);
+  }
+  const int64_t k = cfg_.num_experts_per_tok;
+  VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.router, router_logits_.buf()));
+  VLM_RETURN_IF_ERROR(be.moe_route(router_logits_.buf(), T, cfg_.num_experts, k,
+                                   cfg_.norm_topk_prob, route_ids_.buf(), route_weights_.buf()));
+  VLM_RETURN_IF_ERROR(be.moe_experts(xn, T, route_ids_.buf(), route_weights_.buf(), k,
+                                     L.expert_gate_up, L.expert_down, moe_scratch_.buf(), tmp));
+  if (!L.shared_gate_up) return ok_status();
+  // + sigmoid(shared_expert_gate · x) · shared_expert(x)
+  VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.shared_gate, shared_logit_.buf()));
+  VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.shared_gate_up, gate_up_.buf()));
+  VLM_RETURN_IF_ERROR(be.silu_mul(gate_up_.buf(), T, Is, mlp_.buf()));
+  VLM_RETURN_IF_ERROR(be.linear(mlp_.buf(), T, *L.shared_down, shared_.buf()));
+  return be.add_sigmoid_scaled(tmp, shared_.buf(), shared_logit_.buf(), T, H);
+}
+
+// The logit rows of x_ (the pass's rows, its final layer's output added): normed by `norm`
+// into `normed` (gathered first unless they are rows 0 .. n_sel − 1), then the head, in f32.
+Status TextDecoder::head(const Pass& p, ops::Buf norm, ops::Buf normed, ops::Buf logits) const {
+  const int64_t H = cfg_.hidden_size;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  ops::Backend& be = be_;
+  if (p.sel_all) {
+    VLM_RETURN_IF_ERROR(be.rms_norm(x_.buf(), norm, p.n_sel, H, eps, normed));
+  } else {
+    VLM_RETURN_IF_ERROR(be.gather_rows(x_.buf(), p.ints.at(kSel * max_chunk_), p.n_sel, H, normed));
+    VLM_RETURN_IF_ERROR(be.rms_norm(normed, norm, p.n_sel, H, eps, normed));
+  }
+  return be.linear(normed, p.n_sel, lm_head_ ? *lm_head_ : *embed_, logits);
+}
+
+Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
+  const int64_t H = cfg_.hidden_size;
   const int64_t C = max_chunk_, T = p.rows;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   auto ints = [&](int row) { return p.ints.at(row * C); };
-  const ops::Buf x = x_.buf(), xn = xn_.buf(), tmp = tmp_.buf();
+  const ops::Buf x = x_.buf(), tmp = tmp_.buf();
   ops::Backend& be = be_;
 
   VLM_RETURN_IF_ERROR(be.embed(*embed_, ints(kIds), T, x));
@@ -510,35 +631,8 @@ Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
   // the image features go in after it.
   bool pending = false;  // tmp still has to be added to x
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
     const auto li = static_cast<int64_t>(l);
-    if (pending) {
-      VLM_RETURN_IF_ERROR(be.add_rms_norm(x, tmp, L.input_ln, T, H, eps, xn));
-    } else {
-      VLM_RETURN_IF_ERROR(be.rms_norm(x, L.input_ln, T, H, eps, xn));
-    }
-    VLM_RETURN_IF_ERROR(L.in_proj ? run_delta_net(L, p, cache) : run_attention(L, p, cache));
-    VLM_RETURN_IF_ERROR(be.add_rms_norm(x, tmp, L.post_ln, T, H, eps, xn));
-    if (L.router != nullptr) {
-      const int64_t k = cfg_.num_experts_per_tok;
-      VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.router, router_logits_.buf()));
-      VLM_RETURN_IF_ERROR(be.moe_route(router_logits_.buf(), T, cfg_.num_experts, k,
-                                       cfg_.norm_topk_prob, route_ids_.buf(),
-                                       route_weights_.buf()));
-      VLM_RETURN_IF_ERROR(be.moe_experts(xn, T, route_ids_.buf(), route_weights_.buf(), k,
-                                         L.expert_gate_up, L.expert_down, moe_scratch_.buf(), tmp));
-      if (L.shared_gate_up) {  // + sigmoid(shared_expert_gate · x) · shared_expert(x)
-        VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.shared_gate, shared_logit_.buf()));
-        VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.shared_gate_up, gate_up_.buf()));
-        VLM_RETURN_IF_ERROR(be.silu_mul(gate_up_.buf(), T, Is, mlp_.buf()));
-        VLM_RETURN_IF_ERROR(be.linear(mlp_.buf(), T, *L.shared_down, shared_.buf()));
-        VLM_RETURN_IF_ERROR(be.add_sigmoid_scaled(tmp, shared_.buf(), shared_logit_.buf(), T, H));
-      }
-    } else {
-      VLM_RETURN_IF_ERROR(be.linear(xn, T, *L.gate_up, gate_up_.buf()));
-      VLM_RETURN_IF_ERROR(be.silu_mul(gate_up_.buf(), T, I, mlp_.buf()));
-      VLM_RETURN_IF_ERROR(be.linear(mlp_.buf(), T, *L.down, tmp));
-    }
+    VLM_RETURN_IF_ERROR(run_layer(layers_[l], p, cache, pending));
     pending = true;
     if (p.n_vis > 0 && l < p.taps) {  // DeepStack: after decoder layer l, the image rows get tap l
       VLM_RETURN_IF_ERROR(be.add(x, tmp, {}, T, H));
@@ -547,17 +641,38 @@ Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
           be.add_rows(x, ints(kVis), p.feats.at((1 + li) * p.n_vis * H), p.n_vis, H));
     }
   }
-  if (p.n_sel == 0) return ok_status();
-  // The rows that want logits, normed into xn (gathered there unless they are rows 0 .. n_sel),
-  // then the head, in f32.
+  if (p.n_sel == 0 && mtp_ == nullptr) return ok_status();
   if (pending) VLM_RETURN_IF_ERROR(be.add(x, tmp, {}, T, H));
-  if (p.sel_all) {
-    VLM_RETURN_IF_ERROR(be.rms_norm(x, norm_, p.n_sel, H, eps, xn));
-  } else {
-    VLM_RETURN_IF_ERROR(be.gather_rows(x, ints(kSel), p.n_sel, H, xn));
-    VLM_RETURN_IF_ERROR(be.rms_norm(xn, norm_, p.n_sel, H, eps, xn));
+  if (mtp_ != nullptr) {  // every row's last hidden state, after the final norm: the MTP's input
+    VLM_RETURN_IF_ERROR(be.rms_norm(x, norm_, T, H, eps, mtp_->hidden.buf()));
   }
-  return be.linear(xn, p.n_sel, lm_head_ ? *lm_head_ : *embed_, logits);
+  if (p.n_sel == 0) return ok_status();
+  return head(p, norm_, xn_.buf(), logits);
+}
+
+Status TextDecoder::run_mtp(const Pass& p, const KvCache& cache, bool chain, ops::Buf logits) {
+  if (mtp_ == nullptr) return internal_error("run_mtp: the decoder has no MTP head");
+  const int64_t H = cfg_.hidden_size, C = max_chunk_, T = p.rows;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const ops::Buf x = x_.buf(), xn = xn_.buf(), tmp = tmp_.buf();
+  const Mtp& m = *mtp_;
+  ops::Backend& be = be_;
+  // [norm_e(embed(id)) | norm_h(hidden)] as rows 2i and 2i + 1 of cat, one fc product to x.
+  VLM_RETURN_IF_ERROR(be.embed(*embed_, p.ints.at(kIds * C), T, xn));
+  if (p.n_vis > 0) {  // an image placeholder's "embedding" is its feature row, as in the trunk
+    VLM_RETURN_IF_ERROR(be.set_rows(xn, p.ints.at(kVis * C), p.feats, p.n_vis, H));
+  }
+  VLM_RETURN_IF_ERROR(be.rms_norm(xn, m.norm_embedding, T, H, eps, xn));
+  VLM_RETURN_IF_ERROR(
+      be.gather_rows(chain ? m.out.buf() : m.hidden.buf(), p.ints.at(kHid * C), T, H, tmp));
+  VLM_RETURN_IF_ERROR(be.rms_norm(tmp, m.norm_hidden, T, H, eps, tmp));
+  VLM_RETURN_IF_ERROR(be.set_rows(m.cat.buf(), m.even.buf(), xn, T, H));
+  VLM_RETURN_IF_ERROR(be.set_rows(m.cat.buf(), m.even.buf().at(C), tmp, T, H));
+  VLM_RETURN_IF_ERROR(be.linear(m.cat.buf(), T, *m.fc, x));
+  VLM_RETURN_IF_ERROR(run_layer(m.layer, p, cache, false));
+  VLM_RETURN_IF_ERROR(be.add(x, tmp, {}, T, H));
+  if (p.n_sel == 0) return ok_status();
+  return head(p, m.norm, m.out.buf(), logits);
 }
 
 Status TextDecoder::forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kv/kv_cache.h"
@@ -53,6 +54,8 @@ struct SeqChunk {
   // for a verify chunk the first of the slots its per-token states go to (-1: none).
   int32_t state_slot = -1;
   int32_t token_state_slot = -1;
+  // An MTP pass's (TextDecoder::run_mtp): each token's row of the hidden states it reads [n].
+  const int32_t* hidden_rows = nullptr;
 };
 
 // Logit rows a chunk gets: 0, 1 or n.
@@ -158,6 +161,19 @@ class TextDecoder {
   Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
                        ops::Buf logits);
 
+  // Qwen3.5's MTP head (speculative decoding's `--spec mtp`), when the weights have one (the CPU
+  // only). run() then also keeps every row's last hidden state (after the final norm) until the
+  // next run(). An MTP pass is prepared as any other, over the MTP's own cache (one attention
+  // layer, addressed by the trunk's block ids), each chunk's token ids the *next* tokens of its
+  // rows and `hidden_rows` where each row's hidden state is: in the last run()'s rows, or with
+  // `chain` in the last MTP pass's logit rows (its output after the MTP's final norm). Logits of
+  // the pass's logit rows to `logits` [n_sel, vocab].
+  bool has_mtp() const { return mtp_ != nullptr; }
+  KvCacheSpec mtp_cache_spec(int64_t block_size, std::optional<DType> dtype = std::nullopt) const;
+  Status allocate_mtp_cache(KvCache* cache, const KvCacheSpec& spec, int64_t num_blocks,
+                            int64_t max_blocks_per_seq);
+  Status run_mtp(const Pass& pass, const KvCache& cache, bool chain, ops::Buf logits);
+
  private:
   // Σ of(w) over the linear weights a decode step reads (an MoE layer's experts: k of the average).
   int64_t decode_weights(int64_t (*of)(const ops::Linear&)) const;
@@ -177,8 +193,21 @@ class TextDecoder {
     // Qwen3.5 MoE's shared expert (gate|up, down) and its gate; null without one.
     std::unique_ptr<ops::Linear> shared_gate_up, shared_down, shared_gate;
   };
+  // The MTP head: fc, its norms, its layer; scratch: every row's hidden state after the last
+  // run(), the concatenated input [max_chunk, 2·hidden], the output rows after its norm
+  // [max_chunk, hidden], and the concatenation's row indices (2i, then 2i + 1) [2·max_chunk].
+  struct Mtp {
+    std::unique_ptr<ops::Linear> fc;
+    ops::Buf norm_embedding, norm_hidden, norm;
+    Layer layer;
+    ops::Buffer hidden, cat, out, even;
+  };
   TextDecoder(const Qwen3VLConfig& cfg, ops::Backend& be, int64_t max_chunk);
   Status init(const TextWeights& w);
+  Status init_layer(const TextLayerWeights& s, const std::string& where, Layer* out);
+  Status init_mtp(const MtpWeights& w);
+  Status run_layer(const Layer& L, const Pass& p, const KvCache& cache, bool pending) const;
+  Status head(const Pass& p, ops::Buf norm, ops::Buf normed, ops::Buf logits) const;
   Status init_delta_net(const TextLayerWeights& s, Layer* d);
   Status alloc_scratch();
   // One layer's token mixer into tmp_: attention (gated or not) or a Gated DeltaNet.
@@ -193,6 +222,7 @@ class TextDecoder {
   std::unique_ptr<ops::Linear> embed_, lm_head_;  // lm_head_ null: tied to embed_
   ops::Buf norm_;
   std::vector<Layer> layers_;
+  std::unique_ptr<Mtp> mtp_;
   // Activations, [max_chunk, ...] in the backend's type.
   ops::Buffer x_, xn_, qkv_, q_, attn_, tmp_, gate_up_, mlp_;
   // A hybrid model's: the attention's output gates [max_chunk, heads · head_dim]; a Gated
@@ -204,8 +234,10 @@ class TextDecoder {
   // logits f32 [max_chunk] and its output [max_chunk, hidden].
   ops::Buffer router_logits_, route_ids_, route_weights_, moe_scratch_, shared_logit_, shared_;
   // The pass's tables: host staging, and the backend's copies (the same memory on the CPU).
-  // ints: ids, slots, token sequence, token position, logit rows, image rows (max_chunk each).
-  static constexpr int kIds = 0, kSlots = 1, kSeq = 2, kPos = 3, kSel = 4, kVis = 5, kIntRows = 6;
+  // ints: ids, slots, token sequence, token position, logit rows, image rows, an MTP pass's
+  // hidden rows (max_chunk each).
+  static constexpr int kIds = 0, kSlots = 1, kSeq = 2, kPos = 3, kSel = 4, kVis = 5, kHid = 6,
+                       kIntRows = 7;
   ops::Buffer ints_host_, ints_, rope_host_, rope_dev_, tables_host_, tables_, feats_;
   int64_t table_cap_ = 0;  // block-table entries tables_ holds
   Status reserve_tables(int64_t entries);

@@ -31,13 +31,14 @@ struct FixtureModel {
   TextWeights text;
 };
 
-// dir: a checkpoint directory, e.g. VLM_FIXTURES_DIR + "/text-f32-untied".
-inline Result<FixtureModel> load_fixture_model(const std::string& dir) {
+// dir: a checkpoint directory, e.g. VLM_FIXTURES_DIR + "/text-f32-untied"; with mtp, its MTP
+// head too.
+inline Result<FixtureModel> load_fixture_model(const std::string& dir, bool mtp = false) {
   FixtureModel m;
   VLM_ASSIGN_OR_RETURN(m.cfg, load_qwen3vl_config(dir));
   VLM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(dir));
   m.store = std::make_unique<WeightStore>(std::move(store));
-  VLM_ASSIGN_OR_RETURN(m.text, load_text_weights(*m.store, m.cfg));
+  VLM_ASSIGN_OR_RETURN(m.text, load_text_weights(*m.store, m.cfg, mtp));
   return m;
 }
 
@@ -173,6 +174,57 @@ inline ImageInput vision_fixture_image(const nlohmann::json& ref, const std::str
   in.min_pixels = im["min_pixels"].get<int64_t>();
   in.max_pixels = im["max_pixels"].get<int64_t>();
   return in;
+}
+
+// Qwen3.5 fixture `name` (qwen35-f32-a or qwen35moe-f32-a) with an MTP head, in `dir`: its files,
+// its config saying mtp_num_hidden_layers 1, its tensors and the random head of
+// qwen35-mtp/mtp-<name>.safetensors (scripts/make_mtp_reference.py), as a published checkpoint
+// stores them. With `echo`, the head is made to propose the token it is given again (fc takes
+// the embedding alone, the layer's outputs are scaled by 1/10): with a tied head, a model that
+// repeats itself then finds its proposals accepted now and then.
+inline Status write_mtp_fixture(const std::string& name, const std::filesystem::path& dir,
+                                bool echo = false) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(VLM_FIXTURES_DIR) / name;
+  for (const auto& f : fs::directory_iterator(src)) {
+    const std::string fn = f.path().filename().string();
+    if (fn != "config.json" && fn.size() > 5 && fn.substr(fn.size() - 5) == ".json") {
+      fs::copy_file(f.path(), dir / fn, fs::copy_options::overwrite_existing);
+    }
+  }
+  nlohmann::json cfg = nlohmann::json::parse(test_util::read_file((src / "config.json").string()));
+  cfg["text_config"]["mtp_num_hidden_layers"] = 1;
+  {
+    std::ofstream out(dir / "config.json");
+    out << cfg.dump(2);
+  }
+  VLM_ASSIGN_OR_RETURN(WeightStore trunk, WeightStore::open_dir(src.string()));
+  const fs::path head =
+      fs::path(VLM_FIXTURES_DIR) / "qwen35-mtp" / ("mtp-" + name + ".safetensors");
+  VLM_ASSIGN_OR_RETURN(SafetensorsFile mtp, SafetensorsFile::open(head.string()));
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const auto& n : trunk.names()) tensors.emplace_back(n, *trunk.get(n));
+  for (const auto& n : mtp.names()) tensors.emplace_back(n, *mtp.get(n));
+  std::vector<std::vector<float>> edited;  // the echo head's copies the views point into
+  edited.reserve(tensors.size());
+  for (auto& [n, v] : tensors) {
+    const bool fc = n == "mtp.fc.weight";
+    const bool out = n.rfind("mtp.", 0) == 0 && (n.find("o_proj") != std::string::npos ||
+                                                 n.find("down_proj") != std::string::npos);
+    if (!echo || (!fc && !out) || v.dtype != DType::kF32) continue;
+    const auto* src = static_cast<const float*>(v.data);
+    edited.emplace_back(src, src + v.numel());
+    std::vector<float>& w = edited.back();
+    if (fc) {  // [hidden, 2·hidden]: the identity on the embedding, nothing of the hidden state
+      const int64_t H = v.dim(0);
+      std::fill(w.begin(), w.end(), 0.0f);
+      for (int64_t i = 0; i < H; ++i) w[static_cast<size_t>(i * 2 * H + i)] = 1.0f;
+    } else {
+      for (float& x : w) x *= 0.1f;
+    }
+    v.data = w.data();
+  }
+  return write_safetensors((dir / "model.safetensors").string(), tensors);
 }
 
 // A text decoder on the CPU backend, for the tests that drive TextDecoder directly.

@@ -87,8 +87,10 @@ std::vector<Output> run_alone(Engine& e, const std::vector<GenerateRequest>& req
   return out;
 }
 
+// fixture: a fixture's name, or a checkpoint directory's absolute path.
 EngineOptions options(const std::string& fixture, const BatchingOptions& b) {
   EngineOptions o = test_util::fixture_engine_options(fixture, b);
+  if (fixture.rfind('/', 0) == 0) o.model_dir = fixture;
   o.prefill_chunk = 32;
   return o;
 }
@@ -214,7 +216,8 @@ BatchingOptions exact_batching() {
 // kDraftSelf: the fixture drafts for itself (its proposals are the plain output's, but for
 // rounding); kDraftCut: all its layers but the last do (a layer-skipping draft with the same
 // tokenizer and vision tower, which agrees with it part of the time: 8-37% of proposals).
-enum class Proposal { kNgram, kOracle, kWrong, kDraftSelf, kDraftCut };
+// kMtp: the fixture with a random MTP head (qwen35-mtp; it agrees with the model now and then).
+enum class Proposal { kNgram, kOracle, kWrong, kDraftSelf, kDraftCut, kMtp };
 
 // The text decoder's layer count of a fixture.
 int64_t fixture_layers(const std::string& fixture) {
@@ -243,7 +246,13 @@ TEST_P(SpecGreedy, EqualsPlainDecodingTokenForToken) {
     b.num_blocks = static_cast<int32_t>((most + b.block_size - 1) / b.block_size + 3);
   }
   test_util::TempDir cut;
-  if (proposal == Proposal::kNgram) {
+  std::string model = fixture;  // the one with proposals
+  if (proposal == Proposal::kMtp) {
+    ASSERT_TRUE(test_util::write_mtp_fixture(fixture, cut.path(), /*echo=*/true).ok());
+    model = cut.path().string();
+    b.spec.method = SpecMethod::kMtp;
+    b.spec.num_tokens = kK;
+  } else if (proposal == Proposal::kNgram) {
     b.spec.method = SpecMethod::kNgram;
     b.spec.num_tokens = kK;
     b.spec.ngram_min = 1;
@@ -262,7 +271,7 @@ TEST_P(SpecGreedy, EqualsPlainDecodingTokenForToken) {
     b.spec =
         oracle(replies_of(*plain, reqs, want), proposal == Proposal::kWrong, plain->vocab_size());
   }
-  auto spec = load(fixture, b);
+  auto spec = load(model, b);
   ASSERT_NE(spec, nullptr);
   const std::vector<Output> got = run_all(*spec, reqs);
   ASSERT_EQ(got.size(), want.size());
@@ -292,7 +301,7 @@ TEST_P(SpecGreedy, EqualsPlainDecodingTokenForToken) {
   // the verify rows, run token by token with each state kept, and the state rolled back to where
   // the accepted tokens end, give the plain output bit for bit.
   if (hybrid) {
-    auto fresh = load(fixture, b);
+    auto fresh = load(model, b);
     ASSERT_NE(fresh, nullptr);
     const std::vector<Output> alone = run_alone(*fresh, reqs);
     int64_t cached_alone = 0;
@@ -338,6 +347,7 @@ std::string spec_test_name(
           : p == Proposal::kOracle    ? "_oracle"
           : p == Proposal::kWrong     ? "_wrong"
           : p == Proposal::kDraftSelf ? "_draft_self"
+          : p == Proposal::kMtp       ? "_mtp"
                                       : "_draft_cut";
   return name + (std::get<2>(info.param) ? "_preempt" : "");
 }
@@ -353,6 +363,12 @@ INSTANTIATE_TEST_SUITE_P(
                                          Proposal::kDraftSelf),
                        ::testing::Bool()),
     spec_test_name);
+// Qwen3.5's MTP head (the fixtures with a head: one dense, one MoE), its rows over the images'
+// features.
+INSTANTIATE_TEST_SUITE_P(Mtp, SpecGreedy,
+                         ::testing::Combine(::testing::Values("qwen35-f32-a", "qwen35moe-f32-a"),
+                                            ::testing::Values(Proposal::kMtp), ::testing::Bool()),
+                         spec_test_name);
 INSTANTIATE_TEST_SUITE_P(HybridCut, SpecGreedy,
                          ::testing::Combine(::testing::Values("qwen35-f32-b"),
                                             ::testing::Values(Proposal::kDraftCut),
@@ -866,74 +882,46 @@ std::pair<double, int> chi2_two_samples(const std::map<int32_t, int64_t>& a,
   return {stat, static_cast<int>(bins.size()) - 1};
 }
 
-// Sampling is exact: the 2nd, 3rd and 4th tokens of 20,000 sampled replies (temperature 0.7,
-// top-p 0.9, a logit bias that gives token kDraft most of the mass) with proposals against 20,000
-// without: a chi-square test of homogeneity per position at alpha 0.001, for two proposers: a
-// fixed one ([kDraft ×3], accepted about 40% of the time, so both the acceptance and the draw
-// from the rest are exercised) and a draft model (the fixture itself, proposing its greedy
-// continuation without the bias, which it does not know: accepted about 5% of the time). Its power
-// is stated from the noncentral chi-square (Patnaik's approximation): against a rule that moves the
-// proposal's probability by 0.03 (e.g. a rest that keeps the proposal: p → p(2 − p) is a far
-// larger move), it is asserted >= 0.9.
-TEST(SpecDecode, SampledRepliesAreDistributedAsWithoutProposals) {
-  constexpr int kDraws = 20000;
-  static constexpr int32_t kDraft = 500;
-  GenerateRequest base;
-  for (int j = 0; j < 12; ++j) base.prompt_ids.push_back(3 + j * 37 % 990);
-  base.max_new_tokens = 4;
-  base.ignore_eos = true;
-  base.sampling.temperature = 0.7;
-  base.sampling.top_p = 0.9;
-  base.sampling.logit_bias = {{kDraft, 4.5f}};
+// The 2nd, 3rd and 4th tokens of kDraws sampled replies to `base` (seeded 0 .. kDraws − 1) under
+// each of `arms` on `model` (arm 0 without proposals): each later arm's acceptance rate, and
+// per position a chi-square test of homogeneity against arm 0 at alpha 0.001. Its power is
+// stated from the noncentral chi-square (Patnaik's approximation): against a rule that moves
+// the probability of token `biased` by 0.03 (e.g. a rest that keeps the proposal: p → p(2 − p) is
+// a far larger move), it is asserted >= 0.9.
+constexpr int kDraws = 20000;
+std::vector<double> expect_same_distribution(const std::string& model, const GenerateRequest& base,
+                                             int32_t biased,
+                                             const std::vector<BatchingOptions>& arms) {
   std::vector<GenerateRequest> reqs(kDraws, base);
   for (int i = 0; i < kDraws; ++i) reqs[static_cast<size_t>(i)].sampling.seed = i;
-  BatchingOptions plain_b;
-  plain_b.max_num_seqs = 64;
-  plain_b.max_batched_tokens = 1024;
-  plain_b.max_waiting = kDraws;
-  BatchingOptions fixed_b = plain_b;
-  fixed_b.spec.method = SpecMethod::kCustom;
-  fixed_b.spec.num_tokens = 3;
-  fixed_b.spec.propose = [](std::span<const int32_t>, int64_t, int32_t max_k, int32_t* out) {
-    std::fill(out, out + max_k, kDraft);
-    return max_k;
-  };
-  BatchingOptions draft_b = plain_b;
-  draft_b.spec.method = SpecMethod::kDraft;
-  draft_b.spec.num_tokens = 3;
-  draft_b.spec.draft_model = kFixtures + "/text-f32-untied";
-  const BatchingOptions* arms[] = {&plain_b, &fixed_b, &draft_b};
-  std::vector<std::map<int32_t, int64_t>> counts[3];  // [plain, fixed, draft][position 1..3]
-  double rate[3] = {};
-  for (int arm = 0; arm < 3; ++arm) {
-    EngineOptions o = options("text-f32-untied", *arms[arm]);
+  std::vector<std::vector<std::map<int32_t, int64_t>>> counts(arms.size());  // [arm][position]
+  std::vector<double> rate(arms.size());
+  for (size_t arm = 0; arm < arms.size(); ++arm) {
+    EngineOptions o = options(model, arms[arm]);
     o.prefill_chunk = 1024;
     auto loaded = Engine::load(o);
-    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    EXPECT_TRUE(loaded.ok()) << loaded.status().message();
+    if (!loaded.ok()) return rate;
     std::unique_ptr<Engine> e = std::move(loaded).value();
     counts[arm].resize(3);
-    for (const Output& o : run_all(*e, reqs)) {
-      ASSERT_EQ(o.tokens.size(), 4u);
-      for (size_t p = 0; p < 3; ++p) ++counts[arm][p][o.tokens[p + 1]];
+    for (const Output& out : run_all(*e, reqs)) {
+      EXPECT_EQ(out.tokens.size(), 4u);
+      if (out.tokens.size() != 4) return rate;
+      for (size_t p = 0; p < 3; ++p) ++counts[arm][p][out.tokens[p + 1]];
     }
     const Engine::CoreStats st = e->core_stats();
-    if (arm > 0) {
-      rate[arm] = static_cast<double>(st.spec_accepted_tokens) /
-                  static_cast<double>(std::max<int64_t>(st.spec_draft_tokens, 1));
-      std::printf("arm %d: %.3f of the proposals accepted\n", arm, rate[arm]);
-    }
+    if (arm == 0) continue;
+    rate[arm] = static_cast<double>(st.spec_accepted_tokens) /
+                static_cast<double>(std::max<int64_t>(st.spec_draft_tokens, 1));
+    std::printf("arm %zu: %.3f of the proposals accepted\n", arm, rate[arm]);
   }
-  EXPECT_GT(rate[1], 0.3);
-  EXPECT_LT(rate[1], 0.95);
-  EXPECT_GT(rate[2], 0.02);  // some accepted, most not
-  EXPECT_LT(rate[2], 0.95);
-  for (int arm = 1; arm < 3; ++arm) {
+  for (size_t arm = 1; arm < arms.size(); ++arm) {
     for (size_t p = 0; p < 3; ++p) {
-      const auto [stat, df] = chi2_two_samples(counts[0][p], counts[arm][p], kDraft);
+      const auto [stat, df] = chi2_two_samples(counts[0][p], counts[arm][p], biased);
       const double pvalue = chi2_sf(stat, df);
-      // The power against a move of 0.03 in the proposal's probability q (the rest moved in
+      // The power against a move of 0.03 in the token's probability q (the rest moved in
       // proportion): noncentrality (n / 2) · δ² (1/q + 1/(1 − q)) for two samples of n.
-      const double q = static_cast<double>(counts[0][p][kDraft]) / kDraws, delta = 0.03;
+      const double q = static_cast<double>(counts[0][p][biased]) / kDraws, delta = 0.03;
       const double lambda = kDraws / 2.0 * delta * delta * (1 / q + 1 / (1 - q));
       // The critical value at alpha 0.001, then Patnaik: χ'²(df, λ) ≈ c · χ²(h).
       double lo = 0, hi = 10.0 * df + 100;
@@ -943,12 +931,76 @@ TEST(SpecDecode, SampledRepliesAreDistributedAsWithoutProposals) {
       const double c = (df + 2 * lambda) / (df + lambda);
       const double h = (df + lambda) * (df + lambda) / (df + 2 * lambda);
       const double power = chi2_sf(hi / c, h);
-      std::printf("arm %d, position %zu: chi2 %.1f, df %d, p %.3f; P(kDraft) %.3f; power %.3f\n",
+      std::printf("arm %zu, position %zu: chi2 %.1f, df %d, p %.3f; P(biased) %.3f; power %.3f\n",
                   arm, p + 2, stat, df, pvalue, q, power);
       EXPECT_GT(pvalue, 0.001) << "arm " << arm << ", position " << p + 2;
       EXPECT_GE(power, 0.9) << "position " << p + 2;
     }
   }
+  return rate;
+}
+
+// Four tokens sampled at temperature 0.7, top-p 0.9, with a logit bias that gives token `biased`
+// most of the mass.
+GenerateRequest biased_sampling(int32_t biased) {
+  GenerateRequest base;
+  for (int j = 0; j < 12; ++j) base.prompt_ids.push_back(3 + j * 37 % 400);
+  base.max_new_tokens = 4;
+  base.ignore_eos = true;
+  base.sampling.temperature = 0.7;
+  base.sampling.top_p = 0.9;
+  base.sampling.logit_bias = {{biased, 4.5f}};
+  return base;
+}
+
+BatchingOptions sampling_batching() {
+  BatchingOptions b;
+  b.max_num_seqs = 64;
+  b.max_batched_tokens = 1024;
+  b.max_waiting = kDraws;
+  return b;
+}
+
+// Sampling is exact (expect_same_distribution), for two proposers: a fixed one ([kDraft ×3],
+// accepted about 40% of the time, so both the acceptance and the draw from the rest are
+// exercised) and a draft model (the fixture itself, proposing its greedy continuation without the
+// bias, which it does not know: accepted about 5% of the time).
+TEST(SpecDecode, SampledRepliesAreDistributedAsWithoutProposals) {
+  static constexpr int32_t kDraft = 500;
+  BatchingOptions fixed_b = sampling_batching();
+  fixed_b.spec.method = SpecMethod::kCustom;
+  fixed_b.spec.num_tokens = 3;
+  fixed_b.spec.propose = [](std::span<const int32_t>, int64_t, int32_t max_k, int32_t* out) {
+    std::fill(out, out + max_k, kDraft);
+    return max_k;
+  };
+  BatchingOptions draft_b = sampling_batching();
+  draft_b.spec.method = SpecMethod::kDraft;
+  draft_b.spec.num_tokens = 3;
+  draft_b.spec.draft_model = kFixtures + "/text-f32-untied";
+  const std::vector<double> rate = expect_same_distribution(
+      "text-f32-untied", biased_sampling(kDraft), kDraft, {sampling_batching(), fixed_b, draft_b});
+  ASSERT_EQ(rate.size(), 3u);
+  EXPECT_GT(rate[1], 0.3);
+  EXPECT_LT(rate[1], 0.95);
+  EXPECT_GT(rate[2], 0.02);  // some accepted, most not
+  EXPECT_LT(rate[2], 0.95);
+}
+
+// The same for Qwen3.5's MTP head (qwen35-f32-a's, made to propose the token it is given again:
+// after a sampled biased token, the biased token, accepted often; after another, another).
+TEST(SpecDecode, SampledRepliesWithTheMtpHeadAreDistributedAsWithout) {
+  static constexpr int32_t kBiased = 200;
+  test_util::TempDir dir;
+  ASSERT_TRUE(test_util::write_mtp_fixture("qwen35-f32-a", dir.path(), /*echo=*/true).ok());
+  BatchingOptions mtp_b = sampling_batching();
+  mtp_b.spec.method = SpecMethod::kMtp;
+  mtp_b.spec.num_tokens = 3;
+  const std::vector<double> rate = expect_same_distribution(
+      dir.path().string(), biased_sampling(kBiased), kBiased, {sampling_batching(), mtp_b});
+  ASSERT_EQ(rate.size(), 2u);
+  EXPECT_GT(rate[1], 0.1);
+  EXPECT_LT(rate[1], 0.95);
 }
 
 }  // namespace

@@ -81,8 +81,9 @@ inline void add_spec_options(CLI::App* app, SpecOptions* s) {
       app, "--spec", &s->method, parse_spec_method,
       "Speculative decoding: none (default), ngram (prompt lookup: the tokens that "
       "followed the sequence's last n-gram earlier in the prompt or reply are proposed) "
-      "or draft (a smaller model with the same tokenizer, --spec-draft-model, "
-      "proposes); the proposals are checked in one pass and the output is the same, "
+      "draft (a smaller model with the same tokenizer, --spec-draft-model, "
+      "proposes) or mtp (a Qwen3.5 checkpoint's own MTP head proposes); the proposals "
+      "are checked in one pass and the output is the same, "
       "under the conditions docs/architecture.md gives; CPU only");
   app->add_option("--spec-draft-model", s->draft_model,
                   "--spec draft: the draft model's checkpoint directory (loaded with this "
