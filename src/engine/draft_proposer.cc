@@ -155,24 +155,22 @@ Status DraftProposer::propose_all(std::span<ProposeJob> jobs) {
     }
     if (!room) done_[i] = 1;  // no room in the draft's cache: no proposals this step
   }
-  // 2. Catch-up passes, the step's tokens at most each: every request's tokens not yet in the
-  // cache; the chunk that reaches a sequence's end gives its first proposal.
+  // 2. One catch-up pass of the draft's pass size at most: every request's tokens not yet in the
+  // cache, the requests that decode (a few tokens each) before the prompts that start (which
+  // take what is left, and go on next step where they stopped: no step waits for a whole prompt);
+  // the chunk that reaches a sequence's end gives its first proposal, a request still behind
+  // proposes nothing this step.
   const int64_t budget = m_.decoder->max_chunk();
-  for (bool more = true; more;) {
-    more = false;
-    chunks_.clear();
-    chunk_job_.clear();
-    int64_t used = 0;
-    for (size_t i = 0; i < n; ++i) {
+  chunks_.clear();
+  chunk_job_.clear();
+  int64_t used = 0;
+  for (const bool decoding : {true, false}) {
+    for (size_t i = 0; i < n && used < budget; ++i) {
       if (done_[i]) continue;
       const ProposeInput& in = jobs[i].in;
       Entry& e = entries_[in.request_id];
       const int64_t len = static_cast<int64_t>(in.ids.size());
-      if (e.computed >= len) continue;
-      if (used >= budget) {
-        more = true;
-        continue;
-      }
+      if (e.computed >= len || (len - e.computed <= 1 + k_) != decoding) continue;
       const int64_t take = std::min(len - e.computed, budget - used);
       SeqChunk c;
       c.ids = in.ids.data() + e.computed;
@@ -196,9 +194,13 @@ Status DraftProposer::propose_all(std::span<ProposeJob> jobs) {
       chunk_job_.push_back(static_cast<int32_t>(i));
       e.computed += take;
       used += take;
-      more = more || e.computed < len;
     }
-    VLM_RETURN_IF_ERROR(run_pass(jobs));
+  }
+  VLM_RETURN_IF_ERROR(run_pass(jobs));
+  for (size_t i = 0; i < n; ++i) {  // still behind: no proposals this step
+    if (entries_[jobs[i].in.request_id].computed < static_cast<int64_t>(jobs[i].in.ids.size())) {
+      done_[i] = 1;
+    }
   }
   // 3. One pass per further position: each request not done feeds its last proposal (after the
   // sequence, at the 1-D text positions that follow it).

@@ -2,13 +2,14 @@
 // "Speculative decoding"): a smaller model with the target's tokenizer proposes its greedy
 // continuation. It keeps its own paged KV cache (as many blocks as the target's, out of the same
 // budget) and, per request, how far the cache holds the request's real tokens. Each step's
-// proposals are batched passes: first one pass that catches every request up (the tokens the
-// last verify accepted, or a new request's whole prompt, with its images through the draft's own
-// vision features) and gives each its first proposal, then one pass of one row per request for
-// each further position. The proposals it fed on a step stay in its cache: those the target
-// accepted are not computed again (a hybrid draft keeps its state before each proposal it feeds,
-// and goes back to the one where the accepted ones end). A proposal is deterministic given the
-// sequence, so the verify's rejection rule keeps the output exact whatever the draft proposes.
+// proposals are batched passes: first one pass that catches the requests up (the tokens the
+// last verify accepted; a new request's prompt, with its images through the draft's own vision
+// features, a pass's worth a step until it is in) and gives each its first proposal, then one
+// pass of one row per request for each further position. The proposals it fed on a step stay in its
+// cache: those the target accepted are not computed again (a hybrid draft keeps its state before
+// each proposal it feeds, and goes back to the one where the accepted ones end). A proposal is
+// deterministic given the sequence, so the verify's rejection rule keeps the output exact whatever
+// the draft proposes.
 #pragma once
 
 #include <array>

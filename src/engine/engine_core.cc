@@ -64,7 +64,8 @@ Status plan_proposer_bytes(const CoreModel& m, const BatchingOptions& o, KvBlock
 }
 
 // Speculative decoding's proposer (null: none), once the target's blocks are planned: a draft
-// model's and the MTP head's have as many blocks as the target's, in their own caches.
+// model's and the MTP head's have as many blocks as the target's in their own caches (the MTP's
+// and its spare blocks).
 Result<std::unique_ptr<Proposer>> spec_proposer(const CoreModel& m, const BatchingOptions& o,
                                                 int64_t blocks_per_seq) {
   if (o.spec.method != SpecMethod::kDraft && o.spec.method != SpecMethod::kMtp) {
@@ -440,7 +441,9 @@ Status EngineCore::execute(const SchedulerOutput& out) {
   // its blocks (a failure is the proposer's: no proposals next step).
   if (s.mtp != nullptr) {
     if (const Status st = s.mtp->observe(s.rows); !st.ok()) {
-      std::fprintf(stderr, "vlm: the MTP head's pass failed, the next step goes without: %s\n",
+      std::fprintf(stderr,
+                   "vlm: the MTP head's pass failed (its rows of this step's positions are "
+                   "missing, and the next step goes without proposals): %s\n",
                    st.message().c_str());
     }
   }

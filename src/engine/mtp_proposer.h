@@ -11,8 +11,9 @@
 // one row per request, fed the last proposal and the MTP's own output (after its final norm),
 // at the next position. The chained rows' K/V go past the sequence, into the request's own
 // blocks or a few spare blocks per request; the next step's pass writes the true rows there.
-// A proposal is deterministic given the sequence, so the verify's rejection rule keeps the
-// output exact whatever the head proposes.
+// A proposal depends only on what came before it (never on the draw that checks it), so the
+// verify's rejection rule keeps the output exact whatever the head proposes: a stale row (see
+// docs/architecture.md) makes proposals worse, never the output different.
 #pragma once
 
 #include <cstdint>

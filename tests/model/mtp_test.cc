@@ -31,14 +31,15 @@ nlohmann::json reference() {
 
 // The fixture with its head, loaded with it; a decoder of 64-token passes over it and its caches.
 struct MtpModel {
-  explicit MtpModel(const std::string& name) : pool(2) {
+  explicit MtpModel(const std::string& name, int64_t block = kBlock, int64_t blocks = kBlocks)
+      : pool(2) {
     EXPECT_TRUE(test_util::write_mtp_fixture(name, dir.path()).ok());
     auto m = test_util::load_fixture_model(dir.path().string(), true);
     EXPECT_TRUE(m.ok()) << m.status().message();
     if (!m.ok()) return;
     fm = std::move(*m);
     dec = std::make_unique<test_util::CpuDecoder>(fm.cfg, fm.text, pool, 64);
-    EXPECT_TRUE(dec->allocate(&cache, kBlocks, kBlock).ok());
+    EXPECT_TRUE(dec->allocate(&cache, blocks, block).ok());
     vocab = fm.cfg.text_config.vocab_size;
   }
   test_util::TempDir dir;
@@ -248,6 +249,74 @@ TEST(MtpProposer, ProposesAfterPromptAndVerifyStepsAsForTheWholeSequence) {
     wc.state_slot = 0;
     EXPECT_EQ(after, propose_after(fresh, **made2, whole, wc, q2, K));
     EXPECT_EQ(after.size(), static_cast<size_t>(K));
+  }
+}
+
+// Two requests in one step (the second's hidden states after the first's), each proposing from
+// the blocks that hold its sequence alone (blocks of 4 tokens: its chained rows go to its spare
+// blocks): the reference's proposals for each.
+TEST(MtpProposer, TwoRequestsInOneStepProposeTheirReferenceChains) {
+  const nlohmann::json ref = reference();
+  const int32_t K = ref["k"];
+  for (const std::string model : {"qwen35-f32-a", "qwen35moe-f32-a"}) {
+    SCOPED_TRACE(model);
+    std::vector<nlohmann::json> cases;
+    for (const auto& c : ref["cases"]) {
+      if (c["model"] == model) cases.push_back(c);
+    }
+    ASSERT_EQ(cases.size(), 2u);
+    constexpr int64_t kSmall = 4, kMany = 32;
+    MtpModel m(model, kSmall, kMany);
+    ASSERT_NE(m.dec, nullptr);
+    SpecOptions spec;
+    spec.method = SpecMethod::kMtp;
+    spec.num_tokens = K;
+    auto made =
+        MtpProposer::create(*m.dec->dec, spec, (*m.dec)->mtp_cache_spec(kSmall), kMany, kMany, 4);
+    ASSERT_TRUE(made.ok()) << made.status().message();
+    Sequence q[2];
+    std::vector<int32_t> tables[2];
+    SeqChunk chunks[2];
+    StepRow rows[2];
+    int32_t next_block = 0;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<int32_t> ids = cases[static_cast<size_t>(i)]["prompt"];
+      const auto L = static_cast<int64_t>(ids.size());
+      ids.push_back(cases[static_cast<size_t>(i)]["next_token"]);
+      q[i] = text_sequence(ids);
+      for (int64_t b = 0; b < (L + kSmall - 1) / kSmall; ++b) tables[i].push_back(next_block++);
+      chunks[i] = SeqChunk{q[i].ids.data(),
+                           L,
+                           0,
+                           Positions3{q[i].pos_t.data(), q[i].pos_h.data(), q[i].pos_w.data()},
+                           tables[i].data(),
+                           static_cast<int64_t>(tables[i].size())};
+      chunks[i].rows = LogitRows::kLast;
+      chunks[i].state_slot = i;
+      rows[i] = StepRow{10 + i, 0, L, StepKind::kGenerate, &q[i], &tables[i], i, {}, -1};
+    }
+    std::vector<float> logits(static_cast<size_t>(2 * m.vocab));
+    ASSERT_TRUE(m.dec->forward_batch(chunks, 2, m.cache, logits.data()).ok());
+    ASSERT_TRUE((*made)->observe(std::span<const StepRow>(rows, 2)).ok());
+    std::vector<int32_t> out[2];
+    ProposeJob jobs[2];
+    for (int i = 0; i < 2; ++i) {
+      out[i].resize(static_cast<size_t>(K));
+      jobs[i].in.ids = q[i].ids;
+      jobs[i].in.feature_row = q[i].feature_row;
+      jobs[i].in.prompt_len = static_cast<int64_t>(q[i].ids.size());
+      jobs[i].in.request_id = 10 + i;
+      jobs[i].in.pos = Positions3{q[i].pos_t.data(), q[i].pos_h.data(), q[i].pos_w.data()};
+      jobs[i].in.block_table = &tables[i];
+      jobs[i].max_k = K;
+      jobs[i].out = out[i].data();
+    }
+    ASSERT_TRUE((*made)->propose_batch(std::span<ProposeJob>(jobs, 2)).ok());
+    for (int i = 0; i < 2; ++i) {
+      out[i].resize(static_cast<size_t>(jobs[i].k));
+      EXPECT_EQ(out[i], cases[static_cast<size_t>(i)]["proposals"].get<std::vector<int32_t>>())
+          << "request " << i;
+    }
   }
 }
 
