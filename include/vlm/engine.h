@@ -179,8 +179,12 @@ struct BatchingOptions {
 };
 
 struct EngineOptions {
-  std::string model_dir;  // config.json + *.safetensors (+ tokenizer.json, generation_config.json)
-  int n_threads = 0;      // 0 = all hardware threads
+  // config.json + *.safetensors (+ tokenizer.json, generation_config.json), or a GGUF model file
+  // (llama.cpp's format; its tokenizer and chat template inside it).
+  std::string model_dir;
+  // With a GGUF model file: its vision tower's GGUF file (llama.cpp's mmproj); "" = text only.
+  std::string mmproj;
+  int n_threads = 0;            // 0 = all hardware threads
   int64_t max_context = 0;      // KV cache limit in tokens; 0 = the model's max_position_embeddings
   int64_t prefill_chunk = 256;  // tokens per forward pass during prefill
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
@@ -339,6 +343,9 @@ class Engine {
   // The choices alone, the same on every start that makes them: "bf16_gemm=amx,
   // vision_gemm=amx,bf16_decode=evenodd_l2" (the families the model has; empty on a GPU).
   const std::string& cpu_kernel_choice() const;
+  // What the load did that its user should hear once (a GGUF file's types dequantized, the
+  // defaults it took for what the file does not store); empty for most checkpoints.
+  const std::vector<std::string>& load_notes() const;
   // Where the text decoder runs: "cpu", or the GPU as "NVIDIA <name> (sm_<cc>, <memory> GiB),
   // bf16".
   std::string device() const;

@@ -19,6 +19,12 @@ class Tokenizer {
   // `path` is a tokenizer.json file or a directory holding one (tokenizer_config.json beside it is
   // read when present, for eos/pad tokens). Errors name the file and what is wrong with it.
   static Result<std::unique_ptr<Tokenizer>> load(const std::string& path);
+  // A tokenizer.json document given as text (one built from a GGUF file's vocabulary, say), with
+  // the eos and pad ids tokenizer_config.json would give; `name` names it in errors.
+  static Result<std::unique_ptr<Tokenizer>> from_json(const std::string& json_text,
+                                                      const std::string& name,
+                                                      std::optional<int32_t> eos,
+                                                      std::optional<int32_t> pad);
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;

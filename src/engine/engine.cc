@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "engine/engine_impl.h"
+#include "model/gguf_checkpoint.h"
 #include "ops/autotune.h"
 #include "ops/cpu_backend.h"
 #include "ops/ops.h"
@@ -216,12 +217,117 @@ WeightQuant host_quant(Quant q) {
   return WeightQuant::kNone;
 }
 
+// The vision tower's patch geometry from its config (it wins over a preprocessor file's: the two
+// agree in real checkpoints), and the video decoder's, which follows it.
+void set_vision_geometry(const EngineOptions& options, EngineImpl* impl) {
+  impl->preprocess.patch_size = impl->cfg.vision_config.patch_size;
+  impl->preprocess.merge_size = impl->cfg.vision_config.spatial_merge_size;
+  impl->preprocess.temporal_patch_size = impl->cfg.vision_config.temporal_patch_size;
+  impl->video.limits.seek = options.video_seek;
+  PreprocessOptions& v = impl->video.config.pixels;
+  v.patch_size = impl->preprocess.patch_size;
+  v.merge_size = impl->preprocess.merge_size;
+  v.temporal_patch_size = impl->preprocess.temporal_patch_size;
+  if (v.merge_size != v.temporal_patch_size && impl->video.unsupported.empty()) {
+    impl->video.unsupported = "the vision tower's spatial_merge_size " +
+                              std::to_string(v.merge_size) + " differs from its " +
+                              "temporal_patch_size " + std::to_string(v.temporal_patch_size) +
+                              ": Qwen3-VL's video timestamps assume they are equal";
+  }
+}
+
+// What follows the tokenizer: the eos ids (generation_config.json's; without one, the config's
+// and the tokenizer's), the chat template (`tpl`: the checkpoint's, or its error), structured
+// output's grammars, the context limit.
+void finish_load(const EngineOptions& options, Result<ChatTemplate> tpl, EngineImpl* impl) {
+  for (int64_t id : impl->gen.eos_token_id) impl->eos_ids.push_back(static_cast<int32_t>(id));
+  if (impl->eos_ids.empty()) {
+    for (int64_t id : impl->cfg.eos_token_id) {
+      if (id >= 0 && id < impl->cfg.text_config.vocab_size) {
+        impl->eos_ids.push_back(static_cast<int32_t>(id));
+      }
+    }
+    const auto tok_eos = impl->tokenizer ? impl->tokenizer->eos_token_id() : std::nullopt;
+    if (tok_eos &&
+        std::find(impl->eos_ids.begin(), impl->eos_ids.end(), *tok_eos) == impl->eos_ids.end()) {
+      impl->eos_ids.push_back(*tok_eos);
+    }
+  }
+  if (impl->tokenizer) {
+    // One that does not parse or render is kept as its error: Engine::chat_template() and
+    // chat_stream() return it, never a fallback, while raw token ids and logits need no template.
+    if (tpl.ok()) {
+      impl->chat_template = std::move(tpl).value();
+    } else {
+      impl->chat_template_error = tpl.status();
+    }
+    impl->structured =
+        std::make_unique<StructuredOutputs>(impl->tokenizer, impl->cfg.text_config.vocab_size);
+  }
+  const Qwen3VLTextConfig& t = impl->cfg.text_config;
+  impl->max_context = options.max_context > 0
+                          ? std::min(options.max_context, t.max_position_embeddings)
+                          : t.max_position_embeddings;
+}
+
+// A GGUF model file and its vision file (EngineOptions::mmproj): the configuration, tokenizer and
+// chat template from their metadata, the weights under transformers' names.
+Status load_gguf(const EngineOptions& options, EngineImpl* impl) {
+  VLM_ASSIGN_OR_RETURN(GgufCheckpoint ck, open_gguf_checkpoint(options.model_dir, options.mmproj));
+  impl->cfg = ck.cfg;
+  impl->store = std::move(ck.store);
+  impl->load_notes = ck.notes;
+  VLM_ASSIGN_OR_RETURN(
+      impl->weights,
+      load_text_weights(*impl->store, impl->cfg, options.batching.spec.method == SpecMethod::kMtp));
+  impl->has_vision = impl->cfg.has_vision;
+  if (impl->has_vision) {
+    VLM_ASSIGN_OR_RETURN(impl->vision_weights, load_vision_weights(*impl->store, impl->cfg));
+    for (int c = 0; c < 3; ++c) {
+      if (ck.image_mean.size() == 3)
+        impl->preprocess.mean[c] = static_cast<float>(ck.image_mean[c]);
+      if (ck.image_std.size() == 3) impl->preprocess.std[c] = static_cast<float>(ck.image_std[c]);
+    }
+    impl->video.config = default_video_config(impl->preprocess);
+    set_vision_geometry(options, impl);
+    impl->load_notes.push_back(
+        "the GGUF files do not store the image and video sizes (min/max pixels, frame sampling): "
+        "Qwen3-VL's defaults apply");
+  } else {
+    impl->load_notes.push_back("no --mmproj vision file: text only (images and video are refused)");
+  }
+  if (!ck.tokenizer_json.empty()) {
+    VLM_ASSIGN_OR_RETURN(
+        std::unique_ptr<Tokenizer> tok,
+        Tokenizer::from_json(ck.tokenizer_json, options.model_dir + " (tokenizer.ggml.*)",
+                             ck.eos_id, ck.pad_id));
+    impl->tokenizer = std::move(tok);
+  } else if (options.require_tokenizer) {
+    return not_found(options.model_dir + " holds no tokenizer (tokenizer.ggml.tokens)");
+  }
+  Result<ChatTemplate> tpl = ChatTemplate::builtin();
+  if (!options.chat_template.empty()) {
+    tpl = ChatTemplate::from_file(options.chat_template);
+  } else if (!ck.chat_template.empty()) {
+    tpl = ChatTemplate::from_source(ck.chat_template,
+                                    options.model_dir + " (tokenizer.chat_template)", ck.bos_token,
+                                    ck.eos_token);
+  }
+  finish_load(options, std::move(tpl), impl);
+  return ok_status();
+}
+
 // The checkpoint directory: config, generation config, weights (views into the mapping), the
-// preprocessor config and the tokenizer.
+// preprocessor config and the tokenizer; or a GGUF file.
 Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
   namespace fs = std::filesystem;
   const std::string& dir = options.model_dir;
   std::error_code ec;
+  if (fs::is_regular_file(dir, ec) && is_gguf_file(dir)) return load_gguf(options, impl);
+  if (!options.mmproj.empty()) {
+    return invalid_argument("--mmproj " + options.mmproj + " goes with a GGUF model file; " + dir +
+                            " is not one");
+  }
   if (!fs::is_directory(dir, ec)) return not_found("model directory " + dir + " does not exist");
   VLM_ASSIGN_OR_RETURN(impl->cfg, load_qwen3vl_config(dir));
   VLM_ASSIGN_OR_RETURN(impl->gen, load_generation_config(dir));
@@ -243,10 +349,6 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
       VLM_ASSIGN_OR_RETURN(std::string text, read_text_file(pp.string()));
       VLM_ASSIGN_OR_RETURN(impl->preprocess, parse_preprocessor_config(text, pp.string()));
     }
-    // The vision config's geometry wins over defaults (the two must agree in real checkpoints).
-    impl->preprocess.patch_size = impl->cfg.vision_config.patch_size;
-    impl->preprocess.merge_size = impl->cfg.vision_config.spatial_merge_size;
-    impl->preprocess.temporal_patch_size = impl->cfg.vision_config.temporal_patch_size;
     // Videos: video_preprocessor_config.json, else preprocessor_config.json (transformers falls
     // back to it too), over Qwen3VLVideoProcessor's class defaults.
     impl->video.config = default_video_config(impl->preprocess);
@@ -264,17 +366,7 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
       }
       break;
     }
-    impl->video.limits.seek = options.video_seek;
-    PreprocessOptions& v = impl->video.config.pixels;
-    v.patch_size = impl->preprocess.patch_size;
-    v.merge_size = impl->preprocess.merge_size;
-    v.temporal_patch_size = impl->preprocess.temporal_patch_size;
-    if (v.merge_size != v.temporal_patch_size && impl->video.unsupported.empty()) {
-      impl->video.unsupported = "the vision tower's spatial_merge_size " +
-                                std::to_string(v.merge_size) + " differs from its " +
-                                "temporal_patch_size " + std::to_string(v.temporal_patch_size) +
-                                ": Qwen3-VL's video timestamps assume they are equal";
-    }
+    set_vision_geometry(options, impl);
   }
   if (fs::exists(fs::path(dir) / "tokenizer.json", ec)) {
     VLM_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::load(dir));
@@ -282,39 +374,12 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
   } else if (options.require_tokenizer) {
     return not_found(dir + "/tokenizer.json not found (the model directory needs its tokenizer)");
   }
-  // generation_config.json's eos_token_id; without one (Qwen3.5 publishes none), config.json's
-  // and the tokenizer's (<|endoftext|> and <|im_end|>: a chat turn ends with the second).
-  for (int64_t id : impl->gen.eos_token_id) impl->eos_ids.push_back(static_cast<int32_t>(id));
-  if (impl->eos_ids.empty()) {
-    for (int64_t id : impl->cfg.eos_token_id) {
-      if (id >= 0 && id < impl->cfg.text_config.vocab_size) {
-        impl->eos_ids.push_back(static_cast<int32_t>(id));
-      }
-    }
-    const auto tok_eos = impl->tokenizer ? impl->tokenizer->eos_token_id() : std::nullopt;
-    if (tok_eos &&
-        std::find(impl->eos_ids.begin(), impl->eos_ids.end(), *tok_eos) == impl->eos_ids.end()) {
-      impl->eos_ids.push_back(*tok_eos);
-    }
-  }
-  if (impl->tokenizer) {
-    // The checkpoint's own chat template (or EngineOptions::chat_template). One that does not
-    // parse or render is kept as its error: Engine::chat_template() and chat_stream() return it,
-    // never a fallback, while raw token ids and logits need no template.
-    auto tpl = options.chat_template.empty() ? ChatTemplate::from_model_dir(dir)
-                                             : ChatTemplate::from_file(options.chat_template);
-    if (tpl.ok()) {
-      impl->chat_template = std::move(tpl).value();
-    } else {
-      impl->chat_template_error = tpl.status();
-    }
-    impl->structured =
-        std::make_unique<StructuredOutputs>(impl->tokenizer, impl->cfg.text_config.vocab_size);
-  }
-  const Qwen3VLTextConfig& t = impl->cfg.text_config;
-  impl->max_context = options.max_context > 0
-                          ? std::min(options.max_context, t.max_position_embeddings)
-                          : t.max_position_embeddings;
+  // The checkpoint's own chat template (or EngineOptions::chat_template).
+  finish_load(options,
+              impl->tokenizer == nullptr      ? Result<ChatTemplate>(ChatTemplate::builtin())
+              : options.chat_template.empty() ? ChatTemplate::from_model_dir(dir)
+                                              : ChatTemplate::from_file(options.chat_template),
+              impl);
   return ok_status();
 }
 
@@ -697,6 +762,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
     }
     EngineOptions d = options;
     d.model_dir = spec.draft_model;
+    d.mmproj.clear();  // the target's vision file is not the draft's
     d.chat_template.clear();
     d.batching = BatchingOptions{};
     d.on_step = nullptr;
@@ -734,6 +800,7 @@ std::string Engine::device() const { return impl_->backend->description(); }
 
 const std::string& Engine::cpu_kernels() const { return impl_->cpu_kernels; }
 const std::string& Engine::cpu_kernel_choice() const { return impl_->cpu_kernel_choice; }
+const std::vector<std::string>& Engine::load_notes() const { return impl_->load_notes; }
 
 int64_t Engine::cuda_graph_replays() const { return impl_->graph_replays.load(); }
 

@@ -47,6 +47,7 @@ struct Engine::Impl {
   std::optional<ChatTemplate> chat_template;   // Engine::chat's; set with the tokenizer
   Status chat_template_error;                  // why there is none (a template that failed)
   std::vector<int32_t> eos_ids;
+  std::vector<std::string> load_notes;  // Engine::load_notes()
   // Grammars compiled against the vocabulary (structured output); null without a tokenizer.
   std::unique_ptr<StructuredOutputs> structured;
   int64_t max_context = 0;

@@ -388,7 +388,19 @@ Result<WeightStore> WeightStore::open_dir(const std::string& dir) {
   return store;
 }
 
+WeightStore WeightStore::from_views(std::string name, std::map<std::string, TensorView> views,
+                                    std::map<std::string, std::string> origin,
+                                    std::shared_ptr<const void> keep) {
+  WeightStore store;
+  store.dir_ = std::move(name);
+  store.views_ = std::move(views);
+  store.origin_ = std::move(origin);
+  store.keep_ = std::move(keep);
+  return store;
+}
+
 Result<TensorView> WeightStore::get(const std::string& name) const {
+  if (auto v = views_.find(name); v != views_.end()) return v->second;
   auto it = where_.find(name);
   if (it == where_.end()) {
     return not_found("tensor '" + printable(name) + "' not found in " + dir_);
@@ -436,10 +448,16 @@ std::vector<std::string> WeightStore::names() const {
   std::vector<std::string> out;
   out.reserve(where_.size());
   for (const auto& [name, idx] : where_) out.push_back(name);
+  for (const auto& [name, v] : views_) out.push_back(name);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
 std::string WeightStore::file_of(const std::string& name) const {
+  if (views_.count(name) != 0) {
+    auto o = origin_.find(name);
+    return o == origin_.end() ? dir_ : o->second;
+  }
   auto it = where_.find(name);
   return it == where_.end() ? std::string() : files_[it->second].path();
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,12 +79,20 @@ class WeightStore {
   // directory when neither file exists; NotFound naming a missing shard; DataLoss for an index
   // naming a tensor that its shard lacks, or for any corrupt shard (message names the shard).
   static Result<WeightStore> open_dir(const std::string& dir);
+  // A store of tensors read from elsewhere (a GGUF checkpoint's, under the names the loaders
+  // read): `views` point into memory that `keep` owns (or keeps mapped); `origin` names, for each
+  // name, where its bytes came from in error messages (its file and tensor there).
+  static WeightStore from_views(std::string name, std::map<std::string, TensorView> views,
+                                std::map<std::string, std::string> origin,
+                                std::shared_ptr<const void> keep);
 
   WeightStore(WeightStore&&) noexcept = default;
   WeightStore& operator=(WeightStore&&) noexcept = default;
 
   const std::string& dir() const { return dir_; }
-  bool has(const std::string& name) const { return where_.count(name) != 0; }
+  bool has(const std::string& name) const {
+    return where_.count(name) != 0 || views_.count(name) != 0;
+  }
   // NotFound "tensor 'X' not found in <dir>" when absent.
   Result<TensorView> get(const std::string& name) const;
   // As get(), and checks the shape and that the dtype is one of `allowed` (any dtype when empty).
@@ -111,6 +120,10 @@ class WeightStore {
   std::string dir_;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, size_t> where_;  // tensor name -> index into files_
+  // from_views(): the tensors, where each came from, and what keeps their bytes alive.
+  std::map<std::string, TensorView> views_;
+  std::map<std::string, std::string> origin_;
+  std::shared_ptr<const void> keep_;
 };
 
 // Writes a valid .safetensors file the way the reference writer does: tensors ordered by element

@@ -132,8 +132,9 @@ struct Server::Impl {
       };
     }
     VLM_ASSIGN_OR_RETURN(engine, Engine::load(eo));
+    for (const std::string& n : engine->load_notes()) std::fprintf(stderr, "vlm: %s\n", n.c_str());
     if (engine->tokenizer() == nullptr)
-      return not_found("the model directory has no tokenizer.json");
+      return not_found("the model has no tokenizer (tokenizer.json, or a GGUF file's)");
     // The checkpoint's template (or --chat-template): one that does not parse or render fails
     // the load, never falls back silently.
     VLM_ASSIGN_OR_RETURN(const ChatTemplate* tpl, engine->chat_template());

@@ -22,6 +22,17 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& path) {
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl).value()));
 }
 
+Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json(const std::string& json_text,
+                                                        const std::string& name,
+                                                        std::optional<int32_t> eos,
+                                                        std::optional<int32_t> pad) {
+  Result<std::unique_ptr<Impl>> impl = tok::parse_impl(json_text, name);
+  if (!impl.ok()) return impl.status();
+  (*impl)->eos_id = eos;
+  (*impl)->pad_id = pad;
+  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl).value()));
+}
+
 void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<int32_t>* out) const {
   if (text.empty()) return;
   // The Rust library only ever sees valid UTF-8 (&str); for other input, decoding it lossily

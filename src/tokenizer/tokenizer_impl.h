@@ -67,6 +67,8 @@ namespace tok {
 
 // Loads tokenizer.json (`path` may be its directory) and tokenizer_config.json beside it.
 Result<std::unique_ptr<TokenizerImpl>> load_impl(const std::string& path);
+// A tokenizer.json document held in memory; `name` names it in errors.
+Result<std::unique_ptr<TokenizerImpl>> parse_impl(const std::string& text, const std::string& name);
 
 }  // namespace tok
 }  // namespace vlm

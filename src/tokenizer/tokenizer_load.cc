@@ -272,18 +272,11 @@ Status load_config(const std::string& path, Impl* im) {
 
 }  // namespace
 
-Result<std::unique_ptr<Impl>> load_impl(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path file(path);
-  if (fs::is_directory(file, ec)) file /= "tokenizer.json";
-  const std::string file_name = file.string();
+Result<std::unique_ptr<Impl>> parse_impl(const std::string& text, const std::string& name) {
   auto im = std::make_unique<Impl>();
   static std::atomic<uint64_t> next_uid{1};
   im->uid = next_uid.fetch_add(1, std::memory_order_relaxed);
   try {
-    std::string text;
-    VLM_RETURN_IF_ERROR(read_file(file_name, &text));
     TokenizerJson doc;
     Status s = parse_tokenizer_json(text, &doc);
     if (s.ok() && !doc.root.is_object()) s = data_loss("not a JSON object");
@@ -291,12 +284,24 @@ Result<std::unique_ptr<Impl>> load_impl(const std::string& path) {
     if (s.ok()) s = load_added_tokens(doc.root, im.get());
     if (s.ok()) s = load_normalizer(doc.root, im.get());
     if (s.ok()) s = load_pre_tokenizer(doc.root, im.get());
-    if (!s.ok()) return s.with_context(file_name);
+    if (!s.ok()) return s.with_context(name);
   } catch (const std::exception& e) {
     // nlohmann throws type_error on a field of the wrong type; report it instead of escaping.
-    return data_loss(file_name + ": " + e.what());
+    return data_loss(name + ": " + e.what());
   }
   finish_tables(im.get());
+  return im;
+}
+
+Result<std::unique_ptr<Impl>> load_impl(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path file(path);
+  if (fs::is_directory(file, ec)) file /= "tokenizer.json";
+  const std::string file_name = file.string();
+  std::string text;
+  VLM_RETURN_IF_ERROR(read_file(file_name, &text));
+  VLM_ASSIGN_OR_RETURN(std::unique_ptr<Impl> im, parse_impl(text, file_name));
   const fs::path config = file.parent_path() / "tokenizer_config.json";
   if (fs::exists(config, ec)) {
     try {

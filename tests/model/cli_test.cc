@@ -189,19 +189,31 @@ TEST(Cli, QuantInt4LogitsAndBench) {
   EXPECT_NE(r.err.find("applies to --quant int4 only"), std::string::npos) << r.err;
 }
 
+void logits_with_an_image(const std::string& dir, const std::string& model);
+
+// The checkpoint directory, and the same model as llama.cpp's converter wrote it: a GGUF file
+// and its vision file (--mmproj).
 TEST(Cli, LogitsWithAnImageExpandThePadAndMatchTransformers) {
   const std::string dir = kFixtures + "/vision-f32";
+  const std::string gguf = kFixtures + "/gguf/vision-f32";
+  for (const std::string model :
+       {quote(dir), quote(gguf + ".gguf") + " --mmproj " + quote(gguf + "-mmproj.gguf")}) {
+    SCOPED_TRACE(model);
+    logits_with_an_image(dir, model);
+  }
+}
+
+void logits_with_an_image(const std::string& dir, const std::string& model) {
   auto ref = nlohmann::json::parse(test_util::read_file(dir + "/reference.json"));
   for (const auto& c : ref["cases"]) {
     if (c["name"] != "tall") continue;
     const auto& im = ref["images"]["tall"];
     test_util::TempDir tmp;
     const std::string out = tmp.file("logits.npy");
-    CliResult r =
-        vlm("logits -m " + quote(dir) + " --ids " + join_ids(c["prompt_ids"]) + " --image " +
-            quote(dir + "/" + im["source"].get<std::string>()) + " --min-pixels " +
-            std::to_string(im["min_pixels"].get<int64_t>()) + " --max-pixels " +
-            std::to_string(im["max_pixels"].get<int64_t>()) + " --out " + quote(out));
+    CliResult r = vlm("logits -m " + model + " --ids " + join_ids(c["prompt_ids"]) + " --image " +
+                      quote(dir + "/" + im["source"].get<std::string>()) + " --min-pixels " +
+                      std::to_string(im["min_pixels"].get<int64_t>()) + " --max-pixels " +
+                      std::to_string(im["max_pixels"].get<int64_t>()) + " --out " + quote(out));
     ASSERT_EQ(r.code, 0) << r.err;
     auto got = read_npy(out);
     auto want = read_npy(dir + "/" + c["logits"]["file"].get<std::string>());

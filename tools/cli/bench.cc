@@ -591,6 +591,7 @@ void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport*
                                            : std::string(" ") + vlm::quant_name(engine.quant())) +
       fmt(", %.3f bits per weight", r->bits_per_weight) + (a.mmap ? ", weights mmap'd" : "") +
       (engine.vision_fp16() ? ", vision fp16" : "");
+  for (const std::string& n : engine.load_notes()) r->notes.push_back(n);
   if (engine.device() == "cpu") {
     r->notes.push_back("kernels: " + engine.cpu_kernels());
     r->info["cpu_kernels"] = engine.cpu_kernels();
@@ -958,7 +959,8 @@ vlm::Status write_report(const BenchArgs& a, const BenchPlan& p, const BenchRepo
 }  // namespace
 
 void add_bench_options(CLI::App* b, BenchArgs* a) {
-  b->add_option("-m,--model", a->model, "Checkpoint directory (needed for all but --membw)");
+  b->add_option("-m,--model", a->model,
+                "Checkpoint directory or GGUF file (needed for all but --membw)");
   b->add_option("-p,--prompt-tokens", a->prompt_sizes,
                 "Prefill sizes in tokens, a comma list (default run: 128,512,2048)");
   b->add_option("-n,--gen-tokens", a->gen_sizes,
@@ -1007,6 +1009,7 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   vlm::cli::add_quant_option(b, &a->quant, &a->int4_group);
   b->add_flag("--mmap", a->mmap, vlm::cli::kMmapHelp);
   b->add_flag("--vision-fp16", a->vision_fp16, vlm::cli::kVisionFp16Help);
+  vlm::cli::add_mmproj_option(b, &a->device);
   vlm::cli::add_device_options(b, &a->device);
   vlm::cli::add_spec_options(b, &a->device.batching.spec);
   b->add_option("--prefill-chunk", a->device.prefill_chunk,

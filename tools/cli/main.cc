@@ -172,6 +172,7 @@ int cmd_run(const RunArgs& a) {
   auto engine_or = vlm::Engine::load(opts);
   if (!engine_or.ok()) return fail(engine_or.status());
   vlm::Engine& engine = **engine_or;
+  for (const std::string& n : engine.load_notes()) std::fprintf(stderr, "vlm: %s\n", n.c_str());
 
   std::string prompt_text = a.prompt;
   if (!a.raw) {
@@ -284,8 +285,8 @@ int cmd_run(const RunArgs& a) {
 void add_run_options(CLI::App* run, RunArgs* ra) {
   ra->model = VLM_DEFAULT_MODEL_DIR;
   run->add_option("-m,--model", ra->model,
-                  "Checkpoint directory (config.json, *.safetensors, tokenizer.json); default: the "
-                  "tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR ")");
+                  "Checkpoint directory (config.json, *.safetensors, tokenizer.json) or GGUF file; "
+                  "default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR ")");
   run->add_option("-p,--prompt", ra->prompt, "User message")->required();
   run->add_option("--chat-template", ra->chat_template,
                   "Chat template file (.jinja, or .json with \"chat_template\") instead of the "
@@ -325,6 +326,7 @@ void add_run_options(CLI::App* run, RunArgs* ra) {
   vlm::cli::add_quant_option(run, &ra->quant, &ra->int4_group);
   run->add_flag("--mmap", ra->mmap, vlm::cli::kMmapHelp);
   run->add_flag("--vision-fp16", ra->vision_fp16, vlm::cli::kVisionFp16Help);
+  vlm::cli::add_mmproj_option(run, &ra->device);
   vlm::cli::add_device_options(run, &ra->device);
   vlm::cli::add_spec_options(run, &ra->device.batching.spec);
 }
@@ -401,7 +403,9 @@ struct LogitsArgs {
 };
 
 void add_logits_options(CLI::App* logits, LogitsArgs* la) {
-  logits->add_option("-m,--model", la->model, "Checkpoint directory (config.json + weights)")
+  logits
+      ->add_option("-m,--model", la->model,
+                   "Checkpoint directory (config.json + weights) or GGUF file")
       ->required();
   logits->add_option("--ids", la->ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
   logits->add_option("--out", la->out, "Output .npy file")->required();
@@ -415,6 +419,7 @@ void add_logits_options(CLI::App* logits, LogitsArgs* la) {
   logits->add_option("-t,--threads", la->threads, "Threads (0 = all)");
   vlm::cli::add_quant_option(logits, &la->quant, &la->int4_group);
   logits->add_flag("--mmap", la->mmap, vlm::cli::kMmapHelp);
+  vlm::cli::add_mmproj_option(logits, &la->device);
   vlm::cli::add_device_options(logits, &la->device);
 }
 
@@ -431,6 +436,7 @@ int cmd_logits(const LogitsArgs& la) {
   opts.mmap_weights = la.mmap;
   auto engine = vlm::Engine::load(opts);
   if (!engine.ok()) return fail(engine.status());
+  for (const std::string& n : (*engine)->load_notes()) std::fprintf(stderr, "vlm: %s\n", n.c_str());
   std::vector<int32_t> expanded;
   vlm::Engine::LogitsOptions lo;
   lo.expanded_ids = &expanded;
@@ -502,6 +508,7 @@ void add_serve_engine_options(CLI::App* serve, ServeArgs* sa) {
   vlm::cli::add_quant_option(serve, &so.engine.quant, &so.engine.int4_group);
   serve->add_flag("--mmap", so.engine.mmap_weights, vlm::cli::kMmapHelp);
   serve->add_flag("--vision-fp16", so.engine.vision_fp16, vlm::cli::kVisionFp16Help);
+  vlm::cli::add_mmproj_option(serve, &so.engine);
   vlm::cli::add_device_options(serve, &so.engine);
 }
 
@@ -610,8 +617,8 @@ int main(int argc, char** argv) {
   sa.so.engine.model_dir = VLM_DEFAULT_MODEL_DIR;
   serve->add_option(
       "-m,--model", sa.so.engine.model_dir,
-      "Checkpoint directory; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR
-      ")");
+      "Checkpoint directory or GGUF file; default: the tiny shapes model in the checkout "
+      "(" VLM_DEFAULT_MODEL_DIR ")");
   add_serve_api_options(serve, &sa);
   add_serve_engine_options(serve, &sa);
   add_serve_connection_options(serve, &sa.so);

@@ -49,6 +49,14 @@ inline void add_quant_option(CLI::App* app, Quant* q, int64_t* int4_group) {
       ->check(CLI::IsMember({32, 64, 128}));
 }
 
+// --mmproj: a GGUF model's vision file.
+inline void add_mmproj_option(CLI::App* app, EngineOptions* o) {
+  app->add_option(
+      "--mmproj", o->mmproj,
+      "With a GGUF model file (-m FILE.gguf): its vision tower's GGUF file (llama.cpp's "
+      "mmproj); without it the model is text only");
+}
+
 // --device, --gpu-dtype, --gpu-memory-utilization, --precision and --no-autotune, bound to the
 // engine options' fields.
 inline void add_device_options(CLI::App* app, EngineOptions* o) {

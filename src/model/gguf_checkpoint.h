@@ -1,0 +1,57 @@
+// A GGUF model file (llama.cpp's format: what Ollama, LM Studio and llama.cpp download) and its
+// separate vision file (`mmproj`), read as the checkpoint the loaders read: the configuration
+// from the metadata, the tensors under transformers' names and layouts (what llama.cpp's
+// convert_hf_to_gguf.py did undone: its names, the vision patch embedding's Conv3D split in two
+// along time, the DeepStack mergers numbered by vision layer, the experts stacked), the
+// tokenizer from `tokenizer.ggml.*` and the chat template from `tokenizer.chat_template`.
+//
+// Weights: F32 and BF16 tensors are read in place from the mapping; every other type (F16 and
+// the quantized ones) is dequantized block by block to f32 exactly as the format defines
+// (io/gguf_quants.h) and held in memory.
+//
+// Architectures: qwen3vl and qwen3vlmoe (Qwen3-VL dense and MoE); the vision file's projector
+// qwen3vl_merger. Anything else is refused by name.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/gguf.h"
+#include "io/safetensors.h"
+#include "model/qwen3vl_config.h"
+#include "vlm/status.h"
+
+namespace vlm {
+
+struct GgufCheckpoint {
+  Qwen3VLConfig cfg;  // has_vision: a vision file was given
+  std::unique_ptr<WeightStore> store;
+  // The tokenizer as a tokenizer.json document (byte-level BPE, the pre-tokenizer that
+  // tokenizer.ggml.pre names), and the ids tokenizer_config.json would give.
+  std::string tokenizer_json;
+  std::optional<int32_t> eos_id, pad_id;
+  std::string bos_token, eos_token;  // their text, for the chat template
+  std::string chat_template;         // tokenizer.chat_template; "" when the file has none
+  // The vision file's image_mean / image_std (empty without one).
+  std::vector<double> image_mean, image_std;
+  // What the load did that its user should hear once (types dequantized, defaults taken).
+  std::vector<std::string> notes;
+  uint64_t file_bytes = 0;         // the two files' sizes
+  uint64_t dequantized_bytes = 0;  // memory the dequantized tensors take
+};
+
+// Opens `model_path` (a .gguf file) and, when not empty, `mmproj_path`. Errors name the file and
+// the key or tensor at fault.
+Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
+                                            const std::string& mmproj_path);
+
+// Whether `path` names a GGUF file (by its first four bytes, "GGUF").
+bool is_gguf_file(const std::string& path);
+
+// The tokenizer.json document for a GGUF file's tokenizer.ggml.* (exposed for tests).
+Result<std::string> gguf_tokenizer_json(const GgufFile& f);
+
+}  // namespace vlm
