@@ -5,6 +5,11 @@ repository already holds, into tests/model/fixtures/gguf:
 - vision-f32.gguf + vision-f32-mmproj.gguf: tests/model/fixtures/vision-f32 (Qwen3-VL dense,
   DeepStack taps at vision layers 0, 1, 3), its text model and its vision file, F32;
 - moe-f32-tie.gguf: tests/model/fixtures/moe-f32-tie (Qwen3-VL MoE, 8 experts, top 2), F32;
+- qwen35-f32-b.gguf + qwen35-f32-b-mmproj.gguf: tests/model/fixtures/qwen35-f32-b (Qwen3.5:
+  Gated DeltaNet with twice as many value heads as key heads, gated attention), F32;
+- qwen35moe-mtp.gguf: tests/model/fixtures/qwen35moe-f32-a (Qwen3.5 MoE with a shared expert)
+  with the MTP head of tests/model/fixtures/qwen35-mtp (stored by the converter as one more
+  block), F32;
 - qwen3-vocab.gguf: the Qwen3 tokenizer of tests/data/tokenizer alone (--vocab-only), for the
   tokenizer read from GGUF against tokenizer.json.
 
@@ -80,6 +85,18 @@ def with_demo_tokenizer(fixture: str, tmp: Path) -> Path:
     return d
 
 
+def with_mtp_head(d: Path, head: Path) -> None:
+    """The checkpoint in `d` with the MTP head's tensors in its model.safetensors and
+    mtp_num_hidden_layers: 1 in its config, as a published Qwen3.5 checkpoint holds them."""
+    from safetensors.numpy import load_file, save_file
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors.update(load_file(str(head)))
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((d / "config.json").read_text())
+    config["text_config"]["mtp_num_hidden_layers"] = 1
+    (d / "config.json").write_text(json.dumps(config, indent=2))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", required=True, type=Path, help="llama.cpp's checkout")
@@ -93,6 +110,17 @@ def main() -> int:
                 "--mmproj")
         moe = with_demo_tokenizer("moe-f32-tie", tmp)
         convert(args.llama_cpp, moe, OUT / "moe-f32-tie.gguf", "--outtype", "f32")
+        # Qwen3.5: value heads twice the key heads (the converter reorders them), an untied head,
+        # a vision tower without DeepStack; the MoE with its shared expert.
+        q35 = with_demo_tokenizer("qwen35-f32-b", tmp)
+        convert(args.llama_cpp, q35, OUT / "qwen35-f32-b.gguf", "--outtype", "f32", "--no-mtp")
+        convert(args.llama_cpp, q35, OUT / "qwen35-f32-b-mmproj.gguf", "--outtype", "f32",
+                "--mmproj")
+        # The MoE with its shared expert and an MTP head (the qwen35-mtp fixture's, beside
+        # qwen35moe-f32-a's trunk), which the converter stores as one more block.
+        mtp = with_demo_tokenizer("qwen35moe-f32-a", tmp)
+        with_mtp_head(mtp, FIXTURES / "qwen35-mtp" / "mtp-qwen35moe-f32-a.safetensors")
+        convert(args.llama_cpp, mtp, OUT / "qwen35moe-mtp.gguf", "--outtype", "f32")
         vocab = tmp / "qwen3-vocab"
         vocab.mkdir()
         for name in ["tokenizer.json", "tokenizer_config.json"]:

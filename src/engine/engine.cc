@@ -273,7 +273,9 @@ void finish_load(const EngineOptions& options, Result<ChatTemplate> tpl, EngineI
 // A GGUF model file and its vision file (EngineOptions::mmproj): the configuration, tokenizer and
 // chat template from their metadata, the weights under transformers' names.
 Status load_gguf(const EngineOptions& options, EngineImpl* impl) {
-  VLM_ASSIGN_OR_RETURN(GgufCheckpoint ck, open_gguf_checkpoint(options.model_dir, options.mmproj));
+  VLM_ASSIGN_OR_RETURN(GgufCheckpoint ck,
+                       open_gguf_checkpoint(options.model_dir, options.mmproj,
+                                            options.precision == Precision::kF32));
   impl->cfg = ck.cfg;
   impl->store = std::move(ck.store);
   impl->load_notes = ck.notes;

@@ -1,13 +1,17 @@
 #include "model/gguf_checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 #include <utility>
 
+#include "core/half.h"
 #include "io/gguf_quants.h"
 
 namespace vlm {
@@ -38,12 +42,15 @@ enum TokenType : int64_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined
 struct Holder {
   std::vector<GgufFile> files;
   std::vector<std::vector<float>> buffers;
+  std::vector<std::vector<uint16_t>> bf16_buffers;
 };
 
 // The tensors under transformers' names, as views into the mapping or into dequantized copies.
 class Mapper {
  public:
-  explicit Mapper(Holder* h) : h_(h) {}
+  // `exact`: every type but F32 and BF16 dequantized to f32; else to BF16 (rounded to nearest
+  // even from the exact f32 values).
+  Mapper(Holder* h, bool exact) : h_(h), exact_(exact) {}
 
   // GGUF tensor `gname` of `f` as transformers' `hname`; `shape` is transformers' (outermost
   // first), checked against the file's.
@@ -70,12 +77,15 @@ class Mapper {
     return ok_status();
   }
 
-  // The tensor as f32 in memory of its own (a copy for F32 and BF16).
-  Result<const float*> read_f32(const GgufFile& f, const std::string& gname,
-                                const std::vector<int64_t>& shape) {
+  // The tensor as f32 in memory of its own (a copy for F32 and BF16), for the caller to undo
+  // what the converter did to it and then put().
+  Result<float*> read_f32(const GgufFile& f, const std::string& gname,
+                          const std::vector<int64_t>& shape) {
     VLM_ASSIGN_OR_RETURN(const GgufTensor* t, find(f, gname, shape));
     std::vector<float>& out = h_->buffers.emplace_back(static_cast<size_t>(t->numel()));
     VLM_RETURN_IF_ERROR(dequantize(*t, out).with_context(f.name()));
+    if (t->type != GgmlType::kF32 && t->type != GgmlType::kBF16) deq_types_.insert(t->type);
+    deq_bytes_ += out.size() * sizeof(float);
     return out.data();
   }
 
@@ -83,6 +93,15 @@ class Mapper {
   void put(const std::string& hname, const TensorView& v, const std::string& origin) {
     views_[hname] = v;
     origin_[hname] = origin;
+  }
+  // An f32 tensor this mapper made (read_f32, buffer).
+  void put_f32(const std::string& hname, const float* data, const std::vector<int64_t>& shape,
+               const std::string& origin) {
+    TensorView v;
+    v.dtype = DType::kF32;
+    v.shape = shape;
+    v.data = data;
+    put(hname, v, origin);
   }
   std::map<std::string, TensorView> take_views() { return std::move(views_); }
   std::map<std::string, std::string> take_origin() { return std::move(origin_); }
@@ -113,16 +132,28 @@ class Mapper {
       v.data = t->data;
       return v;
     }
-    std::vector<float>& out = h_->buffers.emplace_back(static_cast<size_t>(t->numel()));
-    VLM_RETURN_IF_ERROR(dequantize(*t, out).with_context(f.name()));
     deq_types_.insert(t->type);
-    deq_bytes_ += out.size() * sizeof(float);
-    v.dtype = DType::kF32;
+    if (exact_) {
+      std::vector<float>& out = h_->buffers.emplace_back(static_cast<size_t>(t->numel()));
+      VLM_RETURN_IF_ERROR(dequantize(*t, out).with_context(f.name()));
+      deq_bytes_ += out.size() * sizeof(float);
+      v.dtype = DType::kF32;
+      v.data = out.data();
+      return v;
+    }
+    scratch_.resize(static_cast<size_t>(t->numel()));
+    VLM_RETURN_IF_ERROR(dequantize(*t, scratch_).with_context(f.name()));
+    std::vector<uint16_t>& out = h_->bf16_buffers.emplace_back(scratch_.size());
+    for (size_t i = 0; i < scratch_.size(); ++i) out[i] = f32_to_bf16(scratch_[i]);
+    deq_bytes_ += out.size() * sizeof(uint16_t);
+    v.dtype = DType::kBF16;
     v.data = out.data();
     return v;
   }
 
   Holder* h_;
+  bool exact_;
+  std::vector<float> scratch_;  // one tensor's f32 values on their way to BF16
   std::map<std::string, TensorView> views_;
   std::map<std::string, std::string> origin_;
   std::set<GgmlType> deq_types_;
@@ -175,136 +206,343 @@ Result<std::vector<double>> float_array(const GgufFile& f, const std::string& ke
   return out;
 }
 
-// The text decoder's configuration from `ARCH.*` keys; the vocabulary from token_embd's rows.
-Result<Qwen3VLConfig> text_config(const GgufFile& f, const std::string& arch) {
-  Qwen3VLConfig cfg;
-  Qwen3VLTextConfig& t = cfg.text_config;
-  const std::string a = arch + ".";
-  cfg.model_type = arch == "qwen3vl" ? "qwen3_vl" : "qwen3_vl_moe";
-  VLM_ASSIGN_OR_RETURN(t.hidden_size, int_key(f, a + "embedding_length"));
-  VLM_ASSIGN_OR_RETURN(t.num_hidden_layers, int_key(f, a + "block_count"));
-  VLM_ASSIGN_OR_RETURN(t.num_attention_heads, int_key(f, a + "attention.head_count"));
-  VLM_ASSIGN_OR_RETURN(t.num_key_value_heads, int_key(f, a + "attention.head_count_kv"));
-  VLM_ASSIGN_OR_RETURN(t.max_position_embeddings, int_key(f, a + "context_length"));
-  VLM_ASSIGN_OR_RETURN(t.rms_norm_eps, float_key(f, a + "attention.layer_norm_rms_epsilon"));
-  VLM_ASSIGN_OR_RETURN(t.rope_theta, float_key(f, a + "rope.freq_base"));
-  t.head_dim = t.num_attention_heads > 0 ? t.hidden_size / t.num_attention_heads : 0;
+// The architectures vlm reads from GGUF: llama.cpp's name, transformers' model_type.
+struct Arch {
+  const char* gguf;
+  const char* model_type;
+  bool moe;
+  bool hybrid;  // Qwen3.5: Gated DeltaNet and gated attention layers
+};
+constexpr Arch kArchs[] = {
+    {"qwen3vl", "qwen3_vl", false, false},
+    {"qwen3vlmoe", "qwen3_vl_moe", true, false},
+    {"qwen35", "qwen3_5", false, true},
+    {"qwen35moe", "qwen3_5_moe", true, true},
+};
+
+// Qwen3.5's Gated DeltaNet geometry (ssm.*: state_size is the key head dim, group_count the key
+// heads, time_step_rank the value heads, inner_size their width) and each layer's kind.
+Status hybrid_config_json(const GgufFile& f, const std::string& a, json* t) {
+  VLM_ASSIGN_OR_RETURN(int64_t kernel, int_key(f, a + "ssm.conv_kernel"));
+  VLM_ASSIGN_OR_RETURN(int64_t dk, int_key(f, a + "ssm.state_size"));
+  VLM_ASSIGN_OR_RETURN(int64_t nk, int_key(f, a + "ssm.group_count"));
+  VLM_ASSIGN_OR_RETURN(int64_t nv, int_key(f, a + "ssm.time_step_rank"));
+  VLM_ASSIGN_OR_RETURN(int64_t inner, int_key(f, a + "ssm.inner_size"));
+  if (nv <= 0 || inner <= 0 || inner % nv != 0) {
+    return invalid_argument(f.name() + ": " + a +
+                            "ssm.inner_size must be a positive multiple "
+                            "of " +
+                            a + "ssm.time_step_rank (the value heads)");
+  }
+  (*t)["linear_conv_kernel_dim"] = kernel;
+  (*t)["linear_key_head_dim"] = dk;
+  (*t)["linear_num_key_heads"] = nk;
+  (*t)["linear_num_value_heads"] = nv;
+  (*t)["linear_value_head_dim"] = inner / nv;
+  json types = json::array();
+  const auto L = (*t)["num_hidden_layers"].get<int64_t>();
+  for (int64_t l = 0; l < L && l < (int64_t{1} << 20); ++l) {
+    const bool linear = f.tensor("blk." + std::to_string(l) + ".ssm_a") != nullptr;
+    types.push_back(linear ? "linear_attention" : "full_attention");
+  }
+  (*t)["layer_types"] = types;
+  return ok_status();
+}
+
+// The text config.json transformers would hold for the file, from its `ARCH.*` keys (the
+// vocabulary from token_embd's rows; a Qwen3.5 layer's kind from its tensors: Gated DeltaNet
+// where it has ssm_a).
+Result<json> text_config_json(const GgufFile& f, const Arch& arch) {
+  const std::string a = std::string(arch.gguf) + ".";
+  json t = {{"model_type", std::string(arch.model_type) + "_text"}, {"hidden_act", "silu"}};
+  for (const auto& [hf, key] : {std::pair{"hidden_size", "embedding_length"},
+                                std::pair{"num_attention_heads", "attention.head_count"},
+                                std::pair{"num_key_value_heads", "attention.head_count_kv"},
+                                std::pair{"max_position_embeddings", "context_length"}}) {
+    VLM_ASSIGN_OR_RETURN(t[hf], int_key(f, a + key));
+  }
+  VLM_ASSIGN_OR_RETURN(int64_t blocks, int_key(f, a + "block_count"));
+  int64_t nextn = 0;
+  if (f.find(a + "nextn_predict_layers") != nullptr) {
+    VLM_ASSIGN_OR_RETURN(nextn, int_key(f, a + "nextn_predict_layers"));
+  }
+  t["num_hidden_layers"] = blocks - nextn;
   if (f.find(a + "attention.key_length") != nullptr) {
-    VLM_ASSIGN_OR_RETURN(t.head_dim, int_key(f, a + "attention.key_length"));
-  }
-  // rope.dimension_sections: M-RoPE's [t, h, w] sections, then a fourth (0) llama.cpp keeps.
-  VLM_ASSIGN_OR_RETURN(std::vector<int64_t> sections, int_array(f, a + "rope.dimension_sections"));
-  while (sections.size() > 3 && sections.back() == 0) sections.pop_back();
-  t.mrope_section = sections;
-  if (arch == "qwen3vl") {
-    VLM_ASSIGN_OR_RETURN(t.intermediate_size, int_key(f, a + "feed_forward_length"));
+    VLM_ASSIGN_OR_RETURN(t["head_dim"], int_key(f, a + "attention.key_length"));
   } else {
-    VLM_ASSIGN_OR_RETURN(t.num_experts, int_key(f, a + "expert_count"));
-    VLM_ASSIGN_OR_RETURN(t.num_experts_per_tok, int_key(f, a + "expert_used_count"));
-    VLM_ASSIGN_OR_RETURN(t.moe_intermediate_size, int_key(f, a + "expert_feed_forward_length"));
-    if (f.find(a + "feed_forward_length") != nullptr) {
-      VLM_ASSIGN_OR_RETURN(t.intermediate_size, int_key(f, a + "feed_forward_length"));
-    }
+    t["head_dim"] =
+        t["hidden_size"].get<int64_t>() / std::max<int64_t>(1, t["num_attention_heads"]);
   }
+  VLM_ASSIGN_OR_RETURN(t["rms_norm_eps"], float_key(f, a + "attention.layer_norm_rms_epsilon"));
   const GgufTensor* embd = f.tensor("token_embd.weight");
   if (embd == nullptr || embd->shape.size() != 2) {
     return not_found(f.name() + ": tensor 'token_embd.weight' not found (or not 2-D)");
   }
-  t.vocab_size = embd->shape[1];
-  cfg.tie_word_embeddings = f.tensor("output.weight") == nullptr;
-  return cfg;
-}
-
-std::string layer_name(int64_t l, const char* rest) {
-  return "blk." + std::to_string(l) + "." + rest;
-}
-
-// The text decoder's tensors, as transformers names them.
-Status map_text(const GgufFile& f, const Qwen3VLTextConfig& t, bool tied, Mapper* m) {
-  const std::string p = "model.language_model.";
-  const int64_t H = t.hidden_size, hd = t.head_dim, V = t.vocab_size;
-  VLM_RETURN_IF_ERROR(m->add(f, "token_embd.weight", p + "embed_tokens.weight", {V, H}));
-  VLM_RETURN_IF_ERROR(m->add(f, "output_norm.weight", p + "norm.weight", {H}));
-  if (!tied) VLM_RETURN_IF_ERROR(m->add(f, "output.weight", "lm_head.weight", {V, H}));
-  for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
-    const std::string q = p + "layers." + std::to_string(l) + ".";
-    struct Entry {
-      const char* gguf;
-      const char* hf;
-      std::vector<int64_t> shape;
-    };
-    std::vector<Entry> entries = {
-        {"attn_norm.weight", "input_layernorm.weight", {H}},
-        {"ffn_norm.weight", "post_attention_layernorm.weight", {H}},
-        {"attn_q.weight", "self_attn.q_proj.weight", {t.num_attention_heads * hd, H}},
-        {"attn_k.weight", "self_attn.k_proj.weight", {t.num_key_value_heads * hd, H}},
-        {"attn_v.weight", "self_attn.v_proj.weight", {t.num_key_value_heads * hd, H}},
-        {"attn_output.weight", "self_attn.o_proj.weight", {H, t.num_attention_heads * hd}},
-        {"attn_q_norm.weight", "self_attn.q_norm.weight", {hd}},
-        {"attn_k_norm.weight", "self_attn.k_norm.weight", {hd}},
-    };
-    if (t.num_experts == 0) {
-      const int64_t I = t.intermediate_size;
-      entries.push_back({"ffn_gate.weight", "mlp.gate_proj.weight", {I, H}});
-      entries.push_back({"ffn_up.weight", "mlp.up_proj.weight", {I, H}});
-      entries.push_back({"ffn_down.weight", "mlp.down_proj.weight", {H, I}});
+  t["vocab_size"] = embd->shape[1];
+  t["tie_word_embeddings"] = f.tensor("output.weight") == nullptr;
+  // rope.dimension_sections: M-RoPE's [t, h, w] sections, then a fourth (0) llama.cpp keeps.
+  VLM_ASSIGN_OR_RETURN(std::vector<int64_t> sections, int_array(f, a + "rope.dimension_sections"));
+  while (sections.size() > 3 && sections.back() == 0) sections.pop_back();
+  VLM_ASSIGN_OR_RETURN(double theta, float_key(f, a + "rope.freq_base"));
+  json rope = {{"rope_type", "default"}, {"mrope_section", sections}, {"mrope_interleaved", true}};
+  if (arch.hybrid) {
+    const auto head_dim = t["head_dim"].get<int64_t>();
+    int64_t rotary = head_dim / 4;
+    if (f.find(a + "rope.dimension_count") != nullptr) {
+      VLM_ASSIGN_OR_RETURN(rotary, int_key(f, a + "rope.dimension_count"));
+    }
+    rope["rope_theta"] = theta;
+    rope["partial_rotary_factor"] =
+        static_cast<double>(rotary) / static_cast<double>(std::max<int64_t>(1, head_dim));
+    t["rope_parameters"] = rope;
+  } else {
+    t["rope_theta"] = theta;
+    t["rope_scaling"] = rope;
+  }
+  if (!arch.moe) {
+    VLM_ASSIGN_OR_RETURN(t["intermediate_size"], int_key(f, a + "feed_forward_length"));
+  } else {
+    VLM_ASSIGN_OR_RETURN(t["num_experts"], int_key(f, a + "expert_count"));
+    VLM_ASSIGN_OR_RETURN(t["num_experts_per_tok"], int_key(f, a + "expert_used_count"));
+    VLM_ASSIGN_OR_RETURN(t["moe_intermediate_size"], int_key(f, a + "expert_feed_forward_length"));
+    if (arch.hybrid) {
+      VLM_ASSIGN_OR_RETURN(t["shared_expert_intermediate_size"],
+                           int_key(f, a + "expert_shared_feed_forward_length"));
     } else {
-      entries.push_back({"ffn_gate_inp.weight", "mlp.gate.weight", {t.num_experts, H}});
-    }
-    for (const Entry& e : entries) {
-      VLM_RETURN_IF_ERROR(m->add(f, layer_name(l, e.gguf), q + e.hf, e.shape));
-    }
-    if (t.num_experts == 0) continue;
-    const int64_t E = t.num_experts, I = t.moe_intermediate_size;
-    for (const auto& [g, proj] : {std::pair{"ffn_gate_exps.weight", "gate_proj"},
-                                  std::pair{"ffn_up_exps.weight", "up_proj"},
-                                  std::pair{"ffn_down_exps.weight", "down_proj"}}) {
-      const bool down = std::strcmp(proj, "down_proj") == 0;
-      const std::string pr = proj;
-      VLM_RETURN_IF_ERROR(m->add_experts(
-          f, layer_name(l, g),
-          [&](int64_t e) { return q + "mlp.experts." + std::to_string(e) + "." + pr + ".weight"; },
-          down ? std::vector<int64_t>{E, H, I} : std::vector<int64_t>{E, I, H}));
+      // Every layer's MLP is the sparse block; a dense one's width, when the file gives it.
+      t["intermediate_size"] = 0;
+      if (f.find(a + "feed_forward_length") != nullptr) {
+        VLM_ASSIGN_OR_RETURN(t["intermediate_size"], int_key(f, a + "feed_forward_length"));
+      }
+      t["norm_topk_prob"] = true;
     }
   }
-  return ok_status();
+  if (arch.hybrid) {
+    VLM_RETURN_IF_ERROR(hybrid_config_json(f, a, &t));
+    t["mtp_num_hidden_layers"] = nextn;
+  }
+  return t;
 }
 
-// The vision file's configuration (clip.vision.*) into cfg.vision_config.
-Status vision_config(const GgufFile& v, Qwen3VLConfig* cfg) {
+// The vision config.json from the vision file's clip.vision.* keys (its patch and position
+// tables' shapes from the tensors).
+Result<json> vision_config_json(const GgufFile& v) {
   auto proj = v.get_string("clip.projector_type");
   if (!proj.ok()) return proj.status().with_context(v.name());
   if (*proj != "qwen3vl_merger") {
     return invalid_argument(v.name() + ": projector type '" + std::string(*proj) +
                             "' is not Qwen3-VL's (qwen3vl_merger)");
   }
-  Qwen3VLVisionConfig& c = cfg->vision_config;
-  VLM_ASSIGN_OR_RETURN(c.depth, int_key(v, "clip.vision.block_count"));
-  VLM_ASSIGN_OR_RETURN(c.hidden_size, int_key(v, "clip.vision.embedding_length"));
-  VLM_ASSIGN_OR_RETURN(c.num_heads, int_key(v, "clip.vision.attention.head_count"));
-  VLM_ASSIGN_OR_RETURN(c.intermediate_size, int_key(v, "clip.vision.feed_forward_length"));
-  VLM_ASSIGN_OR_RETURN(c.patch_size, int_key(v, "clip.vision.patch_size"));
-  VLM_ASSIGN_OR_RETURN(c.spatial_merge_size, int_key(v, "clip.vision.spatial_merge_size"));
-  VLM_ASSIGN_OR_RETURN(c.out_hidden_size, int_key(v, "clip.vision.projection_dim"));
-  c.temporal_patch_size = 2;  // the converter splits the Conv3D's two frames into two tensors
+  json c = {{"hidden_act", "gelu_pytorch_tanh"}, {"temporal_patch_size", 2}};
+  for (const auto& [hf, key] :
+       {std::pair{"depth", "block_count"}, std::pair{"hidden_size", "embedding_length"},
+        std::pair{"num_heads", "attention.head_count"},
+        std::pair{"intermediate_size", "feed_forward_length"},
+        std::pair{"patch_size", "patch_size"},
+        std::pair{"spatial_merge_size", "spatial_merge_size"},
+        std::pair{"out_hidden_size", "projection_dim"}}) {
+    VLM_ASSIGN_OR_RETURN(c[hf], int_key(v, std::string("clip.vision.") + key));
+  }
   const GgufTensor* pos = v.tensor("v.position_embd.weight");
-  if (pos == nullptr || pos->shape.size() != 2) {
-    return not_found(v.name() + ": tensor 'v.position_embd.weight' not found (or not 2-D)");
-  }
-  c.num_position_embeddings = pos->shape[1];
   const GgufTensor* patch = v.tensor("v.patch_embd.weight");
-  if (patch == nullptr || patch->shape.size() != 4) {
-    return not_found(v.name() + ": tensor 'v.patch_embd.weight' not found (or not 4-D)");
+  if (pos == nullptr || pos->shape.size() != 2 || patch == nullptr || patch->shape.size() != 4) {
+    return not_found(v.name() +
+                     ": tensors 'v.position_embd.weight' (2-D) and 'v.patch_embd.weight' (4-D) "
+                     "are needed");
   }
-  c.in_channels = patch->shape[2];
-  c.deepstack_visual_indexes.clear();
+  c["num_position_embeddings"] = pos->shape[1];
+  c["in_channels"] = patch->shape[2];
+  std::vector<int64_t> deepstack;
   if (v.find("clip.vision.is_deepstack_layers") != nullptr) {
     VLM_ASSIGN_OR_RETURN(std::vector<int64_t> ds, int_array(v, "clip.vision.is_deepstack_layers"));
     for (size_t l = 0; l < ds.size(); ++l) {
-      if (ds[l] != 0) c.deepstack_visual_indexes.push_back(static_cast<int64_t>(l));
+      if (ds[l] != 0) deepstack.push_back(static_cast<int64_t>(l));
     }
   }
-  cfg->has_vision = true;
+  c["deepstack_visual_indexes"] = deepstack;
+  return c;
+}
+
+// The configuration, checked as a config.json is (parse_qwen3vl_config).
+Result<Qwen3VLConfig> gguf_config(const GgufFile& f, const Arch& arch, const GgufFile* vis) {
+  json j = {{"model_type", arch.model_type}};
+  VLM_ASSIGN_OR_RETURN(j["text_config"], text_config_json(f, arch));
+  j["tie_word_embeddings"] = j["text_config"]["tie_word_embeddings"];
+  if (vis != nullptr) {
+    VLM_ASSIGN_OR_RETURN(j["vision_config"], vision_config_json(*vis));
+  }
+  const std::string where =
+      f.name() + (vis != nullptr ? " and " + vis->name() : std::string()) + " (metadata)";
+  return parse_qwen3vl_config(j.dump(), where);
+}
+
+// A norm weight: Qwen3.5's (1 + w) norms are stored as 1 + w (the converter adds 1).
+Status add_norm(Mapper* m, const GgufFile& f, const std::string& g, const std::string& h, int64_t n,
+                bool zero_centered) {
+  if (!zero_centered) return m->add(f, g, h, {n});
+  VLM_ASSIGN_OR_RETURN(float* w, m->read_f32(f, g, {n}));
+  for (int64_t i = 0; i < n; ++i) w[i] -= 1.0f;
+  m->put_f32(h, w, {n}, f.name() + ", GGUF tensor '" + g + "' less 1");
+  return ok_status();
+}
+
+// The converter orders a Gated DeltaNet layer's value heads by repeat, then key head (stored
+// head j * nk + g is head g * r + j, r = value heads per key head): rows [row0, row0 + nk r hd)
+// of a [rows, cols] matrix back in transformers' order.
+void unreorder_rows(float* w, int64_t row0, int64_t nk, int64_t r, int64_t hd, int64_t cols) {
+  const int64_t n = nk * r * hd * cols;
+  std::vector<float> tmp(w + row0 * cols, w + row0 * cols + n);
+  for (int64_t g = 0; g < nk; ++g) {
+    for (int64_t j = 0; j < r; ++j) {
+      const float* src = tmp.data() + (j * nk + g) * hd * cols;
+      std::memcpy(w + (row0 + (g * r + j) * hd) * cols, src,
+                  static_cast<size_t>(hd * cols) * sizeof(float));
+    }
+  }
+}
+
+// The same for the columns of each of `rows` rows (out_proj's inputs).
+void unreorder_cols(float* w, int64_t rows, int64_t nk, int64_t r, int64_t hd) {
+  const int64_t cols = nk * r * hd;
+  std::vector<float> tmp(static_cast<size_t>(cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = w + i * cols;
+    std::memcpy(tmp.data(), row, static_cast<size_t>(cols) * sizeof(float));
+    for (int64_t g = 0; g < nk; ++g) {
+      for (int64_t j = 0; j < r; ++j) {
+        std::memcpy(row + (g * r + j) * hd, tmp.data() + (j * nk + g) * hd,
+                    static_cast<size_t>(hd) * sizeof(float));
+      }
+    }
+  }
+}
+
+// A Gated DeltaNet layer (`g`: "blk.N.", `q`: "...layers.N.linear_attn."): what the converter did
+// undone (A_log stored as -exp(A_log), the conv1d's middle dimension dropped, the value heads
+// reordered in every tensor that has them).
+Status map_linear(const GgufFile& f, const Qwen3VLTextConfig& t, const std::string& g,
+                  const std::string& q, Mapper* m) {
+  const int64_t H = t.hidden_size, nk = t.linear_num_key_heads, nv = t.linear_num_value_heads,
+                dk = t.linear_key_head_dim, dv = t.linear_value_head_dim, r = nv / nk,
+                K = t.linear_conv_kernel_dim, qk = 2 * nk * dk, C = t.linear_conv_dim();
+  const std::string from = f.name() + ", GGUF tensor '" + g;
+  VLM_ASSIGN_OR_RETURN(float* a, m->read_f32(f, g + "ssm_a", {nv}));
+  unreorder_rows(a, 0, nk, r, 1, 1);
+  for (int64_t i = 0; i < nv; ++i) a[i] = std::log(-a[i]);
+  m->put_f32(q + "A_log", a, {nv}, from + "ssm_a' as log(-a)");
+  VLM_ASSIGN_OR_RETURN(float* dt, m->read_f32(f, g + "ssm_dt.bias", {nv}));
+  unreorder_rows(dt, 0, nk, r, 1, 1);
+  m->put_f32(q + "dt_bias", dt, {nv}, from + "ssm_dt.bias'");
+  VLM_ASSIGN_OR_RETURN(float* conv, m->read_f32(f, g + "ssm_conv1d.weight", {C, K}));
+  unreorder_rows(conv, qk, nk, r, dv, K);
+  m->put_f32(q + "conv1d.weight", conv, {C, 1, K}, from + "ssm_conv1d.weight'");
+  for (const auto& [gn, hn] : {std::pair{"ssm_alpha.weight", "in_proj_a.weight"},
+                               std::pair{"ssm_beta.weight", "in_proj_b.weight"}}) {
+    VLM_ASSIGN_OR_RETURN(float* w, m->read_f32(f, g + gn, {nv, H}));
+    unreorder_rows(w, 0, nk, r, 1, H);
+    m->put_f32(q + hn, w, {nv, H}, from + gn + "'");
+  }
+  VLM_ASSIGN_OR_RETURN(float* qkv, m->read_f32(f, g + "attn_qkv.weight", {C, H}));
+  unreorder_rows(qkv, qk, nk, r, dv, H);
+  m->put_f32(q + "in_proj_qkv.weight", qkv, {C, H}, from + "attn_qkv.weight'");
+  VLM_ASSIGN_OR_RETURN(float* z, m->read_f32(f, g + "attn_gate.weight", {nv * dv, H}));
+  unreorder_rows(z, 0, nk, r, dv, H);
+  m->put_f32(q + "in_proj_z.weight", z, {nv * dv, H}, from + "attn_gate.weight'");
+  VLM_ASSIGN_OR_RETURN(float* out, m->read_f32(f, g + "ssm_out.weight", {H, nv * dv}));
+  unreorder_cols(out, H, nk, r, dv);
+  m->put_f32(q + "out_proj.weight", out, {H, nv * dv}, from + "ssm_out.weight'");
+  return m->add(f, g + "ssm_norm.weight", q + "norm.weight", {dv});
+}
+
+// A gated or plain attention layer's tensors (`g`: "blk.N.", `q`: "...layers.N.").
+Status map_attention(const GgufFile& f, const Qwen3VLTextConfig& t, const std::string& g,
+                     const std::string& q, Mapper* m) {
+  const int64_t H = t.hidden_size, hd = t.head_dim, kv = t.num_key_value_heads * hd;
+  for (const auto& [gn, hn, rows, cols] :
+       {std::tuple{"attn_q.weight", "q_proj", t.q_proj_rows(), H},
+        std::tuple{"attn_k.weight", "k_proj", kv, H}, std::tuple{"attn_v.weight", "v_proj", kv, H},
+        std::tuple{"attn_output.weight", "o_proj", H, t.num_attention_heads * hd}}) {
+    VLM_RETURN_IF_ERROR(m->add(f, g + gn, q + "self_attn." + hn + ".weight", {rows, cols}));
+  }
+  VLM_RETURN_IF_ERROR(add_norm(m, f, g + "attn_q_norm.weight", q + "self_attn.q_norm.weight", hd,
+                               t.zero_centered_norms));
+  return add_norm(m, f, g + "attn_k_norm.weight", q + "self_attn.k_norm.weight", hd,
+                  t.zero_centered_norms);
+}
+
+// A layer's MLP: dense, or the router, the stacked experts and (Qwen3.5) the shared expert.
+Status map_mlp(const GgufFile& f, const Qwen3VLTextConfig& t, bool sparse, const std::string& g,
+               const std::string& q, Mapper* m) {
+  const int64_t H = t.hidden_size;
+  if (!sparse) {
+    const int64_t I = t.intermediate_size;
+    VLM_RETURN_IF_ERROR(m->add(f, g + "ffn_gate.weight", q + "mlp.gate_proj.weight", {I, H}));
+    VLM_RETURN_IF_ERROR(m->add(f, g + "ffn_up.weight", q + "mlp.up_proj.weight", {I, H}));
+    return m->add(f, g + "ffn_down.weight", q + "mlp.down_proj.weight", {H, I});
+  }
+  const int64_t E = t.num_experts, I = t.moe_intermediate_size;
+  VLM_RETURN_IF_ERROR(m->add(f, g + "ffn_gate_inp.weight", q + "mlp.gate.weight", {E, H}));
+  for (const auto& [gn, proj] :
+       {std::pair{"ffn_gate_exps.weight", "gate_proj"}, std::pair{"ffn_up_exps.weight", "up_proj"},
+        std::pair{"ffn_down_exps.weight", "down_proj"}}) {
+    const bool down = std::strcmp(proj, "down_proj") == 0;
+    const std::string pr = proj;
+    VLM_RETURN_IF_ERROR(m->add_experts(
+        f, g + gn,
+        [&](int64_t e) { return q + "mlp.experts." + std::to_string(e) + "." + pr + ".weight"; },
+        down ? std::vector<int64_t>{E, H, I} : std::vector<int64_t>{E, I, H}));
+  }
+  const int64_t S = t.shared_expert_intermediate_size;
+  if (S == 0) return ok_status();
+  const std::string se = q + "mlp.shared_expert.";
+  VLM_RETURN_IF_ERROR(m->add(f, g + "ffn_gate_shexp.weight", se + "gate_proj.weight", {S, H}));
+  VLM_RETURN_IF_ERROR(m->add(f, g + "ffn_up_shexp.weight", se + "up_proj.weight", {S, H}));
+  VLM_RETURN_IF_ERROR(m->add(f, g + "ffn_down_shexp.weight", se + "down_proj.weight", {H, S}));
+  return m->add(f, g + "ffn_gate_inp_shexp.weight", q + "mlp.shared_expert_gate.weight", {1, H});
+}
+
+// The text decoder's tensors, as transformers names them; Qwen3.5's MTP head (stored as the
+// blocks after the decoder's, llama.cpp's nextn layers) as mtp.*.
+Status map_text(const GgufFile& f, const Qwen3VLConfig& cfg, Mapper* m) {
+  const Qwen3VLTextConfig& t = cfg.text_config;
+  const bool zc = t.zero_centered_norms;
+  const std::string p = "model.language_model.";
+  const int64_t H = t.hidden_size, V = t.vocab_size;
+  VLM_RETURN_IF_ERROR(m->add(f, "token_embd.weight", p + "embed_tokens.weight", {V, H}));
+  VLM_RETURN_IF_ERROR(add_norm(m, f, "output_norm.weight", p + "norm.weight", H, zc));
+  if (!cfg.tie_word_embeddings) {
+    VLM_RETURN_IF_ERROR(m->add(f, "output.weight", "lm_head.weight", {V, H}));
+  }
+  // llama.cpp's name for the norm after attention: ffn_norm (Qwen3-VL), post_attention_norm
+  // (Qwen3.5).
+  const char* post =
+      t.family == ModelFamily::kQwen35 ? "post_attention_norm.weight" : "ffn_norm.weight";
+  auto layer = [&](int64_t l, const std::string& q, bool linear, bool sparse) -> Status {
+    const std::string g = "blk." + std::to_string(l) + ".";
+    VLM_RETURN_IF_ERROR(
+        add_norm(m, f, g + "attn_norm.weight", q + "input_layernorm.weight", H, zc));
+    VLM_RETURN_IF_ERROR(add_norm(m, f, g + post, q + "post_attention_layernorm.weight", H, zc));
+    VLM_RETURN_IF_ERROR(linear ? map_linear(f, t, g, q + "linear_attn.", m)
+                               : map_attention(f, t, g, q, m));
+    return map_mlp(f, t, sparse, g, q, m);
+  };
+  for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
+    VLM_RETURN_IF_ERROR(
+        layer(l, p + "layers." + std::to_string(l) + ".", t.linear_layer(l), t.sparse_layer(l)));
+  }
+  for (int64_t k = 0; k < t.mtp_num_hidden_layers; ++k) {
+    const int64_t l = t.num_hidden_layers + k;
+    VLM_RETURN_IF_ERROR(
+        layer(l, "mtp.layers." + std::to_string(k) + ".", false, t.num_experts > 0));
+  }
+  if (t.mtp_num_hidden_layers > 0) {
+    const std::string g = "blk." + std::to_string(t.num_hidden_layers) + ".nextn.";
+    VLM_RETURN_IF_ERROR(m->add(f, g + "eh_proj.weight", "mtp.fc.weight", {H, 2 * H}));
+    VLM_RETURN_IF_ERROR(
+        add_norm(m, f, g + "enorm.weight", "mtp.pre_fc_norm_embedding.weight", H, zc));
+    VLM_RETURN_IF_ERROR(add_norm(m, f, g + "hnorm.weight", "mtp.pre_fc_norm_hidden.weight", H, zc));
+    VLM_RETURN_IF_ERROR(add_norm(m, f, g + "shared_head_norm.weight", "mtp.norm.weight", H, zc));
+  }
   return ok_status();
 }
 
@@ -322,12 +560,8 @@ Status map_vision(const GgufFile& v, const Qwen3VLVisionConfig& c, Mapper* m) {
     std::memcpy(&conv[(2 * oc) * plane], f0 + oc * plane, plane * sizeof(float));
     std::memcpy(&conv[(2 * oc + 1) * plane], f1 + oc * plane, plane * sizeof(float));
   }
-  TensorView cv;
-  cv.dtype = DType::kF32;
-  cv.shape = {h, C, 2, P, P};
-  cv.data = conv.data();
-  m->put(p + "patch_embed.proj.weight", cv,
-         v.name() + ", GGUF tensors 'v.patch_embd.weight' and 'v.patch_embd.weight.1'");
+  m->put_f32(p + "patch_embed.proj.weight", conv.data(), {h, C, 2, P, P},
+             v.name() + ", GGUF tensors 'v.patch_embd.weight' and 'v.patch_embd.weight.1'");
   VLM_RETURN_IF_ERROR(m->add(v, "v.patch_embd.bias", p + "patch_embed.proj.bias", {h}));
   VLM_RETURN_IF_ERROR(
       m->add(v, "v.position_embd.weight", p + "pos_embed.weight", {c.num_position_embeddings, h}));
@@ -535,41 +769,41 @@ Result<std::string> gguf_tokenizer_json(const GgufFile& f) {
 }
 
 Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
-                                            const std::string& mmproj_path) {
+                                            const std::string& mmproj_path, bool exact) {
   auto hold = std::make_shared<Holder>();
   hold->files.reserve(2);  // `f` below stays valid while the vision file joins it
   VLM_ASSIGN_OR_RETURN(GgufFile model, GgufFile::open(model_path));
   hold->files.push_back(std::move(model));
   const GgufFile& f = hold->files.back();
-  auto arch = f.get_string("general.architecture");
-  if (!arch.ok()) return arch.status().with_context(f.name());
-  if (*arch != "qwen3vl" && *arch != "qwen3vlmoe") {
-    return invalid_argument(f.name() + ": architecture '" + std::string(*arch) +
-                            "' is not one vlm runs from GGUF (qwen3vl, qwen3vlmoe)");
+  auto name = f.get_string("general.architecture");
+  if (!name.ok()) return name.status().with_context(f.name());
+  const Arch* arch = nullptr;
+  for (const Arch& a : kArchs) {
+    if (*name == a.gguf) arch = &a;
+  }
+  if (arch == nullptr) {
+    return invalid_argument(f.name() + ": architecture '" + std::string(*name) +
+                            "' is not one vlm runs from GGUF (qwen3vl, qwen3vlmoe, qwen35, "
+                            "qwen35moe)");
   }
   if (auto type = f.get_string("general.type"); type.ok() && *type == "mmproj") {
     return invalid_argument(f.name() + " is a vision (mmproj) file: give it as --mmproj");
   }
-  GgufCheckpoint ck;
-  VLM_ASSIGN_OR_RETURN(ck.cfg, text_config(f, std::string(*arch)));
-  ck.file_bytes = file_size(model_path);
-  Mapper m(hold.get());
-  VLM_RETURN_IF_ERROR(map_text(f, ck.cfg.text_config, ck.cfg.tie_word_embeddings, &m));
+  const GgufFile* v = nullptr;
   if (!mmproj_path.empty()) {
     VLM_ASSIGN_OR_RETURN(GgufFile vis, GgufFile::open(mmproj_path));
     hold->files.push_back(std::move(vis));
-    const GgufFile& v = hold->files.back();
-    VLM_RETURN_IF_ERROR(vision_config(v, &ck.cfg));
-    if (ck.cfg.vision_config.out_hidden_size != ck.cfg.text_config.hidden_size) {
-      return invalid_argument(v.name() + ": its projection width " +
-                              std::to_string(ck.cfg.vision_config.out_hidden_size) +
-                              " is not the text model's hidden size " +
-                              std::to_string(ck.cfg.text_config.hidden_size) +
-                              " (a vision file of another model?)");
-    }
-    VLM_RETURN_IF_ERROR(map_vision(v, ck.cfg.vision_config, &m));
-    VLM_ASSIGN_OR_RETURN(ck.image_mean, float_array(v, "clip.vision.image_mean"));
-    VLM_ASSIGN_OR_RETURN(ck.image_std, float_array(v, "clip.vision.image_std"));
+    v = &hold->files.back();
+  }
+  GgufCheckpoint ck;
+  VLM_ASSIGN_OR_RETURN(ck.cfg, gguf_config(f, *arch, v));
+  ck.file_bytes = file_size(model_path);
+  Mapper m(hold.get(), exact);
+  VLM_RETURN_IF_ERROR(map_text(f, ck.cfg, &m));
+  if (v != nullptr) {
+    VLM_RETURN_IF_ERROR(map_vision(*v, ck.cfg.vision_config, &m));
+    VLM_ASSIGN_OR_RETURN(ck.image_mean, float_array(*v, "clip.vision.image_mean"));
+    VLM_ASSIGN_OR_RETURN(ck.image_std, float_array(*v, "clip.vision.image_std"));
     ck.file_bytes += file_size(mmproj_path);
   }
   VLM_RETURN_IF_ERROR(special_ids(f, &ck));
@@ -584,8 +818,17 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
     for (GgmlType t : m.dequantized_types()) {
       types += (types.empty() ? "" : ", ") + std::string(ggml_type_name(t));
     }
-    ck.notes.push_back("GGUF tensors of type " + types + " dequantized to f32 at load (" +
-                       std::to_string(m.dequantized_bytes() >> 20) + " MiB)");
+    auto mib = [](uint64_t bytes) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+      return std::string(buf);
+    };
+    ck.notes.push_back(
+        "GGUF tensors of type " + types +
+        (exact ? " dequantized to f32 at load (--precision f32: exact): "
+               : " dequantized and rounded to BF16 at load (each weight within 2^-9 of its "
+                 "value, relative; --precision f32 keeps them exact in f32): ") +
+        mib(m.dequantized_bytes()) + " in memory, the files " + mib(ck.file_bytes));
   }
   ck.dequantized_bytes = m.dequantized_bytes();
   ck.store = std::make_unique<WeightStore>(WeightStore::from_views(

@@ -5,12 +5,18 @@
 // along time, the DeepStack mergers numbered by vision layer, the experts stacked), the
 // tokenizer from `tokenizer.ggml.*` and the chat template from `tokenizer.chat_template`.
 //
-// Weights: F32 and BF16 tensors are read in place from the mapping; every other type (F16 and
-// the quantized ones) is dequantized block by block to f32 exactly as the format defines
-// (io/gguf_quants.h) and held in memory.
+// Qwen3.5 too: the value heads the converter reordered put back, A_log from its stored
+// -exp(A_log), the (1 + w) norms from their stored 1 + w, the MTP head from the extra block.
 //
-// Architectures: qwen3vl and qwen3vlmoe (Qwen3-VL dense and MoE); the vision file's projector
-// qwen3vl_merger. Anything else is refused by name.
+// Weights: F32 and BF16 tensors are read in place from the mapping; every other type (F16 and
+// the quantized ones) is dequantized block by block exactly as the format defines
+// (io/gguf_quants.h) and held in memory: in f32 (`exact`), else rounded to BF16 (half the
+// memory; each weight within 2^-9 of its value, relative). The tensors whose layout the
+// converter changed (Qwen3.5's value heads, A_log, its norms; the vision patch embedding) are
+// f32 copies either way.
+//
+// Architectures: qwen3vl, qwen3vlmoe (Qwen3-VL dense and MoE), qwen35 and qwen35moe (Qwen3.5 /
+// 3.6); the vision file's projector qwen3vl_merger. Anything else is refused by name.
 #pragma once
 
 #include <cstdint>
@@ -40,13 +46,13 @@ struct GgufCheckpoint {
   // What the load did that its user should hear once (types dequantized, defaults taken).
   std::vector<std::string> notes;
   uint64_t file_bytes = 0;         // the two files' sizes
-  uint64_t dequantized_bytes = 0;  // memory the dequantized tensors take
+  uint64_t dequantized_bytes = 0;  // memory the dequantized (and copied) tensors take
 };
 
 // Opens `model_path` (a .gguf file) and, when not empty, `mmproj_path`. Errors name the file and
 // the key or tensor at fault.
 Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
-                                            const std::string& mmproj_path);
+                                            const std::string& mmproj_path, bool exact = true);
 
 // Whether `path` names a GGUF file (by its first four bytes, "GGUF").
 bool is_gguf_file(const std::string& path);
