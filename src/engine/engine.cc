@@ -325,7 +325,12 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
   namespace fs = std::filesystem;
   const std::string& dir = options.model_dir;
   std::error_code ec;
-  if (fs::is_regular_file(dir, ec) && is_gguf_file(dir)) return load_gguf(options, impl);
+  if (fs::is_regular_file(dir, ec)) {
+    if (is_gguf_file(dir)) return load_gguf(options, impl);
+    return invalid_argument(dir +
+                            " is a file but not a GGUF file: -m takes a checkpoint "
+                            "directory (config.json, *.safetensors) or a .gguf file");
+  }
   if (!options.mmproj.empty()) {
     return invalid_argument("--mmproj " + options.mmproj + " goes with a GGUF model file; " + dir +
                             " is not one");

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/tensor.h"
+
 namespace vlm {
 namespace {
 
@@ -145,17 +147,21 @@ std::string read_value(Reader& r, GgufType t, int depth, GgufValue* v) {
     }
     return {};
   }
+  // Items are added as they are read, so that memory grows with what the file really holds (a
+  // count alone, however large, allocates nothing).
   if (v->elem == GgufType::kString) {
-    v->strings.resize(n);
-    for (std::string_view& s : v->strings) {
+    for (size_t k = 0; k < n; ++k) {
+      std::string_view s;
       if (!r.string(&s)) return "truncated string";
+      v->strings.push_back(s);
     }
     return {};
   }
-  v->arrays.resize(n);
-  for (GgufValue& item : v->arrays) {
+  for (size_t k = 0; k < n; ++k) {
+    GgufValue item;
     std::string e = read_value(r, GgufType::kArray, depth + 1, &item);
     if (!e.empty()) return e;
+    v->arrays.push_back(std::move(item));
   }
   return {};
 }
@@ -427,9 +433,8 @@ Result<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes, const std::stri
     }
     g.alignment_ = a->u;
   }
-  g.tensors_.resize(static_cast<size_t>(n_tensors));
   for (uint64_t k = 0; k < n_tensors; ++k) {
-    GgufTensor& t = g.tensors_[static_cast<size_t>(k)];
+    GgufTensor& t = g.tensors_.emplace_back();  // as read: memory grows with the file's contents
     std::string_view tname;
     uint32_t dims = 0;
     if (!r.string(&tname) || !r.get(&dims)) return bad("truncated tensor " + std::to_string(k));
@@ -461,7 +466,13 @@ Result<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes, const std::stri
                  " is not a whole number of " + ggml_type_name(t.type) + " blocks (" +
                  std::to_string(b.block) + ")");
     }
-    t.nbytes = static_cast<uint64_t>(numel / b.block) * static_cast<uint64_t>(b.bytes);
+    // Checked before the product, which could wrap around: no tensor is larger than the file.
+    const auto blocks = static_cast<uint64_t>(numel / b.block);
+    if (blocks > bytes.size() / static_cast<uint64_t>(b.bytes)) {
+      return bad("tensor '" + t.name + "' (" + shape_to_string(t.shape) + ", " +
+                 ggml_type_name(t.type) + ") is larger than the file");
+    }
+    t.nbytes = blocks * static_cast<uint64_t>(b.bytes);
     if (t.offset % g.alignment_ != 0) {
       return bad("tensor '" + t.name + "' is not aligned to " + std::to_string(g.alignment_));
     }

@@ -36,7 +36,7 @@ constexpr PreTokenizer kPreTokenizers[] = {
 };
 
 // GGUF token types (llama.cpp's llama_token_type).
-enum TokenType : int64_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5 };
+enum TokenType : int64_t { kControl = 3, kUserDefined = 4, kUnused = 5 };
 
 // What keeps the checkpoint's bytes alive: the files' mappings and the dequantized tensors.
 struct Holder {
@@ -160,18 +160,10 @@ class Mapper {
   uint64_t deq_bytes_ = 0;
 };
 
-// An integer key, with the file named when it is missing or of another type.
-Result<int64_t> int_key(const GgufFile& f, const std::string& key) {
-  auto v = f.get_int(key);
-  if (!v.ok()) return v.status().with_context(f.name());
-  return *v;
-}
+// A key's value (the errors, from GgufFile, name the file and the key).
+Result<int64_t> int_key(const GgufFile& f, const std::string& key) { return f.get_int(key); }
 
-Result<double> float_key(const GgufFile& f, const std::string& key) {
-  auto v = f.get_float(key);
-  if (!v.ok()) return v.status().with_context(f.name());
-  return *v;
-}
+Result<double> float_key(const GgufFile& f, const std::string& key) { return f.get_float(key); }
 
 // An array of numbers as int64s (bools as 0/1).
 Result<std::vector<int64_t>> int_array(const GgufFile& f, const std::string& key) {
@@ -229,9 +221,7 @@ Status hybrid_config_json(const GgufFile& f, const std::string& a, json* t) {
   VLM_ASSIGN_OR_RETURN(int64_t nv, int_key(f, a + "ssm.time_step_rank"));
   VLM_ASSIGN_OR_RETURN(int64_t inner, int_key(f, a + "ssm.inner_size"));
   if (nv <= 0 || inner <= 0 || inner % nv != 0) {
-    return invalid_argument(f.name() + ": " + a +
-                            "ssm.inner_size must be a positive multiple "
-                            "of " +
+    return invalid_argument(f.name() + ": " + a + "ssm.inner_size must be a positive multiple of " +
                             a + "ssm.time_step_rank (the value heads)");
   }
   (*t)["linear_conv_kernel_dim"] = kernel;
@@ -265,6 +255,11 @@ Result<json> text_config_json(const GgufFile& f, const Arch& arch) {
   int64_t nextn = 0;
   if (f.find(a + "nextn_predict_layers") != nullptr) {
     VLM_ASSIGN_OR_RETURN(nextn, int_key(f, a + "nextn_predict_layers"));
+  }
+  if (blocks <= 0 || nextn < 0 || nextn >= blocks) {
+    return invalid_argument(f.name() + ": " + a + "block_count (" + std::to_string(blocks) +
+                            ") must exceed " + a + "nextn_predict_layers (" +
+                            std::to_string(nextn) + "), which must not be negative");
   }
   t["num_hidden_layers"] = blocks - nextn;
   if (f.find(a + "attention.key_length") != nullptr) {
@@ -328,7 +323,7 @@ Result<json> text_config_json(const GgufFile& f, const Arch& arch) {
 // tables' shapes from the tensors).
 Result<json> vision_config_json(const GgufFile& v) {
   auto proj = v.get_string("clip.projector_type");
-  if (!proj.ok()) return proj.status().with_context(v.name());
+  if (!proj.ok()) return proj.status();
   if (*proj != "qwen3vl_merger") {
     return invalid_argument(v.name() + ": projector type '" + std::string(*proj) +
                             "' is not Qwen3-VL's (qwen3vl_merger)");
@@ -371,8 +366,8 @@ Result<Qwen3VLConfig> gguf_config(const GgufFile& f, const Arch& arch, const Ggu
   if (vis != nullptr) {
     VLM_ASSIGN_OR_RETURN(j["vision_config"], vision_config_json(*vis));
   }
-  const std::string where =
-      f.name() + (vis != nullptr ? " and " + vis->name() : std::string()) + " (metadata)";
+  const std::string where = f.name() + (vis != nullptr ? " and " + vis->name() : std::string()) +
+                            " (metadata, read as transformers' config.json)";
   return parse_qwen3vl_config(j.dump(), where);
 }
 
@@ -428,7 +423,14 @@ Status map_linear(const GgufFile& f, const Qwen3VLTextConfig& t, const std::stri
   const std::string from = f.name() + ", GGUF tensor '" + g;
   VLM_ASSIGN_OR_RETURN(float* a, m->read_f32(f, g + "ssm_a", {nv}));
   unreorder_rows(a, 0, nk, r, 1, 1);
-  for (int64_t i = 0; i < nv; ++i) a[i] = std::log(-a[i]);
+  for (int64_t i = 0; i < nv; ++i) {
+    // The converter stored -exp(A_log): negative and finite in any file it wrote.
+    if (!(a[i] < 0) || !std::isfinite(a[i])) {
+      return invalid_argument(from + "ssm_a' holds " + std::to_string(a[i]) +
+                              ", not a negative -exp(A_log)");
+    }
+    a[i] = std::log(-a[i]);
+  }
   m->put_f32(q + "A_log", a, {nv}, from + "ssm_a' as log(-a)");
   VLM_ASSIGN_OR_RETURN(float* dt, m->read_f32(f, g + "ssm_dt.bias", {nv}));
   unreorder_rows(dt, 0, nk, r, 1, 1);
@@ -655,13 +657,22 @@ Status special_ids(const GgufFile& f, GgufCheckpoint* ck) {
                ? std::string(tokens->strings[static_cast<size_t>(id)])
                : std::string();
   };
-  if (auto eos = f.get_int("tokenizer.ggml.eos_token_id"); eos.ok()) {
-    ck->eos_id = static_cast<int32_t>(*eos);
-    ck->eos_token = text_of(*eos);
-    cfg.eos_token_id.push_back(*eos);
-  }
-  if (auto pad = f.get_int("tokenizer.ggml.padding_token_id"); pad.ok()) {
-    ck->pad_id = static_cast<int32_t>(*pad);
+  const int64_t n_tokens = tokens != nullptr ? static_cast<int64_t>(tokens->strings.size()) : 0;
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id"}) {
+    auto id = f.get_int(key);
+    if (!id.ok()) continue;
+    if (*id < 0 || *id >= n_tokens) {
+      return invalid_argument(f.name() + ": " + key + " " + std::to_string(*id) +
+                              " is not a token of its vocabulary (" + std::to_string(n_tokens) +
+                              ")");
+    }
+    if (std::strcmp(key, "tokenizer.ggml.eos_token_id") == 0) {
+      ck->eos_id = static_cast<int32_t>(*id);
+      ck->eos_token = text_of(*id);
+      cfg.eos_token_id.push_back(*id);
+    } else {
+      ck->pad_id = static_cast<int32_t>(*id);
+    }
   }
   if (auto bos = f.get_int("tokenizer.ggml.bos_token_id"); bos.ok()) ck->bos_token = text_of(*bos);
   // A chat turn ends at <|im_end|> and text at <|endoftext|>, whichever the file calls eos.
@@ -690,13 +701,13 @@ bool is_gguf_file(const std::string& path) {
 
 Result<std::string> gguf_tokenizer_json(const GgufFile& f) {
   auto model = f.get_string("tokenizer.ggml.model");
-  if (!model.ok()) return model.status().with_context(f.name());
+  if (!model.ok()) return model.status();
   if (*model != "gpt2") {
     return invalid_argument(f.name() + ": tokenizer.ggml.model '" + std::string(*model) +
                             "' is not the byte-level BPE (gpt2) of Qwen's models");
   }
   auto pre = f.get_string("tokenizer.ggml.pre");
-  if (!pre.ok()) return pre.status().with_context(f.name());
+  if (!pre.ok()) return pre.status();
   const PreTokenizer* split = nullptr;
   for (const PreTokenizer& p : kPreTokenizers) {
     if (*pre == p.name) split = &p;
@@ -765,7 +776,13 @@ Result<std::string> gguf_tokenizer_json(const GgufFile& f) {
         {"vocab", vocab},
         {"merges", merge_list}}},
   };
-  return doc.dump();
+  try {
+    return doc.dump();
+  } catch (const json::exception&) {  // text that is not UTF-8, which JSON cannot carry
+    return invalid_argument(f.name() +
+                            ": tokenizer.ggml.tokens or tokenizer.ggml.merges hold text that is "
+                            "not valid UTF-8");
+  }
 }
 
 Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
@@ -776,7 +793,7 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
   hold->files.push_back(std::move(model));
   const GgufFile& f = hold->files.back();
   auto name = f.get_string("general.architecture");
-  if (!name.ok()) return name.status().with_context(f.name());
+  if (!name.ok()) return name.status();
   const Arch* arch = nullptr;
   for (const Arch& a : kArchs) {
     if (*name == a.gguf) arch = &a;
@@ -804,6 +821,15 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
     VLM_RETURN_IF_ERROR(map_vision(*v, ck.cfg.vision_config, &m));
     VLM_ASSIGN_OR_RETURN(ck.image_mean, float_array(*v, "clip.vision.image_mean"));
     VLM_ASSIGN_OR_RETURN(ck.image_std, float_array(*v, "clip.vision.image_std"));
+    const bool rgb = (ck.image_mean.empty() || ck.image_mean.size() == 3) &&
+                     (ck.image_std.empty() || ck.image_std.size() == 3);
+    const bool positive =
+        std::all_of(ck.image_std.begin(), ck.image_std.end(), [](double x) { return x > 0; });
+    if (!rgb || !positive) {
+      return invalid_argument(v->name() +
+                              ": clip.vision.image_mean and image_std must hold 3 values (R, G, "
+                              "B), the std ones positive");
+    }
     ck.file_bytes += file_size(mmproj_path);
   }
   VLM_RETURN_IF_ERROR(special_ids(f, &ck));
@@ -826,7 +852,7 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
     ck.notes.push_back(
         "GGUF tensors of type " + types +
         (exact ? " dequantized to f32 at load (--precision f32: exact): "
-               : " dequantized and rounded to BF16 at load (each weight within 2^-9 of its "
+               : " dequantized and rounded to BF16 at load (each weight within 2^-8 of its "
                  "value, relative; --precision f32 keeps them exact in f32): ") +
         mib(m.dequantized_bytes()) + " in memory, the files " + mib(ck.file_bytes));
   }

@@ -11,7 +11,7 @@
 // Weights: F32 and BF16 tensors are read in place from the mapping; every other type (F16 and
 // the quantized ones) is dequantized block by block exactly as the format defines
 // (io/gguf_quants.h) and held in memory: in f32 (`exact`), else rounded to BF16 (half the
-// memory; each weight within 2^-9 of its value, relative). The tensors whose layout the
+// memory; each weight within 2^-8 of its value, relative). The tensors whose layout the
 // converter changed (Qwen3.5's value heads, A_log, its norms; the vision patch embedding) are
 // f32 copies either way.
 //

@@ -154,7 +154,7 @@ Int4Kernels int4_kernels(Isa isa) {
 // packed rows. From kPackedMinRows rows the packed GEMM takes I4 directly. In between: blocks of
 // kScratchRows rows are widened to BF16 in `rows` ([32, K] BF16 bits) and run through `kernel`
 // as BF16 weights.
-// NOTE(vlm): BF16, not f32: rounding q · scale to BF16 moves a weight by at most 2^-9 of itself,
+// NOTE(vlm): BF16, not f32: rounding q · scale to BF16 moves a weight by at most 2^-8 of itself,
 // far below the INT4 step (the ops tests bound it), and it lets the BF16 GEMM serve INT4 too.
 void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w, int64_t n0,
                       int64_t n1, float* y, int64_t ldy, const Int4Kernels& k4, MatmulRowsFn kernel,

@@ -283,7 +283,7 @@ class KvCacheAccuracyTest : public ::testing::TestWithParam<KvCase> {};
 //   text-f32-untied       98.9%  | 96.9%   7.0e-4 | 2.1e-3     5.9e-3 | 1.9e-2    1.6e-3 | 6.4e-3
 //   text-bf16-hd128       99.6%  | 97.7%   1.1e-3 | 2.5e-3     9.5e-3 | 2.2e-2    2.4e-4 | 8.7e-3
 //   tiny-fullvocab-bf16   100%   | 98.5%   2.9e-4 | 8.9e-4     6.0e-3 | 1.8e-2    0      | 1.2e-3
-// BF16 keeps 8 bits of mantissa (relative error ≤ 2^-9 per value), INT8 ~7 bits of each head's
+// BF16 keeps 8 bits of mantissa (relative error ≤ 2^-8 per value), INT8 ~7 bits of each head's
 // range (≤ max|head| / 254): both well under the weights' INT8 error above. Only near-ties flip.
 // We require, for BF16, ≥ 97% top-1, mean error ≤ 2.5e-3 and no flip above 5e-3 of max|logit|;
 // for INT8 ≥ 93% top-1, mean error ≤ 5.5e-3 and no flip above 1.8e-2 (each about 2× the worst

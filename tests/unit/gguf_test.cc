@@ -223,6 +223,11 @@ TEST(Gguf, EachCorruptionIsNamed) {
   expect_error(one_tensor({1, 1, 1, 1, 1}, 0, 0, 4), "5 dimensions");
   expect_error(one_tensor({8, 0}, 0, 0, 0), "impossible shape");
   expect_error(one_tensor({1ull << 62, 4}, 0, 0, 0), "impossible shape");
+  // Element counts whose bytes wrap around 2^64 (4 · 2^62 = 0; 8 · 2^61 = 0): larger than the
+  // file, refused before any byte count is computed.
+  expect_error(one_tensor({1ull << 62}, 0, 0, 0), "larger than the file");
+  expect_error(one_tensor({1ull << 61}, 28, 0, 0), "larger than the file");
+  expect_error(one_tensor({1ull << 40, 32}, 8, 0, 0), "larger than the file");
   expect_error(one_tensor({48}, 8, 0, 64), "not a whole number of Q8_0 blocks (32)");
   const Status unknown = one_tensor({32}, 4, 0, 64).parse();  // 4: a type ggml removed
   EXPECT_EQ(unknown.code(), StatusCode::kUnimplemented);

@@ -520,10 +520,10 @@ TEST_P(MatmulTest, Int4MatchesReferenceOnOddShapes) {
             for (int64_t n = 0; n < N; ++n) {
               // Bounds from a = Σ_k |x w| (w as the kernels multiply it, q · scale): f32
               // products and sums carry ≤ (K + 1) · 2^-24 · a (taken 4× for margin). Widened to
-              // BF16 (M ≥ 8), each weight moves by ≤ 2^-9 of itself (round to nearest); 2^-8
-              // also covers a BF16 GEMM that rounds x to BF16. The zero points' term (f32 sums of
-              // x per group, times zero · scale, summed) carries ≤ (K + 4) · 2^-24 of
-              // Σ |x · zero · scale| (2× for margin).
+              // BF16 (M ≥ 8), each weight moves by ≤ 2^-8 of itself (round to nearest: half a unit
+              // in the last of BF16's 8 bits), a bound that covers a BF16 GEMM that rounds x too.
+              // The zero points' term (f32 sums of x per group, times zero · scale, summed) carries
+              // ≤ (K + 4) · 2^-24 of Σ |x · zero · scale| (2× for margin).
               double a = 0, z = 0;
               for (int64_t k = 0; k < K; ++k) {
                 a += std::fabs(static_cast<double>(x[m * K + k]) *
@@ -1035,7 +1035,7 @@ TEST_P(MatmulTest, DecodeCandidatesMatchReference) {
           for (int64_t m = 0; m < M; ++m) {
             for (int64_t n = 0; n < N; ++n) {
               // Σ|x w| bounds the f32 sums (K · 2^-22 of it); x rounded to BF16 (dpbf16) moves
-              // each product by ≤ 2^-9 of itself.
+              // each product by ≤ 2^-8 of itself.
               double a = 0;
               for (int64_t k = 0; k < K; ++k) {
                 const double wk = w.dtype == DType::kBF16

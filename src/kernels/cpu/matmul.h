@@ -99,7 +99,7 @@ void matmul_rows_bf16(const uint16_t* xb, int64_t M, int64_t K, const uint16_t* 
 
 // AMX BF16 tiles (Sapphire Rapids and later with amx_bf16): x rounded to BF16 once per call,
 // BF16 weights as stored, f32 sums in the tile accumulators. A candidate of the BF16 GEMM (see
-// ops::Bf16Gemm): rounding x to BF16 moves each product by up to 2^-9 of itself where the f32
+// ops::Bf16Gemm): rounding x to BF16 moves each product by up to 2^-8 of itself where the f32
 // path is exact.
 namespace amx {
 // Whether this CPU has AMX-BF16 (and AVX512_BF16) and the OS lets this process use the tile
