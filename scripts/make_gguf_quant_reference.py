@@ -42,6 +42,7 @@ from transformers import (Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3V
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_gguf_model_fixtures import WRAPPER  # noqa: E402  (the converter, pre-tokenizer registered)
+from write_gguf import TEXT_LAYER  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "model" / "fixtures" / "gguf-quant"
@@ -94,17 +95,9 @@ def make_model(spec: dict):
     return model
 
 
-# GGUF text tensor names -> transformers' (the converter's renaming, undone).
-LAYER = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight", "ffn_gate_inp.weight": "mlp.gate.weight",
-}
+# GGUF text tensor names -> transformers' (the converter's renaming, undone): write_gguf.py's
+# table the other way round, and the MoE router.
+LAYER = {g: hf for hf, g in TEXT_LAYER.items()} | {"ffn_gate_inp.weight": "mlp.gate.weight"}
 
 
 def dequantized_hashes(path: Path) -> dict[str, str]:

@@ -484,6 +484,7 @@ Result<GgufFile> GgufFile::parse(std::span<const uint8_t> bytes, const std::stri
   const uint64_t start = (r.pos() + g.alignment_ - 1) / g.alignment_ * g.alignment_;
   if (start > bytes.size() && n_tensors > 0) return bad("truncated before the tensor data");
   g.data_offset_ = start;
+  g.size_ = bytes.size();
   const uint64_t data_size = bytes.size() > start ? bytes.size() - start : 0;
   for (GgufTensor& t : g.tensors_) {
     if (t.offset > data_size || t.nbytes > data_size - t.offset) {

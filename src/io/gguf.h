@@ -132,6 +132,7 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // the data section's, in the file
+  uint64_t size() const { return size_; }                // the file's bytes
   const std::map<std::string, GgufValue, std::less<>>& metadata() const { return kv_; }
   const GgufValue* find(std::string_view key) const;
   // A value of the expected kind; NotFound or InvalidArgument naming the key otherwise.
@@ -148,6 +149,7 @@ class GgufFile {
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;
+  uint64_t size_ = 0;
   std::map<std::string, GgufValue, std::less<>> kv_;
   std::vector<GgufTensor> tensors_;
   std::map<std::string, size_t, std::less<>> by_name_;

@@ -24,59 +24,50 @@ float half_at(const uint8_t* p) {
   return f16_to_f32(h);
 }
 
-// Q4_0: f16 d, 16 bytes of nibbles (the low nibbles are elements 0-15, the high ones 16-31).
-void block_q4_0(const uint8_t* b, float* y) {
-  const float d = half_at(b);
-  const uint8_t* qs = b + 2;
+// A block of 32 nibbles as Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and each IQ4_XS sub-block store them:
+// 16 bytes whose low nibbles are elements 0-15 and high ones 16-31; with `qh` (Q5_0, Q5_1), a
+// little-endian u32 whose bit j is element j's fifth bit.
+void unpack32(const uint8_t* qs, const uint8_t* qh, int* v) {
+  uint32_t h = 0;
+  if (qh != nullptr) std::memcpy(&h, qh, 4);
   for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>((qs[j] & 0x0F) - 8);
-    y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+    v[j] = (qs[j] & 0x0F) | static_cast<int>(((h >> j) & 1u) << 4);
+    v[j + 16] = (qs[j] >> 4) | static_cast<int>(((h >> (j + 16)) & 1u) << 4);
   }
 }
 
-// Q4_1: f16 d, f16 m, nibbles as Q4_0; d * q + m.
+// Q4_0: f16 d, the nibbles; d * (q - 8).
+void block_q4_0(const uint8_t* b, float* y) {
+  const float d = half_at(b);
+  int v[32];
+  unpack32(b + 2, nullptr, v);
+  for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(v[j] - 8);
+}
+
+// Q4_1: f16 d, f16 m, the nibbles; d * q + m.
 void block_q4_1(const uint8_t* b, float* y) {
   const float d = half_at(b);
   const float m = half_at(b + 2);
-  const uint8_t* qs = b + 4;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>(qs[j] & 0x0F) + m;
-    y[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
-  }
+  int v[32];
+  unpack32(b + 4, nullptr, v);
+  for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(v[j]) + m;
 }
 
-// Q5_0 / Q5_1's fifth bits: bit j of a little-endian u32 is element j's.
-uint32_t u32_at(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// Q5_0: f16 d, u32 high bits, nibbles as Q4_0; d * (q - 16).
+// Q5_0: f16 d, the fifth bits, the nibbles; d * (q - 16).
 void block_q5_0(const uint8_t* b, float* y) {
   const float d = half_at(b);
-  const uint32_t qh = u32_at(b + 2);
-  const uint8_t* qs = b + 6;
-  for (int j = 0; j < 16; ++j) {
-    const int lo = (qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1u) << 4);
-    const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = d * static_cast<float>(lo - 16);
-    y[j + 16] = d * static_cast<float>(hi - 16);
-  }
+  int v[32];
+  unpack32(b + 6, b + 2, v);
+  for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(v[j] - 16);
 }
 
-// Q5_1: f16 d, f16 m, u32 high bits, nibbles; d * q + m.
+// Q5_1: f16 d, f16 m, the fifth bits, the nibbles; d * q + m.
 void block_q5_1(const uint8_t* b, float* y) {
   const float d = half_at(b);
   const float m = half_at(b + 2);
-  const uint32_t qh = u32_at(b + 4);
-  const uint8_t* qs = b + 8;
-  for (int j = 0; j < 16; ++j) {
-    const int lo = (qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1u) << 4);
-    const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = d * static_cast<float>(lo) + m;
-    y[j + 16] = d * static_cast<float>(hi) + m;
-  }
+  int v[32];
+  unpack32(b + 8, b + 4, v);
+  for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(v[j]) + m;
 }
 
 // Q8_0: f16 d, 32 signed bytes.
@@ -137,34 +128,14 @@ void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
 
 // Q4_K: f16 d, f16 dmin, 12 bytes of scales and mins, 128 bytes of nibbles. Sub-block j (32
 // elements) reads the low nibbles of bytes 32 * (j / 2).. when j is even, the high when odd;
-// (d * sc) * q - (dmin * m).
-void block_q4_k(const uint8_t* b, float* y) {
-  const float d = half_at(b);
-  const float dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
-  for (int j = 0; j < 8; ++j) {
-    int sc = 0;
-    int m = 0;
-    scale_min_k4(j, scales, &sc, &m);
-    const float d1 = d * static_cast<float>(sc);
-    const float m1 = dmin * static_cast<float>(m);
-    const uint8_t* q = qs + 32 * (j / 2);
-    const int shift = 4 * (j % 2);
-    for (int l = 0; l < 32; ++l) {
-      y[32 * j + l] = d1 * static_cast<float>((q[l] >> shift) & 0x0F) - m1;
-    }
-  }
-}
-
-// Q5_K: Q4_K's fields, then 32 bytes of fifth bits (bit j of qh[l] is element 32 * j + l's),
-// then the nibbles.
-void block_q5_k(const uint8_t* b, float* y) {
+// (d * sc) * q - (dmin * m). Q5_K (`five`): the same fields, then 32 bytes of fifth bits (bit j
+// of qh[l] is element 32 * j + l's) before the nibbles.
+void block_k45(const uint8_t* b, float* y, bool five) {
   const float d = half_at(b);
   const float dmin = half_at(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
+  const uint8_t* qs = b + (five ? 48 : 16);
   for (int j = 0; j < 8; ++j) {
     int sc = 0;
     int m = 0;
@@ -174,11 +145,14 @@ void block_q5_k(const uint8_t* b, float* y) {
     const uint8_t* q = qs + 32 * (j / 2);
     const int shift = 4 * (j % 2);
     for (int l = 0; l < 32; ++l) {
-      const int v = ((q[l] >> shift) & 0x0F) | (((qh[l] >> j) & 1) << 4);
+      const int v = ((q[l] >> shift) & 0x0F) | (five ? ((qh[l] >> j) & 1) << 4 : 0);
       y[32 * j + l] = d1 * static_cast<float>(v) - m1;
     }
   }
 }
+
+void block_q4_k(const uint8_t* b, float* y) { block_k45(b, y, false); }
+void block_q5_k(const uint8_t* b, float* y) { block_k45(b, y, true); }
 
 // Q6_K: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 signed scales, f16 d. In half
 // h (128 elements), element 32 * s + l (s 0-3): the low nibble (s < 2) or high (s >= 2) of
@@ -199,18 +173,16 @@ void block_q6_k(const uint8_t* b, float* y) {
   }
 }
 
-// IQ4_NL: f16 d, nibbles as Q4_0's indexing the 16 levels.
+// IQ4_NL: f16 d, the nibbles indexing the 16 levels.
 void block_iq4_nl(const uint8_t* b, float* y) {
   const float d = half_at(b);
-  const uint8_t* qs = b + 2;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>(kIq4nlValues[qs[j] & 0x0F]);
-    y[j + 16] = d * static_cast<float>(kIq4nlValues[qs[j] >> 4]);
-  }
+  int v[32];
+  unpack32(b + 2, nullptr, v);
+  for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(kIq4nlValues[v[j]]);
 }
 
 // IQ4_XS: f16 d, u16 high scale bits (2 per sub-block), 4 bytes of low scale nibbles, then per
-// sub-block of 32 its 16 bytes of nibbles (low: elements 0-15, high: 16-31).
+// sub-block of 32 its 16 bytes of nibbles, laid out as Q4_0's.
 void block_iq4_xs(const uint8_t* b, float* y) {
   const float d = half_at(b);
   uint16_t scales_h;
@@ -221,11 +193,9 @@ void block_iq4_xs(const uint8_t* b, float* y) {
     const int lo = (scales_l[j / 2] >> (4 * (j % 2))) & 0x0F;
     const int hi = (scales_h >> (2 * j)) & 0x03;
     const float dl = d * static_cast<float>((lo | (hi << 4)) - 32);
-    const uint8_t* q = qs + 16 * j;
-    for (int l = 0; l < 16; ++l) {
-      y[32 * j + l] = dl * static_cast<float>(kIq4nlValues[q[l] & 0x0F]);
-      y[32 * j + l + 16] = dl * static_cast<float>(kIq4nlValues[q[l] >> 4]);
-    }
+    int v[32];
+    unpack32(qs + 16 * j, nullptr, v);
+    for (int l = 0; l < 32; ++l) y[32 * j + l] = dl * static_cast<float>(kIq4nlValues[v[l]]);
   }
 }
 

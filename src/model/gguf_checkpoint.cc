@@ -82,11 +82,7 @@ class Mapper {
   Result<float*> read_f32(const GgufFile& f, const std::string& gname,
                           const std::vector<int64_t>& shape) {
     VLM_ASSIGN_OR_RETURN(const GgufTensor* t, find(f, gname, shape));
-    std::vector<float>& out = h_->buffers.emplace_back(static_cast<size_t>(t->numel()));
-    VLM_RETURN_IF_ERROR(dequantize(*t, out).with_context(f.name()));
-    if (t->type != GgmlType::kF32 && t->type != GgmlType::kBF16) deq_types_.insert(t->type);
-    deq_bytes_ += out.size() * sizeof(float);
-    return out.data();
+    return own_f32(f, *t);
   }
 
   std::vector<float>& buffer(size_t n) { return h_->buffers.emplace_back(n); }
@@ -122,6 +118,15 @@ class Mapper {
     return t;
   }
 
+  // Tensor t decoded to f32 in a buffer the checkpoint keeps.
+  Result<float*> own_f32(const GgufFile& f, const GgufTensor& t) {
+    std::vector<float>& out = h_->buffers.emplace_back(static_cast<size_t>(t.numel()));
+    VLM_RETURN_IF_ERROR(dequantize(t, out).with_context(f.name()));
+    if (t.type != GgmlType::kF32 && t.type != GgmlType::kBF16) deq_types_.insert(t.type);
+    deq_bytes_ += out.size() * sizeof(float);
+    return out.data();
+  }
+
   Result<TensorView> read(const GgufFile& f, const std::string& gname,
                           const std::vector<int64_t>& shape) {
     VLM_ASSIGN_OR_RETURN(const GgufTensor* t, find(f, gname, shape));
@@ -132,15 +137,13 @@ class Mapper {
       v.data = t->data;
       return v;
     }
-    deq_types_.insert(t->type);
     if (exact_) {
-      std::vector<float>& out = h_->buffers.emplace_back(static_cast<size_t>(t->numel()));
-      VLM_RETURN_IF_ERROR(dequantize(*t, out).with_context(f.name()));
-      deq_bytes_ += out.size() * sizeof(float);
+      VLM_ASSIGN_OR_RETURN(const float* out, own_f32(f, *t));
       v.dtype = DType::kF32;
-      v.data = out.data();
+      v.data = out;
       return v;
     }
+    deq_types_.insert(t->type);
     scratch_.resize(static_cast<size_t>(t->numel()));
     VLM_RETURN_IF_ERROR(dequantize(*t, scratch_).with_context(f.name()));
     std::vector<uint16_t>& out = h_->bf16_buffers.emplace_back(scratch_.size());
@@ -686,11 +689,6 @@ Status special_ids(const GgufFile& f, GgufCheckpoint* ck) {
   return ok_status();
 }
 
-uint64_t file_size(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  return in ? static_cast<uint64_t>(in.tellg()) : 0;
-}
-
 }  // namespace
 
 bool is_gguf_file(const std::string& path) {
@@ -814,7 +812,7 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
   }
   GgufCheckpoint ck;
   VLM_ASSIGN_OR_RETURN(ck.cfg, gguf_config(f, *arch, v));
-  ck.file_bytes = file_size(model_path);
+  ck.file_bytes = f.size();
   Mapper m(hold.get(), exact);
   VLM_RETURN_IF_ERROR(map_text(f, ck.cfg, &m));
   if (v != nullptr) {
@@ -830,7 +828,7 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
                               ": clip.vision.image_mean and image_std must hold 3 values (R, G, "
                               "B), the std ones positive");
     }
-    ck.file_bytes += file_size(mmproj_path);
+    ck.file_bytes += v->size();
   }
   VLM_RETURN_IF_ERROR(special_ids(f, &ck));
   if (f.find("tokenizer.ggml.tokens") != nullptr) {

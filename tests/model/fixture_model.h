@@ -88,6 +88,18 @@ inline Status load_with_edited_tensor(const std::string& name, const std::string
   return e.ok() ? ok_status() : e.status();
 }
 
+// The fixture's .json files but config.json (reference data, generation config, tokenizer) copied
+// into `dir`, which the caller gives a config.json of its own.
+inline void copy_fixture_json(const std::filesystem::path& src, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  for (const auto& f : fs::directory_iterator(src)) {
+    const std::string fn = f.path().filename().string();
+    if (fn != "config.json" && fn.size() > 5 && fn.substr(fn.size() - 5) == ".json") {
+      fs::copy_file(f.path(), dir / fn, fs::copy_options::overwrite_existing);
+    }
+  }
+}
+
 // A layer-skipping copy of fixture `name` in `dir`: the first `layers` text decoder layers (and
 // everything else: embedding, head, vision tower, tokenizer and preprocessor files), the config
 // saying so; with drop_vision, without the vision tower. A draft model for speculative decoding
@@ -101,12 +113,7 @@ inline Status write_truncated_fixture(const std::string& name, int64_t layers,
                                       float mixer_gain = 1) {
   namespace fs = std::filesystem;
   const fs::path src = fs::path(VLM_FIXTURES_DIR) / name;
-  for (const auto& f : fs::directory_iterator(src)) {
-    const std::string fn = f.path().filename().string();
-    if (fn != "config.json" && fn.size() > 5 && fn.substr(fn.size() - 5) == ".json") {
-      fs::copy_file(f.path(), dir / fn, fs::copy_options::overwrite_existing);
-    }
-  }
+  copy_fixture_json(src, dir);
   nlohmann::json cfg = nlohmann::json::parse(test_util::read_file((src / "config.json").string()));
   nlohmann::json& t = cfg.contains("text_config") ? cfg["text_config"] : cfg;
   t["num_hidden_layers"] = layers;
@@ -186,12 +193,7 @@ inline Status write_mtp_fixture(const std::string& name, const std::filesystem::
                                 bool echo = false) {
   namespace fs = std::filesystem;
   const fs::path src = fs::path(VLM_FIXTURES_DIR) / name;
-  for (const auto& f : fs::directory_iterator(src)) {
-    const std::string fn = f.path().filename().string();
-    if (fn != "config.json" && fn.size() > 5 && fn.substr(fn.size() - 5) == ".json") {
-      fs::copy_file(f.path(), dir / fn, fs::copy_options::overwrite_existing);
-    }
-  }
+  copy_fixture_json(src, dir);
   nlohmann::json cfg = nlohmann::json::parse(test_util::read_file((src / "config.json").string()));
   cfg["text_config"]["mtp_num_hidden_layers"] = 1;
   {

@@ -8,13 +8,10 @@
 // tokenizer read from a GGUF file encodes the tokenizer corpus as tokenizer.json does. Bad files
 // and mismatched pairs are refused by name.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <tuple>
@@ -38,14 +35,7 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(test_util::read_file(path));
 }
 
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 1e-30;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return num / den;
-}
+using test_util::rel_err;
 
 std::unique_ptr<Engine> load(const std::string& model, const std::string& mmproj,
                              Precision precision = Precision::kAuto) {
@@ -431,12 +421,10 @@ TEST(GgufCheckpoint, APositiveSsmAIsRefused) {
   std::string bytes = test_util::read_file(path);
   const float positive = 0.5f;
   std::memcpy(&bytes[f->data_offset() + a->offset], &positive, 4);
-  const std::string edited =
-      (std::filesystem::temp_directory_path() / ("vlm_ssm_a_" + std::to_string(getpid()))).string();
-  std::ofstream(edited, std::ios::binary)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  test_util::TempDir tmp;
+  const std::string edited = tmp.file("qwen35-f32-b.gguf");
+  test_util::write_bytes(edited, bytes);
   auto ck = open_gguf_checkpoint(edited, "");
-  std::filesystem::remove(edited);
   ASSERT_FALSE(ck.ok());
   EXPECT_NE(ck.status().message().find("blk.0.ssm_a"), std::string::npos) << ck.status().message();
 }
@@ -453,16 +441,11 @@ TEST(GgufCheckpoint, BadFilesAndPairsAreRefusedByName) {
   // An architecture vlm does not run from GGUF.
   expect_error(open_gguf_checkpoint(kGguf + "/qwen3-vocab.gguf", ""), "architecture 'qwen3'");
   // A truncated file names itself.
-  const std::string cut =
-      (std::filesystem::temp_directory_path() / ("vlm_gguf_cut_" + std::to_string(getpid())))
-          .string();
-  {
-    const std::string bytes = test_util::read_file(model);
-    std::ofstream(cut, std::ios::binary)
-        .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
-  }
+  test_util::TempDir tmp;
+  const std::string cut = tmp.file("cut.gguf");
+  const std::string bytes = test_util::read_file(model);
+  test_util::write_bytes(cut, bytes.substr(0, bytes.size() / 2));
   expect_error(open_gguf_checkpoint(cut, ""), cut);
-  std::filesystem::remove(cut);
   // A file that is not GGUF as -m; --mmproj with a safetensors directory.
   {
     EngineOptions o;
