@@ -15,7 +15,15 @@ noisy machine hits both; the table shows medians over the rounds and the vlm / l
       --image IMAGES_DIR/astronaut_448x448.jpg \\
       --image IMAGES_DIR/retina_1280x960.jpg
 
-A pair is LABEL=GGUF[=EXTRA VLM FLAGS]. Standard library only.
+A pair is LABEL=GGUF[=EXTRA VLM FLAGS]. With --same-file (no --model) vlm runs each pair's GGUF
+itself, the same file llama.cpp runs:
+
+  python3 scripts/compare_llamacpp.py --vlm build/tools/cli/vlm --same-file \\
+      --llama-bench LLAMA_BUILD/bin/llama-bench \\
+      --pair "Q4_K_M=GGUF_DIR/qwen3vl-2b-q4_k_m.gguf" --pair "Q8_0=GGUF_DIR/qwen3vl-2b-q8_0.gguf" \\
+      -p 128,512 -n 64 -t 2 --rounds 3
+
+Standard library only.
 
 What is matched:
 - Prefill: llama-bench `pp P` against `vlm bench -p P` (a P-token prompt from an empty cache).
@@ -110,8 +118,10 @@ def llama_vision(bin_: str, gguf: str, mmproj: str, image: str, a) -> tuple[floa
     return sum(float(x) for x in ms), (sum(int(x) for x in tokens) if tokens else None)
 
 
-def vlm_vision(bin_: str, model: str, image: str, a, runs: list) -> tuple[float, int]:
-    j = vlm_bench(bin_, model, ["--image", image, *shlex.split(a.vlm_vision_args)], a.t, runs)
+def vlm_vision(bin_: str, model: str, image: str, a, runs: list,
+               mmproj: list[str]) -> tuple[float, int]:
+    j = vlm_bench(bin_, model, ["--image", image, *mmproj, *shlex.split(a.vlm_vision_args)], a.t,
+                  runs)
     for r in j["results"]:
         if r["kind"] == "vision_encode":
             return float(r["median"]), int(r["tokens"])
@@ -122,7 +132,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vlm", required=True)
-    ap.add_argument("--model", required=True, help="vlm's checkpoint directory")
+    ap.add_argument("--model", help="vlm's checkpoint directory (not with --same-file)")
+    ap.add_argument("--same-file", action="store_true",
+                    help="vlm runs each pair's GGUF itself (and the vision runs the first pair's "
+                         "with --mmproj), the very bytes llama.cpp runs")
     ap.add_argument("--llama-bench", required=True)
     ap.add_argument("--pair", action="append", required=True, help="LABEL=GGUF[=EXTRA VLM FLAGS]")
     ap.add_argument("-p", type=sizes, default=[128], help="prompt sizes, comma list (prefill)")
@@ -139,6 +152,8 @@ def main() -> None:
                     help="extra vlm bench flags for --image runs (e.g. --max-pixels N)")
     ap.add_argument("--out-json", default="")
     a = ap.parse_args()
+    if a.same_file == bool(a.model):
+        sys.exit("compare_llamacpp: give --model CKPT_DIR or --same-file (one of them)")
 
     pairs = []
     for spec in a.pair:
@@ -161,7 +176,8 @@ def main() -> None:
         for label, gguf, extra in pairs:
             for who in order:
                 res = (llama_bench(a.llama_bench, gguf, a) if who == "llama"
-                       else vlm_text(a.vlm, a.model, a, extra, vlm_runs))
+                       else vlm_text(a.vlm, gguf if a.same_file else a.model, a, extra,
+                                     vlm_runs))
                 for k, v in res.items():
                     add((label, k, who), v)
             print(f"round {r + 1}/{a.rounds} {label}: done", file=sys.stderr)
@@ -171,7 +187,9 @@ def main() -> None:
                 if who == "llama":
                     ms, n = llama_vision(a.mtmd_cli, pairs[0][1], a.mmproj, img, a)
                 else:
-                    ms, n = vlm_vision(a.vlm, a.model, img, a, vlm_runs)
+                    ms, n = vlm_vision(a.vlm, pairs[0][1] if a.same_file else a.model, img,
+                                       a, vlm_runs,
+                                       ["--mmproj", a.mmproj] if a.same_file else [])
                 add((name, "vision encode ms", who), ms)
                 tokens.setdefault((name, who), set()).add(n)
             print(f"round {r + 1}/{a.rounds} {name}: done", file=sys.stderr)

@@ -26,11 +26,23 @@ size_t dtype_size(DType t) {
       return 1;
     case DType::kBool:
       return 1;
+    case DType::kQ8_0:
+      return 34;
+    case DType::kQ4K:
+      return 144;
+    case DType::kQ5K:
+      return 176;
+    case DType::kQ6K:
+      return 210;
   }
   return 0;
 }
 
-int64_t dtype_block(DType t) { return t == DType::kI4 ? 2 : 1; }
+int64_t dtype_block(DType t) {
+  if (t == DType::kI4) return 2;
+  if (t == DType::kQ8_0) return 32;
+  return is_ggml_block(t) ? 256 : 1;
+}
 
 size_t dtype_nbytes(DType t, int64_t numel) {
   const int64_t block = dtype_block(t);
@@ -61,6 +73,14 @@ const char* dtype_name(DType t) {
       return "U8";
     case DType::kBool:
       return "BOOL";
+    case DType::kQ8_0:
+      return "Q8_0";
+    case DType::kQ4K:
+      return "Q4_K";
+    case DType::kQ5K:
+      return "Q5_K";
+    case DType::kQ6K:
+      return "Q6_K";
   }
   return "?";
 }

@@ -9,7 +9,31 @@
 
 namespace vlm {
 
-enum class DType { kF32, kBF16, kF16, kF64, kI64, kI32, kI16, kI8, kI4, kU8, kBool };
+enum class DType {
+  kF32,
+  kBF16,
+  kF16,
+  kF64,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kI4,
+  kU8,
+  kBool,
+  // GGUF's block types, linear weights [N, K] held as the file stores them (ggml's blocks, K a
+  // multiple of the block; layouts in kernels/cpu/ggml_blocks.h): Q8_0 (34 bytes per 32 values),
+  // Q4_K (144 per 256), Q5_K (176 per 256), Q6_K (210 per 256).
+  kQ8_0,
+  kQ4K,
+  kQ5K,
+  kQ6K,
+};
+
+// Whether t is one of GGUF's block types above.
+constexpr bool is_ggml_block(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4K || t == DType::kQ5K || t == DType::kQ6K;
+}
 
 // kI4 rows are packed in blocks of this many values (16 bytes; layout below), and a group of
 // values sharing one scale is 1, 2 or 4 blocks: kInt4Block, 64 or 128 values.
@@ -30,14 +54,16 @@ struct Int4Params {
   int64_t group = kInt4DefaultGroup;
 };
 
-// Size in bytes of one element, or for kI4 (two elements per byte) of the byte that holds two:
-// ggml's type_size / blck_size pair, with dtype_block below. Use dtype_nbytes for byte counts.
+// Size in bytes of one element, or for kI4 (two elements per byte) of the byte that holds two,
+// or for a GGUF block type of one block: ggml's type_size / blck_size pair, with dtype_block
+// below. Use dtype_nbytes for byte counts.
 size_t dtype_size(DType t);
-// Elements per dtype_size bytes: 2 for kI4, 1 otherwise.
+// Elements per dtype_size bytes: 2 for kI4, 32 or 256 for the GGUF block types, 1 otherwise.
 int64_t dtype_block(DType t);
-// Bytes of `numel` contiguous elements (kI4: numel / 2, rounded up).
+// Bytes of `numel` contiguous elements (kI4: numel / 2, rounded up; block types: whole blocks).
 size_t dtype_nbytes(DType t, int64_t numel);
-// "F32", "BF16", ... (the safetensors spelling; "I4" has none and is for messages only).
+// "F32", "BF16", ... (the safetensors spelling; "I4" and the GGUF types' "Q8_0", "Q4_K", ...
+// have none and are for messages only).
 const char* dtype_name(DType t);
 // Parses the safetensors spelling; returns false when unknown.
 bool dtype_from_name(std::string_view name, DType* out);

@@ -141,6 +141,8 @@ class GgufFile {
   Result<double> get_float(std::string_view key) const;
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* tensor(std::string_view name) const;
+  // The file's mapping (null for parse()).
+  const MappedFile* mapping() const { return file_.get(); }
 
  private:
   GgufFile() = default;

@@ -390,12 +390,14 @@ Result<WeightStore> WeightStore::open_dir(const std::string& dir) {
 
 WeightStore WeightStore::from_views(std::string name, std::map<std::string, TensorView> views,
                                     std::map<std::string, std::string> origin,
-                                    std::shared_ptr<const void> keep) {
+                                    std::shared_ptr<const void> keep,
+                                    std::vector<const MappedFile*> mappings) {
   WeightStore store;
   store.dir_ = std::move(name);
   store.views_ = std::move(views);
   store.origin_ = std::move(origin);
   store.keep_ = std::move(keep);
+  store.mappings_ = std::move(mappings);
   return store;
 }
 
@@ -414,16 +416,26 @@ void WeightStore::release_pages(const void* p, size_t n) const {
   for (const SafetensorsFile& f : files_) {
     if (f.release_pages(p, n)) return;
   }
+  for (const MappedFile* m : mappings_) {
+    if (m->release_pages(p, n)) return;
+  }
 }
 
-bool WeightStore::holds(const void* p, size_t n) const {
+namespace {
+
+bool inside(const void* p, size_t n, const uint8_t* d, size_t size) {
   const auto* b = static_cast<const uint8_t*>(p);
+  return d != nullptr && b >= d && n <= size && static_cast<size_t>(b - d) <= size - n;
+}
+
+}  // namespace
+
+bool WeightStore::holds(const void* p, size_t n) const {
   for (const SafetensorsFile& f : files_) {
-    const uint8_t* d = f.mapped_data();
-    if (d != nullptr && b >= d && n <= f.mapped_size() &&
-        static_cast<size_t>(b - d) <= f.mapped_size() - n) {
-      return true;
-    }
+    if (inside(p, n, f.mapped_data(), f.mapped_size())) return true;
+  }
+  for (const MappedFile* m : mappings_) {
+    if (inside(p, n, m->data(), m->size())) return true;
   }
   return false;
 }

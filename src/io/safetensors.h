@@ -81,10 +81,12 @@ class WeightStore {
   static Result<WeightStore> open_dir(const std::string& dir);
   // A store of tensors read from elsewhere (a GGUF checkpoint's, under the names the loaders
   // read): `views` point into memory that `keep` owns (or keeps mapped); `origin` names, for each
-  // name, where its bytes came from in error messages (its file and tensor there).
+  // name, where its bytes came from in error messages (its file and tensor there); `mappings`, the
+  // files whose mapped bytes views may point into (for holds() and release_pages()).
   static WeightStore from_views(std::string name, std::map<std::string, TensorView> views,
                                 std::map<std::string, std::string> origin,
-                                std::shared_ptr<const void> keep);
+                                std::shared_ptr<const void> keep,
+                                std::vector<const MappedFile*> mappings = {});
 
   WeightStore(WeightStore&&) noexcept = default;
   WeightStore& operator=(WeightStore&&) noexcept = default;
@@ -124,6 +126,7 @@ class WeightStore {
   std::map<std::string, TensorView> views_;
   std::map<std::string, std::string> origin_;
   std::shared_ptr<const void> keep_;
+  std::vector<const MappedFile*> mappings_;  // owned by keep_
 };
 
 // Writes a valid .safetensors file the way the reference writer does: tensors ordered by element

@@ -103,6 +103,13 @@ class Mapper {
   std::map<std::string, std::string> take_origin() { return std::move(origin_); }
   std::vector<GgmlType> dequantized_types() const { return {deq_types_.begin(), deq_types_.end()}; }
   uint64_t dequantized_bytes() const { return deq_bytes_; }
+  std::vector<GgmlType> native_types() const {
+    return {native_types_.begin(), native_types_.end()};
+  }
+  uint64_t native_bytes() const { return native_bytes_; }
+  // Whether add() keeps the 2-D matrices of a block type the kernels multiply (Q8_0, Q4_K, Q5_K,
+  // Q6_K) as stored (the text decoder's; without --precision f32) rather than dequantized.
+  bool keep_blocks = false;
 
  private:
   static Result<const GgufTensor*> find(const GgufFile& f, const std::string& gname,
@@ -137,6 +144,14 @@ class Mapper {
       v.data = t->data;
       return v;
     }
+    if (const DType block = native_type(t->type);
+        keep_blocks && !exact_ && shape.size() >= 2 && block != DType::kF32) {
+      v.dtype = block;  // the blocks as stored, multiplied by the block kernels
+      v.data = t->data;
+      native_types_.insert(t->type);
+      native_bytes_ += t->nbytes;
+      return v;
+    }
     if (exact_) {
       VLM_ASSIGN_OR_RETURN(const float* out, own_f32(f, *t));
       v.dtype = DType::kF32;
@@ -154,13 +169,29 @@ class Mapper {
     return v;
   }
 
+  // The DType of a GGUF block type the kernels multiply as stored; kF32 for the others.
+  static DType native_type(GgmlType t) {
+    switch (t) {
+      case GgmlType::kQ8_0:
+        return DType::kQ8_0;
+      case GgmlType::kQ4_K:
+        return DType::kQ4K;
+      case GgmlType::kQ5_K:
+        return DType::kQ5K;
+      case GgmlType::kQ6_K:
+        return DType::kQ6K;
+      default:
+        return DType::kF32;
+    }
+  }
+
   Holder* h_;
   bool exact_;
   std::vector<float> scratch_;  // one tensor's f32 values on their way to BF16
   std::map<std::string, TensorView> views_;
   std::map<std::string, std::string> origin_;
-  std::set<GgmlType> deq_types_;
-  uint64_t deq_bytes_ = 0;
+  std::set<GgmlType> deq_types_, native_types_;
+  uint64_t deq_bytes_ = 0, native_bytes_ = 0;
 };
 
 // A key's value (the errors, from GgufFile, name the file and the key).
@@ -814,7 +845,9 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
   VLM_ASSIGN_OR_RETURN(ck.cfg, gguf_config(f, *arch, v));
   ck.file_bytes = f.size();
   Mapper m(hold.get(), exact);
+  m.keep_blocks = true;
   VLM_RETURN_IF_ERROR(map_text(f, ck.cfg, &m));
+  m.keep_blocks = false;
   if (v != nullptr) {
     VLM_RETURN_IF_ERROR(map_vision(*v, ck.cfg.vision_config, &m));
     VLM_ASSIGN_OR_RETURN(ck.image_mean, float_array(*v, "clip.vision.image_mean"));
@@ -837,16 +870,24 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
   if (auto tpl = f.get_string("tokenizer.chat_template"); tpl.ok()) {
     ck.chat_template = std::string(*tpl);
   }
-  if (!m.dequantized_types().empty()) {
+  auto mib = [](uint64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+    return std::string(buf);
+  };
+  const auto type_list = [](const std::vector<GgmlType>& ts) {
     std::string types;
-    for (GgmlType t : m.dequantized_types()) {
-      types += (types.empty() ? "" : ", ") + std::string(ggml_type_name(t));
-    }
-    auto mib = [](uint64_t bytes) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-      return std::string(buf);
-    };
+    for (GgmlType t : ts) types += (types.empty() ? "" : ", ") + std::string(ggml_type_name(t));
+    return types;
+  };
+  if (!m.native_types().empty()) {
+    ck.notes.push_back("GGUF tensors of type " + type_list(m.native_types()) +
+                       " multiplied as stored (x quantized to INT8 per 32 values for the block "
+                       "products): " +
+                       mib(m.native_bytes()));
+  }
+  if (!m.dequantized_types().empty()) {
+    const std::string types = type_list(m.dequantized_types());
     ck.notes.push_back(
         "GGUF tensors of type " + types +
         (exact ? " dequantized to f32 at load (--precision f32: exact): "
@@ -855,8 +896,15 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
         mib(m.dequantized_bytes()) + " in memory, the files " + mib(ck.file_bytes));
   }
   ck.dequantized_bytes = m.dequantized_bytes();
-  ck.store = std::make_unique<WeightStore>(WeightStore::from_views(
-      model_path, m.take_views(), m.take_origin(), std::shared_ptr<const void>(hold, hold.get())));
+  // (The engine copies the products' weights onto 2 MiB pages from these mappings, releasing
+  // their file pages as it goes, as from a safetensors checkpoint's.)
+  std::vector<const MappedFile*> mappings;
+  for (const GgufFile& g : hold->files) {
+    if (g.mapping() != nullptr) mappings.push_back(g.mapping());
+  }
+  ck.store = std::make_unique<WeightStore>(
+      WeightStore::from_views(model_path, m.take_views(), m.take_origin(),
+                              std::shared_ptr<const void>(hold, hold.get()), mappings));
   return ck;
 }
 

@@ -15,6 +15,8 @@ namespace {
 constexpr const char* kPrefixes[] = {"model.language_model.", "model."};
 
 constexpr std::initializer_list<DType> kFloatTypes = {DType::kF32, DType::kBF16, DType::kF16};
+constexpr std::initializer_list<DType> kMatrixTypes = {
+    DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0, DType::kQ4K, DType::kQ5K, DType::kQ6K};
 
 // The f32 values of a stored F32 / BF16 / F16 tensor.
 std::vector<float> to_f32(const TensorView& v) {
@@ -44,7 +46,9 @@ Status load_slot(const WeightStore& s, const WeightSlot& w, const TensorView* em
     return ok_status();
   }
   const std::vector<int64_t>& shape = w.stored_shape.empty() ? w.shape : w.stored_shape;
-  VLM_ASSIGN_OR_RETURN(TensorView v, s.get(w.name, shape, kFloatTypes));
+  // A GGUF checkpoint's text matrices may be block types, multiplied and gathered as stored.
+  const bool blocks_ok = w.matrix != nullptr && w.kind != WeightKind::kVisionLinear;
+  VLM_ASSIGN_OR_RETURN(TensorView v, s.get(w.name, shape, blocks_ok ? kMatrixTypes : kFloatTypes));
   if (w.values != nullptr) {
     *w.values = to_f32(v);
   } else {
@@ -518,6 +522,8 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
         for_each_weight(&qw, nullptr, Qwen3VLConfig{}, "", "", [&](const WeightSlot& s) {
           if (s.kind != WeightKind::kLayerLinear && s.kind != WeightKind::kHead) return ok_status();
           if (split.count(s.matrix) != 0) return ok_status();  // quantized above
+          // A GGUF file's quantized blocks stay as stored (they are the file's quantization).
+          if (is_ggml_block(s.matrix->dtype)) return ok_status();
           VLM_ASSIGN_OR_RETURN(TensorView q,
                                quantized(*s.matrix, s.name.empty() ? "lm_head" : s.name));
           if (store != nullptr) store->release_pages(*s.matrix);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/cpu/ggml_blocks.h"
 #include "kernels/cpu/matmul.h"
 #include "ops/ops.h"
 
@@ -23,8 +24,15 @@ Status check_linear_weight(const TensorView& w, int64_t in_features) {
   if (w.rank() != 2)
     return invalid_argument("linear weight must be 2-D, got " + shape_to_string(w.shape));
   if (w.dtype != DType::kF32 && w.dtype != DType::kBF16 && w.dtype != DType::kF16 &&
-      w.dtype != DType::kI8 && w.dtype != DType::kI4) {
+      w.dtype != DType::kI8 && w.dtype != DType::kI4 && !is_ggml_block(w.dtype)) {
     return invalid_argument(std::string("unsupported weight dtype ") + dtype_name(w.dtype));
+  }
+  if (is_ggml_block(w.dtype) && w.dim(1) % dtype_block(w.dtype) != 0) {
+    return invalid_argument(std::string(dtype_name(w.dtype)) + " linear weight " +
+                            shape_to_string(w.shape) +
+                            " has a row length that is not a multiple "
+                            "of its block of " +
+                            std::to_string(dtype_block(w.dtype)));
   }
   if (w.dtype == DType::kI8 && w.scale == nullptr) {
     return invalid_argument("I8 linear weight " + shape_to_string(w.shape) +
@@ -87,6 +95,24 @@ int64_t int8_activation_min_rows(Isa isa) {
   if (isa == Isa::kAvx512Vnni) return 2;
   if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni) return 8;
   return 0;
+}
+
+int64_t ggml_native_max_rows(Isa isa) {
+  // NOTE(vlm): the block kernels read each weight row once per 4 x rows; from 32 rows on the
+  // f32 GEMM over dequantized rows measured as fast (2B Q4_K_M, prefill 128, this VM's noise
+  // larger than the difference).
+  (void)isa;
+  return kernels::kPackedMinRows;
+}
+
+bool ggml_quantizes_x(Isa isa, int64_t M, DType t) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (!is_ggml_block(t) || isa == Isa::kGeneric) return false;
+  return M < ggml_native_max_rows(isa) || (isa == Isa::kAvx512Vnni && t != DType::kQ6K);
+#else
+  (void)isa, (void)M, (void)t;
+  return false;
+#endif
 }
 
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype) {
@@ -172,6 +198,30 @@ void matmul_int4_rows(const float* x, int64_t M, int64_t K, const TensorView& w,
     const int64_t ne = std::min(n1, nb + kScratchRows);
     k4.widen(q, w.int4, K, nb, ne, rows);
     kernel(x, M, K, DType::kBF16, rows, nullptr, 0, ne - nb, y + nb, ldy, scratch, kScratchRows);
+  }
+}
+
+// The GGUF block kernel of an ISA level that has one (kAvx512 without VNNI runs AVX2's), or null.
+decltype(&kernels::avx2::matmul_rows_ggml) ggml_kernel(Isa isa) {
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (isa == Isa::kAvx512Vnni) return &kernels::avx512vnni::matmul_rows_ggml;
+  if (isa == Isa::kAvx2Vnni) return &kernels::avxvnni::matmul_rows_ggml;
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) return &kernels::avx2::matmul_rows_ggml;
+#endif
+  (void)isa;
+  return nullptr;
+}
+
+// Rows [n0, n1) of y = x · wᵀ for a GGUF block weight without its level's kernel (the baseline
+// level) or from ggml_native_max_rows x rows on: blocks of kScratchRows rows dequantized exactly
+// to f32 in `rows` ([32, K]) and multiplied by the level's f32 kernel.
+void matmul_ggml_dequant(const float* x, int64_t M, int64_t K, const TensorView& w, int64_t n0,
+                         int64_t n1, float* y, int64_t ldy, MatmulRowsFn kernel, float* rows,
+                         float* scratch) {
+  for (int64_t nb = n0; nb < n1; nb += kScratchRows) {
+    const int64_t ne = std::min(n1, nb + kScratchRows);
+    kernels::dequantize_rows_ggml(w.dtype, w.data, K, nb, ne, rows);
+    kernel(x, M, K, DType::kF32, rows, nullptr, 0, ne - nb, y + nb, ldy, scratch, kScratchRows);
   }
 }
 
@@ -591,6 +641,12 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   bool want_scratch = false, widen_int4 = false, quantize_x = false, widen16 = false;
   bool int4_x = false;  // an I4 weight takes quantized x
   bool bf16_x = false;  // a BF16 weight takes x prepared for its decode candidate
+  // GGUF block weights: the level's kernel over INT8 x (ggml_x), or dequantized rows.
+  const auto ggml_k = ggml_kernel(isa);
+  const bool ggml_native = ggml_k != nullptr && M < ggml_native_max_rows(isa);
+  bool ggml_x = false, ggml_dequant = false;
+  // From ggml_native_max_rows on, avx512vnni's byte-panel GEMM takes Q8_0, Q4_K and Q5_K.
+  const auto ggml_gemm = [&](DType t) { return !ggml_native && ggml_quantizes_x(isa, M, t); };
   for (const TensorView* w : ws) {
     total += w->dim(0);
     bf16_x = bf16_x || (bf16_dec != 0 && bf16_dec != kWidenL2 && w->dtype == DType::kBF16);
@@ -605,7 +661,14 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
         want_scratch || wants_scratch(M, w->dtype) || (quantizes && w->dtype == DType::kI8);
     widen_int4 = widen_int4 || (w->dtype == DType::kI4 && M >= kInt4WidenMinRows &&
                                 M < kernels::kPackedMinRows && !quantizes);
+    if (is_ggml_block(w->dtype) && ggml_gemm(w->dtype)) {
+      quantize_x = want_scratch = true;
+    } else if (is_ggml_block(w->dtype)) {
+      (ggml_native ? ggml_x : ggml_dequant) = true;
+    }
   }
+  quantize_x = quantize_x || ggml_x;
+  want_scratch = want_scratch || ggml_dequant;
   // Per thread: the kernels' scratch, then (I4 prefill) kScratchRows BF16 rows of K.
   const int64_t scratch_floats = kScratchRows * K;
   static_assert(
@@ -615,7 +678,9 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;
   if (want_scratch || widen_int4) {
-    const int64_t rows_floats = widen_int4 ? (kScratchRows * K + 1) / 2 : 0;
+    const int64_t rows_floats = ggml_dequant ? kScratchRows * K
+                                : widen_int4 ? (kScratchRows * K + 1) / 2
+                                             : 0;
     scratch.reserve(pool.n_threads(), static_cast<size_t>(scratch_floats + rows_floats));
   }
   thread_local GroupSums xsums_tls;
@@ -623,8 +688,21 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   xsums.fill(x, M, K, ws, pool);
   thread_local QuantizedX qx_tls;
   kernels::Q8Rows qx{};
-  const Q8Kernels k8 = quantize_x ? q8_kernels(isa) : Q8Kernels{};
+  Q8Kernels k8 = quantize_x ? q8_kernels(isa) : Q8Kernels{};
+#if defined(VLM_HAVE_X86_DISPATCH)
+  if (ggml_x && k8.quantize == nullptr) k8.quantize = &kernels::avx2::quantize_rows_q8;  // kAvx512
+#endif
   if (quantize_x) qx = qx_tls.quantize(k8, x, M, K, pool, widen16, int4_x);
+  thread_local std::vector<float> gx_tls;
+  thread_local std::vector<int32_t> gx_offs_tls;
+  kernels::GgmlRows gx{};
+  if (ggml_x) {
+    if (gx_tls.size() < static_cast<size_t>(M * kernels::ggml_x_floats(K))) {
+      gx_tls.resize(M * kernels::ggml_x_floats(K));
+      gx_offs_tls.resize(M * kernels::ggml_x_offsets(K));
+    }
+    gx = kernels::prepare_ggml_x(qx.q, qx.scale, M, K, gx_tls.data(), gx_offs_tls.data());
+  }
   thread_local std::vector<float> xdec_tls;
   std::vector<float>& xdec = xdec_tls;
   if (bf16_x) {
@@ -640,7 +718,13 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       const TensorView& w = *ws[i];
       const int64_t N = w.dim(0), ld = ldy > 0 ? ldy : N;
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
-      if (b < e && bf16_dec != 0 && w.dtype == DType::kBF16) {
+      if (b < e && is_ggml_block(w.dtype) && ggml_native) {
+        ggml_k(gx, M, K, w.dtype, w.data, b - off, e - off, ys[i], ld);
+      } else if (b < e && is_ggml_block(w.dtype) && ggml_gemm(w.dtype)) {
+        k8.matmul(qx, M, K, w.dtype, w.data, nullptr, b - off, e - off, ys[i], ld, s);
+      } else if (b < e && is_ggml_block(w.dtype)) {
+        matmul_ggml_dequant(x, M, K, w, b - off, e - off, ys[i], ld, kernel, s + scratch_floats, s);
+      } else if (b < e && bf16_dec != 0 && w.dtype == DType::kBF16) {
         bf16_decode(bf16_dec, isa, x, xdec.data(), K, w, b - off, e - off, ys[i]);
       } else if (b < e && int8_dec == kInt8F32L2 && w.dtype == DType::kI8) {
 #if defined(VLM_HAVE_X86_DISPATCH)

@@ -146,6 +146,14 @@ void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float
 // int8_activation_min_rows(isa) x rows (batched decode, prefill) on those levels. Elsewhere x
 // stays f32.
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype);
+// GGUF block weights (DType::kQ8_0, kQ4K, kQ5K, kQ6K; kernels/cpu/ggml_blocks.h): below this
+// many x rows, on the levels with a block kernel (avx2 and up), x is quantized to INT8 and the
+// blocks are multiplied as stored; from it on, and at the generic level, blocks of 32 rows are
+// dequantized exactly to f32 and multiplied by the f32 kernel, except that avx512vnni takes
+// Q8_0, Q4_K and Q5_K into its INT8-activation byte-panel GEMM there (x quantized as below).
+int64_t ggml_native_max_rows(Isa isa);
+// Whether matmul quantizes x per 32 values for a GGUF block weight of type t (either way above).
+bool ggml_quantizes_x(Isa isa, int64_t M, DType t);
 // The least x rows from which I8 weights take INT8 activations at this level (0: never). One x
 // row (decode) keeps f32 x: the step streams the weights and is memory-bound either way.
 int64_t int8_activation_min_rows(Isa isa);

@@ -7,6 +7,7 @@
 #include "core/half.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/eltwise.h"
+#include "kernels/cpu/ggml_blocks.h"
 #include "kernels/cpu/hybrid.h"
 #include "kernels/cpu/matmul.h"
 #include "ops/ops.h"
@@ -427,6 +428,12 @@ void embedding_lookup(const TensorView& table, const int32_t* ids, int64_t count
         for (int64_t j = 0; j < n; ++j) o[j] = f16_to_f32(src[j]);
         break;
       }
+      case DType::kQ8_0:
+      case DType::kQ4K:
+      case DType::kQ5K:
+      case DType::kQ6K:
+        kernels::dequantize_rows_ggml(table.dtype, table.data, n, row, row + 1, o);
+        break;
       default:
         std::fill(o, o + n, 0.f);  // rejected at load time; never reached
         break;

@@ -38,11 +38,12 @@ nlohmann::json read_json(const std::string& path) {
 using test_util::rel_err;
 
 std::unique_ptr<Engine> load(const std::string& model, const std::string& mmproj,
-                             Precision precision = Precision::kAuto) {
+                             Precision precision = Precision::kAuto, CpuIsa isa = CpuIsa::kAuto) {
   EngineOptions o;
   o.model_dir = model;
   o.mmproj = mmproj;
   o.precision = precision;
+  o.cpu_isa = isa;
   o.n_threads = 2;
   o.prefill_chunk = 16;
   o.kv_cache_dtype = KvCacheDtype::kF32;
@@ -475,6 +476,12 @@ class GgufQuantModel : public ::testing::TestWithParam<std::string> {};
 // 5.5e-3 to 9.6e-3 of max |logit| over the types (each weight moves by up to 2^-8 of itself);
 // twice the largest.
 constexpr double kBf16Bound = 2e-2;
+// x quantized to INT8 per 32 values for the block kernels (Q8_0, K-quants as stored): measured
+// 2.0e-2 to 2.6e-2 of max |logit| on the dense checkpoint and 7.4e-2 on the MoE one (whose
+// router then picks among near ties); about twice those. (The kernels themselves are exact
+// against that quantized x: ggml_matmul_test.)
+constexpr double kInt8XBound = 5e-2;
+constexpr double kInt8XMoeBound = 0.15;
 
 // (A missing file lists one case, which fails naming it, rather than stopping test discovery.)
 const nlohmann::json& quant_reference() {
@@ -527,20 +534,36 @@ TEST_P(GgufQuantModel, LogitsAndGreedyMatchTransformersOnTheDequantizedWeights) 
   ASSERT_TRUE(want.ok());
   ASSERT_EQ(got->size(), want->f32.size());
   EXPECT_LE(rel_err(*got, want->f32), 1e-4);
-  // Without --precision f32 the decoded weights are rounded to BF16 (half the memory), which
-  // the load says; the logits move by at most kBf16Bound of max |logit|.
+  // Without --precision f32, Q8_0, Q4_K, Q5_K and Q6_K stay as stored and the block kernels
+  // multiply them by x quantized to INT8 per 32 values (where the level has them; the baseline
+  // level dequantizes rows exactly), which the load says; the other types are decoded and
+  // rounded to BF16 (half the memory), which the load says too. Either moves the logits by at
+  // most kBf16Bound of max |logit|.
+  const bool native = type == "Q8_0" || type == "Q4_K" || type == "Q5_K" || type == "Q6_K";
+  const bool type_is_moe = GetParam().rfind("moe", 0) == 0;
   if (type != "BF16") {
     auto b = load(dir + "/" + GetParam(), "");
     ASSERT_NE(b, nullptr);
-    bool says_bf16 = false;
-    for (const std::string& n : b->load_notes()) says_bf16 |= n.find("BF16") != std::string::npos;
-    EXPECT_TRUE(says_bf16);
+    bool says = false;
+    for (const std::string& n : b->load_notes()) {
+      says |= n.find(native ? "multiplied as stored" : "BF16") != std::string::npos;
+    }
+    EXPECT_TRUE(says);
     auto rounded = b->logits(prompt);
     ASSERT_TRUE(rounded.ok()) << rounded.status().message();
     const double err = rel_err(*rounded, want->f32);
-    std::printf("[%s] BF16-rounded weights: logits within %.2e of max |logit|\n",
-                GetParam().c_str(), err);
-    EXPECT_LE(err, kBf16Bound);
+    std::printf("[%s] %s: logits within %.2e of max |logit|\n", GetParam().c_str(),
+                native ? "blocks as stored, INT8 x" : "BF16-rounded weights", err);
+    EXPECT_LE(err, native ? (type_is_moe ? kInt8XMoeBound : kInt8XBound) : kBf16Bound);
+  }
+  if (native) {
+    // At the baseline level the same stored blocks are dequantized exactly, row block by row
+    // block: transformers' logits as on the exact path.
+    auto g = load(dir + "/" + GetParam(), "", Precision::kAuto, CpuIsa::kGeneric);
+    ASSERT_NE(g, nullptr);
+    auto exact = g->logits(prompt);
+    ASSERT_TRUE(exact.ok()) << exact.status().message();
+    EXPECT_LE(rel_err(*exact, want->f32), 1e-4);
   }
   GenerateRequest req;
   req.prompt_ids = quant_reference()["greedy_prompt"].get<std::vector<int32_t>>();

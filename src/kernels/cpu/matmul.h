@@ -190,12 +190,12 @@ struct Q8Rows {
 // Bytes of x as the INT4 decode kernel lays it out (M rows of K, in 256-byte chunks of 128).
 constexpr int64_t q8_decode_x_bytes(int64_t M, int64_t K) { return M * ((K + 127) / 128) * 256; }
 // Per-thread scratch bytes matmul_rows_q8 needs for a row length K (the GEMM's panel: the VNNI
-// kernel's bytes for up to 1024 values of K, or the AVX2 INT8-weight kernel's int16 for up to
-// 256, whichever is larger).
+// kernel's bytes for up to 1024 values of K with its block scales and mins, or the AVX2
+// INT8-weight kernel's int16 for up to 256, whichever is larger).
 constexpr int64_t q8_scratch_bytes(int64_t K) {
   const int64_t kc = K < 1024 ? K : 1024;  // the VNNI GEMM's K block
   const int64_t kc16 = K < 256 ? K : 256;  // the AVX2 INT8-weight GEMM's
-  const int64_t bytes = 32 * kc + 32 * (kc / kQ8Block) * 4, bytes16 = 64 * kc16 + 32 * 4;
+  const int64_t bytes = 32 * kc + 2 * 32 * (kc / kQ8Block) * 4, bytes16 = 64 * kc16 + 32 * 4;
   return (bytes > bytes16 ? bytes : bytes16) + 64;
 }
 // How the VNNI level's INT4 decode kernel (few x rows, over Q8Rows::decode) streams the weights,
@@ -217,9 +217,11 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
 // layout; once per matmul call, shared by every thread and weight.
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
 // y[m, n] (row stride ldy) for m < M, n in [n0, n1) as above; wtype kI8 or kI4 (w, quant as
-// for matmul_rows); scratch: q8_scratch_bytes(K) bytes on the calling thread. I8 takes any M
-// (the byte-panel GEMM); I4 too (below kPackedMinRows it streams the packed rows instead, over
-// x.decode).
+// for matmul_rows), or the GGUF block types kQ8_0, kQ4K, kQ5K (quant null; layouts in
+// kernels/cpu/ggml_blocks.h: their blocks' d and d · sc are the group scales, and Q4_K's and
+// Q5_K's dmin · m take min · x scale · Σ q_x off each block); scratch: q8_scratch_bytes(K) bytes
+// on the calling thread. I8 and the block types take any M (the byte-panel GEMM); I4 too (below
+// kPackedMinRows it streams the packed rows instead, over x.decode).
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
                     const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);

@@ -30,8 +30,9 @@ constexpr int64_t kBlockK = 1024;  // values of K per panel block: 32 KiB of byt
 constexpr int64_t kPanelStep = kPanel * 4;                      // panel bytes per 4 values of K
 constexpr int kStepsPerBlock = static_cast<int>(kQ8Block / 4);  // vpdpbusd steps per x block
 static_assert(q8_scratch_bytes(kBlockK) >=
-                  kPanel * kBlockK + kPanel * (kBlockK / kQ8Block) * 4 + 64,
-              "matmul.h's scratch size is this kernel's panel, its scales and an alignment");
+                  kPanel * kBlockK + 2 * kPanel * (kBlockK / kQ8Block) * 4 + 64,
+              "matmul.h's scratch size is this kernel's panel, its scales, its mins and an "
+              "alignment");
 // NOTE(vlm): 6 rows × 2 vectors of int32 block sums + as many f32 totals + 2 panel vectors + 2
 // INT4 scale vectors = 28 of the 32 zmm. vpdpbusd issues 2 per cycle here (~700 GOPS per core,
 // 4× the f32 FMA's multiply-adds); the block's conversion (cvt + mul + FMA per accumulator)
@@ -43,20 +44,74 @@ constexpr int kTileRows = 6;
 // and one f16 scale per group (Int4Params; the panel holds them per 32-value block as f32).
 struct I8 {
   static constexpr int32_t kZero = 128;
-  static constexpr bool kGroupScales = false;
+  static constexpr bool kGroupScales = false, kMins = false;
   static constexpr int64_t row_bytes(int64_t K) { return K; }
 };
 struct I4 {
   static constexpr int32_t kZero = 8;
-  static constexpr bool kGroupScales = true;
+  static constexpr bool kGroupScales = true, kMins = false;
   static constexpr int64_t row_bytes(int64_t K) { return K / 2; }
 };
+// GGUF block weights (layouts in kernels/cpu/ggml_blocks.h): Q8_0 as q + 128 with each block's d
+// as its group scale; Q4_K and Q5_K as stored (0..15, 0..31: zero point 0) with d · sc as the
+// group scale and dmin · m as the block's min, whose term (min times x's scaled block sum) each
+// block takes off. (Q6_K's scales are per 16 values: it goes the dequantizing way.)
+struct GQ80 {
+  static constexpr int32_t kZero = 128;
+  static constexpr bool kGroupScales = true, kMins = false;
+  static constexpr int64_t row_bytes(int64_t K) { return K / 32 * 34; }
+};
+struct GQ4K {
+  static constexpr int32_t kZero = 0;
+  static constexpr bool kGroupScales = true, kMins = true, kFive = false;
+  static constexpr int64_t kBytes = 144;
+  static constexpr int64_t row_bytes(int64_t K) { return K / 256 * kBytes; }
+};
+struct GQ5K : GQ4K {
+  static constexpr bool kFive = true;
+  static constexpr int64_t kBytes = 176;
+  static constexpr int64_t row_bytes(int64_t K) { return K / 256 * kBytes; }
+};
+template <class W>
+constexpr bool kIsKQuant = std::is_same_v<W, GQ4K> || std::is_same_v<W, GQ5K>;
 
 // The offset bytes of one weight row for K values [k, k + 4·nd) (nd = 16 or 8 runs of 4), as 16
 // int32 lanes (run j in lane j; lanes >= nd unspecified).
 template <class W>
 inline __m512i weight_runs(const uint8_t* row, int64_t k, int nd) {
-  if constexpr (std::is_same_v<W, I8>) {
+  if constexpr (std::is_same_v<W, GQ80>) {
+    // Blocks k / 32 (and k / 32 + 1 when nd is 16): 32 bytes each after their f16 d.
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    const uint8_t* b = row + k / 32 * 34;
+    const __m256i q0 =
+        _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), flip);
+    const __m256i q1 =
+        nd == 16
+            ? _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 36)), flip)
+            : _mm256_setzero_si256();
+    return _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(q0), q1, 1);
+  } else if constexpr (kIsKQuant<W>) {
+    // Sub-blocks 2c and 2c + 1 of super-block k / 256 (c = k % 256 / 64; k is a multiple of 64
+    // and nd 16, K being a multiple of 256): the low and high nibbles of the same 32 bytes.
+    const uint8_t* b = row + k / 256 * W::kBytes;
+    const int c = static_cast<int>(k % 256 / 64);
+    const __m256i raw =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (W::kFive ? 48 : 16) + 32 * c));
+    __m256i lo = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
+    if constexpr (W::kFive) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+      const __m256i one = _mm256_set1_epi8(1);
+      lo = _mm256_or_si256(
+          lo, _mm256_slli_epi16(
+                  _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one), 4));
+      hi = _mm256_or_si256(
+          hi, _mm256_slli_epi16(
+                  _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one), 4));
+    }
+    (void)nd;
+    return _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(lo), hi, 1);
+  } else if constexpr (std::is_same_v<W, I8>) {
     const __m512i b = _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << nd) - 1), row + k);
     return _mm512_xor_si512(b, _mm512_set1_epi8(static_cast<char>(0x80)));
   } else {
@@ -74,12 +129,48 @@ inline __m512i weight_runs(const uint8_t* row, int64_t k, int nd) {
   }
 }
 
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// The GGUF block weights' group scales (and K-quants' mins) as build_panel lays them out.
+template <class W>
+void ggml_panel_scales(const uint8_t* w, int64_t K, int64_t nb, int64_t cols, int64_t k0,
+                       int64_t kc, float* scales, float* mins) {
+  const int64_t blocks = kc / kQ8Block, rb = W::row_bytes(K);
+  for (int64_t j = 0; j < kPanel; ++j) {
+    const uint8_t* row = w + (nb + j) * rb;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t g = k0 / kQ8Block + b;  // the block's index in the row
+      float s = 0.f, m = 0.f;
+      if (j < cols) {
+        if constexpr (std::is_same_v<W, GQ80>) {
+          s = half_at(row + g * 34);
+        } else {
+          const uint8_t* sb = row + g / 8 * W::kBytes;
+          const int sub = static_cast<int>(g % 8);
+          const uint8_t* q = sb + 4;  // the 12 bytes of 6-bit scales and mins
+          const int sc = sub < 4 ? q[sub] & 63 : (q[sub + 4] & 0x0f) | ((q[sub - 4] >> 6) << 4);
+          const int mn = sub < 4 ? q[sub + 4] & 63 : (q[sub + 4] >> 4) | ((q[sub] >> 6) << 4);
+          s = half_at(sb) * static_cast<float>(sc);
+          m = half_at(sb + 2) * static_cast<float>(mn);
+        }
+      }
+      scales[b * kPanel + j] = s;
+      if constexpr (W::kMins) mins[b * kPanel + j] = m;
+    }
+  }
+}
+
 // panel[(k - k0) / 4 · 128 + j · 4 + r] = offset weight (nb + j, k + r) for k in [k0, k0 + kc),
-// j < 32 (rows >= cols: zero); scales (I4): [kc / 32][32] the blocks' group scales, (I8) [32]
-// row scales, zero past cols. quant as matmul_rows_q8 takes it.
+// j < 32 (rows >= cols: zero); scales (I4, GGUF blocks): [kc / 32][32] the blocks' group scales,
+// (I8) [32] row scales, zero past cols; mins (Q4_K, Q5_K): [kc / 32][32] the blocks' mins. quant
+// as matmul_rows_q8 takes it.
 template <class W>
 void build_panel(const uint8_t* w, const void* quant, int64_t K, int64_t nb, int64_t cols,
-                 int64_t k0, int64_t kc, uint8_t* panel, float* scales) {
+                 int64_t k0, int64_t kc, uint8_t* panel, float* scales, float* mins) {
   const int64_t rb = W::row_bytes(K);
   for (int64_t half = 0; half < kPanel; half += 16) {
     for (int64_t kk = 0; kk < kc; kk += 64) {
@@ -101,9 +192,14 @@ void build_panel(const uint8_t* w, const void* quant, int64_t K, int64_t nb, int
       }
     }
   }
-  if constexpr (W::kGroupScales) {
+  if constexpr (std::is_same_v<W, GQ80> || kIsKQuant<W>) {
+    (void)quant;
+    ggml_panel_scales<W>(w, K, nb, cols, k0, kc, scales, mins);
+  } else if constexpr (W::kGroupScales) {
+    (void)mins;
     int4_panel_scales(*static_cast<const Int4Params*>(quant), K, nb, cols, k0, kc, kPanel, scales);
   } else {
+    (void)mins;
     const auto* wscale = static_cast<const float*>(quant);
     for (int64_t j = 0; j < kPanel; ++j) scales[j] = j < cols ? wscale[nb + j] : 0.f;
   }
@@ -119,8 +215,8 @@ inline __mmask16 column_mask(int64_t cols, int v) {
 // gets the result (first) or adds it; only its first cols columns are touched.
 template <class W, int MR>
 inline void micro(const int8_t* xq, int64_t ldx, const float* xs, const int32_t* xsum, int64_t ldg,
-                  const uint8_t* panel, const float* scales, int64_t blocks, bool first, float* y,
-                  int64_t ldy, int64_t cols) {
+                  const uint8_t* panel, const float* scales, const float* mins, int64_t blocks,
+                  bool first, float* y, int64_t ldy, int64_t cols) {
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -152,6 +248,15 @@ inline void micro(const int8_t* xq, int64_t ldx, const float* xs, const int32_t*
         acc[i][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][1]), sx),
                                     s1, acc[i][1]);
       }
+      if constexpr (W::kMins) {  // − min · xs · Σ q_x
+        const __m512 m0 = _mm512_loadu_ps(mins + b * kPanel);
+        const __m512 m1 = _mm512_loadu_ps(mins + b * kPanel + 16);
+        for (int i = 0; i < MR; ++i) {
+          const __m512 t = _mm512_set1_ps(xs[i * ldg + b] * static_cast<float>(xsum[i * ldg + b]));
+          acc[i][0] = _mm512_fnmadd_ps(t, m0, acc[i][0]);
+          acc[i][1] = _mm512_fnmadd_ps(t, m1, acc[i][1]);
+        }
+      }
     } else {
       for (int i = 0; i < MR; ++i) {
         const __m512 sx = _mm512_set1_ps(xs[i * ldg + b]);
@@ -175,12 +280,14 @@ inline void micro(const int8_t* xq, int64_t ldx, const float* xs, const int32_t*
 template <class W, int MR = kTileRows - 1>
 inline void tail_rows(int64_t r, const int8_t* xq, int64_t ldx, const float* xs,
                       const int32_t* xsum, int64_t ldg, const uint8_t* panel, const float* scales,
-                      int64_t blocks, bool first, float* y, int64_t ldy, int64_t cols) {
+                      const float* mins, int64_t blocks, bool first, float* y, int64_t ldy,
+                      int64_t cols) {
   if constexpr (MR > 0) {
     if (r == MR) {
-      micro<W, MR>(xq, ldx, xs, xsum, ldg, panel, scales, blocks, first, y, ldy, cols);
+      micro<W, MR>(xq, ldx, xs, xsum, ldg, panel, scales, mins, blocks, first, y, ldy, cols);
     } else {
-      tail_rows<W, MR - 1>(r, xq, ldx, xs, xsum, ldg, panel, scales, blocks, first, y, ldy, cols);
+      tail_rows<W, MR - 1>(r, xq, ldx, xs, xsum, ldg, panel, scales, mins, blocks, first, y, ldy,
+                           cols);
     }
   }
 }
@@ -199,24 +306,25 @@ void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const void* qu
   auto* panel =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
   auto* scales = reinterpret_cast<float*>(panel + kPanel * std::min(K, kBlockK));
+  float* mins = scales + kPanel * (std::min(K, kBlockK) / kQ8Block);
   const int64_t ldg = K / kQ8Block;
   const PanelBlocks order(M, n0, n1, K, kPanel, kBlockK);
   const int64_t count = order.count(), tiles = (M + kTileRows - 1) / kTileRows;
   for (int64_t i = 0; i < count; ++i) {
     const PanelBlock b = order[i];
     const int64_t kc = std::min(kBlockK, K - b.k0), blocks = kc / kQ8Block;
-    build_panel<W>(w, quant, K, b.nb, b.cols, b.k0, kc, panel, scales);
+    build_panel<W>(w, quant, K, b.nb, b.cols, b.k0, kc, panel, scales, mins);
     const bool first = b.k0 == 0;
     const int64_t g0 = b.k0 / kQ8Block;
     int64_t m = 0;
     for (int64_t t = 0; m + kTileRows <= M; m += kTileRows, ++t) {
       if (i + 1 < count) prefetch_block<W>(w, K, order[i + 1], t, tiles);
       micro<W, kTileRows>(x.q + m * K + b.k0, K, x.scale + m * ldg + g0, x.sum + m * ldg + g0, ldg,
-                          panel, scales, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
+                          panel, scales, mins, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
     }
     if (m < M && i + 1 < count) prefetch_block<W>(w, K, order[i + 1], tiles - 1, tiles);
     tail_rows<W>(M - m, x.q + m * K + b.k0, K, x.scale + m * ldg + g0, x.sum + m * ldg + g0, ldg,
-                 panel, scales, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
+                 panel, scales, mins, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
   }
 }
 
@@ -521,6 +629,12 @@ void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const vo
     run<I8>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
   } else if (wtype == DType::kI4) {
     run<I4>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
+  } else if (wtype == DType::kQ8_0) {
+    run<GQ80>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
+  } else if (wtype == DType::kQ4K) {
+    run<GQ4K>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
+  } else if (wtype == DType::kQ5K) {
+    run<GQ5K>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/cpu/ggml_blocks.h"
 #include "kernels/cpu/matmul.h"
 
 namespace vlm::ops::ref {
@@ -106,10 +107,17 @@ void matmul_q8(const float* x, int64_t M, int64_t K, const TensorView& w, float*
 
 void matmul(const float* x, int64_t M, int64_t K, const TensorView& w, float* y) {
   const int64_t N = w.dim(0);
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t n = 0; n < N; ++n) {
+  std::vector<float> row;  // a GGUF block weight's row, dequantized exactly
+  for (int64_t n = 0; n < N; ++n) {
+    if (is_ggml_block(w.dtype)) {
+      row.resize(static_cast<size_t>(K));
+      kernels::dequantize_rows_ggml(w.dtype, w.data, K, n, n + 1, row.data());
+    }
+    for (int64_t m = 0; m < M; ++m) {
       double s = 0;
-      for (int64_t k = 0; k < K; ++k) s += static_cast<double>(x[m * K + k]) * weight_at(w, n, k);
+      for (int64_t k = 0; k < K; ++k) {
+        s += static_cast<double>(x[m * K + k]) * (row.empty() ? weight_at(w, n, k) : row[k]);
+      }
       y[m * N + n] = static_cast<float>(s);
     }
   }

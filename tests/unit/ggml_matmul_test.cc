@@ -1,0 +1,168 @@
+// GGUF block weights (Q8_0, Q4_K, Q5_K, Q6_K) multiplied as stored, on every ISA this CPU runs:
+// the block kernels and the byte-panel GEMM against the weights' exact values (io/gguf_quants,
+// bit-identical to the gguf package: gguf_quants_test) times x as the kernels quantize it, and
+// the dequantizing path against the scalar reference. K up to 2304: the GEMM's K blocks of 1024
+// and a tail.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/half.h"
+#include "kernels/cpu/ggml_blocks.h"
+#include "ops/ops.h"
+#include "ops/ref/ref.h"
+
+namespace vlm {
+namespace {
+
+constexpr DType kTypes[] = {DType::kQ8_0, DType::kQ4K, DType::kQ5K, DType::kQ6K};
+
+// N rows of K values of type t from random bytes, with finite scales: a K-quant's f16 d (and
+// dmin) and Q8_0's d drawn in [2^-10, 2^-4) with a random sign for d (Q6_K's d, Q8_0's) and
+// positive for Q4_K / Q5_K (as quantizers write them); every other byte anything.
+std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> b(dtype_nbytes(t, N * K));
+  for (auto& v : b) v = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> mag(std::ldexp(1.f, -10), std::ldexp(1.f, -4));
+  const auto put_half = [&](uint8_t* p, bool sign) {
+    const float v = mag(rng) * (sign && (rng() & 1) ? -1.f : 1.f);
+    const uint16_t h = f32_to_f16(v);
+    p[0] = static_cast<uint8_t>(h & 0xff);
+    p[1] = static_cast<uint8_t>(h >> 8);
+  };
+  const size_t unit = dtype_size(t);
+  for (size_t at = 0; at < b.size(); at += unit) {
+    switch (t) {
+      case DType::kQ8_0:
+        put_half(&b[at], true);
+        break;
+      case DType::kQ4K:
+      case DType::kQ5K:
+        put_half(&b[at], false);
+        put_half(&b[at + 2], false);
+        break;
+      case DType::kQ6K:
+        put_half(&b[at + 208], true);
+        break;
+      default:
+        break;
+    }
+  }
+  return b;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+class GgmlMatmulTest : public ::testing::TestWithParam<ops::Isa> {};
+
+TEST_P(GgmlMatmulTest, BlockKernelsAndDequantizedPathMatchTheExactValues) {
+  ThreadPool pool(2);
+  const ops::Isa isa = GetParam();
+  const bool has_kernel = isa != ops::Isa::kGeneric;
+  for (DType t : kTypes) {
+    const std::vector<int64_t> Ks =
+        t == DType::kQ8_0 ? std::vector<int64_t>{32, 96, 512} : std::vector<int64_t>{256, 768};
+    for (int64_t M : {1, 2, 3, 4, 5, 7, 9, 31, 32, 40, 45}) {
+      for (int64_t K : Ks) {
+        for (int64_t N : {1, 5, 17, 33}) {
+          const auto seed = static_cast<uint32_t>(M * 1009 + K * 17 + N * 3 + static_cast<int>(t));
+          const std::vector<uint8_t> wb = random_blocks(t, N, K, seed);
+          TensorView w;
+          w.dtype = t;
+          w.shape = {N, K};
+          w.data = wb.data();
+          ASSERT_TRUE(ops::check_linear_weight(w, K).ok());
+          std::vector<float> wf(static_cast<size_t>(N * K));
+          kernels::dequantize_rows_ggml(t, wb.data(), K, 0, N, wf.data());
+          const std::vector<float> x = randn(static_cast<size_t>(M * K), seed + 1);
+          // The block kernels and the byte-panel GEMM multiply x as quantized per 32 values
+          // (ref::quantize_rows_q8).
+          const bool native = ops::ggml_quantizes_x(isa, M, t);
+          EXPECT_EQ(native, has_kernel && (M < ops::ggml_native_max_rows(isa) ||
+                                           (isa == ops::Isa::kAvx512Vnni && t != DType::kQ6K)));
+          std::vector<float> xv = x;
+          if (native) {
+            std::vector<int8_t> q(static_cast<size_t>(M * K));
+            std::vector<float> s(static_cast<size_t>(M * K / 32));
+            std::vector<int32_t> sum(s.size());
+            ops::ref::quantize_rows_q8(x.data(), M, K, q.data(), s.data(), sum.data());
+            for (int64_t i = 0; i < M * K; ++i) xv[i] = static_cast<float>(q[i]) * s[i / 32];
+          }
+          std::vector<float> y(static_cast<size_t>(M * N), NAN);
+          ops::matmul(x.data(), M, K, w, y.data(), pool, isa);
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = 0; n < N; ++n) {
+              double want = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                want += static_cast<double>(xv[m * K + k]) * wf[n * K + k];
+                mag += std::fabs(static_cast<double>(xv[m * K + k]) * wf[n * K + k]);
+              }
+              // f32 sums of K products in some order: within a few K · eps of Σ |x w|.
+              EXPECT_NEAR(y[m * N + n], want, 1e-5 * mag + 1e-6)
+                  << ops::isa_name(isa) << " " << dtype_name(t) << " M=" << M << " K=" << K
+                  << " N=" << N << " m=" << m << " n=" << n << (native ? " (INT8 x)" : "");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryIsa, GgmlMatmulTest, ::testing::ValuesIn(ops::runnable_isas()),
+                         [](const auto& info) { return std::string(ops::isa_name(info.param)); });
+
+TEST(GgmlMatmul, ScalarReferenceAndEmbeddingRowsAreTheDequantizedValues) {
+  for (DType t : kTypes) {
+    const int64_t N = 3, K = 512, M = 2;
+    const std::vector<uint8_t> wb = random_blocks(t, N, K, 7);
+    TensorView w;
+    w.dtype = t;
+    w.shape = {N, K};
+    w.data = wb.data();
+    std::vector<float> wf(static_cast<size_t>(N * K));
+    kernels::dequantize_rows_ggml(t, wb.data(), K, 0, N, wf.data());
+    const std::vector<float> x = randn(static_cast<size_t>(M * K), 9);
+    std::vector<float> y(static_cast<size_t>(M * N));
+    ops::ref::matmul(x.data(), M, K, w, y.data());
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double want = 0;
+        for (int64_t k = 0; k < K; ++k) want += static_cast<double>(x[m * K + k]) * wf[n * K + k];
+        EXPECT_NEAR(y[m * N + n], want, 1e-4 * (1 + std::fabs(want))) << dtype_name(t);
+      }
+    }
+    const int32_t ids[] = {2, 0};
+    std::vector<float> rows(static_cast<size_t>(2 * K));
+    ops::embedding_lookup(w, ids, 2, rows.data());
+    for (int64_t k = 0; k < K; ++k) {
+      ASSERT_EQ(rows[k], wf[2 * K + k]) << dtype_name(t);
+      ASSERT_EQ(rows[K + k], wf[k]) << dtype_name(t);
+    }
+  }
+}
+
+TEST(GgmlMatmul, RowLengthsThatAreNotWholeBlocksAreRefused) {
+  std::vector<uint8_t> wb(dtype_nbytes(DType::kQ4K, 4 * 256));
+  TensorView w;
+  w.dtype = DType::kQ4K;
+  w.shape = {8, 128};
+  w.data = wb.data();
+  const Status s = ops::check_linear_weight(w, 128);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("Q4_K"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("256"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace vlm
