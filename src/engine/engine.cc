@@ -273,9 +273,9 @@ void finish_load(const EngineOptions& options, Result<ChatTemplate> tpl, EngineI
 // A GGUF model file and its vision file (EngineOptions::mmproj): the configuration, tokenizer and
 // chat template from their metadata, the weights under transformers' names.
 Status load_gguf(const EngineOptions& options, EngineImpl* impl) {
-  VLM_ASSIGN_OR_RETURN(GgufCheckpoint ck,
-                       open_gguf_checkpoint(options.model_dir, options.mmproj,
-                                            options.precision == Precision::kF32));
+  VLM_ASSIGN_OR_RETURN(GgufCheckpoint ck, open_gguf_checkpoint(options.model_dir, options.mmproj,
+                                                               options.precision == Precision::kF32,
+                                                               options.device == Device::kCpu));
   impl->cfg = ck.cfg;
   impl->store = std::move(ck.store);
   impl->load_notes = ck.notes;
@@ -579,8 +579,12 @@ Result<DType> resolve_kv_dtype(const EngineImpl& m) {
   DType t = DType::kF32;
   switch (m.opts.kv_cache_dtype) {
     case KvCacheDtype::kAuto:
+      // (A GGUF file's quantized table stands for the BF16 checkpoint it was made from.)
       t = !cpu ? be.act_dtype()
-               : (m.weights.embed_tokens.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32);
+          : m.weights.embed_tokens.dtype == DType::kBF16 ||
+                  is_ggml_block(m.weights.embed_tokens.dtype)
+              ? DType::kBF16
+              : DType::kF32;
       break;
     case KvCacheDtype::kF32:
       t = DType::kF32;

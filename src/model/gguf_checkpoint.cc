@@ -815,7 +815,8 @@ Result<std::string> gguf_tokenizer_json(const GgufFile& f) {
 }
 
 Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
-                                            const std::string& mmproj_path, bool exact) {
+                                            const std::string& mmproj_path, bool exact,
+                                            bool native_blocks) {
   auto hold = std::make_shared<Holder>();
   hold->files.reserve(2);  // `f` below stays valid while the vision file joins it
   VLM_ASSIGN_OR_RETURN(GgufFile model, GgufFile::open(model_path));
@@ -845,7 +846,7 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
   VLM_ASSIGN_OR_RETURN(ck.cfg, gguf_config(f, *arch, v));
   ck.file_bytes = f.size();
   Mapper m(hold.get(), exact);
-  m.keep_blocks = true;
+  m.keep_blocks = native_blocks;
   VLM_RETURN_IF_ERROR(map_text(f, ck.cfg, &m));
   m.keep_blocks = false;
   if (v != nullptr) {
@@ -882,8 +883,9 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
   };
   if (!m.native_types().empty()) {
     ck.notes.push_back("GGUF tensors of type " + type_list(m.native_types()) +
-                       " multiplied as stored (x quantized to INT8 per 32 values for the block "
-                       "products): " +
+                       " multiplied as stored (by the CPU's block kernels over x quantized to INT8 "
+                       "per 32 values, or, at the generic ISA level, dequantized 32 rows at a "
+                       "time): " +
                        mib(m.native_bytes()));
   }
   if (!m.dequantized_types().empty()) {

@@ -8,8 +8,10 @@
 // Qwen3.5 too: the value heads the converter reordered put back, A_log from its stored
 // -exp(A_log), the (1 + w) norms from their stored 1 + w, the MTP head from the extra block.
 //
-// Weights: F32 and BF16 tensors are read in place from the mapping; every other type (F16 and
-// the quantized ones) is dequantized block by block exactly as the format defines
+// Weights: F32 and BF16 tensors are read in place from the mapping, and so are the text
+// decoder's Q8_0, Q4_K, Q5_K and Q6_K matrices with `native_blocks` (DType::kQ8_0 ...: the CPU
+// multiplies them as stored, kernels/cpu/ggml_blocks.h); every other type (F16 and the other
+// quantized ones) is dequantized block by block exactly as the format defines
 // (io/gguf_quants.h) and held in memory: in f32 (`exact`), else rounded to BF16 (half the
 // memory; each weight within 2^-8 of its value, relative). The tensors whose layout the
 // converter changed (Qwen3.5's value heads, A_log, its norms; the vision patch embedding) are
@@ -51,8 +53,11 @@ struct GgufCheckpoint {
 
 // Opens `model_path` (a .gguf file) and, when not empty, `mmproj_path`. Errors name the file and
 // the key or tensor at fault.
+// `native_blocks` (the CPU, without `exact`): the text decoder's Q8_0, Q4_K, Q5_K and Q6_K
+// matrices stay as stored, for the CPU's block kernels.
 Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
-                                            const std::string& mmproj_path, bool exact = true);
+                                            const std::string& mmproj_path, bool exact = true,
+                                            bool native_blocks = false);
 
 // Whether `path` names a GGUF file (by its first four bytes, "GGUF").
 bool is_gguf_file(const std::string& path);

@@ -47,7 +47,8 @@ Status load_slot(const WeightStore& s, const WeightSlot& w, const TensorView* em
   }
   const std::vector<int64_t>& shape = w.stored_shape.empty() ? w.shape : w.stored_shape;
   // A GGUF checkpoint's text matrices may be block types, multiplied and gathered as stored.
-  const bool blocks_ok = w.matrix != nullptr && w.kind != WeightKind::kVisionLinear;
+  const bool blocks_ok = w.matrix != nullptr && w.kind != WeightKind::kVisionLinear &&
+                         w.kind != WeightKind::kFusedExperts;
   VLM_ASSIGN_OR_RETURN(TensorView v, s.get(w.name, shape, blocks_ok ? kMatrixTypes : kFloatTypes));
   if (w.values != nullptr) {
     *w.values = to_f32(v);

@@ -108,7 +108,7 @@ int64_t ggml_native_max_rows(Isa isa) {
 bool ggml_quantizes_x(Isa isa, int64_t M, DType t) {
 #if defined(VLM_HAVE_X86_DISPATCH)
   if (!is_ggml_block(t) || isa == Isa::kGeneric) return false;
-  return M < ggml_native_max_rows(isa) || (isa == Isa::kAvx512Vnni && t != DType::kQ6K);
+  return M < ggml_native_max_rows(isa) || isa == Isa::kAvx512Vnni;
 #else
   (void)isa, (void)M, (void)t;
   return false;
@@ -307,9 +307,10 @@ struct QuantizedX {
   std::vector<int32_t> sum;
   std::vector<uint8_t> decode;
   std::vector<int16_t> q16;
+  std::vector<int32_t> sum16;
 
   kernels::Q8Rows quantize(const Q8Kernels& k8, const float* x, int64_t M, int64_t K,
-                           ThreadPool& pool, bool widen16, bool int4) {
+                           ThreadPool& pool, bool widen16, bool int4, bool sums16) {
     const int64_t blocks = K / kernels::kQ8Block;
     // Grow only: a steady decode / prefill loop allocates nothing.
     if (q.size() < static_cast<size_t>(M * K)) q.resize(M * K);
@@ -322,6 +323,17 @@ struct QuantizedX {
                   sum.data() + m0 * blocks);
     });
     kernels::Q8Rows rows{q.data(), scale.data(), sum.data()};
+    if (sums16) {  // Q6_K's GEMM: x's sums per 16 values
+      if (sum16.size() < static_cast<size_t>(M * K / 16)) sum16.resize(M * K / 16);
+      pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
+        for (int64_t i = m0 * K / 16; i < m1 * K / 16; ++i) {
+          int32_t t = 0;
+          for (int j = 0; j < 16; ++j) t += q[16 * i + j];
+          sum16[i] = t;
+        }
+      });
+      rows.sum16 = sum16.data();
+    }
     if (widen16) {  // the AVX2 INT8-weight GEMM's int16 x
       if (q16.size() < static_cast<size_t>(M * K)) q16.resize(M * K);
       pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
@@ -644,8 +656,8 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   // GGUF block weights: the level's kernel over INT8 x (ggml_x), or dequantized rows.
   const auto ggml_k = ggml_kernel(isa);
   const bool ggml_native = ggml_k != nullptr && M < ggml_native_max_rows(isa);
-  bool ggml_x = false, ggml_dequant = false;
-  // From ggml_native_max_rows on, avx512vnni's byte-panel GEMM takes Q8_0, Q4_K and Q5_K.
+  bool ggml_x = false, ggml_dequant = false, ggml_sum16 = false;
+  // From ggml_native_max_rows on, avx512vnni's byte-panel GEMM takes them.
   const auto ggml_gemm = [&](DType t) { return !ggml_native && ggml_quantizes_x(isa, M, t); };
   for (const TensorView* w : ws) {
     total += w->dim(0);
@@ -663,6 +675,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
                                 M < kernels::kPackedMinRows && !quantizes);
     if (is_ggml_block(w->dtype) && ggml_gemm(w->dtype)) {
       quantize_x = want_scratch = true;
+      ggml_sum16 = ggml_sum16 || w->dtype == DType::kQ6K;
     } else if (is_ggml_block(w->dtype)) {
       (ggml_native ? ggml_x : ggml_dequant) = true;
     }
@@ -692,13 +705,15 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
 #if defined(VLM_HAVE_X86_DISPATCH)
   if (ggml_x && k8.quantize == nullptr) k8.quantize = &kernels::avx2::quantize_rows_q8;  // kAvx512
 #endif
-  if (quantize_x) qx = qx_tls.quantize(k8, x, M, K, pool, widen16, int4_x);
+  if (quantize_x) qx = qx_tls.quantize(k8, x, M, K, pool, widen16, int4_x, ggml_sum16);
   thread_local std::vector<float> gx_tls;
   thread_local std::vector<int32_t> gx_offs_tls;
   kernels::GgmlRows gx{};
   if (ggml_x) {
     if (gx_tls.size() < static_cast<size_t>(M * kernels::ggml_x_floats(K))) {
       gx_tls.resize(M * kernels::ggml_x_floats(K));
+    }
+    if (gx_offs_tls.size() < static_cast<size_t>(M * kernels::ggml_x_offsets(K))) {
       gx_offs_tls.resize(M * kernels::ggml_x_offsets(K));
     }
     gx = kernels::prepare_ggml_x(qx.q, qx.scale, M, K, gx_tls.data(), gx_offs_tls.data());

@@ -150,7 +150,7 @@ bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype);
 // many x rows, on the levels with a block kernel (avx2 and up), x is quantized to INT8 and the
 // blocks are multiplied as stored; from it on, and at the generic level, blocks of 32 rows are
 // dequantized exactly to f32 and multiplied by the f32 kernel, except that avx512vnni takes
-// Q8_0, Q4_K and Q5_K into its INT8-activation byte-panel GEMM there (x quantized as below).
+// them into its INT8-activation byte-panel GEMM there (x quantized as below).
 int64_t ggml_native_max_rows(Isa isa);
 // Whether matmul quantizes x per 32 values for a GGUF block weight of type t (either way above).
 bool ggml_quantizes_x(Isa isa, int64_t M, DType t);

@@ -537,8 +537,8 @@ TEST_P(GgufQuantModel, LogitsAndGreedyMatchTransformersOnTheDequantizedWeights) 
   // Without --precision f32, Q8_0, Q4_K, Q5_K and Q6_K stay as stored and the block kernels
   // multiply them by x quantized to INT8 per 32 values (where the level has them; the baseline
   // level dequantizes rows exactly), which the load says; the other types are decoded and
-  // rounded to BF16 (half the memory), which the load says too. Either moves the logits by at
-  // most kBf16Bound of max |logit|.
+  // rounded to BF16 (half the memory), which the load says too. The logits move by at most
+  // kInt8XBound (kInt8XMoeBound) of max |logit| for the first, kBf16Bound for the second.
   const bool native = type == "Q8_0" || type == "Q4_K" || type == "Q5_K" || type == "Q6_K";
   const bool type_is_moe = GetParam().rfind("moe", 0) == 0;
   if (type != "BF16") {

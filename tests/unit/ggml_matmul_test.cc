@@ -89,7 +89,7 @@ TEST_P(GgmlMatmulTest, BlockKernelsAndDequantizedPathMatchTheExactValues) {
           // (ref::quantize_rows_q8).
           const bool native = ops::ggml_quantizes_x(isa, M, t);
           EXPECT_EQ(native, has_kernel && (M < ops::ggml_native_max_rows(isa) ||
-                                           (isa == ops::Isa::kAvx512Vnni && t != DType::kQ6K)));
+                                           isa == ops::Isa::kAvx512Vnni));
           std::vector<float> xv = x;
           if (native) {
             std::vector<int8_t> q(static_cast<size_t>(M * K));

@@ -16,13 +16,14 @@
 //
 // The kernels take x quantized per row as the INT8-activation kernels do (Q8Rows in
 // kernels/cpu/matmul.h: blocks of 32, scale xs[b], q in −127..127) and multiply the stored
-// integers in int32, block by block:
-//   y[m, n] = Σ_b xs[b] · (wscale_b · Σ_{k in b} qx[k] · qw[k]) + Σ_b xs[b] · wmin_b · Σ_{k in b}
-//   qx[k]
-// with the weights' unsigned integers qw (Q4_K / Q5_K as stored, Q6_K as stored (0..63, its −32
-// in the second term per 16 values), Q8_0 offset by 128) and each block's f32 scale as ggml
-// computes it (d · sc). What the weight's dequantized values give with x's quantized values,
-// up to the order of f32 additions.
+// integers in int32, block by block, times the block's f32 scale as ggml computes it (d or
+// d · sc), and take Q4_K's and Q5_K's mins off:
+//   y[m, n] = Σ_b xs[b] · (wscale_b · Σ_{k in b} qx[k] · qw[k] − (dmin · m)_b · Σ_{k in b} qx[k])
+// with qw the weights' integers: Q4_K / Q5_K as stored (0..15 / 0..31); Q6_K's q − 32 and Q8_0's
+// signed q, which the kernels reach from unsigned bytes either in the integers (AVX-512: the dot
+// products start from −32 or −128 times x's sums of 4; AVX2: Q8_0 as |q| times x with q's sign)
+// or as one more product (AVX2's Q6_K: −32 · d · sc against x's scaled sums per 16). What the
+// weights' dequantized values give with x's quantized values, up to the order of f32 additions.
 #pragma once
 
 #include <cstdint>

@@ -186,6 +186,7 @@ struct Q8Rows {
   const int32_t* sum;
   const uint8_t* decode = nullptr;
   const int16_t* q16 = nullptr;
+  const int32_t* sum16 = nullptr;  // [M, K / 16]: Σ q over each 16 values (for Q6_K weights)
 };
 // Bytes of x as the INT4 decode kernel lays it out (M rows of K, in 256-byte chunks of 128).
 constexpr int64_t q8_decode_x_bytes(int64_t M, int64_t K) { return M * ((K + 127) / 128) * 256; }
@@ -217,11 +218,12 @@ void quantize_rows_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* sc
 // layout; once per matmul call, shared by every thread and weight.
 void prepare_decode_x(const Q8Rows& x, int64_t M, int64_t K, uint8_t* out);
 // y[m, n] (row stride ldy) for m < M, n in [n0, n1) as above; wtype kI8 or kI4 (w, quant as
-// for matmul_rows), or the GGUF block types kQ8_0, kQ4K, kQ5K (quant null; layouts in
-// kernels/cpu/ggml_blocks.h: their blocks' d and d · sc are the group scales, and Q4_K's and
-// Q5_K's dmin · m take min · x scale · Σ q_x off each block); scratch: q8_scratch_bytes(K) bytes
-// on the calling thread. I8 and the block types take any M (the byte-panel GEMM); I4 too (below
-// kPackedMinRows it streams the packed rows instead, over x.decode).
+// for matmul_rows), or the GGUF block types kQ8_0, kQ4K, kQ5K, kQ6K (quant null; layouts in
+// kernels/cpu/ggml_blocks.h: their blocks' d and d · sc are the group scales, Q4_K's and
+// Q5_K's dmin · m take min · x scale · Σ q_x off each block, Q6_K needs x.sum16); scratch:
+// q8_scratch_bytes(K) bytes on the calling thread. I8 and the block types take any M (the
+// byte-panel GEMM); I4 too (below kPackedMinRows it streams the packed rows instead, over
+// x.decode).
 void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const void* w,
                     const void* quant, int64_t n0, int64_t n1, float* y, int64_t ldy,
                     void* scratch);

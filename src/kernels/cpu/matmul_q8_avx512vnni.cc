@@ -45,25 +45,31 @@ constexpr int kTileRows = 6;
 struct I8 {
   static constexpr int32_t kZero = 128;
   static constexpr bool kGroupScales = false, kMins = false;
+  static constexpr int kHalves = 1;  // scales per 32-value block
   static constexpr int64_t row_bytes(int64_t K) { return K; }
 };
 struct I4 {
   static constexpr int32_t kZero = 8;
   static constexpr bool kGroupScales = true, kMins = false;
+  static constexpr int kHalves = 1;
   static constexpr int64_t row_bytes(int64_t K) { return K / 2; }
 };
 // GGUF block weights (layouts in kernels/cpu/ggml_blocks.h): Q8_0 as q + 128 with each block's d
 // as its group scale; Q4_K and Q5_K as stored (0..15, 0..31: zero point 0) with d · sc as the
 // group scale and dmin · m as the block's min, whose term (min times x's scaled block sum) each
-// block takes off. (Q6_K's scales are per 16 values: it goes the dequantizing way.)
+// block takes off; Q6_K as stored (0..63, zero point 32) with a scale d · sc per 16 values
+// (kHalves 2: each 32-value block's dot products end after 16, and start from −32 times x's sum
+// over those 16, Q8Rows::sum16).
 struct GQ80 {
   static constexpr int32_t kZero = 128;
   static constexpr bool kGroupScales = true, kMins = false;
+  static constexpr int kHalves = 1;
   static constexpr int64_t row_bytes(int64_t K) { return K / 32 * 34; }
 };
 struct GQ4K {
   static constexpr int32_t kZero = 0;
   static constexpr bool kGroupScales = true, kMins = true, kFive = false;
+  static constexpr int kHalves = 1;
   static constexpr int64_t kBytes = 144;
   static constexpr int64_t row_bytes(int64_t K) { return K / 256 * kBytes; }
 };
@@ -72,14 +78,36 @@ struct GQ5K : GQ4K {
   static constexpr int64_t kBytes = 176;
   static constexpr int64_t row_bytes(int64_t K) { return K / 256 * kBytes; }
 };
+struct GQ6K {
+  static constexpr int32_t kZero = 32;
+  static constexpr bool kGroupScales = true, kMins = false;
+  static constexpr int kHalves = 2;
+  static constexpr int64_t row_bytes(int64_t K) { return K / 256 * 210; }
+};
 template <class W>
 constexpr bool kIsKQuant = std::is_same_v<W, GQ4K> || std::is_same_v<W, GQ5K>;
+template <class W>
+constexpr bool kIsGgml = std::is_same_v<W, GQ80> || kIsKQuant<W> || std::is_same_v<W, GQ6K>;
 
 // The offset bytes of one weight row for K values [k, k + 4·nd) (nd = 16 or 8 runs of 4), as 16
 // int32 lanes (run j in lane j; lanes >= nd unspecified).
 template <class W>
 inline __m512i weight_runs(const uint8_t* row, int64_t k, int nd) {
-  if constexpr (std::is_same_v<W, GQ80>) {
+  if constexpr (std::is_same_v<W, GQ6K>) {
+    // Values 64c .. 64c + 63 of super-block k / 256 (c = k % 256 / 64): half h = c / 2, its low
+    // nibbles (c even: s = 0, 1) or high ones (s = 2, 3), the qh bits 2s .. 2s + 1 above them.
+    const uint8_t* b = row + k / 256 * 210;
+    const int c = static_cast<int>(k % 256 / 64), h = c / 2;
+    const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    const __m512i h01 =
+        _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+    const __m512i hb = c % 2 == 0 ? h01 : _mm512_srli_epi16(h01, 4);
+    const __m512i nib = c % 2 == 0 ? ql : _mm512_srli_epi16(ql, 4);
+    (void)nd;
+    return _mm512_or_si512(_mm512_and_si512(nib, _mm512_set1_epi8(0x0f)),
+                           _mm512_slli_epi16(_mm512_and_si512(hb, _mm512_set1_epi8(0x03)), 4));
+  } else if constexpr (std::is_same_v<W, GQ80>) {
     // Blocks k / 32 (and k / 32 + 1 when nd is 16): 32 bytes each after their f16 d.
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
     const uint8_t* b = row + k / 32 * 34;
@@ -139,7 +167,21 @@ inline float half_at(const uint8_t* p) {
 template <class W>
 void ggml_panel_scales(const uint8_t* w, int64_t K, int64_t nb, int64_t cols, int64_t k0,
                        int64_t kc, float* scales, float* mins) {
-  const int64_t blocks = kc / kQ8Block, rb = W::row_bytes(K);
+  const int64_t rb = W::row_bytes(K);
+  if constexpr (std::is_same_v<W, GQ6K>) {  // d · sc per 16 values
+    for (int64_t j = 0; j < kPanel; ++j) {
+      const uint8_t* row = w + (nb + j) * rb;
+      for (int64_t t = 0; t < kc / 16; ++t) {
+        const int64_t g = k0 / 16 + t;
+        const uint8_t* sb = row + g / 16 * 210;
+        scales[t * kPanel + j] =
+            j < cols ? half_at(sb + 208) * static_cast<float>(static_cast<int8_t>(sb[192 + g % 16]))
+                     : 0.f;
+      }
+    }
+    return;
+  }
+  const int64_t blocks = kc / kQ8Block;
   for (int64_t j = 0; j < kPanel; ++j) {
     const uint8_t* row = w + (nb + j) * rb;
     for (int64_t b = 0; b < blocks; ++b) {
@@ -148,7 +190,7 @@ void ggml_panel_scales(const uint8_t* w, int64_t K, int64_t nb, int64_t cols, in
       if (j < cols) {
         if constexpr (std::is_same_v<W, GQ80>) {
           s = half_at(row + g * 34);
-        } else {
+        } else if constexpr (kIsKQuant<W>) {
           const uint8_t* sb = row + g / 8 * W::kBytes;
           const int sub = static_cast<int>(g % 8);
           const uint8_t* q = sb + 4;  // the 12 bytes of 6-bit scales and mins
@@ -192,7 +234,7 @@ void build_panel(const uint8_t* w, const void* quant, int64_t K, int64_t nb, int
       }
     }
   }
-  if constexpr (std::is_same_v<W, GQ80> || kIsKQuant<W>) {
+  if constexpr (kIsGgml<W>) {
     (void)quant;
     ggml_panel_scales<W>(w, K, nb, cols, k0, kc, scales, mins);
   } else if constexpr (W::kGroupScales) {
@@ -219,49 +261,56 @@ inline void micro(const int8_t* xq, int64_t ldx, const float* xs, const int32_t*
                   bool first, float* y, int64_t ldy, int64_t cols) {
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  constexpr int kSteps = kStepsPerBlock / W::kHalves;  // vpdpbusd steps per scale
   for (int64_t b = 0; b < blocks; ++b) {
-    __m512i dot[MR][2];
-    for (int i = 0; i < MR; ++i) {
-      // Σ (q_w + zero) · q_x = Σ q_w · q_x + zero · Σ q_x: start from −zero · Σ q_x.
-      dot[i][0] = dot[i][1] = _mm512_set1_epi32(-W::kZero * xsum[i * ldg + b]);
-    }
-    const uint8_t* pb = panel + b * kStepsPerBlock * kPanelStep;
-    const int8_t* xb = xq + b * kQ8Block;
-    for (int s = 0; s < kStepsPerBlock; ++s) {
-      const __m512i p0 = _mm512_loadu_si512(pb + s * kPanelStep);
-      const __m512i p1 = _mm512_loadu_si512(pb + s * kPanelStep + 64);
+    for (int h = 0; h < W::kHalves; ++h) {
+      __m512i dot[MR][2];
       for (int i = 0; i < MR; ++i) {
-        int32_t run;
-        std::memcpy(&run, xb + i * ldx + 4 * s, 4);
-        const __m512i xr = _mm512_set1_epi32(run);
-        dot[i][0] = _mm512_dpbusd_epi32(dot[i][0], p0, xr);
-        dot[i][1] = _mm512_dpbusd_epi32(dot[i][1], p1, xr);
+        // Σ (q_w + zero) · q_x = Σ q_w · q_x + zero · Σ q_x: start from −zero · Σ q_x (x's sums
+        // per 32 values, or with halves per 16).
+        const int32_t sx = W::kHalves == 1 ? xsum[i * ldg + b] : xsum[i * 2 * ldg + 2 * b + h];
+        dot[i][0] = dot[i][1] = _mm512_set1_epi32(-W::kZero * sx);
       }
-    }
-    if constexpr (W::kGroupScales) {
-      const __m512 s0 = _mm512_loadu_ps(scales + b * kPanel);
-      const __m512 s1 = _mm512_loadu_ps(scales + b * kPanel + 16);
-      for (int i = 0; i < MR; ++i) {
-        const __m512 sx = _mm512_set1_ps(xs[i * ldg + b]);
-        acc[i][0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][0]), sx),
-                                    s0, acc[i][0]);
-        acc[i][1] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][1]), sx),
-                                    s1, acc[i][1]);
-      }
-      if constexpr (W::kMins) {  // − min · xs · Σ q_x
-        const __m512 m0 = _mm512_loadu_ps(mins + b * kPanel);
-        const __m512 m1 = _mm512_loadu_ps(mins + b * kPanel + 16);
+      const uint8_t* pb = panel + b * kStepsPerBlock * kPanelStep;
+      const int8_t* xb = xq + b * kQ8Block;
+      for (int s = h * kSteps; s < (h + 1) * kSteps; ++s) {
+        const __m512i p0 = _mm512_loadu_si512(pb + s * kPanelStep);
+        const __m512i p1 = _mm512_loadu_si512(pb + s * kPanelStep + 64);
         for (int i = 0; i < MR; ++i) {
-          const __m512 t = _mm512_set1_ps(xs[i * ldg + b] * static_cast<float>(xsum[i * ldg + b]));
-          acc[i][0] = _mm512_fnmadd_ps(t, m0, acc[i][0]);
-          acc[i][1] = _mm512_fnmadd_ps(t, m1, acc[i][1]);
+          int32_t run;
+          std::memcpy(&run, xb + i * ldx + 4 * s, 4);
+          const __m512i xr = _mm512_set1_epi32(run);
+          dot[i][0] = _mm512_dpbusd_epi32(dot[i][0], p0, xr);
+          dot[i][1] = _mm512_dpbusd_epi32(dot[i][1], p1, xr);
         }
       }
-    } else {
-      for (int i = 0; i < MR; ++i) {
-        const __m512 sx = _mm512_set1_ps(xs[i * ldg + b]);
-        acc[i][0] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][0]), sx, acc[i][0]);
-        acc[i][1] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][1]), sx, acc[i][1]);
+      if constexpr (W::kGroupScales) {
+        const float* sg = scales + (b * W::kHalves + h) * kPanel;
+        const __m512 s0 = _mm512_loadu_ps(sg);
+        const __m512 s1 = _mm512_loadu_ps(sg + 16);
+        for (int i = 0; i < MR; ++i) {
+          const __m512 sx = _mm512_set1_ps(xs[i * ldg + b]);
+          acc[i][0] = _mm512_fmadd_ps(
+              _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][0]), sx), s0, acc[i][0]);
+          acc[i][1] = _mm512_fmadd_ps(
+              _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][1]), sx), s1, acc[i][1]);
+        }
+        if constexpr (W::kMins) {  // − min · xs · Σ q_x
+          const __m512 m0 = _mm512_loadu_ps(mins + b * kPanel);
+          const __m512 m1 = _mm512_loadu_ps(mins + b * kPanel + 16);
+          for (int i = 0; i < MR; ++i) {
+            const __m512 t =
+                _mm512_set1_ps(xs[i * ldg + b] * static_cast<float>(xsum[i * ldg + b]));
+            acc[i][0] = _mm512_fnmadd_ps(t, m0, acc[i][0]);
+            acc[i][1] = _mm512_fnmadd_ps(t, m1, acc[i][1]);
+          }
+        }
+      } else {
+        for (int i = 0; i < MR; ++i) {
+          const __m512 sx = _mm512_set1_ps(xs[i * ldg + b]);
+          acc[i][0] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][0]), sx, acc[i][0]);
+          acc[i][1] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xffff, dot[i][1]), sx, acc[i][1]);
+        }
       }
     }
   }
@@ -316,15 +365,19 @@ void run(const Q8Rows& x, int64_t M, int64_t K, const uint8_t* w, const void* qu
     build_panel<W>(w, quant, K, b.nb, b.cols, b.k0, kc, panel, scales, mins);
     const bool first = b.k0 == 0;
     const int64_t g0 = b.k0 / kQ8Block;
+    // x's sums from row m and this K block on: per 32 values, or per 16 (Q6_K).
+    const auto sums = [&](int64_t m) {
+      return W::kHalves == 1 ? x.sum + m * ldg + g0 : x.sum16 + m * 2 * ldg + 2 * g0;
+    };
     int64_t m = 0;
     for (int64_t t = 0; m + kTileRows <= M; m += kTileRows, ++t) {
       if (i + 1 < count) prefetch_block<W>(w, K, order[i + 1], t, tiles);
-      micro<W, kTileRows>(x.q + m * K + b.k0, K, x.scale + m * ldg + g0, x.sum + m * ldg + g0, ldg,
-                          panel, scales, mins, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
+      micro<W, kTileRows>(x.q + m * K + b.k0, K, x.scale + m * ldg + g0, sums(m), ldg, panel,
+                          scales, mins, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
     }
     if (m < M && i + 1 < count) prefetch_block<W>(w, K, order[i + 1], tiles - 1, tiles);
-    tail_rows<W>(M - m, x.q + m * K + b.k0, K, x.scale + m * ldg + g0, x.sum + m * ldg + g0, ldg,
-                 panel, scales, mins, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
+    tail_rows<W>(M - m, x.q + m * K + b.k0, K, x.scale + m * ldg + g0, sums(m), ldg, panel, scales,
+                 mins, blocks, first, y + m * ldy + b.nb, ldy, b.cols);
   }
 }
 
@@ -635,6 +688,8 @@ void matmul_rows_q8(const Q8Rows& x, int64_t M, int64_t K, DType wtype, const vo
     run<GQ4K>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
   } else if (wtype == DType::kQ5K) {
     run<GQ5K>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
+  } else if (wtype == DType::kQ6K) {
+    run<GQ6K>(x, M, K, wb, quant, n0, n1, y, ldy, scratch);
   }
 }
 
