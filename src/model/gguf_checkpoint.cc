@@ -42,7 +42,8 @@ enum TokenType : int64_t { kControl = 3, kUserDefined = 4, kUnused = 5 };
 struct Holder {
   std::vector<GgufFile> files;
   std::vector<std::vector<float>> buffers;
-  std::vector<std::vector<uint16_t>> bf16_buffers;
+  std::vector<std::vector<uint16_t>> bf16_buffers;  // and Q4_0's scales
+  std::vector<std::vector<uint8_t>> byte_buffers;   // Q4_0's nibbles
 };
 
 // The tensors under transformers' names, as views into the mapping or into dequantized copies.
@@ -107,6 +108,7 @@ class Mapper {
     return {native_types_.begin(), native_types_.end()};
   }
   uint64_t native_bytes() const { return native_bytes_; }
+  uint64_t repacked_bytes() const { return repacked_bytes_; }  // Q4_0 as kI4
   // Whether add() keeps the 2-D matrices of a block type the kernels multiply (Q8_0, Q4_K, Q5_K,
   // Q6_K) as stored (the text decoder's; without --precision f32) rather than dequantized.
   bool keep_blocks = false;
@@ -152,6 +154,9 @@ class Mapper {
       native_bytes_ += t->nbytes;
       return v;
     }
+    if (t->type == GgmlType::kQ4_0 && keep_blocks && !exact_ && shape.size() == 2) {
+      return repack_q4_0(f, *t, shape);
+    }
     if (exact_) {
       VLM_ASSIGN_OR_RETURN(const float* out, own_f32(f, *t));
       v.dtype = DType::kF32;
@@ -166,6 +171,30 @@ class Mapper {
     deq_bytes_ += out.size() * sizeof(uint16_t);
     v.dtype = DType::kBF16;
     v.data = out.data();
+    return v;
+  }
+
+  // A Q4_0 matrix as a kI4 one (core/tensor.h), bit for bit: a block's f16 d becomes its group
+  // scale and its 16 bytes of nibbles (q + 8, element j low and j + 16 high: kI4's layout) flip
+  // to two's complement (x ^ 0x88). The same bytes as the file's; its pages are released.
+  TensorView repack_q4_0(const GgufFile& f, const GgufTensor& t,
+                         const std::vector<int64_t>& shape) {
+    const int64_t blocks = t.numel() / 32;
+    const auto* src = static_cast<const uint8_t*>(t.data);
+    std::vector<uint8_t>& q = h_->byte_buffers.emplace_back(static_cast<size_t>(blocks * 16));
+    std::vector<uint16_t>& d = h_->bf16_buffers.emplace_back(static_cast<size_t>(blocks));
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::memcpy(&d[b], src + 18 * b, 2);
+      for (int j = 0; j < 16; ++j) q[16 * b + j] = src[18 * b + 2 + j] ^ 0x88;
+    }
+    if (f.mapping() != nullptr) f.mapping()->release_pages(t.data, t.nbytes);
+    repacked_bytes_ += q.size() + 2 * d.size();
+    TensorView v;
+    v.dtype = DType::kI4;
+    v.shape = shape;
+    v.data = q.data();
+    v.int4.scale = d.data();
+    v.int4.group = 32;
     return v;
   }
 
@@ -191,7 +220,7 @@ class Mapper {
   std::map<std::string, TensorView> views_;
   std::map<std::string, std::string> origin_;
   std::set<GgmlType> deq_types_, native_types_;
-  uint64_t deq_bytes_ = 0, native_bytes_ = 0;
+  uint64_t deq_bytes_ = 0, native_bytes_ = 0, repacked_bytes_ = 0;
 };
 
 // A key's value (the errors, from GgufFile, name the file and the key).
@@ -881,6 +910,12 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
     for (GgmlType t : ts) types += (types.empty() ? "" : ", ") + std::string(ggml_type_name(t));
     return types;
   };
+  if (m.repacked_bytes() > 0) {
+    ck.notes.push_back(
+        "GGUF tensors of type Q4_0 repacked bit for bit into vlm's INT4 layout (--quant int4's: "
+        "32 nibbles and an f16 scale per block) and multiplied by its kernels: " +
+        mib(m.repacked_bytes()));
+  }
   if (!m.native_types().empty()) {
     ck.notes.push_back("GGUF tensors of type " + type_list(m.native_types()) +
                        " multiplied as stored (by the CPU's block kernels over x quantized to INT8 "

@@ -15,8 +15,10 @@ namespace {
 constexpr const char* kPrefixes[] = {"model.language_model.", "model."};
 
 constexpr std::initializer_list<DType> kFloatTypes = {DType::kF32, DType::kBF16, DType::kF16};
-constexpr std::initializer_list<DType> kMatrixTypes = {
-    DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0, DType::kQ4K, DType::kQ5K, DType::kQ6K};
+// (kI4: a GGUF file's Q4_0 matrices, repacked.)
+constexpr std::initializer_list<DType> kMatrixTypes = {DType::kF32,  DType::kBF16, DType::kF16,
+                                                       DType::kQ8_0, DType::kQ4K,  DType::kQ5K,
+                                                       DType::kQ6K,  DType::kI4};
 
 // The f32 values of a stored F32 / BF16 / F16 tensor.
 std::vector<float> to_f32(const TensorView& v) {
@@ -523,7 +525,8 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
         for_each_weight(&qw, nullptr, Qwen3VLConfig{}, "", "", [&](const WeightSlot& s) {
           if (s.kind != WeightKind::kLayerLinear && s.kind != WeightKind::kHead) return ok_status();
           if (split.count(s.matrix) != 0) return ok_status();  // quantized above
-          // A GGUF file's quantized blocks stay as stored (they are the file's quantization).
+          // A GGUF file's quantized blocks stay as stored (they are the file's quantization; its
+          // Q4_0, repacked as I4, is refused as any I4 weight is).
           if (is_ggml_block(s.matrix->dtype)) return ok_status();
           VLM_ASSIGN_OR_RETURN(TensorView q,
                                quantized(*s.matrix, s.name.empty() ? "lm_head" : s.name));

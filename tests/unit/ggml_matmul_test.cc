@@ -152,6 +152,37 @@ TEST(GgmlMatmul, ScalarReferenceAndEmbeddingRowsAreTheDequantizedValues) {
   }
 }
 
+// A GGUF Q4_0 table is repacked as I4 (model/gguf_checkpoint): its rows as looked up are
+// (q − zero) · scale.
+TEST(GgmlMatmul, Int4EmbeddingRowsAreTheValues) {
+  ThreadPool pool(2);
+  const int64_t N = 5, K = 96;
+  const std::vector<float> f = randn(static_cast<size_t>(N * K), 3);
+  TensorView src;
+  src.dtype = DType::kF32;
+  src.shape = {N, K};
+  src.data = f.data();
+  std::vector<uint8_t> q(dtype_nbytes(DType::kI4, N * K));
+  std::vector<uint16_t> scale(static_cast<size_t>(N * K / 32));
+  ASSERT_TRUE(ops::quantize_int4(src, 32, q.data(), scale.data(), pool).ok());
+  TensorView w;
+  w.dtype = DType::kI4;
+  w.shape = {N, K};
+  w.data = q.data();
+  w.int4.scale = scale.data();
+  w.int4.group = 32;
+  const int32_t ids[] = {4, 1};
+  std::vector<float> rows(static_cast<size_t>(2 * K));
+  ops::embedding_lookup(w, ids, 2, rows.data());
+  for (int i = 0; i < 2; ++i) {
+    for (int64_t k = 0; k < K; ++k) {
+      ASSERT_EQ(rows[i * K + k], static_cast<float>(ops::ref::int4_at(w, ids[i], k)) *
+                                     ops::ref::int4_scale(w, ids[i], k))
+          << "row " << ids[i] << " k " << k;
+    }
+  }
+}
+
 TEST(GgmlMatmul, RowLengthsThatAreNotWholeBlocksAreRefused) {
   std::vector<uint8_t> wb(dtype_nbytes(DType::kQ4K, 4 * 256));
   TensorView w;
