@@ -579,10 +579,12 @@ Result<DType> resolve_kv_dtype(const EngineImpl& m) {
   DType t = DType::kF32;
   switch (m.opts.kv_cache_dtype) {
     case KvCacheDtype::kAuto:
-      // (A GGUF file's quantized table stands for the BF16 checkpoint it was made from.)
+      // (A GGUF file's quantized table, as stored or its Q4_0 repacked as I4, stands for the
+      // BF16 checkpoint it was made from.)
       t = !cpu ? be.act_dtype()
           : m.weights.embed_tokens.dtype == DType::kBF16 ||
-                  is_ggml_block(m.weights.embed_tokens.dtype)
+                  is_ggml_block(m.weights.embed_tokens.dtype) ||
+                  m.weights.embed_tokens.dtype == DType::kI4
               ? DType::kBF16
               : DType::kF32;
       break;

@@ -525,9 +525,11 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
         for_each_weight(&qw, nullptr, Qwen3VLConfig{}, "", "", [&](const WeightSlot& s) {
           if (s.kind != WeightKind::kLayerLinear && s.kind != WeightKind::kHead) return ok_status();
           if (split.count(s.matrix) != 0) return ok_status();  // quantized above
-          // A GGUF file's quantized blocks stay as stored (they are the file's quantization; its
-          // Q4_0, repacked as I4, is refused as any I4 weight is).
+          // A GGUF file's quantized blocks stay as stored (they are the file's quantization), and
+          // so do its Q4_0 matrices, repacked as I4 (I4 weights that this function made, held
+          // in int4_storage, are refused as before).
           if (is_ggml_block(s.matrix->dtype)) return ok_status();
+          if (s.matrix->dtype == DType::kI4 && w->int4_storage == nullptr) return ok_status();
           VLM_ASSIGN_OR_RETURN(TensorView q,
                                quantized(*s.matrix, s.name.empty() ? "lm_head" : s.name));
           if (store != nullptr) store->release_pages(*s.matrix);

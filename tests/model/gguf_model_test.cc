@@ -580,6 +580,32 @@ TEST_P(GgufQuantModel, LogitsAndGreedyMatchTransformersOnTheDequantizedWeights) 
   EXPECT_EQ(res->output_ids, (*entry)["greedy"].get<std::vector<int32_t>>());
 }
 
+// --quant on a GGUF file leaves its quantized matrices as they are (Q4_K as stored, Q4_0
+// repacked as I4) and the model runs; the logits stay within the INT8-x bound.
+TEST(GgufQuantModel, QuantOptionKeepsTheFilesQuantization) {
+  for (const std::string file : {"dense-Q4_0.gguf", "dense-Q4_K.gguf"}) {
+    const nlohmann::json* entry = nullptr;
+    for (const auto& f : quant_reference()["files"]) {
+      if (f["file"] == file) entry = &f;
+    }
+    ASSERT_NE(entry, nullptr) << file;
+    for (Quant q : {Quant::kInt8, Quant::kInt4}) {
+      EngineOptions o;
+      o.model_dir = kFixtures + "/gguf-quant/" + file;
+      o.n_threads = 2;
+      o.kv_cache_dtype = KvCacheDtype::kF32;
+      o.quant = q;
+      auto e = Engine::load(o);
+      ASSERT_TRUE(e.ok()) << file << ": " << e.status().message();
+      auto got = (*e)->logits(quant_reference()["prompt"].get<std::vector<int32_t>>());
+      ASSERT_TRUE(got.ok()) << got.status().message();
+      auto want = read_npy(kFixtures + "/gguf-quant/" + (*entry)["logits"].get<std::string>());
+      ASSERT_TRUE(want.ok());
+      EXPECT_LE(rel_err(*got, want->f32), kInt8XBound) << file;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryType, GgufQuantModel, ::testing::ValuesIn(quant_files()),
                          [](const auto& info) {
                            return test_util::param_name(info.param.substr(0, info.param.find('.')));
