@@ -42,6 +42,15 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// n values drawn from N(0, scale²), the same for the same seed.
+inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
 // The whole file as bytes ("" when it cannot be read).
 inline std::string read_file(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -369,6 +369,16 @@ TEST(GgufTokenizer, EncodesTheCorpusAsTokenizerJsonDoes) {
   }
 }
 
+// What gguf_tokenizer_json says of a GGUF file's bytes edited in memory (they must parse).
+Result<std::string> tokenizer_of(const std::string& bytes) {
+  auto f = GgufFile::parse(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+      "edited.gguf");
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  if (!f.ok()) return f.status();
+  return gguf_tokenizer_json(*f);
+}
+
 // A tokenizer whose pre-tokenizer vlm does not know is refused by name (the Qwen3 vocabulary
 // file with tokenizer.ggml.pre "qwen2" made "llama"), as is one that is not byte-level BPE.
 TEST(GgufTokenizer, UnknownPreTokenizersAreRefused) {
@@ -383,11 +393,7 @@ TEST(GgufTokenizer, UnknownPreTokenizersAreRefused) {
     const size_t value = at + std::strlen(key) + 4 + 8;
     ASSERT_EQ(edited.compare(value, std::strlen(from), from), 0);
     edited.replace(value, std::strlen(to), to);
-    auto f = GgufFile::parse(
-        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(edited.data()), edited.size()),
-        "edited.gguf");
-    ASSERT_TRUE(f.ok()) << f.status().message();
-    auto json = gguf_tokenizer_json(*f);
+    auto json = tokenizer_of(edited);
     ASSERT_FALSE(json.ok());
     EXPECT_NE(json.status().message().find(std::string("'") + to + "'"), std::string::npos)
         << json.status().message();
@@ -401,11 +407,7 @@ TEST(GgufTokenizer, TextThatIsNotUtf8IsRefused) {
   const size_t at = bytes.find("<|im_start|>");
   ASSERT_NE(at, std::string::npos);
   bytes[at + 1] = static_cast<char>(0xFF);
-  auto f = GgufFile::parse(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
-      "edited.gguf");
-  ASSERT_TRUE(f.ok()) << f.status().message();
-  auto json = gguf_tokenizer_json(*f);
+  auto json = tokenizer_of(bytes);
   ASSERT_FALSE(json.ok());
   EXPECT_NE(json.status().message().find("not valid UTF-8"), std::string::npos)
       << json.status().message();

@@ -14,6 +14,7 @@
 #include "kernels/cpu/ggml_blocks.h"
 #include "ops/ops.h"
 #include "ops/ref/ref.h"
+#include "test_util.h"
 
 namespace vlm {
 namespace {
@@ -55,13 +56,7 @@ std::vector<uint8_t> random_blocks(DType t, int64_t N, int64_t K, uint32_t seed)
   return b;
 }
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test_util::randn;
 
 class GgmlMatmulTest : public ::testing::TestWithParam<ops::Isa> {};
 

@@ -23,14 +23,7 @@
 namespace vlm {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
+using test_util::randn;
 using test_util::rel_err;
 
 class HybridTest : public ::testing::TestWithParam<ops::Isa> {};

@@ -21,17 +21,12 @@
 #include "kernels/cpu/matmul.h"
 #include "ops/autotune.h"
 #include "ops/ref/ref.h"
+#include "test_util.h"
 
 namespace vlm {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test_util::randn;
 
 struct WeightBuf {
   std::vector<float> f32;

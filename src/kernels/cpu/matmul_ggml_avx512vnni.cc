@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/ggml_block_fields.h"
 #include "kernels/cpu/ggml_blocks.h"
 #include "kernels/cpu/hsum_avx512.h"
 
@@ -29,12 +30,6 @@ constexpr int kMaxRows = 4;  // x rows per pass over a weight row
 // 2 KiB measured 14.1-16.0, 1 KiB 10.7-13.2 (one line per unit at 1 KiB: 9.2 and 12.4).
 constexpr int64_t kPrefetch = 4096;
 
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 // Lanes 0-7 take element a of v, lanes 8-15 element b.
 inline __m512 pick2(__m512 v, int a, int b) {
   const __m512i idx = _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(_mm256_set1_epi32(a)),
@@ -47,22 +42,6 @@ inline __m512 pick4(__m512 v, int first) {
   const __m512i idx = _mm512_add_epi32(
       _mm512_set1_epi32(first), _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0));
   return _mm512_maskz_permutexvar_ps(0xffff, idx, v);
-}
-
-// Q4_K's and Q5_K's 6-bit scales sc[0..7] in bytes 0-7 and mins m[0..7] in bytes 8-15, from
-// their 12 bytes at s12 (the bit layout io/gguf_quants' scale_min_k4 reads one at a time), in
-// 128-bit lanes: of the dwords u0, u1, u2 read there, sc[0..3] = u0 & 63s, m[0..3] = u1 & 63s,
-// sc[4..7] = (u2 & 15s) | (u0 >> 6 & 3s) << 4, m[4..7] = (u2 >> 4 & 15s) | (u1 >> 6 & 3s) << 4.
-// (Reads 16 bytes: the super-block goes on after its scales.)
-inline __m128i k4_scales(const uint8_t* s12) {
-  const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s12));
-  const __m128i low6 = _mm_and_si128(u, _mm_set1_epi8(0x3f));  // sc[0..3], m[0..3]
-  const __m128i top2 = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(u, 6), _mm_set1_epi8(3)), 4);
-  const __m128i u22 = _mm_shuffle_epi32(u, 0x0a);  // u2, u2, ...
-  const __m128i nib = _mm_and_si128(_mm_srlv_epi32(u22, _mm_set_epi32(0, 0, 4, 0)),
-                                    _mm_set1_epi8(0x0f));  // u2 & 15s, u2 >> 4 & 15s
-  const __m128i high = _mm_or_si128(nib, top2);            // sc[4..7], m[4..7]
-  return _mm_unpacklo_epi32(low6, high);                   // sc[0..3], sc[4..7], m[0..3], m[4..7]
 }
 
 // One stored unit of a weight row decoded for the dot products: kChunks vectors of 64 unsigned
@@ -83,7 +62,7 @@ struct Q4K {
   static constexpr int kOffset = 0;
   template <bool kFive = false>
   static void decode(const uint8_t* b, Unit<kChunks>& u) {
-    const __m512 d = _mm512_set1_ps(half_at(b)), dmin = _mm512_set1_ps(half_at(b + 2));
+    const __m512 d = _mm512_set1_ps(f16_at(b)), dmin = _mm512_set1_ps(f16_at(b + 2));
     const __m512 both = _mm512_maskz_cvtepi32_ps(
         0xffff, _mm512_maskz_cvtepu8_epi32(0xffff, k4_scales(b + 4)));  // sc[0..7], m[0..7]
     const __m512 dsc = _mm512_mul_ps(d, both);                          // lanes 0-7: d · sc
@@ -124,7 +103,7 @@ struct Q6K {
   static constexpr int kOffset = 32;  // q − 32: the dot products start from −32 · Σ x
   static void decode(const uint8_t* b, Unit<kChunks>& u) {
     const __m512 dsc = _mm512_mul_ps(
-        _mm512_set1_ps(half_at(b + 208)),
+        _mm512_set1_ps(f16_at(b + 208)),
         _mm512_maskz_cvtepi32_ps(
             0xffff, _mm512_maskz_cvtepi8_epi32(0xffff,
                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(
@@ -231,7 +210,7 @@ void rows_of(const GgmlRows& x, int64_t m0, int64_t K, const uint8_t* w, int64_t
         const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + k0));
         const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(q, q),
                                                 _mm256_sign_epi8(xq, q));
-        t += half_at(b) * x.lane[m * (K / 4) + k0 / 4] * hsum(_mm256_cvtepi32_ps(dot));
+        t += f16_at(b) * x.lane[m * (K / 4) + k0 / 4] * hsum(_mm256_cvtepi32_ps(dot));
       }
       y[(m0 + r) * ldy + n] = t;
     }

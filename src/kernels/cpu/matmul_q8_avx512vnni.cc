@@ -17,6 +17,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/cpu/ggml_block_fields.h"
 #include "kernels/cpu/hsum_avx512.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/panel_blocks.h"
@@ -157,12 +158,6 @@ inline __m512i weight_runs(const uint8_t* row, int64_t k, int nd) {
   }
 }
 
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 // The GGUF block weights' group scales (and K-quants' mins) as build_panel lays them out.
 template <class W>
 void ggml_panel_scales(const uint8_t* w, int64_t K, int64_t nb, int64_t cols, int64_t k0,
@@ -175,7 +170,7 @@ void ggml_panel_scales(const uint8_t* w, int64_t K, int64_t nb, int64_t cols, in
         const int64_t g = k0 / 16 + t;
         const uint8_t* sb = row + g / 16 * 210;
         scales[t * kPanel + j] =
-            j < cols ? half_at(sb + 208) * static_cast<float>(static_cast<int8_t>(sb[192 + g % 16]))
+            j < cols ? f16_at(sb + 208) * static_cast<float>(static_cast<int8_t>(sb[192 + g % 16]))
                      : 0.f;
       }
     }
@@ -189,15 +184,13 @@ void ggml_panel_scales(const uint8_t* w, int64_t K, int64_t nb, int64_t cols, in
       float s = 0.f, m = 0.f;
       if (j < cols) {
         if constexpr (std::is_same_v<W, GQ80>) {
-          s = half_at(row + g * 34);
+          s = f16_at(row + g * 34);
         } else if constexpr (kIsKQuant<W>) {
           const uint8_t* sb = row + g / 8 * W::kBytes;
-          const int sub = static_cast<int>(g % 8);
-          const uint8_t* q = sb + 4;  // the 12 bytes of 6-bit scales and mins
-          const int sc = sub < 4 ? q[sub] & 63 : (q[sub + 4] & 0x0f) | ((q[sub - 4] >> 6) << 4);
-          const int mn = sub < 4 ? q[sub + 4] & 63 : (q[sub + 4] >> 4) | ((q[sub] >> 6) << 4);
-          s = half_at(sb) * static_cast<float>(sc);
-          m = half_at(sb + 2) * static_cast<float>(mn);
+          alignas(16) uint8_t sm[16];  // sc[0..7], m[0..7]
+          _mm_store_si128(reinterpret_cast<__m128i*>(sm), k4_scales(sb + 4));
+          s = f16_at(sb) * static_cast<float>(sm[g % 8]);
+          m = f16_at(sb + 2) * static_cast<float>(sm[8 + g % 8]);
         }
       }
       scales[b * kPanel + j] = s;
