@@ -31,8 +31,9 @@ Result<HugePageBuffer> HugePageBuffer::allocate(size_t bytes, bool noreserve) {
   const uintptr_t start = (reinterpret_cast<uintptr_t>(p) + kHugePage - 1) / kHugePage * kHugePage;
   b.data_ = reinterpret_cast<uint8_t*>(start);
   b.size_ = size;
-  // Advice only: without THP support the call fails and the memory stays ordinary pages.
-  ::madvise(b.data_, b.size_, MADV_HUGEPAGE);
+  // Advice only: without THP support the call fails and the memory stays ordinary pages. A
+  // lazily written reservation (noreserve) stays on 4 KiB pages: see the header.
+  ::madvise(b.data_, b.size_, noreserve ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
   return b;
 }
 

@@ -794,6 +794,9 @@ Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
   }
   VLM_ASSIGN_OR_RETURN(impl->core, EngineCore::create(std::move(core_model), options.batching,
                                                       options.on_step, options.on_encode));
+  // The load's transient heap (the tokenizer's and the checkpoint's parse) goes back to the
+  // system rather than staying resident in the heap's free pages.
+  malloc_trim(0);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 

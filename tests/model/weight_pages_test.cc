@@ -1,6 +1,8 @@
 // Weights on 2 MiB pages (the default; EngineOptions::mmap_weights = false): the buffer itself,
 // the copy of every matmul weight out of the file mapping, and bit-identical logits either way.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <limits>
@@ -15,6 +17,21 @@ namespace vlm {
 namespace {
 
 const std::string kFixtures = VLM_FIXTURES_DIR;
+
+// A lazy reservation (the KV cache's) is resident by 4 KiB page as written, never by 2 MiB: a
+// byte written in each of three 2 MiB spans makes three small pages resident (mincore), not 1536.
+TEST(HugePageBuffer, NoreserveIsResidentOnlyWhereWrittenBySmallPages) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto b = HugePageBuffer::allocate(16 * HugePageBuffer::kHugePage, /*noreserve=*/true);
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  for (size_t span : {0, 5, 15}) b->data()[span * HugePageBuffer::kHugePage + 100] = 1;
+  std::vector<unsigned char> in_core(b->size() / page);
+  ASSERT_EQ(::mincore(b->data(), b->size(), in_core.data()), 0);
+  size_t resident = 0;
+  for (unsigned char c : in_core) resident += c & 1;
+  EXPECT_GE(resident, 3u);
+  EXPECT_LE(resident, 3 * (size_t{64} << 10) / page) << "pages resident of " << in_core.size();
+}
 
 TEST(HugePageBuffer, AlignedWholeHugePagesAndWritable) {
   for (size_t bytes : {size_t{1}, HugePageBuffer::kHugePage, HugePageBuffer::kHugePage + 1}) {

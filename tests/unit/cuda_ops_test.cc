@@ -129,6 +129,13 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 
 class CudaOps : public ::testing::TestWithParam<DType> {};
 
+// cuBLAS is opened at run time, not linked: its libraries are found and export every function the
+// products call (no GPU needed for this).
+TEST(CudaDevice, CublasOpensWithEveryFunction) {
+  const Status s = Gemm::open_cublas();
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
 TEST(CudaDevice, CountAndDescription) {
   SKIP_WITHOUT_DEVICE();
   EXPECT_GT(device_count(), 0);

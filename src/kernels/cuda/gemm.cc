@@ -4,6 +4,7 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <dlfcn.h>
 
 #include <limits>
 #include <string>
@@ -11,9 +12,75 @@
 namespace vlm::cuda {
 namespace {
 
+// cuBLAS is opened when the first Gemm is made, not linked: linked, its libraries load (and
+// cuBLASLt's initializers run) in every process, ~136 MiB resident on a CPU-only run. The
+// functions used, by their exported names (cublas_v2.h maps cublasCreate to cublasCreate_v2, ...).
+// clang-format off
+#define VLM_CUBLAS_FUNCTIONS(X) \
+  X(cublasCreate_v2) X(cublasDestroy_v2) X(cublasSetStream_v2) X(cublasSetWorkspace_v2) \
+  X(cublasGetStatusString)
+#define VLM_CUBLASLT_FUNCTIONS(X) \
+  X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmul) \
+  X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute) \
+  X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy) \
+  X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) \
+  X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatmulAlgoGetHeuristic)
+// clang-format on
+
+// The exported cublasGemmEx (cublas_api.h adds an inline C++ overload beside it).
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                    int, const void*, const void*, cudaDataType, int, const void*,
+                                    cudaDataType, int, const void*, void*, cudaDataType, int,
+                                    cublasComputeType_t, cublasGemmAlgo_t);
+
+struct Cublas {
+#define VLM_CUBLAS_MEMBER(f) decltype(&::f) f = nullptr;
+  VLM_CUBLAS_FUNCTIONS(VLM_CUBLAS_MEMBER)
+  VLM_CUBLASLT_FUNCTIONS(VLM_CUBLAS_MEMBER)
+#undef VLM_CUBLAS_MEMBER
+  GemmExFn cublasGemmEx = nullptr;
+  std::string error;  // why it could not be opened (empty: every function was found)
+};
+
+// The library by its soname (the loader's search: LD_LIBRARY_PATH, ld.so.cache), else at the
+// toolkit's library directory found at configure time.
+void* open_library(const char* soname, const char* toolkit_dir, std::string* error) {
+  if (void* h = ::dlopen(soname, RTLD_NOW | RTLD_LOCAL)) return h;
+  const std::string first = ::dlerror();
+  const std::string path = std::string(toolkit_dir) + "/" + soname;
+  if (void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+  *error = "cannot open cuBLAS (" + first + "; " + ::dlerror() +
+           "): the CUDA backend needs the CUDA toolkit's cuBLAS libraries on the library path";
+  return nullptr;
+}
+
+const Cublas& cublas() {
+  static const Cublas api = [] {
+    Cublas a;
+    // cuBLASLt first: libcublas needs it, and finds it already loaded.
+    void* lt = open_library(VLM_CUBLASLT_SONAME, VLM_CUDA_LIBRARY_DIR, &a.error);
+    void* blas =
+        lt == nullptr ? nullptr : open_library(VLM_CUBLAS_SONAME, VLM_CUDA_LIBRARY_DIR, &a.error);
+    if (blas == nullptr) return a;
+    const auto find = [&](void* lib, const char* name, auto* fn) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(::dlsym(lib, name));
+      if (*fn == nullptr && a.error.empty()) a.error = std::string("cuBLAS lacks ") + name;
+    };
+#define VLM_CUBLAS_FIND(f) find(blas, #f, &a.f);
+#define VLM_CUBLASLT_FIND(f) find(lt, #f, &a.f);
+    VLM_CUBLAS_FUNCTIONS(VLM_CUBLAS_FIND)
+    find(blas, "cublasGemmEx", &a.cublasGemmEx);
+    VLM_CUBLASLT_FUNCTIONS(VLM_CUBLASLT_FIND)
+#undef VLM_CUBLAS_FIND
+#undef VLM_CUBLASLT_FIND
+    return a;
+  }();
+  return api;
+}
+
 Status from(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return ok_status();
-  return internal_error(std::string("cuBLAS ") + what + ": " + cublasGetStatusString(s));
+  return internal_error(std::string("cuBLAS ") + what + ": " + cublas().cublasGetStatusString(s));
 }
 
 }  // namespace
@@ -24,10 +91,10 @@ struct Gemm::Plan {
   cublasLtMatmulAlgo_t algo{};
   bool usable = false;  // false: cuBLASLt had no algorithm (or failed): cublasGemmEx instead
   ~Plan() {
-    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
-    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
-    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
-    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+    if (c != nullptr) cublas().cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) cublas().cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublas().cublasLtMatrixLayoutDestroy(a);
+    if (op != nullptr) cublas().cublasLtMatmulDescDestroy(op);
   }
 };
 
@@ -45,36 +112,45 @@ Gemm::Plan* Gemm::plan_for(const Shape& shape) {
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const bool ok =
-      cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
+      cublas().cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) ==
           CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
+      cublas().cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
           CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatrixLayoutCreate(&p->a, in, K, N, K) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatrixLayoutCreate(&p->b, in, K, M, K) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatrixLayoutCreate(&p->c, out, N, M, ldy) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                           sizeof ws) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(lt_), p->op, p->a, p->b, p->c,
-                                     p->c, pref, 1, &result, &found) == CUBLAS_STATUS_SUCCESS;
-  if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+      cublas().cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
+          CUBLAS_STATUS_SUCCESS &&
+      cublas().cublasLtMatrixLayoutCreate(&p->a, in, K, N, K) == CUBLAS_STATUS_SUCCESS &&
+      cublas().cublasLtMatrixLayoutCreate(&p->b, in, K, M, K) == CUBLAS_STATUS_SUCCESS &&
+      cublas().cublasLtMatrixLayoutCreate(&p->c, out, N, M, ldy) == CUBLAS_STATUS_SUCCESS &&
+      cublas().cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+      cublas().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof ws) == CUBLAS_STATUS_SUCCESS &&
+      cublas().cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(lt_), p->op, p->a, p->b,
+                                              p->c, p->c, pref, 1, &result,
+                                              &found) == CUBLAS_STATUS_SUCCESS;
+  if (pref != nullptr) cublas().cublasLtMatmulPreferenceDestroy(pref);
   p->usable = ok && found > 0;
   if (p->usable) p->algo = result.algo;
   return (plans_[shape] = std::move(p)).get();
 }
 
+Status Gemm::open_cublas() {
+  const std::string& e = cublas().error;
+  return e.empty() ? ok_status() : unavailable(e);
+}
+
 Status Gemm::create(std::unique_ptr<Gemm>* out) {
+  VLM_RETURN_IF_ERROR(open_cublas());
   std::unique_ptr<Gemm> g(new Gemm());
   cublasHandle_t h = nullptr;
-  if (Status s = from(cublasCreate(&h), "create"); !s.ok()) return s;
+  if (Status s = from(cublas().cublasCreate_v2(&h), "create"); !s.ok()) return s;
   g->handle_ = h;
   cublasLtHandle_t lt = nullptr;
-  if (Status s = from(cublasLtCreate(&lt), "Lt create"); !s.ok()) return s;
+  if (Status s = from(cublas().cublasLtCreate(&lt), "Lt create"); !s.ok()) return s;
   g->lt_ = lt;
   constexpr size_t kWorkspace = size_t{32} << 20;  // what cuBLAS asks for on Hopper, with room
   if (Status s = DeviceBuffer::allocate(kWorkspace, &g->workspace_); !s.ok()) return s;
-  if (Status s = from(cublasSetWorkspace(h, g->workspace_.data(), kWorkspace), "workspace");
+  if (Status s =
+          from(cublas().cublasSetWorkspace_v2(h, g->workspace_.data(), kWorkspace), "workspace");
       !s.ok()) {
     return s;
   }
@@ -84,8 +160,8 @@ Status Gemm::create(std::unique_ptr<Gemm>* out) {
 
 Gemm::~Gemm() {
   plans_.clear();
-  if (lt_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
-  if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (lt_ != nullptr) cublas().cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
+  if (handle_ != nullptr) cublas().cublasDestroy_v2(static_cast<cublasHandle_t>(handle_));
 }
 
 Status Gemm::matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t N, int64_t K,
@@ -104,24 +180,25 @@ Status Gemm::matmul(const void* x, const void* w, DType in_t, int64_t M, int64_t
   auto* h = static_cast<cublasHandle_t>(handle_);
   if (void* st = current_stream(); st != stream_ || !stream_set_) {
     // cublasSetStream resets the workspace to cuBLAS's own pool: ours goes back at once.
-    VLM_RETURN_IF_ERROR(from(cublasSetStream(h, static_cast<cudaStream_t>(st)), "stream"));
     VLM_RETURN_IF_ERROR(
-        from(cublasSetWorkspace(h, workspace_.data(), workspace_.bytes()), "workspace"));
+        from(cublas().cublasSetStream_v2(h, static_cast<cudaStream_t>(st)), "stream"));
+    VLM_RETURN_IF_ERROR(from(
+        cublas().cublasSetWorkspace_v2(h, workspace_.data(), workspace_.bytes()), "workspace"));
     stream_ = st;
     stream_set_ = true;
   }
   const cudaDataType_t out = y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   Plan* p = plan_for(Shape{M, N, K, ldy, static_cast<int>(in), static_cast<int>(out)});
   if (p->usable) {
-    const cublasStatus_t st = cublasLtMatmul(
+    const cublasStatus_t st = cublas().cublasLtMatmul(
         static_cast<cublasLtHandle_t>(lt_), p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y,
         p->c, &p->algo, workspace_.data(), workspace_.bytes(), static_cast<cudaStream_t>(stream_));
     if (st == CUBLAS_STATUS_SUCCESS) return ok_status();
     p->usable = false;  // this shape goes the cublasGemmEx way from now on
   }
-  return from(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in, k, x, in, k, &beta,
-                           y, y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldy),
-                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  return from(cublas().cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in, k, x, in,
+                                    k, &beta, y, y_t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF,
+                                    static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               "GemmEx");
 }
 
@@ -138,15 +215,18 @@ Status Gemm::matmul_fp8(const void* x, const float* x_scale, const void* w, cons
   // The scales are read on the device when the product runs (a graph replays the same buffers).
   const auto a_scale = CUBLASLT_MATMUL_DESC_A_SCALE_POINTER;
   const auto b_scale = CUBLASLT_MATMUL_DESC_B_SCALE_POINTER;
-  VLM_RETURN_IF_ERROR(from(cublasLtMatmulDescSetAttribute(p->op, a_scale, &w_scale, sizeof w_scale),
-                           "fp8 A scale"));
-  VLM_RETURN_IF_ERROR(from(cublasLtMatmulDescSetAttribute(p->op, b_scale, &x_scale, sizeof x_scale),
-                           "fp8 B scale"));
+  VLM_RETURN_IF_ERROR(
+      from(cublas().cublasLtMatmulDescSetAttribute(p->op, a_scale, &w_scale, sizeof w_scale),
+           "fp8 A scale"));
+  VLM_RETURN_IF_ERROR(
+      from(cublas().cublasLtMatmulDescSetAttribute(p->op, b_scale, &x_scale, sizeof x_scale),
+           "fp8 B scale"));
   const float alpha = 1.f, beta = 0.f;
-  return from(cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p->op, &alpha, w, p->a, x, p->b,
-                             &beta, y, p->c, y, p->c, &p->algo, workspace_.data(),
-                             workspace_.bytes(), static_cast<cudaStream_t>(current_stream())),
-              "fp8 matmul");
+  return from(
+      cublas().cublasLtMatmul(static_cast<cublasLtHandle_t>(lt_), p->op, &alpha, w, p->a, x, p->b,
+                              &beta, y, p->c, y, p->c, &p->algo, workspace_.data(),
+                              workspace_.bytes(), static_cast<cudaStream_t>(current_stream())),
+      "fp8 matmul");
 }
 
 }  // namespace vlm::cuda

@@ -17,6 +17,9 @@ namespace vlm::cuda {
 class Gemm {
  public:
   static Status create(std::unique_ptr<Gemm>* out);
+  // Opens cuBLAS (once per process: create does it first) and finds every function used; no GPU
+  // needed. kUnavailable naming the libraries' error when it cannot.
+  static Status open_cublas();
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
