@@ -14,6 +14,7 @@ ops::DeltaNetShape delta_net_shape(const Qwen3VLTextConfig& c) {
   s.dk = c.linear_key_head_dim;
   s.dv = c.linear_value_head_dim;
   s.kernel = c.linear_conv_kernel_dim;
+  s.tiled = c.linear_value_heads_tiled;
   return s;
 }
 

@@ -444,48 +444,18 @@ Status add_norm(Mapper* m, const GgufFile& f, const std::string& g, const std::s
   return ok_status();
 }
 
-// The converter orders a Gated DeltaNet layer's value heads by repeat, then key head (stored
-// head j * nk + g is head g * r + j, r = value heads per key head): rows [row0, row0 + nk r hd)
-// of a [rows, cols] matrix back in transformers' order.
-void unreorder_rows(float* w, int64_t row0, int64_t nk, int64_t r, int64_t hd, int64_t cols) {
-  const int64_t n = nk * r * hd * cols;
-  std::vector<float> tmp(w + row0 * cols, w + row0 * cols + n);
-  for (int64_t g = 0; g < nk; ++g) {
-    for (int64_t j = 0; j < r; ++j) {
-      const float* src = tmp.data() + (j * nk + g) * hd * cols;
-      std::memcpy(w + (row0 + (g * r + j) * hd) * cols, src,
-                  static_cast<size_t>(hd * cols) * sizeof(float));
-    }
-  }
-}
-
-// The same for the columns of each of `rows` rows (out_proj's inputs).
-void unreorder_cols(float* w, int64_t rows, int64_t nk, int64_t r, int64_t hd) {
-  const int64_t cols = nk * r * hd;
-  std::vector<float> tmp(static_cast<size_t>(cols));
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = w + i * cols;
-    std::memcpy(tmp.data(), row, static_cast<size_t>(cols) * sizeof(float));
-    for (int64_t g = 0; g < nk; ++g) {
-      for (int64_t j = 0; j < r; ++j) {
-        std::memcpy(row + (g * r + j) * hd, tmp.data() + (j * nk + g) * hd,
-                    static_cast<size_t>(hd) * sizeof(float));
-      }
-    }
-  }
-}
-
 // A Gated DeltaNet layer (`g`: "blk.N.", `q`: "...layers.N.linear_attn."): what the converter did
-// undone (A_log stored as -exp(A_log), the conv1d's middle dimension dropped, the value heads
-// reordered in every tensor that has them).
+// undone (A_log stored as -exp(A_log), the conv1d's middle dimension dropped). The converter also
+// orders the value heads by repeat, then key head (transformers' head g * r + j, r = value heads
+// per key head, is stored as j * nk + g) in every tensor that has them: they stay so, the layer
+// runs in that order (Qwen3VLTextConfig::linear_value_heads_tiled), and its matrices stay as
+// stored.
 Status map_linear(const GgufFile& f, const Qwen3VLTextConfig& t, const std::string& g,
                   const std::string& q, Mapper* m) {
-  const int64_t H = t.hidden_size, nk = t.linear_num_key_heads, nv = t.linear_num_value_heads,
-                dk = t.linear_key_head_dim, dv = t.linear_value_head_dim, r = nv / nk,
-                K = t.linear_conv_kernel_dim, qk = 2 * nk * dk, C = t.linear_conv_dim();
+  const int64_t H = t.hidden_size, nv = t.linear_num_value_heads, dv = t.linear_value_head_dim,
+                K = t.linear_conv_kernel_dim, C = t.linear_conv_dim();
   const std::string from = f.name() + ", GGUF tensor '" + g;
   VLM_ASSIGN_OR_RETURN(float* a, m->read_f32(f, g + "ssm_a", {nv}));
-  unreorder_rows(a, 0, nk, r, 1, 1);
   for (int64_t i = 0; i < nv; ++i) {
     // The converter stored -exp(A_log): negative and finite in any file it wrote.
     if (!(a[i] < 0) || !std::isfinite(a[i])) {
@@ -496,26 +466,17 @@ Status map_linear(const GgufFile& f, const Qwen3VLTextConfig& t, const std::stri
   }
   m->put_f32(q + "A_log", a, {nv}, from + "ssm_a' as log(-a)");
   VLM_ASSIGN_OR_RETURN(float* dt, m->read_f32(f, g + "ssm_dt.bias", {nv}));
-  unreorder_rows(dt, 0, nk, r, 1, 1);
   m->put_f32(q + "dt_bias", dt, {nv}, from + "ssm_dt.bias'");
   VLM_ASSIGN_OR_RETURN(float* conv, m->read_f32(f, g + "ssm_conv1d.weight", {C, K}));
-  unreorder_rows(conv, qk, nk, r, dv, K);
   m->put_f32(q + "conv1d.weight", conv, {C, 1, K}, from + "ssm_conv1d.weight'");
-  for (const auto& [gn, hn] : {std::pair{"ssm_alpha.weight", "in_proj_a.weight"},
-                               std::pair{"ssm_beta.weight", "in_proj_b.weight"}}) {
-    VLM_ASSIGN_OR_RETURN(float* w, m->read_f32(f, g + gn, {nv, H}));
-    unreorder_rows(w, 0, nk, r, 1, H);
-    m->put_f32(q + hn, w, {nv, H}, from + gn + "'");
+  for (const auto& [gn, hn, rows, cols] :
+       {std::tuple{"ssm_alpha.weight", "in_proj_a.weight", nv, H},
+        std::tuple{"ssm_beta.weight", "in_proj_b.weight", nv, H},
+        std::tuple{"attn_qkv.weight", "in_proj_qkv.weight", C, H},
+        std::tuple{"attn_gate.weight", "in_proj_z.weight", nv * dv, H},
+        std::tuple{"ssm_out.weight", "out_proj.weight", H, nv * dv}}) {
+    VLM_RETURN_IF_ERROR(m->add(f, g + gn, q + hn, {rows, cols}));
   }
-  VLM_ASSIGN_OR_RETURN(float* qkv, m->read_f32(f, g + "attn_qkv.weight", {C, H}));
-  unreorder_rows(qkv, qk, nk, r, dv, H);
-  m->put_f32(q + "in_proj_qkv.weight", qkv, {C, H}, from + "attn_qkv.weight'");
-  VLM_ASSIGN_OR_RETURN(float* z, m->read_f32(f, g + "attn_gate.weight", {nv * dv, H}));
-  unreorder_rows(z, 0, nk, r, dv, H);
-  m->put_f32(q + "in_proj_z.weight", z, {nv * dv, H}, from + "attn_gate.weight'");
-  VLM_ASSIGN_OR_RETURN(float* out, m->read_f32(f, g + "ssm_out.weight", {H, nv * dv}));
-  unreorder_cols(out, H, nk, r, dv);
-  m->put_f32(q + "out_proj.weight", out, {H, nv * dv}, from + "ssm_out.weight'");
   return m->add(f, g + "ssm_norm.weight", q + "norm.weight", {dv});
 }
 
@@ -873,6 +834,7 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
   }
   GgufCheckpoint ck;
   VLM_ASSIGN_OR_RETURN(ck.cfg, gguf_config(f, *arch, v));
+  ck.cfg.text_config.linear_value_heads_tiled = arch->hybrid;  // map_linear's order
   ck.file_bytes = f.size();
   Mapper m(hold.get(), exact);
   m.keep_blocks = native_blocks;

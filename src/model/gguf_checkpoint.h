@@ -5,8 +5,9 @@
 // along time, the DeepStack mergers numbered by vision layer, the experts stacked), the
 // tokenizer from `tokenizer.ggml.*` and the chat template from `tokenizer.chat_template`.
 //
-// Qwen3.5 too: the value heads the converter reordered put back, A_log from its stored
-// -exp(A_log), the (1 + w) norms from their stored 1 + w, the MTP head from the extra block.
+// Qwen3.5 too: A_log from its stored -exp(A_log), the (1 + w) norms from their stored 1 + w, the
+// MTP head from the extra block. The value heads the converter reordered stay in its order (the
+// config's linear_value_heads_tiled: the layers run so), their matrices as stored.
 //
 // Weights: F32 and BF16 tensors are read in place from the mapping, and so are the text
 // decoder's Q8_0, Q4_K, Q5_K and Q6_K matrices with `native_blocks` (DType::kQ8_0 ...: the CPU
@@ -14,8 +15,8 @@
 // quantized ones) is dequantized block by block exactly as the format defines
 // (io/gguf_quants.h) and held in memory: in f32 (`exact`), else rounded to BF16 (half the
 // memory; each weight within 2^-8 of its value, relative). The tensors whose layout the
-// converter changed (Qwen3.5's value heads, A_log, its norms; the vision patch embedding) are
-// f32 copies either way.
+// converter changed (Qwen3.5's A_log and norms, the vision patch embedding) are f32 copies either
+// way.
 //
 // Architectures: qwen3vl, qwen3vlmoe (Qwen3-VL dense and MoE), qwen35 and qwen35moe (Qwen3.5 /
 // 3.6); the vision file's projector qwen3vl_merger. Anything else is refused by name.

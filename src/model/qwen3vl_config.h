@@ -69,6 +69,9 @@ struct Qwen3VLTextConfig {
   int64_t linear_key_head_dim = 0;
   int64_t linear_value_head_dim = 0;
   int64_t linear_conv_kernel_dim = 0;
+  // The value heads in llama.cpp's GGUF order rather than transformers' (ops::DeltaNetShape::
+  // tiled): set by the GGUF loader, never by a config.json.
+  bool linear_value_heads_tiled = false;
   // Qwen3.5's multi-token-prediction head (the checkpoint's mtp.* tensors, speculative
   // decoding's `--spec mtp`): its decoder layers (mtp_num_hidden_layers; 0: none).
   int64_t mtp_num_hidden_layers = 0;

@@ -130,9 +130,15 @@ struct AttentionBatch {
 };
 
 // The geometry of a Gated DeltaNet layer (Qwen3.5's linear attention): key heads, value heads (a
-// multiple: value head h reads key head h / (nv / nk)), their dims, and the conv1d's taps.
+// multiple of them), their dims, and the conv1d's taps.
 struct DeltaNetShape {
   int64_t nk = 0, nv = 0, dk = 0, dv = 0, kernel = 0;
+  // The key head value head h reads: h / (nv / nk) in transformers' order, h % nk with the value
+  // heads `tiled` over the key heads (llama.cpp's GGUF order: every tensor holding value heads
+  // stores head g · r + j of transformers' as j · nk + g; a layer run in that order throughout
+  // gives the same output, so a GGUF file's matrices stay as stored).
+  bool tiled = false;
+  int64_t key_head(int64_t h) const { return tiled ? h % nk : h / (nv / nk); }
   int64_t conv_dim() const { return 2 * nk * dk + nv * dv; }  // q | k | v channels
   // A row of the layer's stacked input product: q | k | v | z (nv·dv) | b (nv) | a (nv).
   int64_t proj_dim() const { return conv_dim() + nv * dv + 2 * nv; }

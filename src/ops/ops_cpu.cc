@@ -329,7 +329,6 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
   });
   delta_gates(proj, proj_stride, rows, s, a_log, dt_bias, mixed, pool, isa);
   // The delta rule per (sequence, value head).
-  const int64_t per_key = s.nv / s.nk;
   thread_local PerThreadBuffers scratch_tls;
   PerThreadBuffers& scratch = scratch_tls;
   scratch.reserve(pool.n_threads(),
@@ -341,7 +340,7 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
       const int64_t h = j % s.nv;
       const float* m = mixed + q.row * ms;
       kernels::DeltaInputs in;
-      in.q = m + (h / per_key) * s.dk;
+      in.q = m + s.key_head(h) * s.dk;
       in.k = in.q + s.nk * s.dk;
       in.v = m + 2 * s.nk * s.dk + h * s.dv;
       in.g = m + C + h;

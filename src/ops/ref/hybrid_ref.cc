@@ -27,7 +27,7 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
                      int64_t n_seqs, const DeltaNetShape& s, const float* conv_w,
                      const float* a_log, const float* dt_bias, float* out) {
   const int64_t C = s.conv_dim(), K = s.kernel, W = K - 1, od = s.nv * s.dv;
-  const int64_t zb = C + s.nv * s.dv, per_key = s.nv / s.nk;
+  const int64_t zb = C + s.nv * s.dv;
   for (int64_t i = 0; i < n_seqs; ++i) {
     const DeltaNetSeq& q = seqs[i];
     if (q.fresh) {
@@ -50,7 +50,7 @@ void gated_delta_net(const float* proj, int64_t proj_stride, const DeltaNetSeq* 
         l2norm(&m[(s.nk + h) * s.dk], s.dk, 1.0);
       }
       for (int64_t h = 0; h < s.nv; ++h) {
-        const double* qv = &m[(h / per_key) * s.dk];
+        const double* qv = &m[s.key_head(h) * s.dk];
         const double* kv = qv + s.nk * s.dk;
         const double* vv = &m[2 * s.nk * s.dk + h * s.dv];
         const double beta = 1.0 / (1.0 + std::exp(-static_cast<double>(x[zb + h])));
