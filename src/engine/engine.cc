@@ -404,11 +404,14 @@ ops::Bf16Gemm gemm_named(const std::string& name) {
   return ops::Bf16Gemm::kWidenF32;
 }
 
-// The text decoder's linear weights of one dtype, in the order a decode step reads them.
-std::vector<const TensorView*> decode_weights(const TextWeights& w, DType t) {
+// The text decoder's linear weights that decode family f takes, in the order a decode step
+// reads them.
+std::vector<const TensorView*> decode_weights(const TextWeights& w, ops::DecodeFamily f) {
   std::vector<const TensorView*> out;
   const auto add = [&](const TensorView& v) {
-    if (v.data != nullptr && v.dtype == t && v.rank() == 2) out.push_back(&v);
+    if (v.data != nullptr && ops::decode_family_takes(f, v.dtype) && v.rank() == 2) {
+      out.push_back(&v);
+    }
   };
   for (const TextLayerWeights& l : w.layers) {
     for (const TensorView* v : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj}) add(*v);
@@ -470,7 +473,7 @@ Result<CpuKernels> choose_gemm_kernels(const EngineOptions& o, const EngineImpl&
     return k;
   }
   const Qwen3VLTextConfig& t = m.cfg.text_config;
-  const bool bf16_weights = !decode_weights(m.weights, DType::kBF16).empty();
+  const bool bf16_weights = !decode_weights(m.weights, ops::DecodeFamily::kBf16).empty();
   const char* why = o.precision == Precision::kF32 ? "--precision f32"
                     : !bf16_weights                ? "weights not BF16"
                     : !o.autotune                  ? "--no-autotune"
@@ -561,8 +564,7 @@ Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& 
   if (k.vision) *names += std::string(",vision_gemm=") + ops::bf16_gemm_name(*k.vision);
   VLM_ASSIGN_OR_RETURN(ops::ForcedKernels env, ops::cpu_kernels_from_env());
   for (ops::DecodeFamily f : ops::kDecodeFamilies) {
-    const std::vector<const TensorView*> ws =
-        decode_weights(m.weights, ops::decode_family_dtype(f));
+    const std::vector<const TensorView*> ws = decode_weights(m.weights, f);
     if (ws.empty()) continue;
     VLM_ASSIGN_OR_RETURN(k.decode.of(f), pick_decode_kernel(o, m, f, ws, env, how));
     *names += std::string(",") + ops::decode_family_name(f) + "=" +

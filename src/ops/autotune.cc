@@ -208,15 +208,14 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
 Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamily f,
                                           std::span<const TensorView* const> weights,
                                           bool exact_only, const std::string& cache_dir) {
-  const DType t = decode_family_dtype(f);
   if (weights.empty()) return invalid_argument("choose_decode_kernel: no weights");
   // A prefix of the weights large enough to come from memory (or all of them): 512 MiB is 4× the
   // largest L3 one core reads from today (AMD's stacked-cache CCDs: 96–128 MiB).
   constexpr int64_t target = int64_t{512} << 20;
   for (const TensorView* w : weights) {
-    if (w->dtype != t || w->rank() != 2) {
+    if (!decode_family_takes(f, w->dtype) || w->rank() != 2) {
       return invalid_argument(std::string("choose_decode_kernel: ") + decode_family_name(f) +
-                              " takes 2-D " + dtype_name(t) + " weights");
+                              " does not take a 2-D " + dtype_name(w->dtype) + " weight");
     }
   }
   std::vector<const TensorView*> sweep;

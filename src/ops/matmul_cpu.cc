@@ -364,6 +364,11 @@ constexpr kernels::Int4DecodeShape kInt4Shapes[] = {{8, false, 1, 3}, {8, false,
                                                     {8, false, 1, 1}, {8, false, 2, 2},
                                                     {4, false, 1, 2}, {8, true, 1, 2}};
 static_assert(std::size(kInt4Shapes) == std::size(kInt4Decode));
+// GGUF blocks: how far ahead (bytes) every line of the weights is prefetched into L2.
+constexpr DecodeCandidate kGgmlDecode[] = {
+    {"pf4k", true}, {"pf2k", true}, {"pf8k", true}, {"pf1k", true}, {"nopf", true}};
+constexpr int64_t kGgmlPrefetches[] = {kernels::kGgmlPrefetch, 2048, 8192, 1024, 0};
+static_assert(std::size(kGgmlPrefetches) == std::size(kGgmlDecode));
 
 enum Bf16DecodeIndex { kWiden = 0, kWidenL2 = 1, kEvenOdd = 2, kDotBf16Decode = 3 };
 enum Int8DecodeIndex { kInt8F32 = 0, kInt8F32L2 = 1, kInt8Q8 = 2 };
@@ -438,14 +443,24 @@ const char* decode_family_name(DecodeFamily f) {
       return "int8_decode";
     case DecodeFamily::kInt4:
       return "int4_decode";
+    case DecodeFamily::kGgml:
+      return "ggml_decode";
   }
   return "?";
 }
 
-DType decode_family_dtype(DecodeFamily f) {
-  return f == DecodeFamily::kBf16   ? DType::kBF16
-         : f == DecodeFamily::kInt8 ? DType::kI8
-                                    : DType::kI4;
+bool decode_family_takes(DecodeFamily f, DType t) {
+  switch (f) {
+    case DecodeFamily::kBf16:
+      return t == DType::kBF16;
+    case DecodeFamily::kInt8:
+      return t == DType::kI8;
+    case DecodeFamily::kInt4:
+      return t == DType::kI4;
+    case DecodeFamily::kGgml:
+      return is_ggml_block(t);
+  }
+  return false;
 }
 
 std::span<const DecodeCandidate> decode_candidates(DecodeFamily f) {
@@ -456,6 +471,8 @@ std::span<const DecodeCandidate> decode_candidates(DecodeFamily f) {
       return kInt8Decode;
     case DecodeFamily::kInt4:
       return kInt4Decode;
+    case DecodeFamily::kGgml:
+      return kGgmlDecode;
   }
   return {};
 }
@@ -474,6 +491,8 @@ bool decode_candidate_runs(DecodeFamily f, int index, Isa isa) {
       return index == kInt8F32L2 ? isa >= Isa::kAvx2 : isa == Isa::kAvx512Vnni;
     case DecodeFamily::kInt4:
       return isa == Isa::kAvx512Vnni;
+    case DecodeFamily::kGgml:
+      return ggml_kernel(isa) != nullptr;
   }
 #endif
   (void)isa;
@@ -643,6 +662,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   };
   const int bf16_dec = chosen(DecodeFamily::kBf16), int8_dec = chosen(DecodeFamily::kInt8);
   const int int4_dec = chosen(DecodeFamily::kInt4);
+  const int64_t ggml_prefetch = kGgmlPrefetches[chosen(DecodeFamily::kGgml)];
   const bool int8_q8 = int8_dec == kInt8Q8;
   const auto quantizes_x = [&](DType t) {
     return matmul_quantizes_x(isa, M, K, t) || (int8_q8 && t == DType::kI8);
@@ -734,7 +754,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
       const int64_t N = w.dim(0), ld = ldy > 0 ? ldy : N;
       const int64_t b = std::max(n0, off), e = std::min(n1, off + N);
       if (b < e && is_ggml_block(w.dtype) && ggml_native) {
-        ggml_k(gx, M, K, w.dtype, w.data, b - off, e - off, ys[i], ld);
+        ggml_k(gx, M, K, w.dtype, w.data, b - off, e - off, ys[i], ld, ggml_prefetch);
       } else if (b < e && is_ggml_block(w.dtype) && ggml_gemm(w.dtype)) {
         k8.matmul(qx, M, K, w.dtype, w.data, nullptr, b - off, e - off, ys[i], ld, s);
       } else if (b < e && is_ggml_block(w.dtype)) {

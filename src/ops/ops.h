@@ -63,10 +63,13 @@ enum class Bf16Gemm { kWidenF32, kDotBf16, kAmx };
 //     avx512vnni; not exact);
 //   int4_decode: r8 (the level's own kernel), and on avx512vnni r8_l2, r8_l2t2, r8_l2d2, r4_l2,
 //     ymm8_l2 (kernels::Int4DecodeShape: rows per step, prefetch level and distance, vector
-//     width).
-enum class DecodeFamily { kBf16, kInt8, kInt4 };
+//     width);
+//   ggml_decode (GGUF Q8_0 and K-quant blocks, kernels/cpu/ggml_blocks.h; avx2 and up): pf4k,
+//     pf2k, pf8k, pf1k, nopf (every line of the weights prefetched into L2 that many bytes ahead,
+//     or not at all).
+enum class DecodeFamily { kBf16, kInt8, kInt4, kGgml };
 inline constexpr DecodeFamily kDecodeFamilies[] = {DecodeFamily::kBf16, DecodeFamily::kInt8,
-                                                   DecodeFamily::kInt4};
+                                                   DecodeFamily::kInt4, DecodeFamily::kGgml};
 struct DecodeKernels {
   int index[std::size(kDecodeFamilies)] = {};  // candidate indexes by family; 0: the default
   int& of(DecodeFamily f) { return index[static_cast<int>(f)]; }
@@ -76,8 +79,10 @@ struct DecodeCandidate {
   const char* name;
   bool exact;  // the default's arithmetic (only the order of f32 sums may differ)
 };
-const char* decode_family_name(DecodeFamily f);  // "bf16_decode", "int8_decode", "int4_decode"
-DType decode_family_dtype(DecodeFamily f);       // kBF16, kI8, kI4
+// "bf16_decode", "int8_decode", "int4_decode", "ggml_decode"
+const char* decode_family_name(DecodeFamily f);
+// Whether the family's kernels take weights of type t: kBF16, kI8, kI4, the GGUF block types.
+bool decode_family_takes(DecodeFamily f, DType t);
 std::span<const DecodeCandidate> decode_candidates(DecodeFamily f);
 // Whether candidate `index` of the family runs at this level on this CPU (the default always).
 bool decode_candidate_runs(DecodeFamily f, int index, Isa isa);

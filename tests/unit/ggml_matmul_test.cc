@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "core/thread_pool.h"
 #include "kernels/cpu/ggml_blocks.h"
 #include "ops/ops.h"
 #include "ops/ref/ref.h"
@@ -112,6 +113,49 @@ TEST_P(GgmlMatmulTest, BlockKernelsAndDequantizedPathMatchTheExactValues) {
       }
     }
   }
+}
+
+// The ggml_decode candidates (how far ahead the block kernels prefetch) change no arithmetic: one
+// x row through matmul_multi under each candidate the level runs gives the default's sums bit for
+// bit, for a stack of weights of every type split across the threads as a decode step runs them.
+TEST_P(GgmlMatmulTest, DecodeCandidatesGiveTheDefaultsSums) {
+  ThreadPool pool(2);
+  const ops::Isa isa = GetParam();
+  const ops::DecodeFamily f = ops::DecodeFamily::kGgml;
+  constexpr int64_t K = 768;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<TensorView> views;
+  for (DType t : kTypes) {
+    bytes.push_back(random_blocks(t, 70, K, static_cast<uint32_t>(t) + 5));
+    TensorView w;
+    w.dtype = t;
+    w.shape = {70, K};
+    w.data = bytes.back().data();
+    views.push_back(w);
+  }
+  std::vector<const TensorView*> ws;
+  for (const TensorView& w : views) ws.push_back(&w);
+  const std::vector<float> x = randn(K, 3);
+  std::vector<float> base;
+  int ran = 0;
+  for (int c = 0; c < static_cast<int>(ops::decode_candidates(f).size()); ++c) {
+    if (!ops::decode_candidate_runs(f, c, isa)) continue;
+    ops::DecodeKernels dk;
+    dk.of(f) = c;
+    std::vector<float> y(ws.size() * 70, NAN);
+    std::vector<float*> ys;
+    for (size_t i = 0; i < ws.size(); ++i) ys.push_back(y.data() + 70 * i);
+    ops::matmul_multi(x.data(), 1, K, ws, ys, pool, isa, 0, ops::Bf16Gemm::kWidenF32, dk);
+    if (c == 0) base = y;
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_EQ(y[i], base[i]) << ops::isa_name(isa) << " " << ops::decode_candidates(f)[c].name
+                               << " output " << i;
+    }
+    ++ran;
+  }
+  // Every candidate at a level with block kernels, the default alone at the generic one.
+  EXPECT_EQ(ran,
+            isa == ops::Isa::kGeneric ? 1 : static_cast<int>(ops::decode_candidates(f).size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryIsa, GgmlMatmulTest, ::testing::ValuesIn(ops::runnable_isas()),

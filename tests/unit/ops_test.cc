@@ -818,7 +818,8 @@ TEST(Bf16Gemm, KernelChoicesParseAndRefuse) {
   }
   // Decode families: `default` is candidate 0; a candidate is accepted where it runs at the level.
   auto defaults = ops::parse_cpu_kernels(
-      "bf16_gemm=f32,bf16_decode=default,int8_decode=f32,int4_decode=default", ops::Isa::kGeneric);
+      "bf16_gemm=f32,bf16_decode=default,int8_decode=f32,int4_decode=default,ggml_decode=default",
+      ops::Isa::kGeneric);
   ASSERT_TRUE(defaults.ok()) << defaults.status().message();
   for (const auto& d : defaults->decode) EXPECT_EQ(d, 0);
   for (ops::Isa isa : ops::runnable_isas()) {
@@ -958,6 +959,7 @@ TEST_P(MatmulTest, DecodeCandidatesMatchReference) {
   ThreadPool pool(2);
   const ops::Isa isa = GetParam();
   for (ops::DecodeFamily f : ops::kDecodeFamilies) {
+    if (f == ops::DecodeFamily::kGgml) continue;  // GGUF blocks: ggml_matmul_test
     const auto cands = ops::decode_candidates(f);
     for (int c = 0; c <= static_cast<int>(cands.size()); ++c) {  // one past: not a candidate
       const bool exact = c == static_cast<int>(cands.size()) || cands[c].exact ||
@@ -1061,10 +1063,19 @@ TEST(Autotune, DecodeChoiceMeasuresEveryCandidateAndCaches) {
   auto bf = make_weight(DType::kBF16, 64, 256, 1);
   auto i8 = make_int8_weight(64, 256, 2);
   auto i4 = make_int4_weight(64, 256, 3, 32, false);
+  // A GGUF Q8_0 weight: per 32 values an f16 scale, then 32 int8.
+  std::vector<uint8_t> q8_0(dtype_nbytes(DType::kQ8_0, 64 * 256));
+  for (size_t i = 0; i < q8_0.size(); ++i) q8_0[i] = static_cast<uint8_t>(i * 37 + 11);
+  for (size_t b = 0; b < q8_0.size(); b += 34) q8_0[b] = 0, q8_0[b + 1] = 0x20;  // d = 2^-7
+  TensorView gg;
+  gg.dtype = DType::kQ8_0;
+  gg.shape = {64, 256};
+  gg.data = q8_0.data();
   const std::pair<ops::DecodeFamily, const TensorView*> cases[] = {
       {ops::DecodeFamily::kBf16, &bf.view},
       {ops::DecodeFamily::kInt8, &i8.view},
-      {ops::DecodeFamily::kInt4, &i4.view}};
+      {ops::DecodeFamily::kInt4, &i4.view},
+      {ops::DecodeFamily::kGgml, &gg}};
   for (const auto& [f, w] : cases) {
     const TensorView* ws[] = {w, w};
     const auto cands = ops::decode_candidates(f);

@@ -25,10 +25,6 @@ namespace {
 // -Wmaybe-uninitialized on the plain forms' _mm512_undefined_* pass-through operand.)
 
 constexpr int kMaxRows = 4;  // x rows per pass over a weight row
-// NOTE(vlm): every line of a unit prefetched this many bytes ahead, into L2: decode of the 2B
-// shape went from 10.2 to 16.5 tok/s (Q4_K_M) and from 11.0 to 14.5-15.3 (Q6_K) against none;
-// 2 KiB measured 14.1-16.0, 1 KiB 10.7-13.2 (one line per unit at 1 KiB: 9.2 and 12.4).
-constexpr int64_t kPrefetch = 4096;
 
 // Lanes 0-7 take element a of v, lanes 8-15 element b.
 inline __m512 pick2(__m512 v, int a, int b) {
@@ -156,7 +152,7 @@ struct Q80 {
 // with a block count not a multiple of 4) its last blocks.
 template <class T, int R>
 void rows_of(const GgmlRows& x, int64_t m0, int64_t K, const uint8_t* w, int64_t n0, int64_t n1,
-             float* y, int64_t ldy) {
+             float* y, int64_t ldy, int64_t prefetch) {
   const int64_t units = K / T::kValues;
   const auto row_bytes = static_cast<int64_t>(dtype_nbytes(T::kType, K));
   [[maybe_unused]] const int64_t sum_stride = T::kSum16 ? K / 16 : K / 32;
@@ -170,10 +166,10 @@ void rows_of(const GgmlRows& x, int64_t m0, int64_t K, const uint8_t* w, int64_t
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = corr[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < units; ++i) {
       const uint8_t* b = row + i * T::kBytes;
-      // Every line of the unit kPrefetch bytes ahead, into L2 (the hardware's streamer alone left
-      // this loop waiting on memory).
-      for (int64_t p = 0; p < T::kBytes; p += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(b) + kPrefetch + p, _MM_HINT_T1);
+      // Every line of the unit `prefetch` bytes ahead, into L2 (the hardware's streamer alone
+      // left this loop waiting on memory; ggml_blocks.h).
+      for (int64_t p = 0; prefetch > 0 && p < T::kBytes; p += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(b) + prefetch + p, _MM_HINT_T1);
       }
       Unit<T::kChunks> u;
       T::decode(b, u);
@@ -219,28 +215,28 @@ void rows_of(const GgmlRows& x, int64_t m0, int64_t K, const uint8_t* w, int64_t
 
 template <class T>
 void rows_by_group(const GgmlRows& x, int64_t M, int64_t K, const uint8_t* w, int64_t n0,
-                   int64_t n1, float* y, int64_t ldy) {
+                   int64_t n1, float* y, int64_t ldy, int64_t prefetch) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) rows_of<T, 4>(x, m, K, w, n0, n1, y, ldy);
-  if (M - m == 3) rows_of<T, 3>(x, m, K, w, n0, n1, y, ldy);
-  if (M - m == 2) rows_of<T, 2>(x, m, K, w, n0, n1, y, ldy);
-  if (M - m == 1) rows_of<T, 1>(x, m, K, w, n0, n1, y, ldy);
+  for (; m + 4 <= M; m += 4) rows_of<T, 4>(x, m, K, w, n0, n1, y, ldy, prefetch);
+  if (M - m == 3) rows_of<T, 3>(x, m, K, w, n0, n1, y, ldy, prefetch);
+  if (M - m == 2) rows_of<T, 2>(x, m, K, w, n0, n1, y, ldy, prefetch);
+  if (M - m == 1) rows_of<T, 1>(x, m, K, w, n0, n1, y, ldy, prefetch);
 }
 
 }  // namespace
 
 void matmul_rows_ggml(const GgmlRows& x, int64_t M, int64_t K, DType t, const void* w, int64_t n0,
-                      int64_t n1, float* y, int64_t ldy) {
+                      int64_t n1, float* y, int64_t ldy, int64_t prefetch) {
   const auto* wb = static_cast<const uint8_t*>(w);
   switch (t) {
     case DType::kQ8_0:
-      return rows_by_group<Q80>(x, M, K, wb, n0, n1, y, ldy);
+      return rows_by_group<Q80>(x, M, K, wb, n0, n1, y, ldy, prefetch);
     case DType::kQ4K:
-      return rows_by_group<Q4K>(x, M, K, wb, n0, n1, y, ldy);
+      return rows_by_group<Q4K>(x, M, K, wb, n0, n1, y, ldy, prefetch);
     case DType::kQ5K:
-      return rows_by_group<Q5K>(x, M, K, wb, n0, n1, y, ldy);
+      return rows_by_group<Q5K>(x, M, K, wb, n0, n1, y, ldy, prefetch);
     case DType::kQ6K:
-      return rows_by_group<Q6K>(x, M, K, wb, n0, n1, y, ldy);
+      return rows_by_group<Q6K>(x, M, K, wb, n0, n1, y, ldy, prefetch);
     default:
       return;
   }
