@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <new>
 #include <set>
 #include <span>
 #include <utility>
@@ -118,7 +119,25 @@ class ModelRunner {
   std::vector<uint8_t> on_device_;        // per chunk: its token is picked on the device
   std::vector<ops::SampleParams> draws_;  // the device's draws this step
   std::vector<ops::PenaltyEntry> penalties_, one_penalties_;
-  std::vector<float> logits_;       // [rows, vocab]: the step's logit rows (on the host)
+  // [rows, vocab]: the step's logit rows (on the host). Not zeroed when sized: rows are written
+  // before they are read, and the room for max_num_seqs rows (a large allocation: its own
+  // mapping) stays unbacked until a step has that many.
+  template <class T>
+  struct NoInit : std::allocator<T> {
+    template <class U>
+    struct rebind {
+      using other = NoInit<U>;
+    };
+    template <class U>
+    void construct(U* p) noexcept {
+      ::new (static_cast<void*>(p)) U;
+    }
+    template <class U, class... Args>
+    void construct(U* p, Args&&... args) {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  };
+  std::vector<float, NoInit<float>> logits_;
   ops::Buffer argmax_host_;         // [max_chunk] int32: each row's argmax (device sampling)
   ops::Buffer drawn_host_;          // [max_chunk] int32: the device's draws
   ops::PenaltyEntry no_penalty_{};  // what the device reads when no draw has a penalty
