@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds what scripts/cuda_device_check.sh runs: the CUDA test binaries and vlm (a build folder
 # configured with CUDA, BUILD_DIR, default build), gathered with the shared libraries they load
-# (all but glibc's and cuBLAS, which the GPU machine's CUDA install provides) into build/device/,
-# so that the folder also runs on another machine with an NVIDIA GPU and its driver (the test
-# data is read from the repository). Then:
+# (all but glibc's; cuBLAS, opened when the GPU is first used, is the GPU machine's own) into
+# build/device/, so that the folder also runs on another machine with an NVIDIA GPU and its
+# driver (the test data is read from the repository). Then:
 #   bash scripts/cuda_device_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ D=$BUILD/device
 rm -rf "$D"
 mkdir -p "$D/bin" "$D/lib"
 cp "$BUILD/tests/cuda_ops_test" "$BUILD/tests/cuda_model_test" "$BUILD/tools/cli/vlm" "$D/bin/"
-# Every shared library the binaries load but glibc's own and cuBLAS (the device has its own).
+# Every shared library the binaries load but glibc's own (and cuBLAS, were it linked).
 for b in "$D"/bin/*; do ldd "$b"; done | awk '/=> \// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libdl|librt|libpthread)\.so|/ld-linux|libcublas' |
   xargs -r cp -L -t "$D/lib"

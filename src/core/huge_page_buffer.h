@@ -1,4 +1,5 @@
-// Memory on 2 MiB pages for the model's large weights, and the KV cache's lazy reservation.
+// Memory for the model's large weights (on 2 MiB pages) and the KV cache's lazy reservation (on
+// 4 KiB pages).
 #pragma once
 
 #include <cstddef>

@@ -556,7 +556,7 @@ Result<int> pick_decode_kernel(const EngineOptions& o, const EngineImpl& m, ops:
 }
 
 // The choices, and (*how) how they were made; (*names) the names alone ("bf16_gemm=dpbf16,...",
-// then each decode family whose dtype the text decoder has).
+// then each decode family that takes some of the text decoder's weights).
 Result<CpuKernels> choose_cpu_kernels(const EngineOptions& o, const EngineImpl& m, std::string* how,
                                       std::string* names) {
   VLM_ASSIGN_OR_RETURN(CpuKernels k, choose_gemm_kernels(o, m, how));

@@ -120,8 +120,8 @@ class ModelRunner {
   std::vector<ops::SampleParams> draws_;  // the device's draws this step
   std::vector<ops::PenaltyEntry> penalties_, one_penalties_;
   // [rows, vocab]: the step's logit rows (on the host). Not zeroed when sized: rows are written
-  // before they are read, and the room for max_num_seqs rows (a large allocation: its own
-  // mapping) stays unbacked until a step has that many.
+  // before they are read, and the room for max_num_seqs rows (from 4 MiB its own mapping:
+  // Engine::load fixes malloc's mmap threshold there) stays unbacked until a step has that many.
   template <class T>
   struct NoInit : std::allocator<T> {
     template <class U>

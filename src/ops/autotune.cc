@@ -215,7 +215,8 @@ Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamil
   for (const TensorView* w : weights) {
     if (!decode_family_takes(f, w->dtype) || w->rank() != 2) {
       return invalid_argument(std::string("choose_decode_kernel: ") + decode_family_name(f) +
-                              " does not take a 2-D " + dtype_name(w->dtype) + " weight");
+                              " takes 2-D weights of its types, not a " +
+                              std::to_string(w->rank()) + "-D " + dtype_name(w->dtype) + " one");
     }
   }
   std::vector<const TensorView*> sweep;

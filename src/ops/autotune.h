@@ -48,14 +48,14 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
                                       const std::string& family = "bf16_gemm");
 
 // The decode kernel of family f (ops.h: DecodeKernels) for these weights, the model's own linear
-// weights of the family's dtype in the order a decode step reads them: each candidate this level
-// runs streams them one x row at a time (a prefix of at least 512 MiB where they hold that much, so
-// the sweep comes from memory as a decode step's does) for about 0.1 s after a warm-up run, in
-// three rounds as choose_bf16_gemm's; its best rate is GB/s of weight bytes (with their scales).
-// The fastest exact candidate is chosen; an inexact one (DecodeCandidate::exact false) only when
-// `exact_only` is false and it beats that by 5%. Cached as choose_bf16_gemm's choices are (keyed by
-// the family, the weights' count, shapes and bytes, the threads and the level). Errors for no
-// weights or a weight of another dtype.
+// weights the family takes (decode_family_takes) in the order a decode step reads them: each
+// candidate this level runs streams them one x row at a time (a prefix of at least 512 MiB where
+// they hold that much, so the sweep comes from memory as a decode step's does) for about 0.1 s
+// after a warm-up run, in three rounds as choose_bf16_gemm's; its best rate is GB/s of weight bytes
+// (with their scales). The fastest exact candidate is chosen; an inexact one
+// (DecodeCandidate::exact false) only when `exact_only` is false and it beats that by 5%. Cached as
+// choose_bf16_gemm's choices are (keyed by the family, the weights' count, shapes and bytes, the
+// threads and the level). Errors for no weights or a weight the family does not take.
 Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamily f,
                                           std::span<const TensorView* const> weights,
                                           bool exact_only, const std::string& cache_dir);

@@ -369,6 +369,7 @@ constexpr DecodeCandidate kGgmlDecode[] = {
     {"pf4k", true}, {"pf2k", true}, {"pf8k", true}, {"pf1k", true}, {"nopf", true}};
 constexpr int64_t kGgmlPrefetches[] = {kernels::kGgmlPrefetch, 2048, 8192, 1024, 0};
 static_assert(std::size(kGgmlPrefetches) == std::size(kGgmlDecode));
+static_assert(kernels::kGgmlPrefetch == 4096, "candidate 0 is named pf4k");
 
 enum Bf16DecodeIndex { kWiden = 0, kWidenL2 = 1, kEvenOdd = 2, kDotBf16Decode = 3 };
 enum Int8DecodeIndex { kInt8F32 = 0, kInt8F32L2 = 1, kInt8Q8 = 2 };

@@ -97,9 +97,6 @@ size_t expect_same_experts(const TensorView& fused, const std::string& name, con
   return compared;
 }
 
-// Every tensor of the safetensors checkpoint (and of `extra`, a file of more tensors), under its
-// name, from the GGUF files: same shape, f32 values equal (tol 0) or within tol (Qwen3.5: the
-// converter stored A_log as -exp(A_log) and norm weights plus 1, which reading undoes).
 // A Gated DeltaNet tensor of transformers' (`name`, its value heads in their order) with its
 // value heads in the GGUF converter's (Qwen3VLTextConfig::linear_value_heads_tiled: head g·r + j
 // stored as j·nk + g), as the checkpoint keeps them; other tensors as they are.
@@ -110,7 +107,7 @@ std::vector<float> tiled_value_heads(const std::string& name, const TensorView& 
   if (!t.linear_value_heads_tiled || name.find(".linear_attn.") == std::string::npos) return out;
   const int64_t nk = t.linear_num_key_heads, r = t.linear_num_value_heads / nk,
                 dv = t.linear_value_head_dim, qk = 2 * nk * t.linear_key_head_dim;
-  const int64_t inner = w.shape.back();  // values per row (1 for 1-D tensors)
+  const int64_t inner = w.shape.back();  // values per row (of 2-D and 3-D tensors)
   // (first row, values per head) of the value-head rows; out_proj's are its columns.
   int64_t row0 = 0, per_head = 0;
   if (name.ends_with("A_log") || name.ends_with("dt_bias")) per_head = 1;
@@ -137,6 +134,9 @@ std::vector<float> tiled_value_heads(const std::string& name, const TensorView& 
   return out;
 }
 
+// Every tensor of the safetensors checkpoint (and of `extra`, a file of more tensors), under its
+// name, from the GGUF files: same shape, f32 values equal (tol 0) or within tol (Qwen3.5: the
+// converter stored A_log as -exp(A_log) and norm weights plus 1, which reading undoes).
 void expect_same_tensors(const std::string& fixture, const std::string& model,
                          const std::string& mmproj, double tol = 0, bool linear = false,
                          const std::string& extra = "") {
@@ -232,6 +232,9 @@ TEST(GgufCheckpoint, ConfigurationIsTheCheckpoints) {
     EXPECT_EQ(a.linear_key_head_dim, b.linear_key_head_dim);
     EXPECT_EQ(a.linear_value_head_dim, b.linear_value_head_dim);
     EXPECT_EQ(a.linear_conv_kernel_dim, b.linear_conv_kernel_dim);
+    // A GGUF file's Gated DeltaNet layers run in its value-head order; a config.json's never.
+    EXPECT_EQ(a.linear_value_heads_tiled, std::string(file).starts_with("qwen35"));
+    EXPECT_FALSE(b.linear_value_heads_tiled);
     EXPECT_EQ(a.shared_expert_intermediate_size, b.shared_expert_intermediate_size);
     // The MTP file's head (the safetensors fixture keeps it in a file of its own).
     EXPECT_EQ(a.mtp_num_hidden_layers, std::string(file) == "qwen35moe-mtp.gguf" ? 1 : 0);

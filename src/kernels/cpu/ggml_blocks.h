@@ -69,18 +69,18 @@ void dequantize_rows_ggml(DType t, const void* w, int64_t K, int64_t n0, int64_t
 inline constexpr int64_t kGgmlPrefetch = 4096;
 namespace avx512vnni {
 void matmul_rows_ggml(const GgmlRows& x, int64_t M, int64_t K, DType t, const void* w, int64_t n0,
-                      int64_t n1, float* y, int64_t ldy, int64_t prefetch = kGgmlPrefetch);
+                      int64_t n1, float* y, int64_t ldy, int64_t prefetch);
 }  // namespace avx512vnni
 // The same on AVX2 (vpmaddubsw + vpmaddwd: pairs of byte products summed in int16, which the
 // weights' ranges keep from saturating; Q8_0 multiplies |w| by x with w's sign), and built with
 // AVX-VNNI (vpdpbusd on 256 bits).
 namespace avx2 {
 void matmul_rows_ggml(const GgmlRows& x, int64_t M, int64_t K, DType t, const void* w, int64_t n0,
-                      int64_t n1, float* y, int64_t ldy, int64_t prefetch = kGgmlPrefetch);
+                      int64_t n1, float* y, int64_t ldy, int64_t prefetch);
 }  // namespace avx2
 namespace avxvnni {
 void matmul_rows_ggml(const GgmlRows& x, int64_t M, int64_t K, DType t, const void* w, int64_t n0,
-                      int64_t n1, float* y, int64_t ldy, int64_t prefetch = kGgmlPrefetch);
+                      int64_t n1, float* y, int64_t ldy, int64_t prefetch);
 }  // namespace avxvnni
 
 }  // namespace vlm::kernels

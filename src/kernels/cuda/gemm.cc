@@ -8,6 +8,7 @@
 
 #include <limits>
 #include <string>
+#include <type_traits>
 
 namespace vlm::cuda {
 namespace {
@@ -46,10 +47,12 @@ struct Cublas {
 // toolkit's library directory found at configure time.
 void* open_library(const char* soname, const char* toolkit_dir, std::string* error) {
   if (void* h = ::dlopen(soname, RTLD_NOW | RTLD_LOCAL)) return h;
-  const std::string first = ::dlerror();
+  const char* why = ::dlerror();
+  const std::string first = why != nullptr ? why : soname;
   const std::string path = std::string(toolkit_dir) + "/" + soname;
   if (void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
-  *error = "cannot open cuBLAS (" + first + "; " + ::dlerror() +
+  why = ::dlerror();
+  *error = "cannot open cuBLAS (" + first + "; " + (why != nullptr ? why : path) +
            "): the CUDA backend needs the CUDA toolkit's cuBLAS libraries on the library path";
   return nullptr;
 }
