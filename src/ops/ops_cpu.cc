@@ -11,6 +11,7 @@
 #include "kernels/cpu/hybrid.h"
 #include "kernels/cpu/matmul.h"
 #include "ops/ops.h"
+#include "ops/ref/ref.h"
 
 namespace vlm::ops {
 namespace {
@@ -427,19 +428,12 @@ void embedding_lookup(const TensorView& table, const int32_t* ids, int64_t count
         for (int64_t j = 0; j < n; ++j) o[j] = f16_to_f32(src[j]);
         break;
       }
-      case DType::kI4: {  // a GGUF Q4_0 table repacked (core/tensor.h's layout)
-        const auto* q = static_cast<const uint8_t*>(table.data) + row * (n / 2);
-        const int64_t groups = n / table.int4.group;
+      case DType::kI4:  // a GGUF Q4_0 table repacked: (q - zero) * scale, exactly
         for (int64_t j = 0; j < n; ++j) {
-          const uint8_t byte = q[j / 32 * 16 + j % 16];
-          const int nib = j % 32 < 16 ? byte & 0x0f : byte >> 4;
-          const int z =
-              table.int4.zero == nullptr ? 0 : table.int4.zero[row * groups + j / table.int4.group];
-          o[j] = static_cast<float>((nib >= 8 ? nib - 16 : nib) - z) *
-                 f16_to_f32(table.int4.scale[row * groups + j / table.int4.group]);
+          o[j] = static_cast<float>(ref::int4_at(table, row, j) - ref::int4_zero(table, row, j)) *
+                 ref::int4_scale(table, row, j);
         }
         break;
-      }
       case DType::kQ8_0:
       case DType::kQ4K:
       case DType::kQ5K:
