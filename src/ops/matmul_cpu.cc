@@ -2,6 +2,7 @@
 // (plain, stacked, FP16 arithmetic, INT8 activations), and the checks of a linear weight.
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -98,17 +99,18 @@ int64_t int8_activation_min_rows(Isa isa) {
 }
 
 int64_t ggml_native_max_rows(Isa isa) {
-  // NOTE(vlm): the block kernels read each weight row once per 4 x rows; from 32 rows on the
-  // f32 GEMM over dequantized rows measured as fast (2B Q4_K_M, prefill 128, this VM's noise
-  // larger than the difference).
-  (void)isa;
+  // The 256-bit levels' block kernels run their own byte-panel GEMM from kPackedMinRows rows;
+  // avx512vnni's is matmul_rows_q8's.
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx2Vnni || isa == Isa::kAvx512) {
+    return std::numeric_limits<int64_t>::max();
+  }
   return kernels::kPackedMinRows;
 }
 
 bool ggml_quantizes_x(Isa isa, int64_t M, DType t) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  if (!is_ggml_block(t) || isa == Isa::kGeneric) return false;
-  return M < ggml_native_max_rows(isa) || isa == Isa::kAvx512Vnni;
+  (void)M;  // every level with a block kernel takes INT8 x at every M
+  return is_ggml_block(t) && isa != Isa::kGeneric;
 #else
   (void)isa, (void)M, (void)t;
   return false;
@@ -213,8 +215,8 @@ decltype(&kernels::avx2::matmul_rows_ggml) ggml_kernel(Isa isa) {
 }
 
 // Rows [n0, n1) of y = x · wᵀ for a GGUF block weight without its level's kernel (the baseline
-// level) or from ggml_native_max_rows x rows on: blocks of kScratchRows rows dequantized exactly
-// to f32 in `rows` ([32, K]) and multiplied by the level's f32 kernel.
+// level): blocks of kScratchRows rows dequantized exactly to f32 in `rows` ([32, K]) and
+// multiplied by the level's f32 kernel.
 void matmul_ggml_dequant(const float* x, int64_t M, int64_t K, const TensorView& w, int64_t n0,
                          int64_t n1, float* y, int64_t ldy, MatmulRowsFn kernel, float* rows,
                          float* scratch) {

@@ -153,9 +153,11 @@ void matmul_f16(const float* x, int64_t M, int64_t K, const TensorView& w, float
 bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype);
 // GGUF block weights (DType::kQ8_0, kQ4K, kQ5K, kQ6K; kernels/cpu/ggml_blocks.h): below this
 // many x rows, on the levels with a block kernel (avx2 and up), x is quantized to INT8 and the
-// blocks are multiplied as stored; from it on, and at the generic level, blocks of 32 rows are
-// dequantized exactly to f32 and multiplied by the f32 kernel, except that avx512vnni takes
-// them into its INT8-activation byte-panel GEMM there (x quantized as below).
+// blocks are multiplied as stored by that kernel (at the 256-bit levels, avx2, avx2vnni and
+// avx512 without VNNI, at every M: from kernels::kPackedMinRows rows it runs a byte-panel GEMM
+// of its own); from it on avx512vnni takes them into its INT8-activation byte-panel GEMM (x
+// quantized as below). At the generic level blocks of 32 rows are dequantized exactly to f32
+// and multiplied by the f32 kernel.
 int64_t ggml_native_max_rows(Isa isa);
 // Whether matmul quantizes x per 32 values for a GGUF block weight of type t (either way above).
 bool ggml_quantizes_x(Isa isa, int64_t M, DType t);

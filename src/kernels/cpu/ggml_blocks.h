@@ -60,7 +60,8 @@ GgmlRows prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t 
 void dequantize_rows_ggml(DType t, const void* w, int64_t K, int64_t n0, int64_t n1, float* out);
 
 // y[m, n] (row stride ldy) for m < M, n in [n0, n1) as above; w [N, K] of type t. Any M (the
-// weights are read once per group of up to 4 x rows); K a multiple of the block (Q8_0: 32,
+// weights are read once per group of up to 4 x rows; at the 256-bit levels from kPackedMinRows
+// rows through a byte-panel GEMM instead); K a multiple of the block (Q8_0: 32,
 // K-quants: 256). Every cache line of the weights is prefetched into L2 `prefetch` bytes ahead of
 // its use (0: none; the decode candidates of ops.h choose among distances).
 // NOTE(vlm): the default, 4 KiB: 2B decode went from 10.2 to 16.5 tok/s (Q4_K_M) and from 11.0 to
