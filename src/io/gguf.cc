@@ -531,6 +531,15 @@ Result<double> GgufFile::get_float(std::string_view key) const {
                           gguf_type_name(v->type) + ", not a number");
 }
 
+void GgufFile::release_header() {
+  kv_ = {};
+  tensors_ = {};
+  by_name_ = {};
+  if (file_ != nullptr && file_->data() != nullptr) {
+    file_->release_pages(file_->data(), static_cast<size_t>(data_offset_));
+  }
+}
+
 const GgufTensor* GgufFile::tensor(std::string_view name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : &tensors_[it->second];

@@ -143,6 +143,10 @@ class GgufFile {
   const GgufTensor* tensor(std::string_view name) const;
   // The file's mapping (null for parse()).
   const MappedFile* mapping() const { return file_.get(); }
+  // Drops the parsed metadata and tensor table, and this process's resident copy of the header's
+  // pages (the token and merge strings of a tokenizer: megabytes), once a load has taken what it
+  // needs: the tensors' bytes stay mapped. find / get_* / tensor then find nothing.
+  void release_header();
 
  private:
   GgufFile() = default;

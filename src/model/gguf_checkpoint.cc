@@ -898,8 +898,9 @@ Result<GgufCheckpoint> open_gguf_checkpoint(const std::string& model_path,
   // (The engine copies the products' weights onto 2 MiB pages from these mappings, releasing
   // their file pages as it goes, as from a safetensors checkpoint's.)
   std::vector<const MappedFile*> mappings;
-  for (const GgufFile& g : hold->files) {
+  for (GgufFile& g : hold->files) {
     if (g.mapping() != nullptr) mappings.push_back(g.mapping());
+    g.release_header();  // everything above is copied out of it
   }
   ck.store = std::make_unique<WeightStore>(
       WeightStore::from_views(model_path, m.take_views(), m.take_origin(),

@@ -86,4 +86,28 @@ class StringIdMap {
   std::string arena_;
 };
 
+// Strings by index in one arena: n strings cost their bytes and 4 more each (a
+// std::vector<std::string> costs 32 each and a heap block for every one past 15 bytes; the vocab's
+// text and bytes, 151k entries each, went from ~10 MB to ~3).
+class StringTable {
+ public:
+  void reserve(size_t n, size_t bytes) {
+    ends_.reserve(n);
+    arena_.reserve(bytes);
+  }
+  void push_back(std::string_view s) {
+    arena_.append(s);
+    ends_.push_back(static_cast<uint32_t>(arena_.size()));
+  }
+  std::string_view operator[](size_t i) const {
+    const uint32_t begin = i == 0 ? 0 : ends_[i - 1];
+    return std::string_view(arena_.data() + begin, ends_[i] - begin);
+  }
+  size_t size() const { return ends_.size(); }
+
+ private:
+  std::string arena_;
+  std::vector<uint32_t> ends_;  // string i is arena_[ends_[i - 1], ends_[i])
+};
+
 }  // namespace vlm::tok

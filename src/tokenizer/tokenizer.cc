@@ -188,7 +188,7 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
 
 std::string Tokenizer::id_to_token(int32_t id) const {
   if (id < 0 || id >= vocab_size()) return {};
-  return impl_->tokens[id];
+  return std::string(impl_->tokens[id]);
 }
 
 bool Tokenizer::is_special(int32_t id) const {
@@ -197,7 +197,7 @@ bool Tokenizer::is_special(int32_t id) const {
 
 std::string Tokenizer::token_bytes(int32_t id) const {
   if (id < 0 || id >= vocab_size()) return {};
-  return impl_->bytes[id];
+  return std::string(impl_->bytes[id]);
 }
 
 std::optional<int32_t> Tokenizer::eos_token_id() const { return impl_->eos_id; }

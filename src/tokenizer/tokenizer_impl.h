@@ -34,8 +34,8 @@ struct Tokenizer::Impl {
   };
 
   // Indexed by id; size = vocab_size(). Ids with no token (gaps) have kind kNone, empty strings.
-  std::vector<std::string> tokens;  // byte-level vocab string, or added-token content
-  std::vector<std::string> bytes;   // what the id decodes to (ByteLevel decoder rule)
+  tok::StringTable tokens;  // byte-level vocab string, or added-token content
+  tok::StringTable bytes;   // what the id decodes to (ByteLevel decoder rule)
   std::vector<Kind> kind;
 
   tok::StringIdMap vocab_to_id;

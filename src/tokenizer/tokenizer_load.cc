@@ -69,7 +69,9 @@ std::string byte_level_to_bytes(const std::string& token) {
   return out;
 }
 
-Status load_vocab(const TokenizerJson& doc, Impl* im) {
+// `text` gathers each id's string while loading (vocab, then added tokens); finish_tables packs
+// it into the tokenizer's tables.
+Status load_vocab(const TokenizerJson& doc, Impl* im, std::vector<std::string>* text) {
   if (!doc.has_vocab) return data_loss("model has no \"vocab\" object");
   int64_t max_id = -1;
   for (const auto& [token, id] : doc.vocab) {
@@ -79,14 +81,14 @@ Status load_vocab(const TokenizerJson& doc, Impl* im) {
     }
     max_id = std::max(max_id, id);
   }
-  im->tokens.resize(max_id + 1);
+  text->resize(max_id + 1);
   im->kind.assign(max_id + 1, Impl::kNone);
   im->vocab_to_id.reserve(doc.vocab.size());
   for (const auto& [token, id] : doc.vocab) {
     if (im->kind[id] != Impl::kNone) {
       return data_loss("vocab id " + std::to_string(id) + " is used twice");
     }
-    im->tokens[id] = token;
+    (*text)[id] = token;
     im->kind[id] = Impl::kVocab;
     im->vocab_to_id.insert(token, static_cast<int32_t>(id));
   }
@@ -114,7 +116,7 @@ Status load_merges(const TokenizerJson& doc, Impl* im) {
   return ok_status();
 }
 
-Status load_added_tokens(const json& root, Impl* im) {
+Status load_added_tokens(const json& root, Impl* im, std::vector<std::string>* text) {
   auto it = root.find("added_tokens");
   if (it == root.end() || it->is_null()) return ok_status();
   if (!it->is_array()) return data_loss("\"added_tokens\" is not an array");
@@ -130,12 +132,12 @@ Status load_added_tokens(const json& root, Impl* im) {
     Impl::AddedToken a{t["content"].get<std::string>(), static_cast<int32_t>(id),
                        t.value("special", false)};
     // lstrip/rstrip/single_word/normalized are not implemented; Qwen sets them all false.
-    if (static_cast<size_t>(id) >= im->tokens.size()) {
-      im->tokens.resize(id + 1);
+    if (static_cast<size_t>(id) >= text->size()) {
+      text->resize(id + 1);
       im->kind.resize(id + 1, Impl::kNone);
     }
     // An added token may reuse a vocab id; it then wins for that id (as in the Rust library).
-    im->tokens[id] = a.content;
+    (*text)[id] = a.content;
     im->kind[id] = a.special ? Impl::kSpecial : Impl::kAdded;
     im->added_to_id[a.content] = a.id;
     im->added.push_back(std::move(a));
@@ -216,7 +218,7 @@ Status load_pre_tokenizer(const json& root, Impl* im) {
   return ok_status();
 }
 
-Status load_model(const TokenizerJson& doc, Impl* im) {
+Status load_model(const TokenizerJson& doc, Impl* im, std::vector<std::string>* text) {
   const json& root = doc.root;
   auto it = root.find("model");
   if (it == root.end() || !it->is_object()) return data_loss("missing \"model\" object");
@@ -229,15 +231,19 @@ Status load_model(const TokenizerJson& doc, Impl* im) {
       return unimplemented(std::string("BPE ") + key + " is not supported");
     }
   }
-  VLM_RETURN_IF_ERROR(load_vocab(doc, im));
+  VLM_RETURN_IF_ERROR(load_vocab(doc, im, text));
   VLM_RETURN_IF_ERROR(load_merges(doc, im));
   return ok_status();
 }
 
-void finish_tables(Impl* im) {
-  im->bytes.resize(im->tokens.size());
-  for (size_t id = 0; id < im->tokens.size(); ++id) {
-    if (im->kind[id] != Impl::kNone) im->bytes[id] = byte_level_to_bytes(im->tokens[id]);
+void finish_tables(const std::vector<std::string>& text, Impl* im) {
+  size_t total = 0;
+  for (const std::string& t : text) total += t.size();
+  im->tokens.reserve(text.size(), total);
+  im->bytes.reserve(text.size(), total);
+  for (size_t id = 0; id < text.size(); ++id) {
+    im->tokens.push_back(text[id]);
+    im->bytes.push_back(im->kind[id] != Impl::kNone ? byte_level_to_bytes(text[id]) : "");
   }
   for (int b = 0; b < 256; ++b) {
     std::string ch;
@@ -276,12 +282,13 @@ Result<std::unique_ptr<Impl>> parse_impl(const std::string& text, const std::str
   auto im = std::make_unique<Impl>();
   static std::atomic<uint64_t> next_uid{1};
   im->uid = next_uid.fetch_add(1, std::memory_order_relaxed);
+  std::vector<std::string> token_text;
   try {
     TokenizerJson doc;
     Status s = parse_tokenizer_json(text, &doc);
     if (s.ok() && !doc.root.is_object()) s = data_loss("not a JSON object");
-    if (s.ok()) s = load_model(doc, im.get());
-    if (s.ok()) s = load_added_tokens(doc.root, im.get());
+    if (s.ok()) s = load_model(doc, im.get(), &token_text);
+    if (s.ok()) s = load_added_tokens(doc.root, im.get(), &token_text);
     if (s.ok()) s = load_normalizer(doc.root, im.get());
     if (s.ok()) s = load_pre_tokenizer(doc.root, im.get());
     if (!s.ok()) return s.with_context(name);
@@ -289,7 +296,7 @@ Result<std::unique_ptr<Impl>> parse_impl(const std::string& text, const std::str
     // nlohmann throws type_error on a field of the wrong type; report it instead of escaping.
     return data_loss(name + ": " + e.what());
   }
-  finish_tables(im.get());
+  finish_tables(token_text, im.get());
   return im;
 }
 
