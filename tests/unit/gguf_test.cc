@@ -105,6 +105,26 @@ TEST(Gguf, ReadsWhatTheGgufPackageWrote) {
   }
 }
 
+// After release_header the metadata and tensor table are gone, while a tensor's bytes, taken
+// before, still read as the file holds them.
+TEST(Gguf, ReleasingTheHeaderKeepsTheTensorBytes) {
+  const nlohmann::json ref = nlohmann::json::parse(test_util::read_file(kDir + "/reference.json"));
+  auto g = GgufFile::open(kDir + "/reference.gguf");
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  const auto& want = ref["tensors"][0];
+  const GgufTensor* t = g->tensor(want["name"].get<std::string>());
+  ASSERT_NE(t, nullptr);
+  const uint8_t* data = t->data;
+  const uint64_t nbytes = t->nbytes;
+  g->release_header();
+  EXPECT_EQ(g->find("general.architecture"), nullptr);
+  EXPECT_EQ(g->get_string("general.architecture").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(g->tensors().empty());
+  EXPECT_EQ(g->tensor(want["name"].get<std::string>()), nullptr);
+  EXPECT_EQ(sha256_hex(Sha256::of(std::span<const uint8_t>(data, nbytes))),
+            want["sha256"].get<std::string>());
+}
+
 TEST(Gguf, AFileCutAnywhereIsAnError) {
   const std::vector<uint8_t> bytes = file_bytes(kDir + "/reference.gguf");
   auto whole = GgufFile::parse(bytes, "whole");
