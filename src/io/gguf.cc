@@ -533,7 +533,7 @@ Result<double> GgufFile::get_float(std::string_view key) const {
 
 void GgufFile::release_header() {
   kv_ = {};
-  tensors_ = {};
+  std::vector<GgufTensor>().swap(tensors_);
   by_name_ = {};
   if (file_ != nullptr && file_->data() != nullptr) {
     file_->release_pages(file_->data(), static_cast<size_t>(data_offset_));

@@ -739,7 +739,17 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
     if (gx_offs_tls.size() < static_cast<size_t>(M * kernels::ggml_x_offsets(K))) {
       gx_offs_tls.resize(M * kernels::ggml_x_offsets(K));
     }
-    gx = kernels::prepare_ggml_x(qx.q, qx.scale, M, K, gx_tls.data(), gx_offs_tls.data());
+    // (The calling thread's buffers: on a pool thread gx_tls names that thread's own.)
+    float* gout = gx_tls.data();
+    int32_t* goffs = gx_offs_tls.data();
+    const auto fill = [&](int64_t m0, int64_t m1) {
+      return kernels::prepare_ggml_x(qx.q, qx.scale, M, K, m0, m1, gout, goffs);
+    };
+    // Prefill's rows on the pool, as their quantization above.
+    if (M >= kernels::kPackedMinRows) {
+      pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) { fill(m0, m1); });
+    }
+    gx = fill(0, M < kernels::kPackedMinRows ? M : 0);
   }
   thread_local std::vector<float> xdec_tls;
   std::vector<float>& xdec = xdec_tls;

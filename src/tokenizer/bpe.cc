@@ -6,9 +6,12 @@
 
 namespace vlm::tok {
 
+// NOTE(vlm): a load factor up to 0.6 (fits in bpe.h; Qwen's 151k merges: 262144 slots, 4 MiB,
+// where up to 0.5 took 524288 and 8 MiB) encoded as fast: `vlm tokenize` of 2.6 MB of the
+// repository's text, 3 alternating runs, 0.28-0.32 s against 0.29-0.38 s, the load included.
 void MergeMap::reserve(size_t n) {
   size_t cap = 16;
-  while (cap < n * 2) cap <<= 1;  // load factor <= 0.5 keeps probe chains short
+  while (!fits(n, cap)) cap <<= 1;
   if (cap > slots_.size()) rehash(cap);
 }
 
@@ -29,7 +32,7 @@ void MergeMap::rehash(size_t capacity) {
 }
 
 void MergeMap::insert(int32_t left, int32_t right, int32_t rank, int32_t merged) {
-  if ((size_ + 1) * 2 > slots_.size()) rehash(std::max<size_t>(16, slots_.size() * 2));
+  if (!fits(size_ + 1, slots_.size())) rehash(std::max<size_t>(16, slots_.size() * 2));
   const uint64_t key = make_key(left, right);
   for (size_t i = slot_of(key);; i = (i + 1) & mask_) {
     Slot& s = slots_[i];

@@ -38,6 +38,9 @@ class MergeMap {
   };
   static constexpr uint64_t kEmpty = ~uint64_t{0};  // ids are >= 0, so no real key is all ones
 
+  // Whether n entries stay within the load factor of a table of `slots` (at most 3 in 5 used:
+  // linear probing's chains stay short).
+  static bool fits(size_t n, size_t slots) { return n * 5 <= slots * 3; }
   static uint64_t make_key(int32_t left, int32_t right) {
     return (uint64_t{static_cast<uint32_t>(left)} << 32) | static_cast<uint32_t>(right);
   }

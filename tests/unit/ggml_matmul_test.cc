@@ -69,7 +69,7 @@ TEST_P(GgmlMatmulTest, BlockKernelsAndDequantizedPathMatchTheExactValues) {
   for (DType t : kTypes) {
     const std::vector<int64_t> Ks = t == DType::kQ8_0 ? std::vector<int64_t>{32, 96, 192, 512, 1056}
                                                       : std::vector<int64_t>{256, 768, 2304};
-    for (int64_t M : {1, 2, 3, 4, 5, 7, 9, 31, 32, 40, 45}) {
+    for (int64_t M : {1, 2, 3, 4, 5, 7, 9, 31, 32, 34, 35, 40, 43, 45, 257}) {
       for (int64_t K : Ks) {
         for (int64_t N : {1, 5, 17, 33}) {
           const auto seed = static_cast<uint32_t>(M * 1009 + K * 17 + N * 3 + static_cast<int>(t));

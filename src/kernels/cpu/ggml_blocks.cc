@@ -9,14 +9,14 @@
 
 namespace vlm::kernels {
 
-GgmlRows prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t K, float* out,
-                        int32_t* offs) {
+GgmlRows prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t K, int64_t m0,
+                        int64_t m1, float* out, int32_t* offs) {
   float* lane = out;
   float* sum16 = lane + M * (K / 4);
   float* sum32 = sum16 + M * (K / 16);
   int32_t* off32 = offs;
   int32_t* off128 = offs + M * (K / 4);
-  for (int64_t m = 0; m < M; ++m) {
+  for (int64_t m = m0; m < m1; ++m) {
     const int8_t* qm = q + m * K;
     for (int64_t l = 0; l < K / 4; ++l) {
       const int32_t s4 = qm[4 * l] + qm[4 * l + 1] + qm[4 * l + 2] + qm[4 * l + 3];

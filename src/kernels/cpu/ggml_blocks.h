@@ -22,8 +22,10 @@
 // with qw the weights' integers: Q4_K / Q5_K as stored (0..15 / 0..31); Q6_K's q − 32 and Q8_0's
 // signed q, which the kernels reach from unsigned bytes either in the integers (AVX-512: the dot
 // products start from −32 or −128 times x's sums of 4; AVX2: Q8_0 as |q| times x with q's sign)
-// or as one more product (AVX2's Q6_K: −32 · d · sc against x's scaled sums per 16). What the
-// weights' dequantized values give with x's quantized values, up to the order of f32 additions.
+// or as one more product against x's scaled sums (AVX2's Q6_K: −32 · d · sc per 16 values; the
+// 256-bit levels' byte-panel GEMM: Q6_K so, and AVX-VNNI's Q8_0 as q + 128 with −128 · d per
+// block). What the weights' dequantized values give with x's quantized values, up to the order
+// of f32 additions.
 #pragma once
 
 #include <cstdint>
@@ -49,11 +51,12 @@ struct GgmlRows {
 // (off32, off128).
 constexpr int64_t ggml_x_floats(int64_t K) { return K / 4 + K / 16 + K / 32; }
 constexpr int64_t ggml_x_offsets(int64_t K) { return K / 2; }
-// Fills `out` (M · ggml_x_floats(K) floats: all rows' lane, then sum16, then sum32) and `offs`
-// (M · ggml_x_offsets(K): off32, then off128) from x's quantized q, scale and sum
-// (kernels/cpu/matmul.h's Q8Rows fields) and returns the views. Baseline code.
-GgmlRows prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t K, float* out,
-                        int32_t* offs);
+// Fills rows [m0, m1) of `out` (M · ggml_x_floats(K) floats: all rows' lane, then sum16, then
+// sum32) and `offs` (M · ggml_x_offsets(K): off32, then off128) from x's quantized q, scale and
+// sum (kernels/cpu/matmul.h's Q8Rows fields; rows apart, so threads may fill slices) and returns
+// the views of all M rows. Baseline code.
+GgmlRows prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t K, int64_t m0,
+                        int64_t m1, float* out, int32_t* offs);
 
 // out[(n − n0) · K + k] = w[n, k] in f32 for n in [n0, n1): the exact values (bit-identical to
 // ggml's and the gguf package's dequantizers; io/gguf_quants). Baseline code.
@@ -74,7 +77,8 @@ void matmul_rows_ggml(const GgmlRows& x, int64_t M, int64_t K, DType t, const vo
 }  // namespace avx512vnni
 // The same on AVX2 (vpmaddubsw + vpmaddwd: pairs of byte products summed in int16, which the
 // weights' ranges keep from saturating; Q8_0 multiplies |w| by x with w's sign), and built with
-// AVX-VNNI (vpdpbusd on 256 bits).
+// AVX-VNNI (vpdpbusd on 256 bits; its byte-panel GEMM takes Q8_0 as q + 128). Both run a
+// byte-panel GEMM from kPackedMinRows x rows.
 namespace avx2 {
 void matmul_rows_ggml(const GgmlRows& x, int64_t M, int64_t K, DType t, const void* w, int64_t n0,
                       int64_t n1, float* y, int64_t ldy, int64_t prefetch);
