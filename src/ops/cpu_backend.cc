@@ -47,13 +47,16 @@ const int32_t* i32(Buf b) { return b.as<const int32_t>(); }
 
 Result<Buffer> CpuBackend::alloc(int64_t elems, DType t, bool lazy) {
   const size_t bytes = dtype_nbytes(t, std::max<int64_t>(elems, 0));
-  if (lazy) {
+  // From 1 MiB a mapping of its own, as the lazy reservation: zero pages from the kernel, resident
+  // only where written. calloc serves blocks up to glibc's mmap threshold (4 MiB, Engine::load)
+  // from the heap, where reused memory is cleared and so resident whole: the decoder's scratch,
+  // sized for the longest prefill chunk, cost its full size whatever rows the steps reached.
+  constexpr size_t kMappedBytes = size_t{1} << 20;
+  if (lazy || bytes >= kMappedBytes) {
     VLM_ASSIGN_OR_RETURN(HugePageBuffer mem, HugePageBuffer::allocate(bytes, /*noreserve=*/true));
     auto owner = std::make_shared<HugePageBuffer>(std::move(mem));
     return Buffer(Buf{owner->data(), Device::kCpu, t}, bytes, owner);
   }
-  // calloc: large blocks come straight from the kernel as zero pages, resident only where used
-  // (a block-table buffer sized for the longest context costs what its rows reach).
   void* p = std::calloc(std::max<size_t>(bytes, 1), 1);
   if (p == nullptr)
     return unavailable("out of memory allocating " + std::to_string(bytes) + " bytes");
