@@ -107,12 +107,11 @@ int64_t ggml_native_max_rows(Isa isa) {
   return kernels::kPackedMinRows;
 }
 
-bool ggml_quantizes_x(Isa isa, int64_t M, DType t) {
+bool ggml_quantizes_x(Isa isa, DType t) {
 #if defined(VLM_HAVE_X86_DISPATCH)
-  (void)M;  // every level with a block kernel takes INT8 x at every M
   return is_ggml_block(t) && isa != Isa::kGeneric;
 #else
-  (void)isa, (void)M, (void)t;
+  (void)isa, (void)t;
   return false;
 #endif
 }
@@ -681,7 +680,7 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
   const bool ggml_native = ggml_k != nullptr && M < ggml_native_max_rows(isa);
   bool ggml_x = false, ggml_dequant = false, ggml_sum16 = false;
   // From ggml_native_max_rows on, avx512vnni's byte-panel GEMM takes them.
-  const auto ggml_gemm = [&](DType t) { return !ggml_native && ggml_quantizes_x(isa, M, t); };
+  const auto ggml_gemm = [&](DType t) { return !ggml_native && ggml_quantizes_x(isa, t); };
   for (const TensorView* w : ws) {
     total += w->dim(0);
     bf16_x = bf16_x || (bf16_dec != 0 && bf16_dec != kWidenL2 && w->dtype == DType::kBF16);
@@ -736,20 +735,18 @@ void matmul_multi(const float* x, int64_t M, int64_t K, std::span<const TensorVi
     if (gx_tls.size() < static_cast<size_t>(M * kernels::ggml_x_floats(K))) {
       gx_tls.resize(M * kernels::ggml_x_floats(K));
     }
-    if (gx_offs_tls.size() < static_cast<size_t>(M * kernels::ggml_x_offsets(K))) {
+    // x's sums of 4 times −32 and −128: only avx512vnni's block kernel starts from them.
+    const bool offsets = isa == Isa::kAvx512Vnni;
+    if (offsets && gx_offs_tls.size() < static_cast<size_t>(M * kernels::ggml_x_offsets(K))) {
       gx_offs_tls.resize(M * kernels::ggml_x_offsets(K));
     }
     // (The calling thread's buffers: on a pool thread gx_tls names that thread's own.)
     float* gout = gx_tls.data();
-    int32_t* goffs = gx_offs_tls.data();
-    const auto fill = [&](int64_t m0, int64_t m1) {
-      return kernels::prepare_ggml_x(qx.q, qx.scale, M, K, m0, m1, gout, goffs);
-    };
-    // Prefill's rows on the pool, as their quantization above.
-    if (M >= kernels::kPackedMinRows) {
-      pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) { fill(m0, m1); });
-    }
-    gx = fill(0, M < kernels::kPackedMinRows ? M : 0);
+    int32_t* goffs = offsets ? gx_offs_tls.data() : nullptr;
+    pool.parallel_for(M, 16, [&](int64_t m0, int64_t m1, int) {
+      kernels::prepare_ggml_x(qx.q, qx.scale, M, K, m0, m1, gout, goffs);
+    });
+    gx = kernels::ggml_x_views(qx.q, M, K, gout, goffs);
   }
   thread_local std::vector<float> xdec_tls;
   std::vector<float>& xdec = xdec_tls;

@@ -159,8 +159,9 @@ bool matmul_quantizes_x(Isa isa, int64_t M, int64_t K, DType wtype);
 // quantized as below). At the generic level blocks of 32 rows are dequantized exactly to f32
 // and multiplied by the f32 kernel.
 int64_t ggml_native_max_rows(Isa isa);
-// Whether matmul quantizes x per 32 values for a GGUF block weight of type t (either way above).
-bool ggml_quantizes_x(Isa isa, int64_t M, DType t);
+// Whether matmul quantizes x per 32 values for a GGUF block weight of type t (either way above:
+// at every M on the levels with a block kernel).
+bool ggml_quantizes_x(Isa isa, DType t);
 // The least x rows from which I8 weights take INT8 activations at this level (0: never). One x
 // row (decode) keeps f32 x: the step streams the weights and is memory-bound either way.
 int64_t int8_activation_min_rows(Isa isa);

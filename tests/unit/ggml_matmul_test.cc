@@ -84,7 +84,7 @@ TEST_P(GgmlMatmulTest, BlockKernelsAndDequantizedPathMatchTheExactValues) {
           const std::vector<float> x = randn(static_cast<size_t>(M * K), seed + 1);
           // The block kernels and the byte-panel GEMM multiply x as quantized per 32 values
           // (ref::quantize_rows_q8).
-          const bool native = ops::ggml_quantizes_x(isa, M, t);
+          const bool native = ops::ggml_quantizes_x(isa, t);
           EXPECT_EQ(native, has_kernel);
           std::vector<float> xv = x;
           if (native) {

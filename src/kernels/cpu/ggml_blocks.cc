@@ -9,19 +9,28 @@
 
 namespace vlm::kernels {
 
-GgmlRows prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t K, int64_t m0,
-                        int64_t m1, float* out, int32_t* offs) {
+GgmlRows ggml_x_views(const int8_t* q, int64_t M, int64_t K, float* out, int32_t* offs) {
+  float* sum16 = out + M * (K / 4);
+  return {
+      q, out, sum16, sum16 + M * (K / 16), offs, offs != nullptr ? offs + M * (K / 4) : nullptr};
+}
+
+void prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t K, int64_t m0,
+                    int64_t m1, float* out, int32_t* offs) {
+  // ggml_x_views' layout, on the writable buffers.
+  const GgmlRows v = ggml_x_views(q, M, K, out, offs);
   float* lane = out;
-  float* sum16 = lane + M * (K / 4);
-  float* sum32 = sum16 + M * (K / 16);
-  int32_t* off32 = offs;
-  int32_t* off128 = offs + M * (K / 4);
+  float* sum16 = out + (v.sum16 - v.lane);
+  float* sum32 = out + (v.sum32 - v.lane);
   for (int64_t m = m0; m < m1; ++m) {
     const int8_t* qm = q + m * K;
-    for (int64_t l = 0; l < K / 4; ++l) {
-      const int32_t s4 = qm[4 * l] + qm[4 * l + 1] + qm[4 * l + 2] + qm[4 * l + 3];
-      off32[m * (K / 4) + l] = -32 * s4;
-      off128[m * (K / 4) + l] = -128 * s4;
+    if (offs != nullptr) {
+      int32_t* off128 = offs + (v.off128 - v.off32);
+      for (int64_t l = 0; l < K / 4; ++l) {
+        const int32_t s4 = qm[4 * l] + qm[4 * l + 1] + qm[4 * l + 2] + qm[4 * l + 3];
+        offs[m * (K / 4) + l] = -32 * s4;
+        off128[m * (K / 4) + l] = -128 * s4;
+      }
     }
     for (int64_t b = 0; b < K / 32; ++b) {
       const float s = scale[m * (K / 32) + b];
@@ -33,7 +42,6 @@ GgmlRows prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t 
       sum32[m * (K / 32) + b] = s * static_cast<float>(t[0] + t[1]);
     }
   }
-  return {q, lane, sum16, sum32, off32, off128};
 }
 
 void dequantize_rows_ggml(DType t, const void* w, int64_t K, int64_t n0, int64_t n1, float* out) {

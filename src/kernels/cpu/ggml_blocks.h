@@ -51,12 +51,15 @@ struct GgmlRows {
 // (off32, off128).
 constexpr int64_t ggml_x_floats(int64_t K) { return K / 4 + K / 16 + K / 32; }
 constexpr int64_t ggml_x_offsets(int64_t K) { return K / 2; }
-// Fills rows [m0, m1) of `out` (M · ggml_x_floats(K) floats: all rows' lane, then sum16, then
-// sum32) and `offs` (M · ggml_x_offsets(K): off32, then off128) from x's quantized q, scale and
-// sum (kernels/cpu/matmul.h's Q8Rows fields; rows apart, so threads may fill slices) and returns
-// the views of all M rows. Baseline code.
-GgmlRows prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t K, int64_t m0,
-                        int64_t m1, float* out, int32_t* offs);
+// The views of x's M rows laid out in `out` (M · ggml_x_floats(K) floats: all rows' lane, then
+// sum16, then sum32) and `offs` (M · ggml_x_offsets(K) int32: off32, then off128; null for
+// none: off32 and off128 then null).
+GgmlRows ggml_x_views(const int8_t* q, int64_t M, int64_t K, float* out, int32_t* offs);
+// Fills rows [m0, m1) of `out` and `offs` (laid out as ggml_x_views reads them; offs null: none)
+// from x's quantized q and scale (kernels/cpu/matmul.h's Q8Rows fields); rows apart, so threads
+// may fill disjoint slices. Baseline code.
+void prepare_ggml_x(const int8_t* q, const float* scale, int64_t M, int64_t K, int64_t m0,
+                    int64_t m1, float* out, int32_t* offs);
 
 // out[(n − n0) · K + k] = w[n, k] in f32 for n in [n0, n1): the exact values (bit-identical to
 // ggml's and the gguf package's dequantizers; io/gguf_quants). Baseline code.
