@@ -5,6 +5,14 @@
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 30b-a3b --layers 24
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape qwen3.5-9b --layers 8
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 35b-a3b --layers 8
+    python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 8b --fp8
+
+--fp8 (the dense shapes) writes Qwen's published *-FP8 layout: every text-decoder projection as
+F8_E4M3 (N(0, 64) rounded to E4M3) with an F32 `weight_scale_inv` per 128 x 128 block (0.02 / 64
+times 2^U(-1/2, 1/2): the weights are about N(0, 0.02) as in BF16), config.json's
+quantization_config as Qwen writes it (quant_method fp8, fmt e4m3, activation_scheme dynamic,
+weight_block_size [128, 128], modules_to_not_convert [lm_head, model.embed_tokens]); the vision
+tower, embedding and norms stay BF16.
 
 The Qwen3.5 shapes (qwen3.5-2b, qwen3.5-9b: Qwen/Qwen3.5-2B and -9B as published, model_type
 qwen3_5) write three Gated DeltaNet layers to each gated attention layer (linear_attn.in_proj_qkv,
@@ -235,12 +243,61 @@ def qwen35_text_table(s: dict) -> list[tuple[str, tuple[int, ...]]]:
     return t
 
 
+# --fp8: the text decoder's linear weights in Qwen's block FP8 (filled by fp8_table).
+FP8_WEIGHTS: set = set()
+FP8_BLOCK = 128
+
+
 def dtype_of(name: str) -> str:
-    return "F32" if name.endswith(F32_SUFFIXES) else "BF16"
+    if name in FP8_WEIGHTS:
+        return "F8_E4M3"
+    if name.endswith(F32_SUFFIXES) or name.endswith("_scale_inv"):
+        return "F32"
+    return "BF16"
 
 
 def nbytes_of(name: str, shape) -> int:
-    return (4 if dtype_of(name) == "F32" else 2) * numel(shape)
+    return {"F32": 4, "BF16": 2, "F8_E4M3": 1}[dtype_of(name)] * numel(shape)
+
+
+def fp8_table(tensors: list) -> list:
+    """Qwen's *-FP8 layout: each 2-D text-decoder projection (not a router, not lm_head) as
+    F8_E4M3 with its F32 weight_scale_inv [ceil(N/128), ceil(K/128)] after it."""
+    out = []
+    for name, shape in tensors:
+        out.append((name, shape))
+        if ("language_model.layers." in name and name.endswith(".weight") and len(shape) == 2
+                and "norm" not in name.split(".")[-2]
+                and not name.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))):
+            FP8_WEIGHTS.add(name)
+            out.append((name + "_scale_inv", (-(-shape[0] // FP8_BLOCK),
+                                              -(-shape[1] // FP8_BLOCK))))
+    return out
+
+
+def e4m3_values() -> np.ndarray:
+    """The 127 non-negative finite E4M3 values in byte order (0x00 .. 0x7E), increasing."""
+    b = np.arange(127)
+    e, m = b >> 3, b & 7
+    return np.where(e == 0, m * 2.0 ** -9, (8 + m) * 2.0 ** (e - 10)).astype(np.float32)
+
+
+def write_fp8_data(f, name: str, shape, rng) -> None:
+    """N(0, 64) in E4M3 (rounded to the nearest value, clipped at 448); scale_inv 0.02 / 64 times
+    2^U(-1/2, 1/2) per block, so the weights are about N(0, 0.02) like the BF16 ones."""
+    if name.endswith("_scale_inv"):
+        u = rng.uniform(-0.5, 0.5, size=numel(shape)).astype(np.float32)
+        f.write((np.float32(0.02 / 64) * np.exp2(u)).astype(np.float32).data)
+        return
+    vals = e4m3_values()
+    mids = (vals[1:] + vals[:-1]) / 2
+    left = numel(shape)
+    while left:
+        n = min(left, CHUNK)
+        x = rng.standard_normal(n, dtype=np.float32) * np.float32(64)
+        code = np.searchsorted(mids, np.minimum(np.abs(x), 448)).astype(np.uint8)
+        f.write((code | ((x < 0).astype(np.uint8) << 7)).data)
+        left -= n
 
 
 def numel(shape) -> int:
@@ -269,6 +326,8 @@ class _Buffers:
 def write_tensor_data(f, name: str, shape, seed: int, bufs: _Buffers,
                       zero_centred: bool = False) -> None:
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if dtype_of(name) == "F8_E4M3" or name.endswith("_scale_inv"):
+        return write_fp8_data(f, name, shape, rng)
     is_norm_weight = name.endswith(".weight") and "norm" in name.split(".")[-2]
     if zero_centred and name.endswith(ZERO_CENTRED):
         is_norm_weight = False  # Qwen3.5's (1 + w) norms
@@ -525,6 +584,9 @@ def main() -> int:
     ap.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES)
     ap.add_argument("--layers", type=int, default=None,
                     help="keep the first L decoder layers (default: all of the shape's)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="Qwen's *-FP8 layout: the text decoder's projections in E4M3 with one "
+                         "F32 weight_scale_inv per 128 x 128 block (dense shapes)")
     args = ap.parse_args()
 
     s = dict(SHAPES[args.shape])
@@ -536,6 +598,10 @@ def main() -> int:
     total_params = sum(numel(shape) for _, shape in tensors)
     if s["params"] is not None and total_params != s["params"]:
         raise SystemExit(f"parameter count {total_params} != expected {s['params']}")
+    if args.fp8:
+        if "experts" in s:
+            ap.error("--fp8 writes the dense shapes (Qwen's MoE FP8 stores one tensor per expert)")
+        tensors = fp8_table(tensors)
     total_bytes = sum(nbytes_of(name, shape) for name, shape in tensors)
     qwen35 = bool(s.get("qwen35"))
     tok_dir = TOKENIZER_DIR
@@ -546,7 +612,13 @@ def main() -> int:
     for old in list(out.glob("model*.safetensors")) + list(out.glob("model.safetensors.index.json")):
         old.unlink()
 
-    dump(out / "config.json", config_json(s))
+    cfg = config_json(s)
+    if args.fp8:
+        cfg["quantization_config"] = {
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+            "modules_to_not_convert": ["lm_head", "model.embed_tokens"]}
+    dump(out / "config.json", cfg)
     if qwen35:
         (out / "generation_config.json").unlink(missing_ok=True)  # none published
     else:

@@ -336,6 +336,10 @@ class Engine {
   bool vision_fp16() const;
   // The weight quantization in use.
   Quant quant() const;
+  // A pre-quantized checkpoint's format as its config.json names it ("compressed-tensors
+  // pack-quantized int4 (group 32)", "Qwen FP8 e4m3 (128×128 blocks)"), or "" for one stored in
+  // full precision (or a GGUF file).
+  std::string checkpoint_quantization() const;
   // The CPU kernel choices and how they were made, e.g. "bf16_gemm: f32 410.2 GFLOP/s, amx 1650.3
   // GFLOP/s -> amx (cached; M=256 K=2048 N=4096); bf16_decode: widen 31.2 GB/s, ... -> evenodd_l2
   // (measured; ...)", or "bf16_gemm: f32 (--precision f32); ...".

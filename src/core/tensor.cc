@@ -26,6 +26,8 @@ size_t dtype_size(DType t) {
       return 1;
     case DType::kBool:
       return 1;
+    case DType::kF8E4M3:
+      return 1;
     case DType::kQ8_0:
       return 34;
     case DType::kQ4K:
@@ -73,6 +75,8 @@ const char* dtype_name(DType t) {
       return "U8";
     case DType::kBool:
       return "BOOL";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
     case DType::kQ8_0:
       return "Q8_0";
     case DType::kQ4K:
@@ -90,9 +94,10 @@ bool dtype_from_name(std::string_view n, DType* out) {
     const char* name;
     DType t;
   } kTable[] = {
-      {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16}, {"F64", DType::kF64},
-      {"I64", DType::kI64}, {"I32", DType::kI32},   {"I16", DType::kI16}, {"I8", DType::kI8},
-      {"U8", DType::kU8},   {"BOOL", DType::kBool},
+      {"F32", DType::kF32},   {"BF16", DType::kBF16},      {"F16", DType::kF16},
+      {"F64", DType::kF64},   {"I64", DType::kI64},        {"I32", DType::kI32},
+      {"I16", DType::kI16},   {"I8", DType::kI8},          {"U8", DType::kU8},
+      {"BOOL", DType::kBool}, {"F8_E4M3", DType::kF8E4M3},
   };
   for (const auto& e : kTable) {
     if (n == e.name) {

@@ -21,6 +21,10 @@ enum class DType {
   kI4,
   kU8,
   kBool,
+  // FP8 E4M3 (safetensors' F8_E4M3, torch.float8_e4m3fn): 1 sign, 4 exponent bits (bias 7), 3
+  // mantissa bits, no infinities, 0x7F / 0xFF NaN, largest 448. Read by the loaders of
+  // pre-quantized checkpoints only (model/prequant.h), never multiplied as stored.
+  kF8E4M3,
   // GGUF's block types, linear weights [N, K] held as the file stores them (ggml's blocks, K a
   // multiple of the block; layouts in kernels/cpu/ggml_blocks.h): Q8_0 (34 bytes per 32 values),
   // Q4_K (144 per 256), Q5_K (176 per 256), Q6_K (210 per 256).

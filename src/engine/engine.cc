@@ -319,6 +319,30 @@ Status load_gguf(const EngineOptions& options, EngineImpl* impl) {
   return ok_status();
 }
 
+// A pre-quantized checkpoint's store in the layouts the loaders read (model/prequant.h): f32 with
+// --precision f32, else the CPU's INT4 / INT8 / Q8_0. Refused on the GPU (no kernels proven
+// there) and with --quant (the checkpoint is quantized already).
+Result<WeightStore> open_prequantized(const EngineOptions& options, WeightStore store,
+                                      EngineImpl* impl) {
+  const std::string what =
+      options.model_dir + " is already quantized (" + impl->cfg.prequant.describe() + ")";
+  if (options.device == Device::kCuda) {
+    return unimplemented("--device cuda: " + what +
+                         ", and vlm has no CUDA kernels for pre-quantized weights yet; run it "
+                         "with --device cpu");
+  }
+  if (options.quant != Quant::kNone) {
+    return invalid_argument("--quant " + std::string(quant_name(options.quant)) + ": " + what +
+                            "; leave --quant out to run it as it came");
+  }
+  const PrequantLayout layout =
+      options.precision == Precision::kF32 ? PrequantLayout::kExact : PrequantLayout::kFast;
+  VLM_ASSIGN_OR_RETURN(PrequantStore p, open_prequant_store(std::move(store), impl->cfg.prequant,
+                                                            layout, impl->pool.get()));
+  for (std::string& n : p.notes) impl->load_notes.push_back(std::move(n));
+  return std::move(p.store);
+}
+
 // The checkpoint directory: config, generation config, weights (views into the mapping), the
 // preprocessor config and the tokenizer; or a GGUF file.
 Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
@@ -340,6 +364,9 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
   VLM_ASSIGN_OR_RETURN(impl->gen, load_generation_config(dir));
   {
     VLM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(dir));
+    if (impl->cfg.prequant.quantized()) {
+      VLM_ASSIGN_OR_RETURN(store, open_prequantized(options, std::move(store), impl));
+    }
     impl->store = std::make_unique<WeightStore>(std::move(store));
   }
   VLM_ASSIGN_OR_RETURN(
@@ -653,6 +680,7 @@ Result<std::unique_ptr<EngineImpl>> load_model(const EngineOptions& options,
                               " does not run on this CPU");
     }
   }
+  impl->pool = pool ? std::move(pool) : std::make_shared<ThreadPool>(options.n_threads);
   VLM_RETURN_IF_ERROR(load_checkpoint(options, impl.get()));
   if (on_gpu && impl->cfg.text_config.family == ModelFamily::kQwen35) {
     return unimplemented("--device cuda: Qwen3.5 (model_type " + impl->cfg.model_type +
@@ -663,7 +691,6 @@ Result<std::unique_ptr<EngineImpl>> load_model(const EngineOptions& options,
     return invalid_argument(
         "--quant fp8 has no expert kernels for a mixture of experts; use --quant int8");
   }
-  impl->pool = pool ? std::move(pool) : std::make_shared<ThreadPool>(options.n_threads);
   VLM_RETURN_IF_ERROR(
       quantize_text_weights(&impl->weights, host_quant(options.quant), *impl->pool,
                             impl->store.get(), options.int4_group)
@@ -809,6 +836,9 @@ const std::vector<int32_t>& Engine::eos_token_ids() const { return impl_->eos_id
 // The public level of the kernels in use: the op layer's levels have the same names.
 CpuIsa Engine::cpu_isa() const { return parse_cpu_isa(ops::isa_name(impl_->isa)).value(); }
 Quant Engine::quant() const { return impl_->opts.quant; }
+std::string Engine::checkpoint_quantization() const {
+  return impl_->cfg.prequant.quantized() ? impl_->cfg.prequant.describe() : std::string();
+}
 bool Engine::vision_fp16() const { return impl_->vision != nullptr && impl_->vision->fp16(); }
 int Engine::n_threads() const { return impl_->pool->n_threads(); }
 int64_t Engine::decode_weight_bytes() const { return impl_->decoder->decode_weight_bytes(); }

@@ -52,6 +52,7 @@ class SafetensorsFile {
   // See MappedFile::release_pages; false when the range is not in this file.
   bool release_pages(const void* p, size_t n) const { return file_.release_pages(p, n); }
   // The whole file's mapping.
+  const MappedFile& mapping() const { return file_; }
   const uint8_t* mapped_data() const { return file_.data(); }
   size_t mapped_size() const { return file_.size(); }
 

@@ -375,6 +375,12 @@ Result<Qwen3VLConfig> parse_qwen3vl_config(const std::string& text, const std::s
   if (c.text_config.family != ModelFamily::kQwen35 || hybrid_moe) {
     VLM_RETURN_IF_ERROR(parse_moe(text_json, text_where, moe, hybrid_moe, &c.text_config));
   }
+  // A pre-quantized checkpoint's (at the top level, or in text_config where a tool put it).
+  for (const json* o : {static_cast<const json*>(&j), &text_json}) {
+    auto q = o->find("quantization_config");
+    if (q == o->end() || q->is_null() || c.prequant.quantized()) continue;
+    VLM_ASSIGN_OR_RETURN(c.prequant, parse_prequant_config(q->dump(), source));
+  }
   if (auto vc = j.find("vision_config"); vc != j.end() && vc->is_object()) {
     c.has_vision = true;
     VLM_RETURN_IF_ERROR(parse_vision(*vc, source + ": vision_config", &c.vision_config));

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "model/prequant.h"
 #include "vlm/status.h"
 
 namespace vlm {
@@ -119,6 +120,8 @@ struct Qwen3VLConfig {
   // eos_token_id of the text config (or the top level): a checkpoint without
   // generation_config.json (Qwen3.5's) stops there too.
   std::vector<int64_t> eos_token_id;
+  // quantization_config: a pre-quantized checkpoint's scheme (method kNone: none).
+  PrequantConfig prequant;
 };
 
 // generation_config.json: defaults a request may override.

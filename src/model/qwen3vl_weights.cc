@@ -15,10 +15,11 @@ namespace {
 constexpr const char* kPrefixes[] = {"model.language_model.", "model."};
 
 constexpr std::initializer_list<DType> kFloatTypes = {DType::kF32, DType::kBF16, DType::kF16};
-// (kI4: a GGUF file's Q4_0 matrices, repacked.)
+// (kI4: a GGUF file's Q4_0 matrices, repacked, or a pre-quantized checkpoint's 4-bit ones; kI8
+// and kQ8_0 a pre-quantized checkpoint's 8-bit and FP8 ones: model/prequant.h.)
 constexpr std::initializer_list<DType> kMatrixTypes = {DType::kF32,  DType::kBF16, DType::kF16,
                                                        DType::kQ8_0, DType::kQ4K,  DType::kQ5K,
-                                                       DType::kQ6K,  DType::kI4};
+                                                       DType::kQ6K,  DType::kI4,   DType::kI8};
 
 // The f32 values of a stored F32 / BF16 / F16 tensor.
 std::vector<float> to_f32(const TensorView& v) {
@@ -530,6 +531,7 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
           // in int4_storage, are refused as before).
           if (is_ggml_block(s.matrix->dtype)) return ok_status();
           if (s.matrix->dtype == DType::kI4 && w->int4_storage == nullptr) return ok_status();
+          if (s.matrix->dtype == DType::kI8 && w->int8_storage == nullptr) return ok_status();
           VLM_ASSIGN_OR_RETURN(TensorView q,
                                quantized(*s.matrix, s.name.empty() ? "lm_head" : s.name));
           if (store != nullptr) store->release_pages(*s.matrix);

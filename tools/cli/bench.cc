@@ -589,6 +589,9 @@ void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport*
       std::string(vlm::cpu_isa_name(engine.cpu_isa())) +
       (engine.quant() == vlm::Quant::kNone ? std::string()
                                            : std::string(" ") + vlm::quant_name(engine.quant())) +
+      (engine.checkpoint_quantization().empty()
+           ? std::string()
+           : ", checkpoint " + engine.checkpoint_quantization()) +
       fmt(", %.3f bits per weight", r->bits_per_weight) + (a.mmap ? ", weights mmap'd" : "") +
       (engine.vision_fp16() ? ", vision fp16" : "");
   for (const std::string& n : engine.load_notes()) r->notes.push_back(n);
@@ -601,6 +604,7 @@ void describe_engine(const vlm::Engine& engine, const BenchArgs& a, BenchReport*
   r->info["mmap_weights"] = a.mmap;
   r->info["vision_fp16"] = engine.vision_fp16();
   r->info["quant"] = engine.quant() == vlm::Quant::kNone ? "" : vlm::quant_name(engine.quant());
+  r->info["checkpoint_quantization"] = engine.checkpoint_quantization();
   r->info["threads"] = r->threads;
   r->info["decode_weight_bytes"] = r->weight_bytes;
   r->info["decode_state_bytes"] = r->state_bytes;

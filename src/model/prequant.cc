@@ -1,0 +1,252 @@
+#include "model/prequant.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "core/half.h"
+
+namespace vlm {
+namespace {
+
+using nlohmann::json;
+
+// ------------------------------------------------------------------------------------------------
+// config.json's quantization_config
+// ------------------------------------------------------------------------------------------------
+
+std::string value_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+Status refuse(const std::string& where, const std::string& field, const json& v,
+              const std::string& why) {
+  return invalid_argument(where + ": quantization_config." + field + " = " + value_text(v) + ": " +
+                          why);
+}
+
+// A field that must be absent, null, false, empty or one of `allowed` (strings).
+Status only(const json& j, const std::string& path, const char* key,
+            std::initializer_list<const char*> allowed, const std::string& where,
+            const std::string& why) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()) ||
+      (it->is_object() && it->empty()) || (it->is_array() && it->empty())) {
+    return ok_status();
+  }
+  if (it->is_string()) {
+    for (const char* a : allowed) {
+      if (it->get<std::string>() == a) return ok_status();
+    }
+  }
+  return refuse(where, path + key, *it, why);
+}
+
+Status string_list(const json& j, const char* key, const std::string& path,
+                   const std::string& where, std::vector<std::string>* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return ok_status();
+  if (!it->is_array()) return refuse(where, path + key, *it, "expected a list of names");
+  for (const json& e : *it) {
+    if (!e.is_string()) return refuse(where, path + key, *it, "expected a list of names");
+    out->push_back(e.get<std::string>());
+  }
+  return ok_status();
+}
+
+Result<PrequantConfig> parse_fp8(const json& q, const std::string& where) {
+  PrequantConfig c;
+  c.method = PrequantMethod::kFp8;
+  VLM_RETURN_IF_ERROR(only(q, "", "fmt", {"e4m3"}, where, "vlm reads E4M3 FP8 weights only"));
+  VLM_RETURN_IF_ERROR(only(q, "", "activation_scheme", {"dynamic"}, where,
+                           "static activation scales are not supported (vlm quantizes "
+                           "activations itself)"));
+  auto bs = q.find("weight_block_size");
+  if (bs == q.end() || !bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() ||
+      !(*bs)[1].is_number_integer() || (*bs)[0].get<int64_t>() <= 0 ||
+      (*bs)[1].get<int64_t>() <= 0) {
+    return refuse(where, "weight_block_size", bs == q.end() ? json() : *bs,
+                  "expected [rows, columns] of the FP8 scale blocks (per-tensor FP8 without "
+                  "blocks is not supported)");
+  }
+  PrequantScheme s;
+  s.format = "float-quantized";
+  s.targets = {"Linear"};
+  s.bits = 8;
+  s.is_float = true;
+  s.strategy = "block";
+  s.block_rows = (*bs)[0].get<int64_t>();
+  s.block_cols = (*bs)[1].get<int64_t>();
+  c.groups.push_back(s);
+  VLM_RETURN_IF_ERROR(string_list(q, "modules_to_not_convert", "", where, &c.ignore));
+  VLM_RETURN_IF_ERROR(string_list(q, "ignored_layers", "", where, &c.ignore));
+  return c;
+}
+
+// One compressed-tensors config group's weights (`p`: its path for messages).
+Result<PrequantScheme> parse_scheme(const json& g, const std::string& top_format,
+                                    const std::string& p, const std::string& where) {
+  PrequantScheme s;
+  s.format = top_format;
+  if (auto f = g.find("format"); f != g.end() && f->is_string()) s.format = f->get<std::string>();
+  if (s.format != "pack-quantized" && s.format != "int-quantized" &&
+      s.format != "naive-quantized" && s.format != "float-quantized") {
+    return refuse(where, p + "format", json(s.format),
+                  "vlm reads pack-quantized, int-quantized, naive-quantized and float-quantized");
+  }
+  VLM_RETURN_IF_ERROR(string_list(g, "targets", p, where, &s.targets));
+  for (const std::string& t : s.targets) {
+    if (t != "Linear" && t.rfind("re:", 0) != 0) {
+      return refuse(where, p + "targets", json(t),
+                    "vlm matches the target Linear and re: patterns only");
+    }
+  }
+  for (const char* key : {"input_activations", "output_activations"}) {
+    auto a = g.find(key);
+    if (a == g.end() || a->is_null()) continue;
+    const bool dynamic = a->is_object() && a->value("dynamic", json(false)) == json(true);
+    if (std::string(key) == "output_activations" || !dynamic) {
+      return refuse(where, p + key, *a,
+                    "static activation quantization is not supported (vlm quantizes activations "
+                    "itself; dynamic input activations are run so)");
+    }
+  }
+  auto w = g.find("weights");
+  if (w == g.end() || !w->is_object()) {
+    return refuse(where, p + "weights", w == g.end() ? json() : *w, "expected the weights' scheme");
+  }
+  const std::string wp = p + "weights.";
+  s.bits = w->value("num_bits", 0);
+  const std::string type = w->value("type", std::string("int"));
+  s.is_float = type == "float";
+  s.symmetric = w->value("symmetric", true);
+  s.strategy = w->value("strategy", std::string("tensor"));
+  if (type != "int" && type != "float") {
+    return refuse(where, wp + "type", (*w)["type"], "expected int or float");
+  }
+  if (s.is_float ? s.bits != 8 : (s.bits != 4 && s.bits != 8)) {
+    return refuse(where, wp + "num_bits", json(s.bits),
+                  s.is_float ? "vlm reads 8-bit (E4M3) float weights"
+                             : "vlm reads 4- and 8-bit integer weights");
+  }
+  if (s.is_float != (s.format == "float-quantized")) {
+    return refuse(where, p + "format", json(s.format), "does not match weights.type " + type);
+  }
+  if (s.is_float && !s.symmetric) {
+    return refuse(where, wp + "symmetric", json(false), "FP8 weights have no zero points");
+  }
+  if (s.bits == 8 && !s.is_float && !s.symmetric) {
+    return refuse(where, wp + "symmetric", json(false),
+                  "8-bit integer weights with zero points are not supported");
+  }
+  VLM_RETURN_IF_ERROR(only(*w, wp, "dynamic", {}, where, "dynamic weight scales"));
+  VLM_RETURN_IF_ERROR(only(*w, wp, "actorder", {"static"}, where,
+                           "weights reordered per group (weight_g_idx) are not supported"));
+  if (s.strategy == "group") {
+    s.group_size = w->value("group_size", int64_t{0});
+    if (s.group_size <= 0) {
+      return refuse(where, wp + "group_size", (*w)["group_size"], "expected a positive size");
+    }
+  } else if (s.strategy == "block") {
+    auto b = w->find("block_structure");
+    if (b == w->end() || !b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() ||
+        !(*b)[1].is_number_integer() || (*b)[0].get<int64_t>() <= 0 ||
+        (*b)[1].get<int64_t>() <= 0) {
+      return refuse(where, wp + "block_structure", b == w->end() ? json() : *b,
+                    "expected [rows, columns]");
+    }
+    s.block_rows = (*b)[0].get<int64_t>();
+    s.block_cols = (*b)[1].get<int64_t>();
+  } else if (s.strategy != "tensor" && s.strategy != "channel") {
+    return refuse(where, wp + "strategy", json(s.strategy),
+                  "vlm reads tensor, channel, group and block scales");
+  }
+  if (s.strategy == "block" && !s.is_float) {
+    return refuse(where, wp + "strategy", json(s.strategy), "block scales are read for FP8 only");
+  }
+  return s;
+}
+
+Result<PrequantConfig> parse_compressed_tensors(const json& q, const std::string& where) {
+  PrequantConfig c;
+  c.method = PrequantMethod::kCompressedTensors;
+  VLM_RETURN_IF_ERROR(only(q, "", "quantization_status", {"compressed"}, where,
+                           "vlm reads compressed checkpoints (quantization_status compressed)"));
+  VLM_RETURN_IF_ERROR(
+      only(q, "", "sparsity_config", {}, where, "sparse weights are not supported"));
+  VLM_RETURN_IF_ERROR(
+      only(q, "", "transform_config", {}, where, "weight transforms are not supported"));
+  VLM_RETURN_IF_ERROR(only(q, "", "kv_cache_scheme", {}, where,
+                           "a quantized KV cache with stored scales is not supported"));
+  const std::string top = q.value("format", std::string());
+  auto groups = q.find("config_groups");
+  if (groups == q.end() || !groups->is_object() || groups->empty()) {
+    return refuse(where, "config_groups", groups == q.end() ? json() : *groups,
+                  "expected at least one config group");
+  }
+  for (auto it = groups->begin(); it != groups->end(); ++it) {
+    if (!it->is_object()) return refuse(where, "config_groups." + it.key(), *it, "not an object");
+    VLM_ASSIGN_OR_RETURN(PrequantScheme s,
+                         parse_scheme(*it, top, "config_groups." + it.key() + ".", where));
+    c.groups.push_back(std::move(s));
+  }
+  VLM_RETURN_IF_ERROR(string_list(q, "ignore", "", where, &c.ignore));
+  for (const std::string& e : c.ignore) {
+    if (e.rfind("re:", 0) != 0) continue;
+    try {
+      std::regex r(e.substr(3));
+    } catch (const std::regex_error&) {
+      return refuse(where, "ignore", json(e), "not a regular expression vlm can read");
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+Result<PrequantConfig> parse_prequant_config(const std::string& text, const std::string& where) {
+  if (text.empty()) return PrequantConfig{};
+  const json q = json::parse(text, nullptr, false);
+  if (q.is_discarded()) return invalid_argument(where + ": quantization_config is not JSON");
+  if (q.is_null()) return PrequantConfig{};
+  if (!q.is_object()) return refuse(where, "", q, "expected an object");
+  const std::string method = q.value("quant_method", std::string());
+  if (method == "fp8") return parse_fp8(q, where);
+  if (method == "compressed-tensors") return parse_compressed_tensors(q, where);
+  return refuse(where, "quant_method", q.value("quant_method", json()),
+                "vlm loads Qwen's FP8 (fp8) and llm-compressor's compressed-tensors checkpoints");
+}
+
+std::string PrequantConfig::describe() const {
+  if (method == PrequantMethod::kNone) return "none";
+  std::string out;
+  for (const PrequantScheme& s : groups) {
+    if (!out.empty()) out += "; ";
+    if (method == PrequantMethod::kFp8) {
+      out += "FP8 e4m3 (" + std::to_string(s.block_rows) + "×" + std::to_string(s.block_cols) +
+             " blocks)";
+      continue;
+    }
+    out +=
+        s.format + " " + (s.is_float ? "fp8" : "int" + std::to_string(s.bits)) + " (" + s.strategy;
+    if (s.strategy == "group") out += " " + std::to_string(s.group_size);
+    if (s.strategy == "block") {
+      out += " " + std::to_string(s.block_rows) + "×" + std::to_string(s.block_cols);
+    }
+    out += s.symmetric ? ")" : ", zero points)";
+  }
+  return (method == PrequantMethod::kFp8 ? "Qwen " : "compressed-tensors ") + out;
+}
+
+float e4m3_to_f32(uint8_t b) {
+  const int sign = b >> 7, exp = (b >> 3) & 15, man = b & 7;
+  if (exp == 15 && man == 7) return std::nanf("");
+  const float mag = exp == 0 ? std::ldexp(static_cast<float>(man), -9)
+                             : std::ldexp(static_cast<float>(8 + man), exp - 10);
+  return sign ? -mag : mag;
+}
+
+}  // namespace vlm

@@ -1,0 +1,107 @@
+// Pre-quantized checkpoints: a safetensors checkpoint whose config.json carries a
+// `quantization_config` — Qwen's own FP8 (`quant_method: fp8`, E4M3 weights with one inverse scale
+// per 128 × 128 block) or llm-compressor's `compressed-tensors` (`pack-quantized` 4- or 8-bit
+// integers packed into int32 words, `int-quantized` / `naive-quantized` int8 weights,
+// `float-quantized` FP8 weights; tensor, channel, group or block scales; optional zero points).
+//
+// The config is parsed and checked (parse_prequant_config): every method, format, bit width,
+// strategy or activation setting vlm does not run is refused naming the field and its value.
+// open_prequant_store then turns the checkpoint's store into one the loaders read unchanged: each
+// quantized linear's tensors (weight / weight_packed with weight_scale[_inv], weight_zero_point,
+// weight_shape) become one `<module>.weight` tensor, streamed module by module from the mapping
+// (each module's source pages released once converted); everything else stays a view into the
+// files.
+//
+// Which modules are quantized: the tensors decide (a `weight_packed`, an F8_E4M3 or I8 `weight`
+// with its scale); the ignore list checks — a module it names that holds quantized tensors is a
+// load error naming both. A linear stored in BF16 / F32 that the list does not name loads as
+// stored (Qwen's FP8 checkpoints list only lm_head and the embedding, and keep the vision tower,
+// the routers and a few small products in BF16).
+//
+// Two layouts:
+// - kExact (--precision f32): every quantized weight dequantized to f32 exactly as its format
+//   defines it: (q − zero) · scale for integers, e4m3 · scale for FP8 (Qwen's weight_scale_inv is
+//   multiplied, despite its name; edge blocks are partial).
+// - kFast (the CPU's default): the weights stay about as small as they came.
+//     4-bit integers → DType::kI4 (groups of 32, 64 or 128; a larger group, or a channel / tensor
+//       scale, repeated over groups of 128, 64 or 32 that divide it), the scales rounded to f16
+//       (a note counts those that are not exactly an f16), zero points as Int4Params::zero.
+//     8-bit integers (channel or tensor scales, symmetric) → DType::kI8 with f32 row scales.
+//     FP8 (block, channel or tensor scales) → GGUF's Q8_0 (32 int8 and one f16 scale d; the CPU's
+//       block kernels run it at every ISA level): d = s · 2^(E − 6) for the 32 values' largest
+//       exponent E and their scale s, so q = e4m3 / 2^(E − 6) is exact for every value within 4
+//       binades of the largest and rounded to the nearest integer below that (each weight within
+//       d / 2 ≤ max|w| / 128 of its value in its group of 32), d rounded to f16 (2^-11
+//       relative) when s · 2^(E − 6) is not an f16. 8.5 bits per weight.
+//   A quantized weight the decoder does not multiply as a linear (the vision tower's, a router's,
+//   the embedding's) and one whose shape the fast layout cannot hold (an FP8 row not a multiple of
+//   32, a block not a multiple of 32 columns) is dequantized to f32 as in kExact, with a note.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "io/safetensors.h"
+#include "vlm/status.h"
+
+namespace vlm {
+
+enum class PrequantMethod {
+  kNone,
+  kFp8,                // Qwen / DeepSeek block FP8 (quant_method "fp8")
+  kCompressedTensors,  // llm-compressor (quant_method "compressed-tensors")
+};
+
+// One compressed-tensors config group (its weights' arguments and format); kFp8's one group is a
+// float 8-bit block scheme.
+struct PrequantScheme {
+  std::string format;  // pack-quantized, int-quantized, naive-quantized, float-quantized
+  std::vector<std::string> targets;  // "Linear" or "re:<pattern>" (matched from the name's start)
+  int64_t bits = 0;                  // 4 or 8 (float: 8)
+  bool is_float = false;             // type "float": FP8 E4M3
+  bool symmetric = true;             // false: zero points (4-bit only)
+  std::string strategy;              // tensor, channel, group, block
+  int64_t group_size = 0;            // strategy group
+  int64_t block_rows = 0, block_cols = 0;  // strategy block
+};
+
+struct PrequantConfig {
+  PrequantMethod method = PrequantMethod::kNone;
+  std::vector<PrequantScheme> groups;
+  // kFp8: modules_to_not_convert (a module is ignored when its name contains an entry, as
+  // transformers matches them); compressed-tensors: `ignore` (exact names, or "re:<pattern>"
+  // matched from the name's start, as Python's re.match).
+  std::vector<std::string> ignore;
+
+  bool quantized() const { return method != PrequantMethod::kNone; }
+  // "Qwen FP8 (e4m3, 128×128 blocks)", "compressed-tensors pack-quantized int4 (group 32, zero
+  // points)", ...
+  std::string describe() const;
+};
+
+// Parses config.json's "quantization_config" value given as JSON text ("" or "null": none).
+// `source` names the file in errors, which name the field and its value.
+Result<PrequantConfig> parse_prequant_config(const std::string& json_text,
+                                             const std::string& source);
+
+enum class PrequantLayout { kExact, kFast };
+
+struct PrequantStore {
+  WeightStore store;
+  std::vector<std::string> notes;  // what the load did that its user should hear once
+  uint64_t quantized_modules = 0;  // modules converted
+  uint64_t held_bytes = 0;         // memory the converted weights take
+};
+
+// The store the loaders read (see the file comment). `source` moves into the result's keep-alive.
+// Errors name the tensor and what is wrong with it (a missing scale, a shape that disagrees, a
+// NaN, an ignored module that holds quantized tensors, a module no config group targets).
+Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConfig& cfg,
+                                          PrequantLayout layout, ThreadPool* pool);
+
+// The f32 value of each FP8 E4M3 byte (NaN for 0x7F and 0xFF).
+float e4m3_to_f32(uint8_t b);
+
+}  // namespace vlm

@@ -1,0 +1,523 @@
+// open_prequant_store: a pre-quantized checkpoint's tensors turned into the layouts the loaders
+// read (model/prequant.h says which and why).
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <regex>
+
+#include "core/half.h"
+#include "model/prequant.h"
+
+namespace vlm {
+namespace {
+
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int b = 0; b < 256; ++b) a[static_cast<size_t>(b)] = e4m3_to_f32(static_cast<uint8_t>(b));
+    return a;
+  }();
+  return t;
+}
+
+float float_at(const TensorView& v, int64_t i) {
+  switch (v.dtype) {
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
+    default:
+      return static_cast<const float*>(v.data)[i];
+  }
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The companions of a quantized module's weight, by suffix.
+constexpr const char* kCompanions[] = {".weight_scale", ".weight_scale_inv", ".weight_zero_point",
+                                       ".weight_shape", ".weight_g_idx",     ".weight_packed"};
+
+// One quantized linear: its scheme and tensors.
+struct Module {
+  std::string name;  // the module's: "model.language_model.layers.0.self_attn.q_proj"
+  const PrequantScheme* s = nullptr;
+  TensorView w;            // weight (I8, F8_E4M3) or weight_packed (I32)
+  TensorView scale, zero;  // zero.data null: symmetric
+  int64_t N = 0, K = 0;
+  std::string where;  // "<file>: tensor '<name>'"
+
+  int64_t scale_cols() const { return scale.rank() == 2 ? scale.dim(1) : 1; }
+  // The scale entry that (n, k) uses.
+  int64_t scale_index(int64_t n, int64_t k) const {
+    if (s->strategy == "tensor") return 0;
+    if (s->strategy == "channel") return n;
+    if (s->strategy == "group") return n * scale_cols() + k / s->group_size;
+    return (n / s->block_rows) * scale_cols() + k / s->block_cols;  // block
+  }
+  float scale_at(int64_t n, int64_t k) const { return float_at(scale, scale_index(n, k)); }
+  // The zero point of (n, k) (0 when symmetric), as a signed value: stored + offset.
+  int zero_at(int64_t n, int64_t k) const {
+    if (zero.data == nullptr) return 0;
+    const int64_t g = s->strategy == "group" ? k / s->group_size : 0;
+    const int64_t cols = zero.rank() == 2 ? zero.dim(1) : 1;
+    if (zero.dtype == DType::kI8) return static_cast<const int8_t*>(zero.data)[n * cols + g];
+    const uint32_t word = static_cast<const uint32_t*>(zero.data)[(n / 8) * cols + g];
+    return static_cast<int>((word >> (4 * (n % 8))) & 15u) - 8;
+  }
+  // The integer weights of row n, signed (pack-quantized: stored + 2^(bits − 1)).
+  void row_ints(int64_t n, int8_t* q) const {
+    if (s->format != "pack-quantized") {
+      std::memcpy(q, static_cast<const int8_t*>(w.data) + n * K, static_cast<size_t>(K));
+      return;
+    }
+    const int per = static_cast<int>(32 / s->bits);
+    const uint32_t mask = (1u << s->bits) - 1, offset = 1u << (s->bits - 1);
+    const auto* words = static_cast<const uint32_t*>(w.data) + n * w.dim(1);
+    for (int64_t k = 0; k < K; ++k) {
+      const uint32_t v = (words[k / per] >> (s->bits * (k % per))) & mask;
+      q[k] = static_cast<int8_t>(static_cast<int>(v) - static_cast<int>(offset));
+    }
+  }
+  // Row n's values as the format defines them, in f32.
+  void row_f32(int64_t n, float* out, std::vector<int8_t>& tmp) const {
+    if (s->is_float) {
+      const auto* b = static_cast<const uint8_t*>(w.data) + n * K;
+      const auto& t = e4m3_table();
+      for (int64_t k = 0; k < K; ++k) out[k] = t[b[k]] * scale_at(n, k);
+      return;
+    }
+    tmp.resize(static_cast<size_t>(K));
+    row_ints(n, tmp.data());
+    for (int64_t k = 0; k < K; ++k) {
+      out[k] = static_cast<float>(tmp[static_cast<size_t>(k)] - zero_at(n, k)) * scale_at(n, k);
+    }
+  }
+};
+
+// A fast-layout target.
+enum class Target { kF32, kI4, kI8, kQ8_0 };
+
+const char* target_name(Target t) {
+  switch (t) {
+    case Target::kI4:
+      return "INT4";
+    case Target::kI8:
+      return "INT8";
+    case Target::kQ8_0:
+      return "Q8_0";
+    case Target::kF32:
+      break;
+  }
+  return "f32";
+}
+
+// Whether the text decoder multiplies `module` as a linear weight (not the vision tower's, a
+// router's or the embedding's).
+bool decoder_linear(const std::string& module) {
+  return module.find("visual.") == std::string::npos && !ends_with(module, "mlp.gate") &&
+         !ends_with(module, "shared_expert_gate") && !ends_with(module, "embed_tokens");
+}
+
+// The kI4 group for a 4-bit module: its group when 32, 64 or 128, else the largest of those that
+// divides both its scale group (K for channel / tensor scales) and K; 0 when none does.
+int64_t int4_group(const Module& m) {
+  const int64_t g = m.s->strategy == "group" ? m.s->group_size : m.K;
+  for (int64_t G : {int64_t{128}, int64_t{64}, int64_t{32}}) {
+    if (g % G == 0 && m.K % G == 0) return G;
+  }
+  return 0;
+}
+
+Target fast_target(const Module& m) {
+  if (!decoder_linear(m.name)) return Target::kF32;
+  if (m.s->is_float) {
+    const bool fits = m.K % 32 == 0 && (m.s->strategy != "block" || m.s->block_cols % 32 == 0);
+    return fits ? Target::kQ8_0 : Target::kF32;
+  }
+  if (m.s->bits == 8) return Target::kI8;
+  return int4_group(m) != 0 ? Target::kI4 : Target::kF32;
+}
+
+// What the conversion owns: the source (its mappings hold the tensors passed through) and the
+// converted bytes.
+struct Owned {
+  explicit Owned(WeightStore s) : source(std::move(s)) {}
+  WeightStore source;
+  std::vector<std::vector<uint8_t>> buffers;
+  uint8_t* add(size_t bytes) { return buffers.emplace_back(bytes).data(); }
+};
+
+struct Counts {
+  std::atomic<int64_t> rounded_scales{0};  // scales not exactly an f16
+  std::atomic<int64_t> bad{0};             // a NaN, or an integer out of its range
+};
+
+void rows(ThreadPool* pool, int64_t N, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool == nullptr) return fn(0, N);
+  pool->parallel_for(N, 8, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); });
+}
+
+TensorView to_f32(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
+  auto* out = reinterpret_cast<float*>(o.add(static_cast<size_t>(m.N * m.K) * 4));
+  rows(pool, m.N, [&](int64_t r0, int64_t r1) {
+    std::vector<int8_t> tmp;
+    for (int64_t n = r0; n < r1; ++n) {
+      float* row = out + n * m.K;
+      m.row_f32(n, row, tmp);
+      for (int64_t k = 0; k < m.K; ++k) {
+        if (std::isnan(row[k])) c.bad++;
+      }
+    }
+  });
+  TensorView v;
+  v.dtype = DType::kF32;
+  v.shape = {m.N, m.K};
+  v.data = out;
+  return v;
+}
+
+TensorView to_i4(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
+  const int64_t G = int4_group(m), groups = m.K / G;
+  uint8_t* q = o.add(static_cast<size_t>(m.N * m.K / 2));
+  auto* scale = reinterpret_cast<uint16_t*>(o.add(static_cast<size_t>(m.N * groups) * 2));
+  auto* zero = m.zero.data != nullptr
+                   ? reinterpret_cast<int8_t*>(o.add(static_cast<size_t>(m.N * groups)))
+                   : nullptr;
+  rows(pool, m.N, [&](int64_t r0, int64_t r1) {
+    std::vector<int8_t> v(static_cast<size_t>(m.K));
+    for (int64_t n = r0; n < r1; ++n) {
+      m.row_ints(n, v.data());
+      for (int64_t k = 0; k < m.K; ++k) {
+        if (v[static_cast<size_t>(k)] < -8 || v[static_cast<size_t>(k)] > 7) c.bad++;
+      }
+      uint8_t* row = q + n * m.K / 2;
+      for (int64_t b = 0; b < m.K / 32; ++b) {
+        for (int j = 0; j < 16; ++j) {
+          const auto lo = static_cast<uint8_t>(v[static_cast<size_t>(32 * b + j)] & 15);
+          const auto hi = static_cast<uint8_t>(v[static_cast<size_t>(32 * b + 16 + j)] & 15);
+          row[16 * b + j] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        const float s = m.scale_at(n, g * G);
+        const uint16_t h = f32_to_f16(s);
+        if (f16_to_f32(h) != s) c.rounded_scales++;
+        scale[n * groups + g] = h;
+        if (zero != nullptr) zero[n * groups + g] = static_cast<int8_t>(m.zero_at(n, g * G));
+      }
+    }
+  });
+  TensorView t;
+  t.dtype = DType::kI4;
+  t.shape = {m.N, m.K};
+  t.data = q;
+  t.int4.scale = scale;
+  t.int4.zero = zero;
+  t.int4.group = G;
+  return t;
+}
+
+TensorView to_i8(const Module& m, Owned& o, ThreadPool* pool) {
+  auto* q = reinterpret_cast<int8_t*>(o.add(static_cast<size_t>(m.N * m.K)));
+  auto* scale = reinterpret_cast<float*>(o.add(static_cast<size_t>(m.N) * 4));
+  rows(pool, m.N, [&](int64_t r0, int64_t r1) {
+    for (int64_t n = r0; n < r1; ++n) {
+      m.row_ints(n, q + n * m.K);
+      scale[n] = m.scale_at(n, 0);
+    }
+  });
+  TensorView t;
+  t.dtype = DType::kI8;
+  t.shape = {m.N, m.K};
+  t.data = q;
+  t.scale = scale;
+  return t;
+}
+
+// FP8 → Q8_0 blocks of 32: d = s · 2^(E − 6) for the block's largest exponent E (in f16), q the
+// nearest integer to w / d.
+TensorView to_q8_0(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
+  const int64_t blocks = m.K / 32;
+  uint8_t* out = o.add(static_cast<size_t>(m.N * blocks) * 34);
+  const auto& t = e4m3_table();
+  rows(pool, m.N, [&](int64_t r0, int64_t r1) {
+    for (int64_t n = r0; n < r1; ++n) {
+      const auto* src = static_cast<const uint8_t*>(m.w.data) + n * m.K;
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* blk = out + (n * blocks + b) * 34;
+        const float s = m.scale_at(n, 32 * b);
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) {
+          const float f = t[src[32 * b + j]];
+          if (std::isnan(f)) c.bad++;
+          amax = std::max(amax, std::fabs(f));
+        }
+        int e = 0;
+        std::frexp(amax, &e);  // amax = m · 2^e, m in [0.5, 1): the largest exponent is e − 1
+        const uint16_t dh = amax > 0 ? f32_to_f16(std::ldexp(s, e - 7)) : 0;
+        const float d = f16_to_f32(dh);
+        std::memcpy(blk, &dh, 2);
+        for (int j = 0; j < 32; ++j) {
+          const float x = d != 0 ? t[src[32 * b + j]] * s / d : 0.0f;
+          blk[2 + j] = static_cast<uint8_t>(
+              static_cast<int8_t>(std::clamp(std::nearbyint(x), -127.0f, 127.0f)));
+        }
+      }
+    }
+  });
+  TensorView v;
+  v.dtype = DType::kQ8_0;
+  v.shape = {m.N, m.K};
+  v.data = out;
+  return v;
+}
+
+// Python's re.match: a match from the start of `name`.
+bool re_match(const std::string& pattern, const std::string& name) {
+  std::smatch mr;
+  return std::regex_search(name, mr, std::regex(pattern), std::regex_constants::match_continuous);
+}
+
+bool ignored(const PrequantConfig& c, const std::string& module, std::string* entry) {
+  for (const std::string& e : c.ignore) {
+    const bool hit = c.method == PrequantMethod::kFp8 ? module.find(e) != std::string::npos
+                     : e.rfind("re:", 0) == 0         ? re_match(e.substr(3), module)
+                                                      : module == e;
+    if (hit) {
+      *entry = e;
+      return true;
+    }
+  }
+  return false;
+}
+
+const PrequantScheme* scheme_for(const PrequantConfig& c, const std::string& module) {
+  for (const PrequantScheme& s : c.groups) {
+    for (const std::string& t : s.targets) {
+      if (t == "Linear" || (t.rfind("re:", 0) == 0 && re_match(t.substr(3), module))) return &s;
+    }
+  }
+  return nullptr;
+}
+
+// The expected shape of a module's scale ([1] or [] for a tensor scale).
+Status check_scale(const Module& m) {
+  const PrequantScheme& s = *m.s;
+  const std::string what = m.where + " scale " + shape_to_string(m.scale.shape);
+  if (m.scale.dtype != DType::kF32 && m.scale.dtype != DType::kBF16 &&
+      m.scale.dtype != DType::kF16) {
+    return invalid_argument(what + ": expected F32, BF16 or F16 scales, got " +
+                            dtype_name(m.scale.dtype));
+  }
+  std::vector<int64_t> want;
+  if (s.strategy == "tensor") {
+    if (m.scale.numel() == 1) return ok_status();
+    want = {1};
+  } else if (s.strategy == "channel") {
+    if (m.scale.numel() == m.N && m.scale.dim(0) == m.N) return ok_status();
+    want = {m.N, 1};
+  } else if (s.strategy == "group") {
+    want = {m.N, ceil_div(m.K, s.group_size)};
+  } else {
+    want = {ceil_div(m.N, s.block_rows), ceil_div(m.K, s.block_cols)};
+  }
+  if (m.scale.shape != want) {
+    return invalid_argument(what + ": expected " + shape_to_string(want) + " for " + s.strategy +
+                            " scales of a [" + std::to_string(m.N) + ", " + std::to_string(m.K) +
+                            "] weight");
+  }
+  return ok_status();
+}
+
+Status check_zero(const Module& m) {
+  if (m.s->symmetric) {
+    if (m.zero.data != nullptr) {
+      return invalid_argument(m.where + ": has zero points, but its scheme is symmetric");
+    }
+    return ok_status();
+  }
+  if (m.zero.data == nullptr) {
+    return invalid_argument(m.where + ": no weight_zero_point, but its scheme is asymmetric");
+  }
+  const int64_t cols = m.scale_cols();
+  const std::vector<int64_t> want = m.zero.dtype == DType::kI32
+                                        ? std::vector<int64_t>{ceil_div(m.N, 8), cols}
+                                        : std::vector<int64_t>{m.N, cols};
+  if ((m.zero.dtype != DType::kI32 && m.zero.dtype != DType::kI8) || m.zero.shape != want) {
+    return invalid_argument(m.where + ": weight_zero_point " + dtype_name(m.zero.dtype) + " " +
+                            shape_to_string(m.zero.shape) + ", expected I32 (packed) " +
+                            shape_to_string({ceil_div(m.N, 8), cols}) + " or I8 " +
+                            shape_to_string({m.N, cols}));
+  }
+  return ok_status();
+}
+
+// The [N, K] the module's tensors say, checked against its format.
+Status read_shape(const WeightStore& st, const std::string& base, Module* m) {
+  const PrequantScheme& s = *m->s;
+  if (s.format == "pack-quantized") {
+    VLM_ASSIGN_OR_RETURN(TensorView shp, st.get(base + ".weight_shape"));
+    if ((shp.dtype != DType::kI32 && shp.dtype != DType::kI64) || shp.numel() != 2) {
+      return invalid_argument(m->where + ": weight_shape must be 2 integers");
+    }
+    for (int i = 0; i < 2; ++i) {
+      const int64_t d = shp.dtype == DType::kI32 ? static_cast<const int32_t*>(shp.data)[i]
+                                                 : static_cast<const int64_t*>(shp.data)[i];
+      (i == 0 ? m->N : m->K) = d;
+    }
+    const std::vector<int64_t> want = {m->N, ceil_div(m->K * s.bits, 32)};
+    if (m->w.dtype != DType::kI32 || m->w.shape != want || m->N <= 0 || m->K <= 0) {
+      return invalid_argument(m->where + ": " + dtype_name(m->w.dtype) + " " +
+                              shape_to_string(m->w.shape) + ", expected I32 " +
+                              shape_to_string(want) + " for weight_shape [" + std::to_string(m->N) +
+                              ", " + std::to_string(m->K) + "]");
+    }
+    return ok_status();
+  }
+  const DType want = s.is_float ? DType::kF8E4M3 : DType::kI8;
+  if (m->w.dtype != want || m->w.rank() != 2) {
+    return invalid_argument(m->where + ": " + dtype_name(m->w.dtype) + " " +
+                            shape_to_string(m->w.shape) + ", expected a 2-D " + dtype_name(want) +
+                            " weight for " + s.format);
+  }
+  m->N = m->w.dim(0);
+  m->K = m->w.dim(1);
+  return ok_status();
+}
+
+// The quantized module whose weight is `name` (".weight" or ".weight_packed"), checked.
+Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const std::string& name,
+                           const std::string& base) {
+  Module m;
+  m.name = base;
+  m.where = st.file_of(name) + ": tensor '" + name + "'";
+  std::string entry;
+  if (ignored(c, base, &entry)) {
+    return invalid_argument(m.where + ": module " + base + " is quantized, but the ignore list's " +
+                            entry + " names it");
+  }
+  m.s = scheme_for(c, base);
+  if (m.s == nullptr) {
+    return invalid_argument(m.where + ": quantized, but no config group targets " + base);
+  }
+  if (st.has(base + ".weight_g_idx")) {
+    return invalid_argument(m.where +
+                            ": weight_g_idx (weights reordered per group) is not "
+                            "supported");
+  }
+  VLM_ASSIGN_OR_RETURN(m.w, st.get(name));
+  if ((m.w.dtype == DType::kI32) != (m.s->format == "pack-quantized")) {
+    return invalid_argument(m.where + ": " + dtype_name(m.w.dtype) + " weights do not match its " +
+                            "config group's format " + m.s->format);
+  }
+  VLM_RETURN_IF_ERROR(read_shape(st, base, &m));
+  const std::string sname =
+      base + (c.method == PrequantMethod::kFp8 ? ".weight_scale_inv" : ".weight_scale");
+  if (!st.has(sname)) return invalid_argument(m.where + ": no " + sname);
+  VLM_ASSIGN_OR_RETURN(m.scale, st.get(sname));
+  VLM_RETURN_IF_ERROR(check_scale(m));
+  if (st.has(base + ".weight_zero_point")) {
+    VLM_ASSIGN_OR_RETURN(m.zero, st.get(base + ".weight_zero_point"));
+  }
+  VLM_RETURN_IF_ERROR(check_zero(m));
+  return m;
+}
+
+// The module a quantized weight tensor belongs to ("" when `name` is none).
+std::string quantized_base(const WeightStore& st, const std::string& name) {
+  if (ends_with(name, ".weight_packed")) return name.substr(0, name.size() - 14);
+  if (!ends_with(name, ".weight")) return "";
+  auto v = st.get(name);
+  if (!v.ok() || (v->dtype != DType::kF8E4M3 && v->dtype != DType::kI8)) return "";
+  return name.substr(0, name.size() - 7);
+}
+
+}  // namespace
+
+Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConfig& cfg,
+                                          PrequantLayout layout, ThreadPool* pool) {
+  auto owned = std::make_shared<Owned>(std::move(source));
+  const WeightStore& st = owned->source;
+  std::map<std::string, TensorView> views;
+  std::map<std::string, std::string> origin;
+  std::map<std::string, bool> consumed;  // companions of the modules converted
+  std::map<Target, int64_t> made;
+  Counts counts;
+  PrequantStore out{WeightStore::from_views("", {}, {}, nullptr), {}, 0, 0};
+  const std::vector<std::string> names = st.names();
+  for (const std::string& name : names) {
+    const std::string base = quantized_base(st, name);
+    if (base.empty()) continue;
+    VLM_ASSIGN_OR_RETURN(Module m, read_module(st, cfg, name, base));
+    const Target t = layout == PrequantLayout::kExact ? Target::kF32 : fast_target(m);
+    TensorView v;
+    switch (t) {
+      case Target::kI4:
+        v = to_i4(m, *owned, pool, counts);
+        break;
+      case Target::kI8:
+        v = to_i8(m, *owned, pool);
+        break;
+      case Target::kQ8_0:
+        v = to_q8_0(m, *owned, pool, counts);
+        break;
+      case Target::kF32:
+        v = to_f32(m, *owned, pool, counts);
+        break;
+    }
+    if (counts.bad.load() != 0) {
+      return invalid_argument(m.where + ": " + (m.s->is_float ? "NaN weights" : "") +
+                              (m.s->is_float ? "" : "integers outside their range"));
+    }
+    made[t]++;
+    out.held_bytes += v.nbytes() + v.quant_nbytes();
+    views[base + ".weight"] = v;
+    origin[base + ".weight"] = st.file_of(name);
+    for (const char* c : kCompanions) consumed[base + c] = true;
+    consumed[name] = true;
+    st.release_pages(m.w);
+    st.release_pages(m.scale);
+  }
+  for (const std::string& name : names) {
+    if (consumed.count(name) != 0) continue;
+    for (const char* c : kCompanions) {
+      if (ends_with(name, c)) {
+        return invalid_argument(st.file_of(name) + ": tensor '" + name +
+                                "' has no quantized weight beside it");
+      }
+    }
+    VLM_ASSIGN_OR_RETURN(views[name], st.get(name));
+    origin[name] = st.file_of(name);
+  }
+  std::string summary = cfg.describe() + ":";
+  out.quantized_modules = 0;
+  for (const auto& [t, n] : made) {
+    summary += " " + std::to_string(n) + " matrices as " + target_name(t) + ",";
+    out.quantized_modules += static_cast<uint64_t>(n);
+  }
+  summary.pop_back();
+  if (layout == PrequantLayout::kFast && made.count(Target::kF32) != 0) {
+    summary += " (f32: the vision tower's, a router's or a shape the fast layouts do not hold)";
+  }
+  out.notes.push_back(summary);
+  if (counts.rounded_scales.load() != 0) {
+    out.notes.push_back(std::to_string(counts.rounded_scales.load()) +
+                        " INT4 scales are not exactly an f16 and were rounded to one");
+  }
+  std::vector<const MappedFile*> maps;
+  for (const SafetensorsFile& f : st.files()) maps.push_back(&f.mapping());
+  out.store = WeightStore::from_views(st.dir(), std::move(views), std::move(origin),
+                                      std::shared_ptr<const void>(owned), std::move(maps));
+  return out;
+}
+
+}  // namespace vlm
