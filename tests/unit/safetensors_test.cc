@@ -373,10 +373,24 @@ TEST(SafetensorsError, DeepNesting) {
 
 TEST(SafetensorsError, UnknownDtype) {
   TempDir dir;
+  auto f = open_raw(dir, raw_file(R"({"w": {"dtype": "F8_E5M2", "shape": [2],
+                                   "data_offsets": [0, 2]}})",
+                                  "ab"));
+  expect_error(f, {"bad.safetensors", "tensor 'w'", "F8_E5M2"});
+}
+
+// FP8 E4M3 (Qwen's FP8 checkpoints, compressed-tensors' float-quantized ones): one byte each.
+TEST(Safetensors, ReadsE4m3Tensors) {
+  TempDir dir;
   auto f = open_raw(dir, raw_file(R"({"w": {"dtype": "F8_E4M3", "shape": [2],
                                    "data_offsets": [0, 2]}})",
                                   "ab"));
-  expect_error(f, {"bad.safetensors", "tensor 'w'", "F8_E4M3"});
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  auto w = f->get("w");
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->dtype, DType::kF8E4M3);
+  EXPECT_EQ(w->nbytes(), 2u);
+  EXPECT_EQ(static_cast<const char*>(w->data)[1], 'b');
 }
 
 TEST(SafetensorsError, EndBeyondData) {
