@@ -15,8 +15,9 @@ the Qwen3-VL demo model (models/tiny-qwen3vl), quantized by the real tools:
     - w8a8: the ``W8A8`` preset (int8 weights per channel, dynamic int8 activations);
       ``int-quantized``.
     - fp8-dynamic: the ``FP8_DYNAMIC`` preset (E4M3 weights per channel); ``float-quantized``.
-    - qwen35-w4a16-g32: Qwen3.5, 4-bit symmetric groups of 32 (the Gated DeltaNet's projections
-      too).
+    - qwen35-w4a16-g32, qwen35moe-w4a16-g32: Qwen3.5, 4-bit symmetric groups of 32 (the Gated
+      DeltaNet's projections too; the MoE's experts, which llm-compressor unfuses by itself, and
+      its shared expert).
     - demo-w4a16 (groups of 32: the demo's rows of 320 are not a multiple of 128), demo-w8a8: the
       demo model, its vision tower quantized too.
   The ignore list: lm_head, the vision tower, the routers (``re:.*mlp.gate$``,
@@ -29,8 +30,8 @@ the Qwen3-VL demo model (models/tiny-qwen3vl), quantized by the real tools:
   ``quant_method: fp8``, ``modules_to_not_convert: [lm_head, model.embed_tokens]``, the vision
   tower not listed and left as stored.
     - fp8-block (dense), fp8-block-moe, qwen35-fp8-block, qwen35moe-fp8-block.
-  Every fixture but the MoE ones is made from the weights rounded to BF16 (BF16 scales, as
-  published checkpoints have them).
+  The fixtures marked bf16=True below are made from the weights rounded to BF16 (BF16 scales, as
+  published checkpoints have them); the others from the f32 weights.
 
 The reference: transformers (f32, eager) on the source model with every quantized weight
 replaced by its dequantized value computed **in f32** by this script as the format defines it
@@ -83,6 +84,9 @@ FIXTURES = {
     "qwen35-w4a16-g32": dict(source="qwen35", tool="llmcompressor", bf16=True,
                              weights=dict(num_bits=4, type="int", symmetric=True,
                                           strategy="group", group_size=32)),
+    "qwen35moe-w4a16-g32": dict(source="qwen35moe", tool="llmcompressor", bf16=True,
+                                weights=dict(num_bits=4, type="int", symmetric=True,
+                                             strategy="group", group_size=32)),
     "qwen35-fp8-block": dict(source="qwen35", tool="qwen-fp8", bf16=True),
     "qwen35moe-fp8-block": dict(source="qwen35moe", tool="qwen-fp8"),
     # The Qwen3-VL demo model (models/tiny-qwen3vl: rows of 128 and 320, so groups of 32) and its
