@@ -15,6 +15,9 @@ the Qwen3-VL demo model (models/tiny-qwen3vl), quantized by the real tools:
     - w8a8: the ``W8A8`` preset (int8 weights per channel, dynamic int8 activations);
       ``int-quantized``.
     - fp8-dynamic: the ``FP8_DYNAMIC`` preset (E4M3 weights per channel); ``float-quantized``.
+    - w8a16: the ``W8A16`` preset (int8 weights per channel packed four to an int32 word);
+      ``pack-quantized``.
+    - w4a16-channel-asym: 4-bit integers with one scale and zero point per row.
     - qwen35-w4a16-g32, qwen35moe-w4a16-g32: Qwen3.5, 4-bit symmetric groups of 32 (the Gated
       DeltaNet's projections too; the MoE's experts, which llm-compressor unfuses by itself, and
       its shared expert).
@@ -78,6 +81,10 @@ FIXTURES = {
                                        group_size=64)),
     "w8a8": dict(source="dense", tool="llmcompressor", preset="W8A8", bf16=True),
     "fp8-dynamic": dict(source="dense", tool="llmcompressor", preset="FP8_DYNAMIC", bf16=True),
+    "w8a16": dict(source="dense", tool="llmcompressor", preset="W8A16", bf16=True),
+    "w4a16-channel-asym": dict(source="dense", tool="llmcompressor", bf16=True,
+                               weights=dict(num_bits=4, type="int", symmetric=False,
+                                            strategy="channel")),
     "fp8-block": dict(source="dense", tool="qwen-fp8", bf16=True),
     "fp8-block-moe": dict(source="moe", tool="qwen-fp8"),
     # Qwen3.5 (transformers 5.x: scripts/requirements-prequant-qwen35.txt).
@@ -151,8 +158,9 @@ def run_llmcompressor(spec: dict, out: Path) -> None:
     model.save_pretrained(out, save_compressed=True)
 
 
-def e4m3_blocks(w: torch.Tensor, block: int = 128):
-    """Qwen's block FP8: per 128 x 128 block scale = amax / 448, e4m3 = w / scale."""
+def e4m3_blocks(w: torch.Tensor, block: int = 128, scale_dtype=torch.float32):
+    """Qwen's block FP8: per 128 x 128 block scale = amax / 448 (stored in scale_dtype, the
+    quantization dividing by the stored value), e4m3 = w / scale."""
     n, k = w.shape
     rb, cb = -(-n // block), -(-k // block)
     scale = torch.zeros(rb, cb, dtype=torch.float32)
@@ -160,11 +168,11 @@ def e4m3_blocks(w: torch.Tensor, block: int = 128):
     for i in range(rb):
         for j in range(cb):
             blk = w[i * block:(i + 1) * block, j * block:(j + 1) * block]
-            s = blk.abs().max().clamp(min=1e-12) / 448.0
+            s = (blk.abs().max().clamp(min=1e-12) / 448.0).to(scale_dtype).float()
             scale[i, j] = s
             q[i * block:(i + 1) * block, j * block:(j + 1) * block] = (blk / s).to(
                 torch.float8_e4m3fn)
-    return q, scale
+    return q, scale.to(scale_dtype)
 
 
 def write_qwen_fp8(spec: dict, out: Path) -> None:
@@ -197,8 +205,9 @@ def write_qwen_fp8(spec: dict, out: Path) -> None:
         linear = (name.startswith("model.language_model.layers.") and name.endswith(".weight")
                   and t.dim() == 2 and "norm" not in name.split(".")[-2]
                   and not name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")))
-        if linear:
-            q, s = e4m3_blocks(t.float())
+        if linear:  # (Qwen's published scales are F32 or BF16: the bf16 fixtures take BF16)
+            q, s = e4m3_blocks(t.float(),
+                               scale_dtype=torch.bfloat16 if spec.get("bf16") else torch.float32)
             final[name] = q
             final[name + "_scale_inv"] = s
         else:  # Qwen publishes the rest in BF16 (Qwen3.5's A_log and gated norm in F32)
@@ -232,7 +241,7 @@ def expand(scale: np.ndarray, n: int, k: int, args: dict) -> np.ndarray:
     if strategy == "group":
         return np.repeat(scale, args["group_size"], axis=1)[:, :k]
     if strategy == "block":
-        bn, bk = args["block"]
+        bn, bk = args["block"] if "block" in args else args["block_structure"]
         return np.repeat(np.repeat(scale, bn, axis=0), bk, axis=1)[:n, :k]
     return np.broadcast_to(scale.reshape(-1, 1) if scale.size == n else scale.reshape(1, 1),
                            (n, k))

@@ -8,7 +8,8 @@
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 8b --fp8
 
 --fp8 (the dense shapes) writes Qwen's published *-FP8 layout: every text-decoder projection as
-F8_E4M3 (N(0, 64) rounded to E4M3) with an F32 `weight_scale_inv` per 128 x 128 block (0.02 / 64
+F8_E4M3 (N(0, 64) rounded to E4M3) with an F32 `weight_scale_inv` per 128 x 128 block (some
+published checkpoints store them in BF16; vlm reads either) (0.02 / 64
 times 2^U(-1/2, 1/2): the weights are about N(0, 0.02) as in BF16), config.json's
 quantization_config as Qwen writes it (quant_method fp8, fmt e4m3, activation_scheme dynamic,
 weight_block_size [128, 128], modules_to_not_convert [lm_head, model.embed_tokens]); the vision

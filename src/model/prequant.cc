@@ -57,6 +57,38 @@ Status string_list(const json& j, const char* key, const std::string& path,
   return ok_status();
 }
 
+// Whether `pattern` (a "re:" entry's, without the prefix) is a regular expression vlm reads
+// (ECMAScript, which Python's simple patterns are).
+bool regex_ok(const std::string& pattern) {
+  try {
+    std::regex r(pattern);
+    return true;
+  } catch (const std::regex_error&) {
+    return false;
+  }
+}
+
+// [rows, columns] as a list of two positive integers, or compressed-tensors' older "RxC" text.
+bool block_shape(const json& b, int64_t* rows, int64_t* cols) {
+  if (b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer()) {
+    *rows = b[0].get<int64_t>();
+    *cols = b[1].get<int64_t>();
+  } else if (b.is_string()) {
+    const std::string t = b.get<std::string>();
+    const size_t x = t.find('x');
+    if (x == std::string::npos) return false;
+    try {
+      *rows = std::stoll(t.substr(0, x));
+      *cols = std::stoll(t.substr(x + 1));
+    } catch (const std::exception&) {
+      return false;
+    }
+  } else {
+    return false;
+  }
+  return *rows > 0 && *cols > 0;
+}
+
 Result<PrequantConfig> parse_fp8(const json& q, const std::string& where) {
   PrequantConfig c;
   c.method = PrequantMethod::kFp8;
@@ -103,6 +135,9 @@ Result<PrequantScheme> parse_scheme(const json& g, const std::string& top_format
       return refuse(where, p + "targets", json(t),
                     "vlm matches the target Linear and re: patterns only");
     }
+    if (t != "Linear" && !regex_ok(t.substr(3))) {
+      return refuse(where, p + "targets", json(t), "not a regular expression vlm can read");
+    }
   }
   for (const char* key : {"input_activations", "output_activations"}) {
     auto a = g.find(key);
@@ -132,7 +167,9 @@ Result<PrequantScheme> parse_scheme(const json& g, const std::string& top_format
                   s.is_float ? "vlm reads 8-bit (E4M3) float weights"
                              : "vlm reads 4- and 8-bit integer weights");
   }
-  if (s.is_float != (s.format == "float-quantized")) {
+  // (naive-quantized holds either: llm-compressor writes FP8 weight-only schemes so.)
+  if ((s.format == "float-quantized" && !s.is_float) ||
+      ((s.format == "int-quantized" || s.format == "pack-quantized") && s.is_float)) {
     return refuse(where, p + "format", json(s.format), "does not match weights.type " + type);
   }
   if (s.is_float && !s.symmetric) {
@@ -143,23 +180,28 @@ Result<PrequantScheme> parse_scheme(const json& g, const std::string& top_format
                   "8-bit integer weights with zero points are not supported");
   }
   VLM_RETURN_IF_ERROR(only(*w, wp, "dynamic", {}, where, "dynamic weight scales"));
-  VLM_RETURN_IF_ERROR(only(*w, wp, "actorder", {"static"}, where,
-                           "weights reordered per group (weight_g_idx) are not supported"));
+  // (static / weight: the groups reordered before quantizing, the file as without; group:
+  // a weight_g_idx per column.)
+  VLM_RETURN_IF_ERROR(only(*w, wp, "actorder", {"static", "weight"}, where,
+                           "activation-ordered groups (a weight_g_idx per column) are not "
+                           "supported"));
   if (s.strategy == "group") {
-    s.group_size = w->value("group_size", int64_t{0});
-    if (s.group_size <= 0) {
-      return refuse(where, wp + "group_size", (*w)["group_size"], "expected a positive size");
+    auto gs = w->find("group_size");
+    if (gs == w->end() || !gs->is_number_integer() || gs->get<int64_t>() <= 0) {
+      return refuse(where, wp + "group_size", gs == w->end() ? json() : *gs,
+                    "expected a positive size");
+    }
+    s.group_size = gs->get<int64_t>();
+    if (s.bits == 8 && !s.is_float) {
+      return refuse(where, wp + "strategy", json(s.strategy),
+                    "8-bit integer weights are read with channel or tensor scales");
     }
   } else if (s.strategy == "block") {
     auto b = w->find("block_structure");
-    if (b == w->end() || !b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() ||
-        !(*b)[1].is_number_integer() || (*b)[0].get<int64_t>() <= 0 ||
-        (*b)[1].get<int64_t>() <= 0) {
+    if (b == w->end() || !block_shape(*b, &s.block_rows, &s.block_cols)) {
       return refuse(where, wp + "block_structure", b == w->end() ? json() : *b,
                     "expected [rows, columns]");
     }
-    s.block_rows = (*b)[0].get<int64_t>();
-    s.block_cols = (*b)[1].get<int64_t>();
   } else if (s.strategy != "tensor" && s.strategy != "channel") {
     return refuse(where, wp + "strategy", json(s.strategy),
                   "vlm reads tensor, channel, group and block scales");
@@ -175,8 +217,11 @@ Result<PrequantConfig> parse_compressed_tensors(const json& q, const std::string
   c.method = PrequantMethod::kCompressedTensors;
   VLM_RETURN_IF_ERROR(only(q, "", "quantization_status", {"compressed"}, where,
                            "vlm reads compressed checkpoints (quantization_status compressed)"));
-  VLM_RETURN_IF_ERROR(
-      only(q, "", "sparsity_config", {}, where, "sparse weights are not supported"));
+  if (auto sp = q.find("sparsity_config");
+      sp == q.end() || !sp->is_object() || sp->value("format", json()) != json("dense")) {
+    VLM_RETURN_IF_ERROR(
+        only(q, "", "sparsity_config", {}, where, "sparse weights are not supported"));
+  }
   VLM_RETURN_IF_ERROR(
       only(q, "", "transform_config", {}, where, "weight transforms are not supported"));
   VLM_RETURN_IF_ERROR(only(q, "", "kv_cache_scheme", {}, where,
@@ -195,10 +240,7 @@ Result<PrequantConfig> parse_compressed_tensors(const json& q, const std::string
   }
   VLM_RETURN_IF_ERROR(string_list(q, "ignore", "", where, &c.ignore));
   for (const std::string& e : c.ignore) {
-    if (e.rfind("re:", 0) != 0) continue;
-    try {
-      std::regex r(e.substr(3));
-    } catch (const std::regex_error&) {
+    if (e.rfind("re:", 0) == 0 && !regex_ok(e.substr(3))) {
       return refuse(where, "ignore", json(e), "not a regular expression vlm can read");
     }
   }
@@ -213,9 +255,15 @@ Result<PrequantConfig> parse_prequant_config(const std::string& text, const std:
   if (q.is_discarded()) return invalid_argument(where + ": quantization_config is not JSON");
   if (q.is_null()) return PrequantConfig{};
   if (!q.is_object()) return refuse(where, "", q, "expected an object");
-  const std::string method = q.value("quant_method", std::string());
-  if (method == "fp8") return parse_fp8(q, where);
-  if (method == "compressed-tensors") return parse_compressed_tensors(q, where);
+  // (A field of another type than the format's, e.g. a null strategy, is refused as such.)
+  try {
+    const json m = q.value("quant_method", json());
+    if (m == json("fp8")) return parse_fp8(q, where);
+    if (m == json("compressed-tensors")) return parse_compressed_tensors(q, where);
+  } catch (const json::exception& e) {
+    return invalid_argument(where + ": quantization_config: a field has the wrong type (" +
+                            e.what() + ")");
+  }
   return refuse(where, "quant_method", q.value("quant_method", json()),
                 "vlm loads Qwen's FP8 (fp8) and llm-compressor's compressed-tensors checkpoints");
 }

@@ -32,10 +32,11 @@
 //       exponent E and their scale s, so q = e4m3 / 2^(E − 6) is exact for every value within 4
 //       binades of the largest and rounded to the nearest integer below that (each weight within
 //       d / 2 ≤ max|w| / 128 of its value in its group of 32), d rounded to f16 (2^-11
-//       relative) when s · 2^(E − 6) is not an f16. 8.5 bits per weight.
+//       relative) when s · 2^(E − 6) is not an f16 (fewer bits below f16's normal range, which a
+//       note counts). 8.5 bits per weight.
 //   A quantized weight the decoder does not multiply as a linear (the vision tower's, a router's,
-//   the embedding's) and one whose shape the fast layout cannot hold (an FP8 row not a multiple of
-//   32, a block not a multiple of 32 columns) is dequantized to f32 as in kExact, with a note.
+//   the embedding's) and one whose shape the fast layout cannot hold (an FP8 row, block or group
+//   not a multiple of 32 columns) is dequantized to f32 as in kExact, with a note.
 #pragma once
 
 #include <cstdint>
@@ -92,7 +93,6 @@ struct PrequantStore {
   WeightStore store;
   std::vector<std::string> notes;  // what the load did that its user should hear once
   uint64_t quantized_modules = 0;  // modules converted
-  uint64_t held_bytes = 0;         // memory the converted weights take
 };
 
 // The store the loaders read (see the file comment). `source` moves into the result's keep-alive.

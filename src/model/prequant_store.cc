@@ -46,10 +46,20 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr const char* kCompanions[] = {".weight_scale", ".weight_scale_inv", ".weight_zero_point",
                                        ".weight_shape", ".weight_g_idx",     ".weight_packed"};
 
+enum class Strategy { kTensor, kChannel, kGroup, kBlock };
+
+Strategy strategy_of(const PrequantScheme& s) {
+  if (s.strategy == "channel") return Strategy::kChannel;
+  if (s.strategy == "group") return Strategy::kGroup;
+  if (s.strategy == "block") return Strategy::kBlock;
+  return Strategy::kTensor;
+}
+
 // One quantized linear: its scheme and tensors.
 struct Module {
   std::string name;  // the module's: "model.language_model.layers.0.self_attn.q_proj"
   const PrequantScheme* s = nullptr;
+  Strategy strategy = Strategy::kTensor;
   TensorView w;            // weight (I8, F8_E4M3) or weight_packed (I32)
   TensorView scale, zero;  // zero.data null: symmetric
   int64_t N = 0, K = 0;
@@ -58,16 +68,23 @@ struct Module {
   int64_t scale_cols() const { return scale.rank() == 2 ? scale.dim(1) : 1; }
   // The scale entry that (n, k) uses.
   int64_t scale_index(int64_t n, int64_t k) const {
-    if (s->strategy == "tensor") return 0;
-    if (s->strategy == "channel") return n;
-    if (s->strategy == "group") return n * scale_cols() + k / s->group_size;
-    return (n / s->block_rows) * scale_cols() + k / s->block_cols;  // block
+    switch (strategy) {
+      case Strategy::kTensor:
+        return 0;
+      case Strategy::kChannel:
+        return n;
+      case Strategy::kGroup:
+        return n * scale_cols() + k / s->group_size;
+      case Strategy::kBlock:
+        break;
+    }
+    return (n / s->block_rows) * scale_cols() + k / s->block_cols;
   }
   float scale_at(int64_t n, int64_t k) const { return float_at(scale, scale_index(n, k)); }
   // The zero point of (n, k) (0 when symmetric), as a signed value: stored + offset.
   int zero_at(int64_t n, int64_t k) const {
     if (zero.data == nullptr) return 0;
-    const int64_t g = s->strategy == "group" ? k / s->group_size : 0;
+    const int64_t g = strategy == Strategy::kGroup ? k / s->group_size : 0;
     const int64_t cols = zero.rank() == 2 ? zero.dim(1) : 1;
     if (zero.dtype == DType::kI8) return static_cast<const int8_t*>(zero.data)[n * cols + g];
     const uint32_t word = static_cast<const uint32_t*>(zero.data)[(n / 8) * cols + g];
@@ -130,7 +147,7 @@ bool decoder_linear(const std::string& module) {
 // The kI4 group for a 4-bit module: its group when 32, 64 or 128, else the largest of those that
 // divides both its scale group (K for channel / tensor scales) and K; 0 when none does.
 int64_t int4_group(const Module& m) {
-  const int64_t g = m.s->strategy == "group" ? m.s->group_size : m.K;
+  const int64_t g = m.strategy == Strategy::kGroup ? m.s->group_size : m.K;
   for (int64_t G : {int64_t{128}, int64_t{64}, int64_t{32}}) {
     if (g % G == 0 && m.K % G == 0) return G;
   }
@@ -139,8 +156,10 @@ int64_t int4_group(const Module& m) {
 
 Target fast_target(const Module& m) {
   if (!decoder_linear(m.name)) return Target::kF32;
-  if (m.s->is_float) {
-    const bool fits = m.K % 32 == 0 && (m.s->strategy != "block" || m.s->block_cols % 32 == 0);
+  if (m.s->is_float) {  // one scale per 32 values
+    const bool fits = m.K % 32 == 0 &&
+                      (m.strategy != Strategy::kBlock || m.s->block_cols % 32 == 0) &&
+                      (m.strategy != Strategy::kGroup || m.s->group_size % 32 == 0);
     return fits ? Target::kQ8_0 : Target::kF32;
   }
   if (m.s->bits == 8) return Target::kI8;
@@ -157,8 +176,10 @@ struct Owned {
 };
 
 struct Counts {
-  std::atomic<int64_t> rounded_scales{0};  // scales not exactly an f16
-  std::atomic<int64_t> bad{0};             // a NaN, or an integer out of its range
+  std::atomic<int64_t> rounded_scales{0};  // INT4 scales not exactly an f16
+  std::atomic<int64_t> coarse_d{0};        // Q8_0 scales below f16's normal range
+  std::atomic<int64_t> nan{0};             // NaN weights (FP8)
+  std::atomic<int64_t> out_of_range{0};    // integers outside their bits' range
 };
 
 void rows(ThreadPool* pool, int64_t N, const std::function<void(int64_t, int64_t)>& fn) {
@@ -170,13 +191,17 @@ TensorView to_f32(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
   auto* out = reinterpret_cast<float*>(o.add(static_cast<size_t>(m.N * m.K) * 4));
   rows(pool, m.N, [&](int64_t r0, int64_t r1) {
     std::vector<int8_t> tmp;
+    const int lo = -(1 << (m.s->bits - 1)), hi = (1 << (m.s->bits - 1)) - 1;
+    int64_t nan = 0, outside = 0;
     for (int64_t n = r0; n < r1; ++n) {
       float* row = out + n * m.K;
       m.row_f32(n, row, tmp);
-      for (int64_t k = 0; k < m.K; ++k) {
-        if (std::isnan(row[k])) c.bad++;
-      }
+      for (int64_t k = 0; k < m.K; ++k) nan += std::isnan(row[k]);
+      if (m.s->is_float) continue;  // (row_f32 left row n's integers in tmp)
+      for (int8_t q : tmp) outside += q < lo || q > hi;
     }
+    c.nan += nan;
+    c.out_of_range += outside;
   });
   TensorView v;
   v.dtype = DType::kF32;
@@ -194,10 +219,11 @@ TensorView to_i4(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
                    : nullptr;
   rows(pool, m.N, [&](int64_t r0, int64_t r1) {
     std::vector<int8_t> v(static_cast<size_t>(m.K));
+    int64_t rounded = 0, outside = 0;
     for (int64_t n = r0; n < r1; ++n) {
       m.row_ints(n, v.data());
       for (int64_t k = 0; k < m.K; ++k) {
-        if (v[static_cast<size_t>(k)] < -8 || v[static_cast<size_t>(k)] > 7) c.bad++;
+        outside += v[static_cast<size_t>(k)] < -8 || v[static_cast<size_t>(k)] > 7;
       }
       uint8_t* row = q + n * m.K / 2;
       for (int64_t b = 0; b < m.K / 32; ++b) {
@@ -210,11 +236,13 @@ TensorView to_i4(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
       for (int64_t g = 0; g < groups; ++g) {
         const float s = m.scale_at(n, g * G);
         const uint16_t h = f32_to_f16(s);
-        if (f16_to_f32(h) != s) c.rounded_scales++;
+        rounded += f16_to_f32(h) != s;
         scale[n * groups + g] = h;
         if (zero != nullptr) zero[n * groups + g] = static_cast<int8_t>(m.zero_at(n, g * G));
       }
     }
+    c.rounded_scales += rounded;
+    c.out_of_range += outside;
   });
   TensorView t;
   t.dtype = DType::kI4;
@@ -250,6 +278,7 @@ TensorView to_q8_0(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
   uint8_t* out = o.add(static_cast<size_t>(m.N * blocks) * 34);
   const auto& t = e4m3_table();
   rows(pool, m.N, [&](int64_t r0, int64_t r1) {
+    int64_t nan = 0, coarse = 0;
     for (int64_t n = r0; n < r1; ++n) {
       const auto* src = static_cast<const uint8_t*>(m.w.data) + n * m.K;
       for (int64_t b = 0; b < blocks; ++b) {
@@ -258,21 +287,25 @@ TensorView to_q8_0(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
         float amax = 0;
         for (int j = 0; j < 32; ++j) {
           const float f = t[src[32 * b + j]];
-          if (std::isnan(f)) c.bad++;
-          amax = std::max(amax, std::fabs(f));
+          nan += std::isnan(f);
+          amax = std::max(amax, std::isnan(f) ? 0.0f : std::fabs(f));
         }
         int e = 0;
         std::frexp(amax, &e);  // amax = m · 2^e, m in [0.5, 1): the largest exponent is e − 1
-        const uint16_t dh = amax > 0 ? f32_to_f16(std::ldexp(s, e - 7)) : 0;
+        const float want = std::ldexp(s, e - 7);
+        const uint16_t dh = amax > 0 ? f32_to_f16(want) : 0;
         const float d = f16_to_f32(dh);
+        coarse += amax > 0 && want < 0x1p-14f;  // subnormal in f16: fewer bits, or 0
         std::memcpy(blk, &dh, 2);
         for (int j = 0; j < 32; ++j) {
           const float x = d != 0 ? t[src[32 * b + j]] * s / d : 0.0f;
-          blk[2 + j] = static_cast<uint8_t>(
-              static_cast<int8_t>(std::clamp(std::nearbyint(x), -127.0f, 127.0f)));
+          blk[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(
+              std::isnan(x) ? 0.0f : std::clamp(std::nearbyint(x), -127.0f, 127.0f)));
         }
       }
     }
+    c.nan += nan;
+    c.coarse_d += coarse;
   });
   TensorView v;
   v.dtype = DType::kQ8_0;
@@ -281,16 +314,24 @@ TensorView to_q8_0(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
   return v;
 }
 
-// Python's re.match: a match from the start of `name`.
-bool re_match(const std::string& pattern, const std::string& name) {
-  std::smatch mr;
-  return std::regex_search(name, mr, std::regex(pattern), std::regex_constants::match_continuous);
-}
+// Python's re.match (a match from the start of `name`), each pattern compiled once.
+class Patterns {
+ public:
+  bool match(const std::string& pattern, const std::string& name) {
+    auto it = compiled_.find(pattern);
+    if (it == compiled_.end()) it = compiled_.emplace(pattern, std::regex(pattern)).first;
+    std::smatch mr;
+    return std::regex_search(name, mr, it->second, std::regex_constants::match_continuous);
+  }
 
-bool ignored(const PrequantConfig& c, const std::string& module, std::string* entry) {
+ private:
+  std::map<std::string, std::regex> compiled_;
+};
+
+bool ignored(const PrequantConfig& c, const std::string& module, Patterns& re, std::string* entry) {
   for (const std::string& e : c.ignore) {
     const bool hit = c.method == PrequantMethod::kFp8 ? module.find(e) != std::string::npos
-                     : e.rfind("re:", 0) == 0         ? re_match(e.substr(3), module)
+                     : e.rfind("re:", 0) == 0         ? re.match(e.substr(3), module)
                                                       : module == e;
     if (hit) {
       *entry = e;
@@ -300,13 +341,40 @@ bool ignored(const PrequantConfig& c, const std::string& module, std::string* en
   return false;
 }
 
-const PrequantScheme* scheme_for(const PrequantConfig& c, const std::string& module) {
+// The config group of a module, as compressed-tensors chooses it: a group whose re: target
+// matches the name before one that targets every Linear; two of the same rank that both match
+// are refused (which one applies would be a guess).
+Result<const PrequantScheme*> scheme_for(const PrequantConfig& c, const std::string& module,
+                                         const std::string& where, Patterns& re) {
+  const PrequantScheme* by_name = nullptr;
+  const PrequantScheme* by_class = nullptr;
   for (const PrequantScheme& s : c.groups) {
     for (const std::string& t : s.targets) {
-      if (t == "Linear" || (t.rfind("re:", 0) == 0 && re_match(t.substr(3), module))) return &s;
+      const bool regex = t.rfind("re:", 0) == 0;
+      if (regex && !re.match(t.substr(3), module)) continue;
+      const PrequantScheme*& slot = regex ? by_name : by_class;
+      if (slot != nullptr && slot != &s) {
+        return invalid_argument(where + ": two config groups target " + module);
+      }
+      slot = &s;
     }
   }
-  return nullptr;
+  if (by_name == nullptr && by_class == nullptr) {
+    return invalid_argument(where + ": quantized, but no config group targets " + module);
+  }
+  return by_name != nullptr ? by_name : by_class;
+}
+
+// Every scale finite, and small enough that Q8_0's f16 d = s · 2^(E − 6) (E ≤ 8: e4m3's largest
+// is 448) stays finite.
+Status finite_scales(const Module& m, const std::string& what) {
+  for (int64_t i = 0; i < m.scale.numel(); ++i) {
+    const float v = float_at(m.scale, i);
+    if (!std::isfinite(v) || std::fabs(v) > 16384.0f) {
+      return invalid_argument(what + ": scale " + std::to_string(i) + " is " + std::to_string(v));
+    }
+  }
+  return ok_status();
 }
 
 // The expected shape of a module's scale ([1] or [] for a tensor scale).
@@ -335,7 +403,7 @@ Status check_scale(const Module& m) {
                             " scales of a [" + std::to_string(m.N) + ", " + std::to_string(m.K) +
                             "] weight");
   }
-  return ok_status();
+  return finite_scales(m, what);
 }
 
 Status check_zero(const Module& m) {
@@ -396,23 +464,20 @@ Status read_shape(const WeightStore& st, const std::string& base, Module* m) {
 
 // The quantized module whose weight is `name` (".weight" or ".weight_packed"), checked.
 Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const std::string& name,
-                           const std::string& base) {
+                           const std::string& base, Patterns& re) {
   Module m;
   m.name = base;
   m.where = st.file_of(name) + ": tensor '" + name + "'";
   std::string entry;
-  if (ignored(c, base, &entry)) {
+  if (ignored(c, base, re, &entry)) {
     return invalid_argument(m.where + ": module " + base + " is quantized, but the ignore list's " +
                             entry + " names it");
   }
-  m.s = scheme_for(c, base);
-  if (m.s == nullptr) {
-    return invalid_argument(m.where + ": quantized, but no config group targets " + base);
-  }
+  VLM_ASSIGN_OR_RETURN(m.s, scheme_for(c, base, m.where, re));
+  m.strategy = strategy_of(*m.s);
   if (st.has(base + ".weight_g_idx")) {
     return invalid_argument(m.where +
-                            ": weight_g_idx (weights reordered per group) is not "
-                            "supported");
+                            ": weight_g_idx (activation-ordered groups) is not supported");
   }
   VLM_ASSIGN_OR_RETURN(m.w, st.get(name));
   if ((m.w.dtype == DType::kI32) != (m.s->format == "pack-quantized")) {
@@ -452,12 +517,18 @@ Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConf
   std::map<std::string, bool> consumed;  // companions of the modules converted
   std::map<Target, int64_t> made;
   Counts counts;
-  PrequantStore out{WeightStore::from_views("", {}, {}, nullptr), {}, 0, 0};
+  Patterns re;
+  PrequantStore out{WeightStore::from_views("", {}, {}, nullptr), {}, 0};
   const std::vector<std::string> names = st.names();
   for (const std::string& name : names) {
     const std::string base = quantized_base(st, name);
     if (base.empty()) continue;
-    VLM_ASSIGN_OR_RETURN(Module m, read_module(st, cfg, name, base));
+    if (views.count(base + ".weight") != 0 ||
+        (ends_with(name, "_packed") && st.has(base + ".weight"))) {
+      return invalid_argument(st.file_of(name) + ": tensor '" + name + "' and '" + base +
+                              ".weight' both hold module " + base + "'s weight");
+    }
+    VLM_ASSIGN_OR_RETURN(Module m, read_module(st, cfg, name, base, re));
     const Target t = layout == PrequantLayout::kExact ? Target::kF32 : fast_target(m);
     TensorView v;
     switch (t) {
@@ -474,12 +545,12 @@ Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConf
         v = to_f32(m, *owned, pool, counts);
         break;
     }
-    if (counts.bad.load() != 0) {
-      return invalid_argument(m.where + ": " + (m.s->is_float ? "NaN weights" : "") +
-                              (m.s->is_float ? "" : "integers outside their range"));
+    if (counts.nan.load() != 0) return invalid_argument(m.where + ": NaN weights");
+    if (counts.out_of_range.load() != 0) {
+      return invalid_argument(m.where + ": integers outside the range of " +
+                              std::to_string(m.s->bits) + " bits");
     }
     made[t]++;
-    out.held_bytes += v.nbytes() + v.quant_nbytes();
     views[base + ".weight"] = v;
     origin[base + ".weight"] = st.file_of(name);
     for (const char* c : kCompanions) consumed[base + c] = true;
@@ -509,6 +580,10 @@ Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConf
     summary += " (f32: the vision tower's, a router's or a shape the fast layouts do not hold)";
   }
   out.notes.push_back(summary);
+  if (counts.coarse_d.load() != 0) {
+    out.notes.push_back(std::to_string(counts.coarse_d.load()) +
+                        " Q8_0 blocks have a scale below f16's normal range (fewer bits, or 0)");
+  }
   if (counts.rounded_scales.load() != 0) {
     out.notes.push_back(std::to_string(counts.rounded_scales.load()) +
                         " INT4 scales are not exactly an f16 and were rounded to one");

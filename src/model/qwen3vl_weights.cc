@@ -531,7 +531,6 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
           // in int4_storage, are refused as before).
           if (is_ggml_block(s.matrix->dtype)) return ok_status();
           if (s.matrix->dtype == DType::kI4 && w->int4_storage == nullptr) return ok_status();
-          if (s.matrix->dtype == DType::kI8 && w->int8_storage == nullptr) return ok_status();
           VLM_ASSIGN_OR_RETURN(TensorView q,
                                quantized(*s.matrix, s.name.empty() ? "lm_head" : s.name));
           if (store != nullptr) store->release_pages(*s.matrix);
