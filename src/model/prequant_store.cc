@@ -370,7 +370,7 @@ Result<const PrequantScheme*> scheme_for(const PrequantConfig& c, const std::str
 Status finite_scales(const Module& m, const std::string& what) {
   for (int64_t i = 0; i < m.scale.numel(); ++i) {
     const float v = float_at(m.scale, i);
-    if (!std::isfinite(v) || std::fabs(v) > 16384.0f) {
+    if (!std::isfinite(v) || std::fabs(v) > 8192.0f) {
       return invalid_argument(what + ": scale " + std::to_string(i) + " is " + std::to_string(v));
     }
   }
