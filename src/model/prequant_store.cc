@@ -295,7 +295,7 @@ TensorView to_q8_0(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
         const float want = std::ldexp(s, e - 7);
         const uint16_t dh = amax > 0 ? f32_to_f16(want) : 0;
         const float d = f16_to_f32(dh);
-        coarse += amax > 0 && want < 0x1p-14f;  // subnormal in f16: fewer bits, or 0
+        coarse += amax > 0 && std::fabs(want) < 0x1p-14f;  // subnormal in f16: fewer bits, or 0
         std::memcpy(blk, &dh, 2);
         for (int j = 0; j < 32; ++j) {
           const float x = d != 0 ? t[src[32 * b + j]] * s / d : 0.0f;
@@ -346,23 +346,21 @@ bool ignored(const PrequantConfig& c, const std::string& module, Patterns& re, s
 // are refused (which one applies would be a guess).
 Result<const PrequantScheme*> scheme_for(const PrequantConfig& c, const std::string& module,
                                          const std::string& where, Patterns& re) {
-  const PrequantScheme* by_name = nullptr;
-  const PrequantScheme* by_class = nullptr;
+  std::vector<const PrequantScheme*> by_name, by_class;  // the groups of each rank that match
   for (const PrequantScheme& s : c.groups) {
     for (const std::string& t : s.targets) {
       const bool regex = t.rfind("re:", 0) == 0;
       if (regex && !re.match(t.substr(3), module)) continue;
-      const PrequantScheme*& slot = regex ? by_name : by_class;
-      if (slot != nullptr && slot != &s) {
-        return invalid_argument(where + ": two config groups target " + module);
-      }
-      slot = &s;
+      auto& rank = regex ? by_name : by_class;
+      if (std::find(rank.begin(), rank.end(), &s) == rank.end()) rank.push_back(&s);
     }
   }
-  if (by_name == nullptr && by_class == nullptr) {
+  const auto& chosen = by_name.empty() ? by_class : by_name;
+  if (chosen.empty()) {
     return invalid_argument(where + ": quantized, but no config group targets " + module);
   }
-  return by_name != nullptr ? by_name : by_class;
+  if (chosen.size() > 1) return invalid_argument(where + ": two config groups target " + module);
+  return chosen[0];
 }
 
 // Every scale finite, and small enough that Q8_0's f16 d = s · 2^(E − 6) (E ≤ 8: e4m3's largest
@@ -388,10 +386,10 @@ Status check_scale(const Module& m) {
   }
   std::vector<int64_t> want;
   if (s.strategy == "tensor") {
-    if (m.scale.numel() == 1) return ok_status();
+    if (m.scale.numel() == 1) return finite_scales(m, what);
     want = {1};
   } else if (s.strategy == "channel") {
-    if (m.scale.numel() == m.N && m.scale.dim(0) == m.N) return ok_status();
+    if (m.scale.numel() == m.N && m.scale.dim(0) == m.N) return finite_scales(m, what);
     want = {m.N, 1};
   } else if (s.strategy == "group") {
     want = {m.N, ceil_div(m.K, s.group_size)};

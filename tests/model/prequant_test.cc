@@ -450,6 +450,26 @@ TEST(PrequantLoad, BrokenCheckpointsAreRefusedByName) {
                  {"weight_packed", "has zero points, but its scheme is symmetric"});
   expect_refused(load_edited("prequant-w4a16-g32", q + ".weight_zero_point", nullptr),
                  {"q_proj", "no weight_zero_point"});
+  // Scales that are not finite, or too large for Q8_0's f16 d; per channel too.
+  std::vector<float> rows(128, 0.01f);
+  rows[7] = INFINITY;
+  TensorView inf_scale{DType::kF32, {128, 1}, rows.data()};
+  expect_refused(load_edited("prequant-fp8-dynamic", q + ".weight_scale", &inf_scale),
+                 {"q_proj", "scale 7 is inf"});
+  rows[7] = 10000.0f;
+  TensorView huge_scale{DType::kF32, {128, 1}, rows.data()};
+  expect_refused(load_edited("prequant-w8a8", q + ".weight_scale", &huge_scale),
+                 {"q_proj", "scale 7 is 10000"});
+  // Two config groups of one rank that both target a module.
+  expect_refused(load_edited("prequant-w8a8", "", nullptr,
+                             [](nlohmann::json& c) {
+                               nlohmann::json g = c["config_groups"]["group_0"];
+                               g["targets"] = {"re:.*q_proj$"};
+                               c["config_groups"]["group_1"] = g;
+                               g["targets"] = {"re:.*self_attn.*"};
+                               c["config_groups"]["group_2"] = g;
+                             }),
+                 {"q_proj", "two config groups target"});
   // A NaN among FP8 weights.
   auto store = WeightStore::open_dir(kFixtures + "/prequant-fp8-block");
   ASSERT_TRUE(store.ok());
@@ -524,6 +544,34 @@ TEST(PrequantLayouts, WhatTheFastLayoutsDoNotHoldBecomesF32) {
     }
   }
   EXPECT_NE(p->notes[0].find("4 matrices as f32"), std::string::npos) << p->notes[0];
+}
+
+// A module's weight stored twice, and 4-bit integers stored one a byte outside their range.
+TEST(PrequantLoad, AmbiguousOrOutOfRangeWeightsAreRefused) {
+  PrequantConfig cfg;
+  cfg.method = PrequantMethod::kCompressedTensors;
+  PrequantScheme s;
+  s.format = "int-quantized";
+  s.targets = {"Linear"};
+  s.bits = 4;
+  s.strategy = "channel";
+  cfg.groups = {s};
+  std::vector<int8_t> q(4 * 64, 3);
+  std::vector<float> scale(4, 0.5f);
+  std::vector<int32_t> packed(4 * 8, 0);
+  const std::string m = "model.language_model.layers.0.self_attn.q_proj";
+  auto open = [&](bool twice) {
+    std::map<std::string, TensorView> v;
+    v[m + ".weight"] = TensorView{DType::kI8, {4, 64}, q.data()};
+    v[m + ".weight_scale"] = TensorView{DType::kF32, {4, 1}, scale.data()};
+    if (twice) v[m + ".weight_packed"] = TensorView{DType::kI32, {4, 8}, packed.data()};
+    return open_prequant_store(WeightStore::from_views("mem", v, {}, nullptr), cfg,
+                               PrequantLayout::kFast, nullptr);
+  };
+  ASSERT_TRUE(open(false).ok()) << open(false).status().message();
+  expect_refused(open(true).status(), {"q_proj.weight_packed", "both hold"});
+  q[70] = 9;
+  expect_refused(open(false).status(), {"q_proj", "outside the range of 4 bits"});
 }
 
 TEST(PrequantLoad, QuantizingAgainIsRefused) {
