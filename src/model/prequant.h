@@ -15,8 +15,8 @@
 // Which modules are quantized: the tensors decide (a `weight_packed`, an F8_E4M3 or I8 `weight`
 // with its scale); the ignore list checks — a module it names that holds quantized tensors is a
 // load error naming both. A linear stored in BF16 / F32 that the list does not name loads as
-// stored (Qwen's FP8 checkpoints list only lm_head and the embedding, and keep the vision tower,
-// the routers and a few small products in BF16).
+// stored (Qwen's FP8 checkpoints list only lm_head and the embedding, and keep the vision tower
+// and the routers in BF16).
 //
 // Two layouts:
 // - kExact (--precision f32): every quantized weight dequantized to f32 exactly as its format
@@ -27,16 +27,17 @@
 //       scale, repeated over groups of 128, 64 or 32 that divide it), the scales rounded to f16
 //       (a note counts those that are not exactly an f16), zero points as Int4Params::zero.
 //     8-bit integers (channel or tensor scales, symmetric) → DType::kI8 with f32 row scales.
-//     FP8 (block, channel or tensor scales) → GGUF's Q8_0 (32 int8 and one f16 scale d; the CPU's
-//       block kernels run it at every ISA level): d = s · 2^(E − 6) for the 32 values' largest
-//       exponent E and their scale s, so q = e4m3 / 2^(E − 6) is exact for every value within 4
-//       binades of the largest and rounded to the nearest integer below that (each weight within
-//       d / 2 ≤ max|w| / 128 of its value in its group of 32), d rounded to f16 (2^-11
+//     FP8 (block, channel, tensor or group scales) → GGUF's Q8_0 (32 int8 and one f16 scale d;
+//       the CPU's block kernels run it at every ISA level): d = s · 2^(E − 6) for the 32 values'
+//       largest exponent E and their scale s, so q = e4m3 / 2^(E − 6) is exact for every value
+//       within 4 binades of the largest and rounded to the nearest integer below that (each weight
+//       within d / 2 ≤ max|w| / 128 of its value in its group of 32), d rounded to f16 (2^-11
 //       relative) when s · 2^(E − 6) is not an f16 (fewer bits below f16's normal range, which a
 //       note counts). 8.5 bits per weight.
 //   A quantized weight the decoder does not multiply as a linear (the vision tower's, a router's,
 //   the embedding's) and one whose shape the fast layout cannot hold (an FP8 row, block or group
-//   not a multiple of 32 columns) is dequantized to f32 as in kExact, with a note.
+//   not a multiple of 32 columns; a 4-bit group or row that none of 32, 64, 128 divides) is
+//   dequantized to f32 as in kExact, with a note.
 #pragma once
 
 #include <cstdint>
