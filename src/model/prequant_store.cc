@@ -182,6 +182,15 @@ struct Counts {
   std::atomic<int64_t> out_of_range{0};    // integers outside their bits' range
 };
 
+// A converted module's [N, K] matrix of `dtype` at `data`.
+TensorView matrix_view(DType dtype, const Module& m, const void* data) {
+  TensorView v;
+  v.dtype = dtype;
+  v.shape = {m.N, m.K};
+  v.data = data;
+  return v;
+}
+
 void rows(ThreadPool* pool, int64_t N, const std::function<void(int64_t, int64_t)>& fn) {
   if (pool == nullptr) return fn(0, N);
   pool->parallel_for(N, 8, [&](int64_t r0, int64_t r1, int) { fn(r0, r1); });
@@ -203,11 +212,7 @@ TensorView to_f32(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
     c.nan += nan;
     c.out_of_range += outside;
   });
-  TensorView v;
-  v.dtype = DType::kF32;
-  v.shape = {m.N, m.K};
-  v.data = out;
-  return v;
+  return matrix_view(DType::kF32, m, out);
 }
 
 TensorView to_i4(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
@@ -244,10 +249,7 @@ TensorView to_i4(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
     c.rounded_scales += rounded;
     c.out_of_range += outside;
   });
-  TensorView t;
-  t.dtype = DType::kI4;
-  t.shape = {m.N, m.K};
-  t.data = q;
+  TensorView t = matrix_view(DType::kI4, m, q);
   t.int4.scale = scale;
   t.int4.zero = zero;
   t.int4.group = G;
@@ -263,10 +265,7 @@ TensorView to_i8(const Module& m, Owned& o, ThreadPool* pool) {
       scale[n] = m.scale_at(n, 0);
     }
   });
-  TensorView t;
-  t.dtype = DType::kI8;
-  t.shape = {m.N, m.K};
-  t.data = q;
+  TensorView t = matrix_view(DType::kI8, m, q);
   t.scale = scale;
   return t;
 }
@@ -307,11 +306,7 @@ TensorView to_q8_0(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
     c.nan += nan;
     c.coarse_d += coarse;
   });
-  TensorView v;
-  v.dtype = DType::kQ8_0;
-  v.shape = {m.N, m.K};
-  v.data = out;
-  return v;
+  return matrix_view(DType::kQ8_0, m, out);
 }
 
 // Python's re.match (a match from the start of `name`), each pattern compiled once.
@@ -570,7 +565,9 @@ Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConf
   std::string summary = cfg.describe() + ":";
   out.quantized_modules = 0;
   for (const auto& [t, n] : made) {
-    summary += " " + std::to_string(n) + " matrices as " + target_name(t) + ",";
+    // (Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on the chained operator+.)
+    summary.append(" ").append(std::to_string(n)).append(" matrices as ").append(target_name(t));
+    summary += ",";
     out.quantized_modules += static_cast<uint64_t>(n);
   }
   summary.pop_back();

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -66,13 +67,21 @@ inline std::unique_ptr<Engine> load_fixture_engine(const std::string& name,
 }
 
 // Engine::load of fixture `name`'s config and tensors with one tensor edited: `victim` left out,
-// or with `replacement` written in its place (non-null). The load's status (the first error it
-// meets, for the tests that check a broken checkpoint is named).
-inline Status load_with_edited_tensor(const std::string& name, const std::string& victim,
-                                      const TensorView* replacement) {
+// or with `replacement` written in its place (non-null); and with `edit_config` (non-null) given
+// config.json to change first. The load's status (the first error it meets, for the tests that
+// check a broken checkpoint is named).
+inline Status load_with_edits(const std::string& name, const std::string& victim,
+                              const TensorView* replacement,
+                              const std::function<void(nlohmann::json&)>& edit_config) {
   TempDir tmp;
   const std::string src = std::string(VLM_FIXTURES_DIR) + "/" + name;
-  std::filesystem::copy_file(src + "/config.json", tmp.path() / "config.json");
+  if (edit_config) {
+    nlohmann::json cfg = nlohmann::json::parse(read_file(src + "/config.json"));
+    edit_config(cfg);
+    write_bytes((tmp.path() / "config.json").string(), cfg.dump());
+  } else {
+    std::filesystem::copy_file(src + "/config.json", tmp.path() / "config.json");
+  }
   VLM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(src));
   std::vector<std::pair<std::string, TensorView>> tensors;
   for (const auto& n : store.names()) {
@@ -86,6 +95,12 @@ inline Status load_with_edited_tensor(const std::string& name, const std::string
   o.n_threads = 1;
   auto e = Engine::load(o);
   return e.ok() ? ok_status() : e.status();
+}
+
+// load_with_edits with config.json as it is.
+inline Status load_with_edited_tensor(const std::string& name, const std::string& victim,
+                                      const TensorView* replacement) {
+  return load_with_edits(name, victim, replacement, nullptr);
 }
 
 // The fixture's .json files but config.json (reference data, generation config, tokenizer) copied

@@ -8,10 +8,8 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/half.h"
 #include "fixture_model.h"
@@ -25,10 +23,7 @@ namespace {
 const std::string kFixtures = VLM_FIXTURES_DIR;
 
 nlohmann::json reference(const std::string& name) {
-  std::ifstream f(kFixtures + "/" + name + "/reference.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return nlohmann::json::parse(ss.str());
+  return nlohmann::json::parse(test_util::read_file(kFixtures + "/" + name + "/reference.json"));
 }
 
 std::unique_ptr<Engine> engine(const std::string& name, Precision precision,
@@ -393,24 +388,9 @@ TEST(PrequantConfig, E4m3DecodesAsTheFormatDefines) {
 Status load_edited(const std::string& name, const std::string& victim,
                    const TensorView* replacement,
                    const std::function<void(nlohmann::json&)>& edit = nullptr) {
-  test_util::TempDir tmp;
-  const std::string src = kFixtures + "/" + name;
-  nlohmann::json cfg = nlohmann::json::parse(test_util::read_file(src + "/config.json"));
-  if (edit) edit(cfg["quantization_config"]);
-  test_util::write_bytes((tmp.path() / "config.json").string(), cfg.dump());
-  VLM_ASSIGN_OR_RETURN(WeightStore store, WeightStore::open_dir(src));
-  std::vector<std::pair<std::string, TensorView>> tensors;
-  for (const auto& n : store.names()) {
-    if (n != victim) tensors.emplace_back(n, *store.get(n));
-    if (n == victim && replacement != nullptr) tensors.emplace_back(n, *replacement);
-  }
-  VLM_RETURN_IF_ERROR(write_safetensors((tmp.path() / "model.safetensors").string(), tensors));
-  EngineOptions o;
-  o.model_dir = tmp.path().string();
-  o.require_tokenizer = false;
-  o.n_threads = 1;
-  auto e = Engine::load(o);
-  return e.ok() ? ok_status() : e.status();
+  return test_util::load_with_edits(name, victim, replacement, [&](nlohmann::json& cfg) {
+    if (edit) edit(cfg["quantization_config"]);
+  });
 }
 
 void expect_refused(const Status& s, std::initializer_list<const char*> words) {
