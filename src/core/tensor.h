@@ -85,6 +85,10 @@ struct TensorView {
   // two's-complement 4-bit value. Scales and zero points: Int4Params (ops::quantize_int4 makes
   // them).
   Int4Params int4;
+  // Linear weights of a checkpoint with activation-ordered groups (GPTQ's desc_act), stored with
+  // their groups contiguous: column k multiplies x[:, in_perm[k]] ([shape[1]] int32, a
+  // permutation). Not owned; null: column k multiplies x[:, k]. Only CpuBackend::linear reads it.
+  const int32_t* in_perm = nullptr;
 
   int64_t numel() const {
     int64_t n = 1;

@@ -247,6 +247,151 @@ Result<PrequantConfig> parse_compressed_tensors(const json& q, const std::string
   return c;
 }
 
+// A boolean field (absent: `dflt`).
+Result<bool> flag(const json& j, const char* key, bool dflt, const std::string& path,
+                  const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  if (!it->is_boolean()) return refuse(where, path + key, *it, "expected true or false");
+  return it->get<bool>();
+}
+
+// A GPTQ / AWQ scheme from `j` (the config, or a dynamic entry over `base`).
+Result<PrequantScheme> packed_scheme(const json& j, PrequantScheme s, bool awq,
+                                     const std::string& path, const std::string& where) {
+  if (auto b = j.find("bits"); b != j.end()) {
+    if (!b->is_number_integer()) return refuse(where, path + "bits", *b, "expected 4 or 8");
+    s.bits = b->get<int64_t>();
+  }
+  if (awq ? s.bits != 4 : (s.bits != 4 && s.bits != 8)) {
+    return refuse(where, path + "bits", json(s.bits),
+                  awq ? "vlm reads 4-bit AWQ weights" : "vlm reads 4- and 8-bit GPTQ weights");
+  }
+  if (auto g = j.find("group_size"); g != j.end()) {
+    if (!g->is_number_integer() || (g->get<int64_t>() <= 0 && g->get<int64_t>() != -1) ||
+        (awq && g->get<int64_t>() == -1)) {
+      return refuse(where, path + "group_size", *g,
+                    awq ? "expected a positive size" : "expected a positive size or -1 (per row)");
+    }
+    const int64_t g_size = g->get<int64_t>();
+    s.strategy = g_size == -1 ? "channel" : "group";
+    s.group_size = g_size == -1 ? 0 : g_size;
+  }
+  if (awq) {
+    VLM_ASSIGN_OR_RETURN(const bool zero_point, flag(j, "zero_point", !s.symmetric, path, where));
+    s.symmetric = !zero_point;
+  } else {
+    VLM_ASSIGN_OR_RETURN(s.symmetric, flag(j, "sym", s.symmetric, path, where));
+  }
+  VLM_ASSIGN_OR_RETURN(s.desc_act, flag(j, "desc_act", s.desc_act, path, where));
+  if (awq && s.desc_act) {
+    return refuse(where, path + "desc_act", json(true), "AWQ has no activation order");
+  }
+  VLM_RETURN_IF_ERROR(
+      only(j, path, "pack_dtype", {"int32"}, where, "vlm reads weights packed in int32 words"));
+  return s;
+}
+
+// GPTQ's per-module `dynamic` overrides: what they may change (the others do not change how the
+// tensors are stored, e.g. damp_percent).
+Status parse_dynamic(const json& q, PrequantConfig* c, const std::string& where) {
+  auto d = q.find("dynamic");
+  if (d == q.end() || d->is_null()) return ok_status();
+  if (!d->is_object()) return refuse(where, "dynamic", *d, "expected an object of patterns");
+  for (auto it = d->begin(); it != d->end(); ++it) {
+    PrequantRule r;
+    const std::string key = it.key();
+    r.skip = key.rfind("-:", 0) == 0;
+    r.pattern = key.rfind("-:", 0) == 0 || key.rfind("+:", 0) == 0 ? key.substr(2) : key;
+    if (!regex_ok(r.pattern)) {
+      return refuse(where, "dynamic", json(key), "not a regular expression vlm can read");
+    }
+    const std::string path = "dynamic[\"" + key + "\"].";
+    if (!it->is_object()) return refuse(where, path, *it, "expected an object");
+    for (auto f = it->begin(); f != it->end(); ++f) {
+      static const char* const kRead[] = {"bits",
+                                          "group_size",
+                                          "sym",
+                                          "desc_act",
+                                          "pack_dtype",
+                                          "damp_percent",
+                                          "damp_auto_increment",
+                                          "static_groups",
+                                          "true_sequential",
+                                          "mse",
+                                          "act_group_aware",
+                                          "v2"};
+      if (std::find_if(std::begin(kRead), std::end(kRead),
+                       [&](const char* k) { return f.key() == k; }) == std::end(kRead)) {
+        return refuse(where, path + f.key(), *f, "an override vlm does not read");
+      }
+    }
+    if (!r.skip) {
+      VLM_ASSIGN_OR_RETURN(PrequantScheme s, packed_scheme(*it, c->groups[0], false, path, where));
+      r.scheme = c->groups.size();
+      c->groups.push_back(std::move(s));
+    }
+    c->rules.push_back(std::move(r));
+  }
+  return ok_status();
+}
+
+Result<PrequantConfig> parse_gptq(const json& q, const std::string& where) {
+  PrequantConfig c;
+  c.method = PrequantMethod::kGptq;
+  PrequantScheme base;
+  base.format = "gptq";
+  base.targets = {"Linear"};
+  base.bits = 4;
+  base.strategy = "group";
+  base.group_size = 128;
+  // checkpoint_format (GPTQModel also writes `format`; HF's default: gptq, the v1 zero points).
+  std::string fmt = "gptq";
+  for (const char* key : {"checkpoint_format", "format"}) {
+    auto f = q.find(key);
+    if (f == q.end() || f->is_null()) continue;
+    if (!f->is_string() || (*f != "gptq" && *f != "gptq_v2")) {
+      return refuse(where, key, *f,
+                    "vlm reads the gptq (v1) and gptq_v2 layouts (marlin, bitblas and the other "
+                    "kernel-specific repackings are not)");
+    }
+    fmt = f->get<std::string>();
+  }
+  c.gptq_v1 = fmt == "gptq";
+  VLM_ASSIGN_OR_RETURN(PrequantScheme s, packed_scheme(q, base, false, "", where));
+  c.groups.push_back(std::move(s));
+  VLM_RETURN_IF_ERROR(parse_dynamic(q, &c, where));
+  return c;
+}
+
+Result<PrequantConfig> parse_awq(const json& q, const std::string& where) {
+  PrequantConfig c;
+  c.method = PrequantMethod::kAwq;
+  for (const char* key : {"version", "format", "checkpoint_format"}) {
+    auto f = q.find(key);
+    if (f == q.end() || f->is_null()) continue;
+    std::string v = f->is_string() ? f->get<std::string>() : std::string();
+    std::transform(v.begin(), v.end(), v.begin(),
+                   [](unsigned char ch) { return std::tolower(ch); });
+    if (v != "gemm") {
+      return refuse(where, key, *f,
+                    "vlm reads AWQ's GEMM packing (gemv, gemv_fast, marlin and the other "
+                    "layouts are not)");
+    }
+  }
+  PrequantScheme base;
+  base.format = "awq";
+  base.targets = {"Linear"};
+  base.bits = 4;
+  base.strategy = "group";
+  base.group_size = 128;
+  base.symmetric = false;  // zero_point: true unless said
+  VLM_ASSIGN_OR_RETURN(PrequantScheme s, packed_scheme(q, base, true, "", where));
+  c.groups.push_back(std::move(s));
+  VLM_RETURN_IF_ERROR(string_list(q, "modules_to_not_convert", "", where, &c.ignore));
+  return c;
+}
+
 }  // namespace
 
 Result<PrequantConfig> parse_prequant_config(const std::string& text, const std::string& where) {
@@ -260,12 +405,16 @@ Result<PrequantConfig> parse_prequant_config(const std::string& text, const std:
     const json m = q.value("quant_method", json());
     if (m == json("fp8")) return parse_fp8(q, where);
     if (m == json("compressed-tensors")) return parse_compressed_tensors(q, where);
+    if (m == json("gptq")) return parse_gptq(q, where);
+    if (m == json("awq")) return parse_awq(q, where);
   } catch (const json::exception& e) {
     return invalid_argument(where + ": quantization_config: a field has the wrong type (" +
                             e.what() + ")");
   }
-  return refuse(where, "quant_method", q.value("quant_method", json()),
-                "vlm loads Qwen's FP8 (fp8) and llm-compressor's compressed-tensors checkpoints");
+  return refuse(
+      where, "quant_method", q.value("quant_method", json()),
+      "vlm loads Qwen's FP8 (fp8), llm-compressor's compressed-tensors, GPTQ (gptq) and AWQ "
+      "(awq) checkpoints");
 }
 
 std::string PrequantConfig::describe() const {
@@ -278,15 +427,25 @@ std::string PrequantConfig::describe() const {
              " blocks)";
       continue;
     }
-    out +=
-        s.format + " " + (s.is_float ? "fp8" : "int" + std::to_string(s.bits)) + " (" + s.strategy;
+    if (method == PrequantMethod::kCompressedTensors) out += s.format + " ";
+    out += (s.is_float ? "fp8" : "int" + std::to_string(s.bits)) + " (" + s.strategy;
     if (s.strategy == "group") out += " " + std::to_string(s.group_size);
     if (s.strategy == "block") {
       out += " " + std::to_string(s.block_rows) + "×" + std::to_string(s.block_cols);
     }
+    if (s.desc_act) out += ", act-order";
     out += s.symmetric ? ")" : ", zero points)";
   }
-  return (method == PrequantMethod::kFp8 ? "Qwen " : "compressed-tensors ") + out;
+  switch (method) {
+    case PrequantMethod::kFp8:
+      return "Qwen " + out;
+    case PrequantMethod::kGptq:
+      return (gptq_v1 ? "GPTQ " : "GPTQ v2 ") + out;
+    case PrequantMethod::kAwq:
+      return "AWQ GEMM " + out;
+    default:
+      return "compressed-tensors " + out;
+  }
 }
 
 float e4m3_to_f32(uint8_t b) {

@@ -54,12 +54,15 @@ enum class PrequantMethod {
   kNone,
   kFp8,                // Qwen / DeepSeek block FP8 (quant_method "fp8")
   kCompressedTensors,  // llm-compressor (quant_method "compressed-tensors")
+  kGptq,               // GPTQ (quant_method "gptq": GPTQModel, AutoGPTQ, optimum)
+  kAwq,                // AWQ's GEMM packing (quant_method "awq": AutoAWQ, GPTQModel)
 };
 
 // One compressed-tensors config group (its weights' arguments and format); kFp8's one group is a
 // float 8-bit block scheme.
 struct PrequantScheme {
-  std::string format;  // pack-quantized, int-quantized, naive-quantized, float-quantized
+  // pack-quantized, int-quantized, naive-quantized, float-quantized; gptq, awq
+  std::string format;
   std::vector<std::string> targets;  // "Linear" or "re:<pattern>" (matched from the name's start)
   int64_t bits = 0;                  // 4 or 8 (float: 8)
   bool is_float = false;             // type "float": FP8 E4M3
@@ -67,6 +70,15 @@ struct PrequantScheme {
   std::string strategy;              // tensor, channel, group, block
   int64_t group_size = 0;            // strategy group
   int64_t block_rows = 0, block_cols = 0;  // strategy block
+  bool desc_act = false;                   // GPTQ: activation-ordered groups (g_idx)
+};
+
+// A GPTQ `dynamic` entry: modules whose name the pattern matches (Python's re.match, the first
+// entry that matches deciding) are left unquantized ("-:") or quantized by their own scheme.
+struct PrequantRule {
+  std::string pattern;
+  bool skip = false;
+  size_t scheme = 0;  // index into PrequantConfig::groups
 };
 
 struct PrequantConfig {
@@ -75,7 +87,11 @@ struct PrequantConfig {
   // kFp8: modules_to_not_convert (a module is ignored when its name contains an entry, as
   // transformers matches them); compressed-tensors: `ignore` (exact names, or "re:<pattern>"
   // matched from the name's start, as Python's re.match).
+  // kAwq: modules_to_not_convert (as kFp8's); kGptq: none (lm_head: false, `dynamic` "-:" rules).
   std::vector<std::string> ignore;
+  // kGptq / kAwq: groups[0] is the checkpoint's scheme; kGptq's dynamic rules add the others.
+  std::vector<PrequantRule> rules;
+  bool gptq_v1 = false;  // kGptq checkpoint_format gptq: zero points stored minus one
 
   bool quantized() const { return method != PrequantMethod::kNone; }
   // "Qwen FP8 (e4m3, 128×128 blocks)", "compressed-tensors pack-quantized int4 (group 32, zero

@@ -42,9 +42,12 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The companions of a quantized module's weight, by suffix.
+// The companions of a quantized module's weight, by suffix (compressed-tensors, Qwen FP8; GPTQ
+// and AWQ).
 constexpr const char* kCompanions[] = {".weight_scale", ".weight_scale_inv", ".weight_zero_point",
-                                       ".weight_shape", ".weight_g_idx",     ".weight_packed"};
+                                       ".weight_shape", ".weight_g_idx",     ".weight_packed",
+                                       ".qweight",      ".qzeros",           ".scales",
+                                       ".g_idx"};
 
 enum class Strategy { kTensor, kChannel, kGroup, kBlock };
 
@@ -55,19 +58,42 @@ Strategy strategy_of(const PrequantScheme& s) {
   return Strategy::kTensor;
 }
 
+// How a module's integers are stored: compressed-tensors' rows ([N, K] int8, or packed along K
+// in [N, K · bits / 32] words); GPTQ's columns (qweight [K · bits / 32, N], packed along K;
+// scales [G, N]; qzeros [G, N · bits / 32], packed along N); AWQ's GEMM (qweight [K, N / 8],
+// packed along N in the order kAwqOrder; scales [G, N]; qzeros [G, N / 8] as qweight).
+enum class Packing { kRows, kGptq, kAwq };
+
+// AWQ's GEMM packing: column 8c + j of a word's 8 is the nibble at 4 · kAwqNibble[j].
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
 // One quantized linear: its scheme and tensors.
 struct Module {
   std::string name;  // the module's: "model.language_model.layers.0.self_attn.q_proj"
   const PrequantScheme* s = nullptr;
   Strategy strategy = Strategy::kTensor;
-  TensorView w;            // weight (I8, F8_E4M3) or weight_packed (I32)
+  Packing packing = Packing::kRows;
+  TensorView w;            // weight (I8, F8_E4M3), weight_packed or qweight (I32)
   TensorView scale, zero;  // zero.data null: symmetric
+  TensorView g_idx;        // GPTQ's group of each column ([K] I32), data null: k / group
+  uint32_t zero_add = 0;   // GPTQ v1: added to each qzeros word (the zero points stored minus one)
+  // With activation-ordered groups in a fast layout: column j of the converted weight is column
+  // perm[j] of the stored one (its groups contiguous); empty: the stored order.
+  std::vector<int32_t> perm;
+  bool uneven_groups = false;  // activation-ordered groups not all of the group size: f32 only
   int64_t N = 0, K = 0;
   std::string where;  // "<file>: tensor '<name>'"
 
   int64_t scale_cols() const { return scale.rank() == 2 ? scale.dim(1) : 1; }
+  int offset() const { return 1 << (s->bits - 1); }
+  // The scale group of column k.
+  int64_t group(int64_t k) const {
+    if (g_idx.data != nullptr) return static_cast<const int32_t*>(g_idx.data)[k];
+    return strategy == Strategy::kGroup ? k / s->group_size : 0;
+  }
   // The scale entry that (n, k) uses.
   int64_t scale_index(int64_t n, int64_t k) const {
+    if (packing != Packing::kRows) return group(k) * N + n;  // [G, N]
     switch (strategy) {
       case Strategy::kTensor:
         return 0;
@@ -81,29 +107,66 @@ struct Module {
     return (n / s->block_rows) * scale_cols() + k / s->block_cols;
   }
   float scale_at(int64_t n, int64_t k) const { return float_at(scale, scale_index(n, k)); }
-  // The zero point of (n, k) (0 when symmetric), as a signed value: stored + offset.
+  // The zero point of (n, k) (0 when symmetric), as a signed value: stored − 2^(bits − 1).
   int zero_at(int64_t n, int64_t k) const {
-    if (zero.data == nullptr) return 0;
-    const int64_t g = strategy == Strategy::kGroup ? k / s->group_size : 0;
+    return zero.data == nullptr ? 0 : zero_of(n, group(k));
+  }
+  // Row n's zero point of group g (zero.data not null).
+  int zero_of(int64_t n, int64_t g) const {
     const int64_t cols = zero.rank() == 2 ? zero.dim(1) : 1;
+    const auto* words = static_cast<const uint32_t*>(zero.data);
+    if (packing == Packing::kGptq) {
+      const int per = static_cast<int>(32 / s->bits);
+      const uint32_t word = words[g * cols + n / per] + zero_add;
+      return static_cast<int>((word >> (s->bits * (n % per))) & ((1u << s->bits) - 1)) - offset();
+    }
+    if (packing == Packing::kAwq) {
+      const uint32_t word = words[g * cols + n / 8];
+      return static_cast<int>((word >> (4 * kAwqNibble[n % 8])) & 15u) - 8;
+    }
     if (zero.dtype == DType::kI8) return static_cast<const int8_t*>(zero.data)[n * cols + g];
-    const uint32_t word = static_cast<const uint32_t*>(zero.data)[(n / 8) * cols + g];
+    const uint32_t word = words[(n / 8) * cols + g];
     return static_cast<int>((word >> (4 * (n % 8))) & 15u) - 8;
   }
-  // The integer weights of row n, signed (pack-quantized: stored + 2^(bits − 1)).
+  // The integer weights of row n, signed (packed: stored − 2^(bits − 1)).
   void row_ints(int64_t n, int8_t* q) const {
+    const auto* words = static_cast<const uint32_t*>(w.data);
+    const uint32_t mask = (1u << s->bits) - 1;
+    if (packing == Packing::kGptq) {  // column n, K / per words down
+      const int per = static_cast<int>(32 / s->bits);
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t v = (words[(k / per) * N + n] >> (s->bits * (k % per))) & mask;
+        q[k] = static_cast<int8_t>(static_cast<int>(v) - offset());
+      }
+      return;
+    }
+    if (packing == Packing::kAwq) {
+      const int64_t cols = w.dim(1), shift = 4 * kAwqNibble[n % 8];
+      for (int64_t k = 0; k < K; ++k) {
+        q[k] = static_cast<int8_t>(static_cast<int>((words[k * cols + n / 8] >> shift) & 15u) - 8);
+      }
+      return;
+    }
     if (s->format != "pack-quantized") {
       std::memcpy(q, static_cast<const int8_t*>(w.data) + n * K, static_cast<size_t>(K));
       return;
     }
     const int per = static_cast<int>(32 / s->bits);
-    const uint32_t mask = (1u << s->bits) - 1, offset = 1u << (s->bits - 1);
-    const auto* words = static_cast<const uint32_t*>(w.data) + n * w.dim(1);
+    words += n * w.dim(1);
     for (int64_t k = 0; k < K; ++k) {
       const uint32_t v = (words[k / per] >> (s->bits * (k % per))) & mask;
-      q[k] = static_cast<int8_t>(static_cast<int>(v) - static_cast<int>(offset));
+      q[k] = static_cast<int8_t>(static_cast<int>(v) - offset());
     }
   }
+  // Row n's integers in the converted order (perm applied), tmp as scratch.
+  void row_ints_ordered(int64_t n, int8_t* q, std::vector<int8_t>& tmp) const {
+    if (perm.empty()) return row_ints(n, q);
+    tmp.resize(static_cast<size_t>(K));
+    row_ints(n, tmp.data());
+    for (int64_t j = 0; j < K; ++j) q[j] = tmp[static_cast<size_t>(perm[static_cast<size_t>(j)])];
+  }
+  // The stored column of converted column j.
+  int64_t column(int64_t j) const { return perm.empty() ? j : perm[static_cast<size_t>(j)]; }
   // Row n's values as the format defines them, in f32.
   void row_f32(int64_t n, float* out, std::vector<int8_t>& tmp) const {
     if (s->is_float) {
@@ -155,14 +218,18 @@ int64_t int4_group(const Module& m) {
 }
 
 Target fast_target(const Module& m) {
-  if (!decoder_linear(m.name)) return Target::kF32;
+  if (!decoder_linear(m.name) || m.uneven_groups) return Target::kF32;
   if (m.s->is_float) {  // one scale per 32 values
     const bool fits = m.K % 32 == 0 &&
                       (m.strategy != Strategy::kBlock || m.s->block_cols % 32 == 0) &&
                       (m.strategy != Strategy::kGroup || m.s->group_size % 32 == 0);
     return fits ? Target::kQ8_0 : Target::kF32;
   }
-  if (m.s->bits == 8) return Target::kI8;
+  if (m.s->bits == 8) {  // symmetric: one scale per row (INT8) or per 32 values (Q8_0)
+    if (m.zero.data != nullptr) return Target::kF32;
+    if (m.strategy != Strategy::kGroup) return Target::kI8;
+    return m.K % 32 == 0 && m.s->group_size % 32 == 0 ? Target::kQ8_0 : Target::kF32;
+  }
   return int4_group(m) != 0 ? Target::kI4 : Target::kF32;
 }
 
@@ -176,7 +243,7 @@ struct Owned {
 };
 
 struct Counts {
-  std::atomic<int64_t> rounded_scales{0};  // INT4 scales not exactly an f16
+  std::atomic<int64_t> rounded_scales{0};  // INT4 / integer Q8_0 scales not exactly an f16
   std::atomic<int64_t> coarse_d{0};        // Q8_0 scales below f16's normal range
   std::atomic<int64_t> nan{0};             // NaN weights (FP8)
   std::atomic<int64_t> out_of_range{0};    // integers outside their bits' range
@@ -189,6 +256,14 @@ TensorView matrix_view(DType dtype, const Module& m, const void* data) {
   v.shape = {m.N, m.K};
   v.data = data;
   return v;
+}
+
+// The converted weight's column order, when it is not the stored one (TensorView::in_perm).
+void attach_perm(const Module& m, Owned& o, TensorView* t) {
+  if (m.perm.empty()) return;
+  auto* p = reinterpret_cast<int32_t*>(o.add(m.perm.size() * 4));
+  std::memcpy(p, m.perm.data(), m.perm.size() * 4);
+  t->in_perm = p;
 }
 
 void rows(ThreadPool* pool, int64_t N, const std::function<void(int64_t, int64_t)>& fn) {
@@ -223,10 +298,10 @@ TensorView to_i4(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
                    ? reinterpret_cast<int8_t*>(o.add(static_cast<size_t>(m.N * groups)))
                    : nullptr;
   rows(pool, m.N, [&](int64_t r0, int64_t r1) {
-    std::vector<int8_t> v(static_cast<size_t>(m.K));
+    std::vector<int8_t> v(static_cast<size_t>(m.K)), tmp;
     int64_t rounded = 0, outside = 0;
     for (int64_t n = r0; n < r1; ++n) {
-      m.row_ints(n, v.data());
+      m.row_ints_ordered(n, v.data(), tmp);
       for (int64_t k = 0; k < m.K; ++k) {
         outside += v[static_cast<size_t>(k)] < -8 || v[static_cast<size_t>(k)] > 7;
       }
@@ -239,11 +314,13 @@ TensorView to_i4(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
         }
       }
       for (int64_t g = 0; g < groups; ++g) {
-        const float s = m.scale_at(n, g * G);
+        const float s = m.scale_at(n, m.column(g * G));
         const uint16_t h = f32_to_f16(s);
         rounded += f16_to_f32(h) != s;
         scale[n * groups + g] = h;
-        if (zero != nullptr) zero[n * groups + g] = static_cast<int8_t>(m.zero_at(n, g * G));
+        if (zero != nullptr) {
+          zero[n * groups + g] = static_cast<int8_t>(m.zero_at(n, m.column(g * G)));
+        }
       }
     }
     c.rounded_scales += rounded;
@@ -253,6 +330,33 @@ TensorView to_i4(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
   t.int4.scale = scale;
   t.int4.zero = zero;
   t.int4.group = G;
+  attach_perm(m, o, &t);
+  return t;
+}
+
+// Symmetric 8-bit integers with groups of a multiple of 32 → Q8_0: d the group's scale (rounded
+// to f16 when it is not one), q as stored.
+TensorView ints_to_q8_0(const Module& m, Owned& o, ThreadPool* pool, Counts& c) {
+  const int64_t blocks = m.K / 32;
+  uint8_t* out = o.add(static_cast<size_t>(m.N * blocks) * 34);
+  rows(pool, m.N, [&](int64_t r0, int64_t r1) {
+    std::vector<int8_t> v(static_cast<size_t>(m.K)), tmp;
+    int64_t rounded = 0;
+    for (int64_t n = r0; n < r1; ++n) {
+      m.row_ints_ordered(n, v.data(), tmp);
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* blk = out + (n * blocks + b) * 34;
+        const float s = m.scale_at(n, m.column(32 * b));
+        const uint16_t h = f32_to_f16(s);
+        rounded += f16_to_f32(h) != s;
+        std::memcpy(blk, &h, 2);
+        std::memcpy(blk + 2, v.data() + 32 * b, 32);
+      }
+    }
+    c.rounded_scales += rounded;
+  });
+  TensorView t = matrix_view(DType::kQ8_0, m, out);
+  attach_perm(m, o, &t);
   return t;
 }
 
@@ -325,9 +429,11 @@ class Patterns {
 
 bool ignored(const PrequantConfig& c, const std::string& module, Patterns& re, std::string* entry) {
   for (const std::string& e : c.ignore) {
-    const bool hit = c.method == PrequantMethod::kFp8 ? module.find(e) != std::string::npos
-                     : e.rfind("re:", 0) == 0         ? re.match(e.substr(3), module)
-                                                      : module == e;
+    // (Qwen's FP8 and AutoAWQ's modules_to_not_convert match by substring.)
+    const bool substring = c.method == PrequantMethod::kFp8 || c.method == PrequantMethod::kAwq;
+    const bool hit = substring                ? module.find(e) != std::string::npos
+                     : e.rfind("re:", 0) == 0 ? re.match(e.substr(3), module)
+                                              : module == e;
     if (hit) {
       *entry = e;
       return true;
@@ -336,11 +442,41 @@ bool ignored(const PrequantConfig& c, const std::string& module, Patterns& re, s
   return false;
 }
 
+// GPTQ's `dynamic` rule for a module, as GPTQModel picks it: a "-:" one whose pattern matches from
+// the name's start, else the first such of the others in the file's order; null: none. (config.json
+// is read into an object whose keys are sorted, so that order is gone: two overrides that both
+// match and disagree are refused instead.)
+Result<const PrequantRule*> gptq_rule(const PrequantConfig& c, const std::string& module,
+                                      const std::string& where, Patterns& re) {
+  const PrequantRule* found = nullptr;
+  for (const PrequantRule& r : c.rules) {
+    if (!re.match(r.pattern, module)) continue;
+    if (r.skip) return &r;
+    const PrequantScheme &a = c.groups[r.scheme], &b = c.groups[found ? found->scheme : r.scheme];
+    if (a.bits != b.bits || a.strategy != b.strategy || a.group_size != b.group_size ||
+        a.symmetric != b.symmetric || a.desc_act != b.desc_act) {
+      return invalid_argument(where + ": the dynamic rules " + found->pattern + " and " +
+                              r.pattern + " both match " + module + " and disagree");
+    }
+    if (found == nullptr) found = &r;
+  }
+  return found;
+}
+
 // The config group of a module, as compressed-tensors chooses it: a group whose re: target
 // matches the name before one that targets every Linear; two of the same rank that both match
 // are refused (which one applies would be a guess).
 Result<const PrequantScheme*> scheme_for(const PrequantConfig& c, const std::string& module,
                                          const std::string& where, Patterns& re) {
+  if (c.method == PrequantMethod::kGptq || c.method == PrequantMethod::kAwq) {
+    VLM_ASSIGN_OR_RETURN(const PrequantRule* r, gptq_rule(c, module, where, re));
+    if (r != nullptr && r->skip) {
+      return invalid_argument(where + ": module " + module +
+                              " is quantized, but the dynamic rule -:" + r->pattern +
+                              " leaves it unquantized");
+    }
+    return &c.groups[r != nullptr ? r->scheme : 0];
+  }
   std::vector<const PrequantScheme*> by_name, by_class;  // the groups of each rank that match
   for (const PrequantScheme& s : c.groups) {
     for (const std::string& t : s.targets) {
@@ -455,6 +591,86 @@ Status read_shape(const WeightStore& st, const std::string& base, Module* m) {
   return ok_status();
 }
 
+// A GPTQ / AWQ tensor of `base`, of dtype `dt` and shape `want`.
+Result<TensorView> packed_tensor(const WeightStore& st, const Module& m, const std::string& base,
+                                 const char* suffix, std::initializer_list<DType> dts,
+                                 const std::vector<int64_t>& want) {
+  if (!st.has(base + suffix)) return invalid_argument(m.where + ": no " + base + suffix);
+  VLM_ASSIGN_OR_RETURN(TensorView t, st.get(base + suffix));
+  if (std::find(dts.begin(), dts.end(), t.dtype) == dts.end() || t.shape != want) {
+    return invalid_argument(st.file_of(base + suffix) + ": tensor '" + base + suffix + "' " +
+                            dtype_name(t.dtype) + " " + shape_to_string(t.shape) + ", expected " +
+                            dtype_name(*dts.begin()) + " " + shape_to_string(want) + " for a [" +
+                            std::to_string(m.N) + ", " + std::to_string(m.K) + "] " +
+                            std::to_string(m.s->bits) + "-bit weight");
+  }
+  return t;
+}
+
+// g_idx's groups checked, and when they are not k / group (activation order) the column order
+// that makes them contiguous (Module::perm; Module::uneven_groups when no order does).
+Status read_g_idx(const Module& m, int64_t G, Module* out) {
+  const auto* g = static_cast<const int32_t*>(m.g_idx.data);
+  bool trivial = true;
+  for (int64_t k = 0; k < m.K; ++k) {
+    if (g[k] < 0 || g[k] >= G) {
+      return invalid_argument(m.where + ": g_idx[" + std::to_string(k) +
+                              "] = " + std::to_string(g[k]) + " is not one of its " +
+                              std::to_string(G) + " groups");
+    }
+    trivial = trivial && g[k] == (m.strategy == Strategy::kGroup ? k / m.s->group_size : 0);
+  }
+  if (trivial) {
+    out->g_idx = TensorView{};  // (the groups as k / group: no lookups)
+    return ok_status();
+  }
+  out->perm.resize(static_cast<size_t>(m.K));
+  for (int64_t k = 0; k < m.K; ++k) out->perm[static_cast<size_t>(k)] = static_cast<int32_t>(k);
+  std::stable_sort(out->perm.begin(), out->perm.end(),
+                   [&](int32_t a, int32_t b) { return g[a] < g[b]; });
+  for (int64_t j = 0; j < m.K && !out->uneven_groups; ++j) {
+    out->uneven_groups = g[out->perm[static_cast<size_t>(j)]] != j / m.s->group_size;
+  }
+  return ok_status();
+}
+
+// A GPTQ or AWQ module (`name`: its qweight), checked: shapes, groups, zero points (dropped when
+// every one is 2^(bits − 1), so that the symmetric kernels run).
+Status read_packed(const WeightStore& st, const PrequantConfig& c, const std::string& name,
+                   const std::string& base, Module* m) {
+  const bool gptq = c.method == PrequantMethod::kGptq;
+  m->packing = gptq ? Packing::kGptq : Packing::kAwq;
+  VLM_ASSIGN_OR_RETURN(m->w, st.get(name));
+  const int64_t per = 32 / m->s->bits;
+  if (m->w.dtype != DType::kI32 || m->w.rank() != 2 || m->w.dim(0) == 0 || m->w.dim(1) == 0) {
+    return invalid_argument(m->where + ": " + dtype_name(m->w.dtype) + " " +
+                            shape_to_string(m->w.shape) + ", expected 2-D I32 packed weights");
+  }
+  m->K = gptq ? m->w.dim(0) * per : m->w.dim(0);
+  m->N = gptq ? m->w.dim(1) : m->w.dim(1) * per;
+  const int64_t G = m->strategy == Strategy::kGroup ? ceil_div(m->K, m->s->group_size) : 1;
+  VLM_ASSIGN_OR_RETURN(
+      m->scale,
+      packed_tensor(st, *m, base, ".scales", {DType::kF16, DType::kBF16, DType::kF32}, {G, m->N}));
+  VLM_RETURN_IF_ERROR(finite_scales(*m, m->where + " scales"));
+  VLM_ASSIGN_OR_RETURN(m->zero,
+                       packed_tensor(st, *m, base, ".qzeros", {DType::kI32}, {G, m->N / per}));
+  if (c.gptq_v1) m->zero_add = m->s->bits == 4 ? 0x11111111u : 0x01010101u;
+  if (st.has(base + ".g_idx")) {
+    if (!gptq) return invalid_argument(m->where + ": g_idx in an AWQ checkpoint");
+    VLM_ASSIGN_OR_RETURN(m->g_idx, packed_tensor(st, *m, base, ".g_idx", {DType::kI32}, {m->K}));
+    VLM_RETURN_IF_ERROR(read_g_idx(*m, G, m));
+  } else if (gptq && m->s->desc_act) {
+    return invalid_argument(m->where + ": desc_act, but no " + base + ".g_idx");
+  }
+  bool all_offset = true;
+  for (int64_t g = 0; g < G && all_offset; ++g) {
+    for (int64_t n = 0; n < m->N && all_offset; ++n) all_offset = m->zero_of(n, g) == 0;
+  }
+  if (all_offset) m->zero = TensorView{};
+  return ok_status();
+}
+
 // The quantized module whose weight is `name` (".weight" or ".weight_packed"), checked.
 Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const std::string& name,
                            const std::string& base, Patterns& re) {
@@ -468,6 +684,10 @@ Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const
   }
   VLM_ASSIGN_OR_RETURN(m.s, scheme_for(c, base, m.where, re));
   m.strategy = strategy_of(*m.s);
+  if (c.method == PrequantMethod::kGptq || c.method == PrequantMethod::kAwq) {
+    VLM_RETURN_IF_ERROR(read_packed(st, c, name, base, &m));
+    return m;
+  }
   if (st.has(base + ".weight_g_idx")) {
     return invalid_argument(m.where +
                             ": weight_g_idx (activation-ordered groups) is not supported");
@@ -493,6 +713,7 @@ Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const
 // The module a quantized weight tensor belongs to ("" when `name` is none).
 std::string quantized_base(const WeightStore& st, const std::string& name) {
   if (ends_with(name, ".weight_packed")) return name.substr(0, name.size() - 14);
+  if (ends_with(name, ".qweight")) return name.substr(0, name.size() - 8);
   if (!ends_with(name, ".weight")) return "";
   auto v = st.get(name);
   if (!v.ok() || (v->dtype != DType::kF8E4M3 && v->dtype != DType::kI8)) return "";
@@ -517,12 +738,13 @@ Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConf
     const std::string base = quantized_base(st, name);
     if (base.empty()) continue;
     if (views.count(base + ".weight") != 0 ||
-        (ends_with(name, "_packed") && st.has(base + ".weight"))) {
+        ((ends_with(name, "_packed") || ends_with(name, ".qweight")) && st.has(base + ".weight"))) {
       return invalid_argument(st.file_of(name) + ": tensor '" + name + "' and '" + base +
                               ".weight' both hold module " + base + "'s weight");
     }
     VLM_ASSIGN_OR_RETURN(Module m, read_module(st, cfg, name, base, re));
     const Target t = layout == PrequantLayout::kExact ? Target::kF32 : fast_target(m);
+    if (t == Target::kF32) m.perm.clear();  // (f32 keeps the stored order)
     TensorView v;
     switch (t) {
       case Target::kI4:
@@ -532,7 +754,8 @@ Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConf
         v = to_i8(m, *owned, pool);
         break;
       case Target::kQ8_0:
-        v = to_q8_0(m, *owned, pool, counts);
+        v = m.s->is_float ? to_q8_0(m, *owned, pool, counts)
+                          : ints_to_q8_0(m, *owned, pool, counts);
         break;
       case Target::kF32:
         v = to_f32(m, *owned, pool, counts);
@@ -581,7 +804,7 @@ Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConf
   }
   if (counts.rounded_scales.load() != 0) {
     out.notes.push_back(std::to_string(counts.rounded_scales.load()) +
-                        " INT4 scales are not exactly an f16 and were rounded to one");
+                        " INT4 / Q8_0 scales are not exactly an f16 and were rounded to one");
   }
   std::vector<const MappedFile*> maps;
   for (const SafetensorsFile& f : st.files()) maps.push_back(&f.mapping());

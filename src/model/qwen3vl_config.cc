@@ -161,6 +161,8 @@ Status parse_moe(const json& t, const std::string& where, bool moe, bool hybrid_
     moe = true;
   }
   VLM_RETURN_IF_ERROR(get_int(t, "num_experts", &c->num_experts, false, where));
+  // (transformers 5.x writes Qwen3-VL MoE's as num_local_experts.)
+  VLM_RETURN_IF_ERROR(get_int(t, "num_local_experts", &c->num_experts, false, where));
   if (c->num_experts <= 0) {
     if (hybrid_moe) return invalid_argument(where + ": num_experts must be positive");
     c->num_experts = 0;

@@ -19,7 +19,22 @@ class CpuLinear final : public Linear {
     cols_ = parts_.front().dim(1);
     for (const TensorView& p : parts_) rows_ += p.dim(0);
     for (const TensorView& p : parts_) ptrs_.push_back(&p);
+    for (size_t i = 0; i < parts_.size(); ++i) {  // the parts grouped by their column order
+      const int32_t* perm = parts_[i].in_perm;
+      auto same = [&](const Order& o) {
+        return o.perm == perm || (o.perm != nullptr && perm != nullptr &&
+                                  std::memcmp(o.perm, perm, static_cast<size_t>(cols_) * 4) == 0);
+      };
+      auto it = std::find_if(orders_.begin(), orders_.end(), same);
+      if (it == orders_.end()) it = orders_.insert(orders_.end(), Order{perm, {}});
+      it->parts.push_back(i);
+    }
   }
+  // The parts whose columns multiply x in one order (TensorView::in_perm; null: x's own).
+  struct Order {
+    const int32_t* perm;
+    std::vector<size_t> parts;
+  };
   int64_t bytes() const override {
     int64_t total = 0;
     for (const TensorView& v : parts_) {
@@ -31,9 +46,12 @@ class CpuLinear final : public Linear {
   std::span<const TensorView* const> ptrs() const { return ptrs_; }
   bool fp16() const { return fp16_; }
   Bf16Gemm gemm() const { return gemm_; }
+  const std::vector<Order>& orders() const { return orders_; }
+  bool permuted() const { return orders_.size() != 1 || orders_.front().perm != nullptr; }
 
  private:
   std::vector<TensorView> parts_;
+  std::vector<Order> orders_;
   std::vector<const TensorView*> ptrs_;
   bool fp16_;
   Bf16Gemm gemm_;
@@ -136,8 +154,34 @@ Status CpuBackend::linear(Buf x, int64_t M, const Linear& w, Buf y) {
     ys[i] = f(y) + col;
     col += l.parts()[i].dim(0);
   }
-  matmul_multi(f(x), M, l.cols(), l.ptrs(), std::span<float* const>(ys, n), pool_, isa_, l.rows(),
-               l.gemm(), decode_);
+  if (!l.permuted()) {
+    matmul_multi(f(x), M, l.cols(), l.ptrs(), std::span<float* const>(ys, n), pool_, isa_, l.rows(),
+                 l.gemm(), decode_);
+    return ok_status();
+  }
+  // Activation-ordered weights: x's columns gathered into each part's order, then its product.
+  const int64_t K = l.cols();
+  for (const CpuLinear::Order& o : l.orders()) {
+    const float* xo = f(x);
+    if (o.perm != nullptr) {
+      perm_x_.resize(static_cast<size_t>(M * K));
+      for (int64_t m = 0; m < M; ++m) {
+        const float* src = f(x) + m * K;
+        float* dst = perm_x_.data() + m * K;
+        for (int64_t k = 0; k < K; ++k) dst[k] = src[o.perm[k]];
+      }
+      xo = perm_x_.data();
+    }
+    const TensorView* ws[8];
+    float* yo[8];
+    for (size_t i = 0; i < o.parts.size(); ++i) {
+      ws[i] = l.ptrs()[o.parts[i]];
+      yo[i] = ys[o.parts[i]];
+    }
+    matmul_multi(xo, M, K, std::span<const TensorView* const>(ws, o.parts.size()),
+                 std::span<float* const>(yo, o.parts.size()), pool_, isa_, l.rows(), l.gemm(),
+                 decode_);
+  }
   return ok_status();
 }
 

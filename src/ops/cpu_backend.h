@@ -104,6 +104,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> moe_rows_;
   std::vector<DeltaNetSeq> delta_seqs_;  // gated_delta_net's sequences
   std::vector<float> moe_weights_;
+  std::vector<float> perm_x_;  // linear's x in an activation-ordered weight's column order
 };
 
 }  // namespace vlm::ops

@@ -954,12 +954,14 @@ TEST(Cli, DefaultModelUnderInt4KeepsItsAnswersOnUnseenScenes) {
             cases["transformers_accuracy"].get<double>() - 0.04);
 }
 
-// The Qwen3-VL demo model through llm-compressor (tests/model/fixtures/prequant-demo-*, written by
-// scripts/make_prequant_reference.py: W4A16 in groups of 32 and W8A8, the vision tower quantized
-// too): on the exact path (--precision f32) every answer to the 100 held-out scenes is
-// transformers' on the dequantized weights; the fast path (INT4 / INT8 weights, INT8
-// activations) keeps nearly all of them (measured: all 100 of both). Accuracy: W4A16 0.93, W8A8
-// 0.95, the f32 model 0.95 (cases-tiny-qwen3vl.json).
+// The Qwen3-VL demo model through llm-compressor (tests/model/fixtures/prequant-demo-w*, written
+// by scripts/make_prequant_reference.py: W4A16 in groups of 32 and W8A8, the vision tower
+// quantized too) and through GPTQModel (prequant-demo-gptq-g32, scripts/make_gptq_reference.py:
+// GPTQ 4-bit in groups of 32, the text decoder's linears): on the exact path (--precision f32)
+// every answer to the 100 held-out scenes is transformers' on the dequantized weights; the fast
+// path (INT4 / INT8 weights, INT8 activations) keeps nearly all of them (measured: all 100 of
+// each). Accuracy: W4A16 0.93, W8A8 0.95, GPTQ 0.93, the f32 model 0.95
+// (cases-tiny-qwen3vl.json).
 class PrequantDemo : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PrequantDemo, AnswersAsTransformersOnTheDequantizedWeights) {
@@ -987,8 +989,8 @@ TEST_P(PrequantDemo, AnswersAsTransformersOnTheDequantizedWeights) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, PrequantDemo, ::testing::Values("w4a16", "w8a8"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Formats, PrequantDemo, ::testing::Values("w4a16", "w8a8", "gptq-g32"),
+                         [](const auto& info) { return test_util::param_name(info.param); });
 
 // The Qwen3-VL demo model (models/tiny-qwen3vl: three layers of full attention, DeepStack taps
 // after every vision block), the default before the Qwen3.5 one, stays a second fixture: asked
