@@ -6,6 +6,7 @@
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape qwen3.5-9b --layers 8
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 35b-a3b --layers 8
     python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 8b --fp8
+    python3 scripts/make_random_checkpoint.py --out CKPT_DIR --shape 8b --gptq 128 [--act-order]
 
 --fp8 (the dense shapes) writes Qwen's published *-FP8 layout: every text-decoder projection as
 F8_E4M3 (N(0, 64) rounded to E4M3) with an F32 `weight_scale_inv` per 128 x 128 block (some
@@ -14,6 +15,12 @@ times 2^U(-1/2, 1/2): the weights are about N(0, 0.02) as in BF16), config.json'
 quantization_config as Qwen writes it (quant_method fp8, fmt e4m3, activation_scheme dynamic,
 weight_block_size [128, 128], modules_to_not_convert [lm_head, model.embed_tokens]); the vision
 tower, embedding and norms stay BF16.
+
+--gptq G (the dense shapes) writes GPTQModel's 4-bit GPTQ layout (checkpoint_format gptq, sym):
+every text-decoder projection as qweight I32 [K/8, N] (uniform random codes), qzeros I32 [K/G, N/8]
+(every zero point 8, stored minus one as v1 does), scales F16 [K/G, N] (0.02 / 4 times
+2^U(-1/2, 1/2)), g_idx I32 [K] (k / G; with --act-order, desc_act's: the same groups over a random
+order of the columns); lm_head, the vision tower, embedding and norms stay BF16.
 
 The Qwen3.5 shapes (qwen3.5-2b, qwen3.5-9b: Qwen/Qwen3.5-2B and -9B as published, model_type
 qwen3_5) write three Gated DeltaNet layers to each gated attention layer (linear_attn.in_proj_qkv,
@@ -249,16 +256,24 @@ FP8_WEIGHTS: set = set()
 FP8_BLOCK = 128
 
 
+# --gptq: the text decoder's linear weights in GPTQ's layout (filled by gptq_table).
+GPTQ = {"group": 0, "act_order": False}
+
+
 def dtype_of(name: str) -> str:
     if name in FP8_WEIGHTS:
         return "F8_E4M3"
+    if GPTQ["group"] and name.endswith((".qweight", ".qzeros", ".g_idx")):
+        return "I32"
+    if GPTQ["group"] and name.endswith(".scales"):
+        return "F16"
     if name.endswith(F32_SUFFIXES) or name.endswith("_scale_inv"):
         return "F32"
     return "BF16"
 
 
 def nbytes_of(name: str, shape) -> int:
-    return {"F32": 4, "BF16": 2, "F8_E4M3": 1}[dtype_of(name)] * numel(shape)
+    return {"F32": 4, "I32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1}[dtype_of(name)] * numel(shape)
 
 
 def fp8_table(tensors: list) -> list:
@@ -274,6 +289,35 @@ def fp8_table(tensors: list) -> list:
             out.append((name + "_scale_inv", (-(-shape[0] // FP8_BLOCK),
                                               -(-shape[1] // FP8_BLOCK))))
     return out
+
+
+def gptq_table(tensors: list, group: int) -> list:
+    """GPTQ's layout: each 2-D text-decoder projection (not a router, not lm_head) as its
+    qweight, qzeros, scales and g_idx."""
+    out = []
+    for name, shape in tensors:
+        if not ("language_model.layers." in name and name.endswith(".weight") and len(shape) == 2
+                and "norm" not in name.split(".")[-2]
+                and not name.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))):
+            out.append((name, shape))
+            continue
+        base, (n, k) = name[: -len(".weight")], shape
+        out += [(base + ".qweight", (k // 8, n)), (base + ".qzeros", (k // group, n // 8)),
+                (base + ".scales", (k // group, n)), (base + ".g_idx", (k,))]
+    return out
+
+
+def write_gptq_data(f, name: str, shape, rng) -> None:
+    if name.endswith(".qweight"):
+        f.write(rng.integers(0, 2**32, size=numel(shape), dtype=np.uint32).data)
+    elif name.endswith(".qzeros"):
+        f.write(np.full(numel(shape), 0x77777777, dtype=np.uint32).data)
+    elif name.endswith(".scales"):
+        u = rng.uniform(-0.5, 0.5, size=numel(shape)).astype(np.float32)
+        f.write((np.float32(0.02 / 4) * np.exp2(u)).astype(np.float16).data)
+    else:
+        g = (np.arange(shape[0]) // GPTQ["group"]).astype(np.int32)
+        f.write((rng.permutation(g) if GPTQ["act_order"] else g).data)
 
 
 def e4m3_values() -> np.ndarray:
@@ -329,6 +373,8 @@ def write_tensor_data(f, name: str, shape, seed: int, bufs: _Buffers,
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     if dtype_of(name) == "F8_E4M3" or name.endswith("_scale_inv"):
         return write_fp8_data(f, name, shape, rng)
+    if dtype_of(name) in ("I32", "F16"):
+        return write_gptq_data(f, name, shape, rng)
     is_norm_weight = name.endswith(".weight") and "norm" in name.split(".")[-2]
     if zero_centred and name.endswith(ZERO_CENTRED):
         is_norm_weight = False  # Qwen3.5's (1 + w) norms
@@ -588,6 +634,10 @@ def main() -> int:
     ap.add_argument("--fp8", action="store_true",
                     help="Qwen's *-FP8 layout: the text decoder's projections in E4M3 with one "
                          "F32 weight_scale_inv per 128 x 128 block (dense shapes)")
+    ap.add_argument("--gptq", type=int, default=0, metavar="G",
+                    help="GPTQ's 4-bit layout, groups of G (dense shapes)")
+    ap.add_argument("--act-order", action="store_true",
+                    help="with --gptq: desc_act's g_idx (the groups over a random column order)")
     args = ap.parse_args()
 
     s = dict(SHAPES[args.shape])
@@ -603,6 +653,11 @@ def main() -> int:
         if "experts" in s:
             ap.error("--fp8 writes the dense shapes (Qwen's MoE FP8 stores one tensor per expert)")
         tensors = fp8_table(tensors)
+    if args.gptq:
+        if "experts" in s or args.fp8:
+            ap.error("--gptq writes the dense shapes, without --fp8")
+        GPTQ.update(group=args.gptq, act_order=args.act_order)
+        tensors = gptq_table(tensors, args.gptq)
     total_bytes = sum(nbytes_of(name, shape) for name, shape in tensors)
     qwen35 = bool(s.get("qwen35"))
     tok_dir = TOKENIZER_DIR
@@ -619,6 +674,11 @@ def main() -> int:
             "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
             "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
             "modules_to_not_convert": ["lm_head", "model.embed_tokens"]}
+    if args.gptq:
+        cfg["quantization_config"] = {
+            "quant_method": "gptq", "bits": 4, "group_size": args.gptq, "sym": True,
+            "desc_act": args.act_order, "checkpoint_format": "gptq", "pack_dtype": "int32",
+            "lm_head": False}
     dump(out / "config.json", cfg)
     if qwen35:
         (out / "generation_config.json").unlink(missing_ok=True)  # none published

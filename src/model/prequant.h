@@ -2,7 +2,11 @@
 // `quantization_config` — Qwen's own FP8 (`quant_method: fp8`, E4M3 weights with one inverse scale
 // per 128 × 128 block) or llm-compressor's `compressed-tensors` (`pack-quantized` 4- or 8-bit
 // integers packed into int32 words, `int-quantized` / `naive-quantized` int8 weights,
-// `float-quantized` FP8 weights; tensor, channel, group or block scales; optional zero points).
+// `float-quantized` FP8 weights; tensor, channel, group or block scales; optional zero points),
+// or GPTQ's and AWQ's (`quant_method: gptq`: 4- or 8-bit integers packed along the input in
+// `qweight`, `qzeros` packed along the output — stored minus one in the v1 `gptq` format —,
+// `scales` [groups, N], `g_idx` [K]; `quant_method: awq`: 4-bit, `qweight` / `qzeros` packed along
+// the output in AWQ's GEMM order).
 //
 // The config is parsed and checked (parse_prequant_config): every method, format, bit width,
 // strategy or activation setting vlm does not run is refused naming the field and its value.
@@ -26,7 +30,12 @@
 //     4-bit integers → DType::kI4 (groups of 32, 64 or 128; a larger group, or a channel / tensor
 //       scale, repeated over groups of 128, 64 or 32 that divide it), the scales rounded to f16
 //       (a note counts those that are not exactly an f16), zero points as Int4Params::zero.
-//     8-bit integers (channel or tensor scales, symmetric) → DType::kI8 with f32 row scales.
+//     8-bit integers (channel or tensor scales, symmetric) → DType::kI8 with f32 row scales;
+//       with groups of a multiple of 32 (GPTQ, symmetric) → Q8_0 (d the group's scale).
+//     GPTQ's activation order (a g_idx that is not k / group): the columns reordered so that the
+//       groups are contiguous, the order in TensorView::in_perm (the CPU linear gathers x so).
+//     Zero points that are all 2^(bits − 1) (GPTQ / AWQ store them for symmetric schemes too) are
+//       dropped.
 //     FP8 (block, channel, tensor or group scales) → GGUF's Q8_0 (32 int8 and one f16 scale d;
 //       the CPU's block kernels run it at every ISA level): d = s · 2^(E − 6) for the 32 values'
 //       largest exponent E and their scale s, so q = e4m3 / 2^(E − 6) is exact for every value
