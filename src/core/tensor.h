@@ -87,7 +87,8 @@ struct TensorView {
   Int4Params int4;
   // Linear weights of a checkpoint with activation-ordered groups (GPTQ's desc_act), stored with
   // their groups contiguous: column k multiplies x[:, in_perm[k]] ([shape[1]] int32, a
-  // permutation). Not owned; null: column k multiplies x[:, k]. Only CpuBackend::linear reads it.
+  // permutation). Not owned; null: column k multiplies x[:, k]. CpuBackend::linear reads it; every
+  // other consumer of a weight refuses it (CUDA, FP16 arithmetic, embeddings).
   const int32_t* in_perm = nullptr;
 
   int64_t numel() const {

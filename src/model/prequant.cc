@@ -269,7 +269,7 @@ Result<PrequantScheme> packed_scheme(const json& j, PrequantScheme s, bool awq,
   }
   if (auto g = j.find("group_size"); g != j.end()) {
     if (!g->is_number_integer() || (g->get<int64_t>() <= 0 && g->get<int64_t>() != -1) ||
-        (awq && g->get<int64_t>() == -1)) {
+        g->get<int64_t>() > (int64_t{1} << 31) || (awq && g->get<int64_t>() == -1)) {
       return refuse(where, path + "group_size", *g,
                     awq ? "expected a positive size" : "expected a positive size or -1 (per row)");
     }
@@ -346,7 +346,7 @@ Result<PrequantConfig> parse_gptq(const json& q, const std::string& where) {
   base.strategy = "group";
   base.group_size = 128;
   // checkpoint_format (GPTQModel also writes `format`; HF's default: gptq, the v1 zero points).
-  std::string fmt = "gptq";
+  std::string fmt;
   for (const char* key : {"checkpoint_format", "format"}) {
     auto f = q.find(key);
     if (f == q.end() || f->is_null()) continue;
@@ -355,8 +355,12 @@ Result<PrequantConfig> parse_gptq(const json& q, const std::string& where) {
                     "vlm reads the gptq (v1) and gptq_v2 layouts (marlin, bitblas and the other "
                     "kernel-specific repackings are not)");
     }
+    if (!fmt.empty() && *f != fmt) {
+      return refuse(where, key, *f, "checkpoint_format says " + fmt);
+    }
     fmt = f->get<std::string>();
   }
+  if (fmt.empty()) fmt = "gptq";
   c.gptq_v1 = fmt == "gptq";
   VLM_ASSIGN_OR_RETURN(PrequantScheme s, packed_scheme(q, base, false, "", where));
   c.groups.push_back(std::move(s));

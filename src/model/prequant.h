@@ -12,15 +12,15 @@
 // strategy or activation setting vlm does not run is refused naming the field and its value.
 // open_prequant_store then turns the checkpoint's store into one the loaders read unchanged: each
 // quantized linear's tensors (weight / weight_packed with weight_scale[_inv], weight_zero_point,
-// weight_shape) become one `<module>.weight` tensor, streamed module by module from the mapping
-// (each module's source pages released once converted); everything else stays a view into the
-// files.
+// weight_shape; GPTQ / AWQ: qweight, qzeros, scales, g_idx) become one `<module>.weight` tensor,
+// streamed module by module from the mapping (each module's source pages released once converted);
+// everything else stays a view into the files.
 //
-// Which modules are quantized: the tensors decide (a `weight_packed`, an F8_E4M3 or I8 `weight`
-// with its scale); the ignore list checks — a module it names that holds quantized tensors is a
-// load error naming both. A linear stored in BF16 / F32 that the list does not name loads as
-// stored (Qwen's FP8 checkpoints list only lm_head and the embedding, and keep the vision tower
-// and the routers in BF16).
+// Which modules are quantized: the tensors decide (a `weight_packed` or `qweight`, an F8_E4M3 or
+// I8 `weight` with its scale); the ignore list (GPTQ: the "-:" dynamic rules) checks — a module it
+// names that holds quantized tensors is a load error naming both. A linear stored in BF16 / F32
+// that the list does not name loads as stored (Qwen's FP8 checkpoints list only lm_head and the
+// embedding, and keep the vision tower and the routers in BF16).
 //
 // Two layouts:
 // - kExact (--precision f32): every quantized weight dequantized to f32 exactly as its format
@@ -45,8 +45,9 @@
 //       note counts). 8.5 bits per weight.
 //   A quantized weight the decoder does not multiply as a linear (the vision tower's, a router's,
 //   the embedding's) and one whose shape the fast layout cannot hold (an FP8 row, block or group
-//   not a multiple of 32 columns; a 4-bit group or row that none of 32, 64, 128 divides) is
-//   dequantized to f32 as in kExact, with a note.
+//   not a multiple of 32 columns; a 4-bit group or row that none of 32, 64, 128 divides; 8-bit
+//   integers with zero points; activation-ordered groups not all group_size long) is dequantized
+//   to f32 as in kExact, with a note.
 #pragma once
 
 #include <cstdint>

@@ -61,7 +61,7 @@ Strategy strategy_of(const PrequantScheme& s) {
 // How a module's integers are stored: compressed-tensors' rows ([N, K] int8, or packed along K
 // in [N, K · bits / 32] words); GPTQ's columns (qweight [K · bits / 32, N], packed along K;
 // scales [G, N]; qzeros [G, N · bits / 32], packed along N); AWQ's GEMM (qweight [K, N / 8],
-// packed along N in the order kAwqOrder; scales [G, N]; qzeros [G, N / 8] as qweight).
+// packed along N in the order kAwqNibble undoes; scales [G, N]; qzeros [G, N / 8] as qweight).
 enum class Packing { kRows, kGptq, kAwq };
 
 // AWQ's GEMM packing: column 8c + j of a word's 8 is the nibble at 4 · kAwqNibble[j].
@@ -107,7 +107,8 @@ struct Module {
     return (n / s->block_rows) * scale_cols() + k / s->block_cols;
   }
   float scale_at(int64_t n, int64_t k) const { return float_at(scale, scale_index(n, k)); }
-  // The zero point of (n, k) (0 when symmetric), as a signed value: stored − 2^(bits − 1).
+  // The zero point of (n, k) (0 when symmetric) in row_ints' signed terms: the packed formats'
+  // unsigned one (GPTQ v1's plus one) − 2^(bits − 1); compressed-tensors' I8 ones as stored.
   int zero_at(int64_t n, int64_t k) const {
     return zero.data == nullptr ? 0 : zero_of(n, group(k));
   }
@@ -247,6 +248,8 @@ struct Counts {
   std::atomic<int64_t> coarse_d{0};        // Q8_0 scales below f16's normal range
   std::atomic<int64_t> nan{0};             // NaN weights (FP8)
   std::atomic<int64_t> out_of_range{0};    // integers outside their bits' range
+  int64_t zero8 = 0;                       // 8-bit decoder linears with zero points, as f32
+  int64_t uneven = 0;                      // activation-ordered groups of uneven size, as f32
 };
 
 // A converted module's [N, K] matrix of `dtype` at `data`.
@@ -445,7 +448,9 @@ bool ignored(const PrequantConfig& c, const std::string& module, Patterns& re, s
 // GPTQ's `dynamic` rule for a module, as GPTQModel picks it: a "-:" one whose pattern matches from
 // the name's start, else the first such of the others in the file's order; null: none. (config.json
 // is read into an object whose keys are sorted, so that order is gone: two overrides that both
-// match and disagree are refused instead.)
+// match and disagree are refused instead. A "-:" rule wins over a matching override either way,
+// as GPTQModel orders the "-:" ones first; the module's tensors then say it is quantized, and the
+// load is refused naming the rule.)
 Result<const PrequantRule*> gptq_rule(const PrequantConfig& c, const std::string& module,
                                       const std::string& where, Patterns& re) {
   const PrequantRule* found = nullptr;
@@ -598,11 +603,13 @@ Result<TensorView> packed_tensor(const WeightStore& st, const Module& m, const s
   if (!st.has(base + suffix)) return invalid_argument(m.where + ": no " + base + suffix);
   VLM_ASSIGN_OR_RETURN(TensorView t, st.get(base + suffix));
   if (std::find(dts.begin(), dts.end(), t.dtype) == dts.end() || t.shape != want) {
+    std::string types;
+    for (DType d : dts) types.append(types.empty() ? "" : " or ").append(dtype_name(d));
     return invalid_argument(st.file_of(base + suffix) + ": tensor '" + base + suffix + "' " +
                             dtype_name(t.dtype) + " " + shape_to_string(t.shape) + ", expected " +
-                            dtype_name(*dts.begin()) + " " + shape_to_string(want) + " for a [" +
-                            std::to_string(m.N) + ", " + std::to_string(m.K) + "] " +
-                            std::to_string(m.s->bits) + "-bit weight");
+                            types + " " + shape_to_string(want) + " for a [" + std::to_string(m.N) +
+                            ", " + std::to_string(m.K) + "] " + std::to_string(m.s->bits) +
+                            "-bit weight");
   }
   return t;
 }
@@ -648,6 +655,11 @@ Status read_packed(const WeightStore& st, const PrequantConfig& c, const std::st
   }
   m->K = gptq ? m->w.dim(0) * per : m->w.dim(0);
   m->N = gptq ? m->w.dim(1) : m->w.dim(1) * per;
+  if (m->N % per != 0) {  // (qzeros packs whole words of N)
+    return invalid_argument(m->where + ": " + shape_to_string(m->w.shape) + " has " +
+                            std::to_string(m->N) + " outputs, not a multiple of the " +
+                            std::to_string(per) + " a zero point word packs");
+  }
   const int64_t G = m->strategy == Strategy::kGroup ? ceil_div(m->K, m->s->group_size) : 1;
   VLM_ASSIGN_OR_RETURN(
       m->scale,
@@ -671,7 +683,7 @@ Status read_packed(const WeightStore& st, const PrequantConfig& c, const std::st
   return ok_status();
 }
 
-// The quantized module whose weight is `name` (".weight" or ".weight_packed"), checked.
+// The quantized module whose weight is `name` (".weight", ".weight_packed" or ".qweight"), checked.
 Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const std::string& name,
                            const std::string& base, Patterns& re) {
   Module m;
@@ -745,6 +757,10 @@ Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConf
     VLM_ASSIGN_OR_RETURN(Module m, read_module(st, cfg, name, base, re));
     const Target t = layout == PrequantLayout::kExact ? Target::kF32 : fast_target(m);
     if (t == Target::kF32) m.perm.clear();  // (f32 keeps the stored order)
+    if (t == Target::kF32 && layout == PrequantLayout::kFast && decoder_linear(m.name)) {
+      counts.uneven += m.uneven_groups;
+      counts.zero8 += !m.uneven_groups && !m.s->is_float && m.s->bits == 8;
+    }
     TensorView v;
     switch (t) {
       case Target::kI4:
@@ -801,6 +817,16 @@ Result<PrequantStore> open_prequant_store(WeightStore source, const PrequantConf
   if (counts.coarse_d.load() != 0) {
     out.notes.push_back(std::to_string(counts.coarse_d.load()) +
                         " Q8_0 blocks have a scale below f16's normal range (fewer bits, or 0)");
+  }
+  if (counts.zero8 != 0) {
+    out.notes.push_back(std::to_string(counts.zero8) +
+                        " 8-bit matrices with zero points are f32 (4 bytes a weight): neither "
+                        "INT8 nor Q8_0 has zero points");
+  }
+  if (counts.uneven != 0) {
+    out.notes.push_back(std::to_string(counts.uneven) +
+                        " matrices are f32 (4 bytes a weight): their activation-ordered groups "
+                        "are not all group_size columns");
   }
   if (counts.rounded_scales.load() != 0) {
     out.notes.push_back(std::to_string(counts.rounded_scales.load()) +

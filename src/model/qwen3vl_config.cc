@@ -162,7 +162,14 @@ Status parse_moe(const json& t, const std::string& where, bool moe, bool hybrid_
   }
   VLM_RETURN_IF_ERROR(get_int(t, "num_experts", &c->num_experts, false, where));
   // (transformers 5.x writes Qwen3-VL MoE's as num_local_experts.)
+  const bool both = t.contains("num_experts") && !t["num_experts"].is_null();
+  const int64_t named = both ? c->num_experts : -1;
   VLM_RETURN_IF_ERROR(get_int(t, "num_local_experts", &c->num_experts, false, where));
+  if (named != -1 && named != c->num_experts) {
+    return invalid_argument(where + ": num_experts " + std::to_string(named) +
+                            " and num_local_experts " + std::to_string(c->num_experts) +
+                            " disagree");
+  }
   if (c->num_experts <= 0) {
     if (hybrid_moe) return invalid_argument(where + ": num_experts must be positive");
     c->num_experts = 0;

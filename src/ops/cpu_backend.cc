@@ -110,6 +110,9 @@ Result<std::unique_ptr<Linear>> CpuBackend::linear(std::span<const TensorView* c
   if (opts.fp16_arithmetic && parts.size() != 1) {
     return invalid_argument("FP16 arithmetic takes one weight, not a stack");
   }
+  if (opts.fp16_arithmetic && parts.front().in_perm != nullptr) {
+    return invalid_argument("FP16 arithmetic takes weights in x's column order (no in_perm)");
+  }
   return std::unique_ptr<Linear>(
       new CpuLinear(std::move(parts), opts.fp16_arithmetic, opts.bf16_gemm.value_or(bf16_gemm_)));
 }
@@ -119,6 +122,9 @@ Result<Buf> CpuBackend::vector(const std::vector<float>& v) {
 }
 
 Status CpuBackend::embed(const Linear& table, Buf ids, int64_t count, Buf out) {
+  if (cpu(table).parts().front().in_perm != nullptr) {
+    return invalid_argument("an embedding table with reordered columns (in_perm)");
+  }
   embedding_lookup(cpu(table).parts().front(), i32(ids), count, f(out));
   return ok_status();
 }
@@ -165,12 +171,14 @@ Status CpuBackend::linear(Buf x, int64_t M, const Linear& w, Buf y) {
     const float* xo = f(x);
     if (o.perm != nullptr) {
       perm_x_.resize(static_cast<size_t>(M * K));
-      for (int64_t m = 0; m < M; ++m) {
-        const float* src = f(x) + m * K;
-        float* dst = perm_x_.data() + m * K;
-        for (int64_t k = 0; k < K; ++k) dst[k] = src[o.perm[k]];
-      }
-      xo = perm_x_.data();
+      float* xp = perm_x_.data();
+      const float* x0 = f(x);
+      pool_.parallel_for(M, 1, [&](int64_t m0, int64_t m1, int) {
+        for (int64_t m = m0; m < m1; ++m) {
+          for (int64_t k = 0; k < K; ++k) xp[m * K + k] = x0[m * K + o.perm[k]];
+        }
+      });
+      xo = xp;
     }
     const TensorView* ws[8];
     float* yo[8];

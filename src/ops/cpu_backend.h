@@ -104,7 +104,9 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> moe_rows_;
   std::vector<DeltaNetSeq> delta_seqs_;  // gated_delta_net's sequences
   std::vector<float> moe_weights_;
-  std::vector<float> perm_x_;  // linear's x in an activation-ordered weight's column order
+  // linear's x in an activation-ordered weight's column order (the backend is not re-entrant: the
+  // engine core's thread runs every op, as moe_rows_ assumes too).
+  std::vector<float> perm_x_;
 };
 
 }  // namespace vlm::ops

@@ -81,6 +81,23 @@ TEST_P(MoeImage, LogitsAndGreedyContinuationMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(EveryIsa, MoeImage, ::testing::ValuesIn(ops::runnable_isas()),
                          [](const auto& info) { return std::string(ops::isa_name(info.param)); });
 
+// transformers 5.x writes a Qwen3-VL MoE config's expert count as num_local_experts (GPTQModel's
+// checkpoints have it so): read as num_experts; the two disagreeing is an error.
+TEST(MoeConfig, NumLocalExpertsIsTheExpertCount) {
+  auto j = nlohmann::json::parse(test_util::read_file(kFixtures + "/moe-f32-e8k2/config.json"));
+  j["text_config"].erase("num_experts");
+  j["text_config"]["num_local_experts"] = 8;
+  auto c = parse_qwen3vl_config(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->text_config.num_experts, 8);
+  j["text_config"]["num_experts"] = 6;
+  auto bad = parse_qwen3vl_config(j.dump(), "config.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("num_experts 6 and num_local_experts 8 disagree"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 // The fused layout is viewed at load and split into per-expert [out, in] matrices, transposed
 // exactly (kept as stored) or quantized; the per-expert layout loads as views.
 TEST(MoeWeights, FusedExpertsSplitIntoTheirTransposes) {

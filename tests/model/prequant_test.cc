@@ -14,6 +14,7 @@
 #include "core/half.h"
 #include "fixture_model.h"
 #include "io/npy.h"
+#include "ops/cpu_backend.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -467,6 +468,8 @@ TEST(PrequantConfig, GptqAndAwqSettingsAreReadOrRefusedByName) {
            {edited(gptq, "checkpoint_format", "marlin"), "checkpoint_format = marlin"},
            {edited(gptq, "format", "gptq_p"), "format = gptq_p"},
            {edited(gptq, "pack_dtype", "int16"), "pack_dtype = int16"},
+           {edited(gptq, "format", "gptq_v2"), "format = gptq_v2: checkpoint_format says gptq"},
+           {edited(gptq, "group_size", int64_t{1} << 40), "group_size = 1099511627776"},
            {edited(gptq, "sym", "yes"), "sym = yes"},
            {edited(gptq, "dynamic", nlohmann::json{{".*q_proj", {{"adapter", 1}}}}),
             "dynamic[\".*q_proj\"].adapter"},
@@ -633,6 +636,128 @@ TEST(PrequantLoad, BrokenGptqAndAwqCheckpointsAreRefusedByName) {
   expect_refused(load_edited("prequant-gptq-int8-channel-v2", "", nullptr,
                              [](nlohmann::json& c) { c["bits"] = 4; }),
                  {"qzeros", "expected", "4-bit weight"});
+}
+
+// A stack whose parts multiply x in different column orders (TensorView::in_perm: two orders and
+// x's own), for 1 and 5 rows of x: each part's outputs are its weights times x's columns in its
+// order, side by side. F32 and INT4 parts (the gather comes before any kernel).
+TEST(PrequantLayouts, AStackOfColumnOrdersMultipliesEachPartInItsOwn) {
+  const int64_t K = 64;
+  const std::vector<int64_t> rows = {8, 4, 8};
+  std::vector<std::vector<int32_t>> perms(2, std::vector<int32_t>(K));
+  for (int64_t k = 0; k < K; ++k) {
+    perms[0][k] = static_cast<int32_t>((k * 7 + 3) % K);
+    perms[1][k] = static_cast<int32_t>(K - 1 - k);
+  }
+  const int32_t* order[3] = {perms[0].data(), nullptr, perms[1].data()};
+  std::vector<std::vector<float>> w;
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    auto& v = w.emplace_back(static_cast<size_t>(rows[i] * K));
+    for (size_t j = 0; j < v.size(); ++j) {
+      v[j] = static_cast<float>((static_cast<int>(j * 13 + i * 5) % 17) - 8) / 8.0f;
+    }
+    TensorView t{DType::kF32, {rows[i], K}, v.data()};
+    t.in_perm = order[i];
+    views.push_back(t);
+  }
+  ThreadPool pool(2);
+  ops::CpuBackend be(pool, ops::Isa::kGeneric);
+  std::vector<const TensorView*> stack = {&views[0], &views[1], &views[2]};
+  auto lin = be.linear(stack, {});
+  ASSERT_TRUE(lin.ok()) << lin.status().message();
+  for (int64_t M : {1, 5}) {
+    std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * 20), -1.0f);
+    for (size_t j = 0; j < x.size(); ++j) x[j] = static_cast<float>(j % 11) - 5.0f;
+    ASSERT_TRUE(be.linear(ops::Buf{x.data()}, M, **lin, ops::Buf{y.data()}).ok());
+    for (int64_t m = 0; m < M; ++m) {
+      int64_t col = 0;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        for (int64_t n = 0; n < rows[i]; ++n, ++col) {
+          double want = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            want += w[i][n * K + k] * x[m * K + (order[i] != nullptr ? order[i][k] : k)];
+          }
+          ASSERT_NEAR(y[m * 20 + col], want, 1e-4) << "M " << M << " part " << i << " row " << n;
+        }
+      }
+    }
+  }
+  // Where a backend does not read the order, it refuses it.
+  ops::LinearOptions fp16;
+  fp16.fp16_arithmetic = true;
+  const TensorView* one[] = {&views[0]};
+  EXPECT_FALSE(be.linear(one, fp16).ok());
+}
+
+// Activation-ordered groups not all group_size long (a g_idx no stable sort makes contiguous
+// groups of 32 out of) stay in the stored order as f32, with a note; GPTQ's and AWQ's odd inputs
+// are refused by name.
+TEST(PrequantLayouts, UnevenActivationOrderBecomesF32AndOddPackingsAreRefused) {
+  PrequantConfig cfg;
+  cfg.method = PrequantMethod::kGptq;
+  PrequantScheme s;
+  s.format = "gptq";
+  s.targets = {"Linear"};
+  s.bits = 4;
+  s.strategy = "group";
+  s.group_size = 32;
+  s.desc_act = true;
+  cfg.groups = {s};
+  cfg.gptq_v1 = true;  // (0x77777777: zero points 8, stored minus one)
+  const int64_t N = 8, K = 64;
+  const std::string m = "model.language_model.layers.0.self_attn.q_proj";
+  std::vector<int32_t> qweight(static_cast<size_t>(K / 8 * N)), qzeros(2, 0x77777777), g(K);
+  for (size_t i = 0; i < qweight.size(); ++i) qweight[i] = static_cast<int32_t>(i * 2654435761u);
+  std::vector<uint16_t> scales(static_cast<size_t>(2 * N), f32_to_f16(0.01f));
+  for (int64_t k = 0; k < K; ++k) g[k] = k % 3 == 0 ? 0 : 1;  // 22 and 42 columns
+  auto open = [&](PrequantConfig c, int64_t n_out) {
+    std::map<std::string, TensorView> v;
+    v[m + ".qweight"] = TensorView{DType::kI32, {K / 8, n_out}, qweight.data()};
+    v[m + ".qzeros"] = TensorView{DType::kI32, {2, n_out / 8}, qzeros.data()};
+    v[m + ".scales"] = TensorView{DType::kF16, {2, n_out}, scales.data()};
+    v[m + ".g_idx"] = TensorView{DType::kI32, {K}, g.data()};
+    return open_prequant_store(WeightStore::from_views("mem", v, {}, nullptr), c,
+                               PrequantLayout::kFast, nullptr);
+  };
+  auto p = open(cfg, N);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  auto w = p->store.get(m + ".weight");
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->dtype, DType::kF32);
+  EXPECT_EQ(w->in_perm, nullptr);
+  bool noted = false;
+  for (const std::string& n : p->notes)
+    noted = noted || n.find("not all group_size") != std::string::npos;
+  EXPECT_TRUE(noted);
+  // Value (n, k): the nibble k % 8 of qweight[k / 8, n], minus the zero point 8 (7 + 1).
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      const auto word = static_cast<uint32_t>(qweight[static_cast<size_t>((k / 8) * N + n)]);
+      const int q = static_cast<int>((word >> (4 * (k % 8))) & 15u);
+      ASSERT_EQ(static_cast<const float*>(w->data)[n * K + k],
+                static_cast<float>(q - 8) * f16_to_f32(scales[0]));
+    }
+  }
+  // An output count qzeros' words cannot hold; g_idx in an AWQ checkpoint.
+  std::vector<int32_t> wide(static_cast<size_t>(K / 8 * 12));
+  qweight.resize(wide.size());
+  scales.resize(24, f32_to_f16(0.01f));
+  expect_refused(open(cfg, 12).status(),
+                 {"q_proj.qweight", "12 outputs", "not a multiple of the 8"});
+  PrequantConfig awq = cfg;
+  awq.method = PrequantMethod::kAwq;
+  awq.groups[0].format = "awq";
+  awq.groups[0].desc_act = false;
+  std::map<std::string, TensorView> v;
+  v[m + ".qweight"] = TensorView{DType::kI32, {K, 1}, qweight.data()};
+  v[m + ".qzeros"] = TensorView{DType::kI32, {2, 1}, qzeros.data()};
+  v[m + ".scales"] = TensorView{DType::kF16, {2, 8}, scales.data()};
+  v[m + ".g_idx"] = TensorView{DType::kI32, {K}, g.data()};
+  expect_refused(open_prequant_store(WeightStore::from_views("mem", v, {}, nullptr), awq,
+                                     PrequantLayout::kFast, nullptr)
+                     .status(),
+                 {"q_proj", "g_idx in an AWQ checkpoint"});
 }
 
 // GPTQModel's dynamic rules: layer 1's down_proj left in BF16, layer 2 in 8 bits with groups of

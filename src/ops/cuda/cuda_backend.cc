@@ -459,6 +459,10 @@ Result<std::unique_ptr<Linear>> CudaBackend::linear(std::span<const TensorView* 
     if (t->rank() != 2 || t->dim(1) != k) {
       return invalid_argument("stacked weights must be 2-D with the same number of columns");
     }
+    if (t->in_perm != nullptr) {
+      return invalid_argument(
+          "activation-ordered weights (TensorView::in_perm) run on the CPU only");
+    }
     n += t->dim(0);
   }
   auto out = std::make_unique<CudaLinear>(n, k);
