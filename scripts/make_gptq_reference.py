@@ -3,17 +3,19 @@
 prequant-awq-*, prequant-demo-gptq-g32) and their references, in two stages:
 
 1. ``--stage quantize`` (GPTQModel, which needs transformers 5.x: scripts/requirements-gptq.txt):
-   each fixture's source (the dense text-f32-untied, the mixture of experts moe-f32-e8k2, or the
-   demo model models/tiny-qwen3vl) quantized by GPTQModel's ``GPTQModel.load`` / ``quantize`` /
-   ``save`` on CPU, calibrated on 16 rows of 64 random token ids (seeded; the fixtures carry no
-   text), written in the format the spec names. Then every quantized weight is dequantized by
-   GPTQModel's own code, in f32 — GPTQ: the checkpoint loaded with BACKEND.GPTQ_TORCH in f32 (its
-   v1 → v2 zero point conversion included) and each TorchLinear's ``dequantize_weight()``; AWQ:
-   ``dequantize_gemm`` on the stored tensors, scales widened to f32 — and compared with this
-   script's own dequantization (below): reference.json "library_max_abs_diff", which must be 0.
+   each fixture's source (the dense text-f32-untied, the mixture of experts moe-f32-e8k2, Qwen3.5's
+   qwen35-f32-a, or the demo model models/tiny-qwen3vl) quantized by GPTQModel's
+   ``GPTQModel.load`` / ``quantize`` / ``save`` on CPU, calibrated on 16 rows of 64 random token
+   ids (seeded; the fixtures carry no text), written in the format the spec names. Then every
+   quantized weight is dequantized by GPTQModel's own code, in f32 — GPTQ: the checkpoint loaded
+   with BACKEND.GPTQ_TORCH (its v1 → v2 zero point conversion included), each TorchLinear's
+   scales widened to f32 and its ``dequantize_weight()``; AWQ: ``dequantize_gemm`` on the stored
+   tensors, scales widened to f32 — and compared with this script's own dequantization (below):
+   reference.json "library_max_abs_diff", which must be 0.
 2. the reference stage (transformers 4.57.1, as every Qwen3-VL reference:
-   scripts/requirements-prequant.txt): transformers (f32, eager) on the source model with every
-   quantized weight replaced by this script's f32 dequantization and every other tensor as the
+   scripts/requirements-prequant.txt; Qwen3.5's in transformers 5.x:
+   scripts/requirements-prequant-qwen35.txt): transformers (f32, eager) on the source model with
+   every quantized weight replaced by this script's f32 dequantization and every other tensor as the
    checkpoint stores it (GPTQModel's AWQ folds its smoothing scales into the norms): the logits
    over the source fixture's prompts, or for the demo model its greedy answers to the 100 held-out
    scenes of tests/model/fixtures/shapes-qa (scripts/make_prequant_reference.py's code).
@@ -35,6 +37,7 @@ gives Qwen3-VL the Qwen3 annotations (gptqmodel_qwen3vl_tree below).
 Usage (CPU, deterministic; a few minutes):
     GPTQ_VENV/bin/python scripts/make_gptq_reference.py --stage quantize [--only NAME ...]
     PREQUANT_VENV/bin/python scripts/make_gptq_reference.py [--only NAME ...]
+    PREQUANT5_VENV/bin/python scripts/make_gptq_reference.py [--only qwen35-gptq-g32-act]
   (GPTQModel on a machine with 2 cores: GPTQMODEL_CPU_WORKERS=2.)
 """
 
@@ -93,6 +96,11 @@ FIXTURES = {
                      cfg=dict(bits=4, group_size=128, sym=False, format="gemm")),
     "awq-g64-sym": dict(source="dense", tool="awq",
                         cfg=dict(bits=4, group_size=64, sym=True, format="gemm")),
+    # Qwen3.5 (the reference stage in transformers 5.x: scripts/requirements-prequant-qwen35.txt):
+    # the Gated DeltaNet's projections and the gated attention's too.
+    "qwen35-gptq-g32-act": dict(source="qwen35", tool="gptq",
+                                cfg=dict(bits=4, group_size=32, sym=True, desc_act=True,
+                                         format="gptq")),
     # The demo model (rows of 128 and 320): GPTQ 4-bit, groups of 32, GPTQModel's defaults else.
     "demo-gptq-g32": dict(source="demo", tool="gptq", cfg=dict(bits=4, group_size=32)),
 }
@@ -293,8 +301,14 @@ def main() -> int:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+    import transformers
+    five = int(transformers.__version__.split(".")[0]) >= 5
     for name, spec in FIXTURES.items():
-        if args.only and name not in args.only:
+        # Without --only, the reference stage makes the fixtures of the transformers line
+        # installed (Qwen3.5's need 5.x, the others' 4.57.1).
+        if (args.only and name not in args.only) or (
+                not args.only and args.stage == "reference"
+                and spec["source"].startswith("qwen35") != five):
             continue
         (quantize if args.stage == "quantize" else reference)(name, spec)
     return 0

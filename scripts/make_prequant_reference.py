@@ -18,6 +18,9 @@ the Qwen3-VL demo model (models/tiny-qwen3vl), quantized by the real tools:
     - w8a16: the ``W8A16`` preset (int8 weights per channel packed four to an int32 word);
       ``pack-quantized``.
     - w4a16-channel-asym: 4-bit integers with one scale and zero point per row.
+    - w4a16-g32-actorder: llm-compressor's GPTQModifier (GPTQ, calibrated on 16 rows of 64 seeded
+      random token ids) with ``actorder: group``: 4-bit symmetric groups of 32 over the columns'
+      activation order, a ``weight_g_idx`` per column.
     - qwen35-w4a16-g32, qwen35moe-w4a16-g32: Qwen3.5, 4-bit symmetric groups of 32 (the Gated
       DeltaNet's projections too; the MoE's experts, which llm-compressor unfuses by itself, and
       its shared expert).
@@ -85,6 +88,9 @@ FIXTURES = {
     "w4a16-channel-asym": dict(source="dense", tool="llmcompressor", bf16=True,
                                weights=dict(num_bits=4, type="int", symmetric=False,
                                             strategy="channel")),
+    "w4a16-g32-actorder": dict(source="dense", tool="llmcompressor", bf16=True, gptq=True,
+                               weights=dict(num_bits=4, type="int", symmetric=True,
+                                            strategy="group", group_size=32, actorder="group")),
     "fp8-block": dict(source="dense", tool="qwen-fp8", bf16=True),
     "fp8-block-moe": dict(source="moe", tool="qwen-fp8"),
     # Qwen3.5 (transformers 5.x: scripts/requirements-prequant-qwen35.txt).
@@ -141,7 +147,7 @@ def unfuse_moe(model) -> None:
 def run_llmcompressor(spec: dict, out: Path) -> None:
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     model = load_source(spec["source"])
     if spec["source"] == "moe":
         unfuse_moe(model)
@@ -152,9 +158,18 @@ def run_llmcompressor(spec: dict, out: Path) -> None:
                                       ignore=spec.get("ignore", IGNORE))
     else:
         scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**spec["weights"]))
-        recipe = QuantizationModifier(config_groups={"group_0": scheme},
-                                      ignore=spec.get("ignore", IGNORE))
-    oneshot(model=model, recipe=recipe)
+        modifier = GPTQModifier if spec.get("gptq") else QuantizationModifier
+        recipe = modifier(config_groups={"group_0": scheme}, ignore=spec.get("ignore", IGNORE))
+    if spec.get("gptq"):  # calibrated: 16 rows of 64 seeded random token ids
+        from datasets import Dataset
+        from transformers import AutoTokenizer
+        g = torch.Generator().manual_seed(0)
+        ids = [torch.randint(0, 1000, (64,), generator=g).tolist() for _ in range(16)]
+        ds = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 64] * 16})
+        oneshot(model=model, recipe=recipe, dataset=ds, processor=AutoTokenizer.from_pretrained(
+            str(DEMO)), num_calibration_samples=16, max_seq_length=64)
+    else:
+        oneshot(model=model, recipe=recipe)
     model.save_pretrained(out, save_compressed=True)
 
 
@@ -236,8 +251,10 @@ def unpack(words: np.ndarray, bits: int, length: int, dim: int = 1) -> np.ndarra
     return vals.astype(np.int32) - (1 << (bits - 1))
 
 
-def expand(scale: np.ndarray, n: int, k: int, args: dict) -> np.ndarray:
+def expand(scale: np.ndarray, n: int, k: int, args: dict, g_idx=None) -> np.ndarray:
     strategy = args.get("strategy")
+    if strategy == "group" and g_idx is not None:  # actorder group: column k's group g_idx[k]
+        return scale[:, g_idx]
     if strategy == "group":
         return np.repeat(scale, args["group_size"], axis=1)[:, :k]
     if strategy == "block":
@@ -283,20 +300,22 @@ def dequantize(path: Path) -> tuple[dict, dict, dict]:
             q = f32(f.get_tensor(name))
             n, k = q.shape
         else:
-            if not any(name.endswith(s) for s in ("_scale", "_zero_point", "_shape")):
+            if not any(name.endswith(s) for s in ("_scale", "_zero_point", "_shape", "_g_idx")):
                 plain[name] = f.get_tensor(name)
             continue
         scale = f32(f.get_tensor(base + ".weight_scale"))
+        g_idx = (f.get_tensor(base + ".weight_g_idx").numpy().astype(np.int64)
+                 if base + ".weight_g_idx" in names else None)
         zero = np.zeros((n, k), np.float32)
         if base + ".weight_zero_point" in names:
             zp = f.get_tensor(base + ".weight_zero_point")
             zp = (unpack(zp.numpy(), args["num_bits"], n, dim=0) if zp.dtype == torch.int32
                   else zp.numpy())
-            zero = expand(zp.astype(np.float32), n, k, args)
-        deq[base + ".weight"] = (q.astype(np.float32) - zero) * expand(scale, n, k, args)
+            zero = expand(zp.astype(np.float32), n, k, args, g_idx)
+        deq[base + ".weight"] = (q.astype(np.float32) - zero) * expand(scale, n, k, args, g_idx)
         raw[base] = {s: f.get_tensor(base + s) for s in
                      (".weight_packed", ".weight", ".weight_scale", ".weight_zero_point",
-                      ".weight_shape") if base + s in names}
+                      ".weight_shape", ".weight_g_idx") if base + s in names}
     return deq, plain, raw
 
 

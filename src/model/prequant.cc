@@ -180,11 +180,11 @@ Result<PrequantScheme> parse_scheme(const json& g, const std::string& top_format
                   "8-bit integer weights with zero points are not supported");
   }
   VLM_RETURN_IF_ERROR(only(*w, wp, "dynamic", {}, where, "dynamic weight scales"));
-  // (static / weight: the groups reordered before quantizing, the file as without; group:
-  // a weight_g_idx per column.)
-  VLM_RETURN_IF_ERROR(only(*w, wp, "actorder", {"static", "weight"}, where,
-                           "activation-ordered groups (a weight_g_idx per column) are not "
-                           "supported"));
+  // (static / weight: the groups reordered before quantizing, the file as without; group: the
+  // activation order's groups, a weight_g_idx per column.)
+  VLM_RETURN_IF_ERROR(only(*w, wp, "actorder", {"static", "weight", "group"}, where,
+                           "expected static, weight or group"));
+  s.desc_act = w->value("actorder", json()) == json("group");
   if (s.strategy == "group") {
     auto gs = w->find("group_size");
     if (gs == w->end() || !gs->is_number_integer() || gs->get<int64_t>() <= 0) {

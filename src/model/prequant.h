@@ -12,9 +12,9 @@
 // strategy or activation setting vlm does not run is refused naming the field and its value.
 // open_prequant_store then turns the checkpoint's store into one the loaders read unchanged: each
 // quantized linear's tensors (weight / weight_packed with weight_scale[_inv], weight_zero_point,
-// weight_shape; GPTQ / AWQ: qweight, qzeros, scales, g_idx) become one `<module>.weight` tensor,
-// streamed module by module from the mapping (each module's source pages released once converted);
-// everything else stays a view into the files.
+// weight_shape, weight_g_idx; GPTQ / AWQ: qweight, qzeros, scales, g_idx) become one
+// `<module>.weight` tensor, streamed module by module from the mapping (each module's source pages
+// released once converted); everything else stays a view into the files.
 //
 // Which modules are quantized: the tensors decide (a `weight_packed` or `qweight`, an F8_E4M3 or
 // I8 `weight` with its scale); the ignore list (GPTQ: the "-:" dynamic rules) checks — a module it
@@ -32,8 +32,9 @@
 //       (a note counts those that are not exactly an f16), zero points as Int4Params::zero.
 //     8-bit integers (channel or tensor scales, symmetric) → DType::kI8 with f32 row scales;
 //       with groups of a multiple of 32 (GPTQ, symmetric) → Q8_0 (d the group's scale).
-//     GPTQ's activation order (a g_idx that is not k / group): the columns reordered so that the
-//       groups are contiguous, the order in TensorView::in_perm (the CPU linear gathers x so).
+//     Activation order (GPTQ's g_idx, compressed-tensors' weight_g_idx, not k / group): the
+//       columns reordered so that the groups are contiguous, the order in TensorView::in_perm
+//       (the CPU linear gathers x so).
 //     Zero points that are all 2^(bits − 1) (GPTQ / AWQ store them for symmetric schemes too) are
 //       dropped.
 //     FP8 (block, channel, tensor or group scales) → GGUF's Q8_0 (32 int8 and one f16 scale d;

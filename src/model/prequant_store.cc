@@ -100,7 +100,7 @@ struct Module {
       case Strategy::kChannel:
         return n;
       case Strategy::kGroup:
-        return n * scale_cols() + k / s->group_size;
+        return n * scale_cols() + group(k);
       case Strategy::kBlock:
         break;
     }
@@ -700,10 +700,6 @@ Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const
     VLM_RETURN_IF_ERROR(read_packed(st, c, name, base, &m));
     return m;
   }
-  if (st.has(base + ".weight_g_idx")) {
-    return invalid_argument(m.where +
-                            ": weight_g_idx (activation-ordered groups) is not supported");
-  }
   VLM_ASSIGN_OR_RETURN(m.w, st.get(name));
   if ((m.w.dtype == DType::kI32) != (m.s->format == "pack-quantized")) {
     return invalid_argument(m.where + ": " + dtype_name(m.w.dtype) + " weights do not match its " +
@@ -719,6 +715,16 @@ Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const
     VLM_ASSIGN_OR_RETURN(m.zero, st.get(base + ".weight_zero_point"));
   }
   VLM_RETURN_IF_ERROR(check_zero(m));
+  if (st.has(base + ".weight_g_idx")) {  // actorder group: column k's group weight_g_idx[k]
+    if (m.strategy != Strategy::kGroup) {
+      return invalid_argument(m.where + ": weight_g_idx, but its scheme has no groups");
+    }
+    VLM_ASSIGN_OR_RETURN(m.g_idx,
+                         packed_tensor(st, m, base, ".weight_g_idx", {DType::kI32}, {m.K}));
+    VLM_RETURN_IF_ERROR(read_g_idx(m, m.scale_cols(), &m));
+  } else if (m.s->desc_act) {
+    return invalid_argument(m.where + ": actorder group, but no " + base + ".weight_g_idx");
+  }
   return m;
 }
 

@@ -103,7 +103,9 @@ const std::vector<std::string> kNames = {"prequant-w4a16-g32",
                                          "prequant-gptq-dynamic",
                                          "prequant-gptq-moe-g32-act",
                                          "prequant-awq-g128",
-                                         "prequant-awq-g64-sym"};
+                                         "prequant-awq-g64-sym",
+                                         "prequant-qwen35-gptq-g32-act",
+                                         "prequant-w4a16-g32-actorder"};
 
 class PrequantExact : public ::testing::TestWithParam<std::string> {};
 
@@ -224,7 +226,7 @@ TEST(PrequantLayouts, EachFormatTakesItsLayoutWithinItsBound) {
     DType dtype;    // kF32: none of the layouts holds it (dequantized as on the exact path)
     int64_t group;  // kI4
     bool zero;
-    bool perm = false;  // activation-ordered (GPTQ desc_act): the columns reordered
+    bool perm = false;  // activation-ordered (GPTQ desc_act): columns reordered
   };
   const std::vector<Want> wants = {{"prequant-w4a16-g32", DType::kI4, 32, true},
                                    {"prequant-w4a16-channel-asym", DType::kI4, 128, true},
@@ -247,7 +249,9 @@ TEST(PrequantLayouts, EachFormatTakesItsLayoutWithinItsBound) {
                                    {"prequant-gptq-int8-g128-asym", DType::kF32, 0, false},
                                    {"prequant-gptq-moe-g32-act", DType::kI4, 32, false, true},
                                    {"prequant-awq-g128", DType::kI4, 128, true},
-                                   {"prequant-awq-g64-sym", DType::kI4, 64, false}};
+                                   {"prequant-awq-g64-sym", DType::kI4, 64, false},
+                                   {"prequant-qwen35-gptq-g32-act", DType::kI4, 32, false, true},
+                                   {"prequant-w4a16-g32-actorder", DType::kI4, 32, false, true}};
   ThreadPool pool(2);
   for (const Want& w : wants) {
     SCOPED_TRACE(w.name);
@@ -266,7 +270,7 @@ TEST(PrequantLayouts, EachFormatTakesItsLayoutWithinItsBound) {
               std::string::npos)
         << fast.notes[0];
     if (w.dtype == DType::kF32) continue;  // (the exact path's weights: PrequantExact)
-    int64_t checked = 0, exact_values = 0, values = 0;
+    int64_t checked = 0, exact_values = 0, values = 0, permuted = 0;
     for (const std::string& name : fast.store.names()) {
       const TensorView f = *fast.store.get(name);
       const TensorView x = *exact.store.get(name);
@@ -277,8 +281,10 @@ TEST(PrequantLayouts, EachFormatTakesItsLayoutWithinItsBound) {
         EXPECT_EQ(f.int4.group, w.group);
         EXPECT_EQ(f.int4.zero != nullptr, w.zero);
       }
-      // Column k of the fast layout is the stored column in_perm[k] (a permutation).
-      ASSERT_EQ(f.in_perm != nullptr, w.perm) << name;
+      // Column k of the fast layout is the stored column in_perm[k] (a permutation). (With
+      // desc_act a matrix whose Hessian diagonal is already in order keeps its columns.)
+      if (!w.perm) ASSERT_EQ(f.in_perm, nullptr) << name;
+      permuted += f.in_perm != nullptr;
       std::vector<int64_t> col(static_cast<size_t>(f.dim(1)));
       for (int64_t k = 0; k < f.dim(1); ++k) col[k] = f.in_perm != nullptr ? f.in_perm[k] : k;
       std::vector<int64_t> sorted = col;
@@ -302,6 +308,7 @@ TEST(PrequantLayouts, EachFormatTakesItsLayoutWithinItsBound) {
       }
     }
     EXPECT_EQ(static_cast<uint64_t>(checked), fast.quantized_modules);
+    EXPECT_EQ(permuted > 0, w.perm);
     const double share = static_cast<double>(exact_values) / static_cast<double>(values);
     std::printf(
         "%-24s %lld matrices, %.3f of the values equal to the exact layout's but for the "
@@ -359,7 +366,7 @@ TEST(PrequantConfig, RefusesWhatItDoesNotRunByFieldAndValue) {
       {R"({"quant_method": "fp8"})", "weight_block_size = null"},
       {edited("/config_groups/group_0/weights/num_bits", 3), "weights.num_bits = 3"},
       {edited("/config_groups/group_0/weights/strategy", "token"), "weights.strategy = token"},
-      {edited("/config_groups/group_0/weights/actorder", "group"), "weights.actorder = group"},
+      {edited("/config_groups/group_0/weights/actorder", "dynamic"), "weights.actorder = dynamic"},
       {edited("/config_groups/group_0/weights/type", "float"), "weights.num_bits = 4"},  // FP4
       {edited("/config_groups/group_0/input_activations",
               nlohmann::json{{"num_bits", 8}, {"dynamic", false}}),
@@ -389,7 +396,8 @@ TEST(PrequantConfig, RefusesWhatItDoesNotRunByFieldAndValue) {
   }
   // What llm-compressor and compressed-tensors write today, read.
   for (const std::string& ok :
-       {edited("/config_groups/group_0/weights/actorder", "weight"),
+       {edited("/config_groups/group_0/weights/actorder", "group"),
+        edited("/config_groups/group_0/weights/actorder", "weight"),
         edited("/config_groups/group_0/weights/actorder", "static"),
         edited("/sparsity_config", nlohmann::json{{"format", "dense"}}),
         edited("/config_groups/group_0",
@@ -602,6 +610,10 @@ TEST(PrequantLoad, BrokenGptqAndAwqCheckpointsAreRefusedByName) {
                  {"q_proj", "g_idx[9] = 4", "4 groups"});
   expect_refused(load_edited("prequant-gptq-g32-act-asym", q + ".g_idx", nullptr),
                  {"q_proj", "desc_act, but no", "g_idx"});
+  expect_refused(load_edited("prequant-w4a16-g32-actorder", q + ".weight_g_idx", &bad_g),
+                 {"q_proj", "g_idx[9] = 4", "4 groups"});
+  expect_refused(load_edited("prequant-w4a16-g32-actorder", q + ".weight_g_idx", nullptr),
+                 {"q_proj", "actorder group, but no", "weight_g_idx"});
   // A scale that is not finite.
   auto store = WeightStore::open_dir(kFixtures + "/prequant-gptq-g128");
   ASSERT_TRUE(store.ok());
