@@ -89,6 +89,10 @@ FIXTURES = {
                          cfg=dict(bits=4, group_size=32, sym=True, desc_act=False, format="gptq",
                                   dynamic={r"-:.*layers\.1\.mlp\.down_proj": {},
                                            r"+:.*layers\.2\..*": {"bits": 8, "group_size": 64}})),
+    # lm_head quantized too (GPTQModel's lm_head=True; the source's head is untied).
+    "gptq-g64-lm-head": dict(source="dense", tool="gptq",
+                             cfg=dict(bits=4, group_size=64, sym=True, desc_act=False,
+                                      lm_head=True, format="gptq")),
     "gptq-moe-g32-act": dict(source="moe", tool="gptq",
                              cfg=dict(bits=4, group_size=32, sym=True, desc_act=True,
                                       format="gptq")),
@@ -123,6 +127,8 @@ def gptqmodel_qwen3vl_tree() -> None:
                       "v_proj:0:in=x", "o_proj:1"),
         "post_attention_layernorm": ("post_attention_layernorm:!:norm",),
         "mlp": ("gate_proj:0:in=x", "up_proj:0:in=x", "down_proj:1")}]
+    # (lm_head=True looks the final norm up by one name; the Qwen3-VL definition gives a list.)
+    BaseQwen3VLGPTQ.pre_lm_head_norm_module = "model.language_model.norm"
 
 
 def quantize(name: str, spec: dict) -> None:

@@ -105,7 +105,8 @@ const std::vector<std::string> kNames = {"prequant-w4a16-g32",
                                          "prequant-awq-g128",
                                          "prequant-awq-g64-sym",
                                          "prequant-qwen35-gptq-g32-act",
-                                         "prequant-w4a16-g32-actorder"};
+                                         "prequant-w4a16-g32-actorder",
+                                         "prequant-gptq-g64-lm-head"};
 
 class PrequantExact : public ::testing::TestWithParam<std::string> {};
 
@@ -773,7 +774,7 @@ TEST(PrequantLayouts, UnevenActivationOrderBecomesF32AndOddPackingsAreRefused) {
 }
 
 // GPTQModel's dynamic rules: layer 1's down_proj left in BF16, layer 2 in 8 bits with groups of
-// 64 (Q8_0 in the fast layout), the rest 4-bit groups of 32.
+// 64 (Q8_0 in the fast layout), the rest 4-bit groups of 32; and the quantized head.
 TEST(PrequantLayouts, GptqDynamicRulesGiveEachModuleItsScheme) {
   ThreadPool pool(2);
   PrequantStore fast = open_store("prequant-gptq-dynamic", PrequantLayout::kFast, pool);
@@ -785,6 +786,13 @@ TEST(PrequantLayouts, GptqDynamicRulesGiveEachModuleItsScheme) {
   EXPECT_EQ(fast.store.get(l + "2.self_attn.q_proj.weight")->dtype, DType::kQ8_0);
   EXPECT_NE(fast.notes[0].find("13 matrices as INT4, 7 matrices as Q8_0"), std::string::npos)
       << fast.notes[0];
+  // GPTQModel's lm_head=True: the head too, in 8 bits with groups of 32 by the dynamic rule it
+  // writes for it.
+  PrequantStore head = open_store("prequant-gptq-g64-lm-head", PrequantLayout::kFast, pool);
+  EXPECT_EQ(head.store.get("lm_head.weight")->dtype, DType::kQ8_0);
+  EXPECT_EQ(head.store.get(l + "0.mlp.down_proj.weight")->dtype, DType::kI4);
+  EXPECT_NE(head.notes[0].find("21 matrices as INT4, 1 matrices as Q8_0"), std::string::npos)
+      << head.notes[0];
 }
 
 // What the fast layouts do not take is dequantized to f32 exactly: a router's, the vision tower's,
