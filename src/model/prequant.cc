@@ -256,6 +256,18 @@ Result<bool> flag(const json& j, const char* key, bool dflt, const std::string& 
   return it->get<bool>();
 }
 
+// What a GPTQ / AWQ config leaves out: 4-bit groups of 128 over every Linear.
+PrequantScheme packed_defaults(const char* format, bool symmetric) {
+  PrequantScheme s;
+  s.format = format;
+  s.targets = {"Linear"};
+  s.bits = 4;
+  s.strategy = "group";
+  s.group_size = 128;
+  s.symmetric = symmetric;
+  return s;
+}
+
 // A GPTQ / AWQ scheme from `j` (the config, or a dynamic entry over `base`).
 Result<PrequantScheme> packed_scheme(const json& j, PrequantScheme s, bool awq,
                                      const std::string& path, const std::string& where) {
@@ -339,12 +351,7 @@ Status parse_dynamic(const json& q, PrequantConfig* c, const std::string& where)
 Result<PrequantConfig> parse_gptq(const json& q, const std::string& where) {
   PrequantConfig c;
   c.method = PrequantMethod::kGptq;
-  PrequantScheme base;
-  base.format = "gptq";
-  base.targets = {"Linear"};
-  base.bits = 4;
-  base.strategy = "group";
-  base.group_size = 128;
+  const PrequantScheme base = packed_defaults("gptq", /*symmetric=*/true);
   // checkpoint_format (GPTQModel also writes `format`; HF's default: gptq, the v1 zero points).
   std::string fmt;
   for (const char* key : {"checkpoint_format", "format"}) {
@@ -383,14 +390,10 @@ Result<PrequantConfig> parse_awq(const json& q, const std::string& where) {
                     "layouts are not)");
     }
   }
-  PrequantScheme base;
-  base.format = "awq";
-  base.targets = {"Linear"};
-  base.bits = 4;
-  base.strategy = "group";
-  base.group_size = 128;
-  base.symmetric = false;  // zero_point: true unless said
-  VLM_ASSIGN_OR_RETURN(PrequantScheme s, packed_scheme(q, base, true, "", where));
+  // (zero_point: true unless said)
+  VLM_ASSIGN_OR_RETURN(
+      PrequantScheme s,
+      packed_scheme(q, packed_defaults("awq", /*symmetric=*/false), true, "", where));
   c.groups.push_back(std::move(s));
   VLM_RETURN_IF_ERROR(string_list(q, "modules_to_not_convert", "", where, &c.ignore));
   return c;
