@@ -716,8 +716,8 @@ Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const
   }
   VLM_RETURN_IF_ERROR(check_zero(m));
   if (st.has(base + ".weight_g_idx")) {  // actorder group: column k's group weight_g_idx[k]
-    if (m.strategy != Strategy::kGroup) {
-      return invalid_argument(m.where + ": weight_g_idx, but its scheme has no groups");
+    if (m.strategy != Strategy::kGroup || m.s->is_float) {
+      return invalid_argument(m.where + ": weight_g_idx, but its scheme is not integer groups");
     }
     VLM_ASSIGN_OR_RETURN(m.g_idx,
                          packed_tensor(st, m, base, ".weight_g_idx", {DType::kI32}, {m.K}));

@@ -887,6 +887,35 @@ TEST(PrequantLoad, AmbiguousOrOutOfRangeWeightsAreRefused) {
   expect_refused(open(false).status(), {"q_proj", "outside the range of 4 bits"});
 }
 
+// A weight_g_idx beside FP8 weights (whose Q8_0 blocks would mix groups) or without groups.
+TEST(PrequantLoad, WeightGIdxIsReadForIntegerGroupsOnly) {
+  PrequantConfig cfg;
+  cfg.method = PrequantMethod::kCompressedTensors;
+  PrequantScheme s;
+  s.format = "float-quantized";
+  s.targets = {"Linear"};
+  s.bits = 8;
+  s.is_float = true;
+  s.strategy = "group";
+  s.group_size = 32;
+  cfg.groups = {s};
+  std::vector<uint8_t> w(4 * 64, 0x38);
+  std::vector<float> scale(8, 0.5f);
+  std::vector<int32_t> g(64, 0);
+  const std::string m = "model.language_model.layers.0.self_attn.q_proj";
+  std::map<std::string, TensorView> v;
+  v[m + ".weight"] = TensorView{DType::kF8E4M3, {4, 64}, w.data()};
+  v[m + ".weight_scale"] = TensorView{DType::kF32, {4, 2}, scale.data()};
+  ASSERT_TRUE(open_prequant_store(WeightStore::from_views("mem", v, {}, nullptr), cfg,
+                                  PrequantLayout::kFast, nullptr)
+                  .ok());
+  v[m + ".weight_g_idx"] = TensorView{DType::kI32, {64}, g.data()};
+  expect_refused(open_prequant_store(WeightStore::from_views("mem", v, {}, nullptr), cfg,
+                                     PrequantLayout::kFast, nullptr)
+                     .status(),
+                 {"q_proj", "weight_g_idx, but its scheme is not integer groups"});
+}
+
 TEST(PrequantLoad, QuantizingAgainIsRefused) {
   EngineOptions o = test_util::fixture_engine_options("prequant-w4a16-g32");
   o.quant = Quant::kInt8;
