@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Build the GPTQ and AWQ checkpoint fixtures (tests/model/fixtures/prequant-gptq-*,
-prequant-awq-*, prequant-demo-gptq-g32) and their references, in two stages:
+prequant-awq-*, prequant-demo-gptq-g32, prequant-qwen35-gptq-g32-act) and their references, in
+two stages:
 
 1. ``--stage quantize`` (GPTQModel, which needs transformers 5.x: scripts/requirements-gptq.txt):
    each fixture's source (the dense text-f32-untied, the mixture of experts moe-f32-e8k2, Qwen3.5's

@@ -7,7 +7,7 @@ text-f32-untied, the mixture of experts moe-f32-e8k2; Qwen3.5: qwen35-f32-a, qwe
 the Qwen3-VL demo model (models/tiny-qwen3vl), quantized by the real tools:
 
 * llm-compressor's ``oneshot`` with a ``QuantizationModifier`` (round to nearest, no calibration
-  data), saved with ``save_compressed=True`` in the compressed-tensors format:
+  data; w4a16-g32-actorder: a ``GPTQModifier``, calibrated), saved with ``save_compressed=True`` in the compressed-tensors format:
     - w4a16-g32: 4-bit integers, groups of 32, asymmetric (zero points); ``pack-quantized``.
     - w4a16-g64-moe: the MoE model, 4-bit symmetric groups of 64, every expert unfused by
       llm-compressor's own Qwen3-VL MoE calibration module (as its MoE recipes do), on the f32

@@ -180,11 +180,12 @@ Result<PrequantScheme> parse_scheme(const json& g, const std::string& top_format
                   "8-bit integer weights with zero points are not supported");
   }
   VLM_RETURN_IF_ERROR(only(*w, wp, "dynamic", {}, where, "dynamic weight scales"));
-  // (static / weight: the groups reordered before quantizing, the file as without; group: the
-  // activation order's groups, a weight_g_idx per column.)
-  VLM_RETURN_IF_ERROR(only(*w, wp, "actorder", {"static", "weight", "group"}, where,
-                           "expected static, weight or group"));
-  s.desc_act = w->value("actorder", json()) == json("group");
+  // (static / weight: the groups reordered before quantizing, the file as without; group, or its
+  // alias dynamic: the activation order's groups, a weight_g_idx per column.)
+  VLM_RETURN_IF_ERROR(only(*w, wp, "actorder", {"static", "weight", "group", "dynamic"}, where,
+                           "expected static, weight, group or dynamic"));
+  s.desc_act = w->value("actorder", json()) == json("group") ||
+               w->value("actorder", json()) == json("dynamic");
   if (s.strategy == "group") {
     auto gs = w->find("group_size");
     if (gs == w->end() || !gs->is_number_integer() || gs->get<int64_t>() <= 0) {

@@ -81,7 +81,7 @@ struct PrequantScheme {
   std::string strategy;              // tensor, channel, group, block
   int64_t group_size = 0;            // strategy group
   int64_t block_rows = 0, block_cols = 0;  // strategy block
-  bool desc_act = false;                   // GPTQ: activation-ordered groups (g_idx)
+  bool desc_act = false;  // GPTQ desc_act, compressed-tensors actorder group: a g_idx per column
 };
 
 // A GPTQ `dynamic` entry: modules whose name the pattern matches (Python's re.match, the first

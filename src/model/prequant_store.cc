@@ -75,8 +75,8 @@ struct Module {
   Packing packing = Packing::kRows;
   TensorView w;            // weight (I8, F8_E4M3), weight_packed or qweight (I32)
   TensorView scale, zero;  // zero.data null: symmetric
-  TensorView g_idx;        // GPTQ's group of each column ([K] I32), data null: k / group
-  uint32_t zero_add = 0;   // GPTQ v1: added to each qzeros word (the zero points stored minus one)
+  TensorView g_idx;  // each column's group ([K] I32: g_idx, weight_g_idx), data null: k / group
+  uint32_t zero_add = 0;  // GPTQ v1: added to each qzeros word (the zero points stored minus one)
   // With activation-ordered groups in a fast layout: column j of the converted weight is column
   // perm[j] of the stored one (its groups contiguous); empty: the stored order.
   std::vector<int32_t> perm;

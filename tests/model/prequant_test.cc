@@ -367,7 +367,7 @@ TEST(PrequantConfig, RefusesWhatItDoesNotRunByFieldAndValue) {
       {R"({"quant_method": "fp8"})", "weight_block_size = null"},
       {edited("/config_groups/group_0/weights/num_bits", 3), "weights.num_bits = 3"},
       {edited("/config_groups/group_0/weights/strategy", "token"), "weights.strategy = token"},
-      {edited("/config_groups/group_0/weights/actorder", "dynamic"), "weights.actorder = dynamic"},
+      {edited("/config_groups/group_0/weights/actorder", "columns"), "weights.actorder = columns"},
       {edited("/config_groups/group_0/weights/type", "float"), "weights.num_bits = 4"},  // FP4
       {edited("/config_groups/group_0/input_activations",
               nlohmann::json{{"num_bits", 8}, {"dynamic", false}}),
@@ -398,6 +398,7 @@ TEST(PrequantConfig, RefusesWhatItDoesNotRunByFieldAndValue) {
   // What llm-compressor and compressed-tensors write today, read.
   for (const std::string& ok :
        {edited("/config_groups/group_0/weights/actorder", "group"),
+        edited("/config_groups/group_0/weights/actorder", "dynamic"),
         edited("/config_groups/group_0/weights/actorder", "weight"),
         edited("/config_groups/group_0/weights/actorder", "static"),
         edited("/sparsity_config", nlohmann::json{{"format", "dense"}}),
@@ -887,7 +888,7 @@ TEST(PrequantLoad, AmbiguousOrOutOfRangeWeightsAreRefused) {
   expect_refused(open(false).status(), {"q_proj", "outside the range of 4 bits"});
 }
 
-// A weight_g_idx beside FP8 weights (whose Q8_0 blocks would mix groups) or without groups.
+// A weight_g_idx beside FP8 weights (whose Q8_0 blocks would mix groups).
 TEST(PrequantLoad, WeightGIdxIsReadForIntegerGroupsOnly) {
   PrequantConfig cfg;
   cfg.method = PrequantMethod::kCompressedTensors;
