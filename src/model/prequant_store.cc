@@ -614,29 +614,30 @@ Result<TensorView> packed_tensor(const WeightStore& st, const Module& m, const s
   return t;
 }
 
-// g_idx's groups checked, and when they are not k / group (activation order) the column order
-// that makes them contiguous (Module::perm; Module::uneven_groups when no order does).
-Status read_g_idx(const Module& m, int64_t G, Module* out) {
-  const auto* g = static_cast<const int32_t*>(m.g_idx.data);
+// m's g_idx checked against its G groups, and when they are not k / group (activation order) the
+// column order that makes them contiguous (Module::perm; Module::uneven_groups when no order
+// does); a g_idx that is k / group dropped (no lookups).
+Status read_g_idx(int64_t G, Module* m) {
+  const auto* g = static_cast<const int32_t*>(m->g_idx.data);
   bool trivial = true;
-  for (int64_t k = 0; k < m.K; ++k) {
+  for (int64_t k = 0; k < m->K; ++k) {
     if (g[k] < 0 || g[k] >= G) {
-      return invalid_argument(m.where + ": g_idx[" + std::to_string(k) +
+      return invalid_argument(m->where + ": g_idx[" + std::to_string(k) +
                               "] = " + std::to_string(g[k]) + " is not one of its " +
                               std::to_string(G) + " groups");
     }
-    trivial = trivial && g[k] == (m.strategy == Strategy::kGroup ? k / m.s->group_size : 0);
+    trivial = trivial && g[k] == (m->strategy == Strategy::kGroup ? k / m->s->group_size : 0);
   }
   if (trivial) {
-    out->g_idx = TensorView{};  // (the groups as k / group: no lookups)
+    m->g_idx = TensorView{};
     return ok_status();
   }
-  out->perm.resize(static_cast<size_t>(m.K));
-  for (int64_t k = 0; k < m.K; ++k) out->perm[static_cast<size_t>(k)] = static_cast<int32_t>(k);
-  std::stable_sort(out->perm.begin(), out->perm.end(),
+  m->perm.resize(static_cast<size_t>(m->K));
+  for (int64_t k = 0; k < m->K; ++k) m->perm[static_cast<size_t>(k)] = static_cast<int32_t>(k);
+  std::stable_sort(m->perm.begin(), m->perm.end(),
                    [&](int32_t a, int32_t b) { return g[a] < g[b]; });
-  for (int64_t j = 0; j < m.K && !out->uneven_groups; ++j) {
-    out->uneven_groups = g[out->perm[static_cast<size_t>(j)]] != j / m.s->group_size;
+  for (int64_t j = 0; j < m->K && !m->uneven_groups; ++j) {
+    m->uneven_groups = g[m->perm[static_cast<size_t>(j)]] != j / m->s->group_size;
   }
   return ok_status();
 }
@@ -671,7 +672,7 @@ Status read_packed(const WeightStore& st, const PrequantConfig& c, const std::st
   if (st.has(base + ".g_idx")) {
     if (!gptq) return invalid_argument(m->where + ": g_idx in an AWQ checkpoint");
     VLM_ASSIGN_OR_RETURN(m->g_idx, packed_tensor(st, *m, base, ".g_idx", {DType::kI32}, {m->K}));
-    VLM_RETURN_IF_ERROR(read_g_idx(*m, G, m));
+    VLM_RETURN_IF_ERROR(read_g_idx(G, m));
   } else if (gptq && m->s->desc_act) {
     return invalid_argument(m->where + ": desc_act, but no " + base + ".g_idx");
   }
@@ -721,7 +722,7 @@ Result<Module> read_module(const WeightStore& st, const PrequantConfig& c, const
     }
     VLM_ASSIGN_OR_RETURN(m.g_idx,
                          packed_tensor(st, m, base, ".weight_g_idx", {DType::kI32}, {m.K}));
-    VLM_RETURN_IF_ERROR(read_g_idx(m, m.scale_cols(), &m));
+    VLM_RETURN_IF_ERROR(read_g_idx(m.scale_cols(), &m));
   } else if (m.s->desc_act) {
     return invalid_argument(m.where + ": actorder group, but no " + base + ".weight_g_idx");
   }

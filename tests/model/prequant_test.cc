@@ -704,20 +704,28 @@ TEST(PrequantLayouts, AStackOfColumnOrdersMultipliesEachPartInItsOwn) {
   EXPECT_FALSE(be.linear(one, fp16).ok());
 }
 
+// A config of one scheme over every Linear.
+PrequantConfig one_scheme(PrequantMethod method, const char* format, int64_t bits, bool is_float,
+                          const char* strategy, int64_t group_size = 0) {
+  PrequantConfig cfg;
+  cfg.method = method;
+  PrequantScheme s;
+  s.format = format;
+  s.targets = {"Linear"};
+  s.bits = bits;
+  s.is_float = is_float;
+  s.strategy = strategy;
+  s.group_size = group_size;
+  cfg.groups = {s};
+  return cfg;
+}
+
 // Activation-ordered groups not all group_size long (a g_idx no stable sort makes contiguous
 // groups of 32 out of) stay in the stored order as f32, with a note; GPTQ's and AWQ's odd inputs
 // are refused by name.
 TEST(PrequantLayouts, UnevenActivationOrderBecomesF32AndOddPackingsAreRefused) {
-  PrequantConfig cfg;
-  cfg.method = PrequantMethod::kGptq;
-  PrequantScheme s;
-  s.format = "gptq";
-  s.targets = {"Linear"};
-  s.bits = 4;
-  s.strategy = "group";
-  s.group_size = 32;
-  s.desc_act = true;
-  cfg.groups = {s};
+  PrequantConfig cfg = one_scheme(PrequantMethod::kGptq, "gptq", 4, false, "group", 32);
+  cfg.groups[0].desc_act = true;
   cfg.gptq_v1 = true;  // (0x77777777: zero points 8, stored minus one)
   const int64_t N = 8, K = 64;
   const std::string m = "model.language_model.layers.0.self_attn.q_proj";
@@ -800,14 +808,9 @@ TEST(PrequantLayouts, GptqDynamicRulesGiveEachModuleItsScheme) {
 // an FP8 row whose length (48) or scale group (16) is not a multiple of 32; a decoder linear of 64
 // columns takes Q8_0.
 TEST(PrequantLayouts, WhatTheFastLayoutsDoNotHoldBecomesF32) {
-  PrequantConfig cfg;
-  cfg.method = PrequantMethod::kCompressedTensors;
-  PrequantScheme channel;
-  channel.format = "float-quantized";
-  channel.targets = {"Linear"};
-  channel.bits = 8;
-  channel.is_float = true;
-  channel.strategy = "channel";
+  PrequantConfig cfg =
+      one_scheme(PrequantMethod::kCompressedTensors, "float-quantized", 8, true, "channel");
+  const PrequantScheme channel = cfg.groups[0];
   PrequantScheme group = channel;
   group.targets = {"re:.*group16"};
   group.strategy = "group";
@@ -862,14 +865,8 @@ TEST(PrequantLayouts, WhatTheFastLayoutsDoNotHoldBecomesF32) {
 
 // A module's weight stored twice, and 4-bit integers stored one a byte outside their range.
 TEST(PrequantLoad, AmbiguousOrOutOfRangeWeightsAreRefused) {
-  PrequantConfig cfg;
-  cfg.method = PrequantMethod::kCompressedTensors;
-  PrequantScheme s;
-  s.format = "int-quantized";
-  s.targets = {"Linear"};
-  s.bits = 4;
-  s.strategy = "channel";
-  cfg.groups = {s};
+  const PrequantConfig cfg =
+      one_scheme(PrequantMethod::kCompressedTensors, "int-quantized", 4, false, "channel");
   std::vector<int8_t> q(4 * 64, 3);
   std::vector<float> scale(4, 0.5f);
   std::vector<int32_t> packed(4 * 8, 0);
@@ -890,16 +887,8 @@ TEST(PrequantLoad, AmbiguousOrOutOfRangeWeightsAreRefused) {
 
 // A weight_g_idx beside FP8 weights (whose Q8_0 blocks would mix groups).
 TEST(PrequantLoad, WeightGIdxIsReadForIntegerGroupsOnly) {
-  PrequantConfig cfg;
-  cfg.method = PrequantMethod::kCompressedTensors;
-  PrequantScheme s;
-  s.format = "float-quantized";
-  s.targets = {"Linear"};
-  s.bits = 8;
-  s.is_float = true;
-  s.strategy = "group";
-  s.group_size = 32;
-  cfg.groups = {s};
+  const PrequantConfig cfg =
+      one_scheme(PrequantMethod::kCompressedTensors, "float-quantized", 8, true, "group", 32);
   std::vector<uint8_t> w(4 * 64, 0x38);
   std::vector<float> scale(8, 0.5f);
   std::vector<int32_t> g(64, 0);
