@@ -14,6 +14,7 @@
 
 #include "build_info.h"
 #include "engine_probes.h"
+#include "hub_commands.h"
 #include "options.h"
 #include "probes.h"
 #include "vlm/engine.h"
@@ -964,7 +965,8 @@ vlm::Status write_report(const BenchArgs& a, const BenchPlan& p, const BenchRepo
 
 void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("-m,--model", a->model,
-                "Checkpoint directory or GGUF file (needed for all but --membw)");
+                std::string("Checkpoint directory or GGUF file") + kModelNameHelp +
+                    " (needed for all but --membw)");
   b->add_option("-p,--prompt-tokens", a->prompt_sizes,
                 "Prefill sizes in tokens, a comma list (default run: 128,512,2048)");
   b->add_option("-n,--gen-tokens", a->gen_sizes,

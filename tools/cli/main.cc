@@ -1,4 +1,4 @@
-// The `vlm` command line: run, serve, tokenize, detokenize, logits, bench.
+// The `vlm` command line: run, serve, tokenize, detokenize, logits, bench, pull, ls, rm.
 // Uses only the public API (include/vlm). Every error: one line on stderr, exit code 1.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "hub_commands.h"
 #include "npy_writer.h"
 #include "options.h"
 #include "probes.h"
@@ -285,8 +286,11 @@ int cmd_run(const RunArgs& a) {
 void add_run_options(CLI::App* run, RunArgs* ra) {
   ra->model = VLM_DEFAULT_MODEL_DIR;
   run->add_option("-m,--model", ra->model,
-                  "Checkpoint directory (config.json, *.safetensors, tokenizer.json) or GGUF file; "
-                  "default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR ")");
+                  std::string("Checkpoint directory (config.json, *.safetensors, tokenizer.json) "
+                              "or GGUF file") +
+                      vlm_cli::kModelNameHelp +
+                      "; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR
+                      ")");
   run->add_option("-p,--prompt", ra->prompt, "User message")->required();
   run->add_option("--chat-template", ra->chat_template,
                   "Chat template file (.jinja, or .json with \"chat_template\") instead of the "
@@ -339,7 +343,10 @@ struct TokenizeArgs {
 };
 
 void add_tokenize_options(CLI::App* tokenize, TokenizeArgs* ta) {
-  tokenize->add_option("-m,--model", ta->model, "Directory with tokenizer.json")->required();
+  tokenize
+      ->add_option("-m,--model", ta->model,
+                   std::string("Directory with tokenizer.json") + vlm_cli::kModelNameHelp)
+      ->required();
   ta->text_opt = tokenize->add_option("--text", ta->text, "Text to tokenize");
   ta->file_opt = tokenize->add_option("--file", ta->file, "File whose contents to tokenize");
   ta->text_opt->excludes(ta->file_opt);
@@ -369,7 +376,10 @@ struct DetokenizeArgs {
 };
 
 void add_detokenize_options(CLI::App* detokenize, DetokenizeArgs* da) {
-  detokenize->add_option("-m,--model", da->model, "Directory with tokenizer.json")->required();
+  detokenize
+      ->add_option("-m,--model", da->model,
+                   std::string("Directory with tokenizer.json") + vlm_cli::kModelNameHelp)
+      ->required();
   detokenize->add_option("--ids", da->ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
   detokenize->add_flag("--skip-special", da->skip_special, "Drop special tokens");
 }
@@ -405,7 +415,8 @@ struct LogitsArgs {
 void add_logits_options(CLI::App* logits, LogitsArgs* la) {
   logits
       ->add_option("-m,--model", la->model,
-                   "Checkpoint directory (config.json + weights) or GGUF file")
+                   std::string("Checkpoint directory (config.json + weights) or GGUF file") +
+                       vlm_cli::kModelNameHelp)
       ->required();
   logits->add_option("--ids", la->ids, "Ids: 1,2,3 or [1, 2, 3]")->required();
   logits->add_option("--out", la->out, "Output .npy file")->required();
@@ -586,9 +597,9 @@ int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
     if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits" &&
-        cmd != "bench" && cmd != "serve") {
+        cmd != "bench" && cmd != "serve" && cmd != "pull" && cmd != "ls" && cmd != "rm") {
       return fail("unknown command '" + cmd +
-                  "' (commands: run, serve, tokenize, detokenize, logits, bench)");
+                  "' (commands: run, serve, tokenize, detokenize, logits, bench, pull, ls, rm)");
     }
   }
   CLI::App app{"vlm: run Qwen3-VL models from Hugging Face checkpoints"};
@@ -615,13 +626,19 @@ int main(int argc, char** argv) {
   ServeArgs sa;
   auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (continuous batching)");
   sa.so.engine.model_dir = VLM_DEFAULT_MODEL_DIR;
-  serve->add_option(
-      "-m,--model", sa.so.engine.model_dir,
-      "Checkpoint directory or GGUF file; default: the tiny shapes model in the checkout "
-      "(" VLM_DEFAULT_MODEL_DIR ")");
+  serve->add_option("-m,--model", sa.so.engine.model_dir,
+                    std::string("Checkpoint directory or GGUF file") + vlm_cli::kModelNameHelp +
+                        "; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR
+                        ")");
   add_serve_api_options(serve, &sa);
   add_serve_engine_options(serve, &sa);
   add_serve_connection_options(serve, &sa.so);
+  vlm_cli::HubArgs ha;
+  vlm_cli::add_hub_commands(&app, &ha);
+  std::string hf_token;  // -m ORG/NAME: see hub_commands.h
+  for (CLI::App* sub : {run, tokenize, detokenize, logits, bench, serve}) {
+    vlm_cli::add_hf_token_option(sub, &hf_token);
+  }
 
   try {
     app.parse(argc, argv);
@@ -629,6 +646,27 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return fail(e.what());
+  }
+  if (const int rc = vlm_cli::run_hub_command(ha); rc >= 0) return rc;
+  // Model names (ORG/NAME[@REVISION][:QUANT]) become their files in the Hugging Face cache.
+  vlm::Status named = vlm::ok_status();
+  auto resolve = [&](std::string* model, std::string* mmproj) {
+    if (named.ok()) named = vlm_cli::resolve_model(model, mmproj, hf_token);
+  };
+  const std::string serve_model = sa.so.engine.model_dir;
+  if (*run) resolve(&ra.model, &ra.device.mmproj);
+  if (*run) resolve(&ra.device.batching.spec.draft_model, nullptr);
+  if (*serve) resolve(&sa.so.engine.model_dir, &sa.so.engine.mmproj);
+  if (*serve) resolve(&sa.so.engine.batching.spec.draft_model, nullptr);
+  if (*bench) resolve(&ba.model, &ba.device.mmproj);
+  if (*bench) resolve(&ba.device.batching.spec.draft_model, nullptr);
+  if (*tokenize) resolve(&ta.model, nullptr);
+  if (*detokenize) resolve(&da.model, nullptr);
+  if (*logits) resolve(&la.model, &la.device.mmproj);
+  if (!named.ok()) return fail(named);
+  // Served under the name it was asked by (as vLLM), unless --served-model-name says otherwise.
+  if (*serve && sa.so.model_names.empty() && serve_model != sa.so.engine.model_dir) {
+    sa.so.model_names.push_back(serve_model);
   }
   if (*run) return cmd_run(ra);
   if (*serve) return cmd_serve(sa);

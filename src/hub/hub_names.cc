@@ -1,0 +1,202 @@
+// Model names, the environment huggingface_hub reads, and small text helpers.
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "hub/hub_internal.h"
+
+namespace vlm::hub {
+namespace {
+
+// A repository name part as the hub allows it: letters, digits, '-', '_', '.'; not starting or
+// ending with '-' or '.', no "--" or "..", at most 96 characters.
+bool valid_name_part(std::string_view s) {
+  if (s.empty() || s.size() > 96) return false;
+  for (char c : s) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  if (s.front() == '-' || s.front() == '.' || s.back() == '-' || s.back() == '.') return false;
+  return s.find("--") == std::string_view::npos && s.find("..") == std::string_view::npos;
+}
+
+bool valid_revision(std::string_view s) {
+  if (s.empty() || s.size() > 255 || s.front() == '/' || s.back() == '/') return false;
+  if (s.find("..") != std::string_view::npos) return false;
+  for (char c : s) {
+    if (std::isspace(static_cast<unsigned char>(c)) || c == '~' || c == '^' || c == '?' ||
+        c == '*' || c == '[' || c == '\\' || static_cast<unsigned char>(c) < 0x20) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool valid_quant(std::string_view s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
+      return false;
+  }
+  return true;
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+// huggingface_hub's _is_true: 1, ON, YES, TRUE in any case.
+bool env_true(const char* name) {
+  std::string v = env(name);
+  for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return v == "1" || v == "ON" || v == "YES" || v == "TRUE";
+}
+
+std::string trim(std::string s) {
+  const char* ws = " \t\r\n";
+  s.erase(0, s.find_first_not_of(ws));
+  const size_t end = s.find_last_not_of(ws);
+  s.erase(end == std::string::npos ? 0 : end + 1);
+  return s;
+}
+
+std::string read_token_file(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return "";
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return trim(ss.str());
+}
+
+}  // namespace
+
+std::string ModelName::str() const {
+  std::string s = repo_id;
+  if (revision_given) s += "@" + revision;
+  if (!quant.empty()) s += ":" + quant;
+  return s;
+}
+
+Result<ModelName> parse_model_name(std::string_view text) {
+  const std::string whole(text);
+  auto bad = [&](const char* why) {
+    std::string m = "'";
+    m.append(whole).append("' is no model name ORG/NAME[@REVISION][:QUANT]: ").append(why);
+    return invalid_argument(m);
+  };
+  ModelName n;
+  if (const size_t colon = text.find(':'); colon != std::string_view::npos) {
+    n.quant = std::string(text.substr(colon + 1));
+    text = text.substr(0, colon);
+    if (!valid_quant(n.quant)) return bad("the quantization after ':' is empty or not a tag");
+  }
+  if (const size_t at = text.find('@'); at != std::string_view::npos) {
+    n.revision = std::string(text.substr(at + 1));
+    n.revision_given = true;
+    text = text.substr(0, at);
+    if (!valid_revision(n.revision)) return bad("the revision after '@' is empty or malformed");
+  }
+  const size_t slash = text.find('/');
+  if (slash == std::string_view::npos) return bad("no '/' between the owner and the name");
+  if (!valid_name_part(text.substr(0, slash)) || !valid_name_part(text.substr(slash + 1))) {
+    return bad("the owner and the name are letters, digits, '-', '_' and '.'");
+  }
+  n.repo_id = std::string(text);
+  return n;
+}
+
+bool is_model_name(const std::string& arg) {
+  if (arg.empty() || arg[0] == '/' || arg[0] == '.' || arg[0] == '~') return false;
+  std::error_code ec;
+  if (fs::exists(arg, ec)) return false;
+  return parse_model_name(arg).ok();
+}
+
+HubOptions options_from_env(const std::string& token) {
+  HubOptions o;
+  o.endpoint = env("HF_ENDPOINT");
+  if (o.endpoint.empty()) o.endpoint = "https://huggingface.co";
+  while (!o.endpoint.empty() && o.endpoint.back() == '/') o.endpoint.pop_back();
+  std::string home = env("HF_HOME");
+  if (home.empty()) {
+    std::string xdg = env("XDG_CACHE_HOME");
+    if (xdg.empty()) xdg = env("HOME") + "/.cache";
+    home = xdg + "/huggingface";
+  }
+  // The older names huggingface_hub still reads come second.
+  o.cache_dir = env("HF_HUB_CACHE");
+  if (o.cache_dir.empty()) o.cache_dir = env("HUGGINGFACE_HUB_CACHE");
+  if (o.cache_dir.empty()) o.cache_dir = home + "/hub";
+  o.offline = env_true("HF_HUB_OFFLINE") || env_true("TRANSFORMERS_OFFLINE");
+  o.token = trim(token);
+  if (o.token.empty()) o.token = trim(env("HF_TOKEN"));
+  if (o.token.empty()) o.token = trim(env("HUGGING_FACE_HUB_TOKEN"));
+  if (o.token.empty()) {
+    std::string path = env("HF_TOKEN_PATH");
+    if (path.empty()) path = home + "/token";
+    o.token = read_token_file(path);
+  }
+  return o;
+}
+
+std::string repo_folder_name(const std::string& repo_id) {
+  std::string s = "models--" + repo_id;
+  const size_t slash = s.find('/');
+  if (slash != std::string::npos) s.replace(slash, 1, "--");
+  return s;
+}
+
+std::optional<std::string> repo_id_from_folder(const std::string& folder) {
+  const std::string prefix = "models--";
+  if (folder.rfind(prefix, 0) != 0 || folder.size() == prefix.size()) return std::nullopt;
+  const std::string rest = folder.substr(prefix.size());
+  const size_t sep = rest.find("--");
+  if (sep == std::string::npos) return rest;
+  std::string id = rest.substr(0, sep);
+  id.push_back('/');
+  id.append(rest, sep + 2, std::string::npos);
+  return id;
+}
+
+bool is_commit_hash(const std::string& s) {
+  if (s.size() != 40) return false;
+  for (char c : s) {
+    if (!std::isdigit(static_cast<unsigned char>(c)) && (c < 'a' || c > 'f')) return false;
+  }
+  return true;
+}
+
+std::string url_quote(const std::string& s, bool safe_slash) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
+        (safe_slash && c == '/')) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string human_bytes(int64_t n) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (n < 1024) return std::to_string(n) + " B";
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace vlm::hub
