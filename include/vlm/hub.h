@@ -42,6 +42,9 @@ struct HubOptions {
   std::string token;      // "" = none
   bool offline = false;   // HF_HUB_OFFLINE: the cache only, no request
   int max_workers = 8;    // files downloaded at once
+  // false: a safetensors checkpoint without its *.safetensors (what the tokenizer needs alone:
+  // `vlm tokenize`); a GGUF file holds both, so it comes whole.
+  bool weights = true;
   // kAuto: a bar redrawn in place when `log` is a terminal, else one plain line per file.
   Progress progress = Progress::kAuto;
   std::FILE* log = stderr;  // progress and notes

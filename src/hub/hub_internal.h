@@ -66,8 +66,9 @@ struct Selection {
 // formats (.bin, .pth, .gguf, ...), or (`quant` given, or no safetensors) one GGUF model file
 // chosen by its quantization as llama.cpp's -hf chooses it (default Q4_K_M, then Q8_0, then the
 // first) and the mmproj beside it closest to it in bits.
+// `weights` false: the checkpoint's files but its *.safetensors.
 Result<Selection> select_files(const std::vector<std::string>& paths, const std::string& quant,
-                               const std::string& repo_id);
+                               const std::string& repo_id, bool weights = true);
 
 // ---- Hashes (Nettle) ----
 

@@ -112,7 +112,7 @@ Result<LocalModel> from_cache(const ModelName& name, const HubOptions& o, const 
   }
   const auto tree = read_tree_cache(repo_dir, *commit);
   const std::vector<std::string> paths = tree ? paths_of(*tree) : snapshot_files(snapshot);
-  VLM_ASSIGN_OR_RETURN(Selection sel, select_files(paths, name.quant, name.repo_id));
+  VLM_ASSIGN_OR_RETURN(Selection sel, select_files(paths, name.quant, name.repo_id, o.weights));
   for (const std::string& p : sel.files) {
     if (!fs::exists(snapshot / p, ec)) {
       return not_found(why + ", and the cached " + name.repo_id + " (" + *commit + ") lacks " + p +
@@ -158,7 +158,7 @@ Result<LocalModel> resolve(const ModelName& name, const HubOptions& o) {
     tree = std::move(*listed);
     VLM_RETURN_IF_ERROR(write_tree_cache(repo_dir, commit, *tree));
   }
-  VLM_ASSIGN_OR_RETURN(Selection sel, select_files(paths_of(*tree), name.quant, name.repo_id));
+  VLM_ASSIGN_OR_RETURN(Selection sel, select_files(paths_of(*tree), name.quant, name.repo_id, o.weights));
   std::vector<RepoFile> missing;
   std::error_code ec;
   for (const RepoFile& f : *tree) {

@@ -161,7 +161,7 @@ bool checkpoint_file(const std::string& p) {
 }  // namespace
 
 Result<Selection> select_files(const std::vector<std::string>& paths, const std::string& quant,
-                               const std::string& repo_id) {
+                               const std::string& repo_id, bool weights) {
   const bool has_safetensors = std::any_of(paths.begin(), paths.end(), [](const std::string& p) {
     return p.find('/') == std::string::npos && ends_with(p, ".safetensors");
   });
@@ -183,7 +183,7 @@ Result<Selection> select_files(const std::vector<std::string>& paths, const std:
   }
   Selection s;
   for (const std::string& p : paths) {
-    if (checkpoint_file(p)) s.files.push_back(p);
+    if (checkpoint_file(p) && (weights || !ends_with(p, ".safetensors"))) s.files.push_back(p);
   }
   return s;
 }

@@ -301,6 +301,11 @@ def local_run(*args) -> str:
     return _LOCAL_RUNS[args]
 
 
+def local_run_cmd(*args) -> str:
+    """stdout of `vlm ARGS` on local files."""
+    return Sandbox().vlm(*args).stdout
+
+
 def need_vlm():
     if not ARGS.vlm:
         raise RuntimeError("these tests run the vlm binary: pass --vlm PATH "
@@ -641,6 +646,22 @@ class VlmDownloads(VlmTestCase):
         self.assertEqual(got, local_run("-m", TINY, *RUN_ARGS, "-p", PROMPT))
         self.assertEqual(HUB.requests(server="cdn"), [])
         self.assertEqual(resolve_requests("vlm-test/tiny", "GET"), [])
+
+    def test_tokenize_fetches_no_weights(self):
+        """`vlm tokenize -m NAME` fetches the checkpoint's files but its *.safetensors and prints
+        what it prints on the local folder; a later `vlm run` fetches only the weights."""
+        c = commit_of("vlm-test/tiny")
+        args = ("--text", "How many squares are there?")
+        got = self.sb.vlm("tokenize", "-m", "vlm-test/tiny", *args).stdout
+        self.assertEqual(got, local_run_cmd("tokenize", "-m", TINY, *args))
+        weights = {e.sha256 for p, e in c.files.items() if p.endswith(".safetensors")}
+        self.assertEqual([b for b in cdn_gets() if b in weights], [])
+        fetched = {resolved_path(e) for e in resolve_requests("vlm-test/tiny", "GET")}
+        self.assertEqual(fetched, {p for p in wanted(c) if not p.endswith(".safetensors")})
+        HUB.reset()
+        self.sb.vlm("run", "-m", "vlm-test/tiny", *RUN_ARGS, "-p", PROMPT)
+        fetched = {resolved_path(e) for e in resolve_requests("vlm-test/tiny", "GET")}
+        self.assertEqual(fetched, {p for p in wanted(c) if p.endswith(".safetensors")})
 
     def test_huggingface_hub_uses_what_vlm_wrote(self):
         """What vlm pulled is huggingface_hub's cache: hf_hub_download(local_files_only=True)

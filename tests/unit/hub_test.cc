@@ -194,6 +194,17 @@ TEST(HubSelect, SafetensorsCheckpointTakesItsTopLevelFilesButOtherWeights) {
   auto s = select_files(repo, "", "o/n");
   EXPECT_EQ(s->model, "");
   EXPECT_EQ(s->mmproj, "");
+  // The tokenizer alone (`vlm tokenize`): the same but the shards.
+  auto no_weights = files_of(select_files(repo, "", "o/n", /*weights=*/false));
+  std::vector<std::string> want_no_weights;
+  for (const auto& f : want) {
+    if (f.find(".safetensors") == std::string::npos || f.find(".json") != std::string::npos) {
+      want_no_weights.push_back(f);
+    }
+  }
+  EXPECT_EQ(no_weights, want_no_weights);
+  EXPECT_EQ(files_of(select_files({"m-Q8_0.gguf"}, "", "o/n", false)),
+            std::vector<std::string>{"m-Q8_0.gguf"});
 }
 
 TEST(HubSelect, GgufQuantAndItsVisionFile) {

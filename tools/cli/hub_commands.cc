@@ -120,10 +120,13 @@ void add_hf_token_option(CLI::App* app, std::string* token) {
                   "file HF_TOKEN_PATH or $HF_HOME/token)");
 }
 
-vlm::Status resolve_model(std::string* model, std::string* mmproj, const std::string& token) {
+vlm::Status resolve_model(std::string* model, std::string* mmproj, const std::string& token,
+                          bool weights) {
   if (!vlm::hub::is_model_name(*model)) return vlm::ok_status();
   VLM_ASSIGN_OR_RETURN(vlm::hub::ModelName name, vlm::hub::parse_model_name(*model));
-  auto m = vlm::hub::resolve(name, vlm::hub::options_from_env(token));
+  vlm::hub::HubOptions o = vlm::hub::options_from_env(token);
+  o.weights = weights;
+  auto m = vlm::hub::resolve(name, o);
   if (!m.ok()) {
     return m.status().with_context("-m " + *model +
                                    " (no file or folder of that name; as a "

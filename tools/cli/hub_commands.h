@@ -18,8 +18,10 @@ void add_hf_token_option(CLI::App* app, std::string* token);
 
 // A model argument that names a model (and no file or folder of that name exists) becomes its
 // files in the cache; `mmproj` (may be null) gets a GGUF repository's vision file when empty.
-// A path passes through unchanged.
-vlm::Status resolve_model(std::string* model, std::string* mmproj, const std::string& token);
+// A path passes through unchanged. `weights` false: a safetensors checkpoint's files but its
+// weights (what a tokenizer needs).
+vlm::Status resolve_model(std::string* model, std::string* mmproj, const std::string& token,
+                          bool weights = true);
 
 struct HubArgs {
   std::string name;

@@ -650,8 +650,8 @@ int main(int argc, char** argv) {
   if (const int rc = vlm_cli::run_hub_command(ha); rc >= 0) return rc;
   // Model names (ORG/NAME[@REVISION][:QUANT]) become their files in the Hugging Face cache.
   vlm::Status named = vlm::ok_status();
-  auto resolve = [&](std::string* model, std::string* mmproj) {
-    if (named.ok()) named = vlm_cli::resolve_model(model, mmproj, hf_token);
+  auto resolve = [&](std::string* model, std::string* mmproj, bool weights = true) {
+    if (named.ok()) named = vlm_cli::resolve_model(model, mmproj, hf_token, weights);
   };
   const std::string serve_model = sa.so.engine.model_dir;
   if (*run) resolve(&ra.model, &ra.device.mmproj);
@@ -660,8 +660,8 @@ int main(int argc, char** argv) {
   if (*serve) resolve(&sa.so.engine.batching.spec.draft_model, nullptr);
   if (*bench) resolve(&ba.model, &ba.device.mmproj);
   if (*bench) resolve(&ba.device.batching.spec.draft_model, nullptr);
-  if (*tokenize) resolve(&ta.model, nullptr);
-  if (*detokenize) resolve(&da.model, nullptr);
+  if (*tokenize) resolve(&ta.model, nullptr, /*weights=*/false);  // the tokenizer alone
+  if (*detokenize) resolve(&da.model, nullptr, /*weights=*/false);
   if (*logits) resolve(&la.model, &la.device.mmproj);
   if (!named.ok()) return fail(named);
   // Served under the name it was asked by (as vLLM), unless --served-model-name says otherwise.
