@@ -179,6 +179,7 @@ std::optional<std::vector<RepoFile>> read_tree_cache(const fs::path& repo_dir,
         f.size = info["lfs_size"].get<int64_t>();
       }
     }
+    if (!is_valid_repo_file(f)) return std::nullopt;  // listed again from the hub
     files.push_back(std::move(f));
   }
   return files;

@@ -51,8 +51,6 @@ Status hash_prefix(const fs::path& path, int64_t n, ContentHash* hash) {
   return ok_status();
 }
 
-bool verifiable(const std::string& etag) { return etag.size() == 64 || etag.size() == 40; }
-
 }  // namespace
 
 // ---- Progress ----
@@ -210,7 +208,7 @@ Status Downloader::download_blob(HttpClient& client, const RepoFile& f, const fs
 Status Downloader::finish_blob(const RepoFile& f, const fs::path& part, const fs::path& blob,
                                int64_t have, const std::string& digest) {
   std::error_code ec;
-  if (have != f.size || (verifiable(f.etag()) && digest != f.etag())) {
+  if (have != f.size || digest != f.etag()) {
     fs::remove(part, ec);
     const std::string what =
         have != f.size

@@ -25,6 +25,14 @@ std::string repo_folder_name(const std::string& repo_id);
 std::optional<std::string> repo_id_from_folder(const std::string& folder);
 // 40 lowercase hexadecimal digits.
 bool is_commit_hash(const std::string& s);
+// `n` lowercase hexadecimal digits (a blob's SHA-1, 40, or SHA-256, 64).
+bool is_hex(const std::string& s, size_t n);
+// A path in a repository that stays inside a snapshot folder when joined to it: relative, '/'
+// separated, no empty, "." or ".." part, no backslash or control character.
+bool is_safe_repo_path(const std::string& path);
+// A tree entry the cache can hold: a safe path, a size, and hexadecimal hashes (they name files).
+struct RepoFile;
+bool is_valid_repo_file(const RepoFile& f);
 
 // One file of a repository at a commit, as the hub's tree listing gives it.
 struct RepoFile {

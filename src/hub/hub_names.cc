@@ -161,12 +161,33 @@ std::optional<std::string> repo_id_from_folder(const std::string& folder) {
   return id;
 }
 
-bool is_commit_hash(const std::string& s) {
-  if (s.size() != 40) return false;
+bool is_hex(const std::string& s, size_t n) {
+  if (s.size() != n) return false;
   for (char c : s) {
     if (!std::isdigit(static_cast<unsigned char>(c)) && (c < 'a' || c > 'f')) return false;
   }
   return true;
+}
+
+bool is_commit_hash(const std::string& s) { return is_hex(s, 40); }
+
+bool is_safe_repo_path(const std::string& path) {
+  if (path.empty() || path.size() > 4096 || path.front() == '/') return false;
+  for (size_t start = 0; start <= path.size();) {
+    const size_t end = std::min(path.find('/', start), path.size());
+    const std::string_view part(path.data() + start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    start = end + 1;
+  }
+  for (char c : path) {
+    if (c == '\\' || static_cast<unsigned char>(c) < 0x20) return false;
+  }
+  return true;
+}
+
+bool is_valid_repo_file(const RepoFile& f) {
+  return is_safe_repo_path(f.path) && f.size >= 0 && is_hex(f.blob_id, 40) &&
+         (f.lfs_sha256.empty() || is_hex(f.lfs_sha256, 64));
 }
 
 std::string url_quote(const std::string& s, bool safe_slash) {

@@ -69,8 +69,10 @@ Result<std::vector<RepoFile>> fetch_tree(HttpClient& client, const std::string& 
         f.lfs_sha256 = e["lfs"].value("oid", "");
         f.size = e["lfs"].value("size", f.size);
       }
-      if (f.path.empty() || f.blob_id.empty())
-        return data_loss(url + ": a file entry is malformed");
+      if (!is_valid_repo_file(f)) {
+        return data_loss(url + " lists a file the cache cannot hold: path '" + f.path +
+                         "', hash '" + f.etag() + "' (a path must stay inside the repository)");
+      }
       files.push_back(std::move(f));
     }
     url = next_page(r);
@@ -158,7 +160,8 @@ Result<LocalModel> resolve(const ModelName& name, const HubOptions& o) {
     tree = std::move(*listed);
     VLM_RETURN_IF_ERROR(write_tree_cache(repo_dir, commit, *tree));
   }
-  VLM_ASSIGN_OR_RETURN(Selection sel, select_files(paths_of(*tree), name.quant, name.repo_id, o.weights));
+  VLM_ASSIGN_OR_RETURN(Selection sel,
+                       select_files(paths_of(*tree), name.quant, name.repo_id, o.weights));
   std::vector<RepoFile> missing;
   std::error_code ec;
   for (const RepoFile& f : *tree) {

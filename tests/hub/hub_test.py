@@ -168,6 +168,9 @@ def setUpModule():
                   valid_tokens={TOKEN, OTHER_TOKEN}).start()
     HUB.repos["vlm-test/sharded"].commit(sharded)
     HUB.repos["vlm-test/huge"].commit(huge)
+    # A hostile listing: a GGUF path that climbs out of the snapshot folder.
+    HUB.add_repo(Repo("vlm-test/hostile")).commit({"../../../escaped-Q8_0.gguf": b"GGUF....",
+                                                    "README.md": b"# hostile\n"})
     # Files over huggingface_hub's 10 MiB read chunk, so that it resumes a cut download mid-file.
     HUB.add_repo(Repo("vlm-test/big")).commit({"big.bin": os.urandom(11 << 20),
                                                 "big.txt": os.urandom(11 << 20)})
@@ -873,6 +876,15 @@ class VlmDownloads(VlmTestCase):
         self.assert_fails(self.sb.vlm("pull", "vlm-test/nope", rc=1), "not found")
         r = self.sb.vlm("pull", "vlm-test/nope", rc=1, env={"HF_TOKEN": OTHER_TOKEN})
         self.assert_fails(r, "not found")
+
+    def test_hostile_tree_path_refused(self):
+        """A tree listing whose path climbs out of the snapshot ("../../../x.gguf") is refused
+        before anything is fetched or written outside the cache."""
+        r = self.sb.vlm("pull", "vlm-test/hostile:Q8_0", rc=1)
+        self.assert_fails(r, "inside the repository")
+        self.assertEqual(resolve_requests("vlm-test/hostile"), [])
+        written = [p for p in self.sb.root.rglob("*") if "escaped" in p.name]
+        self.assertEqual(written, [])
 
     def test_disk_space_refused_before_download(self):
         """A file bigger than the free disk (2**60 bytes, by the tree and X-Linked-Size) is refused

@@ -279,6 +279,26 @@ TEST(HubHash, Sha256AndGitBlobSha1) {
             "ce013625030ba8dba906f756967f9e9ca394464a");
 }
 
+TEST(HubText, RepositoryPathsStayInsideTheSnapshot) {
+  for (const char* ok : {"config.json", "a/b.gguf", ".gitattributes", "a/.hidden", "x..y"}) {
+    EXPECT_TRUE(is_safe_repo_path(ok)) << ok;
+  }
+  for (const char* bad : {"", "/etc/passwd", "../x", "a/../../x", "a/./b", "a//b", "a/", "..", ".",
+                          "a\\..\\b", "a\nb"}) {
+    EXPECT_FALSE(is_safe_repo_path(bad)) << bad;
+  }
+  RepoFile f;
+  f.path = "model.safetensors";
+  f.blob_id = std::string(40, 'a');
+  EXPECT_TRUE(is_valid_repo_file(f));
+  f.lfs_sha256 = "../../x";  // a hash names a blob file: hexadecimal only
+  EXPECT_FALSE(is_valid_repo_file(f));
+  f.lfs_sha256 = std::string(64, 'b');
+  EXPECT_TRUE(is_valid_repo_file(f));
+  f.blob_id = std::string(40, 'G');
+  EXPECT_FALSE(is_valid_repo_file(f));
+}
+
 TEST(HubText, QuotingAndFolderNames) {
   EXPECT_EQ(url_quote("refs/pr/1", false), "refs%2Fpr%2F1");
   EXPECT_EQ(url_quote("sub dir/a+b.json", true), "sub%20dir/a%2Bb.json");
