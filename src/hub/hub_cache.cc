@@ -6,7 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
+#include <thread>
 
 #include "hub/hub_internal.h"
 
@@ -14,14 +14,6 @@ namespace vlm::hub {
 namespace {
 
 using nlohmann::json;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) return "";
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Writes `text` to `p` through a temporary file renamed over it (readers never see half a file).
 Status write_file_atomic(const fs::path& p, const std::string& text) {
@@ -43,20 +35,26 @@ int64_t mtime_of(const fs::path& p) {
   return ::stat(p.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_mtime) : 0;
 }
 
-// The blob files a snapshot's links reach (canonical paths), with their sizes.
+// The blobs a snapshot's files are: each link's target taken lexically (blobs/<etag>, itself a
+// file, or in huggingface_hub's shared store a link to one elsewhere), or a plain file itself;
+// with the bytes each holds. Dangling links are left out.
 std::map<std::string, int64_t> snapshot_blobs(const fs::path& snapshot, int64_t* files) {
   std::map<std::string, int64_t> blobs;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(snapshot, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (it->is_directory(ec)) continue;
-    const fs::path target = fs::canonical(it->path(), ec);
-    if (ec) {  // a dangling link: the file is not there
+    fs::path blob = it->path();
+    if (it->is_symlink(ec)) {
+      blob = (it->path().parent_path() / fs::read_symlink(it->path(), ec)).lexically_normal();
+    }
+    const auto size = fs::file_size(blob, ec);  // through a shared-store link to its file
+    if (ec) {
       ec.clear();
       continue;
     }
     ++*files;
-    blobs[target.string()] = static_cast<int64_t>(fs::file_size(target, ec));
+    blobs[blob.string()] = static_cast<int64_t>(size);
   }
   return blobs;
 }
@@ -69,9 +67,7 @@ std::map<std::string, std::vector<std::string>> read_refs(const fs::path& repo_d
   for (auto it = fs::recursive_directory_iterator(refs, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (!it->is_regular_file(ec)) continue;
-    std::string commit = read_file(it->path());
-    while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back())))
-      commit.pop_back();
+    const std::string commit = trim_space(read_text(it->path()));
     by_commit[commit].push_back(it->path().lexically_relative(refs).generic_string());
   }
   return by_commit;
@@ -139,9 +135,13 @@ Result<int64_t> remove_revision(const fs::path& repo_dir, const ModelName& name,
     if (e.path() == snapshot) continue;
     for (const auto& [path, size] : snapshot_blobs(e.path(), &unused)) doomed.erase(path);
   }
+  // Only this model's own blobs/ entries go; a link into a shared store frees nothing here.
+  const std::string own = (repo_dir / "blobs").lexically_normal().string() + "/";
   int64_t freed = 0;
   for (const auto& [path, size] : doomed) {
-    if (fs::remove(path, ec)) freed += size;
+    if (path.rfind(own, 0) != 0) continue;
+    const bool link = fs::is_symlink(path, ec);
+    if (fs::remove(path, ec) && !link) freed += size;
   }
   fs::remove_all(snapshot, ec);
   fs::remove(repo_dir / "trees" / (commit + ".json"), ec);
@@ -156,31 +156,61 @@ Result<int64_t> remove_revision(const fs::path& repo_dir, const ModelName& name,
 
 std::optional<std::vector<RepoFile>> read_tree_cache(const fs::path& repo_dir,
                                                      const std::string& commit) {
-  const std::string text = read_file(repo_dir / "trees" / (commit + ".json"));
+  const std::string text = read_text(repo_dir / "trees" / (commit + ".json"));
   if (text.empty()) return std::nullopt;
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || j.value("format_version", 0) != 1 || !j.contains("files") ||
-      !j["files"].is_object()) {
-    return std::nullopt;
-  }
-  std::vector<RepoFile> files;
-  for (const auto& [path, info] : j["files"].items()) {
-    if (!info.is_object() || !info.contains("size") || !info["size"].is_number_integer() ||
-        !info.contains("blob_id") || !info["blob_id"].is_string()) {
+  try {
+    const json j = json::parse(text);
+    if (!j.is_object() || j.value("format_version", 0) != 1 || !j.at("files").is_object()) {
       return std::nullopt;
     }
-    RepoFile f;
-    f.path = path;
-    f.size = info["size"].get<int64_t>();
-    f.blob_id = info["blob_id"].get<std::string>();
-    if (info.contains("lfs_sha256") && info["lfs_sha256"].is_string()) {
-      f.lfs_sha256 = info["lfs_sha256"].get<std::string>();
-      if (info.contains("lfs_size") && info["lfs_size"].is_number_integer()) {
-        f.size = info["lfs_size"].get<int64_t>();
+    std::vector<RepoFile> files;
+    for (const auto& [path, info] : j["files"].items()) {
+      RepoFile f;
+      f.path = path;
+      f.size = info.at("size").get<int64_t>();
+      f.blob_id = info.at("blob_id").get<std::string>();
+      if (info.contains("lfs_sha256") && !info["lfs_sha256"].is_null()) {
+        f.lfs_sha256 = info["lfs_sha256"].get<std::string>();
+        f.size = info.value("lfs_size", f.size);
       }
+      if (info.contains("xet_hash") && !info["xet_hash"].is_null()) {
+        f.xet_hash = info["xet_hash"].get<std::string>();
+      }
+      if (!is_valid_repo_file(f)) return std::nullopt;  // listed again from the hub
+      files.push_back(std::move(f));
     }
-    if (!is_valid_repo_file(f)) return std::nullopt;  // listed again from the hub
-    files.push_back(std::move(f));
+    return files;
+  } catch (const json::exception&) {  // not JSON, or a field of another type
+    return std::nullopt;
+  }
+}
+
+Result<std::vector<RepoFile>> parse_tree_page(const std::string& body, const std::string& url) {
+  std::vector<RepoFile> files;
+  try {
+    const json j = json::parse(body);
+    if (!j.is_array()) return data_loss(url + " gave no file list");
+    for (const json& e : j) {
+      if (e.at("type").get<std::string>() != "file") continue;
+      RepoFile f;
+      f.path = e.at("path").get<std::string>();
+      f.size = e.at("size").get<int64_t>();
+      f.blob_id = e.at("oid").get<std::string>();
+      if (e.contains("lfs") && !e["lfs"].is_null()) {
+        f.lfs_sha256 = e["lfs"].at("oid").get<std::string>();
+        f.size = e["lfs"].value("size", f.size);
+      }
+      if (e.contains("xetHash") && !e["xetHash"].is_null()) {
+        f.xet_hash = e["xetHash"].get<std::string>();
+      }
+      if (!is_valid_repo_file(f)) {
+        return data_loss(url + " lists a file the cache cannot hold: " + printable(f.path) +
+                         " (a path must stay inside the repository; hashes are hexadecimal)");
+      }
+      files.push_back(std::move(f));
+    }
+  } catch (const json::exception& e) {
+    return data_loss(url + " gave a malformed file list: " + e.what());
   }
   return files;
 }
@@ -194,6 +224,7 @@ Status write_tree_cache(const fs::path& repo_dir, const std::string& commit,
       info["lfs_sha256"] = f.lfs_sha256;
       info["lfs_size"] = f.size;
     }
+    if (!f.xet_hash.empty()) info["xet_hash"] = f.xet_hash;
     out[f.path] = std::move(info);
   }
   const json doc = {{"format_version", 1}, {"files", std::move(out)}};
@@ -204,9 +235,7 @@ std::optional<std::string> read_ref(const fs::path& repo_dir, const std::string&
   std::error_code ec;
   const fs::path p = repo_dir / "refs" / revision;
   if (!fs::is_regular_file(p, ec)) return std::nullopt;
-  std::string commit = read_file(p);
-  while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back())))
-    commit.pop_back();
+  const std::string commit = trim_space(read_text(p));
   if (!is_commit_hash(commit)) return std::nullopt;
   return commit;
 }
@@ -241,9 +270,17 @@ Status link_snapshot_file(const fs::path& repo_dir, const std::string& commit,
   // Lexically, as huggingface_hub's os.path.relpath (symlinks on the way are not resolved).
   const fs::path target = fs::absolute(blob).lexically_normal().lexically_relative(
       fs::absolute(pointer.parent_path()).lexically_normal());
-  if (fs::is_symlink(pointer, ec) || fs::exists(pointer, ec)) fs::remove(pointer, ec);
-  fs::create_symlink(target, pointer, ec);
-  if (ec) return unavailable("cannot link " + pointer.string() + ": " + ec.message());
+  // Made aside, then renamed over the pointer: another process linking the same file at the
+  // same time cannot make this fail.
+  const fs::path tmp = pointer.string() + ".link" + std::to_string(::getpid()) + "." +
+                       std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  fs::remove(tmp, ec);
+  fs::create_symlink(target, tmp, ec);
+  if (!ec) fs::rename(tmp, pointer, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return unavailable("cannot link " + pointer.string() + ": " + ec.message());
+  }
   return ok_status();
 }
 

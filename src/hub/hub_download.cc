@@ -9,6 +9,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -106,8 +107,11 @@ void Meter::line(const std::string& text) {
 void Meter::draw_locked() {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   const int64_t done = done_.load();
-  const int pct = total_ > 0 ? static_cast<int>(100.0 * static_cast<double>(done) / total_) : 100;
-  const int64_t rate = secs > 0.2 ? static_cast<int64_t>((done - first_done_) / secs) : 0;
+  const int pct =
+      total_ > 0 ? std::clamp(static_cast<int>(100.0 * static_cast<double>(done) / total_), 0, 100)
+                 : 100;
+  const int64_t rate =
+      secs > 0.2 ? std::max<int64_t>(0, static_cast<int64_t>((done - first_done_) / secs)) : 0;
   constexpr int kWidth = 24;
   std::string bar(kWidth, ' ');
   for (int i = 0; i < kWidth * pct / 100; ++i) bar[i] = '#';
@@ -139,7 +143,8 @@ Status Downloader::fetch(HttpClient& client, const RepoFile& f) {
     const fs::path lock_path =
         fs::path(o_.cache_dir) / ".locks" / repo_folder_name(repo_id_) / (etag + ".lock");
     fs::create_directories(lock_path.parent_path(), ec);
-    Fd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    // 0664 as huggingface_hub's filelock makes them (the umask applies): a shared cache's lock.
+    Fd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0664));
     if (lock.fd < 0 || ::flock(lock.fd, LOCK_EX) != 0) {
       return unavailable("cannot lock " + lock_path.string() + ": " + std::strerror(errno));
     }
@@ -163,7 +168,11 @@ Status Downloader::download_blob(HttpClient& client, const RepoFile& f, const fs
   Fd out(::open(part.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (out.fd < 0) return unavailable("cannot write " + part.string() + ": " + std::strerror(errno));
   int64_t have = file_size_or_zero(part);
-  if (have > f.size && ::ftruncate(out.fd, 0) == 0) have = 0;
+  if (have > f.size) {  // not this file's start: over again (check_space counted f.size of it)
+    if (::ftruncate(out.fd, 0) != 0) return write_error(f, part, 0, errno);
+    meter_.add(-f.size);
+    have = 0;
+  }
   const auto kind = f.lfs_sha256.empty() ? ContentHash::Kind::kGitSha1 : ContentHash::Kind::kSha256;
   ContentHash hash(kind, f.size);
   if (have > 0) {
@@ -172,33 +181,53 @@ Status Downloader::download_blob(HttpClient& client, const RepoFile& f, const fs
   }
   const std::string url = o_.endpoint + "/" + repo_id_ + "/resolve/" + commit_ + "/" +
                           url_quote(f.path, /*safe_slash=*/true);
+  auto sink = [&](const void* p, size_t n) {
+    hash.update(p, n);
+    have += static_cast<int64_t>(n);
+    meter_.add(static_cast<int64_t>(n));
+  };
+  auto restart = [&] {
+    hash = ContentHash(kind, f.size);
+    meter_.add(-have);
+    have = 0;
+  };
+  bool started_over = false;
   for (int attempt = 1;; ++attempt) {
-    auto d = client.download(
-        url, out.fd, have,
-        [&](const void* p, size_t n) {
-          hash.update(p, n);
-          have += static_cast<int64_t>(n);
-          meter_.add(static_cast<int64_t>(n));
-        },
-        [&] {
-          hash = ContentHash(kind, f.size);
-          meter_.add(-have);
-          have = 0;
-        },
-        &cancel_);
+    auto d = client.download(url, out.fd, have, f.size, sink, restart, &cancel_);
     if (d.cancelled) return unavailable("cancelled");
     if (d.write_errno != 0) return write_error(f, part, have, d.write_errno);
+    if (d.overflow) {
+      std::error_code ec;
+      fs::remove(part, ec);
+      return data_loss(f.path + " of " + repo_id_ + ": the server sent more than the " +
+                       std::to_string(f.size) + " bytes the hub lists; the download was discarded");
+    }
     const HttpResult& r = d.result;
-    if (r.status == 416 && have == f.size) break;  // already whole
-    const bool retry =
-        r.status == 0 || r.status >= 500 || r.status == 429 || (r.status < 300 && have < f.size);
-    if (r.status >= 300 && !retry) return hub_error(r, repo_id_, "file " + f.path, o_);
-    if (!retry || have >= f.size) break;
-    if (attempt == kMaxAttempts) return hub_error(r, repo_id_, "file " + f.path, o_);
-    meter_.note(f.path + ": " +
-                (r.status == 0 ? "connection cut (" + r.transport_error + ")"
-                               : "HTTP " + std::to_string(r.status)) +
-                " at " + human_bytes(have) + ", resuming (attempt " + std::to_string(attempt + 1) +
+    const bool cut = !r.transport_error.empty();
+    if (r.status >= 200 && r.status < 300 && have == f.size) break;
+    if (!cut && r.status == 416) {  // the Range starts at or past the end
+      if (have == f.size) break;
+      if (started_over || ::ftruncate(out.fd, 0) != 0)
+        return hub_error(r, repo_id_, "file " + f.path, o_);
+      meter_.note(f.path + ": the partial file does not fit the hub's; starting over");
+      restart();
+      started_over = true;
+      continue;
+    }
+    if (!cut && r.status >= 300 && r.status < 500 && r.status != 429) {
+      return hub_error(r, repo_id_, "file " + f.path, o_);
+    }
+    // Cut, stalled, a server error, rate-limited, or an answer that ended early: resume.
+    const std::string why = cut              ? "connection cut (" + r.transport_error + ")"
+                            : r.status < 300 ? std::string("the answer ended early")
+                                             : "HTTP " + std::to_string(r.status);
+    const std::string at = " at " + human_bytes(have) + " of " + human_bytes(f.size);
+    if (attempt == kMaxAttempts || cancel_) {
+      return unavailable(f.path + " of " + repo_id_ + ": " + why + at + " after " +
+                         std::to_string(attempt) +
+                         " tries; the partial file is kept: run again to resume");
+    }
+    meter_.note(f.path + ": " + why + at + ", resuming (try " + std::to_string(attempt + 1) +
                 " of " + std::to_string(kMaxAttempts) + ")");
     std::this_thread::sleep_for(std::chrono::milliseconds(250 << std::min(attempt, 5)));
   }
@@ -208,14 +237,17 @@ Status Downloader::download_blob(HttpClient& client, const RepoFile& f, const fs
 Status Downloader::finish_blob(const RepoFile& f, const fs::path& part, const fs::path& blob,
                                int64_t have, const std::string& digest) {
   std::error_code ec;
-  if (have != f.size || digest != f.etag()) {
+  if (have != f.size) {
     fs::remove(part, ec);
-    const std::string what =
-        have != f.size
-            ? std::to_string(have) + " bytes where the hub lists " + std::to_string(f.size)
-            : std::string(f.lfs_sha256.empty() ? "git SHA-1 " : "SHA-256 ") + digest +
-                  " where the hub lists " + f.etag();
-    return data_loss("checksum mismatch: " + f.path + " of " + repo_id_ + " downloaded as " + what +
+    return data_loss("size mismatch: " + f.path + " of " + repo_id_ + " downloaded as " +
+                     std::to_string(have) + " bytes where the hub lists " + std::to_string(f.size) +
+                     "; the download was discarded (run again)");
+  }
+  if (digest != f.etag()) {
+    fs::remove(part, ec);
+    return data_loss("checksum mismatch: " + f.path + " of " + repo_id_ + " downloaded with " +
+                     (f.lfs_sha256.empty() ? "git SHA-1 " : "SHA-256 ") + digest +
+                     " where the hub lists " + f.etag() +
                      "; the download was discarded (run again to fetch it anew)");
   }
   fs::rename(part, blob, ec);

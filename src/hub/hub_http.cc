@@ -22,11 +22,6 @@ void global_init() {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 // One answer's header lines; a new status line (a redirect's next answer) starts over.
 size_t on_header(char* data, size_t size, size_t n, void* user) {
   auto* r = static_cast<HttpResult*>(user);
@@ -40,7 +35,7 @@ size_t on_header(char* data, size_t size, size_t n, void* user) {
   if (colon == std::string::npos) return size * n;
   std::string value = line.substr(colon + 1);
   value.erase(0, value.find_first_not_of(" \t"));
-  r->headers[lower(line.substr(0, colon))] = value;
+  r->headers[ascii_lower(line.substr(0, colon))] = value;
   return size * n;
 }
 
@@ -62,7 +57,8 @@ struct DownloadState {
   HttpClient::Download* out;
   CURL* curl;
   int fd;
-  int64_t offset;
+  int64_t offset;  // where the file's bytes written so far end
+  int64_t limit;   // the file's size: more is refused
   const std::function<void(const void*, size_t)>* sink;
   const std::function<void()>* restart;
   const std::atomic<bool>* cancel;
@@ -76,13 +72,13 @@ size_t on_download(char* data, size_t size, size_t n, void* user) {
     s->out->cancelled = true;
     return 0;
   }
+  long status = 0;
+  curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
+  if (status >= 300) return bytes;  // an error page: not written (the caller reads the status)
   if (s->first) {
     s->first = false;
-    long status = 0;
-    curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
-    if (status >= 300) return bytes;  // an error page: not written (the caller reads the status)
     if (status == 200 && s->offset > 0) {  // the server ignored the Range: start over
-      if (::ftruncate(s->fd, 0) != 0 || ::lseek(s->fd, 0, SEEK_SET) < 0) {
+      if (::ftruncate(s->fd, 0) != 0) {
         s->out->write_errno = errno;
         return 0;
       }
@@ -90,9 +86,10 @@ size_t on_download(char* data, size_t size, size_t n, void* user) {
       (*s->restart)();
     }
   }
-  long status = 0;
-  curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
-  if (status >= 300) return bytes;
+  if (s->offset + static_cast<int64_t>(bytes) > s->limit) {  // more than the listing says
+    s->out->overflow = true;
+    return 0;
+  }
   for (size_t done = 0; done < bytes;) {
     const ssize_t w = ::write(s->fd, data + done, bytes - done);
     if (w < 0) {
@@ -102,6 +99,7 @@ size_t on_download(char* data, size_t size, size_t n, void* user) {
     }
     done += static_cast<size_t>(w);
   }
+  s->offset += static_cast<int64_t>(bytes);
   (*s->sink)(data, bytes);
   return bytes;
 }
@@ -161,12 +159,13 @@ HttpResult HttpClient::get(const std::string& url, int timeout_s) {
 }
 
 HttpClient::Download HttpClient::download(const std::string& url, int fd, int64_t offset,
+                                          int64_t size,
                                           const std::function<void(const void*, size_t)>& sink,
                                           const std::function<void()>& restart,
                                           const std::atomic<bool>* cancel) {
   CURL* c = static_cast<CURL*>(curl_);
   Download d;
-  DownloadState s{&d, c, fd, offset, &sink, &restart, cancel};
+  DownloadState s{&d, c, fd, offset, size, &sink, &restart, cancel};
   const std::string range = std::to_string(offset) + "-";
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);

@@ -40,12 +40,14 @@ struct RepoFile {
   int64_t size = 0;
   std::string blob_id;     // git blob SHA-1
   std::string lfs_sha256;  // "" when the file is not in LFS
+  std::string xet_hash;    // "" when the hub gave none (kept in trees/ for huggingface_hub)
   // The name of its blob in the cache (huggingface_hub's etag): the SHA-256 for LFS files, else
   // the git blob SHA-1.
   const std::string& etag() const { return lfs_sha256.empty() ? blob_id : lfs_sha256; }
 };
 
-// trees/<commit>.json (format_version 1): nullopt when absent, unreadable or of another format.
+// trees/<commit>.json (format_version 1): nullopt when absent, unreadable, of another format or
+// holding an entry the cache cannot hold.
 std::optional<std::vector<RepoFile>> read_tree_cache(const fs::path& repo_dir,
                                                      const std::string& commit);
 Status write_tree_cache(const fs::path& repo_dir, const std::string& commit,
@@ -61,6 +63,10 @@ Status link_snapshot_file(const fs::path& repo_dir, const std::string& commit,
                           const std::string& path, const std::string& etag);
 // CACHEDIR.TAG (the Cache Directory Tagging Standard), as huggingface_hub writes it.
 void tag_cache_dir(const fs::path& cache_dir);
+
+// One page of the hub's tree listing (a JSON array): its files; an error naming `url` when the
+// page is malformed or lists a file the cache cannot hold.
+Result<std::vector<RepoFile>> parse_tree_page(const std::string& body, const std::string& url);
 
 // ---- Which files vlm needs ----
 
@@ -88,7 +94,6 @@ class ContentHash {
   ContentHash(Kind kind, int64_t size);
   void update(const void* data, size_t n);
   std::string hex();  // lowercase; the object is spent
-  Kind kind() const { return kind_; }
 
  private:
   Kind kind_;
@@ -114,15 +119,18 @@ class HttpClient {
   // GET, following redirects; the body in memory.
   HttpResult get(const std::string& url, int timeout_s = 60);
 
-  // GET into `fd` from byte `offset` on (a Range request when offset > 0), following redirects.
-  // `sink` gets every byte written (after a 200 answer to a Range request: `restart` first, then
-  // everything). Returns the result without the body; `write_errno` is set when writing failed.
+  // GET into `fd` (opened for append) from byte `offset` on (a Range request when offset > 0),
+  // following redirects, at most `size` bytes in all. `sink` gets every byte written (after a
+  // 200 answer to a Range request: `restart` first, the file emptied, then everything). Returns
+  // the result without the body; `write_errno` is set when writing failed, `overflow` when the
+  // answer ran past `size`.
   struct Download {
     HttpResult result;
     int write_errno = 0;
     bool cancelled = false;
+    bool overflow = false;
   };
-  Download download(const std::string& url, int fd, int64_t offset,
+  Download download(const std::string& url, int fd, int64_t offset, int64_t size,
                     const std::function<void(const void*, size_t)>& sink,
                     const std::function<void()>& restart, const std::atomic<bool>* cancel);
 
@@ -141,5 +149,13 @@ std::string url_quote(const std::string& s, bool safe_slash);
 
 // "1.5 GiB", "12.0 MiB", "512 B".
 std::string human_bytes(int64_t n);
+// ASCII case and surrounding white space.
+std::string ascii_upper(std::string s);
+std::string ascii_lower(std::string s);
+std::string trim_space(std::string s);
+// A file's whole text ("" when it cannot be read).
+std::string read_text(const fs::path& p);
+// Text from the hub made printable and quoted (a JSON string), for error messages.
+std::string printable(const std::string& s);
 
 }  // namespace vlm::hub

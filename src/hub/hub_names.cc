@@ -24,7 +24,10 @@ bool valid_name_part(std::string_view s) {
 
 bool valid_revision(std::string_view s) {
   if (s.empty() || s.size() > 255 || s.front() == '/' || s.back() == '/') return false;
-  if (s.find("..") != std::string_view::npos) return false;
+  if (s.find("..") != std::string_view::npos || s.front() == '.' ||
+      s.find("/.") != std::string_view::npos || s.find("//") != std::string_view::npos) {
+    return false;  // as git refuses them: no empty part, none starting with '.'
+  }
   for (char c : s) {
     if (std::isspace(static_cast<unsigned char>(c)) || c == '~' || c == '^' || c == '?' ||
         c == '*' || c == '[' || c == '\\' || static_cast<unsigned char>(c) < 0x20) {
@@ -50,12 +53,23 @@ std::string env(const char* name) {
 
 // huggingface_hub's _is_true: 1, ON, YES, TRUE in any case.
 bool env_true(const char* name) {
-  std::string v = env(name);
-  for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::string v = ascii_upper(env(name));
   return v == "1" || v == "ON" || v == "YES" || v == "TRUE";
 }
 
-std::string trim(std::string s) {
+}  // namespace
+
+std::string ascii_upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string ascii_lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string trim_space(std::string s) {
   const char* ws = " \t\r\n";
   s.erase(0, s.find_first_not_of(ws));
   const size_t end = s.find_last_not_of(ws);
@@ -63,15 +77,30 @@ std::string trim(std::string s) {
   return s;
 }
 
-std::string read_token_file(const std::string& path) {
-  std::ifstream f(path);
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
   if (!f) return "";
   std::stringstream ss;
   ss << f.rdbuf();
-  return trim(ss.str());
+  return ss.str();
 }
 
-}  // namespace
+std::string printable(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s.substr(0, 200)) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + (s.size() > 200 ? "...\"" : "\"");
+}
 
 std::string ModelName::str() const {
   std::string s = repo_id;
@@ -111,7 +140,7 @@ Result<ModelName> parse_model_name(std::string_view text) {
 bool is_model_name(const std::string& arg) {
   if (arg.empty() || arg[0] == '/' || arg[0] == '.' || arg[0] == '~') return false;
   std::error_code ec;
-  if (fs::exists(arg, ec)) return false;
+  if (fs::exists(fs::symlink_status(arg, ec))) return false;  // a dangling link is a path too
   return parse_model_name(arg).ok();
 }
 
@@ -131,13 +160,13 @@ HubOptions options_from_env(const std::string& token) {
   if (o.cache_dir.empty()) o.cache_dir = env("HUGGINGFACE_HUB_CACHE");
   if (o.cache_dir.empty()) o.cache_dir = home + "/hub";
   o.offline = env_true("HF_HUB_OFFLINE") || env_true("TRANSFORMERS_OFFLINE");
-  o.token = trim(token);
-  if (o.token.empty()) o.token = trim(env("HF_TOKEN"));
-  if (o.token.empty()) o.token = trim(env("HUGGING_FACE_HUB_TOKEN"));
+  o.token = trim_space(token);
+  if (o.token.empty()) o.token = trim_space(env("HF_TOKEN"));
+  if (o.token.empty()) o.token = trim_space(env("HUGGING_FACE_HUB_TOKEN"));
   if (o.token.empty()) {
     std::string path = env("HF_TOKEN_PATH");
     if (path.empty()) path = home + "/token";
-    o.token = read_token_file(path);
+    o.token = trim_space(read_text(path));
   }
   return o;
 }

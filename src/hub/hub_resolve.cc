@@ -1,6 +1,7 @@
 // A model name to files in the cache: the revision's commit and file list from the hub (or the
 // cache, offline or when the hub cannot be reached), the files vlm needs, what is missing
 // downloaded.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "hub/hub_download.h"
@@ -11,21 +12,29 @@ namespace {
 
 using nlohmann::json;
 
-// The next page of a paginated listing: Link: <URL>; rel="next".
-std::string next_page(const HttpResult& r) {
+constexpr int kMaxTreePages = 10000;
+
+// The next page of a paginated listing: Link: <URL>; rel="next", on the hub's own origin (the
+// token goes with it); "" at the end.
+Result<std::string> next_page(const HttpResult& r, const HubOptions& o) {
   auto it = r.headers.find("link");
-  if (it == r.headers.end()) return "";
+  if (it == r.headers.end()) return std::string();
   const std::string& link = it->second;
   for (size_t at = 0; at < link.size();) {
     const size_t open = link.find('<', at), close = link.find('>', open);
     if (open == std::string::npos || close == std::string::npos) break;
     const size_t end = std::min(link.find(',', close), link.size());
     if (link.substr(close, end - close).find("rel=\"next\"") != std::string::npos) {
-      return link.substr(open + 1, close - open - 1);
+      std::string next = link.substr(open + 1, close - open - 1);
+      if (next.rfind(o.endpoint + "/", 0) != 0) {
+        return data_loss("the hub's file list continues at " + printable(next) + ", not on " +
+                         o.endpoint);
+      }
+      return next;
     }
     at = end + 1;
   }
-  return "";
+  return std::string();
 }
 
 Result<std::string> fetch_commit(HttpClient& client, const ModelName& name, const HubOptions& o,
@@ -51,31 +60,17 @@ Result<std::vector<RepoFile>> fetch_tree(HttpClient& client, const std::string& 
   std::vector<RepoFile> files;
   std::string url =
       o.endpoint + "/api/models/" + repo_id + "/tree/" + commit + "?recursive=true&expand=false";
-  while (!url.empty()) {
+  for (int page = 0; !url.empty(); ++page) {
+    if (page == kMaxTreePages)
+      return data_loss("the hub's file list of " + repo_id + " never ends");
     HttpResult r = client.get(url);
     if (r.status != 200) {
       *failed = r;
       return hub_error(r, repo_id, "revision " + commit, o);
     }
-    const json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_array()) return data_loss(url + " gave no file list");
-    for (const json& e : j) {
-      if (!e.is_object() || e.value("type", "") != "file") continue;
-      RepoFile f;
-      f.path = e.value("path", "");
-      f.size = e.value("size", int64_t{0});
-      f.blob_id = e.value("oid", "");
-      if (e.contains("lfs") && e["lfs"].is_object()) {
-        f.lfs_sha256 = e["lfs"].value("oid", "");
-        f.size = e["lfs"].value("size", f.size);
-      }
-      if (!is_valid_repo_file(f)) {
-        return data_loss(url + " lists a file the cache cannot hold: path '" + f.path +
-                         "', hash '" + f.etag() + "' (a path must stay inside the repository)");
-      }
-      files.push_back(std::move(f));
-    }
-    url = next_page(r);
+    VLM_ASSIGN_OR_RETURN(std::vector<RepoFile> more, parse_tree_page(r.body, url));
+    files.insert(files.end(), more.begin(), more.end());
+    VLM_ASSIGN_OR_RETURN(url, next_page(r, o));
   }
   return files;
 }
@@ -124,18 +119,65 @@ Result<LocalModel> from_cache(const ModelName& name, const HubOptions& o, const 
   return local_model(repo_dir, name.repo_id, *commit, sel);
 }
 
-// The hub could not be asked (no answer, or a server error): the cache, with a note, else the
-// hub's error.
+// The hub did not give the revision: the cached snapshot, with a note, as huggingface_hub falls
+// back on any failed request but an unknown revision; else the hub's error (with the cache's
+// word when the hub gave no answer or a server error). A malformed answer is an error as it is.
 Result<LocalModel> unreachable(const ModelName& name, const HubOptions& o, const fs::path& repo_dir,
                                const HttpResult& failed, const Status& error) {
-  if (failed.status != 0 && failed.status < 500) return error;
+  const auto code = failed.headers.find("x-error-code");
+  const bool no_answer = failed.status == 0 && !failed.transport_error.empty();
+  if ((failed.status == 0 && !no_answer) ||
+      (code != failed.headers.end() && code->second == "RevisionNotFound")) {
+    return error;
+  }
   auto cached = from_cache(name, o, repo_dir, error.message());
-  if (!cached.ok()) return cached.status();
+  if (!cached.ok()) return no_answer || failed.status >= 500 ? cached.status() : error;
   if (o.progress != Progress::kQuiet) {
     std::fprintf(o.log, "vlm: %s; using the cached %s (%s)\n", error.message().c_str(),
                  name.repo_id.c_str(), cached->commit.c_str());
   }
   return cached;
+}
+
+// Cache bookkeeping that may fail (a read-only shared cache) without stopping a run.
+void warn_if(const Status& st, const HubOptions& o) {
+  if (!st.ok() && o.progress != Progress::kQuiet) {
+    std::fprintf(o.log, "vlm: note: %s\n", st.message().c_str());
+  }
+}
+
+struct Fetched {
+  int files = 0;
+  int64_t bytes = 0;
+};
+
+// Links the wanted files whose blobs are here; downloads the others, each blob once, then links
+// the files that share it.
+Result<Fetched> fetch_missing(const std::vector<RepoFile>& tree, const Selection& sel,
+                              const fs::path& repo_dir, const ModelName& name,
+                              const std::string& commit, const HubOptions& o) {
+  std::vector<RepoFile> fetch, link_after;
+  std::error_code ec;
+  for (const RepoFile& f : tree) {
+    if (std::find(sel.files.begin(), sel.files.end(), f.path) == sel.files.end()) continue;
+    if (fs::exists(repo_dir / "snapshots" / commit / f.path, ec)) continue;
+    const bool fetching = std::any_of(fetch.begin(), fetch.end(),
+                                      [&](const RepoFile& g) { return g.etag() == f.etag(); });
+    if (fs::exists(repo_dir / "blobs" / f.etag(), ec)) {
+      VLM_RETURN_IF_ERROR(link_snapshot_file(repo_dir, commit, f.path, f.etag()));
+    } else if (fetching) {
+      link_after.push_back(f);
+    } else {
+      fetch.push_back(f);
+    }
+  }
+  if (fetch.empty()) return Fetched{};
+  Downloader d(o, repo_dir, name.repo_id, commit);
+  VLM_RETURN_IF_ERROR(d.run(fetch));
+  for (const RepoFile& f : link_after) {
+    VLM_RETURN_IF_ERROR(link_snapshot_file(repo_dir, commit, f.path, f.etag()));
+  }
+  return Fetched{static_cast<int>(fetch.size()), d.bytes_downloaded()};
 }
 
 }  // namespace
@@ -158,28 +200,16 @@ Result<LocalModel> resolve(const ModelName& name, const HubOptions& o) {
     auto listed = fetch_tree(client, name.repo_id, commit, o, &failed);
     if (!listed.ok()) return unreachable(name, o, repo_dir, failed, listed.status());
     tree = std::move(*listed);
-    VLM_RETURN_IF_ERROR(write_tree_cache(repo_dir, commit, *tree));
+    warn_if(write_tree_cache(repo_dir, commit, *tree), o);
   }
   VLM_ASSIGN_OR_RETURN(Selection sel,
                        select_files(paths_of(*tree), name.quant, name.repo_id, o.weights));
-  std::vector<RepoFile> missing;
-  std::error_code ec;
-  for (const RepoFile& f : *tree) {
-    const bool wanted = std::find(sel.files.begin(), sel.files.end(), f.path) != sel.files.end();
-    if (wanted && !fs::exists(repo_dir / "snapshots" / commit / f.path, ec)) missing.push_back(f);
-  }
   tag_cache_dir(o.cache_dir);
-  int64_t bytes = 0;
-  if (!missing.empty()) {
-    Downloader d(o, repo_dir, name.repo_id, commit);
-    VLM_RETURN_IF_ERROR(d.run(missing));
-    bytes = d.bytes_downloaded();
-  }
-  if (!is_commit_hash(name.revision))
-    VLM_RETURN_IF_ERROR(write_ref(repo_dir, name.revision, commit));
+  VLM_ASSIGN_OR_RETURN(Fetched got, fetch_missing(*tree, sel, repo_dir, name, commit, o));
+  if (!is_commit_hash(name.revision)) warn_if(write_ref(repo_dir, name.revision, commit), o);
   LocalModel m = local_model(repo_dir, name.repo_id, commit, sel);
-  m.files_downloaded = static_cast<int>(missing.size());
-  m.bytes_downloaded = bytes;
+  m.files_downloaded = got.files;
+  m.bytes_downloaded = got.bytes;
   return m;
 }
 

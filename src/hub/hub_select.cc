@@ -9,11 +9,6 @@
 namespace vlm::hub {
 namespace {
 
-std::string upper(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
-}
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -29,7 +24,7 @@ std::string dir_name(const std::string& path) {
   return slash == std::string::npos ? "" : path.substr(0, slash);
 }
 
-bool is_gguf(const std::string& p) { return ends_with(upper(p), ".GGUF"); }
+bool is_gguf(const std::string& p) { return ends_with(ascii_upper(p), ".GGUF"); }
 
 // A GGUF file that holds a model (not a vision projector, importance matrix or draft head).
 bool is_gguf_model(const std::string& p) {
@@ -66,16 +61,18 @@ int quant_bits(const std::string& p) {
   return d == std::string::npos ? 0 : std::atoi(tag.c_str() + d);
 }
 
-// The model file for `tag`: its name holds the tag followed by '.' or '-' (any case).
+// The model file for `tag`: its name holds the tag as a word of its own (any case): after the
+// start or '-', '.', '_', '/', and before '.' or '-' (so F16 is not BF16, nor Q4_K Q4_K_M).
 std::optional<std::string> find_gguf_model(const std::vector<std::string>& paths,
                                            const std::string& tag) {
-  const std::string t = upper(tag);
+  const std::string t = ascii_upper(tag);
   for (const std::string& p : paths) {
     if (!is_gguf_model(p)) continue;
-    const std::string u = upper(p);
+    const std::string u = ascii_upper(p);
     for (size_t at = u.find(t); at != std::string::npos; at = u.find(t, at + 1)) {
       const size_t end = at + t.size();
-      if (end < u.size() && (u[end] == '.' || u[end] == '-')) return p;
+      const bool starts = at == 0 || std::string_view("-._/").find(u[at - 1]) != std::string::npos;
+      if (starts && end < u.size() && (u[end] == '.' || u[end] == '-')) return p;
     }
   }
   return std::nullopt;

@@ -17,9 +17,10 @@ the caller's environment. What vlm downloads is checked against the mock's own h
 rules (and huggingface_hub's reading of the cache), what it generates against `vlm run` on the
 same files from a local folder: no expected output is written down here.
 
-Run (the venv has scripts/requirements-test.txt and huggingface_hub 2.4):
-    /tmp/hubv/bin/python tests/hub/hub_test.py --vlm build/tools/cli/vlm [unittest arguments]
-    /tmp/hubv/bin/python tests/hub/hub_test.py MockIsFaithful      # the mock alone, no vlm
+Run with a Python that has scripts/requirements-test.txt (huggingface_hub 2.4 among them), e.g.
+the venv scripts/test.sh makes:
+    build/pytest-venv/bin/python tests/hub/hub_test.py --vlm build/tools/cli/vlm [unittest args]
+    build/pytest-venv/bin/python tests/hub/hub_test.py MockIsFaithful    # the mock alone, no vlm
 """
 
 import argparse
@@ -168,6 +169,9 @@ def setUpModule():
                   valid_tokens={TOKEN, OTHER_TOKEN}).start()
     HUB.repos["vlm-test/sharded"].commit(sharded)
     HUB.repos["vlm-test/huge"].commit(huge)
+    # Two files with the same bytes: one blob.
+    cfg = (TINY / "config.json").read_bytes()
+    HUB.add_repo(Repo("vlm-test/dup")).commit({**read_folder(TINY), "config.copy.json": cfg})
     # A hostile listing: a GGUF path that climbs out of the snapshot folder.
     HUB.add_repo(Repo("vlm-test/hostile")).commit({"../../../escaped-Q8_0.gguf": b"GGUF....",
                                                     "README.md": b"# hostile\n"})
@@ -759,6 +763,59 @@ class VlmDownloads(VlmTestCase):
         self.assertEqual([g["range"] for g in blob_requests("cdn", model.sha256)], [f"bytes={half}-"])
         self.assert_snapshot(self.sb, "vlm-test/tiny", c, wanted(c))
 
+    def test_server_without_ranges(self):
+        """The CDN answers a resumed download's Range request with the whole file and 200: vlm
+        starts the file over (its hash too) and keeps a correct blob."""
+        c = commit_of("vlm-test/tiny")
+        model = c.files["model.safetensors"]
+        blobs = self.sb.repo("vlm-test/tiny") / "blobs"
+        blobs.mkdir(parents=True)
+        (blobs / f"{model.sha256}.incomplete").write_bytes(model.data[:model.size // 2])
+        HUB.add_fault("norange", repo="vlm-test/tiny", path="model.safetensors", server="cdn")
+        self.sb.pull("vlm-test/tiny")
+        gets = blob_requests("cdn", model.sha256)
+        self.assertEqual([(g["range"], g["fault"], g["sent"]) for g in gets],
+                         [(f"bytes={model.size // 2}-", "norange", model.size)])
+        self.assert_snapshot(self.sb, "vlm-test/tiny", c, wanted(c))
+
+    def test_range_not_satisfiable_starts_over(self):
+        """A leftover .incomplete the server will not continue (416): vlm starts that file over
+        from byte 0, once, and keeps a correct blob."""
+        c = commit_of("vlm-test/tiny")
+        model = c.files["model.safetensors"]
+        blobs = self.sb.repo("vlm-test/tiny") / "blobs"
+        blobs.mkdir(parents=True)
+        (blobs / f"{model.sha256}.incomplete").write_bytes(model.data[:1000])
+        HUB.add_fault("status", status=416, repo="vlm-test/tiny", path="model.safetensors",
+                      server="cdn")
+        self.sb.pull("vlm-test/tiny")
+        self.assertEqual([g["range"] for g in blob_requests("cdn", model.sha256)],
+                         ["bytes=1000-", None])
+        self.assert_snapshot(self.sb, "vlm-test/tiny", c, wanted(c))
+
+    def test_files_sharing_a_blob_fetch_it_once(self):
+        """Two paths with the same bytes (one blob): one download, both linked to it."""
+        c = commit_of("vlm-test/dup")
+        self.sb.pull("vlm-test/dup")
+        self.assertEqual(len(resolve_requests("vlm-test/dup", "GET")), len(wanted(c)) - 1)
+        self.assert_snapshot(self.sb, "vlm-test/dup", c, wanted(c))
+
+    def test_two_pulls_at_once(self):
+        """Two `vlm pull`s of one model into one cache at once (slowed to 4 MB/s, so that they
+        overlap): both succeed and print the same snapshot; each blob is whole; the second
+        waited on the first's lock rather than writing the same partial file."""
+        c = commit_of("vlm-test/tiny")
+        HUB.rate = 4e6
+        procs = [subprocess.Popen([ARGS.vlm, "pull", "vlm-test/tiny"], env=self.sb.env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            self.assertEqual(p.returncode, 0, err)
+            self.assertEqual(Path(out.strip().splitlines()[-1]), self.sb.snapshot("vlm-test/tiny"))
+        self.assert_snapshot(self.sb, "vlm-test/tiny", c, wanted(c), fresh=False)
+        self.assertEqual(len(blob_requests("cdn", c.files["model.safetensors"].sha256)), 1)
+
     def test_corrupted_download_refused_then_clean_retry(self):
         """A flipped byte (in the LFS model from the CDN, checked by SHA-256; in config.json from
         the hub, checked by git SHA-1): `vlm pull` fails naming the file and a checksum, leaves
@@ -844,7 +901,7 @@ class VlmDownloads(VlmTestCase):
         """A token the hub does not know (it answers 401 "Invalid credentials in Authorization
         header" to everything, public repos too) fails the pull with a message about the token."""
         r = self.sb.vlm("pull", "vlm-test/tiny", rc=1, env={"HF_TOKEN": "hf_expired_token"})
-        self.assert_fails(r, "token")
+        self.assert_fails(r, "refused the token", "HF_TOKEN")
 
     def test_revision_pinned_by_commit_and_tag(self):
         """`@<old commit>` downloads that commit's files (not main's) into snapshots/<old>, with no
@@ -1157,6 +1214,7 @@ class VlmCacheCommands(VlmTestCase):
         removed."""
         self.assert_fails(self.sb.vlm("rm", "vlm-test/nope", rc=1), "not in the cache")
         path = self.sb.pull("vlm-test/tiny")
+        self.assert_fails(self.sb.vlm("rm", "vlm-test/tiny:Q8_0", rc=1), "not one GGUF file")
         self.assert_fails(self.sb.vlm("rm", f"vlm-test/tiny@{OLD}", rc=1), "not in the cache")
         self.assertTrue((path / "model.safetensors").exists())
 

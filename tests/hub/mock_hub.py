@@ -43,7 +43,8 @@ Faults (`MockHub.faults`, a list of `Fault`s, or `add_fault(kind, path=, blob=, 
 at=, status=, times=1)`), on a GET's body wherever it is served (the hub for regular files, the
 CDN for LFS ones): "cut" sends the headers with the full Content-Length, then `at` bytes of the
 body (default half), then closes the connection (FIN); "corrupt" flips the byte at file offset
-`at` (same size); "status" answers `status` instead. Each fires `times` times (None: always);
+`at` (same size); "status" answers `status` instead; "norange" answers a Range request with the
+whole file and 200, as a server that does not do ranges. Each fires `times` times (None: always);
 `Fault.fired` counts. `cdn_barrier = N` holds each CDN GET until N are in flight (or
 `barrier_timeout` seconds, 3, pass); `cdn_max_concurrent` is the most CDN GETs ever in flight at
 once. `rate` (bytes per second) slows every body down.
@@ -226,7 +227,7 @@ class Fault:
     """A fault on the body of a GET. Matches by `path` (a repo file path; on the CDN, any path of
     the repo with that blob), `blob` (its etag), `repo` and `server` ("hub"/"cdn"); the fields left
     None match anything."""
-    kind: str  # "cut", "corrupt" or "status"
+    kind: str  # "cut", "corrupt", "status" or "norange"
     path: str | None = None
     blob: str | None = None
     repo: str | None = None
@@ -606,6 +607,12 @@ class MockHub:
             e, start, end, keys = reply.file
             size = e.size
             rng = h.headers.get("Range")
+            norange = self._take_fault(server, keys, e.etag, ("norange",)) if rng and method == "GET" else None
+            if norange:  # answered whole, 200, as a server without Range support
+                with self._lock:
+                    norange.fired += 1
+                entry["fault"] = "norange"
+                rng = None
             if rng is not None:
                 parsed = parse_range(rng, size)
                 if parsed is None:
@@ -620,7 +627,8 @@ class MockHub:
                 if fault:
                     with self._lock:
                         fault.fired += 1
-                    reply = self._error(fault.status, None, f"mock hub: injected {fault.status}")
+                    reply = self._error(fault.status, None, f"mock hub: injected {fault.status}",
+                                        {"Content-Range": f"bytes */{size}"} if fault.status == 416 else None)
                     entry["fault"] = "status"
                 else:
                     data = memoryview(e.data)[start:end]
@@ -638,7 +646,7 @@ class MockHub:
                             fault.fired += 1
                         ok = fault.at is not None and 0 < fault.at < end - start
                         cut_at = fault.at if ok else (end - start) // 2
-                    entry["fault"] = fault.kind if fault else None
+                    entry["fault"] = fault.kind if fault else entry.get("fault")
             if reply.file is not None:
                 reply.headers["Content-Length"] = str(end - start)
         if reply.file is None:

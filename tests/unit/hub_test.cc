@@ -38,8 +38,9 @@ TEST(HubNames, ParsesNameRevisionAndQuant) {
 }
 
 TEST(HubNames, RefusesMalformedNames) {
-  for (const char* bad : {"Qwen", "/abs/path", "a/b/c", "a//b", "-a/b", "a/b.", "a--x/b", "a/b@",
-                          "a/b:", "a/b@x y", "a/b:Q4 K", "a/b@../x", "", "a/"}) {
+  for (const char* bad :
+       {"Qwen", "/abs/path", "a/b/c", "a//b", "-a/b", "a/b.", "a--x/b", "a/b@", "a/b:", "a/b@x y",
+        "a/b:Q4 K", "a/b@../x", "", "a/", "a/b@.x", "a/b@x/.y", "a/b@x//y"}) {
     auto n = parse_model_name(bad);
     EXPECT_FALSE(n.ok()) << bad;
     if (!n.ok()) EXPECT_NE(n.status().message().find("ORG/NAME"), std::string::npos);
@@ -56,6 +57,8 @@ TEST(HubNames, AnExistingPathIsNoName) {
   EXPECT_TRUE(is_model_name("org/other"));
   EXPECT_FALSE(is_model_name("./org/other"));
   EXPECT_FALSE(is_model_name("org"));
+  fs::create_symlink("nowhere", "org/dangling");  // a dangling link is still a path
+  EXPECT_FALSE(is_model_name("org/dangling"));
   fs::current_path(cwd);
   fs::remove_all(dir);
 }
@@ -234,6 +237,13 @@ TEST(HubSelect, GgufQuantAndItsVisionFile) {
   EXPECT_EQ(s->mmproj, "");
   s = select_files({"m-BF16.gguf", "m-F32.gguf"}, "", "o/n");
   EXPECT_EQ(s->model, "m-BF16.gguf");
+  // A tag is a word of its own: F16 is not BF16, whichever comes first.
+  s = select_files({"m-BF16.gguf", "m-F16.gguf"}, "F16", "o/n");
+  EXPECT_EQ(s->model, "m-F16.gguf");
+  s = select_files({"m-BF16.gguf"}, "F16", "o/n");
+  EXPECT_FALSE(s.ok());
+  s = select_files({"F16.gguf", "sub/Q8_0.gguf"}, "q8_0", "o/n");
+  EXPECT_EQ(s->model, "sub/Q8_0.gguf");
 }
 
 TEST(HubSelect, MmprojIsTakenFromTheModelsFolderOrAbove) {
@@ -275,8 +285,8 @@ TEST(HubHash, Sha256AndGitBlobSha1) {
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(hash_of(ContentHash::Kind::kGitSha1, "hello\n"),
             "ce013625030ba8dba906f756967f9e9ca394464a");
-  EXPECT_NE(hash_of(ContentHash::Kind::kGitSha1, "hello"),
-            "ce013625030ba8dba906f756967f9e9ca394464a");
+  // The empty blob: git's well-known e69de29... (the header alone).
+  EXPECT_EQ(hash_of(ContentHash::Kind::kGitSha1, ""), "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391");
 }
 
 TEST(HubText, RepositoryPathsStayInsideTheSnapshot) {
@@ -297,6 +307,37 @@ TEST(HubText, RepositoryPathsStayInsideTheSnapshot) {
   EXPECT_TRUE(is_valid_repo_file(f));
   f.blob_id = std::string(40, 'G');
   EXPECT_FALSE(is_valid_repo_file(f));
+}
+
+TEST(HubTree, ParsesTheHubsListingAndRefusesMalformedOnes) {
+  const std::string page = R"([
+    {"type": "directory", "oid": "x", "size": 0, "path": "sub"},
+    {"type": "file", "oid": ")" +
+                           std::string(40, 'a') + R"(", "size": 12, "path": "config.json"},
+    {"type": "file", "oid": ")" +
+                           std::string(40, 'b') + R"(", "size": 134,
+     "path": "sub/model.safetensors", "xetHash": "ab12",
+     "lfs": {"oid": ")" + std::string(64, 'c') +
+                           R"(", "size": 4096, "pointerSize": 134}}])";
+  auto files = parse_tree_page(page, "URL");
+  ASSERT_TRUE(files.ok()) << files.status().message();
+  ASSERT_EQ(files->size(), 2u);
+  EXPECT_EQ((*files)[0].etag(), std::string(40, 'a'));
+  EXPECT_EQ((*files)[1].path, "sub/model.safetensors");
+  EXPECT_EQ((*files)[1].size, 4096);  // the file's, not its pointer's
+  EXPECT_EQ((*files)[1].etag(), std::string(64, 'c'));
+  EXPECT_EQ((*files)[1].xet_hash, "ab12");
+  for (const std::string& bad :
+       std::vector<std::string>{"{}", "not json", R"([{"type": "file", "path": 5}])",
+                                R"([{"type": "file", "oid": "zz", "size": 1, "path": "a"}])",
+                                R"([{"type": "file", "oid": ")" + std::string(40, 'a') +
+                                    R"(", "size": "1", "path": "a"}])",
+                                R"([{"type": "file", "oid": ")" + std::string(40, 'a') +
+                                    R"(", "size": 1, "path": "../a"}])"}) {
+    auto r = parse_tree_page(bad, "URL");
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  }
 }
 
 TEST(HubText, QuotingAndFolderNames) {
@@ -374,8 +415,15 @@ TEST_F(HubCache, TreeListingRoundTrip) {
   EXPECT_EQ((*t)[0].etag(), b.blob_id);
   EXPECT_EQ((*t)[1].etag(), a.lfs_sha256);
   EXPECT_EQ((*t)[1].size, 19);
-  std::ofstream(repo_ / "trees" / (c_old_ + ".json")) << R"({"format_version": 2, "files": {}})";
-  EXPECT_FALSE(read_tree_cache(repo_, c_old_).has_value());
+  for (const char* bad :
+       {R"({"format_version": 2, "files": {}})", R"({"format_version": "1", "files": {}})",
+        R"({"format_version": 1, "files": {"a": {"size": "1", "blob_id": "x"}}})",
+        R"({"format_version": 1, "files": {"../a": {"size": 1, "blob_id":
+            "0000000000000000000000000000000000000000"}}})",
+        "[1, 2"}) {
+    std::ofstream(repo_ / "trees" / (c_old_ + ".json")) << bad;
+    EXPECT_FALSE(read_tree_cache(repo_, c_old_).has_value()) << bad;
+  }
 }
 
 TEST_F(HubCache, ListsModelsWithRevisionsAndSizes) {
@@ -413,6 +461,24 @@ TEST_F(HubCache, RemovesOneRevisionKeepingSharedBlobs) {
   ASSERT_TRUE(remove_cached(n, o_).ok());
   EXPECT_FALSE(fs::exists(repo_));
   EXPECT_FALSE(fs::exists(cache_ / ".locks" / "models--o--n"));
+}
+
+TEST_F(HubCache, RemovingARevisionLeavesASharedStoreAlone) {
+  // huggingface_hub's shared blob store: blobs/<etag> a link to a file outside the model.
+  fs::create_directories(cache_ / "blobs" / "ab");
+  std::ofstream(cache_ / "blobs" / "ab" / "xethash") << "weights in the store";
+  fs::remove(repo_ / "blobs" / "old");
+  fs::create_symlink("../../blobs/ab/xethash", repo_ / "blobs" / "old");
+  ModelName n;
+  n.repo_id = "o/n";
+  n.revision = "refs/pr/1";
+  n.revision_given = true;
+  auto freed = remove_cached(n, o_);
+  ASSERT_TRUE(freed.ok()) << freed.status().message();
+  EXPECT_EQ(*freed, 0);  // a link's removal frees no bytes of this model
+  EXPECT_FALSE(fs::is_symlink(repo_ / "blobs" / "old"));
+  EXPECT_TRUE(fs::exists(cache_ / "blobs" / "ab" / "xethash"));  // the store keeps its file
+  EXPECT_TRUE(fs::exists(repo_ / "blobs" / "shared"));
 }
 
 TEST_F(HubCache, RemovesAWholeModel) {

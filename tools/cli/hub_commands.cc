@@ -15,12 +15,13 @@ int fail(const vlm::Status& s) {
   return 1;
 }
 
+// In binary units, as the download's progress says them.
 std::string human(int64_t n) {
-  static const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(n);
   int u = 0;
-  while (v >= 1000 && u < 4) {
-    v /= 1000;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
     ++u;
   }
   char buf[32];
@@ -46,11 +47,13 @@ int cmd_pull(const HubArgs& a) {
   auto m = vlm::hub::resolve(*name, o);
   if (!m.ok()) return fail(m.status());
   if (!a.quiet) {
+    const int n = m->files_downloaded;
+    const std::string what = n == 0 ? "already in the cache"
+                                    : "downloaded " + std::to_string(n) +
+                                          (n == 1 ? " file, " : " files, ") +
+                                          human(m->bytes_downloaded);
     std::fprintf(stderr, "vlm: %s at %s: %s\n", name->str().c_str(), m->commit.c_str(),
-                 m->files_downloaded ? ("downloaded " + std::to_string(m->files_downloaded) +
-                                        " files, " + human(m->bytes_downloaded))
-                                           .c_str()
-                                     : "already in the cache");
+                 what.c_str());
     if (!m->mmproj.empty()) std::fprintf(stderr, "vlm: vision file %s\n", m->mmproj.c_str());
   }
   std::printf("%s\n", m->path.c_str());
@@ -104,6 +107,12 @@ int cmd_ls(const HubArgs& a) {
 int cmd_rm(const HubArgs& a) {
   auto name = vlm::hub::parse_model_name(a.name);
   if (!name.ok()) return fail(name.status());
+  if (!name->quant.empty()) {
+    return fail(vlm::invalid_argument(
+        "vlm rm removes a model or one revision of it (ORG/NAME[@REVISION]), not one GGUF file: "
+        "drop ':" +
+        name->quant + "'"));
+  }
   const vlm::hub::HubOptions o = vlm::hub::options_from_env();
   auto freed = vlm::hub::remove_cached(*name, o);
   if (!freed.ok()) return fail(freed.status());
