@@ -10,7 +10,7 @@ PKGS=(
   libavformat-dev libavcodec-dev libswscale-dev libavutil-dev
   nlohmann-json3-dev libcli11-dev libboost-dev libssl-dev zlib1g-dev libbrotli-dev
   python3-venv python3-pip
-  nettle-dev libcurl4-openssl-dev
+  nettle-dev libcurl4-openssl-dev libyaml-cpp-dev
   libzmq3-dev libmsgpack-cxx-dev
   libjs-chart.js libjs-markdown-it chromium chromium-driver
   clang-format clang-tidy

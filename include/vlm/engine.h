@@ -68,6 +68,18 @@ Result<KvCacheDtype> parse_kv_cache_dtype(std::string_view name);
 Result<CpuIsa> parse_cpu_isa(std::string_view name);
 Result<Bf16Gemm> parse_bf16_gemm(std::string_view name);
 
+// What this build of vlm holds and what this machine runs of it (`vlm --version`).
+struct SystemInfo {
+  std::string version;                       // the library's version
+  std::vector<std::string> isas_built;       // CPU kernel levels compiled in (cpu_isa_name's)
+  std::vector<std::string> isas_runnable;    // those this CPU runs, lowest first
+  std::string isa_auto;                      // what kAuto picks here (VLM_CPU_ISA may cap it)
+  std::vector<std::string> extras_built;     // "avx512bf16", "amx" (BF16 GEMMs), "avx512fp16"
+  std::vector<std::string> extras_runnable;  // those this CPU (and OS, for AMX) runs
+  bool cuda_built = false;                   // the CUDA backend compiled in (--device cuda)
+};
+SystemInfo system_info();
+
 // KV events: every change to the prefix cache's set of blocks, in the terms of vLLM's KV events
 // (vllm/distributed/kv_events.py), for a KV-aware router's index of which replica holds which
 // prefix. `vlm serve` publishes them over ZeroMQ (ServeOptions::kv_events); an embedder receives

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -59,6 +60,34 @@ std::string join_ids(const std::vector<int32_t>& ids) {
   std::string s;
   for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
   return s;
+}
+
+// `vlm --version`: the version CMake gave, a commit, the build type, the CPU kernel levels built
+// and those this CPU runs (each runnable one a built one; the default level runnable; generic
+// always), and whether CUDA is built; the levels as the ops layer detects them.
+TEST(Cli, VersionSaysTheBuildAndTheCpu) {
+  const CliResult r = vlm("--version");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(std::string("vlm ") + VLM_PROJECT_VERSION + " (commit ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(" build)"), std::string::npos);
+  auto line_after = [&](const std::string& label) {
+    const size_t at = r.out.find(label);
+    if (at == std::string::npos) return std::string();
+    return r.out.substr(at + label.size(), r.out.find(';', at) - at - label.size());
+  };
+  std::istringstream built(line_after("CPU kernels built: "));
+  std::istringstream runs(line_after("CPU kernels this CPU runs: "));
+  std::set<std::string> built_set{std::istream_iterator<std::string>(built), {}};
+  std::vector<std::string> run_list{std::istream_iterator<std::string>(runs), {}};
+  ASSERT_FALSE(run_list.empty()) << r.out;
+  EXPECT_EQ(run_list.front(), "generic");
+  for (const std::string& isa : run_list) EXPECT_TRUE(built_set.count(isa)) << isa;
+  std::vector<std::string> detected;
+  for (ops::Isa isa : ops::runnable_isas()) detected.push_back(ops::isa_name(isa));
+  EXPECT_EQ(run_list, detected);
+  EXPECT_NE(r.out.find(std::string("default level: ") + ops::isa_name(ops::detected_isa())),
+            std::string::npos);
+  EXPECT_NE(r.out.find("CUDA backend: "), std::string::npos);
 }
 
 TEST(Cli, TokenizeAndDetokenize) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "bench.h"
+#include "build_info.h"
+#include "config_file.h"
 #include "hub_commands.h"
 #include "npy_writer.h"
 #include "options.h"
@@ -28,6 +31,45 @@ int fail(const std::string& msg) {
 }
 
 int fail(const vlm::Status& s) { return fail(s.message()); }
+
+// The model `vlm run` and `vlm serve` use without -m, the tiny Qwen3.5: beside an installed
+// binary (PREFIX/bin/vlm → PREFIX/share/vlm/models/tiny-qwen35, wherever PREFIX was moved), else,
+// for the binary in its build folder, the checkout's models/tiny-qwen35.
+std::string default_model_dir() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return VLM_DEFAULT_MODEL_DIR;
+  const fs::path installed = exe.parent_path().parent_path() / "share/vlm/models/tiny-qwen35";
+  if (fs::exists(installed / "config.json", ec)) return installed.string();
+  if (fs::equivalent(exe.parent_path(), VLM_BUILD_BIN_DIR, ec)) return VLM_DEFAULT_MODEL_DIR;
+  return installed.string();  // not there: the load's error names it
+}
+
+constexpr const char* kDefaultModelHelp =
+    "; default: the tiny shapes model (PREFIX/share/vlm/models/tiny-qwen35 beside an installed "
+    "PREFIX/bin/vlm, else the checkout's models/tiny-qwen35)";
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : " ") + x;
+  return s.empty() ? "none" : s;
+}
+
+// `vlm --version`: the build (version, commit, type, kernels, CUDA) and what this CPU runs of it.
+std::string version_text() {
+  const vlm::SystemInfo s = vlm::system_info();
+  const std::string commit = vlm_build_commit();
+  std::string t = "vlm " + s.version + " (commit " + (commit.empty() ? "unknown" : commit) + ", " +
+                  VLM_BUILD_TYPE + " build)\n";
+  t += "CPU kernels built: " + joined(s.isas_built) + "; extras: " + joined(s.extras_built) + "\n";
+  t += "CPU kernels this CPU runs: " + joined(s.isas_runnable) +
+       "; extras: " + joined(s.extras_runnable) + "; default level: " + s.isa_auto + "\n";
+  t += std::string("CUDA backend: ") + (s.cuda_built
+                                            ? "built (--device cuda)"
+                                            : "not built (no nvcc when this build was configured)");
+  return t;
+}
 
 // "1,2,3" or "[1, 2, 3]" → ids.
 bool parse_ids(const std::string& text, std::vector<int32_t>* out, std::string* err) {
@@ -284,13 +326,11 @@ int cmd_run(const RunArgs& a) {
 
 // `vlm run`'s options.
 void add_run_options(CLI::App* run, RunArgs* ra) {
-  ra->model = VLM_DEFAULT_MODEL_DIR;
+  ra->model = default_model_dir();
   run->add_option("-m,--model", ra->model,
                   std::string("Checkpoint directory (config.json, *.safetensors, tokenizer.json) "
                               "or GGUF file") +
-                      vlm_cli::kModelNameHelp +
-                      "; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR
-                      ")");
+                      vlm_cli::kModelNameHelp + kDefaultModelHelp);
   run->add_option("-p,--prompt", ra->prompt, "User message")->required();
   run->add_option("--chat-template", ra->chat_template,
                   "Chat template file (.jinja, or .json with \"chat_template\") instead of the "
@@ -603,6 +643,9 @@ int main(int argc, char** argv) {
     }
   }
   CLI::App app{"vlm: run Qwen3-VL models from Hugging Face checkpoints"};
+  app.set_version_flag("--version", version_text,
+                       "Version, commit, build type, CPU kernel levels "
+                       "built and found, CUDA built or not");
   app.require_subcommand(1);
   RunArgs ra;
   auto* run = app.add_subcommand("run", "Generate a reply to a prompt, streamed to stdout");
@@ -625,14 +668,15 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) ba.command += (i ? " " : "") + std::string(argv[i]);
   ServeArgs sa;
   auto* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible API (continuous batching)");
-  sa.so.engine.model_dir = VLM_DEFAULT_MODEL_DIR;
+  sa.so.engine.model_dir = default_model_dir();
   serve->add_option("-m,--model", sa.so.engine.model_dir,
                     std::string("Checkpoint directory or GGUF file") + vlm_cli::kModelNameHelp +
-                        "; default: the tiny shapes model in the checkout (" VLM_DEFAULT_MODEL_DIR
-                        ")");
+                        kDefaultModelHelp);
   add_serve_api_options(serve, &sa);
   add_serve_engine_options(serve, &sa);
   add_serve_connection_options(serve, &sa.so);
+  std::string serve_config;
+  vlm_cli::add_config_option(serve, &serve_config);
   vlm_cli::HubArgs ha;
   vlm_cli::add_hub_commands(&app, &ha);
   std::string hf_token;  // -m ORG/NAME: see hub_commands.h
@@ -648,6 +692,9 @@ int main(int argc, char** argv) {
     return fail(e.what());
   }
   if (const int rc = vlm_cli::run_hub_command(ha); rc >= 0) return rc;
+  if (*serve) {
+    if (vlm::Status st = vlm_cli::apply_config(serve, serve_config); !st.ok()) return fail(st);
+  }
   // Model names (ORG/NAME[@REVISION][:QUANT]) become their files in the Hugging Face cache.
   vlm::Status named = vlm::ok_status();
   auto resolve = [&](std::string* model, std::string* mmproj, bool weights = true) {
