@@ -562,7 +562,7 @@ class DockerfileTest(unittest.TestCase):
             self.skipTest("readelf, ldd or dpkg is missing")
         wanted = set()
         for soname, path in libs.items():
-            if re.match(r"lib(cu|nv|cuda)", soname):
+            if re.match(r"lib(cuda|cublas|cudart|nv)", soname):  # not libcurl
                 continue
             self.assertIsNotNone(path, f"ldd does not resolve {soname}")
             pkg = debian_package(path)
