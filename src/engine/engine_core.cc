@@ -15,6 +15,7 @@
 #include "engine/pixel_budget.h"
 #include "engine/vision_cache.h"
 #include "kv/kv_cache_spec.h"
+#include "vlm/log.h"
 
 namespace vlm {
 
@@ -441,10 +442,10 @@ Status EngineCore::execute(const SchedulerOutput& out) {
   // its blocks (a failure is the proposer's: no proposals next step).
   if (s.mtp != nullptr) {
     if (const Status st = s.mtp->observe(s.rows); !st.ok()) {
-      std::fprintf(stderr,
-                   "vlm: the MTP head's pass failed (its rows of this step's positions are "
-                   "missing, and the next step goes without proposals): %s\n",
-                   st.message().c_str());
+      log_printf(LogLevel::kWarn,
+                 "the MTP head's pass failed (its rows of this step's positions are "
+                 "missing, and the next step goes without proposals): %s",
+                 st.message().c_str());
     }
   }
   return ok_status();
@@ -588,8 +589,8 @@ void EngineCore::propose() {
   if (s.propose_jobs.empty()) return;
   const Status st = s.proposer->propose_batch(s.propose_jobs);
   if (!st.ok()) {  // the proposer's fault, not the requests': they go on without proposals
-    std::fprintf(stderr, "vlm: speculative proposals failed, this step goes without: %s\n",
-                 st.message().c_str());
+    log_printf(LogLevel::kWarn, "speculative proposals failed, this step goes without: %s",
+               st.message().c_str());
   }
   for (const ProposeJob& j : s.propose_jobs)
     s.sched->set_spec_tokens(j.in.request_id, st.ok() ? j.k : 0);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/clock.h"
+#include "vlm/log.h"
 
 namespace vlm {
 
@@ -119,10 +120,10 @@ void ImageEncodes::run(std::span<EngineRequest* const> waiting, Scheduler& sched
     const double dms = ms_since(d0);
     for (size_t i = 0; i < images_.size(); ++i) requests_[i]->encode_ms += dms / images_.size();
     if (!st.ok()) {  // the draft's loss, not the requests': the draft sees these images' pads
-      std::fprintf(stderr,
-                   "vlm: the draft model's vision tower failed, its proposals go on "
-                   "without these images: %s\n",
-                   st.message().c_str());
+      log_printf(LogLevel::kWarn,
+                 "the draft model's vision tower failed, its proposals go on "
+                 "without these images: %s",
+                 st.message().c_str());
       draft.reset();
     }
   }

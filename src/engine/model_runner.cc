@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/check.h"
+#include "vlm/log.h"
 
 namespace vlm {
 
@@ -78,8 +79,8 @@ Status ModelRunner::run_pass(const Pass& pass, const Padding& pad, ops::Buf logi
     if (st.ok()) {
       graph = graphs_by_shape_.emplace(shape, std::move(recorded)).first;
     } else {  // keep serving without graphs
-      std::fprintf(stderr, "vlm: graph capture failed, decoding without graphs: %s\n",
-                   st.message().c_str());
+      log_printf(LogLevel::kWarn, "graph capture failed, decoding without graphs: %s",
+                 st.message().c_str());
       graphs_ = false;
       return dec_.run(pass, cache_, logits);
     }

@@ -16,6 +16,8 @@
 #include <mutex>
 #include <thread>
 
+#include "vlm/log.h"
+
 namespace vlm::hub {
 namespace {
 
@@ -58,8 +60,11 @@ Status hash_prefix(const fs::path& path, int64_t n, ContentHash* hash) {
 
 Meter::Meter(const HubOptions& o, std::string repo_id) : log_(o.log), repo_(std::move(repo_id)) {
   mode_ = o.progress;
-  if (mode_ == Progress::kAuto)
-    mode_ = ::isatty(::fileno(log_)) ? Progress::kBar : Progress::kLines;
+  if (mode_ == Progress::kAuto) {  // a bar on a terminal, unless the log is JSON or info is off
+    const bool bar = ::isatty(::fileno(log_)) && log_format() == LogFormat::kText &&
+                     log_enabled(LogLevel::kInfo);
+    mode_ = bar ? Progress::kBar : Progress::kLines;
+  }
 }
 
 Meter::~Meter() { finish(); }
@@ -99,9 +104,12 @@ void Meter::note(const std::string& text) {
 
 void Meter::line(const std::string& text) {
   std::lock_guard<std::mutex> lk(mu_);
-  std::fprintf(log_, "%svlm: %s: %s\n", mode_ == Progress::kBar ? "\r\x1b[K" : "", repo_.c_str(),
-               text.c_str());
-  std::fflush(log_);
+  if (mode_ == Progress::kBar) {  // over the bar, which the next tick redraws below
+    std::fprintf(log_, "\r\x1b[Kvlm: %s: %s\n", repo_.c_str(), text.c_str());
+    std::fflush(log_);
+    return;
+  }
+  vlm::log(LogLevel::kInfo, repo_ + ": " + text);
 }
 
 void Meter::draw_locked() {

@@ -6,6 +6,7 @@
 
 #include "hub/hub_download.h"
 #include "hub/hub_internal.h"
+#include "vlm/log.h"
 
 namespace vlm::hub {
 namespace {
@@ -133,17 +134,15 @@ Result<LocalModel> unreachable(const ModelName& name, const HubOptions& o, const
   auto cached = from_cache(name, o, repo_dir, error.message());
   if (!cached.ok()) return no_answer || failed.status >= 500 ? cached.status() : error;
   if (o.progress != Progress::kQuiet) {
-    std::fprintf(o.log, "vlm: %s; using the cached %s (%s)\n", error.message().c_str(),
-                 name.repo_id.c_str(), cached->commit.c_str());
+    log(LogLevel::kWarn,
+        error.message() + "; using the cached " + name.repo_id + " (" + cached->commit + ")");
   }
   return cached;
 }
 
 // Cache bookkeeping that may fail (a read-only shared cache) without stopping a run.
 void warn_if(const Status& st, const HubOptions& o) {
-  if (!st.ok() && o.progress != Progress::kQuiet) {
-    std::fprintf(o.log, "vlm: note: %s\n", st.message().c_str());
-  }
+  if (!st.ok() && o.progress != Progress::kQuiet) log(LogLevel::kWarn, st.message());
 }
 
 struct Fetched {

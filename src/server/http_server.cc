@@ -26,6 +26,7 @@
 #include "server/server_metrics.h"
 #include "server/web_ui.h"
 #include "vlm/chat.h"
+#include "vlm/log.h"
 #include "vlm/server.h"
 
 namespace vlm {
@@ -132,41 +133,40 @@ struct Server::Impl {
       };
     }
     VLM_ASSIGN_OR_RETURN(engine, Engine::load(eo));
-    for (const std::string& n : engine->load_notes()) std::fprintf(stderr, "vlm: %s\n", n.c_str());
+    for (const std::string& n : engine->load_notes()) log_printf(LogLevel::kInfo, "%s", n.c_str());
     if (engine->tokenizer() == nullptr)
       return not_found("the model has no tokenizer (tokenizer.json, or a GGUF file's)");
     // The checkpoint's template (or --chat-template): one that does not parse or render fails
     // the load, never falls back silently.
     VLM_ASSIGN_OR_RETURN(const ChatTemplate* tpl, engine->chat_template());
-    std::fprintf(stderr, "vlm: chat template: %s\n", tpl->origin().c_str());
+    log_printf(LogLevel::kInfo, "chat template: %s", tpl->origin().c_str());
     limits.vocab_size = engine->vocab_size();  // set before `ready`, read after it
     chat_builder = make_chat_builder();
     const Engine::CoreStats st = engine->core_stats();
-    std::fprintf(
-        stderr, "vlm: KV cache: %lld blocks of %lld tokens = %lld tokens, %s, %.1f MiB\n",
-        static_cast<long long>(st.kv_blocks_total), static_cast<long long>(st.kv_block_size),
-        static_cast<long long>(st.kv_blocks_total * st.kv_block_size),
-        kv_cache_dtype_name(st.kv_cache_dtype), static_cast<double>(st.kv_cache_bytes) / (1 << 20));
+    log_printf(LogLevel::kInfo, "KV cache: %lld blocks of %lld tokens = %lld tokens, %s, %.1f MiB",
+               static_cast<long long>(st.kv_blocks_total), static_cast<long long>(st.kv_block_size),
+               static_cast<long long>(st.kv_blocks_total * st.kv_block_size),
+               kv_cache_dtype_name(st.kv_cache_dtype),
+               static_cast<double>(st.kv_cache_bytes) / (1 << 20));
     if (st.state_slots > 0 && st.state_snapshots == 0) {
-      std::fprintf(stderr,
-                   "vlm: linear-attention state: %lld slots of %.1f MiB (no prefix caching)\n",
-                   static_cast<long long>(st.state_slots),
-                   static_cast<double>(st.state_slot_bytes) / (1 << 20));
+      log_printf(LogLevel::kInfo,
+                 "linear-attention state: %lld slots of %.1f MiB (no prefix caching)",
+                 static_cast<long long>(st.state_slots),
+                 static_cast<double>(st.state_slot_bytes) / (1 << 20));
     } else if (st.state_slots > 0) {
       const double kib = static_cast<double>(st.state_slot_bytes) / 1024;
-      std::fprintf(stderr,
-                   "vlm: linear-attention state: %lld slots and %lld prefix-cache snapshots (every "
-                   "%lld tokens) of %.1f %s each (reserved: resident as used)\n",
-                   static_cast<long long>(st.state_slots),
-                   static_cast<long long>(st.state_snapshots),
-                   static_cast<long long>(st.state_snapshot_interval),
-                   kib >= 1024 ? kib / 1024 : kib, kib >= 1024 ? "MiB" : "KiB");
+      log_printf(LogLevel::kInfo,
+                 "linear-attention state: %lld slots and %lld prefix-cache snapshots (every "
+                 "%lld tokens) of %.1f %s each (reserved: resident as used)",
+                 static_cast<long long>(st.state_slots), static_cast<long long>(st.state_snapshots),
+                 static_cast<long long>(st.state_snapshot_interval), kib >= 1024 ? kib / 1024 : kib,
+                 kib >= 1024 ? "MiB" : "KiB");
     }
     const int64_t spec_states =
         st.state_memory_bytes - (st.state_slots + st.state_snapshots) * st.state_slot_bytes;
     if (spec_states > 0) {
-      std::fprintf(stderr, "vlm: speculative decoding's states: %.1f MiB\n",
-                   static_cast<double>(spec_states) / (1 << 20));
+      log_printf(LogLevel::kInfo, "speculative decoding's states: %.1f MiB",
+                 static_cast<double>(spec_states) / (1 << 20));
     }
     metrics->loaded(st, st.prefix_caching);
     describe_replica(st);
@@ -384,7 +384,10 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     }
     if (p.token_id >= 0) {
       const auto now = Clock::now();
-      if (!any_token_) m_.observe_ttft(seconds_since(t0_));
+      if (!any_token_) {
+        m_.observe_ttft(seconds_since(t0_));
+        ex_->mark_first_token();
+      }
       if (last_token_[i])
         m_.observe_itl(std::chrono::duration<double>(now - *last_token_[i]).count());
       any_token_ = true;
@@ -393,6 +396,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     *out += writer_->add(i, p);
     if (!p.finished) return true;
     m_.record_finished(p.stats);
+    ex_->add_usage(p.stats.prompt_tokens, p.stats.cached_tokens, p.stats.completion_tokens);
     if (!writer_->done()) return true;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -697,8 +701,34 @@ Result<std::vector<std::string>> served_model_names(const ServeOptions& options)
   return names;
 }
 
+// The access log: one line per request once answered (--log-level info and up).
+void log_access(const http::AccessRecord& r) {
+  if (!log_enabled(LogLevel::kInfo)) return;
+  auto number = [](const std::string& name, double v, int decimals) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+    return LogField{name, buf, true};
+  };
+  std::vector<LogField> f;
+  if (log_format() == LogFormat::kText) f.push_back({"time", log_timestamp()});
+  f.push_back({"request_id", r.request_id});
+  f.push_back({"method", r.method});
+  f.push_back({"path", r.path});
+  f.push_back(number("status", r.status, 0));
+  if (r.prompt_tokens >= 0) {
+    f.push_back(number("prompt_tokens", static_cast<double>(r.prompt_tokens), 0));
+    f.push_back(number("cached_tokens", static_cast<double>(r.cached_tokens), 0));
+    f.push_back(number("completion_tokens", static_cast<double>(r.completion_tokens), 0));
+  }
+  if (r.ttft_s >= 0) f.push_back(number("ttft_ms", r.ttft_s * 1000, 1));
+  f.push_back(number("total_ms", r.total_s * 1000, 1));
+  f.push_back({"client", r.client});
+  log(LogLevel::kInfo, "access", f);
+}
+
 http::TransportOptions transport_options(const ServeOptions& options, const ApiLimits& limits) {
   http::TransportOptions t;
+  t.on_access = log_access;
   t.limits.max_body_bytes = limits.max_body_bytes;
   t.io_threads = options.io_threads;
   t.worker_threads = options.http_threads;
@@ -756,12 +786,12 @@ Status Server::run() {
         [&m, &on_signal](const boost::system::error_code& ec, int sig) {
           if (ec) return;
           if (m.draining) {
-            std::fprintf(stderr, "vlm: signal %d again: stopping now\n", sig);
+            log_printf(LogLevel::kInfo, "signal %d again: stopping now", sig);
             m.http->stop();
             return;
           }
-          std::fprintf(stderr, "vlm: signal %d: draining (at most %.0f s)\n", sig,
-                       m.opts.shutdown_timeout_s);
+          log_printf(LogLevel::kInfo, "signal %d: draining (at most %.0f s)", sig,
+                     m.opts.shutdown_timeout_s);
           m.begin_drain();
           m.signals->async_wait(on_signal);
         };

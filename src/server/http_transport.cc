@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -14,7 +15,10 @@
 #include <deque>
 #include <limits>
 #include <list>
+#include <random>
 #include <thread>
+
+#include "vlm/log.h"
 
 namespace vlm::http {
 
@@ -121,6 +125,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start() {
     header_deadline_ = SteadyClock::now() + ms(srv_.opts.header_timeout_s);
     error_code ec;
+    const auto peer = stream_.socket().remote_endpoint(ec);
+    if (!ec) client_ = peer.address().to_string() + ":" + std::to_string(peer.port());
     stream_.socket().set_option(tcp::no_delay(true), ec);  // each SSE chunk is its own write
     read_request();
   }
@@ -146,6 +152,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     res.set(beast_http::field::server, "vlm");
     res.set(beast_http::field::content_type, type);
     res.set(beast_http::field::cache_control, "no-cache");
+    res.set("X-Request-Id", request_id_);
+    status_ = status;
     for (const HttpHeader& h : headers) res.set(h.name, h.value);
     if (chunked_) res.chunked(true);
     res.keep_alive(keep_alive_);
@@ -232,6 +240,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return close();
     }
     first_ = false;
+    begin_request();
     if (ec) return refuse(srv_.error_response(parse_error(ec)), /*body_unread=*/true);
     auto& msg = parser_->get();
     version_ = msg.version();
@@ -242,6 +251,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     head_.path = head_.target.substr(0, head_.target.find('?'));
     for (const auto& f : msg)
       head_.headers.push_back({std::string(f.name_string()), std::string(f.value())});
+    request_id_ = request_id_for(head_.header("X-Request-Id"));
+    access_method_ = head_.method;
+    access_path_ = head_.path;
     const bool body_unread = !parser_->is_done();
 
     ContentEncoding encoding = ContentEncoding::kIdentity;
@@ -347,11 +359,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // ---- writing ----
-  beast_http::response<beast_http::string_body> make_response(HttpResponse r) const {
+  beast_http::response<beast_http::string_body> make_response(HttpResponse r) {
+    status_ = r.status;
     beast_http::response<beast_http::string_body> res{static_cast<beast_http::status>(r.status),
                                                       version_};
     res.set(beast_http::field::server, "vlm");
     res.set(beast_http::field::content_type, r.content_type);
+    res.set("X-Request-Id", request_id_);
     for (const HttpHeader& h : r.headers) res.set(h.name, h.value);
     res.keep_alive(keep_alive_ && !r.close);
     res.body() = std::move(r.body);
@@ -424,6 +438,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // The whole answer is out: forget the exchange, then the next request or the close.
   void answer_complete(bool body_unread) {
+    log_access(status_);
     if (ex_) {
       ex_->complete();
       ex_.reset();
@@ -469,6 +484,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    log_access(499);  // a request in progress: the client went away (or the server stopped)
     if (ex_) {
       auto ex = std::move(ex_);
       --srv_.active;
@@ -479,9 +495,40 @@ class Connection : public std::enable_shared_from_this<Connection> {
     stream_.close();
   }
 
+  // ---- the access log ----
+  void begin_request() {
+    request_id_ = request_id_for("");
+    access_method_.clear();
+    access_path_.clear();
+    access_t0_ = SteadyClock::now();
+    status_ = 0;
+    logged_ = false;
+  }
+
+  // Once per request: what was asked, the answer's status, the generation's figures.
+  void log_access(int status) {
+    if (logged_ || request_id_.empty() || !srv_.opts.on_access) return;
+    logged_ = true;
+    AccessRecord r;
+    r.request_id = request_id_;
+    r.method = access_method_;
+    r.path = access_path_;
+    r.client = client_;
+    r.status = status;
+    const auto now = SteadyClock::now();
+    r.total_s = std::chrono::duration<double>(now - access_t0_).count();
+    if (ex_) ex_->usage(&r, access_t0_);
+    srv_.opts.on_access(r);
+  }
+
   HttpServer::Impl& srv_;
   beast::tcp_stream stream_;
   beast::flat_buffer buf_;
+  std::string client_;  // the peer's address:port
+  std::string request_id_, access_method_, access_path_;
+  SteadyClock::time_point access_t0_{};
+  int status_ = 0;
+  bool logged_ = true;  // nothing to log before a request's header
 
  public:
   std::list<std::weak_ptr<Connection>>::iterator self_in_registry_;  // set before start()
@@ -521,6 +568,39 @@ void on_strand(const std::weak_ptr<Connection>& weak, F&& f) {
     net::post(c->executor(), [c, f = std::forward<F>(f)]() mutable { f(*c); });
 }
 }  // namespace
+
+// The client's X-Request-Id when it is 1 to 128 printable characters, else 16 random hex digits.
+std::string request_id_for(std::string_view given) {
+  const bool usable =
+      !given.empty() && given.size() <= 128 &&
+      std::all_of(given.begin(), given.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+  if (usable) return std::string(given);
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+void HttpExchange::add_usage(int64_t prompt_tokens, int64_t cached_tokens,
+                             int64_t completion_tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_ = std::max<int64_t>(prompt_, 0) + prompt_tokens;
+  cached_ = std::max<int64_t>(cached_, 0) + cached_tokens;
+  completion_ = std::max<int64_t>(completion_, 0) + completion_tokens;
+}
+
+void HttpExchange::mark_first_token() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!first_token_) first_token_ = std::chrono::steady_clock::now();
+}
+
+void HttpExchange::usage(AccessRecord* r, std::chrono::steady_clock::time_point t0) {
+  std::lock_guard<std::mutex> lock(mu_);
+  r->prompt_tokens = prompt_;
+  r->cached_tokens = cached_;
+  r->completion_tokens = completion_;
+  if (first_token_) r->ttft_s = std::chrono::duration<double>(*first_token_ - t0).count();
+}
 
 void HttpExchange::respond(HttpResponse r) {
   on_strand(conn_, [self = shared_from_this(), r = std::move(r)](Connection& c) mutable {
@@ -706,8 +786,8 @@ Status HttpServer::listen(const std::string& host, int port) {
   m.max_connections =
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(m.opts.max_connections, fds - 128)));
   if (m.max_connections < m.opts.max_connections) {
-    std::fprintf(stderr, "vlm: at most %d connections (the open-file limit is %lld)\n",
-                 m.max_connections, static_cast<long long>(fds));
+    log_printf(LogLevel::kWarn, "at most %d connections (the open-file limit is %lld)",
+               m.max_connections, static_cast<long long>(fds));
   }
   return ok_status();
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,7 +29,20 @@ class io_context;
 
 namespace vlm::http {
 
+// One request as the access log records it, once its answer is out (or the client went away:
+// status 499).
+struct AccessRecord {
+  std::string request_id;  // the client's X-Request-Id, else one made here; sent back as well
+  std::string method, path, client;
+  int status = 0;
+  int64_t prompt_tokens = -1, cached_tokens = -1, completion_tokens = -1;  // -1: not a generation
+  double ttft_s = -1;  // the header received → the first token (-1: none)
+  double total_s = 0;  // the header received → the answer out
+};
+
 struct TransportOptions {
+  // Every request, once answered (including the transport's own refusals).
+  std::function<void(const AccessRecord&)> on_access;
   RequestLimits limits;
   int io_threads = 2;
   int worker_threads = 8;
@@ -92,6 +106,12 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   // Keeps `owner` (what is answering, e.g. a request's fan-out) alive until the answer is
   // complete or the connection closes; then it is let go.
   void hold(std::shared_ptr<void> owner);
+  // For the access log: a generation's token counts (added up over its choices) and the moment
+  // of its first token (the first call counts).
+  void add_usage(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens);
+  void mark_first_token();
+  // Copies them into `r` (the first token's time counted from `t0`).
+  void usage(AccessRecord* r, std::chrono::steady_clock::time_point t0);
 
   HttpExchange(std::shared_ptr<Connection> conn, HttpRequest request);
 
@@ -101,13 +121,19 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   HttpRequest request_;
   std::atomic<bool> closed_{false};
   std::mutex mu_;
-  std::function<void()> on_close_;  // guarded by mu_
-  std::shared_ptr<void> held_;      // guarded by mu_
+  std::function<void()> on_close_;                                    // guarded by mu_
+  std::shared_ptr<void> held_;                                        // guarded by mu_
+  int64_t prompt_ = -1, cached_ = -1, completion_ = -1;               // guarded by mu_
+  std::optional<std::chrono::steady_clock::time_point> first_token_;  // guarded by mu_
   void fire_close();
   void complete();  // the answer is out: on_close will not be called
 };
 
 using Handler = std::function<void(std::shared_ptr<HttpExchange>)>;
+
+// The id a request is logged and answered under: the client's X-Request-Id when it is 1 to 128
+// printable characters, else 16 random hexadecimal digits.
+std::string request_id_for(std::string_view given);
 
 // Before a request's body is read: an answer that refuses it (and skips the body), or nothing.
 using Gate = std::function<std::optional<HttpResponse>(const HttpRequest& head)>;

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <msgpack.hpp>
 
+#include "vlm/log.h"
+
 namespace vlm {
 namespace {
 
@@ -162,8 +164,8 @@ void KvEventPublisher::publish(KvEventBatch batch) {
     std::lock_guard<std::mutex> lock(mu_);
     if (queue_.size() >= kMaxQueue) {
       if (dropped_++ == 0) {
-        std::fprintf(stderr, "vlm: KV events: %zu batches wait to be sent; dropping new ones\n",
-                     queue_.size());
+        log_printf(LogLevel::kWarn, "KV events: %zu batches wait to be sent; dropping new ones",
+                   queue_.size());
       }
       return;
     }

@@ -18,6 +18,7 @@
 #include "options.h"
 #include "probes.h"
 #include "vlm/engine.h"
+#include "vlm/log.h"
 #include "vlm/tokenizer.h"
 
 namespace vlm_cli {
@@ -28,7 +29,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 int fail(const std::string& msg) {
-  std::fprintf(stderr, "vlm: error: %s\n", msg.c_str());
+  vlm::log(vlm::LogLevel::kError, msg);
   return 1;
 }
 

@@ -6,12 +6,13 @@
 #include <nlohmann/json.hpp>
 
 #include "vlm/hub.h"
+#include "vlm/log.h"
 
 namespace vlm_cli {
 namespace {
 
 int fail(const vlm::Status& s) {
-  std::fprintf(stderr, "vlm: error: %s\n", s.message().c_str());
+  vlm::log(vlm::LogLevel::kError, s.message());
   return 1;
 }
 
@@ -52,9 +53,10 @@ int cmd_pull(const HubArgs& a) {
                                     : "downloaded " + std::to_string(n) +
                                           (n == 1 ? " file, " : " files, ") +
                                           human(m->bytes_downloaded);
-    std::fprintf(stderr, "vlm: %s at %s: %s\n", name->str().c_str(), m->commit.c_str(),
-                 what.c_str());
-    if (!m->mmproj.empty()) std::fprintf(stderr, "vlm: vision file %s\n", m->mmproj.c_str());
+    vlm::log_printf(vlm::LogLevel::kInfo, "%s at %s: %s", name->str().c_str(), m->commit.c_str(),
+                    what.c_str());
+    if (!m->mmproj.empty())
+      vlm::log_printf(vlm::LogLevel::kInfo, "vision file %s", m->mmproj.c_str());
   }
   std::printf("%s\n", m->path.c_str());
   return 0;
@@ -100,7 +102,8 @@ int cmd_ls(const HubArgs& a) {
     std::printf("%-48s %-24s %10s  %s\n", m.name.c_str(), revs.c_str(), human(m.size).c_str(),
                 when(m.modified).c_str());
   }
-  if (models->empty()) std::fprintf(stderr, "vlm: no models in %s\n", o.cache_dir.c_str());
+  if (models->empty())
+    vlm::log_printf(vlm::LogLevel::kInfo, "no models in %s", o.cache_dir.c_str());
   return 0;
 }
 
@@ -116,8 +119,8 @@ int cmd_rm(const HubArgs& a) {
   const vlm::hub::HubOptions o = vlm::hub::options_from_env();
   auto freed = vlm::hub::remove_cached(*name, o);
   if (!freed.ok()) return fail(freed.status());
-  std::fprintf(stderr, "vlm: removed %s from %s (%s freed)\n", name->str().c_str(),
-               o.cache_dir.c_str(), human(*freed).c_str());
+  vlm::log_printf(vlm::LogLevel::kInfo, "removed %s from %s (%s freed)", name->str().c_str(),
+                  o.cache_dir.c_str(), human(*freed).c_str());
   return 0;
 }
 

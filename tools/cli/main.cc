@@ -20,13 +20,14 @@
 #include "probes.h"
 #include "vlm/chat.h"
 #include "vlm/engine.h"
+#include "vlm/log.h"
 #include "vlm/server.h"
 #include "vlm/tokenizer.h"
 
 namespace {
 
 int fail(const std::string& msg) {
-  std::fprintf(stderr, "vlm: error: %s\n", msg.c_str());
+  vlm::log(vlm::LogLevel::kError, msg);
   return 1;
 }
 
@@ -215,7 +216,8 @@ int cmd_run(const RunArgs& a) {
   auto engine_or = vlm::Engine::load(opts);
   if (!engine_or.ok()) return fail(engine_or.status());
   vlm::Engine& engine = **engine_or;
-  for (const std::string& n : engine.load_notes()) std::fprintf(stderr, "vlm: %s\n", n.c_str());
+  for (const std::string& n : engine.load_notes())
+    vlm::log_printf(vlm::LogLevel::kInfo, "%s", n.c_str());
 
   std::string prompt_text = a.prompt;
   if (!a.raw) {
@@ -311,10 +313,10 @@ int cmd_run(const RunArgs& a) {
                   n_gen > 1 ? (n_gen - 1) / steps : 0.0);
     images += buf;
   }
-  std::fprintf(
-      stderr,
-      "vlm: %sprompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
-      "decode %.2f tok/s | peak RSS %.1f MiB | %s%s x%d\n",
+  vlm::log_printf(
+      vlm::LogLevel::kInfo,
+      "%sprompt %lld tokens, prefill %.1f tok/s (%.0f ms) | generated %lld tokens, "
+      "decode %.2f tok/s | peak RSS %.1f MiB | %s%s x%d",
       images.c_str(), static_cast<long long>(r.prompt_tokens),
       r.prefill_ms > 0 ? r.prompt_tokens / (r.prefill_ms / 1000) : 0.0, r.prefill_ms,
       static_cast<long long>(r.output_ids.size()), decode_tps,
@@ -487,7 +489,8 @@ int cmd_logits(const LogitsArgs& la) {
   opts.mmap_weights = la.mmap;
   auto engine = vlm::Engine::load(opts);
   if (!engine.ok()) return fail(engine.status());
-  for (const std::string& n : (*engine)->load_notes()) std::fprintf(stderr, "vlm: %s\n", n.c_str());
+  for (const std::string& n : (*engine)->load_notes())
+    vlm::log_printf(vlm::LogLevel::kInfo, "%s", n.c_str());
   std::vector<int32_t> expanded;
   vlm::Engine::LogitsOptions lo;
   lo.expanded_ids = &expanded;
@@ -622,10 +625,10 @@ int cmd_serve(ServeArgs sa) {
   so.handle_signals = true;
   auto server = vlm::Server::create(so);
   if (!server.ok()) return fail(server.status());
-  std::fprintf(stderr,
-               "vlm: serving on http://%s:%d (OpenAI API at /v1; /health says 503 until the "
-               "model is loaded)\n",
-               so.host.c_str(), (*server)->port());
+  vlm::log_printf(vlm::LogLevel::kInfo,
+                  "serving on http://%s:%d (OpenAI API at /v1; /health says 503 until the "
+                  "model is loaded)",
+                  so.host.c_str(), (*server)->port());
   vlm::Status st = (*server)->run();
   if (!st.ok()) return fail(st);
   return 0;
@@ -683,6 +686,15 @@ int main(int argc, char** argv) {
   for (CLI::App* sub : {run, tokenize, detokenize, logits, bench, serve}) {
     vlm_cli::add_hf_token_option(sub, &hf_token);
   }
+  vlm::LogLevel log_level = vlm::LogLevel::kInfo;
+  vlm::LogFormat log_format = vlm::LogFormat::kText;
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    vlm::cli::add_enum_option(sub, "--log-level", &log_level, vlm::parse_log_level,
+                              "What is said on stderr: error, warn, info (default) or debug");
+    vlm::cli::add_enum_option(sub, "--log-format", &log_format, vlm::parse_log_format,
+                              "text (default: \"vlm: ...\" lines) or json (one object a line: "
+                              "time, level, msg and fields)");
+  }
 
   try {
     app.parse(argc, argv);
@@ -691,6 +703,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return fail(e.what());
   }
+  vlm::set_log_level(log_level);
+  vlm::set_log_format(log_format);
   if (const int rc = vlm_cli::run_hub_command(ha); rc >= 0) return rc;
   if (*serve) {
     if (vlm::Status st = vlm_cli::apply_config(serve, serve_config); !st.ok()) return fail(st);

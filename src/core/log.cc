@@ -1,0 +1,131 @@
+// vlm::log: one process-wide level and format, lines written whole to stderr.
+#include "vlm/log.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+
+namespace vlm {
+namespace {
+
+std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+std::atomic<int> g_format{static_cast<int>(LogFormat::kText)};
+std::mutex g_write;
+
+// A JSON string literal of `s` (its bytes as they are, control characters and quotes escaped).
+void json_string(std::string_view s, std::string* out) {
+  out->push_back('"');
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out->push_back('\\');
+      out->push_back(static_cast<char>(c));
+    } else if (c == '\n') {
+      *out += "\\n";
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      *out += buf;
+    } else {
+      out->push_back(static_cast<char>(c));
+    }
+  }
+  out->push_back('"');
+}
+
+}  // namespace
+
+std::string log_timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  const size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms));
+  return buf;
+}
+
+Result<LogLevel> parse_log_level(std::string_view name) {
+  for (LogLevel l : {LogLevel::kError, LogLevel::kWarn, LogLevel::kInfo, LogLevel::kDebug}) {
+    if (name == log_level_name(l)) return l;
+  }
+  return invalid_argument("log level '" + std::string(name) + "': error, warn, info or debug");
+}
+
+Result<LogFormat> parse_log_format(std::string_view name) {
+  if (name == "text") return LogFormat::kText;
+  if (name == "json") return LogFormat::kJson;
+  return invalid_argument("log format '" + std::string(name) + "': text or json");
+}
+
+const char* log_level_name(LogLevel level) {
+  switch (level) {
+    case LogLevel::kError:
+      return "error";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kDebug:
+      return "debug";
+  }
+  return "?";
+}
+
+void set_log_level(LogLevel level) { g_level = static_cast<int>(level); }
+void set_log_format(LogFormat format) { g_format = static_cast<int>(format); }
+LogLevel log_level() { return static_cast<LogLevel>(g_level.load()); }
+LogFormat log_format() { return static_cast<LogFormat>(g_format.load()); }
+bool log_enabled(LogLevel level) { return static_cast<int>(level) <= g_level.load(); }
+
+void log(LogLevel level, std::string_view message, const std::vector<LogField>& fields) {
+  if (!log_enabled(level)) return;
+  std::string line;
+  if (log_format() == LogFormat::kJson) {
+    line = "{\"time\":\"" + log_timestamp() + "\",\"level\":\"" + log_level_name(level) +
+           "\",\"msg\":";
+    json_string(message, &line);
+    for (const LogField& f : fields) {
+      line.push_back(',');
+      json_string(f.name, &line);
+      line.push_back(':');
+      if (f.number) {
+        line += f.value;
+      } else {
+        json_string(f.value, &line);
+      }
+    }
+    line += "}\n";
+  } else {
+    line = "vlm: ";
+    if (level == LogLevel::kError) line += "error: ";
+    if (level == LogLevel::kWarn) line += "warning: ";
+    line.append(message);
+    for (const LogField& f : fields) line += " " + f.name + "=" + f.value;
+    line.push_back('\n');
+  }
+  std::lock_guard<std::mutex> lock(g_write);
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+void log_printf(LogLevel level, const char* format, ...) {
+  if (!log_enabled(level)) return;
+  va_list args;
+  va_start(args, format);
+  va_list again;
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string message(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(message.data(), message.size() + 1, format, again);
+  va_end(again);
+  log(level, message);
+}
+
+}  // namespace vlm

@@ -1,0 +1,152 @@
+"""What vlm says on stderr: --log-level and --log-format (text or JSON lines) on the commands, and
+`vlm serve`'s access log: one line per request once answered, with the request id (the
+client's X-Request-Id, honoured and sent back, else one made up and sent back), method, path,
+status, the generation's prompt / cached / completion tokens (equal to the reply's usage), the
+time to the first token and in all, and the client's address."""
+
+import argparse
+import json
+import re
+import subprocess
+import tempfile
+import unittest
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import serve_util
+
+ARGS = argparse.Namespace(vlm=None, model_dir=None)
+PROMPT = "Describe the image."
+
+
+def post(server, path, body, headers=None):
+    req = urllib.request.Request(server.url(path), data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.headers, r.read().decode()
+
+
+class AccessLog(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.work = Path(cls.tmp.name)
+        model = serve_util.make_model_dir(ARGS.model_dir, cls.work / "model")
+        cls.server = serve_util.VlmServer(ARGS.vlm, model, cls.work, "json",
+                                          extra_args=["--log-format", "json"])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.tmp.cleanup()
+
+    def lines(self):
+        return [json.loads(l) for l in self.server.log_path.read_text().splitlines() if l.strip()]
+
+    def access(self, request_id):
+        """The access line of `request_id` (waiting a little: it is written once answered)."""
+        for _ in range(100):
+            found = [l for l in self.lines() if l["msg"] == "access" and l.get("request_id") == request_id]
+            if found:
+                self.assertEqual(len(found), 1)
+                return found[0]
+            serve_util.time.sleep(0.05)
+        self.fail(f"no access line for {request_id}: {self.lines()[-5:]}")
+
+    def test_every_line_is_json(self):
+        lines = self.lines()  # json.loads of each line passed
+        self.assertTrue(lines)
+        for l in lines:
+            self.assertRegex(l["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+            self.assertIn(l["level"], ("error", "warn", "info", "debug"))
+            self.assertIsInstance(l["msg"], str)
+        self.assertTrue(any("serving on" in l["msg"] for l in lines))
+
+    def test_a_chat_request_field_by_field(self):
+        body = {"model": serve_util.MODEL, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Count the shapes, please."}]}
+        headers, text = post(self.server, "/v1/chat/completions", body, {"X-Request-Id": "req-abc.1"})
+        self.assertEqual(headers["X-Request-Id"], "req-abc.1")
+        usage = json.loads(text)["usage"]
+        a = self.access("req-abc.1")
+        self.assertEqual((a["level"], a["method"], a["path"], a["status"]),
+                         ("info", "POST", "/v1/chat/completions", 200))
+        self.assertEqual((a["prompt_tokens"], a["completion_tokens"], a["cached_tokens"]),
+                         (usage["prompt_tokens"], usage["completion_tokens"],
+                          usage["prompt_tokens_details"]["cached_tokens"]))
+        self.assertGreater(a["ttft_ms"], 0)
+        self.assertLessEqual(a["ttft_ms"], a["total_ms"])
+        self.assertRegex(a["client"], r"^127\.0\.0\.1:\d+$")
+        # The same prompt again: the prefix cache's tokens are the log's cached tokens.
+        headers, text = post(self.server, "/v1/chat/completions", body, {"X-Request-Id": "req-abc.2"})
+        usage = json.loads(text)["usage"]
+        a = self.access("req-abc.2")
+        self.assertGreater(a["cached_tokens"], 0)
+        self.assertEqual(a["cached_tokens"], usage["prompt_tokens_details"]["cached_tokens"])
+
+    def test_streamed_request_and_a_made_up_id(self):
+        body = {"model": serve_util.MODEL, "max_tokens": 6, "stream": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "Hello there"}]}
+        headers, text = post(self.server, "/v1/chat/completions", body)
+        rid = headers["X-Request-Id"]
+        self.assertRegex(rid, r"^[0-9a-f]{16}$")
+        events = [json.loads(l[6:]) for l in text.splitlines() if l.startswith("data: {")]
+        usage = [e["usage"] for e in events if e.get("usage")][-1]
+        a = self.access(rid)
+        self.assertEqual((a["status"], a["prompt_tokens"], a["completion_tokens"]),
+                         (200, usage["prompt_tokens"], usage["completion_tokens"]))
+
+    def test_refusals_are_logged_too(self):
+        """A route that does not exist (the transport's own 404), and an id that is not printable
+        (replaced by a made-up one)."""
+        req = urllib.request.Request(self.server.url("/no/such/route"), headers={"X-Request-Id": "a b"})
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        rid = e.exception.headers["X-Request-Id"]
+        self.assertRegex(rid, r"^[0-9a-f]{16}$")
+        a = self.access(rid)
+        self.assertEqual((a["method"], a["path"], a["status"]), ("GET", "/no/such/route", 404))
+        self.assertNotIn("prompt_tokens", a)
+
+
+class CommandLogs(unittest.TestCase):
+
+    def run_vlm(self, *args):
+        return subprocess.run([ARGS.vlm, "run", "-p", PROMPT, "--greedy", "-n", "8", "-t", "2", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    def test_levels(self):
+        """info (default) says the load notes and the summary line; warn and error say nothing
+        on a run that goes well; the reply on stdout is the same at every level."""
+        info = self.run_vlm()
+        self.assertEqual(info.returncode, 0, info.stderr)
+        self.assertRegex(info.stderr, r"(?m)^vlm: .*prompt \d+ tokens")
+        for level in ("warn", "error"):
+            r = self.run_vlm("--log-level", level)
+            self.assertEqual((r.returncode, r.stderr, r.stdout), (0, "", info.stdout))
+
+    def test_json_format(self):
+        r = self.run_vlm("--log-format", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = [json.loads(l) for l in r.stderr.splitlines()]
+        self.assertTrue(any(re.search(r"prompt \d+ tokens", l["msg"]) for l in lines))
+        bad = subprocess.run([ARGS.vlm, "run", "-m", "/nonexistent", "-p", "x", "--log-format", "json"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(bad.returncode, 1)
+        (err,) = [json.loads(l) for l in bad.stderr.splitlines()]
+        self.assertEqual(err["level"], "error")
+        self.assertIn("/nonexistent", err["msg"])
+
+    def test_bad_values_are_refused(self):
+        for flag, value, needle in (("--log-level", "loud", "error, warn, info or debug"),
+                                    ("--log-format", "xml", "text or json")):
+            r = self.run_vlm(flag, value)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn(needle, r.stderr)
+
+
+if __name__ == "__main__":
+    serve_util.run_tests(ARGS, __doc__)
