@@ -8,6 +8,7 @@ include(CMakePackageConfigHelpers)
 add_library(vlm_library INTERFACE)
 set_target_properties(vlm_library PROPERTIES EXPORT_NAME vlm)
 target_link_libraries(vlm_library INTERFACE vlm_engine vlm_server vlm_hub)
+target_compile_features(vlm_library INTERFACE cxx_std_20)  # include/vlm uses <span>
 
 set(VLM_LAYERS vlm_core vlm_io vlm_hub vlm_jinja vlm_tokenizer vlm_structured vlm_vision vlm_ops
   vlm_kv vlm_model vlm_sched vlm_engine vlm_server)

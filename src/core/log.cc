@@ -15,24 +15,64 @@ std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<int> g_format{static_cast<int>(LogFormat::kText)};
 std::mutex g_write;
 
-// A JSON string literal of `s` (its bytes as they are, control characters and quotes escaped).
+// The length of the well-formed UTF-8 sequence at s[i] (1 to 4), or 0 when it is not one.
+size_t utf8_length(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+  }
+  if ((n == 2 && c < 0xC2) || (n == 3 && c == 0xE0 && b(i + 1) < 0xA0) ||
+      (n == 3 && c == 0xED && b(i + 1) >= 0xA0) || (n == 4 && c == 0xF0 && b(i + 1) < 0x90) ||
+      (n == 4 && (c > 0xF4 || (c == 0xF4 && b(i + 1) >= 0x90)))) {
+    return 0;  // overlong, a surrogate, or past U+10FFFF
+  }
+  return n;
+}
+
+// A JSON string literal of `s`: quotes, backslashes and control characters escaped, bytes that
+// are not UTF-8 written as U+FFFD (the line stays valid JSON whatever a client sent).
 void json_string(std::string_view s, std::string* out) {
   out->push_back('"');
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out->push_back('\\');
-      out->push_back(static_cast<char>(c));
-    } else if (c == '\n') {
-      *out += "\\n";
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      *out += buf;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8_length(s, i);
+    if (n == 0) {
+      *out += "\\ufffd";
+      ++i;
+    } else if (n > 1) {
+      out->append(s.substr(i, n));
+      i += n;
     } else {
-      out->push_back(static_cast<char>(c));
+      if (c == '"' || c == '\\') {
+        out->push_back('\\');
+        out->push_back(static_cast<char>(c));
+      } else if (c == '\n') {
+        *out += "\\n";
+      } else if (c < 0x20 || c == 0x7f) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\u%04x", c);
+        *out += buf;
+      } else {
+        out->push_back(static_cast<char>(c));
+      }
+      ++i;
     }
   }
   out->push_back('"');
+}
+
+// Text lines stay one line each: a line break inside becomes "\\n".
+void text_piece(std::string_view s, std::string* out) {
+  for (char c : s) {
+    if (c == '\n') {
+      *out += "\\n";
+    } else if (c != '\r') {
+      out->push_back(c);
+    }
+  }
 }
 
 }  // namespace
@@ -105,8 +145,11 @@ void log(LogLevel level, std::string_view message, const std::vector<LogField>& 
     line = "vlm: ";
     if (level == LogLevel::kError) line += "error: ";
     if (level == LogLevel::kWarn) line += "warning: ";
-    line.append(message);
-    for (const LogField& f : fields) line += " " + f.name + "=" + f.value;
+    text_piece(message, &line);
+    for (const LogField& f : fields) {
+      line += " " + f.name + "=";
+      text_piece(f.value, &line);
+    }
     line.push_back('\n');
   }
   std::lock_guard<std::mutex> lock(g_write);

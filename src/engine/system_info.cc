@@ -30,7 +30,7 @@ SystemInfo system_info() {
 #endif
 #ifdef VLM_HAVE_X86_DISPATCH
   s.extras_built.push_back("avx512fp16");  // --vision-fp16
-  if (ops::has_fp16_arithmetic(ops::detected_isa())) s.extras_runnable.push_back("avx512fp16");
+  if (ops::has_fp16_arithmetic(ops::Isa::kAvx512)) s.extras_runnable.push_back("avx512fp16");
 #endif
 #ifdef VLM_HAVE_CUDA
   s.cuda_built = true;

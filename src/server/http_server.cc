@@ -396,8 +396,9 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     *out += writer_->add(i, p);
     if (!p.finished) return true;
     m_.record_finished(p.stats);
-    ex_->add_usage(p.stats.prompt_tokens, p.stats.cached_tokens, p.stats.completion_tokens);
     if (!writer_->done()) return true;
+    const Usage u = writer_->usage();  // the reply's own usage, for the access log
+    ex_->set_usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_ = true;

@@ -126,7 +126,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     header_deadline_ = SteadyClock::now() + ms(srv_.opts.header_timeout_s);
     error_code ec;
     const auto peer = stream_.socket().remote_endpoint(ec);
-    if (!ec) client_ = peer.address().to_string() + ":" + std::to_string(peer.port());
+    if (!ec) {
+      const std::string a = peer.address().to_string();
+      client_ = (peer.address().is_v6() ? "[" + a + "]" : a) + ":" + std::to_string(peer.port());
+    }
     stream_.socket().set_option(tcp::no_delay(true), ec);  // each SSE chunk is its own write
     read_request();
   }
@@ -581,12 +584,12 @@ std::string request_id_for(std::string_view given) {
   return buf;
 }
 
-void HttpExchange::add_usage(int64_t prompt_tokens, int64_t cached_tokens,
+void HttpExchange::set_usage(int64_t prompt_tokens, int64_t cached_tokens,
                              int64_t completion_tokens) {
   std::lock_guard<std::mutex> lock(mu_);
-  prompt_ = std::max<int64_t>(prompt_, 0) + prompt_tokens;
-  cached_ = std::max<int64_t>(cached_, 0) + cached_tokens;
-  completion_ = std::max<int64_t>(completion_, 0) + completion_tokens;
+  prompt_ = prompt_tokens;
+  cached_ = cached_tokens;
+  completion_ = completion_tokens;
 }
 
 void HttpExchange::mark_first_token() {
@@ -706,7 +709,20 @@ class Rejection : public std::enable_shared_from_this<Rejection> {
       error_code ignored;
       self->socket_.close(ignored);
     });
-    net::async_write(socket_, net::buffer(srv_.busy_response),
+    // The prepared 503 with this rejection's request id, logged as the other answers are.
+    const std::string id = request_id_for("");
+    response_ = srv_.busy_response;
+    response_.insert(response_.find("\r\n") + 2, "X-Request-Id: " + id + "\r\n");
+    if (srv_.opts.on_access) {
+      AccessRecord r;
+      r.request_id = id;
+      r.status = 503;
+      error_code ec;
+      const auto peer = socket_.remote_endpoint(ec);
+      if (!ec) r.client = peer.address().to_string() + ":" + std::to_string(peer.port());
+      srv_.opts.on_access(r);
+    }
+    net::async_write(socket_, net::buffer(response_),
                      [self = shared_from_this()](error_code ec, size_t) {
                        if (ec) return self->done();
                        error_code ignored;
@@ -730,6 +746,7 @@ class Rejection : public std::enable_shared_from_this<Rejection> {
 
   HttpServer::Impl& srv_;
   tcp::socket socket_;
+  std::string response_;  // the 503, with its request id
   net::steady_timer timer_;
   std::array<char, 4096> buf_;
 };

@@ -106,9 +106,9 @@ class HttpExchange : public std::enable_shared_from_this<HttpExchange> {
   // Keeps `owner` (what is answering, e.g. a request's fan-out) alive until the answer is
   // complete or the connection closes; then it is let go.
   void hold(std::shared_ptr<void> owner);
-  // For the access log: a generation's token counts (added up over its choices) and the moment
-  // of its first token (the first call counts).
-  void add_usage(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens);
+  // For the access log: a generation's token counts (as its reply's usage says them) and the
+  // moment of its first token (the first call counts).
+  void set_usage(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens);
   void mark_first_token();
   // Copies them into `r` (the first token's time counted from `t0`).
   void usage(AccessRecord* r, std::chrono::steady_clock::time_point t0);

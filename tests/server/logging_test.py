@@ -7,6 +7,7 @@ time to the first token and in all, and the client's address."""
 import argparse
 import json
 import re
+import socket
 import subprocess
 import tempfile
 import unittest
@@ -50,7 +51,10 @@ class AccessLog(unittest.TestCase):
         for _ in range(100):
             found = [l for l in self.lines() if l["msg"] == "access" and l.get("request_id") == request_id]
             if found:
-                self.assertEqual(len(found), 1)
+                serve_util.time.sleep(0.3)  # a second line for the request (e.g. a 499) would be late
+                found = [l for l in self.lines()
+                         if l["msg"] == "access" and l.get("request_id") == request_id]
+                self.assertEqual(len(found), 1, found)
                 return found[0]
             serve_util.time.sleep(0.05)
         self.fail(f"no access line for {request_id}: {self.lines()[-5:]}")
@@ -85,6 +89,30 @@ class AccessLog(unittest.TestCase):
         a = self.access("req-abc.2")
         self.assertGreater(a["cached_tokens"], 0)
         self.assertEqual(a["cached_tokens"], usage["prompt_tokens_details"]["cached_tokens"])
+
+    def test_several_choices_count_as_the_reply_does(self):
+        """n = 2: the reply's usage counts the prompt once; so does the access line."""
+        body = {"model": serve_util.MODEL, "max_tokens": 5, "n": 2, "temperature": 1.0, "seed": 3,
+                "messages": [{"role": "user", "content": "Two answers, please."}]}
+        _, text = post(self.server, "/v1/chat/completions", body, {"X-Request-Id": "two-choices"})
+        usage = json.loads(text)["usage"]
+        a = self.access("two-choices")
+        self.assertEqual((a["prompt_tokens"], a["completion_tokens"], a["cached_tokens"]),
+                         (usage["prompt_tokens"], usage["completion_tokens"],
+                          usage["prompt_tokens_details"]["cached_tokens"]))
+
+    def test_bytes_that_are_not_utf8_keep_lines_json(self):
+        """A request line with a raw 0xFF byte (the transport's 404): its access line is valid
+        JSON, the byte as U+FFFD."""
+        with socket.create_connection(("127.0.0.1", self.server.port), timeout=30) as s:
+            s.sendall(b"GET /caf\xff HTTP/1.1\r\nHost: x\r\nX-Request-Id: raw-bytes\r\n"
+                      b"Connection: close\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        self.assertTrue(reply.startswith(b"HTTP/1.1 404"), reply[:100])
+        a = self.access("raw-bytes")
+        self.assertEqual(a["path"], "/caf\ufffd")
 
     def test_streamed_request_and_a_made_up_id(self):
         body = {"model": serve_util.MODEL, "max_tokens": 6, "stream": True,

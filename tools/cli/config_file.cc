@@ -5,6 +5,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,8 +27,10 @@ std::vector<std::string> values(const std::string& key, const YAML::Node& v) {
                               std::string(v.IsNull() ? "empty" : "a mapping") + ")");
 }
 
-// One key: the option it names, given the file's values unless the command line gave it.
-void apply_key(CLI::App* app, const YAML::Node& key, const YAML::Node& value) {
+// One key: the option it names, given the file's values unless the command line gave it; a
+// second key for one option (max_num_seqs and max-num-seqs) is refused.
+void apply_key(CLI::App* app, const YAML::Node& key, const YAML::Node& value,
+               std::set<std::string>* seen) {
   if (!key.IsScalar()) throw std::invalid_argument("a key is not a name");
   std::string name = key.Scalar();
   for (char& c : name) c = c == '_' ? '-' : c;
@@ -38,10 +42,11 @@ void apply_key(CLI::App* app, const YAML::Node& key, const YAML::Node& value) {
                                 "`'s long option names (port, max-num-seqs, ...)");
   }
   std::vector<std::string> in = values(key.Scalar(), value);
+  if (!seen->insert(name).second) throw std::invalid_argument(name + " is given twice");
   if (op->count() > 0) return;        // the command line wins
   if (op->get_expected_min() == 0) {  // a flag: true / false, negated flags turned as CLI11 does
     if (in.size() != 1) throw std::invalid_argument(key.Scalar() + ": a flag takes true or false");
-    op->add_result(op->get_flag_value("--" + name, in[0]));
+    op->add_result(op->get_flag_value(name, in[0]));  // CLI11 keeps flag names undashed
   } else {
     for (const std::string& v : in) op->add_result(v);
   }
@@ -69,9 +74,10 @@ vlm::Status apply_config(CLI::App* app, const std::string& path) {
   }
   if (root.IsNull()) return vlm::ok_status();
   if (!root.IsMap()) return vlm::invalid_argument(where + "not a mapping of option: value");
+  std::set<std::string> seen;
   for (const auto& kv : root) {
     try {
-      apply_key(app, kv.first, kv.second);
+      apply_key(app, kv.first, kv.second, &seen);
     } catch (const std::invalid_argument& e) {
       return vlm::invalid_argument(where + e.what());
     } catch (const CLI::Error& e) {  // a value the option refuses

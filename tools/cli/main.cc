@@ -34,14 +34,15 @@ int fail(const std::string& msg) {
 int fail(const vlm::Status& s) { return fail(s.message()); }
 
 // The model `vlm run` and `vlm serve` use without -m, the tiny Qwen3.5: beside an installed
-// binary (PREFIX/bin/vlm → PREFIX/share/vlm/models/tiny-qwen35, wherever PREFIX was moved), else,
+// binary (PREFIX/bin/vlm → PREFIX/share/vlm/models/tiny-qwen35, or where the install's
+// directories put them, wherever PREFIX was moved), else,
 // for the binary in its build folder, the checkout's models/tiny-qwen35.
 std::string default_model_dir() {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return VLM_DEFAULT_MODEL_DIR;
-  const fs::path installed = exe.parent_path().parent_path() / "share/vlm/models/tiny-qwen35";
+  const fs::path installed = (exe.parent_path() / VLM_INSTALLED_MODEL_REL).lexically_normal();
   if (fs::exists(installed / "config.json", ec)) return installed.string();
   if (fs::equivalent(exe.parent_path(), VLM_BUILD_BIN_DIR, ec)) return VLM_DEFAULT_MODEL_DIR;
   return installed.string();  // not there: the load's error names it
@@ -703,12 +704,12 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return fail(e.what());
   }
+  if (*serve) {  // before the log settings: the file may hold them
+    if (vlm::Status st = vlm_cli::apply_config(serve, serve_config); !st.ok()) return fail(st);
+  }
   vlm::set_log_level(log_level);
   vlm::set_log_format(log_format);
   if (const int rc = vlm_cli::run_hub_command(ha); rc >= 0) return rc;
-  if (*serve) {
-    if (vlm::Status st = vlm_cli::apply_config(serve, serve_config); !st.ok()) return fail(st);
-  }
   // Model names (ORG/NAME[@REVISION][:QUANT]) become their files in the Hugging Face cache.
   vlm::Status named = vlm::ok_status();
   auto resolve = [&](std::string* model, std::string* mmproj, bool weights = true) {
