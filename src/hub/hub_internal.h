@@ -147,8 +147,6 @@ Status hub_error(const HttpResult& r, const std::string& repo_id, const std::str
 // (a revision such as refs/pr/1, as huggingface_hub quotes it).
 std::string url_quote(const std::string& s, bool safe_slash);
 
-// "1.5 GiB", "12.0 MiB", "512 B".
-std::string human_bytes(int64_t n);
 // ASCII case and surrounding white space.
 std::string ascii_upper(std::string s);
 std::string ascii_lower(std::string s);

@@ -29,6 +29,18 @@ using boost::system::error_code;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
+// The peer of a connection as the access log names it: address:port, an IPv6 address in
+// brackets ("" when the socket has none).
+std::string peer_address(const tcp::socket& socket) {
+  error_code ec;
+  const auto peer = socket.remote_endpoint(ec);
+  if (ec) return "";
+  const std::string a = peer.address().to_string();
+  return (peer.address().is_v6() ? "[" + a + "]" : a) + ":" + std::to_string(peer.port());
+}
+}  // namespace
+
+namespace {
 
 std::chrono::milliseconds ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
@@ -124,12 +136,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void start() {
     header_deadline_ = SteadyClock::now() + ms(srv_.opts.header_timeout_s);
+    client_ = peer_address(stream_.socket());
     error_code ec;
-    const auto peer = stream_.socket().remote_endpoint(ec);
-    if (!ec) {
-      const std::string a = peer.address().to_string();
-      client_ = (peer.address().is_v6() ? "[" + a + "]" : a) + ":" + std::to_string(peer.port());
-    }
     stream_.socket().set_option(tcp::no_delay(true), ec);  // each SSE chunk is its own write
     read_request();
   }
@@ -717,9 +725,7 @@ class Rejection : public std::enable_shared_from_this<Rejection> {
       AccessRecord r;
       r.request_id = id;
       r.status = 503;
-      error_code ec;
-      const auto peer = socket_.remote_endpoint(ec);
-      if (!ec) r.client = peer.address().to_string() + ":" + std::to_string(peer.port());
+      r.client = peer_address(socket_);
       srv_.opts.on_access(r);
     }
     net::async_write(socket_, net::buffer(response_),

@@ -16,20 +16,6 @@ int fail(const vlm::Status& s) {
   return 1;
 }
 
-// In binary units, as the download's progress says them.
-std::string human(int64_t n) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
-
 std::string when(int64_t t) {
   if (t <= 0) return "-";
   const std::time_t tt = static_cast<std::time_t>(t);
@@ -52,7 +38,7 @@ int cmd_pull(const HubArgs& a) {
     const std::string what = n == 0 ? "already in the cache"
                                     : "downloaded " + std::to_string(n) +
                                           (n == 1 ? " file, " : " files, ") +
-                                          human(m->bytes_downloaded);
+                                          vlm::hub::human_bytes(m->bytes_downloaded);
     vlm::log_printf(vlm::LogLevel::kInfo, "%s at %s: %s", name->str().c_str(), m->commit.c_str(),
                     what.c_str());
     if (!m->mmproj.empty())
@@ -99,8 +85,8 @@ int cmd_ls(const HubArgs& a) {
       revs += (revs.empty() ? "" : " ") + r.commit.substr(0, 8) +
               (refs.empty() ? "" : "(" + refs + ")");
     }
-    std::printf("%-48s %-24s %10s  %s\n", m.name.c_str(), revs.c_str(), human(m.size).c_str(),
-                when(m.modified).c_str());
+    std::printf("%-48s %-24s %10s  %s\n", m.name.c_str(), revs.c_str(),
+                vlm::hub::human_bytes(m.size).c_str(), when(m.modified).c_str());
   }
   if (models->empty())
     vlm::log_printf(vlm::LogLevel::kInfo, "no models in %s", o.cache_dir.c_str());
@@ -120,7 +106,7 @@ int cmd_rm(const HubArgs& a) {
   auto freed = vlm::hub::remove_cached(*name, o);
   if (!freed.ok()) return fail(freed.status());
   vlm::log_printf(vlm::LogLevel::kInfo, "removed %s from %s (%s freed)", name->str().c_str(),
-                  o.cache_dir.c_str(), human(*freed).c_str());
+                  o.cache_dir.c_str(), vlm::hub::human_bytes(*freed).c_str());
   return 0;
 }
 
