@@ -88,9 +88,6 @@ struct CachedModel {
   std::vector<CachedRevision> revisions;
 };
 
-// A size as the download's progress says it: "512 B", "12.0 MiB", "1.5 GiB".
-std::string human_bytes(int64_t n);
-
 // Every model in the cache, by name.
 Result<std::vector<CachedModel>> list_cached(const HubOptions& options);
 

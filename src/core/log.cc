@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <ctime>
 #include <mutex>
+#include <string>
+
+#include "core/log_internal.h"
 
 namespace vlm {
 namespace {
@@ -14,6 +17,9 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<int> g_format{static_cast<int>(LogFormat::kText)};
 std::mutex g_write;
+// The line drawn in place at the bottom of stderr (a terminal's progress), and whose it is.
+std::string g_live;
+const void* g_live_owner = nullptr;
 
 // The length of the well-formed UTF-8 sequence at s[i] (1 to 4), or 0 when it is not one.
 size_t utf8_length(std::string_view s, size_t i) {
@@ -153,9 +159,37 @@ void log(LogLevel level, std::string_view message, const std::vector<LogField>& 
     line.push_back('\n');
   }
   std::lock_guard<std::mutex> lock(g_write);
+  if (!g_live.empty()) line = "\r\x1b[K" + line + g_live;  // above the progress line
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
 }
+
+namespace log_internal {
+
+void draw_live(const void* owner, std::string_view frame) {
+  std::lock_guard<std::mutex> lock(g_write);
+  g_live_owner = owner;
+  g_live.assign(frame);
+  const std::string out = "\r\x1b[K" + g_live;
+  std::fwrite(out.data(), 1, out.size(), stderr);
+  std::fflush(stderr);
+}
+
+void end_live(const void* owner, std::string_view last) {
+  std::lock_guard<std::mutex> lock(g_write);
+  std::string out = "\r\x1b[K";
+  out.append(last);
+  if (owner == g_live_owner) {
+    g_live_owner = nullptr;
+    g_live.clear();
+  } else {
+    out += g_live;  // another step's line: `last` goes above it
+  }
+  std::fwrite(out.data(), 1, out.size(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace log_internal
 
 void log_printf(LogLevel level, const char* format, ...) {
   if (!log_enabled(level)) return;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "vlm/log.h"
+#include "vlm/progress.h"
 
 namespace vlm::hub {
 namespace {

@@ -235,18 +235,4 @@ std::string url_quote(const std::string& s, bool safe_slash) {
   return out;
 }
 
-std::string human_bytes(int64_t n) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (n < 1024) return std::to_string(n) + " B";
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 6) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
-  return buf;
-}
-
 }  // namespace vlm::hub

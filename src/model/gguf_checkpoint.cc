@@ -13,6 +13,7 @@
 
 #include "core/half.h"
 #include "io/gguf_quants.h"
+#include "vlm/progress.h"
 
 namespace vlm {
 namespace {
@@ -552,15 +553,20 @@ Status map_text(const GgufFile& f, const Qwen3VLConfig& cfg, Mapper* m) {
                                : map_attention(f, t, g, q, m));
     return map_mlp(f, t, sparse, g, q, m);
   };
+  ProgressStep step("loading the GGUF text decoder", t.num_hidden_layers + t.mtp_num_hidden_layers,
+                    "layers");
   for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
     VLM_RETURN_IF_ERROR(
         layer(l, p + "layers." + std::to_string(l) + ".", t.linear_layer(l), t.sparse_layer(l)));
+    step.advance();
   }
   for (int64_t k = 0; k < t.mtp_num_hidden_layers; ++k) {
     const int64_t l = t.num_hidden_layers + k;
     VLM_RETURN_IF_ERROR(
         layer(l, "mtp.layers." + std::to_string(k) + ".", false, t.num_experts > 0));
+    step.advance();
   }
+  step.finish();
   if (t.mtp_num_hidden_layers > 0) {
     const std::string g = "blk." + std::to_string(t.num_hidden_layers) + ".nextn.";
     VLM_RETURN_IF_ERROR(m->add(f, g + "eh_proj.weight", "mtp.fc.weight", {H, 2 * H}));
@@ -610,12 +616,15 @@ Status map_vision(const GgufFile& v, const Qwen3VLVisionConfig& c, Mapper* m) {
       {"ffn_down.weight", "mlp.linear_fc2.weight", {h, I}},
       {"ffn_down.bias", "mlp.linear_fc2.bias", {h}},
   };
+  ProgressStep step("loading the GGUF vision tower", c.depth, "blocks");
   for (int64_t l = 0; l < c.depth; ++l) {
     for (const Entry& e : block) {
       VLM_RETURN_IF_ERROR(m->add(v, "v.blk." + std::to_string(l) + "." + e.gguf,
                                  p + "blocks." + std::to_string(l) + "." + e.hf, e.shape));
     }
+    step.advance();
   }
+  step.finish();
   const int64_t out = c.out_hidden_size;
   // The merger (its norm over each patch's h features) and each DeepStack merger (its norm over
   // the merged 4h), the latter numbered in the file by the vision layer it taps.

@@ -1,12 +1,15 @@
 #include "model/qwen3vl_weights.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/half.h"
 #include "ops/ops.h"
+#include "vlm/progress.h"
 
 namespace vlm {
 namespace {
@@ -303,14 +306,17 @@ Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeigh
   // Copied a slice at a time, each slice's file pages released right after: the process never
   // holds much more than one copy of the weights (peak RSS).
   constexpr size_t kSlice = size_t{64} << 20;
+  ProgressStep step("reading the weights", static_cast<int64_t>(total), "bytes");
   for (const auto& [src, r] : ranges) {
     const auto* from = static_cast<const uint8_t*>(src);
     for (size_t done = 0; done < r.bytes; done += kSlice) {
       const size_t n = std::min(kSlice, r.bytes - done);
       std::memcpy(buf.data() + r.offset + done, from + done, n);
       store.release_pages(from + done, n);
+      step.advance(static_cast<int64_t>(n));
     }
   }
+  step.finish();
   for (TensorView* v : views) {
     auto it = ranges.find(v->data);
     if (it != ranges.end()) v->data = buf.data() + it->second.offset;
@@ -472,6 +478,15 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
   // stored, straight into the layer's own buffer), then quantized.
   std::vector<uint8_t> scratch;
   std::set<const TensorView*> split;  // the experts made here
+  const std::string to = quant == WeightQuant::kInt8 ? "int8" : "int4";
+  int64_t fused_layers = 0;
+  for (const TextLayerWeights& L : qw.layers) fused_layers += L.moe.fused_gate_up.data != nullptr;
+  std::optional<ProgressStep> expert_step;
+  if (fused_layers > 0) {
+    expert_step.emplace(
+        quant == WeightQuant::kNone ? "laying out the experts" : "quantizing the experts to " + to,
+        fused_layers, "layers");
+  }
   for (size_t l = 0; l < qw.layers.size(); ++l) {
     MoeWeights& m = qw.layers[l].moe;
     if (m.fused_gate_up.data == nullptr) continue;
@@ -517,13 +532,23 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
     }
     m.fused_gate_up = TensorView{};
     m.fused_down = TensorView{};
+    expert_step->advance();
   }
+  if (expert_step) expert_step->finish();
 
   // Every layer's products (each expert's too) and the head. Tied: lm_head is a second view of
   // the embedding table; only that view is quantized.
   if (quant != WeightQuant::kNone) {
+    const auto n_layers = static_cast<int64_t>(qw.layers.size());
+    ProgressStep step("quantizing the text decoder to " + to, n_layers, "layers");
     VLM_RETURN_IF_ERROR(
         for_each_weight(&qw, nullptr, Qwen3VLConfig{}, "", "", [&](const WeightSlot& s) {
+          // The walk goes layer by layer ("layers.N."): at layer N, the N before it are done.
+          if (s.name.rfind("layers.", 0) == 0) {
+            const int64_t at =
+                std::min<int64_t>(std::strtoll(s.name.c_str() + 7, nullptr, 10), n_layers);
+            if (at > step.done()) step.advance(at - step.done());
+          }
           if (s.kind != WeightKind::kLayerLinear && s.kind != WeightKind::kHead) return ok_status();
           if (split.count(s.matrix) != 0) return ok_status();  // quantized above
           // A GGUF file's quantized blocks stay as stored (they are the file's quantization), and
@@ -537,6 +562,8 @@ Status quantize_text_weights(TextWeights* w, WeightQuant quant, ThreadPool& pool
           *s.matrix = std::move(q);
           return ok_status();
         }));
+    step.advance(n_layers - step.done());
+    step.finish();
   }
   if (!int8->empty()) qw.int8_storage = std::move(int8);
   if (!int4->empty()) qw.int4_storage = std::move(int4);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/half.h"
+#include "vlm/progress.h"
 
 namespace vlm::ops {
 namespace {
@@ -192,12 +193,16 @@ Result<KernelChoice> choose_bf16_gemm(ThreadPool& pool, Isa isa, int64_t M, int6
     if (bf16_gemm_runs(g, M, K, ws)) gemms.push_back(g);
   }
   for (Bf16Gemm g : gemms) c.candidates.push_back({bf16_gemm_name(g), 0});
+  ProgressStep step("measuring the " + family + " kernels",
+                    kRounds * static_cast<int64_t>(gemms.size()), "runs");
   for (int round = 0; round < kRounds; ++round) {
     for (size_t i = 0; i < gemms.size(); ++i) {
       c.candidates[i].gflops =
           std::max(c.candidates[i].gflops, measure(gemms[i], x, w, M, K, y, pool, isa));
+      step.advance();
     }
   }
+  step.finish();
   std::vector<bool> exact(c.candidates.size(), false);
   exact[0] = true;        // f32; the BF16 candidates round x
   pick(&c, exact, 1.05);  // exactness is worth 5%
@@ -254,6 +259,8 @@ Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamil
     c.candidates.push_back({cands[i].name, 0});
     exact.push_back(cands[i].exact);
   }
+  ProgressStep step("measuring the " + c.family + " kernels",
+                    kRounds * static_cast<int64_t>(index.size()), "runs");
   for (int round = 0; round < kRounds; ++round) {
     for (size_t j = 0; j < index.size(); ++j) {
       DecodeKernels k;
@@ -269,8 +276,10 @@ Result<KernelChoice> choose_decode_kernel(ThreadPool& pool, Isa isa, DecodeFamil
           2, 10000);
       c.candidates[j].gflops =
           std::max(c.candidates[j].gflops, static_cast<double>(bytes) * sweeps / 1e9);
+      step.advance();
     }
   }
+  step.finish();
   pick(&c, exact, 1.05);
   store(cache_dir, lines, c);
   return c;

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -691,7 +692,17 @@ TEST_F(CliRun, GreedyReplyEqualsTransformersContinuation) {
   for (const char* s : {"prompt ", "prefill ", "tok/s", "generated ", "decode ", "peak RSS "}) {
     EXPECT_NE(r.err.find(s), std::string::npos) << r.err;
   }
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  // Before it, the load's step lines only ("vlm: reading the weights: ... in 0.0 s").
+  std::istringstream lines(r.err);
+  std::vector<std::string> said;
+  for (std::string l; std::getline(lines, l);) said.push_back(l);
+  ASSERT_FALSE(said.empty());
+  EXPECT_EQ(said.back().rfind("vlm: prompt ", 0), 0u) << r.err;
+  for (size_t i = 0; i + 1 < said.size(); ++i) {
+    EXPECT_TRUE(std::regex_match(said[i], std::regex("vlm: [a-z0-9_ ]+: [0-9.]+ [A-Za-z]+ in "
+                                                     "[0-9.]+ s( \\(.*/s\\))?")))
+        << said[i];
+  }
 }
 
 TEST_F(CliRun, ImageQuestionReportsVisionWork) {

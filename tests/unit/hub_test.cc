@@ -349,8 +349,6 @@ TEST(HubText, QuotingAndFolderNames) {
   EXPECT_TRUE(is_commit_hash(std::string(40, 'a')));
   EXPECT_FALSE(is_commit_hash(std::string(40, 'A')));
   EXPECT_FALSE(is_commit_hash("main"));
-  EXPECT_EQ(human_bytes(512), "512 B");
-  EXPECT_EQ(human_bytes(3 << 20), "3.0 MiB");
 }
 
 // A cache built by hand: two revisions of one model sharing a blob.

@@ -7,6 +7,7 @@
 
 #include "vlm/hub.h"
 #include "vlm/log.h"
+#include "vlm/progress.h"
 
 namespace vlm_cli {
 namespace {
@@ -30,15 +31,14 @@ int cmd_pull(const HubArgs& a) {
   auto name = vlm::hub::parse_model_name(a.name);
   if (!name.ok()) return fail(name.status());
   vlm::hub::HubOptions o = vlm::hub::options_from_env(a.token);
-  if (a.quiet) o.progress = vlm::hub::Progress::kQuiet;
   auto m = vlm::hub::resolve(*name, o);
   if (!m.ok()) return fail(m.status());
-  if (!a.quiet) {
+  if (vlm::log_enabled(vlm::LogLevel::kInfo)) {  // not --quiet
     const int n = m->files_downloaded;
     const std::string what = n == 0 ? "already in the cache"
                                     : "downloaded " + std::to_string(n) +
                                           (n == 1 ? " file, " : " files, ") +
-                                          vlm::hub::human_bytes(m->bytes_downloaded);
+                                          vlm::human_bytes(m->bytes_downloaded);
     vlm::log_printf(vlm::LogLevel::kInfo, "%s at %s: %s", name->str().c_str(), m->commit.c_str(),
                     what.c_str());
     if (!m->mmproj.empty())
@@ -86,7 +86,7 @@ int cmd_ls(const HubArgs& a) {
               (refs.empty() ? "" : "(" + refs + ")");
     }
     std::printf("%-48s %-24s %10s  %s\n", m.name.c_str(), revs.c_str(),
-                vlm::hub::human_bytes(m.size).c_str(), when(m.modified).c_str());
+                vlm::human_bytes(m.size).c_str(), when(m.modified).c_str());
   }
   if (models->empty())
     vlm::log_printf(vlm::LogLevel::kInfo, "no models in %s", o.cache_dir.c_str());
@@ -106,7 +106,7 @@ int cmd_rm(const HubArgs& a) {
   auto freed = vlm::hub::remove_cached(*name, o);
   if (!freed.ok()) return fail(freed.status());
   vlm::log_printf(vlm::LogLevel::kInfo, "removed %s from %s (%s freed)", name->str().c_str(),
-                  o.cache_dir.c_str(), vlm::hub::human_bytes(*freed).c_str());
+                  o.cache_dir.c_str(), vlm::human_bytes(*freed).c_str());
   return 0;
 }
 
@@ -141,7 +141,6 @@ void add_hub_commands(CLI::App* app, HubArgs* a) {
       "Download a model into the Hugging Face cache (or check it is whole); prints its path");
   a->pull->add_option("name", a->name, "ORG/NAME[@REVISION][:QUANT]")->required();
   add_hf_token_option(a->pull, &a->token);
-  a->pull->add_flag("-q,--quiet", a->quiet, "No progress; only the path");
   a->ls = app->add_subcommand("ls", "List the models in the Hugging Face cache");
   a->ls->add_flag("--json", a->json, "As JSON: names, revisions, refs, paths, files and bytes");
   a->rm = app->add_subcommand(

@@ -27,7 +27,6 @@ struct HubArgs {
   std::string name;
   std::string token;
   bool json = false;
-  bool quiet = false;
   CLI::App* pull = nullptr;
   CLI::App* ls = nullptr;
   CLI::App* rm = nullptr;

@@ -689,7 +689,11 @@ int main(int argc, char** argv) {
   }
   vlm::LogLevel log_level = vlm::LogLevel::kInfo;
   vlm::LogFormat log_format = vlm::LogFormat::kText;
+  bool quiet = false;
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    sub->add_flag("-q,--quiet", quiet,
+                  "Warnings and errors only: no progress, no stage or statistics lines (the "
+                  "output itself is unchanged)");
     vlm::cli::add_enum_option(sub, "--log-level", &log_level, vlm::parse_log_level,
                               "What is said on stderr: error, warn, info (default) or debug");
     vlm::cli::add_enum_option(sub, "--log-format", &log_format, vlm::parse_log_format,
@@ -707,7 +711,7 @@ int main(int argc, char** argv) {
   if (*serve) {  // before the log settings: the file may hold them
     if (vlm::Status st = vlm_cli::apply_config(serve, serve_config); !st.ok()) return fail(st);
   }
-  vlm::set_log_level(log_level);
+  vlm::set_log_level(quiet ? std::min(log_level, vlm::LogLevel::kWarn) : log_level);
   vlm::set_log_format(log_format);
   if (const int rc = vlm_cli::run_hub_command(ha); rc >= 0) return rc;
   // Model names (ORG/NAME[@REVISION][:QUANT]) become their files in the Hugging Face cache.
