@@ -76,6 +76,16 @@ struct StructuredOutput {
   std::string tool_call_end = "\n</tool_call>";
 };
 
+// Pooling instead of generating (embeddings, a reranker's score): the prompt is prefilled as a
+// step kind of its own — batched with the other requests' rows, its blocks prefix-cached — and
+// nothing is sampled. The final piece carries the last prompt token's hidden state after the
+// final norm (what transformers' Qwen3VLModel returns as last_hidden_state[-1]) and the logits of
+// `logit_ids` there (a reranker's "no" and "yes"). The CPU only.
+struct PoolingParams {
+  bool enabled = false;
+  std::vector<int32_t> logit_ids;
+};
+
 struct GenerateRequest {
   // Token ids as the chat template renders them: each image is <|vision_start|><|image_pad|>
   // <|vision_end|> with a SINGLE pad, which the engine expands to the image's token count.
@@ -103,6 +113,8 @@ struct GenerateRequest {
   int32_t logprobs = -1;
   // A grammar the reply must follow (after the reasoning, when the prompt opened it).
   StructuredOutput structured;
+  // Pooling: no reply; the sampling, stop and budget settings are not used.
+  PoolingParams pooling;
 };
 
 // A token's log-probability as the caller sees it: `token` holds the bytes the token adds to the
@@ -160,6 +172,10 @@ struct RequestOutput {
   FinishReason finish_reason = FinishReason::kNone;
   Status error;        // non-ok: the request failed (finished)
   RequestStats stats;  // complete on the final piece; token counts so far before it
+  // A pooling request's final piece (GenerateRequest::pooling): the hidden state [hidden size]
+  // and the logits of its logit_ids, in their order.
+  std::vector<float> pooled_hidden;
+  std::vector<float> pooled_logits;
 };
 
 // One streamed piece of the reply.

@@ -460,10 +460,14 @@ void EngineCore::update() {
     const int64_t n = it.num_spec > 0 ? s.reqs.at(it.request_id)->step_tokens : it.num_tokens;
     s.computed.emplace_back(it.request_id, n);
   }
-  for (const StepRow& row : s.rows) {  // prefill-only requests end with their prompt
-    if (row.kind == StepKind::kPrefillOnly &&
-        row.first_token + row.num_tokens == row.seq->prompt_len()) {
+  for (const StepRow& row : s.rows) {  // prefill-only and pooling requests end with their prompt
+    if (row.first_token + row.num_tokens != row.seq->prompt_len()) continue;
+    if (row.kind == StepKind::kPrefillOnly) {
       end(*s.reqs.at(row.request_id), FinishReason::kLength, ok_status());
+    } else if (row.kind == StepKind::kPool) {
+      EngineRequest& r = *s.reqs.at(row.request_id);
+      r.stream->keep_pooled(std::move(r.seq.pooled_hidden), std::move(r.seq.pooled_logits));
+      end(r, FinishReason::kStop, ok_status());
     }
   }
   if (s.proposer) record_spec(out);
@@ -564,7 +568,9 @@ void EngineCore::propose() {
   s.propose_jobs.clear();
   for (const StepRow& row : s.rows) {
     auto f = s.reqs.find(row.request_id);
-    if (f == s.reqs.end() || row.kind == StepKind::kPrefillOnly) continue;
+    if (f == s.reqs.end() || row.kind == StepKind::kPrefillOnly || row.kind == StepKind::kPool) {
+      continue;
+    }
     EngineRequest& r = *f->second;
     if (r.step_tokens == 0 || r.ending != FinishReason::kNone) continue;  // a chunk, or done
     if (r.spec_cap == 0 && r.spec_wait-- <= 0) r.spec_cap = 1;            // waited: try again

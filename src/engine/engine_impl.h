@@ -75,6 +75,7 @@ struct Engine::Impl {
     m.input.video = &video;
     m.input.has_vision = has_vision;
     m.input.max_context = max_context;
+    m.input.on_cpu = opts.device == Device::kCpu;
     m.gpu_memory_utilization = opts.gpu_memory_utilization;
     if (draft) {
       m.draft.decoder = draft->decoder.get();

@@ -208,6 +208,11 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
     return invalid_argument("at most " + std::to_string(kMaxTopLogprobs) +
                             " top logprobs per token");
   }
+  if (request.pooling.enabled && !m_.on_cpu) {
+    return unimplemented(
+        "pooling (embeddings, reranking) runs on the CPU only; run the model "
+        "with --device cpu");
+  }
   auto r = std::make_unique<EngineRequest>();
   // Images and videos: read, decode and preprocess here, on the caller's thread (or find them
   // cached).
@@ -216,7 +221,11 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
   if (multimodal) VLM_RETURN_IF_ERROR(stage_media(request, *r));
   r->prompt_len = r->runs.empty() ? static_cast<int64_t>(request.prompt_ids.size())
                                   : expanded_length(request.prompt_ids.size(), r->runs, r->images);
-  VLM_ASSIGN_OR_RETURN(r->max_new_tokens, generation_budget(r->prompt_len, request.max_new_tokens));
+  const bool pooling = request.pooling.enabled;
+  // Pooling samples nothing: one position of room, as the scheduler keeps for every request.
+  VLM_ASSIGN_OR_RETURN(r->max_new_tokens,
+                       generation_budget(r->prompt_len, pooling ? std::optional<int64_t>(1)
+                                                                : request.max_new_tokens));
   // The scheduler samples at least one token per request.
   if (r->max_new_tokens < 1) return invalid_argument("max_tokens must be >= 1");
   VLM_RETURN_IF_ERROR(check_kv_fits(r->prompt_len + r->max_new_tokens, num_blocks_, block_size_));
@@ -229,6 +238,17 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
     prompt.logits->assign(static_cast<size_t>(r->prompt_len * m_.cfg->text_config.vocab_size), 0.f);
     seq.prompt_logits = prompt.logits->data();
     r->reads_prefix_cache = prompt.read_prefix_cache;
+  }
+  if (pooling) {
+    if (prompt.logits != nullptr) return invalid_argument("pooling does not give prompt logits");
+    for (const int32_t id : request.pooling.logit_ids) {
+      if (id < 0 || id >= m_.cfg->text_config.vocab_size) {
+        return invalid_argument("pooling: logit id " + std::to_string(id) +
+                                " is outside the vocabulary");
+      }
+    }
+    r->kind = StepKind::kPool;
+    seq.pool_logit_ids = request.pooling.logit_ids;
   }
   r->expanded_ids = prompt.expanded_ids;
   if (!request.ignore_eos) {

@@ -44,6 +44,7 @@ struct InputModel {
   const VideoStaging* video = nullptr;
   bool has_vision = false;
   int64_t max_context = 0;
+  bool on_cpu = true;  // pooling runs on the CPU only (so far)
 };
 
 class InputProcessor {

@@ -163,13 +163,12 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
       c.vision = &vision_[i];
     }
     const bool reaches_end = c.first + c.n == r.len();
-    c.rows = it.kind != StepKind::kGenerate ? LogitRows::kAll
-             : reaches_end                  ? LogitRows::kLast
-                                            : LogitRows::kNone;
+    const bool all_rows = it.kind == StepKind::kPrefillOnly || it.kind == StepKind::kVerify;
+    c.rows = all_rows ? LogitRows::kAll : reaches_end ? LogitRows::kLast : LogitRows::kNone;
     // On a device a logit row stays there unless the host needs it (logprobs, a logit bias):
     // greedy takes the argmax, the rest a draw made there with this request's settings.
-    if (device_sampling_ && c.rows == LogitRows::kLast && r.logprobs < 0 &&
-        r.sampler->device_can_draw()) {
+    if (device_sampling_ && it.kind == StepKind::kGenerate && c.rows == LogitRows::kLast &&
+        r.logprobs < 0 && r.sampler->device_can_draw()) {
       on_device_[i] = 1;
       if (!r.sampler->plain_greedy()) {
         ops::SampleParams sp;
@@ -182,7 +181,8 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
       }
     }
     logit_rows_n += static_cast<size_t>(logit_rows(c));
-    decode = decode && c.n == 1 && c.vision == nullptr && c.rows == LogitRows::kLast;
+    decode = decode && c.n == 1 && c.vision == nullptr && c.rows == LogitRows::kLast &&
+             it.kind == StepKind::kGenerate;
     widest = std::max(widest, c.num_table_blocks);
   }
   // Every position's row (prefill-only rows) needs more room than a step of last rows: grown for
@@ -217,10 +217,28 @@ Status ModelRunner::forward(std::span<const StepRow> rows) {
     }
   }
   // Also after an error: the next prepare() rewrites the staging the copies read from.
-  const Status synced = be_.synchronize();
+  Status synced = be_.synchronize();
+  if (st.ok() && synced.ok()) synced = keep_pooled(rows);
   if (!st.ok() || !synced.ok()) rows_ = {};  // nothing to sample
   VLM_RETURN_IF_ERROR(st);
   return synced;
+}
+
+Status ModelRunner::keep_pooled(std::span<const StepRow> rows) {
+  const int64_t V = model_.vocab_size;
+  int64_t row = 0;  // the chunk's first logit row
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SeqChunk& c = chunks_[i];
+    if (rows[i].kind == StepKind::kPool && c.rows == LogitRows::kLast) {
+      Sequence& r = *rows[i].seq;
+      r.pooled_hidden.resize(static_cast<size_t>(dec_.hidden_size()));
+      VLM_RETURN_IF_ERROR(dec_.normed_rows_to_host(row, 1, r.pooled_hidden.data()));
+      r.pooled_logits.clear();
+      for (const int32_t id : r.pool_logit_ids) r.pooled_logits.push_back(logits_[row * V + id]);
+    }
+    row += logit_rows(c);
+  }
+  return ok_status();
 }
 
 void ModelRunner::verify_chunk(const StepRow& row, size_t at, SeqChunk* c) {
@@ -279,6 +297,10 @@ bool ModelRunner::sample_next(SampledToken* out) {
     if (!verify) {
       ++next_row_;
       if (c.rows == LogitRows::kNone) continue;
+      if (rows_[i].kind == StepKind::kPool) {  // kept by forward(): no token
+        next_logit_row_ += 1;
+        continue;
+      }
       if (c.rows == LogitRows::kAll) {  // prefill-only: the prompt's rows, no token
         std::copy_n(logits_.data() + next_logit_row_ * V, c.n * V, r.prompt_logits + c.first * V);
         next_logit_row_ += static_cast<size_t>(c.n);

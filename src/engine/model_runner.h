@@ -89,6 +89,9 @@ class ModelRunner {
   // A kVerify row's chunk: its last token and the proposals, at the text positions after it, in
   // the runner's scratch from `at`.
   void verify_chunk(const StepRow& row, size_t at, SeqChunk* c);
+  // After the pass: each kPool row that reached its prompt's end keeps its hidden state and the
+  // logits of its ids (Sequence::pooled_hidden, pooled_logits).
+  Status keep_pooled(std::span<const StepRow> rows);
   // The next token of kVerify row i (its logit rows from next_logit_row_): moves on to the next
   // row once the token is not the proposal, or is the one after the last.
   void sample_verify(size_t i, SampledToken* out);

@@ -87,7 +87,8 @@ Status MtpProposer::observe(std::span<const StepRow> rows) {
         v.embeds = q.prompt.embeds.data();
         c.vision = &v;
       }
-      const bool first = f + m == q.len() - 1 && row.kind != StepKind::kPrefillOnly;
+      const bool first =
+          f + m == q.len() - 1 && row.kind != StepKind::kPrefillOnly && row.kind != StepKind::kPool;
       c.rows = first ? LogitRows::kLast : LogitRows::kNone;
       chunks_.push_back(c);
       chunk_id_.push_back(first ? row.request_id : -1);

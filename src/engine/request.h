@@ -26,9 +26,11 @@ namespace vlm {
 
 // What a row of a step computes (ModelRunner::forward). kGenerate samples a token where a chunk
 // reaches the end of its sequence; kPrefillOnly writes every prompt position's logits to the
-// request and samples nothing (Engine::logits; pooling next); kVerify is a decode row with
-// proposed tokens (speculative decoding): logits at each, and the tokens accepted plus one.
-enum class StepKind : uint8_t { kGenerate, kPrefillOnly, kVerify };
+// request and samples nothing (Engine::logits); kPool (pooling: embeddings, a reranker's score)
+// keeps the last prompt token's hidden state after the final norm and the logits of a few ids
+// there, and samples nothing; kVerify is a decode row with proposed tokens (speculative
+// decoding): logits at each, and the tokens accepted plus one.
+enum class StepKind : uint8_t { kGenerate, kPrefillOnly, kPool, kVerify };
 
 // The sequence the model runs: its ids (prompt, then sampled), each position's image feature row
 // and 3-D position, the prepared prompt (image features), its sampler, and what the caller asked
@@ -41,6 +43,9 @@ struct Sequence {
   std::unique_ptr<Sampler> sampler;
   int32_t logprobs = -1;           // top alternatives per sampled token; -1: none
   float* prompt_logits = nullptr;  // kPrefillOnly: every prompt position's row [n, vocab]
+  // kPool: the ids whose logits are kept, and what the pass at the prompt's end kept.
+  std::vector<int32_t> pool_logit_ids;
+  std::vector<float> pooled_hidden, pooled_logits;
 
   int64_t prompt_len() const { return static_cast<int64_t>(prompt.ids.size()); }
   int64_t len() const { return static_cast<int64_t>(ids.size()); }
@@ -69,7 +74,7 @@ struct EngineRequest {
   std::vector<StagedImage> images;  // the images and videos, in prompt order
   int64_t prompt_len = 0;           // expanded
   int64_t max_new_tokens = 0;
-  StepKind kind = StepKind::kGenerate;  // kPrefillOnly: Engine::logits
+  StepKind kind = StepKind::kGenerate;  // kPrefillOnly: Engine::logits; kPool: pooling
   bool reads_prefix_cache = true;       // false for Engine::logits unless it asks
   std::vector<int32_t>* expanded_ids =
       nullptr;  // Engine::logits: the expanded prompt, at admission

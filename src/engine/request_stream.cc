@@ -89,6 +89,7 @@ bool RequestStream::take(RequestOutput* out, bool wait) {
   Status error;
   RequestStats stats;
   int64_t first_forward_ns = 0;
+  std::vector<float> pooled_hidden, pooled_logits;
   {
     std::unique_lock<std::mutex> lock(s.mu);
     auto ready = [&] { return consumed_ < s.published || s.finished || s.cancelled.load(); };
@@ -113,8 +114,14 @@ bool RequestStream::take(RequestOutput* out, bool wait) {
     error = s.error;
     stats = s.stats;
     first_forward_ns = s.first_forward_ns;
+    if (ended) {
+      pooled_hidden = std::move(s.pooled_hidden);
+      pooled_logits = std::move(s.pooled_logits);
+    }
   }
   *out = RequestOutput{};
+  out->pooled_hidden = std::move(pooled_hidden);
+  out->pooled_logits = std::move(pooled_logits);
   if (have_token) proc_->on_token(tok, tops, out);
   if (have_token && proc_->stopped()) {
     // A stop string: the reply ends here; the engine may have sampled a little further, which

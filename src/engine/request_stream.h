@@ -56,6 +56,8 @@ struct RequestStream::State {
   // request is admitted; the engine's first forward pass over it (steady_clock ns).
   RequestStats stats;
   int64_t first_forward_ns = 0;
+  // A pooling request's result (RequestOutput::pooled_hidden, pooled_logits), set before close.
+  std::vector<float> pooled_hidden, pooled_logits;
 
   std::atomic<bool> cancelled{false};
   std::function<void()> notify;        // called by the engine thread after appending
@@ -68,6 +70,13 @@ struct RequestStream::State {
   // consumer sees the two together — and the consumer wakes.
   void close(FinishReason reason, const Status& error, const SampledToken* last = nullptr,
              bool stop = false, int64_t step = 0, int64_t sampled_ns = 0);
+
+  // The engine thread, before close(): a pooling request's result.
+  void keep_pooled(std::vector<float> hidden, std::vector<float> logits) {
+    std::lock_guard<std::mutex> lock(mu);
+    pooled_hidden = std::move(hidden);
+    pooled_logits = std::move(logits);
+  }
 
   // publish() with the lock held.
   void append_locked(const SampledToken& t, bool stop, int64_t step, int64_t sampled_ns);

@@ -616,6 +616,19 @@ Status TextDecoder::head(const Pass& p, ops::Buf norm, ops::Buf normed, ops::Buf
   return be.linear(normed, p.n_sel, lm_head_ ? *lm_head_ : *embed_, logits);
 }
 
+Status TextDecoder::normed_rows_to_host(int64_t first, int64_t n, float* out) const {
+  const ops::Buf xn = xn_.buf();
+  if (xn.dtype != DType::kF32) {
+    return unimplemented(std::string("the final hidden states in ") + dtype_name(xn.dtype) +
+                         " (pooling reads them in f32: the CPU)");
+  }
+  if (first < 0 || n < 0 || first + n > max_chunk_) {
+    return invalid_argument("normed_rows_to_host: rows outside the pass");
+  }
+  const int64_t H = cfg_.hidden_size;
+  return be_.to_host(out, xn.at(first * H), static_cast<size_t>(n * H) * sizeof(float));
+}
+
 Status TextDecoder::run(const Pass& p, const KvCache& cache, ops::Buf logits) {
   const int64_t H = cfg_.hidden_size;
   const int64_t C = max_chunk_, T = p.rows;

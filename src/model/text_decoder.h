@@ -120,6 +120,7 @@ class TextDecoder {
 
   int64_t max_chunk() const { return max_chunk_; }
   int64_t vocab_size() const { return cfg_.vocab_size; }
+  int64_t hidden_size() const { return cfg_.hidden_size; }
   ops::Backend& backend() const { return be_; }
   // Bytes of the linear weights a decode step reads (q/k/v/o, gate/up/down and the head), and
   // how many weights they hold (bytes · 8 / count: bits per weight, scales included).
@@ -160,6 +161,9 @@ class TextDecoder {
   // order, into `logits` (the backend's memory).
   Status forward_batch(const SeqChunk* chunks, int64_t n_chunks, const KvCache& cache,
                        ops::Buf logits);
+  // After run(): logit rows [first, first + n)'s hidden states after the final norm (what the
+  // head multiplied), f32, to the host (`out` [n, hidden]). An f32 activation type only.
+  Status normed_rows_to_host(int64_t first, int64_t n, float* out) const;
 
   // Qwen3.5's MTP head (speculative decoding's `--spec mtp`), when the weights have one (the CPU
   // only). run() then also keeps every row's last hidden state (after the final norm) until the

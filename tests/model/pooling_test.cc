@@ -1,0 +1,156 @@
+// Pooling requests (GenerateRequest::pooling) through the engine on the vision fixture: the last
+// prompt token's hidden state after the final norm and the logits of two ids there equal
+// transformers' (scripts/make_pooling_reference.py) for text and image prompts — alone, all at
+// once beside a generation (which still answers as transformers does), and again from the prefix
+// cache — and bad pooling requests are refused before anything is queued.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <vector>
+
+#include "model/fixture_model.h"
+#include "test_util.h"
+#include "vlm/engine.h"
+
+namespace vlm {
+namespace {
+
+using test_util::load_fixture_engine;
+
+const std::string kDir = std::string(VLM_FIXTURES_DIR) + "/vision-f32";
+
+struct Case {
+  std::string name;
+  GenerateRequest request;  // pooling on
+  std::vector<float> hidden, logits;
+};
+
+std::vector<Case> cases() {
+  const auto vision = nlohmann::json::parse(test_util::read_file(kDir + "/reference.json"));
+  const auto ref = nlohmann::json::parse(test_util::read_file(kDir + "/pooling_reference.json"));
+  std::vector<Case> out;
+  for (const auto& c : ref["cases"]) {
+    Case k;
+    k.name = c["name"];
+    k.request.prompt_ids = c["prompt_ids"].get<std::vector<int32_t>>();
+    for (const auto& im : c["images"]) {
+      k.request.images.push_back(test_util::vision_fixture_image(vision, im));
+    }
+    k.request.pooling.enabled = true;
+    k.request.pooling.logit_ids = ref["logit_ids"].get<std::vector<int32_t>>();
+    k.hidden = c["hidden"].get<std::vector<float>>();
+    k.logits = c["logits"].get<std::vector<float>>();
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+// The final piece of a request (every earlier piece carries no token).
+RequestOutput last_piece(RequestStream& s) {
+  RequestOutput piece, last;
+  while (s.next(&piece)) {
+    EXPECT_EQ(piece.token_id, -1) << "a pooling request sampled a token";
+    last = std::move(piece);
+  }
+  EXPECT_TRUE(last.finished);
+  return last;
+}
+
+double cosine(const std::vector<float>& a, const std::vector<float>& b) {
+  const double ab = std::inner_product(a.begin(), a.end(), b.begin(), 0.0);
+  const double aa = std::inner_product(a.begin(), a.end(), a.begin(), 0.0);
+  const double bb = std::inner_product(b.begin(), b.end(), b.begin(), 0.0);
+  return ab / std::sqrt(aa * bb);
+}
+
+void expect_matches(const Case& c, const RequestOutput& got) {
+  SCOPED_TRACE(c.name);
+  ASSERT_TRUE(got.error.ok()) << got.error.message();
+  ASSERT_EQ(got.pooled_hidden.size(), c.hidden.size());
+  EXPECT_LE(test_util::rel_err(got.pooled_hidden, c.hidden), 1e-4);
+  EXPECT_GE(cosine(got.pooled_hidden, c.hidden), 0.99999);
+  ASSERT_EQ(got.pooled_logits.size(), c.logits.size());
+  EXPECT_LE(test_util::rel_err(got.pooled_logits, c.logits), 1e-4);
+  EXPECT_EQ(got.stats.completion_tokens, 0);
+  EXPECT_GT(got.stats.prompt_tokens, static_cast<int64_t>(c.request.prompt_ids.size()) - 1);
+}
+
+TEST(Pooling, EachPromptAloneMatchesTransformers) {
+  auto e = load_fixture_engine("vision-f32");
+  ASSERT_NE(e, nullptr);
+  const std::vector<Case> all = cases();
+  ASSERT_EQ(all.size(), 5u);
+  for (const Case& c : all) {
+    auto s = e->submit(c.request);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    expect_matches(c, last_piece(**s));
+  }
+}
+
+TEST(Pooling, AllAtOnceBesideAGenerationAndFromTheCache) {
+  BatchingOptions b;
+  b.max_batched_tokens = 48;  // chunked: pooling rows share steps with each other and a decode
+  b.block_size = 4;           // every prompt holds whole blocks to find cached
+  auto e = load_fixture_engine("vision-f32", b);
+  ASSERT_NE(e, nullptr);
+  const std::vector<Case> all = cases();
+  // A generation of the "single" case, greedy, as transformers continues it.
+  const auto vision = nlohmann::json::parse(test_util::read_file(kDir + "/reference.json"));
+  const auto& single = vision["cases"][0];
+  GenerateRequest gen;
+  gen.prompt_ids = single["prompt_ids"].get<std::vector<int32_t>>();
+  gen.images = all[0].request.images;
+  gen.max_new_tokens = single["greedy"]["max_new_tokens"].get<int64_t>();
+  gen.sampling.do_sample = false;
+  gen.ignore_eos = true;
+  auto g = e->submit(gen);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  for (int round = 0; round < 2; ++round) {  // the second round finds every prompt cached
+    std::vector<std::unique_ptr<RequestStream>> streams;
+    for (const Case& c : all) {
+      auto s = e->submit(c.request);
+      ASSERT_TRUE(s.ok()) << s.status().message();
+      streams.push_back(std::move(s).value());
+    }
+    for (size_t i = 0; i < all.size(); ++i) {
+      const RequestOutput got = last_piece(*streams[i]);
+      expect_matches(all[i], got);
+      if (round == 1) {
+        EXPECT_GT(got.stats.cached_tokens, 0) << all[i].name;
+        EXPECT_LT(got.stats.cached_tokens, got.stats.prompt_tokens) << all[i].name;
+      }
+    }
+  }
+  std::vector<int32_t> tokens;
+  RequestOutput piece;
+  while ((*g)->next(&piece)) {
+    if (piece.token_id >= 0) tokens.push_back(piece.token_id);
+  }
+  EXPECT_EQ(tokens, single["greedy"]["output_ids"].get<std::vector<int32_t>>());
+}
+
+TEST(Pooling, BadRequestsAreRefused) {
+  auto e = load_fixture_engine("vision-f32");
+  ASSERT_NE(e, nullptr);
+  Case c = cases().back();  // text only
+  c.request.pooling.logit_ids = {3, 1024};
+  auto s = e->submit(c.request);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("logit id 1024 is outside the vocabulary"), std::string::npos)
+      << s.status().message();
+  c.request.prompt_ids.clear();
+  EXPECT_FALSE(e->submit(c.request).ok());
+  // Without logit ids: the hidden state alone.
+  Case h = cases().back();
+  h.request.pooling.logit_ids.clear();
+  auto ok = e->submit(h.request);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  const RequestOutput got = last_piece(**ok);
+  EXPECT_TRUE(got.pooled_logits.empty());
+  EXPECT_LE(test_util::rel_err(got.pooled_hidden, h.hidden), 1e-4);
+}
+
+}  // namespace
+}  // namespace vlm
