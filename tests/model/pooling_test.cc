@@ -2,7 +2,11 @@
 // prompt token's hidden state after the final norm and the logits of two ids there equal
 // transformers' (scripts/make_pooling_reference.py) for text and image prompts — alone, all at
 // once beside a generation (which still answers as transformers does), and again from the prefix
-// cache — and bad pooling requests are refused before anything is queued.
+// cache — and bad pooling requests are refused before anything is queued. The prompts of
+// Qwen3-VL-Embedding and -Reranker (vlm/pooling.h) equal transformers' rendering of the models'
+// own message layout (scripts/make_pooling_prompts.py), token for token.
+#include "vlm/pooling.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +17,7 @@
 #include "model/fixture_model.h"
 #include "test_util.h"
 #include "vlm/engine.h"
+#include "vlm/tokenizer.h"
 
 namespace vlm {
 namespace {
@@ -150,6 +155,91 @@ TEST(Pooling, BadRequestsAreRefused) {
   const RequestOutput got = last_piece(**ok);
   EXPECT_TRUE(got.pooled_logits.empty());
   EXPECT_LE(test_util::rel_err(got.pooled_hidden, h.hidden), 1e-4);
+}
+
+PoolingInput pooling_input(const nlohmann::json& j) {
+  PoolingInput in;
+  in.text = j.value("text", "");
+  in.images.resize(j.value("images", 0));
+  in.videos.resize(j.value("videos", 0));
+  for (size_t i = 0; i < in.images.size(); ++i) in.images[i].path = "image" + std::to_string(i);
+  for (size_t i = 0; i < in.videos.size(); ++i) in.videos[i].path = "video" + std::to_string(i);
+  return in;
+}
+
+TEST(PoolingPrompts, EqualTheModelsOwnLayout) {
+  const auto ref = nlohmann::json::parse(
+      test_util::read_file(std::string(VLM_FIXTURES_DIR) + "/chat_template/pooling_prompts.json"));
+  auto tok = Tokenizer::load(std::string(VLM_TESTDATA_DIR) + "/tokenizer");
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  ASSERT_EQ(ref["embed"].size(), 9u);
+  for (const auto& c : ref["embed"]) {
+    const std::string instr = c["instruction"];
+    SCOPED_TRACE(instr);
+    const PoolingInput in = pooling_input(c["input"]);
+    EXPECT_EQ(embedding_prompt(in, instr), c["text"].get<std::string>());
+    auto r = embedding_request(**tok, in, instr);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->prompt_ids, c["ids"].get<std::vector<int32_t>>());
+    EXPECT_EQ(r->images.size(), in.images.size());
+    EXPECT_EQ(r->videos.size(), in.videos.size());
+    EXPECT_TRUE(r->pooling.enabled);
+    EXPECT_TRUE(r->pooling.logit_ids.empty());
+  }
+  ASSERT_EQ(ref["rerank"].size(), 4u);
+  for (const auto& c : ref["rerank"]) {
+    const PoolingInput q = pooling_input(c["query"]), d = pooling_input(c["document"]);
+    EXPECT_EQ(rerank_prompt(q, d, c["instruction"].get<std::string>()),
+              c["text"].get<std::string>());
+    auto r = rerank_request(**tok, q, d, c["instruction"].get<std::string>());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->prompt_ids, c["ids"].get<std::vector<int32_t>>());
+    ASSERT_EQ(r->images.size(), q.images.size() + d.images.size());
+    if (!q.images.empty()) EXPECT_EQ(r->images.front().path, "image0");  // the query's first
+    EXPECT_EQ(r->pooling.logit_ids, (std::vector<int32_t>{ref["no"], ref["yes"]}));
+  }
+}
+
+TEST(PoolingPrompts, EmbeddingsAreUnitVectorsOfTheirFirstDimensions) {
+  const std::vector<float> h = {3.f, 4.f, 12.f, -84.f};
+  auto all = embedding_from_hidden(h);
+  ASSERT_TRUE(all.ok());
+  EXPECT_NEAR((*all)[0], 3.0 / 85.0, 1e-7);
+  EXPECT_NEAR((*all)[3], -84.0 / 85.0, 1e-7);
+  auto two = embedding_from_hidden(h, 2);  // Matryoshka: cut first, then normalised
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->size(), 2u);
+  EXPECT_NEAR((*two)[0], 0.6, 1e-7);
+  EXPECT_NEAR((*two)[1], 0.8, 1e-7);
+  for (const int64_t bad : {int64_t{-1}, int64_t{5}}) {
+    auto r = embedding_from_hidden(h, bad);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("between 1 and 4"), std::string::npos);
+  }
+  const std::vector<float> zero(4, 0.f);
+  auto z = embedding_from_hidden(zero);
+  ASSERT_TRUE(z.ok());
+  EXPECT_EQ((*z)[0], 0.f);  // no NaN for a zero vector
+  EXPECT_NEAR(rerank_score(std::vector<float>{1.f, 1.f}), 0.5, 1e-12);
+  EXPECT_NEAR(rerank_score(std::vector<float>{-2.f, 1.f}), 1.0 / (1.0 + std::exp(-3.0)), 1e-12);
+  EXPECT_TRUE(std::isnan(rerank_score(std::vector<float>{1.f})));
+}
+
+// The score of the fixture's pooled logits equals the one of transformers' logits.
+TEST(PoolingPrompts, ScoreOfPooledLogitsMatchesTransformers) {
+  auto e = load_fixture_engine("vision-f32");
+  ASSERT_NE(e, nullptr);
+  for (const Case& c : cases()) {
+    auto s = e->submit(c.request);
+    ASSERT_TRUE(s.ok());
+    const RequestOutput got = last_piece(**s);
+    const double want = 1.0 / (1.0 + std::exp(static_cast<double>(c.logits[0]) - c.logits[1]));
+    EXPECT_NEAR(rerank_score(got.pooled_logits), want, 1e-5) << c.name;
+    auto emb = embedding_from_hidden(got.pooled_hidden);
+    ASSERT_TRUE(emb.ok());
+    auto ref = embedding_from_hidden(c.hidden);
+    EXPECT_GE(cosine(*emb, *ref), 0.99999) << c.name;
+  }
 }
 
 }  // namespace
