@@ -11,7 +11,10 @@
 // Nothing at level warn or error (--quiet). A step that fails (destroyed before finish()) takes
 // its line back and says nothing: the error that follows says why. Lines vlm::log writes while a
 // step is drawn go above it.
-// Thread-safety: advance() from any thread; the rest from the thread that made the step.
+// Steps may nest (a step within a step): the inner one's line is drawn, and the outer one's
+// again when it ends.
+// Thread-safety: advance() from any thread, but none still running when finish() or the
+// destructor runs; the rest from the thread that made the step.
 #pragma once
 
 #include <atomic>
@@ -53,7 +56,7 @@ class ProgressStep {
   std::atomic<int64_t> last_draw_ns_{0};
   bool live_ = false;  // drawn in place (a terminal)
   bool quiet_ = false;
-  bool finished_ = false;
+  std::atomic<bool> finished_{false};
 };
 
 }  // namespace vlm

@@ -113,7 +113,7 @@ struct GenerateRequest {
   int32_t logprobs = -1;
   // A grammar the reply must follow (after the reasoning, when the prompt opened it).
   StructuredOutput structured;
-  // Pooling: no reply; the sampling, stop and budget settings are not used.
+  // Pooling: no reply; the sampling, stop, logprobs, grammar and budget settings are ignored.
   PoolingParams pooling;
 };
 

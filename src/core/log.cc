@@ -1,6 +1,7 @@
 // vlm::log: one process-wide level and format, lines written whole to stderr.
 #include "vlm/log.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdarg>
@@ -8,6 +9,7 @@
 #include <ctime>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/log_internal.h"
 
@@ -17,9 +19,16 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<int> g_format{static_cast<int>(LogFormat::kText)};
 std::mutex g_write;
-// The line drawn in place at the bottom of stderr (a terminal's progress), and whose it is.
-std::string g_live;
-const void* g_live_owner = nullptr;
+// The lines of the steps under way on a terminal (vlm::ProgressStep), oldest first: the last is
+// drawn in place at the bottom of stderr, the others wait under it (a step within a step).
+struct LiveLine {
+  const void* owner;
+  std::string frame;
+};
+std::vector<LiveLine> g_live;
+
+// What is drawn at the bottom now ("" when no step is under way).
+std::string live_frame() { return g_live.empty() ? std::string() : g_live.back().frame; }
 
 // The length of the well-formed UTF-8 sequence at s[i] (1 to 4), or 0 when it is not one.
 size_t utf8_length(std::string_view s, size_t i) {
@@ -159,7 +168,7 @@ void log(LogLevel level, std::string_view message, const std::vector<LogField>& 
     line.push_back('\n');
   }
   std::lock_guard<std::mutex> lock(g_write);
-  if (!g_live.empty()) line = "\r\x1b[K" + line + g_live;  // above the progress line
+  if (!g_live.empty()) line = "\r\x1b[K" + line + live_frame();  // above the progress line
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
 }
@@ -168,23 +177,24 @@ namespace log_internal {
 
 void draw_live(const void* owner, std::string_view frame) {
   std::lock_guard<std::mutex> lock(g_write);
-  g_live_owner = owner;
-  g_live.assign(frame);
-  const std::string out = "\r\x1b[K" + g_live;
+  auto it = std::find_if(g_live.begin(), g_live.end(),
+                         [&](const LiveLine& l) { return l.owner == owner; });
+  if (it == g_live.end()) it = g_live.insert(g_live.end(), LiveLine{owner, {}});
+  it->frame.assign(frame);
+  if (it + 1 != g_live.end()) return;  // a step within it is drawn now
+  const std::string out = "\r\x1b[K" + it->frame;
   std::fwrite(out.data(), 1, out.size(), stderr);
   std::fflush(stderr);
 }
 
 void end_live(const void* owner, std::string_view last) {
   std::lock_guard<std::mutex> lock(g_write);
-  std::string out = "\r\x1b[K";
-  out.append(last);
-  if (owner == g_live_owner) {
-    g_live_owner = nullptr;
-    g_live.clear();
-  } else {
-    out += g_live;  // another step's line: `last` goes above it
-  }
+  auto it = std::find_if(g_live.begin(), g_live.end(),
+                         [&](const LiveLine& l) { return l.owner == owner; });
+  if (it == g_live.end() && last.empty()) return;
+  if (it != g_live.end()) g_live.erase(it);
+  // `last` in the line's place, and the step under way below it (an outer one drawn again).
+  const std::string out = "\r\x1b[K" + std::string(last) + live_frame();
   std::fwrite(out.data(), 1, out.size(), stderr);
   std::fflush(stderr);
 }

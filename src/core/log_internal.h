@@ -6,10 +6,11 @@
 
 namespace vlm::log_internal {
 
-// Draws `frame` (no line break) in place of the line now drawn, as `owner`'s.
+// Sets `owner`'s line to `frame` (no line break), drawn in place unless a line that began after
+// it (a step within it) is under way.
 void draw_live(const void* owner, std::string_view frame);
-// Ends `owner`'s line: replaced by `last` (a whole line, or empty: erased). When another owner's
-// line is drawn, `last` goes above that line.
+// Ends `owner`'s line: `last` (a whole line, or empty) written in its place, and the line of the
+// step under way then, if any, drawn below it.
 void end_live(const void* owner, std::string_view last);
 
 }  // namespace vlm::log_internal

@@ -73,12 +73,12 @@ ProgressStep::ProgressStep(std::string what, int64_t total, std::string unit)
 }
 
 ProgressStep::~ProgressStep() {
-  if (!finished_ && live_) log_internal::end_live(this, "");  // failed: the error says why
+  if (!finished_.load() && live_) log_internal::end_live(this, "");  // failed: the error says why
 }
 
 void ProgressStep::advance(int64_t n) {
   done_ += n;
-  if (live_) draw(/*force=*/false);
+  if (live_ && !finished_.load()) draw(/*force=*/false);
 }
 
 void ProgressStep::draw(bool force) {
@@ -89,7 +89,7 @@ void ProgressStep::draw(bool force) {
   if (!force && (now - last < kRedrawNs || !last_draw_ns_.compare_exchange_strong(last, now))) {
     return;  // drawn a moment ago, or by another thread just now
   }
-  last_draw_ns_ = now;
+  if (force) last_draw_ns_ = now;
   std::string f = frame(/*final=*/false);
   // One row: a line that wrapped could not be redrawn in place.
   if (const int cols = terminal_columns(); cols > 1 && f.size() >= static_cast<size_t>(cols)) {
@@ -122,8 +122,7 @@ std::string ProgressStep::frame(bool final) const {
 }
 
 void ProgressStep::finish() {
-  if (finished_) return;
-  finished_ = true;
+  if (finished_.exchange(true)) return;
   if (quiet_) return;
   if (live_) {
     log_internal::end_live(this, frame(/*final=*/true) + "\n");
@@ -133,8 +132,9 @@ void ProgressStep::finish() {
   if (log_format() == LogFormat::kJson) {
     char s[32];
     std::snprintf(s, sizeof s, "%.3f", secs);
+    const int64_t done = total_ > 0 ? std::min(done_.load(), total_) : done_.load();
     log(LogLevel::kInfo, what_,
-        {{"done", std::to_string(done_.load()), true},
+        {{"done", std::to_string(done), true},
          {"total", std::to_string(total_), true},
          {"unit", unit_},
          {"seconds", s, true}});

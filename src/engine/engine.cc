@@ -920,6 +920,11 @@ void Engine::wait_idle() { impl_->core->wait_idle(); }
 
 Result<GenerateResult> Engine::generate(const GenerateRequest& req,
                                         const std::function<bool(const TokenEvent&)>& on_token) {
+  if (req.pooling.enabled) {
+    return invalid_argument(
+        "a pooling request has no reply to generate: submit() it and read "
+        "the final piece's pooled_hidden / pooled_logits");
+  }
   VLM_ASSIGN_OR_RETURN(auto stream, submit(req));
   GenerateResult res;
   res.output_ids.reserve(static_cast<size_t>(stream->max_new_tokens()));

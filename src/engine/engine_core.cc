@@ -466,7 +466,8 @@ void EngineCore::update() {
       end(*s.reqs.at(row.request_id), FinishReason::kLength, ok_status());
     } else if (row.kind == StepKind::kPool) {
       EngineRequest& r = *s.reqs.at(row.request_id);
-      r.stream->keep_pooled(std::move(r.seq.pooled_hidden), std::move(r.seq.pooled_logits));
+      r.stream->keep_pooled(std::move(r.seq.pooled_hidden), std::move(r.seq.pooled_logits),
+                            steady_now_ns());
       end(r, FinishReason::kStop, ok_status());
     }
   }

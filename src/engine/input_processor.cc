@@ -195,11 +195,35 @@ Result<std::unique_ptr<Sampler>> InputProcessor::make_sampler(const GenerateRequ
   return sampler;
 }
 
+Status InputProcessor::check_pooling(GenerateRequest& request, const PromptOutputs& prompt) const {
+  if (!m_.on_cpu) {
+    return unimplemented(
+        "pooling (embeddings, reranking) runs on the CPU only; run the model with --device cpu");
+  }
+  if (prompt.logits != nullptr) return invalid_argument("pooling does not give prompt logits");
+  for (const int32_t id : request.pooling.logit_ids) {
+    if (id < 0 || id >= m_.cfg->text_config.vocab_size) {
+      return invalid_argument("pooling: logit id " + std::to_string(id) +
+                              " is outside the vocabulary");
+    }
+  }
+  // Nothing is sampled: the generation's settings are not used (nor checked).
+  request.sampling = SamplingParams{};
+  request.stop.clear();
+  request.stop_token_ids.clear();
+  request.logprobs = -1;
+  request.structured = StructuredOutput{};
+  request.max_thinking_tokens = -1;
+  return ok_status();
+}
+
 Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest request,
                                                                const PromptOutputs& prompt) const {
   if (request.prompt_ids.empty()) return invalid_argument("the prompt is empty");
   VLM_RETURN_IF_ERROR(check_prompt_ids(request.prompt_ids));
   // Checked before any image is read (a bad request costs no decoding).
+  const bool pooling = request.pooling.enabled;
+  if (pooling) VLM_RETURN_IF_ERROR(check_pooling(request, prompt));
   VLM_ASSIGN_OR_RETURN(const ResolvedSampling rs, resolve_sampling(request.sampling));
   if (!request.stop.empty() && m_.tokenizer == nullptr) {
     return invalid_argument("stop strings need the model's tokenizer");
@@ -207,11 +231,6 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
   if (request.logprobs > kMaxTopLogprobs) {
     return invalid_argument("at most " + std::to_string(kMaxTopLogprobs) +
                             " top logprobs per token");
-  }
-  if (request.pooling.enabled && !m_.on_cpu) {
-    return unimplemented(
-        "pooling (embeddings, reranking) runs on the CPU only; run the model "
-        "with --device cpu");
   }
   auto r = std::make_unique<EngineRequest>();
   // Images and videos: read, decode and preprocess here, on the caller's thread (or find them
@@ -221,7 +240,6 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
   if (multimodal) VLM_RETURN_IF_ERROR(stage_media(request, *r));
   r->prompt_len = r->runs.empty() ? static_cast<int64_t>(request.prompt_ids.size())
                                   : expanded_length(request.prompt_ids.size(), r->runs, r->images);
-  const bool pooling = request.pooling.enabled;
   // Pooling samples nothing: one position of room, as the scheduler keeps for every request.
   VLM_ASSIGN_OR_RETURN(r->max_new_tokens,
                        generation_budget(r->prompt_len, pooling ? std::optional<int64_t>(1)
@@ -240,13 +258,6 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
     r->reads_prefix_cache = prompt.read_prefix_cache;
   }
   if (pooling) {
-    if (prompt.logits != nullptr) return invalid_argument("pooling does not give prompt logits");
-    for (const int32_t id : request.pooling.logit_ids) {
-      if (id < 0 || id >= m_.cfg->text_config.vocab_size) {
-        return invalid_argument("pooling: logit id " + std::to_string(id) +
-                                " is outside the vocabulary");
-      }
-    }
     r->kind = StepKind::kPool;
     seq.pool_logit_ids = request.pooling.logit_ids;
   }

@@ -58,6 +58,9 @@ class InputProcessor {
   // stream's state (not yet numbered or queued). Bad input is an error here; nothing is queued.
   Result<std::unique_ptr<EngineRequest>> process(GenerateRequest request,
                                                  const PromptOutputs& prompt) const;
+  // A pooling request's own checks (the CPU, its logit ids), and its generation settings
+  // cleared (they are not used).
+  Status check_pooling(GenerateRequest& request, const PromptOutputs& prompt) const;
 
   // The engine thread, at admission: whether every image of `r` is encoded now (found in the
   // vision cache meanwhile, or encoded for it). Once they are, assemble() expands the prompt

@@ -90,6 +90,7 @@ bool RequestStream::take(RequestOutput* out, bool wait) {
   RequestStats stats;
   int64_t first_forward_ns = 0;
   std::vector<float> pooled_hidden, pooled_logits;
+  int64_t pooled_ns = 0;
   {
     std::unique_lock<std::mutex> lock(s.mu);
     auto ready = [&] { return consumed_ < s.published || s.finished || s.cancelled.load(); };
@@ -117,6 +118,7 @@ bool RequestStream::take(RequestOutput* out, bool wait) {
     if (ended) {
       pooled_hidden = std::move(s.pooled_hidden);
       pooled_logits = std::move(s.pooled_logits);
+      pooled_ns = s.pooled_ns;
     }
   }
   *out = RequestOutput{};
@@ -132,7 +134,8 @@ bool RequestStream::take(RequestOutput* out, bool wait) {
     error = ok_status();
   }
   stats.completion_tokens = proc_->tokens();
-  stats.prefill_ms = ms_between_ns(first_forward_ns, proc_->first_sampled_ns());
+  stats.prefill_ms =
+      ms_between_ns(first_forward_ns, pooled_ns > 0 ? pooled_ns : proc_->first_sampled_ns());
   stats.decode_ms = ms_between_ns(proc_->first_sampled_ns(), proc_->last_sampled_ns());
   out->stats = stats;
   if (ended) {

@@ -56,8 +56,10 @@ struct RequestStream::State {
   // request is admitted; the engine's first forward pass over it (steady_clock ns).
   RequestStats stats;
   int64_t first_forward_ns = 0;
-  // A pooling request's result (RequestOutput::pooled_hidden, pooled_logits), set before close.
+  // A pooling request's result (RequestOutput::pooled_hidden, pooled_logits), set before close,
+  // and when its last prompt token was computed (steady_clock ns; its prefill's end).
   std::vector<float> pooled_hidden, pooled_logits;
+  int64_t pooled_ns = 0;
 
   std::atomic<bool> cancelled{false};
   std::function<void()> notify;        // called by the engine thread after appending
@@ -72,10 +74,11 @@ struct RequestStream::State {
              bool stop = false, int64_t step = 0, int64_t sampled_ns = 0);
 
   // The engine thread, before close(): a pooling request's result.
-  void keep_pooled(std::vector<float> hidden, std::vector<float> logits) {
+  void keep_pooled(std::vector<float> hidden, std::vector<float> logits, int64_t at_ns) {
     std::lock_guard<std::mutex> lock(mu);
     pooled_hidden = std::move(hidden);
     pooled_logits = std::move(logits);
+    pooled_ns = at_ns;
   }
 
   // publish() with the lock held.

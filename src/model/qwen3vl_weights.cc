@@ -306,7 +306,9 @@ Result<HugePageBuffer> copy_weights_to_huge_pages(TextWeights* text, VisionWeigh
   // Copied a slice at a time, each slice's file pages released right after: the process never
   // holds much more than one copy of the weights (peak RSS).
   constexpr size_t kSlice = size_t{64} << 20;
-  ProgressStep step("reading the weights", static_cast<int64_t>(total), "bytes");
+  int64_t to_read = 0;  // the copy's bytes, not its alignment
+  for (const auto& [src, r] : ranges) to_read += static_cast<int64_t>(r.bytes);
+  ProgressStep step("reading the weights", to_read, "bytes");
   for (const auto& [src, r] : ranges) {
     const auto* from = static_cast<const uint8_t*>(src);
     for (size_t done = 0; done < r.bytes; done += kSlice) {

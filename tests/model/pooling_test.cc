@@ -145,15 +145,22 @@ TEST(Pooling, BadRequestsAreRefused) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("logit id 1024 is outside the vocabulary"), std::string::npos)
       << s.status().message();
-  c.request.prompt_ids.clear();
-  EXPECT_FALSE(e->submit(c.request).ok());
-  // Without logit ids: the hidden state alone.
+  // Without logit ids: the hidden state alone; the generation's settings are ignored, even ones
+  // a generation would refuse.
   Case h = cases().back();
   h.request.pooling.logit_ids.clear();
+  h.request.logprobs = 50;
+  h.request.sampling.temperature = -1.0;
+  h.request.stop = {"x"};
+  GenerateRequest refused = h.request;
+  refused.pooling.enabled = false;
+  EXPECT_FALSE(e->submit(refused).ok());
+  EXPECT_FALSE(e->generate(h.request).ok());  // no reply to generate
   auto ok = e->submit(h.request);
   ASSERT_TRUE(ok.ok()) << ok.status().message();
   const RequestOutput got = last_piece(**ok);
   EXPECT_TRUE(got.pooled_logits.empty());
+  EXPECT_GT(got.stats.prefill_ms, 0.0);
   EXPECT_LE(test_util::rel_err(got.pooled_hidden, h.hidden), 1e-4);
 }
 
