@@ -507,6 +507,26 @@ TEST(Cli, BenchCommaListsWriteEveryMeasurementAsJson) {
   EXPECT_NE(r.err.find("| prefill "), std::string::npos) << r.err;
 }
 
+// --pool: pooling requests of each length, at batch 1 and each --batch, in embeddings a second;
+// nothing else runs (--batch alone would have been batched decode).
+TEST(Cli, BenchPoolingThroughput) {
+  const std::string dir = kFixtures + "/text-f32-untied";
+  CliResult r = vlm("bench -m " + quote(dir) + " --pool 8,16 --batch 3 -r 2 -t 2 --json -");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  auto pool = rows_of(j, "pool");
+  ASSERT_EQ(pool.size(), 4u);
+  EXPECT_EQ(j["results"].size(), 4u);
+  for (size_t i = 0; i < pool.size(); ++i) {
+    EXPECT_EQ(pool[i]["size"], i < 2 ? 8 : 16);
+    EXPECT_EQ(pool[i]["batch"], i % 2 == 0 ? 1 : 3);
+    EXPECT_EQ(pool[i]["unit"], "emb/s");
+    expect_row_figures(pool[i], 2);
+  }
+  EXPECT_TRUE(pool[1].contains("speedup_vs_batch1"));
+  EXPECT_NE(r.err.find("| pooling (embeddings) | 3 x 16 tokens "), std::string::npos) << r.err;
+}
+
 // A hybrid model's decode stream counts its linear-attention state beside the weights: every
 // linear layer's f32 recurrent state and conv window, from the config; bytes × tok/s is the row.
 TEST(Cli, BenchCountsTheHybridStateInTheDecodeStream) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -413,7 +414,7 @@ vlm::Result<ImageCase> synthetic_case(const std::string& size) {
 
 // What one run measures: the sizes parsed from the options, or the default run's.
 struct BenchPlan {
-  std::vector<int64_t> prompts, gens, batches, attention, delta_chunks, video_frames;
+  std::vector<int64_t> prompts, gens, batches, attention, delta_chunks, video_frames, pool;
   std::vector<ImageCase> images;
   bool membw = false;
   bool default_run = false;      // no selection: the standard sizes and images, and the probe
@@ -435,7 +436,7 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
       !sizes("--batch", a.batch_sizes, &p.batches) ||
       !sizes("--attention", a.attention_sizes, &p.attention) ||
       !sizes("--delta-rule", a.delta_chunks, &p.delta_chunks) ||
-      !sizes("--spec-cost", a.spec_cost, &p.spec_cost) ||
+      !sizes("--pool", a.pool_sizes, &p.pool) || !sizes("--spec-cost", a.spec_cost, &p.spec_cost) ||
       !sizes("--video-frames", a.video_frames.empty() ? "8,32,128" : a.video_frames,
              &p.video_frames)) {
     return vlm::invalid_argument(err);
@@ -479,14 +480,17 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
   const bool selected = !p.prompts.empty() || !p.gens.empty() || !p.batches.empty() ||
                         !p.spec_cost.empty() || !p.images.empty() || p.membw ||
                         !p.attention.empty() || !p.delta_chunks.empty() || !a.structured.empty() ||
-                        !a.videos.empty();
+                        !a.videos.empty() || !p.pool.empty();
   p.default_run = !selected;
   if (p.default_run) {
     p.prompts = {128, 512, 2048};
     p.gens = {128};
     p.membw = true;
   }
-  if ((!p.batches.empty() || !a.structured.empty()) && p.gens.empty()) p.gens = {128};
+  // --batch batches the decode (-n, default 128), or with --pool alone the pooling requests.
+  if (((!p.batches.empty() && p.pool.empty()) || !a.structured.empty()) && p.gens.empty()) {
+    p.gens = {128};
+  }
   if (!p.batches.empty() && std::find(p.batches.begin(), p.batches.end(), 1) == p.batches.end()) {
     p.batches.insert(p.batches.begin(), 1);
   }
@@ -514,7 +518,7 @@ vlm::Result<BenchPlan> plan_bench(const BenchArgs& a) {
   if (!p.gen_ids.empty()) p.gen_prompt = static_cast<int64_t>(p.gen_ids.size());
   p.needs_model = !p.prompts.empty() || p.decode || !p.batches.empty() || !p.images.empty() ||
                   p.default_run || !p.attention.empty() || !p.delta_chunks.empty() ||
-                  !a.structured.empty() || !a.videos.empty();
+                  !a.structured.empty() || !a.videos.empty() || !p.pool.empty();
   if (p.needs_model && a.model.empty()) {
     return vlm::invalid_argument("bench: -m is required (all but --membw need a model)");
   }
@@ -766,6 +770,52 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
   return vlm::ok_status();
 }
 
+// --pool: pooling requests (what an embedding model runs: the prompt, no token sampled), each
+// --batch of them submitted at once (1 without --batch), every request's prompt its own (its
+// first token differs: no prefix-cache hit): embeddings a second, over the time until the last
+// of a round ends.
+vlm::Status bench_pool(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
+                       BenchReport* r) {
+  const std::vector<int64_t> batches = p.batches.empty() ? std::vector<int64_t>{1} : p.batches;
+  int64_t salt = 0;
+  for (int64_t size : p.pool) {
+    double single = 0;
+    for (int64_t b : batches) {
+      const std::string label = std::to_string(b) + " x " + std::to_string(size) + " tokens";
+      progress("pooling, " + label, a);
+      std::vector<double> per_s;
+      for (int rep = a.no_warmup ? 0 : -1; rep < a.reps; ++rep) {
+        std::vector<std::unique_ptr<vlm::RequestStream>> streams;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < b; ++i) {
+          vlm::GenerateRequest req;
+          req.prompt_ids = synthetic_prompt_ids(size, engine.vocab_size());
+          req.prompt_ids[0] = static_cast<int32_t>(salt++ % engine.vocab_size());
+          req.pooling.enabled = true;
+          auto s = engine.submit(std::move(req));
+          if (!s.ok()) return s.status().with_context("pooling " + label);
+          streams.push_back(std::move(s).value());
+        }
+        for (auto& s : streams) {
+          vlm::RequestOutput out;
+          while (s->next(&out)) {
+            if (!out.error.ok()) return out.error;
+          }
+        }
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (rep >= 0) per_s.push_back(static_cast<double>(b) / secs);
+      }
+      const double median = summarize(per_s).median;
+      if (b == 1) single = median;
+      json f = {{"size", size}, {"batch", b}, {"prompt_tokens", size}};
+      if (single > 0) f["speedup_vs_batch1"] = median / single;
+      r->rows.push_back({"pool", "pooling (embeddings)", label, "emb/s", per_s, f});
+    }
+  }
+  return vlm::ok_status();
+}
+
 // --spec-cost: the verify pass's cost. Batched decode (each --batch, the first -n steps) where
 // every step carries k proposals per request (junk, so only the step's own token is kept), k = 0
 // and each --spec-cost: milliseconds per engine step (the median of a round's steps), and each
@@ -997,6 +1047,10 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("--batch", a->batch_sizes,
                 "Batched decode through the continuous-batching engine at these concurrencies, "
                 "a comma list (1 is always added as the baseline), e.g. 1,8");
+  b->add_option("--pool", a->pool_sizes,
+                "Pooling (what an embedding model runs: the prompt, no token): requests of these "
+                "prompt lengths, each --batch of them at once (1 without --batch); embeddings a "
+                "second");
   b->add_option("--attention", a->attention_sizes,
                 "Decode attention alone (CPU) at these context lengths, a comma list, for each "
                 "KV cache dtype (f32, bf16, int8): ms per step over all layers");
@@ -1057,7 +1111,7 @@ int run_bench(const BenchArgs& a) {
     }
     describe_engine(engine, a, &r);
     for (auto stage : {bench_text, bench_structured, bench_media, bench_batches, bench_spec_cost,
-                       bench_attention, bench_delta_rule}) {
+                       bench_attention, bench_delta_rule, bench_pool}) {
       if (vlm::Status st = stage(engine, a, p, &r); !st.ok()) return fail(st.message());
     }
     if (engine.device() != "cpu") {

@@ -19,6 +19,7 @@ struct BenchArgs {
   std::string batch_sizes;      // --batch "1,8"
   std::string attention_sizes;  // --attention "4096,16384"
   std::string delta_chunks;     // --delta-rule "16,32,64,128"
+  std::string pool_sizes;       // --pool "64": pooling requests (embeddings) of these lengths
   int64_t gen_prompt = 0;       // prompt before the decode measurements; 0 = the first -p, else 128
   std::string gen_prompt_file;  // --gen-prompt-file: that text (tokenized, no template) instead
   std::string spec_cost;        // --spec-cost "1,2,4,8": verify steps with that many proposals
