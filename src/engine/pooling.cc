@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "tokenizer/utf8.h"
+
 namespace vlm {
 namespace {
 
@@ -17,43 +19,11 @@ constexpr std::string_view kRerankSystem =
     "Judge whether the Document meets the requirements based on the Query and the Instruct "
     "provided. Note that the answer can only be \"yes\" or \"no\".";
 
-// The last code point of UTF-8 text (0 when empty or malformed).
-char32_t last_code_point(std::string_view s) {
-  size_t i = s.size();
-  while (i > 0 && (static_cast<unsigned char>(s[i - 1]) & 0xC0) == 0x80) --i;
-  if (i == 0) return 0;
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i - 1;
-  const size_t n = s.size() - (i - 1);
-  if (p[0] < 0x80) return n == 1 ? p[0] : 0;
-  const int len = (p[0] >> 5) == 0x6 ? 2 : (p[0] >> 4) == 0xE ? 3 : (p[0] >> 3) == 0x1E ? 4 : 0;
-  if (len == 0 || static_cast<size_t>(len) != n) return 0;
-  char32_t c = p[0] & (0x7F >> len);
-  for (int k = 1; k < len; ++k) c = (c << 6) | (p[k] & 0x3F);
-  return c;
-}
-
-// Whether Unicode puts `c` in a punctuation category (P*): ASCII exactly (its $ + < = > ^ ` | ~
-// are symbols), and the punctuation of the General Punctuation, CJK and full-width blocks.
-bool is_punctuation(char32_t c) {
-  if (c < 0x80) {
-    constexpr std::string_view p = "!\"#%&'()*,-./:;?@[\\]_{}";
-    return p.find(static_cast<char>(c)) != std::string_view::npos;
-  }
-  if (c == 0xA1 || c == 0xA7 || c == 0xAB || c == 0xB6 || c == 0xB7 || c == 0xBB || c == 0xBF) {
-    return true;
-  }
-  if (c >= 0x2010 && c <= 0x2027) return true;
-  if (c >= 0x2030 && c <= 0x205E) return c != 0x2044 && c != 0x2052;  // those two are math
-  if ((c >= 0x3001 && c <= 0x3003) || (c >= 0x3008 && c <= 0x3011) ||
-      (c >= 0x3014 && c <= 0x301F)) {
-    return true;
-  }
-  if (c >= 0xFF01 && c <= 0xFF65) {        // full-width ASCII punctuation, CJK half-width marks
-    const char32_t a = c - 0xFF01 + 0x21;  // its ASCII twin
-    if (c >= 0xFF5F) return true;
-    return a < 0x80 && is_punctuation(a);
-  }
-  return false;
+// Whether the last character of (non-empty) UTF-8 text is Unicode punctuation.
+bool ends_in_punctuation(std::string_view s) {
+  uint32_t last = 0;
+  for (size_t pos = 0; pos < s.size();) last = tok::utf8_next(s, &pos);
+  return tok::is_punctuation(last);
 }
 
 std::string_view trim(std::string_view s) {
@@ -86,7 +56,7 @@ void take_media(PoolingInput& in, GenerateRequest* r) {
 
 std::string embedding_prompt(const PoolingInput& in, std::string_view instruction) {
   std::string instr(trim(instruction));
-  if (!instr.empty() && !is_punctuation(last_code_point(instr))) instr += '.';
+  if (!instr.empty() && !ends_in_punctuation(instr)) instr += '.';
   if (instr.empty()) instr = kEmbedDefaultInstruction;
   return "<|im_start|>system\n" + instr + "<|im_end|>\n<|im_start|>user\n" + content_or_null(in) +
          "<|im_end|>\n<|im_start|>assistant\n";

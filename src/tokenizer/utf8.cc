@@ -1,5 +1,7 @@
 #include "tokenizer/utf8.h"
 
+#include <utf8proc.h>
+
 #include <array>
 
 namespace vlm::tok {
@@ -150,6 +152,12 @@ uint32_t byte_to_unicode(uint8_t b) { return byte_tables().to_cp[b]; }
 int unicode_to_byte(uint32_t cp) {
   const ByteTables& t = byte_tables();
   return cp < t.to_byte.size() ? t.to_byte[cp] : -1;
+}
+
+bool is_punctuation(uint32_t cp) {
+  if (cp > 0x10FFFF) return false;
+  const utf8proc_category_t c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  return c >= UTF8PROC_CATEGORY_PC && c <= UTF8PROC_CATEGORY_PO;
 }
 
 }  // namespace vlm::tok

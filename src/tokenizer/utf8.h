@@ -34,6 +34,10 @@ void utf8_append_codepoint(uint32_t cp, std::string* out);
 // (and advances by one byte) on invalid input, so callers never loop forever.
 uint32_t utf8_next(std::string_view s, size_t* pos);
 
+// Whether Unicode's general category of `cp` is punctuation (Pc, Pd, Ps, Pe, Pi, Pf, Po), as
+// utf8proc's tables say (Python's unicodedata.category(c).startswith("P")).
+bool is_punctuation(uint32_t cp);
+
 // GPT-2 byte-level alphabet: each byte maps to one printable code point (bytes that are already
 // printable map to themselves; the rest to U+0100 and up) so BPE vocab entries are valid text.
 uint32_t byte_to_unicode(uint8_t b);

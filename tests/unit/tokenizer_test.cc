@@ -72,6 +72,20 @@ std::string* TokenizerTest::load_error_ = nullptr;
 json* TokenizerTest::corpus_ = nullptr;
 json* TokenizerTest::decode_ = nullptr;
 
+// Unicode's punctuation categories (P*), as Python's unicodedata gives them: ASCII's $ + < = > ^
+// ` | ~ are symbols (S*), CJK and full-width marks are punctuation, letters and digits are not.
+TEST(Utf8, PunctuationIsUnicodesGeneralCategory) {
+  for (const char32_t c : {U'.', U'!', U'"', U'#', U'_', U'}', U'\u3002', U'\uFF09', U'\u2026',
+                           U'\u00BF', U'\u300C'}) {
+    EXPECT_TRUE(tok::is_punctuation(c)) << static_cast<uint32_t>(c);
+  }
+  for (const char32_t c : {U'$', U'+', U'<', U'^', U'`', U'|', U'~', U'a', U'7', U' ', U'\u4E2D',
+                           U'\u2044', U'\uFF04'}) {
+    EXPECT_FALSE(tok::is_punctuation(c)) << static_cast<uint32_t>(c);
+  }
+  EXPECT_FALSE(tok::is_punctuation(0xFFFFFFFF));  // utf8_next's invalid marker
+}
+
 TEST_F(TokenizerTest, Basics) {
   EXPECT_EQ(tok_->vocab_size(), 151669);
   EXPECT_EQ(tok_->eos_token_id(), 151645);  // <|im_end|> from tokenizer_config.json

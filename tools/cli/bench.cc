@@ -771,13 +771,12 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
 }
 
 // --pool: pooling requests (what an embedding model runs: the prompt, no token sampled), each
-// --batch of them submitted at once (1 without --batch), every request's prompt its own (its
-// first token differs: no prefix-cache hit): embeddings a second, over the time until the last
-// of a round ends.
+// --batch of them submitted at once (1 without --batch), each request's prompt its own (salted
+// by its index, as the batched decode's): embeddings a second, over the time until the last of
+// a round ends.
 vlm::Status bench_pool(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
                        BenchReport* r) {
   const std::vector<int64_t> batches = p.batches.empty() ? std::vector<int64_t>{1} : p.batches;
-  int64_t salt = 0;
   for (int64_t size : p.pool) {
     double single = 0;
     for (int64_t b : batches) {
@@ -789,8 +788,7 @@ vlm::Status bench_pool(vlm::Engine& engine, const BenchArgs& a, const BenchPlan&
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < b; ++i) {
           vlm::GenerateRequest req;
-          req.prompt_ids = synthetic_prompt_ids(size, engine.vocab_size());
-          req.prompt_ids[0] = static_cast<int32_t>(salt++ % engine.vocab_size());
+          req.prompt_ids = synthetic_prompt_ids(size, engine.vocab_size(), i);
           req.pooling.enabled = true;
           auto s = engine.submit(std::move(req));
           if (!s.ok()) return s.status().with_context("pooling " + label);
