@@ -35,6 +35,21 @@ inline constexpr std::string_view kEmbedDefaultInstruction = "Represent the user
 inline constexpr std::string_view kRerankDefaultInstruction =
     "Given a search query, retrieve relevant candidates that answer the query.";
 
+// The media limits of the models' own code (its qwen-vl-utils settings), applied by the request
+// builders below to what an input leaves unset: an image resized to 4·32² .. 1800·32² pixels; a
+// video file sampled at 1 frame a second, at most 64 frames; a video given as frames keeps at
+// most 64 of them (evenly spaced, as the models' sample_frames) and gets qwen-vl-utils' budget
+// for a list of frames: each frame 128·32² .. max(min(768·32², 2·10·768·32² / n), 1.05·128·32²)
+// pixels, n the frame count rounded up to even (given here as the budget over all n frames).
+inline constexpr int64_t kPoolingImageMinPixels = 4 * 32 * 32;
+inline constexpr int64_t kPoolingImageMaxPixels = 1800 * 32 * 32;
+inline constexpr double kPoolingVideoFps = 1;
+inline constexpr int64_t kPoolingVideoMaxFrames = 64;
+inline constexpr int64_t kPoolingFrameMinPixels = 128 * 32 * 32;
+inline constexpr int64_t kPoolingFrameMaxPixels = 768 * 32 * 32;
+inline constexpr int64_t kPoolingFramesTotalPixels = 10 * 768 * 32 * 32;
+void apply_pooling_media_limits(PoolingInput* in);
+
 // The prompt text of an embedding (image and video pads single) and the request for it.
 std::string embedding_prompt(const PoolingInput& in, std::string_view instruction);
 Result<GenerateRequest> embedding_request(const Tokenizer& tok, PoolingInput in,

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "vlm/engine.h"
@@ -25,8 +26,21 @@ struct KvEventsOptions {
   int32_t hwm = 100000;          // the PUB socket's high-water mark (messages)
 };
 
+// What a server does with its model: generate (the chat and completion routes), embed
+// (/v1/embeddings; /v1/score and /v1/rerank by cosine similarity) or rerank (/v1/score,
+// /v1/rerank). kAuto: embed when the checkpoint is a sentence-transformers model pooling the
+// last token (modules.json), rerank when its config names a sequence classifier reading the
+// "no" and "yes" tokens (vLLM's hf_overrides for Qwen rerankers), else generate.
+enum class ServeTask { kAuto, kGenerate, kEmbed, kRerank };
+const char* serve_task_name(ServeTask t);  // "auto", "generate", "embed", "rerank"
+Result<ServeTask> parse_serve_task(std::string_view name);
+// The task a checkpoint's files say (kGenerate when they say nothing); an error for a
+// sentence-transformers model that pools otherwise than by the last token.
+Result<ServeTask> detect_serve_task(const std::string& model_dir);
+
 struct ServeOptions {
   EngineOptions engine;
+  ServeTask task = ServeTask::kAuto;
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (see Server::port())
   // The names requests may give as `model`, all listed by /v1/models; the first is the one

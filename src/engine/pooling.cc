@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tokenizer/utf8.h"
 
@@ -48,11 +49,50 @@ std::string content_or_null(const PoolingInput& in) {
 }
 
 void take_media(PoolingInput& in, GenerateRequest* r) {
+  apply_pooling_media_limits(&in);
   for (auto& v : in.videos) r->videos.push_back(std::move(v));
   for (auto& i : in.images) r->images.push_back(std::move(i));
 }
 
 }  // namespace
+
+void apply_pooling_media_limits(PoolingInput* in) {
+  for (ImageInput& im : in->images) {
+    if (!im.min_pixels) im.min_pixels = kPoolingImageMinPixels;
+    if (!im.max_pixels) im.max_pixels = kPoolingImageMaxPixels;
+  }
+  for (VideoInput& v : in->videos) {
+    if (v.frames.empty()) {
+      if (!v.fps) v.fps = kPoolingVideoFps;
+      if (!v.max_frames) v.max_frames = kPoolingVideoMaxFrames;
+      continue;
+    }
+    const auto n = static_cast<int64_t>(v.frames.size());
+    if (n > kPoolingVideoMaxFrames) {
+      // numpy.linspace(0, n - 1, 64, dtype=int), as numpy computes it: i * step rounded down,
+      // the last index n - 1.
+      const double step =
+          static_cast<double>(n - 1) / static_cast<double>(kPoolingVideoMaxFrames - 1);
+      std::vector<ImageInput> kept;
+      kept.reserve(kPoolingVideoMaxFrames);
+      for (int64_t i = 0; i < kPoolingVideoMaxFrames; ++i) {
+        const auto at = i + 1 == kPoolingVideoMaxFrames
+                            ? n - 1
+                            : static_cast<int64_t>(static_cast<double>(i) * step);
+        kept.push_back(std::move(v.frames[static_cast<size_t>(at)]));
+      }
+      v.frames = std::move(kept);
+    }
+    // qwen-vl-utils' fetch_video on a list: the count padded to even, then each frame within
+    // [min, max(min(768·32², total / count · 2), int(1.05 · min))].
+    const auto even = static_cast<int64_t>((v.frames.size() + 1) / 2 * 2);
+    const int64_t frame_max =
+        std::max(std::min(kPoolingFrameMaxPixels, kPoolingFramesTotalPixels * 2 / even),
+                 kPoolingFrameMinPixels * 105 / 100);
+    if (!v.min_pixels) v.min_pixels = kPoolingFrameMinPixels * even;
+    if (!v.max_pixels) v.max_pixels = frame_max * even;
+  }
+}
 
 std::string embedding_prompt(const PoolingInput& in, std::string_view instruction) {
   std::string instr(trim(instruction));

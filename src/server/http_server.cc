@@ -16,12 +16,14 @@
 #include <thread>
 
 #include "engine/chat_output_parser.h"
+#include "server/api_response.h"
 #include "server/chat_reply_writer.h"
 #include "server/chat_request_builder.h"
 #include "server/http_client.h"
 #include "server/http_transport.h"
 #include "server/kv_event_publisher.h"
 #include "server/openai_api.h"
+#include "server/pooling_route.h"
 #include "server/router_api.h"
 #include "server/server_metrics.h"
 #include "server/web_ui.h"
@@ -38,19 +40,6 @@ using http::HttpResponse;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-HttpResponse json_response(int status, std::string body) {
-  HttpResponse r;
-  r.status = status;
-  r.body = std::move(body);
-  return r;
-}
-
-HttpResponse error_response(const ApiError& e) {
-  HttpResponse r = json_response(e.http_status, api_error_json(e));
-  if (e.http_status == 429 || e.http_status == 503) r.headers.push_back({"Retry-After", "1"});
-  return r;
 }
 
 }  // namespace
@@ -98,6 +87,10 @@ struct Server::Impl {
 
   // Set by load() before `ready`: the chat route's requests are checked against the engine.
   std::unique_ptr<ChatRequestBuilder> chat_builder;
+  // Set by load() before `ready`: what the server does (never kAuto), and with kEmbed or kRerank
+  // the pooling routes.
+  ServeTask task = ServeTask::kGenerate;
+  std::unique_ptr<PoolingRoutes> pooling;
 
   void reply_error(HttpExchange& ex, const ApiError& e, const char* outcome) {
     ex.respond(error_response(e));
@@ -142,6 +135,7 @@ struct Server::Impl {
     log_printf(LogLevel::kInfo, "chat template: %s", tpl->origin().c_str());
     limits.vocab_size = engine->vocab_size();  // set before `ready`, read after it
     chat_builder = make_chat_builder();
+    VLM_RETURN_IF_ERROR(start_pooling());
     const Engine::CoreStats st = engine->core_stats();
     log_printf(LogLevel::kInfo, "KV cache: %lld blocks of %lld tokens = %lld tokens, %s, %.1f MiB",
                static_cast<long long>(st.kv_blocks_total), static_cast<long long>(st.kv_block_size),
@@ -170,6 +164,39 @@ struct Server::Impl {
     }
     metrics->loaded(st, st.prefix_caching);
     describe_replica(st);
+    return ok_status();
+  }
+
+  // The task (--task, else what the checkpoint says) and, for embed and rerank, the pooling
+  // routes; pooling runs on the CPU only, and a reranker needs its "no" and "yes" tokens.
+  Status start_pooling() {
+    task = opts.task;
+    if (task == ServeTask::kAuto) {
+      VLM_ASSIGN_OR_RETURN(task, detect_serve_task(opts.engine.model_dir));
+    }
+    if (task == ServeTask::kGenerate) return ok_status();
+    if (opts.engine.device == Device::kCuda) {
+      return unimplemented(std::string("--task ") + serve_task_name(task) +
+                           ": pooling runs on the CPU only for now (--device cpu)");
+    }
+    const Tokenizer& tok = *engine->tokenizer();
+    if (task == ServeTask::kRerank && (!tok.token_to_id("yes") || !tok.token_to_id("no"))) {
+      return invalid_argument(
+          "--task rerank: the tokenizer has no \"yes\" and \"no\" tokens, which a Qwen "
+          "reranker scores");
+    }
+    log_printf(LogLevel::kInfo, "task: %s (%s)", serve_task_name(task),
+               task == ServeTask::kEmbed ? "/v1/embeddings; /v1/score, /v1/rerank by cosine"
+                                         : "/v1/score, /v1/rerank");
+    PoolingContext c;
+    c.engine = engine.get();
+    c.metrics = metrics.get();
+    c.chat_builder = chat_builder.get();
+    c.model_names = model_names;
+    c.task = task;
+    c.next_id = &next_id;
+    c.max_inputs = opts.engine.batching.max_waiting;
+    pooling = std::make_unique<PoolingRoutes>(std::move(c));
     return ok_status();
   }
 
@@ -256,6 +283,19 @@ struct Server::Impl {
                     ready ? engine.get() : nullptr);
   }
   std::string loads();  // GET /v1/loads
+  // A generation request to a pooling server: answered with a 400 (true).
+  bool pooling_task_refuses(HttpExchange& ex) {
+    if (!pooling) return false;
+    reply_error(ex,
+                ApiError{400, "invalid_request_error",
+                         std::string("this server was started with --task ") +
+                             serve_task_name(task) + " and generates no text: it answers " +
+                             (task == ServeTask::kEmbed ? "/v1/embeddings, " : "") +
+                             "/v1/score and /v1/rerank",
+                         ""},
+                "bad_request");
+    return true;
+  }
   void chat(const std::shared_ptr<HttpExchange>& ex);
   void completions(const std::shared_ptr<HttpExchange>& ex);
   void tokenize(const std::shared_ptr<HttpExchange>& ex);
@@ -553,10 +593,39 @@ void Server::Impl::register_routes() {
   }
   http->route(
       "POST", "/v1/chat/completions", RunOn::kWorker,
-      [this](std::shared_ptr<HttpExchange> ex) { chat(ex); }, api_gate);
+      [this](std::shared_ptr<HttpExchange> ex) {
+        if (!pooling_task_refuses(*ex)) chat(ex);
+      },
+      api_gate);
   http->route(
       "POST", "/v1/completions", RunOn::kWorker,
-      [this](std::shared_ptr<HttpExchange> ex) { completions(ex); }, api_gate);
+      [this](std::shared_ptr<HttpExchange> ex) {
+        if (!pooling_task_refuses(*ex)) completions(ex);
+      },
+      api_gate);
+  // The pooling routes (vLLM's paths); a generating server refuses them.
+  using PoolingHandler = void (PoolingRoutes::*)(const std::shared_ptr<HttpExchange>&) const;
+  const std::pair<const char*, PoolingHandler> pooling_routes[] = {
+      {"/v1/embeddings", &PoolingRoutes::embeddings},
+      {"/v1/score", &PoolingRoutes::score},
+      {"/score", &PoolingRoutes::score},
+      {"/v1/rerank", &PoolingRoutes::rerank},
+      {"/rerank", &PoolingRoutes::rerank},
+      {"/v2/rerank", &PoolingRoutes::rerank}};
+  for (const auto& [path, handler] : pooling_routes) {
+    http->route(
+        "POST", path, RunOn::kWorker,
+        [this, h = handler](std::shared_ptr<HttpExchange> ex) {
+          if (pooling) return ((*pooling).*h)(ex);
+          reply_error(*ex,
+                      ApiError{400, "invalid_request_error",
+                               "this server generates text: serve an embedding model with --task "
+                               "embed, a reranker with --task rerank",
+                               ""},
+                      "bad_request");
+        },
+        api_gate);
+  }
   // vLLM's tokenizer endpoints (media are decoded to count their tokens: a worker thread).
   http->route(
       "POST", "/tokenize", RunOn::kWorker,

@@ -28,24 +28,6 @@ ApiError bad_request(std::string message, std::string param) {
 // never crash here).
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
-// Parses a request body into an object: the nesting is bounded before the parser (or anything
-// recursive) sees it, and malformed JSON is a 400 naming the position.
-std::optional<ApiError> parse_body(std::string_view body, ojson* out) {
-  if (json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth) {
-    return bad_request(
-        "the request JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels", "");
-  }
-  try {
-    *out = ojson::parse(body);
-  } catch (const ojson::exception& e) {
-    // A syntax error names the byte position ("parse error at line 1, column 12: ..."); a number
-    // too large for a double (1e400) is an out_of_range.
-    return bad_request(std::string("malformed JSON body: ") + e.what(), "");
-  }
-  if (!out->is_object()) return bad_request("the request body must be a JSON object", "");
-  return std::nullopt;
-}
-
 // The request fields, by endpoint. Every field a request carries is one of these, or it is
 // refused by name: a parameter that would change the output must never be ignored silently.
 // clang-format off
@@ -969,6 +951,22 @@ std::optional<ApiError> parse_completion_into(const ojson& body, const ApiLimits
 
 }  // namespace
 
+std::optional<ApiError> parse_json_object(std::string_view body, nlohmann::ordered_json* out) {
+  if (json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth) {
+    return bad_request(
+        "the request JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels", "");
+  }
+  try {
+    *out = ojson::parse(body);
+  } catch (const ojson::exception& e) {
+    // A syntax error names the byte position ("parse error at line 1, column 12: ..."); a number
+    // too large for a double (1e400) is an out_of_range.
+    return bad_request(std::string("malformed JSON body: ") + e.what(), "");
+  }
+  if (!out->is_object()) return bad_request("the request body must be a JSON object", "");
+  return std::nullopt;
+}
+
 const char* api_error_type(int http_status) {
   return http_status == 401   ? "authentication_error"
          : http_status == 404 ? "not_found_error"
@@ -1033,7 +1031,7 @@ ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
                                                        const ApiLimits& limits,
                                                        const MediaPolicy& media) {
   ojson j;
-  if (auto e = parse_body(body, &j)) return *e;
+  if (auto e = parse_json_object(body, &j)) return *e;
   ChatCompletionRequest req;
   if (auto e = parse_into(j, limits, media, &req)) return *e;
   return req;
@@ -1041,7 +1039,7 @@ ApiResult<ChatCompletionRequest> parse_chat_completion(std::string_view body,
 
 ApiResult<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits) {
   ojson j;
-  if (auto e = parse_body(body, &j)) return *e;
+  if (auto e = parse_json_object(body, &j)) return *e;
   CompletionRequest req;
   if (auto e = parse_completion_into(j, limits, &req)) return *e;
   return req;
@@ -1062,7 +1060,7 @@ std::optional<ApiError> read_model(const ojson& j, std::string* model) {
 
 ApiResult<TokenizeRequest> parse_tokenize(std::string_view body) {
   ojson j;
-  if (auto e = parse_body(body, &j)) return *e;
+  if (auto e = parse_json_object(body, &j)) return *e;
   TokenizeRequest r;
   if (auto e = read_model(j, &r.model)) return *e;
   const bool has_prompt = j.contains("prompt"), has_messages = j.contains("messages");
@@ -1118,7 +1116,7 @@ std::string tokenize_json(const std::vector<int32_t>& ids, int64_t max_model_len
 
 ApiResult<DetokenizeRequest> parse_detokenize(std::string_view body, int64_t vocab) {
   ojson j;
-  if (auto e = parse_body(body, &j)) return *e;
+  if (auto e = parse_json_object(body, &j)) return *e;
   DetokenizeRequest r;
   if (auto e = read_model(j, &r.model)) return *e;
   for (const auto& [key, value] : j.items()) {

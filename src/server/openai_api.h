@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -47,6 +48,10 @@ ApiError api_error_from(const Status& s);
 // the first of `names` is the one the message says is served.
 std::optional<ApiError> check_model_name(const std::string& model,
                                          const std::vector<std::string>& names);
+
+// Parses a request body into a JSON object: the nesting is bounded before the parser (or anything
+// recursive) sees it; malformed JSON, or a body that is not an object, is a 400 naming why.
+std::optional<ApiError> parse_json_object(std::string_view body, nlohmann::ordered_json* out);
 
 // Either a value or an ApiError. Separate from Result<T> because a request
 // failure needs the HTTP status and the field name, which Status does not

@@ -15,6 +15,10 @@ ServerMetrics::ServerMetrics(const std::string& model_name, bool gpu) {
 
 void ServerMetrics::register_requests() {
   requests = &registry.counter("vlm_requests_total", "Requests by outcome", "outcome");
+  pooling_requests = &registry.counter(
+      "vlm_pooling_requests_total", "Embedding, score and rerank requests by endpoint", "endpoint");
+  pooled_prompts = &registry.counter("vlm_pooled_prompts_total",
+                                     "Prompts pooled (prefill-only requests that finished)");
   struct Spec {
     Counter* ServerMetrics::*counter;
     const char* name;
@@ -199,7 +203,8 @@ void ServerMetrics::observe_e2e(double s) {
   vllm.e2e->observe(s);
 }
 
-void ServerMetrics::record_finished(const RequestStats& st) {
+void ServerMetrics::record_finished(const RequestStats& st, bool pooled) {
+  if (pooled) pooled_prompts->inc();
   prompt_tokens->inc(static_cast<double>(st.prompt_tokens));
   generated_tokens->inc(static_cast<double>(st.completion_tokens));
   vllm.prompt_tokens->inc(static_cast<double>(st.prompt_tokens));

@@ -28,13 +28,17 @@ struct ServerMetrics {
   // A request's reply is complete, `s` seconds after it arrived.
   void observe_e2e(double s);
   // A choice ended: its token counts, queue time, and its images' and videos' work.
-  void record_finished(const RequestStats& st);
+  void record_finished(const RequestStats& st, bool pooled = false);
   // At scrape time: the connections, the process, and (with `engine`, once loaded) the engine
   // core's gauges and the counters it keeps, mirrored as increments since the last scrape.
   void scrape(int64_t open_connections, int64_t rejected_connections, const Engine* engine);
 
   MetricsRegistry registry;
   Counter* requests = nullptr;  // by outcome
+  // Pooling requests by endpoint ("embed", "score", "rerank"), each counted once however many
+  // prompts it pools.
+  Counter* pooling_requests = nullptr;
+  Counter* pooled_prompts = nullptr;  // the prompts pooled (prefill-only requests finished)
   Counter* prompt_tokens = nullptr;
   Counter* generated_tokens = nullptr;
   Counter* image_tokens = nullptr;

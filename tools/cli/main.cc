@@ -576,6 +576,12 @@ void add_serve_api_options(CLI::App* serve, ServeArgs* sa) {
                     "Names requests may give as model (several: --served-model-name a b); the "
                     "first is reported in replies and metric labels (default: the model folder)");
   serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
+  vlm::cli::add_enum_option(
+      serve, "--task", &so.task, vlm::parse_serve_task,
+      "What to serve: generate (chat and completions), embed (/v1/embeddings; /v1/score and "
+      "/v1/rerank by cosine similarity: Qwen3-VL-Embedding) or rerank (/v1/score, /v1/rerank: "
+      "Qwen3-VL-Reranker); default auto: what the checkpoint's files say (sentence-transformers' "
+      "last-token pooling: embed), else generate");
   serve->add_flag("--no-webui", sa->no_webui,
                   "Serve no web pages (default: the chat page at / and the dashboard at "
                   "/dashboard)");

@@ -1,0 +1,482 @@
+#include "server/pooling_route.h"
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "server/api_response.h"
+#include "server/pooling_api.h"
+#include "vlm/pooling.h"
+
+namespace vlm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using http::HttpExchange;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+ApiError bad_request(std::string message, std::string param) {
+  return ApiError{400, "invalid_request_error", std::move(message), std::move(param)};
+}
+
+// One HTTP request's pooling requests: submitted to the engine on the worker thread that parsed
+// it; the engine's wake-ups drain their streams on the connection's strand, where each final
+// piece (its pooled state) is kept; once all have come, `finish` makes the reply of them. A
+// failed one fails the reply and cancels the others; a client that goes away cancels them all.
+class PoolingFanout : public std::enable_shared_from_this<PoolingFanout> {
+ public:
+  using Finish = std::function<ApiResult<std::string>(std::vector<RequestOutput>&)>;
+  PoolingFanout(std::shared_ptr<HttpExchange> ex, ServerMetrics& m, Clock::time_point t0,
+                Finish finish)
+      : ex_(std::move(ex)), m_(m), t0_(t0), finish_(std::move(finish)) {}
+
+  void start(Engine& engine, std::vector<GenerateRequest> requests) {
+    const size_t n = requests.size();
+    streams_.resize(n);  // sized before on_close can fire
+    results_.resize(n);
+    remaining_ = n;
+    ex_->hold(shared_from_this());
+    ex_->on_close([w = weak_from_this()] {
+      if (auto self = w.lock()) self->client_gone();
+    });
+    if (ex_->closed()) {
+      m_.requests->inc("cancelled");
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      auto stream = engine.submit(std::move(requests[i]), [w = weak_from_this()] {
+        if (auto self = w.lock()) self->wake();
+      });
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stream.ok()) {
+        cancel_locked();
+        if (!done_) {
+          done_ = true;
+          ex_->respond(error_response(api_error_from(stream.status())));
+          m_.requests->inc("rejected");
+        }
+        return;
+      }
+      streams_[i] = std::move(stream).value();
+      if (done_) {
+        cancel_locked();
+        return;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      started_ = true;
+      scheduled_ = true;
+    }
+    ex_->post([self = shared_from_this()] { self->drain(); });
+  }
+
+ private:
+  void wake() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (scheduled_ || !started_ || done_) return;
+      scheduled_ = true;
+    }
+    ex_->post([self = shared_from_this()] { self->drain(); });
+  }
+
+  // The connection's strand.
+  void drain() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      scheduled_ = false;
+      if (done_) return;
+    }
+    RequestOutput p;
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      while (!results_[i].finished && streams_[i]->try_next(&p)) {
+        if (!p.error.ok()) return fail(api_error_from(p.error));
+        if (!p.finished) continue;
+        m_.record_finished(p.stats, true);
+        results_[i] = std::move(p);
+        --remaining_;
+      }
+    }
+    if (remaining_ == 0) answer();
+  }
+
+  void answer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    int64_t prompt = 0, cached = 0;
+    for (const RequestOutput& r : results_) {
+      prompt += r.stats.prompt_tokens;
+      cached += r.stats.cached_tokens;
+    }
+    ex_->set_usage(prompt, cached, 0);
+    ApiResult<std::string> body = finish_(results_);
+    m_.observe_e2e(seconds_since(t0_));
+    if (!body.ok()) {
+      m_.requests->inc("failed");
+      return ex_->respond(error_response(body.error()));
+    }
+    m_.requests->inc("ok");
+    ex_->respond(json_response(200, std::move(body).value()));
+  }
+
+  void fail(const ApiError& e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      cancel_locked();
+    }
+    m_.requests->inc("failed");
+    ex_->respond(error_response(e));
+  }
+
+  void client_gone() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return;
+      done_ = true;
+      cancel_locked();
+    }
+    m_.requests->inc("cancelled");
+  }
+
+  void cancel_locked() {
+    for (auto& s : streams_) {
+      if (s) s->cancel();
+    }
+  }
+
+  std::shared_ptr<HttpExchange> ex_;
+  ServerMetrics& m_;
+  Clock::time_point t0_;
+  Finish finish_;
+  std::mutex mu_;  // started_, scheduled_, done_, and streams_ while start() fills it
+  std::vector<std::unique_ptr<RequestStream>> streams_;
+  bool started_ = false, scheduled_ = false, done_ = false;
+  // The strand's own.
+  std::vector<RequestOutput> results_;
+  size_t remaining_ = 0;
+};
+
+// The text, images and videos of chat messages' parts, in their order within each kind.
+void add_parts(const ChatMessage& m, PoolingInput* in) {
+  if (m.content_is_text) {
+    in->text += m.text;
+    return;
+  }
+  for (const ChatPart& p : m.parts) {
+    if (p.type == ChatPart::Type::kText) in->text += p.text;
+    if (p.type == ChatPart::Type::kImage) in->images.push_back(p.image);
+    if (p.type == ChatPart::Type::kVideo) in->videos.push_back(p.video);
+  }
+}
+
+// An error of the chat builder about "messages[0].content…", renamed to the pooling field.
+ApiError renamed(ApiError e, const std::string& param) {
+  const std::string prefix = "messages[0].content";
+  if (e.param.rfind(prefix, 0) == 0) e.param = param + e.param.substr(prefix.size());
+  return e;
+}
+
+std::string reply_id(const char* kind, std::atomic<int64_t>* next) {
+  return std::string(kind) + "-" + std::to_string((*next)++);
+}
+
+// A text input as it is; a parts input through the chat builder (its media rules and errors).
+ApiResult<PoolingInput> to_input(const ChatRequestBuilder& builder, const PoolingItem& it) {
+  PoolingInput in;
+  if (it.kind == PoolingItem::Kind::kText) {
+    in.text = it.text;
+    return in;
+  }
+  auto built =
+      builder.build(R"({"messages": [{"role": "user", "content": )" + it.parts_json + "}]}");
+  if (!built.ok()) return renamed(built.error(), it.param);
+  add_parts(built.value().chat.messages.at(0), &in);
+  return in;
+}
+
+}  // namespace
+
+void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
+  const auto t0 = Clock::now();
+  auto reject = [&](const ApiError& e) {
+    ex->respond(error_response(e));
+    c_.metrics->requests->inc("bad_request");
+  };
+  if (c_.task != ServeTask::kEmbed) {
+    return reject(bad_request(std::string("this server was started with --task ") +
+                                  serve_task_name(c_.task) +
+                                  ": embeddings need a model served with --task embed",
+                              ""));
+  }
+  auto parsed = parse_embeddings(ex->request().body, c_.engine->vocab_size());
+  if (!parsed.ok()) return reject(parsed.error());
+  EmbeddingsRequest& r = parsed.value();
+  if (auto e = check_model_name(r.model, c_.model_names)) return reject(*e);
+  const Tokenizer& tok = *c_.engine->tokenizer();
+  std::vector<GenerateRequest> requests;
+  if (!r.chat_body.empty()) {
+    auto built = c_.chat_builder->build(r.chat_body);
+    if (!built.ok()) return reject(built.error());
+    PoolingInput in;
+    std::string instruction;
+    const auto& msgs = built.value().chat.messages;
+    for (size_t i = 0; i < msgs.size(); ++i) {
+      if (msgs[i].role == "system") {
+        PoolingInput sys;
+        add_parts(msgs[i], &sys);
+        if (!sys.images.empty() || !sys.videos.empty()) {
+          return reject(bad_request("the system message (the instruction) is text only",
+                                    "messages[" + std::to_string(i) + "]"));
+        }
+        instruction += sys.text;
+      } else if (msgs[i].role == "user") {
+        add_parts(msgs[i], &in);
+      } else {
+        return reject(
+            bad_request("an embedding's messages are a system message (the "
+                        "instruction) and user messages (the input), not '" +
+                            msgs[i].role + "'",
+                        "messages[" + std::to_string(i) + "].role"));
+      }
+    }
+    auto req = embedding_request(tok, std::move(in), instruction);
+    if (!req.ok()) return reject(api_error_from(req.status()));
+    requests.push_back(std::move(req).value());
+  }
+  for (const PoolingItem& it : r.inputs) {
+    if (it.kind == PoolingItem::Kind::kTokens) {
+      GenerateRequest g;
+      g.prompt_ids = it.ids;
+      g.pooling.enabled = true;
+      requests.push_back(std::move(g));
+      continue;
+    }
+    auto req = embedding_request(tok, PoolingInput{it.text, {}, {}}, r.instruction);
+    if (!req.ok()) return reject(api_error_from(req.status()));
+    requests.push_back(std::move(req).value());
+  }
+  if (static_cast<int64_t>(requests.size()) > c_.max_inputs) {
+    return reject(bad_request("'input' has " + std::to_string(requests.size()) +
+                                  " entries; this server queues at most " +
+                                  std::to_string(c_.max_inputs) + " (--max-waiting)",
+                              "input"));
+  }
+  c_.metrics->pooling_requests->inc("embed");
+  PoolingReplyInfo info{reply_id("embd", c_.next_id), c_.model_names.front(),
+                        static_cast<int64_t>(std::time(nullptr)), 0};
+  auto finish = [info, dims = r.dimensions, normalize = r.normalize, base64 = r.base64](
+                    std::vector<RequestOutput>& outs) mutable -> ApiResult<std::string> {
+    std::vector<std::vector<float>> embeddings;
+    for (RequestOutput& o : outs) {
+      info.prompt_tokens += o.stats.prompt_tokens;
+      std::vector<float>& h = o.pooled_hidden;
+      if (dims > static_cast<int64_t>(h.size())) {
+        return bad_request("'dimensions' is " + std::to_string(dims) +
+                               "; the model's embeddings have " + std::to_string(h.size()),
+                           "dimensions");
+      }
+      if (!normalize) {
+        if (dims > 0) h.resize(static_cast<size_t>(dims));
+        embeddings.push_back(std::move(h));
+        continue;
+      }
+      auto e = embedding_from_hidden(h, dims);
+      if (!e.ok()) return api_error_from(e.status());
+      embeddings.push_back(std::move(e).value());
+    }
+    return embeddings_json(info, embeddings, base64);
+  };
+  std::make_shared<PoolingFanout>(ex, *c_.metrics, t0, std::move(finish))
+      ->start(*c_.engine, std::move(requests));
+}
+
+void PoolingRoutes::score(const std::shared_ptr<HttpExchange>& ex) const {
+  auto parsed = parse_score(ex->request().body);
+  if (!parsed.ok()) {
+    ex->respond(error_response(parsed.error()));
+    c_.metrics->requests->inc("bad_request");
+    return;
+  }
+  score_pairs(ex, std::move(parsed).value(), false);
+}
+
+void PoolingRoutes::rerank(const std::shared_ptr<HttpExchange>& ex) const {
+  auto parsed = parse_rerank(ex->request().body);
+  if (!parsed.ok()) {
+    ex->respond(error_response(parsed.error()));
+    c_.metrics->requests->inc("bad_request");
+    return;
+  }
+  score_pairs(ex, std::move(parsed).value(), true);
+}
+
+// The reranker: one prompt per pair, scored from its "no" and "yes" logits. The embedder: the
+// queries' and the documents' embeddings (the instruction for the queries; the documents take
+// the default), scored by cosine similarity.
+void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRequest req,
+                                bool rerank) const {
+  const auto t0 = Clock::now();
+  auto reject = [&](const ApiError& e) {
+    ex->respond(error_response(e));
+    c_.metrics->requests->inc("bad_request");
+  };
+  if (auto e = check_model_name(req.model, c_.model_names)) return reject(*e);
+  const Tokenizer& tok = *c_.engine->tokenizer();
+  std::vector<PoolingInput> queries, documents;
+  for (const PoolingItem& it : req.queries) {
+    auto in = to_input(*c_.chat_builder, it);
+    if (!in.ok()) return reject(in.error());
+    queries.push_back(std::move(in).value());
+  }
+  for (const PoolingItem& it : req.documents) {
+    auto in = to_input(*c_.chat_builder, it);
+    if (!in.ok()) return reject(in.error());
+    documents.push_back(std::move(in).value());
+  }
+  const size_t pairs = documents.size();
+  const bool cross = c_.task == ServeTask::kRerank;
+  const size_t prompts = cross ? pairs : queries.size() + pairs;
+  if (static_cast<int64_t>(prompts) > c_.max_inputs) {
+    return reject(bad_request("the request makes " + std::to_string(prompts) +
+                                  " prompts; this server queues at most " +
+                                  std::to_string(c_.max_inputs) + " (--max-waiting)",
+                              "documents"));
+  }
+  std::vector<GenerateRequest> requests;
+  for (size_t i = 0; cross && i < pairs; ++i) {
+    PoolingInput q = queries.size() == 1 ? queries[0] : std::move(queries[i]);
+    auto g = rerank_request(tok, std::move(q), std::move(documents[i]), req.instruction);
+    if (!g.ok()) return reject(api_error_from(g.status()));
+    requests.push_back(std::move(g).value());
+  }
+  if (!cross) {
+    for (auto* side : {&queries, &documents}) {
+      for (PoolingInput& in : *side) {
+        auto g = embedding_request(tok, std::move(in), side == &queries ? req.instruction : "");
+        if (!g.ok()) return reject(api_error_from(g.status()));
+        requests.push_back(std::move(g).value());
+      }
+    }
+  }
+  c_.metrics->pooling_requests->inc(rerank ? "rerank" : "score");
+  PoolingReplyInfo info{reply_id(rerank ? "rerank" : "score", c_.next_id), c_.model_names.front(),
+                        static_cast<int64_t>(std::time(nullptr)), 0};
+  const size_t nq = queries.size();
+  auto finish = [info, cross, nq, pairs, rerank, req = std::move(req)](
+                    std::vector<RequestOutput>& outs) mutable -> ApiResult<std::string> {
+    std::vector<double> scores;
+    for (const RequestOutput& o : outs) info.prompt_tokens += o.stats.prompt_tokens;
+    for (size_t i = 0; i < pairs; ++i) {
+      if (cross) {
+        const std::vector<float>& l = outs[i].pooled_logits;
+        scores.push_back(req.use_activation
+                             ? rerank_score(l)
+                             : static_cast<double>(l[1]) - static_cast<double>(l[0]));
+        continue;
+      }
+      const std::vector<float>& a = outs[nq == 1 ? 0 : i].pooled_hidden;
+      const std::vector<float>& b = outs[nq + i].pooled_hidden;
+      double dot = 0, na = 0, nb = 0;
+      for (size_t k = 0; k < a.size(); ++k) {
+        dot += static_cast<double>(a[k]) * b[k];
+        na += static_cast<double>(a[k]) * a[k];
+        nb += static_cast<double>(b[k]) * b[k];
+      }
+      scores.push_back(na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : 0.0);
+    }
+    return rerank ? rerank_json(info, req, scores) : score_json(info, scores);
+  };
+  std::make_shared<PoolingFanout>(ex, *c_.metrics, t0, std::move(finish))
+      ->start(*c_.engine, std::move(requests));
+}
+
+const char* serve_task_name(ServeTask t) {
+  switch (t) {
+    case ServeTask::kAuto:
+      return "auto";
+    case ServeTask::kGenerate:
+      return "generate";
+    case ServeTask::kEmbed:
+      return "embed";
+    case ServeTask::kRerank:
+      return "rerank";
+  }
+  return "?";
+}
+
+Result<ServeTask> parse_serve_task(std::string_view name) {
+  for (ServeTask t :
+       {ServeTask::kAuto, ServeTask::kGenerate, ServeTask::kEmbed, ServeTask::kRerank}) {
+    if (name == serve_task_name(t)) return t;
+  }
+  return invalid_argument("--task must be auto, generate, embed or rerank, not '" +
+                          std::string(name) + "'");
+}
+
+namespace {
+
+// A JSON file of the checkpoint, or null when it is absent; an error when it does not parse.
+Result<nlohmann::json> read_json_file(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(p, ec)) return nlohmann::json();
+  std::ifstream f(p);
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded()) return invalid_argument(p.string() + " is not valid JSON");
+  return j;
+}
+
+}  // namespace
+
+Result<ServeTask> detect_serve_task(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir(model_dir);
+  if (!fs::is_directory(dir, ec)) return ServeTask::kGenerate;  // a GGUF file says nothing
+  // sentence-transformers: modules.json lists a Pooling module, whose config names its mode.
+  VLM_ASSIGN_OR_RETURN(nlohmann::json modules, read_json_file(dir / "modules.json"));
+  if (modules.is_array()) {
+    for (const auto& m : modules) {
+      if (!m.is_object() || !m.value("type", std::string()).ends_with("models.Pooling")) continue;
+      const fs::path cfg = dir / m.value("path", std::string()) / "config.json";
+      VLM_ASSIGN_OR_RETURN(nlohmann::json pool, read_json_file(cfg));
+      if (!pool.is_object())
+        return not_found(cfg.string() + ": the pooling module's config is missing");
+      if (pool.value("pooling_mode_lasttoken", false)) return ServeTask::kEmbed;
+      std::string modes;
+      for (const auto& [k, v] : pool.items()) {
+        if (k.starts_with("pooling_mode_") && v.is_boolean() && v.get<bool>()) modes += " " + k;
+      }
+      return invalid_argument(cfg.string() + ": the checkpoint pools by" +
+                              (modes.empty() ? std::string(" no mode") : modes) +
+                              "; vlm pools the last token (pooling_mode_lasttoken), as "
+                              "Qwen3-VL-Embedding does");
+    }
+  }
+  VLM_ASSIGN_OR_RETURN(nlohmann::json config, read_json_file(dir / "config.json"));
+  if (config.is_object() && config.contains("architectures") &&
+      config["architectures"].is_array()) {
+    for (const auto& a : config["architectures"]) {
+      if (!a.is_string() || !a.get<std::string>().ends_with("ForSequenceClassification")) continue;
+      if (config.value("classifier_from_token", nlohmann::json()) ==
+          nlohmann::json::array({"no", "yes"})) {
+        return ServeTask::kRerank;
+      }
+    }
+  }
+  return ServeTask::kGenerate;
+}
+
+}  // namespace vlm
