@@ -200,6 +200,11 @@ struct EngineOptions {
   int64_t max_context = 0;      // KV cache limit in tokens; 0 = the model's max_position_embeddings
   int64_t prefill_chunk = 256;  // tokens per forward pass during prefill
   bool require_tokenizer = true;  // false: a directory without tokenizer.json is fine (logits)
+  // The engine only pools (an embedding server): requests that generate (or ask for prompt
+  // logits) are refused, and an untied checkpoint may lack lm_head.weight, as an embedding
+  // model's may (the embedding table then stands in for a head nothing reads, and pooling
+  // requests that ask for logits are refused too).
+  bool pooling_only = false;
   // Engine::chat's template: "" = the checkpoint's own (ChatTemplate::from_model_dir), else a
   // .jinja file or a .json file with "chat_template". Loaded with the tokenizer; one that does not
   // parse or render makes Engine::chat_template() and chat() fail with its error (the load does

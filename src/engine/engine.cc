@@ -281,7 +281,8 @@ Status load_gguf(const EngineOptions& options, EngineImpl* impl) {
   impl->load_notes = ck.notes;
   VLM_ASSIGN_OR_RETURN(
       impl->weights,
-      load_text_weights(*impl->store, impl->cfg, options.batching.spec.method == SpecMethod::kMtp));
+      load_text_weights(*impl->store, impl->cfg, options.batching.spec.method == SpecMethod::kMtp,
+                        options.pooling_only));
   impl->has_vision = impl->cfg.has_vision;
   if (impl->has_vision) {
     VLM_ASSIGN_OR_RETURN(impl->vision_weights, load_vision_weights(*impl->store, impl->cfg));
@@ -371,7 +372,12 @@ Status load_checkpoint(const EngineOptions& options, EngineImpl* impl) {
   }
   VLM_ASSIGN_OR_RETURN(
       impl->weights,
-      load_text_weights(*impl->store, impl->cfg, options.batching.spec.method == SpecMethod::kMtp));
+      load_text_weights(*impl->store, impl->cfg, options.batching.spec.method == SpecMethod::kMtp,
+                        options.pooling_only));
+  if (impl->weights.head_missing) {
+    impl->load_notes.push_back(
+        "no lm_head.weight (an embedding checkpoint): the model pools, it does not generate");
+  }
   // A Qwen3-VL checkpoint carries its vision tower; a plain Qwen3 text export does not.
   impl->has_vision =
       impl->cfg.has_vision && (impl->store->has("model.visual.patch_embed.proj.weight") ||

@@ -76,6 +76,8 @@ struct Engine::Impl {
     m.input.has_vision = has_vision;
     m.input.max_context = max_context;
     m.input.on_cpu = opts.device == Device::kCpu;
+    m.input.pooling_only = opts.pooling_only;
+    m.input.head_missing = weights.head_missing;
     m.gpu_memory_utilization = opts.gpu_memory_utilization;
     if (draft) {
       m.draft.decoder = draft->decoder.get();

@@ -201,6 +201,11 @@ Status InputProcessor::check_pooling(GenerateRequest& request, const PromptOutpu
         "pooling (embeddings, reranking) runs on the CPU only; run the model with --device cpu");
   }
   if (prompt.logits != nullptr) return invalid_argument("pooling does not give prompt logits");
+  if (m_.head_missing && !request.pooling.logit_ids.empty()) {
+    return invalid_argument(
+        "pooling: the checkpoint has no lm_head.weight (an embedding model's): it has no logits "
+        "to pool");
+  }
   for (const int32_t id : request.pooling.logit_ids) {
     if (id < 0 || id >= m_.cfg->text_config.vocab_size) {
       return invalid_argument("pooling: logit id " + std::to_string(id) +
@@ -223,6 +228,13 @@ Result<std::unique_ptr<EngineRequest>> InputProcessor::process(GenerateRequest r
   VLM_RETURN_IF_ERROR(check_prompt_ids(request.prompt_ids));
   // Checked before any image is read (a bad request costs no decoding).
   const bool pooling = request.pooling.enabled;
+  if (!pooling && m_.pooling_only) {
+    return invalid_argument(
+        m_.head_missing ? "the checkpoint has no lm_head.weight (an embedding model's): it pools, "
+                          "it does not generate"
+                        : "this engine only pools (EngineOptions::pooling_only, vlm serve --task "
+                          "embed): it does not generate");
+  }
   if (pooling) VLM_RETURN_IF_ERROR(check_pooling(request, prompt));
   VLM_ASSIGN_OR_RETURN(const ResolvedSampling rs, resolve_sampling(request.sampling));
   if (!request.stop.empty() && m_.tokenizer == nullptr) {

@@ -44,7 +44,9 @@ struct InputModel {
   const VideoStaging* video = nullptr;
   bool has_vision = false;
   int64_t max_context = 0;
-  bool on_cpu = true;  // pooling runs on the CPU only (so far)
+  bool on_cpu = true;         // pooling runs on the CPU only (so far)
+  bool pooling_only = false;  // EngineOptions::pooling_only: requests that generate are refused
+  bool head_missing = false;  // no lm_head.weight: no logits either
 };
 
 class InputProcessor {

@@ -337,7 +337,8 @@ Result<VisionWeights> load_vision_weights(const WeightStore& s, const Qwen3VLCon
   return w;
 }
 
-Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig& cfg, bool mtp) {
+Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig& cfg, bool mtp,
+                                      bool head_optional) {
   std::string prefix = kPrefixes[0];
   for (const char* p : kPrefixes) {
     if (s.has(std::string(p) + "embed_tokens.weight")) {
@@ -379,7 +380,12 @@ Result<TextWeights> load_text_weights(const WeightStore& s, const Qwen3VLConfig&
   for (size_t l = 0; l < w.mtp.layers.size(); ++l) {  // full attention, sparse in an MoE model
     shape("mtp.layers." + std::to_string(l) + ".", w.mtp.layers[l], t.num_experts > 0, false);
   }
+  w.head_missing = head_optional && !cfg.tie_word_embeddings && !s.has("lm_head.weight");
   VLM_RETURN_IF_ERROR(for_each_weight(&w, nullptr, cfg, prefix, "", [&](const WeightSlot& slot) {
+    if (slot.kind == WeightKind::kHead && w.head_missing) {
+      *slot.matrix = w.embed_tokens;
+      return ok_status();
+    }
     return load_slot(s, slot, &w.embed_tokens);
   }));
   if (t.family == ModelFamily::kQwen35) {  // nn.Linear's layout per expert: viewed in place

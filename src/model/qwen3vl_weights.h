@@ -102,6 +102,9 @@ struct TextWeights {
   std::vector<TextLayerWeights> layers;
   std::vector<float> norm;  // [hidden]
   TensorView lm_head;       // [vocab, hidden]; = embed_tokens when tied (until quantized)
+  // The checkpoint has no lm_head.weight (load_text_weights' head_optional): lm_head is the
+  // embedding table's view, and no logits of it mean anything.
+  bool head_missing = false;
   // Loaded when asked for (load_text_weights' `mtp`); no layers: none.
   MtpWeights mtp;
   // Own the buffers of the I8 / I4 views above once quantize_text_weights ran (the one of the
@@ -185,8 +188,9 @@ Status for_each_weight(TextWeights* text, VisionWeights* vision, const Qwen3VLCo
 // returned views. Errors name the file and the tensor. Qwen3.5's zero-centred RMSNorm weights are
 // stored as 1 + w (what they scale by); its mtp.* tensors are read only with `mtp` (refused for a
 // checkpoint without them).
+// With `head_optional`, an untied checkpoint without lm_head.weight loads (head_missing).
 Result<TextWeights> load_text_weights(const WeightStore& store, const Qwen3VLConfig& cfg,
-                                      bool mtp = false);
+                                      bool mtp = false, bool head_optional = false);
 
 // The host's weight quantization at load time (the CPU's; the engine maps EngineOptions::quant).
 enum class WeightQuant { kNone, kInt8, kInt4 };

@@ -125,6 +125,17 @@ struct Server::Impl {
         p->publish(std::move(b));
       };
     }
+    // The task first: an embedding server's engine only pools (an embedding checkpoint may
+    // lack lm_head).
+    task = opts.task;
+    if (task == ServeTask::kAuto) {
+      VLM_ASSIGN_OR_RETURN(task, detect_serve_task(opts.engine.model_dir));
+    }
+    if (task != ServeTask::kGenerate && opts.engine.device == Device::kCuda) {
+      return unimplemented(std::string("--task ") + serve_task_name(task) +
+                           ": pooling runs on the CPU only for now (--device cpu)");
+    }
+    eo.pooling_only = task == ServeTask::kEmbed;
     VLM_ASSIGN_OR_RETURN(engine, Engine::load(eo));
     for (const std::string& n : engine->load_notes()) log_printf(LogLevel::kInfo, "%s", n.c_str());
     if (engine->tokenizer() == nullptr)
@@ -167,18 +178,10 @@ struct Server::Impl {
     return ok_status();
   }
 
-  // The task (--task, else what the checkpoint says) and, for embed and rerank, the pooling
-  // routes; pooling runs on the CPU only, and a reranker needs its "no" and "yes" tokens.
+  // For embed and rerank (`task`, set before the engine loads), the pooling routes; a reranker
+  // needs its "no" and "yes" tokens.
   Status start_pooling() {
-    task = opts.task;
-    if (task == ServeTask::kAuto) {
-      VLM_ASSIGN_OR_RETURN(task, detect_serve_task(opts.engine.model_dir));
-    }
     if (task == ServeTask::kGenerate) return ok_status();
-    if (opts.engine.device == Device::kCuda) {
-      return unimplemented(std::string("--task ") + serve_task_name(task) +
-                           ": pooling runs on the CPU only for now (--device cpu)");
-    }
     const Tokenizer& tok = *engine->tokenizer();
     if (task == ServeTask::kRerank && (!tok.token_to_id("yes") || !tok.token_to_id("no"))) {
       return invalid_argument(

@@ -189,6 +189,52 @@ ApiError renamed(ApiError e, const std::string& param) {
   return e;
 }
 
+// A text laid out as a whole prompt already: it begins with <|im_start|> (vLLM's clients of Qwen
+// embedders and rerankers format the prompt themselves, and vLLM pools it as it is).
+bool preformatted(const PoolingInput& in) {
+  return in.images.empty() && in.videos.empty() && in.text.starts_with("<|im_start|>");
+}
+
+// A pooling request of `text` tokenized as it is (with the reranker's "no" and "yes" logits).
+Result<GenerateRequest> raw_request(const Tokenizer& tok, const std::string& text, bool logits) {
+  GenerateRequest r;
+  r.prompt_ids = tok.encode(text);
+  r.pooling.enabled = true;
+  if (logits) {
+    const std::optional<int32_t> no = tok.token_to_id("no"), yes = tok.token_to_id("yes");
+    if (!no || !yes) return invalid_argument("the tokenizer has no \"yes\" and \"no\" tokens");
+    r.pooling.logit_ids = {*no, *yes};
+  }
+  return r;
+}
+
+// An embedding's request: the embedder's prompt around the input, or a preformatted text as is.
+Result<GenerateRequest> embed_request(const Tokenizer& tok, PoolingInput in,
+                                      const std::string& instruction) {
+  if (preformatted(in)) return raw_request(tok, in.text, false);
+  return embedding_request(tok, std::move(in), instruction);
+}
+
+// A pair's request: the reranker's prompt, or a preformatted query followed by its (text)
+// document, as vLLM joins them.
+ApiResult<GenerateRequest> pair_request(const Tokenizer& tok, PoolingInput q, PoolingInput d,
+                                        const std::string& instruction) {
+  Result<GenerateRequest> g = invalid_argument("");
+  if (preformatted(q)) {
+    if (!d.images.empty() || !d.videos.empty()) {
+      return bad_request(
+          "a query laid out as a whole prompt (it begins with <|im_start|>) is joined to its "
+          "documents' text: give text documents, or a plain query and vlm writes the prompt",
+          "documents");
+    }
+    g = raw_request(tok, q.text + d.text, true);
+  } else {
+    g = rerank_request(tok, std::move(q), std::move(d), instruction);
+  }
+  if (!g.ok()) return api_error_from(g.status());
+  return std::move(g).value();
+}
+
 std::string reply_id(const char* kind, std::atomic<int64_t>* next) {
   return std::string(kind) + "-" + std::to_string((*next)++);
 }
@@ -264,7 +310,7 @@ void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
       requests.push_back(std::move(g));
       continue;
     }
-    auto req = embedding_request(tok, PoolingInput{it.text, {}, {}}, r.instruction);
+    auto req = embed_request(tok, PoolingInput{it.text, {}, {}}, r.instruction);
     if (!req.ok()) return reject(api_error_from(req.status()));
     requests.push_back(std::move(req).value());
   }
@@ -358,14 +404,14 @@ void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRe
   std::vector<GenerateRequest> requests;
   for (size_t i = 0; cross && i < pairs; ++i) {
     PoolingInput q = queries.size() == 1 ? queries[0] : std::move(queries[i]);
-    auto g = rerank_request(tok, std::move(q), std::move(documents[i]), req.instruction);
-    if (!g.ok()) return reject(api_error_from(g.status()));
+    auto g = pair_request(tok, std::move(q), std::move(documents[i]), req.instruction);
+    if (!g.ok()) return reject(g.error());
     requests.push_back(std::move(g).value());
   }
   if (!cross) {
     for (auto* side : {&queries, &documents}) {
       for (PoolingInput& in : *side) {
-        auto g = embedding_request(tok, std::move(in), side == &queries ? req.instruction : "");
+        auto g = embed_request(tok, std::move(in), side == &queries ? req.instruction : "");
         if (!g.ok()) return reject(api_error_from(g.status()));
         requests.push_back(std::move(g).value());
       }

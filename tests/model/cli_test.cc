@@ -706,6 +706,25 @@ class CliRun : public ::testing::Test {
   const fs::path& dir_ = tmp_.path();
 };
 
+// --pool with a synthetic image: the embedder's prompt around the picture (its own bytes per
+// request, so the vision tower runs for each), beside the text rows.
+TEST_F(CliRun, BenchPoolsImagePrompts) {
+  CliResult r = vlm("bench -m " + quote(dir_.string()) +
+                    " --pool 8 --synthetic-image 64x64 --batch 2 -r 1 -t 2 --json -");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  auto pool = rows_of(j, "pool");
+  ASSERT_EQ(pool.size(), 4u);
+  EXPECT_EQ(pool[2]["image"], "synthetic 64x64");
+  EXPECT_EQ(pool[3]["batch"], 2);
+  // The prompt: the default instruction's system message, the image's 4 tokens (64² at 32 px
+  // a token), the generation prompt.
+  EXPECT_GT(pool[2]["prompt_tokens"].get<int64_t>(), 4 + 10);
+  EXPECT_EQ(pool[0]["prompt_tokens"], 8);
+  expect_row_figures(pool[3], 1);
+  EXPECT_NE(r.err.find("| 2 x embedder prompt, synthetic 64x64 "), std::string::npos) << r.err;
+}
+
 TEST_F(CliRun, GreedyReplyEqualsTransformersContinuation) {
   auto ref = nlohmann::json::parse(test_util::read_file(dir_ / "reference.json"));
   const auto& g = ref["greedy"][0];

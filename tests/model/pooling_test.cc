@@ -10,10 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <vector>
 
+#include "io/safetensors.h"
 #include "model/fixture_model.h"
 #include "test_util.h"
 #include "vlm/engine.h"
@@ -162,6 +164,61 @@ TEST(Pooling, BadRequestsAreRefused) {
   EXPECT_TRUE(got.pooled_logits.empty());
   EXPECT_GT(got.stats.prefill_ms, 0.0);
   EXPECT_LE(test_util::rel_err(got.pooled_hidden, h.hidden), 1e-4);
+}
+
+// An embedding checkpoint may come without lm_head.weight (saved without the head): with
+// pooling_only it loads, pools the very hidden states of the whole checkpoint, and refuses what
+// needs the head; without pooling_only it does not load (LoaderTest covers the error).
+TEST(Pooling, PoolingOnlyLoadsACheckpointWithoutItsHead) {
+  const std::string src = std::string(VLM_FIXTURES_DIR) + "/text-f32-untied";
+  test_util::TempDir tmp;
+  std::filesystem::copy_file(src + "/config.json", tmp.path() / "config.json");
+  auto store = WeightStore::open_dir(src);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(store->has("lm_head.weight"));
+  std::vector<std::pair<std::string, TensorView>> tensors;
+  for (const auto& n : store->names()) {
+    if (n != "lm_head.weight") tensors.emplace_back(n, *store->get(n));
+  }
+  ASSERT_TRUE(write_safetensors((tmp.path() / "model.safetensors").string(), tensors).ok());
+  EngineOptions o;
+  o.model_dir = tmp.path().string();
+  o.require_tokenizer = false;
+  o.n_threads = 1;
+  EXPECT_FALSE(Engine::load(o).ok());
+  o.pooling_only = true;
+  auto headless = Engine::load(o);
+  ASSERT_TRUE(headless.ok()) << headless.status().message();
+  EXPECT_NE(std::string((*headless)->load_notes().empty() ? "" : (*headless)->load_notes().back())
+                .find("no lm_head.weight"),
+            std::string::npos);
+  o.model_dir = src;
+  auto whole = Engine::load(o);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  GenerateRequest r;
+  r.prompt_ids = {5, 17, 3, 99, 42, 8, 61};
+  r.pooling.enabled = true;
+  auto a = (*headless)->submit(r);
+  auto b = (*whole)->submit(r);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const RequestOutput pa = last_piece(**a), pb = last_piece(**b);
+  ASSERT_TRUE(pa.error.ok()) << pa.error.message();
+  ASSERT_FALSE(pa.pooled_hidden.empty());
+  EXPECT_EQ(pa.pooled_hidden, pb.pooled_hidden);
+  GenerateRequest logits = r;
+  logits.pooling.logit_ids = {1, 2};
+  auto refused = (*headless)->submit(logits);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("lm_head.weight"), std::string::npos);
+  EXPECT_TRUE((*whole)->submit(logits).ok());  // the whole checkpoint has logits to pool
+  GenerateRequest gen = r;
+  gen.pooling.enabled = false;
+  gen.max_new_tokens = 2;
+  auto no_gen = (*headless)->submit(gen);
+  ASSERT_FALSE(no_gen.ok());
+  EXPECT_NE(no_gen.status().message().find("does not generate"), std::string::npos);
+  // pooling_only refuses generation with the head too.
+  EXPECT_FALSE((*whole)->submit(gen).ok());
 }
 
 PoolingInput pooling_input(const nlohmann::json& j) {

@@ -20,6 +20,7 @@
 #include "probes.h"
 #include "vlm/engine.h"
 #include "vlm/log.h"
+#include "vlm/pooling.h"
 #include "vlm/tokenizer.h"
 
 namespace vlm_cli {
@@ -552,6 +553,11 @@ vlm::Result<std::unique_ptr<vlm::Engine>> load_engine(const BenchArgs& a, const 
   for (int64_t k : p.spec_cost) max_gen = std::max(max_gen, p.gens[0] + k);  // see bench_spec_cost
   int64_t ctx = p.gen_prompt + max_gen + 1;
   for (int64_t n : p.prompts) ctx = std::max(ctx, n + 1);
+  for (int64_t n : p.pool) ctx = std::max(ctx, n + 1);
+  if (!p.pool.empty() && !p.images.empty()) {
+    // The embedder's prompt: an image at its largest under the models' budget, and the text.
+    ctx = std::max(ctx, vlm::kPoolingImageMaxPixels / (32 * 32) + 64);
+  }
   vlm::EngineOptions opts = a.device;
   opts.model_dir = a.model;
   opts.n_threads = a.threads;
@@ -771,25 +777,57 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
 }
 
 // --pool: pooling requests (what an embedding model runs: the prompt, no token sampled), each
-// --batch of them submitted at once (1 without --batch), each request's prompt its own (salted
-// by its index, as the batched decode's): embeddings a second, over the time until the last of
-// a round ends.
+// --batch of them submitted at once (1 without --batch): embeddings a second, over the time until
+// the last of a round ends. Each size's requests are synthetic prompts of that many tokens, each
+// its own (salted by its index, as the batched decode's); each --synthetic-image's are the
+// embedder's prompt around that picture (vlm/pooling.h, its media limits), each request's bytes
+// salted in the last pixel so that none is found in the vision cache.
 vlm::Status bench_pool(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
                        BenchReport* r) {
+  if (p.pool.empty()) return vlm::ok_status();
   const std::vector<int64_t> batches = p.batches.empty() ? std::vector<int64_t>{1} : p.batches;
-  for (int64_t size : p.pool) {
+  struct Input {
+    std::string label;
+    int64_t size = 0;  // text: the prompt's tokens
+    const ImageCase* image = nullptr;
+  };
+  std::vector<Input> inputs;
+  for (int64_t size : p.pool) inputs.push_back({std::to_string(size) + " tokens", size, nullptr});
+  for (const ImageCase& img : p.images) {
+    if (img.input.bytes.empty()) continue;  // a file: its bytes are not salted
+    if (engine.tokenizer() == nullptr) {
+      return vlm::not_found(
+          "--pool with --synthetic-image: the embedder's prompt needs the "
+          "model's tokenizer");
+    }
+    inputs.push_back({"embedder prompt, " + img.name, 0, &img});
+  }
+  auto request = [&](const Input& in, int64_t i) -> vlm::Result<vlm::GenerateRequest> {
+    if (in.image == nullptr) {
+      vlm::GenerateRequest req;
+      req.prompt_ids = synthetic_prompt_ids(in.size, engine.vocab_size(), i);
+      req.pooling.enabled = true;
+      return req;
+    }
+    vlm::ImageInput im = in.image->input;
+    im.bytes.back() = static_cast<uint8_t>(i);  // BMP: the last pixel's last byte
+    im.bytes[im.bytes.size() - 2] = static_cast<uint8_t>(i >> 8);
+    return vlm::embedding_request(*engine.tokenizer(), vlm::PoolingInput{"", {std::move(im)}, {}},
+                                  "");
+  };
+  for (const Input& in : inputs) {
     double single = 0;
     for (int64_t b : batches) {
-      const std::string label = std::to_string(b) + " x " + std::to_string(size) + " tokens";
+      const std::string label = std::to_string(b) + " x " + in.label;
       progress("pooling, " + label, a);
       std::vector<double> per_s;
+      int64_t prompt_tokens = 0;
       for (int rep = a.no_warmup ? 0 : -1; rep < a.reps; ++rep) {
         std::vector<std::unique_ptr<vlm::RequestStream>> streams;
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < b; ++i) {
-          vlm::GenerateRequest req;
-          req.prompt_ids = synthetic_prompt_ids(size, engine.vocab_size(), i);
-          req.pooling.enabled = true;
+          // Distinct across the rounds too (the warm-up's included).
+          VLM_ASSIGN_OR_RETURN(vlm::GenerateRequest req, request(in, (rep + 1) * b + i));
           auto s = engine.submit(std::move(req));
           if (!s.ok()) return s.status().with_context("pooling " + label);
           streams.push_back(std::move(s).value());
@@ -798,6 +836,7 @@ vlm::Status bench_pool(vlm::Engine& engine, const BenchArgs& a, const BenchPlan&
           vlm::RequestOutput out;
           while (s->next(&out)) {
             if (!out.error.ok()) return out.error;
+            if (out.finished) prompt_tokens = out.stats.prompt_tokens;
           }
         }
         const double secs =
@@ -806,7 +845,8 @@ vlm::Status bench_pool(vlm::Engine& engine, const BenchArgs& a, const BenchPlan&
       }
       const double median = summarize(per_s).median;
       if (b == 1) single = median;
-      json f = {{"size", size}, {"batch", b}, {"prompt_tokens", size}};
+      json f = {{"size", prompt_tokens}, {"batch", b}, {"prompt_tokens", prompt_tokens}};
+      if (in.image != nullptr) f["image"] = in.image->name;
       if (single > 0) f["speedup_vs_batch1"] = median / single;
       r->rows.push_back({"pool", "pooling (embeddings)", label, "emb/s", per_s, f});
     }
@@ -1048,7 +1088,7 @@ void add_bench_options(CLI::App* b, BenchArgs* a) {
   b->add_option("--pool", a->pool_sizes,
                 "Pooling (what an embedding model runs: the prompt, no token): requests of these "
                 "prompt lengths, each --batch of them at once (1 without --batch); embeddings a "
-                "second");
+                "second. With --synthetic-image, also the embedder's prompt around each picture");
   b->add_option("--attention", a->attention_sizes,
                 "Decode attention alone (CPU) at these context lengths, a comma list, for each "
                 "KV cache dtype (f32, bf16, int8): ms per step over all layers");

@@ -18,13 +18,15 @@ checkpoints are:
   documents, an image query and an instruction: scores within 1e-4 of the reference, sorted,
   top_n, return_documents; /v1/score in its four field spellings, 1:N and N:N, use_activation
   false (the logit); /rerank and /v2/rerank; the errors.
+- A text that begins with <|im_start|> is a whole prompt already (what vLLM's clients of Qwen
+  embedders and rerankers send): pooled as it is, and equal to the reference.
 - TaskTest: a generating server refuses the pooling routes; a sentence-transformers checkpoint
   pooling otherwise than by the last token, and --task embed on a bad value, fail clearly.
 Cases after vLLM's tests of its embedding, score and rerank endpoints (tests/entrypoints/pooling:
 input forms and batches, base64, dimensions, 1:1 / 1:N / N:N and their length errors, top_n,
 use_activation), written for this model.
 
-  python3 tests/server/pooling_test.py --vlm BUILD/tools/cli/vlm \\
+  python3 tests/server/pooling_server_test.py --vlm BUILD/tools/cli/vlm \\
       --model-dir tests/model/fixtures/tiny-fullvocab-bf16 [unittest args]
 """
 
@@ -219,6 +221,15 @@ class EmbedTest(Base):
         self.assert_vector(r["data"][0]["embedding"], c["embedding"], "ids batch")
         self.assertEqual(r["usage"]["prompt_tokens"], 2 * len(ids) - 1)
 
+    def test_preformatted_text_is_pooled_as_it_is(self):
+        c = EMBED["text"]
+        prompt = (f"<|im_start|>system\n{EMBED_DEFAULT}<|im_end|>\n<|im_start|>user\n{c['text']}"
+                  "<|im_end|>\n<|im_start|>assistant\n")
+        r = self.embed({"input": [prompt, c["text"]]})
+        self.assert_vector(r["data"][0]["embedding"], c["embedding"], "preformatted")
+        self.assert_vector(r["data"][1]["embedding"], c["embedding"], "plain")
+        self.assertEqual(r["usage"]["prompt_tokens"], 2 * c["prompt_tokens"])
+
     def test_concurrent_requests_match(self):
         cases = list(REF["embed"]) * 3
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -358,6 +369,24 @@ class RerankTest(Base):
             self.assertAlmostEqual(d["score"], x["score"], delta=1e-4)
         r = self.ok("/v1/score", {"queries": q, "documents": docs[0], "use_activation": False})
         self.assertAlmostEqual(r["data"][0]["score"], texts[0]["logit"], delta=1e-4)
+
+    def test_preformatted_query_and_documents(self):
+        """vLLM's clients of Qwen rerankers write the prompt themselves, split at the document;
+        vLLM joins query and document as they are."""
+        case = REF["rerank"][1]
+        x = case["results"][0]  # a text document
+        system = ("Judge whether the Document meets the requirements based on the Query and the "
+                  "Instruct provided. Note that the answer can only be \"yes\" or \"no\".")
+        query = (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n<Instruct>: "
+                 f"{case['instruction']}<Query>:{case['query']['text']}\n")
+        doc = f"<Document>:{x['document']['text']}<|im_end|>\n<|im_start|>assistant\n"
+        r = self.ok("/v1/rerank", {"query": query, "documents": [doc]})
+        self.assertAlmostEqual(r["results"][0]["relevance_score"], x["score"], delta=1e-4)
+        self.assertEqual(r["usage"]["prompt_tokens"], x["prompt_tokens"])
+        r = self.ok("/v1/score", {"text_1": query, "text_2": doc})
+        self.assertAlmostEqual(r["data"][0]["score"], x["score"], delta=1e-4)
+        self.error("/v1/rerank", {"query": query, "documents": [
+            {"content": content_parts({"images": ["red.png"]})}]}, param="documents")
 
     def test_errors(self):
         self.error("/v1/score", {"queries": ["a", "b", "c"], "documents": ["x", "y"]},
