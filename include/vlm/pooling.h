@@ -38,9 +38,10 @@ inline constexpr std::string_view kRerankDefaultInstruction =
 // The media limits of the models' own code (its qwen-vl-utils settings), applied by the request
 // builders below to what an input leaves unset: an image resized to 4·32² .. 1800·32² pixels; a
 // video file sampled at 1 frame a second, at most 64 frames; a video given as frames keeps at
-// most 64 of them (evenly spaced, as the models' sample_frames) and gets qwen-vl-utils' budget
-// for a list of frames: each frame 128·32² .. max(min(768·32², 2·10·768·32² / n), 1.05·128·32²)
-// pixels, n the frame count rounded up to even (given here as the budget over all n frames).
+// most 64 of them (evenly spaced, as the models' sample_frames), padded to an even count with
+// its last frame, and gets qwen-vl-utils' budget for a list of frames: each frame 128·32² ..
+// max(min(768·32², 2·10·768·32² / n), 1.05·128·32²) pixels for n frames (given here as the
+// budget over all n frames). A video file keeps the checkpoint's pixel budget.
 inline constexpr int64_t kPoolingImageMinPixels = 4 * 32 * 32;
 inline constexpr int64_t kPoolingImageMaxPixels = 1800 * 32 * 32;
 inline constexpr double kPoolingVideoFps = 1;

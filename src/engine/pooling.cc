@@ -83,9 +83,11 @@ void apply_pooling_media_limits(PoolingInput* in) {
       }
       v.frames = std::move(kept);
     }
-    // qwen-vl-utils' fetch_video on a list: the count padded to even, then each frame within
-    // [min, max(min(768·32², total / count · 2), int(1.05 · min))].
-    const auto even = static_cast<int64_t>((v.frames.size() + 1) / 2 * 2);
+    // qwen-vl-utils' fetch_video on a list: the count padded to even with the last frame, then
+    // each frame within [min, max(min(768·32², total / count · 2), int(1.05 · min))]. Given as
+    // the budget over all (even) frames, smart_resize_video's scale is the per-frame one.
+    if (v.frames.size() % 2 != 0) v.frames.push_back(v.frames.back());
+    const auto even = static_cast<int64_t>(v.frames.size());
     const int64_t frame_max =
         std::max(std::min(kPoolingFrameMaxPixels, kPoolingFramesTotalPixels * 2 / even),
                  kPoolingFrameMinPixels * 105 / 100);

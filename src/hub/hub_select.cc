@@ -143,10 +143,22 @@ Result<Selection> select_gguf(const std::vector<std::string>& paths, const std::
   return s;
 }
 
+// A sentence-transformers module's JSON configuration ("1_Pooling/config.json": the folders
+// modules.json names, which say how an embedding model pools).
+bool st_module_config(const std::string& p) {
+  const size_t slash = p.find('/');
+  if (slash == std::string::npos || p.find('/', slash + 1) != std::string::npos) return false;
+  size_t digits = 0;
+  while (digits < slash && std::isdigit(static_cast<unsigned char>(p[digits]))) ++digits;
+  return digits > 0 && digits < slash && p[digits] == '_' && ends_with(p, ".json");
+}
+
 // A safetensors checkpoint's snapshot: every top-level file but weights in other formats (the
 // weights, configurations, tokenizer and templates vlm loads, and the model card and licence,
-// so that the snapshot is whole for other tools as well).
+// so that the snapshot is whole for other tools as well), and sentence-transformers' module
+// configurations.
 bool checkpoint_file(const std::string& p) {
+  if (st_module_config(p)) return true;
   if (p.find('/') != std::string::npos) return false;
   for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".ot",
                           ".tflite", ".gguf", ".GGUF", ".npz", ".pkl", ".mlmodel", ".nemo"}) {

@@ -127,10 +127,12 @@ struct Server::Impl {
     }
     // The task first: an embedding server's engine only pools (an embedding checkpoint may
     // lack lm_head).
-    task = opts.task;
-    if (task == ServeTask::kAuto) {
-      VLM_ASSIGN_OR_RETURN(task, detect_serve_task(opts.engine.model_dir));
-    }
+    // What the checkpoint says: the task with --task auto; with --task embed, a pooling mode
+    // other than the last token's is still refused.
+    const Result<ServeTask> said = detect_serve_task(opts.engine.model_dir);
+    const bool pools_here = opts.task == ServeTask::kAuto || opts.task == ServeTask::kEmbed;
+    if (!said.ok() && pools_here) return said.status();
+    task = opts.task == ServeTask::kAuto ? *said : opts.task;
     if (task != ServeTask::kGenerate && opts.engine.device == Device::kCuda) {
       return unimplemented(std::string("--task ") + serve_task_name(task) +
                            ": pooling runs on the CPU only for now (--device cpu)");

@@ -20,10 +20,6 @@ namespace {
 using ojson = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
-ApiError bad_request(std::string message, std::string param) {
-  return ApiError{400, "invalid_request_error", std::move(message), std::move(param)};
-}
-
 // Dumps without throwing on invalid UTF-8 (model text is checked upstream;
 // never crash here).
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
@@ -950,6 +946,10 @@ std::optional<ApiError> parse_completion_into(const ojson& body, const ApiLimits
 }
 
 }  // namespace
+
+ApiError bad_request(std::string message, std::string param) {
+  return ApiError{400, "invalid_request_error", std::move(message), std::move(param)};
+}
 
 std::optional<ApiError> parse_json_object(std::string_view body, nlohmann::ordered_json* out) {
   if (json_nesting_depth(body, kMaxJsonDepth) > kMaxJsonDepth) {

@@ -49,6 +49,9 @@ ApiError api_error_from(const Status& s);
 std::optional<ApiError> check_model_name(const std::string& model,
                                          const std::vector<std::string>& names);
 
+// A 400 invalid_request_error naming `param` ("" → null).
+ApiError bad_request(std::string message, std::string param);
+
 // Parses a request body into a JSON object: the nesting is bounded before the parser (or anything
 // recursive) sees it; malformed JSON, or a body that is not an object, is a 400 naming why.
 std::optional<ApiError> parse_json_object(std::string_view body, nlohmann::ordered_json* out);

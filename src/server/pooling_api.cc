@@ -1,7 +1,7 @@
 #include "server/pooling_api.h"
 
 #include <algorithm>
-#include <cmath>
+#include <bit>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -12,10 +12,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-ApiError bad_request(std::string message, std::string param) {
-  return ApiError{400, "invalid_request_error", std::move(message), std::move(param)};
-}
-
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 template <size_t N>
@@ -24,25 +20,17 @@ bool listed(std::string_view key, const std::string_view (&list)[N]) {
 }
 
 // 400 for the first field the endpoint does not read; those vLLM has and vlm does not are named
-// as unsupported (they would change the output).
+// as unsupported (they would change the output) unless null (or, for priority, vLLM's default 0).
 template <size_t N>
 std::optional<ApiError> check_fields(const ojson& body, const std::string_view (&known)[N]) {
-  static constexpr std::string_view kUnsupported[] = {"truncate_prompt_tokens",
-                                                      "add_special_tokens",
-                                                      "priority",
-                                                      "mm_processor_kwargs",
-                                                      "chat_template",
-                                                      "chat_template_kwargs",
-                                                      "embed_dtype",
-                                                      "endianness",
-                                                      "softmax",
-                                                      "activation",
-                                                      "encoding_dtype",
-                                                      "return_token_ids",
-                                                      "score_template"};
+  static constexpr std::string_view kUnsupported[] = {
+      "truncate_prompt_tokens", "add_special_tokens",   "priority",       "mm_processor_kwargs",
+      "chat_template",          "chat_template_kwargs", "embed_dtype",    "endianness",
+      "encoding_dtype",         "return_token_ids",     "score_template", "max_chunks_per_doc"};
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& k = it.key();
     if (listed(k, known) || k == "model" || k == "user" || k == "request_id") continue;
+    if (it->is_null() || (k == "priority" && *it == 0)) continue;
     if (listed(k, kUnsupported))
       return bad_request("'" + k + "' is not supported by this server", k);
     return bad_request("unknown field '" + k + "'", k);
@@ -65,6 +53,27 @@ std::optional<ApiError> read_flag(const ojson& j, const char* key, bool* out) {
   if (it == j.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean()) return bad_request(std::string("'") + key + "' must be a boolean", key);
   *out = it->get<bool>();
+  return std::nullopt;
+}
+
+// vLLM's use_activation, or one of its older names (`names`, the first the current one); two
+// that disagree are a 400.
+template <size_t N>
+std::optional<ApiError> read_activation(const ojson& j, const char* const (&names)[N], bool* out) {
+  std::optional<bool> seen;
+  const char* first = nullptr;
+  for (const char* k : names) {
+    bool v = true;
+    auto it = j.find(k);
+    if (it == j.end() || it->is_null()) continue;
+    if (auto e = read_flag(j, k, &v)) return e;
+    if (seen && *seen != v) {
+      return bad_request(std::string("'") + k + "' and '" + first + "' disagree", k);
+    }
+    seen = v;
+    first = k;
+  }
+  if (seen) *out = *seen;
   return std::nullopt;
 }
 
@@ -160,8 +169,9 @@ std::optional<ApiError> read_score_inputs(const ojson& v, const std::string& par
     out->push_back(std::move(p));
     if (documents) documents->push_back(dump(ojson{{"text", s}}));
   };
-  auto add_parts = [&](const ojson& parts, const std::string& at) {
+  auto add_parts = [&](const ojson& parts, const std::string& at, bool single = false) {
     out->push_back(parts_item(parts, at));
+    out->back().single_part = single;
     if (documents) documents->push_back(dump(ojson{{"multi_modal", parts}}));
   };
   if (v.is_string()) {
@@ -175,7 +185,7 @@ std::optional<ApiError> read_score_inputs(const ojson& v, const std::string& par
     }
     for (size_t i = 0; i < parts->size(); ++i) {
       const std::string at = param + ".content[" + std::to_string(i) + "]";
-      add_parts(ojson::array({(*parts)[i]}), at);
+      add_parts(ojson::array({(*parts)[i]}), at, true);
     }
   } else if (v.is_array() && allow_list) {
     for (size_t i = 0; i < v.size(); ++i) {
@@ -212,19 +222,22 @@ ojson usage_json(int64_t prompt_tokens) {
                {"prompt_tokens_details", nullptr}};
 }
 
+// The score's activation: vLLM's use_activation and its older names.
+constexpr const char* kActivation[] = {"use_activation", "softmax", "activation"};
+
 }  // namespace
 
 ApiResult<EmbeddingsRequest> parse_embeddings(std::string_view body, int64_t vocab) {
   ojson j;
   if (auto e = parse_json_object(body, &j)) return *e;
-  static constexpr std::string_view kKnown[] = {"input",      "messages",   "encoding_format",
-                                                "dimensions", "normalize",  "instruction",
-                                                "min_pixels", "max_pixels", "use_activation"};
+  static constexpr std::string_view kKnown[] = {
+      "input",       "messages",   "encoding_format", "dimensions",     "normalize",
+      "instruction", "min_pixels", "max_pixels",      "use_activation", "activation"};
   if (auto e = check_fields(j, kKnown)) return *e;
   EmbeddingsRequest r;
   if (auto e = read_common(j, &r.model, &r.instruction)) return *e;
-  if (auto e = read_flag(j, "normalize", &r.normalize)) return *e;
-  if (auto e = read_flag(j, "use_activation", &r.normalize)) return *e;  // vLLM's newer name
+  static constexpr const char* kNormalize[] = {"use_activation", "normalize", "activation"};
+  if (auto e = read_activation(j, kNormalize, &r.normalize)) return *e;
   if (auto f = j.find("encoding_format"); f != j.end() && !f->is_null()) {
     if (!f->is_string() || (*f != "float" && *f != "base64")) {
       return bad_request("'encoding_format' must be \"float\" or \"base64\"", "encoding_format");
@@ -238,9 +251,11 @@ ApiResult<EmbeddingsRequest> parse_embeddings(std::string_view body, int64_t voc
     r.dimensions = d->get<int64_t>();
   }
   const bool has_input = j.contains("input"), has_messages = j.contains("messages");
-  if (has_input == has_messages) {
-    return bad_request("give either 'input' or 'messages', not both",
-                       has_input ? "messages" : "input");
+  if (has_input && has_messages) {
+    return bad_request("give either 'input' or 'messages', not both", "messages");
+  }
+  if (!has_input && !has_messages) {
+    return bad_request("'input' (texts or token ids) or 'messages' (a chat) is required", "input");
   }
   if (has_input) {
     for (const char* k : {"min_pixels", "max_pixels"}) {
@@ -263,13 +278,13 @@ ApiResult<EmbeddingsRequest> parse_embeddings(std::string_view body, int64_t voc
 ApiResult<ScoreRequest> parse_score(std::string_view body) {
   ojson j;
   if (auto e = parse_json_object(body, &j)) return *e;
-  static constexpr std::string_view kKnown[] = {"queries", "documents",   "items",
-                                                "data_1",  "data_2",      "text_1",
-                                                "text_2",  "instruction", "use_activation"};
+  static constexpr std::string_view kKnown[] = {
+      "queries", "documents",   "items",          "data_1",  "data_2",    "text_1",
+      "text_2",  "instruction", "use_activation", "softmax", "activation"};
   if (auto e = check_fields(j, kKnown)) return *e;
   ScoreRequest r;
   if (auto e = read_common(j, &r.model, &r.instruction)) return *e;
-  if (auto e = read_flag(j, "use_activation", &r.use_activation)) return *e;
+  if (auto e = read_activation(j, kActivation, &r.use_activation)) return *e;
   static constexpr std::pair<const char*, const char*> kPairs[] = {
       {"queries", "documents"}, {"queries", "items"}, {"data_1", "data_2"}, {"text_1", "text_2"}};
   const std::pair<const char*, const char*>* pair = nullptr;
@@ -291,6 +306,7 @@ ApiResult<ScoreRequest> parse_score(std::string_view body) {
       return bad_request(std::string("'") + k + "' does not go with '" + pair->first + "'", k);
     }
   }
+  r.documents_field = pair->second;
   if (auto e = read_score_inputs(j[pair->first], pair->first, true, &r.queries, nullptr)) return *e;
   if (auto e = read_score_inputs(j[pair->second], pair->second, true, &r.documents, nullptr)) {
     return *e;
@@ -307,22 +323,14 @@ ApiResult<ScoreRequest> parse_score(std::string_view body) {
 ApiResult<ScoreRequest> parse_rerank(std::string_view body) {
   ojson j;
   if (auto e = parse_json_object(body, &j)) return *e;
-  static constexpr std::string_view kKnown[] = {"query",
-                                                "documents",
-                                                "top_n",
-                                                "instruction",
-                                                "use_activation",
-                                                "return_documents",
-                                                "max_chunks_per_doc"};
+  static constexpr std::string_view kKnown[] = {"query",          "documents",       "top_n",
+                                                "instruction",    "softmax",         "activation",
+                                                "use_activation", "return_documents"};
   if (auto e = check_fields(j, kKnown)) return *e;
   ScoreRequest r;
   if (auto e = read_common(j, &r.model, &r.instruction)) return *e;
-  if (auto e = read_flag(j, "use_activation", &r.use_activation)) return *e;
+  if (auto e = read_activation(j, kActivation, &r.use_activation)) return *e;
   if (auto e = read_flag(j, "return_documents", &r.return_documents)) return *e;
-  if (j.contains("max_chunks_per_doc")) {
-    return bad_request("'max_chunks_per_doc' is not supported by this server",
-                       "max_chunks_per_doc");
-  }
   if (auto t = j.find("top_n"); t != j.end() && !t->is_null()) {
     if (!t->is_number_integer() || t->get<int64_t>() < 0) {
       return bad_request("'top_n' must be a non-negative integer", "top_n");

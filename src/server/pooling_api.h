@@ -23,6 +23,7 @@ struct PoolingItem {
   // route's builder (its media rules); `param` names the field for its errors.
   std::string parts_json;
   std::string param;
+  bool single_part = false;  // one part of a side given as {"content": [...]}
 };
 
 // At most this many inputs in one request (OpenAI's limit for embeddings).
@@ -55,6 +56,7 @@ struct ScoreRequest {
   bool return_documents = true;
   bool use_activation = true;  // vLLM's: false scores with the raw logit difference yes − no
   std::string instruction;     // vlm's: the reranker's instruction ("": its default)
+  std::string documents_field = "documents";  // the second side's name, for errors
 };
 ApiResult<ScoreRequest> parse_score(std::string_view body);
 ApiResult<ScoreRequest> parse_rerank(std::string_view body);

@@ -3,11 +3,8 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "server/api_response.h"
@@ -22,10 +19,6 @@ using http::HttpExchange;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-ApiError bad_request(std::string message, std::string param) {
-  return ApiError{400, "invalid_request_error", std::move(message), std::move(param)};
 }
 
 // One HTTP request's pooling requests: submitted to the engine on the worker thread that parsed
@@ -170,22 +163,23 @@ class PoolingFanout : public std::enable_shared_from_this<PoolingFanout> {
 };
 
 // The text, images and videos of chat messages' parts, in their order within each kind.
-void add_parts(const ChatMessage& m, PoolingInput* in) {
+void add_parts(ChatMessage& m, PoolingInput* in) {
   if (m.content_is_text) {
     in->text += m.text;
     return;
   }
-  for (const ChatPart& p : m.parts) {
+  for (ChatPart& p : m.parts) {
     if (p.type == ChatPart::Type::kText) in->text += p.text;
-    if (p.type == ChatPart::Type::kImage) in->images.push_back(p.image);
-    if (p.type == ChatPart::Type::kVideo) in->videos.push_back(p.video);
+    if (p.type == ChatPart::Type::kImage) in->images.push_back(std::move(p.image));
+    if (p.type == ChatPart::Type::kVideo) in->videos.push_back(std::move(p.video));
   }
 }
 
-// An error of the chat builder about "messages[0].content…", renamed to the pooling field.
-ApiError renamed(ApiError e, const std::string& param) {
-  const std::string prefix = "messages[0].content";
-  if (e.param.rfind(prefix, 0) == 0) e.param = param + e.param.substr(prefix.size());
+// An error of the chat builder about "messages[0].content…", renamed to the item's field (its
+// one part's, when the item is a single part of a {"content": [...]} side).
+ApiError renamed(ApiError e, const PoolingItem& it) {
+  const std::string prefix = it.single_part ? "messages[0].content[0]" : "messages[0].content";
+  if (e.param.rfind(prefix, 0) == 0) e.param = it.param + e.param.substr(prefix.size());
   return e;
 }
 
@@ -218,14 +212,19 @@ Result<GenerateRequest> embed_request(const Tokenizer& tok, PoolingInput in,
 // A pair's request: the reranker's prompt, or a preformatted query followed by its (text)
 // document, as vLLM joins them.
 ApiResult<GenerateRequest> pair_request(const Tokenizer& tok, PoolingInput q, PoolingInput d,
-                                        const std::string& instruction) {
+                                        const ScoreRequest& req) {
+  const std::string& instruction = req.instruction;
   Result<GenerateRequest> g = invalid_argument("");
   if (preformatted(q)) {
     if (!d.images.empty() || !d.videos.empty()) {
       return bad_request(
           "a query laid out as a whole prompt (it begins with <|im_start|>) is joined to its "
           "documents' text: give text documents, or a plain query and vlm writes the prompt",
-          "documents");
+          req.documents_field);
+    }
+    if (!instruction.empty()) {
+      return bad_request("a query laid out as a whole prompt holds its own instruction",
+                         "instruction");
     }
     g = raw_request(tok, q.text + d.text, true);
   } else {
@@ -248,7 +247,7 @@ ApiResult<PoolingInput> to_input(const ChatRequestBuilder& builder, const Poolin
   }
   auto built =
       builder.build(R"({"messages": [{"role": "user", "content": )" + it.parts_json + "}]}");
-  if (!built.ok()) return renamed(built.error(), it.param);
+  if (!built.ok()) return renamed(built.error(), it);
   add_parts(built.value().chat.messages.at(0), &in);
   return in;
 }
@@ -271,6 +270,13 @@ void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
   if (!parsed.ok()) return reject(parsed.error());
   EmbeddingsRequest& r = parsed.value();
   if (auto e = check_model_name(r.model, c_.model_names)) return reject(*e);
+  const size_t prompts = r.chat_body.empty() ? r.inputs.size() : 1;
+  if (static_cast<int64_t>(prompts) > c_.max_inputs) {
+    return reject(bad_request("'input' has " + std::to_string(prompts) +
+                                  " entries; this server queues at most " +
+                                  std::to_string(c_.max_inputs) + " requests (--max-waiting)",
+                              "input"));
+  }
   const Tokenizer& tok = *c_.engine->tokenizer();
   std::vector<GenerateRequest> requests;
   if (!r.chat_body.empty()) {
@@ -278,7 +284,7 @@ void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
     if (!built.ok()) return reject(built.error());
     PoolingInput in;
     std::string instruction;
-    const auto& msgs = built.value().chat.messages;
+    auto& msgs = built.value().chat.messages;
     for (size_t i = 0; i < msgs.size(); ++i) {
       if (msgs[i].role == "system") {
         PoolingInput sys;
@@ -302,7 +308,15 @@ void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
     if (!req.ok()) return reject(api_error_from(req.status()));
     requests.push_back(std::move(req).value());
   }
-  for (const PoolingItem& it : r.inputs) {
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    const PoolingItem& it = r.inputs[i];
+    const bool as_is = it.kind == PoolingItem::Kind::kTokens || it.text.starts_with("<|im_start|>");
+    if (as_is && !r.instruction.empty()) {
+      return reject(bad_request("input " + std::to_string(i) +
+                                    " is a whole prompt (token ids, or a text that begins with "
+                                    "<|im_start|>): the instruction would not be in it",
+                                "instruction"));
+    }
     if (it.kind == PoolingItem::Kind::kTokens) {
       GenerateRequest g;
       g.prompt_ids = it.ids;
@@ -314,13 +328,7 @@ void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
     if (!req.ok()) return reject(api_error_from(req.status()));
     requests.push_back(std::move(req).value());
   }
-  if (static_cast<int64_t>(requests.size()) > c_.max_inputs) {
-    return reject(bad_request("'input' has " + std::to_string(requests.size()) +
-                                  " entries; this server queues at most " +
-                                  std::to_string(c_.max_inputs) + " (--max-waiting)",
-                              "input"));
-  }
-  c_.metrics->pooling_requests->inc("embed");
+  c_.metrics->pooling_requests->inc("embeddings");
   PoolingReplyInfo info{reply_id("embd", c_.next_id), c_.model_names.front(),
                         static_cast<int64_t>(std::time(nullptr)), 0};
   auto finish = [info, dims = r.dimensions, normalize = r.normalize, base64 = r.base64](
@@ -329,6 +337,7 @@ void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
     for (RequestOutput& o : outs) {
       info.prompt_tokens += o.stats.prompt_tokens;
       std::vector<float>& h = o.pooled_hidden;
+      if (h.empty()) return ApiError{500, "server_error", "a prompt pooled no state", ""};
       if (dims > static_cast<int64_t>(h.size())) {
         return bad_request("'dimensions' is " + std::to_string(dims) +
                                "; the model's embeddings have " + std::to_string(h.size()),
@@ -380,6 +389,15 @@ void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRe
     c_.metrics->requests->inc("bad_request");
   };
   if (auto e = check_model_name(req.model, c_.model_names)) return reject(*e);
+  const size_t pairs = req.documents.size();
+  const bool cross = c_.task == ServeTask::kRerank;
+  const size_t prompts = cross ? pairs : req.queries.size() + pairs;
+  if (static_cast<int64_t>(prompts) > c_.max_inputs) {
+    return reject(bad_request("the request makes " + std::to_string(prompts) +
+                                  " prompts; this server queues at most " +
+                                  std::to_string(c_.max_inputs) + " requests (--max-waiting)",
+                              req.documents_field));
+  }
   const Tokenizer& tok = *c_.engine->tokenizer();
   std::vector<PoolingInput> queries, documents;
   for (const PoolingItem& it : req.queries) {
@@ -392,23 +410,18 @@ void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRe
     if (!in.ok()) return reject(in.error());
     documents.push_back(std::move(in).value());
   }
-  const size_t pairs = documents.size();
-  const bool cross = c_.task == ServeTask::kRerank;
-  const size_t prompts = cross ? pairs : queries.size() + pairs;
-  if (static_cast<int64_t>(prompts) > c_.max_inputs) {
-    return reject(bad_request("the request makes " + std::to_string(prompts) +
-                                  " prompts; this server queues at most " +
-                                  std::to_string(c_.max_inputs) + " (--max-waiting)",
-                              "documents"));
-  }
   std::vector<GenerateRequest> requests;
   for (size_t i = 0; cross && i < pairs; ++i) {
     PoolingInput q = queries.size() == 1 ? queries[0] : std::move(queries[i]);
-    auto g = pair_request(tok, std::move(q), std::move(documents[i]), req.instruction);
+    auto g = pair_request(tok, std::move(q), std::move(documents[i]), req);
     if (!g.ok()) return reject(g.error());
     requests.push_back(std::move(g).value());
   }
   if (!cross) {
+    if (!req.instruction.empty() && !queries.empty() && preformatted(queries[0])) {
+      return reject(bad_request("a query laid out as a whole prompt holds its own instruction",
+                                "instruction"));
+    }
     for (auto* side : {&queries, &documents}) {
       for (PoolingInput& in : *side) {
         auto g = embed_request(tok, std::move(in), side == &queries ? req.instruction : "");
@@ -418,16 +431,24 @@ void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRe
     }
   }
   c_.metrics->pooling_requests->inc(rerank ? "rerank" : "score");
+  // Only what the reply needs: the documents' echo (not their parts' JSON, media included).
+  ScoreRequest echo;
+  echo.use_activation = req.use_activation;
+  echo.top_n = req.top_n;
+  echo.return_documents = req.return_documents;
+  echo.document_json = std::move(req.document_json);
   PoolingReplyInfo info{reply_id(rerank ? "rerank" : "score", c_.next_id), c_.model_names.front(),
                         static_cast<int64_t>(std::time(nullptr)), 0};
   const size_t nq = queries.size();
-  auto finish = [info, cross, nq, pairs, rerank, req = std::move(req)](
+  auto finish = [info, cross, nq, pairs, rerank, req = std::move(echo)](
                     std::vector<RequestOutput>& outs) mutable -> ApiResult<std::string> {
+    const ApiError broken{500, "server_error", "a prompt pooled no state of the expected size", ""};
     std::vector<double> scores;
     for (const RequestOutput& o : outs) info.prompt_tokens += o.stats.prompt_tokens;
     for (size_t i = 0; i < pairs; ++i) {
       if (cross) {
         const std::vector<float>& l = outs[i].pooled_logits;
+        if (l.size() != 2) return broken;
         scores.push_back(req.use_activation
                              ? rerank_score(l)
                              : static_cast<double>(l[1]) - static_cast<double>(l[0]));
@@ -435,6 +456,7 @@ void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRe
       }
       const std::vector<float>& a = outs[nq == 1 ? 0 : i].pooled_hidden;
       const std::vector<float>& b = outs[nq + i].pooled_hidden;
+      if (a.empty() || a.size() != b.size()) return broken;
       double dot = 0, na = 0, nb = 0;
       for (size_t k = 0; k < a.size(); ++k) {
         dot += static_cast<double>(a[k]) * b[k];
@@ -447,82 +469,6 @@ void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRe
   };
   std::make_shared<PoolingFanout>(ex, *c_.metrics, t0, std::move(finish))
       ->start(*c_.engine, std::move(requests));
-}
-
-const char* serve_task_name(ServeTask t) {
-  switch (t) {
-    case ServeTask::kAuto:
-      return "auto";
-    case ServeTask::kGenerate:
-      return "generate";
-    case ServeTask::kEmbed:
-      return "embed";
-    case ServeTask::kRerank:
-      return "rerank";
-  }
-  return "?";
-}
-
-Result<ServeTask> parse_serve_task(std::string_view name) {
-  for (ServeTask t :
-       {ServeTask::kAuto, ServeTask::kGenerate, ServeTask::kEmbed, ServeTask::kRerank}) {
-    if (name == serve_task_name(t)) return t;
-  }
-  return invalid_argument("--task must be auto, generate, embed or rerank, not '" +
-                          std::string(name) + "'");
-}
-
-namespace {
-
-// A JSON file of the checkpoint, or null when it is absent; an error when it does not parse.
-Result<nlohmann::json> read_json_file(const std::filesystem::path& p) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(p, ec)) return nlohmann::json();
-  std::ifstream f(p);
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-  if (j.is_discarded()) return invalid_argument(p.string() + " is not valid JSON");
-  return j;
-}
-
-}  // namespace
-
-Result<ServeTask> detect_serve_task(const std::string& model_dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path dir(model_dir);
-  if (!fs::is_directory(dir, ec)) return ServeTask::kGenerate;  // a GGUF file says nothing
-  // sentence-transformers: modules.json lists a Pooling module, whose config names its mode.
-  VLM_ASSIGN_OR_RETURN(nlohmann::json modules, read_json_file(dir / "modules.json"));
-  if (modules.is_array()) {
-    for (const auto& m : modules) {
-      if (!m.is_object() || !m.value("type", std::string()).ends_with("models.Pooling")) continue;
-      const fs::path cfg = dir / m.value("path", std::string()) / "config.json";
-      VLM_ASSIGN_OR_RETURN(nlohmann::json pool, read_json_file(cfg));
-      if (!pool.is_object())
-        return not_found(cfg.string() + ": the pooling module's config is missing");
-      if (pool.value("pooling_mode_lasttoken", false)) return ServeTask::kEmbed;
-      std::string modes;
-      for (const auto& [k, v] : pool.items()) {
-        if (k.starts_with("pooling_mode_") && v.is_boolean() && v.get<bool>()) modes += " " + k;
-      }
-      return invalid_argument(cfg.string() + ": the checkpoint pools by" +
-                              (modes.empty() ? std::string(" no mode") : modes) +
-                              "; vlm pools the last token (pooling_mode_lasttoken), as "
-                              "Qwen3-VL-Embedding does");
-    }
-  }
-  VLM_ASSIGN_OR_RETURN(nlohmann::json config, read_json_file(dir / "config.json"));
-  if (config.is_object() && config.contains("architectures") &&
-      config["architectures"].is_array()) {
-    for (const auto& a : config["architectures"]) {
-      if (!a.is_string() || !a.get<std::string>().ends_with("ForSequenceClassification")) continue;
-      if (config.value("classifier_from_token", nlohmann::json()) ==
-          nlohmann::json::array({"no", "yes"})) {
-        return ServeTask::kRerank;
-      }
-    }
-  }
-  return ServeTask::kGenerate;
 }
 
 }  // namespace vlm

@@ -35,7 +35,7 @@ struct ServerMetrics {
 
   MetricsRegistry registry;
   Counter* requests = nullptr;  // by outcome
-  // Pooling requests by endpoint ("embed", "score", "rerank"), each counted once however many
+  // Pooling requests by endpoint ("embeddings", "score", "rerank"), each counted once however many
   // prompts it pools.
   Counter* pooling_requests = nullptr;
   Counter* pooled_prompts = nullptr;  // the prompts pooled (prefill-only requests finished)

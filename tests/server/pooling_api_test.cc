@@ -109,10 +109,21 @@ TEST(PoolingApi, RerankRequest) {
   ASSERT_EQ(r.value().document_json.size(), 2u);
   EXPECT_EQ(json::parse(r.value().document_json[0]), json({{"text", "a"}}));
   EXPECT_EQ(json::parse(r.value().document_json[1])["multi_modal"][0]["text"], "b");
-  EXPECT_EQ(parse_rerank(R"({"query": ["q"], "documents": ["a"]})").error().param, "query");
-  EXPECT_EQ(parse_rerank(R"({"query": "q", "documents": ["a"], "top_n": -2})").error().param,
-            "top_n");
-  EXPECT_EQ(parse_rerank(R"({"documents": ["a"]})").error().param, "query");
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"query": ["q"], "documents": ["a"]})", "query"},
+           {R"({"query": "q", "documents": ["a"], "top_n": -2})", "top_n"},
+           {R"({"documents": ["a"]})", "query"},
+           {R"({"query": "q", "documents": ["a"], "softmax": true, "use_activation": false})",
+            "softmax"},
+           {R"({"query": "q", "documents": ["a"], "max_chunks_per_doc": 3})",
+            "max_chunks_per_doc"}}) {
+    auto bad = parse_rerank(body);
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_EQ(bad.error().param, param) << body;
+  }
+  auto alias = parse_rerank(R"({"query": "q", "documents": ["a"], "activation": false})");
+  ASSERT_TRUE(alias.ok());
+  EXPECT_FALSE(alias.value().use_activation);
 }
 
 TEST(PoolingApi, RerankReplyIsSortedAndCut) {
@@ -158,17 +169,32 @@ TEST(PoolingApi, TaskFromTheCheckpointsFiles) {
     std::filesystem::create_directories(p.parent_path());
     std::ofstream(p) << text;
   };
+  auto task = [&] {
+    auto t = detect_serve_task(dir.string());
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    return t.ok() ? *t : ServeTask::kAuto;
+  };
   write(dir / "config.json", R"({"architectures": ["Qwen3VLForConditionalGeneration"]})");
-  EXPECT_EQ(detect_serve_task(dir.string()).value(), ServeTask::kGenerate);
+  EXPECT_EQ(task(), ServeTask::kGenerate);
   write(dir / "config.json",
         R"({"architectures": ["Qwen3VLForSequenceClassification"],
             "classifier_from_token": ["no", "yes"]})");
-  EXPECT_EQ(detect_serve_task(dir.string()).value(), ServeTask::kRerank);
+  EXPECT_EQ(task(), ServeTask::kRerank);
   write(dir / "modules.json",
         R"([{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])");
   write(dir / "1_Pooling/config.json", R"({"pooling_mode_lasttoken": true})");
-  EXPECT_EQ(detect_serve_task(dir.string()).value(), ServeTask::kEmbed);
+  EXPECT_EQ(task(), ServeTask::kEmbed);
+  // Values of the wrong type are no pooling mode, never a throw.
+  write(dir / "1_Pooling/config.json", R"({"pooling_mode_lasttoken": null})");
+  EXPECT_FALSE(detect_serve_task(dir.string()).ok());
+  write(dir / "modules.json", R"([{"type": null}, {"path": 3, "type": "x.models.Pooling"}])");
+  EXPECT_FALSE(detect_serve_task(dir.string()).ok());  // its config is then dir/config.json's
+  write(dir / "modules.json",
+        R"([{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])");
+  write(dir / "1_Pooling/config.json", R"({"pooling_mode_lasttoken": true})");
+  EXPECT_EQ(task(), ServeTask::kEmbed);
   write(dir / "1_Pooling/config.json",
         R"({"pooling_mode_lasttoken": false, "pooling_mode_mean_tokens": true})");
   auto mean = detect_serve_task(dir.string());
@@ -176,8 +202,12 @@ TEST(PoolingApi, TaskFromTheCheckpointsFiles) {
   EXPECT_NE(mean.status().message().find("pooling_mode_mean_tokens"), std::string::npos);
   write(dir / "modules.json", "[");
   EXPECT_FALSE(detect_serve_task(dir.string()).ok());
-  EXPECT_EQ(detect_serve_task((dir / "model.gguf").string()).value(), ServeTask::kGenerate);
-  EXPECT_EQ(parse_serve_task("rerank").value(), ServeTask::kRerank);
+  auto gguf = detect_serve_task((dir / "model.gguf").string());
+  ASSERT_TRUE(gguf.ok());
+  EXPECT_EQ(*gguf, ServeTask::kGenerate);
+  auto parsed = parse_serve_task("rerank");
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(*parsed, ServeTask::kRerank);
   EXPECT_FALSE(parse_serve_task("classify").ok());
 }
 
@@ -191,6 +221,7 @@ TEST(PoolingApi, MediaLimitsOfTheModelsCode) {
   for (size_t i = 0; i < frames.frames.size(); ++i) frames.frames[i].path = std::to_string(i);
   VideoInput few;
   few.frames.resize(3);
+  few.frames[2].path = "last";
   in.videos = {file, frames, few};
   apply_pooling_media_limits(&in);
   EXPECT_EQ(in.images[0].min_pixels, 4 * 32 * 32);
@@ -210,7 +241,9 @@ TEST(PoolingApi, MediaLimitsOfTheModelsCode) {
   // qwen-vl-utils per frame: 64 frames, 128·32² .. max(min(768·32², 2·7864320/64), 137625).
   EXPECT_EQ(in.videos[1].min_pixels, 131072 * 64);
   EXPECT_EQ(in.videos[1].max_pixels, 245760 * 64);
-  // 3 frames count as 4 (qwen-vl-utils pads to even): 768·32² a frame at most.
+  // 3 frames become 4 (qwen-vl-utils pads to even with the last): 768·32² a frame at most.
+  ASSERT_EQ(in.videos[2].frames.size(), 4u);
+  EXPECT_EQ(in.videos[2].frames[3].path, in.videos[2].frames[2].path);
   EXPECT_EQ(in.videos[2].min_pixels, 131072 * 4);
   EXPECT_EQ(in.videos[2].max_pixels, 786432 * 4);
 }

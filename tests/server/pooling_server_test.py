@@ -264,7 +264,12 @@ class EmbedTest(Base):
         self.error(e, {"input": {"a": 1}}, param="input")
         self.error(e, {"input": "a", "encoding_format": "int8"}, param="encoding_format")
         self.error(e, {"input": "a", "messages": []}, param="messages")
-        self.error(e, {}, param="input")
+        self.error(e, {}, param="input", says="required")
+        self.error(e, {"input": ["a"] * 257}, param="input", says="--max-waiting")
+        self.error(e, {"input": [1, 2, 3], "instruction": "x"}, param="instruction")
+        self.error(e, {"input": "<|im_start|>a", "instruction": "x"}, param="instruction")
+        self.error(e, {"input": "a", "normalize": True, "use_activation": False},
+                   param="normalize", says="disagree")
         self.error(e, {"input": "a", "truncate_prompt_tokens": 3}, param="truncate_prompt_tokens",
                    says="not supported")
         self.error(e, {"input": "a", "bogus": 1}, param="bogus")
@@ -285,8 +290,8 @@ class EmbedTest(Base):
         self.ok("/v1/score", {"text_1": "a", "text_2": ["b", "c"]})
         after, _ = serve_util.metrics(self.server)
         v = serve_util.value
-        self.assertEqual(v(after, "vlm_pooling_requests_total", endpoint="embed")
-                         - v(before, "vlm_pooling_requests_total", endpoint="embed"), 1)
+        self.assertEqual(v(after, "vlm_pooling_requests_total", endpoint="embeddings")
+                         - v(before, "vlm_pooling_requests_total", endpoint="embeddings"), 1)
         self.assertEqual(v(after, "vlm_pooling_requests_total", endpoint="score")
                          - v(before, "vlm_pooling_requests_total", endpoint="score"), 1)
         self.assertEqual(v(after, "vlm_pooled_prompts_total")
@@ -367,8 +372,12 @@ class RerankTest(Base):
         singles = [x for x in mm if len(content_parts(x["document"])) == 1]
         for d, x in zip(r["data"], singles):
             self.assertAlmostEqual(d["score"], x["score"], delta=1e-4)
-        r = self.ok("/v1/score", {"queries": q, "documents": docs[0], "use_activation": False})
-        self.assertAlmostEqual(r["data"][0]["score"], texts[0]["logit"], delta=1e-4)
+        for off in ({"use_activation": False}, {"softmax": False}, {"activation": False}):
+            r = self.ok("/v1/score", {"queries": q, "documents": docs[0], **off})
+            self.assertAlmostEqual(r["data"][0]["score"], texts[0]["logit"], delta=1e-4)
+        # vLLM's defaults of what vlm does not support are accepted.
+        self.ok("/v1/score", {"queries": q, "documents": docs[0], "priority": 0,
+                              "truncate_prompt_tokens": None})
 
     def test_preformatted_query_and_documents(self):
         """vLLM's clients of Qwen rerankers write the prompt themselves, split at the document;
@@ -405,6 +414,15 @@ class RerankTest(Base):
         self.error("/v1/rerank", {"query": "a", "documents": [{"content": [
             {"type": "image_url", "image_url": {"url": "http://example.com/x.png"}}]}]},
             param="documents[0].content[0].image_url")
+        # A side given as {"content": [...]}: each part a document, named by its own index.
+        self.error("/v1/score", {"queries": "a", "items": {"content": [
+            {"type": "text", "text": "x"},
+            {"type": "image_url", "image_url": {"url": "http://example.com/x.png"}}]}},
+            param="items.content[1].image_url")
+        self.error("/v1/score", {"text_1": "a", "text_2": ["b"] * 257}, param="text_2",
+                   says="--max-waiting")
+        self.error("/v1/rerank", {"query": "a", "documents": ["x"], "priority": 1},
+                   param="priority", says="not supported")
         self.error("/v1/embeddings", {"input": "a"}, says="--task rerank")
         self.ok("/v1/rerank", {"query": "a", "documents": ["x"]})
 

@@ -210,6 +210,24 @@ TEST(HubSelect, SafetensorsCheckpointTakesItsTopLevelFilesButOtherWeights) {
             std::vector<std::string>{"m-Q8_0.gguf"});
 }
 
+// An embedding model in sentence-transformers' layout: its modules' JSON configurations (how it
+// pools) come along; other subfolders still do not.
+TEST(HubSelect, SentenceTransformersModuleConfigsComeAlong) {
+  const std::vector<std::string> repo = {
+      "config.json",           "model.safetensors",
+      "modules.json",          "config_sentence_transformers.json",
+      "1_Pooling/config.json", "1_Pooling/README.md",
+      "12_Dense/config.json",  "1_Pooling/sub/config.json",
+      "onnx/config.json",      "x_Pooling/config.json",
+      "_Pooling/config.json"};
+  const auto files = files_of(select_files(repo, "", "o/n"));
+  const std::vector<std::string> want = {
+      "config.json",           "model.safetensors",
+      "modules.json",          "config_sentence_transformers.json",
+      "1_Pooling/config.json", "12_Dense/config.json"};
+  EXPECT_EQ(files, want);
+}
+
 TEST(HubSelect, GgufQuantAndItsVisionFile) {
   const std::vector<std::string> repo = {"README.md",
                                          "Qwen3-VL-2B-Instruct-F16.gguf",

@@ -780,8 +780,9 @@ vlm::Status bench_batches(vlm::Engine& engine, const BenchArgs& a, const BenchPl
 // --batch of them submitted at once (1 without --batch): embeddings a second, over the time until
 // the last of a round ends. Each size's requests are synthetic prompts of that many tokens, each
 // its own (salted by its index, as the batched decode's); each --synthetic-image's are the
-// embedder's prompt around that picture (vlm/pooling.h, its media limits), each request's bytes
-// salted in the last pixel so that none is found in the vision cache.
+// embedder's prompt around that picture (vlm/pooling.h, its media limits), each request's BMP
+// bytes salted in their last two (a pixel's, or a row's padding) so that no request of the run
+// finds another's image in the vision cache. An --image file is not salted, so not pooled.
 vlm::Status bench_pool(vlm::Engine& engine, const BenchArgs& a, const BenchPlan& p,
                        BenchReport* r) {
   if (p.pool.empty()) return vlm::ok_status();
@@ -802,6 +803,7 @@ vlm::Status bench_pool(vlm::Engine& engine, const BenchArgs& a, const BenchPlan&
     }
     inputs.push_back({"embedder prompt, " + img.name, 0, &img});
   }
+  int64_t salt = 0;  // every image request of the run its own
   auto request = [&](const Input& in, int64_t i) -> vlm::Result<vlm::GenerateRequest> {
     if (in.image == nullptr) {
       vlm::GenerateRequest req;
@@ -810,8 +812,9 @@ vlm::Status bench_pool(vlm::Engine& engine, const BenchArgs& a, const BenchPlan&
       return req;
     }
     vlm::ImageInput im = in.image->input;
-    im.bytes.back() = static_cast<uint8_t>(i);  // BMP: the last pixel's last byte
-    im.bytes[im.bytes.size() - 2] = static_cast<uint8_t>(i >> 8);
+    ++salt;
+    im.bytes.back() = static_cast<uint8_t>(salt);
+    im.bytes[im.bytes.size() - 2] = static_cast<uint8_t>(salt >> 8);
     return vlm::embedding_request(*engine.tokenizer(), vlm::PoolingInput{"", {std::move(im)}, {}},
                                   "");
   };

@@ -581,7 +581,8 @@ void add_serve_api_options(CLI::App* serve, ServeArgs* sa) {
       "What to serve: generate (chat and completions), embed (/v1/embeddings; /v1/score and "
       "/v1/rerank by cosine similarity: Qwen3-VL-Embedding) or rerank (/v1/score, /v1/rerank: "
       "Qwen3-VL-Reranker); default auto: what the checkpoint's files say (sentence-transformers' "
-      "last-token pooling: embed), else generate");
+      "last-token pooling: embed; a *ForSequenceClassification config over the tokens no and "
+      "yes: rerank), else generate");
   serve->add_flag("--no-webui", sa->no_webui,
                   "Serve no web pages (default: the chat page at / and the dashboard at "
                   "/dashboard)");
