@@ -42,7 +42,9 @@ def parts(side: dict) -> list[dict]:
     return out
 
 
-def embed_messages(inp: dict, instruction: str) -> list[dict]:
+def embed_messages(inp: dict, instruction: str, parts=parts) -> list[dict]:
+    """`parts(side)`: the side's content items (here placeholders; the server references' carry
+    their media)."""
     instruction = instruction.strip()
     if instruction and not unicodedata.category(instruction[-1]).startswith("P"):
         instruction += "."
@@ -51,7 +53,7 @@ def embed_messages(inp: dict, instruction: str) -> list[dict]:
             {"role": "user", "content": content}]
 
 
-def rerank_messages(query: dict, doc: dict, instruction: str) -> list[dict]:
+def rerank_messages(query: dict, doc: dict, instruction: str, parts=parts) -> list[dict]:
     content = [{"type": "text", "text": "<Instruct>: " + (instruction or RERANK_DEFAULT)},
                {"type": "text", "text": "<Query>:"}]
     content += parts(query) or [{"type": "text", "text": "NULL"}]

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import sys
-import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +44,8 @@ from PIL import Image
 from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 from transformers.models.qwen2_vl.image_processing_qwen2_vl_fast import Qwen2VLImageProcessorFast
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+import make_pooling_prompts as mp  # the models' message layout
 from qwen_vl_utils import process_vision_info
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,10 +53,6 @@ MODEL = REPO / "tests/model/fixtures/tiny-fullvocab-bf16"
 OUT = REPO / "tests/model/fixtures/pooling-server"
 TEMPLATE = REPO / "tests/model/fixtures/chat_template/chat_template.jinja"
 
-EMBED_DEFAULT = "Represent the user's input."
-RERANK_DEFAULT = "Given a search query, retrieve relevant candidates that answer the query."
-RERANK_SYSTEM = ("Judge whether the Document meets the requirements based on the Query and the "
-                 "Instruct provided. Note that the answer can only be \"yes\" or \"no\".")
 COMMON = dict(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3,
               image_std=[0.5] * 3)
 IMAGE_BUDGET = {"shortest_edge": 4 * 32 * 32, "longest_edge": 1800 * 32 * 32}
@@ -96,24 +93,6 @@ def parts(side: dict) -> list[dict]:
     if side.get("text"):
         out.append({"type": "text", "text": side["text"]})
     return out
-
-
-def embed_messages(inp: dict) -> list[dict]:
-    instruction = inp.get("instruction", "").strip()
-    if instruction and not unicodedata.category(instruction[-1]).startswith("P"):
-        instruction += "."
-    return [{"role": "system", "content": [{"type": "text", "text": instruction or EMBED_DEFAULT}]},
-            {"role": "user", "content": parts(inp) or [{"type": "text", "text": "NULL"}]}]
-
-
-def rerank_messages(query: dict, doc: dict, instruction: str) -> list[dict]:
-    content = [{"type": "text", "text": "<Instruct>: " + (instruction or RERANK_DEFAULT)},
-               {"type": "text", "text": "<Query>:"}]
-    content += parts(query) or [{"type": "text", "text": "NULL"}]
-    content.append({"type": "text", "text": "\n<Document>:"})
-    content += parts(doc) or [{"type": "text", "text": "NULL"}]
-    return [{"role": "system", "content": [{"type": "text", "text": RERANK_SYSTEM}]},
-            {"role": "user", "content": content}]
 
 
 def run(model, processor, template, messages) -> tuple[torch.Tensor, int]:
@@ -171,7 +150,8 @@ def main() -> int:
 
     embed = []
     for c in EMBED_CASES:
-        h, n = run(model, processor, template, embed_messages(c))
+        h, n = run(model, processor, template,
+                   mp.embed_messages(c, c.get("instruction", ""), parts=parts))
         e = torch.nn.functional.normalize(h, p=2, dim=-1)
         embed.append(dict(c, prompt_tokens=n, hidden=h.tolist(), embedding=e.tolist()))
         print(f"  embed {c['name']}: {n} tokens")
@@ -179,7 +159,8 @@ def main() -> int:
     def scores(query: dict, instruction: str) -> list[dict]:
         out = []
         for d in RERANK_DOCS:
-            h, n = run(model, processor, template, rerank_messages(query, d, instruction))
+            h, n = run(model, processor, template,
+                       mp.rerank_messages(query, d, instruction, parts=parts))
             logit = float(h @ (w[yes] - w[no]))
             out.append(dict(document=d, prompt_tokens=n, logit=logit,
                             score=float(torch.sigmoid(torch.tensor(logit, dtype=torch.float64)))))

@@ -19,6 +19,7 @@
 #include "server/api_response.h"
 #include "server/chat_reply_writer.h"
 #include "server/chat_request_builder.h"
+#include "server/fanout.h"
 #include "server/http_client.h"
 #include "server/http_transport.h"
 #include "server/kv_event_publisher.h"
@@ -333,83 +334,26 @@ struct ChoiceStream {
   explicit operator bool() const { return raw || chat; }
 };
 
-// One HTTP request fanned out to its choices (n, and prompts for /v1/completions). Submits them
-// to the engine (on the worker thread that parsed the request) and keeps their streams; when the
-// engine has new tokens it wakes the connection's strand, which takes each stream's pieces (text
-// and logprob entries, made there by the stream), records the latency metrics and writes the
-// reply. A client that goes away cancels every unfinished choice. The exchange holds the Fanout
-// until it is answered or closed.
-class Fanout : public std::enable_shared_from_this<Fanout> {
+// A chat's or a completion's choices (n, and prompts for /v1/completions): the strand takes each
+// stream's pieces (text and logprob entries, made there by the stream), records the latency
+// metrics and writes what the ReplyWriter makes of them.
+class ChatFanout final : public Fanout<ChoiceStream> {
  public:
-  Fanout(ServerImpl& s, std::shared_ptr<HttpExchange> ex, Clock::time_point t0,
-         std::unique_ptr<ReplyWriter> writer)
-      : s_(s), ex_(std::move(ex)), t0_(t0), writer_(std::move(writer)), m_(*s.metrics) {}
-
-  // Submits `count` requests, each by `submit(i, notify)` (which makes its request just before,
-  // so that n choices of a request with videos hold one more copy of their bytes at a time, not
-  // n), and starts the reply; an error cancels the ones already submitted and is the reply.
-  using Submit = std::function<Result<ChoiceStream>(size_t, std::function<void()>)>;
-  void start(size_t count, const Submit& submit) {
-    // Sized before on_close can fire: client_gone() walks streams_ from an I/O thread.
-    streams_.resize(count);
-    last_token_.resize(count);
-    ex_->hold(shared_from_this());
-    ex_->on_close([w = weak_from_this()] {
-      if (auto self = w.lock()) self->client_gone();
-    });
-    if (ex_->closed()) {  // gone while the request was parsed: nothing to run
-      m_.requests->inc("cancelled");
-      return;
-    }
-    for (size_t i = 0; i < count; ++i) {
-      auto stream = submit(i, [w = weak_from_this()] {
-        if (auto self = w.lock()) self->wake();
-      });
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!stream.ok()) {
-        cancel_locked();
-        if (!done_) {
-          done_ = true;
-          s_.reply_error(*ex_, api_error_from(stream.status()), "rejected");
-        }
-        return;
-      }
-      streams_[i] = std::move(stream).value();
-      if (done_) {  // the client left meanwhile
-        cancel_locked();
-        return;
-      }
-    }
-    if (writer_->streaming()) {
-      ex_->start_stream(200, "text/event-stream");
-      if (std::string begin = writer_->begin(); !begin.empty()) ex_->write(std::move(begin));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      started_ = true;
-      scheduled_ = true;
-    }
-    ex_->post([self = shared_from_this()] { self->drain(); });  // tokens that came meanwhile
-  }
+  ChatFanout(std::shared_ptr<HttpExchange> ex, ServerMetrics& m, Clock::time_point t0,
+             std::unique_ptr<ReplyWriter> writer)
+      : Fanout(std::move(ex), m, t0), writer_(std::move(writer)) {}
 
  private:
-  // Engine thread: new tokens on some stream.
-  void wake() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (scheduled_ || !started_ || done_) return;
-      scheduled_ = true;
-    }
-    ex_->post([self = shared_from_this()] { self->drain(); });
+  void sized(size_t count) override { last_token_.resize(count); }
+
+  void started() override {
+    if (!writer_->streaming()) return;
+    ex_->start_stream(200, "text/event-stream");
+    if (std::string begin = writer_->begin(); !begin.empty()) ex_->write(std::move(begin));
   }
 
-  // The connection's strand: every piece that is ready, in one write.
-  void drain() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      scheduled_ = false;
-      if (done_) return;
-    }
+  // Every piece that is ready, in one write.
+  void drain_streams() override {
     std::string out;
     ChatChunk piece;
     for (size_t i = 0; i < streams_.size(); ++i) {
@@ -430,7 +374,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     if (p.token_id >= 0) {
       const auto now = Clock::now();
       if (!any_token_) {
-        m_.observe_ttft(seconds_since(t0_));
+        m_.observe_ttft(seconds_since_start());
         ex_->mark_first_token();
       }
       if (last_token_[i])
@@ -444,11 +388,8 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     if (!writer_->done()) return true;
     const Usage u = writer_->usage();  // the reply's own usage, for the access log
     ex_->set_usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    m_.observe_e2e(seconds_since(t0_));
+    set_done(false);
+    m_.observe_e2e(seconds_since_start());
     m_.requests->inc("ok");
     if (writer_->streaming()) {
       *out += writer_->end();
@@ -463,11 +404,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
   // A choice failed: the others are cancelled, and the error is the reply (or, streaming, its
   // last event).
   void fail(const ApiError& e, std::string* out) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-      cancel_locked();
-    }
+    set_done(true);
     m_.requests->inc("failed");
     if (writer_->streaming()) {
       *out += ReplyWriter::error_events(e);
@@ -478,31 +415,7 @@ class Fanout : public std::enable_shared_from_this<Fanout> {
     }
   }
 
-  // The connection closed before the reply was complete.
-  void client_gone() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_) return;
-      done_ = true;
-      cancel_locked();
-    }
-    m_.requests->inc("cancelled");
-  }
-
-  void cancel_locked() {
-    for (auto& st : streams_) {
-      if (st) st.cancel();  // finished streams ignore it
-    }
-  }
-
-  ServerImpl& s_;
-  std::shared_ptr<HttpExchange> ex_;
-  Clock::time_point t0_;
   std::unique_ptr<ReplyWriter> writer_;  // the strand's own
-  ServerMetrics& m_;
-  std::mutex mu_;  // started_, scheduled_, done_, and streams_ while start() fills it
-  std::vector<ChoiceStream> streams_;
-  bool started_ = false, scheduled_ = false, done_ = false;
   // The strand's own: when each choice's last token came, and whether any has come.
   std::vector<std::optional<Clock::time_point>> last_token_;
   bool any_token_ = false;
@@ -696,7 +609,7 @@ void Server::Impl::chat(const std::shared_ptr<HttpExchange>& ex) {
   // request made then); the vision encoder runs once, the later choices finding the first's
   // output in the vision cache when their turn comes.
   const std::string call_prefix = "call_" + std::to_string(number) + "_";
-  std::make_shared<Fanout>(*this, ex, t0, chat_reply_writer(call.reply, call.n))
+  std::make_shared<ChatFanout>(ex, *metrics, t0, chat_reply_writer(call.reply, call.n))
       ->start(call.n, [&](size_t i, std::function<void()> notify) -> Result<ChoiceStream> {
         ChoiceStream cs;
         VLM_ASSIGN_OR_RETURN(cs.chat,
@@ -719,8 +632,8 @@ void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
   call.reply.system_fingerprint = system_fingerprint;
   call.reply.created = static_cast<int64_t>(std::time(nullptr));
   const size_t count = call.requests.size();
-  std::make_shared<Fanout>(*this, ex, t0,
-                           completion_reply_writer(std::move(call.reply), std::move(call.echo)))
+  std::make_shared<ChatFanout>(ex, *metrics, t0,
+                               completion_reply_writer(std::move(call.reply), std::move(call.echo)))
       ->start(count, [&](size_t i, std::function<void()> notify) -> Result<ChoiceStream> {
         ChoiceStream cs;
         VLM_ASSIGN_OR_RETURN(cs.raw,

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <ctime>
 #include <functional>
-#include <mutex>
 #include <utility>
 
 #include "server/api_response.h"
+#include "server/fanout.h"
 #include "server/pooling_api.h"
 #include "vlm/pooling.h"
 
@@ -17,82 +17,41 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using http::HttpExchange;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+// A pooling request's engine request: its stream, as the fan-out keeps it.
+struct PoolStream {
+  std::unique_ptr<RequestStream> s;
+  explicit operator bool() const { return s != nullptr; }
+  void cancel() { s->cancel(); }
+};
 
-// One HTTP request's pooling requests: submitted to the engine on the worker thread that parsed
-// it; the engine's wake-ups drain their streams on the connection's strand, where each final
-// piece (its pooled state) is kept; once all have come, `finish` makes the reply of them. A
-// failed one fails the reply and cancels the others; a client that goes away cancels them all.
-class PoolingFanout : public std::enable_shared_from_this<PoolingFanout> {
+// One HTTP request's pooling requests: the strand keeps each one's final piece (its pooled
+// state); once all have come, `finish` makes the reply of them. A failed one fails the reply
+// and cancels the others.
+class PoolingFanout final : public Fanout<PoolStream> {
  public:
   using Finish = std::function<ApiResult<std::string>(std::vector<RequestOutput>&)>;
   PoolingFanout(std::shared_ptr<HttpExchange> ex, ServerMetrics& m, Clock::time_point t0,
                 Finish finish)
-      : ex_(std::move(ex)), m_(m), t0_(t0), finish_(std::move(finish)) {}
+      : Fanout(std::move(ex), m, t0), finish_(std::move(finish)) {}
 
-  void start(Engine& engine, std::vector<GenerateRequest> requests) {
-    const size_t n = requests.size();
-    streams_.resize(n);  // sized before on_close can fire
-    results_.resize(n);
-    remaining_ = n;
-    ex_->hold(shared_from_this());
-    ex_->on_close([w = weak_from_this()] {
-      if (auto self = w.lock()) self->client_gone();
+  // Submits `requests` (each moved to the engine as its turn comes).
+  void run(Engine& engine, std::vector<GenerateRequest> requests) {
+    start(requests.size(), [&](size_t i, std::function<void()> notify) -> Result<PoolStream> {
+      VLM_ASSIGN_OR_RETURN(auto s, engine.submit(std::move(requests[i]), std::move(notify)));
+      return PoolStream{std::move(s)};
     });
-    if (ex_->closed()) {
-      m_.requests->inc("cancelled");
-      return;
-    }
-    for (size_t i = 0; i < n; ++i) {
-      auto stream = engine.submit(std::move(requests[i]), [w = weak_from_this()] {
-        if (auto self = w.lock()) self->wake();
-      });
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!stream.ok()) {
-        cancel_locked();
-        if (!done_) {
-          done_ = true;
-          ex_->respond(error_response(api_error_from(stream.status())));
-          m_.requests->inc("rejected");
-        }
-        return;
-      }
-      streams_[i] = std::move(stream).value();
-      if (done_) {
-        cancel_locked();
-        return;
-      }
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      started_ = true;
-      scheduled_ = true;
-    }
-    ex_->post([self = shared_from_this()] { self->drain(); });
   }
 
  private:
-  void wake() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (scheduled_ || !started_ || done_) return;
-      scheduled_ = true;
-    }
-    ex_->post([self = shared_from_this()] { self->drain(); });
+  void sized(size_t count) override {
+    results_.resize(count);
+    remaining_ = count;
   }
 
-  // The connection's strand.
-  void drain() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      scheduled_ = false;
-      if (done_) return;
-    }
+  void drain_streams() override {
     RequestOutput p;
     for (size_t i = 0; i < streams_.size(); ++i) {
-      while (!results_[i].finished && streams_[i]->try_next(&p)) {
+      while (!results_[i].finished && streams_[i].s->try_next(&p)) {
         if (!p.error.ok()) return fail(api_error_from(p.error));
         if (!p.finished) continue;
         m_.record_finished(p.stats, true);
@@ -104,10 +63,7 @@ class PoolingFanout : public std::enable_shared_from_this<PoolingFanout> {
   }
 
   void answer() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
+    set_done(false);
     int64_t prompt = 0, cached = 0;
     for (const RequestOutput& r : results_) {
       prompt += r.stats.prompt_tokens;
@@ -115,7 +71,7 @@ class PoolingFanout : public std::enable_shared_from_this<PoolingFanout> {
     }
     ex_->set_usage(prompt, cached, 0);
     ApiResult<std::string> body = finish_(results_);
-    m_.observe_e2e(seconds_since(t0_));
+    m_.observe_e2e(seconds_since_start());
     if (!body.ok()) {
       m_.requests->inc("failed");
       return ex_->respond(error_response(body.error()));
@@ -125,38 +81,12 @@ class PoolingFanout : public std::enable_shared_from_this<PoolingFanout> {
   }
 
   void fail(const ApiError& e) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-      cancel_locked();
-    }
+    set_done(true);
     m_.requests->inc("failed");
     ex_->respond(error_response(e));
   }
 
-  void client_gone() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_) return;
-      done_ = true;
-      cancel_locked();
-    }
-    m_.requests->inc("cancelled");
-  }
-
-  void cancel_locked() {
-    for (auto& s : streams_) {
-      if (s) s->cancel();
-    }
-  }
-
-  std::shared_ptr<HttpExchange> ex_;
-  ServerMetrics& m_;
-  Clock::time_point t0_;
   Finish finish_;
-  std::mutex mu_;  // started_, scheduled_, done_, and streams_ while start() fills it
-  std::vector<std::unique_ptr<RequestStream>> streams_;
-  bool started_ = false, scheduled_ = false, done_ = false;
   // The strand's own.
   std::vector<RequestOutput> results_;
   size_t remaining_ = 0;
@@ -355,7 +285,7 @@ void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
     return embeddings_json(info, embeddings, base64);
   };
   std::make_shared<PoolingFanout>(ex, *c_.metrics, t0, std::move(finish))
-      ->start(*c_.engine, std::move(requests));
+      ->run(*c_.engine, std::move(requests));
 }
 
 void PoolingRoutes::score(const std::shared_ptr<HttpExchange>& ex) const {
@@ -468,7 +398,7 @@ void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRe
     return rerank ? rerank_json(info, req, scores) : score_json(info, scores);
   };
   std::make_shared<PoolingFanout>(ex, *c_.metrics, t0, std::move(finish))
-      ->start(*c_.engine, std::move(requests));
+      ->run(*c_.engine, std::move(requests));
 }
 
 }  // namespace vlm
