@@ -66,7 +66,12 @@ struct ServeOptions {
   double health_timeout_s = 30;      // /health is 503 when the engine loop has not beaten for this
   double shutdown_timeout_s = 30;    // draining: how long running requests may still take
   bool webui = true;                 // the chat page at / and the dashboard at /dashboard
-  bool handle_signals = false;       // SIGTERM / SIGINT drain the server (run() then returns ok)
+  // The Responses API's stored responses (store, previous_response_id, GET / DELETE
+  // /v1/responses/{id}): at most this many, and this many MiB of their JSON, in memory; the
+  // least recently used go first. 0 responses: none are kept.
+  int64_t responses_store = 1000;
+  int64_t responses_store_mib = 256;
+  bool handle_signals = false;  // SIGTERM / SIGINT drain the server (run() then returns ok)
   // Called on the loading thread before the model loads (tests hold loading with it to see the
   // 503s); empty by default.
   std::function<void()> before_load;

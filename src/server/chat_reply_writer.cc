@@ -259,12 +259,12 @@ ReplyWriter::ReplyWriter(ReplyOptions o, size_t choices) : o_(std::move(o)), cho
 std::string ReplyWriter::begin() const {
   std::string out;
   if (!o_.stream) return out;
-  for (const std::string& c : prologue()) out += sse_event(c);
+  for (const std::string& c : prologue()) out += frame(c);
   return out;
 }
 
 std::string ReplyWriter::event(const std::string& chunk) const {
-  return sse_event(o_.continuous_usage ? chunk_with_usage(chunk, usage()) : chunk);
+  return frame(o_.continuous_usage ? chunk_with_usage(chunk, usage()) : chunk);
 }
 
 std::string ReplyWriter::add(size_t i, const ChatChunk& p) {
@@ -275,7 +275,9 @@ std::string ReplyWriter::add(size_t i, const ChatChunk& p) {
   c.prompt_tokens = p.stats.prompt_tokens;
   c.completion_tokens = p.stats.completion_tokens;
   c.cached_tokens = p.stats.cached_tokens;
+  if (p.token_id >= 0 && !p.delta.reasoning.empty()) ++c.reasoning_tokens;
   c.reply.add(p.delta);
+  if (!p.delta.empty()) on_delta(i, p.delta);
   std::string out;
   if (o_.stream && (!p.delta.empty() || (lp && !lp->empty()))) {
     out += event(delta_chunk(i, p.delta, lp));
@@ -292,8 +294,8 @@ std::string ReplyWriter::end() const {
   const Usage u = usage();
   if (!o_.stream) return body(u);
   std::string out;
-  if (o_.include_usage) out += sse_event(usage_chunk(u));
-  return out + sse_done();
+  if (o_.include_usage) out += frame(usage_chunk(u));
+  return out + stream_end(u);
 }
 
 Usage ReplyWriter::usage() const {
@@ -307,6 +309,12 @@ Usage ReplyWriter::usage() const {
   }
   return u;
 }
+
+std::string ReplyWriter::frame(const std::string& chunk) const { return sse_event(chunk); }
+
+std::string ReplyWriter::stream_end(const Usage&) const { return sse_done(); }
+
+std::string ReplyWriter::stream_error(const ApiError& e) { return error_events(e); }
 
 std::string ReplyWriter::error_events(const ApiError& e) {
   return sse_event(api_error_json(e)) + sse_done();

@@ -75,6 +75,8 @@ class ReplyWriter {
   Usage usage() const;
   // A request that failed while streaming: the error object as an event, then [DONE].
   static std::string error_events(const ApiError& e);
+  // This writer's events for a failure while streaming (error_events unless it says otherwise).
+  virtual std::string stream_error(const ApiError& e);
 
  protected:
   struct Choice {
@@ -82,10 +84,15 @@ class ReplyWriter {
     std::vector<TokenLogprob> logprobs;  // with logprobs: their bytes add up to reply.content
     FinishReason reason = FinishReason::kNone;
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+    // Sampled tokens whose piece carried reasoning text (the detokenizer may hold a token's
+    // text back to a later piece: a close count, not an exact one).
+    int64_t reasoning_tokens = 0;
     bool finished = false;
   };
   ReplyWriter(ReplyOptions o, size_t choices);
 
+  // Every piece's delta, streamed or not, before delta_chunk (which only a stream calls).
+  virtual void on_delta(size_t /*i*/, const ChatDelta& /*delta*/) {}
   virtual std::vector<std::string> prologue() const = 0;
   // Choice i's new piece, with the logprobs of its tokens (null without logprobs).
   virtual std::string delta_chunk(size_t i, const ChatDelta& delta,
@@ -93,6 +100,11 @@ class ReplyWriter {
   virtual std::string finish_chunk(size_t i) const = 0;
   virtual std::string usage_chunk(const Usage& usage) const = 0;
   virtual std::string body(const Usage& usage) const = 0;
+  // A chunk as the stream carries it ("data: CHUNK", a blank line), and what ends the stream
+  // ("data: [DONE]"); a writer whose chunks are whole events already (the Responses API's typed
+  // events) passes them through and ends with its own.
+  virtual std::string frame(const std::string& chunk) const;
+  virtual std::string stream_end(const Usage& usage) const;
 
   ReplyOptions o_;
   std::vector<Choice> choices_;

@@ -25,6 +25,8 @@
 #include "server/kv_event_publisher.h"
 #include "server/openai_api.h"
 #include "server/pooling_route.h"
+#include "server/response_store.h"
+#include "server/responses_api.h"
 #include "server/router_api.h"
 #include "server/server_metrics.h"
 #include "server/web_ui.h"
@@ -56,6 +58,8 @@ struct Server::Impl {
   // Before the transport, so destroyed after it: connections torn down with it still count
   // their outcome.
   std::unique_ptr<ServerMetrics> metrics;
+  // The Responses API's stored responses (the replies being written keep theirs here).
+  std::unique_ptr<ResponseStore> response_store;
   // Declared before the members below, so destroyed after them: connections still being torn
   // down may hold callbacks into them only until the engine (whose thread calls them) is gone.
   std::unique_ptr<http::HttpServer> http;
@@ -304,6 +308,8 @@ struct Server::Impl {
   }
   void chat(const std::shared_ptr<HttpExchange>& ex);
   void completions(const std::shared_ptr<HttpExchange>& ex);
+  void responses(const std::shared_ptr<HttpExchange>& ex);
+  void stored_response(const std::shared_ptr<HttpExchange>& ex);  // GET / DELETE
   void tokenize(const std::shared_ptr<HttpExchange>& ex);
   void detokenize(const std::shared_ptr<HttpExchange>& ex);
   void register_routes();
@@ -407,7 +413,7 @@ class ChatFanout final : public Fanout<ChoiceStream> {
     set_done(true);
     m_.requests->inc("failed");
     if (writer_->streaming()) {
-      *out += ReplyWriter::error_events(e);
+      *out += writer_->stream_error(e);
       ex_->write(std::move(*out));
       ex_->finish();
     } else {
@@ -521,6 +527,17 @@ void Server::Impl::register_routes() {
         if (!pooling_task_refuses(*ex)) completions(ex);
       },
       api_gate);
+  http->route(
+      "POST", "/v1/responses", RunOn::kWorker,
+      [this](std::shared_ptr<HttpExchange> ex) {
+        if (!pooling_task_refuses(*ex)) responses(ex);
+      },
+      api_gate);
+  for (const char* method : {"GET", "DELETE"}) {
+    http->route(
+        method, "/v1/responses/*", RunOn::kIoThread,
+        [this](std::shared_ptr<HttpExchange> ex) { stored_response(ex); }, api_gate);
+  }
   // The pooling routes (vLLM's paths); a generating server refuses them.
   using PoolingHandler = void (PoolingRoutes::*)(const std::shared_ptr<HttpExchange>&) const;
   const std::pair<const char*, PoolingHandler> pooling_routes[] = {
@@ -642,6 +659,74 @@ void Server::Impl::completions(const std::shared_ptr<HttpExchange>& ex) {
       });
 }
 
+// OpenAI's Responses API on the chat path: the request becomes a chat completion body, which the
+// chat builder checks (its media read as for a chat), and the chat reply a response object.
+void Server::Impl::responses(const std::shared_ptr<HttpExchange>& ex) {
+  const auto t0 = Clock::now();
+  auto parsed = parse_responses(ex->request().body);
+  if (!parsed.ok()) return reply_error(*ex, parsed.error(), "bad_request");
+  ResponsesRequest& r = parsed.value();
+  // A continuation: the stored conversation between the instructions and the input.
+  std::string conversation = "[]";
+  if (!r.previous_response_id.empty()) {
+    auto prev = response_store->get(r.previous_response_id);
+    if (!prev) {  // OpenAI's answer, whose code clients read to send the whole conversation
+      const ApiError e{400, "invalid_request_error",
+                       "no response '" + r.previous_response_id +
+                           "' is stored here (not stored, deleted, or evicted by "
+                           "--responses-store)",
+                       "previous_response_id"};
+      metrics->requests->inc("bad_request");
+      return ex->respond(json_response(400, api_error_json(e, "previous_response_not_found")));
+    }
+    conversation = std::move(prev->conversation_json);
+    r.chat_body = chat_body_after(r, conversation);
+  }
+  r.store = r.store && response_store->enabled();
+  auto built = chat_builder->build(r.chat_body);
+  if (!built.ok()) return reply_error(*ex, built.error(), "bad_request");
+  ChatCall& call = built.value();
+  const int64_t number = next_id++;
+  ReplyOptions o;
+  // Unguessable: a stored response is read, continued and deleted by its id alone.
+  o.id = new_response_id();
+  o.model = model_name;
+  o.created = static_cast<int64_t>(std::time(nullptr));
+  KeepResponse keep;
+  if (r.store) {
+    keep = [store = response_store.get(), id = o.id,
+            before = join_messages(conversation, r.input_json)](const std::string& json,
+                                                                const ChatReply& reply) {
+      store->put(id, {json, conversation_with(before, reply)});
+    };
+  }
+  const std::string call_prefix = "call_" + std::to_string(number) + "_";
+  r.chat_body.clear();  // the writer does not need the request's media
+  r.input_json.clear();
+  std::make_shared<ChatFanout>(ex, *metrics, t0,
+                               responses_reply_writer(std::move(o), std::move(r), std::move(keep)))
+      ->start(1, [&](size_t, std::function<void()> notify) -> Result<ChoiceStream> {
+        ChoiceStream cs;
+        VLM_ASSIGN_OR_RETURN(
+            cs.chat, engine->chat_stream(call.take_choice(0, call_prefix), std::move(notify)));
+        return cs;
+      });
+}
+
+// GET /v1/responses/{id}: the stored response; DELETE: forgets it.
+void Server::Impl::stored_response(const std::shared_ptr<HttpExchange>& ex) {
+  const http::HttpRequest& q = ex->request();
+  const std::string id = q.path.substr(std::string("/v1/responses/").size());
+  const ApiError missing{404, "not_found_error", "no response '" + id + "' is stored here", ""};
+  if (q.method == "DELETE") {
+    if (!response_store->erase(id)) return ex->respond(error_response(missing));
+    return ex->respond(json_response(200, response_deleted_json(id)));
+  }
+  auto e = response_store->get(id);
+  if (!e) return ex->respond(error_response(missing));
+  ex->respond(json_response(200, std::move(e->response_json)));
+}
+
 // Draining: every 50 ms, stop once no request is being answered; at the deadline, stop anyway
 // (closing the connections cancels what is left).
 void Server::Impl::begin_drain() {
@@ -749,6 +834,12 @@ Result<std::unique_ptr<Server>> Server::create(const ServeOptions& options) {
   impl->limits.max_queue = options.engine.batching.max_waiting;
   impl->metrics =
       std::make_unique<ServerMetrics>(impl->model_name, options.engine.device == Device::kCuda);
+  if (options.responses_store < 0 || options.responses_store_mib < 0) {
+    return invalid_argument("--responses-store and --responses-store-mib must not be negative");
+  }
+  impl->response_store =
+      std::make_unique<ResponseStore>(static_cast<size_t>(options.responses_store),
+                                      static_cast<size_t>(options.responses_store_mib) << 20);
   impl->http = std::make_unique<http::HttpServer>(transport_options(options, impl->limits));
   impl->register_routes();
   VLM_RETURN_IF_ERROR(impl->http->listen(options.host, options.port));

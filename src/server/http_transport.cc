@@ -766,7 +766,14 @@ void HttpServer::Impl::reject(tcp::socket socket) {
 const Route* HttpServer::Impl::find(const std::string& method, const std::string& path,
                                     std::string* allow) const {
   for (const Route& r : routes) {
-    if (r.path != path) continue;
+    // "PREFIX/*": one more path segment, not empty.
+    const bool wildcard = r.path.ends_with("/*");
+    const std::string_view prefix = std::string_view(r.path).substr(0, r.path.size() - 1);
+    if (wildcard ? !(path.size() > prefix.size() && path.starts_with(prefix) &&
+                     path.find('/', prefix.size()) == std::string::npos)
+                 : r.path != path) {
+      continue;
+    }
     if (r.method == method) return &r;
     *allow += (allow->empty() ? "" : ", ") + r.method;
   }

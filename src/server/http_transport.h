@@ -146,7 +146,8 @@ class HttpServer {
   ~HttpServer();
 
   // Routes must be added before listen(). A path with no route is 404, a path whose routes have
-  // other methods 405 (with Allow).
+  // other methods 405 (with Allow). A path "PREFIX/*" takes any one more segment
+  // ("/v1/responses/*": "/v1/responses/resp_1").
   void route(std::string method, std::string path, RunOn where, Handler h, Gate gate = nullptr);
 
   // Binds (SO_REUSEADDR, never SO_REUSEPORT) and listens; port 0 picks a free one. A taken

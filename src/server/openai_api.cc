@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "core/json_depth.h"
+#include "server/api_json.h"
 #include "server/base64.h"
 #include "tokenizer/chat_json.h"
 
@@ -20,9 +21,8 @@ namespace {
 using ojson = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
-// Dumps without throwing on invalid UTF-8 (model text is checked upstream;
-// never crash here).
-std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+using api_json::dump;
+using api_json::listed;
 
 // The request fields, by endpoint. Every field a request carries is one of these, or it is
 // refused by name: a parameter that would change the output must never be ignored silently.
@@ -52,11 +52,6 @@ constexpr std::string_view kUnsupportedFields[] = {
     "mm_processor_kwargs", "priority", "return_tokens_as_token_ids",
     "spaces_between_special_tokens", "return_token_ids", "thinking"};
 // clang-format on
-
-template <size_t N>
-bool listed(std::string_view key, const std::string_view (&list)[N]) {
-  return std::find(std::begin(list), std::end(list), key) != std::end(list);
-}
 
 // 400 for the first field of `body` the endpoint does not read (after the common ones).
 template <size_t N>
@@ -1016,12 +1011,12 @@ std::optional<ApiError> check_model_name(const std::string& model,
                   "model"};
 }
 
-std::string api_error_json(const ApiError& e) {
+std::string api_error_json(const ApiError& e, const std::string& code) {
   ojson err;
   err["message"] = e.message;
   err["type"] = e.type;
   err["param"] = e.param.empty() ? ojson(nullptr) : ojson(e.param);
-  err["code"] = nullptr;
+  err["code"] = code.empty() ? ojson(nullptr) : ojson(code);
   ojson j;
   j["error"] = std::move(err);
   return dump(j);

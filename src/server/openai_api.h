@@ -29,9 +29,9 @@ struct ApiError {
                       // "messages[0].content[1]"); "" → null
 };
 
-// {"error": {"message", "type", "param", "code"}}; param is null when empty,
-// code is null.
-std::string api_error_json(const ApiError& e);
+// {"error": {"message", "type", "param", "code"}}; param and code are null when empty (code: a
+// machine-readable reason such as "previous_response_not_found").
+std::string api_error_json(const ApiError& e, const std::string& code = "");
 
 // OpenAI's error type for an HTTP status ("invalid_request_error", "authentication_error",
 // "not_found_error", "rate_limit_error", "server_error").

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "server/api_json.h"
 #include "server/base64.h"
 
 namespace vlm {
@@ -12,12 +13,8 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
-
-template <size_t N>
-bool listed(std::string_view key, const std::string_view (&list)[N]) {
-  return std::find(std::begin(list), std::end(list), key) != std::end(list);
-}
+using api_json::dump;
+using api_json::listed;
 
 // 400 for the first field the endpoint does not read; those vLLM has and vlm does not are named
 // as unsupported (they would change the output) unless null (or, for priority, vLLM's default 0).

@@ -576,6 +576,12 @@ void add_serve_api_options(CLI::App* serve, ServeArgs* sa) {
                     "Names requests may give as model (several: --served-model-name a b); the "
                     "first is reported in replies and metric labels (default: the model folder)");
   serve->add_option("--api-key", so.api_key, "Require Authorization: Bearer KEY");
+  serve->add_option("--responses-store", so.responses_store,
+                    "Responses API: responses kept in memory for previous_response_id and GET "
+                    "/v1/responses/{id}, the least recently used evicted first (default 1000; 0 "
+                    "keeps none)");
+  serve->add_option("--responses-store-mib", so.responses_store_mib,
+                    "Responses API: MiB of stored responses at most (default 256)");
   vlm::cli::add_enum_option(
       serve, "--task", &so.task, vlm::parse_serve_task,
       "What to serve: generate (chat and completions), embed (/v1/embeddings; /v1/score and "
