@@ -25,11 +25,12 @@ struct PoolStream {
 };
 
 // One HTTP request's pooling requests: the strand keeps each one's final piece (its pooled
-// state); once all have come, `finish` makes the reply of them. A failed one fails the reply
-// and cancels the others.
+// state); once all have come, `finish` makes the reply of them (given their prompt tokens in
+// all). A failed one fails the reply and cancels the others.
 class PoolingFanout final : public Fanout<PoolStream> {
  public:
-  using Finish = std::function<ApiResult<std::string>(std::vector<RequestOutput>&)>;
+  using Finish =
+      std::function<ApiResult<std::string>(std::vector<RequestOutput>&, int64_t prompt_tokens)>;
   PoolingFanout(std::shared_ptr<HttpExchange> ex, ServerMetrics& m, Clock::time_point t0,
                 Finish finish)
       : Fanout(std::move(ex), m, t0), finish_(std::move(finish)) {}
@@ -70,7 +71,7 @@ class PoolingFanout final : public Fanout<PoolStream> {
       cached += r.stats.cached_tokens;
     }
     ex_->set_usage(prompt, cached, 0);
-    ApiResult<std::string> body = finish_(results_);
+    ApiResult<std::string> body = finish_(results_, prompt);
     m_.observe_e2e(seconds_since_start());
     if (!body.ok()) {
       m_.requests->inc("failed");
@@ -262,10 +263,11 @@ void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
   PoolingReplyInfo info{reply_id("embd", c_.next_id), c_.model_names.front(),
                         static_cast<int64_t>(std::time(nullptr)), 0};
   auto finish = [info, dims = r.dimensions, normalize = r.normalize, base64 = r.base64](
-                    std::vector<RequestOutput>& outs) mutable -> ApiResult<std::string> {
+                    std::vector<RequestOutput>& outs,
+                    int64_t prompt_tokens) mutable -> ApiResult<std::string> {
+    info.prompt_tokens = prompt_tokens;
     std::vector<std::vector<float>> embeddings;
     for (RequestOutput& o : outs) {
-      info.prompt_tokens += o.stats.prompt_tokens;
       std::vector<float>& h = o.pooled_hidden;
       if (h.empty()) return ApiError{500, "server_error", "a prompt pooled no state", ""};
       if (dims > static_cast<int64_t>(h.size())) {
@@ -289,35 +291,25 @@ void PoolingRoutes::embeddings(const std::shared_ptr<HttpExchange>& ex) const {
 }
 
 void PoolingRoutes::score(const std::shared_ptr<HttpExchange>& ex) const {
-  auto parsed = parse_score(ex->request().body);
-  if (!parsed.ok()) {
-    ex->respond(error_response(parsed.error()));
-    c_.metrics->requests->inc("bad_request");
-    return;
-  }
-  score_pairs(ex, std::move(parsed).value(), false);
+  score_pairs(ex, parse_score(ex->request().body), false);
 }
 
 void PoolingRoutes::rerank(const std::shared_ptr<HttpExchange>& ex) const {
-  auto parsed = parse_rerank(ex->request().body);
-  if (!parsed.ok()) {
-    ex->respond(error_response(parsed.error()));
-    c_.metrics->requests->inc("bad_request");
-    return;
-  }
-  score_pairs(ex, std::move(parsed).value(), true);
+  score_pairs(ex, parse_rerank(ex->request().body), true);
 }
 
 // The reranker: one prompt per pair, scored from its "no" and "yes" logits. The embedder: the
 // queries' and the documents' embeddings (the instruction for the queries; the documents take
 // the default), scored by cosine similarity.
-void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRequest req,
-                                bool rerank) const {
+void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex,
+                                ApiResult<ScoreRequest> parsed, bool rerank) const {
   const auto t0 = Clock::now();
   auto reject = [&](const ApiError& e) {
     ex->respond(error_response(e));
     c_.metrics->requests->inc("bad_request");
   };
+  if (!parsed.ok()) return reject(parsed.error());
+  ScoreRequest req = std::move(parsed).value();
   if (auto e = check_model_name(req.model, c_.model_names)) return reject(*e);
   const size_t pairs = req.documents.size();
   const bool cross = c_.task == ServeTask::kRerank;
@@ -371,10 +363,11 @@ void PoolingRoutes::score_pairs(const std::shared_ptr<HttpExchange>& ex, ScoreRe
                         static_cast<int64_t>(std::time(nullptr)), 0};
   const size_t nq = queries.size();
   auto finish = [info, cross, nq, pairs, rerank, req = std::move(echo)](
-                    std::vector<RequestOutput>& outs) mutable -> ApiResult<std::string> {
+                    std::vector<RequestOutput>& outs,
+                    int64_t prompt_tokens) mutable -> ApiResult<std::string> {
+    info.prompt_tokens = prompt_tokens;
     const ApiError broken{500, "server_error", "a prompt pooled no state of the expected size", ""};
     std::vector<double> scores;
-    for (const RequestOutput& o : outs) info.prompt_tokens += o.stats.prompt_tokens;
     for (size_t i = 0; i < pairs; ++i) {
       if (cross) {
         const std::vector<float>& l = outs[i].pooled_logits;

@@ -39,8 +39,9 @@ class PoolingRoutes {
   void rerank(const std::shared_ptr<http::HttpExchange>& ex) const;
 
  private:
-  // Score and rerank alike: the prompts of the pairs, then the reply of their scores.
-  void score_pairs(const std::shared_ptr<http::HttpExchange>& ex, ScoreRequest req,
+  // Score and rerank alike (`parsed`: the body as their parser read it): the prompts of the
+  // pairs, then the reply of their scores.
+  void score_pairs(const std::shared_ptr<http::HttpExchange>& ex, ApiResult<ScoreRequest> parsed,
                    bool rerank) const;
 
   PoolingContext c_;

@@ -500,9 +500,9 @@ std::string conversation_with(const std::string& conversation_json, const ChatRe
 
 namespace {
 
-// A response's output items as they are made: from a finished reply, or piece by piece while
-// streaming, when each step also gives the typed events that announce it. The same calls in the
-// same order make the same items, so a streamed response ends equal to the one not streamed.
+// A response's output items, made piece by piece from the reply's deltas (streamed or not); each
+// step also gives the typed events that announce it, which a stream sends. The same deltas make
+// the same items, so a streamed response ends equal to the one not streamed.
 class OutputBuilder {
  public:
   explicit OutputBuilder(std::string n) : n_(std::move(n)) {}
@@ -631,18 +631,14 @@ class OutputBuilder {
   Kind kind_ = Kind::kNone;
 };
 
-// A finished reply's items, in the order a stream makes them: reasoning, text, each call.
-ojson items_of(const ResponseResult& r) {
-  OutputBuilder b(r.id.substr(r.id.find('_') + 1));
-  if (!r.reply.reasoning.empty()) b.reasoning(r.reply.reasoning);
-  if (!r.reply.content.empty()) b.content(r.reply.content);
-  for (const ChatToolCall& c : r.reply.tool_calls) {
-    b.call_start(c.id, c.name);
-    b.call_arguments(c.arguments);
-  }
-  b.close(true, r.reply.finish_reason == FinishReason::kLength);
-  return b.items();
-}
+// The reply of one response, once its chat reply is complete.
+struct ResponseResult {
+  std::string id;  // "resp_..."
+  std::string model;
+  int64_t created_at = 0;
+  ChatReply reply;  // content, reasoning and tool calls (their ids are the call_ids)
+  int64_t input_tokens = 0, cached_tokens = 0, output_tokens = 0, reasoning_tokens = 0;
+};
 
 // The response object with these output items; `status` "in_progress", "completed" or
 // "incomplete".
@@ -686,14 +682,6 @@ ojson response_object(const ResponseResult& res, const ResponsesRequest& req, oj
 const char* final_status(const ResponseResult& r) {
   return r.reply.finish_reason == FinishReason::kLength ? "incomplete" : "completed";
 }
-
-}  // namespace
-
-std::string response_json(const ResponseResult& res, const ResponsesRequest& req) {
-  return dump(response_object(res, req, items_of(res), final_status(res)));
-}
-
-namespace {
 
 // One response's reply: not streamed, the response object; streamed, the API's typed events
 // ("event: TYPE", "data: {type, sequence_number, ...}") in order: response.created and

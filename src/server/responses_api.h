@@ -76,30 +76,18 @@ std::string join_messages(const std::string& a, const std::string& b);
 // (its reasoning, text and tool calls): what a later previous_response_id continues.
 std::string conversation_with(const std::string& conversation_json, const ChatReply& reply);
 
-// The reply of one response, once its chat reply is complete.
-struct ResponseResult {
-  std::string id;  // "resp_..."
-  std::string model;
-  int64_t created_at = 0;
-  ChatReply reply;  // content, reasoning and tool calls (their ids are the call_ids)
-  int64_t input_tokens = 0, cached_tokens = 0, output_tokens = 0, reasoning_tokens = 0;
-};
-
-// The response object (object "response"): status "completed", or "incomplete" with
-// incomplete_details {"reason": "max_output_tokens"} when the reply ran out of tokens; output
-// items in order: the reasoning (when any), the message (when it has text), each function call;
-// the request's settings echoed; usage in the Responses API's names.
-std::string response_json(const ResponseResult& r, const ResponsesRequest& req);
-
 // The reply of one response (`o`: its id "resp_...", model and created): the chat reply's one
-// choice, written as response_json, or streamed as the API's typed events (response.created,
-// response.in_progress; each output item's output_item.added, content_part.added,
-// output_text.delta / reasoning_text.delta / function_call_arguments.delta and their .done
-// events, output_item.done; response.completed with the whole response (status "incomplete"
-// when it ran out of tokens);
-// an "error" event when the request fails meanwhile), each with its sequence_number.
-// `keep` (may be empty) is called once the response is complete (not when it fails) with the
-// response object as JSON and the reply: the route stores them (req.store says it will).
+// choice as the response object (object "response": status "completed", or "incomplete" with
+// incomplete_details {"reason": "max_output_tokens"} when the reply ran out of tokens; the output
+// items in the order the reply made them: reasoning, message, function calls; the request's
+// settings echoed; usage in the Responses API's names), or streamed as the API's typed events
+// (response.created, response.in_progress; each output item's output_item.added,
+// content_part.added, output_text.delta / reasoning_text.delta / function_call_arguments.delta and
+// their .done events, output_item.done; response.completed with the whole response (status
+// "incomplete" when it ran out of tokens); an "error" event when the request fails meanwhile), each
+// with its sequence_number. `keep` (may be empty) is called once the response is complete (not when
+// it fails) with the response object as JSON and the reply: the route stores them (req.store says
+// it will).
 using KeepResponse = std::function<void(const std::string& response_json, const ChatReply& reply)>;
 std::unique_ptr<ReplyWriter> responses_reply_writer(ReplyOptions o, ResponsesRequest req,
                                                     KeepResponse keep = {});

@@ -175,23 +175,86 @@ TEST(ResponsesApi, WhatIsNotSupportedIsNamed) {
                   .ok());
 }
 
+// The reply writer fed chat pieces as the engine makes them.
+struct Fed {
+  std::vector<json> events;  // streaming: each event's data, in order
+  json response;             // the final response (the body, or response.completed's)
+};
+
+ChatChunk piece(ChatDelta d, bool last = false, FinishReason why = FinishReason::kStop) {
+  ChatChunk c;
+  c.delta = std::move(d);
+  c.token_id = 7;
+  c.finished = last;
+  c.finish_reason = last ? why : FinishReason::kNone;
+  c.stats.prompt_tokens = 11;
+  c.stats.completion_tokens = 3;
+  return c;
+}
+
+// `body`: the request (streamed when it says so).
+Fed feed_body(const std::string& body, const std::vector<ChatChunk>& pieces) {
+  auto req = parse_responses(body);
+  EXPECT_TRUE(req.ok());
+  const bool stream = req.ok() && req->stream;
+  ReplyOptions o;
+  o.id = "resp_ab12";
+  o.model = "m";
+  o.created = 5;
+  std::string raw;
+  int kept = 0;
+  auto w =
+      responses_reply_writer(o, req.value(), [&](const std::string&, const ChatReply&) { ++kept; });
+  raw += w->begin();
+  for (const ChatChunk& p : pieces) raw += w->add(0, p);
+  EXPECT_TRUE(w->done());
+  raw += w->end();
+  EXPECT_EQ(kept, 1);
+  Fed f;
+  if (!stream) {
+    f.response = json::parse(raw);
+    return f;
+  }
+  // "event: TYPE\ndata: JSON\n\n" each.
+  size_t at = 0;
+  while (at < raw.size()) {
+    const size_t end = raw.find("\n\n", at);
+    EXPECT_NE(end, std::string::npos);
+    const std::string ev = raw.substr(at, end - at);
+    const size_t nl = ev.find('\n');
+    const json data = json::parse(ev.substr(nl + 7));
+    EXPECT_EQ(ev.substr(7, nl - 7), data["type"]);
+    f.events.push_back(data);
+    at = end + 2;
+  }
+  f.response = f.events.back()["response"];
+  return f;
+}
+
+Fed feed(bool stream, const std::vector<ChatChunk>& pieces) {
+  return feed_body(stream ? R"({"input": "x", "stream": true})" : R"({"input": "x"})", pieces);
+}
+
+std::vector<std::string> types(const Fed& f) {
+  std::vector<std::string> t;
+  for (const json& e : f.events) t.push_back(e["type"]);
+  return t;
+}
+
 TEST(ResponsesApi, ResponseObject) {
-  auto req = parse_responses(R"({"input": "x", "instructions": "I", "max_output_tokens": 5,
-      "tools": [{"type": "function", "name": "w"}], "metadata": {"k": "v"}})");
-  ASSERT_TRUE(req.ok());
-  ResponseResult r;
-  r.id = "resp_9";
-  r.model = "m";
-  r.created_at = 12;
-  r.reply.reasoning = "think";
-  r.reply.content = "hello";
-  r.reply.tool_calls = {ChatToolCall{"call_9_0_0", "w", "{\"a\":1}", false}};
-  r.reply.finish_reason = FinishReason::kStop;
-  r.input_tokens = 10;
-  r.cached_tokens = 4;
-  r.output_tokens = 6;
-  r.reasoning_tokens = 2;
-  json j = json::parse(response_json(r, req.value()));
+  const std::string body = R"({"input": "x", "instructions": "I", "max_output_tokens": 5,
+      "tools": [{"type": "function", "name": "w"}], "metadata": {"k": "v"}})";
+  ChatDelta thi, nk, hello, call;
+  thi.reasoning = "thi";
+  nk.reasoning = "nk";
+  hello.content = "hello";
+  call.tool_calls = {ToolCallDelta{0, "call_9_0_0", "w", "{\"a\":1}"}};
+  std::vector<ChatChunk> pieces = {piece(thi), piece(nk), piece(hello), piece(call, true)};
+  pieces.back().stats.prompt_tokens = 10;
+  pieces.back().stats.cached_tokens = 4;
+  pieces.back().stats.completion_tokens = 6;
+  json j = feed_body(body, pieces).response;
+  EXPECT_EQ(j["id"], "resp_ab12");
   EXPECT_EQ(j["object"], "response");
   EXPECT_EQ(j["status"], "completed");
   EXPECT_TRUE(j["incomplete_details"].is_null());
@@ -204,6 +267,7 @@ TEST(ResponsesApi, ResponseObject) {
                             "logprobs": []})"));
   EXPECT_EQ(j["output"][2]["call_id"], "call_9_0_0");
   EXPECT_EQ(j["output"][2]["arguments"], "{\"a\":1}");
+  // Two sampled tokens carried reasoning.
   EXPECT_EQ(j["usage"], json::parse(R"({"input_tokens": 10, "input_tokens_details":
       {"cached_tokens": 4}, "output_tokens": 6, "output_tokens_details":
       {"reasoning_tokens": 2}, "total_tokens": 16})"));
@@ -214,9 +278,7 @@ TEST(ResponsesApi, ResponseObject) {
   EXPECT_EQ(j["store"], true);  // the request's (the route clears it when nothing is kept)
   EXPECT_TRUE(j["previous_response_id"].is_null());
   // Out of tokens: incomplete, and a reply of tool calls alone has no message item.
-  r.reply.finish_reason = FinishReason::kLength;
-  r.reply.content.clear();
-  j = json::parse(response_json(r, req.value()));
+  j = feed_body(body, {piece(thi), piece(call, true, FinishReason::kLength)}).response;
   EXPECT_EQ(j["status"], "incomplete");
   EXPECT_EQ(j["incomplete_details"]["reason"], "max_output_tokens");
   ASSERT_EQ(j["output"].size(), 2u);
@@ -252,69 +314,9 @@ TEST(ResponsesApi, ContinuingAStoredConversation) {
   EXPECT_EQ(json::parse(conversation_with("[]", calls))[0],
             json::parse(R"({"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
                 "type": "function", "function": {"name": "w", "arguments": "{}"}}]})"));
-  ResponseResult r;
-  r.id = "resp_2";
-  EXPECT_EQ(json::parse(response_json(r, next.value()))["previous_response_id"], "resp_1");
-}
-
-// The reply writer fed chat pieces as the engine makes them.
-struct Fed {
-  std::vector<json> events;  // streaming: each event's data, in order
-  json response;             // the final response (the body, or response.completed's)
-};
-
-ChatChunk piece(ChatDelta d, bool last = false, FinishReason why = FinishReason::kStop) {
-  ChatChunk c;
-  c.delta = std::move(d);
-  c.token_id = 7;
-  c.finished = last;
-  c.finish_reason = last ? why : FinishReason::kNone;
-  c.stats.prompt_tokens = 11;
-  c.stats.completion_tokens = 3;
-  return c;
-}
-
-Fed feed(bool stream, const std::vector<ChatChunk>& pieces) {
-  auto req = parse_responses(stream ? R"({"input": "x", "stream": true})" : R"({"input": "x"})");
-  EXPECT_TRUE(req.ok());
-  ReplyOptions o;
-  o.id = "resp_ab12";
-  o.model = "m";
-  o.created = 5;
-  std::string raw;
-  int kept = 0;
-  auto w =
-      responses_reply_writer(o, req.value(), [&](const std::string&, const ChatReply&) { ++kept; });
-  raw += w->begin();
-  for (const ChatChunk& p : pieces) raw += w->add(0, p);
-  EXPECT_TRUE(w->done());
-  raw += w->end();
-  EXPECT_EQ(kept, 1);
-  Fed f;
-  if (!stream) {
-    f.response = json::parse(raw);
-    return f;
-  }
-  // "event: TYPE\ndata: JSON\n\n" each.
-  size_t at = 0;
-  while (at < raw.size()) {
-    const size_t end = raw.find("\n\n", at);
-    EXPECT_NE(end, std::string::npos);
-    const std::string ev = raw.substr(at, end - at);
-    const size_t nl = ev.find('\n');
-    const json data = json::parse(ev.substr(nl + 7));
-    EXPECT_EQ(ev.substr(7, nl - 7), data["type"]);
-    f.events.push_back(data);
-    at = end + 2;
-  }
-  f.response = f.events.back()["response"];
-  return f;
-}
-
-std::vector<std::string> types(const Fed& f) {
-  std::vector<std::string> t;
-  for (const json& e : f.events) t.push_back(e["type"]);
-  return t;
+  EXPECT_EQ(feed_body(R"({"input": "x", "previous_response_id": "resp_1"})", {piece({}, true)})
+                .response["previous_response_id"],
+            "resp_1");
 }
 
 TEST(ResponsesApi, StreamedEventsInOrder) {
