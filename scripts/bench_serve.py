@@ -60,7 +60,10 @@ import httpx
 import numpy as np
 
 SCRIPT_DIR = Path(__file__).resolve().parent
-DEFAULT_IMAGES = SCRIPT_DIR.parent / "tests" / "data" / "images"
+# The photos: the checkout's, or those installed beside the scripts (PREFIX/share/vlm/images).
+DEFAULT_IMAGES = next((d for d in (SCRIPT_DIR.parent / "tests" / "data" / "images",
+                                   SCRIPT_DIR.parent / "images") if d.is_dir()),
+                      SCRIPT_DIR.parent / "tests" / "data" / "images")
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"}
 PERCENTILES = (50, 90, 99)
 # Gauges whose largest value during a level is reported (sampled every 0.5 s).
@@ -167,7 +170,47 @@ def first_message(args, index: int, images: ImageMaker | None) -> tuple[dict, in
     return {"role": "user", "content": content}, image_bytes
 
 
+def load_request_file(path: str) -> list[dict]:
+    """A recorded workload: one chat-completions request body (a JSON object with `messages`)
+    per line; blank lines are skipped."""
+    out = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SystemExit(f"bench_serve: --request-file {path}: {e}")
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise SystemExit(f"bench_serve: --request-file {path}:{no}: not JSON ({e})")
+        if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list):
+            raise SystemExit(f"bench_serve: --request-file {path}:{no}: not a chat request "
+                             f"(an object with a messages list)")
+        out.append(obj)
+    if not out:
+        raise SystemExit(f"bench_serve: --request-file {path}: no requests")
+    return out
+
+
+def recorded_body(args, model: str, index: int) -> bytes:
+    """Request `index` of the recorded workload (cycling through the file), streamed with usage
+    and sent to `model`; a request without max_tokens (or max_completion_tokens) gets
+    --output-len with ignore_eos."""
+    body = dict(args.recorded[index % len(args.recorded)])
+    body["model"] = model
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    if "max_tokens" not in body and "max_completion_tokens" not in body:
+        body["max_tokens"] = args.output_len
+        body["ignore_eos"] = True
+    return json.dumps(body).encode("utf-8")
+
+
 def build_body(args, model: str, index: int, images: ImageMaker | None) -> tuple[bytes, int]:
+    if getattr(args, "recorded", None):
+        return recorded_body(args, model, index), 0
     message, image_bytes = first_message(args, index, images)
     return chat_body(args, model, [message]), image_bytes
 
@@ -420,14 +463,16 @@ def stats(values: list[float], scale: float = 1000.0) -> dict[str, float | None]
     return out
 
 
-def summarize(conc: int, results: list[RequestResult], output_len: int) -> dict[str, Any]:
+def summarize(conc: int, results: list[RequestResult], output_len: int | None) -> dict[str, Any]:
+    """A level's figures; `output_len`: the length every reply should have (None: any)."""
     ok = [r for r in results if r.ok]
     t0 = min(r.start for r in results)
     t1 = max(r.end for r in results)
     duration = t1 - t0
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
-    short = [r for r in ok if r.completion_tokens is not None and r.completion_tokens != output_len]
+    short = [r for r in ok if output_len is not None and r.completion_tokens is not None
+             and r.completion_tokens != output_len]
     cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
     return {
         "concurrency": conc,
@@ -725,15 +770,12 @@ async def wait_health(client: httpx.AsyncClient, base: str, timeout: float,
 # --------------------------------------------------------------------------- main
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Concurrency sweep against an OpenAI-compatible chat server (vlm serve).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_server_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The options that start a vlm server (or name a running one), shared with tune_serve.py."""
     g = p.add_argument_group("server")
-    g.add_argument("--base-url", default="http://127.0.0.1:8080",
-                   help="a running server (ignored with --vlm)")
     g.add_argument("--vlm", help="start this vlm binary instead (needs --model)")
-    g.add_argument("--model", help="checkpoint directory for --vlm")
+    g.add_argument("-m", "--model", help="checkpoint directory (or what `vlm serve -m` takes) "
+                   "for --vlm")
     g.add_argument("--serve-args", default="", help='extra `vlm serve` flags, e.g. "-t 2"')
     g.add_argument("--server-log", help="where the started server's output goes; "
                    "a temporary file if unset")
@@ -741,20 +783,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seconds to wait for /health")
     g.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
     g.add_argument("--model-name", help="'model' in the requests; /v1/models' first id if unset")
-    g.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
-                   help="with --vlm: run the sweep once per variant, its server started with "
-                   "--serve-args plus ARGS (repeatable)")
+    return g
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """What each request is, shared with tune_serve.py (checked by check_workload_args)."""
     w = p.add_argument_group("workload")
-    w.add_argument("--concurrency", default="1,2,4,8,16",
-                   help="comma-separated levels (requests in flight)")
     w.add_argument("--workload", choices=("single", "multiturn"), default="single",
                    help="single: one image + question per request; multiturn: conversations "
                    "of --turns requests (see the module doc)")
     w.add_argument("--turns", type=int, default=5,
                    help="multiturn: requests per conversation (the image turn + follow-ups)")
-    w.add_argument("--requests-per-level", type=int, default=0,
-                   help="requests (multiturn: conversations) per level (0: 2 x concurrency, "
-                   "at least 4)")
+    w.add_argument("--request-file", metavar="FILE.jsonl",
+                   help="a recorded workload instead: one chat-completions body per line, "
+                   "sent in turn (cycling); 'model' and streaming are set, and a body without "
+                   "max_tokens gets --output-len")
     w.add_argument("--output-len", type=int, default=32, help="max_tokens (with ignore_eos)")
     w.add_argument("--image-size", default="448x448", help="WxH of each generated JPEG")
     w.add_argument("--no-image", action="store_true", help="text-only requests")
@@ -769,6 +812,48 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     w.add_argument("--seed", type=int, default=0, help="seed for the generated images")
     w.add_argument("--timeout", type=float, default=1800.0,
                    help="seconds before one request counts as failed")
+    return w
+
+
+def check_workload_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    m = re.fullmatch(r"(\d+)[xX](\d+)", args.image_size)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        p.error("--image-size takes WxH, e.g. 448x448")
+    args.size = (int(m.group(1)), int(m.group(2)))
+    if args.output_len < 1:
+        p.error("--output-len must be >= 1")
+    if args.vlm and not args.model:
+        p.error("--vlm needs --model")
+    if args.turns < 1:
+        p.error("--turns must be >= 1")
+    args.recorded = None
+    if args.request_file:
+        if args.workload != "single":
+            p.error("--request-file sends its own requests: not with --workload multiturn")
+        args.recorded = load_request_file(args.request_file)
+        args.no_image = True  # the file's requests carry their own media
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Concurrency sweep against an OpenAI-compatible chat server (vlm serve).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = add_server_args(p)
+    g.add_argument("--base-url", default="http://127.0.0.1:8080",
+                   help="a running server (ignored with --vlm)")
+    g.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                   help="with --vlm: run the sweep once per variant, its server started with "
+                   "--serve-args plus ARGS (repeatable)")
+    w = add_workload_args(p)
+    w.add_argument("--concurrency", default="1,2,4,8,16",
+                   help="comma-separated levels (requests in flight)")
+    w.add_argument("--ramp", action="store_true",
+                   help="spread each level's first `concurrency` starts over the last warm-up "
+                   "request's time (steady serving rather than a burst of arrivals; what "
+                   "tune_serve.py measures)")
+    w.add_argument("--requests-per-level", type=int, default=0,
+                   help="requests (multiturn: conversations) per level (0: 2 x concurrency, "
+                   "at least 4)")
     o = p.add_argument_group("output")
     o.add_argument("--out-json", default="bench_serve.json", help="'' to skip")
     o.add_argument("--out-png", default="bench_serve.png", help="'' to skip")
@@ -780,24 +865,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--concurrency takes comma-separated integers")
     if not args.levels or min(args.levels) < 1:
         p.error("--concurrency levels must be >= 1")
-    m = re.fullmatch(r"(\d+)[xX](\d+)", args.image_size)
-    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        p.error("--image-size takes WxH, e.g. 448x448")
-    args.size = (int(m.group(1)), int(m.group(2)))
-    if args.output_len < 1:
-        p.error("--output-len must be >= 1")
-    if args.vlm and not args.model:
-        p.error("--vlm needs --model")
+    check_workload_args(p, args)
     if args.variant and not args.vlm:
         p.error("--variant needs --vlm (each variant starts its own server)")
+    if args.ramp and args.warmup < 1:
+        p.error("--ramp times the warm-up request: not with --warmup 0")
     args.variants = []
     for v in args.variant:
         name, sep, extra = v.partition("=")
         if not sep or not name:
             p.error(f"--variant takes NAME=ARGS, got {v!r}")
         args.variants.append((name, extra))
-    if args.turns < 1:
-        p.error("--turns must be >= 1")
     return args
 
 
@@ -812,6 +890,86 @@ def git_commit() -> str | None:
                               capture_output=True, text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+async def run_level(args: argparse.Namespace, client: httpx.AsyncClient,
+                    side: httpx.AsyncClient, base: str, model: str, images: ImageMaker | None,
+                    conc: int, n: int, next_index: int,
+                    stagger_s: float = 0.0) -> tuple[dict, int]:
+    """One level: `n` requests (multiturn: conversations) with `conc` in flight, numbered from
+    `next_index`; its summary (with the server's metrics over the level and the peaks of
+    PEAK_GAUGES) and the next free index. `client` carries the measured requests, `side` the
+    /metrics scrapes. With `stagger_s`, the first `conc` requests start that many seconds apart
+    rather than all at once."""
+    url = base + "/v1/chat/completions"
+    sem = asyncio.Semaphore(conc)
+    if args.workload == "single":
+        # Build every body (and image) before the clock starts.
+        bodies = []
+        for _ in range(n):
+            bodies.append((next_index, *build_body(args, model, next_index, images)))
+            next_index += 1
+
+        async def one(idx: int, body: bytes, nbytes: int) -> list[RequestResult]:
+            async with sem:  # FIFO: the first `conc` requests hold the first slots
+                k = idx - bodies[0][0]
+                if k < conc and stagger_s > 0:
+                    await asyncio.sleep(k * stagger_s)
+                return [await send_request(client, url, {}, body, idx, nbytes, args.timeout)]
+
+        jobs = [one(i, b, nb) for i, b, nb in bodies]
+    else:
+        firsts = []
+        for _ in range(n):
+            firsts.append((next_index, *first_message(args, next_index, images)))
+            next_index += 1
+
+        async def chat(idx: int, first: dict, nbytes: int) -> list[RequestResult]:
+            async with sem:
+                messages, out = [first], []
+                for t in range(args.turns):
+                    body = chat_body(args, model, messages)
+                    res = await send_request(client, url, {}, body, idx * args.turns + t,
+                                             nbytes if t == 0 else 0, args.timeout)
+                    res.turn = t
+                    out.append(res)
+                    if not res.ok:
+                        break
+                    messages.append({"role": "assistant", "content": res.text})
+                    messages.append({"role": "user",
+                                     "content": FOLLOW_UPS[(idx + t) % len(FOLLOW_UPS)]})
+                return out
+
+        jobs = [chat(i, m, nb) for i, m, nb in firsts]
+    before = await scrape_metrics(side, base)
+    peaks: dict[str, float] = {}
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        # The gauges' peaks over the level, read every half second.
+        while not done.is_set():
+            m = await scrape_metrics(side, base)
+            for k, v in ((m or {}).get("samples") or {}).items():
+                if k in PEAK_GAUGES:
+                    peaks[k] = max(peaks.get(k, v), v)
+            try:
+                await asyncio.wait_for(done.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+
+    sampler = asyncio.create_task(sample())
+    try:
+        results = [r for rs in await asyncio.gather(*jobs) for r in rs]
+    finally:
+        done.set()
+        await sampler
+    after = await scrape_metrics(side, base)
+    summary = summarize(conc, results, None if args.request_file else args.output_len)
+    delta = metrics_delta(before, after)
+    summary["server"] = highlight_metrics(delta)
+    summary["server"]["peaks"] = peaks
+    summary["server_metrics"] = delta
+    return summary, next_index
 
 
 async def run(args: argparse.Namespace, server: ServerProcess | None) -> dict:
@@ -860,72 +1018,13 @@ async def run(args: argparse.Namespace, server: ServerProcess | None) -> dict:
         levels = []
         for conc in args.levels:
             n = args.requests_per_level if args.requests_per_level > 0 else max(4, 2 * conc)
-            sem = asyncio.Semaphore(conc)
-            if args.workload == "single":
-                # Build every body (and image) before the clock starts.
-                bodies = []
-                for _ in range(n):
-                    bodies.append((next_index, *build_body(args, model, next_index, images)))
-                    next_index += 1
-
-                async def one(idx: int, body: bytes, nbytes: int) -> list[RequestResult]:
-                    async with sem:
-                        return [await send_request(client, url, {}, body, idx, nbytes,
-                                                   args.timeout)]
-
-                jobs = [one(i, b, nb) for i, b, nb in bodies]
-            else:
-                firsts = []
-                for _ in range(n):
-                    firsts.append((next_index, *first_message(args, next_index, images)))
-                    next_index += 1
-
-                async def chat(idx: int, first: dict, nbytes: int) -> list[RequestResult]:
-                    async with sem:
-                        messages, out = [first], []
-                        for t in range(args.turns):
-                            body = chat_body(args, model, messages)
-                            res = await send_request(client, url, {}, body,
-                                                     idx * args.turns + t,
-                                                     nbytes if t == 0 else 0, args.timeout)
-                            res.turn = t
-                            out.append(res)
-                            if not res.ok:
-                                break
-                            messages.append({"role": "assistant", "content": res.text})
-                            messages.append({"role": "user",
-                                             "content": FOLLOW_UPS[(idx + t) % len(FOLLOW_UPS)]})
-                        return out
-
-                jobs = [chat(i, m, nb) for i, m, nb in firsts]
-            before = await scrape_metrics(side, base)
             what = "requests" if args.workload == "single" else f"conversations of {args.turns}"
             log(args, f"  concurrency {conc}: {n} {what} ...")
-            peaks: dict[str, float] = {}
-            done = asyncio.Event()
-
-            async def sample() -> None:
-                # The gauges' peaks over the level, read every half second.
-                while not done.is_set():
-                    m = await scrape_metrics(side, base)
-                    for k, v in ((m or {}).get("samples") or {}).items():
-                        if k in PEAK_GAUGES:
-                            peaks[k] = max(peaks.get(k, v), v)
-                    try:
-                        await asyncio.wait_for(done.wait(), 0.5)
-                    except asyncio.TimeoutError:
-                        pass
-
-            sampler = asyncio.create_task(sample())
-            results = [r for rs in await asyncio.gather(*jobs) for r in rs]
-            done.set()
-            await sampler
-            after = await scrape_metrics(side, base)
-            summary = summarize(conc, results, args.output_len)
-            delta = metrics_delta(before, after)
-            summary["server"] = highlight_metrics(delta)
-            summary["server"]["peaks"] = peaks
-            summary["server_metrics"] = delta
+            stagger = 0.0
+            if args.ramp and warmups and warmups[-1]["ok"]:
+                stagger = warmups[-1]["e2e_s"] / conc
+            summary, next_index = await run_level(args, client, side, base, model, images,
+                                                  conc, n, next_index, stagger_s=stagger)
             levels.append(summary)
             log(args, f"    {summary['completed']} ok, {summary['failed']} failed, "
                       f"{summary['duration_s']:.2f} s, {summary['request_throughput']:.3f} req/s, "
@@ -934,6 +1033,14 @@ async def run(args: argparse.Namespace, server: ServerProcess | None) -> dict:
                 log(args, f"    failure {f}")
     return {"model": model, "served_model_ids": served_ids, "warmup": warmups, "levels": levels,
             "base_url": base, "server_command": server.cmd if server else None}
+
+
+def workload_title(args: argparse.Namespace) -> str:
+    if args.request_file:
+        return f"{Path(args.request_file).name} ({len(args.recorded)} recorded requests)"
+    img = "no image" if args.no_image else f"{args.size[0]}x{args.size[1]} JPEG"
+    work = "" if args.workload == "single" else f"{args.turns}-turn conversations, "
+    return f"{work}{img}, {args.prompt_words} filler words, {args.output_len} output tokens"
 
 
 def report(args: argparse.Namespace, runs: list[dict]) -> int:
@@ -961,17 +1068,14 @@ def report(args: argparse.Namespace, runs: list[dict]) -> int:
         print(f"\nNote: {nline}")
 
     model = runs[0]["model"]
-    img = "no image" if args.no_image else f"{args.size[0]}x{args.size[1]} JPEG"
-    work = ("" if args.workload == "single"
-            else f"{args.turns}-turn conversations, ")
-    title = (f"vlm serve — {model} — {work}{img}, {args.prompt_words} filler words, "
-             f"{args.output_len} output tokens — {_dt.date.today().isoformat()}")
+    title = (f"vlm serve — {model} — {workload_title(args)} — "
+             f"{_dt.date.today().isoformat()}")
     report_json = {
         "command": [sys.executable] + sys.argv,
         "command_line": shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "date": _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds"),
         "repo_commit": git_commit(),
-        "config": {k: v for k, v in vars(args).items() if k not in ("levels", "size")},
+        "config": {k: v for k, v in vars(args).items() if k not in ("levels", "size", "recorded")},
         "percentile_method": "numpy.percentile, linear interpolation",
         "notes": notes,
     }

@@ -3,6 +3,7 @@
 # - the tree installed into a temporary prefix, then moved elsewhere: its bin/vlm, run from
 #   another folder with no -m, answers with the model it finds beside itself (share/vlm/models),
 #   exactly as the build's vlm does; with that folder gone, the error names where it looked;
+# - the installed `vlm tune` runs the tuner installed beside it (share/vlm/scripts);
 # - a program built against the installed package (find_package(vlm), vlm::vlm: the checkout's
 #   examples/ask.cc) answers as the build's own vlm_example_ask;
 # - the Debian package's control fields (dpkg-deb -I: its Depends, from dpkg-shlibdeps, name the
@@ -31,6 +32,18 @@ if out=$("$tmp/moved/bin/vlm" "${args[@]}" 2>&1); then fail "ran without its mod
 grep -qF "$tmp/moved/share/vlm/models/tiny-qwen35" <<< "$out" || fail "the error does not name where it looked: $out"
 mv "$tmp/models-away" "$tmp/moved/share/vlm/models"
 echo "ok: installed, moved, run from elsewhere with the model beside it"
+
+# `vlm tune` runs the tuner installed beside it: its help (a Python with the bench packages) or,
+# with a bare python3, the tuner's own error naming the installed requirements file.
+for f in scripts/tune_serve.py scripts/bench_serve.py scripts/requirements-bench.txt \
+  images/cat_chelsea.png; do
+  [ -f "$tmp/moved/share/vlm/$f" ] || fail "share/vlm/$f is not installed"
+done
+out=$(VLM_PYTHON=python3 "$tmp/moved/bin/vlm" tune --help 2>&1) || true
+grep -qF -e "--slo-itl" <<< "$out" ||
+  grep -qF "$tmp/moved/share/vlm/scripts/requirements-bench.txt" <<< "$out" ||
+  fail "the installed vlm tune did not run the installed tuner: $out"
+echo "ok: the installed vlm tune runs the tuner beside it"
 
 cmake -S "$src/tests/install/consumer" -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$tmp/moved" -DVLM_EXAMPLES="$src/examples" > "$tmp/consumer.log" 2>&1 ||

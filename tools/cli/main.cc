@@ -1,4 +1,4 @@
-// The `vlm` command line: run, serve, tokenize, detokenize, logits, bench, pull, ls, rm.
+// The `vlm` command line: run, serve, tune, tokenize, detokenize, logits, bench, pull, ls, rm.
 // Uses only the public API (include/vlm). Every error: one line on stderr, exit code 1.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include "npy_writer.h"
 #include "options.h"
 #include "probes.h"
+#include "tune_command.h"
 #include "vlm/chat.h"
 #include "vlm/engine.h"
 #include "vlm/log.h"
@@ -38,14 +39,8 @@ int fail(const vlm::Status& s) { return fail(s.message()); }
 // directories put them, wherever PREFIX was moved), else,
 // for the binary in its build folder, the checkout's models/tiny-qwen35.
 std::string default_model_dir() {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return VLM_DEFAULT_MODEL_DIR;
-  const fs::path installed = (exe.parent_path() / VLM_INSTALLED_MODEL_REL).lexically_normal();
-  if (fs::exists(installed / "config.json", ec)) return installed.string();
-  if (fs::equivalent(exe.parent_path(), VLM_BUILD_BIN_DIR, ec)) return VLM_DEFAULT_MODEL_DIR;
-  return installed.string();  // not there: the load's error names it
+  return vlm_cli::data_path(std::string(VLM_INSTALLED_DATA_REL) + "/models/tiny-qwen35",
+                            VLM_SOURCE_DIR "/models/tiny-qwen35");
 }
 
 constexpr const char* kDefaultModelHelp =
@@ -653,10 +648,12 @@ int cmd_serve(ServeArgs sa) {
 int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-') {
     const std::string cmd = argv[1];
+    if (cmd == "tune") return vlm_cli::run_tune(argc, argv);  // a Python program: its own options
     if (cmd != "run" && cmd != "tokenize" && cmd != "detokenize" && cmd != "logits" &&
         cmd != "bench" && cmd != "serve" && cmd != "pull" && cmd != "ls" && cmd != "rm") {
       return fail("unknown command '" + cmd +
-                  "' (commands: run, serve, tokenize, detokenize, logits, bench, pull, ls, rm)");
+                  "' (commands: run, serve, tune, tokenize, detokenize, logits, bench, pull, ls, "
+                  "rm)");
     }
   }
   CLI::App app{"vlm: run Qwen3-VL models from Hugging Face checkpoints"};
