@@ -776,9 +776,8 @@ def add_server_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g.add_argument("--vlm", help="start this vlm binary instead (needs --model)")
     g.add_argument("-m", "--model", help="checkpoint directory (or what `vlm serve -m` takes) "
                    "for --vlm")
-    g.add_argument("--serve-args", default="", help='extra `vlm serve` flags, e.g. "-t 2"')
-    g.add_argument("--server-log", help="where the started server's output goes; "
-                   "a temporary file if unset")
+    g.add_argument("--serve-args", default="",
+                   help='extra `vlm serve` flags, e.g. --serve-args="-t 2 --quant int8"')
     g.add_argument("--startup-timeout", type=float, default=600.0,
                    help="seconds to wait for /health")
     g.add_argument("--api-key", help="sent as Authorization: Bearer KEY")
@@ -796,8 +795,8 @@ def add_workload_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    help="multiturn: requests per conversation (the image turn + follow-ups)")
     w.add_argument("--request-file", metavar="FILE.jsonl",
                    help="a recorded workload instead: one chat-completions body per line, "
-                   "sent in turn (cycling); 'model' and streaming are set, and a body without "
-                   "max_tokens gets --output-len")
+                   "sent in turn (cycling: a repeat may hit the server's caches); 'model' and "
+                   "streaming are set, and a body without max_tokens gets --output-len")
     w.add_argument("--output-len", type=int, default=32, help="max_tokens (with ignore_eos)")
     w.add_argument("--image-size", default="448x448", help="WxH of each generated JPEG")
     w.add_argument("--no-image", action="store_true", help="text-only requests")
@@ -841,6 +840,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g = add_server_args(p)
     g.add_argument("--base-url", default="http://127.0.0.1:8080",
                    help="a running server (ignored with --vlm)")
+    g.add_argument("--server-log", help="where the started server's output goes; "
+                   "a temporary file if unset")
     g.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
                    help="with --vlm: run the sweep once per variant, its server started with "
                    "--serve-args plus ARGS (repeatable)")
@@ -868,8 +869,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     check_workload_args(p, args)
     if args.variant and not args.vlm:
         p.error("--variant needs --vlm (each variant starts its own server)")
-    if args.ramp and args.warmup < 1:
-        p.error("--ramp times the warm-up request: not with --warmup 0")
+    if args.ramp and (args.warmup < 1 or args.workload != "single"):
+        p.error("--ramp times the warm-up request and spreads single requests: not with "
+                "--warmup 0 or --workload multiturn")
     args.variants = []
     for v in args.variant:
         name, sep, extra = v.partition("=")
@@ -894,21 +896,24 @@ def git_commit() -> str | None:
 
 async def run_level(args: argparse.Namespace, client: httpx.AsyncClient,
                     side: httpx.AsyncClient, base: str, model: str, images: ImageMaker | None,
-                    conc: int, n: int, next_index: int,
-                    stagger_s: float = 0.0) -> tuple[dict, int]:
+                    conc: int, n: int, next_index: int, stagger_s: float = 0.0,
+                    bodies: list[tuple[int, bytes, int]] | None = None) -> tuple[dict, int]:
     """One level: `n` requests (multiturn: conversations) with `conc` in flight, numbered from
     `next_index`; its summary (with the server's metrics over the level and the peaks of
     PEAK_GAUGES) and the next free index. `client` carries the measured requests, `side` the
-    /metrics scrapes. With `stagger_s`, the first `conc` requests start that many seconds apart
-    rather than all at once."""
+    /metrics scrapes. Single requests only: with `stagger_s`, the first `conc` requests start
+    that many seconds apart rather than all at once; `bodies` ((index, body, image bytes), at
+    least `n`) are sent instead of new ones."""
     url = base + "/v1/chat/completions"
     sem = asyncio.Semaphore(conc)
     if args.workload == "single":
-        # Build every body (and image) before the clock starts.
-        bodies = []
-        for _ in range(n):
-            bodies.append((next_index, *build_body(args, model, next_index, images)))
-            next_index += 1
+        if bodies is not None:
+            bodies = bodies[:n]
+        else:  # build every body (and image) before the clock starts
+            bodies = []
+            for _ in range(n):
+                bodies.append((next_index, *build_body(args, model, next_index, images)))
+                next_index += 1
 
         async def one(idx: int, body: bytes, nbytes: int) -> list[RequestResult]:
             async with sem:  # FIFO: the first `conc` requests hold the first slots

@@ -1,36 +1,41 @@
 #!/usr/bin/env python3
-"""Serving tuner for `vlm serve`: the sweet spot of batch size, token budget and KV memory for a
-workload under a latency objective, found by starting and measuring servers.
+"""Serving tuner for `vlm serve` (what `vlm tune` runs): the sweet spot of batch size, token
+budget and KV memory for a workload under a latency objective, found by starting servers and
+measuring them.
 
-A trial is one server setting (its `--max-num-seqs` N and the other searched flags) measured at
-its own full load: N requests in flight (the workload of scripts/bench_serve.py, the first N
-starts spread over one request's time, so the trial measures steady serving rather than a burst
-of N arrivals). A trial meets the objective when no request failed and every given p99 bound
-holds (`--slo-ttft`, `--slo-itl`, `--slo-e2e`, milliseconds). At N in flight the server runs all
-of them in one batch, so N is both the batch size and the load: larger N gives more throughput
-and longer latency, and the search looks for the largest N that still meets the objective.
+A trial is one server setting (its `--max-num-seqs` N and the other searched flags) on a fresh
+server, measured at its own full load: after a warm-up request, N requests in flight (the
+workload of scripts/bench_serve.py; every trial sends the same requests; the first N starts are
+spread over the warm-up's time, so the trial measures steady serving rather than a burst of N
+arrivals). Its throughput is the output tokens per second while all N were in flight (from the
+N-th start to the last start). It meets the objective when no request failed and every given
+bound holds at the percentile (`--slo-ttft`, `--slo-itl`, `--slo-e2e`, milliseconds, p99 by
+default). At N in flight the server runs all of them in one batch, so N is both the batch size
+and the load: larger N gives more throughput and longer latency, and the search looks for the
+largest N that still meets the objective.
 
 The search (the Search class; `--duration` caps it, ten minutes by default):
  1. max-num-seqs: from --seqs-start, doubling while trials meet the objective (halving while
     they do not), then bisecting between the largest N that meets it and the smallest that does
-    not, down to one sequence: about 2 log2(N) trials. Among the trials that met the objective,
-    the one with the highest output throughput wins, except that a smaller N within
-    --tolerance (3%) of it is preferred (the same throughput with less latency and memory).
+    not, down to one sequence: about 2 log2(N) trials.
  2. Each further dimension given more than one value (--max-batched-tokens, --max-encoder-ms,
     --kv-cache-dtype, --kv-cache-memory), in that order, one at a time: every other value is
     tried with the best setting so far, its N searched again from the best N. A value whose
-    first trial misses the objective with less throughput than the best is dropped at once
-    (at smaller N it could only do worse). A value wins with higher throughput; within
-    --tolerance, the one with less KV memory reserved wins, else the one already found.
+    first trial misses the objective with clearly less throughput than the best is dropped at
+    once (at smaller N it could only do worse).
+Of the trials that met the objective, the highest throughput wins; throughputs within
+--tolerance (3%) of the highest count as equal, and of those the one with the least KV memory
+reserved, then the smallest N, wins (the same throughput for less memory and latency).
 
 The answer is printed as a `vlm serve` command line and written as a `vlm serve --config` YAML
 file; every trial (its setting, status, throughput, p99 latencies, the server's peak resident
 memory during the trial and its KV cache bytes: reserved, and in use at the peak) goes to a
 markdown table on stdout, a JSON file and a plot. A trial whose server does not start, whose
 requests fail or that runs past --trial-timeout is recorded as such and counts as missing the
-objective; the search stops when the --duration cap is reached and reports the best so far.
+objective; the search stops at the --duration cap (or Ctrl-C) and reports the best so far.
 
-Dependencies: scripts/requirements-bench.txt (httpx, numpy; matplotlib for the plot).
+Dependencies: scripts/requirements-bench.txt (httpx, numpy; pillow for the generated images,
+matplotlib for the plot).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ except ImportError as e:  # httpx or numpy missing
 DIMENSIONS = ("max-batched-tokens", "max-encoder-ms", "kv-cache-dtype", "kv-cache-memory")
 SHORT_OPTIONS = {"-t": "threads", "-c": "ctx", "-q": "quiet", "-m": "model"}
 METRICS = (("ttft", "TTFT"), ("itl", "ITL"), ("e2e", "E2E"))
+CONFIG_HEADER = "vlm serve --config: written by scripts/tune_serve.py"
 
 
 # --------------------------------------------------------------------------- the search
@@ -84,7 +90,9 @@ class Trial:
 
     @property
     def kv_bytes(self) -> float:
-        return self.figures.get("kv_reserved_bytes") or 0.0
+        """KV cache bytes reserved (unknown: never the smaller)."""
+        v = self.figures.get("kv_reserved_bytes")
+        return math.inf if v is None else v
 
 
 class TimeCap(Exception):
@@ -97,7 +105,8 @@ class TimeCap(Exception):
 
 class Search:
     """The search over server settings. `measure(setting, n) -> Trial` runs one trial (and
-    raises TimeCap when the time is spent); the search never measures one (setting, n) twice."""
+    raises TimeCap when the time is spent); the search never measures one (setting, n) twice.
+    `stopped` says what ended it early: "" (nothing), "time cap" or "interrupted"."""
 
     def __init__(self, measure: Callable[[dict, int], Trial], space: dict[str, list],
                  seqs_min: int, seqs_max: int, seqs_start: int, tolerance: float):
@@ -107,7 +116,7 @@ class Search:
         self.seqs_start = min(max(seqs_start, seqs_min), seqs_max)
         self.tolerance = tolerance
         self.trials: list[Trial] = []
-        self.capped = False
+        self.stopped = ""
         self._seen: dict[tuple, Trial] = {}
 
     def trial(self, setting: dict, n: int) -> Trial:
@@ -127,11 +136,21 @@ class Search:
         """a is at least (1 - tolerance) of b."""
         return a >= (1.0 - self.tolerance) * b
 
+    def choose(self, met: list[Trial]) -> Trial | None:
+        """Of trials that met the objective, those within the tolerance of the highest
+        throughput count as equal; of them, the least KV memory, then the smallest N."""
+        if not met:
+            return None
+        top = max(t.throughput for t in met)
+        return min((t for t in met if self.within(t.throughput, top)),
+                   key=lambda t: (t.kv_bytes, t.load))
+
     def edge(self, setting: dict, start: int, rival: Trial | None = None) -> Trial | None:
         """The best trial of `setting` meeting the objective (None: none does), with N searched
         from `start`: doubling up while trials meet the objective, halving down while they do
         not, then bisecting between the largest N that meets it and the smallest that does not.
-        With `rival`, a setting whose first trial misses with less throughput stops there."""
+        With `rival`, a setting whose first trial misses, short of the rival's throughput by
+        more than the tolerance, stops there (at smaller N its throughput is lower still)."""
         good, bad = None, None
         n = start
         while True:
@@ -141,7 +160,7 @@ class Search:
             else:
                 bad = n
                 if rival is not None and good is None and n == start and \
-                        t.throughput < rival.throughput:
+                        not self.within(t.throughput, rival.throughput):
                     break
             if bad is None:
                 if n >= self.seqs_max:
@@ -155,41 +174,29 @@ class Search:
                 if bad - good <= 1:
                     break
                 n = (good + bad) // 2
-        return self.pick([t for t in self.trials if t.meets and t.setting == setting])
-
-    def pick(self, met: list[Trial]) -> Trial | None:
-        """The smallest N within the tolerance of the best throughput among `met`."""
-        if not met:
-            return None
-        top = max(t.throughput for t in met)
-        return min((t for t in met if self.within(t.throughput, top)), key=lambda t: t.load)
-
-    def better(self, cand: Trial, best: Trial) -> bool:
-        if not self.within(cand.throughput, best.throughput):
-            return False  # clearly less throughput
-        if not self.within(best.throughput, cand.throughput):
-            return True  # clearly more
-        return cand.kv_bytes < best.kv_bytes  # a tie: the less KV memory
+        return self.choose([t for t in self.trials if t.meets and t.setting == setting])
 
     def run(self) -> Trial | None:
         base = {d: vals[0] for d, vals in self.space.items()}
-        best = None
         try:
-            best = self.edge(base, self.seqs_start)
-            if best is None:
+            first = self.edge(base, self.seqs_start)
+            if first is None:
                 return None
+            finalists = [first]
             for dim in DIMENSIONS:
                 for v in self.space.get(dim, []):
+                    best = self.choose(finalists)
                     if v == best.setting[dim]:
                         continue
                     cand = self.edge({**best.setting, dim: v}, best.load, rival=best)
-                    if cand is not None and self.better(cand, best):
-                        best = cand
+                    if cand is not None:
+                        finalists.append(cand)
+            return self.choose(finalists)
         except TimeCap:
-            self.capped = True
-            if best is None:  # cut short in the first setting's search
-                best = self.pick([t for t in self.trials if t.meets])
-        return best
+            self.stopped = "time cap"
+        except KeyboardInterrupt:
+            self.stopped = "interrupted"
+        return self.choose([t for t in self.trials if t.meets])  # the best so far
 
 
 # --------------------------------------------------------------------------- the objective
@@ -245,19 +252,41 @@ def proc_rss_bytes(pid: int) -> int | None:
     return None
 
 
+def steady_throughput(summary: dict, n: int) -> float | None:
+    """Output tokens per second while exactly `n` requests were in flight: from the n-th start
+    (the end of the spread first starts) to the last start (after it, the drain), counting each
+    request's content chunks in that window (each weighted by its completion_tokens / chunks).
+    None when the window is too short (a single wave)."""
+    reqs = [r for r in summary["requests"] if r["ok"]]
+    starts = sorted(r["start_s"] for r in reqs)
+    if len(starts) <= n:
+        return None
+    t0, t1 = starts[n - 1], starts[-1]
+    if t1 - t0 <= 0:
+        return None
+    tokens = 0.0
+    for r in reqs:
+        chunks = [r["start_s"] + c for c in r["chunk_times_s"]]
+        if not chunks:
+            continue
+        per_chunk = (r["completion_tokens"] or len(chunks)) / len(chunks)
+        tokens += per_chunk * sum(1 for c in chunks if t0 <= c < t1)
+    return tokens / (t1 - t0)
+
+
 class TrialRunner:
-    """Runs trials on servers it starts: one server at a time, restarted when the flags change."""
+    """Runs trials on servers it starts, a fresh one for each trial (every trial has its own
+    --max-num-seqs), all trials sending the same requests."""
 
     def __init__(self, args: argparse.Namespace, objective: Objective, deadline: float):
         self.args = args
         self.objective = objective
         self.deadline = deadline
         self.server: bs.ServerProcess | None = None
-        self.flags: list[str] | None = None
+        self.log_path: Path | None = None
         self.base = ""
         self.model = ""
-        self.stagger = 0.0  # seconds between a trial's first starts: a warm-up request's time
-        self.next_index = 0
+        self.bodies: list[tuple[int, bytes, int]] = []  # the workload, made once
         self.images = None
         if not args.no_image:
             self.images = bs.ImageMaker(bs.load_photos(Path(args.images_dir)), args.size,
@@ -273,86 +302,121 @@ class TrialRunner:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
-        self.server, self.flags = None, None
+        self.server = None
 
     def __call__(self, setting: dict, n: int) -> Trial:
         if self.remaining() <= 0:
             raise TimeCap()
-        flags = setting_flags(setting, n)
         t0 = time.monotonic()
-        trial = asyncio.run(self._trial(setting, n, flags))
+        try:
+            trial = asyncio.run(self._trial(setting, n))
+        finally:
+            self.stop()
         trial.figures["trial_s"] = time.monotonic() - t0
         trial.figures["at_s"] = time.monotonic() - self.started
-        self._log(trial)
+        trial.figures["server_log"] = str(self.log_path)
+        self.done.append(trial)
+        f = trial.figures
+        extra = f" ({trial.reason})" if trial.reason else ""
+        bs.log(self.args, f"tune: trial {len(self.done)}: "
+                          f"{' '.join(setting_flags(setting, n))}: {trial.status}{extra}, "
+                          f"{trial.throughput:.2f} out tok/s, {f['trial_s']:.0f} s")
         if trial.status == "time cap":
-            self.stop()
             raise TimeCap(trial)
         return trial
 
-    def _log(self, t: Trial) -> None:
-        f = t.figures
-        desc = " ".join(setting_flags(t.setting, t.load))
-        extra = f" ({t.reason})" if t.reason else ""
-        bs.log(self.args, f"tune: trial {len(self.done) + 1}: {desc}: {t.status}{extra}, "
-                          f"{t.throughput:.2f} out tok/s, {f.get('trial_s', 0):.0f} s")
-        self.done.append(t)
+    def workload(self, count: int) -> list[tuple[int, bytes, int]]:
+        """The first `count` requests (the same for every trial), and the warm-up's body."""
+        while len(self.bodies) < count:
+            i = len(self.bodies)
+            self.bodies.append((i, *bs.build_body(self.args, self.model, i, self.images)))
+        return self.bodies[:count]
 
-    async def _start(self, flags: list[str], client) -> str | None:
-        """Starts the server for `flags` (stopping the last one); an error in words, or None."""
-        self.stop()
+    def warmup_body(self) -> tuple[bytes, int]:
+        """A request the trials never send: an image of its own, or (recorded requests) the
+        generated text question."""
+        if self.args.recorded:
+            msg = {"role": "user", "content": bs.make_prompt(self.args.prompt_words, -1)}
+            body = json.loads(bs.chat_body(self.args, self.model, [msg]))
+            body["max_tokens"] = self.args.output_len
+            return json.dumps(body).encode("utf-8"), 0
+        return bs.build_body(self.args, self.model, -1, self.images)
+
+    async def _start(self, flags: list[str], side) -> str | None:
+        """Starts the server for `flags`; None, "time cap", or what went wrong, in words."""
         serve_args = (self.args.serve_args + " " + shlex.join(flags)).strip()
-        log_path = self.log_dir / f"server-{len(list(self.log_dir.glob('server-*.log'))) + 1}.log"
-        self.server = bs.ServerProcess(self.args.vlm, self.args.model, serve_args, str(log_path))
-        self.flags = flags
+        self.log_path = self.log_dir / f"trial-{len(self.done) + 1}.log"
+        self.server = bs.ServerProcess(self.args.vlm, self.args.model, serve_args,
+                                       str(self.log_path))
         timeout = min(self.args.startup_timeout, max(self.remaining(), 0.0))
         try:
             loop = asyncio.get_running_loop()
             self.base = await loop.run_in_executor(None, self.server.wait_url, timeout)
-            await bs.wait_health(client, self.base, timeout, self.server)
+            await bs.wait_health(side, self.base, timeout, self.server)
         except SystemExit as e:
-            tail = self.server.tail(5).strip().replace("\n", " | ")
-            self.stop()
             if self.remaining() <= 0:
                 return "time cap"
-            first = str(e).splitlines()[0].removeprefix("bench_serve: ")
-            return f"{first}: {tail}"
+            tail = self.server.tail(5).strip().replace("\n", " | ")
+            return f"{str(e).splitlines()[0].removeprefix('bench_serve: ')}: {tail}"
         model = self.args.model_name
         if model is None:
             try:
-                r = await client.get(self.base + "/v1/models", timeout=10.0)
+                r = await side.get(self.base + "/v1/models", timeout=10.0)
                 model = r.json()["data"][0]["id"]
             except (bs.httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
                 model = "default"
-        self.model = model
-        # Warm-up requests, one at a time; the last one's time spaces the trials' first starts.
-        for _ in range(max(0, self.args.warmup)):
-            body, nbytes = bs.build_body(self.args, model, self.next_index, self.images)
-            res = await bs.send_request(client, self.base + "/v1/chat/completions", {}, body,
-                                        self.next_index, nbytes, self.args.timeout)
-            self.next_index += 1
-            if not res.ok:
-                return f"warm-up request failed: {res.error}"
-            self.stagger = res.e2e
+        if model != self.model:
+            self.model, self.bodies = model, []
         return None
 
-    async def _trial(self, setting: dict, n: int, flags: list[str]) -> Trial:
+    async def _bounded(self, work, what: str) -> tuple[Any, Trial | None]:
+        """`work` within the trial's time and the search's; (its result, None), or (None, the
+        trial's "time cap" / "timeout" outcome) when it ran out."""
+        budget = min(self.args.trial_timeout, self.remaining())
+        try:
+            return await asyncio.wait_for(work, max(budget, 0.001)), None
+        except asyncio.TimeoutError:
+            capped = budget < self.args.trial_timeout
+            return None, Trial({}, 0, "time cap" if capped else "timeout",
+                               reason=f"{what} not done in {budget:.0f} s")
+
+    async def _trial(self, setting: dict, n: int) -> Trial:
         a = self.args
         headers = {"Content-Type": "application/json"}
         if a.api_key:
             headers["Authorization"] = f"Bearer {a.api_key}"
         limits = bs.httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4,
                                  keepalive_expiry=4.0)
-        async with bs.httpx.AsyncClient(limits=limits, timeout=bs.httpx.Timeout(
-                a.timeout, connect=30.0), headers=headers) as client, \
+        timeout = bs.httpx.Timeout(a.timeout, connect=30.0)
+        async with bs.httpx.AsyncClient(limits=limits, timeout=timeout,
+                                        headers=headers) as client, \
                 bs.httpx.AsyncClient(timeout=30.0, headers=headers) as side:
-            if self.flags != flags or self.server is None or self.server.proc.poll() is not None:
-                err = await self._start(flags, side)
-                if err == "time cap":
-                    return Trial(setting, n, "time cap", reason="the server was still starting")
-                if err:
-                    return Trial(setting, n, "server failed", reason=err)
-            count = a.requests_per_trial or max(a.min_requests, a.waves * n)
-            rss = []
+            err = await self._start(setting_flags(setting, n), side)
+            if err == "time cap":
+                return Trial(setting, n, "time cap", reason="the server was still starting")
+            if err:
+                return Trial(setting, n, "server failed", reason=err)
+            # Warm-up requests, one at a time; the last one's time spreads the first starts.
+            stagger = 0.0
+            for _ in range(a.warmup):
+                body, nbytes = self.warmup_body()
+                res, out = await self._bounded(bs.send_request(
+                    client, self.base + "/v1/chat/completions", {}, body, -1, nbytes, a.timeout),
+                    "the warm-up request")
+                if out is not None:
+                    out.setting, out.load = setting, n
+                    return out
+                if not res.ok:
+                    return Trial(setting, n, "failed", reason=f"warm-up request: {res.error}")
+                stagger = res.e2e / n
+            count = max(n, a.requests_per_trial) if a.requests_per_trial else \
+                max(a.min_requests, a.waves * n)
+            if a.recorded and count > len(a.recorded) and not getattr(self, "_said", False):
+                self._said = True
+                bs.log(a, f"tune: note: {count} requests a trial from {len(a.recorded)} recorded "
+                          f"ones: some repeat (and may hit the server's caches)")
+            bodies = self.workload(count)
+            rss: list[int] = []
 
             async def watch_rss() -> None:
                 while True:
@@ -362,30 +426,29 @@ class TrialRunner:
                     await asyncio.sleep(0.25)
 
             watcher = asyncio.create_task(watch_rss())
-            budget = min(a.trial_timeout, self.remaining())
-            level = bs.run_level(a, client, side, self.base, self.model, self.images, n, count,
-                                 self.next_index, stagger_s=self.stagger / max(n, 1))
-            self.next_index += count
             try:
-                summary, _ = await asyncio.wait_for(level, max(budget, 0.001))
-            except asyncio.TimeoutError:
-                capped = budget < a.trial_timeout
-                self.stop()  # its requests were cut off: a fresh server for the next trial
-                return Trial(setting, n, "time cap" if capped else "timeout",
-                             reason=f"not done in {budget:.0f} s")
+                level, out = await self._bounded(bs.run_level(
+                    a, client, side, self.base, self.model, self.images, n, count, 0,
+                    stagger_s=stagger, bodies=bodies), "the trial's requests")
             finally:
                 watcher.cancel()
-        return self._judge(setting, n, summary, max(rss) if rss else None)
+            if out is not None:
+                out.setting, out.load = setting, n
+                return out
+        return self._judge(setting, n, level[0], max(rss) if rss else None)
 
     def _judge(self, setting: dict, n: int, summary: dict, rss: int | None) -> Trial:
         gauges = summary["server_metrics"].get("gauges_after", {})
         kv_bytes = gauges.get("vlm_kv_cache_memory_bytes")
         blocks = gauges.get("vlm_kv_cache_blocks_capacity")
         peak_blocks = summary["server"]["peaks"].get("vlm_kv_cache_blocks_used")
+        steady = steady_throughput(summary, n)
         figures = {
             "requests": summary["num_requests"],
             "failed": summary["failed"],
             "request_throughput": summary["request_throughput"],
+            "output_throughput_whole": summary["output_throughput"],
+            "steady_window": steady is not None,
             "peak_running": summary["server"]["peaks"].get("vlm_num_requests_running"),
             "rss_peak_bytes": rss,
             "kv_reserved_bytes": kv_bytes,
@@ -395,7 +458,8 @@ class TrialRunner:
         }
         for key, _ in METRICS:
             figures[f"{key}_ms"] = summary[f"{key}_ms"]
-        t = Trial(setting, n, "meets", summary["output_throughput"], figures=figures)
+        t = Trial(setting, n, "meets", summary["output_throughput"] if steady is None else steady,
+                  figures=figures)
         if summary["failed"]:
             t.status = "failed"
             t.reason = f"{summary['failed']} of {summary['num_requests']} requests failed: " \
@@ -411,49 +475,48 @@ class TrialRunner:
 
 
 def serve_args_mapping(serve_args: str) -> dict[str, Any]:
-    """`vlm serve` flags as --config keys: --name value, --name=value, --flag (true), the short
-    options by their long names; a repeated option becomes a list."""
+    """`vlm serve` flags as --config keys: --name value (or several values), --name=value,
+    --flag (true), the short options by their long names; a repeated option becomes a list. A
+    value that begins with '-' (other than a number) must be written --name=value. ValueError
+    for what it cannot read."""
     out: dict[str, Any] = {}
     toks = shlex.split(serve_args)
-    i = 0
     number = re.compile(r"-?\d+(\.\d+)?$")
+    i = 0
     while i < len(toks):
         tok = toks[i]
-        if tok.startswith("--"):
+        if tok.startswith("--") and len(tok) > 2:
             name, sep, value = tok[2:].partition("=")
+            values = [value] if sep else []
         elif tok in SHORT_OPTIONS:
-            name, sep, value = SHORT_OPTIONS[tok], "", ""
+            name, values = SHORT_OPTIONS[tok], []
         else:
-            raise SystemExit(f"tune_serve: --serve-args: cannot read {tok!r} (long options, "
-                             f"or {', '.join(SHORT_OPTIONS)})")
-        if not sep:
-            nxt = toks[i + 1] if i + 1 < len(toks) else None
-            if nxt is not None and (not nxt.startswith("-") or number.match(nxt)):
-                value = nxt
-                i += 1
-            else:
-                value = True
+            raise ValueError(f"cannot read {tok!r} (long options, or {', '.join(SHORT_OPTIONS)})")
+        i += 1
+        while i < len(toks) and (not toks[i].startswith("-") or number.match(toks[i])):
+            values.append(toks[i])
+            i += 1
+        value: Any = True if not values else values[0] if len(values) == 1 else values
         if name in out:
             prev = out[name]
-            out[name] = (prev if isinstance(prev, list) else [prev]) + [value]
+            out[name] = (prev if isinstance(prev, list) else [prev]) + \
+                (value if isinstance(value, list) else [value])
         else:
             out[name] = value
-        i += 1
     return out
 
 
 def yaml_scalar(v: Any) -> str:
+    """A YAML scalar: true, a number as it is, anything else double-quoted."""
     if v is True:
         return "true"
     s = str(v)
-    return s if re.fullmatch(r"[A-Za-z0-9_./:@+-]+", s) and s.lower() not in (
-        "true", "false", "yes", "no", "null", "on", "off") else json.dumps(s)
+    return s if re.fullmatch(r"-?\d+(\.\d+)?", s) else json.dumps(s)
 
 
 def config_yaml(args: argparse.Namespace, best: Trial, header: list[str]) -> str:
     """The recommendation as a `vlm serve --config` file."""
     keys = serve_args_mapping(args.serve_args)
-    keys.pop("port", None)
     tuned = serve_args_mapping(shlex.join(setting_flags(best.setting, best.load)))
     lines = [f"# {h}" for h in header]
     lines.append(f"model: {yaml_scalar(args.model)}")
@@ -574,15 +637,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description="Find the `vlm serve` setting with the highest throughput under a latency "
         "objective (see the module doc).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     bs.add_server_args(p)
-    p.add_argument("--server-log-dir", help="where each started server's log goes "
-                   "(server-1.log, ...); a temporary folder if unset")
+    p.add_argument("--server-log-dir", help="where each trial's server log goes (trial-1.log, "
+                   "...); a temporary folder if unset")
     bs.add_workload_args(p)
     o = p.add_argument_group("objective (milliseconds, at --slo-percentile; at least one)")
     o.add_argument("--slo-ttft", type=float, help="time to first token")
     o.add_argument("--slo-itl", type=float, help="inter-token latency")
     o.add_argument("--slo-e2e", type=float, help="whole request")
-    o.add_argument("--slo-percentile", type=int, default=99)
-    s = p.add_argument_group("search")
+    o.add_argument("--slo-percentile", type=int, default=99, choices=bs.PERCENTILES)
+    s = p.add_argument_group("search (a list that begins with a negative value: --name=-1,auto)")
     s.add_argument("--seqs-min", type=int, default=1, help="smallest --max-num-seqs")
     s.add_argument("--seqs-max", type=int, default=64, help="largest --max-num-seqs")
     s.add_argument("--seqs-start", type=int, default=1, help="the first --max-num-seqs tried")
@@ -592,8 +655,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     s.add_argument("--kv-cache-dtype", default="auto", help="values to try (auto,bf16,int8,f32)")
     s.add_argument("--kv-cache-memory", default="auto", help="values to try, in bytes")
     s.add_argument("--tolerance", type=float, default=0.03,
-                   help="throughputs this close count as equal (the smaller N, or less KV "
-                   "memory, wins)")
+                   help="throughputs this close count as equal (then the less KV memory, then "
+                   "the smaller N, wins)")
     s.add_argument("--duration", type=float, default=600.0,
                    help="seconds for the whole search, server starts included")
     s.add_argument("--trial-timeout", type=float, default=300.0,
@@ -601,7 +664,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     s.add_argument("--waves", type=int, default=3,
                    help="requests per trial: this many times N (at least --min-requests)")
     s.add_argument("--min-requests", type=int, default=8)
-    s.add_argument("--requests-per-trial", type=int, default=0, help="fixed count (0: --waves)")
+    s.add_argument("--requests-per-trial", type=int, default=0,
+                   help="a fixed count instead (at least N)")
     out = p.add_argument_group("output")
     out.add_argument("--out-json", default="tune_serve.json", help="'' to skip")
     out.add_argument("--out-png", default="tune_serve.png", help="'' to skip")
@@ -620,8 +684,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         v = getattr(args, name)
         if v is not None and not (v > 0 and math.isfinite(v)):
             p.error(f"--{name.replace('_', '-')} must be a positive number of milliseconds")
-    if not 0 < args.slo_percentile <= 100:
-        p.error("--slo-percentile must be in (0, 100]")
+    if args.slo_itl is not None and args.output_len < 2 and not args.recorded:
+        p.error("--slo-itl needs replies of two tokens or more (--output-len)")
     if not 1 <= args.seqs_min <= args.seqs_max:
         p.error("--seqs-min and --seqs-max: 1 <= min <= max")
     if not 0 <= args.tolerance < 1:
@@ -630,17 +694,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--duration and --trial-timeout must be positive")
     if args.waves < 1 or args.min_requests < 1 or args.requests_per_trial < 0:
         p.error("--waves and --min-requests must be >= 1, --requests-per-trial >= 0")
-    taken = serve_args_mapping(args.serve_args)
-    for dim in ("max-num-seqs", "port") + DIMENSIONS:
-        if dim in taken and dim != "port":
-            p.error(f"--serve-args sets --{dim}, which the tuner searches: give its values to "
-                    f"the tuner's --{dim} instead")
+    if args.warmup < 1:
+        p.error("--warmup must be >= 1: its time spreads each trial's first starts")
     args.space = {
         "max-batched-tokens": value_list(args.max_batched_tokens, int, "max-batched-tokens", p),
         "max-encoder-ms": value_list(args.max_encoder_ms, int, "max-encoder-ms", p),
         "kv-cache-dtype": value_list(args.kv_cache_dtype, str, "kv-cache-dtype", p),
         "kv-cache-memory": value_list(args.kv_cache_memory, int, "kv-cache-memory", p),
     }
+    try:
+        taken = serve_args_mapping(args.serve_args)
+    except ValueError as e:
+        p.error(f"--serve-args: {e}")
+    refused = {d: "which the tuner searches: give its values to the tuner's --" + d
+               for d in ("max-num-seqs",) + DIMENSIONS}
+    refused.update({"model": "give it to the tuner (-m)",
+                    "port": "the tuner gives each server a free port",
+                    "config": "give the file's options instead"})
+    if args.space["kv-cache-memory"] != ["auto"]:
+        refused["num-blocks"] = "it would override the searched --kv-cache-memory"
+    for name, why in refused.items():
+        if name in taken:
+            p.error(f"--serve-args sets --{name}: {why}")
     return args
 
 
@@ -654,28 +729,43 @@ def main(argv: list[str] | None = None) -> int:
                     args.tolerance)
     try:
         best = search.run()
-    except KeyboardInterrupt:
-        runner.stop()
-        return 130
     finally:
         runner.stop()
-    return report(args, objective, search, best)
+    rc = report(args, objective, search, best)
+    return 130 if search.stopped == "interrupted" else rc
+
+
+def no_answer(args: argparse.Namespace, search: Search) -> str:
+    """Why there is no recommendation, in words."""
+    at_min = [t for t in search.trials if t.load == args.seqs_min and t.status == "misses"]
+    if at_min:
+        return (f"even --max-num-seqs {args.seqs_min} misses it on this workload (trial "
+                f"{search.trials.index(at_min[0]) + 1}: {at_min[0].reason})")
+    if search.stopped:
+        return f"the search ended ({search.stopped}) before any trial met it"
+    return "no trial met it: see the table (a failed server or request says why)"
 
 
 def report(args: argparse.Namespace, objective: Objective, search: Search,
            best: Trial | None) -> int:
+    """The table, the answer (command line and --config file), the JSON and the plot; the exit
+    code: 0 with a recommendation, 2 without."""
     searched = [d for d in DIMENSIONS if len(args.space[d]) > 1 or args.space[d][0] != "auto"]
     pct = objective.percentile
     print(trials_table(search.trials, searched, pct))
     date = _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
-    header = [f"vlm serve --config: written by scripts/tune_serve.py on {date}",
+    header = [f"{CONFIG_HEADER} on {date}",
               f"workload: {bs.workload_title(args)}",
               f"objective: {objective.describe()}"]
-    capped = " (the --duration cap ended the search: the best found so far)" \
-        if search.capped else ""
+    early = {"time cap": " (the --duration cap ended the search: the best found so far)",
+             "interrupted": " (interrupted: the best found so far)"}.get(search.stopped, "")
     if best is None:
-        print(f"\nNo setting met the objective ({objective.describe()}){capped}: even "
-              f"--max-num-seqs {args.seqs_min} misses it on this workload (see the table).")
+        print(f"\nNo setting met the objective ({objective.describe()}): "
+              f"{no_answer(args, search)}.")
+        old = Path(args.out_config) if args.out_config else None
+        if old is not None and old.is_file() and \
+                old.read_text(errors="replace").startswith(f"# {CONFIG_HEADER}"):
+            old.unlink()  # an earlier run's answer is not this one's
     else:
         f = best.figures
         lat = ", ".join(f"{name} p{pct} {_ms(best, key, pct)} ms" for key, name in METRICS)
@@ -684,7 +774,7 @@ def report(args: argparse.Namespace, objective: Objective, search: Search,
                     f"peak RSS {_mib(f.get('rss_peak_bytes'))} MiB, KV reserved "
                     f"{_mib(f.get('kv_reserved_bytes'))} MiB")
         header.append(measured)
-        print(f"\nRecommended{capped}: {measured}\n\n    {serve_command(args, best)}\n")
+        print(f"\nRecommended{early}: {measured}\n\n    {serve_command(args, best)}\n")
         if args.out_config:
             Path(args.out_config).write_text(config_yaml(args, best, header))
             print(f"or: vlm serve --config {args.out_config}")
@@ -695,7 +785,7 @@ def report(args: argparse.Namespace, objective: Objective, search: Search,
         "workload": bs.workload_title(args),
         "objective": {"ttft_ms": objective.ttft, "itl_ms": objective.itl,
                       "e2e_ms": objective.e2e, "percentile": pct},
-        "capped": search.capped,
+        "stopped": search.stopped or None,
         "recommended": None if best is None else {
             "serve_command": serve_command(args, best), "setting": best.setting,
             "max_num_seqs": best.load, "throughput": best.throughput, "figures": best.figures},
@@ -711,10 +801,9 @@ def report(args: argparse.Namespace, objective: Objective, search: Search,
             plot(search.trials, objective, best, args.out_png,
                  f"vlm tune — {bs.workload_title(args)} — {objective.describe()}")
             bs.log(args, f"wrote {args.out_png}")
-        except Exception as e:  # noqa: BLE001 - the table and JSON are already out
-            print(f"tune_serve: could not draw {args.out_png}: {type(e).__name__}: {e}",
+        except Exception as e:  # noqa: BLE001 - the table, answer and JSON are already out
+            print(f"tune_serve: warning: could not draw {args.out_png}: {type(e).__name__}: {e}",
                   file=sys.stderr)
-            return 1
     return 0 if best is not None else 2
 
 

@@ -6,8 +6,8 @@
 vlm does and answers /health, /v1/models, /metrics and streamed /v1/chat/completions. At most N
 requests run at once (the rest wait); each streams `max_tokens` one-token chunks, each after
 ITL_BASE_MS + ITL_MS_PER_SEQ[dtype] x (the requests running) milliseconds, the first after
-PREFILL_MS. So at N in flight the inter-token latency is known, 400 + 40 N ms (int8: 400 + 25 N),
-and the throughput N / (400 + 40 N) grows with N. `--kv-cache-memory` below
+PREFILL_MS. So at N in flight the inter-token latency is known, 400 + 75 N ms (int8: 400 + 45 N),
+and the throughput N / (400 + 75 N) grows with N. `--kv-cache-memory` below
 MIN_KV_BYTES makes it exit with an error before serving, as a server that cannot fit its cache.
 Standard library only.
 """
@@ -19,8 +19,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ITL_BASE_MS = 400.0
-ITL_MS_PER_SEQ = {"int8": 25.0}
-DEFAULT_ITL_MS_PER_SEQ = 40.0
+ITL_MS_PER_SEQ = {"int8": 45.0}
+DEFAULT_ITL_MS_PER_SEQ = 75.0
 PREFILL_MS = 20.0
 MIN_KV_BYTES = 10_000
 DEFAULT_KV_BYTES = 8_000_000

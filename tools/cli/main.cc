@@ -40,7 +40,7 @@ int fail(const vlm::Status& s) { return fail(s.message()); }
 // for the binary in its build folder, the checkout's models/tiny-qwen35.
 std::string default_model_dir() {
   return vlm_cli::data_path(std::string(VLM_INSTALLED_DATA_REL) + "/models/tiny-qwen35",
-                            VLM_SOURCE_DIR "/models/tiny-qwen35");
+                            VLM_SOURCE_DIR "/models/tiny-qwen35", "config.json");
 }
 
 constexpr const char* kDefaultModelHelp =
@@ -693,6 +693,11 @@ int main(int argc, char** argv) {
   vlm_cli::add_config_option(serve, &serve_config);
   vlm_cli::HubArgs ha;
   vlm_cli::add_hub_commands(&app, &ha);
+  // Listed for `vlm --help` only: `vlm tune ...` is handed to the tuner before parsing.
+  app.add_subcommand("tune",
+                     "Find the serving setting with the highest throughput under a latency "
+                     "objective (runs the Python tuner; `vlm tune --help`)")
+      ->prefix_command();
   std::string hf_token;  // -m ORG/NAME: see hub_commands.h
   for (CLI::App* sub : {run, tokenize, detokenize, logits, bench, serve}) {
     vlm_cli::add_hf_token_option(sub, &hf_token);

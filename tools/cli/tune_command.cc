@@ -13,13 +13,14 @@
 
 namespace vlm_cli {
 
-std::string data_path(const std::string& installed_rel, const std::string& checkout_path) {
+std::string data_path(const std::string& installed_rel, const std::string& checkout_path,
+                      const std::string& marker) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return checkout_path;
   const fs::path installed = (exe.parent_path() / installed_rel).lexically_normal();
-  if (fs::exists(installed, ec)) return installed.string();
+  if (fs::exists(marker.empty() ? installed : installed / marker, ec)) return installed.string();
   if (fs::equivalent(exe.parent_path(), VLM_BUILD_BIN_DIR, ec)) return checkout_path;
   return installed.string();  // not there: the caller's error names it
 }
@@ -48,8 +49,9 @@ int run_tune(int argc, char** argv) {
   cargs.push_back(nullptr);
   execvp(python.c_str(), cargs.data());
   vlm::log(vlm::LogLevel::kError, "vlm tune: cannot run " + python + " (" + std::strerror(errno) +
-                                      "); set VLM_PYTHON to a Python 3 with the packages of "
-                                      "scripts/requirements-bench.txt");
+                                      "); set VLM_PYTHON to a Python 3 (one executable's path) "
+                                      "with the packages of requirements-bench.txt beside " +
+                                      script);
   return 1;
 }
 

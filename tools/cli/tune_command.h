@@ -12,8 +12,10 @@ namespace vlm_cli {
 // Returns only on failure: the exit code, with the reason said.
 int run_tune(int argc, char** argv);
 
-// PREFIX/share/vlm/RELATIVE beside an installed binary; the checkout's copy for the binary in its
-// build folder; the installed path (which may not exist, for an error to name) otherwise.
-std::string data_path(const std::string& installed_rel, const std::string& checkout_path);
+// A file or folder the binary reads: `installed_rel` (relative to the binary's folder, e.g.
+// ../share/vlm/scripts/tune_serve.py) where `installed_rel/marker` exists; for the binary in its
+// build folder, `checkout_path`; else the installed path (missing: for an error to name).
+std::string data_path(const std::string& installed_rel, const std::string& checkout_path,
+                      const std::string& marker = "");
 
 }  // namespace vlm_cli
