@@ -1,7 +1,8 @@
 # `cmake --install build --prefix P`: bin/vlm, the default model under share/vlm/models and the
-# tuner's scripts under share/vlm/scripts (the installed binary finds them relative to itself), the public headers, the static layers and a
-# CMake package (find_package(vlm) → vlm::vlm). `cpack -G DEB` (in the build folder) makes a
-# Debian package of the same tree, its dependencies found by dpkg-shlibdeps.
+# tuner's scripts under share/vlm/scripts (the installed binary finds them relative to itself),
+# the public headers, the static layers and a CMake package (find_package(vlm) → vlm::vlm).
+# `cpack -G DEB` (in the build folder) makes a Debian package of the same tree, its dependencies
+# found by dpkg-shlibdeps.
 include(CMakePackageConfigHelpers)
 
 # vlm::vlm: every layer, so that a program links the engine and the server by one name.
@@ -23,11 +24,12 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/models/tiny-qwen35
   DESTINATION ${CMAKE_INSTALL_DATADIR}/vlm/models)
 # `vlm tune`: the tuner, the load generator it drives, their Python requirements and the photos
 # their synthetic images are cut from (with their licences).
-install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/tune_serve.py ${PROJECT_SOURCE_DIR}/scripts/bench_serve.py
-  DESTINATION ${CMAKE_INSTALL_DATADIR}/vlm/scripts)
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/tune_serve.py
+  ${PROJECT_SOURCE_DIR}/scripts/bench_serve.py DESTINATION ${CMAKE_INSTALL_DATADIR}/vlm/scripts)
 install(FILES ${PROJECT_SOURCE_DIR}/scripts/requirements-bench.txt
   DESTINATION ${CMAKE_INSTALL_DATADIR}/vlm/scripts)
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/tests/data/images/ DESTINATION ${CMAKE_INSTALL_DATADIR}/vlm/images)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/tests/data/images/
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/vlm/images)
 install(EXPORT vlmTargets NAMESPACE vlm:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/vlm)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/vlmConfig.cmake.in
   ${PROJECT_BINARY_DIR}/vlmConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/vlm)

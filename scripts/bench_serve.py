@@ -5,13 +5,16 @@ Runs a closed-loop concurrency sweep with an image+text chat workload and report
 concurrency level, requests/s, output tok/s and TTFT / TPOT / ITL / end-to-end latency
 percentiles as a markdown table (stdout), a JSON file and a PNG plot.
 
-Two workloads (--workload):
-  single     every request a fresh conversation: one distinct image and a question.
+Workloads (--workload, or a recorded one):
+  single     every request a fresh conversation: --images-per-request distinct images (one by
+             default) and a question.
   multiturn  conversations of --turns requests: an image and a question, then follow-up
              questions, each request carrying the whole chat so far (the replies included), as
              chat clients send it; concurrency counts conversations in flight. TTFT is also
              reported for the first turns and the follow-ups apart, with the prompt tokens the
              server says it found cached (usage.prompt_tokens_details.cached_tokens).
+
+  --request-file FILE.jsonl: recorded chat-completions bodies, one a line, sent in turn.
 
 With --vlm, --variant NAME=ARGS (repeatable) runs the whole sweep once per variant, each on its
 own server started with --serve-args plus ARGS, in one run (e.g. --variant on= --variant
@@ -19,7 +22,8 @@ off=--no-prefix-caching), and reports them side by side.
 
 Each request streams (`stream: true`, `stream_options.include_usage`), decodes greedily
 (`temperature: 0`) and asks for exactly `--output-len` tokens (`max_tokens` plus the vLLM-style
-`ignore_eos: true`). Every request carries a distinct JPEG made deterministically from the
+`ignore_eos: true`; a recorded body keeps its own). With --ramp, each level's first
+`concurrency` requests start spread over the warm-up request's time instead of all at once. Every request carries a distinct JPEG made deterministically from the
 photos in tests/data/images (random crop, resize, flip, brightness), so a server that caches
 vision-encoder outputs by image content never gets a repeat.
 
@@ -155,18 +159,21 @@ FOLLOW_UPS = [
 
 
 def first_message(args, index: int, images: ImageMaker | None) -> tuple[dict, int]:
+    """Request `index`'s user message (its --images-per-request images, then the question) and
+    the images' bytes."""
     text = make_prompt(args.prompt_words, index)
     image_bytes = 0
     if images is None:
         content: Any = text
     else:
-        jpeg = images.make(index)
-        image_bytes = len(jpeg)
-        url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
-        content = [
-            {"type": "image_url", "image_url": {"url": url}},
-            {"type": "text", "text": text},
-        ]
+        per = getattr(args, "images_per_request", 1)
+        content = []
+        for k in range(per):
+            jpeg = images.make(index if per == 1 else index * per + k)
+            image_bytes += len(jpeg)
+            url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+            content.append({"type": "image_url", "image_url": {"url": url}})
+        content.append({"type": "text", "text": text})
     return {"role": "user", "content": content}, image_bytes
 
 
@@ -799,6 +806,8 @@ def add_workload_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    "streaming are set, and a body without max_tokens gets --output-len")
     w.add_argument("--output-len", type=int, default=32, help="max_tokens (with ignore_eos)")
     w.add_argument("--image-size", default="448x448", help="WxH of each generated JPEG")
+    w.add_argument("--images-per-request", type=int, default=1,
+                   help="generated images in each request's message")
     w.add_argument("--no-image", action="store_true", help="text-only requests")
     w.add_argument("--logprobs", type=int, default=0,
                    help="ask for logprobs with this many top alternatives per token (0: none)")
@@ -825,6 +834,8 @@ def check_workload_args(p: argparse.ArgumentParser, args: argparse.Namespace) ->
         p.error("--vlm needs --model")
     if args.turns < 1:
         p.error("--turns must be >= 1")
+    if args.images_per_request < 1:
+        p.error("--images-per-request must be >= 1 (--no-image for none)")
     args.recorded = None
     if args.request_file:
         if args.workload != "single":
@@ -1044,6 +1055,8 @@ def workload_title(args: argparse.Namespace) -> str:
     if args.request_file:
         return f"{Path(args.request_file).name} ({len(args.recorded)} recorded requests)"
     img = "no image" if args.no_image else f"{args.size[0]}x{args.size[1]} JPEG"
+    if not args.no_image and args.images_per_request > 1:
+        img = f"{args.images_per_request} x {img}s"
     work = "" if args.workload == "single" else f"{args.turns}-turn conversations, "
     return f"{work}{img}, {args.prompt_words} filler words, {args.output_len} output tokens"
 

@@ -50,6 +50,7 @@ import shlex
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -57,10 +58,10 @@ from typing import Any, Callable
 try:
     import bench_serve as bs
 except ImportError as e:  # httpx or numpy missing
+    REQS = Path(__file__).resolve().parent / "requirements-bench.txt"
     sys.exit(f"tune_serve: {e}: this Python needs the packages of requirements-bench.txt (beside "
-             f"this script): python3 -m venv VENV && VENV/bin/pip install -r "
-             f"{Path(__file__).resolve().parent / 'requirements-bench.txt'}; then VLM_PYTHON=VENV/bin/python "
-             f"for `vlm tune`")
+             f"this script): python3 -m venv VENV && VENV/bin/pip install -r {REQS}; then "
+             f"VLM_PYTHON=VENV/bin/python for `vlm tune`")
 
 # The searched flags, in the order the search visits them after max-num-seqs.
 DIMENSIONS = ("max-batched-tokens", "max-encoder-ms", "kv-cache-dtype", "kv-cache-memory")
@@ -149,8 +150,9 @@ class Search:
         """The best trial of `setting` meeting the objective (None: none does), with N searched
         from `start`: doubling up while trials meet the objective, halving down while they do
         not, then bisecting between the largest N that meets it and the smallest that does not.
-        With `rival`, a setting whose first trial misses, short of the rival's throughput by
-        more than the tolerance, stops there (at smaller N its throughput is lower still)."""
+        With `rival`, a setting whose first trial misses the objective (measured, not failed),
+        short of the rival's throughput by more than the tolerance, stops there (at smaller N its
+        throughput is lower still)."""
         good, bad = None, None
         n = start
         while True:
@@ -160,7 +162,7 @@ class Search:
             else:
                 bad = n
                 if rival is not None and good is None and n == start and \
-                        not self.within(t.throughput, rival.throughput):
+                        t.status == "misses" and not self.within(t.throughput, rival.throughput):
                     break
             if bad is None:
                 if n >= self.seqs_max:
@@ -176,27 +178,34 @@ class Search:
                 n = (good + bad) // 2
         return self.choose([t for t in self.trials if t.meets and t.setting == setting])
 
+    def best(self) -> Trial | None:
+        return self.choose([t for t in self.trials if t.meets])
+
     def run(self) -> Trial | None:
+        """The best trial of the search (None: none met the objective); `stopped` says whether it
+        ended early."""
         base = {d: vals[0] for d, vals in self.space.items()}
         try:
-            first = self.edge(base, self.seqs_start)
-            if first is None:
+            if self.edge(base, self.seqs_start) is None:
+                # Nothing met it with the first values: each other value, from the smallest N.
+                for dim in DIMENSIONS:
+                    for v in self.space.get(dim, [])[1:]:
+                        self.edge({**base, dim: v}, self.seqs_min)
+            if self.best() is None:
                 return None
-            finalists = [first]
             for dim in DIMENSIONS:
                 for v in self.space.get(dim, []):
-                    best = self.choose(finalists)
-                    if v == best.setting[dim]:
-                        continue
-                    cand = self.edge({**best.setting, dim: v}, best.load, rival=best)
-                    if cand is not None:
-                        finalists.append(cand)
-            return self.choose(finalists)
+                    best = self.best()
+                    if v != best.setting[dim]:
+                        self.edge({**best.setting, dim: v}, best.load, rival=best)
         except TimeCap:
             self.stopped = "time cap"
         except KeyboardInterrupt:
             self.stopped = "interrupted"
-        return self.choose([t for t in self.trials if t.meets])  # the best so far
+        except Exception as e:  # noqa: BLE001 - the trials so far are still reported
+            traceback.print_exc()
+            self.stopped = f"error: {type(e).__name__}: {e}"
+        return self.best()
 
 
 # --------------------------------------------------------------------------- the objective
@@ -253,24 +262,31 @@ def proc_rss_bytes(pid: int) -> int | None:
 
 
 def steady_throughput(summary: dict, n: int) -> float | None:
-    """Output tokens per second while exactly `n` requests were in flight: from the n-th start
-    (the end of the spread first starts) to the last start (after it, the drain), counting each
+    """Output tokens per second while all `n` requests were in flight: from the first moment `n`
+    were (the spread first starts done) to the last start (after it, the drain), counting each
     request's content chunks in that window (each weighted by its completion_tokens / chunks).
-    None when the window is too short (a single wave)."""
+    None when `n` were never in flight before the last start."""
     reqs = [r for r in summary["requests"] if r["ok"]]
-    starts = sorted(r["start_s"] for r in reqs)
-    if len(starts) <= n:
+    if not reqs:
         return None
-    t0, t1 = starts[n - 1], starts[-1]
-    if t1 - t0 <= 0:
+    events = sorted([(r["start_s"], 1) for r in reqs] + [(r["start_s"] + r["e2e_s"], -1)
+                                                         for r in reqs],
+                    key=lambda e: (e[0], e[1]))  # an end before a start at the same time
+    t1 = max(r["start_s"] for r in reqs)
+    t0, running = None, 0
+    for t, d in events:
+        running += d
+        if running >= n:
+            t0 = t
+            break
+    if t0 is None or t1 - t0 <= 0:
         return None
     tokens = 0.0
     for r in reqs:
         chunks = [r["start_s"] + c for c in r["chunk_times_s"]]
-        if not chunks:
-            continue
-        per_chunk = (r["completion_tokens"] or len(chunks)) / len(chunks)
-        tokens += per_chunk * sum(1 for c in chunks if t0 <= c < t1)
+        if chunks:
+            per_chunk = (r["completion_tokens"] or len(chunks)) / len(chunks)
+            tokens += per_chunk * sum(1 for c in chunks if t0 <= c < t1)
     return tokens / (t1 - t0)
 
 
@@ -295,6 +311,9 @@ class TrialRunner:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
         self.done: list[Trial] = []
+        self.warmup: tuple[bytes, int] | None = None
+        self.trial_deadline = deadline
+        self.said_repeats = False
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -333,26 +352,29 @@ class TrialRunner:
         return self.bodies[:count]
 
     def warmup_body(self) -> tuple[bytes, int]:
-        """A request the trials never send: an image of its own, or (recorded requests) the
-        generated text question."""
-        if self.args.recorded:
-            msg = {"role": "user", "content": bs.make_prompt(self.args.prompt_words, -1)}
-            body = json.loads(bs.chat_body(self.args, self.model, [msg]))
-            body["max_tokens"] = self.args.output_len
-            return json.dumps(body).encode("utf-8"), 0
-        return bs.build_body(self.args, self.model, -1, self.images)
+        """The warm-up request, made once: an image of its own, or the file's last recorded
+        request (a trial sends it only when it sends them all)."""
+        if self.warmup is None:
+            index = len(self.args.recorded) - 1 if self.args.recorded else -1
+            self.warmup = bs.build_body(self.args, self.model, index, self.images)
+        return self.warmup
 
     async def _start(self, flags: list[str], side) -> str | None:
         """Starts the server for `flags`; None, "time cap", or what went wrong, in words."""
         serve_args = (self.args.serve_args + " " + shlex.join(flags)).strip()
         self.log_path = self.log_dir / f"trial-{len(self.done) + 1}.log"
-        self.server = bs.ServerProcess(self.args.vlm, self.args.model, serve_args,
-                                       str(self.log_path))
-        timeout = min(self.args.startup_timeout, max(self.remaining(), 0.0))
+        try:
+            self.server = bs.ServerProcess(self.args.vlm, self.args.model, serve_args,
+                                           str(self.log_path))
+        except OSError as e:
+            return f"cannot run {self.args.vlm}: {e}"
+        until = time.monotonic() + min(self.args.startup_timeout, max(self.remaining(), 0.0))
         try:
             loop = asyncio.get_running_loop()
-            self.base = await loop.run_in_executor(None, self.server.wait_url, timeout)
-            await bs.wait_health(side, self.base, timeout, self.server)
+            self.base = await loop.run_in_executor(None, self.server.wait_url,
+                                                   until - time.monotonic())
+            await bs.wait_health(side, self.base, max(until - time.monotonic(), 0.0),
+                                 self.server)
         except SystemExit as e:
             if self.remaining() <= 0:
                 return "time cap"
@@ -366,25 +388,29 @@ class TrialRunner:
             except (bs.httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
                 model = "default"
         if model != self.model:
-            self.model, self.bodies = model, []
+            self.model, self.bodies, self.warmup = model, [], None
         return None
 
     async def _bounded(self, work, what: str) -> tuple[Any, Trial | None]:
-        """`work` within the trial's time and the search's; (its result, None), or (None, the
-        trial's "time cap" / "timeout" outcome) when it ran out."""
-        budget = min(self.args.trial_timeout, self.remaining())
+        """`work` within what is left of the trial's time (--trial-timeout from its warm-up, and
+        the search's deadline); (its result, None), or (None, the trial's "time cap" / "timeout"
+        outcome) when it ran out."""
+        left = self.trial_deadline - time.monotonic()
         try:
-            return await asyncio.wait_for(work, max(budget, 0.001)), None
+            return await asyncio.wait_for(work, max(left, 0.001)), None
         except asyncio.TimeoutError:
-            capped = budget < self.args.trial_timeout
+            capped = self.trial_deadline >= self.deadline
             return None, Trial({}, 0, "time cap" if capped else "timeout",
-                               reason=f"{what} not done in {budget:.0f} s")
+                               reason=f"{what} not done within the "
+                               f"{'search' if capped else 'trial'}'s time")
 
     async def _trial(self, setting: dict, n: int) -> Trial:
         a = self.args
         headers = {"Content-Type": "application/json"}
         if a.api_key:
             headers["Authorization"] = f"Bearer {a.api_key}"
+        elif isinstance(a.serve_api_key, str):
+            headers["Authorization"] = f"Bearer {a.serve_api_key}"
         limits = bs.httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4,
                                  keepalive_expiry=4.0)
         timeout = bs.httpx.Timeout(a.timeout, connect=30.0)
@@ -397,6 +423,7 @@ class TrialRunner:
             if err:
                 return Trial(setting, n, "server failed", reason=err)
             # Warm-up requests, one at a time; the last one's time spreads the first starts.
+            self.trial_deadline = min(time.monotonic() + a.trial_timeout, self.deadline)
             stagger = 0.0
             for _ in range(a.warmup):
                 body, nbytes = self.warmup_body()
@@ -409,12 +436,13 @@ class TrialRunner:
                 if not res.ok:
                     return Trial(setting, n, "failed", reason=f"warm-up request: {res.error}")
                 stagger = res.e2e / n
-            count = max(n, a.requests_per_trial) if a.requests_per_trial else \
-                max(a.min_requests, a.waves * n)
-            if a.recorded and count > len(a.recorded) and not getattr(self, "_said", False):
-                self._said = True
-                bs.log(a, f"tune: note: {count} requests a trial from {len(a.recorded)} recorded "
-                          f"ones: some repeat (and may hit the server's caches)")
+            # At least two waves: a window with all N in flight (steady_throughput).
+            count = max(2 * n, a.requests_per_trial or max(a.min_requests, a.waves * n))
+            if a.recorded and count > len(a.recorded) - 1 and not self.said_repeats:
+                self.said_repeats = True
+                bs.log(a, f"tune: note: {count} requests a trial (and the warm-up) from "
+                          f"{len(a.recorded)} recorded ones: some repeat (and may hit the "
+                          f"server's caches)")
             bodies = self.workload(count)
             rss: list[int] = []
 
@@ -443,10 +471,14 @@ class TrialRunner:
         blocks = gauges.get("vlm_kv_cache_blocks_capacity")
         peak_blocks = summary["server"]["peaks"].get("vlm_kv_cache_blocks_used")
         steady = steady_throughput(summary, n)
+        tokens = summary["total_output_tokens"] / max(summary["completed"], 1)
         figures = {
             "requests": summary["num_requests"],
             "failed": summary["failed"],
-            "request_throughput": summary["request_throughput"],
+            # While all N were in flight (the whole trial's where there was no such window).
+            "request_throughput": summary["request_throughput"] if steady is None or not tokens
+            else steady / tokens,
+            "request_throughput_whole": summary["request_throughput"],
             "output_throughput_whole": summary["output_throughput"],
             "steady_window": steady is not None,
             "peak_running": summary["server"]["peaks"].get("vlm_num_requests_running"),
@@ -613,6 +645,17 @@ def plot(trials: list[Trial], objective: Objective, best: Trial | None, path: st
 # --------------------------------------------------------------------------- main
 
 
+def number(text: str) -> int | float:
+    """An int where the text is one, else a float (ValueError otherwise)."""
+    try:
+        return int(text)
+    except ValueError:
+        v = float(text)
+        if not math.isfinite(v):
+            raise
+        return v
+
+
 def value_list(text: str, kind: Callable[[str], Any], what: str,
                p: argparse.ArgumentParser) -> list:
     out = []
@@ -692,13 +735,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--tolerance must be in [0, 1)")
     if args.duration <= 0 or args.trial_timeout <= 0:
         p.error("--duration and --trial-timeout must be positive")
-    if args.waves < 1 or args.min_requests < 1 or args.requests_per_trial < 0:
-        p.error("--waves and --min-requests must be >= 1, --requests-per-trial >= 0")
+    if args.waves < 2 or args.min_requests < 1 or args.requests_per_trial < 0:
+        p.error("--waves must be >= 2 (a window with all N in flight), --min-requests >= 1, "
+                "--requests-per-trial >= 0")
     if args.warmup < 1:
         p.error("--warmup must be >= 1: its time spreads each trial's first starts")
     args.space = {
         "max-batched-tokens": value_list(args.max_batched_tokens, int, "max-batched-tokens", p),
-        "max-encoder-ms": value_list(args.max_encoder_ms, int, "max-encoder-ms", p),
+        "max-encoder-ms": value_list(args.max_encoder_ms, number, "max-encoder-ms", p),
         "kv-cache-dtype": value_list(args.kv_cache_dtype, str, "kv-cache-dtype", p),
         "kv-cache-memory": value_list(args.kv_cache_memory, int, "kv-cache-memory", p),
     }
@@ -716,6 +760,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name, why in refused.items():
         if name in taken:
             p.error(f"--serve-args sets --{name}: {why}")
+    args.serve_api_key = taken.get("api-key")  # the tuner's requests carry it
+    if Path(args.model).exists():  # the config file works from any folder
+        args.model = str(Path(args.model).resolve())
     return args
 
 
@@ -749,7 +796,7 @@ def no_answer(args: argparse.Namespace, search: Search) -> str:
 def report(args: argparse.Namespace, objective: Objective, search: Search,
            best: Trial | None) -> int:
     """The table, the answer (command line and --config file), the JSON and the plot; the exit
-    code: 0 with a recommendation, 2 without."""
+    code: 0 with a recommendation, 3 without."""
     searched = [d for d in DIMENSIONS if len(args.space[d]) > 1 or args.space[d][0] != "auto"]
     pct = objective.percentile
     print(trials_table(search.trials, searched, pct))
@@ -804,7 +851,7 @@ def report(args: argparse.Namespace, objective: Objective, search: Search,
         except Exception as e:  # noqa: BLE001 - the table, answer and JSON are already out
             print(f"tune_serve: warning: could not draw {args.out_png}: {type(e).__name__}: {e}",
                   file=sys.stderr)
-    return 0 if best is not None else 2
+    return 0 if best is not None else 3
 
 
 if __name__ == "__main__":

@@ -20,12 +20,14 @@ CTX = 512
 TIMEOUT = 60.0
 
 
-def run_tests(args_ns, doc, add_arguments=None):
-    """A server test's main: --vlm and --model-dir (and what `add_arguments(parser)` adds) set on
-    `args_ns`, other options passed to unittest, which then runs the calling script's tests."""
+def run_tests(args_ns, doc, add_arguments=None, model_dir=True):
+    """A server test's main: --vlm and --model-dir (required unless `model_dir` is false; and what
+    `add_arguments(parser)` adds) set on `args_ns`, other options passed to unittest, which then
+    runs the calling script's tests."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vlm", required=True, help="the vlm binary")
-    ap.add_argument("--model-dir", required=True, help="tests/model/fixtures/tiny-fullvocab-bf16")
+    ap.add_argument("--model-dir", required=model_dir,
+                    help="tests/model/fixtures/tiny-fullvocab-bf16")
     if add_arguments is not None:
         add_arguments(ap)
     args, rest = ap.parse_known_args()

@@ -693,11 +693,6 @@ int main(int argc, char** argv) {
   vlm_cli::add_config_option(serve, &serve_config);
   vlm_cli::HubArgs ha;
   vlm_cli::add_hub_commands(&app, &ha);
-  // Listed for `vlm --help` only: `vlm tune ...` is handed to the tuner before parsing.
-  app.add_subcommand("tune",
-                     "Find the serving setting with the highest throughput under a latency "
-                     "objective (runs the Python tuner; `vlm tune --help`)")
-      ->prefix_command();
   std::string hf_token;  // -m ORG/NAME: see hub_commands.h
   for (CLI::App* sub : {run, tokenize, detokenize, logits, bench, serve}) {
     vlm_cli::add_hf_token_option(sub, &hf_token);
@@ -716,6 +711,12 @@ int main(int argc, char** argv) {
                               "time, level, msg and fields)");
   }
 
+  // Listed for `vlm --help` only (after the common options, which it does not take): `vlm tune
+  // ...` is handed to the tuner before parsing.
+  app.add_subcommand("tune",
+                     "Find the serving setting with the highest throughput under a latency "
+                     "objective (runs the Python tuner; `vlm tune --help`)")
+      ->prefix_command();
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help and --help-all: the help, exit code 0
