@@ -593,53 +593,76 @@ def trials_table(trials: list[Trial], searched: list[str], pct: int) -> str:
     return "\n".join(rows)
 
 
+def setting_label(setting: dict) -> str:
+    flags = setting_flags(setting, 0)[2:]
+    return " ".join(flags) if flags else "server defaults"
+
+
 def plot(trials: list[Trial], objective: Objective, best: Trial | None, path: str,
          title: str) -> None:
-    """Throughput and the objective's latencies against max-num-seqs, and throughput against
-    the server's peak resident memory."""
+    """One series a setting: throughput and the objective's latencies against max-num-seqs,
+    and throughput against the server's peak resident memory (o: meets, x: misses)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     measured = [t for t in trials if "request_throughput" in t.figures]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
-    ax_tp, ax_lat, ax_mem = axes
+    series: dict[str, list[Trial]] = {}
     for t in measured:
-        color = "tab:green" if t.meets else "tab:red"
-        ax_tp.scatter(t.load, t.throughput, color=color, marker="o" if t.meets else "x")
-        rss = t.figures.get("rss_peak_bytes")
-        if rss:
-            ax_mem.scatter(rss / 2**20, t.throughput, color=color, marker="o" if t.meets else "x")
-    if best is not None:
-        ax_tp.scatter(best.load, best.throughput, s=160, facecolors="none", edgecolors="black",
-                      label="recommended")
-        ax_tp.legend(fontsize=7)
+        series.setdefault(setting_label(t.setting), []).append(t)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    ax_tp, ax_lat, ax_mem = axes
     pct = objective.percentile
-    for (key, name), color in zip(METRICS, ("tab:blue", "tab:orange", "tab:purple")):
-        pts = sorted((t.load, t.figures[f"{key}_ms"].get(f"p{pct}")) for t in measured
-                     if t.figures[f"{key}_ms"].get(f"p{pct}") is not None)
-        if not pts:
-            continue
-        ax_lat.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color,
-                    label=f"{name} p{pct}")
-        bound = getattr(objective, key)
-        if bound is not None:
-            ax_lat.axhline(bound, color=color, linestyle="--", linewidth=1,
-                           label=f"{name} objective")
+    bounded = [(key, name) for key, name in METRICS if getattr(objective, key) is not None]
+    styles = ("-", "--", ":")
+    for i, (label, ts) in enumerate(series.items()):
+        color = f"C{i % 10}"
+        ts = sorted(ts, key=lambda t: t.load)
+        ax_tp.plot([t.load for t in ts], [t.throughput for t in ts], color=color, alpha=0.5)
+        for t in ts:
+            mark = "o" if t.meets else "x"
+            ax_tp.scatter(t.load, t.throughput, color=color, marker=mark)
+            rss = t.figures.get("rss_peak_bytes")
+            if rss:
+                ax_mem.scatter(rss / 2**20, t.throughput, color=color, marker=mark)
+        ax_tp.plot([], [], color=color, label=label)
+        for (key, name), style in zip(bounded, styles):
+            pts = [(t.load, t.figures[f"{key}_ms"].get(f"p{pct}"), t.meets) for t in ts
+                   if t.figures[f"{key}_ms"].get(f"p{pct}") is not None]
+            ax_lat.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, alpha=0.5,
+                        label=f"{name}: {label}")
+            for x, y, ok in pts:
+                ax_lat.scatter(x, y, color=color, marker="o" if ok else "x")
+    for (key, name), style in zip(bounded, styles):
+        ax_lat.axhline(getattr(objective, key), color="black", linestyle=style, linewidth=1,
+                       label=f"{name} objective")
+    if best is not None:
+        ax_tp.scatter(best.load, best.throughput, s=200, facecolors="none", edgecolors="black",
+                      label="recommended")
     ax_tp.set(xlabel="max-num-seqs (= requests in flight)", ylabel="output tok/s",
-              title="throughput (o meets, x misses)")
+              title="throughput while all N are in flight (o meets, x misses)")
     ax_lat.set(xlabel="max-num-seqs (= requests in flight)", ylabel="ms",
-               title="latency at the percentile")
-    ax_lat.set_yscale("log")
-    ax_lat.legend(fontsize=7)
+               title=f"the objective's latency (p{pct})")
     ax_mem.set(xlabel="server peak RSS during the trial (MiB)", ylabel="output tok/s",
                title="throughput against memory")
+    ax_tp.legend(fontsize=7)
+    ax_lat.legend(fontsize=7)
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def trials_from_json(doc: dict) -> tuple[list[Trial], Trial | None]:
+    """The trials (and the recommendation) of an --out-json file, to draw them again."""
+    trials = [Trial(t["setting"], t["max_num_seqs"], t["status"], t["throughput"], t["reason"],
+                    t["figures"]) for t in doc["trials"]]
+    rec = doc.get("recommended")
+    best = next((t for t in trials if rec and t.setting == rec["setting"]
+                 and t.load == rec["max_num_seqs"]), None)
+    return trials, best
 
 
 # --------------------------------------------------------------------------- main
@@ -766,8 +789,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def replot(argv: list[str]) -> int:
+    """`--replot FILE.json --out-png FILE.png`: the plot of an earlier run, drawn again."""
+    p = argparse.ArgumentParser(description="Draw an earlier run's plot again.")
+    p.add_argument("--replot", required=True, metavar="FILE.json", help="its --out-json file")
+    p.add_argument("--out-png", required=True)
+    args = p.parse_args(argv)
+    try:
+        doc = json.loads(Path(args.replot).read_text())
+        o = doc["objective"]
+        objective = Objective(o["ttft_ms"], o["itl_ms"], o["e2e_ms"], o["percentile"])
+        trials, best = trials_from_json(doc)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        p.error(f"--replot {args.replot}: not a tune_serve.py JSON file ({type(e).__name__}: {e})")
+    plot(trials, objective, best, args.out_png,
+         f"vlm tune — {doc['workload']} — {objective.describe()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--replot" or a.startswith("--replot=") for a in argv):
+        return replot(argv)
+    args = parse_args(argv)
     objective = Objective(args.slo_ttft, args.slo_itl, args.slo_e2e, args.slo_percentile)
     runner = TrialRunner(args, objective, time.monotonic() + args.duration)
     bs.log(args, f"tune: {bs.workload_title(args)}; objective {objective.describe()}; "

@@ -159,6 +159,16 @@ class Answer(unittest.TestCase):
         with self.assertRaises(ValueError):
             tune_serve.serve_args_mapping("-x 1")
 
+    def test_an_earlier_run_read_back(self):
+        doc = {"recommended": {"setting": {"kv-cache-dtype": "int8"}, "max_num_seqs": 4},
+               "trials": [{"setting": {"kv-cache-dtype": d}, "max_num_seqs": n, "status": st,
+                           "reason": "", "throughput": float(n), "figures": {}}
+                          for d, n, st in (("auto", 4, "meets"), ("int8", 4, "meets"),
+                                           ("int8", 8, "misses"))]}
+        trials, best = tune_serve.trials_from_json(doc)
+        self.assertEqual([(t.load, t.meets) for t in trials], [(4, True), (4, True), (8, False)])
+        self.assertIs(best, trials[1])
+
     def test_config_values_are_valid_yaml(self):
         for v in ("@org/x", "-", ":x", "true", "no", "a b", "/tmp/dir", 'say "hi"'):
             self.assertEqual(yaml.safe_load(f"k: {tune_serve.yaml_scalar(v)}"), {"k": v})
