@@ -1,5 +1,6 @@
-# `cmake --install build --prefix P`: bin/vlm, the default model under share/vlm/models and the
-# tuner's scripts under share/vlm/scripts (the installed binary finds them relative to itself),
+# `cmake --install build --prefix P`: bin/vlm, the default model under share/vlm/models, the
+# tuner's scripts under share/vlm/scripts (the installed binary finds them relative to itself)
+# and their photos under share/vlm/images,
 # the public headers, the static layers and a CMake package (find_package(vlm) → vlm::vlm).
 # `cpack -G DEB` (in the build folder) makes a Debian package of the same tree, its dependencies
 # found by dpkg-shlibdeps.

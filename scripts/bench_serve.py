@@ -23,8 +23,9 @@ off=--no-prefix-caching), and reports them side by side.
 Each request streams (`stream: true`, `stream_options.include_usage`), decodes greedily
 (`temperature: 0`) and asks for exactly `--output-len` tokens (`max_tokens` plus the vLLM-style
 `ignore_eos: true`; a recorded body keeps its own). With --ramp, each level's first
-`concurrency` requests start spread over the warm-up request's time instead of all at once. Every request carries a distinct JPEG made deterministically from the
-photos in tests/data/images (random crop, resize, flip, brightness), so a server that caches
+`concurrency` requests start spread over the warm-up request's time instead of all at once.
+Every generated image is a distinct JPEG made deterministically from the photos in
+tests/data/images (random crop, resize, flip, brightness), so a server that caches
 vision-encoder outputs by image content never gets a repeat.
 
 Metric definitions follow vLLM's benchmarks/benchmark_serving.py:
@@ -710,11 +711,11 @@ class ServerProcess:
         cmd += extra
         self.cmd = cmd
         self.log_path = log_path
-        self.log = open(log_path, "w", encoding="utf-8")
         self.url: str | None = None
         self._found = threading.Event()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, errors="replace")
+        self.log = open(log_path, "w", encoding="utf-8")
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
 
@@ -780,7 +781,7 @@ async def wait_health(client: httpx.AsyncClient, base: str, timeout: float,
 def add_server_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """The options that start a vlm server (or name a running one), shared with tune_serve.py."""
     g = p.add_argument_group("server")
-    g.add_argument("--vlm", help="start this vlm binary instead (needs --model)")
+    g.add_argument("--vlm", help="the vlm binary to start (needs --model)")
     g.add_argument("-m", "--model", help="checkpoint directory (or what `vlm serve -m` takes) "
                    "for --vlm")
     g.add_argument("--serve-args", default="",
@@ -796,7 +797,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """What each request is, shared with tune_serve.py (checked by check_workload_args)."""
     w = p.add_argument_group("workload")
     w.add_argument("--workload", choices=("single", "multiturn"), default="single",
-                   help="single: one image + question per request; multiturn: conversations "
+                   help="single: images + question per request; multiturn: conversations "
                    "of --turns requests (see the module doc)")
     w.add_argument("--turns", type=int, default=5,
                    help="multiturn: requests per conversation (the image turn + follow-ups)")
@@ -816,7 +817,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     w.add_argument("--prompt-words", type=int, default=0,
                    help="filler words appended to the question")
     w.add_argument("--warmup", type=int, default=1,
-                   help="warm-up requests (sequential, not measured) before the sweep")
+                   help="warm-up requests (sequential, not measured) before the measured ones")
     w.add_argument("--seed", type=int, default=0, help="seed for the generated images")
     w.add_argument("--timeout", type=float, default=1800.0,
                    help="seconds before one request counts as failed")

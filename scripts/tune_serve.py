@@ -17,22 +17,25 @@ largest N that still meets the objective.
 The search (the Search class; `--duration` caps it, ten minutes by default):
  1. max-num-seqs: from --seqs-start, doubling while trials meet the objective (halving while
     they do not), then bisecting between the largest N that meets it and the smallest that does
-    not, down to one sequence: about 2 log2(N) trials.
+    not, within --seqs-min and --seqs-max: about 2 log2(N) trials.
  2. Each further dimension given more than one value (--max-batched-tokens, --max-encoder-ms,
     --kv-cache-dtype, --kv-cache-memory), in that order, one at a time: every other value is
     tried with the best setting so far, its N searched again from the best N. A value whose
     first trial misses the objective with clearly less throughput than the best is dropped at
-    once (at smaller N it could only do worse).
+    once (at smaller N it could only do worse). When nothing meets the objective with the first
+    values, each other value is tried first, from --seqs-min.
 Of the trials that met the objective, the highest throughput wins; throughputs within
 --tolerance (3%) of the highest count as equal, and of those the one with the least KV memory
-reserved, then the smallest N, wins (the same throughput for less memory and latency).
+reserved (with a hybrid model's linear-attention state), then the smallest N, wins (the same
+throughput for less memory and latency).
 
 The answer is printed as a `vlm serve` command line and written as a `vlm serve --config` YAML
 file; every trial (its setting, status, throughput, p99 latencies, the server's peak resident
 memory during the trial and its KV cache bytes: reserved, and in use at the peak) goes to a
 markdown table on stdout, a JSON file and a plot. A trial whose server does not start, whose
 requests fail or that runs past --trial-timeout is recorded as such and counts as missing the
-objective; the search stops at the --duration cap (or Ctrl-C) and reports the best so far.
+objective; the search stops at the --duration cap (or Ctrl-C, or an unexpected error) and
+reports the best so far. `--replot FILE.json --out-png F.png` draws an earlier run's plot again.
 
 Dependencies: scripts/requirements-bench.txt (httpx, numpy; pillow for the generated images,
 matplotlib for the plot).
@@ -55,10 +58,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+REQS = Path(__file__).resolve().parent / "requirements-bench.txt"
 try:
     import bench_serve as bs
 except ImportError as e:  # httpx or numpy missing
-    REQS = Path(__file__).resolve().parent / "requirements-bench.txt"
     sys.exit(f"tune_serve: {e}: this Python needs the packages of requirements-bench.txt (beside "
              f"this script): python3 -m venv VENV && VENV/bin/pip install -r {REQS}; then "
              f"VLM_PYTHON=VENV/bin/python for `vlm tune`")
@@ -107,7 +110,7 @@ class TimeCap(Exception):
 class Search:
     """The search over server settings. `measure(setting, n) -> Trial` runs one trial (and
     raises TimeCap when the time is spent); the search never measures one (setting, n) twice.
-    `stopped` says what ended it early: "" (nothing), "time cap" or "interrupted"."""
+    `stopped` says what ended it early: "" (nothing), "time cap", "interrupted" or "error: ..."."""
 
     def __init__(self, measure: Callable[[dict, int], Trial], space: dict[str, list],
                  seqs_min: int, seqs_max: int, seqs_start: int, tolerance: float):
@@ -303,10 +306,13 @@ class TrialRunner:
         self.base = ""
         self.model = ""
         self.bodies: list[tuple[int, bytes, int]] = []  # the workload, made once
-        self.images = None
+        self.photos = None
         if not args.no_image:
-            self.images = bs.ImageMaker(bs.load_photos(Path(args.images_dir)), args.size,
-                                        args.seed, args.jpeg_quality)
+            try:
+                self.photos = bs.load_photos(Path(args.images_dir))
+            except ImportError as e:
+                sys.exit(f"tune_serve: {e}: generated images need Pillow ({REQS})")
+        self.images = self.make_images()
         self.log_dir = Path(args.server_log_dir or tempfile.mkdtemp(prefix="vlm-tune-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
@@ -314,6 +320,12 @@ class TrialRunner:
         self.warmup: tuple[bytes, int] | None = None
         self.trial_deadline = deadline
         self.said_repeats = False
+
+    def make_images(self):
+        if self.photos is None:
+            return None
+        a = self.args
+        return bs.ImageMaker(self.photos, a.size, a.seed, a.jpeg_quality)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -387,8 +399,9 @@ class TrialRunner:
                 model = r.json()["data"][0]["id"]
             except (bs.httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
                 model = "default"
-        if model != self.model:
+        if model != self.model:  # the bodies name it: made again, with the same images
             self.model, self.bodies, self.warmup = model, [], None
+            self.images = self.make_images()
         return None
 
     async def _bounded(self, work, what: str) -> tuple[Any, Trial | None]:
@@ -468,6 +481,7 @@ class TrialRunner:
     def _judge(self, setting: dict, n: int, summary: dict, rss: int | None) -> Trial:
         gauges = summary["server_metrics"].get("gauges_after", {})
         kv_bytes = gauges.get("vlm_kv_cache_memory_bytes")
+        state_bytes = gauges.get("vlm_state_memory_bytes")  # a hybrid model's, out of the budget
         blocks = gauges.get("vlm_kv_cache_blocks_capacity")
         peak_blocks = summary["server"]["peaks"].get("vlm_kv_cache_blocks_used")
         steady = steady_throughput(summary, n)
@@ -483,7 +497,9 @@ class TrialRunner:
             "steady_window": steady is not None,
             "peak_running": summary["server"]["peaks"].get("vlm_num_requests_running"),
             "rss_peak_bytes": rss,
-            "kv_reserved_bytes": kv_bytes,
+            # What the memory budget holds: K/V and, for a hybrid model, its state slots.
+            "kv_reserved_bytes": None if kv_bytes is None else kv_bytes + (state_bytes or 0),
+            "state_reserved_bytes": state_bytes,
             "kv_peak_used_bytes": (kv_bytes * peak_blocks / blocks
                                    if kv_bytes and blocks and peak_blocks is not None else None),
             "preemptions": summary["server"].get("preemptions"),
@@ -513,7 +529,7 @@ def serve_args_mapping(serve_args: str) -> dict[str, Any]:
     for what it cannot read."""
     out: dict[str, Any] = {}
     toks = shlex.split(serve_args)
-    number = re.compile(r"-?\d+(\.\d+)?$")
+    numeric = re.compile(r"-?\d+(\.\d+)?$")
     i = 0
     while i < len(toks):
         tok = toks[i]
@@ -525,7 +541,7 @@ def serve_args_mapping(serve_args: str) -> dict[str, Any]:
         else:
             raise ValueError(f"cannot read {tok!r} (long options, or {', '.join(SHORT_OPTIONS)})")
         i += 1
-        while i < len(toks) and (not toks[i].startswith("-") or number.match(toks[i])):
+        while i < len(toks) and (not toks[i].startswith("-") or numeric.match(toks[i])):
             values.append(toks[i])
             i += 1
         value: Any = True if not values else values[0] if len(values) == 1 else values
@@ -731,13 +747,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="requests per trial: this many times N (at least --min-requests)")
     s.add_argument("--min-requests", type=int, default=8)
     s.add_argument("--requests-per-trial", type=int, default=0,
-                   help="a fixed count instead (at least N)")
+                   help="a fixed count instead (at least 2 N)")
     out = p.add_argument_group("output")
     out.add_argument("--out-json", default="tune_serve.json", help="'' to skip")
     out.add_argument("--out-png", default="tune_serve.png", help="'' to skip")
     out.add_argument("--out-config", default="tuned.yaml",
                      help="the recommendation as a `vlm serve --config` file ('' to skip)")
     out.add_argument("--quiet", action="store_true", help="no per-trial progress on stderr")
+    out.add_argument("--replot", metavar="FILE.json",
+                     help="only draw an earlier run's plot again (to --out-png)")
     args = p.parse_args(argv)
     if not args.vlm or not args.model:
         p.error("the tuner starts its own servers: give --vlm and --model")
@@ -794,6 +812,7 @@ def replot(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description="Draw an earlier run's plot again.")
     p.add_argument("--replot", required=True, metavar="FILE.json", help="its --out-json file")
     p.add_argument("--out-png", required=True)
+    p.add_argument("--vlm", help=argparse.SUPPRESS)  # what `vlm tune` passes, not needed here
     args = p.parse_args(argv)
     try:
         doc = json.loads(Path(args.replot).read_text())
@@ -849,7 +868,9 @@ def report(args: argparse.Namespace, objective: Objective, search: Search,
               f"workload: {bs.workload_title(args)}",
               f"objective: {objective.describe()}"]
     early = {"time cap": " (the --duration cap ended the search: the best found so far)",
-             "interrupted": " (interrupted: the best found so far)"}.get(search.stopped, "")
+             "interrupted": " (interrupted: the best found so far)", "": ""}.get(
+        search.stopped, f" (the search stopped on an error, {search.stopped[7:]}: the best "
+                        f"found so far)")
     if best is None:
         print(f"\nNo setting met the objective ({objective.describe()}): "
               f"{no_answer(args, search)}.")
@@ -895,6 +916,8 @@ def report(args: argparse.Namespace, objective: Objective, search: Search,
         except Exception as e:  # noqa: BLE001 - the table, answer and JSON are already out
             print(f"tune_serve: warning: could not draw {args.out_png}: {type(e).__name__}: {e}",
                   file=sys.stderr)
+    if search.stopped.startswith("error"):
+        return 1
     return 0 if best is not None else 3
 
 

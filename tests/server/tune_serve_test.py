@@ -33,11 +33,9 @@ class Curve:
     """A server whose inter-token latency at n in flight is base + slope[dtype] n ms, with the
     throughput n / itl, and KV bytes by its kv-cache-memory; counts what it was asked."""
 
-    def __init__(self, slo, base=400.0, slopes=None, flat_from=None, cap_after=None,
-                 worse=None):
+    def __init__(self, slo, base=400.0, slopes=None, cap_after=None, worse=None):
         self.slo, self.base = slo, base
         self.slopes = slopes or {}
-        self.flat_from = flat_from  # throughput stops growing past this n
         self.cap_after = cap_after  # TimeCap on this many-th trial
         self.worse = worse or {}  # dimension -> value that doubles the latency
         self.calls = []
@@ -54,10 +52,9 @@ class Curve:
         if self.cap_after is not None and len(self.calls) >= self.cap_after:
             raise tune_serve.TimeCap()
         itl = self.itl(setting, n)
-        eff = n if self.flat_from is None else min(n, self.flat_from)
         mem = setting.get("kv-cache-memory")
         t = tune_serve.Trial(setting, n, "meets" if itl <= self.slo else "misses",
-                             1000.0 * eff / itl,
+                             1000.0 * n / itl,
                              figures={"kv_reserved_bytes": 8e6 if mem == "auto" else mem})
         return t
 
@@ -255,11 +252,12 @@ class WholeTuner(unittest.TestCase):
             self.assertGreaterEqual(got, want - 5, t)
             self.assertLess(got, want + 80, t)
             self.assertEqual(t["status"], "meets" if got <= 650 else "misses", t)
-            # Steady throughput: N streams, each 3 tokens in a 20 ms prefill and two gaps.
+            # Steady throughput: N streams, each 3 tokens in a 20 ms prefill and two gaps; the
+            # window of a 4-request trial spans a request or two, whole chunks counted in it.
             self.assertTrue(t["figures"]["steady_window"], t)
             per_stream = 3 / (0.020 + 2 * want / 1000)
             self.assertAlmostEqual(t["throughput"], t["max_num_seqs"] * per_stream,
-                                   delta=0.15 * t["max_num_seqs"] * per_stream)
+                                   delta=0.35 * t["max_num_seqs"] * per_stream)
             self.assertGreater(t["figures"]["rss_peak_bytes"], 1 << 20)
             mem = t["setting"]["kv-cache-memory"]
             self.assertEqual(t["figures"]["kv_reserved_bytes"], 8e6 if mem == "auto" else mem)
@@ -290,15 +288,17 @@ class WholeTuner(unittest.TestCase):
                 m = re.search(r"serving on http://[^\s:]+:(\d+)", log.read_text(errors="replace"))
                 port = int(m.group(1)) if m else time.sleep(0.1)
             self.assertIsNotNone(port, log.read_text())
-            text = ""
-            while "vlm_kv_cache_memory_bytes" not in text and time.monotonic() < deadline:
+            healthy = False
+            while not healthy and time.monotonic() < deadline:  # 503 until the model is loaded
                 try:
-                    url = f"http://127.0.0.1:{port}/metrics"
+                    url = f"http://127.0.0.1:{port}/health"
                     with urllib.request.urlopen(url, timeout=5) as resp:
-                        text = resp.read().decode()
+                        healthy = resp.status == 200
                 except OSError:
-                    pass
-                time.sleep(0.2)
+                    time.sleep(0.2)
+            self.assertTrue(healthy, log.read_text())
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
             self.assertIn('cache_dtype="int8"', text)
             mem = [float(x.split()[1]) for x in text.splitlines()
                    if x.startswith("vlm_kv_cache_memory_bytes ")]

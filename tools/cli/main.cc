@@ -1,5 +1,6 @@
 // The `vlm` command line: run, serve, tune, tokenize, detokenize, logits, bench, pull, ls, rm.
-// Uses only the public API (include/vlm). Every error: one line on stderr, exit code 1.
+// Uses only the public API (include/vlm). Every error: one line on stderr, exit code 1 (`vlm tune`
+// is the Python tuner, with its own exit codes).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
