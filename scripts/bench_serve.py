@@ -989,28 +989,37 @@ async def run_level(args: argparse.Namespace, client: httpx.AsyncClient,
     return summary, next_index
 
 
+def clients(conc: int, api_key: str | None,
+            timeout: float) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+    """A run's two clients: the measured chat requests get their own connection pool (room for
+    `conc` in flight), and /health, /v1/models and /metrics go over another, so a GET never
+    shares (and changes the TCP state of) a connection that a measured request then reuses."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4,
+                          keepalive_expiry=4.0)
+    client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout, connect=30.0),
+                               headers=headers)
+    return client, httpx.AsyncClient(timeout=30.0, headers=headers)
+
+
+async def served_models(side: httpx.AsyncClient, base: str) -> list[str]:
+    """/v1/models' ids ([] when it does not answer with them)."""
+    try:
+        r = await side.get(base + "/v1/models", timeout=10.0)
+        return [m.get("id") for m in r.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return []
+
+
 async def run(args: argparse.Namespace, server: ServerProcess | None) -> dict:
     base = args.base_url.rstrip("/")
-    max_conc = max(args.levels)
-    limits = httpx.Limits(max_connections=max_conc + 4, max_keepalive_connections=max_conc + 4,
-                          keepalive_expiry=4.0)
-    headers = {"Content-Type": "application/json"}
-    if args.api_key:
-        headers["Authorization"] = f"Bearer {args.api_key}"
-    timeout = httpx.Timeout(args.timeout, connect=30.0)
-    # Two clients: the measured chat requests get their own connection pool, and /health,
-    # /v1/models and /metrics go over another, so a GET never shares (and changes the TCP
-    # state of) a connection that a measured request then reuses.
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client, \
-            httpx.AsyncClient(timeout=30.0, headers=headers) as side:
+    client, side = clients(max(args.levels), args.api_key, args.timeout)
+    async with client, side:
         await wait_health(side, base, args.startup_timeout, server)
+        served_ids = await served_models(side, base)
         model = args.model_name
-        served_ids: list[str] = []
-        try:
-            r = await side.get(base + "/v1/models", timeout=10.0)
-            served_ids = [m.get("id") for m in r.json().get("data", [])]
-        except (httpx.HTTPError, ValueError, AttributeError):
-            pass
         if model is None:
             model = served_ids[0] if served_ids else "default"
         log(args, f"bench_serve: {base}, model {model!r}")

@@ -244,14 +244,16 @@ class Objective:
 # --------------------------------------------------------------------------- the servers
 
 
+def setting_keys(setting: dict, n: int) -> dict[str, Any]:
+    """The `vlm serve` options of a setting at N, by long name ("auto": the server's default,
+    left out)."""
+    return {"max-num-seqs": n,
+            **{d: setting[d] for d in DIMENSIONS if setting.get(d, "auto") != "auto"}}
+
+
 def setting_flags(setting: dict, n: int) -> list[str]:
-    """The `vlm serve` flags of a setting ("auto": the server's default, no flag)."""
-    flags = ["--max-num-seqs", str(n)]
-    for dim in DIMENSIONS:
-        v = setting.get(dim, "auto")
-        if v != "auto":
-            flags += [f"--{dim}", str(v)]
-    return flags
+    """The same as `vlm serve` flags."""
+    return [x for k, v in setting_keys(setting, n).items() for x in (f"--{k}", str(v))]
 
 
 def proc_rss_bytes(pid: int) -> int | None:
@@ -312,7 +314,7 @@ class TrialRunner:
                 self.photos = bs.load_photos(Path(args.images_dir))
             except ImportError as e:
                 sys.exit(f"tune_serve: {e}: generated images need Pillow ({REQS})")
-        self.images = self.make_images()
+        self.images = None  # made with the bodies, once the model's name is known (_start)
         self.log_dir = Path(args.server_log_dir or tempfile.mkdtemp(prefix="vlm-tune-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
@@ -394,11 +396,8 @@ class TrialRunner:
             return f"{str(e).splitlines()[0].removeprefix('bench_serve: ')}: {tail}"
         model = self.args.model_name
         if model is None:
-            try:
-                r = await side.get(self.base + "/v1/models", timeout=10.0)
-                model = r.json()["data"][0]["id"]
-            except (bs.httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-                model = "default"
+            served = await bs.served_models(side, self.base)
+            model = served[0] if served else "default"
         if model != self.model:  # the bodies name it: made again, with the same images
             self.model, self.bodies, self.warmup = model, [], None
             self.images = self.make_images()
@@ -419,17 +418,9 @@ class TrialRunner:
 
     async def _trial(self, setting: dict, n: int) -> Trial:
         a = self.args
-        headers = {"Content-Type": "application/json"}
-        if a.api_key:
-            headers["Authorization"] = f"Bearer {a.api_key}"
-        elif isinstance(a.serve_api_key, str):
-            headers["Authorization"] = f"Bearer {a.serve_api_key}"
-        limits = bs.httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4,
-                                 keepalive_expiry=4.0)
-        timeout = bs.httpx.Timeout(a.timeout, connect=30.0)
-        async with bs.httpx.AsyncClient(limits=limits, timeout=timeout,
-                                        headers=headers) as client, \
-                bs.httpx.AsyncClient(timeout=30.0, headers=headers) as side:
+        key = a.api_key or (a.serve_api_key if isinstance(a.serve_api_key, str) else None)
+        client, side = bs.clients(n, key, a.timeout)
+        async with client, side:
             err = await self._start(setting_flags(setting, n), side)
             if err == "time cap":
                 return Trial(setting, n, "time cap", reason="the server was still starting")
@@ -565,7 +556,7 @@ def yaml_scalar(v: Any) -> str:
 def config_yaml(args: argparse.Namespace, best: Trial, header: list[str]) -> str:
     """The recommendation as a `vlm serve --config` file."""
     keys = serve_args_mapping(args.serve_args)
-    tuned = serve_args_mapping(shlex.join(setting_flags(best.setting, best.load)))
+    tuned = setting_keys(best.setting, best.load)
     lines = [f"# {h}" for h in header]
     lines.append(f"model: {yaml_scalar(args.model)}")
     for name, v in {**keys, **tuned}.items():

@@ -52,17 +52,19 @@ def make_model_dir(fixture_dir, dest):
 
 class VlmServer:
     """One `vlm serve` subprocess on a free port; its output goes to a log file. Waits until
-    /health answers 200 (or the process dies)."""
+    /health answers 200 (or the process dies). `bare`: no options but the port and `extra_args`
+    (the tests' name, threads, context and batching defaults left out)."""
 
-    def __init__(self, vlm, model_dir, workdir, name, extra_args=(), ctx=CTX, wait_healthy=True):
+    def __init__(self, vlm, model_dir, workdir, name, extra_args=(), ctx=CTX, wait_healthy=True,
+                 bare=False):
         self.log_path = Path(workdir) / f"{name}.log"
         self.log = open(self.log_path, "wb")
         model = [] if model_dir is None else ["-m", str(model_dir)]  # None: vlm's default model
         # Small batches by default (many requests queue and join later); extra_args may set them.
         defaults = {"--max-num-seqs": "4", "--max-batched-tokens": "64", "--block-size": "8"}
         batching = [a for k, v in defaults.items() if k not in extra_args for a in (k, v)]
-        cmd = [vlm, "serve", *model, "--port", "0", "--served-model-name", MODEL,
-               "-t", "2", "-c", str(ctx), *batching, *extra_args]
+        ours = [] if bare else ["--served-model-name", MODEL, "-t", "2", "-c", str(ctx), *batching]
+        cmd = [vlm, "serve", *model, "--port", "0", *ours, *extra_args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.port = None
         deadline = time.monotonic() + TIMEOUT

@@ -8,13 +8,10 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
-import urllib.request
 from pathlib import Path
 
 import serve_util
@@ -276,39 +273,20 @@ class WholeTuner(unittest.TestCase):
                                 "max-num-seqs": 5, "kv-cache-dtype": "int8",
                                 "kv-cache-memory": 2000000})
         self.assertIn("objective: ITL p99 <= 650 ms", (out / "tuned.yaml").read_text())
-        log = out / "from-config.log"
-        with open(log, "wb") as f:
-            proc = subprocess.Popen([ARGS.vlm, "serve", "--config", str(out / "tuned.yaml"),
-                                     "--port", "0", "-c", "256"], stdout=f,
-                                    stderr=subprocess.STDOUT)
+        server = serve_util.VlmServer(ARGS.vlm, None, out, "from-config",
+                                      ["--config", str(out / "tuned.yaml"), "-c", "256"],
+                                      bare=True)
         try:
-            port = None
-            deadline = time.monotonic() + 60
-            while port is None and time.monotonic() < deadline and proc.poll() is None:
-                m = re.search(r"serving on http://[^\s:]+:(\d+)", log.read_text(errors="replace"))
-                port = int(m.group(1)) if m else time.sleep(0.1)
-            self.assertIsNotNone(port, log.read_text())
-            healthy = False
-            while not healthy and time.monotonic() < deadline:  # 503 until the model is loaded
-                try:
-                    url = f"http://127.0.0.1:{port}/health"
-                    with urllib.request.urlopen(url, timeout=5) as resp:
-                        healthy = resp.status == 200
-                except OSError:
-                    time.sleep(0.2)
-            self.assertTrue(healthy, log.read_text())
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-                text = resp.read().decode()
-            self.assertIn('cache_dtype="int8"', text)
-            mem = [float(x.split()[1]) for x in text.splitlines()
-                   if x.startswith("vlm_kv_cache_memory_bytes ")]
-            self.assertTrue(mem and 0 < mem[0] <= 2000000, mem)
-            slots = [float(x.split()[1]) for x in text.splitlines()
-                     if x.startswith("vlm_state_slots ")]
-            self.assertEqual(slots, [5.0])  # one linear-attention state slot a sequence
+            samples, _ = serve_util.metrics(server)
         finally:
-            proc.terminate()
-            proc.wait(30)
+            server.stop()
+        dtypes = [dict(labels).get("cache_dtype") for (name, labels) in samples
+                  if name == "vllm:cache_config_info"]
+        self.assertEqual(dtypes, ["int8"])
+        mem = serve_util.value(samples, "vlm_kv_cache_memory_bytes")
+        self.assertTrue(0 < mem <= 2000000, mem)
+        # One linear-attention state slot a sequence.
+        self.assertEqual(serve_util.value(samples, "vlm_state_slots"), 5.0)
 
     def test_the_duration_caps_the_search(self):
         r, out = self.tune("capped", "--duration", "4")
